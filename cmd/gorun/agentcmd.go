@@ -1,0 +1,76 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/agent"
+)
+
+// secretTimeout bounds how long an agent waits for its secret on stdin.
+const secretTimeout = 30 * time.Second
+
+// agentMain runs `gorun agent`, which only the launcher starts. The job
+// secret arrives as the first line on stdin, never in argv; the rest of
+// stdin stays open while the launcher lives.
+func agentMain(args []string, stdin io.Reader, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gorun agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg agent.Config
+	verbose := fs.Bool("v", false, "verbose logging")
+	fs.StringVar(&cfg.Job, "job", "", "job id")
+	fs.IntVar(&cfg.Host, "host-index", -1, "index of this host in the job")
+	fs.StringVar(&cfg.Name, "host-name", "", "name of this host in the job")
+	fs.StringVar(&cfg.ControlURL, "control", "", "control-plane URL")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if cfg.Job == "" || cfg.Host < 0 || cfg.Name == "" || cfg.ControlURL == "" || fs.NArg() != 0 {
+		fmt.Fprintln(stderr, "gorun agent: started by gorun itself, not by hand (needs --job, --host-index, --host-name, --control and the secret on stdin)")
+		return exitUsage
+	}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	r := bufio.NewReader(stdin)
+	line := make(chan string, 1)
+	go func() {
+		s, _ := r.ReadString('\n')
+		line <- s
+	}()
+	select {
+	case s := <-line:
+		secret, err := comm.ParseSecret(s)
+		if err != nil {
+			fmt.Fprintf(stderr, "gorun agent: reading the job secret from stdin: %v\n", err)
+			return exitUsage
+		}
+		cfg.Secret = secret
+	case <-time.After(secretTimeout):
+		fmt.Fprintln(stderr, "gorun agent: no job secret on stdin")
+		return exitUsage
+	}
+	cfg.Launcher = r
+
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer cancel()
+	if err := agent.Run(ctx, cfg); err != nil {
+		fmt.Fprintf(stderr, "gorun agent %s: %v\n", cfg.Name, err)
+		return exitError
+	}
+	return exitOK
+}
+
+

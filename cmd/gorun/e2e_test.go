@@ -1,0 +1,532 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// gorunBin is the gorun binary built once for the end-to-end tests.
+var gorunBin string
+
+func TestMain(m *testing.M) {
+	if h := os.Getenv(helperEnv); h != "" {
+		fn, ok := helpers[h]
+		if !ok {
+			fmt.Fprintf(os.Stderr, "unknown helper %q\n", h)
+			os.Exit(98)
+		}
+		os.Exit(fn())
+	}
+	dir, err := os.MkdirTemp("", "gorun-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	gorunBin = filepath.Join(dir, "gorun")
+	build := exec.Command("go", "build", "-o", gorunBin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building gorun:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// result is what one gorun run gave.
+type result struct {
+	stdout, stderr string
+	code           int
+	elapsed        time.Duration
+}
+
+// job is a gorun run under test, started with a unique marker variable so
+// that its processes can be found in /proc.
+type job struct {
+	t      *testing.T
+	mark   string
+	cmd    *exec.Cmd
+	stdout *syncBuffer
+	stderr *syncBuffer
+	start  time.Time
+	done   chan struct{}
+	res    result
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func newMark() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// startJob starts `gorun ARGS...` with the helper env: GORUNTEST_MARK and
+// the helper given (if any) are exported to the ranks with -x.
+func startJob(t *testing.T, helper string, env []string, args ...string) *job {
+	t.Helper()
+	j := &job{t: t, mark: newMark(), stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
+	full := []string{"-x", "GORUNTEST_MARK=" + j.mark}
+	if helper != "" {
+		full = append(full, "-x", helperEnv+"="+helper)
+	}
+	for _, e := range env {
+		full = append(full, "-x", e)
+	}
+	// Flags go first; a "--" in args separates the program.
+	full = append(full, args...)
+	j.cmd = exec.Command(gorunBin, full...)
+	j.cmd.Stdout, j.cmd.Stderr = j.stdout, j.stderr
+	j.cmd.Env = append(os.Environ(), "GORUNTEST_MARK="+j.mark)
+	j.start = time.Now()
+	if err := j.cmd.Start(); err != nil {
+		t.Fatalf("starting gorun: %v", err)
+	}
+	go func() {
+		err := j.cmd.Wait()
+		j.res = result{stdout: j.stdout.String(), stderr: j.stderr.String(), elapsed: time.Since(j.start), code: j.cmd.ProcessState.ExitCode()}
+		if ee, ok := err.(*exec.ExitError); ok && j.res.code < 0 {
+			j.res.code = 128 + int(ee.Sys().(syscall.WaitStatus).Signal())
+		}
+		close(j.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-j.done:
+		default:
+			j.cmd.Process.Kill()
+			<-j.done
+		}
+	})
+	return j
+}
+
+// wait waits for gorun to exit, failing the test after limit, and then
+// checks that none of the job's processes is left.
+func (j *job) wait(limit time.Duration) result {
+	j.t.Helper()
+	select {
+	case <-j.done:
+	case <-time.After(limit):
+		j.cmd.Process.Signal(syscall.SIGQUIT)
+		<-j.done
+		j.t.Fatalf("gorun did not exit within %v\nstdout:\n%s\nstderr:\n%s", limit, j.res.stdout, j.res.stderr)
+	}
+	j.checkNoOrphans()
+	return j.res
+}
+
+// waitFor polls gorun's stdout until it holds n lines matching re.
+func (j *job) waitFor(re *regexp.Regexp, n int, limit time.Duration) {
+	j.t.Helper()
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		if len(re.FindAllString(j.stdout.String(), -1)) >= n {
+			return
+		}
+		select {
+		case <-j.done:
+			j.t.Fatalf("gorun exited early (code %d)\nstdout:\n%s\nstderr:\n%s", j.res.code, j.res.stdout, j.res.stderr)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	j.t.Fatalf("no %d lines matching %v within %v\nstdout:\n%s\nstderr:\n%s", n, re, limit, j.stdout.String(), j.stderr.String())
+}
+
+// markedProcs lists the processes whose environment holds mark, except gorun itself.
+func markedProcs(mark string) []string {
+	ents, _ := os.ReadDir("/proc")
+	needle := []byte("GORUNTEST_MARK=" + mark)
+	var out []string
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(env, needle) {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		out = append(out, fmt.Sprintf("pid %d %q %s", pid, bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}), stat))
+	}
+	return out
+}
+
+// checkNoOrphans fails if a process of the job outlives gorun. Processes
+// killed with SIGKILL may take a moment to vanish, so it polls briefly.
+func (j *job) checkNoOrphans() {
+	j.t.Helper()
+	var left []string
+	for range 100 {
+		if left = markedProcs(j.mark); len(left) == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, l := range left {
+		j.t.Errorf("left behind: %s", l)
+	}
+}
+
+func runJob(t *testing.T, helper string, env []string, args ...string) result {
+	t.Helper()
+	return startJob(t, helper, env, args...).wait(60 * time.Second)
+}
+
+var tagged = regexp.MustCompile(`(?m)^\[(\d+)\] (.*)$`)
+
+func TestRanksGetTheirContract(t *testing.T) {
+	for _, np := range []int{1, 4, 16} {
+		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {
+			os.Setenv("GORUNTEST_Y", "from-launcher")
+			defer os.Unsetenv("GORUNTEST_Y")
+			res := runJob(t, "env", []string{"GORUNTEST_X=a=b c", "GORUNTEST_Y"},
+				"-np", strconv.Itoa(np), "--oversubscribe", os.Args[0])
+			if res.code != 0 {
+				t.Fatalf("exit %d\nstderr:\n%s", res.code, res.stderr)
+			}
+			seen := map[int]map[string]string{}
+			for _, m := range tagged.FindAllStringSubmatch(res.stdout, -1) {
+				tag, _ := strconv.Atoi(m[1])
+				var env map[string]string
+				if err := json.Unmarshal([]byte(m[2]), &env); err != nil {
+					t.Fatalf("rank %d printed %q: %v", tag, m[2], err)
+				}
+				if _, dup := seen[tag]; dup {
+					t.Fatalf("rank %d ran twice", tag)
+				}
+				seen[tag] = env
+			}
+			if len(seen) != np {
+				t.Fatalf("%d ranks reported, want %d\nstdout:\n%s", len(seen), np, res.stdout)
+			}
+			var job, port string
+			for r := range np {
+				env, ok := seen[r]
+				if !ok {
+					t.Fatalf("rank %d missing", r)
+				}
+				want := map[string]string{
+					"GORUN_RANK": strconv.Itoa(r), "RANK": strconv.Itoa(r), "OMPI_COMM_WORLD_RANK": strconv.Itoa(r), "PMI_RANK": strconv.Itoa(r), "ROLE_RANK": strconv.Itoa(r),
+					"GORUN_WORLD_SIZE": strconv.Itoa(np), "WORLD_SIZE": strconv.Itoa(np), "OMPI_COMM_WORLD_SIZE": strconv.Itoa(np), "PMI_SIZE": strconv.Itoa(np), "ROLE_WORLD_SIZE": strconv.Itoa(np),
+					"GORUN_LOCAL_RANK": strconv.Itoa(r), "LOCAL_RANK": strconv.Itoa(r), "OMPI_COMM_WORLD_LOCAL_RANK": strconv.Itoa(r),
+					"GORUN_LOCAL_SIZE": strconv.Itoa(np), "LOCAL_WORLD_SIZE": strconv.Itoa(np), "OMPI_COMM_WORLD_LOCAL_SIZE": strconv.Itoa(np),
+					"GORUN_NODE_RANK": "0", "GROUP_RANK": "0", "OMPI_COMM_WORLD_NODE_RANK": "0", "GROUP_WORLD_SIZE": "1",
+					"GORUN_EPOCH": "0", "GORUN_RESTART_COUNT": "0", "TORCHELASTIC_RESTART_COUNT": "0",
+					"MASTER_ADDR": "127.0.0.1", "ROLE_NAME": "default",
+					"GORUNTEST_X": "a=b c", "GORUNTEST_Y": "from-launcher",
+				}
+				for k, v := range want {
+					if env[k] != v {
+						t.Errorf("rank %d: %s=%q, want %q", r, k, env[k], v)
+					}
+				}
+				for _, k := range []string{"GORUN_JOB_ID", "GORUN_SOCKET", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TMPDIR"} {
+					if env[k] == "" {
+						t.Errorf("rank %d: %s not set", r, k)
+					}
+				}
+				if job == "" {
+					job, port = env["GORUN_JOB_ID"], env["MASTER_PORT"]
+				}
+				if env["GORUN_JOB_ID"] != job || env["MASTER_PORT"] != port || env["TORCHELASTIC_RUN_ID"] != job {
+					t.Errorf("rank %d: job %s port %s, rank 0 had %s %s", r, env["GORUN_JOB_ID"], env["MASTER_PORT"], job, port)
+				}
+				if p, err := strconv.Atoi(env["MASTER_PORT"]); err != nil || p <= 0 || p > 65535 {
+					t.Errorf("rank %d: MASTER_PORT=%q", r, env["MASTER_PORT"])
+				}
+				if omp := env["OMP_NUM_THREADS"]; (np > 1) != (omp == "1") {
+					t.Errorf("rank %d of %d: OMP_NUM_THREADS=%q", r, np, omp)
+				}
+				wd, _ := os.Getwd()
+				if env["cwd"] != wd {
+					t.Errorf("rank %d: cwd %q, want %q", r, env["cwd"], wd)
+				}
+				if !strings.HasPrefix(env["tmpfile"], env["TMPDIR"]) {
+					t.Errorf("rank %d: temp file %s not under TMPDIR %s", r, env["tmpfile"], env["TMPDIR"])
+				}
+				if _, err := os.Stat(env["tmpfile"]); !os.IsNotExist(err) {
+					t.Errorf("rank %d: temp file %s left behind (%v)", r, env["tmpfile"], err)
+				}
+			}
+			if m, _ := filepath.Glob(filepath.Join(os.TempDir(), "gorun-"+job+"-*")); len(m) != 0 {
+				t.Errorf("job directory left behind: %v", m)
+			}
+		})
+	}
+}
+
+func TestOutputIsTaggedWholeLines(t *testing.T) {
+	const np, lines = 8, 400
+	res := runJob(t, "lines", []string{"GORUNTEST_LINES=" + strconv.Itoa(lines)}, "-np", strconv.Itoa(np), "--oversubscribe", os.Args[0])
+	if res.code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", res.code, res.stderr)
+	}
+	lineRE := regexp.MustCompile(`^\[(\d+)\] rank-(\d+)-line-(\d+)-(x*)$|^\[(\d+)\] no-newline-at-end-(\d+)$`)
+	counts := map[string]int{}
+	for _, stream := range []struct {
+		name, text string
+	}{{"stdout", res.stdout}, {"stderr", res.stderr}} {
+		for _, l := range strings.Split(strings.TrimSuffix(stream.text, "\n"), "\n") {
+			m := lineRE.FindStringSubmatch(l)
+			if m == nil {
+				t.Fatalf("%s line not whole or not tagged: %q", stream.name, l)
+			}
+			if m[1] != "" {
+				i, _ := strconv.Atoi(m[3])
+				if m[1] != m[2] || len(m[4]) != i%97 {
+					t.Fatalf("%s line mangled: %q", stream.name, l)
+				}
+				if (i%5 == 4) != (stream.name == "stderr") {
+					t.Fatalf("line on the wrong stream (%s): %q", stream.name, l)
+				}
+			}
+			counts[stream.name]++
+		}
+	}
+	if counts["stdout"] != np*(lines-lines/5+1) || counts["stderr"] != np*lines/5 {
+		t.Fatalf("line counts %v, want stdout %d stderr %d", counts, np*(lines-lines/5+1), np*lines/5)
+	}
+}
+
+func TestOutputOptions(t *testing.T) {
+	t.Run("no-tag", func(t *testing.T) {
+		res := runJob(t, "", nil, "-np", "2", "--oversubscribe", "--tag-output=false", "echo", "plain")
+		if res.code != 0 || res.stdout != "plain\nplain\n" {
+			t.Fatalf("exit %d, stdout %q", res.code, res.stdout)
+		}
+	})
+	t.Run("timestamp", func(t *testing.T) {
+		res := runJob(t, "", nil, "-np", "2", "--oversubscribe", "--timestamp-output", "echo", "hi")
+		re := regexp.MustCompile(`(?m)^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6} \[[01]\] hi$`)
+		if res.code != 0 || len(re.FindAllString(res.stdout, -1)) != 2 {
+			t.Fatalf("exit %d, stdout %q", res.code, res.stdout)
+		}
+	})
+	t.Run("output-filename", func(t *testing.T) {
+		dir := t.TempDir()
+		res := runJob(t, "", nil, "-np", "3", "--oversubscribe", "--output-filename", dir, "sh", "-c", "echo out $RANK; echo err $RANK >&2")
+		if res.code != 0 || res.stdout != "" {
+			t.Fatalf("exit %d, stdout %q, stderr %q", res.code, res.stdout, res.stderr)
+		}
+		for r := range 3 {
+			for _, s := range []string{"out", "err"} {
+				b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("rank.%d", r), "std"+s))
+				if err != nil || string(b) != fmt.Sprintf("%s %d\n", s, r) {
+					t.Errorf("rank %d std%s: %q, %v", r, s, b, err)
+				}
+			}
+		}
+	})
+}
+
+func TestExitCodeOfFirstFailure(t *testing.T) {
+	res := runJob(t, "exit", []string{"GORUNTEST_RANK=2", "GORUNTEST_CODE=3"}, "-np", "4", "--oversubscribe", os.Args[0])
+	if res.code != 3 {
+		t.Fatalf("exit %d, want 3\nstderr:\n%s", res.code, res.stderr)
+	}
+	if !strings.Contains(res.stderr, "rank 2 on host localhost") || !strings.Contains(res.stderr, "exited with code 3") {
+		t.Errorf("report does not name the rank, host and cause:\n%s", res.stderr)
+	}
+	if n := strings.Count(res.stderr, "exited with code"); n != 1 {
+		t.Errorf("%d failure reports; the ranks gorun stopped must not count:\n%s", n, res.stderr)
+	}
+}
+
+func TestSignalledRankGives128PlusSignal(t *testing.T) {
+	res := runJob(t, "", nil, "-np", "2", "--oversubscribe", "sh", "-c", `if [ "$RANK" = 1 ]; then kill -SEGV $$; fi; sleep 30`)
+	if res.code != 128+int(syscall.SIGSEGV) {
+		t.Fatalf("exit %d, want %d\nstderr:\n%s", res.code, 128+int(syscall.SIGSEGV), res.stderr)
+	}
+	if !strings.Contains(res.stderr, "rank 1") || !strings.Contains(res.stderr, "SIGSEGV") {
+		t.Errorf("report: %s", res.stderr)
+	}
+}
+
+func TestSignalsReachEveryRank(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			const np = 4
+			j := startJob(t, "trap", nil, "-np", strconv.Itoa(np), "--oversubscribe", os.Args[0])
+			j.waitFor(regexp.MustCompile(`(?m)^\[\d\] ready$`), np, 30*time.Second)
+			j.cmd.Process.Signal(sig)
+			res := j.wait(30 * time.Second)
+			if res.code != 128+int(sig) {
+				t.Fatalf("exit %d, want %d\nstderr:\n%s", res.code, 128+int(sig), res.stderr)
+			}
+			got := regexp.MustCompile(`(?m)^\[(\d)\] got `+regexp.QuoteMeta(sig.String())+`$`).FindAllStringSubmatch(res.stdout, -1)
+			if len(got) != np {
+				t.Fatalf("%d ranks saw %v, want %d\nstdout:\n%s", len(got), sig, np, res.stdout)
+			}
+		})
+	}
+	t.Run("SIGUSR1 forwarded", func(t *testing.T) {
+		const np = 3
+		j := startJob(t, "trap", []string{"GORUNTEST_EXIT_ON_USR=1"}, "-np", strconv.Itoa(np), "--oversubscribe", os.Args[0])
+		j.waitFor(regexp.MustCompile(`(?m)^\[\d\] ready$`), np, 30*time.Second)
+		j.cmd.Process.Signal(syscall.SIGUSR1)
+		res := j.wait(30 * time.Second)
+		if res.code != 0 || strings.Count(res.stdout, "got user defined signal 1") != np {
+			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+		}
+	})
+}
+
+func TestSecondInterruptKillsAtOnce(t *testing.T) {
+	j := startJob(t, "ignore", nil, "-np", "2", "--oversubscribe", "--kill-grace", "600", os.Args[0])
+	j.waitFor(regexp.MustCompile(`(?m)^\[\d\] ready$`), 2, 30*time.Second)
+	j.cmd.Process.Signal(syscall.SIGINT)
+	j.waitFor(regexp.MustCompile(`(?m)^\[\d\] ready$`), 2, time.Second) // still running: SIGINT is ignored
+	select {
+	case <-j.done:
+		t.Fatalf("gorun exited after one SIGINT though the ranks ignore it and the grace is 600 s")
+	case <-time.After(200 * time.Millisecond):
+	}
+	j.cmd.Process.Signal(syscall.SIGINT)
+	res := j.wait(30 * time.Second)
+	if res.code != 130 {
+		t.Fatalf("exit %d, want 130\nstderr:\n%s", res.code, res.stderr)
+	}
+}
+
+func TestKillGraceEndsWithSIGKILL(t *testing.T) {
+	// Rank 0 fails; rank 1 ignores SIGTERM and must be killed after the grace.
+	j := startJob(t, "", nil, "-np", "2", "--oversubscribe", "--kill-grace", "0.5", "sh", "-c",
+		`if [ "$RANK" = 0 ]; then sleep 0.2; exit 5; fi; trap "" TERM; echo ready; while :; do sleep 0.05; done`)
+	res := j.wait(30 * time.Second)
+	if res.code != 5 {
+		t.Fatalf("exit %d, want 5\nstderr:\n%s", res.code, res.stderr)
+	}
+}
+
+func TestTimeout(t *testing.T) {
+	j := startJob(t, "spawn", nil, "-np", "2", "--oversubscribe", "--timeout", "1", "--kill-grace", "1", os.Args[0])
+	res := j.wait(30 * time.Second)
+	if res.code != 124 {
+		t.Fatalf("exit %d, want 124\nstderr:\n%s", res.code, res.stderr)
+	}
+	if !strings.Contains(res.stderr, "time limit") {
+		t.Errorf("no timeout report:\n%s", res.stderr)
+	}
+}
+
+func TestNothingLeftBehind(t *testing.T) {
+	// Each rank leaves a sleeping child in its process group and exits 0;
+	// the job ends when the ranks do, and the children must go with it.
+	res := runJob(t, "spawn", []string{"GORUNTEST_CODE=0"}, "-np", "3", "--oversubscribe", os.Args[0])
+	if res.code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", res.code, res.stderr)
+	}
+}
+
+func TestProgramThatCannotStart(t *testing.T) {
+	dir := t.TempDir()
+	prog := filepath.Join(dir, "not-executable")
+	os.WriteFile(prog, []byte("#!/bin/sh\n"), 0o644)
+	res := runJob(t, "", nil, "-np", "1", "--wdir", dir, "./not-executable")
+	if res.code != 2 || !strings.Contains(res.stderr, "not executable") {
+		t.Fatalf("exit %d\nstderr:\n%s", res.code, res.stderr)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.hosts")
+	os.WriteFile(bad, []byte("node1 slots=4\nnode2 slots=many\n"), 0o644)
+	unreadable := filepath.Join(dir, "unreadable.hosts")
+	os.WriteFile(unreadable, []byte("node1\n"), 0o000)
+	two := filepath.Join(dir, "two.hosts")
+	os.WriteFile(two, []byte("localhost slots=2\n"), 0o644)
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown flag", []string{"--frobnicate", "true"}, "flag provided but not defined: -frobnicate"},
+		{"np zero", []string{"-np", "0", "true"}, "-np must be at least 1"},
+		{"np negative", []string{"-n", "-3", "true"}, "-np must be at least 1"},
+		{"np not a number", []string{"-np", "four", "true"}, `invalid value "four" for flag -np`},
+		{"too many ranks", []string{"-np", "5", "--hostfile", two, "true"}, "5 ranks requested but only 2 slots"},
+		{"no program", []string{"-np", "2"}, "no program to run"},
+		{"program not found", []string{"-np", "1", "no-such-program-gorun"}, `program "no-such-program-gorun" not found`},
+		{"missing hostfile", []string{"--hostfile", filepath.Join(dir, "nope"), "true"}, "nope"},
+		{"malformed hostfile", []string{"--hostfile", bad, "true"}, "bad.hosts:2"},
+		{"bad map-by", []string{"--map-by", "socket", "true"}, "socket"},
+		{"bad -x", []string{"-x", "1BAD=x", "true"}, "not a valid variable name"},
+		{"unset -x", []string{"-x", "GORUNTEST_SURELY_UNSET", "true"}, "not set"},
+		{"bad timeout", []string{"--timeout", "soon", "true"}, "not a number of seconds"},
+		{"hostfile and -H", []string{"--hostfile", two, "-H", "localhost", "true"}, "not both"},
+		{"remote without bind", []string{"-H", "far-away-host", "true"}, "--bind"},
+	}
+	if os.Geteuid() != 0 { // root reads any file
+		tests = append(tests, struct {
+			name string
+			args []string
+			want string
+		}{"unreadable hostfile", []string{"--hostfile", unreadable, "true"}, "unreadable.hosts"})
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := runJob(t, "", nil, tt.args...)
+			if res.code != 2 {
+				t.Errorf("exit %d, want 2\nstderr:\n%s", res.code, res.stderr)
+			}
+			if !strings.Contains(res.stderr, tt.want) {
+				t.Errorf("stderr does not say %q:\n%s", tt.want, res.stderr)
+			}
+			if strings.Contains(res.stderr, "panic") || strings.Contains(res.stderr, "goroutine ") {
+				t.Errorf("panic:\n%s", res.stderr)
+			}
+		})
+	}
+}
+
+func TestHelpAndVersion(t *testing.T) {
+	res := runJob(t, "", nil, "--help")
+	if res.code != 0 || !strings.Contains(res.stdout, "Usage: gorun") {
+		t.Errorf("--help: exit %d, stdout %q", res.code, res.stdout)
+	}
+	res = runJob(t, "", nil, "--version")
+	if res.code != 0 || !strings.HasPrefix(res.stdout, "gorun ") {
+		t.Errorf("--version: exit %d, stdout %q", res.code, res.stdout)
+	}
+}
+
+var _ = bufio.NewReader
+var _ = context.Background
+var _ = io.Discard

@@ -1,0 +1,324 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorun/gorun/launcher"
+	"github.com/gorun/gorun/topology"
+)
+
+var (
+	errHelp    = errors.New("help requested")
+	errVersion = errors.New("version requested")
+)
+
+// runOptions are the parsed flags of `gorun [run]`.
+type runOptions struct {
+	np            int
+	hostfile      string
+	hostList      string
+	mapBy         string
+	exports       []string
+	oversubscribe bool
+	tagOutput     bool
+	timestamp     bool
+	outputDir     string
+	timeout       time.Duration
+	killGrace     time.Duration
+	rsh           string
+	launchAgent   string
+	bind          string
+	wdir          string
+	hbInterval    time.Duration
+	hbTimeout     time.Duration
+	verbose       bool
+	prog          string
+	args          []string
+}
+
+const usageText = `Usage: gorun [flags] [--] PROG [ARGS...]
+
+Starts copies (ranks) of PROG across hosts, mpirun style, and returns the
+exit code of the rank that failed first (0 when all succeed).
+
+Placement:
+  -np, -n N               number of ranks (default: every slot)
+  --hostfile, -f, --machinefile FILE
+                          hosts, Open MPI (node slots=4) or MPICH (node:4) form;
+                          Slurm lists node[01-04] expand; rack=, switch=, spare
+  -H, --host LIST         hosts inline: h1:2,h2,node[1-3]:4
+  --map-by slot|node      fill each host's slots first, or round-robin (default slot)
+  --oversubscribe         allow more ranks than slots
+  (no hostfile or -H: this host, with one slot per CPU)
+
+Environment:
+  -x VAR                  export VAR from gorun's environment to every rank
+  -x VAR=value            set VAR for every rank
+  --wdir DIR              working directory of the ranks (default: the current one)
+
+Output:
+  --tag-output[=false]    prefix every line with [rank] (default true)
+  --timestamp-output      prefix every line with the time
+  --output-filename DIR   write DIR/rank.N/stdout and stderr instead of the terminal
+
+Control:
+  --timeout SECONDS       stop the job after this long (exit code 124)
+  --kill-grace SECONDS    time between SIGTERM and SIGKILL when stopping (default 10)
+  --rsh CMD               how agents start on remote hosts (default "ssh";
+                          e.g. "ip netns exec"); the local host needs none
+  --launch-agent PATH     gorun binary on remote hosts (default: this one's path)
+  --bind ADDR             control-plane address (default 127.0.0.1; remote hosts
+                          need an address they can reach)
+  --heartbeat-interval S  agent heartbeat interval (default 1)
+  --heartbeat-timeout S   a host is lost after this long without one (default 10)
+  -v, --verbose           say what gorun does
+  --version               print the version
+  -h, --help              this text
+
+Signals: SIGINT, SIGTERM and SIGHUP stop every rank (the same signal, then
+SIGKILL after the grace period; a second one kills at once); SIGUSR1 and
+SIGUSR2 are forwarded to every rank. Every rank gets RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT, OMPI_COMM_WORLD_* and GORUN_* variables.
+`
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+// seconds is a duration flag given in (fractional) seconds, or as a Go
+// duration such as 1m30s.
+type seconds struct{ d *time.Duration }
+
+func (s seconds) String() string {
+	if s.d == nil {
+		return "0"
+	}
+	return strconv.FormatFloat(s.d.Seconds(), 'g', -1, 64)
+}
+
+func (s seconds) Set(v string) error {
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		if f < 0 || f > 1e9 {
+			return fmt.Errorf("%s seconds is out of range", v)
+		}
+		*s.d = time.Duration(f * float64(time.Second))
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return fmt.Errorf("%q is not a number of seconds", v)
+	}
+	*s.d = d
+	return nil
+}
+
+// parseRun parses the flags of a job. Go's flag package accepts -flag and
+// --flag alike, which covers mpirun's mix of both.
+func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
+	o := &runOptions{tagOutput: true, mapBy: "slot"}
+	fs := flag.NewFlagSet("gorun", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	fs.IntVar(&o.np, "np", 0, "")
+	fs.IntVar(&o.np, "n", 0, "")
+	for _, n := range []string{"hostfile", "f", "machinefile"} {
+		fs.StringVar(&o.hostfile, n, "", "")
+	}
+	fs.StringVar(&o.hostList, "H", "", "")
+	fs.StringVar(&o.hostList, "host", "", "")
+	fs.StringVar(&o.mapBy, "map-by", "slot", "")
+	fs.Var((*stringList)(&o.exports), "x", "")
+	fs.BoolVar(&o.oversubscribe, "oversubscribe", false, "")
+	fs.BoolVar(&o.tagOutput, "tag-output", true, "")
+	fs.BoolVar(&o.timestamp, "timestamp-output", false, "")
+	fs.StringVar(&o.outputDir, "output-filename", "", "")
+	fs.Var(seconds{&o.timeout}, "timeout", "")
+	o.killGrace = 10 * time.Second
+	fs.Var(seconds{&o.killGrace}, "kill-grace", "")
+	fs.StringVar(&o.rsh, "rsh", "ssh", "")
+	fs.StringVar(&o.launchAgent, "launch-agent", "", "")
+	fs.StringVar(&o.bind, "bind", "", "")
+	fs.StringVar(&o.wdir, "wdir", "", "")
+	o.hbInterval = time.Second
+	fs.Var(seconds{&o.hbInterval}, "heartbeat-interval", "")
+	fs.Var(seconds{&o.hbTimeout}, "heartbeat-timeout", "")
+	fs.BoolVar(&o.verbose, "v", false, "")
+	fs.BoolVar(&o.verbose, "verbose", false, "")
+	help := fs.Bool("h", false, "")
+	fs.BoolVar(help, "help", false, "")
+	version := fs.Bool("version", false, "")
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, errHelp
+		}
+		return nil, usagef("%v", err)
+	}
+	if *help {
+		return nil, errHelp
+	}
+	if *version {
+		return nil, errVersion
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if (set["np"] || set["n"]) && o.np < 1 {
+		return nil, usagef("-np must be at least 1, not %d", o.np)
+	}
+	if o.hostfile != "" && o.hostList != "" {
+		return nil, usagef("give hosts with --hostfile or -H, not both")
+	}
+	if o.hbInterval <= 0 {
+		return nil, usagef("--heartbeat-interval must be positive")
+	}
+	if set["timeout"] && o.timeout <= 0 {
+		return nil, usagef("--timeout must be positive")
+	}
+	if fs.NArg() == 0 {
+		return nil, usagef("no program to run: gorun [flags] [--] PROG [ARGS...]")
+	}
+	o.prog, o.args = fs.Arg(0), fs.Args()[1:]
+	if strings.TrimSpace(o.rsh) == "" {
+		return nil, usagef("--rsh is empty")
+	}
+	return o, nil
+}
+
+// config turns the options into a launcher configuration, reading the
+// hostfile and checking what can be checked before anything starts.
+func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
+	cfg := launcher.Config{
+		NP: o.np, Oversubscribe: o.oversubscribe,
+		Prog: o.prog, Args: o.args,
+		TagOutput: o.tagOutput, TimestampOutput: o.timestamp, OutputDir: o.outputDir,
+		Timeout: o.timeout, KillGrace: o.killGrace,
+		Rsh: strings.Fields(o.rsh), AgentPath: o.launchAgent, Bind: o.bind,
+		HeartbeatInterval: o.hbInterval, HeartbeatTimeout: o.hbTimeout,
+		Stdout: stdout, Stderr: stderr,
+	}
+	if cfg.KillGrace == 0 {
+		cfg.KillGrace = -1 // --kill-grace 0: SIGKILL at once
+	}
+	var err error
+	if cfg.MapBy, err = topology.ParseMapBy(o.mapBy); err != nil {
+		return cfg, usagef("--map-by: %v", err)
+	}
+	switch {
+	case o.hostfile != "":
+		cfg.Hosts, err = topology.ReadHostfile(o.hostfile)
+	case o.hostList != "":
+		cfg.Hosts, err = topology.ParseHostList(o.hostList)
+		if err != nil {
+			err = usagef("-H: %v", err)
+		}
+	default:
+		cfg.Hosts = []topology.Host{{Name: "localhost", Slots: runtime.NumCPU(), Source: "default"}}
+	}
+	if err != nil {
+		return cfg, usagef("%v", err)
+	}
+	if cfg.NP == 0 {
+		for _, h := range cfg.Hosts {
+			if !h.Spare {
+				cfg.NP += h.Slots
+			}
+		}
+	}
+	if cfg.Env, err = exports(o.exports, os.LookupEnv); err != nil {
+		return cfg, err
+	}
+	if cfg.Dir = o.wdir; cfg.Dir != "" {
+		if cfg.Dir, err = filepath.Abs(cfg.Dir); err != nil {
+			return cfg, usagef("--wdir: %v", err)
+		}
+	}
+	if o.outputDir != "" {
+		if cfg.OutputDir, err = filepath.Abs(o.outputDir); err != nil {
+			return cfg, usagef("--output-filename: %v", err)
+		}
+	}
+	for _, h := range cfg.Hosts {
+		if !h.Spare && launcher.IsLocalHost(h.Name) {
+			if err := checkProgram(o.prog, cfg.Dir); err != nil {
+				return cfg, err
+			}
+			break
+		}
+	}
+	level := slog.LevelWarn
+	if o.verbose {
+		level = slog.LevelDebug
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	return cfg, nil
+}
+
+// exports resolves -x arguments into KEY=VALUE pairs.
+func exports(xs []string, lookup func(string) (string, bool)) ([]string, error) {
+	var env []string
+	for _, x := range xs {
+		name, value, hasValue := strings.Cut(x, "=")
+		if !validEnvName(name) {
+			return nil, usagef("-x %s: %q is not a valid variable name", x, name)
+		}
+		if !hasValue {
+			v, ok := lookup(name)
+			if !ok {
+				return nil, usagef("-x %s: %s is not set in gorun's environment", x, name)
+			}
+			value = v
+		}
+		env = append(env, name+"="+value)
+	}
+	return env, nil
+}
+
+func validEnvName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, c := range s {
+		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkProgram fails early, with exit code 2, when the program cannot be
+// found here. (A program missing on a remote host is reported by its agent.)
+func checkProgram(prog, dir string) error {
+	if strings.ContainsRune(prog, '/') {
+		p := prog
+		if !filepath.IsAbs(p) && dir != "" {
+			p = filepath.Join(dir, p)
+		}
+		st, err := os.Stat(p)
+		switch {
+		case err != nil:
+			return usagef("program %s: %v", prog, errors.Unwrap(err))
+		case st.IsDir():
+			return usagef("program %s is a directory", prog)
+		case st.Mode()&0o111 == 0:
+			return usagef("program %s is not executable", prog)
+		}
+		return nil
+	}
+	if _, err := exec.LookPath(prog); err != nil {
+		return usagef("program %q not found in PATH", prog)
+	}
+	return nil
+}

@@ -1,0 +1,9 @@
+// Package comm is how gorun's processes find each other: the per-job
+// secret, the authenticated control-plane connection (NATS) that agents hold
+// to the launcher, and the rendezvous that turns agent registrations into
+// the epoch table every rank's world is built from.
+//
+// Authentication never sends the secret: the secret is the seed of an
+// ed25519 key (a NATS nkey) and a client proves it holds the seed by signing
+// the server's nonce.
+package comm

@@ -1,0 +1,374 @@
+// Package agent is gorun's per-host agent: started by the launcher (never
+// by hand) on every host of a job, it registers with the launcher over the
+// control plane, spawns the host's ranks with the environment contract,
+// forwards their output, reports their exits, sends heartbeats, and stops
+// them when told or when it loses the launcher. No process it starts
+// outlives it: every rank runs in its own process group, which the agent
+// kills whole.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/nats-io/nats.go"
+)
+
+// ErrLauncherLost is the cause of an agent's end when its launcher went away.
+var ErrLauncherLost = errors.New("agent: launcher lost")
+
+// Config configures an agent.
+type Config struct {
+	Job        string
+	Host       int    // index of this host in the launcher's host list
+	Name       string // this host's name in the launcher's host list
+	ControlURL string
+	Secret     comm.Secret
+	// Launcher, when not nil, is a stream from the launcher (the agent's
+	// stdin) whose end means the launcher is gone.
+	Launcher io.Reader
+	Logger   *slog.Logger
+	// Dial, when not nil, replaces dialing ControlURL (the launcher's own
+	// host runs its agent in-process).
+	Dial func(ctx context.Context) (*comm.Control, error)
+	// Addr, when not empty, is the address this host is reached at;
+	// otherwise the local address of the control connection.
+	Addr string
+	// ExitTimeout bounds how long the agent waits for killed ranks to be
+	// reaped before it exits anyway (a process stuck in the kernel cannot
+	// be waited for). Zero means 5 s.
+	ExitTimeout time.Duration
+}
+
+type agent struct {
+	cfg  Config
+	log  *slog.Logger
+	subj wire.Subjects
+	ctl  *comm.Control
+	spec *wire.JobSpec
+	out  *batcher
+	dir  string // private per-job directory, removed at exit
+
+	ranks   []*rankProc
+	exits   chan *rankProc
+	running int
+	killAt  <-chan time.Time // SIGKILL deadline after a stop
+	seq     uint64
+}
+
+// Run runs the agent until the launcher tells it to exit, the launcher is
+// lost, or ctx ends. It returns nil after an orderly exit.
+func Run(ctx context.Context, cfg Config) (err error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ExitTimeout <= 0 {
+		cfg.ExitTimeout = 5 * time.Second
+	}
+	if !wire.ValidJobID(cfg.Job) {
+		return fmt.Errorf("agent: invalid job id %q", cfg.Job)
+	}
+	a := &agent{cfg: cfg, log: cfg.Logger.With("host", cfg.Name), subj: wire.JobSubjects(cfg.Job), exits: make(chan *rankProc, 16)}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+
+	dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
+	if cfg.Dial != nil {
+		a.ctl, err = cfg.Dial(dctx)
+	} else {
+		a.ctl, err = comm.DialControl(dctx, cfg.ControlURL, cfg.Secret, comm.ControlOptions{Name: "agent " + cfg.Name})
+	}
+	dcancel()
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	defer a.ctl.Close()
+
+	// Losing the control connection or the launcher's stream ends the job here.
+	stopWatch := make(chan struct{})
+	defer close(stopWatch)
+	go func() {
+		select {
+		case <-a.ctl.Lost():
+			cancel(fmt.Errorf("%w: control connection closed", ErrLauncherLost))
+		case <-stopWatch:
+		}
+	}()
+	if cfg.Launcher != nil {
+		go func() {
+			_, _ = io.Copy(io.Discard, cfg.Launcher)
+			cancel(fmt.Errorf("%w: its stream to this agent ended", ErrLauncherLost))
+		}()
+	}
+
+	control := make(chan *nats.Msg, 64)
+	csub, err := a.ctl.ChanSubscribe(a.subj.Control, control)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	defer csub.Unsubscribe()
+	rv, err := comm.JoinRendezvous(a.ctl.Conn, cfg.Job)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	defer rv.Close()
+
+	addr := cfg.Addr
+	if tcp, ok := a.ctl.LocalAddr().(*net.TCPAddr); ok && addr == "" {
+		addr = tcp.IP.String()
+	}
+	if addr == "" {
+		addr = "127.0.0.1"
+	}
+	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+	a.spec, err = rv.Register(rctx, &wire.Register{
+		Version: wire.Version, Job: cfg.Job, Host: cfg.Host, Name: cfg.Name,
+		Addr: addr, MasterPort: freePort(addr), Pid: os.Getpid(),
+	})
+	rcancel()
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	a.log.Info("registered", "addr", addr)
+	a.out = newBatcher(a.ctl.Conn, a.subj.Output, cfg.Host, a.spec.OutputDelay)
+
+	tables := make(chan *wire.EpochTable, 1)
+	terr := make(chan error, 1)
+	go func() {
+		t, err := rv.WaitEpoch(ctx, 0)
+		if err != nil {
+			terr <- err
+			return
+		}
+		tables <- t
+	}()
+
+	defer a.cleanup()
+	hb := time.NewTicker(a.spec.HeartbeatInterval)
+	defer hb.Stop()
+	a.heartbeat()
+	for {
+		select {
+		case t := <-tables:
+			if err := a.start(t); err != nil {
+				a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: err.Error()})
+				return fmt.Errorf("agent: %w", err)
+			}
+		case err := <-terr:
+			if ctx.Err() != nil {
+				return a.lost(ctx)
+			}
+			a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: err.Error()})
+			return fmt.Errorf("agent: %w", err)
+		case m := <-control:
+			c, err := wire.DecodeControl(m.Data)
+			if err != nil {
+				a.log.Warn("ignoring control message", "err", err)
+				continue
+			}
+			if c.Op == wire.OpExit {
+				a.log.Info("exiting as told")
+				return nil
+			}
+			a.control(c)
+		case p := <-a.exits:
+			a.exited(p)
+		case <-a.killAt:
+			a.killAt = nil
+			a.signalAll(syscall.SIGKILL, true)
+		case <-hb.C:
+			a.heartbeat()
+		case <-ctx.Done():
+			return a.lost(ctx)
+		}
+	}
+}
+
+// lost handles the end of the launcher: stop the ranks, then return.
+func (a *agent) lost(ctx context.Context) error {
+	err := context.Cause(ctx)
+	a.log.Warn("stopping ranks", "cause", err)
+	a.stop(syscall.SIGTERM, a.spec.KillGrace)
+	deadline := time.After(a.spec.KillGrace + a.cfg.ExitTimeout)
+	for a.running > 0 {
+		select {
+		case p := <-a.exits:
+			a.exited(p)
+		case <-a.killAt:
+			a.killAt = nil
+			a.signalAll(syscall.SIGKILL, true)
+		case <-deadline:
+			return err
+		}
+	}
+	return err
+}
+
+func (a *agent) control(c *wire.Control) {
+	switch c.Op {
+	case wire.OpSignal:
+		a.log.Info("forwarding signal", "signal", syscall.Signal(c.Signal))
+		a.signalAll(syscall.Signal(c.Signal), false)
+	case wire.OpStop:
+		a.stop(syscall.Signal(c.Signal), c.Grace)
+	case wire.OpKill:
+		a.signalAll(syscall.SIGKILL, true)
+	}
+}
+
+// stop sends sig to every running rank and arms SIGKILL after grace.
+func (a *agent) stop(sig syscall.Signal, grace time.Duration) {
+	if grace <= 0 {
+		a.signalAll(syscall.SIGKILL, true)
+		return
+	}
+	a.signalAll(sig, true)
+	if a.killAt == nil {
+		a.killAt = time.After(grace)
+	}
+}
+
+func (a *agent) signalAll(sig syscall.Signal, stopping bool) {
+	for _, p := range a.ranks {
+		if p.ended {
+			continue
+		}
+		if stopping {
+			p.stopped.Store(true)
+		}
+		p.signal(sig)
+	}
+}
+
+func (a *agent) heartbeat() {
+	a.seq++
+	_ = a.ctl.Publish(a.subj.Heartbeat, wire.Marshal(&wire.Heartbeat{Host: a.cfg.Host, Seq: a.seq}))
+}
+
+func (a *agent) event(e *wire.Event) {
+	if err := a.ctl.Publish(a.subj.Events, wire.Marshal(e)); err != nil {
+		a.log.Warn("cannot report event", "err", err)
+	}
+}
+
+// start creates the job's private directory and starts this host's ranks.
+func (a *agent) start(t *wire.EpochTable) error {
+	if a.ranks != nil {
+		return nil // later epochs are the hot-swap issue's business
+	}
+	if a.cfg.Host >= len(t.Hosts) {
+		return fmt.Errorf("epoch table has %d hosts, this is host %d", len(t.Hosts), a.cfg.Host)
+	}
+	dir, err := os.MkdirTemp("", "gorun-"+a.cfg.Job+"-")
+	if err != nil {
+		return fmt.Errorf("creating job directory: %w", err)
+	}
+	a.dir = dir
+	places := t.Placements()[a.cfg.Host]
+	env := baseEnv(os.Environ(), a.spec.Env)
+	for _, pl := range places {
+		p := &rankProc{place: pl}
+		a.ranks = append(a.ranks, p)
+		a.running++
+		rdir := filepath.Join(dir, fmt.Sprintf("rank-%d", pl.Rank))
+		if err := os.MkdirAll(filepath.Join(rdir, "tmp"), 0o700); err != nil {
+			return fmt.Errorf("creating rank directory: %w", err)
+		}
+		renv := rankEnv(env, a.spec.Env, t, pl, filepath.Join(rdir, "rank.sock"), filepath.Join(rdir, "tmp"))
+		if err := p.start(a.spec, renv, a.out, a.exits); err != nil {
+			a.log.Warn("cannot start rank", "rank", pl.Rank, "err", err)
+		} else {
+			a.event(&wire.Event{Kind: wire.EventStarted, Host: a.cfg.Host, Rank: pl.Rank, Pid: p.pid})
+		}
+	}
+	if len(places) == 0 {
+		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+	}
+	return nil
+}
+
+// exited reports a rank's end; its output has been flushed before.
+func (a *agent) exited(p *rankProc) {
+	p.ended = true
+	a.running--
+	e := p.exitEvent(a.cfg.Host)
+	a.log.Info("rank ended", "rank", e.Rank, "code", e.Code, "signal", e.Signal, "stopped", e.Stopped)
+	a.event(e)
+	if a.running == 0 {
+		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+		_ = a.ctl.FlushTimeout(5 * time.Second)
+	}
+}
+
+// cleanup kills whatever is left of every rank's process group, waits a
+// bounded time for the ranks to be reaped, and removes the job's files.
+func (a *agent) cleanup() {
+	for _, p := range a.ranks {
+		p.signal(syscall.SIGKILL) // stragglers in the group, even after the leader ended
+	}
+	deadline := time.After(a.cfg.ExitTimeout)
+wait:
+	for a.running > 0 {
+		select {
+		case p := <-a.exits:
+			a.exited(p)
+		case <-deadline:
+			for _, p := range a.ranks {
+				if !p.ended {
+					a.log.Error("rank did not end after SIGKILL; leaving it", "rank", p.place.Rank, "pid", p.pid)
+				}
+			}
+			break wait
+		}
+	}
+	if a.out != nil {
+		a.out.Close()
+	}
+	if a.dir != "" {
+		if err := os.RemoveAll(a.dir); err != nil {
+			a.log.Warn("cannot remove job directory", "err", err)
+		}
+	}
+	removeShm(a.cfg.Job, a.log)
+	if a.ctl != nil {
+		_ = a.ctl.FlushTimeout(2 * time.Second)
+	}
+}
+
+// removeShm removes the job's files under /dev/shm (their names start with
+// "gorun-<job>-").
+func removeShm(job string, log *slog.Logger) {
+	ents, err := os.ReadDir("/dev/shm")
+	if err != nil {
+		return
+	}
+	prefix := "gorun-" + job + "-"
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), prefix) {
+			if err := os.RemoveAll(filepath.Join("/dev/shm", e.Name())); err != nil {
+				log.Warn("cannot remove shared-memory file", "name", e.Name(), "err", err)
+			}
+		}
+	}
+}
+
+// freePort returns a TCP port that was free on addr a moment ago, or 0.
+func freePort(addr string) int {
+	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
+	if err != nil {
+		return 0
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

@@ -1,0 +1,254 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/gorun/gorun/internal/wire"
+)
+
+// drainTimeout bounds how long a rank's exit report waits for its output
+// pipes to close after the process ended (a child it left behind may hold
+// them open).
+const drainTimeout = time.Second
+
+// rankProc is one rank's process. Its fields after place are owned by the
+// agent's loop, except stopped, which readers of the exit status share.
+type rankProc struct {
+	place   wire.Placement
+	pid     int // also the process group id
+	stopped atomic.Bool
+	ended   bool // the loop has seen the exit
+
+	state    *os.ProcessState
+	startErr error
+}
+
+// start starts the rank and the goroutines that forward its output and
+// report its end on exits. When the program cannot be started, the end is
+// reported all the same (as a shell would: 127 not found, 126 not runnable).
+func (p *rankProc) start(spec *wire.JobSpec, env []string, out *batcher, exits chan<- *rankProc) error {
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return p.failStart(err, exits)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return p.failStart(err, exits)
+	}
+	cmd := exec.Command(spec.Prog, spec.Args...)
+	cmd.Dir = spec.Dir
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = outW, errW
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	err = cmd.Start()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		return p.failStart(err, exits)
+	}
+	p.pid = cmd.Process.Pid
+	var pumps sync.WaitGroup
+	pumps.Add(2)
+	go func() { defer pumps.Done(); pump(outR, p.place.Rank, wire.Stdout, out) }()
+	go func() { defer pumps.Done(); pump(errR, p.place.Rank, wire.Stderr, out) }()
+	go func() {
+		_ = cmd.Wait()
+		p.state = cmd.ProcessState
+		drained := make(chan struct{})
+		go func() { pumps.Wait(); close(drained) }()
+		select {
+		case <-drained:
+		case <-time.After(drainTimeout):
+		}
+		out.Flush()
+		exits <- p
+	}()
+	return nil
+}
+
+func (p *rankProc) failStart(err error, exits chan<- *rankProc) error {
+	p.startErr = err
+	go func() { exits <- p }()
+	return err
+}
+
+// signal sends sig to the rank's whole process group.
+func (p *rankProc) signal(sig syscall.Signal) {
+	if p.pid <= 0 {
+		return
+	}
+	if err := syscall.Kill(-p.pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return
+	}
+	if sig != syscall.SIGKILL && sig != syscall.SIGCONT {
+		// A stopped process acts on the signal only once continued.
+		_ = syscall.Kill(-p.pid, syscall.SIGCONT)
+	}
+}
+
+// exitEvent describes the rank's end.
+func (p *rankProc) exitEvent(host int) *wire.Event {
+	e := &wire.Event{Kind: wire.EventExited, Host: host, Rank: p.place.Rank, Pid: p.pid, Stopped: p.stopped.Load()}
+	switch {
+	case p.startErr != nil:
+		e.Code = 127
+		if errors.Is(p.startErr, fs.ErrPermission) {
+			e.Code = 126
+		}
+		e.Msg = "cannot start: " + p.startErr.Error()
+	case p.state == nil:
+		e.Code = 1
+		e.Msg = "no exit status"
+	default:
+		ws, _ := p.state.Sys().(syscall.WaitStatus)
+		if ws.Signaled() {
+			e.Code, e.Signal = -1, int(ws.Signal())
+			e.Msg = "killed by signal " + ws.Signal().String()
+		} else {
+			e.Code = p.state.ExitCode()
+		}
+	}
+	return e
+}
+
+// pump forwards whole lines read from r. A line longer than wire.MaxLine
+// is forwarded in pieces; a last line without a newline gets one.
+func pump(r *os.File, rank int, s wire.Stream, out *batcher) {
+	defer r.Close()
+	buf := make([]byte, wire.MaxLine)
+	have := 0
+	for {
+		n, err := r.Read(buf[have:])
+		have += n
+		if i := bytes.LastIndexByte(buf[:have], '\n'); i >= 0 {
+			out.Add(rank, s, buf[:i+1], false)
+			have = copy(buf, buf[i+1:have])
+		} else if have == len(buf) {
+			out.Add(rank, s, buf[:have], true)
+			have = 0
+		}
+		if err != nil {
+			if have > 0 {
+				out.Add(rank, s, buf[:have], true)
+			}
+			return
+		}
+	}
+}
+
+// baseEnv is the environment common to every rank of this host: the
+// agent's own, without any rank contract inherited from an enclosing job,
+// and the job's -x variables.
+func baseEnv(inherited, extra []string) []string {
+	drop := make(map[string]bool, len(wire.ContractNames))
+	for _, n := range wire.ContractNames {
+		drop[n] = true
+	}
+	var env []string
+	for _, kv := range inherited {
+		k, _, _ := strings.Cut(kv, "=")
+		if drop[k] || strings.HasPrefix(k, "GORUN_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return mergeEnv(env, extra)
+}
+
+// mergeEnv returns env with the entries of over replacing those of the same name.
+func mergeEnv(env, over []string) []string {
+	idx := make(map[string]int, len(env))
+	out := make([]string, 0, len(env)+len(over))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if i, ok := idx[k]; ok {
+			out[i] = kv
+			continue
+		}
+		idx[k] = len(out)
+		out = append(out, kv)
+	}
+	for _, kv := range over {
+		k, _, _ := strings.Cut(kv, "=")
+		if i, ok := idx[k]; ok {
+			out[i] = kv
+			continue
+		}
+		idx[k] = len(out)
+		out = append(out, kv)
+	}
+	return out
+}
+
+func hasVar(env []string, name string) bool {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, name+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// rankEnv is the full environment of one rank: base plus the contract of
+// DESIGN.md §3.
+func rankEnv(base, userVars []string, t *wire.EpochTable, pl wire.Placement, socket, tmpdir string) []string {
+	itoa := strconv.Itoa
+	rank, world := itoa(pl.Rank), itoa(t.World)
+	local, localSize, node := itoa(pl.LocalRank), itoa(pl.LocalSize), itoa(pl.NodeRank)
+	restarts := "0"
+	set := []string{
+		wire.EnvJobID + "=" + t.Job,
+		wire.EnvRank + "=" + rank,
+		wire.EnvWorldSize + "=" + world,
+		wire.EnvLocalRank + "=" + local,
+		wire.EnvLocalSize + "=" + localSize,
+		wire.EnvNodeRank + "=" + node,
+		wire.EnvEpoch + "=" + strconv.FormatUint(t.Epoch, 10),
+		wire.EnvSocket + "=" + socket,
+		wire.EnvRestartCount + "=" + restarts,
+
+		wire.EnvTorchRank + "=" + rank,
+		wire.EnvTorchWorldSize + "=" + world,
+		wire.EnvTorchLocalRank + "=" + local,
+		wire.EnvTorchLocalSize + "=" + localSize,
+		wire.EnvTorchGroupRank + "=" + node,
+		wire.EnvTorchGroupSize + "=" + itoa(t.NodeCount()),
+		wire.EnvTorchRoleName + "=default",
+		wire.EnvTorchRoleRank + "=" + rank,
+		wire.EnvTorchRoleWorldSize + "=" + world,
+		wire.EnvTorchMasterAddr + "=" + t.MasterAddr,
+		wire.EnvTorchMasterPort + "=" + itoa(t.MasterPort),
+		wire.EnvTorchRestartCount + "=" + restarts,
+		wire.EnvTorchMaxRestarts + "=0",
+		wire.EnvTorchRunID + "=" + t.Job,
+
+		wire.EnvOMPIRank + "=" + rank,
+		wire.EnvOMPISize + "=" + world,
+		wire.EnvOMPILocalRank + "=" + local,
+		wire.EnvOMPILocalSize + "=" + localSize,
+		wire.EnvOMPINodeRank + "=" + node,
+		wire.EnvPMIRank + "=" + rank,
+		wire.EnvPMISize + "=" + world,
+	}
+	if pl.LocalSize > 1 && !hasVar(base, wire.EnvOMPNumThreads) {
+		set = append(set, wire.EnvOMPNumThreads+"=1")
+	}
+	if !hasVar(userVars, wire.EnvTmpdir) {
+		set = append(set, wire.EnvTmpdir+"="+tmpdir)
+	}
+	return mergeEnv(base, set)
+}

@@ -1,0 +1,59 @@
+package wire
+
+// Names of the environment variables gorun sets for every rank (DESIGN.md §3).
+const (
+	EnvJobID        = "GORUN_JOB_ID"
+	EnvRank         = "GORUN_RANK"
+	EnvWorldSize    = "GORUN_WORLD_SIZE"
+	EnvLocalRank    = "GORUN_LOCAL_RANK"
+	EnvLocalSize    = "GORUN_LOCAL_SIZE"
+	EnvNodeRank     = "GORUN_NODE_RANK"
+	EnvEpoch        = "GORUN_EPOCH"
+	EnvSocket       = "GORUN_SOCKET"
+	EnvRestartCount = "GORUN_RESTART_COUNT"
+
+	// torchrun-compatible.
+	EnvTorchRank          = "RANK"
+	EnvTorchWorldSize     = "WORLD_SIZE"
+	EnvTorchLocalRank     = "LOCAL_RANK"
+	EnvTorchLocalSize     = "LOCAL_WORLD_SIZE"
+	EnvTorchGroupRank     = "GROUP_RANK"
+	EnvTorchGroupSize     = "GROUP_WORLD_SIZE"
+	EnvTorchRoleName      = "ROLE_NAME"
+	EnvTorchRoleRank      = "ROLE_RANK"
+	EnvTorchRoleWorldSize = "ROLE_WORLD_SIZE"
+	EnvTorchMasterAddr    = "MASTER_ADDR"
+	EnvTorchMasterPort    = "MASTER_PORT"
+	EnvTorchRestartCount  = "TORCHELASTIC_RESTART_COUNT"
+	EnvTorchMaxRestarts   = "TORCHELASTIC_MAX_RESTARTS"
+	EnvTorchRunID         = "TORCHELASTIC_RUN_ID"
+
+	// Open MPI-compatible.
+	EnvOMPIRank      = "OMPI_COMM_WORLD_RANK"
+	EnvOMPISize      = "OMPI_COMM_WORLD_SIZE"
+	EnvOMPILocalRank = "OMPI_COMM_WORLD_LOCAL_RANK"
+	EnvOMPILocalSize = "OMPI_COMM_WORLD_LOCAL_SIZE"
+	EnvOMPINodeRank  = "OMPI_COMM_WORLD_NODE_RANK"
+	EnvPMIRank       = "PMI_RANK"
+	EnvPMISize       = "PMI_SIZE"
+
+	// EnvOMPNumThreads is set to 1 when several ranks share a host and the
+	// user did not set it, as torchrun does.
+	EnvOMPNumThreads = "OMP_NUM_THREADS"
+	// EnvTmpdir points every rank at a private directory the agent removes
+	// when the rank's job ends, so temporary files are not left behind.
+	EnvTmpdir = "TMPDIR"
+)
+
+// ContractNames lists every variable of the rank contract, for tests and for
+// stripping stale values inherited from an enclosing job.
+var ContractNames = []string{
+	EnvJobID, EnvRank, EnvWorldSize, EnvLocalRank, EnvLocalSize, EnvNodeRank,
+	EnvEpoch, EnvSocket, EnvRestartCount,
+	EnvTorchRank, EnvTorchWorldSize, EnvTorchLocalRank, EnvTorchLocalSize,
+	EnvTorchGroupRank, EnvTorchGroupSize, EnvTorchRoleName, EnvTorchRoleRank,
+	EnvTorchRoleWorldSize, EnvTorchMasterAddr, EnvTorchMasterPort,
+	EnvTorchRestartCount, EnvTorchMaxRestarts, EnvTorchRunID,
+	EnvOMPIRank, EnvOMPISize, EnvOMPILocalRank, EnvOMPILocalSize, EnvOMPINodeRank,
+	EnvPMIRank, EnvPMISize,
+}

@@ -1,0 +1,383 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// Version is the control-plane protocol version. An agent and a launcher of
+// different versions refuse each other at registration.
+const Version = 1
+
+// Limits on what a decoder accepts; they bound memory on hostile input.
+const (
+	MaxWorld     = 1 << 24
+	MaxHosts     = 1 << 20
+	MaxArgs      = 1 << 16
+	MaxStringLen = 1 << 16
+)
+
+// ErrMalformed is wrapped by every decoding error.
+var ErrMalformed = errors.New("wire: malformed message")
+
+func malformed(what string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(what, args...))
+}
+
+// decode unmarshals one JSON value from b into v, rejecting unknown fields
+// and trailing data.
+func decode(b []byte, v any, what string) error {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrMalformed, what, err)
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return malformed("%s: trailing data", what)
+	}
+	return nil
+}
+
+func checkString(what, s string) error {
+	if len(s) > MaxStringLen {
+		return malformed("%s longer than %d bytes", what, MaxStringLen)
+	}
+	return nil
+}
+
+// Register is what an agent sends when it has started: who it is and where
+// its host can be reached.
+type Register struct {
+	Version    int    `json:"v"`
+	Job        string `json:"job"`
+	Host       int    `json:"host"`  // index of the host in the launcher's host list
+	Name       string `json:"name"`  // host name as the launcher knows it
+	Addr       string `json:"addr"`  // IP address other hosts reach this host at
+	MasterPort int    `json:"mport"` // a free TCP port on this host, for MASTER_PORT
+	Pid        int    `json:"pid"`
+}
+
+// DecodeRegister decodes and validates a Register.
+func DecodeRegister(b []byte) (*Register, error) {
+	var r Register
+	if err := decode(b, &r, "register"); err != nil {
+		return nil, err
+	}
+	switch {
+	case r.Version != Version:
+		return nil, malformed("register: protocol version %d, want %d", r.Version, Version)
+	case !ValidJobID(r.Job):
+		return nil, malformed("register: bad job id")
+	case r.Host < 0 || r.Host >= MaxHosts:
+		return nil, malformed("register: host index %d out of range", r.Host)
+	case r.MasterPort < 0 || r.MasterPort > 65535:
+		return nil, malformed("register: port %d out of range", r.MasterPort)
+	}
+	for _, s := range []string{r.Name, r.Addr} {
+		if err := checkString("register field", s); err != nil {
+			return nil, err
+		}
+	}
+	return &r, nil
+}
+
+// JobSpec is what every agent needs to start its ranks. It travels in the
+// registration reply, not in the agent's argv, so that values given with
+// -x never show in a process listing.
+type JobSpec struct {
+	Prog              string        `json:"prog"`
+	Args              []string      `json:"args"`
+	Env               []string      `json:"env"` // KEY=VALUE set for every rank (-x)
+	Dir               string        `json:"dir"` // working directory of the ranks
+	KillGrace         time.Duration `json:"grace"`
+	HeartbeatInterval time.Duration `json:"hb"`
+	OutputDelay       time.Duration `json:"odelay"` // how long an agent may hold output before sending
+}
+
+// RegisterReply answers a Register.
+type RegisterReply struct {
+	Err  string   `json:"err,omitempty"`
+	Spec *JobSpec `json:"spec,omitempty"`
+}
+
+// DecodeRegisterReply decodes and validates a RegisterReply.
+func DecodeRegisterReply(b []byte) (*RegisterReply, error) {
+	var r RegisterReply
+	if err := decode(b, &r, "register reply"); err != nil {
+		return nil, err
+	}
+	if r.Err != "" {
+		return &r, nil
+	}
+	s := r.Spec
+	if s == nil {
+		return nil, malformed("register reply: no job spec")
+	}
+	if s.Prog == "" {
+		return nil, malformed("register reply: empty program")
+	}
+	if len(s.Args) > MaxArgs || len(s.Env) > MaxArgs {
+		return nil, malformed("register reply: too many arguments")
+	}
+	for _, e := range s.Env {
+		if i := bytes.IndexByte([]byte(e), '='); i <= 0 {
+			return nil, malformed("register reply: env entry %q is not KEY=VALUE", truncate(e))
+		}
+	}
+	if s.KillGrace < 0 || s.HeartbeatInterval <= 0 || s.OutputDelay < 0 {
+		return nil, malformed("register reply: bad durations")
+	}
+	return &r, nil
+}
+
+func truncate(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
+}
+
+// EpochTable is the world of one epoch: which host runs which ranks and
+// where they are. The launcher publishes it once per epoch to every agent.
+type EpochTable struct {
+	Version    int         `json:"v"`
+	Job        string      `json:"job"`
+	Epoch      uint64      `json:"epoch"`
+	World      int         `json:"world"`
+	MasterAddr string      `json:"maddr"`
+	MasterPort int         `json:"mport"`
+	Hosts      []TableHost `json:"hosts"`
+}
+
+// TableHost is one host of an EpochTable.
+type TableHost struct {
+	Name  string  `json:"n"`
+	Addr  string  `json:"a"`
+	Ranks RankSet `json:"r"` // in local-rank order
+}
+
+// Encode marshals t.
+func (t *EpochTable) Encode() ([]byte, error) { return json.Marshal(t) }
+
+// DecodeEpochTable decodes t and checks that every rank of the world appears
+// on exactly one host.
+func DecodeEpochTable(b []byte) (*EpochTable, error) {
+	var t EpochTable
+	if err := decode(b, &t, "epoch table"); err != nil {
+		return nil, err
+	}
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// Validate checks the invariants of t.
+func (t *EpochTable) Validate() error {
+	switch {
+	case t.Version != Version:
+		return malformed("epoch table: protocol version %d, want %d", t.Version, Version)
+	case !ValidJobID(t.Job):
+		return malformed("epoch table: bad job id")
+	case t.World < 1 || t.World > MaxWorld:
+		return malformed("epoch table: world size %d out of range", t.World)
+	case len(t.Hosts) < 1 || len(t.Hosts) > MaxHosts:
+		return malformed("epoch table: %d hosts", len(t.Hosts))
+	case t.MasterPort < 0 || t.MasterPort > 65535:
+		return malformed("epoch table: master port %d", t.MasterPort)
+	}
+	seen := make([]bool, t.World)
+	n := 0
+	for i, h := range t.Hosts {
+		if err := checkString("host name", h.Name); err != nil {
+			return err
+		}
+		ranks, err := h.Ranks.Expand(t.World - n)
+		if err != nil {
+			// Re-expand against the full world to give a precise message.
+			if ranks, err = h.Ranks.Expand(t.World); err != nil {
+				return fmt.Errorf("%w: epoch table host %d: %w", ErrMalformed, i, err)
+			}
+		}
+		for _, r := range ranks {
+			if seen[r] {
+				return malformed("epoch table: rank %d appears twice", r)
+			}
+			seen[r] = true
+		}
+		n += len(ranks)
+	}
+	if n != t.World {
+		return malformed("epoch table: %d of %d ranks placed", n, t.World)
+	}
+	return nil
+}
+
+// Placement is where one rank runs in an epoch.
+type Placement struct {
+	Rank, Host, LocalRank, LocalSize, NodeRank int
+}
+
+// Placements returns, for every host index, the placements of its ranks in
+// local-rank order. NodeRank counts only hosts that run ranks, in host order.
+// t must be valid.
+func (t *EpochTable) Placements() [][]Placement {
+	out := make([][]Placement, len(t.Hosts))
+	node := 0
+	for i, h := range t.Hosts {
+		ranks, _ := h.Ranks.Expand(t.World)
+		if len(ranks) == 0 {
+			continue
+		}
+		ps := make([]Placement, len(ranks))
+		for l, r := range ranks {
+			ps[l] = Placement{Rank: r, Host: i, LocalRank: l, LocalSize: len(ranks), NodeRank: node}
+		}
+		out[i] = ps
+		node++
+	}
+	return out
+}
+
+// NodeCount is the number of hosts in t that run ranks.
+func (t *EpochTable) NodeCount() int {
+	n := 0
+	for _, h := range t.Hosts {
+		if len(h.Ranks) > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// EventKind says what an Event reports.
+type EventKind string
+
+// Event kinds.
+const (
+	EventStarted    EventKind = "started"     // a rank's process started
+	EventExited     EventKind = "exited"      // a rank's process ended
+	EventAgentError EventKind = "agent-error" // the agent cannot go on
+	EventAgentDone  EventKind = "agent-done"  // every rank of the agent has ended
+)
+
+// Event is a report from an agent.
+type Event struct {
+	Kind EventKind `json:"k"`
+	Host int       `json:"h"`
+	Rank int       `json:"r"`
+	Pid  int       `json:"pid,omitempty"`
+	// Code is the exit status, or -1 when the process was ended by Signal.
+	Code   int  `json:"code"`
+	Signal int  `json:"sig,omitempty"`
+	// Stopped is set when the rank ended after gorun asked it to stop, so its
+	// exit is not a failure of its own.
+	Stopped bool   `json:"stopped,omitempty"`
+	Msg     string `json:"msg,omitempty"`
+}
+
+// DecodeEvent decodes and validates an Event.
+func DecodeEvent(b []byte) (*Event, error) {
+	var e Event
+	if err := decode(b, &e, "event"); err != nil {
+		return nil, err
+	}
+	switch e.Kind {
+	case EventStarted, EventExited, EventAgentError, EventAgentDone:
+	default:
+		return nil, malformed("event: unknown kind %q", truncate(string(e.Kind)))
+	}
+	if e.Host < 0 || e.Host >= MaxHosts || e.Rank < -1 || e.Rank >= MaxWorld {
+		return nil, malformed("event: host %d rank %d out of range", e.Host, e.Rank)
+	}
+	if e.Signal < 0 || e.Signal > 128 {
+		return nil, malformed("event: signal %d out of range", e.Signal)
+	}
+	if err := checkString("event message", e.Msg); err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
+// ExitStatus is the status a shell would report for e: Code, or 128+Signal.
+func (e *Event) ExitStatus() int {
+	if e.Signal > 0 {
+		return 128 + e.Signal
+	}
+	return e.Code
+}
+
+// ControlOp is an order from the launcher to the agents.
+type ControlOp string
+
+// Control operations.
+const (
+	// OpSignal sends Signal to every rank; the job goes on.
+	OpSignal ControlOp = "signal"
+	// OpStop sends Signal to every rank, then SIGKILL after Grace.
+	OpStop ControlOp = "stop"
+	// OpKill sends SIGKILL to every rank at once.
+	OpKill ControlOp = "kill"
+	// OpExit tells agents to clean up and exit; their ranks have ended.
+	OpExit ControlOp = "exit"
+)
+
+// Control is broadcast by the launcher to every agent of the job.
+type Control struct {
+	Op     ControlOp     `json:"op"`
+	Signal int           `json:"sig,omitempty"`
+	Grace  time.Duration `json:"grace,omitempty"`
+}
+
+// DecodeControl decodes and validates a Control.
+func DecodeControl(b []byte) (*Control, error) {
+	var c Control
+	if err := decode(b, &c, "control"); err != nil {
+		return nil, err
+	}
+	switch c.Op {
+	case OpSignal, OpStop:
+		if c.Signal < 1 || c.Signal > 64 {
+			return nil, malformed("control: signal %d out of range", c.Signal)
+		}
+	case OpKill, OpExit:
+	default:
+		return nil, malformed("control: unknown op %q", truncate(string(c.Op)))
+	}
+	if c.Grace < 0 {
+		return nil, malformed("control: negative grace")
+	}
+	return &c, nil
+}
+
+// Heartbeat is sent by every agent at the job's heartbeat interval.
+type Heartbeat struct {
+	Host int    `json:"h"`
+	Seq  uint64 `json:"s"`
+}
+
+// DecodeHeartbeat decodes and validates a Heartbeat.
+func DecodeHeartbeat(b []byte) (*Heartbeat, error) {
+	var h Heartbeat
+	if err := decode(b, &h, "heartbeat"); err != nil {
+		return nil, err
+	}
+	if h.Host < 0 || h.Host >= MaxHosts {
+		return nil, malformed("heartbeat: host %d out of range", h.Host)
+	}
+	return &h, nil
+}
+
+// Marshal encodes any of the JSON messages of this package.
+func Marshal(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		// Every message type here is plain data; failure is a programming error.
+		panic(fmt.Sprintf("wire: marshal %T: %v", v, err))
+	}
+	return b
+}

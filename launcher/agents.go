@@ -1,0 +1,153 @@
+package launcher
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// agentHost is one host of the job and its agent, as the launcher sees it.
+// Fields below lastSeen are owned by the job loop.
+type agentHost struct {
+	index    int
+	name     string
+	ranks    []int
+	local    bool
+	lastSeen atomic.Int64 // unix nanoseconds of the last message from the agent
+	tail     *tail        // the agent's last stderr lines
+
+	started    time.Time
+	registered bool
+	done       bool // every rank of the host has ended
+	ended      bool // the agent itself has ended
+	released   bool // its start slot is free again
+	kill       func() // guarded by job.mu
+}
+
+// agentExit reports the end of an agent (process or in-process goroutine).
+type agentExit struct {
+	host int
+	err  error
+}
+
+// tail keeps the last lines an agent wrote on its stderr, for reports.
+type tail struct {
+	mu    sync.Mutex // guards lines
+	lines []string
+}
+
+const tailLines = 20
+
+func (t *tail) add(line string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.lines) == tailLines {
+		copy(t.lines, t.lines[1:])
+		t.lines = t.lines[:tailLines-1]
+	}
+	t.lines = append(t.lines, line)
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.lines) == 0 {
+		return ""
+	}
+	return strings.Join(t.lines, "\n")
+}
+
+// IsLocalHost reports whether name is the launcher's own host: localhost,
+// this host's name, or an IP address of one of its interfaces. It does no
+// name resolution.
+func IsLocalHost(name string) bool {
+	switch name {
+	case "localhost", "127.0.0.1", "::1":
+		return true
+	}
+	if hn, err := os.Hostname(); err == nil {
+		short, _, _ := strings.Cut(hn, ".")
+		if name == hn || name == short {
+			return true
+		}
+	}
+	ip := net.ParseIP(name)
+	if ip == nil {
+		return false
+	}
+	if ip.IsLoopback() {
+		return true
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// startRemote starts h's agent with the rsh command and hands it the
+// secret on its stdin, which stays open: the agent takes its end as the
+// launcher's. The agent's stderr is forwarded to the terminal and kept for
+// reports.
+func (j *job) startRemote(ctx context.Context, h *agentHost) error {
+	args := append(append([]string{}, j.cfg.Rsh[1:]...), h.name, j.cfg.AgentPath, "agent",
+		"--job", j.id, "--host-index", strconv.Itoa(h.index), "--host-name", h.name, "--control", j.srv.URL())
+	if j.verbose {
+		args = append(args, "-v")
+	}
+	cmd := exec.Command(j.cfg.Rsh[0], args...)
+	// Its own process group, so a Ctrl-C on the terminal reaches only gorun,
+	// which decides; SIGTERM if gorun dies, which the agent acts on.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return fmt.Errorf("starting agent on %s: %w", h.name, err)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return fmt.Errorf("starting agent on %s: %w", h.name, err)
+	}
+	cmd.Stdout = nil
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting agent on %s with %q: %w", h.name, j.cfg.Rsh[0], err)
+	}
+	j.started(h, stdin, func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	// The pipe buffer holds the secret even if the agent has not started reading.
+	if _, err := io.WriteString(stdin, j.secret.Hex()+"\n"); err != nil {
+		j.log.Debug("writing secret to agent", "host", h.name, "err", err)
+	}
+	var readers sync.WaitGroup
+	readers.Add(1)
+	go func() {
+		defer readers.Done()
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 4096), 64<<10)
+		for sc.Scan() {
+			h.tail.add(sc.Text())
+			j.out.agentLine(h.name, sc.Bytes())
+		}
+	}()
+	j.wg.Add(1)
+	go func() {
+		defer j.wg.Done()
+		readers.Wait()
+		err := cmd.Wait()
+		j.agentExits <- agentExit{host: h.index, err: err}
+	}()
+	return nil
+}

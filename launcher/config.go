@@ -1,0 +1,128 @@
+package launcher
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/gorun/gorun/topology"
+)
+
+// Config describes a job. Zero durations take the defaults documented on
+// each field.
+type Config struct {
+	Hosts         []topology.Host
+	NP            int
+	MapBy         topology.MapBy
+	Oversubscribe bool
+
+	Prog string
+	Args []string
+	Env  []string // KEY=VALUE for every rank (-x)
+	Dir  string   // working directory of the ranks; "" = the launcher's
+
+	TagOutput       bool
+	TimestampOutput bool
+	OutputDir       string // one directory per rank under it, instead of the terminal
+
+	Timeout   time.Duration // 0 = none
+	KillGrace time.Duration // SIGTERM → SIGKILL; 0 = 10 s; negative = kill at once
+
+	Rsh       []string // command that runs a command on a host; nil = ["ssh"]
+	AgentPath string   // gorun binary on remote hosts; "" = this executable
+	// Bind is the control-plane listen address; "" = 127.0.0.1, which
+	// is refused when a host is remote (say it explicitly to mean it).
+	Bind string
+
+	HeartbeatInterval time.Duration // 0 = 1 s
+	HeartbeatTimeout  time.Duration // 0 = 10 × interval
+	StartTimeout      time.Duration // agent start to registration; 0 = 60 s
+	MaxParallelStarts int           // agents starting at once; 0 = 128
+	OutputDelay       time.Duration // how long agents may hold output; 0 = 5 ms
+
+	Stdout, Stderr io.Writer
+	Logger         *slog.Logger
+	// Signals delivers the signals sent to gorun (SIGINT, SIGTERM, SIGHUP
+	// stop the job; SIGUSR1, SIGUSR2 are forwarded to every rank).
+	Signals <-chan os.Signal
+}
+
+// ErrConfig is matched (errors.Is) by every error that says the
+// configuration is wrong, as opposed to a failure while running.
+var ErrConfig = errors.New("launcher: bad configuration")
+
+// ConfigError says what is wrong with a configuration, in words for the
+// user of the command line.
+type ConfigError struct {
+	Msg string
+	Err error // the underlying error, if any
+}
+
+func (e *ConfigError) Error() string { return e.Msg }
+
+// Unwrap returns ErrConfig and the underlying error.
+func (e *ConfigError) Unwrap() []error { return []error{ErrConfig, e.Err} }
+
+func (c *Config) withDefaults() (Config, error) {
+	cfg := *c
+	if cfg.Prog == "" {
+		return cfg, &ConfigError{Msg: "no program to run"}
+	}
+	if cfg.NP < 1 {
+		return cfg, &ConfigError{Msg: "-np must be at least 1"}
+	}
+	if len(cfg.Hosts) == 0 {
+		return cfg, &ConfigError{Msg: "no hosts"}
+	}
+	if cfg.KillGrace == 0 {
+		cfg.KillGrace = 10 * time.Second
+	}
+	if cfg.KillGrace < 0 {
+		cfg.KillGrace = 0
+	}
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = time.Second
+	}
+	if cfg.HeartbeatTimeout <= 0 {
+		cfg.HeartbeatTimeout = 10 * cfg.HeartbeatInterval
+	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = 60 * time.Second
+	}
+	if cfg.MaxParallelStarts <= 0 {
+		cfg.MaxParallelStarts = 128
+	}
+	if cfg.OutputDelay <= 0 {
+		cfg.OutputDelay = 5 * time.Millisecond
+	}
+	if len(cfg.Rsh) == 0 {
+		cfg.Rsh = []string{"ssh"}
+	}
+	if cfg.Stdout == nil {
+		cfg.Stdout = io.Discard
+	}
+	if cfg.Stderr == nil {
+		cfg.Stderr = io.Discard
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Dir == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return cfg, fmt.Errorf("launcher: working directory: %w", err)
+		}
+		cfg.Dir = wd
+	}
+	if cfg.AgentPath == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return cfg, fmt.Errorf("launcher: finding own executable: %w", err)
+		}
+		cfg.AgentPath = exe
+	}
+	return cfg, nil
+}

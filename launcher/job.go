@@ -1,0 +1,584 @@
+package launcher
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/agent"
+	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/topology"
+	"github.com/nats-io/nats.go"
+)
+
+// Exit codes of gorun's own making (rank failures give the rank's status).
+const (
+	ExitFailure = 1   // an agent or host failed
+	ExitTimeout = 124 // --timeout expired, as timeout(1)
+)
+
+// exitWait bounds how long the launcher waits for agents to leave after
+// telling them to, beyond which it kills them.
+const exitWait = 5 * time.Second
+
+// failure is the reason a job stops before all its ranks ended well.
+type failure struct {
+	code int
+	msg  string
+}
+
+type job struct {
+	cfg     Config
+	log     *slog.Logger
+	id      string
+	secret  comm.Secret
+	verbose bool
+	srv     *ctlserver.Server
+	ctl     *comm.Control
+	subj    wire.Subjects
+	out     *outputMux
+	rv      *comm.Rendezvous
+
+	hosts []*agentHost
+	world int
+	// rankHost maps a rank to its host index.
+	rankHost []int
+
+	events     chan *wire.Event
+	agentExits chan agentExit
+	wg         sync.WaitGroup // agent goroutines
+	sem        chan struct{}  // start slots
+	quit       chan struct{}  // closed when the job is over
+
+	mu     sync.Mutex       // guards stdins and every host's kill
+	stdins []io.WriteCloser // agents' launcher streams, closed at the end
+
+	// State owned by the loop.
+	cause      *failure
+	stopping   bool
+	rankEnded  []bool
+	ranksEnded int
+	killed     bool
+}
+
+// NewJobID returns a fresh job id.
+func NewJobID() string {
+	var b [10]byte
+	_, _ = rand.Read(b[:])
+	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// Run runs the job described by cfg and returns gorun's exit code. An error
+// means the job could not be set up at all; errors.Is(err, ErrConfig)
+// tells a usage error.
+func Run(ctx context.Context, c Config) (int, error) {
+	cfg, err := c.withDefaults()
+	if err != nil {
+		return 0, err
+	}
+	assign, err := topology.MapRanks(cfg.Hosts, topology.MapOptions{NP: cfg.NP, By: cfg.MapBy, Oversubscribe: cfg.Oversubscribe})
+	if err != nil {
+		return 0, &ConfigError{Msg: strings.TrimPrefix(err.Error(), "topology: "), Err: err}
+	}
+	j := &job{
+		cfg: cfg, log: cfg.Logger, id: NewJobID(), world: cfg.NP,
+		verbose:    cfg.Logger.Enabled(ctx, slog.LevelDebug),
+		events:     make(chan *wire.Event, 1024),
+		agentExits: make(chan agentExit, 16),
+		rankEnded:  make([]bool, cfg.NP),
+		rankHost:   make([]int, cfg.NP),
+		quit:       make(chan struct{}),
+	}
+	j.subj = wire.JobSubjects(j.id)
+	// Agents run on the hosts that got ranks, in hostfile order.
+	byHost := map[int]*agentHost{}
+	for _, a := range assign {
+		h, ok := byHost[a.Host]
+		if !ok {
+			h = &agentHost{name: cfg.Hosts[a.Host].Name, local: IsLocalHost(cfg.Hosts[a.Host].Name), tail: &tail{}}
+			byHost[a.Host] = h
+		}
+		h.ranks = append(h.ranks, a.Rank)
+	}
+	keys := make([]int, 0, len(byHost))
+	for k := range byHost {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	remote := 0
+	for _, k := range keys {
+		h := byHost[k]
+		h.index = len(j.hosts)
+		j.hosts = append(j.hosts, h)
+		for _, r := range h.ranks {
+			j.rankHost[r] = h.index
+		}
+		if !h.local {
+			remote++
+		}
+	}
+	if remote > 0 && cfg.Bind == "" {
+		return 0, &ConfigError{Msg: fmt.Sprintf("host %s is remote, but the control plane listens on loopback unless told otherwise; pass --bind with an address the hosts can reach", firstRemote(j.hosts))}
+	}
+	return j.run(ctx)
+}
+
+func firstRemote(hs []*agentHost) string {
+	for _, h := range hs {
+		if !h.local {
+			return h.name
+		}
+	}
+	return ""
+}
+
+func (j *job) run(ctx context.Context) (code int, err error) {
+	if j.secret, err = comm.NewSecret(); err != nil {
+		return 0, err
+	}
+	pub, err := j.secret.PublicKey()
+	if err != nil {
+		return 0, err
+	}
+	j.srv, err = ctlserver.Start(ctlserver.Config{Bind: j.cfg.Bind, PublicKey: pub})
+	if err != nil {
+		return 0, fmt.Errorf("launcher: control plane: %w", err)
+	}
+	defer j.srv.Shutdown()
+	j.ctl, err = comm.DialInProcess(ctx, j.srv.InProcess(), j.secret, comm.ControlOptions{Name: "launcher"})
+	if err != nil {
+		return 0, fmt.Errorf("launcher: %w", err)
+	}
+	defer j.ctl.Close()
+	j.log.Debug("control plane up", "url", j.srv.URL(), "job", j.id, "hosts", len(j.hosts), "ranks", j.world)
+
+	j.out = newOutputMux(j.cfg.Stdout, j.cfg.Stderr, j.world, j.cfg.TagOutput, j.cfg.TimestampOutput, j.cfg.OutputDir)
+	defer j.out.close()
+	up, err := j.ctl.Subscribe(j.subj.Up, j.onUp)
+	if err != nil {
+		return 0, fmt.Errorf("launcher: %w", err)
+	}
+	up.SetPendingLimits(-1, -1)
+	defer up.Unsubscribe()
+
+	rhosts := make([]comm.RendezvousHost, len(j.hosts))
+	for i, h := range j.hosts {
+		rhosts[i] = comm.RendezvousHost{Name: h.name, Ranks: h.ranks}
+	}
+	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, &wire.JobSpec{
+		Prog: j.cfg.Prog, Args: j.cfg.Args, Env: j.cfg.Env, Dir: j.cfg.Dir,
+		KillGrace: j.cfg.KillGrace, HeartbeatInterval: j.cfg.HeartbeatInterval, OutputDelay: j.cfg.OutputDelay,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("launcher: %w", err)
+	}
+	defer j.rv.Close()
+
+	sctx, stopStarting := context.WithCancel(ctx)
+	defer stopStarting()
+	sem := make(chan struct{}, j.cfg.MaxParallelStarts)
+	j.sem = sem
+	now := time.Now()
+	for _, h := range j.hosts {
+		h.started = now
+		h.lastSeen.Store(now.UnixNano())
+	}
+	j.wg.Add(1)
+	go func() {
+		defer j.wg.Done()
+		j.startAgents(sctx, sem)
+	}()
+
+	code = j.loop(ctx)
+	stopStarting()
+	j.finish()
+	close(j.quit)
+	return code, nil
+}
+
+// startAgents starts every agent, at most cap(sem) at a time between start
+// and registration.
+func (j *job) startAgents(ctx context.Context, sem chan struct{}) {
+	for _, h := range j.hosts {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		var err error
+		if h.local {
+			err = j.startLocal(ctx, h)
+		} else {
+			err = j.startRemote(ctx, h)
+		}
+		if err != nil {
+			j.agentExits <- agentExit{host: h.index, err: err}
+		}
+	}
+}
+
+// startLocal runs the launcher host's agent in this process.
+func (j *job) startLocal(ctx context.Context, h *agentHost) error {
+	pr, pw := io.Pipe()
+	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	j.started(h, pw, cancel)
+	addr := j.cfg.Bind
+	if addr == "" || addr == "0.0.0.0" || addr == "::" {
+		addr = "127.0.0.1"
+	}
+	cfg := agent.Config{
+		Job: j.id, Host: h.index, Name: h.name, Secret: j.secret, Launcher: pr, Addr: addr,
+		Logger: j.log.With("agent", h.name),
+		Dial: func(ctx context.Context) (*comm.Control, error) {
+			return comm.DialInProcess(ctx, j.srv.InProcess(), j.secret, comm.ControlOptions{Name: "agent " + h.name})
+		},
+	}
+	j.wg.Add(1)
+	go func() {
+		defer j.wg.Done()
+		defer cancel()
+		err := agent.Run(actx, cfg)
+		j.agentExits <- agentExit{host: h.index, err: err}
+	}()
+	return nil
+}
+
+// onUp handles every message agents send, in the order they sent them.
+// It writes output itself and hands events to the loop.
+func (j *job) onUp(m *nats.Msg) {
+	switch m.Subject {
+	case j.subj.Output:
+		if err := j.out.frame(m.Data); err != nil {
+			j.log.Warn("bad output frame", "err", err)
+		}
+	case j.subj.Heartbeat:
+		hb, err := wire.DecodeHeartbeat(m.Data)
+		if err != nil || hb.Host >= len(j.hosts) {
+			j.log.Warn("bad heartbeat", "err", err)
+			return
+		}
+		j.hosts[hb.Host].lastSeen.Store(time.Now().UnixNano())
+	case j.subj.Events:
+		e, err := wire.DecodeEvent(m.Data)
+		if err != nil || e.Host >= len(j.hosts) || e.Rank >= j.world {
+			j.log.Warn("bad event", "err", err)
+			return
+		}
+		j.hosts[e.Host].lastSeen.Store(time.Now().UnixNano())
+		select {
+		case j.events <- e:
+		case <-j.quit:
+		}
+	default:
+		j.log.Warn("message on unknown subject", "subject", m.Subject)
+	}
+}
+
+// fail records the first failure and stops the job.
+func (j *job) fail(code int, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if j.cause == nil {
+		j.cause = &failure{code: code, msg: msg}
+		j.out.report("%s", msg)
+	} else {
+		j.log.Debug("further failure", "msg", msg)
+	}
+	j.stop(syscall.SIGTERM)
+}
+
+// stop orders every agent to stop its ranks with sig, then SIGKILL after
+// the grace period.
+func (j *job) stop(sig syscall.Signal) {
+	if j.stopping {
+		return
+	}
+	j.stopping = true
+	j.broadcast(&wire.Control{Op: wire.OpStop, Signal: int(sig), Grace: j.cfg.KillGrace})
+}
+
+func (j *job) broadcast(c *wire.Control) {
+	if err := j.ctl.Publish(j.subj.Control, wire.Marshal(c)); err != nil {
+		j.log.Warn("cannot send to agents", "op", c.Op, "err", err)
+	}
+	_ = j.ctl.Flush()
+}
+
+// rankGone marks a rank ended and reports whether that was news.
+func (j *job) rankGone(r int) bool {
+	if r < 0 || r >= j.world || j.rankEnded[r] {
+		return false
+	}
+	j.rankEnded[r] = true
+	j.ranksEnded++
+	return true
+}
+
+// hostLost marks every rank of h ended: nobody will report them.
+func (j *job) hostLost(h *agentHost) {
+	for _, r := range h.ranks {
+		j.rankGone(r)
+	}
+	h.done = true
+}
+
+func (j *job) release(h *agentHost) {
+	if !h.released {
+		h.released = true
+		<-j.sem
+	}
+}
+
+// loop runs the job until every rank has ended (or cannot be waited for)
+// and returns the exit code.
+func (j *job) loop(ctx context.Context) int {
+	var timeout <-chan time.Time
+	if j.cfg.Timeout > 0 {
+		t := time.NewTimer(j.cfg.Timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	tick := time.NewTicker(min(j.cfg.HeartbeatInterval, time.Second))
+	defer tick.Stop()
+	var stopDeadline time.Time
+	interrupts := 0
+	for j.ranksEnded < j.world {
+		if j.stopping && stopDeadline.IsZero() {
+			// Agents SIGKILL after the grace period; this is how long their reports may take.
+			stopDeadline = time.Now().Add(j.cfg.KillGrace + j.cfg.HeartbeatTimeout)
+		}
+		select {
+		case e := <-j.events:
+			j.onEvent(e)
+		case x := <-j.agentExits:
+			j.onAgentExit(x)
+		case i := <-j.rv.Registered():
+			h := j.hosts[i]
+			h.registered = true
+			j.release(h)
+			j.log.Debug("agent registered", "host", h.name)
+		case sig := <-j.cfg.Signals:
+			s, _ := sig.(syscall.Signal)
+			switch s {
+			case syscall.SIGUSR1, syscall.SIGUSR2:
+				j.log.Debug("forwarding signal", "signal", s)
+				j.broadcast(&wire.Control{Op: wire.OpSignal, Signal: int(s)})
+			default:
+				interrupts++
+				if interrupts == 1 {
+					if j.cause == nil {
+						j.cause = &failure{code: 128 + int(s), msg: "interrupted by " + signame(s)}
+					}
+					j.out.report("%s; stopping %d ranks (again to kill at once)", signame(s), j.world-j.ranksEnded)
+					j.stopping = true
+					j.broadcast(&wire.Control{Op: wire.OpStop, Signal: int(s), Grace: j.cfg.KillGrace})
+				} else if !j.killed {
+					j.killed = true
+					j.out.report("killing every rank")
+					j.broadcast(&wire.Control{Op: wire.OpKill})
+				}
+			}
+		case <-timeout:
+			j.fail(ExitTimeout, "job exceeded its time limit of %v (--timeout); stopping it", j.cfg.Timeout)
+		case now := <-tick.C:
+			j.checkHosts(now)
+			if !stopDeadline.IsZero() && now.After(stopDeadline) {
+				j.out.report("%d ranks did not report their end; giving up on them", j.world-j.ranksEnded)
+				return j.exitCode()
+			}
+		case <-ctx.Done():
+			j.fail(ExitFailure, "stopped: %v", context.Cause(ctx))
+			ctx = context.Background()
+		}
+	}
+	return j.exitCode()
+}
+
+func (j *job) exitCode() int {
+	if j.cause != nil {
+		return j.cause.code
+	}
+	return 0
+}
+
+func (j *job) onEvent(e *wire.Event) {
+	h := j.hosts[e.Host]
+	switch e.Kind {
+	case wire.EventStarted:
+		j.log.Debug("rank started", "rank", e.Rank, "host", h.name, "pid", e.Pid)
+	case wire.EventExited:
+		if !j.rankGone(e.Rank) {
+			return
+		}
+		status := e.ExitStatus()
+		j.log.Debug("rank ended", "rank", e.Rank, "host", h.name, "status", status, "stopped", e.Stopped)
+		if status == 0 || e.Stopped {
+			return
+		}
+		why := fmt.Sprintf("exited with code %d", e.Code)
+		if e.Signal > 0 {
+			why = "was killed by " + signame(syscall.Signal(e.Signal))
+		}
+		if e.Msg != "" && e.Signal == 0 {
+			why += " (" + e.Msg + ")"
+		}
+		j.fail(status, "rank %d on host %s (pid %d) %s; stopping the job", e.Rank, h.name, e.Pid, why)
+	case wire.EventAgentError:
+		j.hostLost(h)
+		j.fail(ExitFailure, "agent on host %s failed: %s", h.name, e.Msg)
+	case wire.EventAgentDone:
+		h.done = true
+	}
+}
+
+func (j *job) onAgentExit(x agentExit) {
+	h := j.hosts[x.host]
+	h.ended = true
+	j.release(h)
+	if h.done {
+		return
+	}
+	j.hostLost(h)
+	detail := ""
+	if t := h.tail.String(); t != "" {
+		detail = "\n" + indent(t)
+	}
+	why := "exited"
+	if x.err != nil {
+		why = x.err.Error()
+	}
+	if !h.registered {
+		j.fail(ExitFailure, "cannot start agent on host %s: %s%s", h.name, why, detail)
+	} else {
+		j.fail(ExitFailure, "agent on host %s ended unexpectedly: %s%s", h.name, why, detail)
+	}
+}
+
+// checkHosts fails the job on agents that did not register in time or
+// whose heartbeats stopped.
+func (j *job) checkHosts(now time.Time) {
+	for _, h := range j.hosts {
+		if h.done || h.ended {
+			continue
+		}
+		if !h.registered {
+			if now.Sub(h.started) > j.cfg.StartTimeout {
+				detail := ""
+				if t := h.tail.String(); t != "" {
+					detail = "\n" + indent(t)
+				}
+				j.killAgent(h)
+				j.hostLost(h)
+				j.release(h)
+				j.fail(ExitFailure, "cannot start agent on host %s: not registered after %v%s", h.name, j.cfg.StartTimeout, detail)
+			}
+			continue
+		}
+		if seen := time.Unix(0, h.lastSeen.Load()); now.Sub(seen) > j.cfg.HeartbeatTimeout {
+			j.hostLost(h)
+			j.fail(ExitFailure, "host %s lost: no heartbeat from its agent for %v", h.name, now.Sub(seen).Round(time.Millisecond))
+		}
+	}
+}
+
+// finish tells the agents to exit, waits a bounded time for them, kills
+// those that stay, and waits for the launcher's goroutines.
+func (j *job) finish() {
+	j.broadcast(&wire.Control{Op: wire.OpExit})
+	deadline := time.NewTimer(exitWait)
+	defer deadline.Stop()
+	pending := 0
+	for _, h := range j.hosts {
+		if !h.ended && j.hasAgent(h) {
+			pending++
+		}
+	}
+	for pending > 0 {
+		select {
+		case x := <-j.agentExits:
+			if !j.hosts[x.host].ended {
+				j.hosts[x.host].ended = true
+				pending--
+			}
+		case <-j.events:
+		case <-deadline.C:
+			for _, h := range j.hosts {
+				if !h.ended && j.hasAgent(h) {
+					j.out.report("agent on host %s did not exit; killing it", h.name)
+					j.killAgent(h)
+				}
+			}
+			pending = 0
+		}
+	}
+	j.mu.Lock()
+	for _, w := range j.stdins {
+		w.Close()
+	}
+	j.mu.Unlock()
+	// Drain what the goroutines still send while they end.
+	done := make(chan struct{})
+	go func() { j.wg.Wait(); close(done) }()
+	for {
+		select {
+		case <-done:
+			return
+		case <-j.agentExits:
+		case <-j.events:
+		case <-time.After(exitWait):
+			j.log.Warn("agents still running after exit; leaving")
+			return
+		}
+	}
+}
+
+// started records how to reach and kill h's agent.
+func (j *job) started(h *agentHost, stream io.WriteCloser, kill func()) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.stdins = append(j.stdins, stream)
+	h.kill = kill
+}
+
+func (j *job) hasAgent(h *agentHost) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return h.kill != nil
+}
+
+func (j *job) killAgent(h *agentHost) {
+	j.mu.Lock()
+	kill := h.kill
+	j.mu.Unlock()
+	if kill != nil {
+		kill()
+	}
+}
+
+func indent(s string) string {
+	return "    " + strings.ReplaceAll(s, "\n", "\n    ")
+}
+
+func signame(s syscall.Signal) string {
+	names := map[syscall.Signal]string{
+		syscall.SIGINT: "SIGINT", syscall.SIGTERM: "SIGTERM", syscall.SIGHUP: "SIGHUP",
+		syscall.SIGKILL: "SIGKILL", syscall.SIGSEGV: "SIGSEGV", syscall.SIGABRT: "SIGABRT",
+		syscall.SIGBUS: "SIGBUS", syscall.SIGFPE: "SIGFPE", syscall.SIGILL: "SIGILL",
+		syscall.SIGUSR1: "SIGUSR1", syscall.SIGUSR2: "SIGUSR2", syscall.SIGPIPE: "SIGPIPE",
+		syscall.SIGQUIT: "SIGQUIT",
+	}
+	if n, ok := names[s]; ok {
+		return n
+	}
+	return fmt.Sprintf("signal %d", int(s))
+}
+

@@ -1,0 +1,154 @@
+package launcher
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gorun/gorun/internal/wire"
+)
+
+// outputMux writes the ranks' output: whole lines, tagged with the rank
+// (and a timestamp) on the terminal, or raw into one directory per rank.
+// Reports of the launcher itself go through it too, so nothing is ever
+// interleaved mid-line.
+type outputMux struct {
+	tag, stamp bool
+	dir        string
+	world      int
+
+	mu     sync.Mutex // guards the fields below
+	stdout *bufio.Writer
+	stderr *bufio.Writer
+	files  map[fileKey]*os.File
+	err    error // first error opening or writing an output file
+	prefix []byte
+}
+
+type fileKey struct {
+	rank   int
+	stream wire.Stream
+}
+
+func newOutputMux(stdout, stderr io.Writer, world int, tag, stamp bool, dir string) *outputMux {
+	return &outputMux{
+		tag: tag, stamp: stamp, dir: dir, world: world,
+		stdout: bufio.NewWriterSize(stdout, 64<<10),
+		stderr: bufio.NewWriterSize(stderr, 64<<10),
+		files:  map[fileKey]*os.File{},
+	}
+}
+
+// frame writes one output frame from an agent.
+func (m *outputMux) frame(b []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	err := wire.DecodeOutputFrame(b, m.world, func(_ int, r wire.OutputRecord) {
+		m.record(now, r)
+	})
+	m.stdout.Flush()
+	m.stderr.Flush()
+	return err
+}
+
+func (m *outputMux) record(now time.Time, r wire.OutputRecord) {
+	if m.dir != "" {
+		m.toFile(r)
+		return
+	}
+	w := m.stdout
+	if r.Stream == wire.Stderr {
+		w = m.stderr
+	}
+	if !m.tag && !m.stamp {
+		w.Write(r.Data)
+		return
+	}
+	p := m.prefix[:0]
+	if m.stamp {
+		p = now.AppendFormat(p, "2006-01-02T15:04:05.000000")
+		p = append(p, ' ')
+	}
+	if m.tag {
+		p = append(p, '[')
+		p = strconv.AppendInt(p, int64(r.Rank), 10)
+		p = append(p, "] "...)
+	}
+	m.prefix = p
+	data := r.Data
+	for len(data) > 0 {
+		i := bytes.IndexByte(data, '\n')
+		line := data
+		if i >= 0 {
+			line = data[:i+1]
+		}
+		w.Write(p)
+		w.Write(line)
+		data = data[len(line):]
+	}
+}
+
+func (m *outputMux) toFile(r wire.OutputRecord) {
+	k := fileKey{r.Rank, r.Stream}
+	f, ok := m.files[k]
+	if !ok {
+		name := "stdout"
+		if r.Stream == wire.Stderr {
+			name = "stderr"
+		}
+		dir := filepath.Join(m.dir, "rank."+strconv.Itoa(r.Rank))
+		var err error
+		if err = os.MkdirAll(dir, 0o755); err == nil {
+			f, err = os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+		}
+		if err != nil {
+			if m.err == nil {
+				m.err = err
+				fmt.Fprintf(m.stderr, "gorun: cannot write output of rank %d: %v\n", r.Rank, err)
+			}
+			return
+		}
+		m.files[k] = f
+	}
+	if _, err := f.Write(r.Data); err != nil && m.err == nil {
+		m.err = err
+		fmt.Fprintf(m.stderr, "gorun: cannot write output of rank %d: %v\n", r.Rank, err)
+	}
+}
+
+// report writes a line of the launcher's own to stderr.
+func (m *outputMux) report(format string, args ...any) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	fmt.Fprintf(m.stderr, "gorun: "+format+"\n", args...)
+	m.stderr.Flush()
+}
+
+// agentLine writes a line an agent printed on its stderr.
+func (m *outputMux) agentLine(host string, line []byte) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	fmt.Fprintf(m.stderr, "gorun agent %s: %s\n", host, bytes.TrimRight(line, "\n"))
+	m.stderr.Flush()
+}
+
+// close flushes and closes the output files.
+func (m *outputMux) close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.stdout.Flush()
+	m.stderr.Flush()
+	for _, f := range m.files {
+		if err := f.Close(); err != nil && m.err == nil {
+			m.err = err
+		}
+	}
+	return m.err
+}
