@@ -454,6 +454,13 @@ func TestNothingLeftBehind(t *testing.T) {
 	}
 }
 
+func TestDaemonizedChildrenDoNotSurvive(t *testing.T) {
+	res := runJob(t, "daemon", nil, "-np", "2", "--oversubscribe", os.Args[0])
+	if res.code != 0 || strings.Count(res.stdout, "started") != 2 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+}
+
 func TestProgramThatCannotStart(t *testing.T) {
 	dir := t.TempDir()
 	prog := filepath.Join(dir, "not-executable")

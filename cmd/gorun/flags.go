@@ -42,6 +42,7 @@ type runOptions struct {
 	wdir          string
 	hbInterval    time.Duration
 	hbTimeout     time.Duration
+	startTimeout  time.Duration
 	verbose       bool
 	prog          string
 	args          []string
@@ -80,6 +81,8 @@ Control:
   --launch-agent PATH     gorun binary on remote hosts (default: this one's path)
   --bind ADDR             control-plane address (default 127.0.0.1; remote hosts
                           need an address they can reach)
+  --agent-start-timeout S an agent must register this soon after it is started
+                          (default 60)
   --heartbeat-interval S  agent heartbeat interval (default 1)
   --heartbeat-timeout S   a host is lost after this long without one (default 10)
   -v, --verbose           say what gorun does
@@ -155,6 +158,7 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	o.hbInterval = time.Second
 	fs.Var(seconds{&o.hbInterval}, "heartbeat-interval", "")
 	fs.Var(seconds{&o.hbTimeout}, "heartbeat-timeout", "")
+	fs.Var(seconds{&o.startTimeout}, "agent-start-timeout", "")
 	fs.BoolVar(&o.verbose, "v", false, "")
 	fs.BoolVar(&o.verbose, "verbose", false, "")
 	help := fs.Bool("h", false, "")
@@ -207,6 +211,7 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 		Timeout: o.timeout, KillGrace: o.killGrace,
 		Rsh: strings.Fields(o.rsh), AgentPath: o.launchAgent, Bind: o.bind,
 		HeartbeatInterval: o.hbInterval, HeartbeatTimeout: o.hbTimeout,
+		StartTimeout: o.startTimeout,
 		Stdout: stdout, Stderr: stderr,
 	}
 	if cfg.KillGrace == 0 {

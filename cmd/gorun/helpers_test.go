@@ -27,6 +27,7 @@ var helpers = map[string]func() int{
 	"trap":   helperTrap,
 	"ignore": helperIgnore,
 	"spawn":  helperSpawn,
+	"daemon": helperDaemon,
 	"ring":   helperRing,
 }
 
@@ -130,6 +131,20 @@ func helperSpawn() int {
 		return n
 	}
 	time.Sleep(time.Hour)
+	return 0
+}
+
+// helperDaemon leaves a grandchild in a session of its own, out of reach
+// of its process group, and exits 0.
+func helperDaemon() int {
+	cmd := exec.Command("sh", "-c", "sleep 3600 >/dev/null 2>&1 & echo started")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	out, err := cmd.Output()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 1
+	}
+	fmt.Print(string(out))
 	return 0
 }
 

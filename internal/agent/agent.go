@@ -76,6 +76,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.ExitTimeout <= 0 {
 		cfg.ExitTimeout = 5 * time.Second
 	}
+	becomeSubreaper(cfg.Logger)
 	if !wire.ValidJobID(cfg.Job) {
 		return fmt.Errorf("agent: invalid job id %q", cfg.Job)
 	}
@@ -332,6 +333,13 @@ wait:
 			break wait
 		}
 	}
+	live := map[int]bool{}
+	for _, p := range a.ranks {
+		if !p.ended {
+			live[p.pid] = true
+		}
+	}
+	killOrphans(a.cfg.Job, live, time.Now().Add(a.cfg.ExitTimeout), a.log)
 	if a.out != nil {
 		a.out.Close()
 	}

@@ -1,0 +1,98 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// prSetChildSubreaper is PR_SET_CHILD_SUBREAPER from linux/prctl.h.
+const prSetChildSubreaper = 36
+
+var subreaperOnce sync.Once
+
+// becomeSubreaper makes this process the subreaper of everything it
+// starts: a descendant whose parent dies is re-parented here instead of to
+// init, so that a rank's daemonized children (setsid escapes the process
+// group) can still be found and killed.
+func becomeSubreaper(log *slog.Logger) {
+	subreaperOnce.Do(func() {
+		if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0); errno != 0 {
+			log.Warn("cannot become child subreaper; daemonized rank children may outlive the job", "err", errno)
+		}
+	})
+}
+
+// killOrphans kills and reaps the processes re-parented to this process
+// that belong to job (their environment holds GORUN_JOB_ID=job), until none
+// is left or the deadline passes.
+// Ranks still supervised (exclude) are left to their own waiters.
+func killOrphans(job string, exclude map[int]bool, deadline time.Time, log *slog.Logger) {
+	needle := []byte("GORUN_JOB_ID=" + job + "\x00")
+	self := os.Getpid()
+	for {
+		pids := childrenWithEnv(self, needle, exclude)
+		if len(pids) == 0 {
+			return
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		for _, pid := range pids {
+			// Reap it: as its new parent we are the only one who can.
+			var ws syscall.WaitStatus
+			if _, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); err != nil && !errors.Is(err, syscall.ECHILD) {
+				log.Debug("reaping orphan", "pid", pid, "err", err)
+			}
+		}
+		if time.Now().After(deadline) {
+			log.Error("processes of the job survive SIGKILL; leaving them", "pids", pids)
+			return
+		}
+		time.Sleep(10 * time.Millisecond) // SIGKILL takes effect asynchronously
+	}
+}
+
+// childrenWithEnv lists the live children of parent whose environment
+// contains needle, except those in exclude. Zombies are left alone: they
+// may be children that os/exec is about to wait for.
+func childrenWithEnv(parent int, needle []byte, exclude map[int]bool) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name, which is in parentheses and may hold spaces.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		f := bytes.Fields(stat[i+1:])
+		if len(f) < 2 || string(f[0]) == "Z" || exclude[pid] {
+			continue
+		}
+		if pp, _ := strconv.Atoi(string(f[1])); pp != parent {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err == nil && bytes.Contains(append(env, 0), needle) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}

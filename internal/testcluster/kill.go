@@ -1,0 +1,85 @@
+package testcluster
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// killTimeout bounds how long killNetns waits for a namespace to empty.
+const killTimeout = 10 * time.Second
+
+// errNoNetns is returned by killNetns for a namespace that does not exist.
+var errNoNetns = errors.New("testcluster: no such network namespace")
+
+// netnsID returns the device and inode that identify the named namespace,
+// as ip netns identify does.
+func netnsID(ns string) (dev, ino uint64, err error) {
+	var st syscall.Stat_t
+	for _, dir := range []string{"/run/netns", "/var/run/netns"} {
+		if err = syscall.Stat(filepath.Join(dir, ns), &st); err == nil {
+			return st.Dev, st.Ino, nil
+		}
+	}
+	if errors.Is(err, syscall.ENOENT) {
+		return 0, 0, fmt.Errorf("%w: %s", errNoNetns, ns)
+	}
+	return 0, 0, fmt.Errorf("testcluster: stat netns %s: %w", ns, err)
+}
+
+// killNetns sends SIGKILL to every process in network namespace ns, again
+// and again until none is left (processes may fork meanwhile) or killTimeout
+// passes. Each pid from ip netns pids is opened (a pidfd on Linux) and then
+// checked to still be in ns before it is signalled, so a pid reused by a
+// process elsewhere is never hit.
+func killNetns(ns string) error {
+	dev, ino, err := netnsID(ns)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(killTimeout)
+	for {
+		pids, err := nsPids(ns)
+		if err != nil {
+			if _, _, err2 := netnsID(ns); errors.Is(err2, errNoNetns) {
+				return err2 // deleted meanwhile
+			}
+			return err
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testcluster: processes %v still in %s after SIGKILL for %v", pids, ns, killTimeout)
+		}
+		for _, pid := range pids {
+			if err := killIn(pid, dev, ino); err != nil {
+				return fmt.Errorf("testcluster: killing pid %d in %s: %w", pid, ns, err)
+			}
+		}
+		time.Sleep(10 * time.Millisecond) // let the kernel finish the exits
+	}
+}
+
+// killIn sends SIGKILL to pid if it is in the network namespace (dev, ino).
+func killIn(pid int, dev, ino uint64) error {
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return err
+	}
+	defer p.Release()
+	var st syscall.Stat_t
+	if err := syscall.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st); err != nil {
+		return nil // exited (or exiting) already
+	}
+	if st.Dev != dev || st.Ino != ino {
+		return nil // pid now belongs to a process elsewhere
+	}
+	if err := p.Signal(os.Kill); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	return nil
+}
