@@ -28,9 +28,9 @@ type agentHost struct {
 
 	started    time.Time
 	registered bool
-	done       bool // every rank of the host has ended
-	ended      bool // the agent itself has ended
-	released   bool // its start slot is free again
+	done       bool   // every rank of the host has ended
+	ended      bool   // the agent itself has ended
+	released   bool   // its start slot is free again
 	kill       func() // guarded by job.mu
 }
 

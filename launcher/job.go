@@ -581,4 +581,3 @@ func signame(s syscall.Signal) string {
 	}
 	return fmt.Sprintf("signal %d", int(s))
 }
-

@@ -72,5 +72,3 @@ func agentMain(args []string, stdin io.Reader, stderr io.Writer) int {
 	}
 	return exitOK
 }
-
-

@@ -251,5 +251,3 @@ func passToken(rank, world int, ring net.Listener, addrs []string, deadline time
 	fmt.Printf("token from %d at %s to %s\n", from, peer, self)
 	return 0
 }
-
-

@@ -272,8 +272,8 @@ type Event struct {
 	Rank int       `json:"r"`
 	Pid  int       `json:"pid,omitempty"`
 	// Code is the exit status, or -1 when the process was ended by Signal.
-	Code   int  `json:"code"`
-	Signal int  `json:"sig,omitempty"`
+	Code   int `json:"code"`
+	Signal int `json:"sig,omitempty"`
 	// Stopped is set when the rank ended after gorun asked it to stop, so its
 	// exit is not a failure of its own.
 	Stopped bool   `json:"stopped,omitempty"`
