@@ -146,7 +146,7 @@ func (r *Rendezvous) buildTable() *wire.EpochTable {
 
 func (r *Rendezvous) publish() {
 	r.mu.Lock()
-	b := wire.Marshal(r.buildTable())
+	b := r.buildTable().Encode()
 	r.table = b
 	r.mu.Unlock()
 	// If the publication is lost, agents fetch the table with EpochGet.

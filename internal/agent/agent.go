@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -23,7 +24,11 @@ import (
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/errgroup"
 )
+
+// startParallel is how many ranks an agent starts at once.
+const startParallel = 8
 
 // ErrLauncherLost is the cause of an agent's end when its launcher went away.
 var ErrLauncherLost = errors.New("agent: launcher lost")
@@ -276,22 +281,38 @@ func (a *agent) start(t *wire.EpochTable) error {
 		return fmt.Errorf("creating job directory: %w", err)
 	}
 	a.dir = dir
+	// The ranks of a host share one temporary directory (TMPDIR) inside the
+	// job directory; directory operations are slow enough on some file
+	// systems to show in the launch time of many ranks.
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return fmt.Errorf("creating job directory: %w", err)
+	}
 	places := t.Placements()[a.cfg.Host]
 	env := baseEnv(os.Environ(), a.spec.Env)
-	for _, pl := range places {
-		p := &rankProc{place: pl}
-		a.ranks = append(a.ranks, p)
-		a.running++
-		rdir := filepath.Join(dir, fmt.Sprintf("rank-%d", pl.Rank))
-		if err := os.MkdirAll(filepath.Join(rdir, "tmp"), 0o700); err != nil {
-			return fmt.Errorf("creating rank directory: %w", err)
-		}
-		renv := rankEnv(env, a.spec.Env, t, pl, filepath.Join(rdir, "rank.sock"), filepath.Join(rdir, "tmp"))
-		if err := p.start(a.spec, renv, a.out, a.exits); err != nil {
-			a.log.Warn("cannot start rank", "rank", pl.Rank, "err", err)
-		} else {
+	a.ranks = make([]*rankProc, len(places))
+	for i, pl := range places {
+		a.ranks[i] = &rankProc{place: pl}
+	}
+	a.running = len(places)
+	// Starting a process is mostly waiting for the kernel to exec it, so
+	// several starts at once overlap that latency.
+	var g errgroup.Group
+	g.SetLimit(startParallel)
+	for _, p := range a.ranks {
+		g.Go(func() error {
+			pl := p.place
+			renv := rankEnv(env, a.spec.Env, t, pl, filepath.Join(dir, "rank-"+strconv.Itoa(pl.Rank)+".sock"), tmp)
+			if err := p.start(a.spec, renv, a.out, a.exits); err != nil {
+				a.log.Warn("cannot start rank", "rank", pl.Rank, "err", err)
+				return nil
+			}
 			a.event(&wire.Event{Kind: wire.EventStarted, Host: a.cfg.Host, Rank: pl.Rank, Pid: p.pid})
-		}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
 	}
 	if len(places) == 0 {
 		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})

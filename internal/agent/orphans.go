@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"errors"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -63,17 +64,13 @@ func killOrphans(job string, exclude map[int]bool, deadline time.Time, log *slog
 // contains needle, except those in exclude. Zombies are left alone: they
 // may be children that os/exec is about to wait for.
 func childrenWithEnv(parent int, needle []byte, exclude map[int]bool) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
 	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
+	for _, pid := range children(parent) {
+		if exclude[pid] {
 			continue
 		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		dir := filepath.Join("/proc", strconv.Itoa(pid))
+		stat, err := os.ReadFile(filepath.Join(dir, "stat"))
 		if err != nil {
 			continue
 		}
@@ -83,15 +80,53 @@ func childrenWithEnv(parent int, needle []byte, exclude map[int]bool) []int {
 			continue
 		}
 		f := bytes.Fields(stat[i+1:])
-		if len(f) < 2 || string(f[0]) == "Z" || exclude[pid] {
+		if len(f) < 2 || string(f[0]) == "Z" {
 			continue
 		}
 		if pp, _ := strconv.Atoi(string(f[1])); pp != parent {
 			continue
 		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		env, err := os.ReadFile(filepath.Join(dir, "environ"))
 		if err == nil && bytes.Contains(append(env, 0), needle) {
 			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// children lists the children of process pid from
+// /proc/pid/task/*/children, or, where the kernel lacks that file, by
+// scanning every process.
+func children(pid int) []int {
+	base := filepath.Join("/proc", strconv.Itoa(pid), "task")
+	tasks, err := os.ReadDir(base)
+	var out []int
+	if err == nil {
+		ok := true
+		for _, t := range tasks {
+			b, err := os.ReadFile(filepath.Join(base, t.Name(), "children"))
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					ok = false
+					break
+				}
+				continue // the thread ended meanwhile
+			}
+			for _, f := range bytes.Fields(b) {
+				if c, err := strconv.Atoi(string(f)); err == nil {
+					out = append(out, c)
+				}
+			}
+		}
+		if ok {
+			return out
+		}
+	}
+	out = out[:0]
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if c, err := strconv.Atoi(e.Name()); err == nil {
+			out = append(out, c) // childrenWithEnv checks the parent
 		}
 	}
 	return out

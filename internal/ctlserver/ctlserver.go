@@ -73,7 +73,9 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ctlserver: %w", err)
 	}
-	go ns.Start()
+	// Start returns once the listener is up (its accept loop runs on);
+	// ReadyForConnections then answers at once instead of polling every 25 ms.
+	ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("%w: listening on %s", ErrNotReady, net.JoinHostPort(host, strconv.Itoa(cfg.Port)))

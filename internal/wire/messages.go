@@ -160,22 +160,6 @@ type TableHost struct {
 	Ranks RankSet `json:"r"` // in local-rank order
 }
 
-// Encode marshals t.
-func (t *EpochTable) Encode() ([]byte, error) { return json.Marshal(t) }
-
-// DecodeEpochTable decodes t and checks that every rank of the world appears
-// on exactly one host.
-func DecodeEpochTable(b []byte) (*EpochTable, error) {
-	var t EpochTable
-	if err := decode(b, &t, "epoch table"); err != nil {
-		return nil, err
-	}
-	if err := t.Validate(); err != nil {
-		return nil, err
-	}
-	return &t, nil
-}
-
 // Validate checks the invariants of t.
 func (t *EpochTable) Validate() error {
 	switch {
@@ -196,20 +180,23 @@ func (t *EpochTable) Validate() error {
 		if err := checkString("host name", h.Name); err != nil {
 			return err
 		}
-		ranks, err := h.Ranks.Expand(t.World - n)
-		if err != nil {
-			// Re-expand against the full world to give a precise message.
-			if ranks, err = h.Ranks.Expand(t.World); err != nil {
-				return fmt.Errorf("%w: epoch table host %d: %w", ErrMalformed, i, err)
+		if err := checkString("host address", h.Addr); err != nil {
+			return err
+		}
+		if err := h.Ranks.check(t.World); err != nil {
+			return fmt.Errorf("%w: epoch table host %d: %w", ErrMalformed, i, err)
+		}
+		for _, r := range h.Ranks {
+			if n += r.Count; n > t.World {
+				return malformed("epoch table: more than %d ranks placed", t.World)
+			}
+			for k, rank := 0, r.First; k < r.Count; k, rank = k+1, rank+r.Stride {
+				if seen[rank] {
+					return malformed("epoch table: rank %d appears twice", rank)
+				}
+				seen[rank] = true
 			}
 		}
-		for _, r := range ranks {
-			if seen[r] {
-				return malformed("epoch table: rank %d appears twice", r)
-			}
-			seen[r] = true
-		}
-		n += len(ranks)
 	}
 	if n != t.World {
 		return malformed("epoch table: %d of %d ranks placed", n, t.World)

@@ -62,21 +62,30 @@ func (s RankSet) Len() int {
 // ErrBadRankSet reports a rank set that is malformed or out of range.
 var ErrBadRankSet = errors.New("wire: bad rank set")
 
-// Expand returns the ranks of s in order, checking that every rank is in
-// [0, world) and that s holds at most world ranks.
-func (s RankSet) Expand(world int) ([]int, error) {
-	total := 0
+// check validates every range of s against world without expanding it.
+func (s RankSet) check(world int) error {
 	for _, r := range s {
 		if r.Count < 1 || r.Stride < 1 || r.First < 0 {
-			return nil, fmt.Errorf("%w: range %v", ErrBadRankSet, [3]int{r.First, r.Count, r.Stride})
-		}
-		total += r.Count
-		if total > world {
-			return nil, fmt.Errorf("%w: more than %d ranks", ErrBadRankSet, world)
+			return fmt.Errorf("%w: range %v", ErrBadRankSet, [3]int{r.First, r.Count, r.Stride})
 		}
 		// last = First + (Count-1)*Stride must be < world, without overflow.
 		if r.First >= world || (r.Count-1) > (world-1-r.First)/r.Stride {
-			return nil, fmt.Errorf("%w: range %v exceeds world size %d", ErrBadRankSet, [3]int{r.First, r.Count, r.Stride}, world)
+			return fmt.Errorf("%w: range %v exceeds world size %d", ErrBadRankSet, [3]int{r.First, r.Count, r.Stride}, world)
+		}
+	}
+	return nil
+}
+
+// Expand returns the ranks of s in order, checking that every rank is in
+// [0, world) and that s holds at most world ranks.
+func (s RankSet) Expand(world int) ([]int, error) {
+	if err := s.check(world); err != nil {
+		return nil, err
+	}
+	total := 0
+	for _, r := range s {
+		if total += r.Count; total > world {
+			return nil, fmt.Errorf("%w: more than %d ranks", ErrBadRankSet, world)
 		}
 	}
 	out := make([]int, 0, total)

@@ -1,0 +1,141 @@
+package wire
+
+import (
+	"encoding/binary"
+)
+
+// tableMagic starts every encoded epoch table; the second byte is the format version.
+var tableMagic = [2]byte{'T', 1}
+
+// Encode encodes t in the compact binary form every agent of the job
+// receives (once per epoch, so at 10,000 hosts its size and decoding cost
+// matter: ranks are stored as ranges and nothing is escaped):
+//
+//	'T' 1 uvarint(version) uvarint(epoch) uvarint(world) str(job)
+//	str(masterAddr) uvarint(masterPort) uvarint(nhosts)
+//	{ str(name) str(addr) uvarint(nranges) { uvarint(first) uvarint(count) uvarint(stride) }* }*
+//
+// where str is uvarint(len) followed by the bytes.
+func (t *EpochTable) Encode() []byte {
+	n := 32 + len(t.Job) + len(t.MasterAddr)
+	for _, h := range t.Hosts {
+		n += 4 + len(h.Name) + len(h.Addr) + 6*len(h.Ranks)
+	}
+	b := make([]byte, 0, n)
+	b = append(b, tableMagic[:]...)
+	b = binary.AppendUvarint(b, uint64(t.Version))
+	b = binary.AppendUvarint(b, t.Epoch)
+	b = binary.AppendUvarint(b, uint64(t.World))
+	b = appendStr(b, t.Job)
+	b = appendStr(b, t.MasterAddr)
+	b = binary.AppendUvarint(b, uint64(t.MasterPort))
+	b = binary.AppendUvarint(b, uint64(len(t.Hosts)))
+	for _, h := range t.Hosts {
+		b = appendStr(b, h.Name)
+		b = appendStr(b, h.Addr)
+		b = binary.AppendUvarint(b, uint64(len(h.Ranks)))
+		for _, r := range h.Ranks {
+			b = binary.AppendUvarint(b, uint64(r.First))
+			b = binary.AppendUvarint(b, uint64(r.Count))
+			b = binary.AppendUvarint(b, uint64(r.Stride))
+		}
+	}
+	return b
+}
+
+func appendStr(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// reader decodes the primitives of the binary formats, remembering the
+// first error.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) uvarint(max uint64, what string) uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.err = malformed("epoch table: truncated or bad %s", what)
+		return 0
+	}
+	if v > max {
+		r.err = malformed("epoch table: %s %d out of range", what, v)
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) str(what string) string {
+	n := r.uvarint(MaxStringLen, what+" length")
+	if r.err != nil {
+		return ""
+	}
+	if n > uint64(len(r.b)) {
+		r.err = malformed("epoch table: truncated %s", what)
+		return ""
+	}
+	s := string(r.b[:n])
+	r.b = r.b[n:]
+	return s
+}
+
+// DecodeEpochTable decodes a table encoded by Encode and checks that every
+// rank of the world appears on exactly one host.
+func DecodeEpochTable(b []byte) (*EpochTable, error) {
+	if len(b) < 2 || b[0] != tableMagic[0] {
+		return nil, malformed("epoch table: bad magic")
+	}
+	if b[1] != tableMagic[1] {
+		return nil, malformed("epoch table: format %d, want %d", b[1], tableMagic[1])
+	}
+	r := &reader{b: b[2:]}
+	t := &EpochTable{}
+	t.Version = int(r.uvarint(1<<16, "version"))
+	t.Epoch = r.uvarint(1<<63, "epoch")
+	t.World = int(r.uvarint(MaxWorld, "world size"))
+	t.Job = r.str("job id")
+	t.MasterAddr = r.str("master address")
+	t.MasterPort = int(r.uvarint(65535, "master port"))
+	// Each host takes at least 3 bytes: bound the allocation by the input.
+	nhosts := r.uvarint(min(MaxHosts, uint64(len(r.b))/3), "host count")
+	if r.err != nil {
+		return nil, r.err
+	}
+	t.Hosts = make([]TableHost, nhosts)
+	for i := range t.Hosts {
+		h := &t.Hosts[i]
+		h.Name = r.str("host name")
+		h.Addr = r.str("host address")
+		nr := r.uvarint(uint64(len(r.b))/3, "range count")
+		if r.err != nil {
+			return nil, r.err
+		}
+		if nr > 0 {
+			h.Ranks = make(RankSet, nr)
+		}
+		for k := range h.Ranks {
+			h.Ranks[k] = RankRange{
+				First:  int(r.uvarint(MaxWorld, "rank")),
+				Count:  int(r.uvarint(MaxWorld, "rank count")),
+				Stride: int(r.uvarint(MaxWorld, "rank stride")),
+			}
+		}
+		if r.err != nil {
+			return nil, r.err
+		}
+	}
+	if len(r.b) != 0 {
+		return nil, malformed("epoch table: %d bytes of trailing data", len(r.b))
+	}
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
