@@ -25,6 +25,7 @@ bench: bench-rendezvous bench-launch
 # Launch-to-exit time against Open MPI and MPICH Hydra (installs them with apt-get if missing).
 bench-launch: build
 	./scripts/bench-launch.sh
+	$(MAKE) --no-print-directory bench-rendezvous
 
 # 1,024 simulated agents × 8 ranks against the real embedded server.
 bench-rendezvous:

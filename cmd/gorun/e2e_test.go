@@ -493,6 +493,7 @@ func TestBadInput(t *testing.T) {
 		{"program not found", []string{"-np", "1", "no-such-program-gorun"}, `program "no-such-program-gorun" not found`},
 		{"missing hostfile", []string{"--hostfile", filepath.Join(dir, "nope"), "true"}, "nope"},
 		{"malformed hostfile", []string{"--hostfile", bad, "true"}, "bad.hosts:2"},
+		{"hostfile is a directory", []string{"--hostfile", dir, "true"}, dir},
 		{"bad map-by", []string{"--map-by", "socket", "true"}, "socket"},
 		{"bad -x", []string{"-x", "1BAD=x", "true"}, "not a valid variable name"},
 		{"unset -x", []string{"-x", "GORUNTEST_SURELY_UNSET", "true"}, "not set"},

@@ -1,0 +1,71 @@
+package depcheck
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/gorun/gorun/"
+
+// allowed lists, for each package, the packages of gorun it may import
+// (DESIGN.md §2). Packages not listed may import anything of gorun.
+var allowed = map[string][]string{
+	"topology":            {},
+	"internal/wire":       {},
+	"replay":              {},
+	"gpu":                 {},
+	"comm":                {"topology", "internal/wire"},
+	"internal/ctlserver":  {},
+	"internal/membership": {"topology"},
+	"ckpt":                {"topology"},
+	"hotswap":             {"topology", "ckpt"},
+	"rank":                {"ckpt", "replay", "comm", "internal/wire", "topology"},
+	"internal/agent":      {"rank", "ckpt", "comm", "gpu", "topology", "internal/wire", "replay"},
+	"launcher":            {"topology", "comm", "hotswap", "gpu", "internal/agent", "internal/ctlserver", "internal/wire"},
+}
+
+// onlyImporters names third-party packages only some packages may import.
+var onlyImporters = map[string][]string{
+	"github.com/nats-io/nats-server/v2": {"internal/ctlserver"},
+	"github.com/NVIDIA/go-nvml":         {"gpu"},
+}
+
+func TestImportRules(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, module+"...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	n := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkg := strings.TrimPrefix(f[0], module)
+		n++
+		for _, imp := range f[1:] {
+			for third, who := range onlyImporters {
+				if strings.HasPrefix(imp, third) && !contains(who, pkg) {
+					t.Errorf("%s imports %s; only %v may", pkg, imp, who)
+				}
+			}
+			if !strings.HasPrefix(imp, module) {
+				continue
+			}
+			dep := strings.TrimPrefix(imp, module)
+			if ok, listed := allowed[pkg]; listed && !contains(ok, dep) {
+				t.Errorf("%s imports %s, which DESIGN.md §2 does not allow", pkg, dep)
+			}
+		}
+	}
+	if n < 5 {
+		t.Fatalf("go list found only %d packages", n)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s || strings.HasPrefix(s, x+"/") {
+			return true
+		}
+	}
+	return false
+}
