@@ -67,6 +67,7 @@ type agent struct {
 
 	ranks   []*rankProc
 	exits   chan *rankProc
+	done    chan struct{} // closed when Run returns
 	running int
 	killAt  <-chan time.Time // SIGKILL deadline after a stop
 	seq     uint64
@@ -85,7 +86,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if !wire.ValidJobID(cfg.Job) {
 		return fmt.Errorf("agent: invalid job id %q", cfg.Job)
 	}
-	a := &agent{cfg: cfg, log: cfg.Logger.With("host", cfg.Name), subj: wire.JobSubjects(cfg.Job), exits: make(chan *rankProc, 16)}
+	a := &agent{cfg: cfg, log: cfg.Logger.With("host", cfg.Name), subj: wire.JobSubjects(cfg.Job), exits: make(chan *rankProc, 16), done: make(chan struct{})}
+	defer close(a.done)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
@@ -303,7 +305,7 @@ func (a *agent) start(t *wire.EpochTable) error {
 		g.Go(func() error {
 			pl := p.place
 			renv := rankEnv(env, a.spec.Env, t, pl, filepath.Join(dir, "rank-"+strconv.Itoa(pl.Rank)+".sock"), tmp)
-			if err := p.start(a.spec, renv, a.out, a.exits); err != nil {
+			if err := p.start(a.spec, renv, a.out, a.exits, a.done); err != nil {
 				a.log.Warn("cannot start rank", "rank", pl.Rank, "err", err)
 				return nil
 			}

@@ -36,16 +36,17 @@ type rankProc struct {
 // start starts the rank and the goroutines that forward its output and
 // report its end on exits. When the program cannot be started, the end is
 // reported all the same (as a shell would: 127 not found, 126 not runnable).
-func (p *rankProc) start(spec *wire.JobSpec, env []string, out *batcher, exits chan<- *rankProc) error {
+// Reports are dropped once done is closed (the agent has stopped listening).
+func (p *rankProc) start(spec *wire.JobSpec, env []string, out *batcher, exits chan<- *rankProc, done <-chan struct{}) error {
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		return p.failStart(err, exits)
+		return p.failStart(err, exits, done)
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		outR.Close()
 		outW.Close()
-		return p.failStart(err, exits)
+		return p.failStart(err, exits, done)
 	}
 	cmd := exec.Command(spec.Prog, spec.Args...)
 	cmd.Dir = spec.Dir
@@ -58,7 +59,7 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, out *batcher, exits c
 	if err != nil {
 		outR.Close()
 		errR.Close()
-		return p.failStart(err, exits)
+		return p.failStart(err, exits, done)
 	}
 	p.pid = cmd.Process.Pid
 	var pumps sync.WaitGroup
@@ -75,14 +76,22 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, out *batcher, exits c
 		case <-time.After(drainTimeout):
 		}
 		out.Flush()
-		exits <- p
+		select {
+		case exits <- p:
+		case <-done:
+		}
 	}()
 	return nil
 }
 
-func (p *rankProc) failStart(err error, exits chan<- *rankProc) error {
+func (p *rankProc) failStart(err error, exits chan<- *rankProc, done <-chan struct{}) error {
 	p.startErr = err
-	go func() { exits <- p }()
+	go func() {
+		select {
+		case exits <- p:
+		case <-done:
+		}
+	}()
 	return err
 }
 

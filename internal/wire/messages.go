@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 )
 
@@ -19,6 +20,7 @@ const (
 	MaxHosts     = 1 << 20
 	MaxArgs      = 1 << 16
 	MaxStringLen = 1 << 16
+	MaxArgBytes  = 8 << 20 // program, arguments and -x variables together
 )
 
 // ErrMalformed is wrapped by every decoding error.
@@ -30,7 +32,13 @@ func malformed(what string, args ...any) error {
 
 // decode unmarshals one JSON value from b into v, rejecting unknown fields
 // and trailing data.
+//
+// Field names match case-insensitively and the last of duplicate keys
+// wins (encoding/json's rules); every value is validated after decoding.
 func decode(b []byte, v any, what string) error {
+	if t := bytes.TrimSpace(b); len(t) == 0 || t[0] != '{' {
+		return malformed("%s: not a JSON object", what)
+	}
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
 	if err := d.Decode(v); err != nil {
@@ -111,6 +119,12 @@ func DecodeRegisterReply(b []byte) (*RegisterReply, error) {
 		return nil, err
 	}
 	if r.Err != "" {
+		if r.Spec != nil {
+			return nil, malformed("register reply: both an error and a spec")
+		}
+		if err := checkString("register reply error", r.Err); err != nil {
+			return nil, err
+		}
 		return &r, nil
 	}
 	s := r.Spec
@@ -123,10 +137,22 @@ func DecodeRegisterReply(b []byte) (*RegisterReply, error) {
 	if len(s.Args) > MaxArgs || len(s.Env) > MaxArgs {
 		return nil, malformed("register reply: too many arguments")
 	}
+	// What exec accepts: no NUL anywhere, and at most MaxArgBytes in all.
+	size := len(s.Prog) + len(s.Dir)
+	for _, a := range append([]string{s.Prog, s.Dir}, s.Args...) {
+		if strings.IndexByte(a, 0) >= 0 {
+			return nil, malformed("register reply: NUL byte in program, argument or directory")
+		}
+		size += len(a)
+	}
 	for _, e := range s.Env {
-		if i := bytes.IndexByte([]byte(e), '='); i <= 0 {
+		if i := strings.IndexByte(e, '='); i <= 0 || strings.IndexByte(e, 0) >= 0 {
 			return nil, malformed("register reply: env entry %q is not KEY=VALUE", truncate(e))
 		}
+		size += len(e)
+	}
+	if size > MaxArgBytes {
+		return nil, malformed("register reply: arguments and environment exceed %d bytes", MaxArgBytes)
 	}
 	if s.KillGrace < 0 || s.HeartbeatInterval <= 0 || s.OutputDelay < 0 {
 		return nil, malformed("register reply: bad durations")
@@ -173,6 +199,9 @@ func (t *EpochTable) Validate() error {
 		return malformed("epoch table: %d hosts", len(t.Hosts))
 	case t.MasterPort < 0 || t.MasterPort > 65535:
 		return malformed("epoch table: master port %d", t.MasterPort)
+	}
+	if err := checkString("master address", t.MasterAddr); err != nil {
+		return err
 	}
 	seen := make([]bool, t.World)
 	n := 0
@@ -332,6 +361,9 @@ func DecodeControl(b []byte) (*Control, error) {
 			return nil, malformed("control: signal %d out of range", c.Signal)
 		}
 	case OpKill, OpExit:
+		if c.Signal != 0 {
+			return nil, malformed("control: %s takes no signal", c.Op)
+		}
 	default:
 		return nil, malformed("control: unknown op %q", truncate(string(c.Op)))
 	}

@@ -76,6 +76,9 @@ func (f *OutputFrame) Bytes() []byte { return f.buf }
 // DecodeOutputFrame decodes a frame, calling fn for every record in order.
 // Record data aliases b. Ranks must be below world.
 func DecodeOutputFrame(b []byte, world int, fn func(host int, r OutputRecord)) error {
+	if world < 1 || world > MaxWorld {
+		return malformed("output frame: world size %d out of range", world)
+	}
 	if len(b) < 2 || b[0] != outputMagic[0] {
 		return malformed("output frame: bad magic")
 	}

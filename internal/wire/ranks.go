@@ -84,9 +84,10 @@ func (s RankSet) Expand(world int) ([]int, error) {
 	}
 	total := 0
 	for _, r := range s {
-		if total += r.Count; total > world {
+		if r.Count > world-total { // never overflows: 0 <= total <= world
 			return nil, fmt.Errorf("%w: more than %d ranks", ErrBadRankSet, world)
 		}
+		total += r.Count
 	}
 	out := make([]int, 0, total)
 	for _, r := range s {

@@ -24,9 +24,10 @@ type Subjects struct {
 }
 
 // ValidJobID reports whether id can be used as a job id: 1 to 64 characters
-// of [a-z0-9-], so it is safe in subjects, file names and environments.
+// of [a-z0-9-], starting with a letter or digit, so it is safe in subjects,
+// file names, environments and command lines.
 func ValidJobID(id string) bool {
-	if id == "" || len(id) > 64 {
+	if id == "" || len(id) > 64 || id[0] == '-' {
 		return false
 	}
 	for _, c := range id {

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"encoding/binary"
+	"math"
 )
 
 // tableMagic starts every encoded epoch table; the second byte is the format version.
@@ -98,7 +99,7 @@ func DecodeEpochTable(b []byte) (*EpochTable, error) {
 	r := &reader{b: b[2:]}
 	t := &EpochTable{}
 	t.Version = int(r.uvarint(1<<16, "version"))
-	t.Epoch = r.uvarint(1<<63, "epoch")
+	t.Epoch = r.uvarint(math.MaxUint64, "epoch")
 	t.World = int(r.uvarint(MaxWorld, "world size"))
 	t.Job = r.str("job id")
 	t.MasterAddr = r.str("master address")

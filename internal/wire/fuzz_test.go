@@ -1,0 +1,286 @@
+package wire_test
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/internal/wire"
+)
+
+// fuzzJSON fuzzes a JSON decoder: it must never panic, must fail only with
+// ErrMalformed, and whatever it accepts must pass check and survive
+// Marshal → decode unchanged.
+func fuzzJSON[T any](f *testing.F, decode func([]byte) (*T, error), check func(*testing.T, *T), seeds ...[]byte) {
+	for _, s := range seeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := decode(b)
+		if err != nil {
+			if !errors.Is(err, wire.ErrMalformed) {
+				t.Fatalf("error %q does not wrap ErrMalformed", err)
+			}
+			if v != nil {
+				t.Fatalf("value %+v returned with error %v", v, err)
+			}
+			return
+		}
+		check(t, v)
+		b2 := wire.Marshal(v)
+		v2, err := decode(b2)
+		if err != nil {
+			t.Fatalf("accepted %q, but its re-encoding %q fails: %v", b, b2, err)
+		}
+		if !reflect.DeepEqual(v, v2) {
+			t.Fatalf("re-encoding changes the value:\n first %+v\nsecond %+v", v, v2)
+		}
+	})
+}
+
+func FuzzDecodeRegister(f *testing.F) {
+	r := validRegister()
+	fuzzJSON(f, wire.DecodeRegister, func(t *testing.T, r *wire.Register) {
+		if r.Version != wire.Version || !wire.ValidJobID(r.Job) ||
+			r.Host < 0 || r.Host >= wire.MaxHosts || r.MasterPort < 0 || r.MasterPort > 65535 ||
+			len(r.Name) > wire.MaxStringLen || len(r.Addr) > wire.MaxStringLen {
+			t.Fatalf("accepted invalid %+v", r)
+		}
+	},
+		wire.Marshal(&r),
+		wire.Marshal(mutate(r, func(r *wire.Register) { r.Name, r.Addr = "", "::1" })),
+		[]byte(`{"v":1,"job":"a","host":0,"name":"","addr":"","mport":0,"pid":0}`),
+		[]byte(`{"V":1,"JOB":"a","Host":1048575}`),
+		[]byte(`{"v":1,"job":"a","name":"\u00e9\ud800"}`),
+		[]byte(`{"v":2,"job":"a"}`),
+		[]byte(`{"v":1,"job":"a"} {}`),
+	)
+}
+
+func FuzzDecodeRegisterReply(f *testing.F) {
+	fuzzJSON(f, wire.DecodeRegisterReply, func(t *testing.T, r *wire.RegisterReply) {
+		if r.Err != "" {
+			return
+		}
+		s := r.Spec
+		if s == nil || s.Prog == "" || len(s.Args) > wire.MaxArgs || len(s.Env) > wire.MaxArgs ||
+			s.KillGrace < 0 || s.HeartbeatInterval <= 0 || s.OutputDelay < 0 {
+			t.Fatalf("accepted invalid %+v", s)
+		}
+		for _, e := range s.Env {
+			if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+				t.Fatalf("accepted env entry %q", e)
+			}
+		}
+	},
+		wire.Marshal(&wire.RegisterReply{Spec: validSpec()}),
+		wire.Marshal(&wire.RegisterReply{Err: "host registered twice"}),
+		wire.Marshal(&wire.RegisterReply{Spec: &wire.JobSpec{Prog: "p", HeartbeatInterval: time.Second}}),
+		[]byte(`{"spec":{"prog":"p","args":[],"env":["A=1","B="],"dir":"/","grace":0,"hb":1,"odelay":0}}`),
+		[]byte(`{"spec":{"prog":"p","hb":1,"env":["=x"]}}`),
+		[]byte(`{"err":"","spec":null}`),
+	)
+}
+
+func FuzzDecodeEvent(f *testing.F) {
+	e := validEvent()
+	fuzzJSON(f, wire.DecodeEvent, func(t *testing.T, e *wire.Event) {
+		switch e.Kind {
+		case wire.EventStarted, wire.EventExited, wire.EventAgentError, wire.EventAgentDone:
+		default:
+			t.Fatalf("accepted kind %q", e.Kind)
+		}
+		if e.Host < 0 || e.Host >= wire.MaxHosts || e.Rank < -1 || e.Rank >= wire.MaxWorld ||
+			e.Signal < 0 || e.Signal > 128 || len(e.Msg) > wire.MaxStringLen {
+			t.Fatalf("accepted invalid %+v", e)
+		}
+		if st := e.ExitStatus(); e.Signal > 0 && (st <= 128 || st > 256) {
+			t.Fatalf("ExitStatus() = %d for signal %d", st, e.Signal)
+		}
+	},
+		wire.Marshal(&e),
+		wire.Marshal(&wire.Event{Kind: wire.EventAgentError, Rank: -1, Msg: "no such file"}),
+		wire.Marshal(&wire.Event{Kind: wire.EventExited, Host: 1, Rank: 2, Code: -1, Signal: 9, Stopped: true}),
+		[]byte(`{"k":"agent-done","h":0,"r":-1}`),
+		[]byte(`{"k":"started","h":0,"r":0,"pid":1,"code":0,"sig":0,"stopped":false,"msg":""}`),
+		[]byte(`{"k":"bogus"}`),
+	)
+}
+
+func FuzzDecodeControl(f *testing.F) {
+	fuzzJSON(f, wire.DecodeControl, func(t *testing.T, c *wire.Control) {
+		switch c.Op {
+		case wire.OpSignal, wire.OpStop:
+			if c.Signal < 1 || c.Signal > 64 {
+				t.Fatalf("accepted %+v", c)
+			}
+		case wire.OpKill, wire.OpExit:
+		default:
+			t.Fatalf("accepted op %q", c.Op)
+		}
+		if c.Grace < 0 {
+			t.Fatalf("accepted grace %v", c.Grace)
+		}
+	},
+		wire.Marshal(&wire.Control{Op: wire.OpSignal, Signal: 10}),
+		wire.Marshal(&wire.Control{Op: wire.OpStop, Signal: 15, Grace: 10 * time.Second}),
+		wire.Marshal(&wire.Control{Op: wire.OpKill}),
+		wire.Marshal(&wire.Control{Op: wire.OpExit}),
+		[]byte(`{"op":"stop","sig":65}`),
+	)
+}
+
+func FuzzDecodeHeartbeat(f *testing.F) {
+	fuzzJSON(f, wire.DecodeHeartbeat, func(t *testing.T, h *wire.Heartbeat) {
+		if h.Host < 0 || h.Host >= wire.MaxHosts {
+			t.Fatalf("accepted %+v", h)
+		}
+	},
+		wire.Marshal(&wire.Heartbeat{Host: 3, Seq: 99}),
+		[]byte(`{"h":1048576,"s":0}`),
+	)
+}
+
+func FuzzDecodeEpochTable(f *testing.F) {
+	for _, tab := range []*wire.EpochTable{
+		table(1, []int{0}),
+		clusterTable(4, 2, false),
+		clusterTable(4, 2, true),
+		table(7, []int{0, 2, 4}, nil, []int{1, 3, 5}, []int{6}),
+		table(6, []int{5, 0, 3}, []int{1, 2, 4}),
+		table(2, []int{0, 1}, []int{1}), // duplicate rank
+		table(3, []int{0}, []int{2}),    // missing rank
+	} {
+		f.Add(tab.Encode())
+	}
+	f.Add([]byte{'T', 1})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		tab, err := wire.DecodeEpochTable(b)
+		if err != nil {
+			if !errors.Is(err, wire.ErrMalformed) {
+				t.Fatalf("error %q does not wrap ErrMalformed", err)
+			}
+			if tab != nil {
+				t.Fatalf("table returned with error %v", err)
+			}
+			return
+		}
+		if err := tab.Validate(); err != nil {
+			t.Fatalf("decoded table does not validate: %v", err)
+		}
+		enc := tab.Encode()
+		tab2, err := wire.DecodeEpochTable(enc)
+		if err != nil {
+			t.Fatalf("re-encoding fails to decode: %v", err)
+		}
+		if !reflect.DeepEqual(tab, tab2) {
+			t.Fatalf("re-encoding changes the table:\n first %+v\nsecond %+v", tab, tab2)
+		}
+		if enc2 := tab2.Encode(); !bytes.Equal(enc, enc2) {
+			t.Fatalf("encoding is not stable: %q then %q", enc, enc2)
+		}
+		if len(enc) > len(b) {
+			t.Fatalf("re-encoding is %d bytes, input was %d", len(enc), len(b))
+		}
+		// Placements allocates per rank; keep the check cheap.
+		if tab.World <= 1<<16 {
+			checkPlacements(t, tab)
+		}
+	})
+}
+
+// checkPlacements checks the placements of a valid table: every rank once,
+// local ranks and sizes consistent, node ranks dense over hosts with ranks.
+func checkPlacements(t *testing.T, tab *wire.EpochTable) {
+	t.Helper()
+	ps := tab.Placements()
+	if len(ps) != len(tab.Hosts) {
+		t.Fatalf("Placements() has %d hosts, table %d", len(ps), len(tab.Hosts))
+	}
+	seen := make([]bool, tab.World)
+	node := 0
+	for h, hp := range ps {
+		if len(hp) == 0 {
+			continue
+		}
+		for l, p := range hp {
+			if p.Host != h || p.LocalRank != l || p.LocalSize != len(hp) || p.NodeRank != node {
+				t.Fatalf("host %d local rank %d: bad placement %+v (node %d)", h, l, p, node)
+			}
+			if p.Rank < 0 || p.Rank >= tab.World || seen[p.Rank] {
+				t.Fatalf("rank %d out of range or placed twice", p.Rank)
+			}
+			seen[p.Rank] = true
+		}
+		node++
+	}
+	for r, ok := range seen {
+		if !ok {
+			t.Fatalf("rank %d not placed", r)
+		}
+	}
+	if n := tab.NodeCount(); n != node {
+		t.Fatalf("NodeCount() = %d, %d hosts run ranks", n, node)
+	}
+}
+
+func FuzzDecodeOutputFrame(f *testing.F) {
+	fr := wire.NewOutputFrame(3)
+	f.Add(bytes.Clone(fr.Bytes()), uint16(4))
+	fr.Add(0, wire.Stdout, []byte("hello\n"))
+	fr.Add(3, wire.Stderr, []byte("a\x00b"))
+	fr.Add(1, wire.Stdout, nil)
+	f.Add(bytes.Clone(fr.Bytes()), uint16(4))
+	f.Add(bytes.Clone(fr.Bytes()), uint16(3)) // rank 3 out of range
+	fr.Reset(70000)
+	fr.Add(300, wire.Stderr, bytes.Repeat([]byte("x\n"), 100))
+	f.Add(bytes.Clone(fr.Bytes()), uint16(301))
+	f.Add([]byte{'O', 1, 0, 0, 1, 5, 'a'}, uint16(1)) // length past end
+	f.Fuzz(func(t *testing.T, b []byte, w uint16) {
+		world := int(w)
+		host := -1
+		var recs []wire.OutputRecord
+		err := wire.DecodeOutputFrame(b, world, func(h int, r wire.OutputRecord) {
+			if host != -1 && h != host {
+				t.Fatalf("records from hosts %d and %d", host, h)
+			}
+			host = h
+			recs = append(recs, r)
+		})
+		if err != nil {
+			if !errors.Is(err, wire.ErrMalformed) {
+				t.Fatalf("error %q does not wrap ErrMalformed", err)
+			}
+			if len(recs) != 0 {
+				t.Fatalf("%d records delivered from an invalid frame", len(recs))
+			}
+			return
+		}
+		if len(recs) == 0 {
+			return
+		}
+		if host < 0 || host >= wire.MaxHosts {
+			t.Fatalf("host %d out of range", host)
+		}
+		total := 0
+		re := wire.NewOutputFrame(host)
+		for _, r := range recs {
+			if r.Rank < 0 || r.Rank >= world || (r.Stream != wire.Stdout && r.Stream != wire.Stderr) {
+				t.Fatalf("accepted record rank %d stream %d, world %d", r.Rank, r.Stream, world)
+			}
+			total += len(r.Data)
+			re.Add(r.Rank, r.Stream, r.Data)
+		}
+		if total > len(b) || re.Len() > len(b) {
+			t.Fatalf("%d bytes of data, re-encoded to %d bytes, from a %d-byte frame", total, re.Len(), len(b))
+		}
+		h2, recs2, err := decodeAll(t, re.Bytes(), world)
+		if err != nil || h2 != host || !reflect.DeepEqual(recs, recs2) {
+			t.Fatalf("re-encoding decodes to host %d, %d records, %v", h2, len(recs2), err)
+		}
+	})
+}
