@@ -15,7 +15,7 @@ build:
 # they skip elsewhere unless GORUN_TESTCLUSTER_REQUIRE=1).
 test: lint
 	$(GO) test -count=1 -timeout 20m $(PKGS)
-	$(GO) test -count=1 -race -timeout 20m ./comm/... ./internal/... ./launcher/... ./topology/...
+	$(GO) test -count=1 -race -timeout 20m $(PKGS)
 
 test-short:
 	$(GO) test -short $(PKGS)

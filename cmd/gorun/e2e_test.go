@@ -39,7 +39,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	gorunBin = filepath.Join(dir, "gorun")
-	build := exec.Command("go", "build", "-o", gorunBin, ".")
+	args := []string{"build", "-o", gorunBin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, ".")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building gorun:", err)
