@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 )
 
@@ -77,7 +78,15 @@ func (r *recordingDialer) Dial(network, address string) (net.Conn, error) {
 func DialControl(ctx context.Context, url string, secret Secret, o ControlOptions) (*Control, error) {
 	o = o.withDefaults()
 	rd := &recordingDialer{d: net.Dialer{Timeout: o.DialTimeout}}
-	c, err := connect(ctx, url, secret, o, nats.SetCustomDialer(rd))
+	kp, err := secret.keyPair()
+	if err != nil {
+		return nil, err
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return nil, fmt.Errorf("comm: control-plane key: %w", err)
+	}
+	c, err := connect(ctx, url, o, nats.SetCustomDialer(rd), nats.Nkey(pub, kp.Sign))
 	if err != nil {
 		return nil, err
 	}
@@ -87,25 +96,18 @@ func DialControl(ctx context.Context, url string, secret Secret, o ControlOption
 	return c, nil
 }
 
-// DialInProcess connects to an embedded server without a socket.
+// DialInProcess connects to an embedded server without a socket. It
+// authenticates with the secret's in-process password, which costs no
+// public-key operation: a job whose hosts are all local never computes one.
 func DialInProcess(ctx context.Context, p nats.InProcessConnProvider, secret Secret, o ControlOptions) (*Control, error) {
-	return connect(ctx, "", secret, o.withDefaults(), nats.InProcessServer(p))
+	return connect(ctx, "", o.withDefaults(), nats.InProcessServer(p), nats.UserInfo(wire.InProcessUser, secret.InProcessPassword()))
 }
 
-func connect(ctx context.Context, url string, secret Secret, o ControlOptions, extra ...nats.Option) (*Control, error) {
-	kp, err := secret.keyPair()
-	if err != nil {
-		return nil, err
-	}
-	pub, err := kp.PublicKey()
-	if err != nil {
-		return nil, fmt.Errorf("comm: control-plane key: %w", err)
-	}
+func connect(ctx context.Context, url string, o ControlOptions, extra ...nats.Option) (*Control, error) {
 	c := &Control{lost: make(chan struct{})}
 	var once sync.Once
 	opts := append([]nats.Option{
 		nats.Name(o.Name),
-		nats.Nkey(pub, kp.Sign),
 		nats.NoReconnect(),
 		nats.PingInterval(o.PingInterval),
 		nats.MaxPingsOutstanding(o.MaxPingsOut),

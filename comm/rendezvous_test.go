@@ -11,6 +11,7 @@ import (
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/ctlserver"
 	"github.com/gorun/gorun/internal/wire"
+	"github.com/nats-io/nats.go"
 )
 
 // startServer runs an embedded control plane for secret.
@@ -20,7 +21,7 @@ func startServer(t testing.TB, secret comm.Secret) *ctlserver.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := ctlserver.Start(ctlserver.Config{PublicKey: pub})
+	srv, err := ctlserver.Start(ctlserver.Config{PublicKey: pub, LocalPassword: secret.InProcessPassword()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,5 +249,40 @@ func TestRegistrationChecks(t *testing.T) {
 	}
 	if tb.World != 2 || tb.MasterAddr != "127.0.0.1" {
 		t.Errorf("table %+v", tb)
+	}
+}
+
+func TestInProcessPasswordIsRefusedOverTCP(t *testing.T) {
+	secret := newSecret(t)
+	srv := startServer(t, secret)
+	nc, err := nats.Connect(srv.URL(), nats.UserInfo(wire.InProcessUser, secret.InProcessPassword()), nats.NoReconnect())
+	if err == nil {
+		nc.Close()
+		t.Fatal("the in-process password was accepted on a TCP connection")
+	}
+	c, err := comm.DialInProcess(context.Background(), srv.InProcess(), secret, comm.ControlOptions{})
+	if err != nil {
+		t.Fatalf("in-process client refused: %v", err)
+	}
+	c.Close()
+}
+
+func TestLocalOnlyServerDoesNotListen(t *testing.T) {
+	secret := newSecret(t)
+	srv, err := ctlserver.Start(ctlserver.Config{LocalPassword: secret.InProcessPassword()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	if srv.URL() != "" {
+		t.Fatalf("a server without a public key listens at %s", srv.URL())
+	}
+	c, err := comm.DialInProcess(context.Background(), srv.InProcess(), secret, comm.ControlOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if _, err := ctlserver.Start(ctlserver.Config{}); err == nil {
+		t.Fatal("a server without any credential started")
 	}
 }

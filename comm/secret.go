@@ -2,6 +2,7 @@ package comm
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -50,6 +51,13 @@ func (s Secret) String() string { return "[secret]" }
 
 // LogValue redacts s in structured logs.
 func (s Secret) LogValue() slog.Value { return slog.StringValue("[secret]") }
+
+// InProcessPassword is the password in-process clients present (see
+// DialInProcess); it is derived from s and never crosses a socket.
+func (s Secret) InProcessPassword() string {
+	h := sha256.Sum256(append([]byte("gorun in-process password\x00"), s[:]...))
+	return hex.EncodeToString(h[:])
+}
 
 // keyPair is the nkey user key derived from s.
 func (s Secret) keyPair() (nkeys.KeyPair, error) {

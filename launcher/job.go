@@ -49,8 +49,9 @@ type job struct {
 	out     *outputMux
 	rv      *comm.Rendezvous
 
-	hosts []*agentHost
-	world int
+	hosts  []*agentHost
+	remote int // hosts whose agent is not in this process
+	world  int
 	// rankHost maps a rank to its host index.
 	rankHost []int
 
@@ -127,6 +128,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 			remote++
 		}
 	}
+	j.remote = remote
 	if remote > 0 && cfg.Bind == "" {
 		return 0, &ConfigError{Msg: fmt.Sprintf("host %s is remote, but the control plane listens on loopback unless told otherwise; pass --bind with an address the hosts can reach", firstRemote(j.hosts))}
 	}
@@ -146,11 +148,15 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	if j.secret, err = comm.NewSecret(); err != nil {
 		return 0, err
 	}
-	pub, err := j.secret.PublicKey()
-	if err != nil {
-		return 0, err
+	// Remote agents prove the secret by nkey signature over TCP; without
+	// remote hosts the server does not listen at all.
+	scfg := ctlserver.Config{Bind: j.cfg.Bind, LocalPassword: j.secret.InProcessPassword()}
+	if j.remote > 0 {
+		if scfg.PublicKey, err = j.secret.PublicKey(); err != nil {
+			return 0, err
+		}
 	}
-	j.srv, err = ctlserver.Start(ctlserver.Config{Bind: j.cfg.Bind, PublicKey: pub})
+	j.srv, err = ctlserver.Start(scfg)
 	if err != nil {
 		return 0, fmt.Errorf("launcher: control plane: %w", err)
 	}

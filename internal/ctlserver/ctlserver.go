@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -20,8 +22,13 @@ type Config struct {
 	Bind string
 	// Port is the port to listen on; 0 picks a free one.
 	Port int
-	// PublicKey is the nkey (comm.Secret.PublicKey) every client must prove.
+	// PublicKey is the nkey (comm.Secret.PublicKey) a client connecting
+	// over TCP must prove it holds. Without it the server does not listen
+	// on TCP at all (a job whose hosts are all local needs no port).
 	PublicKey string
+	// LocalPassword admits in-process clients (comm.DialInProcess); the
+	// password never crosses a socket, and a TCP client cannot use it.
+	LocalPassword string
 	// MaxPayload bounds one message; 0 means 64 MiB, enough for the epoch
 	// table of a million ranks.
 	MaxPayload int32
@@ -37,8 +44,8 @@ var ErrNotReady = errors.New("ctlserver: server not ready")
 
 // Start starts the server and waits until it accepts connections.
 func Start(cfg Config) (*Server, error) {
-	if cfg.PublicKey == "" {
-		return nil, errors.New("ctlserver: no public key: refusing to run without authentication")
+	if cfg.PublicKey == "" && cfg.LocalPassword == "" {
+		return nil, errors.New("ctlserver: no public key and no local password: refusing to run without authentication")
 	}
 	host := cfg.Bind
 	if host == "" {
@@ -64,10 +71,20 @@ func Start(cfg Config) (*Server, error) {
 		NoSystemAccount: true,
 		MaxPayload:      maxPayload,
 		MaxPending:      int64(maxPayload) * 4,
-		Nkeys:           []*server.NkeyUser{{Nkey: cfg.PublicKey}},
 		PingInterval:    2 * time.Second,
 		MaxPingsOut:     3,
 		WriteDeadline:   10 * time.Second,
+	}
+	if cfg.PublicKey != "" {
+		opts.Nkeys = []*server.NkeyUser{{Nkey: cfg.PublicKey}}
+	} else {
+		opts.DontListen = true
+	}
+	if cfg.LocalPassword != "" {
+		opts.Users = []*server.User{{
+			Username: wire.InProcessUser, Password: cfg.LocalPassword,
+			AllowedConnectionTypes: map[string]struct{}{jwt.ConnectionTypeInProcess: {}},
+		}}
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
@@ -83,8 +100,13 @@ func Start(cfg Config) (*Server, error) {
 	return &Server{ns: ns}, nil
 }
 
-// URL is the address agents dial.
-func (s *Server) URL() string { return s.ns.ClientURL() }
+// URL is the address agents dial; "" when the server does not listen.
+func (s *Server) URL() string {
+	if s.ns.Addr() == nil {
+		return ""
+	}
+	return s.ns.ClientURL()
+}
 
 // Addr is the listening address.
 func (s *Server) Addr() net.Addr { return s.ns.Addr() }

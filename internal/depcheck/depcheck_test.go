@@ -16,7 +16,7 @@ var allowed = map[string][]string{
 	"replay":              {},
 	"gpu":                 {},
 	"comm":                {"topology", "internal/wire"},
-	"internal/ctlserver":  {},
+	"internal/ctlserver":  {"internal/wire"},
 	"internal/membership": {"topology"},
 	"ckpt":                {"topology"},
 	"hotswap":             {"topology", "ckpt"},

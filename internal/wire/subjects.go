@@ -23,6 +23,11 @@ type Subjects struct {
 	Heartbeat string // agent → launcher: Heartbeat
 }
 
+// InProcessUser is the control-plane user of in-process clients (the
+// launcher and the agent of its own host); the embedded server admits it
+// only on in-process connections.
+const InProcessUser = "gorun-local"
+
 // ValidJobID reports whether id can be used as a job id: 1 to 64 characters
 // of [a-z0-9-], starting with a letter or digit, so it is safe in subjects,
 // file names, environments and command lines.

@@ -1,0 +1,137 @@
+package launcher
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/topology"
+)
+
+func validConfig() Config {
+	return Config{Hosts: []topology.Host{{Name: "localhost", Slots: 1}}, NP: 1, Prog: "true"}
+}
+
+func TestWithDefaults(t *testing.T) {
+	c := validConfig()
+	got, err := c.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wd, _ := os.Getwd()
+	exe, _ := os.Executable()
+	if got.KillGrace != 10*time.Second || got.HeartbeatInterval != time.Second || got.HeartbeatTimeout != 10*time.Second ||
+		got.StartTimeout != 60*time.Second || got.MaxParallelStarts != 128 || got.OutputDelay != 5*time.Millisecond {
+		t.Errorf("durations and limits: %+v", got)
+	}
+	if !slices.Equal(got.Rsh, []string{"ssh"}) {
+		t.Errorf("Rsh = %q", got.Rsh)
+	}
+	if got.Stdout != io.Discard || got.Stderr != io.Discard || got.Logger == nil {
+		t.Errorf("Stdout %v Stderr %v Logger %v", got.Stdout, got.Stderr, got.Logger)
+	}
+	if got.Dir != wd || got.AgentPath != exe {
+		t.Errorf("Dir %q AgentPath %q, want %q %q", got.Dir, got.AgentPath, wd, exe)
+	}
+	if got.Bind != "" || got.Timeout != 0 {
+		t.Errorf("Bind %q Timeout %v changed", got.Bind, got.Timeout)
+	}
+	// The caller's Config is left alone.
+	if c.KillGrace != 0 || c.Rsh != nil || c.Stdout != nil || c.Dir != "" {
+		t.Errorf("withDefaults changed its receiver: %+v", c)
+	}
+}
+
+func TestWithDefaultsKeepsSettings(t *testing.T) {
+	var out, errs bytes.Buffer
+	log := slog.New(slog.DiscardHandler)
+	c := validConfig()
+	c.KillGrace = 3 * time.Second
+	c.HeartbeatInterval = 200 * time.Millisecond
+	c.StartTimeout = time.Second
+	c.MaxParallelStarts = 4
+	c.OutputDelay = time.Millisecond
+	c.Rsh = []string{"ip", "netns", "exec"}
+	c.Stdout, c.Stderr, c.Logger = &out, &errs, log
+	c.Dir, c.AgentPath = "/somewhere", "/opt/gorun"
+	got, err := c.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.KillGrace != 3*time.Second || got.HeartbeatInterval != 200*time.Millisecond ||
+		got.HeartbeatTimeout != 2*time.Second || // 10 × the interval given
+		got.StartTimeout != time.Second || got.MaxParallelStarts != 4 || got.OutputDelay != time.Millisecond ||
+		!slices.Equal(got.Rsh, c.Rsh) || got.Stdout != &out || got.Stderr != &errs || got.Logger != log ||
+		got.Dir != "/somewhere" || got.AgentPath != "/opt/gorun" {
+		t.Errorf("settings not kept: %+v", got)
+	}
+}
+
+func TestWithDefaultsKillGrace(t *testing.T) {
+	for _, tt := range []struct{ in, want time.Duration }{
+		{0, 10 * time.Second},
+		{-1, 0}, // negative: kill at once
+		{-time.Hour, 0},
+		{time.Millisecond, time.Millisecond},
+	} {
+		c := validConfig()
+		c.KillGrace = tt.in
+		got, err := c.withDefaults()
+		if err != nil || got.KillGrace != tt.want {
+			t.Errorf("KillGrace %v → %v, %v; want %v", tt.in, got.KillGrace, err, tt.want)
+		}
+	}
+}
+
+func TestWithDefaultsErrors(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(*Config)
+		msg    string
+	}{
+		{"no program", func(c *Config) { c.Prog = "" }, "no program to run"},
+		{"np zero", func(c *Config) { c.NP = 0 }, "-np must be at least 1"},
+		{"np negative", func(c *Config) { c.NP = -4 }, "-np must be at least 1"},
+		{"no hosts", func(c *Config) { c.Hosts = nil }, "no hosts"},
+		{"empty hosts", func(c *Config) { c.Hosts = []topology.Host{} }, "no hosts"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := validConfig()
+			tt.change(&c)
+			_, err := c.withDefaults()
+			checkConfigError(t, err, tt.msg)
+		})
+	}
+}
+
+// checkConfigError checks that err is a *ConfigError saying msg that
+// matches ErrConfig.
+func checkConfigError(t *testing.T, err error, msg string) *ConfigError {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error, want %q", msg)
+	}
+	if !errors.Is(err, ErrConfig) {
+		t.Errorf("errors.Is(%v, ErrConfig) = false", err)
+	}
+	ce, ok := errors.AsType[*ConfigError](err)
+	if !ok {
+		t.Fatalf("%T %v is not a *ConfigError", err, err)
+	}
+	if ce.Error() != msg {
+		t.Errorf("message %q, want %q", ce.Error(), msg)
+	}
+	// A nil underlying error does not trip the errors package.
+	var pe *fs.PathError
+	if ce.Err == nil && errors.As(err, &pe) {
+		t.Errorf("errors.As found a *fs.PathError in %v", err)
+	}
+	return ce
+}
