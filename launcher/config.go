@@ -46,7 +46,8 @@ type Config struct {
 	Stdout, Stderr io.Writer
 	Logger         *slog.Logger
 	// Signals delivers the signals sent to gorun (SIGINT, SIGTERM, SIGHUP
-	// stop the job; SIGUSR1, SIGUSR2 are forwarded to every rank).
+	// stop the job with that signal; SIGUSR1, SIGUSR2 are forwarded to
+	// every rank; SIGPIPE stops the job with SIGTERM).
 	Signals <-chan os.Signal
 }
 

@@ -378,6 +378,9 @@ func (j *job) loop(ctx context.Context) int {
 			case syscall.SIGUSR1, syscall.SIGUSR2:
 				j.log.Debug("forwarding signal", "signal", s)
 				j.broadcast(&wire.Control{Op: wire.OpSignal, Signal: int(s)})
+			case syscall.SIGPIPE:
+				// gorun's output went away: stop the job, as a pipeline would.
+				j.fail(128+int(s), "output closed (SIGPIPE); stopping the job")
 			default:
 				interrupts++
 				if interrupts == 1 {

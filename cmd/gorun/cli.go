@@ -62,7 +62,9 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		return reportError(stderr, err)
 	}
 	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
+	// SIGPIPE too: a closed stdout (gorun ... | head) then stops the job
+	// in order instead of killing gorun under its ranks.
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
 	defer signal.Stop(sigs)
 	cfg.Signals = sigs
 	code, err := launcher.Run(context.Background(), cfg)

@@ -539,6 +539,37 @@ func TestHelpAndVersion(t *testing.T) {
 	}
 }
 
-var _ = bufio.NewReader
 var _ = context.Background
 var _ = io.Discard
+
+func TestClosedOutputStopsTheJob(t *testing.T) {
+	mark := newMark()
+	cmd := exec.Command(gorunBin, "-x", "GORUNTEST_MARK="+mark, "-np", "2", "--oversubscribe", "sh", "-c", "while :; do echo tick; sleep 0.01; done")
+	cmd.Env = append(os.Environ(), "GORUNTEST_MARK="+mark)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasSuffix(line, "tick\n") {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	out.Close() // like `gorun ... | head -1`
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("gorun did not stop after its stdout closed")
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 128+int(syscall.SIGPIPE) {
+		t.Fatalf("exit %d, want %d\nstderr:\n%s", code, 128+int(syscall.SIGPIPE), stderr.String())
+	}
+	(&job{t: t, mark: mark}).checkNoOrphans()
+}
