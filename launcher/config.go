@@ -43,11 +43,13 @@ type Config struct {
 	MaxParallelStarts int           // agents starting at once; 0 = 128
 	OutputDelay       time.Duration // how long agents may hold output; 0 = 5 ms
 
+	// Stdout and Stderr receive the ranks' output. When writing to Stdout
+	// fails (a closed pipe: EPIPE), the job is stopped with exit code 141.
 	Stdout, Stderr io.Writer
 	Logger         *slog.Logger
 	// Signals delivers the signals sent to gorun (SIGINT, SIGTERM, SIGHUP
 	// stop the job with that signal; SIGUSR1, SIGUSR2 are forwarded to
-	// every rank; SIGPIPE stops the job with SIGTERM).
+	// every rank).
 	Signals <-chan os.Signal
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base32"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -378,9 +379,6 @@ func (j *job) loop(ctx context.Context) int {
 			case syscall.SIGUSR1, syscall.SIGUSR2:
 				j.log.Debug("forwarding signal", "signal", s)
 				j.broadcast(&wire.Control{Op: wire.OpSignal, Signal: int(s)})
-			case syscall.SIGPIPE:
-				// gorun's output went away: stop the job, as a pipeline would.
-				j.fail(128+int(s), "output closed (SIGPIPE); stopping the job")
 			default:
 				interrupts++
 				if interrupts == 1 {
@@ -396,6 +394,13 @@ func (j *job) loop(ctx context.Context) int {
 					j.broadcast(&wire.Control{Op: wire.OpKill})
 				}
 			}
+		case err := <-j.out.failed:
+			// gorun's output went away: stop the job, as a pipeline would.
+			code := ExitFailure
+			if errors.Is(err, syscall.EPIPE) {
+				code = 128 + int(syscall.SIGPIPE)
+			}
+			j.fail(code, "cannot write the job's output (%v); stopping the job", err)
 		case <-timeout:
 			j.fail(ExitTimeout, "job exceeded its time limit of %v (--timeout); stopping it", j.cfg.Timeout)
 		case now := <-tick.C:

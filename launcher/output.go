@@ -29,6 +29,9 @@ type outputMux struct {
 	files  map[fileKey]*os.File
 	err    error // first error opening or writing an output file
 	prefix []byte
+	// failed receives the first error writing to stdout.
+	failed chan error
+	broken bool // stdout failed; output is dropped
 }
 
 type fileKey struct {
@@ -42,6 +45,7 @@ func newOutputMux(stdout, stderr io.Writer, world int, tag, stamp bool, dir stri
 		stdout: bufio.NewWriterSize(stdout, 64<<10),
 		stderr: bufio.NewWriterSize(stderr, 64<<10),
 		files:  map[fileKey]*os.File{},
+		failed: make(chan error, 1),
 	}
 }
 
@@ -53,9 +57,21 @@ func (m *outputMux) frame(b []byte) error {
 	err := wire.DecodeOutputFrame(b, m.world, func(_ int, r wire.OutputRecord) {
 		m.record(now, r)
 	})
-	m.stdout.Flush()
-	m.stderr.Flush()
+	m.flush()
 	return err
+}
+
+// flush flushes both streams; the first stdout failure is reported on
+// failed, after which stdout output is dropped.
+func (m *outputMux) flush() {
+	if err := m.stdout.Flush(); err != nil && !m.broken {
+		m.broken = true
+		m.failed <- err
+	}
+	if m.broken {
+		m.stdout.Reset(io.Discard)
+	}
+	m.stderr.Flush()
 }
 
 func (m *outputMux) record(now time.Time, r wire.OutputRecord) {

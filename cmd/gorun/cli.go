@@ -61,10 +61,9 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return reportError(stderr, err)
 	}
+	cfg.Stdout, cfg.Stderr = undying(stdout), undying(stderr)
 	sigs := make(chan os.Signal, 8)
-	// SIGPIPE too: a closed stdout (gorun ... | head) then stops the job
-	// in order instead of killing gorun under its ranks.
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(sigs)
 	cfg.Signals = sigs
 	code, err := launcher.Run(context.Background(), cfg)
@@ -72,6 +71,23 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		return reportError(stderr, err)
 	}
 	return code
+}
+
+// undying returns w, or for os.Stdout and os.Stderr a duplicate of their
+// descriptor: Go kills a program whose write to descriptor 1 or 2 meets a
+// closed pipe (gorun ... | head), while any other descriptor gets EPIPE,
+// on which the launcher stops the job in order.
+func undying(w io.Writer) io.Writer {
+	f, ok := w.(*os.File)
+	if !ok || (f != os.Stdout && f != os.Stderr) {
+		return w
+	}
+	fd, err := syscall.Dup(int(f.Fd()))
+	if err != nil {
+		return w
+	}
+	syscall.CloseOnExec(fd)
+	return os.NewFile(uintptr(fd), f.Name())
 }
 
 func reportError(stderr io.Writer, err error) int {
