@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -378,4 +379,56 @@ func TestKnownBugLargeFrameInterleavesStreamsMidLine(t *testing.T) {
 	mustFrame(t, m, frameOf(0, rec{0, wire.Stdout, out.String()}, rec{1, wire.Stderr, errs.String()}))
 	m.close()
 	checkWholeLines(t, term.String(), regexp.MustCompile(`^\[\d\] ((out)-\d+-o+|(err)-\d+-e+)$`))
+}
+
+// failingWriter fails every write with err after the first n bytes.
+type failingWriter struct {
+	n, written int
+	err        error
+	calls      int
+}
+
+func (w *failingWriter) Write(p []byte) (int, error) {
+	w.calls++
+	if w.written+len(p) > w.n {
+		k := max(0, w.n-w.written)
+		w.written += k
+		return k, w.err
+	}
+	w.written += len(p)
+	return len(p), nil
+}
+
+func TestOutputStdoutFailureIsReportedOnce(t *testing.T) {
+	out := &failingWriter{n: 10, err: syscall.EPIPE}
+	var stderr bytes.Buffer
+	m := newOutputMux(out, &stderr, 2, true, false, "")
+	for i := range 5 {
+		mustFrame(t, m, frameOf(0, rec{0, wire.Stdout, fmt.Sprintf("line %d\n", i)}, rec{1, wire.Stderr, fmt.Sprintf("err %d\n", i)}))
+	}
+	select {
+	case err := <-m.failed:
+		if !errors.Is(err, syscall.EPIPE) {
+			t.Errorf("failed carries %v, want EPIPE", err)
+		}
+	default:
+		t.Fatal("no failure reported on failed")
+	}
+	select {
+	case err := <-m.failed:
+		t.Errorf("a second failure reported: %v", err)
+	default:
+	}
+	calls := out.calls
+	mustFrame(t, m, frameOf(0, rec{0, wire.Stdout, "after\n"}))
+	m.report("still %s", "here")
+	if out.calls != calls {
+		t.Errorf("stdout written to after it failed")
+	}
+	// stderr goes on.
+	want := "[1] err 0\n[1] err 1\n[1] err 2\n[1] err 3\n[1] err 4\ngorun: still here\n"
+	if stderr.String() != want {
+		t.Errorf("stderr %q, want %q", stderr.String(), want)
+	}
+	m.close()
 }

@@ -79,12 +79,13 @@ func startRun(t *testing.T, np int, script string, change func(*Config)) *run {
 		TagOutput: true,
 		KillGrace: 5 * time.Second,
 		Signals:   r.signals,
+		Stdout:    &r.stdout,
+		Stderr:    &r.stderr,
+		Logger:    slog.New(slog.NewTextHandler(&r.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	if change != nil {
 		change(&cfg)
 	}
-	cfg.Stdout, cfg.Stderr = &r.stdout, &r.stderr
-	cfg.Logger = slog.New(slog.NewTextHandler(&r.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	r.cancel = cancel
 	r.start = time.Now()
@@ -395,5 +396,34 @@ func TestKnownBugStopBeforeAgentsRegisterIsLost(t *testing.T) {
 	}
 	if strings.Contains(r.stderr.String(), "did not report their end") {
 		t.Errorf("the stop never reached the ranks:\n%s", r.stderr.String())
+	}
+}
+
+// errWriter fails every write.
+type errWriter struct{ err error }
+
+func (w errWriter) Write([]byte) (int, error) { return 0, w.err }
+
+// When gorun's stdout goes away (gorun ... | head), the job stops: 141 as
+// a shell reports SIGPIPE for a closed pipe, 1 for any other error.
+func TestRunStdoutFails(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		err  error
+		code int
+	}{
+		{"EPIPE", syscall.EPIPE, 128 + int(syscall.SIGPIPE)},
+		{"other error", errors.New("disk full"), ExitFailure},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := startRun(t, 2, `echo hello; exec sleep 30`, func(c *Config) { c.Stdout = errWriter{tt.err} })
+			r.wait()
+			if r.code != tt.code {
+				t.Fatalf("exit %d, want %d", r.code, tt.code)
+			}
+			if !strings.Contains(r.stderr.String(), "gorun: cannot write the job's output") {
+				t.Errorf("report:\n%s", r.stderr.String())
+			}
+		})
 	}
 }

@@ -1,0 +1,269 @@
+package agent
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/gorun/gorun/internal/wire"
+)
+
+// envMap turns env into a map, failing on a name given twice.
+func envMap(t *testing.T, env []string) map[string]string {
+	t.Helper()
+	m := make(map[string]string, len(env))
+	for _, kv := range env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			t.Errorf("entry without '=': %q", kv)
+		}
+		if old, dup := m[k]; dup {
+			t.Errorf("%s given twice: %q and %q", k, old, v)
+		}
+		m[k] = v
+	}
+	return m
+}
+
+func TestBaseEnvStripsInheritedContract(t *testing.T) {
+	var inherited []string
+	// Every contract variable, as an enclosing job would have set it.
+	for _, n := range wire.ContractNames {
+		inherited = append(inherited, n+"=stale")
+	}
+	inherited = append(inherited,
+		"PATH=/usr/bin:/bin",
+		"GORUN_SOMETHING_ELSE=x", // any GORUN_ variable, not only the contract
+		"GORUN_=y",
+		"HOME=/home/u",
+		"OMP_NUM_THREADS=4", // not part of the contract: kept
+		"TMPDIR=/var/tmp",   // likewise (rankEnv replaces it)
+		"MY_RANK=7",         // names that merely contain a contract name
+		"XGORUN_JOB_ID=z",
+	)
+	got := baseEnv(inherited, []string{"HOME=/home/x", "GORUNTEST_X=a=b c", "PATH=/opt/bin"})
+	want := []string{
+		"PATH=/opt/bin",
+		"HOME=/home/x",
+		"OMP_NUM_THREADS=4",
+		"TMPDIR=/var/tmp",
+		"MY_RANK=7",
+		"XGORUN_JOB_ID=z",
+		"GORUNTEST_X=a=b c",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("baseEnv =\n%q\nwant\n%q", got, want)
+	}
+}
+
+func TestBaseEnvDoesNotModifyItsInput(t *testing.T) {
+	in := []string{"A=1", "RANK=3", "B=2"}
+	extra := []string{"A=9"}
+	baseEnv(in, extra)
+	if !slices.Equal(in, []string{"A=1", "RANK=3", "B=2"}) || !slices.Equal(extra, []string{"A=9"}) {
+		t.Errorf("inputs changed: %q %q", in, extra)
+	}
+}
+
+func TestMergeEnv(t *testing.T) {
+	tests := []struct {
+		name           string
+		env, over, out []string
+	}{
+		{"empty", nil, nil, []string{}},
+		{"only env", []string{"A=1", "B=2"}, nil, []string{"A=1", "B=2"}},
+		{"only over", nil, []string{"A=1", "B=2"}, []string{"A=1", "B=2"}},
+		{"over replaces in place", []string{"A=1", "B=2", "C=3"}, []string{"B=20"}, []string{"A=1", "B=20", "C=3"}},
+		{"new names go last in their order", []string{"A=1"}, []string{"Z=26", "M=13"}, []string{"A=1", "Z=26", "M=13"}},
+		{"later duplicates in env win", []string{"A=1", "B=2", "A=3"}, nil, []string{"A=3", "B=2"}},
+		{"later duplicates in over win", []string{"A=1"}, []string{"C=5", "A=2", "C=6"}, []string{"A=2", "C=6"}},
+		{"empty value", []string{"A=1"}, []string{"A="}, []string{"A="}},
+		{"value with =", []string{"A=1"}, []string{"A=x=y"}, []string{"A=x=y"}},
+		{"name is the text before the first =", []string{"AB=1", "A=2"}, []string{"A=B=3"}, []string{"AB=1", "A=B=3"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := mergeEnv(tt.env, tt.over)
+			if !slices.Equal(got, tt.out) {
+				t.Errorf("mergeEnv(%q, %q) = %q, want %q", tt.env, tt.over, got, tt.out)
+			}
+		})
+	}
+}
+
+// testTable is a valid epoch table: host 0 runs ranks 0 and 2, host 1 runs
+// no rank (a spare), host 2 runs ranks 1, 3 and 4, host 3 runs rank 5.
+func testTable() *wire.EpochTable {
+	return &wire.EpochTable{
+		Version: wire.Version, Job: "abcdefgh", Epoch: 3, World: 6,
+		MasterAddr: "10.0.0.1", MasterPort: 29500,
+		Hosts: []wire.TableHost{
+			{Name: "h0", Addr: "10.0.0.1", Ranks: wire.CompressRanks([]int{0, 2})},
+			{Name: "spare", Addr: "10.0.0.9"},
+			{Name: "h2", Addr: "10.0.0.2", Ranks: wire.CompressRanks([]int{1, 3, 4})},
+			{Name: "h3", Addr: "10.0.0.3", Ranks: wire.CompressRanks([]int{5})},
+		},
+	}
+}
+
+func TestRankEnvContract(t *testing.T) {
+	tab := testTable()
+	if err := tab.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if tab.NodeCount() != 3 {
+		t.Fatalf("NodeCount = %d, want 3", tab.NodeCount())
+	}
+	base := baseEnv([]string{"PATH=/bin", "RANK=99", "TMPDIR=/inherited"}, []string{"USERVAR=u"})
+	seen := map[int]bool{}
+	for h, places := range tab.Placements() {
+		for _, pl := range places {
+			t.Run(fmt.Sprintf("rank=%d", pl.Rank), func(t *testing.T) {
+				socket := fmt.Sprintf("/run/job/rank-%d.sock", pl.Rank)
+				env := envMap(t, rankEnv(base, []string{"USERVAR=u"}, tab, pl, socket, "/job/tmp"))
+				if seen[pl.Rank] {
+					t.Fatalf("rank %d placed twice", pl.Rank)
+				}
+				seen[pl.Rank] = true
+				for _, n := range wire.ContractNames {
+					if _, ok := env[n]; !ok {
+						t.Errorf("%s not set", n)
+					}
+				}
+				rank, world := strconv.Itoa(pl.Rank), "6"
+				local, localSize := strconv.Itoa(pl.LocalRank), strconv.Itoa(pl.LocalSize)
+				// Node ranks count the hosts that run ranks: the spare is skipped.
+				node := map[int]string{0: "0", 2: "1", 3: "2"}[h]
+				want := map[string]string{
+					"GORUN_JOB_ID": "abcdefgh", "TORCHELASTIC_RUN_ID": "abcdefgh",
+					"GORUN_RANK": rank, "RANK": rank, "ROLE_RANK": rank, "OMPI_COMM_WORLD_RANK": rank, "PMI_RANK": rank,
+					"GORUN_WORLD_SIZE": world, "WORLD_SIZE": world, "ROLE_WORLD_SIZE": world, "OMPI_COMM_WORLD_SIZE": world, "PMI_SIZE": world,
+					"GORUN_LOCAL_RANK": local, "LOCAL_RANK": local, "OMPI_COMM_WORLD_LOCAL_RANK": local,
+					"GORUN_LOCAL_SIZE": localSize, "LOCAL_WORLD_SIZE": localSize, "OMPI_COMM_WORLD_LOCAL_SIZE": localSize,
+					"GORUN_NODE_RANK": node, "GROUP_RANK": node, "OMPI_COMM_WORLD_NODE_RANK": node,
+					"GROUP_WORLD_SIZE": "3",
+					"GORUN_EPOCH":      "3",
+					"GORUN_SOCKET":     socket,
+					"MASTER_ADDR":      "10.0.0.1", "MASTER_PORT": "29500",
+					"GORUN_RESTART_COUNT": "0", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+					"ROLE_NAME": "default",
+					"PATH":      "/bin", "USERVAR": "u",
+					"TMPDIR": "/job/tmp", // the inherited TMPDIR is replaced
+				}
+				for k, v := range want {
+					if env[k] != v {
+						t.Errorf("%s=%q, want %q", k, env[k], v)
+					}
+				}
+				omp, ok := env["OMP_NUM_THREADS"]
+				if pl.LocalSize > 1 && omp != "1" {
+					t.Errorf("%d ranks on the host: OMP_NUM_THREADS=%q (set %v), want 1", pl.LocalSize, omp, ok)
+				}
+				if pl.LocalSize == 1 && ok {
+					t.Errorf("alone on its host: OMP_NUM_THREADS=%q, want unset", omp)
+				}
+			})
+		}
+	}
+	if len(seen) != tab.World {
+		t.Errorf("%d ranks placed, want %d", len(seen), tab.World)
+	}
+}
+
+func TestRankEnvLocalRanksFollowTableOrder(t *testing.T) {
+	tab := testTable()
+	places := tab.Placements()
+	want := map[int][2]int{ // rank → local rank, local size
+		0: {0, 2}, 2: {1, 2}, 1: {0, 3}, 3: {1, 3}, 4: {2, 3}, 5: {0, 1},
+	}
+	for _, ps := range places {
+		for _, pl := range ps {
+			env := envMap(t, rankEnv(nil, nil, tab, pl, "s", "/t"))
+			w := want[pl.Rank]
+			if env["LOCAL_RANK"] != strconv.Itoa(w[0]) || env["LOCAL_WORLD_SIZE"] != strconv.Itoa(w[1]) {
+				t.Errorf("rank %d: LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s, want %d %d",
+					pl.Rank, env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], w[0], w[1])
+			}
+		}
+	}
+	if len(places[1]) != 0 {
+		t.Errorf("the spare host got placements %v", places[1])
+	}
+}
+
+func TestRankEnvOMPNumThreads(t *testing.T) {
+	tab := testTable()
+	shared := wire.Placement{Rank: 1, Host: 2, LocalRank: 0, LocalSize: 3, NodeRank: 1}
+	alone := wire.Placement{Rank: 5, Host: 3, LocalRank: 0, LocalSize: 1, NodeRank: 2}
+	tests := []struct {
+		name string
+		base []string
+		pl   wire.Placement
+		want string // "" = unset
+	}{
+		{"shared host, unset", nil, shared, "1"},
+		{"shared host, set by the user", baseEnv(nil, []string{"OMP_NUM_THREADS=8"}), shared, "8"},
+		{"shared host, inherited", baseEnv([]string{"OMP_NUM_THREADS=2"}, nil), shared, "2"},
+		{"alone, unset", nil, alone, ""},
+		{"alone, set by the user", baseEnv(nil, []string{"OMP_NUM_THREADS=8"}), alone, "8"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := rankEnv(tt.base, nil, tab, tt.pl, "s", "/t")
+			m := envMap(t, env)
+			got, ok := m["OMP_NUM_THREADS"]
+			if tt.want == "" && ok {
+				t.Errorf("OMP_NUM_THREADS=%q, want unset", got)
+			}
+			if tt.want != "" && got != tt.want {
+				t.Errorf("OMP_NUM_THREADS=%q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestRankEnvTmpdir(t *testing.T) {
+	tab := testTable()
+	pl := wire.Placement{Rank: 0, Host: 0, LocalRank: 0, LocalSize: 2}
+	tests := []struct {
+		name            string
+		inherited, user []string
+		want            string
+	}{
+		{"none", nil, nil, "/job/tmp"},
+		{"inherited from the agent is replaced", []string{"TMPDIR=/var/tmp"}, nil, "/job/tmp"},
+		{"set with -x is kept", []string{"TMPDIR=/var/tmp"}, []string{"TMPDIR=/scratch"}, "/scratch"},
+		{"set with -x to empty is kept", nil, []string{"TMPDIR="}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			base := baseEnv(tt.inherited, tt.user)
+			m := envMap(t, rankEnv(base, tt.user, tab, pl, "s", "/job/tmp"))
+			if got, ok := m["TMPDIR"]; !ok || got != tt.want {
+				t.Errorf("TMPDIR=%q (set %v), want %q", got, ok, tt.want)
+			}
+		})
+	}
+}
+
+func TestRankEnvUserCannotOverrideContract(t *testing.T) {
+	tab := testTable()
+	pl := wire.Placement{Rank: 4, Host: 2, LocalRank: 2, LocalSize: 3, NodeRank: 1}
+	user := []string{"RANK=0", "GORUN_RANK=0", "MASTER_PORT=1", "KEEP=me"}
+	m := envMap(t, rankEnv(baseEnv(nil, user), user, tab, pl, "s", "/t"))
+	if m["RANK"] != "4" || m["GORUN_RANK"] != "4" || m["MASTER_PORT"] != "29500" || m["KEEP"] != "me" {
+		t.Errorf("RANK=%s GORUN_RANK=%s MASTER_PORT=%s KEEP=%s", m["RANK"], m["GORUN_RANK"], m["MASTER_PORT"], m["KEEP"])
+	}
+}
+
+func TestRankEnvDoesNotModifyBase(t *testing.T) {
+	tab := testTable()
+	base := []string{"PATH=/bin", "TMPDIR=/x"}
+	pl := wire.Placement{Rank: 0, LocalSize: 2}
+	rankEnv(base, nil, tab, pl, "s", "/t")
+	if !slices.Equal(base, []string{"PATH=/bin", "TMPDIR=/x"}) {
+		t.Errorf("base changed: %q", base)
+	}
+}
