@@ -83,10 +83,6 @@ func (m *outputMux) record(now time.Time, r wire.OutputRecord) {
 	if r.Stream == wire.Stderr {
 		w = m.stderr
 	}
-	if !m.tag && !m.stamp {
-		w.Write(r.Data)
-		return
-	}
 	p := m.prefix[:0]
 	if m.stamp {
 		p = now.AppendFormat(p, "2006-01-02T15:04:05.000000")
@@ -105,10 +101,28 @@ func (m *outputMux) record(now time.Time, r wire.OutputRecord) {
 		if i >= 0 {
 			line = data[:i+1]
 		}
-		w.Write(p)
-		w.Write(line)
+		writeLine(w, p, line)
 		data = data[len(line):]
 	}
+}
+
+// writeLine writes prefix and line so that the writer never passes on part
+// of a line: it flushes before a line that does not fit, and a line larger
+// than the whole buffer goes out in one write of its own. Stdout and
+// stderr often share a terminal; this keeps them from cutting each
+// other's lines.
+func writeLine(w *bufio.Writer, prefix, line []byte) {
+	n := len(prefix) + len(line)
+	if n > w.Available() {
+		w.Flush()
+	}
+	if n > w.Available() {
+		// With nothing buffered, bufio passes a large write straight through.
+		w.Write(append(append(make([]byte, 0, n), prefix...), line...))
+		return
+	}
+	w.Write(prefix)
+	w.Write(line)
 }
 
 func (m *outputMux) toFile(r wire.OutputRecord) {

@@ -360,15 +360,11 @@ func TestOutputConcurrentWritersKeepLinesWhole(t *testing.T) {
 	}
 }
 
-// outputMux buffers each stream in its own 64 KiB bufio.Writer and flushes
-// both only at the end of a frame. A frame holding more than 64 KiB for
-// stdout and then more than 64 KiB for stderr makes each writer flush a
-// full buffer, cut mid-line, in the middle of the frame: when stdout and
-// stderr are the same terminal (the usual case), the first 64 KiB of
-// stderr land inside a stdout line. Agents send frames of up to 256 KiB
-// and more (flushSize), so one chatty rank on each stream is enough.
-func TestKnownBugLargeFrameInterleavesStreamsMidLine(t *testing.T) {
-	t.Skip("known bug: outputMux.frame (launcher/output.go) cuts lines when a frame holds more than 64 KiB per stream and stdout and stderr share a terminal")
+// Each stream has its own 64 KiB buffer; a frame with more than that for
+// stdout and then for stderr must not make either writer flush part of a
+// line, or, with both streams on one terminal (the usual case), stderr
+// lands inside a stdout line. Agents send frames of 256 KiB and more.
+func TestLargeFrameKeepsLinesWhole(t *testing.T) {
 	term := &lineChecker{}
 	m := newOutputMux(term, term, 2, true, false, "")
 	var out, errs strings.Builder
@@ -431,4 +427,36 @@ func TestOutputStdoutFailureIsReportedOnce(t *testing.T) {
 		t.Errorf("stderr %q, want %q", stderr.String(), want)
 	}
 	m.close()
+}
+
+// wholeWrites fails the test when a write does not end a line: the unit a
+// terminal shared by stdout and stderr can interleave.
+type wholeWrites struct {
+	t      *testing.T
+	writes int
+}
+
+func (w *wholeWrites) Write(p []byte) (int, error) {
+	w.writes++
+	if len(p) > 0 && p[len(p)-1] != '\n' {
+		w.t.Errorf("write %d of %d bytes ends mid-line: …%q", w.writes, len(p), p[max(0, len(p)-40):])
+	}
+	return len(p), nil
+}
+
+// A line longer than a stream's whole buffer goes out in one write, and
+// no write ends mid-line.
+func TestLineLongerThanBufferStaysWhole(t *testing.T) {
+	w := &wholeWrites{t: t}
+	m := newOutputMux(w, w, 2, true, false, "")
+	long := "long-" + strings.Repeat("l", 200<<10) + "\n"
+	var many strings.Builder
+	for i := range 2000 {
+		fmt.Fprintf(&many, "out-%d-%s\n", i, strings.Repeat("o", i%300))
+	}
+	mustFrame(t, m, frameOf(0, rec{1, wire.Stderr, "err-1-e\n"}, rec{0, wire.Stdout, long}, rec{0, wire.Stdout, many.String()}, rec{1, wire.Stderr, "err-2-e\n"}))
+	m.close()
+	if w.writes < 3 {
+		t.Fatalf("only %d writes", w.writes)
+	}
 }
