@@ -5,8 +5,10 @@ import (
 	"errors"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -32,31 +34,36 @@ func becomeSubreaper(log *slog.Logger) {
 
 // killOrphans kills and reaps the processes re-parented to this process
 // that belong to job (their environment holds GORUN_JOB_ID=job), until none
-// is left or the deadline passes.
-// Ranks still supervised (exclude) are left to their own waiters.
+// is left or the deadline passes. Ranks still supervised (exclude) are left
+// to their own waiters.
 func killOrphans(job string, exclude map[int]bool, deadline time.Time, log *slog.Logger) {
 	needle := []byte("GORUN_JOB_ID=" + job + "\x00")
 	self := os.Getpid()
+	killed := map[int]bool{} // killed, not reaped yet
 	for {
-		pids := childrenWithEnv(self, needle, exclude)
-		if len(pids) == 0 {
-			return
-		}
-		for _, pid := range pids {
+		for _, pid := range childrenWithEnv(self, needle, exclude) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
+			killed[pid] = true
 		}
-		for _, pid := range pids {
-			// Reap it: as its new parent we are the only one who can.
+		// Reap what has died: as its new parent only we can. Only pids we
+		// killed are waited for; the children os/exec waits for are not.
+		for pid := range killed {
 			var ws syscall.WaitStatus
-			if _, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); err != nil && !errors.Is(err, syscall.ECHILD) {
+			switch got, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); {
+			case got == pid, errors.Is(err, syscall.ECHILD):
+				delete(killed, pid)
+			case err != nil:
 				log.Debug("reaping orphan", "pid", pid, "err", err)
 			}
 		}
-		if time.Now().After(deadline) {
-			log.Error("processes of the job survive SIGKILL; leaving them", "pids", pids)
+		if len(killed) == 0 && len(childrenWithEnv(self, needle, exclude)) == 0 {
 			return
 		}
-		time.Sleep(10 * time.Millisecond) // SIGKILL takes effect asynchronously
+		if time.Now().After(deadline) {
+			log.Error("processes of the job survive SIGKILL; leaving them", "pids", slices.Collect(maps.Keys(killed)))
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // SIGKILL takes effect asynchronously
 	}
 }
 

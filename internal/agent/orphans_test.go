@@ -125,15 +125,10 @@ func TestKillOrphans(t *testing.T) {
 	}
 }
 
-// killOrphans says it reaps what it kills ("as its new parent we are the
-// only one who can"), but it polls with WNOHANG right after SIGKILL, when
-// the process has usually not died yet, and on the next round
-// childrenWithEnv skips zombies, so it returns with the orphan still a
-// zombie child of the agent. An agent running a job whose ranks leave many
-// daemons behind keeps one zombie per daemon until it exits; the launcher's
-// in-process agent (its own host) likewise.
-func TestKnownBugKillOrphansLeavesZombies(t *testing.T) {
-	t.Skip("known bug: killOrphans (internal/agent/orphans.go) leaves the orphans it kills as unreaped zombies")
+// killOrphans reaps what it kills: as their new parent, only the agent can,
+// and an agent whose ranks leave many daemons behind would otherwise keep
+// one zombie per daemon (so would gorun itself, for its own host).
+func TestKillOrphansReapsThem(t *testing.T) {
 	becomeSubreaper(testLogger(t))
 	job := fmt.Sprintf("zombies%d", os.Getpid())
 	var pids []int
