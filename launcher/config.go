@@ -22,7 +22,7 @@ type Config struct {
 	Prog string
 	Args []string
 	Env  []string // KEY=VALUE for every rank (-x)
-	Dir  string   // working directory of the ranks; "" = the launcher's
+	Dir  string   // working directory of the ranks; "" = the launcher's, or home where that is missing
 
 	TagOutput       bool
 	TimestampOutput bool
@@ -51,6 +51,8 @@ type Config struct {
 	// stop the job with that signal; SIGUSR1, SIGUSR2 are forwarded to
 	// every rank).
 	Signals <-chan os.Signal
+
+	dirExplicit bool // Dir was given, not defaulted
 }
 
 // ErrConfig is matched (errors.Is) by every error that says the
@@ -113,6 +115,7 @@ func (c *Config) withDefaults() (Config, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	cfg.dirExplicit = cfg.Dir != ""
 	if cfg.Dir == "" {
 		wd, err := os.Getwd()
 		if err != nil {

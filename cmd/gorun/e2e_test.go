@@ -498,6 +498,7 @@ func TestBadInput(t *testing.T) {
 		{"missing hostfile", []string{"--hostfile", filepath.Join(dir, "nope"), "true"}, "nope"},
 		{"malformed hostfile", []string{"--hostfile", bad, "true"}, "bad.hosts:2"},
 		{"hostfile is a directory", []string{"--hostfile", dir, "true"}, dir},
+		{"missing --wdir", []string{"--wdir", filepath.Join(dir, "nope"), "true"}, "--wdir " + filepath.Join(dir, "nope") + ": no such file or directory"},
 		{"bad map-by", []string{"--map-by", "socket", "true"}, "socket"},
 		{"bad -x", []string{"-x", "1BAD=x", "true"}, "not a valid variable name"},
 		{"unset -x", []string{"-x", "GORUNTEST_SURELY_UNSET", "true"}, "not set"},

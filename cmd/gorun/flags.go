@@ -257,6 +257,13 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	}
 	for _, h := range cfg.Hosts {
 		if !h.Spare && launcher.IsLocalHost(h.Name) {
+			if cfg.Dir != "" {
+				if st, err := os.Stat(cfg.Dir); err != nil {
+					return cfg, usagef("--wdir %s: %v", o.wdir, errors.Unwrap(err))
+				} else if !st.IsDir() {
+					return cfg, usagef("--wdir %s is not a directory", o.wdir)
+				}
+			}
 			if err := checkProgram(o.prog, cfg.Dir); err != nil {
 				return cfg, err
 			}

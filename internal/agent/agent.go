@@ -290,6 +290,16 @@ func (a *agent) start(t *wire.EpochTable) error {
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return fmt.Errorf("creating job directory: %w", err)
 	}
+	if d := a.spec.Dir; d != "" && !a.spec.DirExplicit {
+		if st, err := os.Stat(d); err != nil || !st.IsDir() {
+			home, herr := os.UserHomeDir()
+			if herr != nil {
+				home = "/"
+			}
+			a.log.Warn("the launcher's working directory is missing here; ranks start in the home directory", "dir", d, "home", home)
+			a.spec.Dir = home
+		}
+	}
 	places := t.Placements()[a.cfg.Host]
 	env := baseEnv(os.Environ(), a.spec.Env)
 	a.ranks = make([]*rankProc, len(places))

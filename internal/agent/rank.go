@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -15,6 +16,9 @@ import (
 
 	"github.com/gorun/gorun/internal/wire"
 )
+
+// errWorkDir marks a start that failed on the working directory.
+var errWorkDir = errors.New("working directory")
 
 // drainTimeout bounds how long a rank's exit report waits for its output
 // pipes to close after the process ended (a child it left behind may hold
@@ -47,6 +51,20 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, out *batcher, exits c
 		outR.Close()
 		outW.Close()
 		return p.failStart(err, exits, done)
+	}
+	if spec.Dir != "" {
+		// Checked here: with SysProcAttr set, os/exec would report a
+		// missing directory as a missing program.
+		if st, err := os.Stat(spec.Dir); err != nil || !st.IsDir() {
+			if err == nil {
+				err = syscall.ENOTDIR
+			}
+			outR.Close()
+			outW.Close()
+			errR.Close()
+			errW.Close()
+			return p.failStart(fmt.Errorf("%w %s: %w", errWorkDir, spec.Dir, err), exits, done)
+		}
 	}
 	cmd := exec.Command(spec.Prog, spec.Args...)
 	cmd.Dir = spec.Dir
@@ -114,9 +132,13 @@ func (p *rankProc) exitEvent(host int) *wire.Event {
 	e := &wire.Event{Kind: wire.EventExited, Host: host, Rank: p.place.Rank, Pid: p.pid, Stopped: p.stopped.Load()}
 	switch {
 	case p.startErr != nil:
-		e.Code = 127
-		if errors.Is(p.startErr, fs.ErrPermission) {
+		switch {
+		case errors.Is(p.startErr, errWorkDir):
+			e.Code = 1
+		case errors.Is(p.startErr, fs.ErrPermission):
 			e.Code = 126
+		default:
+			e.Code = 127
 		}
 		e.Msg = "cannot start: " + p.startErr.Error()
 	case p.state == nil:

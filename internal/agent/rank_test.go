@@ -208,14 +208,9 @@ func TestSignalBeforeStartIsHarmless(t *testing.T) {
 	p.signal(syscall.SIGKILL) // pid 0 would be this process group
 }
 
-// When the working directory (--wdir, or the launcher's directory on a
-// host that lacks it) does not exist, the rank's start fails in the
-// child's chdir. Because start sets SysProcAttr, os.StartProcess skips its
-// own check of the directory, and the error is
-// "fork/exec /usr/bin/sh: no such file or directory": the report says the
-// program is missing (code 127) when the directory is.
-func TestKnownBugMissingWorkDirReportedAsMissingProgram(t *testing.T) {
-	t.Skip("known bug: rankProc.start (internal/agent/rank.go) reports a missing working directory as a missing program")
+// A missing working directory is reported as such (with SysProcAttr set,
+// os/exec would say "fork/exec /usr/bin/sh: no such file or directory").
+func TestMissingWorkDirIsNamed(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "no-such-dir")
 	p, exits, err := startRank(t, missing, "sh", "-c", "true")
 	if err == nil {

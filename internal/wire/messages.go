@@ -97,10 +97,14 @@ func DecodeRegister(b []byte) (*Register, error) {
 // registration reply, not in the agent's argv, so that values given with
 // -x never show in a process listing.
 type JobSpec struct {
-	Prog              string        `json:"prog"`
-	Args              []string      `json:"args"`
-	Env               []string      `json:"env"` // KEY=VALUE set for every rank (-x)
-	Dir               string        `json:"dir"` // working directory of the ranks
+	Prog string   `json:"prog"`
+	Args []string `json:"args"`
+	Env  []string `json:"env"` // KEY=VALUE set for every rank (-x)
+	Dir  string   `json:"dir"` // working directory of the ranks
+	// DirExplicit says Dir was asked for (--wdir): a host without it fails
+	// the job. Otherwise Dir is the launcher's directory, and a host
+	// without it uses the home directory, as mpirun does.
+	DirExplicit       bool          `json:"dirx,omitempty"`
 	KillGrace         time.Duration `json:"grace"`
 	HeartbeatInterval time.Duration `json:"hb"`
 	OutputDelay       time.Duration `json:"odelay"` // how long an agent may hold output before sending
