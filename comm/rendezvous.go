@@ -17,6 +17,10 @@ type EpochTable = wire.EpochTable
 // ErrRegistration reports a registration the launcher refused.
 var ErrRegistration = errors.New("comm: registration refused")
 
+// ErrJobStopped is returned to an agent that registers after the job was
+// stopped before it started: the agent has nothing to do and should exit.
+var ErrJobStopped = errors.New("comm: the job was stopped before it started")
+
 // RendezvousHost is one host the launcher expects to register.
 type RendezvousHost struct {
 	Name  string
@@ -41,6 +45,7 @@ type Rendezvous struct {
 	regs    []*wire.Register
 	missing int
 	table   []byte // encoded table, once published
+	stopped bool   // Cancel won: the table will never be published
 	subs    []*nats.Subscription
 }
 
@@ -111,6 +116,11 @@ func (r *Rendezvous) onRegister(m *nats.Msg) {
 		return
 	}
 	r.mu.Lock()
+	if r.stopped {
+		r.mu.Unlock()
+		r.reply(m, wire.Marshal(&wire.RegisterReply{Stop: true}))
+		return
+	}
 	if r.regs[reg.Host] != nil {
 		r.mu.Unlock()
 		r.refuse(m, "host %d %q registered twice", reg.Host, reg.Name)
@@ -146,6 +156,10 @@ func (r *Rendezvous) buildTable() *wire.EpochTable {
 
 func (r *Rendezvous) publish() {
 	r.mu.Lock()
+	if r.stopped {
+		r.mu.Unlock()
+		return
+	}
 	b := r.buildTable().Encode()
 	r.table = b
 	r.mu.Unlock()
@@ -162,6 +176,21 @@ func (r *Rendezvous) onEpochGet(m *nats.Msg) {
 		r.reply(m, b)
 	}
 	// Before publication the request goes unanswered and the agent retries.
+}
+
+// Cancel stops the rendezvous before the table is published, if it still
+// can: it reports whether it did, in which case no agent will ever receive
+// the table (so no rank starts) and agents registering from now on are told
+// the job stopped. Once the table is out, Cancel does nothing and reports
+// false.
+func (r *Rendezvous) Cancel() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.table != nil {
+		return false
+	}
+	r.stopped = true
+	return true
 }
 
 // Missing returns the hosts that have not registered yet.
@@ -237,6 +266,9 @@ func (a *AgentRendezvous) Register(ctx context.Context, reg *wire.Register) (*wi
 	}
 	if rep.Err != "" {
 		return nil, fmt.Errorf("%w: %s", ErrRegistration, rep.Err)
+	}
+	if rep.Stop {
+		return nil, ErrJobStopped
 	}
 	return rep.Spec, nil
 }

@@ -286,3 +286,79 @@ func TestLocalOnlyServerDoesNotListen(t *testing.T) {
 		t.Fatal("a server without any credential started")
 	}
 }
+
+func TestRendezvousCancel(t *testing.T) {
+	secret := newSecret(t)
+	srv := startServer(t, secret)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	spec := &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}
+	hosts := []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}}
+	join := func(job string) *comm.AgentRendezvous {
+		a, err := comm.DialControl(ctx, srv.URL(), secret, comm.ControlOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(a.Close)
+		j, err := comm.JoinRendezvous(a.Conn, job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	reg := func(j *comm.AgentRendezvous, job string, host int, name string) error {
+		_, err := j.Register(ctx, &wire.Register{Version: wire.Version, Job: job, Host: host, Name: name, Addr: "127.0.0.1"})
+		return err
+	}
+
+	t.Run("before publication", func(t *testing.T) {
+		rv, err := comm.StartRendezvous(l.Conn, "job2", 0, hosts, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rv.Close()
+		a := join("job2")
+		if err := reg(a, "job2", 0, "a"); err != nil {
+			t.Fatal(err)
+		}
+		if !rv.Cancel() {
+			t.Fatal("Cancel before publication reported false")
+		}
+		if err := reg(join("job2"), "job2", 1, "b"); !errors.Is(err, comm.ErrJobStopped) {
+			t.Fatalf("registration after Cancel: %v, want ErrJobStopped", err)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer wcancel()
+		if tb, err := a.WaitEpoch(wctx, 0); err == nil {
+			t.Fatalf("a table was published after Cancel: %+v", tb)
+		}
+		if rv.Table() != nil {
+			t.Fatal("Table() after Cancel")
+		}
+	})
+	t.Run("after publication", func(t *testing.T) {
+		rv, err := comm.StartRendezvous(l.Conn, "job3", 0, hosts, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rv.Close()
+		a, b := join("job3"), join("job3")
+		if err := reg(a, "job3", 0, "a"); err != nil {
+			t.Fatal(err)
+		}
+		if err := reg(b, "job3", 1, "b"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.WaitEpoch(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+		if rv.Cancel() {
+			t.Fatal("Cancel after publication reported true")
+		}
+	})
+}

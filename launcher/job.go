@@ -310,6 +310,18 @@ func (j *job) stop(sig syscall.Signal) {
 		return
 	}
 	j.stopping = true
+	j.stopRanks(sig)
+}
+
+// stopRanks orders every agent to stop its ranks with sig, SIGKILL after
+// the grace period. Before the epoch table is out no rank has started: the
+// rendezvous is cancelled so none ever does, and every rank is done.
+func (j *job) stopRanks(sig syscall.Signal) {
+	if j.rv.Cancel() {
+		for r := range j.world {
+			j.rankGone(r)
+		}
+	}
 	j.broadcast(&wire.Control{Op: wire.OpStop, Signal: int(sig), Grace: j.cfg.KillGrace})
 }
 
@@ -387,7 +399,7 @@ func (j *job) loop(ctx context.Context) int {
 					}
 					j.out.report("%s; stopping %d ranks (again to kill at once)", signame(s), j.world-j.ranksEnded)
 					j.stopping = true
-					j.broadcast(&wire.Control{Op: wire.OpStop, Signal: int(s), Grace: j.cfg.KillGrace})
+					j.stopRanks(s)
 				} else if !j.killed {
 					j.killed = true
 					j.out.report("killing every rank")

@@ -70,6 +70,7 @@ type agent struct {
 	done    chan struct{} // closed when Run returns
 	running int
 	killAt  <-chan time.Time // SIGKILL deadline after a stop
+	stopped bool             // a stop was ordered: start no rank from now on
 	seq     uint64
 }
 
@@ -140,11 +141,16 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		addr = "127.0.0.1"
 	}
 	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer rcancel()
 	a.spec, err = rv.Register(rctx, &wire.Register{
 		Version: wire.Version, Job: cfg.Job, Host: cfg.Host, Name: cfg.Name,
 		Addr: addr, MasterPort: freePort(addr), Pid: os.Getpid(),
 	})
 	rcancel()
+	if errors.Is(err, comm.ErrJobStopped) {
+		a.log.Info("the job stopped before this agent registered")
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
@@ -224,6 +230,9 @@ func (a *agent) lost(ctx context.Context) error {
 }
 
 func (a *agent) control(c *wire.Control) {
+	if c.Op == wire.OpStop || c.Op == wire.OpKill {
+		a.stopped = true
+	}
 	switch c.Op {
 	case wire.OpSignal:
 		a.log.Info("forwarding signal", "signal", syscall.Signal(c.Signal))
@@ -277,6 +286,16 @@ func (a *agent) start(t *wire.EpochTable) error {
 	}
 	if a.cfg.Host >= len(t.Hosts) {
 		return fmt.Errorf("epoch table has %d hosts, this is host %d", len(t.Hosts), a.cfg.Host)
+	}
+	if a.stopped {
+		// The stop overtook the table: start nothing, and account for every
+		// rank so that the launcher is not left waiting for them.
+		a.ranks = []*rankProc{}
+		for _, pl := range t.Placements()[a.cfg.Host] {
+			a.event(&wire.Event{Kind: wire.EventExited, Host: a.cfg.Host, Rank: pl.Rank, Stopped: true, Msg: "not started: the job is stopping"})
+		}
+		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+		return nil
 	}
 	dir, err := os.MkdirTemp("", "gorun-"+a.cfg.Job+"-")
 	if err != nil {

@@ -110,9 +110,11 @@ type JobSpec struct {
 	OutputDelay       time.Duration `json:"odelay"` // how long an agent may hold output before sending
 }
 
-// RegisterReply answers a Register.
+// RegisterReply answers a Register: an error, or Stop (the job was
+// stopped before it started: exit), or the job's spec.
 type RegisterReply struct {
 	Err  string   `json:"err,omitempty"`
+	Stop bool     `json:"stop,omitempty"`
 	Spec *JobSpec `json:"spec,omitempty"`
 }
 
@@ -121,6 +123,12 @@ func DecodeRegisterReply(b []byte) (*RegisterReply, error) {
 	var r RegisterReply
 	if err := decode(b, &r, "register reply"); err != nil {
 		return nil, err
+	}
+	if r.Stop {
+		if r.Spec != nil || r.Err != "" {
+			return nil, malformed("register reply: stop with an error or a spec")
+		}
+		return &r, nil
 	}
 	if r.Err != "" {
 		if r.Spec != nil {
