@@ -68,16 +68,21 @@ func (t *tail) String() string {
 }
 
 // IsLocalHost reports whether name is the launcher's own host: localhost,
-// this host's name, or an IP address of one of its interfaces. It does no
-// name resolution.
+// this host's name (short or fully qualified, in any case), or an IP
+// address of one of its interfaces. It does no name resolution.
 func IsLocalHost(name string) bool {
+	name = strings.ToLower(name)
 	switch name {
-	case "localhost", "127.0.0.1", "::1":
+	case "localhost", "localhost.localdomain", "127.0.0.1", "::1":
 		return true
 	}
 	if hn, err := os.Hostname(); err == nil {
+		hn = strings.ToLower(hn)
 		short, _, _ := strings.Cut(hn, ".")
-		if name == hn || name == short {
+		nameShort, _, _ := strings.Cut(name, ".")
+		// node1, node1.cluster and NODE1 are all this host when it is node1
+		// or node1.cluster; host names repeat across domains in no cluster.
+		if name == hn || name == short || (net.ParseIP(name) == nil && nameShort == short) {
 			return true
 		}
 	}

@@ -14,7 +14,7 @@ func TestIsLocalHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	short, _, _ := strings.Cut(hn, ".")
-	local := []string{"localhost", "127.0.0.1", "::1", "127.0.0.2", "::ffff:127.0.0.1", hn, short}
+	local := []string{"localhost", "LocalHost", "127.0.0.1", "::1", "127.0.0.2", "::ffff:127.0.0.1", hn, short, strings.ToUpper(hn), short + ".cluster.example"}
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
 		t.Fatal(err)
