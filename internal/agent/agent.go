@@ -368,7 +368,7 @@ func (a *agent) exited(p *rankProc) {
 // bounded time for the ranks to be reaped, and removes the job's files.
 func (a *agent) cleanup() {
 	for _, p := range a.ranks {
-		p.signal(syscall.SIGKILL) // stragglers in the group, even after the leader ended
+		p.signal(syscall.SIGKILL) // ranks still running (an ended rank's group was killed when it ended)
 	}
 	deadline := time.After(a.cfg.ExitTimeout)
 wait:

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/wire"
+	"golang.org/x/sys/unix"
 )
 
 // errWorkDir marks a start that failed on the working directory.
@@ -32,6 +33,9 @@ type rankProc struct {
 	pid     int // also the process group id
 	stopped atomic.Bool
 	ended   bool // the loop has seen the exit
+
+	mu     sync.Mutex // guards reaped, and signals against reaping
+	reaped bool       // the rank's process has been reaped: its pid is free
 
 	state    *os.ProcessState
 	startErr error
@@ -85,7 +89,18 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, out *batcher, exits c
 	go func() { defer pumps.Done(); pump(outR, p.place.Rank, wire.Stdout, out) }()
 	go func() { defer pumps.Done(); pump(errR, p.place.Rank, wire.Stderr, out) }()
 	go func() {
-		_ = cmd.Wait()
+		// Wait for the rank to end without reaping it, and kill what it
+		// left in its process group while its pid, and so the group id,
+		// cannot have been reused: a group id signalled later could name
+		// an unrelated group.
+		var info unix.Siginfo
+		for unix.Waitid(unix.P_PID, p.pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+		}
+		p.mu.Lock()
+		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+		p.reaped = true
+		_ = cmd.Wait() // returns at once: the rank has exited, and there are no I/O goroutines
+		p.mu.Unlock()
 		p.state = cmd.ProcessState
 		drained := make(chan struct{})
 		go func() { pumps.Wait(); close(drained) }()
@@ -113,9 +128,12 @@ func (p *rankProc) failStart(err error, exits chan<- *rankProc, done <-chan stru
 	return err
 }
 
-// signal sends sig to the rank's whole process group.
+// signal sends sig to the rank's whole process group, while it runs (once
+// it has been reaped, its group was killed and its id may be reused).
 func (p *rankProc) signal(sig syscall.Signal) {
-	if p.pid <= 0 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pid <= 0 || p.reaped {
 		return
 	}
 	if err := syscall.Kill(-p.pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
