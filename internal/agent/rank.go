@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -222,16 +223,7 @@ func baseEnv(inherited, extra []string) []string {
 func mergeEnv(env, over []string) []string {
 	idx := make(map[string]int, len(env))
 	out := make([]string, 0, len(env)+len(over))
-	for _, kv := range env {
-		k, _, _ := strings.Cut(kv, "=")
-		if i, ok := idx[k]; ok {
-			out[i] = kv
-			continue
-		}
-		idx[k] = len(out)
-		out = append(out, kv)
-	}
-	for _, kv := range over {
+	for _, kv := range slices.Concat(env, over) {
 		k, _, _ := strings.Cut(kv, "=")
 		if i, ok := idx[k]; ok {
 			out[i] = kv
