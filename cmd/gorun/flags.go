@@ -43,6 +43,7 @@ type runOptions struct {
 	hbInterval    time.Duration
 	hbTimeout     time.Duration
 	startTimeout  time.Duration
+	rshConcurrent int
 	verbose       bool
 	prog          string
 	args          []string
@@ -79,6 +80,7 @@ Control:
   --rsh CMD               how agents start on remote hosts (default "ssh";
                           e.g. "ip netns exec"); the local host needs none
   --launch-agent PATH     gorun binary on remote hosts (default: this one's path)
+  --rsh-concurrent N      agents being started at once (default 128)
   --bind ADDR             control-plane address (default 127.0.0.1; remote hosts
                           need an address they can reach)
   --agent-start-timeout S an agent must register this soon after it is started
@@ -159,6 +161,7 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	fs.Var(seconds{&o.hbInterval}, "heartbeat-interval", "")
 	fs.Var(seconds{&o.hbTimeout}, "heartbeat-timeout", "")
 	fs.Var(seconds{&o.startTimeout}, "agent-start-timeout", "")
+	fs.IntVar(&o.rshConcurrent, "rsh-concurrent", 128, "")
 	fs.BoolVar(&o.verbose, "v", false, "")
 	fs.BoolVar(&o.verbose, "verbose", false, "")
 	help := fs.Bool("h", false, "")
@@ -184,6 +187,9 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	}
 	if o.hostfile != "" && o.hostList != "" {
 		return nil, usagef("give hosts with --hostfile or -H, not both")
+	}
+	if o.rshConcurrent < 1 {
+		return nil, usagef("--rsh-concurrent must be at least 1")
 	}
 	if o.hbInterval <= 0 {
 		return nil, usagef("--heartbeat-interval must be positive")
@@ -211,7 +217,7 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 		Timeout: o.timeout, KillGrace: o.killGrace,
 		Rsh: strings.Fields(o.rsh), AgentPath: o.launchAgent, Bind: o.bind,
 		HeartbeatInterval: o.hbInterval, HeartbeatTimeout: o.hbTimeout,
-		StartTimeout: o.startTimeout,
+		StartTimeout: o.startTimeout, MaxParallelStarts: o.rshConcurrent,
 		Stdout:       stdout, Stderr: stderr,
 	}
 	if cfg.KillGrace == 0 {

@@ -139,3 +139,25 @@ func TestAgentsStopRanksWhenLauncherDies(t *testing.T) {
 	}
 	t.Fatalf("processes left after the launcher was killed:\n%s", strings.Join(left, "\n"))
 }
+
+// At most --rsh-concurrent agents are being started at once: counted from
+// the rsh command's start to the agent's registration.
+func TestAgentStartsAreBounded(t *testing.T) {
+	state := t.TempDir()
+	for _, f := range []string{"cur", "max"} {
+		os.WriteFile(filepath.Join(state, f), []byte("0\n"), 0o644)
+	}
+	rsh := fakeRsh(t, `d=`+state+`
+( flock 9; n=$(($(cat $d/cur)+1)); echo $n > $d/cur; [ $n -gt $(cat $d/max) ] && echo $n > $d/max ) 9>$d/lock
+sleep 0.3
+( flock 9; echo $(($(cat $d/cur)-1)) > $d/cur ) 9>$d/lock
+exec "$@"`)
+	res := runJob(t, "", nil, "-H", "h1,h2,h3,h4,h5,h6", "--bind", "127.0.0.1", "--rsh", rsh, "--rsh-concurrent", "2", "true")
+	if res.code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", res.code, res.stderr)
+	}
+	b, _ := os.ReadFile(filepath.Join(state, "max"))
+	if got := strings.TrimSpace(string(b)); got != "2" {
+		t.Fatalf("%s agents were starting at once, want 2 (the bound, reached)", got)
+	}
+}
