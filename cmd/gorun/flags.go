@@ -218,7 +218,7 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 		Rsh: strings.Fields(o.rsh), AgentPath: o.launchAgent, Bind: o.bind,
 		HeartbeatInterval: o.hbInterval, HeartbeatTimeout: o.hbTimeout,
 		StartTimeout: o.startTimeout, MaxParallelStarts: o.rshConcurrent,
-		Stdout:       stdout, Stderr: stderr,
+		Stdout: stdout, Stderr: stderr,
 	}
 	if cfg.KillGrace == 0 {
 		cfg.KillGrace = -1 // --kill-grace 0: SIGKILL at once
