@@ -43,6 +43,12 @@ type Config struct {
 	MaxParallelStarts int           // agents starting at once; 0 = 128
 	OutputDelay       time.Duration // how long agents may hold output; 0 = 5 ms
 
+	// Stdin, when not nil, is passed to rank StdinRank (mpirun's --stdin;
+	// rank 0 by default), with backpressure: gorun reads no faster than the
+	// rank does. If it has a SetReadDeadline method (an *os.File), the job's
+	// end stops the reading; otherwise a Read that blocks outlives Run.
+	Stdin     io.Reader
+	StdinRank int
 	// Stdout and Stderr receive the ranks' output. When writing to Stdout
 	// fails (a closed pipe: EPIPE), the job is stopped with exit code 141.
 	Stdout, Stderr io.Writer
@@ -78,6 +84,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if cfg.NP < 1 {
 		return cfg, &ConfigError{Msg: "-np must be at least 1"}
+	}
+	if cfg.Stdin != nil && (cfg.StdinRank < 0 || cfg.StdinRank >= cfg.NP) {
+		return cfg, &ConfigError{Msg: fmt.Sprintf("--stdin %d: the job has ranks 0 to %d", cfg.StdinRank, cfg.NP-1)}
 	}
 	if len(cfg.Hosts) == 0 {
 		return cfg, &ConfigError{Msg: "no hosts"}

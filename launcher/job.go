@@ -185,6 +185,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, &wire.JobSpec{
 		Prog: j.cfg.Prog, Args: j.cfg.Args, Env: j.cfg.Env, Dir: j.cfg.Dir, DirExplicit: j.cfg.dirExplicit,
 		KillGrace: j.cfg.KillGrace, HeartbeatInterval: j.cfg.HeartbeatInterval, OutputDelay: j.cfg.OutputDelay,
+		StdinRank: j.stdinRank(),
 	})
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
@@ -205,12 +206,77 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		defer j.wg.Done()
 		j.startAgents(sctx, sem)
 	}()
+	if j.cfg.Stdin != nil {
+		if d, ok := j.cfg.Stdin.(interface{ SetReadDeadline(time.Time) error }); ok && d.SetReadDeadline(time.Time{}) == nil {
+			j.wg.Add(1)
+			go func() {
+				defer j.wg.Done()
+				j.forwardStdin(sctx)
+			}()
+		} else {
+			// A read from a terminal (not pollable) cannot be interrupted: the
+			// goroutine ends at the next line typed, at end of file, or with
+			// the process. Nothing waits for it.
+			go j.forwardStdin(sctx)
+		}
+	}
 
 	code = j.loop(ctx)
 	stopStarting()
 	j.finish()
 	close(j.quit)
 	return code, nil
+}
+
+func (j *job) stdinRank() int {
+	if j.cfg.Stdin == nil {
+		return wire.NoStdin
+	}
+	return j.cfg.StdinRank
+}
+
+// forwardStdin passes cfg.Stdin to the agent of the rank that reads it,
+// once the ranks have started, a chunk at a time: each waits for the
+// agent's answer that it is in the rank's pipe. It ends at end of file, when
+// the rank's stdin closes, or with ctx.
+func (j *job) forwardStdin(ctx context.Context) {
+	select {
+	case <-j.rv.Done():
+	case <-ctx.Done():
+		return
+	}
+	if d, ok := j.cfg.Stdin.(interface{ SetReadDeadline(time.Time) error }); ok {
+		stop := context.AfterFunc(ctx, func() { _ = d.SetReadDeadline(time.Now()) })
+		defer stop()
+	}
+	subject := j.subj.StdinTo(j.rankHost[j.cfg.StdinRank])
+	send := func(b []byte) bool {
+		m, err := j.ctl.RequestWithContext(ctx, subject, b)
+		if err != nil {
+			if ctx.Err() == nil {
+				j.log.Debug("stdin not forwarded", "err", err)
+			}
+			return false
+		}
+		if len(m.Data) > 0 {
+			j.log.Debug("the rank's stdin is closed", "why", string(m.Data))
+			return false
+		}
+		return true
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := j.cfg.Stdin.Read(buf)
+		if n > 0 && !send(buf[:n]) {
+			return
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				send(nil) // end of file (or an unreadable stdin: EOF all the same)
+			}
+			return
+		}
+	}
 }
 
 // startAgents starts every agent, at most cap(sem) at a time between start

@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/gorun/gorun/launcher"
+	"golang.org/x/sys/unix"
 )
 
 // Version is gorun's version; release builds set it with -ldflags -X.
@@ -62,6 +63,13 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		return reportError(stderr, err)
 	}
 	cfg.Stdout, cfg.Stderr = undying(stdout), undying(stderr)
+	// A terminal is read only by a foreground gorun (reading it from the
+	// background would stop gorun with SIGTTIN; ignored, so that a job
+	// moved to the background later reads EIO instead of stopping).
+	signal.Ignore(syscall.SIGTTIN)
+	if cfg.Stdin != nil && isBackgroundTerminal(os.Stdin) {
+		cfg.Stdin = nil
+	}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(sigs)
@@ -88,6 +96,16 @@ func undying(w io.Writer) io.Writer {
 	}
 	syscall.CloseOnExec(fd)
 	return os.NewFile(uintptr(fd), f.Name())
+}
+
+// isBackgroundTerminal reports whether f is a terminal whose foreground
+// process group is not gorun's.
+func isBackgroundTerminal(f *os.File) bool {
+	pgrp, err := unix.IoctlGetInt(int(f.Fd()), unix.TIOCGPGRP)
+	if err != nil {
+		return false // not a terminal
+	}
+	return pgrp != unix.Getpgrp()
 }
 
 func reportError(stderr io.Writer, err error) int {

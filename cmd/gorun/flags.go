@@ -43,6 +43,7 @@ type runOptions struct {
 	hbInterval    time.Duration
 	hbTimeout     time.Duration
 	startTimeout  time.Duration
+	stdin         string
 	rshConcurrent int
 	verbose       bool
 	prog          string
@@ -69,7 +70,9 @@ Environment:
   -x VAR=value            set VAR for every rank
   --wdir DIR              working directory of the ranks (default: the current one)
 
-Output:
+Input and output:
+  --stdin RANK|none       which rank reads gorun's standard input (default 0;
+                          the others read /dev/null)
   --tag-output[=false]    prefix every line with [rank] (default true)
   --timestamp-output      prefix every line with the time
   --output-filename DIR   write DIR/rank.N/stdout and stderr instead of the terminal
@@ -162,6 +165,7 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	fs.Var(seconds{&o.hbTimeout}, "heartbeat-timeout", "")
 	fs.Var(seconds{&o.startTimeout}, "agent-start-timeout", "")
 	fs.IntVar(&o.rshConcurrent, "rsh-concurrent", 128, "")
+	fs.StringVar(&o.stdin, "stdin", "0", "")
 	fs.BoolVar(&o.verbose, "v", false, "")
 	fs.BoolVar(&o.verbose, "verbose", false, "")
 	help := fs.Bool("h", false, "")
@@ -247,6 +251,18 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 				cfg.NP += h.Slots
 			}
 		}
+	}
+	switch o.stdin {
+	case "none":
+	default:
+		r, err := strconv.Atoi(o.stdin)
+		if err != nil || r < 0 {
+			return cfg, usagef("--stdin %s: want a rank or none", o.stdin)
+		}
+		if r >= cfg.NP {
+			return cfg, usagef("--stdin %d: the job has ranks 0 to %d", r, cfg.NP-1)
+		}
+		cfg.Stdin, cfg.StdinRank = os.Stdin, r
 	}
 	if cfg.Env, err = exports(o.exports, os.LookupEnv); err != nil {
 		return cfg, err

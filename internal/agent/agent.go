@@ -71,7 +71,12 @@ type agent struct {
 	running int
 	killAt  <-chan time.Time // SIGKILL deadline after a stop
 	stopped bool             // a stop was ordered: start no rank from now on
-	seq     uint64
+
+	// The launcher's stdin, for the local rank that reads it: stdinW is set
+	// (or left nil) before stdinReady is closed, then used by onStdin only.
+	stdinReady chan struct{}
+	stdinW     *os.File
+	seq        uint64
 }
 
 // Run runs the agent until the launcher tells it to exit, the launcher is
@@ -87,7 +92,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if !wire.ValidJobID(cfg.Job) {
 		return fmt.Errorf("agent: invalid job id %q", cfg.Job)
 	}
-	a := &agent{cfg: cfg, log: cfg.Logger.With("host", cfg.Name), subj: wire.JobSubjects(cfg.Job), exits: make(chan *rankProc, 16), done: make(chan struct{})}
+	a := &agent{cfg: cfg, log: cfg.Logger.With("host", cfg.Name), subj: wire.JobSubjects(cfg.Job), exits: make(chan *rankProc, 16), done: make(chan struct{}),
+		stdinReady: make(chan struct{})}
 	defer close(a.done)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -127,6 +133,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return fmt.Errorf("agent: %w", err)
 	}
 	defer csub.Unsubscribe()
+	// Subscribed before registering: the launcher may send as soon as
+	// the table is out.
+	ssub, err := a.ctl.Subscribe(a.subj.StdinTo(cfg.Host), a.onStdin)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	defer ssub.Unsubscribe()
 	rv, err := comm.JoinRendezvous(a.ctl.Conn, cfg.Job)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
@@ -175,7 +188,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	for {
 		select {
 		case t := <-tables:
-			if err := a.start(t); err != nil {
+			err := a.start(t)
+			if a.ranks != nil {
+				close(a.stdinReady)
+			}
+			if err != nil {
 				a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: err.Error()})
 				return fmt.Errorf("agent: %w", err)
 			}
@@ -334,7 +351,12 @@ func (a *agent) start(t *wire.EpochTable) error {
 		g.Go(func() error {
 			pl := p.place
 			renv := rankEnv(env, a.spec.Env, t, pl, filepath.Join(dir, "rank-"+strconv.Itoa(pl.Rank)+".sock"), tmp)
-			if err := p.start(a.spec, renv, a.out, a.exits, a.done); err != nil {
+			stdin := pl.Rank == a.spec.StdinRank
+			err := p.start(a.spec, renv, stdin, a.out, a.exits, a.done)
+			if stdin {
+				a.stdinW = p.stdin
+			}
+			if err != nil {
 				a.log.Warn("cannot start rank", "rank", pl.Rank, "err", err)
 				return nil
 			}
@@ -349,6 +371,36 @@ func (a *agent) start(t *wire.EpochTable) error {
 		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
 	}
 	return nil
+}
+
+// onStdin writes the launcher's stdin into the pipe of the rank that
+// reads it, answering once the bytes are in (or that the pipe is closed).
+// It runs on the subscription's goroutine; a rank that does not read
+// blocks it, and so the launcher, which waits for the answer.
+func (a *agent) onStdin(m *nats.Msg) {
+	answer := func(s string) { _ = m.Respond([]byte(s)) }
+	select {
+	case <-a.stdinReady:
+	case <-a.done:
+		answer("closed: the agent has stopped")
+		return
+	}
+	w := a.stdinW
+	if w == nil {
+		answer("closed: no rank here reads stdin")
+		return
+	}
+	if len(m.Data) == 0 {
+		w.Close()
+		answer("")
+		return
+	}
+	if _, err := w.Write(m.Data); err != nil {
+		w.Close()
+		answer("closed: " + err.Error())
+		return
+	}
+	answer("")
 }
 
 // exited reports a rank's end; its output has been flushed before.
@@ -392,6 +444,9 @@ wait:
 		}
 	}
 	killOrphans(a.cfg.Job, live, time.Now().Add(a.cfg.ExitTimeout), a.log)
+	if a.stdinW != nil {
+		a.stdinW.Close()
+	}
 	if a.out != nil {
 		a.out.Close()
 	}

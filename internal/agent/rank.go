@@ -40,23 +40,17 @@ type rankProc struct {
 
 	state    *os.ProcessState
 	startErr error
+	stdin    *os.File // write end of the rank's stdin, if it reads the launcher's
 }
 
 // start starts the rank and the goroutines that forward its output and
 // report its end on exits. When the program cannot be started, the end is
 // reported all the same (as a shell would: 127 not found, 126 not runnable).
 // Reports are dropped once done is closed (the agent has stopped listening).
-func (p *rankProc) start(spec *wire.JobSpec, env []string, out *batcher, exits chan<- *rankProc, done <-chan struct{}) error {
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return p.failStart(err, exits, done)
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return p.failStart(err, exits, done)
-	}
+//
+// With stdin set, the rank reads its standard input from a pipe whose write
+// end is returned in p.stdin; otherwise from /dev/null.
+func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batcher, exits chan<- *rankProc, done <-chan struct{}) error {
 	if spec.Dir != "" {
 		// Checked here: with SysProcAttr set, os/exec would report a
 		// missing directory as a missing program.
@@ -64,24 +58,52 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, out *batcher, exits c
 			if err == nil {
 				err = syscall.ENOTDIR
 			}
-			outR.Close()
-			outW.Close()
-			errR.Close()
-			errW.Close()
 			return p.failStart(fmt.Errorf("%w %s: %w", errWorkDir, spec.Dir, err), exits, done)
 		}
+	}
+	var parentEnds, childEnds []*os.File // closed on failure; the child's always, after the start
+	closeAll := func(fs []*os.File) {
+		for _, f := range fs {
+			f.Close()
+		}
+	}
+	pipe := func() (r, w *os.File, err error) {
+		if r, w, err = os.Pipe(); err == nil {
+			parentEnds, childEnds = append(parentEnds, r), append(childEnds, w)
+		}
+		return r, w, err
+	}
+	outR, outW, err := pipe()
+	if err != nil {
+		return p.failStart(err, exits, done)
+	}
+	errR, errW, err := pipe()
+	if err != nil {
+		closeAll(parentEnds)
+		closeAll(childEnds)
+		return p.failStart(err, exits, done)
 	}
 	cmd := exec.Command(spec.Prog, spec.Args...)
 	cmd.Dir = spec.Dir
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = outW, errW
+	if stdin {
+		inR, inW, err := os.Pipe()
+		if err != nil {
+			closeAll(parentEnds)
+			closeAll(childEnds)
+			return p.failStart(err, exits, done)
+		}
+		cmd.Stdin = inR
+		childEnds, parentEnds = append(childEnds, inR), append(parentEnds, inW)
+		p.stdin = inW
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	err = cmd.Start()
-	outW.Close()
-	errW.Close()
+	closeAll(childEnds)
 	if err != nil {
-		outR.Close()
-		errR.Close()
+		closeAll(parentEnds)
+		p.stdin = nil
 		return p.failStart(err, exits, done)
 	}
 	p.pid = cmd.Process.Pid

@@ -108,7 +108,13 @@ type JobSpec struct {
 	KillGrace         time.Duration `json:"grace"`
 	HeartbeatInterval time.Duration `json:"hb"`
 	OutputDelay       time.Duration `json:"odelay"` // how long an agent may hold output before sending
+	// StdinRank is the rank that reads the launcher's standard input, or
+	// NoStdin.
+	StdinRank int `json:"stdin"`
 }
+
+// NoStdin is JobSpec.StdinRank when no rank reads the launcher's stdin.
+const NoStdin = -1
 
 // RegisterReply answers a Register: an error, or Stop (the job was
 // stopped before it started: exit), or the job's spec.
@@ -165,6 +171,9 @@ func DecodeRegisterReply(b []byte) (*RegisterReply, error) {
 	}
 	if size > MaxArgBytes {
 		return nil, malformed("register reply: arguments and environment exceed %d bytes", MaxArgBytes)
+	}
+	if s.StdinRank < NoStdin || s.StdinRank >= MaxWorld {
+		return nil, malformed("register reply: stdin rank %d out of range", s.StdinRank)
 	}
 	if s.KillGrace < 0 || s.HeartbeatInterval <= 0 || s.OutputDelay < 0 {
 		return nil, malformed("register reply: bad durations")

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -21,6 +22,16 @@ type Subjects struct {
 	Events    string // agent → launcher: Event
 	Output    string // agent → launcher: output frames
 	Heartbeat string // agent → launcher: Heartbeat
+	stdin     string // prefix of StdinTo
+}
+
+// StdinTo is the subject on which the launcher sends its standard input to
+// the agent of host (request/reply: the agent answers once the bytes are in
+// the rank's pipe, so a rank that does not read holds the sender back). An
+// empty message is end of file; a non-empty answer means the rank's stdin
+// is closed.
+func (s Subjects) StdinTo(host int) string {
+	return s.stdin + strconv.Itoa(host)
 }
 
 // InProcessUser is the control-plane user of in-process clients (the
@@ -59,6 +70,7 @@ func JobSubjects(id string) Subjects {
 		Events:    p + "up.events",
 		Output:    p + "up.output",
 		Heartbeat: p + "up.hb",
+		stdin:     p + "stdin.",
 	}
 }
 
