@@ -70,35 +70,49 @@ func (t *tail) String() string {
 // IsLocalHost reports whether name is the launcher's own host: localhost,
 // this host's name (short or fully qualified, in any case), or an IP
 // address of one of its interfaces. It does no name resolution.
-func IsLocalHost(name string) bool {
+func IsLocalHost(name string) bool { return newLocalMatcher().match(name) }
+
+// localMatcher tells this host's names and addresses, read once (a job of
+// many hosts asks for each).
+type localMatcher struct {
+	hostname, short string
+	addrs           []net.IP
+}
+
+func newLocalMatcher() *localMatcher {
+	m := &localMatcher{}
+	if hn, err := os.Hostname(); err == nil {
+		m.hostname = strings.ToLower(hn)
+		m.short, _, _ = strings.Cut(m.hostname, ".")
+	}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok {
+				m.addrs = append(m.addrs, n.IP)
+			}
+		}
+	}
+	return m
+}
+
+func (m *localMatcher) match(name string) bool {
 	name = strings.ToLower(name)
 	switch name {
 	case "localhost", "localhost.localdomain", "127.0.0.1", "::1":
 		return true
 	}
-	if hn, err := os.Hostname(); err == nil {
-		hn = strings.ToLower(hn)
-		short, _, _ := strings.Cut(hn, ".")
-		nameShort, _, _ := strings.Cut(name, ".")
-		// node1, node1.cluster and NODE1 are all this host when it is node1
-		// or node1.cluster; host names repeat across domains in no cluster.
-		if name == hn || name == short || (net.ParseIP(name) == nil && nameShort == short) {
-			return true
-		}
-	}
 	ip := net.ParseIP(name)
 	if ip == nil {
-		return false
+		// node1, node1.cluster and NODE1 are all this host when it is node1
+		// or node1.cluster; host names repeat across domains in no cluster.
+		nameShort, _, _ := strings.Cut(name, ".")
+		return m.short != "" && (name == m.hostname || nameShort == m.short)
 	}
 	if ip.IsLoopback() {
 		return true
 	}
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return false
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+	for _, a := range m.addrs {
+		if a.Equal(ip) {
 			return true
 		}
 	}

@@ -104,10 +104,11 @@ func Run(ctx context.Context, c Config) (int, error) {
 	j.subj = wire.JobSubjects(j.id)
 	// Agents run on the hosts that got ranks, in hostfile order.
 	byHost := map[int]*agentHost{}
+	local := newLocalMatcher()
 	for _, a := range assign {
 		h, ok := byHost[a.Host]
 		if !ok {
-			h = &agentHost{name: cfg.Hosts[a.Host].Name, local: IsLocalHost(cfg.Hosts[a.Host].Name), tail: &tail{}}
+			h = &agentHost{name: cfg.Hosts[a.Host].Name, local: local.match(cfg.Hosts[a.Host].Name), tail: &tail{}}
 			byHost[a.Host] = h
 		}
 		h.ranks = append(h.ranks, a.Rank)
