@@ -72,6 +72,10 @@ func (t *tail) String() string {
 // address of one of its interfaces. It does no name resolution.
 func IsLocalHost(name string) bool { return newLocalMatcher().match(name) }
 
+// LocalHostMatcher returns IsLocalHost with this host's names and
+// addresses read once, for checking many names.
+func LocalHostMatcher() func(name string) bool { return newLocalMatcher().match }
+
 // localMatcher tells this host's names and addresses, read once (a job of
 // many hosts asks for each).
 type localMatcher struct {

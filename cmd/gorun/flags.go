@@ -277,8 +277,9 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 			return cfg, usagef("--output-filename: %v", err)
 		}
 	}
+	isLocal := launcher.LocalHostMatcher()
 	for _, h := range cfg.Hosts {
-		if !h.Spare && launcher.IsLocalHost(h.Name) {
+		if !h.Spare && isLocal(h.Name) {
 			if cfg.Dir != "" {
 				if st, err := os.Stat(cfg.Dir); err != nil {
 					return cfg, usagef("--wdir %s: %v", o.wdir, errors.Unwrap(err))
