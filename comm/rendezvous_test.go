@@ -362,3 +362,56 @@ func TestRendezvousCancel(t *testing.T) {
 		}
 	})
 }
+
+func TestFenceCollector(t *testing.T) {
+	secret := newSecret(t)
+	srv := startServer(t, secret)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	merged := make(chan *nats.Msg, 4)
+	sub, err := l.ChanSubscribe(wire.JobSubjects("fj").Fence, merged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	fc := comm.NewFenceCollector(l.Conn, "fj", 0, 2)
+	up := func(host, seq int, kv map[string]string) []byte {
+		return wire.Marshal(&wire.UpFence{Host: host, Epoch: 0, Seq: seq, KV: kv})
+	}
+	if err := fc.Handle(up(0, 0, map[string]string{"a": "1"})); err != nil {
+		t.Fatal(err)
+	}
+	if err := fc.Handle(up(0, 0, map[string]string{"a": "1"})); err == nil {
+		t.Error("a host entered the same fence twice")
+	}
+	if err := fc.Handle(wire.Marshal(&wire.UpFence{Host: 1, Epoch: 7, Seq: 0})); err == nil {
+		t.Error("a fence of another epoch was taken")
+	}
+	if err := fc.Handle(up(5, 0, nil)); err == nil {
+		t.Error("a fence from an unknown host was taken")
+	}
+	select {
+	case m := <-merged:
+		t.Fatalf("fence published before every host was in: %s", m.Data)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := fc.Handle(up(1, 0, map[string]string{"b": "2"})); err != nil {
+		t.Fatal(err)
+	}
+	m := <-merged
+	f, err := wire.DecodeFence(m.Data, 100)
+	if err != nil || f.Err != "" || f.KV["a"] != "1" || f.KV["b"] != "2" {
+		t.Fatalf("merged %+v, %v", f, err)
+	}
+	// A key two hosts set fails the fence.
+	fc.Handle(up(0, 1, map[string]string{"x": "1"}))
+	fc.Handle(up(1, 1, map[string]string{"x": "2"}))
+	if f, err := wire.DecodeFence((<-merged).Data, 100); err != nil || f.Err == "" || f.KV != nil {
+		t.Fatalf("conflicting keys: %+v, %v", f, err)
+	}
+}

@@ -49,6 +49,7 @@ type job struct {
 	subj    wire.Subjects
 	out     *outputMux
 	rv      *comm.Rendezvous
+	fences  *comm.FenceCollector
 
 	hosts  []*agentHost
 	remote int // hosts whose agent is not in this process
@@ -172,6 +173,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 
 	j.out = newOutputMux(j.cfg.Stdout, j.cfg.Stderr, j.world, j.cfg.TagOutput, j.cfg.TimestampOutput, j.cfg.OutputDir)
 	defer j.out.close()
+	j.fences = comm.NewFenceCollector(j.ctl.Conn, j.id, 0, len(j.hosts))
 	up, err := j.ctl.Subscribe(j.subj.Up, j.onUp)
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
@@ -352,6 +354,10 @@ func (j *job) onUp(m *nats.Msg) {
 		select {
 		case j.events <- e:
 		case <-j.quit:
+		}
+	case j.subj.UpFence:
+		if err := j.fences.Handle(m.Data); err != nil {
+			j.log.Warn("bad fence", "err", err)
 		}
 	default:
 		j.log.Warn("message on unknown subject", "subject", m.Subject)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,6 +29,8 @@ var helpers = map[string]func() int{
 	"ignore": helperIgnore,
 	"spawn":  helperSpawn,
 	"daemon": helperDaemon,
+	"fence":  helperFence,
+	"abuse":  helperSockAbuse,
 	"ring":   helperRing,
 }
 
@@ -250,4 +253,77 @@ func passToken(rank, world int, ring net.Listener, addrs []string, deadline time
 	self, _, _ := net.SplitHostPort(ring.Addr().String())
 	fmt.Printf("token from %d at %s to %s\n", from, peer, self)
 	return 0
+}
+
+// helperFence talks the rank socket protocol itself: hello, then a fence
+// with its own key; it prints the world it was told and every rank's value.
+func helperFence() int {
+	c, err := net.Dial("unix", os.Getenv("GORUN_SOCKET"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 1
+	}
+	defer c.Close()
+	if err := wire.WriteSock(c, wire.SockHello, &wire.Hello{Version: wire.SockVersion, Pid: os.Getpid()}); err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 1
+	}
+	typ, b, err := wire.ReadSock(c)
+	var w wire.Welcome
+	if err != nil || typ != wire.SockWelcome || wire.DecodeSock(b, &w) != nil {
+		fmt.Fprintf(os.Stderr, "helper: welcome: type %d %v %s\n", typ, err, b)
+		return 1
+	}
+	t, err := wire.DecodeEpochTable(w.Table)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 1
+	}
+	key := fmt.Sprintf("k%d", w.Rank)
+	if err := wire.WriteSock(c, wire.SockFence, &wire.Fence{Epoch: w.Epoch, Seq: 0, KV: map[string]string{key: "v" + os.Getenv("RANK")}}); err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 1
+	}
+	typ, b, err = wire.ReadSock(c)
+	var f wire.Fence
+	if err != nil || typ != wire.SockFenceDone || wire.DecodeSock(b, &f) != nil || f.Err != "" {
+		fmt.Fprintf(os.Stderr, "helper: fence: type %d %v %s\n", typ, err, b)
+		return 1
+	}
+	keys := make([]string, 0, len(f.KV))
+	for k, v := range f.KV {
+		keys = append(keys, k+"="+v)
+	}
+	slices.Sort(keys)
+	fmt.Printf("welcome rank=%d world=%d secret=%d fence=%s\n", w.Rank, t.World, len(w.Secret), strings.Join(keys, ","))
+	return 0
+}
+
+// helperSockAbuse sends the agent malformed frames on fresh connections,
+// checks each is refused, then runs the normal fence: the agent survives.
+func helperSockAbuse() int {
+	path := os.Getenv("GORUN_SOCKET")
+	abuse := [][]byte{
+		{0xff, 0xff, 0xff, 0xff, 1},               // a 4 GiB frame
+		{0, 0, 0, 0, 1},                           // a zero-length frame
+		append([]byte{0, 0, 0, 6, 1}, "{bad}"...), // not JSON
+		append([]byte{0, 0, 0, 12, 1}, `{"v":99}   `...),
+		append([]byte{0, 0, 0, 3, 9}, "{}"...), // unknown type first
+	}
+	for i, b := range abuse {
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 1
+		}
+		c.Write(b)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		typ, _, err := wire.ReadSock(c)
+		c.Close()
+		if err == nil && typ != wire.SockError {
+			fmt.Fprintf(os.Stderr, "helper: abuse %d answered with type %d\n", i, typ)
+			return 1
+		}
+	}
+	return helperFence()
 }

@@ -76,7 +76,10 @@ type agent struct {
 	// (or left nil) before stdinReady is closed, then used by onStdin only.
 	stdinReady chan struct{}
 	stdinW     *os.File
-	seq        uint64
+
+	socks    *rankSockets       // the ranks' GORUN_SOCKETs, once started
+	fenceSub *nats.Subscription // the launcher's merged fences
+	seq      uint64
 }
 
 // Run runs the agent until the launcher tells it to exit, the launcher is
@@ -343,6 +346,13 @@ func (a *agent) start(t *wire.EpochTable) error {
 		a.ranks[i] = &rankProc{place: pl}
 	}
 	a.running = len(places)
+	a.socks = newRankSockets(a, t, len(places))
+	fsub, err := a.ctl.Subscribe(a.subj.Fence, a.socks.fenceDone)
+	if err != nil {
+		return fmt.Errorf("subscribing to fences: %w", err)
+	}
+	fsub.SetPendingLimits(-1, -1)
+	a.fenceSub = fsub
 	// Starting a process is mostly waiting for the kernel to exec it, so
 	// several starts at once overlap that latency.
 	var g errgroup.Group
@@ -350,7 +360,11 @@ func (a *agent) start(t *wire.EpochTable) error {
 	for _, p := range a.ranks {
 		g.Go(func() error {
 			pl := p.place
-			renv := rankEnv(env, a.spec.Env, t, pl, filepath.Join(dir, "rank-"+strconv.Itoa(pl.Rank)+".sock"), tmp)
+			sock := filepath.Join(dir, "rank-"+strconv.Itoa(pl.Rank)+".sock")
+			if err := a.socks.listen(pl.Rank, sock); err != nil {
+				a.log.Warn("rank socket", "rank", pl.Rank, "err", err)
+			}
+			renv := rankEnv(env, a.spec.Env, t, pl, sock, tmp)
 			stdin := pl.Rank == a.spec.StdinRank
 			err := p.start(a.spec, renv, stdin, a.out, a.exits, a.done)
 			if stdin {
@@ -446,6 +460,14 @@ wait:
 	killOrphans(a.cfg.Job, live, time.Now().Add(a.cfg.ExitTimeout), a.log)
 	if a.stdinW != nil {
 		a.stdinW.Close()
+	}
+	if a.fenceSub != nil {
+		_ = a.fenceSub.Unsubscribe()
+	}
+	if a.socks != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		a.socks.close(ctx)
+		cancel()
 	}
 	if a.out != nil {
 		a.out.Close()

@@ -22,6 +22,8 @@ type Subjects struct {
 	Events    string // agent → launcher: Event
 	Output    string // agent → launcher: output frames
 	Heartbeat string // agent → launcher: Heartbeat
+	UpFence   string // agent → launcher: UpFence
+	Fence     string // launcher → agents: Fence, merged over the whole job
 	stdin     string // prefix of StdinTo
 }
 
@@ -70,6 +72,8 @@ func JobSubjects(id string) Subjects {
 		Events:    p + "up.events",
 		Output:    p + "up.output",
 		Heartbeat: p + "up.hb",
+		UpFence:   p + "up.fence",
+		Fence:     p + "fence",
 		stdin:     p + "stdin.",
 	}
 }

@@ -1,0 +1,83 @@
+package comm
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/nats-io/nats.go"
+)
+
+// FenceCollector is the launcher's side of fences (see wire.Fence): it
+// merges the aggregate of every host's ranks and, once all hosts are in,
+// publishes the merged values to every agent in one message. Its fan-in is
+// one message per host and fence.
+type FenceCollector struct {
+	nc    *nats.Conn
+	subj  wire.Subjects
+	epoch uint64
+	hosts int
+
+	mu      sync.Mutex // guards pending
+	pending map[int]*fenceMerge
+}
+
+type fenceMerge struct {
+	kv   map[string]string
+	from []bool // hosts in
+	n    int
+	err  string
+}
+
+// NewFenceCollector collects the fences of epoch over hosts hosts.
+func NewFenceCollector(nc *nats.Conn, job string, epoch uint64, hosts int) *FenceCollector {
+	return &FenceCollector{nc: nc, subj: wire.JobSubjects(job), epoch: epoch, hosts: hosts, pending: map[int]*fenceMerge{}}
+}
+
+// Handle takes one host's aggregate (a wire.UpFence as received).
+func (f *FenceCollector) Handle(data []byte) error {
+	u, err := wire.DecodeUpFence(data)
+	if err != nil {
+		return err
+	}
+	if u.Epoch != f.epoch {
+		return fmt.Errorf("comm: fence of epoch %d, the current one is %d", u.Epoch, f.epoch)
+	}
+	if u.Host >= f.hosts {
+		return fmt.Errorf("comm: fence from host %d of %d", u.Host, f.hosts)
+	}
+	f.mu.Lock()
+	m := f.pending[u.Seq]
+	if m == nil {
+		m = &fenceMerge{kv: map[string]string{}, from: make([]bool, f.hosts)}
+		f.pending[u.Seq] = m
+	}
+	if m.from[u.Host] {
+		f.mu.Unlock()
+		return fmt.Errorf("comm: host %d entered fence %d twice", u.Host, u.Seq)
+	}
+	m.from[u.Host] = true
+	m.n++
+	for k, v := range u.KV {
+		if _, dup := m.kv[k]; dup && m.err == "" {
+			m.err = fmt.Sprintf("key %q set by two ranks", k)
+		}
+		m.kv[k] = v
+	}
+	done := m.n == f.hosts
+	if done {
+		delete(f.pending, u.Seq)
+	}
+	f.mu.Unlock()
+	if !done {
+		return nil
+	}
+	out := &wire.Fence{Epoch: f.epoch, Seq: u.Seq, KV: m.kv, Err: m.err}
+	if m.err != "" {
+		out.KV = nil
+	}
+	if err := f.nc.Publish(f.subj.Fence, wire.Marshal(out)); err != nil {
+		return fmt.Errorf("comm: publishing fence %d: %w", u.Seq, err)
+	}
+	return nil
+}

@@ -1,0 +1,285 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/nats-io/nats.go"
+)
+
+// handshakeTimeout bounds how long a rank may take to say hello.
+const handshakeTimeout = 30 * time.Second
+
+// rankSockets serves every local rank's GORUN_SOCKET (the protocol is
+// documented in internal/wire/PROTOCOL.md): the rank's world (epoch table
+// and job secret) and fences. One listener per rank: which socket a
+// connection came in on says which rank it is.
+type rankSockets struct {
+	job    string
+	host   int
+	secret string
+	log    *slog.Logger
+	nc     *nats.Conn
+	subj   wire.Subjects
+	stop   chan struct{} // closed by close
+
+	table []byte // encoded epoch table
+	epoch uint64
+
+	wg sync.WaitGroup // serving goroutines
+
+	mu        sync.Mutex // guards the fields below
+	listeners []net.Listener
+	conns     map[net.Conn]struct{}
+	local     int                // ranks on this host
+	nextSeq   map[int]int        // per rank: the sequence of its next fence
+	fences    map[int]*hostFence // by sequence
+	closed    bool
+}
+
+// hostFence gathers this host's ranks in one fence.
+type hostFence struct {
+	kv     map[string]string
+	n      int
+	err    string
+	done   chan struct{} // closed when result is set
+	result *wire.Fence
+}
+
+func newRankSockets(a *agent, t *wire.EpochTable, local int) *rankSockets {
+	return &rankSockets{
+		job: a.cfg.Job, host: a.cfg.Host, secret: a.cfg.Secret.Hex(), log: a.log,
+		nc: a.ctl.Conn, subj: a.subj, stop: make(chan struct{}),
+		table: t.Encode(), epoch: t.Epoch, local: local,
+		conns: map[net.Conn]struct{}{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
+	}
+}
+
+// listen creates rank's socket at path (before the rank starts, so that it
+// is there when the rank looks).
+func (s *rankSockets) listen(rank int, path string) error {
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("rank socket: %w", err)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		ln.Close()
+		return errors.New("rank socket: agent stopping")
+	}
+	s.listeners = append(s.listeners, ln)
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if !s.track(c) {
+				c.Close()
+				return
+			}
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				defer s.untrack(c)
+				if err := s.serve(rank, c.(*net.UnixConn)); err != nil {
+					s.log.Warn("rank socket", "rank", rank, "err", err)
+				}
+			}()
+		}
+	}()
+	return nil
+}
+
+func (s *rankSockets) track(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.conns[c] = struct{}{}
+	return true
+}
+
+func (s *rankSockets) untrack(c net.Conn) {
+	c.Close()
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+// serve runs one connection of rank.
+func (s *rankSockets) serve(rank int, c *net.UnixConn) error {
+	if err := checkPeer(c); err != nil {
+		return err
+	}
+	c.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	typ, b, err := wire.ReadSock(c)
+	if err != nil {
+		return fmt.Errorf("reading hello: %w", err)
+	}
+	var h wire.Hello
+	if typ != wire.SockHello {
+		return s.refuse(c, fmt.Sprintf("expected hello, got message type %d", typ))
+	}
+	if err := wire.DecodeSock(b, &h); err != nil {
+		return s.refuse(c, err.Error())
+	}
+	if h.Version != wire.SockVersion {
+		return s.refuse(c, fmt.Sprintf("protocol version %d, this agent speaks %d", h.Version, wire.SockVersion))
+	}
+	c.SetReadDeadline(time.Time{})
+	if err := wire.WriteSock(c, wire.SockWelcome, &wire.Welcome{
+		Version: wire.SockVersion, Job: s.job, Rank: rank, Epoch: s.epoch, Secret: s.secret, Table: s.table,
+	}); err != nil {
+		return err
+	}
+	for {
+		typ, b, err := wire.ReadSock(c)
+		if err != nil {
+			return nil // the rank closed its end (or ended)
+		}
+		switch typ {
+		case wire.SockFence:
+			f, err := wire.DecodeFence(b, wire.MaxFenceKeys)
+			if err != nil {
+				return s.refuse(c, err.Error())
+			}
+			res, err := s.fence(rank, f)
+			if err != nil {
+				return s.refuse(c, err.Error())
+			}
+			if err := wire.WriteSock(c, wire.SockFenceDone, res); err != nil {
+				return err
+			}
+		default:
+			return s.refuse(c, fmt.Sprintf("unknown message type %d", typ))
+		}
+	}
+}
+
+// refuse tells the rank what was wrong and ends the connection.
+func (s *rankSockets) refuse(c net.Conn, msg string) error {
+	_ = wire.WriteSock(c, wire.SockError, &wire.SockErr{Err: msg})
+	return errors.New(msg)
+}
+
+// checkPeer admits only processes of this agent's user.
+func checkPeer(c *net.UnixConn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *syscall.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("peer credentials: %w", cerr)
+	}
+	if int(cred.Uid) != os.Getuid() {
+		return fmt.Errorf("refused a connection from uid %d (pid %d)", cred.Uid, cred.Pid)
+	}
+	return nil
+}
+
+// fence enters rank into its next fence and waits for the whole job's.
+func (s *rankSockets) fence(rank int, f *wire.Fence) (*wire.Fence, error) {
+	s.mu.Lock()
+	if f.Epoch != s.epoch {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("fence of epoch %d, the current one is %d", f.Epoch, s.epoch)
+	}
+	if want := s.nextSeq[rank]; f.Seq != want {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("fence %d, expected %d", f.Seq, want)
+	}
+	s.nextSeq[rank]++
+	hf := s.fences[f.Seq]
+	if hf == nil {
+		hf = &hostFence{kv: map[string]string{}, done: make(chan struct{})}
+		s.fences[f.Seq] = hf
+	}
+	for k, v := range f.KV {
+		if _, dup := hf.kv[k]; dup && hf.err == "" {
+			hf.err = fmt.Sprintf("key %q set by two ranks", k)
+		}
+		hf.kv[k] = v
+	}
+	hf.n++
+	var up []byte
+	if hf.n == s.local {
+		up = wire.Marshal(&wire.UpFence{Host: s.host, Epoch: s.epoch, Seq: f.Seq, KV: hf.kv})
+	}
+	s.mu.Unlock()
+	if up != nil {
+		if err := s.nc.Publish(s.subj.UpFence, up); err != nil {
+			return nil, fmt.Errorf("fence: %w", err)
+		}
+	}
+	select {
+	case <-hf.done:
+	case <-s.stop:
+		return nil, errors.New("fence: the agent is stopping")
+	}
+	if hf.err != "" {
+		return &wire.Fence{Epoch: s.epoch, Seq: f.Seq, Err: hf.err}, nil
+	}
+	return hf.result, nil
+}
+
+// fenceDone delivers the launcher's merged fence to the waiting ranks.
+func (s *rankSockets) fenceDone(m *nats.Msg) {
+	f, err := wire.DecodeFence(m.Data, wire.MaxWorld)
+	if err != nil {
+		s.log.Warn("bad fence from the launcher", "err", err)
+		return
+	}
+	s.mu.Lock()
+	hf := s.fences[f.Seq]
+	if f.Epoch == s.epoch && hf != nil && hf.result == nil {
+		delete(s.fences, f.Seq)
+		hf.result = f
+		close(hf.done)
+	}
+	s.mu.Unlock()
+}
+
+// close stops serving: listeners and connections are closed and the
+// serving goroutines waited for, at most until ctx ends.
+func (s *rankSockets) close(ctx context.Context) {
+	s.mu.Lock()
+	if !s.closed {
+		close(s.stop)
+	}
+	s.closed = true
+	for _, ln := range s.listeners {
+		ln.Close()
+	}
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.log.Warn("rank socket goroutines still running at exit")
+	}
+}
