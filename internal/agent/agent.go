@@ -173,15 +173,26 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	a.log.Info("registered", "addr", addr)
 	a.out = newBatcher(a.ctl.Conn, a.subj.Output, cfg.Host, a.spec.OutputDelay)
 
-	tables := make(chan *wire.EpochTable, 1)
+	// Every epoch table, in increasing epochs: the first starts the ranks,
+	// later ones are passed on to them.
+	tables := make(chan *wire.EpochTable)
 	terr := make(chan error, 1)
 	go func() {
-		t, err := rv.WaitEpoch(ctx, 0)
-		if err != nil {
-			terr <- err
-			return
+		for next := uint64(0); ; {
+			t, err := rv.WaitEpoch(ctx, next)
+			if err != nil {
+				if next == 0 {
+					terr <- err
+				}
+				return
+			}
+			select {
+			case tables <- t:
+			case <-ctx.Done():
+				return
+			}
+			next = t.Epoch + 1
 		}
-		tables <- t
 	}()
 
 	defer a.cleanup()
@@ -191,6 +202,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	for {
 		select {
 		case t := <-tables:
+			if a.ranks != nil {
+				a.newEpoch(t)
+				continue
+			}
 			err := a.start(t)
 			if a.ranks != nil {
 				close(a.stdinReady)
@@ -301,9 +316,6 @@ func (a *agent) event(e *wire.Event) {
 
 // start creates the job's private directory and starts this host's ranks.
 func (a *agent) start(t *wire.EpochTable) error {
-	if a.ranks != nil {
-		return nil // later epochs are the hot-swap issue's business
-	}
 	if a.cfg.Host >= len(t.Hosts) {
 		return fmt.Errorf("epoch table has %d hosts, this is host %d", len(t.Hosts), a.cfg.Host)
 	}
@@ -415,6 +427,16 @@ func (a *agent) onStdin(m *nats.Msg) {
 		return
 	}
 	answer("")
+}
+
+// newEpoch passes a later epoch's table to the ranks (whose collectives
+// then fail with comm.ErrEpochChanged until they rebuild). Starting ranks
+// a new epoch places here is the hot-swap work's.
+func (a *agent) newEpoch(t *wire.EpochTable) {
+	a.log.Info("new epoch", "epoch", t.Epoch)
+	if a.socks != nil && a.cfg.Host < len(t.Hosts) {
+		a.socks.setEpoch(t, len(t.Placements()[a.cfg.Host]))
+	}
 }
 
 // exited reports a rank's end; its output has been flushed before.

@@ -36,13 +36,27 @@ type rankSockets struct {
 
 	wg sync.WaitGroup // serving goroutines
 
-	mu        sync.Mutex // guards the fields below
+	mu        sync.Mutex // guards the fields below, and table and epoch after start
 	listeners []net.Listener
-	conns     map[net.Conn]struct{}
+	conns     map[net.Conn]*session
 	local     int                // ranks on this host
 	nextSeq   map[int]int        // per rank: the sequence of its next fence
 	fences    map[int]*hostFence // by sequence
 	closed    bool
+}
+
+// session is one connection of a rank; pushes of new epochs and answers
+// are written from different goroutines.
+type session struct {
+	mu       sync.Mutex // guards writes, and welcomed
+	c        net.Conn
+	welcomed bool
+}
+
+func (ss *session) write(typ byte, v any) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return wire.WriteSock(ss.c, typ, v)
 }
 
 // hostFence gathers this host's ranks in one fence.
@@ -59,7 +73,7 @@ func newRankSockets(a *agent, t *wire.EpochTable, local int) *rankSockets {
 		job: a.cfg.Job, host: a.cfg.Host, secret: a.cfg.Secret.Hex(), log: a.log,
 		nc: a.ctl.Conn, subj: a.subj, stop: make(chan struct{}),
 		table: t.Encode(), epoch: t.Epoch, local: local,
-		conns: map[net.Conn]struct{}{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
+		conns: map[net.Conn]*session{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
 	}
 }
 
@@ -86,7 +100,8 @@ func (s *rankSockets) listen(rank int, path string) error {
 			if err != nil {
 				return
 			}
-			if !s.track(c) {
+			ss := &session{c: c}
+			if !s.track(ss) {
 				c.Close()
 				return
 			}
@@ -94,7 +109,7 @@ func (s *rankSockets) listen(rank int, path string) error {
 			go func() {
 				defer s.wg.Done()
 				defer s.untrack(c)
-				if err := s.serve(rank, c.(*net.UnixConn)); err != nil {
+				if err := s.serve(rank, ss); err != nil {
 					s.log.Warn("rank socket", "rank", rank, "err", err)
 				}
 			}()
@@ -103,13 +118,13 @@ func (s *rankSockets) listen(rank int, path string) error {
 	return nil
 }
 
-func (s *rankSockets) track(c net.Conn) bool {
+func (s *rankSockets) track(ss *session) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return false
 	}
-	s.conns[c] = struct{}{}
+	s.conns[ss.c] = ss
 	return true
 }
 
@@ -121,8 +136,9 @@ func (s *rankSockets) untrack(c net.Conn) {
 }
 
 // serve runs one connection of rank.
-func (s *rankSockets) serve(rank int, c *net.UnixConn) error {
-	if err := checkPeer(c); err != nil {
+func (s *rankSockets) serve(rank int, ss *session) error {
+	c := ss.c
+	if err := checkPeer(c.(*net.UnixConn)); err != nil {
 		return err
 	}
 	c.SetReadDeadline(time.Now().Add(handshakeTimeout))
@@ -132,18 +148,26 @@ func (s *rankSockets) serve(rank int, c *net.UnixConn) error {
 	}
 	var h wire.Hello
 	if typ != wire.SockHello {
-		return s.refuse(c, fmt.Sprintf("expected hello, got message type %d", typ))
+		return s.refuse(ss, fmt.Sprintf("expected hello, got message type %d", typ))
 	}
 	if err := wire.DecodeSock(b, &h); err != nil {
-		return s.refuse(c, err.Error())
+		return s.refuse(ss, err.Error())
 	}
 	if h.Version != wire.SockVersion {
-		return s.refuse(c, fmt.Sprintf("protocol version %d, this agent speaks %d", h.Version, wire.SockVersion))
+		return s.refuse(ss, fmt.Sprintf("protocol version %d, this agent speaks %d", h.Version, wire.SockVersion))
 	}
 	c.SetReadDeadline(time.Time{})
-	if err := wire.WriteSock(c, wire.SockWelcome, &wire.Welcome{
+	// The welcome and the session's place in epoch pushes are settled under
+	// both locks, so a new epoch is either in the welcome or pushed after it.
+	s.mu.Lock()
+	ss.mu.Lock()
+	err = wire.WriteSock(c, wire.SockWelcome, &wire.Welcome{
 		Version: wire.SockVersion, Job: s.job, Rank: rank, Epoch: s.epoch, Secret: s.secret, Table: s.table,
-	}); err != nil {
+	})
+	ss.welcomed = err == nil
+	ss.mu.Unlock()
+	s.mu.Unlock()
+	if err != nil {
 		return err
 	}
 	for {
@@ -155,24 +179,24 @@ func (s *rankSockets) serve(rank int, c *net.UnixConn) error {
 		case wire.SockFence:
 			f, err := wire.DecodeFence(b, wire.MaxFenceKeys)
 			if err != nil {
-				return s.refuse(c, err.Error())
+				return s.refuse(ss, err.Error())
 			}
 			res, err := s.fence(rank, f)
 			if err != nil {
-				return s.refuse(c, err.Error())
+				return s.refuse(ss, err.Error())
 			}
-			if err := wire.WriteSock(c, wire.SockFenceDone, res); err != nil {
+			if err := ss.write(wire.SockFenceDone, res); err != nil {
 				return err
 			}
 		default:
-			return s.refuse(c, fmt.Sprintf("unknown message type %d", typ))
+			return s.refuse(ss, fmt.Sprintf("unknown message type %d", typ))
 		}
 	}
 }
 
 // refuse tells the rank what was wrong and ends the connection.
-func (s *rankSockets) refuse(c net.Conn, msg string) error {
-	_ = wire.WriteSock(c, wire.SockError, &wire.SockErr{Err: msg})
+func (s *rankSockets) refuse(ss *session, msg string) error {
+	_ = ss.write(wire.SockError, &wire.SockErr{Err: msg})
 	return errors.New(msg)
 }
 
@@ -237,10 +261,49 @@ func (s *rankSockets) fence(rank int, f *wire.Fence) (*wire.Fence, error) {
 	case <-s.stop:
 		return nil, errors.New("fence: the agent is stopping")
 	}
+	if hf.result == nil { // failed by setEpoch
+		return &wire.Fence{Epoch: f.Epoch, Seq: f.Seq, Err: hf.err}, nil
+	}
 	if hf.err != "" {
 		return &wire.Fence{Epoch: s.epoch, Seq: f.Seq, Err: hf.err}, nil
 	}
 	return hf.result, nil
+}
+
+// setEpoch moves to a new epoch: fences of the old one fail, and every
+// welcomed session is told the new table.
+func (s *rankSockets) setEpoch(t *wire.EpochTable, local int) {
+	push := &wire.Welcome{Version: wire.SockVersion, Job: s.job, Epoch: t.Epoch, Secret: s.secret, Table: t.Encode()}
+	s.mu.Lock()
+	if t.Epoch <= s.epoch {
+		s.mu.Unlock()
+		return
+	}
+	s.table, s.epoch, s.local = push.Table, t.Epoch, local
+	s.nextSeq = map[int]int{}
+	for seq, hf := range s.fences {
+		hf.err = fmt.Sprintf("the epoch changed to %d", t.Epoch)
+		close(hf.done)
+		delete(s.fences, seq)
+	}
+	sessions := make([]*session, 0, len(s.conns))
+	for _, ss := range s.conns {
+		sessions = append(sessions, ss)
+	}
+	// Pushed under s.mu so that no welcome of the old epoch can follow.
+	for _, ss := range sessions {
+		ss.mu.Lock()
+		if ss.welcomed {
+			// A rank that does not read its socket must not hold the agent.
+			ss.c.SetWriteDeadline(time.Now().Add(time.Second))
+			if err := wire.WriteSock(ss.c, wire.SockEpoch, push); err != nil {
+				s.log.Warn("cannot tell a rank of the new epoch", "err", err)
+			}
+			ss.c.SetWriteDeadline(time.Time{})
+		}
+		ss.mu.Unlock()
+	}
+	s.mu.Unlock()
 }
 
 // fenceDone delivers the launcher's merged fence to the waiting ranks.

@@ -20,6 +20,7 @@ const (
 	SockFence     byte = 3 // rank → agent: Fence
 	SockFenceDone byte = 4 // agent → rank: Fence, with every rank's values
 	SockError     byte = 5 // agent → rank: SockErr
+	SockEpoch     byte = 6 // agent → rank, unasked: a Welcome for a new epoch
 )
 
 // SockVersion is the version of the rank socket protocol.

@@ -1,0 +1,152 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/nats-io/nats.go"
+)
+
+// The test binary plays a rank when agenttestHelper is set.
+const agenttestHelper = "AGENTTEST_HELPER"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(agenttestHelper) {
+	case "":
+		os.Exit(m.Run())
+	case "epochwatch":
+		os.Exit(epochWatch())
+	default:
+		fmt.Fprintln(os.Stderr, "unknown helper")
+		os.Exit(98)
+	}
+}
+
+// epochWatch is a rank that enters a fence that cannot complete, and
+// reports how a new epoch reaches it: the fence fails and the table is
+// pushed.
+func epochWatch() int {
+	c, err := net.Dial("unix", os.Getenv(wire.EnvSocket))
+	if err != nil {
+		fmt.Println("dial:", err)
+		return 1
+	}
+	wire.WriteSock(c, wire.SockHello, &wire.Hello{Version: wire.SockVersion})
+	_, b, err := wire.ReadSock(c)
+	var w wire.Welcome
+	if err != nil || wire.DecodeSock(b, &w) != nil {
+		fmt.Println("welcome:", err)
+		return 1
+	}
+	fmt.Printf("welcome epoch=%d\n", w.Epoch)
+	wire.WriteSock(c, wire.SockFence, &wire.Fence{Epoch: w.Epoch, KV: map[string]string{"k": "v"}})
+	fmt.Println("fence sent")
+	for seen := 0; seen < 2; seen++ {
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		typ, b, err := wire.ReadSock(c)
+		if err != nil {
+			fmt.Println("read:", err)
+			return 1
+		}
+		switch typ {
+		case wire.SockFenceDone:
+			var f wire.Fence
+			wire.DecodeSock(b, &f)
+			fmt.Printf("fence failed: %s\n", f.Err)
+		case wire.SockEpoch:
+			var p wire.Welcome
+			wire.DecodeSock(b, &p)
+			t, err := wire.DecodeEpochTable(p.Table)
+			fmt.Printf("pushed epoch=%d table=%d %v\n", p.Epoch, t.Epoch, err)
+		default:
+			fmt.Println("unexpected type", typ)
+			return 1
+		}
+	}
+	return 0
+}
+
+func TestNewEpochReachesRanks(t *testing.T) {
+	secret, _ := comm.NewSecret()
+	srv, err := ctlserver.Start(ctlserver.Config{LocalPassword: secret.InProcessPassword()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dial := func(ctx context.Context) (*comm.Control, error) {
+		return comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
+	}
+	l, err := dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const job = "epochtest"
+	subj := wire.JobSubjects(job)
+	up := make(chan *nats.Msg, 1024)
+	sub, _ := l.ChanSubscribe(subj.Up, up)
+	defer sub.Unsubscribe()
+	// Two hosts in the table, so that host 0's fence can never complete.
+	hosts := []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}}
+	rv, err := comm.StartRendezvous(l.Conn, job, 0, hosts, &wire.JobSpec{
+		Prog: os.Args[0], Env: []string{agenttestHelper + "=epochwatch"}, Dir: t.TempDir(),
+		KillGrace: time.Second, HeartbeatInterval: time.Second, StdinRank: wire.NoStdin,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rv.Close()
+	agentErr := make(chan error, 1)
+	go func() {
+		agentErr <- Run(ctx, Config{Job: job, Host: 0, Name: "h0", Secret: secret, Dial: dial, Addr: "127.0.0.1", Logger: testLogger(t)})
+	}()
+
+	var out strings.Builder
+	fenced := false // the agent has sent its host's fence up
+	waitFor := func(what string) {
+		t.Helper()
+		done := func() bool {
+			if what == "" {
+				return fenced
+			}
+			return strings.Contains(out.String(), what)
+		}
+		for !done() {
+			select {
+			case m := <-up:
+				switch m.Subject {
+				case subj.Output:
+					wire.DecodeOutputFrame(m.Data, 1, func(_ int, r wire.OutputRecord) { out.Write(r.Data) })
+				case subj.UpFence:
+					fenced = true
+				}
+			case err := <-agentErr:
+				t.Fatalf("agent ended: %v\noutput:\n%s", err, out.String())
+			case <-ctx.Done():
+				t.Fatalf("no %q; output:\n%s", what, out.String())
+			}
+		}
+	}
+	waitFor("") // the rank is in the fence (a fence sent after the new epoch is refused instead)
+	next := rv.Table()
+	next.Epoch = 1
+	if err := l.Publish(subj.Epoch, next.Encode()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("pushed epoch=1 table=1 <nil>\n")
+	waitFor("fence failed: the epoch changed to 1\n")
+	l.Publish(subj.Control, wire.Marshal(&wire.Control{Op: wire.OpExit}))
+	if err := <-agentErr; err != nil {
+		t.Fatalf("agent: %v", err)
+	}
+}
