@@ -3,13 +3,14 @@ GO      ?= go
 BIN     := bin
 PKGS    := ./...
 
-.PHONY: all build test test-short race bench bench-launch bench-rendezvous fuzz lint demo clean
+.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm fuzz lint demo demo-train clean
 
 all: build
 
 build:
 	$(GO) build -o $(BIN)/gorun ./cmd/gorun
 	$(GO) build -o $(BIN)/hello ./examples/hello
+	$(GO) build -o $(BIN)/dptrain ./examples/dptrain
 
 # The full suite, as CI runs it (multi-host tests need root and ip netns;
 # they skip elsewhere unless GORUN_TESTCLUSTER_REQUIRE=1).
@@ -20,7 +21,7 @@ test: lint
 test-short:
 	$(GO) test -short $(PKGS)
 
-bench: bench-rendezvous bench-launch
+bench: bench-rendezvous bench-launch bench-comm
 
 # Launch-to-exit time against Open MPI and MPICH Hydra (installs them with apt-get if missing).
 bench-launch: build
@@ -31,13 +32,18 @@ bench-launch: build
 bench-rendezvous:
 	$(GO) test -run '^$$' -bench BenchmarkRendezvous -benchtime 5x ./comm/
 
+# Ring Allreduce bus bandwidth for 1-256 MiB over 2 and 4 local ranks, beside
+# single-stream loopback TCP and memcpy measured in the same run.
+bench-comm:
+	$(GO) test -run '^$$' -bench BenchmarkAllreduce -benchtime 5x -timeout 30m ./comm/
+
 # Short fuzzing of every parser (go test -fuzz runs one target at a time).
 FUZZTIME ?= 20s
 fuzz:
 	@for t in FuzzParseHostfile FuzzExpandNodeList FuzzParseHostList; do \
 		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) ./topology/ || exit 1; done
-	@for t in $$($(GO) test -list '^Fuzz' ./internal/wire/ | grep ^Fuzz); do \
-		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) ./internal/wire/ || exit 1; done
+	@for p in ./internal/wire/ ./comm/; do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
+		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$p || exit 1; done; done
 
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -46,6 +52,10 @@ lint:
 # A job of four ranks on this host.
 demo: build
 	$(BIN)/gorun -np 4 --oversubscribe $(BIN)/hello
+
+# The deterministic data-parallel trainer on four ranks.
+demo-train: build
+	$(BIN)/gorun -np 4 --oversubscribe -- $(BIN)/dptrain --params 1M --steps 50 --seed 1
 
 clean:
 	rm -rf $(BIN)

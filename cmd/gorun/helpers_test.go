@@ -22,16 +22,17 @@ import (
 const helperEnv = "GORUNTEST_HELPER"
 
 var helpers = map[string]func() int{
-	"env":    helperEnv_,
-	"lines":  helperLines,
-	"exit":   helperExit,
-	"trap":   helperTrap,
-	"ignore": helperIgnore,
-	"spawn":  helperSpawn,
-	"daemon": helperDaemon,
-	"fence":  helperFence,
-	"abuse":  helperSockAbuse,
-	"ring":   helperRing,
+	"env":       helperEnv_,
+	"lines":     helperLines,
+	"exit":      helperExit,
+	"trap":      helperTrap,
+	"ignore":    helperIgnore,
+	"spawn":     helperSpawn,
+	"daemon":    helperDaemon,
+	"fence":     helperFence,
+	"abuse":     helperSockAbuse,
+	"allreduce": helperAllreduce,
+	"ring":      helperRing,
 }
 
 func envInt(name string) int {

@@ -1,0 +1,617 @@
+package comm
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// worldOpts shape a test world.
+type worldOpts struct {
+	job     string
+	epoch   uint64
+	secret  Secret
+	segment int       // Comm.segBytes; 0 keeps the default
+	log     io.Writer // nil: the test's output
+}
+
+// newWorld starts n ranks as goroutines over loopback, each on its own
+// listener, and returns their communicators; they are closed at cleanup.
+func newWorld(t testing.TB, n int, o worldOpts) []*Comm {
+	t.Helper()
+	if o.job == "" {
+		o.job = "testjob"
+	}
+	if o.secret == (Secret{}) {
+		o.secret = testSecret(t)
+	}
+	lns := make([]net.Listener, n)
+	addrs := make([]string, n)
+	for i := range lns {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns[i], addrs[i] = l, l.Addr().String()
+	}
+	w := o.log
+	if w == nil {
+		w = t.Output()
+	}
+	logger := slog.New(slog.NewTextHandler(w, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	comms := make([]*Comm, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() {
+			comms[r], errs[r] = NewComm(ctx, CommConfig{
+				Rank: r, Size: n, Epoch: o.epoch, Job: o.job, Secret: o.secret,
+				Listener: lns[r], Addrs: addrs, Logger: logger,
+			})
+		})
+	}
+	wg.Wait()
+	for r, c := range comms {
+		if c != nil {
+			t.Cleanup(func() { c.Close() })
+			if o.segment > 0 {
+				c.segBytes = o.segment
+			}
+		}
+		if errs[r] != nil {
+			t.Fatalf("NewComm rank %d: %v", r, errs[r])
+		}
+	}
+	return comms
+}
+
+func testSecret(t testing.TB) Secret {
+	s, err := NewSecret()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// onAll runs f on every rank concurrently and returns each rank's error.
+func onAll(comms []*Comm, f func(c *Comm) error) []error {
+	errs := make([]error, len(comms))
+	var wg sync.WaitGroup
+	for r, c := range comms {
+		wg.Go(func() { errs[r] = f(c) })
+	}
+	wg.Wait()
+	return errs
+}
+
+func mustAll(t testing.TB, errs []error) {
+	t.Helper()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// within fails the test if f does not return in d.
+func within[T any](t testing.TB, d time.Duration, f func() T) T {
+	t.Helper()
+	ch := make(chan T, 1)
+	go func() { ch <- f() }()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("no return within %v", d)
+		panic("unreachable")
+	}
+}
+
+// syncBuffer is a log sink for several goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func pattern(seed, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(seed*131 + i*7 + i>>9)
+	}
+	return b
+}
+
+func TestSendRecv(t *testing.T) {
+	const n = 3
+	comms := newWorld(t, n, worldOpts{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sizes := []int{0, 1, 17, 4096, 100_000, 3<<20 + 5, 0, 1}
+	// Every rank sends the same sequence to every other rank, all at once,
+	// and checks what it receives: content and per-pair order.
+	mustAll(t, onAll(comms, func(c *Comm) error {
+		var wg sync.WaitGroup
+		errs := make(chan error, 2*n)
+		for to := range n {
+			if to == c.Rank() {
+				continue
+			}
+			wg.Go(func() {
+				for i, sz := range sizes {
+					if err := c.Send(ctx, to, pattern(c.Rank()*100+i, sz)); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+			wg.Go(func() {
+				from := to
+				for i, sz := range sizes {
+					b, err := c.Recv(ctx, from)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if !bytes.Equal(b, pattern(from*100+i, sz)) {
+						errs <- fmt.Errorf("message %d from rank %d: got %d bytes, wrong content or order", i, from, len(b))
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		return <-errs
+	}))
+}
+
+func TestSendRecvErrors(t *testing.T) {
+	comms := newWorld(t, 2, worldOpts{})
+	ctx := context.Background()
+	c := comms[0]
+	for _, to := range []int{-1, 0, 2} {
+		if err := c.Send(ctx, to, nil); err == nil {
+			t.Errorf("Send to %d succeeded", to)
+		}
+		if _, err := c.Recv(ctx, to); err == nil {
+			t.Errorf("Recv from %d succeeded", to)
+		}
+	}
+	tctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	err := within(t, 5*time.Second, func() error { _, err := c.Recv(tctx, 1); return err })
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Recv past the deadline: %v", err)
+	}
+	// A message that was sent before the peer closed is still delivered,
+	// then the loss is reported.
+	if err := comms[1].Send(ctx, 0, []byte("last words")); err != nil {
+		t.Fatal(err)
+	}
+	comms[1].Close()
+	if b, err := c.Recv(ctx, 1); err != nil || string(b) != "last words" {
+		t.Fatalf("Recv = %q, %v", b, err)
+	}
+	err = within(t, 5*time.Second, func() error { _, err := c.Recv(ctx, 1); return err })
+	if !errors.Is(err, ErrPeerLost) || !strings.Contains(err.Error(), "rank 1") {
+		t.Fatalf("Recv from a closed peer: %v", err)
+	}
+	err = within(t, 5*time.Second, func() error { return c.Send(ctx, 1, []byte("x")) })
+	if !errors.Is(err, ErrPeerLost) {
+		t.Fatalf("Send to a closed peer: %v", err)
+	}
+	if err := comms[1].Send(ctx, 0, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Send after Close: %v", err)
+	}
+	if err := comms[1].Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestSendContext: a Send blocked by a peer that does not read returns when
+// its context ends; the partial message is never delivered, the ones
+// before it are, and the peer then learns the link is gone.
+func TestSendContext(t *testing.T) {
+	comms := newWorld(t, 2, worldOpts{log: io.Discard})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	msg := make([]byte, 1<<20)
+	sent := 0
+	err := within(t, 10*time.Second, func() error {
+		for {
+			if err := comms[0].Send(ctx, 1, msg); err != nil {
+				return err
+			}
+			sent++
+		}
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Send to a peer that does not read: %v", err)
+	}
+	if err := comms[0].Send(context.Background(), 1, []byte("x")); !errors.Is(err, ErrPeerLost) {
+		t.Fatalf("Send after an interrupted one: %v", err)
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer rcancel()
+	got := 0
+	for {
+		b, err := comms[1].Recv(rctx, 0)
+		if err != nil {
+			if !errors.Is(err, ErrPeerLost) {
+				t.Fatalf("Recv after %d messages: %v, want ErrPeerLost", got, err)
+			}
+			break
+		}
+		if len(b) != len(msg) {
+			t.Fatalf("a message of %d bytes was delivered", len(b))
+		}
+		got++
+	}
+	if got != sent {
+		t.Fatalf("%d messages sent, %d delivered", sent, got)
+	}
+}
+
+func TestNewCommPeerNeverCame(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rank 1's address: a port nobody listens on any more.
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone.Close()
+	for _, rank := range []int{0, 1} { // rank 0 waits to be dialed, rank 1 dials
+		t.Run(fmt.Sprint("rank", rank), func(t *testing.T) {
+			l := l
+			if rank == 1 {
+				var err error
+				if l, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			addrs := []string{gone.Addr().String(), gone.Addr().String()}
+			addrs[rank] = l.Addr().String()
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			c, err := NewComm(ctx, CommConfig{Rank: rank, Size: 2, Job: "j", Secret: testSecret(t), Listener: l, Addrs: addrs})
+			if c != nil || !errors.Is(err, ErrPeerLost) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("NewComm = %v, %v; want ErrPeerLost and DeadlineExceeded", c, err)
+			}
+			if d := time.Since(start); d > 3*time.Second {
+				t.Fatalf("NewComm took %v past its deadline", d)
+			}
+			if _, err := net.Dial("tcp", l.Addr().String()); err == nil {
+				t.Fatal("a failed NewComm left its listener open")
+			}
+		})
+	}
+}
+
+// bogusDial completes the dialer's half of the handshake with a (possibly
+// wrong) authenticator, then reports every byte the acceptor sends after.
+func bogusDial(t *testing.T, addr string, a authenticator, ch byte, me, to int, mac []byte) (payload int) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	var hello [helloSize]byte
+	if _, err := io.ReadFull(conn, hello[:]); err != nil {
+		t.Fatalf("reading the challenge: %v", err)
+	}
+	nonceD := make([]byte, nonceSize)
+	rand.Read(nonceD)
+	if mac == nil {
+		mac = a.mac(roleDialer, ch, me, to, hello[5:], nonceD)
+	}
+	ans := append([]byte(hsMagic), hsVersion, ch, flags())
+	ans = binary.BigEndian.AppendUint32(ans, uint32(me))
+	ans = binary.BigEndian.AppendUint32(ans, uint32(to))
+	ans = append(ans, nonceD...)
+	ans = append(ans, mac...)
+	if _, err := conn.Write(ans); err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := io.ReadAll(conn) // EOF or reset: either way, count what came
+	return len(rest)
+}
+
+func TestAuthRefused(t *testing.T) {
+	secret := testSecret(t)
+	var logs syncBuffer
+	l0, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l1, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := []string{l0.Addr().String(), l1.Addr().String()}
+	const job, epoch = "job7", 3
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	type result struct {
+		c   *Comm
+		err error
+	}
+	r0 := make(chan result, 1)
+	go func() {
+		c, err := NewComm(ctx, CommConfig{Rank: 0, Size: 2, Epoch: epoch, Job: job, Secret: secret, Listener: l0, Addrs: addrs, Logger: logger})
+		r0 <- result{c, err}
+	}()
+
+	// Impostors knock at rank 0 while it waits for rank 1: each completes
+	// a handshake that must fail, and must read nothing after it.
+	tests := []struct {
+		name string
+		auth authenticator
+		me   int
+		mac  []byte
+	}{
+		{"wrong secret", newAuthenticator(testSecret(t), job, epoch), 1, nil},
+		{"wrong epoch", newAuthenticator(secret, job, epoch+1), 1, nil},
+		{"earlier epoch", newAuthenticator(secret, job, epoch-1), 1, nil},
+		{"wrong job", newAuthenticator(secret, "job8", epoch), 1, nil},
+		{"right secret, rank out of range", newAuthenticator(secret, job, epoch), 2, nil},
+		{"garbage MAC", newAuthenticator(secret, job, epoch), 1, bytes.Repeat([]byte{0xAA}, macSize)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for ch := range byte(numChans) {
+				if n := bogusDial(t, addrs[0], tt.auth, ch, tt.me, 0, tt.mac); n != 0 {
+					t.Fatalf("channel %d: the impostor read %d bytes after the handshake", ch, n)
+				}
+			}
+		})
+	}
+	// The impostors took no slot: the real rank 1 joins, and data flows.
+	c1, err := NewComm(ctx, CommConfig{Rank: 1, Size: 2, Epoch: epoch, Job: job, Secret: secret, Listener: l1, Addrs: addrs, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c1.Close()
+	res := <-r0
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	c0 := res.c
+	defer c0.Close()
+	if err := c1.Send(ctx, 0, []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := c0.Recv(ctx, 1); err != nil || string(b) != "hi" {
+		t.Fatalf("Recv = %q, %v", b, err)
+	}
+	// Even with the right credentials, a second link for a pair is refused.
+	if n := bogusDial(t, addrs[0], newAuthenticator(secret, job, epoch), chanP2P, 1, 0, nil); n != 0 {
+		t.Fatalf("duplicate link: read %d bytes after the answer", n)
+	}
+	out := logs.String()
+	if got := strings.Count(out, "refused data-plane connection"); got < numChans*len(tests)+1 {
+		t.Errorf("%d refusals logged, want %d:\n%s", got, numChans*len(tests)+1, out)
+	}
+	if !strings.Contains(out, "level=WARN") || !strings.Contains(out, ErrAuth.Error()) {
+		t.Errorf("refusals not logged as warnings naming ErrAuth:\n%s", out)
+	}
+}
+
+// TestDialerChecksAcceptor: a process at a peer's address that does not
+// hold the secret gets no ack and no data, and the dialer gives up.
+func TestDialerChecksAcceptor(t *testing.T) {
+	fake, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fake.Close()
+	var (
+		mu       sync.Mutex
+		answered int // connections that answered the challenge
+		leaked   int // bytes they sent after the bogus proof
+	)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		for {
+			conn, err := fake.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer conn.Close()
+				conn.SetDeadline(time.Now().Add(5 * time.Second))
+				hello := append([]byte(hsMagic), hsVersion)
+				hello = append(hello, make([]byte, nonceSize)...)
+				conn.Write(hello)
+				var ans [answerSize]byte
+				if _, err := io.ReadFull(conn, ans[:]); err != nil {
+					return
+				}
+				conn.Write(bytes.Repeat([]byte{1}, macSize)) // a proof it cannot make
+				rest, _ := io.ReadAll(conn)
+				mu.Lock()
+				answered++
+				leaked += len(rest)
+				mu.Unlock()
+			})
+		}
+	})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	_, err = NewComm(ctx, CommConfig{Rank: 1, Size: 2, Job: "j", Secret: testSecret(t), Listener: l,
+		Addrs: []string{fake.Addr().String(), l.Addr().String()}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if !errors.Is(err, ErrPeerLost) {
+		t.Fatalf("NewComm = %v, want ErrPeerLost", err)
+	}
+	fake.Close()
+	wg.Wait()
+	if answered == 0 || leaked != 0 {
+		t.Fatalf("%d connections answered the fake acceptor, which read %d bytes after its bogus proof", answered, leaked)
+	}
+	if !strings.Contains(logs.String(), "failed to prove the job secret") {
+		t.Errorf("the refusal was not logged:\n%s", logs.String())
+	}
+}
+
+func TestHandshakeTimeout(t *testing.T) {
+	handshakeTimeoutOverride.Store(int64(200 * time.Millisecond))
+	t.Cleanup(func() { handshakeTimeoutOverride.Store(0) })
+	comms := newWorld(t, 2, worldOpts{log: io.Discard})
+	conn, err := net.Dial("tcp", comms[0].ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	rest, err := io.ReadAll(conn) // the challenge, then EOF when the acceptor gives up
+	if err != nil {
+		t.Fatalf("a silent client was not dropped: %v", err)
+	}
+	if len(rest) != helloSize {
+		t.Fatalf("a silent client read %d bytes, want the %d-byte challenge only", len(rest), helloSize)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("dropped after %v", d)
+	}
+}
+
+// commGoroutines lists the goroutines running the data plane's code.
+func commGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "gorun/comm.(*Comm)") || strings.Contains(g, "gorun/comm.(*authenticator)") {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+func TestNoGoroutineLeak(t *testing.T) {
+	run := func(t *testing.T) {
+		comms := newWorld(t, 4, worldOpts{segment: 4096, log: io.Discard})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		x := make([][]float32, len(comms))
+		for r := range x {
+			x[r] = make([]float32, 10_000)
+		}
+		mustAll(t, onAll(comms, func(c *Comm) error {
+			if err := c.AllreduceFloat32(ctx, x[c.Rank()]); err != nil {
+				return err
+			}
+			return c.Send(ctx, (c.Rank()+1)%len(comms), []byte("x"))
+		}))
+		// A silent client in the middle of a handshake, and a failing
+		// collective: neither may leave a goroutine behind.
+		silent, err := net.Dial("tcp", comms[0].ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer silent.Close()
+		comms[3].Close()
+		onAll(comms[:3], func(c *Comm) error { return c.Barrier(ctx) })
+		for _, c := range comms {
+			c.Close()
+		}
+	}
+	t.Run("world", run)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left := commGoroutines()
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines left after Close:\n%s", len(left), strings.Join(left, "\n\n"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestHeaderRoundTrip(t *testing.T) {
+	for _, h := range []header{{}, {kind: kindAllreduce, sub: typeInt64, seq: 1<<32 - 1, n: 1<<64 - 1}, {kind: kindMsg, seq: 7, n: maxMessage}} {
+		var b [headerSize]byte
+		h.put(b[:])
+		if got := parseHeader(b[:]); got != h {
+			t.Errorf("%+v → %+v", h, got)
+		}
+	}
+}
+
+// FuzzAcceptHandshake feeds the acceptor arbitrary answers to its
+// challenge: none may be accepted, and nothing may be written back.
+func FuzzAcceptHandshake(f *testing.F) {
+	a := newAuthenticator(Secret{1}, "job", 1)
+	good := append([]byte(hsMagic), hsVersion, chanColl, flags())
+	good = binary.BigEndian.AppendUint32(good, 2)
+	good = binary.BigEndian.AppendUint32(good, 0)
+	good = append(good, make([]byte, nonceSize+macSize)...)
+	f.Add(good)
+	f.Add(make([]byte, answerSize))
+	f.Add([]byte("GRDP"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		in = append(in, make([]byte, answerSize)...)[:answerSize]
+		client, server := net.Pipe()
+		leaked := make(chan int, 1)
+		go func() {
+			defer client.Close()
+			var hello [helloSize]byte
+			if _, err := io.ReadFull(client, hello[:]); err != nil {
+				leaked <- -1
+				return
+			}
+			client.Write(in)
+			rest, _ := io.ReadAll(client)
+			leaked <- len(rest)
+		}()
+		server.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _, err := a.accept(server, 0, 4, func(int, byte) error { return nil })
+		server.Close()
+		if err == nil {
+			t.Fatalf("answer %x accepted", in)
+		}
+		if n := <-leaked; n != 0 {
+			t.Fatalf("answer %x: %d bytes written back after the challenge", in, n)
+		}
+	})
+}

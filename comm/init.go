@@ -1,0 +1,332 @@
+package comm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gorun/gorun/internal/wire"
+)
+
+// ErrNotUnderGorun is returned by Init in a process gorun did not start,
+// and by Rebuild on a communicator NewComm made.
+var ErrNotUnderGorun = errors.New("comm: not running under gorun (" + wire.EnvSocket + " is not set)")
+
+// Init joins the world of the current epoch, for a rank gorun started: it
+// asks the rank's agent, over GORUN_SOCKET, for the epoch table and the job
+// secret, listens for its peers on its host's address, and exchanges
+// listening addresses with every rank in one fence (aggregated per host by
+// the agents and once at the launcher: ranks never talk to the control
+// plane). Every rank of the job must call Init.
+//
+// When the launcher publishes a new epoch, the communicator's calls fail
+// with ErrEpochChanged; Rebuild then joins the new world.
+func Init(ctx context.Context) (*Comm, error) {
+	path := os.Getenv(wire.EnvSocket)
+	if path == "" {
+		return nil, ErrNotUnderGorun
+	}
+	s, err := openSession(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.join(ctx, s.latest())
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Rebuild joins the world of the next epoch once the launcher has
+// published it (waiting for it, bounded by ctx), and returns the new
+// communicator; c is closed. Every surviving rank must call it. Only a
+// communicator made by Init can be rebuilt.
+func (c *Comm) Rebuild(ctx context.Context) (*Comm, error) {
+	s := c.session.Load()
+	if s == nil {
+		return nil, fmt.Errorf("comm: rebuild: %w", ErrNotUnderGorun)
+	}
+	w, err := s.newer(ctx, c.Epoch())
+	if err != nil {
+		return nil, err
+	}
+	if c.session.CompareAndSwap(s, nil) {
+		c.Close() // the world of the old epoch; the session goes on
+	}
+	nc, err := s.join(ctx, w)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	return nc, nil
+}
+
+// session is a rank's connection to its agent over GORUN_SOCKET. A reader
+// goroutine owns the reads: answers go to the one caller waiting, epoch
+// pushes abort the current communicator and are kept for Rebuild.
+type session struct {
+	c       net.Conn
+	answers chan frame
+	done    chan struct{} // closed when the reader ends
+	callMu  sync.Mutex    // one request at a time
+
+	mu      sync.Mutex    // guards the fields below
+	welcome *wire.Welcome // the newest epoch known
+	table   *wire.EpochTable
+	rank    int
+	cur     *Comm
+	newEp   chan struct{} // closed and replaced when a newer epoch arrives
+	err     error         // why the reader ended
+	seq     int           // the next fence of the current epoch
+}
+
+type frame struct {
+	typ byte
+	b   []byte
+}
+
+func openSession(ctx context.Context, path string) (*session, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("comm: connecting to the agent at %s: %w", path, err)
+	}
+	s := &session{c: c, answers: make(chan frame), done: make(chan struct{}), newEp: make(chan struct{})}
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	err = wire.WriteSock(c, wire.SockHello, &wire.Hello{Version: wire.SockVersion, Pid: os.Getpid()})
+	var typ byte
+	var b []byte
+	if err == nil {
+		typ, b, err = wire.ReadSock(c)
+	}
+	stop()
+	c.SetDeadline(time.Time{})
+	if err == nil {
+		err = s.welcomed(typ, b)
+	}
+	if err != nil {
+		c.Close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("comm: talking to the agent: %w", context.Cause(ctx))
+		}
+		return nil, err
+	}
+	go s.read()
+	return s, nil
+}
+
+// welcomed takes the agent's answer to Hello.
+func (s *session) welcomed(typ byte, b []byte) error {
+	if typ == wire.SockError {
+		var e wire.SockErr
+		_ = wire.DecodeSock(b, &e)
+		return fmt.Errorf("comm: the agent refused: %s", e.Err)
+	}
+	var w wire.Welcome
+	if typ != wire.SockWelcome {
+		return fmt.Errorf("comm: the agent answered message type %d to hello", typ)
+	}
+	if err := wire.DecodeSock(b, &w); err != nil {
+		return fmt.Errorf("comm: the agent's welcome: %w", err)
+	}
+	if w.Version != wire.SockVersion {
+		return fmt.Errorf("comm: the agent speaks protocol %d, this rank %d", w.Version, wire.SockVersion)
+	}
+	t, err := wire.DecodeEpochTable(w.Table)
+	if err != nil {
+		return fmt.Errorf("comm: the agent's welcome: %w", err)
+	}
+	if w.Rank < 0 || w.Rank >= t.World {
+		return fmt.Errorf("comm: the agent says rank %d of %d", w.Rank, t.World)
+	}
+	s.welcome, s.table, s.rank = &w, t, w.Rank
+	return nil
+}
+
+// read dispatches the agent's frames until the connection ends.
+func (s *session) read() {
+	defer close(s.done)
+	for {
+		typ, b, err := wire.ReadSock(s.c)
+		if err != nil {
+			s.mu.Lock()
+			s.err = fmt.Errorf("comm: the connection to the agent ended: %w", err)
+			cur := s.cur
+			s.mu.Unlock()
+			if cur != nil {
+				cur.Abort(fmt.Errorf("%w: the agent is gone", ErrPeerLost))
+			}
+			return
+		}
+		if typ != wire.SockEpoch {
+			s.answers <- frame{typ, b} // a caller waits for every answer
+			continue
+		}
+		var w wire.Welcome
+		t, err := (*wire.EpochTable)(nil), wire.DecodeSock(b, &w)
+		if err == nil {
+			t, err = wire.DecodeEpochTable(w.Table)
+		}
+		if err != nil {
+			continue // a bad push is ignored; the next one will do
+		}
+		s.mu.Lock()
+		if t.Epoch > s.table.Epoch {
+			w.Rank = s.rank
+			s.welcome, s.table, s.seq = &w, t, 0
+			close(s.newEp)
+			s.newEp = make(chan struct{})
+		}
+		cur := s.cur
+		s.mu.Unlock()
+		if cur != nil && cur.Epoch() < t.Epoch {
+			cur.Abort(ErrEpochChanged)
+		}
+	}
+}
+
+// latest is the newest epoch known.
+func (s *session) latest() *wire.Welcome {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.welcome
+}
+
+// newer waits for an epoch after epoch.
+func (s *session) newer(ctx context.Context, epoch uint64) (*wire.Welcome, error) {
+	for {
+		s.mu.Lock()
+		w, ch, err := s.welcome, s.newEp, s.err
+		s.mu.Unlock()
+		if w.Epoch > epoch {
+			return w, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case <-ch:
+		case <-s.done:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("comm: waiting for a new epoch: %w", context.Cause(ctx))
+		}
+	}
+}
+
+// call sends one request and waits for its answer of type want.
+func (s *session) call(ctx context.Context, typ byte, req any, want byte, resp any) error {
+	s.callMu.Lock()
+	defer s.callMu.Unlock()
+	if err := wire.WriteSock(s.c, typ, req); err != nil {
+		return fmt.Errorf("comm: talking to the agent: %w", err)
+	}
+	var f frame
+	select {
+	case f = <-s.answers:
+	case <-s.done:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.err
+	case <-ctx.Done():
+		// The answer will still come; the reader cannot hand it to anyone
+		// then, so the session is unusable: close it.
+		s.c.Close()
+		<-s.done
+		return fmt.Errorf("comm: talking to the agent: %w", context.Cause(ctx))
+	}
+	if f.typ == wire.SockError {
+		var e wire.SockErr
+		_ = wire.DecodeSock(f.b, &e)
+		return fmt.Errorf("comm: the agent refused: %s", e.Err)
+	}
+	if f.typ != want {
+		return fmt.Errorf("comm: the agent answered message type %d, expected %d", f.typ, want)
+	}
+	if err := wire.DecodeSock(f.b, resp); err != nil {
+		return fmt.Errorf("comm: the agent's answer: %w", err)
+	}
+	return nil
+}
+
+// fence enters the rank's next fence of epoch and returns every rank's values.
+func (s *session) fence(ctx context.Context, epoch uint64, kv map[string]string) (map[string]string, error) {
+	s.mu.Lock()
+	seq := s.seq
+	s.seq++
+	s.mu.Unlock()
+	var res wire.Fence
+	if err := s.call(ctx, wire.SockFence, &wire.Fence{Epoch: epoch, Seq: seq, KV: kv}, wire.SockFenceDone, &res); err != nil {
+		return nil, err
+	}
+	if res.Err != "" {
+		return nil, fmt.Errorf("comm: fence: %s", res.Err)
+	}
+	return res.KV, nil
+}
+
+// join builds the world of w: a listener on this rank's host address,
+// the addresses of all ranks through fence 0 of the epoch, and the links.
+func (s *session) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
+	t, err := wire.DecodeEpochTable(w.Table)
+	if err != nil {
+		return nil, err
+	}
+	secret, err := ParseSecret(w.Secret)
+	if err != nil {
+		return nil, fmt.Errorf("comm: the agent's welcome: %w", err)
+	}
+	addr := ""
+	for _, h := range t.Hosts {
+		ranks, _ := h.Ranks.Expand(t.World)
+		for _, r := range ranks {
+			if r == s.rank {
+				addr = h.Addr
+			}
+		}
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("comm: data-plane listener on %s: %w", addr, err)
+	}
+	key := func(r int) string { return "comm/addr/" + strconv.Itoa(r) }
+	all, err := s.fence(ctx, t.Epoch, map[string]string{key(s.rank): ln.Addr().String()})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	addrs := make([]string, t.World)
+	for r := range addrs {
+		if addrs[r] = all[key(r)]; addrs[r] == "" {
+			ln.Close()
+			return nil, fmt.Errorf("comm: rank %d gave no data-plane address", r)
+		}
+	}
+	c, err := NewComm(ctx, CommConfig{
+		Rank: s.rank, Size: t.World, Epoch: t.Epoch, Job: w.Job, Secret: secret,
+		Listener: ln, Addrs: addrs,
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.session.Store(s)
+	s.mu.Lock()
+	s.cur = c
+	newer := s.table.Epoch > t.Epoch
+	s.mu.Unlock()
+	if newer { // an epoch arrived while joining
+		c.Abort(ErrEpochChanged)
+	}
+	return c, nil
+}
+
+// close ends the session.
+func (s *session) close() {
+	s.c.Close()
+	<-s.done
+}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/gorun/gorun/comm"
+)
+
+var _ collectives = (*comm.Comm)(nil)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run is the program; it returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "dptrain: %v\n", err)
+		return 2
+	}
+	c, err := comm.Init(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "dptrain: joining the job (run me under gorun): %v\n", err)
+		return 1
+	}
+	defer c.Close()
+	o := runOptions{out: stdout, crash: func(step int) error {
+		fmt.Fprintf(stderr, "dptrain: rank %d crashing at step %d (--fail-at-step)\n", c.Rank(), step)
+		crash(cfg.FailSignal)
+		return errCrashed // not reached
+	}}
+	if _, err := train(ctx, c, cfg, o); err != nil {
+		fmt.Fprintf(stderr, "dptrain: rank %d: %v\n", c.Rank(), err)
+		if errors.Is(err, errUsage) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+// crash ends the process at once: with exit code 1, or killed by sig, which
+// it sends itself. The Go runtime turns SIGABRT into a stack dump and exit
+// code 2 unless the traceback level is "crash", which makes it re-raise the
+// signal so that the process does die of it.
+func crash(sig syscall.Signal) {
+	if sig != 0 {
+		signal.Reset(sig)
+		debug.SetTraceback("crash")
+		if p, err := os.FindProcess(os.Getpid()); err == nil && p.Signal(sig) == nil {
+			time.Sleep(time.Minute) // the signal ends the process meanwhile
+		}
+	}
+	os.Exit(1)
+}

@@ -1,0 +1,407 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"time"
+)
+
+// collectives is what the trainer needs from its communicator.
+// *comm.Comm implements it; the tests use an in-process fake.
+type collectives interface {
+	Rank() int
+	Size() int
+	Barrier(ctx context.Context) error
+	// Broadcast returns root's b on every rank.
+	Broadcast(ctx context.Context, root int, b []byte) ([]byte, error)
+	// AllreduceInt64 sums x over the ranks, in place.
+	AllreduceInt64(ctx context.Context, x []int64) error
+	// Allgather returns every rank's bytes, indexed by rank.
+	Allgather(ctx context.Context, mine []byte) ([][]byte, error)
+}
+
+// defaultChunk is how many parameters one collective call carries: it bounds
+// the memory of the int64 gradient sums (8 bytes each) and of the byte
+// buffers, whatever --params is.
+const defaultChunk = 1 << 20
+
+// errCrashed is what a crash hook that does not end the process returns.
+var errCrashed = errors.New("crashed on purpose (--fail-at-step)")
+
+// runOptions are the trainer's settings that do not come from flags.
+type runOptions struct {
+	out    io.Writer            // rank 0's report; nil discards it
+	chunk  int                  // parameters per collective call; 0 means defaultChunk
+	bounds []int                // shard boundaries, len size+1; nil means shardBounds
+	crash  func(step int) error // FailRank calls it at FailAtStep; nil returns errCrashed
+}
+
+// lossPoint is the loss at the start of one step (before its update).
+type lossPoint struct {
+	Step int
+	Loss float64
+}
+
+// result is what a run computed; it is the same on every rank.
+type result struct {
+	ParamsHash    [sha256.Size]byte // the final parameters, little-endian float32, index order
+	OptimizerHash [sha256.Size]byte // m, then v, then the master weights, each in index order
+	Losses        []lossPoint
+}
+
+// shardBounds splits n parameters into size contiguous shards: rank r owns
+// [b[r], b[r+1]); every shard has n/size parameters and the last one also
+// the remainder.
+func shardBounds(n, size int) []int {
+	b := make([]int, size+1)
+	for r := range size {
+		b[r] = r * (n / size)
+	}
+	b[size] = n
+	return b
+}
+
+// checkWorld reports whether cfg can run on size ranks.
+func (cfg *Config) checkWorld(size int) error {
+	if cfg.Batch%size != 0 {
+		return usageError("world size %d does not divide --batch %d; use a batch that is a multiple of the number of ranks", size, cfg.Batch)
+	}
+	if cfg.FailAtStep >= 0 && cfg.FailRank >= size {
+		return usageError("--fail-rank %d: the world has only %d ranks", cfg.FailRank, size)
+	}
+	return nil
+}
+
+// trainer is one rank's training state.
+type trainer struct {
+	c          collectives
+	cfg        Config
+	rank, size int
+	bounds     []int // shard boundaries
+	lo, hi     int   // this rank's shard
+	first      int   // this rank's first sample in the global batch
+	chunk      int
+
+	params          []float32 // all parameters, replicated
+	master, m, v, g []float32 // this rank's shard: master weights, Adam moments, gradient
+	basisKey        uint64
+	coef            []float32 // this step's coefficients of this rank's samples, row-major
+	scratch         kernelScratch
+	sums            []int64   // one chunk of fixed-point gradient sums
+	sampleLoss      []float64 // this rank's samples' loss, this step
+	lossBits        []int64   // every sample's loss as float64 bits, for the reduction
+	buf             []byte    // one chunk of little-endian float32s
+	timer           *time.Timer
+}
+
+// train runs the whole job on one rank.
+func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*result, error) {
+	t, err := newTrainer(ctx, c, cfg, o)
+	if err != nil {
+		return nil, err
+	}
+	defer t.timer.Stop()
+	out := o.out
+	if out == nil || t.rank != 0 {
+		out = io.Discard
+	}
+	fmt.Fprintf(out, "dptrain: %d ranks, %d parameters (%d per rank, last %d), batch %d (%d per rank), compute %d, %d steps, seed %d\n",
+		t.size, cfg.Params, t.bounds[1]-t.bounds[0], t.bounds[t.size]-t.bounds[t.size-1],
+		cfg.Batch, cfg.Batch/t.size, cfg.Compute, cfg.Steps, cfg.Seed)
+
+	res := &result{}
+	start := time.Now()
+	for s := range cfg.Steps {
+		if s == cfg.FailAtStep && t.rank == cfg.FailRank {
+			crash := o.crash
+			if crash == nil {
+				crash = func(int) error { return errCrashed }
+			}
+			if err := crash(s); err != nil {
+				return nil, err
+			}
+		}
+		loss, logged, err := t.step(ctx, s)
+		if err != nil {
+			return nil, fmt.Errorf("step %d: %w", s, err)
+		}
+		if logged {
+			res.Losses = append(res.Losses, lossPoint{s, loss})
+			fmt.Fprintf(out, "step %d loss %.9g\n", s, loss)
+		}
+	}
+	elapsed := time.Since(start)
+	if res.ParamsHash, err = t.paramsHash(ctx); err != nil {
+		return nil, err
+	}
+	if res.OptimizerHash, err = t.optimizerHash(ctx); err != nil {
+		return nil, err
+	}
+	// Nobody leaves (and closes its communicator) while a peer may still
+	// be receiving from it.
+	if err := t.c.Barrier(ctx); err != nil {
+		return nil, fmt.Errorf("final barrier: %w", err)
+	}
+	if cfg.Steps > 0 {
+		fmt.Fprintf(out, "dptrain: %d steps in %.3fs, %.3f ms/step\n", cfg.Steps, elapsed.Seconds(),
+			float64(elapsed.Microseconds())/1e3/float64(cfg.Steps))
+	}
+	fmt.Fprintf(out, "params sha256 %x\n", res.ParamsHash)
+	fmt.Fprintf(out, "optimizer sha256 %x\n", res.OptimizerHash)
+	return res, nil
+}
+
+// newTrainer checks the world against the configuration and allocates all
+// the state; nothing is allocated per step after this.
+func newTrainer(ctx context.Context, c collectives, cfg Config, o runOptions) (*trainer, error) {
+	rank, size := c.Rank(), c.Size()
+	if err := cfg.checkWorld(size); err != nil {
+		return nil, err
+	}
+	// Every rank must run the same job: compare with rank 0's flags.
+	mine := fmt.Appendf(nil, "%+v", cfg)
+	theirs, err := c.Broadcast(ctx, 0, mine)
+	if err != nil {
+		return nil, fmt.Errorf("comparing flags with rank 0: %w", err)
+	}
+	if string(theirs) != string(mine) {
+		return nil, usageError("rank %d's flags differ from rank 0's:\n  rank 0:  %s\n  rank %d: %s", rank, theirs, rank, mine)
+	}
+	bounds := o.bounds
+	if bounds == nil {
+		bounds = shardBounds(cfg.Params, size)
+	}
+	if err := checkBounds(bounds, cfg.Params, size); err != nil {
+		return nil, err
+	}
+	chunk := o.chunk
+	if chunk <= 0 {
+		chunk = defaultChunk
+	}
+	lo, hi := bounds[rank], bounds[rank+1]
+	nloc := cfg.Batch / size
+	t := &trainer{
+		c: c, cfg: cfg, rank: rank, size: size,
+		bounds: bounds, lo: lo, hi: hi, first: rank * nloc, chunk: chunk,
+		params:     make([]float32, cfg.Params),
+		master:     make([]float32, hi-lo),
+		m:          make([]float32, hi-lo),
+		v:          make([]float32, hi-lo),
+		g:          make([]float32, hi-lo),
+		basisKey:   streamKey(cfg.Seed, domainBasis),
+		coef:       make([]float32, nloc*cfg.Compute),
+		scratch:    newKernelScratch(cfg.Compute),
+		sums:       make([]int64, min(chunk, cfg.Params)),
+		sampleLoss: make([]float64, nloc),
+		lossBits:   make([]int64, cfg.Batch),
+		buf:        make([]byte, 4*min(chunk, cfg.Params)),
+		timer:      time.NewTimer(time.Hour),
+	}
+	t.timer.Stop()
+	initParams(t.params, cfg.Seed)
+	copy(t.master, t.params[lo:hi])
+	return t, nil
+}
+
+// checkBounds checks shard boundaries.
+func checkBounds(b []int, n, size int) error {
+	if len(b) != size+1 || b[0] != 0 || b[size] != n {
+		return fmt.Errorf("bad shard boundaries %v for %d parameters on %d ranks", b, n, size)
+	}
+	for r := range size {
+		if b[r] > b[r+1] {
+			return fmt.Errorf("bad shard boundaries %v", b)
+		}
+	}
+	return nil
+}
+
+// step runs optimizer step s: device time, gradients, exact reduction, Adam
+// on this rank's shard, all-gather of the parameters. On logged steps it
+// returns the loss before the update.
+func (t *trainer) step(ctx context.Context, s int) (loss float64, logged bool, err error) {
+	if err := t.deviceTime(ctx); err != nil {
+		return 0, false, err
+	}
+	cfg := &t.cfg
+	logged = s == 0 || s == cfg.Steps-1 || cfg.LogEvery > 0 && s%cfg.LogEvery == 0
+	sampleCoefficients(t.coef, cfg.Seed, s, t.first, len(t.sampleLoss), cfg.Compute)
+	clear(t.sampleLoss)
+	for a := 0; a < cfg.Params; a += t.chunk {
+		if err := ctx.Err(); err != nil {
+			return 0, false, context.Cause(ctx)
+		}
+		b := min(a+t.chunk, cfg.Params)
+		sums := t.sums[:b-a]
+		var sampleLoss []float64 // nil: no loss this step
+		if logged {
+			sampleLoss = t.sampleLoss
+		}
+		gradChunk(sums, sampleLoss, t.params[a:b], a, t.coef, t.scratch, t.basisKey)
+		if err := t.c.AllreduceInt64(ctx, sums); err != nil {
+			return 0, false, fmt.Errorf("reducing gradients: %w", err)
+		}
+		// Keep this rank's part: the mean gradient, converted once.
+		for i := max(a, t.lo); i < min(b, t.hi); i++ {
+			t.g[i-t.lo] = fromFixed(sums[i-a], cfg.Batch)
+		}
+	}
+	if logged {
+		if loss, err = t.reduceLoss(ctx); err != nil {
+			return 0, false, err
+		}
+	}
+	adamUpdate(t.master, t.m, t.v, t.g, cfg.Adam.consts(s+1))
+	copy(t.params[t.lo:t.hi], t.master)
+	if err := t.allgatherParams(ctx); err != nil {
+		return 0, false, err
+	}
+	return loss, logged, nil
+}
+
+// deviceTime emulates the accelerator computing this step: the host CPU is
+// deliberately idle (a sleep is the emulation, not a shortcut), as it is
+// while a GPU runs the forward and backward passes.
+func (t *trainer) deviceTime(ctx context.Context) error {
+	if t.cfg.DeviceTime <= 0 {
+		return nil
+	}
+	t.timer.Reset(t.cfg.DeviceTime)
+	select {
+	case <-t.timer.C:
+		return nil
+	case <-ctx.Done():
+		t.timer.Stop()
+		return context.Cause(ctx)
+	}
+}
+
+// reduceLoss returns the step's loss per parameter. Each sample's loss is
+// computed whole on one rank; their float64 bits are placed at the sample's
+// global index and summed as int64 (one non-zero term per slot, so the sum
+// is the bits themselves), then every rank adds them up in sample order.
+func (t *trainer) reduceLoss(ctx context.Context) (float64, error) {
+	clear(t.lossBits)
+	for n, l := range t.sampleLoss {
+		t.lossBits[t.first+n] = int64(math.Float64bits(0.5 * l))
+	}
+	if err := t.c.AllreduceInt64(ctx, t.lossBits); err != nil {
+		return 0, fmt.Errorf("reducing the loss: %w", err)
+	}
+	var sum float64
+	for _, b := range t.lossBits {
+		sum += math.Float64frombits(uint64(b))
+	}
+	return sum / (float64(t.cfg.Batch) * float64(t.cfg.Params)), nil
+}
+
+// shardChunk is the part [lo, hi) of rank r's shard that round off of a
+// chunked exchange carries (empty when the shard is shorter than off).
+func (t *trainer) shardChunk(r, off int) (lo, hi int) {
+	lo = min(t.bounds[r]+off, t.bounds[r+1])
+	return lo, min(lo+t.chunk, t.bounds[r+1])
+}
+
+// allgatherParams gives every rank the whole parameter vector from each
+// rank's shard, one chunk of every shard per Allgather.
+func (t *trainer) allgatherParams(ctx context.Context) error {
+	longest := 0
+	for r := range t.size {
+		longest = max(longest, t.bounds[r+1]-t.bounds[r])
+	}
+	for off := 0; off < longest; off += t.chunk {
+		lo, hi := t.shardChunk(t.rank, off)
+		all, err := t.c.Allgather(ctx, putFloat32s(t.buf, t.params[lo:hi]))
+		if err != nil {
+			return fmt.Errorf("gathering parameters: %w", err)
+		}
+		if len(all) != t.size {
+			return fmt.Errorf("gathering parameters: %d shards from %d ranks", len(all), t.size)
+		}
+		for r, b := range all {
+			lo, hi := t.shardChunk(r, off)
+			if len(b) != 4*(hi-lo) {
+				return fmt.Errorf("gathering parameters: rank %d sent %d bytes, want %d", r, len(b), 4*(hi-lo))
+			}
+			if r != t.rank {
+				getFloat32s(t.params[lo:hi], b)
+			}
+		}
+	}
+	return nil
+}
+
+// paramsHash hashes the parameters and checks that every rank has the same.
+func (t *trainer) paramsHash(ctx context.Context) ([sha256.Size]byte, error) {
+	var sum [sha256.Size]byte
+	h := sha256.New()
+	for a := 0; a < len(t.params); a += t.chunk {
+		h.Write(putFloat32s(t.buf, t.params[a:min(a+t.chunk, len(t.params))]))
+	}
+	h.Sum(sum[:0])
+	all, err := t.c.Allgather(ctx, sum[:])
+	if err != nil {
+		return sum, fmt.Errorf("comparing parameter hashes: %w", err)
+	}
+	for r, b := range all {
+		if string(b) != string(sum[:]) {
+			return sum, fmt.Errorf("rank %d's parameters differ from rank %d's (hash %x, not %x)", r, t.rank, b, sum)
+		}
+	}
+	return sum, nil
+}
+
+// optimizerHash hashes the optimizer state gathered in canonical order: m,
+// then v, then the master weights, each over all parameters in index order.
+// Each shard is streamed chunk by chunk from its owner (Broadcast), so no
+// rank ever holds the whole state.
+func (t *trainer) optimizerHash(ctx context.Context) ([sha256.Size]byte, error) {
+	var sum [sha256.Size]byte
+	h := sha256.New()
+	for _, region := range [][]float32{t.m, t.v, t.master} {
+		for r := range t.size {
+			for off := 0; off < t.bounds[r+1]-t.bounds[r]; off += t.chunk {
+				lo, hi := t.shardChunk(r, off)
+				var mine []byte
+				if r == t.rank {
+					mine = putFloat32s(t.buf, region[lo-t.lo:hi-t.lo])
+				}
+				b, err := t.c.Broadcast(ctx, r, mine)
+				if err != nil {
+					return sum, fmt.Errorf("gathering the optimizer state: %w", err)
+				}
+				if r == t.rank {
+					b = mine
+				}
+				if len(b) != 4*(hi-lo) {
+					return sum, fmt.Errorf("gathering the optimizer state: rank %d sent %d bytes, want %d", r, len(b), 4*(hi-lo))
+				}
+				h.Write(b)
+			}
+		}
+	}
+	h.Sum(sum[:0])
+	return sum, nil
+}
+
+// putFloat32s encodes x little-endian into the start of buf and returns that part.
+func putFloat32s(buf []byte, x []float32) []byte {
+	buf = buf[:4*len(x)]
+	for i, f := range x {
+		binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(f))
+	}
+	return buf
+}
+
+// getFloat32s decodes len(x) little-endian float32s from b.
+func getFloat32s(x []float32, b []byte) {
+	b = b[:4*len(x)]
+	for i := range x {
+		x[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+}
