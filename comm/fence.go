@@ -34,19 +34,29 @@ func NewFenceCollector(nc *nats.Conn, job string, epoch uint64, hosts int) *Fenc
 	return &FenceCollector{nc: nc, subj: wire.JobSubjects(job), epoch: epoch, hosts: hosts, pending: map[int]*fenceMerge{}}
 }
 
+// SetEpoch moves the collector to a new epoch: fences of older epochs
+// still pending are dropped (their ranks' agents fail them).
+func (f *FenceCollector) SetEpoch(epoch uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.epoch = epoch
+	f.pending = map[int]*fenceMerge{}
+}
+
 // Handle takes one host's aggregate (a wire.UpFence as received).
 func (f *FenceCollector) Handle(data []byte) error {
 	u, err := wire.DecodeUpFence(data)
 	if err != nil {
 		return err
 	}
-	if u.Epoch != f.epoch {
-		return fmt.Errorf("comm: fence of epoch %d, the current one is %d", u.Epoch, f.epoch)
-	}
 	if u.Host >= f.hosts {
 		return fmt.Errorf("comm: fence from host %d of %d", u.Host, f.hosts)
 	}
 	f.mu.Lock()
+	if u.Epoch != f.epoch {
+		f.mu.Unlock()
+		return fmt.Errorf("comm: fence of epoch %d, the current one is %d", u.Epoch, f.epoch)
+	}
 	m := f.pending[u.Seq]
 	if m == nil {
 		m = &fenceMerge{kv: map[string]string{}, from: make([]bool, f.hosts)}
@@ -72,7 +82,7 @@ func (f *FenceCollector) Handle(data []byte) error {
 	if !done {
 		return nil
 	}
-	out := &wire.Fence{Epoch: f.epoch, Seq: u.Seq, KV: m.kv, Err: m.err}
+	out := &wire.Fence{Epoch: u.Epoch, Seq: u.Seq, KV: m.kv, Err: m.err}
 	if m.err != "" {
 		out.KV = nil
 	}
