@@ -96,7 +96,9 @@ func touched(n int) []byte {
 }
 
 // BenchmarkAllreduce measures ring Allreduce (float32 sum) between local
-// ranks over loopback TCP, as bus bandwidth: busbw = 2(n-1)/n × bytes /
+// ranks, linked by loopback TCP (link=tcp, as ranks on different hosts
+// are) or by Unix sockets (link=unix, as comm.Init links ranks of one
+// host), as bus bandwidth: busbw = 2(n-1)/n × bytes /
 // time, the rate at which each rank's ring link carries data. Beside it,
 // measured in the same run: the limits, single-stream loopback TCP
 // throughput (tcp) and memcpy bandwidth, and the ratio busbw/tcp (the
@@ -124,24 +126,26 @@ func BenchmarkAllreduce(b *testing.B) {
 	for _, n := range []int{2, 4} {
 		baseline(fmt.Sprintf("tcp-%dstreams", n), streams[n])
 	}
-	for _, n := range []int{2, 4} {
-		for _, size := range []int{1 << 20, 16 << 20, 256 << 20} {
-			b.Run(fmt.Sprintf("ranks=%d/size=%dMiB", n, size>>20), func(b *testing.B) {
-				busbw := benchmarkAllreduce(b, n, size)
-				b.ReportMetric(busbw/1e9, "busbw-GB/s")
-				b.ReportMetric(tcp/1e9, "tcp-GB/s")
-				b.ReportMetric(mem/1e9, "memcpy-GB/s")
-				b.ReportMetric(busbw/tcp, "busbw/tcp")
-				b.ReportMetric(busbw/streams[n], "busbw/tcp-nstreams")
-			})
+	for _, link := range []string{"tcp", "unix"} {
+		for _, n := range []int{2, 4} {
+			for _, size := range []int{1 << 20, 16 << 20, 256 << 20} {
+				b.Run(fmt.Sprintf("link=%s/ranks=%d/size=%dMiB", link, n, size>>20), func(b *testing.B) {
+					busbw := benchmarkAllreduce(b, n, size, link == "unix")
+					b.ReportMetric(busbw/1e9, "busbw-GB/s")
+					b.ReportMetric(tcp/1e9, "tcp-GB/s")
+					b.ReportMetric(mem/1e9, "memcpy-GB/s")
+					b.ReportMetric(busbw/tcp, "busbw/tcp")
+					b.ReportMetric(busbw/streams[n], "busbw/tcp-nstreams")
+				})
+			}
 		}
 	}
 }
 
 // benchmarkAllreduce runs Allreduce of size bytes on n ranks and returns
 // the bus bandwidth in bytes/s.
-func benchmarkAllreduce(b *testing.B, n, size int) float64 {
-	comms := newWorld(b, n, worldOpts{log: io.Discard})
+func benchmarkAllreduce(b *testing.B, n, size int, unix bool) float64 {
+	comms := newWorld(b, n, worldOpts{log: io.Discard, unix: unix})
 	x := make([][]float32, n)
 	for r := range x {
 		x[r] = make([]float32, size/4)

@@ -270,8 +270,14 @@ func TestBarrier(t *testing.T) {
 // TestCollectivesMixed runs every collective back to back on the same links,
 // with point-to-point traffic in between, which must not mix with them.
 func TestCollectivesMixed(t *testing.T) {
+	for _, unix := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unix=%v", unix), func(t *testing.T) { testCollectivesMixed(t, unix) })
+	}
+}
+
+func testCollectivesMixed(t *testing.T, unix bool) {
 	const n = 4
-	comms := newWorld(t, n, worldOpts{segment: testSegment})
+	comms := newWorld(t, n, worldOpts{segment: testSegment, unix: unix})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	mustAll(t, onAll(comms, func(c *Comm) error {

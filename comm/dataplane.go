@@ -53,6 +53,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -111,8 +112,8 @@ type CommConfig struct {
 	Epoch      uint64
 	Job        string       // job id, bound into the authentication
 	Secret     Secret       // the per-job secret
-	Listener   net.Listener // this rank's data-plane listener (already listening)
-	Addrs      []string     // data-plane address "ip:port" of every rank, indexed by rank
+	Listener   net.Listener // this rank's data-plane listener (already listening; see MultiListener)
+	Addrs      []string     // data-plane address of every rank, indexed by rank: "ip:port", or UnixAddrPrefix+path
 	Logger     *slog.Logger // nil = discard
 }
 
@@ -632,7 +633,8 @@ func (c *Comm) dialLoop(ctx context.Context, to int, ch byte) {
 
 func (c *Comm) dial(ctx context.Context, to int, ch byte) (net.Conn, error) {
 	d := net.Dialer{KeepAliveConfig: keepAlive}
-	conn, err := d.DialContext(ctx, "tcp", c.addrs[to])
+	network, addr := splitAddr(c.addrs[to])
+	conn, err := d.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -686,6 +688,19 @@ func (c *Comm) register(r int, ch byte, conn net.Conn) error {
 		close(c.allUp)
 	}
 	return nil
+}
+
+// UnixAddrPrefix marks an address in CommConfig.Addrs as a Unix socket
+// path: ranks on one host link through Unix sockets, several times faster
+// than loopback TCP.
+const UnixAddrPrefix = "unix:"
+
+// splitAddr returns the network and address of a data-plane address.
+func splitAddr(a string) (network, addr string) {
+	if p, ok := strings.CutPrefix(a, UnixAddrPrefix); ok {
+		return "unix", p
+	}
+	return "tcp", a
 }
 
 func tune(conn net.Conn) {

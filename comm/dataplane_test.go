@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ type worldOpts struct {
 	secret  Secret
 	segment int       // Comm.segBytes; 0 keeps the default
 	log     io.Writer // nil: the test's output
+	unix    bool      // link through Unix sockets (ranks of one host), not TCP
 }
 
 // newWorld starts n ranks as goroutines over loopback, each on its own
@@ -38,7 +40,17 @@ func newWorld(t testing.TB, n int, o worldOpts) []*Comm {
 	}
 	lns := make([]net.Listener, n)
 	addrs := make([]string, n)
+	dir := t.TempDir()
 	for i := range lns {
+		if o.unix {
+			path := filepath.Join(dir, fmt.Sprintf("r%d.sock", i))
+			l, err := net.Listen("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lns[i], addrs[i] = l, UnixAddrPrefix+path
+			continue
+		}
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -71,6 +72,7 @@ func (c *Comm) Rebuild(ctx context.Context) (*Comm, error) {
 // goroutine owns the reads: answers go to the one caller waiting, epoch
 // pushes abort the current communicator and are kept for Rebuild.
 type session struct {
+	path    string // GORUN_SOCKET
 	c       net.Conn
 	answers chan frame
 	done    chan struct{} // closed when the reader ends
@@ -97,7 +99,7 @@ func openSession(ctx context.Context, path string) (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("comm: connecting to the agent at %s: %w", path, err)
 	}
-	s := &session{c: c, answers: make(chan frame), done: make(chan struct{}), newEp: make(chan struct{})}
+	s := &session{path: path, c: c, answers: make(chan frame), done: make(chan struct{}), newEp: make(chan struct{})}
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	err = wire.WriteSock(c, wire.SockHello, &wire.Hello{Version: wire.SockVersion, Pid: os.Getpid()})
 	var typ byte
@@ -281,28 +283,41 @@ func (s *session) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 	if err != nil {
 		return nil, fmt.Errorf("comm: the agent's welcome: %w", err)
 	}
-	addr := ""
-	for _, h := range t.Hosts {
+	hostOf := make([]int, t.World)
+	for i, h := range t.Hosts {
 		ranks, _ := h.Ranks.Expand(t.World)
 		for _, r := range ranks {
-			if r == s.rank {
-				addr = h.Addr
-			}
+			hostOf[r] = i
 		}
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
+	addr := t.Hosts[hostOf[s.rank]].Addr
+	tcp, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
 	if err != nil {
 		return nil, fmt.Errorf("comm: data-plane listener on %s: %w", addr, err)
 	}
-	key := func(r int) string { return "comm/addr/" + strconv.Itoa(r) }
-	all, err := s.fence(ctx, t.Epoch, map[string]string{key(s.rank): ln.Addr().String()})
+	// Ranks of this host link through a Unix socket beside the rank's
+	// GORUN_SOCKET, in the job's private directory.
+	path := filepath.Join(filepath.Dir(s.path), fmt.Sprintf("rank-%d-epoch-%d.dp.sock", s.rank, t.Epoch))
+	unix, err := net.Listen("unix", path)
+	if err != nil {
+		tcp.Close()
+		return nil, fmt.Errorf("comm: data-plane listener on %s: %w", path, err)
+	}
+	ln := NewMultiListener(tcp, unix)
+	tcpKey := func(r int) string { return "comm/addr/" + strconv.Itoa(r) }
+	unixKey := func(r int) string { return "comm/unix/" + strconv.Itoa(r) }
+	all, err := s.fence(ctx, t.Epoch, map[string]string{tcpKey(s.rank): tcp.Addr().String(), unixKey(s.rank): path})
 	if err != nil {
 		ln.Close()
 		return nil, err
 	}
 	addrs := make([]string, t.World)
 	for r := range addrs {
-		if addrs[r] = all[key(r)]; addrs[r] == "" {
+		addrs[r] = all[tcpKey(r)]
+		if u := all[unixKey(r)]; u != "" && hostOf[r] == hostOf[s.rank] {
+			addrs[r] = UnixAddrPrefix + u
+		}
+		if addrs[r] == "" {
 			ln.Close()
 			return nil, fmt.Errorf("comm: rank %d gave no data-plane address", r)
 		}
