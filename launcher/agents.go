@@ -28,10 +28,11 @@ type agentHost struct {
 
 	started    time.Time
 	registered bool
-	done       bool   // every rank of the host has ended
-	ended      bool   // the agent itself has ended
-	released   bool   // its start slot is free again
-	kill       func() // guarded by job.mu
+	done       bool           // every rank of the host has ended
+	ended      bool           // the agent itself has ended
+	released   bool           // its start slot is free again
+	kill       func()         // guarded by job.mu
+	stream     io.WriteCloser // the agent's stdin (its "launcher alive" stream); guarded by job.mu
 }
 
 // agentExit reports the end of an agent (process or in-process goroutine).

@@ -63,8 +63,7 @@ type job struct {
 	sem        chan struct{}  // start slots
 	quit       chan struct{}  // closed when the job is over
 
-	mu     sync.Mutex       // guards stdins and every host's kill
-	stdins []io.WriteCloser // agents' launcher streams, closed at the end
+	mu sync.Mutex // guards every host's kill and stream
 
 	// State owned by the loop.
 	cause      *failure
@@ -415,12 +414,27 @@ func (j *job) rankGone(r int) bool {
 	return true
 }
 
-// hostLost marks every rank of h ended: nobody will report them.
+// hostLost marks every rank of h ended: nobody will report them. Its
+// agent's stream is closed at once: an agent that is still there (a
+// partition cut the control plane, not the rsh channel) takes that as the
+// launcher's end, stops its ranks and removes the job's files.
 func (j *job) hostLost(h *agentHost) {
 	for _, r := range h.ranks {
 		j.rankGone(r)
 	}
 	h.done = true
+	j.closeStream(h)
+}
+
+// closeStream closes h's launcher stream, if it has one.
+func (j *job) closeStream(h *agentHost) {
+	j.mu.Lock()
+	s := h.stream
+	h.stream = nil
+	j.mu.Unlock()
+	if s != nil {
+		s.Close()
+	}
 }
 
 func (j *job) release(h *agentHost) {
@@ -619,11 +633,9 @@ func (j *job) finish() {
 			pending = 0
 		}
 	}
-	j.mu.Lock()
-	for _, w := range j.stdins {
-		w.Close()
+	for _, h := range j.hosts {
+		j.closeStream(h)
 	}
-	j.mu.Unlock()
 	// Drain what the goroutines still send while they end.
 	done := make(chan struct{})
 	go func() { j.wg.Wait(); close(done) }()
@@ -644,8 +656,7 @@ func (j *job) finish() {
 func (j *job) started(h *agentHost, stream io.WriteCloser, kill func()) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.stdins = append(j.stdins, stream)
-	h.kill = kill
+	h.stream, h.kill = stream, kill
 }
 
 func (j *job) hasAgent(h *agentHost) bool {

@@ -42,6 +42,10 @@ func agentMain(args []string, stdin io.Reader, stderr io.Writer) int {
 	if *verbose {
 		level = slog.LevelDebug
 	}
+	// Once the launcher is gone, so is the reader of this stderr: a log line
+	// must then fail (EPIPE), not kill the agent with SIGPIPE before it has
+	// stopped its ranks and removed the job's files.
+	stderr = undying(stderr)
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	r := bufio.NewReader(stdin)

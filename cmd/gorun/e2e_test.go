@@ -207,6 +207,30 @@ func (j *job) checkNoOrphans() {
 	}
 }
 
+// jobID is the job id a helper printed ("job <id>").
+func (j *job) jobID() string {
+	j.t.Helper()
+	m := regexp.MustCompile(`(?m)^\[\d+\] job (\S+)$`).FindStringSubmatch(j.stdout.String())
+	if m == nil {
+		j.t.Fatalf("no job id printed:\n%s", j.stdout.String())
+	}
+	return m[1]
+}
+
+// checkNoJobFiles fails if a job directory of id is left under the
+// temporary directory (agents remove theirs as they exit; it polls briefly).
+func checkNoJobFiles(t *testing.T, id string) {
+	t.Helper()
+	var left []string
+	for range 250 {
+		if left, _ = filepath.Glob(filepath.Join(os.TempDir(), "gorun-"+id+"-*")); len(left) == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Errorf("job files left behind: %v", left)
+}
+
 func runJob(t *testing.T, helper string, env []string, args ...string) result {
 	t.Helper()
 	return startJob(t, helper, env, args...).wait(60 * time.Second)

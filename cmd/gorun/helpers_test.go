@@ -103,6 +103,7 @@ func helperExit() int {
 func helperTrap() int {
 	c := make(chan os.Signal, 4)
 	signal.Notify(c, syscall.SIGINT, syscall.SIGTERM, syscall.SIGUSR1, syscall.SIGUSR2)
+	fmt.Println("job " + os.Getenv("GORUN_JOB_ID"))
 	fmt.Println("ready")
 	for s := range c {
 		fmt.Printf("got %v\n", s)
@@ -116,6 +117,7 @@ func helperTrap() int {
 // helperIgnore ignores SIGINT and SIGTERM: only SIGKILL ends it.
 func helperIgnore() int {
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM)
+	fmt.Println("job " + os.Getenv("GORUN_JOB_ID"))
 	fmt.Println("ready")
 	time.Sleep(time.Hour)
 	return 0

@@ -93,6 +93,7 @@ func TestMultiHostPartitionIsDetected(t *testing.T) {
 	}
 	// wait also checks that the cut-off agent, which loses its launcher, stops its rank.
 	res := j.wait(60 * time.Second)
+	checkNoJobFiles(t, j.jobID())
 	if res.code != 1 || !strings.Contains(res.stderr, "host "+hosts.Names[1]+" lost: no heartbeat") {
 		t.Fatalf("exit %d, want 1 and a lost-host report\nstderr:\n%s", res.code, res.stderr)
 	}
@@ -107,6 +108,7 @@ func TestMultiHostLauncherKilled(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		if len(markedProcs(j.mark)) == 0 {
+			checkNoJobFiles(t, j.jobID())
 			return
 		}
 		time.Sleep(50 * time.Millisecond)

@@ -133,6 +133,7 @@ func TestAgentsStopRanksWhenLauncherDies(t *testing.T) {
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
 		if left = markedProcs(j.mark); len(left) == 0 {
+			checkNoJobFiles(t, j.jobID())
 			return
 		}
 		time.Sleep(50 * time.Millisecond)

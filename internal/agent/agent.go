@@ -448,7 +448,6 @@ func (a *agent) exited(p *rankProc) {
 	a.event(e)
 	if a.running == 0 {
 		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
-		_ = a.ctl.FlushTimeout(5 * time.Second)
 	}
 }
 
