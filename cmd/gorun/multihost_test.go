@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -70,6 +71,15 @@ func TestMultiHostCrashStopsTheJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := j.wait(60 * time.Second)
+	// The crashed host's agent could not remove its files; a real host's
+	// /tmp goes with it. The other hosts' agents did remove theirs.
+	left, _ := filepath.Glob(filepath.Join(os.TempDir(), "gorun-"+j.jobID()+"-*"))
+	if len(left) != 1 {
+		t.Errorf("job directories left: %v, want only the crashed host's", left)
+	}
+	for _, d := range left {
+		os.RemoveAll(d)
+	}
 	if res.code != 1 {
 		t.Fatalf("exit %d, want 1\nstderr:\n%s", res.code, res.stderr)
 	}
