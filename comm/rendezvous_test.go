@@ -29,6 +29,22 @@ func startServer(t testing.TB, secret comm.Secret) *ctlserver.Server {
 	return srv
 }
 
+// testControlPlane starts a control-plane server and a launcher's
+// in-process connection to it, closed at cleanup.
+func testControlPlane(t testing.TB) (comm.Secret, *ctlserver.Server, *comm.Control) {
+	t.Helper()
+	secret := newSecret(t)
+	srv := startServer(t, secret)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	return secret, srv, l
+}
+
 func newSecret(t testing.TB) comm.Secret {
 	t.Helper()
 	s, err := comm.NewSecret()
@@ -186,15 +202,9 @@ func BenchmarkRendezvous(b *testing.B) {
 }
 
 func TestRegistrationChecks(t *testing.T) {
-	secret := newSecret(t)
-	srv := startServer(t, secret)
+	secret, srv, l := testControlPlane(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
 	rv, err := comm.StartRendezvous(l.Conn, "job1", 0, []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}},
 		&wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second})
 	if err != nil {
@@ -288,15 +298,9 @@ func TestLocalOnlyServerDoesNotListen(t *testing.T) {
 }
 
 func TestRendezvousCancel(t *testing.T) {
-	secret := newSecret(t)
-	srv := startServer(t, secret)
+	secret, srv, l := testControlPlane(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
 	spec := &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}
 	hosts := []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}}
 	join := func(job string) *comm.AgentRendezvous {
@@ -364,15 +368,7 @@ func TestRendezvousCancel(t *testing.T) {
 }
 
 func TestFenceCollector(t *testing.T) {
-	secret := newSecret(t)
-	srv := startServer(t, secret)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	_, _, l := testControlPlane(t)
 	merged := make(chan *nats.Msg, 4)
 	sub, err := l.ChanSubscribe(wire.JobSubjects("fj").Fence, merged)
 	if err != nil {
