@@ -63,12 +63,18 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		return reportError(stderr, err)
 	}
 	cfg.Stdout, cfg.Stderr = undying(stdout), undying(stderr)
-	// A terminal is read only by a foreground gorun (reading it from the
-	// background would stop gorun with SIGTTIN; ignored, so that a job
-	// moved to the background later reads EIO instead of stopping).
-	signal.Ignore(syscall.SIGTTIN)
-	if cfg.Stdin != nil && isBackgroundTerminal(os.Stdin) {
-		cfg.Stdin = nil
+	// A terminal is read only by a foreground gorun: reading it from the
+	// background would stop gorun with SIGTTIN. When gorun does read one,
+	// SIGTTIN is ignored, so that a job moved to the background later reads
+	// EIO instead of stopping. (Only then: an ignored signal stays ignored
+	// in the ranks gorun starts.)
+	if cfg.Stdin != nil {
+		switch bg, tty := terminalState(os.Stdin); {
+		case bg:
+			cfg.Stdin = nil
+		case tty:
+			signal.Ignore(syscall.SIGTTIN)
+		}
 	}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
@@ -98,14 +104,14 @@ func undying(w io.Writer) io.Writer {
 	return os.NewFile(uintptr(fd), f.Name())
 }
 
-// isBackgroundTerminal reports whether f is a terminal whose foreground
-// process group is not gorun's.
-func isBackgroundTerminal(f *os.File) bool {
+// terminalState reports whether f is a terminal, and whether gorun is in
+// the background on it (its foreground process group is not gorun's).
+func terminalState(f *os.File) (background, terminal bool) {
 	pgrp, err := unix.IoctlGetInt(int(f.Fd()), unix.TIOCGPGRP)
 	if err != nil {
-		return false // not a terminal
+		return false, false // not a terminal
 	}
-	return pgrp != unix.Getpgrp()
+	return pgrp != unix.Getpgrp(), true
 }
 
 func reportError(stderr io.Writer, err error) int {
