@@ -337,26 +337,25 @@ func (c *Comm) Allgather(ctx context.Context, mine []byte) ([][]byte, error) {
 	right, left := c.mod(c.rank+1), c.mod(c.rank-1)
 	err := c.collective(ctx, op, func(ctx context.Context, fail func(error), seq uint32) error {
 		ready := make(chan struct{}, c.size)
-		var wg sync.WaitGroup
-		wg.Go(func() {
+		send := func() error {
 			for k := range c.size - 1 {
 				if k > 0 {
 					select {
 					case <-ready:
 					case <-ctx.Done():
-						return
+						return nil // the receiver reports why
 					}
 				}
 				blk := out[c.mod(c.rank-k)]
 				var hb [headerSize]byte
 				header{kind: kindAllgather, seq: seq, n: uint64(len(blk))}.put(hb[:])
 				if err := c.writev(right, hb[:], blk); err != nil {
-					fail(err)
-					return
+					return err
 				}
 			}
-		})
-		err := func() error {
+			return nil
+		}
+		recv := func() error {
 			for k := range c.size - 1 {
 				h, err := c.recvHeader(left, kindAllgather, seq)
 				if err != nil {
@@ -373,15 +372,8 @@ func (c *Comm) Allgather(ctx context.Context, mine []byte) ([][]byte, error) {
 				ready <- struct{}{}
 			}
 			return nil
-		}()
-		if err != nil {
-			fail(err)
 		}
-		wg.Wait()
-		if ctx.Err() != nil {
-			return context.Cause(ctx)
-		}
-		return nil
+		return duplex(ctx, fail, send, recv)
 	})
 	if err != nil {
 		return nil, err
@@ -451,11 +443,9 @@ func (c *Comm) ring(ctx context.Context, fail func(error), hdr header, xb []byte
 	ready := make(chan struct{}, nready)
 	sent := make(chan struct{}, nsent)
 
-	var wg sync.WaitGroup
-	wg.Go(func() {
+	send := func() error {
 		if err := c.sendHeader(right, hdr); err != nil {
-			fail(err)
-			return
+			return err
 		}
 		for k := range steps {
 			lo, hi := chunk(r - k)
@@ -465,20 +455,20 @@ func (c *Comm) ring(ctx context.Context, fail func(error), hdr header, xb []byte
 					select {
 					case <-ready:
 					case <-ctx.Done():
-						return
+						return nil // the receiver reports why
 					}
 				}
 				if err := c.write(right, xb[s*es:e*es]); err != nil {
-					fail(err)
-					return
+					return err
 				}
 				if k < n-1 {
 					sent <- struct{}{}
 				}
 			}
 		}
-	})
-	err := func() error {
+		return nil
+	}
+	recv := func() error {
 		if err := c.expectHeader(left, hdr); err != nil {
 			return err
 		}
@@ -510,8 +500,21 @@ func (c *Comm) ring(ctx context.Context, fail func(error), hdr header, xb []byte
 			}
 		}
 		return nil
-	}()
-	if err != nil {
+	}
+	return duplex(ctx, fail, send, recv)
+}
+
+// duplex runs send on a goroutine of its own beside recv and returns once
+// both are done. An error of either goes to fail (which ends ctx, so the
+// other side stops too); the result is ctx's cause, or nil.
+func duplex(ctx context.Context, fail func(error), send, recv func() error) error {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := send(); err != nil {
+			fail(err)
+		}
+	})
+	if err := recv(); err != nil {
 		fail(err)
 	}
 	wg.Wait()
