@@ -68,13 +68,10 @@ func (t *tail) String() string {
 	return strings.Join(t.lines, "\n")
 }
 
-// IsLocalHost reports whether name is the launcher's own host: localhost,
-// this host's name (short or fully qualified, in any case), or an IP
-// address of one of its interfaces. It does no name resolution.
-func IsLocalHost(name string) bool { return newLocalMatcher().match(name) }
-
-// LocalHostMatcher returns IsLocalHost with this host's names and
-// addresses read once, for checking many names.
+// LocalHostMatcher returns a function that reports whether a host name is
+// the launcher's own host: localhost, this host's name (short or fully
+// qualified, in any case), or an IP address of one of its interfaces. It
+// reads this host's names and addresses once and does no name resolution.
 func LocalHostMatcher() func(name string) bool { return newLocalMatcher().match }
 
 // localMatcher tells this host's names and addresses, read once (a job of

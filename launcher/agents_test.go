@@ -8,7 +8,8 @@ import (
 	"testing"
 )
 
-func TestIsLocalHost(t *testing.T) {
+func TestLocalHostMatcher(t *testing.T) {
+	isLocal := LocalHostMatcher()
 	hn, err := os.Hostname()
 	if err != nil {
 		t.Fatal(err)
@@ -25,8 +26,8 @@ func TestIsLocalHost(t *testing.T) {
 		}
 	}
 	for _, name := range local {
-		if !IsLocalHost(name) {
-			t.Errorf("IsLocalHost(%q) = false, want true", name)
+		if !isLocal(name) {
+			t.Errorf("%q is not local, want local", name)
 		}
 	}
 	// Addresses from the documentation ranges (RFC 5737, RFC 3849) are
@@ -38,8 +39,8 @@ func TestIsLocalHost(t *testing.T) {
 				t.Fatalf("this machine has the documentation address %s; pick another", name)
 			}
 		}
-		if IsLocalHost(name) {
-			t.Errorf("IsLocalHost(%q) = true, want false", name)
+		if isLocal(name) {
+			t.Errorf("%q is local, want remote", name)
 		}
 	}
 }

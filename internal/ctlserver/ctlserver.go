@@ -108,9 +108,6 @@ func (s *Server) URL() string {
 	return s.ns.ClientURL()
 }
 
-// Addr is the listening address.
-func (s *Server) Addr() net.Addr { return s.ns.Addr() }
-
 // InProcess is the provider for an in-process client connection
 // (comm.DialInProcess).
 func (s *Server) InProcess() *server.Server { return s.ns }

@@ -3,7 +3,6 @@ package wire
 import (
 	"fmt"
 	"strconv"
-	"strings"
 )
 
 // Subjects are the control-plane subjects of one job. All of them are
@@ -76,17 +75,4 @@ func JobSubjects(id string) Subjects {
 		Fence:     p + "fence",
 		stdin:     p + "stdin.",
 	}
-}
-
-// UpKind classifies a subject received on the Up wildcard.
-func (s Subjects) UpKind(subject string) string {
-	switch subject {
-	case s.Events:
-		return "events"
-	case s.Output:
-		return "output"
-	case s.Heartbeat:
-		return "hb"
-	}
-	return strings.TrimPrefix(subject, strings.TrimSuffix(s.Up, ">"))
 }

@@ -90,18 +90,3 @@ func TestJobSubjectsPanicsOnInvalidID(t *testing.T) {
 		})
 	}
 }
-
-func TestUpKind(t *testing.T) {
-	s := wire.JobSubjects("job-1")
-	tests := []struct{ subject, want string }{
-		{s.Events, "events"},
-		{s.Output, "output"},
-		{s.Heartbeat, "hb"},
-		{"gorun.job-1.up.other", "other"},
-	}
-	for _, tc := range tests {
-		if got := s.UpKind(tc.subject); got != tc.want {
-			t.Errorf("UpKind(%q) = %q, want %q", tc.subject, got, tc.want)
-		}
-	}
-}
