@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/gortest"
 )
 
 // worldOpts shape a test world.
@@ -132,23 +134,8 @@ func within[T any](t testing.TB, d time.Duration, f func() T) T {
 	}
 }
 
-// syncBuffer is a log sink for several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is safe for concurrent use.
+type syncBuffer = gortest.SyncBuffer
 
 func pattern(seed, n int) []byte {
 	b := make([]byte, n)

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/gortest"
+
 	"github.com/gorun/gorun/internal/wire"
 )
 
@@ -253,24 +255,9 @@ func TestOutputInvalidFrame(t *testing.T) {
 	}
 }
 
-// lineChecker is a writer that records everything written to it, from
-// both streams, as a terminal does.
-type lineChecker struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (w *lineChecker) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(p)
-}
-
-func (w *lineChecker) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
-}
+// lineChecker records everything written to it, from both streams, as a
+// terminal does.
+type lineChecker = gortest.SyncBuffer
 
 // checkWholeLines checks every line of out against re.
 func checkWholeLines(t *testing.T, out string, re *regexp.Regexp) map[string]int {

@@ -15,10 +15,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/gortest"
 )
 
 // gorunBin is the gorun binary built once for the end-to-end tests.
@@ -75,22 +76,8 @@ type job struct {
 	res    result
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is safe for concurrent use.
+type syncBuffer = gortest.SyncBuffer
 
 func newMark() string {
 	var b [8]byte
