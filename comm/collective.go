@@ -14,7 +14,10 @@ package comm
 // the same segment at step k, so receiving, reducing and sending overlap.
 // Data is sent straight from, and in the allgather phase received straight
 // into, the caller's slice; only reduce-scatter segments pass through one
-// scratch buffer the size of a segment.
+// scratch buffer the size of a segment. Between ring neighbours of one
+// host, segments go through shared-memory rings instead (shm.go): the
+// sender copies a segment into a slot, the receiver reduces straight out
+// of it, and the socket carries one-byte doorbells and credits.
 //
 // The result is deterministic: chunk c is summed in the fixed order
 // x[c] + x[c+1] + ... + x[c-1] by the ranks along the ring, whatever the
@@ -440,13 +443,34 @@ func (c *Comm) ring(ctx context.Context, fail func(error), hdr header, xb []byte
 	for k := range n - 1 {
 		nsent += nseg(r - k)
 	}
+	nsend := nsent // every segment sent
+	for k := n - 1; k < steps; k++ {
+		nsend += nseg(r - k)
+	}
 	ready := make(chan struct{}, nready)
 	sent := make(chan struct{}, nsent)
 
+	// Rings of shared memory to the right and from the left (shm.go), or
+	// nil where the link is a plain socket.
+	shmR, shmL := c.ringShm(right, seg*es), c.ringShm(left, seg*es)
+	var pipe shmPipe
+	if shmL != nil {
+		pipe.doorbells = make(chan struct{}, shmSlots)
+	}
+	if shmR != nil {
+		pipe.credits = make(chan struct{}, shmSlots)
+	}
+	doorbell, credit := []byte{shmDoorbell}, []byte{shmCredit}
+	nrecv := nready + nseg(r-steps) // every segment received
+
+	// The header goes first, before the receiver can answer a doorbell
+	// with a credit on the same link. It is small: the write does not wait
+	// for the peer.
+	if err := c.sendHeader(right, hdr); err != nil {
+		return err
+	}
 	send := func() error {
-		if err := c.sendHeader(right, hdr); err != nil {
-			return err
-		}
+		posted := 0 // segments put in shmR
 		for k := range steps {
 			lo, hi := chunk(r - k)
 			for s := lo; s < hi; s += seg {
@@ -458,8 +482,24 @@ func (c *Comm) ring(ctx context.Context, fail func(error), hdr header, xb []byte
 						return nil // the receiver reports why
 					}
 				}
-				if err := c.write(right, xb[s*es:e*es]); err != nil {
-					return err
+				data := xb[s*es : e*es]
+				if shmR == nil {
+					if err := c.write(right, data); err != nil {
+						return err
+					}
+				} else {
+					if posted >= shmSlots {
+						select {
+						case <-pipe.credits:
+						case <-ctx.Done():
+							return nil
+						}
+					}
+					copy(shmR.out.slot(posted, len(data)), data)
+					posted++
+					if err := c.write(right, doorbell); err != nil {
+						return err
+					}
 				}
 				if k < n-1 {
 					sent <- struct{}{}
@@ -472,25 +512,70 @@ func (c *Comm) ring(ctx context.Context, fail func(error), hdr header, xb []byte
 		if err := c.expectHeader(left, hdr); err != nil {
 			return err
 		}
-		scratch := c.scratchBytes(seg * es)
+		// The readers of doorbells and credits start after the header:
+		// with two ranks, left and right are one link.
+		var readers sync.WaitGroup
+		defer readers.Wait()
+		startReader := func(peer, doorbells, credits int) {
+			readers.Go(func() {
+				if err := shmReader(ctx, c.peers[peer].links[chanColl], &pipe, doorbells, credits); err != nil {
+					fail(&linkError{peer, err})
+				}
+			})
+		}
+		switch {
+		case shmL != nil && left == right:
+			startReader(left, nrecv, nsend)
+		default:
+			if shmL != nil {
+				startReader(left, nrecv, 0)
+			}
+			if shmR != nil {
+				startReader(right, 0, nsend)
+			}
+		}
+		var scratch []byte
+		if shmL == nil {
+			scratch = c.scratchBytes(seg * es)
+		}
+		got := 0 // segments taken from shmL
 		for k := range steps {
 			lo, hi := chunk(r - k - 1)
 			for s := lo; s < hi; s += seg {
 				e := min(s+seg, hi)
 				dst := xb[s*es : e*es]
-				if k < n-1 { // reduce-scatter: add into xb
-					buf := scratch[:len(dst)]
-					if err := c.read(left, buf); err != nil {
-						return err
+				var src []byte // the segment received, for the reduce-scatter
+				if shmL != nil {
+					select {
+					case <-pipe.doorbells:
+					case <-ctx.Done():
+						return context.Cause(ctx)
 					}
-					reduce(dst, buf)
+					src = shmL.in.slot(got, len(dst))
+					got++
+				}
+				if k < n-1 { // reduce-scatter: add into xb
+					if src == nil {
+						src = scratch[:len(dst)]
+						if err := c.read(left, src); err != nil {
+							return err
+						}
+					}
+					reduce(dst, src)
 				} else { // allgather: the final sum, straight into xb
 					select {
 					case <-sent:
 					case <-ctx.Done():
 						return context.Cause(ctx)
 					}
-					if err := c.read(left, dst); err != nil {
+					if src != nil {
+						copy(dst, src)
+					} else if err := c.read(left, dst); err != nil {
+						return err
+					}
+				}
+				if shmL != nil {
+					if err := c.write(left, credit); err != nil {
 						return err
 					}
 				}
@@ -502,6 +587,15 @@ func (c *Comm) ring(ctx context.Context, fail func(error), hdr header, xb []byte
 		return nil
 	}
 	return duplex(ctx, fail, send, recv)
+}
+
+// ringShm returns the rings of the collective link to rank r when the ring
+// can move segments of segBytes through them, or nil.
+func (c *Comm) ringShm(r, segBytes int) *shmLink {
+	if l := c.peers[r].shm; l != nil && segBytes <= l.out.slotBytes && segBytes <= l.in.slotBytes {
+		return l
+	}
+	return nil
 }
 
 // duplex runs send on a goroutine of its own beside recv and returns once

@@ -93,10 +93,12 @@ func checkAllreduce[T float32 | float64 | int64](t *testing.T, comms []*Comm, in
 	}
 }
 
-func TestAllreduce(t *testing.T) {
+func TestAllreduce(t *testing.T) { forLinks(t, testAllreduce) }
+
+func testAllreduce(t *testing.T, unix bool) {
 	for n := 1; n <= 8; n++ {
 		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
-			comms := newWorld(t, n, worldOpts{segment: testSegment})
+			comms := newWorld(t, n, worldOpts{segment: testSegment, unix: unix})
 			for _, l := range collLengths(n) {
 				in := inputs(1, n, l)
 				t.Run(fmt.Sprintf("float32/len=%d", l), func(t *testing.T) {
@@ -149,9 +151,11 @@ func TestAllreduce(t *testing.T) {
 func TestAllreduceDeterministic(t *testing.T) {
 	const n, l = 5, 50_000
 	in := convert(inputs(7, n, l), func(v float64) float32 { return float32(v) })
-	var runs [2][][]float32
+	// Two runs over TCP links and two over Unix sockets with shared
+	// memory: the links must not change a bit either.
+	var runs [4][][]float32
 	for run := range runs {
-		comms := newWorld(t, n, worldOpts{segment: 4096})
+		comms := newWorld(t, n, worldOpts{segment: 4096, unix: run >= 2})
 		x := clone2(in)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		mustAll(t, onAll(comms, func(c *Comm) error { return c.AllreduceFloat32(ctx, x[c.Rank()]) }))
@@ -394,9 +398,11 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 	}
 }
 
-func TestPeerClosesMidAllreduce(t *testing.T) {
+func TestPeerClosesMidAllreduce(t *testing.T) { forLinks(t, testPeerClosesMidAllreduce) }
+
+func testPeerClosesMidAllreduce(t *testing.T, unix bool) {
 	const n, victim = 4, 2
-	comms := newWorld(t, n, worldOpts{segment: 16 << 10, log: io.Discard})
+	comms := newWorld(t, n, worldOpts{segment: 16 << 10, log: io.Discard, unix: unix})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var done atomic.Int64
@@ -420,6 +426,10 @@ func TestPeerClosesMidAllreduce(t *testing.T) {
 		if !errors.Is(err, want) {
 			t.Errorf("rank %d: %v, want %v", r, err, want)
 		}
+		// The lost peer is one this rank exchanges with in the ring.
+		if pl, ok := errors.AsType[*PeerLostError](err); r != victim && (!ok || (pl.Rank != (r+1)%n && pl.Rank != (r+n-1)%n) || pl.Op != "AllreduceFloat32") {
+			t.Errorf("rank %d: %#v, want a PeerLostError naming a ring neighbour", r, pl)
+		}
 	}
 	// The failure sticks: the next collective fails at once.
 	if err := within(t, 5*time.Second, func() error { return comms[0].Barrier(ctx) }); !errors.Is(err, ErrPeerLost) {
@@ -427,10 +437,12 @@ func TestPeerClosesMidAllreduce(t *testing.T) {
 	}
 }
 
-func TestAbortMidCollective(t *testing.T) {
+func TestAbortMidCollective(t *testing.T) { forLinks(t, testAbortMidCollective) }
+
+func testAbortMidCollective(t *testing.T, unix bool) {
 	const n = 4
 	secret := testSecret(t)
-	comms := newWorld(t, n, worldOpts{secret: secret, epoch: 5, segment: 16 << 10, log: io.Discard})
+	comms := newWorld(t, n, worldOpts{secret: secret, epoch: 5, segment: 16 << 10, log: io.Discard, unix: unix})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var done atomic.Int64
@@ -462,7 +474,7 @@ func TestAbortMidCollective(t *testing.T) {
 		}
 	}
 	// Epoch 6 on fresh listeners.
-	next := newWorld(t, n, worldOpts{secret: secret, epoch: 6, log: io.Discard})
+	next := newWorld(t, n, worldOpts{secret: secret, epoch: 6, log: io.Discard, unix: unix})
 	x := make([][]float64, n)
 	for r := range x {
 		x[r] = []float64{float64(r), 1}
@@ -497,43 +509,7 @@ func TestContextCancel(t *testing.T) {
 			}
 		}
 	})
-	t.Run("mid allreduce", func(t *testing.T) {
-		comms := newWorld(t, n, worldOpts{segment: 16 << 10, log: io.Discard})
-		ctx0, cancel0 := context.WithCancel(context.Background())
-		var done atomic.Int64
-		result := make(chan []error, 1)
-		go func() {
-			result <- onAll(comms, func(c *Comm) error {
-				ctx := context.Background()
-				if c.Rank() == 0 {
-					ctx = ctx0
-				}
-				x := make([]float32, 200_000)
-				for {
-					if err := c.AllreduceFloat32(ctx, x); err != nil {
-						return err
-					}
-					done.Add(1)
-				}
-			})
-		}()
-		waitFor(t, 10*time.Second, func() bool { return done.Load() >= 2*n })
-		cancel0()
-		var errs []error
-		select {
-		case errs = <-result:
-		case <-time.After(5 * time.Second):
-			t.Fatal("no return within 5 s of the cancellation")
-		}
-		if !errors.Is(errs[0], context.Canceled) {
-			t.Errorf("rank 0: %v, want context.Canceled", errs[0])
-		}
-		for r := 1; r < n; r++ {
-			if !errors.Is(errs[r], ErrPeerLost) {
-				t.Errorf("rank %d: %v, want ErrPeerLost", r, errs[r])
-			}
-		}
-	})
+	t.Run("mid allreduce", func(t *testing.T) { forLinks(t, testCancelMidAllreduce) })
 	t.Run("already done", func(t *testing.T) {
 		comms := newWorld(t, 1, worldOpts{})
 		ctx, cancel := context.WithCancel(context.Background())
@@ -548,6 +524,47 @@ func TestContextCancel(t *testing.T) {
 			}
 		}
 	})
+}
+
+// testCancelMidAllreduce: one rank's context ends in the middle of a loop
+// of Allreduce; it returns the context's error, the others ErrPeerLost.
+func testCancelMidAllreduce(t *testing.T, unix bool) {
+	const n = 3
+	comms := newWorld(t, n, worldOpts{segment: 16 << 10, log: io.Discard, unix: unix})
+	ctx0, cancel0 := context.WithCancel(context.Background())
+	var done atomic.Int64
+	result := make(chan []error, 1)
+	go func() {
+		result <- onAll(comms, func(c *Comm) error {
+			ctx := context.Background()
+			if c.Rank() == 0 {
+				ctx = ctx0
+			}
+			x := make([]float32, 200_000)
+			for {
+				if err := c.AllreduceFloat32(ctx, x); err != nil {
+					return err
+				}
+				done.Add(1)
+			}
+		})
+	}()
+	waitFor(t, 10*time.Second, func() bool { return done.Load() >= 2*n })
+	cancel0()
+	var errs []error
+	select {
+	case errs = <-result:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no return within 5 s of the cancellation")
+	}
+	if !errors.Is(errs[0], context.Canceled) {
+		t.Errorf("rank 0: %v, want context.Canceled", errs[0])
+	}
+	for r := 1; r < n; r++ {
+		if !errors.Is(errs[r], ErrPeerLost) {
+			t.Errorf("rank %d: %v, want ErrPeerLost", r, errs[r])
+		}
+	}
 }
 
 // TestWorldOfOne: the collectives of a single rank are local.
@@ -616,5 +633,17 @@ func TestReduceKernels(t *testing.T) {
 				t.Fatalf("len %d element %d: %v %v %v", l, i, a[i], c[i], e[i])
 			}
 		}
+	}
+}
+
+// forLinks runs test over TCP links (ranks of different hosts) and over
+// Unix sockets with shared-memory rings (ranks of one host).
+func forLinks(t *testing.T, test func(t *testing.T, unix bool)) {
+	for _, unix := range []bool{false, true} {
+		name := "link=tcp"
+		if unix {
+			name = "link=unix"
+		}
+		t.Run(name, func(t *testing.T) { test(t, unix) })
 	}
 }

@@ -59,6 +59,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -96,6 +97,12 @@ var handshakeTimeoutOverride atomic.Int64
 
 // keepAlive lets a read on a silent (partitioned) peer fail in about 30 s.
 var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3}
+
+// userTimeout (TCP_USER_TIMEOUT) does the same for a write: data left
+// unacknowledged that long breaks the link, where the kernel's
+// retransmissions alone would keep a write to a partitioned peer blocked
+// for about 15 minutes.
+const userTimeout = 30 * time.Second
 
 // aLongTimeAgo is a deadline that interrupts blocked I/O at once.
 var aLongTimeAgo = time.Unix(1, 0)
@@ -176,6 +183,7 @@ type Comm struct {
 type peer struct {
 	rank  int
 	links [numChans]net.Conn
+	shm   *shmLink // shared-memory rings beside the collective link, or nil (shm.go)
 
 	// Receive side of the point-to-point link, filled by readLoop.
 	inbox      chan []byte
@@ -338,6 +346,15 @@ func (c *Comm) Close() error {
 		}
 		c.connMu.Unlock()
 		c.wg.Wait()
+		// Unmap the rings only once no collective can touch them: a
+		// running one ends promptly now that the links are closed, and
+		// every later one fails before taking collSem.
+		c.collSem <- struct{}{}
+		for _, p := range c.peers {
+			if p != nil {
+				p.shm.unmap()
+			}
+		}
 		if s := c.session.Swap(nil); s != nil {
 			s.close()
 		}
@@ -583,7 +600,12 @@ func (c *Comm) accept(conn net.Conn) {
 	conn.SetDeadline(time.Now().Add(c.hsTimeout))
 	stop := context.AfterFunc(c.life, func() { conn.SetDeadline(aLongTimeAgo) })
 	from, ch, err := c.auth.accept(conn, c.rank, c.size, c.linkFree)
+	var shm *shmLink
+	if err == nil {
+		shm, err = c.setupShm(conn, from, ch)
+	}
 	if !stop() {
+		shm.unmap()
 		conn.Close()
 		return
 	}
@@ -593,10 +615,26 @@ func (c *Comm) accept(conn net.Conn) {
 		return
 	}
 	conn.SetDeadline(time.Time{})
-	if err := c.register(from, ch, conn); err != nil {
+	if err := c.register(from, ch, conn, shm); err != nil {
 		c.log.Warn("comm: refused data-plane connection", "remote", conn.RemoteAddr().String(), "peer", from, "err", err)
+		shm.unmap()
 		conn.Close()
 	}
+}
+
+// setupShm gives the collective link to rank r its shared-memory rings
+// when r is a ring neighbour on this host (shm.go). Only a failure of conn
+// is an error; without rings the link works as a plain socket.
+func (c *Comm) setupShm(conn net.Conn, r int, ch byte) (*shmLink, error) {
+	if ch != chanColl || !wantsShm(conn, c.rank, r, c.size) {
+		return nil, nil
+	}
+	shm, err := setupShm(conn, c.segBytes)
+	if nse, ok := errors.AsType[*noShmError](err); ok {
+		c.log.Debug("comm: collective link without shared memory", "peer", r, "err", nse)
+		return nil, nil
+	}
+	return shm, err
 }
 
 // dialLoop connects to rank to on channel ch, retrying until it succeeds
@@ -604,10 +642,11 @@ func (c *Comm) accept(conn net.Conn) {
 func (c *Comm) dialLoop(ctx context.Context, to int, ch byte) {
 	backoff := 2 * time.Millisecond
 	for {
-		conn, err := c.dial(ctx, to, ch)
+		conn, shm, err := c.dial(ctx, to, ch)
 		if err == nil {
-			if err := c.register(to, ch, conn); err != nil {
+			if err := c.register(to, ch, conn, shm); err != nil {
 				c.log.Warn("comm: dropped data-plane link", "peer", to, "err", err)
+				shm.unmap()
 				conn.Close()
 			}
 			return
@@ -631,26 +670,31 @@ func (c *Comm) dialLoop(ctx context.Context, to int, ch byte) {
 	}
 }
 
-func (c *Comm) dial(ctx context.Context, to int, ch byte) (net.Conn, error) {
+func (c *Comm) dial(ctx context.Context, to int, ch byte) (net.Conn, *shmLink, error) {
 	d := net.Dialer{KeepAliveConfig: keepAlive}
 	network, addr := splitAddr(c.addrs[to])
 	conn, err := d.DialContext(ctx, network, addr)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	conn.SetDeadline(time.Now().Add(c.hsTimeout))
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(aLongTimeAgo) })
 	err = c.auth.dial(conn, ch, c.rank, to)
+	var shm *shmLink
+	if err == nil {
+		shm, err = c.setupShm(conn, to, ch)
+	}
 	if !stop() {
+		shm.unmap()
 		conn.Close()
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 	if err != nil {
 		conn.Close()
-		return nil, err
+		return nil, nil, err
 	}
 	conn.SetDeadline(time.Time{})
-	return conn, nil
+	return conn, shm, nil
 }
 
 // linkFree says whether rank r may still connect on channel ch.
@@ -666,8 +710,9 @@ func (c *Comm) linkFree(r int, ch byte) error {
 	return nil
 }
 
-// register installs an authenticated link.
-func (c *Comm) register(r int, ch byte, conn net.Conn) error {
+// register installs an authenticated link (and the collective link's
+// rings, when it has them).
+func (c *Comm) register(r int, ch byte, conn net.Conn, shm *shmLink) error {
 	if err := c.linkFree(r, ch); err != nil {
 		return err
 	}
@@ -679,6 +724,9 @@ func (c *Comm) register(r int, ch byte, conn net.Conn) error {
 	p := c.peers[r]
 	tune(conn)
 	p.links[ch] = conn
+	if ch == chanColl {
+		p.shm = shm
+	}
 	if ch == chanP2P {
 		c.wg.Add(1)
 		go c.readLoop(p, conn)
@@ -710,6 +758,11 @@ func tune(conn net.Conn) {
 	}
 	tc.SetNoDelay(true)
 	tc.SetKeepAliveConfig(keepAlive)
+	if rc, err := tc.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) {
+			unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(userTimeout/time.Millisecond))
+		})
+	}
 	if socketBuffer > 0 {
 		tc.SetReadBuffer(socketBuffer)
 		tc.SetWriteBuffer(socketBuffer)

@@ -217,7 +217,7 @@ func TestSendRecvErrors(t *testing.T) {
 		t.Fatalf("Recv = %q, %v", b, err)
 	}
 	err = within(t, 5*time.Second, func() error { _, err := c.Recv(ctx, 1); return err })
-	if !errors.Is(err, ErrPeerLost) || !strings.Contains(err.Error(), "rank 1") {
+	if pl, ok := errors.AsType[*PeerLostError](err); !ok || pl.Rank != 1 || pl.Op != "Recv" || !errors.Is(err, ErrPeerLost) || !strings.Contains(err.Error(), "rank 1") {
 		t.Fatalf("Recv from a closed peer: %v", err)
 	}
 	err = within(t, 5*time.Second, func() error { return c.Send(ctx, 1, []byte("x")) })
@@ -526,8 +526,8 @@ func commGoroutines() []string {
 }
 
 func TestNoGoroutineLeak(t *testing.T) {
-	run := func(t *testing.T) {
-		comms := newWorld(t, 4, worldOpts{segment: 4096, log: io.Discard})
+	run := func(t *testing.T, unix bool) {
+		comms := newWorld(t, 4, worldOpts{segment: 4096, log: io.Discard, unix: unix})
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		x := make([][]float32, len(comms))
@@ -542,7 +542,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 		}))
 		// A silent client in the middle of a handshake, and a failing
 		// collective: neither may leave a goroutine behind.
-		silent, err := net.Dial("tcp", comms[0].ln.Addr().String())
+		silent, err := net.Dial(comms[0].ln.Addr().Network(), comms[0].ln.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -553,7 +553,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 			c.Close()
 		}
 	}
-	t.Run("world", run)
+	forLinks(t, run)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		left := commGoroutines()

@@ -1,7 +1,9 @@
 // Package comm is how gorun's processes find each other: the per-job
 // secret, the authenticated control-plane connection (NATS) that agents hold
 // to the launcher, and the rendezvous that turns agent registrations into
-// the epoch table every rank's world is built from.
+// the epoch table every rank's world is built from; and the ranks' data
+// plane: the communicator (Init, Comm) with its authenticated links,
+// point-to-point messages, collectives and epoch rebuild.
 //
 // Authentication never sends the secret: the secret is the seed of an
 // ed25519 key (a NATS nkey) and a client proves it holds the seed by signing

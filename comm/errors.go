@@ -26,12 +26,35 @@ var (
 // errAborted stands for Abort(nil).
 var errAborted = errors.New("comm: communicator aborted")
 
-// peerLost wraps ErrPeerLost with the rank and the underlying cause.
-func peerLost(op string, rank int, cause error) error {
-	if cause == nil {
-		return fmt.Errorf("comm: %s: rank %d: %w", op, rank, ErrPeerLost)
+// PeerLostError is the error of a call whose link to a peer broke. It
+// matches ErrPeerLost (errors.Is) and, through errors.As, tells which peer:
+// Rank is the rank at the other end of the broken link. In a collective
+// that is the neighbour this rank was exchanging with, not necessarily the
+// rank that failed first (a collective's failure travels from link to
+// link); the launcher's exit reports say which rank ended.
+type PeerLostError struct {
+	Op   string // the call: "Send", "AllreduceFloat32", ...
+	Rank int    // the peer
+	Err  error  // the I/O error, or nil
+}
+
+func (e *PeerLostError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("comm: %s: rank %d: %v", e.Op, e.Rank, ErrPeerLost)
 	}
-	return fmt.Errorf("comm: %s: rank %d: %w: %w", op, rank, ErrPeerLost, cause)
+	return fmt.Sprintf("comm: %s: rank %d: %v: %v", e.Op, e.Rank, ErrPeerLost, e.Err)
+}
+
+func (e *PeerLostError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrPeerLost}
+	}
+	return []error{ErrPeerLost, e.Err}
+}
+
+// peerLost is the PeerLostError of op for rank.
+func peerLost(op string, rank int, cause error) error {
+	return &PeerLostError{Op: op, Rank: rank, Err: cause}
 }
 
 // ctxErr wraps ctx.Err(), and the context's cause when it says more.
