@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/gorun/gorun/topology"
@@ -18,6 +19,9 @@ type Config struct {
 	NP            int
 	MapBy         topology.MapBy
 	Oversubscribe bool
+	// TP and PP are the tensor- and pipeline-parallel sizes of the job's
+	// layout (--tp, --pp; 0 means 1): TP × PP must divide NP.
+	TP, PP int
 
 	Prog string
 	Args []string
@@ -84,6 +88,10 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if cfg.NP < 1 {
 		return cfg, &ConfigError{Msg: "-np must be at least 1"}
+	}
+	cfg.TP, cfg.PP = max(cfg.TP, 1), max(cfg.PP, 1)
+	if _, err := topology.NewLayout(cfg.NP, cfg.TP, cfg.PP); err != nil {
+		return cfg, &ConfigError{Msg: fmt.Sprintf("--tp %d --pp %d: %v", cfg.TP, cfg.PP, strings.TrimPrefix(err.Error(), "topology: bad parallel layout: ")), Err: err}
 	}
 	if cfg.Stdin != nil && (cfg.StdinRank < 0 || cfg.StdinRank >= cfg.NP) {
 		return cfg, &ConfigError{Msg: fmt.Sprintf("--stdin %d: the job has ranks 0 to %d", cfg.StdinRank, cfg.NP-1)}

@@ -187,7 +187,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, &wire.JobSpec{
 		Prog: j.cfg.Prog, Args: j.cfg.Args, Env: j.cfg.Env, Dir: j.cfg.Dir, DirExplicit: j.cfg.dirExplicit,
 		KillGrace: j.cfg.KillGrace, HeartbeatInterval: j.cfg.HeartbeatInterval, OutputDelay: j.cfg.OutputDelay,
-		StdinRank: j.stdinRank(),
+		StdinRank: j.stdinRank(), TP: j.cfg.TP, PP: j.cfg.PP,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)

@@ -230,8 +230,13 @@ func TestRanksGetTheirContract(t *testing.T) {
 		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {
 			os.Setenv("GORUNTEST_Y", "from-launcher")
 			defer os.Unsetenv("GORUNTEST_Y")
+			// A layout: 1 × 1 × np, or with 16 ranks TP 4 × PP 2 × DP 2.
+			tp, pp := 1, 1
+			if np == 16 {
+				tp, pp = 4, 2
+			}
 			res := runJob(t, "env", []string{"GORUNTEST_X=a=b c", "GORUNTEST_Y"},
-				"-np", strconv.Itoa(np), "--oversubscribe", os.Args[0])
+				"-np", strconv.Itoa(np), "--tp", strconv.Itoa(tp), "--pp", strconv.Itoa(pp), "--oversubscribe", os.Args[0])
 			if res.code != 0 {
 				t.Fatalf("exit %d\nstderr:\n%s", res.code, res.stderr)
 			}
@@ -265,6 +270,7 @@ func TestRanksGetTheirContract(t *testing.T) {
 					"GORUN_EPOCH": "0", "GORUN_RESTART_COUNT": "0", "TORCHELASTIC_RESTART_COUNT": "0",
 					"MASTER_ADDR": "127.0.0.1", "ROLE_NAME": "default",
 					"GORUNTEST_X": "a=b c", "GORUNTEST_Y": "from-launcher",
+					"GORUN_TP_SIZE": strconv.Itoa(tp), "GORUN_PP_SIZE": strconv.Itoa(pp), "GORUN_DP_SIZE": strconv.Itoa(np / (tp * pp)),
 				}
 				for k, v := range want {
 					if env[k] != v {
@@ -516,6 +522,9 @@ func TestBadInput(t *testing.T) {
 		{"bad timeout", []string{"--timeout", "soon", "true"}, "not a number of seconds"},
 		{"hostfile and -H", []string{"--hostfile", two, "-H", "localhost", "true"}, "not both"},
 		{"remote without bind", []string{"-H", "far-away-host", "true"}, "--bind"},
+		{"layout does not divide", []string{"-np", "4", "--tp", "3", "true"}, "--tp 3 --pp 1: 4 ranks are not a multiple of tensor-parallel 3 × pipeline-parallel 1 = 3"},
+		{"layout too large", []string{"-np", "4", "--tp", "2", "--pp", "4", "true"}, "tensor-parallel 2 × pipeline-parallel 4 is more than the 4 ranks"},
+		{"tp zero", []string{"-np", "4", "--tp", "0", "true"}, "--tp and --pp must be at least 1"},
 	}
 	if os.Geteuid() != 0 { // root reads any file
 		tests = append(tests, struct {

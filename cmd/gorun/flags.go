@@ -31,6 +31,7 @@ type runOptions struct {
 	mapBy         string
 	exports       []string
 	oversubscribe bool
+	tp, pp        int
 	tagOutput     bool
 	timestamp     bool
 	outputDir     string
@@ -63,6 +64,10 @@ Placement:
   -H, --host LIST         hosts inline: h1:2,h2,node[1-3]:4
   --map-by slot|node      fill each host's slots first, or round-robin (default slot)
   --oversubscribe         allow more ranks than slots
+  --tp N, --pp N          tensor- and pipeline-parallel sizes (default 1), in
+                          Megatron rank order; -np must be a multiple of
+                          tp × pp. Ranks get GORUN_TP_SIZE, GORUN_PP_SIZE and
+                          GORUN_DP_SIZE
   (no hostfile or -H: this host, with one slot per CPU)
 
 Environment:
@@ -150,6 +155,8 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	fs.StringVar(&o.mapBy, "map-by", "slot", "")
 	fs.Var((*stringList)(&o.exports), "x", "")
 	fs.BoolVar(&o.oversubscribe, "oversubscribe", false, "")
+	fs.IntVar(&o.tp, "tp", 1, "")
+	fs.IntVar(&o.pp, "pp", 1, "")
 	fs.BoolVar(&o.tagOutput, "tag-output", true, "")
 	fs.BoolVar(&o.timestamp, "timestamp-output", false, "")
 	fs.StringVar(&o.outputDir, "output-filename", "", "")
@@ -189,6 +196,9 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	if (set["np"] || set["n"]) && o.np < 1 {
 		return nil, usagef("-np must be at least 1, not %d", o.np)
 	}
+	if o.tp < 1 || o.pp < 1 {
+		return nil, usagef("--tp and --pp must be at least 1, not %d and %d", o.tp, o.pp)
+	}
 	if o.hostfile != "" && o.hostList != "" {
 		return nil, usagef("give hosts with --hostfile or -H, not both")
 	}
@@ -215,7 +225,7 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 // hostfile and checking what can be checked before anything starts.
 func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	cfg := launcher.Config{
-		NP: o.np, Oversubscribe: o.oversubscribe,
+		NP: o.np, Oversubscribe: o.oversubscribe, TP: o.tp, PP: o.pp,
 		Prog: o.prog, Args: o.args,
 		TagOutput: o.tagOutput, TimestampOutput: o.timestamp, OutputDir: o.outputDir,
 		Timeout: o.timeout, KillGrace: o.killGrace,

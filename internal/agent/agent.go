@@ -376,7 +376,7 @@ func (a *agent) start(t *wire.EpochTable) error {
 			if err := a.socks.listen(pl.Rank, sock); err != nil {
 				a.log.Warn("rank socket", "rank", pl.Rank, "err", err)
 			}
-			renv := rankEnv(env, a.spec.Env, t, pl, sock, tmp)
+			renv := rankEnv(env, a.spec, t, pl, sock, tmp)
 			stdin := pl.Rank == a.spec.StdinRank
 			err := p.start(a.spec, renv, stdin, a.out, a.exits, a.done)
 			if stdin {

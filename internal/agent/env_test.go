@@ -122,7 +122,7 @@ func TestRankEnvContract(t *testing.T) {
 		for _, pl := range places {
 			t.Run(fmt.Sprintf("rank=%d", pl.Rank), func(t *testing.T) {
 				socket := fmt.Sprintf("/run/job/rank-%d.sock", pl.Rank)
-				env := envMap(t, rankEnv(base, []string{"USERVAR=u"}, tab, pl, socket, "/job/tmp"))
+				env := envMap(t, rankEnv(base, &wire.JobSpec{Env: []string{"USERVAR=u"}, TP: 2}, tab, pl, socket, "/job/tmp"))
 				if seen[pl.Rank] {
 					t.Fatalf("rank %d placed twice", pl.Rank)
 				}
@@ -148,8 +148,9 @@ func TestRankEnvContract(t *testing.T) {
 					"GORUN_SOCKET":     socket,
 					"MASTER_ADDR":      "10.0.0.1", "MASTER_PORT": "29500",
 					"GORUN_RESTART_COUNT": "0", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
-					"ROLE_NAME": "default",
-					"PATH":      "/bin", "USERVAR": "u",
+					"ROLE_NAME":     "default",
+					"GORUN_TP_SIZE": "2", "GORUN_PP_SIZE": "1", "GORUN_DP_SIZE": "3", // world 6, --tp 2
+					"PATH": "/bin", "USERVAR": "u",
 					"TMPDIR": "/job/tmp", // the inherited TMPDIR is replaced
 				}
 				for k, v := range want {
@@ -180,7 +181,7 @@ func TestRankEnvLocalRanksFollowTableOrder(t *testing.T) {
 	}
 	for _, ps := range places {
 		for _, pl := range ps {
-			env := envMap(t, rankEnv(nil, nil, tab, pl, "s", "/t"))
+			env := envMap(t, rankEnv(nil, &wire.JobSpec{}, tab, pl, "s", "/t"))
 			w := want[pl.Rank]
 			if env["LOCAL_RANK"] != strconv.Itoa(w[0]) || env["LOCAL_WORLD_SIZE"] != strconv.Itoa(w[1]) {
 				t.Errorf("rank %d: LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s, want %d %d",
@@ -211,7 +212,7 @@ func TestRankEnvOMPNumThreads(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			env := rankEnv(tt.base, nil, tab, tt.pl, "s", "/t")
+			env := rankEnv(tt.base, &wire.JobSpec{}, tab, tt.pl, "s", "/t")
 			m := envMap(t, env)
 			got, ok := m["OMP_NUM_THREADS"]
 			if tt.want == "" && ok {
@@ -240,7 +241,7 @@ func TestRankEnvTmpdir(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			base := baseEnv(tt.inherited, tt.user)
-			m := envMap(t, rankEnv(base, tt.user, tab, pl, "s", "/job/tmp"))
+			m := envMap(t, rankEnv(base, &wire.JobSpec{Env: tt.user}, tab, pl, "s", "/job/tmp"))
 			if got, ok := m["TMPDIR"]; !ok || got != tt.want {
 				t.Errorf("TMPDIR=%q (set %v), want %q", got, ok, tt.want)
 			}
@@ -252,7 +253,7 @@ func TestRankEnvUserCannotOverrideContract(t *testing.T) {
 	tab := testTable()
 	pl := wire.Placement{Rank: 4, Host: 2, LocalRank: 2, LocalSize: 3, NodeRank: 1}
 	user := []string{"RANK=0", "GORUN_RANK=0", "MASTER_PORT=1", "KEEP=me"}
-	m := envMap(t, rankEnv(baseEnv(nil, user), user, tab, pl, "s", "/t"))
+	m := envMap(t, rankEnv(baseEnv(nil, user), &wire.JobSpec{Env: user}, tab, pl, "s", "/t"))
 	if m["RANK"] != "4" || m["GORUN_RANK"] != "4" || m["MASTER_PORT"] != "29500" || m["KEEP"] != "me" {
 		t.Errorf("RANK=%s GORUN_RANK=%s MASTER_PORT=%s KEEP=%s", m["RANK"], m["GORUN_RANK"], m["MASTER_PORT"], m["KEEP"])
 	}
@@ -262,7 +263,7 @@ func TestRankEnvDoesNotModifyBase(t *testing.T) {
 	tab := testTable()
 	base := []string{"PATH=/bin", "TMPDIR=/x"}
 	pl := wire.Placement{Rank: 0, LocalSize: 2}
-	rankEnv(base, nil, tab, pl, "s", "/t")
+	rankEnv(base, &wire.JobSpec{}, tab, pl, "s", "/t")
 	if !slices.Equal(base, []string{"PATH=/bin", "TMPDIR=/x"}) {
 		t.Errorf("base changed: %q", base)
 	}

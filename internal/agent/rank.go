@@ -266,9 +266,25 @@ func hasVar(env []string, name string) bool {
 	return false
 }
 
+// layoutEnv is the parallel layout's part of the contract: the sizes of
+// spec's layout for a world of world ranks (the launcher checked that they
+// divide it).
+func layoutEnv(spec *wire.JobSpec, world int) []string {
+	tp, pp := max(spec.TP, 1), max(spec.PP, 1)
+	if world%(tp*pp) != 0 {
+		return nil
+	}
+	return []string{
+		wire.EnvTPSize + "=" + strconv.Itoa(tp),
+		wire.EnvPPSize + "=" + strconv.Itoa(pp),
+		wire.EnvDPSize + "=" + strconv.Itoa(world/(tp*pp)),
+	}
+}
+
 // rankEnv is the full environment of one rank: base plus the contract of
 // DESIGN.md §3.
-func rankEnv(base, userVars []string, t *wire.EpochTable, pl wire.Placement, socket, tmpdir string) []string {
+func rankEnv(base []string, spec *wire.JobSpec, t *wire.EpochTable, pl wire.Placement, socket, tmpdir string) []string {
+	userVars := spec.Env
 	itoa := strconv.Itoa
 	rank, world := itoa(pl.Rank), itoa(t.World)
 	local, localSize, node := itoa(pl.LocalRank), itoa(pl.LocalSize), itoa(pl.NodeRank)
@@ -307,6 +323,7 @@ func rankEnv(base, userVars []string, t *wire.EpochTable, pl wire.Placement, soc
 		wire.EnvPMIRank + "=" + rank,
 		wire.EnvPMISize + "=" + world,
 	}
+	set = append(set, layoutEnv(spec, t.World)...)
 	if pl.LocalSize > 1 && !hasVar(base, wire.EnvOMPNumThreads) {
 		set = append(set, wire.EnvOMPNumThreads+"=1")
 	}

@@ -19,7 +19,7 @@ func BenchmarkStartRank(b *testing.B) {
 	pl := wire.Placement{Rank: 3, LocalRank: 3, LocalSize: 64}
 	for b.Loop() {
 		p := &rankProc{place: pl}
-		renv := rankEnv(env, nil, t, pl, "/tmp/x.sock", "/tmp")
+		renv := rankEnv(env, &wire.JobSpec{}, t, pl, "/tmp/x.sock", "/tmp")
 		if err := p.start(spec, renv, false, out, exits, nil); err != nil {
 			b.Fatal(err)
 		}

@@ -11,6 +11,11 @@ const (
 	EnvEpoch        = "GORUN_EPOCH"
 	EnvSocket       = "GORUN_SOCKET"
 	EnvRestartCount = "GORUN_RESTART_COUNT"
+	// The parallel layout (--tp, --pp): tensor-, pipeline- and
+	// data-parallel sizes, in Megatron-LM's rank order.
+	EnvTPSize = "GORUN_TP_SIZE"
+	EnvPPSize = "GORUN_PP_SIZE"
+	EnvDPSize = "GORUN_DP_SIZE"
 
 	// torchrun-compatible.
 	EnvTorchRank          = "RANK"
@@ -49,7 +54,7 @@ const (
 // stripping stale values inherited from an enclosing job.
 var ContractNames = []string{
 	EnvJobID, EnvRank, EnvWorldSize, EnvLocalRank, EnvLocalSize, EnvNodeRank,
-	EnvEpoch, EnvSocket, EnvRestartCount,
+	EnvEpoch, EnvSocket, EnvRestartCount, EnvTPSize, EnvPPSize, EnvDPSize,
 	EnvTorchRank, EnvTorchWorldSize, EnvTorchLocalRank, EnvTorchLocalSize,
 	EnvTorchGroupRank, EnvTorchGroupSize, EnvTorchRoleName, EnvTorchRoleRank,
 	EnvTorchRoleWorldSize, EnvTorchMasterAddr, EnvTorchMasterPort,

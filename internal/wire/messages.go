@@ -111,6 +111,10 @@ type JobSpec struct {
 	// StdinRank is the rank that reads the launcher's standard input, or
 	// NoStdin.
 	StdinRank int `json:"stdin"`
+	// TP and PP are the parallel layout's tensor- and pipeline-parallel
+	// sizes (0 means 1); they divide the world size.
+	TP int `json:"tp,omitempty"`
+	PP int `json:"pp,omitempty"`
 }
 
 // NoStdin is JobSpec.StdinRank when no rank reads the launcher's stdin.
