@@ -353,3 +353,28 @@ func TestTCPLinksTimeOut(t *testing.T) {
 		}
 	}
 }
+
+// FuzzShmOffer: any 16 bytes as an offer (without a descriptor) give an
+// error or no ring, never a panic or a mapping.
+func FuzzShmOffer(f *testing.F) {
+	f.Add([]byte("GRSM\x01\x01\x00\x00\x00\x00\x00\x04\x00\x10\x00\x00"))
+	f.Add([]byte("GRSM\x01\x00\x00\x00\x00\x00\x00\x04\x00\x10\x00\x00"))
+	f.Add([]byte("GET / HTTP/1.1\r\n"))
+	f.Fuzz(func(t *testing.T, offer []byte) {
+		if len(offer) != shmOfferSize {
+			return
+		}
+		a, b := unixPair(t)
+		defer a.Close()
+		defer b.Close()
+		if _, err := b.Write(offer); err != nil {
+			t.Fatal(err)
+		}
+		ring, err := readOffer(a)
+		if ring != nil {
+			(&shmLink{in: ring}).unmap()
+			t.Fatalf("offer %q without a descriptor mapped a ring", offer)
+		}
+		_ = err
+	})
+}
