@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 PKGS    := ./...
 
-.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm fuzz lint demo demo-train clean
+.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-placement fuzz lint demo demo-train clean
 
 all: build
 
@@ -21,7 +21,7 @@ test: lint
 test-short:
 	$(GO) test -short $(PKGS)
 
-bench: bench-rendezvous bench-launch bench-comm
+bench: bench-rendezvous bench-launch bench-comm bench-placement
 
 # Launch-to-exit time against Open MPI and MPICH Hydra (installs them with apt-get if missing).
 bench-launch: build
@@ -36,6 +36,11 @@ bench-rendezvous:
 # single-stream loopback TCP and memcpy measured in the same run.
 bench-comm:
 	$(GO) test -run '^$$' -bench BenchmarkAllreduce -benchtime 5x -timeout 30m ./comm/
+
+# Replica placement and erasure-coding groups for 16,384 ranks on 2,048
+# hosts in 64 racks (target: placement under 100 ms), beside MapRanks.
+bench-placement:
+	$(GO) test -run '^$$' -bench 'BenchmarkPlace|BenchmarkPlanEC' -benchtime 5x ./topology/
 
 # Short fuzzing of every parser (go test -fuzz runs one target at a time).
 FUZZTIME ?= 20s

@@ -1,6 +1,9 @@
-// Package topology reads hostfiles and host lists and maps ranks onto the
-// slots they describe. It makes decisions and does no I/O, except for
-// [ReadHostfile], which opens one file and hands it to [ParseHostfile].
+// Package topology reads hostfiles and host lists, maps ranks onto the
+// slots they describe, and makes every placement decision of fault
+// tolerance: the parallel layout, who holds whose replicas, which hosts
+// form erasure-coding groups, which spare replaces a lost host. It makes
+// decisions and does no I/O, except for [ReadHostfile], which opens one
+// file and hands it to [ParseHostfile].
 //
 // # Hostfiles
 //
@@ -65,4 +68,38 @@
 // [MapRanks] places ranks on the non-spare hosts, by slot (fill each host in
 // turn, as mpirun --map-by slot) or by node (round-robin, one rank per host
 // per pass, as mpirun --map-by node).
+//
+// # Layout
+//
+// [NewLayout] splits a world into TP × PP × DP in Megatron-LM's order
+// (rank = tp + TP·(dp + DP·pp)); the ranks with equal tp and pp form a
+// data-parallel group, the ring on which optimizer shards are replicated.
+//
+// # Replica placement
+//
+// [Place] gives every rank K replica holders in its data-parallel group
+// (DEADPOOL §V-B), on hosts other than its own and each other's, so any K
+// host failures leave a copy of every shard. Failure domains come from the
+// hostfile's rack= and switch= labels; two hosts are known to be in
+// different racks (switches) only when both are labelled and the labels
+// differ. The CrossDomain policy spreads an owner and its holders over
+// distinct racks, else switches, else hosts (DEADPOOL §V-C); SameDomain
+// keeps holders as close as allowed, in the owner's switch and rack
+// (TierCheck §3.1). Holders are taken round-robin within each domain and
+// no rank holds more than K replicas while a peer in a suitable domain has
+// room, so replica memory stays K shards per rank; the best-effort spread
+// yields to that cap (reported in Placement.Shortfalls), a required
+// separation (PlacementOptions.Require) does not. [ChooseSpare] picks the
+// spare that keeps the separations the swap touches; [Placement.Lost] says
+// which shards a set of failed hosts destroys, and [PLossBound] is
+// DEADPOOL's bound D·p^(K+1).
+//
+// # Erasure-coding groups
+//
+// [PlanEC] cuts the hosts with ranks into groups of K data and M parity
+// hosts (ECHECK): the data hosts are chosen by maximum overlap between the
+// hosts' ranks and K equal data groups ([SelectDataNodes], §IV-B1), and the
+// XOR reduction targets of each reduction group go to parity hosts where
+// one is a member (§IV-B2). Any M failed hosts of a group lose nothing
+// ([ECLoss]); [ECGroup.Replace] splices a spare into a group.
 package topology
