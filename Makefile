@@ -2,8 +2,10 @@
 GO      ?= go
 BIN     := bin
 PKGS    := ./...
+# Packages with vector kernels built under GOEXPERIMENT=simd.
+SIMD_PKGS := ./replay/
 
-.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-placement fuzz lint demo demo-train clean
+.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-placement bench-replay fuzz lint demo demo-train clean
 
 all: build
 
@@ -17,11 +19,15 @@ build:
 test: lint
 	$(GO) test -count=1 -timeout 20m $(PKGS)
 	$(GO) test -count=1 -race -timeout 20m $(PKGS)
+	# The AVX-512 kernels (simd/archsimd), which must give the portable
+	# code's bits.
+	GOEXPERIMENT=simd $(GO) test -count=1 -timeout 20m $(SIMD_PKGS)
+	GOEXPERIMENT=simd $(GO) test -count=1 -race -short -timeout 20m $(SIMD_PKGS)
 
 test-short:
 	$(GO) test -short $(PKGS)
 
-bench: bench-rendezvous bench-launch bench-comm bench-placement
+bench: bench-rendezvous bench-launch bench-comm bench-placement bench-replay
 
 # Launch-to-exit time against Open MPI and MPICH Hydra (installs them with apt-get if missing).
 bench-launch: build
@@ -42,15 +48,24 @@ bench-comm:
 bench-placement:
 	$(GO) test -run '^$$' -bench 'BenchmarkPlace|BenchmarkPlanEC' -benchtime 5x ./topology/
 
+# Gradient compression beside copy(), the optimizer step, and fused against
+# sequential replay of 4, 16 and 64 steps on 64M parameters (needs ~8 GiB),
+# with the AVX-512 kernels.
+bench-replay:
+	GOEXPERIMENT=simd $(GO) test -run '^$$' -bench 'BenchmarkCompress|BenchmarkExpandRange|BenchmarkStep' -benchtime 3x -timeout 30m ./replay/
+	GOEXPERIMENT=simd $(GO) test -run '^$$' -bench 'BenchmarkFusedKernel' -benchtime 2000x ./replay/
+	GOEXPERIMENT=simd $(GO) test -run '^$$' -bench 'BenchmarkReplay' -benchtime 3x -timeout 30m ./replay/
+
 # Short fuzzing of every parser (go test -fuzz runs one target at a time).
 FUZZTIME ?= 20s
 fuzz:
-	@for p in ./topology/ ./internal/wire/ ./comm/; do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
+	@for p in ./topology/ ./internal/wire/ ./comm/ ./replay/; do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
 		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$p || exit 1; done; done
 
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	GOEXPERIMENT=simd $(GO) vet $(SIMD_PKGS)
 
 # A job of four ranks on this host.
 demo: build

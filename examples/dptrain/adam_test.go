@@ -13,9 +13,9 @@ import (
 func refAdam(w, m, v, g float32, h adamHyper, t int) (float32, float32, float32) {
 	// Per-step constants, in float64, rounded once.
 	bc1 := 1 - math.Pow(float64(h.beta1), float64(t))
-	bc2 := 1 - math.Pow(float64(h.beta2), float64(t))
-	stepSize := float32(float64(h.lr) / bc1)
-	sqrtBC2 := float32(math.Sqrt(bc2))
+	sqrtBC2 := math.Sqrt(1 - math.Pow(float64(h.beta2), float64(t)))
+	stepSize := float32(float64(h.lr) * sqrtBC2 / bc1) // α_t
+	epsHat := float32(float64(h.eps) * sqrtBC2)        // ε̂_t
 	oneMinusBeta1 := float32(1 - float64(h.beta1))
 	oneMinusBeta2 := float32(1 - float64(h.beta2))
 	decay := float32(1 - float64(float64(h.lr)*float64(h.weightDecay)))
@@ -31,8 +31,7 @@ func refAdam(w, m, v, g float32, h adamHyper, t int) (float32, float32, float32)
 	v = a + b
 
 	root := float32(math.Sqrt(float64(v)))
-	denom := root / sqrtBC2
-	denom = denom + h.eps
+	denom := root + epsHat
 
 	w = float32(w * decay)
 	upd := m / denom

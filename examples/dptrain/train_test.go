@@ -63,8 +63,8 @@ func TestRepeatable(t *testing.T) {
 func TestGoldenHashes(t *testing.T) {
 	res := mustRunWorld(t, 2, testConfig(t, "--seed", "1"), runOptions{})
 	const (
-		params    = "ff7904f7865fdadf6866310be0ac9efc2f16b22562821ed1708f5e6a7127eb8f"
-		optimizer = "3ff57e1628d8aba7b0881ab4a810bb9c477661f63e507f89af298bfa27edb04e"
+		params    = "30e5833dc41eb6562ca21bd8f492ec08d77776079996bc6a42d4c3f8e29bac38"
+		optimizer = "6fd4c0fe850b6dc98707cfa76a501639f3a902bb43744223a8717a77f11dec9a"
 	)
 	if got := fmt.Sprintf("%x", res.ParamsHash); got != params {
 		t.Errorf("params hash %s, want %s", got, params)

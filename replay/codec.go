@@ -1,0 +1,836 @@
+package replay
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"strconv"
+	"sync"
+	"unsafe"
+)
+
+// Codec says how a tensor's values are encoded.
+type Codec uint8
+
+const (
+	// Raw is lossless: the float32 values, bit for bit (NaN payloads,
+	// infinities and -0 included).
+	Raw Codec = 1
+	// Int8 is dense: one int8 per element and one float32 scale per block
+	// of BlockSize elements. Per block, scale = maxabs/127 over the
+	// block's finite values (one ulp less in the one case where 127·scale
+	// would overflow: maxabs within an ulp of math.MaxFloat32), and
+	// q = round-half-to-even(x/scale) clamped to [-127, 127]; it decodes
+	// as x' = float32(q)·scale, so |x - x'| <= scale/2 up to the roundings
+	// of x/scale and q·scale. A block whose finite values are all zero (or
+	// so small that maxabs/127 underflows to 0) has scale 0 and q = 0. A
+	// non-finite x (±Inf or NaN) is stored as q = -128, which decodes to
+	// NaN (0x7FC00000) and does not disturb the scale of the block's
+	// finite values; use Raw (Options.Lossless) to keep non-finite values
+	// exactly.
+	Int8 Codec = 2
+	// TopK is sparse: the entries of largest magnitude, ceil(K·Len) ±10%
+	// of them, as fp16 values (IEEE binary16, round to nearest even,
+	// overflowing to ±Inf beyond 65504) and int32 indices; the dropped
+	// entries decode as +0. Compress estimates the magnitude threshold
+	// from a jittered-stride sample of at least 2048/K entries (seeded by
+	// Options.Seed; the whole tensor when that is half of it or more,
+	// which makes the count exact) with a linear-time radix selection,
+	// then makes one pass over the tensor keeping the entries above the
+	// threshold, and those equal to it while a tie budget lasts (the
+	// estimated shortfall), so that tensors of many equal values keep
+	// about ceil(K·Len) too. Magnitudes are compared as the float32 bit
+	// patterns with the sign cleared, which orders finite values by |x|,
+	// then +Inf, then NaNs: non-finite values are the largest and are kept
+	// first (a NaN stays a NaN, ±Inf stays ±Inf). Zeros are never kept.
+	// Tensors of more than math.MaxInt32 elements are cut into chunks,
+	// each with its base offset and its indices relative to it.
+	TopK Codec = 3
+)
+
+// String returns "raw", "int8", "topk", or "Codec(n)" for another value.
+func (c Codec) String() string {
+	switch c {
+	case Raw:
+		return "raw"
+	case Int8:
+		return "int8"
+	case TopK:
+		return "topk"
+	}
+	return "Codec(" + strconv.Itoa(int(c)) + ")"
+}
+
+// Options choose the codec and its parameters. The zero value means the
+// defaults: Int8 below 100 000 elements, TopK with K = 0.01 above
+// (TierCheck §3.2, §5.1).
+type Options struct {
+	Lossless  bool    // always Raw
+	Threshold int     // tensors with fewer elements get Int8, others TopK; 0 = 100_000
+	K         float64 // fraction of entries TopK keeps; 0 = 0.01; must be in (0, 1]
+	BlockSize int     // Int8 block; 0 = 256; at most 1<<30
+	Seed      uint64  // seeds TopK's sampling: same input + same seed = same output
+}
+
+const (
+	defaultThreshold = 100_000
+	defaultK         = 0.01
+	defaultBlockSize = 256
+	maxBlockSize     = 1 << 30
+)
+
+// maxChunk is the most elements one TopK chunk covers: its int32 indices
+// must reach them all. Tests lower it to exercise chunking.
+var maxChunk = math.MaxInt32
+
+// codecParams are Options resolved: defaults applied, values checked.
+type codecParams struct {
+	lossless  bool
+	threshold int
+	k         float64
+	blockSize int
+	seed      uint64
+}
+
+func (o Options) params() (codecParams, error) {
+	p := codecParams{lossless: o.Lossless, threshold: o.Threshold, k: o.K, blockSize: o.BlockSize, seed: o.Seed}
+	switch {
+	case o.Threshold < 0:
+		return p, fmt.Errorf("replay: Options.Threshold = %d, must be >= 0", o.Threshold)
+	case o.Threshold == 0:
+		p.threshold = defaultThreshold
+	}
+	switch {
+	case o.K == 0:
+		p.k = defaultK
+	case !(o.K > 0 && o.K <= 1): // NaN included
+		return p, fmt.Errorf("replay: Options.K = %v, must be in (0, 1]", o.K)
+	}
+	switch {
+	case o.BlockSize == 0:
+		p.blockSize = defaultBlockSize
+	case o.BlockSize < 0 || o.BlockSize > maxBlockSize:
+		return p, fmt.Errorf("replay: Options.BlockSize = %d, must be in [1, %d]", o.BlockSize, maxBlockSize)
+	}
+	return p, nil
+}
+
+// Tensor is one compressed tensor. Its payload may be a view into a
+// decoded record's bytes (no copy). ID may be changed freely; Codec and
+// Len describe the payload and must not be.
+//
+// A Tensor is safe for concurrent reads (Decompress, ExpandRange,
+// encoding); CompressInto must not run concurrently with anything else on
+// the same Tensor.
+type Tensor struct {
+	ID    uint32
+	Codec Codec
+	Len   int // elements of the dense tensor
+
+	raw []float32 // Raw: the values
+
+	blockSize int       // Int8: elements per block
+	scales    []float32 // Int8: one per block
+	q         []int8    // Int8: one per element
+
+	chunks []topkChunk // TopK: the chunks, by ascending base
+	idx    []int32     // TopK: chunk by chunk, ascending indices relative to the chunk's base
+	vals   []uint16    // TopK: the fp16 values, parallel to idx
+
+	thr  uint32 // TopK from Compress: the magnitude key (|x|'s bits) it used as threshold; not encoded
+	view bool   // the payload slices view a decoded record's bytes: never write them
+}
+
+// topkChunk is one chunk of a TopK tensor: elements [base, next chunk's
+// base or Len), whose entries are idx[start:start+count] (and vals).
+type topkChunk struct {
+	base, start, count int
+}
+
+// Compress encodes x with the codec opt chooses for its length. It
+// returns an error only for bad Options.
+func Compress(id uint32, x []float32, opt Options) (*Tensor, error) {
+	t := new(Tensor)
+	if err := CompressInto(t, id, x, opt); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// CompressInto is Compress reusing t's buffers (for the per-step path: no
+// allocation in steady state). If t came from DecodeRecord, its payload
+// (a view into the record's bytes) is left alone and new buffers are
+// allocated. On error t is unchanged.
+func CompressInto(t *Tensor, id uint32, x []float32, opt Options) error {
+	p, err := opt.params()
+	if err != nil {
+		return err
+	}
+	if t.view {
+		*t = Tensor{}
+	}
+	n := len(x)
+	t.ID, t.Len, t.thr = id, n, 0
+	t.raw, t.scales, t.q = t.raw[:0], t.scales[:0], t.q[:0]
+	t.chunks, t.idx, t.vals = t.chunks[:0], t.idx[:0], t.vals[:0]
+	switch {
+	case p.lossless:
+		t.Codec = Raw
+		t.raw = resize(t.raw, n)
+		copy(t.raw, x)
+	case n < p.threshold:
+		t.Codec = Int8
+		t.blockSize = p.blockSize
+		t.scales = resize(t.scales, ceilDiv(n, p.blockSize))
+		t.q = resize(t.q, n)
+		codecKernels.quantize(x, p.blockSize, t.scales, t.q)
+	default:
+		t.Codec = TopK
+		t.compressTopK(x, p)
+	}
+	return nil
+}
+
+// resize returns s with length n, reusing its array if it is large enough
+// (the contents are then garbage to overwrite).
+func resize[T any](s []T, n int) []T {
+	if cap(s) >= n {
+		return s[:n]
+	}
+	return make([]T, n)
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// Decompress writes the dense values into dst, whose length must be t.Len.
+func (t *Tensor) Decompress(dst []float32) error {
+	if len(dst) != t.Len {
+		return fmt.Errorf("replay: Decompress into %d elements, tensor %d has %d", len(dst), t.ID, t.Len)
+	}
+	switch t.Codec {
+	case Raw, Int8, TopK:
+	default:
+		return fmt.Errorf("replay: Decompress of tensor %d: unknown codec %v", t.ID, t.Codec)
+	}
+	t.ExpandRange(dst, 0)
+	return nil
+}
+
+// ExpandRange writes the dense values of elements [lo, lo+len(dst)) into
+// dst (zeros where TopK kept nothing). It is meant to be called for
+// consecutive blocks of a few thousand elements: TopK finds the first
+// index >= lo by binary search and scatters the entries up to the end of
+// the range; Int8 dequantizes the blocks the range covers (lo and
+// len(dst) need not be aligned to them). It panics if the range is not
+// within [0, t.Len).
+func (t *Tensor) ExpandRange(dst []float32, lo int) {
+	if lo < 0 || len(dst) > t.Len-lo {
+		panic(fmt.Sprintf("replay: ExpandRange of [%d, %d) outside tensor %d's [0, %d)", lo, lo+len(dst), t.ID, t.Len))
+	}
+	if len(dst) == 0 {
+		return
+	}
+	switch t.Codec {
+	case Raw:
+		copy(dst, t.raw[lo:])
+	case Int8:
+		t.expandInt8(dst, lo)
+	case TopK:
+		t.expandTopK(dst, lo)
+	default:
+		clear(dst)
+	}
+}
+
+func (t *Tensor) expandInt8(dst []float32, lo int) {
+	bs := t.blockSize
+	dq := codecKernels.dequantize
+	for len(dst) > 0 {
+		b := lo / bs
+		n := min((b+1)*bs-lo, len(dst))
+		dq(dst[:n], t.q[lo:lo+n], t.scales[b])
+		dst, lo = dst[n:], lo+n
+	}
+}
+
+func (t *Tensor) expandTopK(dst []float32, lo int) {
+	clear(dst)
+	out := f32bits(dst) // written as bits: integer code only, which no AVX state slows down
+	hi := lo + len(dst)
+	// The last chunk whose base is <= lo (the first has base 0).
+	c0, c1 := 0, len(t.chunks)
+	for c1-c0 > 1 {
+		mid := int(uint(c0+c1) >> 1)
+		if t.chunks[mid].base <= lo {
+			c0 = mid
+		} else {
+			c1 = mid
+		}
+	}
+	for ci := c0; ci < len(t.chunks) && t.chunks[ci].base < hi; ci++ {
+		c := t.chunks[ci]
+		idx := t.idx[c.start : c.start+c.count]
+		vals := t.vals[c.start : c.start+c.count]
+		skip := max(lo-c.base, 0) // the first chunk-relative index in the range
+		end := hi - c.base
+		off := c.base - lo // dst[off+i] is element c.base+i
+		for j := searchInt32(idx, skip); j < len(idx) && int(idx[j]) < end; j++ {
+			out[off+int(idx[j])] = f16ToF32Bits(vals[j])
+		}
+	}
+}
+
+// scatterTopK is expandTopK for a dst that is already all zeros: it writes
+// only the kept entries of [lo, lo+len(dst)) and appends their offsets in
+// dst to touched, so that the caller can zero them again instead of
+// clearing the whole range (the fused replay's scratch). t must be TopK.
+func (t *Tensor) scatterTopK(dst []float32, lo int, touched []int32) []int32 {
+	out := f32bits(dst)
+	hi := lo + len(dst)
+	c0, c1 := 0, len(t.chunks)
+	for c1-c0 > 1 {
+		mid := int(uint(c0+c1) >> 1)
+		if t.chunks[mid].base <= lo {
+			c0 = mid
+		} else {
+			c1 = mid
+		}
+	}
+	for ci := c0; ci < len(t.chunks) && t.chunks[ci].base < hi; ci++ {
+		c := t.chunks[ci]
+		idx := t.idx[c.start : c.start+c.count]
+		vals := t.vals[c.start : c.start+c.count]
+		skip := max(lo-c.base, 0)
+		end := hi - c.base
+		off := c.base - lo
+		for j := searchInt32(idx, skip); j < len(idx) && int(idx[j]) < end; j++ {
+			o := off + int(idx[j])
+			out[o] = f16ToF32Bits(vals[j])
+			touched = append(touched, int32(o))
+		}
+	}
+	return touched
+}
+
+// searchInt32 returns the first i with a[i] >= x (len(a) if none); a is
+// ascending.
+func searchInt32(a []int32, x int) int {
+	lo, hi := 0, len(a)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if int(a[mid]) < x {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// PayloadBytes returns the bytes of the encoded payload, as the record
+// stores it: Raw 4·Len; Int8 4·blocks (padded to 8) + Len; TopK 16 per
+// chunk + 4·kept (padded to 8) + 2·kept.
+func (t *Tensor) PayloadBytes() int {
+	switch t.Codec {
+	case Raw:
+		return 4 * len(t.raw)
+	case Int8:
+		return align8(4*len(t.scales)) + len(t.q)
+	case TopK:
+		return 16*len(t.chunks) + align8(4*len(t.idx)) + 2*len(t.vals)
+	}
+	return 0
+}
+
+// Kept returns the entries TopK kept, or Len for the dense codecs.
+func (t *Tensor) Kept() int {
+	if t.Codec == TopK {
+		return len(t.idx)
+	}
+	return t.Len
+}
+
+func align8(n int) int { return (n + 7) &^ 7 }
+
+// The Int8 codec.
+
+const (
+	q8NonFinite = -128              // the q of a non-finite input
+	q8NaN       = 0x7fc00000        // what it decodes to
+	roundMagic  = float32(0x1.8p23) // x+roundMagic-roundMagic rounds |x| < 2^22 to an integer, ties to even
+)
+
+// quantizeGeneric quantizes x block by block (see Int8).
+func quantizeGeneric(x []float32, bs int, scales []float32, q []int8) {
+	for b := range scales {
+		lo := b * bs
+		hi := min(lo+bs, len(x))
+		scales[b] = quantizeBlockGeneric(x[lo:hi], q[lo:hi])
+	}
+}
+
+// quantizeBlockGeneric quantizes one block and returns its scale.
+func quantizeBlockGeneric(x []float32, q []int8) float32 {
+	q = q[:len(x)]
+	var m uint32 // max |x| over the finite values, as bits (which order like the values)
+	for _, v := range x {
+		a := math.Float32bits(v) & 0x7fffffff
+		if a >= 0x7f800000 {
+			a = 0
+		}
+		m = max(m, a)
+	}
+	scale := int8Scale(m)
+	if scale == 0 {
+		for i, v := range x {
+			q[i] = quantize1(v, scale)
+		}
+		return scale
+	}
+	// quantize1, with the tests reordered for speed.
+	for i, v := range x {
+		r := v / scale
+		if !(r >= -127) { // NaN too: overwritten below
+			r = -127
+		}
+		if r > 127 {
+			r = 127
+		}
+		r = float32(r+roundMagic) - roundMagic
+		qi := int8(r)
+		if math.Float32bits(v)&0x7fffffff >= 0x7f800000 {
+			qi = q8NonFinite
+		}
+		q[i] = qi
+	}
+	return scale
+}
+
+// int8Scale is the scale of a block whose finite values have the
+// magnitude whose bits are maxBits: maxabs/127, rounded to nearest, except
+// that when 127·scale would overflow (maxabs within an ulp of
+// math.MaxFloat32) it is the next float32 below, so that q = ±127 decodes
+// to a finite value.
+func int8Scale(maxBits uint32) float32 {
+	s := math.Float32frombits(maxBits) / 127
+	if 127*s > math.MaxFloat32 {
+		s = math.Nextafter32(s, 0)
+	}
+	return s
+}
+
+// quantize1 is one element of Int8, as every kernel must compute it.
+func quantize1(v, scale float32) int8 {
+	if math.Float32bits(v)&0x7fffffff >= 0x7f800000 {
+		return q8NonFinite
+	}
+	if scale == 0 {
+		return 0
+	}
+	r := v / scale
+	if r > 127 {
+		r = 127
+	} else if r < -127 {
+		r = -127
+	}
+	r = float32(r+roundMagic) - roundMagic
+	return int8(r)
+}
+
+// dequantizeGeneric decodes one block's q (or part of it) into dst.
+func dequantizeGeneric(dst []float32, q []int8, scale float32) {
+	q = q[:len(dst)]
+	for i, v := range q {
+		dst[i] = dequantize1(v, scale)
+	}
+}
+
+func dequantize1(q int8, scale float32) float32 {
+	if q == q8NonFinite {
+		return math.Float32frombits(q8NaN)
+	}
+	return float32(q) * scale
+}
+
+// The TopK codec.
+
+// topkSampleAbove is how many sampled entries TopK expects above the
+// threshold it estimates, at least: the sample has at least
+// topkSampleAbove/K entries.
+//
+// Whatever the distribution of the values, the fraction of the tensor
+// above the sample's r-th largest magnitude, with r = K·m for a random
+// sample of m entries, has a relative standard deviation of about
+// sqrt((1-K)/(K·m)) (a binomial count; the jittered-stride sample is
+// stratified, which can only lower it). With K·m >= 2048 that is at most
+// 2.2%, so the kept count stays within ±10% of ceil(K·Len) at 4.5 standard
+// deviations (a chance of about 1e-5 to miss per tensor);
+// TestTopKKeptCount measures it on normal, Cauchy, all-equal and
+// periodic data, and TestTopKSampleSpread checks the spread against this
+// model over many seeds. When the sample would be half the tensor or more
+// (Len below 409 600 at K = 0.01) the whole tensor is taken, and the
+// count is exact. The cost of the estimate is then bounded by 2·2048/K
+// gathered entries and a radix selection over them, whatever Len.
+const topkSampleAbove = 2048
+
+func (t *Tensor) compressTopK(x []float32, p codecParams) {
+	n := len(x)
+	if n == 0 {
+		return
+	}
+	target := topkTarget(n, p.k)
+	thr, budget := topkThreshold(x, target, p.k, p.seed)
+	t.thr = thr
+	if want := target + target/8 + 16; cap(t.idx) < want || cap(t.vals) < want {
+		t.idx, t.vals = make([]int32, 0, want), make([]uint16, 0, want)
+	}
+	scan := codecKernels.scan
+	for base := 0; base < n; {
+		end := base + min(maxChunk, n-base)
+		start := len(t.idx)
+		t.idx, t.vals, budget = scan(x[base:end], thr, budget, t.idx, t.vals)
+		t.chunks = append(t.chunks, topkChunk{base: base, start: start, count: len(t.idx) - start})
+		base = end
+	}
+}
+
+// topkTarget is ceil(K·n), at least 1, at most n.
+func topkTarget(n int, k float64) int {
+	c := math.Ceil(k * float64(n))
+	if c >= float64(n) {
+		return n
+	}
+	return max(int(c), 1)
+}
+
+// topkSampleSize is the number of entries TopK samples from n (n when
+// it takes them all), and the log2 of the strata's width: n is cut into
+// strata of 2^shift entries (and a last, shorter one), 2^shift the
+// largest power of two with at least topkSampleAbove/K strata, and one
+// entry is drawn in each; so there are between topkSampleAbove/K and
+// twice that.
+func topkSampleSize(n int, k float64) (m int, shift uint) {
+	want := math.Ceil(topkSampleAbove / k)
+	if want >= float64(n)/2 {
+		return n, 0
+	}
+	shift = uint(bits.Len(uint(float64(n)/want))) - 1 // floor(log2(n/want)) >= 1
+	return ceilDiv(n, 1<<shift), shift
+}
+
+// topkScratch holds the sample and the candidates of topkThreshold;
+// pooled so that the per-step path does not allocate.
+type topkScratch struct {
+	keys, cand []uint32
+	hist       [2048]uint32
+}
+
+var topkScratchPool = sync.Pool{New: func() any { return new(topkScratch) }}
+
+// topkThreshold estimates the magnitude key (|x|'s bits) above which
+// about target entries of x lie, and the tie budget: how many entries
+// equal to it to keep too. Entries are kept if their key is > thr, or ==
+// thr while the budget lasts.
+func topkThreshold(x []float32, target int, k float64, seed uint64) (thr uint32, budget int) {
+	n := len(x)
+	if target >= n {
+		return 0, 0 // every non-zero entry
+	}
+	m, shift := topkSampleSize(n, k)
+	s := topkScratchPool.Get().(*topkScratch)
+	defer topkScratchPool.Put(s)
+	keys, r := f32bits(x), target // all of x: the exact threshold
+	if m != n {
+		s.keys = resize(s.keys, m)
+		keys = s.keys
+		topkSample(x, keys, shift, seed)
+		r = int(math.Round(float64(target) * float64(m) / float64(n)))
+		r = min(max(r, 1), m)
+	}
+	var above int
+	thr, above, s.cand = topkSelect(keys, r, s.cand, &s.hist)
+	if thr == 0 {
+		return 0, 0 // keep the non-zero entries, no zeros
+	}
+	estAbove := above
+	if m != n {
+		estAbove = int(math.Round(float64(above) * float64(n) / float64(m)))
+	}
+	return thr, max(target-estAbove, 0)
+}
+
+// topkSelect returns the r-th largest (1 <= r <= len(keys)) of the keys
+// k&0x7fffffff and how many are strictly larger, in linear time and
+// mostly in one fast pass: a sub-sample of every 32nd key gives a lower
+// bound L with, all but certainly, a few times r keys at or above it (3r
+// expected, or more: L is the bottom of a histogram bin; fewer than r
+// would take a relative deviation of at least 66% of a count over at
+// least 32 sub-sampled keys); one branch-free pass copies those keys to
+// cand; a radix selection over them finds the key. Should the bound fail,
+// all keys are the candidates.
+func topkSelect(keys []uint32, r int, cand []uint32, hist *[2048]uint32) (key uint32, above int, _ []uint32) {
+	const abs = 0x7fffffff
+	m := len(keys)
+	lo := uint32(0)
+	if sub := m / 32; sub >= 256 {
+		clear(hist[:])
+		for i := 0; i < m; i += 32 {
+			hist[keys[i]&abs>>20]++
+		}
+		if want := max(3*ceilDiv(r*sub, m), 32); want < sub {
+			b, _ := pickBin(hist[:], want)
+			lo = b << 20 // the bottom of the bin of the want-th largest: at least want sub-sampled keys at or above
+		}
+	}
+	cand = cand[:0]
+	if lo > 0 {
+		cand = codecKernels.keysAtLeast(keys, lo, resize(cand, m))
+	}
+	if len(cand) < r {
+		cand = resize(cand, m)
+		for i, k := range keys {
+			cand[i] = k & abs
+		}
+	}
+	clear(hist[:])
+	keyHistogram(cand, hist)
+	key, above = radixSelect(cand, hist, r)
+	return key, above, cand
+}
+
+// topkSample fills keys with the magnitude keys (|x|'s bits) of a
+// jittered-stride sample of x: x is cut into strata of 2^shift
+// consecutive entries (the last one possibly shorter) and one entry is
+// drawn uniformly in each, so that the sample spreads over the whole
+// tensor like a fixed stride but cannot alias with a periodic structure
+// of the values. The strata being powers of two, a jitter is shift random
+// bits: one 64-bit draw serves 8 strata of up to 256 entries, or 4 of up
+// to 65536.
+func topkSample(x []float32, keys []uint32, shift uint, seed uint64) {
+	const abs = 0x7fffffff
+	u := f32bits(x)
+	full := len(u) >> shift // whole strata
+	keys = keys[:ceilDiv(len(u), 1<<shift)]
+	w := 1 << shift
+	mask := uint64(w - 1)
+	rng := seed ^ 0x6a09e667f3bcc909
+	var r uint64
+	i := 0
+	// Unrolled with constant shifts of the random bits: variable ones
+	// would tie up CX and spill the loop's state.
+	switch {
+	case shift <= 8:
+		for ; i+8 <= full; i += 8 {
+			r, rng = wyrand(rng)
+			k, b := keys[i:i+8:i+8], i<<shift
+			k[0] = u[b+int(r&mask)] & abs
+			k[1] = u[b+w+int(r>>8&mask)] & abs
+			k[2] = u[b+2*w+int(r>>16&mask)] & abs
+			k[3] = u[b+3*w+int(r>>24&mask)] & abs
+			k[4] = u[b+4*w+int(r>>32&mask)] & abs
+			k[5] = u[b+5*w+int(r>>40&mask)] & abs
+			k[6] = u[b+6*w+int(r>>48&mask)] & abs
+			k[7] = u[b+7*w+int(r>>56&mask)] & abs
+		}
+	case shift <= 16:
+		for ; i+4 <= full; i += 4 {
+			r, rng = wyrand(rng)
+			k, b := keys[i:i+4:i+4], i<<shift
+			k[0] = u[b+int(r&mask)] & abs
+			k[1] = u[b+w+int(r>>16&mask)] & abs
+			k[2] = u[b+2*w+int(r>>32&mask)] & abs
+			k[3] = u[b+3*w+int(r>>48&mask)] & abs
+		}
+	}
+	for ; i < full; i++ {
+		r, rng = wyrand(rng)
+		keys[i] = u[i<<shift+int(r&mask)] & abs
+	}
+	if full < len(keys) { // the last, shorter stratum
+		r, _ = wyrand(rng)
+		keys[full] = u[full<<shift+int(r%uint64(len(u)-full<<shift))] & abs
+	}
+}
+
+// wyrand is the wyhash generator: a 64-bit random number from state s,
+// and the next state.
+func wyrand(s uint64) (r, next uint64) {
+	s += 0xa0761d6478bd642f
+	hi, lo := bits.Mul64(s, s^0xe7037ed1a0b428db)
+	return hi ^ lo, s
+}
+
+// f32bits views x as its bits.
+func f32bits(x []float32) []uint32 {
+	return unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(x))), len(x))
+}
+
+// keyHistogram adds the counts of key>>20 of keys to hist. (In a pass of
+// its own, not in the gathering loop, whose loads would then wait on the
+// increments; over four histograms, so that runs of keys in one bin do
+// not serialize on store-to-load forwarding.)
+func keyHistogram(keys []uint32, hist *[2048]uint32) {
+	var h [3][2048]uint32
+	i := 0
+	for ; i+4 <= len(keys); i += 4 {
+		k := keys[i : i+4 : i+4]
+		hist[k[0]>>20&2047]++
+		h[0][k[1]>>20&2047]++
+		h[1][k[2]>>20&2047]++
+		h[2][k[3]>>20&2047]++
+	}
+	for _, k := range keys[i:] {
+		hist[k>>20&2047]++
+	}
+	for b := range hist {
+		hist[b] += h[0][b] + h[1][b] + h[2][b]
+	}
+}
+
+// radixSelect returns the r-th largest of keys (1 <= r <= len(keys);
+// every key < 2^31) and how many keys are strictly larger, in linear time:
+// hist holds the counts of key>>20 on entry; two more histogram passes, on
+// bits 10-19 of the keys in the chosen bin (compacted to the front of
+// keys, which is clobbered) and on bits 0-9, find the key.
+func radixSelect(keys []uint32, hist *[2048]uint32, r int) (key uint32, above int) {
+	b1, above := pickBin(hist[:], r)
+	r -= above
+	var h2 [1024]uint32
+	c := 0
+	for _, k := range keys {
+		if k>>20 == b1 {
+			keys[c] = k
+			c++
+			h2[k>>10&1023]++
+		}
+	}
+	b2, a := pickBin(h2[:], r)
+	above += a
+	r -= a
+	var h3 [1024]uint32
+	for _, k := range keys[:c] {
+		if k>>10&1023 == b2 {
+			h3[k&1023]++
+		}
+	}
+	b3, a := pickBin(h3[:], r)
+	above += a
+	return b1<<20 | b2<<10 | b3, above
+}
+
+// keysAtLeastGeneric writes to out (len(out) >= len(keys)) the keys k&0x7fffffff
+// that are >= lo (0 < lo <= 2^31), in order, and returns them; branch-free
+// (every key is stored, and the output advances past those that count),
+// since about one in twenty qualifies, at random.
+func keysAtLeastGeneric(keys []uint32, lo uint32, out []uint32) []uint32 {
+	out = out[:len(keys)]
+	c := 0
+	for _, v := range keys {
+		k := v & 0x7fffffff
+		out[c] = k
+		c += int((lo - 1 - k) >> 31) // k >= lo: lo-1-k < 0, and both are below 2^31
+	}
+	return out[:c]
+}
+
+// pickBin returns the bin holding the r-th largest key of histogram h and
+// how many keys the bins above it hold.
+func pickBin(h []uint32, r int) (bin uint32, above int) {
+	for b := len(h) - 1; b > 0; b-- {
+		c := int(h[b])
+		if above+c >= r {
+			return uint32(b), above
+		}
+		above += c
+	}
+	return 0, above
+}
+
+// scanGeneric appends to idx and vals the entries of x to keep (key >
+// thr, or == thr while budget lasts), indices relative to x.
+func scanGeneric(x []float32, thr uint32, budget int, idx []int32, vals []uint16) ([]int32, []uint16, int) {
+	u := f32bits(x)
+	lo := scanFloor(thr, budget)
+	for i := nextCandidate(u, 0, lo); i < len(u); i = nextCandidate(u, i+1, lo) {
+		if u[i]&0x7fffffff == thr { // a tie, while the budget lasts
+			if budget--; budget == 0 {
+				lo = thr + 1
+			}
+		}
+		idx = append(idx, int32(i))
+		vals = append(vals, f32BitsToF16(u[i]))
+	}
+	return idx, vals, budget
+}
+
+// scanFloor is the smallest key a scan keeps: thr while the tie budget
+// lasts, thr+1 after (so that with thr = 0, a sparse tensor's zeros are
+// skipped at full speed). At most 2^31, which no key reaches.
+func scanFloor(thr uint32, budget int) uint32 {
+	if budget > 0 {
+		return thr
+	}
+	return thr + 1
+}
+
+// nextCandidate returns the first i >= from with u[i]&0x7fffffff >= thr
+// (thr <= 2^31), or len(u). It tests 8 keys at a time as two 32-bit lanes
+// of uint64s: lane|2^31 - thr has its top bit set iff key >= thr. (A loop
+// of its own, which keeps few values live: handling the candidates inline
+// made the whole scan slower.)
+func nextCandidate(u []uint32, from int, thr uint32) int {
+	i := from
+	if i+8 <= len(u) {
+		const lanes, tops = 0x7fffffff7fffffff, 0x8000000080000000
+		t := uint64(thr) | uint64(thr)<<32
+		w := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(u[i:]))), (len(u)-i)/2)
+		j := 0
+		for ; j+4 <= len(w); j += 4 {
+			v := w[j : j+4 : j+4]
+			if ((v[0]&lanes|tops-t)|(v[1]&lanes|tops-t)|(v[2]&lanes|tops-t)|(v[3]&lanes|tops-t))&tops != 0 {
+				break
+			}
+		}
+		i += 2 * j
+	}
+	for ; i < len(u); i++ {
+		if u[i]&0x7fffffff >= thr {
+			return i
+		}
+	}
+	return len(u)
+}
+
+// Kernels.
+
+// codecKernelSet is one implementation of the hot loops; every set gives
+// identical results.
+type codecKernelSet struct {
+	name       string
+	quantize   func(x []float32, bs int, scales []float32, q []int8)
+	dequantize func(dst []float32, q []int8, scale float32)
+	scan       func(x []float32, thr uint32, budget int, idx []int32, vals []uint16) ([]int32, []uint16, int)
+	// keysAtLeast is keysAtLeastGeneric.
+	keysAtLeast func(keys []uint32, lo uint32, out []uint32) []uint32
+}
+
+var genericCodecKernels = codecKernelSet{
+	name:       "generic",
+	quantize:   quantizeGeneric,
+	dequantize: dequantizeGeneric,
+	scan:       scanGeneric,
+
+	keysAtLeast: keysAtLeastGeneric,
+}
+
+// codecKernels is the set in use: the vector kernels if they are built
+// (GOEXPERIMENT=simd on amd64) and the CPU has AVX-512, else the
+// portable ones.
+var codecKernels = pickCodecKernels()
+
+func pickCodecKernels() *codecKernelSet {
+	if k := vectorCodecKernels(); k != nil {
+		return k
+	}
+	return &genericCodecKernels
+}
