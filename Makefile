@@ -15,12 +15,12 @@ build:
 	$(GO) build -o $(BIN)/dptrain ./examples/dptrain
 
 # The full suite, as CI runs it (multi-host tests need root and ip netns;
-# they skip elsewhere unless GORUN_TESTCLUSTER_REQUIRE=1).
+# they skip elsewhere unless GORUN_TESTCLUSTER_REQUIRE=1), then the
+# packages with AVX-512 kernels built with them (GOEXPERIMENT=simd), which
+# must give the portable code's bits.
 test: lint
 	$(GO) test -count=1 -timeout 20m $(PKGS)
 	$(GO) test -count=1 -race -timeout 20m $(PKGS)
-	# The AVX-512 kernels (simd/archsimd), which must give the portable
-	# code's bits.
 	GOEXPERIMENT=simd $(GO) test -count=1 -timeout 20m $(SIMD_PKGS)
 	GOEXPERIMENT=simd $(GO) test -count=1 -race -short -timeout 20m $(SIMD_PKGS)
 
