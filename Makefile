@@ -9,20 +9,29 @@ SIMD_PKGS := ./replay/
 
 all: build
 
+# gorun links go-nvml (cgo), which resolves NVML's symbols when it loads
+# libnvidia-ml.so.1: lazy binding lets the binary start on hosts without
+# the driver even where the toolchain binds at load time by default.
+GORUN_LDFLAGS := -extldflags=-Wl,-z,lazy
+
 build:
-	$(GO) build -o $(BIN)/gorun ./cmd/gorun
+	$(GO) build -ldflags='$(GORUN_LDFLAGS)' -o $(BIN)/gorun ./cmd/gorun
 	$(GO) build -o $(BIN)/hello ./examples/hello
 	$(GO) build -o $(BIN)/dptrain ./examples/dptrain
 
 # The full suite, as CI runs it (multi-host tests need root and ip netns;
 # they skip elsewhere unless GORUN_TESTCLUSTER_REQUIRE=1), then the
 # packages with AVX-512 kernels built with them (GOEXPERIMENT=simd), which
-# must give the portable code's bits.
+# must give the portable code's bits, and the cgo-free build (CPU-only:
+# no NVML).
 test: lint
 	$(GO) test -count=1 -timeout 20m $(PKGS)
 	$(GO) test -count=1 -race -timeout 20m $(PKGS)
 	GOEXPERIMENT=simd $(GO) test -count=1 -timeout 20m $(SIMD_PKGS)
 	GOEXPERIMENT=simd $(GO) test -count=1 -race -short -timeout 20m $(SIMD_PKGS)
+	CGO_ENABLED=0 $(GO) test -count=1 ./gpu/
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/gorun-static ./cmd/gorun
+	$(BIN)/gorun-static -np 2 --oversubscribe true
 
 test-short:
 	$(GO) test -short $(PKGS)
@@ -66,6 +75,7 @@ lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	GOEXPERIMENT=simd $(GO) vet $(SIMD_PKGS)
+	CGO_ENABLED=0 $(GO) vet ./gpu/
 
 # A job of four ranks on this host.
 demo: build

@@ -22,6 +22,10 @@ type Config struct {
 	// TP and PP are the tensor- and pipeline-parallel sizes of the job's
 	// layout (--tp, --pp; 0 means 1): TP × PP must divide NP.
 	TP, PP int
+	// GPUsPerRank is how many GPUs each rank gets on hosts that have GPUs
+	// (--gpus-per-rank; 0 = one each, shared round-robin when ranks
+	// outnumber them).
+	GPUsPerRank int
 
 	Prog string
 	Args []string
@@ -88,6 +92,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if cfg.NP < 1 {
 		return cfg, &ConfigError{Msg: "-np must be at least 1"}
+	}
+	if cfg.GPUsPerRank < 0 {
+		return cfg, &ConfigError{Msg: fmt.Sprintf("--gpus-per-rank %d: want 0 or more", cfg.GPUsPerRank)}
 	}
 	cfg.TP, cfg.PP = max(cfg.TP, 1), max(cfg.PP, 1)
 	if _, err := topology.NewLayout(cfg.NP, cfg.TP, cfg.PP); err != nil {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -51,9 +52,11 @@ type job struct {
 	rv      *comm.Rendezvous
 	fences  *comm.FenceCollector
 
-	hosts  []*agentHost
-	remote int // hosts whose agent is not in this process
-	world  int
+	hosts []*agentHost
+	// gpuFailures are the GPU health reports received, in order.
+	gpuFailures []gpuFailure
+	remote      int // hosts whose agent is not in this process
+	world       int
 	// rankHost maps a rank to its host index.
 	rankHost []int
 
@@ -187,7 +190,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, &wire.JobSpec{
 		Prog: j.cfg.Prog, Args: j.cfg.Args, Env: j.cfg.Env, Dir: j.cfg.Dir, DirExplicit: j.cfg.dirExplicit,
 		KillGrace: j.cfg.KillGrace, HeartbeatInterval: j.cfg.HeartbeatInterval, OutputDelay: j.cfg.OutputDelay,
-		StdinRank: j.stdinRank(), TP: j.cfg.TP, PP: j.cfg.PP,
+		StdinRank: j.stdinRank(), TP: j.cfg.TP, PP: j.cfg.PP, GPUsPerRank: j.cfg.GPUsPerRank,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
@@ -550,7 +553,42 @@ func (j *job) onEvent(e *wire.Event) {
 		j.fail(ExitFailure, "agent on host %s failed: %s", h.name, e.Msg)
 	case wire.EventAgentDone:
 		h.done = true
+	case wire.EventGPU:
+		j.onGPUEvent(h, e)
 	}
+}
+
+// onGPUEvent records a GPU health report and tells the user. The job goes
+// on: a rank that the fault breaks ends and fails the job as any rank
+// does, and replacing a host whose GPU is lost (DEADPOOL Table II) is
+// hot-swap's decision, made from j.gpuFailures.
+func (j *job) onGPUEvent(h *agentHost, e *wire.Event) {
+	g := e.GPU
+	j.gpuFailures = append(j.gpuFailures, gpuFailure{host: h.name, report: *g, msg: e.Msg})
+	ranks := "no rank"
+	if len(g.Ranks) > 0 {
+		ranks = "rank " + joinInts(g.Ranks)
+		if len(g.Ranks) > 1 {
+			ranks = "ranks " + joinInts(g.Ranks)
+		}
+	}
+	j.log.Debug("GPU failure report", "host", h.name, "gpu", g.Index, "uuid", g.UUID, "class", g.Class, "xid", g.XID, "ranks", g.Ranks)
+	j.out.report("GPU %d (%s) on host %s, used by %s: %s failure: %s", g.Index, g.UUID, h.name, ranks, g.Class, e.Msg)
+}
+
+// gpuFailure is a GPU health report received from an agent.
+type gpuFailure struct {
+	host   string
+	report wire.GPUReport
+	msg    string
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
 }
 
 func (j *job) onAgentExit(x agentExit) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorun/gorun/gpu"
 	"github.com/gorun/gorun/launcher"
 	"github.com/gorun/gorun/topology"
 )
@@ -32,6 +34,7 @@ type runOptions struct {
 	exports       []string
 	oversubscribe bool
 	tp, pp        int
+	gpusPerRank   int
 	tagOutput     bool
 	timestamp     bool
 	outputDir     string
@@ -68,7 +71,10 @@ Placement:
                           Megatron rank order; -np must be a multiple of
                           tp × pp. Ranks get GORUN_TP_SIZE, GORUN_PP_SIZE and
                           GORUN_DP_SIZE
-  (no hostfile or -H: this host, with one slot per CPU)
+  --gpus-per-rank G        GPUs per rank on hosts with GPUs (default: one each,
+                          shared round-robin when ranks outnumber them); ranks
+                          get CUDA_VISIBLE_DEVICES and CPUs near their GPUs
+  (no hostfile or -H: this host, with one slot per GPU, or per CPU without GPUs)
 
 Environment:
   -x VAR                  export VAR from gorun's environment to every rank
@@ -157,6 +163,7 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	fs.BoolVar(&o.oversubscribe, "oversubscribe", false, "")
 	fs.IntVar(&o.tp, "tp", 1, "")
 	fs.IntVar(&o.pp, "pp", 1, "")
+	fs.IntVar(&o.gpusPerRank, "gpus-per-rank", 0, "")
 	fs.BoolVar(&o.tagOutput, "tag-output", true, "")
 	fs.BoolVar(&o.timestamp, "timestamp-output", false, "")
 	fs.StringVar(&o.outputDir, "output-filename", "", "")
@@ -196,6 +203,9 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	if (set["np"] || set["n"]) && o.np < 1 {
 		return nil, usagef("-np must be at least 1, not %d", o.np)
 	}
+	if o.gpusPerRank < 0 {
+		return nil, usagef("--gpus-per-rank must be 0 or more, not %d", o.gpusPerRank)
+	}
 	if o.tp < 1 || o.pp < 1 {
 		return nil, usagef("--tp and --pp must be at least 1, not %d and %d", o.tp, o.pp)
 	}
@@ -225,7 +235,7 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 // hostfile and checking what can be checked before anything starts.
 func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	cfg := launcher.Config{
-		NP: o.np, Oversubscribe: o.oversubscribe, TP: o.tp, PP: o.pp,
+		NP: o.np, Oversubscribe: o.oversubscribe, TP: o.tp, PP: o.pp, GPUsPerRank: o.gpusPerRank,
 		Prog: o.prog, Args: o.args,
 		TagOutput: o.tagOutput, TimestampOutput: o.timestamp, OutputDir: o.outputDir,
 		Timeout: o.timeout, KillGrace: o.killGrace,
@@ -250,7 +260,13 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 			err = usagef("-H: %v", err)
 		}
 	default:
-		cfg.Hosts = []topology.Host{{Name: "localhost", Slots: runtime.NumCPU(), Source: "default"}}
+		// This host: a slot per GPU, as torchrun --nproc-per-node gpu,
+		// or per CPU on a host without GPUs.
+		slots := runtime.NumCPU()
+		if n := localGPUs(); n > 0 {
+			slots = n
+		}
+		cfg.Hosts = []topology.Host{{Name: "localhost", Slots: slots, Source: "default"}}
 	}
 	if err != nil {
 		return cfg, usagef("%v", err)
@@ -366,4 +382,18 @@ func checkProgram(prog, dir string) error {
 		return usagef("program %q not found in PATH", prog)
 	}
 	return nil
+}
+
+// localGPUs counts this host's GPUs (those of CUDA_VISIBLE_DEVICES, when
+// set): 0 without a driver or on any error, which the agent reports.
+func localGPUs() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := gpu.Open(ctx, gpu.Options{Host: "localhost"})
+	if err != nil {
+		return 0
+	}
+	defer b.Close()
+	devs, _ := gpu.Restrict(b.Devices(), os.Getenv("CUDA_VISIBLE_DEVICES"))
+	return len(devs)
 }

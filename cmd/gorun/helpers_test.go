@@ -33,6 +33,15 @@ var helpers = map[string]func() int{
 	"abuse":     helperSockAbuse,
 	"allreduce": helperAllreduce,
 	"ring":      helperRing,
+	"gpu":       helperGPU,
+}
+
+// helperGPU prints the rank's GPU binding, then sleeps for
+// GORUNTEST_SLEEP_MS (while a fake GPU fails).
+func helperGPU() int {
+	fmt.Printf("gpu CUDA_VISIBLE_DEVICES=%q CUDA_DEVICE_ORDER=%q\n", os.Getenv("CUDA_VISIBLE_DEVICES"), os.Getenv("CUDA_DEVICE_ORDER"))
+	time.Sleep(time.Duration(envInt("GORUNTEST_SLEEP_MS")) * time.Millisecond)
+	return 0
 }
 
 func envInt(name string) int {

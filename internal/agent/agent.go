@@ -77,6 +77,7 @@ type agent struct {
 	stdinReady chan struct{}
 	stdinW     *os.File
 
+	gpus     *hostGPUs          // the host's GPUs (none: CPU-only)
 	socks    *rankSockets       // the ranks' GORUN_SOCKETs, once started
 	fenceSub *nats.Subscription // the launcher's merged fences
 	seq      uint64
@@ -196,6 +197,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}()
 
 	defer a.cleanup()
+	a.gpus = openGPUs(ctx, a)
+	defer a.gpus.close()
+	a.gpus.watch(ctx, a)
 	hb := time.NewTicker(a.spec.HeartbeatInterval)
 	defer hb.Stop()
 	a.heartbeat()
@@ -353,6 +357,14 @@ func (a *agent) start(t *wire.EpochTable) error {
 	}
 	places := t.Placements()[a.cfg.Host]
 	env := baseEnv(os.Environ(), a.spec.Env)
+	// Every rank's GPUs first: a host without enough fails before any
+	// rank starts.
+	genv := make([][]string, len(places))
+	for i, pl := range places {
+		if genv[i], err = a.gpus.env(a.spec, pl); err != nil {
+			return err
+		}
+	}
 	a.ranks = make([]*rankProc, len(places))
 	for i, pl := range places {
 		a.ranks[i] = &rankProc{place: pl}
@@ -369,14 +381,14 @@ func (a *agent) start(t *wire.EpochTable) error {
 	// several starts at once overlap that latency.
 	var g errgroup.Group
 	g.SetLimit(startParallel)
-	for _, p := range a.ranks {
+	for i, p := range a.ranks {
 		g.Go(func() error {
 			pl := p.place
 			sock := filepath.Join(dir, "rank-"+strconv.Itoa(pl.Rank)+".sock")
 			if err := a.socks.listen(pl.Rank, sock); err != nil {
 				a.log.Warn("rank socket", "rank", pl.Rank, "err", err)
 			}
-			renv := rankEnv(env, a.spec, t, pl, sock, tmp)
+			renv := mergeEnv(rankEnv(env, a.spec, t, pl, sock, tmp), genv[i])
 			stdin := pl.Rank == a.spec.StdinRank
 			err := p.start(a.spec, renv, stdin, a.out, a.exits, a.done)
 			if stdin {
@@ -386,6 +398,7 @@ func (a *agent) start(t *wire.EpochTable) error {
 				a.log.Warn("cannot start rank", "rank", pl.Rank, "err", err)
 				return nil
 			}
+			a.gpus.pin(a, pl.Rank, p.pid)
 			a.event(&wire.Event{Kind: wire.EventStarted, Host: a.cfg.Host, Rank: pl.Rank, Pid: p.pid})
 			return nil
 		})

@@ -90,6 +90,19 @@ func FuzzDecodeEvent(f *testing.F) {
 	fuzzJSON(f, wire.DecodeEvent, func(t *testing.T, e *wire.Event) {
 		switch e.Kind {
 		case wire.EventStarted, wire.EventExited, wire.EventAgentError, wire.EventAgentDone:
+			if e.GPU != nil {
+				t.Fatalf("accepted a GPU report in a %s event", e.Kind)
+			}
+		case wire.EventGPU:
+			g := e.GPU
+			if g == nil || g.Index < 0 || g.Index >= wire.MaxGPUs || (g.Class != wire.GPUTransient && g.Class != wire.GPUPermanent && g.Class != wire.GPUUnknown) {
+				t.Fatalf("accepted invalid GPU report %+v", g)
+			}
+			for _, r := range g.Ranks {
+				if r < 0 || r >= wire.MaxWorld {
+					t.Fatalf("accepted GPU rank %d", r)
+				}
+			}
 		default:
 			t.Fatalf("accepted kind %q", e.Kind)
 		}
@@ -103,6 +116,8 @@ func FuzzDecodeEvent(f *testing.F) {
 	},
 		wire.Marshal(&e),
 		wire.Marshal(&wire.Event{Kind: wire.EventAgentError, Rank: -1, Msg: "no such file"}),
+		wire.Marshal(&wire.Event{Kind: wire.EventGPU, Host: 1, Rank: -1, Msg: "XID 79: GPU has fallen off the bus",
+			GPU: &wire.GPUReport{Index: 1, UUID: "GPU-1", Kind: "xid", XID: 79, Class: wire.GPUPermanent, Ranks: []int{1, 3}}}),
 		wire.Marshal(&wire.Event{Kind: wire.EventExited, Host: 1, Rank: 2, Code: -1, Signal: 9, Stopped: true}),
 		[]byte(`{"k":"agent-done","h":0,"r":-1}`),
 		[]byte(`{"k":"started","h":0,"r":0,"pid":1,"code":0,"sig":0,"stopped":false,"msg":""}`),

@@ -115,6 +115,9 @@ type JobSpec struct {
 	// sizes (0 means 1); they divide the world size.
 	TP int `json:"tp,omitempty"`
 	PP int `json:"pp,omitempty"`
+	// GPUsPerRank is how many GPUs each local rank gets (0: one each,
+	// shared round-robin when ranks outnumber GPUs).
+	GPUsPerRank int `json:"gpr,omitempty"`
 }
 
 // NoStdin is JobSpec.StdinRank when no rank reads the launcher's stdin.
@@ -304,7 +307,29 @@ const (
 	EventExited     EventKind = "exited"      // a rank's process ended
 	EventAgentError EventKind = "agent-error" // the agent cannot go on
 	EventAgentDone  EventKind = "agent-done"  // every rank of the agent has ended
+	EventGPU        EventKind = "gpu"         // a GPU health event (GPU set)
 )
+
+// MaxGPUs bounds a GPU index in a message.
+const MaxGPUs = 1024
+
+// GPU classes of a GPUReport, as package gpu names them.
+const (
+	GPUTransient = "transient"
+	GPUPermanent = "permanent"
+	GPUUnknown   = "unknown"
+)
+
+// GPUReport is the GPU part of an EventGPU: which device, what happened,
+// its classification, and the ranks bound to the device. Msg describes it.
+type GPUReport struct {
+	Index int    `json:"i"`
+	UUID  string `json:"uuid"`
+	Kind  string `json:"kind"` // "xid", "ecc-double-bit", ...
+	XID   uint64 `json:"xid,omitempty"`
+	Class string `json:"class"`
+	Ranks []int  `json:"ranks,omitempty"`
+}
 
 // Event is a report from an agent.
 type Event struct {
@@ -317,8 +342,9 @@ type Event struct {
 	Signal int `json:"sig,omitempty"`
 	// Stopped is set when the rank ended after gorun asked it to stop, so its
 	// exit is not a failure of its own.
-	Stopped bool   `json:"stopped,omitempty"`
-	Msg     string `json:"msg,omitempty"`
+	Stopped bool       `json:"stopped,omitempty"`
+	Msg     string     `json:"msg,omitempty"`
+	GPU     *GPUReport `json:"gpu,omitempty"` // EventGPU only
 }
 
 // DecodeEvent decodes and validates an Event.
@@ -329,6 +355,13 @@ func DecodeEvent(b []byte) (*Event, error) {
 	}
 	switch e.Kind {
 	case EventStarted, EventExited, EventAgentError, EventAgentDone:
+		if e.GPU != nil {
+			return nil, malformed("event: a %s event with a GPU report", e.Kind)
+		}
+	case EventGPU:
+		if err := e.GPU.check(); err != nil {
+			return nil, err
+		}
 	default:
 		return nil, malformed("event: unknown kind %q", truncate(string(e.Kind)))
 	}
@@ -342,6 +375,28 @@ func DecodeEvent(b []byte) (*Event, error) {
 		return nil, err
 	}
 	return &e, nil
+}
+
+func (g *GPUReport) check() error {
+	switch {
+	case g == nil:
+		return malformed("event: a gpu event without its report")
+	case g.Index < 0 || g.Index >= MaxGPUs:
+		return malformed("event: GPU index %d out of range", g.Index)
+	case g.Class != GPUTransient && g.Class != GPUPermanent && g.Class != GPUUnknown:
+		return malformed("event: GPU class %q", truncate(g.Class))
+	case len(g.Ranks) > MaxGPUs*8:
+		return malformed("event: %d ranks on one GPU", len(g.Ranks))
+	}
+	for _, r := range g.Ranks {
+		if r < 0 || r >= MaxWorld {
+			return malformed("event: GPU rank %d out of range", r)
+		}
+	}
+	if err := checkString("GPU UUID", g.UUID); err != nil {
+		return err
+	}
+	return checkString("GPU event kind", g.Kind)
 }
 
 // ExitStatus is the status a shell would report for e: Code, or 128+Signal.

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/internal/testcluster"
+)
+
+// fakeGPUs writes a fake GPU configuration (package gpu's JSON) with
+// devices GPUs on every host, and sets GORUN_FAKE_GPUS for gorun (the
+// launcher, its in-process agent, and the agents it starts).
+func fakeGPUs(t *testing.T, json string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "gpus.json")
+	if err := os.WriteFile(path, []byte(json), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("GORUN_FAKE_GPUS", path)
+}
+
+func fakeDevices(n int) string {
+	var d []string
+	for i := range n {
+		d = append(d, fmt.Sprintf(`{"uuid":"GPU-0000000%d-0000-0000-0000-000000000000","name":"Fake H100","memory_mib":81920,"pci_bus_id":"0000:%02x:00.0","cpus":[%d]}`, i, 7+i, i%2))
+	}
+	return "[" + strings.Join(d, ",") + "]"
+}
+
+// TestRanksAreBoundToGPUs: on a host with GPUs, every local rank gets its
+// own (CUDA_VISIBLE_DEVICES, CUDA numbering in PCI bus order), round-robin
+// when ranks outnumber them, or G each with --gpus-per-rank.
+func TestRanksAreBoundToGPUs(t *testing.T) {
+	fakeGPUs(t, `{"devices":`+fakeDevices(4)+`}`)
+	tests := []struct {
+		name string
+		args []string
+		want []string // per rank
+	}{
+		{"one each", []string{"-np", "4"}, []string{"0", "1", "2", "3"}},
+		{"shared round-robin", []string{"-np", "6", "--oversubscribe"}, []string{"0", "1", "2", "3", "0", "1"}},
+		{"two each", []string{"-np", "2", "--gpus-per-rank", "2"}, []string{"0,1", "2,3"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res := runJob(t, "gpu", []string{"GORUNTEST_SLEEP_MS=0"}, append(tc.args, os.Args[0])...)
+			if res.code != 0 {
+				t.Fatalf("exit %d\nstderr:\n%s", res.code, res.stderr)
+			}
+			for r, want := range tc.want {
+				line := fmt.Sprintf("[%d] gpu CUDA_VISIBLE_DEVICES=%q CUDA_DEVICE_ORDER=\"PCI_BUS_ID\"", r, want)
+				if !strings.Contains(res.stdout, line) {
+					t.Errorf("rank %d: want %s\nstdout:\n%s", r, line, res.stdout)
+				}
+			}
+		})
+	}
+	t.Run("too many GPUs per rank", func(t *testing.T) {
+		res := runJob(t, "gpu", []string{"GORUNTEST_SLEEP_MS=0"}, "-np", "3", "--gpus-per-rank", "2", os.Args[0])
+		if res.code == 0 || !strings.Contains(res.stderr, "GPU") {
+			t.Fatalf("exit %d, want a failure naming the GPUs\nstderr:\n%s", res.code, res.stderr)
+		}
+		t.Log(res.stderr)
+	})
+	t.Run("slots default to the GPU count", func(t *testing.T) {
+		res := runJob(t, "gpu", []string{"GORUNTEST_SLEEP_MS=0"}, os.Args[0])
+		if res.code != 0 || strings.Count(res.stdout, "gpu CUDA_VISIBLE_DEVICES") != 4 {
+			t.Fatalf("exit %d; want 4 ranks, one per GPU\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+		}
+	})
+}
+
+// TestCPUOnlyWithoutDriver: with no GPU (no driver here, no fake), ranks
+// get no CUDA_VISIBLE_DEVICES and gorun says nothing about it (one info
+// line in verbose mode).
+func TestCPUOnlyWithoutDriver(t *testing.T) {
+	t.Setenv("GORUN_FAKE_GPUS", "")
+	res := runJob(t, "gpu", []string{"GORUNTEST_SLEEP_MS=0"}, "-np", "2", os.Args[0])
+	if res.code != 0 || strings.Contains(res.stdout, `CUDA_VISIBLE_DEVICES="0"`) || strings.Contains(strings.ToLower(res.stderr), "gpu") {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	res = runJob(t, "gpu", []string{"GORUNTEST_SLEEP_MS=0"}, "-v", "-np", "1", os.Args[0])
+	if n := strings.Count(res.stderr, "no GPUs: running CPU-only"); n != 1 {
+		t.Errorf("verbose: %d info lines about running CPU-only, want 1\nstderr:\n%s", n, res.stderr)
+	}
+}
+
+// TestGPUFailureIsReported: the fake fails GPU 1 of one host with XID 79
+// (fell off the bus) while the job runs; the launcher reports it,
+// classified permanent, naming the host, the GPU and the rank bound to it,
+// and the job goes on (replacing the host is hot-swap's decision).
+func TestGPUFailureIsReported(t *testing.T) {
+	hosts := testcluster.NetnsHosts(t, 2)
+	victim := hosts.Names[1]
+	fakeGPUs(t, fmt.Sprintf(`{"devices":%s, "hosts":{%q:{"devices":%s,"events":[{"after":"500ms","device":1,"xid":79}]}}}`,
+		fakeDevices(2), victim, fakeDevices(2)))
+	res := multiHostJob(t, hosts, 2, "gpu", "-x", "GORUNTEST_SLEEP_MS=3000").wait(60 * time.Second)
+	if res.code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", res.code, res.stderr)
+	}
+	// Map by slot: ranks 2 and 3 on the second host; rank 3 has its GPU 1.
+	re := regexp.MustCompile(`GPU 1 \(GPU-00000001-[0-9a-f-]+\) on host ` + regexp.QuoteMeta(victim) + `, used by rank 3: permanent failure: XID 79`)
+	if !re.MatchString(res.stderr) {
+		t.Fatalf("no failure report naming host %s, GPU 1 and rank 3 in:\n%s", victim, res.stderr)
+	}
+	if n := strings.Count(res.stderr, "XID 79"); n != 1 {
+		t.Errorf("%d reports of XID 79, want 1 (only the victim's GPU failed)\n%s", n, res.stderr)
+	}
+}
