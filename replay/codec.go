@@ -255,38 +255,19 @@ func (t *Tensor) expandInt8(dst []float32, lo int) {
 
 func (t *Tensor) expandTopK(dst []float32, lo int) {
 	clear(dst)
-	out := f32bits(dst) // written as bits: integer code only, which no AVX state slows down
-	hi := lo + len(dst)
-	// The last chunk whose base is <= lo (the first has base 0).
-	c0, c1 := 0, len(t.chunks)
-	for c1-c0 > 1 {
-		mid := int(uint(c0+c1) >> 1)
-		if t.chunks[mid].base <= lo {
-			c0 = mid
-		} else {
-			c1 = mid
-		}
-	}
-	for ci := c0; ci < len(t.chunks) && t.chunks[ci].base < hi; ci++ {
-		c := t.chunks[ci]
-		idx := t.idx[c.start : c.start+c.count]
-		vals := t.vals[c.start : c.start+c.count]
-		skip := max(lo-c.base, 0) // the first chunk-relative index in the range
-		end := hi - c.base
-		off := c.base - lo // dst[off+i] is element c.base+i
-		for j := searchInt32(idx, skip); j < len(idx) && int(idx[j]) < end; j++ {
-			out[off+int(idx[j])] = f16ToF32Bits(vals[j])
-		}
-	}
+	t.scatterTopK(dst, lo, nil, false)
 }
 
-// scatterTopK is expandTopK for a dst that is already all zeros: it writes
-// only the kept entries of [lo, lo+len(dst)) and appends their offsets in
-// dst to touched, so that the caller can zero them again instead of
-// clearing the whole range (the fused replay's scratch). t must be TopK.
-func (t *Tensor) scatterTopK(dst []float32, lo int, touched []int32) []int32 {
+// scatterTopK writes the kept entries of [lo, lo+len(dst)) into dst, which
+// it leaves alone elsewhere (expandTopK clears it first). With record, it
+// appends their offsets in dst to touched, so that the fused replay can
+// zero its scratch again instead of clearing the whole range. t must be
+// TopK. Values are written as bits: integer code only, which no AVX state
+// slows down.
+func (t *Tensor) scatterTopK(dst []float32, lo int, touched []int32, record bool) []int32 {
 	out := f32bits(dst)
 	hi := lo + len(dst)
+	// The last chunk whose base is <= lo (the first has base 0).
 	c0, c1 := 0, len(t.chunks)
 	for c1-c0 > 1 {
 		mid := int(uint(c0+c1) >> 1)
@@ -306,7 +287,9 @@ func (t *Tensor) scatterTopK(dst []float32, lo int, touched []int32) []int32 {
 		for j := searchInt32(idx, skip); j < len(idx) && int(idx[j]) < end; j++ {
 			o := off + int(idx[j])
 			out[o] = f16ToF32Bits(vals[j])
-			touched = append(touched, int32(o))
+			if record {
+				touched = append(touched, int32(o))
+			}
 		}
 	}
 	return touched

@@ -166,7 +166,7 @@ func Fused(st State, diffs []*Tensor, hypers []Hyper, opt ReplayOptions) error {
 					}
 					gs[s] = scratch[s*block : s*block+e1-e0]
 					if d.Codec == TopK {
-						touched[s] = d.scatterTopK(gs[s], e0, touched[s][:0])
+						touched[s] = d.scatterTopK(gs[s], e0, touched[s][:0], true)
 					} else {
 						d.ExpandRange(gs[s], e0)
 					}
