@@ -68,7 +68,7 @@ bench-replay:
 # Short fuzzing of every parser (go test -fuzz runs one target at a time).
 FUZZTIME ?= 20s
 fuzz:
-	@for p in ./topology/ ./internal/wire/ ./comm/ ./replay/; do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
+	@for p in ./topology/ ./internal/wire/ ./comm/ ./replay/ ./ckpt/; do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
 		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$p || exit 1; done; done
 
 lint:

@@ -1,0 +1,173 @@
+package ckpt
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+)
+
+// concRegions are large enough that reading them takes a while beside
+// the writer's commits.
+var concRegions = []Region{
+	{Name: "optimizer", Size: 256 << 10},
+	{Name: "params", Size: 64<<10 + 3},
+	{Name: "meta", Size: 40},
+}
+
+// TestConcurrentReader reads Newest over and over while a writer (a
+// goroutine with its own mapping, or another process) stages and commits
+// steps as fast as it can, and checks that no snapshot is ever torn: what
+// Newest returns is exactly the bytes committed for its step, unless the
+// snapshot stopped being Valid (the writer staged over it) while it was
+// compared. Newest never goes backwards and never fails once a step is
+// committed.
+func TestConcurrentReader(t *testing.T) {
+	steps := uint64(400)
+	if testing.Short() {
+		steps = 50
+	}
+	for _, mode := range []string{"goroutine", "process"} {
+		t.Run(mode, func(t *testing.T) {
+			w, opt := create(t, concRegions)
+			r := reopen(t, opt)
+			done := make(chan error, 1)
+			switch mode {
+			case "goroutine":
+				go func() {
+					var err error
+					defer func() { done <- err }()
+					for step := uint64(1); step <= steps; step++ {
+						var st *Staged
+						if st, err = w.Stage(step); err != nil {
+							return
+						}
+						for i, v := range st.Views() {
+							fill(step, i, v)
+						}
+						if err = st.Commit(); err != nil {
+							return
+						}
+					}
+				}()
+			case "process":
+				h := startHelper(t, "writer", opt.Dir, strconv.FormatUint(steps, 10))
+				go func() {
+					l, err := h.out.ReadString('\n')
+					if err == nil && l != "done\n" {
+						err = fmt.Errorf("writer says %q", l)
+					}
+					if err == nil {
+						err = h.cmd.Wait()
+					}
+					done <- err
+				}()
+			}
+			expect := make([][]byte, len(concRegions))
+			for i, rg := range concRegions {
+				expect[i] = make([]byte, rg.Size)
+			}
+			var (
+				last                  uint64
+				reads, valid, changed int
+				writerErr             error
+			)
+			for finished := false; !finished; {
+				select {
+				case writerErr = <-done:
+					finished = true // one more read, of the final step
+				default:
+				}
+				sn, err := r.Newest()
+				if errors.Is(err, ErrEmpty) && last == 0 {
+					continue
+				}
+				if err != nil {
+					t.Fatalf("Newest after step %d: %v", last, err)
+				}
+				reads++
+				if sn.Step < last {
+					t.Fatalf("Newest went back from step %d to %d", last, sn.Step)
+				}
+				if sn.Fallback != nil {
+					t.Fatalf("Newest fell back: %v", sn.Fallback)
+				}
+				last = sn.Step
+				same := true
+				for i, v := range sn.Views() {
+					fill(sn.Step, i, expect[i])
+					same = same && bytes.Equal(v, expect[i])
+				}
+				switch ok := sn.Valid(); {
+				case !same && ok:
+					t.Fatalf("step %d's snapshot is torn: its bytes differ, and it is still valid", sn.Step)
+				case ok:
+					valid++
+				default:
+					changed++
+				}
+			}
+			if writerErr != nil {
+				t.Fatalf("writer: %v", writerErr)
+			}
+			if last != steps {
+				t.Fatalf("the last read saw step %d, want %d", last, steps)
+			}
+			t.Logf("%d reads: %d verified and still valid, %d overwritten while compared; Newest read %d slots again",
+				reads, valid, changed, r.rereads.Load())
+		})
+	}
+}
+
+// TestConcurrentUse runs Stage/Commit, Newest, Committed and Regions from
+// several goroutines on one Slots (for the race detector), then Close
+// beside them.
+func TestConcurrentUse(t *testing.T) {
+	s, _ := create(t, testRegions)
+	var wg sync.WaitGroup
+	const n = 50
+	wg.Go(func() {
+		for step := uint64(1); step <= n; step++ {
+			st, err := s.Stage(step)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for i, v := range st.Views() {
+				fill(step, i, v)
+			}
+			if err := st.Commit(); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	for range 3 {
+		wg.Go(func() {
+			for range n {
+				if sn, err := s.Newest(); err == nil {
+					sn.Valid()
+				} else if !errors.Is(err, ErrEmpty) {
+					t.Error(err)
+				}
+				s.Committed()
+				s.Regions()
+			}
+		})
+	}
+	wg.Wait()
+	checkNewest(t, s, n, 1, false)
+	var cg sync.WaitGroup
+	for range 4 {
+		cg.Go(func() {
+			for range 20 {
+				s.Newest()
+				s.Committed()
+			}
+		})
+	}
+	cg.Go(func() { s.Close() })
+	cg.Wait()
+}

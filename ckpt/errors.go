@@ -1,0 +1,30 @@
+package ckpt
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrEmpty is returned by Newest when no step was ever committed.
+	ErrEmpty = errors.New("ckpt: no committed step")
+	// ErrCorrupt is wrapped by the errors about slots whose contents do
+	// not verify (a region's CRC32C, the slot header's CRC or fields).
+	ErrCorrupt = errors.New("ckpt: corrupt slot")
+	// ErrLayout is wrapped by the errors about files that do not hold
+	// the layout they should: a bad header file, regions other than the
+	// caller's, data files of the wrong size or kind.
+	ErrLayout = errors.New("ckpt: bad layout")
+
+	errClosed = errors.New("ckpt: slots closed")
+)
+
+// layoutErr returns an error wrapping ErrLayout.
+func layoutErr(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrLayout}, args...)...)
+}
+
+// corruptErr returns an error wrapping ErrCorrupt.
+func corruptErr(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrCorrupt}, args...)...)
+}

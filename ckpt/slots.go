@@ -1,0 +1,649 @@
+package ckpt
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Slots is one rank's two slots, mapped. It is safe for concurrent use;
+// Stage and Commit are serialized (one writer), Newest, Committed and
+// Regions may run beside them.
+type Slots struct {
+	regions []Region // immutable after open
+
+	// wmu serializes Stage and Commit and guards gen.
+	wmu sync.Mutex
+	gen uint64 // counts Stages: a Staged may commit while its gen is current
+
+	// mu guards the mappings' lifetime: held for reading while they are
+	// used, for writing by Close.
+	mu     sync.RWMutex
+	closed bool
+	hdr    []byte      // the header file, read-write
+	maps   []regionMap // one per region
+
+	rereads atomic.Uint64 // Newest's reads of slots overwritten under it
+}
+
+// regionMap is a region's data file, mapped twice.
+type regionMap struct {
+	rw, ro []byte // read-write (Stage) and read-only (Newest); nil when empty
+	size   int64
+	stride int64
+}
+
+// view returns the region's bytes in slot of mapping m.
+func (r *regionMap) view(m []byte, slot int) []byte {
+	if r.size == 0 {
+		return []byte{}
+	}
+	off := int64(slot) * r.stride
+	return m[off : off+r.size : off+r.size]
+}
+
+// Create makes the files of a rank's slots, replacing any it had (other
+// processes that have the old files mapped keep the old memory): a data
+// file per region, with its space reserved, and the header file, written
+// last. Both slots start empty. Region names must match
+// [a-z][a-z0-9_-]{0,31}, and be unique; there are 1 to 16 regions, of 0
+// to MaxRegionSize bytes.
+func Create(job string, rank int, regions []Region, opt Options) (*Slots, error) {
+	if err := checkIDs(job, rank); err != nil {
+		return nil, err
+	}
+	if err := checkRegions(regions); err != nil {
+		return nil, err
+	}
+	for _, r := range regions {
+		if 2*stride(r.Size) > math.MaxInt {
+			return nil, fmt.Errorf("ckpt: region %q of %d bytes does not fit this machine's address space", r.Name, r.Size)
+		}
+	}
+	dir := opt.dir()
+	if err := Remove(job, rank, opt); err != nil {
+		return nil, err
+	}
+	var created []string
+	fail := func(err error) (*Slots, error) {
+		for _, p := range created {
+			os.Remove(p)
+		}
+		return nil, err
+	}
+	for _, r := range regions {
+		p := filepath.Join(dir, dataName(job, rank, r.Name))
+		if err := createFile(p, 2*stride(r.Size), nil); err != nil {
+			return fail(err)
+		}
+		created = append(created, p)
+	}
+	hdr := make([]byte, hdrFileSize)
+	copy(hdr, encodeLayout(job, rank, regions))
+	p := filepath.Join(dir, hdrName(job, rank))
+	if err := createFile(p, hdrFileSize, hdr); err != nil {
+		return fail(err)
+	}
+	created = append(created, p)
+	s, err := open(dir, job, rank, regions)
+	if err != nil {
+		return fail(err)
+	}
+	return s, nil
+}
+
+// createFile creates path, 0600, failing if anything (a symbolic link
+// included) has the name, and gives it size bytes: content if not nil,
+// else reserved zeros. If it fails after creating the file, it removes
+// it.
+func createFile(path string, size int64, content []byte) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("ckpt: %w", err)
+	}
+	switch {
+	case content != nil:
+		_, err = f.WriteAt(content, 0)
+	case size > 0:
+		err = unix.Fallocate(int(f.Fd()), 0, 0, size)
+		if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
+			err = f.Truncate(size) // a file system without fallocate
+		}
+		if err != nil {
+			err = fmt.Errorf("reserving %d bytes for %s: %w", size, path, err)
+		}
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+		return fmt.Errorf("ckpt: %w", err)
+	}
+	return nil
+}
+
+// Open maps the existing files of a rank's slots (for a restarted rank, or
+// the agent). It checks the header file's layout and, if regions is not
+// nil, that it holds exactly these regions, in this order; with nil it
+// takes the header's. Errors about the files' contents, sizes or kinds
+// wrap ErrLayout; a missing header file is an error wrapping
+// fs.ErrNotExist.
+func Open(job string, rank int, regions []Region, opt Options) (*Slots, error) {
+	if err := checkIDs(job, rank); err != nil {
+		return nil, err
+	}
+	if regions != nil {
+		if err := checkRegions(regions); err != nil {
+			return nil, err
+		}
+	}
+	return open(opt.dir(), job, rank, regions)
+}
+
+func open(dir, job string, rank int, want []Region) (*Slots, error) {
+	s := &Slots{}
+	fail := func(err error) (*Slots, error) {
+		s.unmap()
+		return nil, err
+	}
+	hp := filepath.Join(dir, hdrName(job, rank))
+	f, size, err := openFile(hp)
+	if err != nil {
+		if !errors.Is(err, ErrLayout) {
+			err = fmt.Errorf("ckpt: %w", err)
+		}
+		return nil, err
+	}
+	if size != hdrFileSize {
+		f.Close()
+		return nil, layoutErr("%s: %d bytes, want %d", hp, size, hdrFileSize)
+	}
+	s.hdr, err = mmap(f, hdrFileSize, unix.PROT_READ|unix.PROT_WRITE)
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	// Parse a private copy: the file may change under a parse of the
+	// mapping, and what was checked must be what is used.
+	s.regions, err = parseLayout(slices.Clone(s.hdr[:layoutSize]), hp, job, rank)
+	if err != nil {
+		return fail(err)
+	}
+	if want != nil {
+		if err := sameRegions(s.regions, want); err != nil {
+			return fail(fmt.Errorf("%w (%s)", err, hp))
+		}
+	}
+	s.maps = make([]regionMap, len(s.regions))
+	for i, r := range s.regions {
+		m := &s.maps[i]
+		m.size, m.stride = r.Size, stride(r.Size)
+		p := filepath.Join(dir, dataName(job, rank, r.Name))
+		f, size, err := openFile(p)
+		if err != nil {
+			if !errors.Is(err, ErrLayout) {
+				err = layoutErr("%w", err)
+			}
+			return fail(err)
+		}
+		if want := 2 * m.stride; size != want {
+			f.Close()
+			return fail(layoutErr("%s: %d bytes, the layout says %d (two slots of %d)", p, size, want, m.stride))
+		}
+		if size > math.MaxInt {
+			f.Close()
+			return fail(fmt.Errorf("ckpt: %s: %d bytes do not fit this machine's address space", p, size))
+		}
+		if size > 0 {
+			m.rw, err = mmap(f, int(size), unix.PROT_READ|unix.PROT_WRITE)
+			if err == nil {
+				m.ro, err = mmap(f, int(size), unix.PROT_READ)
+			}
+		}
+		f.Close()
+		if err != nil {
+			return fail(err)
+		}
+	}
+	return s, nil
+}
+
+// openFile opens path for reading and writing, without following a
+// symbolic link, and checks that it is a regular file of this user's that
+// others cannot write. It returns the file's size. Its errors are the
+// os package's (for the caller to prefix) or wrap ErrLayout.
+func openFile(path string) (*os.File, int64, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, 0, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	bad := func(format string, args ...any) (*os.File, int64, error) {
+		f.Close()
+		return nil, 0, layoutErr("%s: "+format, append([]any{path}, args...)...)
+	}
+	if !fi.Mode().IsRegular() {
+		return bad("not a regular file (%v)", fi.Mode().Type())
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return bad("writable by others (%v)", fi.Mode().Perm())
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return bad("owned by uid %d, not by this user (%d)", st.Uid, os.Geteuid())
+	}
+	return f, fi.Size(), nil
+}
+
+// mmap maps size bytes of f, shared, with its pages mapped in now rather
+// than faulted in by the first step that writes them.
+func mmap(f *os.File, size int, prot int) ([]byte, error) {
+	b, err := unix.Mmap(int(f.Fd()), 0, size, prot, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, fmt.Errorf("ckpt: mapping %d bytes of %s: %w", size, f.Name(), err)
+	}
+	return b, nil
+}
+
+// unmap releases the mappings (open's failures, and Close).
+func (s *Slots) unmap() error {
+	var errs []error
+	munmap := func(b []byte) {
+		if b != nil {
+			if err := unix.Munmap(b); err != nil {
+				errs = append(errs, fmt.Errorf("ckpt: munmap: %w", err))
+			}
+		}
+	}
+	munmap(s.hdr)
+	for _, m := range s.maps {
+		munmap(m.rw)
+		munmap(m.ro)
+	}
+	s.hdr, s.maps = nil, nil
+	return errors.Join(errs...)
+}
+
+// Close unmaps the files; the files stay (Remove and RemoveJob remove
+// them). Views obtained from the Slots must not be used afterwards.
+// Closing twice is a no-op.
+func (s *Slots) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	return s.unmap()
+}
+
+// Regions returns the regions, in the layout's order.
+func (s *Slots) Regions() []Region {
+	return slices.Clone(s.regions)
+}
+
+// regionIndex returns the index of the region named name, or -1.
+func (s *Slots) regionIndex(name string) int {
+	return slices.IndexFunc(s.regions, func(r Region) bool { return r.Name == name })
+}
+
+// The words of slot i's header, for atomic access. The mapping is page
+// aligned and the offsets are multiples of the words' sizes.
+func (s *Slots) slotHdr(i int) []byte {
+	return s.hdr[slotHdrOff+slotHdrSize*i:][:slotHdrSize]
+}
+
+func (s *Slots) stateWord(i int) *uint32 {
+	return (*uint32)(unsafe.Pointer(&s.slotHdr(i)[0]))
+}
+
+func (s *Slots) stepWord(i int) *uint64 {
+	return (*uint64)(unsafe.Pointer(&s.slotHdr(i)[8]))
+}
+
+// slotInfo is what a slot's header says, read atomically.
+type slotInfo struct {
+	state uint32
+	step  uint64
+}
+
+func (s *Slots) readInfo(i int) slotInfo {
+	st := atomic.LoadUint32(s.stateWord(i))
+	return slotInfo{st, atomic.LoadUint64(s.stepWord(i))}
+}
+
+// unchanged reports whether slot i is still committed with in's step:
+// the sequence lock's re-check. The compare-and-swap (which writes the
+// value it reads) is a full barrier: the loads of the slot's bytes before
+// it cannot be satisfied after it.
+func (s *Slots) unchanged(i int, in slotInfo) bool {
+	return atomic.CompareAndSwapUint32(s.stateWord(i), stateCommitted, stateCommitted) &&
+		atomic.LoadUint64(s.stepWord(i)) == in.step
+}
+
+// newestSlot returns the slot holding the newest committed step, by the
+// headers (unverified), or -1.
+func newestSlot(info [2]slotInfo) int {
+	n := -1
+	for i, in := range info {
+		if in.state == stateCommitted && (n < 0 || in.step > info[n].step) {
+			n = i
+		}
+	}
+	return n
+}
+
+// testWriteHook, when set, is called before each write of the header
+// sequence of Stage and Commit with its index: 0 the staging mark, 1 the
+// step, 2 to N+1 the region entries, N+2 the header CRC, N+3 the committed
+// flag (N regions). Returning true stops the sequence there, as if the
+// writing process had died: Stage or Commit returns errStopped having
+// written nothing more. For the crash tests.
+var testWriteHook func(write int) bool
+
+var errStopped = errors.New("ckpt: stopped by the test hook")
+
+func stopAt(write int) bool {
+	return testWriteHook != nil && testWriteHook(write)
+}
+
+// Stage begins writing step into the slot that does not hold the newest
+// committed step (slot 0 when neither holds one): it first marks that
+// slot's header staging, so that a crash while it is written can never
+// leave it looking valid, and returns the slot's writable views, one per
+// region. Steps must increase: staging a step not after the newest
+// committed one is an error. Staging again before committing abandons the
+// earlier Staged (its Commit fails) and reuses its slot.
+//
+// Stage does not verify the committed slots' CRCs: with the newest
+// committed slot corrupt, the slot it overwrites may have been the only
+// good one. The overwrite rule, which the caller enforces, makes that
+// safe: it stages step s only once step s-1 can be recovered elsewhere.
+func (s *Slots) Stage(step uint64) (*Staged, error) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return nil, errClosed
+	}
+	info := [2]slotInfo{s.readInfo(0), s.readInfo(1)}
+	slot := 0
+	if n := newestSlot(info); n >= 0 {
+		if step <= info[n].step {
+			return nil, fmt.Errorf("ckpt: cannot stage step %d: slot %d holds step %d, and steps must increase", step, n, info[n].step)
+		}
+		slot = 1 - n
+	}
+	if stopAt(0) {
+		return nil, errStopped
+	}
+	// A swap, not a store: a full barrier, so that the mark is visible
+	// before any byte of the slot changes (see the package comment).
+	atomic.SwapUint32(s.stateWord(slot), stateStaging)
+	if stopAt(1) {
+		return nil, errStopped
+	}
+	atomic.StoreUint64(s.stepWord(slot), step)
+	s.gen++
+	st := &Staged{s: s, slot: slot, step: step, gen: s.gen, views: make([][]byte, len(s.regions))}
+	for i := range st.views {
+		st.views[i] = s.maps[i].view(s.maps[i].rw, slot)
+	}
+	return st, nil
+}
+
+// Staged is a step being written into a slot, from Stage to Commit.
+type Staged struct {
+	s     *Slots
+	slot  int
+	step  uint64
+	gen   uint64
+	views [][]byte
+	done  bool // committed; guarded by s.wmu
+}
+
+// Region returns the writable view of the named region in the staging
+// slot, or nil if there is no such region. The view must not be written
+// after Commit.
+func (st *Staged) Region(name string) []byte {
+	if i := st.s.regionIndex(name); i >= 0 {
+		return st.views[i]
+	}
+	return nil
+}
+
+// Views returns the writable views of all regions, in Regions order.
+func (st *Staged) Views() [][]byte {
+	return slices.Clone(st.views)
+}
+
+// Slot returns the slot being written, 0 or 1.
+func (st *Staged) Slot() int { return st.slot }
+
+// Step returns the step being written.
+func (st *Staged) Step() uint64 { return st.step }
+
+// Commit computes each region's CRC32C, writes them and the sizes into the
+// slot's header, then the header's own CRC, and sets the committed flag
+// last with an atomic store: a reader in any process whose atomic load
+// sees the flag sees the data (see the package comment). After Commit the
+// slot holds the newest committed step. Commit fails if the Staged was
+// committed already or abandoned by a later Stage.
+func (st *Staged) Commit() error {
+	s := st.s
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	switch {
+	case s.closed:
+		return errClosed
+	case st.done:
+		return fmt.Errorf("ckpt: step %d is committed already", st.step)
+	case st.gen != s.gen:
+		return fmt.Errorf("ckpt: step %d was abandoned by a later Stage", st.step)
+	}
+	if in := s.readInfo(st.slot); in.state != stateStaging || in.step != st.step {
+		return fmt.Errorf("ckpt: slot %d changed while step %d was staged in it (now state %#08x, step %d): another writer?",
+			st.slot, st.step, in.state, in.step)
+	}
+	h := s.slotHdr(st.slot)
+	n := len(s.regions)
+	for i, r := range s.regions {
+		crc := checksum(st.views[i])
+		if stopAt(2 + i) {
+			return errStopped
+		}
+		e := h[entOff+entSize*i:][:entSize]
+		ne.PutUint64(e, uint64(r.Size))
+		ne.PutUint32(e[8:], crc)
+		ne.PutUint32(e[12:], 0)
+	}
+	if stopAt(2 + n) {
+		return errStopped
+	}
+	ne.PutUint32(h[4:], crc32.Checksum(h[8:entOff+entSize*n], castagnoli))
+	if stopAt(3 + n) {
+		return errStopped
+	}
+	atomic.StoreUint32(s.stateWord(st.slot), stateCommitted)
+	st.done = true
+	return nil
+}
+
+// maxReads bounds Newest's reads of slots that the writer keeps
+// overwriting under it.
+const maxReads = 16
+
+// Newest returns the newest committed step whose every region's CRC32C
+// verifies, with read-only views of its regions. If the newest committed
+// slot does not verify, it falls back to the other one and says why in
+// the Snapshot's Fallback. It returns an error wrapping ErrEmpty when no
+// step was ever committed, one wrapping ErrCorrupt when no slot verifies.
+//
+// Newest reads every byte of the committed regions. If the writer stages
+// into the slot being read meanwhile (which it does only two commits
+// later), Newest notices and reads again.
+func (s *Slots) Newest() (*Snapshot, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return nil, errClosed
+	}
+	for range maxReads {
+		sn, changed, err := s.newestOnce()
+		if !changed {
+			return sn, err
+		}
+		s.rereads.Add(1)
+	}
+	return nil, fmt.Errorf("ckpt: the writer overwrote the slot being read %d times", maxReads)
+}
+
+// newestOnce is one try of Newest; changed says that a slot changed while
+// it was read, and the try counts for nothing.
+func (s *Slots) newestOnce() (sn *Snapshot, changed bool, err error) {
+	info := [2]slotInfo{s.readInfo(0), s.readInfo(1)}
+	var errs []error
+	var cands []int
+	for i, in := range info {
+		switch in.state {
+		case stateEmpty, stateStaging:
+		case stateCommitted:
+			cands = append(cands, i)
+		default:
+			errs = append(errs, corruptErr("slot %d: state word %#08x is none of empty, staging, committed", i, in.state))
+		}
+	}
+	if len(cands) == 2 {
+		switch {
+		case info[1].step > info[0].step:
+			cands[0], cands[1] = 1, 0
+		case info[1].step == info[0].step:
+			// No writer does this: slots are staged with increasing
+			// steps. Which one is right cannot be known.
+			errs = append(errs, corruptErr("slots 0 and 1 both claim step %d", info[0].step))
+		}
+	}
+	for _, i := range cands {
+		err := s.verify(i, info[i].step)
+		if !s.unchanged(i, info[i]) {
+			return nil, true, nil
+		}
+		if err == nil {
+			sn := &Snapshot{Step: info[i].step, Slot: i, Fallback: errors.Join(errs...), s: s, views: make([][]byte, len(s.regions))}
+			for j := range sn.views {
+				sn.views[j] = s.maps[j].view(s.maps[j].ro, i)
+			}
+			return sn, false, nil
+		}
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		return nil, false, ErrEmpty
+	}
+	return nil, false, errors.Join(errs...)
+}
+
+// verify checks committed slot i of step: its header's CRC and entries,
+// and every region's CRC32C. Errors wrap ErrCorrupt.
+func (s *Slots) verify(i int, step uint64) error {
+	h := s.slotHdr(i)
+	n := len(s.regions)
+	if got, want := ne.Uint32(h[4:]), crc32.Checksum(h[8:entOff+entSize*n], castagnoli); got != want {
+		return corruptErr("slot %d (step %d): header CRC32C %#08x, its bytes give %#08x", i, step, got, want)
+	}
+	for j, r := range s.regions {
+		e := h[entOff+entSize*j:][:entSize]
+		if size := ne.Uint64(e); size != uint64(r.Size) {
+			return corruptErr("slot %d (step %d): region %q: size %d, the layout says %d", i, step, r.Name, size, r.Size)
+		}
+		if res := ne.Uint32(e[12:]); res != 0 {
+			return corruptErr("slot %d (step %d): region %q: reserved word %#x is not zero", i, step, r.Name, res)
+		}
+		if want, got := ne.Uint32(e[8:]), checksum(s.maps[j].view(s.maps[j].ro, i)); got != want {
+			return corruptErr("slot %d (step %d): region %q: CRC32C %#08x, the data give %#08x", i, step, r.Name, want, got)
+		}
+	}
+	return nil
+}
+
+// Snapshot is a committed step whose regions verified, as Newest found it.
+type Snapshot struct {
+	Step uint64 // the step
+	Slot int    // the slot holding it, 0 or 1
+	// Fallback is nil when nothing is wrong with the other slot; else it
+	// wraps ErrCorrupt and says what: the newer committed step failed
+	// to verify (this snapshot is then the older one), or the other
+	// slot's state word is unreadable, or both slots claim this step.
+	Fallback error
+
+	s     *Slots
+	views [][]byte
+}
+
+// Region returns the read-only view of the named region (nil if there is
+// no such region). The memory is mapped read-only: writing it faults. The
+// view shows the slot as it is, and the slot is overwritten when the
+// writer stages into it again (two steps later, under the overwrite
+// rule); Valid tells whether it still holds this step.
+func (sn *Snapshot) Region(name string) []byte {
+	if i := sn.s.regionIndex(name); i >= 0 {
+		return sn.views[i]
+	}
+	return nil
+}
+
+// Views returns the read-only views of all regions, in Regions order.
+func (sn *Snapshot) Views() [][]byte {
+	return slices.Clone(sn.views)
+}
+
+// Valid reports whether the snapshot's slot still holds its step,
+// committed: a reader that copies the views elsewhere and then sees Valid
+// true has copied exactly the verified bytes.
+func (sn *Snapshot) Valid() bool {
+	s := sn.s
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return !s.closed && s.unchanged(sn.Slot, slotInfo{stateCommitted, sn.Step})
+}
+
+// Committed returns the steps the two slots' headers say they hold
+// committed (0 and false for a slot that holds none: empty, being
+// written, or unreadable), without verifying anything: cheap, for status.
+func (s *Slots) Committed() (steps [2]uint64, ok [2]bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return
+	}
+	for i := range 2 {
+		for range maxReads {
+			in := s.readInfo(i)
+			if atomic.LoadUint32(s.stateWord(i)) != in.state {
+				continue
+			}
+			if in.state == stateCommitted {
+				steps[i], ok[i] = in.step, true
+			}
+			break
+		}
+	}
+	return steps, ok
+}
