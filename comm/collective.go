@@ -508,14 +508,22 @@ func (c *Comm) ring(ctx context.Context, fail func(error), hdr header, xb []byte
 		}
 		return nil
 	}
-	recv := func() error {
+	recv := func() (err error) {
 		if err := c.expectHeader(left, hdr); err != nil {
 			return err
 		}
 		// The readers of doorbells and credits start after the header:
-		// with two ranks, left and right are one link.
+		// with two ranks, left and right are one link. A failure here
+		// must end the op (fail) before waiting for them: a reader of
+		// credits from the right waits for credits that may never come
+		// once this side stopped consuming.
 		var readers sync.WaitGroup
-		defer readers.Wait()
+		defer func() {
+			if err != nil {
+				fail(err)
+			}
+			readers.Wait()
+		}()
 		startReader := func(peer, doorbells, credits int) {
 			readers.Go(func() {
 				if err := shmReader(ctx, c.peers[peer].links[chanColl], &pipe, doorbells, credits); err != nil {

@@ -124,19 +124,22 @@ func mapPeerRing(fd, slots, slotBytes int) (*shmRing, error) {
 		return nil, fmt.Errorf("ring of %d slots of %d bytes", slots, slotBytes)
 	}
 	size := slots * slotBytes
-	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("fstat: %w", err)
-	}
-	if st.Size != int64(size) {
-		return nil, fmt.Errorf("ring is %d bytes, announced %d", st.Size, size)
-	}
+	// The seals first: once sealed against shrinking, the size read next
+	// is the size for good (the other order would let a peer shrink the
+	// file between the two, then seal it).
 	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
 	if err != nil {
 		return nil, fmt.Errorf("reading seals: %w", err)
 	}
 	if seals&unix.F_SEAL_SHRINK == 0 {
 		return nil, errors.New("ring is not sealed against shrinking")
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("fstat: %w", err)
+	}
+	if st.Size != int64(size) {
+		return nil, fmt.Errorf("ring is %d bytes, announced %d", st.Size, size)
 	}
 	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
@@ -208,8 +211,8 @@ func setupShm(conn net.Conn, slotBytes int) (*shmLink, error) {
 		}
 		reason = errors.Join(reason, err)
 	}
-	if in != nil && in.slotBytes != slotBytes {
-		reason = errors.Join(reason, fmt.Errorf("the peer's slots are %d bytes, this rank's %d", in.slotBytes, slotBytes))
+	if in != nil && (in.slotBytes != slotBytes || in.slots != shmSlots) {
+		reason = errors.Join(reason, fmt.Errorf("the peer's ring has %d slots of %d bytes, this rank's %d of %d", in.slots, in.slotBytes, shmSlots, slotBytes))
 		(&shmLink{in: in}).unmap()
 		in = nil
 	}

@@ -378,3 +378,56 @@ func FuzzShmOffer(f *testing.F) {
 		_ = err
 	})
 }
+
+// TestMixedLinksFailPromptly: in a ring where some neighbour links have
+// shared-memory rings and some are plain sockets (one side could not
+// create its ring), losing a rank mid-Allreduce fails every other rank
+// promptly, whichever rank is lost. (A rank that fails while its credit
+// reader waits on a live right neighbour must fail the op before waiting
+// for the reader; with Close the whole ring fails at once anyway, so this
+// covers the mixed paths, not that ordering, which needs a one-link
+// partition.)
+func TestMixedLinksFailPromptly(t *testing.T) {
+	requireShm(t)
+	const n = 3
+	for victim := range n {
+		var left atomic.Int32
+		left.Store(1)
+		shmCreateHook = func() error {
+			if left.Add(-1) >= 0 {
+				return errors.New("refused by the test")
+			}
+			return nil
+		}
+		comms := newWorld(t, n, worldOpts{segment: 16 << 10, log: io.Discard, unix: true})
+		shmCreateHook = nil
+		mixed := 0
+		for _, c := range comms {
+			for _, p := range c.peers {
+				if p != nil && p.shm == nil {
+					mixed++
+				}
+			}
+		}
+		if mixed == 0 {
+			t.Fatal("every link has rings; the test wants a mixed ring")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		var done atomic.Int64
+		result := make(chan []error, 1)
+		go func() { result <- loopAllreduce(ctx, comms, 200_000, &done) }()
+		waitFor(t, 10*time.Second, func() bool { return done.Load() >= 2*n })
+		comms[victim].Close()
+		select {
+		case errs := <-result:
+			for r, err := range errs {
+				if r != victim && !errors.Is(err, ErrPeerLost) {
+					t.Errorf("victim %d: rank %d returned %v, want ErrPeerLost", victim, r, err)
+				}
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("victim %d: the others did not return within 5 s", victim)
+		}
+		cancel()
+	}
+}

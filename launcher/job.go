@@ -53,8 +53,10 @@ type job struct {
 	fences  *comm.FenceCollector
 
 	hosts []*agentHost
-	// gpuFailures are the GPU health reports received, in order.
+	// gpuFailures are the distinct GPU health reports received, in order;
+	// gpuSeen counts each kind's repeats.
 	gpuFailures []gpuFailure
+	gpuSeen     map[string]int
 	remote      int // hosts whose agent is not in this process
 	world       int
 	// rankHost maps a rank to its host index.
@@ -564,7 +566,24 @@ func (j *job) onEvent(e *wire.Event) {
 // hot-swap's decision, made from j.gpuFailures.
 func (j *job) onGPUEvent(h *agentHost, e *wire.Event) {
 	g := e.GPU
-	j.gpuFailures = append(j.gpuFailures, gpuFailure{host: h.name, report: *g, msg: e.Msg})
+	// A flapping GPU repeats itself: keep and print the first report of
+	// each (host, GPU, kind, XID), then every 100th, with the count.
+	key := fmt.Sprintf("%s/%d/%s/%d", h.name, g.Index, g.Kind, g.XID)
+	if j.gpuSeen == nil {
+		j.gpuSeen = map[string]int{}
+	}
+	j.gpuSeen[key]++
+	n := j.gpuSeen[key]
+	if n > 1 && n%100 != 0 {
+		return
+	}
+	if n == 1 && len(j.gpuFailures) < maxGPUFailures {
+		j.gpuFailures = append(j.gpuFailures, gpuFailure{host: h.name, report: *g, msg: e.Msg})
+	}
+	repeat := ""
+	if n > 1 {
+		repeat = fmt.Sprintf(" (%d times)", n)
+	}
 	ranks := "no rank"
 	if len(g.Ranks) > 0 {
 		ranks = "rank " + joinInts(g.Ranks)
@@ -573,8 +592,11 @@ func (j *job) onGPUEvent(h *agentHost, e *wire.Event) {
 		}
 	}
 	j.log.Debug("GPU failure report", "host", h.name, "gpu", g.Index, "uuid", g.UUID, "class", g.Class, "xid", g.XID, "ranks", g.Ranks)
-	j.out.report("GPU %d (%s) on host %s, used by %s: %s failure: %s", g.Index, g.UUID, h.name, ranks, g.Class, e.Msg)
+	j.out.report("GPU %d (%s) on host %s, used by %s: %s failure: %s%s", g.Index, g.UUID, h.name, ranks, g.Class, e.Msg, repeat)
 }
+
+// maxGPUFailures bounds the GPU reports a job keeps.
+const maxGPUFailures = 10000
 
 // gpuFailure is a GPU health report received from an agent.
 type gpuFailure struct {

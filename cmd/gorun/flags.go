@@ -264,7 +264,7 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 		// or per CPU on a host without GPUs.
 		slots := runtime.NumCPU()
 		if n := localGPUs(); n > 0 {
-			slots = n
+			slots = max(n/max(o.gpusPerRank, 1), 1)
 		}
 		cfg.Hosts = []topology.Host{{Name: "localhost", Slots: slots, Source: "default"}}
 	}
@@ -385,15 +385,25 @@ func checkProgram(prog, dir string) error {
 }
 
 // localGPUs counts this host's GPUs (those of CUDA_VISIBLE_DEVICES, when
-// set): 0 without a driver or on any error, which the agent reports.
+// set): 0 without a driver or on any error, which the agent reports. A
+// driver that does not answer within 10 s counts as none (the call is left
+// to finish on its own).
 func localGPUs() int {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b, err := gpu.Open(ctx, gpu.Options{Host: "localhost"})
-	if err != nil {
+	count := make(chan int, 1)
+	go func() {
+		b, err := gpu.Open(context.Background(), gpu.Options{Host: "localhost"})
+		if err != nil {
+			count <- 0
+			return
+		}
+		defer b.Close()
+		devs, _ := gpu.Restrict(b.Devices(), os.Getenv("CUDA_VISIBLE_DEVICES"))
+		count <- len(devs)
+	}()
+	select {
+	case n := <-count:
+		return n
+	case <-time.After(10 * time.Second):
 		return 0
 	}
-	defer b.Close()
-	devs, _ := gpu.Restrict(b.Devices(), os.Getenv("CUDA_VISIBLE_DEVICES"))
-	return len(devs)
 }

@@ -61,11 +61,17 @@ func TestRanksAreBoundToGPUs(t *testing.T) {
 		})
 	}
 	t.Run("too many GPUs per rank", func(t *testing.T) {
-		res := runJob(t, "gpu", []string{"GORUNTEST_SLEEP_MS=0"}, "-np", "3", "--gpus-per-rank", "2", os.Args[0])
-		if res.code == 0 || !strings.Contains(res.stderr, "GPU") {
+		res := runJob(t, "gpu", []string{"GORUNTEST_SLEEP_MS=0"}, "-np", "3", "--gpus-per-rank", "2", "--oversubscribe", os.Args[0])
+		if res.code == 0 || !strings.Contains(res.stderr, "3 local ranks with 2 GPUs each need 6 GPUs; this host has 4") {
 			t.Fatalf("exit %d, want a failure naming the GPUs\nstderr:\n%s", res.code, res.stderr)
 		}
 		t.Log(res.stderr)
+	})
+	t.Run("slots default to the GPUs over --gpus-per-rank", func(t *testing.T) {
+		res := runJob(t, "gpu", []string{"GORUNTEST_SLEEP_MS=0"}, "--gpus-per-rank", "2", os.Args[0])
+		if res.code != 0 || strings.Count(res.stdout, "gpu CUDA_VISIBLE_DEVICES") != 2 {
+			t.Fatalf("exit %d; want 2 ranks of 2 GPUs\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+		}
 	})
 	t.Run("slots default to the GPU count", func(t *testing.T) {
 		res := runJob(t, "gpu", []string{"GORUNTEST_SLEEP_MS=0"}, os.Args[0])

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/gpu"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sync/errgroup"
@@ -29,6 +30,9 @@ import (
 
 // startParallel is how many ranks an agent starts at once.
 const startParallel = 8
+
+// gpuDiscoveryTimeout bounds how long the ranks wait for GPU discovery.
+const gpuDiscoveryTimeout = 30 * time.Second
 
 // ErrLauncherLost is the cause of an agent's end when its launcher went away.
 var ErrLauncherLost = errors.New("agent: launcher lost")
@@ -197,26 +201,80 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}()
 
 	defer a.cleanup()
-	a.gpus = openGPUs(ctx, a)
-	defer a.gpus.close()
-	a.gpus.watch(ctx, a)
+
+	// GPU discovery (NVML) can be slow, or hang on a broken GPU: it runs
+	// beside the heartbeats, and the ranks start once it is done, or
+	// CPU-only after gpuDiscoveryTimeout.
+	gpuReady := make(chan *hostGPUs, 1)
+	go func() { gpuReady <- openGPUs(ctx, a) }()
+	gpuTimeout := time.NewTimer(gpuDiscoveryTimeout)
+	defer gpuTimeout.Stop()
+	defer func() {
+		if a.gpus != nil {
+			a.gpus.close()
+		}
+		select {
+		case g := <-gpuReady: // discovery finished after all
+			g.close()
+		default:
+		}
+	}()
+	var pending *wire.EpochTable // the first table, waiting for the GPUs
+	begin := func(t *wire.EpochTable) error {
+		err := a.start(t)
+		if a.ranks != nil {
+			close(a.stdinReady)
+		}
+		if err != nil {
+			a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: err.Error()})
+			return fmt.Errorf("agent: %w", err)
+		}
+		return nil
+	}
+	gpusKnown := func() error {
+		if t := pending; t != nil {
+			pending = nil
+			return begin(t)
+		}
+		return nil
+	}
+
 	hb := time.NewTicker(a.spec.HeartbeatInterval)
 	defer hb.Stop()
 	a.heartbeat()
 	for {
 		select {
+		case g := <-gpuReady:
+			gpuReady = nil
+			if a.gpus != nil { // too late: running CPU-only already
+				g.close()
+				continue
+			}
+			a.gpus = g
+			g.watch(ctx, a)
+			if err := gpusKnown(); err != nil {
+				return err
+			}
+		case <-gpuTimeout.C:
+			if a.gpus != nil {
+				continue
+			}
+			a.log.Warn("GPU discovery did not finish: running CPU-only", "after", gpuDiscoveryTimeout)
+			a.gpus = &hostGPUs{binds: map[int]gpu.Binding{}}
+			if err := gpusKnown(); err != nil {
+				return err
+			}
 		case t := <-tables:
 			if a.ranks != nil {
 				a.newEpoch(t)
 				continue
 			}
-			err := a.start(t)
-			if a.ranks != nil {
-				close(a.stdinReady)
+			if a.gpus == nil {
+				pending = t
+				continue
 			}
-			if err != nil {
-				a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: err.Error()})
-				return fmt.Errorf("agent: %w", err)
+			if err := begin(t); err != nil {
+				return err
 			}
 		case err := <-terr:
 			if ctx.Err() != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 
 	"github.com/gorun/gorun/gpu"
@@ -81,8 +82,10 @@ func (g *hostGPUs) env(spec *wire.JobSpec, pl wire.Placement) ([]string, error) 
 }
 
 // pin sets the CPU affinity of a started rank to the CPUs near its GPUs
-// (those the agent itself may use). The rank has just been exec'd: the
-// first instructions of the program may still run elsewhere.
+// (those the agent itself may use), on every thread it has (a Go or CUDA
+// runtime may have started some already; threads started later inherit
+// it). The rank has just been exec'd: its first instructions may still
+// have run elsewhere.
 func (g *hostGPUs) pin(a *agent, rank, pid int) {
 	g.mu.Lock()
 	b, ok := g.binds[rank]
@@ -104,8 +107,19 @@ func (g *hostGPUs) pin(a *agent, rank, pid int) {
 	if n == 0 {
 		return // none of the GPU's CPUs is ours: leave the rank alone
 	}
-	if err := unix.SchedSetaffinity(pid, &set); err != nil {
-		a.log.Warn("cannot pin rank to the CPUs of its GPU", "rank", rank, "err", err)
+	tids := []int{pid}
+	if ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); err == nil {
+		tids = tids[:0]
+		for _, e := range ents {
+			if tid, err := strconv.Atoi(e.Name()); err == nil {
+				tids = append(tids, tid)
+			}
+		}
+	}
+	for _, tid := range tids {
+		if err := unix.SchedSetaffinity(tid, &set); err != nil && !errors.Is(err, unix.ESRCH) {
+			a.log.Warn("cannot pin rank to the CPUs of its GPU", "rank", rank, "tid", tid, "err", err)
+		}
 	}
 }
 
