@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/gortest"
 )
 
 // The test binary plays the other processes (the crashing writer, the
@@ -32,18 +34,17 @@ var helpers = map[string]func(dir, arg string) error{
 }
 
 func TestMain(m *testing.M) {
-	if h := os.Getenv(helperEnv); h != "" {
-		fn, ok := helpers[h]
-		if !ok {
-			fmt.Fprintf(os.Stderr, "unknown helper %q\n", h)
-			os.Exit(98)
+	run := map[string]func() int{}
+	for name, fn := range helpers {
+		run[name] = func() int {
+			if err := fn(os.Getenv(dirEnv), os.Getenv(argEnv)); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			return 0
 		}
-		if err := fn(os.Getenv(dirEnv), os.Getenv(argEnv)); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
 	}
+	gortest.RunHelper(helperEnv, run)
 	os.Exit(m.Run())
 }
 

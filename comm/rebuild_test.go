@@ -13,6 +13,7 @@ import (
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/agent"
 	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 )
@@ -22,15 +23,8 @@ import (
 const commtestHelper = "COMMTEST_HELPER"
 
 func TestMain(m *testing.M) {
-	switch os.Getenv(commtestHelper) {
-	case "":
-		os.Exit(m.Run())
-	case "rebuild":
-		os.Exit(rebuildRank())
-	default:
-		fmt.Fprintln(os.Stderr, "unknown helper")
-		os.Exit(98)
-	}
+	gortest.RunHelper(commtestHelper, map[string]func() int{"rebuild": rebuildRank})
+	os.Exit(m.Run())
 }
 
 // rebuildRank runs Allreduces until the epoch changes, rebuilds, and runs

@@ -90,7 +90,7 @@ func PlanEC(hosts []Host, assign []Assignment, opt ECOptions) ([]ECGroup, error)
 	for i, a := range assign {
 		if a.Host < 0 || a.Host >= len(hosts) {
 			return nil, fmt.Errorf("%w: assignment %d puts rank %d on host %d, out of range for %s",
-				ErrECGroups, i, a.Rank, a.Host, ecPlural(len(hosts), "host"))
+				ErrECGroups, i, a.Rank, a.Host, plural(len(hosts), "host"))
 		}
 		if a.Rank < 0 {
 			return nil, fmt.Errorf("%w: assignment %d has negative rank %d", ErrECGroups, i, a.Rank)
@@ -122,7 +122,7 @@ func PlanEC(hosts []Host, assign []Assignment, opt ECOptions) ([]ECGroup, error)
 	n := len(active)
 	if k > n || m > n-k { // k+m > n without overflow
 		return nil, fmt.Errorf("%w: only %s with ranks; a group needs %d data + %d parity hosts",
-			ErrECGroups, ecPlural(n, "host"), k, m)
+			ErrECGroups, plural(n, "host"), k, m)
 	}
 	size := k + m
 	if left := n % size; left != 0 {
@@ -272,7 +272,7 @@ func SelectDataNodes(origin []int, k int) ([]int, error) {
 		return nil, fmt.Errorf("%w: k = %d data nodes; need at least 1", ErrECGroups, k)
 	}
 	if k > n {
-		return nil, fmt.Errorf("%w: k = %d data nodes but only %s", ErrECGroups, k, ecPlural(n, "node"))
+		return nil, fmt.Errorf("%w: k = %d data nodes but only %s", ErrECGroups, k, plural(n, "node"))
 	}
 	w := 0
 	for i, c := range origin {
@@ -285,7 +285,7 @@ func SelectDataNodes(origin []int, k int) ([]int, error) {
 		w += c
 	}
 	if w == 0 {
-		return nil, fmt.Errorf("%w: the %s have no workers", ErrECGroups, ecPlural(n, "node"))
+		return nil, fmt.Errorf("%w: the %s have no workers", ErrECGroups, plural(n, "node"))
 	}
 	if w%k != 0 {
 		return nil, fmt.Errorf("%w: %d workers cannot be cut into %d equal data groups: %d is not a multiple of %d",
@@ -484,11 +484,4 @@ func ecCounts(hosts []Host, members []int, ranks [][]int) string {
 		fmt.Fprintf(&b, "%s (%d)", ecName(hosts[h]), len(ranks[h]))
 	}
 	return b.String()
-}
-
-func ecPlural(n int, what string) string {
-	if n == 1 {
-		return "1 " + what
-	}
-	return fmt.Sprintf("%d %ss", n, what)
 }

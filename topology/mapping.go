@@ -193,5 +193,8 @@ func plural(n int, what string) string {
 	if n == 1 {
 		return fmt.Sprintf("1 %s", what)
 	}
+	if strings.HasSuffix(what, "ch") || strings.HasSuffix(what, "s") || strings.HasSuffix(what, "x") {
+		return fmt.Sprintf("%d %ses", n, what)
+	}
 	return fmt.Sprintf("%d %ss", n, what)
 }

@@ -254,7 +254,7 @@ func Place(l Layout, hosts []Host, assign []Assignment, opt PlacementOptions) (*
 }
 
 func labelsSummary(d domains) string {
-	return fmt.Sprintf("%s and %s", plural(d.racks, "rack"), pluralSwitches(d.switches))
+	return fmt.Sprintf("%s and %s", plural(d.racks, "rack"), plural(d.switches, "switch"))
 }
 
 // placer holds the state of one Place call.
@@ -299,7 +299,7 @@ func (pl *placer) group(gi int, g []int, opt PlacementOptions) error {
 		reachable = LevelRack
 	}
 	if opt.Require > reachable {
-		return fmt.Errorf("%w: data-parallel group %d (ranks %s) cannot give every owner and its %d replicas distinct %ss: they span %s and %s", ErrPlacement, gi, rankList(g), pl.k, opt.Require, plural(len(racks), "labelled rack"), pluralSwitches(len(sws), "labelled "))
+		return fmt.Errorf("%w: data-parallel group %d (ranks %s) cannot give every owner and its %d replicas distinct %ss: they span %s and %s", ErrPlacement, gi, rankList(g), pl.k, opt.Require, plural(len(racks), "labelled rack"), plural(len(sws), "labelled switch"))
 	}
 	// The tries, best first: a separation level, exactly or at least.
 	type try struct {
@@ -354,7 +354,7 @@ func (pl *placer) group(gi int, g []int, opt PlacementOptions) error {
 		}
 	}
 	if len(short) > 0 {
-		why := fmt.Sprintf("the group spans %s and %s for %d copies", plural(len(racks), "labelled rack"), pluralSwitches(len(sws), "labelled "), pl.k+1)
+		why := fmt.Sprintf("the group spans %s and %s for %d copies", plural(len(racks), "labelled rack"), plural(len(sws), "labelled switch"), pl.k+1)
 		if reachable >= wanted {
 			why = "peers in other domains ran out of room"
 		}
@@ -529,14 +529,21 @@ func (pl *placer) pick(tp *tryPools, owner int, capped bool) bool {
 
 // achieved is the narrowest pairwise separation of owner and its holders.
 func (pl *placer) achieved(owner int) Level {
-	hs := []int{pl.hostOf[owner]}
-	for _, h := range pl.p.Holders[owner] {
-		hs = append(hs, pl.hostOf[h])
+	return pl.d.separation(owner, pl.p.Holders[owner], func(r int) int { return pl.hostOf[r] })
+}
+
+// separation is the narrowest pairwise level among the hosts of owner and
+// holders (host of a rank given by hostOf).
+func (d *domains) separation(owner int, holders []int, hostOf func(int) int) Level {
+	hs := make([]int, 0, len(holders)+1)
+	hs = append(hs, hostOf(owner))
+	for _, h := range holders {
+		hs = append(hs, hostOf(h))
 	}
 	lv := LevelRack
 	for a := range hs {
 		for b := a + 1; b < len(hs); b++ {
-			lv = min(lv, pl.d.level(hs[a], hs[b]))
+			lv = min(lv, d.level(hs[a], hs[b]))
 		}
 	}
 	return lv
@@ -586,15 +593,6 @@ func (p *Placement) Lost(assign []Assignment, failed []int) []int {
 // d·p^(k+1).
 func PLossBound(d int, p float64, k int) float64 {
 	return float64(d) * math.Pow(p, float64(k+1))
-}
-
-// pluralSwitches is plural for "switch", whose plural takes -es.
-func pluralSwitches(n int, prefix ...string) string {
-	w := strings.Join(prefix, "") + "switch"
-	if n != 1 {
-		w += "es"
-	}
-	return fmt.Sprintf("%d %s", n, w)
 }
 
 // rankList prints up to 8 ranks of g, then how many more.
@@ -686,16 +684,7 @@ func ChooseSpare(hosts []Host, assign []Assignment, p *Placement, lost int, spar
 		}
 		kept, sum := 0, 0
 		for _, o := range owners {
-			hs := []int{hostAfter(o)}
-			for _, hr := range p.Holders[o] {
-				hs = append(hs, hostAfter(hr))
-			}
-			lv := LevelRack
-			for a := range hs {
-				for b := a + 1; b < len(hs); b++ {
-					lv = min(lv, d.level(hs[a], hs[b]))
-				}
-			}
+			lv := d.separation(o, p.Holders[o], hostAfter)
 			if lv >= p.Level[o] && lv >= p.Require {
 				kept++
 			}

@@ -26,14 +26,7 @@ import (
 var gorunBin string
 
 func TestMain(m *testing.M) {
-	if h := os.Getenv(helperEnv); h != "" {
-		fn, ok := helpers[h]
-		if !ok {
-			fmt.Fprintf(os.Stderr, "unknown helper %q\n", h)
-			os.Exit(98)
-		}
-		os.Exit(fn())
-	}
+	gortest.RunHelper(helperEnv, helpers)
 	dir, err := os.MkdirTemp("", "gorun-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 )
@@ -19,15 +20,8 @@ import (
 const agenttestHelper = "AGENTTEST_HELPER"
 
 func TestMain(m *testing.M) {
-	switch os.Getenv(agenttestHelper) {
-	case "":
-		os.Exit(m.Run())
-	case "epochwatch":
-		os.Exit(epochWatch())
-	default:
-		fmt.Fprintln(os.Stderr, "unknown helper")
-		os.Exit(98)
-	}
+	gortest.RunHelper(agenttestHelper, map[string]func() int{"epochwatch": epochWatch})
+	os.Exit(m.Run())
 }
 
 // epochWatch is a rank that enters a fence that cannot complete, and
