@@ -9,7 +9,8 @@
 //
 // A rank's protected state is a set of named regions ([Region]; for now
 // optimizer, params and meta), 1 to 16 of them, each with a name matching
-// [a-z][a-z0-9_-]{0,31} and a size fixed at creation, 0 to 1<<40 bytes.
+// [a-z][a-z0-9_-]{0,31} (other than "hdr") and a size fixed at creation,
+// 0 to 1<<40 bytes.
 // [Create] makes the files of a rank's slots, [Open] maps existing ones
 // (a restarted rank, or the agent). A step is written in three moves:
 //
@@ -21,6 +22,10 @@
 // step whose every region's CRC32C verifies, falling back to the other
 // slot when the newest does not verify.
 //
+// [Slots.At] reads a given step instead, verified the same way (it never
+// falls back), and [Slots.Truncate] forgets the steps after a given one
+// (see Restoring).
+//
 // Steps must increase. ckpt does not enforce the overwrite rule of
 // DESIGN.md §5 (stage step s only once step s-1 is globally recoverable):
 // the caller waits for it before calling Stage, which overwrites the slot
@@ -31,16 +36,20 @@
 // A rank's files live in one directory, /dev/shm unless [Options] says
 // otherwise, and are named by job, rank and region:
 //
-//	gorun-<job>-r<rank>.hdr        the header file: layout and the two slot headers
-//	gorun-<job>-r<rank>-<region>   one data file per region: [slot 0 | slot 1]
+//	gorun-<job>.r<rank>.hdr        the header file: layout and the two slot headers
+//	gorun-<job>.r<rank>.<region>   one data file per region: [slot 0 | slot 1]
 //
-// Job ids are 1 to 64 characters of [a-z0-9] (the ids gorun generates are
-// 16 of them). That excludes the '-' that internal/wire's job ids allow,
-// so that "gorun-<job>-" is a prefix of that job's files only (job "a"
-// would otherwise own the files of job "a-r0"). Ranks are written in
-// decimal without leading zeros, 0 to 2^31-1. [RemoveJob] removes the
-// regular files whose names have exactly this form for the job, and
-// nothing else.
+// Job ids are exactly those internal/wire.ValidJobID accepts: 1 to 64
+// characters of [a-z0-9-], not starting with '-' (the ids gorun
+// generates are 16 of [a-z0-9]; ckpt may not import internal/wire, so
+// it has its own copy of the rule, which must stay the same). They never
+// contain '.', so "gorun-<job>." is a prefix of that job's files only:
+// job "a" does not own the files of job "a-r0" (gorun-a-r0.r0.hdr) or
+// "a-b". Region names cannot contain '.' either, and no region may be
+// named "hdr", whose data file would be the header file. Ranks are
+// written in decimal without leading zeros, 0 to 2^31-1. [RemoveJob]
+// removes the regular files whose names have exactly this form for the
+// job, and nothing else; [Remove], those of one rank.
 //
 // Files are created 0600 with O_EXCL and O_NOFOLLOW (after removing the
 // rank's old files, whose other mappings keep the old memory), and both
@@ -134,6 +143,46 @@
 // and the other slot as it was: the newest step committed before is still
 // there, intact. A crash after 5 has committed the step.
 //
+// # Restoring
+//
+// A rank restored to step G, which need not be its newest (the newest
+// step every rank can recover may be older), reads it with [Slots.At]:
+// the committed slot holding exactly G, its every region's CRC32C
+// verified, with the sequence-lock re-reads Newest does (see Memory
+// ordering). At returns an error wrapping [ErrNoStep] when neither slot
+// holds G committed, one wrapping [ErrCorrupt] when the slot holding it
+// does not verify; it does not fall back to the other slot, and its
+// Snapshot's Fallback is nil.
+//
+// Then it calls [Slots.Truncate](G): every slot holding a committed step
+// after G is marked staging, with the same atomic swap Stage uses, under
+// the writer's lock, and so becomes invalid to every reader (one
+// verifying it at that moment reads again); a Staged in flight is
+// abandoned, its Commit failing. The slot holding G is not touched. The
+// next Stage(G+1) then goes to the slot not holding G, which keeps G
+// intact while G+1 is written; without Truncate it would overwrite G,
+// the newer step G+1 still being in the other slot. Truncate of a step
+// at or after the newest committed one changes no slot.
+//
+// # Rank clients
+//
+// The writer that stages and commits (a rank service, owning the header
+// file) need not be the process that writes the regions' bytes (the
+// rank). [Slots.Files] gives the data file of every region ([RegionFile]:
+// name, size, stride, absolute path, in Regions order) and [Slots.Dir]
+// their directory; [MapData] maps one data file read-write and shared,
+// with the checks Open makes (no symbolic link, a regular file of this
+// user's that group and others cannot write, exactly 2·stride bytes,
+// stride the size rounded up to 4096, a size of 0 to 1<<40), and returns
+// the views of both slots. The service stages step s and tells the client
+// the slot; the client fills that slot's views and says so; the service
+// commits. The client's stores must happen before the service's commit
+// reads them: the message that says the client is done orders them when
+// it synchronizes the two (a write to and a read from a pipe or socket
+// do, through the kernel's locks). The commit's CRC32C covers the bytes
+// whichever process wrote them. A region of size 0 has empty views and no
+// mapping.
+//
 // # Memory ordering
 //
 // Readers in other processes (the agent, a restarted rank) read the slot
@@ -182,9 +231,11 @@
 // # Concurrency
 //
 // A Slots is safe for concurrent use by several goroutines. There is one
-// writer per rank at a time (the rank, or its rank service): Stage and
-// Commit are serialized within a Slots, but two processes staging into
-// the same files at once are not supported. Views returned by Stage and
+// writer per rank at a time (the rank, or its rank service): Stage,
+// Commit and Truncate are serialized within a Slots, but two processes
+// staging into the same files at once are not supported (a rank client
+// writing views from MapData is not a writer in this sense: it writes
+// only the slot being staged, when told to). Views returned by Stage and
 // Newest are slices over the mappings: they are valid until Close, and
 // using them afterwards faults.
 package ckpt

@@ -8,6 +8,9 @@ import (
 var (
 	// ErrEmpty is returned by Newest when no step was ever committed.
 	ErrEmpty = errors.New("ckpt: no committed step")
+	// ErrNoStep is returned by At when neither slot holds the step
+	// asked for, committed.
+	ErrNoStep = errors.New("ckpt: step not held")
 	// ErrCorrupt is wrapped by the errors about slots whose contents do
 	// not verify (a region's CRC32C, the slot header's CRC or fields).
 	ErrCorrupt = errors.New("ckpt: corrupt slot")

@@ -171,6 +171,24 @@ func exercise(t *testing.T, s *Slots) {
 	default:
 		t.Fatalf("Newest: %v", err)
 	}
+	// At of a step a slot claims committed returns it or ErrCorrupt;
+	// the step Newest returned without a fallback, At returns too.
+	for i := range 2 {
+		if !ok[i] {
+			continue
+		}
+		at, aerr := s.At(steps[i])
+		switch {
+		case aerr == nil:
+			if at.Step != steps[i] || at.Slot != i || at.Fallback != nil {
+				t.Fatalf("At(%d) is step %d in slot %d (Fallback %v), Committed says slot %d", steps[i], at.Step, at.Slot, at.Fallback, i)
+			}
+		case !errors.Is(aerr, ErrCorrupt):
+			t.Fatalf("At(%d): %v", steps[i], aerr)
+		case err == nil && sn.Fallback == nil && sn.Slot == i:
+			t.Fatalf("At(%d): %v, but Newest returned it", steps[i], aerr)
+		}
+	}
 	next := max(steps[0], steps[1]) + 1
 	if next == 0 {
 		return // a forged step of 2^64-1: nothing can follow it
@@ -194,4 +212,43 @@ func exercise(t *testing.T, s *Slots) {
 			t.Fatalf("region %q of step %d differs from what was committed", regions[i].Name, next)
 		}
 	}
+}
+
+// FuzzParseName checks parseName on arbitrary names and job ids: a name
+// it accepts is exactly the name ckpt gives that job's rank's header or
+// data file, and no name is two valid jobs' files.
+func FuzzParseName(f *testing.F) {
+	f.Add("gorun-a.r0.hdr", "a", "a-r0")
+	f.Add("gorun-a-r0.r0.hdr", "a", "a-r0")
+	f.Add("gorun-a-b.r12.meta", "a-b", "a")
+	f.Add("gorun-a.r0.meta", "a", "a.r0")
+	f.Add("gorun-x.r2147483647.p_-", "x", "x-")
+	f.Add("gorun-x.r01.hdr", "x", "")
+	f.Fuzz(func(t *testing.T, name, job, other string) {
+		rank, region, ok := parseName(name, job)
+		if !ok {
+			return
+		}
+		if !validJob(job) {
+			// The callers check job first; parseName of an invalid job
+			// only has to be harmless (no path separators in names
+			// from ReadDir).
+			return
+		}
+		want := hdrName(job, rank)
+		if region != "" {
+			if !validName(region) {
+				t.Fatalf("parseName(%q, %q) gives the invalid region %q", name, job, region)
+			}
+			want = dataName(job, rank, region)
+		}
+		if name != want || rank < 0 || rank > maxRank {
+			t.Fatalf("parseName(%q, %q) = %d, %q: that file is named %q", name, job, rank, region, want)
+		}
+		if other != job && validJob(other) {
+			if r, g, ok := parseName(name, other); ok {
+				t.Fatalf("%q is both job %q's (rank %d, %q) and job %q's (rank %d, %q)", name, job, rank, region, other, r, g)
+			}
+		}
+	})
 }

@@ -110,7 +110,7 @@ func TestOpenLayoutErrors(t *testing.T) {
 			if err := os.Remove(path(dir, dataName(testJob, 0, "params"))); err != nil {
 				t.Fatal(err)
 			}
-		}, is: fs.ErrNotExist, msg: "gorun-job0test-r0-params"},
+		}, is: fs.ErrNotExist, msg: "gorun-job0test.r0.params"},
 		{name: "data file a symbolic link", files: func(t *testing.T, dir string) {
 			p := path(dir, dataName(testJob, 0, "meta"))
 			if err := os.Rename(p, p+".real"); err != nil {
@@ -312,7 +312,11 @@ func TestBadArguments(t *testing.T) {
 	}{
 		{"empty job", "", 0, testRegions, "invalid job id", false},
 		{"upper-case job", "Job0test", 0, testRegions, "invalid job id", false},
-		{"job with a dash", "job-0", 0, testRegions, "invalid job id", false},
+		{"job starting with a dash", "-job0", 0, testRegions, "invalid job id", false},
+		{"job with a dot", "job.0", 0, testRegions, "invalid job id", false},
+		{"job with an underscore", "job_0", 0, testRegions, "invalid job id", false},
+		{"job with a space", "job 0", 0, testRegions, "invalid job id", false},
+		{"non-ASCII job", "jöb", 0, testRegions, "invalid job id", false},
 		{"job with a slash", "a/b", 0, testRegions, "invalid job id", false},
 		{"job dot dot", "..", 0, testRegions, "invalid job id", false},
 		{"job with dot dot", "../x", 0, testRegions, "invalid job id", false},
@@ -325,6 +329,7 @@ func TestBadArguments(t *testing.T) {
 		{"upper-case name", testJob, 0, []Region{{"Params", 1}}, "invalid name", true},
 		{"name starting with a digit", testJob, 0, []Region{{"1params", 1}}, "invalid name", true},
 		{"name with a dot", testJob, 0, []Region{{"a.hdr", 1}}, "invalid name", true},
+		{"name hdr", testJob, 0, []Region{{"meta", 1}, {"hdr", 1}}, `invalid name "hdr"`, true},
 		{"name with a slash", testJob, 0, []Region{{"a/b", 1}}, "invalid name", true},
 		{"long name", testJob, 0, []Region{{strings.Repeat("a", 33), 1}}, "invalid name", true},
 		{"non-ASCII name", testJob, 0, []Region{{"paräms", 1}}, "invalid name", true},
@@ -410,7 +415,7 @@ func TestHeaderBytes(t *testing.T) {
 	if err := st.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(opt.Dir, "gorun-abc123-r42.hdr"))
+	b, err := os.ReadFile(filepath.Join(opt.Dir, "gorun-abc123.r42.hdr"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,14 +446,14 @@ func TestHeaderBytes(t *testing.T) {
 	if string(h[:4]) != "COMT" || string(staging[:]) != "STAG" {
 		t.Fatal("the state words do not spell their names")
 	}
-	d, err := os.ReadFile(filepath.Join(opt.Dir, "gorun-abc123-r42-optimizer"))
+	d, err := os.ReadFile(filepath.Join(opt.Dir, "gorun-abc123.r42.optimizer"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(d) != 2*4096 || string(d[:5]) != "hello" {
 		t.Fatalf("data file of %d bytes starting %q", len(d), d[:5])
 	}
-	for _, name := range []string{"gorun-abc123-r42.hdr", "gorun-abc123-r42-optimizer", "gorun-abc123-r42-meta"} {
+	for _, name := range []string{"gorun-abc123.r42.hdr", "gorun-abc123.r42.optimizer", "gorun-abc123.r42.meta"} {
 		fi, err := os.Stat(filepath.Join(opt.Dir, name))
 		if err != nil {
 			t.Fatal(err)

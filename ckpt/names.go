@@ -19,7 +19,8 @@ const (
 	maxNameLen = 32
 	maxRank    = math.MaxInt32
 	filePrefix = "gorun-"
-	hdrSuffix  = ".hdr"
+	hdrRegion  = "hdr" // the header file's suffix, which no region may be named
+	hdrSuffix  = "." + hdrRegion
 )
 
 // Options are the settings of Create and Open. The zero value is valid:
@@ -39,13 +40,16 @@ func (o Options) dir() string {
 }
 
 // validJob reports whether job is a job id ckpt accepts: 1 to 64
-// characters of [a-z0-9] (see the package comment for why not '-').
+// characters of [a-z0-9-], not starting with '-'. These are exactly the
+// ids internal/wire.ValidJobID accepts (ckpt may not import it, so the
+// rule is copied; keep the two the same). They never contain '.', which
+// the file names use to end the job id.
 func validJob(job string) bool {
-	if job == "" || len(job) > maxJobLen {
+	if job == "" || len(job) > maxJobLen || job[0] == '-' {
 		return false
 	}
 	for _, c := range []byte(job) {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
 			return false
 		}
 	}
@@ -53,9 +57,10 @@ func validJob(job string) bool {
 }
 
 // validName reports whether name is a valid region name:
-// [a-z][a-z0-9_-]{0,31}.
+// [a-z][a-z0-9_-]{0,31}, other than "hdr" (whose data file would have
+// the header file's name).
 func validName(name string) bool {
-	if name == "" || len(name) > maxNameLen || name[0] < 'a' || name[0] > 'z' {
+	if name == "" || len(name) > maxNameLen || name[0] < 'a' || name[0] > 'z' || name == hdrRegion {
 		return false
 	}
 	for _, c := range []byte(name[1:]) {
@@ -69,7 +74,7 @@ func validName(name string) bool {
 // checkIDs checks a job id and a rank given by the caller.
 func checkIDs(job string, rank int) error {
 	if !validJob(job) {
-		return fmt.Errorf("ckpt: invalid job id %q (want 1 to %d characters of [a-z0-9])", job, maxJobLen)
+		return fmt.Errorf("ckpt: invalid job id %q (want 1 to %d characters of [a-z0-9-], not starting with '-')", job, maxJobLen)
 	}
 	if rank < 0 || rank > maxRank {
 		return fmt.Errorf("ckpt: invalid rank %d", rank)
@@ -77,19 +82,22 @@ func checkIDs(job string, rank int) error {
 	return nil
 }
 
-// hdrName and dataName are the names of a rank's files.
+// hdrName and dataName are the names of a rank's files:
+// gorun-<job>.r<rank>.hdr and gorun-<job>.r<rank>.<region>. Job ids
+// cannot contain '.', so "gorun-<job>." starts the names of job's files
+// only.
 func hdrName(job string, rank int) string {
-	return filePrefix + job + "-r" + strconv.Itoa(rank) + hdrSuffix
+	return filePrefix + job + ".r" + strconv.Itoa(rank) + hdrSuffix
 }
 
 func dataName(job string, rank int, region string) string {
-	return filePrefix + job + "-r" + strconv.Itoa(rank) + "-" + region
+	return filePrefix + job + ".r" + strconv.Itoa(rank) + "." + region
 }
 
 // parseName reports whether name is one of job's files, and whose: the
 // rank, and the region ("" for the header file).
 func parseName(name, job string) (rank int, region string, ok bool) {
-	rest, ok := strings.CutPrefix(name, filePrefix+job+"-r")
+	rest, ok := strings.CutPrefix(name, filePrefix+job+".r")
 	if !ok {
 		return 0, "", false
 	}
@@ -107,7 +115,7 @@ func parseName(name, job string) (rank int, region string, ok bool) {
 	switch rest = rest[n:]; {
 	case rest == hdrSuffix:
 		return int(r), "", true
-	case len(rest) > 1 && rest[0] == '-' && validName(rest[1:]):
+	case len(rest) > 1 && rest[0] == '.' && validName(rest[1:]):
 		return int(r), rest[1:], true
 	}
 	return 0, "", false
@@ -127,8 +135,9 @@ func Remove(job string, rank int, opt Options) error {
 
 // RemoveJob removes the files of every rank of job in opt's directory (the
 // agent calls it when the job ends): the regular files named
-// gorun-<job>-r<rank>.hdr or gorun-<job>-r<rank>-<region> exactly, and no
-// others (not another job's, not files that merely share the prefix).
+// gorun-<job>.r<rank>.hdr or gorun-<job>.r<rank>.<region> exactly, and no
+// others (not another job's, even one whose id starts with job's, not
+// files that merely share the prefix).
 func RemoveJob(job string, opt Options) error {
 	if err := checkIDs(job, 0); err != nil {
 		return err

@@ -21,6 +21,9 @@ import (
 // Regions may run beside them.
 type Slots struct {
 	regions []Region // immutable after open
+	dir     string   // absolute; immutable after open
+	job     string
+	rank    int
 
 	// wmu serializes Stage and Commit and guards gen.
 	wmu sync.Mutex
@@ -152,7 +155,11 @@ func Open(job string, rank int, regions []Region, opt Options) (*Slots, error) {
 }
 
 func open(dir, job string, rank int, want []Region) (*Slots, error) {
-	s := &Slots{}
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("ckpt: %w", err)
+	}
+	s := &Slots{dir: dir, job: job, rank: rank}
 	fail := func(err error) (*Slots, error) {
 		s.unmap()
 		return nil, err
@@ -414,7 +421,8 @@ type Staged struct {
 	step  uint64
 	gen   uint64
 	views [][]byte
-	done  bool // committed; guarded by s.wmu
+	sums  []uint32 // the regions' CRC32Cs, set by Commit
+	done  bool     // committed; guarded by s.wmu
 }
 
 // Region returns the writable view of the named region in the staging
@@ -464,8 +472,10 @@ func (st *Staged) Commit() error {
 	}
 	h := s.slotHdr(st.slot)
 	n := len(s.regions)
+	sums := make([]uint32, n)
 	for i, r := range s.regions {
 		crc := checksum(st.views[i])
+		sums[i] = crc
 		if stopAt(2 + i) {
 			return errStopped
 		}
@@ -483,7 +493,16 @@ func (st *Staged) Commit() error {
 	}
 	atomic.StoreUint32(s.stateWord(st.slot), stateCommitted)
 	st.done = true
+	st.sums = sums
 	return nil
+}
+
+// Sums returns the CRC32C of every region, in Regions order, once Commit
+// succeeded (nil before).
+func (st *Staged) Sums() []uint32 {
+	st.s.wmu.Lock()
+	defer st.s.wmu.Unlock()
+	return slices.Clone(st.sums)
 }
 
 // maxReads bounds Newest's reads of slots that the writer keeps

@@ -790,10 +790,14 @@ type authenticator struct {
 	key   [sha256.Size]byte
 	job   string
 	epoch uint64
+	// channelOK says which channels an acceptor takes; higherDials, that
+	// only higher ranks may dial (a Comm's rule; links have none).
+	channelOK   func(byte) bool
+	higherDials bool
 }
 
 func newAuthenticator(s Secret, job string, epoch uint64) authenticator {
-	a := authenticator{job: job, epoch: epoch}
+	a := authenticator{job: job, epoch: epoch, channelOK: func(ch byte) bool { return ch < numChans }, higherDials: true}
 	m := hmac.New(sha256.New, s[:])
 	m.Write([]byte("gorun data-plane key v1"))
 	m.Sum(a.key[:0])
@@ -885,11 +889,11 @@ func (a *authenticator) accept(conn net.Conn, me, size int, free func(int, byte)
 	nonceD := ans[15 : 15+nonceSize]
 	mac := ans[15+nonceSize:]
 	switch {
-	case ch >= numChans:
+	case !a.channelOK(ch):
 		return 0, 0, fmt.Errorf("%w: unknown channel %d", ErrAuth, ch)
 	case acceptor != me:
 		return 0, 0, fmt.Errorf("%w: peer wants rank %d, this is rank %d", ErrAuth, acceptor, me)
-	case dialer <= me || dialer >= size:
+	case dialer == me || dialer < 0 || dialer >= size || a.higherDials && dialer < me:
 		return 0, 0, fmt.Errorf("%w: rank %d may not dial rank %d in a world of %d", ErrAuth, dialer, me, size)
 	}
 	if !hmac.Equal(mac, a.mac(roleDialer, ch, dialer, me, nonceA, nonceD)) {

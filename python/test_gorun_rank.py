@@ -1,0 +1,531 @@
+"""Tests of gorun_rank against a fake rank service written in Python.
+
+Run with: cd python && python3 -m unittest -v test_gorun_rank
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+import zlib
+from array import array
+from typing import Any, Callable
+
+from gorun_rank import (Client, GorunError, ProtocolError, ServiceError,
+                        MAX_FRAME)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTRAIN = os.path.join(HERE, "..", "examples", "pytrain", "pytrain.py")
+
+# A hook sees (session, type, payload) and returns True when it answered.
+Hook = Callable[["Session", int, dict], bool]
+
+
+def frame(mtype: int, obj: Any) -> bytes:
+    body = bytes([mtype]) + json.dumps(obj).encode()
+    return struct.pack(">I", len(body)) + body
+
+
+class FakeService:
+    """A rank service for one rank, serving a Unix socket in a temp dir.
+
+    Its state (the regions, the files, which slot holds which committed
+    step) outlives connections, as the real service's does for a restarted
+    rank. G is the newest committed step (no replicas).
+    """
+
+    def __init__(self, epoch_frames: bool = False) -> None:
+        self.dir = tempfile.mkdtemp(prefix="gorun-fake-")
+        self.path = os.path.join(self.dir, "rank.sock")
+        self.epoch_frames = epoch_frames  # an Epoch before every answer
+        self.hooks: list[Hook] = []
+        self.log: list[tuple[int, dict]] = []  # every request received
+        self.hellos: list[dict] = []
+        self.gradients: list[tuple[int, bytes]] = []
+        self.regions: list[dict] | None = None  # as declared
+        self.slot_step: list[int | None] = [None, None]
+        self.slot_crc: list[dict[str, int]] = [{}, {}]
+        self.staged: tuple[int, int] | None = None  # (step, slot)
+        self.last = -1  # newest step committed since the last restore
+        self.stages = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.sessions: list[Session] = []
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen()
+        self.listener.settimeout(0.05)
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            s = Session(self, conn)
+            self.sessions.append(s)
+            s.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.listener.close()
+        for s in self.sessions:
+            s.shut()
+        for s in self.sessions:
+            s.thread.join()
+        shutil.rmtree(self.dir)
+
+    def requests(self) -> list[int]:
+        return [t for t, _ in self.log]
+
+    # The service's side of each request; each returns (type, answer).
+
+    def region_path(self, name: str) -> str:
+        return os.path.join(self.dir, f"gorun-fake-r0-{name}")
+
+    @staticmethod
+    def stride(size: int) -> int:
+        return (size + 4095) // 4096 * 4096
+
+    def protect_hello(self, req: dict) -> tuple[int, dict]:
+        regions, n = req["regions"], req["gradient"]
+        if self.regions is None:
+            self.regions = regions
+            for r in regions:
+                with open(self.region_path(r["name"]), "wb") as f:
+                    f.truncate(2 * self.stride(r["size"]))
+        elif regions != self.regions:
+            return 17, {"err": "different regions"}
+        ans: dict[str, Any] = {
+            "v": 1, "job": "fakejob", "rank": 0, "replicas": 0,
+            "regions": [{"name": r["name"], "size": r["size"],
+                         "path": self.region_path(r["name"]),
+                         "stride": self.stride(r["size"])}
+                        for r in regions],
+            "committed": self.newest()[0], "g": self.newest()[0]}
+        if n:
+            gpath = self.region_path("gradient")
+            with open(gpath, "wb") as f:
+                f.truncate(4 * n)
+            ans["gradient"] = {"path": gpath, "size": 4 * n}
+        return 17, ans
+
+    def newest(self) -> tuple[int, int]:
+        """(step, slot) of the newest committed step, or (-1, -1)."""
+        best = (-1, -1)
+        for slot, step in enumerate(self.slot_step):
+            if step is not None and step > best[0]:
+                best = (step, slot)
+        return best
+
+    def checksums(self, slot: int) -> dict[str, int]:
+        assert self.regions is not None
+        out = {}
+        for r in self.regions:
+            with open(self.region_path(r["name"]), "rb") as f:
+                f.seek(slot * self.stride(r["size"]))
+                out[r["name"]] = zlib.crc32(f.read(r["size"]))
+        return out
+
+    def stage(self, req: dict) -> tuple[int, dict]:
+        step = req["step"]
+        if step <= self.last:
+            return 19, {"err": f"step {step} does not increase"}
+        newest_step, newest_slot = self.newest()
+        slot = 0 if newest_slot == -1 else 1 - newest_slot  # ping-pong
+        self.slot_step[slot] = None  # staging: never valid until committed
+        self.staged = (step, slot)
+        self.stages += 1
+        return 19, {"step": step, "slot": slot, "wait_ns": 0}
+
+    def commit(self, req: dict) -> tuple[int, dict] | None:
+        if self.staged is None or self.staged[0] != req["step"]:
+            return None  # malformed: Error
+        step, slot = self.staged
+        self.staged = None
+        self.slot_crc[slot] = self.checksums(slot)
+        self.slot_step[slot] = step
+        self.last = step
+        return 21, {"step": step}
+
+    def restore(self) -> tuple[int, dict]:
+        self.staged = None
+        step, slot = self.newest()
+        if step == -1:
+            return 25, {"step": -1}
+        if self.checksums(slot) != self.slot_crc[slot]:
+            return 25, {"err": "checksum mismatch"}
+        self.last = step
+        return 25, {"step": step, "slot": slot, "tier": 1}
+
+    def gradient(self, req: dict) -> tuple[int, dict]:
+        n = req["n"]
+        with open(self.region_path("gradient"), "rb") as f:
+            self.gradients.append((req["step"], f.read(4 * n)))
+        return 23, {"step": req["step"], "bytes": n + 8}
+
+    def status(self) -> tuple[int, dict]:
+        c = self.newest()[0]
+        return 27, {"committed": c, "replicated": c, "g": c,
+                    "stages": self.stages, "wait_ns": 0, "holders": []}
+
+
+class Session:
+    """One connection to the fake service."""
+
+    def __init__(self, svc: FakeService, conn: socket.socket) -> None:
+        self.svc, self.conn = svc, conn
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+
+    def shut(self) -> None:
+        try:
+            self.conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def read(self) -> tuple[int, dict] | None:
+        head = self.conn.recv(4, socket.MSG_WAITALL)
+        if len(head) < 4:
+            return None
+        (n,) = struct.unpack(">I", head)
+        body = self.conn.recv(n, socket.MSG_WAITALL)
+        if len(body) < n:
+            return None
+        return body[0], json.loads(body[1:])
+
+    def send(self, mtype: int, obj: Any) -> None:
+        if self.svc.epoch_frames:
+            self.conn.sendall(frame(6, {"v": 1, "job": "fakejob",
+                                        "epoch": 7, "table": ""}))
+        self.conn.sendall(frame(mtype, obj))
+
+    def send_raw(self, data: bytes) -> None:
+        self.conn.sendall(data)
+
+    def serve(self) -> None:
+        try:
+            self._serve()
+        except OSError:
+            pass
+        finally:
+            self.conn.close()
+
+    def _serve(self) -> None:
+        svc = self.svc
+        msg = self.read()
+        if msg is None or msg[0] != 1:
+            return
+        svc.hellos.append(msg[1])
+        self.send(2, {"v": 1, "job": "fakejob", "rank": 0, "epoch": 3,
+                      "secret": "00", "table": ""})
+        protected = False
+        while (msg := self.read()) is not None:
+            mtype, req = msg
+            with svc.lock:
+                svc.log.append((mtype, req))
+                if any(hook(self, mtype, req) for hook in svc.hooks):
+                    continue
+                ans = self.answer(mtype, req, protected)
+            if ans is None:
+                self.send(5, {"err": f"bad request of type {mtype}"})
+                return
+            protected = protected or ans[0] == 17
+            self.send(*ans)
+
+    def answer(self, mtype: int, req: dict,
+               protected: bool) -> tuple[int, dict] | None:
+        svc = self.svc
+        if mtype == 16 and not protected:
+            return svc.protect_hello(req)
+        if not protected:
+            return None
+        if mtype == 18:
+            return svc.stage(req)
+        if mtype == 20:
+            return svc.commit(req)
+        if mtype == 22:
+            return svc.gradient(req)
+        if mtype == 24:
+            return svc.restore()
+        if mtype == 26:
+            return svc.status()
+        return None
+
+
+REGIONS = {"optimizer": 5000, "params": 4096, "meta": 256}
+
+
+def state(seed: int) -> dict[str, bytes]:
+    return {name: bytes((seed + i) % 251 for i in range(size))
+            for name, size in REGIONS.items()}
+
+
+class GorunRankTest(unittest.TestCase):
+    def setUp(self) -> None:
+        self.svc = FakeService()
+        self.addCleanup(self.svc.close)
+
+    def client(self) -> Client:
+        c = Client(self.svc.path, timeout=10)
+        self.addCleanup(c.close)
+        return c
+
+    def hook(self, mtype: int, reply: Callable[[Session], None]) -> None:
+        """Answer the next request of type mtype with reply."""
+        def h(session: Session, t: int, req: dict) -> bool:
+            if t != mtype:
+                return False
+            self.svc.hooks.remove(h)
+            reply(session)
+            return True
+        self.svc.hooks.append(h)
+
+    def test_handshake(self) -> None:
+        c = self.client()
+        self.assertEqual((c.job, c.rank, c.epoch, c.version),
+                         ("fakejob", 0, 3, 1))
+        self.assertEqual(self.svc.hellos, [{"v": 1, "pid": os.getpid()}])
+
+    def test_socket_from_environment(self) -> None:
+        old = os.environ.get("GORUN_SOCKET")
+        os.environ["GORUN_SOCKET"] = self.svc.path
+        try:
+            with Client() as c:
+                self.assertEqual(c.job, "fakejob")
+            del os.environ["GORUN_SOCKET"]
+            with self.assertRaises(GorunError):
+                Client()
+        finally:
+            if old is not None:
+                os.environ["GORUN_SOCKET"] = old
+
+    def test_epoch_frames_skipped(self) -> None:
+        self.svc.epoch_frames = True
+        c = self.client()
+        self.assertEqual(c.rank, 0)
+        prot = c.protect(REGIONS)
+        prot.stage(0, state(1))
+        self.assertEqual(prot.status()["committed"], 0)
+        self.assertEqual(c.epoch, 7)
+
+    def test_stage_then_restore(self) -> None:
+        c = self.client()
+        prot = c.protect(REGIONS)
+        self.assertEqual((prot.committed, prot.g, prot.replicas), (-1, -1, 0))
+        self.assertEqual(prot.regions, ("optimizer", "params", "meta"))
+        self.assertEqual(prot.restore(), (-1, None))
+        for step in range(3):
+            self.assertEqual(prot.stage(step, state(step)), 0)
+            self.assertEqual(prot.committed, step)
+        self.assertEqual(self.svc.slot_step, [2, 1])  # ping-pong
+        # Parts are concatenated.
+        s3 = state(3)
+        s3["optimizer"] = [s3["optimizer"][:1000],
+                           bytearray(s3["optimizer"][1000:])]
+        prot.stage(3, s3)
+        self.assertEqual(prot.restore(), (3, state(3)))
+        self.assertEqual(bytes(prot.view("params", 1)), state(3)["params"])
+        self.assertEqual(bytes(prot.view("params", 0)), state(2)["params"])
+        self.assertEqual(len(prot.view("meta", 0)), 256)
+        c.close()
+        # A restarted rank gets the state back.
+        with self.client() as c2:
+            p2 = c2.protect(REGIONS)
+            self.assertEqual(p2.committed, 3)
+            self.assertEqual(p2.restore(), (3, state(3)))
+
+    def test_view_is_writable(self) -> None:
+        prot = self.client().protect(REGIONS)
+        v = prot.view("meta", 0)
+        v[:3] = b"abc"
+        v.release()
+        self.assertEqual(prot.view("meta", 0).tobytes()[:3], b"abc")
+        with self.assertRaises(ValueError):
+            prot.view("meta", 2)
+        with self.assertRaises(KeyError):
+            prot.view("nope", 0)
+
+    def test_stage_async(self) -> None:
+        prot = self.client().protect(REGIONS)
+        self.assertEqual(prot.wait(), 0)
+        prot.stage_async(0, state(0))
+        prot.stage_async(1, state(1))  # waits for step 0 first
+        self.assertEqual(prot.wait(), 0)
+        self.assertEqual(self.svc.slot_step, [0, 1])
+        self.assertEqual(prot.restore(), (1, state(1)))
+        prot.stage_async(1, state(1))  # not increasing: error in wait()
+        with self.assertRaises(ServiceError):
+            prot.wait()
+        prot.stage_async(2, state(2))
+        prot.close()  # waits for it
+        self.assertEqual(self.svc.slot_step, [2, 1])
+
+    def test_wrong_size_refused_before_sending(self) -> None:
+        prot = self.client().protect(REGIONS)
+        before = len(self.svc.log)
+        bad = state(0)
+        bad["meta"] = b"x" * 255
+        with self.assertRaises(ValueError):
+            prot.stage(0, bad)
+        with self.assertRaises(ValueError):
+            prot.stage_async(0, bad)
+        with self.assertRaises(ValueError):
+            prot.stage(0, {"params": state(0)["params"]})
+        with self.assertRaises(ValueError):
+            prot.stage(0, dict(state(0), extra=b""))
+        for step in (-1, 2**53):
+            with self.assertRaises(ValueError):
+                prot.stage(step, state(0))
+        self.assertEqual(len(self.svc.log), before)
+
+    def test_error_frame(self) -> None:
+        c = self.client()
+        prot = c.protect(REGIONS)
+        self.hook(26, lambda s: s.send(5, {"err": "no"}))
+        with self.assertRaises(ProtocolError) as cm:
+            prot.status()
+        self.assertIn("no", str(cm.exception))
+        self.assertIsInstance(cm.exception, GorunError)
+        with self.assertRaises(ProtocolError):  # the connection is closed
+            prot.status()
+
+    def test_request_before_protect_hello(self) -> None:
+        c = self.client()
+        c._send(18, {"step": 0})
+        with self.assertRaises(ProtocolError):
+            c._await(19)
+
+    def test_err_answer(self) -> None:
+        prot = self.client().protect(REGIONS)
+        prot.stage(5, state(5))
+        with self.assertRaises(ServiceError):
+            prot.stage(5, state(5))
+        self.assertEqual(prot.restore(), (5, state(5)))  # still usable
+        with self.client() as c2:
+            with self.assertRaises(ServiceError):
+                c2.protect({"params": 8})
+
+    def test_frame_too_long(self) -> None:
+        prot = self.client().protect(REGIONS)
+        # The client refuses the length at once, without reading on.
+        self.hook(26, lambda s: s.send_raw(struct.pack(">I", MAX_FRAME + 1)))
+        with self.assertRaisesRegex(ProtocolError, "length"):
+            prot.status()
+
+    def test_bad_frames(self) -> None:
+        bad = {
+            "zero length": struct.pack(">I", 0),
+            "short": struct.pack(">I", 100) + b"\x1b{}",
+            "short header": b"\x00\x00",
+            "no json": struct.pack(">I", 1) + b"\x1b",
+            "garbled": struct.pack(">I", 5) + b"\x1b{\xff\xfe}",
+            "not an object": frame(27, [1, 2]),
+            "wrong type": frame(21, {"step": 1}),
+            "bad field": frame(25, {"step": "x"}),
+        }
+        for name, data in bad.items():
+            with self.subTest(name):
+                prot = self.client().protect(REGIONS)
+                mtype = 24 if name == "bad field" else 26
+
+                def reply(s: Session, data: bytes = data) -> None:
+                    s.send_raw(data)
+                    s.shut()
+                self.hook(mtype, reply)
+                with self.assertRaises(ProtocolError):
+                    if mtype == 24:
+                        prot.restore()
+                    else:
+                        prot.status()
+
+    def test_gradient(self) -> None:
+        prot = self.client().protect(REGIONS, gradient=8)
+        values = [1.0, -2.5, 0.1, 3e38]
+        want = struct.pack("<4f", *values)
+        self.assertEqual(prot.gradient(0, values), 12)
+        self.assertEqual(prot.gradient(1, array("f", values)), 12)
+        self.assertEqual(prot.gradient(2, memoryview(want)), 12)
+        self.assertEqual(self.svc.gradients,
+                         [(0, want), (1, want), (2, want)])
+        with self.assertRaises(ValueError):
+            prot.gradient(3, [0.0] * 9)
+        no_grad = self.client()
+        self.svc.regions = None
+        with self.assertRaises(GorunError):
+            no_grad.protect({"meta": 16}).gradient(0, [1.0])
+
+    def test_zero_size_region(self) -> None:
+        prot = self.client().protect({"meta": 16, "empty": 0})
+        prot.stage(0, {"meta": b"m" * 16, "empty": b""})
+        self.assertEqual(prot.restore(),
+                         (0, {"meta": b"m" * 16, "empty": b""}))
+        self.assertEqual(len(prot.view("empty", 0)), 0)
+
+    def test_bad_declarations(self) -> None:
+        c = self.client()
+        for regions, grad in [({}, 0), ({"Bad": 1}, 0), ({"a": -1}, 0),
+                              ({"a": 1 << 41}, 0), ({"a": 1}, -1),
+                              ({f"r{i}": 1 for i in range(17)}, 0)]:
+            with self.assertRaises(ValueError):
+                c.protect(regions, grad)
+        self.assertEqual(self.svc.log, [])
+
+
+class PytrainTest(unittest.TestCase):
+    """pytrain.py gives the same hash whether or not it crashes."""
+
+    def run_pytrain(self, svc: FakeService, *args: str,
+                    restarts: int = 0) -> subprocess.CompletedProcess:
+        env = dict(os.environ, GORUN_SOCKET=svc.path, RANK="0",
+                   GORUN_RESTART_COUNT=str(restarts))
+        return subprocess.run(
+            [sys.executable, PYTRAIN, "--steps", "20", "--seed", "7", *args],
+            env=env, capture_output=True, text=True, timeout=120)
+
+    @staticmethod
+    def final_hash(out: str) -> str:
+        lines = [ln for ln in out.splitlines() if ln.startswith("final hash")]
+        assert len(lines) == 1, out
+        return lines[0].split()[-1]
+
+    def test_crash_and_restore(self) -> None:
+        svc1, svc2 = FakeService(), FakeService()
+        self.addCleanup(svc1.close)
+        self.addCleanup(svc2.close)
+        plain = subprocess.run(
+            [sys.executable, PYTRAIN, "--steps", "20", "--seed", "7"],
+            capture_output=True, text=True, timeout=120,
+            env={k: v for k, v in os.environ.items() if k != "GORUN_SOCKET"})
+        self.assertEqual(plain.returncode, 0, plain.stderr)
+        first = self.run_pytrain(svc1, "--protect")
+        self.assertEqual(first.returncode, 0, first.stderr)
+        want = self.final_hash(first.stdout)
+        self.assertEqual(self.final_hash(plain.stdout), want)
+
+        crashed = self.run_pytrain(svc2, "--protect", "--crash-at", "10")
+        self.assertEqual(crashed.returncode, -signal.SIGKILL, crashed.stderr)
+        self.assertNotIn("final hash", crashed.stdout)
+        again = self.run_pytrain(svc2, "--protect", "--crash-at", "10",
+                                 restarts=1)
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertIn("restored step", again.stdout)
+        self.assertEqual(self.final_hash(again.stdout), want)
+        self.assertEqual(svc2.newest()[0], 19)
+
+
+if __name__ == "__main__":
+    unittest.main()

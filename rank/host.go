@@ -1,0 +1,259 @@
+package rank
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gorun/gorun/ckpt"
+	"github.com/gorun/gorun/comm"
+)
+
+// ErrStopping: the host's state protection is shutting down.
+var ErrStopping = errors.New("rank: state protection stopping")
+
+// HostConfig describes one host's state protection.
+type HostConfig struct {
+	Job    string
+	Secret comm.Secret
+	Host   int // this host's index
+	Hosts  int // number of hosts of the job
+	// Ranks are this host's ranks.
+	Ranks []int
+	// Dir holds the slot files ("" = /dev/shm).
+	Dir string
+	// Holders[r] are the ranks holding rank r's replicas, for every rank
+	// of the job (nil or empty: no replicas). Peers[r] are the ranks at
+	// r's (tp, pp) coordinate, in data-parallel order, for restoring
+	// params (Tier-2).
+	Holders [][]int
+	Peers   func(rank int) []int
+	// HostOf maps a rank to its host index.
+	HostOf func(rank int) int
+	// Listener accepts replication links from other hosts (nil: none are
+	// expected, e.g. a single-host job). The Host owns it.
+	Listener net.Listener
+	// Changed is called (from any goroutine, never under a lock the caller
+	// might need) when a rank's progress changed: see Host.Progress.
+	Changed func()
+	Log     *slog.Logger
+}
+
+// Progress is one local rank's protection progress.
+type Progress struct {
+	Rank       int
+	Committed  int64 // newest step committed locally, or -1
+	Replicated int64 // newest step committed locally and at every holder, or -1
+	Stages     int64 // Stage requests served
+	WaitNS     int64 // their total wait at the overwrite rule
+}
+
+// Host is the state protection of one host: a service per local rank and
+// the replicas this host holds for others.
+type Host struct {
+	cfg  HostConfig
+	log  *slog.Logger
+	life context.Context
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+
+	svcs map[int]*service // by rank; fixed after NewHost
+
+	gmu   sync.Mutex
+	g     int64         // the globally recoverable step known here, or -1
+	gen   uint64        // restart generation
+	gwake chan struct{} // closed and replaced whenever g changes
+
+	store *replicaStore
+	links *linkPool
+
+	waiters atomic.Int64 // stages waiting at the overwrite rule
+}
+
+// NewHost starts a host's state protection. Nothing is created on disk
+// until a rank says ProtectHello.
+func NewHost(cfg HostConfig) (*Host, error) {
+	if cfg.HostOf == nil {
+		return nil, errors.New("rank: HostConfig.HostOf is nil")
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Changed == nil {
+		cfg.Changed = func() {}
+	}
+	h := &Host{cfg: cfg, log: log, svcs: map[int]*service{}, g: noStep, gwake: make(chan struct{})}
+	h.life, h.stop = context.WithCancel(context.Background())
+	for _, r := range cfg.Ranks {
+		h.svcs[r] = newService(h, r)
+	}
+	h.store = newReplicaStore(h)
+	h.links = newLinkPool(h)
+	if cfg.Listener != nil {
+		h.wg.Add(1)
+		go h.acceptLoop(cfg.Listener)
+	}
+	return h, nil
+}
+
+// holders returns rank's replica holders.
+func (h *Host) holders(rank int) []int {
+	if rank < len(h.cfg.Holders) {
+		return h.cfg.Holders[rank]
+	}
+	return nil
+}
+
+// Session returns a new protocol session for a connection of rank, or nil
+// if rank is not one of this host's.
+func (h *Host) Session(rank int) *Session {
+	s := h.svcs[rank]
+	if s == nil {
+		return nil
+	}
+	return &Session{svc: s}
+}
+
+// SetG records a newer globally recoverable step (older ones are ignored)
+// and wakes the stages waiting for it.
+func (h *Host) SetG(gen uint64, g int64) {
+	h.gmu.Lock()
+	defer h.gmu.Unlock()
+	if gen != h.gen || g <= h.g {
+		return
+	}
+	h.g = g
+	close(h.gwake)
+	h.gwake = make(chan struct{})
+}
+
+// G returns the globally recoverable step known here, or -1.
+func (h *Host) G() int64 {
+	h.gmu.Lock()
+	defer h.gmu.Unlock()
+	return h.g
+}
+
+// Restart begins restart generation gen, in which every rank resumes from
+// step g (the launcher's G when it stopped the ranks; -1: from scratch):
+// every local rank's steps after g are discarded, so that the ranks
+// restarted next restore g and stage g+1. The ranks must be stopped.
+func (h *Host) Restart(gen uint64, g int64) error {
+	h.gmu.Lock()
+	h.gen, h.g = gen, g
+	close(h.gwake)
+	h.gwake = make(chan struct{})
+	h.gmu.Unlock()
+	var errs []error
+	for _, r := range h.sortedRanks() {
+		if err := h.svcs[r].truncate(g); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	h.cfg.Changed()
+	return errors.Join(errs...)
+}
+
+// Gen returns the restart generation.
+func (h *Host) Gen() uint64 {
+	h.gmu.Lock()
+	defer h.gmu.Unlock()
+	return h.gen
+}
+
+// waitG waits until g ≥ step, ctx ends or the host stops.
+func (h *Host) waitG(ctx context.Context, step int64) error {
+	h.waiters.Add(1)
+	defer h.waiters.Add(-1)
+	for {
+		h.gmu.Lock()
+		g, wake := h.g, h.gwake
+		h.gmu.Unlock()
+		if g >= step {
+			return nil
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-h.life.Done():
+			return ErrStopping
+		}
+	}
+}
+
+func (h *Host) sortedRanks() []int {
+	rs := make([]int, 0, len(h.svcs))
+	for r := range h.svcs {
+		rs = append(rs, r)
+	}
+	slices.Sort(rs)
+	return rs
+}
+
+// Progress returns every local rank's progress, in rank order, with the
+// restart generation it belongs to.
+func (h *Host) Progress() (uint64, []Progress) {
+	gen := h.Gen()
+	out := make([]Progress, 0, len(h.svcs))
+	for _, r := range h.sortedRanks() {
+		out = append(out, h.svcs[r].progress())
+	}
+	return gen, out
+}
+
+// Close stops the host's state protection: pending requests fail, links
+// close, the replicas held are dropped and the slots unmapped. The slot
+// files stay (see RemoveFiles).
+func (h *Host) Close() error {
+	h.stop()
+	if h.cfg.Listener != nil {
+		h.cfg.Listener.Close()
+	}
+	h.links.close()
+	h.store.close()
+	h.wg.Wait()
+	var errs []error
+	for _, r := range h.sortedRanks() {
+		errs = append(errs, h.svcs[r].close())
+	}
+	return errors.Join(errs...)
+}
+
+// RemoveFiles removes every slot file of the job on this host.
+func (h *Host) RemoveFiles() error {
+	return ckpt.RemoveJob(h.cfg.Job, ckpt.Options{Dir: h.cfg.Dir})
+}
+
+func (h *Host) acceptLoop(ln net.Listener) {
+	defer h.wg.Done()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			from, err := comm.AcceptLink(c, h.linkAuth(), h.cfg.Host, h.cfg.Hosts)
+			if err != nil {
+				h.log.Warn("refused a replication link", "remote", c.RemoteAddr().String(), "err", err)
+				c.Close()
+				return
+			}
+			h.store.serve(h.life, from, c)
+		}()
+	}
+}
+
+func (h *Host) linkAuth() comm.LinkAuth {
+	return comm.LinkAuth{Job: h.cfg.Job, Secret: h.cfg.Secret, Purpose: "replica"}
+}
+
+func (h *Host) String() string { return fmt.Sprintf("host %d", h.cfg.Host) }

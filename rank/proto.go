@@ -1,0 +1,195 @@
+package rank
+
+import (
+	"fmt"
+
+	"github.com/gorun/gorun/internal/wire"
+)
+
+// Message types of the state-protection protocol (PROTOCOL.md), after the
+// rank socket's own (internal/wire: 1 to 6).
+const (
+	TypeProtectHello   byte = 16
+	TypeProtectWelcome byte = 17
+	TypeStage          byte = 18
+	TypeStaged         byte = 19
+	TypeCommit         byte = 20
+	TypeCommitted      byte = 21
+	TypeGradient       byte = 22
+	TypeGradientDone   byte = 23
+	TypeRestore        byte = 24
+	TypeRestorable     byte = 25
+	TypeStatus         byte = 26
+	TypeStatusReply    byte = 27
+)
+
+// IsRequest reports whether typ is a request of the protocol, which the
+// agent hands to the rank's service.
+func IsRequest(typ byte) bool {
+	switch typ {
+	case TypeProtectHello, TypeStage, TypeCommit, TypeGradient, TypeRestore, TypeStatus:
+		return true
+	}
+	return false
+}
+
+// Version is the protocol's version, in ProtectHello and ProtectWelcome.
+const Version = 1
+
+// Limits of what a rank may ask for.
+const (
+	MaxRegions     = 16
+	MaxRegionSize  = 1 << 40
+	MaxGradient    = 1 << 31 // float32 elements of the gradient buffer
+	MaxStep        = 1<<53 - 1
+	regionNameMax  = 32
+	noStep         = -1
+	gradientRegion = "gradient" // the file name part of the gradient buffer
+)
+
+// Region is a named region of a rank's protected state.
+type Region struct {
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+}
+
+// ProtectHello declares a rank's regions.
+type ProtectHello struct {
+	Version  int      `json:"v"`
+	Regions  []Region `json:"regions"`
+	Gradient int64    `json:"gradient,omitempty"`
+}
+
+// RegionFile says where a region's bytes are: slot i's are the Size bytes
+// at offset i·Stride of the file at Path.
+type RegionFile struct {
+	Name   string `json:"name"`
+	Size   int64  `json:"size"`
+	Path   string `json:"path"`
+	Stride int64  `json:"stride"`
+}
+
+// GradientFile is the gradient buffer: Size bytes of float32 elements.
+type GradientFile struct {
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+}
+
+// ProtectWelcome answers ProtectHello.
+type ProtectWelcome struct {
+	Version   int           `json:"v,omitempty"`
+	Job       string        `json:"job,omitempty"`
+	Rank      int           `json:"rank,omitempty"`
+	Replicas  int           `json:"replicas,omitempty"`
+	Regions   []RegionFile  `json:"regions,omitempty"`
+	Gradient  *GradientFile `json:"gradient,omitempty"`
+	Committed int64         `json:"committed"`
+	G         int64         `json:"g"`
+	Err       string        `json:"err,omitempty"`
+}
+
+// StepReq is Stage, Commit and (with N) Gradient.
+type StepReq struct {
+	Step int64 `json:"step"`
+	N    int64 `json:"n,omitempty"` // Gradient: elements
+}
+
+// Staged answers Stage.
+type Staged struct {
+	Step   int64  `json:"step"`
+	Slot   int    `json:"slot"`
+	WaitNS int64  `json:"wait_ns"`
+	Err    string `json:"err,omitempty"`
+}
+
+// Committed answers Commit.
+type Committed struct {
+	Step int64  `json:"step"`
+	Err  string `json:"err,omitempty"`
+}
+
+// GradientDone answers Gradient.
+type GradientDone struct {
+	Step  int64  `json:"step"`
+	Bytes int64  `json:"bytes"`
+	Err   string `json:"err,omitempty"`
+}
+
+// Empty is the payload of Restore and Status.
+type Empty struct{}
+
+// Restorable answers Restore.
+type Restorable struct {
+	Step int64  `json:"step"`
+	Slot int    `json:"slot"`
+	Tier int    `json:"tier,omitempty"`
+	Err  string `json:"err,omitempty"`
+}
+
+// Status answers Status: see PROTOCOL.md.
+type Status struct {
+	Committed  int64  `json:"committed"`
+	Replicated int64  `json:"replicated"`
+	G          int64  `json:"g"`
+	Stages     int64  `json:"stages"`
+	WaitNS     int64  `json:"wait_ns"`
+	Holders    []int  `json:"holders"`
+	Err        string `json:"err,omitempty"`
+}
+
+func checkStep(s int64) error {
+	if s < 0 || s > MaxStep {
+		return fmt.Errorf("step %d out of range [0, 2^53)", s)
+	}
+	return nil
+}
+
+func validRegionName(n string) bool {
+	if n == "" || len(n) > regionNameMax || n[0] < 'a' || n[0] > 'z' {
+		return false
+	}
+	for _, c := range []byte(n) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// check validates a ProtectHello from the rank.
+func (h *ProtectHello) check() error {
+	if h.Version != Version {
+		return fmt.Errorf("protect hello: protocol version %d, this service speaks %d", h.Version, Version)
+	}
+	if len(h.Regions) < 1 || len(h.Regions) > MaxRegions {
+		return fmt.Errorf("protect hello: %d regions, want 1 to %d", len(h.Regions), MaxRegions)
+	}
+	seen := map[string]bool{}
+	for _, r := range h.Regions {
+		switch {
+		case !validRegionName(r.Name):
+			return fmt.Errorf("protect hello: bad region name %q: want [a-z][a-z0-9_-]{0,31}", trunc(r.Name))
+		case r.Name == gradientRegion || r.Name == "hdr":
+			return fmt.Errorf("protect hello: region name %q is reserved", r.Name)
+		case seen[r.Name]:
+			return fmt.Errorf("protect hello: region %q declared twice", r.Name)
+		case r.Size < 0 || r.Size > MaxRegionSize:
+			return fmt.Errorf("protect hello: region %q of %d bytes, want 0 to 2^40", r.Name, r.Size)
+		}
+		seen[r.Name] = true
+	}
+	if h.Gradient < 0 || h.Gradient > MaxGradient {
+		return fmt.Errorf("protect hello: gradient of %d elements, want 0 to 2^31", h.Gradient)
+	}
+	return nil
+}
+
+func trunc(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
+}
+
+// decode decodes a request payload strictly (unknown fields refused).
+func decode(b []byte, v any) error { return wire.DecodeSock(b, v) }

@@ -1,0 +1,741 @@
+package rank
+
+// Replication between hosts (DEADPOOL §V-B). After a rank's step commits,
+// its replicator sends the replicated regions of that slot to the rank's
+// replica holders, one authenticated link per pair of hosts (dialed by the
+// sending host, request and answer in turn). The holder's host keeps two
+// buffers per owner, the newest complete step and the one being received,
+// checks every region's CRC32C against the owner's and acknowledges; the
+// owner counts a step replicated once every holder acknowledged it.
+//
+// A link carries requests from the dialer and answers from the acceptor:
+//
+//	request  = header table [data]
+//	answer   = header (table data | message)
+//	header   = magic(1)=0xA7 kind(1) count(2) owner(4) holder(4) reserved(4) step(8) gen(8) length(8)
+//	table    = count × (nameLen(1) name size(8) crc32c(4))
+//
+// big-endian. Kinds: put (the owner's regions, data follows), get (a
+// holder's replica of owner at step), getSlot (a rank's own slot regions
+// at step, for params), and the answers ack, data, fail (length = the
+// message's bytes). Everything read is bounds-checked before use; a
+// malformed request closes the link.
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gorun/gorun/ckpt"
+	"github.com/gorun/gorun/comm"
+)
+
+const (
+	linkMagic   = 0xA7
+	linkHdrSize = 40
+
+	kindPut     = 1
+	kindGet     = 2
+	kindGetSlot = 3
+	kindAck     = 0x81
+	kindData    = 0x82
+	kindFail    = 0x83
+
+	maxFailMsg = 4096
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+type linkHdr struct {
+	kind   byte
+	count  int
+	owner  int
+	holder int
+	step   int64
+	gen    uint64
+	length uint64
+}
+
+func (h *linkHdr) put(b []byte) {
+	b[0], b[1] = linkMagic, h.kind
+	binary.BigEndian.PutUint16(b[2:], uint16(h.count))
+	binary.BigEndian.PutUint32(b[4:], uint32(h.owner))
+	binary.BigEndian.PutUint32(b[8:], uint32(h.holder))
+	binary.BigEndian.PutUint32(b[12:], 0)
+	binary.BigEndian.PutUint64(b[16:], uint64(h.step))
+	binary.BigEndian.PutUint64(b[24:], h.gen)
+	binary.BigEndian.PutUint64(b[32:], h.length)
+}
+
+func parseLinkHdr(b []byte) (linkHdr, error) {
+	h := linkHdr{
+		kind: b[1], count: int(binary.BigEndian.Uint16(b[2:])),
+		owner: int(binary.BigEndian.Uint32(b[4:])), holder: int(binary.BigEndian.Uint32(b[8:])),
+		step: int64(binary.BigEndian.Uint64(b[16:])), gen: binary.BigEndian.Uint64(b[24:]),
+		length: binary.BigEndian.Uint64(b[32:]),
+	}
+	switch {
+	case b[0] != linkMagic:
+		return h, errors.New("not a replication frame")
+	case h.count > MaxRegions:
+		return h, fmt.Errorf("%d regions", h.count)
+	case h.owner > 1<<30 || h.holder > 1<<30:
+		return h, fmt.Errorf("rank %d or %d out of range", h.owner, h.holder)
+	case h.step < noStep || h.step > MaxStep:
+		return h, fmt.Errorf("step %d out of range", h.step)
+	}
+	return h, nil
+}
+
+// tableEntry describes one region in a frame.
+type tableEntry struct {
+	name string
+	size int64
+	sum  uint32
+}
+
+func appendTable(b []byte, t []tableEntry) []byte {
+	for _, e := range t {
+		b = append(b, byte(len(e.name)))
+		b = append(b, e.name...)
+		b = binary.BigEndian.AppendUint64(b, uint64(e.size))
+		b = binary.BigEndian.AppendUint32(b, e.sum)
+	}
+	return b
+}
+
+func readTable(r io.Reader, n int) ([]tableEntry, error) {
+	t := make([]tableEntry, n)
+	var nb [1]byte
+	var rest [12]byte
+	for i := range t {
+		if _, err := io.ReadFull(r, nb[:]); err != nil {
+			return nil, err
+		}
+		if nb[0] == 0 || int(nb[0]) > regionNameMax {
+			return nil, fmt.Errorf("region name of %d bytes", nb[0])
+		}
+		name := make([]byte, nb[0])
+		if _, err := io.ReadFull(r, name); err != nil {
+			return nil, err
+		}
+		if _, err := io.ReadFull(r, rest[:]); err != nil {
+			return nil, err
+		}
+		e := tableEntry{name: string(name), size: int64(binary.BigEndian.Uint64(rest[:])), sum: binary.BigEndian.Uint32(rest[8:])}
+		if !validRegionName(e.name) || e.size < 0 || e.size > MaxRegionSize {
+			return nil, fmt.Errorf("bad region %q of %d bytes", trunc(e.name), e.size)
+		}
+		for _, p := range t[:i] {
+			if p.name == e.name {
+				return nil, fmt.Errorf("region %q twice", e.name)
+			}
+		}
+		t[i] = e
+	}
+	return t, nil
+}
+
+// writeFrame writes a header, a table and the data views.
+func writeFrame(w io.Writer, h linkHdr, t []tableEntry, data [][]byte) error {
+	h.count = len(t)
+	b := make([]byte, linkHdrSize, linkHdrSize+len(t)*45)
+	h.put(b)
+	b = appendTable(b, t)
+	bufs := net.Buffers{b}
+	for _, d := range data {
+		if len(d) > 0 {
+			bufs = append(bufs, d)
+		}
+	}
+	_, err := bufs.WriteTo(w)
+	return err
+}
+
+func writeFail(w io.Writer, h linkHdr, msg string) error {
+	if len(msg) > maxFailMsg {
+		msg = msg[:maxFailMsg]
+	}
+	h.kind, h.count, h.length = kindFail, 0, uint64(len(msg))
+	b := make([]byte, linkHdrSize, linkHdrSize+len(msg))
+	h.put(b)
+	b = append(b, msg...)
+	_, err := w.Write(b)
+	return err
+}
+
+// readAnswer reads an answer's header, and a fail's message as an error.
+func readAnswer(r io.Reader) (linkHdr, error) {
+	var hb [linkHdrSize]byte
+	if _, err := io.ReadFull(r, hb[:]); err != nil {
+		return linkHdr{}, err
+	}
+	h, err := parseLinkHdr(hb[:])
+	if err != nil {
+		return h, err
+	}
+	if h.kind == kindFail {
+		if h.length > maxFailMsg {
+			return h, fmt.Errorf("failure message of %d bytes", h.length)
+		}
+		msg := make([]byte, h.length)
+		if _, err := io.ReadFull(r, msg); err != nil {
+			return h, err
+		}
+		return h, &remoteError{msg: string(msg)}
+	}
+	return h, nil
+}
+
+// remoteError is a request the other host refused; the link stays usable.
+type remoteError struct{ msg string }
+
+func (e *remoteError) Error() string { return "refused by the holder: " + e.msg }
+
+// ---- The holder's side -------------------------------------------------
+
+// replicaBuf is one buffer of an owner's replica.
+type replicaBuf struct {
+	step  int64 // the complete step held, or -1 (empty or being received)
+	table []tableEntry
+	data  [][]byte
+}
+
+// ownerReplica is what this host holds of one owner rank.
+type ownerReplica struct {
+	mu   sync.Mutex // held while a buffer is received or sent
+	bufs [2]replicaBuf
+}
+
+// replicaStore holds the replicas this host's ranks keep for others.
+type replicaStore struct {
+	h      *Host
+	mu     sync.Mutex
+	owners map[int]*ownerReplica
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+func newReplicaStore(h *Host) *replicaStore {
+	return &replicaStore{h: h, owners: map[int]*ownerReplica{}, conns: map[net.Conn]struct{}{}}
+}
+
+func (st *replicaStore) owner(r int) *ownerReplica {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	o := st.owners[r]
+	if o == nil {
+		o = &ownerReplica{bufs: [2]replicaBuf{{step: noStep}, {step: noStep}}}
+		st.owners[r] = o
+	}
+	return o
+}
+
+func (st *replicaStore) close() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.closed = true
+	for c := range st.conns {
+		c.Close()
+	}
+	st.owners = map[int]*ownerReplica{}
+}
+
+// serve answers the requests of host from on c until c fails.
+func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
+	st.mu.Lock()
+	if st.closed {
+		st.mu.Unlock()
+		c.Close()
+		return
+	}
+	st.conns[c] = struct{}{}
+	st.mu.Unlock()
+	defer func() {
+		st.mu.Lock()
+		delete(st.conns, c)
+		st.mu.Unlock()
+		c.Close()
+	}()
+	log := st.h.log.With("from host", from)
+	var hb [linkHdrSize]byte
+	for ctx.Err() == nil {
+		if _, err := io.ReadFull(c, hb[:]); err != nil {
+			return
+		}
+		h, err := parseLinkHdr(hb[:])
+		if err != nil {
+			log.Warn("closing a replication link", "err", err)
+			return
+		}
+		t, err := readTable(c, h.count)
+		if err != nil {
+			log.Warn("closing a replication link", "err", err)
+			return
+		}
+		switch h.kind {
+		case kindPut:
+			err = st.put(c, h, t)
+		case kindGet:
+			err = st.get(c, h)
+		case kindGetSlot:
+			err = st.getSlot(c, h, t)
+		default:
+			err = fmt.Errorf("unknown request kind %d", h.kind)
+		}
+		if err != nil {
+			log.Warn("closing a replication link", "err", err)
+			return
+		}
+	}
+}
+
+// put receives owner's step into the holder's buffer. Only a link failure
+// or a malformed frame is an error; a refusal is answered.
+func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
+	var total uint64
+	for _, e := range t {
+		total += uint64(e.size)
+	}
+	if h.length != total || h.step < 0 {
+		return fmt.Errorf("put of %d bytes for regions of %d, step %d", h.length, total, h.step)
+	}
+	refuse := ""
+	if st.h.svcs[h.holder] == nil {
+		refuse = fmt.Sprintf("rank %d is not on host %d", h.holder, st.h.cfg.Host)
+	} else if !slices.Contains(st.h.holders(h.owner), h.holder) {
+		refuse = fmt.Sprintf("rank %d does not hold rank %d's replicas", h.holder, h.owner)
+	}
+	if refuse != "" {
+		// Drain the data, then refuse: the link stays in step.
+		if _, err := io.CopyN(io.Discard, c, int64(total)); err != nil {
+			return err
+		}
+		return writeFail(c, h, refuse)
+	}
+	o := st.owner(h.owner)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	// The victim: a buffer holding this step or a later one (from before a
+	// restart), else the older one. The other keeps the newest step
+	// before this one, which the overwrite rule may still need.
+	v := 0
+	switch b := o.bufs; {
+	case b[0].step >= h.step:
+		v = 0
+	case b[1].step >= h.step:
+		v = 1
+	case b[1].step < b[0].step:
+		v = 1
+	}
+	buf := &o.bufs[v]
+	buf.step = noStep
+	if !sameShape(buf.table, t) {
+		buf.data = make([][]byte, len(t))
+		for i, e := range t {
+			buf.data[i] = make([]byte, e.size)
+		}
+	}
+	buf.table = t
+	for i := range t {
+		if _, err := io.ReadFull(c, buf.data[i]); err != nil {
+			return err
+		}
+	}
+	for i, e := range t {
+		if got := crc32.Checksum(buf.data[i], castagnoli); got != e.sum {
+			return writeFail(c, h, fmt.Sprintf("rank %d step %d region %s: CRC32C %08x, the owner's is %08x", h.owner, h.step, e.name, got, e.sum))
+		}
+	}
+	buf.step = h.step
+	a := linkHdr{kind: kindAck, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
+	var ab [linkHdrSize]byte
+	a.put(ab[:])
+	_, err := c.Write(ab[:])
+	return err
+}
+
+func sameShape(a, b []tableEntry) bool {
+	return slices.EqualFunc(a, b, func(x, y tableEntry) bool { return x.name == y.name && x.size == y.size })
+}
+
+// get sends the replica of h.owner at h.step.
+func (st *replicaStore) get(c net.Conn, h linkHdr) error {
+	st.mu.Lock()
+	o := st.owners[h.owner]
+	st.mu.Unlock()
+	if o == nil {
+		return writeFail(c, h, fmt.Sprintf("no replica of rank %d here", h.owner))
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, b := range o.bufs {
+		if b.step == h.step {
+			d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
+			for _, e := range b.table {
+				d.length += uint64(e.size)
+			}
+			return writeFrame(c, d, b.table, b.data)
+		}
+	}
+	return writeFail(c, h, fmt.Sprintf("no replica of rank %d at step %d here", h.owner, h.step))
+}
+
+// getSlot sends regions of local rank h.holder's own slot at h.step.
+func (st *replicaStore) getSlot(c net.Conn, h linkHdr, want []tableEntry) error {
+	svc := st.h.svcs[h.holder]
+	if svc == nil {
+		return writeFail(c, h, fmt.Sprintf("rank %d is not on host %d", h.holder, st.h.cfg.Host))
+	}
+	names := make([]string, len(want))
+	for i, e := range want {
+		names[i] = e.name
+	}
+	t, data, release, err := svc.readSlot(h.step, names)
+	if err != nil {
+		return writeFail(c, h, err.Error())
+	}
+	defer release()
+	d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
+	for _, e := range t {
+		d.length += uint64(e.size)
+	}
+	return writeFrame(c, d, t, data)
+}
+
+// readSlot returns the named regions of this rank's committed slot
+// holding step, verified; release ends the read (the slot is not staged
+// over meanwhile).
+func (s *service) readSlot(step int64, names []string) ([]tableEntry, [][]byte, func(), error) {
+	s.reqMu.Lock()
+	s.mu.Lock()
+	slots := s.slots
+	s.mu.Unlock()
+	if slots == nil {
+		s.reqMu.Unlock()
+		return nil, nil, nil, fmt.Errorf("rank %d protects nothing", s.rank)
+	}
+	sn, err := slots.At(uint64(step))
+	if err != nil {
+		s.reqMu.Unlock()
+		return nil, nil, nil, fmt.Errorf("rank %d: %w", s.rank, err)
+	}
+	var t []tableEntry
+	var data [][]byte
+	for _, n := range names {
+		v := sn.Region(n)
+		if v == nil {
+			s.reqMu.Unlock()
+			return nil, nil, nil, fmt.Errorf("rank %d has no region %q", s.rank, n)
+		}
+		t = append(t, tableEntry{name: n, size: int64(len(v)), sum: crc32.Checksum(v, castagnoli)})
+		data = append(data, v)
+	}
+	return t, data, s.reqMu.Unlock, nil
+}
+
+// ---- The owner's side --------------------------------------------------
+
+// replicator sends one rank's committed steps to its holders, newest
+// first: a step committed while an older one is still being sent
+// supersedes it.
+type replicator struct {
+	s       *service
+	mu      sync.Mutex
+	wantS   int64 // newest committed step to replicate
+	running bool
+	cancel  context.CancelFunc
+	done    chan struct{}
+	stopped bool
+}
+
+func (r *replicator) init(s *service) { r.s = s; r.wantS = noStep }
+
+func (r *replicator) want(step int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return
+	}
+	r.wantS = max(r.wantS, step)
+	if r.running {
+		return
+	}
+	r.running = true
+	ctx, cancel := context.WithCancel(r.s.h.life)
+	r.cancel, r.done = cancel, make(chan struct{})
+	go r.loop(ctx, r.done)
+}
+
+// reset cancels the replication in flight and waits for it to end.
+func (r *replicator) reset() {
+	r.mu.Lock()
+	cancel, done := r.cancel, r.done
+	r.wantS = noStep
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
+func (r *replicator) stop() {
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
+	r.reset()
+}
+
+func (r *replicator) loop(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	s := r.s
+	backoff := 50 * time.Millisecond
+	for {
+		r.mu.Lock()
+		step := r.wantS
+		if step <= s.replicated.Load() || ctx.Err() != nil {
+			r.running, r.cancel = false, nil
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		err := r.send(ctx, step)
+		if err == nil {
+			backoff = 50 * time.Millisecond
+			continue
+		}
+		if ctx.Err() != nil {
+			continue
+		}
+		s.h.log.Warn("replication failed; retrying", "rank", s.rank, "step", step, "err", err)
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// send sends step to every holder and records it replicated.
+func (r *replicator) send(ctx context.Context, step int64) error {
+	s := r.s
+	s.mu.Lock()
+	slot := -1
+	for i, st := range s.slotStep {
+		if st == step {
+			slot = i
+		}
+	}
+	if slot < 0 { // superseded (or truncated) before it could be sent
+		s.mu.Unlock()
+		return nil
+	}
+	var t []tableEntry
+	var data [][]byte
+	for _, i := range s.repl {
+		t = append(t, tableEntry{name: s.regions[i].Name, size: s.regions[i].Size, sum: s.sums[slot][i]})
+		data = append(data, s.views[slot][i])
+	}
+	s.mu.Unlock()
+	// The slot holding step is not staged over before step is replicated
+	// (the overwrite rule needs it to be), nor truncated before reset
+	// waited for this send: its views are stable here.
+	gen := s.h.Gen()
+	holders := s.h.holders(s.rank)
+	errs := make([]error, len(holders))
+	var wg sync.WaitGroup
+	for i, hr := range holders {
+		wg.Go(func() {
+			errs[i] = s.h.links.put(ctx, s.h.cfg.HostOf(hr), linkHdr{kind: kindPut, owner: s.rank, holder: hr, step: step, gen: gen}, t, data)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	for {
+		old := s.replicated.Load()
+		if step <= old || s.replicated.CompareAndSwap(old, step) {
+			break
+		}
+	}
+	s.h.cfg.Changed()
+	return nil
+}
+
+// ---- Links to other hosts ----------------------------------------------
+
+type link struct {
+	mu   sync.Mutex // one request at a time
+	conn net.Conn
+}
+
+type linkPool struct {
+	h      *Host
+	mu     sync.Mutex
+	links  map[int]*link
+	addrs  []string
+	closed bool
+}
+
+func newLinkPool(h *Host) *linkPool { return &linkPool{h: h, links: map[int]*link{}} }
+
+// SetAddrs sets the replication address of every host (indexed by host).
+func (h *Host) SetAddrs(addrs []string) {
+	h.links.mu.Lock()
+	h.links.addrs = slices.Clone(addrs)
+	h.links.mu.Unlock()
+}
+
+func (p *linkPool) get(host int) (*link, string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, "", ErrStopping
+	}
+	if host < 0 || host >= len(p.addrs) || p.addrs[host] == "" {
+		return nil, "", fmt.Errorf("no replication address for host %d", host)
+	}
+	l := p.links[host]
+	if l == nil {
+		l = &link{}
+		p.links[host] = l
+	}
+	return l, p.addrs[host], nil
+}
+
+func (p *linkPool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, l := range p.links {
+		// A request in flight holds l.mu; closing its conn ends it.
+		if c := l.peekConn(); c != nil {
+			c.Close()
+		}
+	}
+}
+
+func (l *link) peekConn() net.Conn {
+	if l.mu.TryLock() {
+		defer l.mu.Unlock()
+	}
+	return l.conn
+}
+
+// do runs one request on the link to host: f writes it and reads the
+// answer. A link failure drops the connection (the next request redials);
+// a refusal keeps it.
+func (p *linkPool) do(ctx context.Context, host int, f func(c net.Conn) error) error {
+	l, addr, err := p.get(host)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn == nil {
+		c, err := comm.DialLink(ctx, addr, p.h.linkAuth(), p.h.cfg.Host, host)
+		if err != nil {
+			return err
+		}
+		p.mu.Lock()
+		closed := p.closed
+		p.mu.Unlock()
+		if closed {
+			c.Close()
+			return ErrStopping
+		}
+		l.conn = c
+	}
+	c := l.conn
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	err = f(c)
+	_, refused := errors.AsType[*remoteError](err)
+	if fired := !stop(); fired || err != nil && !refused {
+		if fired && err == nil {
+			err = ctx.Err()
+		}
+		c.Close()
+		l.conn = nil
+	}
+	return err
+}
+
+// put sends a put and waits for its acknowledgement.
+func (p *linkPool) put(ctx context.Context, host int, h linkHdr, t []tableEntry, data [][]byte) error {
+	for _, e := range t {
+		h.length += uint64(e.size)
+	}
+	return p.do(ctx, host, func(c net.Conn) error {
+		if err := writeFrame(c, h, t, data); err != nil {
+			return err
+		}
+		a, err := readAnswer(c)
+		if err != nil {
+			return err
+		}
+		if a.kind != kindAck || a.owner != h.owner || a.step != h.step || a.holder != h.holder {
+			return fmt.Errorf("unexpected answer kind %#x for rank %d step %d", a.kind, a.owner, a.step)
+		}
+		return nil
+	})
+}
+
+// fetch asks host for regions (a get or getSlot request h) and reads them
+// into dst, by name, verifying each region's CRC32C and size.
+func (p *linkPool) fetch(ctx context.Context, host int, h linkHdr, want []tableEntry, dst map[string][]byte) error {
+	return p.do(ctx, host, func(c net.Conn) error {
+		if err := writeFrame(c, h, want, nil); err != nil {
+			return err
+		}
+		a, err := readAnswer(c)
+		if err != nil {
+			return err
+		}
+		if a.kind != kindData || a.step != h.step {
+			return fmt.Errorf("unexpected answer kind %#x step %d", a.kind, a.step)
+		}
+		t, err := readTable(c, a.count)
+		if err != nil {
+			return err
+		}
+		var total uint64
+		for _, e := range t {
+			total += uint64(e.size)
+		}
+		if total != a.length {
+			return fmt.Errorf("data of %d bytes for regions of %d", a.length, total)
+		}
+		for _, e := range t {
+			d, ok := dst[e.name]
+			if !ok || int64(len(d)) != e.size {
+				return fmt.Errorf("region %q of %d bytes does not fit here (%d)", e.name, e.size, len(d))
+			}
+			if _, err := io.ReadFull(c, d); err != nil {
+				return err
+			}
+			if got := crc32.Checksum(d, castagnoli); got != e.sum {
+				return fmt.Errorf("region %q of step %d: CRC32C %08x, want %08x", e.name, h.step, got, e.sum)
+			}
+			delete(dst, e.name)
+		}
+		if len(dst) > 0 {
+			return fmt.Errorf("regions missing from the answer: %d", len(dst))
+		}
+		return nil
+	})
+}
+
+var _ = ckpt.ErrNoStep

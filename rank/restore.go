@@ -1,0 +1,142 @@
+package rank
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/gorun/gorun/ckpt"
+)
+
+// restore chooses the step to resume from (G) and makes a slot hold it:
+// the rank's own slot (Tier-1), or replicas from other hosts (Tier-2).
+func (s *service) restore(ctx context.Context) *Restorable {
+	g := s.h.G()
+	if g < 0 {
+		return &Restorable{Step: noStep}
+	}
+	s.mu.Lock()
+	slots := s.slots
+	s.mu.Unlock()
+	if slots == nil {
+		return &Restorable{Step: noStep, Err: "ProtectHello first"}
+	}
+	sn, err := slots.At(uint64(g))
+	if err == nil {
+		slot := sn.Slot
+		if err := s.truncate(g); err != nil {
+			return &Restorable{Step: noStep, Err: err.Error()}
+		}
+		return &Restorable{Step: g, Slot: slot, Tier: 1}
+	}
+	if !errors.Is(err, ckpt.ErrNoStep) && !errors.Is(err, ckpt.ErrCorrupt) {
+		return &Restorable{Step: noStep, Err: err.Error()}
+	}
+	s.h.log.Info("restoring from other hosts", "rank", s.rank, "step", g, "local", err)
+	slot, err2 := s.restoreRemote(ctx, g)
+	if err2 != nil {
+		return &Restorable{Step: noStep, Err: fmt.Sprintf("step %d: not here (%v), and not from other hosts: %v", g, err, err2)}
+	}
+	return &Restorable{Step: g, Slot: slot, Tier: 2}
+}
+
+// restoreRemote fetches step g into a local slot: the replicated regions
+// from a replica holder, params from a data-parallel peer.
+func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Discard what this host has from g on: the slot may hold a corrupt g.
+	if g > 0 {
+		if err := s.slots.Truncate(uint64(g - 1)); err != nil {
+			return 0, err
+		}
+	} else if err := s.slots.Clear(); err != nil {
+		return 0, err
+	}
+	for i, st := range s.slotStep {
+		if st >= g {
+			s.slotStep[i] = noStep
+		}
+	}
+	st, err := s.slots.Stage(uint64(g))
+	if err != nil {
+		return 0, err
+	}
+	views := st.Views()
+	repl := map[string][]byte{}
+	var want []tableEntry
+	for _, i := range s.repl {
+		repl[s.regions[i].Name] = views[i]
+		want = append(want, tableEntry{name: s.regions[i].Name})
+	}
+	var errs []error
+	got := len(want) == 0
+	for _, hr := range s.h.holders(s.rank) {
+		if got {
+			break
+		}
+		dst := maps.Clone(repl)
+		err := s.h.links.fetch(ctx, s.h.cfg.HostOf(hr), linkHdr{kind: kindGet, owner: s.rank, holder: hr, step: g}, want, dst)
+		if err == nil {
+			got = true
+			break
+		}
+		errs = append(errs, fmt.Errorf("holder rank %d: %w", hr, err))
+	}
+	if !got {
+		return 0, fmt.Errorf("no holder has the replicated regions: %w", errors.Join(errs...))
+	}
+	if pi := slices.IndexFunc(s.regions, func(r Region) bool { return r.Name == "params" }); pi >= 0 {
+		got := false
+		var peers []int
+		if s.h.cfg.Peers != nil {
+			peers = s.h.cfg.Peers(s.rank)
+		}
+		for _, pr := range peers {
+			if pr == s.rank {
+				continue
+			}
+			dst := map[string][]byte{"params": views[pi]}
+			var err error
+			if local := s.h.svcs[pr]; local != nil {
+				err = local.copySlot(g, "params", views[pi])
+			} else {
+				err = s.h.links.fetch(ctx, s.h.cfg.HostOf(pr), linkHdr{kind: kindGetSlot, owner: s.rank, holder: pr, step: g}, []tableEntry{{name: "params"}}, dst)
+			}
+			if err == nil {
+				got = true
+				break
+			}
+			errs = append(errs, fmt.Errorf("data-parallel peer rank %d: %w", pr, err))
+		}
+		if !got {
+			return 0, fmt.Errorf("no data-parallel peer has params: %w", errors.Join(errs...))
+		}
+	}
+	if err := st.Commit(); err != nil {
+		return 0, err
+	}
+	slot := st.Slot()
+	s.slotStep[slot] = g
+	s.sums[slot] = st.Sums()
+	s.views[slot] = views
+	s.committed = g
+	s.replicated.Store(g)
+	return slot, nil
+}
+
+// copySlot copies region name of this rank's slot holding step into dst.
+func (s *service) copySlot(step int64, name string, dst []byte) error {
+	_, data, release, err := s.readSlot(step, []string{name})
+	if err != nil {
+		return err
+	}
+	defer release()
+	if len(data[0]) != len(dst) {
+		return fmt.Errorf("region %q of %d bytes, want %d", name, len(data[0]), len(dst))
+	}
+	copy(dst, data[0])
+	return nil
+}

@@ -1,0 +1,418 @@
+package rank
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/gorun/gorun/ckpt"
+	"github.com/gorun/gorun/replay"
+)
+
+// maxLogRecords bounds the differential log a service keeps per rank.
+const maxLogRecords = 64
+
+// service is one local rank's state protection. Requests come from the
+// rank's sessions (normally one) and are served one at a time.
+type service struct {
+	h    *Host
+	rank int
+
+	reqMu sync.Mutex // serializes requests
+
+	mu        sync.Mutex // guards the fields below
+	slots     *ckpt.Slots
+	regions   []Region
+	files     []ckpt.RegionFile
+	repl      []int // indices of the replicated regions (all but params)
+	views     [2][][]byte
+	slotStep  [2]int64 // the committed step each slot holds, or -1
+	sums      [2][]uint32
+	staged    *ckpt.Staged
+	committed int64
+	grad      []byte
+	gradFile  *GradientFile
+	gradUnmap func() error
+	diffLog   [][]byte // encoded replay records, oldest first
+	diffSteps []int64
+
+	replicated atomic.Int64
+	stages     atomic.Int64
+	waitNS     atomic.Int64
+
+	rep replicator // this rank's outgoing replication (replica.go)
+}
+
+func newService(h *Host, rank int) *service {
+	s := &service{h: h, rank: rank, committed: noStep, slotStep: [2]int64{noStep, noStep}}
+	s.replicated.Store(noStep)
+	s.rep.init(s)
+	return s
+}
+
+func (s *service) progress() Progress {
+	s.mu.Lock()
+	c := s.committed
+	s.mu.Unlock()
+	r := s.replicated.Load()
+	return Progress{Rank: s.rank, Committed: c, Replicated: r, Stages: s.stages.Load(), WaitNS: s.waitNS.Load()}
+}
+
+// Session is one connection's use of a rank's service: requests other
+// than ProtectHello are refused until it has said ProtectHello.
+type Session struct {
+	svc   *service
+	hello bool
+}
+
+// Handle serves one request of the protocol (a frame of type typ with
+// payload b). It returns the answer's type and payload. An error means the
+// request was malformed: the caller sends it as an Error frame and closes
+// the connection (the service is unaffected).
+func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, error) {
+	s := ss.svc
+	if typ != TypeProtectHello && !ss.hello {
+		return 0, nil, fmt.Errorf("message type %d before ProtectHello", typ)
+	}
+	s.reqMu.Lock()
+	defer s.reqMu.Unlock()
+	switch typ {
+	case TypeProtectHello:
+		var req ProtectHello
+		if err := decode(b, &req); err != nil {
+			return 0, nil, err
+		}
+		if err := req.check(); err != nil {
+			return 0, nil, err
+		}
+		w, err := s.hello(&req)
+		if err != nil {
+			return TypeProtectWelcome, &ProtectWelcome{Committed: noStep, G: noStep, Err: err.Error()}, nil
+		}
+		ss.hello = true
+		return TypeProtectWelcome, w, nil
+	case TypeStage, TypeCommit, TypeGradient:
+		var req StepReq
+		if err := decode(b, &req); err != nil {
+			return 0, nil, err
+		}
+		if err := checkStep(req.Step); err != nil {
+			return 0, nil, err
+		}
+		switch typ {
+		case TypeStage:
+			if req.N != 0 {
+				return 0, nil, errors.New("stage: unexpected field n")
+			}
+			return TypeStaged, s.stage(ctx, req.Step), nil
+		case TypeCommit:
+			if req.N != 0 {
+				return 0, nil, errors.New("commit: unexpected field n")
+			}
+			return TypeCommitted, s.commit(req.Step), nil
+		default:
+			if req.N < 0 || req.N > MaxGradient {
+				return 0, nil, fmt.Errorf("gradient: %d elements out of range", req.N)
+			}
+			return TypeGradientDone, s.gradient(req.Step, req.N), nil
+		}
+	case TypeRestore, TypeStatus:
+		var req Empty
+		if err := decode(b, &req); err != nil {
+			return 0, nil, err
+		}
+		if typ == TypeRestore {
+			return TypeRestorable, s.restore(ctx), nil
+		}
+		return TypeStatusReply, s.status(), nil
+	}
+	return 0, nil, fmt.Errorf("unknown message type %d", typ)
+}
+
+// hello creates the rank's slots, or checks that a restarted rank declares
+// the regions its predecessor did.
+func (s *service) hello(req *ProtectHello) (*ProtectWelcome, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.slots != nil {
+		if !slices.Equal(s.regions, req.Regions) {
+			return nil, fmt.Errorf("regions %v differ from the %v this rank protected before", req.Regions, s.regions)
+		}
+		if req.Gradient*4 != s.gradSize() {
+			return nil, fmt.Errorf("a gradient of %d elements differs from the %d this rank declared before", req.Gradient, s.gradSize()/4)
+		}
+		return s.welcome(), nil
+	}
+	cr := make([]ckpt.Region, len(req.Regions))
+	for i, r := range req.Regions {
+		cr[i] = ckpt.Region{Name: r.Name, Size: r.Size}
+	}
+	opt := ckpt.Options{Dir: s.h.cfg.Dir}
+	slots, err := ckpt.Create(s.h.cfg.Job, s.rank, cr, opt)
+	if err != nil {
+		return nil, err
+	}
+	if req.Gradient > 0 {
+		if err := s.createGradient(req.Gradient * 4); err != nil {
+			slots.Close()
+			return nil, err
+		}
+	}
+	s.slots = slots
+	s.regions = slices.Clone(req.Regions)
+	s.files = slots.Files()
+	s.repl = s.repl[:0]
+	for i, r := range s.regions {
+		if r.Name != "params" {
+			s.repl = append(s.repl, i)
+		}
+	}
+	for i := range 2 {
+		s.views[i] = make([][]byte, len(s.files))
+	}
+	return s.welcome(), nil
+}
+
+func (s *service) gradSize() int64 {
+	if s.gradFile == nil {
+		return 0
+	}
+	return s.gradFile.Size
+}
+
+// createGradient creates the gradient buffer, a file beside the rank's
+// slot files and named as theirs are (so that ckpt.RemoveJob removes it
+// too), of which the first size bytes are used.
+func (s *service) createGradient(size int64) error {
+	stride := (size + 4095) &^ 4095
+	f := ckpt.RegionFile{Name: gradientRegion, Size: size, Stride: stride, Path: s.gradientPath()}
+	_ = os.Remove(f.Path)
+	fd, err := os.OpenFile(f.Path, os.O_RDWR|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("gradient buffer: %w", err)
+	}
+	err = syscall.Fallocate(int(fd.Fd()), 0, 0, 2*stride)
+	if cerr := fd.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil && 2*stride > 0 {
+		os.Remove(f.Path)
+		return fmt.Errorf("gradient buffer of %d bytes: %w", size, err)
+	}
+	views, unmap, err := ckpt.MapData(f)
+	if err != nil {
+		os.Remove(f.Path)
+		return fmt.Errorf("gradient buffer: %w", err)
+	}
+	s.grad = views[0]
+	s.gradUnmap = unmap
+	s.gradFile = &GradientFile{Path: f.Path, Size: size}
+	return nil
+}
+
+func (s *service) gradientPath() string {
+	dir := s.h.cfg.Dir
+	if dir == "" {
+		dir = ckpt.DefaultDir
+	}
+	return filepath.Join(dir, fmt.Sprintf("gorun-%s.r%d.%s", s.h.cfg.Job, s.rank, gradientRegion))
+}
+
+func (s *service) welcome() *ProtectWelcome {
+	w := &ProtectWelcome{
+		Version: Version, Job: s.h.cfg.Job, Rank: s.rank, Replicas: len(s.h.holders(s.rank)),
+		Gradient: s.gradFile, Committed: s.committed, G: s.h.G(),
+	}
+	for _, f := range s.files {
+		w.Regions = append(w.Regions, RegionFile{Name: f.Name, Size: f.Size, Path: f.Path, Stride: f.Stride})
+	}
+	return w
+}
+
+// stage applies the overwrite rule, then marks the slot to write.
+func (s *service) stage(ctx context.Context, step int64) *Staged {
+	s.mu.Lock()
+	if step <= s.committed {
+		s.mu.Unlock()
+		return &Staged{Step: step, Err: fmt.Sprintf("step %d does not follow the committed step %d", step, s.committed)}
+	}
+	// The slot Stage will overwrite is the one not holding the newest
+	// committed step; if it holds an older committed step, that one may
+	// go only once the newest is recoverable everywhere.
+	mustWait := s.slotStep[0] >= 0 && s.slotStep[1] >= 0
+	newest := s.committed
+	s.mu.Unlock()
+	start := time.Now()
+	if mustWait {
+		if err := s.h.waitG(ctx, newest); err != nil {
+			return &Staged{Step: step, Err: fmt.Sprintf("waiting for step %d to be recoverable everywhere: %v", newest, err)}
+		}
+	}
+	wait := time.Since(start)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.slots == nil {
+		return &Staged{Step: step, Err: ErrStopping.Error()}
+	}
+	st, err := s.slots.Stage(uint64(step))
+	if err != nil {
+		return &Staged{Step: step, Err: err.Error()}
+	}
+	s.staged = st
+	slot := st.Slot()
+	if s.slotStep[slot] >= 0 {
+		s.slotStep[slot] = noStep
+	}
+	s.views[slot] = st.Views()
+	s.stages.Add(1)
+	s.waitNS.Add(int64(wait))
+	return &Staged{Step: step, Slot: slot, WaitNS: int64(wait)}
+}
+
+// commit checksums and commits the staged step, then hands it to the
+// replicator.
+func (s *service) commit(step int64) *Committed {
+	s.mu.Lock()
+	st := s.staged
+	if st == nil || int64(st.Step()) != step {
+		s.mu.Unlock()
+		return &Committed{Step: step, Err: fmt.Sprintf("step %d is not the step staged", step)}
+	}
+	s.staged = nil
+	s.mu.Unlock()
+	// The CRCs of a large state take a while: outside s.mu, so that
+	// Status and the replicator are not held up (reqMu keeps requests
+	// serial).
+	if err := st.Commit(); err != nil {
+		return &Committed{Step: step, Err: err.Error()}
+	}
+	s.mu.Lock()
+	slot := st.Slot()
+	s.slotStep[slot] = step
+	s.sums[slot] = st.Sums()
+	s.committed = step
+	s.trimLog()
+	s.mu.Unlock()
+	if len(s.h.holders(s.rank)) == 0 {
+		s.replicated.Store(step)
+	} else {
+		s.rep.want(step)
+	}
+	s.h.cfg.Changed()
+	return &Committed{Step: step}
+}
+
+// gradient compresses the first n elements of the gradient buffer into the
+// differential log.
+func (s *service) gradient(step, n int64) *GradientDone {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n*4 > int64(len(s.grad)) {
+		return &GradientDone{Step: step, Err: fmt.Sprintf("%d elements exceed the gradient buffer of %d", n, len(s.grad)/4)}
+	}
+	x := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(s.grad))), n)
+	t, err := replay.Compress(0, x, replay.Options{})
+	if err != nil {
+		return &GradientDone{Step: step, Err: err.Error()}
+	}
+	rec := &replay.Record{Step: uint64(step), Tensors: []*replay.Tensor{t}}
+	b, err := rec.AppendBinary(nil)
+	if err != nil {
+		return &GradientDone{Step: step, Err: err.Error()}
+	}
+	s.diffLog = append(s.diffLog, b)
+	s.diffSteps = append(s.diffSteps, step)
+	s.trimLog()
+	return &GradientDone{Step: step, Bytes: int64(len(b))}
+}
+
+// trimLog drops the differential records no slot needs: those at or
+// before the oldest committed step, and beyond maxLogRecords.
+func (s *service) trimLog() {
+	oldest := int64(math.MaxInt64)
+	for _, st := range s.slotStep {
+		if st >= 0 {
+			oldest = min(oldest, st)
+		}
+	}
+	if oldest == math.MaxInt64 {
+		oldest = noStep
+	}
+	i := 0
+	for i < len(s.diffSteps) && (s.diffSteps[i] <= oldest || len(s.diffSteps)-i > maxLogRecords) {
+		i++
+	}
+	s.diffLog, s.diffSteps = s.diffLog[i:], s.diffSteps[i:]
+}
+
+func (s *service) status() *Status {
+	p := s.progress()
+	return &Status{
+		Committed: p.Committed, Replicated: p.Replicated, G: s.h.G(),
+		Stages: p.Stages, WaitNS: p.WaitNS, Holders: slices.Clone(s.h.holders(s.rank)),
+	}
+}
+
+// truncate discards every step after g (a restart resumes from g).
+func (s *service) truncate(g int64) error {
+	s.rep.reset()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.staged = nil
+	if s.slots == nil {
+		return nil
+	}
+	if g >= 0 {
+		if err := s.slots.Truncate(uint64(g)); err != nil {
+			return err
+		}
+	}
+	for i, st := range s.slotStep {
+		if st > g || g < 0 {
+			s.slotStep[i] = noStep
+		}
+	}
+	if g < 0 {
+		// A restart from scratch: forget everything.
+		cr := s.slots.Regions()
+		s.slots.Close()
+		s.slots = nil
+		if err := ckpt.Remove(s.h.cfg.Job, s.rank, ckpt.Options{Dir: s.h.cfg.Dir}); err != nil {
+			return err
+		}
+		slots, err := ckpt.Create(s.h.cfg.Job, s.rank, cr, ckpt.Options{Dir: s.h.cfg.Dir})
+		if err != nil {
+			return err
+		}
+		s.slots = slots
+		s.files = slots.Files()
+	}
+	s.committed = max(s.slotStep[0], s.slotStep[1])
+	s.replicated.Store(min(s.replicated.Load(), s.committed))
+	return nil
+}
+
+func (s *service) close() error {
+	s.rep.stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	if s.gradUnmap != nil {
+		errs = append(errs, s.gradUnmap())
+		s.gradUnmap, s.grad = nil, nil
+	}
+	if s.slots != nil {
+		errs = append(errs, s.slots.Close())
+		s.slots = nil
+	}
+	return errors.Join(errs...)
+}
