@@ -144,7 +144,7 @@ func (r *Rendezvous) buildTable() *wire.EpochTable {
 		Hosts: make([]wire.TableHost, len(r.hosts)),
 	}
 	for i, h := range r.hosts {
-		t.Hosts[i] = wire.TableHost{Name: h.Name, Addr: r.regs[i].Addr, Ranks: wire.CompressRanks(h.Ranks)}
+		t.Hosts[i] = wire.TableHost{Name: h.Name, Addr: r.regs[i].Addr, Ranks: wire.CompressRanks(h.Ranks), ReplicaPort: r.regs[i].ReplicaPort}
 		for _, rank := range h.Ranks {
 			if rank == 0 {
 				t.MasterAddr, t.MasterPort = r.regs[i].Addr, r.regs[i].MasterPort
@@ -166,6 +166,29 @@ func (r *Rendezvous) publish() {
 	// If the publication is lost, agents fetch the table with EpochGet.
 	_ = r.nc.Publish(r.subj.Epoch, b)
 	close(r.done)
+}
+
+// Advance publishes the table again as epoch, which must be later than
+// the current one (the same hosts and ranks: a restart of the ranks in
+// place). It returns the new table, or nil before the first was published.
+func (r *Rendezvous) Advance(epoch uint64) *wire.EpochTable {
+	select {
+	case <-r.done:
+	default:
+		return nil
+	}
+	r.mu.Lock()
+	if epoch <= r.epoch {
+		r.mu.Unlock()
+		return nil
+	}
+	r.epoch = epoch
+	t := r.buildTable()
+	b := t.Encode()
+	r.table = b
+	r.mu.Unlock()
+	_ = r.nc.Publish(r.subj.Epoch, b)
+	return t
 }
 
 func (r *Rendezvous) onEpochGet(m *nats.Msg) {

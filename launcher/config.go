@@ -26,6 +26,17 @@ type Config struct {
 	// (--gpus-per-rank; 0 = one each, shared round-robin when ranks
 	// outnumber them).
 	GPUsPerRank int
+	// Replicas is how many other hosts keep a copy of each rank's
+	// protected state (--replicas; state protection, package rank).
+	// ReplicasSet says it was asked for: then a placement that cannot
+	// give every rank that many holders is an error, where the default
+	// (1) quietly protects on each rank's own host only.
+	Replicas    int
+	ReplicasSet bool
+	// MaxRestarts is how many times the ranks are restarted in place
+	// after a rank fails, resuming from the globally recoverable step
+	// (--max-restarts, as torchrun's; 0 = a failure ends the job).
+	MaxRestarts int
 
 	Prog string
 	Args []string

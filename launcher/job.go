@@ -61,6 +61,10 @@ type job struct {
 	world       int
 	// rankHost maps a rank to its host index.
 	rankHost []int
+	// holders[r] are the ranks holding rank r's replicas (state
+	// protection), or nil.
+	holders [][]int
+	prog    *progress
 
 	events     chan *wire.Event
 	agentExits chan agentExit
@@ -76,6 +80,8 @@ type job struct {
 	rankEnded  []bool
 	ranksEnded int
 	killed     bool
+	gen        uint64 // restart generation
+	epoch      uint64
 }
 
 // NewJobID returns a fresh job id.
@@ -136,6 +142,9 @@ func Run(ctx context.Context, c Config) (int, error) {
 		}
 	}
 	j.remote = remote
+	if err := j.placeReplicas(assign); err != nil {
+		return 0, err
+	}
 	if remote > 0 && cfg.Bind == "" {
 		return 0, &ConfigError{Msg: fmt.Sprintf("host %s is remote, but the control plane listens on loopback unless told otherwise; pass --bind with an address the hosts can reach", firstRemote(j.hosts))}
 	}
@@ -178,6 +187,15 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	j.out = newOutputMux(j.cfg.Stdout, j.cfg.Stderr, j.world, j.cfg.TagOutput, j.cfg.TimestampOutput, j.cfg.OutputDir)
 	defer j.out.close()
 	j.fences = comm.NewFenceCollector(j.ctl.Conn, j.id, 0, len(j.hosts))
+	hostRanks := make([][]int, len(j.hosts))
+	for i, h := range j.hosts {
+		hostRanks[i] = h.ranks
+	}
+	j.prog = newProgress(hostRanks, j.rankHost, func(g *wire.GlobalStep) {
+		if err := j.ctl.Publish(j.subj.G, wire.Marshal(g)); err != nil {
+			j.log.Warn("cannot publish G", "err", err)
+		}
+	})
 	up, err := j.ctl.Subscribe(j.subj.Up, j.onUp)
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
@@ -193,6 +211,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		Prog: j.cfg.Prog, Args: j.cfg.Args, Env: j.cfg.Env, Dir: j.cfg.Dir, DirExplicit: j.cfg.dirExplicit,
 		KillGrace: j.cfg.KillGrace, HeartbeatInterval: j.cfg.HeartbeatInterval, OutputDelay: j.cfg.OutputDelay,
 		StdinRank: j.stdinRank(), TP: j.cfg.TP, PP: j.cfg.PP, GPUsPerRank: j.cfg.GPUsPerRank,
+		Holders: j.holders, MaxRestarts: j.cfg.MaxRestarts,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
@@ -229,6 +248,9 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	}
 
 	code = j.loop(ctx)
+	if j.verbose && j.prog.used() {
+		j.out.report("%s", j.prog.table())
+	}
 	stopStarting()
 	j.finish()
 	close(j.quit)
@@ -362,6 +384,14 @@ func (j *job) onUp(m *nats.Msg) {
 	case j.subj.UpFence:
 		if err := j.fences.Handle(m.Data); err != nil {
 			j.log.Warn("bad fence", "err", err)
+		}
+	case j.subj.Progress:
+		u, err := wire.DecodeUpProgress(m.Data)
+		if err == nil {
+			err = j.prog.handle(u)
+		}
+		if err != nil {
+			j.log.Warn("bad progress report", "err", err)
 		}
 	default:
 		j.log.Warn("message on unknown subject", "subject", m.Subject)
@@ -532,8 +562,11 @@ func (j *job) onEvent(e *wire.Event) {
 	h := j.hosts[e.Host]
 	switch e.Kind {
 	case wire.EventStarted:
-		j.log.Debug("rank started", "rank", e.Rank, "host", h.name, "pid", e.Pid)
+		j.log.Debug("rank started", "rank", e.Rank, "host", h.name, "pid", e.Pid, "generation", e.Gen)
 	case wire.EventExited:
+		if e.Gen != j.gen {
+			return // a rank of an earlier generation, killed by the restart
+		}
 		if !j.rankGone(e.Rank) {
 			return
 		}
@@ -548,6 +581,10 @@ func (j *job) onEvent(e *wire.Event) {
 		}
 		if e.Msg != "" && e.Signal == 0 {
 			why += " (" + e.Msg + ")"
+		}
+		if !j.stopping && j.cause == nil && j.gen < uint64(j.cfg.MaxRestarts) {
+			j.restartRanks(fmt.Sprintf("rank %d on host %s (pid %d) %s", e.Rank, h.name, e.Pid, why))
+			return
 		}
 		j.fail(status, "rank %d on host %s (pid %d) %s; stopping the job", e.Rank, h.name, e.Pid, why)
 	case wire.EventAgentError:

@@ -35,6 +35,9 @@ type runOptions struct {
 	oversubscribe bool
 	tp, pp        int
 	gpusPerRank   int
+	replicas      int
+	replicasSet   bool
+	maxRestarts   int
 	tagOutput     bool
 	timestamp     bool
 	outputDir     string
@@ -75,6 +78,14 @@ Placement:
                           shared round-robin when ranks outnumber them); ranks
                           get CUDA_VISIBLE_DEVICES and CPUs near their GPUs
   (no hostfile or -H: this host, with one slot per GPU, or per CPU without GPUs)
+
+Fault tolerance:
+  --replicas K            other hosts keeping a copy of each rank's protected
+                          state, in its data-parallel group (default 1 where the
+                          hosts allow it; asked for explicitly, it must be met)
+  --max-restarts N        restart every rank in place up to N times after a rank
+                          fails, resuming from the step every rank can recover
+                          (default 0: a failure ends the job)
 
 Environment:
   -x VAR                  export VAR from gorun's environment to every rank
@@ -164,6 +175,8 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	fs.IntVar(&o.tp, "tp", 1, "")
 	fs.IntVar(&o.pp, "pp", 1, "")
 	fs.IntVar(&o.gpusPerRank, "gpus-per-rank", 0, "")
+	fs.IntVar(&o.replicas, "replicas", 1, "")
+	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "")
 	fs.BoolVar(&o.tagOutput, "tag-output", true, "")
 	fs.BoolVar(&o.timestamp, "timestamp-output", false, "")
 	fs.StringVar(&o.outputDir, "output-filename", "", "")
@@ -206,6 +219,13 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	if o.gpusPerRank < 0 {
 		return nil, usagef("--gpus-per-rank must be 0 or more, not %d", o.gpusPerRank)
 	}
+	if o.replicas < 0 || o.replicas > 8 {
+		return nil, usagef("--replicas must be 0 to 8, not %d", o.replicas)
+	}
+	o.replicasSet = set["replicas"]
+	if o.maxRestarts < 0 {
+		return nil, usagef("--max-restarts must be 0 or more, not %d", o.maxRestarts)
+	}
 	if o.tp < 1 || o.pp < 1 {
 		return nil, usagef("--tp and --pp must be at least 1, not %d and %d", o.tp, o.pp)
 	}
@@ -236,6 +256,7 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	cfg := launcher.Config{
 		NP: o.np, Oversubscribe: o.oversubscribe, TP: o.tp, PP: o.pp, GPUsPerRank: o.gpusPerRank,
+		Replicas: o.replicas, ReplicasSet: o.replicasSet, MaxRestarts: o.maxRestarts,
 		Prog: o.prog, Args: o.args,
 		TagOutput: o.tagOutput, TimestampOutput: o.timestamp, OutputDir: o.outputDir,
 		Timeout: o.timeout, KillGrace: o.killGrace,

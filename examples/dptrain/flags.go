@@ -46,6 +46,10 @@ type Config struct {
 	FailAtStep int            // step at which FailRank crashes itself; -1: never
 	FailRank   int            // the rank that crashes
 	FailSignal syscall.Signal // 0: exit(1); otherwise the signal it sends itself
+
+	// Protect has gorun protect the optimizer state every step (package
+	// rank) and resume from it when the ranks are restarted.
+	Protect bool
 }
 
 const usageHead = `Usage: dptrain [flags]
@@ -83,8 +87,9 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	eps := fs.Float64("eps", 1e-8, "Adam ε")
 	wd := fs.Float64("weight-decay", 0, "decoupled weight decay (AdamW); 0 is plain Adam")
 	logEvery := fs.Int("log-every", 10, "print the loss every `N` steps (0: first and last step only)")
-	failAt := fs.Int("fail-at-step", -1, "crash at the start of this `step` (-1: never)")
+	failAt := fs.Int("fail-at-step", -1, "crash at the start of this `step` (-1: never); only in the first run, not after gorun restarted the ranks")
 	failRank := fs.Int("fail-rank", 0, "the `rank` that crashes with --fail-at-step")
+	protect := fs.Bool("protect", false, "protect the optimizer state in memory every step with gorun's rank service, and resume from it after a restart")
 	failSignal := fs.String("fail-signal", "", "crash by sending this `signal` to itself (KILL, ABRT, TERM, INT) instead of exiting with code 1")
 
 	if err := fs.Parse(args); err != nil {
@@ -108,6 +113,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 		LogEvery:   *logEvery,
 		FailAtStep: *failAt,
 		FailRank:   *failRank,
+		Protect:    *protect,
 	}
 	switch {
 	case c.Params < 1 || c.Params > maxParams:

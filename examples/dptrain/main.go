@@ -34,6 +34,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dptrain: %v\n", err)
 		return 2
 	}
+	if n := os.Getenv("GORUN_RESTART_COUNT"); n != "" && n != "0" {
+		// gorun restarted the ranks after the crash: do not crash again.
+		cfg.FailAtStep = -1
+	}
 	c, err := comm.Init(ctx)
 	if err != nil {
 		fmt.Fprintf(stderr, "dptrain: joining the job (run me under gorun): %v\n", err)

@@ -9,6 +9,8 @@ import (
 	"io"
 	"math"
 	"time"
+
+	"github.com/gorun/gorun/rank"
 )
 
 // collectives is what the trainer needs from its communicator.
@@ -39,6 +41,9 @@ type runOptions struct {
 	chunk  int                  // parameters per collective call; 0 means defaultChunk
 	bounds []int                // shard boundaries, len size+1; nil means shardBounds
 	crash  func(step int) error // FailRank calls it at FailAtStep; nil returns errCrashed
+	// protect connects to the state protection with the rank's regions
+	// (with Config.Protect); nil: rank.Connect.
+	protect func(ctx context.Context, regions []rank.Region) (protector, error)
 }
 
 // lossPoint is the loss at the start of one step (before its update).
@@ -97,6 +102,8 @@ type trainer struct {
 	lossBits        []int64   // every sample's loss as float64 bits, for the reduction
 	buf             []byte    // one chunk of little-endian float32s
 	timer           *time.Timer
+	prot            protector // state protection, or nil
+	meta            []byte    // the meta region's bytes
 }
 
 // train runs the whole job on one rank.
@@ -114,9 +121,31 @@ func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*resul
 		t.size, cfg.Params, t.bounds[1]-t.bounds[0], t.bounds[t.size]-t.bounds[t.size-1],
 		cfg.Batch, cfg.Batch/t.size, cfg.Compute, cfg.Steps, cfg.Seed)
 
+	first := 0
+	if cfg.Protect {
+		connect := o.protect
+		if connect == nil {
+			connect = func(ctx context.Context, regions []rank.Region) (protector, error) {
+				return rank.Connect(ctx, regions, rank.Options{})
+			}
+		}
+		p, err := connect(ctx, t.regions())
+		if err != nil {
+			return nil, fmt.Errorf("state protection: %w", err)
+		}
+		defer p.Close()
+		t.prot = p
+		if first, err = t.restore(ctx); err != nil {
+			return nil, err
+		}
+		if first > 0 {
+			fmt.Fprintf(out, "dptrain: resuming after step %d\n", first-1)
+		}
+	}
+
 	res := &result{}
 	start := time.Now()
-	for s := range cfg.Steps {
+	for s := first; s < cfg.Steps; s++ {
 		if s == cfg.FailAtStep && t.rank == cfg.FailRank {
 			crash := o.crash
 			if crash == nil {
@@ -135,6 +164,11 @@ func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*resul
 			fmt.Fprintf(out, "step %d loss %.9g\n", s, loss)
 		}
 	}
+	if t.prot != nil {
+		if err := t.prot.Wait(); err != nil {
+			return nil, fmt.Errorf("state protection: %w", err)
+		}
+	}
 	elapsed := time.Since(start)
 	if res.ParamsHash, err = t.paramsHash(ctx); err != nil {
 		return nil, err
@@ -147,9 +181,16 @@ func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*resul
 	if err := t.c.Barrier(ctx); err != nil {
 		return nil, fmt.Errorf("final barrier: %w", err)
 	}
-	if cfg.Steps > 0 {
-		fmt.Fprintf(out, "dptrain: %d steps in %.3fs, %.3f ms/step\n", cfg.Steps, elapsed.Seconds(),
-			float64(elapsed.Microseconds())/1e3/float64(cfg.Steps))
+	if n := cfg.Steps - first; n > 0 {
+		fmt.Fprintf(out, "dptrain: %d steps in %.3fs, %.3f ms/step\n", n, elapsed.Seconds(),
+			float64(elapsed.Microseconds())/1e3/float64(n))
+	}
+	if t.prot != nil && cfg.Steps > first {
+		st := t.prot.Stats()
+		n := time.Duration(max(st.Stages, 1))
+		fmt.Fprintf(out, "dptrain: protection per step: copy %v, commit %v, overwrite-rule wait %v, trainer wait %v\n",
+			(st.Copy / n).Round(time.Microsecond), (st.Commit / n).Round(time.Microsecond),
+			(st.RuleWait / n).Round(time.Microsecond), (st.Wait / n).Round(time.Microsecond))
 	}
 	fmt.Fprintf(out, "params sha256 %x\n", res.ParamsHash)
 	fmt.Fprintf(out, "optimizer sha256 %x\n", res.OptimizerHash)
@@ -256,10 +297,22 @@ func (t *trainer) step(ctx context.Context, s int) (loss float64, logged bool, e
 			return 0, false, err
 		}
 	}
+	if t.prot != nil {
+		// The one synchronization with the state protection: step s-1's
+		// state must be in its slot before this update changes it.
+		if err := t.prot.Wait(); err != nil {
+			return 0, false, fmt.Errorf("state protection: %w", err)
+		}
+	}
 	adamUpdate(t.master, t.m, t.v, t.g, cfg.Adam.consts(s+1))
 	copy(t.params[t.lo:t.hi], t.master)
 	if err := t.allgatherParams(ctx); err != nil {
 		return 0, false, err
+	}
+	if t.prot != nil {
+		if err := t.stage(s); err != nil {
+			return 0, false, fmt.Errorf("state protection: %w", err)
+		}
 	}
 	return loss, logged, nil
 }

@@ -17,7 +17,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -85,6 +84,19 @@ type agent struct {
 	socks    *rankSockets       // the ranks' GORUN_SOCKETs, once started
 	fenceSub *nats.Subscription // the launcher's merged fences
 	seq      uint64
+
+	replicaLn net.Listener // the replication listener, until protection owns it
+	prot      *protection  // state protection, once started
+
+	// Restart in place (wire.OpRestart): the generation running, the
+	// restart waiting for the old ranks to end and for its epoch's table,
+	// and the newest table.
+	gen     uint64
+	restart *wire.Control
+	table   *wire.EpochTable
+	env     []string   // the ranks' base environment
+	genv    [][]string // each local rank's GPU environment
+	tmp     string     // the ranks' TMPDIR
 }
 
 // Run runs the agent until the launcher tells it to exit, the launcher is
@@ -161,11 +173,21 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if addr == "" {
 		addr = "127.0.0.1"
 	}
+	rln, rport, err := listenReplicas(addr)
+	if err != nil {
+		a.log.Warn("state protection cannot replicate to this host", "err", err)
+	}
+	a.replicaLn = rln
+	defer func() {
+		if a.replicaLn != nil {
+			a.replicaLn.Close()
+		}
+	}()
 	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer rcancel()
 	a.spec, err = rv.Register(rctx, &wire.Register{
 		Version: wire.Version, Job: cfg.Job, Host: cfg.Host, Name: cfg.Name,
-		Addr: addr, MasterPort: freePort(addr), Pid: os.Getpid(),
+		Addr: addr, MasterPort: freePort(addr), ReplicaPort: rport, Pid: os.Getpid(),
 	})
 	rcancel()
 	if errors.Is(err, comm.ErrJobStopped) {
@@ -338,6 +360,8 @@ func (a *agent) control(c *wire.Control) {
 		a.stop(syscall.Signal(c.Signal), c.Grace)
 	case wire.OpKill:
 		a.signalAll(syscall.SIGKILL, true)
+	case wire.OpRestart:
+		a.beginRestart(c)
 	}
 }
 
@@ -414,20 +438,17 @@ func (a *agent) start(t *wire.EpochTable) error {
 		}
 	}
 	places := t.Placements()[a.cfg.Host]
-	env := baseEnv(os.Environ(), a.spec.Env)
+	a.env = baseEnv(os.Environ(), a.spec.Env)
+	a.tmp = tmp
+	a.table = t
 	// Every rank's GPUs first: a host without enough fails before any
 	// rank starts.
-	genv := make([][]string, len(places))
+	a.genv = make([][]string, len(places))
 	for i, pl := range places {
-		if genv[i], err = a.gpus.env(a.spec, pl); err != nil {
+		if a.genv[i], err = a.gpus.env(a.spec, pl); err != nil {
 			return err
 		}
 	}
-	a.ranks = make([]*rankProc, len(places))
-	for i, pl := range places {
-		a.ranks[i] = &rankProc{place: pl}
-	}
-	a.running = len(places)
 	a.socks = newRankSockets(a, t, len(places))
 	fsub, err := a.ctl.Subscribe(a.subj.Fence, a.socks.fenceDone)
 	if err != nil {
@@ -435,6 +456,36 @@ func (a *agent) start(t *wire.EpochTable) error {
 	}
 	fsub.SetPendingLimits(-1, -1)
 	a.fenceSub = fsub
+	prot, err := a.startProtection(t, a.replicaLn)
+	a.replicaLn = nil // protection owns it, or closed it
+	if err != nil {
+		return fmt.Errorf("state protection: %w", err)
+	}
+	a.prot = prot
+	a.socks.prot = prot.host
+	for _, pl := range places {
+		sock := filepath.Join(dir, "rank-"+strconv.Itoa(pl.Rank)+".sock")
+		if err := a.socks.listen(pl.Rank, sock); err != nil {
+			a.log.Warn("rank socket", "rank", pl.Rank, "err", err)
+		}
+	}
+	if err := a.launch(t); err != nil {
+		return err
+	}
+	if len(places) == 0 {
+		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+	}
+	return nil
+}
+
+// launch starts this host's ranks of table t, in restart generation a.gen.
+func (a *agent) launch(t *wire.EpochTable) error {
+	places := t.Placements()[a.cfg.Host]
+	a.ranks = make([]*rankProc, len(places))
+	for i, pl := range places {
+		a.ranks[i] = &rankProc{place: pl, gen: a.gen}
+	}
+	a.running = len(places)
 	// Starting a process is mostly waiting for the kernel to exec it, so
 	// several starts at once overlap that latency.
 	var g errgroup.Group
@@ -442,11 +493,9 @@ func (a *agent) start(t *wire.EpochTable) error {
 	for i, p := range a.ranks {
 		g.Go(func() error {
 			pl := p.place
-			sock := filepath.Join(dir, "rank-"+strconv.Itoa(pl.Rank)+".sock")
-			if err := a.socks.listen(pl.Rank, sock); err != nil {
-				a.log.Warn("rank socket", "rank", pl.Rank, "err", err)
-			}
-			renv := mergeEnv(rankEnv(env, a.spec, t, pl, sock, tmp), genv[i])
+			sock := filepath.Join(a.dir, "rank-"+strconv.Itoa(pl.Rank)+".sock")
+			renv := mergeEnv(rankEnv(a.env, a.spec, t, pl, sock, a.tmp), a.genv[i])
+			renv = mergeEnv(renv, restartEnv(a.gen, a.spec.MaxRestarts))
 			stdin := pl.Rank == a.spec.StdinRank
 			err := p.start(a.spec, renv, stdin, a.out, a.exits, a.done)
 			if stdin {
@@ -457,17 +506,11 @@ func (a *agent) start(t *wire.EpochTable) error {
 				return nil
 			}
 			a.gpus.pin(a, pl.Rank, p.pid)
-			a.event(&wire.Event{Kind: wire.EventStarted, Host: a.cfg.Host, Rank: pl.Rank, Pid: p.pid})
+			a.event(&wire.Event{Kind: wire.EventStarted, Host: a.cfg.Host, Rank: pl.Rank, Pid: p.pid, Gen: p.gen})
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return err
-	}
-	if len(places) == 0 {
-		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
-	}
-	return nil
+	return g.Wait()
 }
 
 // onStdin writes the launcher's stdin into the pipe of the rank that
@@ -508,6 +551,11 @@ func (a *agent) newEpoch(t *wire.EpochTable) {
 	if a.socks != nil && a.cfg.Host < len(t.Hosts) {
 		a.socks.setEpoch(t, len(t.Placements()[a.cfg.Host]))
 	}
+	if a.prot != nil {
+		a.prot.setTable(t)
+	}
+	a.table = t
+	a.tryRestart()
 }
 
 // exited reports a rank's end; its output has been flushed before.
@@ -518,6 +566,10 @@ func (a *agent) exited(p *rankProc) {
 	a.log.Info("rank ended", "rank", e.Rank, "code", e.Code, "signal", e.Signal, "stopped", e.Stopped)
 	a.event(e)
 	if a.running == 0 {
+		if a.restart != nil {
+			a.tryRestart()
+			return
+		}
 		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
 	}
 }
@@ -561,6 +613,9 @@ wait:
 		a.socks.close(ctx)
 		cancel()
 	}
+	if a.prot != nil {
+		a.prot.close()
+	}
 	if a.out != nil {
 		a.out.Close()
 	}
@@ -569,26 +624,11 @@ wait:
 			a.log.Warn("cannot remove job directory", "err", err)
 		}
 	}
-	removeShm(a.cfg.Job, a.log)
+	if err := removeSlots(a.cfg.Job); err != nil {
+		a.log.Warn("cannot remove the job's protected state", "err", err)
+	}
 	if a.ctl != nil {
 		_ = a.ctl.FlushTimeout(2 * time.Second)
-	}
-}
-
-// removeShm removes the job's files under /dev/shm (their names start with
-// "gorun-<job>-").
-func removeShm(job string, log *slog.Logger) {
-	ents, err := os.ReadDir("/dev/shm")
-	if err != nil {
-		return
-	}
-	prefix := "gorun-" + job + "-"
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), prefix) {
-			if err := os.RemoveAll(filepath.Join("/dev/shm", e.Name())); err != nil {
-				log.Warn("cannot remove shared-memory file", "name", e.Name(), "err", err)
-			}
-		}
 	}
 }
 

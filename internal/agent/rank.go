@@ -31,7 +31,8 @@ const drainTimeout = time.Second
 // agent's loop, except stopped, which readers of the exit status share.
 type rankProc struct {
 	place   wire.Placement
-	pid     int // also the process group id
+	gen     uint64 // restart generation
+	pid     int    // also the process group id
 	stopped atomic.Bool
 	ended   bool // the loop has seen the exit
 
@@ -170,7 +171,7 @@ func (p *rankProc) signal(sig syscall.Signal) {
 
 // exitEvent describes the rank's end.
 func (p *rankProc) exitEvent(host int) *wire.Event {
-	e := &wire.Event{Kind: wire.EventExited, Host: host, Rank: p.place.Rank, Pid: p.pid, Stopped: p.stopped.Load()}
+	e := &wire.Event{Kind: wire.EventExited, Host: host, Rank: p.place.Rank, Pid: p.pid, Stopped: p.stopped.Load(), Gen: p.gen}
 	switch {
 	case p.startErr != nil:
 		switch {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/wire"
+	rsvc "github.com/gorun/gorun/rank"
 	"github.com/nats-io/nats.go"
 )
 
@@ -30,6 +31,11 @@ type rankSockets struct {
 	nc     *nats.Conn
 	subj   wire.Subjects
 	stop   chan struct{} // closed by close
+	// prot serves the state-protection requests (package rank), once
+	// started; ctx ends with close, for the requests that wait.
+	prot   *rsvc.Host
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	table []byte // encoded epoch table
 	epoch uint64
@@ -69,7 +75,9 @@ type hostFence struct {
 }
 
 func newRankSockets(a *agent, t *wire.EpochTable, local int) *rankSockets {
+	ctx, cancel := context.WithCancel(context.Background())
 	return &rankSockets{
+		ctx: ctx, cancel: cancel,
 		job: a.cfg.Job, host: a.cfg.Host, secret: a.cfg.Secret.Hex(), log: a.log,
 		nc: a.ctl.Conn, subj: a.subj, stop: make(chan struct{}),
 		table: t.Encode(), epoch: t.Epoch, local: local,
@@ -170,10 +178,27 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 	if err != nil {
 		return err
 	}
+	var prot *rsvc.Session // this connection's state-protection session
 	for {
 		typ, b, err := wire.ReadSock(c)
 		if err != nil {
 			return nil // the rank closed its end (or ended)
+		}
+		if rsvc.IsRequest(typ) {
+			if prot == nil && s.prot != nil {
+				prot = s.prot.Session(rank)
+			}
+			if prot == nil {
+				return s.refuse(ss, "state protection is not available on this host")
+			}
+			at, ans, err := prot.Handle(s.ctx, typ, b)
+			if err != nil {
+				return s.refuse(ss, err.Error())
+			}
+			if err := ss.write(at, ans); err != nil {
+				return err
+			}
+			continue
 		}
 		switch typ {
 		case wire.SockFence:
@@ -326,6 +351,7 @@ func (s *rankSockets) fenceDone(m *nats.Msg) {
 // close stops serving: listeners and connections are closed and the
 // serving goroutines waited for, at most until ctx ends.
 func (s *rankSockets) close(ctx context.Context) {
+	s.cancel()
 	s.mu.Lock()
 	if !s.closed {
 		close(s.stop)

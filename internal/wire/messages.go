@@ -66,7 +66,10 @@ type Register struct {
 	Name       string `json:"name"`  // host name as the launcher knows it
 	Addr       string `json:"addr"`  // IP address other hosts reach this host at
 	MasterPort int    `json:"mport"` // a free TCP port on this host, for MASTER_PORT
-	Pid        int    `json:"pid"`
+	// ReplicaPort is the port, on Addr, of this host's replication
+	// listener (state protection), or 0.
+	ReplicaPort int `json:"rport,omitempty"`
+	Pid         int `json:"pid"`
 }
 
 // DecodeRegister decodes and validates a Register.
@@ -84,6 +87,8 @@ func DecodeRegister(b []byte) (*Register, error) {
 		return nil, malformed("register: host index %d out of range", r.Host)
 	case r.MasterPort < 0 || r.MasterPort > 65535:
 		return nil, malformed("register: port %d out of range", r.MasterPort)
+	case r.ReplicaPort < 0 || r.ReplicaPort > 65535:
+		return nil, malformed("register: replica port %d out of range", r.ReplicaPort)
 	}
 	for _, s := range []string{r.Name, r.Addr} {
 		if err := checkString("register field", s); err != nil {
@@ -118,6 +123,12 @@ type JobSpec struct {
 	// GPUsPerRank is how many GPUs each local rank gets (0: one each,
 	// shared round-robin when ranks outnumber GPUs).
 	GPUsPerRank int `json:"gpr,omitempty"`
+	// Holders[r] are the ranks holding rank r's replicas (state
+	// protection; empty: none).
+	Holders [][]int `json:"holders,omitempty"`
+	// MaxRestarts is how many times the ranks may be restarted in place
+	// after a failure (--max-restarts).
+	MaxRestarts int `json:"maxrestarts,omitempty"`
 }
 
 // NoStdin is JobSpec.StdinRank when no rank reads the launcher's stdin.
@@ -212,6 +223,8 @@ type TableHost struct {
 	Name  string  `json:"n"`
 	Addr  string  `json:"a"`
 	Ranks RankSet `json:"r"` // in local-rank order
+	// ReplicaPort is the port of the host's replication listener, or 0.
+	ReplicaPort int `json:"rp,omitempty"`
 }
 
 // Validate checks the invariants of t.
@@ -239,6 +252,9 @@ func (t *EpochTable) Validate() error {
 		}
 		if err := checkString("host address", h.Addr); err != nil {
 			return err
+		}
+		if h.ReplicaPort < 0 || h.ReplicaPort > 65535 {
+			return malformed("epoch table host %d: replica port %d", i, h.ReplicaPort)
 		}
 		if err := h.Ranks.check(t.World); err != nil {
 			return fmt.Errorf("%w: epoch table host %d: %w", ErrMalformed, i, err)
@@ -342,9 +358,11 @@ type Event struct {
 	Signal int `json:"sig,omitempty"`
 	// Stopped is set when the rank ended after gorun asked it to stop, so its
 	// exit is not a failure of its own.
-	Stopped bool       `json:"stopped,omitempty"`
-	Msg     string     `json:"msg,omitempty"`
-	GPU     *GPUReport `json:"gpu,omitempty"` // EventGPU only
+	Stopped bool `json:"stopped,omitempty"`
+	// Gen is the restart generation of the rank process (0: the first).
+	Gen uint64     `json:"gen,omitempty"`
+	Msg string     `json:"msg,omitempty"`
+	GPU *GPUReport `json:"gpu,omitempty"` // EventGPU only
 }
 
 // DecodeEvent decodes and validates an Event.
@@ -420,6 +438,10 @@ const (
 	OpKill ControlOp = "kill"
 	// OpExit tells agents to clean up and exit; their ranks have ended.
 	OpExit ControlOp = "exit"
+	// OpRestart starts restart generation Gen: agents kill their ranks,
+	// discard protected steps after G, and start the ranks again in
+	// Epoch's table, where they restore step G.
+	OpRestart ControlOp = "restart"
 )
 
 // Control is broadcast by the launcher to every agent of the job.
@@ -427,6 +449,10 @@ type Control struct {
 	Op     ControlOp     `json:"op"`
 	Signal int           `json:"sig,omitempty"`
 	Grace  time.Duration `json:"grace,omitempty"`
+	// OpRestart only.
+	Gen   uint64 `json:"gen,omitempty"`
+	Epoch uint64 `json:"epoch,omitempty"`
+	G     int64  `json:"g,omitempty"`
 }
 
 // DecodeControl decodes and validates a Control.
@@ -443,6 +469,10 @@ func DecodeControl(b []byte) (*Control, error) {
 	case OpKill, OpExit:
 		if c.Signal != 0 {
 			return nil, malformed("control: %s takes no signal", c.Op)
+		}
+	case OpRestart:
+		if c.Signal != 0 || c.Gen == 0 || c.G < -1 || c.G > MaxStep {
+			return nil, malformed("control: restart generation %d from step %d", c.Gen, c.G)
 		}
 	default:
 		return nil, malformed("control: unknown op %q", truncate(string(c.Op)))

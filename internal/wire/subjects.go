@@ -23,6 +23,8 @@ type Subjects struct {
 	Heartbeat string // agent → launcher: Heartbeat
 	UpFence   string // agent → launcher: UpFence
 	Fence     string // launcher → agents: Fence, merged over the whole job
+	Progress  string // agent → launcher: UpProgress (state protection)
+	G         string // launcher → agents: GlobalStep
 	stdin     string // prefix of StdinTo
 }
 
@@ -73,6 +75,8 @@ func JobSubjects(id string) Subjects {
 		Heartbeat: p + "up.hb",
 		UpFence:   p + "up.fence",
 		Fence:     p + "fence",
+		Progress:  p + "up.progress",
+		G:         p + "g",
 		stdin:     p + "stdin.",
 	}
 }

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"unsafe"
+
+	"github.com/gorun/gorun/rank"
+)
+
+// protector is what the trainer needs from gorun's state protection;
+// *rank.Client implements it.
+type protector interface {
+	Restore(ctx context.Context) (*rank.Restored, error)
+	Stage(step int64, data map[string][][]byte) error
+	Wait() error
+	Stats() rank.Stats
+	Close() error
+}
+
+var _ protector = (*rank.Client)(nil)
+
+// metaSize is the meta region: magic, step, and a hash of what the state
+// depends on (so that a restart with other flags is refused, not resumed).
+const metaSize = 64
+
+var metaMagic = [8]byte{'d', 'p', 't', 'r', 'a', 'i', 'n', '1'}
+
+// regions are the rank's protected regions: its optimizer shard (m, v and
+// the master weights) and meta. The parameters are not protected: they
+// are the master weights of all shards, gathered again after a restore.
+func (t *trainer) regions() []rank.Region {
+	n := int64(len(t.master))
+	return []rank.Region{{Name: "optimizer", Size: 3 * 4 * n}, {Name: "meta", Size: metaSize}}
+}
+
+// stateKey identifies the run the state belongs to.
+func (t *trainer) stateKey() [32]byte {
+	c := t.cfg
+	return sha256.Sum256(fmt.Appendf(nil, "%d/%d/%d/%d/%+v/%d/%d/%v", c.Params, c.Seed, c.Batch, c.Compute, c.Adam, t.rank, t.size, t.bounds))
+}
+
+// stage protects the state after step s (in the background: Wait before
+// the next update).
+func (t *trainer) stage(s int) error {
+	if t.meta == nil {
+		t.meta = make([]byte, metaSize)
+	}
+	copy(t.meta, metaMagic[:])
+	binary.LittleEndian.PutUint64(t.meta[8:], uint64(s))
+	k := t.stateKey()
+	copy(t.meta[16:], k[:])
+	return t.prot.Stage(int64(s), map[string][][]byte{
+		"optimizer": {float32Bytes(t.m), float32Bytes(t.v), float32Bytes(t.master)},
+		"meta":      {t.meta},
+	})
+}
+
+// restore resumes from the protected state, if there is one, and returns
+// the first step to run.
+func (t *trainer) restore(ctx context.Context) (int, error) {
+	r, err := t.prot.Restore(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("restoring: %w", err)
+	}
+	if r.Step < 0 {
+		return 0, nil
+	}
+	meta, opt := r.Regions["meta"], r.Regions["optimizer"]
+	n := len(t.master)
+	switch {
+	case len(meta) != metaSize || string(meta[:8]) != string(metaMagic[:]):
+		return 0, fmt.Errorf("restoring: the protected meta region is not dptrain's")
+	case binary.LittleEndian.Uint64(meta[8:]) != uint64(r.Step):
+		return 0, fmt.Errorf("restoring: meta says step %d, the service step %d", binary.LittleEndian.Uint64(meta[8:]), r.Step)
+	case len(opt) != 12*n:
+		return 0, fmt.Errorf("restoring: optimizer region of %d bytes, want %d", len(opt), 12*n)
+	}
+	if k := t.stateKey(); string(meta[16:48]) != string(k[:]) {
+		return 0, usageError("the protected state is from a run with other flags or another world; not resuming from it")
+	}
+	copy(float32Bytes(t.m), opt[:4*n])
+	copy(float32Bytes(t.v), opt[4*n:8*n])
+	copy(float32Bytes(t.master), opt[8*n:])
+	copy(t.params[t.lo:t.hi], t.master)
+	if err := t.allgatherParams(ctx); err != nil {
+		return 0, err
+	}
+	return int(r.Step) + 1, nil
+}
+
+// float32Bytes views x's memory as bytes (the host's byte order).
+func float32Bytes(x []float32) []byte {
+	if len(x) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), 4*len(x))
+}

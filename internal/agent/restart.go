@@ -1,0 +1,61 @@
+package agent
+
+import (
+	"strconv"
+	"syscall"
+
+	"github.com/gorun/gorun/internal/wire"
+)
+
+// Restart in place (torchrun's --max-restarts): when a rank fails and the
+// job has restarts left, the launcher tells every agent to restart its
+// ranks in a new generation and epoch. The agent kills its ranks, and once
+// all have ended and the new epoch's table is here, has the state
+// protection discard the steps after G (the step every rank resumes from)
+// and starts the ranks again, with the generation in GORUN_RESTART_COUNT.
+
+// beginRestart handles an OpRestart.
+func (a *agent) beginRestart(c *wire.Control) {
+	if a.stopped || c.Gen <= a.gen || a.restart != nil && c.Gen <= a.restart.Gen {
+		return
+	}
+	a.log.Info("restarting the ranks", "generation", c.Gen, "epoch", c.Epoch, "from step", c.G)
+	a.restart = c
+	a.signalAll(syscall.SIGKILL, true)
+	a.tryRestart()
+}
+
+// tryRestart starts the pending restart's ranks once the old ones ended
+// and its table arrived.
+func (a *agent) tryRestart() {
+	r := a.restart
+	if r == nil || a.running > 0 || a.table == nil || a.table.Epoch < r.Epoch || a.ranks == nil {
+		return
+	}
+	a.restart = nil
+	if a.stopped {
+		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+		return
+	}
+	a.gen = r.Gen
+	if a.prot != nil {
+		if err := a.prot.host.Restart(r.Gen, r.G); err != nil {
+			a.log.Error("state protection cannot restart", "err", err)
+			a.event(&wire.Event{Kind: wire.EventAgentError, Host: a.cfg.Host, Rank: -1, Msg: "state protection cannot restart: " + err.Error()})
+			return
+		}
+	}
+	if err := a.launch(a.table); err != nil {
+		a.event(&wire.Event{Kind: wire.EventAgentError, Host: a.cfg.Host, Rank: -1, Msg: err.Error()})
+	}
+}
+
+// restartEnv is the restart part of a rank's environment.
+func restartEnv(gen uint64, maxRestarts int) []string {
+	g := strconv.FormatUint(gen, 10)
+	return []string{
+		wire.EnvRestartCount + "=" + g,
+		wire.EnvTorchRestartCount + "=" + g,
+		wire.EnvTorchMaxRestarts + "=" + strconv.Itoa(maxRestarts),
+	}
+}

@@ -1,0 +1,68 @@
+package wire
+
+// MaxStep bounds protected step numbers (exact in a float64, as in JSON).
+const MaxStep = 1<<53 - 1
+
+// RankProgress is one rank's state-protection progress (see package
+// rank): the newest step committed on its host, and the newest committed
+// there and at every replica holder; -1 for none.
+type RankProgress struct {
+	Rank       int   `json:"r"`
+	Committed  int64 `json:"c"`
+	Replicated int64 `json:"p"`
+	Stages     int64 `json:"n,omitempty"`
+	WaitNS     int64 `json:"w,omitempty"`
+}
+
+// UpProgress is an agent's report of its ranks' progress, sent when it
+// changes (coalesced): one message per host, whatever its ranks.
+type UpProgress struct {
+	Host  int            `json:"h"`
+	Gen   uint64         `json:"gen"`
+	Ranks []RankProgress `json:"ranks"`
+}
+
+// DecodeUpProgress decodes and validates an UpProgress.
+func DecodeUpProgress(b []byte) (*UpProgress, error) {
+	var u UpProgress
+	if err := decode(b, &u, "progress"); err != nil {
+		return nil, err
+	}
+	if u.Host < 0 || u.Host >= MaxHosts {
+		return nil, malformed("progress: host %d out of range", u.Host)
+	}
+	if len(u.Ranks) > MaxWorld {
+		return nil, malformed("progress: %d ranks", len(u.Ranks))
+	}
+	for _, r := range u.Ranks {
+		switch {
+		case r.Rank < 0 || r.Rank >= MaxWorld:
+			return nil, malformed("progress: rank %d out of range", r.Rank)
+		case r.Committed < -1 || r.Committed > MaxStep || r.Replicated < -1 || r.Replicated > r.Committed:
+			return nil, malformed("progress: rank %d steps %d/%d", r.Rank, r.Committed, r.Replicated)
+		case r.Stages < 0 || r.WaitNS < 0:
+			return nil, malformed("progress: rank %d counters", r.Rank)
+		}
+	}
+	return &u, nil
+}
+
+// GlobalStep is G, the globally recoverable step, that the launcher
+// publishes when it advances: every rank has step G committed locally and
+// at all its replica holders.
+type GlobalStep struct {
+	Gen uint64 `json:"gen"`
+	G   int64  `json:"g"`
+}
+
+// DecodeGlobalStep decodes and validates a GlobalStep.
+func DecodeGlobalStep(b []byte) (*GlobalStep, error) {
+	var g GlobalStep
+	if err := decode(b, &g, "global step"); err != nil {
+		return nil, err
+	}
+	if g.G < -1 || g.G > MaxStep {
+		return nil, malformed("global step %d out of range", g.G)
+	}
+	return &g, nil
+}

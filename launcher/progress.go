@@ -1,0 +1,119 @@
+package launcher
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gorun/gorun/internal/wire"
+)
+
+// progress aggregates the agents' state-protection reports into G, the
+// globally recoverable step (DESIGN.md §5): the minimum over ranks of the
+// newest step committed on the rank's host and at all its replica holders.
+// Each report covers one host's ranks, so an update costs O(ranks of the
+// host + hosts), not O(world).
+type progress struct {
+	mu        sync.Mutex
+	gen       uint64
+	ranks     []wire.RankProgress // by rank
+	hostRanks [][]int             // the ranks of each host
+	rankHost  []int
+	hostMin   []int64 // per host: the minimum Replicated of its ranks
+	g         int64
+	publish   func(*wire.GlobalStep)
+}
+
+func newProgress(hostRanks [][]int, rankHost []int, publish func(*wire.GlobalStep)) *progress {
+	p := &progress{hostRanks: hostRanks, rankHost: rankHost, g: -1, publish: publish,
+		ranks: make([]wire.RankProgress, len(rankHost)), hostMin: make([]int64, len(hostRanks))}
+	for r := range p.ranks {
+		p.ranks[r] = wire.RankProgress{Rank: r, Committed: -1, Replicated: -1}
+	}
+	for h := range p.hostMin {
+		p.hostMin[h] = -1
+	}
+	return p
+}
+
+// handle takes one host's report. It returns an error for a report that
+// names ranks of another host.
+func (p *progress) handle(u *wire.UpProgress) error {
+	if u.Host >= len(p.hostRanks) {
+		return fmt.Errorf("progress from host %d of %d", u.Host, len(p.hostRanks))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if u.Gen != p.gen {
+		return nil // from before a restart
+	}
+	for _, r := range u.Ranks {
+		if r.Rank >= len(p.rankHost) || p.rankHost[r.Rank] != u.Host {
+			return fmt.Errorf("host %d reported rank %d, which is not its own", u.Host, r.Rank)
+		}
+	}
+	for _, r := range u.Ranks {
+		p.ranks[r.Rank] = r
+	}
+	m := int64(wire.MaxStep)
+	for _, r := range p.hostRanks[u.Host] {
+		m = min(m, p.ranks[r].Replicated)
+	}
+	p.hostMin[u.Host] = m
+	g := slices.Min(p.hostMin)
+	if g > p.g {
+		p.g = g
+		p.publish(&wire.GlobalStep{Gen: p.gen, G: g})
+	}
+	return nil
+}
+
+// restart begins generation gen: G stays where it is (every rank resumes
+// from it), and what was reported beyond it is forgotten.
+func (p *progress) restart(gen uint64) int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.gen = gen
+	for i := range p.ranks {
+		r := &p.ranks[i]
+		r.Committed, r.Replicated = min(r.Committed, p.g), min(r.Replicated, p.g)
+	}
+	for h := range p.hostMin {
+		p.hostMin[h] = min(p.hostMin[h], p.g)
+	}
+	return p.g
+}
+
+// G returns the globally recoverable step, or -1.
+func (p *progress) G() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.g
+}
+
+// used reports whether any rank protects its state.
+func (p *progress) used() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range p.ranks {
+		if r.Committed >= 0 || r.Stages > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// table describes every rank's protection, for -v.
+func (p *progress) table() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "state protection: G = %d (the step every rank can resume from)\n", p.g)
+	fmt.Fprintf(&b, "  %6s %10s %10s %8s %12s\n", "rank", "committed", "replicated", "stages", "rule wait")
+	for _, r := range p.ranks {
+		fmt.Fprintf(&b, "  %6d %10d %10d %8d %12v\n", r.Rank, r.Committed, r.Replicated, r.Stages, time.Duration(r.WaitNS).Round(time.Microsecond))
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}
