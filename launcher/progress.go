@@ -111,9 +111,14 @@ func (p *progress) table() string {
 	defer p.mu.Unlock()
 	var b strings.Builder
 	fmt.Fprintf(&b, "state protection: G = %d (the step every rank can resume from)\n", p.g)
-	fmt.Fprintf(&b, "  %6s %10s %10s %8s %12s\n", "rank", "committed", "replicated", "stages", "rule wait")
+	fmt.Fprintf(&b, "  %6s %10s %10s %8s %12s %12s %10s\n", "rank", "committed", "replicated", "stages", "rule wait", "repl/step", "repl MB/s")
 	for _, r := range p.ranks {
-		fmt.Fprintf(&b, "  %6d %10d %10d %8d %12v\n", r.Rank, r.Committed, r.Replicated, r.Stages, time.Duration(r.WaitNS).Round(time.Microsecond))
+		per, rate := "-", "-"
+		if r.ReplSteps > 0 && r.ReplNS > 0 {
+			per = (time.Duration(r.ReplNS) / time.Duration(r.ReplSteps)).Round(time.Microsecond).String()
+			rate = fmt.Sprintf("%.0f", float64(r.ReplBytes)/1e6/(float64(r.ReplNS)/1e9))
+		}
+		fmt.Fprintf(&b, "  %6d %10d %10d %8d %12v %12s %10s\n", r.Rank, r.Committed, r.Replicated, r.Stages, time.Duration(r.WaitNS).Round(time.Microsecond), per, rate)
 	}
 	return strings.TrimSuffix(b.String(), "\n")
 }

@@ -51,6 +51,12 @@ type Progress struct {
 	Replicated int64 // newest step committed locally and at every holder, or -1
 	Stages     int64 // Stage requests served
 	WaitNS     int64 // their total wait at the overwrite rule
+	// Replication: steps sent to every holder, the time that took
+	// (from the first byte to the last acknowledgement) and the bytes
+	// sent, summed over holders.
+	ReplSteps int64
+	ReplNS    int64
+	ReplBytes int64
 }
 
 // Host is the state protection of one host: a service per local rank and

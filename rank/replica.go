@@ -551,6 +551,7 @@ func (r *replicator) send(ctx context.Context, step int64) error {
 	// waited for this send: its views are stable here.
 	gen := s.h.Gen()
 	holders := s.h.holders(s.rank)
+	start := time.Now()
 	errs := make([]error, len(holders))
 	var wg sync.WaitGroup
 	for i, hr := range holders {
@@ -565,6 +566,13 @@ func (r *replicator) send(ctx context.Context, step int64) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	var n int64
+	for _, e := range t {
+		n += e.size
+	}
+	s.replSteps.Add(1)
+	s.replNS.Add(int64(time.Since(start)))
+	s.replBytes.Add(n * int64(len(holders)))
 	for {
 		old := s.replicated.Load()
 		if step <= old || s.replicated.CompareAndSwap(old, step) {

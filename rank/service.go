@@ -48,6 +48,9 @@ type service struct {
 	replicated atomic.Int64
 	stages     atomic.Int64
 	waitNS     atomic.Int64
+	replSteps  atomic.Int64
+	replNS     atomic.Int64
+	replBytes  atomic.Int64
 
 	rep replicator // this rank's outgoing replication (replica.go)
 }
@@ -64,7 +67,8 @@ func (s *service) progress() Progress {
 	c := s.committed
 	s.mu.Unlock()
 	r := s.replicated.Load()
-	return Progress{Rank: s.rank, Committed: c, Replicated: r, Stages: s.stages.Load(), WaitNS: s.waitNS.Load()}
+	return Progress{Rank: s.rank, Committed: c, Replicated: r, Stages: s.stages.Load(), WaitNS: s.waitNS.Load(),
+		ReplSteps: s.replSteps.Load(), ReplNS: s.replNS.Load(), ReplBytes: s.replBytes.Load()}
 }
 
 // Session is one connection's use of a rank's service: requests other

@@ -118,7 +118,8 @@ func (p *protection) publish() {
 		gen, ps := p.host.Progress()
 		u := &wire.UpProgress{Host: a.cfg.Host, Gen: gen, Ranks: make([]wire.RankProgress, len(ps))}
 		for i, q := range ps {
-			u.Ranks[i] = wire.RankProgress{Rank: q.Rank, Committed: q.Committed, Replicated: q.Replicated, Stages: q.Stages, WaitNS: q.WaitNS}
+			u.Ranks[i] = wire.RankProgress{Rank: q.Rank, Committed: q.Committed, Replicated: q.Replicated, Stages: q.Stages, WaitNS: q.WaitNS,
+				ReplSteps: q.ReplSteps, ReplNS: q.ReplNS, ReplBytes: q.ReplBytes}
 		}
 		if err := a.ctl.Publish(a.subj.Progress, wire.Marshal(u)); err != nil {
 			a.log.Warn("cannot report protection progress", "err", err)

@@ -12,6 +12,10 @@ type RankProgress struct {
 	Replicated int64 `json:"p"`
 	Stages     int64 `json:"n,omitempty"`
 	WaitNS     int64 `json:"w,omitempty"`
+	// Replication: steps sent to all holders, time and bytes.
+	ReplSteps int64 `json:"rs,omitempty"`
+	ReplNS    int64 `json:"rt,omitempty"`
+	ReplBytes int64 `json:"rb,omitempty"`
 }
 
 // UpProgress is an agent's report of its ranks' progress, sent when it
@@ -40,7 +44,7 @@ func DecodeUpProgress(b []byte) (*UpProgress, error) {
 			return nil, malformed("progress: rank %d out of range", r.Rank)
 		case r.Committed < -1 || r.Committed > MaxStep || r.Replicated < -1 || r.Replicated > r.Committed:
 			return nil, malformed("progress: rank %d steps %d/%d", r.Rank, r.Committed, r.Replicated)
-		case r.Stages < 0 || r.WaitNS < 0:
+		case r.Stages < 0 || r.WaitNS < 0 || r.ReplSteps < 0 || r.ReplNS < 0 || r.ReplBytes < 0:
 			return nil, malformed("progress: rank %d counters", r.Rank)
 		}
 	}
