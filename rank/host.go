@@ -123,7 +123,7 @@ func (h *Host) Session(rank int) *Session {
 	if s == nil {
 		return nil
 	}
-	return &Session{svc: s}
+	return &Session{svc: s, gen: h.Gen()}
 }
 
 // SetG records a newer globally recoverable step (older ones are ignored)
@@ -173,14 +173,22 @@ func (h *Host) Gen() uint64 {
 	return h.gen
 }
 
-// waitG waits until g ≥ step, ctx ends or the host stops.
-func (h *Host) waitG(ctx context.Context, step int64) error {
+// errRestarted: the ranks were restarted since the session began (its
+// rank process is gone).
+var errRestarted = errors.New("the ranks were restarted since this session began")
+
+// waitG waits until g ≥ step in generation gen, ctx ends, the host stops
+// or a restart begins another generation.
+func (h *Host) waitG(ctx context.Context, gen uint64, step int64) error {
 	h.waiters.Add(1)
 	defer h.waiters.Add(-1)
 	for {
 		h.gmu.Lock()
-		g, wake := h.g, h.gwake
+		g, wake, cur := h.g, h.gwake, h.gen
 		h.gmu.Unlock()
+		if cur != gen {
+			return errRestarted
+		}
 		if g >= step {
 			return nil
 		}

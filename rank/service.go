@@ -75,6 +75,7 @@ func (s *service) progress() Progress {
 // than ProtectHello are refused until it has said ProtectHello.
 type Session struct {
 	svc   *service
+	gen   uint64 // the restart generation it belongs to
 	hello bool
 }
 
@@ -89,6 +90,11 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 	}
 	s.reqMu.Lock()
 	defer s.reqMu.Unlock()
+	if ss.gen != s.h.Gen() {
+		// A session of a rank process that a restart replaced: whatever
+		// it asks must not touch the new generation's state.
+		return 0, nil, errRestarted
+	}
 	switch typ {
 	case TypeProtectHello:
 		var req ProtectHello
@@ -117,12 +123,12 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 			if req.N != 0 {
 				return 0, nil, errors.New("stage: unexpected field n")
 			}
-			return TypeStaged, s.stage(ctx, req.Step), nil
+			return TypeStaged, s.stage(ctx, ss.gen, req.Step), nil
 		case TypeCommit:
 			if req.N != 0 {
 				return 0, nil, errors.New("commit: unexpected field n")
 			}
-			return TypeCommitted, s.commit(req.Step), nil
+			return TypeCommitted, s.commit(ss.gen, req.Step), nil
 		default:
 			if req.N < 0 || req.N > MaxGradient {
 				return 0, nil, fmt.Errorf("gradient: %d elements out of range", req.N)
@@ -243,7 +249,7 @@ func (s *service) welcome() *ProtectWelcome {
 }
 
 // stage applies the overwrite rule, then marks the slot to write.
-func (s *service) stage(ctx context.Context, step int64) *Staged {
+func (s *service) stage(ctx context.Context, gen uint64, step int64) *Staged {
 	s.mu.Lock()
 	if step <= s.committed {
 		s.mu.Unlock()
@@ -257,7 +263,7 @@ func (s *service) stage(ctx context.Context, step int64) *Staged {
 	s.mu.Unlock()
 	start := time.Now()
 	if mustWait {
-		if err := s.h.waitG(ctx, newest); err != nil {
+		if err := s.h.waitG(ctx, gen, newest); err != nil {
 			return &Staged{Step: step, Err: fmt.Sprintf("waiting for step %d to be recoverable everywhere: %v", newest, err)}
 		}
 	}
@@ -266,6 +272,9 @@ func (s *service) stage(ctx context.Context, step int64) *Staged {
 	defer s.mu.Unlock()
 	if s.slots == nil {
 		return &Staged{Step: step, Err: ErrStopping.Error()}
+	}
+	if s.h.Gen() != gen || step <= s.committed {
+		return &Staged{Step: step, Err: "the ranks were restarted, or the step committed, while this stage waited"}
 	}
 	st, err := s.slots.Stage(uint64(step))
 	if err != nil {
@@ -284,7 +293,7 @@ func (s *service) stage(ctx context.Context, step int64) *Staged {
 
 // commit checksums and commits the staged step, then hands it to the
 // replicator.
-func (s *service) commit(step int64) *Committed {
+func (s *service) commit(gen uint64, step int64) *Committed {
 	s.mu.Lock()
 	st := s.staged
 	if st == nil || int64(st.Step()) != step {
@@ -300,6 +309,12 @@ func (s *service) commit(step int64) *Committed {
 		return &Committed{Step: step, Err: err.Error()}
 	}
 	s.mu.Lock()
+	if s.h.Gen() != gen {
+		// A restart truncated the slots meanwhile (and failed or undid
+		// this commit there).
+		s.mu.Unlock()
+		return &Committed{Step: step, Err: errRestarted.Error()}
+	}
 	slot := st.Slot()
 	s.slotStep[slot] = step
 	s.sums[slot] = st.Sums()

@@ -133,6 +133,10 @@ func FuzzDecodeControl(f *testing.F) {
 				t.Fatalf("accepted %+v", c)
 			}
 		case wire.OpKill, wire.OpExit:
+		case wire.OpRestart:
+			if c.Gen == 0 || c.G < -1 || c.G > wire.MaxStep {
+				t.Fatalf("accepted %+v", c)
+			}
 		default:
 			t.Fatalf("accepted op %q", c.Op)
 		}
@@ -144,7 +148,38 @@ func FuzzDecodeControl(f *testing.F) {
 		wire.Marshal(&wire.Control{Op: wire.OpStop, Signal: 15, Grace: 10 * time.Second}),
 		wire.Marshal(&wire.Control{Op: wire.OpKill}),
 		wire.Marshal(&wire.Control{Op: wire.OpExit}),
+		wire.Marshal(&wire.Control{Op: wire.OpRestart, Gen: 1, Epoch: 1, G: 41}),
 		[]byte(`{"op":"stop","sig":65}`),
+		[]byte(`{"op":"restart","gen":0,"g":3}`),
+	)
+}
+
+func FuzzDecodeUpProgress(f *testing.F) {
+	fuzzJSON(f, wire.DecodeUpProgress, func(t *testing.T, u *wire.UpProgress) {
+		if u.Host < 0 || u.Host >= wire.MaxHosts || len(u.Ranks) > wire.MaxWorld {
+			t.Fatalf("accepted %+v", u)
+		}
+		for _, r := range u.Ranks {
+			if r.Rank < 0 || r.Rank >= wire.MaxWorld || r.Committed < -1 || r.Committed > wire.MaxStep ||
+				r.Replicated < -1 || r.Replicated > r.Committed || r.Stages < 0 || r.WaitNS < 0 {
+				t.Fatalf("accepted %+v", r)
+			}
+		}
+	},
+		wire.Marshal(&wire.UpProgress{Host: 1, Gen: 2, Ranks: []wire.RankProgress{{Rank: 2, Committed: 7, Replicated: 6, Stages: 8, WaitNS: 100}}}),
+		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":-1,"p":-1}]}`),
+		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":3,"p":4}]}`),
+	)
+}
+
+func FuzzDecodeGlobalStep(f *testing.F) {
+	fuzzJSON(f, wire.DecodeGlobalStep, func(t *testing.T, g *wire.GlobalStep) {
+		if g.G < -1 || g.G > wire.MaxStep {
+			t.Fatalf("accepted %+v", g)
+		}
+	},
+		wire.Marshal(&wire.GlobalStep{Gen: 1, G: 5}),
+		[]byte(`{"gen":0,"g":-2}`),
 	)
 }
 

@@ -1,0 +1,56 @@
+package launcher
+
+import (
+	"testing"
+
+	"github.com/gorun/gorun/internal/wire"
+)
+
+func TestProgressG(t *testing.T) {
+	// Ranks 0,1 on host 0; 2,3 on host 1.
+	var published []int64
+	p := newProgress([][]int{{0, 1}, {2, 3}}, []int{0, 0, 1, 1}, func(g *wire.GlobalStep) { published = append(published, g.G) })
+	rp := func(r int, c, rep int64) wire.RankProgress {
+		return wire.RankProgress{Rank: r, Committed: c, Replicated: rep}
+	}
+	steps := []struct {
+		u    wire.UpProgress
+		err  bool
+		want int64
+	}{
+		{wire.UpProgress{Host: 0, Ranks: []wire.RankProgress{rp(0, 3, 3), rp(1, 3, 2)}}, false, -1}, // host 1 not in yet
+		{wire.UpProgress{Host: 1, Ranks: []wire.RankProgress{rp(2, 4, 4), rp(3, 4, 4)}}, false, 2},
+		{wire.UpProgress{Host: 0, Ranks: []wire.RankProgress{rp(1, 4, 4)}}, false, 3},         // partial report
+		{wire.UpProgress{Host: 1, Ranks: []wire.RankProgress{rp(0, 9, 9)}}, true, 3},          // not its rank
+		{wire.UpProgress{Host: 2, Ranks: nil}, true, 3},                                       // no such host
+		{wire.UpProgress{Host: 0, Gen: 1, Ranks: []wire.RankProgress{rp(0, 9, 9)}}, false, 3}, // another generation
+		{wire.UpProgress{Host: 0, Ranks: []wire.RankProgress{rp(0, 5, 5), rp(1, 5, 5)}}, false, 4},
+	}
+	for i, s := range steps {
+		err := p.handle(&s.u)
+		if (err != nil) != s.err {
+			t.Fatalf("step %d: err %v, want error %v", i, err, s.err)
+		}
+		if g := p.G(); g != s.want {
+			t.Fatalf("step %d: G = %d, want %d", i, g, s.want)
+		}
+	}
+	if len(published) != 3 || published[0] != 2 || published[1] != 3 || published[2] != 4 {
+		t.Fatalf("published %v, want [2 3 4]", published)
+	}
+	// A restart keeps G; reports of the new generation start from it.
+	if g := p.restart(1); g != 4 {
+		t.Fatalf("restart returned %d", g)
+	}
+	if err := p.handle(&wire.UpProgress{Host: 0, Gen: 0, Ranks: []wire.RankProgress{rp(0, 9, 9), rp(1, 9, 9)}}); err != nil || p.G() != 4 {
+		t.Fatalf("an old generation's report moved G to %d (%v)", p.G(), err)
+	}
+	p.handle(&wire.UpProgress{Host: 0, Gen: 1, Ranks: []wire.RankProgress{rp(0, 5, 5), rp(1, 5, 5)}})
+	if p.G() != 4 {
+		t.Fatalf("G = %d with host 1 still at 4", p.G())
+	}
+	p.handle(&wire.UpProgress{Host: 1, Gen: 1, Ranks: []wire.RankProgress{rp(2, 5, 5), rp(3, 6, 5)}})
+	if p.G() != 5 {
+		t.Fatalf("G = %d, want 5", p.G())
+	}
+}
