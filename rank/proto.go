@@ -77,11 +77,11 @@ type GradientFile struct {
 
 // ProtectWelcome answers ProtectHello.
 type ProtectWelcome struct {
-	Version   int           `json:"v,omitempty"`
-	Job       string        `json:"job,omitempty"`
-	Rank      int           `json:"rank,omitempty"`
-	Replicas  int           `json:"replicas,omitempty"`
-	Regions   []RegionFile  `json:"regions,omitempty"`
+	Version   int           `json:"v"`
+	Job       string        `json:"job"`
+	Rank      int           `json:"rank"`
+	Replicas  int           `json:"replicas"`
+	Regions   []RegionFile  `json:"regions"`
 	Gradient  *GradientFile `json:"gradient,omitempty"`
 	Committed int64         `json:"committed"`
 	G         int64         `json:"g"`
@@ -122,7 +122,7 @@ type Empty struct{}
 type Restorable struct {
 	Step int64  `json:"step"`
 	Slot int    `json:"slot"`
-	Tier int    `json:"tier,omitempty"`
+	Tier int    `json:"tier"`
 	Err  string `json:"err,omitempty"`
 }
 
