@@ -206,7 +206,7 @@ func FuzzDecodeEpochTable(f *testing.F) {
 	} {
 		f.Add(tab.Encode())
 	}
-	f.Add([]byte{'T', 1})
+	f.Add([]byte{'T', 2})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		tab, err := wire.DecodeEpochTable(b)

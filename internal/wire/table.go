@@ -6,15 +6,15 @@ import (
 )
 
 // tableMagic starts every encoded epoch table; the second byte is the format version.
-var tableMagic = [2]byte{'T', 1}
+var tableMagic = [2]byte{'T', 2}
 
 // Encode encodes t in the compact binary form every agent of the job
 // receives (once per epoch, so at 10,000 hosts its size and decoding cost
 // matter: ranks are stored as ranges and nothing is escaped):
 //
-//	'T' 1 uvarint(version) uvarint(epoch) uvarint(world) str(job)
+//	'T' 2 uvarint(version) uvarint(epoch) uvarint(world) str(job)
 //	str(masterAddr) uvarint(masterPort) uvarint(nhosts)
-//	{ str(name) str(addr) uvarint(nranges) { uvarint(first) uvarint(count) uvarint(stride) }* }*
+//	{ str(name) str(addr) uvarint(replicaPort) uvarint(nranges) { uvarint(first) uvarint(count) uvarint(stride) }* }*
 //
 // where str is uvarint(len) followed by the bytes.
 func (t *EpochTable) Encode() []byte {
@@ -34,6 +34,7 @@ func (t *EpochTable) Encode() []byte {
 	for _, h := range t.Hosts {
 		b = appendStr(b, h.Name)
 		b = appendStr(b, h.Addr)
+		b = binary.AppendUvarint(b, uint64(h.ReplicaPort))
 		b = binary.AppendUvarint(b, uint64(len(h.Ranks)))
 		for _, r := range h.Ranks {
 			b = binary.AppendUvarint(b, uint64(r.First))
@@ -104,8 +105,8 @@ func DecodeEpochTable(b []byte) (*EpochTable, error) {
 	t.Job = r.str("job id")
 	t.MasterAddr = r.str("master address")
 	t.MasterPort = int(r.uvarint(65535, "master port"))
-	// Each host takes at least 3 bytes: bound the allocation by the input.
-	nhosts := r.uvarint(min(MaxHosts, uint64(len(r.b))/3), "host count")
+	// Each host takes at least 4 bytes: bound the allocation by the input.
+	nhosts := r.uvarint(min(MaxHosts, uint64(len(r.b))/4), "host count")
 	if r.err != nil {
 		return nil, r.err
 	}
@@ -114,6 +115,7 @@ func DecodeEpochTable(b []byte) (*EpochTable, error) {
 		h := &t.Hosts[i]
 		h.Name = r.str("host name")
 		h.Addr = r.str("host address")
+		h.ReplicaPort = int(r.uvarint(65535, "replica port"))
 		nr := r.uvarint(uint64(len(r.b))/3, "range count")
 		if r.err != nil {
 			return nil, r.err

@@ -65,6 +65,11 @@ func TestEpochTableRoundTrip(t *testing.T) {
 			t.MasterAddr, t.Hosts[0].Name, t.Hosts[0].Addr = longest, longest, longest
 			return t
 		}()},
+		{"replica ports", func() *wire.EpochTable {
+			t := clusterTable(3, 2, false)
+			t.Hosts[0].ReplicaPort, t.Hosts[2].ReplicaPort = 1, 65535
+			return t
+		}()},
 		{"binary strings", func() *wire.EpochTable {
 			t := table(1, []int{0})
 			t.Hosts[0].Name = "a\x00b\xff\"\\"
@@ -148,7 +153,7 @@ func TestEpochTableRejects(t *testing.T) {
 
 	valid := clusterTable(2, 2, false).Encode()
 	header := func(fields ...uint64) []byte {
-		b := []byte{'T', 1}
+		b := []byte{'T', 2}
 		for _, f := range fields {
 			b = binary.AppendUvarint(b, f)
 		}
@@ -161,15 +166,16 @@ func TestEpochTableRejects(t *testing.T) {
 		rejectCase{"bad magic", append([]byte{'J'}, valid[1:]...)},
 		rejectCase{"json", wire.Marshal(clusterTable(2, 2, false))},
 		rejectCase{"format 0", append([]byte{'T', 0}, valid[2:]...)},
-		rejectCase{"format 2", append([]byte{'T', 2}, valid[2:]...)},
+		rejectCase{"format 1 (without replica ports)", append([]byte{'T', 1}, valid[2:]...)},
+		rejectCase{"format 3", append([]byte{'T', 3}, valid[2:]...)},
 		rejectCase{"trailing byte", append(valid[:len(valid):len(valid)], 0)},
 		rejectCase{"varint overflow", append(header(1, 0), overflow...)},
 		rejectCase{"job longer than MaxStringLen", append(header(1, 0, 1, wire.MaxStringLen+1), tooLong...)},
 		rejectCase{"job length past end", append(header(1, 0, 1, 10), "job"...)},
 		rejectCase{"host count past input", append(appendStrs(header(1, 0, 1), "j", ""), 0, 50, 0, 0, 0)},
-		rejectCase{"host count past MaxHosts", append(binary.AppendUvarint(append(appendStrs(header(1, 0, 1), "j", ""), 0), wire.MaxHosts+1), make([]byte, 3*(wire.MaxHosts+1))...)},
-		rejectCase{"range count past input", append(appendStrs(header(1, 0, 1), "j", ""), 0, 1, 0, 0, 40, 0, 1, 1)},
-		rejectCase{"rank past MaxWorld", binary.AppendUvarint(append(appendStrs(header(1, 0, 1), "j", ""), 0, 1, 0, 0, 1, 0, 1), wire.MaxWorld+1)},
+		rejectCase{"host count past MaxHosts", append(binary.AppendUvarint(append(appendStrs(header(1, 0, 1), "j", ""), 0), wire.MaxHosts+1), make([]byte, 4*(wire.MaxHosts+1))...)},
+		rejectCase{"range count past input", append(appendStrs(header(1, 0, 1), "j", ""), 0, 1, 0, 0, 0, 40, 0, 1, 1)},
+		rejectCase{"rank past MaxWorld", binary.AppendUvarint(append(appendStrs(header(1, 0, 1), "j", ""), 0, 1, 0, 0, 0, 1, 0, 1), wire.MaxWorld+1)},
 	)
 	// Every proper prefix of a valid encoding is truncated.
 	for n := range len(valid) {
