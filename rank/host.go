@@ -240,9 +240,13 @@ func (h *Host) Close() error {
 	return errors.Join(errs...)
 }
 
-// RemoveFiles removes every slot file of the job on this host.
+// RemoveFiles removes the slot files of this host's ranks (after Close).
 func (h *Host) RemoveFiles() error {
-	return ckpt.RemoveJob(h.cfg.Job, ckpt.Options{Dir: h.cfg.Dir})
+	var errs []error
+	for _, r := range h.sortedRanks() {
+		errs = append(errs, ckpt.Remove(h.cfg.Job, r, ckpt.Options{Dir: h.cfg.Dir}))
+	}
+	return errors.Join(errs...)
 }
 
 func (h *Host) acceptLoop(ln net.Listener) {

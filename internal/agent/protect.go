@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 
@@ -136,7 +137,7 @@ func (p *protection) onG(m *nats.Msg) {
 	p.host.SetG(g.Gen, g.G)
 }
 
-// close stops the state protection and removes the job's slot files.
+// close stops the state protection and removes this host's slot files.
 func (p *protection) close() {
 	if p.gsub != nil {
 		_ = p.gsub.Unsubscribe()
@@ -146,9 +147,25 @@ func (p *protection) close() {
 	if err := p.host.Close(); err != nil {
 		p.a.log.Warn("closing state protection", "err", err)
 	}
+	if err := p.host.RemoveFiles(); err != nil {
+		p.a.log.Warn("cannot remove the ranks' protected state", "err", err)
+	}
 }
 
-// removeSlots removes every slot file of the job on this host.
-func removeSlots(job string) error {
-	return ckpt.RemoveJob(job, ckpt.Options{})
+// claimSlots sweeps the slot files that dead jobs left in /dev/shm (their
+// agents were killed before they could clean up), then claims this job's:
+// the last agent of the job on this machine to release the claim removes
+// whatever of the job's files is left.
+func claimSlots(job string, log *slog.Logger) *ckpt.Claim {
+	if swept, err := ckpt.Sweep(ckpt.Options{}); err != nil {
+		log.Warn("sweeping leftover protected state", "err", err)
+	} else if len(swept) > 0 {
+		log.Info("removed the protected state of ended jobs", "jobs", swept)
+	}
+	c, err := ckpt.ClaimJob(job, ckpt.Options{})
+	if err != nil {
+		log.Warn("cannot claim the job's protected state files", "err", err)
+		return nil
+	}
+	return c
 }

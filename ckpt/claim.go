@@ -1,0 +1,117 @@
+package ckpt
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// A Claim says that a job's slot files in a directory are in use: every
+// process that owns some of them (the job's agents on this machine; hosts
+// emulated by network namespaces share one /dev/shm) holds a shared
+// flock(2) on the job's lock file, gorun-<job>.lock, for as long as it
+// runs. The kernel drops the lock when the process dies, however it dies,
+// so the files of a job whose every owner is gone can be recognised, and
+// removed, by the next agent that sweeps the directory.
+type Claim struct {
+	f    *os.File
+	path string
+	job  string
+	dir  string
+}
+
+func lockName(job string) string { return filePrefix + job + ".lock" }
+
+// ClaimJob takes a shared claim on job's files in opt's directory.
+func ClaimJob(job string, opt Options) (*Claim, error) {
+	if err := checkIDs(job, 0); err != nil {
+		return nil, err
+	}
+	dir := opt.dir()
+	path := filepath.Join(dir, lockName(job))
+	for range 16 {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("ckpt: claiming job %s: %w", job, err)
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("ckpt: claiming job %s: %w", job, err)
+		}
+		// A sweeper may have removed the file between our open and our
+		// lock: the claim holds only if the name still leads to it.
+		if same(f, path) {
+			return &Claim{f: f, path: path, job: job, dir: dir}, nil
+		}
+		f.Close()
+	}
+	return nil, fmt.Errorf("ckpt: claiming job %s: its lock file keeps being replaced", job)
+}
+
+func same(f *os.File, path string) bool {
+	a, err1 := f.Stat()
+	b, err2 := os.Lstat(path)
+	return err1 == nil && err2 == nil && os.SameFile(a, b)
+}
+
+// Release drops the claim. If no other process holds one, the job's
+// remaining files and its lock file are removed, and last is true.
+func (c *Claim) Release() (last bool, err error) {
+	if c.f == nil {
+		return false, nil
+	}
+	defer func() { c.f.Close(); c.f = nil }()
+	fd := int(c.f.Fd())
+	// Converting the shared lock to an exclusive one, without waiting,
+	// succeeds only when no other process holds the job's lock.
+	if err := syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return false, nil
+		}
+		return false, fmt.Errorf("ckpt: releasing job %s: %w", c.job, err)
+	}
+	err = RemoveJob(c.job, Options{Dir: c.dir})
+	if rerr := os.Remove(c.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		err = errors.Join(err, rerr)
+	}
+	return true, err
+}
+
+// Sweep removes the files of every job in opt's directory whose lock file
+// nobody holds (its agents died without cleaning up, killed with SIGKILL,
+// say), and returns those jobs. Files of jobs without a lock file are
+// left alone.
+func Sweep(opt Options) ([]string, error) {
+	dir := opt.dir()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("ckpt: %w", err)
+	}
+	var swept []string
+	var errs []error
+	for _, e := range entries {
+		job, ok := strings.CutSuffix(strings.TrimPrefix(e.Name(), filePrefix), ".lock")
+		if !ok || !strings.HasPrefix(e.Name(), filePrefix) || !validJob(job) || !e.Type().IsRegular() {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		f, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOFOLLOW, 0)
+		if err != nil {
+			continue // gone meanwhile, or not ours
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil && same(f, path) {
+			if err := RemoveJob(job, Options{Dir: dir}); err != nil {
+				errs = append(errs, err)
+			}
+			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+			swept = append(swept, job)
+		}
+		f.Close()
+	}
+	return swept, errors.Join(errs...)
+}

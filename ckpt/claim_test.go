@@ -1,0 +1,85 @@
+package ckpt
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+func TestClaimAndSweep(t *testing.T) {
+	opt := Options{Dir: t.TempDir()}
+	mk := func(job string, rank int) {
+		t.Helper()
+		s, err := Create(job, rank, testRegions, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
+	exists := func(job string) bool {
+		_, err := os.Stat(filepath.Join(opt.Dir, hdrName(job, 0)))
+		return err == nil
+	}
+	// live: claimed by two owners (two agents of one job sharing the
+	// directory); dead: its lock file is there but nobody holds it;
+	// legacy: no lock file at all.
+	a, err := ClaimJob("live", opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ClaimJob("live", opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk("live", 0)
+	d, err := ClaimJob("dead", opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk("dead", 0)
+	d.f.Close() // as if its process died: the kernel drops the lock
+	d.f = nil
+	mk("legacy", 0)
+
+	swept, err := Sweep(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(swept, []string{"dead"}) {
+		t.Fatalf("swept %v, want [dead]", swept)
+	}
+	if !exists("live") || exists("dead") || !exists("legacy") {
+		t.Fatalf("after the sweep: live %v dead %v legacy %v", exists("live"), exists("dead"), exists("legacy"))
+	}
+	if _, err := os.Stat(filepath.Join(opt.Dir, lockName("dead"))); !os.IsNotExist(err) {
+		t.Fatalf("dead job's lock file: %v", err)
+	}
+	// The first owner to release leaves the files to the other.
+	if last, err := a.Release(); err != nil || last {
+		t.Fatalf("first Release = %v, %v; want not last", last, err)
+	}
+	if !exists("live") {
+		t.Fatal("the first release removed files another owner uses")
+	}
+	if last, err := b.Release(); err != nil || !last {
+		t.Fatalf("second Release = %v, %v; want last", last, err)
+	}
+	if exists("live") {
+		t.Fatal("the last release left the job's files")
+	}
+	if _, err := os.Stat(filepath.Join(opt.Dir, lockName("live"))); !os.IsNotExist(err) {
+		t.Fatalf("lock file after the last release: %v", err)
+	}
+	if last, err := b.Release(); last || err != nil {
+		t.Fatalf("Release twice = %v, %v", last, err)
+	}
+}
+
+func TestClaimBadJob(t *testing.T) {
+	for _, job := range []string{"", "-a", "A", "a.b", "a/b"} {
+		if _, err := ClaimJob(job, Options{Dir: t.TempDir()}); err == nil {
+			t.Errorf("ClaimJob(%q) accepted", job)
+		}
+	}
+}
