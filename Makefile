@@ -36,7 +36,7 @@ test: lint
 test-short:
 	$(GO) test -short $(PKGS)
 
-bench: bench-rendezvous bench-launch bench-comm bench-placement bench-replay
+bench: bench-rendezvous bench-launch bench-comm bench-placement bench-replay bench-protect
 
 # Launch-to-exit time against Open MPI and MPICH Hydra (installs them with apt-get if missing).
 bench-launch: build
@@ -64,6 +64,14 @@ bench-replay:
 	GOEXPERIMENT=simd $(GO) test -run '^$$' -bench 'BenchmarkCompress|BenchmarkExpandRange|BenchmarkStep' -benchtime 3x -timeout 30m ./replay/
 	GOEXPERIMENT=simd $(GO) test -run '^$$' -bench 'BenchmarkFusedKernel' -benchtime 2000x ./replay/
 	GOEXPERIMENT=simd $(GO) test -run '^$$' -bench 'BenchmarkReplay' -benchtime 3x -timeout 30m ./replay/
+
+# State protection: dptrain on 4 ranks over two namespace hosts (needs root
+# and ip netns), 256 MiB of optimizer state per rank, step time with --protect
+# --replicas 1 against without at --device-ms 500 and with CPU arithmetic
+# instead; staging, commit, replication and overwrite-rule wait per step, and
+# replication beside single-stream TCP (about 8 minutes).
+bench-protect: build
+	$(GO) run ./internal/benchprotect -gorun $(BIN)/gorun -dptrain $(BIN)/dptrain
 
 # Short fuzzing of every parser (go test -fuzz runs one target at a time).
 FUZZTIME ?= 20s

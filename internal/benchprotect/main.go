@@ -1,0 +1,337 @@
+// Command benchprotect measures what gorun's state protection costs a
+// training step: dptrain on 4 ranks over two namespace hosts, with 256 MiB
+// of optimizer state per rank, once without protection and once with
+// dptrain --protect (replicas 1), at emulated device time (--device-ms 500,
+// the host CPU idle meanwhile, as on a GPU node) and again with real CPU
+// arithmetic in its place. Run as root from the repository root after make
+// build (make bench-protect does both):
+//
+//	go run ./internal/benchprotect -gorun ./bin/gorun -dptrain ./bin/dptrain
+//
+// Every figure is printed beside a baseline measured in the same run: the
+// step time with protection against the step time without it, and the
+// replication's throughput against single-stream TCP between the same two
+// namespaces (and over 127.0.0.1). Step times are the intervals between
+// rank 0's "step N loss" lines (--log-every 1) as they arrive, after
+// -warmup untimed steps. The protection's parts per step (staging copy into
+// the shared-memory slot, commit with its CRC32C, the trainer's wait, the
+// wait at the overwrite rule, replication) come from dptrain's and gorun
+// -v's own counters.
+//
+// The hosts are network namespaces on a bridge (internal/testcluster);
+// they, and every process in them, are removed at the end, also after an
+// error or an interrupt. gorun -v's log of each run goes to a temporary
+// directory, kept (and named) only when something failed.
+//
+// It is a benchmark: a missed target is printed, not fatal. The exit
+// status is 1 if a run fails or the set-up does, 2 for bad flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+type config struct {
+	gorun, dptrain string
+	ranks, hosts   int
+	stateMiB       int
+	batch          int
+	deviceMs       int
+	cpuCompute     int
+	warmup, steps  int
+	tcpBytes       int64
+	tcpReps        int
+	timeout        time.Duration
+	stall          time.Duration
+	keepLogs       bool
+
+	// Helper modes: one end of a TCP stream inside a namespace (tcp.go).
+	tcpSink, tcpSource string
+}
+
+// parseFlags parses args, reporting any error on stderr.
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	var cfg config
+	fs := flag.NewFlagSet("benchprotect", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.gorun, "gorun", "./bin/gorun", "gorun binary")
+	fs.StringVar(&cfg.dptrain, "dptrain", "./bin/dptrain", "dptrain binary")
+	fs.IntVar(&cfg.ranks, "ranks", 4, "ranks, spread evenly over the hosts")
+	fs.IntVar(&cfg.hosts, "hosts", 2, "namespace hosts")
+	fs.IntVar(&cfg.stateMiB, "state-mib", 256, "optimizer state per rank in MiB (12 bytes per parameter of its shard)")
+	fs.IntVar(&cfg.batch, "batch", 0, "dptrain --batch (0: one sample per rank, the least CPU work)")
+	fs.IntVar(&cfg.deviceMs, "device-ms", 500, "dptrain --device-ms of the device-time runs")
+	fs.IntVar(&cfg.cpuCompute, "cpu-compute", 2, "dptrain --compute of the CPU-arithmetic runs (--device-ms 0); 0 skips them (2 adds about 250 ms of CPU per rank and step at 256 MiB: with 4 ranks on 2 CPUs, roughly the 500 ms of device time)")
+	fs.IntVar(&cfg.warmup, "warmup", 2, "untimed steps at the start of each run")
+	fs.IntVar(&cfg.steps, "steps", 10, "timed steps of each run")
+	fs.Int64Var(&cfg.tcpBytes, "tcp-bytes", 1<<30, "bytes per TCP throughput measurement")
+	fs.IntVar(&cfg.tcpReps, "tcp-reps", 3, "TCP throughput measurements per path (the median is printed)")
+	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Minute, "limit of each gorun run")
+	fs.DurationVar(&cfg.stall, "stall", 3*time.Minute, "stop a run when rank 0 prints nothing for this long")
+	fs.BoolVar(&cfg.keepLogs, "keep-logs", false, "keep gorun -v's logs even when every run succeeded")
+	fs.StringVar(&cfg.tcpSink, "tcp-sink", "", "(internal) receive one TCP stream on this address")
+	fs.StringVar(&cfg.tcpSource, "tcp-source", "", "(internal) send -tcp-bytes to this address")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if cfg.batch == 0 {
+		cfg.batch = cfg.ranks
+	}
+	var err error
+	switch {
+	case fs.NArg() > 0:
+		err = fmt.Errorf("benchprotect: unexpected argument %q", fs.Arg(0))
+	case cfg.hosts < 2 || cfg.ranks < cfg.hosts || cfg.ranks%cfg.hosts != 0:
+		err = errors.New("benchprotect: want 2 or more hosts and a multiple of them as -ranks")
+	case cfg.stateMiB < 1, cfg.batch < 1, cfg.deviceMs < 0, cfg.cpuCompute < 0:
+		err = errors.New("benchprotect: -state-mib and -batch must be positive, -device-ms and -cpu-compute not negative")
+	case cfg.warmup < 1 || cfg.steps < 1:
+		err = errors.New("benchprotect: -warmup and -steps must be at least 1")
+	case cfg.tcpBytes < 1 || cfg.tcpReps < 1 || cfg.timeout <= 0 || cfg.stall <= 0:
+		err = errors.New("benchprotect: -tcp-bytes, -tcp-reps, -timeout and -stall must be positive")
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+	}
+	return cfg, err
+}
+
+// params is dptrain's --params: stateMiB of optimizer state (m, v and the
+// master weights, 12 bytes per parameter) on each rank's shard.
+func (cfg *config) params() int64 {
+	return int64(cfg.ranks) * (int64(cfg.stateMiB) << 20 / 12)
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		return 2 // already reported
+	}
+	switch {
+	case cfg.tcpSink != "":
+		err = sinkMain(cfg.tcpSink, stdout)
+	case cfg.tcpSource != "":
+		err = sourceMain(cfg.tcpSource, cfg.tcpBytes, stdout)
+	default:
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+		defer stop()
+		b := &bench{cfg: cfg, out: stdout, log: stderr}
+		err = b.benchmark(ctx)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "benchprotect: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// variant is one pair of runs, without and with protection.
+type variant struct {
+	name            string
+	deviceMs        int
+	compute         int
+	base, protected *runResult
+}
+
+// bench holds one benchmark session.
+type bench struct {
+	cfg      config
+	out, log io.Writer
+	hosts    *cluster
+	hostfile string
+	logDir   string
+	failed   bool // keep the logs
+}
+
+func (b *bench) benchmark(ctx context.Context) (err error) {
+	cfg := &b.cfg
+	for _, p := range []*string{&cfg.gorun, &cfg.dptrain} {
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return err
+		}
+		if _, err := os.Stat(abs); err != nil {
+			return fmt.Errorf("%w (run make build first)", err)
+		}
+		*p = abs
+	}
+	if b.logDir, err = os.MkdirTemp("", "benchprotect-"); err != nil {
+		return err
+	}
+	defer func() {
+		if b.failed || err != nil || cfg.keepLogs {
+			fmt.Fprintf(b.log, "benchprotect: gorun -v logs kept in %s\n", b.logDir)
+		} else {
+			os.RemoveAll(b.logDir)
+		}
+	}()
+	start := time.Now()
+	p := cfg.params()
+	fmt.Fprintf(b.out, "benchprotect: dptrain on %d ranks, %d namespace hosts (%d ranks each), --params %d: %.1f MiB of optimizer state per rank, --batch %d, %d untimed + %d timed steps per run; %d CPUs\n",
+		cfg.ranks, cfg.hosts, cfg.ranks/cfg.hosts, p, float64(12*(p/int64(cfg.ranks)))/(1<<20), cfg.batch, cfg.warmup, cfg.steps, runtime.NumCPU())
+
+	b.hosts, err = newHosts(cfg.hosts, b.log)
+	defer func() {
+		if cerr := b.hosts.close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("removing the namespace hosts: %w", cerr))
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	if b.hostfile, err = b.hosts.writeHostfile(b.logDir, cfg.ranks/cfg.hosts); err != nil {
+		return err
+	}
+
+	lo, ho, err := b.tcpRates(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(b.out, "TCP, one stream of %.0f MiB, median of %d: 127.0.0.1 %.0f MB/s; host 0 -> host 1 over the bridge %.0f MB/s\n",
+		float64(cfg.tcpBytes)/(1<<20), cfg.tcpReps, lo, ho)
+
+	vs := []*variant{{name: fmt.Sprintf("device-ms %d", cfg.deviceMs), deviceMs: cfg.deviceMs, compute: 1}}
+	if cfg.cpuCompute > 0 {
+		vs = append(vs, &variant{name: fmt.Sprintf("CPU, compute %d", cfg.cpuCompute), compute: cfg.cpuCompute})
+	}
+	for _, v := range vs {
+		if v.base, err = b.runOnce(ctx, v, false); err != nil {
+			return err
+		}
+		if v.protected, err = b.runOnce(ctx, v, true); err != nil {
+			return err
+		}
+	}
+	b.report(vs, ho, lo)
+	fmt.Fprintf(b.out, "benchprotect: %.0f s in all\n", time.Since(start).Seconds())
+	return nil
+}
+
+// runResult is what one gorun run measured.
+type runResult struct {
+	steps  []time.Duration // timed steps
+	msStep float64         // dptrain's own ms/step over all its steps
+	client *clientStats    // rank 0's protection figures (with protection)
+	table  *protTable      // gorun -v's protection table (with protection)
+	wall   time.Duration
+}
+
+// runOnce runs dptrain once under gorun on the namespace hosts.
+func (b *bench) runOnce(ctx context.Context, v *variant, protect bool) (*runResult, error) {
+	cfg := &b.cfg
+	total := cfg.warmup + cfg.steps
+	name := strings.ReplaceAll(v.name, " ", "")
+	name = strings.ReplaceAll(name, ",", "-")
+	dp := []string{cfg.dptrain, "--params", strconv.FormatInt(cfg.params(), 10), "--steps", strconv.Itoa(total),
+		"--batch", strconv.Itoa(cfg.batch), "--compute", strconv.Itoa(v.compute), "--device-ms", strconv.Itoa(v.deviceMs),
+		"--log-every", "1", "--seed", "1"}
+	if protect {
+		dp = append(dp, "--protect")
+		name += "-protect"
+	}
+	args := append([]string{"-v", "--hostfile", b.hostfile, "--rsh", "ip netns exec", "--bind", b.hosts.BridgeAddr,
+		"-np", strconv.Itoa(cfg.ranks), "--replicas", "1", "--timeout", strconv.Itoa(int(cfg.timeout.Seconds())), "--"}, dp...)
+	logPath := filepath.Join(b.logDir, name+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	fmt.Fprintf(logf, "%s %s\n", cfg.gorun, strings.Join(args, " "))
+	fmt.Fprintf(b.log, "benchprotect: %s, protection %v: %d steps ...", v.name, protect, total)
+
+	// A job that stops making progress (replication that never succeeds
+	// holds every rank at the overwrite rule) is stopped.
+	rctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stall := time.AfterFunc(cfg.stall, func() { cancel(fmt.Errorf("rank 0 printed nothing for %v", cfg.stall)) })
+	defer stall.Stop()
+	cmd := exec.CommandContext(rctx, cfg.gorun, args...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) } // gorun stops the ranks
+	cmd.WaitDelay = 30 * time.Second
+	cmd.Stderr = logf
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	resc := make(chan stdoutResult, 1)
+	go func() {
+		resc <- readStdout(out, func() time.Time {
+			stall.Reset(cfg.stall)
+			return time.Now()
+		})
+	}()
+	res := <-resc
+	werr := cmd.Wait()
+	r := &runResult{msStep: res.msStep, client: res.client, wall: time.Since(start)}
+	fmt.Fprintf(b.log, " %.0f s\n", r.wall.Seconds())
+	logText, rerr := os.ReadFile(logPath)
+	var job string
+	r.table, job = parseTable(string(logText))
+	b.removeLeftovers(job)
+
+	fail := func(err error) (*runResult, error) {
+		b.failed = true
+		return nil, fmt.Errorf("%s, protection %v: %w\nlast lines of rank 0:\n  %s\ngorun's log: %s",
+			v.name, protect, err, strings.Join(res.lines, "\n  "), logPath)
+	}
+	switch {
+	case rctx.Err() != nil:
+		return fail(context.Cause(rctx))
+	case werr != nil:
+		return fail(fmt.Errorf("gorun: %w", werr))
+	case rerr != nil:
+		return fail(rerr)
+	case res.badLine != nil:
+		return fail(res.badLine)
+	case protect && (res.client == nil || r.table == nil || len(r.table.rows) != cfg.ranks):
+		return fail(errors.New("no protection figures from dptrain or gorun -v"))
+	}
+	if r.steps, err = stepTimes(res.stepAt, cfg.warmup, total-1); err != nil {
+		return fail(err)
+	}
+	return r, nil
+}
+
+// removeLeftovers removes what a job of this id may have left in /dev/shm
+// (its slot files) and in the temporary directory (the agents' job
+// directories), which gorun itself removes when nothing went wrong, and
+// says so if there was any.
+func (b *bench) removeLeftovers(job string) {
+	if job == "" {
+		return
+	}
+	var left []string
+	for _, pat := range []string{"/dev/shm/gorun-" + job + ".*", filepath.Join(os.TempDir(), "gorun-"+job+"-*")} {
+		m, _ := filepath.Glob(pat)
+		left = append(left, m...)
+	}
+	for _, f := range left {
+		os.RemoveAll(f)
+	}
+	if len(left) > 0 {
+		fmt.Fprintf(b.log, "benchprotect: removed %d files job %s left: %s\n", len(left), job, strings.Join(left, " "))
+	}
+}

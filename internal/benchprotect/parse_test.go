@@ -1,0 +1,66 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReadStdout(t *testing.T) {
+	in := `[0] dptrain: 4 ranks, 8 parameters
+[0] step 0 loss 0.8
+[1] step 1 loss 0.7
+[0] step 1 loss 0.7
+[0] step 2 loss 0.5
+[0] dptrain: 3 steps in 2.100s, 700.400 ms/step
+[0] dptrain: protection per step: copy 1.8ms, commit 7.6ms, overwrite-rule wait 0s, trainer wait 5.5ms
+`
+	base := time.Unix(0, 0)
+	n := 0
+	res := readStdout(strings.NewReader(in), func() time.Time { n++; return base.Add(time.Duration(n) * time.Second) })
+	if res.badLine != nil {
+		t.Fatal(res.badLine)
+	}
+	if res.msStep != 700.4 {
+		t.Errorf("msStep %v", res.msStep)
+	}
+	want := clientStats{copy: 1800 * time.Microsecond, commit: 7600 * time.Microsecond, wait: 5500 * time.Microsecond}
+	if res.client == nil || *res.client != want {
+		t.Errorf("client %+v, want %+v", res.client, want)
+	}
+	ds, err := stepTimes(res.stepAt, 1, 2)
+	if err != nil || len(ds) != 2 || ds[0] != 2*time.Second || ds[1] != time.Second {
+		t.Errorf("stepTimes = %v, %v; want [2s 1s] (rank 1's line is not rank 0's)", ds, err)
+	}
+	if _, err := stepTimes(res.stepAt, 1, 3); err == nil {
+		t.Error("stepTimes past the last step: no error")
+	}
+}
+
+func TestParseTable(t *testing.T) {
+	log := `gorun: time=x level=DEBUG msg="control plane up" url=nats://10.77.1.1:4222 job=abc123 hosts=2 ranks=4
+gorun: state protection: G = 11 (the step every rank can resume from)
+    rank  committed replicated   stages    rule wait    repl/step  repl MB/s
+       0         11         11       12           0s    1.759s        154
+       1         11         10       12        1.5ms            -          -
+gorun agent h0: time=y level=INFO msg="exiting as told"
+`
+	tab, job := parseTable(log)
+	if job != "abc123" {
+		t.Errorf("job %q", job)
+	}
+	if tab == nil || tab.g != 11 || len(tab.rows) != 2 {
+		t.Fatalf("table %+v", tab)
+	}
+	r0, r1 := tab.rows[0], tab.rows[1]
+	if r0.stages != 12 || r0.replPerStep != 1759*time.Millisecond || r0.replMBps != 154 {
+		t.Errorf("row 0 %+v", r0)
+	}
+	if r1.rank != 1 || r1.replicated != 10 || r1.ruleWait != 1500*time.Microsecond || r1.replPerStep != 0 {
+		t.Errorf("row 1 %+v", r1)
+	}
+	rw, repl, mbps, minRepl := tab.services()
+	if rw != 1500*time.Microsecond/24 || repl != 1759*time.Millisecond || mbps != 154 || minRepl != 10 {
+		t.Errorf("services = %v %v %v %v", rw, repl, mbps, minRepl)
+	}
+}
