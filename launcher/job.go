@@ -82,6 +82,38 @@ type job struct {
 	killed     bool
 	gen        uint64 // restart generation
 	epoch      uint64
+	// pending is the rank failure the job will act on once pendingAt
+	// fires (failWindow after the first failure).
+	pending   *rankFailure
+	pendingAt <-chan time.Time
+}
+
+// failWindow is how long the launcher collects rank failures before it
+// acts on the first: a rank killed by a signal is blamed rather than the
+// ranks that exited with an error because they lost it as a peer, whose
+// reports may arrive first.
+const failWindow = 250 * time.Millisecond
+
+// rankFailure is a rank's failure, to be acted on.
+type rankFailure struct {
+	status   int
+	signaled bool
+	what     string
+}
+
+// onFailure acts on the pending rank failure: restart the ranks if the
+// job has restarts left, else stop the job with the rank's status.
+func (j *job) onFailure() {
+	f := j.pending
+	j.pending, j.pendingAt = nil, nil
+	if f == nil {
+		return
+	}
+	if !j.stopping && j.cause == nil && j.gen < uint64(j.cfg.MaxRestarts) {
+		j.restartRanks(f.what)
+		return
+	}
+	j.fail(f.status, "%s; stopping the job", f.what)
 }
 
 // NewJobID returns a fresh job id.
@@ -492,7 +524,7 @@ func (j *job) loop(ctx context.Context) int {
 	defer tick.Stop()
 	var stopDeadline time.Time
 	interrupts := 0
-	for j.ranksEnded < j.world {
+	for j.ranksEnded < j.world || j.pending != nil {
 		if j.stopping && stopDeadline.IsZero() {
 			// Agents SIGKILL after the grace period; this is how long their reports may take.
 			stopDeadline = time.Now().Add(j.cfg.KillGrace + j.cfg.HeartbeatTimeout)
@@ -500,6 +532,8 @@ func (j *job) loop(ctx context.Context) int {
 		select {
 		case e := <-j.events:
 			j.onEvent(e)
+		case <-j.pendingAt:
+			j.onFailure()
 		case x := <-j.agentExits:
 			j.onAgentExit(x)
 		case i := <-j.rv.Registered():
@@ -582,11 +616,17 @@ func (j *job) onEvent(e *wire.Event) {
 		if e.Msg != "" && e.Signal == 0 {
 			why += " (" + e.Msg + ")"
 		}
-		if !j.stopping && j.cause == nil && j.gen < uint64(j.cfg.MaxRestarts) {
-			j.restartRanks(fmt.Sprintf("rank %d on host %s (pid %d) %s", e.Rank, h.name, e.Pid, why))
-			return
+		f := &rankFailure{status: status, signaled: e.Signal > 0, what: fmt.Sprintf("rank %d on host %s (pid %d) %s", e.Rank, h.name, e.Pid, why)}
+		switch {
+		case j.pending == nil:
+			j.pending = f
+			j.pendingAt = time.After(failWindow)
+		case f.signaled && !j.pending.signaled:
+			j.pending = f
 		}
-		j.fail(status, "rank %d on host %s (pid %d) %s; stopping the job", e.Rank, h.name, e.Pid, why)
+		if j.ranksEnded == j.world {
+			j.onFailure()
+		}
 	case wire.EventAgentError:
 		j.hostLost(h)
 		j.fail(ExitFailure, "agent on host %s failed: %s", h.name, e.Msg)
