@@ -194,7 +194,7 @@ type Restored struct {
 // Restore asks for the step to resume from (the globally recoverable step
 // G) and returns its regions. A rank calls it once, before staging.
 func (c *Client) Restore(ctx context.Context) (*Restored, error) {
-	if err := c.Wait(); err != nil {
+	if err := c.Wait(ctx); err != nil {
 		return nil, err
 	}
 	var r Restorable
@@ -231,9 +231,9 @@ func (c *Client) callCtx(ctx context.Context, typ byte, req any, want byte, resp
 // rule, copies each region's parts (concatenated, exactly the region's
 // size) into the staging slot and commits. The parts must not change until
 // Wait returns; Wait before the next optimizer step. Stage first waits for
-// the staging before it.
-func (c *Client) Stage(step int64, data map[string][][]byte) error {
-	if err := c.Wait(); err != nil {
+// the staging before it (ctx bounds that wait only).
+func (c *Client) Stage(ctx context.Context, step int64, data map[string][][]byte) error {
+	if err := c.Wait(ctx); err != nil {
 		return err
 	}
 	if err := checkStep(step); err != nil {
@@ -338,12 +338,21 @@ func parallelCopy(jobs []copyJob) {
 }
 
 // Wait waits for the staging in flight, if any, and returns its error.
-func (c *Client) Wait() error {
+// If ctx ends first, the session is closed (the staging cannot be taken
+// back half done) and the Client is unusable from then on.
+func (c *Client) Wait(ctx context.Context) error {
 	if c.pending == nil {
 		return nil
 	}
 	t := time.Now()
-	err := <-c.pending
+	var err error
+	select {
+	case err = <-c.pending:
+	case <-ctx.Done():
+		c.conn.Close() // ends the background staging's request
+		<-c.pending
+		err = fmt.Errorf("rank: %w", context.Cause(ctx))
+	}
 	c.pending = nil
 	c.stats.Wait += time.Since(t)
 	return err
@@ -383,7 +392,7 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 
 // Close waits for the staging in flight, then ends the session.
 func (c *Client) Close() error {
-	err := c.Wait()
+	err := c.Wait(context.Background())
 	for _, u := range c.unmaps {
 		err = errors.Join(err, u())
 	}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/comm"
@@ -173,15 +174,22 @@ func (h *Host) Gen() uint64 {
 	return h.gen
 }
 
+// slowWait is how long a stage waits at the overwrite rule before the
+// service says so in its log.
+const slowWait = 30 * time.Second
+
 // errRestarted: the ranks were restarted since the session began (its
 // rank process is gone).
 var errRestarted = errors.New("the ranks were restarted since this session began")
 
 // waitG waits until g ≥ step in generation gen, ctx ends, the host stops
 // or a restart begins another generation.
-func (h *Host) waitG(ctx context.Context, gen uint64, step int64) error {
+func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64) error {
 	h.waiters.Add(1)
 	defer h.waiters.Add(-1)
+	t := time.NewTimer(slowWait)
+	defer t.Stop()
+	slow := t.C
 	for {
 		h.gmu.Lock()
 		g, wake, cur := h.g, h.gwake, h.gen
@@ -194,6 +202,9 @@ func (h *Host) waitG(ctx context.Context, gen uint64, step int64) error {
 		}
 		select {
 		case <-wake:
+		case <-slow:
+			h.log.Warn("a stage waits at the overwrite rule: some rank has not committed, or not replicated, this step",
+				"rank", rank, "step", step, "G", g, "waited", slowWait)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-h.life.Done():

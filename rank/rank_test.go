@@ -20,10 +20,10 @@ func TestProtectLocal(t *testing.T) {
 		t.Fatalf("fresh Restore = %+v, %v; want step -1", r, err)
 	}
 	for s := range int64(5) {
-		if err := cl.Stage(s, stateOf(0, s, testRegions)); err != nil {
+		if err := cl.Stage(ctx, s, stateOf(0, s, testRegions)); err != nil {
 			t.Fatal(err)
 		}
-		if err := cl.Wait(); err != nil {
+		if err := cl.Wait(ctx); err != nil {
 			t.Fatalf("step %d: %v", s, err)
 		}
 		c.publishG()
@@ -48,10 +48,10 @@ func TestProtectLocal(t *testing.T) {
 			t.Fatalf("region %s differs after restore", reg.Name)
 		}
 	}
-	if err := cl2.Stage(5, stateOf(0, 5, testRegions)); err != nil {
+	if err := cl2.Stage(ctx, 5, stateOf(0, 5, testRegions)); err != nil {
 		t.Fatal(err)
 	}
-	if err := cl2.Wait(); err != nil {
+	if err := cl2.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -123,18 +123,19 @@ func TestReplication(t *testing.T) {
 	holders := [][]int{{2}, {3}, {0}, {1}}
 	peers := func(int) []int { return []int{0, 1, 2, 3} }
 	c := newCluster(t, [][]int{{0, 1}, {2, 3}}, holders, peers)
+	ctx := context.Background()
 	cls := make([]*Client, 4)
 	for r := range cls {
 		cls[r] = c.connect(r, testRegions)
 	}
 	for s := range int64(4) {
 		for r, cl := range cls {
-			if err := cl.Stage(s, stateOf(r, s, testRegions)); err != nil {
+			if err := cl.Stage(ctx, s, stateOf(r, s, testRegions)); err != nil {
 				t.Fatal(err)
 			}
 		}
 		for _, cl := range cls {
-			if err := cl.Wait(); err != nil {
+			if err := cl.Wait(ctx); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -276,4 +277,37 @@ func errField(a any) string {
 		return v.Err
 	}
 	return ""
+}
+
+// TestWaitCancel: a trainer whose context ends while its staging waits at
+// the overwrite rule gets its Wait back at once.
+func TestWaitCancel(t *testing.T) {
+	c := newCluster(t, [][]int{{0}}, nil, nil)
+	cl := c.connect(0, testRegions)
+	ctx := context.Background()
+	for s := range int64(3) {
+		if err := cl.Stage(ctx, s, stateOf(0, s, testRegions)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Steps 0 and 1 are committed and G was never published: step 2
+	// waits at the rule.
+	c.waitFor("the stage to wait", func() bool { return c.hosts[0].waiters.Load() == 1 })
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := cl.Wait(cctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait with a cancelled context = %v", err)
+	}
+	if err := cl.Stage(ctx, 3, stateOf(0, 3, testRegions)); err == nil {
+		if err := cl.Wait(ctx); err == nil {
+			t.Fatal("a cancelled client went on staging")
+		}
+	}
+	// The service is unharmed: a new session restores step G once known.
+	c.publishG()
+	cl2 := c.connect(0, testRegions)
+	r, err := cl2.Restore(ctx)
+	if err != nil || r.Step != 1 {
+		t.Fatalf("Restore = %+v, %v; want step 1", r, err)
+	}
 }

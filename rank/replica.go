@@ -497,6 +497,7 @@ func (r *replicator) loop(ctx context.Context, done chan struct{}) {
 	defer close(done)
 	s := r.s
 	backoff := 50 * time.Millisecond
+	failures, logged := 0, time.Time{}
 	for {
 		r.mu.Lock()
 		step := r.wantS
@@ -508,13 +509,16 @@ func (r *replicator) loop(ctx context.Context, done chan struct{}) {
 		r.mu.Unlock()
 		err := r.send(ctx, step)
 		if err == nil {
-			backoff = 50 * time.Millisecond
+			backoff, failures = 50*time.Millisecond, 0
 			continue
 		}
 		if ctx.Err() != nil {
 			continue
 		}
-		s.h.log.Warn("replication failed; retrying", "rank", s.rank, "step", step, "err", err)
+		if failures++; failures == 1 || time.Since(logged) > 30*time.Second {
+			s.h.log.Warn("replication failed; retrying", "rank", s.rank, "step", step, "failures", failures, "err", err)
+			logged = time.Now()
+		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-t.C:

@@ -30,6 +30,7 @@ type service struct {
 	reqMu sync.Mutex // serializes requests
 
 	mu        sync.Mutex // guards the fields below
+	session   uint64     // the newest session's id
 	slots     *ckpt.Slots
 	regions   []Region
 	files     []ckpt.RegionFile
@@ -76,8 +77,30 @@ func (s *service) progress() Progress {
 type Session struct {
 	svc   *service
 	gen   uint64 // the restart generation it belongs to
+	id    uint64 // its number among the rank's sessions, from ProtectHello
 	hello bool
 }
+
+// live returns an error if a newer session of the rank, or a restart,
+// has replaced this one.
+func (ss *Session) live() error {
+	s := ss.svc
+	if ss.gen != s.h.Gen() {
+		return errRestarted
+	}
+	if !ss.hello {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ss.id != s.session {
+		return errSuperseded
+	}
+	return nil
+}
+
+// errSuperseded: the rank opened a newer session.
+var errSuperseded = errors.New("a newer session of this rank replaced this one")
 
 // Handle serves one request of the protocol (a frame of type typ with
 // payload b). It returns the answer's type and payload. An error means the
@@ -88,12 +111,14 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 	if typ != TypeProtectHello && !ss.hello {
 		return 0, nil, fmt.Errorf("message type %d before ProtectHello", typ)
 	}
-	s.reqMu.Lock()
-	defer s.reqMu.Unlock()
-	if ss.gen != s.h.Gen() {
-		// A session of a rank process that a restart replaced: whatever
-		// it asks must not touch the new generation's state.
-		return 0, nil, errRestarted
+	if err := ss.live(); err != nil && typ != TypeStatus {
+		return 0, nil, err
+	}
+	// Requests run one at a time (reqMu), except a stage's wait at the
+	// overwrite rule, which must not hold up the others.
+	if typ != TypeStage {
+		s.reqMu.Lock()
+		defer s.reqMu.Unlock()
 	}
 	switch typ {
 	case TypeProtectHello:
@@ -104,11 +129,11 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 		if err := req.check(); err != nil {
 			return 0, nil, err
 		}
-		w, err := s.hello(&req)
+		w, id, err := s.hello(&req)
 		if err != nil {
 			return TypeProtectWelcome, &ProtectWelcome{Committed: noStep, G: noStep, Err: err.Error()}, nil
 		}
-		ss.hello = true
+		ss.hello, ss.id = true, id
 		return TypeProtectWelcome, w, nil
 	case TypeStage, TypeCommit, TypeGradient:
 		var req StepReq
@@ -123,7 +148,7 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 			if req.N != 0 {
 				return 0, nil, errors.New("stage: unexpected field n")
 			}
-			return TypeStaged, s.stage(ctx, ss.gen, req.Step), nil
+			return TypeStaged, s.stage(ctx, ss, req.Step), nil
 		case TypeCommit:
 			if req.N != 0 {
 				return 0, nil, errors.New("commit: unexpected field n")
@@ -150,9 +175,20 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 
 // hello creates the rank's slots, or checks that a restarted rank declares
 // the regions its predecessor did.
-func (s *service) hello(req *ProtectHello) (*ProtectWelcome, error) {
+func (s *service) hello(req *ProtectHello) (*ProtectWelcome, uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	w, err := s.helloLocked(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	// The newest session of a rank is the one that may change its state:
+	// an older one belongs to a rank process that is gone or gave up.
+	s.session++
+	return w, s.session, nil
+}
+
+func (s *service) helloLocked(req *ProtectHello) (*ProtectWelcome, error) {
 	if s.slots != nil {
 		if !slices.Equal(s.regions, req.Regions) {
 			return nil, fmt.Errorf("regions %v differ from the %v this rank protected before", req.Regions, s.regions)
@@ -249,7 +285,8 @@ func (s *service) welcome() *ProtectWelcome {
 }
 
 // stage applies the overwrite rule, then marks the slot to write.
-func (s *service) stage(ctx context.Context, gen uint64, step int64) *Staged {
+func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
+	gen := ss.gen
 	s.mu.Lock()
 	if step <= s.committed {
 		s.mu.Unlock()
@@ -263,18 +300,23 @@ func (s *service) stage(ctx context.Context, gen uint64, step int64) *Staged {
 	s.mu.Unlock()
 	start := time.Now()
 	if mustWait {
-		if err := s.h.waitG(ctx, gen, newest); err != nil {
+		if err := s.h.waitG(ctx, s.rank, gen, newest); err != nil {
 			return &Staged{Step: step, Err: fmt.Sprintf("waiting for step %d to be recoverable everywhere: %v", newest, err)}
 		}
 	}
 	wait := time.Since(start)
+	if err := ss.live(); err != nil {
+		return &Staged{Step: step, Err: err.Error()}
+	}
+	s.reqMu.Lock()
+	defer s.reqMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.slots == nil {
 		return &Staged{Step: step, Err: ErrStopping.Error()}
 	}
-	if s.h.Gen() != gen || step <= s.committed {
-		return &Staged{Step: step, Err: "the ranks were restarted, or the step committed, while this stage waited"}
+	if s.h.Gen() != gen || ss.id != s.session || step <= s.committed || mustWait && s.committed != newest {
+		return &Staged{Step: step, Err: "the rank's state changed while this stage waited (a restart, or another session)"}
 	}
 	st, err := s.slots.Stage(uint64(step))
 	if err != nil {

@@ -14,8 +14,8 @@ import (
 // *rank.Client implements it.
 type protector interface {
 	Restore(ctx context.Context) (*rank.Restored, error)
-	Stage(step int64, data map[string][][]byte) error
-	Wait() error
+	Stage(ctx context.Context, step int64, data map[string][][]byte) error
+	Wait(ctx context.Context) error
 	Stats() rank.Stats
 	Close() error
 }
@@ -44,7 +44,7 @@ func (t *trainer) stateKey() [32]byte {
 
 // stage protects the state after step s (in the background: Wait before
 // the next update).
-func (t *trainer) stage(s int) error {
+func (t *trainer) stage(ctx context.Context, s int) error {
 	if t.meta == nil {
 		t.meta = make([]byte, metaSize)
 	}
@@ -52,7 +52,7 @@ func (t *trainer) stage(s int) error {
 	binary.LittleEndian.PutUint64(t.meta[8:], uint64(s))
 	k := t.stateKey()
 	copy(t.meta[16:], k[:])
-	return t.prot.Stage(int64(s), map[string][][]byte{
+	return t.prot.Stage(ctx, int64(s), map[string][][]byte{
 		"optimizer": {float32Bytes(t.m), float32Bytes(t.v), float32Bytes(t.master)},
 		"meta":      {t.meta},
 	})

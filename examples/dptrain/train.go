@@ -165,7 +165,7 @@ func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*resul
 		}
 	}
 	if t.prot != nil {
-		if err := t.prot.Wait(); err != nil {
+		if err := t.prot.Wait(ctx); err != nil {
 			return nil, fmt.Errorf("state protection: %w", err)
 		}
 	}
@@ -300,7 +300,7 @@ func (t *trainer) step(ctx context.Context, s int) (loss float64, logged bool, e
 	if t.prot != nil {
 		// The one synchronization with the state protection: step s-1's
 		// state must be in its slot before this update changes it.
-		if err := t.prot.Wait(); err != nil {
+		if err := t.prot.Wait(ctx); err != nil {
 			return 0, false, fmt.Errorf("state protection: %w", err)
 		}
 	}
@@ -310,7 +310,7 @@ func (t *trainer) step(ctx context.Context, s int) (loss float64, logged bool, e
 		return 0, false, err
 	}
 	if t.prot != nil {
-		if err := t.stage(s); err != nil {
+		if err := t.stage(ctx, s); err != nil {
 			return 0, false, fmt.Errorf("state protection: %w", err)
 		}
 	}
