@@ -5,7 +5,7 @@ PKGS    := ./...
 # Packages with vector kernels built under GOEXPERIMENT=simd.
 SIMD_PKGS := ./replay/
 
-.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-placement bench-replay fuzz lint demo demo-train clean
+.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-placement bench-replay bench-protect fuzz lint demo demo-train clean
 
 all: build
 
@@ -32,6 +32,7 @@ test: lint
 	CGO_ENABLED=0 $(GO) test -count=1 ./gpu/
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/gorun-static ./cmd/gorun
 	$(BIN)/gorun-static -np 2 --oversubscribe true
+	cd python && python3 -m unittest -q test_gorun_rank
 
 test-short:
 	$(GO) test -short $(PKGS)
@@ -76,7 +77,7 @@ bench-protect: build
 # Short fuzzing of every parser (go test -fuzz runs one target at a time).
 FUZZTIME ?= 20s
 fuzz:
-	@for p in ./topology/ ./internal/wire/ ./comm/ ./replay/ ./ckpt/; do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
+	@for p in ./topology/ ./internal/wire/ ./comm/ ./replay/ ./ckpt/ ./rank/; do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
 		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$p || exit 1; done; done
 
 lint:
