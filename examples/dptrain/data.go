@@ -17,7 +17,23 @@ const (
 	domainBasis  = 2 // the per-parameter basis u_r(i)
 	domainMean   = 3 // the true coefficients m_r
 	domainSample = 4 // the per-sample coefficients a_r(s)
+	domainDevice = 5 // the gradients of --device-grad
 )
+
+// deviceGrad fills g with the gradients of --device-grad for the
+// parameters lo.. at step s: those of ½(w_i - t_i(s))², t_i(s) a fixed
+// target per parameter plus per-step noise, each a pure function of the
+// seed, the parameter index and the step, so that they stand for what an
+// accelerator computed and reduced, whatever the world size.
+func deviceGrad(g, w []float32, seed uint64, s, lo int) {
+	key := streamKey(seed, domainDevice)
+	for i := range g {
+		idx := uint64(lo + i)
+		target := unit(at(key, 2*idx))
+		noise := unit(at(key^uint64(s+1)*golden, 2*idx+1))
+		g[i] = w[i] - (target + float32(0.25)*noise)
+	}
+}
 
 // sampleNoise is the amplitude of the per-sample noise around m_r.
 const sampleNoise = 0.5

@@ -47,6 +47,13 @@ type Config struct {
 	FailRank   int            // the rank that crashes
 	FailSignal syscall.Signal // 0: exit(1); otherwise the signal it sends itself
 
+	// DeviceGrad: the gradients come from the emulated accelerator (a
+	// cheap deterministic function per parameter) instead of the CPU
+	// computation and its reduction, and the parameters are gathered
+	// only at the end, so that the host CPU is idle but for the optimizer
+	// step, as on a GPU node (for benchmarks of what the host does).
+	DeviceGrad bool
+
 	// Protect has gorun protect the optimizer state every step (package
 	// rank) and resume from it when the ranks are restarted.
 	Protect bool
@@ -89,6 +96,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	logEvery := fs.Int("log-every", 10, "print the loss every `N` steps (0: first and last step only)")
 	failAt := fs.Int("fail-at-step", -1, "crash at the start of this `step` (-1: never); only in the first run, not after gorun restarted the ranks")
 	failRank := fs.Int("fail-rank", 0, "the `rank` that crashes with --fail-at-step")
+	deviceGrad := fs.Bool("device-grad", false, "take the gradients from the emulated accelerator (a cheap deterministic function) instead of computing and reducing them on the CPU; parameters are gathered only at the end and no loss is printed")
 	protect := fs.Bool("protect", false, "protect the optimizer state in memory every step with gorun's rank service, and resume from it after a restart")
 	failSignal := fs.String("fail-signal", "", "crash by sending this `signal` to itself (KILL, ABRT, TERM, INT) instead of exiting with code 1")
 
@@ -114,6 +122,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 		FailAtStep: *failAt,
 		FailRank:   *failRank,
 		Protect:    *protect,
+		DeviceGrad: *deviceGrad,
 	}
 	switch {
 	case c.Params < 1 || c.Params > maxParams:

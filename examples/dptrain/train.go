@@ -159,7 +159,10 @@ func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*resul
 		if err != nil {
 			return nil, fmt.Errorf("step %d: %w", s, err)
 		}
-		if logged {
+		switch {
+		case logged && cfg.DeviceGrad:
+			fmt.Fprintf(out, "step %d\n", s) // no loss: the device computed it
+		case logged:
 			res.Losses = append(res.Losses, lossPoint{s, loss})
 			fmt.Fprintf(out, "step %d loss %.9g\n", s, loss)
 		}
@@ -170,6 +173,12 @@ func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*resul
 		}
 	}
 	elapsed := time.Since(start)
+	if cfg.DeviceGrad {
+		// The parameters were gathered only once at the start.
+		if err := t.allgatherParams(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if res.ParamsHash, err = t.paramsHash(ctx); err != nil {
 		return nil, err
 	}
@@ -270,6 +279,22 @@ func (t *trainer) step(ctx context.Context, s int) (loss float64, logged bool, e
 		return 0, false, err
 	}
 	cfg := &t.cfg
+	if cfg.DeviceGrad {
+		deviceGrad(t.g, t.master, cfg.Seed, s, t.lo)
+		if t.prot != nil {
+			if err := t.prot.Wait(ctx); err != nil {
+				return 0, false, fmt.Errorf("state protection: %w", err)
+			}
+		}
+		adamUpdate(t.master, t.m, t.v, t.g, cfg.Adam.consts(s+1))
+		copy(t.params[t.lo:t.hi], t.master)
+		if t.prot != nil {
+			if err := t.stage(ctx, s); err != nil {
+				return 0, false, fmt.Errorf("state protection: %w", err)
+			}
+		}
+		return 0, s == 0 || s == cfg.Steps-1 || cfg.LogEvery > 0 && s%cfg.LogEvery == 0, nil
+	}
 	logged = s == 0 || s == cfg.Steps-1 || cfg.LogEvery > 0 && s%cfg.LogEvery == 0
 	sampleCoefficients(t.coef, cfg.Seed, s, t.first, len(t.sampleLoss), cfg.Compute)
 	clear(t.sampleLoss)

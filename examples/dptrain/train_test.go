@@ -270,3 +270,25 @@ func BenchmarkGradChunk(b *testing.B) {
 		}
 	}
 }
+
+// TestDeviceGrad: with the accelerator's gradients, the hashes are the same
+// for every world size too, differ from the CPU computation's, and the
+// optimizer moved the parameters.
+func TestDeviceGrad(t *testing.T) {
+	cfg := testConfig(t, "--device-grad")
+	want := mustRunWorld(t, 1, cfg, runOptions{})
+	for _, size := range []int{2, 3, 8} {
+		got := mustRunWorld(t, size, cfg, runOptions{})
+		if got.ParamsHash != want.ParamsHash || got.OptimizerHash != want.OptimizerHash {
+			t.Errorf("np %d: hashes %x %x, want %x %x (world of 1)", size, got.ParamsHash, got.OptimizerHash, want.ParamsHash, want.OptimizerHash)
+		}
+	}
+	cpu := mustRunWorld(t, 1, testConfig(t), runOptions{})
+	if cpu.ParamsHash == want.ParamsHash {
+		t.Error("--device-grad gave the CPU computation's parameters")
+	}
+	zero := mustRunWorld(t, 1, testConfig(t, "--device-grad", "--steps", "0"), runOptions{})
+	if zero.ParamsHash == want.ParamsHash {
+		t.Error("30 steps of --device-grad left the parameters where they started")
+	}
+}

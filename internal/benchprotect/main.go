@@ -1,9 +1,11 @@
 // Command benchprotect measures what gorun's state protection costs a
 // training step: dptrain on 4 ranks over two namespace hosts, with 256 MiB
 // of optimizer state per rank, once without protection and once with
-// dptrain --protect (replicas 1), at emulated device time (--device-ms 500,
-// the host CPU idle meanwhile, as on a GPU node) and again with real CPU
-// arithmetic in its place. Run as root from the repository root after make
+// dptrain --protect (replicas 1), at emulated device time (--device-ms 500
+// with --device-grad: the gradients come from the emulated accelerator, so
+// the host CPU only runs the optimizer step, as on a GPU node) and again
+// with real CPU arithmetic (the gradients computed and all-reduced on the
+// CPU) in its place. Run as root from the repository root after make
 // build (make bench-protect does both):
 //
 //	go run ./internal/benchprotect -gorun ./bin/gorun -dptrain ./bin/dptrain
@@ -12,7 +14,7 @@
 // step time with protection against the step time without it, and the
 // replication's throughput against single-stream TCP between the same two
 // namespaces (and over 127.0.0.1). Step times are the intervals between
-// rank 0's "step N loss" lines (--log-every 1) as they arrive, after
+// rank 0's "step N" lines (--log-every 1) as they arrive, after
 // -warmup untimed steps. The protection's parts per step (staging copy into
 // the shared-memory slot, commit with its CRC32C, the trainer's wait, the
 // wait at the overwrite rule, replication) come from dptrain's and gorun
@@ -243,6 +245,11 @@ func (b *bench) runOnce(ctx context.Context, v *variant, protect bool) (*runResu
 	dp := []string{cfg.dptrain, "--params", strconv.FormatInt(cfg.params(), 10), "--steps", strconv.Itoa(total),
 		"--batch", strconv.Itoa(cfg.batch), "--compute", strconv.Itoa(v.compute), "--device-ms", strconv.Itoa(v.deviceMs),
 		"--log-every", "1", "--seed", "1"}
+	if v.deviceMs > 0 {
+		// The accelerator's work, gradients included, is emulated: the
+		// host CPU only runs the optimizer step (and the protection).
+		dp = append(dp, "--device-grad")
+	}
 	if protect {
 		dp = append(dp, "--protect")
 		name += "-protect"

@@ -37,7 +37,7 @@ type protTable struct {
 }
 
 var (
-	stepRe   = regexp.MustCompile(`^\[0\] step (\d+) loss \S+$`)
+	stepRe   = regexp.MustCompile(`^\[0\] step (\d+)( loss \S+)?$`)
 	msStepRe = regexp.MustCompile(`^\[0\] dptrain: (\d+) steps in \S+, ([0-9.]+) ms/step$`)
 	protRe   = regexp.MustCompile(`^\[0\] dptrain: protection per step: copy (\S+), commit (\S+), overwrite-rule wait (\S+), trainer wait (\S+)$`)
 	tableRe  = regexp.MustCompile(`state protection: G = (-?\d+)`)
