@@ -54,6 +54,10 @@ type Config struct {
 	// step, as on a GPU node (for benchmarks of what the host does).
 	DeviceGrad bool
 
+	// FailWipeState: before crashing, the rank overwrites its protected
+	// state on its host, so that a restart restores it from another host.
+	FailWipeState bool
+
 	// Protect has gorun protect the optimizer state every step (package
 	// rank) and resume from it when the ranks are restarted.
 	Protect bool
@@ -97,6 +101,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	failAt := fs.Int("fail-at-step", -1, "crash at the start of this `step` (-1: never); only in the first run, not after gorun restarted the ranks")
 	failRank := fs.Int("fail-rank", 0, "the `rank` that crashes with --fail-at-step")
 	deviceGrad := fs.Bool("device-grad", false, "take the gradients from the emulated accelerator (a cheap deterministic function) instead of computing and reducing them on the CPU; parameters are gathered only at the end and no loss is printed")
+	failWipe := fs.Bool("fail-wipe-state", false, "with --fail-at-step and --protect: before crashing, overwrite this rank's protected state on its host (both slots), so that gorun must restore it from a replica on another host")
 	protect := fs.Bool("protect", false, "protect the optimizer state in memory every step with gorun's rank service, and resume from it after a restart")
 	failSignal := fs.String("fail-signal", "", "crash by sending this `signal` to itself (KILL, ABRT, TERM, INT) instead of exiting with code 1")
 
@@ -113,16 +118,17 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 		return Config{}, usageError("unexpected argument %q", fs.Arg(0))
 	}
 	c := Config{
-		Params:     int(params),
-		Steps:      int(steps),
-		Seed:       *seed,
-		Batch:      int(batch),
-		Compute:    *compute,
-		LogEvery:   *logEvery,
-		FailAtStep: *failAt,
-		FailRank:   *failRank,
-		Protect:    *protect,
-		DeviceGrad: *deviceGrad,
+		Params:        int(params),
+		Steps:         int(steps),
+		Seed:          *seed,
+		Batch:         int(batch),
+		Compute:       *compute,
+		LogEvery:      *logEvery,
+		FailAtStep:    *failAt,
+		FailRank:      *failRank,
+		Protect:       *protect,
+		DeviceGrad:    *deviceGrad,
+		FailWipeState: *failWipe,
 	}
 	switch {
 	case c.Params < 1 || c.Params > maxParams:
@@ -137,6 +143,8 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 		return c, usageError("--device-ms %v: want 0 to 3600000", *deviceMs)
 	case c.FailAtStep < -1 || c.FailAtStep >= c.Steps && c.FailAtStep != -1:
 		return c, usageError("--fail-at-step %d: want a step in [0, %d) or -1", c.FailAtStep, c.Steps)
+	case c.FailWipeState && (!c.Protect || c.FailAtStep < 0):
+		return c, usageError("--fail-wipe-state needs --protect and --fail-at-step")
 	case c.FailRank < 0:
 		return c, usageError("--fail-rank %d: want 0 or more", c.FailRank)
 	}

@@ -46,6 +46,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer c.Close()
 	o := runOptions{out: stdout, crash: func(step int) error {
 		fmt.Fprintf(stderr, "dptrain: rank %d crashing at step %d (--fail-at-step)\n", c.Rank(), step)
+		if cfg.FailWipeState {
+			if err := wipeState(c.Rank()); err != nil {
+				fmt.Fprintf(stderr, "dptrain: --fail-wipe-state: %v\n", err)
+			} else {
+				fmt.Fprintf(stderr, "dptrain: rank %d overwrote its protected optimizer state on this host\n", c.Rank())
+			}
+		}
 		crash(cfg.FailSignal)
 		return errCrashed // not reached
 	}}
@@ -57,6 +64,33 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// wipeState overwrites both slots of this rank's protected optimizer
+// state on its host (gorun's file /dev/shm/gorun-<job>.r<rank>.optimizer)
+// with a pattern, as a fault in that memory would: restoring must then
+// come from another host.
+func wipeState(rank int) error {
+	path := fmt.Sprintf("/dev/shm/gorun-%s.r%d.optimizer", os.Getenv("GORUN_JOB_ID"), rank)
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	for i := range buf {
+		buf[i] = 0xA5
+	}
+	for off := int64(0); off < st.Size(); off += int64(len(buf)) {
+		if _, err := f.WriteAt(buf[:min(int64(len(buf)), st.Size()-off)], off); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // crash ends the process at once: with exit code 1, or killed by sig, which

@@ -161,6 +161,14 @@ func (b *bench) report(vs []*variant, hostMBps, loMBps float64) {
 			"  node whose host CPU idles during device time.\n",
 			dev.deviceMs, 100*frac, cfg.params(), cfg.ranks, runtime.NumCPU())
 	}
+	// What the hosts' link allows at best: every rank's state crosses it
+	// once per step per replica.
+	perStep := float64(cfg.ranks) * float64(12*(cfg.params()/int64(cfg.ranks)))
+	bound := time.Duration(perStep / (hostMBps * 1e6) * float64(time.Second))
+	fmt.Fprintf(b.out, "bound: replicating every rank's state each step moves %.0f MiB across the hosts' link: %v at the single-stream\n"+
+		"  TCP rate between the namespaces, against an unprotected step of %v; replication can hide behind the step only if\n"+
+		"  it is shorter (the two hosts share this machine's %d CPUs, and every byte costs CPU in both kernels)\n",
+		perStep/(1<<20), bound.Round(time.Millisecond), mean(dev.base.steps).Round(time.Millisecond), runtime.NumCPU())
 	if len(vs) > 1 {
 		fmt.Fprintf(b.out, "%s: no target (CPU arithmetic on every rank: measures CPU contention, not the design)\n", vs[1].name)
 	}
