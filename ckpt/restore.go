@@ -49,14 +49,14 @@ func (s *Slots) atOnce(step uint64) (sn *Snapshot, changed bool, err error) {
 	if slot < 0 {
 		return nil, false, fmt.Errorf("%w: step %d (%s)", ErrNoStep, step, describe(info))
 	}
-	err = s.verify(slot, step)
+	sums, err := s.verify(slot, step)
 	if !s.unchanged(slot, info[slot]) {
 		return nil, true, nil
 	}
 	if err != nil {
 		return nil, false, err
 	}
-	sn = &Snapshot{Step: step, Slot: slot, s: s, views: make([][]byte, len(s.regions))}
+	sn = &Snapshot{Step: step, Slot: slot, s: s, views: make([][]byte, len(s.regions)), sums: sums}
 	for j := range sn.views {
 		sn.views[j] = s.maps[j].view(s.maps[j].ro, slot)
 	}

@@ -560,12 +560,12 @@ func (s *Slots) newestOnce() (sn *Snapshot, changed bool, err error) {
 		}
 	}
 	for _, i := range cands {
-		err := s.verify(i, info[i].step)
+		sums, err := s.verify(i, info[i].step)
 		if !s.unchanged(i, info[i]) {
 			return nil, true, nil
 		}
 		if err == nil {
-			sn := &Snapshot{Step: info[i].step, Slot: i, Fallback: errors.Join(errs...), s: s, views: make([][]byte, len(s.regions))}
+			sn := &Snapshot{Step: info[i].step, Slot: i, Fallback: errors.Join(errs...), s: s, views: make([][]byte, len(s.regions)), sums: sums}
 			for j := range sn.views {
 				sn.views[j] = s.maps[j].view(s.maps[j].ro, i)
 			}
@@ -581,25 +581,27 @@ func (s *Slots) newestOnce() (sn *Snapshot, changed bool, err error) {
 
 // verify checks committed slot i of step: its header's CRC and entries,
 // and every region's CRC32C. Errors wrap ErrCorrupt.
-func (s *Slots) verify(i int, step uint64) error {
+func (s *Slots) verify(i int, step uint64) ([]uint32, error) {
 	h := s.slotHdr(i)
 	n := len(s.regions)
 	if got, want := ne.Uint32(h[4:]), crc32.Checksum(h[8:entOff+entSize*n], castagnoli); got != want {
-		return corruptErr("slot %d (step %d): header CRC32C %#08x, its bytes give %#08x", i, step, got, want)
+		return nil, corruptErr("slot %d (step %d): header CRC32C %#08x, its bytes give %#08x", i, step, got, want)
 	}
+	sums := make([]uint32, n)
 	for j, r := range s.regions {
 		e := h[entOff+entSize*j:][:entSize]
 		if size := ne.Uint64(e); size != uint64(r.Size) {
-			return corruptErr("slot %d (step %d): region %q: size %d, the layout says %d", i, step, r.Name, size, r.Size)
+			return nil, corruptErr("slot %d (step %d): region %q: size %d, the layout says %d", i, step, r.Name, size, r.Size)
 		}
 		if res := ne.Uint32(e[12:]); res != 0 {
-			return corruptErr("slot %d (step %d): region %q: reserved word %#x is not zero", i, step, r.Name, res)
+			return nil, corruptErr("slot %d (step %d): region %q: reserved word %#x is not zero", i, step, r.Name, res)
 		}
-		if want, got := ne.Uint32(e[8:]), checksum(s.maps[j].view(s.maps[j].ro, i)); got != want {
-			return corruptErr("slot %d (step %d): region %q: CRC32C %#08x, the data give %#08x", i, step, r.Name, want, got)
+		sums[j] = ne.Uint32(e[8:])
+		if got := checksum(s.maps[j].view(s.maps[j].ro, i)); got != sums[j] {
+			return nil, corruptErr("slot %d (step %d): region %q: CRC32C %#08x, the data give %#08x", i, step, r.Name, sums[j], got)
 		}
 	}
-	return nil
+	return sums, nil
 }
 
 // Snapshot is a committed step whose regions verified, as Newest found it.
@@ -614,7 +616,13 @@ type Snapshot struct {
 
 	s     *Slots
 	views [][]byte
+	sums  []uint32
 }
+
+// Sums returns every region's CRC32C, in Regions order, as committed and
+// verified: a copy of the views made later can be checked against them
+// (the writer may have staged over the slot meanwhile).
+func (sn *Snapshot) Sums() []uint32 { return slices.Clone(sn.sums) }
 
 // Region returns the read-only view of the named region (nil if there is
 // no such region). The memory is mapped read-only: writing it faults. The

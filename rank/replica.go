@@ -31,6 +31,8 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gorun/gorun/ckpt"
@@ -112,6 +114,9 @@ func appendTable(b []byte, t []tableEntry) []byte {
 }
 
 func readTable(r io.Reader, n int) ([]tableEntry, error) {
+	if n < 0 || n > MaxRegions {
+		return nil, fmt.Errorf("%d regions", n)
+	}
 	t := make([]tableEntry, n)
 	var nb [1]byte
 	var rest [12]byte
@@ -307,6 +312,9 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	if h.length != total || h.step < 0 {
 		return fmt.Errorf("put of %d bytes for regions of %d, step %d", h.length, total, h.step)
 	}
+	if m := physicalMemory(); m > 0 && total > m {
+		return fmt.Errorf("put of %d bytes for rank %d: more than this host's memory (%d)", total, h.owner, m)
+	}
 	refuse := ""
 	if st.h.svcs[h.holder] == nil {
 		refuse = fmt.Sprintf("rank %d is not on host %d", h.holder, st.h.cfg.Host)
@@ -362,6 +370,16 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	return err
 }
 
+// physicalMemory is the host's RAM in bytes (0 if unknown): no replica
+// larger than it is accepted.
+func physicalMemory() uint64 {
+	var si syscall.Sysinfo_t
+	if syscall.Sysinfo(&si) != nil {
+		return 0
+	}
+	return uint64(si.Totalram) * uint64(si.Unit)
+}
+
 func sameShape(a, b []tableEntry) bool {
 	return slices.EqualFunc(a, b, func(x, y tableEntry) bool { return x.name == y.name && x.size == y.size })
 }
@@ -398,11 +416,10 @@ func (st *replicaStore) getSlot(c net.Conn, h linkHdr, want []tableEntry) error 
 	for i, e := range want {
 		names[i] = e.name
 	}
-	t, data, release, err := svc.readSlot(h.step, names)
+	t, data, err := svc.readSlot(h.step, names)
 	if err != nil {
 		return writeFail(c, h, err.Error())
 	}
-	defer release()
 	d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
 	for _, e := range t {
 		d.length += uint64(e.size)
@@ -410,42 +427,44 @@ func (st *replicaStore) getSlot(c net.Conn, h linkHdr, want []tableEntry) error 
 	return writeFrame(c, d, t, data)
 }
 
-// readSlot returns the named regions of this rank's committed slot
-// holding step, verified; release ends the read (the slot is not staged
-// over meanwhile).
-func (s *service) readSlot(step int64, names []string) ([]tableEntry, [][]byte, func(), error) {
-	s.reqMu.Lock()
+// readSlot returns views of the named regions of this rank's committed
+// slot holding step, verified, with their CRC32Cs as committed. It takes
+// no lock of the service (a restore on this host may be asking for it
+// while it holds its own): the rank may stage over the slot while the
+// views are read, and whoever copies them checks the copy against the
+// CRCs.
+func (s *service) readSlot(step int64, names []string) ([]tableEntry, [][]byte, error) {
 	s.mu.Lock()
-	slots := s.slots
+	slots, regions := s.slots, s.regions
 	s.mu.Unlock()
 	if slots == nil {
-		s.reqMu.Unlock()
-		return nil, nil, nil, fmt.Errorf("rank %d protects nothing", s.rank)
+		return nil, nil, fmt.Errorf("rank %d protects nothing", s.rank)
 	}
 	sn, err := slots.At(uint64(step))
 	if err != nil {
-		s.reqMu.Unlock()
-		return nil, nil, nil, fmt.Errorf("rank %d: %w", s.rank, err)
+		return nil, nil, fmt.Errorf("rank %d: %w", s.rank, err)
 	}
+	sums := sn.Sums()
 	var t []tableEntry
 	var data [][]byte
 	for _, n := range names {
-		v := sn.Region(n)
-		if v == nil {
-			s.reqMu.Unlock()
-			return nil, nil, nil, fmt.Errorf("rank %d has no region %q", s.rank, n)
+		i := slices.IndexFunc(regions, func(r Region) bool { return r.Name == n })
+		if i < 0 {
+			return nil, nil, fmt.Errorf("rank %d has no region %q", s.rank, n)
 		}
-		t = append(t, tableEntry{name: n, size: int64(len(v)), sum: crc32.Checksum(v, castagnoli)})
+		v := sn.Region(n)
+		t = append(t, tableEntry{name: n, size: int64(len(v)), sum: sums[i]})
 		data = append(data, v)
 	}
-	return t, data, s.reqMu.Unlock, nil
+	return t, data, nil
 }
 
 // ---- The owner's side --------------------------------------------------
 
-// replicator sends one rank's committed steps to its holders, newest
-// first: a step committed while an older one is still being sent
-// supersedes it.
+// replicator sends one rank's committed steps to its holders, every one
+// in order: a holder must have every step that G may come to name (when
+// step s+1 commits before step s is sent, G may still be s), and the
+// overwrite rule keeps a step's slot until the next one is replicated.
 type replicator struct {
 	s       *service
 	mu      sync.Mutex
@@ -500,8 +519,9 @@ func (r *replicator) loop(ctx context.Context, done chan struct{}) {
 	failures, logged := 0, time.Time{}
 	for {
 		r.mu.Lock()
-		step := r.wantS
-		if step <= s.replicated.Load() || ctx.Err() != nil {
+		want, done := r.wantS, s.replicated.Load()
+		step := s.nextToSend(done, want)
+		if step < 0 || ctx.Err() != nil {
 			r.running, r.cancel = false, nil
 			r.mu.Unlock()
 			return
@@ -529,6 +549,20 @@ func (r *replicator) loop(ctx context.Context, done chan struct{}) {
 	}
 }
 
+// nextToSend returns the oldest committed step after done, up to want,
+// or -1.
+func (s *service) nextToSend(done, want int64) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := int64(-1)
+	for _, st := range s.slotStep {
+		if st > done && st <= want && (next < 0 || st < next) {
+			next = st
+		}
+	}
+	return next
+}
+
 // send sends step to every holder and records it replicated.
 func (r *replicator) send(ctx context.Context, step int64) error {
 	s := r.s
@@ -539,9 +573,9 @@ func (r *replicator) send(ctx context.Context, step int64) error {
 			slot = i
 		}
 	}
-	if slot < 0 { // superseded (or truncated) before it could be sent
+	if slot < 0 { // truncated by a restore since nextToSend
 		s.mu.Unlock()
-		return nil
+		return fmt.Errorf("step %d is no longer in a slot", step)
 	}
 	var t []tableEntry
 	var data [][]byte
@@ -590,8 +624,8 @@ func (r *replicator) send(ctx context.Context, step int64) error {
 // ---- Links to other hosts ----------------------------------------------
 
 type link struct {
-	mu   sync.Mutex // one request at a time
-	conn net.Conn
+	mu   sync.Mutex               // one request at a time
+	conn atomic.Pointer[net.Conn] // the connection, or nil; read by close without mu
 }
 
 type linkPool struct {
@@ -634,17 +668,10 @@ func (p *linkPool) close() {
 	p.closed = true
 	for _, l := range p.links {
 		// A request in flight holds l.mu; closing its conn ends it.
-		if c := l.peekConn(); c != nil {
-			c.Close()
+		if c := l.conn.Load(); c != nil {
+			(*c).Close()
 		}
 	}
-}
-
-func (l *link) peekConn() net.Conn {
-	if l.mu.TryLock() {
-		defer l.mu.Unlock()
-	}
-	return l.conn
 }
 
 // do runs one request on the link to host: f writes it and reads the
@@ -657,21 +684,24 @@ func (p *linkPool) do(ctx context.Context, host int, f func(c net.Conn) error) e
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.conn == nil {
+	if l.conn.Load() == nil {
 		c, err := comm.DialLink(ctx, addr, p.h.linkAuth(), p.h.cfg.Host, host)
 		if err != nil {
 			return err
 		}
+		// Stored under p.mu, so that close either sees it or refuses it.
 		p.mu.Lock()
 		closed := p.closed
+		if !closed {
+			l.conn.Store(&c)
+		}
 		p.mu.Unlock()
 		if closed {
 			c.Close()
 			return ErrStopping
 		}
-		l.conn = c
 	}
-	c := l.conn
+	c := *l.conn.Load()
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	err = f(c)
 	_, refused := errors.AsType[*remoteError](err)
@@ -680,7 +710,7 @@ func (p *linkPool) do(ctx context.Context, host int, f func(c net.Conn) error) e
 			err = ctx.Err()
 		}
 		c.Close()
-		l.conn = nil
+		l.conn.Store(nil)
 	}
 	return err
 }

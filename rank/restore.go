@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"maps"
 	"slices"
 
@@ -44,32 +45,23 @@ func (s *service) restore(ctx context.Context) *Restorable {
 
 // restoreRemote fetches step g into a local slot: the replicated regions
 // from a replica holder, params from a data-parallel peer.
+// It runs as a request (reqMu held) and holds s.mu only while it changes
+// the slots, not while it waits for other hosts.
 func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
+	s.rep.reset() // nothing reads the slots while they are rewritten
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	// Discard what this host has from g on: the slot may hold a corrupt g.
-	if g > 0 {
-		if err := s.slots.Truncate(uint64(g - 1)); err != nil {
-			return 0, err
-		}
-	} else if err := s.slots.Clear(); err != nil {
-		return 0, err
-	}
-	for i, st := range s.slotStep {
-		if st >= g {
-			s.slotStep[i] = noStep
-		}
-	}
-	st, err := s.slots.Stage(uint64(g))
+	st, err := s.stageForRestore(g)
+	regions, repl := s.regions, s.repl
+	s.mu.Unlock()
 	if err != nil {
 		return 0, err
 	}
 	views := st.Views()
-	repl := map[string][]byte{}
+	replViews := map[string][]byte{}
 	var want []tableEntry
-	for _, i := range s.repl {
-		repl[s.regions[i].Name] = views[i]
-		want = append(want, tableEntry{name: s.regions[i].Name})
+	for _, i := range repl {
+		replViews[regions[i].Name] = views[i]
+		want = append(want, tableEntry{name: regions[i].Name})
 	}
 	var errs []error
 	got := len(want) == 0
@@ -77,7 +69,7 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 		if got {
 			break
 		}
-		dst := maps.Clone(repl)
+		dst := maps.Clone(replViews)
 		err := s.h.links.fetch(ctx, s.h.cfg.HostOf(hr), linkHdr{kind: kindGet, owner: s.rank, holder: hr, step: g}, want, dst)
 		if err == nil {
 			got = true
@@ -88,7 +80,7 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	if !got {
 		return 0, fmt.Errorf("no holder has the replicated regions: %w", errors.Join(errs...))
 	}
-	if pi := slices.IndexFunc(s.regions, func(r Region) bool { return r.Name == "params" }); pi >= 0 {
+	if pi := slices.IndexFunc(regions, func(r Region) bool { return r.Name == "params" }); pi >= 0 {
 		got := false
 		var peers []int
 		if s.h.cfg.Peers != nil {
@@ -118,6 +110,8 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	if err := st.Commit(); err != nil {
 		return 0, err
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	slot := st.Slot()
 	s.slotStep[slot] = g
 	s.sums[slot] = st.Sums()
@@ -127,16 +121,43 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	return slot, nil
 }
 
-// copySlot copies region name of this rank's slot holding step into dst.
+// stageForRestore discards what this host has from step g on (the slot
+// may hold a corrupt g) and stages g. s.mu is held.
+func (s *service) stageForRestore(g int64) (*ckpt.Staged, error) {
+	// Discard what this host has from g on: the slot may hold a corrupt g.
+	if g > 0 {
+		if err := s.slots.Truncate(uint64(g - 1)); err != nil {
+			return nil, err
+		}
+	} else if err := s.slots.Clear(); err != nil {
+		return nil, err
+	}
+	for i, st := range s.slotStep {
+		if st >= g {
+			s.slotStep[i] = noStep
+		}
+	}
+	st, err := s.slots.Stage(uint64(g))
+	if err != nil {
+		return nil, err
+	}
+	s.staged = nil
+	return st, nil
+}
+
+// copySlot copies region name of this rank's slot holding step into dst,
+// and checks the copy against the region's committed CRC32C.
 func (s *service) copySlot(step int64, name string, dst []byte) error {
-	_, data, release, err := s.readSlot(step, []string{name})
+	t, data, err := s.readSlot(step, []string{name})
 	if err != nil {
 		return err
 	}
-	defer release()
 	if len(data[0]) != len(dst) {
 		return fmt.Errorf("region %q of %d bytes, want %d", name, len(data[0]), len(dst))
 	}
 	copy(dst, data[0])
+	if got := crc32.Checksum(dst, castagnoli); got != t[0].sum {
+		return fmt.Errorf("region %q of step %d changed while it was copied (CRC32C %08x, committed %08x)", name, step, got, t[0].sum)
+	}
 	return nil
 }
