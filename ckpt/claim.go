@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // A Claim says that a job's slot files in a directory are in use: every
@@ -32,13 +33,25 @@ func ClaimJob(job string, opt Options) (*Claim, error) {
 	}
 	dir := opt.dir()
 	path := filepath.Join(dir, lockName(job))
-	for range 16 {
+	for try := range 200 {
 		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
 		if err != nil {
 			return nil, fmt.Errorf("ckpt: claiming job %s: %w", job, err)
 		}
-		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH); err != nil {
+		// /dev/shm is shared by every user: a lock file another user made
+		// (or made writable) is not ours to trust.
+		if err := ours(f); err != nil {
 			f.Close()
+			return nil, fmt.Errorf("ckpt: claiming job %s: %s: %w", job, path, err)
+		}
+		// Without waiting: only a sweeper holds the lock exclusively, and
+		// only for a moment.
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, syscall.EWOULDBLOCK) && try < 199 {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
 			return nil, fmt.Errorf("ckpt: claiming job %s: %w", job, err)
 		}
 		// A sweeper may have removed the file between our open and our
@@ -49,6 +62,25 @@ func ClaimJob(job string, opt Options) (*Claim, error) {
 		f.Close()
 	}
 	return nil, fmt.Errorf("ckpt: claiming job %s: its lock file keeps being replaced", job)
+}
+
+// ours checks that f is a regular file of this user that nobody else may
+// write.
+func ours(f *os.File) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.Mode().IsRegular():
+		return errors.New("not a regular file")
+	case ok && int(st.Uid) != os.Getuid():
+		return fmt.Errorf("owned by uid %d, not this user", st.Uid)
+	case fi.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("writable by others (mode %v)", fi.Mode().Perm())
+	}
+	return nil
 }
 
 func same(f *os.File, path string) bool {
@@ -101,6 +133,10 @@ func Sweep(opt Options) ([]string, error) {
 		f, err := os.OpenFile(path, os.O_RDWR|syscall.O_NOFOLLOW, 0)
 		if err != nil {
 			continue // gone meanwhile, or not ours
+		}
+		if ours(f) != nil { // another user's: its files are not ours to judge
+			f.Close()
+			continue
 		}
 		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil && same(f, path) {
 			if err := RemoveJob(job, Options{Dir: dir}); err != nil {

@@ -83,3 +83,30 @@ func TestClaimBadJob(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimUntrustedLockFile: a lock file others may write (another user
+// could have made it) is neither claimed nor swept.
+func TestClaimUntrustedLockFile(t *testing.T) {
+	opt := Options{Dir: t.TempDir()}
+	path := filepath.Join(opt.Dir, lockName("job1"))
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Create("job1", 0, testRegions, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if _, err := ClaimJob("job1", opt); err == nil {
+		t.Fatal("claimed a job through a lock file writable by others")
+	}
+	if swept, err := Sweep(opt); err != nil || len(swept) != 0 {
+		t.Fatalf("Sweep = %v, %v: swept through a lock file writable by others", swept, err)
+	}
+	if _, err := os.Stat(filepath.Join(opt.Dir, hdrName("job1", 0))); err != nil {
+		t.Fatalf("the job's files: %v", err)
+	}
+}

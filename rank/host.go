@@ -80,6 +80,7 @@ type Host struct {
 	links *linkPool
 
 	waiters atomic.Int64 // stages waiting at the overwrite rule
+	rmu     sync.RWMutex // held by Restart, and read-held by Progress
 }
 
 // NewHost starts a host's state protection. Nothing is created on disk
@@ -152,6 +153,10 @@ func (h *Host) G() int64 {
 // every local rank's steps after g are discarded, so that the ranks
 // restarted next restore g and stage g+1. The ranks must be stopped.
 func (h *Host) Restart(gen uint64, g int64) error {
+	// No progress report is taken while the generation and the ranks'
+	// steps disagree: one with the new generation and a discarded step
+	// would let the launcher's G pass g.
+	h.rmu.Lock()
 	h.gmu.Lock()
 	h.gen, h.g = gen, g
 	close(h.gwake)
@@ -163,6 +168,7 @@ func (h *Host) Restart(gen uint64, g int64) error {
 			errs = append(errs, err)
 		}
 	}
+	h.rmu.Unlock()
 	h.cfg.Changed()
 	return errors.Join(errs...)
 }
@@ -225,6 +231,8 @@ func (h *Host) sortedRanks() []int {
 // Progress returns every local rank's progress, in rank order, with the
 // restart generation it belongs to.
 func (h *Host) Progress() (uint64, []Progress) {
+	h.rmu.RLock()
+	defer h.rmu.RUnlock()
 	gen := h.Gen()
 	out := make([]Progress, 0, len(h.svcs))
 	for _, r := range h.sortedRanks() {

@@ -311,3 +311,74 @@ func TestWaitCancel(t *testing.T) {
 		t.Fatalf("Restore = %+v, %v; want step 1", r, err)
 	}
 }
+
+// TestRestoreWithoutG: before any step is recoverable everywhere, a
+// restarted rank starts afresh, and can stage from step 0 again.
+func TestRestoreWithoutG(t *testing.T) {
+	c := newCluster(t, [][]int{{0}}, nil, nil)
+	ctx := context.Background()
+	cl, err := Connect(ctx, testRegions, Options{Socket: c.sockets[0], Gradient: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := range int64(2) {
+		if err := cl.Stage(ctx, s, stateOf(0, s, testRegions)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cl.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+	// A restart from scratch keeps the gradient buffer usable.
+	if err := c.hosts[0].Restart(1, -1); err != nil {
+		t.Fatal(err)
+	}
+	cl2, err := Connect(ctx, testRegions, Options{Socket: c.sockets[0], Gradient: 1024})
+	if err != nil {
+		t.Fatalf("reconnecting after a restart from scratch: %v", err)
+	}
+	defer cl2.Close()
+	r, err := cl2.Restore(ctx)
+	if err != nil || r.Step != -1 {
+		t.Fatalf("Restore = %+v, %v; want step -1", r, err)
+	}
+	if err := cl2.Stage(ctx, 0, stateOf(0, 0, testRegions)); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl2.Wait(ctx); err != nil {
+		t.Fatalf("staging step 0 again: %v", err)
+	}
+	if err := cl2.Gradient(ctx, 0, make([]float32, 1024)); err != nil {
+		t.Fatalf("gradient after a restart from scratch: %v", err)
+	}
+}
+
+// TestSupersededSession: once a newer session of the rank said
+// ProtectHello, an older one can neither stage nor commit.
+func TestSupersededSession(t *testing.T) {
+	c := newCluster(t, [][]int{{0}}, nil, nil)
+	h := c.hosts[0]
+	ctx := context.Background()
+	hello := []byte(`{"v":1,"regions":[{"name":"optimizer","size":64}]}`)
+	old := h.Session(0)
+	if _, _, err := old.Handle(ctx, TypeProtectHello, hello); err != nil {
+		t.Fatal(err)
+	}
+	if _, ans, err := old.Handle(ctx, TypeStage, []byte(`{"step":0}`)); err != nil || ans.(*Staged).Err != "" {
+		t.Fatalf("stage: %+v %v", ans, err)
+	}
+	// The process of old died; its successor says hello.
+	if _, _, err := h.Session(0).Handle(ctx, TypeProtectHello, hello); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := old.Handle(ctx, TypeCommit, []byte(`{"step":0}`)); err == nil {
+		t.Fatal("a superseded session committed")
+	}
+	if _, _, err := old.Handle(ctx, TypeStage, []byte(`{"step":1}`)); err == nil {
+		t.Fatal("a superseded session staged")
+	}
+	if _, ans, err := old.Handle(ctx, TypeStatus, []byte(`{}`)); err != nil || ans.(*Status).Committed != -1 {
+		t.Fatalf("status of a superseded session: %+v %v", ans, err)
+	}
+}

@@ -226,6 +226,19 @@ type replicaStore struct {
 	owners map[int]*ownerReplica
 	conns  map[net.Conn]struct{}
 	closed bool
+	bytes  uint64 // held in all buffers
+}
+
+// reserve accounts for a buffer growing from old to n bytes.
+func (st *replicaStore) reserve(n, old uint64) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	limit := physicalMemory() / 2
+	if next := st.bytes - old + n; limit > 0 && next > limit {
+		return fmt.Errorf("the replicas held here would take %d bytes, more than half this host's memory", next)
+	}
+	st.bytes = st.bytes - old + n
+	return nil
 }
 
 func newReplicaStore(h *Host) *replicaStore {
@@ -312,9 +325,7 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	if h.length != total || h.step < 0 {
 		return fmt.Errorf("put of %d bytes for regions of %d, step %d", h.length, total, h.step)
 	}
-	if m := physicalMemory(); m > 0 && total > m {
-		return fmt.Errorf("put of %d bytes for rank %d: more than this host's memory (%d)", total, h.owner, m)
-	}
+
 	refuse := ""
 	if st.h.svcs[h.holder] == nil {
 		refuse = fmt.Sprintf("rank %d is not on host %d", h.holder, st.h.cfg.Host)
@@ -346,6 +357,17 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	buf := &o.bufs[v]
 	buf.step = noStep
 	if !sameShape(buf.table, t) {
+		// Replicas live in this agent's memory: all of them together may
+		// take at most half the host's, whatever peers announce.
+		var old uint64
+		for _, d := range buf.data {
+			old += uint64(len(d))
+		}
+		if err := st.reserve(total, old); err != nil {
+			buf.table, buf.data = nil, nil
+			st.reserve(0, old) // the buffer is dropped
+			return fmt.Errorf("put of %d bytes for rank %d: %w", total, h.owner, err)
+		}
 		buf.data = make([][]byte, len(t))
 		for i, e := range t {
 			buf.data[i] = make([]byte, e.size)
@@ -395,7 +417,7 @@ func (st *replicaStore) get(c net.Conn, h linkHdr) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, b := range o.bufs {
-		if b.step == h.step {
+		if b.step >= 0 && b.step == h.step {
 			d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
 			for _, e := range b.table {
 				d.length += uint64(e.size)

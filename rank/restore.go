@@ -15,14 +15,19 @@ import (
 // the rank's own slot (Tier-1), or replicas from other hosts (Tier-2).
 func (s *service) restore(ctx context.Context) *Restorable {
 	g := s.h.G()
-	if g < 0 {
-		return &Restorable{Step: noStep}
-	}
 	s.mu.Lock()
 	slots := s.slots
 	s.mu.Unlock()
 	if slots == nil {
 		return &Restorable{Step: noStep, Err: "ProtectHello first"}
+	}
+	if g < 0 {
+		// No step is recoverable on every rank: every rank starts afresh,
+		// and whatever this host has is discarded.
+		if err := s.truncate(noStep); err != nil {
+			return &Restorable{Step: noStep, Err: err.Error()}
+		}
+		return &Restorable{Step: noStep}
 	}
 	sn, err := slots.At(uint64(g))
 	if err == nil {

@@ -65,9 +65,9 @@ func newService(h *Host, rank int) *service {
 
 func (s *service) progress() Progress {
 	s.mu.Lock()
-	c := s.committed
+	c, r := s.committed, s.replicated.Load()
 	s.mu.Unlock()
-	r := s.replicated.Load()
+	r = min(r, c)
 	return Progress{Rank: s.rank, Committed: c, Replicated: r, Stages: s.stages.Load(), WaitNS: s.waitNS.Load(),
 		ReplSteps: s.replSteps.Load(), ReplNS: s.replNS.Load(), ReplBytes: s.replBytes.Load()}
 }
@@ -153,7 +153,7 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 			if req.N != 0 {
 				return 0, nil, errors.New("commit: unexpected field n")
 			}
-			return TypeCommitted, s.commit(ss.gen, req.Step), nil
+			return TypeCommitted, s.commit(ss, req.Step), nil
 		default:
 			if req.N < 0 || req.N > MaxGradient {
 				return 0, nil, fmt.Errorf("gradient: %d elements out of range", req.N)
@@ -335,8 +335,13 @@ func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 
 // commit checksums and commits the staged step, then hands it to the
 // replicator.
-func (s *service) commit(gen uint64, step int64) *Committed {
+func (s *service) commit(ss *Session, step int64) *Committed {
+	gen := ss.gen
 	s.mu.Lock()
+	if ss.id != s.session {
+		s.mu.Unlock()
+		return &Committed{Step: step, Err: errSuperseded.Error()}
+	}
 	st := s.staged
 	if st == nil || int64(st.Step()) != step {
 		s.mu.Unlock()
@@ -375,12 +380,22 @@ func (s *service) commit(gen uint64, step int64) *Committed {
 // gradient compresses the first n elements of the gradient buffer into the
 // differential log.
 func (s *service) gradient(step, n int64) *GradientDone {
+	// The buffer is set at ProtectHello and read here under reqMu: the
+	// compression needs no lock, and holds up no progress report.
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if n*4 > int64(len(s.grad)) {
-		return &GradientDone{Step: step, Err: fmt.Sprintf("%d elements exceed the gradient buffer of %d", n, len(s.grad)/4)}
+	grad := s.grad
+	last := int64(noStep)
+	if k := len(s.diffSteps); k > 0 {
+		last = s.diffSteps[k-1]
 	}
-	x := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(s.grad))), n)
+	s.mu.Unlock()
+	if n*4 > int64(len(grad)) {
+		return &GradientDone{Step: step, Err: fmt.Sprintf("%d elements exceed the gradient buffer of %d", n, len(grad)/4)}
+	}
+	if step <= last {
+		return &GradientDone{Step: step, Err: fmt.Sprintf("the gradient of step %d does not follow that of step %d", step, last)}
+	}
+	x := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(grad))), n)
 	t, err := replay.Compress(0, x, replay.Options{})
 	if err != nil {
 		return &GradientDone{Step: step, Err: err.Error()}
@@ -390,6 +405,8 @@ func (s *service) gradient(step, n int64) *GradientDone {
 	if err != nil {
 		return &GradientDone{Step: step, Err: err.Error()}
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.diffLog = append(s.diffLog, b)
 	s.diffSteps = append(s.diffSteps, step)
 	s.trimLog()
@@ -443,22 +460,19 @@ func (s *service) truncate(g int64) error {
 		}
 	}
 	if g < 0 {
-		// A restart from scratch: forget everything.
-		cr := s.slots.Regions()
-		s.slots.Close()
-		s.slots = nil
-		if err := ckpt.Remove(s.h.cfg.Job, s.rank, ckpt.Options{Dir: s.h.cfg.Dir}); err != nil {
+		// A restart from scratch: forget every step.
+		if err := s.slots.Clear(); err != nil {
 			return err
 		}
-		slots, err := ckpt.Create(s.h.cfg.Job, s.rank, cr, ckpt.Options{Dir: s.h.cfg.Dir})
-		if err != nil {
-			return err
-		}
-		s.slots = slots
-		s.files = slots.Files()
 	}
 	s.committed = max(s.slotStep[0], s.slotStep[1])
 	s.replicated.Store(min(s.replicated.Load(), s.committed))
+	// The differential records of discarded steps go too.
+	keep := 0
+	for keep < len(s.diffSteps) && s.diffSteps[keep] <= g {
+		keep++
+	}
+	s.diffLog, s.diffSteps = s.diffLog[:keep], s.diffSteps[:keep]
 	return nil
 }
 
