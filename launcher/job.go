@@ -573,6 +573,7 @@ func (j *job) loop(ctx context.Context) int {
 			j.fail(ExitTimeout, "job exceeded its time limit of %v (--timeout); stopping it", j.cfg.Timeout)
 		case now := <-tick.C:
 			j.checkHosts(now)
+			j.prog.republish()
 			if !stopDeadline.IsZero() && now.After(stopDeadline) {
 				j.out.report("%d ranks did not report their end; giving up on them", j.world-j.ranksEnded)
 				return j.exitCode()

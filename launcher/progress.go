@@ -13,8 +13,9 @@ import (
 // progress aggregates the agents' state-protection reports into G, the
 // globally recoverable step (DESIGN.md §5): the minimum over ranks of the
 // newest step committed on the rank's host and at all its replica holders.
-// Each report covers one host's ranks, so an update costs O(ranks of the
-// host + hosts), not O(world).
+// Each report covers one host's ranks and costs O(its ranks); G is
+// recomputed over the hosts (O(hosts)) only when the last host at G moves
+// past it, so a step of H hosts costs O(world + H), not O(H²).
 type progress struct {
 	mu        sync.Mutex
 	gen       uint64
@@ -22,6 +23,7 @@ type progress struct {
 	hostRanks [][]int             // the ranks of each host
 	rankHost  []int
 	hostMin   []int64 // per host: the minimum Replicated of its ranks
+	atG       int     // hosts whose hostMin is at most g
 	g         int64
 	publish   func(*wire.GlobalStep)
 }
@@ -35,6 +37,7 @@ func newProgress(hostRanks [][]int, rankHost []int, publish func(*wire.GlobalSte
 	for h := range p.hostMin {
 		p.hostMin[h] = -1
 	}
+	p.atG = len(hostRanks)
 	return p
 }
 
@@ -61,13 +64,40 @@ func (p *progress) handle(u *wire.UpProgress) error {
 	for _, r := range p.hostRanks[u.Host] {
 		m = min(m, p.ranks[r].Replicated)
 	}
+	old := p.hostMin[u.Host]
 	p.hostMin[u.Host] = m
+	switch {
+	case old <= p.g && m > p.g:
+		p.atG--
+	case old > p.g && m <= p.g:
+		p.atG++
+	}
+	if p.atG > 0 || len(p.hostMin) == 0 {
+		return nil
+	}
+	// The last host at G moved past it.
 	g := slices.Min(p.hostMin)
+	p.atG = 0
+	for _, hm := range p.hostMin {
+		if hm <= g {
+			p.atG++
+		}
+	}
 	if g > p.g {
 		p.g = g
 		p.publish(&wire.GlobalStep{Gen: p.gen, G: g})
 	}
 	return nil
+}
+
+// republish publishes G again, for an agent that missed it (NATS does not
+// redeliver): the launcher calls it every tick.
+func (p *progress) republish() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.g >= 0 {
+		p.publish(&wire.GlobalStep{Gen: p.gen, G: p.g})
+	}
 }
 
 // restart begins generation gen: G stays where it is (every rank resumes
@@ -83,6 +113,7 @@ func (p *progress) restart(gen uint64) int64 {
 	for h := range p.hostMin {
 		p.hostMin[h] = min(p.hostMin[h], p.g)
 	}
+	p.atG = len(p.hostMin) // every host is at g or below now
 	return p.g
 }
 

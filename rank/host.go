@@ -141,6 +141,19 @@ func (h *Host) SetG(gen uint64, g int64) {
 	h.gwake = make(chan struct{})
 }
 
+// Active reports whether any local rank protects its state.
+func (h *Host) Active() bool {
+	for _, s := range h.svcs {
+		s.mu.Lock()
+		on := s.slots != nil
+		s.mu.Unlock()
+		if on {
+			return true
+		}
+	}
+	return false
+}
+
 // G returns the globally recoverable step known here, or -1.
 func (h *Host) G() int64 {
 	h.gmu.Lock()

@@ -324,6 +324,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			a.signalAll(syscall.SIGKILL, true)
 		case <-hb.C:
 			a.heartbeat()
+			if a.prot != nil && a.prot.host.Active() {
+				// Reports are sent on change; this one replaces a lost one.
+				a.prot.changed()
+			}
 		case <-ctx.Done():
 			return a.lost(ctx)
 		}
