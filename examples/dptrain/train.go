@@ -147,6 +147,13 @@ func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*resul
 	start := time.Now()
 	for s := first; s < cfg.Steps; s++ {
 		if s == cfg.FailAtStep && t.rank == cfg.FailRank {
+			if cfg.FailWipeState && t.prot != nil {
+				// The state to wipe is the committed one, not one a
+				// staging still in flight would write over again.
+				if err := t.prot.Wait(ctx); err != nil {
+					return nil, fmt.Errorf("state protection: %w", err)
+				}
+			}
 			crash := o.crash
 			if crash == nil {
 				crash = func(int) error { return errCrashed }

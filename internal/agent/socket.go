@@ -178,12 +178,34 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 	if err != nil {
 		return err
 	}
+	// Frames are read by their own goroutine, so that a rank that goes
+	// away while its request waits (a stage at the overwrite rule) ends
+	// the wait: its socket's end is seen at once.
+	frames := make(chan sockFrame)
+	stop := make(chan struct{})
+	defer close(stop)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			typ, b, err := wire.ReadSock(c)
+			select {
+			case frames <- sockFrame{typ, b, err}:
+			case <-stop:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
 	var prot *rsvc.Session // this connection's state-protection session
 	for {
-		typ, b, err := wire.ReadSock(c)
-		if err != nil {
+		f := <-frames
+		if f.err != nil {
 			return nil // the rank closed its end (or ended)
 		}
+		typ, b := f.typ, f.b
 		if rsvc.IsRequest(typ) {
 			if prot == nil && s.prot != nil {
 				prot = s.prot.Session(rank)
@@ -191,11 +213,17 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 			if prot == nil {
 				return s.refuse(ss, "state protection is not available on this host")
 			}
-			at, ans, err := prot.Handle(s.ctx, typ, b)
-			if err != nil {
-				return s.refuse(ss, err.Error())
+			r, next := s.handle(prot, typ, b, frames)
+			if next != nil {
+				if next.err != nil {
+					return nil // the rank went away while its request waited
+				}
+				return s.refuse(ss, fmt.Sprintf("message type %d before the answer to the previous request", next.typ))
 			}
-			if err := ss.write(at, ans); err != nil {
+			if r.err != nil {
+				return s.refuse(ss, r.err.Error())
+			}
+			if err := ss.write(r.typ, r.ans); err != nil {
 				return err
 			}
 			continue
@@ -217,6 +245,42 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 			return s.refuse(ss, fmt.Sprintf("unknown message type %d", typ))
 		}
 	}
+}
+
+// sockFrame is one frame read from a rank's socket, or the read's error.
+type sockFrame struct {
+	typ byte
+	b   []byte
+	err error
+}
+
+// handle runs one state-protection request. If a frame arrives before it
+// is answered (the rank closed its socket, or broke the protocol), the
+// request is cancelled and that frame returned in next.
+func (s *rankSockets) handle(prot *rsvc.Session, typ byte, b []byte, frames <-chan sockFrame) (protResult, *sockFrame) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	done := make(chan protResult, 1)
+	go func() {
+		at, ans, err := prot.Handle(ctx, typ, b)
+		done <- protResult{at, ans, err}
+	}()
+	select {
+	case r := <-done:
+		return r, nil
+	case f := <-frames:
+		cancel()
+		<-done
+		return protResult{}, &f
+	}
+}
+
+// protResult is a state-protection request's answer (or why it was
+// refused).
+type protResult struct {
+	typ byte
+	ans any
+	err error
 }
 
 // refuse tells the rank what was wrong and ends the connection.
