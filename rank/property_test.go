@@ -763,20 +763,7 @@ func TestBugConcurrentTier2RestoreDeadlock(t *testing.T) {
 	for r := range rs {
 		rs[r] = newSessRank(t, c.hosts[r/2], r)
 	}
-	for s := range int64(2) {
-		for _, sr := range rs {
-			sr.protect(s)
-		}
-	}
-	c.waitFor("replication of step 1", func() bool {
-		for r := range rs {
-			if c.progress(r).Replicated != 1 {
-				return false
-			}
-		}
-		return true
-	})
-	c.publishG()
+	protectReplicated(c, rs, 2)
 	replaceHost(t, c, 0, []int{0, 1}, peers, 1, 1)
 	r0, r1 := newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[0], 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -836,20 +823,7 @@ func TestBugReplicasLostWithReplacedHost(t *testing.T) {
 	for r := range rs {
 		rs[r] = newSessRank(t, c.hosts[r], r)
 	}
-	for s := range int64(2) {
-		for _, sr := range rs {
-			sr.protect(s)
-		}
-	}
-	c.waitFor("replication of step 1", func() bool {
-		for r := range rs {
-			if c.progress(r).Replicated != 1 {
-				return false
-			}
-		}
-		return true
-	})
-	c.publishG()
+	protectReplicated(c, rs, 2)
 	// Host 1 fails; every rank restores step 1 (rank 1 from rank 2's
 	// host, and params from rank 0).
 	replaceHost(t, c, 1, []int{1}, peers, 1, 1)
@@ -971,4 +945,24 @@ func TestBugLinkPoolCloseRace(t *testing.T) {
 		}
 		h.Close()
 	}
+}
+
+// protectReplicated has every rank of rs protect steps 0 to n-1, waits
+// until the holders have step n-1 of every rank, and publishes G = n-1.
+func protectReplicated(c *cluster, rs []*sessRank, n int64) {
+	c.t.Helper()
+	for s := range n {
+		for _, sr := range rs {
+			sr.protect(s)
+		}
+	}
+	c.waitFor(fmt.Sprintf("replication of step %d", n-1), func() bool {
+		for r := range rs {
+			if c.progress(r).Replicated != n-1 {
+				return false
+			}
+		}
+		return true
+	})
+	c.publishG()
 }
