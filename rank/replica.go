@@ -2,8 +2,9 @@ package rank
 
 // Replication between hosts (DEADPOOL §V-B). After a rank's step commits,
 // its replicator sends the replicated regions of that slot to the rank's
-// replica holders, one authenticated link per pair of hosts (dialed by the
-// sending host, request and answer in turn). The holder's host keeps two
+// replica holders, over authenticated links from each local rank to each
+// holder's host (dialed by the sending host, request and answer in turn),
+// so that a host's ranks replicate side by side. The holder's host keeps two
 // buffers per owner, the newest complete step and the one being received,
 // checks every region's CRC32C against the owner's and acknowledges; the
 // owner counts a step replicated once every holder acknowledged it.
@@ -653,12 +654,17 @@ type link struct {
 type linkPool struct {
 	h      *Host
 	mu     sync.Mutex
-	links  map[int]*link
+	links  map[linkKey]*link
 	addrs  []string
 	closed bool
 }
 
-func newLinkPool(h *Host) *linkPool { return &linkPool{h: h, links: map[int]*link{}} }
+// linkKey names a link: each local rank has its own to each other host,
+// so that the ranks of a host replicate side by side rather than one
+// after the other (at most ranks per host × replicas links per host).
+type linkKey struct{ host, rank int }
+
+func newLinkPool(h *Host) *linkPool { return &linkPool{h: h, links: map[linkKey]*link{}} }
 
 // SetAddrs sets the replication address of every host (indexed by host).
 func (h *Host) SetAddrs(addrs []string) {
@@ -667,7 +673,7 @@ func (h *Host) SetAddrs(addrs []string) {
 	h.links.mu.Unlock()
 }
 
-func (p *linkPool) get(host int) (*link, string, error) {
+func (p *linkPool) get(host, rank int) (*link, string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -676,10 +682,11 @@ func (p *linkPool) get(host int) (*link, string, error) {
 	if host < 0 || host >= len(p.addrs) || p.addrs[host] == "" {
 		return nil, "", fmt.Errorf("no replication address for host %d", host)
 	}
-	l := p.links[host]
+	k := linkKey{host, rank}
+	l := p.links[k]
 	if l == nil {
 		l = &link{}
-		p.links[host] = l
+		p.links[k] = l
 	}
 	return l, p.addrs[host], nil
 }
@@ -696,11 +703,11 @@ func (p *linkPool) close() {
 	}
 }
 
-// do runs one request on the link to host: f writes it and reads the
-// answer. A link failure drops the connection (the next request redials);
-// a refusal keeps it.
-func (p *linkPool) do(ctx context.Context, host int, f func(c net.Conn) error) error {
-	l, addr, err := p.get(host)
+// do runs one request of local rank rank on its link to host: f writes
+// it and reads the answer. A link failure drops the connection (the next
+// request redials); a refusal keeps it.
+func (p *linkPool) do(ctx context.Context, host, rank int, f func(c net.Conn) error) error {
+	l, addr, err := p.get(host, rank)
 	if err != nil {
 		return err
 	}
@@ -742,7 +749,7 @@ func (p *linkPool) put(ctx context.Context, host int, h linkHdr, t []tableEntry,
 	for _, e := range t {
 		h.length += uint64(e.size)
 	}
-	return p.do(ctx, host, func(c net.Conn) error {
+	return p.do(ctx, host, h.owner, func(c net.Conn) error {
 		if err := writeFrame(c, h, t, data); err != nil {
 			return err
 		}
@@ -760,7 +767,7 @@ func (p *linkPool) put(ctx context.Context, host int, h linkHdr, t []tableEntry,
 // fetch asks host for regions (a get or getSlot request h) and reads them
 // into dst, by name, verifying each region's CRC32C and size.
 func (p *linkPool) fetch(ctx context.Context, host int, h linkHdr, want []tableEntry, dst map[string][]byte) error {
-	return p.do(ctx, host, func(c net.Conn) error {
+	return p.do(ctx, host, h.owner, func(c net.Conn) error {
 		if err := writeFrame(c, h, want, nil); err != nil {
 			return err
 		}
