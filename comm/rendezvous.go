@@ -25,6 +25,9 @@ var ErrJobStopped = errors.New("comm: the job was stopped before it started")
 type RendezvousHost struct {
 	Name  string
 	Ranks []int // ranks the host runs, in local-rank order
+	// Holders, when not nil, replaces the spec's Holders in this host's
+	// reply (each host gets the replica placement rows it needs).
+	Holders []wire.HolderRow
 }
 
 // Rendezvous collects the registrations of one epoch's agents on the
@@ -37,7 +40,8 @@ type Rendezvous struct {
 	epoch      uint64
 	hosts      []RendezvousHost
 	world      int
-	spec       []byte // encoded RegisterReply, the same for every agent
+	spec       []byte        // encoded RegisterReply, the same for every agent without its own Holders
+	specV      *wire.JobSpec // the spec, for hosts with their own Holders
 	registered chan int
 	done       chan struct{}
 
@@ -60,6 +64,7 @@ func StartRendezvous(nc *nats.Conn, job string, epoch uint64, hosts []Rendezvous
 		nc: nc, subj: wire.JobSubjects(job), job: job, epoch: epoch,
 		hosts: hosts, world: world,
 		spec:       wire.Marshal(&wire.RegisterReply{Spec: spec}),
+		specV:      spec,
 		registered: make(chan int, len(hosts)),
 		done:       make(chan struct{}),
 		regs:       make([]*wire.Register, len(hosts)),
@@ -131,7 +136,13 @@ func (r *Rendezvous) onRegister(m *nats.Msg) {
 	last := r.missing == 0
 	r.mu.Unlock()
 
-	r.reply(m, r.spec)
+	if hs := r.hosts[reg.Host].Holders; hs != nil {
+		own := *r.specV
+		own.Holders = hs
+		r.reply(m, wire.Marshal(&wire.RegisterReply{Spec: &own}))
+	} else {
+		r.reply(m, r.spec)
+	}
 	r.registered <- reg.Host
 	if last {
 		r.publish()

@@ -63,8 +63,9 @@ type job struct {
 	rankHost []int
 	// holders[r] are the ranks holding rank r's replicas (state
 	// protection), or nil.
-	holders [][]int
-	prog    *progress
+	holders  [][]int
+	hostRows [][]wire.HolderRow // holderRows' cache
+	prog     *progress
 
 	events     chan *wire.Event
 	agentExits chan agentExit
@@ -237,13 +238,13 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 
 	rhosts := make([]comm.RendezvousHost, len(j.hosts))
 	for i, h := range j.hosts {
-		rhosts[i] = comm.RendezvousHost{Name: h.name, Ranks: h.ranks}
+		rhosts[i] = comm.RendezvousHost{Name: h.name, Ranks: h.ranks, Holders: j.holderRows(i)}
 	}
 	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, &wire.JobSpec{
 		Prog: j.cfg.Prog, Args: j.cfg.Args, Env: j.cfg.Env, Dir: j.cfg.Dir, DirExplicit: j.cfg.dirExplicit,
 		KillGrace: j.cfg.KillGrace, HeartbeatInterval: j.cfg.HeartbeatInterval, OutputDelay: j.cfg.OutputDelay,
 		StdinRank: j.stdinRank(), TP: j.cfg.TP, PP: j.cfg.PP, GPUsPerRank: j.cfg.GPUsPerRank,
-		Holders: j.holders, MaxRestarts: j.cfg.MaxRestarts,
+		MaxRestarts: j.cfg.MaxRestarts,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)

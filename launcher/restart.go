@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
@@ -33,6 +34,31 @@ func (j *job) placeReplicas(assign []topology.Assignment) error {
 		j.log.Debug("replica placement", "shortfall", s.String())
 	}
 	return nil
+}
+
+// holderRows returns the replica placement rows host h needs: those of its
+// own ranks and of the ranks it holds replicas of (nil without replicas).
+func (j *job) holderRows(h int) []wire.HolderRow {
+	if j.holders == nil {
+		return nil
+	}
+	if j.hostRows == nil {
+		j.hostRows = make([][]wire.HolderRow, len(j.hosts))
+		var to []int // the hosts a row goes to
+		for r, hs := range j.holders {
+			row := wire.HolderRow{Rank: r, Holders: hs}
+			to = append(to[:0], j.rankHost[r])
+			for _, x := range hs {
+				if hx := j.rankHost[x]; !slices.Contains(to, hx) {
+					to = append(to, hx)
+				}
+			}
+			for _, h := range to {
+				j.hostRows[h] = append(j.hostRows[h], row)
+			}
+		}
+	}
+	return j.hostRows[h]
 }
 
 // restartRanks restarts every rank in place after a failure (why): a new

@@ -48,15 +48,22 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 			}
 		}
 	}
-	for r, hs := range a.spec.Holders {
-		for _, h := range hs {
-			if r >= t.World || h < 0 || h >= t.World || h == r {
-				if ln != nil {
-					ln.Close()
-				}
-				return nil, fmt.Errorf("replica placement: rank %d held by rank %d in a world of %d", r, h, t.World)
-			}
+	var holders [][]int // by rank; nil rows for the ranks this host does not deal with
+	for _, row := range a.spec.Holders {
+		bad := row.Rank < 0 || row.Rank >= t.World || holders != nil && holders[row.Rank] != nil
+		for _, h := range row.Holders {
+			bad = bad || h < 0 || h >= t.World || h == row.Rank
 		}
+		if bad {
+			if ln != nil {
+				ln.Close()
+			}
+			return nil, fmt.Errorf("bad replica placement row: rank %d held by %v in a world of %d", row.Rank, row.Holders, t.World)
+		}
+		if holders == nil {
+			holders = make([][]int, t.World)
+		}
+		holders[row.Rank] = row.Holders
 	}
 	var peers func(int) []int
 	if l, err := topology.NewLayout(t.World, max(a.spec.TP, 1), max(a.spec.PP, 1)); err == nil {
@@ -65,7 +72,7 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 	p := &protection{a: a, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	h, err := rank.NewHost(rank.HostConfig{
 		Job: a.cfg.Job, Secret: a.cfg.Secret, Host: a.cfg.Host, Hosts: len(t.Hosts), Ranks: mine,
-		Holders: a.spec.Holders, Peers: peers, HostOf: func(r int) int { return hostOf[r] },
+		Holders: holders, Peers: peers, HostOf: func(r int) int { return hostOf[r] },
 		Listener: ln, Changed: p.changed, Log: a.log,
 	})
 	if err != nil {

@@ -123,12 +123,20 @@ type JobSpec struct {
 	// GPUsPerRank is how many GPUs each local rank gets (0: one each,
 	// shared round-robin when ranks outnumber GPUs).
 	GPUsPerRank int `json:"gpr,omitempty"`
-	// Holders[r] are the ranks holding rank r's replicas (state
-	// protection; empty: none).
-	Holders [][]int `json:"holders,omitempty"`
+	// Holders are the replica holders (state protection) of the ranks
+	// this host needs to know about: its own ranks, and the ranks it
+	// holds replicas of. Each host gets its own rows, so the spec stays
+	// small whatever the world size.
+	Holders []HolderRow `json:"holders,omitempty"`
 	// MaxRestarts is how many times the ranks may be restarted in place
 	// after a failure (--max-restarts).
 	MaxRestarts int `json:"maxrestarts,omitempty"`
+}
+
+// HolderRow says which ranks hold rank Rank's replicas.
+type HolderRow struct {
+	Rank    int   `json:"r"`
+	Holders []int `json:"h"`
 }
 
 // NoStdin is JobSpec.StdinRank when no rank reads the launcher's stdin.
