@@ -81,6 +81,23 @@ type Host struct {
 
 	waiters atomic.Int64 // stages waiting at the overwrite rule
 	rmu     sync.RWMutex // held by Restart, and read-held by Progress
+
+	claimOnce sync.Once
+	claim     *ckpt.Claim // this job's files on this machine are in use
+}
+
+// claimFiles claims the job's slot files on this machine (ckpt.ClaimJob)
+// before the first of them is created: jobs that protect nothing create
+// nothing in /dev/shm.
+func (h *Host) claimFiles() {
+	h.claimOnce.Do(func() {
+		c, err := ckpt.ClaimJob(h.cfg.Job, ckpt.Options{Dir: h.cfg.Dir})
+		if err != nil {
+			h.log.Warn("cannot claim the job's protected state files; if this agent is killed, they stay until removed by hand", "err", err)
+			return
+		}
+		h.claim = c
+	})
 }
 
 // NewHost starts a host's state protection. Nothing is created on disk
@@ -272,11 +289,17 @@ func (h *Host) Close() error {
 	return errors.Join(errs...)
 }
 
-// RemoveFiles removes the slot files of this host's ranks (after Close).
+// RemoveFiles removes the slot files of this host's ranks (after Close),
+// and releases the job's claim: the last process of the job on this
+// machine to release it removes whatever of the job's files is left.
 func (h *Host) RemoveFiles() error {
 	var errs []error
 	for _, r := range h.sortedRanks() {
 		errs = append(errs, ckpt.Remove(h.cfg.Job, r, ckpt.Options{Dir: h.cfg.Dir}))
+	}
+	if h.claim != nil {
+		_, err := h.claim.Release()
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -202,6 +202,7 @@ func (s *service) helloLocked(req *ProtectHello) (*ProtectWelcome, error) {
 	for i, r := range req.Regions {
 		cr[i] = ckpt.Region{Name: r.Name, Size: r.Size}
 	}
+	s.h.claimFiles()
 	opt := ckpt.Options{Dir: s.h.cfg.Dir}
 	slots, err := ckpt.Create(s.h.cfg.Job, s.rank, cr, opt)
 	if err != nil {

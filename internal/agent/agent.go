@@ -20,7 +20,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/gpu"
 	"github.com/gorun/gorun/internal/wire"
@@ -88,7 +87,6 @@ type agent struct {
 
 	replicaLn net.Listener // the replication listener, until protection owns it
 	prot      *protection  // state protection, once started
-	claim     *ckpt.Claim  // this job's slot files in /dev/shm are in use
 
 	// Restart in place (wire.OpRestart): the generation running, the
 	// restart waiting for the old ranks to end and for its epoch's table,
@@ -426,7 +424,7 @@ func (a *agent) start(t *wire.EpochTable) error {
 		return fmt.Errorf("creating job directory: %w", err)
 	}
 	a.dir = dir
-	a.claim = claimSlots(a.cfg.Job, a.log)
+	sweepSlots(a.log)
 	// The ranks of a host share one temporary directory (TMPDIR) inside the
 	// job directory; directory operations are slow enough on some file
 	// systems to show in the launch time of many ranks.
@@ -631,11 +629,7 @@ wait:
 			a.log.Warn("cannot remove job directory", "err", err)
 		}
 	}
-	if a.claim != nil {
-		if _, err := a.claim.Release(); err != nil {
-			a.log.Warn("cannot remove the job's protected state", "err", err)
-		}
-	}
+
 	if a.ctl != nil {
 		_ = a.ctl.FlushTimeout(2 * time.Second)
 	}

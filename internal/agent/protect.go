@@ -159,20 +159,12 @@ func (p *protection) close() {
 	}
 }
 
-// claimSlots sweeps the slot files that dead jobs left in /dev/shm (their
-// agents were killed before they could clean up), then claims this job's:
-// the last agent of the job on this machine to release the claim removes
-// whatever of the job's files is left.
-func claimSlots(job string, log *slog.Logger) *ckpt.Claim {
+// sweepSlots removes the slot files that dead jobs left in /dev/shm (their
+// agents were killed before they could clean up; see ckpt.Sweep).
+func sweepSlots(log *slog.Logger) {
 	if swept, err := ckpt.Sweep(ckpt.Options{}); err != nil {
 		log.Warn("sweeping leftover protected state", "err", err)
 	} else if len(swept) > 0 {
 		log.Info("removed the protected state of ended jobs", "jobs", swept)
 	}
-	c, err := ckpt.ClaimJob(job, ckpt.Options{})
-	if err != nil {
-		log.Warn("cannot claim the job's protected state files", "err", err)
-		return nil
-	}
-	return c
 }
