@@ -37,6 +37,9 @@ type Config struct {
 	// after a rank fails, resuming from the globally recoverable step
 	// (--max-restarts, as torchrun's; 0 = a failure ends the job).
 	MaxRestarts int
+	// NoPMI: the ranks get no PMI-1 connection (--pmi=false); by default
+	// every rank does, so that MPICH-built programs run as under mpiexec.
+	NoPMI bool
 
 	Prog string
 	Args []string

@@ -244,7 +244,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		Prog: j.cfg.Prog, Args: j.cfg.Args, Env: j.cfg.Env, Dir: j.cfg.Dir, DirExplicit: j.cfg.dirExplicit,
 		KillGrace: j.cfg.KillGrace, HeartbeatInterval: j.cfg.HeartbeatInterval, OutputDelay: j.cfg.OutputDelay,
 		StdinRank: j.stdinRank(), TP: j.cfg.TP, PP: j.cfg.PP, GPUsPerRank: j.cfg.GPUsPerRank,
-		MaxRestarts: j.cfg.MaxRestarts,
+		MaxRestarts: j.cfg.MaxRestarts, NoPMI: j.cfg.NoPMI,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
@@ -618,7 +618,10 @@ func (j *job) onEvent(e *wire.Event) {
 		if e.Msg != "" && e.Signal == 0 {
 			why += " (" + e.Msg + ")"
 		}
-		f := &rankFailure{status: status, signaled: e.Signal > 0, what: fmt.Sprintf("rank %d on host %s (pid %d) %s", e.Rank, h.name, e.Pid, why)}
+		if e.Abort {
+			why = e.Msg
+		}
+		f := &rankFailure{status: status, signaled: e.Signal > 0 || e.Abort, what: fmt.Sprintf("rank %d on host %s (pid %d) %s", e.Rank, h.name, e.Pid, why)}
 		switch {
 		case j.pending == nil:
 			j.pending = f

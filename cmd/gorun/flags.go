@@ -38,6 +38,7 @@ type runOptions struct {
 	replicas      int
 	replicasSet   bool
 	maxRestarts   int
+	pmi           bool
 	tagOutput     bool
 	timestamp     bool
 	outputDir     string
@@ -86,6 +87,11 @@ Fault tolerance:
   --max-restarts N        restart every rank in place up to N times after a rank
                           fails, resuming from the step every rank can recover
                           (default 0: a failure ends the job)
+
+MPI programs:
+  --pmi[=false]           serve the PMI-1 protocol to every rank (PMI_FD, as Hydra
+                          does), so that MPICH-built programs start under gorun
+                          as under mpiexec (default true)
 
 Environment:
   -x VAR                  export VAR from gorun's environment to every rank
@@ -177,6 +183,7 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	fs.IntVar(&o.gpusPerRank, "gpus-per-rank", 0, "")
 	fs.IntVar(&o.replicas, "replicas", 1, "")
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "")
+	fs.BoolVar(&o.pmi, "pmi", true, "")
 	fs.BoolVar(&o.tagOutput, "tag-output", true, "")
 	fs.BoolVar(&o.timestamp, "timestamp-output", false, "")
 	fs.StringVar(&o.outputDir, "output-filename", "", "")
@@ -256,7 +263,7 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	cfg := launcher.Config{
 		NP: o.np, Oversubscribe: o.oversubscribe, TP: o.tp, PP: o.pp, GPUsPerRank: o.gpusPerRank,
-		Replicas: o.replicas, ReplicasSet: o.replicasSet, MaxRestarts: o.maxRestarts,
+		Replicas: o.replicas, ReplicasSet: o.replicasSet, MaxRestarts: o.maxRestarts, NoPMI: !o.pmi,
 		Prog: o.prog, Args: o.args,
 		TagOutput: o.tagOutput, TimestampOutput: o.timestamp, OutputDir: o.outputDir,
 		Timeout: o.timeout, KillGrace: o.killGrace,

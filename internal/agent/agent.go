@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -94,9 +95,12 @@ type agent struct {
 	gen     uint64
 	restart *wire.Control
 	table   *wire.EpochTable
-	env     []string   // the ranks' base environment
-	genv    [][]string // each local rank's GPU environment
-	tmp     string     // the ranks' TMPDIR
+	pmiKVS  pmiKVS         // the job's PMI key-value space, as this host sees it
+	pmiWG   sync.WaitGroup // the PMI connections' goroutines
+	pmiEnds []*os.File     // their files, closed at the end
+	env     []string       // the ranks' base environment
+	genv    [][]string     // each local rank's GPU environment
+	tmp     string         // the ranks' TMPDIR
 }
 
 // Run runs the agent until the launcher tells it to exit, the launcher is
@@ -455,6 +459,7 @@ func (a *agent) start(t *wire.EpochTable) error {
 		}
 	}
 	a.socks = newRankSockets(a, t, len(places))
+	a.pmiKVS.setEpoch(t)
 	fsub, err := a.ctl.Subscribe(a.subj.Fence, a.socks.fenceDone)
 	if err != nil {
 		return fmt.Errorf("subscribing to fences: %w", err)
@@ -487,8 +492,17 @@ func (a *agent) start(t *wire.EpochTable) error {
 func (a *agent) launch(t *wire.EpochTable) error {
 	places := t.Placements()[a.cfg.Host]
 	a.ranks = make([]*rankProc, len(places))
+	pmiMine := make([]*os.File, len(places))
 	for i, pl := range places {
 		a.ranks[i] = &rankProc{place: pl, gen: a.gen}
+		if !a.spec.NoPMI {
+			mine, theirs, err := pmiSocketPair()
+			if err != nil {
+				return err
+			}
+			a.ranks[i].pmi, pmiMine[i] = theirs, mine
+			a.pmiEnds = append(a.pmiEnds, mine)
+		}
 	}
 	a.running = len(places)
 	// Starting a process is mostly waiting for the kernel to exec it, so
@@ -507,8 +521,15 @@ func (a *agent) launch(t *wire.EpochTable) error {
 				a.stdinW = p.stdin
 			}
 			if err != nil {
+				if p.pmi != nil {
+					p.pmi.Close()
+				}
 				a.log.Warn("cannot start rank", "rank", pl.Rank, "err", err)
 				return nil
+			}
+			if f := pmiMine[i]; f != nil {
+				a.pmiWG.Add(1)
+				go a.servePMI(p, f, t.World)
 			}
 			a.gpus.pin(a, pl.Rank, p.pid)
 			a.event(&wire.Event{Kind: wire.EventStarted, Host: a.cfg.Host, Rank: pl.Rank, Pid: p.pid, Gen: p.gen})
@@ -559,6 +580,7 @@ func (a *agent) newEpoch(t *wire.EpochTable) {
 	if a.prot != nil {
 		a.prot.setTable(t)
 	}
+	a.pmiKVS.setEpoch(t)
 	a.table = t
 	a.tryRestart()
 }
@@ -618,6 +640,10 @@ wait:
 		a.socks.close(ctx)
 		cancel()
 	}
+	for _, f := range a.pmiEnds {
+		f.Close() // ends the PMI connections still served
+	}
+	a.pmiWG.Wait()
 	if a.prot != nil {
 		a.prot.close()
 	}

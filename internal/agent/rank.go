@@ -31,8 +31,10 @@ const drainTimeout = time.Second
 // agent's loop, except stopped, which readers of the exit status share.
 type rankProc struct {
 	place   wire.Placement
-	gen     uint64 // restart generation
-	pid     int    // also the process group id
+	gen     uint64       // restart generation
+	pmi     *os.File     // the rank's end of its PMI connection (fd 3 in the rank), until started
+	abort   atomic.Int32 // 1 + the exit code the rank gave PMI abort (MPI_Abort), or 0
+	pid     int          // also the process group id
 	stopped atomic.Bool
 	ended   bool // the loop has seen the exit
 
@@ -98,6 +100,11 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 		cmd.Stdin = inR
 		childEnds, parentEnds = append(childEnds, inR), append(parentEnds, inW)
 		p.stdin = inW
+	}
+	if p.pmi != nil {
+		cmd.ExtraFiles = []*os.File{p.pmi} // descriptor wire.PMIFD
+		childEnds = append(childEnds, p.pmi)
+		p.pmi = nil
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	err = cmd.Start()
@@ -172,6 +179,14 @@ func (p *rankProc) signal(sig syscall.Signal) {
 // exitEvent describes the rank's end.
 func (p *rankProc) exitEvent(host int) *wire.Event {
 	e := &wire.Event{Kind: wire.EventExited, Host: host, Rank: p.place.Rank, Pid: p.pid, Stopped: p.stopped.Load(), Gen: p.gen}
+	defer func() {
+		// A rank that called MPI_Abort was killed by the agent, as
+		// mpiexec does: its status is the code it asked for.
+		if c := p.abort.Load(); c > 0 {
+			e.Code, e.Signal, e.Abort = int(c-1), 0, true
+			e.Msg = fmt.Sprintf("called MPI_Abort with exit code %d", c-1)
+		}
+	}()
 	switch {
 	case p.startErr != nil:
 		switch {
@@ -227,8 +242,8 @@ func pump(r *os.File, rank int, s wire.Stream, out *batcher) {
 // agent's own, without any rank contract inherited from an enclosing job,
 // and the job's -x variables.
 func baseEnv(inherited, extra []string) []string {
-	drop := make(map[string]bool, len(wire.ContractNames))
-	for _, n := range wire.ContractNames {
+	drop := make(map[string]bool, len(wire.ContractNames)+len(wire.StaleNames))
+	for _, n := range append(slices.Clone(wire.ContractNames), wire.StaleNames...) {
 		drop[n] = true
 	}
 	var env []string
@@ -323,6 +338,11 @@ func rankEnv(base []string, spec *wire.JobSpec, t *wire.EpochTable, pl wire.Plac
 		wire.EnvOMPINodeRank + "=" + node,
 		wire.EnvPMIRank + "=" + rank,
 		wire.EnvPMISize + "=" + world,
+		wire.EnvMPILocalRankID + "=" + local,
+		wire.EnvMPILocalNRanks + "=" + localSize,
+	}
+	if !spec.NoPMI {
+		set = append(set, wire.EnvPMIFD+"="+strconv.Itoa(wire.PMIFD))
 	}
 	set = append(set, layoutEnv(spec, t.World)...)
 	if pl.LocalSize > 1 && !hasVar(base, wire.EnvOMPNumThreads) {

@@ -42,6 +42,12 @@ const (
 	EnvPMIRank       = "PMI_RANK"
 	EnvPMISize       = "PMI_SIZE"
 
+	// MPICH-compatible (Hydra's): the PMI-1 connection, inherited as a
+	// file descriptor, and the rank's place among its host's ranks.
+	EnvPMIFD          = "PMI_FD"
+	EnvMPILocalRankID = "MPI_LOCALRANKID"
+	EnvMPILocalNRanks = "MPI_LOCALNRANKS"
+
 	// EnvOMPNumThreads is set to 1 when several ranks share a host and the
 	// user did not set it, as torchrun does.
 	EnvOMPNumThreads = "OMP_NUM_THREADS"
@@ -60,5 +66,13 @@ var ContractNames = []string{
 	EnvTorchRoleWorldSize, EnvTorchMasterAddr, EnvTorchMasterPort,
 	EnvTorchRestartCount, EnvTorchMaxRestarts, EnvTorchRunID,
 	EnvOMPIRank, EnvOMPISize, EnvOMPILocalRank, EnvOMPILocalSize, EnvOMPINodeRank,
-	EnvPMIRank, EnvPMISize,
+	EnvPMIRank, EnvPMISize, EnvPMIFD, EnvMPILocalRankID, EnvMPILocalNRanks,
 }
+
+// StaleNames are variables an enclosing launcher may have set that would
+// mislead a rank (another PMI server's address): gorun never passes them
+// on, and does not set them.
+var StaleNames = []string{"PMI_PORT", "PMI_ID", "PMI_VERSION", "PMI_SUBVERSION", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_SERVER_URI2", "PMIX_SERVER_URI3", "PMIX_SERVER_URI4"}
+
+// PMIFD is the descriptor number of a rank's PMI connection.
+const PMIFD = 3

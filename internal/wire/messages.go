@@ -128,6 +128,8 @@ type JobSpec struct {
 	// holds replicas of. Each host gets its own rows, so the spec stays
 	// small whatever the world size.
 	Holders []HolderRow `json:"holders,omitempty"`
+	// NoPMI: the ranks get no PMI connection (--pmi=false).
+	NoPMI bool `json:"nopmi,omitempty"`
 	// MaxRestarts is how many times the ranks may be restarted in place
 	// after a failure (--max-restarts).
 	MaxRestarts int `json:"maxrestarts,omitempty"`
@@ -368,9 +370,11 @@ type Event struct {
 	// exit is not a failure of its own.
 	Stopped bool `json:"stopped,omitempty"`
 	// Gen is the restart generation of the rank process (0: the first).
-	Gen uint64     `json:"gen,omitempty"`
-	Msg string     `json:"msg,omitempty"`
-	GPU *GPUReport `json:"gpu,omitempty"` // EventGPU only
+	Gen uint64 `json:"gen,omitempty"`
+	// Abort: the rank called MPI_Abort (PMI abort) with exit code Code.
+	Abort bool       `json:"abort,omitempty"`
+	Msg   string     `json:"msg,omitempty"`
+	GPU   *GPUReport `json:"gpu,omitempty"` // EventGPU only
 }
 
 // DecodeEvent decodes and validates an Event.

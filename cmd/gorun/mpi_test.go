@@ -1,0 +1,182 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/internal/testcluster"
+)
+
+// MPI programs built with MPICH (Debian's mpich and libmpich-dev) run
+// under gorun through its PMI-1 server, as under mpiexec.hydra. Without
+// mpicc.mpich the tests skip, unless GORUN_TESTCLUSTER_REQUIRE=1 (CI, which
+// installs MPICH).
+
+var (
+	mpiOnce sync.Once
+	mpiDir  string
+	mpiErr  error
+)
+
+// mpiProgram returns the path of testdata/mpi/<name>.c built with
+// mpicc.mpich (once per test process).
+func mpiProgram(t *testing.T, name string) string {
+	t.Helper()
+	cc, err := exec.LookPath("mpicc.mpich")
+	if err != nil {
+		if os.Getenv("GORUN_TESTCLUSTER_REQUIRE") == "1" {
+			t.Fatal("mpicc.mpich not found (apt-get install mpich libmpich-dev)")
+		}
+		t.Skip("no mpicc.mpich (apt-get install mpich libmpich-dev)")
+	}
+	mpiOnce.Do(func() {
+		mpiDir = filepath.Join(filepath.Dir(gorunBin), "mpi")
+		if mpiErr = os.MkdirAll(mpiDir, 0o755); mpiErr != nil {
+			return
+		}
+		for _, p := range []string{"hello", "allreduce", "abort"} {
+			out, err := exec.Command(cc, "-O1", "-o", filepath.Join(mpiDir, p), filepath.Join("testdata", "mpi", p+".c")).CombinedOutput()
+			if err != nil {
+				mpiErr = fmt.Errorf("mpicc.mpich %s.c: %v\n%s", p, err, out)
+				return
+			}
+		}
+	})
+	if mpiErr != nil {
+		t.Fatal(mpiErr)
+	}
+	return filepath.Join(mpiDir, name)
+}
+
+// hydra runs prog under mpiexec.hydra with n ranks on this host.
+func hydra(t *testing.T, n int, prog string) result {
+	t.Helper()
+	mpiexec, err := exec.LookPath("mpiexec.hydra")
+	if err != nil {
+		t.Skip("no mpiexec.hydra")
+	}
+	cmd := exec.Command(mpiexec, "-n", fmt.Sprint(n), prog)
+	var out, errb syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("mpiexec.hydra: %v", err)
+	}
+	return result{stdout: out.String(), stderr: errb.String(), code: code}
+}
+
+// untagged returns the lines of gorun's tagged output without their
+// tags, sorted (ranks print in any order).
+func untagged(stdout string) []string {
+	var lines []string
+	for _, m := range tagged.FindAllStringSubmatch(stdout, -1) {
+		lines = append(lines, m[2])
+	}
+	sort.Strings(lines)
+	return lines
+}
+
+func sortedLines(s string) []string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	sort.Strings(lines)
+	return lines
+}
+
+func TestMPIOneHost(t *testing.T) {
+	for _, n := range []int{1, 4, 8} {
+		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
+			for _, prog := range []string{"hello", "allreduce"} {
+				res := startJob(t, "", nil, "-np", fmt.Sprint(n), "--oversubscribe", "--", mpiProgram(t, prog)).wait(90 * time.Second)
+				if res.code != 0 {
+					t.Fatalf("%s: exit %d\nstdout:\n%s\nstderr:\n%s", prog, res.code, res.stdout, res.stderr)
+				}
+				got := untagged(res.stdout)
+				if len(got) != n {
+					t.Fatalf("%s: %d lines from %d ranks\nstdout:\n%s\nstderr:\n%s", prog, len(got), n, res.stdout, res.stderr)
+				}
+				// The same program under mpiexec.hydra prints the same.
+				h := hydra(t, n, mpiProgram(t, prog))
+				if h.code != 0 || fmt.Sprint(sortedLines(h.stdout)) != fmt.Sprint(got) {
+					t.Errorf("%s: gorun printed %q, mpiexec.hydra (exit %d) %q", prog, got, h.code, sortedLines(h.stdout))
+				}
+				if prog == "allreduce" {
+					for _, l := range got {
+						if !strings.HasSuffix(l, " ok") {
+							t.Errorf("allreduce: %s", l)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestMPIAbort(t *testing.T) {
+	for _, n := range []int{1, 4} {
+		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
+			res := startJob(t, "", nil, "-np", fmt.Sprint(n), "--oversubscribe", "--", mpiProgram(t, "abort")).wait(90 * time.Second)
+			if res.code != 7 {
+				t.Fatalf("exit %d, want 7 (the MPI_Abort code)\nstderr:\n%s", res.code, res.stderr)
+			}
+			r := 1
+			if n == 1 {
+				r = 0
+			}
+			// Alone, MPICH's MPI_Abort may exit without telling PMI.
+			what := "called MPI_Abort with exit code 7"
+			if n == 1 {
+				what = "(called MPI_Abort with exit code 7|exited with code 7)"
+			}
+			if !regexp.MustCompile(fmt.Sprintf(`gorun: rank %d on host \S+ \(pid \d+\) %s; stopping the job`, r, what)).MatchString(res.stderr) {
+				t.Errorf("the report does not name rank %d's MPI_Abort:\n%s", r, res.stderr)
+			}
+			if h := hydra(t, n, mpiProgram(t, "abort")); h.code != 7 {
+				t.Errorf("mpiexec.hydra exited %d, want 7", h.code)
+			}
+		})
+	}
+}
+
+// TestMPIMultiHost: ranks on two namespace hosts find each other through
+// the PMI key-value space, which a barrier publishes across the agents.
+func TestMPIMultiHost(t *testing.T) {
+	prog := mpiProgram(t, "allreduce")
+	hosts := testcluster.NetnsHosts(t, 2)
+	hf := hosts.WriteHostfile(t, t.TempDir(), 2)
+	res := startJob(t, "", nil, "-np", "4", "--hostfile", hf, "--rsh", "ip netns exec", "--bind", hosts.BridgeAddr, "--", prog).wait(90 * time.Second)
+	if res.code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	got := untagged(res.stdout)
+	want := []string{"rank 0: sum 10 max 3 ok", "rank 1: sum 10 max 3 ok", "rank 2: sum 10 max 3 ok", "rank 3: sum 10 max 3 ok"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("got %q, want %q\nstderr:\n%s", got, want, res.stderr)
+	}
+	abort := startJob(t, "", nil, "-np", "4", "--hostfile", hf, "--rsh", "ip netns exec", "--bind", hosts.BridgeAddr, "--", mpiProgram(t, "abort")).wait(90 * time.Second)
+	if abort.code != 7 {
+		t.Fatalf("abort across hosts: exit %d, want 7\nstderr:\n%s", abort.code, abort.stderr)
+	}
+}
+
+// TestNoPMI: with --pmi=false no rank gets a PMI connection (an MPICH
+// program then runs as a singleton, each rank alone).
+func TestNoPMI(t *testing.T) {
+	res := startJob(t, "", nil, "-np", "2", "--oversubscribe", "--pmi=false", "--", mpiProgram(t, "hello")).wait(90 * time.Second)
+	if res.code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", res.code, res.stderr)
+	}
+	if got := untagged(res.stdout); fmt.Sprint(got) != fmt.Sprint([]string{"hello from 0 of 1", "hello from 0 of 1"}) {
+		t.Fatalf("with --pmi=false: %q, want two singletons", got)
+	}
+}

@@ -1,0 +1,337 @@
+package agent
+
+// The PMI-1 "simple" wire protocol, which MPICH's (and Intel MPI's and
+// MVAPICH's) PMI client speaks to its launcher, as Hydra and Slurm serve
+// it: every rank gets one end of a socket pair as file descriptor 3
+// (PMI_FD, with PMI_RANK and PMI_SIZE), and sends lines of space-separated
+// key=value tokens, "cmd=..." first, each answered with one line.
+//
+// The key-value space is the job's, per epoch: a rank's puts are kept by
+// its agent and published at the next barrier, which is a gorun fence
+// (aggregated per host, then at the launcher: one message per host, not
+// per rank), so that after barrier_out a get on any host sees every put
+// made before the barrier on any host.
+//
+// Every line is untrusted: its length, its tokens, keys and values are
+// bounded, an unknown command is answered with rc=-1, and a malformed line
+// ends that rank's PMI connection (its MPI_Init then fails) without
+// touching the agent or the job.
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/gorun/gorun/internal/wire"
+)
+
+// PMI limits, announced to the ranks by get_maxes (Hydra's values).
+const (
+	pmiKVSNameMax = 256
+	pmiKeyMax     = 64
+	pmiValueMax   = 1024
+	pmiLineMax    = 4 * (pmiKeyMax + pmiValueMax) // longer lines are refused
+	pmiMaxTokens  = 16
+)
+
+// errPMILine is wrapped by every error about a malformed line.
+var errPMILine = errors.New("malformed PMI line")
+
+// parsePMILine parses one line (without its newline) into its tokens.
+func parsePMILine(line []byte) (map[string]string, error) {
+	if len(line) > pmiLineMax {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d", errPMILine, len(line), pmiLineMax)
+	}
+	kv := map[string]string{}
+	for tok := range bytes.FieldsSeq(line) {
+		k, v, ok := bytes.Cut(tok, []byte{'='})
+		if !ok || len(k) == 0 || len(k) > 32 {
+			return nil, fmt.Errorf("%w: token %q is not key=value", errPMILine, truncateBytes(tok))
+		}
+		for _, c := range k {
+			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+				return nil, fmt.Errorf("%w: bad key %q", errPMILine, truncateBytes(k))
+			}
+		}
+		if _, dup := kv[string(k)]; dup {
+			return nil, fmt.Errorf("%w: key %q twice", errPMILine, k)
+		}
+		if len(kv) == pmiMaxTokens {
+			return nil, fmt.Errorf("%w: more than %d tokens", errPMILine, pmiMaxTokens)
+		}
+		kv[string(k)] = string(v)
+	}
+	if kv["cmd"] == "" && kv["mcmd"] == "" {
+		return nil, fmt.Errorf("%w: no cmd", errPMILine)
+	}
+	return kv, nil
+}
+
+func truncateBytes(b []byte) string {
+	if len(b) > 40 {
+		return string(b[:40]) + "…"
+	}
+	return string(b)
+}
+
+// pmiKVS is a host's view of the job's key-value space in one epoch: what
+// the barriers published.
+type pmiKVS struct {
+	mu    sync.Mutex
+	epoch uint64
+	kv    map[string]string
+	// mapping is PMI_process_mapping (which ranks share a node), from the
+	// epoch table.
+	mapping string
+}
+
+func (k *pmiKVS) setEpoch(t *wire.EpochTable) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.epoch, k.kv, k.mapping = t.Epoch, map[string]string{}, processMapping(t)
+}
+
+func (k *pmiKVS) get(key string) (string, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if key == "PMI_process_mapping" && k.mapping != "" {
+		return k.mapping, true
+	}
+	v, ok := k.kv[key]
+	return v, ok
+}
+
+func (k *pmiKVS) merge(epoch uint64, kv map[string]string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if epoch == k.epoch {
+		maps.Copy(k.kv, kv)
+	}
+}
+
+// processMapping is MPICH's PMI_process_mapping of t: "(vector,(n,c,k),…)",
+// each block saying that c consecutive nodes from node n run k
+// consecutive ranks each, in rank order.
+func processMapping(t *wire.EpochTable) string {
+	node := make([]int, t.World)
+	for h, places := range t.Placements() {
+		for _, pl := range places {
+			node[pl.Rank] = h
+		}
+	}
+	type run struct{ node, n int }
+	var runs []run
+	for _, h := range node {
+		if k := len(runs) - 1; k >= 0 && runs[k].node == h {
+			runs[k].n++
+		} else {
+			runs = append(runs, run{h, 1})
+		}
+	}
+	var b strings.Builder
+	b.WriteString("(vector")
+	for i := 0; i < len(runs); {
+		j := i + 1
+		for j < len(runs) && runs[j].node == runs[j-1].node+1 && runs[j].n == runs[i].n {
+			j++
+		}
+		fmt.Fprintf(&b, ",(%d,%d,%d)", runs[i].node, j-i, runs[i].n)
+		i = j
+	}
+	b.WriteString(")")
+	if b.Len() > pmiValueMax {
+		return "" // MPICH then finds the nodes from the ranks' host names
+	}
+	return b.String()
+}
+
+// pmiConn serves one rank's PMI connection.
+type pmiConn struct {
+	s       *rankSockets
+	kvs     *pmiKVS
+	rank    int
+	size    int
+	kvsname string
+	rw      io.ReadWriter
+	pending map[string]string // puts since the last barrier
+	// aborted is called when the rank says abort, with its exit code; the
+	// connection is left open (the rank waits on it to be killed).
+	aborted func(code int)
+}
+
+// serve answers the rank's lines until it closes its end, finalizes, or
+// sends a malformed line.
+func (p *pmiConn) serve() error {
+	r := bufio.NewReaderSize(p.rw, pmiLineMax+1)
+	for {
+		line, err := r.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			return fmt.Errorf("%w: longer than %d bytes", errPMILine, pmiLineMax)
+		}
+		if err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return err
+		}
+		kv, err := parsePMILine(line[:len(line)-1])
+		if err != nil {
+			return err
+		}
+		if kv["mcmd"] != "" {
+			// A multi-line command (spawn): read to its end, refuse it.
+			for !bytes.HasPrefix(line, []byte("endcmd")) {
+				if line, err = r.ReadSlice('\n'); err != nil {
+					return fmt.Errorf("%w: unterminated %s", errPMILine, kv["mcmd"])
+				}
+			}
+			if err := p.reply("cmd=spawn_result rc=-1 errmsg=spawn_is_not_supported_by_gorun"); err != nil {
+				return err
+			}
+			continue
+		}
+		done, err := p.command(kv)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+func (p *pmiConn) reply(line string) error {
+	_, err := io.WriteString(p.rw, line+"\n")
+	return err
+}
+
+// command answers one command; done says the rank finalized or aborted.
+func (p *pmiConn) command(kv map[string]string) (done bool, err error) {
+	cmd := kv["cmd"]
+	switch cmd {
+	case "init":
+		if kv["pmi_version"] != "1" {
+			return false, p.reply("cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=-1 msg=gorun_serves_pmi_version_1")
+		}
+		return false, p.reply("cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0")
+	case "get_maxes":
+		return false, p.reply(fmt.Sprintf("cmd=maxes rc=0 kvsname_max=%d keylen_max=%d vallen_max=%d", pmiKVSNameMax, pmiKeyMax, pmiValueMax))
+	case "get_appnum":
+		return false, p.reply("cmd=appnum rc=0 appnum=0")
+	case "get_my_kvsname":
+		return false, p.reply("cmd=my_kvsname rc=0 kvsname=" + p.kvsname)
+	case "get_universe_size":
+		return false, p.reply("cmd=universe_size rc=0 size=" + strconv.Itoa(p.size))
+	case "put":
+		key, val := kv["key"], kv["value"]
+		switch {
+		case kv["kvsname"] != p.kvsname:
+			return false, p.reply("cmd=put_result rc=-1 msg=unknown_kvsname")
+		case key == "" || len(key) > pmiKeyMax || len(val) > pmiValueMax:
+			return false, p.reply("cmd=put_result rc=-1 msg=key_or_value_too_long")
+		case len(p.pending) >= wire.MaxFenceKeys:
+			return false, p.reply("cmd=put_result rc=-1 msg=too_many_puts_before_a_barrier")
+		}
+		p.pending[key] = val
+		return false, p.reply("cmd=put_result rc=0 msg=success")
+	case "get":
+		if kv["kvsname"] != p.kvsname {
+			return false, p.reply("cmd=get_result rc=-1 msg=unknown_kvsname")
+		}
+		v, ok := p.pending[kv["key"]]
+		if !ok {
+			v, ok = p.kvs.get(kv["key"])
+		}
+		if !ok {
+			return false, p.reply("cmd=get_result rc=-1 msg=key_not_found")
+		}
+		return false, p.reply("cmd=get_result rc=0 msg=success value=" + v)
+	case "barrier_in":
+		res, err := p.s.fenceNext(p.rank, p.pending)
+		if err != nil {
+			return false, p.reply("cmd=barrier_out rc=-1 msg=" + pmiWord(err.Error()))
+		}
+		if res.Err != "" {
+			return false, p.reply("cmd=barrier_out rc=-1 msg=" + pmiWord(res.Err))
+		}
+		p.kvs.merge(res.Epoch, res.KV)
+		p.pending = map[string]string{}
+		return false, p.reply("cmd=barrier_out rc=0")
+	case "finalize":
+		return true, p.reply("cmd=finalize_ack rc=0")
+	case "abort":
+		code, err := strconv.Atoi(kv["exitcode"])
+		if err != nil || code < 0 || code > 255 {
+			code = 1
+		}
+		p.aborted(code)
+		_, _ = io.Copy(io.Discard, p.rw) // until the rank is gone
+		return true, nil
+	case "publish_name", "unpublish_name", "lookup_name":
+		return false, p.reply("cmd=" + cmd + "_result rc=-1 msg=name_service_not_supported_by_gorun")
+	}
+	return false, p.reply("cmd=" + pmiWord(cmd) + "_result rc=-1 msg=unknown_command")
+}
+
+// pmiWord makes s one token of a PMI line.
+func pmiWord(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if r == ' ' || r == '\n' || r == '=' || r < 0x20 {
+			return '_'
+		}
+		return r
+	}, s)
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	return s
+}
+
+// fenceNext enters rank into its next fence with kv.
+func (s *rankSockets) fenceNext(rank int, kv map[string]string) (*wire.Fence, error) {
+	s.mu.Lock()
+	f := &wire.Fence{Epoch: s.epoch, Seq: s.nextSeq[rank], KV: kv}
+	s.mu.Unlock()
+	return s.fence(rank, f)
+}
+
+// pmiSocketPair returns the agent's end and the rank's end of a rank's
+// PMI connection.
+func pmiSocketPair() (mine, theirs *os.File, err error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("PMI socket: %w", err)
+	}
+	// The agent's end is non-blocking, so that Go's poller serves it and
+	// closing it ends a read in progress; the rank's stays blocking, as
+	// PMI clients expect.
+	if err := syscall.SetNonblock(fds[0], true); err != nil {
+		syscall.Close(fds[0])
+		syscall.Close(fds[1])
+		return nil, nil, fmt.Errorf("PMI socket: %w", err)
+	}
+	return os.NewFile(uintptr(fds[0]), "pmi"), os.NewFile(uintptr(fds[1]), "pmi-rank"), nil
+}
+
+// servePMI serves rank p's PMI connection on f until the rank closes it
+// (or the agent does, at its end).
+func (a *agent) servePMI(p *rankProc, f *os.File, world int) {
+	defer a.pmiWG.Done()
+	defer f.Close()
+	c := &pmiConn{
+		s: a.socks, kvs: &a.pmiKVS, rank: p.place.Rank, size: world, kvsname: "gorun-" + a.cfg.Job,
+		rw: f, pending: map[string]string{},
+		aborted: func(code int) {
+			p.abort.Store(int32(code) + 1)
+			p.signal(syscall.SIGKILL) // the rank waits for the job's end, as under Hydra
+		},
+	}
+	if err := c.serve(); err != nil {
+		a.log.Warn("PMI connection of a rank ended", "rank", p.place.Rank, "err", err)
+	}
+}

@@ -1,0 +1,198 @@
+package agent
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/internal/wire"
+)
+
+func TestParsePMILine(t *testing.T) {
+	tests := []struct {
+		line string
+		want map[string]string // nil: refused
+	}{
+		{"cmd=init pmi_version=1 pmi_subversion=1", map[string]string{"cmd": "init", "pmi_version": "1", "pmi_subversion": "1"}},
+		{"cmd=put kvsname=k key=hostname[0] value=vm", map[string]string{"cmd": "put", "kvsname": "k", "key": "hostname[0]", "value": "vm"}},
+		{"cmd=get_result rc=0 value=", map[string]string{"cmd": "get_result", "rc": "0", "value": ""}},
+		{"  cmd=barrier_in  ", map[string]string{"cmd": "barrier_in"}},
+		{"mcmd=spawn", map[string]string{"mcmd": "spawn"}},
+		{"", nil},
+		{"cmd=", nil},
+		{"init", nil},
+		{"=x cmd=init", nil},
+		{"cmd=init cmd=init", nil},
+		{"CMD=init", nil},
+		{"cmd=init key-x=1", nil},
+		{"cmd=init " + strings.Repeat("a=1 ", 20), nil},
+		{"cmd=put value=" + strings.Repeat("x", pmiLineMax), nil},
+	}
+	for _, tt := range tests {
+		got, err := parsePMILine([]byte(tt.line))
+		if tt.want == nil {
+			if err == nil || !errors.Is(err, errPMILine) {
+				t.Errorf("%.60q: accepted (%v)", tt.line, got)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", tt.line, err)
+			continue
+		}
+		if len(got) != len(tt.want) {
+			t.Errorf("%q: %v, want %v", tt.line, got, tt.want)
+		}
+		for k, v := range tt.want {
+			if got[k] != v {
+				t.Errorf("%q: %s=%q, want %q", tt.line, k, got[k], v)
+			}
+		}
+	}
+}
+
+func TestProcessMapping(t *testing.T) {
+	table := func(perHost ...[]int) *wire.EpochTable {
+		tab := &wire.EpochTable{Version: wire.Version, Job: "j", World: 0}
+		for _, rs := range perHost {
+			tab.World += len(rs)
+			tab.Hosts = append(tab.Hosts, wire.TableHost{Name: "h", Ranks: wire.CompressRanks(rs)})
+		}
+		return tab
+	}
+	tests := []struct {
+		tab  *wire.EpochTable
+		want string
+	}{
+		{table([]int{0}), "(vector,(0,1,1))"},
+		{table([]int{0, 1}, []int{2, 3}), "(vector,(0,2,2))"},         // by slot
+		{table([]int{0, 2}, []int{1, 3}), "(vector,(0,2,1),(0,2,1))"}, // by node
+		{table([]int{0, 1, 2}, []int{3}), "(vector,(0,1,3),(1,1,1))"},
+	}
+	for _, tt := range tests {
+		if got := processMapping(tt.tab); got != tt.want {
+			t.Errorf("%v: %s, want %s", tt.tab.Hosts, got, tt.want)
+		}
+	}
+}
+
+// pmiPeer runs a pmiConn on one end of a pipe and returns the rank's end.
+func pmiPeer(t testing.TB) (net.Conn, *bufio.Reader, chan error, *int) {
+	mine, theirs := net.Pipe()
+	aborted := new(int)
+	*aborted = -1
+	kvs := &pmiKVS{kv: map[string]string{"published": "yes"}}
+	c := &pmiConn{kvs: kvs, rank: 2, size: 4, kvsname: "gorun-j", rw: mine, pending: map[string]string{},
+		aborted: func(code int) { *aborted = code; mine.Close() }}
+	done := make(chan error, 1)
+	go func() { done <- c.serve(); mine.Close() }()
+	t.Cleanup(func() { theirs.Close() })
+	return theirs, bufio.NewReader(theirs), done, aborted
+}
+
+func TestPMICommands(t *testing.T) {
+	conn, r, done, aborted := pmiPeer(t)
+	ask := func(line, want string) {
+		t.Helper()
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(conn, line+"\n"); err != nil {
+			t.Fatal(err)
+		}
+		got, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		if got != want+"\n" {
+			t.Errorf("%s: got %q, want %q", line, got, want)
+		}
+	}
+	ask("cmd=init pmi_version=1 pmi_subversion=1", "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0")
+	ask("cmd=init pmi_version=2 pmi_subversion=0", "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=-1 msg=gorun_serves_pmi_version_1")
+	ask("cmd=get_maxes", "cmd=maxes rc=0 kvsname_max=256 keylen_max=64 vallen_max=1024")
+	ask("cmd=get_appnum", "cmd=appnum rc=0 appnum=0")
+	ask("cmd=get_my_kvsname", "cmd=my_kvsname rc=0 kvsname=gorun-j")
+	ask("cmd=get_universe_size", "cmd=universe_size rc=0 size=4")
+	ask("cmd=put kvsname=gorun-j key=a value=1", "cmd=put_result rc=0 msg=success")
+	ask("cmd=put kvsname=other key=a value=1", "cmd=put_result rc=-1 msg=unknown_kvsname")
+	ask("cmd=put kvsname=gorun-j key="+strings.Repeat("k", 65)+" value=1", "cmd=put_result rc=-1 msg=key_or_value_too_long")
+	ask("cmd=get kvsname=gorun-j key=a", "cmd=get_result rc=0 msg=success value=1") // its own put
+	ask("cmd=get kvsname=gorun-j key=published", "cmd=get_result rc=0 msg=success value=yes")
+	ask("cmd=get kvsname=gorun-j key=nothing", "cmd=get_result rc=-1 msg=key_not_found")
+	ask("cmd=lookup_name service=x", "cmd=lookup_name_result rc=-1 msg=name_service_not_supported_by_gorun")
+	ask("cmd=frobnicate", "cmd=frobnicate_result rc=-1 msg=unknown_command")
+	io.WriteString(conn, "mcmd=spawn\nnprocs=2\nexecname=x\nendcmd\n")
+	if got, _ := r.ReadString('\n'); !strings.Contains(got, "cmd=spawn_result rc=-1") {
+		t.Errorf("spawn: %q", got)
+	}
+	// Abort has no answer: the agent kills the rank.
+	io.WriteString(conn, "cmd=abort exitcode=7\n")
+	if err := <-done; err != nil {
+		t.Fatalf("serve after abort: %v", err)
+	}
+	if *aborted != 7 {
+		t.Fatalf("abort code %d, want 7", *aborted)
+	}
+}
+
+func TestPMIRefusesMalformed(t *testing.T) {
+	for _, line := range []string{"garbage", "cmd=put value=" + strings.Repeat("v", pmiLineMax+10), "cmd=a cmd=b"} {
+		conn, _, done, _ := pmiPeer(t)
+		go io.WriteString(conn, line+"\n")
+		select {
+		case err := <-done:
+			if !errors.Is(err, errPMILine) {
+				t.Errorf("%.40q: serve ended with %v, want a malformed-line error", line, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%.40q: still served", line)
+		}
+	}
+}
+
+func FuzzParsePMILine(f *testing.F) {
+	for _, s := range []string{"cmd=init pmi_version=1 pmi_subversion=1", "cmd=put kvsname=k key=a value=b", "mcmd=spawn", "cmd=", "a=b=c cmd=x"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		kv, err := parsePMILine(line)
+		if err != nil {
+			return
+		}
+		if len(kv) > pmiMaxTokens || kv["cmd"] == "" && kv["mcmd"] == "" {
+			t.Fatalf("accepted %q as %v", line, kv)
+		}
+		for k := range kv {
+			if k == "" || len(k) > 32 {
+				t.Fatalf("accepted key %q", k)
+			}
+		}
+	})
+}
+
+// FuzzPMIConn: whatever a rank sends, the server neither panics nor
+// hangs; it answers or ends the connection.
+func FuzzPMIConn(f *testing.F) {
+	f.Add([]byte("cmd=init pmi_version=1 pmi_subversion=1\ncmd=get_maxes\ncmd=put kvsname=gorun-j key=a value=b\ncmd=get kvsname=gorun-j key=a\ncmd=finalize\n"))
+	f.Add([]byte("mcmd=spawn\nendcmd\n"))
+	f.Add([]byte("cmd=abort exitcode=300\n"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if strings.Contains(string(in), "barrier_in") {
+			return // a fence needs an agent; tested end to end
+		}
+		conn, r, done, _ := pmiPeer(t)
+		go func() {
+			conn.Write(in)
+			conn.Close()
+		}()
+		go io.Copy(io.Discard, r)
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the server hung on %q", in)
+		}
+	})
+}
