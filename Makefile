@@ -5,7 +5,7 @@ PKGS    := ./...
 # Packages with vector kernels built under GOEXPERIMENT=simd.
 SIMD_PKGS := ./replay/
 
-.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-placement bench-replay bench-protect fuzz lint demo demo-train clean
+.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-placement bench-replay bench-protect bench-mpi fuzz lint demo demo-train clean
 
 all: build
 
@@ -37,12 +37,19 @@ test: lint
 test-short:
 	$(GO) test -short $(PKGS)
 
-bench: bench-rendezvous bench-launch bench-comm bench-placement bench-replay bench-protect
+bench: bench-rendezvous bench-launch bench-comm bench-placement bench-replay bench-protect bench-mpi
 
 # Launch-to-exit time against Open MPI and MPICH Hydra (installs them with apt-get if missing).
 bench-launch: build
 	./scripts/bench-launch.sh
 	$(MAKE) --no-print-directory bench-rendezvous
+
+# An MPICH-built MPI hello (MPI_Init, a barrier, MPI_Finalize) under gorun
+# -np 16 and 64 beside mpiexec.hydra, through gorun's PMI server (needs
+# mpicc.mpich: apt-get install mpich libmpich-dev).
+bench-mpi: build
+	mpicc.mpich -O1 -o $(BIN)/mpi-hello cmd/gorun/testdata/mpi/hello.c
+	$(GO) run ./internal/benchlaunch -gorun $(BIN)/gorun -prog $(BIN)/mpi-hello -mpich -n 16,64 -rounds 5 -timeout 60s -hang-runs 10 -mpi-hang-runs 5
 
 # 1,024 simulated agents × 8 ranks against the real embedded server.
 bench-rendezvous:

@@ -42,7 +42,7 @@ func mpiProgram(t *testing.T, name string) string {
 		if mpiErr = os.MkdirAll(mpiDir, 0o755); mpiErr != nil {
 			return
 		}
-		for _, p := range []string{"hello", "allreduce", "abort"} {
+		for _, p := range []string{"hello", "allreduce", "abort", "die"} {
 			out, err := exec.Command(cc, "-O1", "-o", filepath.Join(mpiDir, p), filepath.Join("testdata", "mpi", p+".c")).CombinedOutput()
 			if err != nil {
 				mpiErr = fmt.Errorf("mpicc.mpich %s.c: %v\n%s", p, err, out)
@@ -145,6 +145,18 @@ func TestMPIAbort(t *testing.T) {
 				t.Errorf("mpiexec.hydra exited %d, want 7", h.code)
 			}
 		})
+	}
+}
+
+// TestMPIRankDiesInBarrier: a rank that dies while the others wait in a
+// barrier fails the job at once, with its status.
+func TestMPIRankDiesInBarrier(t *testing.T) {
+	res := startJob(t, "", nil, "-np", "4", "--oversubscribe", "--", mpiProgram(t, "die")).wait(90 * time.Second)
+	if res.code != 3 {
+		t.Fatalf("exit %d, want 3 (rank 1's)\nstderr:\n%s", res.code, res.stderr)
+	}
+	if !regexp.MustCompile(`gorun: rank 1 on host \S+ \(pid \d+\) exited with code 3; stopping the job`).MatchString(res.stderr) {
+		t.Errorf("the report does not name rank 1:\n%s", res.stderr)
 	}
 }
 

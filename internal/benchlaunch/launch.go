@@ -26,14 +26,21 @@ type launcher struct {
 // launchers lists the commands compared, gorun first. Neither MPI needs ssh
 // here: both start local ranks by fork when every rank is on this host, and
 // Hydra is told so explicitly.
-func launchers(gorun string, skipMPI bool) []launcher {
+//
+// prog is the program every launcher runs ("true", or an MPI program). An
+// MPICH-built program (mpich) cannot run under Open MPI's mpirun, which
+// speaks PMIx, not PMI-1: Open MPI is left out then.
+func launchers(gorun string, skipMPI bool, prog string, mpich bool) []launcher {
 	ls := []launcher{
-		{name: "gorun", path: gorun, args: []string{"-np", "N", "--oversubscribe", "true"}},
-		{name: "openmpi", path: "mpirun.openmpi", args: []string{"--oversubscribe", "--allow-run-as-root", "-np", "N", "true"}, version: []string{"--version"}},
-		{name: "hydra", path: "mpiexec.hydra", args: []string{"-launcher", "fork", "-n", "N", "true"}, version: []string{"--version"}},
+		{name: "gorun", path: gorun, args: []string{"-np", "N", "--oversubscribe", prog}},
+		{name: "openmpi", path: "mpirun.openmpi", args: []string{"--oversubscribe", "--allow-run-as-root", "-np", "N", prog}, version: []string{"--version"}},
+		{name: "hydra", path: "mpiexec.hydra", args: []string{"-launcher", "fork", "-n", "N", prog}, version: []string{"--version"}},
 	}
-	if skipMPI {
+	switch {
+	case skipMPI:
 		return ls[:1]
+	case mpich:
+		return []launcher{ls[0], ls[2]}
 	}
 	return ls
 }
