@@ -165,19 +165,27 @@ func TestMPIRankDiesInBarrier(t *testing.T) {
 func TestMPIMultiHost(t *testing.T) {
 	prog := mpiProgram(t, "allreduce")
 	hosts := testcluster.NetnsHosts(t, 2)
-	hf := hosts.WriteHostfile(t, t.TempDir(), 2)
-	res := startJob(t, "", nil, "-np", "4", "--hostfile", hf, "--rsh", "ip netns exec", "--bind", hosts.BridgeAddr, "--", prog).wait(90 * time.Second)
-	if res.code != 0 {
-		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
-	}
-	got := untagged(res.stdout)
-	want := []string{"rank 0: sum 10 max 3 ok", "rank 1: sum 10 max 3 ok", "rank 2: sum 10 max 3 ok", "rank 3: sum 10 max 3 ok"}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("got %q, want %q\nstderr:\n%s", got, want, res.stderr)
-	}
-	abort := startJob(t, "", nil, "-np", "4", "--hostfile", hf, "--rsh", "ip netns exec", "--bind", hosts.BridgeAddr, "--", mpiProgram(t, "abort")).wait(90 * time.Second)
-	if abort.code != 7 {
-		t.Fatalf("abort across hosts: exit %d, want 7\nstderr:\n%s", abort.code, abort.stderr)
+	for _, n := range []int{4, 8} {
+		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
+			hf := hosts.WriteHostfile(t, t.TempDir(), n/2)
+			args := []string{"-np", fmt.Sprint(n), "--hostfile", hf, "--rsh", "ip netns exec", "--bind", hosts.BridgeAddr, "--"}
+			res := startJob(t, "", nil, append(args, prog)...).wait(90 * time.Second)
+			if res.code != 0 {
+				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+			}
+			var want []string
+			for r := range n {
+				want = append(want, fmt.Sprintf("rank %d: sum %d max %d ok", r, n*(n+1)/2, n-1))
+			}
+			sort.Strings(want)
+			if got := untagged(res.stdout); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("got %q, want %q\nstderr:\n%s", got, want, res.stderr)
+			}
+			abort := startJob(t, "", nil, append(args, mpiProgram(t, "abort"))...).wait(90 * time.Second)
+			if abort.code != 7 {
+				t.Fatalf("abort across hosts: exit %d, want 7\nstderr:\n%s", abort.code, abort.stderr)
+			}
+		})
 	}
 }
 
