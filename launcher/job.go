@@ -99,6 +99,7 @@ const failWindow = 250 * time.Millisecond
 type rankFailure struct {
 	status   int
 	signaled bool
+	abort    bool // MPI_Abort: the program asked for the job's end
 	what     string
 }
 
@@ -110,7 +111,7 @@ func (j *job) onFailure() {
 	if f == nil {
 		return
 	}
-	if !j.stopping && j.cause == nil && j.gen < uint64(j.cfg.MaxRestarts) {
+	if !j.stopping && j.cause == nil && !f.abort && j.gen < uint64(j.cfg.MaxRestarts) {
 		j.restartRanks(f.what)
 		return
 	}
@@ -608,7 +609,7 @@ func (j *job) onEvent(e *wire.Event) {
 		}
 		status := e.ExitStatus()
 		j.log.Debug("rank ended", "rank", e.Rank, "host", h.name, "status", status, "stopped", e.Stopped)
-		if status == 0 || e.Stopped {
+		if status == 0 && !e.Abort || e.Stopped {
 			return
 		}
 		why := fmt.Sprintf("exited with code %d", e.Code)
@@ -621,7 +622,7 @@ func (j *job) onEvent(e *wire.Event) {
 		if e.Abort {
 			why = e.Msg
 		}
-		f := &rankFailure{status: status, signaled: e.Signal > 0 || e.Abort, what: fmt.Sprintf("rank %d on host %s (pid %d) %s", e.Rank, h.name, e.Pid, why)}
+		f := &rankFailure{status: status, signaled: e.Signal > 0 || e.Abort, abort: e.Abort, what: fmt.Sprintf("rank %d on host %s (pid %d) %s", e.Rank, h.name, e.Pid, why)}
 		switch {
 		case j.pending == nil:
 			j.pending = f

@@ -42,7 +42,7 @@ func mpiProgram(t *testing.T, name string) string {
 		if mpiErr = os.MkdirAll(mpiDir, 0o755); mpiErr != nil {
 			return
 		}
-		for _, p := range []string{"hello", "allreduce", "abort", "die"} {
+		for _, p := range []string{"hello", "allreduce", "abort", "abort0", "die"} {
 			out, err := exec.Command(cc, "-O1", "-o", filepath.Join(mpiDir, p), filepath.Join("testdata", "mpi", p+".c")).CombinedOutput()
 			if err != nil {
 				mpiErr = fmt.Errorf("mpicc.mpich %s.c: %v\n%s", p, err, out)
@@ -157,6 +157,26 @@ func TestMPIRankDiesInBarrier(t *testing.T) {
 	}
 	if !regexp.MustCompile(`gorun: rank 1 on host \S+ \(pid \d+\) exited with code 3; stopping the job`).MatchString(res.stderr) {
 		t.Errorf("the report does not name rank 1:\n%s", res.stderr)
+	}
+}
+
+// TestMPIAbortZero: MPI_Abort with code 0 stops the job too (its status
+// is 0, as under Hydra).
+func TestMPIAbortZero(t *testing.T) {
+	res := startJob(t, "", nil, "-np", "3", "--oversubscribe", "--", mpiProgram(t, "abort0")).wait(90 * time.Second)
+	if res.code != 0 || !strings.Contains(res.stderr, "called MPI_Abort with exit code 0; stopping the job") {
+		t.Fatalf("exit %d, want 0 with a report of rank 1's MPI_Abort\nstderr:\n%s", res.code, res.stderr)
+	}
+}
+
+// TestMPIPeerNeverEntersBarrier: a rank that exits 0 without ever using
+// PMI, while the MPI ranks wait for it in a barrier, fails the job instead
+// of leaving it hanging.
+func TestMPIPeerNeverEntersBarrier(t *testing.T) {
+	hello := mpiProgram(t, "hello")
+	res := startJob(t, "", nil, "-np", "2", "--oversubscribe", "--", "sh", "-c", `if [ "$PMI_RANK" = 0 ]; then exec "$0"; fi; exit 0`, hello).wait(90 * time.Second)
+	if res.code != 1 || !strings.Contains(res.stderr, "rank 1 ended without entering this fence") {
+		t.Fatalf("exit %d, want 1 with rank 0's failed barrier reported\nstderr:\n%s", res.code, res.stderr)
 	}
 }
 

@@ -493,11 +493,17 @@ func (a *agent) launch(t *wire.EpochTable) error {
 	places := t.Placements()[a.cfg.Host]
 	a.ranks = make([]*rankProc, len(places))
 	pmiMine := make([]*os.File, len(places))
+	// The previous generation's connections were closed when its ranks
+	// ended (their serving goroutines close them).
+	a.pmiEnds = a.pmiEnds[:0]
 	for i, pl := range places {
 		a.ranks[i] = &rankProc{place: pl, gen: a.gen}
 		if !a.spec.NoPMI {
 			mine, theirs, err := pmiSocketPair()
 			if err != nil {
+				for _, p := range a.ranks[:i] {
+					p.pmi.Close()
+				}
 				return err
 			}
 			a.ranks[i].pmi, pmiMine[i] = theirs, mine
@@ -523,6 +529,9 @@ func (a *agent) launch(t *wire.EpochTable) error {
 			if err != nil {
 				if p.pmi != nil {
 					p.pmi.Close()
+				}
+				if f := pmiMine[i]; f != nil {
+					f.Close()
 				}
 				a.log.Warn("cannot start rank", "rank", pl.Rank, "err", err)
 				return nil
@@ -588,6 +597,9 @@ func (a *agent) newEpoch(t *wire.EpochTable) {
 // exited reports a rank's end; its output has been flushed before.
 func (a *agent) exited(p *rankProc) {
 	p.ended = true
+	if a.socks != nil && p.gen == a.gen {
+		a.socks.rankEnded(p.place.Rank)
+	}
 	a.running--
 	e := p.exitEvent(a.cfg.Host)
 	a.log.Info("rank ended", "rank", e.Rank, "code", e.Code, "signal", e.Signal, "stopped", e.Stopped)

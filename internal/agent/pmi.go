@@ -38,8 +38,13 @@ const (
 	pmiKVSNameMax = 256
 	pmiKeyMax     = 64
 	pmiValueMax   = 1024
-	pmiLineMax    = 4 * (pmiKeyMax + pmiValueMax) // longer lines are refused
-	pmiMaxTokens  = 16
+	// pmiValueUsable is the longest value MPICH's client can take in a
+	// get_result: it sizes its buffer as vallen_max - kvsname_max -
+	// keylen_max - 30 (MPICH 4.0.2 crashes on a longer one).
+	pmiValueUsable = pmiValueMax - pmiKVSNameMax - pmiKeyMax - 30 - 1
+	pmiLineMax     = 4 * (pmiKeyMax + pmiValueMax) // longer lines are refused
+	pmiMaxTokens   = 16
+	pmiAbortMsgMax = 512
 )
 
 // errPMILine is wrapped by every error about a malformed line.
@@ -50,7 +55,22 @@ func parsePMILine(line []byte) (map[string]string, error) {
 	if len(line) > pmiLineMax {
 		return nil, fmt.Errorf("%w: %d bytes, at most %d", errPMILine, len(line), pmiLineMax)
 	}
+	// An abort's message is the rest of the line, spaces included (MPICH
+	// 4.1 and later send message=..., Flux error_msg=...).
+	var msg []byte
+	for _, k := range [][]byte{[]byte(" message="), []byte(" error_msg=")} {
+		if i := bytes.Index(line, k); i >= 0 && bytes.HasPrefix(bytes.TrimSpace(line), []byte("cmd=abort")) {
+			line, msg = line[:i], bytes.TrimSpace(line[i+len(k):])
+			break
+		}
+	}
 	kv := map[string]string{}
+	if msg != nil {
+		if len(msg) > pmiAbortMsgMax {
+			msg = msg[:pmiAbortMsgMax]
+		}
+		kv["message"] = string(msg)
+	}
 	for tok := range bytes.FieldsSeq(line) {
 		k, v, ok := bytes.Cut(tok, []byte{'='})
 		if !ok || len(k) == 0 || len(k) > 32 {
@@ -147,7 +167,7 @@ func processMapping(t *wire.EpochTable) string {
 		i = j
 	}
 	b.WriteString(")")
-	if b.Len() > pmiValueMax {
+	if b.Len() > pmiValueUsable {
 		return "" // MPICH then finds the nodes from the ranks' host names
 	}
 	return b.String()
@@ -162,9 +182,14 @@ type pmiConn struct {
 	kvsname string
 	rw      io.ReadWriter
 	pending map[string]string // puts since the last barrier
-	// aborted is called when the rank says abort, with its exit code; the
-	// connection is left open (the rank waits on it to be killed).
-	aborted func(code int)
+	// aborted is called when the rank says abort, with its exit code and
+	// message; the connection is left open (the rank waits on it to be
+	// killed). failed is called when the rank cannot go on (its barrier
+	// failed): the agent kills it. session is told 1 at init, 2 at
+	// finalize.
+	aborted func(code int, msg string)
+	failed  func(msg string)
+	session func(state int32)
 }
 
 // serve answers the rank's lines until it closes its end, finalizes, or
@@ -218,6 +243,7 @@ func (p *pmiConn) command(kv map[string]string) (done bool, err error) {
 		if kv["pmi_version"] != "1" {
 			return false, p.reply("cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=-1 msg=gorun_serves_pmi_version_1")
 		}
+		p.session(1)
 		return false, p.reply("cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0")
 	case "get_maxes":
 		return false, p.reply(fmt.Sprintf("cmd=maxes rc=0 kvsname_max=%d keylen_max=%d vallen_max=%d", pmiKVSNameMax, pmiKeyMax, pmiValueMax))
@@ -232,7 +258,7 @@ func (p *pmiConn) command(kv map[string]string) (done bool, err error) {
 		switch {
 		case kv["kvsname"] != p.kvsname:
 			return false, p.reply("cmd=put_result rc=-1 msg=unknown_kvsname")
-		case key == "" || len(key) > pmiKeyMax || len(val) > pmiValueMax:
+		case key == "" || len(key) > pmiKeyMax || len(val) > pmiValueUsable:
 			return false, p.reply("cmd=put_result rc=-1 msg=key_or_value_too_long")
 		case len(p.pending) >= wire.MaxFenceKeys:
 			return false, p.reply("cmd=put_result rc=-1 msg=too_many_puts_before_a_barrier")
@@ -252,28 +278,36 @@ func (p *pmiConn) command(kv map[string]string) (done bool, err error) {
 		}
 		return false, p.reply("cmd=get_result rc=0 msg=success value=" + v)
 	case "barrier_in":
+		// MPICH goes on after a barrier_out whatever its rc: a failed
+		// barrier must end the rank (and so the job), not just say so.
 		res, err := p.s.fenceNext(p.rank, p.pending)
-		if err != nil {
-			return false, p.reply("cmd=barrier_out rc=-1 msg=" + pmiWord(err.Error()))
+		if err == nil && res.Err != "" {
+			err = errors.New(res.Err)
 		}
-		if res.Err != "" {
-			return false, p.reply("cmd=barrier_out rc=-1 msg=" + pmiWord(res.Err))
+		if err != nil {
+			p.failed("its PMI barrier failed: " + err.Error())
+			_ = p.reply("cmd=barrier_out rc=-1 msg=" + pmiWord(err.Error()))
+			_, _ = io.Copy(io.Discard, p.rw)
+			return true, nil
 		}
 		p.kvs.merge(res.Epoch, res.KV)
 		p.pending = map[string]string{}
 		return false, p.reply("cmd=barrier_out rc=0")
 	case "finalize":
-		return true, p.reply("cmd=finalize_ack rc=0")
+		// The connection stays open: MPICH 4.1 and later may initialize
+		// again over it.
+		p.session(2)
+		return false, p.reply("cmd=finalize_ack rc=0")
 	case "abort":
 		code, err := strconv.Atoi(kv["exitcode"])
 		if err != nil || code < 0 || code > 255 {
 			code = 1
 		}
-		p.aborted(code)
+		p.aborted(code, kv["message"])
 		_, _ = io.Copy(io.Discard, p.rw) // until the rank is gone
 		return true, nil
 	case "publish_name", "unpublish_name", "lookup_name":
-		return false, p.reply("cmd=" + cmd + "_result rc=-1 msg=name_service_not_supported_by_gorun")
+		return false, p.reply("cmd=" + strings.TrimSuffix(cmd, "_name") + "_result rc=-1 msg=name_service_not_supported_by_gorun")
 	}
 	return false, p.reply("cmd=" + pmiWord(cmd) + "_result rc=-1 msg=unknown_command")
 }
@@ -326,10 +360,17 @@ func (a *agent) servePMI(p *rankProc, f *os.File, world int) {
 	c := &pmiConn{
 		s: a.socks, kvs: &a.pmiKVS, rank: p.place.Rank, size: world, kvsname: "gorun-" + a.cfg.Job,
 		rw: f, pending: map[string]string{},
-		aborted: func(code int) {
+		aborted: func(code int, msg string) {
+			p.setPMIMsg(msg)
 			p.abort.Store(int32(code) + 1)
 			p.signal(syscall.SIGKILL) // the rank waits for the job's end, as under Hydra
 		},
+		failed: func(msg string) {
+			p.setPMIMsg(msg)
+			p.pmiState.Store(pmiFailed)
+			p.signal(syscall.SIGKILL)
+		},
+		session: func(state int32) { p.pmiState.CompareAndSwap(state-1, state) },
 	}
 	if err := c.serve(); err != nil {
 		a.log.Warn("PMI connection of a rank ended", "rank", p.place.Rank, "err", err)

@@ -22,6 +22,9 @@ func TestParsePMILine(t *testing.T) {
 		{"cmd=get_result rc=0 value=", map[string]string{"cmd": "get_result", "rc": "0", "value": ""}},
 		{"  cmd=barrier_in  ", map[string]string{"cmd": "barrier_in"}},
 		{"mcmd=spawn", map[string]string{"mcmd": "spawn"}},
+		{"cmd=abort exitcode=7 message=application called MPI_Abort(MPI_COMM_WORLD, 7) - process 1", map[string]string{"cmd": "abort", "exitcode": "7", "message": "application called MPI_Abort(MPI_COMM_WORLD, 7) - process 1"}},
+		{"cmd=abort exitcode=3 error_msg=it failed", map[string]string{"cmd": "abort", "exitcode": "3", "message": "it failed"}},
+		{"cmd=put key=a value=b message=c d", nil},
 		{"", nil},
 		{"cmd=", nil},
 		{"init", nil},
@@ -87,7 +90,9 @@ func pmiPeer(t testing.TB) (net.Conn, *bufio.Reader, chan error, *int) {
 	*aborted = -1
 	kvs := &pmiKVS{kv: map[string]string{"published": "yes"}}
 	c := &pmiConn{kvs: kvs, rank: 2, size: 4, kvsname: "gorun-j", rw: mine, pending: map[string]string{},
-		aborted: func(code int) { *aborted = code; mine.Close() }}
+		aborted: func(code int, _ string) { *aborted = code; mine.Close() },
+		failed:  func(string) { mine.Close() },
+		session: func(int32) {}}
 	done := make(chan error, 1)
 	go func() { done <- c.serve(); mine.Close() }()
 	t.Cleanup(func() { theirs.Close() })
@@ -122,7 +127,9 @@ func TestPMICommands(t *testing.T) {
 	ask("cmd=get kvsname=gorun-j key=a", "cmd=get_result rc=0 msg=success value=1") // its own put
 	ask("cmd=get kvsname=gorun-j key=published", "cmd=get_result rc=0 msg=success value=yes")
 	ask("cmd=get kvsname=gorun-j key=nothing", "cmd=get_result rc=-1 msg=key_not_found")
-	ask("cmd=lookup_name service=x", "cmd=lookup_name_result rc=-1 msg=name_service_not_supported_by_gorun")
+	ask("cmd=lookup_name service=x", "cmd=lookup_result rc=-1 msg=name_service_not_supported_by_gorun")
+	ask("cmd=finalize", "cmd=finalize_ack rc=0")
+	ask("cmd=get_appnum", "cmd=appnum rc=0 appnum=0") // still served after finalize
 	ask("cmd=frobnicate", "cmd=frobnicate_result rc=-1 msg=unknown_command")
 	io.WriteString(conn, "mcmd=spawn\nnprocs=2\nexecname=x\nendcmd\n")
 	if got, _ := r.ReadString('\n'); !strings.Contains(got, "cmd=spawn_result rc=-1") {

@@ -30,13 +30,17 @@ const drainTimeout = time.Second
 // rankProc is one rank's process. Its fields after place are owned by the
 // agent's loop, except stopped, which readers of the exit status share.
 type rankProc struct {
-	place   wire.Placement
-	gen     uint64       // restart generation
-	pmi     *os.File     // the rank's end of its PMI connection (fd 3 in the rank), until started
-	abort   atomic.Int32 // 1 + the exit code the rank gave PMI abort (MPI_Abort), or 0
-	pid     int          // also the process group id
-	stopped atomic.Bool
-	ended   bool // the loop has seen the exit
+	place wire.Placement
+	gen   uint64       // restart generation
+	pmi   *os.File     // the rank's end of its PMI connection (fd 3 in the rank), until started
+	abort atomic.Int32 // 1 + the exit code the rank gave PMI abort (MPI_Abort), or 0
+	// pmiState: pmiNone, pmiOpen (init without finalize), pmiDone, or
+	// pmiFailed (the agent killed the rank: pmiMsg says why).
+	pmiState atomic.Int32
+	pmiMsg   atomic.Pointer[string]
+	pid      int // also the process group id
+	stopped  atomic.Bool
+	ended    bool // the loop has seen the exit
 
 	mu     sync.Mutex // guards reaped, and signals against reaping
 	reaped bool       // the rank's process has been reaped: its pid is free
@@ -176,15 +180,42 @@ func (p *rankProc) signal(sig syscall.Signal) {
 	}
 }
 
+// The states of a rank's PMI session.
+const (
+	pmiNone int32 = iota
+	pmiOpen
+	pmiDone
+	pmiFailed
+)
+
+// setPMIMsg records what the rank's PMI session said at its end.
+func (p *rankProc) setPMIMsg(msg string) {
+	p.pmiMsg.Store(&msg)
+}
+
 // exitEvent describes the rank's end.
 func (p *rankProc) exitEvent(host int) *wire.Event {
 	e := &wire.Event{Kind: wire.EventExited, Host: host, Rank: p.place.Rank, Pid: p.pid, Stopped: p.stopped.Load(), Gen: p.gen}
 	defer func() {
-		// A rank that called MPI_Abort was killed by the agent, as
-		// mpiexec does: its status is the code it asked for.
-		if c := p.abort.Load(); c > 0 {
-			e.Code, e.Signal, e.Abort = int(c-1), 0, true
-			e.Msg = fmt.Sprintf("called MPI_Abort with exit code %d", c-1)
+		msg := ""
+		if m := p.pmiMsg.Load(); m != nil && *m != "" {
+			msg = ": " + *m
+		}
+		switch {
+		case p.abort.Load() > 0:
+			// A rank that called MPI_Abort was killed by the agent, as
+			// mpiexec does: its status is the code it asked for.
+			c := p.abort.Load() - 1
+			e.Code, e.Signal, e.Abort = int(c), 0, true
+			e.Msg = fmt.Sprintf("called MPI_Abort with exit code %d%s", c, msg)
+		case p.pmiState.Load() == pmiFailed:
+			e.Code, e.Signal = 1, 0
+			e.Msg = "killed by gorun" + msg
+		case p.pmiState.Load() == pmiOpen && e.Code == 0 && e.Signal == 0 && !e.Stopped:
+			// Its peers may be waiting for it in a PMI barrier: as
+			// Hydra, a bad termination, which fails the job.
+			e.Code = 1
+			e.Msg = "exited with code 0 without calling MPI_Finalize"
 		}
 	}()
 	switch {

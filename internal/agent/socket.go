@@ -47,6 +47,7 @@ type rankSockets struct {
 	conns     map[net.Conn]*session
 	local     int                // ranks on this host
 	nextSeq   map[int]int        // per rank: the sequence of its next fence
+	ended     map[int]bool       // local ranks that ended in this epoch
 	fences    map[int]*hostFence // by sequence
 	closed    bool
 }
@@ -69,6 +70,7 @@ func (ss *session) write(typ byte, v any) error {
 type hostFence struct {
 	kv     map[string]string
 	n      int
+	in     map[int]bool // the local ranks that entered
 	err    string
 	done   chan struct{} // closed when result is set
 	result *wire.Fence
@@ -322,12 +324,17 @@ func (s *rankSockets) fence(rank int, f *wire.Fence) (*wire.Fence, error) {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("fence %d, expected %d", f.Seq, want)
 	}
+	if r, ok := s.endedRank(); ok {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("rank %d ended without entering this fence", r)
+	}
 	s.nextSeq[rank]++
 	hf := s.fences[f.Seq]
 	if hf == nil {
-		hf = &hostFence{kv: map[string]string{}, done: make(chan struct{})}
+		hf = &hostFence{kv: map[string]string{}, in: map[int]bool{}, done: make(chan struct{})}
 		s.fences[f.Seq] = hf
 	}
+	hf.in[rank] = true
 	for k, v := range f.KV {
 		if _, dup := hf.kv[k]; dup && hf.err == "" {
 			hf.err = fmt.Sprintf("key %q set by two ranks", k)
@@ -342,6 +349,14 @@ func (s *rankSockets) fence(rank int, f *wire.Fence) (*wire.Fence, error) {
 	s.mu.Unlock()
 	if up != nil {
 		if err := s.nc.Publish(s.subj.UpFence, up); err != nil {
+			// Every local rank of this fence waits on it: fail it for all.
+			s.mu.Lock()
+			if s.fences[f.Seq] == hf && hf.result == nil {
+				delete(s.fences, f.Seq)
+				hf.err = fmt.Sprintf("fence: sending this host's part to the launcher: %v", err)
+				close(hf.done)
+			}
+			s.mu.Unlock()
 			return nil, fmt.Errorf("fence: %w", err)
 		}
 	}
@@ -370,6 +385,7 @@ func (s *rankSockets) setEpoch(t *wire.EpochTable, local int) {
 	}
 	s.table, s.epoch, s.local = push.Table, t.Epoch, local
 	s.nextSeq = map[int]int{}
+	s.ended = nil
 	for seq, hf := range s.fences {
 		hf.err = fmt.Sprintf("the epoch changed to %d", t.Epoch)
 		close(hf.done)
@@ -393,6 +409,35 @@ func (s *rankSockets) setEpoch(t *wire.EpochTable, local int) {
 		ss.mu.Unlock()
 	}
 	s.mu.Unlock()
+}
+
+// endedRank returns a local rank that ended in this epoch, if any. s.mu
+// is held.
+func (s *rankSockets) endedRank() (int, bool) {
+	for r := range s.ended {
+		return r, true
+	}
+	return 0, false
+}
+
+// rankEnded records that a local rank ended: the fences of this epoch it
+// has not entered can never complete, so they fail now (ranks waiting in
+// them, such as MPI ranks in a PMI barrier, are not left hanging), and so
+// do later ones.
+func (s *rankSockets) rankEnded(rank int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended == nil {
+		s.ended = map[int]bool{}
+	}
+	s.ended[rank] = true
+	for seq, hf := range s.fences {
+		if !hf.in[rank] && hf.result == nil {
+			hf.err = fmt.Sprintf("rank %d ended without entering this fence", rank)
+			close(hf.done)
+			delete(s.fences, seq)
+		}
+	}
 }
 
 // fenceDone delivers the launcher's merged fence to the waiting ranks.
