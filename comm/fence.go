@@ -18,8 +18,9 @@ type FenceCollector struct {
 	epoch uint64
 	hosts int
 
-	mu      sync.Mutex // guards pending
+	mu      sync.Mutex // guards pending and failed
 	pending map[int]*fenceMerge
+	failed  map[int]string // fences of this epoch failed by a host's Err
 }
 
 type fenceMerge struct {
@@ -41,6 +42,7 @@ func (f *FenceCollector) SetEpoch(epoch uint64) {
 	defer f.mu.Unlock()
 	f.epoch = epoch
 	f.pending = map[int]*fenceMerge{}
+	f.failed = nil
 }
 
 // Handle takes one host's aggregate (a wire.UpFence as received).
@@ -56,6 +58,23 @@ func (f *FenceCollector) Handle(data []byte) error {
 	if u.Epoch != f.epoch {
 		f.mu.Unlock()
 		return fmt.Errorf("comm: fence of epoch %d, the current one is %d", u.Epoch, f.epoch)
+	}
+	if why, failed := f.failed[u.Seq]; failed || u.Err != "" {
+		// One host's error fails the fence for the whole job at once, and
+		// any part that comes later hears the same.
+		if !failed {
+			why = fmt.Sprintf("host %d: %s", u.Host, u.Err)
+			if f.failed == nil {
+				f.failed = map[int]string{}
+			}
+			f.failed[u.Seq] = why
+			delete(f.pending, u.Seq)
+		}
+		f.mu.Unlock()
+		if err := f.nc.Publish(f.subj.Fence, wire.Marshal(&wire.Fence{Epoch: u.Epoch, Seq: u.Seq, Err: why})); err != nil {
+			return fmt.Errorf("comm: publishing fence %d: %w", u.Seq, err)
+		}
+		return nil
 	}
 	m := f.pending[u.Seq]
 	if m == nil {

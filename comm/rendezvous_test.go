@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -409,5 +410,20 @@ func TestFenceCollector(t *testing.T) {
 	fc.Handle(up(1, 1, map[string]string{"x": "2"}))
 	if f, err := wire.DecodeFence((<-merged).Data, 100); err != nil || f.Err == "" || f.KV != nil {
 		t.Fatalf("conflicting keys: %+v, %v", f, err)
+	}
+	// A host's error (a rank ended without entering) fails the fence at
+	// once for everyone, and again for a part that comes later.
+	fc.Handle(up(0, 2, map[string]string{"y": "1"}))
+	if err := fc.Handle(wire.Marshal(&wire.UpFence{Host: 1, Epoch: 0, Seq: 2, Err: "rank 3 ended without entering this fence"})); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := wire.DecodeFence((<-merged).Data, 100); err != nil || f.Seq != 2 || !strings.Contains(f.Err, "rank 3 ended") {
+		t.Fatalf("failed fence: %+v, %v", f, err)
+	}
+	if err := fc.Handle(up(1, 2, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := wire.DecodeFence((<-merged).Data, 100); err != nil || f.Seq != 2 || f.Err == "" {
+		t.Fatalf("a late part of a failed fence: %+v, %v", f, err)
 	}
 }

@@ -180,6 +180,19 @@ func TestMPIPeerNeverEntersBarrier(t *testing.T) {
 	}
 }
 
+// TestMPIPeerOnOtherHostNeverEntersBarrier: the same, with the rank that
+// never comes alone on another host: its agent fails the fence job-wide.
+func TestMPIPeerOnOtherHostNeverEntersBarrier(t *testing.T) {
+	hello := mpiProgram(t, "hello")
+	hosts := testcluster.NetnsHosts(t, 2)
+	hf := hosts.WriteHostfile(t, t.TempDir(), 1)
+	res := startJob(t, "", nil, "-np", "2", "--hostfile", hf, "--rsh", "ip netns exec", "--bind", hosts.BridgeAddr,
+		"--", "sh", "-c", `if [ "$PMI_RANK" = 0 ]; then exec "$0"; fi; exit 0`, hello).wait(90 * time.Second)
+	if res.code != 1 || !strings.Contains(res.stderr, "rank 1 ended without entering this fence") {
+		t.Fatalf("exit %d, want 1 with rank 0's failed barrier reported\nstderr:\n%s", res.code, res.stderr)
+	}
+}
+
 // TestMPIMultiHost: ranks on two namespace hosts find each other through
 // the PMI key-value space, which a barrier publishes across the agents.
 func TestMPIMultiHost(t *testing.T) {

@@ -426,16 +426,25 @@ func (s *rankSockets) endedRank() (int, bool) {
 // do later ones.
 func (s *rankSockets) rankEnded(rank int) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.ended == nil {
 		s.ended = map[int]bool{}
 	}
 	s.ended[rank] = true
+	why := fmt.Sprintf("rank %d ended without entering this fence", rank)
 	for seq, hf := range s.fences {
 		if !hf.in[rank] && hf.result == nil {
-			hf.err = fmt.Sprintf("rank %d ended without entering this fence", rank)
+			hf.err = why
 			close(hf.done)
 			delete(s.fences, seq)
+		}
+	}
+	// Ranks on other hosts may wait for it in its next fence: fail that
+	// one job-wide (nobody is hurt if nobody waits).
+	up := wire.Marshal(&wire.UpFence{Host: s.host, Epoch: s.epoch, Seq: s.nextSeq[rank], Err: why})
+	s.mu.Unlock()
+	if s.nc != nil {
+		if err := s.nc.Publish(s.subj.UpFence, up); err != nil {
+			s.log.Warn("cannot fail the fence a rank left", "rank", rank, "err", err)
 		}
 	}
 }

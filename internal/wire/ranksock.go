@@ -126,6 +126,9 @@ type UpFence struct {
 	Epoch uint64            `json:"epoch"`
 	Seq   int               `json:"seq"`
 	KV    map[string]string `json:"kv"`
+	// Err, when set, fails the fence for the whole job: a rank of the
+	// host ended without entering it, so it can never complete.
+	Err string `json:"err,omitempty"`
 }
 
 // DecodeUpFence decodes and validates an UpFence.
@@ -139,6 +142,9 @@ func DecodeUpFence(b []byte) (*UpFence, error) {
 	}
 	fe := Fence{Epoch: f.Epoch, Seq: f.Seq, KV: f.KV}
 	if err := fe.Check(MaxFenceKeys * 1024); err != nil {
+		return nil, err
+	}
+	if err := checkString("fence error", f.Err); err != nil {
 		return nil, err
 	}
 	return &f, nil
