@@ -36,22 +36,7 @@ func TestConcurrentReader(t *testing.T) {
 			done := make(chan error, 1)
 			switch mode {
 			case "goroutine":
-				go func() {
-					var err error
-					defer func() { done <- err }()
-					for step := uint64(1); step <= steps; step++ {
-						var st *Staged
-						if st, err = w.Stage(step); err != nil {
-							return
-						}
-						for i, v := range st.Views() {
-							fill(step, i, v)
-						}
-						if err = st.Commit(); err != nil {
-							return
-						}
-					}
-				}()
+				go func() { done <- writeSteps(w, steps) }()
 			case "process":
 				h := startHelper(t, "writer", opt.Dir, strconv.FormatUint(steps, 10))
 				go func() {

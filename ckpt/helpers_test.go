@@ -93,6 +93,24 @@ func commit(t testing.TB, s *Slots, step uint64) {
 	}
 }
 
+// writeSteps stages and commits steps 1 to steps, each filled as commit
+// fills it, as fast as it can (the writer of the concurrency tests).
+func writeSteps(w *Slots, steps uint64) error {
+	for step := uint64(1); step <= steps; step++ {
+		st, err := w.Stage(step)
+		if err != nil {
+			return err
+		}
+		for i, v := range st.Views() {
+			fill(step, i, v)
+		}
+		if err := st.Commit(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // checkNewest checks that Newest returns step, in slot (unless slot < 0),
 // with its exact bytes, and no fallback unless fallback.
 func checkNewest(t testing.TB, s *Slots, step uint64, slot int, fallback bool) *Snapshot {
@@ -264,17 +282,8 @@ func helperWriter(dir, arg string) error {
 		return err
 	}
 	defer s.Close()
-	for step := uint64(1); step <= n; step++ {
-		st, err := s.Stage(step)
-		if err != nil {
-			return err
-		}
-		for i, v := range st.Views() {
-			fill(step, i, v)
-		}
-		if err := st.Commit(); err != nil {
-			return err
-		}
+	if err := writeSteps(s, n); err != nil {
+		return err
 	}
 	fmt.Println("done")
 	return nil

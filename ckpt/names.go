@@ -71,6 +71,21 @@ func validName(name string) bool {
 	return true
 }
 
+// ValidRegionName reports whether name can name a region:
+// [a-z][a-z0-9_-]{0,31}, other than "hdr".
+func ValidRegionName(name string) bool { return validName(name) }
+
+// MaxRegionName is the longest region name.
+const MaxRegionName = maxNameLen
+
+// RegionPath is the path of the data file of rank's region of job in
+// opt's directory: the file Files names, and RemoveJob removes. Other
+// files a rank's service keeps beside its slots (a gradient buffer) are
+// named this way too, so that they go with the job's.
+func RegionPath(job string, rank int, region string, opt Options) string {
+	return filepath.Join(opt.dir(), dataName(job, rank, region))
+}
+
 // checkIDs checks a job id and a rank given by the caller.
 func checkIDs(job string, rank int) error {
 	if !validJob(job) {

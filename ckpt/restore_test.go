@@ -125,22 +125,7 @@ func TestAtConcurrent(t *testing.T) {
 	w, opt := create(t, concRegions)
 	r := reopen(t, opt)
 	done := make(chan error, 1)
-	go func() {
-		var err error
-		defer func() { done <- err }()
-		for step := uint64(1); step <= steps; step++ {
-			var st *Staged
-			if st, err = w.Stage(step); err != nil {
-				return
-			}
-			for i, v := range st.Views() {
-				fill(step, i, v)
-			}
-			if err = st.Commit(); err != nil {
-				return
-			}
-		}
-	}()
+	go func() { done <- writeSteps(w, steps) }()
 	expect := make([][]byte, len(concRegions))
 	for i, rg := range concRegions {
 		expect[i] = make([]byte, rg.Size)

@@ -315,7 +315,7 @@ func FuzzLinkFrames(f *testing.F) {
 			}
 			names := map[string]bool{}
 			for _, e := range tb {
-				if !validRegionName(e.name) || e.size < 0 || e.size > MaxRegionSize || names[e.name] {
+				if !ckpt.ValidRegionName(e.name) || e.size < 0 || e.size > MaxRegionSize || names[e.name] {
 					t.Fatalf("accepted entry %+v of %+v", e, tb)
 				}
 				names[e.name] = true

@@ -3,6 +3,7 @@ package rank
 import (
 	"fmt"
 
+	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/internal/wire"
 )
 
@@ -42,7 +43,6 @@ const (
 	MaxRegionSize  = 1 << 40
 	MaxGradient    = 1 << 31 // float32 elements of the gradient buffer
 	MaxStep        = 1<<53 - 1
-	regionNameMax  = 32
 	noStep         = -1
 	gradientRegion = "gradient" // the file name part of the gradient buffer
 )
@@ -144,18 +144,6 @@ func checkStep(s int64) error {
 	return nil
 }
 
-func validRegionName(n string) bool {
-	if n == "" || len(n) > regionNameMax || n[0] < 'a' || n[0] > 'z' {
-		return false
-	}
-	for _, c := range []byte(n) {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
-
 // check validates a ProtectHello from the rank.
 func (h *ProtectHello) check() error {
 	if h.Version != Version {
@@ -167,9 +155,9 @@ func (h *ProtectHello) check() error {
 	seen := map[string]bool{}
 	for _, r := range h.Regions {
 		switch {
-		case !validRegionName(r.Name):
+		case !ckpt.ValidRegionName(r.Name):
 			return fmt.Errorf("protect hello: bad region name %q: want [a-z][a-z0-9_-]{0,31}", trunc(r.Name))
-		case r.Name == gradientRegion || r.Name == "hdr":
+		case r.Name == gradientRegion:
 			return fmt.Errorf("protect hello: region name %q is reserved", r.Name)
 		case seen[r.Name]:
 			return fmt.Errorf("protect hello: region %q declared twice", r.Name)

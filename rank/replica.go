@@ -125,7 +125,7 @@ func readTable(r io.Reader, n int) ([]tableEntry, error) {
 		if _, err := io.ReadFull(r, nb[:]); err != nil {
 			return nil, err
 		}
-		if nb[0] == 0 || int(nb[0]) > regionNameMax {
+		if nb[0] == 0 || int(nb[0]) > ckpt.MaxRegionName {
 			return nil, fmt.Errorf("region name of %d bytes", nb[0])
 		}
 		name := make([]byte, nb[0])
@@ -136,7 +136,7 @@ func readTable(r io.Reader, n int) ([]tableEntry, error) {
 			return nil, err
 		}
 		e := tableEntry{name: string(name), size: int64(binary.BigEndian.Uint64(rest[:])), sum: binary.BigEndian.Uint32(rest[8:])}
-		if !validRegionName(e.name) || e.size < 0 || e.size > MaxRegionSize {
+		if !ckpt.ValidRegionName(e.name) || e.size < 0 || e.size > MaxRegionSize {
 			return nil, fmt.Errorf("bad region %q of %d bytes", trunc(e.name), e.size)
 		}
 		for _, p := range t[:i] {
@@ -149,9 +149,20 @@ func readTable(r io.Reader, n int) ([]tableEntry, error) {
 	return t, nil
 }
 
-// writeFrame writes a header, a table and the data views.
+// tableBytes is the data that follows a table: its regions' sizes (0 for
+// a request's table, whose sizes are 0).
+func tableBytes(t []tableEntry) uint64 {
+	var n uint64
+	for _, e := range t {
+		n += uint64(e.size)
+	}
+	return n
+}
+
+// writeFrame writes a header, a table and the data views; the header's
+// count and length come from the table.
 func writeFrame(w io.Writer, h linkHdr, t []tableEntry, data [][]byte) error {
-	h.count = len(t)
+	h.count, h.length = len(t), tableBytes(t)
 	b := make([]byte, linkHdrSize, linkHdrSize+len(t)*45)
 	h.put(b)
 	b = appendTable(b, t)
@@ -319,10 +330,7 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 // put receives owner's step into the holder's buffer. Only a link failure
 // or a malformed frame is an error; a refusal is answered.
 func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
-	var total uint64
-	for _, e := range t {
-		total += uint64(e.size)
-	}
+	total := tableBytes(t)
 	if h.length != total || h.step < 0 {
 		return fmt.Errorf("put of %d bytes for regions of %d, step %d", h.length, total, h.step)
 	}
@@ -420,9 +428,6 @@ func (st *replicaStore) get(c net.Conn, h linkHdr) error {
 	for _, b := range o.bufs {
 		if b.step >= 0 && b.step == h.step {
 			d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
-			for _, e := range b.table {
-				d.length += uint64(e.size)
-			}
 			return writeFrame(c, d, b.table, b.data)
 		}
 	}
@@ -444,9 +449,6 @@ func (st *replicaStore) getSlot(c net.Conn, h linkHdr, want []tableEntry) error 
 		return writeFail(c, h, err.Error())
 	}
 	d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
-	for _, e := range t {
-		d.length += uint64(e.size)
-	}
 	return writeFrame(c, d, t, data)
 }
 
@@ -746,9 +748,6 @@ func (p *linkPool) do(ctx context.Context, host, rank int, f func(c net.Conn) er
 
 // put sends a put and waits for its acknowledgement.
 func (p *linkPool) put(ctx context.Context, host int, h linkHdr, t []tableEntry, data [][]byte) error {
-	for _, e := range t {
-		h.length += uint64(e.size)
-	}
 	return p.do(ctx, host, h.owner, func(c net.Conn) error {
 		if err := writeFrame(c, h, t, data); err != nil {
 			return err
@@ -782,11 +781,7 @@ func (p *linkPool) fetch(ctx context.Context, host int, h linkHdr, want []tableE
 		if err != nil {
 			return err
 		}
-		var total uint64
-		for _, e := range t {
-			total += uint64(e.size)
-		}
-		if total != a.length {
+		if total := tableBytes(t); total != a.length {
 			return fmt.Errorf("data of %d bytes for regions of %d", a.length, total)
 		}
 		for _, e := range t {

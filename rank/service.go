@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -267,11 +266,7 @@ func (s *service) createGradient(size int64) error {
 }
 
 func (s *service) gradientPath() string {
-	dir := s.h.cfg.Dir
-	if dir == "" {
-		dir = ckpt.DefaultDir
-	}
-	return filepath.Join(dir, fmt.Sprintf("gorun-%s.r%d.%s", s.h.cfg.Job, s.rank, gradientRegion))
+	return ckpt.RegionPath(s.h.cfg.Job, s.rank, gradientRegion, ckpt.Options{Dir: s.h.cfg.Dir})
 }
 
 func (s *service) welcome() *ProtectWelcome {

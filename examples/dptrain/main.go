@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/comm"
 )
 
@@ -71,7 +72,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // with a pattern, as a fault in that memory would: restoring must then
 // come from another host.
 func wipeState(rank int) error {
-	path := fmt.Sprintf("/dev/shm/gorun-%s.r%d.optimizer", os.Getenv("GORUN_JOB_ID"), rank)
+	path := ckpt.RegionPath(os.Getenv("GORUN_JOB_ID"), rank, "optimizer", ckpt.Options{})
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		return err

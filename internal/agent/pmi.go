@@ -105,9 +105,10 @@ func truncateBytes(b []byte) string {
 // pmiKVS is a host's view of the job's key-value space in one epoch: what
 // the barriers published.
 type pmiKVS struct {
-	mu    sync.Mutex
-	epoch uint64
-	kv    map[string]string
+	mu     sync.Mutex
+	epoch  uint64
+	kv     map[string]string
+	merged int // the newest fence merged
 	// mapping is PMI_process_mapping (which ranks share a node), from the
 	// epoch table.
 	mapping string
@@ -116,7 +117,7 @@ type pmiKVS struct {
 func (k *pmiKVS) setEpoch(t *wire.EpochTable) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.epoch, k.kv, k.mapping = t.Epoch, map[string]string{}, processMapping(t)
+	k.epoch, k.kv, k.mapping, k.merged = t.Epoch, map[string]string{}, processMapping(t), -1
 }
 
 func (k *pmiKVS) get(key string) (string, bool) {
@@ -129,11 +130,14 @@ func (k *pmiKVS) get(key string) (string, bool) {
 	return v, ok
 }
 
-func (k *pmiKVS) merge(epoch uint64, kv map[string]string) {
+// merge adds fence seq's keys. Every local rank of the fence brings the
+// same result: it is copied once.
+func (k *pmiKVS) merge(epoch uint64, seq int, kv map[string]string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if epoch == k.epoch {
+	if epoch == k.epoch && seq > k.merged {
 		maps.Copy(k.kv, kv)
+		k.merged = seq
 	}
 }
 
@@ -290,7 +294,7 @@ func (p *pmiConn) command(kv map[string]string) (done bool, err error) {
 			_, _ = io.Copy(io.Discard, p.rw)
 			return true, nil
 		}
-		p.kvs.merge(res.Epoch, res.KV)
+		p.kvs.merge(res.Epoch, res.Seq, res.KV)
 		p.pending = map[string]string{}
 		return false, p.reply("cmd=barrier_out rc=0")
 	case "finalize":
