@@ -81,6 +81,21 @@ func TestProcessMapping(t *testing.T) {
 			t.Errorf("%v: %s, want %s", tt.tab.Hosts, got, tt.want)
 		}
 	}
+	// 200 ranks on 80 hosts of 2 and 3 slots in turn: a mapping longer
+	// than MPICH's client can take (673 bytes) is not given at all.
+	var hosts [][]int
+	for h, r := 0, 0; h < 80; h++ {
+		n := 2 + h%2
+		var rs []int
+		for range n {
+			rs = append(rs, r)
+			r++
+		}
+		hosts = append(hosts, rs)
+	}
+	if got := processMapping(table(hosts...)); got != "" {
+		t.Errorf("a mapping of %d bytes was given (MPICH takes at most %d)", len(got), pmiValueUsable)
+	}
 }
 
 // pmiPeer runs a pmiConn on one end of a pipe and returns the rank's end.
