@@ -26,10 +26,14 @@ type agentHost struct {
 	lastSeen atomic.Int64 // unix nanoseconds of the last message from the agent
 	tail     *tail        // the agent's last stderr lines
 
+	// What a restart leaves as it is: the agent is the same one, registered
+	// once, and its heartbeats keep lastSeen fresh throughout. Whether the
+	// host's ranks are done is not kept here but read from the job's ranks
+	// of the current generation (job.hostDone), which a restart resets.
 	started    time.Time
 	registered bool
-	done       bool           // every rank of the host has ended
-	ended      bool           // the agent itself has ended
+	lost       bool           // the host is lost and its ranks accounted for; for good
+	ended      bool           // the agent itself has ended; for good
 	released   bool           // its start slot is free again
 	kill       func()         // guarded by job.mu
 	stream     io.WriteCloser // the agent's stdin (its "launcher alive" stream); guarded by job.mu

@@ -112,6 +112,10 @@ func (j *job) onFailure() {
 		return
 	}
 	if !j.stopping && j.cause == nil && !f.abort && j.gen < uint64(j.cfg.MaxRestarts) {
+		if h := j.goneHost(); h != nil {
+			j.fail(f.status, "%s; cannot restart the ranks: the agent on host %s has ended; stopping the job", f.what, h.name)
+			return
+		}
 		j.restartRanks(f.what)
 		return
 	}
@@ -491,8 +495,21 @@ func (j *job) hostLost(h *agentHost) {
 	for _, r := range h.ranks {
 		j.rankGone(r)
 	}
-	h.done = true
+	h.lost = true
 	j.closeStream(h)
+}
+
+// hostDone reports whether every rank of h has ended in the current
+// generation. A restart starts them all again, so it is read from the ranks
+// rather than kept: the agent's own EventAgentDone may be of a generation
+// the launcher has already left.
+func (j *job) hostDone(h *agentHost) bool {
+	for _, r := range h.ranks {
+		if !j.rankEnded[r] {
+			return false
+		}
+	}
+	return true
 }
 
 // closeStream closes h's launcher stream, if it has one.
@@ -637,7 +654,8 @@ func (j *job) onEvent(e *wire.Event) {
 		j.hostLost(h)
 		j.fail(ExitFailure, "agent on host %s failed: %s", h.name, e.Msg)
 	case wire.EventAgentDone:
-		h.done = true
+		// Carries no generation; the ranks' own exits tell (hostDone).
+		j.log.Debug("agent has no rank running", "host", h.name)
 	case wire.EventGPU:
 		j.onGPUEvent(h, e)
 	}
@@ -700,7 +718,13 @@ func (j *job) onAgentExit(x agentExit) {
 	h := j.hosts[x.host]
 	h.ended = true
 	j.release(h)
-	if h.done {
+	if h.lost {
+		return
+	}
+	if j.hostDone(h) && h.registered {
+		// Nothing of the job runs there now; should a restart need the
+		// host again, onFailure finds its agent gone.
+		j.log.Warn("agent ended after its ranks", "host", h.name, "err", x.err)
 		return
 	}
 	j.hostLost(h)
@@ -723,7 +747,7 @@ func (j *job) onAgentExit(x agentExit) {
 // whose heartbeats stopped.
 func (j *job) checkHosts(now time.Time) {
 	for _, h := range j.hosts {
-		if h.done || h.ended {
+		if h.lost || h.ended || j.hostDone(h) {
 			continue
 		}
 		if !h.registered {

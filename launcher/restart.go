@@ -61,6 +61,17 @@ func (j *job) holderRows(h int) []wire.HolderRow {
 	return j.hostRows[h]
 }
 
+// goneHost returns a host whose agent has ended or that is lost, whose
+// ranks a restart in place could therefore not start again, or nil.
+func (j *job) goneHost() *agentHost {
+	for _, h := range j.hosts {
+		if h.ended || h.lost {
+			return h
+		}
+	}
+	return nil
+}
+
 // restartRanks restarts every rank in place after a failure (why): a new
 // generation and epoch, in which the ranks resume from G.
 func (j *job) restartRanks(why string) {
@@ -75,6 +86,9 @@ func (j *job) restartRanks(why string) {
 	if j.verbose {
 		j.out.report("%s", j.prog.table())
 	}
+	// Every host runs ranks again: its heartbeats are watched again
+	// (checkHosts skips hosts whose ranks are done) and its agent's end is
+	// a failure again (onAgentExit).
 	for r := range j.rankEnded {
 		j.rankEnded[r] = false
 	}
