@@ -24,6 +24,7 @@ func TestGPUReportsOfAFlappingGPU(t *testing.T) {
 		j.onGPUEvent(h, ev(13))
 	}
 	j.onGPUEvent(h, ev(79))
+	j.out.close()
 	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
 	if len(lines) != 4 {
 		t.Fatalf("%d report lines, want 4 (first, 100th, 200th, another XID):\n%s", len(lines), stderr.String())

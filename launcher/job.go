@@ -394,7 +394,11 @@ func (j *job) startLocal(ctx context.Context, h *agentHost) error {
 }
 
 // onUp handles every message agents send, in the order they sent them.
-// It writes output itself and hands events to the loop.
+// It never waits for output to be written: frames are posted to the
+// output mux, whose lanes write them, and events go to the loop. So a
+// stalled reader of gorun's output delays neither the heartbeats' record
+// nor the events, and an event is handled after the output its host sent
+// before it was posted (drainOutput counts on that).
 func (j *job) onUp(m *nats.Msg) {
 	switch m.Subject {
 	case j.subj.Output:
@@ -582,12 +586,7 @@ func (j *job) loop(ctx context.Context) int {
 				}
 			}
 		case err := <-j.out.failed:
-			// gorun's output went away: stop the job, as a pipeline would.
-			code := ExitFailure
-			if errors.Is(err, syscall.EPIPE) {
-				code = 128 + int(syscall.SIGPIPE)
-			}
-			j.fail(code, "cannot write the job's output (%v); stopping the job", err)
+			j.outputFailed(err)
 		case <-timeout:
 			j.fail(ExitTimeout, "job exceeded its time limit of %v (--timeout); stopping it", j.cfg.Timeout)
 		case now := <-tick.C:
@@ -595,6 +594,7 @@ func (j *job) loop(ctx context.Context) int {
 			j.prog.republish()
 			if !stopDeadline.IsZero() && now.After(stopDeadline) {
 				j.out.report("%d ranks did not report their end; giving up on them", j.world-j.ranksEnded)
+				j.drainOutput(ctx)
 				return j.exitCode()
 			}
 		case <-ctx.Done():
@@ -602,7 +602,68 @@ func (j *job) loop(ctx context.Context) int {
 			ctx = context.Background()
 		}
 	}
+	j.drainOutput(ctx)
 	return j.exitCode()
+}
+
+// outputFailed acts on the failure of gorun's stdout: the output went
+// away, so the job stops, as a pipeline would.
+func (j *job) outputFailed(err error) {
+	code := ExitFailure
+	if errors.Is(err, syscall.EPIPE) {
+		code = 128 + int(syscall.SIGPIPE)
+	}
+	j.fail(code, "cannot write the job's output (%v); stopping the job", err)
+}
+
+// drainOutput waits, once every rank has ended, until the output posted
+// so far is written: the ranks' exits were handled after their output was
+// posted, so all of it is there. A reader that does not read holds gorun
+// here as it would hold cat, with nothing watched that a stall could
+// make look like a failure, and the agents idle until finish. An
+// interrupt, or ctx, gives up on the output (at once if the user already
+// asked to kill at once).
+func (j *job) drainOutput(ctx context.Context) {
+	if j.killed {
+		j.out.abandon()
+		return
+	}
+	stop := make(chan struct{})
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		j.out.drain(stop)
+	}()
+	defer func() {
+		close(stop)
+		<-drained
+	}()
+	for {
+		select {
+		case <-drained:
+			return
+		case err := <-j.out.failed:
+			j.outputFailed(err)
+		case e := <-j.events:
+			j.log.Debug("event after the ranks' end", "kind", e.Kind, "host", e.Host)
+		case sig := <-j.cfg.Signals:
+			s, _ := sig.(syscall.Signal)
+			if s == syscall.SIGUSR1 || s == syscall.SIGUSR2 {
+				continue
+			}
+			if j.cause == nil {
+				j.cause = &failure{code: 128 + int(s), msg: "interrupted by " + signame(s)}
+			}
+			j.out.abandon()
+			return
+		case <-ctx.Done():
+			if j.cause == nil {
+				j.cause = &failure{code: ExitFailure, msg: fmt.Sprintf("stopped: %v", context.Cause(ctx))}
+			}
+			j.out.abandon()
+			return
+		}
+	}
 }
 
 func (j *job) exitCode() int {

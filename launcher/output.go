@@ -18,20 +18,41 @@ import (
 // (and a timestamp) on the terminal, or raw into one directory per rank.
 // Reports of the launcher itself go through it too, so nothing is ever
 // interleaved mid-line.
+//
+// Nothing that posts to it waits for a write: each destination has a
+// lane, a goroutine of its own that writes in the order things were posted
+// (stdout, with the output files; stderr, with the launcher's reports). A
+// reader that stops reading (a paused pager, a terminal stopped with
+// Ctrl-S) holds back its own lane only, never the control-plane handler
+// that posts frames, heartbeats or the job's loop, so a slow terminal
+// cannot look like a lost host (DESIGN.md §4). What a stalled lane has
+// not written waits in its queue; like the control-plane subscription
+// that fed the launcher before it, the queue is not bounded, since
+// the agents send output without flow control.
+//
+// frame, report and agentLine may be called from any goroutine; drain
+// waits for what was posted; close ends the lanes.
 type outputMux struct {
 	tag, stamp bool
 	dir        string
 	world      int
-
-	mu     sync.Mutex // guards the fields below
-	stdout *bufio.Writer
-	stderr *bufio.Writer
-	files  map[fileKey]*os.File
-	err    error // first error opening or writing an output file
-	prefix []byte
 	// failed receives the first error writing to stdout.
 	failed chan error
-	broken bool // stdout failed; output is dropped
+
+	out, err *lane // stdout (and the output files), stderr
+
+	// Owned by the out lane's goroutine (by close's caller once it ended).
+	stdout  *bufio.Writer
+	outPre  []byte
+	files   map[fileKey]*os.File
+	fileErr error // first error opening or writing an output file
+	broken  bool  // stdout failed; output is dropped
+	// Owned by the err lane's goroutine (by close's caller once it ended).
+	stderr *bufio.Writer
+	errPre []byte
+
+	closeOnce sync.Once
+	abandoned bool // set before the lanes close, read after they end
 }
 
 type fileKey struct {
@@ -40,30 +61,57 @@ type fileKey struct {
 }
 
 func newOutputMux(stdout, stderr io.Writer, world int, tag, stamp bool, dir string) *outputMux {
-	return &outputMux{
+	m := &outputMux{
 		tag: tag, stamp: stamp, dir: dir, world: world,
 		stdout: bufio.NewWriterSize(stdout, 64<<10),
 		stderr: bufio.NewWriterSize(stderr, 64<<10),
 		files:  map[fileKey]*os.File{},
 		failed: make(chan error, 1),
 	}
+	m.out = newLane(m.flushStdout)
+	m.err = newLane(func() { m.stderr.Flush() })
+	return m
 }
 
-// frame writes one output frame from an agent.
+// frame posts one output frame from an agent. A malformed frame is
+// rejected whole, before any of it is posted.
 func (m *outputMux) frame(b []byte) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	now := time.Now()
+	var outs, errs []wire.OutputRecord
 	err := wire.DecodeOutputFrame(b, m.world, func(_ int, r wire.OutputRecord) {
-		m.record(now, r)
+		if r.Stream == wire.Stderr && m.dir == "" {
+			errs = append(errs, r)
+		} else {
+			outs = append(outs, r)
+		}
 	})
-	m.flush()
-	return err
+	if err != nil {
+		return err
+	}
+	if len(outs) > 0 {
+		m.out.post(func() {
+			for _, r := range outs {
+				if m.dir != "" {
+					m.toFile(r)
+				} else {
+					m.outPre = m.record(m.stdout, m.outPre, now, r)
+				}
+			}
+		})
+	}
+	if len(errs) > 0 {
+		m.err.post(func() {
+			for _, r := range errs {
+				m.errPre = m.record(m.stderr, m.errPre, now, r)
+			}
+		})
+	}
+	return nil
 }
 
-// flush flushes both streams; the first stdout failure is reported on
-// failed, after which stdout output is dropped.
-func (m *outputMux) flush() {
+// flushStdout flushes stdout; the first failure is reported on failed,
+// after which stdout output is dropped.
+func (m *outputMux) flushStdout() {
 	if err := m.stdout.Flush(); err != nil && !m.broken {
 		m.broken = true
 		m.failed <- err
@@ -71,19 +119,12 @@ func (m *outputMux) flush() {
 	if m.broken {
 		m.stdout.Reset(io.Discard)
 	}
-	m.stderr.Flush()
 }
 
-func (m *outputMux) record(now time.Time, r wire.OutputRecord) {
-	if m.dir != "" {
-		m.toFile(r)
-		return
-	}
-	w := m.stdout
-	if r.Stream == wire.Stderr {
-		w = m.stderr
-	}
-	p := m.prefix[:0]
+// record writes r's lines to w, each with its prefix (built in pre, which
+// it returns for reuse).
+func (m *outputMux) record(w *bufio.Writer, pre []byte, now time.Time, r wire.OutputRecord) []byte {
+	p := pre[:0]
 	if m.stamp {
 		p = now.AppendFormat(p, "2006-01-02T15:04:05.000000")
 		p = append(p, ' ')
@@ -93,7 +134,6 @@ func (m *outputMux) record(now time.Time, r wire.OutputRecord) {
 		p = strconv.AppendInt(p, int64(r.Rank), 10)
 		p = append(p, "] "...)
 	}
-	m.prefix = p
 	data := r.Data
 	for len(data) > 0 {
 		i := bytes.IndexByte(data, '\n')
@@ -104,6 +144,7 @@ func (m *outputMux) record(now time.Time, r wire.OutputRecord) {
 		writeLine(w, p, line)
 		data = data[len(line):]
 	}
+	return p
 }
 
 // writeLine writes prefix and line so that the writer never passes on part
@@ -125,6 +166,7 @@ func writeLine(w *bufio.Writer, prefix, line []byte) {
 	w.Write(line)
 }
 
+// toFile runs on the out lane.
 func (m *outputMux) toFile(r wire.OutputRecord) {
 	k := fileKey{r.Rank, r.Stream}
 	f, ok := m.files[k]
@@ -139,46 +181,177 @@ func (m *outputMux) toFile(r wire.OutputRecord) {
 			f, err = os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 		}
 		if err != nil {
-			if m.err == nil {
-				m.err = err
-				fmt.Fprintf(m.stderr, "gorun: cannot write output of rank %d: %v\n", r.Rank, err)
+			if m.fileErr == nil {
+				m.fileErr = err
+				m.report("cannot write output of rank %d: %v", r.Rank, err)
 			}
 			return
 		}
 		m.files[k] = f
 	}
-	if _, err := f.Write(r.Data); err != nil && m.err == nil {
-		m.err = err
-		fmt.Fprintf(m.stderr, "gorun: cannot write output of rank %d: %v\n", r.Rank, err)
+	if _, err := f.Write(r.Data); err != nil && m.fileErr == nil {
+		m.fileErr = err
+		m.report("cannot write output of rank %d: %v", r.Rank, err)
 	}
 }
 
-// report writes a line of the launcher's own to stderr.
+// report posts a line of the launcher's own for stderr.
 func (m *outputMux) report(format string, args ...any) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	fmt.Fprintf(m.stderr, "gorun: "+format+"\n", args...)
-	m.stderr.Flush()
+	line := fmt.Appendf(nil, "gorun: "+format+"\n", args...)
+	m.err.post(func() { m.stderr.Write(line) })
 }
 
-// agentLine writes a line an agent printed on its stderr.
+// agentLine posts a line an agent printed on its stderr (line is copied).
 func (m *outputMux) agentLine(host string, line []byte) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	fmt.Fprintf(m.stderr, "gorun agent %s: %s\n", host, bytes.TrimRight(line, "\n"))
-	m.stderr.Flush()
+	b := fmt.Appendf(nil, "gorun agent %s: %s\n", host, bytes.TrimRight(line, "\n"))
+	m.err.post(func() { m.stderr.Write(b) })
 }
 
-// close flushes and closes the output files.
+// drain waits until everything posted before the call is written and
+// flushed, or until stop is closed; it reports whether it got there.
+func (m *outputMux) drain(stop <-chan struct{}) bool {
+	return m.out.wait(stop) && m.err.wait(stop)
+}
+
+// abandon gives up on what is not written yet: the lanes take nothing
+// more, drop their queues, and close returns without waiting for them. A
+// lane blocked in a write ends with that write, or with the process.
+func (m *outputMux) abandon() {
+	m.closeOnce.Do(func() {
+		m.abandoned = true
+		m.out.close(true)
+		m.err.close(true)
+	})
+}
+
+// close writes what was posted, ends the lanes and closes the output
+// files. After abandon it returns at once.
 func (m *outputMux) close() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.stdout.Flush()
-	m.stderr.Flush()
+	m.closeOnce.Do(func() {
+		// The out lane reports on the err lane: it ends first.
+		m.out.close(false)
+		<-m.out.exited
+		m.err.close(false)
+	})
+	if m.abandoned {
+		return nil
+	}
+	<-m.err.exited
 	for _, f := range m.files {
-		if err := f.Close(); err != nil && m.err == nil {
-			m.err = err
+		if err := f.Close(); err != nil && m.fileErr == nil {
+			m.fileErr = err
 		}
 	}
-	return m.err
+	clear(m.files)
+	return m.fileErr
+}
+
+// lane runs the writes to one destination on a goroutine of its own, in
+// the order they were posted, a batch at a time (what was queued when
+// the last batch was done), and flushes after each batch. Posting never
+// blocks.
+type lane struct {
+	flush  func()
+	exited chan struct{} // closed when the goroutine has ended
+
+	mu       sync.Mutex // guards the fields below
+	queue    []func()
+	posted   uint64 // writes posted
+	done     uint64 // writes done and flushed
+	closed   bool
+	wake     chan struct{} // holds a token when there is news for the goroutine
+	progress chan struct{} // closed, and replaced, when done grows
+}
+
+func newLane(flush func()) *lane {
+	l := &lane{flush: flush, exited: make(chan struct{}), wake: make(chan struct{}, 1), progress: make(chan struct{})}
+	go l.run()
+	return l
+}
+
+// post queues w; it reports false once the lane is closed.
+func (l *lane) post(w func()) bool {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return false
+	}
+	l.queue = append(l.queue, w)
+	l.posted++
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+func (l *lane) run() {
+	defer close(l.exited)
+	var batch []func()
+	for {
+		l.mu.Lock()
+		for len(l.queue) == 0 {
+			if l.closed {
+				l.mu.Unlock()
+				return
+			}
+			l.mu.Unlock()
+			<-l.wake
+			l.mu.Lock()
+		}
+		batch, l.queue = l.queue, batch[:0]
+		l.mu.Unlock()
+		for i, w := range batch {
+			w()
+			batch[i] = nil
+		}
+		l.flush()
+		l.mu.Lock()
+		l.done += uint64(len(batch))
+		close(l.progress)
+		l.progress = make(chan struct{})
+		l.mu.Unlock()
+	}
+}
+
+// wait waits until every write posted before the call is done (written and
+// flushed), or until stop is closed; it reports whether it got there.
+func (l *lane) wait(stop <-chan struct{}) bool {
+	l.mu.Lock()
+	target := l.posted
+	l.mu.Unlock()
+	for {
+		l.mu.Lock()
+		done, progress := l.done, l.progress
+		l.mu.Unlock()
+		if done >= target {
+			return true
+		}
+		select {
+		case <-progress:
+		case <-l.exited:
+			l.mu.Lock()
+			done = l.done
+			l.mu.Unlock()
+			return done >= target
+		case <-stop:
+			return false
+		}
+	}
+}
+
+// close takes no more writes; the goroutine ends once it has done those
+// queued, or, with drop, once the write under way (if any) returns.
+func (l *lane) close(drop bool) {
+	l.mu.Lock()
+	l.closed = true
+	if drop {
+		l.queue = nil
+	}
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
 }

@@ -212,6 +212,7 @@ func TestOutputReportAndAgentLine(t *testing.T) {
 	m.report("rank %d on host %s %s", 2, "h", "exited with code 3")
 	m.agentLine("node7", []byte("something broke\n\n"))
 	m.agentLine("node7", []byte("no newline"))
+	m.close()
 	want := "gorun: rank 2 on host h exited with code 3\n" +
 		"gorun agent node7: something broke\n" +
 		"gorun agent node7: no newline\n"
@@ -241,13 +242,14 @@ func TestOutputInvalidFrame(t *testing.T) {
 			if !errors.Is(err, wire.ErrMalformed) {
 				t.Errorf("frame = %v, want ErrMalformed", err)
 			}
-			m.close()
+			m.drain(nil)
 			// Nothing of a bad frame is written, not even its valid first records.
 			if stdout.Len() != 0 || stderr.Len() != 0 {
 				t.Errorf("wrote stdout %q stderr %q", stdout.String(), stderr.String())
 			}
 			// The mux goes on working.
 			mustFrame(t, m, good)
+			m.close()
 			if stdout.String() != "[0] fine\n[1] also fine\n" {
 				t.Errorf("after a bad frame: %q", stdout.String())
 			}
@@ -388,6 +390,7 @@ func TestOutputStdoutFailureIsReportedOnce(t *testing.T) {
 	m := newOutputMux(out, &stderr, 2, true, false, "")
 	for i := range 5 {
 		mustFrame(t, m, frameOf(0, rec{0, wire.Stdout, fmt.Sprintf("line %d\n", i)}, rec{1, wire.Stderr, fmt.Sprintf("err %d\n", i)}))
+		m.drain(nil) // a write, and its failure, at a time
 	}
 	select {
 	case err := <-m.failed:
@@ -405,6 +408,7 @@ func TestOutputStdoutFailureIsReportedOnce(t *testing.T) {
 	calls := out.calls
 	mustFrame(t, m, frameOf(0, rec{0, wire.Stdout, "after\n"}))
 	m.report("still %s", "here")
+	m.drain(nil)
 	if out.calls != calls {
 		t.Errorf("stdout written to after it failed")
 	}
@@ -420,10 +424,13 @@ func TestOutputStdoutFailureIsReportedOnce(t *testing.T) {
 // terminal shared by stdout and stderr can interleave.
 type wholeWrites struct {
 	t      *testing.T
+	mu     sync.Mutex // the two streams' lanes write at once
 	writes int
 }
 
 func (w *wholeWrites) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.writes++
 	if len(p) > 0 && p[len(p)-1] != '\n' {
 		w.t.Errorf("write %d of %d bytes ends mid-line: …%q", w.writes, len(p), p[max(0, len(p)-40):])

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -107,4 +111,136 @@ func waitStderr(t *testing.T, j *job, re *regexp.Regexp, limit time.Duration) {
 		}
 	}
 	t.Fatalf("stderr does not match %v within %v\nstderr:\n%s", re, limit, j.stderr.String())
+}
+
+// stalledLines is how many lines outputScript writes (about 3.4 MB, far
+// beyond what the pipes on the way hold).
+const stalledLines = 70000
+
+// outputScript writes stalledLines numbered lines, then runs rest.
+func outputScript(rest string) string {
+	return fmt.Sprintf("seq -f 'line %%06g of the job, long enough to fill pipes' 1 %d; %s", stalledLines, rest)
+}
+
+func wantStalledOutput() string {
+	var b bytes.Buffer
+	for i := 1; i <= stalledLines; i++ {
+		fmt.Fprintf(&b, "[0] line %06d of the job, long enough to fill pipes\n", i)
+	}
+	return b.String()
+}
+
+// startStalled starts gorun with its stdout on a pipe that the test reads
+// only when it decides to, like a paused pager.
+func startStalled(t *testing.T, env []string, args ...string) (*exec.Cmd, io.ReadCloser, *syncBuffer, string) {
+	t.Helper()
+	mark := newMark()
+	full := []string{"-x", "GORUNTEST_MARK=" + mark}
+	for _, e := range env {
+		full = append(full, "-x", e)
+	}
+	cmd := exec.Command(gorunBin, append(full, args...)...)
+	cmd.Env = append(os.Environ(), "GORUNTEST_MARK="+mark)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return cmd, out, stderr, mark
+}
+
+// waitExit waits for cmd to exit within limit and returns its exit code.
+func waitExit(t *testing.T, cmd *exec.Cmd, stderr *syncBuffer, limit time.Duration) int {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(limit):
+		cmd.Process.Signal(syscall.SIGQUIT)
+		<-done
+		t.Fatalf("gorun did not exit within %v\nstderr:\n%s", limit, stderr.String())
+	}
+	return cmd.ProcessState.ExitCode()
+}
+
+// TestStalledStdoutIsNotAFailure: a reader of gorun's output that pauses
+// for three heartbeat timeouts (as 30 s does to the default 10 s) holds
+// the output back, but neither the heartbeats nor the job's end: the job
+// ends well and every byte arrives, in order.
+func TestStalledStdoutIsNotAFailure(t *testing.T) {
+	const timeout = 2 * time.Second
+	const pause = 3 * timeout
+	want := wantStalledOutput()
+	tests := []struct {
+		name, rest string
+	}{
+		{"mid-job", "sleep 4"}, // the job runs on while its output is stalled
+		{"at the end", "true"}, // the job ends while its output waits
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd, out, stderr, mark := startStalled(t, nil, "--heartbeat-interval", "0.2", "--heartbeat-timeout", fmt.Sprint(timeout.Seconds()),
+				"-np", "1", "sh", "-c", outputScript(tt.rest))
+			time.Sleep(pause) // the reader's pause, the condition under test
+			got, err := io.ReadAll(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			code := waitExit(t, cmd, stderr, 60*time.Second)
+			if code != 0 {
+				t.Fatalf("exit %d, want 0\nstderr:\n%s", code, stderr.String())
+			}
+			if string(got) != want {
+				t.Errorf("got %d bytes of output, want %d, every line in order", len(got), len(want))
+			}
+			if stderr.String() != "" {
+				t.Errorf("stderr:\n%s", stderr.String())
+			}
+			(&job{t: t, mark: mark}).checkNoOrphans()
+		})
+	}
+}
+
+// TestInterruptWhileStdoutIsStalled: with gorun's stdout stalled, SIGINT
+// still stops the ranks and is reported at once on stderr, and a second one
+// ends gorun without waiting for the reader.
+func TestInterruptWhileStdoutIsStalled(t *testing.T) {
+	written := filepath.Join(t.TempDir(), "written")
+	cmd, out, stderr, mark := startStalled(t, []string{"WRITTEN=" + written}, "-np", "1", "sh", "-c", outputScript(`touch "$WRITTEN"; exec sleep 600`))
+	defer out.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(written); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the rank did not write its output\nstderr:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	stopping := regexp.MustCompile(`gorun: SIGINT; stopping 1 ranks`)
+	deadline = time.Now().Add(30 * time.Second)
+	for !stopping.MatchString(stderr.String()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no report of the interrupt within 30 s\nstderr:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	if code := waitExit(t, cmd, stderr, 30*time.Second); code != 130 {
+		t.Fatalf("exit %d, want 130\nstderr:\n%s", code, stderr.String())
+	}
+	(&job{t: t, mark: mark}).checkNoOrphans()
 }
