@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -453,4 +454,76 @@ func TestLineLongerThanBufferStaysWhole(t *testing.T) {
 	if w.writes < 3 {
 		t.Fatalf("only %d writes", w.writes)
 	}
+}
+
+// stalledWriter blocks every write until release is closed, like a pipe
+// whose reader paused.
+type stalledWriter struct {
+	release chan struct{}
+	started chan struct{} // closed at the first write
+	once    sync.Once
+	buf     gortest.SyncBuffer
+}
+
+func (w *stalledWriter) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.started) })
+	<-w.release
+	return w.buf.Write(p)
+}
+
+// A stalled stdout holds back stdout only: frames are taken at once, the
+// launcher's reports and the ranks' stderr go on, drain can be given up,
+// and once the reader reads again everything arrives in order.
+func TestOutputStalledStdoutHoldsOnlyItsLane(t *testing.T) {
+	out := &stalledWriter{release: make(chan struct{}), started: make(chan struct{})}
+	var stderr gortest.SyncBuffer
+	m := newOutputMux(out, &stderr, 2, true, false, "")
+	var want strings.Builder
+	for i := range 1000 {
+		line := fmt.Sprintf("line %d %s\n", i, strings.Repeat("x", 200))
+		want.WriteString("[0] " + line)
+		mustFrame(t, m, frameOf(0, rec{0, wire.Stdout, line}))
+	}
+	<-out.started
+	mustFrame(t, m, frameOf(0, rec{1, wire.Stderr, "rank 1 says\n"}))
+	m.report("host %s lost", "h")
+	stop := make(chan struct{})
+	gaveUp := make(chan bool, 1)
+	go func() { gaveUp <- !m.drain(stop) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for stderr.String() != "[1] rank 1 says\ngorun: host h lost\n" {
+		if time.Now().After(deadline) {
+			t.Fatalf("stderr %q while stdout is stalled", stderr.String())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	if !<-gaveUp {
+		t.Error("drain did not give up when told to")
+	}
+	close(out.release)
+	if err := m.close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := out.buf.String(); got != want.String() {
+		t.Errorf("stdout: %d bytes, want %d in order", len(got), want.Len())
+	}
+}
+
+// After abandon, close returns though a write never ends.
+func TestOutputAbandonDoesNotWait(t *testing.T) {
+	out := &stalledWriter{release: make(chan struct{}), started: make(chan struct{})}
+	defer close(out.release) // lets the lane's goroutine end
+	m := newOutputMux(out, io.Discard, 1, false, false, "")
+	mustFrame(t, m, frameOf(0, rec{0, wire.Stdout, "stuck\n"}))
+	<-out.started
+	m.abandon()
+	done := make(chan struct{})
+	go func() { m.close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("close waited for a stalled stdout after abandon")
+	}
+	m.report("dropped")
 }
