@@ -22,6 +22,9 @@ type outputMux struct {
 	tag, stamp bool
 	dir        string
 	world      int
+	// owns, when not nil, says whether host runs rank: a host's frames
+	// may carry only its own ranks' output. Set before the first frame.
+	owns func(host, rank int) bool
 
 	mu     sync.Mutex // guards the fields below
 	stdout *bufio.Writer
@@ -49,16 +52,34 @@ func newOutputMux(stdout, stderr io.Writer, world int, tag, stamp bool, dir stri
 	}
 }
 
-// frame writes one output frame from an agent.
-func (m *outputMux) frame(b []byte) error {
+// frame writes one output frame from the agent of host from (the host of
+// the subject it came on). A frame that names another host, or carries a
+// rank that is not from's, is refused whole.
+func (m *outputMux) frame(from int, b []byte) error {
+	var recs []wire.OutputRecord
+	host := -1
+	if err := wire.DecodeOutputFrame(b, m.world, func(h int, r wire.OutputRecord) {
+		host = h
+		recs = append(recs, r)
+	}); err != nil {
+		return err
+	}
+	if host != from && host != -1 {
+		return fmt.Errorf("output frame of host %d on host %d's subject", host, from)
+	}
+	for _, r := range recs {
+		if m.owns != nil && !m.owns(from, r.Rank) {
+			return fmt.Errorf("output frame of host %d carries rank %d, which is not its own", from, r.Rank)
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := time.Now()
-	err := wire.DecodeOutputFrame(b, m.world, func(_ int, r wire.OutputRecord) {
+	for _, r := range recs {
 		m.record(now, r)
-	})
+	}
 	m.flush()
-	return err
+	return nil
 }
 
 // flush flushes both streams; the first stdout failure is reported on
