@@ -38,6 +38,7 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"net"
 	"strconv"
@@ -146,8 +147,10 @@ func Start(cfg Config) (*Server, error) {
 				Publish:   &server.SubjectPermission{Allow: pub},
 				Subscribe: &server.SubjectPermission{Allow: sub},
 				// Answers to the requests the host receives (its stdin),
-				// one each.
-				Response: &server.ResponsePermission{MaxMsgs: 1, Expires: time.Minute},
+				// one each, however late: the agent answers once the
+				// bytes are in the rank's pipe, and a rank may not read
+				// for hours. (Only the launcher sends requests to agents.)
+				Response: &server.ResponsePermission{MaxMsgs: 1, Expires: math.MaxInt64},
 			}
 			if h.Nkey != "" {
 				listen = true
