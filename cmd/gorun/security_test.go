@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"regexp"
 	"sort"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/testcluster"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
@@ -80,6 +82,8 @@ func helperCtlSpy() int {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	scheme, _, _ := strings.Cut(url, "://")
+	fmt.Printf("spy: control plane %s\n", scheme)
 	fmt.Printf("spy: welcome fields %s\n", strings.Join(sortedKeys(welcome), ","))
 	for _, name := range names {
 		kp, err := nkeys.FromRawSeed(nkeys.PrefixByteUser, keys[name])
@@ -120,13 +124,14 @@ func sortedKeys(m map[string]any) []string {
 // (plaintext) and over a namespace bridge (TLS).
 func TestRankCannotUseControlPlane(t *testing.T) {
 	tests := []struct {
-		name string
-		args func(t *testing.T) []string
+		name   string
+		scheme string // of the control-plane URL
+		args   func(t *testing.T) []string
 	}{
-		{"loopback", func(t *testing.T) []string {
+		{"loopback", "nats", func(t *testing.T) []string {
 			return []string{"-H", "fakehost1:2", "--bind", "127.0.0.1", "--rsh", fakeRsh(t, `exec "$@"`)}
 		}},
-		{"tls", func(t *testing.T) []string {
+		{"tls", "tls", func(t *testing.T) []string {
 			hosts := testcluster.NetnsHosts(t, 2)
 			hf := hosts.WriteHostfile(t, t.TempDir(), 1)
 			return []string{"--hostfile", hf, "--rsh", "ip netns exec", "--bind", hosts.BridgeAddr}
@@ -154,8 +159,41 @@ func TestRankCannotUseControlPlane(t *testing.T) {
 					t.Errorf("a key-like string in the rank's environment: %s", m[1])
 				}
 			}
+			if n := strings.Count(res.stdout, "spy: control plane "+tt.scheme+"\n"); n != 2 {
+				t.Errorf("%d ranks saw a %s:// control plane, want 2:\n%s", n, tt.scheme, res.stdout)
+			}
 			if !bytes.Contains([]byte(res.stdout), []byte("spy: welcome.data_key refused")) {
 				t.Errorf("the Welcome has no data-plane key:\n%s", res.stdout)
+			}
+		})
+	}
+}
+
+// TestAgentTakesOnlyItsOwnCredentials: an agent refuses a bare job secret
+// (the launcher never sends one) and another host's credentials, and says
+// nothing of what it read.
+func TestAgentTakesOnlyItsOwnCredentials(t *testing.T) {
+	s, err := comm.NewSecret()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ name, line string }{
+		{"the job secret", s.Hex()},
+		{"another host's credentials", s.HostCredentials(1, nil).Encode()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd := exec.Command(gorunBin, "agent", "--job", "j1", "--host-index", "0", "--host-name", "h0", "--control", "nats://127.0.0.1:1")
+			cmd.Stdin = strings.NewReader(tt.line + "\n")
+			out, _ := cmd.CombinedOutput()
+			if code := cmd.ProcessState.ExitCode(); code != 2 {
+				t.Fatalf("exit %d, want 2\n%s", code, out)
+			}
+			if !strings.Contains(string(out), "credentials") {
+				t.Errorf("the error does not say what was wrong: %s", out)
+			}
+			if hex64.Match(out) {
+				t.Errorf("the agent printed a key: %s", out)
 			}
 		})
 	}
