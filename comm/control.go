@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"time"
@@ -37,6 +38,10 @@ type ControlOptions struct {
 	// requests go (wire.Subjects.Inbox for an agent, the one inbox its
 	// control-plane user may subscribe to).
 	InboxPrefix string
+	// Logger, when not nil, hears of publications and subscriptions the
+	// server refused (a permission violation: a bug, since each client
+	// knows its permissions).
+	Logger *slog.Logger
 }
 
 func (o ControlOptions) withDefaults() ControlOptions {
@@ -165,7 +170,11 @@ func connect(ctx context.Context, url string, o ControlOptions, extra ...nats.Op
 		nats.ClosedHandler(func(*nats.Conn) { once.Do(func() { close(c.lost) }) }),
 		// Errors such as a slow consumer are reported by the subscriptions
 		// themselves; the default handler would print to stderr.
-		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if o.Logger != nil && errors.Is(err, nats.ErrPermissionViolation) {
+				o.Logger.Warn("control plane refused", "err", err)
+			}
+		}),
 	}, extra...)
 	if o.InboxPrefix != "" {
 		opts = append(opts, nats.CustomInboxPrefix(o.InboxPrefix))

@@ -133,9 +133,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 
 	dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
 	if cfg.Dial != nil {
-		a.ctl, err = cfg.Dial(dctx, comm.ControlOptions{Name: "agent " + cfg.Name, InboxPrefix: a.subj.Inbox})
+		a.ctl, err = cfg.Dial(dctx, comm.ControlOptions{Name: "agent " + cfg.Name, InboxPrefix: a.subj.Inbox, Logger: a.log})
 	} else {
-		a.ctl, err = comm.DialControl(dctx, cfg.ControlURL, cfg.Creds, comm.ControlOptions{Name: "agent " + cfg.Name, InboxPrefix: a.subj.Inbox})
+		a.ctl, err = comm.DialControl(dctx, cfg.ControlURL, cfg.Creds, comm.ControlOptions{Name: "agent " + cfg.Name, InboxPrefix: a.subj.Inbox, Logger: a.log})
 	}
 	dcancel()
 	if err != nil {

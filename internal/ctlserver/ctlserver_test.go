@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"log/slog"
 	"net"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -62,11 +64,12 @@ func (j *testJob) url(t *testing.T) string {
 	return strings.Replace(u, "0.0.0.0", "127.0.0.1", 1)
 }
 
-// host connects as host's agent, as internal/agent does.
-func (j *testJob) host(t *testing.T, host int) *comm.Control {
+// host connects as host's agent, as internal/agent does, logging to log
+// (if not nil).
+func (j *testJob) host(t *testing.T, host int, log *slog.Logger) *comm.Control {
 	t.Helper()
 	c, err := comm.DialControl(t.Context(), j.url(t), j.secret.HostCredentials(host, j.srv.Fingerprint()),
-		comm.ControlOptions{Name: "agent", InboxPrefix: wire.JobSubjects(job).ForHost(host).Inbox, DialTimeout: 5 * time.Second})
+		comm.ControlOptions{Name: "agent", InboxPrefix: wire.JobSubjects(job).ForHost(host).Inbox, DialTimeout: 5 * time.Second, Logger: log})
 	if err != nil {
 		t.Fatalf("host %d: %v", host, err)
 	}
@@ -90,7 +93,8 @@ func TestHostCannotPublishForOthers(t *testing.T) {
 	if err := j.launcher.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	h0 := j.host(t, 0)
+	var logs gortest.SyncBuffer
+	h0 := j.host(t, 0, slog.New(slog.NewTextHandler(&logs, nil)))
 	s, mine, other := wire.JobSubjects(job), wire.JobSubjects(job).ForHost(0), wire.JobSubjects(job).ForHost(1)
 	kill := wire.Marshal(&wire.Control{Op: wire.OpKill})
 	forbidden := []struct {
@@ -139,6 +143,14 @@ func TestHostCannotPublishForOthers(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatalf("the host's own message %d on %s never came", i, want)
 		}
+	}
+	// The agent hears of the refusals (the server sends them before the
+	// PONG of the flush; the handler runs on its own goroutine).
+	for deadline := time.Now().Add(30 * time.Second); strings.Count(logs.String(), "control plane refused") < len(forbidden); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d refusals logged, want %d:\n%s", strings.Count(logs.String(), "control plane refused"), len(forbidden), logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -211,7 +223,7 @@ func TestHostSubscriptions(t *testing.T) {
 // request (on the launcher's inbox, which it may not otherwise publish to).
 func TestHostAnswersStdinOnce(t *testing.T) {
 	j := startJob(t, "", 1)
-	h0 := j.host(t, 0)
+	h0 := j.host(t, 0, nil)
 	s := wire.JobSubjects(job)
 	if _, err := h0.Subscribe(s.StdinTo(0), func(m *nats.Msg) { _ = m.Respond([]byte("ok")) }); err != nil {
 		t.Fatal(err)
