@@ -83,6 +83,7 @@ func helperCtlSpy() int {
 	}
 	sort.Strings(names)
 	scheme, _, _ := strings.Cut(url, "://")
+	fmt.Println("job " + os.Getenv(wire.EnvJobID))
 	fmt.Printf("spy: control plane %s\n", scheme)
 	fmt.Printf("spy: welcome fields %s\n", strings.Join(sortedKeys(welcome), ","))
 	for _, name := range names {
@@ -140,10 +141,12 @@ func TestRankCannotUseControlPlane(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			args := append(tt.args(t), "-np", "2", os.Args[0])
-			res := startJob(t, "ctlspy", nil, args...).wait(90 * time.Second)
+			j := startJob(t, "ctlspy", nil, args...)
+			res := j.wait(90 * time.Second) // no process of the job is left
 			if res.code != 0 {
 				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
 			}
+			checkNoJobFiles(t, j.jobID())
 			if strings.Contains(res.stdout, "ADMITTED") {
 				t.Fatalf("a rank was admitted to the control plane:\n%s", res.stdout)
 			}
