@@ -441,7 +441,7 @@ func TestAbortMidCollective(t *testing.T) { forLinks(t, testAbortMidCollective) 
 
 func testAbortMidCollective(t *testing.T, unix bool) {
 	const n = 4
-	secret := testSecret(t)
+	secret := testKey(t)
 	comms := newWorld(t, n, worldOpts{secret: secret, epoch: 5, segment: 16 << 10, log: io.Discard, unix: unix})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -569,7 +569,7 @@ func testCancelMidAllreduce(t *testing.T, unix bool) {
 
 // TestWorldOfOne: the collectives of a single rank are local.
 func TestWorldOfOne(t *testing.T) {
-	c, err := NewComm(context.Background(), CommConfig{Rank: 0, Size: 1, Job: "j", Secret: testSecret(t)})
+	c, err := NewComm(context.Background(), CommConfig{Rank: 0, Size: 1, Job: "j", Key: testKey(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

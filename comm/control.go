@@ -2,8 +2,12 @@ package comm
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"time"
@@ -15,6 +19,11 @@ import (
 // ErrControlLost is returned when the control-plane connection closes.
 var ErrControlLost = errors.New("comm: control plane lost")
 
+// ErrCertificatePin reports a control-plane server whose TLS certificate
+// is not the one the agent was told to expect (HostCredentials.Pin): a
+// server in the middle, or another job's.
+var ErrCertificatePin = errors.New("comm: control-plane certificate does not match its pin")
+
 // ControlOptions tune a control-plane connection.
 type ControlOptions struct {
 	// Name identifies the client in the server's monitoring.
@@ -25,6 +34,14 @@ type ControlOptions struct {
 	MaxPingsOut  int
 	// DialTimeout bounds the initial connection.
 	DialTimeout time.Duration
+	// InboxPrefix, when not empty, is where the replies to this client's
+	// requests go (wire.Subjects.Inbox for an agent, the one inbox its
+	// control-plane user may subscribe to).
+	InboxPrefix string
+	// Logger, when not nil, hears of publications and subscriptions the
+	// server refused (a permission violation: a bug, since each client
+	// knows its permissions).
+	Logger *slog.Logger
 }
 
 func (o ControlOptions) withDefaults() ControlOptions {
@@ -72,13 +89,17 @@ func (r *recordingDialer) Dial(network, address string) (net.Conn, error) {
 	return c, err
 }
 
-// DialControl connects to the control-plane server at url, authenticating
-// with secret. The connection never reconnects: losing it means losing the
-// launcher, and the caller must act on Lost.
-func DialControl(ctx context.Context, url string, secret Secret, o ControlOptions) (*Control, error) {
+// DialControl connects to the control-plane server at url as the agent of
+// creds.Host, proving it holds the host's nkey seed. When creds.Pin is set
+// the connection is TLS and the server must present the certificate whose
+// SHA-256 is the pin (nothing else about it is checked: it is the job's
+// own, self-signed); a server that does not is refused with an error
+// matching ErrCertificatePin. The connection never reconnects: losing it
+// means losing the launcher, and the caller must act on Lost.
+func DialControl(ctx context.Context, url string, creds HostCredentials, o ControlOptions) (*Control, error) {
 	o = o.withDefaults()
 	rd := &recordingDialer{d: net.Dialer{Timeout: o.DialTimeout}}
-	kp, err := secret.keyPair()
+	kp, err := creds.keyPair()
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +107,11 @@ func DialControl(ctx context.Context, url string, secret Secret, o ControlOption
 	if err != nil {
 		return nil, fmt.Errorf("comm: control-plane key: %w", err)
 	}
-	c, err := connect(ctx, url, o, nats.SetCustomDialer(rd), nats.Nkey(pub, kp.Sign))
+	extra := []nats.Option{nats.SetCustomDialer(rd), nats.Nkey(pub, kp.Sign)}
+	if len(creds.Pin) > 0 {
+		extra = append(extra, nats.Secure(pinnedTLS(creds.Pin)))
+	}
+	c, err := connect(ctx, url, o, extra...)
 	if err != nil {
 		return nil, err
 	}
@@ -96,11 +121,41 @@ func DialControl(ctx context.Context, url string, secret Secret, o ControlOption
 	return c, nil
 }
 
-// DialInProcess connects to an embedded server without a socket. It
-// authenticates with the secret's in-process password, which costs no
-// public-key operation: a job whose hosts are all local never computes one.
+// pinnedTLS is a client configuration that accepts exactly the server
+// certificate whose SHA-256 is pin. The usual chain and name checks are
+// off (InsecureSkipVerify) because the pin replaces them: the certificate
+// is self-signed for one job, and VerifyConnection, which Go calls even
+// then, refuses any other.
+func pinnedTLS(pin []byte) *tls.Config {
+	want := append([]byte(nil), pin...)
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS13,
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return fmt.Errorf("%w: the server presented no certificate", ErrCertificatePin)
+			}
+			got := sha256.Sum256(cs.PeerCertificates[0].Raw)
+			if subtle.ConstantTimeCompare(got[:], want) != 1 {
+				return ErrCertificatePin
+			}
+			return nil
+		},
+	}
+}
+
+// DialInProcess connects the launcher to its embedded server without a
+// socket, as the launcher's user (every subject). It authenticates with
+// the secret's in-process password, which costs no public-key operation.
 func DialInProcess(ctx context.Context, p nats.InProcessConnProvider, secret Secret, o ControlOptions) (*Control, error) {
 	return connect(ctx, "", o.withDefaults(), nats.InProcessServer(p), nats.UserInfo(wire.InProcessUser, secret.InProcessPassword()))
+}
+
+// DialInProcessHost connects the agent of the launcher's own host to the
+// embedded server without a socket, as that host's user: it has the same
+// permissions as a remote host's agent.
+func DialInProcessHost(ctx context.Context, p nats.InProcessConnProvider, creds HostCredentials, o ControlOptions) (*Control, error) {
+	return connect(ctx, "", o.withDefaults(), nats.InProcessServer(p), nats.UserInfo(wire.HostUser(creds.Host), creds.InProcessPassword()))
 }
 
 func connect(ctx context.Context, url string, o ControlOptions, extra ...nats.Option) (*Control, error) {
@@ -115,8 +170,15 @@ func connect(ctx context.Context, url string, o ControlOptions, extra ...nats.Op
 		nats.ClosedHandler(func(*nats.Conn) { once.Do(func() { close(c.lost) }) }),
 		// Errors such as a slow consumer are reported by the subscriptions
 		// themselves; the default handler would print to stderr.
-		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if o.Logger != nil && errors.Is(err, nats.ErrPermissionViolation) {
+				o.Logger.Warn("control plane refused", "err", err)
+			}
+		}),
 	}, extra...)
+	if o.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(o.InboxPrefix))
+	}
 	type result struct {
 		nc  *nats.Conn
 		err error

@@ -14,8 +14,8 @@ package comm
 // # Handshake
 //
 // Nothing but the handshake is written to a connection before its peer has
-// proven it holds the job secret, and the secret itself never crosses it.
-// With K = HMAC-SHA256(secret, "gorun data-plane key v1"):
+// proven it holds the data-plane key K (Secret.DataKey, the only credential
+// a rank receives; see secret.go), and K itself never crosses it:
 //
 //	acceptor → dialer   "GRDP" version nonceA
 //	dialer → acceptor   "GRDP" version channel flags dialerRank acceptorRank nonceD macD
@@ -118,7 +118,7 @@ type CommConfig struct {
 	Rank, Size int
 	Epoch      uint64
 	Job        string       // job id, bound into the authentication
-	Secret     Secret       // the per-job secret
+	Key        Key          // the job's data-plane key (Secret.DataKey)
 	Listener   net.Listener // this rank's data-plane listener (already listening; see MultiListener)
 	Addrs      []string     // data-plane address of every rank, indexed by rank: "ip:port", or UnixAddrPrefix+path
 	Logger     *slog.Logger // nil = discard
@@ -218,7 +218,7 @@ func NewComm(ctx context.Context, cfg CommConfig) (*Comm, error) {
 	}
 	c := &Comm{
 		rank: cfg.Rank, size: cfg.Size, epoch: cfg.Epoch,
-		auth:      newAuthenticator(cfg.Secret, cfg.Job, cfg.Epoch),
+		auth:      newAuthenticator(cfg.Key, cfg.Job, cfg.Epoch),
 		ln:        cfg.Listener,
 		addrs:     cfg.Addrs,
 		log:       log.With("rank", cfg.Rank, "epoch", cfg.Epoch),
@@ -784,10 +784,10 @@ const (
 	roleAcceptor = "acceptor"
 )
 
-// authenticator proves and checks knowledge of the job secret for one job
-// and epoch.
+// authenticator proves and checks knowledge of a key (the data-plane key,
+// or a link key) for one job and epoch.
 type authenticator struct {
-	key   [sha256.Size]byte
+	key   Key
 	job   string
 	epoch uint64
 	// channelOK says which channels an acceptor takes; higherDials, that
@@ -796,12 +796,8 @@ type authenticator struct {
 	higherDials bool
 }
 
-func newAuthenticator(s Secret, job string, epoch uint64) authenticator {
-	a := authenticator{job: job, epoch: epoch, channelOK: func(ch byte) bool { return ch < numChans }, higherDials: true}
-	m := hmac.New(sha256.New, s[:])
-	m.Write([]byte("gorun data-plane key v1"))
-	m.Sum(a.key[:0])
-	return a
+func newAuthenticator(k Key, job string, epoch uint64) authenticator {
+	return authenticator{key: k, job: job, epoch: epoch, channelOK: func(ch byte) bool { return ch < numChans }, higherDials: true}
 }
 
 func (a *authenticator) mac(role string, ch byte, dialer, acceptor int, nonceA, nonceD []byte) []byte {
@@ -848,12 +844,12 @@ func (a *authenticator) dial(conn net.Conn, ch byte, me, to int) error {
 	var proof [macSize]byte
 	if _, err := io.ReadFull(conn, proof[:]); err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return fmt.Errorf("%w: refused by rank %d (another job, epoch or secret?)", ErrAuth, to)
+			return fmt.Errorf("%w: refused by rank %d (another job, epoch or key?)", ErrAuth, to)
 		}
 		return fmt.Errorf("reading proof: %w", err)
 	}
 	if !hmac.Equal(proof[:], a.mac(roleAcceptor, ch, me, to, nonceA, nonceD)) {
-		return fmt.Errorf("%w: rank %d's address failed to prove the job secret for job %q epoch %d", ErrAuth, to, a.job, a.epoch)
+		return fmt.Errorf("%w: rank %d's address failed to prove the job's key for job %q epoch %d", ErrAuth, to, a.job, a.epoch)
 	}
 	if _, err := conn.Write([]byte{hsAck}); err != nil {
 		return fmt.Errorf("acknowledging: %w", err)
@@ -897,7 +893,7 @@ func (a *authenticator) accept(conn net.Conn, me, size int, free func(int, byte)
 		return 0, 0, fmt.Errorf("%w: rank %d may not dial rank %d in a world of %d", ErrAuth, dialer, me, size)
 	}
 	if !hmac.Equal(mac, a.mac(roleDialer, ch, dialer, me, nonceA, nonceD)) {
-		return 0, 0, fmt.Errorf("%w: peer claiming rank %d does not hold the secret of job %q epoch %d", ErrAuth, dialer, a.job, a.epoch)
+		return 0, 0, fmt.Errorf("%w: peer claiming rank %d does not hold the key of job %q epoch %d", ErrAuth, dialer, a.job, a.epoch)
 	}
 	if fl != flags() {
 		return 0, 0, fmt.Errorf("%w: rank %d has the other byte order", ErrAuth, dialer)

@@ -24,7 +24,7 @@ import (
 type worldOpts struct {
 	job     string
 	epoch   uint64
-	secret  Secret
+	secret  Key
 	segment int       // Comm.segBytes; 0 keeps the default
 	log     io.Writer // nil: the test's output
 	unix    bool      // link through Unix sockets (ranks of one host), not TCP
@@ -37,8 +37,8 @@ func newWorld(t testing.TB, n int, o worldOpts) []*Comm {
 	if o.job == "" {
 		o.job = "testjob"
 	}
-	if o.secret == (Secret{}) {
-		o.secret = testSecret(t)
+	if o.secret == (Key{}) {
+		o.secret = testKey(t)
 	}
 	lns := make([]net.Listener, n)
 	addrs := make([]string, n)
@@ -72,7 +72,7 @@ func newWorld(t testing.TB, n int, o worldOpts) []*Comm {
 	for r := range n {
 		wg.Go(func() {
 			comms[r], errs[r] = NewComm(ctx, CommConfig{
-				Rank: r, Size: n, Epoch: o.epoch, Job: o.job, Secret: o.secret,
+				Rank: r, Size: n, Epoch: o.epoch, Job: o.job, Key: o.secret,
 				Listener: lns[r], Addrs: addrs, Logger: logger,
 			})
 		})
@@ -92,12 +92,13 @@ func newWorld(t testing.TB, n int, o worldOpts) []*Comm {
 	return comms
 }
 
-func testSecret(t testing.TB) Secret {
+// testKey is a fresh job's data-plane key.
+func testKey(t testing.TB) Key {
 	s, err := NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s
+	return s.DataKey()
 }
 
 // onAll runs f on every rank concurrently and returns each rank's error.
@@ -301,7 +302,7 @@ func TestNewCommPeerNeverCame(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()
 			start := time.Now()
-			c, err := NewComm(ctx, CommConfig{Rank: rank, Size: 2, Job: "j", Secret: testSecret(t), Listener: l, Addrs: addrs})
+			c, err := NewComm(ctx, CommConfig{Rank: rank, Size: 2, Job: "j", Key: testKey(t), Listener: l, Addrs: addrs})
 			if c != nil || !errors.Is(err, ErrPeerLost) || !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("NewComm = %v, %v; want ErrPeerLost and DeadlineExceeded", c, err)
 			}
@@ -347,7 +348,7 @@ func bogusDial(t *testing.T, addr string, a authenticator, ch byte, me, to int, 
 }
 
 func TestAuthRefused(t *testing.T) {
-	secret := testSecret(t)
+	secret := testKey(t)
 	var logs syncBuffer
 	l0, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -368,7 +369,7 @@ func TestAuthRefused(t *testing.T) {
 	}
 	r0 := make(chan result, 1)
 	go func() {
-		c, err := NewComm(ctx, CommConfig{Rank: 0, Size: 2, Epoch: epoch, Job: job, Secret: secret, Listener: l0, Addrs: addrs, Logger: logger})
+		c, err := NewComm(ctx, CommConfig{Rank: 0, Size: 2, Epoch: epoch, Job: job, Key: secret, Listener: l0, Addrs: addrs, Logger: logger})
 		r0 <- result{c, err}
 	}()
 
@@ -380,7 +381,7 @@ func TestAuthRefused(t *testing.T) {
 		me   int
 		mac  []byte
 	}{
-		{"wrong secret", newAuthenticator(testSecret(t), job, epoch), 1, nil},
+		{"wrong secret", newAuthenticator(testKey(t), job, epoch), 1, nil},
 		{"wrong epoch", newAuthenticator(secret, job, epoch+1), 1, nil},
 		{"earlier epoch", newAuthenticator(secret, job, epoch-1), 1, nil},
 		{"wrong job", newAuthenticator(secret, "job8", epoch), 1, nil},
@@ -397,7 +398,7 @@ func TestAuthRefused(t *testing.T) {
 		})
 	}
 	// The impostors took no slot: the real rank 1 joins, and data flows.
-	c1, err := NewComm(ctx, CommConfig{Rank: 1, Size: 2, Epoch: epoch, Job: job, Secret: secret, Listener: l1, Addrs: addrs, Logger: logger})
+	c1, err := NewComm(ctx, CommConfig{Rank: 1, Size: 2, Epoch: epoch, Job: job, Key: secret, Listener: l1, Addrs: addrs, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,7 +475,7 @@ func TestDialerChecksAcceptor(t *testing.T) {
 	var logs syncBuffer
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	_, err = NewComm(ctx, CommConfig{Rank: 1, Size: 2, Job: "j", Secret: testSecret(t), Listener: l,
+	_, err = NewComm(ctx, CommConfig{Rank: 1, Size: 2, Job: "j", Key: testKey(t), Listener: l,
 		Addrs: []string{fake.Addr().String(), l.Addr().String()}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if !errors.Is(err, ErrPeerLost) {
 		t.Fatalf("NewComm = %v, want ErrPeerLost", err)
@@ -484,7 +485,7 @@ func TestDialerChecksAcceptor(t *testing.T) {
 	if answered == 0 || leaked != 0 {
 		t.Fatalf("%d connections answered the fake acceptor, which read %d bytes after its bogus proof", answered, leaked)
 	}
-	if !strings.Contains(logs.String(), "failed to prove the job secret") {
+	if !strings.Contains(logs.String(), "failed to prove the job's key") {
 		t.Errorf("the refusal was not logged:\n%s", logs.String())
 	}
 }
@@ -580,7 +581,7 @@ func TestHeaderRoundTrip(t *testing.T) {
 // FuzzAcceptHandshake feeds the acceptor arbitrary answers to its
 // challenge: none may be accepted, and nothing may be written back.
 func FuzzAcceptHandshake(f *testing.F) {
-	a := newAuthenticator(Secret{1}, "job", 1)
+	a := newAuthenticator(Key{1}, "job", 1)
 	good := append([]byte(hsMagic), hsVersion, chanColl, flags())
 	good = binary.BigEndian.AppendUint32(good, 2)
 	good = binary.BigEndian.AppendUint32(good, 0)

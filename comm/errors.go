@@ -19,7 +19,7 @@ var (
 	// ErrClosed is returned by every call after Close.
 	ErrClosed = errors.New("comm: communicator closed")
 	// ErrAuth reports a data-plane connection whose peer failed the
-	// challenge-response (another job, another epoch, another secret).
+	// challenge-response (another job, another epoch, another key).
 	ErrAuth = errors.New("comm: data-plane authentication failed")
 )
 

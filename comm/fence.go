@@ -45,11 +45,15 @@ func (f *FenceCollector) SetEpoch(epoch uint64) {
 	f.failed = nil
 }
 
-// Handle takes one host's aggregate (a wire.UpFence as received).
-func (f *FenceCollector) Handle(data []byte) error {
+// Handle takes one host's aggregate (a wire.UpFence as received on host
+// from's subject; the aggregate must be that host's).
+func (f *FenceCollector) Handle(from int, data []byte) error {
 	u, err := wire.DecodeUpFence(data)
 	if err != nil {
 		return err
+	}
+	if u.Host != from {
+		return fmt.Errorf("comm: fence of host %d on host %d's subject", u.Host, from)
 	}
 	if u.Host >= f.hosts {
 		return fmt.Errorf("comm: fence from host %d of %d", u.Host, f.hosts)

@@ -19,8 +19,8 @@ import (
 var ErrNotUnderGorun = errors.New("comm: not running under gorun (" + wire.EnvSocket + " is not set)")
 
 // Init joins the world of the current epoch, for a rank gorun started: it
-// asks the rank's agent, over GORUN_SOCKET, for the epoch table and the job
-// secret, listens for its peers on its host's address, and exchanges
+// asks the rank's agent, over GORUN_SOCKET, for the epoch table and the
+// job's data-plane key (a rank holds no other credential), listens for its peers on its host's address, and exchanges
 // listening addresses with every rank in one fence (aggregated per host by
 // the agents and once at the launcher: ranks never talk to the control
 // plane). Every rank of the job must call Init.
@@ -279,7 +279,7 @@ func (s *session) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	secret, err := ParseSecret(w.Secret)
+	key, err := ParseKey(w.DataKey)
 	if err != nil {
 		return nil, fmt.Errorf("comm: the agent's welcome: %w", err)
 	}
@@ -323,7 +323,7 @@ func (s *session) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 		}
 	}
 	c, err := NewComm(ctx, CommConfig{
-		Rank: s.rank, Size: t.World, Epoch: t.Epoch, Job: w.Job, Secret: secret,
+		Rank: s.rank, Size: t.World, Epoch: t.Epoch, Job: w.Job, Key: key,
 		Listener: ln, Addrs: addrs,
 	})
 	if err != nil {

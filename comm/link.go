@@ -11,7 +11,7 @@ import (
 // that are not the ranks of one Comm, such as the agents of the hosts,
 // which send each other replicas of the ranks' protected state. A link is
 // a plain stream once authenticated (the caller frames it); the handshake
-// is the data plane's, bound to the job secret, the job, a purpose and
+// is the data plane's, bound to the link key, the job, a purpose and
 // both ends' identities, so that a link of one purpose (or a rank's link)
 // is never taken for another.
 
@@ -22,13 +22,13 @@ const chanLink = 2
 // LinkAuth is what both ends of a link must agree on.
 type LinkAuth struct {
 	Job     string // the job id
-	Secret  Secret // the per-job secret
+	Key     Key    // the job's link key (Secret.LinkKey), which ranks never hold
 	Purpose string // what the links are for, e.g. "replica"; bound into the authentication
 }
 
 func (la LinkAuth) authenticator() authenticator {
 	// A job id has no '/', so no purpose makes a Comm's job string.
-	a := newAuthenticator(la.Secret, la.Job+"/"+la.Purpose, 0)
+	a := newAuthenticator(la.Key, la.Job+"/"+la.Purpose, 0)
 	a.channelOK = func(ch byte) bool { return ch == chanLink }
 	a.higherDials = false
 	return a

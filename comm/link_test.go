@@ -51,8 +51,8 @@ func linkPair(t *testing.T, dial, accept LinkAuth, me, to, size int) (net.Conn, 
 }
 
 func TestLink(t *testing.T) {
-	s := testSecret(t)
-	la := LinkAuth{Job: "job1", Secret: s, Purpose: "replica"}
+	s := testKey(t)
+	la := LinkAuth{Job: "job1", Key: s, Purpose: "replica"}
 	// Any identity may dial any other, lower or higher.
 	for _, c := range []struct{ me, to int }{{0, 1}, {1, 0}, {5, 2}} {
 		dc, ac, from, derr, aerr := linkPair(t, la, la, c.me, c.to, 8)
@@ -71,18 +71,18 @@ func TestLink(t *testing.T) {
 }
 
 func TestLinkRefused(t *testing.T) {
-	s := testSecret(t)
-	other := testSecret(t)
-	la := LinkAuth{Job: "job1", Secret: s, Purpose: "replica"}
+	s := testKey(t)
+	other := testKey(t)
+	la := LinkAuth{Job: "job1", Key: s, Purpose: "replica"}
 	cases := []struct {
 		name   string
 		dial   LinkAuth
 		me, to int
 		size   int
 	}{
-		{"other secret", LinkAuth{Job: "job1", Secret: other, Purpose: "replica"}, 1, 0, 4},
-		{"other job", LinkAuth{Job: "job2", Secret: s, Purpose: "replica"}, 1, 0, 4},
-		{"other purpose", LinkAuth{Job: "job1", Secret: s, Purpose: "parity"}, 1, 0, 4},
+		{"other secret", LinkAuth{Job: "job1", Key: other, Purpose: "replica"}, 1, 0, 4},
+		{"other job", LinkAuth{Job: "job2", Key: s, Purpose: "replica"}, 1, 0, 4},
+		{"other purpose", LinkAuth{Job: "job1", Key: s, Purpose: "parity"}, 1, 0, 4},
 		{"itself", la, 0, 0, 4},
 		{"out of range", la, 4, 0, 4},
 	}
@@ -102,8 +102,8 @@ func TestLinkRefused(t *testing.T) {
 // TestLinkNotComm: a Comm refuses a link's handshake and a link refuses a
 // Comm's, even with the same job and secret.
 func TestLinkNotComm(t *testing.T) {
-	s := testSecret(t)
-	la := LinkAuth{Job: "job1", Secret: s}
+	s := testKey(t)
+	la := LinkAuth{Job: "job1", Key: s}
 	ws := newWorld(t, 2, worldOpts{job: "job1", secret: s})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()

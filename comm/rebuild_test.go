@@ -73,32 +73,35 @@ func rebuildRank() int {
 // launcher, publishes epoch 1 while the ranks run collectives: every rank
 // must see ErrEpochChanged (no hang), rebuild, and compute in epoch 1.
 func TestEpochChangeAndRebuild(t *testing.T) {
+	const job = "rebuildtest"
 	secret := newSecret(t)
-	srv, err := ctlserver.Start(ctlserver.Config{LocalPassword: secret.InProcessPassword()})
+	creds := secret.HostCredentials(0, nil)
+	srv, err := ctlserver.Start(ctlserver.Config{Job: job, LocalPassword: secret.InProcessPassword(),
+		Hosts: []ctlserver.HostUser{{Password: creds.InProcessPassword()}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	dial := func(ctx context.Context) (*comm.Control, error) {
-		return comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
+	dial := func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
+		return comm.DialInProcessHost(ctx, srv.InProcess(), creds, o)
 	}
-	l, err := dial(ctx)
+	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	const job = "rebuildtest"
 	subj := wire.JobSubjects(job)
 	fc := comm.NewFenceCollector(l.Conn, job, 0, 1)
 	outc := make(chan string, 1024)
 	sub, err := l.Subscribe(subj.Up, func(m *nats.Msg) {
-		switch m.Subject {
-		case subj.Output:
-			wire.DecodeOutputFrame(m.Data, 3, func(_ int, r wire.OutputRecord) { outc <- string(r.Data) })
-		case subj.UpFence:
-			if err := fc.Handle(m.Data); err != nil {
+		host, kind, _ := subj.ParseUp(m.Subject)
+		switch kind {
+		case wire.UpKindOutput:
+			_ = wire.DecodeOutputFrame(m.Data, 3, func(_ int, r wire.OutputRecord) { outc <- string(r.Data) })
+		case wire.UpKindFence:
+			if err := fc.Handle(host, m.Data); err != nil {
 				t.Errorf("fence: %v", err)
 			}
 		}
@@ -118,7 +121,7 @@ func TestEpochChangeAndRebuild(t *testing.T) {
 	defer rv.Close()
 	agentErr := make(chan error, 1)
 	go func() {
-		agentErr <- agent.Run(ctx, agent.Config{Job: job, Host: 0, Name: "h0", Secret: secret, Dial: dial, Addr: "127.0.0.1",
+		agentErr <- agent.Run(ctx, agent.Config{Job: job, Host: 0, Name: "h0", Creds: creds, Dial: dial, Addr: "127.0.0.1",
 			Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	}()
 	var out strings.Builder

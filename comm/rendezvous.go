@@ -116,6 +116,12 @@ func (r *Rendezvous) onRegister(m *nats.Msg) {
 		r.refuse(m, "registration for job %q, this is job %q", reg.Job, r.job)
 		return
 	}
+	// The subject says which host's user sent it (the server lets each
+	// publish only on its own): a host cannot register as another.
+	if from, _, ok := r.subj.ParseRequest(m.Subject); !ok || from != reg.Host {
+		r.refuse(m, "registration of host %d on subject %s", reg.Host, m.Subject)
+		return
+	}
 	if reg.Host >= len(r.hosts) || reg.Name != r.hosts[reg.Host].Name {
 		r.refuse(m, "unknown host %d %q", reg.Host, reg.Name)
 		return
@@ -271,11 +277,11 @@ type AgentRendezvous struct {
 	sub    *nats.Subscription
 }
 
-// JoinRendezvous subscribes to the job's epoch tables. Call it before
-// Register so that the table published after the last registration
-// cannot be missed.
-func JoinRendezvous(nc *nats.Conn, job string) (*AgentRendezvous, error) {
-	a := &AgentRendezvous{nc: nc, subj: wire.JobSubjects(job), epochs: make(chan *nats.Msg, 16)}
+// JoinRendezvous subscribes to the job's epoch tables, for the agent of
+// host. Call it before Register so that the table published after the last
+// registration cannot be missed.
+func JoinRendezvous(nc *nats.Conn, job string, host int) (*AgentRendezvous, error) {
+	a := &AgentRendezvous{nc: nc, subj: wire.JobSubjects(job).ForHost(host), epochs: make(chan *nats.Msg, 16)}
 	sub, err := nc.ChanSubscribe(a.subj.Epoch, a.epochs)
 	if err != nil {
 		return nil, fmt.Errorf("comm: subscribing to epochs: %w", err)

@@ -15,14 +15,19 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// startServer runs an embedded control plane for secret.
-func startServer(t testing.TB, secret comm.Secret) *ctlserver.Server {
+// startServer runs an embedded control plane for job whose hosts hosts
+// are all remote (their agents dial over TCP, comm.DialControl).
+func startServer(t testing.TB, secret comm.Secret, job string, hosts int) *ctlserver.Server {
 	t.Helper()
-	pub, err := secret.PublicKey()
-	if err != nil {
-		t.Fatal(err)
+	cfg := ctlserver.Config{Job: job, LocalPassword: secret.InProcessPassword(), Hosts: make([]ctlserver.HostUser, hosts)}
+	for i := range hosts {
+		pub, err := secret.HostCredentials(i, nil).PublicKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Hosts[i].Nkey = pub
 	}
-	srv, err := ctlserver.Start(ctlserver.Config{PublicKey: pub, LocalPassword: secret.InProcessPassword()})
+	srv, err := ctlserver.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,12 +35,20 @@ func startServer(t testing.TB, secret comm.Secret) *ctlserver.Server {
 	return srv
 }
 
-// testControlPlane starts a control-plane server and a launcher's
-// in-process connection to it, closed at cleanup.
-func testControlPlane(t testing.TB) (comm.Secret, *ctlserver.Server, *comm.Control) {
+// dialHost connects to srv over TCP as the agent of host of job, as
+// internal/agent does.
+func dialHost(ctx context.Context, srv *ctlserver.Server, secret comm.Secret, job string, host int) (*comm.Control, error) {
+	return comm.DialControl(ctx, srv.URL(), secret.HostCredentials(host, srv.Fingerprint()),
+		comm.ControlOptions{Name: fmt.Sprintf("host %d", host), InboxPrefix: wire.JobSubjects(job).ForHost(host).Inbox})
+}
+
+// testControlPlane starts a control-plane server for job with hosts
+// remote hosts and a launcher's in-process connection to it, closed at
+// cleanup.
+func testControlPlane(t testing.TB, job string, hosts int) (comm.Secret, *ctlserver.Server, *comm.Control) {
 	t.Helper()
 	secret := newSecret(t)
-	srv := startServer(t, secret)
+	srv := startServer(t, secret, job, hosts)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
@@ -56,9 +69,9 @@ func newSecret(t testing.TB) comm.Secret {
 }
 
 func TestWrongSecretIsRefused(t *testing.T) {
-	srv := startServer(t, newSecret(t))
+	srv := startServer(t, newSecret(t), "job1", 1)
 	ctx := context.Background()
-	_, err := comm.DialControl(ctx, srv.URL(), newSecret(t), comm.ControlOptions{DialTimeout: 5 * time.Second})
+	_, err := comm.DialControl(ctx, srv.URL(), newSecret(t).HostCredentials(0, nil), comm.ControlOptions{DialTimeout: 5 * time.Second})
 	if err == nil {
 		t.Fatal("a client with another job's secret was admitted")
 	}
@@ -90,8 +103,9 @@ func TestSecretIsRedacted(t *testing.T) {
 // TCP connection. It returns how long the connections took and how long
 // from the first registration until every agent held the table.
 func rendezvous(t testing.TB, hosts, ranksPerHost int) (connect, rendezvous time.Duration) {
+	const job = "benchjob"
 	secret := newSecret(t)
-	srv := startServer(t, secret)
+	srv := startServer(t, secret, job, hosts)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	launcher, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
@@ -99,7 +113,6 @@ func rendezvous(t testing.TB, hosts, ranksPerHost int) (connect, rendezvous time
 		t.Fatal(err)
 	}
 	defer launcher.Close()
-	const job = "benchjob"
 	rh := make([]comm.RendezvousHost, hosts)
 	for i := range rh {
 		rh[i].Name = fmt.Sprintf("node%05d", i)
@@ -120,13 +133,13 @@ func rendezvous(t testing.TB, hosts, ranksPerHost int) (connect, rendezvous time
 	errs := make(chan error, hosts)
 	for i := range hosts {
 		wg.Go(func() {
-			c, err := comm.DialControl(ctx, srv.URL(), secret, comm.ControlOptions{Name: rh[i].Name})
+			c, err := dialHost(ctx, srv, secret, job, i)
 			if err != nil {
 				errs <- err
 				return
 			}
 			agents[i] = c
-			joins[i], err = comm.JoinRendezvous(c.Conn, job)
+			joins[i], err = comm.JoinRendezvous(c.Conn, job, i)
 			if err != nil {
 				errs <- err
 			}
@@ -203,7 +216,7 @@ func BenchmarkRendezvous(b *testing.B) {
 }
 
 func TestRegistrationChecks(t *testing.T) {
-	secret, srv, l := testControlPlane(t)
+	secret, srv, l := testControlPlane(t, "job1", 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	rv, err := comm.StartRendezvous(l.Conn, "job1", 0, []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}},
@@ -212,37 +225,40 @@ func TestRegistrationChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rv.Close()
-	a, err := comm.DialControl(ctx, srv.URL(), secret, comm.ControlOptions{})
-	if err != nil {
-		t.Fatal(err)
+	joins := make([]*comm.AgentRendezvous, 2)
+	for i := range joins {
+		a, err := dialHost(ctx, srv, secret, "job1", i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		if joins[i], err = comm.JoinRendezvous(a.Conn, "job1", i); err != nil {
+			t.Fatal(err)
+		}
 	}
-	defer a.Close()
-	join, err := comm.JoinRendezvous(a.Conn, "job1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := func(host int, name string) error {
-		_, err := join.Register(ctx, &wire.Register{Version: wire.Version, Job: "job1", Host: host, Name: name, Addr: "127.0.0.1"})
+	reg := func(as, host int, name string) error {
+		_, err := joins[as].Register(ctx, &wire.Register{Version: wire.Version, Job: "job1", Host: host, Name: name, Addr: "127.0.0.1"})
 		return err
 	}
 	tests := []struct {
-		host int
-		name string
-		ok   bool
+		as, host int
+		name     string
+		ok       bool
 	}{
-		{5, "a", false},  // unknown index
-		{0, "b", false},  // name does not match the index
-		{0, "a", true},   // first registration
-		{0, "a", false},  // twice
-		{-1, "a", false}, // malformed
+		{0, 5, "a", false},  // unknown index (and not the sender's)
+		{0, 1, "b", false},  // host 0 registering as host 1
+		{0, 0, "b", false},  // name does not match the index
+		{0, 0, "a", true},   // first registration
+		{0, 0, "a", false},  // twice
+		{0, -1, "a", false}, // malformed
 	}
 	for _, tt := range tests {
-		err := reg(tt.host, tt.name)
+		err := reg(tt.as, tt.host, tt.name)
 		if (err == nil) != tt.ok {
-			t.Errorf("register(%d, %q) = %v, want ok=%v", tt.host, tt.name, err, tt.ok)
+			t.Errorf("host %d: register(%d, %q) = %v, want ok=%v", tt.as, tt.host, tt.name, err, tt.ok)
 		}
 		if err != nil && !errors.Is(err, comm.ErrRegistration) {
-			t.Errorf("register(%d, %q): error %v is not ErrRegistration", tt.host, tt.name, err)
+			t.Errorf("host %d: register(%d, %q): error %v is not ErrRegistration", tt.as, tt.host, tt.name, err)
 		}
 	}
 	if m := rv.Missing(); len(m) != 1 || m[0] != 1 {
@@ -251,10 +267,10 @@ func TestRegistrationChecks(t *testing.T) {
 	if rv.Table() != nil {
 		t.Error("table published before every host registered")
 	}
-	if err := reg(1, "b"); err != nil {
+	if err := reg(1, 1, "b"); err != nil {
 		t.Fatal(err)
 	}
-	tb, err := join.WaitEpoch(ctx, 0)
+	tb, err := joins[0].WaitEpoch(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +281,7 @@ func TestRegistrationChecks(t *testing.T) {
 
 func TestInProcessPasswordIsRefusedOverTCP(t *testing.T) {
 	secret := newSecret(t)
-	srv := startServer(t, secret)
+	srv := startServer(t, secret, "job1", 1)
 	nc, err := nats.Connect(srv.URL(), nats.UserInfo(wire.InProcessUser, secret.InProcessPassword()), nats.NoReconnect())
 	if err == nil {
 		nc.Close()
@@ -286,7 +302,7 @@ func TestLocalOnlyServerDoesNotListen(t *testing.T) {
 	}
 	defer srv.Shutdown()
 	if srv.URL() != "" {
-		t.Fatalf("a server without a public key listens at %s", srv.URL())
+		t.Fatalf("a server without remote hosts listens at %s", srv.URL())
 	}
 	c, err := comm.DialInProcess(context.Background(), srv.InProcess(), secret, comm.ControlOptions{})
 	if err != nil {
@@ -299,22 +315,30 @@ func TestLocalOnlyServerDoesNotListen(t *testing.T) {
 }
 
 func TestRendezvousCancel(t *testing.T) {
-	secret, srv, l := testControlPlane(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	spec := &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}
 	hosts := []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}}
-	join := func(job string) *comm.AgentRendezvous {
-		a, err := comm.DialControl(ctx, srv.URL(), secret, comm.ControlOptions{})
+	// start runs job's control plane and rendezvous; join connects host's agent.
+	start := func(t *testing.T, job string) (*comm.Rendezvous, func(int) *comm.AgentRendezvous) {
+		secret, srv, l := testControlPlane(t, job, len(hosts))
+		rv, err := comm.StartRendezvous(l.Conn, job, 0, hosts, spec)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(a.Close)
-		j, err := comm.JoinRendezvous(a.Conn, job)
-		if err != nil {
-			t.Fatal(err)
+		t.Cleanup(rv.Close)
+		return rv, func(host int) *comm.AgentRendezvous {
+			a, err := dialHost(ctx, srv, secret, job, host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(a.Close)
+			j, err := comm.JoinRendezvous(a.Conn, job, host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return j
 		}
-		return j
 	}
 	reg := func(j *comm.AgentRendezvous, job string, host int, name string) error {
 		_, err := j.Register(ctx, &wire.Register{Version: wire.Version, Job: job, Host: host, Name: name, Addr: "127.0.0.1"})
@@ -322,19 +346,15 @@ func TestRendezvousCancel(t *testing.T) {
 	}
 
 	t.Run("before publication", func(t *testing.T) {
-		rv, err := comm.StartRendezvous(l.Conn, "job2", 0, hosts, spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rv.Close()
-		a := join("job2")
+		rv, join := start(t, "job2")
+		a := join(0)
 		if err := reg(a, "job2", 0, "a"); err != nil {
 			t.Fatal(err)
 		}
 		if !rv.Cancel() {
 			t.Fatal("Cancel before publication reported false")
 		}
-		if err := reg(join("job2"), "job2", 1, "b"); !errors.Is(err, comm.ErrJobStopped) {
+		if err := reg(join(1), "job2", 1, "b"); !errors.Is(err, comm.ErrJobStopped) {
 			t.Fatalf("registration after Cancel: %v, want ErrJobStopped", err)
 		}
 		wctx, wcancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -347,12 +367,8 @@ func TestRendezvousCancel(t *testing.T) {
 		}
 	})
 	t.Run("after publication", func(t *testing.T) {
-		rv, err := comm.StartRendezvous(l.Conn, "job3", 0, hosts, spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rv.Close()
-		a, b := join("job3"), join("job3")
+		rv, join := start(t, "job3")
+		a, b := join(0), join(1)
 		if err := reg(a, "job3", 0, "a"); err != nil {
 			t.Fatal(err)
 		}
@@ -369,7 +385,7 @@ func TestRendezvousCancel(t *testing.T) {
 }
 
 func TestFenceCollector(t *testing.T) {
-	_, _, l := testControlPlane(t)
+	_, _, l := testControlPlane(t, "fj", 0)
 	merged := make(chan *nats.Msg, 4)
 	sub, err := l.ChanSubscribe(wire.JobSubjects("fj").Fence, merged)
 	if err != nil {
@@ -380,24 +396,27 @@ func TestFenceCollector(t *testing.T) {
 	up := func(host, seq int, kv map[string]string) []byte {
 		return wire.Marshal(&wire.UpFence{Host: host, Epoch: 0, Seq: seq, KV: kv})
 	}
-	if err := fc.Handle(up(0, 0, map[string]string{"a": "1"})); err != nil {
+	if err := fc.Handle(0, up(0, 0, map[string]string{"a": "1"})); err != nil {
 		t.Fatal(err)
 	}
-	if err := fc.Handle(up(0, 0, map[string]string{"a": "1"})); err == nil {
+	if err := fc.Handle(0, up(0, 0, map[string]string{"a": "1"})); err == nil {
 		t.Error("a host entered the same fence twice")
 	}
-	if err := fc.Handle(wire.Marshal(&wire.UpFence{Host: 1, Epoch: 7, Seq: 0})); err == nil {
+	if err := fc.Handle(1, wire.Marshal(&wire.UpFence{Host: 1, Epoch: 7, Seq: 0})); err == nil {
 		t.Error("a fence of another epoch was taken")
 	}
-	if err := fc.Handle(up(5, 0, nil)); err == nil {
+	if err := fc.Handle(5, up(5, 0, nil)); err == nil {
 		t.Error("a fence from an unknown host was taken")
+	}
+	if err := fc.Handle(0, up(1, 0, nil)); err == nil {
+		t.Error("host 0 entered a fence for host 1")
 	}
 	select {
 	case m := <-merged:
 		t.Fatalf("fence published before every host was in: %s", m.Data)
 	case <-time.After(50 * time.Millisecond):
 	}
-	if err := fc.Handle(up(1, 0, map[string]string{"b": "2"})); err != nil {
+	if err := fc.Handle(1, up(1, 0, map[string]string{"b": "2"})); err != nil {
 		t.Fatal(err)
 	}
 	m := <-merged
@@ -406,21 +425,21 @@ func TestFenceCollector(t *testing.T) {
 		t.Fatalf("merged %+v, %v", f, err)
 	}
 	// A key two hosts set fails the fence.
-	fc.Handle(up(0, 1, map[string]string{"x": "1"}))
-	fc.Handle(up(1, 1, map[string]string{"x": "2"}))
+	fc.Handle(0, up(0, 1, map[string]string{"x": "1"}))
+	fc.Handle(1, up(1, 1, map[string]string{"x": "2"}))
 	if f, err := wire.DecodeFence((<-merged).Data, 100); err != nil || f.Err == "" || f.KV != nil {
 		t.Fatalf("conflicting keys: %+v, %v", f, err)
 	}
 	// A host's error (a rank ended without entering) fails the fence at
 	// once for everyone, and again for a part that comes later.
-	fc.Handle(up(0, 2, map[string]string{"y": "1"}))
-	if err := fc.Handle(wire.Marshal(&wire.UpFence{Host: 1, Epoch: 0, Seq: 2, Err: "rank 3 ended without entering this fence"})); err != nil {
+	fc.Handle(0, up(0, 2, map[string]string{"y": "1"}))
+	if err := fc.Handle(1, wire.Marshal(&wire.UpFence{Host: 1, Epoch: 0, Seq: 2, Err: "rank 3 ended without entering this fence"})); err != nil {
 		t.Fatal(err)
 	}
 	if f, err := wire.DecodeFence((<-merged).Data, 100); err != nil || f.Seq != 2 || !strings.Contains(f.Err, "rank 3 ended") {
 		t.Fatalf("failed fence: %+v, %v", f, err)
 	}
-	if err := fc.Handle(up(1, 2, nil)); err != nil {
+	if err := fc.Handle(1, up(1, 2, nil)); err != nil {
 		t.Fatal(err)
 	}
 	if f, err := wire.DecodeFence((<-merged).Data, 100); err != nil || f.Seq != 2 || f.Err == "" {

@@ -125,9 +125,9 @@ func (m *localMatcher) match(name string) bool {
 	return false
 }
 
-// startRemote starts h's agent with the rsh command and hands it the
-// secret on its stdin, which stays open: the agent takes its end as the
-// launcher's. The agent's stderr is forwarded to the terminal and kept for
+// startRemote starts h's agent with the rsh command and hands it its
+// host's credentials (comm.HostCredentials: never the job secret) on its
+// stdin, which stays open: the agent takes its end as the launcher's. The agent's stderr is forwarded to the terminal and kept for
 // reports.
 func (j *job) startRemote(ctx context.Context, h *agentHost) error {
 	args := append(append([]string{}, j.cfg.Rsh[1:]...), h.name, j.cfg.AgentPath, "agent",
@@ -152,9 +152,11 @@ func (j *job) startRemote(ctx context.Context, h *agentHost) error {
 		return fmt.Errorf("starting agent on %s with %q: %w", h.name, j.cfg.Rsh[0], err)
 	}
 	j.started(h, stdin, func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
-	// The pipe buffer holds the secret even if the agent has not started reading.
-	if _, err := io.WriteString(stdin, j.secret.Hex()+"\n"); err != nil {
-		j.log.Debug("writing secret to agent", "host", h.name, "err", err)
+	// The pipe buffer holds the line even if the agent has not started
+	// reading. With TLS it carries the certificate's pin.
+	creds := j.secret.HostCredentials(h.index, j.srv.Fingerprint())
+	if _, err := io.WriteString(stdin, creds.Encode()+"\n"); err != nil {
+		j.log.Debug("writing credentials to agent", "host", h.name, "err", err)
 	}
 	var readers sync.WaitGroup
 	readers.Add(1)

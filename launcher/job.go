@@ -202,11 +202,17 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	if j.secret, err = comm.NewSecret(); err != nil {
 		return 0, err
 	}
-	// Remote agents prove the secret by nkey signature over TCP; without
+	// The secret stays in this process. Each agent gets its own host's
+	// credentials (comm/secret.go): a remote one proves its nkey over TCP
+	// (TLS unless on loopback), a local one its password in-process; the
+	// server lets either publish only on its host's subjects. Without
 	// remote hosts the server does not listen at all.
-	scfg := ctlserver.Config{Bind: j.cfg.Bind, LocalPassword: j.secret.InProcessPassword()}
-	if j.remote > 0 {
-		if scfg.PublicKey, err = j.secret.PublicKey(); err != nil {
+	scfg := ctlserver.Config{Job: j.id, Bind: j.cfg.Bind, LocalPassword: j.secret.InProcessPassword(), Hosts: make([]ctlserver.HostUser, len(j.hosts))}
+	for i, h := range j.hosts {
+		c := j.secret.HostCredentials(i, nil)
+		if h.local {
+			scfg.Hosts[i].Password = c.InProcessPassword()
+		} else if scfg.Hosts[i].Nkey, err = c.PublicKey(); err != nil {
 			return 0, err
 		}
 	}
@@ -223,6 +229,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	j.log.Debug("control plane up", "url", j.srv.URL(), "job", j.id, "hosts", len(j.hosts), "ranks", j.world)
 
 	j.out = newOutputMux(j.cfg.Stdout, j.cfg.Stderr, j.world, j.cfg.TagOutput, j.cfg.TimestampOutput, j.cfg.OutputDir)
+	j.out.owns = j.owns
 	defer j.out.close()
 	j.fences = comm.NewFenceCollector(j.ctl.Conn, j.id, 0, len(j.hosts))
 	hostRanks := make([][]int, len(j.hosts))
@@ -376,11 +383,12 @@ func (j *job) startLocal(ctx context.Context, h *agentHost) error {
 	if addr == "" || addr == "0.0.0.0" || addr == "::" {
 		addr = "127.0.0.1"
 	}
+	creds := j.secret.HostCredentials(h.index, nil)
 	cfg := agent.Config{
-		Job: j.id, Host: h.index, Name: h.name, Secret: j.secret, Launcher: pr, Addr: addr,
+		Job: j.id, Host: h.index, Name: h.name, Creds: creds, Launcher: pr, Addr: addr,
 		Logger: j.log.With("agent", h.name),
-		Dial: func(ctx context.Context) (*comm.Control, error) {
-			return comm.DialInProcess(ctx, j.srv.InProcess(), j.secret, comm.ControlOptions{Name: "agent " + h.name})
+		Dial: func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
+			return comm.DialInProcessHost(ctx, j.srv.InProcess(), creds, o)
 		},
 	}
 	j.wg.Add(1)
@@ -398,46 +406,72 @@ func (j *job) startLocal(ctx context.Context, h *agentHost) error {
 // output mux, whose lanes write them, and events go to the loop. So a
 // stalled reader of gorun's output delays neither the heartbeats' record
 // nor the events, and an event is handled after the output its host sent
-// before it was posted (drainOutput counts on that).
+// before it was posted (drainOutput counts on that). The host a message
+// speaks for is the host of its subject (the server lets each agent
+// publish only on its own): a message naming another host, or a rank of
+// another host, is dropped.
 func (j *job) onUp(m *nats.Msg) {
-	switch m.Subject {
-	case j.subj.Output:
-		if err := j.out.frame(m.Data); err != nil {
-			j.log.Warn("bad output frame", "err", err)
+	from, kind, ok := j.subj.ParseUp(m.Subject)
+	if !ok || from >= len(j.hosts) {
+		j.log.Warn("message on unknown subject", "subject", m.Subject)
+		return
+	}
+	switch kind {
+	case wire.UpKindOutput:
+		if err := j.out.frame(from, m.Data); err != nil {
+			j.log.Warn("bad output frame", "host", from, "err", err)
 		}
-	case j.subj.Heartbeat:
+	case wire.UpKindHeartbeat:
 		hb, err := wire.DecodeHeartbeat(m.Data)
-		if err != nil || hb.Host >= len(j.hosts) {
-			j.log.Warn("bad heartbeat", "err", err)
+		if err == nil && hb.Host != from {
+			err = fmt.Errorf("heartbeat of host %d", hb.Host)
+		}
+		if err != nil {
+			j.log.Warn("bad heartbeat", "host", from, "err", err)
 			return
 		}
-		j.hosts[hb.Host].lastSeen.Store(time.Now().UnixNano())
-	case j.subj.Events:
+		j.hosts[from].lastSeen.Store(time.Now().UnixNano())
+	case wire.UpKindEvents:
 		e, err := wire.DecodeEvent(m.Data)
-		if err != nil || e.Host >= len(j.hosts) || e.Rank >= j.world {
-			j.log.Warn("bad event", "err", err)
+		switch {
+		case err != nil:
+		case e.Host != from:
+			err = fmt.Errorf("event of host %d", e.Host)
+		case e.Rank >= j.world || e.Rank >= 0 && !j.owns(from, e.Rank):
+			err = fmt.Errorf("event of rank %d, which is not the host's", e.Rank)
+		}
+		if err != nil {
+			j.log.Warn("bad event", "host", from, "err", err)
 			return
 		}
-		j.hosts[e.Host].lastSeen.Store(time.Now().UnixNano())
+		j.hosts[from].lastSeen.Store(time.Now().UnixNano())
 		select {
 		case j.events <- e:
 		case <-j.quit:
 		}
-	case j.subj.UpFence:
-		if err := j.fences.Handle(m.Data); err != nil {
-			j.log.Warn("bad fence", "err", err)
+	case wire.UpKindFence:
+		if err := j.fences.Handle(from, m.Data); err != nil {
+			j.log.Warn("bad fence", "host", from, "err", err)
 		}
-	case j.subj.Progress:
+	case wire.UpKindProgress:
 		u, err := wire.DecodeUpProgress(m.Data)
+		if err == nil && u.Host != from {
+			err = fmt.Errorf("progress of host %d", u.Host)
+		}
 		if err == nil {
 			err = j.prog.handle(u)
 		}
 		if err != nil {
-			j.log.Warn("bad progress report", "err", err)
+			j.log.Warn("bad progress report", "host", from, "err", err)
 		}
 	default:
 		j.log.Warn("message on unknown subject", "subject", m.Subject)
 	}
+}
+
+// owns reports whether host runs rank.
+func (j *job) owns(host, rank int) bool {
+	return rank >= 0 && rank < len(j.rankHost) && j.rankHost[rank] == host
 }
 
 // fail records the first failure and stops the job.

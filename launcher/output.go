@@ -36,6 +36,9 @@ type outputMux struct {
 	tag, stamp bool
 	dir        string
 	world      int
+	// owns, when not nil, says whether host runs rank: a host's frames
+	// may carry only its own ranks' output. Set before the first frame.
+	owns func(host, rank int) bool
 	// failed receives the first error writing to stdout.
 	failed chan error
 
@@ -73,12 +76,16 @@ func newOutputMux(stdout, stderr io.Writer, world int, tag, stamp bool, dir stri
 	return m
 }
 
-// frame posts one output frame from an agent. A malformed frame is
-// rejected whole, before any of it is posted.
-func (m *outputMux) frame(b []byte) error {
+// frame posts one output frame from the agent of host from (the host of
+// the subject it came on). A malformed frame, one that names another host,
+// or one that carries a rank that is not from's, is refused whole, before
+// any of it is posted.
+func (m *outputMux) frame(from int, b []byte) error {
 	now := time.Now()
 	var outs, errs []wire.OutputRecord
-	err := wire.DecodeOutputFrame(b, m.world, func(_ int, r wire.OutputRecord) {
+	host := -1
+	err := wire.DecodeOutputFrame(b, m.world, func(h int, r wire.OutputRecord) {
+		host = h
 		if r.Stream == wire.Stderr && m.dir == "" {
 			errs = append(errs, r)
 		} else {
@@ -87,6 +94,18 @@ func (m *outputMux) frame(b []byte) error {
 	})
 	if err != nil {
 		return err
+	}
+	if host != from && host != -1 {
+		return fmt.Errorf("output frame of host %d on host %d's subject", host, from)
+	}
+	if m.owns != nil {
+		for _, rs := range [][]wire.OutputRecord{outs, errs} {
+			for _, r := range rs {
+				if !m.owns(from, r.Rank) {
+					return fmt.Errorf("output frame of host %d carries rank %d, which is not its own", from, r.Rank)
+				}
+			}
+		}
 	}
 	if len(outs) > 0 {
 		m.out.post(func() {

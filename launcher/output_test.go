@@ -34,9 +34,18 @@ func frameOf(host int, recs ...rec) []byte {
 	return bytes.Clone(f.Bytes())
 }
 
+// frameHost is the host b names, which the launcher takes from the
+// subject a frame came on.
+func frameHost(t *testing.T, b []byte) int {
+	t.Helper()
+	host := 0
+	_ = wire.DecodeOutputFrame(b, wire.MaxWorld, func(h int, _ wire.OutputRecord) { host = h })
+	return host
+}
+
 func mustFrame(t *testing.T, m *outputMux, b []byte) {
 	t.Helper()
-	if err := m.frame(b); err != nil {
+	if err := m.frame(frameHost(t, b), b); err != nil {
 		t.Fatalf("frame: %v", err)
 	}
 }
@@ -239,7 +248,7 @@ func TestOutputInvalidFrame(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			m := newOutputMux(&stdout, &stderr, 2, true, false, "")
-			err := m.frame(tt.b)
+			err := m.frame(0, tt.b)
 			if !errors.Is(err, wire.ErrMalformed) {
 				t.Errorf("frame = %v, want ErrMalformed", err)
 			}
@@ -306,7 +315,7 @@ func TestOutputConcurrentWritersKeepLinesWhole(t *testing.T) {
 					}
 					recs = append(recs, rec{r, s, sb.String()})
 				}
-				if err := m.frame(frameOf(a, recs...)); err != nil {
+				if err := m.frame(a, frameOf(a, recs...)); err != nil {
 					t.Error(err)
 					return
 				}

@@ -231,7 +231,7 @@ class Session:
             return
         svc.hellos.append(msg[1])
         self.send(2, {"v": 1, "job": "fakejob", "rank": 0, "epoch": 3,
-                      "secret": "00", "table": ""})
+                      "data_key": "00", "table": ""})
         protected = False
         while (msg := self.read()) is not None:
             mtype, req = msg

@@ -81,7 +81,7 @@ func (c *cluster) startHost(h int, ranks []int, peers func(int) []int, dir strin
 		c.t.Fatal(err)
 	}
 	host, err := NewHost(HostConfig{
-		Job: c.job, Secret: c.secret, Host: h, Hosts: c.nhosts, Ranks: ranks, Dir: dir,
+		Job: c.job, LinkKey: c.secret.LinkKey(), Host: h, Hosts: c.nhosts, Ranks: ranks, Dir: dir,
 		Holders: c.holders, Peers: peers, HostOf: func(r int) int { return c.hostOf[r] },
 		Listener: ln, Changed: c.notify,
 	})

@@ -20,10 +20,12 @@ var ErrStopping = errors.New("rank: state protection stopping")
 
 // HostConfig describes one host's state protection.
 type HostConfig struct {
-	Job    string
-	Secret comm.Secret
-	Host   int // this host's index
-	Hosts  int // number of hosts of the job
+	Job string
+	// LinkKey authenticates the replication links between hosts
+	// (comm.Secret.LinkKey; ranks never hold it).
+	LinkKey comm.Key
+	Host    int // this host's index
+	Hosts   int // number of hosts of the job
 	// Ranks are this host's ranks.
 	Ranks []int
 	// Dir holds the slot files ("" = /dev/shm).
@@ -326,7 +328,7 @@ func (h *Host) acceptLoop(ln net.Listener) {
 }
 
 func (h *Host) linkAuth() comm.LinkAuth {
-	return comm.LinkAuth{Job: h.cfg.Job, Secret: h.cfg.Secret, Purpose: "replica"}
+	return comm.LinkAuth{Job: h.cfg.Job, Key: h.cfg.LinkKey, Purpose: "replica"}
 }
 
 func (h *Host) String() string { return fmt.Sprintf("host %d", h.cfg.Host) }

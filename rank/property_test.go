@@ -899,7 +899,7 @@ func TestBugLinkPoolCloseRace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	auth := comm.LinkAuth{Job: "testjob", Secret: secret, Purpose: "replica"}
+	auth := comm.LinkAuth{Job: "testjob", Key: secret.LinkKey(), Purpose: "replica"}
 	// A holder host that accepts links and reads requests but never
 	// answers, so that puts stay in flight.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -931,7 +931,7 @@ func TestBugLinkPoolCloseRace(t *testing.T) {
 	// The window is narrow (Close cancels the request's context before
 	// it closes the links): try many times.
 	for range 1000 {
-		h, err := NewHost(HostConfig{Job: "testjob", Secret: secret, Host: 0, Hosts: 2, Ranks: []int{0}, Dir: t.TempDir(),
+		h, err := NewHost(HostConfig{Job: "testjob", LinkKey: secret.LinkKey(), Host: 0, Hosts: 2, Ranks: []int{0}, Dir: t.TempDir(),
 			Holders: [][]int{{1}, {0}}, HostOf: func(r int) int { return r }})
 		if err != nil {
 			t.Fatal(err)

@@ -16,12 +16,14 @@ import (
 	"github.com/gorun/gorun/internal/agent"
 )
 
-// secretTimeout bounds how long an agent waits for its secret on stdin.
+// secretTimeout bounds how long an agent waits for its credentials on stdin.
 const secretTimeout = 30 * time.Second
 
-// agentMain runs `gorun agent`, which only the launcher starts. The job
-// secret arrives as the first line on stdin, never in argv; the rest of
-// stdin stays open while the launcher lives.
+// agentMain runs `gorun agent`, which only the launcher starts. The host's
+// credentials (comm.HostCredentials: its control-plane key, the data-plane
+// and replica-link keys, and the pin of the control plane's TLS
+// certificate) arrive as the first line on stdin, never in argv; the rest
+// of stdin stays open while the launcher lives.
 func agentMain(args []string, stdin io.Reader, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gorun agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -35,7 +37,7 @@ func agentMain(args []string, stdin io.Reader, stderr io.Writer) int {
 		return exitUsage
 	}
 	if cfg.Job == "" || cfg.Host < 0 || cfg.Name == "" || cfg.ControlURL == "" || fs.NArg() != 0 {
-		fmt.Fprintln(stderr, "gorun agent: started by gorun itself, not by hand (needs --job, --host-index, --host-name, --control and the secret on stdin)")
+		fmt.Fprintln(stderr, "gorun agent: started by gorun itself, not by hand (needs --job, --host-index, --host-name, --control and its credentials on stdin)")
 		return exitUsage
 	}
 	level := slog.LevelWarn
@@ -56,14 +58,17 @@ func agentMain(args []string, stdin io.Reader, stderr io.Writer) int {
 	}()
 	select {
 	case s := <-line:
-		secret, err := comm.ParseSecret(s)
+		creds, err := comm.ParseHostCredentials(s)
+		if err == nil && creds.Host != cfg.Host {
+			err = fmt.Errorf("credentials of host %d, this is host %d", creds.Host, cfg.Host)
+		}
 		if err != nil {
-			fmt.Fprintf(stderr, "gorun agent: reading the job secret from stdin: %v\n", err)
+			fmt.Fprintf(stderr, "gorun agent: reading the host's credentials from stdin: %v\n", err)
 			return exitUsage
 		}
-		cfg.Secret = secret
+		cfg.Creds = creds
 	case <-time.After(secretTimeout):
-		fmt.Fprintln(stderr, "gorun agent: no job secret on stdin")
+		fmt.Fprintln(stderr, "gorun agent: no credentials on stdin")
 		return exitUsage
 	}
 	cfg.Launcher = r

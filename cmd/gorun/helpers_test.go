@@ -34,6 +34,7 @@ var helpers = map[string]func() int{
 	"allreduce": helperAllreduce,
 	"ring":      helperRing,
 	"gpu":       helperGPU,
+	"ctlspy":    helperCtlSpy,
 }
 
 // helperGPU prints the rank's GPU binding, then sleeps for
@@ -307,7 +308,7 @@ func helperFence() int {
 		keys = append(keys, k+"="+v)
 	}
 	slices.Sort(keys)
-	fmt.Printf("welcome rank=%d world=%d secret=%d fence=%s\n", w.Rank, t.World, len(w.Secret), strings.Join(keys, ","))
+	fmt.Printf("welcome rank=%d world=%d key=%d fence=%s\n", w.Rank, t.World, len(w.DataKey), strings.Join(keys, ","))
 	return 0
 }
 

@@ -25,7 +25,7 @@ func wantFence(t *testing.T, res result, np int) {
 	}
 	slices.Sort(all)
 	want := strings.Join(all, ",")
-	re := regexp.MustCompile(`(?m)^\[(\d+)\] welcome rank=(\d+) world=(\d+) secret=64 fence=(\S+)$`)
+	re := regexp.MustCompile(`(?m)^\[(\d+)\] welcome rank=(\d+) world=(\d+) key=64 fence=(\S+)$`)
 	got := re.FindAllStringSubmatch(res.stdout, -1)
 	if len(got) != np {
 		t.Fatalf("%d ranks went through the fence, want %d\n%s\n%s", len(got), np, res.stdout, res.stderr)

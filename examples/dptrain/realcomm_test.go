@@ -37,7 +37,7 @@ func realWorld(t *testing.T, size int) []*comm.Comm {
 	for r := range size {
 		wg.Go(func() {
 			comms[r], errs[r] = comm.NewComm(ctx, comm.CommConfig{
-				Rank: r, Size: size, Epoch: 1, Job: "dptrain-test", Secret: secret,
+				Rank: r, Size: size, Epoch: 1, Job: "dptrain-test", Key: secret.DataKey(),
 				Listener: lns[r], Addrs: addrs,
 				Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
 			})

@@ -43,14 +43,19 @@ type Config struct {
 	Host       int    // index of this host in the launcher's host list
 	Name       string // this host's name in the launcher's host list
 	ControlURL string
-	Secret     comm.Secret
+	// Creds are this host's credentials (comm.HostCredentials): its
+	// control-plane user, which may publish only this host's subjects,
+	// the data-plane key it passes on to its ranks, and the replica-link
+	// key. The agent never holds the job secret.
+	Creds comm.HostCredentials
 	// Launcher, when not nil, is a stream from the launcher (the agent's
 	// stdin) whose end means the launcher is gone.
 	Launcher io.Reader
 	Logger   *slog.Logger
 	// Dial, when not nil, replaces dialing ControlURL (the launcher's own
-	// host runs its agent in-process).
-	Dial func(ctx context.Context) (*comm.Control, error)
+	// host runs its agent in-process), with the ControlOptions the agent
+	// needs (its inbox).
+	Dial func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error)
 	// Addr, when not empty, is the address this host is reached at;
 	// otherwise the local address of the control connection.
 	Addr string
@@ -116,7 +121,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if !wire.ValidJobID(cfg.Job) {
 		return fmt.Errorf("agent: invalid job id %q", cfg.Job)
 	}
-	a := &agent{cfg: cfg, log: cfg.Logger.With("host", cfg.Name), subj: wire.JobSubjects(cfg.Job), exits: make(chan *rankProc, 16), done: make(chan struct{}),
+	if cfg.Host < 0 || cfg.Host >= wire.MaxHosts || cfg.Creds.Host != cfg.Host {
+		return fmt.Errorf("agent: host index %d, credentials of host %d", cfg.Host, cfg.Creds.Host)
+	}
+	// Its own host's subjects: the only ones its user may publish on.
+	a := &agent{cfg: cfg, log: cfg.Logger.With("host", cfg.Name), subj: wire.JobSubjects(cfg.Job).ForHost(cfg.Host), exits: make(chan *rankProc, 16), done: make(chan struct{}),
 		stdinReady: make(chan struct{})}
 	defer close(a.done)
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -124,9 +133,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 
 	dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
 	if cfg.Dial != nil {
-		a.ctl, err = cfg.Dial(dctx)
+		a.ctl, err = cfg.Dial(dctx, comm.ControlOptions{Name: "agent " + cfg.Name, InboxPrefix: a.subj.Inbox, Logger: a.log})
 	} else {
-		a.ctl, err = comm.DialControl(dctx, cfg.ControlURL, cfg.Secret, comm.ControlOptions{Name: "agent " + cfg.Name})
+		a.ctl, err = comm.DialControl(dctx, cfg.ControlURL, cfg.Creds, comm.ControlOptions{Name: "agent " + cfg.Name, InboxPrefix: a.subj.Inbox, Logger: a.log})
 	}
 	dcancel()
 	if err != nil {
@@ -164,7 +173,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return fmt.Errorf("agent: %w", err)
 	}
 	defer ssub.Unsubscribe()
-	rv, err := comm.JoinRendezvous(a.ctl.Conn, cfg.Job)
+	rv, err := comm.JoinRendezvous(a.ctl.Conn, cfg.Job, cfg.Host)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}

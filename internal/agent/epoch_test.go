@@ -69,23 +69,25 @@ func epochWatch() int {
 }
 
 func TestNewEpochReachesRanks(t *testing.T) {
+	const job = "epochtest"
 	secret, _ := comm.NewSecret()
-	srv, err := ctlserver.Start(ctlserver.Config{LocalPassword: secret.InProcessPassword()})
+	creds := secret.HostCredentials(0, nil)
+	srv, err := ctlserver.Start(ctlserver.Config{Job: job, LocalPassword: secret.InProcessPassword(),
+		Hosts: []ctlserver.HostUser{{Password: creds.InProcessPassword()}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	dial := func(ctx context.Context) (*comm.Control, error) {
-		return comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
+	dial := func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
+		return comm.DialInProcessHost(ctx, srv.InProcess(), creds, o)
 	}
-	l, err := dial(ctx)
+	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	const job = "epochtest"
 	subj := wire.JobSubjects(job)
 	up := make(chan *nats.Msg, 1024)
 	sub, _ := l.ChanSubscribe(subj.Up, up)
@@ -102,7 +104,7 @@ func TestNewEpochReachesRanks(t *testing.T) {
 	defer rv.Close()
 	agentErr := make(chan error, 1)
 	go func() {
-		agentErr <- Run(ctx, Config{Job: job, Host: 0, Name: "h0", Secret: secret, Dial: dial, Addr: "127.0.0.1", Logger: testLogger(t)})
+		agentErr <- Run(ctx, Config{Job: job, Host: 0, Name: "h0", Creds: creds, Dial: dial, Addr: "127.0.0.1", Logger: testLogger(t)})
 	}()
 
 	var out strings.Builder
@@ -118,10 +120,10 @@ func TestNewEpochReachesRanks(t *testing.T) {
 		for !done() {
 			select {
 			case m := <-up:
-				switch m.Subject {
-				case subj.Output:
-					wire.DecodeOutputFrame(m.Data, 1, func(_ int, r wire.OutputRecord) { out.Write(r.Data) })
-				case subj.UpFence:
+				switch _, kind, _ := subj.ParseUp(m.Subject); kind {
+				case wire.UpKindOutput:
+					_ = wire.DecodeOutputFrame(m.Data, 1, func(_ int, r wire.OutputRecord) { out.Write(r.Data) })
+				case wire.UpKindFence:
 					fenced = true
 				}
 			case err := <-agentErr:

@@ -71,7 +71,7 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 	}
 	p := &protection{a: a, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	h, err := rank.NewHost(rank.HostConfig{
-		Job: a.cfg.Job, Secret: a.cfg.Secret, Host: a.cfg.Host, Hosts: len(t.Hosts), Ranks: mine,
+		Job: a.cfg.Job, LinkKey: a.cfg.Creds.Link, Host: a.cfg.Host, Hosts: len(t.Hosts), Ranks: mine,
 		Holders: holders, Peers: peers, HostOf: func(r int) int { return hostOf[r] },
 		Listener: ln, Changed: p.changed, Log: a.log,
 	})

@@ -21,16 +21,16 @@ const handshakeTimeout = 30 * time.Second
 
 // rankSockets serves every local rank's GORUN_SOCKET (the protocol is
 // documented in internal/wire/PROTOCOL.md): the rank's world (epoch table
-// and job secret) and fences. One listener per rank: which socket a
+// and the data-plane key, the one credential a rank gets) and fences. One listener per rank: which socket a
 // connection came in on says which rank it is.
 type rankSockets struct {
-	job    string
-	host   int
-	secret string
-	log    *slog.Logger
-	nc     *nats.Conn
-	subj   wire.Subjects
-	stop   chan struct{} // closed by close
+	job     string
+	host    int
+	dataKey string // hex
+	log     *slog.Logger
+	nc      *nats.Conn
+	subj    wire.Subjects
+	stop    chan struct{} // closed by close
 	// prot serves the state-protection requests (package rank), once
 	// started; ctx ends with close, for the requests that wait.
 	prot   *rsvc.Host
@@ -80,7 +80,7 @@ func newRankSockets(a *agent, t *wire.EpochTable, local int) *rankSockets {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &rankSockets{
 		ctx: ctx, cancel: cancel,
-		job: a.cfg.Job, host: a.cfg.Host, secret: a.cfg.Secret.Hex(), log: a.log,
+		job: a.cfg.Job, host: a.cfg.Host, dataKey: a.cfg.Creds.Data.Hex(), log: a.log,
 		nc: a.ctl.Conn, subj: a.subj, stop: make(chan struct{}),
 		table: t.Encode(), epoch: t.Epoch, local: local,
 		conns: map[net.Conn]*session{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
@@ -172,7 +172,7 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 	s.mu.Lock()
 	ss.mu.Lock()
 	err = wire.WriteSock(c, wire.SockWelcome, &wire.Welcome{
-		Version: wire.SockVersion, Job: s.job, Rank: rank, Epoch: s.epoch, Secret: s.secret, Table: s.table,
+		Version: wire.SockVersion, Job: s.job, Rank: rank, Epoch: s.epoch, DataKey: s.dataKey, Table: s.table,
 	})
 	ss.welcomed = err == nil
 	ss.mu.Unlock()
@@ -377,7 +377,7 @@ func (s *rankSockets) fence(rank int, f *wire.Fence) (*wire.Fence, error) {
 // setEpoch moves to a new epoch: fences of the old one fail, and every
 // welcomed session is told the new table.
 func (s *rankSockets) setEpoch(t *wire.EpochTable, local int) {
-	push := &wire.Welcome{Version: wire.SockVersion, Job: s.job, Epoch: t.Epoch, Secret: s.secret, Table: t.Encode()}
+	push := &wire.Welcome{Version: wire.SockVersion, Job: s.job, Epoch: t.Epoch, DataKey: s.dataKey, Table: t.Encode()}
 	s.mu.Lock()
 	if t.Epoch <= s.epoch {
 		s.mu.Unlock()

@@ -1,12 +1,45 @@
-// Package ctlserver runs a job's embedded control-plane server: a NATS
-// server that admits only holders of the job secret (by nkey signature) and
-// listens on loopback unless told otherwise. It is the only package of gorun
-// that imports nats-server.
+// Package ctlserver runs a job's embedded control-plane server, a NATS
+// server. It is the only package of gorun that imports nats-server.
+//
+// # Trust
+//
+// The server admits nobody without a credential, and every credential is
+// one principal's (comm/secret.go derives them from the job secret):
+//
+//   - the launcher, on an in-process connection only, with a password
+//     (Config.LocalPassword): it may publish and subscribe anywhere;
+//   - the agent of host i, one user per host (Config.Hosts[i]): by nkey
+//     signature over TCP when the agent is remote, by password on an
+//     in-process connection when it runs inside the launcher. Either way
+//     the user may publish only on host i's own subjects, answer requests
+//     it received, and subscribe only to what the launcher sends agents,
+//     host i's stdin and host i's inbox (wire.Subjects.HostPermissions).
+//     A host cannot publish control (kill, restart, epochs, G) nor speak
+//     for another host; the server drops such messages (a permission
+//     violation), so no subscriber ever sees them.
+//
+// Ranks hold no control-plane credential at all.
+//
+// The server listens on TCP only when some host's agent is remote, on
+// loopback unless Config.Bind says otherwise. A listener on any other
+// address requires TLS, with a certificate generated for this server alone
+// (in memory, never on disk), whose SHA-256 (Fingerprint) the launcher
+// hands to the agents with their credentials; agents accept no other
+// certificate (comm.DialControl). In-process connections need no TLS.
 package ctlserver
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"math"
+	"math/big"
 	"net"
 	"strconv"
 	"time"
@@ -18,40 +51,61 @@ import (
 
 // Config configures the server.
 type Config struct {
-	// Bind is the address to listen on; "" means 127.0.0.1.
+	// Job is the job id, whose subjects the hosts' permissions name.
+	Job string
+	// Bind is the address to listen on; "" means 127.0.0.1. Any address
+	// but a loopback one gets TLS.
 	Bind string
 	// Port is the port to listen on; 0 picks a free one.
 	Port int
-	// PublicKey is the nkey (comm.Secret.PublicKey) a client connecting
-	// over TCP must prove it holds. Without it the server does not listen
-	// on TCP at all (a job whose hosts are all local needs no port).
-	PublicKey string
-	// LocalPassword admits in-process clients (comm.DialInProcess); the
-	// password never crosses a socket, and a TCP client cannot use it.
+	// LocalPassword admits the launcher on in-process connections
+	// (comm.DialInProcess), with every permission; the password never
+	// crosses a socket, and a TCP client cannot use it.
 	LocalPassword string
+	// Hosts are the job's hosts' users, by host index.
+	Hosts []HostUser
 	// MaxPayload bounds one message; 0 means 64 MiB, enough for the epoch
 	// table of a million ranks.
 	MaxPayload int32
 }
 
+// HostUser admits the agent of one host, with that host's permissions.
+// Exactly one of its fields is set.
+type HostUser struct {
+	// Nkey is the public nkey (comm.HostCredentials.PublicKey) the agent
+	// must prove it holds over TCP: the agent is remote.
+	Nkey string
+	// Password admits the agent on an in-process connection only
+	// (comm.HostCredentials.InProcessPassword): it runs in the launcher.
+	Password string
+}
+
 // Server is a running control-plane server.
 type Server struct {
-	ns *server.Server
+	ns  *server.Server
+	pin []byte // SHA-256 of the TLS certificate, or nil
 }
 
 // ErrNotReady is returned when the server does not come up in time.
 var ErrNotReady = errors.New("ctlserver: server not ready")
 
+// ErrNoAuth is returned for a configuration that would admit anyone.
+var ErrNoAuth = errors.New("ctlserver: refusing to run without authentication")
+
 // Start starts the server and waits until it accepts connections.
 func Start(cfg Config) (*Server, error) {
-	if cfg.PublicKey == "" && cfg.LocalPassword == "" {
-		return nil, errors.New("ctlserver: no public key and no local password: refusing to run without authentication")
+	if cfg.LocalPassword == "" {
+		return nil, fmt.Errorf("%w: no launcher password", ErrNoAuth)
+	}
+	if len(cfg.Hosts) > 0 && !wire.ValidJobID(cfg.Job) {
+		return nil, fmt.Errorf("ctlserver: invalid job id %q", cfg.Job)
 	}
 	host := cfg.Bind
 	if host == "" {
 		host = "127.0.0.1"
 	}
-	if net.ParseIP(host) == nil {
+	ip := net.ParseIP(host)
+	if ip == nil {
 		return nil, fmt.Errorf("ctlserver: bind address %q is not an IP address", host)
 	}
 	port := cfg.Port
@@ -75,16 +129,51 @@ func Start(cfg Config) (*Server, error) {
 		MaxPingsOut:     3,
 		WriteDeadline:   10 * time.Second,
 	}
-	if cfg.PublicKey != "" {
-		opts.Nkeys = []*server.NkeyUser{{Nkey: cfg.PublicKey}}
-	} else {
-		opts.DontListen = true
+	inProcess := map[string]struct{}{jwt.ConnectionTypeInProcess: {}}
+	tcp := map[string]struct{}{jwt.ConnectionTypeStandard: {}}
+	opts.Users = []*server.User{{
+		Username: wire.InProcessUser, Password: cfg.LocalPassword,
+		AllowedConnectionTypes: inProcess,
+	}}
+	listen := false
+	if len(cfg.Hosts) > 0 {
+		subj := wire.JobSubjects(cfg.Job)
+		for i, h := range cfg.Hosts {
+			if (h.Nkey == "") == (h.Password == "") {
+				return nil, fmt.Errorf("%w: host %d needs exactly one of a key and a password", ErrNoAuth, i)
+			}
+			pub, sub := subj.HostPermissions(i)
+			perms := &server.Permissions{
+				Publish:   &server.SubjectPermission{Allow: pub},
+				Subscribe: &server.SubjectPermission{Allow: sub},
+				// Answers to the requests the host receives (its stdin),
+				// one each, however late: the agent answers once the
+				// bytes are in the rank's pipe, and a rank may not read
+				// for hours. (Only the launcher sends requests to agents.)
+				Response: &server.ResponsePermission{MaxMsgs: 1, Expires: math.MaxInt64},
+			}
+			if h.Nkey != "" {
+				listen = true
+				opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: h.Nkey, Permissions: perms, AllowedConnectionTypes: tcp})
+			} else {
+				opts.Users = append(opts.Users, &server.User{
+					Username: wire.HostUser(i), Password: h.Password,
+					Permissions: perms, AllowedConnectionTypes: inProcess,
+				})
+			}
+		}
 	}
-	if cfg.LocalPassword != "" {
-		opts.Users = []*server.User{{
-			Username: wire.InProcessUser, Password: cfg.LocalPassword,
-			AllowedConnectionTypes: map[string]struct{}{jwt.ConnectionTypeInProcess: {}},
-		}}
+	var pin []byte
+	switch {
+	case !listen:
+		// A job whose hosts are all local needs no port.
+		opts.DontListen = true
+	case !ip.IsLoopback():
+		tc, fp, err := selfSigned(ip, cfg.Job)
+		if err != nil {
+			return nil, err
+		}
+		opts.TLSConfig, opts.TLSTimeout, pin = tc, 5, fp
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
@@ -97,7 +186,41 @@ func Start(cfg Config) (*Server, error) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("%w: listening on %s", ErrNotReady, net.JoinHostPort(host, strconv.Itoa(cfg.Port)))
 	}
-	return &Server{ns: ns}, nil
+	return &Server{ns: ns, pin: pin}, nil
+}
+
+// selfSigned makes the server's TLS configuration: a fresh ECDSA P-256
+// certificate for ip, valid for this server only, and its SHA-256.
+func selfSigned(ip net.IP, job string) (*tls.Config, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ctlserver: TLS key: %w", err)
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, nil, fmt.Errorf("ctlserver: TLS certificate: %w", err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: "gorun control plane " + job},
+		NotBefore:    now.Add(-time.Hour),
+		// Agents check the pin, not the dates; a job may run for long.
+		NotAfter:    now.AddDate(10, 0, 0),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses: []net.IP{ip},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ctlserver: TLS certificate: %w", err)
+	}
+	fp := sha256.Sum256(der)
+	tc := &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
+	}
+	return tc, fp[:], nil
 }
 
 // URL is the address agents dial; "" when the server does not listen.
@@ -108,8 +231,13 @@ func (s *Server) URL() string {
 	return s.ns.ClientURL()
 }
 
+// Fingerprint is the SHA-256 of the server's TLS certificate, which the
+// agents pin (comm.HostCredentials.Pin); nil when the server does not use
+// TLS (it does not listen, or only on loopback).
+func (s *Server) Fingerprint() []byte { return s.pin }
+
 // InProcess is the provider for an in-process client connection
-// (comm.DialInProcess).
+// (comm.DialInProcess, comm.DialInProcessHost).
 func (s *Server) InProcess() *server.Server { return s.ns }
 
 // NumClients is the number of connected clients.

@@ -36,15 +36,16 @@ type Hello struct {
 }
 
 // Welcome tells a rank its world: the epoch table (encoded as by
-// EpochTable.Encode) and the job secret (hex) its data plane authenticates
-// with. It travels only over the rank's own socket, in a directory only the
-// job's user can enter.
+// EpochTable.Encode) and the data-plane key (hex) its links authenticate
+// with (comm.Secret.DataKey), the only credential a rank gets: it opens no
+// control-plane connection and no replica link. It travels only over the
+// rank's own socket, in a directory only the job's user can enter.
 type Welcome struct {
 	Version int    `json:"v"`
 	Job     string `json:"job"`
 	Rank    int    `json:"rank"`
 	Epoch   uint64 `json:"epoch"`
-	Secret  string `json:"secret"`
+	DataKey string `json:"data_key"`
 	Table   []byte `json:"table"`
 }
 

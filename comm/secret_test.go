@@ -1,0 +1,88 @@
+package comm_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/gorun/gorun/comm"
+)
+
+// TestKeysAreSeparated: every derived key differs from the secret and
+// from every other, and a host's control key is its own.
+func TestKeysAreSeparated(t *testing.T) {
+	s := newSecret(t)
+	pin := sha256.Sum256([]byte("cert"))
+	c0, c1 := s.HostCredentials(0, pin[:]), s.HostCredentials(1, pin[:])
+	keys := map[string][32]byte{
+		"secret": s, "data": s.DataKey(), "link": s.LinkKey(),
+		"host 0 control": c0.Control, "host 1 control": c1.Control,
+	}
+	seen := map[[32]byte]string{}
+	for name, k := range keys {
+		if other, dup := seen[k]; dup {
+			t.Errorf("%s and %s are the same key", name, other)
+		}
+		seen[k] = name
+	}
+	if c0.Data != s.DataKey() || c0.Link != s.LinkKey() || c1.Data != c0.Data {
+		t.Error("the agents' data-plane and link keys are not the job's")
+	}
+	if s.HostCredentials(0, nil).Control != c0.Control || newSecret(t).HostCredentials(0, nil).Control == c0.Control {
+		t.Error("a host's control key is not a function of the secret and the host")
+	}
+	p0, _ := c0.PublicKey()
+	p1, _ := c1.PublicKey()
+	if p0 == p1 || c0.InProcessPassword() == c1.InProcessPassword() || c0.InProcessPassword() == s.InProcessPassword() {
+		t.Error("two principals share a credential")
+	}
+}
+
+func TestHostCredentialsTransport(t *testing.T) {
+	s := newSecret(t)
+	pin := sha256.Sum256([]byte("cert"))
+	for _, c := range []comm.HostCredentials{s.HostCredentials(3, pin[:]), s.HostCredentials(0, nil)} {
+		line := c.Encode()
+		if strings.ContainsAny(line, "\n\r") {
+			t.Fatalf("Encode has a line break: %q", line)
+		}
+		back, err := comm.ParseHostCredentials(line + "\n")
+		if err != nil || back.Host != c.Host || back.Control != c.Control || back.Data != c.Data || back.Link != c.Link || !bytes.Equal(back.Pin, c.Pin) {
+			t.Fatalf("ParseHostCredentials(Encode) = %+v, %v", back, err)
+		}
+		if strings.Contains(line, s.Hex()) {
+			t.Fatal("the credentials line carries the job secret")
+		}
+	}
+	good := s.HostCredentials(1, pin[:]).Encode()
+	f := strings.Fields(good)
+	for name, bad := range map[string]string{
+		"empty": "", "old form (a bare secret)": s.Hex(), "other version": "gorun-cred-v0" + good[len("gorun-cred-v1"):],
+		"negative host": strings.Replace(good, " 1 ", " -1 ", 1), "short key": strings.Replace(good, f[2], f[2][:10], 1),
+		"bad pin": strings.Replace(good, f[5], "zz", 1), "missing field": strings.Join(f[:5], " "),
+	} {
+		if _, err := comm.ParseHostCredentials(bad); !errors.Is(err, comm.ErrBadSecret) {
+			t.Errorf("%s: ParseHostCredentials = %v, want ErrBadSecret", name, err)
+		}
+	}
+}
+
+// TestKeysAreRedacted: keys and credentials never reach a log or an error
+// by accident.
+func TestKeysAreRedacted(t *testing.T) {
+	s := newSecret(t)
+	c := s.HostCredentials(2, []byte("0123456789abcdef0123456789abcdef"))
+	k := s.DataKey()
+	var logs bytes.Buffer
+	slog.New(slog.NewTextHandler(&logs, nil)).Info("x", "creds", c, "key", k, "secret", s)
+	out := logs.String() + fmt.Sprint(c, k, s) + fmt.Sprintf("%v %s %+v", c, k, k)
+	for _, h := range []string{s.Hex(), k.Hex(), c.Control.Hex(), c.Link.Hex()} {
+		if strings.Contains(out, h) || strings.Contains(out, h[:16]) {
+			t.Fatalf("a key was printed: %s", out)
+		}
+	}
+}
