@@ -291,6 +291,20 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				return err
 			}
 		case t := <-tables:
+			// The launcher sends a restart before its epoch's table, on
+			// the same connection: the restart is in control already, and
+			// is handled first, so that the table is known to be the new
+			// generation's.
+			for more := true; more; {
+				select {
+				case m := <-control:
+					if a.onControl(m) {
+						return nil
+					}
+				default:
+					more = false
+				}
+			}
 			if a.ranks != nil {
 				a.newEpoch(t)
 				continue
@@ -309,16 +323,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: err.Error()})
 			return fmt.Errorf("agent: %w", err)
 		case m := <-control:
-			c, err := wire.DecodeControl(m.Data)
-			if err != nil {
-				a.log.Warn("ignoring control message", "err", err)
-				continue
-			}
-			if c.Op == wire.OpExit {
-				a.log.Info("exiting as told")
+			if a.onControl(m) {
 				return nil
 			}
-			a.control(c)
 		case p := <-a.exits:
 			a.exited(p)
 		case <-a.killAt:
@@ -334,6 +341,21 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return a.lost(ctx)
 		}
 	}
+}
+
+// onControl handles a message from the launcher; exit says it said to exit.
+func (a *agent) onControl(m *nats.Msg) (exit bool) {
+	c, err := wire.DecodeControl(m.Data)
+	if err != nil {
+		a.log.Warn("ignoring control message", "err", err)
+		return false
+	}
+	if c.Op == wire.OpExit {
+		a.log.Info("exiting as told")
+		return true
+	}
+	a.control(c)
+	return false
 }
 
 // lost handles the end of the launcher: stop the ranks, then return.
@@ -491,6 +513,7 @@ func (a *agent) start(t *wire.EpochTable) error {
 // launch starts this host's ranks of table t, in restart generation a.gen.
 func (a *agent) launch(t *wire.EpochTable) error {
 	places := t.Placements()[a.cfg.Host]
+	a.socks.launched(a.gen)
 	a.ranks = make([]*rankProc, len(places))
 	pmiMine := make([]*os.File, len(places))
 	// The previous generation's connections were closed when its ranks
@@ -597,8 +620,8 @@ func (a *agent) newEpoch(t *wire.EpochTable) {
 // exited reports a rank's end; its output has been flushed before.
 func (a *agent) exited(p *rankProc) {
 	p.ended = true
-	if a.socks != nil && p.gen == a.gen {
-		a.socks.rankEnded(p.place.Rank)
+	if a.socks != nil {
+		a.socks.rankEnded(p.place.Rank, p.gen)
 	}
 	a.running--
 	e := p.exitEvent(a.cfg.Host)

@@ -13,6 +13,11 @@ import (
 // all have ended and the new epoch's table is here, has the state
 // protection discard the steps after G (the step every rank resumes from)
 // and starts the ranks again, with the generation in GORUN_RESTART_COUNT.
+//
+// Everything about a rank is its generation's: the ends of the ranks the
+// restart kills, their sockets and fences, are never taken for those of
+// the new generation's ranks, which run in the restart's epoch (see
+// rankSockets.restart).
 
 // beginRestart handles an OpRestart.
 func (a *agent) beginRestart(c *wire.Control) {
@@ -21,6 +26,9 @@ func (a *agent) beginRestart(c *wire.Control) {
 	}
 	a.log.Info("restarting the ranks", "generation", c.Gen, "epoch", c.Epoch, "from step", c.G)
 	a.restart = c
+	if a.socks != nil {
+		a.socks.restart(c.Gen, c.Epoch)
+	}
 	a.signalAll(syscall.SIGKILL, true)
 	a.tryRestart()
 }

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/rank"
+)
+
+// Restart in place (--max-restarts) while the ranks that did not fail are
+// still running: the agents kill them, and nothing about them (their
+// exits, sockets, fences, PMI barriers) may reach the generation that
+// replaces them.
+
+func init() {
+	helpers["restart"] = helperRestart
+}
+
+// helperRestart is a Go rank under --max-restarts 1. In generation 0 the
+// ranks join the job and meet in a barrier; then rank 1 exits 1 while the
+// others go on as GORUNTEST_SURVIVOR says: "compute" (a busy loop),
+// "sleep", or "overwrite" (blocked staging a step at the overwrite rule,
+// which rank 1's missing steps hold back). In generation 1 every rank
+// joins the job, meets the others in a barrier, and exits 0.
+func helperRestart() int {
+	ctx := context.Background()
+	fail := func(what string, err error) int {
+		fmt.Fprintf(os.Stderr, "helper: %s: %v\n", what, err)
+		return 1
+	}
+	gen := os.Getenv("GORUN_RESTART_COUNT")
+	mode := os.Getenv("GORUNTEST_SURVIVOR")
+	var prot *rank.Client
+	if mode == "overwrite" {
+		p, err := rank.Connect(ctx, []rank.Region{{Name: "optimizer", Size: 64}, {Name: "meta", Size: 16}}, rank.Options{})
+		if err != nil {
+			return fail("state protection", err)
+		}
+		defer p.Close()
+		prot = p
+	}
+	c, err := comm.Init(ctx)
+	if err != nil {
+		return fail("joining the job", err)
+	}
+	defer c.Close()
+	if err := c.Barrier(ctx); err != nil {
+		return fail("barrier", err)
+	}
+	if gen != "0" {
+		fmt.Printf("generation %s: rank %d joined\n", gen, c.Rank())
+		return 0
+	}
+	if c.Rank() == 1 {
+		fmt.Println("rank 1 failing")
+		return 1
+	}
+	switch mode {
+	case "compute":
+		for x := uint64(1); ; x = x*6364136223846793005 + 1442695040888963407 {
+			if x == 0 {
+				fmt.Println(x) // never: keeps the loop from being optimized away
+			}
+		}
+	case "sleep":
+		time.Sleep(time.Hour)
+	case "overwrite":
+		// Step 0 needs G ≥ -1; step 1 waits for G ≥ 0, which rank 1
+		// never commits.
+		data := map[string][][]byte{"optimizer": {make([]byte, 64)}, "meta": {make([]byte, 16)}}
+		for step := int64(0); ; step++ {
+			if err := prot.Stage(ctx, step, data); err != nil {
+				return fail("stage", err)
+			}
+			if err := prot.Wait(ctx); err != nil {
+				return fail("wait", err)
+			}
+		}
+	}
+	return fail("survivor", fmt.Errorf("unknown GORUNTEST_SURVIVOR %q", mode))
+}
+
+func TestRestartWithLiveSurvivors(t *testing.T) {
+	for _, mode := range []string{"compute", "sleep", "overwrite"} {
+		t.Run(mode, func(t *testing.T) {
+			j := startJob(t, "restart", []string{"GORUNTEST_SURVIVOR=" + mode},
+				"-np", "4", "--oversubscribe", "--max-restarts", "1", "--", "sh", "-c", printJobID, os.Args[0])
+			res := j.wait(90 * time.Second)
+			if res.code != 0 {
+				t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+			}
+			if n := strings.Count(res.stderr, "restarting every rank"); n != 1 {
+				t.Errorf("%d restarts, want 1\nstderr:\n%s", n, res.stderr)
+			}
+			for r := range 4 {
+				if want := fmt.Sprintf("[%d] generation 1: rank %d joined\n", r, r); !strings.Contains(res.stdout, want) {
+					t.Errorf("no %q\nstdout:\n%s", want, res.stdout)
+				}
+			}
+			checkJobCleanedUp(t, j)
+		})
+	}
+}
+
+// TestRestartDptrainDeviceGrad is the reproduction: with
+// --device-grad the survivors are not blocked in a collective when rank 2
+// dies, so they are alive when the restart kills them. The restarted run
+// must end with the hashes of a run without the crash.
+func TestRestartDptrainDeviceGrad(t *testing.T) {
+	run := func(t *testing.T, extra ...string) result {
+		t.Helper()
+		args := []string{"-np", "4", "--oversubscribe", "--max-restarts", "1", "--", "sh", "-c", printJobID, dptrainBin(t),
+			"--params", "200000", "--steps", "20", "--seed", "1", "--protect", "--device-grad", "--device-ms", "100"}
+		j := startProtectedJob(t, append(args, extra...)...)
+		res := j.wait(120 * time.Second)
+		checkJobCleanedUp(t, j)
+		if res.code != 0 {
+			t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+		}
+		return res
+	}
+	wantP, wantO := dptrainHashes(t, run(t))
+	res := run(t, "--fail-at-step", "10", "--fail-rank", "2")
+	if n := strings.Count(res.stderr, "restarting every rank"); n != 1 {
+		t.Errorf("%d restarts, want 1\nstderr:\n%s", n, res.stderr)
+	}
+	if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
+		t.Errorf("restarted run ended with params %s optimizer %s, the uncrashed run with %s %s\nstdout:\n%s", p, o, wantP, wantO, res.stdout)
+	}
+}
+
+var (
+	mpiRestartOnce sync.Once
+	mpiRestartErr  error
+)
+
+// TestMPIRestart restarts an MPICH job whose survivors are in a barrier,
+// on their way to it, or asleep when rank 1 dies: the new generation's
+// MPI_Init (a PMI barrier) must not be failed by their ends.
+func TestMPIRestart(t *testing.T) {
+	prog := filepath.Join(filepath.Dir(mpiProgram(t, "hello")), "restart")
+	mpiRestartOnce.Do(func() {
+		out, err := exec.Command("mpicc.mpich", "-O1", "-o", prog, filepath.Join("testdata", "mpi", "restart.c")).CombinedOutput()
+		if err != nil {
+			mpiRestartErr = fmt.Errorf("mpicc.mpich restart.c: %v\n%s", err, out)
+		}
+	})
+	if mpiRestartErr != nil {
+		t.Fatal(mpiRestartErr)
+	}
+	res := startJob(t, "", nil, "-np", "4", "--oversubscribe", "--max-restarts", "1", "--", prog).wait(90 * time.Second)
+	if res.code != 0 {
+		t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	if !strings.Contains(res.stderr, "rank 1 on host") || strings.Count(res.stderr, "restarting every rank") != 1 {
+		t.Errorf("no single restart after rank 1's failure\nstderr:\n%s", res.stderr)
+	}
+	for r := range 4 {
+		if want := fmt.Sprintf("[%d] generation 1: hello from %d of 4\n", r, r); !strings.Contains(res.stdout, want) {
+			t.Errorf("no %q\nstdout:\n%s", want, res.stdout)
+		}
+	}
+}
