@@ -6,8 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,11 +20,12 @@ import (
 
 // Restart in place (--max-restarts) while the ranks that did not fail are
 // still running: the agents kill them, and nothing about them (their
-// exits, sockets, fences, PMI barriers) may reach the generation that
-// replaces them.
+// exits, sockets, fences, PMI barriers, daemonized children) may reach
+// the generation that replaces them.
 
 func init() {
 	helpers["restart"] = helperRestart
+	helpers["restartdaemon"] = helperRestartDaemon
 }
 
 // helperRestart is a Go rank under --max-restarts 1. In generation 0 the
@@ -168,4 +172,59 @@ func TestMPIRestart(t *testing.T) {
 			t.Errorf("no %q\nstdout:\n%s", want, res.stdout)
 		}
 	}
+}
+
+// helperRestartDaemon: in generation 0 every rank leaves a daemon (setsid:
+// out of its process group) and prints its pid; rank 1 then exits 1 and
+// the others sleep. In generation 1 every rank prints that it runs and
+// sleeps until the job is stopped.
+func helperRestartDaemon() int {
+	if os.Getenv("GORUN_RESTART_COUNT") != "0" {
+		fmt.Println("generation 1 running")
+		time.Sleep(time.Hour)
+		return 0
+	}
+	cmd := exec.Command("sh", "-c", "sleep 3600 </dev/null >/dev/null 2>&1 & echo $!")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	out, err := cmd.Output()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 1
+	}
+	fmt.Printf("daemon %s", out)
+	if envInt("RANK") == 1 {
+		return 1
+	}
+	time.Sleep(time.Hour)
+	return 0
+}
+
+// TestRestartKillsDaemonizedChildren: what the first generation's ranks
+// daemonized is gone once the second generation runs, and nothing is left
+// after the job.
+func TestRestartKillsDaemonizedChildren(t *testing.T) {
+	j := startJob(t, "restartdaemon", nil, "-np", "3", "--oversubscribe", "--max-restarts", "1", "--", "sh", "-c", printJobID, os.Args[0])
+	j.waitFor(regexp.MustCompile(`(?m)^\[\d\] generation 1 running$`), 3, 60*time.Second)
+	var daemons []int
+	for _, m := range regexp.MustCompile(`(?m)^\[\d\] daemon (\d+)$`).FindAllStringSubmatch(j.stdout.String(), -1) {
+		pid, _ := strconv.Atoi(m[1])
+		daemons = append(daemons, pid)
+	}
+	if len(daemons) != 3 {
+		t.Fatalf("%d daemons reported, want 3\nstdout:\n%s", len(daemons), j.stdout.String())
+	}
+	for _, pid := range daemons {
+		// The new generation started after the sweep: a daemon that is
+		// still there (not even a zombie: the agent reaps them) survived it.
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			t.Errorf("daemon %d of generation 0 (%q) survived the restart", pid, strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+	j.cmd.Process.Signal(syscall.SIGTERM)
+	res := j.wait(60 * time.Second)
+	if res.code != 128+int(syscall.SIGTERM) {
+		t.Errorf("exit %d, want %d\nstderr:\n%s", res.code, 128+int(syscall.SIGTERM), res.stderr)
+	}
+	checkJobCleanedUp(t, j)
 }

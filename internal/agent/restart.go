@@ -3,6 +3,7 @@ package agent
 import (
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/gorun/gorun/internal/wire"
 )
@@ -17,7 +18,8 @@ import (
 // Everything about a rank is its generation's: the ends of the ranks the
 // restart kills, their sockets and fences, are never taken for those of
 // the new generation's ranks, which run in the restart's epoch (see
-// rankSockets.restart).
+// rankSockets.restart). Processes the old ranks daemonized are killed
+// before the new ones start.
 
 // beginRestart handles an OpRestart.
 func (a *agent) beginRestart(c *wire.Control) {
@@ -45,6 +47,9 @@ func (a *agent) tryRestart() {
 		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
 		return
 	}
+	// Whatever the old ranks left running out of their process groups
+	// would hold ports, files and GPU memory beside the new ones.
+	killOrphans(a.cfg.Job, nil, time.Now().Add(a.cfg.ExitTimeout), a.log)
 	a.gen = r.Gen
 	if a.prot != nil {
 		if err := a.prot.host.Restart(r.Gen, r.G); err != nil {
