@@ -436,13 +436,9 @@ func (a *agent) start(t *wire.EpochTable) error {
 		return fmt.Errorf("epoch table has %d hosts, this is host %d", len(t.Hosts), a.cfg.Host)
 	}
 	if a.stopped {
-		// The stop overtook the table: start nothing, and account for every
-		// rank so that the launcher is not left waiting for them.
+		// The stop overtook the table: start nothing.
 		a.ranks = []*rankProc{}
-		for _, pl := range t.Placements()[a.cfg.Host] {
-			a.event(&wire.Event{Kind: wire.EventExited, Host: a.cfg.Host, Rank: pl.Rank, Stopped: true, Msg: "not started: the job is stopping"})
-		}
-		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+		a.notStarted(t)
 		return nil
 	}
 	dir, err := os.MkdirTemp("", "gorun-"+a.cfg.Job+"-")
@@ -508,6 +504,16 @@ func (a *agent) start(t *wire.EpochTable) error {
 		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
 	}
 	return nil
+}
+
+// notStarted accounts for every rank of this host in table t, of
+// generation a.gen, that will not start because the job is stopping, so
+// that the launcher is not left waiting for them; this agent is done.
+func (a *agent) notStarted(t *wire.EpochTable) {
+	for _, pl := range t.Placements()[a.cfg.Host] {
+		a.event(&wire.Event{Kind: wire.EventExited, Host: a.cfg.Host, Rank: pl.Rank, Gen: a.gen, Stopped: true, Msg: "not started: the job is stopping"})
+	}
+	a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
 }
 
 // launch starts this host's ranks of table t, in restart generation a.gen.

@@ -23,7 +23,7 @@ import (
 
 // beginRestart handles an OpRestart.
 func (a *agent) beginRestart(c *wire.Control) {
-	if a.stopped || c.Gen <= a.gen || a.restart != nil && c.Gen <= a.restart.Gen {
+	if c.Gen <= a.gen || a.restart != nil && c.Gen <= a.restart.Gen {
 		return
 	}
 	a.log.Info("restarting the ranks", "generation", c.Gen, "epoch", c.Epoch, "from step", c.G)
@@ -36,21 +36,27 @@ func (a *agent) beginRestart(c *wire.Control) {
 }
 
 // tryRestart starts the pending restart's ranks once the old ones ended
-// and its table arrived.
+// and its table arrived; if the job is stopping meanwhile, it reports
+// them as not started instead, without waiting for the table.
 func (a *agent) tryRestart() {
 	r := a.restart
-	if r == nil || a.running > 0 || a.table == nil || a.table.Epoch < r.Epoch || a.ranks == nil {
+	if r == nil || a.running > 0 || a.ranks == nil {
+		return
+	}
+	if !a.stopped && (a.table == nil || a.table.Epoch < r.Epoch) {
 		return
 	}
 	a.restart = nil
-	if a.stopped {
-		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
-		return
-	}
+	a.gen = r.Gen
 	// Whatever the old ranks left running out of their process groups
 	// would hold ports, files and GPU memory beside the new ones.
 	killOrphans(a.cfg.Job, nil, time.Now().Add(a.cfg.ExitTimeout), a.log)
-	a.gen = r.Gen
+	if a.stopped {
+		// The launcher waits for the end of every rank of the new
+		// generation: the restart keeps the table's ranks and hosts.
+		a.notStarted(a.table)
+		return
+	}
 	if a.prot != nil {
 		if err := a.prot.host.Restart(r.Gen, r.G); err != nil {
 			a.log.Error("state protection cannot restart", "err", err)

@@ -1,0 +1,146 @@
+package agent
+
+import (
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/nats-io/nats.go"
+)
+
+// fakeLauncher is the launcher's side of one in-process agent's job: a
+// real control plane and rendezvous, with the test sending the controls
+// and tables and reading the agent's events.
+type fakeLauncher struct {
+	t        *testing.T
+	ctx      context.Context
+	l        *comm.Control
+	subj     wire.Subjects
+	rv       *comm.Rendezvous
+	events   chan *wire.Event
+	agentErr chan error
+}
+
+// startFakeLauncher runs an agent for host 0 of job, which has ranks, each
+// running prog args.
+func startFakeLauncher(t *testing.T, job string, ranks []int, prog string, args ...string) *fakeLauncher {
+	t.Helper()
+	secret, _ := comm.NewSecret()
+	srv, err := ctlserver.Start(ctlserver.Config{LocalPassword: secret.InProcessPassword()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	dial := func(ctx context.Context) (*comm.Control, error) {
+		return comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
+	}
+	l, err := dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	f := &fakeLauncher{t: t, ctx: ctx, l: l, subj: wire.JobSubjects(job), events: make(chan *wire.Event, 1024), agentErr: make(chan error, 1)}
+	sub, err := l.Subscribe(f.subj.Events, func(m *nats.Msg) {
+		if e, err := wire.DecodeEvent(m.Data); err == nil {
+			f.events <- e
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	f.rv, err = comm.StartRendezvous(l.Conn, job, 0, []comm.RendezvousHost{{Name: "h0", Ranks: ranks}}, &wire.JobSpec{
+		Prog: prog, Args: args, Dir: t.TempDir(),
+		KillGrace: time.Second, HeartbeatInterval: time.Second, StdinRank: wire.NoStdin,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.rv.Close)
+	go func() {
+		f.agentErr <- Run(ctx, Config{Job: job, Host: 0, Name: "h0", Secret: secret, Dial: dial, Addr: "127.0.0.1", Logger: testLogger(t)})
+	}()
+	t.Cleanup(func() {
+		f.send(&wire.Control{Op: wire.OpExit})
+		select {
+		case <-f.agentErr:
+		case <-time.After(30 * time.Second):
+			t.Error("the agent did not exit")
+		}
+	})
+	return f
+}
+
+func (f *fakeLauncher) send(c *wire.Control) {
+	f.t.Helper()
+	if err := f.l.Publish(f.subj.Control, wire.Marshal(c)); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := f.l.Flush(); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// next returns the agent's next event.
+func (f *fakeLauncher) next(what string) *wire.Event {
+	f.t.Helper()
+	select {
+	case e := <-f.events:
+		return e
+	case err := <-f.agentErr:
+		f.t.Fatalf("the agent ended (%v) while the test waited for %s", err, what)
+	case <-f.ctx.Done():
+		f.t.Fatalf("no %s", what)
+	}
+	return nil
+}
+
+// TestStopDuringRestart: a stop reaches the agent after a restart killed
+// the ranks and before the restart's table is here. The launcher waits for
+// the end of every rank of the new generation: each must be reported (as
+// never started) before the agent says it is done.
+func TestStopDuringRestart(t *testing.T) {
+	f := startFakeLauncher(t, "stoprestart", []int{0, 1}, "sleep", "3600")
+	for started := 0; started < 2; {
+		if e := f.next("the ranks' start"); e.Kind == wire.EventStarted {
+			started++
+		}
+	}
+	f.send(&wire.Control{Op: wire.OpRestart, Gen: 1, Epoch: 1, G: -1})
+	for ended := 0; ended < 2; {
+		e := f.next("the end of generation 0's ranks")
+		if e.Kind == wire.EventExited && e.Gen == 0 {
+			ended++
+		}
+	}
+	f.send(&wire.Control{Op: wire.OpStop, Signal: int(syscall.SIGTERM), Grace: time.Second})
+	// The launcher publishes the restart's table right after the restart;
+	// here it comes after the stop.
+	if f.rv.Advance(1) == nil {
+		t.Fatal("could not publish the restart's table")
+	}
+	ended := map[int]bool{}
+	for {
+		e := f.next("the agent's end")
+		switch e.Kind {
+		case wire.EventStarted:
+			t.Errorf("rank %d of generation %d started while the job stops", e.Rank, e.Gen)
+		case wire.EventExited:
+			if e.Gen != 1 || !e.Stopped {
+				t.Errorf("end of rank %d: generation %d, stopped %v; want generation 1, stopped", e.Rank, e.Gen, e.Stopped)
+			}
+			ended[e.Rank] = true
+		case wire.EventAgentDone:
+			if len(ended) != 2 {
+				t.Fatalf("the agent is done, but reported the end of %d of generation 1's 2 ranks (%v)", len(ended), ended)
+			}
+			return
+		}
+	}
+}
