@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"net"
 	"syscall"
 	"testing"
 	"time"
@@ -142,5 +143,97 @@ func TestStopDuringRestart(t *testing.T) {
 			}
 			return
 		}
+	}
+}
+
+// testSockets is a host's rankSockets in epoch 0 without a control plane.
+// It counts three local ranks, of which the tests run two: its fences
+// never complete (nor are sent up), they are only entered.
+func testSockets(t *testing.T) *rankSockets {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &rankSockets{
+		ctx: ctx, cancel: cancel, job: "socktest", log: testLogger(t), stop: make(chan struct{}),
+		local: 3, conns: map[net.Conn]*session{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.close(ctx)
+	})
+	return s
+}
+
+func twoRankTable(epoch uint64) *wire.EpochTable {
+	return &wire.EpochTable{Version: wire.Version, Job: "socktest", Epoch: epoch, World: 2,
+		Hosts: []wire.TableHost{{Name: "h0", Addr: "127.0.0.1", Ranks: wire.CompressRanks([]int{0, 1})}}}
+}
+
+// enter enters rank of generation gen into its next fence, which never
+// completes: it returns the error of a
+// fence refused at once, or nil once the rank waits in it.
+func enter(t *testing.T, s *rankSockets, gen uint64, rank int) error {
+	t.Helper()
+	refused := make(chan error, 1)
+	go func() {
+		_, err := s.fenceNext(gen, rank, nil)
+		refused <- err
+	}()
+	deadline := time.After(10 * time.Second)
+	for {
+		s.mu.Lock()
+		in := false
+		for _, hf := range s.fences {
+			in = in || hf.in[rank]
+		}
+		s.mu.Unlock()
+		if in {
+			return nil
+		}
+		select {
+		case err := <-refused:
+			if err == nil {
+				t.Fatal("a fence that cannot complete completed")
+			}
+			return err
+		case <-deadline:
+			t.Fatal("the fence was neither entered nor refused")
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// TestRestartSockets: once a restart is known, the ranks it kills (of
+// generation 0) neither fail nor enter the fences of its epoch, whichever
+// of the restart and its table the agent handles first.
+func TestRestartSockets(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		tableFirst bool
+	}{
+		{"restart first", false},
+		{"table first", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testSockets(t)
+			if tc.tableFirst {
+				s.setEpoch(twoRankTable(1), 3)
+				s.rankEnded(0, 0) // taken for epoch 1's until the restart is known
+				s.restart(1, 1)
+			} else {
+				s.restart(1, 1)
+				s.rankEnded(0, 0) // in epoch 0: fails its fences there
+				s.setEpoch(twoRankTable(1), 3)
+			}
+			s.rankEnded(1, 0) // in epoch 1: not its business
+			if err := enter(t, s, 0, 1); err == nil {
+				t.Error("a rank of generation 0 entered a fence of generation 1's epoch")
+			}
+			for r := range 2 {
+				if err := enter(t, s, 1, r); err != nil {
+					t.Errorf("rank %d of generation 1: %v", r, err)
+				}
+			}
+		})
 	}
 }
