@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/testcluster"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -117,27 +118,49 @@ func TestRestartWithLiveSurvivors(t *testing.T) {
 // TestRestartDptrainDeviceGrad is the reproduction: with
 // --device-grad the survivors are not blocked in a collective when rank 2
 // dies, so they are alive when the restart kills them. The restarted run
-// must end with the hashes of a run without the crash.
+// must end with the hashes of a run without the crash; on one host, and
+// on two (ranks 2 and 3 on the second), where a rank's end on one host
+// would fail the fences of the other's.
 func TestRestartDptrainDeviceGrad(t *testing.T) {
-	run := func(t *testing.T, extra ...string) result {
-		t.Helper()
-		args := []string{"-np", "4", "--oversubscribe", "--max-restarts", "1", "--", "sh", "-c", printJobID, dptrainBin(t),
-			"--params", "200000", "--steps", "20", "--seed", "1", "--protect", "--device-grad", "--device-ms", "100"}
-		j := startProtectedJob(t, append(args, extra...)...)
-		res := j.wait(120 * time.Second)
-		checkJobCleanedUp(t, j)
-		if res.code != 0 {
-			t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
-		}
-		return res
-	}
-	wantP, wantO := dptrainHashes(t, run(t))
-	res := run(t, "--fail-at-step", "10", "--fail-rank", "2")
-	if n := strings.Count(res.stderr, "restarting every rank"); n != 1 {
-		t.Errorf("%d restarts, want 1\nstderr:\n%s", n, res.stderr)
-	}
-	if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
-		t.Errorf("restarted run ended with params %s optimizer %s, the uncrashed run with %s %s\nstdout:\n%s", p, o, wantP, wantO, res.stdout)
+	device := []string{"--protect", "--device-grad", "--device-ms", "100"}
+	crash := []string{"--fail-at-step", "10", "--fail-rank", "2"}
+	for _, tc := range []struct {
+		name string
+		// start starts gorun --max-restarts 1 dptrain with args, the
+		// crash's flags or none.
+		start func(t *testing.T, args ...string) *job
+	}{
+		{"one host", func(t *testing.T, args ...string) *job {
+			// The command, at its size.
+			full := []string{"-np", "4", "--oversubscribe", "--max-restarts", "1", "--", "sh", "-c", printJobID, dptrainBin(t),
+				"--params", "4Mi", "--steps", "20", "--seed", "1"}
+			return startProtectedJob(t, append(append(full, device...), args...)...)
+		}},
+		{"two hosts", func(t *testing.T, args ...string) *job {
+			hosts := testcluster.NetnsHosts(t, 2)
+			return dptrainJob(t, hosts, []string{"--max-restarts", "1"}, append(device, args...)...)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run := func(args ...string) result {
+				t.Helper()
+				j := tc.start(t, args...)
+				res := j.wait(120 * time.Second)
+				checkJobCleanedUp(t, j)
+				if res.code != 0 {
+					t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+				}
+				return res
+			}
+			wantP, wantO := dptrainHashes(t, run())
+			res := run(crash...)
+			if n := strings.Count(res.stderr, "restarting every rank"); n != 1 {
+				t.Errorf("%d restarts, want 1\nstderr:\n%s", n, res.stderr)
+			}
+			if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
+				t.Errorf("restarted run ended with params %s optimizer %s, the uncrashed run with %s %s\nstdout:\n%s", p, o, wantP, wantO, res.stdout)
+			}
+		})
 	}
 }
 
