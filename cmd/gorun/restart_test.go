@@ -27,6 +27,7 @@ import (
 func init() {
 	helpers["restart"] = helperRestart
 	helpers["restartdaemon"] = helperRestartDaemon
+	helpers["restartstop"] = helperRestartStop
 }
 
 // helperRestart is a Go rank under --max-restarts 1. In generation 0 the
@@ -250,4 +251,65 @@ func TestRestartKillsDaemonizedChildren(t *testing.T) {
 		t.Errorf("exit %d, want %d\nstderr:\n%s", res.code, 128+int(syscall.SIGTERM), res.stderr)
 	}
 	checkJobCleanedUp(t, j)
+}
+
+// helperRestartStop: in generation 0 every rank leaves a daemon that holds
+// its standard output, so that the agent reports the rank's end only after
+// a drain timeout (a second) past its death; rank 1 then exits 1 and the
+// others sleep. In generation 1, if it comes, every rank says so.
+func helperRestartStop() int {
+	if os.Getenv("GORUN_RESTART_COUNT") != "0" {
+		fmt.Println("generation 1 running")
+		time.Sleep(time.Hour)
+		return 0
+	}
+	cmd := exec.Command("sh", "-c", "sleep 3600 </dev/null 2>/dev/null &")
+	cmd.Stdout = os.Stdout
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 1
+	}
+	if envInt("RANK") == 1 {
+		return 1
+	}
+	time.Sleep(time.Hour)
+	return 0
+}
+
+// TestStopDuringRestartEndsPromptly: gorun is interrupted while a restart
+// waits for the old ranks' ends (their reports are held back by the
+// daemons holding their output). Every agent must report the end of
+// every rank of the restart's generation, which never starts, so that
+// gorun ends as soon as the ranks are gone, not after giving up on them.
+func TestStopDuringRestartEndsPromptly(t *testing.T) {
+	j := startJob(t, "restartstop", nil, "-np", "3", "--oversubscribe", "--max-restarts", "1",
+		"--kill-grace", "5", "--heartbeat-timeout", "5", "--", os.Args[0])
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(j.stderr.String(), "restarting every rank") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no restart\nstderr:\n%s", j.stderr.String())
+		}
+		select {
+		case <-j.done:
+			t.Fatalf("gorun exited before the restart (code %d)\nstderr:\n%s", j.res.code, j.res.stderr)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	j.cmd.Process.Signal(syscall.SIGINT)
+	res := j.wait(60 * time.Second)
+	if strings.Contains(res.stdout, "generation 1 running") {
+		// The restart was over before the interrupt reached the agent:
+		// this run did not test a stop during a restart.
+		t.Skipf("the interrupt came after the restart\nstdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+	}
+	if res.code != 128+int(syscall.SIGINT) {
+		t.Errorf("exit %d, want %d", res.code, 128+int(syscall.SIGINT))
+	}
+	if strings.Contains(res.stderr, "did not report their end") {
+		t.Errorf("gorun gave up waiting for ranks that every agent should have accounted for")
+	}
+	if t.Failed() {
+		t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+	}
 }
