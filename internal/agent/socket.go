@@ -39,6 +39,17 @@ type rankSockets struct {
 
 	table []byte // encoded epoch table
 	epoch uint64
+
+	wg sync.WaitGroup // serving goroutines
+
+	mu        sync.Mutex // guards the fields below, and table and epoch after start
+	listeners []net.Listener
+	conns     map[net.Conn]*session
+	local     int                // ranks on this host
+	nextSeq   map[int]int        // per rank: the sequence of its next fence
+	ended     map[int]bool       // local ranks that ended in this epoch
+	fences    map[int]*hostFence // by sequence
+	closed    bool
 	// gen is the restart generation whose ranks the current epoch is for:
 	// ranks of other generations (killed by a restart, their exits and
 	// sessions late) neither enter its fences nor fail them. A restart
@@ -51,23 +62,12 @@ type rankSockets struct {
 	// live is the generation of the ranks started last: a session
 	// welcomed from then on is theirs (the older ranks have all ended).
 	live uint64
-
-	wg sync.WaitGroup // serving goroutines
-
-	mu        sync.Mutex // guards the fields below, and table and epoch after start
-	listeners []net.Listener
-	conns     map[net.Conn]*session
-	local     int                // ranks on this host
-	nextSeq   map[int]int        // per rank: the sequence of its next fence
-	ended     map[int]bool       // local ranks that ended in this epoch
-	fences    map[int]*hostFence // by sequence
-	closed    bool
 }
 
 // session is one connection of a rank; pushes of new epochs and answers
 // are written from different goroutines.
 type session struct {
-	mu       sync.Mutex // guards writes, and welcomed
+	mu       sync.Mutex // guards writes, welcomed and gen (which only serve writes)
 	c        net.Conn
 	welcomed bool
 	gen      uint64 // the restart generation of the rank, set at the welcome
