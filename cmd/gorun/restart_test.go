@@ -184,7 +184,9 @@ func TestMPIRestart(t *testing.T) {
 	if mpiRestartErr != nil {
 		t.Fatal(mpiRestartErr)
 	}
-	res := startJob(t, "", nil, "-np", "4", "--oversubscribe", "--max-restarts", "1", "--", prog).wait(90 * time.Second)
+	j := startJob(t, "", nil, "-np", "4", "--oversubscribe", "--max-restarts", "1", "--", "sh", "-c", printJobID, prog)
+	res := j.wait(90 * time.Second)
+	checkJobCleanedUp(t, j)
 	if res.code != 0 {
 		t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
 	}
@@ -284,7 +286,7 @@ func helperRestartStop() int {
 // gorun ends as soon as the ranks are gone, not after giving up on them.
 func TestStopDuringRestartEndsPromptly(t *testing.T) {
 	j := startJob(t, "restartstop", nil, "-np", "3", "--oversubscribe", "--max-restarts", "1",
-		"--kill-grace", "5", "--heartbeat-timeout", "5", "--", os.Args[0])
+		"--kill-grace", "5", "--heartbeat-timeout", "5", "--", "sh", "-c", printJobID, os.Args[0])
 	deadline := time.Now().Add(60 * time.Second)
 	for !strings.Contains(j.stderr.String(), "restarting every rank") {
 		if time.Now().After(deadline) {
@@ -298,6 +300,7 @@ func TestStopDuringRestartEndsPromptly(t *testing.T) {
 	}
 	j.cmd.Process.Signal(syscall.SIGINT)
 	res := j.wait(60 * time.Second)
+	checkJobCleanedUp(t, j)
 	if strings.Contains(res.stdout, "generation 1 running") {
 		// The restart was over before the interrupt reached the agent:
 		// this run did not test a stop during a restart.
