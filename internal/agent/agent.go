@@ -58,6 +58,9 @@ type Config struct {
 	// reaped before it exits anyway (a process stuck in the kernel cannot
 	// be waited for). Zero means 5 s.
 	ExitTimeout time.Duration
+
+	// discoverGPUs, when not nil, replaces openGPUs (tests).
+	discoverGPUs func(ctx context.Context, a *agent) *hostGPUs
 }
 
 type agent struct {
@@ -232,7 +235,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	// beside the heartbeats, and the ranks start once it is done, or
 	// CPU-only after gpuDiscoveryTimeout.
 	gpuReady := make(chan *hostGPUs, 1)
-	go func() { gpuReady <- openGPUs(ctx, a) }()
+	discover := openGPUs
+	if cfg.discoverGPUs != nil {
+		discover = cfg.discoverGPUs
+	}
+	go func() { gpuReady <- discover(ctx, a) }()
 	gpuTimeout := time.NewTimer(gpuDiscoveryTimeout)
 	defer gpuTimeout.Stop()
 	defer func() {
@@ -247,6 +254,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}()
 	var pending *wire.EpochTable // the first table, waiting for the GPUs
 	begin := func(t *wire.EpochTable) error {
+		if r := a.restart; r != nil && t.Epoch < r.Epoch && !a.stopped {
+			// A restart came before this host started its ranks: they
+			// start in its generation, with its table, which follows.
+			return nil
+		}
 		err := a.start(t)
 		if a.ranks != nil {
 			close(a.stdinReady)
@@ -435,6 +447,12 @@ func (a *agent) start(t *wire.EpochTable) error {
 	if a.cfg.Host >= len(t.Hosts) {
 		return fmt.Errorf("epoch table has %d hosts, this is host %d", len(t.Hosts), a.cfg.Host)
 	}
+	// A restart that came before the ranks started here (GPU discovery
+	// took long) is over already: they start in its generation, from G.
+	restartG := int64(-1)
+	if r := a.restart; r != nil {
+		a.restart, a.gen, restartG = nil, r.Gen, r.G
+	}
 	if a.stopped {
 		// The stop overtook the table: start nothing.
 		a.ranks = []*rankProc{}
@@ -491,6 +509,11 @@ func (a *agent) start(t *wire.EpochTable) error {
 	}
 	a.prot = prot
 	a.socks.prot = prot.host
+	if a.gen > 0 {
+		if err := prot.host.Restart(a.gen, restartG); err != nil {
+			return fmt.Errorf("state protection: %w", err)
+		}
+	}
 	for _, pl := range places {
 		sock := filepath.Join(dir, "rank-"+strconv.Itoa(pl.Rank)+".sock")
 		if err := a.socks.listen(pl.Rank, sock); err != nil {

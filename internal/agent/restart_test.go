@@ -2,13 +2,18 @@ package agent
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/gpu"
 	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 )
@@ -27,8 +32,8 @@ type fakeLauncher struct {
 }
 
 // startFakeLauncher runs an agent for host 0 of job, which has ranks, each
-// running prog args.
-func startFakeLauncher(t *testing.T, job string, ranks []int, prog string, args ...string) *fakeLauncher {
+// running prog args; with, when not nil, changes the agent's Config.
+func startFakeLauncher(t *testing.T, job string, ranks []int, with func(*Config), prog string, args ...string) *fakeLauncher {
 	t.Helper()
 	secret, _ := comm.NewSecret()
 	srv, err := ctlserver.Start(ctlserver.Config{LocalPassword: secret.InProcessPassword()})
@@ -64,9 +69,11 @@ func startFakeLauncher(t *testing.T, job string, ranks []int, prog string, args 
 		t.Fatal(err)
 	}
 	t.Cleanup(f.rv.Close)
-	go func() {
-		f.agentErr <- Run(ctx, Config{Job: job, Host: 0, Name: "h0", Secret: secret, Dial: dial, Addr: "127.0.0.1", Logger: testLogger(t)})
-	}()
+	cfg := Config{Job: job, Host: 0, Name: "h0", Secret: secret, Dial: dial, Addr: "127.0.0.1", Logger: testLogger(t)}
+	if with != nil {
+		with(&cfg)
+	}
+	go func() { f.agentErr <- Run(ctx, cfg) }()
 	t.Cleanup(func() {
 		f.send(&wire.Control{Op: wire.OpExit})
 		select {
@@ -107,7 +114,7 @@ func (f *fakeLauncher) next(what string) *wire.Event {
 // the end of every rank of the new generation: each must be reported (as
 // never started) before the agent says it is done.
 func TestStopDuringRestart(t *testing.T) {
-	f := startFakeLauncher(t, "stoprestart", []int{0, 1}, "sleep", "3600")
+	f := startFakeLauncher(t, "stoprestart", []int{0, 1}, nil, "sleep", "3600")
 	for started := 0; started < 2; {
 		if e := f.next("the ranks' start"); e.Kind == wire.EventStarted {
 			started++
@@ -142,6 +149,53 @@ func TestStopDuringRestart(t *testing.T) {
 				t.Fatalf("the agent is done, but reported the end of %d of generation 1's 2 ranks (%v)", len(ended), ended)
 			}
 			return
+		}
+	}
+}
+
+// TestRestartBeforeStart: a restart reaches the agent before it started
+// its ranks (its GPU discovery is slow). They must start once, in the
+// restart's generation: the launcher ignores the ranks of older ones.
+func TestRestartBeforeStart(t *testing.T) {
+	release := make(chan struct{})
+	var logs gortest.SyncBuffer
+	f := startFakeLauncher(t, "restartfirst", []int{0, 1}, func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &logs), nil))
+		c.discoverGPUs = func(ctx context.Context, a *agent) *hostGPUs {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return &hostGPUs{binds: map[int]gpu.Binding{}}
+		}
+	}, "sleep", "3600")
+	select {
+	case <-f.rv.Done(): // the first table is out
+	case <-f.ctx.Done():
+		t.Fatal("the agent did not register")
+	}
+	f.send(&wire.Control{Op: wire.OpRestart, Gen: 1, Epoch: 1, G: -1})
+	if f.rv.Advance(1) == nil {
+		t.Fatal("could not publish the restart's table")
+	}
+	for !strings.Contains(logs.String(), "restarting the ranks") {
+		select {
+		case <-f.ctx.Done():
+			t.Fatalf("the agent did not take the restart\n%s", logs.String())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	close(release)
+	for started := 0; started < 2; {
+		e := f.next("the ranks' start")
+		switch e.Kind {
+		case wire.EventStarted:
+			if e.Gen != 1 {
+				t.Errorf("rank %d started in generation %d, want 1", e.Rank, e.Gen)
+			}
+			started++
+		case wire.EventExited:
+			t.Errorf("rank %d of generation %d ended: %s", e.Rank, e.Gen, e.Msg)
 		}
 	}
 }

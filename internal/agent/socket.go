@@ -95,7 +95,7 @@ func newRankSockets(a *agent, t *wire.EpochTable, local int) *rankSockets {
 		ctx: ctx, cancel: cancel,
 		job: a.cfg.Job, host: a.cfg.Host, secret: a.cfg.Secret.Hex(), log: a.log,
 		nc: a.ctl.Conn, subj: a.subj, stop: make(chan struct{}),
-		table: t.Encode(), epoch: t.Epoch, local: local,
+		table: t.Encode(), epoch: t.Epoch, local: local, gen: a.gen, live: a.gen,
 		conns: map[net.Conn]*session{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
 	}
 }
