@@ -63,6 +63,9 @@ type Config struct {
 	// reaped before it exits anyway (a process stuck in the kernel cannot
 	// be waited for). Zero means 5 s.
 	ExitTimeout time.Duration
+
+	// discoverGPUs, when not nil, replaces openGPUs (tests).
+	discoverGPUs func(ctx context.Context, a *agent) *hostGPUs
 }
 
 type agent struct {
@@ -241,7 +244,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	// beside the heartbeats, and the ranks start once it is done, or
 	// CPU-only after gpuDiscoveryTimeout.
 	gpuReady := make(chan *hostGPUs, 1)
-	go func() { gpuReady <- openGPUs(ctx, a) }()
+	discover := openGPUs
+	if cfg.discoverGPUs != nil {
+		discover = cfg.discoverGPUs
+	}
+	go func() { gpuReady <- discover(ctx, a) }()
 	gpuTimeout := time.NewTimer(gpuDiscoveryTimeout)
 	defer gpuTimeout.Stop()
 	defer func() {
@@ -256,6 +263,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}()
 	var pending *wire.EpochTable // the first table, waiting for the GPUs
 	begin := func(t *wire.EpochTable) error {
+		if r := a.restart; r != nil && t.Epoch < r.Epoch && !a.stopped {
+			// A restart came before this host started its ranks: they
+			// start in its generation, with its table, which follows.
+			return nil
+		}
 		err := a.start(t)
 		if a.ranks != nil {
 			close(a.stdinReady)
@@ -300,6 +312,20 @@ func Run(ctx context.Context, cfg Config) (err error) {
 				return err
 			}
 		case t := <-tables:
+			// The launcher sends a restart before its epoch's table, on
+			// the same connection: the restart is in control already, and
+			// is handled first, so that the table is known to be the new
+			// generation's.
+			for more := true; more; {
+				select {
+				case m := <-control:
+					if a.onControl(m) {
+						return nil
+					}
+				default:
+					more = false
+				}
+			}
 			if a.ranks != nil {
 				a.newEpoch(t)
 				continue
@@ -318,16 +344,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: err.Error()})
 			return fmt.Errorf("agent: %w", err)
 		case m := <-control:
-			c, err := wire.DecodeControl(m.Data)
-			if err != nil {
-				a.log.Warn("ignoring control message", "err", err)
-				continue
-			}
-			if c.Op == wire.OpExit {
-				a.log.Info("exiting as told")
+			if a.onControl(m) {
 				return nil
 			}
-			a.control(c)
 		case p := <-a.exits:
 			a.exited(p)
 		case <-a.killAt:
@@ -343,6 +362,21 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return a.lost(ctx)
 		}
 	}
+}
+
+// onControl handles a message from the launcher; exit says it said to exit.
+func (a *agent) onControl(m *nats.Msg) (exit bool) {
+	c, err := wire.DecodeControl(m.Data)
+	if err != nil {
+		a.log.Warn("ignoring control message", "err", err)
+		return false
+	}
+	if c.Op == wire.OpExit {
+		a.log.Info("exiting as told")
+		return true
+	}
+	a.control(c)
+	return false
 }
 
 // lost handles the end of the launcher: stop the ranks, then return.
@@ -422,14 +456,16 @@ func (a *agent) start(t *wire.EpochTable) error {
 	if a.cfg.Host >= len(t.Hosts) {
 		return fmt.Errorf("epoch table has %d hosts, this is host %d", len(t.Hosts), a.cfg.Host)
 	}
+	// A restart that came before the ranks started here (GPU discovery
+	// took long) is over already: they start in its generation, from G.
+	restartG := int64(-1)
+	if r := a.restart; r != nil {
+		a.restart, a.gen, restartG = nil, r.Gen, r.G
+	}
 	if a.stopped {
-		// The stop overtook the table: start nothing, and account for every
-		// rank so that the launcher is not left waiting for them.
+		// The stop overtook the table: start nothing.
 		a.ranks = []*rankProc{}
-		for _, pl := range t.Placements()[a.cfg.Host] {
-			a.event(&wire.Event{Kind: wire.EventExited, Host: a.cfg.Host, Rank: pl.Rank, Stopped: true, Msg: "not started: the job is stopping"})
-		}
-		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+		a.notStarted(t)
 		return nil
 	}
 	dir, err := os.MkdirTemp("", "gorun-"+a.cfg.Job+"-")
@@ -482,6 +518,11 @@ func (a *agent) start(t *wire.EpochTable) error {
 	}
 	a.prot = prot
 	a.socks.prot = prot.host
+	if a.gen > 0 {
+		if err := prot.host.Restart(a.gen, restartG); err != nil {
+			return fmt.Errorf("state protection: %w", err)
+		}
+	}
 	for _, pl := range places {
 		sock := filepath.Join(dir, "rank-"+strconv.Itoa(pl.Rank)+".sock")
 		if err := a.socks.listen(pl.Rank, sock); err != nil {
@@ -497,9 +538,20 @@ func (a *agent) start(t *wire.EpochTable) error {
 	return nil
 }
 
+// notStarted accounts for every rank of this host in table t, of
+// generation a.gen, that will not start because the job is stopping, so
+// that the launcher is not left waiting for them; this agent is done.
+func (a *agent) notStarted(t *wire.EpochTable) {
+	for _, pl := range t.Placements()[a.cfg.Host] {
+		a.event(&wire.Event{Kind: wire.EventExited, Host: a.cfg.Host, Rank: pl.Rank, Gen: a.gen, Stopped: true, Msg: "not started: the job is stopping"})
+	}
+	a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+}
+
 // launch starts this host's ranks of table t, in restart generation a.gen.
 func (a *agent) launch(t *wire.EpochTable) error {
 	places := t.Placements()[a.cfg.Host]
+	a.socks.launched(a.gen)
 	a.ranks = make([]*rankProc, len(places))
 	pmiMine := make([]*os.File, len(places))
 	// The previous generation's connections were closed when its ranks
@@ -606,8 +658,8 @@ func (a *agent) newEpoch(t *wire.EpochTable) {
 // exited reports a rank's end; its output has been flushed before.
 func (a *agent) exited(p *rankProc) {
 	p.ended = true
-	if a.socks != nil && p.gen == a.gen {
-		a.socks.rankEnded(p.place.Rank)
+	if a.socks != nil {
+		a.socks.rankEnded(p.place.Rank, p.gen)
 	}
 	a.running--
 	e := p.exitEvent(a.cfg.Host)

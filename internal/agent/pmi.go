@@ -182,6 +182,7 @@ type pmiConn struct {
 	s       *rankSockets
 	kvs     *pmiKVS
 	rank    int
+	gen     uint64 // the rank's restart generation
 	size    int
 	kvsname string
 	rw      io.ReadWriter
@@ -284,7 +285,7 @@ func (p *pmiConn) command(kv map[string]string) (done bool, err error) {
 	case "barrier_in":
 		// MPICH goes on after a barrier_out whatever its rc: a failed
 		// barrier must end the rank (and so the job), not just say so.
-		res, err := p.s.fenceNext(p.rank, p.pending)
+		res, err := p.s.fenceNext(p.gen, p.rank, p.pending)
 		if err == nil && res.Err != "" {
 			err = errors.New(res.Err)
 		}
@@ -330,12 +331,13 @@ func pmiWord(s string) string {
 	return s
 }
 
-// fenceNext enters rank into its next fence with kv.
-func (s *rankSockets) fenceNext(rank int, kv map[string]string) (*wire.Fence, error) {
+// fenceNext enters rank, of restart generation gen, into its next fence
+// with kv.
+func (s *rankSockets) fenceNext(gen uint64, rank int, kv map[string]string) (*wire.Fence, error) {
 	s.mu.Lock()
 	f := &wire.Fence{Epoch: s.epoch, Seq: s.nextSeq[rank], KV: kv}
 	s.mu.Unlock()
-	return s.fence(rank, f)
+	return s.fence(gen, rank, f)
 }
 
 // pmiSocketPair returns the agent's end and the rank's end of a rank's
@@ -362,7 +364,7 @@ func (a *agent) servePMI(p *rankProc, f *os.File, world int) {
 	defer a.pmiWG.Done()
 	defer f.Close()
 	c := &pmiConn{
-		s: a.socks, kvs: &a.pmiKVS, rank: p.place.Rank, size: world, kvsname: "gorun-" + a.cfg.Job,
+		s: a.socks, kvs: &a.pmiKVS, rank: p.place.Rank, gen: p.gen, size: world, kvsname: "gorun-" + a.cfg.Job,
 		rw: f, pending: map[string]string{},
 		aborted: func(code int, msg string) {
 			p.setPMIMsg(msg)

@@ -3,6 +3,7 @@ package agent
 import (
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/gorun/gorun/internal/wire"
 )
@@ -13,31 +14,49 @@ import (
 // all have ended and the new epoch's table is here, has the state
 // protection discard the steps after G (the step every rank resumes from)
 // and starts the ranks again, with the generation in GORUN_RESTART_COUNT.
+//
+// Everything about a rank is its generation's: the ends of the ranks the
+// restart kills, their sockets and fences, are never taken for those of
+// the new generation's ranks, which run in the restart's epoch (see
+// rankSockets.restart). Processes the old ranks daemonized are killed
+// before the new ones start.
 
 // beginRestart handles an OpRestart.
 func (a *agent) beginRestart(c *wire.Control) {
-	if a.stopped || c.Gen <= a.gen || a.restart != nil && c.Gen <= a.restart.Gen {
+	if c.Gen <= a.gen || a.restart != nil && c.Gen <= a.restart.Gen {
 		return
 	}
 	a.log.Info("restarting the ranks", "generation", c.Gen, "epoch", c.Epoch, "from step", c.G)
 	a.restart = c
+	if a.socks != nil {
+		a.socks.restart(c.Gen, c.Epoch)
+	}
 	a.signalAll(syscall.SIGKILL, true)
 	a.tryRestart()
 }
 
 // tryRestart starts the pending restart's ranks once the old ones ended
-// and its table arrived.
+// and its table arrived; if the job is stopping meanwhile, it reports
+// them as not started instead, without waiting for the table.
 func (a *agent) tryRestart() {
 	r := a.restart
-	if r == nil || a.running > 0 || a.table == nil || a.table.Epoch < r.Epoch || a.ranks == nil {
+	if r == nil || a.running > 0 || a.ranks == nil {
+		return
+	}
+	if !a.stopped && (a.table == nil || a.table.Epoch < r.Epoch) {
 		return
 	}
 	a.restart = nil
+	a.gen = r.Gen
+	// Whatever the old ranks left running out of their process groups
+	// would hold ports, files and GPU memory beside the new ones.
+	killOrphans(a.cfg.Job, nil, time.Now().Add(a.cfg.ExitTimeout), a.log)
 	if a.stopped {
-		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+		// The launcher waits for the end of every rank of the new
+		// generation: the restart keeps the table's ranks and hosts.
+		a.notStarted(a.table)
 		return
 	}
-	a.gen = r.Gen
 	if a.prot != nil {
 		if err := a.prot.host.Restart(r.Gen, r.G); err != nil {
 			a.log.Error("state protection cannot restart", "err", err)

@@ -50,14 +50,27 @@ type rankSockets struct {
 	ended     map[int]bool       // local ranks that ended in this epoch
 	fences    map[int]*hostFence // by sequence
 	closed    bool
+	// gen is the restart generation whose ranks the current epoch is for:
+	// ranks of other generations (killed by a restart, their exits and
+	// sessions late) neither enter its fences nor fail them. A restart
+	// (wire.OpRestart) says from which epoch on its generation runs;
+	// until that epoch's table is here it waits in restartGen and
+	// restartEpoch (restartGen 0: none).
+	gen          uint64
+	restartGen   uint64
+	restartEpoch uint64
+	// live is the generation of the ranks started last: a session
+	// welcomed from then on is theirs (the older ranks have all ended).
+	live uint64
 }
 
 // session is one connection of a rank; pushes of new epochs and answers
 // are written from different goroutines.
 type session struct {
-	mu       sync.Mutex // guards writes, and welcomed
+	mu       sync.Mutex // guards writes, welcomed and gen (which only serve writes)
 	c        net.Conn
 	welcomed bool
+	gen      uint64 // the restart generation of the rank, set at the welcome
 }
 
 func (ss *session) write(typ byte, v any) error {
@@ -82,7 +95,7 @@ func newRankSockets(a *agent, t *wire.EpochTable, local int) *rankSockets {
 		ctx: ctx, cancel: cancel,
 		job: a.cfg.Job, host: a.cfg.Host, dataKey: a.cfg.Creds.Data.Hex(), log: a.log,
 		nc: a.ctl.Conn, subj: a.subj, stop: make(chan struct{}),
-		table: t.Encode(), epoch: t.Epoch, local: local,
+		table: t.Encode(), epoch: t.Epoch, local: local, gen: a.gen, live: a.gen,
 		conns: map[net.Conn]*session{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
 	}
 }
@@ -171,6 +184,7 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 	// both locks, so a new epoch is either in the welcome or pushed after it.
 	s.mu.Lock()
 	ss.mu.Lock()
+	ss.gen = s.live
 	err = wire.WriteSock(c, wire.SockWelcome, &wire.Welcome{
 		Version: wire.SockVersion, Job: s.job, Rank: rank, Epoch: s.epoch, DataKey: s.dataKey, Table: s.table,
 	})
@@ -179,6 +193,12 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 	s.mu.Unlock()
 	if err != nil {
 		return err
+	}
+	// The state-protection session is the welcomed rank's generation's:
+	// a request of a rank a restart killed, read late, is refused by it.
+	var prot *rsvc.Session
+	if s.prot != nil {
+		prot = s.prot.Session(rank)
 	}
 	// Frames are read by their own goroutine, so that a rank that goes
 	// away while its request waits (a stage at the overwrite rule) ends
@@ -201,17 +221,17 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 			}
 		}
 	}()
-	var prot *rsvc.Session // this connection's state-protection session
 	for {
 		f := <-frames
 		if f.err != nil {
 			return nil // the rank closed its end (or ended)
 		}
+		if live := s.liveGen(); ss.gen != live {
+			// Left over from a rank that a restart killed.
+			return s.refuse(ss, fmt.Sprintf("rank %d of restart generation %d: the ranks were restarted (generation %d)", rank, ss.gen, live))
+		}
 		typ, b := f.typ, f.b
 		if rsvc.IsRequest(typ) {
-			if prot == nil && s.prot != nil {
-				prot = s.prot.Session(rank)
-			}
 			if prot == nil {
 				return s.refuse(ss, "state protection is not available on this host")
 			}
@@ -236,7 +256,7 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 			if err != nil {
 				return s.refuse(ss, err.Error())
 			}
-			res, err := s.fence(rank, f)
+			res, err := s.fence(ss.gen, rank, f)
 			if err != nil {
 				return s.refuse(ss, err.Error())
 			}
@@ -313,9 +333,14 @@ func checkPeer(c *net.UnixConn) error {
 	return nil
 }
 
-// fence enters rank into its next fence and waits for the whole job's.
-func (s *rankSockets) fence(rank int, f *wire.Fence) (*wire.Fence, error) {
+// fence enters rank, a rank of restart generation gen, into its next
+// fence and waits for the whole job's.
+func (s *rankSockets) fence(gen uint64, rank int, f *wire.Fence) (*wire.Fence, error) {
 	s.mu.Lock()
+	if gen != s.gen {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("fence of a rank of restart generation %d, epoch %d is generation %d's", gen, s.epoch, s.gen)
+	}
 	if f.Epoch != s.epoch {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("fence of epoch %d, the current one is %d", f.Epoch, s.epoch)
@@ -384,21 +409,19 @@ func (s *rankSockets) setEpoch(t *wire.EpochTable, local int) {
 		return
 	}
 	s.table, s.epoch, s.local = push.Table, t.Epoch, local
-	s.nextSeq = map[int]int{}
-	s.ended = nil
-	for seq, hf := range s.fences {
-		hf.err = fmt.Sprintf("the epoch changed to %d", t.Epoch)
-		close(hf.done)
-		delete(s.fences, seq)
+	if s.restartGen != 0 && t.Epoch >= s.restartEpoch {
+		s.gen, s.restartGen, s.restartEpoch = s.restartGen, 0, 0
 	}
+	s.resetFences(fmt.Sprintf("the epoch changed to %d", t.Epoch))
 	sessions := make([]*session, 0, len(s.conns))
 	for _, ss := range s.conns {
 		sessions = append(sessions, ss)
 	}
 	// Pushed under s.mu so that no welcome of the old epoch can follow.
+	// Ranks of an older generation are not told: the epoch is not theirs.
 	for _, ss := range sessions {
 		ss.mu.Lock()
-		if ss.welcomed {
+		if ss.welcomed && ss.gen == s.gen {
 			// A rank that does not read its socket must not hold the agent.
 			ss.c.SetWriteDeadline(time.Now().Add(time.Second))
 			if err := wire.WriteSock(ss.c, wire.SockEpoch, push); err != nil {
@@ -411,6 +434,58 @@ func (s *rankSockets) setEpoch(t *wire.EpochTable, local int) {
 	s.mu.Unlock()
 }
 
+// resetFences starts the fences of the current epoch afresh: every
+// fence pending fails with why, and no rank has entered or left any.
+// s.mu is held.
+func (s *rankSockets) resetFences(why string) {
+	s.nextSeq = map[int]int{}
+	s.ended = nil
+	for seq, hf := range s.fences {
+		hf.err = why
+		close(hf.done)
+		delete(s.fences, seq)
+	}
+}
+
+// restart records that the ranks restart in generation gen from epoch on
+// (wire.OpRestart): from that epoch's table on, only gen's ranks take part
+// in fences, and the ends of older ranks are not that epoch's business.
+func (s *rankSockets) restart(gen, epoch uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gen <= s.gen || gen <= s.restartGen {
+		return
+	}
+	if epoch > s.epoch {
+		s.restartGen, s.restartEpoch = gen, epoch
+		return
+	}
+	// The table came first: what the old ranks did in this epoch (the
+	// fences they entered, their ends) is undone.
+	s.log.Warn("the restart's epoch table arrived before the restart", "generation", gen, "epoch", epoch)
+	s.gen, s.restartGen, s.restartEpoch = gen, 0, 0
+	s.resetFences(fmt.Sprintf("the ranks are restarting (generation %d)", gen))
+}
+
+// launched records that the ranks of generation gen are about to start:
+// every connection open now is of an older rank, which has ended (or of
+// what it left behind), and is closed; sessions from now on are gen's.
+func (s *rankSockets) launched(gen uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.live = gen
+	for c := range s.conns {
+		c.Close()
+	}
+}
+
+// liveGen returns the generation of the ranks started last.
+func (s *rankSockets) liveGen() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.live
+}
+
 // endedRank returns a local rank that ended in this epoch, if any. s.mu
 // is held.
 func (s *rankSockets) endedRank() (int, bool) {
@@ -420,12 +495,17 @@ func (s *rankSockets) endedRank() (int, bool) {
 	return 0, false
 }
 
-// rankEnded records that a local rank ended: the fences of this epoch it
-// has not entered can never complete, so they fail now (ranks waiting in
-// them, such as MPI ranks in a PMI barrier, are not left hanging), and so
-// do later ones.
-func (s *rankSockets) rankEnded(rank int) {
+// rankEnded records that a local rank of restart generation gen ended:
+// the fences of this epoch it has not entered can never complete, so they
+// fail now (ranks waiting in them, such as MPI ranks in a PMI barrier, are
+// not left hanging), and so do later ones. The end of a rank of another
+// generation than the epoch's (killed by a restart) changes nothing.
+func (s *rankSockets) rankEnded(rank int, gen uint64) {
 	s.mu.Lock()
+	if gen != s.gen {
+		s.mu.Unlock()
+		return
+	}
 	if s.ended == nil {
 		s.ended = map[int]bool{}
 	}
@@ -439,10 +519,14 @@ func (s *rankSockets) rankEnded(rank int) {
 		}
 	}
 	// Ranks on other hosts may wait for it in its next fence: fail that
-	// one job-wide (nobody is hurt if nobody waits).
-	up := wire.Marshal(&wire.UpFence{Host: s.host, Epoch: s.epoch, Seq: s.nextSeq[rank], Err: why})
+	// one job-wide (nobody is hurt if nobody waits), unless a restart
+	// has already left this epoch behind.
+	var up []byte
+	if s.restartGen == 0 {
+		up = wire.Marshal(&wire.UpFence{Host: s.host, Epoch: s.epoch, Seq: s.nextSeq[rank], Err: why})
+	}
 	s.mu.Unlock()
-	if s.nc != nil {
+	if s.nc != nil && up != nil {
 		if err := s.nc.Publish(s.subj.UpFence, up); err != nil {
 			s.log.Warn("cannot fail the fence a rank left", "rank", rank, "err", err)
 		}
