@@ -36,23 +36,25 @@ type fakeLauncher struct {
 func startFakeLauncher(t *testing.T, job string, ranks []int, with func(*Config), prog string, args ...string) *fakeLauncher {
 	t.Helper()
 	secret, _ := comm.NewSecret()
-	srv, err := ctlserver.Start(ctlserver.Config{LocalPassword: secret.InProcessPassword()})
+	creds := secret.HostCredentials(0, nil)
+	srv, err := ctlserver.Start(ctlserver.Config{Job: job, LocalPassword: secret.InProcessPassword(),
+		Hosts: []ctlserver.HostUser{{Password: creds.InProcessPassword()}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
-	dial := func(ctx context.Context) (*comm.Control, error) {
-		return comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
+	dial := func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
+		return comm.DialInProcessHost(ctx, srv.InProcess(), creds, o)
 	}
-	l, err := dial(ctx)
+	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(l.Close)
 	f := &fakeLauncher{t: t, ctx: ctx, l: l, subj: wire.JobSubjects(job), events: make(chan *wire.Event, 1024), agentErr: make(chan error, 1)}
-	sub, err := l.Subscribe(f.subj.Events, func(m *nats.Msg) {
+	sub, err := l.Subscribe(f.subj.ForHost(0).Events, func(m *nats.Msg) {
 		if e, err := wire.DecodeEvent(m.Data); err == nil {
 			f.events <- e
 		}
@@ -69,7 +71,7 @@ func startFakeLauncher(t *testing.T, job string, ranks []int, with func(*Config)
 		t.Fatal(err)
 	}
 	t.Cleanup(f.rv.Close)
-	cfg := Config{Job: job, Host: 0, Name: "h0", Secret: secret, Dial: dial, Addr: "127.0.0.1", Logger: testLogger(t)}
+	cfg := Config{Job: job, Host: 0, Name: "h0", Creds: creds, Dial: dial, Addr: "127.0.0.1", Logger: testLogger(t)}
 	if with != nil {
 		with(&cfg)
 	}
