@@ -82,6 +82,13 @@ func newMark() string {
 // the helper given (if any) are exported to the ranks with -x.
 func startJob(t *testing.T, helper string, env []string, args ...string) *job {
 	t.Helper()
+	return startJobWithStdin(t, nil, helper, env, args...)
+}
+
+// startJobWithStdin is startJob with stdin as gorun's standard input (nil:
+// none).
+func startJobWithStdin(t *testing.T, stdin io.Reader, helper string, env []string, args ...string) *job {
+	t.Helper()
 	j := &job{t: t, mark: newMark(), stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
 	full := []string{"-x", "GORUNTEST_MARK=" + j.mark}
 	if helper != "" {
@@ -93,7 +100,7 @@ func startJob(t *testing.T, helper string, env []string, args ...string) *job {
 	// Flags go first; a "--" in args separates the program.
 	full = append(full, args...)
 	j.cmd = exec.Command(gorunBin, full...)
-	j.cmd.Stdout, j.cmd.Stderr = j.stdout, j.stderr
+	j.cmd.Stdin, j.cmd.Stdout, j.cmd.Stderr = stdin, j.stdout, j.stderr
 	j.cmd.Env = append(os.Environ(), "GORUNTEST_MARK="+j.mark)
 	j.start = time.Now()
 	if err := j.cmd.Start(); err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -314,5 +315,46 @@ func TestStopDuringRestartEndsPromptly(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+	}
+}
+
+// TestStdinAfterRestart: after a restart in place, the launcher's stdin
+// goes on to the new generation's rank 0 (the agent swaps the pipe it
+// writes to while its stdin forwarding runs on another goroutine: under
+// -race this test also proves the swap is synchronized).
+func TestStdinAfterRestart(t *testing.T) {
+	dir := t.TempDir()
+	// Generation 0: rank 0 reads a line and marks it; rank 1 fails once
+	// the mark is there. Generation 1: rank 0 says it is ready, then reads
+	// the next line.
+	script := `
+if [ "$GORUN_RESTART_COUNT" = 0 ]; then
+	if [ "$GORUN_RANK" = 0 ]; then read l; echo "gen0 got $l"; touch "$1/got"; exec sleep 3600; fi
+	while [ ! -e "$1/got" ]; do sleep 0.01; done; exit 3
+fi
+if [ "$GORUN_RANK" = 0 ]; then echo "gen1 ready"; read l; echo "gen1 got $l"; fi
+`
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	j := startJobWithStdin(t, pr, "", nil, "-np", "2", "--oversubscribe", "--max-restarts", "1", "--", "sh", "-c", script, "sh", dir)
+	if _, err := io.WriteString(pw, "one\n"); err != nil {
+		t.Fatal(err)
+	}
+	j.waitFor(regexp.MustCompile(`(?m)gen1 ready$`), 1, 60*time.Second)
+	if _, err := io.WriteString(pw, "two\n"); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	res := j.wait(60 * time.Second)
+	if res.code != 0 {
+		t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	for _, want := range []string{"gen0 got one\n", "gen1 got two\n"} {
+		if !strings.Contains(res.stdout, want) {
+			t.Errorf("stdout lacks %q\nstdout:\n%s\nstderr:\n%s", want, res.stdout, res.stderr)
+		}
+	}
+	if strings.Contains(res.stderr, "DATA RACE") {
+		t.Errorf("gorun raced:\n%s", res.stderr)
 	}
 }

@@ -85,8 +85,11 @@ type agent struct {
 	stopped bool             // a stop was ordered: start no rank from now on
 
 	// The launcher's stdin, for the local rank that reads it: stdinW is set
-	// (or left nil) before stdinReady is closed, then used by onStdin only.
+	// (or left nil) before stdinReady is closed. A restart replaces it with
+	// the new generation's pipe while onStdin may be writing to the old one,
+	// so it is read and replaced under stdinMu.
 	stdinReady chan struct{}
+	stdinMu    sync.Mutex
 	stdinW     *os.File
 
 	gpus     *hostGPUs          // the host's GPUs (none: CPU-only)
@@ -585,7 +588,7 @@ func (a *agent) launch(t *wire.EpochTable) error {
 			stdin := pl.Rank == a.spec.StdinRank
 			err := p.start(a.spec, renv, stdin, a.out, a.exits, a.done)
 			if stdin {
-				a.stdinW = p.stdin
+				a.setStdin(p.stdin)
 			}
 			if err != nil {
 				if p.pmi != nil {
@@ -621,7 +624,7 @@ func (a *agent) onStdin(m *nats.Msg) {
 		answer("closed: the agent has stopped")
 		return
 	}
-	w := a.stdinW
+	w := a.stdin()
 	if w == nil {
 		answer("closed: no rank here reads stdin")
 		return
@@ -631,12 +634,43 @@ func (a *agent) onStdin(m *nats.Msg) {
 		answer("")
 		return
 	}
-	if _, err := w.Write(m.Data); err != nil {
+	for {
+		_, err := w.Write(m.Data)
+		if err == nil {
+			answer("")
+			return
+		}
+		// The reader may have been replaced by a restart while this
+		// write waited on the old generation's pipe: the new generation
+		// reads on from here (what the old one read is gone with it).
+		if next := a.stdin(); next != nil && next != w {
+			w = next
+			continue
+		}
 		w.Close()
 		answer("closed: " + err.Error())
 		return
 	}
-	answer("")
+}
+
+// stdin returns the pipe of the local rank that reads the launcher's
+// stdin, or nil.
+func (a *agent) stdin() *os.File {
+	a.stdinMu.Lock()
+	defer a.stdinMu.Unlock()
+	return a.stdinW
+}
+
+// setStdin makes w the pipe that receives the launcher's stdin, closing
+// the previous generation's.
+func (a *agent) setStdin(w *os.File) {
+	a.stdinMu.Lock()
+	old := a.stdinW
+	a.stdinW = w
+	a.stdinMu.Unlock()
+	if old != nil && old != w {
+		old.Close()
+	}
 }
 
 // newEpoch passes a later epoch's table to the ranks (whose collectives
@@ -702,8 +736,8 @@ wait:
 		}
 	}
 	killOrphans(a.cfg.Job, live, time.Now().Add(a.cfg.ExitTimeout), a.log)
-	if a.stdinW != nil {
-		a.stdinW.Close()
+	if w := a.stdin(); w != nil {
+		w.Close()
 	}
 	if a.fenceSub != nil {
 		_ = a.fenceSub.Unsubscribe()
