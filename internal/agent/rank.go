@@ -12,7 +12,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/gorun/gorun/internal/wire"
 	"golang.org/x/sys/unix"
@@ -135,19 +134,18 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 		p.mu.Unlock()
 		p.state = cmd.ProcessState
 		// The exit is reported once the rank's output is read to its end
-		// and sent, so that the launcher shows it before the exit; but
-		// never later than that output can go: at once if flow control
-		// holds it back (the pumps then go on without this goroutine).
+		// and sent, so that the launcher shows it before the exit (the
+		// pumps give up a pipe that something else holds open
+		// drainTimeout after the end); but never later than that output
+		// can go: at once if flow control holds it back (the pumps then go
+		// on without this goroutine).
 		ro.rankEnded(outR, errR)
 		drained := make(chan struct{})
 		go func() { pumps.Wait(); close(drained) }()
-		timer := time.NewTimer(drainTimeout)
 		select {
 		case <-drained:
 		case <-ro.settled():
-		case <-timer.C:
 		}
-		timer.Stop()
 		out.Flush()
 		select {
 		case exits <- p:
