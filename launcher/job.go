@@ -81,6 +81,7 @@ type job struct {
 	rankEnded  []bool
 	ranksEnded int
 	killed     bool
+	noRanks    bool   // the job stopped before any rank started
 	gen        uint64 // restart generation
 	epoch      uint64
 	// pending is the rank failure the job will act on once pendingAt
@@ -230,6 +231,11 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 
 	j.out = newOutputMux(j.cfg.Stdout, j.cfg.Stderr, j.world, j.cfg.TagOutput, j.cfg.TimestampOutput, j.cfg.OutputDir)
 	j.out.owns = j.owns
+	j.out.flow = newOutputFlow(len(j.hosts), wire.OutputAckEvery, func(host int, n uint64) {
+		if err := j.ctl.Publish(j.subj.OutputAck(host), wire.Marshal(&wire.OutputAck{Host: host, Bytes: n})); err != nil {
+			j.log.Warn("cannot acknowledge output", "host", host, "err", err)
+		}
+	})
 	defer j.out.close()
 	j.fences = comm.NewFenceCollector(j.ctl.Conn, j.id, 0, len(j.hosts))
 	hostRanks := make([][]int, len(j.hosts))
@@ -421,6 +427,17 @@ func (j *job) onUp(m *nats.Msg) {
 		if err := j.out.frame(from, m.Data); err != nil {
 			j.log.Warn("bad output frame", "host", from, "err", err)
 		}
+	case wire.UpKindOutputEnd:
+		d, err := wire.DecodeOutputDone(m.Data)
+		if err == nil && d.Host != from {
+			err = fmt.Errorf("output end of host %d", d.Host)
+		}
+		if err == nil {
+			err = j.out.flow.ended(from, d.Gen, d.Bytes)
+		}
+		if err != nil {
+			j.log.Warn("bad output end", "host", from, "err", err)
+		}
 	case wire.UpKindHeartbeat:
 		hb, err := wire.DecodeHeartbeat(m.Data)
 		if err == nil && hb.Host != from {
@@ -501,6 +518,7 @@ func (j *job) stop(sig syscall.Signal) {
 // rendezvous is cancelled so none ever does, and every rank is done.
 func (j *job) stopRanks(sig syscall.Signal) {
 	if j.rv.Cancel() {
+		j.noRanks = true
 		for r := range j.world {
 			j.rankGone(r)
 		}
@@ -650,36 +668,60 @@ func (j *job) outputFailed(err error) {
 	j.fail(code, "cannot write the job's output (%v); stopping the job", err)
 }
 
-// drainOutput waits, once every rank has ended, until the output posted
-// so far is written: the ranks' exits were handled after their output was
-// posted, so all of it is there. A reader that does not read holds gorun
-// here as it would hold cat, with nothing watched that a stall could
-// make look like a failure, and the agents idle until finish. An
-// interrupt, or ctx, gives up on the output (at once if the user already
-// asked to kill at once).
+// drainOutput waits, once every rank has ended, until the ranks' output
+// is all written: until every host that is still there has sent the end
+// marker of its output of this generation (the agents send it once their
+// ranks' pipes are read to the end, which flow control may hold back well
+// after the ranks' exits were handled), and the lanes have written
+// everything posted before it. A reader that does not read holds gorun
+// here as it would hold cat; meanwhile the hosts it waits for are still
+// watched (heartbeats, agent ends), and a host lost here is a failure
+// whose output is complete as it is. An interrupt, or ctx, gives up on
+// the output (at once if the user already asked to kill at once).
 func (j *job) drainOutput(ctx context.Context) {
 	if j.killed {
 		j.out.abandon()
 		return
 	}
 	stop := make(chan struct{})
-	drained := make(chan struct{})
-	go func() {
-		defer close(drained)
-		j.out.drain(stop)
-	}()
+	var drained chan struct{} // once every end marker is in
 	defer func() {
 		close(stop)
-		<-drained
+		if drained != nil {
+			<-drained
+		}
 	}()
+	tick := time.NewTicker(min(j.cfg.HeartbeatInterval, time.Second))
+	defer tick.Stop()
 	for {
+		var ends <-chan struct{}
+		if drained == nil {
+			ends = j.out.flow.changes()
+			if j.outputPending() == nil {
+				drained = make(chan struct{})
+				go func() {
+					defer close(drained)
+					j.out.drain(stop)
+				}()
+			}
+		}
 		select {
 		case <-drained:
 			return
+		case <-ends:
 		case err := <-j.out.failed:
 			j.outputFailed(err)
 		case e := <-j.events:
 			j.log.Debug("event after the ranks' end", "kind", e.Kind, "host", e.Host)
+		case x := <-j.agentExits:
+			j.onAgentExit(x)
+		case now := <-tick.C:
+			if h := j.outputPending(); h != nil && drained == nil {
+				if seen := time.Unix(0, h.lastSeen.Load()); now.Sub(seen) > j.cfg.HeartbeatTimeout {
+					j.hostLost(h)
+					j.fail(ExitFailure, "host %s lost before all its output arrived: no heartbeat from its agent for %v", h.name, now.Sub(seen).Round(time.Millisecond))
+				}
+			}
 		case sig := <-j.cfg.Signals:
 			s, _ := sig.(syscall.Signal)
 			if s == syscall.SIGUSR1 || s == syscall.SIGUSR2 {
@@ -698,6 +740,25 @@ func (j *job) drainOutput(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// outputPending returns a host whose output may still be coming: one
+// whose ranks of this generation all ended and whose agent is there, but
+// whose end marker has not arrived; or nil. A host lost, whose agent
+// ended, or whose ranks did not all report their end, sent all it will.
+func (j *job) outputPending() *agentHost {
+	if j.noRanks {
+		return nil
+	}
+	for _, h := range j.hosts {
+		if h.lost || h.ended || !h.registered || !j.hostDone(h) {
+			continue
+		}
+		if !j.out.flow.complete(h.index, j.gen) {
+			return h
+		}
+	}
+	return nil
 }
 
 func (j *job) exitCode() int {

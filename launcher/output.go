@@ -26,9 +26,10 @@ import (
 // Ctrl-S) holds back its own lane only, never the control-plane handler
 // that posts frames, heartbeats or the job's loop, so a slow terminal
 // cannot look like a lost host (DESIGN.md §4). What a stalled lane has
-// not written waits in its queue; like the control-plane subscription
-// that fed the launcher before it, the queue is not bounded, since
-// the agents send output without flow control.
+// not written waits in its queue, which flow control bounds: with flow
+// set, each frame is acknowledged to its agent once written (outputFlow),
+// and an agent sends at most wire.OutputWindow bytes ahead of that, so
+// a stalled reader holds the ranks back in write(), not gorun's memory.
 //
 // frame, report and agentLine may be called from any goroutine; drain
 // waits for what was posted; close ends the lanes.
@@ -39,6 +40,9 @@ type outputMux struct {
 	// owns, when not nil, says whether host runs rank: a host's frames
 	// may carry only its own ranks' output. Set before the first frame.
 	owns func(host, rank int) bool
+	// flow, when not nil, acknowledges the frames written (flow control).
+	// Set before the first frame.
+	flow *outputFlow
 	// failed receives the first error writing to stdout.
 	failed chan error
 
@@ -50,9 +54,11 @@ type outputMux struct {
 	files   map[fileKey]*os.File
 	fileErr error // first error opening or writing an output file
 	broken  bool  // stdout failed; output is dropped
+	outToks []*frameTok
 	// Owned by the err lane's goroutine (by close's caller once it ended).
-	stderr *bufio.Writer
-	errPre []byte
+	stderr  *bufio.Writer
+	errPre  []byte
+	errToks []*frameTok
 
 	closeOnce sync.Once
 	abandoned bool // set before the lanes close, read after they end
@@ -71,8 +77,14 @@ func newOutputMux(stdout, stderr io.Writer, world int, tag, stamp bool, dir stri
 		files:  map[fileKey]*os.File{},
 		failed: make(chan error, 1),
 	}
-	m.out = newLane(m.flushStdout)
-	m.err = newLane(func() { m.stderr.Flush() })
+	m.out = newLane(func() {
+		m.flushStdout()
+		m.settle(&m.outToks)
+	})
+	m.err = newLane(func() {
+		m.stderr.Flush()
+		m.settle(&m.errToks)
+	})
 	return m
 }
 
@@ -81,6 +93,30 @@ func newOutputMux(stdout, stderr io.Writer, world int, tag, stamp bool, dir stri
 // or one that carries a rank that is not from's, is refused whole, before
 // any of it is posted.
 func (m *outputMux) frame(from int, b []byte) error {
+	if m.flow == nil {
+		return m.post(from, b, nil)
+	}
+	m.flow.received(from, len(b))
+	tok := &frameTok{host: from, n: uint64(len(b))}
+	err := m.post(from, b, tok)
+	if err != nil {
+		m.flow.wrote(from, tok.n) // refused: dropped
+	}
+	return err
+}
+
+// settle counts the frames a lane has written and flushed (flow control).
+func (m *outputMux) settle(toks *[]*frameTok) {
+	if m.flow != nil {
+		m.flow.settle(*toks)
+	}
+	clear(*toks)
+	*toks = (*toks)[:0]
+}
+
+// post posts frame b of host from to the lanes; tok, if not nil, goes
+// with each part.
+func (m *outputMux) post(from int, b []byte, tok *frameTok) error {
 	now := time.Now()
 	var outs, errs []wire.OutputRecord
 	host := -1
@@ -107,6 +143,17 @@ func (m *outputMux) frame(from int, b []byte) error {
 			}
 		}
 	}
+	if tok != nil {
+		if len(outs) > 0 {
+			tok.parts.Add(1)
+		}
+		if len(errs) > 0 {
+			tok.parts.Add(1)
+		}
+		if len(outs) == 0 && len(errs) == 0 {
+			m.flow.wrote(from, tok.n)
+		}
+	}
 	if len(outs) > 0 {
 		m.out.post(func() {
 			for _, r := range outs {
@@ -116,12 +163,18 @@ func (m *outputMux) frame(from int, b []byte) error {
 					m.outPre = m.record(m.stdout, m.outPre, now, r)
 				}
 			}
+			if tok != nil {
+				m.outToks = append(m.outToks, tok)
+			}
 		})
 	}
 	if len(errs) > 0 {
 		m.err.post(func() {
 			for _, r := range errs {
 				m.errPre = m.record(m.stderr, m.errPre, now, r)
+			}
+			if tok != nil {
+				m.errToks = append(m.errToks, tok)
 			}
 		})
 	}

@@ -217,7 +217,11 @@ func TestStalledStdoutIsNotAFailure(t *testing.T) {
 // ends gorun without waiting for the reader.
 func TestInterruptWhileStdoutIsStalled(t *testing.T) {
 	written := filepath.Join(t.TempDir(), "written")
-	cmd, out, stderr, mark := startStalled(t, []string{"WRITTEN=" + written}, "-np", "1", "sh", "-c", outputScript(`touch "$WRITTEN"; exec sleep 600`))
+	// The rank writes about 1 MB, then marks it, then goes on until flow
+	// control stops it in write(): what it wrote past gorun's stdout pipe
+	// and buffer (128 KiB) already holds gorun's stdout lane in a write.
+	cmd, out, stderr, mark := startStalled(t, []string{"WRITTEN=" + written}, "-np", "1", "sh", "-c",
+		fmt.Sprintf("seq -f 'line %%06g of the job, long enough to fill pipes' 1 20000; touch \"$WRITTEN\"; %s", outputScript("exec sleep 600")))
 	defer out.Close()
 	deadline := time.Now().Add(30 * time.Second)
 	for {

@@ -217,7 +217,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return fmt.Errorf("agent: %w", err)
 	}
 	a.log.Info("registered", "addr", addr)
-	a.out = newBatcher(a.ctl.Conn, a.subj.Output, cfg.Host, a.spec.OutputDelay)
+	a.out = newBatcher(a.ctl.Conn, a.subj.Output, a.subj.OutputDone, cfg.Host, a.spec.OutputDelay)
+	asub, err := a.ctl.Subscribe(a.subj.OutputAck(cfg.Host), a.out.onAck)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	defer asub.Unsubscribe()
 
 	// Every epoch table, in increasing epochs: the first starts the ranks,
 	// later ones are passed on to them.
@@ -536,6 +541,7 @@ func (a *agent) start(t *wire.EpochTable) error {
 		return err
 	}
 	if len(places) == 0 {
+		a.out.endGen(a.gen)
 		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
 	}
 	return nil
@@ -548,6 +554,7 @@ func (a *agent) notStarted(t *wire.EpochTable) {
 	for _, pl := range t.Placements()[a.cfg.Host] {
 		a.event(&wire.Event{Kind: wire.EventExited, Host: a.cfg.Host, Rank: pl.Rank, Gen: a.gen, Stopped: true, Msg: "not started: the job is stopping"})
 	}
+	a.out.endGen(a.gen)
 	a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
 }
 
@@ -689,7 +696,9 @@ func (a *agent) newEpoch(t *wire.EpochTable) {
 	a.tryRestart()
 }
 
-// exited reports a rank's end; its output has been flushed before.
+// exited reports a rank's end. Its output has been sent before, unless
+// flow control holds it back; once every rank has ended, the batcher
+// sends the end of the generation's output after the last of it.
 func (a *agent) exited(p *rankProc) {
 	p.ended = true
 	if a.socks != nil {
@@ -700,6 +709,7 @@ func (a *agent) exited(p *rankProc) {
 	a.log.Info("rank ended", "rank", e.Rank, "code", e.Code, "signal", e.Signal, "stopped", e.Stopped)
 	a.event(e)
 	if a.running == 0 {
+		a.out.endGen(a.gen)
 		if a.restart != nil {
 			a.tryRestart()
 			return

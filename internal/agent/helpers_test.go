@@ -23,6 +23,8 @@ type outputSink struct {
 const (
 	sinkSubject = "agenttest.out"
 	sinkDone    = "agenttest.done"
+	// sinkOutputDone receives the batcher's OutputDone (drain skips them).
+	sinkOutputDone = "agenttest.outdone"
 )
 
 func newOutputSink(t *testing.T) *outputSink {
@@ -60,7 +62,7 @@ func newOutputSink(t *testing.T) *outputSink {
 }
 
 func (s *outputSink) batcher(host int, delay time.Duration) *batcher {
-	return newBatcher(s.ctl.Conn, sinkSubject, host, delay)
+	return newBatcher(s.ctl.Conn, sinkSubject, sinkOutputDone, host, delay)
 }
 
 // frame is one decoded output frame.
@@ -112,6 +114,9 @@ func (s *outputSink) drain() []frame {
 			if m.Subject == sinkDone {
 				return out
 			}
+			if m.Subject == sinkOutputDone {
+				continue
+			}
 			out = append(out, s.decode(m.Data))
 		case <-deadline:
 			s.t.Fatalf("control plane did not deliver the end marker; %d frames so far", len(out))
@@ -131,5 +136,7 @@ func records(fs []frame) []wire.OutputRecord {
 // discardBatcher is a batcher that drops everything (as in
 // start_bench_test.go): for tests that do not look at output.
 func discardBatcher() *batcher {
-	return &batcher{frame: wire.NewOutputFrame(0), closed: true}
+	b := newBatcher(nil, "", "", 0, 0)
+	b.closed = true
+	return b
 }

@@ -24,7 +24,7 @@ func pumpThrough(t *testing.T, s *outputSink, input []byte, chunks []int) []wire
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		pump(r, 5, wire.Stderr, b)
+		b.openStream(5, wire.Stderr, 0, newRankOutput()).pump(r)
 	}()
 	rest := input
 	for i := 0; len(rest) > 0; i++ {

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,7 +12,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/gorun/gorun/internal/wire"
 	"golang.org/x/sys/unix"
@@ -21,11 +19,6 @@ import (
 
 // errWorkDir marks a start that failed on the working directory.
 var errWorkDir = errors.New("working directory")
-
-// drainTimeout bounds how long a rank's exit report waits for its output
-// pipes to close after the process ended (a child it left behind may hold
-// them open).
-const drainTimeout = time.Second
 
 // rankProc is one rank's process. Its fields after place are owned by the
 // agent's loop, except stopped, which readers of the exit status share.
@@ -119,10 +112,13 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 		return p.failStart(err, exits, done)
 	}
 	p.pid = cmd.Process.Pid
+	ro := newRankOutput()
+	outS := out.openStream(p.place.Rank, wire.Stdout, p.gen, ro)
+	errS := out.openStream(p.place.Rank, wire.Stderr, p.gen, ro)
 	var pumps sync.WaitGroup
 	pumps.Add(2)
-	go func() { defer pumps.Done(); pump(outR, p.place.Rank, wire.Stdout, out) }()
-	go func() { defer pumps.Done(); pump(errR, p.place.Rank, wire.Stderr, out) }()
+	go func() { defer pumps.Done(); outS.pump(outR) }()
+	go func() { defer pumps.Done(); errS.pump(errR) }()
 	go func() {
 		// Wait for the rank to end without reaping it, and kill what it
 		// left in its process group while its pid, and so the group id,
@@ -137,11 +133,18 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 		_ = cmd.Wait() // returns at once: the rank has exited, and there are no I/O goroutines
 		p.mu.Unlock()
 		p.state = cmd.ProcessState
+		// The exit is reported once the rank's output is read to its end
+		// and sent, so that the launcher shows it before the exit (the
+		// pumps give up a pipe that something else holds open
+		// drainTimeout after the end); but never later than that output
+		// can go: at once if flow control holds it back (the pumps then go
+		// on without this goroutine).
+		ro.rankEnded(outR, errR)
 		drained := make(chan struct{})
 		go func() { pumps.Wait(); close(drained) }()
 		select {
 		case <-drained:
-		case <-time.After(drainTimeout):
+		case <-ro.settled():
 		}
 		out.Flush()
 		select {
@@ -242,31 +245,6 @@ func (p *rankProc) exitEvent(host int) *wire.Event {
 		}
 	}
 	return e
-}
-
-// pump forwards whole lines read from r. A line longer than wire.MaxLine
-// is forwarded in pieces; a last line without a newline gets one.
-func pump(r *os.File, rank int, s wire.Stream, out *batcher) {
-	defer r.Close()
-	buf := make([]byte, wire.MaxLine)
-	have := 0
-	for {
-		n, err := r.Read(buf[have:])
-		have += n
-		if i := bytes.LastIndexByte(buf[:have], '\n'); i >= 0 {
-			out.Add(rank, s, buf[:i+1], false)
-			have = copy(buf, buf[i+1:have])
-		} else if have == len(buf) {
-			out.Add(rank, s, buf[:have], true)
-			have = 0
-		}
-		if err != nil {
-			if have > 0 {
-				out.Add(rank, s, buf[:have], true)
-			}
-			return
-		}
-	}
 }
 
 // baseEnv is the environment common to every rank of this host: the

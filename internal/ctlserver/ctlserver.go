@@ -13,7 +13,8 @@
 //     in-process connection when it runs inside the launcher. Either way
 //     the user may publish only on host i's own subjects, answer requests
 //     it received, and subscribe only to what the launcher sends agents,
-//     host i's stdin and host i's inbox (wire.Subjects.HostPermissions).
+//     host i's stdin and output acks, and host i's inbox
+//     (wire.Subjects.HostPermissions).
 //     A host cannot publish control (kill, restart, epochs, G) nor speak
 //     for another host; the server drops such messages (a permission
 //     violation), so no subscriber ever sees them.

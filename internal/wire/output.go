@@ -120,3 +120,62 @@ func DecodeOutputFrame(b []byte, world int, fn func(host int, r OutputRecord)) e
 	}
 	return nil
 }
+
+// Output flow control. An agent may have at most OutputWindow bytes of
+// output frames (their encoded length) sent that the launcher has not
+// acknowledged; a rank whose output cannot be sent waits in write(), as
+// with any pipe. The launcher acknowledges a frame once everything in it
+// is written to its destination (or dropped, once that is broken), with
+// an OutputAck carrying the cumulative count of the host's frame bytes
+// written so far, on OutputAck(host). Acks are coalesced: one is sent
+// when at least OutputAckEvery bytes more are written, which always comes
+// before an agent blocked on a full window has nothing left to wait for.
+//
+// So the launcher holds at most about OutputWindow plus one frame of
+// output per host (1,000 hosts: about 1.3 GB at the most, when every one
+// of them is held back by a stalled reader at once).
+const (
+	OutputWindow   = 1 << 20
+	OutputAckEvery = OutputWindow / 4
+)
+
+// OutputAck acknowledges output to the agent of Host: Bytes is the
+// cumulative length of the host's output frames the launcher has written.
+type OutputAck struct {
+	Host  int    `json:"h"`
+	Bytes uint64 `json:"b"`
+}
+
+// DecodeOutputAck decodes and validates an OutputAck.
+func DecodeOutputAck(b []byte) (*OutputAck, error) {
+	var a OutputAck
+	if err := decode(b, &a, "output ack"); err != nil {
+		return nil, err
+	}
+	if a.Host < 0 || a.Host >= MaxHosts {
+		return nil, malformed("output ack: host %d out of range", a.Host)
+	}
+	return &a, nil
+}
+
+// OutputDone is an agent's end marker for its output: every rank of
+// generation Gen has ended and all their output is sent, in output frames
+// of Bytes bytes in all (counted from the job's start, as OutputAck).
+// It is sent on the host's OutputDone subject, after those frames.
+type OutputDone struct {
+	Host  int    `json:"h"`
+	Gen   uint64 `json:"gen"`
+	Bytes uint64 `json:"b"`
+}
+
+// DecodeOutputDone decodes and validates an OutputDone.
+func DecodeOutputDone(b []byte) (*OutputDone, error) {
+	var d OutputDone
+	if err := decode(b, &d, "output done"); err != nil {
+		return nil, err
+	}
+	if d.Host < 0 || d.Host >= MaxHosts {
+		return nil, malformed("output done: host %d out of range", d.Host)
+	}
+	return &d, nil
+}

@@ -12,9 +12,10 @@ import (
 // # Who publishes what
 //
 // Only the launcher publishes to agents: Control, Epoch, Fence and G are
-// broadcast (one message for the whole job), StdinTo one host's. Each agent
-// publishes only under its own host's subjects, which carry the host index:
-// its up subjects (Events, Output, Heartbeat, UpFence, Progress, under
+// broadcast (one message for the whole job), StdinTo and OutputAck one
+// host's. Each agent publishes only under its own host's subjects, which
+// carry the host index: its up subjects (Events, Output, OutputDone,
+// Heartbeat, UpFence, Progress, under
 // gorun.JOB.up.HOST.) and its requests (Register, EpochGet, under
 // gorun.JOB.req.HOST.), whose replies come back on its own Inbox. The
 // control-plane server enforces this (HostPermissions), and the launcher
@@ -26,18 +27,20 @@ import (
 // agent's messages in the order the agent sent them). ForHost gives one
 // agent's view, with its own concrete subjects in the same fields.
 type Subjects struct {
-	Register  string // agent → launcher, request/reply: Register → RegisterReply
-	Epoch     string // launcher → agents: EpochTable, published once per epoch
-	EpochGet  string // agent → launcher, request/reply: the current EpochTable
-	Control   string // launcher → agents: Control
-	Up        string // the launcher's wildcard over every host's up subjects
-	Events    string // agent → launcher: Event
-	Output    string // agent → launcher: output frames
-	Heartbeat string // agent → launcher: Heartbeat
-	UpFence   string // agent → launcher: UpFence
-	Fence     string // launcher → agents: Fence, merged over the whole job
-	Progress  string // agent → launcher: UpProgress (state protection)
-	G         string // launcher → agents: GlobalStep
+	Register string // agent → launcher, request/reply: Register → RegisterReply
+	Epoch    string // launcher → agents: EpochTable, published once per epoch
+	EpochGet string // agent → launcher, request/reply: the current EpochTable
+	Control  string // launcher → agents: Control
+	Up       string // the launcher's wildcard over every host's up subjects
+	Events   string // agent → launcher: Event
+	Output   string // agent → launcher: output frames
+	// OutputDone: agent → launcher, OutputDone (after the frames it counts).
+	OutputDone string
+	Heartbeat  string // agent → launcher: Heartbeat
+	UpFence    string // agent → launcher: UpFence
+	Fence      string // launcher → agents: Fence, merged over the whole job
+	Progress   string // agent → launcher: UpProgress (state protection)
+	G          string // launcher → agents: GlobalStep
 	// Inbox is where the replies to a host's requests go (set by ForHost;
 	// see comm.ControlOptions.InboxPrefix).
 	Inbox string
@@ -50,6 +53,7 @@ type Subjects struct {
 const (
 	UpKindEvents    = "events"
 	UpKindOutput    = "output"
+	UpKindOutputEnd = "outdone"
 	UpKindHeartbeat = "hb"
 	UpKindFence     = "fence"
 	UpKindProgress  = "progress"
@@ -68,6 +72,12 @@ const (
 // is closed.
 func (s Subjects) StdinTo(host int) string {
 	return s.prefix + "stdin." + strconv.Itoa(host)
+}
+
+// OutputAck is the subject on which the launcher acknowledges the output
+// of host (wire.OutputAck; see OutputWindow).
+func (s Subjects) OutputAck(host int) string {
+	return s.prefix + "ack." + strconv.Itoa(host)
 }
 
 // InProcessUser is the control-plane user of the launcher's in-process
@@ -122,20 +132,21 @@ func subjectsFor(p string, host int) Subjects {
 	up := p + "up." + h + "."
 	req := p + "req." + h + "."
 	s := Subjects{
-		Register:  req + ReqKindRegister,
-		Epoch:     p + "epoch",
-		EpochGet:  req + ReqKindEpochGet,
-		Control:   p + "control",
-		Up:        p + "up.>",
-		Events:    up + UpKindEvents,
-		Output:    up + UpKindOutput,
-		Heartbeat: up + UpKindHeartbeat,
-		UpFence:   up + UpKindFence,
-		Fence:     p + "fence",
-		Progress:  up + UpKindProgress,
-		G:         p + "g",
-		prefix:    p,
-		host:      host,
+		Register:   req + ReqKindRegister,
+		Epoch:      p + "epoch",
+		EpochGet:   req + ReqKindEpochGet,
+		Control:    p + "control",
+		Up:         p + "up.>",
+		Events:     up + UpKindEvents,
+		Output:     up + UpKindOutput,
+		OutputDone: up + UpKindOutputEnd,
+		Heartbeat:  up + UpKindHeartbeat,
+		UpFence:    up + UpKindFence,
+		Fence:      p + "fence",
+		Progress:   up + UpKindProgress,
+		G:          p + "g",
+		prefix:     p,
+		host:       host,
 	}
 	if host >= 0 {
 		s.Inbox = p + "inbox." + h
@@ -178,10 +189,10 @@ func (s Subjects) parseHostSubject(subject, space string) (int, string, bool) {
 // publish to and subscribe to. Publishing is limited to the host's own up
 // and request subjects (the server also lets it answer a request it
 // received, such as StdinTo's, once); subscribing, to what the launcher
-// sends every agent, the host's stdin, and its own inbox.
+// sends every agent, the host's stdin and output acks, and its own inbox.
 func (s Subjects) HostPermissions(host int) (publish, subscribe []string) {
 	h := s.ForHost(host)
 	publish = []string{s.prefix + "up." + strconv.Itoa(host) + ".>", s.prefix + "req." + strconv.Itoa(host) + ".>"}
-	subscribe = []string{h.Control, h.Epoch, h.Fence, h.G, h.StdinTo(host), h.Inbox + ".>"}
+	subscribe = []string{h.Control, h.Epoch, h.Fence, h.G, h.StdinTo(host), h.OutputAck(host), h.Inbox + ".>"}
 	return publish, subscribe
 }

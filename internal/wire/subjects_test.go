@@ -121,23 +121,23 @@ func TestHostPermissions(t *testing.T) {
 		}
 		return false
 	}
-	for _, subj := range []string{me.Events, me.Output, me.Heartbeat, me.UpFence, me.Progress, me.Register, me.EpochGet} {
+	for _, subj := range []string{me.Events, me.Output, me.OutputDone, me.Heartbeat, me.UpFence, me.Progress, me.Register, me.EpochGet} {
 		if !allowed(pub, subj) {
 			t.Errorf("host 3 may not publish on its own %q", subj)
 		}
 	}
-	for _, subj := range []string{s.Control, s.Epoch, s.Fence, s.G, s.StdinTo(3), s.StdinTo(4), me.Inbox + ".x",
-		other.Events, other.Output, other.Heartbeat, other.UpFence, other.Progress, other.Register, other.EpochGet, other.Inbox + ".x"} {
+	for _, subj := range []string{s.Control, s.Epoch, s.Fence, s.G, s.StdinTo(3), s.StdinTo(4), s.OutputAck(3), s.OutputAck(4), me.Inbox + ".x",
+		other.Events, other.Output, other.OutputDone, other.Heartbeat, other.UpFence, other.Progress, other.Register, other.EpochGet, other.Inbox + ".x"} {
 		if allowed(pub, subj) {
 			t.Errorf("host 3 may publish on %q", subj)
 		}
 	}
-	for _, subj := range []string{s.Control, s.Epoch, s.Fence, s.G, s.StdinTo(3), me.Inbox + ".a.b"} {
+	for _, subj := range []string{s.Control, s.Epoch, s.Fence, s.G, s.StdinTo(3), s.OutputAck(3), me.Inbox + ".a.b"} {
 		if !allowed(sub, subj) {
 			t.Errorf("host 3 may not subscribe to %q", subj)
 		}
 	}
-	for _, subj := range []string{s.StdinTo(4), other.Inbox + ".a.b", me.Heartbeat, other.Heartbeat, "gorun.job.req.4.register"} {
+	for _, subj := range []string{s.StdinTo(4), s.OutputAck(4), other.Inbox + ".a.b", me.Heartbeat, other.Heartbeat, "gorun.job.req.4.register"} {
 		if allowed(sub, subj) {
 			t.Errorf("host 3 may subscribe to %q", subj)
 		}
