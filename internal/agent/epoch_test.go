@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/comm"
-	"github.com/gorun/gorun/internal/ctlserver"
 	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
@@ -70,24 +69,9 @@ func epochWatch() int {
 
 func TestNewEpochReachesRanks(t *testing.T) {
 	const job = "epochtest"
-	secret, _ := comm.NewSecret()
-	creds := secret.HostCredentials(0, nil)
-	srv, err := ctlserver.Start(ctlserver.Config{Job: job, LocalPassword: secret.InProcessPassword(),
-		Hosts: []ctlserver.HostUser{{Password: creds.InProcessPassword()}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	dial := func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
-		return comm.DialInProcessHost(ctx, srv.InProcess(), creds, o)
-	}
-	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l, creds, dial := testControlPlane(t, ctx, job)
 	subj := wire.JobSubjects(job)
 	up := make(chan *nats.Msg, 1024)
 	sub, _ := l.ChanSubscribe(subj.Up, up)

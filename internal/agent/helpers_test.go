@@ -140,3 +140,30 @@ func discardBatcher() *batcher {
 	b.closed = true
 	return b
 }
+
+// testControlPlane starts a job's control plane with one host (host 0) and
+// connects the launcher to it: it returns the launcher's connection, the
+// host's credentials and the Dial an agent for host 0 uses.
+func testControlPlane(t *testing.T, ctx context.Context, job string) (*comm.Control, comm.HostCredentials, func(context.Context, comm.ControlOptions) (*comm.Control, error)) {
+	t.Helper()
+	secret, err := comm.NewSecret()
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := secret.HostCredentials(0, nil)
+	srv, err := ctlserver.Start(ctlserver.Config{Job: job, LocalPassword: secret.InProcessPassword(),
+		Hosts: []ctlserver.HostUser{{Password: creds.InProcessPassword()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{Name: "launcher"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	dial := func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
+		return comm.DialInProcessHost(ctx, srv.InProcess(), creds, o)
+	}
+	return l, creds, dial
+}

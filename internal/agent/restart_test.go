@@ -12,7 +12,6 @@ import (
 
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/gpu"
-	"github.com/gorun/gorun/internal/ctlserver"
 	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
@@ -35,24 +34,9 @@ type fakeLauncher struct {
 // running prog args; with, when not nil, changes the agent's Config.
 func startFakeLauncher(t *testing.T, job string, ranks []int, with func(*Config), prog string, args ...string) *fakeLauncher {
 	t.Helper()
-	secret, _ := comm.NewSecret()
-	creds := secret.HostCredentials(0, nil)
-	srv, err := ctlserver.Start(ctlserver.Config{Job: job, LocalPassword: secret.InProcessPassword(),
-		Hosts: []ctlserver.HostUser{{Password: creds.InProcessPassword()}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
-	dial := func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
-		return comm.DialInProcessHost(ctx, srv.InProcess(), creds, o)
-	}
-	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(l.Close)
+	l, creds, dial := testControlPlane(t, ctx, job)
 	f := &fakeLauncher{t: t, ctx: ctx, l: l, subj: wire.JobSubjects(job), events: make(chan *wire.Event, 1024), agentErr: make(chan error, 1)}
 	sub, err := l.Subscribe(f.subj.ForHost(0).Events, func(m *nats.Msg) {
 		if e, err := wire.DecodeEvent(m.Data); err == nil {
