@@ -181,7 +181,9 @@ func (h *Host) G() int64 {
 // Restart begins restart generation gen, in which every rank resumes from
 // step g (the launcher's G when it stopped the ranks; -1: from scratch):
 // every local rank's steps after g are discarded, so that the ranks
-// restarted next restore g and stage g+1. The ranks must be stopped.
+// restarted next restore g and stage g+1, and so are the replicas this
+// host holds of other ranks' steps after g from older generations; puts
+// of older generations are refused from now on. The ranks must be stopped.
 func (h *Host) Restart(gen uint64, g int64) error {
 	// No progress report is taken while the generation and the ranks'
 	// steps disagree: one with the new generation and a discarded step
@@ -192,6 +194,7 @@ func (h *Host) Restart(gen uint64, g int64) error {
 	close(h.gwake)
 	h.gwake = make(chan struct{})
 	h.gmu.Unlock()
+	h.store.restart(gen, g)
 	var errs []error
 	for _, r := range h.sortedRanks() {
 		if err := h.svcs[r].truncate(g); err != nil {
