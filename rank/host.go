@@ -42,7 +42,16 @@ type HostConfig struct {
 	// Changed is called (from any goroutine, never under a lock the caller
 	// might need) when a rank's progress changed: see Host.Progress.
 	Changed func()
-	Log     *slog.Logger
+	// Failed is called (from any goroutine, never under a lock) when local
+	// rank rank of restart generation gen cannot go on: its committed
+	// state is corrupt (a *CorruptError; a holder refused its bytes and
+	// the rank's slot no longer matches its committed CRC32Cs). Its step
+	// will never be replicated, so G stops and every rank would wait at
+	// the overwrite rule: the caller must fail the rank (kill it and report
+	// it, so that the job restarts or stops). The rank's own Stage
+	// requests are refused with err meanwhile. Nil: only logged.
+	Failed func(rank int, gen uint64, err error)
+	Log    *slog.Logger
 }
 
 // Progress is one local rank's protection progress.
@@ -112,6 +121,9 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	}
 	if cfg.Changed == nil {
 		cfg.Changed = func() {}
+	}
+	if cfg.Failed == nil {
+		cfg.Failed = func(int, uint64, error) {}
 	}
 	h := &Host{cfg: cfg, log: log, svcs: map[int]*service{}, g: noStep, gwake: make(chan struct{})}
 	h.life, h.stop = context.WithCancel(context.Background())
@@ -221,9 +233,10 @@ const slowWait = 30 * time.Second
 // rank process is gone).
 var errRestarted = errors.New("the ranks were restarted since this session began")
 
-// waitG waits until g ≥ step in generation gen, ctx ends, the host stops
-// or a restart begins another generation.
-func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64) error {
+// waitG waits until g ≥ step in generation gen, ctx ends, the host stops,
+// a restart begins another generation, or failed is closed (the rank
+// failed: it returns failure()).
+func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64, failed <-chan struct{}, failure func() error) error {
 	h.waiters.Add(1)
 	defer h.waiters.Add(-1)
 	t := time.NewTimer(slowWait)
@@ -244,6 +257,11 @@ func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64) erro
 		case <-slow:
 			h.log.Warn("a stage waits at the overwrite rule: some rank has not committed, or not replicated, this step",
 				"rank", rank, "step", step, "G", g, "waited", slowWait)
+		case <-failed:
+			if err := failure(); err != nil {
+				return err
+			}
+			failed = nil // cleared by a restart: the generation check ends the wait
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-h.life.Done():

@@ -553,14 +553,23 @@ func (s *service) readSlot(step int64, names []string) ([]tableEntry, [][]byte, 
 // in order: a holder must have every step that G may come to name (when
 // step s+1 commits before step s is sent, G may still be s), and the
 // overwrite rule keeps a step's slot until the next one is replicated.
+//
+// A send that fails is retried, with a backoff, for as long as the failure
+// may be transient: a link down, a holder not yet restarted, data damaged
+// on the way. A holder that refuses the data as not matching the owner's
+// CRC32Cs has the owner verify its slot against the CRC32Cs of its commit;
+// if the slot no longer matches them, the rank's state is corrupt and no
+// retry can help: the replicator stops until the next restart and the rank
+// is failed (service.fail).
 type replicator struct {
 	s       *service
-	mu      sync.Mutex
-	wantS   int64 // newest committed step to replicate
+	mu      sync.Mutex // guards the fields below
+	wantS   int64      // newest committed step to replicate
 	running bool
 	cancel  context.CancelFunc
 	done    chan struct{}
-	stopped bool
+	stopped bool // the service closed
+	failed  bool // the rank's state is corrupt: nothing to send until reset
 }
 
 func (r *replicator) init(s *service) { r.s = s; r.wantS = noStep }
@@ -568,7 +577,7 @@ func (r *replicator) init(s *service) { r.s = s; r.wantS = noStep }
 func (r *replicator) want(step int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.stopped {
+	if r.stopped || r.failed {
 		return
 	}
 	r.wantS = max(r.wantS, step)
@@ -578,14 +587,15 @@ func (r *replicator) want(step int64) {
 	r.running = true
 	ctx, cancel := context.WithCancel(r.s.h.life)
 	r.cancel, r.done = cancel, make(chan struct{})
-	go r.loop(ctx, r.done)
+	go r.loop(ctx, cancel, r.done)
 }
 
-// reset cancels the replication in flight and waits for it to end.
+// reset cancels the replication in flight and waits for it to end; a
+// replicator stopped by a corrupt state may start again.
 func (r *replicator) reset() {
 	r.mu.Lock()
 	cancel, done := r.cancel, r.done
-	r.wantS = noStep
+	r.wantS, r.failed = noStep, false
 	r.mu.Unlock()
 	if cancel != nil {
 		cancel()
@@ -600,8 +610,9 @@ func (r *replicator) stop() {
 	r.reset()
 }
 
-func (r *replicator) loop(ctx context.Context, done chan struct{}) {
+func (r *replicator) loop(ctx context.Context, cancel context.CancelFunc, done chan struct{}) {
 	defer close(done)
+	defer cancel()
 	s := r.s
 	backoff := 50 * time.Millisecond
 	failures, logged := 0, time.Time{}
@@ -609,19 +620,26 @@ func (r *replicator) loop(ctx context.Context, done chan struct{}) {
 		r.mu.Lock()
 		want, done := r.wantS, s.replicated.Load()
 		step := s.nextToSend(done, want)
-		if step < 0 || ctx.Err() != nil {
+		if step < 0 || ctx.Err() != nil || r.failed {
 			r.running, r.cancel = false, nil
 			r.mu.Unlock()
 			return
 		}
 		r.mu.Unlock()
-		err := r.send(ctx, step)
+		gen, err := r.send(ctx, step)
 		if err == nil {
 			backoff, failures = 50*time.Millisecond, 0
 			continue
 		}
 		if ctx.Err() != nil {
 			continue
+		}
+		if ce, ok := errors.AsType[*CorruptError](err); ok {
+			r.mu.Lock()
+			r.failed = true
+			r.mu.Unlock()
+			s.fail(gen, ce)
+			continue // ends the loop
 		}
 		if failures++; failures == 1 || time.Since(logged) > 30*time.Second {
 			s.h.log.Warn("replication failed; retrying", "rank", s.rank, "step", step, "failures", failures, "err", err)
@@ -651,8 +669,10 @@ func (s *service) nextToSend(done, want int64) int64 {
 	return next
 }
 
-// send sends step to every holder and records it replicated.
-func (r *replicator) send(ctx context.Context, step int64) error {
+// send sends step to every holder and records it replicated. It returns
+// the generation it sent in and, when a holder refused the data as
+// damaged and the slot no longer matches its commit, a *CorruptError.
+func (r *replicator) send(ctx context.Context, step int64) (uint64, error) {
 	s := r.s
 	// The generation is read before the slot: a restart begun after this
 	// (a newer generation) waits for this send to end before it truncates
@@ -668,7 +688,7 @@ func (r *replicator) send(ctx context.Context, step int64) error {
 	}
 	if slot < 0 { // truncated by a restore since nextToSend
 		s.mu.Unlock()
-		return fmt.Errorf("step %d is no longer in a slot", step)
+		return gen, fmt.Errorf("step %d is no longer in a slot", step)
 	}
 	var t []tableEntry
 	var data [][]byte
@@ -691,10 +711,19 @@ func (r *replicator) send(ctx context.Context, step int64) error {
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return err
+		if errors.Is(err, errPutDamaged) {
+			// The holder's copy did not match the CRC32Cs of the
+			// commit. If the slot still does, the bytes were damaged on
+			// the way (retried); else they changed here after the commit.
+			if ce := s.verifySlot(slot, step); ce != nil {
+				return gen, ce
+			}
+			return gen, fmt.Errorf("%w (rank %d's slot of step %d still matches its commit: damaged in transit)", err, s.rank, step)
+		}
+		return gen, err
 	}
 	if ctx.Err() != nil {
-		return ctx.Err()
+		return gen, ctx.Err()
 	}
 	var n int64
 	for _, e := range t {
@@ -710,7 +739,7 @@ func (r *replicator) send(ctx context.Context, step int64) error {
 		}
 	}
 	s.h.cfg.Changed()
-	return nil
+	return gen, nil
 }
 
 // ---- Links to other hosts ----------------------------------------------
