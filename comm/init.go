@@ -70,13 +70,17 @@ func (c *Comm) Rebuild(ctx context.Context) (*Comm, error) {
 
 // session is a rank's connection to its agent over GORUN_SOCKET. A reader
 // goroutine owns the reads: answers go to the one caller waiting, epoch
-// pushes abort the current communicator and are kept for Rebuild.
+// pushes abort the current communicator and are kept for Rebuild. close
+// ends the reader, wherever it is: in a read, or handing an answer to a
+// caller that left (its context ended as the answer came).
 type session struct {
-	path    string // GORUN_SOCKET
-	c       net.Conn
-	answers chan frame
-	done    chan struct{} // closed when the reader ends
-	callMu  sync.Mutex    // one request at a time
+	path      string // GORUN_SOCKET
+	c         net.Conn
+	answers   chan frame
+	quit      chan struct{} // closed by close: nobody takes answers any more
+	closeOnce sync.Once
+	done      chan struct{} // closed when the reader ends
+	callMu    sync.Mutex    // one request at a time
 
 	mu      sync.Mutex    // guards the fields below
 	welcome *wire.Welcome // the newest epoch known
@@ -99,7 +103,7 @@ func openSession(ctx context.Context, path string) (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("comm: connecting to the agent at %s: %w", path, err)
 	}
-	s := &session{path: path, c: c, answers: make(chan frame), done: make(chan struct{}), newEp: make(chan struct{})}
+	s := newSession(path, c)
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	err = wire.WriteSock(c, wire.SockHello, &wire.Hello{Version: wire.SockVersion, Pid: os.Getpid()})
 	var typ byte
@@ -121,6 +125,12 @@ func openSession(ctx context.Context, path string) (*session, error) {
 	}
 	go s.read()
 	return s, nil
+}
+
+// newSession makes the session of connection c to the agent at path; its
+// reader is not started yet.
+func newSession(path string, c net.Conn) *session {
+	return &session{path: path, c: c, answers: make(chan frame), quit: make(chan struct{}), done: make(chan struct{}), newEp: make(chan struct{})}
 }
 
 // welcomed takes the agent's answer to Hello.
@@ -167,7 +177,12 @@ func (s *session) read() {
 			return
 		}
 		if typ != wire.SockEpoch {
-			s.answers <- frame{typ, b} // a caller waits for every answer
+			// A caller waits for every answer, unless it gave up and
+			// closed the session: then the next read fails.
+			select {
+			case s.answers <- frame{typ, b}:
+			case <-s.quit:
+			}
 			continue
 		}
 		var w wire.Welcome
@@ -236,10 +251,10 @@ func (s *session) call(ctx context.Context, typ byte, req any, want byte, resp a
 		defer s.mu.Unlock()
 		return s.err
 	case <-ctx.Done():
-		// The answer will still come; the reader cannot hand it to anyone
-		// then, so the session is unusable: close it.
-		s.c.Close()
-		<-s.done
+		// The answer will still come (or is being handed over now), and
+		// answers carry no request id: a later call could take it for its
+		// own. The session is unusable, so close it.
+		s.close()
 		return fmt.Errorf("comm: talking to the agent: %w", context.Cause(ctx))
 	}
 	if f.typ == wire.SockError {
@@ -340,8 +355,12 @@ func (s *session) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 	return c, nil
 }
 
-// close ends the session.
+// close ends the session and waits for its reader; it may be called
+// more than once.
 func (s *session) close() {
-	s.c.Close()
+	s.closeOnce.Do(func() {
+		close(s.quit)
+		s.c.Close()
+	})
 	<-s.done
 }

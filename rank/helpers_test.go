@@ -26,6 +26,7 @@ type cluster struct {
 	dirs    []string // by host: the slot directory
 	holders [][]int
 	changed chan struct{}
+	failed  chan hostFailure // HostConfig.Failed's calls, of every host
 	nhosts  int
 	mu      sync.Mutex // guards hosts after start
 	wg      sync.WaitGroup
@@ -40,7 +41,7 @@ func newCluster(t testing.TB, ranks [][]int, holders [][]int, peers func(int) []
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{t: t, job: "testjob", secret: s, holders: holders, changed: make(chan struct{}, 1), nhosts: len(ranks)}
+	c := &cluster{t: t, job: "testjob", secret: s, holders: holders, changed: make(chan struct{}, 1), failed: make(chan hostFailure, 16), nhosts: len(ranks)}
 	world := 0
 	for _, rs := range ranks {
 		world += len(rs)
@@ -84,6 +85,13 @@ func (c *cluster) startHost(h int, ranks []int, peers func(int) []int, dir strin
 		Job: c.job, LinkKey: c.secret.LinkKey(), Host: h, Hosts: c.nhosts, Ranks: ranks, Dir: dir,
 		Holders: c.holders, Peers: peers, HostOf: func(r int) int { return c.hostOf[r] },
 		Listener: ln, Changed: c.notify,
+		Failed: func(r int, gen uint64, err error) {
+			select {
+			case c.failed <- hostFailure{r, gen, err}:
+			default:
+				c.t.Errorf("more failures than the test reads: rank %d generation %d: %v", r, gen, err)
+			}
+		},
 	})
 	if err != nil {
 		c.t.Fatal(err)
@@ -97,6 +105,13 @@ func (c *cluster) startHost(h int, ranks []int, peers func(int) []int, dir strin
 		c.hosts = append(c.hosts, host)
 		c.dirs = append(c.dirs, dir)
 	}
+}
+
+// hostFailure is one call of HostConfig.Failed.
+type hostFailure struct {
+	rank int
+	gen  uint64
+	err  error
 }
 
 func (c *cluster) notify() {

@@ -44,7 +44,16 @@ type HostConfig struct {
 	// Changed is called (from any goroutine, never under a lock the caller
 	// might need) when a rank's progress changed: see Host.Progress.
 	Changed func()
-	Log     *slog.Logger
+	// Failed is called (from any goroutine, never under a lock) when local
+	// rank rank of restart generation gen cannot go on: its committed
+	// state is corrupt (a *CorruptError; a holder refused its bytes and
+	// the rank's slot no longer matches its committed CRC32Cs). Its step
+	// will never be replicated, so G stops and every rank would wait at
+	// the overwrite rule: the caller must fail the rank (kill it and report
+	// it, so that the job restarts or stops). The rank's own Stage
+	// requests are refused with err meanwhile. Nil: only logged.
+	Failed func(rank int, gen uint64, err error)
+	Log    *slog.Logger
 }
 
 // Progress is one local rank's protection progress.
@@ -115,6 +124,9 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	if cfg.Changed == nil {
 		cfg.Changed = func() {}
 	}
+	if cfg.Failed == nil {
+		cfg.Failed = func(int, uint64, error) {}
+	}
 	h := &Host{cfg: cfg, log: log, svcs: map[int]*service{}, g: noStep, gwake: make(chan struct{})}
 	h.life, h.stop = context.WithCancel(context.Background())
 	for _, r := range cfg.Ranks {
@@ -183,7 +195,9 @@ func (h *Host) G() int64 {
 // Restart begins restart generation gen, in which every rank resumes from
 // step g (the launcher's G when it stopped the ranks; -1: from scratch):
 // every local rank's steps after g are discarded, so that the ranks
-// restarted next restore g and stage g+1. The ranks must be stopped.
+// restarted next restore g and stage g+1, and so are the replicas this
+// host holds of other ranks' steps after g from older generations; puts
+// of older generations are refused from now on. The ranks must be stopped.
 func (h *Host) Restart(gen uint64, g int64) error {
 	// No progress report is taken while the generation and the ranks'
 	// steps disagree: one with the new generation and a discarded step
@@ -194,6 +208,7 @@ func (h *Host) Restart(gen uint64, g int64) error {
 	close(h.gwake)
 	h.gwake = make(chan struct{})
 	h.gmu.Unlock()
+	h.store.restart(gen, g)
 	var errs []error
 	for _, r := range h.sortedRanks() {
 		if err := h.svcs[r].truncate(g); err != nil {
@@ -220,9 +235,10 @@ const slowWait = 30 * time.Second
 // rank process is gone).
 var errRestarted = errors.New("the ranks were restarted since this session began")
 
-// waitG waits until g ≥ step in generation gen, ctx ends, the host stops
-// or a restart begins another generation.
-func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64) error {
+// waitG waits until g ≥ step in generation gen, ctx ends, the host stops,
+// a restart begins another generation, or failed is closed (the rank
+// failed: it returns failure()).
+func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64, failed <-chan struct{}, failure func() error) error {
 	h.waiters.Add(1)
 	defer h.waiters.Add(-1)
 	t := time.NewTimer(slowWait)
@@ -243,6 +259,11 @@ func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64) erro
 		case <-slow:
 			h.log.Warn("a stage waits at the overwrite rule: some rank has not committed, or not replicated, this step",
 				"rank", rank, "step", step, "G", g, "waited", slowWait)
+		case <-failed:
+			if err := failure(); err != nil {
+				return err
+			}
+			failed = nil // cleared by a restart: the generation check ends the wait
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-h.life.Done():

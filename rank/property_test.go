@@ -640,8 +640,8 @@ func newSessRank(t *testing.T, h *Host, r int) *sessRank {
 	return sr
 }
 
-// protect stages, writes and commits step.
-func (sr *sessRank) protect(step int64) {
+// protect stages, writes and commits step, and returns its slot.
+func (sr *sessRank) protect(step int64) int {
 	sr.t.Helper()
 	req := fmt.Appendf(nil, `{"step":%d}`, step)
 	_, ans, err := sr.sess.Handle(context.Background(), TypeStage, req)
@@ -652,10 +652,12 @@ func (sr *sessRank) protect(step int64) {
 	for i, reg := range propRegions {
 		copy(sr.views[ans.(*Staged).Slot][i], st[reg.Name])
 	}
+	slot := ans.(*Staged).Slot
 	_, ans, err = sr.sess.Handle(context.Background(), TypeCommit, req)
 	if err != nil || ans.(*Committed).Err != "" {
 		sr.t.Fatalf("rank %d: Commit(%d): %+v, %v", sr.r, step, ans, err)
 	}
+	return slot
 }
 
 func (sr *sessRank) restore(ctx context.Context) *Restorable {

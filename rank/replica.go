@@ -19,8 +19,15 @@ package rank
 // big-endian. Kinds: put (the owner's regions, data follows), get (a
 // holder's replica of owner at step), getSlot (a rank's own slot regions
 // at step, for params), and the answers ack, data, fail (length = the
-// message's bytes). Everything read is bounds-checked before use; a
-// malformed request closes the link.
+// message's bytes; reserved = why, see failCRC). Everything read is
+// bounds-checked before use; a malformed request closes the link.
+//
+// gen is the owner host's restart generation when it read the step from
+// its slot. A holder refuses a put older than the newest generation it
+// knows for that owner (its own, or one a put of the owner carried): a
+// put of a step after G from before a restart, still queued on an old
+// link, would otherwise replace the same step of the new generation, and
+// its CRCs match its bytes, so a restore would take it.
 
 import (
 	"context"
@@ -52,6 +59,11 @@ const (
 	kindFail    = 0x83
 
 	maxFailMsg = 4096
+
+	// Why a holder refused a request (the reserved word of a fail answer).
+	failOther = 0
+	failCRC   = 1 // a put's data did not match the owner's CRC32C
+	failStale = 2 // a put's generation is older than one the holder knows
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -61,6 +73,7 @@ type linkHdr struct {
 	count  int
 	owner  int
 	holder int
+	why    uint32 // of a fail answer: failOther, failCRC, failStale
 	step   int64
 	gen    uint64
 	length uint64
@@ -71,7 +84,7 @@ func (h *linkHdr) put(b []byte) {
 	binary.BigEndian.PutUint16(b[2:], uint16(h.count))
 	binary.BigEndian.PutUint32(b[4:], uint32(h.owner))
 	binary.BigEndian.PutUint32(b[8:], uint32(h.holder))
-	binary.BigEndian.PutUint32(b[12:], 0)
+	binary.BigEndian.PutUint32(b[12:], h.why)
 	binary.BigEndian.PutUint64(b[16:], uint64(h.step))
 	binary.BigEndian.PutUint64(b[24:], h.gen)
 	binary.BigEndian.PutUint64(b[32:], h.length)
@@ -81,6 +94,7 @@ func parseLinkHdr(b []byte) (linkHdr, error) {
 	h := linkHdr{
 		kind: b[1], count: int(binary.BigEndian.Uint16(b[2:])),
 		owner: int(binary.BigEndian.Uint32(b[4:])), holder: int(binary.BigEndian.Uint32(b[8:])),
+		why:  binary.BigEndian.Uint32(b[12:]),
 		step: int64(binary.BigEndian.Uint64(b[16:])), gen: binary.BigEndian.Uint64(b[24:]),
 		length: binary.BigEndian.Uint64(b[32:]),
 	}
@@ -176,11 +190,11 @@ func writeFrame(w io.Writer, h linkHdr, t []tableEntry, data [][]byte) error {
 	return err
 }
 
-func writeFail(w io.Writer, h linkHdr, msg string) error {
+func writeFail(w io.Writer, h linkHdr, why uint32, msg string) error {
 	if len(msg) > maxFailMsg {
 		msg = msg[:maxFailMsg]
 	}
-	h.kind, h.count, h.length = kindFail, 0, uint64(len(msg))
+	h.kind, h.count, h.why, h.length = kindFail, 0, why, uint64(len(msg))
 	b := make([]byte, linkHdrSize, linkHdrSize+len(msg))
 	h.put(b)
 	b = append(b, msg...)
@@ -206,29 +220,48 @@ func readAnswer(r io.Reader) (linkHdr, error) {
 		if _, err := io.ReadFull(r, msg); err != nil {
 			return h, err
 		}
-		return h, &remoteError{msg: string(msg)}
+		return h, &remoteError{why: h.why, msg: string(msg)}
 	}
 	return h, nil
 }
 
+var (
+	// errPutDamaged: a holder received data that does not match the
+	// CRC32Cs the owner committed (see replicator.send).
+	errPutDamaged = errors.New("the data received did not match the owner's CRC32C")
+	// errPutStale: a holder refused a put from an older restart
+	// generation than one it knows.
+	errPutStale = errors.New("the put is from an older restart generation")
+)
+
 // remoteError is a request the other host refused; the link stays usable.
-type remoteError struct{ msg string }
+// It matches errPutDamaged or errPutStale when the holder said why.
+type remoteError struct {
+	why uint32
+	msg string
+}
 
 func (e *remoteError) Error() string { return "refused by the holder: " + e.msg }
+
+func (e *remoteError) Is(target error) bool {
+	return e.why == failCRC && target == errPutDamaged || e.why == failStale && target == errPutStale
+}
 
 // ---- The holder's side -------------------------------------------------
 
 // replicaBuf is one buffer of an owner's replica.
 type replicaBuf struct {
-	step  int64 // the complete step held, or -1 (empty or being received)
+	step  int64  // the complete step held, or -1 (empty or being received)
+	gen   uint64 // the owner's restart generation when it sent step
 	table []tableEntry
 	data  [][]byte
 }
 
 // ownerReplica is what this host holds of one owner rank.
 type ownerReplica struct {
-	mu   sync.Mutex // held while a buffer is received or sent
+	mu   sync.Mutex // held while a buffer is received or sent; guards the fields below
 	bufs [2]replicaBuf
+	gen  uint64 // the newest restart generation known for the owner: older puts are refused
 }
 
 // replicaStore holds the replicas this host's ranks keep for others.
@@ -276,6 +309,29 @@ func (st *replicaStore) close() {
 		c.Close()
 	}
 	st.owners = map[int]*ownerReplica{}
+}
+
+// restart begins restart generation gen, in which every rank resumes from
+// step g: the replicas of steps after g sent in older generations are
+// dropped (they were never recoverable and are gone from their owners'
+// slots), and puts from older generations are refused from now on.
+func (st *replicaStore) restart(gen uint64, g int64) {
+	st.mu.Lock()
+	owners := make([]*ownerReplica, 0, len(st.owners))
+	for _, o := range st.owners {
+		owners = append(owners, o)
+	}
+	st.mu.Unlock()
+	for _, o := range owners {
+		o.mu.Lock()
+		o.gen = max(o.gen, gen)
+		for i := range o.bufs {
+			if b := &o.bufs[i]; b.gen < gen && b.step > g {
+				b.step = noStep
+			}
+		}
+		o.mu.Unlock()
+	}
 }
 
 // serve answers the requests of host from on c until c fails.
@@ -346,11 +402,18 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 		if _, err := io.CopyN(io.Discard, c, int64(total)); err != nil {
 			return err
 		}
-		return writeFail(c, h, refuse)
+		return writeFail(c, h, failOther, refuse)
 	}
 	o := st.owner(h.owner)
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if known := max(o.gen, st.h.Gen()); h.gen < known {
+		if _, err := io.CopyN(io.Discard, c, int64(total)); err != nil {
+			return err
+		}
+		return writeFail(c, h, failStale, fmt.Sprintf("rank %d step %d: a put of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known))
+	}
+	o.gen = h.gen
 	// The victim: a buffer holding this step or a later one (from before a
 	// restart), else the older one. The other keeps the newest step
 	// before this one, which the overwrite rule may still need.
@@ -364,7 +427,7 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 		v = 1
 	}
 	buf := &o.bufs[v]
-	buf.step = noStep
+	buf.step, buf.gen = noStep, h.gen
 	if !sameShape(buf.table, t) {
 		// Replicas live in this agent's memory: all of them together may
 		// take at most half the host's, whatever peers announce.
@@ -390,7 +453,7 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	}
 	for i, e := range t {
 		if got := crc32.Checksum(buf.data[i], castagnoli); got != e.sum {
-			return writeFail(c, h, fmt.Sprintf("rank %d step %d region %s: CRC32C %08x, the owner's is %08x", h.owner, h.step, e.name, got, e.sum))
+			return writeFail(c, h, failCRC, fmt.Sprintf("rank %d step %d region %s: CRC32C %08x, the owner's is %08x", h.owner, h.step, e.name, got, e.sum))
 		}
 	}
 	buf.step = h.step
@@ -421,7 +484,7 @@ func (st *replicaStore) get(c net.Conn, h linkHdr) error {
 	o := st.owners[h.owner]
 	st.mu.Unlock()
 	if o == nil {
-		return writeFail(c, h, fmt.Sprintf("no replica of rank %d here", h.owner))
+		return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d here", h.owner))
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -431,14 +494,14 @@ func (st *replicaStore) get(c net.Conn, h linkHdr) error {
 			return writeFrame(c, d, b.table, b.data)
 		}
 	}
-	return writeFail(c, h, fmt.Sprintf("no replica of rank %d at step %d here", h.owner, h.step))
+	return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d at step %d here", h.owner, h.step))
 }
 
 // getSlot sends regions of local rank h.holder's own slot at h.step.
 func (st *replicaStore) getSlot(c net.Conn, h linkHdr, want []tableEntry) error {
 	svc := st.h.svcs[h.holder]
 	if svc == nil {
-		return writeFail(c, h, fmt.Sprintf("rank %d is not on host %d", h.holder, st.h.cfg.Host))
+		return writeFail(c, h, failOther, fmt.Sprintf("rank %d is not on host %d", h.holder, st.h.cfg.Host))
 	}
 	names := make([]string, len(want))
 	for i, e := range want {
@@ -446,7 +509,7 @@ func (st *replicaStore) getSlot(c net.Conn, h linkHdr, want []tableEntry) error 
 	}
 	t, data, err := svc.readSlot(h.step, names)
 	if err != nil {
-		return writeFail(c, h, err.Error())
+		return writeFail(c, h, failOther, err.Error())
 	}
 	d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
 	return writeFrame(c, d, t, data)
@@ -490,14 +553,23 @@ func (s *service) readSlot(step int64, names []string) ([]tableEntry, [][]byte, 
 // in order: a holder must have every step that G may come to name (when
 // step s+1 commits before step s is sent, G may still be s), and the
 // overwrite rule keeps a step's slot until the next one is replicated.
+//
+// A send that fails is retried, with a backoff, for as long as the failure
+// may be transient: a link down, a holder not yet restarted, data damaged
+// on the way. A holder that refuses the data as not matching the owner's
+// CRC32Cs has the owner verify its slot against the CRC32Cs of its commit;
+// if the slot no longer matches them, the rank's state is corrupt and no
+// retry can help: the replicator stops until the next restart and the rank
+// is failed (service.fail).
 type replicator struct {
 	s       *service
-	mu      sync.Mutex
-	wantS   int64 // newest committed step to replicate
+	mu      sync.Mutex // guards the fields below
+	wantS   int64      // newest committed step to replicate
 	running bool
 	cancel  context.CancelFunc
 	done    chan struct{}
-	stopped bool
+	stopped bool // the service closed
+	failed  bool // the rank's state is corrupt: nothing to send until reset
 }
 
 func (r *replicator) init(s *service) { r.s = s; r.wantS = noStep }
@@ -505,7 +577,7 @@ func (r *replicator) init(s *service) { r.s = s; r.wantS = noStep }
 func (r *replicator) want(step int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.stopped {
+	if r.stopped || r.failed {
 		return
 	}
 	r.wantS = max(r.wantS, step)
@@ -515,14 +587,15 @@ func (r *replicator) want(step int64) {
 	r.running = true
 	ctx, cancel := context.WithCancel(r.s.h.life)
 	r.cancel, r.done = cancel, make(chan struct{})
-	go r.loop(ctx, r.done)
+	go r.loop(ctx, cancel, r.done)
 }
 
-// reset cancels the replication in flight and waits for it to end.
+// reset cancels the replication in flight and waits for it to end; a
+// replicator stopped by a corrupt state may start again.
 func (r *replicator) reset() {
 	r.mu.Lock()
 	cancel, done := r.cancel, r.done
-	r.wantS = noStep
+	r.wantS, r.failed = noStep, false
 	r.mu.Unlock()
 	if cancel != nil {
 		cancel()
@@ -537,8 +610,9 @@ func (r *replicator) stop() {
 	r.reset()
 }
 
-func (r *replicator) loop(ctx context.Context, done chan struct{}) {
+func (r *replicator) loop(ctx context.Context, cancel context.CancelFunc, done chan struct{}) {
 	defer close(done)
+	defer cancel()
 	s := r.s
 	backoff := 50 * time.Millisecond
 	failures, logged := 0, time.Time{}
@@ -546,19 +620,26 @@ func (r *replicator) loop(ctx context.Context, done chan struct{}) {
 		r.mu.Lock()
 		want, done := r.wantS, s.replicated.Load()
 		step := s.nextToSend(done, want)
-		if step < 0 || ctx.Err() != nil {
+		if step < 0 || ctx.Err() != nil || r.failed {
 			r.running, r.cancel = false, nil
 			r.mu.Unlock()
 			return
 		}
 		r.mu.Unlock()
-		err := r.send(ctx, step)
+		gen, err := r.send(ctx, step)
 		if err == nil {
 			backoff, failures = 50*time.Millisecond, 0
 			continue
 		}
 		if ctx.Err() != nil {
 			continue
+		}
+		if ce, ok := errors.AsType[*CorruptError](err); ok {
+			r.mu.Lock()
+			r.failed = true
+			r.mu.Unlock()
+			s.fail(gen, ce)
+			continue // ends the loop
 		}
 		if failures++; failures == 1 || time.Since(logged) > 30*time.Second {
 			s.h.log.Warn("replication failed; retrying", "rank", s.rank, "step", step, "failures", failures, "err", err)
@@ -588,9 +669,16 @@ func (s *service) nextToSend(done, want int64) int64 {
 	return next
 }
 
-// send sends step to every holder and records it replicated.
-func (r *replicator) send(ctx context.Context, step int64) error {
+// send sends step to every holder and records it replicated. It returns
+// the generation it sent in and, when a holder refused the data as
+// damaged and the slot no longer matches its commit, a *CorruptError.
+func (r *replicator) send(ctx context.Context, step int64) (uint64, error) {
 	s := r.s
+	// The generation is read before the slot: a restart begun after this
+	// (a newer generation) waits for this send to end before it truncates
+	// the slot, so the bytes sent are never newer than gen says; read
+	// after, it could label a step of the old generation with the new one.
+	gen := s.h.Gen()
 	s.mu.Lock()
 	slot := -1
 	for i, st := range s.slotStep {
@@ -600,7 +688,7 @@ func (r *replicator) send(ctx context.Context, step int64) error {
 	}
 	if slot < 0 { // truncated by a restore since nextToSend
 		s.mu.Unlock()
-		return fmt.Errorf("step %d is no longer in a slot", step)
+		return gen, fmt.Errorf("step %d is no longer in a slot", step)
 	}
 	var t []tableEntry
 	var data [][]byte
@@ -612,7 +700,6 @@ func (r *replicator) send(ctx context.Context, step int64) error {
 	// The slot holding step is not staged over before step is replicated
 	// (the overwrite rule needs it to be), nor truncated before reset
 	// waited for this send: its views are stable here.
-	gen := s.h.Gen()
 	holders := s.h.holders(s.rank)
 	start := time.Now()
 	errs := make([]error, len(holders))
@@ -624,10 +711,19 @@ func (r *replicator) send(ctx context.Context, step int64) error {
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return err
+		if errors.Is(err, errPutDamaged) {
+			// The holder's copy did not match the CRC32Cs of the
+			// commit. If the slot still does, the bytes were damaged on
+			// the way (retried); else they changed here after the commit.
+			if ce := s.verifySlot(slot, step); ce != nil {
+				return gen, ce
+			}
+			return gen, fmt.Errorf("%w (rank %d's slot of step %d still matches its commit: damaged in transit)", err, s.rank, step)
+		}
+		return gen, err
 	}
 	if ctx.Err() != nil {
-		return ctx.Err()
+		return gen, ctx.Err()
 	}
 	var n int64
 	for _, e := range t {
@@ -643,7 +739,7 @@ func (r *replicator) send(ctx context.Context, step int64) error {
 		}
 	}
 	s.h.cfg.Changed()
-	return nil
+	return gen, nil
 }
 
 // ---- Links to other hosts ----------------------------------------------

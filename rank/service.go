@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math"
 	"os"
 	"slices"
@@ -44,6 +45,11 @@ type service struct {
 	gradUnmap func() error
 	diffLog   [][]byte // encoded replay records, oldest first
 	diffSteps []int64
+	// corrupt is why the rank failed in this generation (its committed
+	// state changed in memory), or nil; failed is closed when it is set.
+	// A restart clears both.
+	corrupt *CorruptError
+	failed  chan struct{}
 
 	replicated atomic.Int64
 	stages     atomic.Int64
@@ -56,7 +62,7 @@ type service struct {
 }
 
 func newService(h *Host, rank int) *service {
-	s := &service{h: h, rank: rank, committed: noStep, slotStep: [2]int64{noStep, noStep}}
+	s := &service{h: h, rank: rank, committed: noStep, slotStep: [2]int64{noStep, noStep}, failed: make(chan struct{})}
 	s.replicated.Store(noStep)
 	s.rep.init(s)
 	return s
@@ -284,6 +290,11 @@ func (s *service) welcome() *ProtectWelcome {
 func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 	gen := ss.gen
 	s.mu.Lock()
+	if s.corrupt != nil {
+		err := s.corrupt
+		s.mu.Unlock()
+		return &Staged{Step: step, Err: err.Error()}
+	}
 	if step <= s.committed {
 		s.mu.Unlock()
 		return &Staged{Step: step, Err: fmt.Sprintf("step %d does not follow the committed step %d", step, s.committed)}
@@ -292,11 +303,14 @@ func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 	// committed step; if it holds an older committed step, that one may
 	// go only once the newest is recoverable everywhere.
 	mustWait := s.slotStep[0] >= 0 && s.slotStep[1] >= 0
-	newest := s.committed
+	newest, failed := s.committed, s.failed
 	s.mu.Unlock()
 	start := time.Now()
 	if mustWait {
-		if err := s.h.waitG(ctx, s.rank, gen, newest); err != nil {
+		if err := s.h.waitG(ctx, s.rank, gen, newest, failed, s.failure); err != nil {
+			if _, ok := errors.AsType[*CorruptError](err); ok {
+				return &Staged{Step: step, Err: err.Error()}
+			}
 			return &Staged{Step: step, Err: fmt.Sprintf("waiting for step %d to be recoverable everywhere: %v", newest, err)}
 		}
 	}
@@ -436,12 +450,64 @@ func (s *service) status() *Status {
 	}
 }
 
+// fail records that the rank's committed state is corrupt (found by its
+// replicator in generation gen), refuses its stages from now on, and has
+// the caller fail the rank. A failure of an older generation than the
+// host's is dropped: the restart that began since discarded the step.
+func (s *service) fail(gen uint64, err *CorruptError) {
+	s.mu.Lock()
+	if s.h.Gen() != gen || s.corrupt != nil {
+		s.mu.Unlock()
+		return
+	}
+	s.corrupt = err
+	close(s.failed)
+	s.mu.Unlock()
+	s.h.log.Error("a rank's protected state changed in memory after its commit: failing the rank", "rank", s.rank, "generation", gen, "err", err)
+	s.h.cfg.Failed(s.rank, gen, err)
+}
+
+// failure returns why the rank failed, or nil.
+func (s *service) failure() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.corrupt == nil {
+		return nil
+	}
+	return s.corrupt
+}
+
+// verifySlot checks every region of committed slot slot, which holds step,
+// against the CRC32Cs taken at its commit (kept here, out of the rank's
+// reach). It returns a *CorruptError for the first region that differs.
+// The caller makes sure the slot is not staged over meanwhile.
+func (s *service) verifySlot(slot int, step int64) *CorruptError {
+	s.mu.Lock()
+	views, sums, regions := s.views[slot], s.sums[slot], s.regions
+	held := s.slotStep[slot] == step
+	s.mu.Unlock()
+	if !held {
+		return nil // truncated by a restart meanwhile: nothing to verify
+	}
+	for i, v := range views {
+		if got := crc32.Checksum(v, castagnoli); got != sums[i] {
+			return &CorruptError{Rank: s.rank, Step: step, Region: regions[i].Name, Sum: sums[i], Got: got}
+		}
+	}
+	return nil
+}
+
 // truncate discards every step after g (a restart resumes from g).
 func (s *service) truncate(g int64) error {
 	s.rep.reset()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.staged = nil
+	if s.corrupt != nil {
+		// The corrupt step is after g (it was never replicated, so G
+		// never reached it): discarded below.
+		s.corrupt, s.failed = nil, make(chan struct{})
+	}
 	if s.slots == nil {
 		return nil
 	}

@@ -357,6 +357,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			}
 		case p := <-a.exits:
 			a.exited(p)
+		case f := <-a.prot.failures():
+			a.failRank(f)
 		case <-a.killAt:
 			a.killAt = nil
 			a.signalAll(syscall.SIGKILL, true)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"syscall"
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/internal/wire"
@@ -20,9 +21,18 @@ type protection struct {
 	a    *agent
 	host *rank.Host
 	kick chan struct{} // progress changed
+	fail chan rankStateFailure
 	stop chan struct{} // closed by close
 	done chan struct{} // the publisher ended
 	gsub *nats.Subscription
+}
+
+// rankStateFailure is a local rank whose protected state is corrupt
+// (rank.HostConfig.Failed): the agent's loop kills it (failRank).
+type rankStateFailure struct {
+	rank int
+	gen  uint64
+	err  error
 }
 
 // listenReplicas opens the host's replication listener on addr (other
@@ -69,11 +79,11 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 	if l, err := topology.NewLayout(t.World, max(a.spec.TP, 1), max(a.spec.PP, 1)); err == nil {
 		peers = l.DPGroup
 	}
-	p := &protection{a: a, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	p := &protection{a: a, kick: make(chan struct{}, 1), fail: make(chan rankStateFailure, len(mine)), stop: make(chan struct{}), done: make(chan struct{})}
 	h, err := rank.NewHost(rank.HostConfig{
 		Job: a.cfg.Job, LinkKey: a.cfg.Creds.Link, Host: a.cfg.Host, Hosts: len(t.Hosts), Ranks: mine,
 		Holders: holders, Peers: peers, HostOf: func(r int) int { return hostOf[r] },
-		Listener: ln, Changed: p.changed, Log: a.log,
+		Listener: ln, Changed: p.changed, Failed: p.failed, Log: a.log,
 	})
 	if err != nil {
 		if ln != nil {
@@ -132,6 +142,39 @@ func (p *protection) publish() {
 		if err := a.ctl.Publish(a.subj.Progress, wire.Marshal(u)); err != nil {
 			a.log.Warn("cannot report protection progress", "err", err)
 		}
+	}
+}
+
+// failed hands a rank whose state is corrupt to the agent's loop (it is
+// called on the rank's replicator goroutine, which Host.Close waits for:
+// it must not block once the protection stops).
+func (p *protection) failed(r int, gen uint64, err error) {
+	select {
+	case p.fail <- rankStateFailure{r, gen, err}:
+	case <-p.stop:
+	}
+}
+
+// failures are the ranks to fail (none before the protection starts).
+func (p *protection) failures() <-chan rankStateFailure {
+	if p == nil {
+		return nil
+	}
+	return p.fail
+}
+
+// failRank kills the rank of f's generation, if it still runs, and has its
+// exit reported as a failure saying why (a rank killed by gorun): the
+// launcher then restarts the job in place or stops it.
+func (a *agent) failRank(f rankStateFailure) {
+	for _, p := range a.ranks {
+		if p.place.Rank != f.rank || p.gen != f.gen || p.ended {
+			continue
+		}
+		a.log.Error("killing a rank whose protected state is corrupt", "rank", f.rank, "generation", f.gen, "err", f.err)
+		p.setPMIMsg(f.err.Error())
+		p.pmiState.Store(pmiFailed)
+		p.signal(syscall.SIGKILL)
 	}
 }
 
