@@ -371,11 +371,7 @@ func (a *agent) servePMI(p *rankProc, f *os.File, world int) {
 			p.abort.Store(int32(code) + 1)
 			p.signal(syscall.SIGKILL) // the rank waits for the job's end, as under Hydra
 		},
-		failed: func(msg string) {
-			p.setPMIMsg(msg)
-			p.pmiState.Store(pmiFailed)
-			p.signal(syscall.SIGKILL)
-		},
+		failed:  p.failWith,
 		session: func(state int32) { p.pmiState.CompareAndSwap(state-1, state) },
 	}
 	if err := c.serve(); err != nil {

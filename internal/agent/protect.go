@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
-	"syscall"
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/internal/wire"
@@ -172,9 +171,7 @@ func (a *agent) failRank(f rankStateFailure) {
 			continue
 		}
 		a.log.Error("killing a rank whose protected state is corrupt", "rank", f.rank, "generation", f.gen, "err", f.err)
-		p.setPMIMsg(f.err.Error())
-		p.pmiState.Store(pmiFailed)
-		p.signal(syscall.SIGKILL)
+		p.failWith(f.err.Error())
 	}
 }
 

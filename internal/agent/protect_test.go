@@ -31,7 +31,7 @@ func TestFailRankCorruptState(t *testing.T) {
 			a.failRank(rankStateFailure{rank: 3, gen: tc.gen, err: cerr})
 			if !tc.killed {
 				// failRank marks a rank it kills before it signals it.
-				if p.pmiState.Load() == pmiFailed {
+				if p.killedBy.Load() != nil {
 					t.Fatal("a failure of an earlier generation killed the rank")
 				}
 				return

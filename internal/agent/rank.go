@@ -27,10 +27,12 @@ type rankProc struct {
 	gen   uint64       // restart generation
 	pmi   *os.File     // the rank's end of its PMI connection (fd 3 in the rank), until started
 	abort atomic.Int32 // 1 + the exit code the rank gave PMI abort (MPI_Abort), or 0
-	// pmiState: pmiNone, pmiOpen (init without finalize), pmiDone, or
-	// pmiFailed (the agent killed the rank: pmiMsg says why).
+	// pmiState: pmiNone, pmiOpen (init without finalize) or pmiDone.
 	pmiState atomic.Int32
-	pmiMsg   atomic.Pointer[string]
+	pmiMsg   atomic.Pointer[string] // what the rank's PMI abort said
+	// killedBy, when set, is why the agent killed the rank as a failure
+	// (its PMI barrier failed, its protected state is corrupt, ...).
+	killedBy atomic.Pointer[string]
 	pid      int // also the process group id
 	stopped  atomic.Bool
 	ended    bool // the loop has seen the exit
@@ -188,12 +190,18 @@ const (
 	pmiNone int32 = iota
 	pmiOpen
 	pmiDone
-	pmiFailed
 )
 
 // setPMIMsg records what the rank's PMI session said at its end.
 func (p *rankProc) setPMIMsg(msg string) {
 	p.pmiMsg.Store(&msg)
+}
+
+// failWith kills the rank as a failure: its end is reported as exit code 1
+// with "killed by gorun: " and why, whatever signal ended it.
+func (p *rankProc) failWith(why string) {
+	p.killedBy.Store(&why)
+	p.signal(syscall.SIGKILL)
 }
 
 // exitEvent describes the rank's end.
@@ -211,9 +219,9 @@ func (p *rankProc) exitEvent(host int) *wire.Event {
 			c := p.abort.Load() - 1
 			e.Code, e.Signal, e.Abort = int(c), 0, true
 			e.Msg = fmt.Sprintf("called MPI_Abort with exit code %d%s", c, msg)
-		case p.pmiState.Load() == pmiFailed:
+		case p.killedBy.Load() != nil:
 			e.Code, e.Signal = 1, 0
-			e.Msg = "killed by gorun" + msg
+			e.Msg = "killed by gorun: " + *p.killedBy.Load()
 		case p.pmiState.Load() == pmiOpen && e.Code == 0 && e.Signal == 0 && !e.Stopped:
 			// Its peers may be waiting for it in a PMI barrier: as
 			// Hydra, a bad termination, which fails the job.
