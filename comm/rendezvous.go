@@ -96,10 +96,16 @@ func (r *Rendezvous) Registered() <-chan int { return r.registered }
 // Done is closed once the table has been published.
 func (r *Rendezvous) Done() <-chan struct{} { return r.done }
 
+// reply answers request m, at its sender's inbox only (a request naming
+// any other reply subject is dropped: see wire.Subjects.ReplyAllowed).
 func (r *Rendezvous) reply(m *nats.Msg, data []byte) {
-	if m.Reply != "" {
-		_ = r.nc.Publish(m.Reply, data)
+	if m.Reply == "" {
+		return
 	}
+	if !r.subj.ReplyAllowed(m.Subject, m.Reply) {
+		return // only a forged request names another reply subject
+	}
+	_ = r.nc.Publish(m.Reply, data)
 }
 
 func (r *Rendezvous) refuse(m *nats.Msg, format string, args ...any) {

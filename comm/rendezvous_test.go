@@ -446,3 +446,84 @@ func TestFenceCollector(t *testing.T) {
 		t.Fatalf("a late part of a failed fence: %+v, %v", f, err)
 	}
 }
+
+// TestRendezvousAnswersOnlyTheSendersInbox: a host that names another
+// subject as the reply of its registration or table request (another
+// host's stdin, the epoch broadcast) gets no answer anywhere: the launcher
+// would otherwise publish there for it, past the host's permissions.
+func TestRendezvousAnswersOnlyTheSendersInbox(t *testing.T) {
+	secret, srv, l := testControlPlane(t, "job1", 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rv, err := comm.StartRendezvous(l.Conn, "job1", 0, []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}},
+		&wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rv.Close()
+	conns := make([]*comm.Control, 2) // host 0 the victim, host 1 the forger
+	joins := make([]*comm.AgentRendezvous, 2)
+	for i := range conns {
+		if conns[i], err = dialHost(ctx, srv, secret, "job1", i); err != nil {
+			t.Fatal(err)
+		}
+		defer conns[i].Close()
+		if joins[i], err = comm.JoinRendezvous(conns[i].Conn, "job1", i); err != nil {
+			t.Fatal(err)
+		}
+		defer joins[i].Close()
+	}
+	subj := wire.JobSubjects("job1")
+	got := make(chan *nats.Msg, 16)
+	for _, s := range []string{subj.StdinTo(0), subj.Epoch} {
+		sub, err := conns[0].ChanSubscribe(s, got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+	}
+	if err := conns[0].Flush(); err != nil {
+		t.Fatal(err)
+	}
+	h1 := subj.ForHost(1)
+	forge := func(subject string) {
+		t.Helper()
+		for _, reply := range []string{subj.StdinTo(0), subj.Epoch} {
+			m := &nats.Msg{Subject: subject, Reply: reply, Data: []byte(`{"v":1,"job":"INJECTED"}`)}
+			if err := conns[1].PublishMsg(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The launcher handles one subject's requests in order, and its
+	// answers reach host 0 in the order it publishes them: once a genuine
+	// request after the forged ones is answered, and host 0 has flushed,
+	// any answer to a forged one would be in got.
+	forge(h1.Register)
+	for i, name := range []string{"a", "b"} {
+		if _, err := joins[i].Register(ctx, &wire.Register{Version: wire.Version, Job: "job1", Host: i, Name: name}); err != nil {
+			t.Fatalf("host %d: %v", i, err)
+		}
+	}
+	select {
+	case <-rv.Done():
+	case <-ctx.Done():
+		t.Fatal("the table was not published")
+	}
+	forge(h1.EpochGet)
+	if _, err := conns[1].RequestWithContext(ctx, h1.EpochGet, nil); err != nil {
+		t.Fatalf("host 1's own table request: %v", err)
+	}
+	if err := conns[0].Flush(); err != nil {
+		t.Fatal(err)
+	}
+	tables := 0
+	for len(got) > 0 {
+		m := <-got
+		if m.Subject == subj.Epoch && tables == 0 && m.Data[0] != '{' {
+			tables++ // the table's one publication
+			continue
+		}
+		t.Errorf("host 1 made the launcher publish %.60q on %s", m.Data, m.Subject)
+	}
+}

@@ -168,6 +168,19 @@ func (s Subjects) ParseRequest(subject string) (host int, kind string, ok bool) 
 	return s.parseHostSubject(subject, "req.")
 }
 
+// ReplyAllowed reports whether the launcher may answer a request received
+// on subject at reply: only at the inbox of the host that sent it. The
+// server checks the subject a host publishes on, never the reply subject
+// it names, so without this check a host could have the launcher publish
+// its answer on any subject (another host's stdin, the epoch broadcast).
+func (s Subjects) ReplyAllowed(subject, reply string) bool {
+	h, _, ok := s.ParseRequest(subject)
+	if !ok {
+		return false
+	}
+	return strings.HasPrefix(reply, s.prefix+"inbox."+strconv.Itoa(h)+".")
+}
+
 func (s Subjects) parseHostSubject(subject, space string) (int, string, bool) {
 	rest, ok := strings.CutPrefix(subject, s.prefix+space)
 	if !ok {

@@ -170,3 +170,27 @@ func TestJobSubjectsPanicsOnInvalidID(t *testing.T) {
 		})
 	}
 }
+
+func TestReplyAllowed(t *testing.T) {
+	s := wire.JobSubjects("job1")
+	h1 := s.ForHost(1)
+	for _, tc := range []struct {
+		subject, reply string
+		want           bool
+	}{
+		{h1.Register, h1.Inbox + ".abc.1", true},
+		{h1.EpochGet, h1.Inbox + ".x", true},
+		{h1.Register, s.ForHost(0).Inbox + ".abc", false}, // another host's inbox
+		{h1.Register, s.ForHost(10).Inbox + ".abc", false},
+		{h1.Register, h1.Inbox, false},                        // the inbox itself, not under it
+		{h1.Register, s.StdinTo(0), false},                    // another host's stdin
+		{h1.Register, s.Epoch, false},                         // a broadcast
+		{h1.Register, "_INBOX.abc", false},                    // outside the job
+		{h1.Events, h1.Inbox + ".abc", false},                 // not a request subject
+		{"gorun.job2.req.1.register", h1.Inbox + ".a", false}, // another job
+	} {
+		if got := s.ReplyAllowed(tc.subject, tc.reply); got != tc.want {
+			t.Errorf("ReplyAllowed(%q, %q) = %v, want %v", tc.subject, tc.reply, got, tc.want)
+		}
+	}
+}
