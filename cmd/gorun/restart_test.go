@@ -358,3 +358,57 @@ if [ "$GORUN_RANK" = 0 ]; then echo "gen1 ready"; read l; echo "gen1 got $l"; fi
 		t.Errorf("gorun raced:\n%s", res.stderr)
 	}
 }
+
+// TestStdinEndAfterRestart: the launcher's stdin ended in generation 0;
+// generation 1's reader sees the end at once instead of waiting for ever.
+func TestStdinEndAfterRestart(t *testing.T) {
+	dir := t.TempDir()
+	script := `
+if [ "$GORUN_RESTART_COUNT" = 0 ]; then
+	if [ "$GORUN_RANK" = 0 ]; then cat >/dev/null; touch "$1/eof"; exec sleep 3600; fi
+	while [ ! -e "$1/eof" ]; do sleep 0.01; done; exit 3
+fi
+if [ "$GORUN_RANK" = 0 ]; then cat; echo "gen1 saw the end"; fi
+`
+	j := startJobWithStdin(t, strings.NewReader("one\n"), "", nil, "-np", "2", "--oversubscribe", "--max-restarts", "1", "--", "sh", "-c", script, "sh", dir)
+	res := j.wait(60 * time.Second)
+	if res.code != 0 || !strings.Contains(res.stdout, "gen1 saw the end") {
+		t.Fatalf("exit %d, want 0 and generation 1 at the end of its stdin\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+}
+
+// TestStdinAfterItsReaderCrashed: the rank that reads stdin is the one that
+// fails, and the next chunk comes while the restart waits for the old
+// generation's end (rank 1's end is reported a drain timeout late: a
+// child that left its process group holds its output). The chunk waits for generation 1's reader
+// instead of ending the forwarding.
+func TestStdinAfterItsReaderCrashed(t *testing.T) {
+	script := `
+if [ "$GORUN_RESTART_COUNT" = 0 ]; then
+	if [ "$GORUN_RANK" = 0 ]; then read l; echo "gen0 got $l"; exit 3; fi
+	setsid sleep 30 & exec sleep 3600
+fi
+if [ "$GORUN_RANK" = 0 ]; then read l; echo "gen1 got $l"; fi
+`
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	j := startJobWithStdin(t, pr, "", nil, "-np", "2", "--oversubscribe", "--max-restarts", "1", "--", "sh", "-c", script)
+	if _, err := io.WriteString(pw, "one\n"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(j.stderr.String(), "restarting every rank") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no restart\nstdout:\n%s\nstderr:\n%s", j.stdout.String(), j.stderr.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := io.WriteString(pw, "two\n"); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	res := j.wait(60 * time.Second)
+	if res.code != 0 || !strings.Contains(res.stdout, "gen0 got one") || !strings.Contains(res.stdout, "gen1 got two") {
+		t.Fatalf("exit %d, want 0 with each generation's line\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+}

@@ -84,13 +84,11 @@ type agent struct {
 	killAt  <-chan time.Time // SIGKILL deadline after a stop
 	stopped bool             // a stop was ordered: start no rank from now on
 
-	// The launcher's stdin, for the local rank that reads it: stdinW is set
-	// (or left nil) before stdinReady is closed. A restart replaces it with
-	// the new generation's pipe while onStdin may be writing to the old one,
-	// so it is read and replaced under stdinMu.
+	// The launcher's stdin, for the local rank that reads it: its first
+	// pipe is set (or left nil) before stdinReady is closed; each restart
+	// sets the new generation's.
 	stdinReady chan struct{}
-	stdinMu    sync.Mutex
-	stdinW     *os.File
+	stdin      *stdinRelay
 
 	gpus     *hostGPUs          // the host's GPUs (none: CPU-only)
 	socks    *rankSockets       // the ranks' GORUN_SOCKETs, once started
@@ -132,7 +130,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	// Its own host's subjects: the only ones its user may publish on.
 	a := &agent{cfg: cfg, log: cfg.Logger.With("host", cfg.Name), subj: wire.JobSubjects(cfg.Job).ForHost(cfg.Host), exits: make(chan *rankProc, 16), done: make(chan struct{}),
-		stdinReady: make(chan struct{})}
+		stdinReady: make(chan struct{}), stdin: newStdinRelay()}
 	defer close(a.done)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -597,7 +595,11 @@ func (a *agent) launch(t *wire.EpochTable) error {
 			stdin := pl.Rank == a.spec.StdinRank
 			err := p.start(a.spec, renv, stdin, a.out, a.exits, a.done)
 			if stdin {
-				a.setStdin(p.stdin)
+				if p.stdin != nil {
+					a.stdin.set(p.stdin)
+				} else {
+					a.stdin.set(nil) // not started: no pipe (a nil *os.File is not a nil io.WriteCloser)
+				}
 			}
 			if err != nil {
 				if p.pmi != nil {
@@ -633,52 +635,14 @@ func (a *agent) onStdin(m *nats.Msg) {
 		answer("closed: the agent has stopped")
 		return
 	}
-	w := a.stdin()
-	if w == nil {
+	ok, err := a.stdin.write(m.Data)
+	switch {
+	case !ok:
 		answer("closed: no rank here reads stdin")
-		return
-	}
-	if len(m.Data) == 0 {
-		w.Close()
-		answer("")
-		return
-	}
-	for {
-		_, err := w.Write(m.Data)
-		if err == nil {
-			answer("")
-			return
-		}
-		// The reader may have been replaced by a restart while this
-		// write waited on the old generation's pipe: the new generation
-		// reads on from here (what the old one read is gone with it).
-		if next := a.stdin(); next != nil && next != w {
-			w = next
-			continue
-		}
-		w.Close()
+	case err != nil:
 		answer("closed: " + err.Error())
-		return
-	}
-}
-
-// stdin returns the pipe of the local rank that reads the launcher's
-// stdin, or nil.
-func (a *agent) stdin() *os.File {
-	a.stdinMu.Lock()
-	defer a.stdinMu.Unlock()
-	return a.stdinW
-}
-
-// setStdin makes w the pipe that receives the launcher's stdin, closing
-// the previous generation's.
-func (a *agent) setStdin(w *os.File) {
-	a.stdinMu.Lock()
-	old := a.stdinW
-	a.stdinW = w
-	a.stdinMu.Unlock()
-	if old != nil && old != w {
-		old.Close()
+	default:
+		answer("")
 	}
 }
 
@@ -748,9 +712,7 @@ wait:
 		}
 	}
 	killOrphans(a.cfg.Job, live, time.Now().Add(a.cfg.ExitTimeout), a.log)
-	if w := a.stdin(); w != nil {
-		w.Close()
-	}
+	a.stdin.close()
 	if a.fenceSub != nil {
 		_ = a.fenceSub.Unsubscribe()
 	}
