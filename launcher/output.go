@@ -31,6 +31,11 @@ import (
 // and an agent sends at most wire.OutputWindow bytes ahead of that, so
 // a stalled reader holds the ranks back in write(), not gorun's memory.
 //
+// When stdout and stderr are one destination (a terminal, or "> log
+// 2>&1"), there is one lane and one buffer for both, so the ranks' stdout
+// and stderr lines and the launcher's reports appear in the order they
+// were posted, as they did when the ranks wrote them.
+//
 // frame, report and agentLine may be called from any goroutine; drain
 // waits for what was posted; close ends the lanes.
 type outputMux struct {
@@ -46,7 +51,8 @@ type outputMux struct {
 	// failed receives the first error writing to stdout.
 	failed chan error
 
-	out, err *lane // stdout (and the output files), stderr
+	out, err *lane // stdout (and the output files), stderr; one lane if shared
+	shared   bool  // stdout and stderr are one destination
 
 	// Owned by the out lane's goroutine (by close's caller once it ended).
 	stdout  *bufio.Writer
@@ -81,11 +87,32 @@ func newOutputMux(stdout, stderr io.Writer, world int, tag, stamp bool, dir stri
 		m.flushStdout()
 		m.settle(&m.outToks)
 	})
+	if dir == "" && sameDestination(stdout, stderr) {
+		m.shared, m.stderr, m.err = true, m.stdout, m.out
+		return m
+	}
 	m.err = newLane(func() {
 		m.stderr.Flush()
 		m.settle(&m.errToks)
 	})
 	return m
+}
+
+// sameDestination reports whether writers a and b write to the same
+// place: the same writer, or files that are the same file (a terminal,
+// a pipe, a regular file).
+func sameDestination(a, b io.Writer) bool {
+	if a == b {
+		return true
+	}
+	fa, ok1 := a.(*os.File)
+	fb, ok2 := b.(*os.File)
+	if !ok1 || !ok2 {
+		return false
+	}
+	sa, err1 := fa.Stat()
+	sb, err2 := fb.Stat()
+	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
 }
 
 // frame posts one output frame from the agent of host from (the host of
@@ -122,7 +149,7 @@ func (m *outputMux) post(from int, b []byte, tok *frameTok) error {
 	host := -1
 	err := wire.DecodeOutputFrame(b, m.world, func(h int, r wire.OutputRecord) {
 		host = h
-		if r.Stream == wire.Stderr && m.dir == "" {
+		if r.Stream == wire.Stderr && m.dir == "" && !m.shared {
 			errs = append(errs, r)
 		} else {
 			outs = append(outs, r)
@@ -292,7 +319,9 @@ func (m *outputMux) abandon() {
 	m.closeOnce.Do(func() {
 		m.abandoned = true
 		m.out.close(true)
-		m.err.close(true)
+		if !m.shared {
+			m.err.close(true)
+		}
 	})
 }
 
@@ -303,7 +332,9 @@ func (m *outputMux) close() error {
 		// The out lane reports on the err lane: it ends first.
 		m.out.close(false)
 		<-m.out.exited
-		m.err.close(false)
+		if !m.shared {
+			m.err.close(false)
+		}
 	})
 	if m.abandoned {
 		return nil

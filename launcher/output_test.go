@@ -536,3 +536,60 @@ func TestOutputAbandonDoesNotWait(t *testing.T) {
 	}
 	m.report("dropped")
 }
+
+// TestOutputSharedDestinationKeepsOrder: with stdout and stderr one
+// destination (a terminal, "> log 2>&1"), the ranks' stdout and stderr
+// lines and the launcher's reports come out in the order they were posted.
+func TestOutputSharedDestinationKeepsOrder(t *testing.T) {
+	var term bytes.Buffer
+	m := newOutputMux(&term, &term, 2, true, false, "")
+	mustFrame(t, m, frameOf(0,
+		rec{0, wire.Stdout, "out1\n"},
+		rec{1, wire.Stderr, "err1\n"},
+		rec{0, wire.Stdout, "out2\n"},
+	))
+	m.report("rank 1 exited with code 3")
+	mustFrame(t, m, frameOf(0, rec{0, wire.Stdout, "out3\n"}))
+	if err := m.close(); err != nil {
+		t.Fatal(err)
+	}
+	want := "[0] out1\n[1] err1\n[0] out2\ngorun: rank 1 exited with code 3\n[0] out3\n"
+	if term.String() != want {
+		t.Errorf("output %q, want %q", term.String(), want)
+	}
+}
+
+func TestSameDestination(t *testing.T) {
+	dir := t.TempDir()
+	f1, err := os.Create(filepath.Join(dir, "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f1.Close()
+	f2, err := os.OpenFile(f1.Name(), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f2.Close()
+	other, err := os.Create(filepath.Join(dir, "other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	var b1, b2 bytes.Buffer
+	for _, tc := range []struct {
+		name string
+		a, b io.Writer
+		want bool
+	}{
+		{"one writer", &b1, &b1, true},
+		{"two buffers", &b1, &b2, false},
+		{"one file opened twice", f1, f2, true},
+		{"two files", f1, other, false},
+		{"file and buffer", f1, &b1, false},
+	} {
+		if got := sameDestination(tc.a, tc.b); got != tc.want {
+			t.Errorf("%s: sameDestination = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
