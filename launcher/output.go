@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorun/gorun/internal/wire"
@@ -65,6 +66,10 @@ type outputMux struct {
 	stderr  *bufio.Writer
 	errPre  []byte
 	errToks []*frameTok
+
+	// The agents' log lines queued and not written, in bytes, and those
+	// dropped since the last written (agentLine).
+	agentBacklog, agentDropped atomic.Int64
 
 	closeOnce sync.Once
 	abandoned bool // set before the lanes close, read after they end
@@ -300,10 +305,29 @@ func (m *outputMux) report(format string, args ...any) {
 	m.err.post(func() { m.stderr.Write(line) })
 }
 
+// maxAgentBacklog bounds the agents' log lines waiting for a stalled
+// stderr, in bytes: past it, lines are dropped and counted. Agents' stderr
+// is read all the time (an agent blocked writing its log would stop its
+// loop, and so its heartbeats), and nothing else bounds it.
+const maxAgentBacklog = 8 << 20
+
 // agentLine posts a line an agent printed on its stderr (line is copied).
+// While stderr is stalled with maxAgentBacklog bytes of agent lines
+// queued, a line is dropped; the next line written says how many were.
 func (m *outputMux) agentLine(host string, line []byte) {
 	b := fmt.Appendf(nil, "gorun agent %s: %s\n", host, bytes.TrimRight(line, "\n"))
-	m.err.post(func() { m.stderr.Write(b) })
+	if m.agentBacklog.Add(int64(len(b))) > maxAgentBacklog {
+		m.agentBacklog.Add(-int64(len(b)))
+		m.agentDropped.Add(1)
+		return
+	}
+	m.err.post(func() {
+		if n := m.agentDropped.Swap(0); n > 0 {
+			fmt.Fprintf(m.stderr, "gorun: %d lines of the agents' logs dropped: stderr did not keep up\n", n)
+		}
+		m.stderr.Write(b)
+		m.agentBacklog.Add(-int64(len(b)))
+	})
 }
 
 // drain waits until everything posted before the call is written and

@@ -593,3 +593,45 @@ func TestSameDestination(t *testing.T) {
 		}
 	}
 }
+
+// TestOutputAgentLinesBounded: agents' log lines waiting for a stalled
+// stderr are bounded; what is dropped is counted and said.
+func TestOutputAgentLinesBounded(t *testing.T) {
+	release := make(chan struct{})
+	var stderr bytes.Buffer
+	w := &gatedWriter{w: &stderr, gate: release}
+	m := newOutputMux(io.Discard, w, 1, false, false, "")
+	line := bytes.Repeat([]byte("x"), 1000)
+	const lines = 2 * maxAgentBacklog / 1000
+	for range lines {
+		m.agentLine("h1", line)
+	}
+	if got := m.agentBacklog.Load(); got > maxAgentBacklog {
+		t.Fatalf("%d bytes of agent lines queued, bound %d", got, maxAgentBacklog)
+	}
+	close(release)
+	m.agentLine("h1", []byte("last"))
+	if err := m.close(); err != nil {
+		t.Fatal(err)
+	}
+	out := stderr.String()
+	written := strings.Count(out, "gorun agent h1: x")
+	if written == 0 || written >= lines {
+		t.Fatalf("%d of %d lines written: want some dropped", written, lines)
+	}
+	want := fmt.Sprintf("gorun: %d lines of the agents' logs dropped", lines-written)
+	if !strings.Contains(out, want) || !strings.HasSuffix(out, "gorun agent h1: last\n") {
+		t.Errorf("stderr lacks %q before the last line; its end: %q", want, out[max(0, len(out)-200):])
+	}
+}
+
+// gatedWriter blocks every write until gate is closed.
+type gatedWriter struct {
+	w    io.Writer
+	gate chan struct{}
+}
+
+func (g *gatedWriter) Write(b []byte) (int, error) {
+	<-g.gate
+	return g.w.Write(b)
+}
