@@ -215,27 +215,37 @@ func BenchmarkRendezvous(b *testing.B) {
 	}
 }
 
-func TestRegistrationChecks(t *testing.T) {
+// twoHostRendezvous starts the rendezvous of job1, whose hosts "a" and
+// "b" run rank 0 and 1, and connects both hosts' agents to it over TCP;
+// all is closed at cleanup.
+func twoHostRendezvous(t *testing.T, ctx context.Context) (*comm.Rendezvous, []*comm.Control, []*comm.AgentRendezvous) {
+	t.Helper()
 	secret, srv, l := testControlPlane(t, "job1", 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	rv, err := comm.StartRendezvous(l.Conn, "job1", 0, []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}},
 		&wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rv.Close()
+	t.Cleanup(rv.Close)
+	conns := make([]*comm.Control, 2)
 	joins := make([]*comm.AgentRendezvous, 2)
 	for i := range joins {
-		a, err := dialHost(ctx, srv, secret, "job1", i)
-		if err != nil {
+		if conns[i], err = dialHost(ctx, srv, secret, "job1", i); err != nil {
 			t.Fatal(err)
 		}
-		defer a.Close()
-		if joins[i], err = comm.JoinRendezvous(a.Conn, "job1", i); err != nil {
+		t.Cleanup(conns[i].Close)
+		if joins[i], err = comm.JoinRendezvous(conns[i].Conn, "job1", i); err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(joins[i].Close)
 	}
+	return rv, conns, joins
+}
+
+func TestRegistrationChecks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rv, _, joins := twoHostRendezvous(t, ctx)
 	reg := func(as, host int, name string) error {
 		_, err := joins[as].Register(ctx, &wire.Register{Version: wire.Version, Job: "job1", Host: host, Name: name, Addr: "127.0.0.1"})
 		return err
@@ -452,27 +462,9 @@ func TestFenceCollector(t *testing.T) {
 // host's stdin, the epoch broadcast) gets no answer anywhere: the launcher
 // would otherwise publish there for it, past the host's permissions.
 func TestRendezvousAnswersOnlyTheSendersInbox(t *testing.T) {
-	secret, srv, l := testControlPlane(t, "job1", 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rv, err := comm.StartRendezvous(l.Conn, "job1", 0, []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}},
-		&wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rv.Close()
-	conns := make([]*comm.Control, 2) // host 0 the victim, host 1 the forger
-	joins := make([]*comm.AgentRendezvous, 2)
-	for i := range conns {
-		if conns[i], err = dialHost(ctx, srv, secret, "job1", i); err != nil {
-			t.Fatal(err)
-		}
-		defer conns[i].Close()
-		if joins[i], err = comm.JoinRendezvous(conns[i].Conn, "job1", i); err != nil {
-			t.Fatal(err)
-		}
-		defer joins[i].Close()
-	}
+	rv, conns, joins := twoHostRendezvous(t, ctx) // host 0 the victim, host 1 the forger
 	subj := wire.JobSubjects("job1")
 	got := make(chan *nats.Msg, 16)
 	for _, s := range []string{subj.StdinTo(0), subj.Epoch} {
