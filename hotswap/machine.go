@@ -372,19 +372,19 @@ func (m *Machine) rankFailed(f *rankFailure) {
 		m.abort(f.status, "%s; no restart left (%d of %d used); stopping the job", f.what, m.restarts, m.cfg.MaxRestarts)
 		return
 	}
-	m.blamed, m.blamedG, m.blamedStep = r, m.g, m.lastStep[r]
-	m.restarts++
-	m.gen++
-	m.resetEnded()
 	sources, err := m.plan()
 	if err != "" {
 		m.abort(ExitFailure, "%s; cannot restart: %s", f.what, err)
 		return
 	}
-	if v := m.violation(); v != "" {
+	if v := m.violation(sources); v != "" {
 		m.abort(ExitFailure, "%s; cannot restart: invariant %s", f.what, v)
 		return
 	}
+	m.blamed, m.blamedG, m.blamedStep = r, m.g, m.lastStep[r]
+	m.restarts++
+	m.gen++
+	m.resetEnded()
 	m.beginEpoch(f.what, f.at, -1)
 	m.report("%s; restarting every rank (restart %d of %d), %s", f.what, m.restarts, m.cfg.MaxRestarts, m.from())
 	m.emit(Restart{Gen: m.gen, Epoch: m.epoch, G: m.g})

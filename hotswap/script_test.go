@@ -101,6 +101,31 @@ type driver struct {
 	now   time.Duration
 }
 
+// tokens splits a command line at spaces, except inside double quotes,
+// which it removes: why="exit status 1" is one token.
+func tokens(s string) []string {
+	var out []string
+	var b strings.Builder
+	quoted := false
+	for _, c := range s {
+		switch {
+		case c == '"':
+			quoted = !quoted
+		case c == ' ' && !quoted:
+			if b.Len() > 0 {
+				out = append(out, b.String())
+				b.Reset()
+			}
+		default:
+			b.WriteRune(c)
+		}
+	}
+	if b.Len() > 0 {
+		out = append(out, b.String())
+	}
+	return out
+}
+
 // args splits "k=v k2=v2 flag" into a map (a flag maps to "").
 func args(fields []string) map[string]string {
 	a := map[string]string{}
@@ -117,11 +142,7 @@ func (d *driver) run(cmd string) (out string) {
 			out = fmt.Sprintf("panic: %v", r)
 		}
 	}()
-	fields := strings.Fields(cmd)
-	// msg="..." may hold spaces: keep everything after msg= together.
-	if i := strings.Index(cmd, " msg="); i >= 0 {
-		fields = append(strings.Fields(cmd[:i]), "msg="+cmd[i+len(" msg="):])
-	}
+	fields := tokens(cmd)
 	switch fields[0] {
 	case "config":
 		return d.config(args(fields[1:]))

@@ -45,6 +45,10 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration) {
 	// Rank failures collected in the window are the loss's doing.
 	m.pending = nil
 	moved := slices.Clone(ranks)
+	if err := m.recoverable(moved); err != "" {
+		m.abort(ExitFailure, "%s; unrecoverable: %s; stopping the job", cause, err)
+		return
+	}
 	with, isSpare, err := m.replacement(h, moved)
 	if err != "" {
 		m.abort(ExitFailure, "%s; %s; stopping the job", cause, err)
@@ -62,20 +66,22 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration) {
 	if isSpare {
 		m.spare[with] = false
 	}
-	replaced := m.fixHolders(moved)
-	restart := m.cfg.Recovery == RecoveryRestart || m.nFailed > 0
-	if restart {
-		m.gen++
-		m.resetEnded()
-	}
+	// The plan reads the copies as they are; holders re-placed after it
+	// hold nothing yet (the old holder still serves the restore).
 	sources, perr := m.plan()
 	if perr != "" {
 		m.abort(ExitFailure, "%s; unrecoverable: %s; stopping the job", cause, perr)
 		return
 	}
-	if v := m.violation(); v != "" {
+	replaced := m.fixHolders(moved)
+	restart := m.cfg.Recovery == RecoveryRestart || m.nFailed > 0
+	if v := m.violation(sources); v != "" {
 		m.abort(ExitFailure, "%s; the new epoch would break invariant %s; stopping the job", cause, v)
 		return
+	}
+	if restart {
+		m.gen++
+		m.resetEnded()
 	}
 	m.beginEpoch(cause, detected, m.now)
 	how := "spare"
@@ -99,9 +105,33 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration) {
 				owners = append(owners, o)
 			}
 		}
-		m.report("under-protected: %d optimizer shards have fewer than %d copies until they are re-sent", len(owners), m.k())
+		m.report("under-protected: %d optimizer shards lost a copy (of %d) until it is re-sent", len(owners), m.k())
 		m.emit(UnderProtected{Owners: owners})
 	}
+}
+
+// recoverable says why one of the ranks of a lost host has no valid copy
+// of its optimizer shard on a live host (I3), or "".
+func (m *Machine) recoverable(ranks []int) string {
+	if m.g < 0 {
+		return "" // nothing protected yet: the ranks start over
+	}
+	for _, r := range ranks {
+		if m.holders == nil {
+			return fmt.Sprintf("rank %d's optimizer shard has no copy in memory (no replicas) (I3)", r)
+		}
+		ok := false
+		for i, x := range m.holders[r] {
+			if m.copyOK[r][i] && m.alive[m.rankHost[x]] {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return fmt.Sprintf("rank %d's optimizer shard has no valid copy left in memory (holders %s) (I3)", r, ints(m.holders[r]))
+		}
+	}
+	return ""
 }
 
 func (m *Machine) spares() int {
@@ -305,7 +335,7 @@ func (m *Machine) plan() ([]Source, string) {
 		opt := -1
 		if m.holders != nil {
 			for i, x := range m.holders[r] {
-				if xh := m.rankHost[x]; m.copyOK[r][i] && m.alive[xh] && xh != h {
+				if m.copyOK[r][i] && m.alive[m.rankHost[x]] {
 					opt = x
 					break
 				}
@@ -334,9 +364,9 @@ func (m *Machine) plan() ([]Source, string) {
 	return src, ""
 }
 
-// violation checks invariants I1–I4 for the epoch about to be published
-// and says which one fails, or "".
-func (m *Machine) violation() string {
+// violation checks invariants I1–I4 for the epoch about to be published,
+// restored from sources, and says which one fails, or "".
+func (m *Machine) violation(sources []Source) string {
 	n := len(m.rankHost)
 	// I1: every rank on one live host, no host over its room.
 	load := make([]int, len(m.names))
@@ -366,22 +396,17 @@ func (m *Machine) violation() string {
 	if total != n {
 		return fmt.Sprintf("I2: %d of %d shards have an owner", total, n)
 	}
-	// I3: every optimizer shard recoverable from memory.
+	// I3: every optimizer shard recoverable from memory: the plan's
+	// sources are live and hold the state.
 	if m.g >= 0 {
-		for r, h := range m.rankHost {
-			if m.localOK[r] && m.alive[h] {
-				continue
-			}
-			ok := false
-			if m.holders != nil {
-				for i, x := range m.holders[r] {
-					if xh := m.rankHost[x]; m.copyOK[r][i] && m.alive[xh] && xh != h {
-						ok = true
-						break
-					}
-				}
-			}
-			if !ok {
+		for r, src := range sources {
+			h := m.rankHost[r]
+			switch {
+			case src.Rank != r:
+				return fmt.Sprintf("I3: rank %d has no restore source", r)
+			case src.Local && (!m.localOK[r] || !m.alive[h]):
+				return fmt.Sprintf("I3: rank %d's own slot does not hold its state", r)
+			case !src.Local && (!m.alive[src.OptHost] || m.rankHost[src.OptRank] != src.OptHost || !m.alive[src.ParamsHost] || !m.localOK[src.ParamsRank]):
 				return fmt.Sprintf("I3: rank %d's optimizer shard is not recoverable from memory", r)
 			}
 		}
