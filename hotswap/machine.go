@@ -283,6 +283,17 @@ func (m *Machine) report(format string, a ...any) { m.emit(Report{Msg: fmt.Sprin
 func (m *Machine) host(h int) bool                { return h >= 0 && h < len(m.names) }
 func (m *Machine) rank(r int) bool                { return r >= 0 && r < len(m.rankHost) }
 
+// overdue reports whether registered host h's heartbeats are late.
+func (m *Machine) overdue(h int) bool {
+	return m.registered[h] && m.now-m.lastSeen[h] > m.cfg.HeartbeatTimeout
+}
+
+// healthy reports whether host h may take ranks: alive, registered, not
+// suspected, heartbeats on time.
+func (m *Machine) healthy(h int) bool {
+	return m.alive[h] && m.registered[h] && m.suspected[h] < 0 && !m.overdue(h)
+}
+
 // contact records that host h was heard from: it is not suspected.
 func (m *Machine) contact(h int) {
 	m.lastSeen[h] = m.now
@@ -318,6 +329,9 @@ func (m *Machine) onRankExited(e RankExited) {
 	}
 	if status == 0 && !e.Abort {
 		return
+	}
+	if status == 0 {
+		status = ExitFailure // MPI_Abort(comm, 0) still ends the job as a failure
 	}
 	m.nFailed++
 	if m.stopped {
@@ -483,18 +497,29 @@ func (m *Machine) onTick() {
 	if m.stopped {
 		return
 	}
+	// Every loss due is found before any is acted on, so that no host
+	// overdue itself is chosen to replace another.
+	type loss struct {
+		h        int
+		why      string
+		detected time.Duration
+	}
+	var lost []loss
 	for h := range m.alive {
 		if !m.alive[h] {
 			continue
 		}
 		if s := m.suspected[h]; s >= 0 && m.now-s >= m.cfg.SuspectTimeout && m.lastSeen[h] <= s {
-			m.hostLost(h, fmt.Sprintf("suspected at %v (%s), not heard from for %v", s, m.suspectWhy[h], m.now-s), s)
-		} else if m.registered[h] && m.now-m.lastSeen[h] > m.cfg.HeartbeatTimeout {
-			m.hostLost(h, fmt.Sprintf("no heartbeat for %v", m.now-m.lastSeen[h]), m.now)
+			lost = append(lost, loss{h, fmt.Sprintf("suspected at %v (%s), not heard from for %v", s, m.suspectWhy[h], m.now-s), s})
+		} else if m.overdue(h) {
+			lost = append(lost, loss{h, fmt.Sprintf("no heartbeat for %v", m.now-m.lastSeen[h]), m.now})
 		}
+	}
+	for _, l := range lost {
 		if m.stopped {
 			return
 		}
+		m.hostLost(l.h, l.why, l.detected)
 	}
 	if m.cfg.HangTimeout <= 0 || m.rec != nil {
 		return

@@ -161,7 +161,7 @@ func (m *Machine) replacement(h int, moved []int) (int, bool, string) {
 	}
 	best, bestOut := -1, false
 	for s := range m.spare {
-		if !m.spare[s] || !m.alive[s] || !m.registered[s] || !m.cfg.fits(s, 0, len(moved)) {
+		if !m.spare[s] || !m.healthy(s) || !m.cfg.fits(s, 0, len(moved)) {
 			continue
 		}
 		out := m.domain[s] == "" || !avoid[m.domain[s]]
@@ -174,18 +174,15 @@ func (m *Machine) replacement(h int, moved []int) (int, bool, string) {
 	}
 	noSpare := "no spare host is left"
 	if n := m.spares(); n > 0 {
-		noSpare = fmt.Sprintf("no registered spare has %d free slots", len(moved))
+		noSpare = fmt.Sprintf("no healthy registered spare has %d free slots", len(moved))
 	}
 	if m.cfg.OnNoSpare == OnNoSpareAbort {
 		return -1, false, noSpare + " (--on-no-spare abort)"
 	}
 	room, fit := false, false
 	for s := range m.alive {
-		if s == h || m.spare[s] || !m.alive[s] || !m.cfg.fits(s, len(m.hostRanks[s]), len(moved)) {
+		if s == h || m.spare[s] || !m.healthy(s) || !m.cfg.fits(s, len(m.hostRanks[s]), len(moved)) {
 			continue
-		}
-		if len(m.hostRanks[s]) == 0 && !m.registered[s] {
-			continue // an unused host whose agent never registered
 		}
 		room = true
 		if !m.canHold(s, h, moved) {
