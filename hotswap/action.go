@@ -34,6 +34,14 @@ type Restart struct {
 	G          int64
 }
 
+// Fence: host Host (Name) is lost: cut it off (close its agent's control
+// stream, so that an agent still running kills its ranks and exits) and
+// ignore its reports from now on. Its ranks are in no later epoch.
+type Fence struct {
+	Host int
+	Name string
+}
+
 // Splice: host Lost is gone; its Ranks now run on host With (a spare, or
 // a surviving host with free slots). The caller starts them there.
 type Splice struct {
@@ -112,6 +120,7 @@ func (StopRanks) action()      {}
 func (KillAll) action()        {}
 func (Forward) action()        {}
 func (Restart) action()        {}
+func (Fence) action()          {}
 func (Splice) action()         {}
 func (PublishEpoch) action()   {}
 func (RestorePlan) action()    {}
@@ -129,6 +138,8 @@ func (a Forward) String() string { return "forward signal=" + signame(a.Signal) 
 func (a Restart) String() string {
 	return fmt.Sprintf("restart gen=%d epoch=%d from=%d", a.Gen, a.Epoch, a.G)
 }
+func (a Fence) String() string { return "fence host=" + a.Name }
+
 func (a Splice) String() string {
 	kind := "free-slots"
 	if a.Spare {

@@ -11,10 +11,11 @@
 // in order (stop ranks, restart them, splice a host, publish an epoch,
 // restore state, report, abort). The machine does no I/O, starts no
 // goroutine and never reads a clock: time arrives with every event, as the
-// time since the job started, and deadlines (the failure window, the
-// suspect timeout, heartbeat and hang timeouts) fire on the first event at
-// or after them; [Machine.NextDeadline] says when a [Tick] is due. The same
-// events at the same times always give the same actions. A Machine is not
+// time since the job started. The failure window closes on the first event
+// at or after its end; the other deadlines (suspect timeout, heartbeat and
+// hang timeouts) are checked on [Tick], and [Machine.NextDeadline] says
+// when one is due. The same events at the same times always give the same
+// actions. A Machine is not
 // safe for concurrent use: one goroutine (the launcher's loop) owns it.
 //
 // # Recovery epochs

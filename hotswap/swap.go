@@ -14,6 +14,7 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration) {
 	}
 	m.alive[h], m.suspected[h] = false, -1
 	name := m.names[h]
+	m.emit(Fence{Host: h, Name: name})
 	if m.spare[h] {
 		m.spare[h] = false
 		m.report("spare host %s lost (%s); %d spares left", name, why, m.spares())
