@@ -75,7 +75,9 @@ type Source struct {
 	ParamsHost int
 }
 
-// RestorePlan: every rank restores step G from its Source.
+// RestorePlan: every rank restores step G from its Source. With G < 0
+// nothing was protected yet: every source is Local and means "start from
+// the beginning".
 type RestorePlan struct {
 	Epoch   uint64
 	G       int64

@@ -155,13 +155,19 @@ func New(c Config) (*Machine, error) {
 	return m, nil
 }
 
-// Epoch is the current epoch; Gen the current restart generation.
+// Epoch is the current epoch (0 until the first recovery).
 func (m *Machine) Epoch() uint64 { return m.epoch }
-func (m *Machine) Gen() uint64   { return m.gen }
 
-// Stopped reports whether the job is stopping (an abort or a signal), and
-// ExitCode the code it exits with (0 while nothing went wrong).
+// Gen is the current restart generation: a rank's exit reported with
+// another generation is ignored.
+func (m *Machine) Gen() uint64 { return m.gen }
+
+// Stopped reports whether the job is stopping (an abort or a signal).
 func (m *Machine) Stopped() bool { return m.stopped }
+
+// ExitCode is the code the job exits with: 0 while nothing went wrong,
+// else the first cause's (a rank's status, 1 for a host, 124 for a hang,
+// 128+n for signal n).
 func (m *Machine) ExitCode() int { return m.code }
 
 // RankHost returns rank r's host in the current epoch.
