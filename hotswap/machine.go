@@ -3,7 +3,6 @@ package hotswap
 import (
 	"fmt"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
@@ -636,13 +635,4 @@ func (m *Machine) restored() {
 			m.localOK[r] = true
 		}
 	}
-}
-
-// joinHosts names hosts for a report.
-func (m *Machine) joinHosts(hs []int) string {
-	s := make([]string, len(hs))
-	for i, h := range hs {
-		s[i] = m.names[h]
-	}
-	return strings.Join(s, ",")
 }

@@ -231,6 +231,10 @@ func (m *Machine) canHold(s, h int, moved []int) bool {
 // that rank r's data-parallel peers run on (peers on h count as on s).
 func (m *Machine) peerHosts(r, s, h, k int) int {
 	m.stampN++
+	if m.stampN == 0 { // wrapped: old stamps could match
+		clear(m.stamp)
+		m.stampN = 1
+	}
 	n := 0
 	m.eachPeer(r, func(p int) bool {
 		ph := m.rankHost[p]
