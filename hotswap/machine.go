@@ -335,9 +335,7 @@ func (m *Machine) onRankExited(e RankExited) {
 	if status == 0 && !e.Abort {
 		return
 	}
-	if status == 0 {
-		status = ExitFailure // MPI_Abort(comm, 0) still ends the job as a failure
-	}
+	// MPI_Abort(comm, 0) ends the job with status 0, as under Hydra.
 	m.nFailed++
 	if m.stopped {
 		return
