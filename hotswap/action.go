@@ -1,0 +1,280 @@
+package hotswap
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// An Action is something the caller must do, in the order given. The set
+// is closed: only this package's types implement it.
+type Action interface {
+	action()
+	String() string
+}
+
+// StopRanks: send Signal to every rank, SIGKILL after Grace.
+type StopRanks struct {
+	Signal syscall.Signal
+	Grace  time.Duration
+}
+
+// KillAll: SIGKILL every rank now.
+type KillAll struct{}
+
+// Forward: pass Signal on to every rank (SIGUSR1, SIGUSR2).
+type Forward struct{ Signal syscall.Signal }
+
+// Restart: stop every rank and start it again in generation Gen, epoch
+// Epoch, resuming from step G (G < 0: from the start).
+type Restart struct {
+	Gen, Epoch uint64
+	G          int64
+}
+
+// Fence: host Host (Name) is lost: cut it off (close its agent's control
+// stream, so that an agent still running kills its ranks and exits) and
+// ignore its reports from now on. Its ranks are in no later epoch.
+type Fence struct {
+	Host int
+	Name string
+}
+
+// Splice: host Lost is gone; its Ranks now run on host With (a spare, or
+// a surviving host with free slots). The caller starts them there.
+type Splice struct {
+	Lost, With         int
+	LostName, WithName string
+	Ranks              []int
+	Spare              bool
+}
+
+// PublishEpoch: publish epoch Epoch with its rank → host table and
+// replica holders (RankHost[r] is rank r's host, Holders[r] the ranks
+// keeping copies of its optimizer shard). The slices are the caller's.
+type PublishEpoch struct {
+	Epoch    uint64
+	G        int64
+	RankHost []int
+	Holders  [][]int
+	names    []string
+}
+
+// Source says where a rank restores its state from.
+type Source struct {
+	Rank int
+	// Local: from its own host's slot (Tier-1). Otherwise the optimizer
+	// shard and meta come from OptRank's copy on host OptHost and the
+	// parameters from data-parallel peer ParamsRank on ParamsHost.
+	Local      bool
+	OptRank    int
+	OptHost    int
+	ParamsRank int
+	ParamsHost int
+}
+
+// RestorePlan: every rank restores step G from its Source. With G < 0
+// nothing was protected yet: every source is Local and means "start from
+// the beginning".
+type RestorePlan struct {
+	Epoch   uint64
+	G       int64
+	Sources []Source // indexed by rank
+	names   []string
+}
+
+// UnderProtected: these owners' optimizer shards have fewer copies than
+// configured until the caller reports them [Replicated].
+type UnderProtected struct {
+	Owners []int
+}
+
+// Protected: every shard has all its copies again.
+type Protected struct{}
+
+// Report: a line for the user.
+type Report struct{ Msg string }
+
+// Abort: the job stops with exit code Code; Msg says why. A StopRanks
+// follows.
+type Abort struct {
+	Code int
+	Msg  string
+}
+
+// Timeline is a recovery epoch's record: the times (since the job's
+// start) at which it went through each stage; -1 where it did not.
+type Timeline struct {
+	Epoch      uint64
+	Cause      string
+	Detected   time.Duration
+	Classified time.Duration
+	Replaced   time.Duration // replacement chosen (-1: a restart in place)
+	Published  time.Duration
+	Restored   time.Duration
+	Resumed    time.Duration
+	Superseded bool // a later failure ended it
+}
+
+func (StopRanks) action()      {}
+func (KillAll) action()        {}
+func (Forward) action()        {}
+func (Restart) action()        {}
+func (Fence) action()          {}
+func (Splice) action()         {}
+func (PublishEpoch) action()   {}
+func (RestorePlan) action()    {}
+func (UnderProtected) action() {}
+func (Protected) action()      {}
+func (Report) action()         {}
+func (Abort) action()          {}
+func (Timeline) action()       {}
+
+func (a StopRanks) String() string {
+	return fmt.Sprintf("stop-ranks signal=%s grace=%v", signame(a.Signal), a.Grace)
+}
+func (KillAll) String() string   { return "kill-all" }
+func (a Forward) String() string { return "forward signal=" + signame(a.Signal) }
+func (a Restart) String() string {
+	return fmt.Sprintf("restart gen=%d epoch=%d from=%d", a.Gen, a.Epoch, a.G)
+}
+func (a Fence) String() string { return "fence host=" + a.Name }
+
+func (a Splice) String() string {
+	kind := "free-slots"
+	if a.Spare {
+		kind = "spare"
+	}
+	return fmt.Sprintf("splice lost=%s with=%s (%s) ranks=%s", a.LostName, a.WithName, kind, ints(a.Ranks))
+}
+
+func (a PublishEpoch) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "publish epoch=%d g=%d table=", a.Epoch, a.G)
+	b.WriteString(table(a.RankHost, a.names))
+	if a.Holders != nil {
+		b.WriteString(" holders=")
+		for r, hs := range a.Holders {
+			if r > 0 {
+				b.WriteByte(' ')
+			}
+			fmt.Fprintf(&b, "%d:%s", r, ints(hs))
+		}
+	}
+	return b.String()
+}
+
+// table prints a rank → host table as host:ranks groups, hosts in order of
+// first appearance.
+func table(rankHost []int, names []string) string {
+	var order []int
+	by := map[int][]int{}
+	for r, h := range rankHost {
+		if _, ok := by[h]; !ok {
+			order = append(order, h)
+		}
+		by[h] = append(by[h], r)
+	}
+	parts := make([]string, len(order))
+	for i, h := range order {
+		parts[i] = hostName(names, h) + ":" + ints(by[h])
+	}
+	return strings.Join(parts, " ")
+}
+
+func (a RestorePlan) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "restore epoch=%d g=%d", a.Epoch, a.G)
+	var local []int
+	for _, s := range a.Sources {
+		if s.Local {
+			local = append(local, s.Rank)
+		}
+	}
+	if len(local) > 0 {
+		b.WriteString(" local=" + ints(local))
+	}
+	for _, s := range a.Sources {
+		if !s.Local {
+			fmt.Fprintf(&b, " r%d<-opt:r%d@%s,params:r%d@%s", s.Rank, s.OptRank, hostName(a.names, s.OptHost), s.ParamsRank, hostName(a.names, s.ParamsHost))
+		}
+	}
+	return b.String()
+}
+
+func (a UnderProtected) String() string { return "under-protected owners=" + ints(a.Owners) }
+func (Protected) String() string        { return "protected" }
+func (a Report) String() string         { return "report: " + a.Msg }
+func (a Abort) String() string          { return fmt.Sprintf("abort code=%d: %s", a.Code, a.Msg) }
+func (a Timeline) String() string {
+	t := func(d time.Duration) string {
+		if d < 0 {
+			return "-"
+		}
+		return d.String()
+	}
+	s := fmt.Sprintf("timeline epoch=%d detected=%s classified=%s replaced=%s published=%s restored=%s resumed=%s",
+		a.Epoch, t(a.Detected), t(a.Classified), t(a.Replaced), t(a.Published), t(a.Restored), t(a.Resumed))
+	if a.Superseded {
+		s += " superseded"
+	}
+	return s + " cause=" + strconv.Quote(a.Cause)
+}
+
+func hostName(names []string, h int) string {
+	if h >= 0 && h < len(names) {
+		return names[h]
+	}
+	return "h?" + strconv.Itoa(h)
+}
+
+// ints prints a sorted or unsorted list of ints, runs of consecutive
+// values as a-b.
+func ints(xs []int) string {
+	if len(xs) == 0 {
+		return "-"
+	}
+	var b strings.Builder
+	for i := 0; i < len(xs); {
+		j := i
+		for j+1 < len(xs) && xs[j+1] == xs[j]+1 {
+			j++
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(xs[i]))
+		if j > i {
+			b.WriteByte('-')
+			b.WriteString(strconv.Itoa(xs[j]))
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+func signame(s syscall.Signal) string {
+	switch s {
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGKILL:
+		return "SIGKILL"
+	case syscall.SIGHUP:
+		return "SIGHUP"
+	case syscall.SIGUSR1:
+		return "SIGUSR1"
+	case syscall.SIGUSR2:
+		return "SIGUSR2"
+	case syscall.SIGSEGV:
+		return "SIGSEGV"
+	case syscall.SIGABRT:
+		return "SIGABRT"
+	case syscall.SIGQUIT:
+		return "SIGQUIT"
+	}
+	return "signal " + strconv.Itoa(int(s))
+}

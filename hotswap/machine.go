@@ -1,0 +1,636 @@
+package hotswap
+
+import (
+	"fmt"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/gorun/gorun/topology"
+)
+
+// Exit codes of the machine's own making; a rank's failure gives the
+// rank's status, a signal 128 + its number.
+const (
+	ExitFailure = 1   // a host or agent failed, or recovery was impossible
+	ExitTimeout = 124 // a rank hung (HangTimeout), as timeout(1)
+)
+
+// Machine is the job's failure state machine. Create it with [New]; it is
+// not safe for concurrent use.
+type Machine struct {
+	cfg    Config
+	names  []string
+	domain []string // a host's failure domain: its rack, else its switch
+	layout topology.Layout
+
+	now      time.Duration
+	epoch    uint64
+	gen      uint64
+	restarts int
+	g        int64 // the globally recoverable step; -1: none yet
+
+	// Ranks.
+	rankHost  []int
+	hostRanks [][]int
+	holders   [][]int  // holders[r]: ranks keeping copies of r's optimizer shard
+	copyOK    [][]bool // copyOK[r][i]: holders[r][i]'s copy is valid
+	heldBy    [][]int  // heldBy[x]: the owners x holds a copy for
+	missing   []int    // missing[r]: r's invalid copies
+	under     int      // owners with a missing copy
+	localOK   []bool   // the rank's own slot holds its state
+	lastStep  []int64  // last committed step reported; -1: none
+	lastProg  []time.Duration
+	ended     []bool // in the current generation
+	nEnded    int
+	nFailed   int // ranks that ended with a failure in this generation
+
+	// Hosts.
+	alive      []bool
+	registered []bool
+	spare      []bool // an idle spare
+	lastSeen   []time.Duration
+	suspected  []time.Duration // -1: not suspected
+	suspectWhy []string
+
+	pending   *rankFailure
+	pendingAt time.Duration
+
+	rec          *recovery
+	runningSince time.Duration // hang detection counts from here
+
+	stopping   bool
+	interrupts int
+	killed     bool
+	code       int // the exit code once the job stops
+	stopped    bool
+
+	blamed              int // the rank blamed for the last restart; -1: none
+	blamedG, blamedStep int64
+	stamp               []uint32 // per host, for counting distinct hosts
+	stampN              uint32
+	out                 []Action
+}
+
+// rankFailure is a rank's failure, collected in the failure window.
+type rankFailure struct {
+	rank     int
+	status   int
+	signaled bool
+	abort    bool
+	what     string
+	at       time.Duration
+}
+
+// recovery is the recovery epoch under way.
+type recovery struct {
+	tl Timeline
+}
+
+// New returns a machine for the job c, at epoch 0, generation 0, every
+// host alive and none registered yet, no G.
+func New(c Config) (*Machine, error) {
+	spare, err := c.validate()
+	if err != nil {
+		return nil, err
+	}
+	l, err := topology.NewLayout(c.World, max(c.TP, 1), max(c.PP, 1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	nh, n := len(c.Hosts), c.World
+	m := &Machine{
+		cfg:        c,
+		layout:     l,
+		g:          -1,
+		names:      make([]string, nh),
+		domain:     make([]string, nh),
+		rankHost:   slices.Clone(c.Assign),
+		hostRanks:  make([][]int, nh),
+		localOK:    make([]bool, n),
+		lastStep:   make([]int64, n),
+		lastProg:   make([]time.Duration, n),
+		ended:      make([]bool, n),
+		alive:      make([]bool, nh),
+		registered: make([]bool, nh),
+		spare:      spare,
+		lastSeen:   make([]time.Duration, nh),
+		suspected:  make([]time.Duration, nh),
+		suspectWhy: make([]string, nh),
+		stamp:      make([]uint32, nh),
+		blamed:     -1,
+	}
+	m.cfg.Hosts = slices.Clone(c.Hosts)
+	m.cfg.Assign = nil
+	for h, x := range c.Hosts {
+		m.names[h] = x.Name
+		m.domain[h] = x.Rack
+		if m.domain[h] == "" {
+			m.domain[h] = x.Switch
+		}
+		m.alive[h] = true
+		m.suspected[h] = -1
+	}
+	for r, h := range m.rankHost {
+		m.hostRanks[h] = append(m.hostRanks[h], r)
+		m.localOK[r] = true
+		m.lastStep[r] = -1
+		m.lastProg[r] = -1
+	}
+	if c.Holders != nil {
+		m.holders = make([][]int, n)
+		m.copyOK = make([][]bool, n)
+		m.missing = make([]int, n)
+		m.heldBy = make([][]int, n)
+		for r, hs := range c.Holders {
+			m.holders[r] = slices.Clone(hs)
+			m.copyOK[r] = make([]bool, len(hs))
+			for i, x := range hs {
+				m.copyOK[r][i] = true
+				m.heldBy[x] = append(m.heldBy[x], r)
+			}
+		}
+	}
+	return m, nil
+}
+
+// Epoch is the current epoch (0 until the first recovery).
+func (m *Machine) Epoch() uint64 { return m.epoch }
+
+// Gen is the current restart generation: a rank's exit reported with
+// another generation is ignored.
+func (m *Machine) Gen() uint64 { return m.gen }
+
+// Stopped reports whether the job is stopping (an abort or a signal).
+func (m *Machine) Stopped() bool { return m.stopped }
+
+// ExitCode is the code the job exits with: 0 while nothing went wrong,
+// else the first cause's (a rank's status, 1 for a host, 124 for a hang,
+// 128+n for signal n).
+func (m *Machine) ExitCode() int { return m.code }
+
+// RankHost returns rank r's host in the current epoch.
+func (m *Machine) RankHost(r int) int { return m.rankHost[r] }
+
+// UnderProtected reports how many owners have fewer copies than
+// configured.
+func (m *Machine) UnderProtected() int { return m.under }
+
+// Recovering reports whether a recovery epoch is under way.
+func (m *Machine) Recovering() bool { return m.rec != nil }
+
+// Step feeds the machine event e at time now (since the job's start; a
+// time before the last one counts as the last one) and returns what the
+// caller must do, in order. The pending failure window closes on any
+// event at or after its end; the other deadlines (suspicion, heartbeat,
+// hang) are checked on [Tick]. The returned slice is the caller's.
+func (m *Machine) Step(now time.Duration, e Event) []Action {
+	m.now = max(m.now, now)
+	m.out = nil
+	if m.pending != nil && m.now >= m.pendingAt {
+		m.decide()
+	}
+	switch e := e.(type) {
+	case RankExited:
+		m.onRankExited(e)
+	case AgentExited:
+		if m.host(e.Host) {
+			m.hostLost(e.Host, "its agent exited: "+e.Why, m.now)
+		}
+	case AgentRegistered:
+		if m.host(e.Host) {
+			m.registered[e.Host] = true
+			if len(m.hostRanks[e.Host]) == 0 && (e.Spare || m.cfg.Hosts[e.Host].Spare) {
+				m.alive[e.Host], m.spare[e.Host] = true, true
+			}
+			m.contact(e.Host)
+		}
+	case Heartbeat:
+		if m.host(e.Host) {
+			m.contact(e.Host)
+		}
+	case ControlDropped:
+		m.suspect(e.Host, "its control connection dropped")
+	case ReplicationFailed:
+		if m.host(e.From) {
+			m.suspect(e.To, "replication from "+m.names[e.From]+" to it failed")
+		}
+	case PeerLost:
+		if m.rank(e.Rank) {
+			for _, p := range e.Peers {
+				if m.rank(p) && m.rankHost[p] != m.rankHost[e.Rank] {
+					m.suspect(m.rankHost[p], fmt.Sprintf("rank %d lost its peer rank %d", e.Rank, p))
+				}
+			}
+		}
+	case GPUHealth:
+		m.onGPU(e)
+	case Progress:
+		if m.rank(e.Rank) {
+			m.lastProg[e.Rank] = m.now
+			m.lastStep[e.Rank] = max(m.lastStep[e.Rank], e.Step)
+			m.contact(m.rankHost[e.Rank])
+		}
+	case Signal:
+		m.onSignal(e.Sig)
+	case Tick:
+		m.onTick()
+	case GPublished:
+		m.g = max(m.g, e.G)
+	case Replicated:
+		m.onReplicated(e.Owner)
+	case RecoveryReport:
+		m.onRecovery(e)
+	}
+	return m.out
+}
+
+// NextDeadline is when the next Tick is due: the earliest pending
+// deadline (failure window, suspicion, heartbeat, hang), and false if
+// there is none.
+func (m *Machine) NextDeadline() (time.Duration, bool) {
+	var t time.Duration
+	ok := false
+	at := func(d time.Duration) {
+		if !ok || d < t {
+			t, ok = d, true
+		}
+	}
+	if m.pending != nil {
+		at(m.pendingAt)
+	}
+	if m.stopped {
+		return t, ok
+	}
+	for h := range m.alive {
+		if !m.alive[h] {
+			continue
+		}
+		if m.suspected[h] >= 0 {
+			at(m.suspected[h] + m.cfg.SuspectTimeout)
+		}
+		if m.registered[h] {
+			at(m.lastSeen[h] + m.cfg.HeartbeatTimeout)
+		}
+	}
+	if m.cfg.HangTimeout > 0 && m.rec == nil {
+		for r, p := range m.lastProg {
+			if p >= 0 && !m.ended[r] {
+				at(max(p, m.runningSince) + m.cfg.HangTimeout)
+			}
+		}
+	}
+	return t, ok
+}
+
+func (m *Machine) emit(a ...Action)               { m.out = append(m.out, a...) }
+func (m *Machine) report(format string, a ...any) { m.emit(Report{Msg: fmt.Sprintf(format, a...)}) }
+func (m *Machine) host(h int) bool                { return h >= 0 && h < len(m.names) }
+func (m *Machine) rank(r int) bool                { return r >= 0 && r < len(m.rankHost) }
+
+// overdue reports whether registered host h's heartbeats are late.
+func (m *Machine) overdue(h int) bool {
+	return m.registered[h] && m.now-m.lastSeen[h] > m.cfg.HeartbeatTimeout
+}
+
+// healthy reports whether host h may take ranks: alive, registered, not
+// suspected, heartbeats on time.
+func (m *Machine) healthy(h int) bool {
+	return m.alive[h] && m.registered[h] && m.suspected[h] < 0 && !m.overdue(h)
+}
+
+// contact records that host h was heard from: it is not suspected.
+func (m *Machine) contact(h int) {
+	m.lastSeen[h] = m.now
+	m.suspected[h] = -1
+}
+
+// suspect marks host h suspected (if alive and not already).
+func (m *Machine) suspect(h int, why string) {
+	if !m.host(h) || !m.alive[h] || m.suspected[h] >= 0 || m.stopped {
+		return
+	}
+	m.suspected[h], m.suspectWhy[h] = m.now, why
+	m.report("host %s suspected: %s; lost unless heard from within %v", m.names[h], why, m.cfg.SuspectTimeout)
+}
+
+func (m *Machine) onRankExited(e RankExited) {
+	r := e.Rank
+	if !m.rank(r) || e.Gen != m.gen || e.Host != m.rankHost[r] {
+		return // unknown, of an earlier generation, or of a host it left
+	}
+	m.contact(e.Host)
+	if m.ended[r] {
+		return
+	}
+	m.ended[r] = true
+	m.nEnded++
+	if e.Stopped {
+		return
+	}
+	status := e.Code
+	if e.Signal > 0 {
+		status = 128 + int(e.Signal)
+	}
+	if status == 0 && !e.Abort {
+		return
+	}
+	// MPI_Abort(comm, 0) ends the job with status 0, as under Hydra.
+	m.nFailed++
+	if m.stopped {
+		return
+	}
+	why := fmt.Sprintf("exited with code %d", e.Code)
+	if e.Signal > 0 {
+		why = "was killed by " + signame(e.Signal)
+	}
+	if e.Abort {
+		why = fmt.Sprintf("called MPI_Abort (code %d)", e.Code)
+	}
+	if e.Msg != "" {
+		why += ": " + e.Msg
+	}
+	f := &rankFailure{rank: r, status: status, signaled: e.Signal > 0 || e.Abort, abort: e.Abort,
+		what: fmt.Sprintf("rank %d on host %s %s", r, m.names[e.Host], why), at: m.now}
+	switch {
+	case m.pending == nil:
+		m.pending, m.pendingAt = f, m.now+m.cfg.FailWindow
+	case f.signaled && !m.pending.signaled:
+		f.at = m.pending.at
+		m.pending = f
+	}
+	if m.nEnded == len(m.rankHost) {
+		m.decide()
+	}
+}
+
+// decide acts on the pending rank failure.
+func (m *Machine) decide() {
+	f := m.pending
+	m.pending = nil
+	if f == nil || m.stopped {
+		return
+	}
+	m.rankFailed(f)
+}
+
+// rankFailed restarts the ranks in place after f, or stops the job.
+func (m *Machine) rankFailed(f *rankFailure) {
+	if f.abort {
+		m.abort(f.status, "%s; stopping the job", f.what)
+		return
+	}
+	r := f.rank
+	if r == m.blamed && m.g == m.blamedG && m.lastStep[r] == m.blamedStep {
+		m.abort(f.status, "%s, again with no progress since its last failure; stopping the job rather than restarting it in a loop", f.what)
+		return
+	}
+	if m.restarts >= m.cfg.MaxRestarts {
+		m.abort(f.status, "%s; no restart left (%d of %d used); stopping the job", f.what, m.restarts, m.cfg.MaxRestarts)
+		return
+	}
+	sources, err := m.plan()
+	if err != "" {
+		m.abort(ExitFailure, "%s; cannot restart: %s", f.what, err)
+		return
+	}
+	if v := m.violation(sources); v != "" {
+		m.abort(ExitFailure, "%s; cannot restart: invariant %s", f.what, v)
+		return
+	}
+	m.blamed, m.blamedG, m.blamedStep = r, m.g, m.lastStep[r]
+	m.restarts++
+	m.gen++
+	m.resetEnded()
+	m.beginEpoch(f.what, f.at, -1)
+	m.report("%s; restarting every rank (restart %d of %d), %s", f.what, m.restarts, m.cfg.MaxRestarts, m.from())
+	m.emit(Restart{Gen: m.gen, Epoch: m.epoch, G: m.g})
+	m.publish(sources)
+}
+
+func (m *Machine) from() string {
+	if m.g < 0 {
+		return "from the start (no step is protected on every rank)"
+	}
+	return fmt.Sprintf("resuming from step %d", m.g)
+}
+
+func (m *Machine) resetEnded() {
+	clear(m.ended)
+	m.nEnded, m.nFailed = 0, 0
+}
+
+// beginEpoch starts the next recovery epoch, ending the one under way.
+func (m *Machine) beginEpoch(cause string, detected, replaced time.Duration) {
+	if m.rec != nil {
+		m.rec.tl.Superseded = true
+		m.emit(m.rec.tl)
+	}
+	m.epoch++
+	m.rec = &recovery{tl: Timeline{Epoch: m.epoch, Cause: cause, Detected: detected, Classified: m.now,
+		Replaced: replaced, Published: -1, Restored: -1, Resumed: -1}}
+}
+
+// publish emits the epoch's table and its restore plan.
+func (m *Machine) publish(sources []Source) {
+	p := PublishEpoch{Epoch: m.epoch, G: m.g, RankHost: slices.Clone(m.rankHost), names: m.names}
+	if m.holders != nil {
+		n := 0
+		for _, hs := range m.holders {
+			n += len(hs)
+		}
+		flat := make([]int, 0, n)
+		p.Holders = make([][]int, len(m.holders))
+		for r, hs := range m.holders {
+			flat = append(flat, hs...)
+			p.Holders[r] = flat[len(flat)-len(hs) : len(flat) : len(flat)]
+		}
+	}
+	m.emit(p, RestorePlan{Epoch: m.epoch, G: m.g, Sources: sources, names: m.names})
+}
+
+// abort stops the job with code, once.
+func (m *Machine) abort(code int, format string, a ...any) {
+	msg := fmt.Sprintf(format, a...)
+	if m.stopped {
+		m.report("%s", msg)
+		return
+	}
+	m.stopped, m.stopping, m.code = true, true, code
+	m.pending = nil
+	m.emit(Abort{Code: code, Msg: msg}, StopRanks{Signal: syscall.SIGTERM, Grace: m.cfg.KillGrace})
+}
+
+func (m *Machine) onSignal(s syscall.Signal) {
+	if s == syscall.SIGUSR1 || s == syscall.SIGUSR2 {
+		m.emit(Forward{Signal: s})
+		return
+	}
+	m.interrupts++
+	if m.interrupts == 1 {
+		left := len(m.rankHost) - m.nEnded
+		if !m.stopped {
+			m.stopped, m.code = true, 128+int(s)
+		}
+		m.stopping = true
+		m.pending = nil
+		m.report("interrupted by %s; stopping %d ranks (again to kill at once)", signame(s), left)
+		m.emit(StopRanks{Signal: s, Grace: m.cfg.KillGrace})
+		return
+	}
+	if !m.killed {
+		m.killed = true
+		m.report("killing every rank")
+		m.emit(KillAll{})
+	}
+}
+
+func (m *Machine) onGPU(e GPUHealth) {
+	if !m.host(e.Host) || !m.alive[e.Host] {
+		return
+	}
+	if !e.replaces() {
+		m.report("GPU %d on host %s: %s fault: %s; the host stays", e.GPU, m.names[e.Host], e.Class, e.Msg)
+		return
+	}
+	m.hostLost(e.Host, fmt.Sprintf("GPU %d %s fault: %s", e.GPU, e.Class, e.Msg), m.now)
+}
+
+func (m *Machine) onTick() {
+	if m.stopped {
+		return
+	}
+	// Every loss due is found before any is acted on, so that no host
+	// overdue itself is chosen to replace another.
+	type loss struct {
+		h        int
+		why      string
+		detected time.Duration
+	}
+	var lost []loss
+	for h := range m.alive {
+		if !m.alive[h] {
+			continue
+		}
+		if s := m.suspected[h]; s >= 0 && m.now-s >= m.cfg.SuspectTimeout && m.lastSeen[h] <= s {
+			lost = append(lost, loss{h, fmt.Sprintf("suspected at %v (%s), not heard from for %v", s, m.suspectWhy[h], m.now-s), s})
+		} else if m.overdue(h) {
+			lost = append(lost, loss{h, fmt.Sprintf("no heartbeat for %v", m.now-m.lastSeen[h]), m.now})
+		}
+	}
+	for _, l := range lost {
+		if m.stopped {
+			return
+		}
+		m.hostLost(l.h, l.why, l.detected)
+	}
+	if m.cfg.HangTimeout <= 0 || m.rec != nil {
+		return
+	}
+	hung, since := -1, time.Duration(0)
+	for r, p := range m.lastProg {
+		if p < 0 || m.ended[r] {
+			continue
+		}
+		p = max(p, m.runningSince)
+		if m.now-p > m.cfg.HangTimeout && (hung < 0 || p < since) {
+			hung, since = r, p
+		}
+	}
+	if hung >= 0 {
+		m.pending = nil
+		m.rankFailed(&rankFailure{rank: hung, status: ExitTimeout, at: m.now,
+			what: fmt.Sprintf("rank %d on host %s made no progress for %v (hang timeout %v)", hung, m.names[m.rankHost[hung]], m.now-since, m.cfg.HangTimeout)})
+	}
+}
+
+func (m *Machine) onReplicated(owner int) {
+	if m.holders == nil || m.under == 0 {
+		return
+	}
+	set := func(o int) {
+		for i, x := range m.holders[o] {
+			if m.alive[m.rankHost[x]] {
+				m.setCopy(o, i, true)
+			}
+		}
+	}
+	if owner < 0 {
+		for o := range m.holders {
+			if m.missing[o] > 0 {
+				set(o)
+			}
+		}
+	} else if m.rank(owner) {
+		set(owner)
+	}
+	if m.under == 0 {
+		m.report("every optimizer shard has its %d copies again", m.k())
+		m.emit(Protected{})
+	}
+}
+
+// k is the configured number of copies per shard.
+func (m *Machine) k() int {
+	if len(m.holders) == 0 {
+		return 0
+	}
+	return len(m.holders[0])
+}
+
+// setCopy marks holder i's copy of o's shard valid or not.
+func (m *Machine) setCopy(o, i int, ok bool) {
+	if m.copyOK[o][i] == ok {
+		return
+	}
+	m.copyOK[o][i] = ok
+	if ok {
+		m.missing[o]--
+		if m.missing[o] == 0 {
+			m.under--
+		}
+	} else {
+		m.missing[o]++
+		if m.missing[o] == 1 {
+			m.under++
+		}
+	}
+}
+
+func (m *Machine) onRecovery(e RecoveryReport) {
+	if m.rec == nil || e.Epoch != m.epoch {
+		return
+	}
+	tl := &m.rec.tl
+	switch e.Stage {
+	case StagePublished:
+		if tl.Published < 0 {
+			tl.Published = m.now
+		}
+	case StageRestored:
+		m.restored()
+	case StageResumed:
+		if tl.Published < 0 {
+			tl.Published = m.now
+		}
+		m.restored()
+		tl.Resumed = m.now
+		m.emit(*tl)
+		m.rec = nil
+		m.runningSince = m.now
+	}
+}
+
+// restored records that every rank's state is restored: every live
+// rank's own slot holds it again.
+func (m *Machine) restored() {
+	if m.rec.tl.Restored >= 0 {
+		return
+	}
+	m.rec.tl.Restored = m.now
+	for r, h := range m.rankHost {
+		if m.alive[h] {
+			m.localOK[r] = true
+		}
+	}
+}
