@@ -5,7 +5,7 @@ PKGS    := ./...
 # Packages with vector kernels built under GOEXPERIMENT=simd.
 SIMD_PKGS := ./replay/
 
-.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-placement bench-replay bench-protect bench-mpi fuzz lint demo demo-train clean
+.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-mpi fuzz lint demo demo-train clean
 
 all: build
 
@@ -37,7 +37,7 @@ test: lint
 test-short:
 	$(GO) test -short $(PKGS)
 
-bench: bench-rendezvous bench-launch bench-comm bench-placement bench-replay bench-protect bench-mpi
+bench: bench-rendezvous bench-launch bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-mpi
 
 # Launch-to-exit time against Open MPI and MPICH Hydra (installs them with apt-get if missing).
 bench-launch: build
@@ -59,6 +59,11 @@ bench-rendezvous:
 # single-stream loopback TCP and memcpy measured in the same run.
 bench-comm:
 	$(GO) test -run '^$$' -bench BenchmarkAllreduce -benchtime 5x -timeout 30m ./comm/
+
+# The failure decisions (hotswap/): one host-loss cycle at 2,560 and 10,240
+# ranks, per event, beside copying the rank table in the same run.
+bench-hotswap:
+	$(GO) test -run '^$$' -bench 'BenchmarkHostLoss|BenchmarkHeartbeat' ./hotswap/
 
 # Replica placement and erasure-coding groups for 16,384 ranks on 2,048
 # hosts in 64 racks (target: placement under 100 ms), beside MapRanks.
@@ -84,7 +89,7 @@ bench-protect: build
 # Short fuzzing of every parser (go test -fuzz runs one target at a time).
 FUZZTIME ?= 20s
 fuzz:
-	@for p in ./topology/ ./internal/wire/ ./comm/ ./replay/ ./ckpt/ ./rank/ ./internal/agent/; do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
+	@for p in ./topology/ ./internal/wire/ ./comm/ ./replay/ ./ckpt/ ./rank/ ./internal/agent/ ./hotswap/; do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
 		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$p || exit 1; done; done
 
 lint:
