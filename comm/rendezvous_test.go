@@ -87,13 +87,14 @@ func TestSecretIsRedacted(t *testing.T) {
 			t.Errorf("secret printed as %q", got)
 		}
 	}
-	back, err := comm.ParseSecret(s.Hex() + "\n")
-	if err != nil || back != s {
-		t.Fatalf("ParseSecret(Hex) = %v, %v", back == s, err)
+	k := s.DataKey()
+	back, err := comm.ParseKey(k.Hex() + "\n")
+	if err != nil || back != k {
+		t.Fatalf("ParseKey(Hex) = %v, %v", back == k, err)
 	}
-	for _, bad := range []string{"", "zz", s.Hex()[:10], s.Hex() + "00"} {
-		if _, err := comm.ParseSecret(bad); !errors.Is(err, comm.ErrBadSecret) {
-			t.Errorf("ParseSecret(%q) = %v", bad, err)
+	for _, bad := range []string{"", "zz", k.Hex()[:10], k.Hex() + "00"} {
+		if _, err := comm.ParseKey(bad); !errors.Is(err, comm.ErrBadSecret) {
+			t.Errorf("ParseKey(%q) = %v", bad, err)
 		}
 	}
 }

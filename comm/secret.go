@@ -70,15 +70,6 @@ func NewSecret() (Secret, error) {
 	return s, nil
 }
 
-// ParseSecret parses the hex form written by Hex, ignoring surrounding space.
-func ParseSecret(h string) (Secret, error) {
-	var s Secret
-	if err := parseHex(s[:], h); err != nil {
-		return s, err
-	}
-	return s, nil
-}
-
 // ParseKey parses the hex form written by Key.Hex, ignoring surrounding space.
 func ParseKey(h string) (Key, error) {
 	var k Key
@@ -97,9 +88,6 @@ func parseHex(dst []byte, h string) error {
 	return nil
 }
 
-// Hex is the transport form of s.
-func (s Secret) Hex() string { return hex.EncodeToString(s[:]) }
-
 // String redacts s.
 func (s Secret) String() string { return "[secret]" }
 
@@ -115,8 +103,10 @@ func (k Key) String() string { return "[key]" }
 // LogValue redacts k in structured logs.
 func (k Key) LogValue() slog.Value { return slog.StringValue("[key]") }
 
-// Labels of the derived keys. Each ends in a NUL, so no label is a prefix
-// of another label followed by a host index.
+// Labels of the derived keys. Each label that is followed by a host index
+// ends in a NUL, so no label is a prefix of another label followed by a
+// host index. labelData has none: it keeps the value the data-plane key
+// had before the keys were separated, and is never followed by an index.
 const (
 	labelData       = "gorun data-plane key v1"
 	labelLink       = "gorun agent-link key v1\x00"

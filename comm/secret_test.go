@@ -3,6 +3,7 @@ package comm_test
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -54,14 +55,14 @@ func TestHostCredentialsTransport(t *testing.T) {
 		if err != nil || back.Host != c.Host || back.Control != c.Control || back.Data != c.Data || back.Link != c.Link || !bytes.Equal(back.Pin, c.Pin) {
 			t.Fatalf("ParseHostCredentials(Encode) = %+v, %v", back, err)
 		}
-		if strings.Contains(line, s.Hex()) {
+		if strings.Contains(line, hex.EncodeToString(s[:])) {
 			t.Fatal("the credentials line carries the job secret")
 		}
 	}
 	good := s.HostCredentials(1, pin[:]).Encode()
 	f := strings.Fields(good)
 	for name, bad := range map[string]string{
-		"empty": "", "old form (a bare secret)": s.Hex(), "other version": "gorun-cred-v0" + good[len("gorun-cred-v1"):],
+		"empty": "", "old form (a bare secret)": hex.EncodeToString(s[:]), "other version": "gorun-cred-v0" + good[len("gorun-cred-v1"):],
 		"negative host": strings.Replace(good, " 1 ", " -1 ", 1), "short key": strings.Replace(good, f[2], f[2][:10], 1),
 		"bad pin": strings.Replace(good, f[5], "zz", 1), "missing field": strings.Join(f[:5], " "),
 	} {
@@ -80,7 +81,7 @@ func TestKeysAreRedacted(t *testing.T) {
 	var logs bytes.Buffer
 	slog.New(slog.NewTextHandler(&logs, nil)).Info("x", "creds", c, "key", k, "secret", s)
 	out := logs.String() + fmt.Sprint(c, k, s) + fmt.Sprintf("%v %s %+v", c, k, k)
-	for _, h := range []string{s.Hex(), k.Hex(), c.Control.Hex(), c.Link.Hex()} {
+	for _, h := range []string{hex.EncodeToString(s[:]), k.Hex(), c.Control.Hex(), c.Link.Hex()} {
 		if strings.Contains(out, h) || strings.Contains(out, h[:16]) {
 			t.Fatalf("a key was printed: %s", out)
 		}

@@ -181,7 +181,7 @@ func TestAgentTakesOnlyItsOwnCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	tests := []struct{ name, line string }{
-		{"the job secret", s.Hex()},
+		{"the job secret", hex.EncodeToString(s[:])},
 		{"another host's credentials", s.HostCredentials(1, nil).Encode()},
 	}
 	for _, tt := range tests {
