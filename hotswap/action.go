@@ -156,12 +156,7 @@ func (a PublishEpoch) String() string {
 	b.WriteString(table(a.RankHost, a.names))
 	if a.Holders != nil {
 		b.WriteString(" holders=")
-		for r, hs := range a.Holders {
-			if r > 0 {
-				b.WriteByte(' ')
-			}
-			fmt.Fprintf(&b, "%d:%s", r, ints(hs))
-		}
+		writeHolders(&b, a.Holders)
 	}
 	return b.String()
 }
@@ -277,4 +272,14 @@ func signame(s syscall.Signal) string {
 		return "SIGQUIT"
 	}
 	return "signal " + strconv.Itoa(int(s))
+}
+
+// writeHolders writes holders as "rank:holders" pairs, space-separated.
+func writeHolders(b *strings.Builder, holders [][]int) {
+	for r, hs := range holders {
+		if r > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(b, "%d:%s", r, ints(hs))
+	}
 }

@@ -251,12 +251,7 @@ func (d *driver) state() string {
 	fmt.Fprintf(&b, "epoch=%d gen=%d g=%d table=%s", m.epoch, m.gen, m.g, table(m.rankHost, m.names))
 	if m.holders != nil {
 		b.WriteString(" holders=")
-		for r, hs := range m.holders {
-			if r > 0 {
-				b.WriteByte(' ')
-			}
-			fmt.Fprintf(&b, "%d:%s", r, ints(hs))
-		}
+		writeHolders(&b, m.holders)
 	}
 	var sp []string
 	for h, s := range m.spare {

@@ -213,20 +213,36 @@ func TestMPIRestart(t *testing.T) {
 // out of its process group) and prints its pid; rank 1 then exits 1 and
 // the others sleep. In generation 1 every rank prints that it runs and
 // sleeps until the job is stopped.
-func helperRestartDaemon() int {
+func helperRestartDaemon() int { return daemonThenFail(false) }
+
+// daemonThenFail is generation 0 of helperRestartDaemon (holdOutput false)
+// and helperRestartStop (true: the daemon holds the rank's standard
+// output, so that the agent reports the rank's end only a drain timeout
+// past its death), and generation 1 of both.
+func daemonThenFail(holdOutput bool) int {
 	if os.Getenv("GORUN_RESTART_COUNT") != "0" {
 		fmt.Println("generation 1 running")
 		time.Sleep(time.Hour)
 		return 0
 	}
 	cmd := exec.Command("sh", "-c", "sleep 3600 </dev/null >/dev/null 2>&1 & echo $!")
+	if holdOutput {
+		cmd = exec.Command("sh", "-c", "sleep 3600 </dev/null 2>/dev/null &")
+		cmd.Stdout = os.Stdout
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	out, err := cmd.Output()
+	var err error
+	if holdOutput {
+		err = cmd.Run()
+	} else {
+		var out []byte
+		out, err = cmd.Output()
+		fmt.Printf("daemon %s", out)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		return 1
 	}
-	fmt.Printf("daemon %s", out)
 	if envInt("RANK") == 1 {
 		return 1
 	}
@@ -268,25 +284,7 @@ func TestRestartKillsDaemonizedChildren(t *testing.T) {
 // its standard output, so that the agent reports the rank's end only after
 // a drain timeout (a second) past its death; rank 1 then exits 1 and the
 // others sleep. In generation 1, if it comes, every rank says so.
-func helperRestartStop() int {
-	if os.Getenv("GORUN_RESTART_COUNT") != "0" {
-		fmt.Println("generation 1 running")
-		time.Sleep(time.Hour)
-		return 0
-	}
-	cmd := exec.Command("sh", "-c", "sleep 3600 </dev/null 2>/dev/null &")
-	cmd.Stdout = os.Stdout
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "helper:", err)
-		return 1
-	}
-	if envInt("RANK") == 1 {
-		return 1
-	}
-	time.Sleep(time.Hour)
-	return 0
-}
+func helperRestartStop() int { return daemonThenFail(true) }
 
 // TestStopDuringRestartEndsPromptly: gorun is interrupted while a restart
 // waits for the old ranks' ends (their reports are held back by the
