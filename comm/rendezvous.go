@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,54 +22,83 @@ var ErrRegistration = errors.New("comm: registration refused")
 // stopped before it started: the agent has nothing to do and should exit.
 var ErrJobStopped = errors.New("comm: the job was stopped before it started")
 
+// ErrMembership reports a membership the rendezvous cannot publish.
+var ErrMembership = errors.New("comm: bad membership")
+
 // RendezvousHost is one host the launcher expects to register.
 type RendezvousHost struct {
 	Name  string
-	Ranks []int // ranks the host runs, in local-rank order
-	// Holders, when not nil, replaces the spec's Holders in this host's
-	// reply (each host gets the replica placement rows it needs).
-	Holders []wire.HolderRow
+	Ranks []int // ranks the host runs in the first epoch, in local-rank order
+	// Spare: a host held back to replace a lost one. The first table is
+	// not held up for it: a spare that registers late (or never) joins
+	// the tables when it registers.
+	Spare bool
 }
 
-// Rendezvous collects the registrations of one epoch's agents on the
-// launcher's side and, once every host is in, publishes the epoch table to
-// all of them in a single message.
+// Membership is one epoch's placement of the job: which host runs which
+// ranks, the generation they run in, the step restoring ranks resume
+// from, replica holders and the restore plan (see wire.EpochTable).
+type Membership struct {
+	Ranks   [][]int // per host index: its ranks, in local-rank order (nil: none)
+	Gen     uint64
+	G       int64
+	Holders []wire.HolderRow
+	Restore []wire.RestoreRow
+}
+
+// Rendezvous collects the registrations of the job's agents on the
+// launcher's side and, once every host that runs ranks is in, publishes
+// the epoch table to all of them in a single message. Later epochs are
+// published by Advance (the same placement) and Publish (a new one); a
+// lost host is fenced out of every later table.
+//
+// Trust: a registration is taken from the host its subject names (the
+// control-plane server lets each agent publish only on its own host's
+// subjects), must name that host's index and name, comes once per host,
+// and never from a fenced host.
 type Rendezvous struct {
 	nc         *nats.Conn
 	subj       wire.Subjects
 	job        string
-	epoch      uint64
 	hosts      []RendezvousHost
 	world      int
-	spec       []byte        // encoded RegisterReply, the same for every agent without its own Holders
-	specV      *wire.JobSpec // the spec, for hosts with their own Holders
+	spec       []byte // encoded RegisterReply, the same for every agent
 	registered chan int
 	done       chan struct{}
 
 	mu      sync.Mutex // guards the fields below
+	epoch   uint64
+	member  Membership
+	fenced  []bool
 	regs    []*wire.Register
-	missing int
+	missing int    // hosts with ranks not registered yet (before the first table)
 	table   []byte // encoded table, once published
 	stopped bool   // Cancel won: the table will never be published
 	subs    []*nats.Subscription
 }
 
-// StartRendezvous begins accepting registrations for epoch of job. Each
-// registered agent gets spec in its reply.
-func StartRendezvous(nc *nats.Conn, job string, epoch uint64, hosts []RendezvousHost, spec *wire.JobSpec) (*Rendezvous, error) {
-	world := 0
-	for _, h := range hosts {
+// StartRendezvous begins accepting registrations for epoch of job, whose
+// hosts run hosts[i].Ranks with replica holders holders (nil: none).
+// Each registered agent gets spec in its reply.
+func StartRendezvous(nc *nats.Conn, job string, epoch uint64, hosts []RendezvousHost, spec *wire.JobSpec, holders []wire.HolderRow) (*Rendezvous, error) {
+	world, missing := 0, 0
+	m := Membership{Ranks: make([][]int, len(hosts)), G: -1, Holders: holders}
+	for i, h := range hosts {
 		world += len(h.Ranks)
+		m.Ranks[i] = h.Ranks
+		if !h.Spare || len(h.Ranks) > 0 {
+			missing++
+		}
 	}
 	r := &Rendezvous{
 		nc: nc, subj: wire.JobSubjects(job), job: job, epoch: epoch,
-		hosts: hosts, world: world,
+		hosts: hosts, world: world, member: m,
 		spec:       wire.Marshal(&wire.RegisterReply{Spec: spec}),
-		specV:      spec,
 		registered: make(chan int, len(hosts)),
 		done:       make(chan struct{}),
 		regs:       make([]*wire.Register, len(hosts)),
-		missing:    len(hosts),
+		fenced:     make([]bool, len(hosts)),
+		missing:    missing,
 	}
 	sub, err := nc.Subscribe(r.subj.Register, r.onRegister)
 	if err != nil {
@@ -138,40 +168,62 @@ func (r *Rendezvous) onRegister(m *nats.Msg) {
 		r.reply(m, wire.Marshal(&wire.RegisterReply{Stop: true}))
 		return
 	}
+	if r.fenced[reg.Host] {
+		r.mu.Unlock()
+		r.refuse(m, "host %d %q was lost and is fenced out of the job", reg.Host, reg.Name)
+		return
+	}
 	if r.regs[reg.Host] != nil {
 		r.mu.Unlock()
 		r.refuse(m, "host %d %q registered twice", reg.Host, reg.Name)
 		return
 	}
 	r.regs[reg.Host] = reg
-	r.missing--
-	last := r.missing == 0
+	waited := len(r.member.Ranks[reg.Host]) > 0 || !r.hosts[reg.Host].Spare
+	if waited && r.table == nil {
+		r.missing--
+	}
+	last := r.missing == 0 && r.table == nil
+	late := r.table != nil // a spare joining a published job
 	r.mu.Unlock()
 
-	if hs := r.hosts[reg.Host].Holders; hs != nil {
-		own := *r.specV
-		own.Holders = hs
-		r.reply(m, wire.Marshal(&wire.RegisterReply{Spec: &own}))
-	} else {
-		r.reply(m, r.spec)
+	if late {
+		r.republish() // before the launcher hears of it, which may place ranks there
 	}
+	r.reply(m, r.spec)
 	r.registered <- reg.Host
 	if last {
 		r.publish()
 	}
 }
 
+// buildTable builds the table of the current epoch and membership. r.mu
+// is held.
 func (r *Rendezvous) buildTable() *wire.EpochTable {
 	t := &wire.EpochTable{
 		Version: wire.Version, Job: r.job, Epoch: r.epoch, World: r.world,
 		Hosts: make([]wire.TableHost, len(r.hosts)),
+		Gen:   r.member.Gen, G: r.member.G, Holders: r.member.Holders, Restore: r.member.Restore,
 	}
 	for i, h := range r.hosts {
-		t.Hosts[i] = wire.TableHost{Name: h.Name, Addr: r.regs[i].Addr, Ranks: wire.CompressRanks(h.Ranks), ReplicaPort: r.regs[i].ReplicaPort}
-		for _, rank := range h.Ranks {
-			if rank == 0 {
-				t.MasterAddr, t.MasterPort = r.regs[i].Addr, r.regs[i].MasterPort
-			}
+		th := &t.Hosts[i]
+		th.Name = h.Name
+		ranks := r.member.Ranks[i]
+		th.Ranks = wire.CompressRanks(ranks)
+		if r.fenced[i] {
+			// Until Publish moves its ranks, the table says where they
+			// were (and does not validate).
+			th.Fenced = true
+			continue
+		}
+		th.Spare = h.Spare && len(ranks) == 0
+		reg := r.regs[i]
+		if reg == nil {
+			continue
+		}
+		th.Addr, th.ReplicaPort = reg.Addr, reg.ReplicaPort
+		if slices.Contains(ranks, 0) {
+			t.MasterAddr, t.MasterPort = reg.Addr, reg.MasterPort
 		}
 	}
 	return t
@@ -179,7 +231,7 @@ func (r *Rendezvous) buildTable() *wire.EpochTable {
 
 func (r *Rendezvous) publish() {
 	r.mu.Lock()
-	if r.stopped {
+	if r.stopped || r.table != nil {
 		r.mu.Unlock()
 		return
 	}
@@ -191,9 +243,25 @@ func (r *Rendezvous) publish() {
 	close(r.done)
 }
 
+// republish publishes the current epoch's table again, with what changed
+// since (a spare that joined): agents that have this epoch ignore it.
+func (r *Rendezvous) republish() {
+	r.mu.Lock()
+	if r.table == nil {
+		r.mu.Unlock()
+		return
+	}
+	b := r.buildTable().Encode()
+	r.table = b
+	r.mu.Unlock()
+	_ = r.nc.Publish(r.subj.Epoch, b)
+}
+
 // Advance publishes the table again as epoch, which must be later than
-// the current one (the same hosts and ranks: a restart of the ranks in
-// place). It returns the new table, or nil before the first was published.
+// the current one (the same placement: a restart of the ranks in place).
+// It returns the new table, or nil before the first was published, for an
+// epoch not later than the current one, or when a fenced host still has
+// ranks (only Publish can move them).
 func (r *Rendezvous) Advance(epoch uint64) *wire.EpochTable {
 	select {
 	case <-r.done:
@@ -205,13 +273,69 @@ func (r *Rendezvous) Advance(epoch uint64) *wire.EpochTable {
 		r.mu.Unlock()
 		return nil
 	}
+	old := r.epoch
 	r.epoch = epoch
 	t := r.buildTable()
+	if t.Validate() != nil {
+		r.epoch = old
+		r.mu.Unlock()
+		return nil
+	}
 	b := t.Encode()
 	r.table = b
 	r.mu.Unlock()
 	_ = r.nc.Publish(r.subj.Epoch, b)
 	return t
+}
+
+// Publish publishes epoch, later than the current one, with membership m:
+// the recovery epoch of a hot-swap. Every rank must be on a host that is
+// neither fenced nor unregistered. It returns the table published.
+func (r *Rendezvous) Publish(epoch uint64, m Membership) (*wire.EpochTable, error) {
+	select {
+	case <-r.done:
+	default:
+		return nil, fmt.Errorf("%w: epoch %d before the first table", ErrMembership, epoch)
+	}
+	r.mu.Lock()
+	if epoch <= r.epoch {
+		e := r.epoch
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w: epoch %d is not after epoch %d", ErrMembership, epoch, e)
+	}
+	if len(m.Ranks) != len(r.hosts) {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w: ranks for %d hosts, the job has %d", ErrMembership, len(m.Ranks), len(r.hosts))
+	}
+	for h, ranks := range m.Ranks {
+		if len(ranks) > 0 && (r.fenced[h] || r.regs[h] == nil) {
+			r.mu.Unlock()
+			return nil, fmt.Errorf("%w: ranks on host %s, which is fenced or not registered", ErrMembership, r.hosts[h].Name)
+		}
+	}
+	oldEpoch, oldMember := r.epoch, r.member
+	r.epoch, r.member = epoch, m
+	t := r.buildTable()
+	if err := t.Validate(); err != nil {
+		r.epoch, r.member = oldEpoch, oldMember
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w: %w", ErrMembership, err)
+	}
+	b := t.Encode()
+	r.table = b
+	r.mu.Unlock()
+	_ = r.nc.Publish(r.subj.Epoch, b)
+	return t, nil
+}
+
+// Fence marks host lost: it appears fenced in every later table, and its
+// registrations are refused. Its ranks must move in the next Publish.
+func (r *Rendezvous) Fence(host int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if host >= 0 && host < len(r.fenced) {
+		r.fenced[host] = true
+	}
 }
 
 func (r *Rendezvous) onEpochGet(m *nats.Msg) {
@@ -252,7 +376,9 @@ func (r *Rendezvous) Missing() []int {
 	return out
 }
 
-// Table returns the published table, or nil before publication.
+// Table returns the current table, or nil before the first publication.
+// Between Fence and the Publish that moves its ranks, the fenced host is
+// shown with them, and the table does not validate.
 func (r *Rendezvous) Table() *wire.EpochTable {
 	select {
 	case <-r.done:

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -121,7 +123,7 @@ func rendezvous(t testing.TB, hosts, ranksPerHost int) (connect, rendezvous time
 			rh[i].Ranks = append(rh[i].Ranks, i*ranksPerHost+l)
 		}
 	}
-	rv, err := comm.StartRendezvous(launcher.Conn, job, 0, rh, &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second})
+	rv, err := comm.StartRendezvous(launcher.Conn, job, 0, rh, &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +225,7 @@ func twoHostRendezvous(t *testing.T, ctx context.Context) (*comm.Rendezvous, []*
 	t.Helper()
 	secret, srv, l := testControlPlane(t, "job1", 2)
 	rv, err := comm.StartRendezvous(l.Conn, "job1", 0, []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}},
-		&wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second})
+		&wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +335,7 @@ func TestRendezvousCancel(t *testing.T) {
 	// start runs job's control plane and rendezvous; join connects host's agent.
 	start := func(t *testing.T, job string) (*comm.Rendezvous, func(int) *comm.AgentRendezvous) {
 		secret, srv, l := testControlPlane(t, job, len(hosts))
-		rv, err := comm.StartRendezvous(l.Conn, job, 0, hosts, spec)
+		rv, err := comm.StartRendezvous(l.Conn, job, 0, hosts, spec, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -518,5 +520,120 @@ func TestRendezvousAnswersOnlyTheSendersInbox(t *testing.T) {
 			continue
 		}
 		t.Errorf("host 1 made the launcher publish %.60q on %s", m.Data, m.Subject)
+	}
+}
+
+// TestRendezvousMembership: a spare is not waited for, joins the tables
+// when it registers, and takes a lost host's ranks in a later epoch; a
+// fenced host cannot register again nor be given ranks.
+func TestRendezvousMembership(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	secret, srv, l := testControlPlane(t, "job1", 3)
+	holders := []wire.HolderRow{{Rank: 0, Holders: []int{1}}, {Rank: 1, Holders: []int{0}}}
+	rv, err := comm.StartRendezvous(l.Conn, "job1", 0,
+		[]comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}, {Name: "s", Spare: true}},
+		&wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, holders)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rv.Close)
+	joins := make([]*comm.AgentRendezvous, 3)
+	for i := range joins {
+		c, err := dialHost(ctx, srv, secret, "job1", i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		if joins[i], err = comm.JoinRendezvous(c.Conn, "job1", i); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(joins[i].Close)
+	}
+	names := []string{"a", "b", "s"}
+	reg := func(h int) error {
+		_, err := joins[h].Register(ctx, &wire.Register{Version: wire.Version, Job: "job1", Host: h, Name: names[h], Addr: "127.0.0." + strconv.Itoa(h+1), ReplicaPort: 9000 + h})
+		return err
+	}
+	for h := range 2 {
+		if err := reg(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first table is out without the spare.
+	tb, err := joins[0].WaitEpoch(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := tb.Hosts[2]; !s.Spare || s.Addr != "" || len(s.Ranks) != 0 {
+		t.Errorf("unregistered spare in the first table: %+v", s)
+	}
+	if tb.G != -1 || !reflect.DeepEqual(tb.Holders, holders) {
+		t.Errorf("first table: G %d holders %v", tb.G, tb.Holders)
+	}
+	// The spare registers late: it gets the table, with its address.
+	if err := reg(2); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-rv.Registered(); got != 0 {
+		t.Errorf("registered %d first", got)
+	}
+	<-rv.Registered()
+	if got := <-rv.Registered(); got != 2 {
+		t.Errorf("the spare's registration was delivered as host %d", got)
+	}
+	if s := rv.Table().Hosts[2]; !s.Spare || s.Addr != "127.0.0.3" || s.ReplicaPort != 9002 {
+		t.Errorf("registered spare: %+v", s)
+	}
+	// Host b is lost: fenced, its ranks move to the spare.
+	rv.Fence(1)
+	if err := reg(1); !errors.Is(err, comm.ErrRegistration) || !strings.Contains(err.Error(), "fenced") {
+		t.Errorf("a fenced host registering again: %v", err)
+	}
+	m := comm.Membership{Ranks: [][]int{{0}, nil, {1}}, Gen: 1, G: 41,
+		Holders: []wire.HolderRow{{Rank: 0, Holders: []int{1}}, {Rank: 1, Holders: []int{0}}},
+		Restore: []wire.RestoreRow{{Rank: 1, Opt: 0, Params: 0}}}
+	bad := []struct {
+		name  string
+		epoch uint64
+		m     comm.Membership
+	}{
+		{"same epoch", 0, m},
+		{"ranks on the fenced host", 1, comm.Membership{Ranks: [][]int{{0}, {1}, nil}, G: 41}},
+		{"a host missing", 1, comm.Membership{Ranks: [][]int{{0, 1}}, G: 41}},
+		{"a rank twice", 1, comm.Membership{Ranks: [][]int{{0, 1}, nil, {1}}, G: 41}},
+		{"a holder row out of range", 1, comm.Membership{Ranks: m.Ranks, G: 41, Holders: []wire.HolderRow{{Rank: 0, Holders: []int{5}}}}},
+	}
+	for _, tc := range bad {
+		if _, err := rv.Publish(tc.epoch, tc.m); !errors.Is(err, comm.ErrMembership) {
+			t.Errorf("%s: Publish = %v, want ErrMembership", tc.name, err)
+		}
+	}
+	if tb := rv.Table(); tb.Epoch != 0 || len(tb.Hosts[2].Ranks) != 0 || tb.Gen != 0 {
+		t.Errorf("a refused membership changed the table: %+v", tb)
+	}
+	pub, err := rv.Publish(1, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := joins[2].WaitEpoch(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, pub) {
+		t.Errorf("received %+v, published %+v", got, pub)
+	}
+	if b := got.Hosts[1]; !b.Fenced || b.Addr != "" || len(b.Ranks) != 0 {
+		t.Errorf("fenced host in the table: %+v", b)
+	}
+	if s := got.Hosts[2]; s.Spare || fmt.Sprint(got.Placements()[2]) != "[{1 2 0 1 1}]" {
+		t.Errorf("the spare after the splice: %+v, placements %v", s, got.Placements()[2])
+	}
+	if got.Gen != 1 || got.G != 41 || !reflect.DeepEqual(got.Restore, m.Restore) {
+		t.Errorf("epoch 1: gen %d G %d restore %v", got.Gen, got.G, got.Restore)
+	}
+	// A restart in place keeps the membership.
+	if adv := rv.Advance(2); adv == nil || adv.G != 41 || len(adv.Hosts[2].Ranks) != 1 || !adv.Hosts[1].Fenced {
+		t.Errorf("Advance after Publish: %+v", adv)
 	}
 }

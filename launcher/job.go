@@ -63,9 +63,8 @@ type job struct {
 	rankHost []int
 	// holders[r] are the ranks holding rank r's replicas (state
 	// protection), or nil.
-	holders  [][]int
-	hostRows [][]wire.HolderRow // holderRows' cache
-	prog     *progress
+	holders [][]int
+	prog    *progress
 
 	events     chan *wire.Event
 	agentExits chan agentExit
@@ -256,14 +255,14 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 
 	rhosts := make([]comm.RendezvousHost, len(j.hosts))
 	for i, h := range j.hosts {
-		rhosts[i] = comm.RendezvousHost{Name: h.name, Ranks: h.ranks, Holders: j.holderRows(i)}
+		rhosts[i] = comm.RendezvousHost{Name: h.name, Ranks: h.ranks}
 	}
 	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, &wire.JobSpec{
 		Prog: j.cfg.Prog, Args: j.cfg.Args, Env: j.cfg.Env, Dir: j.cfg.Dir, DirExplicit: j.cfg.dirExplicit,
 		KillGrace: j.cfg.KillGrace, HeartbeatInterval: j.cfg.HeartbeatInterval, OutputDelay: j.cfg.OutputDelay,
 		StdinRank: j.stdinRank(), TP: j.cfg.TP, PP: j.cfg.PP, GPUsPerRank: j.cfg.GPUsPerRank,
 		MaxRestarts: j.cfg.MaxRestarts, NoPMI: j.cfg.NoPMI,
-	})
+	}, holderRows(j.holders))
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
 	}

@@ -2,7 +2,6 @@ package launcher
 
 import (
 	"fmt"
-	"slices"
 
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
@@ -36,29 +35,16 @@ func (j *job) placeReplicas(assign []topology.Assignment) error {
 	return nil
 }
 
-// holderRows returns the replica placement rows host h needs: those of its
-// own ranks and of the ranks it holds replicas of (nil without replicas).
-func (j *job) holderRows(h int) []wire.HolderRow {
-	if j.holders == nil {
-		return nil
-	}
-	if j.hostRows == nil {
-		j.hostRows = make([][]wire.HolderRow, len(j.hosts))
-		var to []int // the hosts a row goes to
-		for r, hs := range j.holders {
-			row := wire.HolderRow{Rank: r, Holders: hs}
-			to = append(to[:0], j.rankHost[r])
-			for _, x := range hs {
-				if hx := j.rankHost[x]; !slices.Contains(to, hx) {
-					to = append(to, hx)
-				}
-			}
-			for _, h := range to {
-				j.hostRows[h] = append(j.hostRows[h], row)
-			}
+// holderRows returns the epoch table's holder rows for holders: one per
+// rank that has holders, in rank order (nil without replicas).
+func holderRows(holders [][]int) []wire.HolderRow {
+	var rows []wire.HolderRow
+	for r, hs := range holders {
+		if len(hs) > 0 {
+			rows = append(rows, wire.HolderRow{Rank: r, Holders: hs})
 		}
 	}
-	return j.hostRows[h]
+	return rows
 }
 
 // goneHost returns a host whose agent has ended or that is lost, whose

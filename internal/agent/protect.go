@@ -57,23 +57,7 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 			}
 		}
 	}
-	var holders [][]int // by rank; nil rows for the ranks this host does not deal with
-	for _, row := range a.spec.Holders {
-		bad := row.Rank < 0 || row.Rank >= t.World || holders != nil && holders[row.Rank] != nil
-		for _, h := range row.Holders {
-			bad = bad || h < 0 || h >= t.World || h == row.Rank
-		}
-		if bad {
-			if ln != nil {
-				ln.Close()
-			}
-			return nil, fmt.Errorf("bad replica placement row: rank %d held by %v in a world of %d", row.Rank, row.Holders, t.World)
-		}
-		if holders == nil {
-			holders = make([][]int, t.World)
-		}
-		holders[row.Rank] = row.Holders
-	}
+	holders := t.HolderLists() // checked by wire: ranks of the world, none its own holder
 	var peers func(int) []int
 	if l, err := topology.NewLayout(t.World, max(a.spec.TP, 1), max(a.spec.PP, 1)); err == nil {
 		peers = l.DPGroup

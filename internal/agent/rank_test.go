@@ -3,6 +3,7 @@ package agent
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strings"
 	"syscall"
@@ -53,7 +54,7 @@ func TestExitEventCode(t *testing.T) {
 		}
 		e := p.exitEvent(2)
 		want := wire.Event{Kind: wire.EventExited, Host: 2, Rank: 3, Pid: p.pid, Code: code}
-		if *e != want {
+		if !reflect.DeepEqual(*e, want) {
 			t.Errorf("exit %d: event %+v, want %+v", code, *e, want)
 		}
 		if e.ExitStatus() != code {

@@ -50,7 +50,7 @@ func startFakeLauncher(t *testing.T, job string, ranks []int, with func(*Config)
 	f.rv, err = comm.StartRendezvous(l.Conn, job, 0, []comm.RendezvousHost{{Name: "h0", Ranks: ranks}}, &wire.JobSpec{
 		Prog: prog, Args: args, Dir: t.TempDir(),
 		KillGrace: time.Second, HeartbeatInterval: time.Second, StdinRank: wire.NoStdin,
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

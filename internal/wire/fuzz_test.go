@@ -203,10 +203,11 @@ func FuzzDecodeEpochTable(f *testing.F) {
 		table(6, []int{5, 0, 3}, []int{1, 2, 4}),
 		table(2, []int{0, 1}, []int{1}), // duplicate rank
 		table(3, []int{0}, []int{2}),    // missing rank
+		memberTable(),
 	} {
 		f.Add(tab.Encode())
 	}
-	f.Add([]byte{'T', 2})
+	f.Add([]byte{'T', 3})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		tab, err := wire.DecodeEpochTable(b)

@@ -123,11 +123,6 @@ type JobSpec struct {
 	// GPUsPerRank is how many GPUs each local rank gets (0: one each,
 	// shared round-robin when ranks outnumber GPUs).
 	GPUsPerRank int `json:"gpr,omitempty"`
-	// Holders are the replica holders (state protection) of the ranks
-	// this host needs to know about: its own ranks, and the ranks it
-	// holds replicas of. Each host gets its own rows, so the spec stays
-	// small whatever the world size.
-	Holders []HolderRow `json:"holders,omitempty"`
 	// NoPMI: the ranks get no PMI connection (--pmi=false).
 	NoPMI bool `json:"nopmi,omitempty"`
 	// MaxRestarts is how many times the ranks may be restarted in place
@@ -139,6 +134,20 @@ type JobSpec struct {
 type HolderRow struct {
 	Rank    int   `json:"r"`
 	Holders []int `json:"h"`
+}
+
+// MaxHolders bounds the replica holders of one rank in a message.
+const MaxHolders = 16
+
+// RestoreRow says where rank Rank restores its state from when its own
+// host's slot cannot serve it (hot-swap's restore plan): the optimizer
+// shard and meta from the copy kept on rank Opt's host (Opt may no longer
+// hold Rank's replicas in the epoch: it has the copy that exists), the
+// parameters from data-parallel peer Params.
+type RestoreRow struct {
+	Rank   int `json:"r"`
+	Opt    int `json:"o"`
+	Params int `json:"p"`
 }
 
 // NoStdin is JobSpec.StdinRank when no rank reads the launcher's stdin.
@@ -226,6 +235,19 @@ type EpochTable struct {
 	MasterAddr string      `json:"maddr"`
 	MasterPort int         `json:"mport"`
 	Hosts      []TableHost `json:"hosts"`
+	// Gen is the restart generation whose ranks run in this epoch: a rank
+	// a table places on a host that does not run it yet starts in it.
+	Gen uint64 `json:"gen,omitempty"`
+	// G is the step the ranks restoring in this epoch resume from (-1:
+	// from the start).
+	G int64 `json:"g"`
+	// Holders are the replica holders of every rank that has any, one
+	// row per rank, in rank order (none: no replicas). The table is their
+	// one source: a recovery epoch may re-place them.
+	Holders []HolderRow `json:"hold,omitempty"`
+	// Restore is the restore plan of the ranks that cannot restore from
+	// their own host's slot in this epoch, in rank order.
+	Restore []RestoreRow `json:"rest,omitempty"`
 }
 
 // TableHost is one host of an EpochTable.
@@ -235,6 +257,11 @@ type TableHost struct {
 	Ranks RankSet `json:"r"` // in local-rank order
 	// ReplicaPort is the port of the host's replication listener, or 0.
 	ReplicaPort int `json:"rp,omitempty"`
+	// Spare: an idle spare host, registered, running no rank. Fenced: a
+	// lost host, never to be contacted again (its agent, if it is still
+	// there, kills its ranks and exits). Neither has ranks.
+	Spare  bool `json:"sp,omitempty"`
+	Fenced bool `json:"f,omitempty"`
 }
 
 // Validate checks the invariants of t.
@@ -266,6 +293,9 @@ func (t *EpochTable) Validate() error {
 		if h.ReplicaPort < 0 || h.ReplicaPort > 65535 {
 			return malformed("epoch table host %d: replica port %d", i, h.ReplicaPort)
 		}
+		if (h.Spare || h.Fenced) && len(h.Ranks) > 0 {
+			return malformed("epoch table host %d: a spare or fenced host with ranks", i)
+		}
 		if err := h.Ranks.check(t.World); err != nil {
 			return fmt.Errorf("%w: epoch table host %d: %w", ErrMalformed, i, err)
 		}
@@ -284,7 +314,64 @@ func (t *EpochTable) Validate() error {
 	if n != t.World {
 		return malformed("epoch table: %d of %d ranks placed", n, t.World)
 	}
+	if t.G < -1 || t.G > MaxStep {
+		return malformed("epoch table: resume step %d", t.G)
+	}
+	return t.checkPlan()
+}
+
+// checkPlan checks the holder and restore rows of t: ranks of the world,
+// in increasing rank order (so one row per rank), no rank its own holder,
+// no holder twice.
+func (t *EpochTable) checkPlan() error {
+	if len(t.Holders) > t.World || len(t.Restore) > t.World {
+		return malformed("epoch table: %d holder rows and %d restore rows for %d ranks", len(t.Holders), len(t.Restore), t.World)
+	}
+	inWorld := func(r int) bool { return r >= 0 && r < t.World }
+	last := -1
+	for _, row := range t.Holders {
+		if !inWorld(row.Rank) || row.Rank <= last {
+			return malformed("epoch table: holder row of rank %d out of order or range", row.Rank)
+		}
+		last = row.Rank
+		if len(row.Holders) == 0 || len(row.Holders) > MaxHolders {
+			return malformed("epoch table: rank %d has %d holders", row.Rank, len(row.Holders))
+		}
+		for i, h := range row.Holders {
+			if !inWorld(h) || h == row.Rank {
+				return malformed("epoch table: rank %d held by rank %d", row.Rank, h)
+			}
+			for _, x := range row.Holders[:i] {
+				if x == h {
+					return malformed("epoch table: rank %d held twice by rank %d", row.Rank, h)
+				}
+			}
+		}
+	}
+	last = -1
+	for _, row := range t.Restore {
+		if !inWorld(row.Rank) || row.Rank <= last {
+			return malformed("epoch table: restore row of rank %d out of order or range", row.Rank)
+		}
+		last = row.Rank
+		if !inWorld(row.Opt) || !inWorld(row.Params) || row.Opt == row.Rank {
+			return malformed("epoch table: rank %d restores from ranks %d and %d", row.Rank, row.Opt, row.Params)
+		}
+	}
 	return nil
+}
+
+// HolderLists returns every rank's holders (nil rows for ranks without;
+// nil without any holders).
+func (t *EpochTable) HolderLists() [][]int {
+	if len(t.Holders) == 0 {
+		return nil
+	}
+	out := make([][]int, t.World)
+	for _, row := range t.Holders {
+		out[row.Rank] = row.Holders
+	}
+	return out
 }
 
 // Placement is where one rank runs in an epoch.
@@ -334,7 +421,18 @@ const (
 	EventAgentError EventKind = "agent-error" // the agent cannot go on
 	EventAgentDone  EventKind = "agent-done"  // every rank of the agent has ended
 	EventGPU        EventKind = "gpu"         // a GPU health event (GPU set)
+	// EventEpoch: the agent has epoch Epoch's table.
+	EventEpoch EventKind = "epoch"
+	// EventReplFailed: replication from this host to host Peer failed
+	// (Msg says why).
+	EventReplFailed EventKind = "repl-failed"
+	// EventPeerLost: rank Rank lost its links to ranks Peers (a
+	// comm.PeerLostError).
+	EventPeerLost EventKind = "peer-lost"
 )
+
+// MaxPeers bounds the peers an EventPeerLost names.
+const MaxPeers = 1024
 
 // MaxGPUs bounds a GPU index in a message.
 const MaxGPUs = 1024
@@ -374,7 +472,10 @@ type Event struct {
 	// Abort: the rank called MPI_Abort (PMI abort) with exit code Code.
 	Abort bool       `json:"abort,omitempty"`
 	Msg   string     `json:"msg,omitempty"`
-	GPU   *GPUReport `json:"gpu,omitempty"` // EventGPU only
+	GPU   *GPUReport `json:"gpu,omitempty"`   // EventGPU only
+	Epoch uint64     `json:"epoch,omitempty"` // EventEpoch only
+	Peer  int        `json:"peer,omitempty"`  // EventReplFailed only: a host
+	Peers []int      `json:"peers,omitempty"` // EventPeerLost only: ranks
 }
 
 // DecodeEvent decodes and validates an Event.
@@ -383,10 +484,26 @@ func DecodeEvent(b []byte) (*Event, error) {
 	if err := decode(b, &e, "event"); err != nil {
 		return nil, err
 	}
+	if e.GPU != nil && e.Kind != EventGPU {
+		return nil, malformed("event: a %s event with a GPU report", e.Kind)
+	}
+	if len(e.Peers) > 0 && e.Kind != EventPeerLost {
+		return nil, malformed("event: a %s event naming peers", e.Kind)
+	}
 	switch e.Kind {
-	case EventStarted, EventExited, EventAgentError, EventAgentDone:
-		if e.GPU != nil {
-			return nil, malformed("event: a %s event with a GPU report", e.Kind)
+	case EventStarted, EventExited, EventAgentError, EventAgentDone, EventEpoch:
+	case EventReplFailed:
+		if e.Peer < 0 || e.Peer >= MaxHosts || e.Peer == e.Host {
+			return nil, malformed("event: replication to host %d failed, from host %d", e.Peer, e.Host)
+		}
+	case EventPeerLost:
+		if e.Rank < 0 || len(e.Peers) == 0 || len(e.Peers) > MaxPeers {
+			return nil, malformed("event: rank %d lost %d peers", e.Rank, len(e.Peers))
+		}
+		for _, p := range e.Peers {
+			if p < 0 || p >= MaxWorld || p == e.Rank {
+				return nil, malformed("event: rank %d lost peer %d", e.Rank, p)
+			}
 		}
 	case EventGPU:
 		if err := e.GPU.check(); err != nil {

@@ -172,6 +172,9 @@ func TestDecodeEventRoundTrip(t *testing.T) {
 		{"agent done", &wire.Event{Kind: wire.EventAgentDone, Host: wire.MaxHosts - 1, Rank: -1}},
 		{"last rank", mutate(validEvent(), func(e *wire.Event) { e.Rank = wire.MaxWorld - 1 })},
 		{"longest message", mutate(validEvent(), func(e *wire.Event) { e.Msg = longest })},
+		{"epoch", &wire.Event{Kind: wire.EventEpoch, Host: 3, Rank: -1, Epoch: 7}},
+		{"replication failed", &wire.Event{Kind: wire.EventReplFailed, Host: 3, Rank: -1, Peer: 0, Msg: "connection refused"}},
+		{"peer lost", &wire.Event{Kind: wire.EventPeerLost, Host: 3, Rank: 6, Peers: []int{0, 7}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { roundTrip(t, tc.ev, wire.DecodeEvent) })
@@ -198,6 +201,13 @@ func TestDecodeEventRejects(t *testing.T) {
 		{"kind not string", []byte(`{"k":1,"h":0,"r":0}`)},
 		{"stopped not bool", []byte(`{"k":"exited","h":0,"r":0,"stopped":"yes"}`)},
 		{"trailing data", append(ev(func(*wire.Event) {}), `,`...)},
+		{"replication to itself", ev(func(e *wire.Event) { e.Kind, e.Peer = wire.EventReplFailed, e.Host })},
+		{"replication to a negative host", ev(func(e *wire.Event) { e.Kind, e.Peer = wire.EventReplFailed, -1 })},
+		{"peer lost without peers", ev(func(e *wire.Event) { e.Kind = wire.EventPeerLost })},
+		{"peer lost naming itself", ev(func(e *wire.Event) { e.Kind, e.Peers = wire.EventPeerLost, []int{e.Rank} })},
+		{"peer lost past MaxWorld", ev(func(e *wire.Event) { e.Kind, e.Peers = wire.EventPeerLost, []int{wire.MaxWorld} })},
+		{"peer lost of no rank", ev(func(e *wire.Event) { e.Kind, e.Rank, e.Peers = wire.EventPeerLost, -1, []int{1} })},
+		{"peers on an exit", ev(func(e *wire.Event) { e.Peers = []int{1} })},
 	})
 }
 

@@ -16,6 +16,10 @@ type RankProgress struct {
 	ReplSteps int64 `json:"rs,omitempty"`
 	ReplNS    int64 `json:"rt,omitempty"`
 	ReplBytes int64 `json:"rb,omitempty"`
+	// Restores counts the Restore requests served to the rank in this
+	// generation: a rank restored in a recovery epoch has more than when
+	// the epoch was published.
+	Restores int64 `json:"rr,omitempty"`
 }
 
 // UpProgress is an agent's report of its ranks' progress, sent when it
@@ -44,7 +48,7 @@ func DecodeUpProgress(b []byte) (*UpProgress, error) {
 			return nil, malformed("progress: rank %d out of range", r.Rank)
 		case r.Committed < -1 || r.Committed > MaxStep || r.Replicated < -1 || r.Replicated > r.Committed:
 			return nil, malformed("progress: rank %d steps %d/%d", r.Rank, r.Committed, r.Replicated)
-		case r.Stages < 0 || r.WaitNS < 0 || r.ReplSteps < 0 || r.ReplNS < 0 || r.ReplBytes < 0:
+		case r.Stages < 0 || r.WaitNS < 0 || r.ReplSteps < 0 || r.ReplNS < 0 || r.ReplBytes < 0 || r.Restores < 0:
 			return nil, malformed("progress: rank %d counters", r.Rank)
 		}
 	}

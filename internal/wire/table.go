@@ -6,22 +6,31 @@ import (
 )
 
 // tableMagic starts every encoded epoch table; the second byte is the format version.
-var tableMagic = [2]byte{'T', 2}
+var tableMagic = [2]byte{'T', 3}
 
 // Encode encodes t in the compact binary form every agent of the job
 // receives (once per epoch, so at 10,000 hosts its size and decoding cost
 // matter: ranks are stored as ranges and nothing is escaped):
 //
-//	'T' 2 uvarint(version) uvarint(epoch) uvarint(world) str(job)
+//	'T' 3 uvarint(version) uvarint(epoch) uvarint(world) str(job)
 //	str(masterAddr) uvarint(masterPort) uvarint(nhosts)
-//	{ str(name) str(addr) uvarint(replicaPort) uvarint(nranges) { uvarint(first) uvarint(count) uvarint(stride) }* }*
+//	{ str(name) str(addr) uvarint(replicaPort) uvarint(flags)
+//	  uvarint(nranges) { uvarint(first) uvarint(count) uvarint(stride) }* }*
+//	uvarint(gen) uvarint(G+1)
+//	uvarint(nholderRows) { uvarint(rank) uvarint(n) { uvarint(holder) }* }*
+//	uvarint(nrestoreRows) { uvarint(rank) uvarint(opt) uvarint(params) }*
 //
-// where str is uvarint(len) followed by the bytes.
+// where str is uvarint(len) followed by the bytes, and flags has bit 0 for
+// Spare and bit 1 for Fenced.
 func (t *EpochTable) Encode() []byte {
 	n := 32 + len(t.Job) + len(t.MasterAddr)
 	for _, h := range t.Hosts {
-		n += 4 + len(h.Name) + len(h.Addr) + 6*len(h.Ranks)
+		n += 5 + len(h.Name) + len(h.Addr) + 6*len(h.Ranks)
 	}
+	for _, row := range t.Holders {
+		n += 4 + 3*len(row.Holders)
+	}
+	n += 9 * len(t.Restore)
 	b := make([]byte, 0, n)
 	b = append(b, tableMagic[:]...)
 	b = binary.AppendUvarint(b, uint64(t.Version))
@@ -35,6 +44,14 @@ func (t *EpochTable) Encode() []byte {
 		b = appendStr(b, h.Name)
 		b = appendStr(b, h.Addr)
 		b = binary.AppendUvarint(b, uint64(h.ReplicaPort))
+		var flags uint64
+		if h.Spare {
+			flags |= hostSpare
+		}
+		if h.Fenced {
+			flags |= hostFenced
+		}
+		b = binary.AppendUvarint(b, flags)
 		b = binary.AppendUvarint(b, uint64(len(h.Ranks)))
 		for _, r := range h.Ranks {
 			b = binary.AppendUvarint(b, uint64(r.First))
@@ -42,8 +59,30 @@ func (t *EpochTable) Encode() []byte {
 			b = binary.AppendUvarint(b, uint64(r.Stride))
 		}
 	}
+	b = binary.AppendUvarint(b, t.Gen)
+	b = binary.AppendUvarint(b, uint64(t.G+1))
+	b = binary.AppendUvarint(b, uint64(len(t.Holders)))
+	for _, row := range t.Holders {
+		b = binary.AppendUvarint(b, uint64(row.Rank))
+		b = binary.AppendUvarint(b, uint64(len(row.Holders)))
+		for _, h := range row.Holders {
+			b = binary.AppendUvarint(b, uint64(h))
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len(t.Restore)))
+	for _, row := range t.Restore {
+		b = binary.AppendUvarint(b, uint64(row.Rank))
+		b = binary.AppendUvarint(b, uint64(row.Opt))
+		b = binary.AppendUvarint(b, uint64(row.Params))
+	}
 	return b
 }
+
+// Host flags of the binary table.
+const (
+	hostSpare  = 1 << 0
+	hostFenced = 1 << 1
+)
 
 func appendStr(b []byte, s string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
@@ -116,6 +155,8 @@ func DecodeEpochTable(b []byte) (*EpochTable, error) {
 		h.Name = r.str("host name")
 		h.Addr = r.str("host address")
 		h.ReplicaPort = int(r.uvarint(65535, "replica port"))
+		flags := r.uvarint(hostSpare|hostFenced, "host flags")
+		h.Spare, h.Fenced = flags&hostSpare != 0, flags&hostFenced != 0
 		nr := r.uvarint(uint64(len(r.b))/3, "range count")
 		if r.err != nil {
 			return nil, r.err
@@ -133,6 +174,46 @@ func DecodeEpochTable(b []byte) (*EpochTable, error) {
 		if r.err != nil {
 			return nil, r.err
 		}
+	}
+	t.Gen = r.uvarint(math.MaxInt64, "generation")
+	t.G = int64(r.uvarint(MaxStep+1, "resume step")) - 1
+	// A row takes at least 2 bytes (holder rows 3): bound the allocations
+	// by the input.
+	nh := r.uvarint(min(uint64(t.World), uint64(len(r.b))/3), "holder row count")
+	if r.err != nil {
+		return nil, r.err
+	}
+	if nh > 0 {
+		t.Holders = make([]HolderRow, nh)
+	}
+	for i := range t.Holders {
+		row := &t.Holders[i]
+		row.Rank = int(r.uvarint(MaxWorld, "holder row rank"))
+		n := r.uvarint(min(MaxHolders, uint64(len(r.b))), "holder count")
+		if r.err != nil {
+			return nil, r.err
+		}
+		row.Holders = make([]int, n)
+		for k := range row.Holders {
+			row.Holders[k] = int(r.uvarint(MaxWorld, "holder"))
+		}
+	}
+	nrs := r.uvarint(min(uint64(t.World), uint64(len(r.b))/3), "restore row count")
+	if r.err != nil {
+		return nil, r.err
+	}
+	if nrs > 0 {
+		t.Restore = make([]RestoreRow, nrs)
+	}
+	for i := range t.Restore {
+		t.Restore[i] = RestoreRow{
+			Rank:   int(r.uvarint(MaxWorld, "restore rank")),
+			Opt:    int(r.uvarint(MaxWorld, "restore optimizer source")),
+			Params: int(r.uvarint(MaxWorld, "restore params source")),
+		}
+	}
+	if r.err != nil {
+		return nil, r.err
 	}
 	if len(r.b) != 0 {
 		return nil, malformed("epoch table: %d bytes of trailing data", len(r.b))

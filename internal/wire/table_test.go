@@ -85,6 +85,12 @@ func TestEpochTableRoundTrip(t *testing.T) {
 			t.Epoch, t.MasterPort = 0, 0
 			return t
 		}()},
+		{"membership", memberTable()},
+		{"nothing protected yet", func() *wire.EpochTable {
+			t := memberTable()
+			t.G, t.Restore = -1, nil
+			return t
+		}()},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -101,6 +107,20 @@ func TestEpochTableRoundTrip(t *testing.T) {
 			}
 		})
 	}
+}
+
+// memberTable is a recovery epoch's table: host 1 lost (fenced), its
+// ranks on spare host 3, host 4 an idle spare, holders re-placed and a
+// restore plan.
+func memberTable() *wire.EpochTable {
+	t := table(6, []int{0, 1}, nil, []int{4, 5}, []int{2, 3}, nil)
+	t.Hosts[1].Fenced, t.Hosts[1].Addr = true, ""
+	t.Hosts[4].Spare = true
+	t.Gen, t.G = 2, 41
+	t.Holders = []wire.HolderRow{{Rank: 0, Holders: []int{2, 4}}, {Rank: 1, Holders: []int{3}}, {Rank: 2, Holders: []int{4}},
+		{Rank: 3, Holders: []int{5}}, {Rank: 4, Holders: []int{0}}, {Rank: 5, Holders: []int{1}}}
+	t.Restore = []wire.RestoreRow{{Rank: 2, Opt: 4, Params: 0}, {Rank: 3, Opt: 5, Params: 1}}
+	return t
 }
 
 func TestEpochTableRejects(t *testing.T) {
@@ -128,6 +148,26 @@ func TestEpochTableRejects(t *testing.T) {
 		{"oversized host name", tab(func(t *wire.EpochTable) { t.Hosts[1].Name = tooLong })},
 		{"oversized host address", tab(func(t *wire.EpochTable) { t.Hosts[0].Addr = tooLong })},
 		{"duplicate rank across hosts", table(2, []int{0, 1}, []int{1})},
+		{"spare with ranks", tab(func(t *wire.EpochTable) { t.Hosts[0].Spare = true })},
+		{"fenced with ranks", tab(func(t *wire.EpochTable) { t.Hosts[1].Fenced = true })},
+		{"resume step below -1", tab(func(t *wire.EpochTable) { t.G = -2 })},
+		{"resume step past MaxStep", tab(func(t *wire.EpochTable) { t.G = wire.MaxStep + 1 })},
+		{"holder rows out of order", tab(func(t *wire.EpochTable) {
+			t.Holders = []wire.HolderRow{{Rank: 1, Holders: []int{2}}, {Rank: 0, Holders: []int{2}}}
+		})},
+		{"two holder rows of a rank", tab(func(t *wire.EpochTable) {
+			t.Holders = []wire.HolderRow{{Rank: 1, Holders: []int{2}}, {Rank: 1, Holders: []int{3}}}
+		})},
+		{"holder row past world", tab(func(t *wire.EpochTable) { t.Holders = []wire.HolderRow{{Rank: 4, Holders: []int{2}}} })},
+		{"rank its own holder", tab(func(t *wire.EpochTable) { t.Holders = []wire.HolderRow{{Rank: 1, Holders: []int{1}}} })},
+		{"holder twice", tab(func(t *wire.EpochTable) { t.Holders = []wire.HolderRow{{Rank: 0, Holders: []int{2, 2}}} })},
+		{"holder past world", tab(func(t *wire.EpochTable) { t.Holders = []wire.HolderRow{{Rank: 0, Holders: []int{9}}} })},
+		{"holder row without holders", tab(func(t *wire.EpochTable) { t.Holders = []wire.HolderRow{{Rank: 0}} })},
+		{"restore rows out of order", tab(func(t *wire.EpochTable) {
+			t.Restore = []wire.RestoreRow{{Rank: 2, Opt: 0, Params: 3}, {Rank: 1, Opt: 3, Params: 0}}
+		})},
+		{"restore from itself", tab(func(t *wire.EpochTable) { t.Restore = []wire.RestoreRow{{Rank: 2, Opt: 2, Params: 3}} })},
+		{"restore source past world", tab(func(t *wire.EpochTable) { t.Restore = []wire.RestoreRow{{Rank: 2, Opt: 0, Params: 4}} })},
 		{"duplicate rank across hosts, world not full", table(3, []int{0, 1}, []int{1, 2})},
 		{"duplicate rank in a host", table(2, []int{0, 0})},
 		{"missing rank", table(3, []int{0}, []int{2})},
@@ -153,7 +193,7 @@ func TestEpochTableRejects(t *testing.T) {
 
 	valid := clusterTable(2, 2, false).Encode()
 	header := func(fields ...uint64) []byte {
-		b := []byte{'T', 2}
+		b := []byte{'T', 3}
 		for _, f := range fields {
 			b = binary.AppendUvarint(b, f)
 		}
@@ -167,7 +207,8 @@ func TestEpochTableRejects(t *testing.T) {
 		rejectCase{"json", wire.Marshal(clusterTable(2, 2, false))},
 		rejectCase{"format 0", append([]byte{'T', 0}, valid[2:]...)},
 		rejectCase{"format 1 (without replica ports)", append([]byte{'T', 1}, valid[2:]...)},
-		rejectCase{"format 3", append([]byte{'T', 3}, valid[2:]...)},
+		rejectCase{"format 2 (without membership)", append([]byte{'T', 2}, valid[2:]...)},
+		rejectCase{"format 4", append([]byte{'T', 4}, valid[2:]...)},
 		rejectCase{"trailing byte", append(valid[:len(valid):len(valid)], 0)},
 		rejectCase{"varint overflow", append(header(1, 0), overflow...)},
 		rejectCase{"job longer than MaxStringLen", append(header(1, 0, 1, wire.MaxStringLen+1), tooLong...)},
