@@ -171,6 +171,94 @@ func BenchmarkRendezvous(b *testing.B) {
 	}
 }
 
+// BenchmarkRecoveryEpoch measures the figure for hot-swap: the
+// control-plane cost of one recovery epoch with 1,024 and 8,192 simulated
+// ranks (8 per host, plus one idle spare host) against the real server.
+// Target: under 1 s and 3 s on 2 cores.
+//
+// Each iteration builds the job (not timed in ms/epoch): every host's
+// agent connected, the spare registered, the others registered and epoch
+// 0's table and address fence done; this initial rendezvous (registration
+// to the first table and fence) is the baseline, measured in the same run. Then a host is lost (its connection
+// closed) and the recovery epoch is timed: Fence, Publish of the new
+// membership (its ranks on the spare, ring holders for every rank, restore
+// rows for the moved ranks), every live agent holding the decoded table,
+// and the new epoch's address fence complete at every live agent (ms/table
+// is the part until every live agent held the table). The
+// simulated agents share the two cores with the server and launcher, so
+// only the ratio x-initial compares across machines; ns/op includes the
+// setup and means little.
+func BenchmarkRecoveryEpoch(b *testing.B) {
+	for _, ranks := range []int{1024, 8192} {
+		b.Run(fmt.Sprintf("ranks=%d", ranks), func(b *testing.B) {
+			var epoch, tables, initial time.Duration
+			var size, n int
+			for b.Loop() {
+				e, t, i, s := recoveryEpoch(b, ranks/8, 8)
+				epoch, tables, initial, size, n = epoch+e, tables+t, initial+i, s, n+1
+			}
+			b.ReportMetric(float64(epoch.Milliseconds())/float64(n), "ms/epoch")
+			b.ReportMetric(float64(tables.Milliseconds())/float64(n), "ms/table")
+			b.ReportMetric(float64(initial.Milliseconds())/float64(n), "ms/initial")
+			b.ReportMetric(epoch.Seconds()/initial.Seconds(), "x-initial")
+			b.ReportMetric(float64(size), "table-bytes")
+		})
+	}
+}
+
+// recoveryEpoch runs a job of hosts hosts of perHost ranks and a spare
+// (simJob), loses a host and moves its ranks to the spare. It returns the
+// durations of the recovery epoch, of its part until every live agent held
+// the new table (the rest is the address fence), and of the initial
+// rendezvous, and the size of the encoded recovery table.
+func recoveryEpoch(b *testing.B, hosts, perHost int) (epoch, tables, initial time.Duration, size int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	rh := simHosts(hosts, perHost, 1)
+	lost, spare := hosts/2, hosts
+	sj := newSimJob(b, "benchjob", rh, ringHolders(hosts*perHost, perHost))
+	defer sj.close()
+	if err := sj.connect(ctx); err != nil {
+		b.Fatal(err)
+	}
+	// The spare first, so that no table is republished for it (the agents
+	// would decode that table in the timed epoch).
+	if err := sj.registerSpares(ctx); err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	if err := sj.rendezvous(ctx, true); err != nil {
+		b.Fatal(err)
+	}
+	initial = time.Since(start)
+	sj.lose(lost)
+	m := swapMembership(rh, lost, spare, perHost, 1, 1000)
+
+	start = time.Now()
+	t, err := sj.recover(lost, 1, m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := sj.takeEpoch(ctx, 1); err != nil {
+		b.Fatal(err)
+	}
+	epoch = time.Since(start)
+
+	for _, a := range sj.agents {
+		if a.lost {
+			continue
+		}
+		if a.table.Epoch != 1 || len(a.fence) != 2*hosts*perHost {
+			b.Fatalf("host %d: epoch %d, fence of %d keys", a.host, a.table.Epoch, len(a.fence))
+		}
+		tables = max(tables, a.tableAt.Sub(start))
+	}
+	if errs := sj.launcherErrors(); len(errs) > 0 {
+		b.Fatalf("the launcher refused agents' messages: %v", errs)
+	}
+	return epoch, tables, initial, len(t.Encode())
+}
+
 // twoHostRendezvous starts the rendezvous of job1, whose hosts "a" and
 // "b" run rank 0 and 1, and connects both hosts' agents to it over TCP;
 // all is closed at cleanup.
