@@ -43,8 +43,7 @@ type simJob struct {
 	decoded   fenceDecoder
 
 	mu      sync.Mutex
-	upErrs  []error // the launcher's complaints about agents' messages
-	fenceIn int     // fence parts the launcher took
+	upErrs []error // the launcher's complaints about agents' messages
 }
 
 // simAgent is the simulated agent of one host.
@@ -115,13 +114,11 @@ func (sj *simJob) onUp(m *nats.Msg) {
 	default:
 		err = sj.fences.Handle(from, m.Data)
 	}
-	sj.mu.Lock()
-	defer sj.mu.Unlock()
 	if err != nil {
+		sj.mu.Lock()
 		sj.upErrs = append(sj.upErrs, err)
-		return
+		sj.mu.Unlock()
 	}
-	sj.fenceIn++
 }
 
 // launcherErrors returns the launcher's complaints about the agents'
