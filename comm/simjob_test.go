@@ -42,7 +42,7 @@ type simJob struct {
 	closeOnce sync.Once
 	decoded   fenceDecoder
 
-	mu      sync.Mutex
+	mu     sync.Mutex
 	upErrs []error // the launcher's complaints about agents' messages
 }
 
