@@ -9,16 +9,22 @@ import (
 )
 
 // FenceCollector is the launcher's side of fences (see wire.Fence): it
-// merges the aggregate of every host's ranks and, once all hosts are in,
-// publishes the merged values to every agent in one message. Its fan-in is
-// one message per host and fence.
+// merges the aggregate of every member host's ranks and, once all members
+// are in, publishes the merged values to every agent in one message. Its
+// fan-in is one message per member host and fence.
+//
+// The members of an epoch's fences are the hosts that run ranks in it: an
+// idle spare has no part to send, and a lost (fenced) host's part is
+// refused, so neither holds the fence up or completes it.
 type FenceCollector struct {
 	nc    *nats.Conn
 	subj  wire.Subjects
-	epoch uint64
 	hosts int
 
-	mu      sync.Mutex // guards pending and failed
+	mu      sync.Mutex // guards the fields below
+	epoch   uint64
+	member  []bool // by host index: the host enters this epoch's fences
+	members int    // hosts with member set
 	pending map[int]*fenceMerge
 	failed  map[int]string // fences of this epoch failed by a host's Err
 }
@@ -30,16 +36,55 @@ type fenceMerge struct {
 	err  string
 }
 
-// NewFenceCollector collects the fences of epoch over hosts hosts.
+// NewFenceCollector collects the fences of epoch of a job of hosts hosts,
+// every one of which is a member until SetPlacement says otherwise.
 func NewFenceCollector(nc *nats.Conn, job string, epoch uint64, hosts int) *FenceCollector {
-	return &FenceCollector{nc: nc, subj: wire.JobSubjects(job), epoch: epoch, hosts: hosts, pending: map[int]*fenceMerge{}}
+	f := &FenceCollector{nc: nc, subj: wire.JobSubjects(job), hosts: hosts, epoch: epoch,
+		member: make([]bool, hosts), members: hosts, pending: map[int]*fenceMerge{}}
+	for i := range f.member {
+		f.member[i] = true
+	}
+	return f
 }
 
-// SetEpoch moves the collector to a new epoch: fences of older epochs
-// still pending are dropped (their ranks' agents fail them).
+// SetEpoch moves the collector to a new epoch with the same members:
+// fences of older epochs still pending are dropped (their ranks' agents
+// fail them).
 func (f *FenceCollector) SetEpoch(epoch uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.setEpoch(epoch)
+}
+
+// SetPlacement moves the collector to epoch (as SetEpoch), whose placement
+// is ranks: per host index, the host's ranks in the epoch (as
+// Membership.Ranks; nil: none). The hosts with ranks are the members of
+// the epoch's fences. Call it before the epoch's table is published, so
+// that no member's part comes before it. It refuses a placement of another
+// number of hosts, or without any rank, and then changes nothing.
+func (f *FenceCollector) SetPlacement(epoch uint64, ranks [][]int) error {
+	if len(ranks) != f.hosts {
+		return fmt.Errorf("comm: fence placement of %d hosts, the job has %d", len(ranks), f.hosts)
+	}
+	member, n := make([]bool, f.hosts), 0
+	for h, rs := range ranks {
+		if len(rs) > 0 {
+			member[h] = true
+			n++
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("comm: fence placement of epoch %d runs no rank", epoch)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.member, f.members = member, n
+	f.setEpoch(epoch)
+	return nil
+}
+
+// setEpoch moves the collector to epoch. f.mu is held.
+func (f *FenceCollector) setEpoch(epoch uint64) {
 	f.epoch = epoch
 	f.pending = map[int]*fenceMerge{}
 	f.failed = nil
@@ -62,6 +107,10 @@ func (f *FenceCollector) Handle(from int, data []byte) error {
 	if u.Epoch != f.epoch {
 		f.mu.Unlock()
 		return fmt.Errorf("comm: fence of epoch %d, the current one is %d", u.Epoch, f.epoch)
+	}
+	if !f.member[u.Host] {
+		f.mu.Unlock()
+		return fmt.Errorf("comm: fence from host %d, which runs no rank in epoch %d", u.Host, u.Epoch)
 	}
 	if why, failed := f.failed[u.Seq]; failed || u.Err != "" {
 		// One host's error fails the fence for the whole job at once, and
@@ -97,7 +146,7 @@ func (f *FenceCollector) Handle(from int, data []byte) error {
 		}
 		m.kv[k] = v
 	}
-	done := m.n == f.hosts
+	done := m.n == f.members
 	if done {
 		delete(f.pending, u.Seq)
 	}

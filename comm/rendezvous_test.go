@@ -1,13 +1,14 @@
 package comm_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -103,89 +104,24 @@ func TestSecretIsRedacted(t *testing.T) {
 
 // rendezvous runs a rendezvous of hosts simulated agents with ranksPerHost
 // ranks each against a real server, every agent on its own authenticated
-// TCP connection. It returns how long the connections took and how long
-// from the first registration until every agent held the table.
+// TCP connection (simJob). It returns how long the connections took and how
+// long from the first registration until every agent held the table.
 func rendezvous(t testing.TB, hosts, ranksPerHost int) (connect, rendezvous time.Duration) {
-	const job = "benchjob"
-	secret := newSecret(t)
-	srv := startServer(t, secret, job, hosts)
+	sj := newSimJob(t, "benchjob", simHosts(hosts, ranksPerHost, 0), nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	launcher, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer launcher.Close()
-	rh := make([]comm.RendezvousHost, hosts)
-	for i := range rh {
-		rh[i].Name = fmt.Sprintf("node%05d", i)
-		for l := range ranksPerHost {
-			rh[i].Ranks = append(rh[i].Ranks, i*ranksPerHost+l)
-		}
-	}
-	rv, err := comm.StartRendezvous(launcher.Conn, job, 0, rh, &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rv.Close()
-
 	start := time.Now()
-	agents := make([]*comm.Control, hosts)
-	joins := make([]*comm.AgentRendezvous, hosts)
-	var wg sync.WaitGroup
-	errs := make(chan error, hosts)
-	for i := range hosts {
-		wg.Go(func() {
-			c, err := dialHost(ctx, srv, secret, job, i)
-			if err != nil {
-				errs <- err
-				return
-			}
-			agents[i] = c
-			joins[i], err = comm.JoinRendezvous(c.Conn, job, i)
-			if err != nil {
-				errs <- err
-			}
-		})
-	}
-	wg.Wait()
-	defer func() {
-		for _, c := range agents {
-			if c != nil {
-				c.Close()
-			}
-		}
-	}()
-	close(errs)
-	for err := range errs {
+	if err := sj.connect(ctx); err != nil {
 		t.Fatal(err)
 	}
 	connect = time.Since(start)
-
 	start = time.Now()
-	tables := make([]*comm.EpochTable, hosts)
-	errs = make(chan error, hosts)
-	for i := range hosts {
-		wg.Go(func() {
-			spec, err := joins[i].Register(ctx, &wire.Register{Version: wire.Version, Job: job, Host: i, Name: rh[i].Name, Addr: "10.0.0.1", MasterPort: 29500})
-			if err == nil && spec.Prog != "true" {
-				err = fmt.Errorf("spec %+v", spec)
-			}
-			if err == nil {
-				tables[i], err = joins[i].WaitEpoch(ctx, 0)
-			}
-			if err != nil {
-				errs <- err
-			}
-		})
-	}
-	wg.Wait()
-	rendezvous = time.Since(start)
-	close(errs)
-	for err := range errs {
+	if err := sj.rendezvous(ctx, false); err != nil {
 		t.Fatal(err)
 	}
-	for i, tb := range tables {
+	rendezvous = time.Since(start)
+	for i, a := range sj.agents {
+		tb := a.table
 		if tb.World != hosts*ranksPerHost || len(tb.Hosts) != hosts {
 			t.Fatalf("agent %d: table of %d ranks on %d hosts", i, tb.World, len(tb.Hosts))
 		}
@@ -194,6 +130,23 @@ func rendezvous(t testing.TB, hosts, ranksPerHost int) (connect, rendezvous time
 		}
 	}
 	return connect, rendezvous
+}
+
+// simHosts returns hosts hosts running ranksPerHost ranks each, rank r on
+// host r/ranksPerHost, followed by spares idle spare hosts.
+func simHosts(hosts, ranksPerHost, spares int) []comm.RendezvousHost {
+	rh := make([]comm.RendezvousHost, hosts+spares)
+	for i := range rh {
+		rh[i].Name = fmt.Sprintf("node%05d", i)
+		if i >= hosts {
+			rh[i].Spare = true
+			continue
+		}
+		for l := range ranksPerHost {
+			rh[i].Ranks = append(rh[i].Ranks, i*ranksPerHost+l)
+		}
+	}
+	return rh
 }
 
 func TestRendezvous(t *testing.T) {
@@ -216,6 +169,94 @@ func BenchmarkRendezvous(b *testing.B) {
 		b.ReportMetric(rv.Seconds()/2.0, "ratio-to-2s-target")
 		b.ReportMetric(rv.Seconds()/connect.Seconds(), "ratio-to-connect")
 	}
+}
+
+// BenchmarkRecoveryEpoch measures the figure for hot-swap: the
+// control-plane cost of one recovery epoch with 1,024 and 8,192 simulated
+// ranks (8 per host, plus one idle spare host) against the real server.
+// Target: under 1 s and 3 s on 2 cores.
+//
+// Each iteration builds the job (not timed in ms/epoch): every host's
+// agent connected, the spare registered, the others registered and epoch
+// 0's table and address fence done; this initial rendezvous (registration
+// to the first table and fence) is the baseline, measured in the same run. Then a host is lost (its connection
+// closed) and the recovery epoch is timed: Fence, Publish of the new
+// membership (its ranks on the spare, ring holders for every rank, restore
+// rows for the moved ranks), every live agent holding the decoded table,
+// and the new epoch's address fence complete at every live agent (ms/table
+// is the part until every live agent held the table). The
+// simulated agents share the two cores with the server and launcher, so
+// only the ratio x-initial compares across machines; ns/op includes the
+// setup and means little.
+func BenchmarkRecoveryEpoch(b *testing.B) {
+	for _, ranks := range []int{1024, 8192} {
+		b.Run(fmt.Sprintf("ranks=%d", ranks), func(b *testing.B) {
+			var epoch, tables, initial time.Duration
+			var size, n int
+			for b.Loop() {
+				e, t, i, s := recoveryEpoch(b, ranks/8, 8)
+				epoch, tables, initial, size, n = epoch+e, tables+t, initial+i, s, n+1
+			}
+			b.ReportMetric(float64(epoch.Milliseconds())/float64(n), "ms/epoch")
+			b.ReportMetric(float64(tables.Milliseconds())/float64(n), "ms/table")
+			b.ReportMetric(float64(initial.Milliseconds())/float64(n), "ms/initial")
+			b.ReportMetric(epoch.Seconds()/initial.Seconds(), "x-initial")
+			b.ReportMetric(float64(size), "table-bytes")
+		})
+	}
+}
+
+// recoveryEpoch runs a job of hosts hosts of perHost ranks and a spare
+// (simJob), loses a host and moves its ranks to the spare. It returns the
+// durations of the recovery epoch, of its part until every live agent held
+// the new table (the rest is the address fence), and of the initial
+// rendezvous, and the size of the encoded recovery table.
+func recoveryEpoch(b *testing.B, hosts, perHost int) (epoch, tables, initial time.Duration, size int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	rh := simHosts(hosts, perHost, 1)
+	lost, spare := hosts/2, hosts
+	sj := newSimJob(b, "benchjob", rh, ringHolders(hosts*perHost, perHost))
+	defer sj.close()
+	if err := sj.connect(ctx); err != nil {
+		b.Fatal(err)
+	}
+	// The spare first, so that no table is republished for it (the agents
+	// would decode that table in the timed epoch).
+	if err := sj.registerSpares(ctx); err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	if err := sj.rendezvous(ctx, true); err != nil {
+		b.Fatal(err)
+	}
+	initial = time.Since(start)
+	sj.lose(lost)
+	m := swapMembership(rh, lost, spare, perHost, 1, 1000)
+
+	start = time.Now()
+	t, err := sj.recover(lost, 1, m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := sj.takeEpoch(ctx, 1); err != nil {
+		b.Fatal(err)
+	}
+	epoch = time.Since(start)
+
+	for _, a := range sj.agents {
+		if a.lost {
+			continue
+		}
+		if a.table.Epoch != 1 || len(a.fence) != 2*hosts*perHost {
+			b.Fatalf("host %d: epoch %d, fence of %d keys", a.host, a.table.Epoch, len(a.fence))
+		}
+		tables = max(tables, a.tableAt.Sub(start))
+	}
+	if errs := sj.launcherErrors(); len(errs) > 0 {
+		b.Fatalf("the launcher refused agents' messages: %v", errs)
+	}
+	return epoch, tables, initial, len(t.Encode())
 }
 
 // twoHostRendezvous starts the rendezvous of job1, whose hosts "a" and
@@ -460,6 +501,52 @@ func TestFenceCollector(t *testing.T) {
 	}
 }
 
+// TestFenceCollectorPlacement: an epoch's fences are entered by the hosts
+// that run ranks in it: an idle spare's or a fenced host's part is refused
+// and does not count, and the fence completes without them.
+func TestFenceCollectorPlacement(t *testing.T) {
+	_, _, l := testControlPlane(t, "fp", 0)
+	merged := make(chan *nats.Msg, 4)
+	sub, err := l.ChanSubscribe(wire.JobSubjects("fp").Fence, merged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	fc := comm.NewFenceCollector(l.Conn, "fp", 0, 3)
+	for _, bad := range [][][]int{{{0}, {1}}, {nil, nil, nil}, {{0}, {1}, {2}, nil}} {
+		if err := fc.SetPlacement(1, bad); err == nil {
+			t.Errorf("placement %v was taken", bad)
+		}
+	}
+	// Host 1 was lost: its ranks moved to the spare, host 2.
+	if err := fc.SetPlacement(1, [][]int{{0}, nil, {1}}); err != nil {
+		t.Fatal(err)
+	}
+	up := func(host int, kv map[string]string) []byte {
+		return wire.Marshal(&wire.UpFence{Host: host, Epoch: 1, Seq: 0, KV: kv})
+	}
+	if err := fc.Handle(0, wire.Marshal(&wire.UpFence{Host: 0, Epoch: 0, Seq: 0})); err == nil {
+		t.Error("a part of the previous epoch was taken")
+	}
+	if err := fc.Handle(1, up(1, map[string]string{"x": "lost"})); err == nil {
+		t.Error("a part from a host without ranks was taken")
+	}
+	if err := fc.Handle(1, wire.Marshal(&wire.UpFence{Host: 1, Epoch: 1, Seq: 0, Err: "rank 1 ended"})); err == nil {
+		t.Error("a host without ranks failed the fence")
+	}
+	if err := fc.Handle(0, up(0, map[string]string{"a": "1"})); err != nil {
+		t.Fatal(err)
+	}
+	if err := fc.Handle(2, up(2, map[string]string{"b": "2"})); err != nil {
+		t.Fatal(err)
+	}
+	// Handle publishes in order: the first merged fence is the complete one.
+	f, err := wire.DecodeFence((<-merged).Data, 100)
+	if err != nil || f.Epoch != 1 || f.Err != "" || !reflect.DeepEqual(f.KV, map[string]string{"a": "1", "b": "2"}) {
+		t.Fatalf("merged %+v, %v", f, err)
+	}
+}
+
 // TestRendezvousAnswersOnlyTheSendersInbox: a host that names another
 // subject as the reply of its registration or table request (another
 // host's stdin, the epoch broadcast) gets no answer anywhere: the launcher
@@ -635,5 +722,127 @@ func TestRendezvousMembership(t *testing.T) {
 	// A restart in place keeps the membership.
 	if adv := rv.Advance(2); adv == nil || adv.G != 41 || len(adv.Hosts[2].Ranks) != 1 || !adv.Hosts[1].Fenced {
 		t.Errorf("Advance after Publish: %+v", adv)
+	}
+}
+
+// ringHolders returns the holder rows of world ranks on hosts of
+// ranksPerHost: rank r is held by the rank of the same local rank on the
+// next host, r+ranksPerHost (mod world).
+func ringHolders(world, ranksPerHost int) []wire.HolderRow {
+	rows := make([]wire.HolderRow, world)
+	for r := range rows {
+		rows[r] = wire.HolderRow{Rank: r, Holders: []int{(r + ranksPerHost) % world}}
+	}
+	return rows
+}
+
+// swapMembership is the membership of the recovery epoch after host lost
+// of hosts (simHosts, spare the index of the spare taking its ranks) is
+// lost: its ranks move to spare, the holders stay the ring, and every moved
+// rank restores its optimizer state from its holder and its parameters
+// from the rank of the same local rank on the host before it.
+func swapMembership(hosts []comm.RendezvousHost, lost, spare, ranksPerHost int, gen uint64, g int64) comm.Membership {
+	world := 0
+	m := comm.Membership{Ranks: make([][]int, len(hosts)), Gen: gen, G: g}
+	for i, h := range hosts {
+		m.Ranks[i] = h.Ranks
+		world += len(h.Ranks)
+	}
+	m.Ranks[spare], m.Ranks[lost] = hosts[lost].Ranks, nil
+	m.Holders = ringHolders(world, ranksPerHost)
+	for _, r := range hosts[lost].Ranks {
+		m.Restore = append(m.Restore, wire.RestoreRow{Rank: r, Opt: (r + ranksPerHost) % world, Params: (r - ranksPerHost + world) % world})
+	}
+	return m
+}
+
+// TestRendezvousRecoveryEpoch: after a host is lost, every live agent gets
+// exactly the recovery epoch's table, with the lost host's ranks on the
+// spare and the lost host fenced and without an address; the new epoch's
+// address fence completes without the lost host and with the spare; the
+// lost host cannot register again.
+func TestRendezvousRecoveryEpoch(t *testing.T) {
+	const hosts, perHost = 8, 8
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rh := simHosts(hosts, perHost, 1)
+	const lost, spare = 0, hosts // host 0 runs rank 0: the master moves too
+	sj := newSimJob(t, "recjob", rh, ringHolders(hosts*perHost, perHost))
+	if err := sj.connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sj.rendezvous(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if s := sj.rv.Table().Hosts[spare]; !s.Spare || s.Addr != simAddr(spare) {
+		t.Fatalf("the registered spare in the table: %+v", s)
+	}
+
+	sj.lose(lost)
+	m := swapMembership(rh, lost, spare, perHost, 1, 41)
+	pub, err := sj.recover(lost, 1, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sj.takeEpoch(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	want := pub.Encode()
+	for _, a := range sj.agents {
+		if a.lost {
+			continue
+		}
+		if got := a.table.Encode(); !bytes.Equal(got, want) {
+			t.Errorf("host %d got table %+v, published %+v", a.host, a.table, pub)
+		}
+		for r := range hosts * perHost {
+			host := r / perHost
+			if host == lost {
+				host = spare
+			}
+			if got, want := a.fence[fenceAddrKey(r)], simAddr(host)+":"+strconv.Itoa(40000+r%perHost); got != want {
+				t.Errorf("host %d: the fence gives rank %d's address as %q, want %q", a.host, r, got, want)
+			}
+		}
+		if len(a.fence) != 2*hosts*perHost {
+			t.Errorf("host %d: the fence has %d keys, want %d", a.host, len(a.fence), 2*hosts*perHost)
+		}
+	}
+	tb := sj.agents[spare].table
+	if h := tb.Hosts[lost]; !h.Fenced || h.Addr != "" || h.ReplicaPort != 0 || len(h.Ranks) != 0 {
+		t.Errorf("the lost host in the recovery table: %+v", h)
+	}
+	ranks, _ := tb.Hosts[spare].Ranks.Expand(tb.World)
+	if s := tb.Hosts[spare]; s.Spare || s.Addr != simAddr(spare) || !slices.Equal(ranks, rh[lost].Ranks) {
+		t.Errorf("the spare in the recovery table: %+v, ranks %v", s, ranks)
+	}
+	if tb.MasterAddr != simAddr(spare) {
+		t.Errorf("master at %s, want the spare's %s", tb.MasterAddr, simAddr(spare))
+	}
+	if tb.Gen != 1 || tb.G != 41 || !reflect.DeepEqual(tb.Holders, m.Holders) || !reflect.DeepEqual(tb.Restore, m.Restore) {
+		t.Errorf("recovery table: gen %d G %d holders %v restore %v", tb.Gen, tb.G, tb.Holders, tb.Restore)
+	}
+	if errs := sj.launcherErrors(); len(errs) > 0 {
+		t.Errorf("the launcher refused agents' messages: %v", errs)
+	}
+
+	// The lost host comes back: its registration is refused, and the
+	// launcher still has the recovery table.
+	c, err := dialHost(ctx, sj.srv, sj.secret, sj.job, lost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	j, err := comm.JoinRendezvous(c.Conn, sj.job, lost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	back := &simAgent{job: sj.job, host: lost, name: rh[lost].Name, rv: j}
+	if _, err := j.Register(ctx, back.registration()); !errors.Is(err, comm.ErrRegistration) || !strings.Contains(err.Error(), "fenced") {
+		t.Errorf("the lost host registering again: %v, want ErrRegistration (fenced)", err)
+	}
+	if got := sj.rv.Table().Encode(); !bytes.Equal(got, want) {
+		t.Errorf("after the lost host's registration the table is %+v", sj.rv.Table())
 	}
 }
