@@ -1,0 +1,222 @@
+package rank
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// checkRestored checks that sr's slot holds rank sr.r's state at step.
+func checkRestored(t *testing.T, sr *sessRank, res *Restorable, step int64, tier int) {
+	t.Helper()
+	if res.Err != "" || res.Step != step || res.Tier != tier {
+		t.Fatalf("rank %d restored %+v, want step %d from tier %d", sr.r, res, step, tier)
+	}
+	want := propState(sr.r, step)
+	for i, reg := range propRegions {
+		if !bytes.Equal(sr.views[res.Slot][i], want[reg.Name]) {
+			t.Errorf("rank %d: region %s of step %d restored with other bytes", sr.r, reg.Name, step)
+		}
+	}
+}
+
+// heldSteps returns the steps host h holds of owner's replicas (nil:
+// none).
+func heldSteps(h *Host, owner int) []int64 {
+	h.store.mu.Lock()
+	o := h.store.owners[owner]
+	h.store.mu.Unlock()
+	if o == nil {
+		return nil
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []int64
+	for _, b := range o.bufs {
+		if b.step >= 0 {
+			out = append(out, b.step)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// slotFiles returns the names of rank r's files in dir.
+func slotFiles(t *testing.T, dir string, r int) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, "gorun-testjob.r"+string(rune('0'+r))+".*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestSetPlacementSpare: hot-swap with a spare. Hosts 0 and 1 run ranks
+// 0 and 1, each holding the other's replicas; host 2 is a spare (a Host
+// with no ranks). Host 1 is lost at G = 1: the new placement moves rank 1
+// to the spare, which restores step 1 from its Source (the copy on rank
+// 0's host, params from rank 0's slot); rank 0's holder (rank 1) is on a
+// new host now, which holds nothing: rank 0's Replicated must not say 1
+// before the spare has rank 0's step 1.
+func TestSetPlacementSpare(t *testing.T) {
+	peers := func(int) []int { return []int{0, 1} }
+	holders := [][]int{{1}, {0}}
+	c := newCluster(t, [][]int{{0}, {1}, {}}, holders, peers)
+	if _, ps := c.hosts[2].Progress(); len(ps) != 0 || c.hosts[2].Session(1) != nil {
+		t.Fatalf("the spare has ranks: %+v", ps)
+	}
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
+	protectReplicated(c, rs, 2) // G = 1
+
+	// Host 1 is lost. The spare gets no address for now: rank 0 cannot
+	// replicate to its holder's new host.
+	addrs := []string{c.hosts[0].cfg.Listener.Addr().String(), "", c.hosts[2].cfg.Listener.Addr().String()}
+	c.hosts[1].Close()
+	c.hosts[0].SetAddrs([]string{addrs[0], "", ""})
+	c.hosts[2].SetAddrs(addrs)
+	c.place([]int{0, 2}, []int{0, 2}, holders, map[int]Source{1: {Opt: 0, Params: 0}})
+	for _, h := range []int{0, 2} {
+		if err := c.hosts[h].Restart(1, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.hosts[2].Session(1) == nil {
+		t.Fatal("the spare has no session for rank 1 after SetPlacement")
+	}
+	r0 := newSessRank(t, c.hosts[0], 0)
+	checkRestored(t, r0, r0.restore(context.Background()), 1, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r1 := newSessRank(t, c.hosts[2], 1)
+	checkRestored(t, r1, r1.restore(ctx), 1, 2)
+	if p := c.progress(1); p.Committed != 1 || p.Restores != 1 {
+		t.Errorf("rank 1 on the spare after its restore: %+v", p)
+	}
+	// Rank 1's holder (rank 0) had step 1 before: asked, it says so.
+	c.waitFor("rank 1's Replicated to say 1", func() bool { return c.progress(1).Replicated == 1 })
+
+	// Rank 0's holder has nothing yet, and cannot be reached.
+	if p := c.progress(0); p.Replicated >= 1 {
+		t.Fatalf("rank 0's Replicated says %d while its only holder (rank 1, on the spare) has nothing", p.Replicated)
+	}
+	if got := heldSteps(c.hosts[2], 0); got != nil {
+		t.Fatalf("the spare holds rank 0's steps %v", got)
+	}
+	c.hosts[0].SetAddrs(addrs)
+	c.waitFor("rank 0's step 1 at the spare", func() bool { return c.progress(0).Replicated == 1 })
+	if got := heldSteps(c.hosts[2], 0); !slices.Contains(got, 1) {
+		t.Fatalf("rank 0's Replicated says 1, but the spare holds steps %v", got)
+	}
+	// The job goes on.
+	protectFrom(c, []*sessRank{r0, r1}, 2, 4)
+}
+
+// TestSetPlacementRankLeaves: a rank leaves a host: its service is
+// closed, its slot files removed, its session refused; the other rank of
+// the host goes on.
+func TestSetPlacementRankLeaves(t *testing.T) {
+	peers := func(int) []int { return []int{0, 1, 2} }
+	holders := [][]int{{2}, {2}, {0}}
+	c := newCluster(t, [][]int{{0, 1}, {2}, {}}, holders, peers)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[0], 1), newSessRank(t, c.hosts[1], 2)}
+	protectReplicated(c, rs, 2)
+	if len(slotFiles(t, c.dirs[0], 1)) == 0 {
+		t.Fatal("rank 1 has no slot files")
+	}
+	c.place([]int{0, 1, 2}, []int{0, 2, 1}, holders, nil)
+
+	if got := slotFiles(t, c.dirs[0], 1); len(got) != 0 {
+		t.Errorf("rank 1's files stay on the host it left: %v", got)
+	}
+	if len(slotFiles(t, c.dirs[0], 0)) == 0 {
+		t.Error("rank 0's files went with rank 1's")
+	}
+	_, ps := c.hosts[0].Progress()
+	if len(ps) != 1 || ps[0].Rank != 0 {
+		t.Errorf("host 0 reports %+v, want rank 0 alone", ps)
+	}
+	if c.hosts[0].Session(1) != nil {
+		t.Error("host 0 opens sessions of rank 1, which left it")
+	}
+	_, _, err := rs[1].sess.Handle(context.Background(), TypeStage, []byte(`{"step":2}`))
+	if !errors.Is(err, errLeft) {
+		t.Errorf("a session of the rank that left: Stage answered %v, want %v", err, errLeft)
+	}
+	// Rank 0 goes on (its holder is unchanged).
+	rs[0].protect(2)
+	c.waitFor("rank 0's step 2", func() bool { return c.progress(0).Replicated == 2 })
+}
+
+// TestSetPlacementHoldersChange: rank 0's holder changes from rank 1 to
+// rank 2. Its Replicated counts the new holder only from the step it
+// acknowledged: it falls back until rank 2's host has rank 0's newest
+// step; the old holder's host drops its copy (rank 0 restores from its own
+// slot: it is no Source).
+func TestSetPlacementHoldersChange(t *testing.T) {
+	peers := func(int) []int { return []int{0, 1, 2} }
+	c := newCluster(t, [][]int{{0}, {1}, {2}}, [][]int{{1}, {2}, {0}}, peers)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1), newSessRank(t, c.hosts[2], 2)}
+	protectReplicated(c, rs, 2)
+	if got := heldSteps(c.hosts[1], 0); !slices.Contains(got, 1) {
+		t.Fatalf("rank 1's host holds rank 0's steps %v", got)
+	}
+	addrs := make([]string, 3)
+	for i, h := range c.hosts {
+		addrs[i] = h.cfg.Listener.Addr().String()
+	}
+	c.hosts[0].SetAddrs([]string{addrs[0], addrs[1], ""}) // the new holder's host cannot be reached yet
+	newHolders := [][]int{{2}, {2}, {0}}
+	c.place([]int{0, 1, 2}, []int{0, 1, 2}, newHolders, nil)
+	if p := c.progress(0); p.Replicated >= 1 {
+		t.Fatalf("rank 0's Replicated says %d; its new holder has nothing", p.Replicated)
+	}
+	if got := heldSteps(c.hosts[1], 0); got != nil {
+		t.Errorf("rank 1's host keeps rank 0's steps %v after it stopped holding them", got)
+	}
+	if p := c.progress(1); p.Replicated != 1 {
+		t.Errorf("rank 1's holder did not change, yet its Replicated is %d", p.Replicated)
+	}
+	c.hosts[0].SetAddrs(addrs)
+	c.waitFor("rank 0's step 1 at its new holder", func() bool { return c.progress(0).Replicated == 1 })
+	if got := heldSteps(c.hosts[2], 0); !slices.Contains(got, 1) {
+		t.Fatalf("rank 2's host holds rank 0's steps %v", got)
+	}
+	protectFrom(c, rs, 2, 4)
+	if got := heldSteps(c.hosts[2], 0); !slices.Equal(got, []int64{2, 3}) {
+		t.Errorf("rank 2's host holds rank 0's steps %v, want [2 3]", got)
+	}
+}
+
+// TestSetPlacementBad: inconsistent placements are refused and change
+// nothing.
+func TestSetPlacementBad(t *testing.T) {
+	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
+	for _, tc := range []struct {
+		name string
+		p    Placement
+		want string
+	}{
+		{"rank on no host", Placement{Ranks: []int{0}, HostOf: []int{0, 2}}, "rank 1 on host 2 of 2"},
+		{"rank of another host", Placement{Ranks: []int{0, 1}, HostOf: []int{0, 1}}, "rank 1 is on host 1"},
+		{"rank missing", Placement{Ranks: nil, HostOf: []int{0, 1}}, "rank 0 is on this host 0 but not among"},
+		{"rank twice", Placement{Ranks: []int{0, 0}, HostOf: []int{0, 1}}, "placed twice"},
+		{"own holder", Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: [][]int{{0}, {0}}}, "rank 0 held by rank 0"},
+		{"holder out of range", Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: [][]int{{5}, {0}}}, "rank 0 held by rank 5"},
+		{"source out of range", Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Sources: map[int]Source{0: {Opt: 1, Params: 9}}}, "restores from ranks 1 and 9"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := c.hosts[0].SetPlacement(tc.p)
+			if !errors.Is(err, ErrPlacement) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("SetPlacement(%+v) = %v, want ErrPlacement saying %q", tc.p, err, tc.want)
+			}
+			if c.hosts[0].place().seq != 0 || c.hosts[0].Session(0) == nil {
+				t.Error("a refused placement changed the host")
+			}
+		})
+	}
+}
