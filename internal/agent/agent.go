@@ -737,7 +737,10 @@ func (a *agent) newEpoch(t *wire.EpochTable) {
 		a.socks.setEpoch(t, len(places))
 	}
 	if a.prot != nil {
-		a.prot.setTable(t)
+		if err := a.prot.setTable(t); err != nil {
+			a.log.Error("state protection cannot follow the new epoch", "err", err)
+			a.event(&wire.Event{Kind: wire.EventAgentError, Host: a.cfg.Host, Rank: -1, Msg: "state protection: " + err.Error()})
+		}
 	}
 	a.pmiKVS.setEpoch(t)
 	a.table, a.places = t, places

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/ctlserver"
 	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/rank"
 	"github.com/nats-io/nats.go"
 )
 
@@ -25,17 +27,24 @@ import (
 // and Publish); one host runs a real agent, the others are registered by
 // the test (their agents are not needed for what one agent does).
 
-// probeDirVar names the directory where rankProbe writes what it saw.
-const probeDirVar = "AGENTTEST_PROBE_DIR"
+// probeDirVar names the directory where rankProbe writes what it saw;
+// probeProtectVar, when set, has it open a state-protection session too.
+const (
+	probeDirVar     = "AGENTTEST_PROBE_DIR"
+	probeProtectVar = "AGENTTEST_PROBE_PROTECT"
+)
 
 // rankProbe is a rank that records its environment in
 // rank-<rank>-gen-<restart count>-epoch-<epoch>.env, opens its rank socket,
 // writes rank-<rank>.welcome once welcomed, and appends "epoch <n>" to
-// rank-<rank>.pushes for every epoch pushed to it. It runs until killed.
+// rank-<rank>.pushes for every epoch pushed to it. With probeProtectVar
+// set, it first connects to its rank service and asks for its restore,
+// and writes rank-<rank>-gen-<restart count>.protect: "step <n>" or the
+// error. It runs until killed.
 func rankProbe() int {
 	dir := os.Getenv(probeDirVar)
-	rank, epoch, gen := os.Getenv(wire.EnvRank), os.Getenv(wire.EnvEpoch), os.Getenv(wire.EnvRestartCount)
-	name := filepath.Join(dir, "rank-"+rank+"-gen-"+gen+"-epoch-"+epoch+".env")
+	me, epoch, gen := os.Getenv(wire.EnvRank), os.Getenv(wire.EnvEpoch), os.Getenv(wire.EnvRestartCount)
+	name := filepath.Join(dir, "rank-"+me+"-gen-"+gen+"-epoch-"+epoch+".env")
 	var env strings.Builder
 	for _, kv := range os.Environ() {
 		if strings.HasPrefix(kv, "GORUN_") {
@@ -45,6 +54,24 @@ func rankProbe() int {
 	if err := writeAtomic(name, env.String()); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	if os.Getenv(probeProtectVar) != "" {
+		res := "error: "
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		p, err := rank.Connect(ctx, []rank.Region{{Name: "optimizer", Size: 64}}, rank.Options{})
+		if err == nil {
+			var r *rank.Restored
+			if r, err = p.Restore(ctx); err == nil {
+				res = fmt.Sprintf("step %d", r.Step)
+			}
+		}
+		cancel()
+		if err != nil {
+			res += err.Error()
+		}
+		if err := writeAtomic(filepath.Join(dir, "rank-"+me+"-gen-"+gen+".protect"), res); err != nil {
+			return 1
+		}
 	}
 	c, err := net.Dial("unix", os.Getenv(wire.EnvSocket))
 	if err != nil {
@@ -58,7 +85,7 @@ func rankProbe() int {
 		fmt.Fprintln(os.Stderr, "welcome:", typ, err)
 		return 1
 	}
-	if err := writeAtomic(filepath.Join(dir, "rank-"+rank+".welcome"), ""); err != nil {
+	if err := writeAtomic(filepath.Join(dir, "rank-"+me+".welcome"), ""); err != nil {
 		return 1
 	}
 	for {
@@ -70,7 +97,7 @@ func rankProbe() int {
 		if typ != wire.SockEpoch || wire.DecodeSock(b, &w) != nil {
 			continue
 		}
-		f, err := os.OpenFile(filepath.Join(dir, "rank-"+rank+".pushes"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		f, err := os.OpenFile(filepath.Join(dir, "rank-"+me+".pushes"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 		if err == nil {
 			fmt.Fprintf(f, "epoch %d\n", w.Epoch)
 			f.Close()
@@ -103,10 +130,18 @@ type swapJob struct {
 	exited   bool // agentErr was read
 }
 
+// swapOpts are a swapJob's options beyond its hosts.
+type swapOpts struct {
+	with        func(*Config)    // when not nil, changes the agent's Config
+	holders     []wire.HolderRow // the replica holders (none: no replicas)
+	protect     bool             // rankprobe opens a state-protection session
+	probe       string           // the ranks' helper (default rankprobe)
+	replicaPort int              // the replication port the hosts the test registers give
+}
+
 // startSwapJob starts the rendezvous of hosts, registers every host but
-// agent itself, and runs the agent of host agent; with, when not nil,
-// changes its Config.
-func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent int, with func(*Config)) *swapJob {
+// agent itself, and runs the agent of host agent.
+func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent int, o swapOpts) *swapJob {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
@@ -140,10 +175,14 @@ func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent i
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sub.Unsubscribe() })
+	env := []string{agenttestHelper + "=" + cmp.Or(o.probe, "rankprobe"), probeDirVar + "=" + j.dir}
+	if o.protect {
+		env = append(env, probeProtectVar+"=1")
+	}
 	j.rv, err = comm.StartRendezvous(l.Conn, job, 0, hosts, &wire.JobSpec{
-		Prog: os.Args[0], Env: []string{agenttestHelper + "=rankprobe", probeDirVar + "=" + j.dir}, Dir: t.TempDir(),
+		Prog: os.Args[0], Env: env, Dir: t.TempDir(),
 		KillGrace: time.Second, HeartbeatInterval: time.Second, StdinRank: wire.NoStdin, NoPMI: true,
-	}, nil)
+	}, o.holders)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +203,7 @@ func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent i
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = jr.Register(ctx, &wire.Register{Version: wire.Version, Job: job, Host: h, Name: host.Name, Addr: "127.0.0.1", MasterPort: 1, Pid: 1})
+		_, err = jr.Register(ctx, &wire.Register{Version: wire.Version, Job: job, Host: h, Name: host.Name, Addr: "127.0.0.1", MasterPort: 1, ReplicaPort: o.replicaPort, Pid: 1})
 		jr.Close()
 		if err != nil {
 			t.Fatalf("registering host %d: %v", h, err)
@@ -175,8 +214,8 @@ func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent i
 		Dial: func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
 			return comm.DialInProcessHost(ctx, srv.InProcess(), creds, o)
 		}}
-	if with != nil {
-		with(&cfg)
+	if o.with != nil {
+		o.with(&cfg)
 	}
 	go func() { j.agentErr <- Run(ctx, cfg) }()
 	t.Cleanup(func() {
@@ -279,7 +318,8 @@ func checkEnv(t *testing.T, what, env string, want map[string]string) {
 // restart) places the ranks of a fenced host on it: it starts them in the
 // restart's generation and epoch. The launcher sends the restart before
 // the table; an agent that missed it (or got it late) restarts from the
-// table's generation all the same.
+// table's generation all the same. The spare's state protection serves
+// the ranks it got (they restore: here from nothing, G being -1).
 func TestSpareTakesRanksInRestart(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -289,7 +329,7 @@ func TestSpareTakesRanksInRestart(t *testing.T) {
 		{"table only", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			j := startSwapJob(t, "sparerestart", []comm.RendezvousHost{{Name: "h0", Ranks: []int{0, 1}}, {Name: "h1", Spare: true}}, 1, nil)
+			j := startSwapJob(t, "sparerestart", []comm.RendezvousHost{{Name: "h0", Ranks: []int{0, 1}}, {Name: "h1", Spare: true}}, 1, swapOpts{protect: true})
 			idle := j.until("the spare's first epoch", epochEvent(0))
 			for _, e := range idle {
 				if e.Kind != wire.EventEpoch {
@@ -330,6 +370,9 @@ func TestSpareTakesRanksInRestart(t *testing.T) {
 					wire.EnvRank: strconv.Itoa(r), wire.EnvEpoch: "1", wire.EnvRestartCount: "1",
 					wire.EnvLocalRank: strconv.Itoa(local), wire.EnvLocalSize: "2", wire.EnvWorldSize: "2",
 				})
+				if got := j.waitFile(fmt.Sprintf("rank-%d-gen-1.protect", r)); got != "step -1" {
+					t.Errorf("rank %d's restore on the spare: %s, want step -1", r, got)
+				}
 			}
 		})
 	}
@@ -340,7 +383,7 @@ func TestSpareTakesRanksInRestart(t *testing.T) {
 // starts just the new rank, in the new epoch; the running rank keeps its
 // process and is pushed the new epoch.
 func TestInPlaceStartsNewRanks(t *testing.T) {
-	j := startSwapJob(t, "inplace", []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 1, nil)
+	j := startSwapJob(t, "inplace", []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 1, swapOpts{})
 	var pid int
 	j.until("rank 1's start", func(e *wire.Event) bool {
 		pid = e.Pid
@@ -392,7 +435,7 @@ func TestFencedHostExits(t *testing.T) {
 			stream, launcher := io.Pipe()
 			defer launcher.Close()
 			j := startSwapJob(t, "fenced", []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 0,
-				func(c *Config) { c.Launcher = stream })
+				swapOpts{with: func(c *Config) { c.Launcher = stream }})
 			var pid int
 			j.until("rank 0's start", func(e *wire.Event) bool {
 				pid = e.Pid
@@ -432,5 +475,47 @@ func TestFencedHostExits(t *testing.T) {
 				t.Errorf("the job directory %q is still there (%v)", jobDir, err)
 			}
 		})
+	}
+}
+
+// rankStager is a rank that protects one step (its replicas go to its
+// holders), then runs until killed.
+func rankStager() int {
+	ctx := context.Background()
+	c, err := rank.Connect(ctx, []rank.Region{{Name: "optimizer", Size: 64}}, rank.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "connect:", err)
+		return 1
+	}
+	if err := c.Stage(ctx, 0, map[string][][]byte{"optimizer": {make([]byte, 64)}}); err != nil {
+		fmt.Fprintln(os.Stderr, "stage:", err)
+		return 1
+	}
+	if err := c.Wait(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "commit:", err)
+		return 1
+	}
+	for {
+		time.Sleep(time.Hour) // until killed
+	}
+}
+
+// TestReplFailedReported: when replication from the agent's host to a
+// holder's host fails at the link (nothing listens at its replication
+// port), the agent reports EventReplFailed naming that host, so that the
+// launcher suspects it at once.
+func TestReplFailedReported(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().(*net.TCPAddr).Port
+	ln.Close() // nothing listens there now
+	j := startSwapJob(t, "replfailed", []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 1,
+		swapOpts{probe: "rankstager", replicaPort: dead, holders: []wire.HolderRow{{Rank: 0, Holders: []int{1}}, {Rank: 1, Holders: []int{0}}}})
+	es := j.until("the replication failure", func(e *wire.Event) bool { return e.Kind == wire.EventReplFailed })
+	e := es[len(es)-1]
+	if e.Host != 1 || e.Peer != 0 || e.Msg == "" {
+		t.Errorf("event %+v, want replication from host 1 to host 0 failed, saying why", e)
 	}
 }
