@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"hash/crc32"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -219,4 +220,90 @@ func TestSetPlacementBad(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRestoreFromSourceOnlyCopy: the restore plan names a Source whose
+// host no longer holds the rank's replicas in the new placement, and is
+// the only copy left: it keeps it while the rank restores from it, and
+// drops it at the next placement. Ranks 0, 1, 2 on hosts 0, 1, 2, rank r
+// held by rank r+1; host 3 is a spare. Host 1 is lost at G = 1: rank 1
+// moves to the spare and its holder becomes rank 0 (whose host has
+// nothing of it); its step 1 is on rank 2's host alone.
+func TestRestoreFromSourceOnlyCopy(t *testing.T) {
+	peers := func(int) []int { return []int{0, 1, 2} }
+	c := newCluster(t, [][]int{{0}, {1}, {2}, {}}, [][]int{{1}, {2}, {0}}, peers)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1), newSessRank(t, c.hosts[2], 2)}
+	protectReplicated(c, rs, 2)
+	c.hosts[1].Close()
+
+	live := []int{0, 2, 3}
+	hostOf := []int{0, 3, 2}
+	holders := [][]int{{1}, {0}, {0}}
+	c.place(live, hostOf, holders, map[int]Source{1: {Opt: 2, Params: 0}})
+	for _, h := range live {
+		if err := c.hosts[h].Restart(1, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := heldSteps(c.hosts[2], 1); !slices.Contains(got, 1) {
+		t.Fatalf("rank 2's host, rank 1's Source, holds its steps %v", got)
+	}
+	if got := heldSteps(c.hosts[0], 1); slices.Contains(got, 1) {
+		t.Fatalf("test setup: rank 0's host holds rank 1's steps %v", got)
+	}
+	r1 := newSessRank(t, c.hosts[3], 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	checkRestored(t, r1, r1.restore(ctx), 1, 2)
+	// Rank 1's new holder gets step 1 from rank 1 itself.
+	c.waitFor("rank 1's step 1 at its new holder", func() bool { return c.progress(1).Replicated == 1 })
+	if got := heldSteps(c.hosts[0], 1); !slices.Contains(got, 1) {
+		t.Fatalf("rank 1's Replicated says 1, but its holder's host holds %v", got)
+	}
+
+	// The next placement has no Source: the old copy goes.
+	c.place(live, hostOf, holders, nil)
+	if got := heldSteps(c.hosts[2], 1); got != nil {
+		t.Errorf("rank 2's host keeps rank 1's steps %v after it stopped being its Source", got)
+	}
+	if got := heldSteps(c.hosts[0], 1); !slices.Contains(got, 1) {
+		t.Errorf("rank 1's holder dropped its steps (now %v)", got)
+	}
+}
+
+// TestRestoreSourceFirst: a rank with a Source restores from it before
+// its holders. Rank 0's first holder's host (rank 1's) is made to hold a
+// step 1 of other bytes (with their own CRC32Cs, so it would be taken):
+// the restore must take the Source's copy (rank 2's host).
+func TestRestoreSourceFirst(t *testing.T) {
+	peers := func(int) []int { return []int{0, 1, 2} }
+	c := newCluster(t, [][]int{{0}, {1}, {2}, {}}, [][]int{{1, 2}, {2, 0}, {0, 1}}, peers)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1), newSessRank(t, c.hosts[2], 2)}
+	protectReplicated(c, rs, 2)
+	c.hosts[0].Close()
+	// Rank 0 moves to the spare; its holders stay ranks 1 and 2; the
+	// plan says: from rank 2's copy.
+	live := []int{1, 2, 3}
+	c.place(live, []int{3, 1, 2}, [][]int{{1, 2}, {2}, {1}}, map[int]Source{0: {Opt: 2, Params: 1}})
+	for _, h := range live {
+		if err := c.hosts[h].Restart(1, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var tab []tableEntry
+	var data [][]byte
+	for _, reg := range propRegions {
+		if reg.Name != "params" {
+			b := bytes.Repeat([]byte{0xEE}, int(reg.Size))
+			tab = append(tab, tableEntry{name: reg.Name, size: reg.Size, sum: crc32.Checksum(b, castagnoli)})
+			data = append(data, b)
+		}
+	}
+	if err := rawPut(t, c, 2, linkHdr{kind: kindPut, owner: 0, holder: 1, step: 1, gen: 1}, tab, data); err != nil {
+		t.Fatal(err)
+	}
+	r0 := newSessRank(t, c.hosts[3], 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	checkRestored(t, r0, r0.restore(ctx), 1, 2)
 }
