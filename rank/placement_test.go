@@ -307,3 +307,69 @@ func TestRestoreSourceFirst(t *testing.T) {
 	defer cancel()
 	checkRestored(t, r0, r0.restore(ctx), 1, 2)
 }
+
+// TestLinkFailed: replication to a holder's host that disappeared is
+// reported to HostConfig.LinkFailed once per host per placement, however
+// often it is retried; a holder's host that refuses the replica (it does
+// not hold the rank in its placement yet) is not reported.
+func TestLinkFailed(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		lose    bool // host 1 goes away; else it refuses (its placement lags)
+		reports int
+	}{
+		{"holder host gone", true, 1},
+		{"holder host refuses", false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			holders := [][]int{{1}, {0}}
+			c := newCluster(t, [][]int{{0}, {1}}, holders, func(int) []int { return []int{0, 1} })
+			rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
+			protectReplicated(c, rs, 2)
+			if tc.lose {
+				c.hosts[1].Close()
+			} else {
+				// Host 1's placement has rank 0 held by nobody.
+				if err := c.hosts[1].SetPlacement(Placement{Ranks: []int{1}, HostOf: []int{0, 1}, Holders: [][]int{nil, {0}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rep := &c.hosts[0].svc(0).rep
+			before := rep.fails.Load()
+			rs[0].protect(2)
+			c.waitFor("three failed replications of rank 0's step 2", func() bool { return rep.fails.Load() >= before+3 })
+			reports := func() []linkFailure {
+				var out []linkFailure
+				for {
+					select {
+					case f := <-c.links:
+						out = append(out, f)
+					default:
+						return out
+					}
+				}
+			}
+			got := reports()
+			if len(got) != tc.reports {
+				t.Fatalf("LinkFailed called %d times (%v), want %d", len(got), got, tc.reports)
+			}
+			for _, f := range got {
+				if le, ok := errors.AsType[*linkError](f.err); f.from != 0 || f.to != 1 || !ok || le.host != 1 {
+					t.Errorf("LinkFailed from host %d: host %d, %v; want from host 0: host 1, a link error", f.from, f.to, f.err)
+				}
+			}
+			if p := c.progress(0); p.Replicated != 1 {
+				t.Errorf("rank 0's step 2 counts as replicated: %+v", p)
+			}
+			// A new placement: a failure is reported again.
+			if err := c.hosts[0].SetPlacement(Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: holders}); err != nil {
+				t.Fatal(err)
+			}
+			before = rep.fails.Load()
+			c.waitFor("failed replications in the new placement", func() bool { return rep.fails.Load() >= before+2 })
+			if got := reports(); len(got) != tc.reports {
+				t.Errorf("in the next placement, LinkFailed called %d times (%v), want %d", len(got), got, tc.reports)
+			}
+		})
+	}
+}
