@@ -660,6 +660,28 @@ func (sr *sessRank) protect(step int64) int {
 	return slot
 }
 
+// protectFill stages, fills with b and commits step, and returns its
+// slot.
+func (sr *sessRank) protectFill(step int64, b byte) int {
+	sr.t.Helper()
+	req := fmt.Appendf(nil, `{"step":%d}`, step)
+	_, ans, err := sr.sess.Handle(context.Background(), TypeStage, req)
+	if err != nil || ans.(*Staged).Err != "" {
+		sr.t.Fatalf("rank %d: Stage(%d): %+v, %v", sr.r, step, ans, err)
+	}
+	slot := ans.(*Staged).Slot
+	for _, v := range sr.views[slot] {
+		for i := range v {
+			v[i] = b
+		}
+	}
+	_, ans, err = sr.sess.Handle(context.Background(), TypeCommit, req)
+	if err != nil || ans.(*Committed).Err != "" {
+		sr.t.Fatalf("rank %d: Commit(%d): %+v, %v", sr.r, step, ans, err)
+	}
+	return slot
+}
+
 func (sr *sessRank) restore(ctx context.Context) *Restorable {
 	sr.t.Helper()
 	_, ans, err := sr.sess.Handle(ctx, TypeRestore, []byte(`{}`))
