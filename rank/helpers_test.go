@@ -27,6 +27,7 @@ type cluster struct {
 	holders [][]int
 	changed chan struct{}
 	failed  chan hostFailure // HostConfig.Failed's calls, of every host
+	links   chan linkFailure // HostConfig.LinkFailed's calls, of every host
 	nhosts  int
 	mu      sync.Mutex // guards hosts after start
 	wg      sync.WaitGroup
@@ -41,7 +42,7 @@ func newCluster(t testing.TB, ranks [][]int, holders [][]int, peers func(int) []
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{t: t, job: "testjob", secret: s, holders: holders, changed: make(chan struct{}, 1), failed: make(chan hostFailure, 16), nhosts: len(ranks)}
+	c := &cluster{t: t, job: "testjob", secret: s, holders: holders, changed: make(chan struct{}, 1), failed: make(chan hostFailure, 16), links: make(chan linkFailure, 64), nhosts: len(ranks)}
 	world := 0
 	for _, rs := range ranks {
 		world += len(rs)
@@ -92,6 +93,13 @@ func (c *cluster) startHost(h int, ranks []int, peers func(int) []int, dir strin
 				c.t.Errorf("more failures than the test reads: rank %d generation %d: %v", r, gen, err)
 			}
 		},
+		LinkFailed: func(to int, err error) {
+			select {
+			case c.links <- linkFailure{h, to, err}:
+			default:
+				c.t.Errorf("more link failures than the test reads: host %d to host %d: %v", h, to, err)
+			}
+		},
 	})
 	if err != nil {
 		c.t.Fatal(err)
@@ -105,6 +113,12 @@ func (c *cluster) startHost(h int, ranks []int, peers func(int) []int, dir strin
 		c.hosts = append(c.hosts, host)
 		c.dirs = append(c.dirs, dir)
 	}
+}
+
+// linkFailure is one call of HostConfig.LinkFailed by host from.
+type linkFailure struct {
+	from, to int
+	err      error
 }
 
 // hostFailure is one call of HostConfig.Failed.

@@ -149,7 +149,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	}
 	h := &Host{cfg: cfg, log: log, g: noStep, gwake: make(chan struct{}), lfDone: map[int]bool{}}
 	h.life, h.stop = context.WithCancel(context.Background())
-	p := &placement{ranks: slices.Clone(cfg.Ranks), svcs: map[int]*service{}, hostOf: cfg.HostOf, holders: cfg.Holders, sources: map[int]Source{}}
+	p := &placement{replaced: make(chan struct{}), ranks: slices.Clone(cfg.Ranks), svcs: map[int]*service{}, hostOf: cfg.HostOf, holders: cfg.Holders, sources: map[int]Source{}}
 	for _, r := range cfg.Ranks {
 		p.svcs[r] = newService(h, r)
 	}
@@ -276,9 +276,11 @@ const slowWait = 30 * time.Second
 var errRestarted = errors.New("the ranks were restarted since this session began")
 
 // waitG waits until g ≥ step in generation gen, ctx ends, the host stops,
-// a restart begins another generation, or failed is closed (the rank
-// failed: it returns failure()).
-func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64, failed <-chan struct{}, failure func() error) error {
+// a restart begins another generation, a new placement begins
+// (errNewPlacement), or failed is closed (the rank failed: it returns
+// failure()).
+// replaced is the placement's in which the stage began.
+func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64, replaced, failed <-chan struct{}, failure func() error) error {
 	h.waiters.Add(1)
 	defer h.waiters.Add(-1)
 	t := time.NewTimer(slowWait)
@@ -304,6 +306,8 @@ func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64, fail
 				return err
 			}
 			failed = nil // cleared by a restart: the generation check ends the wait
+		case <-replaced:
+			return errNewPlacement
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-h.life.Done():

@@ -37,7 +37,24 @@ type placement struct {
 	hostOf  func(rank int) int
 	holders [][]int
 	sources map[int]Source
+	// replaced is closed when a SetPlacement replaces this placement: it
+	// ends the stages waiting at the overwrite rule.
+	replaced chan struct{}
+	// given is the Placement SetPlacement was given (nil for NewHost's).
+	given *Placement
 }
+
+// same reports whether p is the placement this one was made from.
+func (pl *placement) same(p *Placement) bool {
+	g := pl.given
+	return g != nil && slices.Equal(g.Ranks, p.Ranks) && slices.Equal(g.HostOf, p.HostOf) &&
+		slices.EqualFunc(g.Holders, p.Holders, func(a, b []int) bool { return slices.Equal(a, b) }) &&
+		maps.Equal(g.Sources, p.Sources)
+}
+
+// errNewPlacement: a stage waited at the overwrite rule when a new
+// placement began.
+var errNewPlacement = errors.New("a new placement (epoch) began: restore from G")
 
 func (p *placement) holdersOf(rank int) []int {
 	if rank >= 0 && rank < len(p.holders) {
@@ -152,6 +169,12 @@ func (p *Placement) check(host, hosts int) error {
 //     of owners that restore from them (Sources), kept until the next
 //     SetPlacement.
 //
+// A new placement also ends the stages waiting at the overwrite rule
+// (their Staged says so): a rank that stays restores from G again
+// (Restore, in place) rather than wait for a G that may need it to go
+// on. A placement equal to the current one (an epoch table republished)
+// changes nothing.
+//
 // It returns an error wrapping ErrPlacement, and changes nothing, if p is
 // inconsistent (a rank on no host or on several, holders out of range).
 func (h *Host) SetPlacement(p Placement) error {
@@ -169,7 +192,11 @@ func (h *Host) SetPlacement(p Placement) error {
 		return ErrStopping
 	}
 	old := h.place()
-	np := &placement{
+	if old.same(&p) {
+		return nil
+	}
+	given := &Placement{Ranks: slices.Clone(p.Ranks), HostOf: hostOf, Holders: holders, Sources: maps.Clone(p.Sources)}
+	np := &placement{replaced: make(chan struct{}), given: given,
 		seq: old.seq + 1, ranks: slices.Clone(p.Ranks), svcs: make(map[int]*service, len(p.Ranks)),
 		hostOf: func(r int) int {
 			if r < 0 || r >= len(hostOf) {
@@ -199,6 +226,7 @@ func (h *Host) SetPlacement(p Placement) error {
 	h.rmu.Lock()
 	h.pl.Store(np)
 	h.rmu.Unlock()
+	close(old.replaced)
 
 	h.store.retain(np)
 	var errs []error

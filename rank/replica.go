@@ -708,6 +708,8 @@ type replicator struct {
 	wake    chan struct{} // ends a backoff wait early (new placement or addresses)
 	stopped bool          // the service closed
 	failed  bool          // the rank's state is corrupt: nothing to send until reset
+
+	fails atomic.Int64 // rounds that failed (and were retried, or stopped), ever
 }
 
 func (r *replicator) init(s *service) {
@@ -922,6 +924,7 @@ func (r *replicator) loop(ctx context.Context, cancel context.CancelFunc, done c
 			s.fail(gen, ce)
 			continue // ends the loop
 		}
+		r.fails.Add(1)
 		if failures++; failures == 1 || time.Since(logged) > 30*time.Second {
 			s.h.log.Warn("replication failed; retrying", "rank", s.rank, "step", p.step, "failures", failures, "err", err)
 			logged = time.Now()

@@ -331,6 +331,7 @@ func (s *service) welcome() *ProtectWelcome {
 // stage applies the overwrite rule, then marks the slot to write.
 func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 	gen := ss.gen
+	replaced := s.h.place().replaced
 	s.mu.Lock()
 	if s.corrupt != nil {
 		err := s.corrupt
@@ -349,7 +350,7 @@ func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 	s.mu.Unlock()
 	start := time.Now()
 	if mustWait {
-		if err := s.h.waitG(ctx, s.rank, gen, newest, failed, s.failure); err != nil {
+		if err := s.h.waitG(ctx, s.rank, gen, newest, replaced, failed, s.failure); err != nil {
 			if _, ok := errors.AsType[*CorruptError](err); ok {
 				return &Staged{Step: step, Err: err.Error()}
 			}
