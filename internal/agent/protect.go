@@ -122,13 +122,19 @@ func (p *protection) setTable(t *wire.EpochTable) error {
 	}
 	p.host.SetAddrs(addrs)
 	pl := tablePlacement(t, p.a.cfg.Host)
-	if reflect.DeepEqual(pl, p.placed) {
-		return nil
+	if !reflect.DeepEqual(pl, p.placed) {
+		if err := p.host.SetPlacement(pl); err != nil {
+			return fmt.Errorf("epoch %d: %w", t.Epoch, err)
+		}
+		p.placed = pl
 	}
-	if err := p.host.SetPlacement(pl); err != nil {
-		return fmt.Errorf("epoch %d: %w", t.Epoch, err)
+	// The step the epoch resumes from, for a host that missed its
+	// publication (a spare that joined later); a newer G than the
+	// service's own only, and of its generation (a restart's comes with
+	// Restart).
+	if t.G >= 0 {
+		p.host.SetG(t.Gen, t.G)
 	}
-	p.placed = pl
 	return nil
 }
 
