@@ -68,7 +68,7 @@ type HostConfig struct {
 type Progress struct {
 	Rank       int
 	Committed  int64 // newest step committed locally, or -1
-	Replicated int64 // newest step committed locally and at every holder, or -1
+	Replicated int64 // newest step committed locally and acknowledged by every current holder since it became one, or -1
 	Stages     int64 // Stage requests served
 	WaitNS     int64 // their total wait at the overwrite rule
 	// Replication: steps sent to every holder, the time that took
