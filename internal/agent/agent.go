@@ -112,6 +112,7 @@ type agent struct {
 	restart   *wire.Control
 	table     *wire.EpochTable
 	places    []wire.Placement
+	hadRanks  bool           // ranks were started here (an idle host has none left)
 	listening map[int]bool   // the ranks whose socket is listening
 	pmiKVS    pmiKVS         // the job's PMI key-value space, as this host sees it
 	pmiWG     sync.WaitGroup // the PMI connections' goroutines
@@ -540,12 +541,11 @@ func (a *agent) start(t *wire.EpochTable) error {
 	if err := a.launch(t, places, true); err != nil {
 		return err
 	}
-	spare := t.Hosts[a.cfg.Host].Spare
-	if len(places) == 0 && !spare {
+	if len(places) == 0 && !a.idle(t) {
 		a.out.endGen(a.gen)
 		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
 	}
-	if spare {
+	if t.Hosts[a.cfg.Host].Spare {
 		a.log.Info("idle spare: waiting for ranks", "epoch", t.Epoch)
 	}
 	a.event(&wire.Event{Kind: wire.EventEpoch, Host: a.cfg.Host, Rank: -1, Gen: a.gen, Epoch: t.Epoch})
@@ -558,6 +558,14 @@ func (a *agent) hostPlaces(t *wire.EpochTable) []wire.Placement {
 		return nil
 	}
 	return t.Placements()[a.cfg.Host]
+}
+
+// idle says whether table t leaves this host without ranks for now: it is
+// a spare, or its ranks moved away. An idle host never reports itself
+// done (EventAgentDone): it may get ranks in a later table, and ends with
+// OpExit, its launcher's end or a fence.
+func (a *agent) idle(t *wire.EpochTable) bool {
+	return len(a.hostPlaces(t)) == 0 && (a.hadRanks || a.cfg.Host < len(t.Hosts) && t.Hosts[a.cfg.Host].Spare)
 }
 
 // fencedIn says whether t marks this host fenced.
@@ -591,13 +599,16 @@ func (a *agent) listen(rank int) {
 
 // notStarted accounts for every rank of this host in table t, of
 // generation a.gen, that will not start because the job is stopping, so
-// that the launcher is not left waiting for them; this agent is done.
+// that the launcher is not left waiting for them; this agent is done
+// (unless it is idle: it says nothing then).
 func (a *agent) notStarted(t *wire.EpochTable) {
-	for _, pl := range t.Placements()[a.cfg.Host] {
+	for _, pl := range a.hostPlaces(t) {
 		a.event(&wire.Event{Kind: wire.EventExited, Host: a.cfg.Host, Rank: pl.Rank, Gen: a.gen, Stopped: true, Msg: "not started: the job is stopping"})
 	}
 	a.out.endGen(a.gen)
-	a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+	if !a.idle(t) {
+		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+	}
 }
 
 // launch starts places, ranks of this host in table t, in restart
@@ -650,6 +661,7 @@ func (a *agent) launch(t *wire.EpochTable, places []wire.Placement, all bool) er
 	}
 	a.ranks = append(a.ranks, procs...)
 	a.running += len(places)
+	a.hadRanks = a.hadRanks || len(places) > 0
 	// Starting a process is mostly waiting for the kernel to exec it, so
 	// several starts at once overlap that latency.
 	var g errgroup.Group
@@ -759,6 +771,7 @@ func (a *agent) replace(t *wire.EpochTable, prev []wire.Placement) {
 	for _, p := range a.ranks {
 		if !p.ended && !a.placed(p.place.Rank) {
 			a.log.Info("killing a rank moved away from this host", "rank", p.place.Rank, "epoch", t.Epoch)
+			p.movedAway = true
 			p.stopped.Store(true)
 			p.signal(syscall.SIGKILL)
 		}
@@ -788,8 +801,9 @@ func (a *agent) placed(rank int) bool {
 // sends the end of the generation's output after the last of it.
 func (a *agent) exited(p *rankProc) {
 	p.ended = true
-	if a.socks != nil && a.placed(p.place.Rank) {
-		// (A rank moved away does not fail this epoch's fences.)
+	if a.socks != nil && !p.movedAway {
+		// (A rank moved away does not fail this epoch's fences, nor
+		// those of its successor here if it is placed here again.)
 		a.socks.rankEnded(p.place.Rank, p.gen)
 	}
 	a.running--
@@ -802,7 +816,9 @@ func (a *agent) exited(p *rankProc) {
 			a.tryRestart()
 			return
 		}
-		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+		if !a.idle(a.table) {
+			a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -29,9 +30,14 @@ import (
 
 // probeDirVar names the directory where rankProbe writes what it saw;
 // probeProtectVar, when set, has it open a state-protection session too.
+// probeHoldVar, when set, has the probes of generation 0 leave a process
+// in a session of its own that holds their standard output open, so that
+// the agent sees their end drainTimeout after they are killed: a window in
+// which the tables of a recovery arrive while the ranks are being stopped.
 const (
 	probeDirVar     = "AGENTTEST_PROBE_DIR"
 	probeProtectVar = "AGENTTEST_PROBE_PROTECT"
+	probeHoldVar    = "AGENTTEST_PROBE_HOLD"
 )
 
 // rankProbe is a rank that records its environment in
@@ -44,6 +50,17 @@ const (
 func rankProbe() int {
 	dir := os.Getenv(probeDirVar)
 	me, epoch, gen := os.Getenv(wire.EnvRank), os.Getenv(wire.EnvEpoch), os.Getenv(wire.EnvRestartCount)
+	if os.Getenv(probeHoldVar) != "" && gen == "0" {
+		// Killed with the job's other leftovers (its environment is the
+		// job's): by the agent's restart, or its cleanup.
+		hold := exec.Command("sleep", "3600")
+		hold.Stdout = os.Stdout
+		hold.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := hold.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, "hold:", err)
+			return 1
+		}
+	}
 	name := filepath.Join(dir, "rank-"+me+"-gen-"+gen+"-epoch-"+epoch+".env")
 	var env strings.Builder
 	for _, kv := range os.Environ() {
@@ -119,6 +136,7 @@ func writeAtomic(name, s string) error {
 // real agent, whose ranks are rankProbes.
 type swapJob struct {
 	t        *testing.T
+	job      string
 	ctx      context.Context
 	l        *comm.Control
 	rv       *comm.Rendezvous
@@ -135,6 +153,7 @@ type swapOpts struct {
 	with        func(*Config)    // when not nil, changes the agent's Config
 	holders     []wire.HolderRow // the replica holders (none: no replicas)
 	protect     bool             // rankprobe opens a state-protection session
+	hold        bool             // rankprobe holds its output open (probeHoldVar)
 	probe       string           // the ranks' helper (default rankprobe)
 	replicaPort int              // the replication port the hosts the test registers give
 }
@@ -163,7 +182,7 @@ func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent i
 		t.Fatal(err)
 	}
 	t.Cleanup(l.Close)
-	j := &swapJob{t: t, ctx: ctx, l: l, dir: t.TempDir(), agent: agent, control: wire.JobSubjects(job).Control, events: make(chan *wire.Event, 1024), agentErr: make(chan error, 1)}
+	j := &swapJob{t: t, job: job, ctx: ctx, l: l, dir: t.TempDir(), agent: agent, control: wire.JobSubjects(job).Control, events: make(chan *wire.Event, 1024), agentErr: make(chan error, 1)}
 	sub, err := l.Subscribe(wire.JobSubjects(job).ForHost(agent).Events, func(m *nats.Msg) {
 		if e, err := wire.DecodeEvent(m.Data); err == nil {
 			j.events <- e
@@ -178,6 +197,9 @@ func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent i
 	env := []string{agenttestHelper + "=" + cmp.Or(o.probe, "rankprobe"), probeDirVar + "=" + j.dir}
 	if o.protect {
 		env = append(env, probeProtectVar+"=1")
+	}
+	if o.hold {
+		env = append(env, probeHoldVar+"=1")
 	}
 	j.rv, err = comm.StartRendezvous(l.Conn, job, 0, hosts, &wire.JobSpec{
 		Prog: os.Args[0], Env: env, Dir: t.TempDir(),
@@ -422,7 +444,8 @@ func TestInPlaceStartsNewRanks(t *testing.T) {
 
 // TestFencedHostExits: the agent of a host that a table marks fenced (the
 // launcher declared it lost and replaced it), or whose launcher stream
-// ends, kills its ranks, removes the job's files and exits.
+// ends, kills its ranks, removes the job's files (its directory, the
+// ranks' slot files in /dev/shm) and exits.
 func TestFencedHostExits(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -434,8 +457,9 @@ func TestFencedHostExits(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			stream, launcher := io.Pipe()
 			defer launcher.Close()
-			j := startSwapJob(t, "fenced", []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 0,
-				swapOpts{with: func(c *Config) { c.Launcher = stream }})
+			job := uniqueJob("fenced")
+			j := startSwapJob(t, job, []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 0,
+				swapOpts{protect: true, with: func(c *Config) { c.Launcher = stream }})
 			var pid int
 			j.until("rank 0's start", func(e *wire.Event) bool {
 				pid = e.Pid
@@ -450,6 +474,12 @@ func TestFencedHostExits(t *testing.T) {
 			}
 			if _, err := os.Stat(jobDir); err != nil {
 				t.Fatalf("the job directory %q: %v", jobDir, err)
+			}
+			if got := j.waitFile("rank-0-gen-0.protect"); got != "step -1" {
+				t.Fatalf("rank 0's protection session: %s", got)
+			}
+			if slots, _ := filepath.Glob(filepath.Join("/dev/shm", "gorun-"+job+".r0.*")); len(slots) == 0 {
+				t.Fatal("rank 0 has no slot files in /dev/shm")
 			}
 			if tc.want == ErrFenced {
 				j.rv.Fence(0)
@@ -474,6 +504,7 @@ func TestFencedHostExits(t *testing.T) {
 			if _, err := os.Stat(jobDir); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the job directory %q is still there (%v)", jobDir, err)
 			}
+			checkNoSlotFiles(t, job)
 		})
 	}
 }
