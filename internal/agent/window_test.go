@@ -454,7 +454,6 @@ func checkNoSlotFiles(t *testing.T, job string) {
 	}
 }
 
-
 // TestMovedAwayRankEnds: the end of a rank that an in-place epoch moved
 // away (the agent killed it) fails no fence on this host, even when a
 // later epoch placed the rank here again before the end was seen (its
