@@ -147,22 +147,39 @@ func (j *swapJob) settle(s *ranksSeen, what string, want map[int]wantRank, done 
 			j.t.Fatalf("no %s; events: %v", what, describe(s.all))
 		}
 	}
-	live := j.liveRanks()
 	pids := map[int]int{}
 	for r, e := range s.ranks() {
 		pids[r] = e.Pid
-		l, ok := live[r]
-		switch {
-		case !ok:
-			j.t.Errorf("%s: rank %d (process %d) is not running", what, r, e.Pid)
-		case l.pid != e.Pid || l.wantRank != want[r]:
-			j.t.Errorf("%s: rank %d runs as process %d, epoch %d, generation %d; want process %d, %+v", what, r, l.pid, l.epoch, l.gen, e.Pid, want[r])
-		}
 	}
-	for r, l := range live {
-		if _, ok := want[r]; !ok {
-			j.t.Errorf("%s: rank %d runs (process %d, %+v); the table does not place it here", what, r, l.pid, l.wantRank)
+	// A process that just started may still be in its exec (/proc shows
+	// no environment yet): the check is retried until it holds, for a
+	// while.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var wrong []string
+		live := j.liveRanks()
+		for r, pid := range pids {
+			l, ok := live[r]
+			switch {
+			case !ok:
+				wrong = append(wrong, fmt.Sprintf("rank %d (process %d) is not running", r, pid))
+			case l.pid != pid || l.wantRank != want[r]:
+				wrong = append(wrong, fmt.Sprintf("rank %d runs as process %d, epoch %d, generation %d; want process %d, %+v", r, l.pid, l.epoch, l.gen, pid, want[r]))
+			}
 		}
+		for r, l := range live {
+			if _, ok := want[r]; !ok {
+				wrong = append(wrong, fmt.Sprintf("rank %d runs (process %d, %+v); the table does not place it here", r, l.pid, l.wantRank))
+			}
+		}
+		if len(wrong) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			j.t.Errorf("%s: %s", what, strings.Join(wrong, "; "))
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	return pids
 }
