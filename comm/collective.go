@@ -116,6 +116,7 @@ func (c *Comm) collective(ctx context.Context, op string, body func(ctx context.
 		err = ctxErr(op, ctx)
 	} else if le, ok := err.(*linkError); ok {
 		err = peerLost(op, le.rank, le.err)
+		c.reportLost(le.rank)
 	} else {
 		err = fmt.Errorf("comm: %s: %w", op, err)
 	}

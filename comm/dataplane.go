@@ -177,6 +177,9 @@ type Comm struct {
 	// session is the rank's session with its agent, for a Comm that Init
 	// or Rebuild made: Close ends it, Rebuild hands it to the next Comm.
 	session atomic.Pointer[session]
+	// reported are the peers whose loss this Comm told its agent of
+	// (reportLost), each once.
+	reported sync.Map // int → struct{}
 }
 
 // peer is this rank's view of another rank.
@@ -397,7 +400,24 @@ func (c *Comm) classify(op string, ctx context.Context, rank int, err error) err
 	if ctx.Err() != nil {
 		return ctxErr(op, ctx)
 	}
+	c.reportLost(rank)
 	return peerLost(op, rank, err)
+}
+
+// reportLost tells the rank's agent, if the Comm has a session with one
+// (Init, Rebuild), that the link to peer broke: the launcher then suspects
+// the peer's host at once. Each peer is reported once per Comm (so once
+// per epoch). It never blocks: a report the session cannot take at once
+// is dropped (the launcher learns of the loss from elsewhere, later).
+func (c *Comm) reportLost(peer int) {
+	s := c.session.Load()
+	if s == nil {
+		return
+	}
+	if _, dup := c.reported.LoadOrStore(peer, struct{}{}); dup {
+		return
+	}
+	s.report(c.epoch, peer)
 }
 
 // watch runs f once if ctx or the Comm's life ends before the returned

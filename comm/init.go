@@ -73,14 +73,21 @@ func (c *Comm) Rebuild(ctx context.Context) (*Comm, error) {
 // pushes abort the current communicator and are kept for Rebuild. close
 // ends the reader, wherever it is: in a read, or handing an answer to a
 // caller that left (its context ended as the answer came).
+//
+// A reporter goroutine writes the rank's peer-loss reports (PeerLost, not
+// answered), so that a Comm's call never waits on the agent to report a
+// loss; close ends it too. Its frames and the callers' requests are each
+// written in one Write, which a net.Conn serializes whole.
 type session struct {
-	path      string // GORUN_SOCKET
-	c         net.Conn
-	answers   chan frame
-	quit      chan struct{} // closed by close: nobody takes answers any more
-	closeOnce sync.Once
-	done      chan struct{} // closed when the reader ends
-	callMu    sync.Mutex    // one request at a time
+	path         string // GORUN_SOCKET
+	c            net.Conn
+	answers      chan frame
+	quit         chan struct{} // closed by close: nobody takes answers any more
+	closeOnce    sync.Once
+	done         chan struct{} // closed when the reader ends
+	callMu       sync.Mutex    // one request at a time
+	reports      chan wire.PeerLost
+	reporterDone chan struct{} // closed when the reporter ends
 
 	mu      sync.Mutex    // guards the fields below
 	welcome *wire.Welcome // the newest epoch known
@@ -117,7 +124,12 @@ func openSession(ctx context.Context, path string) (*session, error) {
 		err = s.welcomed(typ, b)
 	}
 	if err != nil {
-		c.Close()
+		// The reader never started: end the reporter and the connection.
+		s.closeOnce.Do(func() {
+			close(s.quit)
+			c.Close()
+		})
+		<-s.reporterDone
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("comm: talking to the agent: %w", context.Cause(ctx))
 		}
@@ -127,10 +139,42 @@ func openSession(ctx context.Context, path string) (*session, error) {
 	return s, nil
 }
 
-// newSession makes the session of connection c to the agent at path; its
-// reader is not started yet.
+// reportQueue bounds the peer-loss reports waiting to be written; more
+// are dropped.
+const reportQueue = 16
+
+// newSession makes the session of connection c to the agent at path, and
+// starts its reporter; its reader is not started yet.
 func newSession(path string, c net.Conn) *session {
-	return &session{path: path, c: c, answers: make(chan frame), quit: make(chan struct{}), done: make(chan struct{}), newEp: make(chan struct{})}
+	s := &session{path: path, c: c, answers: make(chan frame), quit: make(chan struct{}), done: make(chan struct{}), newEp: make(chan struct{}),
+		reports: make(chan wire.PeerLost, reportQueue), reporterDone: make(chan struct{})}
+	go s.reporter()
+	return s
+}
+
+// report queues a report that the links to peer broke in epoch, without
+// waiting; it is dropped if the queue is full.
+func (s *session) report(epoch uint64, peer int) {
+	select {
+	case s.reports <- wire.PeerLost{Epoch: epoch, Peers: []int{peer}}:
+	default:
+	}
+}
+
+// reporter writes the queued peer-loss reports until the session closes
+// or a write fails (the connection is then broken for the reader too).
+func (s *session) reporter() {
+	defer close(s.reporterDone)
+	for {
+		select {
+		case p := <-s.reports:
+			if err := wire.WriteSock(s.c, wire.SockPeerLost, &p); err != nil {
+				return
+			}
+		case <-s.quit:
+			return
+		}
+	}
 }
 
 // welcomed takes the agent's answer to Hello.
@@ -363,4 +407,5 @@ func (s *session) close() {
 		s.c.Close()
 	})
 	<-s.done
+	<-s.reporterDone
 }

@@ -27,6 +27,7 @@ type cluster struct {
 	holders [][]int
 	changed chan struct{}
 	failed  chan hostFailure // HostConfig.Failed's calls, of every host
+	links   chan linkFailure // HostConfig.LinkFailed's calls, of every host
 	nhosts  int
 	mu      sync.Mutex // guards hosts after start
 	wg      sync.WaitGroup
@@ -41,7 +42,7 @@ func newCluster(t testing.TB, ranks [][]int, holders [][]int, peers func(int) []
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{t: t, job: "testjob", secret: s, holders: holders, changed: make(chan struct{}, 1), failed: make(chan hostFailure, 16), nhosts: len(ranks)}
+	c := &cluster{t: t, job: "testjob", secret: s, holders: holders, changed: make(chan struct{}, 1), failed: make(chan hostFailure, 16), links: make(chan linkFailure, 64), nhosts: len(ranks)}
 	world := 0
 	for _, rs := range ranks {
 		world += len(rs)
@@ -83,13 +84,20 @@ func (c *cluster) startHost(h int, ranks []int, peers func(int) []int, dir strin
 	}
 	host, err := NewHost(HostConfig{
 		Job: c.job, LinkKey: c.secret.LinkKey(), Host: h, Hosts: c.nhosts, Ranks: ranks, Dir: dir,
-		Holders: c.holders, Peers: peers, HostOf: func(r int) int { return c.hostOf[r] },
+		Holders: c.holders, Peers: peers, HostOf: func(r int) int { c.mu.Lock(); defer c.mu.Unlock(); return c.hostOf[r] },
 		Listener: ln, Changed: c.notify,
 		Failed: func(r int, gen uint64, err error) {
 			select {
 			case c.failed <- hostFailure{r, gen, err}:
 			default:
 				c.t.Errorf("more failures than the test reads: rank %d generation %d: %v", r, gen, err)
+			}
+		},
+		LinkFailed: func(to int, err error) {
+			select {
+			case c.links <- linkFailure{h, to, err}:
+			default:
+				c.t.Errorf("more link failures than the test reads: host %d to host %d: %v", h, to, err)
 			}
 		},
 	})
@@ -105,6 +113,12 @@ func (c *cluster) startHost(h int, ranks []int, peers func(int) []int, dir strin
 		c.hosts = append(c.hosts, host)
 		c.dirs = append(c.dirs, dir)
 	}
+}
+
+// linkFailure is one call of HostConfig.LinkFailed by host from.
+type linkFailure struct {
+	from, to int
+	err      error
 }
 
 // hostFailure is one call of HostConfig.Failed.
@@ -210,9 +224,12 @@ func (c *cluster) waitFor(what string, cond func() bool) {
 	}
 }
 
-// replicated returns rank r's progress.
+// progress returns rank r's progress.
 func (c *cluster) progress(r int) Progress {
-	_, ps := c.hosts[c.hostOf[r]].Progress()
+	c.mu.Lock()
+	h := c.hosts[c.hostOf[r]]
+	c.mu.Unlock()
+	_, ps := h.Progress()
 	for _, p := range ps {
 		if p.Rank == r {
 			return p
@@ -220,6 +237,29 @@ func (c *cluster) progress(r int) Progress {
 	}
 	c.t.Fatalf("no progress for rank %d", r)
 	return Progress{}
+}
+
+// place gives every host in hosts the placement where rank r runs on
+// host hostOf[r], with holders and sources, and routes the ranks'
+// sockets there.
+func (c *cluster) place(hosts []int, hostOf []int, holders [][]int, sources map[int]Source) {
+	c.t.Helper()
+	for _, h := range hosts {
+		var mine []int
+		for r, x := range hostOf {
+			if x == h {
+				mine = append(mine, r)
+			}
+		}
+		p := Placement{Ranks: mine, HostOf: hostOf, Holders: holders, Sources: sources}
+		if err := c.hosts[h].SetPlacement(p); err != nil {
+			c.t.Fatalf("host %d: SetPlacement(%+v): %v", h, p, err)
+		}
+	}
+	c.mu.Lock()
+	copy(c.hostOf, hostOf)
+	c.holders = holders
+	c.mu.Unlock()
 }
 
 // g computes G as the launcher does and tells every host.

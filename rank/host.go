@@ -26,7 +26,8 @@ type HostConfig struct {
 	LinkKey comm.Key
 	Host    int // this host's index
 	Hosts   int // number of hosts of the job
-	// Ranks are this host's ranks.
+	// Ranks are this host's ranks (none for a spare's: SetPlacement
+	// gives it ranks).
 	Ranks []int
 	// Dir holds the slot files ("" = /dev/shm).
 	Dir string
@@ -36,7 +37,8 @@ type HostConfig struct {
 	// params (Tier-2).
 	Holders [][]int
 	Peers   func(rank int) []int
-	// HostOf maps a rank to its host index.
+	// HostOf maps a rank to its host index. Holders and HostOf are the
+	// first placement's: SetPlacement replaces them.
 	HostOf func(rank int) int
 	// Listener accepts replication links from other hosts (nil: none are
 	// expected, e.g. a single-host job). The Host owns it.
@@ -53,14 +55,20 @@ type HostConfig struct {
 	// it, so that the job restarts or stops). The rank's own Stage
 	// requests are refused with err meanwhile. Nil: only logged.
 	Failed func(rank int, gen uint64, err error)
-	Log    *slog.Logger
+	// LinkFailed is called (from any goroutine, never under a lock) when
+	// replication from this host to host failed at the link (it could not
+	// be dialed, or broke; not a refusal by the host): once per host per
+	// placement (NewHost's, then each SetPlacement's). The replication is
+	// retried meanwhile. Nil: only logged.
+	LinkFailed func(host int, err error)
+	Log        *slog.Logger
 }
 
 // Progress is one local rank's protection progress.
 type Progress struct {
 	Rank       int
 	Committed  int64 // newest step committed locally, or -1
-	Replicated int64 // newest step committed locally and at every holder, or -1
+	Replicated int64 // newest step committed locally and acknowledged by every current holder since it became one, or -1
 	Stages     int64 // Stage requests served
 	WaitNS     int64 // their total wait at the overwrite rule
 	// Replication: steps sent to every holder, the time that took
@@ -69,6 +77,10 @@ type Progress struct {
 	ReplSteps int64
 	ReplNS    int64
 	ReplBytes int64
+	// Restores: Restore requests served to the rank (answered with a
+	// step, not an error) in this restart generation; a rank that
+	// restores again in place after an epoch change counts again.
+	Restores int64
 }
 
 // Host is the state protection of one host: a service per local rank and
@@ -80,7 +92,12 @@ type Host struct {
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 
-	svcs map[int]*service // by rank; fixed after NewHost
+	pmu sync.Mutex                // serializes SetPlacement and Restart
+	pl  atomic.Pointer[placement] // the current placement: this host's ranks and services, holders, hosts
+
+	lfmu   sync.Mutex
+	lfSeq  uint64       // the placement lfDone belongs to
+	lfDone map[int]bool // hosts reported to LinkFailed in placement lfSeq
 
 	gmu   sync.Mutex
 	g     int64         // the globally recoverable step known here, or -1
@@ -127,10 +144,18 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	if cfg.Failed == nil {
 		cfg.Failed = func(int, uint64, error) {}
 	}
-	h := &Host{cfg: cfg, log: log, svcs: map[int]*service{}, g: noStep, gwake: make(chan struct{})}
+	if cfg.LinkFailed == nil {
+		cfg.LinkFailed = func(int, error) {}
+	}
+	h := &Host{cfg: cfg, log: log, g: noStep, gwake: make(chan struct{}), lfDone: map[int]bool{}}
 	h.life, h.stop = context.WithCancel(context.Background())
+	p := &placement{replaced: make(chan struct{}), ranks: slices.Clone(cfg.Ranks), svcs: map[int]*service{}, hostOf: cfg.HostOf, holders: cfg.Holders, sources: map[int]Source{}}
 	for _, r := range cfg.Ranks {
-		h.svcs[r] = newService(h, r)
+		p.svcs[r] = newService(h, r)
+	}
+	h.pl.Store(p)
+	for _, s := range p.svcs {
+		s.rep.placed(p)
 	}
 	h.store = newReplicaStore(h)
 	h.links = newLinkPool(h)
@@ -141,18 +166,28 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	return h, nil
 }
 
-// holders returns rank's replica holders.
-func (h *Host) holders(rank int) []int {
-	if rank < len(h.cfg.Holders) {
-		return h.cfg.Holders[rank]
+// linkFailed reports a failed link to host to HostConfig.LinkFailed, once
+// per host per placement.
+func (h *Host) linkFailed(host int, err error) {
+	seq := h.place().seq
+	h.lfmu.Lock()
+	if h.lfSeq != seq {
+		h.lfSeq = seq
+		clear(h.lfDone)
 	}
-	return nil
+	done := h.lfDone[host]
+	h.lfDone[host] = true
+	h.lfmu.Unlock()
+	if !done {
+		h.log.Warn("replication link failed", "host", host, "err", err)
+		h.cfg.LinkFailed(host, err)
+	}
 }
 
 // Session returns a new protocol session for a connection of rank, or nil
 // if rank is not one of this host's.
 func (h *Host) Session(rank int) *Session {
-	s := h.svcs[rank]
+	s := h.svc(rank)
 	if s == nil {
 		return nil
 	}
@@ -174,7 +209,7 @@ func (h *Host) SetG(gen uint64, g int64) {
 
 // Active reports whether any local rank protects its state.
 func (h *Host) Active() bool {
-	for _, s := range h.svcs {
+	for _, s := range h.place().svcs {
 		s.mu.Lock()
 		on := s.slots != nil
 		s.mu.Unlock()
@@ -199,6 +234,8 @@ func (h *Host) G() int64 {
 // host holds of other ranks' steps after g from older generations; puts
 // of older generations are refused from now on. The ranks must be stopped.
 func (h *Host) Restart(gen uint64, g int64) error {
+	h.pmu.Lock()
+	defer h.pmu.Unlock()
 	// No progress report is taken while the generation and the ranks'
 	// steps disagree: one with the new generation and a discarded step
 	// would let the launcher's G pass g.
@@ -210,8 +247,11 @@ func (h *Host) Restart(gen uint64, g int64) error {
 	h.gmu.Unlock()
 	h.store.restart(gen, g)
 	var errs []error
-	for _, r := range h.sortedRanks() {
-		if err := h.svcs[r].truncate(g); err != nil {
+	p := h.place()
+	for _, r := range sortedRanks(p) {
+		s := p.svcs[r]
+		s.restores.Store(0)
+		if err := s.truncate(g); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -236,9 +276,11 @@ const slowWait = 30 * time.Second
 var errRestarted = errors.New("the ranks were restarted since this session began")
 
 // waitG waits until g ≥ step in generation gen, ctx ends, the host stops,
-// a restart begins another generation, or failed is closed (the rank
-// failed: it returns failure()).
-func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64, failed <-chan struct{}, failure func() error) error {
+// a restart begins another generation, a new placement begins
+// (errNewPlacement), or failed is closed (the rank failed: it returns
+// failure()).
+// replaced is the placement's in which the stage began.
+func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64, replaced, failed <-chan struct{}, failure func() error) error {
 	h.waiters.Add(1)
 	defer h.waiters.Add(-1)
 	t := time.NewTimer(slowWait)
@@ -264,6 +306,8 @@ func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64, fail
 				return err
 			}
 			failed = nil // cleared by a restart: the generation check ends the wait
+		case <-replaced:
+			return errNewPlacement
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-h.life.Done():
@@ -272,9 +316,9 @@ func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64, fail
 	}
 }
 
-func (h *Host) sortedRanks() []int {
-	rs := make([]int, 0, len(h.svcs))
-	for r := range h.svcs {
+func sortedRanks(p *placement) []int {
+	rs := make([]int, 0, len(p.svcs))
+	for r := range p.svcs {
 		rs = append(rs, r)
 	}
 	slices.Sort(rs)
@@ -287,9 +331,10 @@ func (h *Host) Progress() (uint64, []Progress) {
 	h.rmu.RLock()
 	defer h.rmu.RUnlock()
 	gen := h.Gen()
-	out := make([]Progress, 0, len(h.svcs))
-	for _, r := range h.sortedRanks() {
-		out = append(out, h.svcs[r].progress())
+	p := h.place()
+	out := make([]Progress, 0, len(p.svcs))
+	for _, r := range sortedRanks(p) {
+		out = append(out, p.svcs[r].progress())
 	}
 	return gen, out
 }
@@ -298,6 +343,8 @@ func (h *Host) Progress() (uint64, []Progress) {
 // close, the replicas held are dropped and the slots unmapped. The slot
 // files stay (see RemoveFiles).
 func (h *Host) Close() error {
+	h.pmu.Lock() // no SetPlacement adds services meanwhile
+	defer h.pmu.Unlock()
 	h.stop()
 	if h.cfg.Listener != nil {
 		h.cfg.Listener.Close()
@@ -306,8 +353,9 @@ func (h *Host) Close() error {
 	h.store.close()
 	h.wg.Wait()
 	var errs []error
-	for _, r := range h.sortedRanks() {
-		errs = append(errs, h.svcs[r].close())
+	p := h.place()
+	for _, r := range sortedRanks(p) {
+		errs = append(errs, p.svcs[r].close())
 	}
 	return errors.Join(errs...)
 }
@@ -317,7 +365,7 @@ func (h *Host) Close() error {
 // machine to release it removes whatever of the job's files is left.
 func (h *Host) RemoveFiles() error {
 	var errs []error
-	for _, r := range h.sortedRanks() {
+	for _, r := range sortedRanks(h.place()) {
 		errs = append(errs, ckpt.Remove(h.cfg.Job, r, ckpt.Options{Dir: h.cfg.Dir}))
 	}
 	if h.claim != nil {

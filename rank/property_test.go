@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,10 +59,11 @@ import (
 //     restore step G for real (Tier-1 on the survivors, Tier-2 on the new
 //     host) and check the bytes. A last round only restores.
 //
-// One limit of package rank (see TestBugReplicasLostWithReplacedHost)
-// would fail it; it works around it unless GORUN_PROPERTY_STRICT=1: after
-// a restart the next failure comes only once G has passed the restart's
-// step.
+// One failure at a time: after a restart, the replicas the failed host
+// held are gone until the survivors send them again to the host that
+// replaced it, and the launcher knows it (Replicated < G); the next
+// failure comes once every rank's Replicated says G again (see
+// TestBugReplicasLostWithReplacedHost, where Replicated said so too early).
 //
 // GORUN_PROPERTY_ITERS sets the number of iterations (default 30, 10 with
 // -short), GORUN_PROPERTY_SEED the first seed (to replay one: the seed in
@@ -116,9 +118,6 @@ func checkNoLeak(t *testing.T, before int) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
-
-// propStrict disables the property test's work-arounds of known bugs.
-var propStrict = os.Getenv("GORUN_PROPERTY_STRICT") == "1"
 
 // propRegions are small, to keep an iteration cheap; params is restored
 // from a data-parallel peer, the others from a replica holder.
@@ -285,19 +284,20 @@ func (j *propJob) runUntilFailure(rng *rand.Rand, g0 int64) (int64, int) {
 		}
 	}
 	all := rng.Perm(j.nh)
-	if g0 >= 0 && !propStrict {
+	if g0 >= 0 {
 		// After a restart, the replicas the failed host held for the
-		// survivors are gone, but the survivors' Replicated still says
-		// G: the job is exposed until the next step is replicated (see
-		// TestBugReplicasLostWithReplacedHost). Fail only after that.
+		// survivors are gone until sent again: the launcher sees it
+		// (some rank's Replicated < G) and the job is under-protected.
+		// One failure at a time: the next comes once every rank's
+		// Replicated says G again, which must then be true.
 		deadline := time.Now().Add(10 * time.Second)
-		for published <= g0 {
-			if time.Now().After(deadline) {
-				j.t.Fatalf("seed %d: G did not pass %d within 10 s after the restart", j.seed, g0)
+		for {
+			g := j.launcherG()
+			if g >= g0 {
+				break
 			}
-			if g := j.launcherG(); g > published {
-				publish(g, all)
-				published = g
+			if time.Now().After(deadline) {
+				j.t.Fatalf("seed %d: the ranks' Replicated did not come back to G = %d within 10 s after the restart (minimum %d)", j.seed, g0, g)
 			}
 			select {
 			case <-j.c.changed:
@@ -660,6 +660,28 @@ func (sr *sessRank) protect(step int64) int {
 	return slot
 }
 
+// protectFill stages, fills with b and commits step, and returns its
+// slot.
+func (sr *sessRank) protectFill(step int64, b byte) int {
+	sr.t.Helper()
+	req := fmt.Appendf(nil, `{"step":%d}`, step)
+	_, ans, err := sr.sess.Handle(context.Background(), TypeStage, req)
+	if err != nil || ans.(*Staged).Err != "" {
+		sr.t.Fatalf("rank %d: Stage(%d): %+v, %v", sr.r, step, ans, err)
+	}
+	slot := ans.(*Staged).Slot
+	for _, v := range sr.views[slot] {
+		for i := range v {
+			v[i] = b
+		}
+	}
+	_, ans, err = sr.sess.Handle(context.Background(), TypeCommit, req)
+	if err != nil || ans.(*Committed).Err != "" {
+		sr.t.Fatalf("rank %d: Commit(%d): %+v, %v", sr.r, step, ans, err)
+	}
+	return slot
+}
+
 func (sr *sessRank) restore(ctx context.Context) *Restorable {
 	sr.t.Helper()
 	_, ans, err := sr.sess.Handle(ctx, TypeRestore, []byte(`{}`))
@@ -807,16 +829,17 @@ func (h *heldCleanups) run() {
 }
 
 // TestBugReplicasLostWithReplacedHost: after a restart with a replaced
-// host, the replicas the lost host held for the surviving ranks are not
-// made again, yet Host.Restart leaves each survivor's Replicated at G
+// host, the replicas the lost host held for the surviving ranks were not
+// made again, yet Host.Restart left each survivor's Replicated at G
 // (truncate: min(replicated, committed)), which says that G is at every
-// holder. Until the next step is replicated everywhere, a second failure
-// (one host at a time) of a survivor whose holder was on the replaced host
-// loses step G for its ranks: their own slots go with it and the new
-// holder has nothing. Found by TestPropertyGRecoverable with
-// GORUN_PROPERTY_STRICT=1 (e.g. seed 4, k=1).
+// holder. A second failure (one host at a time) of a survivor whose
+// holder was on the replaced host, once the launcher saw every rank
+// replicated again, lost step G for its ranks: their own slots went with
+// it and the new holder had nothing. Found by TestPropertyGRecoverable
+// with GORUN_PROPERTY_STRICT=1 (e.g. seed 4, k=1). Replicated now counts
+// a holder only from the step it acknowledged in the generation: the
+// survivors ask their holders, and send G to the new host's.
 func TestBugReplicasLostWithReplacedHost(t *testing.T) {
-	t.Skip("bug: after a host is replaced, the survivors' replicas it held are not re-created, but their Replicated still says G: the next failure of a survivor loses G")
 	// Ranks 0, 1, 2 on hosts 0, 1, 2; rank r's replica on rank r+1's host.
 	holders := [][]int{{1}, {2}, {0}}
 	peers := func(int) []int { return []int{0, 1, 2} }
@@ -835,11 +858,18 @@ func TestBugReplicasLostWithReplacedHost(t *testing.T) {
 			t.Fatalf("rank %d restored %+v", r, res)
 		}
 	}
-	// Every rank says step 1 is replicated, so G = 1 for the launcher.
-	for r := range rs {
-		if p := c.progress(r); p.Replicated != 1 {
-			t.Fatalf("rank %d: %+v", r, p)
+	// Once every rank says step 1 is replicated (as the launcher sees
+	// it), it is: rank 0's holder, rank 1 on the new host 1, has it.
+	c.waitFor("every rank's Replicated to say 1", func() bool {
+		for r := range rs {
+			if c.progress(r).Replicated != 1 {
+				return false
+			}
 		}
+		return true
+	})
+	if got := heldSteps(c.hosts[1], 0); !slices.Contains(got, 1) {
+		t.Fatalf("rank 0's Replicated says 1, but its holder's new host holds its steps %v", got)
 	}
 	// Now host 0 fails (one failure): rank 0's step 1 must come from its
 	// holder, rank 1 on the new host 1.

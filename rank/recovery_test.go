@@ -253,7 +253,7 @@ func TestCorruptSlotFailsRank(t *testing.T) {
 			case <-ctx.Done():
 				t.Fatal("rank 0 was not failed")
 			}
-			svc := c.hosts[0].svcs[0]
+			svc := c.hosts[0].svc(0)
 			c.waitFor("rank 0's replicator to stop", func() bool {
 				svc.rep.mu.Lock()
 				defer svc.rep.mu.Unlock()

@@ -16,11 +16,13 @@ package rank
 //	header   = magic(1)=0xA7 kind(1) count(2) owner(4) holder(4) reserved(4) step(8) gen(8) length(8)
 //	table    = count × (nameLen(1) name size(8) crc32c(4))
 //
-// big-endian. Kinds: put (the owner's regions, data follows), get (a
-// holder's replica of owner at step), getSlot (a rank's own slot regions
-// at step, for params), and the answers ack, data, fail (length = the
-// message's bytes; reserved = why, see failCRC). Everything read is
-// bounds-checked before use; a malformed request closes the link.
+// big-endian. Kinds: put (the owner's regions, data follows), has (does
+// the holder hold owner's step with exactly the table's regions and
+// CRC32Cs? no data; acknowledged if so), get (a holder's replica of owner
+// at step), getSlot (a rank's own slot regions at step, for params), and
+// the answers ack, data, fail (length = the message's bytes; reserved =
+// why, see failCRC). Everything read is bounds-checked before use; a
+// malformed request closes the link.
 //
 // gen is the owner host's restart generation when it read the step from
 // its slot. A holder refuses a put older than the newest generation it
@@ -30,6 +32,7 @@ package rank
 // its CRCs match its bytes, so a restore would take it.
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -54,6 +57,7 @@ const (
 	kindPut     = 1
 	kindGet     = 2
 	kindGetSlot = 3
+	kindHas     = 4
 	kindAck     = 0x81
 	kindData    = 0x82
 	kindFail    = 0x83
@@ -174,9 +178,13 @@ func tableBytes(t []tableEntry) uint64 {
 }
 
 // writeFrame writes a header, a table and the data views; the header's
-// count and length come from the table.
+// count comes from the table, its length too when data follow (nil data:
+// a table alone, of length 0).
 func writeFrame(w io.Writer, h linkHdr, t []tableEntry, data [][]byte) error {
-	h.count, h.length = len(t), tableBytes(t)
+	h.count, h.length = len(t), 0
+	if data != nil {
+		h.length = tableBytes(t)
+	}
 	b := make([]byte, linkHdrSize, linkHdrSize+len(t)*45)
 	h.put(b)
 	b = appendTable(b, t)
@@ -259,9 +267,10 @@ type replicaBuf struct {
 
 // ownerReplica is what this host holds of one owner rank.
 type ownerReplica struct {
-	mu   sync.Mutex // held while a buffer is received or sent; guards the fields below
-	bufs [2]replicaBuf
-	gen  uint64 // the newest restart generation known for the owner: older puts are refused
+	mu      sync.Mutex // held while a buffer is received or sent; guards the fields below
+	bufs    [2]replicaBuf
+	gen     uint64 // the newest restart generation known for the owner: older puts are refused
+	dropped bool   // no longer kept here (replicaStore.retain)
 }
 
 // replicaStore holds the replicas this host's ranks keep for others.
@@ -369,6 +378,8 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 		switch h.kind {
 		case kindPut:
 			err = st.put(c, h, t)
+		case kindHas:
+			err = st.has(c, h, t)
 		case kindGet:
 			err = st.get(c, h)
 		case kindGetSlot:
@@ -391,13 +402,7 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 		return fmt.Errorf("put of %d bytes for regions of %d, step %d", h.length, total, h.step)
 	}
 
-	refuse := ""
-	if st.h.svcs[h.holder] == nil {
-		refuse = fmt.Sprintf("rank %d is not on host %d", h.holder, st.h.cfg.Host)
-	} else if !slices.Contains(st.h.holders(h.owner), h.holder) {
-		refuse = fmt.Sprintf("rank %d does not hold rank %d's replicas", h.holder, h.owner)
-	}
-	if refuse != "" {
+	if refuse := st.notHolder(h); refuse != "" {
 		// Drain the data, then refuse: the link stays in step.
 		if _, err := io.CopyN(io.Discard, c, int64(total)); err != nil {
 			return err
@@ -407,6 +412,13 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	o := st.owner(h.owner)
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	// A new placement may have come meanwhile (and dropped o).
+	if refuse := st.notHolder(h); refuse != "" || o.dropped {
+		if _, err := io.CopyN(io.Discard, c, int64(total)); err != nil {
+			return err
+		}
+		return writeFail(c, h, failOther, cmp.Or(refuse, fmt.Sprintf("rank %d's replicas are no longer kept here", h.owner)))
+	}
 	if known := max(o.gen, st.h.Gen()); h.gen < known {
 		if _, err := io.CopyN(io.Discard, c, int64(total)); err != nil {
 			return err
@@ -464,6 +476,118 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	return err
 }
 
+// notHolder says why h.holder does not hold h.owner's replicas here in
+// the current placement, or "" if it does.
+func (st *replicaStore) notHolder(h linkHdr) string {
+	p := st.h.place()
+	if p.svcs[h.holder] == nil {
+		return fmt.Sprintf("rank %d is not on host %d", h.holder, st.h.cfg.Host)
+	}
+	if !slices.Contains(p.holdersOf(h.owner), h.holder) {
+		return fmt.Sprintf("rank %d does not hold rank %d's replicas", h.holder, h.owner)
+	}
+	return ""
+}
+
+// has acknowledges that this host holds h.owner's step h.step with the
+// regions, sizes and CRC32Cs of table t (the owner's, from its commit),
+// or refuses. The buffer then counts as the owner's generation h.gen's
+// (a restart of this host does not drop it).
+func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
+	if h.length != 0 {
+		return fmt.Errorf("has with %d bytes of data", h.length)
+	}
+	if refuse := st.notHolder(h); refuse != "" {
+		return writeFail(c, h, failOther, refuse)
+	}
+	st.mu.Lock()
+	o := st.owners[h.owner]
+	st.mu.Unlock()
+	if o == nil {
+		return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d here", h.owner))
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if known := max(o.gen, st.h.Gen()); h.gen < known {
+		return writeFail(c, h, failStale, fmt.Sprintf("rank %d step %d: a request of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known))
+	}
+	for i := range o.bufs {
+		b := &o.bufs[i]
+		if o.dropped || b.step != h.step || !slices.Equal(b.table, t) || len(b.data) != len(t) {
+			continue
+		}
+		o.gen = max(o.gen, h.gen)
+		b.gen = max(b.gen, h.gen)
+		a := linkHdr{kind: kindAck, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
+		var ab [linkHdrSize]byte
+		a.put(ab[:])
+		_, err := c.Write(ab[:])
+		return err
+	}
+	return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d at step %d with these regions here", h.owner, h.step))
+}
+
+// retain drops the replicas of the owners this host no longer keeps
+// under placement p (see placement.keeps).
+func (st *replicaStore) retain(p *placement) {
+	st.mu.Lock()
+	var drop []*ownerReplica
+	for r, o := range st.owners {
+		if !p.keeps(st.h.cfg.Host, r) {
+			delete(st.owners, r)
+			drop = append(drop, o)
+		}
+	}
+	st.mu.Unlock()
+	for _, o := range drop {
+		o.mu.Lock()
+		o.dropped = true
+		var n uint64
+		for i := range o.bufs {
+			for _, d := range o.bufs[i].data {
+				n += uint64(len(d))
+			}
+			o.bufs[i] = replicaBuf{step: noStep}
+		}
+		o.mu.Unlock()
+		st.reserve(0, n)
+	}
+}
+
+// copyOut copies this host's replica of owner at step into dst (by region
+// name, each of its size), checking each region's CRC32C: a restore from
+// a copy on its own host.
+func (st *replicaStore) copyOut(owner int, step int64, dst map[string][]byte) error {
+	st.mu.Lock()
+	o := st.owners[owner]
+	st.mu.Unlock()
+	if o == nil {
+		return fmt.Errorf("no replica of rank %d here", owner)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, b := range o.bufs {
+		if b.step < 0 || b.step != step || len(b.data) != len(b.table) {
+			continue
+		}
+		for i, e := range b.table {
+			d, ok := dst[e.name]
+			if !ok || int64(len(d)) != e.size {
+				return fmt.Errorf("region %q of %d bytes does not fit here (%d)", e.name, e.size, len(d))
+			}
+			copy(d, b.data[i])
+			if got := crc32.Checksum(d, castagnoli); got != e.sum {
+				return fmt.Errorf("region %q of step %d: CRC32C %08x, want %08x", e.name, step, got, e.sum)
+			}
+		}
+		if len(b.table) != len(dst) {
+			return fmt.Errorf("the replica of rank %d step %d has %d regions, want %d", owner, step, len(b.table), len(dst))
+		}
+		return nil
+	}
+	return fmt.Errorf("no replica of rank %d at step %d here", owner, step)
+}
+
 // physicalMemory is the host's RAM in bytes (0 if unknown): no replica
 // larger than it is accepted.
 func physicalMemory() uint64 {
@@ -499,7 +623,7 @@ func (st *replicaStore) get(c net.Conn, h linkHdr) error {
 
 // getSlot sends regions of local rank h.holder's own slot at h.step.
 func (st *replicaStore) getSlot(c net.Conn, h linkHdr, want []tableEntry) error {
-	svc := st.h.svcs[h.holder]
+	svc := st.h.svc(h.holder)
 	if svc == nil {
 		return writeFail(c, h, failOther, fmt.Sprintf("rank %d is not on host %d", h.holder, st.h.cfg.Host))
 	}
@@ -550,44 +674,143 @@ func (s *service) readSlot(step int64, names []string) ([]tableEntry, [][]byte, 
 // ---- The owner's side --------------------------------------------------
 
 // replicator sends one rank's committed steps to its holders, every one
-// in order: a holder must have every step that G may come to name (when
-// step s+1 commits before step s is sent, G may still be s), and the
-// overwrite rule keeps a step's slot until the next one is replicated.
+// in order to each holder: a holder must have every step that G may come
+// to name (when step s+1 commits before step s is sent, G may still be
+// s), and the overwrite rule keeps a step's slot until the next one is
+// replicated. Steps older than the G known here are not sent (nothing
+// will ever restore them).
+//
+// It keeps what each holder of the current placement is known to hold
+// (acked): the newest step the holder acknowledged in this generation
+// since it became a holder. A holder it knows nothing of (a new holder,
+// a holder that moved to another host, every holder after a restart or a
+// restore) is first asked whether it holds the step to send (kindHas:
+// after a restart the holders on surviving hosts do), and sent it if not.
+// The rank's Replicated is the oldest of its current holders' steps:
+// it claims a step only once every holder of the placement has it.
 //
 // A send that fails is retried, with a backoff, for as long as the failure
-// may be transient: a link down, a holder not yet restarted, data damaged
-// on the way. A holder that refuses the data as not matching the owner's
-// CRC32Cs has the owner verify its slot against the CRC32Cs of its commit;
-// if the slot no longer matches them, the rank's state is corrupt and no
-// retry can help: the replicator stops until the next restart and the rank
-// is failed (service.fail).
+// may be transient: a link down, a holder not yet restarted or not yet in
+// the new placement, data damaged on the way. A holder that refuses the
+// data as not matching the owner's CRC32Cs has the owner verify its slot
+// against the CRC32Cs of its commit; if the slot no longer matches them,
+// the rank's state is corrupt and no retry can help: the replicator stops
+// until the next restart and the rank is failed (service.fail).
 type replicator struct {
 	s       *service
 	mu      sync.Mutex // guards the fields below
 	wantS   int64      // newest committed step to replicate
+	acked   map[holderKey]int64
+	ver     uint64 // changes when acked is forgotten or the holders change: a send begun before records nothing
 	running bool
 	cancel  context.CancelFunc
 	done    chan struct{}
-	stopped bool // the service closed
-	failed  bool // the rank's state is corrupt: nothing to send until reset
+	wake    chan struct{} // ends a backoff wait early (new placement or addresses)
+	stopped bool          // the service closed
+	failed  bool          // the rank's state is corrupt: nothing to send until reset
+
+	fails atomic.Int64 // rounds that failed (and were retried, or stopped), ever
 }
 
-func (r *replicator) init(s *service) { r.s = s; r.wantS = noStep }
+func (r *replicator) init(s *service) {
+	r.s, r.wantS = s, noStep
+	r.acked = map[holderKey]int64{}
+	r.wake = make(chan struct{}, 1)
+}
 
+// updateLocked sets the service's replicated step from acked and the
+// current placement's holders. r.mu is held.
+func (r *replicator) updateLocked() {
+	ts := r.s.h.place().targets(r.s.rank)
+	if len(ts) == 0 {
+		r.s.replicated.Store(MaxStep) // every committed step
+		return
+	}
+	m := int64(MaxStep)
+	for _, k := range ts {
+		a, ok := r.acked[k]
+		if !ok {
+			a = noStep
+		}
+		m = min(m, a)
+	}
+	r.s.replicated.Store(m)
+}
+
+// want has step, newly committed, (and the steps before it that a holder
+// lacks) replicated.
 func (r *replicator) want(step int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.updateLocked()
 	if r.stopped || r.failed {
 		return
 	}
 	r.wantS = max(r.wantS, step)
-	if r.running {
+	r.startLocked()
+}
+
+func (r *replicator) startLocked() {
+	if r.running || r.wantS < 0 {
 		return
 	}
 	r.running = true
 	ctx, cancel := context.WithCancel(r.s.h.life)
 	r.cancel, r.done = cancel, make(chan struct{})
 	go r.loop(ctx, cancel, r.done)
+}
+
+// forget drops what is known of the holders: each is asked again before
+// Replicated counts it. The replicator is not running (reset).
+func (r *replicator) forget() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(r.acked)
+	r.ver++
+	r.updateLocked()
+}
+
+// placed switches to placement p's holders: those that left are
+// forgotten, the new ones (and the ones that moved to another host) are
+// asked, and the newest committed step is sent to those that lack it.
+func (r *replicator) placed(p *placement) {
+	s := r.s
+	s.mu.Lock()
+	committed := s.committed
+	s.mu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ts := p.targets(s.rank)
+	changed := len(ts) != len(r.acked)
+	for k := range r.acked {
+		if !slices.Contains(ts, k) {
+			delete(r.acked, k)
+			changed = true
+		}
+	}
+	for _, k := range ts {
+		if _, ok := r.acked[k]; !ok {
+			changed = true
+		}
+	}
+	if changed {
+		r.ver++
+	}
+	r.updateLocked()
+	r.poke()
+	if r.stopped || r.failed || committed < 0 {
+		return
+	}
+	r.wantS = max(r.wantS, committed)
+	r.startLocked()
+}
+
+// poke ends the loop's backoff wait, if it is in one.
+func (r *replicator) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
 }
 
 // reset cancels the replication in flight and waits for it to end; a
@@ -610,6 +833,52 @@ func (r *replicator) stop() {
 	r.reset()
 }
 
+// sendPlan is one round of the loop: step, to the holders lacking it.
+type sendPlan struct {
+	step  int64
+	to    []holderKey
+	known []bool // whether acked knows to[i] (else it is asked first)
+	ver   uint64
+}
+
+// planLocked returns the next round: the oldest step that some holder
+// lacks, among the slots' steps from G (known here) to wantS, and the
+// holders lacking it; step -1 when every holder is up to date. r.mu is
+// held.
+func (r *replicator) planLocked() sendPlan {
+	s := r.s
+	ts := s.h.place().targets(s.rank)
+	g := s.h.G()
+	s.mu.Lock()
+	steps := s.slotStep
+	s.mu.Unlock()
+	next := func(after int64) int64 {
+		n := int64(noStep)
+		for _, st := range steps {
+			if st > after && st >= g && st <= r.wantS && (n < 0 || st < n) {
+				n = st
+			}
+		}
+		return n
+	}
+	p := sendPlan{step: noStep, ver: r.ver}
+	for _, k := range ts {
+		a, ok := r.acked[k]
+		if !ok {
+			a = noStep
+		}
+		n := next(a)
+		switch {
+		case n < 0:
+		case p.step < 0 || n < p.step:
+			p.step, p.to, p.known = n, []holderKey{k}, []bool{ok}
+		case n == p.step:
+			p.to, p.known = append(p.to, k), append(p.known, ok)
+		}
+	}
+	return p
+}
+
 func (r *replicator) loop(ctx context.Context, cancel context.CancelFunc, done chan struct{}) {
 	defer close(done)
 	defer cancel()
@@ -618,15 +887,29 @@ func (r *replicator) loop(ctx context.Context, cancel context.CancelFunc, done c
 	failures, logged := 0, time.Time{}
 	for {
 		r.mu.Lock()
-		want, done := r.wantS, s.replicated.Load()
-		step := s.nextToSend(done, want)
-		if step < 0 || ctx.Err() != nil || r.failed {
+		var p sendPlan
+		if ctx.Err() == nil && !r.failed {
+			p = r.planLocked()
+		}
+		if p.step < 0 || ctx.Err() != nil || r.failed {
 			r.running, r.cancel = false, nil
+			r.updateLocked()
 			r.mu.Unlock()
 			return
 		}
 		r.mu.Unlock()
-		gen, err := r.send(ctx, step)
+		gen, errs, err := r.send(ctx, p)
+		r.mu.Lock()
+		if r.ver == p.ver {
+			for i, k := range p.to {
+				if errs[i] == nil {
+					r.acked[k] = max(r.acked[k], p.step)
+				}
+			}
+		}
+		r.updateLocked()
+		r.mu.Unlock()
+		s.h.cfg.Changed()
 		if err == nil {
 			backoff, failures = 50*time.Millisecond, 0
 			continue
@@ -641,13 +924,17 @@ func (r *replicator) loop(ctx context.Context, cancel context.CancelFunc, done c
 			s.fail(gen, ce)
 			continue // ends the loop
 		}
+		r.fails.Add(1)
 		if failures++; failures == 1 || time.Since(logged) > 30*time.Second {
-			s.h.log.Warn("replication failed; retrying", "rank", s.rank, "step", step, "failures", failures, "err", err)
+			s.h.log.Warn("replication failed; retrying", "rank", s.rank, "step", p.step, "failures", failures, "err", err)
 			logged = time.Now()
 		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-t.C:
+		case <-r.wake:
+			t.Stop()
+			backoff = 50 * time.Millisecond
 		case <-ctx.Done():
 			t.Stop()
 		}
@@ -655,25 +942,14 @@ func (r *replicator) loop(ctx context.Context, cancel context.CancelFunc, done c
 	}
 }
 
-// nextToSend returns the oldest committed step after done, up to want,
-// or -1.
-func (s *service) nextToSend(done, want int64) int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	next := int64(-1)
-	for _, st := range s.slotStep {
-		if st > done && st <= want && (next < 0 || st < next) {
-			next = st
-		}
-	}
-	return next
-}
-
-// send sends step to every holder and records it replicated. It returns
-// the generation it sent in and, when a holder refused the data as
+// send sends p.step to the holders p.to, asking those it knows nothing of
+// whether they hold it first. It returns the generation it sent in, each
+// holder's error, and their join; when a holder refused the data as
 // damaged and the slot no longer matches its commit, a *CorruptError.
-func (r *replicator) send(ctx context.Context, step int64) (uint64, error) {
+func (r *replicator) send(ctx context.Context, p sendPlan) (uint64, []error, error) {
 	s := r.s
+	step := p.step
+	errs := make([]error, len(p.to))
 	// The generation is read before the slot: a restart begun after this
 	// (a newer generation) waits for this send to end before it truncates
 	// the slot, so the bytes sent are never newer than gen says; read
@@ -686,9 +962,13 @@ func (r *replicator) send(ctx context.Context, step int64) (uint64, error) {
 			slot = i
 		}
 	}
-	if slot < 0 { // truncated by a restore since nextToSend
+	if slot < 0 { // truncated by a restore since planLocked
 		s.mu.Unlock()
-		return gen, fmt.Errorf("step %d is no longer in a slot", step)
+		err := fmt.Errorf("step %d is no longer in a slot", step)
+		for i := range errs {
+			errs[i] = err
+		}
+		return gen, errs, err
 	}
 	var t []tableEntry
 	var data [][]byte
@@ -700,13 +980,26 @@ func (r *replicator) send(ctx context.Context, step int64) (uint64, error) {
 	// The slot holding step is not staged over before step is replicated
 	// (the overwrite rule needs it to be), nor truncated before reset
 	// waited for this send: its views are stable here.
-	holders := s.h.holders(s.rank)
 	start := time.Now()
-	errs := make([]error, len(holders))
+	var sent atomic.Int64 // holders sent the data (not just asked)
 	var wg sync.WaitGroup
-	for i, hr := range holders {
+	for i, k := range p.to {
 		wg.Go(func() {
-			errs[i] = s.h.links.put(ctx, s.h.cfg.HostOf(hr), linkHdr{kind: kindPut, owner: s.rank, holder: hr, step: step, gen: gen}, t, data)
+			hdr := linkHdr{owner: s.rank, holder: k.rank, step: step, gen: gen}
+			if !p.known[i] {
+				hdr.kind = kindHas
+				if s.h.links.has(ctx, k.host, hdr, t) == nil {
+					return
+				}
+			}
+			hdr.kind = kindPut
+			errs[i] = s.h.links.put(ctx, k.host, hdr, t, data)
+			if errs[i] == nil {
+				sent.Add(1)
+			}
+			if le, ok := errors.AsType[*linkError](errs[i]); ok && ctx.Err() == nil {
+				s.h.linkFailed(k.host, le)
+			}
 		})
 	}
 	wg.Wait()
@@ -716,30 +1009,24 @@ func (r *replicator) send(ctx context.Context, step int64) (uint64, error) {
 			// commit. If the slot still does, the bytes were damaged on
 			// the way (retried); else they changed here after the commit.
 			if ce := s.verifySlot(slot, step); ce != nil {
-				return gen, ce
+				return gen, errs, ce
 			}
-			return gen, fmt.Errorf("%w (rank %d's slot of step %d still matches its commit: damaged in transit)", err, s.rank, step)
+			return gen, errs, fmt.Errorf("%w (rank %d's slot of step %d still matches its commit: damaged in transit)", err, s.rank, step)
 		}
-		return gen, err
+		return gen, errs, err
 	}
 	if ctx.Err() != nil {
-		return gen, ctx.Err()
-	}
-	var n int64
-	for _, e := range t {
-		n += e.size
-	}
-	s.replSteps.Add(1)
-	s.replNS.Add(int64(time.Since(start)))
-	s.replBytes.Add(n * int64(len(holders)))
-	for {
-		old := s.replicated.Load()
-		if step <= old || s.replicated.CompareAndSwap(old, step) {
-			break
+		for i := range errs {
+			errs[i] = ctx.Err()
 		}
+		return gen, errs, ctx.Err()
 	}
-	s.h.cfg.Changed()
-	return gen, nil
+	if n := sent.Load(); n > 0 {
+		s.replSteps.Add(1)
+		s.replNS.Add(int64(time.Since(start)))
+		s.replBytes.Add(int64(tableBytes(t)) * n)
+	}
+	return gen, errs, nil
 }
 
 // ---- Links to other hosts ----------------------------------------------
@@ -765,11 +1052,25 @@ type linkKey struct{ host, rank int }
 func newLinkPool(h *Host) *linkPool { return &linkPool{h: h, links: map[linkKey]*link{}} }
 
 // SetAddrs sets the replication address of every host (indexed by host).
+// Replications waiting to retry try again at once.
 func (h *Host) SetAddrs(addrs []string) {
 	h.links.mu.Lock()
 	h.links.addrs = slices.Clone(addrs)
 	h.links.mu.Unlock()
+	for _, s := range h.place().svcs {
+		s.rep.poke()
+	}
 }
+
+// linkError is a failure of the link to another host itself (it could
+// not be dialed, or broke), not a refusal by that host.
+type linkError struct {
+	host int
+	err  error
+}
+
+func (e *linkError) Error() string { return fmt.Sprintf("link to host %d: %v", e.host, e.err) }
+func (e *linkError) Unwrap() error { return e.err }
 
 func (p *linkPool) get(host, rank int) (*link, string, error) {
 	p.mu.Lock()
@@ -814,7 +1115,10 @@ func (p *linkPool) do(ctx context.Context, host, rank int, f func(c net.Conn) er
 	if l.conn.Load() == nil {
 		c, err := comm.DialLink(ctx, addr, p.h.linkAuth(), p.h.cfg.Host, host)
 		if err != nil {
-			return err
+			if ctx.Err() != nil {
+				return err
+			}
+			return &linkError{host: host, err: err}
 		}
 		// Stored under p.mu, so that close either sees it or refuses it.
 		p.mu.Lock()
@@ -836,10 +1140,31 @@ func (p *linkPool) do(ctx context.Context, host, rank int, f func(c net.Conn) er
 		if fired && err == nil {
 			err = ctx.Err()
 		}
+		if !fired {
+			err = &linkError{host: host, err: err}
+		}
 		c.Close()
 		l.conn.Store(nil)
 	}
 	return err
+}
+
+// has asks host whether it holds the step of h (a has request) with the
+// regions of t, and waits for the answer: nil if it does.
+func (p *linkPool) has(ctx context.Context, host int, h linkHdr, t []tableEntry) error {
+	return p.do(ctx, host, h.owner, func(c net.Conn) error {
+		if err := writeFrame(c, h, t, nil); err != nil {
+			return err
+		}
+		a, err := readAnswer(c)
+		if err != nil {
+			return err
+		}
+		if a.kind != kindAck || a.owner != h.owner || a.step != h.step || a.holder != h.holder {
+			return fmt.Errorf("unexpected answer kind %#x for rank %d step %d", a.kind, a.owner, a.step)
+		}
+		return nil
+	})
 }
 
 // put sends a put and waits for its acknowledgement.

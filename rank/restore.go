@@ -49,7 +49,10 @@ func (s *service) restore(ctx context.Context) *Restorable {
 }
 
 // restoreRemote fetches step g into a local slot: the replicated regions
-// from a replica holder, params from a data-parallel peer.
+// from the copy the placement's Source names for the rank (Opt's host),
+// else from a replica holder; params from the Source's data-parallel
+// peer, else from another peer. It then has step g (re)sent to the
+// rank's holders that lack it.
 // It runs as a request (reqMu held) and holds s.mu only while it changes
 // the slots, not while it waits for other hosts.
 func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
@@ -62,20 +65,39 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 		return 0, err
 	}
 	views := st.Views()
+	pl := s.h.place()
+	src, hasSrc := pl.sources[s.rank]
+
 	replViews := map[string][]byte{}
 	var want []tableEntry
 	for _, i := range repl {
 		replViews[regions[i].Name] = views[i]
 		want = append(want, tableEntry{name: regions[i].Name})
 	}
+	// Where the replicated regions are: the Source's copy first, then
+	// the holders.
+	var optFrom []int
+	if hasSrc {
+		optFrom = append(optFrom, src.Opt)
+	}
+	for _, hr := range pl.holdersOf(s.rank) {
+		if !slices.Contains(optFrom, hr) {
+			optFrom = append(optFrom, hr)
+		}
+	}
 	var errs []error
 	got := len(want) == 0
-	for _, hr := range s.h.holders(s.rank) {
+	for _, hr := range optFrom {
 		if got {
 			break
 		}
 		dst := maps.Clone(replViews)
-		err := s.h.links.fetch(ctx, s.h.cfg.HostOf(hr), linkHdr{kind: kindGet, owner: s.rank, holder: hr, step: g}, want, dst)
+		var err error
+		if host := pl.hostOf(hr); host == s.h.cfg.Host {
+			err = s.h.store.copyOut(s.rank, g, dst)
+		} else {
+			err = s.h.links.fetch(ctx, host, linkHdr{kind: kindGet, owner: s.rank, holder: hr, step: g}, want, dst)
+		}
 		if err == nil {
 			got = true
 			break
@@ -88,8 +110,15 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	if pi := slices.IndexFunc(regions, func(r Region) bool { return r.Name == "params" }); pi >= 0 {
 		got := false
 		var peers []int
+		if hasSrc {
+			peers = append(peers, src.Params)
+		}
 		if s.h.cfg.Peers != nil {
-			peers = s.h.cfg.Peers(s.rank)
+			for _, pr := range s.h.cfg.Peers(s.rank) {
+				if !slices.Contains(peers, pr) {
+					peers = append(peers, pr)
+				}
+			}
 		}
 		for _, pr := range peers {
 			if pr == s.rank {
@@ -97,10 +126,10 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 			}
 			dst := map[string][]byte{"params": views[pi]}
 			var err error
-			if local := s.h.svcs[pr]; local != nil {
+			if local := pl.svcs[pr]; local != nil {
 				err = local.copySlot(g, "params", views[pi])
 			} else {
-				err = s.h.links.fetch(ctx, s.h.cfg.HostOf(pr), linkHdr{kind: kindGetSlot, owner: s.rank, holder: pr, step: g}, []tableEntry{{name: "params"}}, dst)
+				err = s.h.links.fetch(ctx, pl.hostOf(pr), linkHdr{kind: kindGetSlot, owner: s.rank, holder: pr, step: g}, []tableEntry{{name: "params"}}, dst)
 			}
 			if err == nil {
 				got = true
@@ -116,13 +145,16 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 		return 0, err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	slot := st.Slot()
 	s.slotStep[slot] = g
 	s.sums[slot] = st.Sums()
 	s.views[slot] = views
 	s.committed = g
-	s.replicated.Store(g)
+	s.mu.Unlock()
+	// The holders are asked whether they have g, and sent it if not:
+	// Replicated says g only then.
+	s.rep.forget()
+	s.rep.want(g)
 	return slot, nil
 }
 

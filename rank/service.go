@@ -26,6 +26,10 @@ const maxLogRecords = 64
 type service struct {
 	h    *Host
 	rank int
+	// life ends when the service closes (the rank left the host, or the
+	// host stops): it ends the requests in flight.
+	life context.Context
+	stop context.CancelFunc
 
 	reqMu sync.Mutex // serializes requests
 
@@ -50,8 +54,14 @@ type service struct {
 	// A restart clears both.
 	corrupt *CorruptError
 	failed  chan struct{}
+	// gone: the rank left this host (SetPlacement): its sessions fail.
+	gone bool
 
+	// replicated is the newest step every current holder acknowledged
+	// (replicator.update), or MaxStep when the rank has no holders:
+	// progress reports min(replicated, committed).
 	replicated atomic.Int64
+	restores   atomic.Int64 // Restore requests served in this generation
 	stages     atomic.Int64
 	waitNS     atomic.Int64
 	replSteps  atomic.Int64
@@ -63,6 +73,7 @@ type service struct {
 
 func newService(h *Host, rank int) *service {
 	s := &service{h: h, rank: rank, committed: noStep, slotStep: [2]int64{noStep, noStep}, failed: make(chan struct{})}
+	s.life, s.stop = context.WithCancel(h.life)
 	s.replicated.Store(noStep)
 	s.rep.init(s)
 	return s
@@ -74,7 +85,24 @@ func (s *service) progress() Progress {
 	s.mu.Unlock()
 	r = min(r, c)
 	return Progress{Rank: s.rank, Committed: c, Replicated: r, Stages: s.stages.Load(), WaitNS: s.waitNS.Load(),
-		ReplSteps: s.replSteps.Load(), ReplNS: s.replNS.Load(), ReplBytes: s.replBytes.Load()}
+		ReplSteps: s.replSteps.Load(), ReplNS: s.replNS.Load(), ReplBytes: s.replBytes.Load(), Restores: s.restores.Load()}
+}
+
+// leave marks the service's rank as gone from this host: its sessions
+// fail from now on, and so do its requests in flight.
+func (s *service) leave() {
+	s.mu.Lock()
+	s.gone = true
+	s.mu.Unlock()
+	s.stop()
+}
+
+// protected reports whether the rank ever said ProtectHello here (its
+// slot files exist).
+func (s *service) protected() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.files != nil
 }
 
 // Session is one connection's use of a rank's service: requests other
@@ -93,11 +121,14 @@ func (ss *Session) live() error {
 	if ss.gen != s.h.Gen() {
 		return errRestarted
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone {
+		return errLeft
+	}
 	if !ss.hello {
 		return nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if ss.id != s.session {
 		return errSuperseded
 	}
@@ -106,6 +137,9 @@ func (ss *Session) live() error {
 
 // errSuperseded: the rank opened a newer session.
 var errSuperseded = errors.New("a newer session of this rank replaced this one")
+
+// errLeft: the rank left this host (a new placement).
+var errLeft = errors.New("the rank no longer runs on this host")
 
 // Handle serves one request of the protocol (a frame of type typ with
 // payload b). It returns the answer's type and payload. An error means the
@@ -119,6 +153,10 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 	if err := ss.live(); err != nil && typ != TypeStatus {
 		return 0, nil, err
 	}
+	// The request ends when the service closes, too.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.life, cancel)()
 	// Requests run one at a time (reqMu), except a stage's wait at the
 	// overwrite rule, which must not hold up the others.
 	if typ != TypeStage {
@@ -171,7 +209,11 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 			return 0, nil, err
 		}
 		if typ == TypeRestore {
-			return TypeRestorable, s.restore(ctx), nil
+			res := s.restore(ctx)
+			if res.Err == "" {
+				s.restores.Add(1)
+			}
+			return TypeRestorable, res, nil
 		}
 		return TypeStatusReply, s.status(), nil
 	}
@@ -289,6 +331,7 @@ func (s *service) welcome() *ProtectWelcome {
 // stage applies the overwrite rule, then marks the slot to write.
 func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 	gen := ss.gen
+	replaced := s.h.place().replaced
 	s.mu.Lock()
 	if s.corrupt != nil {
 		err := s.corrupt
@@ -307,7 +350,7 @@ func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 	s.mu.Unlock()
 	start := time.Now()
 	if mustWait {
-		if err := s.h.waitG(ctx, s.rank, gen, newest, failed, s.failure); err != nil {
+		if err := s.h.waitG(ctx, s.rank, gen, newest, replaced, failed, s.failure); err != nil {
 			if _, ok := errors.AsType[*CorruptError](err); ok {
 				return &Staged{Step: step, Err: err.Error()}
 			}
@@ -378,11 +421,7 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 	s.committed = step
 	s.trimLog()
 	s.mu.Unlock()
-	if len(s.h.holders(s.rank)) == 0 {
-		s.replicated.Store(step)
-	} else {
-		s.rep.want(step)
-	}
+	s.rep.want(step)
 	s.h.cfg.Changed()
 	return &Committed{Step: step}
 }
@@ -497,9 +536,23 @@ func (s *service) verifySlot(slot int, step int64) *CorruptError {
 	return nil
 }
 
-// truncate discards every step after g (a restart resumes from g).
+// truncate discards every step after g (a restart resumes from g), then
+// has the holders asked what they hold (a restarted holder may have
+// dropped steps, a replaced one holds nothing) and sent the newest step
+// left if they lack it: Replicated says it only then.
 func (s *service) truncate(g int64) error {
 	s.rep.reset()
+	err := s.truncateSlots(g)
+	s.mu.Lock()
+	committed := s.committed
+	s.mu.Unlock()
+	s.rep.forget()
+	s.rep.want(committed)
+	return err
+}
+
+// truncateSlots discards every step after g. The replicator is reset.
+func (s *service) truncateSlots(g int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.staged = nil
@@ -528,7 +581,6 @@ func (s *service) truncate(g int64) error {
 		}
 	}
 	s.committed = max(s.slotStep[0], s.slotStep[1])
-	s.replicated.Store(min(s.replicated.Load(), s.committed))
 	// The differential records of discarded steps go too.
 	keep := 0
 	for keep < len(s.diffSteps) && s.diffSteps[keep] <= g {
@@ -538,8 +590,13 @@ func (s *service) truncate(g int64) error {
 	return nil
 }
 
+// close stops the service: its requests in flight end (it waits for
+// them) and its slots are unmapped. The files stay.
 func (s *service) close() error {
+	s.stop()
 	s.rep.stop()
+	s.reqMu.Lock()
+	defer s.reqMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var errs []error

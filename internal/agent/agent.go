@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -36,6 +37,11 @@ const gpuDiscoveryTimeout = 30 * time.Second
 
 // ErrLauncherLost is the cause of an agent's end when its launcher went away.
 var ErrLauncherLost = errors.New("agent: launcher lost")
+
+// ErrFenced is the cause of an agent's end when an epoch table marks its
+// host fenced: the launcher declared the host lost and replaced it, so the
+// agent kills its ranks, removes the job's files and exits.
+var ErrFenced = errors.New("agent: this host was declared lost and fenced out of the job")
 
 // Config configures an agent.
 type Config struct {
@@ -100,16 +106,19 @@ type agent struct {
 
 	// Restart in place (wire.OpRestart): the generation running, the
 	// restart waiting for the old ranks to end and for its epoch's table,
-	// and the newest table.
-	gen     uint64
-	restart *wire.Control
-	table   *wire.EpochTable
-	pmiKVS  pmiKVS         // the job's PMI key-value space, as this host sees it
-	pmiWG   sync.WaitGroup // the PMI connections' goroutines
-	pmiEnds []*os.File     // their files, closed at the end
-	env     []string       // the ranks' base environment
-	genv    [][]string     // each local rank's GPU environment
-	tmp     string         // the ranks' TMPDIR
+	// the newest table and this host's places in it (none: an idle spare,
+	// or a host whose ranks moved away).
+	gen       uint64
+	restart   *wire.Control
+	table     *wire.EpochTable
+	places    []wire.Placement
+	hadRanks  bool           // ranks were started here (an idle host has none left)
+	listening map[int]bool   // the ranks whose socket is listening
+	pmiKVS    pmiKVS         // the job's PMI key-value space, as this host sees it
+	pmiWG     sync.WaitGroup // the PMI connections' goroutines
+	pmiEnds   []*os.File     // their files, closed at the end
+	env       []string       // the ranks' base environment
+	tmp       string         // the ranks' TMPDIR
 }
 
 // Run runs the agent until the launcher tells it to exit, the launcher is
@@ -332,6 +341,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 					more = false
 				}
 			}
+			if a.fencedIn(t) {
+				return a.fenced(t)
+			}
 			if a.ranks != nil {
 				a.newEpoch(t)
 				continue
@@ -466,9 +478,12 @@ func (a *agent) start(t *wire.EpochTable) error {
 	}
 	// A restart that came before the ranks started here (GPU discovery
 	// took long) is over already: they start in its generation, from G.
+	// A host that joins later (a spare) starts in the table's generation.
 	restartG := int64(-1)
 	if r := a.restart; r != nil {
 		a.restart, a.gen, restartG = nil, r.Gen, r.G
+	} else if t.Gen > a.gen {
+		a.gen, restartG = t.Gen, t.G
 	}
 	if a.stopped {
 		// The stop overtook the table: start nothing.
@@ -499,18 +514,10 @@ func (a *agent) start(t *wire.EpochTable) error {
 			a.spec.Dir = home
 		}
 	}
-	places := t.Placements()[a.cfg.Host]
+	places := a.hostPlaces(t)
 	a.env = baseEnv(os.Environ(), a.spec.Env)
 	a.tmp = tmp
-	a.table = t
-	// Every rank's GPUs first: a host without enough fails before any
-	// rank starts.
-	a.genv = make([][]string, len(places))
-	for i, pl := range places {
-		if a.genv[i], err = a.gpus.env(a.spec, pl); err != nil {
-			return err
-		}
-	}
+	a.table, a.places = t, places
 	a.socks = newRankSockets(a, t, len(places))
 	a.pmiKVS.setEpoch(t)
 	fsub, err := a.ctl.Subscribe(a.subj.Fence, a.socks.fenceDone)
@@ -531,66 +538,139 @@ func (a *agent) start(t *wire.EpochTable) error {
 			return fmt.Errorf("state protection: %w", err)
 		}
 	}
-	for _, pl := range places {
-		sock := filepath.Join(dir, "rank-"+strconv.Itoa(pl.Rank)+".sock")
-		if err := a.socks.listen(pl.Rank, sock); err != nil {
-			a.log.Warn("rank socket", "rank", pl.Rank, "err", err)
-		}
-	}
-	if err := a.launch(t); err != nil {
+	if err := a.launch(t, places, true); err != nil {
 		return err
 	}
-	if len(places) == 0 {
+	if len(places) == 0 && !a.idle(t) {
 		a.out.endGen(a.gen)
 		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
 	}
+	if t.Hosts[a.cfg.Host].Spare {
+		a.log.Info("idle spare: waiting for ranks", "epoch", t.Epoch)
+	}
+	a.event(&wire.Event{Kind: wire.EventEpoch, Host: a.cfg.Host, Rank: -1, Gen: a.gen, Epoch: t.Epoch})
 	return nil
+}
+
+// hostPlaces returns this host's places in t (none if t has fewer hosts).
+func (a *agent) hostPlaces(t *wire.EpochTable) []wire.Placement {
+	if a.cfg.Host >= len(t.Hosts) {
+		return nil
+	}
+	return t.Placements()[a.cfg.Host]
+}
+
+// idle says whether table t leaves this host without ranks for now: it is
+// a spare, or its ranks moved away. An idle host never reports itself
+// done (EventAgentDone): it may get ranks in a later table, and ends with
+// OpExit, its launcher's end or a fence.
+func (a *agent) idle(t *wire.EpochTable) bool {
+	return len(a.hostPlaces(t)) == 0 && (a.hadRanks || a.cfg.Host < len(t.Hosts) && t.Hosts[a.cfg.Host].Spare)
+}
+
+// fencedIn says whether t marks this host fenced.
+func (a *agent) fencedIn(t *wire.EpochTable) bool {
+	return a.cfg.Host < len(t.Hosts) && t.Hosts[a.cfg.Host].Fenced
+}
+
+// fenced ends the agent of a host that table t fenced: Run's cleanup
+// kills the ranks and removes the job's files.
+func (a *agent) fenced(t *wire.EpochTable) error {
+	a.log.Warn("this host is fenced out of the job: killing its ranks and exiting", "epoch", t.Epoch)
+	return fmt.Errorf("%w (epoch %d)", ErrFenced, t.Epoch)
+}
+
+// listen makes sure rank has its socket, before it starts (so that it is
+// there when the rank looks); a rank placed here again keeps its own.
+func (a *agent) listen(rank int) {
+	if a.listening[rank] {
+		return
+	}
+	if a.listening == nil {
+		a.listening = map[int]bool{}
+	}
+	sock := filepath.Join(a.dir, "rank-"+strconv.Itoa(rank)+".sock")
+	if err := a.socks.listen(rank, sock); err != nil {
+		a.log.Warn("rank socket", "rank", rank, "err", err)
+		return
+	}
+	a.listening[rank] = true
 }
 
 // notStarted accounts for every rank of this host in table t, of
 // generation a.gen, that will not start because the job is stopping, so
-// that the launcher is not left waiting for them; this agent is done.
+// that the launcher is not left waiting for them; this agent is done
+// (unless it is idle: it says nothing then).
 func (a *agent) notStarted(t *wire.EpochTable) {
-	for _, pl := range t.Placements()[a.cfg.Host] {
+	for _, pl := range a.hostPlaces(t) {
 		a.event(&wire.Event{Kind: wire.EventExited, Host: a.cfg.Host, Rank: pl.Rank, Gen: a.gen, Stopped: true, Msg: "not started: the job is stopping"})
 	}
 	a.out.endGen(a.gen)
-	a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+	if !a.idle(t) {
+		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+	}
 }
 
-// launch starts this host's ranks of table t, in restart generation a.gen.
-func (a *agent) launch(t *wire.EpochTable) error {
-	places := t.Placements()[a.cfg.Host]
-	a.socks.launched(a.gen)
-	a.ranks = make([]*rankProc, len(places))
-	pmiMine := make([]*os.File, len(places))
-	// The previous generation's connections were closed when its ranks
-	// ended (their serving goroutines close them).
-	a.pmiEnds = a.pmiEnds[:0]
+// launch starts places, ranks of this host in table t, in restart
+// generation a.gen. With all, they are all of the generation's ranks here
+// (a start or a restart: every rank before them has ended); otherwise
+// they join ranks that run on (ranks newly placed here in an epoch of
+// the same generation: in-place recovery).
+func (a *agent) launch(t *wire.EpochTable, places []wire.Placement, all bool) error {
+	// Every rank's GPUs first: a host without enough fails before any
+	// rank starts.
+	genv := make([][]string, len(places))
 	for i, pl := range places {
-		a.ranks[i] = &rankProc{place: pl, gen: a.gen}
+		var err error
+		if genv[i], err = a.gpus.env(a.spec, pl); err != nil {
+			return err
+		}
+	}
+	for _, pl := range places {
+		a.listen(pl.Rank)
+	}
+	if all {
+		a.socks.launched(a.gen)
+		a.ranks = []*rankProc{} // not nil: the ranks have started
+		// The previous generation's connections were closed when its
+		// ranks ended (their serving goroutines close them).
+		a.pmiEnds = a.pmiEnds[:0]
+	}
+	procs := make([]*rankProc, len(places))
+	pmiMine := make([]*os.File, len(places))
+	for i, pl := range places {
+		procs[i] = &rankProc{place: pl, gen: a.gen}
 		if !a.spec.NoPMI {
 			mine, theirs, err := pmiSocketPair()
 			if err != nil {
-				for _, p := range a.ranks[:i] {
+				for _, p := range procs[:i] {
 					p.pmi.Close()
+				}
+				for _, f := range pmiMine[:i] {
+					f.Close()
 				}
 				return err
 			}
-			a.ranks[i].pmi, pmiMine[i] = theirs, mine
-			a.pmiEnds = append(a.pmiEnds, mine)
+			procs[i].pmi, pmiMine[i] = theirs, mine
 		}
 	}
-	a.running = len(places)
+	for _, f := range pmiMine {
+		if f != nil {
+			a.pmiEnds = append(a.pmiEnds, f)
+		}
+	}
+	a.ranks = append(a.ranks, procs...)
+	a.running += len(places)
+	a.hadRanks = a.hadRanks || len(places) > 0
 	// Starting a process is mostly waiting for the kernel to exec it, so
 	// several starts at once overlap that latency.
 	var g errgroup.Group
 	g.SetLimit(startParallel)
-	for i, p := range a.ranks {
+	for i, p := range procs {
 		g.Go(func() error {
 			pl := p.place
 			sock := filepath.Join(a.dir, "rank-"+strconv.Itoa(pl.Rank)+".sock")
-			renv := mergeEnv(rankEnv(a.env, a.spec, t, pl, sock, a.tmp), a.genv[i])
+			renv := mergeEnv(rankEnv(a.env, a.spec, t, pl, sock, a.tmp), genv[i])
 			renv = mergeEnv(renv, restartEnv(a.gen, a.spec.MaxRestarts))
 			stdin := pl.Rank == a.spec.StdinRank
 			err := p.start(a.spec, renv, stdin, a.out, a.exits, a.done)
@@ -646,20 +726,74 @@ func (a *agent) onStdin(m *nats.Msg) {
 	}
 }
 
-// newEpoch passes a later epoch's table to the ranks (whose collectives
-// then fail with comm.ErrEpochChanged until they rebuild). Starting ranks
-// a new epoch places here is the hot-swap work's.
+// newEpoch takes a later epoch's table, once this host's ranks have
+// started: the state protection switches to its placement, the ranks
+// running get the table (their collectives then fail with
+// comm.ErrEpochChanged until they rebuild), and the launcher is told this
+// host has it (EventEpoch).
+//
+// A table of a later generation than the ranks' restarts them in it (as
+// wire.OpRestart does, which the launcher sends first; a host that missed
+// it restarts all the same). The restart then starts the table's ranks of
+// this host: a spare gets the ranks it replaces, a host whose ranks moved
+// away starts none. A table of the same generation (in-place recovery)
+// starts just the ranks newly placed here, in its epoch, and kills those
+// no longer placed here; the others run on.
 func (a *agent) newEpoch(t *wire.EpochTable) {
-	a.log.Info("new epoch", "epoch", t.Epoch)
-	if a.socks != nil && a.cfg.Host < len(t.Hosts) {
-		a.socks.setEpoch(t, len(t.Placements()[a.cfg.Host]))
+	a.log.Info("new epoch", "epoch", t.Epoch, "generation", t.Gen)
+	if t.Gen > a.gen && (a.restart == nil || t.Gen > a.restart.Gen) {
+		a.beginRestart(&wire.Control{Op: wire.OpRestart, Gen: t.Gen, Epoch: t.Epoch, G: t.G})
+	}
+	prev, places := a.places, a.hostPlaces(t)
+	if a.socks != nil {
+		a.socks.setEpoch(t, len(places))
 	}
 	if a.prot != nil {
-		a.prot.setTable(t)
+		if err := a.prot.setTable(t); err != nil {
+			a.log.Error("state protection cannot follow the new epoch", "err", err)
+			a.event(&wire.Event{Kind: wire.EventAgentError, Host: a.cfg.Host, Rank: -1, Msg: "state protection: " + err.Error()})
+		}
 	}
 	a.pmiKVS.setEpoch(t)
-	a.table = t
-	a.tryRestart()
+	a.table, a.places = t, places
+	if a.restart != nil {
+		a.tryRestart()
+	} else if t.Gen == a.gen && !a.stopped {
+		a.replace(t, prev)
+	}
+	a.event(&wire.Event{Kind: wire.EventEpoch, Host: a.cfg.Host, Rank: -1, Gen: a.gen, Epoch: t.Epoch})
+}
+
+// replace carries out an in-place epoch change of this host: ranks of the
+// previous places prev that table t no longer places here are killed (as
+// stopped: their end is no failure), ranks it newly places here start.
+func (a *agent) replace(t *wire.EpochTable, prev []wire.Placement) {
+	for _, p := range a.ranks {
+		if !p.ended && !a.placed(p.place.Rank) {
+			a.log.Info("killing a rank moved away from this host", "rank", p.place.Rank, "epoch", t.Epoch)
+			p.movedAway = true
+			p.stopped.Store(true)
+			p.signal(syscall.SIGKILL)
+		}
+	}
+	var fresh []wire.Placement
+	for _, pl := range a.places {
+		if !slices.ContainsFunc(prev, func(q wire.Placement) bool { return q.Rank == pl.Rank }) {
+			fresh = append(fresh, pl)
+		}
+	}
+	if len(fresh) == 0 {
+		return
+	}
+	a.log.Info("starting ranks newly placed here", "epoch", t.Epoch, "ranks", len(fresh))
+	if err := a.launch(t, fresh, false); err != nil {
+		a.event(&wire.Event{Kind: wire.EventAgentError, Host: a.cfg.Host, Rank: -1, Msg: err.Error()})
+	}
+}
+
+// placed says whether the current table places rank on this host.
+func (a *agent) placed(rank int) bool {
+	return slices.ContainsFunc(a.places, func(pl wire.Placement) bool { return pl.Rank == rank })
 }
 
 // exited reports a rank's end. Its output has been sent before, unless
@@ -667,7 +801,9 @@ func (a *agent) newEpoch(t *wire.EpochTable) {
 // sends the end of the generation's output after the last of it.
 func (a *agent) exited(p *rankProc) {
 	p.ended = true
-	if a.socks != nil {
+	if a.socks != nil && !p.movedAway {
+		// (A rank moved away does not fail this epoch's fences, nor
+		// those of its successor here if it is placed here again.)
 		a.socks.rankEnded(p.place.Rank, p.gen)
 	}
 	a.running--
@@ -680,7 +816,9 @@ func (a *agent) exited(p *rankProc) {
 			a.tryRestart()
 			return
 		}
-		a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+		if !a.idle(a.table) {
+			a.event(&wire.Event{Kind: wire.EventAgentDone, Host: a.cfg.Host, Rank: -1})
+		}
 	}
 }
 

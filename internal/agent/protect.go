@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"reflect"
 	"strconv"
 
 	"github.com/gorun/gorun/ckpt"
@@ -24,6 +25,9 @@ type protection struct {
 	stop chan struct{} // closed by close
 	done chan struct{} // the publisher ended
 	gsub *nats.Subscription
+	// placed is the placement given to the service last (owned by the
+	// agent's loop).
+	placed rank.Placement
 }
 
 // rankStateFailure is a local rank whose protected state is corrupt
@@ -44,29 +48,42 @@ func listenReplicas(addr string) (net.Listener, int, error) {
 	return ln, ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-// startProtection starts the state protection of this host's ranks of
-// table t. It owns ln from then on.
-func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protection, error) {
-	hostOf := make([]int, t.World)
-	var mine []int
+// tablePlacement is table t's placement for the state protection of
+// host: its ranks, every rank's host and holders, and the restore plan.
+func tablePlacement(t *wire.EpochTable, host int) rank.Placement {
+	p := rank.Placement{HostOf: make([]int, t.World), Holders: t.HolderLists()} // rows checked by wire
 	for h, places := range t.Placements() {
 		for _, pl := range places {
-			hostOf[pl.Rank] = h
-			if h == a.cfg.Host {
-				mine = append(mine, pl.Rank)
+			p.HostOf[pl.Rank] = h
+			if h == host {
+				p.Ranks = append(p.Ranks, pl.Rank)
 			}
 		}
 	}
-	holders := t.HolderLists() // checked by wire: ranks of the world, none its own holder
+	if len(t.Restore) > 0 {
+		p.Sources = make(map[int]rank.Source, len(t.Restore))
+		for _, row := range t.Restore {
+			p.Sources[row.Rank] = rank.Source{Opt: row.Opt, Params: row.Params}
+		}
+	}
+	return p
+}
+
+// startProtection starts the state protection of this host's ranks of
+// table t (none on a spare: it may hold replicas, and get ranks later).
+// It owns ln from then on.
+func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protection, error) {
+	pl := tablePlacement(t, a.cfg.Host)
 	var peers func(int) []int
 	if l, err := topology.NewLayout(t.World, max(a.spec.TP, 1), max(a.spec.PP, 1)); err == nil {
 		peers = l.DPGroup
 	}
-	p := &protection{a: a, kick: make(chan struct{}, 1), fail: make(chan rankStateFailure, len(mine)), stop: make(chan struct{}), done: make(chan struct{})}
+	// A host may get more ranks later (a spare, in-place recovery).
+	p := &protection{a: a, kick: make(chan struct{}, 1), fail: make(chan rankStateFailure, max(len(pl.Ranks), 16)), stop: make(chan struct{}), done: make(chan struct{}), placed: pl}
 	h, err := rank.NewHost(rank.HostConfig{
-		Job: a.cfg.Job, LinkKey: a.cfg.Creds.Link, Host: a.cfg.Host, Hosts: len(t.Hosts), Ranks: mine,
-		Holders: holders, Peers: peers, HostOf: func(r int) int { return hostOf[r] },
-		Listener: ln, Changed: p.changed, Failed: p.failed, Log: a.log,
+		Job: a.cfg.Job, LinkKey: a.cfg.Creds.Link, Host: a.cfg.Host, Hosts: len(t.Hosts), Ranks: pl.Ranks,
+		Holders: pl.Holders, Peers: peers, HostOf: func(r int) int { return pl.HostOf[r] },
+		Listener: ln, Changed: p.changed, Failed: p.failed, LinkFailed: p.linkFailed, Log: a.log,
 	})
 	if err != nil {
 		if ln != nil {
@@ -75,7 +92,15 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 		return nil, err
 	}
 	p.host = h
-	p.setTable(t)
+	if len(pl.Sources) > 0 {
+		// NewHost takes no restore plan: a host that starts in a recovery
+		// epoch (a spare joining late) gets it now.
+		p.placed = rank.Placement{}
+	}
+	if err := p.setTable(t); err != nil {
+		h.Close()
+		return nil, err
+	}
 	sub, err := a.ctl.Subscribe(a.subj.G, p.onG)
 	if err != nil {
 		h.Close()
@@ -86,15 +111,49 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 	return p, nil
 }
 
-// setTable gives the hosts' replication addresses of t to the service.
-func (p *protection) setTable(t *wire.EpochTable) {
+// setTable switches the service to table t: the hosts' replication
+// addresses (a fenced host has none), and t's placement if it changed.
+func (p *protection) setTable(t *wire.EpochTable) error {
 	addrs := make([]string, len(t.Hosts))
 	for i, h := range t.Hosts {
-		if h.ReplicaPort > 0 {
+		if h.ReplicaPort > 0 && !h.Fenced {
 			addrs[i] = net.JoinHostPort(h.Addr, strconv.Itoa(h.ReplicaPort))
 		}
 	}
 	p.host.SetAddrs(addrs)
+	pl := tablePlacement(t, p.a.cfg.Host)
+	if !reflect.DeepEqual(pl, p.placed) {
+		if err := p.host.SetPlacement(pl); err != nil {
+			return fmt.Errorf("epoch %d: %w", t.Epoch, err)
+		}
+		p.placed = pl
+	}
+	// The step the epoch resumes from, for a host that missed its
+	// publication (a spare that joined later); a newer G than the
+	// service's own only, and of its generation (a restart's comes with
+	// Restart).
+	if t.G >= 0 {
+		p.host.SetG(t.Gen, t.G)
+	}
+	return nil
+}
+
+// linkFailed reports that replication from this host to host failed
+// (rank.HostConfig.LinkFailed): the launcher suspects that host at once.
+// It is called from the service's goroutines.
+func (p *protection) linkFailed(host int, err error) {
+	a := p.a
+	a.log.Warn("replication to a host failed", "to", host, "err", err)
+	a.event(&wire.Event{Kind: wire.EventReplFailed, Host: a.cfg.Host, Rank: -1, Peer: host, Msg: truncateMsg(err.Error())})
+}
+
+// truncateMsg bounds an event's message.
+func truncateMsg(s string) string {
+	const limit = 1024
+	if len(s) > limit {
+		return s[:limit] + "…"
+	}
+	return s
 }
 
 func (p *protection) changed() {
@@ -120,7 +179,7 @@ func (p *protection) publish() {
 		u := &wire.UpProgress{Host: a.cfg.Host, Gen: gen, Ranks: make([]wire.RankProgress, len(ps))}
 		for i, q := range ps {
 			u.Ranks[i] = wire.RankProgress{Rank: q.Rank, Committed: q.Committed, Replicated: q.Replicated, Stages: q.Stages, WaitNS: q.WaitNS,
-				ReplSteps: q.ReplSteps, ReplNS: q.ReplNS, ReplBytes: q.ReplBytes}
+				ReplSteps: q.ReplSteps, ReplNS: q.ReplNS, ReplBytes: q.ReplBytes, Restores: q.Restores}
 		}
 		if err := a.ctl.Publish(a.subj.Progress, wire.Marshal(u)); err != nil {
 			a.log.Warn("cannot report protection progress", "err", err)

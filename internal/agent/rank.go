@@ -36,6 +36,9 @@ type rankProc struct {
 	pid      int // also the process group id
 	stopped  atomic.Bool
 	ended    bool // the loop has seen the exit
+	// movedAway: an in-place epoch placed the rank elsewhere and the
+	// agent killed it (owned by the loop).
+	movedAway bool
 
 	mu     sync.Mutex // guards reaped, and signals against reaping
 	reaped bool       // the rank's process has been reaped: its pid is free

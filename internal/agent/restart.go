@@ -64,7 +64,7 @@ func (a *agent) tryRestart() {
 			return
 		}
 	}
-	if err := a.launch(a.table); err != nil {
+	if err := a.launch(a.table, a.places, true); err != nil {
 		a.event(&wire.Event{Kind: wire.EventAgentError, Host: a.cfg.Host, Rank: -1, Msg: err.Error()})
 	}
 }

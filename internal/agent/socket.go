@@ -39,6 +39,10 @@ type rankSockets struct {
 
 	table []byte // encoded epoch table
 	epoch uint64
+	world int // the epoch's world size
+	// report sends an event to the launcher (the agent's event): the
+	// ranks' peer-loss reports.
+	report func(*wire.Event)
 
 	wg sync.WaitGroup // serving goroutines
 
@@ -71,6 +75,10 @@ type session struct {
 	c        net.Conn
 	welcomed bool
 	gen      uint64 // the restart generation of the rank, set at the welcome
+	// The peers whose loss the rank reported in epoch lostEpoch (owned by
+	// the session's frame reader): each is passed on once.
+	lost      map[int]bool
+	lostEpoch uint64
 }
 
 func (ss *session) write(typ byte, v any) error {
@@ -95,7 +103,7 @@ func newRankSockets(a *agent, t *wire.EpochTable, local int) *rankSockets {
 		ctx: ctx, cancel: cancel,
 		job: a.cfg.Job, host: a.cfg.Host, dataKey: a.cfg.Creds.Data.Hex(), log: a.log,
 		nc: a.ctl.Conn, subj: a.subj, stop: make(chan struct{}),
-		table: t.Encode(), epoch: t.Epoch, local: local, gen: a.gen, live: a.gen,
+		table: t.Encode(), epoch: t.Epoch, world: t.World, local: local, gen: a.gen, live: a.gen, report: a.event,
 		conns: map[net.Conn]*session{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
 	}
 }
@@ -202,7 +210,9 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 	}
 	// Frames are read by their own goroutine, so that a rank that goes
 	// away while its request waits (a stage at the overwrite rule) ends
-	// the wait: its socket's end is seen at once.
+	// the wait: its socket's end is seen at once. It passes peer-loss
+	// reports on itself: they are not requests, and may come while one
+	// waits.
 	frames := make(chan sockFrame)
 	stop := make(chan struct{})
 	defer close(stop)
@@ -211,6 +221,10 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 		defer s.wg.Done()
 		for {
 			typ, b, err := wire.ReadSock(c)
+			if err == nil && typ == wire.SockPeerLost {
+				s.peerLost(rank, ss, b)
+				continue
+			}
 			select {
 			case frames <- sockFrame{typ, b, err}:
 			case <-stop:
@@ -267,6 +281,49 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 			return s.refuse(ss, fmt.Sprintf("unknown message type %d", typ))
 		}
 	}
+}
+
+// peerLost passes on to the launcher a rank's report that it lost peers
+// (wire.PeerLost): an EventPeerLost naming the peers not reported before
+// in the epoch on this session. A report of another epoch than the current
+// one, or of a rank of another generation than the epoch's (killed by a
+// restart), is stale and dropped; one that does not decode or check is
+// dropped with a warning. Nothing is answered. It runs on the session's
+// frame reader.
+func (s *rankSockets) peerLost(rank int, ss *session, b []byte) {
+	var p wire.PeerLost
+	s.mu.Lock()
+	epoch, world, gen := s.epoch, s.world, s.gen
+	s.mu.Unlock()
+	ss.mu.Lock()
+	sgen := ss.gen
+	ss.mu.Unlock()
+	if err := wire.DecodeSock(b, &p); err != nil {
+		s.log.Warn("ignoring a peer-loss report", "rank", rank, "err", err)
+		return
+	}
+	if err := p.Check(rank, world); err != nil {
+		s.log.Warn("ignoring a peer-loss report", "rank", rank, "err", err)
+		return
+	}
+	if p.Epoch != epoch || sgen != gen {
+		return
+	}
+	if ss.lost == nil || ss.lostEpoch != epoch {
+		ss.lost, ss.lostEpoch = map[int]bool{}, epoch
+	}
+	var fresh []int
+	for _, r := range p.Peers {
+		if !ss.lost[r] {
+			ss.lost[r] = true
+			fresh = append(fresh, r)
+		}
+	}
+	if len(fresh) == 0 || s.report == nil {
+		return
+	}
+	s.log.Warn("a rank lost peers", "rank", rank, "peers", fresh, "epoch", epoch)
+	s.report(&wire.Event{Kind: wire.EventPeerLost, Host: s.host, Rank: rank, Gen: gen, Epoch: epoch, Peers: fresh})
 }
 
 // sockFrame is one frame read from a rank's socket, or the read's error.
@@ -408,7 +465,7 @@ func (s *rankSockets) setEpoch(t *wire.EpochTable, local int) {
 		s.mu.Unlock()
 		return
 	}
-	s.table, s.epoch, s.local = push.Table, t.Epoch, local
+	s.table, s.epoch, s.world, s.local = push.Table, t.Epoch, t.World, local
 	if s.restartGen != 0 && t.Epoch >= s.restartEpoch {
 		s.gen, s.restartGen, s.restartEpoch = s.restartGen, 0, 0
 	}

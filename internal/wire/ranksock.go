@@ -21,6 +21,7 @@ const (
 	SockFenceDone byte = 4 // agent → rank: Fence, with every rank's values
 	SockError     byte = 5 // agent → rank: SockErr
 	SockEpoch     byte = 6 // agent → rank, unasked: a Welcome for a new epoch
+	SockPeerLost  byte = 7 // rank → agent, unanswered: PeerLost
 )
 
 // SockVersion is the version of the rank socket protocol.
@@ -58,6 +59,28 @@ type Fence struct {
 	Seq   int               `json:"seq"` // the rank's n-th fence in this epoch, from 0
 	KV    map[string]string `json:"kv"`
 	Err   string            `json:"err,omitempty"` // in an answer: why the fence failed
+}
+
+// PeerLost is a rank's report that its links to peer ranks broke in epoch
+// Epoch (a comm.PeerLostError): the agent passes it on to the launcher
+// (EventPeerLost), which suspects the peers' hosts at once. It is not
+// answered, and a rank never waits for it to be read.
+type PeerLost struct {
+	Epoch uint64 `json:"epoch"`
+	Peers []int  `json:"peers"`
+}
+
+// Check validates a PeerLost from rank, a rank of a world of world ranks.
+func (p *PeerLost) Check(rank, world int) error {
+	if len(p.Peers) == 0 || len(p.Peers) > MaxPeers {
+		return malformed("peer lost: %d peers", len(p.Peers))
+	}
+	for _, r := range p.Peers {
+		if r < 0 || r >= world || r == rank {
+			return malformed("peer lost: rank %d of %d lost peer %d", rank, world, r)
+		}
+	}
+	return nil
 }
 
 // SockErr reports a refused request.

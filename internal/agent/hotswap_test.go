@@ -1,0 +1,552 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/rank"
+	"github.com/nats-io/nats.go"
+)
+
+// Hot-swap on the agent's side (issue 14): a launcher-side test double
+// publishes the epoch tables a recovery publishes (comm.Rendezvous.Fence
+// and Publish); one host runs a real agent, the others are registered by
+// the test (their agents are not needed for what one agent does).
+
+// probeDirVar names the directory where rankProbe writes what it saw;
+// probeProtectVar, when set, has it open a state-protection session too.
+// probeHoldVar, when set, has the probes of generation 0 leave a process
+// in a session of its own that holds their standard output open, so that
+// the agent sees their end drainTimeout after they are killed: a window in
+// which the tables of a recovery arrive while the ranks are being stopped.
+const (
+	probeDirVar     = "AGENTTEST_PROBE_DIR"
+	probeProtectVar = "AGENTTEST_PROBE_PROTECT"
+	probeHoldVar    = "AGENTTEST_PROBE_HOLD"
+)
+
+// rankProbe is a rank that records its environment in
+// rank-<rank>-gen-<restart count>-epoch-<epoch>.env, opens its rank socket,
+// writes rank-<rank>.welcome once welcomed, and appends "epoch <n>" to
+// rank-<rank>.pushes for every epoch pushed to it. With probeProtectVar
+// set, it first connects to its rank service and asks for its restore,
+// and writes rank-<rank>-gen-<restart count>.protect: "step <n>" or the
+// error. It runs until killed.
+func rankProbe() int {
+	dir := os.Getenv(probeDirVar)
+	me, epoch, gen := os.Getenv(wire.EnvRank), os.Getenv(wire.EnvEpoch), os.Getenv(wire.EnvRestartCount)
+	if os.Getenv(probeHoldVar) != "" && gen == "0" {
+		// Killed with the job's other leftovers (its environment is the
+		// job's): by the agent's restart, or its cleanup.
+		hold := exec.Command("sleep", "3600")
+		hold.Stdout = os.Stdout
+		hold.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := hold.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, "hold:", err)
+			return 1
+		}
+	}
+	name := filepath.Join(dir, "rank-"+me+"-gen-"+gen+"-epoch-"+epoch+".env")
+	var env strings.Builder
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "GORUN_") {
+			env.WriteString(kv + "\n")
+		}
+	}
+	if err := writeAtomic(name, env.String()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if os.Getenv(probeProtectVar) != "" {
+		res := "error: "
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		p, err := rank.Connect(ctx, []rank.Region{{Name: "optimizer", Size: 64}}, rank.Options{})
+		if err == nil {
+			var r *rank.Restored
+			if r, err = p.Restore(ctx); err == nil {
+				res = fmt.Sprintf("step %d", r.Step)
+			}
+		}
+		cancel()
+		if err != nil {
+			res += err.Error()
+		}
+		if err := writeAtomic(filepath.Join(dir, "rank-"+me+"-gen-"+gen+".protect"), res); err != nil {
+			return 1
+		}
+	}
+	c, err := net.Dial("unix", os.Getenv(wire.EnvSocket))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dial:", err)
+		return 1
+	}
+	if err := wire.WriteSock(c, wire.SockHello, &wire.Hello{Version: wire.SockVersion, Pid: os.Getpid()}); err != nil {
+		return 1
+	}
+	if typ, _, err := wire.ReadSock(c); err != nil || typ != wire.SockWelcome {
+		fmt.Fprintln(os.Stderr, "welcome:", typ, err)
+		return 1
+	}
+	if err := writeAtomic(filepath.Join(dir, "rank-"+me+".welcome"), ""); err != nil {
+		return 1
+	}
+	for {
+		typ, b, err := wire.ReadSock(c)
+		if err != nil {
+			break
+		}
+		var w wire.Welcome
+		if typ != wire.SockEpoch || wire.DecodeSock(b, &w) != nil {
+			continue
+		}
+		f, err := os.OpenFile(filepath.Join(dir, "rank-"+me+".pushes"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err == nil {
+			fmt.Fprintf(f, "epoch %d\n", w.Epoch)
+			f.Close()
+		}
+	}
+	for {
+		time.Sleep(time.Hour) // until killed
+	}
+}
+
+func writeAtomic(name, s string) error {
+	if err := os.WriteFile(name+".tmp", []byte(s), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(name+".tmp", name)
+}
+
+// swapJob is a job of several hosts, one of which (host agent) runs a
+// real agent, whose ranks are rankProbes.
+type swapJob struct {
+	t        *testing.T
+	job      string
+	ctx      context.Context
+	l        *comm.Control
+	rv       *comm.Rendezvous
+	dir      string // the probes' directory
+	agent    int
+	control  string           // the launcher's control subject
+	events   chan *wire.Event // the agent's
+	agentErr chan error
+	exited   bool // agentErr was read
+}
+
+// swapOpts are a swapJob's options beyond its hosts.
+type swapOpts struct {
+	with        func(*Config)    // when not nil, changes the agent's Config
+	holders     []wire.HolderRow // the replica holders (none: no replicas)
+	protect     bool             // rankprobe opens a state-protection session
+	hold        bool             // rankprobe holds its output open (probeHoldVar)
+	probe       string           // the ranks' helper (default rankprobe)
+	replicaPort int              // the replication port the hosts the test registers give
+}
+
+// startSwapJob starts the rendezvous of hosts, registers every host but
+// agent itself, and runs the agent of host agent.
+func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent int, o swapOpts) *swapJob {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	secret, err := comm.NewSecret()
+	if err != nil {
+		t.Fatal(err)
+	}
+	users := make([]ctlserver.HostUser, len(hosts))
+	for h := range hosts {
+		users[h] = ctlserver.HostUser{Password: secret.HostCredentials(h, nil).InProcessPassword()}
+	}
+	srv, err := ctlserver.Start(ctlserver.Config{Job: job, LocalPassword: secret.InProcessPassword(), Hosts: users})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{Name: "launcher"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	j := &swapJob{t: t, job: job, ctx: ctx, l: l, dir: t.TempDir(), agent: agent, control: wire.JobSubjects(job).Control, events: make(chan *wire.Event, 1024), agentErr: make(chan error, 1)}
+	sub, err := l.Subscribe(wire.JobSubjects(job).ForHost(agent).Events, func(m *nats.Msg) {
+		if e, err := wire.DecodeEvent(m.Data); err == nil {
+			j.events <- e
+		} else {
+			t.Errorf("the agent sent a bad event: %v", err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	env := []string{agenttestHelper + "=" + cmp.Or(o.probe, "rankprobe"), probeDirVar + "=" + j.dir}
+	if o.protect {
+		env = append(env, probeProtectVar+"=1")
+	}
+	if o.hold {
+		env = append(env, probeHoldVar+"=1")
+	}
+	j.rv, err = comm.StartRendezvous(l.Conn, job, 0, hosts, &wire.JobSpec{
+		Prog: os.Args[0], Env: env, Dir: t.TempDir(),
+		KillGrace: time.Second, HeartbeatInterval: time.Second, StdinRank: wire.NoStdin, NoPMI: true,
+	}, o.holders)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(j.rv.Close)
+	for h, host := range hosts {
+		if h == agent {
+			continue
+		}
+		// As the host's own user, from its inbox (the rendezvous answers
+		// nowhere else).
+		hc, err := comm.DialInProcessHost(ctx, srv.InProcess(), secret.HostCredentials(h, nil),
+			comm.ControlOptions{Name: "host " + host.Name, InboxPrefix: wire.JobSubjects(job).ForHost(h).Inbox})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(hc.Close)
+		jr, err := comm.JoinRendezvous(hc.Conn, job, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = jr.Register(ctx, &wire.Register{Version: wire.Version, Job: job, Host: h, Name: host.Name, Addr: "127.0.0.1", MasterPort: 1, ReplicaPort: o.replicaPort, Pid: 1})
+		jr.Close()
+		if err != nil {
+			t.Fatalf("registering host %d: %v", h, err)
+		}
+	}
+	creds := secret.HostCredentials(agent, nil)
+	cfg := Config{Job: job, Host: agent, Name: hosts[agent].Name, Creds: creds, Addr: "127.0.0.1", Logger: testLogger(t),
+		Dial: func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
+			return comm.DialInProcessHost(ctx, srv.InProcess(), creds, o)
+		}}
+	if o.with != nil {
+		o.with(&cfg)
+	}
+	go func() { j.agentErr <- Run(ctx, cfg) }()
+	t.Cleanup(func() {
+		if j.exited {
+			return
+		}
+		_ = l.Publish(wire.JobSubjects(job).Control, wire.Marshal(&wire.Control{Op: wire.OpExit}))
+		select {
+		case <-j.agentErr:
+		case <-time.After(30 * time.Second):
+			t.Error("the agent did not exit")
+		}
+	})
+	return j
+}
+
+func (j *swapJob) send(c *wire.Control) {
+	j.t.Helper()
+	if err := j.l.Publish(j.control, wire.Marshal(c)); err != nil {
+		j.t.Fatal(err)
+	}
+	if err := j.l.Flush(); err != nil {
+		j.t.Fatal(err)
+	}
+}
+
+// until returns the agent's events up to the first that done accepts.
+func (j *swapJob) until(what string, done func(*wire.Event) bool) []*wire.Event {
+	j.t.Helper()
+	var seen []*wire.Event
+	for {
+		select {
+		case e := <-j.events:
+			seen = append(seen, e)
+			if done(e) {
+				return seen
+			}
+		case err := <-j.agentErr:
+			j.exited = true
+			j.t.Fatalf("the agent ended (%v) while the test waited for %s", err, what)
+		case <-j.ctx.Done():
+			j.t.Fatalf("no %s; events: %v", what, describe(seen))
+		}
+	}
+}
+
+// epochEvent accepts the agent's EventEpoch for epoch.
+func epochEvent(epoch uint64) func(*wire.Event) bool {
+	return func(e *wire.Event) bool { return e.Kind == wire.EventEpoch && e.Epoch == epoch }
+}
+
+func describe(es []*wire.Event) string {
+	var b strings.Builder
+	for _, e := range es {
+		fmt.Fprintf(&b, "\n  %s host=%d rank=%d gen=%d epoch=%d %s", e.Kind, e.Host, e.Rank, e.Gen, e.Epoch, e.Msg)
+	}
+	return b.String()
+}
+
+// waitFile waits for the probe's file name to exist, and returns its
+// contents.
+func (j *swapJob) waitFile(name string) string {
+	j.t.Helper()
+	for {
+		b, err := os.ReadFile(filepath.Join(j.dir, name))
+		if err == nil {
+			return string(b)
+		}
+		select {
+		case <-j.ctx.Done():
+			ls, _ := os.ReadDir(j.dir)
+			var names []string
+			for _, e := range ls {
+				names = append(names, e.Name())
+			}
+			j.t.Fatalf("no %s from the ranks (they wrote %v)", name, names)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// checkEnv checks that env (rankProbe's record) has every variable of want.
+func checkEnv(t *testing.T, what, env string, want map[string]string) {
+	t.Helper()
+	have := map[string]string{}
+	for _, line := range strings.Split(env, "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			have[k] = v
+		}
+	}
+	for k, v := range want {
+		if have[k] != v {
+			t.Errorf("%s: %s=%q, want %q", what, k, have[k], v)
+		}
+	}
+}
+
+// TestSpareTakesRanksInRestart: a spare's agent registers, reports each
+// epoch's table and starts nothing, until a recovery epoch (--recovery
+// restart) places the ranks of a fenced host on it: it starts them in the
+// restart's generation and epoch. The launcher sends the restart before
+// the table; an agent that missed it (or got it late) restarts from the
+// table's generation all the same. The spare's state protection serves
+// the ranks it got (they restore: here from nothing, G being -1).
+func TestSpareTakesRanksInRestart(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		restart bool
+	}{
+		{"restart then table", true},
+		{"table only", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := startSwapJob(t, "sparerestart", []comm.RendezvousHost{{Name: "h0", Ranks: []int{0, 1}}, {Name: "h1", Spare: true}}, 1, swapOpts{protect: true})
+			idle := j.until("the spare's first epoch", epochEvent(0))
+			for _, e := range idle {
+				if e.Kind != wire.EventEpoch {
+					t.Errorf("the idle spare reported %s (rank %d)", e.Kind, e.Rank)
+				}
+			}
+			if tab := j.rv.Table(); !tab.Hosts[1].Spare || tab.Hosts[1].ReplicaPort == 0 {
+				t.Errorf("the spare in the table: %+v; want a spare with its replication port", tab.Hosts[1])
+			}
+			j.rv.Fence(0)
+			if tc.restart {
+				j.send(&wire.Control{Op: wire.OpRestart, Gen: 1, Epoch: 1, G: -1})
+			}
+			if _, err := j.rv.Publish(1, comm.Membership{Ranks: [][]int{nil, {1, 0}}, Gen: 1, G: -1}); err != nil {
+				t.Fatal(err)
+			}
+			started, epoch1 := map[int]bool{}, false
+			j.until("the spliced ranks' start and epoch 1", func(e *wire.Event) bool {
+				switch e.Kind {
+				case wire.EventStarted:
+					if e.Gen != 1 {
+						t.Errorf("rank %d started in generation %d, want 1", e.Rank, e.Gen)
+					}
+					started[e.Rank] = true
+				case wire.EventEpoch:
+					if e.Epoch != 1 || e.Gen != 1 {
+						t.Errorf("epoch event of epoch %d, generation %d; want epoch 1 of generation 1", e.Epoch, e.Gen)
+					}
+					epoch1 = true
+				default:
+					t.Errorf("%s rank %d: %s", e.Kind, e.Rank, e.Msg)
+				}
+				return len(started) == 2 && epoch1
+			})
+			for local, r := range []int{1, 0} {
+				env := j.waitFile(fmt.Sprintf("rank-%d-gen-1-epoch-1.env", r))
+				checkEnv(t, fmt.Sprintf("rank %d", r), env, map[string]string{
+					wire.EnvRank: strconv.Itoa(r), wire.EnvEpoch: "1", wire.EnvRestartCount: "1",
+					wire.EnvLocalRank: strconv.Itoa(local), wire.EnvLocalSize: "2", wire.EnvWorldSize: "2",
+				})
+				if got := j.waitFile(fmt.Sprintf("rank-%d-gen-1.protect", r)); got != "step -1" {
+					t.Errorf("rank %d's restore on the spare: %s, want step -1", r, got)
+				}
+			}
+		})
+	}
+}
+
+// TestInPlaceStartsNewRanks: a recovery epoch of the same generation
+// (--recovery in-place) that places a lost rank beside a running one
+// starts just the new rank, in the new epoch; the running rank keeps its
+// process and is pushed the new epoch.
+func TestInPlaceStartsNewRanks(t *testing.T) {
+	j := startSwapJob(t, "inplace", []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 1, swapOpts{})
+	var pid int
+	j.until("rank 1's start", func(e *wire.Event) bool {
+		pid = e.Pid
+		return e.Kind == wire.EventStarted && e.Rank == 1
+	})
+	j.waitFile("rank-1.welcome")
+	j.rv.Fence(0)
+	if _, err := j.rv.Publish(1, comm.Membership{Ranks: [][]int{nil, {1, 0}}, G: 7}); err != nil {
+		t.Fatal(err)
+	}
+	var epoch1, started0 bool
+	j.until("rank 0's start and epoch 1", func(e *wire.Event) bool {
+		switch {
+		case e.Kind == wire.EventStarted && e.Rank == 0:
+			started0 = true
+			if e.Gen != 0 {
+				t.Errorf("rank 0 started in generation %d, want 0", e.Gen)
+			}
+		case e.Kind == wire.EventStarted, e.Kind == wire.EventExited, e.Kind == wire.EventAgentError:
+			t.Errorf("%s rank %d: %s", e.Kind, e.Rank, e.Msg)
+		case e.Kind == wire.EventEpoch && e.Epoch == 1:
+			epoch1 = true
+		}
+		return epoch1 && started0
+	})
+	checkEnv(t, "rank 0", j.waitFile("rank-0-gen-0-epoch-1.env"), map[string]string{
+		wire.EnvRank: "0", wire.EnvEpoch: "1", wire.EnvRestartCount: "0", wire.EnvLocalRank: "1", wire.EnvLocalSize: "2",
+	})
+	if got := j.waitFile("rank-1.pushes"); got != "epoch 1\n" {
+		t.Errorf("rank 1 was pushed %q, want epoch 1", got)
+	}
+	if err := syscall.Kill(pid, 0); err != nil {
+		t.Errorf("rank 1's process %d: %v, want it running on", pid, err)
+	}
+}
+
+// TestFencedHostExits: the agent of a host that a table marks fenced (the
+// launcher declared it lost and replaced it), or whose launcher stream
+// ends, kills its ranks, removes the job's files (its directory, the
+// ranks' slot files in /dev/shm) and exits.
+func TestFencedHostExits(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		want error
+	}{
+		{"fenced in a table", ErrFenced},
+		{"launcher stream closed", ErrLauncherLost},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stream, launcher := io.Pipe()
+			defer launcher.Close()
+			job := uniqueJob("fenced")
+			j := startSwapJob(t, job, []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 0,
+				swapOpts{protect: true, with: func(c *Config) { c.Launcher = stream }})
+			var pid int
+			j.until("rank 0's start", func(e *wire.Event) bool {
+				pid = e.Pid
+				return e.Kind == wire.EventStarted && e.Rank == 0
+			})
+			env := j.waitFile("rank-0-gen-0-epoch-0.env")
+			var jobDir string
+			for _, line := range strings.Split(env, "\n") {
+				if v, ok := strings.CutPrefix(line, wire.EnvSocket+"="); ok {
+					jobDir = filepath.Dir(v)
+				}
+			}
+			if _, err := os.Stat(jobDir); err != nil {
+				t.Fatalf("the job directory %q: %v", jobDir, err)
+			}
+			if got := j.waitFile("rank-0-gen-0.protect"); got != "step -1" {
+				t.Fatalf("rank 0's protection session: %s", got)
+			}
+			if slots, _ := filepath.Glob(filepath.Join("/dev/shm", "gorun-"+job+".r0.*")); len(slots) == 0 {
+				t.Fatal("rank 0 has no slot files in /dev/shm")
+			}
+			if tc.want == ErrFenced {
+				j.rv.Fence(0)
+				if _, err := j.rv.Publish(1, comm.Membership{Ranks: [][]int{nil, {1, 0}}}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				launcher.Close()
+			}
+			select {
+			case err := <-j.agentErr:
+				j.exited = true
+				if !errors.Is(err, tc.want) {
+					t.Errorf("the agent ended with %v, want %v", err, tc.want)
+				}
+			case <-j.ctx.Done():
+				t.Fatal("the agent did not exit")
+			}
+			if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+				t.Errorf("rank 0's process %d: %v, want it gone", pid, err)
+			}
+			if _, err := os.Stat(jobDir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the job directory %q is still there (%v)", jobDir, err)
+			}
+			checkNoSlotFiles(t, job)
+		})
+	}
+}
+
+// rankStager is a rank that protects one step (its replicas go to its
+// holders), then runs until killed.
+func rankStager() int {
+	ctx := context.Background()
+	c, err := rank.Connect(ctx, []rank.Region{{Name: "optimizer", Size: 64}}, rank.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "connect:", err)
+		return 1
+	}
+	if err := c.Stage(ctx, 0, map[string][][]byte{"optimizer": {make([]byte, 64)}}); err != nil {
+		fmt.Fprintln(os.Stderr, "stage:", err)
+		return 1
+	}
+	if err := c.Wait(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "commit:", err)
+		return 1
+	}
+	for {
+		time.Sleep(time.Hour) // until killed
+	}
+}
+
+// TestReplFailedReported: when replication from the agent's host to a
+// holder's host fails at the link (nothing listens at its replication
+// port), the agent reports EventReplFailed naming that host, so that the
+// launcher suspects it at once.
+func TestReplFailedReported(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().(*net.TCPAddr).Port
+	ln.Close() // nothing listens there now
+	j := startSwapJob(t, "replfailed", []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 1,
+		swapOpts{probe: "rankstager", replicaPort: dead, holders: []wire.HolderRow{{Rank: 0, Holders: []int{1}}, {Rank: 1, Holders: []int{0}}}})
+	es := j.until("the replication failure", func(e *wire.Event) bool { return e.Kind == wire.EventReplFailed })
+	e := es[len(es)-1]
+	if e.Host != 1 || e.Peer != 0 || e.Msg == "" {
+		t.Errorf("event %+v, want replication from host 1 to host 0 failed, saying why", e)
+	}
+}

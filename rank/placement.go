@@ -1,0 +1,250 @@
+package rank
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/gorun/gorun/ckpt"
+)
+
+// Placement is one epoch's view of the job for a host's state protection
+// (the epoch table's, internal/wire.EpochTable): which ranks run where,
+// who holds whose replicas, and where the ranks that cannot restore from
+// their own host's slot restore from.
+type Placement struct {
+	Ranks   []int          // this host's ranks in the epoch (local-rank order)
+	HostOf  []int          // every rank's host index
+	Holders [][]int        // every rank's replica holders (nil: no replicas)
+	Sources map[int]Source // ranks restoring from elsewhere than their own slot (wire.RestoreRow)
+}
+
+// Source is where a rank restores step G from when its own host's slot
+// cannot serve it (hot-swap's restore plan, wire.RestoreRow): the
+// replicated regions (optimizer, meta) from the copy kept on rank Opt's
+// host, which may no longer be one of the rank's holders (it has the copy
+// that exists), and params from the slot of data-parallel peer Params.
+type Source struct{ Opt, Params int }
+
+// placement is the placement a Host works with: NewHost's (from its
+// HostConfig), then each SetPlacement's. It is never changed once
+// published (Host.pl): a new one replaces it.
+type placement struct {
+	seq     uint64 // 0 for NewHost's, one more for each SetPlacement
+	ranks   []int
+	svcs    map[int]*service // by rank: this host's ranks
+	hostOf  func(rank int) int
+	holders [][]int
+	sources map[int]Source
+	// replaced is closed when a SetPlacement replaces this placement: it
+	// ends the stages waiting at the overwrite rule.
+	replaced chan struct{}
+	// given is the Placement SetPlacement was given (nil for NewHost's).
+	given *Placement
+}
+
+// same reports whether p is the placement this one was made from.
+func (pl *placement) same(p *Placement) bool {
+	g := pl.given
+	return g != nil && slices.Equal(g.Ranks, p.Ranks) && slices.Equal(g.HostOf, p.HostOf) &&
+		slices.EqualFunc(g.Holders, p.Holders, func(a, b []int) bool { return slices.Equal(a, b) }) &&
+		maps.Equal(g.Sources, p.Sources)
+}
+
+// errNewPlacement: a stage waited at the overwrite rule when a new
+// placement began.
+var errNewPlacement = errors.New("a new placement (epoch) began: restore from G")
+
+func (p *placement) holdersOf(rank int) []int {
+	if rank >= 0 && rank < len(p.holders) {
+		return p.holders[rank]
+	}
+	return nil
+}
+
+// targets returns the holders of rank's replicas with their hosts.
+func (p *placement) targets(rank int) []holderKey {
+	hs := p.holdersOf(rank)
+	out := make([]holderKey, len(hs))
+	for i, r := range hs {
+		out[i] = holderKey{rank: r, host: p.hostOf(r)}
+	}
+	return out
+}
+
+// keeps reports whether this host (host) keeps its copy of owner's
+// replicas under p: one of its ranks holds them, or owner restores from
+// the copy here (Source.Opt).
+func (p *placement) keeps(host, owner int) bool {
+	for _, x := range p.holdersOf(owner) {
+		if p.svcs[x] != nil {
+			return true
+		}
+	}
+	src, ok := p.sources[owner]
+	return ok && p.hostOf(src.Opt) == host
+}
+
+// holderKey names one replica holder: a rank, on a host. A rank that
+// moves to another host is a new holder (its copies stayed behind).
+type holderKey struct{ rank, host int }
+
+// place returns the current placement.
+func (h *Host) place() *placement { return h.pl.Load() }
+
+// svc returns local rank rank's service, or nil.
+func (h *Host) svc(rank int) *service { return h.place().svcs[rank] }
+
+// holders returns rank's replica holders.
+func (h *Host) holders(rank int) []int { return h.place().holdersOf(rank) }
+
+// hostOf returns rank's host index (-1: unknown).
+func (h *Host) hostOf(rank int) int { return h.place().hostOf(rank) }
+
+// ErrPlacement: a Placement given to SetPlacement is inconsistent.
+var ErrPlacement = errors.New("rank: bad placement")
+
+// check validates p for a host of hosts hosts, host index host.
+func (p *Placement) check(host, hosts int) error {
+	world := len(p.HostOf)
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrPlacement}, args...)...)
+	}
+	for r, h := range p.HostOf {
+		if h < 0 || h >= hosts {
+			return bad("rank %d on host %d of %d", r, h, hosts)
+		}
+	}
+	seen := map[int]bool{}
+	for _, r := range p.Ranks {
+		switch {
+		case r < 0 || r >= world:
+			return bad("rank %d of a world of %d", r, world)
+		case p.HostOf[r] != host:
+			return bad("rank %d is on host %d, not on this host %d", r, p.HostOf[r], host)
+		case seen[r]:
+			return bad("rank %d placed twice", r)
+		}
+		seen[r] = true
+	}
+	for r, h := range p.HostOf {
+		if h == host && !seen[r] {
+			return bad("rank %d is on this host %d but not among its ranks %v", r, host, p.Ranks)
+		}
+	}
+	if len(p.Holders) > world {
+		return bad("holders for %d ranks in a world of %d", len(p.Holders), world)
+	}
+	for o, hs := range p.Holders {
+		for _, x := range hs {
+			if x < 0 || x >= world || x == o {
+				return bad("rank %d held by rank %d in a world of %d", o, x, world)
+			}
+		}
+	}
+	for r, s := range p.Sources {
+		if r < 0 || r >= world || s.Opt < 0 || s.Opt >= world || s.Params < 0 || s.Params >= world {
+			return bad("rank %d restores from ranks %d and %d in a world of %d", r, s.Opt, s.Params, world)
+		}
+	}
+	return nil
+}
+
+// SetPlacement switches the host's state protection to the placement of a
+// new epoch:
+//
+//   - a service is added for every rank newly placed here (a spare's Host
+//     starts with no ranks and gets them here; the ranks restore step G
+//     of the generation Restart began);
+//   - the services of ranks that left are closed and their slot files
+//     removed; their sessions fail from then on;
+//   - replication switches to the new holders and hosts: an owner's
+//     Progress.Replicated counts only the holders of this placement, each
+//     from the step it acknowledged since it became one, and the owner's
+//     newest committed step (and the next ones) are sent to the holders
+//     that lack them;
+//   - restores use the new holders, hosts and Sources; the copies this
+//     host holds of owners it no longer holds are dropped, except those
+//     of owners that restore from them (Sources), kept until the next
+//     SetPlacement.
+//
+// A new placement also ends the stages waiting at the overwrite rule
+// (their Staged says so): a rank that stays restores from G again
+// (Restore, in place) rather than wait for a G that may need it to go
+// on. A placement equal to the current one (an epoch table republished)
+// changes nothing.
+//
+// It returns an error wrapping ErrPlacement, and changes nothing, if p is
+// inconsistent (a rank on no host or on several, holders out of range).
+func (h *Host) SetPlacement(p Placement) error {
+	if err := p.check(h.cfg.Host, h.cfg.Hosts); err != nil {
+		return err
+	}
+	hostOf := slices.Clone(p.HostOf)
+	holders := make([][]int, len(p.Holders))
+	for i, hs := range p.Holders {
+		holders[i] = slices.Clone(hs)
+	}
+	h.pmu.Lock()
+	defer h.pmu.Unlock()
+	if h.life.Err() != nil {
+		return ErrStopping
+	}
+	old := h.place()
+	if old.same(&p) {
+		return nil
+	}
+	given := &Placement{Ranks: slices.Clone(p.Ranks), HostOf: hostOf, Holders: holders, Sources: maps.Clone(p.Sources)}
+	np := &placement{replaced: make(chan struct{}), given: given,
+		seq: old.seq + 1, ranks: slices.Clone(p.Ranks), svcs: make(map[int]*service, len(p.Ranks)),
+		hostOf: func(r int) int {
+			if r < 0 || r >= len(hostOf) {
+				return -1
+			}
+			return hostOf[r]
+		},
+		holders: holders, sources: maps.Clone(p.Sources),
+	}
+	if np.sources == nil {
+		np.sources = map[int]Source{}
+	}
+	for _, r := range p.Ranks {
+		if s := old.svcs[r]; s != nil {
+			np.svcs[r] = s
+		} else {
+			np.svcs[r] = newService(h, r)
+		}
+	}
+	var left []*service
+	for r, s := range old.svcs {
+		if np.svcs[r] == nil {
+			left = append(left, s)
+		}
+	}
+	// Progress reports and Restart see either placement whole.
+	h.rmu.Lock()
+	h.pl.Store(np)
+	h.rmu.Unlock()
+	close(old.replaced)
+
+	h.store.retain(np)
+	var errs []error
+	for _, s := range left {
+		s.leave()
+		if err := s.close(); err != nil {
+			errs = append(errs, fmt.Errorf("rank %d, which left this host: %w", s.rank, err))
+		}
+		if s.protected() {
+			if err := ckpt.Remove(h.cfg.Job, s.rank, ckpt.Options{Dir: h.cfg.Dir}); err != nil {
+				errs = append(errs, fmt.Errorf("rank %d, which left this host: %w", s.rank, err))
+			}
+		}
+	}
+	for _, r := range np.ranks {
+		np.svcs[r].rep.placed(np)
+	}
+	h.log.Info("state protection placement", "placement", np.seq, "ranks", np.ranks, "left", len(left))
+	h.cfg.Changed()
+	return errors.Join(errs...)
+}
