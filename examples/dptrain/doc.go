@@ -70,7 +70,46 @@
 //
 // --fail-at-step S --fail-rank R makes rank R crash at the start of step S,
 // after steps 0…S-1 completed: it prints a line and exits with code 1, or
-// kills itself with the signal named by --fail-signal. The other ranks then
-// fail with a lost peer (exit code 1). A bad command line, or a world size
-// that does not divide --batch, exits with code 2.
+// kills itself with the signal named by --fail-signal. It does so only in
+// the job's first run: not after gorun restarted the ranks
+// (GORUN_RESTART_COUNT > 0), not in a rank gorun started in a later epoch
+// to replace a lost one (GORUN_EPOCH > 0), not after a recovery in place.
+// Without recovery the other ranks then fail with a lost peer (exit code
+// 1). A bad command line, or a world size that does not divide --batch,
+// exits with code 2. The ranks compare their flags at the start (and after
+// every recovery), all but those of fault injection and
+// --rebuild-timeout.
+//
+// # Recovery
+//
+// With --protect, gorun protects each rank's optimizer shard and a meta
+// region (step and a hash of the flags and world) every step. After gorun
+// restarted the ranks (--recovery restart), each resumes from the step G
+// every rank can recover, gathers the parameters and goes on at G+1.
+//
+// Under gorun --recovery in-place the surviving ranks keep their
+// processes: when a collective fails because the job moved to a new epoch
+// (comm.ErrEpochChanged), or because a peer was lost (comm.ErrPeerLost,
+// gorun then publishes the new epoch), or when the state protection ended
+// a stage that waited for a step the lost rank would never protect, the
+// rank joins the new epoch's world (comm.Comm.Rebuild), waiting for it at
+// most --rebuild-timeout (default 2m; 0: it does not wait, the loss ends
+// it), restores again (the service rolls it back to the epoch's G,
+// discarding its later steps), gathers the parameters and goes on at G+1,
+// as many times as epochs change, a change during a recovery too. The
+// ranks gorun starts in the new epoch on a replacement host restore from
+// their peers' replicas and meet the survivors in the same collectives.
+// The steps after G are trained again, so the final hashes are those of a
+// run without failure. Without --protect an epoch change ends the rank
+// with an error saying so (its state could not be rebuilt in place).
+//
+// --ckpt-dir DIR --ckpt-every N is the checkpoint-restart baseline (what a
+// torchrun user has), for comparison: after steps N-1, 2N-1, … each rank
+// writes its optimizer shard, step and state hash to DIR/rank-<r>.ckpt
+// (a temporary file, synced, renamed over it; the previous one is kept as
+// rank-<r>.ckpt.prev) and, at start, resumes from the newest step every
+// rank has a checkpoint of, training the steps since again (ckpt.go
+// documents the file). A corrupt file, or one of a run with other flags
+// or another world, is an error, never resumed from. It excludes
+// --protect.
 package main

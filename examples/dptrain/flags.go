@@ -25,6 +25,11 @@ func usageError(format string, args ...any) error {
 // so that a typo is an error rather than an out-of-memory crash.
 const maxParams = 1 << 34
 
+// defaultRebuildTimeout is --rebuild-timeout's default: enough for gorun
+// to notice a lost host, start the replacement's ranks on a spare and
+// have them restore their state.
+const defaultRebuildTimeout = 2 * time.Minute
+
 // maxCompute bounds --compute.
 const maxCompute = 4096
 
@@ -59,8 +64,30 @@ type Config struct {
 	FailWipeState bool
 
 	// Protect has gorun protect the optimizer state every step (package
-	// rank) and resume from it when the ranks are restarted.
+	// rank) and resume from it when the ranks are restarted, or in place
+	// when gorun moves the job to a new epoch (gorun --recovery in-place).
 	Protect bool
+
+	// RebuildTimeout bounds how long a rank waits, after it lost a peer
+	// or its epoch, for the new epoch's world to form (with Protect);
+	// 0: it does not wait, any loss ends it.
+	RebuildTimeout time.Duration
+
+	// CkptDir and CkptEvery: the checkpoint-restart baseline. Every
+	// CkptEvery steps each rank writes its optimizer shard to
+	// CkptDir/rank-<r>.ckpt, and resumes from it at start (ckpt.go).
+	CkptDir   string
+	CkptEvery int
+}
+
+// jobFlags are the flags that define the job, which every rank must share:
+// all but those of fault injection (a rank gorun started to replace a lost
+// one, or one that recovered, no longer crashes on purpose) and the local
+// waiting bound.
+func (c Config) jobFlags() string {
+	c.FailAtStep, c.FailRank, c.FailSignal, c.FailWipeState = -1, 0, 0, false
+	c.RebuildTimeout = 0
+	return fmt.Sprintf("%+v", c)
 }
 
 const usageHead = `Usage: dptrain [flags]
@@ -104,6 +131,9 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 	failWipe := fs.Bool("fail-wipe-state", false, "with --fail-at-step and --protect: before crashing, overwrite this rank's protected state on its host (both slots), so that gorun must restore it from a replica on another host")
 	protect := fs.Bool("protect", false, "protect the optimizer state in memory every step with gorun's rank service, and resume from it after a restart")
 	failSignal := fs.String("fail-signal", "", "crash by sending this `signal` to itself (KILL, ABRT, TERM, INT) instead of exiting with code 1")
+	rebuild := fs.Duration("rebuild-timeout", defaultRebuildTimeout, "with --protect: after losing a peer or its epoch, how long a rank waits for gorun's new epoch (--recovery in-place) to rebuild its world in place, before it ends with the error (0: do not wait)")
+	ckptDir := fs.String("ckpt-dir", "", "checkpoint-restart baseline: write each rank's optimizer shard to `dir`/rank-<r>.ckpt every --ckpt-every steps, and resume from it at start")
+	ckptEvery := fs.Int("ckpt-every", 0, "with --ckpt-dir: checkpoint every `N` steps (after steps N-1, 2N-1, ...)")
 
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -118,17 +148,20 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 		return Config{}, usageError("unexpected argument %q", fs.Arg(0))
 	}
 	c := Config{
-		Params:        int(params),
-		Steps:         int(steps),
-		Seed:          *seed,
-		Batch:         int(batch),
-		Compute:       *compute,
-		LogEvery:      *logEvery,
-		FailAtStep:    *failAt,
-		FailRank:      *failRank,
-		Protect:       *protect,
-		DeviceGrad:    *deviceGrad,
-		FailWipeState: *failWipe,
+		Params:         int(params),
+		Steps:          int(steps),
+		Seed:           *seed,
+		Batch:          int(batch),
+		Compute:        *compute,
+		LogEvery:       *logEvery,
+		FailAtStep:     *failAt,
+		FailRank:       *failRank,
+		Protect:        *protect,
+		DeviceGrad:     *deviceGrad,
+		FailWipeState:  *failWipe,
+		RebuildTimeout: *rebuild,
+		CkptDir:        *ckptDir,
+		CkptEvery:      *ckptEvery,
 	}
 	switch {
 	case c.Params < 1 || c.Params > maxParams:
@@ -147,6 +180,14 @@ func parseFlags(args []string, stderr io.Writer) (Config, error) {
 		return c, usageError("--fail-wipe-state needs --protect and --fail-at-step")
 	case c.FailRank < 0:
 		return c, usageError("--fail-rank %d: want 0 or more", c.FailRank)
+	case c.RebuildTimeout < 0:
+		return c, usageError("--rebuild-timeout %v: want 0 or more", c.RebuildTimeout)
+	case c.CkptEvery < 0:
+		return c, usageError("--ckpt-every %d: want 0 or more", c.CkptEvery)
+	case (c.CkptDir == "") != (c.CkptEvery == 0):
+		return c, usageError("--ckpt-dir and --ckpt-every go together")
+	case c.CkptDir != "" && c.Protect:
+		return c, usageError("--ckpt-dir is the checkpoint-restart baseline; --protect replaces it: use one of them")
 	}
 	c.DeviceTime = time.Duration(*deviceMs * float64(time.Millisecond))
 	if *failSignal != "" {

@@ -34,14 +34,16 @@ func TestParseFlags(t *testing.T) {
 	cfg, err := parseFlags([]string{"--params", "1Mi", "--steps", "3", "--seed", "9", "--batch", "32",
 		"--compute", "2", "--device-ms", "1.5", "--lr", "0.001", "--beta1", "0.8", "--beta2", "0.99",
 		"--eps", "1e-6", "--weight-decay", "0.1", "--log-every", "0",
-		"--fail-at-step", "2", "--fail-rank", "3", "--fail-signal", "sigkill"}, new(bytes.Buffer))
+		"--fail-at-step", "2", "--fail-rank", "3", "--fail-signal", "sigkill",
+		"--rebuild-timeout", "90s", "--ckpt-dir", "/ckpt", "--ckpt-every", "10"}, new(bytes.Buffer))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Config{Params: 1 << 20, Steps: 3, Seed: 9, Batch: 32, Compute: 2, LogEvery: 0,
 		DeviceTime: 1500 * time.Microsecond,
 		Adam:       adamHyper{lr: 0.001, beta1: 0.8, beta2: 0.99, eps: 1e-6, weightDecay: 0.1},
-		FailAtStep: 2, FailRank: 3, FailSignal: syscall.SIGKILL}
+		FailAtStep: 2, FailRank: 3, FailSignal: syscall.SIGKILL,
+		RebuildTimeout: 90 * time.Second, CkptDir: "/ckpt", CkptEvery: 10}
 	if cfg != want {
 		t.Errorf("got %+v\nwant %+v", cfg, want)
 	}
@@ -50,7 +52,8 @@ func TestParseFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if def.Params != 1_000_000 || def.Steps != 200 || def.Seed != 1 || def.Batch != 64 || def.FailAtStep != -1 {
+	if def.Params != 1_000_000 || def.Steps != 200 || def.Seed != 1 || def.Batch != 64 || def.FailAtStep != -1 ||
+		def.RebuildTimeout != defaultRebuildTimeout || def.CkptDir != "" || def.CkptEvery != 0 {
 		t.Errorf("defaults %+v", def)
 	}
 }
@@ -83,6 +86,12 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--fail-at-step", "-2"}, "--fail-at-step"},
 		{[]string{"--fail-rank", "-1"}, "--fail-rank"},
 		{[]string{"--fail-signal", "USR1"}, "--fail-signal"},
+		{[]string{"--rebuild-timeout", "-1s"}, "--rebuild-timeout"},
+		{[]string{"--rebuild-timeout", "soon"}, "rebuild-timeout"},
+		{[]string{"--ckpt-every", "-1", "--ckpt-dir", "d"}, "--ckpt-every -1"},
+		{[]string{"--ckpt-every", "5"}, "go together"},
+		{[]string{"--ckpt-dir", "d"}, "go together"},
+		{[]string{"--ckpt-dir", "d", "--ckpt-every", "5", "--protect"}, "use one of them"},
 		{[]string{"--nope"}, "flag provided but not defined: -nope"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 	} {
@@ -100,7 +109,7 @@ func TestHelp(t *testing.T) {
 	if _, err := parseFlags([]string{"-h"}, &out); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("got %v, want flag.ErrHelp", err)
 	}
-	for _, want := range []string{"Usage: dptrain", "-params", "-device-ms", "-fail-signal", "1M = 1000000"} {
+	for _, want := range []string{"Usage: dptrain", "-params", "-device-ms", "-fail-signal", "-rebuild-timeout", "-ckpt-dir", "1M = 1000000"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("usage lacks %q:\n%s", want, out.String())
 		}

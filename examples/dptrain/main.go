@@ -39,13 +39,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		// gorun restarted the ranks after the crash: do not crash again.
 		cfg.FailAtStep = -1
 	}
+	if n := os.Getenv("GORUN_EPOCH"); n != "" && n != "0" {
+		// gorun started this rank in a later epoch, to replace a lost
+		// one in place: it does not crash again either.
+		cfg.FailAtStep = -1
+	}
 	c, err := comm.Init(ctx)
 	if err != nil {
 		fmt.Fprintf(stderr, "dptrain: joining the job (run me under gorun): %v\n", err)
 		return 1
 	}
-	defer c.Close()
-	o := runOptions{out: stdout, crash: func(step int) error {
+	defer func() { c.Close() }() // the communicator of the last epoch joined
+	o := runOptions{out: stdout, errOut: stderr, crash: func(step int) error {
 		fmt.Fprintf(stderr, "dptrain: rank %d crashing at step %d (--fail-at-step)\n", c.Rank(), step)
 		if cfg.FailWipeState {
 			if err := wipeState(c.Rank()); err != nil {
@@ -57,6 +62,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		crash(cfg.FailSignal)
 		return errCrashed // not reached
 	}}
+	o.rebuild = func(ctx context.Context) (collectives, error) {
+		nc, err := c.Rebuild(ctx)
+		if err != nil {
+			return nil, err
+		}
+		c = nc
+		return nc, nil
+	}
 	if _, err := train(ctx, c, cfg, o); err != nil {
 		fmt.Fprintf(stderr, "dptrain: rank %d: %v\n", c.Rank(), err)
 		if errors.Is(err, errUsage) {

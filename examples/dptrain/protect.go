@@ -59,13 +59,17 @@ func (t *trainer) stage(ctx context.Context, s int) error {
 }
 
 // restore resumes from the protected state, if there is one, and returns
-// the first step to run.
+// the first step to run. At the start, and again after the world was
+// rebuilt in place: the service answers the epoch's recoverable step G
+// (discarding this rank's later steps), or none, and the rank goes back
+// to that state (or to the initial one), whatever it had trained since.
 func (t *trainer) restore(ctx context.Context) (int, error) {
 	r, err := t.prot.Restore(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("restoring: %w", err)
 	}
 	if r.Step < 0 {
+		t.reset()
 		return 0, nil
 	}
 	meta, opt := r.Regions["meta"], r.Regions["optimizer"]

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"time"
 
+	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -44,6 +46,12 @@ type runOptions struct {
 	// protect connects to the state protection with the rank's regions
 	// (with Config.Protect); nil: rank.Connect.
 	protect func(ctx context.Context, regions []rank.Region) (protector, error)
+	// rebuild joins the next epoch's world once gorun has published it
+	// (comm.Comm.Rebuild), bounded by ctx; the old world is closed. Nil:
+	// the rank cannot survive an epoch change.
+	rebuild func(ctx context.Context) (collectives, error)
+	// errOut takes the rank's notes on recovery; nil discards them.
+	errOut io.Writer
 }
 
 // lossPoint is the loss at the start of one step (before its update).
@@ -104,11 +112,26 @@ type trainer struct {
 	timer           *time.Timer
 	prot            protector // state protection, or nil
 	meta            []byte    // the meta region's bytes
+
+	rebuild  func(ctx context.Context) (collectives, error) // runOptions.rebuild
+	rebuilds int                                            // worlds rebuilt in place so far
+	crash    func(step int) error                           // runOptions.crash
+	errOut   io.Writer                                      // runOptions.errOut, never nil
 }
 
 // train runs the whole job on one rank.
+//
+// With Config.Protect it survives gorun's in-place recovery: when a
+// collective fails because the job moved to a new epoch (comm's
+// ErrEpochChanged), or a peer was lost (then gorun publishes the new
+// epoch: a replacement runs the lost ranks), the rank rebuilds its world
+// (runOptions.rebuild, bounded by Config.RebuildTimeout), restores the
+// state of step G from the state protection, which rolls every rank back
+// to the epoch's recoverable step, and goes on from G+1, as often as
+// epochs change. The ranks gorun started in the new epoch do the same
+// from the start (join), so that both meet in the same collectives.
 func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*result, error) {
-	t, err := newTrainer(ctx, c, cfg, o)
+	t, err := newTrainer(c, cfg, o)
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +144,6 @@ func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*resul
 		t.size, cfg.Params, t.bounds[1]-t.bounds[0], t.bounds[t.size]-t.bounds[t.size-1],
 		cfg.Batch, cfg.Batch/t.size, cfg.Compute, cfg.Steps, cfg.Seed)
 
-	first := 0
 	if cfg.Protect {
 		connect := o.protect
 		if connect == nil {
@@ -135,36 +157,131 @@ func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*resul
 		}
 		defer p.Close()
 		t.prot = p
-		if first, err = t.restore(ctx); err != nil {
-			return nil, err
-		}
-		if first > 0 {
-			fmt.Fprintf(out, "dptrain: resuming after step %d\n", first-1)
-		}
 	}
 
 	res := &result{}
+	first, err := t.join(ctx, out)
+	for {
+		if err == nil {
+			if err = t.run(ctx, first, res, out); err == nil {
+				return res, nil
+			}
+		}
+		if err = t.rebuildWorld(ctx, err); err != nil {
+			return nil, err
+		}
+		first, err = t.join(ctx, out)
+	}
+}
+
+// join brings the rank into its world, at the start and after every
+// rebuild: it checks that every rank runs the same job, resumes from the
+// protected state (or the checkpoint) if there is one, and returns the
+// first step to run. Every rank of the world calls it at the same point.
+func (t *trainer) join(ctx context.Context, out io.Writer) (int, error) {
+	// Every rank must run the same job: compare with rank 0's flags.
+	mine := []byte(t.cfg.jobFlags())
+	theirs, err := t.c.Broadcast(ctx, 0, mine)
+	if err != nil {
+		return 0, fmt.Errorf("comparing flags with rank 0: %w", err)
+	}
+	if string(theirs) != string(mine) {
+		return 0, usageError("rank %d's flags differ from rank 0's:\n  rank 0:  %s\n  rank %d: %s", t.rank, theirs, t.rank, mine)
+	}
+	var first int
+	switch {
+	case t.prot != nil:
+		first, err = t.restore(ctx)
+	case t.cfg.CkptDir != "":
+		first, err = t.resumeCheckpoint(ctx)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if first > 0 {
+		how := ""
+		if t.rebuilds > 0 {
+			how = " (in place)"
+		}
+		fmt.Fprintf(out, "dptrain: resuming after step %d%s\n", first-1, how)
+	}
+	return first, nil
+}
+
+// rebuildWorld decides whether cause, the error that stopped training,
+// can be survived in place, and if so replaces the rank's world with the
+// new epoch's: it returns nil when the rank is to join again, cause
+// (wrapped with why not) when the rank must end.
+//
+// Survivable, with Config.Protect: the epoch changed (comm's
+// ErrEpochChanged); a peer was lost (comm's ErrPeerLost), if the new
+// epoch comes within Config.RebuildTimeout; the state protection
+// refused a stage (a new placement ended a stage waiting at the overwrite
+// rule: the epoch is about to change), likewise.
+func (t *trainer) rebuildWorld(ctx context.Context, cause error) error {
+	epochChanged := errors.Is(cause, comm.ErrEpochChanged)
+	var se *rank.ServiceError
+	if !epochChanged && !errors.Is(cause, comm.ErrPeerLost) && !(errors.As(cause, &se) && se.Op == "stage") {
+		return cause
+	}
+	switch {
+	case ctx.Err() != nil:
+		return cause
+	case t.prot == nil && epochChanged:
+		return fmt.Errorf("%w: gorun moved the job to a new epoch (--recovery in-place); dptrain rebuilds its state in place only with --protect (use it, or gorun --recovery restart)", cause)
+	case t.prot == nil:
+		return cause
+	case t.rebuild == nil:
+		return fmt.Errorf("%w (this communicator cannot join a new epoch)", cause)
+	case t.cfg.RebuildTimeout <= 0:
+		return fmt.Errorf("%w (--rebuild-timeout 0: not waiting for a new epoch)", cause)
+	}
+	fmt.Fprintf(t.errOut, "dptrain: rank %d: %v; waiting for the new epoch to rebuild in place\n", t.rank, cause)
+	rctx, cancel := context.WithTimeout(ctx, t.cfg.RebuildTimeout)
+	defer cancel()
+	c, err := t.rebuild(rctx)
+	if err != nil {
+		return fmt.Errorf("%w; no new epoch joined within --rebuild-timeout %v: %w", cause, t.cfg.RebuildTimeout, err)
+	}
+	if c.Rank() != t.rank || c.Size() != t.size {
+		return fmt.Errorf("%w; the new epoch makes this rank %d of %d, not %d of %d: in-place recovery keeps the world", cause, c.Rank(), c.Size(), t.rank, t.size)
+	}
+	t.c = c
+	t.rebuilds++
+	// The staging in flight, if any, is of a step the restore discards:
+	// a new placement ends it if it waits at the overwrite rule.
+	if err := t.prot.Wait(rctx); err != nil {
+		fmt.Fprintf(t.errOut, "dptrain: rank %d: the staging in flight when the epoch changed ended with: %v\n", t.rank, err)
+	}
+	return nil
+}
+
+// run trains steps first… and finishes: the final hashes, and the report.
+func (t *trainer) run(ctx context.Context, first int, res *result, out io.Writer) error {
+	cfg := &t.cfg
+	// Steps from first on are trained again after a rollback.
+	res.Losses = slices.DeleteFunc(res.Losses, func(p lossPoint) bool { return p.Step >= first })
 	start := time.Now()
 	for s := first; s < cfg.Steps; s++ {
-		if s == cfg.FailAtStep && t.rank == cfg.FailRank {
+		if s == cfg.FailAtStep && t.rank == cfg.FailRank && t.rebuilds == 0 {
 			if cfg.FailWipeState && t.prot != nil {
 				// The state to wipe is the committed one, not one a
 				// staging still in flight would write over again.
 				if err := t.prot.Wait(ctx); err != nil {
-					return nil, fmt.Errorf("state protection: %w", err)
+					return fmt.Errorf("state protection: %w", err)
 				}
 			}
-			crash := o.crash
+			crash := t.crash
 			if crash == nil {
 				crash = func(int) error { return errCrashed }
 			}
 			if err := crash(s); err != nil {
-				return nil, err
+				return err
 			}
 		}
 		loss, logged, err := t.step(ctx, s)
 		if err != nil {
-			return nil, fmt.Errorf("step %d: %w", s, err)
+			return fmt.Errorf("step %d: %w", s, err)
 		}
 		switch {
 		case logged && cfg.DeviceGrad:
@@ -173,29 +290,33 @@ func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*resul
 			res.Losses = append(res.Losses, lossPoint{s, loss})
 			fmt.Fprintf(out, "step %d loss %.9g\n", s, loss)
 		}
+		if err := t.checkpoint(s); err != nil {
+			return err
+		}
 	}
 	if t.prot != nil {
 		if err := t.prot.Wait(ctx); err != nil {
-			return nil, fmt.Errorf("state protection: %w", err)
+			return fmt.Errorf("state protection: %w", err)
 		}
 	}
 	elapsed := time.Since(start)
 	if cfg.DeviceGrad {
 		// The parameters were gathered only once at the start.
 		if err := t.allgatherParams(ctx); err != nil {
-			return nil, err
+			return err
 		}
 	}
+	var err error
 	if res.ParamsHash, err = t.paramsHash(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	if res.OptimizerHash, err = t.optimizerHash(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	// Nobody leaves (and closes its communicator) while a peer may still
 	// be receiving from it.
 	if err := t.c.Barrier(ctx); err != nil {
-		return nil, fmt.Errorf("final barrier: %w", err)
+		return fmt.Errorf("final barrier: %w", err)
 	}
 	if n := cfg.Steps - first; n > 0 {
 		fmt.Fprintf(out, "dptrain: %d steps in %.3fs, %.3f ms/step\n", n, elapsed.Seconds(),
@@ -210,24 +331,15 @@ func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*resul
 	}
 	fmt.Fprintf(out, "params sha256 %x\n", res.ParamsHash)
 	fmt.Fprintf(out, "optimizer sha256 %x\n", res.OptimizerHash)
-	return res, nil
+	return nil
 }
 
 // newTrainer checks the world against the configuration and allocates all
 // the state; nothing is allocated per step after this.
-func newTrainer(ctx context.Context, c collectives, cfg Config, o runOptions) (*trainer, error) {
+func newTrainer(c collectives, cfg Config, o runOptions) (*trainer, error) {
 	rank, size := c.Rank(), c.Size()
 	if err := cfg.checkWorld(size); err != nil {
 		return nil, err
-	}
-	// Every rank must run the same job: compare with rank 0's flags.
-	mine := fmt.Appendf(nil, "%+v", cfg)
-	theirs, err := c.Broadcast(ctx, 0, mine)
-	if err != nil {
-		return nil, fmt.Errorf("comparing flags with rank 0: %w", err)
-	}
-	if string(theirs) != string(mine) {
-		return nil, usageError("rank %d's flags differ from rank 0's:\n  rank 0:  %s\n  rank %d: %s", rank, theirs, rank, mine)
 	}
 	bounds := o.bounds
 	if bounds == nil {
@@ -239,6 +351,10 @@ func newTrainer(ctx context.Context, c collectives, cfg Config, o runOptions) (*
 	chunk := o.chunk
 	if chunk <= 0 {
 		chunk = defaultChunk
+	}
+	errOut := o.errOut
+	if errOut == nil {
+		errOut = io.Discard
 	}
 	lo, hi := bounds[rank], bounds[rank+1]
 	nloc := cfg.Batch / size
@@ -258,11 +374,21 @@ func newTrainer(ctx context.Context, c collectives, cfg Config, o runOptions) (*
 		lossBits:   make([]int64, cfg.Batch),
 		buf:        make([]byte, 4*min(chunk, cfg.Params)),
 		timer:      time.NewTimer(time.Hour),
+		rebuild:    o.rebuild,
+		crash:      o.crash,
+		errOut:     errOut,
 	}
 	t.timer.Stop()
-	initParams(t.params, cfg.Seed)
-	copy(t.master, t.params[lo:hi])
+	t.reset()
 	return t, nil
+}
+
+// reset puts the model and the optimizer in their initial state.
+func (t *trainer) reset() {
+	initParams(t.params, t.cfg.Seed)
+	copy(t.master, t.params[t.lo:t.hi])
+	clear(t.m)
+	clear(t.v)
 }
 
 // checkBounds checks shard boundaries.

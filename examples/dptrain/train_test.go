@@ -232,7 +232,7 @@ func TestDeviceTimeIsSpent(t *testing.T) {
 
 func TestStepDoesNotAllocate(t *testing.T) {
 	cfg := testConfig(t, "--steps", "1000")
-	tr, err := newTrainer(t.Context(), &fakeComm{newFakeWorld(1), 0}, cfg, runOptions{chunk: 300})
+	tr, err := newTrainer(&fakeComm{newFakeWorld(1), 0}, cfg, runOptions{chunk: 300})
 	if err != nil {
 		t.Fatal(err)
 	}
