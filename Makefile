@@ -5,7 +5,7 @@ PKGS    := ./...
 # Packages with vector kernels built under GOEXPERIMENT=simd.
 SIMD_PKGS := ./replay/
 
-.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-mpi fuzz lint demo demo-train clean
+.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-mpi bench-recovery fuzz lint demo demo-hotswap demo-hello demo-train clean
 
 all: build
 
@@ -37,7 +37,7 @@ test: lint
 test-short:
 	$(GO) test -short $(PKGS)
 
-bench: bench-rendezvous bench-launch bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-mpi
+bench: bench-rendezvous bench-launch bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-mpi bench-recovery
 
 # Launch-to-exit time against Open MPI and MPICH Hydra (installs them with apt-get if missing).
 bench-launch: build
@@ -83,6 +83,14 @@ bench-replay:
 # --replicas 1 against without at --device-ms 500 and with CPU arithmetic
 # instead; staging, commit, replication and overwrite-rule wait per step, and
 # replication beside single-stream TCP (about 8 minutes).
+# Host replacement: 8 ranks on 4 namespace hosts + 1 spare, 64 MiB of
+# optimizer state per rank, 500 ms steps, one host killed at a random step:
+# the recovery's phases and the time lost per failure, beside a
+# checkpoint-restart baseline (checkpoint files every 100 steps) in the same
+# run. Some minutes; root and ip netns needed.
+bench-recovery: build
+	GORUN_BENCH_RECOVERY=1 $(GO) test -count=1 -run '^TestBenchRecovery$$' -v -timeout 40m ./cmd/gorun/
+
 bench-protect: build
 	$(GO) run ./internal/benchprotect -gorun $(BIN)/gorun -dptrain $(BIN)/dptrain
 
@@ -98,8 +106,18 @@ lint:
 	GOEXPERIMENT=simd $(GO) vet $(SIMD_PKGS)
 	CGO_ENABLED=0 $(GO) vet ./gpu/
 
-# A job of four ranks on this host.
+# gorun's main job on this host: a protected dptrain with one rank killed
+# mid-run, recovered, its final hash beside a failure-free run's.
 demo: build
+	BIN=$(BIN) scripts/demo.sh
+
+# The same with a whole host lost and a spare spliced in: five namespace
+# hosts (root and ip netns needed).
+demo-hotswap: build
+	BIN=$(BIN) scripts/demo-hotswap.sh
+
+# A job of four ranks on this host.
+demo-hello: build
 	$(BIN)/gorun -np 4 --oversubscribe $(BIN)/hello
 
 # The deterministic data-parallel trainer on four ranks.

@@ -1,0 +1,515 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/internal/testcluster"
+)
+
+// End-to-end tests of host replacement (issue 14): a job of examples/dptrain
+// on namespace hosts loses a host (every process killed, its link taken
+// down, or a rank stopped) at a random step; gorun fences the host, splices
+// a spare in, publishes the next epoch and restores the lost ranks' state
+// from their replicas. The job must end as a run without the failure ends:
+// exit 0 and bitwise the same final hashes.
+
+// hsSteps and hsArgs are the trainer's run here: steps slow enough (an
+// emulated accelerator time) that a failure lands in the middle of one,
+// and every step logged so that the test can aim at a step.
+const hsSteps = 40
+
+var hsArgs = []string{"--params", "200K", "--steps", strconv.Itoa(hsSteps), "--seed", "7", "--log-every", "1", "--device-ms", "20"}
+
+// hsCluster is work namespace hosts with 2 slots each followed by spares
+// (the hostfile's last hosts, named by --spares).
+type hsCluster struct {
+	hosts        *testcluster.Hosts
+	work, spares int
+	hostfile     string
+}
+
+func newHSCluster(t *testing.T, work, spares int) *hsCluster {
+	t.Helper()
+	h := testcluster.NetnsHosts(t, work+spares)
+	return &hsCluster{hosts: h, work: work, spares: spares, hostfile: h.WriteHostfile(t, t.TempDir(), 2)}
+}
+
+// hsRun is one job of the tests here.
+type hsRun struct {
+	*job
+	events string // the --events file
+}
+
+// start runs `gorun -np 2*work --spares K -v --events F FLAGS -- dptrain
+// hsArgs ARGS` on c.
+func (c *hsCluster) start(t *testing.T, flags []string, args ...string) *hsRun {
+	t.Helper()
+	ev := filepath.Join(t.TempDir(), "events.jsonl")
+	full := []string{"-np", strconv.Itoa(2 * c.work), "--hostfile", c.hostfile, "--spares", strconv.Itoa(c.spares),
+		"--rsh", "ip netns exec", "--bind", c.hosts.BridgeAddr, "-v", "--events", ev, "--kill-grace", "2"}
+	full = append(full, flags...)
+	full = append(full, "--", "sh", "-c", printJobID, dptrainBin(t))
+	full = append(full, hsArgs...)
+	return &hsRun{job: startProtectedJob(t, append(full, args...)...), events: ev}
+}
+
+// finish waits for the job, checks that it left nothing behind and, when
+// want >= 0, its exit code. The agents of the crashed hosts (every process
+// killed) could not remove their job directories (a real host's /tmp goes
+// with it): at most that many are allowed, and removed.
+func (r *hsRun) finish(t *testing.T, want int, crashed int) result {
+	t.Helper()
+	res := r.wait(120 * time.Second)
+	id := r.jobID()
+	checkNoSlotFiles(t, id)
+	if crashed > 0 {
+		left, _ := filepath.Glob(filepath.Join(os.TempDir(), "gorun-"+id+"-*"))
+		if len(left) > crashed {
+			t.Errorf("job directories left: %v, want at most the %d crashed hosts'", left, crashed)
+		}
+		for _, d := range left {
+			os.RemoveAll(d)
+		}
+	} else {
+		checkNoJobFiles(t, id)
+	}
+	if want >= 0 && res.code != want {
+		t.Fatalf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", res.code, want, res.stdout, res.stderr)
+	}
+	return res
+}
+
+var rank0StepRE = regexp.MustCompile(`(?m)^\[0\] step (\d+)$`)
+
+// waitStep waits until rank 0 has logged step s.
+func (r *hsRun) waitStep(t *testing.T, s int) {
+	t.Helper()
+	r.waitFor(regexp.MustCompile(`(?m)^\[0\] step `+strconv.Itoa(s)+`$`), 1, 60*time.Second)
+}
+
+// reexecuted counts the steps rank 0 logged more than once: the steps a
+// recovery ran again.
+func reexecuted(stdout string) int {
+	seen := map[string]int{}
+	for _, m := range rank0StepRE.FindAllStringSubmatch(stdout, -1) {
+		seen[m[1]]++
+	}
+	n := 0
+	for _, c := range seen {
+		n += c - 1
+	}
+	return n
+}
+
+// hsEvent is a line of the --events file (its schema: launcher/events.go).
+type hsEvent struct {
+	T          float64  `json:"t"`
+	Event      string   `json:"event"`
+	Epoch      uint64   `json:"epoch"`
+	Gen        uint64   `json:"gen"`
+	G          int64    `json:"g"`
+	Host       string   `json:"host"`
+	Lost       string   `json:"lost"`
+	With       string   `json:"with"`
+	Ranks      []int    `json:"ranks"`
+	Spare      bool     `json:"spare"`
+	Code       int      `json:"code"`
+	Msg        string   `json:"msg"`
+	Cause      string   `json:"cause"`
+	Superseded bool     `json:"superseded"`
+	Detected   *float64 `json:"detected"`
+	Classified *float64 `json:"classified"`
+	Replaced   *float64 `json:"replaced"`
+	Published  *float64 `json:"published"`
+	Restored   *float64 `json:"restored"`
+	Resumed    *float64 `json:"resumed"`
+}
+
+// readEvents reads the --events file: every line one JSON object.
+func readEvents(t *testing.T, path string) []hsEvent {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("reading the events file: %v", err)
+	}
+	var evs []hsEvent
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		var e hsEvent
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("events file line %q: %v", sc.Text(), err)
+		}
+		evs = append(evs, e)
+	}
+	return evs
+}
+
+// ofKind returns the events of kind k.
+func ofKind(evs []hsEvent, k string) []hsEvent {
+	var out []hsEvent
+	for _, e := range evs {
+		if e.Event == k {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// rankPid finds the pid of rank r's trainer among the job's processes.
+func rankPid(t *testing.T, mark string, r int) int {
+	t.Helper()
+	needle := []byte("GORUN_RANK=" + strconv.Itoa(r) + "\x00")
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(env, []byte("GORUNTEST_MARK="+mark)) || !bytes.Contains(env, needle) {
+			continue
+		}
+		if cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); bytes.Contains(cmd, []byte("dptrain")) {
+			return pid
+		}
+	}
+	t.Fatalf("no process of rank %d found", r)
+	return 0
+}
+
+// A fault is a failure injected into a running job: on host h (of the
+// cluster's work hosts), or its rank 2h.
+type fault struct {
+	name   string
+	inject func(t *testing.T, c *hsCluster, r *hsRun, h int)
+	flags  []string // gorun flags the fault needs detected
+	host   bool     // the host is lost (a spare takes its ranks)
+}
+
+var faults = []fault{
+	{name: "kill", host: true, inject: func(t *testing.T, c *hsCluster, r *hsRun, h int) {
+		if err := c.hosts.KillAll(h); err != nil {
+			t.Fatal(err)
+		}
+	}},
+	{name: "partition", host: true, inject: func(t *testing.T, c *hsCluster, r *hsRun, h int) {
+		if err := c.hosts.LinkDown(h); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.hosts.LinkUp(h) })
+	}},
+	{name: "stop", flags: []string{"--hang-timeout", "2"}, inject: func(t *testing.T, c *hsCluster, r *hsRun, h int) {
+		pid := rankPid(t, r.mark, 2*h)
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("rank %d (pid %d) stopped", 2*h, pid)
+	}},
+}
+
+// hsReference runs the job without a failure and returns rank 0's hashes.
+func hsReference(t *testing.T, c *hsCluster, args ...string) (params, optimizer string) {
+	t.Helper()
+	r := c.start(t, nil, append([]string{"--protect"}, args...)...)
+	res := r.finish(t, 0, 0)
+	if evs := readEvents(t, r.events); len(ofKind(evs, "splice"))+len(ofKind(evs, "restart")) > 0 {
+		t.Errorf("a run without a failure recovered: %+v", evs)
+	}
+	return dptrainHashes(t, res)
+}
+
+func TestHotSwapHostLoss(t *testing.T) {
+	c := newHSCluster(t, 4, 1)
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	t.Logf("seed %d", seed)
+	for _, dg := range []bool{false, true} {
+		var extra []string
+		if dg {
+			extra = []string{"--device-grad"}
+		}
+		wantP, wantO := hsReference(t, c, extra...)
+		for _, mode := range []string{"restart", "in-place"} {
+			for _, f := range faults {
+				name := fmt.Sprintf("%s/%s/device-grad=%v", mode, f.name, dg)
+				t.Run(name, func(t *testing.T) {
+					h := rng.IntN(c.work)
+					step := 5 + rng.IntN(hsSteps-15)
+					t.Logf("%s on host %d (%s) after step %d", f.name, h, c.hosts.Names[h], step)
+					flags := append([]string{"--recovery", mode, "--max-restarts", "2"}, f.flags...)
+					r := c.start(t, flags, append([]string{"--protect"}, extra...)...)
+					if h == 0 {
+						// Rank 0 is on the host: aim at a step of rank 2's.
+						r.waitFor(regexp.MustCompile(`(?m)^\[0\] step `+strconv.Itoa(step)+`$`), 1, 60*time.Second)
+					} else {
+						r.waitStep(t, step)
+					}
+					f.inject(t, c, r, h)
+					crashed := 0
+					if f.name == "kill" {
+						crashed = 1
+					}
+					res := r.finish(t, 0, crashed)
+					if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
+						t.Errorf("ended with params %s optimizer %s, the run without a failure with %s %s", p, o, wantP, wantO)
+					}
+					if n := reexecuted(res.stdout); n > 1 {
+						t.Errorf("%d steps executed again, want at most 1", n)
+					}
+					evs := readEvents(t, r.events)
+					tl := ofKind(evs, "timeline")
+					if len(tl) == 0 || tl[len(tl)-1].Resumed == nil {
+						t.Fatalf("no recovery timeline that resumed: %+v", evs)
+					}
+					last := tl[len(tl)-1]
+					t.Logf("recovery: detected %.3fs, published %+.3fs, resumed %+.3fs after detection; %s",
+						*last.Detected, *last.Published-*last.Detected, *last.Resumed-*last.Detected, last.Cause)
+					sp := ofKind(evs, "splice")
+					if f.host {
+						if len(sp) != 1 || !sp[0].Spare || sp[0].With != c.hosts.Names[c.work] || sp[0].Lost != c.hosts.Names[h] {
+							t.Errorf("splices %+v, want one of host %s with the spare %s", sp, c.hosts.Names[h], c.hosts.Names[c.work])
+						}
+						if mode == "in-place" && len(ofKind(evs, "restart")) > 0 {
+							t.Errorf("in-place recovery restarted the ranks: %+v", ofKind(evs, "restart"))
+						}
+					}
+					if t.Failed() {
+						t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestHotSwapTwoLosses loses two hosts one after the other, with two
+// spares: both are used, and the job ends as one without failures.
+func TestHotSwapTwoLosses(t *testing.T) {
+	c := newHSCluster(t, 4, 2)
+	wantP, wantO := hsReference(t, c)
+	for _, mode := range []string{"restart", "in-place"} {
+		t.Run(mode, func(t *testing.T) {
+			r := c.start(t, []string{"--recovery", mode}, "--protect")
+			r.waitStep(t, 8)
+			if err := c.hosts.KillAll(1); err != nil {
+				t.Fatal(err)
+			}
+			// The second loss once the first recovery is over and the
+			// replicas the lost host held are in place again.
+			waitEvents(t, r, func(evs []hsEvent) bool {
+				return len(ofKind(evs, "timeline")) == 1 && len(ofKind(evs, "protected")) >= 1
+			})
+			if err := c.hosts.KillAll(2); err != nil {
+				t.Fatal(err)
+			}
+			res := r.finish(t, 0, 2)
+			if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
+				t.Errorf("ended with params %s optimizer %s, the run without a failure with %s %s", p, o, wantP, wantO)
+			}
+			sp := ofKind(readEvents(t, r.events), "splice")
+			var with []string
+			for _, s := range sp {
+				with = append(with, s.With)
+			}
+			slices.Sort(with)
+			if want := c.hosts.Names[4:6]; !slices.Equal(with, want) {
+				t.Errorf("spliced in %v, want both spares %v", with, want)
+			}
+			if t.Failed() {
+				t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+			}
+		})
+	}
+}
+
+// waitEvents polls r's events file until ok says it holds what the test
+// waits for.
+func waitEvents(t *testing.T, r *hsRun, ok func([]hsEvent) bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(r.events); err == nil && len(b) > 0 && b[len(b)-1] == '\n' && ok(readEvents(t, r.events)) {
+			return
+		}
+		select {
+		case <-r.done:
+			t.Fatalf("gorun exited (code %d) before the events awaited\nstderr:\n%s", r.res.code, r.res.stderr)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	b, _ := os.ReadFile(r.events)
+	t.Fatalf("the events awaited did not come within 60s; events:\n%s\nstderr:\n%s", b, r.stderr.String())
+}
+
+// TestHotSwapFailureDuringRecovery loses a second host while the first
+// loss is being recovered: the next epoch starts after it, and the job
+// ends as one without failures.
+func TestHotSwapFailureDuringRecovery(t *testing.T) {
+	c := newHSCluster(t, 4, 2)
+	wantP, wantO := hsReference(t, c)
+	for _, mode := range []string{"restart", "in-place"} {
+		t.Run(mode, func(t *testing.T) {
+			r := c.start(t, []string{"--recovery", mode}, "--protect")
+			r.waitStep(t, 8)
+			if err := c.hosts.KillAll(1); err != nil {
+				t.Fatal(err)
+			}
+			// As soon as the first recovery epoch is published, before it
+			// resumed. Host 3's ranks hold no replica of host 1's, nor
+			// host 1 of theirs (ring holders: the next host).
+			waitEvents(t, r, func(evs []hsEvent) bool { return len(ofKind(evs, "publish")) >= 1 })
+			if err := c.hosts.KillAll(3); err != nil {
+				t.Fatal(err)
+			}
+			res := r.finish(t, 0, 2)
+			if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
+				t.Errorf("ended with params %s optimizer %s, the run without a failure with %s %s", p, o, wantP, wantO)
+			}
+			evs := readEvents(t, r.events)
+			if n := len(ofKind(evs, "splice")); n != 2 {
+				t.Errorf("%d splices, want 2: %+v", n, evs)
+			}
+			if t.Failed() {
+				t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+			}
+		})
+	}
+}
+
+// TestHotSwapNoSpare loses a host when no spare is left: with
+// --on-no-spare free-slots the surviving hosts' free slots take its ranks;
+// with abort the job stops with a report.
+func TestHotSwapNoSpare(t *testing.T) {
+	h := testcluster.NetnsHosts(t, 4)
+	hf := h.WriteHostfile(t, t.TempDir(), 3)
+	start := func(t *testing.T, flags ...string) *hsRun {
+		ev := filepath.Join(t.TempDir(), "events.jsonl")
+		full := []string{"-np", "8", "--hostfile", hf, "--map-by", "node", "--rsh", "ip netns exec", "--bind", h.BridgeAddr,
+			"-v", "--events", ev, "--kill-grace", "2"}
+		full = append(full, flags...)
+		full = append(full, "--", "sh", "-c", printJobID, dptrainBin(t))
+		full = append(full, hsArgs...)
+		return &hsRun{job: startProtectedJob(t, append(full, "--protect")...), events: ev}
+	}
+	ref := start(t)
+	wantP, wantO := dptrainHashes(t, ref.finish(t, 0, 0))
+
+	t.Run("free-slots", func(t *testing.T) {
+		r := start(t, "--on-no-spare", "free-slots")
+		r.waitStep(t, 10)
+		if err := h.KillAll(2); err != nil {
+			t.Fatal(err)
+		}
+		res := r.finish(t, 0, 1)
+		if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
+			t.Errorf("ended with params %s optimizer %s, the run without a failure with %s %s", p, o, wantP, wantO)
+		}
+		sp := ofKind(readEvents(t, r.events), "splice")
+		if len(sp) == 0 {
+			t.Fatalf("no splice\nstderr:\n%s", res.stderr)
+		}
+		for _, s := range sp {
+			if s.Spare || s.Lost != h.Names[2] || s.With == h.Names[2] {
+				t.Errorf("splice %+v, want host %s's ranks moved to surviving hosts' free slots", s, h.Names[2])
+			}
+		}
+	})
+	t.Run("abort", func(t *testing.T) {
+		r := start(t, "--on-no-spare", "abort")
+		r.waitStep(t, 10)
+		if err := h.KillAll(2); err != nil {
+			t.Fatal(err)
+		}
+		res := r.finish(t, -1, 1)
+		if res.code == 0 {
+			t.Fatalf("exit 0 though a host was lost with no spare and --on-no-spare abort\nstderr:\n%s", res.stderr)
+		}
+		if !strings.Contains(res.stderr, h.Names[2]) || !strings.Contains(res.stderr, "spare") {
+			t.Errorf("the report does not name the lost host %s and the missing spare\nstderr:\n%s", h.Names[2], res.stderr)
+		}
+	})
+}
+
+// TestHotSwapCrashLoop runs a rank that fails at once every time it
+// starts: the job stops with a report naming it instead of restarting it
+// for ever.
+func TestHotSwapCrashLoop(t *testing.T) {
+	c := newHSCluster(t, 2, 1)
+	const crash = `if [ "$GORUN_RANK" = 3 ]; then echo "rank 3 cannot start" >&2; exit 3; fi; exec "$0" "$@"`
+	full := []string{"-np", "4", "--hostfile", c.hostfile, "--spares", "1", "--rsh", "ip netns exec", "--bind", c.hosts.BridgeAddr,
+		"--max-restarts", "5", "--", "sh", "-c", printJobID + "\n" + crash, dptrainBin(t)}
+	j := startProtectedJob(t, append(full, append(hsArgs, "--protect")...)...)
+	res := j.wait(120 * time.Second)
+	if res.code != 3 {
+		t.Fatalf("exit %d, want 3 (rank 3's status)\nstderr:\n%s", res.code, res.stderr)
+	}
+	if !regexp.MustCompile(`rank 3 on host \S+ .*exit(ed)? (with )?(status|code) 3`).MatchString(res.stderr) {
+		t.Errorf("the report does not name rank 3 and its status\nstderr:\n%s", res.stderr)
+	}
+	if n := strings.Count(res.stderr, "restarting every rank"); n > 1 {
+		t.Errorf("restarted %d times a rank that fails at once every time", n)
+	}
+}
+
+// TestHotSwapPython loses the host of rank 0 of examples/pytrain (its
+// state protected through the Python client): with --recovery restart the
+// spare takes the ranks and the final hash is that of a run without a
+// failure.
+func TestHotSwapPython(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3")
+	}
+	script, err := filepath.Abs("../../examples/pytrain/pytrain.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newHSCluster(t, 2, 1)
+	hashRE := regexp.MustCompile(`(?m)^\[0\] final hash ([0-9a-f]{64})$`)
+	run := func(t *testing.T, kill bool) string {
+		ev := filepath.Join(t.TempDir(), "events.jsonl")
+		full := []string{"-np", "4", "--hostfile", c.hostfile, "--spares", "1", "--rsh", "ip netns exec", "--bind", c.hosts.BridgeAddr,
+			"-v", "--events", ev, "--recovery", "restart", "--kill-grace", "2",
+			"--", "sh", "-c", printJobID, python, script, "--steps", "400", "--seed", "3", "--protect"}
+		r := &hsRun{job: startProtectedJob(t, full...), events: ev}
+		if kill {
+			r.waitFor(regexp.MustCompile(`(?m)^\[0\] step 99 `), 1, 60*time.Second)
+			if err := c.hosts.KillAll(0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		crashedHosts := 0
+		if kill {
+			crashedHosts = 1
+		}
+		res := r.finish(t, 0, crashedHosts)
+		m := hashRE.FindStringSubmatch(res.stdout)
+		if m == nil {
+			t.Fatalf("no final hash\nstdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+		}
+		if kill {
+			if sp := ofKind(readEvents(t, r.events), "splice"); len(sp) != 1 || sp[0].With != c.hosts.Names[2] {
+				t.Errorf("splices %+v, want one with the spare %s", sp, c.hosts.Names[2])
+			}
+		}
+		return m[1]
+	}
+	want := run(t, false)
+	if got := run(t, true); got != want {
+		t.Errorf("final hash %s after losing rank 0's host, %s without", got, want)
+	}
+}
