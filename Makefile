@@ -87,9 +87,13 @@ bench-replay:
 # optimizer state per rank, 500 ms steps, one host killed at a random step:
 # the recovery's phases and the time lost per failure, beside a
 # checkpoint-restart baseline (checkpoint files every 100 steps) in the same
-# run. Some minutes; root and ip netns needed.
+# run. Some minutes; root and ip netns needed. Then the control plane's
+# cost of one recovery epoch (fence, publish, every agent's table, the new
+# address fence) with 1,024 and 8,192 simulated ranks against the real
+# server, beside the job's initial rendezvous at the same scale.
 bench-recovery: build
 	GORUN_BENCH_RECOVERY=1 $(GO) test -count=1 -run '^TestBenchRecovery$$' -v -timeout 40m ./cmd/gorun/
+	$(GO) test -run '^$$' -bench BenchmarkRecoveryEpoch -benchtime 3x -timeout 20m ./comm/
 
 bench-protect: build
 	$(GO) run ./internal/benchprotect -gorun $(BIN)/gorun -dptrain $(BIN)/dptrain
