@@ -334,7 +334,7 @@ func (h *Host) Progress() (uint64, []Progress) {
 	p := h.place()
 	out := make([]Progress, 0, len(p.svcs))
 	for _, r := range sortedRanks(p) {
-		out = append(out, p.svcs[r].progress())
+		out = append(out, p.svcs[r].progress(p))
 	}
 	return gen, out
 }

@@ -718,14 +718,17 @@ func (r *replicator) init(s *service) {
 	r.wake = make(chan struct{}, 1)
 }
 
-// updateLocked sets the service's replicated step from acked and the
-// current placement's holders. r.mu is held.
-func (r *replicator) updateLocked() {
-	ts := r.s.h.place().targets(r.s.rank)
+// replicatedIn returns the newest step every holder of placement p
+// acknowledged since it became one (MaxStep when the rank has no
+// holders): derived from acked and p each time, so that a report taken
+// under a new placement never counts the holders of the one before.
+func (r *replicator) replicatedIn(p *placement) int64 {
+	ts := p.targets(r.s.rank)
 	if len(ts) == 0 {
-		r.s.replicated.Store(MaxStep) // every committed step
-		return
+		return MaxStep // every committed step
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	m := int64(MaxStep)
 	for _, k := range ts {
 		a, ok := r.acked[k]
@@ -734,7 +737,7 @@ func (r *replicator) updateLocked() {
 		}
 		m = min(m, a)
 	}
-	r.s.replicated.Store(m)
+	return m
 }
 
 // want has step, newly committed, (and the steps before it that a holder
@@ -742,7 +745,6 @@ func (r *replicator) updateLocked() {
 func (r *replicator) want(step int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.updateLocked()
 	if r.stopped || r.failed {
 		return
 	}
@@ -767,7 +769,6 @@ func (r *replicator) forget() {
 	defer r.mu.Unlock()
 	clear(r.acked)
 	r.ver++
-	r.updateLocked()
 }
 
 // placed switches to placement p's holders: those that left are
@@ -796,7 +797,6 @@ func (r *replicator) placed(p *placement) {
 	if changed {
 		r.ver++
 	}
-	r.updateLocked()
 	r.poke()
 	if r.stopped || r.failed || committed < 0 {
 		return
@@ -893,7 +893,6 @@ func (r *replicator) loop(ctx context.Context, cancel context.CancelFunc, done c
 		}
 		if p.step < 0 || ctx.Err() != nil || r.failed {
 			r.running, r.cancel = false, nil
-			r.updateLocked()
 			r.mu.Unlock()
 			return
 		}
@@ -907,7 +906,6 @@ func (r *replicator) loop(ctx context.Context, cancel context.CancelFunc, done c
 				}
 			}
 		}
-		r.updateLocked()
 		r.mu.Unlock()
 		s.h.cfg.Changed()
 		if err == nil {

@@ -57,6 +57,7 @@ func (s *service) restore(ctx context.Context) *Restorable {
 // the slots, not while it waits for other hosts.
 func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	s.rep.reset() // nothing reads the slots while they are rewritten
+	s.rep.forget()
 	s.mu.Lock()
 	st, err := s.stageForRestore(g)
 	regions, repl := s.regions, s.repl
@@ -152,8 +153,7 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	s.committed = g
 	s.mu.Unlock()
 	// The holders are asked whether they have g, and sent it if not:
-	// Replicated says g only then.
-	s.rep.forget()
+	// Replicated says g only then (forgotten above).
 	s.rep.want(g)
 	return slot, nil
 }

@@ -57,16 +57,12 @@ type service struct {
 	// gone: the rank left this host (SetPlacement): its sessions fail.
 	gone bool
 
-	// replicated is the newest step every current holder acknowledged
-	// (replicator.update), or MaxStep when the rank has no holders:
-	// progress reports min(replicated, committed).
-	replicated atomic.Int64
-	restores   atomic.Int64 // Restore requests served in this generation
-	stages     atomic.Int64
-	waitNS     atomic.Int64
-	replSteps  atomic.Int64
-	replNS     atomic.Int64
-	replBytes  atomic.Int64
+	restores  atomic.Int64 // Restore requests served in this generation
+	stages    atomic.Int64
+	waitNS    atomic.Int64
+	replSteps atomic.Int64
+	replNS    atomic.Int64
+	replBytes atomic.Int64
 
 	rep replicator // this rank's outgoing replication (replica.go)
 }
@@ -74,16 +70,18 @@ type service struct {
 func newService(h *Host, rank int) *service {
 	s := &service{h: h, rank: rank, committed: noStep, slotStep: [2]int64{noStep, noStep}, failed: make(chan struct{})}
 	s.life, s.stop = context.WithCancel(h.life)
-	s.replicated.Store(noStep)
 	s.rep.init(s)
 	return s
 }
 
-func (s *service) progress() Progress {
+// progress returns the rank's progress under placement p (the host's
+// current one): Replicated is min(committed, the newest step every holder
+// of p acknowledged since it became one).
+func (s *service) progress(p *placement) Progress {
 	s.mu.Lock()
-	c, r := s.committed, s.replicated.Load()
+	c := s.committed
 	s.mu.Unlock()
-	r = min(r, c)
+	r := min(s.rep.replicatedIn(p), c)
 	return Progress{Rank: s.rank, Committed: c, Replicated: r, Stages: s.stages.Load(), WaitNS: s.waitNS.Load(),
 		ReplSteps: s.replSteps.Load(), ReplNS: s.replNS.Load(), ReplBytes: s.replBytes.Load(), Restores: s.restores.Load()}
 }
@@ -482,7 +480,7 @@ func (s *service) trimLog() {
 }
 
 func (s *service) status() *Status {
-	p := s.progress()
+	p := s.progress(s.h.place())
 	return &Status{
 		Committed: p.Committed, Replicated: p.Replicated, G: s.h.G(),
 		Stages: p.Stages, WaitNS: p.WaitNS, Holders: slices.Clone(s.h.holders(s.rank)),
@@ -542,11 +540,11 @@ func (s *service) verifySlot(slot int, step int64) *CorruptError {
 // left if they lack it: Replicated says it only then.
 func (s *service) truncate(g int64) error {
 	s.rep.reset()
+	s.rep.forget() // before the slots change: no report pairs a new committed step with old acks
 	err := s.truncateSlots(g)
 	s.mu.Lock()
 	committed := s.committed
 	s.mu.Unlock()
-	s.rep.forget()
 	s.rep.want(committed)
 	return err
 }
