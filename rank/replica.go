@@ -631,30 +631,40 @@ func (st *replicaStore) getSlot(c net.Conn, h linkHdr, want []tableEntry) error 
 	for i, e := range want {
 		names[i] = e.name
 	}
-	t, data, err := svc.readSlot(h.step, names)
-	if err != nil {
+	// The rank's service closing (it leaves this host) ends a write held
+	// up by the reader: close waits for readSlot to return.
+	defer context.AfterFunc(svc.life, func() { c.SetWriteDeadline(time.Unix(1, 0)) })()
+	var linkErr error
+	err := svc.readSlot(h.step, names, func(t []tableEntry, data [][]byte) error {
+		d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
+		linkErr = writeFrame(c, d, t, data)
+		return linkErr
+	})
+	if err != nil && linkErr == nil {
 		return writeFail(c, h, failOther, err.Error())
 	}
-	d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
-	return writeFrame(c, d, t, data)
+	return linkErr
 }
 
-// readSlot returns views of the named regions of this rank's committed
-// slot holding step, verified, with their CRC32Cs as committed. It takes
-// no lock of the service (a restore on this host may be asking for it
-// while it holds its own): the rank may stage over the slot while the
-// views are read, and whoever copies them checks the copy against the
-// CRCs.
-func (s *service) readSlot(step int64, names []string) ([]tableEntry, [][]byte, error) {
+// readSlot calls f with views of the named regions of this rank's
+// committed slot holding step, verified, and their CRC32Cs as committed.
+// The views are valid only during f: the slots stay mapped meanwhile
+// (mapMu is read-held; close waits). It takes no other lock of the
+// service while f runs (a restore on this host may be asking for it while
+// it holds its own): the rank may stage over the slot while the views are
+// read, and whoever copies them checks the copy against the CRCs.
+func (s *service) readSlot(step int64, names []string, f func(t []tableEntry, data [][]byte) error) error {
+	s.mapMu.RLock()
+	defer s.mapMu.RUnlock()
 	s.mu.Lock()
 	slots, regions := s.slots, s.regions
 	s.mu.Unlock()
 	if slots == nil {
-		return nil, nil, fmt.Errorf("rank %d protects nothing", s.rank)
+		return fmt.Errorf("rank %d protects nothing", s.rank)
 	}
 	sn, err := slots.At(uint64(step))
 	if err != nil {
-		return nil, nil, fmt.Errorf("rank %d: %w", s.rank, err)
+		return fmt.Errorf("rank %d: %w", s.rank, err)
 	}
 	sums := sn.Sums()
 	var t []tableEntry
@@ -662,14 +672,21 @@ func (s *service) readSlot(step int64, names []string) ([]tableEntry, [][]byte, 
 	for _, n := range names {
 		i := slices.IndexFunc(regions, func(r Region) bool { return r.Name == n })
 		if i < 0 {
-			return nil, nil, fmt.Errorf("rank %d has no region %q", s.rank, n)
+			return fmt.Errorf("rank %d has no region %q", s.rank, n)
 		}
 		v := sn.Region(n)
 		t = append(t, tableEntry{name: n, size: int64(len(v)), sum: sums[i]})
 		data = append(data, v)
 	}
-	return t, data, nil
+	if testHookSlotRead != nil {
+		testHookSlotRead(s)
+	}
+	return f(t, data)
 }
+
+// testHookSlotRead, if set (by tests), is called while a reader of a
+// rank's slot holds its views.
+var testHookSlotRead func(s *service)
 
 // ---- The owner's side --------------------------------------------------
 

@@ -185,16 +185,14 @@ func (s *service) stageForRestore(g int64) (*ckpt.Staged, error) {
 // copySlot copies region name of this rank's slot holding step into dst,
 // and checks the copy against the region's committed CRC32C.
 func (s *service) copySlot(step int64, name string, dst []byte) error {
-	t, data, err := s.readSlot(step, []string{name})
-	if err != nil {
-		return err
-	}
-	if len(data[0]) != len(dst) {
-		return fmt.Errorf("region %q of %d bytes, want %d", name, len(data[0]), len(dst))
-	}
-	copy(dst, data[0])
-	if got := crc32.Checksum(dst, castagnoli); got != t[0].sum {
-		return fmt.Errorf("region %q of step %d changed while it was copied (CRC32C %08x, committed %08x)", name, step, got, t[0].sum)
-	}
-	return nil
+	return s.readSlot(step, []string{name}, func(t []tableEntry, data [][]byte) error {
+		if len(data[0]) != len(dst) {
+			return fmt.Errorf("region %q of %d bytes, want %d", name, len(data[0]), len(dst))
+		}
+		copy(dst, data[0])
+		if got := crc32.Checksum(dst, castagnoli); got != t[0].sum {
+			return fmt.Errorf("region %q of step %d changed while it was copied (CRC32C %08x, committed %08x)", name, step, got, t[0].sum)
+		}
+		return nil
+	})
 }

@@ -1,7 +1,10 @@
 package rank
 
 import (
+	"context"
+	"sync"
 	"testing"
+	"time"
 )
 
 // TestReplicatedDuringPlacementSwitch: while SetPlacement closes a rank
@@ -39,4 +42,81 @@ func TestReplicatedDuringPlacementSwitch(t *testing.T) {
 			t.Errorf("rank 0's Replicated under the new placement says %d; its new holder (rank 2) acknowledged nothing", p.Replicated)
 		}
 	}
+}
+
+// TestSlotReadDuringLeave: a rank's slot read for another rank's restore
+// (params from a data-parallel peer on the same host) while a new
+// placement moves the peer away: the peer's service must not unmap its
+// slots while the copy reads them. Host 0 runs ranks 0 and 1, host 1
+// rank 2; rank 0 restores from another host (its own slot is lost) and
+// copies params from rank 1's slot, and the placement that moves rank 1
+// to host 1 comes in the middle of the copy.
+func TestSlotReadDuringLeave(t *testing.T) {
+	peers := func(int) []int { return []int{1, 0, 2} }
+	holders := [][]int{{2}, {2}, {0}}
+	c := newCluster(t, [][]int{{0, 1}, {2}}, holders, peers)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[0], 1), newSessRank(t, c.hosts[1], 2)}
+	protectReplicated(c, rs, 2) // G = 1
+	// Rank 0's own slot loses step 1: it restores it from rank 2's host
+	// and rank 1's slot.
+	s0 := c.hosts[0].svc(0)
+	s0.mu.Lock()
+	if err := s0.slots.Clear(); err != nil {
+		t.Fatal(err)
+	}
+	s0.mu.Unlock()
+
+	peer := c.hosts[0].svc(1)
+	placed := make(chan error, 1)
+	var once sync.Once
+	testHookSlotRead = func(s *service) {
+		if s != peer {
+			return
+		}
+		once.Do(func() {
+			go func() {
+				placed <- c.hosts[0].SetPlacement(Placement{Ranks: []int{0}, HostOf: []int{0, 1, 1}, Holders: holders})
+			}()
+			// Wait until the leaving service has unmapped its slots (the
+			// defect), or is held up by this reader.
+			deadline := time.After(10 * time.Second)
+			for {
+				if closeHeldUp(s) {
+					return
+				}
+				s.mu.Lock()
+				unmapped := s.slots == nil
+				s.mu.Unlock()
+				if unmapped {
+					t.Error("rank 1's slots were unmapped while a reader held their views")
+					return
+				}
+				select {
+				case <-deadline:
+					t.Error("rank 1's service neither closed nor waited for the reader")
+					return
+				case <-time.After(time.Millisecond):
+				}
+			}
+		})
+	}
+	t.Cleanup(func() { testHookSlotRead = nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res := rs[0].restore(ctx)
+	if err := <-placed; err != nil {
+		t.Fatal(err)
+	}
+	checkRestored(t, rs[0], res, 1, 2)
+}
+
+// closeHeldUp reports whether s's close waits for a reader of its slots.
+// A reader holds mapMu's read lock: a try fails only while close waits
+// for the write lock.
+func closeHeldUp(s *service) bool {
+	if s.mapMu.TryRLock() {
+		s.mapMu.RUnlock()
+		return false
+	}
+	return true
 }

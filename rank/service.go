@@ -32,6 +32,10 @@ type service struct {
 	stop context.CancelFunc
 
 	reqMu sync.Mutex // serializes requests
+	// mapMu is read-held by readers of the mapped slot memory outside a
+	// request (readSlot: another rank's restore, a peer's getSlot), and
+	// held by close while it unmaps the slots. Order: reqMu, mapMu, mu.
+	mapMu sync.RWMutex
 
 	mu        sync.Mutex // guards the fields below
 	session   uint64     // the newest session's id
@@ -589,12 +593,14 @@ func (s *service) truncateSlots(g int64) error {
 }
 
 // close stops the service: its requests in flight end (it waits for
-// them) and its slots are unmapped. The files stay.
+// them, and for the readers of its slots) and its slots are unmapped. The files stay.
 func (s *service) close() error {
 	s.stop()
 	s.rep.stop()
 	s.reqMu.Lock()
 	defer s.reqMu.Unlock()
+	s.mapMu.Lock() // no reader holds views of the slots
+	defer s.mapMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var errs []error
