@@ -149,7 +149,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	}
 	h := &Host{cfg: cfg, log: log, g: noStep, gwake: make(chan struct{}), lfDone: map[int]bool{}}
 	h.life, h.stop = context.WithCancel(context.Background())
-	p := &placement{replaced: make(chan struct{}), ranks: slices.Clone(cfg.Ranks), svcs: map[int]*service{}, hostOf: cfg.HostOf, holders: cfg.Holders, sources: map[int]Source{}}
+	p := &placement{replaced: make(chan struct{}), world: -1, ranks: slices.Clone(cfg.Ranks), svcs: map[int]*service{}, hostOf: cfg.HostOf, holders: cfg.Holders, sources: map[int]Source{}}
 	for _, r := range cfg.Ranks {
 		p.svcs[r] = newService(h, r)
 	}

@@ -32,6 +32,7 @@ type Source struct{ Opt, Params int }
 // published (Host.pl): a new one replaces it.
 type placement struct {
 	seq     uint64 // 0 for NewHost's, one more for each SetPlacement
+	world   int    // ranks in the job (-1: unknown, NewHost's)
 	ranks   []int
 	svcs    map[int]*service // by rank: this host's ranks
 	hostOf  func(rank int) int
@@ -40,16 +41,31 @@ type placement struct {
 	// replaced is closed when a SetPlacement replaces this placement: it
 	// ends the stages waiting at the overwrite rule.
 	replaced chan struct{}
-	// given is the Placement SetPlacement was given (nil for NewHost's).
-	given *Placement
 }
 
-// same reports whether p is the placement this one was made from.
+// same reports whether p describes this placement: the same ranks here,
+// hosts, holders and Sources (NewHost's placement, from its HostConfig,
+// included: the agent's first epoch table repeats it).
 func (pl *placement) same(p *Placement) bool {
-	g := pl.given
-	return g != nil && slices.Equal(g.Ranks, p.Ranks) && slices.Equal(g.HostOf, p.HostOf) &&
-		slices.EqualFunc(g.Holders, p.Holders, func(a, b []int) bool { return slices.Equal(a, b) }) &&
-		maps.Equal(g.Sources, p.Sources)
+	if !slices.Equal(pl.ranks, p.Ranks) || !maps.Equal(pl.sources, p.Sources) ||
+		pl.world >= 0 && pl.world != len(p.HostOf) {
+		return false
+	}
+	for r, h := range p.HostOf {
+		if pl.hostOf(r) != h {
+			return false
+		}
+	}
+	for r := range max(len(pl.holders), len(p.Holders)) {
+		var hs []int
+		if r < len(p.Holders) {
+			hs = p.Holders[r]
+		}
+		if !slices.Equal(pl.holdersOf(r), hs) {
+			return false
+		}
+	}
+	return true
 }
 
 // errNewPlacement: a stage waited at the overwrite rule when a new
@@ -195,8 +211,7 @@ func (h *Host) SetPlacement(p Placement) error {
 	if old.same(&p) {
 		return nil
 	}
-	given := &Placement{Ranks: slices.Clone(p.Ranks), HostOf: hostOf, Holders: holders, Sources: maps.Clone(p.Sources)}
-	np := &placement{replaced: make(chan struct{}), given: given,
+	np := &placement{replaced: make(chan struct{}), world: len(hostOf),
 		seq: old.seq + 1, ranks: slices.Clone(p.Ranks), svcs: make(map[int]*service, len(p.Ranks)),
 		hostOf: func(r int) int {
 			if r < 0 || r >= len(hostOf) {

@@ -120,3 +120,22 @@ func closeHeldUp(s *service) bool {
 	}
 	return true
 }
+
+// TestFirstPlacementSame: the first SetPlacement, from the epoch table of
+// the placement the Host was made with (the agent's first table), changes
+// nothing: no new placement (stages waiting go on waiting), the holders'
+// acknowledgements are kept.
+func TestFirstPlacementSame(t *testing.T) {
+	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, func(int) []int { return []int{0, 1} })
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
+	protectReplicated(c, rs, 2)
+	if err := c.hosts[0].SetPlacement(Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: [][]int{{1}, {0}}}); err != nil {
+		t.Fatal(err)
+	}
+	if seq := c.hosts[0].place().seq; seq != 0 {
+		t.Errorf("the Host's own placement given again made placement %d", seq)
+	}
+	if p := c.progress(0); p.Replicated != 1 {
+		t.Errorf("rank 0's Replicated after its placement was given again: %d, want 1", p.Replicated)
+	}
+}
