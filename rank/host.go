@@ -187,11 +187,12 @@ func (h *Host) linkFailed(host int, err error) {
 // Session returns a new protocol session for a connection of rank, or nil
 // if rank is not one of this host's.
 func (h *Host) Session(rank int) *Session {
-	s := h.svc(rank)
+	p := h.place()
+	s := p.svcs[rank]
 	if s == nil {
 		return nil
 	}
-	return &Session{svc: s, gen: h.Gen()}
+	return &Session{svc: s, gen: h.Gen(), placed: p}
 }
 
 // SetG records a newer globally recoverable step (older ones are ignored)

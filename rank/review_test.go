@@ -2,6 +2,7 @@ package rank
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -137,5 +138,44 @@ func TestFirstPlacementSame(t *testing.T) {
 	}
 	if p := c.progress(0); p.Replicated != 1 {
 		t.Errorf("rank 0's Replicated after its placement was given again: %d, want 1", p.Replicated)
+	}
+}
+
+// TestStageAfterNewPlacement: a Stage that arrives after a new placement
+// but before the rank restored in place must not wait at the overwrite
+// rule for a G that may need the rank to restore first: it ends with the
+// new-placement error, as a Stage already waiting does; after the rank
+// restores, its Stages wait again.
+func TestStageAfterNewPlacement(t *testing.T) {
+	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, func(int) []int { return []int{0, 1} })
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
+	protectReplicated(c, rs, 2) // G = 1
+	rs[0].protect(2)
+	// A new placement (rank 1 restores from rank 0's copy).
+	c.place([]int{0, 1}, []int{0, 1}, [][]int{{1}, {0}}, map[int]Source{1: {Opt: 0, Params: 0}})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, ans, err := rs[0].sess.Handle(ctx, TypeStage, []byte(`{"step":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sd := ans.(*Staged); !strings.Contains(sd.Err, errNewPlacement.Error()) {
+		t.Fatalf("Stage(3) after the new placement: %+v, want %q", sd, errNewPlacement)
+	}
+	// Restored in place, the rank's stages wait for G again.
+	checkRestored(t, rs[0], rs[0].restore(ctx), 1, 1)
+	rs[0].protect(2)
+	wctx, wcancel := context.WithCancel(ctx)
+	staged := make(chan *Staged, 1)
+	go func() {
+		_, ans, _ := rs[0].sess.Handle(wctx, TypeStage, []byte(`{"step":3}`))
+		sd, _ := ans.(*Staged)
+		staged <- sd
+	}()
+	c.waitFor("rank 0's stage of step 3 to wait", func() bool { return c.hosts[0].waiters.Load() == 1 })
+	wcancel()
+	if sd := <-staged; sd == nil || strings.Contains(sd.Err, errNewPlacement.Error()) {
+		t.Errorf("Stage(3) after the rank restored: %+v, want it to wait until cancelled", sd)
 	}
 }

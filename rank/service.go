@@ -114,6 +114,11 @@ type Session struct {
 	gen   uint64 // the restart generation it belongs to
 	id    uint64 // its number among the rank's sessions, from ProtectHello
 	hello bool
+	// placed is the placement of its rank's newest ProtectHello or
+	// Restore on it: if a new placement replaced it since, the rank has
+	// not restored in place yet, and its stages do not wait at the
+	// overwrite rule (errNewPlacement).
+	placed *placement
 }
 
 // live returns an error if a newer session of the rank, or a restart,
@@ -174,11 +179,12 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 		if err := req.check(); err != nil {
 			return 0, nil, err
 		}
+		pl := s.h.place() // before: a placement that comes meanwhile ends the waits
 		w, id, err := s.hello(&req)
 		if err != nil {
 			return TypeProtectWelcome, &ProtectWelcome{Committed: noStep, G: noStep, Err: err.Error()}, nil
 		}
-		ss.hello, ss.id = true, id
+		ss.hello, ss.id, ss.placed = true, id, pl
 		return TypeProtectWelcome, w, nil
 	case TypeStage, TypeCommit, TypeGradient:
 		var req StepReq
@@ -211,9 +217,11 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 			return 0, nil, err
 		}
 		if typ == TypeRestore {
+			pl := s.h.place()
 			res := s.restore(ctx)
 			if res.Err == "" {
 				s.restores.Add(1)
+				ss.placed = pl
 			}
 			return TypeRestorable, res, nil
 		}
@@ -333,7 +341,9 @@ func (s *service) welcome() *ProtectWelcome {
 // stage applies the overwrite rule, then marks the slot to write.
 func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 	gen := ss.gen
-	replaced := s.h.place().replaced
+	// A placement that replaced the session's (since its ProtectHello or
+	// its last Restore) ends the wait at once: the rank restores in place.
+	replaced := ss.placed.replaced
 	s.mu.Lock()
 	if s.corrupt != nil {
 		err := s.corrupt
