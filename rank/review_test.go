@@ -179,3 +179,24 @@ func TestStageAfterNewPlacement(t *testing.T) {
 		t.Errorf("Stage(3) after the rank restored: %+v, want it to wait until cancelled", sd)
 	}
 }
+
+// TestHelloAfterLeave: a ProtectHello that passed its session's checks
+// before its rank left the host, and is served after the rank's service
+// closed, must not create the rank's slot files again (nothing would
+// remove them).
+func TestHelloAfterLeave(t *testing.T) {
+	c := newCluster(t, [][]int{{0, 1}, {2}}, nil, nil)
+	newSessRank(t, c.hosts[0], 0)
+	svc := c.hosts[0].svc(1)
+	c.place([]int{0, 1}, []int{0, 1, 1}, nil, nil)
+	var req ProtectHello
+	if err := decode(propHello, &req); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := svc.hello(&req); err == nil {
+		t.Error("ProtectHello of a rank that left the host succeeded")
+	}
+	if got := slotFiles(t, c.dirs[0], 1); len(got) != 0 {
+		t.Errorf("rank 1's files were created on the host it left: %v", got)
+	}
+}

@@ -246,6 +246,14 @@ func (s *service) hello(req *ProtectHello) (*ProtectWelcome, uint64, error) {
 }
 
 func (s *service) helloLocked(req *ProtectHello) (*ProtectWelcome, error) {
+	// A hello that passed its session's checks before the rank left (or
+	// the host stopped) must not create files that nothing would remove.
+	if s.gone {
+		return nil, errLeft
+	}
+	if s.life.Err() != nil {
+		return nil, ErrStopping
+	}
 	if s.slots != nil {
 		if !slices.Equal(s.regions, req.Regions) {
 			return nil, fmt.Errorf("regions %v differ from the %v this rank protected before", req.Regions, s.regions)
