@@ -361,8 +361,9 @@ func TestLinkFailed(t *testing.T) {
 			if p := c.progress(0); p.Replicated != 1 {
 				t.Errorf("rank 0's step 2 counts as replicated: %+v", p)
 			}
-			// A new placement: a failure is reported again.
-			if err := c.hosts[0].SetPlacement(Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: holders}); err != nil {
+			// A new placement (the NewHost's, with a restore plan): a
+			// failure is reported again.
+			if err := c.hosts[0].SetPlacement(Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: holders, Sources: map[int]Source{1: {Opt: 0, Params: 0}}}); err != nil {
 				t.Fatal(err)
 			}
 			before = rep.fails.Load()
