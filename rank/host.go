@@ -197,15 +197,19 @@ func (h *Host) Session(rank int) *Session {
 
 // SetG records a newer globally recoverable step (older ones are ignored)
 // and wakes the stages waiting for it.
+// The copies this host keeps of owners none of its ranks holds any more
+// go once G passes them.
 func (h *Host) SetG(gen uint64, g int64) {
 	h.gmu.Lock()
-	defer h.gmu.Unlock()
 	if gen != h.gen || g <= h.g {
+		h.gmu.Unlock()
 		return
 	}
 	h.g = g
 	close(h.gwake)
 	h.gwake = make(chan struct{})
+	h.gmu.Unlock()
+	h.store.sweep(nil, g)
 }
 
 // Active reports whether any local rank protects its state.

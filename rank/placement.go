@@ -89,17 +89,15 @@ func (p *placement) targets(rank int) []holderKey {
 	return out
 }
 
-// keeps reports whether this host (host) keeps its copy of owner's
-// replicas under p: one of its ranks holds them, or owner restores from
-// the copy here (Source.Opt).
-func (p *placement) keeps(host, owner int) bool {
+// holds reports whether one of this host's ranks holds owner's
+// replicas under p.
+func (p *placement) holds(owner int) bool {
 	for _, x := range p.holdersOf(owner) {
 		if p.svcs[x] != nil {
 			return true
 		}
 	}
-	src, ok := p.sources[owner]
-	return ok && p.hostOf(src.Opt) == host
+	return false
 }
 
 // holderKey names one replica holder: a rank, on a host. A rank that
@@ -181,9 +179,10 @@ func (p *Placement) check(host, hosts int) error {
 //     newest committed step (and the next ones) are sent to the holders
 //     that lack them;
 //   - restores use the new holders, hosts and Sources; the copies this
-//     host holds of owners it no longer holds are dropped, except those
-//     of owners that restore from them (Sources), kept until the next
-//     SetPlacement.
+//     host holds of owners none of its ranks holds any more (Sources'
+//     included) are kept, and serve restores, until G passes their
+//     newest step (see replicaStore.sweep): until then they may be the
+//     only copy of G.
 //
 // A new placement also ends the stages waiting at the overwrite rule
 // (their Staged says so): a rank that stays restores from G again
@@ -243,7 +242,7 @@ func (h *Host) SetPlacement(p Placement) error {
 	h.rmu.Unlock()
 	close(old.replaced)
 
-	h.store.retain(np)
+	h.store.sweep(np, h.G())
 	var errs []error
 	for _, s := range left {
 		s.leave()

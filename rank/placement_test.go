@@ -156,8 +156,8 @@ func TestSetPlacementRankLeaves(t *testing.T) {
 // TestSetPlacementHoldersChange: rank 0's holder changes from rank 1 to
 // rank 2. Its Replicated counts the new holder only from the step it
 // acknowledged: it falls back until rank 2's host has rank 0's newest
-// step; the old holder's host drops its copy (rank 0 restores from its own
-// slot: it is no Source).
+// step; the old holder's host keeps its copy (the only one of G until
+// the new holder has it) until G passes it.
 func TestSetPlacementHoldersChange(t *testing.T) {
 	peers := func(int) []int { return []int{0, 1, 2} }
 	c := newCluster(t, [][]int{{0}, {1}, {2}}, [][]int{{1}, {2}, {0}}, peers)
@@ -176,8 +176,8 @@ func TestSetPlacementHoldersChange(t *testing.T) {
 	if p := c.progress(0); p.Replicated >= 1 {
 		t.Fatalf("rank 0's Replicated says %d; its new holder has nothing", p.Replicated)
 	}
-	if got := heldSteps(c.hosts[1], 0); got != nil {
-		t.Errorf("rank 1's host keeps rank 0's steps %v after it stopped holding them", got)
+	if got := heldSteps(c.hosts[1], 0); !slices.Contains(got, 1) {
+		t.Errorf("rank 1's host dropped rank 0's step 1 (holds %v) before its new holder had it", got)
 	}
 	if p := c.progress(1); p.Replicated != 1 {
 		t.Errorf("rank 1's holder did not change, yet its Replicated is %d", p.Replicated)
@@ -190,6 +190,9 @@ func TestSetPlacementHoldersChange(t *testing.T) {
 	protectFrom(c, rs, 2, 4)
 	if got := heldSteps(c.hosts[2], 0); !slices.Equal(got, []int64{2, 3}) {
 		t.Errorf("rank 2's host holds rank 0's steps %v, want [2 3]", got)
+	}
+	if got := heldSteps(c.hosts[1], 0); got != nil {
+		t.Errorf("rank 1's host keeps rank 0's steps %v after G passed them", got)
 	}
 }
 
@@ -261,10 +264,20 @@ func TestRestoreFromSourceOnlyCopy(t *testing.T) {
 		t.Fatalf("rank 1's Replicated says 1, but its holder's host holds %v", got)
 	}
 
-	// The next placement has no Source: the old copy goes.
+	// The next placement has no Source: the old copy stays until G passes
+	// it.
 	c.place(live, hostOf, holders, nil)
+	if got := heldSteps(c.hosts[2], 1); !slices.Contains(got, 1) {
+		t.Errorf("rank 2's host dropped rank 1's step 1 (holds %v) at G = 1", got)
+	}
+	rs[1] = r1
+	for _, r := range []int{0, 2} {
+		rs[r] = newSessRank(t, c.hosts[r], r)
+		checkRestored(t, rs[r], rs[r].restore(ctx), 1, 1)
+	}
+	protectFrom(c, rs, 2, 3)
 	if got := heldSteps(c.hosts[2], 1); got != nil {
-		t.Errorf("rank 2's host keeps rank 1's steps %v after it stopped being its Source", got)
+		t.Errorf("rank 2's host keeps rank 1's steps %v after G passed them", got)
 	}
 	if got := heldSteps(c.hosts[0], 1); !slices.Contains(got, 1) {
 		t.Errorf("rank 1's holder dropped its steps (now %v)", got)

@@ -39,6 +39,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -270,7 +271,16 @@ type ownerReplica struct {
 	mu      sync.Mutex // held while a buffer is received or sent; guards the fields below
 	bufs    [2]replicaBuf
 	gen     uint64 // the newest restart generation known for the owner: older puts are refused
-	dropped bool   // no longer kept here (replicaStore.retain)
+	dropped bool   // no longer kept here (replicaStore.sweep)
+	// spare: no rank of this host holds the owner's replicas in the
+	// current placement (they left, or moved to other ranks): the copy is
+	// kept, serving restores, until G passes its newest step.
+	spare bool
+}
+
+// newest returns the newest complete step held, or -1. o.mu is held.
+func (o *ownerReplica) newest() int64 {
+	return max(o.bufs[0].step, o.bufs[1].step)
 }
 
 // replicaStore holds the replicas this host's ranks keep for others.
@@ -527,20 +537,34 @@ func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
 	return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d at step %d with these regions here", h.owner, h.step))
 }
 
-// retain drops the replicas of the owners this host no longer keeps
-// under placement p (see placement.keeps).
-func (st *replicaStore) retain(p *placement) {
+// sweep marks the copies no rank of this host holds under placement p
+// (nil: as marked before) as spare, and drops the spare copies whose
+// newest step is older than g, the generation's G.
+//
+// Why a spare copy is kept that long (I3: a copy of every rank's G exists
+// somewhere at every instant): when an owner's holders change, its new
+// holders have nothing yet, and the owner's own host may be lost before
+// they acknowledged G; the old holder's copy, or the copy a restore plan
+// names (Source.Opt), is then the one left. A G newer than the copy's
+// newest step b was reported by the owner's Replicated under a placement
+// where this host no longer received its steps: had the report counted
+// this host as a holder, this host would hold a step after b. So every
+// holder the owner had when that G was reported acknowledged a step ≥ G,
+// and this copy, which cannot serve G, may go.
+func (st *replicaStore) sweep(p *placement, g int64) {
 	st.mu.Lock()
-	var drop []*ownerReplica
-	for r, o := range st.owners {
-		if !p.keeps(st.h.cfg.Host, r) {
-			delete(st.owners, r)
-			drop = append(drop, o)
-		}
-	}
+	owners := make(map[int]*ownerReplica, len(st.owners))
+	maps.Copy(owners, st.owners)
 	st.mu.Unlock()
-	for _, o := range drop {
+	for r, o := range owners {
 		o.mu.Lock()
+		if p != nil {
+			o.spare = !p.holds(r)
+		}
+		if !o.spare || o.newest() >= g && o.newest() >= 0 {
+			o.mu.Unlock()
+			continue
+		}
 		o.dropped = true
 		var n uint64
 		for i := range o.bufs {
@@ -550,6 +574,11 @@ func (st *replicaStore) retain(p *placement) {
 			o.bufs[i] = replicaBuf{step: noStep}
 		}
 		o.mu.Unlock()
+		st.mu.Lock()
+		if st.owners[r] == o {
+			delete(st.owners, r)
+		}
+		st.mu.Unlock()
 		st.reserve(0, n)
 	}
 }

@@ -2,6 +2,7 @@ package rank
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -198,5 +199,58 @@ func TestHelloAfterLeave(t *testing.T) {
 	}
 	if got := slotFiles(t, c.dirs[0], 1); len(got) != 0 {
 		t.Errorf("rank 1's files were created on the host it left: %v", got)
+	}
+}
+
+// TestOldHolderServesUntilNewAcked: rank 0's holder changes from rank 1
+// to rank 2, and rank 0's host is lost before rank 2's host acknowledged
+// anything: step G (1) of rank 0 must still be somewhere, on rank 1's
+// host, which no longer holds rank 0's replicas: the spare restores rank
+// 0 from it. Once G passed that copy's newest step in the placement
+// where rank 0's new holder acknowledged it, the copy goes.
+func TestOldHolderServesUntilNewAcked(t *testing.T) {
+	peers := func(int) []int { return []int{0, 1, 2} }
+	c := newCluster(t, [][]int{{0}, {1}, {2}, {}}, [][]int{{1}, {2}, {0}}, peers)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1), newSessRank(t, c.hosts[2], 2)}
+	protectReplicated(c, rs, 2) // G = 1
+	addrs := make([]string, 4)
+	for i, h := range c.hosts {
+		addrs[i] = h.cfg.Listener.Addr().String()
+	}
+	c.hosts[0].SetAddrs([]string{addrs[0], addrs[1], "", addrs[3]}) // rank 0's new holder cannot be reached
+	newHolders := [][]int{{2}, {2}, {0}}
+	c.place([]int{0, 1, 2, 3}, []int{0, 1, 2}, newHolders, nil)
+	if got := heldSteps(c.hosts[1], 0); !slices.Contains(got, 1) {
+		t.Fatalf("rank 1's host dropped rank 0's step 1 (holds %v) before rank 0's new holder acknowledged it", got)
+	}
+	// Rank 0's host is lost: the spare (host 3) gets rank 0, restoring from
+	// the copy on rank 1's host (the restore plan's Opt).
+	c.hosts[0].Close()
+	live := []int{1, 2, 3}
+	hostOf := []int{3, 1, 2}
+	c.place(live, hostOf, newHolders, map[int]Source{0: {Opt: 1, Params: 1}})
+	for _, h := range live {
+		if err := c.hosts[h].Restart(1, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rs[0] = newSessRank(t, c.hosts[3], 0)
+	checkRestored(t, rs[0], rs[0].restore(ctx), 1, 2)
+	for _, r := range []int{1, 2} {
+		rs[r] = newSessRank(t, c.hosts[hostOf[r]], r)
+		checkRestored(t, rs[r], rs[r].restore(ctx), 1, 1)
+	}
+	// The next placement no longer names the Source: the copy stays until
+	// G passes it.
+	c.place(live, hostOf, newHolders, nil)
+	if got := heldSteps(c.hosts[1], 0); !slices.Contains(got, 1) {
+		t.Fatalf("rank 1's host dropped rank 0's step 1 (holds %v) at G = 1", got)
+	}
+	protectFrom(c, rs, 2, 3)
+	c.waitFor("G = 2", func() bool { return c.publishG() == 2 })
+	if got := heldSteps(c.hosts[1], 0); got != nil {
+		t.Errorf("rank 1's host keeps rank 0's steps %v after G passed them", got)
 	}
 }
