@@ -754,6 +754,9 @@ type replicator struct {
 	wake    chan struct{} // ends a backoff wait early (new placement or addresses)
 	stopped bool          // the service closed
 	failed  bool          // the rank's state is corrupt: nothing to send until reset
+	// restoring: the rank's slot is being rewritten (restoreRemote):
+	// nothing starts the loop until resume.
+	restoring bool
 
 	fails atomic.Int64 // rounds that failed (and were retried, or stopped), ever
 }
@@ -799,7 +802,7 @@ func (r *replicator) want(step int64) {
 }
 
 func (r *replicator) startLocked() {
-	if r.running || r.wantS < 0 {
+	if r.running || r.restoring || r.wantS < 0 {
 		return
 	}
 	r.running = true
@@ -870,6 +873,26 @@ func (r *replicator) reset() {
 		cancel()
 		<-done
 	}
+}
+
+// pause cancels the replication in flight, waits for it to end, and
+// keeps it from starting again until resume: the slots are rewritten.
+// What the holders acknowledged is forgotten (each is asked again).
+func (r *replicator) pause() {
+	r.mu.Lock()
+	r.restoring = true
+	r.mu.Unlock()
+	r.reset()
+	r.forget()
+}
+
+// resume ends a pause and has step (the rank's newest committed step, -1:
+// none) replicated.
+func (r *replicator) resume(step int64) {
+	r.mu.Lock()
+	r.restoring = false
+	r.mu.Unlock()
+	r.want(step)
 }
 
 func (r *replicator) stop() {

@@ -56,8 +56,15 @@ func (s *service) restore(ctx context.Context) *Restorable {
 // It runs as a request (reqMu held) and holds s.mu only while it changes
 // the slots, not while it waits for other hosts.
 func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
-	s.rep.reset() // nothing reads the slots while they are rewritten
-	s.rep.forget()
+	// The replicator reads no slot while they are rewritten; then it has
+	// the newest step committed replicated (g, or what is left on failure).
+	s.rep.pause()
+	defer func() {
+		s.mu.Lock()
+		committed := s.committed
+		s.mu.Unlock()
+		s.rep.resume(committed)
+	}()
 	s.mu.Lock()
 	st, err := s.stageForRestore(g)
 	regions, repl := s.regions, s.repl
@@ -152,9 +159,8 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	s.views[slot] = views
 	s.committed = g
 	s.mu.Unlock()
-	// The holders are asked whether they have g, and sent it if not:
-	// Replicated says g only then (forgotten above).
-	s.rep.want(g)
+	// The holders are asked whether they have g, and sent it if not
+	// (resume): Replicated says g only then.
 	return slot, nil
 }
 

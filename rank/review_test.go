@@ -254,3 +254,42 @@ func TestOldHolderServesUntilNewAcked(t *testing.T) {
 		t.Errorf("rank 1's host keeps rank 0's steps %v after G passed them", got)
 	}
 }
+
+// TestNoReplicationDuringRestore: while a rank restores from other hosts
+// (its slot being rewritten), a new placement must not start its
+// replication, which would read the slot being written.
+func TestNoReplicationDuringRestore(t *testing.T) {
+	peers := func(int) []int { return []int{1, 0, 2} }
+	holders := [][]int{{2}, {2}, {0}}
+	c := newCluster(t, [][]int{{0, 1}, {2}}, holders, peers)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[0], 1), newSessRank(t, c.hosts[1], 2)}
+	protectReplicated(c, rs, 2) // G = 1
+	s0 := c.hosts[0].svc(0)
+	s0.mu.Lock()
+	if err := s0.slots.Clear(); err != nil {
+		t.Fatal(err)
+	}
+	s0.mu.Unlock()
+	peer := c.hosts[0].svc(1)
+	var once sync.Once
+	testHookSlotRead = func(s *service) {
+		if s != peer {
+			return
+		}
+		once.Do(func() {
+			// Rank 0 is restoring: its slot is staged, being written.
+			s0.rep.placed(c.hosts[0].place())
+			s0.rep.mu.Lock()
+			running := s0.rep.running
+			s0.rep.mu.Unlock()
+			if running {
+				t.Error("a placement started rank 0's replication while it restores")
+			}
+		})
+	}
+	t.Cleanup(func() { testHookSlotRead = nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	checkRestored(t, rs[0], rs[0].restore(ctx), 1, 2)
+	c.waitFor("rank 0's step 1 at its holder after the restore", func() bool { return c.progress(0).Replicated == 1 })
+}
