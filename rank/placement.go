@@ -150,10 +150,17 @@ func (p *Placement) check(host, hosts int) error {
 	if len(p.Holders) > world {
 		return bad("holders for %d ranks in a world of %d", len(p.Holders), world)
 	}
+	// hotswap places no holder on its owner's host (the copy would go
+	// with it), nor a holder twice.
 	for o, hs := range p.Holders {
-		for _, x := range hs {
-			if x < 0 || x >= world || x == o {
+		for i, x := range hs {
+			switch {
+			case x < 0 || x >= world || x == o:
 				return bad("rank %d held by rank %d in a world of %d", o, x, world)
+			case slices.Contains(hs[:i], x):
+				return bad("rank %d held twice by rank %d", o, x)
+			case p.HostOf[x] == p.HostOf[o]:
+				return bad("rank %d held by rank %d on its own host %d", o, x, p.HostOf[o])
 			}
 		}
 	}

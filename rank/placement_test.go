@@ -211,6 +211,8 @@ func TestSetPlacementBad(t *testing.T) {
 		{"rank twice", Placement{Ranks: []int{0, 0}, HostOf: []int{0, 1}}, "placed twice"},
 		{"own holder", Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: [][]int{{0}, {0}}}, "rank 0 held by rank 0"},
 		{"holder out of range", Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: [][]int{{5}, {0}}}, "rank 0 held by rank 5"},
+		{"holder twice", Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: [][]int{{1, 1}, {0}}}, "rank 0 held twice by rank 1"},
+		{"holder on the owner's host", Placement{Ranks: []int{0, 1}, HostOf: []int{0, 0}, Holders: [][]int{{1}, nil}}, "rank 0 held by rank 1 on its own host 0"},
 		{"source out of range", Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Sources: map[int]Source{0: {Opt: 1, Params: 9}}}, "restores from ranks 1 and 9"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
