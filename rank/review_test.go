@@ -28,14 +28,30 @@ func TestReplicatedDuringPlacementSwitch(t *testing.T) {
 	// rank 2's service.
 	leaving := c.hosts[0].svc(2)
 	leaving.reqMu.Lock()
+	locked := true
+	unlock := func() {
+		if locked {
+			locked = false
+			leaving.reqMu.Unlock()
+		}
+	}
+	defer unlock() // before the cluster closes, if the test fails
 	seq := c.hosts[0].place().seq
 	done := make(chan error, 1)
 	go func() {
-		done <- c.hosts[0].SetPlacement(Placement{Ranks: []int{0}, HostOf: []int{0, 1, 1}, Holders: [][]int{{2}, {0}, {1}}})
+		done <- c.hosts[0].SetPlacement(Placement{Ranks: []int{0}, HostOf: []int{0, 1, 1}, Holders: [][]int{{2}, {0}, {0}}})
 	}()
-	c.waitFor("the new placement", func() bool { return c.hosts[0].place().seq != seq })
+	c.waitFor("the new placement", func() bool {
+		select {
+		case err := <-done:
+			done <- err
+			return true
+		default:
+			return c.hosts[0].place().seq != seq
+		}
+	})
 	_, ps := c.hosts[0].Progress()
-	leaving.reqMu.Unlock()
+	unlock()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +93,7 @@ func TestSlotReadDuringLeave(t *testing.T) {
 		}
 		once.Do(func() {
 			go func() {
-				placed <- c.hosts[0].SetPlacement(Placement{Ranks: []int{0}, HostOf: []int{0, 1, 1}, Holders: holders})
+				placed <- c.hosts[0].SetPlacement(Placement{Ranks: []int{0}, HostOf: []int{0, 1, 1}, Holders: [][]int{{2}, {0}, {0}}})
 			}()
 			// Wait until the leaving service has unmapped its slots (the
 			// defect), or is held up by this reader.
