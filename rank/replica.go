@@ -211,6 +211,33 @@ func writeFail(w io.Writer, h linkHdr, why uint32, msg string) error {
 	return err
 }
 
+// refusePut drains a put's data, then refuses it: the link stays in
+// step.
+func refusePut(c io.ReadWriter, h linkHdr, why uint32, msg string) error {
+	if _, err := io.CopyN(io.Discard, c, int64(h.length)); err != nil {
+		return err
+	}
+	return writeFail(c, h, why, msg)
+}
+
+// writeAck acknowledges request h.
+func writeAck(w io.Writer, h linkHdr) error {
+	a := linkHdr{kind: kindAck, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
+	var ab [linkHdrSize]byte
+	a.put(ab[:])
+	_, err := w.Write(ab[:])
+	return err
+}
+
+// bufBytes is the size of a buffer's data.
+func bufBytes(data [][]byte) uint64 {
+	var n uint64
+	for _, d := range data {
+		n += uint64(len(d))
+	}
+	return n
+}
+
 // readAnswer reads an answer's header, and a fail's message as an error.
 func readAnswer(r io.Reader) (linkHdr, error) {
 	var hb [linkHdrSize]byte
@@ -413,27 +440,17 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	}
 
 	if refuse := st.notHolder(h); refuse != "" {
-		// Drain the data, then refuse: the link stays in step.
-		if _, err := io.CopyN(io.Discard, c, int64(total)); err != nil {
-			return err
-		}
-		return writeFail(c, h, failOther, refuse)
+		return refusePut(c, h, failOther, refuse)
 	}
 	o := st.owner(h.owner)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	// A new placement may have come meanwhile (and dropped o).
 	if refuse := st.notHolder(h); refuse != "" || o.dropped {
-		if _, err := io.CopyN(io.Discard, c, int64(total)); err != nil {
-			return err
-		}
-		return writeFail(c, h, failOther, cmp.Or(refuse, fmt.Sprintf("rank %d's replicas are no longer kept here", h.owner)))
+		return refusePut(c, h, failOther, cmp.Or(refuse, fmt.Sprintf("rank %d's replicas are no longer kept here", h.owner)))
 	}
 	if known := max(o.gen, st.h.Gen()); h.gen < known {
-		if _, err := io.CopyN(io.Discard, c, int64(total)); err != nil {
-			return err
-		}
-		return writeFail(c, h, failStale, fmt.Sprintf("rank %d step %d: a put of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known))
+		return refusePut(c, h, failStale, fmt.Sprintf("rank %d step %d: a put of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known))
 	}
 	o.gen = h.gen
 	// The victim: a buffer holding this step or a later one (from before a
@@ -453,10 +470,7 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	if !sameShape(buf.table, t) {
 		// Replicas live in this agent's memory: all of them together may
 		// take at most half the host's, whatever peers announce.
-		var old uint64
-		for _, d := range buf.data {
-			old += uint64(len(d))
-		}
+		old := bufBytes(buf.data)
 		if err := st.reserve(total, old); err != nil {
 			buf.table, buf.data = nil, nil
 			st.reserve(0, old) // the buffer is dropped
@@ -479,11 +493,7 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 		}
 	}
 	buf.step = h.step
-	a := linkHdr{kind: kindAck, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
-	var ab [linkHdrSize]byte
-	a.put(ab[:])
-	_, err := c.Write(ab[:])
-	return err
+	return writeAck(c, h)
 }
 
 // notHolder says why h.holder does not hold h.owner's replicas here in
@@ -528,11 +538,7 @@ func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
 		}
 		o.gen = max(o.gen, h.gen)
 		b.gen = max(b.gen, h.gen)
-		a := linkHdr{kind: kindAck, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
-		var ab [linkHdrSize]byte
-		a.put(ab[:])
-		_, err := c.Write(ab[:])
-		return err
+		return writeAck(c, h)
 	}
 	return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d at step %d with these regions here", h.owner, h.step))
 }
@@ -568,9 +574,7 @@ func (st *replicaStore) sweep(p *placement, g int64) {
 		o.dropped = true
 		var n uint64
 		for i := range o.bufs {
-			for _, d := range o.bufs[i].data {
-				n += uint64(len(d))
-			}
+			n += bufBytes(o.bufs[i].data)
 			o.bufs[i] = replicaBuf{step: noStep}
 		}
 		o.mu.Unlock()
@@ -600,13 +604,9 @@ func (st *replicaStore) copyOut(owner int, step int64, dst map[string][]byte) er
 			continue
 		}
 		for i, e := range b.table {
-			d, ok := dst[e.name]
-			if !ok || int64(len(d)) != e.size {
-				return fmt.Errorf("region %q of %d bytes does not fit here (%d)", e.name, e.size, len(d))
-			}
-			copy(d, b.data[i])
-			if got := crc32.Checksum(d, castagnoli); got != e.sum {
-				return fmt.Errorf("region %q of step %d: CRC32C %08x, want %08x", e.name, step, got, e.sum)
+			err := fillRegion(dst, e, step, func(d []byte) error { copy(d, b.data[i]); return nil })
+			if err != nil {
+				return err
 			}
 		}
 		if len(b.table) != len(dst) {
@@ -615,6 +615,22 @@ func (st *replicaStore) copyOut(owner int, step int64, dst map[string][]byte) er
 		return nil
 	}
 	return fmt.Errorf("no replica of rank %d at step %d here", owner, step)
+}
+
+// fillRegion fills dst[e.name], which must be of e's size, with fill,
+// and checks it against e's CRC32C (of step).
+func fillRegion(dst map[string][]byte, e tableEntry, step int64, fill func(d []byte) error) error {
+	d, ok := dst[e.name]
+	if !ok || int64(len(d)) != e.size {
+		return fmt.Errorf("region %q of %d bytes does not fit here (%d)", e.name, e.size, len(d))
+	}
+	if err := fill(d); err != nil {
+		return err
+	}
+	if got := crc32.Checksum(d, castagnoli); got != e.sum {
+		return fmt.Errorf("region %q of step %d: CRC32C %08x, want %08x", e.name, step, got, e.sum)
+	}
+	return nil
 }
 
 // physicalMemory is the host's RAM in bytes (0 if unknown): no replica
@@ -1219,23 +1235,17 @@ func (p *linkPool) do(ctx context.Context, host, rank int, f func(c net.Conn) er
 // has asks host whether it holds the step of h (a has request) with the
 // regions of t, and waits for the answer: nil if it does.
 func (p *linkPool) has(ctx context.Context, host int, h linkHdr, t []tableEntry) error {
-	return p.do(ctx, host, h.owner, func(c net.Conn) error {
-		if err := writeFrame(c, h, t, nil); err != nil {
-			return err
-		}
-		a, err := readAnswer(c)
-		if err != nil {
-			return err
-		}
-		if a.kind != kindAck || a.owner != h.owner || a.step != h.step || a.holder != h.holder {
-			return fmt.Errorf("unexpected answer kind %#x for rank %d step %d", a.kind, a.owner, a.step)
-		}
-		return nil
-	})
+	return p.acked(ctx, host, h, t, nil)
 }
 
 // put sends a put and waits for its acknowledgement.
 func (p *linkPool) put(ctx context.Context, host int, h linkHdr, t []tableEntry, data [][]byte) error {
+	return p.acked(ctx, host, h, t, data)
+}
+
+// acked sends request h with table t and data (nil: none) and waits for
+// its acknowledgement.
+func (p *linkPool) acked(ctx context.Context, host int, h linkHdr, t []tableEntry, data [][]byte) error {
 	return p.do(ctx, host, h.owner, func(c net.Conn) error {
 		if err := writeFrame(c, h, t, data); err != nil {
 			return err
@@ -1273,15 +1283,9 @@ func (p *linkPool) fetch(ctx context.Context, host int, h linkHdr, want []tableE
 			return fmt.Errorf("data of %d bytes for regions of %d", a.length, total)
 		}
 		for _, e := range t {
-			d, ok := dst[e.name]
-			if !ok || int64(len(d)) != e.size {
-				return fmt.Errorf("region %q of %d bytes does not fit here (%d)", e.name, e.size, len(d))
-			}
-			if _, err := io.ReadFull(c, d); err != nil {
+			err := fillRegion(dst, e, h.step, func(d []byte) error { _, err := io.ReadFull(c, d); return err })
+			if err != nil {
 				return err
-			}
-			if got := crc32.Checksum(d, castagnoli); got != e.sum {
-				return fmt.Errorf("region %q of step %d: CRC32C %08x, want %08x", e.name, h.step, got, e.sum)
 			}
 			delete(dst, e.name)
 		}

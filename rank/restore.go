@@ -84,15 +84,7 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	}
 	// Where the replicated regions are: the Source's copy first, then
 	// the holders.
-	var optFrom []int
-	if hasSrc {
-		optFrom = append(optFrom, src.Opt)
-	}
-	for _, hr := range pl.holdersOf(s.rank) {
-		if !slices.Contains(optFrom, hr) {
-			optFrom = append(optFrom, hr)
-		}
-	}
+	optFrom := preferFirst(src.Opt, hasSrc, pl.holdersOf(s.rank))
 	var errs []error
 	got := len(want) == 0
 	for _, hr := range optFrom {
@@ -117,17 +109,11 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	}
 	if pi := slices.IndexFunc(regions, func(r Region) bool { return r.Name == "params" }); pi >= 0 {
 		got := false
-		var peers []int
-		if hasSrc {
-			peers = append(peers, src.Params)
-		}
+		var all []int
 		if s.h.cfg.Peers != nil {
-			for _, pr := range s.h.cfg.Peers(s.rank) {
-				if !slices.Contains(peers, pr) {
-					peers = append(peers, pr)
-				}
-			}
+			all = s.h.cfg.Peers(s.rank)
 		}
+		peers := preferFirst(src.Params, hasSrc, all)
 		for _, pr := range peers {
 			if pr == s.rank {
 				continue
@@ -201,4 +187,19 @@ func (s *service) copySlot(step int64, name string, dst []byte) error {
 		}
 		return nil
 	})
+}
+
+// preferFirst returns rest with first (if ok) moved or added in front,
+// each rank once.
+func preferFirst(first int, ok bool, rest []int) []int {
+	var out []int
+	if ok {
+		out = append(out, first)
+	}
+	for _, r := range rest {
+		if !slices.Contains(out, r) {
+			out = append(out, r)
+		}
+	}
+	return out
 }
