@@ -149,7 +149,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	}
 	h := &Host{cfg: cfg, log: log, g: noStep, gwake: make(chan struct{}), lfDone: map[int]bool{}}
 	h.life, h.stop = context.WithCancel(context.Background())
-	p := &placement{replaced: make(chan struct{}), ranks: slices.Clone(cfg.Ranks), svcs: map[int]*service{}, hostOf: cfg.HostOf, holders: cfg.Holders, sources: map[int]Source{}}
+	p := &placement{replaced: make(chan struct{}), world: -1, ranks: slices.Clone(cfg.Ranks), svcs: map[int]*service{}, hostOf: cfg.HostOf, holders: cfg.Holders, sources: map[int]Source{}}
 	for _, r := range cfg.Ranks {
 		p.svcs[r] = newService(h, r)
 	}
@@ -187,24 +187,29 @@ func (h *Host) linkFailed(host int, err error) {
 // Session returns a new protocol session for a connection of rank, or nil
 // if rank is not one of this host's.
 func (h *Host) Session(rank int) *Session {
-	s := h.svc(rank)
+	p := h.place()
+	s := p.svcs[rank]
 	if s == nil {
 		return nil
 	}
-	return &Session{svc: s, gen: h.Gen()}
+	return &Session{svc: s, gen: h.Gen(), placed: p}
 }
 
 // SetG records a newer globally recoverable step (older ones are ignored)
 // and wakes the stages waiting for it.
+// The copies this host keeps of owners none of its ranks holds any more
+// go once G passes them.
 func (h *Host) SetG(gen uint64, g int64) {
 	h.gmu.Lock()
-	defer h.gmu.Unlock()
 	if gen != h.gen || g <= h.g {
+		h.gmu.Unlock()
 		return
 	}
 	h.g = g
 	close(h.gwake)
 	h.gwake = make(chan struct{})
+	h.gmu.Unlock()
+	h.store.sweep(nil, g)
 }
 
 // Active reports whether any local rank protects its state.
@@ -334,7 +339,7 @@ func (h *Host) Progress() (uint64, []Progress) {
 	p := h.place()
 	out := make([]Progress, 0, len(p.svcs))
 	for _, r := range sortedRanks(p) {
-		out = append(out, p.svcs[r].progress())
+		out = append(out, p.svcs[r].progress(p))
 	}
 	return gen, out
 }

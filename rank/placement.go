@@ -32,6 +32,7 @@ type Source struct{ Opt, Params int }
 // published (Host.pl): a new one replaces it.
 type placement struct {
 	seq     uint64 // 0 for NewHost's, one more for each SetPlacement
+	world   int    // ranks in the job (-1: unknown, NewHost's)
 	ranks   []int
 	svcs    map[int]*service // by rank: this host's ranks
 	hostOf  func(rank int) int
@@ -40,16 +41,31 @@ type placement struct {
 	// replaced is closed when a SetPlacement replaces this placement: it
 	// ends the stages waiting at the overwrite rule.
 	replaced chan struct{}
-	// given is the Placement SetPlacement was given (nil for NewHost's).
-	given *Placement
 }
 
-// same reports whether p is the placement this one was made from.
+// same reports whether p describes this placement: the same ranks here,
+// hosts, holders and Sources (NewHost's placement, from its HostConfig,
+// included: the agent's first epoch table repeats it).
 func (pl *placement) same(p *Placement) bool {
-	g := pl.given
-	return g != nil && slices.Equal(g.Ranks, p.Ranks) && slices.Equal(g.HostOf, p.HostOf) &&
-		slices.EqualFunc(g.Holders, p.Holders, func(a, b []int) bool { return slices.Equal(a, b) }) &&
-		maps.Equal(g.Sources, p.Sources)
+	if !slices.Equal(pl.ranks, p.Ranks) || !maps.Equal(pl.sources, p.Sources) ||
+		pl.world >= 0 && pl.world != len(p.HostOf) {
+		return false
+	}
+	for r, h := range p.HostOf {
+		if pl.hostOf(r) != h {
+			return false
+		}
+	}
+	for r := range max(len(pl.holders), len(p.Holders)) {
+		var hs []int
+		if r < len(p.Holders) {
+			hs = p.Holders[r]
+		}
+		if !slices.Equal(pl.holdersOf(r), hs) {
+			return false
+		}
+	}
+	return true
 }
 
 // errNewPlacement: a stage waited at the overwrite rule when a new
@@ -73,17 +89,15 @@ func (p *placement) targets(rank int) []holderKey {
 	return out
 }
 
-// keeps reports whether this host (host) keeps its copy of owner's
-// replicas under p: one of its ranks holds them, or owner restores from
-// the copy here (Source.Opt).
-func (p *placement) keeps(host, owner int) bool {
+// holds reports whether one of this host's ranks holds owner's
+// replicas under p.
+func (p *placement) holds(owner int) bool {
 	for _, x := range p.holdersOf(owner) {
 		if p.svcs[x] != nil {
 			return true
 		}
 	}
-	src, ok := p.sources[owner]
-	return ok && p.hostOf(src.Opt) == host
+	return false
 }
 
 // holderKey names one replica holder: a rank, on a host. A rank that
@@ -136,10 +150,17 @@ func (p *Placement) check(host, hosts int) error {
 	if len(p.Holders) > world {
 		return bad("holders for %d ranks in a world of %d", len(p.Holders), world)
 	}
+	// hotswap places no holder on its owner's host (the copy would go
+	// with it), nor a holder twice.
 	for o, hs := range p.Holders {
-		for _, x := range hs {
-			if x < 0 || x >= world || x == o {
+		for i, x := range hs {
+			switch {
+			case x < 0 || x >= world || x == o:
 				return bad("rank %d held by rank %d in a world of %d", o, x, world)
+			case slices.Contains(hs[:i], x):
+				return bad("rank %d held twice by rank %d", o, x)
+			case p.HostOf[x] == p.HostOf[o]:
+				return bad("rank %d held by rank %d on its own host %d", o, x, p.HostOf[o])
 			}
 		}
 	}
@@ -165,9 +186,10 @@ func (p *Placement) check(host, hosts int) error {
 //     newest committed step (and the next ones) are sent to the holders
 //     that lack them;
 //   - restores use the new holders, hosts and Sources; the copies this
-//     host holds of owners it no longer holds are dropped, except those
-//     of owners that restore from them (Sources), kept until the next
-//     SetPlacement.
+//     host holds of owners none of its ranks holds any more (Sources'
+//     included) are kept, and serve restores, until G passes their
+//     newest step (see replicaStore.sweep): until then they may be the
+//     only copy of G.
 //
 // A new placement also ends the stages waiting at the overwrite rule
 // (their Staged says so): a rank that stays restores from G again
@@ -195,8 +217,7 @@ func (h *Host) SetPlacement(p Placement) error {
 	if old.same(&p) {
 		return nil
 	}
-	given := &Placement{Ranks: slices.Clone(p.Ranks), HostOf: hostOf, Holders: holders, Sources: maps.Clone(p.Sources)}
-	np := &placement{replaced: make(chan struct{}), given: given,
+	np := &placement{replaced: make(chan struct{}), world: len(hostOf),
 		seq: old.seq + 1, ranks: slices.Clone(p.Ranks), svcs: make(map[int]*service, len(p.Ranks)),
 		hostOf: func(r int) int {
 			if r < 0 || r >= len(hostOf) {
@@ -228,7 +249,7 @@ func (h *Host) SetPlacement(p Placement) error {
 	h.rmu.Unlock()
 	close(old.replaced)
 
-	h.store.retain(np)
+	h.store.sweep(np, h.G())
 	var errs []error
 	for _, s := range left {
 		s.leave()

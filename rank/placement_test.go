@@ -156,8 +156,8 @@ func TestSetPlacementRankLeaves(t *testing.T) {
 // TestSetPlacementHoldersChange: rank 0's holder changes from rank 1 to
 // rank 2. Its Replicated counts the new holder only from the step it
 // acknowledged: it falls back until rank 2's host has rank 0's newest
-// step; the old holder's host drops its copy (rank 0 restores from its own
-// slot: it is no Source).
+// step; the old holder's host keeps its copy (the only one of G until
+// the new holder has it) until G passes it.
 func TestSetPlacementHoldersChange(t *testing.T) {
 	peers := func(int) []int { return []int{0, 1, 2} }
 	c := newCluster(t, [][]int{{0}, {1}, {2}}, [][]int{{1}, {2}, {0}}, peers)
@@ -176,8 +176,8 @@ func TestSetPlacementHoldersChange(t *testing.T) {
 	if p := c.progress(0); p.Replicated >= 1 {
 		t.Fatalf("rank 0's Replicated says %d; its new holder has nothing", p.Replicated)
 	}
-	if got := heldSteps(c.hosts[1], 0); got != nil {
-		t.Errorf("rank 1's host keeps rank 0's steps %v after it stopped holding them", got)
+	if got := heldSteps(c.hosts[1], 0); !slices.Contains(got, 1) {
+		t.Errorf("rank 1's host dropped rank 0's step 1 (holds %v) before its new holder had it", got)
 	}
 	if p := c.progress(1); p.Replicated != 1 {
 		t.Errorf("rank 1's holder did not change, yet its Replicated is %d", p.Replicated)
@@ -190,6 +190,9 @@ func TestSetPlacementHoldersChange(t *testing.T) {
 	protectFrom(c, rs, 2, 4)
 	if got := heldSteps(c.hosts[2], 0); !slices.Equal(got, []int64{2, 3}) {
 		t.Errorf("rank 2's host holds rank 0's steps %v, want [2 3]", got)
+	}
+	if got := heldSteps(c.hosts[1], 0); got != nil {
+		t.Errorf("rank 1's host keeps rank 0's steps %v after G passed them", got)
 	}
 }
 
@@ -208,6 +211,8 @@ func TestSetPlacementBad(t *testing.T) {
 		{"rank twice", Placement{Ranks: []int{0, 0}, HostOf: []int{0, 1}}, "placed twice"},
 		{"own holder", Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: [][]int{{0}, {0}}}, "rank 0 held by rank 0"},
 		{"holder out of range", Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: [][]int{{5}, {0}}}, "rank 0 held by rank 5"},
+		{"holder twice", Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: [][]int{{1, 1}, {0}}}, "rank 0 held twice by rank 1"},
+		{"holder on the owner's host", Placement{Ranks: []int{0, 1}, HostOf: []int{0, 0}, Holders: [][]int{{1}, nil}}, "rank 0 held by rank 1 on its own host 0"},
 		{"source out of range", Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Sources: map[int]Source{0: {Opt: 1, Params: 9}}}, "restores from ranks 1 and 9"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -261,10 +266,20 @@ func TestRestoreFromSourceOnlyCopy(t *testing.T) {
 		t.Fatalf("rank 1's Replicated says 1, but its holder's host holds %v", got)
 	}
 
-	// The next placement has no Source: the old copy goes.
+	// The next placement has no Source: the old copy stays until G passes
+	// it.
 	c.place(live, hostOf, holders, nil)
+	if got := heldSteps(c.hosts[2], 1); !slices.Contains(got, 1) {
+		t.Errorf("rank 2's host dropped rank 1's step 1 (holds %v) at G = 1", got)
+	}
+	rs[1] = r1
+	for _, r := range []int{0, 2} {
+		rs[r] = newSessRank(t, c.hosts[r], r)
+		checkRestored(t, rs[r], rs[r].restore(ctx), 1, 1)
+	}
+	protectFrom(c, rs, 2, 3)
 	if got := heldSteps(c.hosts[2], 1); got != nil {
-		t.Errorf("rank 2's host keeps rank 1's steps %v after it stopped being its Source", got)
+		t.Errorf("rank 2's host keeps rank 1's steps %v after G passed them", got)
 	}
 	if got := heldSteps(c.hosts[0], 1); !slices.Contains(got, 1) {
 		t.Errorf("rank 1's holder dropped its steps (now %v)", got)
@@ -361,8 +376,9 @@ func TestLinkFailed(t *testing.T) {
 			if p := c.progress(0); p.Replicated != 1 {
 				t.Errorf("rank 0's step 2 counts as replicated: %+v", p)
 			}
-			// A new placement: a failure is reported again.
-			if err := c.hosts[0].SetPlacement(Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: holders}); err != nil {
+			// A new placement (the NewHost's, with a restore plan): a
+			// failure is reported again.
+			if err := c.hosts[0].SetPlacement(Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: holders, Sources: map[int]Source{1: {Opt: 0, Params: 0}}}); err != nil {
 				t.Fatal(err)
 			}
 			before = rep.fails.Load()

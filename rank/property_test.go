@@ -836,7 +836,7 @@ func (h *heldCleanups) run() {
 // holder was on the replaced host, once the launcher saw every rank
 // replicated again, lost step G for its ranks: their own slots went with
 // it and the new holder had nothing. Found by TestPropertyGRecoverable
-// with GORUN_PROPERTY_STRICT=1 (e.g. seed 4, k=1). Replicated now counts
+// when it still waited only for G to pass the restart's (e.g. seed 4, k=1). Replicated now counts
 // a holder only from the step it acknowledged in the generation: the
 // survivors ask their holders, and send G to the new host's.
 func TestBugReplicasLostWithReplacedHost(t *testing.T) {

@@ -39,6 +39,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -210,6 +211,33 @@ func writeFail(w io.Writer, h linkHdr, why uint32, msg string) error {
 	return err
 }
 
+// refusePut drains a put's data, then refuses it: the link stays in
+// step.
+func refusePut(c io.ReadWriter, h linkHdr, why uint32, msg string) error {
+	if _, err := io.CopyN(io.Discard, c, int64(h.length)); err != nil {
+		return err
+	}
+	return writeFail(c, h, why, msg)
+}
+
+// writeAck acknowledges request h.
+func writeAck(w io.Writer, h linkHdr) error {
+	a := linkHdr{kind: kindAck, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
+	var ab [linkHdrSize]byte
+	a.put(ab[:])
+	_, err := w.Write(ab[:])
+	return err
+}
+
+// bufBytes is the size of a buffer's data.
+func bufBytes(data [][]byte) uint64 {
+	var n uint64
+	for _, d := range data {
+		n += uint64(len(d))
+	}
+	return n
+}
+
 // readAnswer reads an answer's header, and a fail's message as an error.
 func readAnswer(r io.Reader) (linkHdr, error) {
 	var hb [linkHdrSize]byte
@@ -270,7 +298,16 @@ type ownerReplica struct {
 	mu      sync.Mutex // held while a buffer is received or sent; guards the fields below
 	bufs    [2]replicaBuf
 	gen     uint64 // the newest restart generation known for the owner: older puts are refused
-	dropped bool   // no longer kept here (replicaStore.retain)
+	dropped bool   // no longer kept here (replicaStore.sweep)
+	// spare: no rank of this host holds the owner's replicas in the
+	// current placement (they left, or moved to other ranks): the copy is
+	// kept, serving restores, until G passes its newest step.
+	spare bool
+}
+
+// newest returns the newest complete step held, or -1. o.mu is held.
+func (o *ownerReplica) newest() int64 {
+	return max(o.bufs[0].step, o.bufs[1].step)
 }
 
 // replicaStore holds the replicas this host's ranks keep for others.
@@ -403,27 +440,17 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	}
 
 	if refuse := st.notHolder(h); refuse != "" {
-		// Drain the data, then refuse: the link stays in step.
-		if _, err := io.CopyN(io.Discard, c, int64(total)); err != nil {
-			return err
-		}
-		return writeFail(c, h, failOther, refuse)
+		return refusePut(c, h, failOther, refuse)
 	}
 	o := st.owner(h.owner)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	// A new placement may have come meanwhile (and dropped o).
 	if refuse := st.notHolder(h); refuse != "" || o.dropped {
-		if _, err := io.CopyN(io.Discard, c, int64(total)); err != nil {
-			return err
-		}
-		return writeFail(c, h, failOther, cmp.Or(refuse, fmt.Sprintf("rank %d's replicas are no longer kept here", h.owner)))
+		return refusePut(c, h, failOther, cmp.Or(refuse, fmt.Sprintf("rank %d's replicas are no longer kept here", h.owner)))
 	}
 	if known := max(o.gen, st.h.Gen()); h.gen < known {
-		if _, err := io.CopyN(io.Discard, c, int64(total)); err != nil {
-			return err
-		}
-		return writeFail(c, h, failStale, fmt.Sprintf("rank %d step %d: a put of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known))
+		return refusePut(c, h, failStale, fmt.Sprintf("rank %d step %d: a put of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known))
 	}
 	o.gen = h.gen
 	// The victim: a buffer holding this step or a later one (from before a
@@ -443,10 +470,7 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	if !sameShape(buf.table, t) {
 		// Replicas live in this agent's memory: all of them together may
 		// take at most half the host's, whatever peers announce.
-		var old uint64
-		for _, d := range buf.data {
-			old += uint64(len(d))
-		}
+		old := bufBytes(buf.data)
 		if err := st.reserve(total, old); err != nil {
 			buf.table, buf.data = nil, nil
 			st.reserve(0, old) // the buffer is dropped
@@ -469,11 +493,7 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 		}
 	}
 	buf.step = h.step
-	a := linkHdr{kind: kindAck, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
-	var ab [linkHdrSize]byte
-	a.put(ab[:])
-	_, err := c.Write(ab[:])
-	return err
+	return writeAck(c, h)
 }
 
 // notHolder says why h.holder does not hold h.owner's replicas here in
@@ -518,38 +538,51 @@ func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
 		}
 		o.gen = max(o.gen, h.gen)
 		b.gen = max(b.gen, h.gen)
-		a := linkHdr{kind: kindAck, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
-		var ab [linkHdrSize]byte
-		a.put(ab[:])
-		_, err := c.Write(ab[:])
-		return err
+		return writeAck(c, h)
 	}
 	return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d at step %d with these regions here", h.owner, h.step))
 }
 
-// retain drops the replicas of the owners this host no longer keeps
-// under placement p (see placement.keeps).
-func (st *replicaStore) retain(p *placement) {
+// sweep marks the copies no rank of this host holds under placement p
+// (nil: as marked before) as spare, and drops the spare copies whose
+// newest step is older than g, the generation's G.
+//
+// Why a spare copy is kept that long (I3: a copy of every rank's G exists
+// somewhere at every instant): when an owner's holders change, its new
+// holders have nothing yet, and the owner's own host may be lost before
+// they acknowledged G; the old holder's copy, or the copy a restore plan
+// names (Source.Opt), is then the one left. A G newer than the copy's
+// newest step b was reported by the owner's Replicated under a placement
+// where this host no longer received its steps: had the report counted
+// this host as a holder, this host would hold a step after b. So every
+// holder the owner had when that G was reported acknowledged a step ≥ G,
+// and this copy, which cannot serve G, may go.
+func (st *replicaStore) sweep(p *placement, g int64) {
 	st.mu.Lock()
-	var drop []*ownerReplica
-	for r, o := range st.owners {
-		if !p.keeps(st.h.cfg.Host, r) {
-			delete(st.owners, r)
-			drop = append(drop, o)
-		}
-	}
+	owners := make(map[int]*ownerReplica, len(st.owners))
+	maps.Copy(owners, st.owners)
 	st.mu.Unlock()
-	for _, o := range drop {
+	for r, o := range owners {
 		o.mu.Lock()
+		if p != nil {
+			o.spare = !p.holds(r)
+		}
+		if !o.spare || o.newest() >= g && o.newest() >= 0 {
+			o.mu.Unlock()
+			continue
+		}
 		o.dropped = true
 		var n uint64
 		for i := range o.bufs {
-			for _, d := range o.bufs[i].data {
-				n += uint64(len(d))
-			}
+			n += bufBytes(o.bufs[i].data)
 			o.bufs[i] = replicaBuf{step: noStep}
 		}
 		o.mu.Unlock()
+		st.mu.Lock()
+		if st.owners[r] == o {
+			delete(st.owners, r)
+		}
+		st.mu.Unlock()
 		st.reserve(0, n)
 	}
 }
@@ -571,13 +604,9 @@ func (st *replicaStore) copyOut(owner int, step int64, dst map[string][]byte) er
 			continue
 		}
 		for i, e := range b.table {
-			d, ok := dst[e.name]
-			if !ok || int64(len(d)) != e.size {
-				return fmt.Errorf("region %q of %d bytes does not fit here (%d)", e.name, e.size, len(d))
-			}
-			copy(d, b.data[i])
-			if got := crc32.Checksum(d, castagnoli); got != e.sum {
-				return fmt.Errorf("region %q of step %d: CRC32C %08x, want %08x", e.name, step, got, e.sum)
+			err := fillRegion(dst, e, step, func(d []byte) error { copy(d, b.data[i]); return nil })
+			if err != nil {
+				return err
 			}
 		}
 		if len(b.table) != len(dst) {
@@ -586,6 +615,22 @@ func (st *replicaStore) copyOut(owner int, step int64, dst map[string][]byte) er
 		return nil
 	}
 	return fmt.Errorf("no replica of rank %d at step %d here", owner, step)
+}
+
+// fillRegion fills dst[e.name], which must be of e's size, with fill,
+// and checks it against e's CRC32C (of step).
+func fillRegion(dst map[string][]byte, e tableEntry, step int64, fill func(d []byte) error) error {
+	d, ok := dst[e.name]
+	if !ok || int64(len(d)) != e.size {
+		return fmt.Errorf("region %q of %d bytes does not fit here (%d)", e.name, e.size, len(d))
+	}
+	if err := fill(d); err != nil {
+		return err
+	}
+	if got := crc32.Checksum(d, castagnoli); got != e.sum {
+		return fmt.Errorf("region %q of step %d: CRC32C %08x, want %08x", e.name, step, got, e.sum)
+	}
+	return nil
 }
 
 // physicalMemory is the host's RAM in bytes (0 if unknown): no replica
@@ -631,30 +676,40 @@ func (st *replicaStore) getSlot(c net.Conn, h linkHdr, want []tableEntry) error 
 	for i, e := range want {
 		names[i] = e.name
 	}
-	t, data, err := svc.readSlot(h.step, names)
-	if err != nil {
+	// The rank's service closing (it leaves this host) ends a write held
+	// up by the reader: close waits for readSlot to return.
+	defer context.AfterFunc(svc.life, func() { c.SetWriteDeadline(time.Unix(1, 0)) })()
+	var linkErr error
+	err := svc.readSlot(h.step, names, func(t []tableEntry, data [][]byte) error {
+		d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
+		linkErr = writeFrame(c, d, t, data)
+		return linkErr
+	})
+	if err != nil && linkErr == nil {
 		return writeFail(c, h, failOther, err.Error())
 	}
-	d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
-	return writeFrame(c, d, t, data)
+	return linkErr
 }
 
-// readSlot returns views of the named regions of this rank's committed
-// slot holding step, verified, with their CRC32Cs as committed. It takes
-// no lock of the service (a restore on this host may be asking for it
-// while it holds its own): the rank may stage over the slot while the
-// views are read, and whoever copies them checks the copy against the
-// CRCs.
-func (s *service) readSlot(step int64, names []string) ([]tableEntry, [][]byte, error) {
+// readSlot calls f with views of the named regions of this rank's
+// committed slot holding step, verified, and their CRC32Cs as committed.
+// The views are valid only during f: the slots stay mapped meanwhile
+// (mapMu is read-held; close waits). It takes no other lock of the
+// service while f runs (a restore on this host may be asking for it while
+// it holds its own): the rank may stage over the slot while the views are
+// read, and whoever copies them checks the copy against the CRCs.
+func (s *service) readSlot(step int64, names []string, f func(t []tableEntry, data [][]byte) error) error {
+	s.mapMu.RLock()
+	defer s.mapMu.RUnlock()
 	s.mu.Lock()
 	slots, regions := s.slots, s.regions
 	s.mu.Unlock()
 	if slots == nil {
-		return nil, nil, fmt.Errorf("rank %d protects nothing", s.rank)
+		return fmt.Errorf("rank %d protects nothing", s.rank)
 	}
 	sn, err := slots.At(uint64(step))
 	if err != nil {
-		return nil, nil, fmt.Errorf("rank %d: %w", s.rank, err)
+		return fmt.Errorf("rank %d: %w", s.rank, err)
 	}
 	sums := sn.Sums()
 	var t []tableEntry
@@ -662,14 +717,21 @@ func (s *service) readSlot(step int64, names []string) ([]tableEntry, [][]byte, 
 	for _, n := range names {
 		i := slices.IndexFunc(regions, func(r Region) bool { return r.Name == n })
 		if i < 0 {
-			return nil, nil, fmt.Errorf("rank %d has no region %q", s.rank, n)
+			return fmt.Errorf("rank %d has no region %q", s.rank, n)
 		}
 		v := sn.Region(n)
 		t = append(t, tableEntry{name: n, size: int64(len(v)), sum: sums[i]})
 		data = append(data, v)
 	}
-	return t, data, nil
+	if testHookSlotRead != nil {
+		testHookSlotRead(s)
+	}
+	return f(t, data)
 }
+
+// testHookSlotRead, if set (by tests), is called while a reader of a
+// rank's slot holds its views.
+var testHookSlotRead func(s *service)
 
 // ---- The owner's side --------------------------------------------------
 
@@ -708,6 +770,9 @@ type replicator struct {
 	wake    chan struct{} // ends a backoff wait early (new placement or addresses)
 	stopped bool          // the service closed
 	failed  bool          // the rank's state is corrupt: nothing to send until reset
+	// restoring: the rank's slot is being rewritten (restoreRemote):
+	// nothing starts the loop until resume.
+	restoring bool
 
 	fails atomic.Int64 // rounds that failed (and were retried, or stopped), ever
 }
@@ -718,14 +783,17 @@ func (r *replicator) init(s *service) {
 	r.wake = make(chan struct{}, 1)
 }
 
-// updateLocked sets the service's replicated step from acked and the
-// current placement's holders. r.mu is held.
-func (r *replicator) updateLocked() {
-	ts := r.s.h.place().targets(r.s.rank)
+// replicatedIn returns the newest step every holder of placement p
+// acknowledged since it became one (MaxStep when the rank has no
+// holders): derived from acked and p each time, so that a report taken
+// under a new placement never counts the holders of the one before.
+func (r *replicator) replicatedIn(p *placement) int64 {
+	ts := p.targets(r.s.rank)
 	if len(ts) == 0 {
-		r.s.replicated.Store(MaxStep) // every committed step
-		return
+		return MaxStep // every committed step
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	m := int64(MaxStep)
 	for _, k := range ts {
 		a, ok := r.acked[k]
@@ -734,7 +802,7 @@ func (r *replicator) updateLocked() {
 		}
 		m = min(m, a)
 	}
-	r.s.replicated.Store(m)
+	return m
 }
 
 // want has step, newly committed, (and the steps before it that a holder
@@ -742,7 +810,6 @@ func (r *replicator) updateLocked() {
 func (r *replicator) want(step int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.updateLocked()
 	if r.stopped || r.failed {
 		return
 	}
@@ -751,7 +818,7 @@ func (r *replicator) want(step int64) {
 }
 
 func (r *replicator) startLocked() {
-	if r.running || r.wantS < 0 {
+	if r.running || r.restoring || r.wantS < 0 {
 		return
 	}
 	r.running = true
@@ -767,7 +834,6 @@ func (r *replicator) forget() {
 	defer r.mu.Unlock()
 	clear(r.acked)
 	r.ver++
-	r.updateLocked()
 }
 
 // placed switches to placement p's holders: those that left are
@@ -796,7 +862,6 @@ func (r *replicator) placed(p *placement) {
 	if changed {
 		r.ver++
 	}
-	r.updateLocked()
 	r.poke()
 	if r.stopped || r.failed || committed < 0 {
 		return
@@ -824,6 +889,26 @@ func (r *replicator) reset() {
 		cancel()
 		<-done
 	}
+}
+
+// pause cancels the replication in flight, waits for it to end, and
+// keeps it from starting again until resume: the slots are rewritten.
+// What the holders acknowledged is forgotten (each is asked again).
+func (r *replicator) pause() {
+	r.mu.Lock()
+	r.restoring = true
+	r.mu.Unlock()
+	r.reset()
+	r.forget()
+}
+
+// resume ends a pause and has step (the rank's newest committed step, -1:
+// none) replicated.
+func (r *replicator) resume(step int64) {
+	r.mu.Lock()
+	r.restoring = false
+	r.mu.Unlock()
+	r.want(step)
 }
 
 func (r *replicator) stop() {
@@ -893,7 +978,6 @@ func (r *replicator) loop(ctx context.Context, cancel context.CancelFunc, done c
 		}
 		if p.step < 0 || ctx.Err() != nil || r.failed {
 			r.running, r.cancel = false, nil
-			r.updateLocked()
 			r.mu.Unlock()
 			return
 		}
@@ -907,7 +991,6 @@ func (r *replicator) loop(ctx context.Context, cancel context.CancelFunc, done c
 				}
 			}
 		}
-		r.updateLocked()
 		r.mu.Unlock()
 		s.h.cfg.Changed()
 		if err == nil {
@@ -1152,23 +1235,17 @@ func (p *linkPool) do(ctx context.Context, host, rank int, f func(c net.Conn) er
 // has asks host whether it holds the step of h (a has request) with the
 // regions of t, and waits for the answer: nil if it does.
 func (p *linkPool) has(ctx context.Context, host int, h linkHdr, t []tableEntry) error {
-	return p.do(ctx, host, h.owner, func(c net.Conn) error {
-		if err := writeFrame(c, h, t, nil); err != nil {
-			return err
-		}
-		a, err := readAnswer(c)
-		if err != nil {
-			return err
-		}
-		if a.kind != kindAck || a.owner != h.owner || a.step != h.step || a.holder != h.holder {
-			return fmt.Errorf("unexpected answer kind %#x for rank %d step %d", a.kind, a.owner, a.step)
-		}
-		return nil
-	})
+	return p.acked(ctx, host, h, t, nil)
 }
 
 // put sends a put and waits for its acknowledgement.
 func (p *linkPool) put(ctx context.Context, host int, h linkHdr, t []tableEntry, data [][]byte) error {
+	return p.acked(ctx, host, h, t, data)
+}
+
+// acked sends request h with table t and data (nil: none) and waits for
+// its acknowledgement.
+func (p *linkPool) acked(ctx context.Context, host int, h linkHdr, t []tableEntry, data [][]byte) error {
 	return p.do(ctx, host, h.owner, func(c net.Conn) error {
 		if err := writeFrame(c, h, t, data); err != nil {
 			return err
@@ -1206,15 +1283,9 @@ func (p *linkPool) fetch(ctx context.Context, host int, h linkHdr, want []tableE
 			return fmt.Errorf("data of %d bytes for regions of %d", a.length, total)
 		}
 		for _, e := range t {
-			d, ok := dst[e.name]
-			if !ok || int64(len(d)) != e.size {
-				return fmt.Errorf("region %q of %d bytes does not fit here (%d)", e.name, e.size, len(d))
-			}
-			if _, err := io.ReadFull(c, d); err != nil {
+			err := fillRegion(dst, e, h.step, func(d []byte) error { _, err := io.ReadFull(c, d); return err })
+			if err != nil {
 				return err
-			}
-			if got := crc32.Checksum(d, castagnoli); got != e.sum {
-				return fmt.Errorf("region %q of step %d: CRC32C %08x, want %08x", e.name, h.step, got, e.sum)
 			}
 			delete(dst, e.name)
 		}

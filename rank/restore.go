@@ -56,7 +56,15 @@ func (s *service) restore(ctx context.Context) *Restorable {
 // It runs as a request (reqMu held) and holds s.mu only while it changes
 // the slots, not while it waits for other hosts.
 func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
-	s.rep.reset() // nothing reads the slots while they are rewritten
+	// The replicator reads no slot while they are rewritten; then it has
+	// the newest step committed replicated (g, or what is left on failure).
+	s.rep.pause()
+	defer func() {
+		s.mu.Lock()
+		committed := s.committed
+		s.mu.Unlock()
+		s.rep.resume(committed)
+	}()
 	s.mu.Lock()
 	st, err := s.stageForRestore(g)
 	regions, repl := s.regions, s.repl
@@ -76,15 +84,7 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	}
 	// Where the replicated regions are: the Source's copy first, then
 	// the holders.
-	var optFrom []int
-	if hasSrc {
-		optFrom = append(optFrom, src.Opt)
-	}
-	for _, hr := range pl.holdersOf(s.rank) {
-		if !slices.Contains(optFrom, hr) {
-			optFrom = append(optFrom, hr)
-		}
-	}
+	optFrom := preferFirst(src.Opt, hasSrc, pl.holdersOf(s.rank))
 	var errs []error
 	got := len(want) == 0
 	for _, hr := range optFrom {
@@ -109,17 +109,11 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	}
 	if pi := slices.IndexFunc(regions, func(r Region) bool { return r.Name == "params" }); pi >= 0 {
 		got := false
-		var peers []int
-		if hasSrc {
-			peers = append(peers, src.Params)
-		}
+		var all []int
 		if s.h.cfg.Peers != nil {
-			for _, pr := range s.h.cfg.Peers(s.rank) {
-				if !slices.Contains(peers, pr) {
-					peers = append(peers, pr)
-				}
-			}
+			all = s.h.cfg.Peers(s.rank)
 		}
+		peers := preferFirst(src.Params, hasSrc, all)
 		for _, pr := range peers {
 			if pr == s.rank {
 				continue
@@ -151,10 +145,8 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	s.views[slot] = views
 	s.committed = g
 	s.mu.Unlock()
-	// The holders are asked whether they have g, and sent it if not:
-	// Replicated says g only then.
-	s.rep.forget()
-	s.rep.want(g)
+	// The holders are asked whether they have g, and sent it if not
+	// (resume): Replicated says g only then.
 	return slot, nil
 }
 
@@ -185,16 +177,29 @@ func (s *service) stageForRestore(g int64) (*ckpt.Staged, error) {
 // copySlot copies region name of this rank's slot holding step into dst,
 // and checks the copy against the region's committed CRC32C.
 func (s *service) copySlot(step int64, name string, dst []byte) error {
-	t, data, err := s.readSlot(step, []string{name})
-	if err != nil {
-		return err
+	return s.readSlot(step, []string{name}, func(t []tableEntry, data [][]byte) error {
+		if len(data[0]) != len(dst) {
+			return fmt.Errorf("region %q of %d bytes, want %d", name, len(data[0]), len(dst))
+		}
+		copy(dst, data[0])
+		if got := crc32.Checksum(dst, castagnoli); got != t[0].sum {
+			return fmt.Errorf("region %q of step %d changed while it was copied (CRC32C %08x, committed %08x)", name, step, got, t[0].sum)
+		}
+		return nil
+	})
+}
+
+// preferFirst returns rest with first (if ok) moved or added in front,
+// each rank once.
+func preferFirst(first int, ok bool, rest []int) []int {
+	var out []int
+	if ok {
+		out = append(out, first)
 	}
-	if len(data[0]) != len(dst) {
-		return fmt.Errorf("region %q of %d bytes, want %d", name, len(data[0]), len(dst))
+	for _, r := range rest {
+		if !slices.Contains(out, r) {
+			out = append(out, r)
+		}
 	}
-	copy(dst, data[0])
-	if got := crc32.Checksum(dst, castagnoli); got != t[0].sum {
-		return fmt.Errorf("region %q of step %d changed while it was copied (CRC32C %08x, committed %08x)", name, step, got, t[0].sum)
-	}
-	return nil
+	return out
 }

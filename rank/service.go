@@ -32,6 +32,10 @@ type service struct {
 	stop context.CancelFunc
 
 	reqMu sync.Mutex // serializes requests
+	// mapMu is read-held by readers of the mapped slot memory outside a
+	// request (readSlot: another rank's restore, a peer's getSlot), and
+	// held by close while it unmaps the slots. Order: reqMu, mapMu, mu.
+	mapMu sync.RWMutex
 
 	mu        sync.Mutex // guards the fields below
 	session   uint64     // the newest session's id
@@ -57,16 +61,12 @@ type service struct {
 	// gone: the rank left this host (SetPlacement): its sessions fail.
 	gone bool
 
-	// replicated is the newest step every current holder acknowledged
-	// (replicator.update), or MaxStep when the rank has no holders:
-	// progress reports min(replicated, committed).
-	replicated atomic.Int64
-	restores   atomic.Int64 // Restore requests served in this generation
-	stages     atomic.Int64
-	waitNS     atomic.Int64
-	replSteps  atomic.Int64
-	replNS     atomic.Int64
-	replBytes  atomic.Int64
+	restores  atomic.Int64 // Restore requests served in this generation
+	stages    atomic.Int64
+	waitNS    atomic.Int64
+	replSteps atomic.Int64
+	replNS    atomic.Int64
+	replBytes atomic.Int64
 
 	rep replicator // this rank's outgoing replication (replica.go)
 }
@@ -74,16 +74,18 @@ type service struct {
 func newService(h *Host, rank int) *service {
 	s := &service{h: h, rank: rank, committed: noStep, slotStep: [2]int64{noStep, noStep}, failed: make(chan struct{})}
 	s.life, s.stop = context.WithCancel(h.life)
-	s.replicated.Store(noStep)
 	s.rep.init(s)
 	return s
 }
 
-func (s *service) progress() Progress {
+// progress returns the rank's progress under placement p (the host's
+// current one): Replicated is min(committed, the newest step every holder
+// of p acknowledged since it became one).
+func (s *service) progress(p *placement) Progress {
 	s.mu.Lock()
-	c, r := s.committed, s.replicated.Load()
+	c := s.committed
 	s.mu.Unlock()
-	r = min(r, c)
+	r := min(s.rep.replicatedIn(p), c)
 	return Progress{Rank: s.rank, Committed: c, Replicated: r, Stages: s.stages.Load(), WaitNS: s.waitNS.Load(),
 		ReplSteps: s.replSteps.Load(), ReplNS: s.replNS.Load(), ReplBytes: s.replBytes.Load(), Restores: s.restores.Load()}
 }
@@ -112,6 +114,11 @@ type Session struct {
 	gen   uint64 // the restart generation it belongs to
 	id    uint64 // its number among the rank's sessions, from ProtectHello
 	hello bool
+	// placed is the placement of its rank's newest ProtectHello or
+	// Restore on it: if a new placement replaced it since, the rank has
+	// not restored in place yet, and its stages do not wait at the
+	// overwrite rule (errNewPlacement).
+	placed *placement
 }
 
 // live returns an error if a newer session of the rank, or a restart,
@@ -172,11 +179,12 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 		if err := req.check(); err != nil {
 			return 0, nil, err
 		}
+		pl := s.h.place() // before: a placement that comes meanwhile ends the waits
 		w, id, err := s.hello(&req)
 		if err != nil {
 			return TypeProtectWelcome, &ProtectWelcome{Committed: noStep, G: noStep, Err: err.Error()}, nil
 		}
-		ss.hello, ss.id = true, id
+		ss.hello, ss.id, ss.placed = true, id, pl
 		return TypeProtectWelcome, w, nil
 	case TypeStage, TypeCommit, TypeGradient:
 		var req StepReq
@@ -209,9 +217,11 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 			return 0, nil, err
 		}
 		if typ == TypeRestore {
+			pl := s.h.place()
 			res := s.restore(ctx)
 			if res.Err == "" {
 				s.restores.Add(1)
+				ss.placed = pl
 			}
 			return TypeRestorable, res, nil
 		}
@@ -236,6 +246,14 @@ func (s *service) hello(req *ProtectHello) (*ProtectWelcome, uint64, error) {
 }
 
 func (s *service) helloLocked(req *ProtectHello) (*ProtectWelcome, error) {
+	// A hello that passed its session's checks before the rank left (or
+	// the host stopped) must not create files that nothing would remove.
+	if s.gone {
+		return nil, errLeft
+	}
+	if s.life.Err() != nil {
+		return nil, ErrStopping
+	}
 	if s.slots != nil {
 		if !slices.Equal(s.regions, req.Regions) {
 			return nil, fmt.Errorf("regions %v differ from the %v this rank protected before", req.Regions, s.regions)
@@ -331,7 +349,9 @@ func (s *service) welcome() *ProtectWelcome {
 // stage applies the overwrite rule, then marks the slot to write.
 func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 	gen := ss.gen
-	replaced := s.h.place().replaced
+	// A placement that replaced the session's (since its ProtectHello or
+	// its last Restore) ends the wait at once: the rank restores in place.
+	replaced := ss.placed.replaced
 	s.mu.Lock()
 	if s.corrupt != nil {
 		err := s.corrupt
@@ -482,7 +502,7 @@ func (s *service) trimLog() {
 }
 
 func (s *service) status() *Status {
-	p := s.progress()
+	p := s.progress(s.h.place())
 	return &Status{
 		Committed: p.Committed, Replicated: p.Replicated, G: s.h.G(),
 		Stages: p.Stages, WaitNS: p.WaitNS, Holders: slices.Clone(s.h.holders(s.rank)),
@@ -542,11 +562,11 @@ func (s *service) verifySlot(slot int, step int64) *CorruptError {
 // left if they lack it: Replicated says it only then.
 func (s *service) truncate(g int64) error {
 	s.rep.reset()
+	s.rep.forget() // before the slots change: no report pairs a new committed step with old acks
 	err := s.truncateSlots(g)
 	s.mu.Lock()
 	committed := s.committed
 	s.mu.Unlock()
-	s.rep.forget()
 	s.rep.want(committed)
 	return err
 }
@@ -591,12 +611,14 @@ func (s *service) truncateSlots(g int64) error {
 }
 
 // close stops the service: its requests in flight end (it waits for
-// them) and its slots are unmapped. The files stay.
+// them, and for the readers of its slots) and its slots are unmapped. The files stay.
 func (s *service) close() error {
 	s.stop()
 	s.rep.stop()
 	s.reqMu.Lock()
 	defer s.reqMu.Unlock()
+	s.mapMu.Lock() // no reader holds views of the slots
+	defer s.mapMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var errs []error
