@@ -340,18 +340,25 @@ func (m *Machine) onRankExited(e RankExited) {
 	if m.stopped {
 		return
 	}
+	// The launcher's wording since before hot-swap: users and scripts
+	// match on it.
 	why := fmt.Sprintf("exited with code %d", e.Code)
-	if e.Signal > 0 {
+	switch {
+	case e.Abort && e.Msg != "":
+		why = e.Msg
+	case e.Abort:
+		why = fmt.Sprintf("called MPI_Abort with exit code %d", e.Code)
+	case e.Signal > 0:
 		why = "was killed by " + signame(e.Signal)
+	case e.Msg != "":
+		why += " (" + e.Msg + ")"
 	}
-	if e.Abort {
-		why = fmt.Sprintf("called MPI_Abort (code %d)", e.Code)
-	}
-	if e.Msg != "" {
-		why += ": " + e.Msg
+	pid := ""
+	if e.Pid > 0 {
+		pid = fmt.Sprintf(" (pid %d)", e.Pid)
 	}
 	f := &rankFailure{rank: r, status: status, signaled: e.Signal > 0 || e.Abort, abort: e.Abort,
-		what: fmt.Sprintf("rank %d on host %s %s", r, m.names[e.Host], why), at: m.now}
+		what: fmt.Sprintf("rank %d on host %s%s %s", r, m.names[e.Host], pid, why), at: m.now}
 	switch {
 	case m.pending == nil:
 		m.pending, m.pendingAt = f, m.now+m.cfg.FailWindow
@@ -383,6 +390,10 @@ func (m *Machine) rankFailed(f *rankFailure) {
 	r := f.rank
 	if r == m.blamed && m.g == m.blamedG && m.lastStep[r] == m.blamedStep {
 		m.abort(f.status, "%s, again with no progress since its last failure; stopping the job rather than restarting it in a loop", f.what)
+		return
+	}
+	if m.cfg.MaxRestarts == 0 {
+		m.abort(f.status, "%s; stopping the job", f.what)
 		return
 	}
 	if m.restarts >= m.cfg.MaxRestarts {
@@ -474,7 +485,7 @@ func (m *Machine) onSignal(s syscall.Signal) {
 		}
 		m.stopping = true
 		m.pending = nil
-		m.report("interrupted by %s; stopping %d ranks (again to kill at once)", signame(s), left)
+		m.report("%s; stopping %d ranks (again to kill at once)", signame(s), left)
 		m.emit(StopRanks{Signal: s, Grace: m.cfg.KillGrace})
 		return
 	}
