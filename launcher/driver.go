@@ -49,7 +49,13 @@ func (j *job) schedule() {
 
 // do carries out one action of the machine.
 func (j *job) do(a hotswap.Action) {
-	j.log.Debug("hot-swap", "action", a.String())
+	switch a.(type) {
+	case hotswap.Report, hotswap.Abort, hotswap.Timeline:
+		// Reported to the user as they are: logging them too (-v) would
+		// say everything twice.
+	default:
+		j.log.Debug("hot-swap", "action", a.String())
+	}
 	switch a := a.(type) {
 	case hotswap.Report:
 		j.out.report("%s", a.Msg)

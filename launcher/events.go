@@ -3,6 +3,7 @@ package launcher
 import (
 	"encoding/json"
 	"io"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -42,15 +43,16 @@ import (
 //	                 for a stage not reached (replaced is null for a
 //	                 restart in place)
 //
-// A nil *eventLog writes nothing. An error writing is logged once by the
-// caller's logger and the log stops.
+// A nil *eventLog writes nothing. The first error writing is logged (a
+// warning) and the log stops; the job goes on.
 type eventLog struct {
 	mu  sync.Mutex
 	w   io.Writer
+	log *slog.Logger
 	err error
 }
 
-func newEventLog(w io.Writer) *eventLog { return &eventLog{w: w} }
+func newEventLog(w io.Writer, log *slog.Logger) *eventLog { return &eventLog{w: w, log: log} }
 
 type evFence struct {
 	Host string `json:"host"`
@@ -147,8 +149,11 @@ func (l *eventLog) write(at time.Duration, event string, v any) {
 	line = append(line, '\n')
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.err == nil {
-		_, l.err = l.w.Write(line)
+	if l.err != nil {
+		return
+	}
+	if _, l.err = l.w.Write(line); l.err != nil {
+		l.log.Warn("cannot write the --events record; it stops here", "err", l.err)
 	}
 }
 

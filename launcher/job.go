@@ -83,16 +83,16 @@ type job struct {
 	mu sync.Mutex // guards every host's kill and stream
 
 	// State owned by the loop.
-	m        *hotswap.Machine // the failure decisions (package hotswap)
-	t0       time.Time        // the job's start: the machine's clock is time since t0
-	deadline *time.Timer      // the machine's next deadline (NextDeadline)
-	rec      *watch           // the recovery epoch being followed, or nil
+	m        *hotswap.Machine      // the failure decisions (package hotswap)
+	t0       time.Time             // the job's start: the machine's clock is time since t0
+	deadline *time.Timer           // the machine's next deadline (NextDeadline)
+	rec      *watch                // the recovery epoch being followed, or nil
 	publish  *hotswap.PublishEpoch // waiting for its RestorePlan
 	// What the current step's actions did: restarted every rank, moved
 	// these to another host.
 	restarted bool
 	moved     []int
-	under    map[int]int64 // under-protected owners → the G their copies must reach
+	under     map[int]int64 // under-protected owners → the G their copies must reach
 	// cause is why the job stops, once it does: the machine's decision
 	// (Abort, an interrupt) or the launcher's own (--timeout, a broken
 	// stdout, an agent that cannot start before the job has).
@@ -137,7 +137,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		quit:       make(chan struct{}),
 	}
 	if cfg.Events != nil {
-		j.evlog = newEventLog(cfg.Events)
+		j.evlog = newEventLog(cfg.Events, cfg.Logger)
 	}
 	j.subj = wire.JobSubjects(j.id)
 	// Agents run on the hosts that got ranks and on the spares, in

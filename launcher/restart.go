@@ -46,4 +46,3 @@ func holderRows(holders [][]int) []wire.HolderRow {
 	}
 	return rows
 }
-
