@@ -226,10 +226,10 @@ func (cfg *Config) markSpares() error {
 		return nil
 	}
 	if hosts == 0 {
-		return &ConfigError{Msg: fmt.Sprintf("every one of the %d hosts is a spare; at least one must run ranks", n)}
+		return &ConfigError{Msg: fmt.Sprintf("--spares %d: with the hostfile's spares, all %d hosts are spares; at least one must run ranks", cfg.Spares, n)}
 	}
 	if slots < cfg.NP && !cfg.Oversubscribe {
-		return &ConfigError{Msg: fmt.Sprintf("%d spare hosts (--spares %d, and the hostfile's) leave %d slots on %d hosts for %d ranks (-np %d)", spares, cfg.Spares, slots, hosts, cfg.NP, cfg.NP)}
+		return &ConfigError{Msg: fmt.Sprintf("--spares %d: the %d spare hosts leave %d slots for -np %d ranks", cfg.Spares, spares, slots, cfg.NP)}
 	}
 	return nil
 }

@@ -360,6 +360,15 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	// The ranks' hosts: neither the hostfile's spares nor the last
 	// --spares hosts.
 	ranksOn := func(i int) bool { return !cfg.Hosts[i].Spare && i < len(cfg.Hosts)-o.spares }
+	withRanks := 0
+	for i := range cfg.Hosts {
+		if ranksOn(i) {
+			withRanks++
+		}
+	}
+	if withRanks == 0 {
+		return cfg, usagef("--spares %d: with the hostfile's spares, no host is left to run ranks (%d hosts)", o.spares, len(cfg.Hosts))
+	}
 	if cfg.NP == 0 {
 		for i, h := range cfg.Hosts {
 			if ranksOn(i) {
