@@ -106,6 +106,10 @@ type Config struct {
 	Signals <-chan os.Signal
 
 	dirExplicit bool // Dir was given, not defaulted
+	// running, when not nil, is called with the job once its agents are
+	// being started, before its loop runs (the package's tests: they
+	// observe the job and play a host's failure).
+	running func(*job)
 }
 
 // ErrConfig is matched (errors.Is) by every error that says the

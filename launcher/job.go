@@ -330,6 +330,9 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		}
 	}
 
+	if j.cfg.running != nil {
+		j.cfg.running(j)
+	}
 	code = j.loop(ctx)
 	if j.verbose && j.prog.used() {
 		j.out.report("%s", j.prog.table())
