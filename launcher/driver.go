@@ -291,6 +291,10 @@ func (j *job) loop(ctx context.Context) int {
 			j.onProgress(u)
 		case h := <-j.beats:
 			j.step(hotswap.Heartbeat{Host: h})
+		case h := <-j.dropped:
+			if !j.hosts[h].fenced.Load() && !j.hosts[h].ended {
+				j.step(hotswap.ControlDropped{Host: h})
+			}
 		case <-j.deadline.C:
 			j.step(hotswap.Tick{})
 		case x := <-j.agentExits:

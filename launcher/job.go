@@ -75,6 +75,7 @@ type job struct {
 	events     chan *wire.Event
 	progress   chan *wire.UpProgress
 	beats      chan int // hosts heard from, at most one per host per half heartbeat interval
+	dropped    chan int // hosts whose agent's control connection closed
 	agentExits chan agentExit
 	wg         sync.WaitGroup // agent goroutines
 	sem        chan struct{}  // start slots
@@ -131,6 +132,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		events:     make(chan *wire.Event, 1024),
 		progress:   make(chan *wire.UpProgress, 1024),
 		beats:      make(chan int, 1024),
+		dropped:    make(chan int, 1024),
 		agentExits: make(chan agentExit, 16),
 		rankEnded:  make([]bool, cfg.NP),
 		rankHost:   make([]int, cfg.NP),
@@ -242,6 +244,13 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 			scfg.Hosts[i].Password = c.InProcessPassword()
 		} else if scfg.Hosts[i].Nkey, err = c.PublicKey(); err != nil {
 			return 0, err
+		}
+	}
+	scfg.HostDisconnected = func(host int, reason string) {
+		j.log.Debug("agent's control connection closed", "host", j.hosts[host].name, "reason", reason)
+		select {
+		case j.dropped <- host:
+		case <-j.quit:
 		}
 	}
 	j.srv, err = ctlserver.Start(scfg)
