@@ -362,7 +362,11 @@ func (m *Machine) onRankExited(e RankExited) {
 	switch {
 	case m.pending == nil:
 		m.pending, m.pendingAt = f, m.now+m.cfg.FailWindow
-	case f.signaled && !m.pending.signaled:
+	case f.signaled && !m.pending.signaled,
+		// The rank blamed for the last restart, reported first, may
+		// only have lost this one as a peer: blaming it would take a
+		// failure of another rank for a crash loop.
+		f.signaled == m.pending.signaled && m.pending.rank == m.blamed && r != m.blamed:
 		f.at = m.pending.at
 		m.pending = f
 	}

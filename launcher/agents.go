@@ -33,6 +33,9 @@ type agentHost struct {
 	// ranks are the host's ranks in the current epoch, in local-rank
 	// order: written by the loop under job.tab.
 	ranks []int
+	// epoch is the newest epoch whose table the agent reported having
+	// (wire.EventEpoch); the loop's.
+	epoch uint64
 
 	// What a restart leaves as it is: the agent is the same one, registered
 	// once, and its heartbeats keep lastSeen fresh throughout. Whether the

@@ -363,6 +363,7 @@ func (j *job) onEvent(e *wire.Event) {
 		}
 	case wire.EventEpoch:
 		j.log.Debug("agent has the epoch's table", "host", h.name, "epoch", e.Epoch)
+		h.epoch = max(h.epoch, e.Epoch)
 		if j.rec != nil {
 			j.rec.tableIn(j, e.Host, e.Epoch)
 		}
@@ -416,7 +417,9 @@ func (j *job) onProgress(u *wire.UpProgress) {
 		if r.Committed > before[i] {
 			j.step(hotswap.Progress{Rank: r.Rank, Step: r.Committed})
 		}
-		if g, ok := j.under[r.Rank]; ok && r.Replicated >= g {
+		// Only a report sent under the epoch's placement (its host has
+		// the table) counts: before it, Replicated is of the old holders.
+		if g, ok := j.under[r.Rank]; ok && r.Replicated >= g && j.hosts[u.Host].epoch >= j.epoch {
 			delete(j.under, r.Rank)
 			j.step(hotswap.Replicated{Owner: r.Rank})
 		}
