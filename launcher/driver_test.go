@@ -210,3 +210,34 @@ func TestDriverRefusesInPlaceWithoutRankClient(t *testing.T) {
 		}
 	}
 }
+
+// TestHeartbeatsRateLimited: every heartbeat refreshes the host's last
+// contact, but the loop (and the machine) hears of a host at most once
+// per half heartbeat interval, and not at all once it is fenced.
+func TestHeartbeatsRateLimited(t *testing.T) {
+	j := &job{beats: make(chan int, 16), quit: make(chan struct{})}
+	j.cfg.HeartbeatInterval = time.Hour
+	a, b := &agentHost{index: 0}, &agentHost{index: 1}
+	for range 5 {
+		j.heard(a)
+		j.heard(b)
+	}
+	if got := len(j.beats); got != 2 {
+		t.Errorf("%d heartbeats passed on for 10 received from 2 hosts within half an interval, want 2", got)
+	}
+	if a.lastSeen.Load() == 0 || b.lastSeen.Load() == 0 {
+		t.Error("last contact not recorded")
+	}
+	// Half an interval later, the next one is passed on.
+	a.beatSent.Add(-int64(time.Hour / 2))
+	j.heard(a)
+	if got := len(j.beats); got != 3 {
+		t.Errorf("%d heartbeats passed on after half an interval, want 3", got)
+	}
+	b.fenced.Store(true)
+	b.beatSent.Store(0)
+	j.heard(b)
+	if got := len(j.beats); got != 3 {
+		t.Errorf("a fenced host's heartbeat was passed on (%d)", got)
+	}
+}
