@@ -241,3 +241,21 @@ func TestHeartbeatsRateLimited(t *testing.T) {
 		t.Errorf("a fenced host's heartbeat was passed on (%d)", got)
 	}
 }
+
+// TestSpareThatCannotStart: a spare whose agent cannot start is reported
+// and not counted; the job runs on the other hosts.
+func TestSpareThatCannotStart(t *testing.T) {
+	r := startRun(t, 1, `echo "ran $GORUN_RANK"`, func(c *Config) {
+		c.Hosts = []topology.Host{{Name: "127.0.0.1", Slots: 1}, {Name: "spare.invalid", Slots: 1}}
+		c.Spares = 1
+		c.Bind = "127.0.0.1"
+		c.Rsh = []string{"false"} // the spare's agent exits at once
+	})
+	r.wait()
+	if r.code != 0 || !strings.Contains(r.stdout.String(), "[0] ran 0") {
+		t.Errorf("exit %d, stdout %q: want 0 and the rank's line", r.code, r.stdout.String())
+	}
+	if want := "cannot start agent on spare host spare.invalid"; !strings.Contains(r.stderr.String(), want) {
+		t.Errorf("stderr does not say %q:\n%s", want, r.stderr.String())
+	}
+}
