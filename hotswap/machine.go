@@ -508,7 +508,18 @@ func (m *Machine) onGPU(e GPUHealth) {
 		m.report("GPU %d on host %s: %s fault: %s; the host stays", e.GPU, m.names[e.Host], e.Class, e.Msg)
 		return
 	}
-	m.hostLost(e.Host, fmt.Sprintf("GPU %d %s fault: %s", e.GPU, e.Class, e.Msg), m.now)
+	why := fmt.Sprintf("GPU %d %s fault: %s", e.GPU, e.Class, e.Msg)
+	// The host still runs: replacing it is worth a recovery, but not
+	// the job. With nothing to replace it, it stays; if the fault breaks
+	// its ranks, their failures decide.
+	if ranks := m.hostRanks[e.Host]; len(ranks) > 0 && !m.stopped {
+		if _, _, err := m.replacement(e.Host, ranks); err != "" {
+			// (The caller has reported the fault itself, e.Msg.)
+			m.report("host %s: GPU %d %s fault; it stays, as nothing can replace it (%s)", m.names[e.Host], e.GPU, e.Class, err)
+			return
+		}
+	}
+	m.hostLost(e.Host, why, m.now)
 }
 
 func (m *Machine) onTick() {
