@@ -52,6 +52,7 @@ type Machine struct {
 	lastSeen   []time.Duration
 	suspected  []time.Duration // -1: not suspected
 	suspectWhy []string
+	agentGone  []bool // lost because its agent exited
 
 	pending   *rankFailure
 	pendingAt time.Duration
@@ -117,6 +118,7 @@ func New(c Config) (*Machine, error) {
 		lastSeen:   make([]time.Duration, nh),
 		suspected:  make([]time.Duration, nh),
 		suspectWhy: make([]string, nh),
+		agentGone:  make([]bool, nh),
 		stamp:      make([]uint32, nh),
 		blamed:     -1,
 	}
@@ -195,6 +197,9 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 		m.onRankExited(e)
 	case AgentExited:
 		if m.host(e.Host) {
+			if m.alive[e.Host] {
+				m.agentGone[e.Host] = true
+			}
 			m.hostLost(e.Host, "its agent exited: "+e.Why, m.now)
 		}
 	case AgentRegistered:
@@ -402,6 +407,10 @@ func (m *Machine) rankFailed(f *rankFailure) {
 	}
 	if m.restarts >= m.cfg.MaxRestarts {
 		m.abort(f.status, "%s; no restart left (%d of %d used); stopping the job", f.what, m.restarts, m.cfg.MaxRestarts)
+		return
+	}
+	if gone := m.deadWithRanks(); gone != "" {
+		m.abort(f.status, "%s; cannot restart the ranks: %s; stopping the job", f.what, gone)
 		return
 	}
 	sources, err := m.plan()
@@ -659,4 +668,20 @@ func (m *Machine) restored() {
 			m.localOK[r] = true
 		}
 	}
+}
+
+// deadWithRanks says which lost host still has ranks (they ended before
+// it was lost, and nothing could replace it), whose ranks a restart
+// could not start, or "".
+func (m *Machine) deadWithRanks() string {
+	for h, rs := range m.hostRanks {
+		if len(rs) == 0 || m.alive[h] {
+			continue
+		}
+		if m.agentGone[h] {
+			return fmt.Sprintf("the agent on host %s has ended", m.names[h])
+		}
+		return fmt.Sprintf("host %s is lost", m.names[h])
+	}
+	return ""
 }
