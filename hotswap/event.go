@@ -16,6 +16,7 @@ type Event interface {
 // (a stop, a restart); Abort that it called MPI_Abort.
 type RankExited struct {
 	Rank, Host int
+	Pid        int    // the process's id, for reports (0: not known)
 	Gen        uint64 // the generation the rank was started in
 	Code       int
 	Signal     syscall.Signal // > 0: killed by this signal
@@ -144,6 +145,9 @@ func (RecoveryReport) event()    {}
 
 func (e RankExited) String() string {
 	s := fmt.Sprintf("rank-exited rank=%d host=%d gen=%d code=%d", e.Rank, e.Host, e.Gen, e.Code)
+	if e.Pid > 0 {
+		s += fmt.Sprintf(" pid=%d", e.Pid)
+	}
 	if e.Signal > 0 {
 		s += " signal=" + signame(e.Signal)
 	}

@@ -52,6 +52,7 @@ type Machine struct {
 	lastSeen   []time.Duration
 	suspected  []time.Duration // -1: not suspected
 	suspectWhy []string
+	agentGone  []bool // lost because its agent exited
 
 	pending   *rankFailure
 	pendingAt time.Duration
@@ -117,6 +118,7 @@ func New(c Config) (*Machine, error) {
 		lastSeen:   make([]time.Duration, nh),
 		suspected:  make([]time.Duration, nh),
 		suspectWhy: make([]string, nh),
+		agentGone:  make([]bool, nh),
 		stamp:      make([]uint32, nh),
 		blamed:     -1,
 	}
@@ -195,6 +197,9 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 		m.onRankExited(e)
 	case AgentExited:
 		if m.host(e.Host) {
+			if m.alive[e.Host] {
+				m.agentGone[e.Host] = true
+			}
 			m.hostLost(e.Host, "its agent exited: "+e.Why, m.now)
 		}
 	case AgentRegistered:
@@ -340,22 +345,33 @@ func (m *Machine) onRankExited(e RankExited) {
 	if m.stopped {
 		return
 	}
+	// The launcher's wording since before hot-swap: users and scripts
+	// match on it.
 	why := fmt.Sprintf("exited with code %d", e.Code)
-	if e.Signal > 0 {
+	switch {
+	case e.Abort && e.Msg != "":
+		why = e.Msg
+	case e.Abort:
+		why = fmt.Sprintf("called MPI_Abort with exit code %d", e.Code)
+	case e.Signal > 0:
 		why = "was killed by " + signame(e.Signal)
+	case e.Msg != "":
+		why += " (" + e.Msg + ")"
 	}
-	if e.Abort {
-		why = fmt.Sprintf("called MPI_Abort (code %d)", e.Code)
-	}
-	if e.Msg != "" {
-		why += ": " + e.Msg
+	pid := ""
+	if e.Pid > 0 {
+		pid = fmt.Sprintf(" (pid %d)", e.Pid)
 	}
 	f := &rankFailure{rank: r, status: status, signaled: e.Signal > 0 || e.Abort, abort: e.Abort,
-		what: fmt.Sprintf("rank %d on host %s %s", r, m.names[e.Host], why), at: m.now}
+		what: fmt.Sprintf("rank %d on host %s%s %s", r, m.names[e.Host], pid, why), at: m.now}
 	switch {
 	case m.pending == nil:
 		m.pending, m.pendingAt = f, m.now+m.cfg.FailWindow
-	case f.signaled && !m.pending.signaled:
+	case f.signaled && !m.pending.signaled,
+		// The rank blamed for the last restart, reported first, may
+		// only have lost this one as a peer: blaming it would take a
+		// failure of another rank for a crash loop.
+		f.signaled == m.pending.signaled && m.pending.rank == m.blamed && r != m.blamed:
 		f.at = m.pending.at
 		m.pending = f
 	}
@@ -385,8 +401,16 @@ func (m *Machine) rankFailed(f *rankFailure) {
 		m.abort(f.status, "%s, again with no progress since its last failure; stopping the job rather than restarting it in a loop", f.what)
 		return
 	}
+	if m.cfg.MaxRestarts == 0 {
+		m.abort(f.status, "%s; stopping the job", f.what)
+		return
+	}
 	if m.restarts >= m.cfg.MaxRestarts {
 		m.abort(f.status, "%s; no restart left (%d of %d used); stopping the job", f.what, m.restarts, m.cfg.MaxRestarts)
+		return
+	}
+	if gone := m.deadWithRanks(); gone != "" {
+		m.abort(f.status, "%s; cannot restart the ranks: %s; stopping the job", f.what, gone)
 		return
 	}
 	sources, err := m.plan()
@@ -474,7 +498,7 @@ func (m *Machine) onSignal(s syscall.Signal) {
 		}
 		m.stopping = true
 		m.pending = nil
-		m.report("interrupted by %s; stopping %d ranks (again to kill at once)", signame(s), left)
+		m.report("%s; stopping %d ranks (again to kill at once)", signame(s), left)
 		m.emit(StopRanks{Signal: s, Grace: m.cfg.KillGrace})
 		return
 	}
@@ -493,7 +517,18 @@ func (m *Machine) onGPU(e GPUHealth) {
 		m.report("GPU %d on host %s: %s fault: %s; the host stays", e.GPU, m.names[e.Host], e.Class, e.Msg)
 		return
 	}
-	m.hostLost(e.Host, fmt.Sprintf("GPU %d %s fault: %s", e.GPU, e.Class, e.Msg), m.now)
+	why := fmt.Sprintf("GPU %d %s fault: %s", e.GPU, e.Class, e.Msg)
+	// The host still runs: replacing it is worth a recovery, but not
+	// the job. With nothing to replace it, it stays; if the fault breaks
+	// its ranks, their failures decide.
+	if ranks := m.hostRanks[e.Host]; len(ranks) > 0 && !m.stopped {
+		if _, _, err := m.replacement(e.Host, ranks); err != "" {
+			// (The caller has reported the fault itself, e.Msg.)
+			m.report("host %s: GPU %d %s fault; it stays, as nothing can replace it (%s)", m.names[e.Host], e.GPU, e.Class, err)
+			return
+		}
+	}
+	m.hostLost(e.Host, why, m.now)
 }
 
 func (m *Machine) onTick() {
@@ -633,4 +668,20 @@ func (m *Machine) restored() {
 			m.localOK[r] = true
 		}
 	}
+}
+
+// deadWithRanks says which lost host still has ranks (they ended before
+// it was lost, and nothing could replace it), whose ranks a restart
+// could not start, or "".
+func (m *Machine) deadWithRanks() string {
+	for h, rs := range m.hostRanks {
+		if len(rs) == 0 || m.alive[h] {
+			continue
+		}
+		if m.agentGone[h] {
+			return fmt.Sprintf("the agent on host %s has ended", m.names[h])
+		}
+		return fmt.Sprintf("host %s is lost", m.names[h])
+	}
+	return ""
 }

@@ -300,7 +300,7 @@ func (d *driver) event(kind string, a map[string]string) string {
 	switch kind {
 	case "rank-exited":
 		r := num("rank", 0)
-		e := RankExited{Rank: r, Host: num("host", m.rankHost[r]), Gen: uint64(num("gen", int(m.gen))), Code: num("code", 0),
+		e := RankExited{Rank: r, Host: num("host", m.rankHost[r]), Pid: num("pid", 0), Gen: uint64(num("gen", int(m.gen))), Code: num("code", 0),
 			Abort: hasKey(a, "abort"), Stopped: hasKey(a, "stopped"), Msg: a["msg"]}
 		if s, ok := a["signal"]; ok {
 			e.Signal = sig(s)

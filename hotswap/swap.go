@@ -42,6 +42,15 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration) {
 		m.report("host %s lost (%s) after every rank ended", name, why)
 		return
 	}
+	if m.pending == nil && !slices.ContainsFunc(ranks, func(r int) bool { return !m.ended[r] }) {
+		// Its ranks ended well: the job goes on without them. Should a
+		// restart need them, they must have a host: replace it now if
+		// something can, else a restart is refused (deadWithRanks).
+		if _, _, err := m.replacement(h, ranks); err != "" {
+			m.report("host %s lost (%s) after its ranks ended; nothing can replace it (%s), so the ranks cannot be restarted", name, why, err)
+			return
+		}
+	}
 	cause := fmt.Sprintf("host %s lost: %s", name, why)
 	// Rank failures collected in the window are the loss's doing.
 	m.pending = nil
@@ -76,6 +85,10 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration) {
 	}
 	replaced := m.fixHolders(moved)
 	restart := m.cfg.Recovery == RecoveryRestart || m.nFailed > 0
+	if gone := m.deadWithRanks(); restart && gone != "" {
+		m.abort(ExitFailure, "%s; cannot restart the ranks: %s; stopping the job", cause, gone)
+		return
+	}
 	if v := m.violation(sources); v != "" {
 		m.abort(ExitFailure, "%s; the new epoch would break invariant %s; stopping the job", cause, v)
 		return

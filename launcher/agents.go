@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/gorun/gorun/topology"
 )
 
 // agentHost is one host of the job and its agent, as the launcher sees it.
@@ -21,10 +23,19 @@ import (
 type agentHost struct {
 	index    int
 	name     string
-	ranks    []int
+	topo     topology.Host // as the hostfile gave it
+	spare    bool          // started without ranks, to replace a lost host
 	local    bool
 	lastSeen atomic.Int64 // unix nanoseconds of the last message from the agent
+	beatSent atomic.Int64 // unix nanoseconds of the last heartbeat passed to the loop
+	fenced   atomic.Bool  // lost: its messages are dropped from now on
 	tail     *tail        // the agent's last stderr lines
+	// ranks are the host's ranks in the current epoch, in local-rank
+	// order: written by the loop under job.tab.
+	ranks []int
+	// epoch is the newest epoch whose table the agent reported having
+	// (wire.EventEpoch); the loop's.
+	epoch uint64
 
 	// What a restart leaves as it is: the agent is the same one, registered
 	// once, and its heartbeats keep lastSeen fresh throughout. Whether the

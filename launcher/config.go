@@ -6,9 +6,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/topology"
 )
 
@@ -37,6 +39,29 @@ type Config struct {
 	// after a rank fails, resuming from the globally recoverable step
 	// (--max-restarts, as torchrun's; 0 = a failure ends the job).
 	MaxRestarts int
+	// Spares makes the last Spares hosts spares (--spares), in addition
+	// to those marked Spare in the hostfile: their agents start with the
+	// job and wait, registered and heartbeating, to replace a lost host.
+	Spares int
+	// Recovery is how a recovery epoch treats the surviving ranks
+	// (--recovery): restarted (the default) or kept running (in-place,
+	// for programs that use gorun's rank client).
+	Recovery hotswap.Recovery
+	// OnNoSpare is what a host loss does when no spare is left
+	// (--on-no-spare): move its ranks to a host with free slots (the
+	// default), or stop the job.
+	OnNoSpare hotswap.OnNoSpare
+	// SuspectTimeout is how long a suspected host (its control
+	// connection dropped, replication to it failed, a rank lost a peer
+	// there) has to be heard from before it is lost (--suspect-timeout;
+	// 0 = 1 s).
+	SuspectTimeout time.Duration
+	// HangTimeout: a rank that reported progress and then none for this
+	// long has hung (--hang-timeout; 0 = off).
+	HangTimeout time.Duration
+	// Events, when not nil, receives the job's recovery record as JSON
+	// lines (--events; the schema is eventLog's).
+	Events io.Writer
 	// NoPMI: the ranks get no PMI-1 connection (--pmi=false); by default
 	// every rank does, so that MPICH-built programs run as under mpiexec.
 	NoPMI bool
@@ -81,6 +106,10 @@ type Config struct {
 	Signals <-chan os.Signal
 
 	dirExplicit bool // Dir was given, not defaulted
+	// running, when not nil, is called with the job once its agents are
+	// being started, before its loop runs (the package's tests: they
+	// observe the job and play a host's failure).
+	running func(*job)
 }
 
 // ErrConfig is matched (errors.Is) by every error that says the
@@ -119,6 +148,12 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if len(cfg.Hosts) == 0 {
 		return cfg, &ConfigError{Msg: "no hosts"}
+	}
+	if err := cfg.markSpares(); err != nil {
+		return cfg, err
+	}
+	if cfg.SuspectTimeout < 0 || cfg.HangTimeout < 0 {
+		return cfg, &ConfigError{Msg: fmt.Sprintf("--suspect-timeout %v, --hang-timeout %v: want 0 or more", cfg.SuspectTimeout, cfg.HangTimeout)}
 	}
 	if cfg.KillGrace == 0 {
 		cfg.KillGrace = 10 * time.Second
@@ -169,4 +204,36 @@ func (c *Config) withDefaults() (Config, error) {
 		cfg.AgentPath = exe
 	}
 	return cfg, nil
+}
+
+// markSpares makes the last cfg.Spares hosts spares (on a copy of the
+// host list) and checks that the hosts left for ranks can run them.
+func (cfg *Config) markSpares() error {
+	n := len(cfg.Hosts)
+	if cfg.Spares < 0 || cfg.Spares >= n {
+		return &ConfigError{Msg: fmt.Sprintf("--spares %d: the job has %d hosts; want 0 to %d (at least one host must run ranks)", cfg.Spares, n, n-1)}
+	}
+	cfg.Hosts = slices.Clone(cfg.Hosts)
+	for i := n - cfg.Spares; i < n; i++ {
+		cfg.Hosts[i].Spare = true
+	}
+	spares, slots, hosts := 0, 0, 0
+	for _, h := range cfg.Hosts {
+		if h.Spare {
+			spares++
+			continue
+		}
+		hosts++
+		slots += h.Slots
+	}
+	if spares == 0 {
+		return nil
+	}
+	if hosts == 0 {
+		return &ConfigError{Msg: fmt.Sprintf("--spares %d: with the hostfile's spares, all %d hosts are spares; at least one must run ranks", cfg.Spares, n)}
+	}
+	if slots < cfg.NP && !cfg.Oversubscribe {
+		return &ConfigError{Msg: fmt.Sprintf("--spares %d: the %d spare hosts leave %d slots for -np %d ranks", cfg.Spares, spares, slots, cfg.NP)}
+	}
+	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/agent"
 	"github.com/gorun/gorun/internal/ctlserver"
 	"github.com/gorun/gorun/internal/wire"
@@ -51,6 +52,7 @@ type job struct {
 	out     *outputMux
 	rv      *comm.Rendezvous
 	fences  *comm.FenceCollector
+	evlog   *eventLog // --events, or nil
 
 	hosts []*agentHost
 	// gpuFailures are the distinct GPU health reports received, in order;
@@ -59,6 +61,10 @@ type job struct {
 	gpuSeen     map[string]int
 	remote      int // hosts whose agent is not in this process
 	world       int
+
+	// tab guards rankHost and every host's ranks: the loop changes them
+	// (a splice), onUp and the output lanes read them.
+	tab sync.RWMutex
 	// rankHost maps a rank to its host index.
 	rankHost []int
 	// holders[r] are the ranks holding rank r's replicas (state
@@ -67,6 +73,9 @@ type job struct {
 	prog    *progress
 
 	events     chan *wire.Event
+	progress   chan *wire.UpProgress
+	beats      chan int // hosts heard from, at most one per host per half heartbeat interval
+	dropped    chan int // hosts whose agent's control connection closed
 	agentExits chan agentExit
 	wg         sync.WaitGroup // agent goroutines
 	sem        chan struct{}  // start slots
@@ -75,6 +84,19 @@ type job struct {
 	mu sync.Mutex // guards every host's kill and stream
 
 	// State owned by the loop.
+	m        *hotswap.Machine      // the failure decisions (package hotswap)
+	t0       time.Time             // the job's start: the machine's clock is time since t0
+	deadline *time.Timer           // the machine's next deadline (NextDeadline)
+	rec      *watch                // the recovery epoch being followed, or nil
+	publish  *hotswap.PublishEpoch // waiting for its RestorePlan
+	// What the current step's actions did: restarted every rank, moved
+	// these to another host.
+	restarted bool
+	moved     []int
+	under     map[int]int64 // under-protected owners → the G their copies must reach
+	// cause is why the job stops, once it does: the machine's decision
+	// (Abort, an interrupt) or the launcher's own (--timeout, a broken
+	// stdout, an agent that cannot start before the job has).
 	cause      *failure
 	stopping   bool
 	rankEnded  []bool
@@ -83,43 +105,6 @@ type job struct {
 	noRanks    bool   // the job stopped before any rank started
 	gen        uint64 // restart generation
 	epoch      uint64
-	// pending is the rank failure the job will act on once pendingAt
-	// fires (failWindow after the first failure).
-	pending   *rankFailure
-	pendingAt <-chan time.Time
-}
-
-// failWindow is how long the launcher collects rank failures before it
-// acts on the first: a rank killed by a signal is blamed rather than the
-// ranks that exited with an error because they lost it as a peer, whose
-// reports may arrive first.
-const failWindow = 250 * time.Millisecond
-
-// rankFailure is a rank's failure, to be acted on.
-type rankFailure struct {
-	status   int
-	signaled bool
-	abort    bool // MPI_Abort: the program asked for the job's end
-	what     string
-}
-
-// onFailure acts on the pending rank failure: restart the ranks if the
-// job has restarts left, else stop the job with the rank's status.
-func (j *job) onFailure() {
-	f := j.pending
-	j.pending, j.pendingAt = nil, nil
-	if f == nil {
-		return
-	}
-	if !j.stopping && j.cause == nil && !f.abort && j.gen < uint64(j.cfg.MaxRestarts) {
-		if h := j.goneHost(); h != nil {
-			j.fail(f.status, "%s; cannot restart the ranks: the agent on host %s has ended; stopping the job", f.what, h.name)
-			return
-		}
-		j.restartRanks(f.what)
-		return
-	}
-	j.fail(f.status, "%s; stopping the job", f.what)
 }
 
 // NewJobID returns a fresh job id.
@@ -145,22 +130,39 @@ func Run(ctx context.Context, c Config) (int, error) {
 		cfg: cfg, log: cfg.Logger, id: NewJobID(), world: cfg.NP,
 		verbose:    cfg.Logger.Enabled(ctx, slog.LevelDebug),
 		events:     make(chan *wire.Event, 1024),
+		progress:   make(chan *wire.UpProgress, 1024),
+		beats:      make(chan int, 1024),
+		dropped:    make(chan int, 1024),
 		agentExits: make(chan agentExit, 16),
 		rankEnded:  make([]bool, cfg.NP),
 		rankHost:   make([]int, cfg.NP),
 		quit:       make(chan struct{}),
 	}
+	if cfg.Events != nil {
+		j.evlog = newEventLog(cfg.Events, cfg.Logger)
+	}
 	j.subj = wire.JobSubjects(j.id)
-	// Agents run on the hosts that got ranks, in hostfile order.
+	// Agents run on the hosts that got ranks and on the spares, in
+	// hostfile order.
 	byHost := map[int]*agentHost{}
 	local := newLocalMatcher()
-	for _, a := range assign {
-		h, ok := byHost[a.Host]
+	add := func(i int) *agentHost {
+		h, ok := byHost[i]
 		if !ok {
-			h = &agentHost{name: cfg.Hosts[a.Host].Name, local: local.match(cfg.Hosts[a.Host].Name), tail: &tail{}}
-			byHost[a.Host] = h
+			x := cfg.Hosts[i]
+			h = &agentHost{name: x.Name, topo: x, spare: x.Spare, local: local.match(x.Name), tail: &tail{}}
+			byHost[i] = h
 		}
+		return h
+	}
+	for _, a := range assign {
+		h := add(a.Host)
 		h.ranks = append(h.ranks, a.Rank)
+	}
+	for i, x := range cfg.Hosts {
+		if x.Spare {
+			add(i)
+		}
 	}
 	keys := make([]int, 0, len(byHost))
 	for k := range byHost {
@@ -186,7 +188,35 @@ func Run(ctx context.Context, c Config) (int, error) {
 	if remote > 0 && cfg.Bind == "" {
 		return 0, &ConfigError{Msg: fmt.Sprintf("host %s is remote, but the control plane listens on loopback unless told otherwise; pass --bind with an address the hosts can reach", firstRemote(j.hosts))}
 	}
+	if j.m, err = hotswap.New(j.machineConfig()); err != nil {
+		if errors.Is(err, hotswap.ErrConfig) {
+			return 0, &ConfigError{Msg: strings.TrimPrefix(err.Error(), hotswap.ErrConfig.Error()+": "), Err: err}
+		}
+		return 0, fmt.Errorf("launcher: %w", err)
+	}
 	return j.run(ctx)
+}
+
+// machineConfig is the job as package hotswap sees it: its hosts are the
+// job's (j.hosts, spares included), in the same order.
+func (j *job) machineConfig() hotswap.Config {
+	c := hotswap.Config{
+		World: j.world, Hosts: make([]topology.Host, len(j.hosts)), Assign: slices.Clone(j.rankHost),
+		TP: j.cfg.TP, PP: j.cfg.PP, Holders: j.holders,
+		MaxRestarts: j.cfg.MaxRestarts, Recovery: j.cfg.Recovery, OnNoSpare: j.cfg.OnNoSpare,
+		Oversubscribe:    j.cfg.Oversubscribe,
+		SuspectTimeout:   j.cfg.SuspectTimeout,
+		HeartbeatTimeout: j.cfg.HeartbeatTimeout,
+		HangTimeout:      j.cfg.HangTimeout,
+		KillGrace:        j.cfg.KillGrace,
+	}
+	if c.KillGrace == 0 {
+		c.KillGrace = -1 // at once (the machine's zero is its default)
+	}
+	for i, h := range j.hosts {
+		c.Hosts[i] = h.topo
+	}
+	return c
 }
 
 func firstRemote(hs []*agentHost) string {
@@ -216,6 +246,13 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 			return 0, err
 		}
 	}
+	scfg.HostDisconnected = func(host int, reason string) {
+		j.log.Debug("agent's control connection closed", "host", j.hosts[host].name, "reason", reason)
+		select {
+		case j.dropped <- host:
+		case <-j.quit:
+		}
+	}
 	j.srv, err = ctlserver.Start(scfg)
 	if err != nil {
 		return 0, fmt.Errorf("launcher: control plane: %w", err)
@@ -241,7 +278,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	for i, h := range j.hosts {
 		hostRanks[i] = h.ranks
 	}
-	j.prog = newProgress(hostRanks, j.rankHost, func(g *wire.GlobalStep) {
+	j.prog = newProgress(hostRanks, slices.Clone(j.rankHost), func(g *wire.GlobalStep) {
 		if err := j.ctl.Publish(j.subj.G, wire.Marshal(g)); err != nil {
 			j.log.Warn("cannot publish G", "err", err)
 		}
@@ -255,7 +292,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 
 	rhosts := make([]comm.RendezvousHost, len(j.hosts))
 	for i, h := range j.hosts {
-		rhosts[i] = comm.RendezvousHost{Name: h.name, Ranks: h.ranks}
+		rhosts[i] = comm.RendezvousHost{Name: h.name, Ranks: slices.Clone(h.ranks), Spare: h.spare}
 	}
 	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, &wire.JobSpec{
 		Prog: j.cfg.Prog, Args: j.cfg.Args, Env: j.cfg.Env, Dir: j.cfg.Dir, DirExplicit: j.cfg.dirExplicit,
@@ -273,6 +310,11 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	sem := make(chan struct{}, j.cfg.MaxParallelStarts)
 	j.sem = sem
 	now := time.Now()
+	j.t0 = now
+	j.deadline = time.NewTimer(time.Hour)
+	j.deadline.Stop()
+	defer j.deadline.Stop()
+	j.schedule()
 	for _, h := range j.hosts {
 		h.started = now
 		h.lastSeen.Store(now.UnixNano())
@@ -297,6 +339,9 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		}
 	}
 
+	if j.cfg.running != nil {
+		j.cfg.running(j)
+	}
 	code = j.loop(ctx)
 	if j.verbose && j.prog.used() {
 		j.out.report("%s", j.prog.table())
@@ -446,7 +491,7 @@ func (j *job) onUp(m *nats.Msg) {
 			j.log.Warn("bad heartbeat", "host", from, "err", err)
 			return
 		}
-		j.hosts[from].lastSeen.Store(time.Now().UnixNano())
+		j.heard(j.hosts[from])
 	case wire.UpKindEvents:
 		e, err := wire.DecodeEvent(m.Data)
 		switch {
@@ -459,6 +504,9 @@ func (j *job) onUp(m *nats.Msg) {
 		if err != nil {
 			j.log.Warn("bad event", "host", from, "err", err)
 			return
+		}
+		if j.hosts[from].fenced.Load() {
+			return // a lost host is cut off: nothing it says counts
 		}
 		j.hosts[from].lastSeen.Store(time.Now().UnixNano())
 		select {
@@ -474,19 +522,48 @@ func (j *job) onUp(m *nats.Msg) {
 		if err == nil && u.Host != from {
 			err = fmt.Errorf("progress of host %d", u.Host)
 		}
-		if err == nil {
-			err = j.prog.handle(u)
-		}
 		if err != nil {
 			j.log.Warn("bad progress report", "host", from, "err", err)
+			return
+		}
+		if j.hosts[from].fenced.Load() {
+			return
+		}
+		// The loop aggregates it: G, the machine's progress and the
+		// recovery stages follow the same tables as a splice.
+		select {
+		case j.progress <- u:
+		case <-j.quit:
 		}
 	default:
 		j.log.Warn("message on unknown subject", "subject", m.Subject)
 	}
 }
 
-// owns reports whether host runs rank.
+// heard records a heartbeat of h and passes it on to the loop, at most
+// once per half heartbeat interval per host: a job of 10,000 hosts does
+// not flood the loop, and the machine still hears of every host well
+// within its heartbeat timeout.
+func (j *job) heard(h *agentHost) {
+	now := time.Now().UnixNano()
+	h.lastSeen.Store(now)
+	if h.fenced.Load() {
+		return
+	}
+	last := h.beatSent.Load()
+	if now-last < int64(j.cfg.HeartbeatInterval/2) || !h.beatSent.CompareAndSwap(last, now) {
+		return
+	}
+	select {
+	case j.beats <- h.index:
+	case <-j.quit:
+	}
+}
+
+// owns reports whether host runs rank in the current epoch.
 func (j *job) owns(host, rank int) bool {
+	j.tab.RLock()
+	defer j.tab.RUnlock()
 	return rank >= 0 && rank < len(j.rankHost) && j.rankHost[rank] == host
 }
 
@@ -508,21 +585,21 @@ func (j *job) stop(sig syscall.Signal) {
 	if j.stopping {
 		return
 	}
-	j.stopping = true
-	j.stopRanks(sig)
+	j.stopRanks(sig, j.cfg.KillGrace)
 }
 
 // stopRanks orders every agent to stop its ranks with sig, SIGKILL after
-// the grace period. Before the epoch table is out no rank has started: the
+// grace. Before the epoch table is out no rank has started: the
 // rendezvous is cancelled so none ever does, and every rank is done.
-func (j *job) stopRanks(sig syscall.Signal) {
+func (j *job) stopRanks(sig syscall.Signal, grace time.Duration) {
+	j.stopping = true
 	if j.rv.Cancel() {
 		j.noRanks = true
 		for r := range j.world {
 			j.rankGone(r)
 		}
 	}
-	j.broadcast(&wire.Control{Op: wire.OpStop, Signal: int(sig), Grace: j.cfg.KillGrace})
+	j.broadcast(&wire.Control{Op: wire.OpStop, Signal: int(sig), Grace: grace})
 }
 
 func (j *job) broadcast(c *wire.Control) {
@@ -540,18 +617,6 @@ func (j *job) rankGone(r int) bool {
 	j.rankEnded[r] = true
 	j.ranksEnded++
 	return true
-}
-
-// hostLost marks every rank of h ended: nobody will report them. Its
-// agent's stream is closed at once: an agent that is still there (a
-// partition cut the control plane, not the rsh channel) takes that as the
-// launcher's end, stops its ranks and removes the job's files.
-func (j *job) hostLost(h *agentHost) {
-	for _, r := range h.ranks {
-		j.rankGone(r)
-	}
-	h.lost = true
-	j.closeStream(h)
 }
 
 // hostDone reports whether every rank of h has ended in the current
@@ -583,78 +648,6 @@ func (j *job) release(h *agentHost) {
 		h.released = true
 		<-j.sem
 	}
-}
-
-// loop runs the job until every rank has ended (or cannot be waited for)
-// and returns the exit code.
-func (j *job) loop(ctx context.Context) int {
-	var timeout <-chan time.Time
-	if j.cfg.Timeout > 0 {
-		t := time.NewTimer(j.cfg.Timeout)
-		defer t.Stop()
-		timeout = t.C
-	}
-	tick := time.NewTicker(min(j.cfg.HeartbeatInterval, time.Second))
-	defer tick.Stop()
-	var stopDeadline time.Time
-	interrupts := 0
-	for j.ranksEnded < j.world || j.pending != nil {
-		if j.stopping && stopDeadline.IsZero() {
-			// Agents SIGKILL after the grace period; this is how long their reports may take.
-			stopDeadline = time.Now().Add(j.cfg.KillGrace + j.cfg.HeartbeatTimeout)
-		}
-		select {
-		case e := <-j.events:
-			j.onEvent(e)
-		case <-j.pendingAt:
-			j.onFailure()
-		case x := <-j.agentExits:
-			j.onAgentExit(x)
-		case i := <-j.rv.Registered():
-			h := j.hosts[i]
-			h.registered = true
-			j.release(h)
-			j.log.Debug("agent registered", "host", h.name)
-		case sig := <-j.cfg.Signals:
-			s, _ := sig.(syscall.Signal)
-			switch s {
-			case syscall.SIGUSR1, syscall.SIGUSR2:
-				j.log.Debug("forwarding signal", "signal", s)
-				j.broadcast(&wire.Control{Op: wire.OpSignal, Signal: int(s)})
-			default:
-				interrupts++
-				if interrupts == 1 {
-					if j.cause == nil {
-						j.cause = &failure{code: 128 + int(s), msg: "interrupted by " + signame(s)}
-					}
-					j.out.report("%s; stopping %d ranks (again to kill at once)", signame(s), j.world-j.ranksEnded)
-					j.stopping = true
-					j.stopRanks(s)
-				} else if !j.killed {
-					j.killed = true
-					j.out.report("killing every rank")
-					j.broadcast(&wire.Control{Op: wire.OpKill})
-				}
-			}
-		case err := <-j.out.failed:
-			j.outputFailed(err)
-		case <-timeout:
-			j.fail(ExitTimeout, "job exceeded its time limit of %v (--timeout); stopping it", j.cfg.Timeout)
-		case now := <-tick.C:
-			j.checkHosts(now)
-			j.prog.republish()
-			if !stopDeadline.IsZero() && now.After(stopDeadline) {
-				j.out.report("%d ranks did not report their end; giving up on them", j.world-j.ranksEnded)
-				j.drainOutput(ctx)
-				return j.exitCode()
-			}
-		case <-ctx.Done():
-			j.fail(ExitFailure, "stopped: %v", context.Cause(ctx))
-			ctx = context.Background()
-		}
-	}
-	j.drainOutput(ctx)
-	return j.exitCode()
 }
 
 // outputFailed acts on the failure of gorun's stdout: the output went
@@ -713,11 +706,11 @@ func (j *job) drainOutput(ctx context.Context) {
 		case e := <-j.events:
 			j.log.Debug("event after the ranks' end", "kind", e.Kind, "host", e.Host)
 		case x := <-j.agentExits:
-			j.onAgentExit(x)
+			j.agentGone(x)
 		case now := <-tick.C:
 			if h := j.outputPending(); h != nil && drained == nil {
 				if seen := time.Unix(0, h.lastSeen.Load()); now.Sub(seen) > j.cfg.HeartbeatTimeout {
-					j.hostLost(h)
+					j.cutOff(h)
 					j.fail(ExitFailure, "host %s lost before all its output arrived: no heartbeat from its agent for %v", h.name, now.Sub(seen).Round(time.Millisecond))
 				}
 			}
@@ -750,7 +743,7 @@ func (j *job) outputPending() *agentHost {
 		return nil
 	}
 	for _, h := range j.hosts {
-		if h.lost || h.ended || !h.registered || !j.hostDone(h) {
+		if h.lost || h.ended || !h.registered || len(h.ranks) == 0 || !j.hostDone(h) {
 			continue
 		}
 		if !j.out.flow.complete(h.index, j.gen) {
@@ -760,66 +753,18 @@ func (j *job) outputPending() *agentHost {
 	return nil
 }
 
+// exitCode is the job's exit code: the first cause's, else the
+// machine's (0 when nothing went wrong).
 func (j *job) exitCode() int {
 	if j.cause != nil {
 		return j.cause.code
 	}
-	return 0
+	return j.m.ExitCode()
 }
 
-func (j *job) onEvent(e *wire.Event) {
-	h := j.hosts[e.Host]
-	switch e.Kind {
-	case wire.EventStarted:
-		j.log.Debug("rank started", "rank", e.Rank, "host", h.name, "pid", e.Pid, "generation", e.Gen)
-	case wire.EventExited:
-		if e.Gen != j.gen {
-			return // a rank of an earlier generation, killed by the restart
-		}
-		if !j.rankGone(e.Rank) {
-			return
-		}
-		status := e.ExitStatus()
-		j.log.Debug("rank ended", "rank", e.Rank, "host", h.name, "status", status, "stopped", e.Stopped)
-		if status == 0 && !e.Abort || e.Stopped {
-			return
-		}
-		why := fmt.Sprintf("exited with code %d", e.Code)
-		if e.Signal > 0 {
-			why = "was killed by " + signame(syscall.Signal(e.Signal))
-		}
-		if e.Msg != "" && e.Signal == 0 {
-			why += " (" + e.Msg + ")"
-		}
-		if e.Abort {
-			why = e.Msg
-		}
-		f := &rankFailure{status: status, signaled: e.Signal > 0 || e.Abort, abort: e.Abort, what: fmt.Sprintf("rank %d on host %s (pid %d) %s", e.Rank, h.name, e.Pid, why)}
-		switch {
-		case j.pending == nil:
-			j.pending = f
-			j.pendingAt = time.After(failWindow)
-		case f.signaled && !j.pending.signaled:
-			j.pending = f
-		}
-		if j.ranksEnded == j.world {
-			j.onFailure()
-		}
-	case wire.EventAgentError:
-		j.hostLost(h)
-		j.fail(ExitFailure, "agent on host %s failed: %s", h.name, e.Msg)
-	case wire.EventAgentDone:
-		// Carries no generation; the ranks' own exits tell (hostDone).
-		j.log.Debug("agent has no rank running", "host", h.name)
-	case wire.EventGPU:
-		j.onGPUEvent(h, e)
-	}
-}
-
-// onGPUEvent records a GPU health report and tells the user. The job goes
-// on: a rank that the fault breaks ends and fails the job as any rank
-// does, and replacing a host whose GPU is lost (DEADPOOL Table II) is
-// hot-swap's decision, made from j.gpuFailures.
+// onGPUEvent records a GPU health report and tells the user. A fault
+// that requires replacing the host is the machine's to act on (the loop
+// passes it on); the others leave the job as it is.
 func (j *job) onGPUEvent(h *agentHost, e *wire.Event) {
 	g := e.GPU
 	// A flapping GPU repeats itself: keep and print the first report of
@@ -867,62 +812,6 @@ func joinInts(xs []int) string {
 		s[i] = strconv.Itoa(x)
 	}
 	return strings.Join(s, ",")
-}
-
-func (j *job) onAgentExit(x agentExit) {
-	h := j.hosts[x.host]
-	h.ended = true
-	j.release(h)
-	if h.lost {
-		return
-	}
-	if j.hostDone(h) && h.registered {
-		// Nothing of the job runs there now; should a restart need the
-		// host again, onFailure finds its agent gone.
-		j.log.Warn("agent ended after its ranks", "host", h.name, "err", x.err)
-		return
-	}
-	j.hostLost(h)
-	detail := ""
-	if t := h.tail.String(); t != "" {
-		detail = "\n" + indent(t)
-	}
-	why := "exited"
-	if x.err != nil {
-		why = x.err.Error()
-	}
-	if !h.registered {
-		j.fail(ExitFailure, "cannot start agent on host %s: %s%s", h.name, why, detail)
-	} else {
-		j.fail(ExitFailure, "agent on host %s ended unexpectedly: %s%s", h.name, why, detail)
-	}
-}
-
-// checkHosts fails the job on agents that did not register in time or
-// whose heartbeats stopped.
-func (j *job) checkHosts(now time.Time) {
-	for _, h := range j.hosts {
-		if h.lost || h.ended || j.hostDone(h) {
-			continue
-		}
-		if !h.registered {
-			if now.Sub(h.started) > j.cfg.StartTimeout {
-				detail := ""
-				if t := h.tail.String(); t != "" {
-					detail = "\n" + indent(t)
-				}
-				j.killAgent(h)
-				j.hostLost(h)
-				j.release(h)
-				j.fail(ExitFailure, "cannot start agent on host %s: not registered after %v%s", h.name, j.cfg.StartTimeout, detail)
-			}
-			continue
-		}
-		if seen := time.Unix(0, h.lastSeen.Load()); now.Sub(seen) > j.cfg.HeartbeatTimeout {
-			j.hostLost(h)
-			j.fail(ExitFailure, "host %s lost: no heartbeat from its agent for %v", h.name, now.Sub(seen).Round(time.Millisecond))
-		}
-	}
 }
 
 // finish tells the agents to exit, waits a bounded time for them, kills

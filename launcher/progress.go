@@ -34,10 +34,14 @@ func newProgress(hostRanks [][]int, rankHost []int, publish func(*wire.GlobalSte
 	for r := range p.ranks {
 		p.ranks[r] = wire.RankProgress{Rank: r, Committed: -1, Replicated: -1}
 	}
-	for h := range p.hostMin {
+	for h, rs := range hostRanks {
 		p.hostMin[h] = -1
+		if len(rs) == 0 {
+			p.hostMin[h] = wire.MaxStep // a spare holds G back no more than it reports
+			continue
+		}
+		p.atG++
 	}
-	p.atG = len(hostRanks)
 	return p
 }
 
@@ -109,12 +113,47 @@ func (p *progress) restart(gen uint64) int64 {
 	for i := range p.ranks {
 		r := &p.ranks[i]
 		r.Committed, r.Replicated = min(r.Committed, p.g), min(r.Replicated, p.g)
+		r.Restores = 0 // counted per generation
 	}
+	p.atG = 0
 	for h := range p.hostMin {
-		p.hostMin[h] = min(p.hostMin[h], p.g)
+		if len(p.hostRanks[h]) > 0 {
+			p.hostMin[h] = min(p.hostMin[h], p.g)
+			p.atG++ // every host with ranks is at g or below now
+		}
 	}
-	p.atG = len(p.hostMin) // every host is at g or below now
 	return p.g
+}
+
+// move moves ranks from host from to host to (a splice): the reports
+// of to cover them from now on, those of from are refused. G stays; the
+// two hosts' minimums are taken again.
+func (p *progress) move(ranks []int, from, to int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range ranks {
+		p.rankHost[r] = to
+	}
+	p.hostRanks[from] = slices.DeleteFunc(slices.Clone(p.hostRanks[from]), func(r int) bool { return slices.Contains(ranks, r) })
+	p.hostRanks[to] = append(slices.Clone(p.hostRanks[to]), ranks...)
+	p.atG = 0
+	for h, rs := range p.hostRanks {
+		m := int64(wire.MaxStep) // a host without ranks holds G back no more
+		for _, r := range rs {
+			m = min(m, p.ranks[r].Replicated)
+		}
+		p.hostMin[h] = m
+		if m <= p.g {
+			p.atG++
+		}
+	}
+}
+
+// rank returns rank r's last report.
+func (p *progress) rank(r int) wire.RankProgress {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ranks[r]
 }
 
 // G returns the globally recoverable step, or -1.

@@ -80,7 +80,25 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(sigs)
 	cfg.Signals = sigs
+	var events *os.File
+	if opts.events != "" {
+		// Opened last: every check that can be made before the job starts
+		// has been made, so bad input leaves no file behind.
+		if events, err = os.OpenFile(opts.events, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644); err != nil {
+			return reportError(stderr, usagef("--events: %v", err))
+		}
+		cfg.Events = events
+	}
 	code, err := launcher.Run(context.Background(), cfg)
+	if events != nil {
+		if cerr := events.Close(); cerr != nil {
+			fmt.Fprintf(stderr, "gorun: --events %s: %v\n", opts.events, cerr)
+		}
+		if errors.Is(err, launcher.ErrConfig) {
+			// The job never started: its record is empty.
+			_ = os.Remove(opts.events)
+		}
+	}
 	if err != nil {
 		return reportError(stderr, err)
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/gpu"
+	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/launcher"
 	"github.com/gorun/gorun/topology"
 )
@@ -38,6 +39,12 @@ type runOptions struct {
 	replicas      int
 	replicasSet   bool
 	maxRestarts   int
+	spares        int
+	onNoSpare     string
+	recovery      string
+	suspect       time.Duration
+	hang          time.Duration
+	events        string
 	pmi           bool
 	tagOutput     bool
 	timestamp     bool
@@ -87,6 +94,22 @@ Fault tolerance:
   --max-restarts N        restart every rank in place up to N times after a rank
                           fails, resuming from the step every rank can recover
                           (default 0: a failure ends the job)
+  --spares K              hold the last K hosts back as spares (as the hostfile's
+                          spare keyword does): their agents start with the job and
+                          a spare replaces a lost host, which the job survives
+  --on-no-spare free-slots|abort
+                          a host lost with no spare left: move its ranks to hosts
+                          with free slots (default), or stop the job
+  --recovery restart|in-place
+                          after a host is replaced, restart every rank from the
+                          recoverable step (default), or keep the survivors running
+                          (programs using gorun's rank client only)
+  --suspect-timeout S     a host suspected (control connection dropped, replication
+                          to it failed, a peer lost there) is lost unless heard from
+                          within S seconds (default 1)
+  --hang-timeout S        a rank that reported progress and then none for S seconds
+                          has hung (default: off)
+  --events FILE           write the recovery record as JSON lines to FILE
 
 MPI programs:
   --pmi[=false]           serve the PMI-1 protocol to every rank (PMI_FD, as Hydra
@@ -183,6 +206,13 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	fs.IntVar(&o.gpusPerRank, "gpus-per-rank", 0, "")
 	fs.IntVar(&o.replicas, "replicas", 1, "")
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "")
+	fs.IntVar(&o.spares, "spares", 0, "")
+	fs.StringVar(&o.onNoSpare, "on-no-spare", "free-slots", "")
+	fs.StringVar(&o.recovery, "recovery", "restart", "")
+	o.suspect = time.Second
+	fs.Var(seconds{&o.suspect}, "suspect-timeout", "")
+	fs.Var(seconds{&o.hang}, "hang-timeout", "")
+	fs.StringVar(&o.events, "events", "", "")
 	fs.BoolVar(&o.pmi, "pmi", true, "")
 	fs.BoolVar(&o.tagOutput, "tag-output", true, "")
 	fs.BoolVar(&o.timestamp, "timestamp-output", false, "")
@@ -233,6 +263,24 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	if o.maxRestarts < 0 {
 		return nil, usagef("--max-restarts must be 0 or more, not %d", o.maxRestarts)
 	}
+	if o.spares < 0 {
+		return nil, usagef("--spares must be 0 or more, not %d", o.spares)
+	}
+	if o.onNoSpare != "free-slots" && o.onNoSpare != "abort" {
+		return nil, usagef("--on-no-spare %s: want free-slots or abort", o.onNoSpare)
+	}
+	if o.recovery != "restart" && o.recovery != "in-place" {
+		return nil, usagef("--recovery %s: want restart or in-place", o.recovery)
+	}
+	if o.suspect <= 0 {
+		return nil, usagef("--suspect-timeout must be positive")
+	}
+	if set["hang-timeout"] && o.hang <= 0 {
+		return nil, usagef("--hang-timeout must be positive")
+	}
+	if set["events"] && strings.TrimSpace(o.events) == "" {
+		return nil, usagef("--events is empty")
+	}
 	if o.tp < 1 || o.pp < 1 {
 		return nil, usagef("--tp and --pp must be at least 1, not %d and %d", o.tp, o.pp)
 	}
@@ -270,7 +318,14 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 		Rsh: strings.Fields(o.rsh), AgentPath: o.launchAgent, Bind: o.bind,
 		HeartbeatInterval: o.hbInterval, HeartbeatTimeout: o.hbTimeout,
 		StartTimeout: o.startTimeout, MaxParallelStarts: o.rshConcurrent,
+		Spares: o.spares, SuspectTimeout: o.suspect, HangTimeout: o.hang,
 		Stdout: stdout, Stderr: stderr,
+	}
+	if o.onNoSpare == "abort" {
+		cfg.OnNoSpare = hotswap.OnNoSpareAbort
+	}
+	if o.recovery == "in-place" {
+		cfg.Recovery = hotswap.RecoveryInPlace
 	}
 	if cfg.KillGrace == 0 {
 		cfg.KillGrace = -1 // --kill-grace 0: SIGKILL at once
@@ -299,9 +354,24 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	if err != nil {
 		return cfg, usagef("%v", err)
 	}
+	if n := len(cfg.Hosts); o.spares >= n {
+		return cfg, usagef("--spares %d: the job has %d hosts; want 0 to %d (at least one host must run ranks)", o.spares, n, n-1)
+	}
+	// The ranks' hosts: neither the hostfile's spares nor the last
+	// --spares hosts.
+	ranksOn := func(i int) bool { return !cfg.Hosts[i].Spare && i < len(cfg.Hosts)-o.spares }
+	withRanks := 0
+	for i := range cfg.Hosts {
+		if ranksOn(i) {
+			withRanks++
+		}
+	}
+	if withRanks == 0 {
+		return cfg, usagef("--spares %d: with the hostfile's spares, no host is left to run ranks (%d hosts)", o.spares, len(cfg.Hosts))
+	}
 	if cfg.NP == 0 {
-		for _, h := range cfg.Hosts {
-			if !h.Spare {
+		for i, h := range cfg.Hosts {
+			if ranksOn(i) {
 				cfg.NP += h.Slots
 			}
 		}
@@ -332,8 +402,8 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 		}
 	}
 	isLocal := launcher.LocalHostMatcher()
-	for _, h := range cfg.Hosts {
-		if !h.Spare && isLocal(h.Name) {
+	for i, h := range cfg.Hosts {
+		if ranksOn(i) && isLocal(h.Name) {
 			if cfg.Dir != "" {
 				if st, err := os.Stat(cfg.Dir); err != nil {
 					return cfg, usagef("--wdir %s: %v", o.wdir, errors.Unwrap(err))

@@ -37,6 +37,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -48,6 +50,7 @@ import (
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 )
 
 // Config configures the server.
@@ -68,6 +71,15 @@ type Config struct {
 	// MaxPayload bounds one message; 0 means 64 MiB, enough for the epoch
 	// table of a million ranks.
 	MaxPayload int32
+	// HostDisconnected, when not nil, is called when a host agent's
+	// connection closes, whatever the reason (the agent closed it, its
+	// host or the network failed, the server dropped a slow or silent
+	// client), with the host's index and the server's reason. It is
+	// called from one goroutine, in order; it must not block for long.
+	// (The server then runs its system account, internally: the
+	// disconnect events are read from $SYS.ACCOUNT.$G.DISCONNECT by a
+	// connection of the server's own, in process, no host can make.)
+	HostDisconnected func(host int, reason string)
 }
 
 // HostUser admits the agent of one host, with that host's permissions.
@@ -84,7 +96,8 @@ type HostUser struct {
 // Server is a running control-plane server.
 type Server struct {
 	ns  *server.Server
-	pin []byte // SHA-256 of the TLS certificate, or nil
+	pin []byte     // SHA-256 of the TLS certificate, or nil
+	sys *nats.Conn // reads the disconnect events, or nil
 }
 
 // ErrNotReady is returned when the server does not come up in time.
@@ -123,7 +136,7 @@ func Start(cfg Config) (*Server, error) {
 		Port:            port,
 		NoLog:           true,
 		NoSigs:          true,
-		NoSystemAccount: true,
+		NoSystemAccount: cfg.HostDisconnected == nil,
 		MaxPayload:      maxPayload,
 		MaxPending:      int64(maxPayload) * 4,
 		PingInterval:    2 * time.Second,
@@ -136,6 +149,21 @@ func Start(cfg Config) (*Server, error) {
 		Username: wire.InProcessUser, Password: cfg.LocalPassword,
 		AllowedConnectionTypes: inProcess,
 	}}
+	var sysPassword string
+	if cfg.HostDisconnected != nil {
+		// The system account, with one in-process user: the server's
+		// own watcher of disconnect events, by a password made here and
+		// never handed out.
+		sys := server.NewAccount(sysAccount)
+		opts.Accounts, opts.SystemAccount = []*server.Account{sys}, sysAccount
+		var b [24]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, fmt.Errorf("ctlserver: %w", err)
+		}
+		sysPassword = hex.EncodeToString(b[:])
+		opts.Users = append(opts.Users, &server.User{Username: sysUser, Password: sysPassword, Account: sys, AllowedConnectionTypes: inProcess})
+	}
+	hostOf := map[string]int{} // a host user's name or nkey → its index
 	listen := false
 	if len(cfg.Hosts) > 0 {
 		subj := wire.JobSubjects(cfg.Job)
@@ -154,9 +182,11 @@ func Start(cfg Config) (*Server, error) {
 				Response: &server.ResponsePermission{MaxMsgs: 1, Expires: math.MaxInt64},
 			}
 			if h.Nkey != "" {
+				hostOf[h.Nkey] = i
 				listen = true
 				opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: h.Nkey, Permissions: perms, AllowedConnectionTypes: tcp})
 			} else {
+				hostOf[wire.HostUser(i)] = i
 				opts.Users = append(opts.Users, &server.User{
 					Username: wire.HostUser(i), Password: h.Password,
 					Permissions: perms, AllowedConnectionTypes: inProcess,
@@ -187,7 +217,48 @@ func Start(cfg Config) (*Server, error) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("%w: listening on %s", ErrNotReady, net.JoinHostPort(host, strconv.Itoa(cfg.Port)))
 	}
-	return &Server{ns: ns, pin: pin}, nil
+	srv := &Server{ns: ns, pin: pin}
+	if cfg.HostDisconnected != nil {
+		if srv.sys, err = watchDisconnects(ns, sysPassword, hostOf, cfg.HostDisconnected); err != nil {
+			ns.Shutdown()
+			return nil, err
+		}
+	}
+	return srv, nil
+}
+
+// The system account and its one user, the server's disconnect watcher.
+const (
+	sysAccount = "SYS"
+	sysUser    = "gorun-sys"
+)
+
+// watchDisconnects subscribes to the disconnect events of the global
+// account (every host's and the launcher's connections) and calls f for
+// those of a host user (hostOf), in order: one nats.go subscription, one
+// goroutine.
+func watchDisconnects(ns *server.Server, password string, hostOf map[string]int, f func(int, string)) (*nats.Conn, error) {
+	nc, err := nats.Connect("", nats.InProcessServer(ns), nats.UserInfo(sysUser, password), nats.Name(sysUser), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, fmt.Errorf("ctlserver: disconnect watcher: %w", err)
+	}
+	_, err = nc.Subscribe(fmt.Sprintf("$SYS.ACCOUNT.%s.DISCONNECT", server.DEFAULT_GLOBAL_ACCOUNT), func(m *nats.Msg) {
+		var e server.DisconnectEventMsg
+		if json.Unmarshal(m.Data, &e) != nil {
+			return
+		}
+		if h, ok := hostOf[e.Client.User]; ok {
+			f(h, e.Reason)
+		}
+	})
+	if err == nil {
+		err = nc.Flush() // subscribed before Start returns
+	}
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("ctlserver: disconnect watcher: %w", err)
+	}
+	return nc, nil
 }
 
 // selfSigned makes the server's TLS configuration: a fresh ECDSA P-256
@@ -246,6 +317,9 @@ func (s *Server) NumClients() int { return s.ns.NumClients() }
 
 // Shutdown stops the server and waits for it.
 func (s *Server) Shutdown() {
+	if s.sys != nil {
+		s.sys.Close()
+	}
 	s.ns.Shutdown()
 	s.ns.WaitForShutdown()
 }

@@ -351,3 +351,60 @@ func plaintextRefused(t *testing.T, url string) {
 		}
 	}
 }
+
+// TestHostDisconnected: the server tells which host's agent lost its
+// connection, for agents over TCP (nkey) and in process (password) alike,
+// and says nothing of the launcher's own connection.
+func TestHostDisconnected(t *testing.T) {
+	secret, err := comm.NewSecret()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type drop struct {
+		host   int
+		reason string
+	}
+	drops := make(chan drop, 8)
+	cfg := ctlserver.Config{Job: job, LocalPassword: secret.InProcessPassword(), Hosts: make([]ctlserver.HostUser, 2),
+		HostDisconnected: func(h int, reason string) { drops <- drop{h, reason} }}
+	if cfg.Hosts[0].Nkey, err = secret.HostCredentials(0, nil).PublicKey(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Hosts[1].Password = secret.HostCredentials(1, nil).InProcessPassword()
+	srv, err := ctlserver.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	j := &testJob{secret: secret, srv: srv}
+
+	launcher, err := comm.DialInProcess(t.Context(), srv.InProcess(), secret, comm.ControlOptions{Name: "launcher"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	launcher.Close()
+	remote := j.host(t, 0, nil)
+	local, err := comm.DialInProcessHost(t.Context(), srv.InProcess(), secret.HostCredentials(1, nil), comm.ControlOptions{Name: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		host int
+		c    *comm.Control
+	}{{1, local}, {0, remote}} {
+		tt.c.Close()
+		select {
+		case d := <-drops:
+			if d.host != tt.host || d.reason == "" {
+				t.Errorf("disconnect of host %d (%q), want host %d with a reason", d.host, d.reason, tt.host)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no disconnect reported for host %d", tt.host)
+		}
+	}
+	select {
+	case d := <-drops:
+		t.Errorf("a further disconnect reported: %+v (the launcher's?)", d)
+	default:
+	}
+}

@@ -1,0 +1,261 @@
+package launcher
+
+import (
+	"bufio"
+	"encoding/json"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/hotswap"
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/topology"
+)
+
+// eventLine is one line of --events, every field any kind has.
+type eventLine struct {
+	T       float64 `json:"t"`
+	Event   string  `json:"event"`
+	Host    string  `json:"host"`
+	Epoch   uint64  `json:"epoch"`
+	Lost    string  `json:"lost"`
+	With    string  `json:"with"`
+	Ranks   []int   `json:"ranks"`
+	Spare   bool    `json:"spare"`
+	Gen     uint64  `json:"gen"`
+	G       int64   `json:"g"`
+	Restore int     `json:"restore"`
+	Code    int     `json:"code"`
+	Msg     string  `json:"msg"`
+}
+
+// readEvents parses every line of an --events record; a line that is not
+// one JSON object with "t" and "event" fails the test.
+func readEvents(t *testing.T, s string) []eventLine {
+	t.Helper()
+	var out []eventLine
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		var raw map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &raw); err != nil {
+			t.Fatalf("--events line %q: %v", sc.Text(), err)
+		}
+		if _, ok := raw["t"].(float64); !ok {
+			t.Fatalf("--events line %q has no time", sc.Text())
+		}
+		var e eventLine
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil || e.Event == "" {
+			t.Fatalf("--events line %q: %v", sc.Text(), err)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// waitUntil polls cond until it holds; the limit only tells a hang.
+func waitUntil(t *testing.T, r *run, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		select {
+		case <-r.done:
+			t.Fatalf("Run returned (%d, %v) before %s", r.code, r.err, what)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s after 20 s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// startSpareJob runs two ranks on hosts 127.0.0.1 and 127.0.0.2 (one
+// slot each) with spare 127.0.0.3, --recovery in-place and one replica,
+// and returns once both ranks run and the spare has registered.
+func startSpareJob(t *testing.T) (*run, *job, *syncBuffer) {
+	t.Helper()
+	events := &syncBuffer{}
+	jobs := make(chan *job, 1)
+	// The agents of the three hosts are this process: an agent that ends
+	// kills the processes of the job re-parented to it (by GORUN_JOB_ID in
+	// their environment), every host's ranks here. The ranks drop the
+	// variable so that only their own agent ends them.
+	r := startRun(t, 2, `echo "up $GORUN_RANK gen $GORUN_RESTART_COUNT"; exec env -u GORUN_JOB_ID sleep 600`, func(c *Config) {
+		c.Hosts = []topology.Host{{Name: "127.0.0.1", Slots: 1}, {Name: "127.0.0.2", Slots: 1}, {Name: "127.0.0.3", Slots: 1, Spare: true}}
+		c.Events = events
+		c.Replicas = 1
+		c.Recovery = hotswap.RecoveryInPlace
+		c.KillGrace = time.Second
+		// The agent of this branch does not start ranks placed on a
+		// spare: the stop gives up on them after the heartbeat timeout.
+		c.HeartbeatInterval, c.HeartbeatTimeout = 100*time.Millisecond, time.Second
+		c.running = func(j *job) { jobs <- j }
+	})
+	j := <-jobs
+	r.waitLines(regexp.MustCompile(`(?m)^\[\d\] up \d gen 0$`), 2)
+
+	// The spare registers and stays idle: in the table, without ranks.
+	waitUntil(t, r, "registered spare in the table", func() bool {
+		tab := j.rv.Table()
+		return tab != nil && tab.Hosts[2].Addr != ""
+	})
+	if tab := j.rv.Table(); !tab.Hosts[2].Spare || tab.Hosts[2].Ranks.Len() != 0 || tab.Epoch != 0 {
+		t.Fatalf("epoch %d, spare's entry %+v: want epoch 0 and an idle spare", tab.Epoch, tab.Hosts[2])
+	}
+
+	return r, j, events
+}
+
+// TestDriverSplicesLostHostOntoSpare: a spare's agent starts with the job
+// and registers idle (a Spare host of the table, without ranks). When a
+// host with ranks is lost, the launcher fences it, moves its ranks onto
+// the spare in its own tables and publishes a new epoch placing them on
+// the spare, with the restore plan of the rank whose own slot went with
+// its host; --events records each of these. (--recovery in-place: the
+// survivors keep running. What the agents do with the table is theirs:
+// the agent of this branch cannot start ranks on a spare, so the test
+// stops at the table.)
+func TestDriverSplicesLostHostOntoSpare(t *testing.T) {
+	r, j, events := startSpareJob(t)
+
+	// Both ranks protected step 5 (as their hosts' agents report it):
+	// rank 1's optimizer shard has a copy on rank 0's host.
+	for h := range 2 {
+		j.progress <- &wire.UpProgress{Host: h, Ranks: []wire.RankProgress{{Rank: h, Committed: 5, Replicated: 5}}}
+	}
+	waitUntil(t, r, "G = 5", func() bool { return j.prog.G() == 5 })
+
+	// Host 1 (127.0.0.2, rank 1) is lost: its agent ends.
+	j.killAgent(j.hosts[1])
+	waitUntil(t, r, "published epoch in --events", func() bool { return strings.Contains(events.String(), `"event":"publish"`) })
+
+	tab := j.rv.Table()
+	if tab.Epoch != 1 || tab.Gen != 0 || tab.G != 5 {
+		t.Errorf("table: epoch %d gen %d G %d, want 1 0 5 (in place: the generation goes on)", tab.Epoch, tab.Gen, tab.G)
+	}
+	ranksOf := func(h int) []int {
+		rs, err := tab.Hosts[h].Ranks.Expand(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs
+	}
+	if !tab.Hosts[1].Fenced || len(ranksOf(1)) != 0 {
+		t.Errorf("lost host's entry %+v: want fenced, without ranks", tab.Hosts[1])
+	}
+	if !slices.Equal(ranksOf(2), []int{1}) || tab.Hosts[2].Spare || !slices.Equal(ranksOf(0), []int{0}) {
+		t.Errorf("ranks: host 0 %v, spare %v (spare flag %v), want [0] and [1] (no longer idle)", ranksOf(0), ranksOf(2), tab.Hosts[2].Spare)
+	}
+	if want := []wire.RestoreRow{{Rank: 1, Opt: 0, Params: 0}}; !slices.Equal(tab.Restore, want) {
+		t.Errorf("restore rows %+v, want %+v", tab.Restore, want)
+	}
+
+	r.signals <- syscall.SIGTERM
+	r.wait()
+	if r.code != 128+int(syscall.SIGTERM) {
+		t.Errorf("exit %d, want %d (stopped by SIGTERM)", r.code, 128+int(syscall.SIGTERM))
+	}
+	if !strings.Contains(r.stderr.String(), "host 127.0.0.2 lost") || !strings.Contains(r.stderr.String(), "to spare 127.0.0.3") {
+		t.Errorf("the swap was not reported:\n%s", r.stderr.String())
+	}
+
+	// The --events record, read back.
+	evs := readEvents(t, events.String())
+	find := func(kind string) eventLine {
+		t.Helper()
+		for _, e := range evs {
+			if e.Event == kind {
+				return e
+			}
+		}
+		t.Fatalf("no %q event in --events:\n%s", kind, events.String())
+		return eventLine{}
+	}
+	if e := find("fence"); e.Host != "127.0.0.2" {
+		t.Errorf("fence %+v, want host 127.0.0.2", e)
+	}
+	if e := find("splice"); e.Lost != "127.0.0.2" || e.With != "127.0.0.3" || !e.Spare || !slices.Equal(e.Ranks, []int{1}) || e.Epoch != 1 {
+		t.Errorf("splice %+v, want rank 1 from 127.0.0.2 to spare 127.0.0.3 in epoch 1", e)
+	}
+	if e := find("publish"); e.Epoch != 1 || e.Gen != 0 || e.G != 5 || e.Restore != 1 {
+		t.Errorf("publish %+v, want epoch 1 gen 0 G 5 with 1 restore row", e)
+	}
+	for _, e := range evs {
+		if e.Event == "restart" {
+			t.Errorf("a restart in place: %+v", e)
+		}
+	}
+}
+
+// TestDriverRefusesInPlaceWithoutRankClient: --recovery in-place keeps the
+// survivors running, which takes gorun's rank client; a program that
+// never reported progress through it is refused at the first recovery,
+// with a report, rather than left with survivors that cannot join.
+func TestDriverRefusesInPlaceWithoutRankClient(t *testing.T) {
+	r, j, events := startSpareJob(t)
+	j.killAgent(j.hosts[1])
+	r.wait()
+	if r.code != ExitFailure {
+		t.Errorf("exit %d, want %d", r.code, ExitFailure)
+	}
+	if want := "--recovery in-place: the program never opened gorun's rank socket"; !strings.Contains(r.stderr.String(), want) {
+		t.Errorf("stderr does not say %q:\n%s", want, r.stderr.String())
+	}
+	for _, e := range readEvents(t, events.String()) {
+		if e.Event == "publish" {
+			t.Errorf("an epoch was published: %+v", e)
+		}
+	}
+}
+
+// TestHeartbeatsRateLimited: every heartbeat refreshes the host's last
+// contact, but the loop (and the machine) hears of a host at most once
+// per half heartbeat interval, and not at all once it is fenced.
+func TestHeartbeatsRateLimited(t *testing.T) {
+	j := &job{beats: make(chan int, 16), quit: make(chan struct{})}
+	j.cfg.HeartbeatInterval = time.Hour
+	a, b := &agentHost{index: 0}, &agentHost{index: 1}
+	for range 5 {
+		j.heard(a)
+		j.heard(b)
+	}
+	if got := len(j.beats); got != 2 {
+		t.Errorf("%d heartbeats passed on for 10 received from 2 hosts within half an interval, want 2", got)
+	}
+	if a.lastSeen.Load() == 0 || b.lastSeen.Load() == 0 {
+		t.Error("last contact not recorded")
+	}
+	// Half an interval later, the next one is passed on.
+	a.beatSent.Add(-int64(time.Hour / 2))
+	j.heard(a)
+	if got := len(j.beats); got != 3 {
+		t.Errorf("%d heartbeats passed on after half an interval, want 3", got)
+	}
+	b.fenced.Store(true)
+	b.beatSent.Store(0)
+	j.heard(b)
+	if got := len(j.beats); got != 3 {
+		t.Errorf("a fenced host's heartbeat was passed on (%d)", got)
+	}
+}
+
+// TestSpareThatCannotStart: a spare whose agent cannot start is reported
+// and not counted; the job runs on the other hosts.
+func TestSpareThatCannotStart(t *testing.T) {
+	r := startRun(t, 1, `echo "ran $GORUN_RANK"`, func(c *Config) {
+		c.Hosts = []topology.Host{{Name: "127.0.0.1", Slots: 1}, {Name: "spare.invalid", Slots: 1}}
+		c.Spares = 1
+		c.Bind = "127.0.0.1"
+		c.Rsh = []string{"false"} // the spare's agent exits at once
+	})
+	r.wait()
+	if r.code != 0 || !strings.Contains(r.stdout.String(), "[0] ran 0") {
+		t.Errorf("exit %d, stdout %q: want 0 and the rank's line", r.code, r.stdout.String())
+	}
+	if want := "cannot start agent on spare host spare.invalid"; !strings.Contains(r.stderr.String(), want) {
+		t.Errorf("stderr does not say %q:\n%s", want, r.stderr.String())
+	}
+}
