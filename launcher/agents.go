@@ -36,6 +36,11 @@ type agentHost struct {
 	// epoch is the newest epoch whose table the agent reported having
 	// (wire.EventEpoch); the loop's.
 	epoch uint64
+	// ranGen is 1 + the newest generation in which the agent started a
+	// rank (0: none yet); the loop's. Only such a host owes the
+	// generation's output end marker: a spare that took ranks the job
+	// stopped before starting owes none.
+	ranGen uint64
 
 	// What a restart leaves as it is: the agent is the same one, registered
 	// once, and its heartbeats keep lastSeen fresh throughout. Whether the

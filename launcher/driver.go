@@ -185,7 +185,7 @@ func (j *job) restartRanks(a hotswap.Restart) {
 	clear(j.rankEnded)
 	j.ranksEnded = 0
 	j.restarted = true
-	j.fences.SetEpoch(a.Epoch)
+	j.setFencePlacement(a.Epoch)
 	j.broadcast(&wire.Control{Op: wire.OpRestart, Gen: a.Gen, Epoch: a.Epoch, G: a.G})
 }
 
@@ -205,10 +205,7 @@ func (j *job) publishEpoch(p *hotswap.RestorePlan) {
 	if a == nil || j.stopping {
 		return
 	}
-	m := comm.Membership{Ranks: make([][]int, len(j.hosts)), Gen: j.gen, G: a.G, Holders: holderRows(a.Holders)}
-	for i, h := range j.hosts {
-		m.Ranks[i] = slices.Clone(h.ranks)
-	}
+	m := comm.Membership{Ranks: j.placement(), Gen: j.gen, G: a.G, Holders: holderRows(a.Holders)}
 	if p != nil && p.Epoch == a.Epoch {
 		for _, s := range p.Sources {
 			if !s.Local {
@@ -226,13 +223,32 @@ func (j *job) publishEpoch(p *hotswap.RestorePlan) {
 		j.holders = a.Holders
 	}
 	j.epoch = a.Epoch
-	j.fences.SetEpoch(a.Epoch)
+	j.setFencePlacement(a.Epoch)
 	if _, err := j.rv.Publish(a.Epoch, m); err != nil {
 		j.fail(ExitFailure, "cannot publish epoch %d: %v; stopping the job", a.Epoch, err)
 		return
 	}
 	j.evlog.record(j.since(), evPublish{Epoch: a.Epoch, Gen: j.gen, G: a.G, Restore: len(m.Restore)})
 	j.rec = j.newWatch(a.Epoch, a.G, j.restarted, j.moved)
+}
+
+// placement is every host's ranks now (per host index; nil: none): a
+// spare's and a fenced host's are nil.
+func (j *job) placement() [][]int {
+	ranks := make([][]int, len(j.hosts))
+	for i, h := range j.hosts {
+		ranks[i] = slices.Clone(h.ranks)
+	}
+	return ranks
+}
+
+// setFencePlacement moves the address fences to epoch, whose members are
+// the hosts that run ranks in it (not the idle spares nor the fenced
+// hosts, which send no part). Call it before the epoch's table goes out.
+func (j *job) setFencePlacement(epoch uint64) {
+	if err := j.fences.SetPlacement(epoch, j.placement()); err != nil {
+		j.fail(ExitFailure, "internal error: epoch %d: %v; stopping the job", epoch, err)
+	}
 }
 
 // timeline reports a recovery epoch's record (-v) and writes it to
@@ -335,6 +351,7 @@ func (j *job) onEvent(e *wire.Event) {
 	switch e.Kind {
 	case wire.EventStarted:
 		j.log.Debug("rank started", "rank", e.Rank, "host", h.name, "pid", e.Pid, "generation", e.Gen)
+		h.ranGen = max(h.ranGen, e.Gen+1)
 		if j.rec != nil {
 			j.rec.started(j, e)
 		}

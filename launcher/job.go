@@ -274,9 +274,10 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	})
 	defer j.out.close()
 	j.fences = comm.NewFenceCollector(j.ctl.Conn, j.id, 0, len(j.hosts))
-	hostRanks := make([][]int, len(j.hosts))
-	for i, h := range j.hosts {
-		hostRanks[i] = h.ranks
+	hostRanks := j.placement()
+	// The spares run no rank: they send no fence part.
+	if err := j.fences.SetPlacement(0, hostRanks); err != nil {
+		return 0, fmt.Errorf("launcher: %w", err)
 	}
 	j.prog = newProgress(hostRanks, slices.Clone(j.rankHost), func(g *wire.GlobalStep) {
 		if err := j.ctl.Publish(j.subj.G, wire.Marshal(g)); err != nil {
@@ -743,7 +744,7 @@ func (j *job) outputPending() *agentHost {
 		return nil
 	}
 	for _, h := range j.hosts {
-		if h.lost || h.ended || !h.registered || len(h.ranks) == 0 || !j.hostDone(h) {
+		if h.lost || h.ended || !h.registered || len(h.ranks) == 0 || h.ranGen != j.gen+1 || !j.hostDone(h) {
 			continue
 		}
 		if !j.out.flow.complete(h.index, j.gen) {

@@ -52,7 +52,7 @@ echo
 echo "== 2. the same run; every process of host $tag-h1 is killed after step 40"
 "${gorun[@]}" --recovery in-place --events "$out/events" -- "$bin/dptrain" "${args[@]}" --log-every 1 >"$out/got" 2>"$out/err" &
 job=$!
-until grep -q '^\[0\] step 40$' "$out/got"; do
+until grep -Eq "^\[0\] step 40( |$)" "$out/got"; do
 	if ! kill -0 "$job" 2>/dev/null; then
 		cat "$out/got" "$out/err"
 		echo "demo-hotswap: the job ended before step 40" >&2
@@ -64,7 +64,7 @@ ip netns pids "$tag-h1" | xargs -r kill -9
 echo "   killed at $(date +%T.%N | cut -c1-12)"
 status=0
 wait "$job" || status=$?
-grep -v '^\[0\] step [0-9]*$' "$out/got" || true
+grep -Ev '^\[0\] step [0-9]+( loss .*)?$' "$out/got" || true
 cat "$out/err"
 echo
 echo "== the recovery, from --events (seconds since the job started):"

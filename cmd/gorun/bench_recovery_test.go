@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"testing"
 	"time"
@@ -50,7 +49,6 @@ func TestBenchRecovery(t *testing.T) {
 		full = append(full, "--", "sh", "-c", printJobID, dptrainBin(t))
 		return &hsRun{job: startProtectedJob(t, append(full, args...)...), events: ev}, time.Now()
 	}
-	stepRE := func(s int) *regexp.Regexp { return regexp.MustCompile(`(?m)^\[0\] step ` + strconv.Itoa(s) + `$`) }
 
 	// Failure-free, protected, with the spare idle: the reference time.
 	r, t0 := run([]string{"--spares", "1"}, append(args, "--protect"))
@@ -60,7 +58,7 @@ func TestBenchRecovery(t *testing.T) {
 
 	// gorun: the host of ranks 2 and 3 killed after step failAt.
 	r, t0 = run([]string{"--spares", "1", "--recovery", "in-place"}, append(args, "--protect"))
-	r.waitFor(stepRE(failAt), 1, 10*time.Minute)
+	r.waitFor(stepLine(failAt), 1, 10*time.Minute)
 	kill := time.Now()
 	if err := c.hosts.KillAll(1); err != nil {
 		t.Fatal(err)
@@ -89,7 +87,7 @@ func TestBenchRecovery(t *testing.T) {
 	dir := t.TempDir()
 	ckpt := append(args, "--ckpt-dir", dir, "--ckpt-every", strconv.Itoa(ckptEvery))
 	r, t0 = run(nil, ckpt)
-	r.waitFor(stepRE(failAt), 1, 10*time.Minute)
+	r.waitFor(stepLine(failAt), 1, 10*time.Minute)
 	if err := c.hosts.KillAll(1); err != nil {
 		t.Fatal(err)
 	}
