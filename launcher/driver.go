@@ -546,8 +546,11 @@ func (j *job) newWatch(epoch uint64, g int64, restarted bool, moved []int) *watc
 		w.restored = make([]bool, j.world)
 		w.resumed = make([]bool, j.world)
 		if !restarted {
+			// A moved rank's service on its new host counts from 0 too.
 			for r := range w.base {
-				w.base[r] = j.prog.rank(r).Restores
+				if !slices.Contains(moved, r) {
+					w.base[r] = j.prog.rank(r).Restores
+				}
 			}
 		}
 		return w
@@ -599,6 +602,9 @@ func (w *watch) progress(j *job, u *wire.UpProgress) {
 	}
 	for _, p := range u.Ranks {
 		r := p.Rank
+		if r < 0 || r >= len(w.restored) || j.rankHost[r] != u.Host {
+			continue // a host the rank has left: its counts are not the rank's now
+		}
 		if !w.restored[r] && p.Restores > w.base[r] {
 			w.restored[r] = true
 			w.nRest++

@@ -3,9 +3,11 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -216,8 +218,8 @@ var faults = []fault{
 		if err := c.hosts.LinkDown(h); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { c.hosts.LinkUp(h) })
-	}},
+		t.Cleanup(func() { linkUp(t, c, h) })
+	}, flags: []string{"--heartbeat-interval", "0.2", "--heartbeat-timeout", "1.5"}},
 	{name: "stop", flags: []string{"--hang-timeout", "2"}, inject: func(t *testing.T, c *hsCluster, r *hsRun, h int) {
 		pid := rankPid(t, r.mark, 2*h)
 		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
@@ -225,6 +227,42 @@ var faults = []fault{
 		}
 		t.Logf("rank %d (pid %d) stopped", 2*h, pid)
 	}},
+}
+
+// linkUp undoes a partition of host h and waits until the host reaches the
+// bridge again (the next test's agent must be able to connect).
+func linkUp(t *testing.T, c *hsCluster, h int) {
+	if err := c.hosts.LinkUp(h); err != nil {
+		t.Errorf("undoing the partition: %v", err)
+		return
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(c.hosts.BridgeAddr, "0"))
+	if err != nil {
+		t.Errorf("undoing the partition: %v", err)
+		return
+	}
+	defer l.Close()
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+		}
+	}()
+	dial := fmt.Sprintf("import socket; socket.create_connection((%q, %d), 0.5)", c.hosts.BridgeAddr, l.Addr().(*net.TCPAddr).Port)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := c.hosts.Exec(ctx, h, "python3", "-c", dial).Run()
+		cancel()
+		if err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Errorf("host %d does not reach the bridge 20s after its link came up", h)
 }
 
 // hsReference runs the job without a failure and returns rank 0's hashes.
@@ -259,17 +297,27 @@ func TestHotSwapHostLoss(t *testing.T) {
 					flags := append([]string{"--recovery", mode, "--max-restarts", "2"}, f.flags...)
 					r := c.start(t, flags, append([]string{"--protect"}, extra...)...)
 					r.waitStep(t, step)
+					killAt := time.Since(r.start).Seconds()
 					f.inject(t, c, r, h)
 					crashed := 0
 					if f.name == "kill" {
 						crashed = 1
 					}
 					res := r.finish(t, 0, crashed)
+					defer func() {
+						if t.Failed() {
+							t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+						}
+					}()
 					if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
 						t.Errorf("ended with params %s optimizer %s, the run without a failure with %s %s", p, o, wantP, wantO)
 					}
-					if n := reexecuted(res.stdout); n > 1 {
-						t.Errorf("%d steps executed again, want at most 1", n)
+					// Rank 0 logs step s once its own update is done, before
+					// every rank committed s: the step in flight, and G's lag
+					// of at most one step behind the committed ones (the
+					// overwrite rule), may be run again; nothing older.
+					if n := reexecuted(res.stdout); n > 2 {
+						t.Errorf("%d steps executed again, want at most 2 (the step in flight and G's lag)", n)
 					}
 					evs := readEvents(t, r.events)
 					tl := ofKind(evs, "timeline")
@@ -277,8 +325,8 @@ func TestHotSwapHostLoss(t *testing.T) {
 						t.Fatalf("no recovery timeline that resumed: %+v", evs)
 					}
 					last := tl[len(tl)-1]
-					t.Logf("recovery: detected %.3fs, published %+.3fs, resumed %+.3fs after detection; %s",
-						*last.Detected, *last.Published-*last.Detected, *last.Resumed-*last.Detected, last.Cause)
+					t.Logf("recovery: detected %.3fs after the fault, published %+.3fs, resumed %+.3fs after detection; %d steps run again; %s",
+						*last.Detected-killAt, *last.Published-*last.Detected, *last.Resumed-*last.Detected, reexecuted(res.stdout), last.Cause)
 					sp := ofKind(evs, "splice")
 					if f.host {
 						if len(sp) != 1 || !sp[0].Spare || sp[0].With != c.hosts.Names[c.work] || sp[0].Lost != c.hosts.Names[h] {
@@ -287,9 +335,6 @@ func TestHotSwapHostLoss(t *testing.T) {
 						if mode == "in-place" && len(ofKind(evs, "restart")) > 0 {
 							t.Errorf("in-place recovery restarted the ranks: %+v", ofKind(evs, "restart"))
 						}
-					}
-					if t.Failed() {
-						t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
 					}
 				})
 			}
