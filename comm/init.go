@@ -36,12 +36,27 @@ func Init(ctx context.Context) (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.join(ctx, s.latest())
+	c, err := s.joinNewest(ctx, s.latest())
 	if err != nil {
 		s.close()
 		return nil, err
 	}
 	return c, nil
+}
+
+// joinNewest joins w's world, or, when a newer epoch arrives while it
+// joins (the join fails with ErrEpochChanged: a second failure during a
+// recovery), the newest one's.
+func (s *session) joinNewest(ctx context.Context, w *wire.Welcome) (*Comm, error) {
+	for {
+		c, err := s.join(ctx, w)
+		if !errors.Is(err, ErrEpochChanged) {
+			return c, err
+		}
+		if w, err = s.newer(ctx, w.Epoch); err != nil {
+			return nil, err
+		}
+	}
 }
 
 // Rebuild joins the world of the next epoch once the launcher has
@@ -60,7 +75,7 @@ func (c *Comm) Rebuild(ctx context.Context) (*Comm, error) {
 	if c.session.CompareAndSwap(s, nil) {
 		c.Close() // the world of the old epoch; the session goes on
 	}
-	nc, err := s.join(ctx, w)
+	nc, err := s.joinNewest(ctx, w)
 	if err != nil {
 		s.close()
 		return nil, err
@@ -368,7 +383,7 @@ func (s *session) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 	all, err := s.fence(ctx, t.Epoch, map[string]string{tcpKey(s.rank): tcp.Addr().String(), unixKey(s.rank): path})
 	if err != nil {
 		ln.Close()
-		return nil, err
+		return nil, s.supersededErr(t.Epoch, err)
 	}
 	addrs := make([]string, t.World)
 	for r := range addrs {
@@ -386,7 +401,7 @@ func (s *session) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 		Listener: ln, Addrs: addrs,
 	})
 	if err != nil {
-		return nil, err
+		return nil, s.supersededErr(t.Epoch, err)
 	}
 	c.session.Store(s)
 	s.mu.Lock()
@@ -397,6 +412,20 @@ func (s *session) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 		c.Abort(ErrEpochChanged)
 	}
 	return c, nil
+}
+
+// supersededErr is err, a failure to join epoch, wrapped with
+// ErrEpochChanged when a newer epoch has arrived meanwhile: the join's
+// fence was failed by the agent's move to it, or a peer of epoch's world
+// is gone from the newer one.
+func (s *session) supersededErr(epoch uint64, err error) error {
+	s.mu.Lock()
+	newer := s.welcome.Epoch > epoch
+	s.mu.Unlock()
+	if newer {
+		return fmt.Errorf("comm: joining epoch %d: %w (%w)", epoch, ErrEpochChanged, err)
+	}
+	return err
 }
 
 // close ends the session and waits for its reader; it may be called

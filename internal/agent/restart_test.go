@@ -277,3 +277,23 @@ func TestRestartSockets(t *testing.T) {
 		})
 	}
 }
+
+// TestFenceOfAnOlderEpoch: a rank that enters a fence of the epoch it
+// knows while the push of a newer one is on its way gets that fence
+// failed, as one in progress is, and keeps its session: it did nothing
+// wrong. A fence of an epoch the agent has not reached is a protocol
+// error.
+func TestFenceOfAnOlderEpoch(t *testing.T) {
+	s := testSockets(t)
+	s.setEpoch(twoRankTable(1), 2)
+	res, err := s.fence(0, 0, &wire.Fence{Epoch: 0, Seq: 0})
+	if err != nil {
+		t.Fatalf("fence of epoch 0 in epoch 1: refused (%v), want a failed fence", err)
+	}
+	if res.Err == "" || !strings.Contains(res.Err, "epoch changed to 1") {
+		t.Errorf("fence of epoch 0 in epoch 1: %+v, want it failed because the epoch changed to 1", res)
+	}
+	if _, err := s.fence(0, 0, &wire.Fence{Epoch: 2, Seq: 0}); err == nil {
+		t.Error("fence of epoch 2 in epoch 1: accepted")
+	}
+}

@@ -398,6 +398,13 @@ func (s *rankSockets) fence(gen uint64, rank int, f *wire.Fence) (*wire.Fence, e
 		s.mu.Unlock()
 		return nil, fmt.Errorf("fence of a rank of restart generation %d, epoch %d is generation %d's", gen, s.epoch, s.gen)
 	}
+	if f.Epoch < s.epoch {
+		// The rank entered it before it read the push of the new epoch
+		// (already on its way): the fence fails as those in progress did.
+		cur := s.epoch
+		s.mu.Unlock()
+		return &wire.Fence{Epoch: f.Epoch, Seq: f.Seq, Err: fmt.Sprintf("the epoch changed to %d", cur)}, nil
+	}
 	if f.Epoch != s.epoch {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("fence of epoch %d, the current one is %d", f.Epoch, s.epoch)
@@ -469,7 +476,6 @@ func (s *rankSockets) setEpoch(t *wire.EpochTable, local int) {
 	if s.restartGen != 0 && t.Epoch >= s.restartEpoch {
 		s.gen, s.restartGen, s.restartEpoch = s.restartGen, 0, 0
 	}
-	s.resetFences(fmt.Sprintf("the epoch changed to %d", t.Epoch))
 	sessions := make([]*session, 0, len(s.conns))
 	for _, ss := range s.conns {
 		sessions = append(sessions, ss)
@@ -488,6 +494,9 @@ func (s *rankSockets) setEpoch(t *wire.EpochTable, local int) {
 		}
 		ss.mu.Unlock()
 	}
+	// The old epoch's fences fail after the push: a rank reads the new
+	// epoch before its fence's failure, and knows why it failed.
+	s.resetFences(fmt.Sprintf("the epoch changed to %d", t.Epoch))
 	s.mu.Unlock()
 }
 
