@@ -14,6 +14,12 @@ import (
 const (
 	ExitFailure = 1   // a host or agent failed, or recovery was impossible
 	ExitTimeout = 124 // a rank hung (HangTimeout), as timeout(1)
+
+	// CrashLoopFailures is how many rank failures in a row, with no
+	// progress before any of them, are a crash loop that stops the job
+	// whichever ranks were blamed (the same rank twice in a row is one at
+	// once).
+	CrashLoopFailures = 3
 )
 
 // Machine is the job's failure state machine. Create it with [New]; it is
@@ -68,6 +74,11 @@ type Machine struct {
 
 	blamed              int // the rank blamed for the last restart; -1: none
 	blamedG, blamedStep int64
+	// A crash loop whichever rank is blamed: the rank failures decided in
+	// a row with no progress (no rank's step, nor G, advanced) before
+	// each, and the last failure of each rank among them.
+	progressed bool
+	stuck      []*rankFailure
 	stamp               []uint32 // per host, for counting distinct hosts
 	stampN              uint32
 	out                 []Action
@@ -233,7 +244,10 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 	case Progress:
 		if m.rank(e.Rank) {
 			m.lastProg[e.Rank] = m.now
-			m.lastStep[e.Rank] = max(m.lastStep[e.Rank], e.Step)
+			if e.Step > m.lastStep[e.Rank] {
+				m.lastStep[e.Rank] = e.Step
+				m.progressed = true
+			}
 			m.contact(m.rankHost[e.Rank])
 		}
 	case Signal:
@@ -241,7 +255,10 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 	case Tick:
 		m.onTick()
 	case GPublished:
-		m.g = max(m.g, e.G)
+		if e.G > m.g {
+			m.g = e.G
+			m.progressed = true
+		}
 	case Replicated:
 		m.onReplicated(e.Owner)
 	case RecoveryReport:
@@ -399,6 +416,30 @@ func (m *Machine) rankFailed(f *rankFailure) {
 	r := f.rank
 	if r == m.blamed && m.g == m.blamedG && m.lastStep[r] == m.blamedStep {
 		m.abort(f.status, "%s, again with no progress since its last failure; stopping the job rather than restarting it in a loop", f.what)
+		return
+	}
+	if m.progressed {
+		m.stuck = m.stuck[:0]
+	}
+	m.progressed = false
+	m.stuck = append(m.stuck, f)
+	if len(m.stuck) >= CrashLoopFailures {
+		// Which rank is blamed for each may alternate (a crashing rank's
+		// peers fail with it, and may be reported first): the rank that
+		// failed most often among them is the loop's.
+		worst, n := f, 0
+		for _, x := range m.stuck {
+			c := 0
+			for _, y := range m.stuck {
+				if y.rank == x.rank {
+					c++
+				}
+			}
+			if c > n || c == n && x.rank == f.rank {
+				worst, n = x, c
+			}
+		}
+		m.abort(worst.status, "%s; the job failed %d times in a row without progress (rank %d %d of them); stopping the job rather than restarting it in a loop", worst.what, len(m.stuck), worst.rank, n)
 		return
 	}
 	if m.cfg.MaxRestarts == 0 {
