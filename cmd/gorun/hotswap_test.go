@@ -502,9 +502,9 @@ func TestHotSwapNoSpare(t *testing.T) {
 // for ever.
 func TestHotSwapCrashLoop(t *testing.T) {
 	c := newHSCluster(t, 2, 1)
-	const crash = `if [ "$GORUN_RANK" = 3 ]; then echo "rank 3 cannot start" >&2; exit 3; fi; exec "$0" "$@"`
+	const crash = `echo "job $GORUN_JOB_ID"; if [ "$GORUN_RANK" = 3 ]; then echo "rank 3 cannot start" >&2; exit 3; fi; exec "$0" "$@"`
 	full := []string{"-np", "4", "--hostfile", c.hostfile, "--spares", "1", "--rsh", "ip netns exec", "--bind", c.hosts.BridgeAddr,
-		"--max-restarts", "5", "--", "sh", "-c", crash + "\n" + printJobID, dptrainBin(t)}
+		"--max-restarts", "5", "--", "sh", "-c", crash, dptrainBin(t)}
 	j := startProtectedJob(t, append(full, append(hsArgs, "--protect")...)...)
 	res := j.wait(120 * time.Second)
 	if res.code != 3 {
