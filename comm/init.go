@@ -333,6 +333,12 @@ func (s *session) call(ctx context.Context, typ byte, req any, want byte, resp a
 // fence enters the rank's next fence of epoch and returns every rank's values.
 func (s *session) fence(ctx context.Context, epoch uint64, kv map[string]string) (map[string]string, error) {
 	s.mu.Lock()
+	if cur := s.welcome.Epoch; cur != epoch {
+		// A newer epoch arrived, and its fences count from 0: this one
+		// must not take a number of them.
+		s.mu.Unlock()
+		return nil, fmt.Errorf("comm: fence of epoch %d: %w (epoch %d arrived)", epoch, ErrEpochChanged, cur)
+	}
 	seq := s.seq
 	s.seq++
 	s.mu.Unlock()
@@ -396,7 +402,13 @@ func (s *session) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 			return nil, fmt.Errorf("comm: rank %d gave no data-plane address", r)
 		}
 	}
-	c, err := NewComm(ctx, CommConfig{
+	// A newer epoch ends the linking: ranks of this epoch's world may be
+	// gone for good (joinNewest then joins the newer one). The fence
+	// needs no such care: the agent fails it when it moves on.
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.whenNewer(lctx, t.Epoch, cancel)
+	c, err := NewComm(lctx, CommConfig{
 		Rank: s.rank, Size: t.World, Epoch: t.Epoch, Job: w.Job, Key: key,
 		Listener: ln, Addrs: addrs,
 	})
@@ -412,6 +424,30 @@ func (s *session) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 		c.Abort(ErrEpochChanged)
 	}
 	return c, nil
+}
+
+// whenNewer calls f, from a goroutine of its own, once an epoch after
+// epoch is known; the goroutine ends then, or when ctx ends or the
+// session does.
+func (s *session) whenNewer(ctx context.Context, epoch uint64, f func()) {
+	go func() {
+		for {
+			s.mu.Lock()
+			w, ch := s.welcome, s.newEp
+			s.mu.Unlock()
+			if w.Epoch > epoch {
+				f()
+				return
+			}
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return
+			case <-s.done:
+				return
+			}
+		}
+	}()
 }
 
 // supersededErr is err, a failure to join epoch, wrapped with
