@@ -3,6 +3,8 @@ package launcher
 import (
 	"bufio"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -245,17 +247,28 @@ func TestHeartbeatsRateLimited(t *testing.T) {
 // TestSpareThatCannotStart: a spare whose agent cannot start is reported
 // and not counted; the job runs on the other hosts.
 func TestSpareThatCannotStart(t *testing.T) {
-	r := startRun(t, 1, `echo "ran $GORUN_RANK"`, func(c *Config) {
+	// The rank runs until the test saw the report: a job that ended
+	// first would have nothing to report.
+	goOn := filepath.Join(t.TempDir(), "go-on")
+	r := startRun(t, 1, `while [ ! -e `+goOn+` ]; do sleep 0.01; done; echo "ran $GORUN_RANK"`, func(c *Config) {
 		c.Hosts = []topology.Host{{Name: "127.0.0.1", Slots: 1}, {Name: "spare.invalid", Slots: 1}}
 		c.Spares = 1
 		c.Bind = "127.0.0.1"
 		c.Rsh = []string{"false"} // the spare's agent exits at once
 	})
+	want := "cannot start agent on spare host spare.invalid"
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(r.stderr.String(), want) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := os.WriteFile(goOn, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	r.wait()
 	if r.code != 0 || !strings.Contains(r.stdout.String(), "[0] ran 0") {
 		t.Errorf("exit %d, stdout %q: want 0 and the rank's line", r.code, r.stdout.String())
 	}
-	if want := "cannot start agent on spare host spare.invalid"; !strings.Contains(r.stderr.String(), want) {
+	if !strings.Contains(r.stderr.String(), want) {
 		t.Errorf("stderr does not say %q:\n%s", want, r.stderr.String())
 	}
 }
