@@ -79,9 +79,9 @@ type Machine struct {
 	// each, and the last failure of each rank among them.
 	progressed bool
 	stuck      []*rankFailure
-	stamp               []uint32 // per host, for counting distinct hosts
-	stampN              uint32
-	out                 []Action
+	stamp      []uint32 // per host, for counting distinct hosts
+	stampN     uint32
+	out        []Action
 }
 
 // rankFailure is a rank's failure, collected in the failure window.
