@@ -34,6 +34,14 @@ type Restart struct {
 	G          int64
 }
 
+// Probe: host Host (Name) is suspected: ask its agent for a sign of life
+// at once (a Heartbeat event clears the suspicion), rather than wait for
+// its next heartbeat.
+type Probe struct {
+	Host int
+	Name string
+}
+
 // Fence: host Host (Name) is lost: cut it off (close its agent's control
 // stream, so that an agent still running kills its ranks and exits) and
 // ignore its reports from now on. Its ranks are in no later epoch.
@@ -123,6 +131,7 @@ func (KillAll) action()        {}
 func (Forward) action()        {}
 func (Restart) action()        {}
 func (Fence) action()          {}
+func (Probe) action()          {}
 func (Splice) action()         {}
 func (PublishEpoch) action()   {}
 func (RestorePlan) action()    {}
@@ -141,6 +150,7 @@ func (a Restart) String() string {
 	return fmt.Sprintf("restart gen=%d epoch=%d from=%d", a.Gen, a.Epoch, a.G)
 }
 func (a Fence) String() string { return "fence host=" + a.Name }
+func (a Probe) String() string { return "probe host=" + a.Name }
 
 func (a Splice) String() string {
 	kind := "free-slots"

@@ -334,6 +334,7 @@ func (m *Machine) suspect(h int, why string) {
 	}
 	m.suspected[h], m.suspectWhy[h] = m.now, why
 	m.report("host %s suspected: %s; lost unless heard from within %v", m.names[h], why, m.cfg.SuspectTimeout)
+	m.emit(Probe{Host: h, Name: m.names[h]})
 }
 
 func (m *Machine) onRankExited(e RankExited) {

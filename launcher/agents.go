@@ -29,6 +29,7 @@ type agentHost struct {
 	lastSeen atomic.Int64 // unix nanoseconds of the last message from the agent
 	beatSent atomic.Int64 // unix nanoseconds of the last heartbeat passed to the loop
 	fenced   atomic.Bool  // lost: its messages are dropped from now on
+	probed   atomic.Bool  // suspected and asked for a heartbeat: the next one goes to the loop at once
 	tail     *tail        // the agent's last stderr lines
 	// ranks are the host's ranks in the current epoch, in local-rank
 	// order: written by the loop under job.tab.

@@ -77,6 +77,10 @@ func (j *job) do(a hotswap.Action) {
 	case hotswap.Forward:
 		j.log.Debug("forwarding signal", "signal", a.Signal)
 		j.broadcast(&wire.Control{Op: wire.OpSignal, Signal: int(a.Signal)})
+	case hotswap.Probe:
+		// Its answer is a heartbeat, passed on at once (heard).
+		j.hosts[a.Host].probed.Store(true)
+		j.broadcast(&wire.Control{Op: wire.OpProbe, Host: a.Host})
 	case hotswap.Fence:
 		j.fence(a)
 	case hotswap.Splice:
@@ -223,6 +227,7 @@ func (j *job) publishEpoch(p *hotswap.RestorePlan) {
 		j.holders = a.Holders
 	}
 	j.epoch = a.Epoch
+	j.prog.setEpoch(a.Epoch)
 	j.setFencePlacement(a.Epoch)
 	if _, err := j.rv.Publish(a.Epoch, m); err != nil {
 		j.fail(ExitFailure, "cannot publish epoch %d: %v; stopping the job", a.Epoch, err)
@@ -390,7 +395,10 @@ func (j *job) onEvent(e *wire.Event) {
 			j.step(hotswap.ReplicationFailed{From: e.Host, To: e.Peer})
 		}
 	case wire.EventPeerLost:
-		if e.Rank < j.world && j.rankHost[e.Rank] == e.Host {
+		// Only a loss in the current world says something: ranks of a
+		// superseded generation or epoch lose their peers as a restart or
+		// a new epoch ends their communicators.
+		if e.Rank < j.world && j.rankHost[e.Rank] == e.Host && e.Gen == j.gen && e.Epoch == j.epoch {
 			j.step(hotswap.PeerLost{Rank: e.Rank, Peers: e.Peers})
 		}
 	}
@@ -436,7 +444,7 @@ func (j *job) onProgress(u *wire.UpProgress) {
 		}
 		// Only a report sent under the epoch's placement (its host has
 		// the table) counts: before it, Replicated is of the old holders.
-		if g, ok := j.under[r.Rank]; ok && r.Replicated >= g && j.hosts[u.Host].epoch >= j.epoch {
+		if g, ok := j.under[r.Rank]; ok && r.Replicated >= g && u.Epoch >= j.epoch {
 			delete(j.under, r.Rank)
 			j.step(hotswap.Replicated{Owner: r.Rank})
 		}

@@ -236,10 +236,20 @@ func TestHeartbeatsRateLimited(t *testing.T) {
 	if got := len(j.beats); got != 3 {
 		t.Errorf("%d heartbeats passed on after half an interval, want 3", got)
 	}
+	// A probed host's answer goes on at once, rate or not.
+	a.probed.Store(true)
+	j.heard(a)
+	if got := len(j.beats); got != 4 {
+		t.Errorf("%d heartbeats passed on after a probe's answer, want 4", got)
+	}
+	j.heard(a)
+	if got := len(j.beats); got != 4 {
+		t.Errorf("%d heartbeats passed on after the probe was answered, want still 4", got)
+	}
 	b.fenced.Store(true)
 	b.beatSent.Store(0)
 	j.heard(b)
-	if got := len(j.beats); got != 3 {
+	if got := len(j.beats); got != 4 {
 		t.Errorf("a fenced host's heartbeat was passed on (%d)", got)
 	}
 }

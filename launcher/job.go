@@ -131,7 +131,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		verbose:    cfg.Logger.Enabled(ctx, slog.LevelDebug),
 		events:     make(chan *wire.Event, 1024),
 		progress:   make(chan *wire.UpProgress, 1024),
-		beats:      make(chan int, 1024),
+		beats:      make(chan int, max(1024, 2*len(cfg.Hosts))),
 		dropped:    make(chan int, 1024),
 		agentExits: make(chan agentExit, 16),
 		rankEnded:  make([]bool, cfg.NP),
@@ -552,12 +552,17 @@ func (j *job) heard(h *agentHost) {
 		return
 	}
 	last := h.beatSent.Load()
-	if now-last < int64(j.cfg.HeartbeatInterval/2) || !h.beatSent.CompareAndSwap(last, now) {
+	probed := h.probed.Swap(false)
+	if !probed && now-last < int64(j.cfg.HeartbeatInterval/2) || !h.beatSent.CompareAndSwap(last, now) {
 		return
 	}
+	// Never blocking: onUp carries every message of every agent (output
+	// too), and the loop does not read beats once the ranks ended. A beat
+	// dropped here is no loss: lastSeen has it, and the host's next one
+	// comes within the interval.
 	select {
 	case j.beats <- h.index:
-	case <-j.quit:
+	default:
 	}
 }
 
@@ -706,6 +711,9 @@ func (j *job) drainOutput(ctx context.Context) {
 			j.outputFailed(err)
 		case e := <-j.events:
 			j.log.Debug("event after the ranks' end", "kind", e.Kind, "host", e.Host)
+		case <-j.beats: // lastSeen has them
+		case <-j.progress:
+		case <-j.dropped:
 		case x := <-j.agentExits:
 			j.agentGone(x)
 		case now := <-tick.C:
@@ -835,6 +843,9 @@ func (j *job) finish() {
 				pending--
 			}
 		case <-j.events:
+		case <-j.beats:
+		case <-j.progress:
+		case <-j.dropped:
 		case <-deadline.C:
 			for _, h := range j.hosts {
 				if !h.ended && j.hasAgent(h) {
@@ -857,6 +868,9 @@ func (j *job) finish() {
 			return
 		case <-j.agentExits:
 		case <-j.events:
+		case <-j.beats:
+		case <-j.progress:
+		case <-j.dropped:
 		case <-time.After(exitWait):
 			j.log.Warn("agents still running after exit; leaving")
 			return

@@ -26,6 +26,17 @@ type progress struct {
 	atG       int     // hosts whose hostMin is at most g
 	g         int64
 	publish   func(*wire.GlobalStep)
+	// epoch is the newest epoch published: reports taken before their
+	// host applied its placement do not raise Replicated (setEpoch).
+	epoch uint64
+}
+
+// setEpoch records that epoch was published (its placement may change
+// replica holders).
+func (p *progress) setEpoch(epoch uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.epoch = max(p.epoch, epoch)
 }
 
 func newProgress(hostRanks [][]int, rankHost []int, publish func(*wire.GlobalStep)) *progress {
@@ -62,6 +73,11 @@ func (p *progress) handle(u *wire.UpProgress) error {
 		}
 	}
 	for _, r := range u.Ranks {
+		if u.Epoch < p.epoch {
+			// Taken under an older placement: its Replicated may count
+			// holders the rank no longer has, so it raises nothing.
+			r.Replicated = min(r.Replicated, p.ranks[r.Rank].Replicated)
+		}
 		p.ranks[r.Rank] = r
 	}
 	m := int64(wire.MaxStep)

@@ -108,3 +108,38 @@ func TestHolderRows(t *testing.T) {
 		t.Errorf("rows without replicas: %v", rows)
 	}
 }
+
+// TestProgressStaleEpoch: once an epoch that may change replica holders is
+// published, a report its host took under the older placement does not
+// raise Replicated (nor G): it may count a holder the rank lost.
+func TestProgressStaleEpoch(t *testing.T) {
+	p := newProgress([][]int{{0}, {1}}, []int{0, 1}, func(*wire.GlobalStep) {})
+	rp := func(r int, rep int64) []wire.RankProgress {
+		return []wire.RankProgress{{Rank: r, Committed: rep, Replicated: rep}}
+	}
+	for _, u := range []wire.UpProgress{{Host: 0, Ranks: rp(0, 4)}, {Host: 1, Ranks: rp(1, 4)}} {
+		if err := p.handle(&u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g := p.G(); g != 4 {
+		t.Fatalf("G = %d, want 4", g)
+	}
+	p.setEpoch(1)
+	for _, u := range []wire.UpProgress{{Host: 0, Ranks: rp(0, 6)}, {Host: 1, Ranks: rp(1, 6)}} {
+		if err := p.handle(&u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g := p.G(); g != 4 {
+		t.Errorf("G = %d after reports of epoch 0's placement, want still 4", g)
+	}
+	for _, u := range []wire.UpProgress{{Host: 0, Epoch: 1, Ranks: rp(0, 7)}, {Host: 1, Epoch: 1, Ranks: rp(1, 7)}} {
+		if err := p.handle(&u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g := p.G(); g != 7 {
+		t.Errorf("G = %d after reports of epoch 1's placement, want 7", g)
+	}
+}

@@ -433,6 +433,10 @@ func (a *agent) control(c *wire.Control) {
 		a.signalAll(syscall.SIGKILL, true)
 	case wire.OpRestart:
 		a.beginRestart(c)
+	case wire.OpProbe:
+		if c.Host == a.cfg.Host {
+			a.heartbeat() // the launcher suspects this host: a sign of life now
+		}
 	}
 }
 

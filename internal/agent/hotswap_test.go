@@ -550,3 +550,50 @@ func TestReplFailedReported(t *testing.T) {
 		t.Errorf("event %+v, want replication from host 1 to host 0 failed, saying why", e)
 	}
 }
+
+// TestProbeAnswered: an agent asked for a sign of life (wire.OpProbe, the
+// launcher suspects its host) sends a heartbeat at once, not at its next
+// interval; a probe of another host is not its to answer.
+func TestProbeAnswered(t *testing.T) {
+	j := startSwapJob(t, uniqueJob("probe"), []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 0, swapOpts{})
+	beats := make(chan uint64, 256)
+	sub, err := j.l.Subscribe(wire.JobSubjects(j.job).ForHost(0).Heartbeat, func(m *nats.Msg) {
+		if hb, err := wire.DecodeHeartbeat(m.Data); err == nil {
+			beats <- hb.Seq
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	j.until("rank 0's start", func(e *wire.Event) bool { return e.Kind == wire.EventStarted })
+	// The heartbeat interval is 1s: 20 probes answered at once give 20
+	// heartbeats long before 20 intervals have passed.
+	const probes = 20
+	for range probes {
+		j.send(&wire.Control{Op: wire.OpProbe, Host: 1}) // not this host's
+		j.send(&wire.Control{Op: wire.OpProbe, Host: 0})
+	}
+	deadline := time.After(8 * time.Second)
+	for n := 0; n < probes; n++ {
+		select {
+		case <-beats:
+		case <-deadline:
+			t.Fatalf("%d heartbeats within 8s of %d probes (heartbeat interval 1s)", n, probes)
+		}
+	}
+	// The other host's probes were not answered here: at most the
+	// interval's own heartbeats come on top.
+	extra := 0
+	for drained := false; !drained; {
+		select {
+		case <-beats:
+			extra++
+		default:
+			drained = true
+		}
+	}
+	if extra > 9 {
+		t.Errorf("%d heartbeats beyond the probes' answers: another host's probes were answered", extra)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"reflect"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/internal/wire"
@@ -28,6 +29,10 @@ type protection struct {
 	// placed is the placement given to the service last (owned by the
 	// agent's loop).
 	placed rank.Placement
+	// epoch is the newest epoch whose table the service has applied (set
+	// by the loop after SetPlacement, read by the publisher before it
+	// takes a report: the report is of that placement or a later one).
+	epoch atomic.Uint64
 }
 
 // rankStateFailure is a local rank whose protected state is corrupt
@@ -135,6 +140,9 @@ func (p *protection) setTable(t *wire.EpochTable) error {
 	if t.G >= 0 {
 		p.host.SetG(t.Gen, t.G)
 	}
+	if t.Epoch > p.epoch.Load() {
+		p.epoch.Store(t.Epoch)
+	}
 	return nil
 }
 
@@ -175,8 +183,9 @@ func (p *protection) publish() {
 		case <-p.stop:
 			return
 		}
+		epoch := p.epoch.Load() // before the report: see epoch
 		gen, ps := p.host.Progress()
-		u := &wire.UpProgress{Host: a.cfg.Host, Gen: gen, Ranks: make([]wire.RankProgress, len(ps))}
+		u := &wire.UpProgress{Host: a.cfg.Host, Gen: gen, Epoch: epoch, Ranks: make([]wire.RankProgress, len(ps))}
 		for i, q := range ps {
 			u.Ranks[i] = wire.RankProgress{Rank: q.Rank, Committed: q.Committed, Replicated: q.Replicated, Stages: q.Stages, WaitNS: q.WaitNS,
 				ReplSteps: q.ReplSteps, ReplNS: q.ReplNS, ReplBytes: q.ReplBytes, Restores: q.Restores}

@@ -491,7 +491,11 @@ func DecodeEvent(b []byte) (*Event, error) {
 		return nil, malformed("event: a %s event naming peers", e.Kind)
 	}
 	switch e.Kind {
-	case EventStarted, EventExited, EventAgentError, EventAgentDone, EventEpoch:
+	case EventStarted, EventExited:
+		if e.Rank < 0 {
+			return nil, malformed("event: a %s event of rank %d", e.Kind, e.Rank)
+		}
+	case EventAgentError, EventAgentDone, EventEpoch:
 	case EventReplFailed:
 		if e.Peer < 0 || e.Peer >= MaxHosts || e.Peer == e.Host {
 			return nil, malformed("event: replication to host %d failed, from host %d", e.Peer, e.Host)
@@ -571,6 +575,9 @@ const (
 	// discard protected steps after G, and start the ranks again in
 	// Epoch's table, where they restore step G.
 	OpRestart ControlOp = "restart"
+	// OpProbe asks the agent of host Host for a heartbeat at once: the
+	// launcher suspects the host, and its answer clears the suspicion.
+	OpProbe ControlOp = "probe"
 )
 
 // Control is broadcast by the launcher to every agent of the job.
@@ -582,6 +589,8 @@ type Control struct {
 	Gen   uint64 `json:"gen,omitempty"`
 	Epoch uint64 `json:"epoch,omitempty"`
 	G     int64  `json:"g,omitempty"`
+	// OpProbe only: the host asked.
+	Host int `json:"host,omitempty"`
 }
 
 // DecodeControl decodes and validates a Control.
@@ -603,11 +612,18 @@ func DecodeControl(b []byte) (*Control, error) {
 		if c.Signal != 0 || c.Gen == 0 || c.G < -1 || c.G > MaxStep {
 			return nil, malformed("control: restart generation %d from step %d", c.Gen, c.G)
 		}
+	case OpProbe:
+		if c.Signal != 0 || c.Host < 0 || c.Host >= MaxHosts {
+			return nil, malformed("control: probe of host %d", c.Host)
+		}
 	default:
 		return nil, malformed("control: unknown op %q", truncate(string(c.Op)))
 	}
 	if c.Grace < 0 {
 		return nil, malformed("control: negative grace")
+	}
+	if c.Host != 0 && c.Op != OpProbe {
+		return nil, malformed("control: %s names a host", c.Op)
 	}
 	return &c, nil
 }

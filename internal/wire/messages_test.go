@@ -208,6 +208,9 @@ func TestDecodeEventRejects(t *testing.T) {
 		{"peer lost past MaxWorld", ev(func(e *wire.Event) { e.Kind, e.Peers = wire.EventPeerLost, []int{wire.MaxWorld} })},
 		{"peer lost of no rank", ev(func(e *wire.Event) { e.Kind, e.Rank, e.Peers = wire.EventPeerLost, -1, []int{1} })},
 		{"peers on an exit", ev(func(e *wire.Event) { e.Peers = []int{1} })},
+		// The launcher indexes its rank tables with a rank event's rank.
+		{"exit of no rank", ev(func(e *wire.Event) { e.Kind, e.Rank = wire.EventExited, -1 })},
+		{"start of no rank", ev(func(e *wire.Event) { e.Kind, e.Rank = wire.EventStarted, -1 })},
 	})
 }
 
@@ -239,6 +242,8 @@ func TestDecodeControlRoundTrip(t *testing.T) {
 		{"signal 64", &wire.Control{Op: wire.OpSignal, Signal: 64}},
 		{"kill", &wire.Control{Op: wire.OpKill}},
 		{"exit", &wire.Control{Op: wire.OpExit}},
+		{"probe", &wire.Control{Op: wire.OpProbe, Host: 7}},
+		{"probe of host 0", &wire.Control{Op: wire.OpProbe}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { roundTrip(t, tc.c, wire.DecodeControl) })
@@ -264,6 +269,10 @@ func TestDecodeControlRejects(t *testing.T) {
 		{"trailing data", []byte(`{"op":"kill"} {"op":"exit"}`)},
 		{"kill with a signal", []byte(`{"op":"kill","sig":-7}`)},
 		{"exit with a signal", []byte(`{"op":"exit","sig":9}`)},
+		{"probe of a negative host", ctl(wire.Control{Op: wire.OpProbe, Host: -1})},
+		{"probe past MaxHosts", ctl(wire.Control{Op: wire.OpProbe, Host: wire.MaxHosts})},
+		{"probe with a signal", ctl(wire.Control{Op: wire.OpProbe, Host: 1, Signal: 9})},
+		{"kill naming a host", ctl(wire.Control{Op: wire.OpKill, Host: 1})},
 	})
 }
 

@@ -25,8 +25,12 @@ type RankProgress struct {
 // UpProgress is an agent's report of its ranks' progress, sent when it
 // changes (coalesced): one message per host, whatever its ranks.
 type UpProgress struct {
-	Host  int            `json:"h"`
-	Gen   uint64         `json:"gen"`
+	Host int    `json:"h"`
+	Gen  uint64 `json:"gen"`
+	// Epoch is the newest epoch whose placement (replica holders) the
+	// host's state protection had applied before it took the report:
+	// Replicated counts that placement's holders, or a later one's.
+	Epoch uint64         `json:"epoch,omitempty"`
 	Ranks []RankProgress `json:"ranks"`
 }
 
