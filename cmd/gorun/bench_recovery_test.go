@@ -47,7 +47,7 @@ func TestBenchRecovery(t *testing.T) {
 		full := []string{"-np", "8", "--hostfile", c.hostfile, "--rsh", "ip netns exec", "--bind", c.hosts.BridgeAddr, "--events", ev}
 		full = append(full, flags...)
 		full = append(full, "--", "sh", "-c", printJobID, dptrainBin(t))
-		return &hsRun{job: startProtectedJob(t, append(full, args...)...), events: ev}, time.Now()
+		return &hsRun{job: startProtectedJob(t, append(full, args...)...), events: ev, limit: 15 * time.Minute}, time.Now()
 	}
 
 	// Failure-free, protected, with the spare idle: the reference time.

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -54,7 +55,8 @@ func newHSCluster(t *testing.T, work, spares int) *hsCluster {
 // hsRun is one job of the tests here.
 type hsRun struct {
 	*job
-	events string // the --events file
+	events string        // the --events file
+	limit  time.Duration // how long finish waits (0: 2 minutes)
 }
 
 // start runs `gorun -np 2*work --spares K -v --events F FLAGS -- dptrain
@@ -76,7 +78,7 @@ func (c *hsCluster) start(t *testing.T, flags []string, args ...string) *hsRun {
 // with it): at most that many are allowed, and removed.
 func (r *hsRun) finish(t *testing.T, want int, crashed int) result {
 	t.Helper()
-	res := r.wait(120 * time.Second)
+	res := r.wait(cmp.Or(r.limit, 120*time.Second))
 	id := r.jobID()
 	checkNoSlotFiles(t, id)
 	if crashed > 0 {
