@@ -515,6 +515,9 @@ func (j *job) onUp(m *nats.Msg) {
 		case <-j.quit:
 		}
 	case wire.UpKindFence:
+		if j.hosts[from].fenced.Load() {
+			return // a lost host is cut off
+		}
 		if err := j.fences.Handle(from, m.Data); err != nil {
 			j.log.Warn("bad fence", "host", from, "err", err)
 		}

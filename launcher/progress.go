@@ -184,7 +184,7 @@ func (p *progress) used() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, r := range p.ranks {
-		if r.Committed >= 0 || r.Stages > 0 {
+		if r.Committed >= 0 || r.Stages > 0 || r.Restores > 0 {
 			return true
 		}
 	}

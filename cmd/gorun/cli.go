@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"syscall"
@@ -81,9 +82,12 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	defer signal.Stop(sigs)
 	cfg.Signals = sigs
 	var events *os.File
+	created := false // the events file is gorun's to remove
 	if opts.events != "" {
 		// Opened last: every check that can be made before the job starts
 		// has been made, so bad input leaves no file behind.
+		_, serr := os.Lstat(opts.events)
+		created = errors.Is(serr, fs.ErrNotExist)
 		if events, err = os.OpenFile(opts.events, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644); err != nil {
 			return reportError(stderr, usagef("--events: %v", err))
 		}
@@ -94,8 +98,9 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		if cerr := events.Close(); cerr != nil {
 			fmt.Fprintf(stderr, "gorun: --events %s: %v\n", opts.events, cerr)
 		}
-		if errors.Is(err, launcher.ErrConfig) {
-			// The job never started: its record is empty.
+		if errors.Is(err, launcher.ErrConfig) && created {
+			// The job never started: its record is empty, and the file
+			// was not there before.
 			_ = os.Remove(opts.events)
 		}
 	}

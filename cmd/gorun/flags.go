@@ -108,7 +108,7 @@ Fault tolerance:
                           to it failed, a peer lost there) is lost unless heard from
                           within S seconds (default 1)
   --hang-timeout S        a rank that reported progress and then none for S seconds
-                          has hung (default: off)
+                          has hung (default 0: off)
   --events FILE           write the recovery record as JSON lines to FILE
 
 MPI programs:
@@ -274,9 +274,6 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	}
 	if o.suspect <= 0 {
 		return nil, usagef("--suspect-timeout must be positive")
-	}
-	if set["hang-timeout"] && o.hang <= 0 {
-		return nil, usagef("--hang-timeout must be positive")
 	}
 	if set["events"] && strings.TrimSpace(o.events) == "" {
 		return nil, usagef("--events is empty")

@@ -35,7 +35,7 @@ func TestBadHotSwapInput(t *testing.T) {
 		{"unknown recovery", []string{"--recovery", "sideways", "true"}, "--recovery sideways: want restart or in-place"},
 		{"suspect timeout zero", []string{"--suspect-timeout", "0", "true"}, "--suspect-timeout must be positive"},
 		{"suspect timeout not a number", []string{"--suspect-timeout", "soon", "true"}, `"soon" is not a number of seconds`},
-		{"hang timeout zero", []string{"--hang-timeout", "0", "true"}, "--hang-timeout must be positive"},
+		{"hang timeout negative", []string{"--hang-timeout", "-1", "true"}, "-1 seconds is out of range"},
 		{"events in a missing directory", []string{"--events", filepath.Join(dir, "nope", "ev"), "true"}, "--events: open " + filepath.Join(dir, "nope", "ev")},
 		// The file is opened last, and removed when the launcher refuses
 		// the configuration.
