@@ -26,15 +26,24 @@ import (
 func (j *job) since() time.Duration { return time.Since(j.t0) }
 
 // step feeds e to the machine and carries out its actions.
-func (j *job) step(e hotswap.Event) {
-	acts := j.m.Step(j.since(), e)
-	j.restarted, j.moved = false, nil
-	for _, a := range acts {
-		j.do(a)
-	}
-	j.flushPublish()
-	if j.m.Stopped() && j.cause == nil {
-		j.cause = &failure{code: j.m.ExitCode()}
+func (j *job) step(e hotswap.Event) { j.steps(e) }
+
+// steps feeds es to the machine in order, carrying out each one's
+// actions, and sets the deadline timer once at the end (NextDeadline
+// looks at every host, and every rank with --hang-timeout: a progress
+// report of a host's ranks is one scheduling, not one per rank).
+func (j *job) steps(es ...hotswap.Event) {
+	now := j.since()
+	for _, e := range es {
+		acts := j.m.Step(now, e)
+		j.restarted, j.moved = false, nil
+		for _, a := range acts {
+			j.do(a)
+		}
+		j.flushPublish()
+		if j.m.Stopped() && j.cause == nil {
+			j.cause = &failure{code: j.m.ExitCode()}
+		}
 	}
 	j.schedule()
 }
@@ -438,12 +447,19 @@ func (j *job) onProgress(u *wire.UpProgress) {
 	if u.Gen != j.gen {
 		return
 	}
+	var prog []hotswap.Event
 	for i, r := range u.Ranks {
 		if r.Committed > before[i] {
-			j.step(hotswap.Progress{Rank: r.Rank, Step: r.Committed})
+			prog = append(prog, hotswap.Progress{Rank: r.Rank, Step: r.Committed})
 		}
-		// Only a report sent under the epoch's placement (its host has
-		// the table) counts: before it, Replicated is of the old holders.
+	}
+	if len(prog) > 0 {
+		j.steps(prog...)
+	}
+	for _, r := range u.Ranks {
+		// Only a report taken under the epoch's placement counts (see
+		// wire.UpProgress.Epoch): before it, Replicated is of the old
+		// holders.
 		if g, ok := j.under[r.Rank]; ok && r.Replicated >= g && u.Epoch >= j.epoch {
 			delete(j.under, r.Rank)
 			j.step(hotswap.Replicated{Owner: r.Rank})
