@@ -50,6 +50,10 @@ echo "== 1. a run without a failure (8 ranks on 4 hosts, 1 spare idle)"
 "${gorun[@]}" -- "$bin/dptrain" "${args[@]}" | tee "$out/ref"
 echo
 echo "== 2. the same run; every process of host $tag-h1 is killed after step 40"
+# The killed host's agent cannot remove its job directory (a real host's
+# /tmp goes with it; these emulated hosts share this one's): the demo
+# removes what the job left once it is over.
+ls -d "${TMPDIR:-/tmp}"/gorun-* 2>/dev/null | sort >"$out/dirs-before" || true
 "${gorun[@]}" --recovery in-place --events "$out/events" -- "$bin/dptrain" "${args[@]}" --log-every 1 >"$out/got" 2>"$out/err" &
 job=$!
 until grep -Eq "^\[0\] step 40( |$)" "$out/got"; do
@@ -64,6 +68,7 @@ ip netns pids "$tag-h1" | xargs -r kill -9
 echo "   killed at $(date +%T.%N | cut -c1-12)"
 status=0
 wait "$job" || status=$?
+ls -d "${TMPDIR:-/tmp}"/gorun-* 2>/dev/null | sort | comm -13 "$out/dirs-before" - | xargs -r rm -rf
 grep -Ev '^\[0\] step [0-9]+( loss .*)?$' "$out/got" || true
 cat "$out/err"
 echo
