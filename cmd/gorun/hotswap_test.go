@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -312,9 +311,7 @@ func TestHotSwapHostLoss(t *testing.T) {
 							t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
 						}
 					}()
-					if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
-						t.Errorf("ended with params %s optimizer %s, the run without a failure with %s %s", p, o, wantP, wantO)
-					}
+					checkHashes(t, res, wantP, wantO)
 					// Rank 0 logs step s once its own update is done, before
 					// every rank committed s: the step in flight, and G's lag
 					// of at most one step behind the committed ones (the
@@ -366,9 +363,7 @@ func TestHotSwapTwoLosses(t *testing.T) {
 				t.Fatal(err)
 			}
 			res := r.finish(t, 0, 2)
-			if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
-				t.Errorf("ended with params %s optimizer %s, the run without a failure with %s %s", p, o, wantP, wantO)
-			}
+			checkHashes(t, res, wantP, wantO)
 			sp := ofKind(readEvents(t, r.events), "splice")
 			var with []string
 			for _, s := range sp {
@@ -425,9 +420,7 @@ func TestHotSwapFailureDuringRecovery(t *testing.T) {
 				t.Fatal(err)
 			}
 			res := r.finish(t, 0, 2)
-			if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
-				t.Errorf("ended with params %s optimizer %s, the run without a failure with %s %s", p, o, wantP, wantO)
-			}
+			checkHashes(t, res, wantP, wantO)
 			evs := readEvents(t, r.events)
 			if n := len(ofKind(evs, "splice")); n != 2 {
 				t.Errorf("%d splices, want 2: %+v", n, evs)
@@ -470,9 +463,7 @@ func TestHotSwapNoSpare(t *testing.T) {
 			t.Fatal(err)
 		}
 		res := r.finish(t, 0, 1)
-		if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
-			t.Errorf("ended with params %s optimizer %s, the run without a failure with %s %s", p, o, wantP, wantO)
-		}
+		checkHashes(t, res, wantP, wantO)
 		sp := ofKind(readEvents(t, r.events), "splice")
 		if len(sp) == 0 {
 			t.Fatalf("no splice\nstderr:\n%s", res.stderr)
@@ -532,16 +523,8 @@ func TestHotSwapCrashLoop(t *testing.T) {
 // spare takes the ranks and the final hash is that of a run without a
 // failure.
 func TestHotSwapPython(t *testing.T) {
-	python, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("no python3")
-	}
-	script, err := filepath.Abs("../../examples/pytrain/pytrain.py")
-	if err != nil {
-		t.Fatal(err)
-	}
+	python, script := pytrain(t)
 	c := newHSCluster(t, 2, 1)
-	hashRE := regexp.MustCompile(`(?m)^\[0\] final hash ([0-9a-f]{64})$`)
 	run := func(t *testing.T, kill bool) string {
 		ev := filepath.Join(t.TempDir(), "events.jsonl")
 		full := []string{"-np", "4", "--hostfile", c.hostfile, "--spares", "1", "--rsh", "ip netns exec", "--bind", c.hosts.BridgeAddr,
@@ -559,7 +542,7 @@ func TestHotSwapPython(t *testing.T) {
 			crashedHosts = 1
 		}
 		res := r.finish(t, 0, crashedHosts)
-		m := hashRE.FindStringSubmatch(res.stdout)
+		m := pytrainHashRE.FindStringSubmatch(res.stdout)
 		if m == nil {
 			t.Fatalf("no final hash\nstdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
 		}

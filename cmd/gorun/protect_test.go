@@ -314,15 +314,35 @@ func TestProtectRestartInPlace(t *testing.T) {
 	})
 }
 
-func TestProtectPython(t *testing.T) {
+// pytrain returns the python3 on PATH and examples/pytrain's script, or
+// skips the test without python3.
+func pytrain(t *testing.T) (python, script string) {
+	t.Helper()
 	python, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("no python3")
 	}
-	script, err := filepath.Abs("../../examples/pytrain/pytrain.py")
+	script, err = filepath.Abs("../../examples/pytrain/pytrain.py")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return python, script
+}
+
+// pytrainHashRE matches examples/pytrain's final hash (rank 0's).
+var pytrainHashRE = regexp.MustCompile(`(?m)^\[0\] final hash ([0-9a-f]{64})$`)
+
+// checkHashes fails the test unless res printed dptrain's final hashes
+// wantP and wantO.
+func checkHashes(t *testing.T, res result, wantP, wantO string) {
+	t.Helper()
+	if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
+		t.Errorf("ended with params %s optimizer %s, the run without a failure with %s %s", p, o, wantP, wantO)
+	}
+}
+
+func TestProtectPython(t *testing.T) {
+	python, script := pytrain(t)
 	run := func(t *testing.T, flags []string, args ...string) result {
 		t.Helper()
 		full := append([]string{"-np", "2", "--oversubscribe"}, flags...)
@@ -335,10 +355,9 @@ func TestProtectPython(t *testing.T) {
 		checkJobCleanedUp(t, j)
 		return res
 	}
-	hashRE := regexp.MustCompile(`(?m)^\[0\] final hash ([0-9a-f]{64})$`)
 	hash := func(t *testing.T, res result) string {
 		t.Helper()
-		m := hashRE.FindStringSubmatch(res.stdout)
+		m := pytrainHashRE.FindStringSubmatch(res.stdout)
 		if m == nil {
 			t.Fatalf("no final hash printed\nstdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
 		}
