@@ -771,6 +771,7 @@ func (a *agent) newEpoch(t *wire.EpochTable) {
 	case a.restart != nil:
 		a.tryRestart()
 	case t.Gen != a.gen:
+		// A table of a generation the ranks have left: nothing to start.
 	case a.stopped:
 		// (A rank no longer placed here ends by the stop.)
 		if len(fresh) > 0 {
