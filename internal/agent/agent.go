@@ -490,9 +490,12 @@ func (a *agent) start(t *wire.EpochTable) error {
 		a.gen, restartG = t.Gen, t.G
 	}
 	if a.stopped {
-		// The stop overtook the table: start nothing.
+		// The stop overtook the table: start nothing. The table is
+		// kept, so that a later one accounts only for the ranks it
+		// places here anew.
 		a.ranks = []*rankProc{}
-		a.notStarted(t)
+		a.table, a.places = t, a.hostPlaces(t)
+		a.notStarted(t, a.places)
 		return nil
 	}
 	dir, err := os.MkdirTemp("", "gorun-"+a.cfg.Job+"-")
@@ -601,13 +604,18 @@ func (a *agent) listen(rank int) {
 	a.listening[rank] = true
 }
 
-// notStarted accounts for every rank of this host in table t, of
-// generation a.gen, that will not start because the job is stopping, so
-// that the launcher is not left waiting for them; this agent is done
-// (unless it is idle: it says nothing then).
-func (a *agent) notStarted(t *wire.EpochTable) {
-	for _, pl := range a.hostPlaces(t) {
+// notStarted accounts for places, ranks of this host in table t (the
+// newest), of generation a.gen, that will not start because the job is
+// stopping: each is reported ended, stopped, so that the launcher is not
+// left waiting for them. If no rank runs here, this agent is then done
+// (unless it is idle: it says nothing then); otherwise the end of the
+// last rank running says so (exited).
+func (a *agent) notStarted(t *wire.EpochTable, places []wire.Placement) {
+	for _, pl := range places {
 		a.event(&wire.Event{Kind: wire.EventExited, Host: a.cfg.Host, Rank: pl.Rank, Gen: a.gen, Stopped: true, Msg: "not started: the job is stopping"})
+	}
+	if a.running > 0 {
+		return
 	}
 	a.out.endGen(a.gen)
 	if !a.idle(t) {
@@ -742,7 +750,10 @@ func (a *agent) onStdin(m *nats.Msg) {
 // this host: a spare gets the ranks it replaces, a host whose ranks moved
 // away starts none. A table of the same generation (in-place recovery)
 // starts just the ranks newly placed here, in its epoch, and kills those
-// no longer placed here; the others run on.
+// no longer placed here; the others run on. Once the job is stopping, no
+// rank starts: those a table places here anew are reported ended
+// (notStarted), as they would have been had the table come before the
+// stop.
 func (a *agent) newEpoch(t *wire.EpochTable) {
 	a.log.Info("new epoch", "epoch", t.Epoch, "generation", t.Gen)
 	if t.Gen > a.gen && (a.restart == nil || t.Gen > a.restart.Gen) {
@@ -760,30 +771,33 @@ func (a *agent) newEpoch(t *wire.EpochTable) {
 	}
 	a.pmiKVS.setEpoch(t)
 	a.table, a.places = t, places
-	if a.restart != nil {
+	switch fresh := a.newlyPlaced(prev); {
+	case a.restart != nil:
 		a.tryRestart()
-	} else if t.Gen == a.gen && !a.stopped {
-		a.replace(t, prev)
+	case t.Gen != a.gen:
+		// A table of a generation the ranks have left: nothing to start.
+	case a.stopped:
+		// (A rank no longer placed here ends by the stop.)
+		if len(fresh) > 0 {
+			a.notStarted(t, fresh)
+		}
+	default:
+		a.replace(t, fresh)
 	}
 	a.event(&wire.Event{Kind: wire.EventEpoch, Host: a.cfg.Host, Rank: -1, Gen: a.gen, Epoch: t.Epoch})
 }
 
-// replace carries out an in-place epoch change of this host: ranks of the
-// previous places prev that table t no longer places here are killed (as
-// stopped: their end is no failure), ranks it newly places here start.
-func (a *agent) replace(t *wire.EpochTable, prev []wire.Placement) {
+// replace carries out an in-place epoch change of this host to table t:
+// ranks running that t no longer places here are killed (as stopped:
+// their end is no failure), and fresh, the ranks t newly places here,
+// start.
+func (a *agent) replace(t *wire.EpochTable, fresh []wire.Placement) {
 	for _, p := range a.ranks {
 		if !p.ended && !a.placed(p.place.Rank) {
 			a.log.Info("killing a rank moved away from this host", "rank", p.place.Rank, "epoch", t.Epoch)
 			p.movedAway = true
 			p.stopped.Store(true)
 			p.signal(syscall.SIGKILL)
-		}
-	}
-	var fresh []wire.Placement
-	for _, pl := range a.places {
-		if !slices.ContainsFunc(prev, func(q wire.Placement) bool { return q.Rank == pl.Rank }) {
-			fresh = append(fresh, pl)
 		}
 	}
 	if len(fresh) == 0 {
@@ -793,6 +807,18 @@ func (a *agent) replace(t *wire.EpochTable, prev []wire.Placement) {
 	if err := a.launch(t, fresh, false); err != nil {
 		a.event(&wire.Event{Kind: wire.EventAgentError, Host: a.cfg.Host, Rank: -1, Msg: err.Error()})
 	}
+}
+
+// newlyPlaced returns the places of this host in the current table whose
+// ranks prev, its places in the table before, did not have.
+func (a *agent) newlyPlaced(prev []wire.Placement) []wire.Placement {
+	var fresh []wire.Placement
+	for _, pl := range a.places {
+		if !slices.ContainsFunc(prev, func(q wire.Placement) bool { return q.Rank == pl.Rank }) {
+			fresh = append(fresh, pl)
+		}
+	}
+	return fresh
 }
 
 // placed says whether the current table places rank on this host.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -146,6 +147,8 @@ type swapJob struct {
 	events   chan *wire.Event // the agent's
 	agentErr chan error
 	exited   bool // agentErr was read
+	// register registers host h as the test does, as its own user.
+	register func(h int)
 }
 
 // swapOpts are a swapJob's options beyond its hosts.
@@ -156,6 +159,7 @@ type swapOpts struct {
 	hold        bool             // rankprobe holds its output open (probeHoldVar)
 	probe       string           // the ranks' helper (default rankprobe)
 	replicaPort int              // the replication port the hosts the test registers give
+	later       []int            // hosts the test registers later (swapJob.register), not at the start
 }
 
 // startSwapJob starts the rendezvous of hosts, registers every host but
@@ -209,14 +213,12 @@ func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent i
 		t.Fatal(err)
 	}
 	t.Cleanup(j.rv.Close)
-	for h, host := range hosts {
-		if h == agent {
-			continue
-		}
+	j.register = func(h int) {
+		t.Helper()
 		// As the host's own user, from its inbox (the rendezvous answers
 		// nowhere else).
 		hc, err := comm.DialInProcessHost(ctx, srv.InProcess(), secret.HostCredentials(h, nil),
-			comm.ControlOptions{Name: "host " + host.Name, InboxPrefix: wire.JobSubjects(job).ForHost(h).Inbox})
+			comm.ControlOptions{Name: "host " + hosts[h].Name, InboxPrefix: wire.JobSubjects(job).ForHost(h).Inbox})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -225,10 +227,15 @@ func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent i
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = jr.Register(ctx, &wire.Register{Version: wire.Version, Job: job, Host: h, Name: host.Name, Addr: "127.0.0.1", MasterPort: 1, ReplicaPort: o.replicaPort, Pid: 1})
+		_, err = jr.Register(ctx, &wire.Register{Version: wire.Version, Job: job, Host: h, Name: hosts[h].Name, Addr: "127.0.0.1", MasterPort: 1, ReplicaPort: o.replicaPort, Pid: 1})
 		jr.Close()
 		if err != nil {
 			t.Fatalf("registering host %d: %v", h, err)
+		}
+	}
+	for h := range hosts {
+		if h != agent && !slices.Contains(o.later, h) {
+			j.register(h)
 		}
 	}
 	creds := secret.HostCredentials(agent, nil)

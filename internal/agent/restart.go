@@ -53,8 +53,9 @@ func (a *agent) tryRestart() {
 	killOrphans(a.cfg.Job, nil, time.Now().Add(a.cfg.ExitTimeout), a.log)
 	if a.stopped {
 		// The launcher waits for the end of every rank of the new
-		// generation: the restart keeps the table's ranks and hosts.
-		a.notStarted(a.table)
+		// generation: those of the newest table here now, and those a
+		// later table places here anew (newEpoch).
+		a.notStarted(a.table, a.places)
 		return
 	}
 	if a.prot != nil {
