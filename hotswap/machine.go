@@ -62,6 +62,7 @@ type Machine struct {
 
 	pending   *rankFailure
 	pendingAt time.Duration
+	awaiting  []awaitingLoss // lost hosts whose replacement waits for a suspicion to settle
 
 	rec          *recovery
 	runningSince time.Duration // hang detection counts from here
@@ -264,6 +265,9 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 	case RecoveryReport:
 		m.onRecovery(e)
 	}
+	if len(m.awaiting) > 0 && !m.stopped {
+		m.spliceAwaiting()
+	}
 	return m.out
 }
 
@@ -402,7 +406,9 @@ func (m *Machine) onRankExited(e RankExited) {
 func (m *Machine) decide() {
 	f := m.pending
 	m.pending = nil
-	if f == nil || m.stopped {
+	if f == nil || m.stopped || len(m.awaiting) > 0 {
+		// While a lost host waits for its replacement, rank failures
+		// are the loss's doing: its splice restarts them.
 		return
 	}
 	m.rankFailed(f)

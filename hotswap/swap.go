@@ -3,6 +3,7 @@ package hotswap
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -51,16 +52,42 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration) {
 			return
 		}
 	}
-	cause := fmt.Sprintf("host %s lost: %s", name, why)
 	// Rank failures collected in the window are the loss's doing.
 	m.pending = nil
-	moved := slices.Clone(ranks)
+	m.splice(awaitingLoss{h, fmt.Sprintf("host %s lost: %s", name, why), detected}, false)
+}
+
+// awaitingLoss is a lost host whose ranks wait for a replacement.
+type awaitingLoss struct {
+	host     int
+	cause    string
+	detected time.Duration
+}
+
+// splice moves the ranks of lost host l.host to a replacement and starts
+// the recovery epoch, or stops the job. When nothing healthy can take
+// them but a suspected host could, the decision waits (l joins
+// m.awaiting) until its probe settles the suspicion: a host that lost a
+// peer reports it, so the survivors of a loss are often suspected with
+// the lost host, and answer their probes within milliseconds. retry says
+// l was waiting already.
+func (m *Machine) splice(l awaitingLoss, retry bool) {
+	h, cause, detected := l.host, l.cause, l.detected
+	name := m.names[h]
+	moved := slices.Clone(m.hostRanks[h])
 	if err := m.recoverable(moved); err != "" {
 		m.abort(ExitFailure, "%s; unrecoverable: %s; stopping the job", cause, err)
 		return
 	}
 	with, isSpare, err := m.replacement(h, moved)
 	if err != "" {
+		if s := m.suspectedCandidates(h, moved); len(s) > 0 {
+			if !retry {
+				m.report("%s; waiting for the suspected %s to answer before choosing where ranks %s go", cause, m.hostList(s), ints(moved))
+			}
+			m.awaiting = append(m.awaiting, l)
+			return
+		}
 		m.abort(ExitFailure, "%s; %s; stopping the job", cause, err)
 		return
 	}
@@ -122,6 +149,49 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration) {
 		m.report("under-protected: %d optimizer shards lost a copy (of %d) until it is re-sent", len(owners), m.k())
 		m.emit(UnderProtected{Owners: owners})
 	}
+}
+
+// spliceAwaiting retries the lost hosts waiting for suspicions to settle.
+func (m *Machine) spliceAwaiting() {
+	waiting := m.awaiting
+	m.awaiting = nil
+	for _, l := range waiting {
+		if m.stopped {
+			return
+		}
+		if len(m.hostRanks[l.host]) > 0 {
+			m.splice(l, true)
+		}
+	}
+}
+
+// suspectedCandidates are the hosts other than h that could take the
+// ranks moved from h once their suspicion is lifted: registered, alive,
+// heartbeats on time, with room (a spare, or under free-slots any host).
+func (m *Machine) suspectedCandidates(h int, moved []int) []int {
+	var out []int
+	for s := range m.alive {
+		if s == h || !m.alive[s] || !m.registered[s] || m.suspected[s] < 0 || m.overdue(s) {
+			continue
+		}
+		if m.spare[s] && m.cfg.fits(s, 0, len(moved)) ||
+			!m.spare[s] && m.cfg.OnNoSpare != OnNoSpareAbort && m.cfg.fits(s, len(m.hostRanks[s]), len(moved)) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// hostList names hosts for a report: "host a" or "hosts a, b".
+func (m *Machine) hostList(hs []int) string {
+	names := make([]string, len(hs))
+	for i, h := range hs {
+		names[i] = m.names[h]
+	}
+	if len(hs) == 1 {
+		return "host " + names[0]
+	}
+	return "hosts " + strings.Join(names, ", ")
 }
 
 // recoverable says why one of the ranks of a lost host has no valid copy
