@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/gorun/gorun/ckpt"
 )
@@ -41,10 +42,12 @@ func (s *service) restore(ctx context.Context) *Restorable {
 		return &Restorable{Step: noStep, Err: err.Error()}
 	}
 	s.h.log.Info("restoring from other hosts", "rank", s.rank, "step", g, "local", err)
+	start := time.Now()
 	slot, err2 := s.restoreRemote(ctx, g)
 	if err2 != nil {
 		return &Restorable{Step: noStep, Err: fmt.Sprintf("step %d: not here (%v), and not from other hosts: %v", g, err, err2)}
 	}
+	s.h.log.Info("restored from other hosts", "rank", s.rank, "step", g, "took", time.Since(start))
 	return &Restorable{Step: g, Slot: slot, Tier: 2}
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/gorun/gorun/rank"
@@ -64,6 +65,7 @@ func (t *trainer) stage(ctx context.Context, s int) error {
 // (discarding this rank's later steps), or none, and the rank goes back
 // to that state (or to the initial one), whatever it had trained since.
 func (t *trainer) restore(ctx context.Context) (int, error) {
+	start := time.Now()
 	r, err := t.prot.Restore(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("restoring: %w", err)
@@ -89,9 +91,12 @@ func (t *trainer) restore(ctx context.Context) (int, error) {
 	copy(float32Bytes(t.v), opt[4*n:8*n])
 	copy(float32Bytes(t.master), opt[8*n:])
 	copy(t.params[t.lo:t.hi], t.master)
+	restored := time.Now()
 	if err := t.allgatherParams(ctx); err != nil {
 		return 0, err
 	}
+	fmt.Fprintf(t.errOut, "dptrain: rank %d: restored step %d from tier %d in %v, parameters gathered in %v\n",
+		t.rank, r.Step, r.Tier, restored.Sub(start).Round(time.Millisecond), time.Since(restored).Round(time.Millisecond))
 	return int(r.Step) + 1, nil
 }
 

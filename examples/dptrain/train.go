@@ -239,6 +239,7 @@ func (t *trainer) rebuildWorld(ctx context.Context, cause error) error {
 	fmt.Fprintf(t.errOut, "dptrain: rank %d: %v; waiting for the new epoch to rebuild in place\n", t.rank, cause)
 	rctx, cancel := context.WithTimeout(ctx, t.cfg.RebuildTimeout)
 	defer cancel()
+	start := time.Now()
 	c, err := t.rebuild(rctx)
 	if err != nil {
 		return fmt.Errorf("%w; no new epoch joined within --rebuild-timeout %v: %w", cause, t.cfg.RebuildTimeout, err)
@@ -246,6 +247,7 @@ func (t *trainer) rebuildWorld(ctx context.Context, cause error) error {
 	if c.Rank() != t.rank || c.Size() != t.size {
 		return fmt.Errorf("%w; the new epoch makes this rank %d of %d, not %d of %d: in-place recovery keeps the world", cause, c.Rank(), c.Size(), t.rank, t.size)
 	}
+	fmt.Fprintf(t.errOut, "dptrain: rank %d: joined the new epoch in %v\n", t.rank, time.Since(start).Round(time.Millisecond))
 	t.c = c
 	t.rebuilds++
 	// The staging in flight, if any, is of a step the restore discards:
