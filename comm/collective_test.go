@@ -445,6 +445,16 @@ func testAbortMidCollective(t *testing.T, unix bool) {
 	comms := newWorld(t, n, worldOpts{secret: secret, epoch: 5, segment: 16 << 10, log: io.Discard, unix: unix})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	for r, c := range comms {
+		if err := c.Err(); err != nil {
+			t.Errorf("rank %d: Err before Abort: %v", r, err)
+		}
+		select {
+		case <-c.Done():
+			t.Errorf("rank %d: Done closed before Abort", r)
+		default:
+		}
+	}
 	var done atomic.Int64
 	result := make(chan []error, 1)
 	go func() { result <- loopAllreduce(ctx, comms, 200_000, &done) }()
@@ -452,6 +462,16 @@ func testAbortMidCollective(t *testing.T, unix bool) {
 	// The epoch changes: every rank learns it, at slightly different times.
 	for _, c := range comms {
 		c.Abort(ErrEpochChanged)
+	}
+	for r, c := range comms {
+		select {
+		case <-c.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("rank %d: Done not closed after Abort", r)
+		}
+		if err := c.Err(); !errors.Is(err, ErrEpochChanged) {
+			t.Errorf("rank %d: Err after Abort: %v, want ErrEpochChanged", r, err)
+		}
 	}
 	var errs []error
 	select {

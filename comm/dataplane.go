@@ -311,6 +311,22 @@ func (c *Comm) Size() int { return c.size }
 // Epoch is the epoch the world belongs to.
 func (c *Comm) Epoch() uint64 { return c.epoch }
 
+// Done is closed once the communicator can no longer be used: it was
+// aborted (with ErrEpochChanged when gorun moved the job to a new epoch)
+// or closed; Err then says why. A rank that spends long stretches between
+// collectives (waiting for its accelerator, loading data) selects on it to
+// learn of a new epoch at once rather than at its next collective.
+func (c *Comm) Done() <-chan struct{} { return c.life.Done() }
+
+// Err is nil while the communicator is usable, else the error its calls
+// return (wrapping ErrEpochChanged, ErrClosed, or the abort's error).
+func (c *Comm) Err() error {
+	if !c.dead() {
+		return nil
+	}
+	return c.stateErr("Done")
+}
+
 // Abort makes every pending and future call return an error wrapping err
 // (ErrEpochChanged when the job moves to a new epoch). It does not close
 // the links, so peers are not told: they are expected to abort too. Only

@@ -233,8 +233,7 @@ func (t *trainer) resumeCheckpoint(ctx context.Context) (int, error) {
 		}
 	}
 	if !anyone {
-		t.reset()
-		return 0, nil
+		return 0, nil // join resets the state
 	}
 	best := int64(-1)
 	for s, n := range have {
@@ -256,8 +255,7 @@ func (t *trainer) resumeCheckpoint(ctx context.Context) (int, error) {
 	if s != best {
 		return 0, fmt.Errorf("checkpoint %s changed while resuming: step %d, was %d", paths[i], s, best)
 	}
-	copy(t.params[t.lo:t.hi], t.master)
-	if err := t.allgatherParams(ctx); err != nil {
+	if _, err := t.paramsFromShards(ctx); err != nil {
 		return 0, err
 	}
 	return int(best) + 1, nil

@@ -22,8 +22,9 @@ type fakeWorld struct {
 	pending []fakeCall // this round's deposits, by rank
 	arrived int
 	round   uint64
-	last    []fakeCall // the last completed round's deposits
-	err     error      // once set, every call fails with it
+	last    []fakeCall    // the last completed round's deposits
+	err     error         // once set, every call fails with it
+	done    chan struct{} // closed when err is set
 }
 
 // fakeCall is one rank's part in a round.
@@ -35,7 +36,7 @@ type fakeCall struct {
 }
 
 func newFakeWorld(size int) *fakeWorld {
-	w := &fakeWorld{size: size, pending: make([]fakeCall, size)}
+	w := &fakeWorld{size: size, pending: make([]fakeCall, size), done: make(chan struct{})}
 	w.cond = sync.NewCond(&w.mu)
 	return w
 }
@@ -46,6 +47,7 @@ func (w *fakeWorld) abort(err error) {
 	defer w.mu.Unlock()
 	if w.err == nil {
 		w.err = err
+		close(w.done)
 	}
 	w.cond.Broadcast()
 }
@@ -65,6 +67,7 @@ func (w *fakeWorld) exchange(rank int, c fakeCall) ([]fakeCall, error) {
 			if c.op != all[0].op || c.root != all[0].root || len(c.ints) != len(all[0].ints) {
 				w.err = fmt.Errorf("fake: rank %d called %s(root %d, %d ints), rank 0 %s(root %d, %d ints)",
 					r, c.op, c.root, len(c.ints), all[0].op, all[0].root, len(all[0].ints))
+				close(w.done)
 				w.cond.Broadcast()
 				return nil, w.err
 			}
@@ -94,7 +97,14 @@ type fakeComm struct {
 
 var _ collectives = (*fakeComm)(nil)
 
-func (c *fakeComm) Rank() int { return c.rank }
+func (c *fakeComm) Rank() int             { return c.rank }
+func (c *fakeComm) Done() <-chan struct{} { return c.w.done }
+
+func (c *fakeComm) Err() error {
+	c.w.mu.Lock()
+	defer c.w.mu.Unlock()
+	return c.w.err
+}
 func (c *fakeComm) Size() int { return c.w.size }
 
 func (c *fakeComm) Barrier(ctx context.Context) error {

@@ -478,3 +478,50 @@ func TestInPlaceRecoveryEnds(t *testing.T) {
 		})
 	}
 }
+
+// TestEpochChangeEndsDeviceTime: with --device-grad a step has no
+// collective, so a rank waiting for its (emulated) accelerator learns of
+// a new epoch from the world's Done, at once, not after the step: here
+// the device time is an hour and the ranks must still end, in step 0,
+// with the epoch change (without --protect, they cannot survive it).
+func TestEpochChangeEndsDeviceTime(t *testing.T) {
+	const size = 2
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cfg := testConfig(t, "--device-grad", "--device-ms", "3600000")
+	ew := newEpochWorlds(size)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	done := make([]chan inPlaceRun, size)
+	for r := range size {
+		done[r] = make(chan inPlaceRun, 1)
+		startRank(t, ctx, &wg, ew, cfg, runOptions{}, r, done[r])
+	}
+	// Once the world's first collective (join's flag check) is done, the
+	// ranks go into step 0's device time.
+	_, w, _ := ew.current()
+	for {
+		w.mu.Lock()
+		round := w.round
+		w.mu.Unlock()
+		if round > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the ranks never checked their flags")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	ew.advance()
+	for r := range size {
+		select {
+		case got := <-done[r]:
+			if !errors.Is(got.err, comm.ErrEpochChanged) || !strings.Contains(got.err.Error(), "step 0:") {
+				t.Errorf("rank %d: %v; want step 0 to end with the epoch change", r, got.err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("rank %d still in its hour of device time after the epoch changed", r)
+		}
+	}
+}

@@ -71,8 +71,7 @@ func (t *trainer) restore(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("restoring: %w", err)
 	}
 	if r.Step < 0 {
-		t.reset()
-		return 0, nil
+		return 0, nil // join resets the state
 	}
 	meta, opt := r.Regions["meta"], r.Regions["optimizer"]
 	n := len(t.master)
@@ -90,13 +89,14 @@ func (t *trainer) restore(ctx context.Context) (int, error) {
 	copy(float32Bytes(t.m), opt[:4*n])
 	copy(float32Bytes(t.v), opt[4*n:8*n])
 	copy(float32Bytes(t.master), opt[8*n:])
-	copy(t.params[t.lo:t.hi], t.master)
-	restored := time.Now()
-	if err := t.allgatherParams(ctx); err != nil {
+	note := fmt.Sprintf("dptrain: rank %d: restored step %d from tier %d in %v", t.rank, r.Step, r.Tier, time.Since(start).Round(time.Millisecond))
+	gather := time.Now()
+	if ok, err := t.paramsFromShards(ctx); err != nil {
 		return 0, err
+	} else if ok {
+		note += fmt.Sprintf(", parameters gathered in %v", time.Since(gather).Round(time.Millisecond))
 	}
-	fmt.Fprintf(t.errOut, "dptrain: rank %d: restored step %d from tier %d in %v, parameters gathered in %v\n",
-		t.rank, r.Step, r.Tier, restored.Sub(start).Round(time.Millisecond), time.Since(restored).Round(time.Millisecond))
+	fmt.Fprintln(t.errOut, note)
 	return int(r.Step) + 1, nil
 }
 

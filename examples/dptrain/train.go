@@ -27,6 +27,10 @@ type collectives interface {
 	AllreduceInt64(ctx context.Context, x []int64) error
 	// Allgather returns every rank's bytes, indexed by rank.
 	Allgather(ctx context.Context, mine []byte) ([][]byte, error)
+	// Done is closed once the world can no longer be used (gorun moved
+	// the job to a new epoch); Err then says why.
+	Done() <-chan struct{}
+	Err() error
 }
 
 // defaultChunk is how many parameters one collective call carries: it bounds
@@ -197,6 +201,12 @@ func (t *trainer) join(ctx context.Context, out io.Writer) (int, error) {
 	}
 	if err != nil {
 		return 0, err
+	}
+	if first == 0 {
+		// Nothing to resume from: the initial state. (Not before: a rank
+		// that resumes would only overwrite it, and a replacement must
+		// come up fast.)
+		t.reset()
 	}
 	if first > 0 {
 		how := ""
@@ -381,8 +391,7 @@ func newTrainer(c collectives, cfg Config, o runOptions) (*trainer, error) {
 		errOut:     errOut,
 	}
 	t.timer.Stop()
-	t.reset()
-	return t, nil
+	return t, nil // join sets the state: reset, or resumed
 }
 
 // reset puts the model and the optimizer in their initial state.
@@ -391,6 +400,21 @@ func (t *trainer) reset() {
 	copy(t.master, t.params[t.lo:t.hi])
 	clear(t.m)
 	clear(t.v)
+}
+
+// paramsFromShards sets the parameters after the rank's shard (master
+// weights) was restored, as a step leaves them: its shard's from the
+// master weights, the others' gathered from their owners. With
+// --device-grad no step gathers them (the emulated device holds the
+// parameters, the host only its shard's master weights, gathered once at
+// the end for the hash), and neither does this: the other shards'
+// parameters are not read until then. It reports whether it gathered.
+func (t *trainer) paramsFromShards(ctx context.Context) (bool, error) {
+	copy(t.params[t.lo:t.hi], t.master)
+	if t.cfg.DeviceGrad {
+		return false, nil
+	}
+	return true, t.allgatherParams(ctx)
 }
 
 // checkBounds checks shard boundaries.
@@ -479,8 +503,14 @@ func (t *trainer) step(ctx context.Context, s int) (loss float64, logged bool, e
 
 // deviceTime emulates the accelerator computing this step: the host CPU is
 // deliberately idle (a sleep is the emulation, not a shortcut), as it is
-// while a GPU runs the forward and backward passes.
+// while a GPU runs the forward and backward passes. A world that ends
+// meanwhile (gorun moved the job to a new epoch) ends it at once: with
+// --device-grad a step has no collective that would fail, and the rank
+// would otherwise train on, to no use, until the overwrite rule stops it.
 func (t *trainer) deviceTime(ctx context.Context) error {
+	if err := t.c.Err(); err != nil {
+		return err
+	}
 	if t.cfg.DeviceTime <= 0 {
 		return nil
 	}
@@ -488,6 +518,9 @@ func (t *trainer) deviceTime(ctx context.Context) error {
 	select {
 	case <-t.timer.C:
 		return nil
+	case <-t.c.Done():
+		t.timer.Stop()
+		return t.c.Err()
 	case <-ctx.Done():
 		t.timer.Stop()
 		return context.Cause(ctx)
