@@ -25,7 +25,7 @@ import (
 
 // End-to-end tests of host replacement (issue 14): a job of examples/dptrain
 // on namespace hosts loses a host (every process killed, its link taken
-// down, or a rank stopped) at a random step; gorun fences the host, splices
+// down, frozen and then killed, or a rank stopped) at a random step; gorun fences the host, splices
 // a spare in, publishes the next epoch and restores the lost ranks' state
 // from their replicas. The job must end as a run without the failure ends:
 // exit 0 and bitwise the same final hashes.
@@ -109,6 +109,28 @@ func stepLine(s int) *regexp.Regexp {
 func (r *hsRun) waitStep(t *testing.T, s int) {
 	t.Helper()
 	r.waitFor(stepLine(s), 1, 60*time.Second)
+}
+
+// waitStalled waits until rank 0 has logged no step for quiet: the job
+// waits for something (a frozen host). It fails the test if the job
+// still makes progress after a minute.
+func (r *hsRun) waitStalled(t *testing.T, quiet time.Duration) {
+	t.Helper()
+	n, since := -1, time.Now()
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
+		if m := len(rank0StepRE.FindAllString(r.stdout.String(), -1)); m != n {
+			n, since = m, time.Now()
+		} else if time.Since(since) >= quiet {
+			t.Logf("rank 0 waits after %d steps", n)
+			return
+		}
+		select {
+		case <-r.done:
+			t.Fatalf("gorun exited while the job was to wait (code %d)\nstdout:\n%s\nstderr:\n%s", r.res.code, r.res.stdout, r.res.stderr)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	t.Fatalf("rank 0 still logs steps a minute after a host froze\nstdout:\n%s", r.stdout.String())
 }
 
 // reexecuted counts the steps rank 0 logged more than once: the steps a
@@ -208,10 +230,24 @@ type fault struct {
 	inject func(t *testing.T, c *hsCluster, r *hsRun, h int)
 	flags  []string // gorun flags the fault needs detected
 	host   bool     // the host is lost (a spare takes its ranks)
+	crash  bool     // every process of the host dies (its agent cannot clean up)
 }
 
 var faults = []fault{
-	{name: "kill", host: true, inject: func(t *testing.T, c *hsCluster, r *hsRun, h int) {
+	{name: "kill", host: true, crash: true, inject: func(t *testing.T, c *hsCluster, r *hsRun, h int) {
+		if err := c.hosts.KillAll(h); err != nil {
+			t.Fatal(err)
+		}
+	}},
+	// The host freezes first: the survivors go on until they wait for it
+	// (in a collective with its ranks, or at the overwrite rule for its
+	// replicas), and only then does it die: the loss lands on ranks that
+	// are waiting, not computing.
+	{name: "freeze", host: true, crash: true, inject: func(t *testing.T, c *hsCluster, r *hsRun, h int) {
+		if err := c.hosts.StopAll(h); err != nil {
+			t.Fatal(err)
+		}
+		r.waitStalled(t, time.Second)
 		if err := c.hosts.KillAll(h); err != nil {
 			t.Fatal(err)
 		}
@@ -302,7 +338,7 @@ func TestHotSwapHostLoss(t *testing.T) {
 					killAt := time.Since(r.start).Seconds()
 					f.inject(t, c, r, h)
 					crashed := 0
-					if f.name == "kill" {
+					if f.crash {
 						crashed = 1
 					}
 					res := r.finish(t, 0, crashed)
@@ -312,6 +348,11 @@ func TestHotSwapHostLoss(t *testing.T) {
 						}
 					}()
 					checkHashes(t, res, wantP, wantO)
+					if f.name == "freeze" && mode == "in-place" && dg && !strings.Contains(res.stderr, "to be recoverable everywhere") {
+						// With --device-grad the survivors wait for the
+						// frozen host's replicas at the overwrite rule.
+						t.Errorf("no survivor says it waited at the overwrite rule when the epoch changed")
+					}
 					// Rank 0 logs step s once its own update is done, before
 					// every rank committed s: the step in flight, and G's lag
 					// of at most one step behind the committed ones (the

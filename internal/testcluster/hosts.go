@@ -202,6 +202,15 @@ func (h *Hosts) KillAll(host int) error {
 	return killNetns(h.Names[host])
 }
 
+// StopAll sends SIGSTOP to every process in host's namespace (a frozen
+// host: sockets stay open, nothing answers); KillAll still ends them.
+func (h *Hosts) StopAll(host int) error {
+	if err := h.check(host); err != nil {
+		return err
+	}
+	return stopNetns(h.Names[host])
+}
+
 // LinkDown takes host's veth down at the root-namespace end: the host is cut
 // off from the bridge and every other host (a partition), its processes keep
 // running, and nothing inside the host can undo it.

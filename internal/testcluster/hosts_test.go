@@ -1,6 +1,7 @@
 package testcluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -134,7 +135,7 @@ func TestLinkDownUp(t *testing.T) {
 	dialFrom(t, h, 1, hostPort(h.Addrs[0])+"="+h.Names[0])
 	dialFrom(t, h, 0, bridge+"=bridge")
 
-	for _, f := range []func(int) error{h.LinkDown, h.LinkUp, h.KillAll} {
+	for _, f := range []func(int) error{h.LinkDown, h.LinkUp, h.KillAll, h.StopAll} {
 		if err := f(2); err == nil {
 			t.Errorf("host 2 of 2: no error")
 		}
@@ -182,6 +183,49 @@ func TestKillAll(t *testing.T) {
 		t.Errorf("KillAll of an empty host: %v", err)
 	}
 	startHelper(t, h, 0, "sleep")
+}
+
+// TestStopAll: a frozen host's processes are stopped, not ended, and
+// KillAll still ends them.
+func TestStopAll(t *testing.T) {
+	t.Parallel()
+	h := newHosts(t, 2)
+	victim := startHelper(t, h, 0, "sleep")
+	bystander := startHelper(t, h, 1, "sleep")
+	if err := h.StopAll(0); err != nil {
+		t.Fatal(err)
+	}
+	pid := victim.cmd.Process.Pid
+	state := func(pid int) string {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return "gone"
+		}
+		// pid (comm) S ...: the state follows the last ')'.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		return f[0]
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for state(pid) != "T" {
+		if time.Now().After(deadline) {
+			t.Fatalf("process in host 0 in state %q 10s after StopAll(0), want T (stopped)", state(pid))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if victim.exited() {
+		t.Fatalf("StopAll ended the process: %v", victim.err)
+	}
+	if s := state(bystander.cmd.Process.Pid); s == "T" || bystander.exited() {
+		t.Errorf("process in host 1 stopped or ended by StopAll(0): state %s", s)
+	}
+	if err := h.KillAll(0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-victim.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("stopped process in host 0 still there 10s after KillAll(0)")
+	}
 }
 
 // TestCleanup checks that a cluster's cleanup kills its processes and

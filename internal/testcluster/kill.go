@@ -56,7 +56,7 @@ func killNetns(ns string) error {
 			return fmt.Errorf("testcluster: processes %v still in %s after SIGKILL for %v", pids, ns, killTimeout)
 		}
 		for _, pid := range pids {
-			if err := killIn(pid, dev, ino); err != nil {
+			if err := signalIn(pid, dev, ino, syscall.SIGKILL); err != nil {
 				return fmt.Errorf("testcluster: killing pid %d in %s: %w", pid, ns, err)
 			}
 		}
@@ -64,8 +64,28 @@ func killNetns(ns string) error {
 	}
 }
 
-// killIn sends SIGKILL to pid if it is in the network namespace (dev, ino).
-func killIn(pid int, dev, ino uint64) error {
+// stopNetns sends SIGSTOP to every process in network namespace ns (a
+// host frozen: its processes keep their sockets open and answer nothing).
+// SIGKILL (killNetns) still ends them; SIGCONT resumes them.
+func stopNetns(ns string) error {
+	dev, ino, err := netnsID(ns)
+	if err != nil {
+		return err
+	}
+	pids, err := nsPids(ns)
+	if err != nil {
+		return err
+	}
+	for _, pid := range pids {
+		if err := signalIn(pid, dev, ino, syscall.SIGSTOP); err != nil {
+			return fmt.Errorf("testcluster: stopping pid %d in %s: %w", pid, ns, err)
+		}
+	}
+	return nil
+}
+
+// signalIn sends sig to pid if it is in the network namespace (dev, ino).
+func signalIn(pid int, dev, ino uint64, sig syscall.Signal) error {
 	p, err := os.FindProcess(pid)
 	if err != nil {
 		return err
@@ -78,7 +98,7 @@ func killIn(pid int, dev, ino uint64) error {
 	if st.Dev != dev || st.Ino != ino {
 		return nil // pid now belongs to a process elsewhere
 	}
-	if err := p.Signal(os.Kill); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if err := p.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return err
 	}
 	return nil
