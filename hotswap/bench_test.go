@@ -92,14 +92,34 @@ func timeCopy(dst, src []int) float64 {
 	return float64(time.Since(start).Nanoseconds()) / float64(n)
 }
 
-// BenchmarkHeartbeat: the most frequent event is O(1).
+// BenchmarkHeartbeat: the most frequent event, with the deadline the
+// launcher schedules after it, is O(1): its cost per event is reported
+// against working the deadline out afresh (O(hosts + ranks)), measured
+// in the same run, at two sizes.
 func BenchmarkHeartbeat(b *testing.B) {
-	m, _ := bigMachine(b, 1280)
-	var now time.Duration
-	h := 0
-	for b.Loop() {
-		now += time.Microsecond
-		m.Step(now, Heartbeat{Host: h})
-		h = (h + 1) % 1280
+	for _, hosts := range []int{320, 1280} {
+		b.Run(fmt.Sprintf("ranks=%d/hosts=%d", hosts*8, hosts), func(b *testing.B) {
+			m, c := bigMachine(b, hosts)
+			m.Step(time.Second, Tick{})
+			scan := 0
+			start := time.Now()
+			for time.Since(start) < 20*time.Millisecond {
+				m.deadline()
+				scan++
+			}
+			scanNs := float64(time.Since(start).Nanoseconds()) / float64(scan)
+			now := time.Second
+			h := 0
+			for b.Loop() {
+				now += time.Microsecond
+				m.Step(now, Heartbeat{Host: h})
+				m.NextDeadline()
+				h = (h + 1) % len(c.Hosts) // the spares too: all stay alive
+			}
+			perEvent := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+			b.ReportMetric(perEvent, "ns/event")
+			b.ReportMetric(perEvent/scanNs, "x-deadline-scan")
+			b.Logf("%d hosts: %.0f ns per heartbeat and deadline = %.3f × working the deadline out afresh (%.0f ns)", hosts, perEvent, perEvent/scanNs, scanNs)
+		})
 	}
 }

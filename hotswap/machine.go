@@ -64,6 +64,13 @@ type Machine struct {
 	pendingAt time.Duration
 	awaiting  []awaitingLoss // lost hosts whose replacement waits for a suspicion to settle
 
+	// NextDeadline's answer, kept while valid: no later than the true
+	// earliest deadline (a Tick that comes early finds nothing due and
+	// the answer is worked out again), so that the frequent events, which
+	// only postpone deadlines, cost O(1) and not O(hosts + ranks).
+	next              time.Duration
+	nextOK, nextValid bool
+
 	rec          *recovery
 	runningSince time.Duration // hang detection counts from here
 
@@ -244,6 +251,9 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 		m.onGPU(e)
 	case Progress:
 		if m.rank(e.Rank) {
+			if m.lastProg[e.Rank] < 0 {
+				m.nextValid = false // the rank's first hang deadline
+			}
 			m.lastProg[e.Rank] = m.now
 			if e.Step > m.lastStep[e.Rank] {
 				m.lastStep[e.Rank] = e.Step
@@ -268,13 +278,34 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 	if len(m.awaiting) > 0 && !m.stopped {
 		m.spliceAwaiting()
 	}
+	switch e.(type) {
+	case Heartbeat, Progress:
+		// They only postpone deadlines, or end a suspicion's, unless
+		// they led to an action (a splice that waited for the host).
+		if len(m.out) > 0 {
+			m.nextValid = false
+		}
+	default:
+		m.nextValid = false
+	}
 	return m.out
 }
 
 // NextDeadline is when the next Tick is due: the earliest pending
 // deadline (failure window, suspicion, heartbeat, hang), and false if
-// there is none.
+// there is none. It may be earlier than that (the Tick then finds
+// nothing due), never later. After a heartbeat or a progress report it
+// costs O(1).
 func (m *Machine) NextDeadline() (time.Duration, bool) {
+	if !m.nextValid || m.nextOK && m.next <= m.now {
+		m.next, m.nextOK = m.deadline()
+		m.nextValid = true
+	}
+	return m.next, m.nextOK
+}
+
+// deadline works out the earliest pending deadline, in O(hosts + ranks).
+func (m *Machine) deadline() (time.Duration, bool) {
 	var t time.Duration
 	ok := false
 	at := func(d time.Duration) {

@@ -179,6 +179,12 @@ func TestRandomEvents(t *testing.T) {
 			if m.Epoch() < epoch {
 				t.Fatalf("%s: epoch went back to %d", where, m.Epoch())
 			}
+			// The kept deadline is never later than the true one.
+			if d, ok := m.deadline(); ok {
+				if kd, kok := m.NextDeadline(); !kok || kd > d {
+					t.Fatalf("%s: NextDeadline %v (%v), but a deadline is due at %v", where, kd, kok, d)
+				}
+			}
 		}
 	}
 	if published == 0 {

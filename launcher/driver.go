@@ -29,9 +29,10 @@ func (j *job) since() time.Duration { return time.Since(j.t0) }
 func (j *job) step(e hotswap.Event) { j.steps(e) }
 
 // steps feeds es to the machine in order, carrying out each one's
-// actions, and sets the deadline timer once at the end (NextDeadline
-// looks at every host, and every rank with --hang-timeout: a progress
-// report of a host's ranks is one scheduling, not one per rank).
+// actions, and sets the deadline timer once at the end (a progress report
+// of a host's ranks is one scheduling, not one per rank; NextDeadline is
+// O(1) after heartbeats and progress, O(hosts + ranks) after the rarer
+// events).
 func (j *job) steps(es ...hotswap.Event) {
 	now := j.since()
 	for _, e := range es {
