@@ -63,6 +63,10 @@ type Machine struct {
 	pending   *rankFailure
 	pendingAt time.Duration
 	awaiting  []awaitingLoss // lost hosts whose replacement waits for a suspicion to settle
+	// protecting: the ranks protect their state (a progress report or a
+	// G came): only then is a lost copy worth reporting.
+	protecting bool
+	announced  bool // under-protection was reported, and not its end
 
 	// NextDeadline's answer, kept while valid: no later than the true
 	// earliest deadline (a Tick that comes early finds nothing due and
@@ -254,6 +258,7 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 			if m.lastProg[e.Rank] < 0 {
 				m.nextValid = false // the rank's first hang deadline
 			}
+			m.protecting = true
 			m.lastProg[e.Rank] = m.now
 			if e.Step > m.lastStep[e.Rank] {
 				m.lastStep[e.Rank] = e.Step
@@ -266,6 +271,7 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 	case Tick:
 		m.onTick()
 	case GPublished:
+		m.protecting = true
 		if e.G > m.g {
 			m.g = e.G
 			m.progressed = true
@@ -678,7 +684,8 @@ func (m *Machine) onReplicated(owner int) {
 	} else if m.rank(owner) {
 		set(owner)
 	}
-	if m.under == 0 {
+	if m.under == 0 && m.announced {
+		m.announced = false
 		m.report("every optimizer shard has its %d copies again", m.k())
 		m.emit(Protected{})
 	}

@@ -139,7 +139,8 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 		m.emit(Restart{Gen: m.gen, Epoch: m.epoch, G: m.g})
 	}
 	m.publish(sources)
-	if m.under > 0 {
+	if m.under > 0 && m.protecting {
+		m.announced = true
 		owners := make([]int, 0, m.under)
 		for o, n := range m.missing {
 			if n > 0 {

@@ -161,6 +161,8 @@ func (j *job) splice(a hotswap.Splice) {
 	}
 	lost.ranks = slices.DeleteFunc(lost.ranks, func(r int) bool { return slices.Contains(a.Ranks, r) })
 	with.ranks = append(with.ranks, a.Ranks...)
+	close(j.spliced)
+	j.spliced = make(chan struct{})
 	j.tab.Unlock()
 	j.prog.move(a.Ranks, a.Lost, a.With)
 	if j.stopping {

@@ -67,6 +67,8 @@ type job struct {
 	tab sync.RWMutex
 	// rankHost maps a rank to its host index.
 	rankHost []int
+	// spliced is closed, and replaced, when a splice moves ranks.
+	spliced chan struct{}
 	// holders[r] are the ranks holding rank r's replicas (state
 	// protection), or nil.
 	holders [][]int
@@ -136,6 +138,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		agentExits: make(chan agentExit, 16),
 		rankEnded:  make([]bool, cfg.NP),
 		rankHost:   make([]int, cfg.NP),
+		spliced:    make(chan struct{}),
 		quit:       make(chan struct{}),
 	}
 	if cfg.Events != nil {
@@ -364,6 +367,12 @@ func (j *job) stdinRank() int {
 // once the ranks have started, a chunk at a time: each waits for the
 // agent's answer that it is in the rank's pipe. It ends at end of file, when
 // the rank's stdin closes, or with ctx.
+//
+// The rank may move to another host (a hot-swap): a chunk whose host is
+// lost before it answers is sent whole to the new host (what the lost
+// rank had read is gone with it: stdin is a stream), and after end of
+// file the forwarding stays until ctx ends, to close the stdin of a rank
+// moved later, which would otherwise wait for input for ever.
 func (j *job) forwardStdin(ctx context.Context) {
 	select {
 	case <-j.rv.Done():
@@ -374,32 +383,86 @@ func (j *job) forwardStdin(ctx context.Context) {
 		stop := context.AfterFunc(ctx, func() { _ = d.SetReadDeadline(time.Now()) })
 		defer stop()
 	}
-	subject := j.subj.StdinTo(j.rankHost[j.cfg.StdinRank])
-	send := func(b []byte) bool {
-		m, err := j.ctl.RequestWithContext(ctx, subject, b)
-		if err != nil {
-			if ctx.Err() == nil {
-				j.log.Debug("stdin not forwarded", "err", err)
-			}
-			return false
-		}
-		if len(m.Data) > 0 {
-			j.log.Debug("the rank's stdin is closed", "why", string(m.Data))
-			return false
-		}
-		return true
-	}
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := j.cfg.Stdin.Read(buf)
-		if n > 0 && !send(buf[:n]) {
+		if n > 0 && !j.sendStdin(ctx, buf[:n]) {
 			return
 		}
 		if err != nil {
-			if ctx.Err() == nil {
-				send(nil) // end of file (or an unreadable stdin: EOF all the same)
+			if ctx.Err() == nil && j.sendStdin(ctx, nil) { // end of file (or an unreadable stdin: EOF all the same)
+				j.stdinEOFFollows(ctx)
 			}
 			return
+		}
+	}
+}
+
+// sendStdin sends b (nil: end of file) to the agent of the stdin rank's
+// host and reports whether the rank took it. A host lost before it
+// answered: b goes to the host the rank moves to.
+func (j *job) sendStdin(ctx context.Context, b []byte) bool {
+	for {
+		host, moved := j.stdinHost()
+		rctx, cancel := context.WithCancel(ctx)
+		go func() { // the request ends if the rank moves meanwhile
+			if j.stdinMoves(rctx, host, moved) {
+				cancel()
+			}
+		}()
+		m, err := j.ctl.RequestWithContext(rctx, j.subj.StdinTo(host), b)
+		cancel()
+		if err == nil {
+			if len(m.Data) > 0 {
+				j.log.Debug("the rank's stdin is closed", "why", string(m.Data))
+				return false
+			}
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		// The host did not answer: its agent is gone. The chunk goes to
+		// the rank's next host, if the job goes on.
+		j.log.Debug("stdin not forwarded; waiting for the rank's next host", "host", host, "err", err)
+		if !j.stdinMoves(ctx, host, moved) {
+			return false
+		}
+	}
+}
+
+// stdinEOFFollows, after end of file, closes the stdin of the stdin rank
+// on each host it moves to, until ctx ends.
+func (j *job) stdinEOFFollows(ctx context.Context) {
+	for {
+		host, moved := j.stdinHost()
+		if !j.stdinMoves(ctx, host, moved) || !j.sendStdin(ctx, nil) {
+			return
+		}
+	}
+}
+
+// stdinHost returns the host of the rank that reads stdin, and a channel
+// closed at the next splice.
+func (j *job) stdinHost() (int, <-chan struct{}) {
+	j.tab.RLock()
+	defer j.tab.RUnlock()
+	return j.rankHost[j.cfg.StdinRank], j.spliced
+}
+
+// stdinMoves waits until the stdin rank runs on another host than host
+// (moved: the splice channel stdinHost gave with it), and reports whether
+// it did before ctx ended.
+func (j *job) stdinMoves(ctx context.Context, host int, moved <-chan struct{}) bool {
+	for {
+		select {
+		case <-moved:
+		case <-ctx.Done():
+			return false
+		}
+		var now int
+		if now, moved = j.stdinHost(); now != host {
+			return true
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -597,5 +598,68 @@ func TestHotSwapPython(t *testing.T) {
 	want := run(t, false)
 	if got := run(t, true); got != want {
 		t.Errorf("final hash %s after losing rank 0's host, %s without", got, want)
+	}
+}
+
+// TestHotSwapStdin: the rank that reads gorun's stdin (rank 0) is on the
+// lost host; its replacement on the spare reads on: a line sent after the
+// loss reaches it, and a stdin that ended before the loss is at its end
+// for the replacement too (rather than leaving it waiting for input).
+func TestHotSwapStdin(t *testing.T) {
+	c := newHSCluster(t, 2, 1)
+	// Rank 0 echoes its stdin, says when it ends, then waits for the file
+	// named go; the other ranks end at once.
+	const reader = `echo "job $GORUN_JOB_ID"
+if [ "$GORUN_RANK" = 0 ]; then
+	while read l; do echo "got $l"; done
+	echo "stdin ended"
+	while [ ! -e "$1/go" ]; do sleep 0.05; done
+fi`
+	for _, tc := range []struct {
+		name      string
+		eofBefore bool // stdin ends before the loss
+	}{{"line after the loss", false}, {"end of stdin before the loss", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			pr, pw := io.Pipe()
+			defer pw.Close()
+			ev := filepath.Join(t.TempDir(), "events.jsonl")
+			j := startJobWithStdin(t, pr, "", nil, "-np", "4", "--hostfile", c.hostfile, "--spares", "1",
+				"--rsh", "ip netns exec", "--bind", c.hosts.BridgeAddr, "--events", ev, "--kill-grace", "2",
+				"--", "sh", "-c", reader, "reader", dir)
+			r := &hsRun{job: j, events: ev}
+			if _, err := io.WriteString(pw, "one\n"); err != nil {
+				t.Fatal(err)
+			}
+			r.waitFor(regexp.MustCompile(`(?m)^\[0\] got one$`), 1, time.Minute)
+			if tc.eofBefore {
+				pw.Close()
+				r.waitFor(regexp.MustCompile(`(?m)^\[0\] stdin ended$`), 1, time.Minute)
+			}
+			if err := c.hosts.KillAll(0); err != nil {
+				t.Fatal(err)
+			}
+			if tc.eofBefore {
+				// The replacement sees the end at once.
+				r.waitFor(regexp.MustCompile(`(?m)^\[0\] stdin ended$`), 2, time.Minute)
+			} else {
+				if _, err := io.WriteString(pw, "two\n"); err != nil {
+					t.Fatal(err)
+				}
+				r.waitFor(regexp.MustCompile(`(?m)^\[0\] got two$`), 1, time.Minute)
+				pw.Close()
+				r.waitFor(regexp.MustCompile(`(?m)^\[0\] stdin ended$`), 1, time.Minute)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			res := r.finish(t, 0, 1)
+			if strings.Contains(res.stderr, "under-protected") {
+				t.Errorf("a job that protects no state reported itself under-protected\nstderr:\n%s", res.stderr)
+			}
+			if sp := ofKind(readEvents(t, ev), "splice"); len(sp) != 1 || sp[0].Lost != c.hosts.Names[0] || !slices.Contains(sp[0].Ranks, 0) {
+				t.Errorf("splices %+v, want rank 0's host %s replaced\nstderr:\n%s", sp, c.hosts.Names[0], res.stderr)
+			}
+		})
 	}
 }
