@@ -142,10 +142,10 @@ func (Abort) action()          {}
 func (Timeline) action()       {}
 
 func (a StopRanks) String() string {
-	return fmt.Sprintf("stop-ranks signal=%s grace=%v", signame(a.Signal), a.Grace)
+	return fmt.Sprintf("stop-ranks signal=%s grace=%v", SignalName(a.Signal), a.Grace)
 }
 func (KillAll) String() string   { return "kill-all" }
-func (a Forward) String() string { return "forward signal=" + signame(a.Signal) }
+func (a Forward) String() string { return "forward signal=" + SignalName(a.Signal) }
 func (a Restart) String() string {
 	return fmt.Sprintf("restart gen=%d epoch=%d from=%d", a.Gen, a.Epoch, a.G)
 }
@@ -260,28 +260,21 @@ func ints(xs []int) string {
 	return b.String()
 }
 
-func signame(s syscall.Signal) string {
-	switch s {
-	case syscall.SIGINT:
-		return "SIGINT"
-	case syscall.SIGTERM:
-		return "SIGTERM"
-	case syscall.SIGKILL:
-		return "SIGKILL"
-	case syscall.SIGHUP:
-		return "SIGHUP"
-	case syscall.SIGUSR1:
-		return "SIGUSR1"
-	case syscall.SIGUSR2:
-		return "SIGUSR2"
-	case syscall.SIGSEGV:
-		return "SIGSEGV"
-	case syscall.SIGABRT:
-		return "SIGABRT"
-	case syscall.SIGQUIT:
-		return "SIGQUIT"
+// SignalName is a signal's name as people write it ("SIGKILL"), or
+// "signal N" for one without a name here.
+func SignalName(s syscall.Signal) string {
+	if n, ok := signalNames[s]; ok {
+		return n
 	}
 	return "signal " + strconv.Itoa(int(s))
+}
+
+var signalNames = map[syscall.Signal]string{
+	syscall.SIGINT: "SIGINT", syscall.SIGTERM: "SIGTERM", syscall.SIGHUP: "SIGHUP",
+	syscall.SIGKILL: "SIGKILL", syscall.SIGSEGV: "SIGSEGV", syscall.SIGABRT: "SIGABRT",
+	syscall.SIGBUS: "SIGBUS", syscall.SIGFPE: "SIGFPE", syscall.SIGILL: "SIGILL",
+	syscall.SIGUSR1: "SIGUSR1", syscall.SIGUSR2: "SIGUSR2", syscall.SIGPIPE: "SIGPIPE",
+	syscall.SIGQUIT: "SIGQUIT",
 }
 
 // writeHolders writes holders as "rank:holders" pairs, space-separated.

@@ -149,7 +149,7 @@ func (e RankExited) String() string {
 		s += fmt.Sprintf(" pid=%d", e.Pid)
 	}
 	if e.Signal > 0 {
-		s += " signal=" + signame(e.Signal)
+		s += " signal=" + SignalName(e.Signal)
 	}
 	if e.Abort {
 		s += " abort"
@@ -177,7 +177,7 @@ func (e GPUHealth) String() string {
 	return fmt.Sprintf("gpu host=%d gpu=%d class=%s", e.Host, e.GPU, e.Class)
 }
 func (e Progress) String() string   { return fmt.Sprintf("progress rank=%d step=%d", e.Rank, e.Step) }
-func (e Signal) String() string     { return "signal " + signame(e.Sig) }
+func (e Signal) String() string     { return "signal " + SignalName(e.Sig) }
 func (Tick) String() string         { return "tick" }
 func (e GPublished) String() string { return fmt.Sprintf("g %d", e.G) }
 func (e Replicated) String() string { return fmt.Sprintf("replicated owner=%d", e.Owner) }

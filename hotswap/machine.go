@@ -413,7 +413,7 @@ func (m *Machine) onRankExited(e RankExited) {
 	case e.Abort:
 		why = fmt.Sprintf("called MPI_Abort with exit code %d", e.Code)
 	case e.Signal > 0:
-		why = "was killed by " + signame(e.Signal)
+		why = "was killed by " + SignalName(e.Signal)
 	case e.Msg != "":
 		why += " (" + e.Msg + ")"
 	}
@@ -583,7 +583,7 @@ func (m *Machine) onSignal(s syscall.Signal) {
 		}
 		m.stopping = true
 		m.pending = nil
-		m.report("%s; stopping %d ranks (again to kill at once)", signame(s), left)
+		m.report("%s; stopping %d ranks (again to kill at once)", SignalName(s), left)
 		m.emit(StopRanks{Signal: s, Grace: m.cfg.KillGrace})
 		return
 	}

@@ -372,7 +372,7 @@ func (d *driver) event(kind string, a map[string]string) string {
 
 func sig(s string) syscall.Signal {
 	for _, x := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGKILL, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGSEGV, syscall.SIGABRT, syscall.SIGQUIT} {
-		if signame(x) == s {
+		if SignalName(x) == s {
 			return x
 		}
 	}

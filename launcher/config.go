@@ -206,33 +206,41 @@ func (c *Config) withDefaults() (Config, error) {
 	return cfg, nil
 }
 
-// markSpares makes the last cfg.Spares hosts spares (on a copy of the
-// host list) and checks that the hosts left for ranks can run them.
+// MarkSpares returns a copy of hosts with the last spares of them marked
+// Spare (--spares), in addition to those the hostfile marks, and an error
+// naming --spares when that leaves no host to run ranks.
+func MarkSpares(hosts []topology.Host, spares int) ([]topology.Host, error) {
+	n := len(hosts)
+	if spares < 0 || spares >= n {
+		return nil, &ConfigError{Msg: fmt.Sprintf("--spares %d: the job has %d hosts; want 0 to %d (at least one host must run ranks)", spares, n, n-1)}
+	}
+	hosts = slices.Clone(hosts)
+	for i := n - spares; i < n; i++ {
+		hosts[i].Spare = true
+	}
+	if !slices.ContainsFunc(hosts, func(h topology.Host) bool { return !h.Spare }) {
+		return nil, &ConfigError{Msg: fmt.Sprintf("--spares %d: with the hostfile's spares, all %d hosts are spares; at least one must run ranks", spares, n)}
+	}
+	return hosts, nil
+}
+
+// markSpares marks cfg's spare hosts (MarkSpares) and checks that the
+// hosts left for ranks can run them.
 func (cfg *Config) markSpares() error {
-	n := len(cfg.Hosts)
-	if cfg.Spares < 0 || cfg.Spares >= n {
-		return &ConfigError{Msg: fmt.Sprintf("--spares %d: the job has %d hosts; want 0 to %d (at least one host must run ranks)", cfg.Spares, n, n-1)}
+	hosts, err := MarkSpares(cfg.Hosts, cfg.Spares)
+	if err != nil {
+		return err
 	}
-	cfg.Hosts = slices.Clone(cfg.Hosts)
-	for i := n - cfg.Spares; i < n; i++ {
-		cfg.Hosts[i].Spare = true
-	}
-	spares, slots, hosts := 0, 0, 0
-	for _, h := range cfg.Hosts {
+	cfg.Hosts = hosts
+	spares, slots := 0, 0
+	for _, h := range hosts {
 		if h.Spare {
 			spares++
-			continue
+		} else {
+			slots += h.Slots
 		}
-		hosts++
-		slots += h.Slots
 	}
-	if spares == 0 {
-		return nil
-	}
-	if hosts == 0 {
-		return &ConfigError{Msg: fmt.Sprintf("--spares %d: with the hostfile's spares, all %d hosts are spares; at least one must run ranks", cfg.Spares, n)}
-	}
-	if slots < cfg.NP && !cfg.Oversubscribe {
+	if spares > 0 && slots < cfg.NP && !cfg.Oversubscribe {
 		return &ConfigError{Msg: fmt.Sprintf("--spares %d: the %d spare hosts leave %d slots for -np %d ranks", cfg.Spares, spares, slots, cfg.NP)}
 	}
 	return nil

@@ -795,7 +795,7 @@ func (j *job) drainOutput(ctx context.Context) {
 				continue
 			}
 			if j.cause == nil {
-				j.cause = &failure{code: 128 + int(s), msg: "interrupted by " + signame(s)}
+				j.cause = &failure{code: 128 + int(s), msg: "interrupted by " + hotswap.SignalName(s)}
 			}
 			j.out.abandon()
 			return
@@ -968,18 +968,4 @@ func (j *job) killAgent(h *agentHost) {
 
 func indent(s string) string {
 	return "    " + strings.ReplaceAll(s, "\n", "\n    ")
-}
-
-func signame(s syscall.Signal) string {
-	names := map[syscall.Signal]string{
-		syscall.SIGINT: "SIGINT", syscall.SIGTERM: "SIGTERM", syscall.SIGHUP: "SIGHUP",
-		syscall.SIGKILL: "SIGKILL", syscall.SIGSEGV: "SIGSEGV", syscall.SIGABRT: "SIGABRT",
-		syscall.SIGBUS: "SIGBUS", syscall.SIGFPE: "SIGFPE", syscall.SIGILL: "SIGILL",
-		syscall.SIGUSR1: "SIGUSR1", syscall.SIGUSR2: "SIGUSR2", syscall.SIGPIPE: "SIGPIPE",
-		syscall.SIGQUIT: "SIGQUIT",
-	}
-	if n, ok := names[s]; ok {
-		return n
-	}
-	return fmt.Sprintf("signal %d", int(s))
 }

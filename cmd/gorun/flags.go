@@ -351,24 +351,14 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	if err != nil {
 		return cfg, usagef("%v", err)
 	}
-	if n := len(cfg.Hosts); o.spares >= n {
-		return cfg, usagef("--spares %d: the job has %d hosts; want 0 to %d (at least one host must run ranks)", o.spares, n, n-1)
-	}
-	// The ranks' hosts: neither the hostfile's spares nor the last
-	// --spares hosts.
-	ranksOn := func(i int) bool { return !cfg.Hosts[i].Spare && i < len(cfg.Hosts)-o.spares }
-	withRanks := 0
-	for i := range cfg.Hosts {
-		if ranksOn(i) {
-			withRanks++
-		}
-	}
-	if withRanks == 0 {
-		return cfg, usagef("--spares %d: with the hostfile's spares, no host is left to run ranks (%d hosts)", o.spares, len(cfg.Hosts))
+	marked, err := launcher.MarkSpares(cfg.Hosts, o.spares)
+	if err != nil {
+		return cfg, usagef("%v", err)
 	}
 	if cfg.NP == 0 {
-		for i, h := range cfg.Hosts {
-			if ranksOn(i) {
+		// As many ranks as the hosts that run ranks have slots.
+		for _, h := range marked {
+			if !h.Spare {
 				cfg.NP += h.Slots
 			}
 		}
@@ -400,7 +390,7 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	}
 	isLocal := launcher.LocalHostMatcher()
 	for i, h := range cfg.Hosts {
-		if ranksOn(i) && isLocal(h.Name) {
+		if !marked[i].Spare && isLocal(h.Name) {
 			if cfg.Dir != "" {
 				if st, err := os.Stat(cfg.Dir); err != nil {
 					return cfg, usagef("--wdir %s: %v", o.wdir, errors.Unwrap(err))

@@ -30,7 +30,7 @@ func TestBadHotSwapInput(t *testing.T) {
 		{"spares for every host", []string{"--hostfile", two, "--spares", "2", "true"}, "--spares 2: the job has 2 hosts; want 0 to 1"},
 		{"spares negative", []string{"--hostfile", two, "--spares", "-1", "true"}, "--spares must be 0 or more, not -1"},
 		{"spares leave too few slots", []string{"--hostfile", two, "--spares", "1", "-np", "3", "true"}, "--spares 1: the 1 spare hosts leave 2 slots for -np 3 ranks"},
-		{"spares with the hostfile's", []string{"--hostfile", marked, "--spares", "1", "true"}, "--spares 1: with the hostfile's spares, no host is left to run ranks (2 hosts)"},
+		{"spares with the hostfile's", []string{"--hostfile", marked, "--spares", "1", "true"}, "--spares 1: with the hostfile's spares, all 2 hosts are spares; at least one must run ranks"},
 		{"unknown on-no-spare", []string{"--on-no-spare", "never", "true"}, "--on-no-spare never: want free-slots or abort"},
 		{"unknown recovery", []string{"--recovery", "sideways", "true"}, "--recovery sideways: want restart or in-place"},
 		{"suspect timeout zero", []string{"--suspect-timeout", "0", "true"}, "--suspect-timeout must be positive"},
