@@ -11,8 +11,9 @@ type Class int
 
 const (
 	// Unknown: gorun does not know what the event means (an XID not in
-	// its table). The zero Class. DESIGN.md §6 stops a job on unknown
-	// failures rather than guess.
+	// its table). The zero Class. It is reported and the host stays:
+	// should the event break the ranks, their failures decide (a rank
+	// failing again and again stops the job, DESIGN.md §6).
 	Unknown Class = iota
 	// Transient: the device is sound; at most the process using it failed
 	// (an application fault, a corrected error, a clock or power change).

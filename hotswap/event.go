@@ -57,12 +57,16 @@ type PeerLost struct {
 	Peers []int
 }
 
-// GPU fault classes that replace the host (DEADPOOL Table II). Any other
-// class is reported only.
+// GPU fault classes, as package gpu classifies them. A permanent fault
+// (uncorrectable memory errors, a GPU off the bus, NVLink or firmware
+// failures: the device cannot be trusted until it is reset) replaces the
+// host, as DEADPOOL's Table II treats device-level failures; the others
+// are reported only (a transient fault's rank exits on its own, and that
+// exit decides).
 const (
-	GPUMemory         = "memory"
-	GPUFellOffBus     = "fell-off-bus"
-	GPUUncontainedECC = "uncontained-ecc"
+	GPUPermanent = "permanent"
+	GPUTransient = "transient"
+	GPUUnknown   = "unknown"
 )
 
 // GPUHealth: a GPU health report from a host's agent.
@@ -73,13 +77,7 @@ type GPUHealth struct {
 }
 
 // replaces reports whether the fault's class requires replacing the host.
-func (e GPUHealth) replaces() bool {
-	switch e.Class {
-	case GPUMemory, GPUFellOffBus, GPUUncontainedECC:
-		return true
-	}
-	return false
-}
+func (e GPUHealth) replaces() bool { return e.Class == GPUPermanent }
 
 // Progress: rank Rank committed step Step (for hang detection and I4).
 type Progress struct {

@@ -74,7 +74,7 @@ func randomEvent(rng *rand.Rand, c *Config, m *Machine) Event {
 	case 8:
 		return PeerLost{Rank: r, Peers: []int{rng.IntN(c.World), rng.IntN(c.World + 3)}}
 	case 9:
-		return GPUHealth{Host: h, Class: []string{GPUMemory, "thermal", GPUFellOffBus, ""}[rng.IntN(4)]}
+		return GPUHealth{Host: h, Class: []string{GPUPermanent, GPUTransient, GPUUnknown, ""}[rng.IntN(4)]}
 	case 10:
 		return Progress{Rank: r, Step: int64(rng.IntN(20))}
 	case 11:

@@ -390,10 +390,11 @@ func (j *job) onEvent(e *wire.Event) {
 		j.log.Debug("agent has no rank running", "host", h.name)
 	case wire.EventGPU:
 		j.onGPUEvent(h, e)
-		// Faults that replace the host go to the machine; the others are
-		// reported only (onGPUEvent did, without repeating a flapping GPU).
-		if c := gpuClass(e.GPU); c == hotswap.GPUMemory || c == hotswap.GPUFellOffBus || c == hotswap.GPUUncontainedECC {
-			j.step(hotswap.GPUHealth{Host: e.Host, GPU: e.GPU.Index, Class: c, Msg: e.Msg})
+		// Permanent faults (package gpu classifies them) go to the
+		// machine, which replaces the host; the others are reported only
+		// (onGPUEvent did, without repeating a flapping GPU).
+		if e.GPU.Class == wire.GPUPermanent {
+			j.step(hotswap.GPUHealth{Host: e.Host, GPU: e.GPU.Index, Class: hotswap.GPUPermanent, Msg: e.Msg})
 		}
 	case wire.EventEpoch:
 		j.log.Debug("agent has the epoch's table", "host", h.name, "epoch", e.Epoch)
@@ -414,21 +415,6 @@ func (j *job) onEvent(e *wire.Event) {
 			j.step(hotswap.PeerLost{Rank: e.Rank, Peers: e.Peers})
 		}
 	}
-}
-
-// gpuClass is the hot-swap class of a GPU report: the faults after which
-// the host must be replaced (DEADPOOL Table II), else the report's own
-// class (reported only).
-func gpuClass(g *wire.GPUReport) string {
-	switch {
-	case g.Kind == "xid" && g.XID == 79:
-		return hotswap.GPUFellOffBus
-	case g.Kind == "xid" && (g.XID == 94 || g.XID == 95):
-		return hotswap.GPUUncontainedECC
-	case g.Kind == "ecc-double-bit" || g.Kind == "row-remap-failure" || g.Kind == "xid" && (g.XID == 48 || g.XID == 63 || g.XID == 64):
-		return hotswap.GPUMemory
-	}
-	return g.Class
 }
 
 // onProgress aggregates a host's progress report into G, and tells the
