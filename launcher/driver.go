@@ -161,8 +161,8 @@ func (j *job) splice(a hotswap.Splice) {
 	}
 	lost.ranks = slices.DeleteFunc(lost.ranks, func(r int) bool { return slices.Contains(a.Ranks, r) })
 	with.ranks = append(with.ranks, a.Ranks...)
-	close(j.spliced)
-	j.spliced = make(chan struct{})
+	close(j.tabChanged)
+	j.tabChanged = make(chan struct{})
 	j.tab.Unlock()
 	j.prog.move(a.Ranks, a.Lost, a.With)
 	if j.stopping {
@@ -369,6 +369,9 @@ func (j *job) onEvent(e *wire.Event) {
 	case wire.EventStarted:
 		j.log.Debug("rank started", "rank", e.Rank, "host", h.name, "pid", e.Pid, "generation", e.Gen)
 		h.ranGen = max(h.ranGen, e.Gen+1)
+		if j.cfg.Stdin != nil && e.Rank == j.cfg.StdinRank && j.rankHost[e.Rank] == e.Host {
+			j.stdinStartedOn(e.Host)
+		}
 		if j.rec != nil {
 			j.rec.started(j, e)
 		}

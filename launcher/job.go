@@ -67,8 +67,12 @@ type job struct {
 	tab sync.RWMutex
 	// rankHost maps a rank to its host index.
 	rankHost []int
-	// spliced is closed, and replaced, when a splice moves ranks.
-	spliced chan struct{}
+	// tabChanged is closed, and replaced, when a splice moves ranks or
+	// the stdin rank starts on another host (stdinStarted).
+	tabChanged chan struct{}
+	// stdinStarted is the host where the process of the rank that reads
+	// stdin last started; -1 before it did.
+	stdinStarted int
 	// holders[r] are the ranks holding rank r's replicas (state
 	// protection), or nil.
 	holders [][]int
@@ -130,16 +134,17 @@ func Run(ctx context.Context, c Config) (int, error) {
 	}
 	j := &job{
 		cfg: cfg, log: cfg.Logger, id: NewJobID(), world: cfg.NP,
-		verbose:    cfg.Logger.Enabled(ctx, slog.LevelDebug),
-		events:     make(chan *wire.Event, 1024),
-		progress:   make(chan *wire.UpProgress, 1024),
-		beats:      make(chan int, max(1024, 2*len(cfg.Hosts))),
-		dropped:    make(chan int, 1024),
-		agentExits: make(chan agentExit, 16),
-		rankEnded:  make([]bool, cfg.NP),
-		rankHost:   make([]int, cfg.NP),
-		spliced:    make(chan struct{}),
-		quit:       make(chan struct{}),
+		verbose:      cfg.Logger.Enabled(ctx, slog.LevelDebug),
+		events:       make(chan *wire.Event, 1024),
+		progress:     make(chan *wire.UpProgress, 1024),
+		beats:        make(chan int, max(1024, 2*len(cfg.Hosts))),
+		dropped:      make(chan int, 1024),
+		agentExits:   make(chan agentExit, 16),
+		rankEnded:    make([]bool, cfg.NP),
+		rankHost:     make([]int, cfg.NP),
+		tabChanged:   make(chan struct{}),
+		stdinStarted: -1,
+		quit:         make(chan struct{}),
 	}
 	if cfg.Events != nil {
 		j.evlog = newEventLog(cfg.Events, cfg.Logger)
@@ -369,10 +374,11 @@ func (j *job) stdinRank() int {
 // the rank's stdin closes, or with ctx.
 //
 // The rank may move to another host (a hot-swap): a chunk whose host is
-// lost before it answers is sent whole to the new host (what the lost
-// rank had read is gone with it: stdin is a stream), and after end of
-// file the forwarding stays until ctx ends, to close the stdin of a rank
-// moved later, which would otherwise wait for input for ever.
+// lost before it answers is sent whole to the new host once the rank has
+// started there (what the lost rank had read is gone with it: stdin is a
+// stream), and after end of file the forwarding stays until ctx ends, to
+// close the stdin of a rank moved later, which would otherwise wait for
+// input for ever.
 func (j *job) forwardStdin(ctx context.Context) {
 	select {
 	case <-j.rv.Done():
@@ -386,12 +392,18 @@ func (j *job) forwardStdin(ctx context.Context) {
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := j.cfg.Stdin.Read(buf)
-		if n > 0 && !j.sendStdin(ctx, buf[:n]) {
-			return
+		if n > 0 {
+			if _, ok := j.sendStdin(ctx, buf[:n]); !ok {
+				return
+			}
 		}
 		if err != nil {
-			if ctx.Err() == nil && j.sendStdin(ctx, nil) { // end of file (or an unreadable stdin: EOF all the same)
-				j.stdinEOFFollows(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			// End of file (or an unreadable stdin: EOF all the same).
+			if host, ok := j.sendStdin(ctx, nil); ok {
+				j.stdinEOFFollows(ctx, host)
 			}
 			return
 		}
@@ -399,71 +411,118 @@ func (j *job) forwardStdin(ctx context.Context) {
 }
 
 // sendStdin sends b (nil: end of file) to the agent of the stdin rank's
-// host and reports whether the rank took it. A host lost before it
-// answered: b goes to the host the rank moves to.
-func (j *job) sendStdin(ctx context.Context, b []byte) bool {
+// host, once the rank has started there, and reports whether the rank
+// took it, and on which host. A host lost before it answered: b goes to
+// the host the rank moves to.
+func (j *job) sendStdin(ctx context.Context, b []byte) (int, bool) {
 	for {
-		host, moved := j.stdinHost()
+		st := j.stdinState()
+		if st.started != st.host {
+			// The rank moved and has not started on its new host yet:
+			// that host's agent would find no pipe to write to.
+			if !j.stdinChanges(ctx, st) {
+				return -1, false
+			}
+			continue
+		}
 		rctx, cancel := context.WithCancel(ctx)
 		go func() { // the request ends if the rank moves meanwhile
-			if j.stdinMoves(rctx, host, moved) {
+			if j.stdinMoves(rctx, st) {
 				cancel()
 			}
 		}()
-		m, err := j.ctl.RequestWithContext(rctx, j.subj.StdinTo(host), b)
+		m, err := j.ctl.RequestWithContext(rctx, j.subj.StdinTo(st.host), b)
 		cancel()
 		if err == nil {
 			if len(m.Data) > 0 {
 				j.log.Debug("the rank's stdin is closed", "why", string(m.Data))
-				return false
+				return st.host, false
 			}
-			return true
+			return st.host, true
 		}
 		if ctx.Err() != nil {
-			return false
+			return -1, false
 		}
 		// The host did not answer: its agent is gone. The chunk goes to
 		// the rank's next host, if the job goes on.
-		j.log.Debug("stdin not forwarded; waiting for the rank's next host", "host", host, "err", err)
-		if !j.stdinMoves(ctx, host, moved) {
-			return false
+		j.log.Debug("stdin not forwarded; waiting for the rank's next host", "host", st.host, "err", err)
+		if !j.stdinMoves(ctx, st) {
+			return -1, false
 		}
 	}
 }
 
-// stdinEOFFollows, after end of file, closes the stdin of the stdin rank
-// on each host it moves to, until ctx ends.
-func (j *job) stdinEOFFollows(ctx context.Context) {
+// stdinEOFFollows, after end of file was delivered on host, closes the
+// stdin of the stdin rank on each host it moves to, until ctx ends.
+func (j *job) stdinEOFFollows(ctx context.Context, host int) {
 	for {
-		host, moved := j.stdinHost()
-		if !j.stdinMoves(ctx, host, moved) || !j.sendStdin(ctx, nil) {
+		st := j.stdinState()
+		if st.host == host && !j.stdinMoves(ctx, st) {
+			return
+		}
+		var ok bool
+		if host, ok = j.sendStdin(ctx, nil); !ok {
 			return
 		}
 	}
 }
 
-// stdinHost returns the host of the rank that reads stdin, and a channel
-// closed at the next splice.
-func (j *job) stdinHost() (int, <-chan struct{}) {
-	j.tab.RLock()
-	defer j.tab.RUnlock()
-	return j.rankHost[j.cfg.StdinRank], j.spliced
+// stdinView is where the stdin rank is, where it last started, and a
+// channel closed when either changes.
+type stdinView struct {
+	host, started int
+	changed       <-chan struct{}
 }
 
-// stdinMoves waits until the stdin rank runs on another host than host
-// (moved: the splice channel stdinHost gave with it), and reports whether
-// it did before ctx ended.
-func (j *job) stdinMoves(ctx context.Context, host int, moved <-chan struct{}) bool {
+func (j *job) stdinState() stdinView {
+	j.tab.RLock()
+	defer j.tab.RUnlock()
+	return stdinView{j.rankHost[j.cfg.StdinRank], j.stdinStarted, j.tabChanged}
+}
+
+// stdinChanges waits until the stdin rank's host or start changes from
+// st, and reports whether it did before ctx ended.
+func (j *job) stdinChanges(ctx context.Context, st stdinView) bool {
 	for {
 		select {
-		case <-moved:
+		case <-st.changed:
 		case <-ctx.Done():
 			return false
 		}
-		var now int
-		if now, moved = j.stdinHost(); now != host {
+		now := j.stdinState()
+		if now.host != st.host || now.started != st.started {
 			return true
 		}
+		st.changed = now.changed
+	}
+}
+
+// stdinMoves waits until the stdin rank runs on another host than
+// st.host, and reports whether it did before ctx ended.
+func (j *job) stdinMoves(ctx context.Context, st stdinView) bool {
+	for {
+		select {
+		case <-st.changed:
+		case <-ctx.Done():
+			return false
+		}
+		now := j.stdinState()
+		if now.host != st.host {
+			return true
+		}
+		st.changed = now.changed
+	}
+}
+
+// stdinStartedOn records that the stdin rank's process started on host
+// (its agent has the pipe): a chunk waiting for it may go there.
+func (j *job) stdinStartedOn(host int) {
+	j.tab.Lock()
+	defer j.tab.Unlock()
+	if j.stdinStarted != host {
+		j.stdinStarted = host
+		close(j.tabChanged)
+		j.tabChanged = make(chan struct{})
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -618,7 +619,8 @@ fi`
 	for _, tc := range []struct {
 		name      string
 		eofBefore bool // stdin ends before the loss
-	}{{"line after the loss", false}, {"end of stdin before the loss", true}} {
+		stream    bool // lines keep coming through the loss
+	}{{"line after the loss", false, false}, {"end of stdin before the loss", true, false}, {"lines through the loss", false, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			pr, pw := io.Pipe()
@@ -636,13 +638,48 @@ fi`
 				pw.Close()
 				r.waitFor(regexp.MustCompile(`(?m)^\[0\] stdin ended$`), 1, time.Minute)
 			}
+			var streamed sync.WaitGroup
+			stop := make(chan struct{})
+			if tc.stream {
+				// Lines go on while the host dies: the chunk in flight
+				// goes to the replacement once it has started.
+				streamed.Go(func() {
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						if _, err := fmt.Fprintf(pw, "s%d\n", i); err != nil {
+							return
+						}
+					}
+				})
+			}
 			if err := c.hosts.KillAll(0); err != nil {
 				t.Fatal(err)
 			}
-			if tc.eofBefore {
+			switch {
+			case tc.stream:
+				// The replacement (its job line is rank 0's second)
+				// reads lines that were sent after it started.
+				r.waitFor(regexp.MustCompile(`(?m)^\[0\] job \S+$`), 2, time.Minute)
+				after := strings.LastIndex(r.stdout.String(), "[0] job ")
+				deadline := time.Now().Add(time.Minute)
+				for !regexp.MustCompile(`(?m)^\[0\] got s\d+$`).MatchString(r.stdout.String()[after:]) {
+					if time.Now().After(deadline) {
+						t.Fatalf("the replacement of rank 0 read no line within a minute\nstdout:\n%s\nstderr:\n%s", r.stdout.String(), r.stderr.String())
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				close(stop)
+				pw.Close()
+				streamed.Wait()
+				r.waitFor(regexp.MustCompile(`(?m)^\[0\] stdin ended$`), 1, time.Minute)
+			case tc.eofBefore:
 				// The replacement sees the end at once.
 				r.waitFor(regexp.MustCompile(`(?m)^\[0\] stdin ended$`), 2, time.Minute)
-			} else {
+			default:
 				if _, err := io.WriteString(pw, "two\n"); err != nil {
 					t.Fatal(err)
 				}
