@@ -336,7 +336,7 @@ func (m *Machine) deadline() (time.Duration, bool) {
 			at(m.lastSeen[h] + m.cfg.HeartbeatTimeout)
 		}
 	}
-	if m.cfg.HangTimeout > 0 && m.rec == nil {
+	if m.cfg.HangTimeout > 0 && m.rec == nil && len(m.awaiting) == 0 {
 		for r, p := range m.lastProg {
 			if p >= 0 && !m.ended[r] {
 				at(max(p, m.runningSince) + m.cfg.HangTimeout)
@@ -443,9 +443,10 @@ func (m *Machine) onRankExited(e RankExited) {
 func (m *Machine) decide() {
 	f := m.pending
 	m.pending = nil
-	if f == nil || m.stopped || len(m.awaiting) > 0 {
+	if f == nil || m.stopped || len(m.awaiting) > 0 && !f.abort {
 		// While a lost host waits for its replacement, rank failures
-		// are the loss's doing: its splice restarts them.
+		// are the loss's doing: its splice restarts them. An MPI_Abort
+		// stops the job all the same.
 		return
 	}
 	m.rankFailed(f)
@@ -565,6 +566,14 @@ func (m *Machine) abort(code int, format string, a ...any) {
 		m.report("%s", msg)
 		return
 	}
+	if len(m.awaiting) > 0 {
+		var hs []int
+		for _, l := range m.awaiting {
+			hs = append(hs, l.host)
+		}
+		msg += fmt.Sprintf(" (%s, lost too, waited for a replacement)", m.hostList(hs))
+		m.awaiting = nil
+	}
 	m.stopped, m.stopping, m.code = true, true, code
 	m.pending = nil
 	m.emit(Abort{Code: code, Msg: msg}, StopRanks{Signal: syscall.SIGTERM, Grace: m.cfg.KillGrace})
@@ -644,7 +653,7 @@ func (m *Machine) onTick() {
 		}
 		m.hostLost(l.h, l.why, l.detected)
 	}
-	if m.cfg.HangTimeout <= 0 || m.rec != nil {
+	if m.cfg.HangTimeout <= 0 || m.rec != nil || len(m.awaiting) > 0 {
 		return
 	}
 	hung, since := -1, time.Duration(0)
@@ -684,9 +693,11 @@ func (m *Machine) onReplicated(owner int) {
 	} else if m.rank(owner) {
 		set(owner)
 	}
-	if m.under == 0 && m.announced {
-		m.announced = false
-		m.report("every optimizer shard has its %d copies again", m.k())
+	if m.under == 0 {
+		if m.announced {
+			m.announced = false
+			m.report("every optimizer shard has its %d copies again", m.k())
+		}
 		m.emit(Protected{})
 	}
 }

@@ -91,6 +91,12 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 		m.abort(ExitFailure, "%s; %s; stopping the job", cause, err)
 		return
 	}
+	if retry && m.pending != nil && !m.pending.abort {
+		// Rank failures collected while the splice waited are the
+		// loss's doing, as hostLost treats those before it; an
+		// MPI_Abort still stops the job (decide).
+		m.pending = nil
+	}
 	m.hostRanks[h] = nil
 	for _, r := range moved {
 		m.rankHost[r] = with
@@ -139,15 +145,20 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 		m.emit(Restart{Gen: m.gen, Epoch: m.epoch, G: m.g})
 	}
 	m.publish(sources)
-	if m.under > 0 && m.protecting {
-		m.announced = true
+	if m.under > 0 {
 		owners := make([]int, 0, m.under)
 		for o, n := range m.missing {
 			if n > 0 {
 				owners = append(owners, o)
 			}
 		}
-		m.report("under-protected: %d optimizer shards lost a copy (of %d) until it is re-sent", len(owners), m.k())
+		// The copies are re-sent whether or not the ranks protect state
+		// yet (the driver tracks them from this action); only a job
+		// that protects state hears of it.
+		if m.protecting {
+			m.announced = true
+			m.report("under-protected: %d optimizer shards lost a copy (of %d) until it is re-sent", len(owners), m.k())
+		}
 		m.emit(UnderProtected{Owners: owners})
 	}
 }

@@ -483,7 +483,8 @@ func TestInPlaceRecoveryEnds(t *testing.T) {
 // collective, so a rank waiting for its (emulated) accelerator learns of
 // a new epoch from the world's Done, at once, not after the step: here
 // the device time is an hour and the ranks must still end, in step 0,
-// with the epoch change (without --protect, they cannot survive it).
+// with the epoch change (without --protect, they cannot survive it). The
+// epoch changes only once every rank is waiting on Done.
 func TestEpochChangeEndsDeviceTime(t *testing.T) {
 	const size = 2
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -493,24 +494,23 @@ func TestEpochChangeEndsDeviceTime(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	done := make([]chan inPlaceRun, size)
+	waiting := make([]chan struct{}, size)
 	for r := range size {
-		done[r] = make(chan inPlaceRun, 1)
-		startRank(t, ctx, &wg, ew, cfg, runOptions{}, r, done[r])
+		done[r], waiting[r] = make(chan inPlaceRun, 1), make(chan struct{})
+		c, rebuild := ew.join(r)
+		w := &doneWatch{fakeComm: c.(*fakeComm), waiting: waiting[r]}
+		wg.Go(func() {
+			res, err := train(ctx, w, cfg, runOptions{rebuild: rebuild})
+			done[r] <- inPlaceRun{res, err}
+		})
 	}
-	// Once the world's first collective (join's flag check) is done, the
-	// ranks go into step 0's device time.
-	_, w, _ := ew.current()
-	for {
-		w.mu.Lock()
-		round := w.round
-		w.mu.Unlock()
-		if round > 0 {
-			break
-		}
+	for r := range size {
 		select {
+		case <-waiting[r]:
+		case got := <-done[r]:
+			t.Fatalf("rank %d ended before its device time: %v", r, got.err)
 		case <-ctx.Done():
-			t.Fatal("the ranks never checked their flags")
-		case <-time.After(time.Millisecond):
+			t.Fatalf("rank %d never waited on its world's Done", r)
 		}
 	}
 	ew.advance()
@@ -524,4 +524,17 @@ func TestEpochChangeEndsDeviceTime(t *testing.T) {
 			t.Fatalf("rank %d still in its hour of device time after the epoch changed", r)
 		}
 	}
+}
+
+// doneWatch is a fakeComm that says when its Done is first asked for
+// (the rank is about to wait on it).
+type doneWatch struct {
+	*fakeComm
+	waiting chan struct{}
+	once    sync.Once
+}
+
+func (w *doneWatch) Done() <-chan struct{} {
+	w.once.Do(func() { close(w.waiting) })
+	return w.fakeComm.Done()
 }

@@ -313,7 +313,8 @@ func (t *trainer) run(ctx context.Context, first int, res *result, out io.Writer
 	}
 	elapsed := time.Since(start)
 	if cfg.DeviceGrad {
-		// The parameters were gathered only once at the start.
+		// No step gathered the parameters: the shards' master weights
+		// make them, once, for the hash.
 		if err := t.allgatherParams(ctx); err != nil {
 			return err
 		}

@@ -65,23 +65,40 @@ func killNetns(ns string) error {
 }
 
 // stopNetns sends SIGSTOP to every process in network namespace ns (a
-// host frozen: its processes keep their sockets open and answer nothing).
-// SIGKILL (killNetns) still ends them; SIGCONT resumes them.
+// host frozen: its processes keep their sockets open and answer nothing),
+// again until a pass finds no process it had not stopped (one may fork
+// meanwhile: an agent starting a rank). SIGKILL (killNetns) still ends
+// them; SIGCONT resumes them.
 func stopNetns(ns string) error {
 	dev, ino, err := netnsID(ns)
 	if err != nil {
 		return err
 	}
-	pids, err := nsPids(ns)
-	if err != nil {
-		return err
-	}
-	for _, pid := range pids {
-		if err := signalIn(pid, dev, ino, syscall.SIGSTOP); err != nil {
-			return fmt.Errorf("testcluster: stopping pid %d in %s: %w", pid, ns, err)
+	stopped := map[int]bool{}
+	deadline := time.Now().Add(killTimeout)
+	for {
+		pids, err := nsPids(ns)
+		if err != nil {
+			return err
+		}
+		fresh := 0
+		for _, pid := range pids {
+			if stopped[pid] {
+				continue
+			}
+			if err := signalIn(pid, dev, ino, syscall.SIGSTOP); err != nil {
+				return fmt.Errorf("testcluster: stopping pid %d in %s: %w", pid, ns, err)
+			}
+			stopped[pid] = true
+			fresh++
+		}
+		if fresh == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testcluster: processes still appearing in %s after SIGSTOP for %v", ns, killTimeout)
 		}
 	}
-	return nil
 }
 
 // signalIn sends sig to pid if it is in the network namespace (dev, ino).
