@@ -1,0 +1,173 @@
+package diffstore
+
+import (
+	"hash/crc32"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// BaseWriter receives one base refresh: the owner's full regions at one
+// step, in chunks, then their CRC32Cs. Make one with Store.BeginBase. Its
+// methods may be called from several goroutines; they run one at a time.
+type BaseWriter struct {
+	s    *Store
+	step int64
+
+	// dead is set, under s.mu, once the refresh is no longer the store's
+	// current one (committed, aborted, superseded, truncated).
+	dead atomic.Bool
+
+	// mu serializes Write and Commit and guards bufs.
+	mu   sync.Mutex
+	bufs [][]byte // one per region, of its size; the optimizer's 8-byte aligned
+}
+
+// BeginBase starts a base refresh at step (>= -1; -1 is the owner's state
+// before its first step), which replaces one in progress (that one is
+// aborted). The store's base and log are untouched until Commit. A step
+// before the base's is refused with ErrStale. It allocates the new base's
+// buffers (the regions' sizes) before it takes the store's lock.
+func (s *Store) BeginBase(step int64) (*BaseWriter, error) {
+	if step < -1 {
+		return nil, wrapf(ErrMismatch, "base refresh at step %d", step)
+	}
+	w := &BaseWriter{s: s, step: step, bufs: make([][]byte, len(s.regions))}
+	for i, r := range s.regions {
+		w.bufs[i] = alloc(r.Size)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.base != nil && step < s.base.step {
+		return nil, wrapf(ErrStale, "base refresh at step %d, the base is at step %d", step, s.base.step)
+	}
+	if s.pending != nil {
+		s.abortLocked(s.pending)
+	}
+	s.pending = w
+	if s.base == nil {
+		s.anchorLocked(step)
+	}
+	return w, nil
+}
+
+// Step returns the step of the refresh.
+func (w *BaseWriter) Step() int64 { return w.step }
+
+// Write copies b into the named region of the refresh at byte offset off.
+// A range outside the region or an unknown region is refused with
+// ErrMismatch; a refresh no longer current with ErrStale.
+func (w *BaseWriter) Write(region string, off int64, b []byte) error {
+	i, ok := w.s.index[region]
+	if !ok {
+		return wrapf(ErrMismatch, "base chunk of unknown region %q", region)
+	}
+	size := w.s.regions[i].Size
+	if off < 0 || off > size || int64(len(b)) > size-off {
+		return wrapf(ErrMismatch, "base chunk [%d, %d+%d) outside region %q of %d bytes", off, off, len(b), region, size)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.dead.Load() {
+		return wrapf(ErrStale, "base chunk for the refresh at step %d", w.step)
+	}
+	copy(w.bufs[i][off:], b)
+	return nil
+}
+
+// Commit checks each region's bytes against sums (the CRC32C, Castagnoli,
+// of every region, by name, as ckpt commits them) and makes the refresh
+// the store's base, dropping the log at or before its step (and all of it
+// if what remains does not follow the step). A mismatch is refused with
+// ErrCorrupt and changes nothing (the refresh stays in progress: chunks
+// may be written again); sums that do not name exactly the regions with
+// ErrMismatch; a refresh no longer current with ErrStale. If a Fold has
+// meanwhile moved the base past the refresh's step, the refresh is
+// dropped and Commit returns nil: the store holds a later base already.
+func (w *BaseWriter) Commit(sums map[string]uint32) error {
+	s := w.s
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.dead.Load() {
+		return wrapf(ErrStale, "commit of the refresh at step %d", w.step)
+	}
+	if len(sums) != len(s.regions) {
+		return wrapf(ErrMismatch, "commit of the refresh at step %d with %d checksums for %d regions", w.step, len(sums), len(s.regions))
+	}
+	for i, r := range s.regions {
+		want, ok := sums[r.Name]
+		if !ok {
+			return wrapf(ErrMismatch, "commit of the refresh at step %d without the checksum of region %q", w.step, r.Name)
+		}
+		if got := crc32.Checksum(w.bufs[i], castagnoli); got != want {
+			return wrapf(ErrCorrupt, "base at step %d: region %q has CRC32C %#08x, the owner's is %#08x", w.step, r.Name, got, want)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pending != w {
+		return wrapf(ErrStale, "commit of the refresh at step %d", w.step)
+	}
+	s.pending = nil
+	w.dead.Store(true)
+	if s.base != nil && s.base.step > w.step {
+		s.stats.RefreshesSuperseded++
+		w.bufs = nil
+		return nil
+	}
+	s.base = &base{step: w.step, data: w.bufs, exact: true}
+	w.bufs = nil
+	s.anchorLocked(w.step)
+	s.stats.Refreshes++
+	return nil
+}
+
+// Abort drops the refresh (the owner crashed mid-refresh, or gave up): the
+// store's base and log stay as they were. Without a base, the
+// differentials kept for the refresh are dropped too. Abort of a refresh
+// no longer current does nothing.
+func (w *BaseWriter) Abort() {
+	s := w.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pending == w {
+		s.abortLocked(w)
+	}
+}
+
+// abortLocked ends the refresh in progress p.
+func (s *Store) abortLocked(p *BaseWriter) {
+	p.dead.Store(true)
+	s.pending = nil
+	s.stats.RefreshesAborted++
+	if s.base == nil {
+		clear(s.log)
+		s.log = nil
+	}
+}
+
+// anchorLocked makes the log start right after step: it drops the
+// differentials at or before step, and all of them if the first left is
+// not step+1 (they cannot apply to a state at step).
+func (s *Store) anchorLocked(step int64) {
+	i := 0
+	for i < len(s.log) && s.log[i].step <= step {
+		i++
+	}
+	if i < len(s.log) && s.log[i].step != step+1 {
+		i = len(s.log)
+	}
+	clear(s.log[:i])
+	s.log = s.log[i:]
+}
+
+// alloc returns size zero bytes, 8-byte aligned.
+func alloc(size int64) []byte {
+	if size == 0 {
+		return []byte{}
+	}
+	w := make([]uint64, (size+7)/8)
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(w))), size)
+}

@@ -1,0 +1,72 @@
+// Package diffstore is a replica holder's copy of one owner's protected
+// state in differential protection (gorun --protect-mode diff; TierCheck
+// §3.2-§3.3): a base, the owner's full state at some step, and the log of
+// the differentials that followed it, each the input of one optimizer step
+// (the owner's gradient as a replay record, the step's Adam
+// hyper-parameters, and the full bytes of the owner's small regions). A
+// [Store] restores the owner's state at any step of its range, base plus a
+// fused replay of the log ([replay.Fused]); [Store.Fold] folds a prefix of
+// the log into the base; a [BaseWriter] replaces the base with a fresh one
+// that arrives in chunks while the differentials keep coming.
+//
+// The store is a data structure in memory: no I/O, no goroutines of its
+// own (the caller runs Fold on a goroutine of its choice). It is safe for
+// concurrent use.
+//
+// # What is promised
+//
+//   - Range. The store restores the steps [first, last]: first is its
+//     base's step (which may be -1, an owner's state before its first
+//     step), last the step of its newest differential (the base's step if
+//     the log is empty). Restore of any other step fails with ErrNotHeld.
+//     Without a base (before the first one commits) it restores nothing.
+//   - Exactness. The owner's optimizer region holds N float32 master
+//     weights W and both Adam moments M and V (little-endian, at the
+//     offsets of [Optimizer]); the trainer steps them with [replay.Step]
+//     and hands the store, for step s, the gradient and hyper-parameters
+//     it used. When every differential since the base was encoded
+//     lossless (replay's Raw codec), Restore(s) returns the owner's state
+//     at s bit for bit, whatever the folds and base refreshes in between:
+//     replay's sequential and fused paths give the same bits, so folding
+//     is only an optimization and never changes what Restore returns. With
+//     a lossy codec (Int8, TopK) the store accepts the differentials and
+//     restores an approximation; it then makes no exactness claim
+//     ([Store.Exact] says which steps are exact). The bytes of the
+//     optimizer region outside W, M and V, if any, are the base's: the
+//     owner must not change them between bases. The other regions are
+//     carried whole by every differential.
+//   - Base refresh. [Store.BeginBase](b) starts a new base at step b; its
+//     chunks may arrive over many steps while Append goes on. Until
+//     [BaseWriter.Commit] verifies every region's CRC32C against the
+//     owner's, the old base and its whole log stay as they are; Commit then
+//     switches to the new base and drops the log at or before b, at once
+//     for every reader. A refresh that never commits (Abort, a newer
+//     BeginBase, a Truncate before its step) changes nothing; one whose
+//     CRC32Cs do not match is refused with ErrCorrupt and changes nothing.
+//     If a Fold has meanwhile moved the base past b, the refresh is
+//     verified and then dropped: the store already holds a later base.
+//   - Input from the wire. Everything is validated (step order, record
+//     CRC and layout, N, region names and sizes, hyper-parameters); a
+//     refused Append leaves the store unchanged, and nothing panics on bad
+//     input.
+//   - Concurrency. Append, Range, Exact, Stats, BeginBase and the
+//     BaseWriter's methods never wait for a Fold or a Restore in progress
+//     (they are on the replication receive path): they hold the store's
+//     lock only for bookkeeping, never during a copy, a checksum or a
+//     replay. Restore and Truncate wait for a Fold in progress; Restores
+//     run side by side.
+//
+// # The caller's part
+//
+// Fold(g) and Commit of a base at b drop the steps before g and b: a
+// holder must fold, and commit a refresh, no further than the step the job
+// may restart from (G). Truncate(after) discards the steps after a restart
+// to G. The log grows by one differential per step until the caller folds
+// it (gorun folds when it holds --diff-fold N steps beyond G): the store
+// does not bound it, and [Store.Stats] reports its length and bytes.
+//
+// Append takes ownership of a differential's bytes (the record and the
+// other regions') and keeps them as received: the record's gradient is
+// read in place at every replay when it is 8-byte aligned (as from make),
+// and copied once, at Append, when it is not.
+package diffstore
