@@ -236,3 +236,23 @@ func firstDiff(a, b []byte) int {
 	}
 	return min(len(a), len(b))
 }
+
+// rewind puts the owner back to its state at step (it restarted from
+// there); its next gradients differ from those it took the first time.
+func (o *owner) rewind(step int64) {
+	st := o.states[step]
+	for k, x := range [][]float32{o.w, o.m, o.v} {
+		off := optHeader + 4*o.n*k
+		for i := range x {
+			x[i] = math.Float32frombits(binary.LittleEndian.Uint32(st[optName][off+4*i:]))
+		}
+	}
+	copy(o.meta, st[metaName])
+	o.step = step
+	for s := range o.states {
+		if s > step {
+			delete(o.states, s)
+		}
+	}
+	o.rng.Uint64()
+}
