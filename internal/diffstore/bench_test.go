@@ -57,7 +57,9 @@ func BenchmarkRestore(b *testing.B) {
 	}
 
 	var copyNs float64
-	perOp := func(b *testing.B, n int) float64 { return float64(b.Elapsed().Nanoseconds()) / float64(b.N) / float64(n) }
+	perOp := func(b *testing.B, n int) float64 {
+		return float64(b.Elapsed().Nanoseconds()) / float64(b.N) / float64(n)
+	}
 	report := func(b *testing.B, ns float64) {
 		if copyNs > 0 {
 			b.ReportMetric(ns/copyNs, "x-copy")
