@@ -91,8 +91,7 @@ type base struct {
 type entry struct {
 	step   int64
 	hyper  replay.Hyper
-	rec    []byte         // the record as received
-	tensor *replay.Tensor // decoded; its payload views rec (or a copy if rec is unaligned)
+	tensor *replay.Tensor // decoded; its payload views the record as received (a copy of it if unaligned)
 	other  [][]byte       // by region index; nil for the optimizer region
 	bytes  int64          // rec and other
 }
@@ -204,7 +203,7 @@ func (s *Store) decode(d Diff) (*entry, error) {
 	case int64(rec.Tensors[0].Len) != s.opt.N:
 		return nil, wrapf(ErrMismatch, "differential of step %d has %d elements, the optimizer %d", d.Step, rec.Tensors[0].Len, s.opt.N)
 	}
-	e := &entry{step: d.Step, hyper: d.Hyper, rec: d.Record, tensor: rec.Tensors[0], other: make([][]byte, len(s.regions)), bytes: int64(len(d.Record))}
+	e := &entry{step: d.Step, hyper: d.Hyper, tensor: rec.Tensors[0], other: make([][]byte, len(s.regions)), bytes: int64(len(d.Record))}
 	if len(d.Other) != len(s.regions)-1 {
 		for name := range d.Other {
 			if i, ok := s.index[name]; !ok || i == s.optIdx {
