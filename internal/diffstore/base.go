@@ -23,6 +23,20 @@ type BaseWriter struct {
 	// mu serializes Write and Commit and guards bufs.
 	mu   sync.Mutex
 	bufs [][]byte // one per region, of its size; the optimizer's 8-byte aligned
+
+	// log, guarded by s.mu, holds the differentials after step, when the
+	// store's log does not reach step (no base, or steps lost): the base
+	// takes them when it commits.
+	log []*entry
+}
+
+// lastStep returns the step of the refresh's last differential, or its
+// step. The store's mu must be held.
+func (w *BaseWriter) lastStep() int64 {
+	if n := len(w.log); n > 0 {
+		return w.log[n-1].step
+	}
+	return w.step
 }
 
 // BeginBase starts a base refresh at step (>= -1; -1 is the owner's state
@@ -47,9 +61,6 @@ func (s *Store) BeginBase(step int64) (*BaseWriter, error) {
 		s.abortLocked(s.pending)
 	}
 	s.pending = w
-	if s.base == nil {
-		s.anchorLocked(step)
-	}
 	return w, nil
 }
 
@@ -117,16 +128,33 @@ func (w *BaseWriter) Commit(sums map[string]uint32) error {
 		w.bufs = nil
 		return nil
 	}
-	s.base = &base{step: w.step, data: w.bufs, exact: true}
+	nb := &base{step: w.step, data: w.bufs, exact: true}
 	w.bufs = nil
-	s.anchorLocked(w.step)
+	if s.base != nil && s.lastLocked() >= w.step {
+		// The log reaches the new base: keep what follows it.
+		i := int(w.step - s.base.step) // entries at or before w.step
+		if i > 0 {
+			nb.t = s.log[i-1].hyper.T
+		} else {
+			nb.t = s.base.t
+		}
+		clear(s.log[:i])
+		s.log = s.log[i:]
+	} else {
+		// The log stops before it (or there is no base): the refresh's
+		// own differentials follow it.
+		clear(s.log)
+		s.log = w.log
+	}
+	w.log = nil
+	s.base = nb
 	s.stats.Refreshes++
 	return nil
 }
 
 // Abort drops the refresh (the owner crashed mid-refresh, or gave up): the
-// store's base and log stay as they were. Without a base, the
-// differentials kept for the refresh are dropped too. Abort of a refresh
+// store's base and log stay as they were. The differentials the refresh
+// kept after its step (see Store.Next) are dropped. Abort of a refresh
 // no longer current does nothing.
 func (w *BaseWriter) Abort() {
 	s := w.s
@@ -137,30 +165,14 @@ func (w *BaseWriter) Abort() {
 	}
 }
 
-// abortLocked ends the refresh in progress p.
+// abortLocked ends the refresh in progress p, and drops the
+// differentials it kept.
 func (s *Store) abortLocked(p *BaseWriter) {
 	p.dead.Store(true)
 	s.pending = nil
 	s.stats.RefreshesAborted++
-	if s.base == nil {
-		clear(s.log)
-		s.log = nil
-	}
-}
-
-// anchorLocked makes the log start right after step: it drops the
-// differentials at or before step, and all of them if the first left is
-// not step+1 (they cannot apply to a state at step).
-func (s *Store) anchorLocked(step int64) {
-	i := 0
-	for i < len(s.log) && s.log[i].step <= step {
-		i++
-	}
-	if i < len(s.log) && s.log[i].step != step+1 {
-		i = len(s.log)
-	}
-	clear(s.log[:i])
-	s.log = s.log[i:]
+	clear(p.log)
+	p.log = nil
 }
 
 // alloc returns size zero bytes, 8-byte aligned.

@@ -45,6 +45,13 @@
 //     CRC32Cs do not match is refused with ErrCorrupt and changes nothing.
 //     If a Fold has meanwhile moved the base past b, the refresh is
 //     verified and then dropped: the store already holds a later base.
+//   - Lost steps. If differentials were lost before a refresh at b (or
+//     there is no base yet), the refresh keeps the differentials after b
+//     itself, and the base brings them with it when it commits: the store
+//     is never stuck waiting for a step nobody will send. [Store.Next]
+//     says which step Append takes next (where the owner must resend
+//     from). A step resent that the store holds already (same record) or
+//     that is at or before the base's is taken as a no-op.
 //   - Input from the wire. Everything is validated (step order, record
 //     CRC and layout, N, region names and sizes, hyper-parameters); a
 //     refused Append leaves the store unchanged, and nothing panics on bad

@@ -60,6 +60,7 @@ func (s *Store) Fold(upTo int64, opt replay.ReplayOptions) error {
 	}
 	last := es[len(es)-1]
 	b.step = last.step
+	b.t = last.hyper.T
 	for i, o := range last.other {
 		if o != nil {
 			b.data[i] = o

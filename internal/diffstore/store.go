@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"sync"
 	"time"
 
@@ -73,7 +74,7 @@ type Store struct {
 	// during a copy, a checksum or a replay.
 	mu      sync.Mutex
 	base    *base       // the committed base, or nil
-	log     []*entry    // the differentials after base (or after pending's step, without a base), consecutive
+	log     []*entry    // the differentials after base, consecutive; empty without a base
 	pending *BaseWriter // the refresh in progress, or nil
 	stats   Stats       // counters; the sizes are computed by Stats
 }
@@ -85,6 +86,7 @@ type base struct {
 	step  int64
 	data  [][]byte // one per region; the optimizer's is 8-byte aligned
 	exact bool     // the owner's own bytes, or folded from lossless records only
+	t     int      // Adam's step count at step, or 0 if not known
 }
 
 // entry is one differential in the log. Immutable.
@@ -94,6 +96,8 @@ type entry struct {
 	tensor *replay.Tensor // decoded; its payload views the record as received (a copy of it if unaligned)
 	other  [][]byte       // by region index; nil for the optimizer region
 	bytes  int64          // rec and other
+	recLen int            // the record's length
+	recSum uint32         // the record's CRC-32 (IEEE): a step resent is the same if its record has the same length and sum (not CRC32C: a record ends with its own CRC32C, over which a CRC32C is a constant)
 }
 
 func (e *entry) lossy() bool { return e.tensor.Codec != replay.Raw }
@@ -151,15 +155,18 @@ func New(regions []Region, opt Optimizer) (*Store, error) {
 // Regions returns the owner's regions, as given to New.
 func (s *Store) Regions() []Region { return append([]Region(nil), s.regions...) }
 
-// Append adds the differential of the step after the last one held (after
-// the base's step when the log is empty; after a refresh's step when there
-// is no base yet and a refresh is in progress). It checks everything: the
-// step order (ErrGap), the record (ErrCorrupt if it does not decode),
-// that it holds one tensor of N elements of step d.Step, that Other has
-// exactly the other regions at their sizes, that the hyper-parameters are
-// valid and follow the previous differential's T (ErrMismatch). A refused
-// differential leaves the store unchanged. The store keeps d's byte
-// slices: the caller must not change them afterwards.
+// Append adds the differential of the step Next returns. It checks
+// everything: the step order (ErrGap), the record (ErrCorrupt if it does
+// not decode), that it holds one tensor of N elements of step d.Step, that
+// Other has exactly the other regions at their sizes, that the
+// hyper-parameters are valid and follow the previous differential's T
+// (ErrMismatch). A step the store holds already, resent with the same
+// record (same length and CRC32C), and a step at or before the base's (or,
+// without a base, the refresh's) are taken as no-ops: Append returns nil
+// and changes nothing; a held step resent with another record is refused
+// with ErrMismatch. A refused differential leaves the store unchanged.
+// The store keeps d's byte slices: the caller must not change them
+// afterwards.
 func (s *Store) Append(d Diff) error {
 	// Decode and check outside the lock: DecodeRecord reads the whole
 	// record (its CRC).
@@ -169,18 +176,97 @@ func (s *Store) Append(d Diff) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if held, err := s.heldLocked(e); held || err != nil {
+		return err
+	}
+	p := s.pending
+	if s.base != nil {
+		if last := s.lastLocked(); e.step == last+1 {
+			if err := checkT(e, s.prevTLocked(s.log, s.base.t)); err != nil {
+				return err
+			}
+			s.log = append(s.log, e)
+			if p != nil && e.step == p.step && len(p.log) > 0 {
+				// The log reaches the refresh's step now: it takes over the
+				// differentials the refresh kept.
+				if checkT(p.log[0], e.hyper.T) == nil {
+					s.log = append(s.log, p.log...)
+				}
+				clear(p.log)
+				p.log = nil
+			}
+			return nil
+		}
+	}
+	if p != nil && s.refreshLogsLocked() {
+		if e.step == p.lastStep()+1 {
+			if err := checkT(e, s.prevTLocked(p.log, 0)); err != nil {
+				return err
+			}
+			p.log = append(p.log, e)
+			return nil
+		}
+	}
 	want, ok := s.nextLocked()
 	if !ok {
 		return wrapf(ErrGap, "differential of step %d: no base and no base refresh to apply it to", d.Step)
 	}
-	if d.Step != want {
-		return wrapf(ErrGap, "differential of step %d, want step %d", d.Step, want)
+	return wrapf(ErrGap, "differential of step %d, want step %d", d.Step, want)
+}
+
+// checkT checks that e's optimizer step follows prev (0: unknown).
+func checkT(e *entry, prev int) error {
+	if prev != 0 && e.hyper.T != prev+1 {
+		return wrapf(ErrMismatch, "differential of step %d is optimizer step %d, after optimizer step %d", e.step, e.hyper.T, prev)
 	}
-	if n := len(s.log); n > 0 && d.Hyper.T != s.log[n-1].hyper.T+1 {
-		return wrapf(ErrMismatch, "differential of step %d is optimizer step %d, after optimizer step %d", d.Step, d.Hyper.T, s.log[n-1].hyper.T)
-	}
-	s.log = append(s.log, e)
 	return nil
+}
+
+// prevTLocked returns the optimizer step of log's last entry, or t if it is empty.
+func (s *Store) prevTLocked(log []*entry, t int) int {
+	if n := len(log); n > 0 {
+		return log[n-1].hyper.T
+	}
+	return t
+}
+
+// heldLocked reports whether e's step is one the store needs no more: at
+// or before the base's step (the refresh's, without a base), or held
+// already with the same record (ErrMismatch if with another).
+func (s *Store) heldLocked(e *entry) (bool, error) {
+	var at *entry
+	switch p := s.pending; {
+	case s.base != nil && e.step <= s.base.step:
+		return true, nil
+	case s.base == nil && p != nil && e.step <= p.step:
+		return true, nil
+	case s.base != nil && e.step <= s.lastLocked():
+		at = s.log[e.step-s.base.step-1]
+	case p != nil && e.step > p.step && e.step <= p.lastStep():
+		at = p.log[e.step-p.step-1]
+	default:
+		return false, nil
+	}
+	if at.recLen != e.recLen || at.recSum != e.recSum {
+		return false, wrapf(ErrMismatch, "differential of step %d resent with another record", e.step)
+	}
+	return true, nil
+}
+
+// lastLocked returns the step of the last differential of the log, or the
+// base's step if it is empty. There must be a base.
+func (s *Store) lastLocked() int64 {
+	if n := len(s.log); n > 0 {
+		return s.log[n-1].step
+	}
+	return s.base.step
+}
+
+// refreshLogsLocked reports whether the refresh in progress keeps the
+// differentials after its step itself: there is no base, or the log
+// stops before the refresh's step (steps were lost).
+func (s *Store) refreshLogsLocked() bool {
+	return s.pending != nil && (s.base == nil || s.lastLocked() < s.pending.step)
 }
 
 // decode checks d against the owner's layout and returns its log entry.
@@ -203,7 +289,8 @@ func (s *Store) decode(d Diff) (*entry, error) {
 	case int64(rec.Tensors[0].Len) != s.opt.N:
 		return nil, wrapf(ErrMismatch, "differential of step %d has %d elements, the optimizer %d", d.Step, rec.Tensors[0].Len, s.opt.N)
 	}
-	e := &entry{step: d.Step, hyper: d.Hyper, tensor: rec.Tensors[0], other: make([][]byte, len(s.regions)), bytes: int64(len(d.Record))}
+	e := &entry{step: d.Step, hyper: d.Hyper, tensor: rec.Tensors[0], other: make([][]byte, len(s.regions)), bytes: int64(len(d.Record)),
+		recLen: len(d.Record), recSum: crc32.ChecksumIEEE(d.Record)}
 	if len(d.Other) != len(s.regions)-1 {
 		for name := range d.Other {
 			if i, ok := s.index[name]; !ok || i == s.optIdx {
@@ -232,14 +319,32 @@ func (s *Store) decode(d Diff) (*entry, error) {
 // if no differential can be taken (no base, no refresh in progress).
 func (s *Store) nextLocked() (int64, bool) {
 	switch {
-	case len(s.log) > 0:
-		return s.log[len(s.log)-1].step + 1, true
+	case s.refreshLogsLocked():
+		return s.pending.lastStep() + 1, true
 	case s.base != nil:
-		return s.base.step + 1, true
-	case s.pending != nil:
-		return s.pending.step + 1, true
+		return s.lastLocked() + 1, true
 	}
 	return 0, false
+}
+
+// Next returns the step Append takes next, or -1 if it takes none (no
+// base and no refresh in progress): the step from which the owner must
+// resend its differentials. It is the step after the log's last (after
+// the base's step if the log is empty), except while a refresh at step b
+// is in progress and the log stops before b (steps were lost, or there is
+// no base yet): then it is the step after the differentials the refresh
+// keeps (b+1 at first). Those differentials become restorable when the
+// refresh commits. Meanwhile the lost steps up to b are still taken if
+// resent: once the log reaches b, it takes over the refresh's
+// differentials.
+func (s *Store) Next() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n, ok := s.nextLocked()
+	if !ok {
+		return -1
+	}
+	return n
 }
 
 // Range returns the steps the store can restore, [first, last], and false
@@ -297,6 +402,13 @@ func (s *Store) Truncate(after int64) error {
 	}
 	if p := s.pending; p != nil && p.step > after {
 		s.abortLocked(p)
+	} else if p != nil {
+		k := len(p.log)
+		for k > 0 && p.log[k-1].step > after {
+			k--
+		}
+		clear(p.log[k:])
+		p.log = p.log[:k]
 	}
 	i := len(s.log)
 	for i > 0 && s.log[i-1].step > after {
@@ -304,9 +416,6 @@ func (s *Store) Truncate(after int64) error {
 	}
 	clear(s.log[i:])
 	s.log = s.log[:i]
-	if s.base == nil && s.pending == nil {
-		s.log = nil
-	}
 	return nil
 }
 
@@ -316,6 +425,10 @@ type Stats struct {
 	RefreshBytes int64 // the buffers of a refresh in progress
 	LogBytes     int64 // the differentials held: records and other regions
 	LogLen       int   // how many differentials are held
+	// The differentials a refresh in progress keeps, after its step (when
+	// the log does not reach it): restorable once it commits.
+	RefreshLogBytes int64
+	RefreshLogLen   int
 
 	Refreshes           int64 // base refreshes committed
 	RefreshesAborted    int64 // aborted, superseded by a newer BeginBase, or cut by Truncate
@@ -348,6 +461,10 @@ func (s *Store) Stats() Stats {
 		for _, r := range s.regions {
 			st.RefreshBytes += r.Size
 		}
+		for _, e := range s.pending.log {
+			st.RefreshLogBytes += e.bytes
+		}
+		st.RefreshLogLen = len(s.pending.log)
 	}
 	for _, e := range s.log {
 		st.LogBytes += e.bytes

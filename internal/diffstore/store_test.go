@@ -72,7 +72,7 @@ func TestAppendRefuses(t *testing.T) {
 		{"gap", ErrGap, func(o *owner, d *Diff) {
 			*d = o.next(t) // step 5 instead of 4
 		}},
-		{"repeated step", ErrGap, func(o *owner, d *Diff) { d.Step, d.Record = 3, encode(t, 3, make([]float32, o.n), lossless) }},
+		{"repeated step, another record", ErrMismatch, func(o *owner, d *Diff) { d.Step, d.Record = 3, encode(t, 3, make([]float32, o.n), lossless) }},
 		{"record of another step", ErrMismatch, func(o *owner, d *Diff) { d.Record = encode(t, 5, make([]float32, o.n), lossless) }},
 		{"fewer elements", ErrMismatch, func(o *owner, d *Diff) { d.Record = encode(t, 4, make([]float32, o.n-1), lossless) }},
 		{"two tensors", ErrMismatch, func(o *owner, d *Diff) {
