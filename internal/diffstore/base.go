@@ -41,7 +41,8 @@ func (w *BaseWriter) lastStep() int64 {
 
 // BeginBase starts a base refresh at step (>= -1; -1 is the owner's state
 // before its first step), which replaces one in progress (that one is
-// aborted). The store's base and log are untouched until Commit. A step
+// aborted, but the differentials it kept after step stay, for the new
+// one). The store's base and log are untouched until Commit. A step
 // before the base's is refused with ErrStale. It allocates the new base's
 // buffers (the regions' sizes) before it takes the store's lock.
 func (s *Store) BeginBase(step int64) (*BaseWriter, error) {
@@ -57,8 +58,13 @@ func (s *Store) BeginBase(step int64) (*BaseWriter, error) {
 	if s.base != nil && step < s.base.step {
 		return nil, wrapf(ErrStale, "base refresh at step %d, the base is at step %d", step, s.base.step)
 	}
-	if s.pending != nil {
-		s.abortLocked(s.pending)
+	if p := s.pending; p != nil {
+		// The old refresh's differentials after step follow the new one:
+		// keep them (only Abort and Truncate drop differentials).
+		if p.step <= step && p.lastStep() > step {
+			w.log = append([]*entry(nil), p.log[step-p.step:]...)
+		}
+		s.abortLocked(p)
 	}
 	s.pending = w
 	return w, nil

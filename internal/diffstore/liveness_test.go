@@ -97,3 +97,55 @@ func TestRefreshLostStepsResent(t *testing.T) {
 		}
 	}
 }
+
+// TestNewerRefreshKeepsDifferentials: a newer BeginBase before the first
+// base commits (the owner crashed mid-refresh and began again) keeps the
+// differentials the first refresh kept after the newer one's step.
+func TestNewerRefreshKeepsDifferentials(t *testing.T) {
+	for _, withBase := range []bool{false, true} {
+		name := "no base"
+		if withBase {
+			name = "steps lost after the base"
+		}
+		t.Run(name, func(t *testing.T) {
+			o := newOwner(42, 300, lossless)
+			s := o.newStore(t)
+			if withBase {
+				sendBase(t, s, o, 0)
+			}
+			for range 5 {
+				o.next(t) // lost, or before the holder joined
+			}
+			if _, err := s.BeginBase(5); err != nil {
+				t.Fatal(err)
+			}
+			for range 4 { // steps 6 to 9
+				if err := s.Append(o.next(t)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w, err := s.BeginBase(7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := s.Next(); got != 10 {
+				t.Fatalf("Next after the newer refresh = %d, want 10", got)
+			}
+			if err := s.Append(o.next(t)); err != nil {
+				t.Fatalf("Append(10) after the newer refresh: %v", err)
+			}
+			for _, c := range chunks(o.rng, o.states[7]) {
+				if err := w.Write(c.region, c.off, c.b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := w.Commit(sums(o.states[7])); err != nil {
+				t.Fatal(err)
+			}
+			checkRange(t, s, o, 7, 10, defaults)
+			if err := s.Append(o.next(t)); err != nil {
+				t.Fatalf("Append(11) after the commit: %v", err)
+			}
+		})
+	}
+}
