@@ -43,8 +43,10 @@
 //     for every reader. A refresh that never commits (Abort, a newer
 //     BeginBase, a Truncate before its step) changes nothing; one whose
 //     CRC32Cs do not match is refused with ErrCorrupt and changes nothing.
-//     If a Fold has meanwhile moved the base past b, the refresh is
-//     verified and then dropped: the store already holds a later base.
+//     A Fold does not go past a refresh in progress, so that the refresh
+//     replaces the base when it commits; only a refresh begun while a Fold
+//     was already replaying past its step can find the base past b: it is
+//     verified and then dropped (the store holds a later base).
 //   - Lost steps. If differentials were lost before a refresh at b (or
 //     there is no base yet), the refresh keeps the differentials after b
 //     itself, and the base brings them with it when it commits: the store

@@ -15,6 +15,12 @@ import (
 // still in range. Fold folds what it can and returns nil when there is
 // nothing to fold (no base, no differential up to upTo).
 //
+// While a base refresh at step b is in progress, Fold goes no further than
+// b, so that the refresh, once it commits, replaces the base rather than
+// arriving behind it. (A refresh begun while a Fold is replaying, at a step
+// before the fold's end, can still find the base past it when it commits:
+// it is then verified and dropped, and Stats counts it.)
+//
 // Fold replays outside the store's lock: Append, Range, BeginBase and the
 // refresh's Write and Commit go on meanwhile. A refresh committed during a
 // fold wins: the fold's work is dropped. Restore and Truncate wait for
@@ -24,6 +30,9 @@ func (s *Store) Fold(upTo int64, opt replay.ReplayOptions) error {
 	defer s.foldMu.Unlock()
 	s.mu.Lock()
 	b := s.base
+	if p := s.pending; p != nil {
+		upTo = min(upTo, p.step) // leave the refresh a base to replace
+	}
 	var es []*entry
 	if b != nil {
 		for _, e := range s.log {

@@ -82,6 +82,7 @@ func runProperty(t *testing.T, seed uint64, depth int64) {
 
 	first := int64(0) // the base's step, as the test expects it
 	var ref *refresh
+	begun := 0
 	begin := func(step int64) {
 		w, err := s.BeginBase(step)
 		if err != nil {
@@ -89,9 +90,12 @@ func runProperty(t *testing.T, seed uint64, depth int64) {
 		}
 		st := o.states[step]
 		ref = &refresh{w: w, state: st, todo: chunks(rng, st), fate: rng.IntN(4) % 3}
+		if begun++; begun == 1 {
+			ref.fate = 0 // every run commits at least one refresh
+		}
 		ref.cut = rng.IntN(len(ref.todo) + 1)
 	}
-	var commits, aborts int
+	var commits, installed, aborts int
 	for step := int64(1); step <= steps; step++ {
 		if err := s.Append(o.next(t)); err != nil {
 			t.Fatalf("Append(%d): %v", step, err)
@@ -122,6 +126,9 @@ func runProperty(t *testing.T, seed uint64, depth int64) {
 				if err := ref.w.Commit(sums(ref.state)); err != nil {
 					t.Fatalf("step %d: Commit of the refresh at %d: %v", step, ref.w.Step(), err)
 				}
+				if f, _, _ := s.Range(); f == ref.w.Step() {
+					installed++
+				}
 				first = max(first, ref.w.Step())
 				ref, commits = nil, commits+1
 			}
@@ -133,7 +140,11 @@ func runProperty(t *testing.T, seed uint64, depth int64) {
 			if err := s.Fold(first+depth, opt); err != nil {
 				t.Fatalf("Fold(%d): %v", first+depth, err)
 			}
-			first += depth
+			to := first + depth
+			if ref != nil {
+				to = min(to, ref.w.Step()) // a fold stops at a refresh in progress
+			}
+			first = max(first, to)
 		}
 		checkRange(t, s, o, first, step, opt)
 		if st := s.Stats(); st.LogLen != int(step-first) {
@@ -146,7 +157,10 @@ func runProperty(t *testing.T, seed uint64, depth int64) {
 		}
 	}
 	st := s.Stats()
-	t.Logf("%d refreshes committed (%d dropped, the base being past them), %d interrupted; %d folds of %d steps", commits, st.RefreshesSuperseded, aborts, st.Folds, st.FoldedSteps)
+	t.Logf("%d refreshes committed, %d installed (%d dropped, the base being past them), %d interrupted; %d folds of %d steps", commits, installed, st.RefreshesSuperseded, aborts, st.Folds, st.FoldedSteps)
+	if installed != commits || st.Refreshes != int64(commits)+1 {
+		t.Fatalf("%d refreshes committed, %d installed (Stats: %d, %d dropped): a Fold outran them", commits, installed, st.Refreshes-1, st.RefreshesSuperseded)
+	}
 	if st.FoldedSteps == 0 {
 		t.Fatal("no step was folded")
 	}

@@ -355,8 +355,10 @@ func TestFoldKeepsRestores(t *testing.T) {
 	}
 }
 
-// TestRefreshAfterFold: a refresh committed after a Fold moved the base
-// past its step is dropped; one at the base's step or later replaces it.
+// TestRefreshAfterFold: a Fold stops at a refresh in progress, which then
+// replaces the base; a refresh begun while a Fold was replaying past its
+// step is verified and dropped; one at the base's step or later replaces
+// it.
 func TestRefreshAfterFold(t *testing.T) {
 	o := newOwner(9, 800, lossless)
 	s := o.newStore(t)
@@ -366,25 +368,42 @@ func TestRefreshAfterFold(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	w, err := s.BeginBase(4)
+	write := func(w *BaseWriter, step int64) {
+		t.Helper()
+		for _, c := range chunks(o.rng, o.states[step]) {
+			if err := w.Write(c.region, c.off, c.b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := w.Commit(sums(o.states[step])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := s.BeginBase(3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Fold(6, defaults); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range chunks(o.rng, o.states[4]) {
-		if err := w.Write(c.region, c.off, c.b); err != nil {
-			t.Fatal(err)
+	checkRange(t, s, o, 3, 10, defaults) // the fold stopped at the refresh
+	write(w, 3)
+	checkRange(t, s, o, 3, 10, defaults)
+
+	s.testFoldHook = func() { // the refresh begins while the fold replays
+		if w, err = s.BeginBase(4); err != nil {
+			t.Error(err)
 		}
 	}
-	if err := w.Commit(sums(o.states[4])); err != nil {
+	if err := s.Fold(6, defaults); err != nil {
 		t.Fatal(err)
 	}
+	s.testFoldHook = nil
+	write(w, 4)
 	checkRange(t, s, o, 6, 10, defaults)
 	sendBase(t, s, o, 8)
 	checkRange(t, s, o, 8, 10, defaults)
-	if st := s.Stats(); st.RefreshesSuperseded != 1 || st.Refreshes != 2 {
+	if st := s.Stats(); st.RefreshesSuperseded != 1 || st.Refreshes != 3 {
 		t.Fatalf("Stats = %+v", st)
 	}
 }
