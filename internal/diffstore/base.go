@@ -94,21 +94,27 @@ func (w *BaseWriter) Write(region string, off int64, b []byte) error {
 	return nil
 }
 
-// Commit checks each region's bytes against sums (the CRC32C, Castagnoli,
-// of every region, by name, as ckpt commits them) and makes the refresh
-// the store's base, dropping the log at or before its step (and all of it
-// if what remains does not follow the step). A mismatch is refused with
+// Commit checks the owner's step against the one BeginBase was given, and
+// each region's bytes against sums (the CRC32C, Castagnoli, of every
+// region, by name, as ckpt commits them); a step that differs is refused
+// with ErrCorrupt (one of the two messages was damaged) and changes
+// nothing. It then makes the refresh the store's base: the log after the
+// new base's step stays (the refresh's own differentials follow it if the
+// log stopped before it, see Store.Next). A checksum mismatch is refused with
 // ErrCorrupt and changes nothing (the refresh stays in progress: chunks
 // may be written again); sums that do not name exactly the regions with
 // ErrMismatch; a refresh no longer current with ErrStale. If a Fold has
 // meanwhile moved the base past the refresh's step, the refresh is
 // dropped and Commit returns nil: the store holds a later base already.
-func (w *BaseWriter) Commit(sums map[string]uint32) error {
+func (w *BaseWriter) Commit(step int64, sums map[string]uint32) error {
 	s := w.s
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.dead.Load() {
 		return wrapf(ErrStale, "commit of the refresh at step %d", w.step)
+	}
+	if step != w.step {
+		return wrapf(ErrCorrupt, "commit of a base at step %d for the refresh begun at step %d", step, w.step)
 	}
 	if len(sums) != len(s.regions) {
 		return wrapf(ErrMismatch, "commit of the refresh at step %d with %d checksums for %d regions", w.step, len(sums), len(s.regions))

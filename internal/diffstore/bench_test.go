@@ -41,7 +41,7 @@ func BenchmarkRestore(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		if err := w.Commit(baseSums); err != nil {
+		if err := w.Commit(0, baseSums); err != nil {
 			b.Fatal(err)
 		}
 		for _, d := range diffs[1:] {

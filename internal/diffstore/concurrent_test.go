@@ -184,7 +184,7 @@ func TestConcurrentAppendFoldRestore(t *testing.T) {
 					return
 				}
 			}
-			if err := w.Commit(sums(o.states[step])); err != nil {
+			if err := w.Commit(step, sums(o.states[step])); err != nil {
 				report(err)
 				return
 			}

@@ -55,7 +55,13 @@
 //     from). A step resent that the store holds already (same record) or
 //     that is at or before the base's is taken as a no-op.
 //   - Input from the wire. Everything is validated (step order, record
-//     CRC and layout, N, region names and sizes, hyper-parameters); a
+//     CRC and layout, N, region names and sizes, hyper-parameters). Every
+//     byte Restore depends on is covered by a CRC32C: the record by its
+//     own, a differential's step, hyper-parameters and other regions by
+//     its Sum ([Diff.Seal]), a base's regions by the sums its Commit
+//     checks and its step by Commit's step argument; Adam's step count T
+//     must follow the previous differential's, or the base's (known once
+//     a fold or a refresh the log reached set it); a
 //     refused Append leaves the store unchanged, and nothing panics on bad
 //     input.
 //   - Concurrency. Append, Range, Exact, Stats, BeginBase and the

@@ -25,6 +25,7 @@ func FuzzAppend(f *testing.F) {
 		sendBase(t, s, o, 0)
 		before := observe(s)
 		d := Diff{Step: step, Hyper: replay.Hyper{LR: lr, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: wd, T: tt}, Record: record, Other: map[string][]byte{metaName: meta}}
+		d.Seal()
 		if err := s.Append(d); err != nil {
 			if after := observe(s); after != before {
 				t.Fatalf("a refused Append changed the store: %+v, was %+v", after, before)
@@ -71,7 +72,7 @@ func FuzzBaseWriter(f *testing.F) {
 		case 2:
 			st = map[string]uint32{optName: sum, string(data): binary.LittleEndian.Uint32(append(data, 0, 0, 0, 0))}
 		}
-		if err := w.Commit(st); err != nil {
+		if err := w.Commit(int64(how%2), st); err != nil {
 			after := observe(s)
 			if before.stats.RefreshBytes, after.stats.RefreshBytes = 0, 0; after != before {
 				t.Fatalf("a refused Commit changed the store: %+v, was %+v", after, before)

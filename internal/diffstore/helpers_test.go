@@ -123,7 +123,9 @@ func (o *owner) next(t testing.TB) Diff {
 	replay.Step(o.w, o.m, o.v, g, h.Consts())
 	o.fillMeta()
 	o.states[o.step] = o.regions()
-	return Diff{Step: o.step, Hyper: h, Record: encode(t, o.step, g, o.codec), Other: map[string][]byte{metaName: bytes.Clone(o.meta)}}
+	d := Diff{Step: o.step, Hyper: h, Record: encode(t, o.step, g, o.codec), Other: map[string][]byte{metaName: bytes.Clone(o.meta)}}
+	d.Seal()
+	return d
 }
 
 // encode returns the record of step holding g, compressed with codec.
@@ -187,7 +189,7 @@ func sendBase(t testing.TB, s *Store, o *owner, step int64) {
 			t.Fatal(err)
 		}
 	}
-	if err := w.Commit(sums(st)); err != nil {
+	if err := w.Commit(step, sums(st)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -51,7 +51,7 @@ func TestRefreshAfterLostSteps(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := w.Commit(sums(o.states[5])); err != nil {
+	if err := w.Commit(5, sums(o.states[5])); err != nil {
 		t.Fatal(err)
 	}
 	checkRange(t, s, o, 5, 7, defaults)
@@ -139,7 +139,7 @@ func TestNewerRefreshKeepsDifferentials(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := w.Commit(sums(o.states[7])); err != nil {
+			if err := w.Commit(7, sums(o.states[7])); err != nil {
 				t.Fatal(err)
 			}
 			checkRange(t, s, o, 7, 10, defaults)

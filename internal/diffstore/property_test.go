@@ -118,12 +118,12 @@ func runProperty(t *testing.T, seed uint64, depth int64) {
 			case ref.fate == 2 && len(ref.todo) <= ref.cut:
 				old := ref.w
 				begin(max(first, ref.w.Step()+int64(rng.IntN(int(step-ref.w.Step())+1))))
-				if err := old.Commit(sums(ref.state)); !errors.Is(err, ErrStale) {
+				if err := old.Commit(old.Step(), sums(ref.state)); !errors.Is(err, ErrStale) {
 					t.Fatalf("Commit of a superseded refresh: %v, want ErrStale", err)
 				}
 				aborts++
 			case len(ref.todo) == 0:
-				if err := ref.w.Commit(sums(ref.state)); err != nil {
+				if err := ref.w.Commit(ref.w.Step(), sums(ref.state)); err != nil {
 					t.Fatalf("step %d: Commit of the refresh at %d: %v", step, ref.w.Step(), err)
 				}
 				if f, _, _ := s.Range(); f == ref.w.Step() {

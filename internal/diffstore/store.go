@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"maps"
+	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -49,6 +52,37 @@ type Diff struct {
 	// Other holds the full bytes, at Step, of every region other than the
 	// optimizer's, by name.
 	Other map[string][]byte
+	// Sum is the CRC32C (Castagnoli) of Step, Hyper and Other, which the
+	// record's own CRC does not cover: the owner sets it with Seal, and
+	// Append refuses a differential whose Sum does not match.
+	Sum uint32
+}
+
+// Seal sets d.Sum from d's Step, Hyper and Other: the owner calls it once
+// the differential is complete, before sending it.
+func (d *Diff) Seal() { d.Sum = d.sum() }
+
+// sum returns the CRC32C of d's step, its hyper-parameters (each as its
+// little-endian bits; T as an int64) and its other regions in the order
+// of their names, each as its name's length (uint32), the name, its
+// length (uint64) and its bytes.
+func (d *Diff) sum() uint32 {
+	var b []byte
+	b = binary.LittleEndian.AppendUint64(b, uint64(d.Step))
+	for _, f := range []float32{d.Hyper.LR, d.Hyper.Beta1, d.Hyper.Beta2, d.Hyper.Eps, d.Hyper.WeightDecay} {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(f))
+	}
+	b = binary.LittleEndian.AppendUint64(b, uint64(int64(d.Hyper.T)))
+	crc := crc32.Update(0, castagnoli, b)
+	for _, name := range slices.Sorted(maps.Keys(d.Other)) {
+		o := d.Other[name]
+		b = binary.LittleEndian.AppendUint32(b[:0], uint32(len(name)))
+		b = append(b, name...)
+		b = binary.LittleEndian.AppendUint64(b, uint64(len(o)))
+		crc = crc32.Update(crc, castagnoli, b)
+		crc = crc32.Update(crc, castagnoli, o)
+	}
+	return crc
 }
 
 // Store is a holder's copy of one owner's state: a base and the log of
@@ -156,8 +190,8 @@ func New(regions []Region, opt Optimizer) (*Store, error) {
 func (s *Store) Regions() []Region { return append([]Region(nil), s.regions...) }
 
 // Append adds the differential of the step Next returns. It checks
-// everything: the step order (ErrGap), the record (ErrCorrupt if it does
-// not decode), that it holds one tensor of N elements of step d.Step, that
+// everything: d.Sum (ErrCorrupt if it does not match: see Diff.Seal), the
+// step order (ErrGap), the record (ErrCorrupt if it does not decode), that it holds one tensor of N elements of step d.Step, that
 // Other has exactly the other regions at their sizes, that the
 // hyper-parameters are valid and follow the previous differential's T
 // (ErrMismatch). A step the store holds already, resent with the same
@@ -271,6 +305,9 @@ func (s *Store) refreshLogsLocked() bool {
 
 // decode checks d against the owner's layout and returns its log entry.
 func (s *Store) decode(d Diff) (*entry, error) {
+	if got := d.sum(); got != d.Sum {
+		return nil, wrapf(ErrCorrupt, "differential of step %d: step, hyper-parameters and other regions have CRC32C %#08x, the owner's is %#08x", d.Step, got, d.Sum)
+	}
 	if d.Step < 0 {
 		return nil, wrapf(ErrMismatch, "differential of step %d", d.Step)
 	}

@@ -101,6 +101,7 @@ func TestAppendRefuses(t *testing.T) {
 			good.Other = maps.Clone(d.Other)
 			before := observe(s)
 			tc.bend(o, &d)
+			d.Seal() // the owner sent it so: the checks past the sum
 			if err := s.Append(d); !errors.Is(err, tc.want) {
 				t.Fatalf("Append: %v, want %v", err, tc.want)
 			} else {
@@ -165,7 +166,7 @@ func TestFirstBaseWhileDiffsFlow(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := w.Commit(sums(o.states[5])); err != nil {
+	if err := w.Commit(5, sums(o.states[5])); err != nil {
 		t.Fatal(err)
 	}
 	checkRange(t, s, o, 5, 9, defaults)
@@ -197,7 +198,7 @@ func TestBaseCommitBadCRC(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := observe(s)
-	if err := w.Commit(sums(st)); !errors.Is(err, ErrCorrupt) {
+	if err := w.Commit(4, sums(st)); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("Commit of a damaged base: %v, want ErrCorrupt", err)
 	}
 	if after := observe(s); after != before {
@@ -205,18 +206,18 @@ func TestBaseCommitBadCRC(t *testing.T) {
 	}
 	checkRange(t, s, o, 0, 6, defaults)
 	for _, bad := range []map[string]uint32{nil, {optName: 0}, {optName: 0, "other": 0}} {
-		if err := w.Commit(bad); !errors.Is(err, ErrMismatch) {
+		if err := w.Commit(4, bad); !errors.Is(err, ErrMismatch) {
 			t.Fatalf("Commit(%v): %v, want ErrMismatch", bad, err)
 		}
 	}
 	if err := w.Write(optName, 100, st[optName][100:101]); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Commit(sums(st)); err != nil {
+	if err := w.Commit(4, sums(st)); err != nil {
 		t.Fatalf("Commit once repaired: %v", err)
 	}
 	checkRange(t, s, o, 4, 6, defaults)
-	if err := w.Commit(sums(st)); !errors.Is(err, ErrStale) {
+	if err := w.Commit(4, sums(st)); !errors.Is(err, ErrStale) {
 		t.Fatalf("a second Commit: %v, want ErrStale", err)
 	}
 	if st := s.Stats(); st.LogLen != 2 || st.Refreshes != 2 {
@@ -278,7 +279,7 @@ func TestRefreshInterrupted(t *testing.T) {
 					t.Fatalf("Write to an interrupted refresh: %v, want ErrStale", err)
 				}
 			}
-			if err := w.Commit(sums(o.states[5])); !errors.Is(err, ErrStale) {
+			if err := w.Commit(5, sums(o.states[5])); !errors.Is(err, ErrStale) {
 				t.Fatalf("Commit of an interrupted refresh: %v, want ErrStale", err)
 			}
 			if err := s.Append(o.next(t)); err != nil {
@@ -375,7 +376,7 @@ func TestRefreshAfterFold(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := w.Commit(sums(o.states[step])); err != nil {
+		if err := w.Commit(step, sums(o.states[step])); err != nil {
 			t.Fatal(err)
 		}
 	}
