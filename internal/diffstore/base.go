@@ -21,8 +21,13 @@ type BaseWriter struct {
 	dead atomic.Bool
 
 	// mu serializes Write and Commit and guards bufs.
-	mu   sync.Mutex
-	bufs [][]byte // one per region, of its size; the optimizer's 8-byte aligned
+	mu     sync.Mutex
+	bufs   [][]byte // one per region, of its size; the optimizer's 8-byte aligned
+	sealed bool     // Commit verified bufs: no more Writes
+
+	// verified, guarded by s.mu, is set when Commit has verified the
+	// refresh, which waits for G to reach its step (Store.SetG).
+	verified bool
 
 	// log, guarded by s.mu, holds the differentials after step, when the
 	// store's log does not reach step (no base, or steps lost): the base
@@ -87,7 +92,7 @@ func (w *BaseWriter) Write(region string, off int64, b []byte) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.dead.Load() {
+	if w.dead.Load() || w.sealed {
 		return wrapf(ErrStale, "base chunk for the refresh at step %d", w.step)
 	}
 	copy(w.bufs[i][off:], b)
@@ -103,14 +108,18 @@ func (w *BaseWriter) Write(region string, off int64, b []byte) error {
 // log stopped before it, see Store.Next). A checksum mismatch is refused with
 // ErrCorrupt and changes nothing (the refresh stays in progress: chunks
 // may be written again); sums that do not name exactly the regions with
-// ErrMismatch; a refresh no longer current with ErrStale. If a Fold has
+// ErrMismatch; a refresh no longer current, or committed already, with
+// ErrStale. A refresh at a step past G (Store.SetG) is verified and then
+// waits, in progress, for SetG to reach its step: Writes to it are refused
+// with ErrStale, and a newer BeginBase, Abort or Truncate still drops it.
+// If a Fold has
 // meanwhile moved the base past the refresh's step, the refresh is
 // dropped and Commit returns nil: the store holds a later base already.
 func (w *BaseWriter) Commit(step int64, sums map[string]uint32) error {
 	s := w.s
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.dead.Load() {
+	if w.dead.Load() || w.sealed {
 		return wrapf(ErrStale, "commit of the refresh at step %d", w.step)
 	}
 	if step != w.step {
@@ -133,13 +142,26 @@ func (w *BaseWriter) Commit(step int64, sums map[string]uint32) error {
 	if s.pending != w {
 		return wrapf(ErrStale, "commit of the refresh at step %d", w.step)
 	}
-	s.pending = nil
-	w.dead.Store(true)
+	w.sealed = true
 	if s.base != nil && s.base.step > w.step {
+		s.pending = nil
+		w.dead.Store(true)
 		s.stats.RefreshesSuperseded++
 		w.bufs = nil
 		return nil
 	}
+	w.verified = true
+	if w.step > s.g {
+		return nil // installed by SetG
+	}
+	s.installLocked(w)
+	return nil
+}
+
+// installLocked makes the verified refresh in progress w the store's base.
+func (s *Store) installLocked(w *BaseWriter) {
+	s.pending = nil
+	w.dead.Store(true)
 	nb := &base{step: w.step, data: w.bufs, exact: true}
 	w.bufs = nil
 	if s.base != nil && s.lastLocked() >= w.step {
@@ -161,7 +183,6 @@ func (w *BaseWriter) Commit(step int64, sums map[string]uint32) error {
 	w.log = nil
 	s.base = nb
 	s.stats.Refreshes++
-	return nil
 }
 
 // Abort drops the refresh (the owner crashed mid-refresh, or gave up): the

@@ -71,17 +71,32 @@
 //     replay. Restore and Truncate wait for a Fold in progress; Restores
 //     run side by side.
 //
+// # Append takes ownership of the buffers
+//
+// Append keeps a differential's byte slices as received (the record and
+// every other region's bytes): the caller must not reuse, change or
+// return them to a pool afterwards, even when Append returns nil for a
+// step it already held. The record's gradient is read in place at every
+// replay when it is 8-byte aligned (as from make), and copied once, at
+// Append, when it is not.
+//
 // # The caller's part
 //
-// Fold(g) and Commit of a base at b drop the steps before g and b: a
-// holder must fold, and commit a refresh, no further than the step the job
-// may restart from (G). Truncate(after) discards the steps after a restart
-// to G. The log grows by one differential per step until the caller folds
-// it (gorun folds when it holds --diff-fold N steps beyond G): the store
-// does not bound it, and [Store.Stats] reports its length and bytes.
-//
-// Append takes ownership of a differential's bytes (the record and the
-// other regions') and keeps them as received: the record's gradient is
-// read in place at every replay when it is 8-byte aligned (as from make),
-// and copied once, at Append, when it is not.
+//   - Acknowledge only what is held. Append returning nil means the
+//     differential was taken, not that its step is restorable: before the
+//     first base commits, or while a refresh after lost steps is in
+//     progress, it is not. A holder acknowledges step s to the owner
+//     (counts it replicated) only when [Store.Held](s).
+//   - Tell the store G. Fold and the commit of a base at b drop the steps
+//     before them, so neither may pass the step the job may restart from
+//     (G): the caller tells the store G with [Store.SetG], and the store
+//     keeps to it. Fold stops at G; a refresh verified at b > G waits, in
+//     progress, until SetG reaches b, and is then installed. (Until the
+//     first SetG, G is unbounded.)
+//   - Resend from Next. After a gap, the owner resends from [Store.Next].
+//   - Truncate(after) discards the steps after a restart to G.
+//   - Fold. The log grows by one differential per step until the caller
+//     folds it (gorun folds when it holds --diff-fold N steps beyond G): the
+//     store does not bound it, and [Store.Stats] reports its length and
+//     bytes.
 package diffstore

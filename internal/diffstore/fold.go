@@ -9,7 +9,7 @@ import (
 )
 
 // Fold folds the differentials up to step upTo (or up to the last one held,
-// if that is earlier) into the base with the fused replay (replay.Fused):
+// or G (SetG), if that is earlier) into the base with the fused replay (replay.Fused):
 // the base then stands at that step, and the store restores no earlier
 // one. It is an optimization: Restore gives the same bytes for every step
 // still in range. Fold folds what it can and returns nil when there is
@@ -30,6 +30,7 @@ func (s *Store) Fold(upTo int64, opt replay.ReplayOptions) error {
 	defer s.foldMu.Unlock()
 	s.mu.Lock()
 	b := s.base
+	upTo = min(upTo, s.g)
 	if p := s.pending; p != nil {
 		upTo = min(upTo, p.step) // leave the refresh a base to replace
 	}

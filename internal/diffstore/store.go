@@ -111,6 +111,7 @@ type Store struct {
 	log     []*entry    // the differentials after base, consecutive; empty without a base
 	pending *BaseWriter // the refresh in progress, or nil
 	stats   Stats       // counters; the sizes are computed by Stats
+	g       int64       // the step the job may restart from (SetG)
 }
 
 // base is a full copy of the owner's regions at a step. Its bytes change
@@ -150,7 +151,7 @@ func New(regions []Region, opt Optimizer) (*Store, error) {
 	if len(regions) < 1 || len(regions) > MaxRegions {
 		return nil, fmt.Errorf("diffstore: %d regions, want 1 to %d", len(regions), MaxRegions)
 	}
-	s := &Store{regions: append([]Region(nil), regions...), index: make(map[string]int, len(regions)), opt: opt}
+	s := &Store{regions: append([]Region(nil), regions...), index: make(map[string]int, len(regions)), opt: opt, g: math.MaxInt64}
 	for i, r := range regions {
 		if r.Name == "" || len(r.Name) > maxNameLen {
 			return nil, fmt.Errorf("diffstore: region %d: name of %d bytes, want 1 to %d", i, len(r.Name), maxNameLen)
@@ -382,6 +383,31 @@ func (s *Store) Next() int64 {
 		return -1
 	}
 	return n
+}
+
+// Held reports whether the store can restore step now (it is in Range).
+// A holder acknowledges step s to the owner (counts it replicated) only
+// when Held(s): Append's nil means the differential was taken, not that
+// its step is restorable (it may wait for a refresh to commit).
+func (s *Store) Held(step int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	first, last, ok := s.rangeLocked()
+	return ok && first <= step && step <= last
+}
+
+// SetG sets G, the step the job may restart from: Fold goes no further
+// than G, and a refresh verified by Commit at a step past G waits, still
+// in progress (the old base and log stay), until SetG reaches its step;
+// SetG then installs it. Until SetG is first called, G is unbounded. It
+// never waits for a Fold.
+func (s *Store) SetG(g int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.g = g
+	if p := s.pending; p != nil && p.verified && p.step <= g {
+		s.installLocked(p)
+	}
 }
 
 // Range returns the steps the store can restore, [first, last], and false
