@@ -20,7 +20,9 @@ type BaseWriter struct {
 	// current one (committed, aborted, superseded, truncated).
 	dead atomic.Bool
 
-	// mu serializes Write and Commit and guards bufs.
+	// mu serializes Write, Commit and Abort and guards bufs (which SetG,
+	// installing a verified refresh, only reads: sealed, they change no
+	// more). Taken before s.mu.
 	mu     sync.Mutex
 	bufs   [][]byte // one per region, of its size; the optimizer's 8-byte aligned
 	sealed bool     // Commit verified bufs: no more Writes
@@ -93,6 +95,7 @@ func (w *BaseWriter) Write(region string, off int64, b []byte) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.dead.Load() || w.sealed {
+		w.freeDead()
 		return wrapf(ErrStale, "base chunk for the refresh at step %d", w.step)
 	}
 	copy(w.bufs[i][off:], b)
@@ -120,6 +123,7 @@ func (w *BaseWriter) Commit(step int64, sums map[string]uint32) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.dead.Load() || w.sealed {
+		w.freeDead()
 		return wrapf(ErrStale, "commit of the refresh at step %d", w.step)
 	}
 	if step != w.step {
@@ -140,6 +144,7 @@ func (w *BaseWriter) Commit(step int64, sums map[string]uint32) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pending != w {
+		w.bufs = nil
 		return wrapf(ErrStale, "commit of the refresh at step %d", w.step)
 	}
 	w.sealed = true
@@ -155,15 +160,17 @@ func (w *BaseWriter) Commit(step int64, sums map[string]uint32) error {
 		return nil // installed by SetG
 	}
 	s.installLocked(w)
+	w.bufs = nil
 	return nil
 }
 
 // installLocked makes the verified refresh in progress w the store's base.
 func (s *Store) installLocked(w *BaseWriter) {
+	// Read w.bufs before w is marked dead: w's next call, which sees it
+	// dead, drops its reference under w.mu alone.
+	nb := &base{step: w.step, data: w.bufs, exact: true}
 	s.pending = nil
 	w.dead.Store(true)
-	nb := &base{step: w.step, data: w.bufs, exact: true}
-	w.bufs = nil
 	if s.base != nil && s.lastLocked() >= w.step {
 		// The log reaches the new base: keep what follows it.
 		i := int(w.step - s.base.step) // entries at or before w.step
@@ -191,10 +198,24 @@ func (s *Store) installLocked(w *BaseWriter) {
 // no longer current does nothing.
 func (w *BaseWriter) Abort() {
 	s := w.s
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.pending == w {
 		s.abortLocked(w)
+	}
+	s.mu.Unlock()
+	w.freeDead()
+}
+
+// freeDead lets go of the buffers of a refresh no longer current (w.mu
+// held): the store ends a refresh under its own lock, which may not wait
+// for w.mu, so the buffers go at the refresh's next Write, Commit or
+// Abort. A refresh verified and waiting for G keeps them: they are its
+// base.
+func (w *BaseWriter) freeDead() {
+	if w.dead.Load() {
+		w.bufs = nil
 	}
 }
 

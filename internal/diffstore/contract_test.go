@@ -93,3 +93,77 @@ func TestSetG(t *testing.T) {
 		t.Fatalf("Stats = %+v, want 2 refreshes installed", st)
 	}
 }
+
+// TestBaseBeforeFirstStep: a base at step -1 (the owner's state before its
+// first step) restores, and the differentials from step 0 follow it.
+func TestBaseBeforeFirstStep(t *testing.T) {
+	o := newOwner(62, 200, lossless)
+	o.step = -1
+	o.states = map[int64]map[string][]byte{-1: o.states[0]}
+	s := o.newStore(t)
+	if got := s.Next(); got != -1 {
+		t.Fatalf("Next of an empty store = %d, want -1", got)
+	}
+	sendBase(t, s, o, -1)
+	checkRange(t, s, o, -1, -1, defaults)
+	if got := s.Next(); got != 0 {
+		t.Fatalf("Next after a base at -1 = %d, want 0", got)
+	}
+	for range 4 { // steps 0 to 3
+		if err := s.Append(o.next(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkRange(t, s, o, -1, 3, defaults)
+	if err := s.Fold(1, defaults); err != nil {
+		t.Fatal(err)
+	}
+	checkRange(t, s, o, 1, 3, defaults)
+}
+
+// TestDeadRefreshFreesBuffers: a refresh no longer current lets go of its
+// buffers (the size of the owner's state) at its next Write or Commit, or
+// at its Abort.
+func TestDeadRefreshFreesBuffers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(s *Store, w *BaseWriter) error
+	}{
+		{"abort", func(s *Store, w *BaseWriter) error { w.Abort(); return nil }},
+		{"newer refresh, then write", func(s *Store, w *BaseWriter) error {
+			if _, err := s.BeginBase(2); err != nil {
+				return err
+			}
+			return w.Write(metaName, 0, []byte{1})
+		}},
+		{"truncate, then commit", func(s *Store, w *BaseWriter) error {
+			if err := s.Truncate(0); err != nil {
+				return err
+			}
+			return w.Commit(1, map[string]uint32{})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := newOwner(63, 200, lossless)
+			s := o.newStore(t)
+			sendBase(t, s, o, 0)
+			for range 2 {
+				if err := s.Append(o.next(t)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w, err := s.BeginBase(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.end(s, w); err != nil && !errors.Is(err, ErrStale) {
+				t.Fatal(err)
+			}
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.bufs != nil {
+				t.Fatal("a dead refresh still holds its buffers")
+			}
+		})
+	}
+}
