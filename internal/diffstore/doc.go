@@ -64,12 +64,13 @@
 //     a fold or a refresh the log reached set it); a
 //     refused Append leaves the store unchanged, and nothing panics on bad
 //     input.
-//   - Concurrency. Append, Range, Exact, Stats, BeginBase and the
-//     BaseWriter's methods never wait for a Fold or a Restore in progress
-//     (they are on the replication receive path): they hold the store's
-//     lock only for bookkeeping, never during a copy, a checksum or a
-//     replay. Restore and Truncate wait for a Fold in progress; Restores
-//     run side by side.
+//   - Concurrency. Append, Next, Held, Range, Exact, Stats, SetG,
+//     BeginBase and the BaseWriter's methods never wait for a Fold or a
+//     Restore in progress (they are on the replication receive path): they
+//     hold the store's lock only for bookkeeping, never during a copy, a
+//     checksum or a replay. (A BaseWriter's methods run one at a time, so
+//     Abort waits for a Write's copy in progress.) Restore and Truncate
+//     wait for a Fold in progress; Restores run side by side.
 //
 // # Append takes ownership of the buffers
 //
