@@ -14,6 +14,7 @@ var allowed = map[string][]string{
 	"topology":            {},
 	"internal/wire":       {},
 	"replay":              {},
+	"internal/diffstore":  {"replay"},
 	"gpu":                 {},
 	"comm":                {"topology", "internal/wire"},
 	"internal/ctlserver":  {"internal/wire"},
