@@ -483,34 +483,30 @@ func (j *job) stdinState() stdinView {
 // stdinChanges waits until the stdin rank's host or start changes from
 // st, and reports whether it did before ctx ended.
 func (j *job) stdinChanges(ctx context.Context, st stdinView) bool {
-	for {
-		select {
-		case <-st.changed:
-		case <-ctx.Done():
-			return false
-		}
-		now := j.stdinState()
-		if now.host != st.host || now.started != st.started {
-			return true
-		}
-		st.changed = now.changed
-	}
+	return j.stdinAwait(ctx, st, func(now stdinView) bool { return now.host != st.host || now.started != st.started })
 }
 
 // stdinMoves waits until the stdin rank runs on another host than
 // st.host, and reports whether it did before ctx ended.
 func (j *job) stdinMoves(ctx context.Context, st stdinView) bool {
+	return j.stdinAwait(ctx, st, func(now stdinView) bool { return now.host != st.host })
+}
+
+// stdinAwait waits, from st, until done holds for the stdin rank's
+// state, and reports whether it did before ctx ended.
+func (j *job) stdinAwait(ctx context.Context, st stdinView, done func(stdinView) bool) bool {
+	changed := st.changed
 	for {
 		select {
-		case <-st.changed:
+		case <-changed:
 		case <-ctx.Done():
 			return false
 		}
 		now := j.stdinState()
-		if now.host != st.host {
+		if done(now) {
 			return true
 		}
-		st.changed = now.changed
+		changed = now.changed
 	}
 }
 
