@@ -1,6 +1,7 @@
 package rank
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/replay"
 )
 
 // ErrNotUnderGorun: GORUN_SOCKET is not set.
@@ -32,8 +34,12 @@ type Options struct {
 	// Socket is the rank socket; "" means $GORUN_SOCKET.
 	Socket string
 	// Gradient asks for a gradient buffer of that many float32 elements
-	// (Client.Gradient).
+	// (Client.Gradient). With Optimizer set and Gradient 0, the buffer
+	// holds Optimizer.N elements.
 	Gradient int64
+	// Optimizer declares the rank's replay optimizer state (see
+	// Optimizer): required when the job runs gorun --protect-mode diff.
+	Optimizer *Optimizer
 }
 
 // Client is a rank's connection to its rank service. Stage, Wait and
@@ -99,7 +105,11 @@ func (c *Client) handshake(ctx context.Context, regions []Region, opt Options) e
 	}
 	c.job, c.rank = w.Job, w.Rank
 	var pw ProtectWelcome
-	if err := c.call(TypeProtectHello, &ProtectHello{Version: Version, Regions: regions, Gradient: opt.Gradient}, TypeProtectWelcome, &pw); err != nil {
+	hello := &ProtectHello{Version: Version, Regions: regions, Gradient: opt.Gradient, Optimizer: opt.Optimizer}
+	if hello.Gradient == 0 && opt.Optimizer != nil {
+		hello.Gradient = opt.Optimizer.N
+	}
+	if err := c.call(TypeProtectHello, hello, TypeProtectWelcome, &pw); err != nil {
 		return err
 	}
 	if pw.Err != "" {
@@ -361,15 +371,22 @@ func (c *Client) Wait(ctx context.Context) error {
 // Stats returns the client's counters (call it between Wait and Stage).
 func (c *Client) Stats() Stats { return c.stats }
 
-// Gradient hands the rank's reduced gradient of step to the service's
-// differential log. It needs Options.Gradient ≥ len(g).
-func (c *Client) Gradient(ctx context.Context, step int64, g []float32) error {
+// Mode is the job's protect mode. In ModeDiff the rank calls Gradient
+// with the input of its optimizer step before it commits the step.
+func (c *Client) Mode() ProtectMode { return cmp.Or(c.welcome.Mode, ModeFull) }
+
+// Gradient hands the service the input of step's optimizer step for the
+// rank's shard: the reduced gradient g and the hyper-parameters h it was
+// applied with (replay.Step). It needs Options.Gradient ≥ len(g). Call it
+// after step's update and before Stage(step) (PROTOCOL.md, Gradient).
+func (c *Client) Gradient(ctx context.Context, step int64, g []float32, h replay.Hyper) error {
 	if int64(len(g))*4 > int64(len(c.grad)) {
 		return fmt.Errorf("rank: gradient of %d elements, the buffer holds %d", len(g), len(c.grad)/4)
 	}
 	copy(c.grad, Float32Bytes(g))
 	var r GradientDone
-	if err := c.callCtx(ctx, TypeGradient, &StepReq{Step: step, N: int64(len(g))}, TypeGradientDone, &r); err != nil {
+	req := &StepReq{Step: step, N: int64(len(g)), Hyper: &Hyper{LR: h.LR, Beta1: h.Beta1, Beta2: h.Beta2, Eps: h.Eps, WeightDecay: h.WeightDecay, T: h.T}}
+	if err := c.callCtx(ctx, TypeGradient, req, TypeGradientDone, &r); err != nil {
 		return err
 	}
 	if r.Err != "" {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/replay"
 )
 
 // ErrStopping: the host's state protection is shutting down.
@@ -61,7 +62,24 @@ type HostConfig struct {
 	// placement (NewHost's, then each SetPlacement's). The replication is
 	// retried meanwhile. Nil: only logged.
 	LinkFailed func(host int, err error)
-	Log        *slog.Logger
+	// Mode is how the replicated regions reach the holders: ModeFull
+	// ("" too) or ModeDiff, configured by Diff.
+	Mode ProtectMode
+	Diff DiffConfig
+	Log  *slog.Logger
+}
+
+// DiffConfig configures differential protection (HostConfig.Mode ModeDiff).
+type DiffConfig struct {
+	// Fold: a holder folds an owner's log into its base once the log
+	// holds this many steps (gorun --diff-fold; 0 means 16).
+	Fold int
+	// BaseEvery: each holder gets a fresh base of the owner's state every
+	// this many steps, in paced chunks (gorun --base-every; 0 means 100).
+	BaseEvery int
+	// Codec encodes the gradients (gorun --diff-codec, ParseDiffCodec):
+	// lossless unless a lossy codec was asked for.
+	Codec replay.Options
 }
 
 // Progress is one local rank's protection progress.

@@ -58,7 +58,53 @@ type ProtectHello struct {
 	Version  int      `json:"v"`
 	Regions  []Region `json:"regions"`
 	Gradient int64    `json:"gradient,omitempty"`
+	// Optimizer declares that the rank steps its optimizer shard with
+	// replay's Adam kernel (replay.Step): what differential protection
+	// (gorun --protect-mode diff) needs to rebuild the state from
+	// gradients. Without it a diff-mode job refuses the rank.
+	Optimizer *Optimizer `json:"optimizer,omitempty"`
 }
+
+// Optimizer says where a rank's replay optimizer state is: N float32
+// master weights (W), first moments (M) and second moments (V), at byte
+// offsets W, M and V of region Region (little-endian float32, each array
+// N elements, inside the region, not overlapping). Every step s the rank
+// applies replay.Step to them with the reduced gradient of its shard and
+// the step's hyper-parameters, which it hands the service (Gradient)
+// before it commits s.
+type Optimizer struct {
+	Region string `json:"region"`
+	N      int64  `json:"n"`
+	W      int64  `json:"w"`
+	M      int64  `json:"m"`
+	V      int64  `json:"v"`
+}
+
+// Hyper are one optimizer step's hyper-parameters (replay.Hyper) on the
+// wire. float32 values survive JSON exactly (encoding/json writes the
+// shortest decimal that reads back to the same float32).
+type Hyper struct {
+	LR          float32 `json:"lr"`
+	Beta1       float32 `json:"beta1"`
+	Beta2       float32 `json:"beta2"`
+	Eps         float32 `json:"eps"`
+	WeightDecay float32 `json:"weight_decay"`
+	T           int     `json:"t"`
+}
+
+// ProtectMode is how a job protects its ranks' state on other hosts.
+type ProtectMode string
+
+const (
+	// ModeFull replicates every committed step's replicated regions
+	// whole (any trainer). The zero value means ModeFull.
+	ModeFull ProtectMode = "full"
+	// ModeDiff sends each step's differential (the gradient of the
+	// rank's shard and the step's hyper-parameters, with the small
+	// regions whole) and a base every DiffConfig.BaseEvery steps; holders
+	// rebuild the state by replay (trainers that declare an Optimizer).
+	ModeDiff ProtectMode = "diff"
+)
 
 // RegionFile says where a region's bytes are: slot i's are the Size bytes
 // at offset i·Stride of the file at Path.
@@ -77,21 +123,25 @@ type GradientFile struct {
 
 // ProtectWelcome answers ProtectHello.
 type ProtectWelcome struct {
-	Version   int           `json:"v"`
-	Job       string        `json:"job"`
-	Rank      int           `json:"rank"`
-	Replicas  int           `json:"replicas"`
-	Regions   []RegionFile  `json:"regions"`
-	Gradient  *GradientFile `json:"gradient,omitempty"`
-	Committed int64         `json:"committed"`
-	G         int64         `json:"g"`
-	Err       string        `json:"err,omitempty"`
+	Version  int           `json:"v"`
+	Job      string        `json:"job"`
+	Rank     int           `json:"rank"`
+	Replicas int           `json:"replicas"`
+	Regions  []RegionFile  `json:"regions"`
+	Gradient *GradientFile `json:"gradient,omitempty"`
+	// Mode is the job's protect mode: "full", or "diff" (the rank hands
+	// its gradient and hyper-parameters every step before Commit).
+	Mode      ProtectMode `json:"mode,omitempty"`
+	Committed int64       `json:"committed"`
+	G         int64       `json:"g"`
+	Err       string      `json:"err,omitempty"`
 }
 
-// StepReq is Stage, Commit and (with N) Gradient.
+// StepReq is Stage, Commit and (with N and Hyper) Gradient.
 type StepReq struct {
-	Step int64 `json:"step"`
-	N    int64 `json:"n,omitempty"` // Gradient: elements
+	Step  int64  `json:"step"`
+	N     int64  `json:"n,omitempty"`     // Gradient: elements
+	Hyper *Hyper `json:"hyper,omitempty"` // Gradient: the optimizer step's hyper-parameters
 }
 
 // Staged answers Stage.

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/replay"
 )
 
 var testRegions = []Region{{"optimizer", 3 << 20}, {"params", 1 << 20}, {"meta", 100}}
@@ -349,7 +351,7 @@ func TestRestoreWithoutG(t *testing.T) {
 	if err := cl2.Wait(ctx); err != nil {
 		t.Fatalf("staging step 0 again: %v", err)
 	}
-	if err := cl2.Gradient(ctx, 0, make([]float32, 1024)); err != nil {
+	if err := cl2.Gradient(ctx, 0, make([]float32, 1024), replay.Hyper{LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, T: 1}); err != nil {
 		t.Fatalf("gradient after a restart from scratch: %v", err)
 	}
 }
