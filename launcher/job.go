@@ -308,6 +308,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		KillGrace: j.cfg.KillGrace, HeartbeatInterval: j.cfg.HeartbeatInterval, OutputDelay: j.cfg.OutputDelay,
 		StdinRank: j.stdinRank(), TP: j.cfg.TP, PP: j.cfg.PP, GPUsPerRank: j.cfg.GPUsPerRank,
 		MaxRestarts: j.cfg.MaxRestarts, NoPMI: j.cfg.NoPMI,
+		ProtectMode: string(j.cfg.ProtectMode), DiffFold: j.cfg.Diff.Fold, BaseEvery: j.cfg.Diff.BaseEvery, DiffCodec: j.cfg.Diff.Codec,
 	}, holderRows(j.holders))
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
