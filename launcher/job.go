@@ -348,7 +348,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	}
 	code = j.loop(ctx)
 	if j.verbose && j.prog.used() {
-		j.out.report("%s", j.prog.table())
+		j.out.report("%s", j.prog.table(j.cfg.ProtectMode, j.cfg.Diff))
 	}
 	stopStarting()
 	j.finish()
