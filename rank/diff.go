@@ -492,7 +492,7 @@ func (r *replicator) sendDiffs(ctx context.Context, p diffPlan) (uint64, []diffR
 	s.replBaseBytes.Add(baseB)
 	s.replDiffBytes.Add(diffB)
 	s.replBytes.Add(baseB + diffB)
-	if sentDiff || baseB > 0 {
+	if sentDiff {
 		s.replSteps.Add(1)
 		s.replNS.Add(int64(time.Since(start)))
 	}
