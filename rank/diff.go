@@ -349,6 +349,15 @@ func (r *replicator) planDiffLocked() diffPlan {
 					continue
 				}
 			}
+		case a < r.wantS && a+1 < n:
+			// Sent and never acknowledged (lost on the way, or taken but
+			// not restorable yet): again from the first step it lacks. A
+			// holder takes a step it holds as a no-op, and acknowledges.
+			if act.d = r.diffAt(a + 1); act.d == nil {
+				if act.base = next(a); act.base < 0 {
+					continue
+				}
+			}
 		default:
 			continue
 		}
@@ -546,7 +555,9 @@ func (r *replicator) sendTo(ctx context.Context, gen uint64, a diffAct) diffRes 
 	case err == nil:
 		res.acked, res.next, res.setNext = od.step, od.step+1, true
 	case errors.Is(err, errDiffPending):
+		// Not acknowledged: resent (planDiffLocked) after a backoff.
 		res.next, res.setNext = od.step+1, true
+		res.err = fmt.Errorf("differential of step %d to rank %d: %w", od.step, a.k.rank, err)
 	case errors.As(err, &re) && re.why == failGap:
 		if re.next < 0 {
 			res.forget = true
@@ -1267,4 +1278,3 @@ func (h *Host) foldLoop() {
 		}
 	}
 }
-

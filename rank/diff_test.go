@@ -6,9 +6,13 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"net"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,6 +43,9 @@ func diffHello(t testing.TB) []byte {
 
 func diffMod(fold, baseEvery int) func(*HostConfig) {
 	return func(c *HostConfig) {
+		if testing.Verbose() && os.Getenv("GORUN_TEST_LOG") != "" {
+			c.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		}
 		c.Mode = ModeDiff
 		c.Diff = DiffConfig{Fold: fold, BaseEvery: baseEvery}
 	}
@@ -271,6 +278,9 @@ func checkTier2(t testing.TB, from, hh *Host, holder int, dr *diffRank, g int64)
 					t.Errorf("rank %d step %d (G %d): copyOut's %s differs from the owner's commit", dr.r, s, g, name)
 				}
 			}
+			if from == nil {
+				continue // no other host to get it from
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			got := map[string][]byte{"optimizer": make([]byte, diffRegions[0].Size), "meta": make([]byte, 64)}
 			dst = maps.Clone(got) // fetch deletes what it filled
@@ -454,4 +464,328 @@ func runDiffProperty(t *testing.T, seed uint64, fold int) {
 	if steps-from >= 30 && (folded == 0 || refreshes == 0) {
 		t.Errorf("steps %d to %d: %d steps folded, %d base refreshes installed; want some of each", from+1, steps, folded, refreshes)
 	}
+}
+
+// TestDiffRefusals: diff mode refuses a trainer that does not declare its
+// replay optimizer (with the contract in the answer), bad optimizer
+// layouts, a restarted rank declaring another optimizer, Gradients
+// without valid hyper-parameters, and a Commit without its Gradient; full
+// mode accepts and ignores an optimizer declaration.
+func TestDiffRefusals(t *testing.T) {
+	hello := func(o *Optimizer, grad int64) []byte {
+		b, _ := json.Marshal(&ProtectHello{Version: Version, Regions: diffRegions, Gradient: grad, Optimizer: o})
+		return b
+	}
+	opt := func(f func(o *Optimizer)) *Optimizer {
+		o := diffOpt
+		f(&o)
+		return &o
+	}
+	for _, tc := range []struct {
+		name string
+		opt  *Optimizer
+		grad int64
+		want string // in the err; "" accepted
+	}{
+		{"none", nil, diffN, errNoOptimizer},
+		{"ok", &diffOpt, diffN, ""},
+		{"no such region", opt(func(o *Optimizer) { o.Region = "adam" }), diffN, `"adam" is not declared`},
+		{"params", opt(func(o *Optimizer) { o.Region = "params"; o.N = 100; o.M, o.V = 400, 800 }), diffN, "not replicated"},
+		{"N 0", opt(func(o *Optimizer) { o.N = 0 }), diffN, "0 elements"},
+		{"unaligned", opt(func(o *Optimizer) { o.M = 4*diffN + 2 }), diffN, "multiple of 4"},
+		{"negative", opt(func(o *Optimizer) { o.W = -4 }), diffN, "multiple of 4"},
+		{"outside", opt(func(o *Optimizer) { o.V = 8*diffN + 20 }), diffN, "inside region"},
+		{"overlap", opt(func(o *Optimizer) { o.M = 4 }), diffN, "overlap"},
+		{"gradient short", &diffOpt, diffN - 1, "gradient buffer of 999"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newClusterWith(t, [][]int{{0}}, nil, nil, diffMod(0, 0))
+			_, ans, err := c.hosts[0].Session(0).Handle(context.Background(), TypeProtectHello, hello(tc.opt, tc.grad))
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := ans.(*ProtectWelcome)
+			switch {
+			case tc.want == "" && (w.Err != "" || w.Mode != ModeDiff):
+				t.Fatalf("refused: %+v", w)
+			case tc.want != "" && !strings.Contains(w.Err, tc.want):
+				t.Fatalf("err %q, want it to say %q", w.Err, tc.want)
+			}
+			// Full mode ignores the declaration.
+			cf := newCluster(t, [][]int{{0}}, nil, nil)
+			_, ans, err = cf.hosts[0].Session(0).Handle(context.Background(), TypeProtectHello, hello(tc.opt, tc.grad))
+			if err != nil || ans.(*ProtectWelcome).Err != "" || ans.(*ProtectWelcome).Mode != ModeFull {
+				t.Fatalf("full mode: %+v, %v", ans, err)
+			}
+		})
+	}
+
+	c := newClusterWith(t, [][]int{{0}}, nil, nil, diffMod(0, 0))
+	ctx := context.Background()
+	dr, err := newDiffRank(t, c.hosts[0], 0, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dr.close()
+	// Another optimizer than before.
+	_, ans, _ := c.hosts[0].Session(0).Handle(ctx, TypeProtectHello, hello(opt(func(o *Optimizer) { o.W, o.M, o.V = 8*diffN, 0, 4*diffN }), diffN))
+	if e := ans.(*ProtectWelcome).Err; !strings.Contains(e, "differs") {
+		t.Errorf("a restarted rank with another optimizer: err %q", e)
+	}
+	dr.sess = c.hosts[0].Session(0)
+	if _, ans, _ := dr.sess.Handle(ctx, TypeProtectHello, diffHello(t)); ans.(*ProtectWelcome).Err != "" {
+		t.Fatal(ans)
+	}
+	grad := func(step int64, h *Hyper) string {
+		req, _ := json.Marshal(&StepReq{Step: step, N: diffN, Hyper: h})
+		_, ans, err := dr.sess.Handle(ctx, TypeGradient, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ans.(*GradientDone).Err
+	}
+	for _, tc := range []struct {
+		name string
+		h    *Hyper
+		want string
+	}{
+		{"no hyper", nil, "without its hyper-parameters"},
+		{"T 0", &Hyper{LR: 1e-3, Beta1: 0.9, Beta2: 0.999, T: 0}, "steps count from 1"},
+		{"beta 1", &Hyper{LR: 1e-3, Beta1: 1, Beta2: 0.999, T: 1}, "betas"},
+	} {
+		if e := grad(0, tc.h); !strings.Contains(e, tc.want) {
+			t.Errorf("%s: err %q, want %q", tc.name, e, tc.want)
+		}
+	}
+	// Commit without the step's Gradient.
+	if _, ans, _ := dr.sess.Handle(ctx, TypeStage, []byte(`{"step":0}`)); ans.(*Staged).Err != "" {
+		t.Fatal(ans)
+	}
+	if _, ans, _ := dr.sess.Handle(ctx, TypeCommit, []byte(`{"step":0}`)); !strings.Contains(ans.(*Committed).Err, "without its Gradient") {
+		t.Errorf("commit without a gradient: %+v", ans)
+	}
+	// The stage stays: the Gradient, then the Commit.
+	if e := grad(0, &Hyper{LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, T: 1}); e != "" {
+		t.Fatal(e)
+	}
+	if _, ans, _ := dr.sess.Handle(ctx, TypeCommit, []byte(`{"step":0}`)); ans.(*Committed).Err != "" {
+		t.Errorf("commit after the gradient: %+v", ans)
+	}
+	// Adam's step count must follow.
+	if e := grad(1, &Hyper{LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, T: 3}); !strings.Contains(e, "after optimizer step 1") {
+		t.Errorf("T 3 after T 1: err %q", e)
+	}
+}
+
+// twoHostDiff is a diff-mode job of two hosts, rank r on host r, each
+// rank's replica on the other.
+func twoHostDiff(t *testing.T, fold, baseEvery int) (*cluster, func(int) []int) {
+	peers := func(int) []int { return []int{0, 1} }
+	return newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, diffMod(fold, baseEvery)), peers
+}
+
+// runSteps has ranks rs protect steps from to to, publishing G as they
+// go, until G = to.
+func runSteps(t *testing.T, c *cluster, rs []*diffRank, from, to int64) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, dr := range rs {
+		wg.Go(func() {
+			for s := from; s <= to && ctx.Err() == nil; s++ {
+				if err := dr.step(ctx, s); err != nil {
+					if ctx.Err() == nil {
+						t.Errorf("rank %d: %v", dr.r, err)
+					}
+					return
+				}
+			}
+		})
+	}
+	c.waitFor(fmt.Sprintf("G = %d", to), func() bool { return t.Failed() || c.publishG() >= to })
+	wg.Wait()
+}
+
+// TestDiffDamagedOrLost: a differential damaged on the wire is refused by
+// the holder (its step is not held, not acknowledged), sent again, and
+// replaced by a base when damaged again; one lost on the way leaves the
+// next one refused as a gap, and the owner resends from the holder's
+// Next. Replicated never passes the step meanwhile, and every step ends
+// up restorable bitwise.
+func TestDiffDamagedOrLost(t *testing.T) {
+	var mu sync.Mutex
+	damaged, dropped, resent := 0, false, false
+	var heldAtSecond, replAtGap []int64
+	var c *cluster
+	testHookLinkFrame = func(h linkHdr, bufs net.Buffers) net.Buffers {
+		if h.kind != kindDiff || h.owner != 0 {
+			return bufs
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch h.step {
+		case 3:
+			damaged++
+			if damaged == 2 {
+				for _, rg := range heldRange(c.hosts[1], 0) {
+					heldAtSecond = append(heldAtSecond, rg[1])
+				}
+			}
+			nb := slices.Clone(bufs)
+			rec := slices.Clone(nb[1])
+			rec[len(rec)/2] ^= 0x40
+			nb[1] = rec
+			return nb
+		case 7, 8:
+			// From the loss until step 7 is sent again, Replicated
+			// stays below 7.
+			if dropped && !resent {
+				replAtGap = append(replAtGap, c.progress(0).Replicated)
+				resent = h.step == 7
+			}
+		}
+		return bufs
+	}
+	testHookDropDiff = func(owner, holder int, step int64) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if owner == 0 && step == 7 && !dropped {
+			dropped = true
+			return true
+		}
+		return false
+	}
+	t.Cleanup(func() { testHookLinkFrame, testHookDropDiff = nil, nil })
+	c, _ = twoHostDiff(t, 4, 100)
+	rs := make([]*diffRank, 2)
+	for r := range rs {
+		dr, err := newDiffRank(t, c.hosts[r], r, 5, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dr.close()
+		rs[r] = dr
+		if _, err := dr.restore(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runSteps(t, c, rs, 0, 12)
+	mu.Lock()
+	defer mu.Unlock()
+	if damaged < 2 {
+		t.Errorf("the damaged differential of step 3 was sent %d times, want 2 (then a base)", damaged)
+	}
+	for _, last := range heldAtSecond {
+		if last >= 3 {
+			t.Errorf("the holder holds step %d after refusing the damaged step 3", last)
+		}
+	}
+	if !dropped || !resent || slices.Max(replAtGap) >= 7 {
+		t.Errorf("lost step 7: dropped %v, resent %v, rank 0's Replicated at each send of steps 7 and 8 until then %v (want < 7)", dropped, resent, replAtGap)
+	}
+	if p := c.progress(0); p.ReplBaseBytes < 2*int64(diffRegions[0].Size) {
+		t.Errorf("rank 0 sent %d base bytes: want the first base and the one that replaced step 3", p.ReplBaseBytes)
+	}
+	g := c.publishG()
+	checkTier2(t, c.hosts[0], c.hosts[1], 1, rs[0], g)
+	checkTier2(t, c.hosts[1], c.hosts[0], 0, rs[1], g)
+}
+
+// TestDiffRefreshInterrupted: the owner's host is lost in the middle of a
+// base refresh (after its first chunk): the holder keeps its old base and
+// log, and restores every step of its range bitwise; the job restarts
+// from G, the lost rank restores from the holder (Tier-2), and a later
+// refresh from its new host completes.
+func TestDiffRefreshInterrupted(t *testing.T) {
+	chunks := 0
+	stopped := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	testHookLinkFrame = func(h linkHdr, bufs net.Buffers) net.Buffers {
+		if h.kind == kindBaseChunk && h.owner == 0 {
+			if chunks++; chunks == 2 {
+				once.Do(func() { close(stopped) })
+				<-release
+			}
+		}
+		return bufs
+	}
+	t.Cleanup(func() { testHookLinkFrame = nil })
+	c, peers := twoHostDiff(t, 3, 6)
+	rs := make([]*diffRank, 2)
+	for r := range rs {
+		dr, err := newDiffRank(t, c.hosts[r], r, 9, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dr.close()
+		rs[r] = dr
+		if _, err := dr.restore(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, dr := range rs {
+		wg.Go(func() {
+			for s := int64(0); ctx.Err() == nil; s++ {
+				if dr.step(ctx, s) != nil {
+					return
+				}
+			}
+		})
+	}
+	for done := false; !done; {
+		c.publishG()
+		select {
+		case <-stopped:
+			done = true
+		case <-c.changed:
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	// Rank 0's host is lost with its refresh half sent.
+	g := c.publishG()
+	cancel()
+	closed := make(chan struct{})
+	go func() { c.hosts[0].Close(); close(closed) }()
+	close(release)
+	<-closed
+	wg.Wait()
+	h1 := c.hosts[1]
+	h1.store.mu.Lock()
+	o := h1.store.owners[0]
+	h1.store.mu.Unlock()
+	o.mu.Lock()
+	pending := o.bw != nil
+	o.mu.Unlock()
+	if !pending {
+		t.Fatal("no refresh in progress at the holder after the owner's host was lost mid-refresh")
+	}
+	t.Logf("host 0 lost mid-refresh with G = %d; the holder holds %v", g, heldRange(h1, 0))
+	checkTier2(t, nil, h1, 1, rs[0], g)
+	refreshesBefore := o.cur.Stats().Refreshes
+
+	restartWith(t, c, 0, []int{0}, peers, 1, g)
+	for r := range rs {
+		dr, err := newDiffRank(t, c.hosts[r], r, 9, rs[r].states)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dr.close()
+		res, err := dr.restore(context.Background())
+		if err != nil || res.Step != g || r == 0 && res.Tier != 2 {
+			t.Fatalf("rank %d restored %+v, %v; want step %d", r, res, err, g)
+		}
+		rs[r] = dr
+	}
+	runSteps(t, c, rs, g+1, g+25)
+	o.mu.Lock()
+	st := o.cur.Stats()
+	o.mu.Unlock()
+	if st.Refreshes <= refreshesBefore {
+		t.Errorf("no refresh completed after the restart: %+v", st)
+	}
+	checkTier2(t, c.hosts[0], h1, 1, rs[0], c.publishG())
 }

@@ -835,12 +835,12 @@ type replicator struct {
 	fails atomic.Int64 // rounds that failed (and were retried, or stopped), ever
 
 	// Diff mode (diff.go).
-	dq      []*ownerDiff          // differentials some holder may still need, consecutive steps
-	dqBytes int64                 // their bytes on the wire
-	dnext   map[holderKey]int64   // the step each holder takes next; absent: ask it, or send it a base
-	dfails  map[holderKey]int     // consecutive refusals of a differential as damaged
-	ref     *refresh              // the base refresh being sent, or nil
-	refStep int64                 // the step of the last refresh (at first, of the first step sent), or -1
+	dq      []*ownerDiff        // differentials some holder may still need, consecutive steps
+	dqBytes int64               // their bytes on the wire
+	dnext   map[holderKey]int64 // the step each holder takes next; absent: ask it, or send it a base
+	dfails  map[holderKey]int   // consecutive refusals of a differential as damaged
+	ref     *refresh            // the base refresh being sent, or nil
+	refStep int64               // the step of the last refresh (at first, of the first step sent), or -1
 	refProg map[holderKey]*refProg
 	refBuf  []byte // the refreshes' snapshot buffer (used by the loop only)
 }
