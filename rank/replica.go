@@ -24,6 +24,10 @@ package rank
 // why, see failCRC). Everything read is bounds-checked before use; a
 // malformed request closes the link.
 //
+// In diff mode (HostConfig.Mode ModeDiff) the holder keeps a base and a
+// differential log per owner instead of two buffers, and the links carry
+// four more kinds (base, diff, baseChunk, baseCommit): see diff.go.
+//
 // gen is the owner host's restart generation when it read the step from
 // its slot. A holder refuses a put older than the newest generation it
 // knows for that owner (its own, or one a put of the owner carried): a
