@@ -14,10 +14,21 @@ all: build
 # the driver even where the toolchain binds at load time by default.
 GORUN_LDFLAGS := -extldflags=-Wl,-z,lazy
 
+# gorun (whose agents replay differentials, --protect-mode diff) and dptrain
+# (whose optimizer is replay's Adam kernel) get replay's AVX-512 kernels
+# (GOEXPERIMENT=simd) where the toolchain has them: SIMD_PROBE succeeds.
+# Elsewhere (another architecture, a Go without the experiment) they are
+# built plainly and run the portable kernels, which give the same bits; a
+# plain go build always works. Experiments already in GOEXPERIMENT are kept.
+SIMD_PROBE := GOEXPERIMENT=simd $(GO) list simd/archsimd >/dev/null 2>&1
+
 build:
-	$(GO) build -ldflags='$(GORUN_LDFLAGS)' -o $(BIN)/gorun ./cmd/gorun
+	@if $(SIMD_PROBE); then simd=$${GOEXPERIMENT:+$$GOEXPERIMENT,}simd; else simd=$$GOEXPERIMENT; \
+		echo "make build: this toolchain has no GOEXPERIMENT=simd for $$($(GO) env GOARCH): replay's portable kernels"; fi; \
+	set -x; \
+	GOEXPERIMENT=$$simd $(GO) build -ldflags='$(GORUN_LDFLAGS)' -o $(BIN)/gorun ./cmd/gorun && \
+	GOEXPERIMENT=$$simd $(GO) build -o $(BIN)/dptrain ./examples/dptrain
 	$(GO) build -o $(BIN)/hello ./examples/hello
-	$(GO) build -o $(BIN)/dptrain ./examples/dptrain
 
 # The full suite, as CI runs it (multi-host tests need root and ip netns;
 # they skip elsewhere unless GORUN_TESTCLUSTER_REQUIRE=1), then the

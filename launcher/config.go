@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/hotswap"
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/topology"
 )
 
@@ -35,6 +37,15 @@ type Config struct {
 	// (1) quietly protects on each rank's own host only.
 	Replicas    int
 	ReplicasSet bool
+	// ProtectMode is how each rank's protected state reaches its replica
+	// holders (--protect-mode): rank.ModeFull ("" too) copies every
+	// committed step's state whole (any trainer); rank.ModeDiff sends
+	// each step's gradient and hyper-parameters, and the holders rebuild
+	// the state by replay (trainers that declare the replay optimizer),
+	// as Diff says. ModeDiff needs Replicas of 1 or more.
+	ProtectMode rank.ProtectMode
+	// Diff configures ModeDiff; it must be zero in ModeFull.
+	Diff DiffOptions
 	// MaxRestarts is how many times the ranks are restarted in place
 	// after a rank fails, resuming from the globally recoverable step
 	// (--max-restarts, as torchrun's; 0 = a failure ends the job).
@@ -112,6 +123,36 @@ type Config struct {
 	running func(*job)
 }
 
+// DiffOptions configure differential protection (Config.ProtectMode
+// rank.ModeDiff). Zero fields take the defaults they name. Every agent,
+// spares and later ones included, gets them in the job's spec.
+type DiffOptions struct {
+	// Fold: a holder folds an owner's differential log into its base once
+	// the log holds this many steps (--diff-fold; 1 to MaxDiffFold, 0 =
+	// 16).
+	Fold int
+	// BaseEvery: each holder gets a fresh base every this many steps, in
+	// paced chunks (--base-every; 1 to MaxBaseEvery, 0 = 100).
+	BaseEvery int
+	// Codec is how the gradients are encoded, in rank.ParseDiffCodec's
+	// form (--diff-codec; "" = raw, lossless). It travels to the agents
+	// as this string.
+	Codec string
+}
+
+// Bounds of DiffOptions.
+const (
+	MaxDiffFold  = wire.MaxDiffFold
+	MaxBaseEvery = wire.MaxBaseEvery
+)
+
+// The defaults of DiffOptions' zero fields.
+const (
+	defaultDiffFold  = 16
+	defaultBaseEvery = 100
+	defaultDiffCodec = "raw"
+)
+
 // ErrConfig is matched (errors.Is) by every error that says the
 // configuration is wrong, as opposed to a failure while running.
 var ErrConfig = errors.New("launcher: bad configuration")
@@ -150,6 +191,9 @@ func (c *Config) withDefaults() (Config, error) {
 		return cfg, &ConfigError{Msg: "no hosts"}
 	}
 	if err := cfg.markSpares(); err != nil {
+		return cfg, err
+	}
+	if err := cfg.checkProtect(); err != nil {
 		return cfg, err
 	}
 	if cfg.SuspectTimeout < 0 || cfg.HangTimeout < 0 {
@@ -242,6 +286,55 @@ func (cfg *Config) markSpares() error {
 	}
 	if spares > 0 && slots < cfg.NP && !cfg.Oversubscribe {
 		return &ConfigError{Msg: fmt.Sprintf("--spares %d: the %d spare hosts leave %d slots for -np %d ranks", cfg.Spares, spares, slots, cfg.NP)}
+	}
+	return nil
+}
+
+// checkProtect checks the protect mode and its settings, and fills in the
+// defaults of diff mode's.
+func (cfg *Config) checkProtect() error {
+	if cfg.ProtectMode == "" {
+		cfg.ProtectMode = rank.ModeFull
+	}
+	m, err := rank.ParseProtectMode(string(cfg.ProtectMode))
+	if err != nil {
+		return &ConfigError{Msg: fmt.Sprintf("--protect-mode %s: want full or diff", cfg.ProtectMode), Err: err}
+	}
+	d := &cfg.Diff
+	if m != rank.ModeDiff {
+		for _, f := range []struct {
+			flag string
+			set  bool
+		}{{"--diff-fold", d.Fold != 0}, {"--base-every", d.BaseEvery != 0}, {"--diff-codec", d.Codec != ""}} {
+			if f.set {
+				return &ConfigError{Msg: f.flag + " only applies with --protect-mode diff"}
+			}
+		}
+		return nil
+	}
+	if cfg.Replicas < 1 {
+		return &ConfigError{Msg: fmt.Sprintf("--protect-mode diff sends each step to the replica holders: it needs --replicas 1 or more, not %d", cfg.Replicas)}
+	}
+	if d.Fold < 0 || d.Fold > MaxDiffFold {
+		return &ConfigError{Msg: fmt.Sprintf("--diff-fold %d: want 1 to %d", d.Fold, MaxDiffFold)}
+	}
+	if d.BaseEvery < 0 || int64(d.BaseEvery) > MaxBaseEvery {
+		return &ConfigError{Msg: fmt.Sprintf("--base-every %d: want 1 to 2^31", d.BaseEvery)}
+	}
+	if d.Fold == 0 {
+		d.Fold = defaultDiffFold
+	}
+	if d.BaseEvery == 0 {
+		d.BaseEvery = defaultBaseEvery
+	}
+	if d.Codec == "" {
+		d.Codec = defaultDiffCodec
+	}
+	if len(d.Codec) > wire.MaxProtectString {
+		return &ConfigError{Msg: fmt.Sprintf("--diff-codec: %d bytes is too long", len(d.Codec))}
+	}
+	if _, err := rank.ParseDiffCodec(d.Codec); err != nil {
+		return &ConfigError{Msg: fmt.Sprintf("--diff-codec: %v", err), Err: err}
 	}
 	return nil
 }

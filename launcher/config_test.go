@@ -8,9 +8,12 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/topology"
 )
 
@@ -134,4 +137,66 @@ func checkConfigError(t *testing.T, err error, msg string) *ConfigError {
 		t.Errorf("errors.As found a *fs.PathError in %v", err)
 	}
 	return ce
+}
+
+// TestWithDefaultsProtect: the protect mode and its diff settings are
+// checked, naming the flag, and diff mode's zero settings take their
+// defaults; the job's spec carries them to every agent, through the wire.
+func TestWithDefaultsProtect(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(*Config)
+		mode   rank.ProtectMode
+		diff   DiffOptions
+		msg    string // the error, if any
+	}{
+		{"zero is full", func(*Config) {}, rank.ModeFull, DiffOptions{}, ""},
+		{"full without replicas", func(c *Config) { c.ProtectMode, c.Replicas = rank.ModeFull, 0 }, rank.ModeFull, DiffOptions{}, ""},
+		{"diff takes the defaults", func(c *Config) { c.ProtectMode, c.Replicas = rank.ModeDiff, 1 }, rank.ModeDiff, DiffOptions{Fold: 16, BaseEvery: 100, Codec: "raw"}, ""},
+		{"diff keeps its settings", func(c *Config) {
+			c.ProtectMode, c.Replicas, c.Diff = rank.ModeDiff, 2, DiffOptions{Fold: 4096, BaseEvery: 1 << 31, Codec: "topk:0.5"}
+		}, rank.ModeDiff, DiffOptions{Fold: 4096, BaseEvery: 1 << 31, Codec: "topk:0.5"}, ""},
+		{"unknown mode", func(c *Config) { c.ProtectMode = "delta" }, "", DiffOptions{}, "--protect-mode delta: want full or diff"},
+		{"fold in full mode", func(c *Config) { c.Diff.Fold = 8 }, "", DiffOptions{}, "--diff-fold only applies with --protect-mode diff"},
+		{"base-every in full mode", func(c *Config) { c.ProtectMode, c.Diff.BaseEvery = rank.ModeFull, 8 }, "", DiffOptions{}, "--base-every only applies with --protect-mode diff"},
+		{"codec in full mode", func(c *Config) { c.Diff.Codec = "raw" }, "", DiffOptions{}, "--diff-codec only applies with --protect-mode diff"},
+		{"diff without replicas", func(c *Config) { c.ProtectMode = rank.ModeDiff }, "", DiffOptions{},
+			"--protect-mode diff sends each step to the replica holders: it needs --replicas 1 or more, not 0"},
+		{"negative fold", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.Fold = rank.ModeDiff, 1, -1 }, "", DiffOptions{}, "--diff-fold -1: want 1 to 4096"},
+		{"fold too deep", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.Fold = rank.ModeDiff, 1, 4097 }, "", DiffOptions{}, "--diff-fold 4097: want 1 to 4096"},
+		{"negative base-every", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.BaseEvery = rank.ModeDiff, 1, -5 }, "", DiffOptions{}, "--base-every -5: want 1 to 2^31"},
+		{"base-every past 2^31", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.BaseEvery = rank.ModeDiff, 1, 1<<31+1 }, "", DiffOptions{}, "--base-every 2147483649: want 1 to 2^31"},
+		{"unknown codec", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.Codec = rank.ModeDiff, 1, "zstd" }, "", DiffOptions{},
+			`--diff-codec: diff codec "zstd": want raw, int8[:B] or topk:K`},
+		{"codec too long", func(c *Config) {
+			c.ProtectMode, c.Replicas, c.Diff.Codec = rank.ModeDiff, 1, "int8:"+strings.Repeat("1", 64)
+		}, "", DiffOptions{},
+			"--diff-codec: 69 bytes is too long"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := validConfig()
+			tt.change(&c)
+			got, err := c.withDefaults()
+			if tt.msg != "" {
+				checkConfigError(t, err, tt.msg)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.ProtectMode != tt.mode || got.Diff != tt.diff {
+				t.Errorf("ProtectMode %q, Diff %+v; want %q, %+v", got.ProtectMode, got.Diff, tt.mode, tt.diff)
+			}
+			// What every agent gets.
+			rep, err := wire.DecodeRegisterReply(wire.Marshal(&wire.RegisterReply{Spec: (&job{cfg: got}).spec()}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := rep.Spec
+			if s.ProtectMode != string(tt.mode) || s.DiffFold != tt.diff.Fold || s.BaseEvery != tt.diff.BaseEvery || s.DiffCodec != tt.diff.Codec {
+				t.Errorf("spec: mode %q fold %d base every %d codec %q; want %q and %+v", s.ProtectMode, s.DiffFold, s.BaseEvery, s.DiffCodec, tt.mode, tt.diff)
+			}
+		})
+	}
 }

@@ -195,7 +195,7 @@ func (j *job) restartRanks(a hotswap.Restart) {
 	j.gen, j.epoch = a.Gen, a.Epoch
 	j.prog.restart(a.Gen)
 	if j.verbose {
-		j.out.report("%s", j.prog.table())
+		j.out.report("%s", j.prog.table(j.cfg.ProtectMode, j.cfg.Diff))
 	}
 	// Every host runs ranks again: its agent's end is a failure again.
 	clear(j.rankEnded)

@@ -303,12 +303,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	for i, h := range j.hosts {
 		rhosts[i] = comm.RendezvousHost{Name: h.name, Ranks: slices.Clone(h.ranks), Spare: h.spare}
 	}
-	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, &wire.JobSpec{
-		Prog: j.cfg.Prog, Args: j.cfg.Args, Env: j.cfg.Env, Dir: j.cfg.Dir, DirExplicit: j.cfg.dirExplicit,
-		KillGrace: j.cfg.KillGrace, HeartbeatInterval: j.cfg.HeartbeatInterval, OutputDelay: j.cfg.OutputDelay,
-		StdinRank: j.stdinRank(), TP: j.cfg.TP, PP: j.cfg.PP, GPUsPerRank: j.cfg.GPUsPerRank,
-		MaxRestarts: j.cfg.MaxRestarts, NoPMI: j.cfg.NoPMI,
-	}, holderRows(j.holders))
+	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, j.spec(), holderRows(j.holders))
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
 	}
@@ -353,7 +348,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	}
 	code = j.loop(ctx)
 	if j.verbose && j.prog.used() {
-		j.out.report("%s", j.prog.table())
+		j.out.report("%s", j.prog.table(j.cfg.ProtectMode, j.cfg.Diff))
 	}
 	stopStarting()
 	j.finish()
@@ -361,6 +356,20 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	return code, nil
 }
 
+// spec is the job's spec, the same for every agent (spares, and hosts that
+// join later, included): what an agent needs to start its ranks and
+// protect their state.
+func (j *job) spec() *wire.JobSpec {
+	return &wire.JobSpec{
+		Prog: j.cfg.Prog, Args: j.cfg.Args, Env: j.cfg.Env, Dir: j.cfg.Dir, DirExplicit: j.cfg.dirExplicit,
+		KillGrace: j.cfg.KillGrace, HeartbeatInterval: j.cfg.HeartbeatInterval, OutputDelay: j.cfg.OutputDelay,
+		StdinRank: j.stdinRank(), TP: j.cfg.TP, PP: j.cfg.PP, GPUsPerRank: j.cfg.GPUsPerRank,
+		MaxRestarts: j.cfg.MaxRestarts, NoPMI: j.cfg.NoPMI,
+		ProtectMode: string(j.cfg.ProtectMode), DiffFold: j.cfg.Diff.Fold, BaseEvery: j.cfg.Diff.BaseEvery, DiffCodec: j.cfg.Diff.Codec,
+	}
+}
+
+// stdinRank is the rank that reads the launcher's stdin, or wire.NoStdin.
 func (j *job) stdinRank() int {
 	if j.cfg.Stdin == nil {
 		return wire.NoStdin

@@ -2,12 +2,15 @@ package launcher
 
 import (
 	"fmt"
+	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/rank"
 )
 
 // progress aggregates the agents' state-protection reports into G, the
@@ -191,12 +194,19 @@ func (p *progress) used() bool {
 	return false
 }
 
-// table describes every rank's protection, for -v.
-func (p *progress) table() string {
+// table describes every rank's protection, for -v: G, then per rank its
+// steps, its wait at the overwrite rule and its replication; in diff mode
+// (diff says how it is configured) also each rank's differential figures
+// (writeDiffTable).
+func (p *progress) table(mode rank.ProtectMode, diff DiffOptions) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "state protection: G = %d (the step every rank can resume from)\n", p.g)
+	fmt.Fprintf(&b, "state protection: G = %d (the step every rank can resume from), mode %s", p.g, modeOrFull(mode))
+	if mode == rank.ModeDiff {
+		fmt.Fprintf(&b, " (fold %d, base every %d steps, codec %s)", diff.Fold, diff.BaseEvery, diff.Codec)
+	}
+	b.WriteByte('\n')
 	fmt.Fprintf(&b, "  %6s %10s %10s %8s %12s %12s %10s\n", "rank", "committed", "replicated", "stages", "rule wait", "repl/step", "repl MB/s")
 	for _, r := range p.ranks {
 		per, rate := "-", "-"
@@ -206,5 +216,102 @@ func (p *progress) table() string {
 		}
 		fmt.Fprintf(&b, "  %6d %10d %10d %8d %12v %12s %10s\n", r.Rank, r.Committed, r.Replicated, r.Stages, time.Duration(r.WaitNS).Round(time.Microsecond), per, rate)
 	}
+	if mode == rank.ModeDiff {
+		rows := make([]diffFigures, len(p.ranks))
+		for i, r := range p.ranks {
+			rows[i] = diffFiguresOf(r)
+		}
+		writeDiffTable(&b, rows)
+	}
 	return strings.TrimSuffix(b.String(), "\n")
+}
+
+func modeOrFull(m rank.ProtectMode) rank.ProtectMode {
+	if m == "" {
+		return rank.ModeFull
+	}
+	return m
+}
+
+// diffFigures are one rank's differential-protection figures (diff mode),
+// for -v.
+type diffFigures struct {
+	Rank int
+	// Steps is how many steps were sent to every holder, and Bytes the
+	// bytes that took, bases and differentials together, summed over
+	// holders.
+	Steps, Bytes int64
+	// Split says that BaseBytes and DiffBytes divide Bytes into bases
+	// and differentials.
+	Split                bool
+	BaseBytes, DiffBytes int64
+	// FoldSteps is how many of the rank's logged steps its holders folded
+	// into its base by replay, and FoldNS the replay time that took (0:
+	// none reported).
+	FoldSteps, FoldNS int64
+	// Source is where the holders take the rank's gradient from:
+	// "network" (the rank's service sends it) or "local peer" (a
+	// data-parallel peer on the holder's host).
+	Source string
+}
+
+// sourceNetwork is the gradient source of every holder until the
+// local-peer source exists (issue 15's zero-network variant).
+const sourceNetwork = "network"
+
+// diffFiguresOf is rank r's differential-protection figures from its
+// report.
+//
+// EXTENSION POINT (issue 15, for the merge of the rank branch): rank
+// reports only ReplSteps, ReplBytes and ReplNS so far. When rank.Progress
+// has the bases' and differentials' bytes apart (ReplBaseBytes,
+// ReplDiffBytes) and the holders' fold counter, and wire.RankProgress
+// carries them (the agent's protection.publish copies rank.Progress into
+// it), set Split, BaseBytes, DiffBytes, FoldSteps and FoldNS here, and
+// Source from the holders' source once there is more than the network.
+func diffFiguresOf(r wire.RankProgress) diffFigures {
+	return diffFigures{Rank: r.Rank, Steps: r.ReplSteps, Bytes: r.ReplBytes, Source: sourceNetwork}
+}
+
+// writeDiffTable writes diff mode's figures, a row per rank: the bytes
+// sent per step replicated (all, bases, differentials; bases are sent
+// every --base-every steps, and counted here over every step), the
+// holders' replay time per folded step, and the gradient's source. A
+// figure not known is "-".
+func writeDiffTable(w io.Writer, rows []diffFigures) {
+	fmt.Fprintf(w, "differential protection, per rank:\n")
+	fmt.Fprintf(w, "  %6s %12s %12s %12s %12s %11s\n", "rank", "sent/step", "bases/step", "diffs/step", "replay/step", "source")
+	for _, r := range rows {
+		sent, bases, diffs, replay := "-", "-", "-", "-"
+		if r.Steps > 0 {
+			sent = formatBytes(r.Bytes / r.Steps)
+			if r.Split {
+				bases, diffs = formatBytes(r.BaseBytes/r.Steps), formatBytes(r.DiffBytes/r.Steps)
+			}
+		}
+		if r.FoldSteps > 0 {
+			replay = (time.Duration(r.FoldNS) / time.Duration(r.FoldSteps)).Round(time.Microsecond).String()
+		}
+		source := r.Source
+		if source == "" {
+			source = "-"
+		}
+		// One word per column: "local peer" is written local-peer.
+		fmt.Fprintf(w, "  %6d %12s %12s %12s %12s %11s\n", r.Rank, sent, bases, diffs, replay, strings.ReplaceAll(source, " ", "-"))
+	}
+}
+
+// formatBytes writes n bytes in decimal units, to three significant
+// digits: 512B, 1.5kB, 268MB.
+func formatBytes(n int64) string {
+	const units = "kMGTPE"
+	if n < 1000 && n > -1000 {
+		return fmt.Sprintf("%dB", n)
+	}
+	f, u := float64(n), -1
+	for (f >= 999.5 || f <= -999.5) && u < len(units)-1 {
+		f /= 1000
+		u++
+	}
+	return strconv.FormatFloat(f, 'g', 3, 64) + string(units[u]) + "B"
 }

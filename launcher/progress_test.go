@@ -2,9 +2,11 @@ package launcher
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/rank"
 )
 
 func TestProgressG(t *testing.T) {
@@ -141,5 +143,83 @@ func TestProgressStaleEpoch(t *testing.T) {
 	}
 	if g := p.G(); g != 7 {
 		t.Errorf("G = %d after reports of epoch 1's placement, want 7", g)
+	}
+}
+
+// TestWriteDiffTable: diff mode's -v figures per rank, each per step
+// replicated, "-" where not known; one word per column.
+func TestWriteDiffTable(t *testing.T) {
+	var b strings.Builder
+	writeDiffTable(&b, []diffFigures{
+		// Today's reports: steps and bytes only.
+		{Rank: 0, Steps: 10, Bytes: 10 * 1_500_000, Source: "network"},
+		// With bases and differentials apart and the holders' folds.
+		{Rank: 1, Steps: 100, Bytes: 100 * 2_100_000, Split: true, BaseBytes: 100 * 100_000, DiffBytes: 100 * 2_000_000,
+			FoldSteps: 32, FoldNS: 32 * 1_234_567, Source: "local peer"},
+		// Nothing replicated yet.
+		{Rank: 2},
+	})
+	want := `differential protection, per rank:
+    rank    sent/step   bases/step   diffs/step  replay/step      source
+       0        1.5MB            -            -            -     network
+       1        2.1MB        100kB          2MB      1.235ms  local-peer
+       2            -            -            -            -           -
+`
+	if got := b.String(); got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}
+
+// TestFormatBytes: three significant digits in decimal units.
+func TestFormatBytes(t *testing.T) {
+	for _, tc := range []struct {
+		n    int64
+		want string
+	}{
+		{0, "0B"}, {999, "999B"}, {1000, "1kB"}, {1500, "1.5kB"}, {999_499, "999kB"}, {999_500, "1MB"},
+		{268_435_456, "268MB"}, {1 << 40, "1.1TB"}, {1<<63 - 1, "9.22EB"},
+	} {
+		if got := formatBytes(tc.n); got != tc.want {
+			t.Errorf("formatBytes(%d) = %q, want %q", tc.n, got, tc.want)
+		}
+	}
+}
+
+// TestProgressTableMode: -v's table names the protect mode; in diff mode
+// it gives its settings and the differential figures of every rank, below
+// the table's rows (whose form the bench and the end-to-end tests parse).
+func TestProgressTableMode(t *testing.T) {
+	p := newProgress([][]int{{0}, {1}}, []int{0, 1}, func(*wire.GlobalStep) {})
+	for h, r := range []wire.RankProgress{
+		{Rank: 0, Committed: 4, Replicated: 4, Stages: 5, ReplSteps: 4, ReplNS: 4e6, ReplBytes: 4 * 3_000_000},
+		{Rank: 1, Committed: 4, Replicated: 3, Stages: 5},
+	} {
+		if err := p.handle(&wire.UpProgress{Host: h, Ranks: []wire.RankProgress{r}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := `    rank  committed replicated   stages    rule wait    repl/step  repl MB/s
+       0          4          4        5           0s          1ms       3000
+       1          4          3        5           0s            -          -`
+	for _, tc := range []struct {
+		name string
+		mode rank.ProtectMode
+		diff DiffOptions
+		want string
+	}{
+		{"zero is full", "", DiffOptions{}, "state protection: G = 3 (the step every rank can resume from), mode full\n" + rows},
+		{"full", rank.ModeFull, DiffOptions{}, "state protection: G = 3 (the step every rank can resume from), mode full\n" + rows},
+		{"diff", rank.ModeDiff, DiffOptions{Fold: 16, BaseEvery: 100, Codec: "raw"},
+			"state protection: G = 3 (the step every rank can resume from), mode diff (fold 16, base every 100 steps, codec raw)\n" + rows + `
+differential protection, per rank:
+    rank    sent/step   bases/step   diffs/step  replay/step      source
+       0          3MB            -            -            -     network
+       1            -            -            -            -     network`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := p.table(tc.mode, tc.diff); got != tc.want {
+				t.Errorf("got\n%s\nwant\n%s", got, tc.want)
+			}
+		})
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/gorun/gorun/gpu"
 	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/launcher"
+	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/topology"
 )
 
@@ -38,6 +39,8 @@ type runOptions struct {
 	gpusPerRank   int
 	replicas      int
 	replicasSet   bool
+	protectMode   rank.ProtectMode
+	diff          launcher.DiffOptions
 	maxRestarts   int
 	spares        int
 	onNoSpare     string
@@ -91,6 +94,22 @@ Fault tolerance:
   --replicas K            other hosts keeping a copy of each rank's protected
                           state, in its data-parallel group (default 1 where the
                           hosts allow it; asked for explicitly, it must be met)
+  --protect-mode full|diff
+                          full: every step's protected state is copied whole to
+                          its holders (any trainer); diff: only each step's
+                          gradient and hyper-parameters, with a base every
+                          --base-every steps; holders rebuild the state by replay
+                          (trainers that declare the replay optimizer, e.g.
+                          examples/dptrain). Default full
+  --diff-fold N           diff: holders fold the log into the base every N steps
+                          (1 to 4096, default 16)
+  --base-every B          diff: a fresh base every B steps, sent in paced chunks
+                          (1 to 2^31, default 100)
+  --diff-codec raw|int8[:B]|topk:K
+                          diff: how gradients are encoded; raw (default) is
+                          lossless and restores bitwise, int8 (blocks of B
+                          elements, default 256) and topk (the fraction K of the
+                          largest entries, 0 < K <= 1) are lossy
   --max-restarts N        restart every rank in place up to N times after a rank
                           fails, resuming from the step every rank can recover
                           (default 0: a failure ends the job)
@@ -205,6 +224,10 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	fs.IntVar(&o.pp, "pp", 1, "")
 	fs.IntVar(&o.gpusPerRank, "gpus-per-rank", 0, "")
 	fs.IntVar(&o.replicas, "replicas", 1, "")
+	protectMode := fs.String("protect-mode", string(rank.ModeFull), "")
+	fs.IntVar(&o.diff.Fold, "diff-fold", defaultDiffFold, "")
+	fs.IntVar(&o.diff.BaseEvery, "base-every", defaultBaseEvery, "")
+	fs.StringVar(&o.diff.Codec, "diff-codec", defaultDiffCodec, "")
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "")
 	fs.IntVar(&o.spares, "spares", 0, "")
 	fs.StringVar(&o.onNoSpare, "on-no-spare", "free-slots", "")
@@ -260,6 +283,9 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 		return nil, usagef("--replicas must be 0 to 8, not %d", o.replicas)
 	}
 	o.replicasSet = set["replicas"]
+	if err := o.parseProtect(*protectMode, set); err != nil {
+		return nil, err
+	}
 	if o.maxRestarts < 0 {
 		return nil, usagef("--max-restarts must be 0 or more, not %d", o.maxRestarts)
 	}
@@ -303,12 +329,52 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	return o, nil
 }
 
+// The diff-mode flags' defaults.
+const (
+	defaultDiffFold  = 16
+	defaultBaseEvery = 100
+	defaultDiffCodec = "raw"
+)
+
+// parseProtect checks --protect-mode and the diff-mode flags (set names
+// the flags given) and keeps them in o: the diff settings only in diff
+// mode, where they are given to the launcher whole (defaults included).
+func (o *runOptions) parseProtect(mode string, set map[string]bool) error {
+	m, err := rank.ParseProtectMode(mode)
+	if err != nil {
+		return usagef("--protect-mode %s: want full or diff", mode)
+	}
+	o.protectMode = m
+	if m != rank.ModeDiff {
+		for _, f := range []string{"diff-fold", "base-every", "diff-codec"} {
+			if set[f] {
+				return usagef("--%s only applies with --protect-mode diff", f)
+			}
+		}
+		o.diff = launcher.DiffOptions{}
+		return nil
+	}
+	if o.replicas == 0 {
+		return usagef("--protect-mode diff sends each step to the replica holders: it needs --replicas 1 or more, not 0")
+	}
+	if o.diff.Fold < 1 || o.diff.Fold > launcher.MaxDiffFold {
+		return usagef("--diff-fold must be 1 to %d, not %d", launcher.MaxDiffFold, o.diff.Fold)
+	}
+	if o.diff.BaseEvery < 1 || int64(o.diff.BaseEvery) > launcher.MaxBaseEvery {
+		return usagef("--base-every must be 1 to 2^31, not %d", o.diff.BaseEvery)
+	}
+	if _, err := rank.ParseDiffCodec(o.diff.Codec); err != nil {
+		return usagef("--diff-codec: %v", err)
+	}
+	return nil
+}
+
 // config turns the options into a launcher configuration, reading the
 // hostfile and checking what can be checked before anything starts.
 func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	cfg := launcher.Config{
 		NP: o.np, Oversubscribe: o.oversubscribe, TP: o.tp, PP: o.pp, GPUsPerRank: o.gpusPerRank,
-		Replicas: o.replicas, ReplicasSet: o.replicasSet, MaxRestarts: o.maxRestarts, NoPMI: !o.pmi,
+		Replicas: o.replicas, ReplicasSet: o.replicasSet, ProtectMode: o.protectMode, Diff: o.diff, MaxRestarts: o.maxRestarts, NoPMI: !o.pmi,
 		Prog: o.prog, Args: o.args,
 		TagOutput: o.tagOutput, TimestampOutput: o.timestamp, OutputDir: o.outputDir,
 		Timeout: o.timeout, KillGrace: o.killGrace,

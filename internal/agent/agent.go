@@ -25,6 +25,7 @@ import (
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/gpu"
 	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/rank"
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sync/errgroup"
 )
@@ -42,6 +43,12 @@ var ErrLauncherLost = errors.New("agent: launcher lost")
 // host fenced: the launcher declared the host lost and replaced it, so the
 // agent kills its ranks, removes the job's files and exits.
 var ErrFenced = errors.New("agent: this host was declared lost and fenced out of the job")
+
+// ErrJobSpec is wrapped by the error of an agent that cannot use the job
+// spec the launcher sent (an unknown protect mode or diff codec: a
+// launcher of another build): it reports it and exits before starting
+// anything.
+var ErrJobSpec = errors.New("agent: unusable job spec")
 
 // Config configures an agent.
 type Config struct {
@@ -72,6 +79,9 @@ type Config struct {
 
 	// discoverGPUs, when not nil, replaces openGPUs (tests).
 	discoverGPUs func(ctx context.Context, a *agent) *hostGPUs
+	// newHost, when not nil, replaces rank.NewHost (tests: they see the
+	// state protection's configuration).
+	newHost func(rank.HostConfig) (*rank.Host, error)
 }
 
 type agent struct {
@@ -80,8 +90,10 @@ type agent struct {
 	subj wire.Subjects
 	ctl  *comm.Control
 	spec *wire.JobSpec
-	out  *batcher
-	dir  string // private per-job directory, removed at exit
+	// protect is the spec's protection settings (parseProtect).
+	protect protectSettings
+	out     *batcher
+	dir     string // private per-job directory, removed at exit
 
 	ranks   []*rankProc
 	exits   chan *rankProc
@@ -223,7 +235,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	a.log.Info("registered", "addr", addr)
+	if a.protect, err = parseProtect(a.spec); err != nil {
+		a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: truncateMsg(err.Error())})
+		return err
+	}
+	a.log.Info("registered", "addr", addr, "protect", a.protect.mode)
 	a.out = newBatcher(a.ctl.Conn, a.subj.Output, a.subj.OutputDone, cfg.Host, a.spec.OutputDelay)
 	asub, err := a.ctl.Subscribe(a.subj.OutputAck(cfg.Host), a.out.onAck)
 	if err != nil {

@@ -43,6 +43,49 @@ type rankStateFailure struct {
 	err  error
 }
 
+// protectSettings are the job's protect mode and diff-mode settings, as
+// rank.HostConfig takes them.
+type protectSettings struct {
+	mode rank.ProtectMode
+	diff rank.DiffConfig
+}
+
+// parseProtect reads the protection settings of the launcher's job spec
+// (gorun --protect-mode, --diff-fold, --base-every, --diff-codec): the
+// mode with rank.ParseProtectMode ("" is full), the codec from its flag
+// form with rank.ParseDiffCodec ("" is raw). It refuses, with an error
+// wrapping ErrJobSpec, an unknown mode or codec, a fold or base period
+// out of range, and diff settings without diff mode.
+func parseProtect(s *wire.JobSpec) (protectSettings, error) {
+	mode := rank.ModeFull
+	if s.ProtectMode != "" {
+		m, err := rank.ParseProtectMode(s.ProtectMode)
+		if err != nil {
+			return protectSettings{}, fmt.Errorf("%w: %w", ErrJobSpec, err)
+		}
+		mode = m
+	}
+	if mode != rank.ModeDiff {
+		if s.DiffFold != 0 || s.BaseEvery != 0 || s.DiffCodec != "" {
+			return protectSettings{}, fmt.Errorf("%w: diff settings (fold %d, base every %d, codec %q) with protect mode %s",
+				ErrJobSpec, s.DiffFold, s.BaseEvery, s.DiffCodec, mode)
+		}
+		return protectSettings{mode: mode}, nil
+	}
+	if s.DiffFold < 0 || s.DiffFold > wire.MaxDiffFold || s.BaseEvery < 0 || int64(s.BaseEvery) > wire.MaxBaseEvery {
+		return protectSettings{}, fmt.Errorf("%w: diff fold %d or base every %d out of range", ErrJobSpec, s.DiffFold, s.BaseEvery)
+	}
+	codec := s.DiffCodec
+	if codec == "" {
+		codec = "raw"
+	}
+	c, err := rank.ParseDiffCodec(codec)
+	if err != nil {
+		return protectSettings{}, fmt.Errorf("%w: %w", ErrJobSpec, err)
+	}
+	return protectSettings{mode: mode, diff: rank.DiffConfig{Fold: s.DiffFold, BaseEvery: s.BaseEvery, Codec: c}}, nil
+}
+
 // listenReplicas opens the host's replication listener on addr (other
 // hosts' agents connect to it), or returns nil when it cannot.
 func listenReplicas(addr string) (net.Listener, int, error) {
@@ -85,10 +128,15 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 	}
 	// A host may get more ranks later (a spare, in-place recovery).
 	p := &protection{a: a, kick: make(chan struct{}, 1), fail: make(chan rankStateFailure, max(len(pl.Ranks), 16)), stop: make(chan struct{}), done: make(chan struct{}), placed: pl}
-	h, err := rank.NewHost(rank.HostConfig{
+	newHost := rank.NewHost
+	if a.cfg.newHost != nil {
+		newHost = a.cfg.newHost
+	}
+	h, err := newHost(rank.HostConfig{
 		Job: a.cfg.Job, LinkKey: a.cfg.Creds.Link, Host: a.cfg.Host, Hosts: len(t.Hosts), Ranks: pl.Ranks,
 		Holders: pl.Holders, Peers: peers, HostOf: func(r int) int { return pl.HostOf[r] },
 		Listener: ln, Changed: p.changed, Failed: p.failed, LinkFailed: p.linkFailed, Log: a.log,
+		Mode: a.protect.mode, Diff: a.protect.diff,
 	})
 	if err != nil {
 		if ln != nil {

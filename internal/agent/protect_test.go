@@ -1,12 +1,14 @@
 package agent
 
 import (
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/replay"
 )
 
 // TestFailRankCorruptState: a rank whose protected state the rank service
@@ -103,4 +105,140 @@ func TestSetTableG(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestParseProtect: the spec's protect mode and diff settings become
+// rank.HostConfig's Mode and Diff, the codec parsed from its flag form;
+// what the agent cannot use is refused with ErrJobSpec, saying what.
+func TestParseProtect(t *testing.T) {
+	int8x64, err := rank.ParseDiffCodec("int8:64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	topk, err := rank.ParseDiffCodec("topk:0.25")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := replay.Options{Lossless: true}
+	tests := []struct {
+		name string
+		spec wire.JobSpec
+		want protectSettings
+		err  string // the error's text after ErrJobSpec's, if any
+	}{
+		{"none is full", wire.JobSpec{}, protectSettings{mode: rank.ModeFull}, ""},
+		{"full", wire.JobSpec{ProtectMode: "full"}, protectSettings{mode: rank.ModeFull}, ""},
+		{"diff, raw", wire.JobSpec{ProtectMode: "diff", DiffFold: 16, BaseEvery: 100, DiffCodec: "raw"},
+			protectSettings{rank.ModeDiff, rank.DiffConfig{Fold: 16, BaseEvery: 100, Codec: raw}}, ""},
+		{"diff, no codec is raw", wire.JobSpec{ProtectMode: "diff"}, protectSettings{rank.ModeDiff, rank.DiffConfig{Codec: raw}}, ""},
+		{"diff, int8", wire.JobSpec{ProtectMode: "diff", DiffFold: 1, BaseEvery: 1 << 31, DiffCodec: "int8:64"},
+			protectSettings{rank.ModeDiff, rank.DiffConfig{Fold: 1, BaseEvery: 1 << 31, Codec: int8x64}}, ""},
+		{"diff, topk", wire.JobSpec{ProtectMode: "diff", DiffFold: 4096, BaseEvery: 7, DiffCodec: "topk:0.25"},
+			protectSettings{rank.ModeDiff, rank.DiffConfig{Fold: 4096, BaseEvery: 7, Codec: topk}}, ""},
+		{"unknown mode", wire.JobSpec{ProtectMode: "delta"}, protectSettings{}, `protect mode "delta": want full or diff`},
+		{"unknown codec", wire.JobSpec{ProtectMode: "diff", DiffCodec: "zstd"}, protectSettings{}, `diff codec "zstd": want raw, int8[:B] or topk:K`},
+		{"bad topk", wire.JobSpec{ProtectMode: "diff", DiffCodec: "topk:0"}, protectSettings{}, `diff codec "topk:0": want topk:K with 0 < K ≤ 1 (the fraction of entries kept)`},
+		{"codec in full mode", wire.JobSpec{DiffCodec: "raw"}, protectSettings{}, `diff settings (fold 0, base every 0, codec "raw") with protect mode full`},
+		{"fold in full mode", wire.JobSpec{ProtectMode: "full", DiffFold: 16}, protectSettings{}, `diff settings (fold 16, base every 0, codec "") with protect mode full`},
+		{"fold out of range", wire.JobSpec{ProtectMode: "diff", DiffFold: wire.MaxDiffFold + 1}, protectSettings{}, "diff fold 4097 or base every 0 out of range"},
+		{"negative base-every", wire.JobSpec{ProtectMode: "diff", BaseEvery: -1}, protectSettings{}, "diff fold 0 or base every -1 out of range"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseProtect(&tt.spec)
+			if tt.err != "" {
+				if !errors.Is(err, ErrJobSpec) || err.Error() != ErrJobSpec.Error()+": "+tt.err {
+					t.Fatalf("error %v, want ErrJobSpec saying %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tt.want {
+				t.Errorf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestProtectSpecReachesHost: an agent given a job spec in diff mode
+// starts its state protection with HostConfig.Mode ModeDiff and the
+// spec's fold, base period and parsed codec; given a codec it cannot
+// parse, it reports an agent error saying so and exits with ErrJobSpec,
+// before it starts a rank or its state protection.
+func TestProtectSpecReachesHost(t *testing.T) {
+	t.Run("diff", func(t *testing.T) {
+		got := make(chan rank.HostConfig, 1)
+		with := func(c *Config) {
+			c.newHost = func(hc rank.HostConfig) (*rank.Host, error) {
+				got <- hc
+				return rank.NewHost(hc)
+			}
+		}
+		diff := func(s *wire.JobSpec) {
+			s.ProtectMode, s.DiffFold, s.BaseEvery, s.DiffCodec = "diff", 7, 50, "int8:128"
+		}
+		f := startFakeLauncherSpec(t, "protspec", []int{0}, with, diff, "sleep", "3600")
+		var hc rank.HostConfig
+		select {
+		case hc = <-got:
+		case err := <-f.agentErr:
+			f.agentErr <- err // for the cleanup
+			t.Fatalf("the agent ended (%v) before starting its state protection", err)
+		case <-f.ctx.Done():
+			t.Fatal("the agent did not start its state protection")
+		}
+		codec, err := rank.ParseDiffCodec("int8:128")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := (rank.DiffConfig{Fold: 7, BaseEvery: 50, Codec: codec}); hc.Mode != rank.ModeDiff || hc.Diff != want {
+			t.Errorf("HostConfig Mode %q Diff %+v, want %q %+v", hc.Mode, hc.Diff, rank.ModeDiff, want)
+		}
+	})
+	t.Run("bad codec", func(t *testing.T) {
+		started := make(chan struct{}, 1)
+		with := func(c *Config) {
+			c.newHost = func(hc rank.HostConfig) (*rank.Host, error) {
+				started <- struct{}{}
+				return rank.NewHost(hc)
+			}
+		}
+		bad := func(s *wire.JobSpec) { s.ProtectMode, s.DiffCodec = "diff", "zstd" }
+		f := startFakeLauncherSpec(t, "protbad", []int{0}, with, bad, "sleep", "3600")
+		const want = `agent: unusable job spec: diff codec "zstd": want raw, int8[:B] or topk:K`
+		// The event first (f.next would take the agent's end instead).
+		for done := false; !done; {
+			select {
+			case e := <-f.events:
+				switch e.Kind {
+				case wire.EventStarted:
+					t.Error("the agent started a rank")
+				case wire.EventAgentError:
+					if e.Msg != want {
+						t.Errorf("agent error event says %q, want %q", e.Msg, want)
+					}
+					done = true
+				}
+			case <-f.ctx.Done():
+				t.Fatal("no agent error event")
+			}
+		}
+		var err error
+		select {
+		case err = <-f.agentErr:
+			f.agentErr <- err // for the cleanup
+		case <-f.ctx.Done():
+			t.Fatal("the agent did not exit")
+		}
+		if !errors.Is(err, ErrJobSpec) || err.Error() != want {
+			t.Errorf("agent's error %v, want ErrJobSpec saying %q", err, want)
+		}
+		select {
+		case <-started:
+			t.Error("the agent started its state protection")
+		default:
+		}
+	})
 }

@@ -34,6 +34,13 @@ type fakeLauncher struct {
 // running prog args; with, when not nil, changes the agent's Config.
 func startFakeLauncher(t *testing.T, job string, ranks []int, with func(*Config), prog string, args ...string) *fakeLauncher {
 	t.Helper()
+	return startFakeLauncherSpec(t, job, ranks, with, nil, prog, args...)
+}
+
+// startFakeLauncherSpec is startFakeLauncher with spec, when not nil,
+// changing the job's spec.
+func startFakeLauncherSpec(t *testing.T, job string, ranks []int, with func(*Config), spec func(*wire.JobSpec), prog string, args ...string) *fakeLauncher {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	l, creds, dial := testControlPlane(t, ctx, job)
@@ -47,10 +54,14 @@ func startFakeLauncher(t *testing.T, job string, ranks []int, with func(*Config)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sub.Unsubscribe() })
-	f.rv, err = comm.StartRendezvous(l.Conn, job, 0, []comm.RendezvousHost{{Name: "h0", Ranks: ranks}}, &wire.JobSpec{
+	js := &wire.JobSpec{
 		Prog: prog, Args: args, Dir: t.TempDir(),
 		KillGrace: time.Second, HeartbeatInterval: time.Second, StdinRank: wire.NoStdin,
-	}, nil)
+	}
+	if spec != nil {
+		spec(js)
+	}
+	f.rv, err = comm.StartRendezvous(l.Conn, job, 0, []comm.RendezvousHost{{Name: "h0", Ranks: ranks}}, js, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

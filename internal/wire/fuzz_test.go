@@ -67,7 +67,9 @@ func FuzzDecodeRegisterReply(f *testing.F) {
 		}
 		s := r.Spec
 		if s == nil || s.Prog == "" || len(s.Args) > wire.MaxArgs || len(s.Env) > wire.MaxArgs ||
-			s.KillGrace < 0 || s.HeartbeatInterval <= 0 || s.OutputDelay < 0 {
+			s.KillGrace < 0 || s.HeartbeatInterval <= 0 || s.OutputDelay < 0 ||
+			s.DiffFold < 0 || s.DiffFold > wire.MaxDiffFold || s.BaseEvery < 0 || int64(s.BaseEvery) > wire.MaxBaseEvery ||
+			len(s.ProtectMode) > wire.MaxProtectString || len(s.DiffCodec) > wire.MaxProtectString {
 			t.Fatalf("accepted invalid %+v", s)
 		}
 		for _, e := range s.Env {
@@ -82,6 +84,7 @@ func FuzzDecodeRegisterReply(f *testing.F) {
 		[]byte(`{"spec":{"prog":"p","args":[],"env":["A=1","B="],"dir":"/","grace":0,"hb":1,"odelay":0}}`),
 		[]byte(`{"spec":{"prog":"p","hb":1,"env":["=x"]}}`),
 		[]byte(`{"err":"","spec":null}`),
+		[]byte(`{"spec":{"prog":"p","hb":1,"pmode":"diff","dfold":16,"bevery":100,"dcodec":"int8:256"}}`),
 	)
 }
 

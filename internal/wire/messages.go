@@ -128,7 +128,29 @@ type JobSpec struct {
 	// MaxRestarts is how many times the ranks may be restarted in place
 	// after a failure (--max-restarts).
 	MaxRestarts int `json:"maxrestarts,omitempty"`
+	// ProtectMode is how the ranks' protected state reaches its replica
+	// holders (gorun --protect-mode): "" or "full", or "diff" with the
+	// Diff settings below, which are zero otherwise. The agent parses it
+	// (rank.ParseProtectMode) and refuses any other value; the decoder
+	// only bounds what it cannot know.
+	ProtectMode string `json:"pmode,omitempty"`
+	// DiffFold is gorun --diff-fold (0 to MaxDiffFold; 0: rank's default).
+	DiffFold int `json:"dfold,omitempty"`
+	// BaseEvery is gorun --base-every (0 to MaxBaseEvery; 0: rank's
+	// default).
+	BaseEvery int `json:"bevery,omitempty"`
+	// DiffCodec is gorun --diff-codec as given ("" = raw), parsed by the
+	// agent with rank.ParseDiffCodec.
+	DiffCodec string `json:"dcodec,omitempty"`
 }
+
+// Bounds of a JobSpec's protection settings.
+const (
+	MaxDiffFold  = 4096
+	MaxBaseEvery = 1 << 31
+	// MaxProtectString bounds ProtectMode and DiffCodec.
+	MaxProtectString = 64
+)
 
 // HolderRow says which ranks hold rank Rank's replicas.
 type HolderRow struct {
@@ -214,6 +236,12 @@ func DecodeRegisterReply(b []byte) (*RegisterReply, error) {
 	}
 	if s.KillGrace < 0 || s.HeartbeatInterval <= 0 || s.OutputDelay < 0 {
 		return nil, malformed("register reply: bad durations")
+	}
+	if len(s.ProtectMode) > MaxProtectString || len(s.DiffCodec) > MaxProtectString {
+		return nil, malformed("register reply: protect mode or diff codec longer than %d bytes", MaxProtectString)
+	}
+	if s.DiffFold < 0 || s.DiffFold > MaxDiffFold || s.BaseEvery < 0 || int64(s.BaseEvery) > MaxBaseEvery {
+		return nil, malformed("register reply: diff fold %d or base-every %d out of range", s.DiffFold, s.BaseEvery)
 	}
 	return &r, nil
 }

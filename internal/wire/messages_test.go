@@ -103,6 +103,13 @@ func TestDecodeRegisterReplyRoundTrip(t *testing.T) {
 		{"zero grace and delay", spec(func(s *wire.JobSpec) { s.KillGrace, s.OutputDelay = 0, 0 })},
 		{"tiny heartbeat", spec(func(s *wire.JobSpec) { s.HeartbeatInterval = 1 })},
 		{"MaxArgs args", spec(func(s *wire.JobSpec) { s.Args = make([]string, wire.MaxArgs) })},
+		{"diff mode", spec(func(s *wire.JobSpec) {
+			s.ProtectMode, s.DiffFold, s.BaseEvery, s.DiffCodec = "diff", wire.MaxDiffFold, wire.MaxBaseEvery, "topk:0.01"
+		})},
+		// The agent parses mode and codec: the decoder only bounds them.
+		{"unknown mode and codec", spec(func(s *wire.JobSpec) {
+			s.ProtectMode, s.DiffCodec = "delta", strings.Repeat("z", wire.MaxProtectString)
+		})},
 		{"error only", &wire.RegisterReply{Err: "wire: host 3 registered twice"}},
 	}
 	for _, tc := range tests {
@@ -150,6 +157,15 @@ func TestDecodeRegisterReplyRejects(t *testing.T) {
 		{"NUL in env", reply(func(s *wire.JobSpec) { s.Env = []string{"A=1\x00"} })},
 		{"arguments too large", reply(func(s *wire.JobSpec) { s.Args = []string{strings.Repeat("a", wire.MaxArgBytes)} })},
 		{"long error", wire.Marshal(&wire.RegisterReply{Err: tooLong})},
+		{"negative diff fold", reply(func(s *wire.JobSpec) { s.ProtectMode, s.DiffFold = "diff", -1 })},
+		{"diff fold too deep", reply(func(s *wire.JobSpec) { s.ProtectMode, s.DiffFold = "diff", wire.MaxDiffFold+1 })},
+		{"negative base-every", reply(func(s *wire.JobSpec) { s.ProtectMode, s.BaseEvery = "diff", -1 })},
+		{"base-every too long", reply(func(s *wire.JobSpec) { s.ProtectMode, s.BaseEvery = "diff", wire.MaxBaseEvery+1 })},
+		{"long diff codec", reply(func(s *wire.JobSpec) {
+			s.ProtectMode, s.DiffCodec = "diff", strings.Repeat("z", wire.MaxProtectString+1)
+		})},
+		{"long protect mode", reply(func(s *wire.JobSpec) { s.ProtectMode = strings.Repeat("d", wire.MaxProtectString+1) })},
+		{"diff codec not a string", []byte(`{"spec":{"prog":"p","hb":1,"pmode":"diff","dcodec":8}}`)},
 	})
 }
 
