@@ -54,7 +54,7 @@ type Client struct {
 	index   map[string]int
 	views   [2][][]byte
 	unmaps  []func() error
-	grad    []byte
+	grad    [2][]byte // the gradient buffer's halves (ping-pong by step parity)
 	welcome ProtectWelcome
 
 	pending chan error // the staging in flight, or nil
@@ -136,13 +136,22 @@ func (c *Client) handshake(ctx context.Context, regions []Region, opt Options) e
 		c.index[f.Name] = i
 	}
 	if g := pw.Gradient; g != nil {
-		stride := (g.Size + 4095) &^ 4095
+		stride := g.Stride
+		if stride == 0 { // an older service: one half
+			stride = (g.Size + 4095) &^ 4095
+		}
+		if stride < g.Size {
+			return fmt.Errorf("rank: gradient buffer of %d bytes with a stride of %d", g.Size, stride)
+		}
 		v, unmap, err := ckpt.MapData(ckpt.RegionFile{Name: gradientRegion, Size: g.Size, Stride: stride, Path: g.Path})
 		if err != nil {
 			return fmt.Errorf("rank: gradient buffer: %w", err)
 		}
 		c.unmaps = append(c.unmaps, unmap)
-		c.grad = v[0]
+		c.grad = v
+		if g.Stride == 0 {
+			c.grad[1] = v[0]
+		}
 	}
 	return nil
 }
@@ -375,15 +384,35 @@ func (c *Client) Stats() Stats { return c.stats }
 // with the input of its optimizer step before it commits the step.
 func (c *Client) Mode() ProtectMode { return cmp.Or(c.welcome.Mode, ModeFull) }
 
+// GradientBuffer returns the half of the shared gradient buffer that
+// holds step's gradient (half step mod 2; Options.Gradient elements, nil
+// without a buffer). A trainer that computes or reduces its gradient of
+// step into it saves Gradient's copy. It may write it once Wait returned
+// for the staging of step-2 (Stage(step-1) waits for it): until then the
+// service may still read that half.
+func (c *Client) GradientBuffer(step int64) []float32 {
+	b := c.grad[step&1]
+	if len(b) < 4 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
+}
+
 // Gradient hands the service the input of step's optimizer step for the
 // rank's shard: the reduced gradient g and the hyper-parameters h it was
 // applied with (replay.Step). It needs Options.Gradient ≥ len(g). Call it
-// after step's update and before Stage(step) (PROTOCOL.md, Gradient).
+// after step's update and before Stage(step) (PROTOCOL.md, Gradient). g
+// is copied into GradientBuffer(step) unless it is a prefix of it; the
+// service reads it when step commits, so it must not change before the
+// staging of step is waited for.
 func (c *Client) Gradient(ctx context.Context, step int64, g []float32, h replay.Hyper) error {
-	if int64(len(g))*4 > int64(len(c.grad)) {
-		return fmt.Errorf("rank: gradient of %d elements, the buffer holds %d", len(g), len(c.grad)/4)
+	half := c.grad[step&1]
+	if int64(len(g))*4 > int64(len(half)) {
+		return fmt.Errorf("rank: gradient of %d elements, the buffer holds %d", len(g), len(half)/4)
 	}
-	copy(c.grad, Float32Bytes(g))
+	if gb := Float32Bytes(g); len(gb) > 0 && unsafe.SliceData(gb) != unsafe.SliceData(half) {
+		copy(half, gb)
+	}
 	var r GradientDone
 	req := &StepReq{Step: step, N: int64(len(g)), Hyper: &Hyper{LR: h.LR, Beta1: h.Beta1, Beta2: h.Beta2, Eps: h.Eps, WeightDecay: h.WeightDecay, T: h.T}}
 	if err := c.callCtx(ctx, TypeGradient, req, TypeGradientDone, &r); err != nil {

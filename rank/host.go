@@ -1,6 +1,7 @@
 package rank
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -78,9 +79,30 @@ type DiffConfig struct {
 	// this many steps, in paced chunks (gorun --base-every; 0 means 100).
 	BaseEvery int
 	// Codec encodes the gradients (gorun --diff-codec, ParseDiffCodec):
-	// lossless unless a lossy codec was asked for.
+	// lossless unless a lossy codec was asked for. The zero value is
+	// lossless (replay's Raw codec), as "raw" is.
 	Codec replay.Options
 }
+
+// Defaults of DiffConfig.
+const (
+	defaultFold      = 16
+	defaultBaseEvery = 100
+)
+
+func (c DiffConfig) fold() int      { return cmp.Or(max(c.Fold, 0), defaultFold) }
+func (c DiffConfig) baseEvery() int { return cmp.Or(max(c.BaseEvery, 0), defaultBaseEvery) }
+
+// codec returns the options gradients are encoded with.
+func (c DiffConfig) codec() replay.Options {
+	if c.Codec == (replay.Options{}) {
+		return replay.Options{Lossless: true}
+	}
+	return c.Codec
+}
+
+// lossless reports whether restores are bitwise (the codec is Raw).
+func (c DiffConfig) lossless() bool { return c.codec().Lossless }
 
 // Progress is one local rank's protection progress.
 type Progress struct {
@@ -95,6 +117,11 @@ type Progress struct {
 	ReplSteps int64
 	ReplNS    int64
 	ReplBytes int64
+	// Of ReplBytes (diff mode): whole states, to holders lacking a base
+	// and as paced refreshes (ReplBaseBytes), and differentials
+	// (ReplDiffBytes). In full mode every byte is a base's.
+	ReplBaseBytes int64
+	ReplDiffBytes int64
 	// Restores: Restore requests served to the rank (answered with a
 	// step, not an error) in this restart generation; a rank that
 	// restores again in place after an epoch change counts again.
@@ -124,6 +151,11 @@ type Host struct {
 
 	store *replicaStore
 	links *linkPool
+
+	// Diff mode: the holder's folds (foldLoop), and their figures.
+	folds     chan *ownerReplica
+	foldNS    atomic.Int64
+	foldSteps atomic.Int64
 
 	waiters atomic.Int64 // stages waiting at the overwrite rule
 	rmu     sync.RWMutex // held by Restart, and read-held by Progress
@@ -177,11 +209,45 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	}
 	h.store = newReplicaStore(h)
 	h.links = newLinkPool(h)
+	if h.diffMode() {
+		if !cfg.Diff.lossless() {
+			log.Warn("--diff-codec is lossy: restores from other hosts are approximations of the ranks' state, never bitwise", "codec", fmt.Sprintf("%+v", cfg.Diff.Codec))
+		}
+		h.folds = make(chan *ownerReplica, 64)
+		h.wg.Add(1)
+		go h.foldLoop()
+	}
 	if cfg.Listener != nil {
 		h.wg.Add(1)
 		go h.acceptLoop(cfg.Listener)
 	}
 	return h, nil
+}
+
+// mode returns the job's protect mode.
+func (h *Host) mode() ProtectMode { return cmp.Or(h.cfg.Mode, ModeFull) }
+
+// diffMode reports whether the job runs --protect-mode diff.
+func (h *Host) diffMode() bool { return h.cfg.Mode == ModeDiff }
+
+// FoldStats are a host's figures as a replica holder in diff mode: the
+// steps its background folds replayed into bases, and the time that took.
+type FoldStats struct {
+	Steps int64
+	NS    int64
+}
+
+// PerStep returns the mean fold time per folded step, or 0.
+func (f FoldStats) PerStep() time.Duration {
+	if f.Steps == 0 {
+		return 0
+	}
+	return time.Duration(f.NS / f.Steps)
+}
+
+// FoldStats returns the host's fold figures (zero in full mode).
+func (h *Host) FoldStats() FoldStats {
+	return FoldStats{Steps: h.foldSteps.Load(), NS: h.foldNS.Load()}
 }
 
 // linkFailed reports a failed link to host to HostConfig.LinkFailed, once

@@ -1,10 +1,13 @@
 package rank
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/replay"
 )
 
 // Message types of the state-protection protocol (PROTOCOL.md), after the
@@ -115,10 +118,16 @@ type RegionFile struct {
 	Stride int64  `json:"stride"`
 }
 
-// GradientFile is the gradient buffer: Size bytes of float32 elements.
+// GradientFile is the gradient buffer: two halves of Size bytes of
+// float32 elements each (little-endian), half i at byte offset i·Stride of
+// the file at Path (Stride ≥ Size, a multiple of the page size; the file
+// is 2·Stride bytes). The gradient of step s is in half s mod 2 (ping-pong:
+// the service may still read step s's half while the rank writes step
+// s+1's). A Stride of 0 (an older service) means one half at offset 0.
 type GradientFile struct {
-	Path string `json:"path"`
-	Size int64  `json:"size"`
+	Path   string `json:"path"`
+	Size   int64  `json:"size"`
+	Stride int64  `json:"stride,omitempty"`
 }
 
 // ProtectWelcome answers ProtectHello.
@@ -185,6 +194,47 @@ type Status struct {
 	WaitNS     int64  `json:"wait_ns"`
 	Holders    []int  `json:"holders"`
 	Err        string `json:"err,omitempty"`
+}
+
+// replay returns h as replay's.
+func (h *Hyper) replay() replay.Hyper {
+	return replay.Hyper{LR: h.LR, Beta1: h.Beta1, Beta2: h.Beta2, Eps: h.Eps, WeightDecay: h.WeightDecay, T: h.T}
+}
+
+// errNoOptimizer is the answer to a diff-mode ProtectHello without an
+// Optimizer: the contract a trainer must meet.
+const errNoOptimizer = "--protect-mode diff needs a trainer that declares its replay optimizer (rank.Options.Optimizer; see rank/PROTOCOL.md)"
+
+// check validates the optimizer declaration of a hello with regions and a
+// gradient buffer of gradient elements: the region exists and is
+// replicated (not params); N ≥ 1; W, M and V are 4-aligned byte offsets of
+// N float32 each inside the region, not overlapping; the gradient buffer
+// holds N elements.
+func (o *Optimizer) check(regions []Region, gradient int64) error {
+	i := slices.IndexFunc(regions, func(r Region) bool { return r.Name == o.Region })
+	switch {
+	case i < 0:
+		return fmt.Errorf("optimizer region %q is not declared", trunc(o.Region))
+	case o.Region == "params":
+		return errors.New("optimizer region \"params\" is not replicated (it is restored from a data-parallel peer)")
+	case o.N < 1 || o.N > MaxGradient:
+		return fmt.Errorf("optimizer of %d elements, want 1 to 2^31", o.N)
+	case gradient < o.N:
+		return fmt.Errorf("a gradient buffer of %d elements for an optimizer of %d", gradient, o.N)
+	}
+	size := regions[i].Size
+	offs := [3]int64{o.W, o.M, o.V}
+	for k, off := range offs {
+		if off < 0 || off%4 != 0 || off > size-4*o.N {
+			return fmt.Errorf("optimizer %c at byte offset %d: want a multiple of 4 with %d elements inside region %q of %d bytes", "WMV"[k], off, o.N, o.Region, size)
+		}
+		for j, p := range offs[:k] {
+			if off < p+4*o.N && p < off+4*o.N {
+				return fmt.Errorf("optimizer %c (offset %d) and %c (offset %d) overlap with %d elements each", "WMV"[j], p, "WMV"[k], off, o.N)
+			}
+		}
+	}
+	return nil
 }
 
 func checkStep(s int64) error {

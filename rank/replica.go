@@ -49,6 +49,7 @@ import (
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/diffstore"
 )
 
 const (
@@ -256,7 +257,11 @@ func readAnswer(r io.Reader) (linkHdr, error) {
 		if _, err := io.ReadFull(r, msg); err != nil {
 			return h, err
 		}
-		return h, &remoteError{why: h.why, msg: string(msg)}
+		e := &remoteError{why: h.why, msg: string(msg)}
+		if h.why == failGap {
+			e.next = int64(h.gen)
+		}
+		return h, e
 	}
 	return h, nil
 }
@@ -273,14 +278,16 @@ var (
 // remoteError is a request the other host refused; the link stays usable.
 // It matches errPutDamaged or errPutStale when the holder said why.
 type remoteError struct {
-	why uint32
-	msg string
+	why  uint32
+	msg  string
+	next int64 // failGap: the step the holder takes next, -1 if it needs a base
 }
 
 func (e *remoteError) Error() string { return "refused by the holder: " + e.msg }
 
 func (e *remoteError) Is(target error) bool {
-	return e.why == failCRC && target == errPutDamaged || e.why == failStale && target == errPutStale
+	return e.why == failCRC && target == errPutDamaged || e.why == failStale && target == errPutStale ||
+		e.why == failGap && target == errHolderGap || e.why == failPending && target == errDiffPending
 }
 
 // ---- The holder's side -------------------------------------------------
@@ -303,11 +310,21 @@ type ownerReplica struct {
 	// current placement (they left, or moved to other ranks): the copy is
 	// kept, serving restores, until G passes its newest step.
 	spare bool
+
+	// Diff mode (diff.go; bufs unused): cur is the owner's base and log,
+	// which receives; prev the store a newer base replaced, kept (serving
+	// restores) until cur holds G.
+	rank       int
+	cur, prev  *diffstore.Store
+	bw         *diffstore.BaseWriter  // the refresh being received into cur, or nil
+	sums       map[int64][]tableEntry // the owner's committed CRC32Cs of the steps held
+	held       uint64                 // the bytes reserved for the stores (replicaStore.reserve)
+	foldQueued atomic.Bool            // queued for the fold goroutine
 }
 
 // newest returns the newest complete step held, or -1. o.mu is held.
 func (o *ownerReplica) newest() int64 {
-	return max(o.bufs[0].step, o.bufs[1].step)
+	return max(o.bufs[0].step, o.bufs[1].step, o.diffNewest())
 }
 
 // replicaStore holds the replicas this host's ranks keep for others.
@@ -341,7 +358,7 @@ func (st *replicaStore) owner(r int) *ownerReplica {
 	defer st.mu.Unlock()
 	o := st.owners[r]
 	if o == nil {
-		o = &ownerReplica{bufs: [2]replicaBuf{{step: noStep}, {step: noStep}}}
+		o = &ownerReplica{rank: r, bufs: [2]replicaBuf{{step: noStep}, {step: noStep}}}
 		st.owners[r] = o
 	}
 	return o
@@ -375,6 +392,9 @@ func (st *replicaStore) restart(gen uint64, g int64) {
 			if b := &o.bufs[i]; b.gen < gen && b.step > g {
 				b.step = noStep
 			}
+		}
+		if st.h.diffMode() {
+			st.restartDiff(o, g)
 		}
 		o.mu.Unlock()
 	}
@@ -421,6 +441,21 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 			err = st.get(c, h)
 		case kindGetSlot:
 			err = st.getSlot(c, h, t)
+		case kindBase, kindDiff, kindBaseChunk, kindBaseCommit:
+			if !st.h.diffMode() {
+				err = fmt.Errorf("request kind %d of --protect-mode diff, this host runs full", h.kind)
+				break
+			}
+			switch h.kind {
+			case kindBase:
+				err = st.base(c, h, t)
+			case kindDiff:
+				err = st.diff(c, h, t)
+			case kindBaseChunk:
+				err = st.baseChunk(c, h, t)
+			default:
+				err = st.baseCommit(c, h, t)
+			}
 		default:
 			err = fmt.Errorf("unknown request kind %d", h.kind)
 		}
@@ -531,6 +566,10 @@ func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
 	if known := max(o.gen, st.h.Gen()); h.gen < known {
 		return writeFail(c, h, failStale, fmt.Sprintf("rank %d step %d: a request of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known))
 	}
+	if !o.dropped && o.hasDiff(h, t) {
+		o.gen = max(o.gen, h.gen)
+		return writeAck(c, h)
+	}
 	for i := range o.bufs {
 		b := &o.bufs[i]
 		if o.dropped || b.step != h.step || !slices.Equal(b.table, t) || len(b.data) != len(t) {
@@ -567,6 +606,9 @@ func (st *replicaStore) sweep(p *placement, g int64) {
 		if p != nil {
 			o.spare = !p.holds(r)
 		}
+		if st.h.diffMode() && !o.dropped {
+			st.setGDiff(o, g)
+		}
 		if !o.spare || o.newest() >= g && o.newest() >= 0 {
 			o.mu.Unlock()
 			continue
@@ -577,6 +619,7 @@ func (st *replicaStore) sweep(p *placement, g int64) {
 			n += bufBytes(o.bufs[i].data)
 			o.bufs[i] = replicaBuf{step: noStep}
 		}
+		st.dropDiff(o)
 		o.mu.Unlock()
 		st.mu.Lock()
 		if st.owners[r] == o {
@@ -591,6 +634,10 @@ func (st *replicaStore) sweep(p *placement, g int64) {
 // name, each of its size), checking each region's CRC32C: a restore from
 // a copy on its own host.
 func (st *replicaStore) copyOut(owner int, step int64, dst map[string][]byte) error {
+	if st.h.diffMode() {
+		_, _, err := st.restoreDiff(owner, step, dst)
+		return err
+	}
 	st.mu.Lock()
 	o := st.owners[owner]
 	st.mu.Unlock()
@@ -649,6 +696,17 @@ func sameShape(a, b []tableEntry) bool {
 
 // get sends the replica of h.owner at h.step.
 func (st *replicaStore) get(c net.Conn, h linkHdr) error {
+	if st.h.diffMode() {
+		t, data, err := st.restoreDiff(h.owner, h.step, nil)
+		if err != nil {
+			return writeFail(c, h, failOther, err.Error())
+		}
+		views := make([][]byte, len(t))
+		for i, e := range t {
+			views[i] = data[e.name]
+		}
+		return writeFrame(c, linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}, t, views)
+	}
 	st.mu.Lock()
 	o := st.owners[h.owner]
 	st.mu.Unlock()
@@ -775,11 +833,22 @@ type replicator struct {
 	restoring bool
 
 	fails atomic.Int64 // rounds that failed (and were retried, or stopped), ever
+
+	// Diff mode (diff.go).
+	dq      []*ownerDiff          // differentials some holder may still need, consecutive steps
+	dqBytes int64                 // their bytes on the wire
+	dnext   map[holderKey]int64   // the step each holder takes next; absent: ask it, or send it a base
+	dfails  map[holderKey]int     // consecutive refusals of a differential as damaged
+	ref     *refresh              // the base refresh being sent, or nil
+	refStep int64                 // the step of the last refresh (at first, of the first step sent), or -1
+	refProg map[holderKey]*refProg
+	refBuf  []byte // the refreshes' snapshot buffer (used by the loop only)
 }
 
 func (r *replicator) init(s *service) {
-	r.s, r.wantS = s, noStep
+	r.s, r.wantS, r.refStep = s, noStep, noStep
 	r.acked = map[holderKey]int64{}
+	r.dnext, r.dfails, r.refProg = map[holderKey]int64{}, map[holderKey]int{}, map[holderKey]*refProg{}
 	r.wake = make(chan struct{}, 1)
 }
 
@@ -824,6 +893,10 @@ func (r *replicator) startLocked() {
 	r.running = true
 	ctx, cancel := context.WithCancel(r.s.h.life)
 	r.cancel, r.done = cancel, make(chan struct{})
+	if r.s.h.diffMode() {
+		go r.loopDiff(ctx, cancel, r.done)
+		return
+	}
 	go r.loop(ctx, cancel, r.done)
 }
 
@@ -833,6 +906,9 @@ func (r *replicator) forget() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	clear(r.acked)
+	clear(r.dnext)
+	clear(r.dfails)
+	clear(r.refProg)
 	r.ver++
 }
 
@@ -852,6 +928,13 @@ func (r *replicator) placed(p *placement) {
 		if !slices.Contains(ts, k) {
 			delete(r.acked, k)
 			changed = true
+		}
+	}
+	for k := range r.dnext {
+		if !slices.Contains(ts, k) {
+			delete(r.dnext, k)
+			delete(r.dfails, k)
+			delete(r.refProg, k)
 		}
 	}
 	for _, k := range ts {

@@ -71,10 +71,12 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	s.mu.Lock()
 	st, err := s.stageForRestore(g)
 	regions, repl := s.regions, s.repl
+	s.grads, s.lastGrad, s.lastT = nil, noStep, 0
 	s.mu.Unlock()
 	if err != nil {
 		return 0, err
 	}
+	s.rep.truncateDiffs(g - 1) // this host's steps from g on are gone
 	views := st.Views()
 	pl := s.h.place()
 	src, hasSrc := pl.sources[s.rank]

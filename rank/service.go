@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"math"
 	"os"
 	"slices"
 	"sync"
@@ -15,11 +14,9 @@ import (
 	"unsafe"
 
 	"github.com/gorun/gorun/ckpt"
+	"github.com/gorun/gorun/internal/diffstore"
 	"github.com/gorun/gorun/replay"
 )
-
-// maxLogRecords bounds the differential log a service keeps per rank.
-const maxLogRecords = 64
 
 // service is one local rank's state protection. Requests come from the
 // rank's sessions (normally one) and are served one at a time.
@@ -48,11 +45,19 @@ type service struct {
 	sums      [2][]uint32
 	staged    *ckpt.Staged
 	committed int64
-	grad      []byte
+	// The gradient buffer's two halves (ping-pong by step parity).
+	grad      [2][]byte
 	gradFile  *GradientFile
 	gradUnmap func() error
-	diffLog   [][]byte // encoded replay records, oldest first
-	diffSteps []int64
+	// opt is the rank's replay optimizer as declared (diff mode), or nil.
+	opt *Optimizer
+	// grads are the Gradient requests not yet committed, oldest first
+	// (at most two: a rank may hand step s+1's before step s commits).
+	grads    []gradRec
+	lastGrad int64 // the newest step a Gradient named since the last restore, or -1
+	lastT    int   // its optimizer step count (diff mode), or 0
+	// tensor is reused by the diff-mode encoding (under reqMu).
+	tensor replay.Tensor
 	// corrupt is why the rank failed in this generation (its committed
 	// state changed in memory), or nil; failed is closed when it is set.
 	// A restart clears both.
@@ -67,12 +72,16 @@ type service struct {
 	replSteps atomic.Int64
 	replNS    atomic.Int64
 	replBytes atomic.Int64
+	// Of replBytes: bases (whole states, sent to a holder lacking one or
+	// as a paced refresh) and differentials (diff mode).
+	replBaseBytes atomic.Int64
+	replDiffBytes atomic.Int64
 
 	rep replicator // this rank's outgoing replication (replica.go)
 }
 
 func newService(h *Host, rank int) *service {
-	s := &service{h: h, rank: rank, committed: noStep, slotStep: [2]int64{noStep, noStep}, failed: make(chan struct{})}
+	s := &service{h: h, rank: rank, committed: noStep, lastGrad: noStep, slotStep: [2]int64{noStep, noStep}, failed: make(chan struct{})}
 	s.life, s.stop = context.WithCancel(h.life)
 	s.rep.init(s)
 	return s
@@ -87,7 +96,8 @@ func (s *service) progress(p *placement) Progress {
 	s.mu.Unlock()
 	r := min(s.rep.replicatedIn(p), c)
 	return Progress{Rank: s.rank, Committed: c, Replicated: r, Stages: s.stages.Load(), WaitNS: s.waitNS.Load(),
-		ReplSteps: s.replSteps.Load(), ReplNS: s.replNS.Load(), ReplBytes: s.replBytes.Load(), Restores: s.restores.Load()}
+		ReplSteps: s.replSteps.Load(), ReplNS: s.replNS.Load(), ReplBytes: s.replBytes.Load(),
+		ReplBaseBytes: s.replBaseBytes.Load(), ReplDiffBytes: s.replDiffBytes.Load(), Restores: s.restores.Load()}
 }
 
 // leave marks the service's rank as gone from this host: its sessions
@@ -196,12 +206,12 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 		}
 		switch typ {
 		case TypeStage:
-			if req.N != 0 {
+			if req.N != 0 || req.Hyper != nil {
 				return 0, nil, errors.New("stage: unexpected field n")
 			}
 			return TypeStaged, s.stage(ctx, ss, req.Step), nil
 		case TypeCommit:
-			if req.N != 0 {
+			if req.N != 0 || req.Hyper != nil {
 				return 0, nil, errors.New("commit: unexpected field n")
 			}
 			return TypeCommitted, s.commit(ss, req.Step), nil
@@ -209,7 +219,7 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 			if req.N < 0 || req.N > MaxGradient {
 				return 0, nil, fmt.Errorf("gradient: %d elements out of range", req.N)
 			}
-			return TypeGradientDone, s.gradient(req.Step, req.N), nil
+			return TypeGradientDone, s.gradient(req.Step, req.N, req.Hyper), nil
 		}
 	case TypeRestore, TypeStatus:
 		var req Empty
@@ -254,12 +264,28 @@ func (s *service) helloLocked(req *ProtectHello) (*ProtectWelcome, error) {
 	if s.life.Err() != nil {
 		return nil, ErrStopping
 	}
+	diff := s.h.diffMode()
+	if diff {
+		if req.Optimizer == nil {
+			return nil, errors.New(errNoOptimizer)
+		}
+		if err := req.Optimizer.check(req.Regions, req.Gradient); err != nil {
+			return nil, fmt.Errorf("--protect-mode diff: %w", err)
+		}
+	}
 	if s.slots != nil {
 		if !slices.Equal(s.regions, req.Regions) {
 			return nil, fmt.Errorf("regions %v differ from the %v this rank protected before", req.Regions, s.regions)
 		}
 		if req.Gradient*4 != s.gradSize() {
 			return nil, fmt.Errorf("a gradient of %d elements differs from the %d this rank declared before", req.Gradient, s.gradSize()/4)
+		}
+		if diff && s.opt != nil && *req.Optimizer != *s.opt {
+			return nil, fmt.Errorf("optimizer %+v differs from the %+v this rank declared before", *req.Optimizer, *s.opt)
+		}
+		if diff && s.opt == nil {
+			o := *req.Optimizer
+			s.opt = &o
 		}
 		return s.welcome(), nil
 	}
@@ -280,6 +306,10 @@ func (s *service) helloLocked(req *ProtectHello) (*ProtectWelcome, error) {
 		}
 	}
 	s.slots = slots
+	if diff {
+		o := *req.Optimizer
+		s.opt = &o
+	}
 	s.regions = slices.Clone(req.Regions)
 	s.files = slots.Files()
 	s.repl = s.repl[:0]
@@ -303,7 +333,7 @@ func (s *service) gradSize() int64 {
 
 // createGradient creates the gradient buffer, a file beside the rank's
 // slot files and named as theirs are (so that ckpt.RemoveJob removes it
-// too), of which the first size bytes are used.
+// too): two halves of size bytes, at offsets 0 and stride (GradientFile).
 func (s *service) createGradient(size int64) error {
 	stride := (size + 4095) &^ 4095
 	f := ckpt.RegionFile{Name: gradientRegion, Size: size, Stride: stride, Path: s.gradientPath()}
@@ -325,9 +355,9 @@ func (s *service) createGradient(size int64) error {
 		os.Remove(f.Path)
 		return fmt.Errorf("gradient buffer: %w", err)
 	}
-	s.grad = views[0]
+	s.grad = views
 	s.gradUnmap = unmap
-	s.gradFile = &GradientFile{Path: f.Path, Size: size}
+	s.gradFile = &GradientFile{Path: f.Path, Size: size, Stride: stride}
 	return nil
 }
 
@@ -338,7 +368,7 @@ func (s *service) gradientPath() string {
 func (s *service) welcome() *ProtectWelcome {
 	w := &ProtectWelcome{
 		Version: Version, Job: s.h.cfg.Job, Rank: s.rank, Replicas: len(s.h.holders(s.rank)),
-		Gradient: s.gradFile, Committed: s.committed, G: s.h.G(),
+		Gradient: s.gradFile, Committed: s.committed, G: s.h.G(), Mode: s.h.mode(),
 	}
 	for _, f := range s.files {
 		w.Regions = append(w.Regions, RegionFile{Name: f.Name, Size: f.Size, Path: f.Path, Stride: f.Stride})
@@ -420,13 +450,37 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 		s.mu.Unlock()
 		return &Committed{Step: step, Err: fmt.Sprintf("step %d is not the step staged", step)}
 	}
+	var grad gradRec
+	diff := s.h.diffMode()
+	if diff {
+		i := slices.IndexFunc(s.grads, func(g gradRec) bool { return g.step == step })
+		if i < 0 {
+			s.mu.Unlock()
+			return &Committed{Step: step, Err: fmt.Sprintf("--protect-mode diff: commit of step %d without its Gradient (the rank hands the gradient and hyper-parameters of every step before it commits it)", step)}
+		}
+		grad = s.grads[i]
+	}
 	s.staged = nil
 	s.mu.Unlock()
 	// The CRCs of a large state take a while: outside s.mu, so that
 	// Status and the replicator are not held up (reqMu keeps requests
-	// serial).
-	if err := st.Commit(); err != nil {
+	// serial). In diff mode the gradient is encoded meanwhile: the rank
+	// does not write its half (step's parity) before Committed.
+	var rec []byte
+	var encErr error
+	var wg sync.WaitGroup
+	if diff {
+		wg.Go(func() { rec, encErr = s.encodeGradient(grad) })
+	}
+	err := st.Commit()
+	wg.Wait()
+	if err != nil {
 		return &Committed{Step: step, Err: err.Error()}
+	}
+	if encErr != nil {
+		// The slot is committed but its step can never be replicated:
+		// the rank must not go on with it.
+		return &Committed{Step: step, Err: fmt.Sprintf("encoding the gradient of step %d: %v", step, encErr)}
 	}
 	s.mu.Lock()
 	if s.h.Gen() != gen {
@@ -439,66 +493,116 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 	s.slotStep[slot] = step
 	s.sums[slot] = st.Sums()
 	s.committed = step
-	s.trimLog()
+	var od *ownerDiff
+	if diff {
+		s.grads = slices.DeleteFunc(s.grads, func(g gradRec) bool { return g.step <= step })
+		od = s.ownerDiff(grad, rec, slot)
+	}
 	s.mu.Unlock()
+	if od != nil {
+		s.rep.pushDiff(od)
+	}
 	s.rep.want(step)
 	s.h.cfg.Changed()
 	return &Committed{Step: step}
 }
 
-// gradient compresses the first n elements of the gradient buffer into the
-// differential log.
-func (s *service) gradient(step, n int64) *GradientDone {
-	// The buffer is set at ProtectHello and read here under reqMu: the
-	// compression needs no lock, and holds up no progress report.
-	s.mu.Lock()
-	grad := s.grad
-	last := int64(noStep)
-	if k := len(s.diffSteps); k > 0 {
-		last = s.diffSteps[k-1]
-	}
-	s.mu.Unlock()
-	if n*4 > int64(len(grad)) {
-		return &GradientDone{Step: step, Err: fmt.Sprintf("%d elements exceed the gradient buffer of %d", n, len(grad)/4)}
-	}
-	if step <= last {
-		return &GradientDone{Step: step, Err: fmt.Sprintf("the gradient of step %d does not follow that of step %d", step, last)}
-	}
-	x := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(grad))), n)
-	t, err := replay.Compress(0, x, replay.Options{})
-	if err != nil {
-		return &GradientDone{Step: step, Err: err.Error()}
-	}
-	rec := &replay.Record{Step: uint64(step), Tensors: []*replay.Tensor{t}}
-	b, err := rec.AppendBinary(nil)
-	if err != nil {
-		return &GradientDone{Step: step, Err: err.Error()}
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.diffLog = append(s.diffLog, b)
-	s.diffSteps = append(s.diffSteps, step)
-	s.trimLog()
-	return &GradientDone{Step: step, Bytes: int64(len(b))}
+// gradRec is a Gradient request, kept for its step's Commit.
+type gradRec struct {
+	step  int64
+	n     int64
+	hyper replay.Hyper // diff mode
 }
 
-// trimLog drops the differential records no slot needs: those at or
-// before the oldest committed step, and beyond maxLogRecords.
-func (s *service) trimLog() {
-	oldest := int64(math.MaxInt64)
-	for _, st := range s.slotStep {
-		if st >= 0 {
-			oldest = min(oldest, st)
+// gradient records the rank's Gradient of step: n elements in the
+// buffer's half step mod 2, applied with hyper. It checks the request and
+// answers at once; the elements are read (encoded) by step's Commit. In
+// diff mode hyper is required, valid, and follows the previous step's
+// optimizer step count, and n is the optimizer's N.
+func (s *service) gradient(step, n int64, h *Hyper) *GradientDone {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fail := func(format string, args ...any) *GradientDone {
+		return &GradientDone{Step: step, Err: fmt.Sprintf(format, args...)}
+	}
+	if n*4 > s.gradSize() {
+		return fail("%d elements exceed the gradient buffer of %d", n, s.gradSize()/4)
+	}
+	if step <= s.lastGrad {
+		return fail("the gradient of step %d does not follow that of step %d", step, s.lastGrad)
+	}
+	rec := gradRec{step: step, n: n}
+	if s.h.diffMode() {
+		switch {
+		case step <= s.committed:
+			return fail("the gradient of step %d comes after the step was committed (%d)", step, s.committed)
+		case s.opt == nil:
+			return fail("%s", errNoOptimizer)
+		case h == nil:
+			return fail("--protect-mode diff: the gradient of step %d without its hyper-parameters", step)
+		case n != s.opt.N:
+			return fail("--protect-mode diff: a gradient of %d elements for an optimizer of %d", n, s.opt.N)
 		}
+		rec.hyper = h.replay()
+		if err := rec.hyper.Validate(); err != nil {
+			return fail("the gradient of step %d: %v", step, err)
+		}
+		if s.lastT != 0 && rec.hyper.T != s.lastT+1 {
+			return fail("the gradient of step %d is optimizer step %d, after optimizer step %d", step, rec.hyper.T, s.lastT)
+		}
+		s.lastT = rec.hyper.T
 	}
-	if oldest == math.MaxInt64 {
-		oldest = noStep
+	s.lastGrad = step
+	s.grads = append(s.grads, rec)
+	if len(s.grads) > 2 {
+		s.grads = slices.Delete(s.grads, 0, len(s.grads)-2)
 	}
-	i := 0
-	for i < len(s.diffSteps) && (s.diffSteps[i] <= oldest || len(s.diffSteps)-i > maxLogRecords) {
-		i++
+	return &GradientDone{Step: step, Bytes: n * 4}
+}
+
+// encodeGradient encodes g's elements, in the gradient buffer's half of
+// g's step, as a replay record with the job's codec. It runs under reqMu
+// (Commit), the only user of s.tensor.
+func (s *service) encodeGradient(g gradRec) ([]byte, error) {
+	half := s.grad[g.step%2]
+	if g.n*4 > int64(len(half)) {
+		return nil, fmt.Errorf("%d elements exceed the gradient buffer", g.n)
 	}
-	s.diffLog, s.diffSteps = s.diffLog[i:], s.diffSteps[i:]
+	var x []float32
+	if g.n > 0 {
+		x = unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(half))), g.n)
+	}
+	if err := replay.CompressInto(&s.tensor, 0, x, s.h.cfg.Diff.codec()); err != nil {
+		return nil, err
+	}
+	rec := replay.Record{Step: uint64(g.step), Tensors: []*replay.Tensor{&s.tensor}}
+	return rec.AppendBinary(nil)
+}
+
+// ownerDiff builds the differential of step g.step, just committed in
+// slot: the encoded record, the hyper-parameters, the bytes of the
+// replicated regions other than the optimizer's (copied: the slot is
+// staged over later), sealed, with every replicated region's committed
+// CRC32C. s.mu is held.
+func (s *service) ownerDiff(g gradRec, rec []byte, slot int) *ownerDiff {
+	od := &ownerDiff{step: g.step, opt: -1}
+	d := diffstore.Diff{Step: g.step, Hyper: g.hyper, Record: rec, Other: map[string][]byte{}}
+	for _, i := range s.repl {
+		r := s.regions[i]
+		if r.Name == s.opt.Region {
+			od.opt = len(od.table)
+		} else {
+			d.Other[r.Name] = slices.Clone(s.views[slot][i])
+		}
+		od.table = append(od.table, tableEntry{name: r.Name, size: r.Size, sum: s.sums[slot][i]})
+	}
+	d.Seal()
+	od.d = d
+	od.bytes = int64(diffDescSize + len(rec))
+	for _, b := range d.Other {
+		od.bytes += int64(len(b))
+	}
+	return od
 }
 
 func (s *service) status() *Status {
@@ -564,6 +668,7 @@ func (s *service) truncate(g int64) error {
 	s.rep.reset()
 	s.rep.forget() // before the slots change: no report pairs a new committed step with old acks
 	err := s.truncateSlots(g)
+	s.rep.truncateDiffs(g)
 	s.mu.Lock()
 	committed := s.committed
 	s.mu.Unlock()
@@ -601,12 +706,9 @@ func (s *service) truncateSlots(g int64) error {
 		}
 	}
 	s.committed = max(s.slotStep[0], s.slotStep[1])
-	// The differential records of discarded steps go too.
-	keep := 0
-	for keep < len(s.diffSteps) && s.diffSteps[keep] <= g {
-		keep++
-	}
-	s.diffLog, s.diffSteps = s.diffLog[:keep], s.diffSteps[:keep]
+	// The rank resumes from g: the Gradients after it go, and the next
+	// one starts a new sequence.
+	s.grads, s.lastGrad, s.lastT = nil, noStep, 0
 	return nil
 }
 
@@ -624,7 +726,7 @@ func (s *service) close() error {
 	var errs []error
 	if s.gradUnmap != nil {
 		errs = append(errs, s.gradUnmap())
-		s.gradUnmap, s.grad = nil, nil
+		s.gradUnmap, s.grad = nil, [2][]byte{}
 	}
 	if s.slots != nil {
 		errs = append(errs, s.slots.Close())

@@ -1,0 +1,1270 @@
+package rank
+
+// Differential protection (HostConfig.Mode ModeDiff, gorun --protect-mode
+// diff; TierCheck §3.2-§3.3). The owner's replicator sends each holder
+// a base once (the committed slot's replicated regions at a step b, as
+// full mode sends a step), then every committed step's differential in
+// order: the step's gradient as a replay record, its Adam
+// hyper-parameters, and the bytes of the replicated regions other than
+// the optimizer's. The holder keeps them in a diffstore.Store and
+// rebuilds any step of its range by a fused replay; every
+// DiffConfig.BaseEvery steps the owner sends a fresh base in chunks paced
+// over the next steps, after each step's differential, so that they never
+// delay one.
+//
+// The frames (replica.go's header and table, then):
+//
+//	base       kind 5: table = the replicated regions with the owner's CRC32Cs at step;
+//	           optDesc data (length = 40 + the regions' bytes)
+//	diff       kind 6: table = the replicated regions with the owner's CRC32Cs at step;
+//	           diffDesc record other (length = 48 + the record's + the other regions' bytes,
+//	           the others in table order, the optimizer's left out)
+//	baseChunk  kind 7: table = one region (its whole size, CRC 0); offset(8) bytes
+//	           (length = 8 + the bytes), of the refresh at step
+//	baseCommit kind 8: table = the replicated regions with the CRC32Cs of the refresh at step
+//	optDesc    = optimizer's table index(4) reserved(4) N(8) W(8) M(8) V(8)
+//	diffDesc   = optimizer's table index(4) diffstore sum(4) T(8) record length(8)
+//	             lr beta1 beta2 eps weight_decay (float32 bits, 4 each) reserved(4)
+//
+// A holder acknowledges a differential only when its store can restore
+// the step (diffstore.Store.Held): then, as in full mode, the owner counts
+// it (acked → Replicated → G). It refuses a differential that does not
+// verify (fail, why failCRC: the owner sends it again, then a base), that
+// does not follow what it holds (failGap, with the step it takes next in
+// the answer's gen field, -1 if it needs a base: the owner resends from
+// there or sends a base), and answers failPending for one it took whose
+// step it cannot restore yet. Every restore from the store is checked
+// against the owner's committed CRC32Cs of the step, which every frame
+// carries: a replay that differs is an error, never served.
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gorun/gorun/internal/diffstore"
+	"github.com/gorun/gorun/replay"
+)
+
+const (
+	kindBase       = 5
+	kindDiff       = 6
+	kindBaseChunk  = 7
+	kindBaseCommit = 8
+
+	// Why a diff-mode holder refused (a fail answer's reserved word).
+	failGap     = 3 // the differential does not follow what the holder has: gen = its Next (-1: send a base)
+	failPending = 4 // the differential was taken, its step is not restorable yet
+
+	optDescSize  = 40
+	diffDescSize = 48
+	// maxBaseChunk is the most bytes one base refresh frame carries.
+	maxBaseChunk = 4 << 20
+	// maxRecordSlack bounds a differential's record beyond its optimizer
+	// region's size (headers, descriptors, codec overhead).
+	maxRecordSlack = 1 << 20
+)
+
+var (
+	// errHolderGap: the holder lacks the steps before a differential.
+	errHolderGap = errors.New("the holder lacks the steps before this differential")
+	// errDiffPending: the holder took a differential whose step it
+	// cannot restore yet.
+	errDiffPending = errors.New("the holder took the differential but cannot restore its step yet")
+)
+
+// testHookLinkFrame, if set (by tests), may replace a diff-mode request's
+// bytes just before they are written (to damage them on the wire).
+var testHookLinkFrame func(h linkHdr, bufs net.Buffers) net.Buffers
+
+// testHookDropDiff, if set (by tests), says whether the owner's
+// differential of step to holder is lost on the way: it is not sent, and
+// the owner goes on as if it had been (a link that lost it).
+var testHookDropDiff func(owner, holder int, step int64) bool
+
+// ---- Frames -------------------------------------------------------------
+
+// frameHead returns a request's header (with t's count and length) and
+// table, followed by pre.
+func frameHead(h linkHdr, t []tableEntry, length uint64, pre []byte) []byte {
+	h.count, h.length = len(t), length
+	b := make([]byte, linkHdrSize, linkHdrSize+len(t)*45+len(pre))
+	h.put(b)
+	b = appendTable(b, t)
+	return append(b, pre...)
+}
+
+func appendOptDesc(b []byte, idx int, o *Optimizer) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(idx))
+	b = binary.BigEndian.AppendUint32(b, 0)
+	for _, v := range []int64{o.N, o.W, o.M, o.V} {
+		b = binary.BigEndian.AppendUint64(b, uint64(v))
+	}
+	return b
+}
+
+func appendDiffDesc(b []byte, od *ownerDiff) []byte {
+	h := od.d.Hyper
+	b = binary.BigEndian.AppendUint32(b, uint32(od.opt))
+	b = binary.BigEndian.AppendUint32(b, od.d.Sum)
+	b = binary.BigEndian.AppendUint64(b, uint64(int64(h.T)))
+	b = binary.BigEndian.AppendUint64(b, uint64(len(od.d.Record)))
+	for _, f := range []float32{h.LR, h.Beta1, h.Beta2, h.Eps, h.WeightDecay} {
+		b = binary.BigEndian.AppendUint32(b, math.Float32bits(f))
+	}
+	return binary.BigEndian.AppendUint32(b, 0)
+}
+
+// diffDesc is a differential frame's descriptor.
+type diffDesc struct {
+	opt    int
+	sum    uint32
+	hyper  replay.Hyper
+	recLen uint64
+}
+
+func parseDiffDesc(b []byte) diffDesc {
+	u32 := func(i int) uint32 { return binary.BigEndian.Uint32(b[i:]) }
+	f32 := func(i int) float32 { return math.Float32frombits(u32(i)) }
+	t := int64(binary.BigEndian.Uint64(b[8:]))
+	if t < 0 || t > math.MaxInt32 {
+		t = 0 // refused by Hyper.Validate
+	}
+	return diffDesc{
+		opt: int(u32(0)), sum: u32(4), recLen: binary.BigEndian.Uint64(b[16:]),
+		hyper: replay.Hyper{LR: f32(24), Beta1: f32(28), Beta2: f32(32), Eps: f32(36), WeightDecay: f32(40), T: int(t)},
+	}
+}
+
+// call sends a diff-mode request (its bytes bufs) to host on the owner's
+// link and waits for its acknowledgement.
+func (p *linkPool) call(ctx context.Context, host int, h linkHdr, bufs net.Buffers) error {
+	return p.do(ctx, host, h.owner, func(c net.Conn) error {
+		if testHookLinkFrame != nil {
+			bufs = testHookLinkFrame(h, bufs)
+		}
+		if _, err := bufs.WriteTo(c); err != nil {
+			return err
+		}
+		a, err := readAnswer(c)
+		if err != nil {
+			return err
+		}
+		if a.kind != kindAck || a.owner != h.owner || a.step != h.step || a.holder != h.holder {
+			return fmt.Errorf("unexpected answer kind %#x for rank %d step %d", a.kind, a.owner, a.step)
+		}
+		return nil
+	})
+}
+
+// ---- The owner's side ---------------------------------------------------
+
+// ownerDiff is one committed step's differential, as the owner sends it.
+// Immutable once built.
+type ownerDiff struct {
+	step  int64
+	table []tableEntry // every replicated region, with its CRC32C committed at step
+	opt   int          // the optimizer region's index in table
+	d     diffstore.Diff
+	bytes int64 // on the wire after the table
+}
+
+// frame returns the request's bytes for holder h.
+func (od *ownerDiff) frame(h linkHdr) net.Buffers {
+	b := frameHead(h, od.table, uint64(od.bytes), nil)
+	b = appendDiffDesc(b, od)
+	bufs := net.Buffers{b, od.d.Record}
+	for i, e := range od.table {
+		if i != od.opt && e.size > 0 {
+			bufs = append(bufs, od.d.Other[e.name])
+		}
+	}
+	return bufs
+}
+
+// refresh is a base refresh the owner sends, in chunks: a snapshot of
+// the replicated regions at step.
+type refresh struct {
+	step  int64
+	table []tableEntry // with the CRC32Cs committed at step
+	buf   []byte       // the regions, concatenated in table order
+	offs  []int64      // each region's offset in buf
+	// budget is the bytes sent per holder after each differential.
+	budget int64
+}
+
+// refProg is one holder's progress through the current refresh: only the
+// goroutine sending to that holder touches it during a round.
+type refProg struct {
+	off     int64 // bytes of buf sent
+	done    bool  // committed, or given up (the next refresh will do)
+	retries int
+}
+
+// diffAct is what one holder gets in a round.
+type diffAct struct {
+	k    holderKey
+	has  bool       // ask whether it holds base first
+	base int64      // ≥ 0: send it a base at this step
+	d    *ownerDiff // else: this differential
+	ref  *refresh   // then chunks of this refresh (prog)
+	prog *refProg
+}
+
+// diffRes is the outcome of one holder's round.
+type diffRes struct {
+	acked   int64 // the step acknowledged, or -1
+	next    int64 // the step it takes next, when setNext
+	setNext bool
+	forget  bool  // it needs to be asked (has) or sent a base
+	damaged bool  // it refused a differential as damaged
+	base    int64 // the step of a base it got, or -1
+	err     error
+	baseB   int64 // bytes of bases and chunks sent
+	diffB   int64 // bytes of differentials sent
+}
+
+type diffPlan struct {
+	acts []diffAct
+	ver  uint64
+}
+
+// pushDiff queues the differential of a step just committed. The queue
+// holds consecutive steps (a step that does not follow, after a restore,
+// starts it anew) and keeps at most the steps some holder may still need:
+// trimLocked drops those every holder acknowledged; beyond 4 steps and
+// twice the base's bytes the oldest go (a holder that needed them gets a
+// base).
+func (r *replicator) pushDiff(od *ownerDiff) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n := len(r.dq); n > 0 && r.dq[n-1].step+1 != od.step {
+		clear(r.dq)
+		r.dq, r.dqBytes = r.dq[:0], 0
+	}
+	r.dq = append(r.dq, od)
+	r.dqBytes += od.bytes
+	limit := 2 * int64(tableBytes(od.table))
+	for len(r.dq) > 4 && r.dqBytes > limit {
+		r.dqBytes -= r.dq[0].bytes
+		r.dq[0] = nil
+		r.dq = r.dq[1:]
+	}
+}
+
+// diffAt returns the queued differential of step, or nil. r.mu is held.
+func (r *replicator) diffAt(step int64) *ownerDiff {
+	if len(r.dq) == 0 || step < r.dq[0].step || step > r.dq[len(r.dq)-1].step {
+		return nil
+	}
+	return r.dq[step-r.dq[0].step]
+}
+
+// trimLocked drops the differentials every current holder acknowledged.
+func (r *replicator) trimLocked() {
+	ts := r.s.h.place().targets(r.s.rank)
+	m := int64(MaxStep)
+	for _, k := range ts {
+		a, ok := r.acked[k]
+		if !ok {
+			a = noStep
+		}
+		m = min(m, a)
+	}
+	i := 0
+	for i < len(r.dq) && r.dq[i].step <= m {
+		r.dqBytes -= r.dq[i].bytes
+		r.dq[i] = nil
+		i++
+	}
+	r.dq = r.dq[i:]
+}
+
+// truncateDiffs drops what the replicator keeps of the steps after g (a
+// restart or a restore resumes from g). It is not running.
+func (r *replicator) truncateDiffs(g int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := len(r.dq)
+	for k > 0 && r.dq[k-1].step > g {
+		k--
+		r.dqBytes -= r.dq[k].bytes
+		r.dq[k] = nil
+	}
+	r.dq = r.dq[:k]
+	if r.ref != nil && r.ref.step > g {
+		r.ref = nil
+	}
+	if r.refStep > g {
+		r.refStep = max(g, noStep)
+	}
+	clear(r.refProg)
+}
+
+// planDiffLocked returns the next round: for every holder with something
+// to get, what. r.mu is held.
+func (r *replicator) planDiffLocked() diffPlan {
+	s := r.s
+	ts := s.h.place().targets(s.rank)
+	g := s.h.G()
+	s.mu.Lock()
+	steps := s.slotStep
+	s.mu.Unlock()
+	// next: the oldest step in a slot after after that G may come to name
+	// (planLocked's): a base there keeps every such step at the holder.
+	next := func(after int64) int64 {
+		n := int64(noStep)
+		for _, st := range steps {
+			if st > after && st >= g && st <= r.wantS && (n < 0 || st < n) {
+				n = st
+			}
+		}
+		return n
+	}
+	p := diffPlan{ver: r.ver}
+	for _, k := range ts {
+		a, ok := r.acked[k]
+		if !ok {
+			a = noStep
+		}
+		act := diffAct{k: k, base: noStep}
+		n, known := r.dnext[k]
+		switch {
+		case !known:
+			if act.base = next(a); act.base < 0 {
+				continue
+			}
+			act.has = true
+		case n <= r.wantS:
+			if act.d = r.diffAt(n); act.d == nil {
+				if act.base = next(a); act.base < 0 {
+					continue
+				}
+			}
+		default:
+			continue
+		}
+		if act.d != nil && r.ref != nil {
+			pr := r.refProg[k]
+			if pr == nil {
+				pr = &refProg{}
+				r.refProg[k] = pr
+			}
+			if !pr.done {
+				act.ref, act.prog = r.ref, pr
+			}
+		}
+		p.acts = append(p.acts, act)
+	}
+	return p
+}
+
+// applyLocked records a round's outcome. r.mu is held.
+func (r *replicator) applyLocked(p diffPlan, res []diffRes) {
+	for i, a := range p.acts {
+		x, k := res[i], a.k
+		if x.acked >= 0 {
+			if v, ok := r.acked[k]; !ok || x.acked > v {
+				r.acked[k] = x.acked
+			}
+		}
+		switch {
+		case x.forget:
+			delete(r.dnext, k)
+		case x.setNext:
+			r.dnext[k] = x.next
+		}
+		if x.damaged {
+			if r.dfails[k]++; r.dfails[k] >= 2 {
+				// Sent twice and refused twice: a base, checked against
+				// the slot's CRC32Cs, replaces the differential.
+				delete(r.dnext, k)
+				delete(r.dfails, k)
+			}
+		} else if x.err == nil {
+			delete(r.dfails, k)
+		}
+		if x.base >= 0 && r.ref != nil && x.base >= r.ref.step {
+			if pr := r.refProg[k]; pr != nil {
+				pr.done = true
+			} else {
+				r.refProg[k] = &refProg{done: true}
+			}
+		}
+	}
+}
+
+// loopDiff is loop in diff mode: rounds in which every holder gets what
+// it lacks next (a base, or the next differential and chunks of the base
+// refresh in progress), until every holder has the newest committed step.
+func (r *replicator) loopDiff(ctx context.Context, cancel func(), done chan struct{}) {
+	defer close(done)
+	defer cancel()
+	s := r.s
+	backoff := 50 * time.Millisecond
+	failures, logged := 0, time.Time{}
+	for {
+		if ctx.Err() == nil {
+			r.snapshotDue()
+		}
+		r.mu.Lock()
+		var p diffPlan
+		if ctx.Err() == nil && !r.failed {
+			p = r.planDiffLocked()
+		}
+		if len(p.acts) == 0 || ctx.Err() != nil || r.failed {
+			r.running, r.cancel = false, nil
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		gen, res, err := r.sendDiffs(ctx, p)
+		r.mu.Lock()
+		if r.ver == p.ver {
+			r.applyLocked(p, res)
+		}
+		r.trimLocked()
+		r.mu.Unlock()
+		s.h.cfg.Changed()
+		if err == nil {
+			backoff, failures = 50*time.Millisecond, 0
+			continue
+		}
+		if ctx.Err() != nil {
+			continue
+		}
+		if ce, ok := errors.AsType[*CorruptError](err); ok {
+			r.mu.Lock()
+			r.failed = true
+			r.mu.Unlock()
+			s.fail(gen, ce)
+			continue // ends the loop
+		}
+		r.fails.Add(1)
+		if failures++; failures == 1 || time.Since(logged) > 30*time.Second {
+			s.h.log.Warn("replication failed; retrying", "rank", s.rank, "mode", ModeDiff, "failures", failures, "err", err)
+			logged = time.Now()
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-r.wake:
+			t.Stop()
+			backoff = 50 * time.Millisecond
+		case <-ctx.Done():
+			t.Stop()
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// sendDiffs runs a round: each holder's part side by side. It returns
+// the generation it sent in, each holder's outcome, and the join of their
+// errors (a *CorruptError among them if a base was refused as damaged and
+// the slot no longer matches its commit).
+func (r *replicator) sendDiffs(ctx context.Context, p diffPlan) (uint64, []diffRes, error) {
+	s := r.s
+	gen := s.h.Gen() // before any slot is read: see send
+	res := make([]diffRes, len(p.acts))
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i, a := range p.acts {
+		wg.Go(func() { res[i] = r.sendTo(ctx, gen, a) })
+	}
+	wg.Wait()
+	var errs []error
+	var baseB, diffB int64
+	sentDiff := false
+	for _, x := range res {
+		errs = append(errs, x.err)
+		baseB += x.baseB
+		diffB += x.diffB
+		sentDiff = sentDiff || x.diffB > 0
+	}
+	s.replBaseBytes.Add(baseB)
+	s.replDiffBytes.Add(diffB)
+	s.replBytes.Add(baseB + diffB)
+	if sentDiff || baseB > 0 {
+		s.replSteps.Add(1)
+		s.replNS.Add(int64(time.Since(start)))
+	}
+	if ctx.Err() != nil {
+		return gen, res, ctx.Err()
+	}
+	return gen, res, errors.Join(errs...)
+}
+
+// sendTo runs holder a.k's part of a round.
+func (r *replicator) sendTo(ctx context.Context, gen uint64, a diffAct) diffRes {
+	s := r.s
+	res := diffRes{acked: noStep, base: noStep}
+	hdr := linkHdr{owner: s.rank, holder: a.k.rank, gen: gen}
+	linkFailed := func(err error) {
+		if le, ok := errors.AsType[*linkError](err); ok && ctx.Err() == nil {
+			s.h.linkFailed(a.k.host, le)
+		}
+	}
+	if a.base >= 0 {
+		if a.has {
+			if t := r.slotTable(a.base); t != nil {
+				hdr.kind, hdr.step = kindHas, a.base
+				if s.h.links.has(ctx, a.k.host, hdr, t) == nil {
+					res.acked, res.next, res.setNext = a.base, a.base+1, true
+					return res
+				}
+			}
+		}
+		n, err := r.sendBase(ctx, hdr, a.k.host, a.base)
+		res.baseB += n
+		if err != nil {
+			res.err = fmt.Errorf("base of step %d to rank %d: %w", a.base, a.k.rank, err)
+			linkFailed(err)
+			return res
+		}
+		res.acked, res.next, res.setNext, res.base = a.base, a.base+1, true, a.base
+		return res
+	}
+	od := a.d
+	hdr.kind, hdr.step = kindDiff, od.step
+	var err error
+	if testHookDropDiff != nil && testHookDropDiff(s.rank, a.k.rank, od.step) {
+		err = errDiffPending // lost: the owner believes it went
+	} else {
+		err = s.h.links.call(ctx, a.k.host, hdr, od.frame(hdr))
+		res.diffB += od.bytes
+	}
+	var re *remoteError
+	switch {
+	case err == nil:
+		res.acked, res.next, res.setNext = od.step, od.step+1, true
+	case errors.Is(err, errDiffPending):
+		res.next, res.setNext = od.step+1, true
+	case errors.As(err, &re) && re.why == failGap:
+		if re.next < 0 {
+			res.forget = true
+		} else {
+			res.next, res.setNext = re.next, true
+		}
+		return res
+	case errors.Is(err, errPutDamaged):
+		res.damaged = true
+		res.err = fmt.Errorf("differential of step %d to rank %d: %w", od.step, a.k.rank, err)
+		return res
+	default:
+		res.err = fmt.Errorf("differential of step %d to rank %d: %w", od.step, a.k.rank, err)
+		linkFailed(err)
+		return res
+	}
+	if a.ref != nil {
+		res.baseB += r.sendChunks(ctx, hdr, a.k, a.ref, a.prog)
+	}
+	return res
+}
+
+// slotTable returns the replicated regions of the slot holding step with
+// their committed CRC32Cs, or nil if no slot holds it.
+func (r *replicator) slotTable(step int64) []tableEntry {
+	s := r.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for slot, st := range s.slotStep {
+		if st == step {
+			var t []tableEntry
+			for _, i := range s.repl {
+				t = append(t, tableEntry{name: s.regions[i].Name, size: s.regions[i].Size, sum: s.sums[slot][i]})
+			}
+			return t
+		}
+	}
+	return nil
+}
+
+// sendBase sends holder host a base at step from the slot holding it
+// (safe to read: see planDiffLocked's next and replicator.send), and
+// returns the bytes sent. A holder that finds the bytes damaged has the
+// slot verified: a *CorruptError if it changed since its commit.
+func (r *replicator) sendBase(ctx context.Context, hdr linkHdr, host int, step int64) (int64, error) {
+	s := r.s
+	s.mu.Lock()
+	slot := slices.Index(s.slotStep[:], step)
+	if slot < 0 || s.opt == nil {
+		s.mu.Unlock()
+		return 0, fmt.Errorf("step %d is no longer in a slot", step)
+	}
+	var t []tableEntry
+	var data [][]byte
+	opt := -1
+	for _, i := range s.repl {
+		if s.regions[i].Name == s.opt.Region {
+			opt = len(t)
+		}
+		t = append(t, tableEntry{name: s.regions[i].Name, size: s.regions[i].Size, sum: s.sums[slot][i]})
+		data = append(data, s.views[slot][i])
+	}
+	o := *s.opt
+	s.mu.Unlock()
+	hdr.kind, hdr.step = kindBase, step
+	total := tableBytes(t)
+	b := frameHead(hdr, t, optDescSize+total, nil)
+	b = appendOptDesc(b, opt, &o)
+	bufs := net.Buffers{b}
+	for _, d := range data {
+		if len(d) > 0 {
+			bufs = append(bufs, d)
+		}
+	}
+	err := s.h.links.call(ctx, host, hdr, bufs)
+	if errors.Is(err, errPutDamaged) {
+		if ce := s.verifySlot(slot, step); ce != nil {
+			return int64(total), ce
+		}
+		err = fmt.Errorf("%w (rank %d's slot of step %d still matches its commit: damaged in transit)", err, s.rank, step)
+	}
+	return int64(total), err
+}
+
+// sendChunks sends holder k the next chunks of refresh ref, up to its
+// per-step budget, and its commit once every byte went. It returns the
+// bytes sent. Failures leave prog where it was (retried after the next
+// differential); a holder that cannot take the refresh (it got a newer
+// base, or has none) or refuses its commit twice gets no more of it.
+func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, ref *refresh, prog *refProg) int64 {
+	s := r.s
+	hdr.step = ref.step
+	total := int64(len(ref.buf))
+	var sent int64
+	giveUp := func(err error) bool {
+		var re *remoteError
+		if errors.As(err, &re) && (re.why == failStale || re.why == failGap) {
+			prog.done = true
+			return true
+		}
+		return false
+	}
+	for sent < ref.budget && prog.off < total {
+		i := 0
+		for i+1 < len(ref.offs) && ref.offs[i+1] <= prog.off {
+			i++
+		}
+		end := total
+		if i+1 < len(ref.offs) {
+			end = ref.offs[i+1]
+		}
+		n := min(end-prog.off, maxBaseChunk, ref.budget-sent)
+		e := ref.table[i]
+		hdr.kind = kindBaseChunk
+		b := frameHead(hdr, []tableEntry{{name: e.name, size: e.size}}, uint64(8+n), nil)
+		b = binary.BigEndian.AppendUint64(b, uint64(prog.off-ref.offs[i]))
+		err := s.h.links.call(ctx, k.host, hdr, net.Buffers{b, ref.buf[prog.off : prog.off+n]})
+		if err != nil {
+			if !giveUp(err) {
+				s.h.log.Debug("base refresh chunk failed; retried after the next differential", "rank", s.rank, "holder", k.rank, "step", ref.step, "err", err)
+			}
+			return sent
+		}
+		prog.off += n
+		sent += n
+	}
+	if prog.off < total {
+		return sent
+	}
+	hdr.kind = kindBaseCommit
+	err := s.h.links.call(ctx, k.host, hdr, net.Buffers{frameHead(hdr, ref.table, 0, nil)})
+	switch {
+	case err == nil:
+		prog.done = true
+	case giveUp(err):
+	case errors.Is(err, errPutDamaged):
+		// A chunk was damaged on the way: send the refresh again, once.
+		if prog.retries++; prog.retries > 1 {
+			prog.done = true
+		}
+		prog.off = 0
+	}
+	return sent
+}
+
+// snapshotDue starts a base refresh when BaseEvery steps passed since the
+// last one: it copies the replicated regions of the newest committed step
+// (whose slot is not staged over before the next step is replicated to
+// every holder) into the refresh buffer and checks the copy against the
+// step's CRC32Cs (a slot that changed meanwhile is tried again next
+// round). It runs in the loop, between rounds.
+func (r *replicator) snapshotDue() {
+	s := r.s
+	every := int64(s.h.cfg.Diff.baseEvery())
+	s.mu.Lock()
+	c := s.committed
+	var names []string
+	for _, i := range s.repl {
+		names = append(names, s.regions[i].Name)
+	}
+	s.mu.Unlock()
+	r.mu.Lock()
+	rs := r.refStep
+	if c >= 0 && (rs == noStep || rs > c) {
+		r.refStep = c // the first step sent: the holders get bases
+	}
+	r.mu.Unlock()
+	if c < 0 || rs == noStep || rs > c || c-rs < every {
+		return
+	}
+	ref := &refresh{step: c}
+	err := s.readSlot(c, names, func(t []tableEntry, data [][]byte) error {
+		total := int(tableBytes(t))
+		if cap(r.refBuf) < total {
+			r.refBuf = make([]byte, total)
+		}
+		ref.buf = r.refBuf[:total]
+		off := 0
+		for i, d := range data {
+			ref.offs = append(ref.offs, int64(off))
+			copy(ref.buf[off:], d)
+			if got := crc32.Checksum(ref.buf[off:off+len(d)], castagnoli); got != t[i].sum {
+				return fmt.Errorf("region %s of step %d changed while it was copied", t[i].name, c)
+			}
+			off += len(d)
+		}
+		ref.table = t
+		return nil
+	})
+	if err != nil {
+		s.h.log.Debug("base refresh postponed", "rank", s.rank, "step", c, "err", err)
+		return
+	}
+	ref.budget = max(1, (int64(len(ref.buf))+int64(max(1, every/2))-1)/int64(max(1, every/2)))
+	r.mu.Lock()
+	r.ref, r.refStep = ref, c
+	clear(r.refProg)
+	r.mu.Unlock()
+}
+
+// ---- The holder's side --------------------------------------------------
+
+// diffMem is what an owner's diff-mode copy holds in memory.
+func (o *ownerReplica) diffMem() uint64 {
+	var n int64
+	for _, ds := range []*diffstore.Store{o.cur, o.prev} {
+		if ds != nil {
+			st := ds.Stats()
+			n += st.BaseBytes + st.RefreshBytes + st.LogBytes + st.RefreshLogBytes
+		}
+	}
+	return uint64(n)
+}
+
+// account brings the bytes reserved for o up to date, and forgets the
+// CRC32Cs of steps no store holds. o.mu is held.
+func (st *replicaStore) account(o *ownerReplica) {
+	n := o.diffMem()
+	if err := st.reserve(n, o.held); err != nil {
+		// Over the limit already (the data is here): count it anyway, so
+		// that the next base is refused.
+		st.mu.Lock()
+		st.bytes = st.bytes - o.held + n
+		st.mu.Unlock()
+	}
+	o.held = n
+	low := int64(math.MaxInt64)
+	for _, ds := range []*diffstore.Store{o.cur, o.prev} {
+		if ds == nil {
+			continue
+		}
+		if first, _, ok := ds.Range(); ok {
+			low = min(low, first)
+		}
+	}
+	for s := range o.sums {
+		if s < low {
+			delete(o.sums, s)
+		}
+	}
+}
+
+// diffNewest returns the newest step o's stores hold, or -1. o.mu is held.
+func (o *ownerReplica) diffNewest() int64 {
+	n := int64(noStep)
+	for _, ds := range []*diffstore.Store{o.cur, o.prev} {
+		if ds == nil {
+			continue
+		}
+		if _, last, ok := ds.Range(); ok {
+			n = max(n, last)
+		}
+	}
+	return n
+}
+
+// dropDiff drops o's stores. o.mu is held.
+func (st *replicaStore) dropDiff(o *ownerReplica) {
+	if o.bw != nil {
+		o.bw.Abort()
+	}
+	o.cur, o.prev, o.bw = nil, nil, nil
+	clear(o.sums)
+	st.reserve(0, o.held)
+	o.held = 0
+}
+
+// checkOwner refuses (returns why, "" if none) a diff-mode request for
+// o: not a holder of this placement, dropped, or of an older generation
+// than one known. o.mu is held; o.gen is raised to h.gen otherwise.
+func (st *replicaStore) checkOwner(o *ownerReplica, h linkHdr) (uint32, string) {
+	if refuse := st.notHolder(h); refuse != "" {
+		return failOther, refuse
+	}
+	if o.dropped {
+		return failOther, fmt.Sprintf("rank %d's replicas are no longer kept here", h.owner)
+	}
+	if known := max(o.gen, st.h.Gen()); h.gen < known {
+		return failStale, fmt.Sprintf("rank %d step %d: a request of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known)
+	}
+	o.gen = h.gen
+	return 0, ""
+}
+
+// writeGap refuses a differential that does not follow, with the step
+// the holder takes next (-1: it needs a base).
+func writeGap(w io.Writer, h linkHdr, next int64, msg string) error {
+	h.gen = uint64(next)
+	return writeFail(w, h, failGap, msg)
+}
+
+// drain reads and drops n bytes of a request's data.
+func drain(r io.Reader, n uint64) error {
+	_, err := io.CopyN(io.Discard, r, int64(n))
+	return err
+}
+
+// base receives a base of h.owner at h.step: a new store, which becomes
+// the current one (the one it replaces is kept as prev while it may be
+// the only one holding G).
+func (st *replicaStore) base(c net.Conn, h linkHdr, t []tableEntry) error {
+	total := tableBytes(t)
+	if h.length != optDescSize+total || h.step < 0 {
+		return fmt.Errorf("base of %d bytes for regions of %d, step %d", h.length, total, h.step)
+	}
+	var db [optDescSize]byte
+	if _, err := io.ReadFull(c, db[:]); err != nil {
+		return err
+	}
+	idx := int(binary.BigEndian.Uint32(db[:]))
+	u64 := func(i int) int64 { return int64(binary.BigEndian.Uint64(db[i:])) }
+	if idx >= len(t) {
+		return fmt.Errorf("base: optimizer region %d of %d", idx, len(t))
+	}
+	opt := diffstore.Optimizer{Region: t[idx].name, N: u64(8), WOff: u64(16), MOff: u64(24), VOff: u64(32)}
+	refuse := func(why uint32, msg string) error {
+		if err := drain(c, total); err != nil {
+			return err
+		}
+		return writeFail(c, h, why, msg)
+	}
+	if msg := st.notHolder(h); msg != "" {
+		return refuse(failOther, msg)
+	}
+	regions := make([]diffstore.Region, len(t))
+	for i, e := range t {
+		regions[i] = diffstore.Region{Name: e.name, Size: e.size}
+	}
+	ds, err := diffstore.New(regions, opt)
+	if err != nil {
+		return refuse(failOther, fmt.Sprintf("rank %d: %v", h.owner, err))
+	}
+	o := st.owner(h.owner)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if why, msg := st.checkOwner(o, h); msg != "" {
+		return refuse(why, msg)
+	}
+	// Replicas live in this agent's memory: all of them together may
+	// take at most half the host's, whatever peers announce.
+	if err := st.reserve(o.held+total, o.held); err != nil {
+		return refuse(failOther, fmt.Sprintf("base of %d bytes for rank %d: %v", total, h.owner, err))
+	}
+	o.held += total
+	defer st.account(o)
+	w, err := ds.BeginBase(h.step)
+	if err != nil {
+		return refuse(failOther, err.Error())
+	}
+	buf := make([]byte, min(total, maxBaseChunk))
+	for _, e := range t {
+		for off := int64(0); off < e.size; {
+			n := min(e.size-off, int64(len(buf)))
+			if _, err := io.ReadFull(c, buf[:n]); err != nil {
+				return err
+			}
+			if err := w.Write(e.name, off, buf[:n]); err != nil {
+				return err // cannot be: the range is the region's
+			}
+			off += n
+		}
+	}
+	sums := make(map[string]uint32, len(t))
+	for _, e := range t {
+		sums[e.name] = e.sum
+	}
+	// A new store's G is unbounded until SetG: the base installs now.
+	if err := w.Commit(h.step, sums); err != nil {
+		why := uint32(failOther)
+		if errors.Is(err, diffstore.ErrCorrupt) {
+			why = failCRC
+		}
+		return writeFail(c, h, why, fmt.Sprintf("rank %d step %d: %v", h.owner, h.step, err))
+	}
+	ds.SetG(st.h.G())
+	if o.cur != nil {
+		// Keep whichever of the old stores holds G (the current one if
+		// both do): it may be the only copy of G until the new base's
+		// step is.
+		if g := st.h.G(); o.prev == nil || o.cur.Held(g) || !o.prev.Held(g) {
+			o.prev = o.cur
+		}
+		if o.bw != nil {
+			o.bw.Abort()
+		}
+	}
+	o.cur, o.bw = ds, nil
+	if o.sums == nil {
+		o.sums = map[int64][]tableEntry{}
+	}
+	o.sums[h.step] = t
+	return writeAck(c, h)
+}
+
+// diff receives a differential of h.owner at h.step into its current
+// store, and acknowledges it only if the store can restore the step.
+func (st *replicaStore) diff(c net.Conn, h linkHdr, t []tableEntry) error {
+	if h.length < diffDescSize || h.step < 0 {
+		return fmt.Errorf("differential of %d bytes, step %d", h.length, h.step)
+	}
+	var db [diffDescSize]byte
+	if _, err := io.ReadFull(c, db[:]); err != nil {
+		return err
+	}
+	dd := parseDiffDesc(db[:])
+	if dd.opt >= len(t) {
+		return fmt.Errorf("differential: optimizer region %d of %d", dd.opt, len(t))
+	}
+	others := tableBytes(t) - uint64(t[dd.opt].size)
+	if dd.recLen > uint64(t[dd.opt].size)+maxRecordSlack || h.length != diffDescSize+dd.recLen+others {
+		return fmt.Errorf("differential of %d bytes: a record of %d and other regions of %d", h.length, dd.recLen, others)
+	}
+	// The whole request is read first (bounded above): the link stays in
+	// step whatever the answer. The store keeps these buffers.
+	d := diffstore.Diff{Step: h.step, Hyper: dd.hyper, Record: make([]byte, dd.recLen), Other: map[string][]byte{}, Sum: dd.sum}
+	if _, err := io.ReadFull(c, d.Record); err != nil {
+		return err
+	}
+	for i, e := range t {
+		if i == dd.opt {
+			continue
+		}
+		b := make([]byte, e.size)
+		if _, err := io.ReadFull(c, b); err != nil {
+			return err
+		}
+		d.Other[e.name] = b
+	}
+	if msg := st.notHolder(h); msg != "" {
+		return writeFail(c, h, failOther, msg)
+	}
+	o := st.owner(h.owner)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if why, msg := st.checkOwner(o, h); msg != "" {
+		return writeFail(c, h, why, msg)
+	}
+	if o.cur == nil {
+		return writeGap(c, h, noStep, fmt.Sprintf("no base of rank %d here", h.owner))
+	}
+	defer st.account(o)
+	if o.bw != nil && h.step > o.bw.Step()+2*int64(st.h.cfg.Diff.baseEvery()) {
+		// A refresh its owner stopped sending (it crashed, or its link
+		// broke for good): Fold does not pass it, so it must go.
+		o.bw.Abort()
+		o.bw = nil
+	}
+	err := o.cur.Append(d)
+	if errors.Is(err, diffstore.ErrMismatch) {
+		// A step held already with another record: the owner went back
+		// (an in-place restore to G) and took another way from there.
+		// Its own steps supersede the ones held after h.step-1.
+		if _, last, ok := o.cur.Range(); ok && h.step <= last && o.cur.Truncate(h.step-1) == nil {
+			err = o.cur.Append(d)
+		}
+	}
+	switch {
+	case errors.Is(err, diffstore.ErrGap):
+		return writeGap(c, h, o.cur.Next(), fmt.Sprintf("rank %d: %v", h.owner, err))
+	case errors.Is(err, diffstore.ErrCorrupt):
+		return writeFail(c, h, failCRC, fmt.Sprintf("rank %d: %v", h.owner, err))
+	case err != nil:
+		return writeFail(c, h, failOther, fmt.Sprintf("rank %d: %v", h.owner, err))
+	}
+	if o.sums == nil {
+		o.sums = map[int64][]tableEntry{}
+	}
+	o.sums[h.step] = t
+	st.maybeFold(o)
+	if !o.cur.Held(h.step) {
+		return writeFail(c, h, failPending, fmt.Sprintf("rank %d step %d taken, not restorable yet", h.owner, h.step))
+	}
+	return writeAck(c, h)
+}
+
+// baseChunk receives a chunk of a base refresh at h.step into the current
+// store's refresh (begun by the first chunk of that step).
+func (st *replicaStore) baseChunk(c net.Conn, h linkHdr, t []tableEntry) error {
+	if len(t) != 1 || h.length < 8 || h.length-8 > maxBaseChunk || h.length-8 > uint64(t[0].size) {
+		return fmt.Errorf("base chunk of %d bytes for %d regions", h.length, len(t))
+	}
+	var ob [8]byte
+	if _, err := io.ReadFull(c, ob[:]); err != nil {
+		return err
+	}
+	off := int64(binary.BigEndian.Uint64(ob[:]))
+	data := make([]byte, h.length-8)
+	if _, err := io.ReadFull(c, data); err != nil {
+		return err
+	}
+	if msg := st.notHolder(h); msg != "" {
+		return writeFail(c, h, failOther, msg)
+	}
+	o := st.owner(h.owner)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if why, msg := st.checkOwner(o, h); msg != "" {
+		return writeFail(c, h, why, msg)
+	}
+	if o.cur == nil {
+		return writeGap(c, h, noStep, fmt.Sprintf("no base of rank %d here", h.owner))
+	}
+	defer st.account(o)
+	if o.bw == nil || o.bw.Step() != h.step {
+		w, err := o.cur.BeginBase(h.step)
+		if err != nil {
+			return writeFail(c, h, failStale, fmt.Sprintf("rank %d: %v", h.owner, err))
+		}
+		o.bw = w
+	}
+	if err := o.bw.Write(t[0].name, off, data); err != nil {
+		why := uint32(failOther)
+		if errors.Is(err, diffstore.ErrStale) {
+			why, o.bw = failStale, nil
+		}
+		return writeFail(c, h, why, fmt.Sprintf("rank %d: %v", h.owner, err))
+	}
+	return writeAck(c, h)
+}
+
+// baseCommit commits the base refresh at h.step with the owner's CRC32Cs
+// of t: the store switches to it once G reaches its step.
+func (st *replicaStore) baseCommit(c net.Conn, h linkHdr, t []tableEntry) error {
+	if h.length != 0 {
+		return fmt.Errorf("base commit with %d bytes of data", h.length)
+	}
+	if msg := st.notHolder(h); msg != "" {
+		return writeFail(c, h, failOther, msg)
+	}
+	o := st.owner(h.owner)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if why, msg := st.checkOwner(o, h); msg != "" {
+		return writeFail(c, h, why, msg)
+	}
+	if o.bw == nil || o.bw.Step() != h.step {
+		return writeFail(c, h, failStale, fmt.Sprintf("rank %d: no base refresh of step %d in progress", h.owner, h.step))
+	}
+	defer st.account(o)
+	sums := make(map[string]uint32, len(t))
+	for _, e := range t {
+		sums[e.name] = e.sum
+	}
+	if err := o.bw.Commit(h.step, sums); err != nil {
+		why := uint32(failStale)
+		if errors.Is(err, diffstore.ErrCorrupt) {
+			why = failCRC // the refresh stays: its chunks may come again
+		} else {
+			o.bw = nil
+		}
+		return writeFail(c, h, why, fmt.Sprintf("rank %d: %v", h.owner, err))
+	}
+	o.bw = nil
+	if o.sums == nil {
+		o.sums = map[int64][]tableEntry{}
+	}
+	o.sums[h.step] = t
+	return writeAck(c, h)
+}
+
+// hasDiff acknowledges h if o's current store holds h.step with the
+// regions and CRC32Cs of t. o.mu is held.
+func (o *ownerReplica) hasDiff(h linkHdr, t []tableEntry) bool {
+	return o.cur != nil && o.cur.Held(h.step) && slices.Equal(o.sums[h.step], t)
+}
+
+// restoreDiff rebuilds owner's replicated regions at step into dst (by
+// name, each of its region's size; nil: allocated) and returns the table
+// to send them with: the owner's committed CRC32Cs, which the restored
+// bytes must match (a *different* replay is an error naming rank, step
+// and region), or, when a lossy codec made the step inexact, the restored
+// bytes' own (with a warning: they approximate the owner's state).
+func (st *replicaStore) restoreDiff(owner int, step int64, dst map[string][]byte) ([]tableEntry, map[string][]byte, error) {
+	st.mu.Lock()
+	o := st.owners[owner]
+	st.mu.Unlock()
+	if o == nil {
+		return nil, nil, fmt.Errorf("no replica of rank %d here", owner)
+	}
+	o.mu.Lock()
+	var ds *diffstore.Store
+	for _, x := range []*diffstore.Store{o.cur, o.prev} {
+		if x != nil && x.Held(step) {
+			ds = x
+			break
+		}
+	}
+	t := slices.Clone(o.sums[step])
+	o.mu.Unlock()
+	if ds == nil || t == nil {
+		return nil, nil, fmt.Errorf("no replica of rank %d at step %d here", owner, step)
+	}
+	if dst == nil {
+		dst = make(map[string][]byte, len(t))
+		for _, e := range t {
+			dst[e.name] = make([]byte, e.size)
+		}
+	}
+	for _, e := range t {
+		if d, ok := dst[e.name]; !ok || int64(len(d)) != e.size {
+			return nil, nil, fmt.Errorf("region %q of %d bytes does not fit here (%d)", e.name, e.size, len(d))
+		}
+	}
+	if err := ds.Restore(step, dst, replay.ReplayOptions{}); err != nil {
+		return nil, nil, fmt.Errorf("rank %d step %d: %w", owner, step, err)
+	}
+	exact := ds.Exact(step)
+	for i, e := range t {
+		got := crc32.Checksum(dst[e.name], castagnoli)
+		switch {
+		case got == e.sum:
+		case exact:
+			return nil, nil, fmt.Errorf("rank %d step %d region %s: replayed state differs from the owner's commit (CRC32C %08x, committed %08x)", owner, step, e.name, got, e.sum)
+		default:
+			t[i].sum = got
+		}
+	}
+	if !exact {
+		st.h.log.Warn("restoring an approximation of a rank's state (--diff-codec is lossy): not the owner's bytes", "rank", owner, "step", step)
+	}
+	return t, dst, nil
+}
+
+// setGDiff tells o's stores G, drops the previous store once the current
+// one holds G, and folds if the log is long enough. o.mu is held.
+func (st *replicaStore) setGDiff(o *ownerReplica, g int64) {
+	for _, ds := range []*diffstore.Store{o.cur, o.prev} {
+		if ds != nil {
+			ds.SetG(g)
+		}
+	}
+	if o.prev != nil && o.cur != nil {
+		if first, _, ok := o.cur.Range(); ok && first <= g {
+			o.prev = nil
+			st.account(o)
+		}
+	}
+	st.maybeFold(o)
+}
+
+// restartDiff drops o's steps after g (a restart resumes from g): a store
+// whose base is past g goes. o.mu is held.
+func (st *replicaStore) restartDiff(o *ownerReplica, g int64) {
+	if o.bw != nil && o.bw.Step() > g {
+		o.bw = nil // Truncate aborts it
+	}
+	keep := func(ds *diffstore.Store) *diffstore.Store {
+		if ds == nil || ds.Truncate(g) != nil {
+			return nil
+		}
+		return ds
+	}
+	o.cur, o.prev = keep(o.cur), keep(o.prev)
+	if o.cur == nil {
+		o.cur, o.prev = o.prev, nil
+		if o.bw != nil {
+			o.bw.Abort()
+			o.bw = nil
+		}
+	}
+	for s := range o.sums {
+		if s > g {
+			delete(o.sums, s)
+		}
+	}
+	st.setGDiff(o, g)
+	st.account(o)
+}
+
+// maybeFold queues o for the host's fold goroutine once its current log
+// holds DiffConfig.Fold steps up to G. o.mu is held.
+func (st *replicaStore) maybeFold(o *ownerReplica) {
+	h := st.h
+	if o.cur == nil || h.folds == nil {
+		return
+	}
+	first, last, ok := o.cur.Range()
+	if !ok || min(h.G(), last)-first < int64(h.cfg.Diff.fold()) {
+		return
+	}
+	if o.foldQueued.CompareAndSwap(false, true) {
+		select {
+		case h.folds <- o:
+		default:
+			o.foldQueued.Store(false) // queued again by the next differential
+		}
+	}
+}
+
+// foldLoop folds the owners' logs queued by maybeFold into their bases,
+// one at a time, until the host stops: the holder's background replay
+// (diffstore.Store.Fold, which stops at G).
+func (h *Host) foldLoop() {
+	defer h.wg.Done()
+	for {
+		select {
+		case <-h.life.Done():
+			return
+		case o := <-h.folds:
+			o.foldQueued.Store(false)
+			o.mu.Lock()
+			ds := o.cur
+			o.mu.Unlock()
+			if ds == nil {
+				continue
+			}
+			before := ds.Stats()
+			if err := ds.Fold(math.MaxInt64, replay.ReplayOptions{}); err != nil {
+				h.log.Warn("folding a replica's differentials failed", "rank", o.rank, "err", err)
+				continue
+			}
+			after := ds.Stats()
+			h.foldSteps.Add(after.FoldedSteps - before.FoldedSteps)
+			h.foldNS.Add(int64(after.FoldTime - before.FoldTime))
+			o.mu.Lock()
+			h.store.account(o)
+			o.mu.Unlock()
+		}
+	}
+}
+
