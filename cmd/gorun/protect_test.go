@@ -302,6 +302,10 @@ func TestProtectRestartInPlace(t *testing.T) {
 			if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
 				t.Errorf("run restored from Tier 2 ended with params %s optimizer %s, the uncrashed run with %s %s\nstdout:\n%s", p, o, wantP, wantO, res.stdout)
 			}
+			// -v names the mode, and in diff mode the differentials sent.
+			if !strings.Contains(res.stderr, ", mode "+tc.mode) {
+				t.Errorf("-v does not say the job ran in %s mode\nstderr:\n%s", tc.mode, res.stderr)
+			}
 		})
 	}
 
