@@ -306,6 +306,11 @@ func TestProtectRestartInPlace(t *testing.T) {
 			if !strings.Contains(res.stderr, ", mode "+tc.mode) {
 				t.Errorf("-v does not say the job ran in %s mode\nstderr:\n%s", tc.mode, res.stderr)
 			}
+			// Diff mode's holders folded their logs (--diff-fold 3 over
+			// 20 steps) and -v gives their replay time.
+			if tc.mode == "diff" && !regexp.MustCompile(`holders' replay per folded step: host \d+ \S+ \(\d+ steps\);`).MatchString(res.stderr) {
+				t.Errorf("-v gives no holder's replay time per folded step\nstderr:\n%s", res.stderr)
+			}
 		})
 	}
 
