@@ -3,6 +3,7 @@ package launcher
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,6 +33,9 @@ type progress struct {
 	// epoch is the newest epoch published: reports taken before their
 	// host applied its placement do not raise Replicated (setEpoch).
 	epoch uint64
+	// folds are each host's figures as a replica holder (diff mode), by
+	// host; nil until one reports.
+	folds map[int]wire.HostFold
 }
 
 // setEpoch records that epoch was published (its placement may change
@@ -74,6 +78,12 @@ func (p *progress) handle(u *wire.UpProgress) error {
 		if r.Rank >= len(p.rankHost) || p.rankHost[r.Rank] != u.Host {
 			return fmt.Errorf("host %d reported rank %d, which is not its own", u.Host, r.Rank)
 		}
+	}
+	if u.Fold != nil {
+		if p.folds == nil {
+			p.folds = map[int]wire.HostFold{}
+		}
+		p.folds[u.Host] = *u.Fold
 	}
 	for _, r := range u.Ranks {
 		if u.Epoch < p.epoch {
@@ -222,6 +232,7 @@ func (p *progress) table(mode rank.ProtectMode, diff DiffOptions) string {
 			rows[i] = diffFiguresOf(r)
 		}
 		writeDiffTable(&b, rows)
+		writeFolds(&b, p.folds)
 	}
 	return strings.TrimSuffix(b.String(), "\n")
 }
@@ -245,10 +256,6 @@ type diffFigures struct {
 	// and differentials.
 	Split                bool
 	BaseBytes, DiffBytes int64
-	// FoldSteps is how many of the rank's logged steps its holders folded
-	// into its base by replay, and FoldNS the replay time that took (0:
-	// none reported).
-	FoldSteps, FoldNS int64
 	// Source is where the holders take the rank's gradient from:
 	// "network" (the rank's service sends it) or "local peer" (a
 	// data-parallel peer on the holder's host).
@@ -261,44 +268,49 @@ const sourceNetwork = "network"
 
 // diffFiguresOf is rank r's differential-protection figures from its
 // report.
-//
-// EXTENSION POINT (issue 15, for the merge of the rank branch): rank
-// reports only ReplSteps, ReplBytes and ReplNS so far. When rank.Progress
-// has the bases' and differentials' bytes apart (ReplBaseBytes,
-// ReplDiffBytes) and the holders' fold counter, and wire.RankProgress
-// carries them (the agent's protection.publish copies rank.Progress into
-// it), set Split, BaseBytes, DiffBytes, FoldSteps and FoldNS here, and
-// Source from the holders' source once there is more than the network.
 func diffFiguresOf(r wire.RankProgress) diffFigures {
-	return diffFigures{Rank: r.Rank, Steps: r.ReplSteps, Bytes: r.ReplBytes, Source: sourceNetwork}
+	return diffFigures{Rank: r.Rank, Steps: r.ReplSteps, Bytes: r.ReplBytes, Source: sourceNetwork,
+		Split: r.ReplBaseBytes+r.ReplDiffBytes > 0, BaseBytes: r.ReplBaseBytes, DiffBytes: r.ReplDiffBytes}
 }
 
 // writeDiffTable writes diff mode's figures, a row per rank: the bytes
 // sent per step replicated (all, bases, differentials; bases are sent
-// every --base-every steps, and counted here over every step), the
-// holders' replay time per folded step, and the gradient's source. A
-// figure not known is "-".
+// every --base-every steps, and counted here over every step) and the
+// gradient's source. A figure not known is "-".
 func writeDiffTable(w io.Writer, rows []diffFigures) {
 	fmt.Fprintf(w, "differential protection, per rank:\n")
-	fmt.Fprintf(w, "  %6s %12s %12s %12s %12s %11s\n", "rank", "sent/step", "bases/step", "diffs/step", "replay/step", "source")
+	fmt.Fprintf(w, "  %6s %12s %12s %12s %11s\n", "rank", "sent/step", "bases/step", "diffs/step", "source")
 	for _, r := range rows {
-		sent, bases, diffs, replay := "-", "-", "-", "-"
+		sent, bases, diffs := "-", "-", "-"
 		if r.Steps > 0 {
 			sent = formatBytes(r.Bytes / r.Steps)
 			if r.Split {
 				bases, diffs = formatBytes(r.BaseBytes/r.Steps), formatBytes(r.DiffBytes/r.Steps)
 			}
 		}
-		if r.FoldSteps > 0 {
-			replay = (time.Duration(r.FoldNS) / time.Duration(r.FoldSteps)).Round(time.Microsecond).String()
-		}
 		source := r.Source
 		if source == "" {
 			source = "-"
 		}
 		// One word per column: "local peer" is written local-peer.
-		fmt.Fprintf(w, "  %6d %12s %12s %12s %12s %11s\n", r.Rank, sent, bases, diffs, replay, strings.ReplaceAll(source, " ", "-"))
+		fmt.Fprintf(w, "  %6d %12s %12s %12s %11s\n", r.Rank, sent, bases, diffs, strings.ReplaceAll(source, " ", "-"))
 	}
+}
+
+// writeFolds writes each holder host's replay time per folded step (its
+// folds of the differential logs it holds into their bases), hosts in
+// order; nothing when no host folded yet.
+func writeFolds(w io.Writer, folds map[int]wire.HostFold) {
+	hosts := slices.Sorted(maps.Keys(folds))
+	if len(hosts) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "holders' replay per folded step:")
+	for _, h := range hosts {
+		f := folds[h]
+		fmt.Fprintf(w, " host %d %v (%d steps);", h, (time.Duration(f.NS) / time.Duration(max(f.Steps, 1))).Round(time.Microsecond), f.Steps)
+	}
+	fmt.Fprintln(w)
 }
 
 // formatBytes writes n bytes in decimal units, to three significant

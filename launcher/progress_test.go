@@ -153,17 +153,16 @@ func TestWriteDiffTable(t *testing.T) {
 	writeDiffTable(&b, []diffFigures{
 		// Today's reports: steps and bytes only.
 		{Rank: 0, Steps: 10, Bytes: 10 * 1_500_000, Source: "network"},
-		// With bases and differentials apart and the holders' folds.
-		{Rank: 1, Steps: 100, Bytes: 100 * 2_100_000, Split: true, BaseBytes: 100 * 100_000, DiffBytes: 100 * 2_000_000,
-			FoldSteps: 32, FoldNS: 32 * 1_234_567, Source: "local peer"},
+		// With bases and differentials apart.
+		{Rank: 1, Steps: 100, Bytes: 100 * 2_100_000, Split: true, BaseBytes: 100 * 100_000, DiffBytes: 100 * 2_000_000, Source: "local peer"},
 		// Nothing replicated yet.
 		{Rank: 2},
 	})
 	want := `differential protection, per rank:
-    rank    sent/step   bases/step   diffs/step  replay/step      source
-       0        1.5MB            -            -            -     network
-       1        2.1MB        100kB          2MB      1.235ms  local-peer
-       2            -            -            -            -           -
+    rank    sent/step   bases/step   diffs/step      source
+       0        1.5MB            -            -     network
+       1        2.1MB        100kB          2MB  local-peer
+       2            -            -            -           -
 `
 	if got := b.String(); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
@@ -191,10 +190,15 @@ func TestFormatBytes(t *testing.T) {
 func TestProgressTableMode(t *testing.T) {
 	p := newProgress([][]int{{0}, {1}}, []int{0, 1}, func(*wire.GlobalStep) {})
 	for h, r := range []wire.RankProgress{
-		{Rank: 0, Committed: 4, Replicated: 4, Stages: 5, ReplSteps: 4, ReplNS: 4e6, ReplBytes: 4 * 3_000_000},
+		{Rank: 0, Committed: 4, Replicated: 4, Stages: 5, ReplSteps: 4, ReplNS: 4e6, ReplBytes: 4 * 3_000_000,
+			ReplBaseBytes: 4 * 2_000_000, ReplDiffBytes: 4 * 1_000_000},
 		{Rank: 1, Committed: 4, Replicated: 3, Stages: 5},
 	} {
-		if err := p.handle(&wire.UpProgress{Host: h, Ranks: []wire.RankProgress{r}}); err != nil {
+		u := &wire.UpProgress{Host: h, Ranks: []wire.RankProgress{r}}
+		if h == 1 { // host 1 holds rank 0's replicas and folded them
+			u.Fold = &wire.HostFold{Steps: 32, NS: 32 * 1_234_567}
+		}
+		if err := p.handle(u); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -212,9 +216,10 @@ func TestProgressTableMode(t *testing.T) {
 		{"diff", rank.ModeDiff, DiffOptions{Fold: 16, BaseEvery: 100, Codec: "raw"},
 			"state protection: G = 3 (the step every rank can resume from), mode diff (fold 16, base every 100 steps, codec raw)\n" + rows + `
 differential protection, per rank:
-    rank    sent/step   bases/step   diffs/step  replay/step      source
-       0          3MB            -            -            -     network
-       1            -            -            -            -     network`},
+    rank    sent/step   bases/step   diffs/step      source
+       0          3MB          2MB          1MB     network
+       1            -            -            -     network
+holders' replay per folded step: host 1 1.235ms (32 steps);`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := p.table(tc.mode, tc.diff); got != tc.want {

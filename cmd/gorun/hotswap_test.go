@@ -329,58 +329,92 @@ func TestHotSwapHostLoss(t *testing.T) {
 		wantP, wantO := hsReference(t, c, extra...)
 		for _, mode := range []string{"restart", "in-place"} {
 			for _, f := range faults {
-				name := fmt.Sprintf("%s/%s/device-grad=%v", mode, f.name, dg)
-				t.Run(name, func(t *testing.T) {
-					h := rng.IntN(c.work)
-					step := 5 + rng.IntN(hsSteps-15)
-					t.Logf("%s on host %d (%s) after step %d", f.name, h, c.hosts.Names[h], step)
-					flags := append([]string{"--recovery", mode, "--max-restarts", "2"}, f.flags...)
-					r := c.start(t, flags, append([]string{"--protect"}, extra...)...)
-					r.waitStep(t, step)
-					killAt := time.Since(r.start).Seconds()
-					f.inject(t, c, r, h)
-					crashed := 0
-					if f.crash {
-						crashed = 1
-					}
-					res := r.finish(t, 0, crashed)
-					defer func() {
-						if t.Failed() {
-							t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
-						}
-					}()
-					checkHashes(t, res, wantP, wantO)
-					if f.name == "freeze" && mode == "in-place" && dg && !strings.Contains(res.stderr, "to be recoverable everywhere") {
-						// With --device-grad the survivors wait for the
-						// frozen host's replicas at the overwrite rule.
-						t.Errorf("no survivor says it waited at the overwrite rule when the epoch changed")
-					}
-					// Rank 0 logs step s once its own update is done, before
-					// every rank committed s: the step in flight, and G's lag
-					// of at most one step behind the committed ones (the
-					// overwrite rule), may be run again; nothing older.
-					if n := reexecuted(res.stdout); n > 2 {
-						t.Errorf("%d steps executed again, want at most 2 (the step in flight and G's lag)", n)
-					}
-					evs := readEvents(t, r.events)
-					tl := ofKind(evs, "timeline")
-					if len(tl) == 0 || tl[len(tl)-1].Resumed == nil {
-						t.Fatalf("no recovery timeline that resumed: %+v", evs)
-					}
-					last := tl[len(tl)-1]
-					t.Logf("recovery: detected %.3fs after the fault, published %+.3fs, resumed %+.3fs after detection; %d steps run again; %s",
-						*last.Detected-killAt, *last.Published-*last.Detected, *last.Resumed-*last.Detected, reexecuted(res.stdout), last.Cause)
-					sp := ofKind(evs, "splice")
-					if f.host {
-						if len(sp) != 1 || !sp[0].Spare || sp[0].With != c.hosts.Names[c.work] || sp[0].Lost != c.hosts.Names[h] {
-							t.Errorf("splices %+v, want one of host %s with the spare %s", sp, c.hosts.Names[h], c.hosts.Names[c.work])
-						}
-						if mode == "in-place" && len(ofKind(evs, "restart")) > 0 {
-							t.Errorf("in-place recovery restarted the ranks: %+v", ofKind(evs, "restart"))
-						}
-					}
+				t.Run(fmt.Sprintf("%s/%s/device-grad=%v", mode, f.name, dg), func(t *testing.T) {
+					hostLoss(t, c, rng, mode, f, nil, extra, wantP, wantO)
 				})
 			}
+		}
+	}
+}
+
+// TestHotSwapDiffMode loses a host (killed, or frozen first so that the
+// loss lands on survivors waiting for it) under --protect-mode diff, in
+// both recovery modes: the lost ranks' state is rebuilt on the spare from
+// their holders' bases and differentials, and the job ends with the
+// hashes of a run without failure.
+func TestHotSwapDiffMode(t *testing.T) {
+	c := newHSCluster(t, 4, 1)
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	t.Logf("seed %d", seed)
+	extra := []string{"--device-grad"}
+	wantP, wantO := hsReference(t, c, extra...)
+	diff := []string{"--protect-mode", "diff", "--base-every", "6", "--diff-fold", "4"}
+	for _, mode := range []string{"restart", "in-place"} {
+		for _, f := range faults {
+			if f.name != "kill" && f.name != "freeze" {
+				continue
+			}
+			t.Run(mode+"/"+f.name, func(t *testing.T) {
+				hostLoss(t, c, rng, mode, f, diff, extra, wantP, wantO)
+			})
+		}
+	}
+}
+
+// hostLoss runs one case of the host-loss matrix: the job with
+// --recovery mode and flags, dptrain with --protect and args; fault f on
+// a random working host after a random step; then checks the hashes
+// (wantP, wantO), the steps run again, the recovery timeline and the
+// splice.
+func hostLoss(t *testing.T, c *hsCluster, rng *rand.Rand, mode string, f fault, flags, args []string, wantP, wantO string) {
+	dg := slices.Contains(args, "--device-grad")
+	h := rng.IntN(c.work)
+	step := 5 + rng.IntN(hsSteps-15)
+	t.Logf("%s on host %d (%s) after step %d", f.name, h, c.hosts.Names[h], step)
+	flags = append(append([]string{"--recovery", mode, "--max-restarts", "2"}, f.flags...), flags...)
+	r := c.start(t, flags, append([]string{"--protect"}, args...)...)
+	r.waitStep(t, step)
+	killAt := time.Since(r.start).Seconds()
+	f.inject(t, c, r, h)
+	crashed := 0
+	if f.crash {
+		crashed = 1
+	}
+	res := r.finish(t, 0, crashed)
+	defer func() {
+		if t.Failed() {
+			t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+		}
+	}()
+	checkHashes(t, res, wantP, wantO)
+	if f.name == "freeze" && mode == "in-place" && dg && !strings.Contains(res.stderr, "to be recoverable everywhere") {
+		// With --device-grad the survivors wait for the
+		// frozen host's replicas at the overwrite rule.
+		t.Errorf("no survivor says it waited at the overwrite rule when the epoch changed")
+	}
+	// Rank 0 logs step s once its own update is done, before
+	// every rank committed s: the step in flight, and G's lag
+	// of at most one step behind the committed ones (the
+	// overwrite rule), may be run again; nothing older.
+	if n := reexecuted(res.stdout); n > 2 {
+		t.Errorf("%d steps executed again, want at most 2 (the step in flight and G's lag)", n)
+	}
+	evs := readEvents(t, r.events)
+	tl := ofKind(evs, "timeline")
+	if len(tl) == 0 || tl[len(tl)-1].Resumed == nil {
+		t.Fatalf("no recovery timeline that resumed: %+v", evs)
+	}
+	last := tl[len(tl)-1]
+	t.Logf("recovery: detected %.3fs after the fault, published %+.3fs, resumed %+.3fs after detection; %d steps run again; %s",
+		*last.Detected-killAt, *last.Published-*last.Detected, *last.Resumed-*last.Detected, reexecuted(res.stdout), last.Cause)
+	sp := ofKind(evs, "splice")
+	if f.host {
+		if len(sp) != 1 || !sp[0].Spare || sp[0].With != c.hosts.Names[c.work] || sp[0].Lost != c.hosts.Names[h] {
+			t.Errorf("splices %+v, want one of host %s with the spare %s", sp, c.hosts.Names[h], c.hosts.Names[c.work])
+		}
+		if mode == "in-place" && len(ofKind(evs, "restart")) > 0 {
+			t.Errorf("in-place recovery restarted the ranks: %+v", ofKind(evs, "restart"))
 		}
 	}
 }

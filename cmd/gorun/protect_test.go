@@ -275,27 +275,44 @@ func TestProtectRestartInPlace(t *testing.T) {
 
 	// Tier 2: rank 2 overwrites its state on its host before it dies, so
 	// its slots there fail their CRCs and it restores from its replica on
-	// the other host.
-	t.Run("tier 2", func(t *testing.T) {
-		j := dptrainJob(t, hosts, []string{"-v", "--max-restarts", "1"}, append(crash, "--fail-wipe-state")...)
-		res := j.wait(90 * time.Second)
-		checkJobCleanedUp(t, j)
-		if res.code != 0 {
-			t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
-		}
-		if !strings.Contains(res.stderr, "rank 2 overwrote its protected optimizer state") {
-			t.Fatalf("rank 2 did not overwrite its state\nstderr:\n%s", res.stderr)
-		}
-		if !regexp.MustCompile(`msg="restoring from other hosts" host=` + regexp.QuoteMeta(hosts.Names[1]) + ` rank=2 `).MatchString(res.stderr) {
-			t.Errorf("rank 2 did not restore from another host\nstderr:\n%s", res.stderr)
-		}
-		if n := strings.Count(res.stderr, `msg="restoring from other hosts"`); n != 1 {
-			t.Errorf("%d ranks restored from other hosts, want 1 (rank 2)\nstderr:\n%s", n, res.stderr)
-		}
-		if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
-			t.Errorf("run restored from Tier 2 ended with params %s optimizer %s, the uncrashed run with %s %s\nstdout:\n%s", p, o, wantP, wantO, res.stdout)
-		}
-	})
+	// the other host: in diff mode, the holder's base and the replay of
+	// the differentials since (a base every 4 steps, folds of 3, so that
+	// the 20 steps see both).
+	for _, tc := range []struct{ name, mode string }{{"tier 2", "full"}, {"tier 2, diff mode", "diff"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			flags := []string{"-v", "--max-restarts", "1", "--protect-mode", tc.mode}
+			if tc.mode == "diff" {
+				flags = append(flags, "--base-every", "4", "--diff-fold", "3")
+			}
+			j := dptrainJob(t, hosts, flags, append(crash, "--fail-wipe-state")...)
+			res := j.wait(90 * time.Second)
+			checkJobCleanedUp(t, j)
+			if res.code != 0 {
+				t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+			}
+			if !strings.Contains(res.stderr, "rank 2 overwrote its protected optimizer state") {
+				t.Fatalf("rank 2 did not overwrite its state\nstderr:\n%s", res.stderr)
+			}
+			if !regexp.MustCompile(`msg="restoring from other hosts" host=` + regexp.QuoteMeta(hosts.Names[1]) + ` rank=2 `).MatchString(res.stderr) {
+				t.Errorf("rank 2 did not restore from another host\nstderr:\n%s", res.stderr)
+			}
+			if n := strings.Count(res.stderr, `msg="restoring from other hosts"`); n != 1 {
+				t.Errorf("%d ranks restored from other hosts, want 1 (rank 2)\nstderr:\n%s", n, res.stderr)
+			}
+			if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
+				t.Errorf("run restored from Tier 2 ended with params %s optimizer %s, the uncrashed run with %s %s\nstdout:\n%s", p, o, wantP, wantO, res.stdout)
+			}
+			// -v names the mode, and in diff mode the differentials sent.
+			if !strings.Contains(res.stderr, ", mode "+tc.mode) {
+				t.Errorf("-v does not say the job ran in %s mode\nstderr:\n%s", tc.mode, res.stderr)
+			}
+			// Diff mode's holders folded their logs (--diff-fold 3 over
+			// 20 steps) and -v gives their replay time.
+			if tc.mode == "diff" && !regexp.MustCompile(`holders' replay per folded step: host \d+ \S+ \(\d+ steps\);`).MatchString(res.stderr) {
+				t.Errorf("-v gives no holder's replay time per folded step\nstderr:\n%s", res.stderr)
+			}
+		})
+	}
 
 	t.Run("no restarts", func(t *testing.T) {
 		j := dptrainJob(t, hosts, nil, crash...)

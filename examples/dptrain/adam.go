@@ -14,8 +14,13 @@ type adamHyper struct {
 type adamStepConsts = replay.Consts
 
 // consts returns the constants of step t (t ≥ 1).
-func (h adamHyper) consts(t int) adamStepConsts {
-	return replay.Hyper{LR: h.lr, Beta1: h.beta1, Beta2: h.beta2, Eps: h.eps, WeightDecay: h.weightDecay, T: t}.Consts()
+func (h adamHyper) consts(t int) adamStepConsts { return h.at(t).Consts() }
+
+// at returns the hyper-parameters of step t (t ≥ 1) as replay.Step takes
+// them: what differential protection hands the holders, which replay the
+// update from them.
+func (h adamHyper) at(t int) replay.Hyper {
+	return replay.Hyper{LR: h.lr, Beta1: h.beta1, Beta2: h.beta2, Eps: h.eps, WeightDecay: h.weightDecay, T: t}
 }
 
 // adamUpdate applies one Adam(W) step to a shard: the master weights w,

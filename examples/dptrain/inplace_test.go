@@ -15,6 +15,7 @@ import (
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/replay"
 )
 
 // epochWorlds is an in-process job whose world can move to a new epoch,
@@ -102,8 +103,10 @@ type protCluster struct {
 }
 
 // newProtCluster starts nhosts hosts, rank r on host r (nhosts-nranks
-// spares), rank r's replicas held by rank r+1 (mod nranks).
-func newProtCluster(t *testing.T, nranks, nhosts int) *protCluster {
+// spares), rank r's replicas held by rank r+1 (mod nranks), in protect
+// mode mode (a diff-mode base every 4 steps, folds of 3: a 30-step run
+// sees both).
+func newProtCluster(t *testing.T, nranks, nhosts int, mode rank.ProtectMode) *protCluster {
 	t.Helper()
 	secret, err := comm.NewSecret()
 	if err != nil {
@@ -135,6 +138,8 @@ func newProtCluster(t *testing.T, nranks, nhosts int) *protCluster {
 			HostOf:   func(r int) int { c.mu.Lock(); defer c.mu.Unlock(); return c.hostOf[r] },
 			Listener: ln,
 			Changed:  func() { c.poke() },
+			Mode:     mode,
+			Diff:     rank.DiffConfig{Fold: 3, BaseEvery: 4, Codec: replay.Options{Lossless: true}},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -266,9 +271,10 @@ func (c *protCluster) publishG(ctx context.Context) {
 }
 
 // connect is runOptions.protect for rank r.
-func (c *protCluster) connect(r int) func(ctx context.Context, regions []rank.Region) (protector, error) {
-	return func(ctx context.Context, regions []rank.Region) (protector, error) {
-		return rank.Connect(ctx, regions, rank.Options{Socket: c.socks[r]})
+func (c *protCluster) connect(r int) func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error) {
+	return func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error) {
+		opt.Socket = c.socks[r]
+		return rank.Connect(ctx, regions, opt)
 	}
 }
 
@@ -348,13 +354,19 @@ func TestInPlaceRecoveryReplacesRank(t *testing.T) {
 	want := mustRunWorld(t, size, testConfig(t), runOptions{})
 	for _, tc := range []struct {
 		name  string
+		mode  rank.ProtectMode
 		again bool // a second epoch change during the recovery
-	}{{"one epoch change", false}, {"epoch changes again during recovery", true}} {
+	}{
+		{"one epoch change", rank.ModeFull, false},
+		{"epoch changes again during recovery", rank.ModeFull, true},
+		{"diff mode", rank.ModeDiff, false},
+		{"diff mode, epoch changes again during recovery", rank.ModeDiff, true},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 			defer cancel()
 			cfg := testConfig(t, "--protect", "--fail-at-step", "11", "--fail-rank", fmt.Sprint(victim), "--rebuild-timeout", "1m")
-			pc := newProtCluster(t, size, size+1)
+			pc := newProtCluster(t, size, size+1, tc.mode)
 			ew := newEpochWorlds(size)
 			var wg sync.WaitGroup
 			defer wg.Wait()
@@ -376,8 +388,8 @@ func TestInPlaceRecoveryReplacesRank(t *testing.T) {
 			o := runOptions{errOut: outs[victim], protect: pc.connect(victim)}
 			if tc.again {
 				connect := o.protect
-				o.protect = func(ctx context.Context, regions []rank.Region) (protector, error) {
-					p, err := connect(ctx, regions)
+				o.protect = func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error) {
+					p, err := connect(ctx, regions, opt)
 					ew.advance() // epoch 2, same placement
 					return p, err
 				}
@@ -415,6 +427,23 @@ func TestInPlaceRecoveryReplacesRank(t *testing.T) {
 				if p.Restores < minRestores {
 					t.Errorf("rank %d: %d restores, want at least %d: %+v", r, p.Restores, minRestores, p)
 				}
+				// Diff mode sends differentials (and bases), full mode
+				// none: the mode reached the trainer and was used.
+				if diff := tc.mode == rank.ModeDiff; diff != (p.ReplDiffBytes > 0) {
+					t.Errorf("rank %d in %s mode: %d bytes of differentials sent", r, tc.mode, p.ReplDiffBytes)
+				}
+			}
+			if tc.mode == rank.ModeDiff {
+				var folded int64
+				for _, h := range pc.hosts {
+					folded += h.FoldStats().Steps
+				}
+				if folded == 0 {
+					t.Errorf("no holder folded a step into a base (--diff-fold 3 over 30 steps)")
+				}
+			}
+			if !strings.Contains(outs[victim].String(), "from tier 2") {
+				t.Errorf("rank %d did not restore from its holder (tier 2):\n%s", victim, outs[victim])
 			}
 			if !strings.Contains(outs[0].String(), "(in place)\n") {
 				t.Errorf("rank 0 did not report resuming in place:\n%s", outs[0])
@@ -449,7 +478,7 @@ func TestInPlaceRecoveryEnds(t *testing.T) {
 			cfg := testConfig(t, append([]string{"--fail-at-step", "5", "--fail-rank", "1"}, tc.args...)...)
 			var pc *protCluster
 			if tc.protect {
-				pc = newProtCluster(t, size, size)
+				pc = newProtCluster(t, size, size, rank.ModeFull)
 			}
 			ew := newEpochWorlds(size)
 			var wg sync.WaitGroup

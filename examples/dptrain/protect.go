@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/replay"
 )
 
 // protector is what the trainer needs from gorun's state protection;
@@ -19,6 +20,12 @@ type protector interface {
 	Wait(ctx context.Context) error
 	Stats() rank.Stats
 	Close() error
+	// Mode, GradientBuffer and Gradient are differential protection
+	// (gorun --protect-mode diff): each step's gradient and
+	// hyper-parameters go to the service, which the holders replay.
+	Mode() rank.ProtectMode
+	GradientBuffer(step int64) []float32
+	Gradient(ctx context.Context, step int64, g []float32, h replay.Hyper) error
 }
 
 var _ protector = (*rank.Client)(nil)
@@ -37,10 +44,31 @@ func (t *trainer) regions() []rank.Region {
 	return []rank.Region{{Name: "optimizer", Size: 3 * 4 * n}, {Name: "meta", Size: metaSize}}
 }
 
+// optimizer declares where the optimizer region holds the state
+// replay.Step updates (m, v, then the master weights, as stage writes
+// them): dptrain's update is replay.Step itself (adamUpdate), so a holder
+// that replays its gradients gets its state bit for bit.
+func (t *trainer) optimizer() *rank.Optimizer {
+	n := int64(len(t.master))
+	return &rank.Optimizer{Region: "optimizer", N: n, M: 0, V: 4 * n, W: 8 * n}
+}
+
 // stateKey identifies the run the state belongs to.
 func (t *trainer) stateKey() [32]byte {
 	c := t.cfg
 	return sha256.Sum256(fmt.Appendf(nil, "%d/%d/%d/%d/%+v/%d/%d/%v", c.Params, c.Seed, c.Batch, c.Compute, c.Adam, t.rank, t.size, t.bounds))
+}
+
+// protectStep protects the state after step s: in differential mode the
+// step's gradient and hyper-parameters first (the service needs them
+// before the commit), then the state itself (stage).
+func (t *trainer) protectStep(ctx context.Context, s int) error {
+	if t.diff {
+		if err := t.prot.Gradient(ctx, int64(s), t.g, t.cfg.Adam.at(s+1)); err != nil {
+			return err
+		}
+	}
+	return t.stage(ctx, s)
 }
 
 // stage protects the state after step s (in the background: Wait before

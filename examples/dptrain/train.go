@@ -49,7 +49,7 @@ type runOptions struct {
 	crash  func(step int) error // FailRank calls it at FailAtStep; nil returns errCrashed
 	// protect connects to the state protection with the rank's regions
 	// (with Config.Protect); nil: rank.Connect.
-	protect func(ctx context.Context, regions []rank.Region) (protector, error)
+	protect func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error)
 	// rebuild joins the next epoch's world once gorun has published it
 	// (comm.Comm.Rebuild), bounded by ctx; the old world is closed. Nil:
 	// the rank cannot survive an epoch change.
@@ -115,6 +115,7 @@ type trainer struct {
 	buf             []byte    // one chunk of little-endian float32s
 	timer           *time.Timer
 	prot            protector // state protection, or nil
+	diff            bool      // prot is in differential mode: each step's gradient goes to it
 	meta            []byte    // the meta region's bytes
 
 	rebuild  func(ctx context.Context) (collectives, error) // runOptions.rebuild
@@ -151,16 +152,17 @@ func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*resul
 	if cfg.Protect {
 		connect := o.protect
 		if connect == nil {
-			connect = func(ctx context.Context, regions []rank.Region) (protector, error) {
-				return rank.Connect(ctx, regions, rank.Options{})
+			connect = func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error) {
+				return rank.Connect(ctx, regions, opt)
 			}
 		}
-		p, err := connect(ctx, t.regions())
+		p, err := connect(ctx, t.regions(), rank.Options{Optimizer: t.optimizer()})
 		if err != nil {
 			return nil, fmt.Errorf("state protection: %w", err)
 		}
 		defer p.Close()
 		t.prot = p
+		t.diff = p.Mode() == rank.ModeDiff
 	}
 
 	res := &result{}
@@ -439,6 +441,13 @@ func (t *trainer) step(ctx context.Context, s int) (loss float64, logged bool, e
 		return 0, false, err
 	}
 	cfg := &t.cfg
+	if t.diff {
+		// The service reads step s's gradient from its buffer in the
+		// background once s is staged: the buffer of step s-1 (the other
+		// one) may still be read, that of s-2 no longer (the Wait below
+		// was passed for s-1).
+		t.g = t.prot.GradientBuffer(int64(s))[:len(t.master)]
+	}
 	if cfg.DeviceGrad {
 		deviceGrad(t.g, t.master, cfg.Seed, s, t.lo)
 		if t.prot != nil {
@@ -449,7 +458,7 @@ func (t *trainer) step(ctx context.Context, s int) (loss float64, logged bool, e
 		adamUpdate(t.master, t.m, t.v, t.g, cfg.Adam.consts(s+1))
 		copy(t.params[t.lo:t.hi], t.master)
 		if t.prot != nil {
-			if err := t.stage(ctx, s); err != nil {
+			if err := t.protectStep(ctx, s); err != nil {
 				return 0, false, fmt.Errorf("state protection: %w", err)
 			}
 		}
@@ -495,7 +504,7 @@ func (t *trainer) step(ctx context.Context, s int) (loss float64, logged bool, e
 		return 0, false, err
 	}
 	if t.prot != nil {
-		if err := t.stage(ctx, s); err != nil {
+		if err := t.protectStep(ctx, s); err != nil {
 			return 0, false, fmt.Errorf("state protection: %w", err)
 		}
 	}

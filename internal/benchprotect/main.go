@@ -1,7 +1,9 @@
 // Command benchprotect measures what gorun's state protection costs a
 // training step: dptrain on 4 ranks over two namespace hosts, with 256 MiB
 // of optimizer state per rank, once without protection and once with
-// dptrain --protect (replicas 1), at emulated device time (--device-ms 500
+// dptrain --protect (replicas 1) in each gorun --protect-mode (-modes: full,
+// every step's state whole to the holder; diff, the step's gradient and a
+// base every -base-every steps), at emulated device time (--device-ms 500
 // with --device-grad: the gradients come from the emulated accelerator, so
 // the host CPU only runs the optimizer step, as on a GPU node) and again
 // with real CPU arithmetic (the gradients computed and all-reduced on the
@@ -18,7 +20,10 @@
 // -warmup untimed steps. The protection's parts per step (staging copy into
 // the shared-memory slot, commit with its CRC32C, the trainer's wait, the
 // wait at the overwrite rule, replication) come from dptrain's and gorun
-// -v's own counters.
+// -v's own counters. Bytes on the wire per step are every host's bytes
+// sent onto the bridge (its veth's counter), between the arrivals of the
+// first and last timed step lines: replication, bases and control plane
+// alike.
 //
 // The hosts are network namespaces on a bridge (internal/testcluster);
 // they, and every process in them, are removed at the end, also after an
@@ -40,6 +45,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -61,6 +67,8 @@ type config struct {
 	timeout        time.Duration
 	stall          time.Duration
 	keepLogs       bool
+	modes          []string // protect modes run beside no protection
+	baseEvery      int      // gorun --base-every of the diff runs
 
 	// Helper modes: one end of a TCP stream inside a namespace (tcp.go).
 	tcpSink, tcpSource string
@@ -86,6 +94,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Minute, "limit of each gorun run")
 	fs.DurationVar(&cfg.stall, "stall", 3*time.Minute, "stop a run when rank 0 prints nothing for this long")
 	fs.BoolVar(&cfg.keepLogs, "keep-logs", false, "keep gorun -v's logs even when every run succeeded")
+	modes := fs.String("modes", "full,diff", "gorun --protect-mode values to run, comma-separated, each beside the run without protection")
+	fs.IntVar(&cfg.baseEvery, "base-every", 50, "gorun --base-every of the diff runs; they time max(-steps, this) steps, so that their bytes on the wire include one base refresh")
 	fs.StringVar(&cfg.tcpSink, "tcp-sink", "", "(internal) receive one TCP stream on this address")
 	fs.StringVar(&cfg.tcpSource, "tcp-source", "", "(internal) send -tcp-bytes to this address")
 	if err := fs.Parse(args); err != nil {
@@ -95,7 +105,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		cfg.batch = cfg.ranks
 	}
 	var err error
+	for m := range strings.SplitSeq(*modes, ",") {
+		if m != "full" && m != "diff" || slices.Contains(cfg.modes, m) {
+			err = fmt.Errorf("benchprotect: -modes %q: want full and/or diff, comma-separated", *modes)
+		}
+		cfg.modes = append(cfg.modes, m)
+	}
 	switch {
+	case err != nil:
 	case fs.NArg() > 0:
 		err = fmt.Errorf("benchprotect: unexpected argument %q", fs.Arg(0))
 	case cfg.hosts < 2 || cfg.ranks < cfg.hosts || cfg.ranks%cfg.hosts != 0:
@@ -106,6 +123,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		err = errors.New("benchprotect: -warmup and -steps must be at least 1")
 	case cfg.tcpBytes < 1 || cfg.tcpReps < 1 || cfg.timeout <= 0 || cfg.stall <= 0:
 		err = errors.New("benchprotect: -tcp-bytes, -tcp-reps, -timeout and -stall must be positive")
+	case cfg.baseEvery < 1:
+		err = errors.New("benchprotect: -base-every must be at least 1")
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, err)
@@ -145,12 +164,28 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// variant is one pair of runs, without and with protection.
+// variant is one kind of step (device time, or CPU arithmetic), run
+// without protection and with each protect mode.
 type variant struct {
-	name            string
-	deviceMs        int
-	compute         int
-	base, protected *runResult
+	name     string
+	deviceMs int
+	compute  int
+	base     *runResult
+	prot     []*modeRun // in cfg.modes' order
+}
+
+// modeRun is a variant's run with one protect mode.
+type modeRun struct {
+	mode string
+	r    *runResult
+}
+
+// timedSteps is how many steps a run of mode times.
+func (cfg *config) timedSteps(mode string) int {
+	if mode == "diff" {
+		return max(cfg.steps, cfg.baseEvery)
+	}
+	return cfg.steps
 }
 
 // bench holds one benchmark session.
@@ -215,11 +250,15 @@ func (b *bench) benchmark(ctx context.Context) (err error) {
 		vs = append(vs, &variant{name: fmt.Sprintf("CPU, compute %d", cfg.cpuCompute), compute: cfg.cpuCompute})
 	}
 	for _, v := range vs {
-		if v.base, err = b.runOnce(ctx, v, false); err != nil {
+		if v.base, err = b.runOnce(ctx, v, ""); err != nil {
 			return err
 		}
-		if v.protected, err = b.runOnce(ctx, v, true); err != nil {
-			return err
+		for _, m := range cfg.modes {
+			r, err := b.runOnce(ctx, v, m)
+			if err != nil {
+				return err
+			}
+			v.prot = append(v.prot, &modeRun{mode: m, r: r})
 		}
 	}
 	b.report(vs, ho, lo)
@@ -230,16 +269,19 @@ func (b *bench) benchmark(ctx context.Context) (err error) {
 // runResult is what one gorun run measured.
 type runResult struct {
 	steps  []time.Duration // timed steps
+	wire   float64         // bytes on the wire per timed step (every host's, every kind)
 	msStep float64         // dptrain's own ms/step over all its steps
 	client *clientStats    // rank 0's protection figures (with protection)
 	table  *protTable      // gorun -v's protection table (with protection)
 	wall   time.Duration
 }
 
-// runOnce runs dptrain once under gorun on the namespace hosts.
-func (b *bench) runOnce(ctx context.Context, v *variant, protect bool) (*runResult, error) {
+// runOnce runs dptrain once under gorun on the namespace hosts, with
+// protect mode mode ("": without protection).
+func (b *bench) runOnce(ctx context.Context, v *variant, mode string) (*runResult, error) {
 	cfg := &b.cfg
-	total := cfg.warmup + cfg.steps
+	protect := mode != ""
+	total := cfg.warmup + cfg.timedSteps(mode)
 	name := strings.ReplaceAll(v.name, " ", "")
 	name = strings.ReplaceAll(name, ",", "-")
 	dp := []string{cfg.dptrain, "--params", strconv.FormatInt(cfg.params(), 10), "--steps", strconv.Itoa(total),
@@ -250,12 +292,17 @@ func (b *bench) runOnce(ctx context.Context, v *variant, protect bool) (*runResu
 		// host CPU only runs the optimizer step (and the protection).
 		dp = append(dp, "--device-grad")
 	}
+	args := []string{"-v", "--hostfile", b.hostfile, "--rsh", "ip netns exec", "--bind", b.hosts.BridgeAddr,
+		"-np", strconv.Itoa(cfg.ranks), "--replicas", "1", "--timeout", strconv.Itoa(int(cfg.timeout.Seconds()))}
 	if protect {
 		dp = append(dp, "--protect")
-		name += "-protect"
+		name += "-" + mode
+		args = append(args, "--protect-mode", mode)
+		if mode == "diff" {
+			args = append(args, "--base-every", strconv.Itoa(cfg.baseEvery))
+		}
 	}
-	args := append([]string{"-v", "--hostfile", b.hostfile, "--rsh", "ip netns exec", "--bind", b.hosts.BridgeAddr,
-		"-np", strconv.Itoa(cfg.ranks), "--replicas", "1", "--timeout", strconv.Itoa(int(cfg.timeout.Seconds())), "--"}, dp...)
+	args = append(append(args, "--"), dp...)
 	logPath := filepath.Join(b.logDir, name+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -263,7 +310,7 @@ func (b *bench) runOnce(ctx context.Context, v *variant, protect bool) (*runResu
 	}
 	defer logf.Close()
 	fmt.Fprintf(logf, "%s %s\n", cfg.gorun, strings.Join(args, " "))
-	fmt.Fprintf(b.log, "benchprotect: %s, protection %v: %d steps ...", v.name, protect, total)
+	fmt.Fprintf(b.log, "benchprotect: %s, protection %q: %d steps ...", v.name, mode, total)
 
 	// A job that stops making progress (replication that never succeeds
 	// holds every rank at the overwrite rule) is stopped.
@@ -285,9 +332,10 @@ func (b *bench) runOnce(ctx context.Context, v *variant, protect bool) (*runResu
 	}
 	resc := make(chan stdoutResult, 1)
 	go func() {
-		resc <- readStdout(out, func() time.Time {
+		resc <- readStdout(out, func() stamp {
 			stall.Reset(cfg.stall)
-			return time.Now()
+			w, _ := b.hosts.wireBytes() // a failed read shows as a missing figure
+			return stamp{at: time.Now(), wire: w}
 		})
 	}()
 	res := <-resc
@@ -301,8 +349,8 @@ func (b *bench) runOnce(ctx context.Context, v *variant, protect bool) (*runResu
 
 	fail := func(err error) (*runResult, error) {
 		b.failed = true
-		return nil, fmt.Errorf("%s, protection %v: %w\nlast lines of rank 0:\n  %s\ngorun's log: %s",
-			v.name, protect, err, strings.Join(res.lines, "\n  "), logPath)
+		return nil, fmt.Errorf("%s, protection %q: %w\nlast lines of rank 0:\n  %s\ngorun's log: %s",
+			v.name, mode, err, strings.Join(res.lines, "\n  "), logPath)
 	}
 	switch {
 	case rctx.Err() != nil:
@@ -317,6 +365,9 @@ func (b *bench) runOnce(ctx context.Context, v *variant, protect bool) (*runResu
 		return fail(errors.New("no protection figures from dptrain or gorun -v"))
 	}
 	if r.steps, err = stepTimes(res.stepAt, cfg.warmup, total-1); err != nil {
+		return fail(err)
+	}
+	if r.wire, err = wirePerStep(res.stepWire, cfg.warmup, total-1); err != nil {
 		return fail(err)
 	}
 	return r, nil

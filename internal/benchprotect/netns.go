@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -141,4 +142,25 @@ func (c *cluster) writeHostfile(dir string, slots int) (string, error) {
 // close kills every process in the hosts and removes them.
 func (c *cluster) close() error {
 	return c.t.cleanup()
+}
+
+// wireBytes returns the bytes every host has sent onto the bridge so far:
+// the sum of the receive counters of the hosts' veths at the root
+// namespace's end (what leaves a host crosses its veth there). Everything
+// counts: replication, the control plane, the ranks' collectives. It is
+// the measure of "bytes on the wire" independent of gorun's own figures.
+func (c *cluster) wireBytes() (uint64, error) {
+	var sum uint64
+	for _, v := range c.Veths {
+		b, err := os.ReadFile(filepath.Join("/sys/class/net", v, "statistics", "rx_bytes"))
+		if err != nil {
+			return 0, err
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s's rx_bytes: %w", v, err)
+		}
+		sum += n
+	}
+	return sum, nil
 }

@@ -44,19 +44,26 @@ var (
 	jobRe    = regexp.MustCompile(`msg="control plane up".* job=([a-z0-9]+)`)
 )
 
+// stamp is when a line arrived and the bytes on the wire by then.
+type stamp struct {
+	at   time.Time
+	wire uint64
+}
+
 // stdoutResult is what rank 0 printed.
 type stdoutResult struct {
-	stepAt  map[int]time.Time // arrival time of "step N loss" per step
-	msStep  float64           // dptrain's own ms/step over all steps; 0 if missing
-	client  *clientStats      // nil without --protect
-	lines   []string          // the last few lines, for error reports
-	badLine error             // the first line that matched but did not parse
+	stepAt   map[int]time.Time // arrival time of "step N loss" per step
+	stepWire map[int]uint64    // bytes on the wire when that line arrived
+	msStep   float64           // dptrain's own ms/step over all steps; 0 if missing
+	client   *clientStats      // nil without --protect
+	lines    []string          // the last few lines, for error reports
+	badLine  error             // the first line that matched but did not parse
 }
 
 // readStdout reads gorun's standard output to its end, stamping each step
 // line with now() as it arrives.
-func readStdout(r io.Reader, now func() time.Time) stdoutResult {
-	res := stdoutResult{stepAt: map[int]time.Time{}}
+func readStdout(r io.Reader, now func() stamp) stdoutResult {
+	res := stdoutResult{stepAt: map[int]time.Time{}, stepWire: map[int]uint64{}}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -68,7 +75,7 @@ func readStdout(r io.Reader, now func() time.Time) stdoutResult {
 		res.lines = append(res.lines, line)
 		if m := stepRe.FindStringSubmatch(line); m != nil {
 			s, _ := strconv.Atoi(m[1])
-			res.stepAt[s] = t
+			res.stepAt[s], res.stepWire[s] = t.at, t.wire
 		} else if m := msStepRe.FindStringSubmatch(line); m != nil {
 			res.msStep, _ = strconv.ParseFloat(m[2], 64)
 		} else if m := protRe.FindStringSubmatch(line); m != nil {
@@ -100,6 +107,17 @@ func stepTimes(stepAt map[int]time.Time, first, last int) ([]time.Duration, erro
 		ds = append(ds, b.Sub(a))
 	}
 	return ds, nil
+}
+
+// wirePerStep returns the bytes on the wire per step from the arrival of
+// step line first-1 to that of last.
+func wirePerStep(stepWire map[int]uint64, first, last int) (float64, error) {
+	a, okA := stepWire[first-1]
+	b, okB := stepWire[last]
+	if !okA || !okB || b < a || last < first {
+		return 0, fmt.Errorf("no wire counters at steps %d and %d", first-1, last)
+	}
+	return float64(b-a) / float64(last-first+1), nil
 }
 
 // parseTable finds gorun -v's protection table in its standard error (the

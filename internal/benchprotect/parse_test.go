@@ -17,7 +17,10 @@ func TestReadStdout(t *testing.T) {
 `
 	base := time.Unix(0, 0)
 	n := 0
-	res := readStdout(strings.NewReader(in), func() time.Time { n++; return base.Add(time.Duration(n) * time.Second) })
+	res := readStdout(strings.NewReader(in), func() stamp {
+		n++
+		return stamp{at: base.Add(time.Duration(n) * time.Second), wire: uint64(1000 * n * n)}
+	})
 	if res.badLine != nil {
 		t.Fatal(res.badLine)
 	}
@@ -34,6 +37,13 @@ func TestReadStdout(t *testing.T) {
 	}
 	if _, err := stepTimes(res.stepAt, 1, 3); err == nil {
 		t.Error("stepTimes past the last step: no error")
+	}
+	// Lines 2, 4 and 5 are rank 0's steps 0, 1 and 2: wire 4000, 16000, 25000.
+	if w, err := wirePerStep(res.stepWire, 1, 2); err != nil || w != (25000-4000)/2 {
+		t.Errorf("wirePerStep(1, 2) = %v, %v; want %v", w, err, (25000-4000)/2)
+	}
+	if _, err := wirePerStep(res.stepWire, 1, 3); err == nil {
+		t.Error("wirePerStep past the last step: no error")
 	}
 }
 

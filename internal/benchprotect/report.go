@@ -77,49 +77,86 @@ func (t *protTable) services() (ruleWait, repl time.Duration, mbps float64, minR
 	return ruleWait, repl, mbps, minRepl
 }
 
-// report prints the table of every variant, one column each.
+// column is one protected run of the report, beside its variant's run
+// without protection.
+type column struct {
+	v *variant
+	m *modeRun
+}
+
+// full returns the variant's run in full mode, or nil.
+func (v *variant) full() *runResult {
+	for _, m := range v.prot {
+		if m.mode == "full" {
+			return m.r
+		}
+	}
+	return nil
+}
+
+func mib(b float64) string { return fmt.Sprintf("%.1f MiB", b/(1<<20)) }
+
+// report prints one column per variant and protect mode.
 func (b *bench) report(vs []*variant, hostMBps, loMBps float64) {
 	cfg := &b.cfg
-	const w = 24
+	var cols []column
+	for _, v := range vs {
+		for _, m := range v.prot {
+			cols = append(cols, column{v, m})
+		}
+	}
+	const w = 26
 	var sb strings.Builder
-	row := func(label string, f func(v *variant) string) {
-		fmt.Fprintf(&sb, "%-44s", label)
-		for _, v := range vs {
-			fmt.Fprintf(&sb, " %*s", w, f(v))
+	row := func(label string, f func(c column) string) {
+		fmt.Fprintf(&sb, "%-46s", label)
+		for _, c := range cols {
+			fmt.Fprintf(&sb, " %*s", w, f(c))
 		}
 		sb.WriteByte('\n')
 	}
-	prot := func(f func(c *clientStats, t *protTable) string) func(v *variant) string {
-		return func(v *variant) string { return f(v.protected.client, v.protected.table) }
+	prot := func(f func(c *clientStats, t *protTable) string) func(c column) string {
+		return func(c column) string { return f(c.m.r.client, c.m.r.table) }
 	}
 	fmt.Fprintln(&sb)
-	row("", func(v *variant) string { return v.name })
-	row("step, no protection: mean", func(v *variant) string { return msf(mean(v.base.steps)) })
-	row("step, --protect --replicas 1: mean", func(v *variant) string { return msf(mean(v.protected.steps)) })
-	row("  protected / unprotected, means", func(v *variant) string { return ratioStr(mean(v.protected.steps), mean(v.base.steps)) })
-	row("  protected / unprotected, medians", func(v *variant) string {
-		return ratioStr(median(v.protected.steps), median(v.base.steps))
+	row("", func(c column) string { return c.v.name })
+	row("gorun --protect-mode", func(c column) string { return c.m.mode })
+	row("step, no protection: mean", func(c column) string { return msf(mean(c.v.base.steps)) })
+	row("step, protected (--replicas 1): mean", func(c column) string { return msf(mean(c.m.r.steps)) })
+	row("  protected / unprotected, means", func(c column) string { return ratioStr(mean(c.m.r.steps), mean(c.v.base.steps)) })
+	row("  protected / unprotected, medians", func(c column) string {
+		return ratioStr(median(c.m.r.steps), median(c.v.base.steps))
 	})
 	spread := func(r *runResult) string {
 		return fmt.Sprintf("%.0f-%.0f ms", float64(slices.Min(r.steps))/1e6, float64(slices.Max(r.steps))/1e6)
 	}
-	row("  step range, no protection", func(v *variant) string { return spread(v.base) })
-	row("  step range, protected", func(v *variant) string { return spread(v.protected) })
-	row("  dptrain's ms/step (all steps), no / with", func(v *variant) string {
-		return fmt.Sprintf("%.0f / %.0f", v.base.msStep, v.protected.msStep)
+	row("  step range, no protection", func(c column) string { return spread(c.v.base) })
+	row("  step range, protected", func(c column) string { return spread(c.m.r) })
+	row("  timed steps, no / with protection", func(c column) string {
+		return fmt.Sprintf("%d / %d", len(c.v.base.steps), len(c.m.r.steps))
 	})
-	row("  device time / unprotected step", func(v *variant) string {
-		if v.deviceMs == 0 {
+	row("  dptrain's ms/step (all steps), no / with", func(c column) string {
+		return fmt.Sprintf("%.0f / %.0f", c.v.base.msStep, c.m.r.msStep)
+	})
+	row("  device time / unprotected step", func(c column) string {
+		if c.v.deviceMs == 0 {
 			return "-"
 		}
-		return fmt.Sprintf("%.1f%%", 100*float64(time.Duration(v.deviceMs)*time.Millisecond)/float64(mean(v.base.steps)))
+		return fmt.Sprintf("%.1f%%", 100*float64(time.Duration(c.v.deviceMs)*time.Millisecond)/float64(mean(c.v.base.steps)))
 	})
-	row("per step of protection (rank 0's client):", func(*variant) string { return "" })
+	row("bytes on the wire per step (all hosts' veths)", func(c column) string { return mib(c.m.r.wire) })
+	row("  without protection", func(c column) string { return mib(c.v.base.wire) })
+	row("  protected / full mode's", func(c column) string {
+		if f := c.v.full(); f != nil && f.wire > 0 {
+			return fmt.Sprintf("%.3f", c.m.r.wire/f.wire)
+		}
+		return "-"
+	})
+	row("per step of protection (rank 0's client):", func(column) string { return "" })
 	row("  staging copy into the shm slot", prot(func(c *clientStats, _ *protTable) string { return msf(c.copy) }))
 	row("  commit (service's CRC32C)", prot(func(c *clientStats, _ *protTable) string { return msf(c.commit) }))
 	row("  wait at the overwrite rule", prot(func(c *clientStats, _ *protTable) string { return msf(c.ruleWait) }))
 	row("  trainer blocked in Wait", prot(func(c *clientStats, _ *protTable) string { return msf(c.wait) }))
-	row("per step, mean of the ranks' services:", func(*variant) string { return "" })
+	row("per step, mean of the ranks' services:", func(column) string { return "" })
 	row("  wait at the overwrite rule", prot(func(_ *clientStats, t *protTable) string {
 		rw, _, _, _ := t.services()
 		return msf(rw)
@@ -140,20 +177,28 @@ func (b *bench) report(vs []*variant, hostMBps, loMBps float64) {
 		_, _, mbps, _ := t.services()
 		return fmt.Sprintf("%.3f", mbps/loMBps)
 	}))
-	last := cfg.warmup + cfg.steps - 1
-	row("G / lowest replicated step / last step", prot(func(_ *clientStats, t *protTable) string {
-		_, _, _, minRepl := t.services()
-		return fmt.Sprintf("%d / %d / %d", t.g, minRepl, last)
-	}))
+	row("G / lowest replicated step / last step", func(c column) string {
+		_, _, _, minRepl := c.m.r.table.services()
+		return fmt.Sprintf("%d / %d / %d", c.m.r.table.g, minRepl, cfg.warmup+cfg.timedSteps(c.m.mode)-1)
+	})
 	fmt.Fprint(b.out, sb.String())
 
 	dev := vs[0]
-	q := float64(mean(dev.protected.steps))/float64(mean(dev.base.steps)) - 1
-	verdict := "met"
-	if q > overheadTarget {
-		verdict = "NOT met"
+	fmt.Fprintln(b.out)
+	for _, m := range dev.prot {
+		q := float64(mean(m.r.steps))/float64(mean(dev.base.steps)) - 1
+		fmt.Fprintf(b.out, "target: --protect-mode %s overhead <= %.0f%% at %s: %s (%+.1f%%, ratio of means)\n",
+			m.mode, 100*overheadTarget, dev.name, verdict(q <= overheadTarget), 100*q)
 	}
-	fmt.Fprintf(b.out, "\ntarget: overhead <= %.0f%% at %s: %s (%+.1f%%, ratio of means)\n", 100*overheadTarget, dev.name, verdict, 100*q)
+	if f := dev.full(); f != nil && f.wire > 0 {
+		for _, m := range dev.prot {
+			if m.mode == "diff" {
+				q := m.r.wire / f.wire
+				fmt.Fprintf(b.out, "target: diff's bytes on the wire per step (bases included: %d timed steps = %d steps between bases) <= %.2f x full's: %s (%.3f)\n",
+					len(m.r.steps), cfg.baseEvery, wireTarget, verdict(q <= wireTarget), q)
+			}
+		}
+	}
 	if frac := float64(time.Duration(dev.deviceMs)*time.Millisecond) / float64(mean(dev.base.steps)); frac < 0.5 {
 		fmt.Fprintf(b.out, "note: the %d ms of device time are only %.0f%% of the unprotected step: dptrain's host CPU work dominates it (every rank\n"+
 			"  computes the gradient of all %d parameters for its samples and all-reduces 8 bytes per parameter), so with %d ranks\n"+
@@ -166,10 +211,21 @@ func (b *bench) report(vs []*variant, hostMBps, loMBps float64) {
 	perStep := float64(cfg.ranks) * float64(12*(cfg.params()/int64(cfg.ranks)))
 	bound := time.Duration(perStep / (hostMBps * 1e6) * float64(time.Second))
 	fmt.Fprintf(b.out, "bound: replicating every rank's state each step moves %.0f MiB across the hosts' link: %v at the single-stream\n"+
-		"  TCP rate between the namespaces, against an unprotected step of %v; replication can hide behind the step only if\n"+
-		"  it is shorter (the two hosts share this machine's %d CPUs, and every byte costs CPU in both kernels)\n",
-		perStep/(1<<20), bound.Round(time.Millisecond), mean(dev.base.steps).Round(time.Millisecond), runtime.NumCPU())
+		"  TCP rate between the namespaces, against an unprotected step of %v (a lossless differential is a third of it:\n"+
+		"  one float32 gradient per parameter against the master weight and two moments)\n",
+		perStep/(1<<20), bound.Round(time.Millisecond), mean(dev.base.steps).Round(time.Millisecond))
 	if len(vs) > 1 {
 		fmt.Fprintf(b.out, "%s: no target (CPU arithmetic on every rank: measures CPU contention, not the design)\n", vs[1].name)
 	}
+}
+
+// wireTarget is the target for diff mode's bytes on the wire per
+// step, bases included, against full mode's (network gradient source).
+const wireTarget = 0.4
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
 }

@@ -164,12 +164,20 @@ func FuzzDecodeUpProgress(f *testing.F) {
 		}
 		for _, r := range u.Ranks {
 			if r.Rank < 0 || r.Rank >= wire.MaxWorld || r.Committed < -1 || r.Committed > wire.MaxStep ||
-				r.Replicated < -1 || r.Replicated > r.Committed || r.Stages < 0 || r.WaitNS < 0 {
+				r.Replicated < -1 || r.Replicated > r.Committed || r.Stages < 0 || r.WaitNS < 0 ||
+				r.ReplBaseBytes < 0 || r.ReplDiffBytes < 0 || r.ReplBaseBytes+r.ReplDiffBytes > r.ReplBytes {
 				t.Fatalf("accepted %+v", r)
 			}
 		}
+		if f := u.Fold; f != nil && (f.Steps < 0 || f.NS < 0) {
+			t.Fatalf("accepted fold %+v", f)
+		}
 	},
 		wire.Marshal(&wire.UpProgress{Host: 1, Gen: 2, Ranks: []wire.RankProgress{{Rank: 2, Committed: 7, Replicated: 6, Stages: 8, WaitNS: 100}}}),
+		wire.Marshal(&wire.UpProgress{Host: 1, Ranks: []wire.RankProgress{{Rank: 2, Committed: 7, Replicated: 6, ReplBytes: 30, ReplBaseBytes: 10, ReplDiffBytes: 20}},
+			Fold: &wire.HostFold{Steps: 3, NS: 900}}),
+		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":1,"p":1,"rb":10,"rbb":6,"rdb":6}]}`),
+		[]byte(`{"h":0,"gen":0,"ranks":[],"fold":{"s":-1,"t":0}}`),
 		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":-1,"p":-1}]}`),
 		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":3,"p":4}]}`),
 	)

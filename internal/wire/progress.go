@@ -16,6 +16,10 @@ type RankProgress struct {
 	ReplSteps int64 `json:"rs,omitempty"`
 	ReplNS    int64 `json:"rt,omitempty"`
 	ReplBytes int64 `json:"rb,omitempty"`
+	// Of ReplBytes in diff mode: whole states (bases) and
+	// differentials.
+	ReplBaseBytes int64 `json:"rbb,omitempty"`
+	ReplDiffBytes int64 `json:"rdb,omitempty"`
 	// Restores counts the Restore requests served to the rank in this
 	// generation: a rank restored in a recovery epoch has more than when
 	// the epoch was published.
@@ -32,6 +36,16 @@ type UpProgress struct {
 	// Replicated counts that placement's holders, or a later one's.
 	Epoch uint64         `json:"epoch,omitempty"`
 	Ranks []RankProgress `json:"ranks"`
+	// Fold is the host's figures as a replica holder in diff mode: the
+	// steps its folds replayed into the bases it holds, and the time
+	// that took (nil: none yet).
+	Fold *HostFold `json:"fold,omitempty"`
+}
+
+// HostFold is a holder host's fold figures (diff mode).
+type HostFold struct {
+	Steps int64 `json:"s"`
+	NS    int64 `json:"t"`
 }
 
 // DecodeUpProgress decodes and validates an UpProgress.
@@ -52,9 +66,13 @@ func DecodeUpProgress(b []byte) (*UpProgress, error) {
 			return nil, malformed("progress: rank %d out of range", r.Rank)
 		case r.Committed < -1 || r.Committed > MaxStep || r.Replicated < -1 || r.Replicated > r.Committed:
 			return nil, malformed("progress: rank %d steps %d/%d", r.Rank, r.Committed, r.Replicated)
-		case r.Stages < 0 || r.WaitNS < 0 || r.ReplSteps < 0 || r.ReplNS < 0 || r.ReplBytes < 0 || r.Restores < 0:
+		case r.Stages < 0 || r.WaitNS < 0 || r.ReplSteps < 0 || r.ReplNS < 0 || r.ReplBytes < 0 || r.Restores < 0,
+			r.ReplBaseBytes < 0 || r.ReplDiffBytes < 0 || r.ReplBaseBytes > r.ReplBytes || r.ReplDiffBytes > r.ReplBytes-r.ReplBaseBytes:
 			return nil, malformed("progress: rank %d counters", r.Rank)
 		}
+	}
+	if f := u.Fold; f != nil && (f.Steps < 0 || f.NS < 0) {
+		return nil, malformed("progress: fold counters %d/%d", f.Steps, f.NS)
 	}
 	return &u, nil
 }
