@@ -32,17 +32,27 @@ type cluster struct {
 	mu      sync.Mutex // guards hosts after start
 	wg      sync.WaitGroup
 	lns     []net.Listener
+	// mod, if set, changes each host's configuration before it starts
+	// (e.g. diff mode).
+	mod func(*HostConfig)
 }
 
 // newCluster starts hosts with ranks[h] on host h; holders[r] are rank
 // r's replica holders; peers(r) its data-parallel peers.
 func newCluster(t testing.TB, ranks [][]int, holders [][]int, peers func(int) []int) *cluster {
 	t.Helper()
+	return newClusterWith(t, ranks, holders, peers, nil)
+}
+
+// newClusterWith is newCluster with mod applied to every host's
+// configuration (those started later too).
+func newClusterWith(t testing.TB, ranks [][]int, holders [][]int, peers func(int) []int, mod func(*HostConfig)) *cluster {
+	t.Helper()
 	s, err := comm.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{t: t, job: "testjob", secret: s, holders: holders, changed: make(chan struct{}, 1), failed: make(chan hostFailure, 16), links: make(chan linkFailure, 64), nhosts: len(ranks)}
+	c := &cluster{t: t, job: "testjob", secret: s, holders: holders, changed: make(chan struct{}, 1), failed: make(chan hostFailure, 16), links: make(chan linkFailure, 64), nhosts: len(ranks), mod: mod}
 	world := 0
 	for _, rs := range ranks {
 		world += len(rs)
@@ -82,7 +92,7 @@ func (c *cluster) startHost(h int, ranks []int, peers func(int) []int, dir strin
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	host, err := NewHost(HostConfig{
+	cfg := HostConfig{
 		Job: c.job, LinkKey: c.secret.LinkKey(), Host: h, Hosts: c.nhosts, Ranks: ranks, Dir: dir,
 		Holders: c.holders, Peers: peers, HostOf: func(r int) int { c.mu.Lock(); defer c.mu.Unlock(); return c.hostOf[r] },
 		Listener: ln, Changed: c.notify,
@@ -100,7 +110,11 @@ func (c *cluster) startHost(h int, ranks []int, peers func(int) []int, dir strin
 				c.t.Errorf("more link failures than the test reads: host %d to host %d: %v", h, to, err)
 			}
 		},
-	})
+	}
+	if c.mod != nil {
+		c.mod(&cfg)
+	}
+	host, err := NewHost(cfg)
 	if err != nil {
 		c.t.Fatal(err)
 	}

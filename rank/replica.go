@@ -258,7 +258,7 @@ func readAnswer(r io.Reader) (linkHdr, error) {
 			return h, err
 		}
 		e := &remoteError{why: h.why, msg: string(msg)}
-		if h.why == failGap {
+		if h.why == failGap || h.why == failNoLocal {
 			e.next = int64(h.gen)
 		}
 		return h, e
@@ -280,7 +280,7 @@ var (
 type remoteError struct {
 	why  uint32
 	msg  string
-	next int64 // failGap: the step the holder takes next, -1 if it needs a base
+	next int64 // failGap: the step the holder takes next, -1 if it needs a base; failNoLocal: the step to try again from
 }
 
 func (e *remoteError) Error() string { return "refused by the holder: " + e.msg }
@@ -441,7 +441,7 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 			err = st.get(c, h)
 		case kindGetSlot:
 			err = st.getSlot(c, h, t)
-		case kindBase, kindDiff, kindBaseChunk, kindBaseCommit:
+		case kindBase, kindDiff, kindBaseChunk, kindBaseCommit, kindDiffRef:
 			if !st.h.diffMode() {
 				err = fmt.Errorf("request kind %d of --protect-mode diff, this host runs full", h.kind)
 				break
@@ -453,6 +453,8 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 				err = st.diff(c, h, t)
 			case kindBaseChunk:
 				err = st.baseChunk(c, h, t)
+			case kindDiffRef:
+				err = st.diffRef(c, h, t)
 			default:
 				err = st.baseCommit(c, h, t)
 			}
@@ -835,12 +837,12 @@ type replicator struct {
 	fails atomic.Int64 // rounds that failed (and were retried, or stopped), ever
 
 	// Diff mode (diff.go).
-	dq      []*ownerDiff          // differentials some holder may still need, consecutive steps
-	dqBytes int64                 // their bytes on the wire
-	dnext   map[holderKey]int64   // the step each holder takes next; absent: ask it, or send it a base
-	dfails  map[holderKey]int     // consecutive refusals of a differential as damaged
-	ref     *refresh              // the base refresh being sent, or nil
-	refStep int64                 // the step of the last refresh (at first, of the first step sent), or -1
+	dq      []*ownerDiff        // differentials some holder may still need, consecutive steps
+	dqBytes int64               // their bytes on the wire
+	dnext   map[holderKey]int64 // the step each holder takes next; absent: ask it, or send it a base
+	dfails  map[holderKey]int   // consecutive refusals of a differential as damaged
+	ref     *refresh            // the base refresh being sent, or nil
+	refStep int64               // the step of the last refresh (at first, of the first step sent), or -1
 	refProg map[holderKey]*refProg
 	refBuf  []byte // the refreshes' snapshot buffer (used by the loop only)
 }
