@@ -255,22 +255,37 @@ type diffFigures struct {
 	Source string
 }
 
-// sourceNetwork is the gradient source of every holder until the
-// local-peer source exists (issue 15's zero-network variant).
-const sourceNetwork = "network"
+// The gradient sources of diff mode's holders.
+const (
+	sourceNetwork = "network"
+	sourceLocal   = "local peer"
+)
 
 // diffFiguresOf is rank r's differential-protection figures from its
-// report.
+// report: the bytes of bases and differentials apart, and the source of
+// the gradient its holders took: "local peer" or "network" when every
+// differential came one way, else "local" with the percentage that came
+// from a local peer.
 //
-// EXTENSION POINT (issue 15, for the merge of the rank branch): rank
-// reports only ReplSteps, ReplBytes and ReplNS so far. When rank.Progress
-// has the bases' and differentials' bytes apart (ReplBaseBytes,
-// ReplDiffBytes) and the holders' fold counter, and wire.RankProgress
-// carries them (the agent's protection.publish copies rank.Progress into
-// it), set Split, BaseBytes, DiffBytes, FoldSteps and FoldNS here, and
-// Source from the holders' source once there is more than the network.
+// EXTENSION POINT (issue 15): the holders' fold counter is per host
+// (rank.Host.FoldStats), not in the rank's report: FoldSteps and FoldNS
+// stay unset until it is.
 func diffFiguresOf(r wire.RankProgress) diffFigures {
-	return diffFigures{Rank: r.Rank, Steps: r.ReplSteps, Bytes: r.ReplBytes, Source: sourceNetwork}
+	f := diffFigures{Rank: r.Rank, Steps: r.ReplSteps, Bytes: r.ReplBytes, Source: diffSource(r.DiffLocal, r.DiffNet),
+		BaseBytes: r.BaseBytes, DiffBytes: r.DiffBytes, Split: r.BaseBytes+r.DiffBytes > 0}
+	return f
+}
+
+// diffSource names the source of a rank's differentials: local of them
+// taken from a local peer, net sent with the gradient.
+func diffSource(local, net int64) string {
+	switch {
+	case local == 0:
+		return sourceNetwork
+	case net == 0:
+		return sourceLocal
+	}
+	return fmt.Sprintf("local %d%%", local*100/(local+net))
 }
 
 // writeDiffTable writes diff mode's figures, a row per rank: the bytes

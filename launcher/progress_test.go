@@ -223,3 +223,21 @@ differential protection, per rank:
 		})
 	}
 }
+
+// TestDiffFiguresOf: a rank's report gives its -v figures: bases and
+// differentials apart, and the gradient's source from the differentials
+// sent by reference (a local peer) and with the gradient (network).
+func TestDiffFiguresOf(t *testing.T) {
+	for _, tc := range []struct {
+		local, net int64
+		want       string
+	}{
+		{0, 0, "network"}, {0, 30, "network"}, {30, 0, "local peer"}, {29, 1, "local 96%"}, {1, 3, "local 25%"},
+	} {
+		r := wire.RankProgress{Rank: 3, ReplSteps: 30, ReplBytes: 700, BaseBytes: 400, DiffBytes: 300, DiffLocal: tc.local, DiffNet: tc.net}
+		f := diffFiguresOf(r)
+		if f.Source != tc.want || !f.Split || f.BaseBytes != 400 || f.DiffBytes != 300 || f.Steps != 30 || f.Bytes != 700 {
+			t.Errorf("local %d, net %d: %+v, want source %q and the bytes split", tc.local, tc.net, f, tc.want)
+		}
+	}
+}

@@ -236,7 +236,8 @@ func (p *protection) publish() {
 		u := &wire.UpProgress{Host: a.cfg.Host, Gen: gen, Epoch: epoch, Ranks: make([]wire.RankProgress, len(ps))}
 		for i, q := range ps {
 			u.Ranks[i] = wire.RankProgress{Rank: q.Rank, Committed: q.Committed, Replicated: q.Replicated, Stages: q.Stages, WaitNS: q.WaitNS,
-				ReplSteps: q.ReplSteps, ReplNS: q.ReplNS, ReplBytes: q.ReplBytes, Restores: q.Restores}
+				ReplSteps: q.ReplSteps, ReplNS: q.ReplNS, ReplBytes: q.ReplBytes, Restores: q.Restores,
+				BaseBytes: q.ReplBaseBytes, DiffBytes: q.ReplDiffBytes, DiffLocal: q.DiffLocal, DiffNet: q.DiffNet}
 		}
 		if err := a.ctl.Publish(a.subj.Progress, wire.Marshal(u)); err != nil {
 			a.log.Warn("cannot report protection progress", "err", err)

@@ -16,6 +16,14 @@ type RankProgress struct {
 	ReplSteps int64 `json:"rs,omitempty"`
 	ReplNS    int64 `json:"rt,omitempty"`
 	ReplBytes int64 `json:"rb,omitempty"`
+	// Of ReplBytes (diff mode): bases and differentials.
+	BaseBytes int64 `json:"rbb,omitempty"`
+	DiffBytes int64 `json:"rdb,omitempty"`
+	// Diff mode: differentials whose gradient the holder took from a
+	// data-parallel peer on its host (sent by reference), and those sent
+	// with it over the network.
+	DiffLocal int64 `json:"dl,omitempty"`
+	DiffNet   int64 `json:"dn,omitempty"`
 	// Restores counts the Restore requests served to the rank in this
 	// generation: a rank restored in a recovery epoch has more than when
 	// the epoch was published.
