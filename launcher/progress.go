@@ -263,9 +263,10 @@ const (
 
 // diffFiguresOf is rank r's differential-protection figures from its
 // report: the bytes of bases and differentials apart, and the source of
-// the gradient its holders took: "local peer" or "network" when every
-// differential came one way, else "local" with the percentage that came
-// from a local peer.
+// the gradient its holders use now (their newest differential's): "local
+// peer", "network", or "mixed" when some holders use each (a report
+// without it: from the counts of differentials, "local" with the share
+// from a local peer when both sources were used).
 //
 // EXTENSION POINT (issue 15): the holders' fold counter is per host
 // (rank.Host.FoldStats), not in the rank's report: FoldSteps and FoldNS
@@ -273,6 +274,14 @@ const (
 func diffFiguresOf(r wire.RankProgress) diffFigures {
 	f := diffFigures{Rank: r.Rank, Steps: r.ReplSteps, Bytes: r.ReplBytes, Source: diffSource(r.DiffLocal, r.DiffNet),
 		BaseBytes: r.BaseBytes, DiffBytes: r.DiffBytes, Split: r.BaseBytes+r.DiffBytes > 0}
+	switch {
+	case r.SourceLocal > 0 && r.SourceNet > 0:
+		f.Source = "mixed"
+	case r.SourceLocal > 0:
+		f.Source = sourceLocal
+	case r.SourceNet > 0:
+		f.Source = sourceNetwork
+	}
 	return f
 }
 

@@ -127,6 +127,10 @@ type Progress struct {
 	// reference, localpeer.go), and those sent with it.
 	DiffLocal int64
 	DiffNet   int64
+	// The holders of the current placement whose newest differential
+	// went by reference (they use the local source now), and with the
+	// record.
+	SourceLocal, SourceNet int
 	// Restores: Restore requests served to the rank (answered with a
 	// step, not an error) in this restart generation; a rank that
 	// restores again in place after an epoch change counts again.

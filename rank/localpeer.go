@@ -584,9 +584,12 @@ func (od *ownerDiff) refFrame(h linkHdr) (net.Buffers, int64) {
 // step it sends by reference again (after a failNoLocal), and its
 // figures.
 type ownerLocal struct {
-	mu   sync.Mutex // guards seq and from
-	seq  uint64     // the placement from belongs to
+	mu   sync.Mutex // guards seq, from and last
+	seq  uint64     // the placement from and last belong to
 	from map[holderKey]int64
+	// last says, per holder, whether its newest differential taken went
+	// by reference: the source it uses now.
+	last map[holderKey]bool
 
 	byRef atomic.Int64 // differentials the holders took from a local peer
 	byNet atomic.Int64 // differentials sent with their record
@@ -599,7 +602,7 @@ func (ol *ownerLocal) try(s *service, k holderKey, step int64) bool {
 	p := s.h.place()
 	ol.mu.Lock()
 	if ol.seq != p.seq || ol.from == nil {
-		ol.seq, ol.from = p.seq, map[holderKey]int64{}
+		ol.seq, ol.from, ol.last = p.seq, map[holderKey]int64{}, map[holderKey]bool{}
 	}
 	from, ok := ol.from[k]
 	ol.mu.Unlock()
@@ -648,6 +651,7 @@ func (r *replicator) sendDiff(ctx context.Context, k holderKey, hdr linkHdr, od 
 		if !errors.As(err, &re) || re.why != failNoLocal && re.why != failNoPeer {
 			if err == nil || errors.Is(err, errDiffPending) {
 				s.local.byRef.Add(1)
+				s.local.took(s, k, true)
 			}
 			return sent, err
 		}
@@ -666,8 +670,38 @@ func (r *replicator) sendDiff(ctx context.Context, k holderKey, hdr linkHdr, od 
 	sent += od.bytes
 	if err == nil || errors.Is(err, errDiffPending) {
 		s.local.byNet.Add(1)
+		s.local.took(s, k, false)
 	}
 	return sent, err
+}
+
+// took records that holder k took its newest differential by reference
+// (local) or with the record.
+func (ol *ownerLocal) took(s *service, k holderKey, local bool) {
+	p := s.h.place()
+	ol.mu.Lock()
+	defer ol.mu.Unlock()
+	if ol.seq == p.seq && ol.last != nil {
+		ol.last[k] = local
+	}
+}
+
+// sources counts the holders of placement p whose newest differential
+// went by reference (local) and with the record (net).
+func (ol *ownerLocal) sources(p *placement, rank int) (local, net int) {
+	ol.mu.Lock()
+	defer ol.mu.Unlock()
+	if ol.seq != p.seq {
+		return 0, 0
+	}
+	for _, k := range p.targets(rank) {
+		if l, ok := ol.last[k]; ok && l {
+			local++
+		} else if ok {
+			net++
+		}
+	}
+	return local, net
 }
 
 // equal reports whether o and p declare the same optimizer.

@@ -252,6 +252,9 @@ func TestLocalPeerRestoresBitwise(t *testing.T) {
 		if per := pr.ReplDiffBytes / max(pr.DiffLocal+pr.DiffNet, 1); pr.DiffNet == 0 && per > 4*lpN/4 {
 			t.Errorf("rank %d: %d bytes per differential by reference", r, per)
 		}
+		if pr.SourceLocal != 1 || pr.SourceNet != 0 {
+			t.Errorf("rank %d: %d holders use the local source now, %d the network; want 1, 0", r, pr.SourceLocal, pr.SourceNet)
+		}
 		if j.ranks[(r+1)%2].deposited == 0 {
 			t.Errorf("rank %d deposited nothing", (r+1)%2)
 		}
@@ -326,6 +329,8 @@ func TestLocalPeerCopyInterrupted(t *testing.T) {
 				t.Errorf("rank 0: %d differentials by reference: the peer did not become the source again", pr.DiffLocal)
 			case tc.kill && pr.DiffLocal > at+1:
 				t.Errorf("rank 0: %d differentials by reference, with the peer dead from step %d", pr.DiffLocal, at)
+			case tc.kill && (pr.SourceNet != 1 || pr.SourceLocal != 0):
+				t.Errorf("rank 0 with its holder's peer dead: sources now %d local, %d network", pr.SourceLocal, pr.SourceNet)
 			}
 		})
 	}

@@ -98,10 +98,12 @@ func (s *service) progress(p *placement) Progress {
 	c := s.committed
 	s.mu.Unlock()
 	r := min(s.rep.replicatedIn(p), c)
-	return Progress{Rank: s.rank, Committed: c, Replicated: r, Stages: s.stages.Load(), WaitNS: s.waitNS.Load(),
+	pr := Progress{Rank: s.rank, Committed: c, Replicated: r, Stages: s.stages.Load(), WaitNS: s.waitNS.Load(),
 		ReplSteps: s.replSteps.Load(), ReplNS: s.replNS.Load(), ReplBytes: s.replBytes.Load(),
 		ReplBaseBytes: s.replBaseBytes.Load(), ReplDiffBytes: s.replDiffBytes.Load(), Restores: s.restores.Load(),
 		DiffLocal: s.local.byRef.Load(), DiffNet: s.local.byNet.Load()}
+	pr.SourceLocal, pr.SourceNet = s.local.sources(p, s.rank)
+	return pr
 }
 
 // leave marks the service's rank as gone from this host: its sessions

@@ -237,7 +237,8 @@ func (p *protection) publish() {
 		for i, q := range ps {
 			u.Ranks[i] = wire.RankProgress{Rank: q.Rank, Committed: q.Committed, Replicated: q.Replicated, Stages: q.Stages, WaitNS: q.WaitNS,
 				ReplSteps: q.ReplSteps, ReplNS: q.ReplNS, ReplBytes: q.ReplBytes, Restores: q.Restores,
-				BaseBytes: q.ReplBaseBytes, DiffBytes: q.ReplDiffBytes, DiffLocal: q.DiffLocal, DiffNet: q.DiffNet}
+				BaseBytes: q.ReplBaseBytes, DiffBytes: q.ReplDiffBytes, DiffLocal: q.DiffLocal, DiffNet: q.DiffNet,
+				SourceLocal: q.SourceLocal, SourceNet: q.SourceNet}
 		}
 		if err := a.ctl.Publish(a.subj.Progress, wire.Marshal(u)); err != nil {
 			a.log.Warn("cannot report protection progress", "err", err)

@@ -24,6 +24,10 @@ type RankProgress struct {
 	// with it over the network.
 	DiffLocal int64 `json:"dl,omitempty"`
 	DiffNet   int64 `json:"dn,omitempty"`
+	// The rank's holders whose newest differential came from a local
+	// peer, and over the network: the source each uses now.
+	SourceLocal int `json:"sl,omitempty"`
+	SourceNet   int `json:"sn,omitempty"`
 	// Restores counts the Restore requests served to the rank in this
 	// generation: a rank restored in a recovery epoch has more than when
 	// the epoch was published.
