@@ -262,15 +262,42 @@ type diffFigures struct {
 	Source string
 }
 
-// sourceNetwork is the gradient source of every holder until the
-// local-peer source exists (issue 15's zero-network variant).
-const sourceNetwork = "network"
+// The gradient sources of diff mode's holders.
+const (
+	sourceNetwork = "network"
+	sourceLocal   = "local peer"
+)
 
 // diffFiguresOf is rank r's differential-protection figures from its
-// report.
+// report: the bytes of bases and differentials apart, and the source of
+// the gradient its holders use now (their newest differential's): "local
+// peer", "network", or "mixed" when some holders use each (a report
+// without it: from the counts of differentials, "local" with the share
+// from a local peer when both sources were used).
 func diffFiguresOf(r wire.RankProgress) diffFigures {
-	return diffFigures{Rank: r.Rank, Steps: r.ReplSteps, Bytes: r.ReplBytes, Source: sourceNetwork,
-		Split: r.ReplBaseBytes+r.ReplDiffBytes > 0, BaseBytes: r.ReplBaseBytes, DiffBytes: r.ReplDiffBytes}
+	f := diffFigures{Rank: r.Rank, Steps: r.ReplSteps, Bytes: r.ReplBytes, Source: diffSource(r.DiffLocal, r.DiffNet),
+		BaseBytes: r.ReplBaseBytes, DiffBytes: r.ReplDiffBytes, Split: r.ReplBaseBytes+r.ReplDiffBytes > 0}
+	switch {
+	case r.SourceLocal > 0 && r.SourceNet > 0:
+		f.Source = "mixed"
+	case r.SourceLocal > 0:
+		f.Source = sourceLocal
+	case r.SourceNet > 0:
+		f.Source = sourceNetwork
+	}
+	return f
+}
+
+// diffSource names the source of a rank's differentials: local of them
+// taken from a local peer, net sent with the gradient.
+func diffSource(local, net int64) string {
+	switch {
+	case local == 0:
+		return sourceNetwork
+	case net == 0:
+		return sourceLocal
+	}
+	return fmt.Sprintf("local %d%%", local*100/(local+net))
 }
 
 // writeDiffTable writes diff mode's figures, a row per rank: the bytes

@@ -228,3 +228,25 @@ holders' replay per folded step: host 1 1.235ms (32 steps);`},
 		})
 	}
 }
+
+// TestDiffFiguresOf: a rank's report gives its -v figures: bases and
+// differentials apart, and the gradient's source from the differentials
+// sent by reference (a local peer) and with the gradient (network).
+func TestDiffFiguresOf(t *testing.T) {
+	for _, tc := range []struct {
+		local, net       int64
+		nowLocal, nowNet int
+		want             string
+	}{
+		{0, 0, 0, 0, "network"}, {0, 30, 0, 0, "network"}, {30, 0, 0, 0, "local peer"}, {29, 1, 0, 0, "local 96%"}, {1, 3, 0, 0, "local 25%"},
+		// The holders' current sources, when reported, name it.
+		{28, 2, 1, 0, "local peer"}, {28, 2, 0, 1, "network"}, {28, 2, 1, 1, "mixed"},
+	} {
+		r := wire.RankProgress{Rank: 3, ReplSteps: 30, ReplBytes: 700, ReplBaseBytes: 400, ReplDiffBytes: 300, DiffLocal: tc.local, DiffNet: tc.net,
+			SourceLocal: tc.nowLocal, SourceNet: tc.nowNet}
+		f := diffFiguresOf(r)
+		if f.Source != tc.want || !f.Split || f.BaseBytes != 400 || f.DiffBytes != 300 || f.Steps != 30 || f.Bytes != 700 {
+			t.Errorf("%+v: %+v, want source %q and the bytes split", tc, f, tc.want)
+		}
+	}
+}

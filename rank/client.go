@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -56,6 +57,15 @@ type Client struct {
 	unmaps  []func() error
 	grad    [2][]byte // the gradient buffer's halves (ping-pong by step parity)
 	welcome ProtectWelcome
+	// dep are the halves' deposit areas (localpeer.go), or nil.
+	dep [2][]byte
+
+	depMu   sync.Mutex   // guards depPlan (the background staging updates it)
+	depPlan *DepositPlan // the newest deposit plan the service gave
+	// depStep, depVer: the step Deposits was last asked for, and the
+	// plan version it answered (for that step's Gradient).
+	depStep int64
+	depVer  uint64
 
 	pending chan error // the staging in flight, or nil
 	stats   Stats
@@ -140,17 +150,28 @@ func (c *Client) handshake(ctx context.Context, regions []Region, opt Options) e
 		if stride == 0 { // an older service: one half
 			stride = (g.Size + 4095) &^ 4095
 		}
-		if stride < g.Size {
-			return fmt.Errorf("rank: gradient buffer of %d bytes with a stride of %d", g.Size, stride)
+		size := g.Size
+		if g.Reduced > 0 {
+			if g.Deposit < g.Size || g.Reduced > MaxGradient {
+				return fmt.Errorf("rank: gradient buffer of %d bytes with deposits of %d elements at %d", g.Size, g.Reduced, g.Deposit)
+			}
+			size = g.Deposit + 4*g.Reduced
 		}
-		v, unmap, err := ckpt.MapData(ckpt.RegionFile{Name: gradientRegion, Size: g.Size, Stride: stride, Path: g.Path})
+		if stride < size {
+			return fmt.Errorf("rank: gradient buffer of %d bytes with a stride of %d", size, stride)
+		}
+		v, unmap, err := ckpt.MapData(ckpt.RegionFile{Name: gradientRegion, Size: size, Stride: stride, Path: g.Path})
 		if err != nil {
 			return fmt.Errorf("rank: gradient buffer: %w", err)
 		}
 		c.unmaps = append(c.unmaps, unmap)
-		c.grad = v
+		c.grad = [2][]byte{v[0][:g.Size], v[1][:g.Size]}
 		if g.Stride == 0 {
-			c.grad[1] = v[0]
+			c.grad[1] = c.grad[0]
+		}
+		if g.Reduced > 0 {
+			c.dep = [2][]byte{v[0][g.Deposit:size], v[1][g.Deposit:size]}
+			c.depPlan, c.depStep = pw.Deposits, noStep
 		}
 	}
 	return nil
@@ -291,6 +312,11 @@ func (c *Client) stage(step int64, data map[string][][]byte) error {
 	if sr.Slot != 0 && sr.Slot != 1 || sr.Step != step {
 		return fmt.Errorf("rank: stage: the service answered slot %d step %d", sr.Slot, sr.Step)
 	}
+	if sr.Deposits != nil {
+		c.depMu.Lock()
+		c.depPlan = sr.Deposits
+		c.depMu.Unlock()
+	}
 	t0 := time.Now()
 	var jobs []copyJob
 	for i, f := range c.files {
@@ -415,6 +441,11 @@ func (c *Client) Gradient(ctx context.Context, step int64, g []float32, h replay
 	}
 	var r GradientDone
 	req := &StepReq{Step: step, N: int64(len(g)), Hyper: &Hyper{LR: h.LR, Beta1: h.Beta1, Beta2: h.Beta2, Eps: h.Eps, WeightDecay: h.WeightDecay, T: h.T}}
+	c.depMu.Lock()
+	if c.depStep == step {
+		req.Deposits = c.depVer
+	}
+	c.depMu.Unlock()
 	if err := c.callCtx(ctx, TypeGradient, req, TypeGradientDone, &r); err != nil {
 		return err
 	}
@@ -452,4 +483,34 @@ func Float32Bytes(x []float32) []byte {
 		return nil
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), len(x)*4)
+}
+
+// Deposits returns what the rank writes at step for the replica holders
+// on its host that take its data-parallel peers' gradients from it
+// (Optimizer.Reduced in diff mode; nil, nil otherwise): red is the full
+// reduced gradient's view in step's half of the gradient buffer
+// (Reduced.N elements), and ranges the parts of it to write, each
+// red[Lo:Hi] = the reduced gradient's elements [Lo, Hi) of step, before
+// Gradient(step), under GradientBuffer's rules. Call it once per step: the
+// plan may change at each Stage, and Gradient(step) names the plan the
+// rank followed.
+func (c *Client) Deposits(step int64) (red []float32, ranges []DepositRange) {
+	b := c.dep[step&1]
+	if len(b) < 4 {
+		return nil, nil
+	}
+	c.depMu.Lock()
+	defer c.depMu.Unlock()
+	c.depStep, c.depVer = step, 0
+	if c.depPlan == nil || len(c.depPlan.Ranges) == 0 {
+		return nil, nil
+	}
+	red = unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
+	for _, r := range c.depPlan.Ranges {
+		if r.Lo < 0 || r.Lo > r.Hi || r.Hi > int64(len(red)) {
+			return nil, nil // not from this service: no deposits
+		}
+	}
+	c.depVer = c.depPlan.Version
+	return red, slices.Clone(c.depPlan.Ranges)
 }

@@ -174,7 +174,8 @@ type ownerDiff struct {
 	table []tableEntry // every replicated region, with its CRC32C committed at step
 	opt   int          // the optimizer region's index in table
 	d     diffstore.Diff
-	bytes int64 // on the wire after the table
+	bytes int64        // on the wire after the table
+	ref   *diffRefInfo // the rank declared a reduced gradient: what a differential by reference carries
 }
 
 // frame returns the request's bytes for holder h.
@@ -547,8 +548,9 @@ func (r *replicator) sendTo(ctx context.Context, gen uint64, a diffAct) diffRes 
 	if testHookDropDiff != nil && testHookDropDiff(s.rank, a.k.rank, od.step) {
 		err = errDiffPending // lost: the owner believes it went
 	} else {
-		err = s.h.links.call(ctx, a.k.host, hdr, od.frame(hdr))
-		res.diffB += od.bytes
+		var n int64
+		n, err = r.sendDiff(ctx, a.k, hdr, od) // localpeer.go: by reference where it can
+		res.diffB += n
 	}
 	var re *remoteError
 	switch {
@@ -989,6 +991,14 @@ func (st *replicaStore) diff(c net.Conn, h linkHdr, t []tableEntry) error {
 	if msg := st.notHolder(h); msg != "" {
 		return writeFail(c, h, failOther, msg)
 	}
+	return st.takeDiff(c, h, t, d)
+}
+
+// takeDiff appends differential d of h.owner at h.step (read whole, its
+// record included, from the network or a local peer) to the owner's
+// current store, and acknowledges it only if the store can restore the
+// step.
+func (st *replicaStore) takeDiff(c net.Conn, h linkHdr, t []tableEntry, d diffstore.Diff) error {
 	o := st.owner(h.owner)
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -122,6 +122,15 @@ type Progress struct {
 	// (ReplDiffBytes). In full mode every byte is a base's.
 	ReplBaseBytes int64
 	ReplDiffBytes int64
+	// Of the differentials the holders took (diff mode): those whose
+	// gradient a holder took from a local data-parallel peer (sent by
+	// reference, localpeer.go), and those sent with it.
+	DiffLocal int64
+	DiffNet   int64
+	// The holders of the current placement whose newest differential
+	// went by reference (they use the local source now), and with the
+	// record.
+	SourceLocal, SourceNet int
 	// Restores: Restore requests served to the rank (answered with a
 	// step, not an error) in this restart generation; a rank that
 	// restores again in place after an epoch change counts again.
@@ -151,6 +160,7 @@ type Host struct {
 
 	store *replicaStore
 	links *linkPool
+	local *localPeers // diff mode: the gradients local peers deposit for the owners held here
 
 	// Diff mode: the holder's folds (foldLoop), and their figures.
 	folds     chan *ownerReplica
@@ -208,6 +218,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 		s.rep.placed(p)
 	}
 	h.store = newReplicaStore(h)
+	h.local = newLocalPeers(h)
 	h.links = newLinkPool(h)
 	if h.diffMode() {
 		if !cfg.Diff.lossless() {
@@ -294,6 +305,7 @@ func (h *Host) SetG(gen uint64, g int64) {
 	h.gwake = make(chan struct{})
 	h.gmu.Unlock()
 	h.store.sweep(nil, g)
+	h.local.prune(g)
 }
 
 // Active reports whether any local rank protects its state.

@@ -265,6 +265,7 @@ func (h *Host) SetPlacement(p Placement) error {
 	for _, r := range np.ranks {
 		np.svcs[r].rep.placed(np)
 	}
+	h.local.replan()
 	h.log.Info("state protection placement", "placement", np.seq, "ranks", np.ranks, "left", len(left))
 	h.cfg.Changed()
 	return errors.Join(errs...)

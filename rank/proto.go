@@ -81,6 +81,11 @@ type Optimizer struct {
 	W      int64  `json:"w"`
 	M      int64  `json:"m"`
 	V      int64  `json:"v"`
+	// Reduced, if set, declares that the rank's shard gradient is a
+	// slice of a reduced gradient every data-parallel peer holds
+	// bitwise (localpeer.go): what lets a holder take it from a local
+	// peer instead of the network.
+	Reduced *Reduced `json:"reduced,omitempty"`
 }
 
 // Hyper are one optimizer step's hyper-parameters (replay.Hyper) on the
@@ -128,6 +133,13 @@ type GradientFile struct {
 	Path   string `json:"path"`
 	Size   int64  `json:"size"`
 	Stride int64  `json:"stride,omitempty"`
+	// Deposit and Reduced, for a rank that declared Optimizer.Reduced in
+	// diff mode: each half holds, from byte offset Deposit, room for the
+	// Reduced elements of the full reduced gradient (element i at
+	// Deposit + 4i), where the rank writes the deposits its plan asks
+	// for (DepositPlan). Stride ≥ Deposit + 4·Reduced then.
+	Deposit int64 `json:"deposit,omitempty"`
+	Reduced int64 `json:"reduced,omitempty"`
 }
 
 // ProtectWelcome answers ProtectHello.
@@ -140,10 +152,13 @@ type ProtectWelcome struct {
 	Gradient *GradientFile `json:"gradient,omitempty"`
 	// Mode is the job's protect mode: "full", or "diff" (the rank hands
 	// its gradient and hyper-parameters every step before Commit).
-	Mode      ProtectMode `json:"mode,omitempty"`
-	Committed int64       `json:"committed"`
-	G         int64       `json:"g"`
-	Err       string      `json:"err,omitempty"`
+	Mode ProtectMode `json:"mode,omitempty"`
+	// Deposits is the rank's deposit plan (a rank that declared
+	// Optimizer.Reduced in diff mode), also in every Staged.
+	Deposits  *DepositPlan `json:"deposits,omitempty"`
+	Committed int64        `json:"committed"`
+	G         int64        `json:"g"`
+	Err       string       `json:"err,omitempty"`
 }
 
 // StepReq is Stage, Commit and (with N and Hyper) Gradient.
@@ -151,14 +166,19 @@ type StepReq struct {
 	Step  int64  `json:"step"`
 	N     int64  `json:"n,omitempty"`     // Gradient: elements
 	Hyper *Hyper `json:"hyper,omitempty"` // Gradient: the optimizer step's hyper-parameters
+	// Deposits (Gradient): the version of the deposit plan whose ranges
+	// the rank wrote into the buffer's half of step (0: none).
+	Deposits uint64 `json:"deposits,omitempty"`
 }
 
 // Staged answers Stage.
 type Staged struct {
-	Step   int64  `json:"step"`
-	Slot   int    `json:"slot"`
-	WaitNS int64  `json:"wait_ns"`
-	Err    string `json:"err,omitempty"`
+	Step   int64 `json:"step"`
+	Slot   int   `json:"slot"`
+	WaitNS int64 `json:"wait_ns"`
+	// Deposits is the rank's current deposit plan (see ProtectWelcome).
+	Deposits *DepositPlan `json:"deposits,omitempty"`
+	Err      string       `json:"err,omitempty"`
 }
 
 // Committed answers Commit.
@@ -221,6 +241,11 @@ func (o *Optimizer) check(regions []Region, gradient int64) error {
 		return fmt.Errorf("optimizer of %d elements, want 1 to 2^31", o.N)
 	case gradient < o.N:
 		return fmt.Errorf("a gradient buffer of %d elements for an optimizer of %d", gradient, o.N)
+	}
+	if o.Reduced != nil {
+		if err := o.Reduced.check(o.N); err != nil {
+			return err
+		}
 	}
 	size := regions[i].Size
 	offs := [3]int64{o.W, o.M, o.V}

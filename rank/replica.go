@@ -262,7 +262,7 @@ func readAnswer(r io.Reader) (linkHdr, error) {
 			return h, err
 		}
 		e := &remoteError{why: h.why, msg: string(msg)}
-		if h.why == failGap {
+		if h.why == failGap || h.why == failNoLocal {
 			e.next = int64(h.gen)
 		}
 		return h, e
@@ -284,7 +284,7 @@ var (
 type remoteError struct {
 	why  uint32
 	msg  string
-	next int64 // failGap: the step the holder takes next, -1 if it needs a base
+	next int64 // failGap: the step the holder takes next, -1 if it needs a base; failNoLocal: the step to try again from
 }
 
 func (e *remoteError) Error() string { return "refused by the holder: " + e.msg }
@@ -445,7 +445,7 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 			err = st.get(c, h)
 		case kindGetSlot:
 			err = st.getSlot(c, h, t)
-		case kindBase, kindDiff, kindBaseChunk, kindBaseCommit:
+		case kindBase, kindDiff, kindBaseChunk, kindBaseCommit, kindDiffRef:
 			if !st.h.diffMode() {
 				err = fmt.Errorf("request kind %d of --protect-mode diff, this host runs full", h.kind)
 				break
@@ -457,6 +457,8 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 				err = st.diff(c, h, t)
 			case kindBaseChunk:
 				err = st.baseChunk(c, h, t)
+			case kindDiffRef:
+				err = st.diffRef(c, h, t)
 			default:
 				err = st.baseCommit(c, h, t)
 			}

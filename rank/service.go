@@ -51,6 +51,8 @@ type service struct {
 	gradUnmap func() error
 	// opt is the rank's replay optimizer as declared (diff mode), or nil.
 	opt *Optimizer
+	// dep: the deposits the rank writes for local holders (localpeer.go).
+	dep deposits
 	// grads are the Gradient requests not yet committed, oldest first
 	// (at most two: a rank may hand step s+1's before step s commits).
 	grads    []gradRec
@@ -77,7 +79,8 @@ type service struct {
 	replBaseBytes atomic.Int64
 	replDiffBytes atomic.Int64
 
-	rep replicator // this rank's outgoing replication (replica.go)
+	rep   replicator // this rank's outgoing replication (replica.go)
+	local ownerLocal // its differentials by reference (localpeer.go)
 }
 
 func newService(h *Host, rank int) *service {
@@ -95,9 +98,12 @@ func (s *service) progress(p *placement) Progress {
 	c := s.committed
 	s.mu.Unlock()
 	r := min(s.rep.replicatedIn(p), c)
-	return Progress{Rank: s.rank, Committed: c, Replicated: r, Stages: s.stages.Load(), WaitNS: s.waitNS.Load(),
+	pr := Progress{Rank: s.rank, Committed: c, Replicated: r, Stages: s.stages.Load(), WaitNS: s.waitNS.Load(),
 		ReplSteps: s.replSteps.Load(), ReplNS: s.replNS.Load(), ReplBytes: s.replBytes.Load(),
-		ReplBaseBytes: s.replBaseBytes.Load(), ReplDiffBytes: s.replDiffBytes.Load(), Restores: s.restores.Load()}
+		ReplBaseBytes: s.replBaseBytes.Load(), ReplDiffBytes: s.replDiffBytes.Load(), Restores: s.restores.Load(),
+		DiffLocal: s.local.byRef.Load(), DiffNet: s.local.byNet.Load()}
+	pr.SourceLocal, pr.SourceNet = s.local.sources(p, s.rank)
+	return pr
 }
 
 // leave marks the service's rank as gone from this host: its sessions
@@ -195,6 +201,7 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 			return TypeProtectWelcome, &ProtectWelcome{Committed: noStep, G: noStep, Err: err.Error()}, nil
 		}
 		ss.hello, ss.id, ss.placed = true, id, pl
+		s.h.local.notify() // a session of a local peer opened
 		return TypeProtectWelcome, w, nil
 	case TypeStage, TypeCommit, TypeGradient:
 		var req StepReq
@@ -206,12 +213,12 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 		}
 		switch typ {
 		case TypeStage:
-			if req.N != 0 || req.Hyper != nil {
+			if req.N != 0 || req.Hyper != nil || req.Deposits != 0 {
 				return 0, nil, errors.New("stage: unexpected field n")
 			}
 			return TypeStaged, s.stage(ctx, ss, req.Step), nil
 		case TypeCommit:
-			if req.N != 0 || req.Hyper != nil {
+			if req.N != 0 || req.Hyper != nil || req.Deposits != 0 {
 				return 0, nil, errors.New("commit: unexpected field n")
 			}
 			return TypeCommitted, s.commit(ss, req.Step), nil
@@ -219,7 +226,7 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 			if req.N < 0 || req.N > MaxGradient {
 				return 0, nil, fmt.Errorf("gradient: %d elements out of range", req.N)
 			}
-			return TypeGradientDone, s.gradient(req.Step, req.N, req.Hyper), nil
+			return TypeGradientDone, s.gradient(req.Step, req.N, req.Hyper, req.Deposits), nil
 		}
 	case TypeRestore, TypeStatus:
 		var req Empty
@@ -252,6 +259,7 @@ func (s *service) hello(req *ProtectHello) (*ProtectWelcome, uint64, error) {
 	// The newest session of a rank is the one that may change its state:
 	// an older one belongs to a rank process that is gone or gave up.
 	s.session++
+	s.dep.open = true
 	return w, s.session, nil
 }
 
@@ -280,12 +288,11 @@ func (s *service) helloLocked(req *ProtectHello) (*ProtectWelcome, error) {
 		if req.Gradient*4 != s.gradSize() {
 			return nil, fmt.Errorf("a gradient of %d elements differs from the %d this rank declared before", req.Gradient, s.gradSize()/4)
 		}
-		if diff && s.opt != nil && *req.Optimizer != *s.opt {
+		if diff && s.opt != nil && !req.Optimizer.equal(s.opt) {
 			return nil, fmt.Errorf("optimizer %+v differs from the %+v this rank declared before", *req.Optimizer, *s.opt)
 		}
 		if diff && s.opt == nil {
-			o := *req.Optimizer
-			s.opt = &o
+			s.opt = req.Optimizer.clone()
 		}
 		return s.welcome(), nil
 	}
@@ -300,15 +307,18 @@ func (s *service) helloLocked(req *ProtectHello) (*ProtectWelcome, error) {
 		return nil, err
 	}
 	if req.Gradient > 0 {
-		if err := s.createGradient(req.Gradient * 4); err != nil {
+		var reduced int64
+		if diff && req.Optimizer.Reduced != nil {
+			reduced = req.Optimizer.Reduced.N
+		}
+		if err := s.createGradient(req.Gradient*4, reduced); err != nil {
 			slots.Close()
 			return nil, err
 		}
 	}
 	s.slots = slots
 	if diff {
-		o := *req.Optimizer
-		s.opt = &o
+		s.opt = req.Optimizer.clone()
 	}
 	s.regions = slices.Clone(req.Regions)
 	s.files = slots.Files()
@@ -334,15 +344,32 @@ func (s *service) gradSize() int64 {
 // createGradient creates the gradient buffer, a file beside the rank's
 // slot files and named as theirs are (so that ckpt.RemoveJob removes it
 // too): two halves of size bytes, at offsets 0 and stride (GradientFile).
-func (s *service) createGradient(size int64) error {
-	stride := (size + 4095) &^ 4095
-	f := ckpt.RegionFile{Name: gradientRegion, Size: size, Stride: stride, Path: s.gradientPath()}
+// With reduced > 0 each half also has a deposit area of reduced float32s
+// after the page that ends the gradient (GradientFile.Deposit), left
+// sparse: a deposit plan allocates its ranges (localpeer.go).
+func (s *service) createGradient(size, reduced int64) error {
+	end, dep := size, int64(0)
+	if reduced > 0 {
+		dep = (size + 4095) &^ 4095
+		end = dep + 4*reduced
+	}
+	stride := (end + 4095) &^ 4095
+	f := ckpt.RegionFile{Name: gradientRegion, Size: end, Stride: stride, Path: s.gradientPath()}
 	_ = os.Remove(f.Path)
 	fd, err := os.OpenFile(f.Path, os.O_RDWR|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("gradient buffer: %w", err)
 	}
-	err = syscall.Fallocate(int(fd.Fd()), 0, 0, 2*stride)
+	if reduced > 0 {
+		err = fd.Truncate(2 * stride)
+		for half := range int64(2) {
+			if err == nil && size > 0 {
+				err = syscall.Fallocate(int(fd.Fd()), 0, half*stride, size)
+			}
+		}
+	} else {
+		err = syscall.Fallocate(int(fd.Fd()), 0, 0, 2*stride)
+	}
 	if cerr := fd.Close(); err == nil {
 		err = cerr
 	}
@@ -358,6 +385,9 @@ func (s *service) createGradient(size int64) error {
 	s.grad = views
 	s.gradUnmap = unmap
 	s.gradFile = &GradientFile{Path: f.Path, Size: size, Stride: stride}
+	if reduced > 0 {
+		s.gradFile.Deposit, s.gradFile.Reduced = dep, reduced
+	}
 	return nil
 }
 
@@ -369,6 +399,7 @@ func (s *service) welcome() *ProtectWelcome {
 	w := &ProtectWelcome{
 		Version: Version, Job: s.h.cfg.Job, Rank: s.rank, Replicas: len(s.h.holders(s.rank)),
 		Gradient: s.gradFile, Committed: s.committed, G: s.h.G(), Mode: s.h.mode(),
+		Deposits: s.depositPlan(),
 	}
 	for _, f := range s.files {
 		w.Regions = append(w.Regions, RegionFile{Name: f.Name, Size: f.Size, Path: f.Path, Stride: f.Stride})
@@ -433,7 +464,7 @@ func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 	s.views[slot] = st.Views()
 	s.stages.Add(1)
 	s.waitNS.Add(int64(wait))
-	return &Staged{Step: step, Slot: slot, WaitNS: int64(wait)}
+	return &Staged{Step: step, Slot: slot, WaitNS: int64(wait), Deposits: s.depositPlan()}
 }
 
 // commit checksums and commits the staged step, then hands it to the
@@ -460,6 +491,11 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 		}
 		grad = s.grads[i]
 	}
+	red := s.reduced()
+	var plan depPlan
+	if diff && red != nil {
+		plan = s.planOf(grad.dep)
+	}
 	s.staged = nil
 	s.mu.Unlock()
 	// The CRCs of a large state take a while: outside s.mu, so that
@@ -468,9 +504,19 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 	// does not write its half (step's parity) before Committed.
 	var rec []byte
 	var encErr error
+	var ref *diffRefInfo
+	var locals map[int]localRec
 	var wg sync.WaitGroup
 	if diff {
-		wg.Go(func() { rec, encErr = s.encodeGradient(grad) })
+		wg.Go(func() {
+			rec, encErr = s.encodeGradient(grad)
+			if red != nil && encErr == nil {
+				ref = &diffRefInfo{red: *red, n: grad.n, sum: crc32.Checksum(s.grad[step%2][:4*grad.n], castagnoli)}
+			}
+		})
+		if len(plan.owners) > 0 {
+			wg.Go(func() { locals = s.encodeDeposits(step, plan) })
+		}
 	}
 	err := st.Commit()
 	wg.Wait()
@@ -497,8 +543,14 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 	if diff {
 		s.grads = slices.DeleteFunc(s.grads, func(g gradRec) bool { return g.step <= step })
 		od = s.ownerDiff(grad, rec, slot)
+		od.ref = ref
 	}
 	s.mu.Unlock()
+	if diff && red != nil {
+		// The holders here waiting for this step's deposits take them
+		// now, or learn that they will not come.
+		s.h.local.committed(s.rank, step, gen, plan.ver, locals)
+	}
 	if od != nil {
 		s.rep.pushDiff(od)
 	}
@@ -512,6 +564,7 @@ type gradRec struct {
 	step  int64
 	n     int64
 	hyper replay.Hyper // diff mode
+	dep   uint64       // the deposit plan version the rank followed (localpeer.go)
 }
 
 // gradient records the rank's Gradient of step: n elements in the
@@ -519,7 +572,7 @@ type gradRec struct {
 // answers at once; the elements are read (encoded) by step's Commit. In
 // diff mode hyper is required, valid, and follows the previous step's
 // optimizer step count, and n is the optimizer's N.
-func (s *service) gradient(step, n int64, h *Hyper) *GradientDone {
+func (s *service) gradient(step, n int64, h *Hyper, dep uint64) *GradientDone {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fail := func(format string, args ...any) *GradientDone {
@@ -531,7 +584,7 @@ func (s *service) gradient(step, n int64, h *Hyper) *GradientDone {
 	if step <= s.lastGrad {
 		return fail("the gradient of step %d does not follow that of step %d", step, s.lastGrad)
 	}
-	rec := gradRec{step: step, n: n}
+	rec := gradRec{step: step, n: n, dep: dep}
 	if s.h.diffMode() {
 		switch {
 		case step <= s.committed:

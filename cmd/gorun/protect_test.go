@@ -397,3 +397,54 @@ func TestProtectPython(t *testing.T) {
 		t.Errorf("crashed and restarted run ended with %s, the uncrashed one with %s\nstdout:\n%s", got, plain, res.stdout)
 	}
 }
+
+// diffSourceRE matches a rank's row of -v's differential-protection
+// table: rank, sent/step, bases/step, diffs/step, replay/step, source.
+var diffSourceRE = regexp.MustCompile(`^\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$`)
+
+// lastDiffSources parses the last differential-protection table in
+// stderr: each rank's gradient source.
+func lastDiffSources(t *testing.T, stderr string) map[int]string {
+	t.Helper()
+	i := strings.LastIndex(stderr, "differential protection, per rank:")
+	if i < 0 {
+		t.Fatalf("no differential-protection table in stderr:\n%s", stderr)
+	}
+	lines := strings.Split(stderr[i:], "\n")[2:] // past the title and the header
+	out := map[int]string{}
+	for _, l := range lines {
+		m := diffSourceRE.FindStringSubmatch(l)
+		if m == nil {
+			break
+		}
+		r, _ := strconv.Atoi(m[1])
+		out[r] = m[6]
+	}
+	return out
+}
+
+// TestProtectDiffLocalPeer: --protect-mode diff with dptrain's reduced
+// gradient (no --device-grad) on two namespace hosts: every holder's host
+// runs data-parallel peers of its owners, so the holders take the
+// gradients from them (-v: "local-peer"), and the run ends with the
+// hashes of the unprotected run.
+func TestProtectDiffLocalPeer(t *testing.T) {
+	hosts := testcluster.NetnsHosts(t, 2)
+	wantP, wantO := referenceHashes(t, hosts)
+	j := dptrainJob(t, hosts, []string{"-v", "--protect-mode", "diff", "--base-every", "8", "--diff-fold", "3"}, "--protect")
+	res := j.wait(90 * time.Second)
+	checkJobCleanedUp(t, j)
+	if res.code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	checkHashes(t, res, wantP, wantO)
+	src := lastDiffSources(t, res.stderr)
+	if len(src) != 4 {
+		t.Fatalf("the differential-protection table has %d rows, want 4\nstderr:\n%s", len(src), res.stderr)
+	}
+	for r, s := range src {
+		if s != "local-peer" {
+			t.Errorf("rank %d: gradient source %q, want local-peer\nstderr:\n%s", r, s, res.stderr)
+		}
+	}
+}

@@ -103,6 +103,17 @@
 // run without failure. Without --protect an epoch change ends the rank
 // with an error saying so (its state could not be rebuilt in place).
 //
+// Under gorun --protect-mode diff each rank hands the service its step's
+// gradient and Adam hyper-parameters (its update is replay's Adam, so the
+// holders replay it bitwise). Without --device-grad the gradient of its
+// shard is a slice of the exactly reduced gradient every rank holds: the
+// rank declares it (rank.Optimizer.Reduced) and writes, from the same
+// sums, the slices its deposit plan asks for (rank.Client.Deposits), so
+// that a holder on its host takes its peers' gradients from it, not from
+// the network ("local peer" in gorun -v). With --device-grad each shard's
+// gradient is emulated on its own rank from its own weights, not reduced:
+// no peer has it, and the gradients go over the network.
+//
 // --ckpt-dir DIR --ckpt-every N is the checkpoint-restart baseline (what a
 // torchrun user has), for comparison: after steps N-1, 2N-1, … each rank
 // writes its optimizer shard, step and state hash to DIR/rank-<r>.ckpt

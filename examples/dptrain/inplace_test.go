@@ -213,6 +213,10 @@ func (c *protCluster) acceptRank(ln net.Listener, r int) {
 				return
 			}
 			sess := host.Session(r)
+			if sess == nil {
+				return
+			}
+			defer sess.Close() // as the agent does: the rank is gone with its socket
 			for {
 				typ, b, err := wire.ReadSock(conn)
 				if err != nil || !rank.IsRequest(typ) {
@@ -431,6 +435,12 @@ func TestInPlaceRecoveryReplacesRank(t *testing.T) {
 				// none: the mode reached the trainer and was used.
 				if diff := tc.mode == rank.ModeDiff; diff != (p.ReplDiffBytes > 0) {
 					t.Errorf("rank %d in %s mode: %d bytes of differentials sent", r, tc.mode, p.ReplDiffBytes)
+				}
+				// Every holder's host runs a data-parallel peer of its
+				// owner, whose reduced gradient (no --device-grad) has
+				// the owner's: the holders took gradients from it.
+				if tc.mode == rank.ModeDiff && p.DiffLocal == 0 {
+					t.Errorf("rank %d: no differential taken from a local peer (%d with the record): %+v", r, p.DiffNet, p)
 				}
 			}
 			if tc.mode == rank.ModeDiff {

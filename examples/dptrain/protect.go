@@ -26,6 +26,10 @@ type protector interface {
 	Mode() rank.ProtectMode
 	GradientBuffer(step int64) []float32
 	Gradient(ctx context.Context, step int64, g []float32, h replay.Hyper) error
+	// Deposits are the ranges of the full reduced gradient the service
+	// asks this rank to write for the replica holders on its host that
+	// take a peer's gradient from it (rank.Optimizer.Reduced).
+	Deposits(step int64) ([]float32, []rank.DepositRange)
 }
 
 var _ protector = (*rank.Client)(nil)
@@ -48,9 +52,20 @@ func (t *trainer) regions() []rank.Region {
 // replay.Step updates (m, v, then the master weights, as stage writes
 // them): dptrain's update is replay.Step itself (adamUpdate), so a holder
 // that replays its gradients gets its state bit for bit.
+//
+// Without --device-grad the exact allreduce leaves every rank with all
+// the parameters' reduced gradient, bitwise, its shard's gradient a slice
+// of it: declared (Reduced), so that a holder whose host runs another
+// rank takes the gradient from that rank's deposits instead of the
+// network. With --device-grad each shard's gradient is computed on its
+// own rank from its own weights, not reduced: no peer holds it.
 func (t *trainer) optimizer() *rank.Optimizer {
 	n := int64(len(t.master))
-	return &rank.Optimizer{Region: "optimizer", N: n, M: 0, V: 4 * n, W: 8 * n}
+	o := &rank.Optimizer{Region: "optimizer", N: n, M: 0, V: 4 * n, W: 8 * n}
+	if !t.cfg.DeviceGrad {
+		o.Reduced = &rank.Reduced{N: int64(t.cfg.Params), Off: int64(t.lo)}
+	}
+	return o
 }
 
 // stateKey identifies the run the state belongs to.

@@ -465,6 +465,14 @@ func (t *trainer) step(ctx context.Context, s int) (loss float64, logged bool, e
 		return 0, s == 0 || s == cfg.Steps-1 || cfg.LogEvery > 0 && s%cfg.LogEvery == 0, nil
 	}
 	logged = s == 0 || s == cfg.Steps-1 || cfg.LogEvery > 0 && s%cfg.LogEvery == 0
+	// The parts of the reduced gradient other ranks' holders on this
+	// host take from this rank (diff mode): written from the same sums,
+	// at no extra collective.
+	var red []float32
+	var deposits []rank.DepositRange
+	if t.diff {
+		red, deposits = t.prot.Deposits(int64(s))
+	}
 	sampleCoefficients(t.coef, cfg.Seed, s, t.first, len(t.sampleLoss), cfg.Compute)
 	clear(t.sampleLoss)
 	for a := 0; a < cfg.Params; a += t.chunk {
@@ -484,6 +492,11 @@ func (t *trainer) step(ctx context.Context, s int) (loss float64, logged bool, e
 		// Keep this rank's part: the mean gradient, converted once.
 		for i := max(a, t.lo); i < min(b, t.hi); i++ {
 			t.g[i-t.lo] = fromFixed(sums[i-a], cfg.Batch)
+		}
+		for _, d := range deposits {
+			for i := max(a, int(d.Lo)); i < min(b, int(d.Hi)); i++ {
+				red[i] = fromFixed(sums[i-a], cfg.Batch)
+			}
 		}
 	}
 	if logged {

@@ -237,7 +237,8 @@ func (p *protection) publish() {
 		for i, q := range ps {
 			u.Ranks[i] = wire.RankProgress{Rank: q.Rank, Committed: q.Committed, Replicated: q.Replicated, Stages: q.Stages, WaitNS: q.WaitNS,
 				ReplSteps: q.ReplSteps, ReplNS: q.ReplNS, ReplBytes: q.ReplBytes, Restores: q.Restores,
-				ReplBaseBytes: q.ReplBaseBytes, ReplDiffBytes: q.ReplDiffBytes}
+				ReplBaseBytes: q.ReplBaseBytes, ReplDiffBytes: q.ReplDiffBytes, DiffLocal: q.DiffLocal, DiffNet: q.DiffNet,
+				SourceLocal: q.SourceLocal, SourceNet: q.SourceNet}
 		}
 		if f := p.host.FoldStats(); f.Steps > 0 {
 			u.Fold = &wire.HostFold{Steps: f.Steps, NS: f.NS}

@@ -206,7 +206,11 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 	// a request of a rank a restart killed, read late, is refused by it.
 	var prot *rsvc.Session
 	if s.prot != nil {
-		prot = s.prot.Session(rank)
+		if prot = s.prot.Session(rank); prot != nil {
+			// The rank is gone when its socket is: holders waiting for
+			// its gradient deposits stop waiting.
+			defer prot.Close()
+		}
 	}
 	// Frames are read by their own goroutine, so that a rank that goes
 	// away while its request waits (a stage at the overwrite rule) ends

@@ -273,7 +273,10 @@ type runResult struct {
 	msStep float64         // dptrain's own ms/step over all its steps
 	client *clientStats    // rank 0's protection figures (with protection)
 	table  *protTable      // gorun -v's protection table (with protection)
-	wall   time.Duration
+	// sources are the gradient sources of the ranks' holders in gorun
+	// -v's last differential-protection table (diff mode), by rank.
+	sources []string
+	wall    time.Duration
 }
 
 // runOnce runs dptrain once under gorun on the namespace hosts, with
@@ -345,6 +348,7 @@ func (b *bench) runOnce(ctx context.Context, v *variant, mode string) (*runResul
 	logText, rerr := os.ReadFile(logPath)
 	var job string
 	r.table, job = parseTable(string(logText))
+	r.sources = parseDiffSources(string(logText))
 	b.removeLeftovers(job)
 
 	fail := func(err error) (*runResult, error) {

@@ -179,3 +179,29 @@ func parseRow(line string) (rankRow, bool) {
 	}
 	return r, true
 }
+
+// parseDiffSources returns the gradient source of each rank's holders
+// (rank order) in the last differential-protection table of gorun -v's
+// stderr ("local-peer", "network", "mixed"), or nil if there is none.
+func parseDiffSources(stderr string) []string {
+	i := strings.LastIndex(stderr, "differential protection, per rank:")
+	if i < 0 {
+		return nil
+	}
+	lines := strings.Split(stderr[i:], "\n")
+	if len(lines) < 2 {
+		return nil
+	}
+	var out []string
+	for _, l := range lines[2:] { // past the title and the header
+		f := strings.Fields(l)
+		if len(f) != 6 {
+			break
+		}
+		if _, err := strconv.Atoi(f[0]); err != nil {
+			break
+		}
+		out = append(out, f[5])
+	}
+	return out
+}

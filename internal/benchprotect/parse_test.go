@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -72,5 +73,29 @@ gorun agent h0: time=y level=INFO msg="exiting as told"
 	rw, repl, mbps, minRepl := tab.services()
 	if rw != 1500*time.Microsecond/24 || repl != 1759*time.Millisecond || mbps != 154 || minRepl != 10 {
 		t.Errorf("services = %v %v %v %v", rw, repl, mbps, minRepl)
+	}
+}
+
+// TestParseDiffSources: the sources of -v's last differential-protection
+// table, by rank.
+func TestParseDiffSources(t *testing.T) {
+	log := `differential protection, per rank:
+    rank    sent/step   bases/step   diffs/step  replay/step      source
+       0        1.5MB            -            -            -     network
+differential protection, per rank:
+    rank    sent/step   bases/step   diffs/step  replay/step      source
+       0        1.5MB        100kB          2MB      1.235ms  local-peer
+       1        2.1MB        100kB          2MB            -       mixed
+gorun: done
+`
+	got := parseDiffSources(log)
+	if want := []string{"local-peer", "mixed"}; !slices.Equal(got, want) {
+		t.Errorf("parseDiffSources = %q, want %q", got, want)
+	}
+	if got := parseDiffSources("no table"); got != nil {
+		t.Errorf("parseDiffSources without a table = %q", got)
+	}
+	if s := sourceOf([]string{"local-peer", "local-peer"}); s != "local peer" {
+		t.Errorf("sourceOf = %q", s)
 	}
 }

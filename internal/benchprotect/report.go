@@ -119,7 +119,15 @@ func (b *bench) report(vs []*variant, hostMBps, loMBps float64) {
 	}
 	fmt.Fprintln(&sb)
 	row("", func(c column) string { return c.v.name })
-	row("gorun --protect-mode", func(c column) string { return c.m.mode })
+	row("gorun --protect-mode", func(c column) string {
+		if c.m.mode == "diff" {
+			// The gradient source its holders used at the end: "local
+			// peer" where dptrain declares a reduced gradient (no
+			// --device-grad), the network otherwise.
+			return "diff (" + sourceOf(c.m.r.sources) + ")"
+		}
+		return c.m.mode
+	})
 	row("step, no protection: mean", func(c column) string { return msf(mean(c.v.base.steps)) })
 	row("step, protected (--replicas 1): mean", func(c column) string { return msf(mean(c.m.r.steps)) })
 	row("  protected / unprotected, means", func(c column) string { return ratioStr(mean(c.m.r.steps), mean(c.v.base.steps)) })
@@ -199,6 +207,25 @@ func (b *bench) report(vs []*variant, hostMBps, loMBps float64) {
 			}
 		}
 	}
+	// The local-peer source: the CPU variant's diff run (dptrain's
+	// gradients are all-reduced there, so every holder's host has them).
+	for _, v := range vs[1:] {
+		f := v.full()
+		for _, m := range v.prot {
+			if m.mode != "diff" || f == nil {
+				continue
+			}
+			// The all-reduce's bytes are on the wire here too: the
+			// protection's are those beyond the unprotected run's.
+			d, fu := m.r.wire-v.base.wire, f.wire-v.base.wire
+			if fu <= 0 {
+				continue
+			}
+			q := d / fu
+			fmt.Fprintf(b.out, "target: diff (%s)'s bytes on the wire per step at %s, beyond the unprotected run's (bases included) <= %.2f x full's: %s (%.3f: %s against %s)\n",
+				sourceOf(m.r.sources), v.name, localWireTarget, verdict(q <= localWireTarget && sourceOf(m.r.sources) == "local peer"), q, mib(d), mib(fu))
+		}
+	}
 	if frac := float64(time.Duration(dev.deviceMs)*time.Millisecond) / float64(mean(dev.base.steps)); frac < 0.5 {
 		fmt.Fprintf(b.out, "note: the %d ms of device time are only %.0f%% of the unprotected step: dptrain's host CPU work dominates it (every rank\n"+
 			"  computes the gradient of all %d parameters for its samples and all-reduces 8 bytes per parameter), so with %d ranks\n"+
@@ -222,6 +249,24 @@ func (b *bench) report(vs []*variant, hostMBps, loMBps float64) {
 // wireTarget is the issue's target for diff mode's bytes on the wire per
 // step, bases included, against full mode's (network gradient source).
 const wireTarget = 0.4
+
+// localWireTarget is the issue's target for diff mode's bytes on the wire
+// per step with the local-peer gradient source, against full mode's.
+const localWireTarget = 0.05
+
+// sourceOf names the gradient source of a diff run's holders from -v's
+// per-rank sources: one they all used, else "mixed" ("?" if unknown).
+func sourceOf(srcs []string) string {
+	if len(srcs) == 0 {
+		return "?"
+	}
+	for _, s := range srcs[1:] {
+		if s != srcs[0] {
+			return "mixed"
+		}
+	}
+	return strings.ReplaceAll(srcs[0], "-", " ")
+}
 
 func verdict(ok bool) string {
 	if ok {

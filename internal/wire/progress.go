@@ -20,6 +20,15 @@ type RankProgress struct {
 	// differentials.
 	ReplBaseBytes int64 `json:"rbb,omitempty"`
 	ReplDiffBytes int64 `json:"rdb,omitempty"`
+	// Diff mode: differentials whose gradient the holder took from a
+	// data-parallel peer on its host (sent by reference), and those sent
+	// with it over the network.
+	DiffLocal int64 `json:"dl,omitempty"`
+	DiffNet   int64 `json:"dn,omitempty"`
+	// The rank's holders whose newest differential came from a local
+	// peer, and over the network: the source each uses now.
+	SourceLocal int `json:"sl,omitempty"`
+	SourceNet   int `json:"sn,omitempty"`
 	// Restores counts the Restore requests served to the rank in this
 	// generation: a rank restored in a recovery epoch has more than when
 	// the epoch was published.
