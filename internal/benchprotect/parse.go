@@ -195,13 +195,13 @@ func parseDiffSources(stderr string) []string {
 	var out []string
 	for _, l := range lines[2:] { // past the title and the header
 		f := strings.Fields(l)
-		if len(f) != 6 {
+		if len(f) != 5 { // rank, sent/step, bases/step, diffs/step, source
 			break
 		}
 		if _, err := strconv.Atoi(f[0]); err != nil {
 			break
 		}
-		out = append(out, f[5])
+		out = append(out, f[4])
 	}
 	return out
 }

@@ -80,12 +80,13 @@ gorun agent h0: time=y level=INFO msg="exiting as told"
 // table, by rank.
 func TestParseDiffSources(t *testing.T) {
 	log := `differential protection, per rank:
-    rank    sent/step   bases/step   diffs/step  replay/step      source
-       0        1.5MB            -            -            -     network
+    rank    sent/step   bases/step   diffs/step      source
+       0        1.5MB            -            -     network
 differential protection, per rank:
-    rank    sent/step   bases/step   diffs/step  replay/step      source
-       0        1.5MB        100kB          2MB      1.235ms  local-peer
-       1        2.1MB        100kB          2MB            -       mixed
+    rank    sent/step   bases/step   diffs/step      source
+       0        1.5MB        100kB          2MB  local-peer
+       1        2.1MB        100kB          2MB       mixed
+holders' replay per folded step: host 0 139µs (32 steps); host 1 137µs (32 steps);
 gorun: done
 `
 	got := parseDiffSources(log)
