@@ -5,7 +5,7 @@ PKGS    := ./...
 # Packages with vector kernels built under GOEXPERIMENT=simd.
 SIMD_PKGS := ./replay/
 
-.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-mpi bench-recovery fuzz lint demo demo-hotswap demo-hello demo-train clean
+.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-tier2 bench-mpi bench-recovery fuzz lint demo demo-hotswap demo-hello demo-train clean
 
 all: build
 
@@ -108,6 +108,14 @@ bench-recovery: build
 
 bench-protect: build
 	$(GO) run ./internal/benchprotect -gorun $(BIN)/gorun -dptrain $(BIN)/dptrain
+	@$(MAKE) --no-print-directory bench-tier2
+
+# A restore from another host (Tier 2) at 256 MiB of optimizer state: full
+# mode's beside diff mode's with 1 and 16 differentials replayed (with the
+# AVX-512 kernels where the toolchain has them, as make build).
+bench-tier2:
+	@if $(SIMD_PROBE); then simd=$${GOEXPERIMENT:+$$GOEXPERIMENT,}simd; else simd=$$GOEXPERIMENT; fi; \
+	GOEXPERIMENT=$$simd GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench BenchmarkTier2Restore -benchtime 5x -timeout 20m -v ./rank/ | grep -v '^=== '
 
 # Short fuzzing of every parser (go test -fuzz runs one target at a time).
 FUZZTIME ?= 20s

@@ -147,3 +147,8 @@ func newFusedKernel(cs []Consts) *fusedKernel {
 func (k *fusedKernel) run(w, m, v []float32, gs [][]float32) {
 	fusedScalar(w, m, v, gs, k.cs, fusedVector(w, m, v, gs, k.vec))
 }
+
+// Vectorized reports whether Step and Fused run their AVX-512 kernels on
+// this CPU (a build with GOEXPERIMENT=simd on a CPU that has them); else
+// they run the portable ones, which give the same bits, slower.
+func Vectorized() bool { return haveVector }
