@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-
+	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -40,6 +41,7 @@ func agentMain(args []string, stdin io.Reader, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "gorun agent: started by gorun itself, not by hand (needs --job, --host-index, --host-name, --control and its credentials on stdin)")
 		return exitUsage
 	}
+	setMemoryLimit()
 	level := slog.LevelWarn
 	if *verbose {
 		level = slog.LevelDebug
@@ -80,4 +82,22 @@ func agentMain(args []string, stdin io.Reader, stderr io.Writer) int {
 		return exitError
 	}
 	return exitOK
+}
+
+// setMemoryLimit gives the agent's Go runtime a soft memory limit of 60%
+// of the host's memory, unless GOMEMLIMIT sets one. The agent keeps other
+// hosts' replicas (rank caps them at half the host's memory) and, in diff
+// mode, drops a gradient record of a third of a rank's optimizer state
+// every step: with GOGC's default headroom alone its heap could reach
+// twice what it holds before a collection, more than the host has. Near
+// the limit the collector runs more often instead.
+func setMemoryLimit() {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		return
+	}
+	var si syscall.Sysinfo_t
+	if syscall.Sysinfo(&si) != nil || si.Totalram == 0 {
+		return
+	}
+	debug.SetMemoryLimit(int64(uint64(si.Totalram) * uint64(si.Unit) / 10 * 6))
 }
