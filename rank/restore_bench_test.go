@@ -16,9 +16,10 @@ import (
 // the fetch of an owner's replicated regions at a step from its holder,
 // over a loopback link, each region checked against the owner's CRC32Cs
 // on both ends, as a replacement rank's restore does. Full mode's holder
-// sends a buffer it holds; diff mode's replays the differentials since
-// its base first (here 1 and 16 steps of replay.Step, none folded, with
-// this build's kernels: GOEXPERIMENT=simd for the AVX-512 ones). Every
+// sends a buffer it holds; diff mode's streams the state as it replays
+// the differentials since its base (here 1 and 16 steps of replay.Step,
+// none folded, with this build's kernels: GOEXPERIMENT=simd for the
+// AVX-512 ones). Every
 // figure is printed beside full mode's, measured in the same run.
 //
 // The owner trains 17 steps (0 to 16) of real Adam on its state: its
