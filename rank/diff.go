@@ -1141,24 +1141,9 @@ func (o *ownerReplica) hasDiff(h linkHdr, t []tableEntry) bool {
 // and region), or, when a lossy codec made the step inexact, the restored
 // bytes' own (with a warning: they approximate the owner's state).
 func (st *replicaStore) restoreDiff(owner int, step int64, dst map[string][]byte) ([]tableEntry, map[string][]byte, error) {
-	st.mu.Lock()
-	o := st.owners[owner]
-	st.mu.Unlock()
-	if o == nil {
-		return nil, nil, fmt.Errorf("no replica of rank %d here", owner)
-	}
-	o.mu.Lock()
-	var ds *diffstore.Store
-	for _, x := range []*diffstore.Store{o.cur, o.prev} {
-		if x != nil && x.Held(step) {
-			ds = x
-			break
-		}
-	}
-	t := slices.Clone(o.sums[step])
-	o.mu.Unlock()
-	if ds == nil || t == nil {
-		return nil, nil, fmt.Errorf("no replica of rank %d at step %d here", owner, step)
+	ds, t, err := st.diffSource(owner, step)
+	if err != nil {
+		return nil, nil, err
 	}
 	if dst == nil {
 		dst = make(map[string][]byte, len(t))
@@ -1189,6 +1174,121 @@ func (st *replicaStore) restoreDiff(owner int, step int64, dst map[string][]byte
 		st.h.log.Warn("restoring an approximation of a rank's state (--diff-codec is lossy): not the owner's bytes", "rank", owner, "step", step)
 	}
 	return t, dst, nil
+}
+
+// diffSource returns the store of owner that holds step and the owner's
+// committed table of step (a copy).
+func (st *replicaStore) diffSource(owner int, step int64) (*diffstore.Store, []tableEntry, error) {
+	st.mu.Lock()
+	o := st.owners[owner]
+	st.mu.Unlock()
+	if o == nil {
+		return nil, nil, fmt.Errorf("no replica of rank %d here", owner)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var ds *diffstore.Store
+	for _, x := range []*diffstore.Store{o.cur, o.prev} {
+		if x != nil && x.Held(step) {
+			ds = x
+			break
+		}
+	}
+	t := slices.Clone(o.sums[step])
+	if ds == nil || t == nil {
+		return nil, nil, fmt.Errorf("no replica of rank %d at step %d here", owner, step)
+	}
+	return ds, t, nil
+}
+
+// testHookStreamPiece, if set (by tests), may replace a piece of a
+// diff-mode holder's streamed answer to a get before it is checksummed and
+// sent (a replay that differs from the owner's).
+var testHookStreamPiece func(holder, owner int, region string, b []byte) []byte
+
+// getDiff answers a get (a restore from another host) in diff mode. An
+// exact step is streamed (diffstore.Store.RestoreTo): the header and the
+// owner's committed table of the step first, then the regions' bytes as
+// the replay produces them, a piece at a time, so that the holder never
+// holds the whole state twice; each region's CRC32C is computed on the
+// way. A region that ends with another CRC32C than the owner's (a replay
+// that differs, which the receiver's check refuses too) is an error
+// naming rank, step and region: it is logged and closes the link, and the
+// next region is not sent. A step a lossy codec made inexact is restored
+// whole first (restoreDiff): its table carries the restored bytes' own
+// CRC32Cs, known only at the end.
+func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
+	ds, t, err := st.diffSource(h.owner, h.step)
+	if err == nil && (!ds.Exact(h.step) || !sameShape(t, regionTable(ds.Regions()))) {
+		var data map[string][]byte
+		if t, data, err = st.restoreDiff(h.owner, h.step, nil); err == nil {
+			views := make([][]byte, len(t))
+			for i, e := range t {
+				views[i] = data[e.name]
+			}
+			return writeFrame(c, linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}, t, views)
+		}
+	}
+	if err != nil {
+		return writeFail(c, h, failOther, err.Error())
+	}
+	head := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
+	sent := false
+	sendHead := func() error {
+		sent = true
+		return writeFrame(c, head, t, [][]byte{}) // data non-nil: the length is the regions'
+	}
+	crcs := make([]uint32, len(t))
+	checked := 0
+	// check compares the regions before upTo with the owner's CRC32Cs.
+	check := func(upTo int) error {
+		for ; checked < upTo; checked++ {
+			if e := t[checked]; crcs[checked] != e.sum {
+				err := fmt.Errorf("rank %d step %d region %s: replayed state differs from the owner's commit (CRC32C %08x, committed %08x)", h.owner, h.step, e.name, crcs[checked], e.sum)
+				st.h.log.Error("a replica's replay differs from the owner's commit: closing the link", "rank", h.owner, "step", h.step, "region", e.name, "err", err)
+				return err
+			}
+		}
+		return nil
+	}
+	err = ds.RestoreTo(h.step, diffstore.DefaultChunk, replay.ReplayOptions{}, func(i int, b []byte) error {
+		if !sent {
+			if err := sendHead(); err != nil {
+				return err
+			}
+		}
+		if err := check(i); err != nil {
+			return err
+		}
+		if testHookStreamPiece != nil {
+			b = testHookStreamPiece(h.holder, h.owner, t[i].name, b)
+		}
+		crcs[i] = crc32.Update(crcs[i], castagnoli, b)
+		_, err := c.Write(b)
+		return err
+	})
+	switch {
+	case err != nil && !sent:
+		// Nothing sent yet (a fold moved the store past the step
+		// meanwhile): a refusal, the link stays.
+		return writeFail(c, h, failOther, fmt.Sprintf("rank %d step %d: %v", h.owner, h.step, err))
+	case err != nil:
+		return err
+	case !sent:
+		if err := sendHead(); err != nil { // every region empty
+			return err
+		}
+	}
+	return check(len(t))
+}
+
+// regionTable returns a table of regions (names and sizes, no CRC32Cs).
+func regionTable(rs []diffstore.Region) []tableEntry {
+	t := make([]tableEntry, len(rs))
+	for i, r := range rs {
+		t[i] = tableEntry{name: r.Name, size: r.Size}
+	}
+	return t
 }
 
 // setGDiff tells o's stores G, drops the previous store once the current

@@ -703,15 +703,7 @@ func sameShape(a, b []tableEntry) bool {
 // get sends the replica of h.owner at h.step.
 func (st *replicaStore) get(c net.Conn, h linkHdr) error {
 	if st.h.diffMode() {
-		t, data, err := st.restoreDiff(h.owner, h.step, nil)
-		if err != nil {
-			return writeFail(c, h, failOther, err.Error())
-		}
-		views := make([][]byte, len(t))
-		for i, e := range t {
-			views[i] = data[e.name]
-		}
-		return writeFrame(c, linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}, t, views)
+		return st.getDiff(c, h)
 	}
 	st.mu.Lock()
 	o := st.owners[h.owner]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -15,9 +16,10 @@ import (
 // the fetch of an owner's replicated regions at a step from its holder,
 // over a loopback link, each region checked against the owner's CRC32Cs
 // on both ends, as a replacement rank's restore does. Full mode's holder
-// sends a buffer it holds; diff mode's replays the differentials since
-// its base first (here 1 and 16 steps of replay.Step, none folded, with
-// this build's kernels: GOEXPERIMENT=simd for the AVX-512 ones). Every
+// sends a buffer it holds; diff mode's streams the state as it replays
+// the differentials since its base (here 1 and 16 steps of replay.Step,
+// none folded, with this build's kernels: GOEXPERIMENT=simd for the
+// AVX-512 ones). Every
 // figure is printed beside full mode's, measured in the same run.
 //
 // The owner trains 17 steps (0 to 16) of real Adam on its state: its
@@ -111,10 +113,21 @@ func BenchmarkTier2Restore(b *testing.B) {
 	}
 	var tFull, tDiff1, tDiff16 time.Duration
 	var runs int
+	// Each fetch starts from a collected heap (runtime.GC, not timed), so
+	// that no fetch pays for the garbage of the one before it (a restore
+	// of the other kind).
+	kinds := []struct {
+		c    *cluster
+		step int64
+		t    *time.Duration
+	}{{full, last, &tFull}, {diff, 1, &tDiff1}, {diff, last, &tDiff16}}
 	for b.Loop() {
-		tDiff16 += fetch(diff, last)
-		tDiff1 += fetch(diff, 1)
-		tFull += fetch(full, last)
+		for _, k := range kinds {
+			b.StopTimer()
+			runtime.GC()
+			b.StartTimer()
+			*k.t += fetch(k.c, k.step)
+		}
 		runs++
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(runs) / 1e6 }

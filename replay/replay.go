@@ -48,6 +48,12 @@ func (o ReplayOptions) block() int {
 
 // check validates a replay's arguments and returns each step's constants.
 func check(st State, diffs []*Tensor, hypers []Hyper) ([]Consts, error) {
+	return checkAt(st, -1, diffs, hypers)
+}
+
+// checkAt is check for a replay of elements [lo, lo+len(st.W)) of the
+// differentials (lo < 0: of all of them, which must be as long as st).
+func checkAt(st State, lo int, diffs []*Tensor, hypers []Hyper) ([]Consts, error) {
 	n := len(st.W)
 	if len(st.M) != n || len(st.V) != n {
 		return nil, fmt.Errorf("%w: %d weights, %d first and %d second moments", ErrMismatch, n, len(st.M), len(st.V))
@@ -63,12 +69,15 @@ func check(st State, diffs []*Tensor, hypers []Hyper) ([]Consts, error) {
 		if s > 0 && h.T != hypers[s-1].T+1 {
 			return nil, fmt.Errorf("%w: step %d of the replay is optimizer step %d, after step %d", ErrMismatch, s, h.T, hypers[s-1].T)
 		}
-		if diffs[s] == nil || diffs[s].Len != n {
-			l := -1
-			if diffs[s] != nil {
-				l = diffs[s].Len
-			}
+		l := -1
+		if diffs[s] != nil {
+			l = diffs[s].Len
+		}
+		if lo < 0 && l != n {
 			return nil, fmt.Errorf("%w: differential %d has %d elements, the state %d", ErrMismatch, s, l, n)
+		}
+		if lo >= 0 && lo > l-n {
+			return nil, fmt.Errorf("%w: differential %d has %d elements, the state is its elements [%d, %d)", ErrMismatch, s, l, lo, lo+n)
 		}
 		cs[s] = h.Consts()
 	}
@@ -146,12 +155,37 @@ func Fused(st State, diffs []*Tensor, hypers []Hyper, opt ReplayOptions) error {
 	if err != nil {
 		return err
 	}
+	fused(st, 0, diffs, cs, opt)
+	return nil
+}
+
+// FusedAt is Fused on a window of the tensor: st holds elements [lo,
+// lo+len(st.W)) of the state, to which it applies the same elements of
+// the differentials (each at least lo+len(st.W) long). Adam is
+// elementwise, so the result is bitwise those elements of Fused's on the
+// whole state: a replay can be cut into windows, as a restore that
+// streams its state does.
+func FusedAt(st State, lo int, diffs []*Tensor, hypers []Hyper, opt ReplayOptions) error {
+	if lo < 0 {
+		return fmt.Errorf("%w: window at element %d", ErrMismatch, lo)
+	}
+	cs, err := checkAt(st, lo, diffs, hypers)
+	if err != nil {
+		return err
+	}
+	fused(st, lo, diffs, cs, opt)
+	return nil
+}
+
+// fused is Fused's replay of elements [at, at+len(st.W)) of diffs onto
+// st; the arguments are checked.
+func fused(st State, at int, diffs []*Tensor, cs []Consts, opt ReplayOptions) {
 	block := opt.block()
 	for b0 := 0; b0 < len(cs); b0 += maxBatch {
 		bd, bc := diffs[b0:min(b0+maxBatch, len(cs))], cs[b0:min(b0+maxBatch, len(cs))]
 		parallel(len(st.W), opt.workers(), block, func(lo, hi int) {
 			k := newFusedKernel(bc)
-			scratch := make([]float32, len(bd)*block)
+			var scratch []float32 // for the steps not read in place; made on first use
 			gs := make([][]float32, len(bd))
 			// A sparse (TopK) step's scratch stays zero but for the
 			// entries it scattered, which are zeroed again after use:
@@ -161,14 +195,17 @@ func Fused(st State, diffs []*Tensor, hypers []Hyper, opt ReplayOptions) error {
 				e1 := min(e0+block, hi)
 				for s, d := range bd {
 					if raw := d.denseView(); raw != nil {
-						gs[s] = raw[e0:e1] // lossless: read in place
+						gs[s] = raw[at+e0 : at+e1] // lossless: read in place
 						continue
+					}
+					if scratch == nil {
+						scratch = make([]float32, len(bd)*block)
 					}
 					gs[s] = scratch[s*block : s*block+e1-e0]
 					if d.Codec == TopK {
-						touched[s] = d.scatterTopK(gs[s], e0, touched[s][:0], true)
+						touched[s] = d.scatterTopK(gs[s], at+e0, touched[s][:0], true)
 					} else {
-						d.ExpandRange(gs[s], e0)
+						d.ExpandRange(gs[s], at+e0)
 					}
 				}
 				k.run(st.W[e0:e1], st.M[e0:e1], st.V[e0:e1], gs)
@@ -182,5 +219,4 @@ func Fused(st State, diffs []*Tensor, hypers []Hyper, opt ReplayOptions) error {
 			}
 		})
 	}
-	return nil
 }

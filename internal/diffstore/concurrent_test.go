@@ -103,8 +103,9 @@ func TestAppendDoesNotWaitForFold(t *testing.T) {
 
 // TestConcurrentAppendFoldRestore runs the store's users side by side, as
 // a holder does (run it with -race): one goroutine appends and reads
-// Range, one folds, one restores random steps in range and checks them
-// bit for bit, one sends base refreshes.
+// Range, one folds, one restores random steps in range (Restore and
+// RestoreTo in turn) and checks them bit for bit, one sends base
+// refreshes.
 func TestConcurrentAppendFoldRestore(t *testing.T) {
 	const steps = 200
 	o := newOwner(21, 1000, lossless)
@@ -166,7 +167,18 @@ func TestConcurrentAppendFoldRestore(t *testing.T) {
 				continue
 			}
 			step := f + int64(k)%(l-f+1)
-			got, err := restore(s, step, opt)
+			var got map[string][]byte
+			var err error
+			if k%2 == 0 {
+				got, err = restore(s, step, opt)
+			} else {
+				got = map[string][]byte{}
+				err = s.RestoreTo(step, 1000, opt, func(region int, b []byte) error {
+					name := s.regions[region].Name
+					got[name] = append(got[name], b...)
+					return nil
+				})
+			}
 			if errors.Is(err, ErrNotHeld) {
 				continue // folded past meanwhile
 			}

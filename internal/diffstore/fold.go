@@ -105,32 +105,9 @@ func (s *Store) Restore(step int64, dst map[string][]byte, opt replay.ReplayOpti
 	}
 	s.foldMu.RLock()
 	defer s.foldMu.RUnlock()
-	s.mu.Lock()
-	first, last, ok := s.rangeLocked()
-	if !ok || step < first || step > last {
-		s.mu.Unlock()
-		if !ok {
-			return wrapf(ErrNotHeld, "restore of step %d: no base", step)
-		}
-		return wrapf(ErrNotHeld, "restore of step %d: the store holds steps %d to %d", step, first, last)
-	}
-	src := append([][]byte(nil), s.base.data...)
-	var es []*entry
-	for _, e := range s.log {
-		if e.step > step {
-			break
-		}
-		es = append(es, e)
-	}
-	s.mu.Unlock()
-	// The base's bytes change only in Fold, which foldMu holds off; the
-	// entries never change.
-	if len(es) > 0 {
-		for i, o := range es[len(es)-1].other {
-			if o != nil {
-				src[i] = o
-			}
-		}
+	src, es, err := s.view(step)
+	if err != nil {
+		return err
 	}
 	for i, r := range s.regions {
 		if i != s.optIdx {
@@ -156,6 +133,41 @@ func (s *Store) Restore(step int64, dst map[string][]byte, opt replay.ReplayOpti
 		copy(d, work)
 	}
 	return nil
+}
+
+// view returns what the owner's state at step is made of: each region's
+// bytes (the optimizer's and, without a differential up to step, all of
+// them the base's; the other regions those of the last differential up to
+// step) and the differentials to replay onto the base's optimizer region.
+// ErrNotHeld if step is outside the range. foldMu must be read-held while
+// the bytes are read: the base's change only in Fold, which it holds off;
+// the entries never change.
+func (s *Store) view(step int64) ([][]byte, []*entry, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	first, last, ok := s.rangeLocked()
+	if !ok {
+		return nil, nil, wrapf(ErrNotHeld, "restore of step %d: no base", step)
+	}
+	if step < first || step > last {
+		return nil, nil, wrapf(ErrNotHeld, "restore of step %d: the store holds steps %d to %d", step, first, last)
+	}
+	src := append([][]byte(nil), s.base.data...)
+	var es []*entry
+	for _, e := range s.log {
+		if e.step > step {
+			break
+		}
+		es = append(es, e)
+	}
+	if len(es) > 0 {
+		for i, o := range es[len(es)-1].other {
+			if o != nil {
+				src[i] = o
+			}
+		}
+	}
+	return src, es, nil
 }
 
 // replayLog applies es, in order, to st.

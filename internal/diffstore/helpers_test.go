@@ -35,14 +35,25 @@ type owner struct {
 	meta    []byte
 	codec   replay.Options
 	states  map[int64]map[string][]byte // the true regions at each step
+	// The optimizer region's layout: W, M and V (k = 0, 1, 2) each in
+	// slot pos[k] of three, a slot being 4n bytes then gap constant bytes,
+	// after the header (newOwner: W, M, V in order, no gaps).
+	pos [3]int
+	gap int
 }
+
+// off returns the offset of W, M or V (k = 0, 1, 2) in the optimizer region.
+func (o *owner) off(k int) int { return optHeader + o.pos[k]*(4*o.n+o.gap) }
+
+// optSize returns the optimizer region's size.
+func (o *owner) optSize() int { return optHeader + 3*(4*o.n+o.gap) }
 
 // newOwner returns an owner of n elements at step 0 (its initial state),
 // whose differentials use codec.
 func newOwner(seed uint64, n int, codec replay.Options) *owner {
 	o := &owner{n: n, rng: rand.New(rand.NewPCG(seed, 0x0b5e55ed)), codec: codec,
 		w: make([]float32, n), m: make([]float32, n), v: make([]float32, n),
-		meta: make([]byte, metaSize), states: map[int64]map[string][]byte{}}
+		meta: make([]byte, metaSize), states: map[int64]map[string][]byte{}, pos: [3]int{0, 1, 2}}
 	for i := range n {
 		o.w[i] = float32(o.rng.NormFloat64() * 0.1)
 		o.m[i] = float32(o.rng.NormFloat64() * 1e-3)
@@ -57,9 +68,8 @@ func newOwner(seed uint64, n int, codec replay.Options) *owner {
 }
 
 func (o *owner) layout() ([]Region, Optimizer) {
-	n := int64(o.n)
-	return []Region{{Name: metaName, Size: metaSize}, {Name: optName, Size: optHeader + 12*n}},
-		Optimizer{Region: optName, N: n, WOff: optHeader, MOff: optHeader + 4*n, VOff: optHeader + 8*n}
+	return []Region{{Name: metaName, Size: metaSize}, {Name: optName, Size: int64(o.optSize())}},
+		Optimizer{Region: optName, N: int64(o.n), WOff: int64(o.off(0)), MOff: int64(o.off(1)), VOff: int64(o.off(2))}
 }
 
 // newStore returns an empty store for o's layout.
@@ -82,10 +92,13 @@ func (o *owner) fillMeta() {
 
 // regions returns the owner's current regions, encoded.
 func (o *owner) regions() map[string][]byte {
-	b := make([]byte, optHeader+12*o.n)
+	b := make([]byte, o.optSize())
 	copy(b, o.header[:])
+	for i := optHeader; i < len(b); i++ {
+		b[i] = byte(i) | 0x80 // the gaps' constant bytes
+	}
 	for k, x := range [][]float32{o.w, o.m, o.v} {
-		off := optHeader + 4*o.n*k
+		off := o.off(k)
 		for i, f := range x {
 			binary.LittleEndian.PutUint32(b[off+4*i:], math.Float32bits(f))
 		}
@@ -216,6 +229,49 @@ func checkRestore(t testing.TB, s *Store, o *owner, step int64, opt replay.Repla
 			t.Fatalf("restore of step %d: region %q differs from the owner's (first at byte %d)", step, name, firstDiff(got[name], want))
 		}
 	}
+	checkStream(t, s, step, 4+int(step*37%3000), opt, got)
+}
+
+// streamed returns the store's RestoreTo of step in pieces of chunk
+// bytes, each region's pieces joined, and checks the pieces: in the
+// regions' order, none empty or longer than chunk rounded down to a
+// multiple of 4 (DefaultChunk for 0).
+func streamed(t testing.TB, s *Store, step int64, chunk int, opt replay.ReplayOptions) (map[string][]byte, error) {
+	t.Helper()
+	limit := max(4, chunk&^3)
+	if chunk <= 0 {
+		limit = DefaultChunk
+	}
+	got := map[string][]byte{}
+	last := -1
+	err := s.RestoreTo(step, chunk, opt, func(region int, b []byte) error {
+		if region < last || region >= len(s.regions) {
+			t.Fatalf("RestoreTo(%d): region %d after region %d", step, region, last)
+		}
+		if len(b) == 0 || len(b) > limit {
+			t.Fatalf("RestoreTo(%d, chunk %d): a piece of %d bytes", step, chunk, len(b))
+		}
+		last = region
+		name := s.regions[region].Name
+		got[name] = append(got[name], b...)
+		return nil
+	})
+	return got, err
+}
+
+// checkStream checks that RestoreTo(step) in pieces of chunk bytes gives
+// want, every region (Restore's bytes).
+func checkStream(t testing.TB, s *Store, step int64, chunk int, opt replay.ReplayOptions, want map[string][]byte) {
+	t.Helper()
+	got, err := streamed(t, s, step, chunk, opt)
+	if err != nil {
+		t.Fatalf("RestoreTo(%d, chunk %d): %v", step, chunk, err)
+	}
+	for _, r := range s.regions {
+		if g := got[r.Name]; int64(len(g)) != r.Size || !bytes.Equal(g, want[r.Name]) {
+			t.Fatalf("RestoreTo(%d, chunk %d): region %q of %d bytes differs from Restore's of %d (first at byte %d)", step, chunk, r.Name, len(g), len(want[r.Name]), firstDiff(g, want[r.Name]))
+		}
+	}
 }
 
 // checkRange checks Range and every step in it.
@@ -244,7 +300,7 @@ func firstDiff(a, b []byte) int {
 func (o *owner) rewind(step int64) {
 	st := o.states[step]
 	for k, x := range [][]float32{o.w, o.m, o.v} {
-		off := optHeader + 4*o.n*k
+		off := o.off(k)
 		for i := range x {
 			x[i] = math.Float32frombits(binary.LittleEndian.Uint32(st[optName][off+4*i:]))
 		}
