@@ -389,7 +389,7 @@ func TestRefreshAfterFold(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkRange(t, s, o, 6, 10, defaults) // the fold passed the refresh
-	write(w, 3)                           // verified, and dropped
+	write(w, 3)                          // verified, and dropped
 	checkRange(t, s, o, 6, 10, defaults)
 
 	s.testFoldHook = func() { // the refresh begins while the fold replays
