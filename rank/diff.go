@@ -1030,9 +1030,11 @@ func (st *replicaStore) diff(c net.Conn, h linkHdr, t []tableEntry) error {
 // caller is about to read (recLen+others; replicaStore.reserve, as a put
 // does) until release, once the data is in the store (whose own bytes
 // account then counts). If it refuses (ok false), it drains the request's
-// data and answers (err is the link's error, if any): gap with the
-// owner's Next if there is no store, failOther naming the sizes if they
-// do not fit the store or the memory.
+// data and answers (err is the link's error, if any): failGap (-1) if the
+// owner has no store here, failOther naming the sizes if they do not fit
+// the memory. A differential whose sizes are not the store's is not
+// answered: err names them, and the link closes without a byte of its
+// data read.
 func (st *replicaStore) admitDiff(c net.Conn, h linkHdr, t []tableEntry, opt int, recLen, others uint64) (release func(), ok bool, err error) {
 	refuse := func(answer func() error) (func(), bool, error) {
 		if err := drain(c, recLen+others); err != nil {
@@ -1049,8 +1051,12 @@ func (st *replicaStore) admitDiff(c net.Conn, h linkHdr, t []tableEntry, opt int
 	var ds *diffstore.Store
 	if msg == "" {
 		if ds = o.cur; ds != nil {
-			msg = diffFits(ds, t, opt, recLen, st.h.cfg.Diff.codec())
-			why = failOther
+			if bad := diffFits(ds, t, opt, recLen, st.h.cfg.Diff.codec()); bad != "" {
+				o.mu.Unlock()
+				// Not one of the owner's differentials: its data, of a
+				// size no store here has, is neither read nor drained.
+				return nil, false, fmt.Errorf("rank %d step %d: %s", h.owner, h.step, bad)
+			}
 		}
 	}
 	o.mu.Unlock()
