@@ -129,7 +129,8 @@ type Config struct {
 type DiffOptions struct {
 	// Fold: a holder folds an owner's differential log into its base once
 	// the log holds this many steps (--diff-fold; 1 to MaxDiffFold, 0 =
-	// 16).
+	// 8). A holder then holds about (2 + Fold/3) times each owner's
+	// optimizer state with the raw codec (see rank.DiffConfig).
 	Fold int
 	// BaseEvery: each holder gets a fresh base every this many steps, in
 	// paced chunks (--base-every; 1 to MaxBaseEvery, 0 = 100).
@@ -148,7 +149,7 @@ const (
 
 // The defaults of DiffOptions' zero fields.
 const (
-	defaultDiffFold  = 16
+	defaultDiffFold  = 8
 	defaultBaseEvery = 100
 	defaultDiffCodec = "raw"
 )

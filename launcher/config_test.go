@@ -152,7 +152,7 @@ func TestWithDefaultsProtect(t *testing.T) {
 	}{
 		{"zero is full", func(*Config) {}, rank.ModeFull, DiffOptions{}, ""},
 		{"full without replicas", func(c *Config) { c.ProtectMode, c.Replicas = rank.ModeFull, 0 }, rank.ModeFull, DiffOptions{}, ""},
-		{"diff takes the defaults", func(c *Config) { c.ProtectMode, c.Replicas = rank.ModeDiff, 1 }, rank.ModeDiff, DiffOptions{Fold: 16, BaseEvery: 100, Codec: "raw"}, ""},
+		{"diff takes the defaults", func(c *Config) { c.ProtectMode, c.Replicas = rank.ModeDiff, 1 }, rank.ModeDiff, DiffOptions{Fold: 8, BaseEvery: 100, Codec: "raw"}, ""},
 		{"diff keeps its settings", func(c *Config) {
 			c.ProtectMode, c.Replicas, c.Diff = rank.ModeDiff, 2, DiffOptions{Fold: 4096, BaseEvery: 1 << 31, Codec: "topk:0.5"}
 		}, rank.ModeDiff, DiffOptions{Fold: 4096, BaseEvery: 1 << 31, Codec: "topk:0.5"}, ""},

@@ -69,8 +69,12 @@ const (
 	// maxBaseChunk is the most bytes one base refresh frame carries.
 	maxBaseChunk = 4 << 20
 	// maxRecordSlack bounds a differential's record beyond its optimizer
-	// region's size (headers, descriptors, codec overhead).
+	// region's size (headers, descriptors, codec overhead), before the
+	// holder's store says more (maxRecordLen).
 	maxRecordSlack = 1 << 20
+	// recordHeaderSlack bounds a record of one tensor beyond its payload:
+	// its header, descriptor, padding and CRC (about a hundred bytes).
+	recordHeaderSlack = 4 << 10
 )
 
 var (
@@ -412,6 +416,23 @@ func (r *replicator) applyLocked(p diffPlan, res []diffRes) {
 	}
 }
 
+// releaseRefLocked lets go of the refresh being sent (its snapshot
+// buffer, the size of the replicated regions) once every current holder
+// has it: committed, given up, or a base at its step or later. r.mu is
+// held.
+func (r *replicator) releaseRefLocked() {
+	if r.ref == nil {
+		return
+	}
+	for _, k := range r.s.h.place().targets(r.s.rank) {
+		if pr := r.refProg[k]; pr == nil || !pr.done {
+			return
+		}
+	}
+	r.ref = nil
+	clear(r.refProg)
+}
+
 // loopDiff is loop in diff mode: rounds in which every holder gets what
 // it lacks next (a base, or the next differential and chunks of the base
 // refresh in progress), until every holder has the newest committed step.
@@ -442,6 +463,7 @@ func (r *replicator) loopDiff(ctx context.Context, cancel func(), done chan stru
 			r.applyLocked(p, res)
 		}
 		r.trimLocked()
+		r.releaseRefLocked()
 		r.mu.Unlock()
 		s.h.cfg.Changed()
 		if err == nil {
@@ -706,11 +728,14 @@ func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, r
 }
 
 // snapshotDue starts a base refresh when BaseEvery steps passed since the
-// last one: it copies the replicated regions of the newest committed step
-// (whose slot is not staged over before the next step is replicated to
-// every holder) into the refresh buffer and checks the copy against the
-// step's CRC32Cs (a slot that changed meanwhile is tried again next
-// round). It runs in the loop, between rounds.
+// last one and the rank has holders: it copies the replicated regions of
+// the newest committed step (whose slot is not staged over before the
+// next step is replicated to every holder) into a new snapshot buffer
+// and checks the copy against the step's CRC32Cs (a slot that changed
+// meanwhile is tried again next round). The buffer lives until every
+// holder has the refresh (releaseRefLocked) or a newer refresh or a
+// restart replaces it. The refresh is paced over refreshSteps steps. It
+// runs in the loop, between rounds.
 func (r *replicator) snapshotDue() {
 	s := r.s
 	every := int64(s.h.cfg.Diff.baseEvery())
@@ -727,16 +752,12 @@ func (r *replicator) snapshotDue() {
 		r.refStep = c // the first step sent: the holders get bases
 	}
 	r.mu.Unlock()
-	if c < 0 || rs == noStep || rs > c || c-rs < every {
+	if c < 0 || rs == noStep || rs > c || c-rs < every || len(s.h.place().targets(s.rank)) == 0 {
 		return
 	}
 	ref := &refresh{step: c}
 	err := s.readSlot(c, names, func(t []tableEntry, data [][]byte) error {
-		total := int(tableBytes(t))
-		if cap(r.refBuf) < total {
-			r.refBuf = make([]byte, total)
-		}
-		ref.buf = r.refBuf[:total]
+		ref.buf = make([]byte, tableBytes(t))
 		off := 0
 		for i, d := range data {
 			ref.offs = append(ref.offs, int64(off))
@@ -753,7 +774,8 @@ func (r *replicator) snapshotDue() {
 		s.h.log.Debug("base refresh postponed", "rank", s.rank, "step", c, "err", err)
 		return
 	}
-	ref.budget = max(1, (int64(len(ref.buf))+int64(max(1, every/2))-1)/int64(max(1, every/2)))
+	n := s.h.cfg.Diff.refreshSteps()
+	ref.budget = max(1, (int64(len(ref.buf))+n-1)/n)
 	r.mu.Lock()
 	r.ref, r.refStep = ref, c
 	clear(r.refProg)
@@ -956,6 +978,8 @@ func (st *replicaStore) base(c net.Conn, h linkHdr, t []tableEntry) error {
 
 // diff receives a differential of h.owner at h.step into its current
 // store, and acknowledges it only if the store can restore the step.
+// Nothing of its size is allocated before admitDiff checked it against
+// the store and reserved it.
 func (st *replicaStore) diff(c net.Conn, h linkHdr, t []tableEntry) error {
 	if h.length < diffDescSize || h.step < 0 {
 		return fmt.Errorf("differential of %d bytes, step %d", h.length, h.step)
@@ -972,8 +996,13 @@ func (st *replicaStore) diff(c net.Conn, h linkHdr, t []tableEntry) error {
 	if dd.recLen > uint64(t[dd.opt].size)+maxRecordSlack || h.length != diffDescSize+dd.recLen+others {
 		return fmt.Errorf("differential of %d bytes: a record of %d and other regions of %d", h.length, dd.recLen, others)
 	}
-	// The whole request is read first (bounded above): the link stays in
-	// step whatever the answer. The store keeps these buffers.
+	release, ok, err := st.admitDiff(c, h, t, dd.opt, dd.recLen, others)
+	if !ok {
+		return err
+	}
+	defer release()
+	// The whole request is read first: the link stays in step whatever
+	// the answer. The store keeps these buffers.
 	d := diffstore.Diff{Step: h.step, Hyper: dd.hyper, Record: make([]byte, dd.recLen), Other: map[string][]byte{}, Sum: dd.sum}
 	if _, err := io.ReadFull(c, d.Record); err != nil {
 		return err
@@ -988,10 +1017,96 @@ func (st *replicaStore) diff(c net.Conn, h linkHdr, t []tableEntry) error {
 		}
 		d.Other[e.name] = b
 	}
-	if msg := st.notHolder(h); msg != "" {
-		return writeFail(c, h, failOther, msg)
-	}
 	return st.takeDiff(c, h, t, d)
+}
+
+// admitDiff runs the checks of a differential of h.owner at h.step (table
+// t, optimizer region opt, a record of recLen bytes and other regions of
+// others) that need none of its data, before the caller allocates any of
+// it: h.holder holds h.owner here, the generation is current, the owner
+// has a store here, t has exactly its regions (names, sizes, order) with
+// the optimizer at opt, and the record is no longer than the job's codec
+// makes of the optimizer's N elements. It then reserves the bytes the
+// caller is about to read (recLen+others; replicaStore.reserve, as a put
+// does) until release, once the data is in the store (whose own bytes
+// account then counts). If it refuses (ok false), it drains the request's
+// data and answers (err is the link's error, if any): failGap (-1) if the
+// owner has no store here, failOther naming the sizes if they do not fit
+// the memory. A differential whose sizes are not the store's is not
+// answered: err names them, and the link closes without a byte of its
+// data read.
+func (st *replicaStore) admitDiff(c net.Conn, h linkHdr, t []tableEntry, opt int, recLen, others uint64) (release func(), ok bool, err error) {
+	refuse := func(answer func() error) (func(), bool, error) {
+		if err := drain(c, recLen+others); err != nil {
+			return nil, false, err
+		}
+		return nil, false, answer()
+	}
+	if msg := st.notHolder(h); msg != "" {
+		return refuse(func() error { return writeFail(c, h, failOther, msg) })
+	}
+	o := st.owner(h.owner)
+	o.mu.Lock()
+	why, msg := st.checkOwner(o, h)
+	var ds *diffstore.Store
+	if msg == "" {
+		if ds = o.cur; ds != nil {
+			if bad := diffFits(ds, t, opt, recLen, st.h.cfg.Diff.codec()); bad != "" {
+				o.mu.Unlock()
+				// Not one of the owner's differentials: its data, of a
+				// size no store here has, is neither read nor drained.
+				return nil, false, fmt.Errorf("rank %d step %d: %s", h.owner, h.step, bad)
+			}
+		}
+	}
+	o.mu.Unlock()
+	switch {
+	case msg != "":
+		msg = fmt.Sprintf("rank %d step %d: %s", h.owner, h.step, msg)
+		return refuse(func() error { return writeFail(c, h, why, msg) })
+	case ds == nil:
+		return refuse(func() error { return writeGap(c, h, noStep, fmt.Sprintf("no base of rank %d here", h.owner)) })
+	}
+	n := recLen + others
+	if err := st.reserve(n, 0); err != nil {
+		msg := fmt.Sprintf("differential of rank %d step %d: %d bytes (a record of %d, other regions of %d): %v", h.owner, h.step, n, recLen, others, err)
+		return refuse(func() error { return writeFail(c, h, failOther, msg) })
+	}
+	return func() { st.reserve(0, n) }, true, nil
+}
+
+// diffFits says why a differential with table t (optimizer at opt, a
+// record of recLen bytes) cannot be one of ds's owner, or "" if it can.
+func diffFits(ds *diffstore.Store, t []tableEntry, opt int, recLen uint64, codec replay.Options) string {
+	regions, o := ds.Regions(), ds.Optimizer()
+	if len(t) != len(regions) {
+		return fmt.Sprintf("a differential of %d regions, the owner's base has %d", len(t), len(regions))
+	}
+	for i, r := range regions {
+		if t[i].name != r.Name || t[i].size != r.Size {
+			return fmt.Sprintf("a differential's region %d is %q of %d bytes, the owner's base has %q of %d", i, t[i].name, t[i].size, r.Name, r.Size)
+		}
+	}
+	if t[opt].name != o.Region {
+		return fmt.Sprintf("a differential's optimizer region is %q, the owner's base has %q", t[opt].name, o.Region)
+	}
+	if limit := maxRecordLen(o.N, codec); recLen > limit {
+		return fmt.Sprintf("a record of %d bytes, more than the %d the codec makes of %d elements", recLen, limit, o.N)
+	}
+	return ""
+}
+
+// maxRecordLen returns the longest record of one tensor of n elements
+// that codec makes (replay's record format): Raw 4 bytes an element;
+// Int8 at most 5 (a scale per block of at least one); TopK at most 6.6
+// (ceil(K·n)+10% entries of an index and an fp16 value), plus the
+// headers, descriptor, chunk table and padding.
+func maxRecordLen(n int64, codec replay.Options) uint64 {
+	per := uint64(4)
+	if !codec.Lossless {
+		per = 7
+	}
+	return per*uint64(n) + 16*uint64(n>>31+1) + recordHeaderSlack
 }
 
 // takeDiff appends differential d of h.owner at h.step (read whole, its
@@ -1044,7 +1159,10 @@ func (st *replicaStore) takeDiff(c net.Conn, h linkHdr, t []tableEntry, d diffst
 }
 
 // baseChunk receives a chunk of a base refresh at h.step into the current
-// store's refresh (begun by the first chunk of that step).
+// store's refresh (begun by the first chunk of that step, once the
+// refresh's buffers are reserved). The chunk's bytes are read only after
+// the checks that need none of them, and must fall within the store's
+// region.
 func (st *replicaStore) baseChunk(c net.Conn, h linkHdr, t []tableEntry) error {
 	if len(t) != 1 || h.length < 8 || h.length-8 > maxBaseChunk || h.length-8 > uint64(t[0].size) {
 		return fmt.Errorf("base chunk of %d bytes for %d regions", h.length, len(t))
@@ -1053,30 +1171,49 @@ func (st *replicaStore) baseChunk(c net.Conn, h linkHdr, t []tableEntry) error {
 	if _, err := io.ReadFull(c, ob[:]); err != nil {
 		return err
 	}
-	off := int64(binary.BigEndian.Uint64(ob[:]))
-	data := make([]byte, h.length-8)
-	if _, err := io.ReadFull(c, data); err != nil {
-		return err
+	off, n := int64(binary.BigEndian.Uint64(ob[:])), int64(h.length-8)
+	refuse := func(answer func() error) error {
+		if err := drain(c, uint64(n)); err != nil {
+			return err
+		}
+		return answer()
 	}
 	if msg := st.notHolder(h); msg != "" {
-		return writeFail(c, h, failOther, msg)
+		return refuse(func() error { return writeFail(c, h, failOther, msg) })
 	}
 	o := st.owner(h.owner)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if why, msg := st.checkOwner(o, h); msg != "" {
-		return writeFail(c, h, why, msg)
+		return refuse(func() error { return writeFail(c, h, why, msg) })
 	}
 	if o.cur == nil {
-		return writeGap(c, h, noStep, fmt.Sprintf("no base of rank %d here", h.owner))
+		return refuse(func() error { return writeGap(c, h, noStep, fmt.Sprintf("no base of rank %d here", h.owner)) })
+	}
+	i := slices.IndexFunc(o.cur.Regions(), func(r diffstore.Region) bool { return r.Name == t[0].name })
+	if i < 0 || o.cur.Regions()[i].Size != t[0].size || off < 0 || off > t[0].size-n {
+		msg := fmt.Sprintf("rank %d: a base chunk [%d, +%d) of region %q of %d bytes, not one of the owner's base", h.owner, off, n, t[0].name, t[0].size)
+		return refuse(func() error { return writeFail(c, h, failOther, msg) })
 	}
 	defer st.account(o)
 	if o.bw == nil || o.bw.Step() != h.step {
+		// A new refresh: its buffers (the regions' sizes) are reserved
+		// before BeginBase allocates them; account then counts them.
+		size := uint64(o.cur.Size())
+		if err := st.reserve(o.held+size, o.held); err != nil {
+			msg := fmt.Sprintf("rank %d: a base refresh of %d bytes at step %d: %v", h.owner, size, h.step, err)
+			return refuse(func() error { return writeFail(c, h, failOther, msg) })
+		}
+		o.held += size
 		w, err := o.cur.BeginBase(h.step)
 		if err != nil {
-			return writeFail(c, h, failStale, fmt.Sprintf("rank %d: %v", h.owner, err))
+			return refuse(func() error { return writeFail(c, h, failStale, fmt.Sprintf("rank %d: %v", h.owner, err)) })
 		}
 		o.bw = w
+	}
+	data := make([]byte, n)
+	if _, err := io.ReadFull(c, data); err != nil {
+		return err
 	}
 	if err := o.bw.Write(t[0].name, off, data); err != nil {
 		why := uint32(failOther)

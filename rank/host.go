@@ -71,12 +71,22 @@ type HostConfig struct {
 }
 
 // DiffConfig configures differential protection (HostConfig.Mode ModeDiff).
+//
+// A holder keeps, per owner, a base (the owner's replicated regions), a
+// refresh's buffers while one arrives, and the differentials not folded
+// yet: with the lossless codec, whose records are a third of the
+// optimizer region (W, M and V, one gradient), about (2 + Fold/3) times
+// the owner's optimizer state, against full mode's 2 (two buffers). A
+// lossless log never holds more than Fold+1 differentials (folds pass a
+// refresh in progress); a lossy one, whose folds stop at a refresh's step,
+// at most about 2×Fold, the refresh being paced over at most Fold steps.
 type DiffConfig struct {
 	// Fold: a holder folds an owner's log into its base once the log
-	// holds this many steps (gorun --diff-fold; 0 means 16).
+	// holds this many steps (gorun --diff-fold; 0 means 8).
 	Fold int
 	// BaseEvery: each holder gets a fresh base of the owner's state every
-	// this many steps, in paced chunks (gorun --base-every; 0 means 100).
+	// this many steps, in chunks paced over min(BaseEvery/2, Fold) steps
+	// (gorun --base-every; 0 means 100).
 	BaseEvery int
 	// Codec encodes the gradients (gorun --diff-codec, ParseDiffCodec):
 	// lossless unless a lossy codec was asked for. The zero value is
@@ -86,12 +96,20 @@ type DiffConfig struct {
 
 // Defaults of DiffConfig.
 const (
-	defaultFold      = 16
+	defaultFold      = 8
 	defaultBaseEvery = 100
 )
 
 func (c DiffConfig) fold() int      { return cmp.Or(max(c.Fold, 0), defaultFold) }
 func (c DiffConfig) baseEvery() int { return cmp.Or(max(c.BaseEvery, 0), defaultBaseEvery) }
+
+// refreshSteps returns over how many steps the owner spreads a base
+// refresh: min(BaseEvery/2, Fold), at least 1, so that a holder whose
+// folds stop at the refresh (a lossy log) holds about 2×Fold
+// differentials at most.
+func (c DiffConfig) refreshSteps() int64 {
+	return int64(max(1, min(c.baseEvery()/2, c.fold())))
+}
 
 // codec returns the options gradients are encoded with.
 func (c DiffConfig) codec() replay.Options {

@@ -521,6 +521,11 @@ func (st *replicaStore) diffRef(c net.Conn, h linkHdr, t []tableEntry) error {
 	if r := (Reduced{N: nd.p, Off: nd.off}); nd.n < 1 || nd.n > MaxGradient || r.check(nd.n) != nil {
 		return fmt.Errorf("differential by reference of a slice [%d, +%d) of %d elements", nd.off, nd.n, nd.p)
 	}
+	release, ok, err := st.admitDiff(c, h, t, dd.opt, 0, others)
+	if !ok {
+		return err
+	}
+	defer release()
 	d := diffstore.Diff{Step: h.step, Hyper: dd.hyper, Other: map[string][]byte{}, Sum: dd.sum}
 	for i, e := range t {
 		if i == dd.opt {
@@ -531,9 +536,6 @@ func (st *replicaStore) diffRef(c net.Conn, h linkHdr, t []tableEntry) error {
 			return err
 		}
 		d.Other[e.name] = b
-	}
-	if msg := st.notHolder(h); msg != "" {
-		return writeFail(c, h, failOther, msg)
 	}
 	rec, why, retry, msg := st.h.local.take(st.h.life, h.owner, h.step, nd, sum)
 	if rec == nil {

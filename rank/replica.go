@@ -341,12 +341,14 @@ type replicaStore struct {
 	bytes  uint64 // held in all buffers
 }
 
-// reserve accounts for a buffer growing from old to n bytes.
+// reserve accounts for a buffer growing from old to n bytes: it fails if
+// the replicas held here would take more than half the host's memory. A
+// buffer that shrinks (n ≤ old) is always accounted.
 func (st *replicaStore) reserve(n, old uint64) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	limit := physicalMemory() / 2
-	if next := st.bytes - old + n; limit > 0 && next > limit {
+	if next := st.bytes - old + n; n > old && limit > 0 && next > limit {
 		return fmt.Errorf("the replicas held here would take %d bytes, more than half this host's memory", next)
 	}
 	st.bytes = st.bytes - old + n
@@ -840,7 +842,6 @@ type replicator struct {
 	ref     *refresh            // the base refresh being sent, or nil
 	refStep int64               // the step of the last refresh (at first, of the first step sent), or -1
 	refProg map[holderKey]*refProg
-	refBuf  []byte // the refreshes' snapshot buffer (used by the loop only)
 }
 
 func (r *replicator) init(s *service) {

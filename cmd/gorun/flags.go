@@ -102,7 +102,9 @@ Fault tolerance:
                           (trainers that declare the replay optimizer, e.g.
                           examples/dptrain). Default full
   --diff-fold N           diff: holders fold the log into the base every N steps
-                          (1 to 4096, default 16)
+                          (1 to 4096, default 8); a holder holds about
+                          (2 + N/3) x each owner's optimizer state with the raw
+                          codec (full mode: 2x)
   --base-every B          diff: a fresh base every B steps, sent in paced chunks
                           (1 to 2^31, default 100)
   --diff-codec raw|int8[:B]|topk:K
@@ -331,7 +333,7 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 
 // The diff-mode flags' defaults.
 const (
-	defaultDiffFold  = 16
+	defaultDiffFold  = 8
 	defaultBaseEvery = 100
 	defaultDiffCodec = "raw"
 )

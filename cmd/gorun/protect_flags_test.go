@@ -61,7 +61,7 @@ func TestProtectModeFlags(t *testing.T) {
 	}{
 		{"default", nil, rank.ModeFull, launcher.DiffOptions{}},
 		{"full", []string{"--protect-mode", "full"}, rank.ModeFull, launcher.DiffOptions{}},
-		{"diff with the defaults", []string{"--protect-mode", "diff"}, rank.ModeDiff, launcher.DiffOptions{Fold: 16, BaseEvery: 100, Codec: "raw"}},
+		{"diff with the defaults", []string{"--protect-mode", "diff"}, rank.ModeDiff, launcher.DiffOptions{Fold: 8, BaseEvery: 100, Codec: "raw"}},
 		{"diff with every setting", []string{"--protect-mode=diff", "--diff-fold", "7", "--base-every", "2147483648", "--diff-codec", "topk:0.01"},
 			rank.ModeDiff, launcher.DiffOptions{Fold: 7, BaseEvery: 1 << 31, Codec: "topk:0.01"}},
 		{"diff with the bounds", []string{"--protect-mode", "diff", "--diff-fold", "1", "--base-every", "1", "--diff-codec", "int8"},

@@ -43,10 +43,15 @@
 //     for every reader. A refresh that never commits (Abort, a newer
 //     BeginBase, a Truncate before its step) changes nothing; one whose
 //     CRC32Cs do not match is refused with ErrCorrupt and changes nothing.
-//     A Fold does not go past a refresh in progress, so that the refresh
-//     replaces the base when it commits; only a refresh begun while a Fold
-//     was already replaying past its step can find the base past b: it is
-//     verified and then dropped (the store holds a later base).
+//     A Fold goes past a refresh in progress only when what it folds is
+//     exact (lossless since the base, see [Store.Exact]): the folded base
+//     is then the owner's state bit for bit, so the refresh is only a
+//     check, and the log stays as short as the caller's folds keep it
+//     however slowly the refresh arrives. A refresh that finds the base
+//     past b when it commits is verified and then dropped (the store holds
+//     a later base). With a lossy log a Fold stops at b, so that the
+//     refresh, which resets the drift, replaces the base when it commits;
+//     the log then grows until it does.
 //   - Lost steps. If differentials were lost before a refresh at b (or
 //     there is no base yet), the refresh keeps the differentials after b
 //     itself, and the base brings them with it when it commits: the store
@@ -99,5 +104,12 @@
 //   - Fold. The log grows by one differential per step until the caller
 //     folds it (gorun folds when it holds --diff-fold N steps beyond G): the
 //     store does not bound it, and [Store.Stats] reports its length and
-//     bytes.
+//     bytes. A lossless log folded every N steps holds at most N+1
+//     differentials, a refresh in progress or not; a lossy one also those
+//     from a refresh's step until it commits, so the owner should send a
+//     refresh within a few N steps.
+//   - Memory. A store holds its base (the regions' sizes), a refresh's
+//     buffers while one is in progress (allocated by [Store.BeginBase]),
+//     and its differentials as received: a caller that bounds its memory
+//     reserves those before it allocates or begins them.
 package diffstore

@@ -15,11 +15,16 @@ import (
 // still in range. Fold folds what it can and returns nil when there is
 // nothing to fold (no base, no differential up to upTo).
 //
-// While a base refresh at step b is in progress, Fold goes no further than
-// b, so that the refresh, once it commits, replaces the base rather than
-// arriving behind it. (A refresh begun while a Fold is replaying, at a step
-// before the fold's end, can still find the base past it when it commits:
-// it is then verified and dropped, and Stats counts it.)
+// While a base refresh at step b is in progress, Fold passes b only if
+// what it folds is exact (the base and every differential up to its end
+// lossless, see Exact): the folded base is then the owner's state bit for
+// bit, the refresh only a check of it, and the log stays as short as the
+// caller's folds keep it whatever the refresh's pace. The refresh, when it
+// commits, finds the base past b: it is verified and dropped, and Stats
+// counts it (RefreshesSuperseded). A lossy fold goes no further than b, so
+// that the refresh, once it commits, replaces the drifting base rather
+// than arriving behind it. (A refresh begun while a Fold is replaying, at
+// a step before the fold's end, can find the base past it in either case.)
 //
 // Fold replays outside the store's lock: Append, Range, BeginBase and the
 // refresh's Write and Commit go on meanwhile. A refresh committed during a
@@ -31,16 +36,23 @@ func (s *Store) Fold(upTo int64, opt replay.ReplayOptions) error {
 	s.mu.Lock()
 	b := s.base
 	upTo = min(upTo, s.g)
-	if p := s.pending; p != nil {
-		upTo = min(upTo, p.step) // leave the refresh a base to replace
-	}
 	var es []*entry
 	if b != nil {
+		exact := b.exact
 		for _, e := range s.log {
 			if e.step > upTo {
 				break
 			}
 			es = append(es, e)
+			exact = exact && !e.lossy()
+		}
+		if p := s.pending; p != nil && !exact {
+			// Leave the refresh a base to replace: it resets the drift.
+			k := len(es)
+			for k > 0 && es[k-1].step > p.step {
+				k--
+			}
+			es = es[:k]
 		}
 	}
 	s.mu.Unlock()

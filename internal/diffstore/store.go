@@ -190,6 +190,19 @@ func New(regions []Region, opt Optimizer) (*Store, error) {
 // Regions returns the owner's regions, as given to New.
 func (s *Store) Regions() []Region { return append([]Region(nil), s.regions...) }
 
+// Optimizer returns the owner's optimizer layout, as given to New.
+func (s *Store) Optimizer() Optimizer { return s.opt }
+
+// Size returns the bytes of the owner's regions: what a base, and a
+// refresh's buffers (BeginBase), take.
+func (s *Store) Size() int64 {
+	var n int64
+	for _, r := range s.regions {
+		n += r.Size
+	}
+	return n
+}
+
 // Append adds the differential of the step Next returns. It checks
 // everything: d.Sum (ErrCorrupt if it does not match: see Diff.Seal), the
 // step order (ErrGap), the record (ErrCorrupt if it does not decode), that it holds one tensor of N elements of step d.Step, that

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"maps"
+	"math"
 	"testing"
 
 	"github.com/gorun/gorun/replay"
@@ -356,9 +357,9 @@ func TestFoldKeepsRestores(t *testing.T) {
 	}
 }
 
-// TestRefreshAfterFold: a Fold stops at a refresh in progress, which then
-// replaces the base; a refresh begun while a Fold was replaying past its
-// step is verified and dropped; one at the base's step or later replaces
+// TestRefreshAfterFold: a lossless Fold passes a refresh in progress,
+// which is then verified and dropped; so is a refresh begun while a Fold
+// was replaying past its step; one at the base's step or later replaces
 // it.
 func TestRefreshAfterFold(t *testing.T) {
 	o := newOwner(9, 800, lossless)
@@ -387,24 +388,24 @@ func TestRefreshAfterFold(t *testing.T) {
 	if err := s.Fold(6, defaults); err != nil {
 		t.Fatal(err)
 	}
-	checkRange(t, s, o, 3, 10, defaults) // the fold stopped at the refresh
-	write(w, 3)
-	checkRange(t, s, o, 3, 10, defaults)
+	checkRange(t, s, o, 6, 10, defaults) // the fold passed the refresh
+	write(w, 3)                          // verified, and dropped
+	checkRange(t, s, o, 6, 10, defaults)
 
 	s.testFoldHook = func() { // the refresh begins while the fold replays
-		if w, err = s.BeginBase(4); err != nil {
+		if w, err = s.BeginBase(7); err != nil {
 			t.Error(err)
 		}
 	}
-	if err := s.Fold(6, defaults); err != nil {
+	if err := s.Fold(8, defaults); err != nil {
 		t.Fatal(err)
 	}
 	s.testFoldHook = nil
-	write(w, 4)
-	checkRange(t, s, o, 6, 10, defaults)
-	sendBase(t, s, o, 8)
+	write(w, 7)
 	checkRange(t, s, o, 8, 10, defaults)
-	if st := s.Stats(); st.RefreshesSuperseded != 1 || st.Refreshes != 3 {
+	sendBase(t, s, o, 9)
+	checkRange(t, s, o, 9, 10, defaults)
+	if st := s.Stats(); st.RefreshesSuperseded != 2 || st.Refreshes != 2 {
 		t.Fatalf("Stats = %+v", st)
 	}
 }
@@ -515,5 +516,89 @@ func TestLossy(t *testing.T) {
 	sendBase(t, s, o, 3)
 	if !s.Exact(3) || s.Exact(4) {
 		t.Fatal("Exact after a fresh base: want step 3 only")
+	}
+}
+
+// TestLogBoundedDuringRefresh: a holder that folds once its log holds D
+// steps (as gorun does) while a base refresh trickles in over many steps:
+// with a lossless log the folds pass the refresh, so the log never holds
+// more than D+1 differentials, and the refresh, committed at last, is
+// verified and dropped; with a lossy one they stop at the refresh's step,
+// so the log grows until it commits and replaces the base. Every step in
+// range restores as before (bitwise, for the lossless log).
+func TestLogBoundedDuringRefresh(t *testing.T) {
+	const depth, steps, refreshAt = 4, 30, 2
+	for _, tt := range []struct {
+		name      string
+		codec     replay.Options
+		maxLog    int   // the longest the log may get
+		minLog    int   // the longest it must get (the lossy log grows)
+		wantFirst int64 // the base's step after the refresh commits
+	}{
+		{"lossless", lossless, depth + 1, depth, steps - steps%depth},
+		{"lossy", replay.Options{Threshold: 1}, steps - refreshAt, steps - refreshAt, refreshAt},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := newOwner(70, 600, tt.codec)
+			s := o.newStore(t)
+			sendBase(t, s, o, 0)
+			var w *BaseWriter
+			var todo []chunk
+			longest := 0
+			for step := int64(1); step <= steps; step++ {
+				if err := s.Append(o.next(t)); err != nil {
+					t.Fatal(err)
+				}
+				if step == refreshAt {
+					var err error
+					if w, err = s.BeginBase(refreshAt); err != nil {
+						t.Fatal(err)
+					}
+					todo = chunks(o.rng, o.states[refreshAt])
+				}
+				if len(todo) > 1 { // one chunk a step; the last one at the end
+					if err := w.Write(todo[0].region, todo[0].off, todo[0].b); err != nil {
+						t.Fatal(err)
+					}
+					todo = todo[1:]
+				}
+				longest = max(longest, s.Stats().LogLen)
+				if f, l, _ := s.Range(); l-f >= depth {
+					if err := s.Fold(math.MaxInt64, defaults); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if longest > tt.maxLog || longest < tt.minLog {
+				t.Errorf("the log held up to %d differentials with a refresh in progress; want %d to %d", longest, tt.minLog, tt.maxLog)
+			}
+			if st := s.Stats(); st.RefreshBytes == 0 {
+				t.Fatal("the refresh is not in progress any more")
+			}
+			for _, c := range todo {
+				if err := w.Write(c.region, c.off, c.b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := w.Commit(refreshAt, sums(o.states[refreshAt])); err != nil {
+				t.Fatal(err)
+			}
+			f, l, _ := s.Range()
+			if f != tt.wantFirst || l != steps {
+				t.Fatalf("Range after the refresh commits = %d, %d; want %d, %d", f, l, tt.wantFirst, steps)
+			}
+			st := s.Stats()
+			if tt.codec == lossless {
+				checkRange(t, s, o, f, l, defaults)
+				if st.RefreshesSuperseded != 1 || st.Refreshes != 1 {
+					t.Errorf("Stats = %+v, want the refresh dropped", st)
+				}
+			} else if st.RefreshesSuperseded != 0 || st.Refreshes != 2 || !s.Exact(refreshAt) {
+				t.Errorf("Stats = %+v, exact at the refresh %v; want the refresh installed", st, s.Exact(refreshAt))
+			}
+			if st.RefreshBytes != 0 {
+				t.Errorf("a refresh is still in progress: %+v", st)
+			}
+		})
 	}
 }
