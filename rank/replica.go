@@ -26,7 +26,8 @@ package rank
 //
 // In diff mode (HostConfig.Mode ModeDiff) the holder keeps a base and a
 // differential log per owner instead of two buffers, and the links carry
-// four more kinds (base, diff, baseChunk, baseCommit): see diff.go.
+// four more kinds (base, diff, baseChunk, baseCommit): see diff.go; it
+// answers a get of an exact step with a pieces answer: see pieces.go.
 //
 // gen is the owner host's restart generation when it read the step from
 // its slot. A holder refuses a put older than the newest generation it
