@@ -1344,16 +1344,19 @@ func (st *replicaStore) diffSource(owner int, step int64) (*diffstore.Store, []t
 var testHookStreamPiece func(holder, owner int, region string, b []byte) []byte
 
 // getDiff answers a get (a restore from another host) in diff mode. An
-// exact step is streamed (diffstore.Store.RestoreTo): the header and the
-// owner's committed table of the step first, then the regions' bytes as
-// the replay produces them, a piece at a time, so that the holder never
-// holds the whole state twice; each region's CRC32C is computed on the
-// way. A region that ends with another CRC32C than the owner's (a replay
-// that differs, which the receiver's check refuses too) is an error
-// naming rank, step and region: it is logged and closes the link, and the
-// next region is not sent. A step a lossy codec made inexact is restored
-// whole first (restoreDiff): its table carries the restored bytes' own
-// CRC32Cs, known only at the end.
+// exact step is a pieces answer (pieces.go), streamed as the store replays
+// it (diffstore.Store.RestorePieces): the header and the owner's committed
+// table of the step first, then the regions' bytes in pieces tagged with
+// where they go, each window of the optimizer's elements replayed once and
+// sent as its W, M and V pieces, so that the holder never holds the whole
+// state twice nor replays it thrice. Each region's CRC32C is computed from
+// its pieces on the way (combined: they do not come in order); a region
+// that ends with another CRC32C than the owner's (a replay that differs,
+// which the receiver's check refuses too) is an error naming rank, step
+// and region: it is logged and closes the link, and the next region is not
+// sent. A step a lossy codec made inexact is restored whole first
+// (restoreDiff) and sent as a data answer: its table carries the restored
+// bytes' own CRC32Cs, known only at the end.
 func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 	ds, t, err := st.diffSource(h.owner, h.step)
 	if err == nil && (!ds.Exact(h.step) || !sameShape(t, regionTable(ds.Regions()))) {
@@ -1369,26 +1372,32 @@ func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 	if err != nil {
 		return writeFail(c, h, failOther, err.Error())
 	}
-	head := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
+	head := linkHdr{kind: kindPieces, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
 	sent := false
 	sendHead := func() error {
 		sent = true
 		return writeFrame(c, head, t, [][]byte{}) // data non-nil: the length is the regions'
 	}
-	crcs := make([]uint32, len(t))
+	pw := newPieceWriter(c, t)
 	checked := 0
-	// check compares the regions before upTo with the owner's CRC32Cs.
+	// check compares the regions before upTo, whole, with the owner's
+	// CRC32Cs.
 	check := func(upTo int) error {
 		for ; checked < upTo; checked++ {
-			if e := t[checked]; crcs[checked] != e.sum {
-				err := fmt.Errorf("rank %d step %d region %s: replayed state differs from the owner's commit (CRC32C %08x, committed %08x)", h.owner, h.step, e.name, crcs[checked], e.sum)
+			e := t[checked]
+			got, whole := pw.sum(checked)
+			if !whole {
+				return fmt.Errorf("rank %d step %d region %s: the replay left bytes out", h.owner, h.step, e.name) // not reached: RestorePieces gives every byte
+			}
+			if got != e.sum {
+				err := fmt.Errorf("rank %d step %d region %s: replayed state differs from the owner's commit (CRC32C %08x, committed %08x)", h.owner, h.step, e.name, got, e.sum)
 				st.h.log.Error("a replica's replay differs from the owner's commit: closing the link", "rank", h.owner, "step", h.step, "region", e.name, "err", err)
 				return err
 			}
 		}
 		return nil
 	}
-	err = ds.RestoreTo(h.step, diffstore.DefaultChunk, replay.ReplayOptions{}, func(i int, b []byte) error {
+	err = ds.RestorePieces(h.step, pieceChunk, replay.ReplayOptions{}, func(i int, off int64, b []byte) error {
 		if !sent {
 			if err := sendHead(); err != nil {
 				return err
@@ -1400,9 +1409,7 @@ func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 		if testHookStreamPiece != nil {
 			b = testHookStreamPiece(h.holder, h.owner, t[i].name, b)
 		}
-		crcs[i] = crc32.Update(crcs[i], castagnoli, b)
-		_, err := c.Write(b)
-		return err
+		return pw.write(i, off, b)
 	})
 	switch {
 	case err != nil && !sent:

@@ -26,7 +26,8 @@ package rank
 //
 // In diff mode (HostConfig.Mode ModeDiff) the holder keeps a base and a
 // differential log per owner instead of two buffers, and the links carry
-// four more kinds (base, diff, baseChunk, baseCommit): see diff.go.
+// four more kinds (base, diff, baseChunk, baseCommit): see diff.go; it
+// answers a get of an exact step with a pieces answer: see pieces.go.
 //
 // gen is the owner host's restart generation when it read the step from
 // its slot. A holder refuses a put older than the newest generation it
@@ -1344,38 +1345,63 @@ func (p *linkPool) acked(ctx context.Context, host int, h linkHdr, t []tableEntr
 }
 
 // fetch asks host for regions (a get or getSlot request h) and reads them
-// into dst, by name, verifying each region's CRC32C and size.
+// into dst, by name, verifying each region's CRC32C and size (readFetched).
 func (p *linkPool) fetch(ctx context.Context, host int, h linkHdr, want []tableEntry, dst map[string][]byte) error {
 	return p.do(ctx, host, h.owner, func(c net.Conn) error {
 		if err := writeFrame(c, h, want, nil); err != nil {
 			return err
 		}
-		a, err := readAnswer(c)
-		if err != nil {
+		return readFetched(c, h, dst)
+	})
+}
+
+// readFetched reads the answer to request h (a get or getSlot) into dst,
+// by name, verifying each region's CRC32C and size, and deleting from dst
+// each region it filled: every region of dst must be in the answer. The
+// answer is a data answer, or, to a get, a pieces answer (a diff-mode
+// holder's: pieces.go), whose pieces it writes where they go.
+func readFetched(c io.Reader, h linkHdr, dst map[string][]byte) error {
+	a, err := readAnswer(c)
+	if err != nil {
+		return err
+	}
+	pieces := a.kind == kindPieces && h.kind == kindGet
+	if a.kind != kindData && !pieces || a.step != h.step {
+		return fmt.Errorf("unexpected answer kind %#x step %d", a.kind, a.step)
+	}
+	t, err := readTable(c, a.count)
+	if err != nil {
+		return err
+	}
+	if total := tableBytes(t); total != a.length {
+		return fmt.Errorf("data of %d bytes for regions of %d", a.length, total)
+	}
+	if pieces {
+		views := make([][]byte, len(t))
+		for i, e := range t {
+			d, ok := dst[e.name]
+			if !ok || int64(len(d)) != e.size {
+				return fmt.Errorf("region %q of %d bytes does not fit here (%d)", e.name, e.size, len(d))
+			}
+			views[i] = d
+		}
+		if err := readPieces(c, t, views, h.step); err != nil {
 			return err
 		}
-		if a.kind != kindData || a.step != h.step {
-			return fmt.Errorf("unexpected answer kind %#x step %d", a.kind, a.step)
-		}
-		t, err := readTable(c, a.count)
-		if err != nil {
-			return err
-		}
-		if total := tableBytes(t); total != a.length {
-			return fmt.Errorf("data of %d bytes for regions of %d", a.length, total)
-		}
-		for _, e := range t {
+	}
+	for _, e := range t {
+		if !pieces {
 			err := fillRegion(dst, e, h.step, func(d []byte) error { _, err := io.ReadFull(c, d); return err })
 			if err != nil {
 				return err
 			}
-			delete(dst, e.name)
 		}
-		if len(dst) > 0 {
-			return fmt.Errorf("regions missing from the answer: %d", len(dst))
-		}
-		return nil
-	})
+		delete(dst, e.name)
+	}
+	if len(dst) > 0 {
+		return fmt.Errorf("regions missing from the answer: %d", len(dst))
+	}
+	return nil
 }
 
 var _ = ckpt.ErrNoStep

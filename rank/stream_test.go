@@ -3,6 +3,7 @@ package rank
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"maps"
@@ -42,7 +43,8 @@ func TestDiffGetStreamsCommittedBytes(t *testing.T) {
 // TestDiffGetReplayDiffers: a holder whose replay differs from the owner's
 // commit (a test hook damages the optimizer region's bytes as they are
 // streamed) fails the get, naming rank, step and region, without sending
-// the regions after it (the link is closed); the restoring side refuses
+// the regions after it (the link is closed after the optimizer region's
+// last piece); the restoring side refuses
 // the bytes (its CRC32C check); a rank restoring Tier-2 then takes its
 // state from its other holder, bitwise.
 func TestDiffGetReplayDiffers(t *testing.T) {
@@ -85,8 +87,8 @@ func TestDiffGetReplayDiffers(t *testing.T) {
 		served <- c.hosts[1].store.getDiff(server, linkHdr{kind: kindGet, owner: 0, holder: 1, step: g})
 	}()
 	a, err := readAnswer(client)
-	if err != nil || a.kind != kindData {
-		t.Fatalf("answer %+v, %v; want data", a, err)
+	if err != nil || a.kind != kindPieces {
+		t.Fatalf("answer %+v, %v; want pieces", a, err)
 	}
 	tab, err := readTable(client, a.count)
 	if err != nil {
@@ -95,13 +97,13 @@ func TestDiffGetReplayDiffers(t *testing.T) {
 	if tab[0].name != "optimizer" || tab[1].name != "meta" {
 		t.Fatalf("table %+v: want optimizer, then meta", tab)
 	}
-	n, _ := io.Copy(io.Discard, client)
+	sent := piecesSent(t, client, len(tab))
 	err = <-served
 	if want := fmt.Sprintf("rank 0 step %d region optimizer", g); err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("getDiff of a replay that differs: %v; want an error naming %q", err, want)
 	}
-	if n != tab[0].size {
-		t.Errorf("the holder sent %d bytes after the table, want the optimizer's %d and nothing after", n, tab[0].size)
+	if sent[0] != tab[0].size || sent[1] != 0 {
+		t.Errorf("the holder sent %d bytes of the optimizer and %d of meta, want the optimizer's %d and nothing after", sent[0], sent[1], tab[0].size)
 	}
 
 	// The restoring side refuses the bytes.
@@ -167,4 +169,25 @@ func getFrom(from *Host, holder, owner int, step int64) (map[string][]byte, erro
 	host := from.place().hostOf(holder)
 	err := from.links.fetch(ctx, host, linkHdr{kind: kindGet, owner: owner, holder: holder, step: step}, []tableEntry{{name: "optimizer"}, {name: "meta"}}, dst)
 	return got, err
+}
+
+// piecesSent reads the pieces of a pieces answer of count regions until
+// the link closes, and returns how many bytes of each region came.
+func piecesSent(t *testing.T, r io.Reader, count int) []int64 {
+	t.Helper()
+	sent := make([]int64, count)
+	var ph [pieceHdrSize]byte
+	for {
+		if _, err := io.ReadFull(r, ph[:]); err != nil {
+			return sent
+		}
+		region, n := int(binary.BigEndian.Uint16(ph[:])), int64(binary.BigEndian.Uint32(ph[10:]))
+		if region >= count {
+			t.Fatalf("a piece of region %d of %d", region, count)
+		}
+		if m, _ := io.CopyN(io.Discard, r, n); m != n {
+			return sent
+		}
+		sent[region] += n
+	}
 }

@@ -9,9 +9,10 @@
 // the log into the base; a [BaseWriter] replaces the base with a fresh one
 // that arrives in chunks while the differentials keep coming.
 //
-// The store is a data structure in memory: no I/O, no goroutines of its
-// own (the caller runs Fold on a goroutine of its choice). It is safe for
-// concurrent use.
+// The store is a data structure in memory: no I/O, and no goroutine that
+// outlives a call (the caller runs Fold on a goroutine of its choice;
+// RestorePieces replays on one of its own, ended before it returns). It
+// is safe for concurrent use.
 //
 // # What is promised
 //
