@@ -69,7 +69,7 @@ type Client struct {
 
 	pending     chan error // the staging in flight, or nil
 	pendingStep int64      // its step
-	stats   Stats
+	stats       Stats
 }
 
 // Stats are a client's counters.

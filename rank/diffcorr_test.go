@@ -283,7 +283,27 @@ func TestDiffMismatchSendsBase(t *testing.T) {
 	if _, err := dr.restore(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	stepsG(t, c, dr, 0, 0, 6)
+	// Rank 1 (rank 0's data-parallel peer, with its params) protects
+	// its steps too.
+	dr1, err := newDiffRank(t, c.hosts[1], 1, 7, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dr1.close()
+	if _, err := dr1.restore(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for s := int64(0); s <= 6; s++ {
+		for _, d := range []*diffRank{dr, dr1} {
+			if err := d.step(context.Background(), s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.waitFor(fmt.Sprintf("step %d replicated", s), func() bool { return min(c.progress(0).Replicated, c.progress(1).Replicated) >= s })
+		for _, h := range c.hosts {
+			h.SetG(0, s)
+		}
+	}
 	c.hosts[0].Close()
 	restartWith(t, c, 0, []int{0}, peers, 1, 6)
 	dr2, err := newDiffRank(t, c.hosts[0], 0, 7, dr.states)
