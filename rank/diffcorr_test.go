@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"net"
 	"strings"
 	"sync"
@@ -665,5 +664,3 @@ func TestClientGradientWaitsForHalf(t *testing.T) {
 func slicesEqualF32(a, b []float32) bool {
 	return bytes.Equal(Float32Bytes(a), Float32Bytes(b))
 }
-
-var _ = io.EOF
