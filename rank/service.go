@@ -701,7 +701,11 @@ func (s *service) fail(gen uint64, err *CorruptError) {
 	s.corrupt = err
 	close(s.failed)
 	s.mu.Unlock()
-	s.h.log.Error("a rank's protected state changed in memory after its commit: failing the rank", "rank", s.rank, "generation", gen, "err", err)
+	msg := "a rank's protected state changed in memory after its commit: failing the rank"
+	if err.Replay {
+		msg = "a replica holder's replay of a rank's differentials differs from its commit (its optimizer step is not replay's): failing the rank"
+	}
+	s.h.log.Error(msg, "rank", s.rank, "generation", gen, "err", err)
 	s.h.cfg.Failed(s.rank, gen, err)
 }
 
