@@ -67,8 +67,9 @@ type Client struct {
 	depStep int64
 	depVer  uint64
 
-	pending chan error // the staging in flight, or nil
-	stats   Stats
+	pending     chan error // the staging in flight, or nil
+	pendingStep int64      // its step
+	stats       Stats
 }
 
 // Stats are a client's counters.
@@ -296,7 +297,7 @@ func (c *Client) Stage(ctx context.Context, step int64, data map[string][][]byte
 		}
 	}
 	done := make(chan error, 1)
-	c.pending = done
+	c.pending, c.pendingStep = done, step
 	go func() { done <- c.stage(step, data) }()
 	return nil
 }
@@ -327,6 +328,9 @@ func (c *Client) stage(step int64, data map[string][][]byte) error {
 		}
 	}
 	parallelCopy(jobs)
+	if testHookStaged != nil {
+		testHookStaged(step)
+	}
 	t1 := time.Now()
 	var cr Committed
 	if err := c.call(TypeCommit, &StepReq{Step: step}, TypeCommitted, &cr); err != nil {
@@ -341,6 +345,10 @@ func (c *Client) stage(step int64, data map[string][][]byte) error {
 	c.stats.Commit += time.Since(t1)
 	return nil
 }
+
+// testHookStaged, if set (by tests), runs in the background staging of
+// step between the copy into the slot and the Commit.
+var testHookStaged func(step int64)
 
 type copyJob struct{ dst, src []byte }
 
@@ -431,7 +439,18 @@ func (c *Client) GradientBuffer(step int64) []float32 {
 // is copied into GradientBuffer(step) unless it is a prefix of it; the
 // service reads it when step commits, so it must not change before the
 // staging of step is waited for.
+//
+// The buffer's halves alternate by step parity, and a half is the
+// service's until its step commits: if the staging in flight is of a step
+// of the same parity (step-2: Stage(step-2), Gradient(step-1),
+// Gradient(step)), Gradient first waits for it (Wait, with Wait's rules
+// for ctx) and returns its error, before it writes anything.
 func (c *Client) Gradient(ctx context.Context, step int64, g []float32, h replay.Hyper) error {
+	if c.pending != nil && c.pendingStep&1 == step&1 {
+		if err := c.Wait(ctx); err != nil {
+			return err
+		}
+	}
 	half := c.grad[step&1]
 	if int64(len(g))*4 > int64(len(half)) {
 		return fmt.Errorf("rank: gradient of %d elements, the buffer holds %d", len(g), len(half)/4)

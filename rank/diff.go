@@ -63,6 +63,15 @@ const (
 	// Why a diff-mode holder refused (a fail answer's reserved word).
 	failGap     = 3 // the differential does not follow what the holder has: gen = its Next (-1: send a base)
 	failPending = 4 // the differential was taken, its step is not restorable yet
+	// failDiverged: the holder's replay of the owner's differentials up to
+	// step gen differs from the owner's commit (ErrReplayDiffers): the
+	// owner's rank fails.
+	failDiverged = 7
+
+	// needBase in replicator.dnext: the holder cannot take the
+	// differentials that follow what it holds (they do not follow, or it
+	// has no base): it gets a base, without being asked kindHas first.
+	needBase = -2
 
 	optDescSize  = 40
 	diffDescSize = 48
@@ -242,15 +251,36 @@ type diffPlan struct {
 	ver  uint64
 }
 
-// pushDiff queues the differential of a step just committed. The queue
+// committed hands the replicator step, just committed in generation gen,
+// and its differential od (diff mode; nil in full mode), unless a restart
+// began since (the host's generation is no longer gen): truncateDiffs,
+// which a restart's truncate runs after the generation changed, takes the
+// same lock, so a step of an older generation is either queued before it
+// and dropped by it, or not queued at all.
+func (r *replicator) committed(gen uint64, od *ownerDiff, step int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.s.h.Gen() != gen {
+		return
+	}
+	if od != nil {
+		r.pushDiffLocked(od)
+	}
+	if r.stopped || r.failed {
+		return
+	}
+	r.wantS = max(r.wantS, step)
+	r.startLocked()
+}
+
+// pushDiffLocked queues the differential of a step just committed (r.mu
+// is held). The queue
 // holds consecutive steps (a step that does not follow, after a restore,
 // starts it anew) and keeps at most the steps some holder may still need:
 // trimLocked drops those every holder acknowledged; beyond 4 steps and
 // twice the base's bytes the oldest go (a holder that needed them gets a
 // base).
-func (r *replicator) pushDiff(od *ownerDiff) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (r *replicator) pushDiffLocked(od *ownerDiff) {
 	if n := len(r.dq); n > 0 && r.dq[n-1].step+1 != od.step {
 		clear(r.dq)
 		r.dq, r.dqBytes = r.dq[:0], 0
@@ -348,6 +378,10 @@ func (r *replicator) planDiffLocked() diffPlan {
 				continue
 			}
 			act.has = true
+		case n == needBase:
+			if act.base = next(a); act.base < 0 {
+				continue
+			}
 		case n <= r.wantS:
 			if act.d = r.diffAt(n); act.d == nil {
 				if act.base = next(a); act.base < 0 {
@@ -521,9 +555,7 @@ func (r *replicator) sendDiffs(ctx context.Context, p diffPlan) (uint64, []diffR
 		diffB += x.diffB
 		sentDiff = sentDiff || x.diffB > 0
 	}
-	s.replBaseBytes.Add(baseB)
-	s.replDiffBytes.Add(diffB)
-	s.replBytes.Add(baseB + diffB)
+	s.addReplBytes(baseB, diffB)
 	if sentDiff {
 		s.replSteps.Add(1)
 		s.replNS.Add(int64(time.Since(start)))
@@ -583,11 +615,21 @@ func (r *replicator) sendTo(ctx context.Context, gen uint64, a diffAct) diffRes 
 		res.next, res.setNext = od.step+1, true
 		res.err = fmt.Errorf("differential of step %d to rank %d: %w", od.step, a.k.rank, err)
 	case errors.As(err, &re) && re.why == failGap:
+		// The holder's Next: the owner resends from there, or sends a
+		// base when it takes none (it has no base, or what it holds
+		// cannot be followed by the owner's steps: another optimizer
+		// step count after a restore, a step it holds with other
+		// CRC32Cs at its base). Never the same differential again.
+		res.next, res.setNext = re.next, true
 		if re.next < 0 {
-			res.forget = true
-		} else {
-			res.next, res.setNext = re.next, true
+			res.next = needBase
 		}
+		return res
+	case errors.As(err, &re) && re.why == failDiverged:
+		// The holder's replay of this rank's differentials does not give
+		// its commits: no resend can help (the trainer breaks the
+		// optimizer contract); the rank fails.
+		res.err = &CorruptError{Rank: s.rank, Step: re.next, Replay: true, Detail: fmt.Sprintf("holder rank %d on host %d: %s", a.k.rank, a.k.host, re.msg)}
 		return res
 	case errors.Is(err, errPutDamaged):
 		res.damaged = true
@@ -771,6 +813,8 @@ func (r *replicator) snapshotDue() {
 		return nil
 	})
 	if err != nil {
+		// The snapshot's buffer is its own (the refresh in progress, if
+		// any, keeps sending from its buffer): only this refresh waits.
 		s.h.log.Debug("base refresh postponed", "rank", s.rank, "step", c, "err", err)
 		return
 	}
@@ -822,6 +866,23 @@ func (st *replicaStore) account(o *ownerReplica) {
 			delete(o.sums, s)
 		}
 	}
+	for s := range o.sumGen {
+		if s < low {
+			delete(o.sumGen, s)
+		}
+	}
+}
+
+// setSums records the owner's committed CRC32Cs of step, received in
+// generation gen. o.mu is held.
+func (o *ownerReplica) setSums(step int64, gen uint64, t []tableEntry) {
+	if o.sums == nil {
+		o.sums = map[int64][]tableEntry{}
+	}
+	if o.sumGen == nil {
+		o.sumGen = map[int64]uint64{}
+	}
+	o.sums[step], o.sumGen[step] = t, gen
 }
 
 // diffNewest returns the newest step o's stores hold, or -1. o.mu is held.
@@ -845,6 +906,8 @@ func (st *replicaStore) dropDiff(o *ownerReplica) {
 	}
 	o.cur, o.prev, o.bw = nil, nil, nil
 	clear(o.sums)
+	clear(o.sumGen)
+	o.diverged = nil
 	st.reserve(0, o.held)
 	o.held = 0
 }
@@ -956,23 +1019,30 @@ func (st *replicaStore) base(c net.Conn, h linkHdr, t []tableEntry) error {
 		}
 		return writeFail(c, h, why, fmt.Sprintf("rank %d step %d: %v", h.owner, h.step, err))
 	}
-	ds.SetG(st.h.G())
+	g := st.h.G()
+	if o.cur != nil && o.prev != nil && !o.cur.Held(g) && o.prev.Held(g) && !ds.Held(g) {
+		// Both old stores may be needed: the previous one holds G (as
+		// known here: the launcher's may be newer, never older) and the
+		// current one steps after it that were acknowledged, which G may
+		// come to name and this base does not hold. Dropping either could
+		// lose a recoverable step; the owner sends the base again (after
+		// a backoff), once G reached the current store's base (setGDiff
+		// then drops the previous one).
+		return writeFail(c, h, failOther, fmt.Sprintf("rank %d: a base of step %d while this holder keeps two older copies until G (%d here) reaches the newer one's", h.owner, h.step, g))
+	}
+	ds.SetG(g)
 	if o.cur != nil {
-		// Keep whichever of the old stores holds G (the current one if
-		// both do): it may be the only copy of G until the new base's
-		// step is.
-		if g := st.h.G(); o.prev == nil || o.cur.Held(g) || !o.prev.Held(g) {
-			o.prev = o.cur
-		}
+		// The current store becomes the previous one: it holds every step
+		// acknowledged since the last base; the one before it goes (it
+		// was kept only while it alone held G, which it no longer does:
+		// see above).
+		o.prev = o.cur
 		if o.bw != nil {
 			o.bw.Abort()
 		}
 	}
-	o.cur, o.bw = ds, nil
-	if o.sums == nil {
-		o.sums = map[int64][]tableEntry{}
-	}
-	o.sums[h.step] = t
+	o.cur, o.bw, o.diverged = ds, nil, nil
+	o.setSums(h.step, h.gen, t)
 	return writeAck(c, h)
 }
 
@@ -1113,12 +1183,26 @@ func maxRecordLen(n int64, codec replay.Options) uint64 {
 // record included, from the network or a local peer) to the owner's
 // current store, and acknowledges it only if the store can restore the
 // step.
+//
+// A step it holds already is taken as the owner's new commit of it, not
+// as a no-op, unless the CRC32Cs t it was committed with are those held:
+// an owner that went back (an in-place restore to G in the same
+// generation) and committed the step again otherwise (another record, or
+// the same record with other hyper-parameters or other regions) replaces
+// it and the steps after it. A differential the store cannot take after
+// what it holds (Adam's step count does not follow, another layout), or
+// a step held with other CRC32Cs at the store's base, is answered with a
+// gap and no Next: the owner sends a base.
 func (st *replicaStore) takeDiff(c net.Conn, h linkHdr, t []tableEntry, d diffstore.Diff) error {
 	o := st.owner(h.owner)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if why, msg := st.checkOwner(o, h); msg != "" {
 		return writeFail(c, h, why, msg)
+	}
+	if dv := o.diverged; dv != nil {
+		h.gen = uint64(dv.Step) // read as remoteError.next
+		return writeFail(c, h, failDiverged, dv.Detail)
 	}
 	if o.cur == nil {
 		return writeGap(c, h, noStep, fmt.Sprintf("no base of rank %d here", h.owner))
@@ -1130,12 +1214,24 @@ func (st *replicaStore) takeDiff(c net.Conn, h linkHdr, t []tableEntry, d diffst
 		o.bw.Abort()
 		o.bw = nil
 	}
+	if held, ok := o.sums[h.step]; ok && !slices.Equal(held, t) {
+		// Held with other CRC32Cs: the owner's new commit of the step
+		// supersedes it and what follows it.
+		if first, _, ok := o.cur.Range(); ok && h.step <= first {
+			return writeGap(c, h, noStep, fmt.Sprintf("rank %d step %d: committed again with other CRC32Cs than the base held here", h.owner, h.step))
+		}
+		if err := o.cur.Truncate(h.step - 1); err != nil {
+			return writeGap(c, h, noStep, fmt.Sprintf("rank %d step %d: committed again with other CRC32Cs: %v", h.owner, h.step, err))
+		}
+		st.dropSumsAfter(o, h.step-1)
+	}
 	err := o.cur.Append(d)
 	if errors.Is(err, diffstore.ErrMismatch) {
 		// A step held already with another record: the owner went back
 		// (an in-place restore to G) and took another way from there.
 		// Its own steps supersede the ones held after h.step-1.
 		if _, last, ok := o.cur.Range(); ok && h.step <= last && o.cur.Truncate(h.step-1) == nil {
+			st.dropSumsAfter(o, h.step-1)
 			err = o.cur.Append(d)
 		}
 	}
@@ -1144,18 +1240,31 @@ func (st *replicaStore) takeDiff(c net.Conn, h linkHdr, t []tableEntry, d diffst
 		return writeGap(c, h, o.cur.Next(), fmt.Sprintf("rank %d: %v", h.owner, err))
 	case errors.Is(err, diffstore.ErrCorrupt):
 		return writeFail(c, h, failCRC, fmt.Sprintf("rank %d: %v", h.owner, err))
+	case errors.Is(err, diffstore.ErrMismatch):
+		// It cannot follow what the store holds (sending it again would
+		// not change that): a base replaces the store.
+		return writeGap(c, h, noStep, fmt.Sprintf("rank %d: %v", h.owner, err))
 	case err != nil:
 		return writeFail(c, h, failOther, fmt.Sprintf("rank %d: %v", h.owner, err))
 	}
-	if o.sums == nil {
-		o.sums = map[int64][]tableEntry{}
-	}
-	o.sums[h.step] = t
+	o.setSums(h.step, h.gen, t)
 	st.maybeFold(o)
 	if !o.cur.Held(h.step) {
 		return writeFail(c, h, failPending, fmt.Sprintf("rank %d step %d taken, not restorable yet", h.owner, h.step))
 	}
 	return writeAck(c, h)
+}
+
+// dropSumsAfter forgets the CRC32Cs of the steps after step that no
+// store holds any more (the current one was truncated after step). o.mu
+// is held.
+func (st *replicaStore) dropSumsAfter(o *ownerReplica, step int64) {
+	for s := range o.sums {
+		if s > step && (o.prev == nil || !o.prev.Held(s)) {
+			delete(o.sums, s)
+			delete(o.sumGen, s)
+		}
+	}
 }
 
 // baseChunk receives a chunk of a base refresh at h.step into the current
@@ -1209,7 +1318,7 @@ func (st *replicaStore) baseChunk(c net.Conn, h linkHdr, t []tableEntry) error {
 		if err != nil {
 			return refuse(func() error { return writeFail(c, h, failStale, fmt.Sprintf("rank %d: %v", h.owner, err)) })
 		}
-		o.bw = w
+		o.bw, o.bwGen = w, h.gen
 	}
 	data := make([]byte, n)
 	if _, err := io.ReadFull(c, data); err != nil {
@@ -1258,17 +1367,35 @@ func (st *replicaStore) baseCommit(c net.Conn, h linkHdr, t []tableEntry) error 
 		return writeFail(c, h, why, fmt.Sprintf("rank %d: %v", h.owner, err))
 	}
 	o.bw = nil
-	if o.sums == nil {
-		o.sums = map[int64][]tableEntry{}
-	}
-	o.sums[h.step] = t
+	o.setSums(h.step, h.gen, t)
 	return writeAck(c, h)
 }
 
-// hasDiff acknowledges h if o's current store holds h.step with the
-// regions and CRC32Cs of t. o.mu is held.
+// hasDiff acknowledges h if one of o's stores (the current one, or the
+// previous one a newer base replaced) holds h.step with the regions and
+// CRC32Cs of t. o.mu is held.
 func (o *ownerReplica) hasDiff(h linkHdr, t []tableEntry) bool {
-	return o.cur != nil && o.cur.Held(h.step) && slices.Equal(o.sums[h.step], t)
+	if o.diverged != nil || !slices.Equal(o.sums[h.step], t) {
+		return false
+	}
+	for _, ds := range []*diffstore.Store{o.cur, o.prev} {
+		if ds != nil && ds.Held(h.step) {
+			return true
+		}
+	}
+	return false
+}
+
+// confirmDiff records that the owner confirmed step (kindHas) in
+// generation gen: step and the steps before it that the stores hold count
+// as gen's (a restart of gen keeps them, as full mode keeps a buffer a
+// has confirmed). o.mu is held.
+func (o *ownerReplica) confirmDiff(step int64, gen uint64) {
+	for s, sg := range o.sumGen {
+		if s <= step && sg < gen {
+			o.sumGen[s] = gen
+		}
+	}
 }
 
 // restoreDiff rebuilds owner's replicated regions at step into dst (by
@@ -1297,6 +1424,11 @@ func (st *replicaStore) restoreDiff(owner int, step int64, dst map[string][]byte
 		return nil, nil, fmt.Errorf("rank %d step %d: %w", owner, step, err)
 	}
 	exact := ds.Exact(step)
+	if !exact && st.h.cfg.Diff.lossless() {
+		// This job promises bitwise restores: an approximation is not
+		// one (a lossy differential from an owner configured otherwise).
+		return nil, nil, fmt.Errorf("rank %d step %d: the replica here is not exact (a lossy differential) and the job is lossless: not restored", owner, step)
+	}
 	for i, e := range t {
 		got := crc32.Checksum(dst[e.name], castagnoli)
 		switch {
@@ -1452,14 +1584,31 @@ func (st *replicaStore) setGDiff(o *ownerReplica, g int64) {
 	st.maybeFold(o)
 }
 
-// restartDiff drops o's steps after g (a restart resumes from g): a store
-// whose base is past g goes. o.mu is held.
-func (st *replicaStore) restartDiff(o *ownerReplica, g int64) {
-	if o.bw != nil && o.bw.Step() > g {
+// restartDiff drops o's steps after g received in generations older than
+// gen (a restart of gen resumes from g; they were never recoverable),
+// and keeps those received (or confirmed, kindHas) in gen itself: a
+// holder's host may restart after the owner's rank restored from g and
+// had its next steps acknowledged here, as full mode keeps the buffers
+// of gen. A store is cut after the last step before the first older
+// one after g; a store whose base is past that goes. o.mu is held.
+func (st *replicaStore) restartDiff(o *ownerReplica, gen uint64, g int64) {
+	// cut: the last step kept. Every step a store holds has its sums.
+	cut := o.diffNewest()
+	if o.bw != nil && o.bw.Step() > g && o.bwGen < gen {
+		cut = min(cut, o.bw.Step()-1)
+	}
+	for s := g + 1; s <= cut; s++ {
+		if sg, ok := o.sumGen[s]; !ok || sg < gen {
+			cut = s - 1
+			break
+		}
+	}
+	cut = max(cut, g)
+	if o.bw != nil && o.bw.Step() > cut {
 		o.bw = nil // Truncate aborts it
 	}
 	keep := func(ds *diffstore.Store) *diffstore.Store {
-		if ds == nil || ds.Truncate(g) != nil {
+		if ds == nil || ds.Truncate(cut) != nil {
 			return nil
 		}
 		return ds
@@ -1473,10 +1622,14 @@ func (st *replicaStore) restartDiff(o *ownerReplica, g int64) {
 		}
 	}
 	for s := range o.sums {
-		if s > g {
+		if s > cut {
 			delete(o.sums, s)
+			delete(o.sumGen, s)
 		}
 	}
+	// A divergence found in an older generation was at a step after g or
+	// before: the restarted rank's steps are checked anew.
+	o.diverged = nil
 	st.setGDiff(o, g)
 	st.account(o)
 }
@@ -1503,9 +1656,16 @@ func (st *replicaStore) maybeFold(o *ownerReplica) {
 
 // foldLoop folds the owners' logs queued by maybeFold into their bases,
 // one at a time, until the host stops: the holder's background replay
-// (diffstore.Store.Fold, which stops at G).
+// (diffstore.Store.Fold, which stops at G). In a lossless job it first
+// checks the fold: it restores the step the fold ends at into scratch
+// (a buffer it reuses) and compares it with the owner's committed
+// CRC32Cs of that step; if they differ, the owner's optimizer step is
+// not replay's, the fold does not happen (the base stays, and the steps
+// before the divergence still restore), and the owner's differentials are
+// refused from then on with failDiverged, which fails its rank.
 func (h *Host) foldLoop() {
 	defer h.wg.Done()
+	var scratch []byte
 	for {
 		select {
 		case <-h.life.Done():
@@ -1513,13 +1673,33 @@ func (h *Host) foldLoop() {
 		case o := <-h.folds:
 			o.foldQueued.Store(false)
 			o.mu.Lock()
-			ds := o.cur
+			ds, dv := o.cur, o.diverged
+			var first, last int64
+			ok := false
+			if ds != nil {
+				first, last, ok = ds.Range()
+			}
+			upTo := min(h.G(), last)
+			want := o.sums[upTo]
 			o.mu.Unlock()
-			if ds == nil {
+			if dv != nil || !ok || upTo <= first {
 				continue
 			}
+			if h.cfg.Diff.lossless() && want != nil && ds.Exact(upTo) {
+				var div *CorruptError
+				div, scratch = h.verifyFold(o.rank, ds, upTo, want, scratch)
+				if div != nil {
+					o.mu.Lock()
+					if o.cur == ds {
+						o.diverged = div
+					}
+					o.mu.Unlock()
+					h.log.Error("a replica holder's replay of a rank's differentials differs from the rank's commit: the rank's optimizer step is not replay's; its base is kept and the rank will fail", "rank", o.rank, "step", upTo, "err", div.Detail)
+					continue
+				}
+			}
 			before := ds.Stats()
-			if err := ds.Fold(math.MaxInt64, replay.ReplayOptions{}); err != nil {
+			if err := ds.Fold(upTo, replay.ReplayOptions{}); err != nil {
 				h.log.Warn("folding a replica's differentials failed", "rank", o.rank, "err", err)
 				continue
 			}
@@ -1531,4 +1711,40 @@ func (h *Host) foldLoop() {
 			o.mu.Unlock()
 		}
 	}
+}
+
+// verifyFold restores owner's step from ds into scratch (grown as needed,
+// returned for reuse) and compares each region with the owner's committed
+// CRC32Cs want: the divergence found (Detail names the region and both
+// CRC32Cs), or nil. A restore that fails (the store changed meanwhile)
+// finds nothing: the fold checks the state at its next step.
+func (h *Host) verifyFold(owner int, ds *diffstore.Store, step int64, want []tableEntry, scratch []byte) (*CorruptError, []byte) {
+	regs := ds.Regions()
+	var total int64
+	for _, r := range regs {
+		total += (r.Size + 7) &^ 7
+	}
+	if int64(cap(scratch)) < total {
+		scratch = make([]byte, total)
+	}
+	dst := make(map[string][]byte, len(regs))
+	off := int64(0)
+	for _, r := range regs {
+		dst[r.Name] = scratch[off : off+r.Size : off+r.Size]
+		off += (r.Size + 7) &^ 7
+	}
+	if err := ds.Restore(step, dst, replay.ReplayOptions{}); err != nil {
+		return nil, scratch
+	}
+	for _, e := range want {
+		d, ok := dst[e.name]
+		if !ok {
+			continue
+		}
+		if got := crc32.Checksum(d, castagnoli); got != e.sum {
+			return &CorruptError{Rank: owner, Step: step, Region: e.name, Sum: e.sum, Got: got, Replay: true,
+				Detail: fmt.Sprintf("the holder on host %d replayed region %s of step %d to CRC32C %08x, committed %08x", h.cfg.Host, e.name, step, got, e.sum)}, scratch
+		}
+	}
+	return nil, scratch
 }

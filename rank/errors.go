@@ -1,6 +1,7 @@
 package rank
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/gorun/gorun/ckpt"
@@ -18,11 +19,31 @@ type CorruptError struct {
 	Region string
 	Sum    uint32 // the region's CRC32C as committed
 	Got    uint32 // its bytes' CRC32C now
+	// Replay: found by a replica holder in diff mode, whose replay of the
+	// rank's differentials up to Step does not give the state the rank
+	// committed (ErrReplayDiffers); Detail is the holder's account.
+	Replay bool
+	Detail string
 }
 
+// ErrReplayDiffers: in diff mode, a replica holder's replay of a rank's
+// differentials does not give the state the rank committed: the
+// trainer's optimizer step is not replay.Step with the gradient and
+// hyper-parameters it handed (PROTOCOL.md, the optimizer contract), so
+// the holder's copy cannot restore the rank. A *CorruptError with Replay
+// set matches it.
+var ErrReplayDiffers = errors.New("the replay of the rank's differentials differs from its committed state (its optimizer step is not replay.Step of the gradient and hyper-parameters it handed)")
+
 func (e *CorruptError) Error() string {
+	if e.Replay {
+		return fmt.Sprintf("rank %d step %d: %v: %s", e.Rank, e.Step, ErrReplayDiffers, e.Detail)
+	}
 	return fmt.Sprintf("state of rank %d corrupted in memory: step %d, CRC mismatch in region %s (CRC32C %08x, committed %08x)",
 		e.Rank, e.Step, e.Region, e.Got, e.Sum)
 }
 
 func (e *CorruptError) Unwrap() error { return ckpt.ErrCorrupt }
+
+// Is reports whether target is ErrReplayDiffers and e was found by a
+// holder's replay.
+func (e *CorruptError) Is(target error) bool { return e.Replay && target == ErrReplayDiffers }

@@ -263,7 +263,7 @@ func readAnswer(r io.Reader) (linkHdr, error) {
 			return h, err
 		}
 		e := &remoteError{why: h.why, msg: string(msg)}
-		if h.why == failGap || h.why == failNoLocal {
+		if h.why == failGap || h.why == failNoLocal || h.why == failDiverged {
 			e.next = int64(h.gen)
 		}
 		return h, e
@@ -319,12 +319,22 @@ type ownerReplica struct {
 	// Diff mode (diff.go; bufs unused): cur is the owner's base and log,
 	// which receives; prev the store a newer base replaced, kept (serving
 	// restores) until cur holds G.
-	rank       int
-	cur, prev  *diffstore.Store
-	bw         *diffstore.BaseWriter  // the refresh being received into cur, or nil
-	sums       map[int64][]tableEntry // the owner's committed CRC32Cs of the steps held
-	held       uint64                 // the bytes reserved for the stores (replicaStore.reserve)
-	foldQueued atomic.Bool            // queued for the fold goroutine
+	rank      int
+	cur, prev *diffstore.Store
+	bw        *diffstore.BaseWriter  // the refresh being received into cur, or nil
+	bwGen     uint64                 // the owner's generation when bw began
+	sums      map[int64][]tableEntry // the owner's committed CRC32Cs of the steps held
+	// sumGen is the owner's restart generation in which each step of
+	// sums was received or confirmed (kindHas): a restart to g keeps the
+	// steps after g of its own generation, as full mode keeps buffers.
+	sumGen map[int64]uint64
+	// diverged: a fold found that the replay of the owner's
+	// differentials differs from its commit (diff.go, foldLoop); the
+	// owner's differentials are refused with failDiverged until a base
+	// or a restart.
+	diverged   *CorruptError
+	held       uint64      // the bytes reserved for the stores (replicaStore.reserve)
+	foldQueued atomic.Bool // queued for the fold goroutine
 }
 
 // newest returns the newest complete step held, or -1. o.mu is held.
@@ -401,7 +411,7 @@ func (st *replicaStore) restart(gen uint64, g int64) {
 			}
 		}
 		if st.h.diffMode() {
-			st.restartDiff(o, g)
+			st.restartDiff(o, gen, g)
 		}
 		o.mu.Unlock()
 	}
@@ -577,6 +587,7 @@ func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
 	}
 	if !o.dropped && o.hasDiff(h, t) {
 		o.gen = max(o.gen, h.gen)
+		o.confirmDiff(h.step, h.gen)
 		return writeAck(c, h)
 	}
 	for i := range o.bufs {

@@ -147,6 +147,7 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	slot := st.Slot()
 	s.slotStep[slot] = g
 	s.sums[slot] = st.Sums()
+	s.slotT[slot] = 0 // not known here: the holders check the next step's
 	s.views[slot] = views
 	s.committed = g
 	s.mu.Unlock()

@@ -34,14 +34,17 @@ type service struct {
 	// held by close while it unmaps the slots. Order: reqMu, mapMu, mu.
 	mapMu sync.RWMutex
 
-	mu        sync.Mutex // guards the fields below
-	session   uint64     // the newest session's id
-	slots     *ckpt.Slots
-	regions   []Region
-	files     []ckpt.RegionFile
-	repl      []int // indices of the replicated regions (all but params)
-	views     [2][][]byte
-	slotStep  [2]int64 // the committed step each slot holds, or -1
+	mu       sync.Mutex // guards the fields below
+	session  uint64     // the newest session's id
+	slots    *ckpt.Slots
+	regions  []Region
+	files    []ckpt.RegionFile
+	repl     []int // indices of the replicated regions (all but params)
+	views    [2][][]byte
+	slotStep [2]int64 // the committed step each slot holds, or -1
+	// slotT is the optimizer step count (diff mode) of each slot's
+	// committed step, 0 if not known (a step restored from another host).
+	slotT     [2]int
 	sums      [2][]uint32
 	staged    *ckpt.Staged
 	committed int64
@@ -57,7 +60,10 @@ type service struct {
 	// (at most two: a rank may hand step s+1's before step s commits).
 	grads    []gradRec
 	lastGrad int64 // the newest step a Gradient named since the last restore, or -1
-	lastT    int   // its optimizer step count (diff mode), or 0
+	// lastT is the optimizer step count (diff mode) of lastGrad, or after
+	// a restore of the step restored to (slotT), or 0 if not known: the
+	// next Gradient's must follow it.
+	lastT int
 	// tensor is reused by the diff-mode encoding (under reqMu).
 	tensor replay.Tensor
 	// corrupt is why the rank failed in this generation (its committed
@@ -98,9 +104,13 @@ func (s *service) progress(p *placement) Progress {
 	c := s.committed
 	s.mu.Unlock()
 	r := min(s.rep.replicatedIn(p), c)
+	// The parts before the total: addReplBytes adds the total first, so
+	// that ReplBaseBytes + ReplDiffBytes ≤ ReplBytes in every report (the
+	// launcher drops one that does not add up).
+	base, diff := s.replBaseBytes.Load(), s.replDiffBytes.Load()
 	pr := Progress{Rank: s.rank, Committed: c, Replicated: r, Stages: s.stages.Load(), WaitNS: s.waitNS.Load(),
-		ReplSteps: s.replSteps.Load(), ReplNS: s.replNS.Load(), ReplBytes: s.replBytes.Load(),
-		ReplBaseBytes: s.replBaseBytes.Load(), ReplDiffBytes: s.replDiffBytes.Load(), Restores: s.restores.Load(),
+		ReplSteps: s.replSteps.Load(), ReplNS: s.replNS.Load(), ReplBaseBytes: base, ReplDiffBytes: diff,
+		ReplBytes: s.replBytes.Load(), Restores: s.restores.Load(),
 		DiffLocal: s.local.byRef.Load(), DiffNet: s.local.byNet.Load()}
 	pr.SourceLocal, pr.SourceNet = s.local.sources(p, s.rank)
 	return pr
@@ -538,6 +548,7 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 	slot := st.Slot()
 	s.slotStep[slot] = step
 	s.sums[slot] = st.Sums()
+	s.slotT[slot] = grad.hyper.T
 	s.committed = step
 	var od *ownerDiff
 	if diff {
@@ -551,10 +562,11 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 		// now, or learn that they will not come.
 		s.h.local.committed(s.rank, step, gen, plan.ver, locals)
 	}
-	if od != nil {
-		s.rep.pushDiff(od)
-	}
-	s.rep.want(step)
+	// A restart may have begun since the check above (and truncated the
+	// step): the hand-off checks the generation again under the lock
+	// truncateDiffs takes, so that no step of an older generation is
+	// queued, or sent labelled with the new one, after the truncation.
+	s.rep.committed(gen, od, step)
 	s.h.cfg.Changed()
 	return &Committed{Step: step}
 }
@@ -585,6 +597,11 @@ func (s *service) gradient(step, n int64, h *Hyper, dep uint64) *GradientDone {
 		return fail("the gradient of step %d does not follow that of step %d", step, s.lastGrad)
 	}
 	rec := gradRec{step: step, n: n, dep: dep}
+	if len(s.grads) >= 2 {
+		// Two Gradients not yet committed hold both halves of the buffer:
+		// a third would overwrite the half its step's Commit reads.
+		return fail("the gradient of step %d: the gradients of steps %d and %d are not committed yet (each half of the gradient buffer is read at its step's Commit)", step, s.grads[0].step, s.grads[1].step)
+	}
 	if s.h.diffMode() {
 		switch {
 		case step <= s.committed:
@@ -607,9 +624,6 @@ func (s *service) gradient(step, n int64, h *Hyper, dep uint64) *GradientDone {
 	}
 	s.lastGrad = step
 	s.grads = append(s.grads, rec)
-	if len(s.grads) > 2 {
-		s.grads = slices.Delete(s.grads, 0, len(s.grads)-2)
-	}
 	return &GradientDone{Step: step, Bytes: n * 4}
 }
 
@@ -658,6 +672,14 @@ func (s *service) ownerDiff(g gradRec, rec []byte, slot int) *ownerDiff {
 	return od
 }
 
+// addReplBytes counts bytes of bases and differentials sent: the total
+// first, then its parts (progress reads them in the other order).
+func (s *service) addReplBytes(base, diff int64) {
+	s.replBytes.Add(base + diff)
+	s.replBaseBytes.Add(base)
+	s.replDiffBytes.Add(diff)
+}
+
 func (s *service) status() *Status {
 	p := s.progress(s.h.place())
 	return &Status{
@@ -679,7 +701,11 @@ func (s *service) fail(gen uint64, err *CorruptError) {
 	s.corrupt = err
 	close(s.failed)
 	s.mu.Unlock()
-	s.h.log.Error("a rank's protected state changed in memory after its commit: failing the rank", "rank", s.rank, "generation", gen, "err", err)
+	msg := "a rank's protected state changed in memory after its commit: failing the rank"
+	if err.Replay {
+		msg = "a replica holder's replay of a rank's differentials differs from its commit (its optimizer step is not replay's): failing the rank"
+	}
+	s.h.log.Error(msg, "rank", s.rank, "generation", gen, "err", err)
 	s.h.cfg.Failed(s.rank, gen, err)
 }
 
@@ -760,8 +786,13 @@ func (s *service) truncateSlots(g int64) error {
 	}
 	s.committed = max(s.slotStep[0], s.slotStep[1])
 	// The rank resumes from g: the Gradients after it go, and the next
-	// one starts a new sequence.
+	// one's optimizer step follows g's.
 	s.grads, s.lastGrad, s.lastT = nil, noStep, 0
+	for i, st := range s.slotStep {
+		if st >= 0 && st == s.committed {
+			s.lastT = s.slotT[i]
+		}
+	}
 	return nil
 }
 
