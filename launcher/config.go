@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/hotswap"
+	"github.com/gorun/gorun/internal/agent"
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/topology"
 )
 
@@ -38,12 +38,12 @@ type Config struct {
 	Replicas    int
 	ReplicasSet bool
 	// ProtectMode is how each rank's protected state reaches its replica
-	// holders (--protect-mode): rank.ModeFull ("" too) copies every
-	// committed step's state whole (any trainer); rank.ModeDiff sends
+	// holders (--protect-mode): ModeFull ("" too) copies every
+	// committed step's state whole (any trainer); ModeDiff sends
 	// each step's gradient and hyper-parameters, and the holders rebuild
 	// the state by replay (trainers that declare the replay optimizer),
 	// as Diff says. ModeDiff needs Replicas of 1 or more.
-	ProtectMode rank.ProtectMode
+	ProtectMode ProtectMode
 	// Diff configures ModeDiff; it must be zero in ModeFull.
 	Diff DiffOptions
 	// MaxRestarts is how many times the ranks are restarted in place
@@ -123,8 +123,18 @@ type Config struct {
 	running func(*job)
 }
 
+// ProtectMode is how a job's protected state reaches the replica holders
+// (gorun --protect-mode; the agents' rank.ProtectMode).
+type ProtectMode string
+
+// The protect modes.
+const (
+	ModeFull ProtectMode = "full"
+	ModeDiff ProtectMode = "diff"
+)
+
 // DiffOptions configure differential protection (Config.ProtectMode
-// rank.ModeDiff). Zero fields take the defaults they name. Every agent,
+// ModeDiff). Zero fields take the defaults they name. Every agent,
 // spares and later ones included, gets them in the job's spec.
 type DiffOptions struct {
 	// Fold: a holder folds an owner's differential log into its base once
@@ -295,14 +305,14 @@ func (cfg *Config) markSpares() error {
 // defaults of diff mode's.
 func (cfg *Config) checkProtect() error {
 	if cfg.ProtectMode == "" {
-		cfg.ProtectMode = rank.ModeFull
+		cfg.ProtectMode = ModeFull
 	}
-	m, err := rank.ParseProtectMode(string(cfg.ProtectMode))
-	if err != nil {
-		return &ConfigError{Msg: fmt.Sprintf("--protect-mode %s: want full or diff", cfg.ProtectMode), Err: err}
+	m := cfg.ProtectMode
+	if m != ModeFull && m != ModeDiff {
+		return &ConfigError{Msg: fmt.Sprintf("--protect-mode %s: want full or diff", cfg.ProtectMode)}
 	}
 	d := &cfg.Diff
-	if m != rank.ModeDiff {
+	if m != ModeDiff {
 		for _, f := range []struct {
 			flag string
 			set  bool
@@ -334,7 +344,7 @@ func (cfg *Config) checkProtect() error {
 	if len(d.Codec) > wire.MaxProtectString {
 		return &ConfigError{Msg: fmt.Sprintf("--diff-codec: %d bytes is too long", len(d.Codec))}
 	}
-	if _, err := rank.ParseDiffCodec(d.Codec); err != nil {
+	if err := agent.CheckDiffCodec(d.Codec); err != nil {
 		return &ConfigError{Msg: fmt.Sprintf("--diff-codec: %v", err), Err: err}
 	}
 	return nil

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/topology"
 )
 
@@ -146,30 +145,30 @@ func TestWithDefaultsProtect(t *testing.T) {
 	tests := []struct {
 		name   string
 		change func(*Config)
-		mode   rank.ProtectMode
+		mode   ProtectMode
 		diff   DiffOptions
 		msg    string // the error, if any
 	}{
-		{"zero is full", func(*Config) {}, rank.ModeFull, DiffOptions{}, ""},
-		{"full without replicas", func(c *Config) { c.ProtectMode, c.Replicas = rank.ModeFull, 0 }, rank.ModeFull, DiffOptions{}, ""},
-		{"diff takes the defaults", func(c *Config) { c.ProtectMode, c.Replicas = rank.ModeDiff, 1 }, rank.ModeDiff, DiffOptions{Fold: 8, BaseEvery: 100, Codec: "raw"}, ""},
+		{"zero is full", func(*Config) {}, ModeFull, DiffOptions{}, ""},
+		{"full without replicas", func(c *Config) { c.ProtectMode, c.Replicas = ModeFull, 0 }, ModeFull, DiffOptions{}, ""},
+		{"diff takes the defaults", func(c *Config) { c.ProtectMode, c.Replicas = ModeDiff, 1 }, ModeDiff, DiffOptions{Fold: 8, BaseEvery: 100, Codec: "raw"}, ""},
 		{"diff keeps its settings", func(c *Config) {
-			c.ProtectMode, c.Replicas, c.Diff = rank.ModeDiff, 2, DiffOptions{Fold: 4096, BaseEvery: 1 << 31, Codec: "topk:0.5"}
-		}, rank.ModeDiff, DiffOptions{Fold: 4096, BaseEvery: 1 << 31, Codec: "topk:0.5"}, ""},
+			c.ProtectMode, c.Replicas, c.Diff = ModeDiff, 2, DiffOptions{Fold: 4096, BaseEvery: 1 << 31, Codec: "topk:0.5"}
+		}, ModeDiff, DiffOptions{Fold: 4096, BaseEvery: 1 << 31, Codec: "topk:0.5"}, ""},
 		{"unknown mode", func(c *Config) { c.ProtectMode = "delta" }, "", DiffOptions{}, "--protect-mode delta: want full or diff"},
 		{"fold in full mode", func(c *Config) { c.Diff.Fold = 8 }, "", DiffOptions{}, "--diff-fold only applies with --protect-mode diff"},
-		{"base-every in full mode", func(c *Config) { c.ProtectMode, c.Diff.BaseEvery = rank.ModeFull, 8 }, "", DiffOptions{}, "--base-every only applies with --protect-mode diff"},
+		{"base-every in full mode", func(c *Config) { c.ProtectMode, c.Diff.BaseEvery = ModeFull, 8 }, "", DiffOptions{}, "--base-every only applies with --protect-mode diff"},
 		{"codec in full mode", func(c *Config) { c.Diff.Codec = "raw" }, "", DiffOptions{}, "--diff-codec only applies with --protect-mode diff"},
-		{"diff without replicas", func(c *Config) { c.ProtectMode = rank.ModeDiff }, "", DiffOptions{},
+		{"diff without replicas", func(c *Config) { c.ProtectMode = ModeDiff }, "", DiffOptions{},
 			"--protect-mode diff sends each step to the replica holders: it needs --replicas 1 or more, not 0"},
-		{"negative fold", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.Fold = rank.ModeDiff, 1, -1 }, "", DiffOptions{}, "--diff-fold -1: want 1 to 4096"},
-		{"fold too deep", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.Fold = rank.ModeDiff, 1, 4097 }, "", DiffOptions{}, "--diff-fold 4097: want 1 to 4096"},
-		{"negative base-every", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.BaseEvery = rank.ModeDiff, 1, -5 }, "", DiffOptions{}, "--base-every -5: want 1 to 2^31"},
-		{"base-every past 2^31", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.BaseEvery = rank.ModeDiff, 1, 1<<31+1 }, "", DiffOptions{}, "--base-every 2147483649: want 1 to 2^31"},
-		{"unknown codec", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.Codec = rank.ModeDiff, 1, "zstd" }, "", DiffOptions{},
+		{"negative fold", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.Fold = ModeDiff, 1, -1 }, "", DiffOptions{}, "--diff-fold -1: want 1 to 4096"},
+		{"fold too deep", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.Fold = ModeDiff, 1, 4097 }, "", DiffOptions{}, "--diff-fold 4097: want 1 to 4096"},
+		{"negative base-every", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.BaseEvery = ModeDiff, 1, -5 }, "", DiffOptions{}, "--base-every -5: want 1 to 2^31"},
+		{"base-every past 2^31", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.BaseEvery = ModeDiff, 1, 1<<31+1 }, "", DiffOptions{}, "--base-every 2147483649: want 1 to 2^31"},
+		{"unknown codec", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.Codec = ModeDiff, 1, "zstd" }, "", DiffOptions{},
 			`--diff-codec: diff codec "zstd": want raw, int8[:B] or topk:K`},
 		{"codec too long", func(c *Config) {
-			c.ProtectMode, c.Replicas, c.Diff.Codec = rank.ModeDiff, 1, "int8:"+strings.Repeat("1", 64)
+			c.ProtectMode, c.Replicas, c.Diff.Codec = ModeDiff, 1, "int8:"+strings.Repeat("1", 64)
 		}, "", DiffOptions{},
 			"--diff-codec: 69 bytes is too long"},
 	}

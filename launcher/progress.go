@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
 )
 
 // progress aggregates the agents' state-protection reports into G, the
@@ -208,12 +207,12 @@ func (p *progress) used() bool {
 // steps, its wait at the overwrite rule and its replication; in diff mode
 // (diff says how it is configured) also each rank's differential figures
 // (writeDiffTable).
-func (p *progress) table(mode rank.ProtectMode, diff DiffOptions) string {
+func (p *progress) table(mode ProtectMode, diff DiffOptions) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var b strings.Builder
 	fmt.Fprintf(&b, "state protection: G = %d (the step every rank can resume from), mode %s", p.g, modeOrFull(mode))
-	if mode == rank.ModeDiff {
+	if mode == ModeDiff {
 		fmt.Fprintf(&b, " (fold %d, base every %d steps, codec %s)", diff.Fold, diff.BaseEvery, diff.Codec)
 	}
 	b.WriteByte('\n')
@@ -226,7 +225,7 @@ func (p *progress) table(mode rank.ProtectMode, diff DiffOptions) string {
 		}
 		fmt.Fprintf(&b, "  %6d %10d %10d %8d %12v %12s %10s\n", r.Rank, r.Committed, r.Replicated, r.Stages, time.Duration(r.WaitNS).Round(time.Microsecond), per, rate)
 	}
-	if mode == rank.ModeDiff {
+	if mode == ModeDiff {
 		rows := make([]diffFigures, len(p.ranks))
 		for i, r := range p.ranks {
 			rows[i] = diffFiguresOf(r)
@@ -237,9 +236,9 @@ func (p *progress) table(mode rank.ProtectMode, diff DiffOptions) string {
 	return strings.TrimSuffix(b.String(), "\n")
 }
 
-func modeOrFull(m rank.ProtectMode) rank.ProtectMode {
+func modeOrFull(m ProtectMode) ProtectMode {
 	if m == "" {
-		return rank.ModeFull
+		return ModeFull
 	}
 	return m
 }

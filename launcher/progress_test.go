@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
 )
 
 func TestProgressG(t *testing.T) {
@@ -207,13 +206,13 @@ func TestProgressTableMode(t *testing.T) {
        1          4          3        5           0s            -          -`
 	for _, tc := range []struct {
 		name string
-		mode rank.ProtectMode
+		mode ProtectMode
 		diff DiffOptions
 		want string
 	}{
 		{"zero is full", "", DiffOptions{}, "state protection: G = 3 (the step every rank can resume from), mode full\n" + rows},
-		{"full", rank.ModeFull, DiffOptions{}, "state protection: G = 3 (the step every rank can resume from), mode full\n" + rows},
-		{"diff", rank.ModeDiff, DiffOptions{Fold: 16, BaseEvery: 100, Codec: "raw"},
+		{"full", ModeFull, DiffOptions{}, "state protection: G = 3 (the step every rank can resume from), mode full\n" + rows},
+		{"diff", ModeDiff, DiffOptions{Fold: 16, BaseEvery: 100, Codec: "raw"},
 			"state protection: G = 3 (the step every rank can resume from), mode diff (fold 16, base every 100 steps, codec raw)\n" + rows + `
 differential protection, per rank:
     rank    sent/step   bases/step   diffs/step      source

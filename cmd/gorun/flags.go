@@ -376,7 +376,7 @@ func (o *runOptions) parseProtect(mode string, set map[string]bool) error {
 func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	cfg := launcher.Config{
 		NP: o.np, Oversubscribe: o.oversubscribe, TP: o.tp, PP: o.pp, GPUsPerRank: o.gpusPerRank,
-		Replicas: o.replicas, ReplicasSet: o.replicasSet, ProtectMode: o.protectMode, Diff: o.diff, MaxRestarts: o.maxRestarts, NoPMI: !o.pmi,
+		Replicas: o.replicas, ReplicasSet: o.replicasSet, ProtectMode: launcher.ProtectMode(o.protectMode), Diff: o.diff, MaxRestarts: o.maxRestarts, NoPMI: !o.pmi,
 		Prog: o.prog, Args: o.args,
 		TagOutput: o.tagOutput, TimestampOutput: o.timestamp, OutputDir: o.outputDir,
 		Timeout: o.timeout, KillGrace: o.killGrace,

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/gorun/gorun/launcher"
-	"github.com/gorun/gorun/rank"
 )
 
 // TestBadProtectModeInput: a bad --protect-mode or diff-mode flag exits 2
@@ -56,18 +55,18 @@ func TestProtectModeFlags(t *testing.T) {
 	tests := []struct {
 		name string
 		args []string
-		mode rank.ProtectMode
+		mode launcher.ProtectMode
 		diff launcher.DiffOptions
 	}{
-		{"default", nil, rank.ModeFull, launcher.DiffOptions{}},
-		{"full", []string{"--protect-mode", "full"}, rank.ModeFull, launcher.DiffOptions{}},
-		{"diff with the defaults", []string{"--protect-mode", "diff"}, rank.ModeDiff, launcher.DiffOptions{Fold: 8, BaseEvery: 100, Codec: "raw"}},
+		{"default", nil, launcher.ModeFull, launcher.DiffOptions{}},
+		{"full", []string{"--protect-mode", "full"}, launcher.ModeFull, launcher.DiffOptions{}},
+		{"diff with the defaults", []string{"--protect-mode", "diff"}, launcher.ModeDiff, launcher.DiffOptions{Fold: 8, BaseEvery: 100, Codec: "raw"}},
 		{"diff with every setting", []string{"--protect-mode=diff", "--diff-fold", "7", "--base-every", "2147483648", "--diff-codec", "topk:0.01"},
-			rank.ModeDiff, launcher.DiffOptions{Fold: 7, BaseEvery: 1 << 31, Codec: "topk:0.01"}},
+			launcher.ModeDiff, launcher.DiffOptions{Fold: 7, BaseEvery: 1 << 31, Codec: "topk:0.01"}},
 		{"diff with the bounds", []string{"--protect-mode", "diff", "--diff-fold", "1", "--base-every", "1", "--diff-codec", "int8"},
-			rank.ModeDiff, launcher.DiffOptions{Fold: 1, BaseEvery: 1, Codec: "int8"}},
+			launcher.ModeDiff, launcher.DiffOptions{Fold: 1, BaseEvery: 1, Codec: "int8"}},
 		{"diff fold 4096", []string{"--protect-mode", "diff", "--diff-fold", "4096", "--diff-codec", "int8:512", "--replicas", "2"},
-			rank.ModeDiff, launcher.DiffOptions{Fold: 4096, BaseEvery: 100, Codec: "int8:512"}},
+			launcher.ModeDiff, launcher.DiffOptions{Fold: 4096, BaseEvery: 100, Codec: "int8:512"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -56,6 +56,14 @@ type protectSettings struct {
 // form with rank.ParseDiffCodec ("" is raw). It refuses, with an error
 // wrapping ErrJobSpec, an unknown mode or codec, a fold or base period
 // out of range, and diff settings without diff mode.
+// CheckDiffCodec says what is wrong with a diff codec as gorun
+// --diff-codec and a job spec give it (rank.ParseDiffCodec's form), or
+// nil: the launcher checks a job's before it starts any agent.
+func CheckDiffCodec(codec string) error {
+	_, err := rank.ParseDiffCodec(codec)
+	return err
+}
+
 func parseProtect(s *wire.JobSpec) (protectSettings, error) {
 	mode := rank.ModeFull
 	if s.ProtectMode != "" {
