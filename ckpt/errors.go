@@ -18,6 +18,12 @@ var (
 	// the layout they should: a bad header file, regions other than the
 	// caller's, data files of the wrong size or kind.
 	ErrLayout = errors.New("ckpt: bad layout")
+	// ErrOutrun is wrapped by Newest's error when the writer overwrote
+	// the slot being read on every one of its tries: a writer faster
+	// than the reader, which gorun's overwrite rule does not allow (a
+	// slot is overwritten only once the step after it is replicated).
+	// Nothing is wrong with the slots: reading again may succeed.
+	ErrOutrun = errors.New("ckpt: the writer outran the reader")
 
 	errClosed = errors.New("ckpt: slots closed")
 )

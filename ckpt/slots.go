@@ -517,7 +517,8 @@ const maxReads = 16
 //
 // Newest reads every byte of the committed regions. If the writer stages
 // into the slot being read meanwhile (which it does only two commits
-// later), Newest notices and reads again.
+// later), Newest notices and reads again, up to maxReads times, then
+// returns an error wrapping ErrOutrun.
 func (s *Slots) Newest() (*Snapshot, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -531,7 +532,7 @@ func (s *Slots) Newest() (*Snapshot, error) {
 		}
 		s.rereads.Add(1)
 	}
-	return nil, fmt.Errorf("ckpt: the writer overwrote the slot being read %d times", maxReads)
+	return nil, fmt.Errorf("%w: it overwrote the slot being read %d times", ErrOutrun, maxReads)
 }
 
 // newestOnce is one try of Newest; changed says that a slot changed while
