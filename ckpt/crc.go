@@ -77,6 +77,11 @@ func xPow8n(n int64) uint32 {
 	return p
 }
 
+// CombineCRC32C returns the CRC32C of A‖B from A's and B's CRC32Cs
+// (hash/crc32's Castagnoli) and B's length: a region's checksum from its
+// pieces', in microseconds, without a pass over the bytes.
+func CombineCRC32C(crcA, crcB uint32, lenB int64) uint32 { return crcCombine(crcA, crcB, lenB) }
+
 // crcCombine returns the CRC32C of A‖B from crcA, crcB and B's length.
 func crcCombine(crcA, crcB uint32, lenB int64) uint32 {
 	return multModP(xPow8n(lenB), crcA) ^ crcB

@@ -3,70 +3,16 @@ package rank
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"slices"
+
+	"github.com/gorun/gorun/ckpt"
 )
 
 // CRC32C of bytes that arrive out of order. A region's CRC32C is known
 // once all of its bytes passed, in whatever order, without a pass over the
 // region: each piece's CRC32C is computed as it passes (in cache), and the
 // CRC32Cs of ranges that meet are combined (zlib's crc32_combine, the
-// x^(8n) mod P form), a few microseconds each.
-
-// castagnoliRev is the CRC32C polynomial, bit-reversed as hash/crc32 uses it.
-const castagnoliRev = crc32.Castagnoli
-
-// x2n[k] is x^(2^k) modulo the polynomial (reflected): x2n[0] = x.
-var x2n = func() (t [64]uint32) {
-	p := uint32(1) << 30 // x^1
-	for k := range t {
-		t[k] = p
-		p = mulModP(p, p)
-	}
-	return t
-}()
-
-// mulModP returns a×b modulo the polynomial, both reflected (bit 31 is
-// x^0).
-func mulModP(a, b uint32) uint32 {
-	var p uint32
-	for m := uint32(1) << 31; m != 0; m >>= 1 {
-		if a&m != 0 {
-			p ^= b
-			if a&(m-1) == 0 {
-				break
-			}
-		}
-		if b&1 != 0 {
-			b = b>>1 ^ castagnoliRev
-		} else {
-			b >>= 1
-		}
-	}
-	return p
-}
-
-// xPow8n returns x^(8n) modulo the polynomial: the operator that moves a
-// CRC past n zero bytes.
-func xPow8n(n int64) uint32 {
-	p := uint32(1) << 31 // x^0
-	for k := 3; n != 0; k, n = k+1, n>>1 {
-		if n&1 != 0 {
-			p = mulModP(x2n[k&63], p)
-		}
-	}
-	return p
-}
-
-// crc32cCombine returns the CRC32C of a followed by b from crcA, a's,
-// crcB, b's, and n, b's length (hash/crc32's CRC32C, pre- and
-// post-inverted).
-func crc32cCombine(crcA, crcB uint32, n int64) uint32 {
-	if n <= 0 {
-		return crcA
-	}
-	return mulModP(xPow8n(n), crcA) ^ crcB
-}
+// x^(8n) mod P form: ckpt.CombineCRC32C), a few microseconds each.
 
 // maxSpans bounds the disjoint ranges a cover keeps of one region: a
 // sender of pieces keeps to a few (the optimizer region's W, M and V
@@ -135,15 +81,15 @@ func (c *cover) add(off, n int64, crc uint32) error {
 	switch {
 	case left && right:
 		l, r := &c.spans[i-1], c.spans[i]
-		l.crc = crc32cCombine(crc32cCombine(l.crc, crc, n), r.crc, r.hi-r.lo)
+		l.crc = ckpt.CombineCRC32C(ckpt.CombineCRC32C(l.crc, crc, n), r.crc, r.hi-r.lo)
 		l.hi = r.hi
 		c.spans = slices.Delete(c.spans, i, i+1)
 	case left:
 		l := &c.spans[i-1]
-		l.crc, l.hi = crc32cCombine(l.crc, crc, n), off+n
+		l.crc, l.hi = ckpt.CombineCRC32C(l.crc, crc, n), off+n
 	case right:
 		r := &c.spans[i]
-		r.crc, r.lo = crc32cCombine(crc, r.crc, r.hi-r.lo), off
+		r.crc, r.lo = ckpt.CombineCRC32C(crc, r.crc, r.hi-r.lo), off
 	default:
 		if len(c.spans) >= maxSpans {
 			return fmt.Errorf("%w: the region's pieces leave more than %d holes", errPiece, maxSpans)

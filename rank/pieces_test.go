@@ -15,11 +15,12 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/internal/diffstore"
 	"github.com/gorun/gorun/replay"
 )
 
-// TestCRC32CCombine: crc32cCombine of the CRC32Cs of a and b is hash/crc32's
+// TestCRC32CCombine: ckpt.CombineCRC32C of the CRC32Cs of a and b is hash/crc32's
 // CRC32C of a followed by b, for random data cut at random points
 // (including empty halves), and xPow8n moves a CRC past n zero bytes.
 func TestCRC32CCombine(t *testing.T) {
@@ -33,7 +34,7 @@ func TestCRC32CCombine(t *testing.T) {
 		n := rng.IntN(len(data) + 1)
 		cut := rng.IntN(n + 1)
 		a, b := data[:cut], data[cut:n]
-		if got, want := crc32cCombine(crc(a), crc(b), int64(len(b))), crc(data[:n]); got != want {
+		if got, want := ckpt.CombineCRC32C(crc(a), crc(b), int64(len(b))), crc(data[:n]); got != want {
 			t.Fatalf("combine of %d and %d bytes: %08x, want %08x", len(a), len(b), got, want)
 		}
 	}
@@ -42,15 +43,15 @@ func TestCRC32CCombine(t *testing.T) {
 		i, j := rng.IntN(len(data)), rng.IntN(len(data))
 		i, j = min(i, j), max(i, j)
 		a, b, c := data[:i], data[i:j], data[j:]
-		l := crc32cCombine(crc32cCombine(crc(a), crc(b), int64(len(b))), crc(c), int64(len(c)))
-		r := crc32cCombine(crc(a), crc32cCombine(crc(b), crc(c), int64(len(c))), int64(len(b)+len(c)))
+		l := ckpt.CombineCRC32C(ckpt.CombineCRC32C(crc(a), crc(b), int64(len(b))), crc(c), int64(len(c)))
+		r := ckpt.CombineCRC32C(crc(a), ckpt.CombineCRC32C(crc(b), crc(c), int64(len(c))), int64(len(b)+len(c)))
 		if want := crc(data); l != want || r != want {
 			t.Fatalf("combine of %d, %d and %d bytes: %08x and %08x, want %08x", len(a), len(b), len(c), l, r, want)
 		}
 	}
 	// Long lengths: the CRC32C of 3 MiB of zeros after data.
 	zeros := make([]byte, 3<<20+5)
-	if got, want := crc32cCombine(crc(data), crc(zeros), int64(len(zeros))), crc(append(slices.Clone(data), zeros...)); got != want {
+	if got, want := ckpt.CombineCRC32C(crc(data), crc(zeros), int64(len(zeros))), crc(append(slices.Clone(data), zeros...)); got != want {
 		t.Fatalf("combine with %d zeros: %08x, want %08x", len(zeros), got, want)
 	}
 }
