@@ -104,7 +104,7 @@ func TestAppendDoesNotWaitForFold(t *testing.T) {
 // TestConcurrentAppendFoldRestore runs the store's users side by side, as
 // a holder does (run it with -race): one goroutine appends and reads
 // Range, one folds, one restores random steps in range (Restore and
-// RestoreTo in turn) and checks them bit for bit, one sends base
+// RestorePieces in turn) and checks them bit for bit, one sends base
 // refreshes.
 func TestConcurrentAppendFoldRestore(t *testing.T) {
 	const steps = 200
@@ -173,9 +173,11 @@ func TestConcurrentAppendFoldRestore(t *testing.T) {
 				got, err = restore(s, step, opt)
 			} else {
 				got = map[string][]byte{}
-				err = s.RestoreTo(step, 1000, opt, func(region int, b []byte) error {
-					name := s.regions[region].Name
-					got[name] = append(got[name], b...)
+				for _, r := range s.regions {
+					got[r.Name] = make([]byte, r.Size)
+				}
+				err = s.RestorePieces(step, 1000, opt, func(region int, off int64, b []byte) error {
+					copy(got[s.regions[region].Name][off:], b)
 					return nil
 				})
 			}

@@ -229,49 +229,7 @@ func checkRestore(t testing.TB, s *Store, o *owner, step int64, opt replay.Repla
 			t.Fatalf("restore of step %d: region %q differs from the owner's (first at byte %d)", step, name, firstDiff(got[name], want))
 		}
 	}
-	checkStream(t, s, step, 4+int(step*37%3000), opt, got)
-}
-
-// streamed returns the store's RestoreTo of step in pieces of chunk
-// bytes, each region's pieces joined, and checks the pieces: in the
-// regions' order, none empty or longer than chunk rounded down to a
-// multiple of 4 (DefaultChunk for 0).
-func streamed(t testing.TB, s *Store, step int64, chunk int, opt replay.ReplayOptions) (map[string][]byte, error) {
-	t.Helper()
-	limit := max(4, chunk&^3)
-	if chunk <= 0 {
-		limit = DefaultChunk
-	}
-	got := map[string][]byte{}
-	last := -1
-	err := s.RestoreTo(step, chunk, opt, func(region int, b []byte) error {
-		if region < last || region >= len(s.regions) {
-			t.Fatalf("RestoreTo(%d): region %d after region %d", step, region, last)
-		}
-		if len(b) == 0 || len(b) > limit {
-			t.Fatalf("RestoreTo(%d, chunk %d): a piece of %d bytes", step, chunk, len(b))
-		}
-		last = region
-		name := s.regions[region].Name
-		got[name] = append(got[name], b...)
-		return nil
-	})
-	return got, err
-}
-
-// checkStream checks that RestoreTo(step) in pieces of chunk bytes gives
-// want, every region (Restore's bytes).
-func checkStream(t testing.TB, s *Store, step int64, chunk int, opt replay.ReplayOptions, want map[string][]byte) {
-	t.Helper()
-	got, err := streamed(t, s, step, chunk, opt)
-	if err != nil {
-		t.Fatalf("RestoreTo(%d, chunk %d): %v", step, chunk, err)
-	}
-	for _, r := range s.regions {
-		if g := got[r.Name]; int64(len(g)) != r.Size || !bytes.Equal(g, want[r.Name]) {
-			t.Fatalf("RestoreTo(%d, chunk %d): region %q of %d bytes differs from Restore's of %d (first at byte %d)", step, chunk, r.Name, len(g), len(want[r.Name]), firstDiff(g, want[r.Name]))
-		}
-	}
+	checkPieces(t, s, step, 4+int(step*37%3000), opt, got)
 }
 
 // checkRange checks Range and every step in it.

@@ -10,6 +10,9 @@ import (
 	"github.com/gorun/gorun/replay"
 )
 
+// DefaultChunk is RestorePieces' piece size when it is given none.
+const DefaultChunk = 1 << 20
+
 // RestorePieces produces the owner's state at step, the bytes Restore
 // would write, bit for bit, as pieces tagged with where they go: it calls
 // emit with b, the bytes of region (its index in the regions given to New)
@@ -23,9 +26,9 @@ import (
 // valid only during the call, and emit must not change it (it may be the
 // store's own bytes).
 //
-// Unlike RestoreTo, which must give each region's bytes in order and so
-// replays every window three times (once for each of W, M and V), it
-// replays each window once (replay.FusedAt on copies of the base's
+// Unlike a stream in region order, which would have to give each
+// region's bytes in order and so replay every window three times (once
+// for each of W, M and V), it replays each window once (replay.FusedAt on copies of the base's
 // elements; the base is left as it is): the compute of Restore, in a few
 // pieces of memory. The next window is replayed, on a goroutine that
 // RestorePieces owns and ends before it returns, while emit takes the
