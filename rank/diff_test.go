@@ -419,6 +419,7 @@ func runDiffProperty(t *testing.T, seed uint64, fold int) {
 				break
 			}
 			if time.Now().After(deadline) {
+				c.dumpStall(t)
 				t.Fatalf("round %d: G = %d after 60 s", round, published)
 			}
 			select {

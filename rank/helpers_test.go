@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -310,3 +311,22 @@ func stateOf(r int, step int64, regions []Region) map[string][][]byte {
 }
 
 func joined(parts [][]byte) []byte { return bytes.Join(parts, nil) }
+
+// dumpStall logs what a test that waited in vain for progress needs to
+// find the stall: every rank's progress and every goroutine's stack.
+func (c *cluster) dumpStall(t testing.TB) {
+	t.Helper()
+	for r := range c.hostOf {
+		c.mu.Lock()
+		h := c.hosts[c.hostOf[r]]
+		c.mu.Unlock()
+		_, ps := h.Progress()
+		for _, p := range ps {
+			if p.Rank == r {
+				t.Logf("stall: rank %d on host %d (G %d): %+v", r, c.hostOf[r], h.G(), p)
+			}
+		}
+	}
+	buf := make([]byte, 1<<22)
+	t.Logf("stall: goroutines:\n%s", buf[:runtime.Stack(buf, true)])
+}
