@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 PKGS    := ./...
 # Packages with vector kernels built under GOEXPERIMENT=simd.
-SIMD_PKGS := ./replay/
+SIMD_PKGS := ./replay/ ./examples/dptrain/
 
 .PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-tier2 bench-mpi bench-recovery fuzz lint demo demo-hotswap demo-hello demo-train clean
 

@@ -24,13 +24,40 @@ const (
 // parameters lo.. at step s: those of ½(w_i - t_i(s))², t_i(s) a fixed
 // target per parameter plus per-step noise, each a pure function of the
 // seed, the parameter index and the step, so that they stand for what an
-// accelerator computed and reduced, whatever the world size.
+// accelerator computed and reduced, whatever the world size. w is at least
+// as long as g.
+//
+// Element i is g[i] = w[i] - (target + 0.25·noise), target =
+// unit(at(key, 2·idx)) and noise = unit(at(noiseKey, 2·idx+1)) with idx =
+// lo+i (deviceGradScalar). Built with GOEXPERIMENT=simd on an AVX-512 CPU,
+// the AVX-512 kernel (deviceGradVector) computes whole vectors of sixteen
+// elements and the scalar code the rest: the same bits, since it does
+// the same integer operations and the same two roundings.
 func deviceGrad(g, w []float32, seed uint64, s, lo int) {
-	key := streamKey(seed, domainDevice)
+	key, noiseKey := deviceKeys(seed, s)
+	w = w[:len(g)]
+	n := deviceGradVector(g, w, key, noiseKey, lo)
+	deviceGradScalar(g[n:], w[n:], key, noiseKey, lo+n)
+}
+
+// deviceKeys are the keys of deviceGrad's streams at step s: the target's
+// (one per seed) and the noise's (one per seed and step).
+func deviceKeys(seed uint64, s int) (key, noiseKey uint64) {
+	key = streamKey(seed, domainDevice)
+	return key, key ^ uint64(s+1)*golden
+}
+
+// deviceGradScalar is deviceGrad on one element at a time, for the
+// parameters lo.. (len(w) ≥ len(g)). Of its float32 operations only the
+// last two round: unit's values are integers times 2^-23 scaled exactly,
+// and 0.25·noise is exact (a power of two, far from the subnormals), so
+// fusing target + 0.25·noise into one operation, as the compiler may,
+// gives the same bits.
+func deviceGradScalar(g, w []float32, key, noiseKey uint64, lo int) {
 	for i := range g {
 		idx := uint64(lo + i)
 		target := unit(at(key, 2*idx))
-		noise := unit(at(key^uint64(s+1)*golden, 2*idx+1))
+		noise := unit(at(noiseKey, 2*idx+1))
 		g[i] = w[i] - (target + float32(0.25)*noise)
 	}
 }
