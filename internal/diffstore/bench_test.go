@@ -1,6 +1,7 @@
 package diffstore
 
 import (
+	"hash/crc32"
 	"strconv"
 	"testing"
 
@@ -98,4 +99,69 @@ func BenchmarkRestore(b *testing.B) {
 		b.ReportMetric(ns, "ns/folded-step")
 		report(b, ns)
 	})
+}
+
+// BenchmarkHolderStep measures a holder's per-step work on one owner's
+// store in steady state, per fold period of fold steps (one op): each
+// differential's record is received (copied, as from the link, into a
+// buffer), appended, and every fold steps the log is folded after a check
+// of the fold's end state against the owner's CRC32Cs. "fresh" is the
+// holder as it was: a new buffer per record, the check a Restore into a
+// scratch buffer and then a Fold that replays the same steps again.
+// allocs/op and B/op are the allocations of the whole period.
+func BenchmarkHolderStep(b *testing.B) {
+	const fold = 8
+	const n = (12 << 20) / 12
+	b.Run("fresh", func(b *testing.B) { benchHolder(b, n, fold, false) })
+}
+
+// benchHolder runs BenchmarkHolderStep's loop; recycled says whether the
+// holder reuses record buffers and folds with FoldChecked.
+func benchHolder(b *testing.B, n, fold int, recycled bool) {
+	o := newOwner(41, n, lossless)
+	s := o.newStore(b)
+	sendBase(b, s, o, 0)
+	regions, _ := o.layout()
+	scratch := map[string][]byte{}
+	for _, r := range regions {
+		scratch[r.Name] = alloc(r.Size)
+	}
+	diffs := make([]Diff, fold)
+	var ds []Diff
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		for i := range diffs {
+			diffs[i] = o.next(b)
+		}
+		ds = diffs
+		last := ds[len(ds)-1].Step
+		want := sums(o.states[last])
+		for st := range o.states {
+			if st < last-1 {
+				delete(o.states, st)
+			}
+		}
+		b.StartTimer()
+		for _, d := range ds {
+			rec := make([]byte, len(d.Record))
+			copy(rec, d.Record)
+			d.Record = rec
+			if err := s.Append(d); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := s.Restore(last, scratch, replay.ReplayOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		for name, sum := range want {
+			if crc32.Checksum(scratch[name], castagnoli) != sum {
+				b.Fatalf("step %d: region %q differs", last, name)
+			}
+		}
+		if err := s.Fold(last, replay.ReplayOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*fold), "ns/step")
 }
