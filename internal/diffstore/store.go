@@ -98,6 +98,10 @@ type Store struct {
 	// testFoldHook, when set (by tests, before the store is used), runs
 	// in Fold after it took its snapshot of the log, before it replays.
 	testFoldHook func()
+	// testPoison, when set (by tests, before the store is used), makes
+	// giveLocked overwrite every buffer it keeps for reuse: a Restore
+	// that still read one would then differ (and race, under -race).
+	testPoison bool
 
 	// foldMu serializes what touches a base's bytes in place: Fold holds
 	// it for writing, Restore for reading, Truncate for writing (so that
@@ -573,6 +577,11 @@ func (s *Store) giveLocked(i int, b []byte) {
 		s.free = make([][]byte, len(s.regions))
 	}
 	if s.free[i] == nil {
+		if s.testPoison {
+			for k := range b {
+				b[k] = 0xA5
+			}
+		}
 		s.free[i] = b
 	}
 }
