@@ -1,6 +1,9 @@
 package rank
 
-import "testing"
+import (
+	"context"
+	"testing"
+)
 
 // TestRecPool: the pool keeps at most max buffers, gives one only for a
 // record of its length (dropping those of another length on the way),
@@ -46,5 +49,40 @@ func TestRecPool(t *testing.T) {
 	p.clear()
 	if p.size() != 0 || p.any() != nil {
 		t.Fatal("clear left buffers")
+	}
+}
+
+// TestDiffHolderRecyclesRecords: on a holder whose folds run, the records
+// they drop come back to the owner's pool (counted in its reservation),
+// and the steps after keep restoring the owner's state bit for bit while
+// their records are read into those buffers.
+func TestDiffHolderRecyclesRecords(t *testing.T) {
+	c, _ := twoHostDiff(t, 4, 100)
+	rs := make([]*diffRank, 2)
+	for r := range rs {
+		dr, err := newDiffRank(t, c.hosts[r], r, 31, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dr.close()
+		rs[r] = dr
+		if _, err := dr.restore(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runSteps(t, c, rs, 0, 12)
+	h1 := c.hosts[1]
+	o := holderOf(h1, 0)
+	c.waitFor("a fold of rank 0's log on host 1", func() bool { return o.recs.size() > 0 })
+	runSteps(t, c, rs, 13, 30)
+	checkTier2(t, c.hosts[0], h1, 1, rs[0], c.publishG())
+	o.mu.Lock()
+	held, mem, pooled := o.held, o.diffMem(), o.recs.size()
+	o.mu.Unlock()
+	if pooled == 0 || pooled > uint64(o.recs.max)*uint64(len(rs[0].w)*4+4096) {
+		t.Errorf("rank 0's record pool on host 1 holds %d bytes", pooled)
+	}
+	if held != mem {
+		t.Errorf("host 1 reserved %d bytes for rank 0, its stores and pool hold %d", held, mem)
 	}
 }
