@@ -828,16 +828,121 @@ func (r *replicator) snapshotDue() {
 
 // ---- The holder's side --------------------------------------------------
 
-// diffMem is what an owner's diff-mode copy holds in memory.
+// recPool is a holder's free list of one owner's record buffers: the
+// records its stores drop once no Restore can read them (Fold,
+// FoldChecked, Truncate: diffstore.Store.SetRecycle), which the next
+// differentials' records are read (diff) or encoded (encodeDeposits) into
+// instead of fresh memory the kernel must fault in again. It keeps at
+// most max buffers (Fold+2: what a fold hands back, and a step or two of
+// slack) and gives a buffer only for a record of its very length (a
+// lossless owner's records all have one), so that the bytes it holds and
+// the store's count of a record are the same. Its bytes count in the
+// owner's reservation (ownerReplica.diffMem). Safe for concurrent use.
+type recPool struct {
+	mu    sync.Mutex
+	bufs  [][]byte
+	bytes uint64
+	max   int
+}
+
+// put keeps b for a later record, unless the pool is full (then the
+// garbage collector takes it).
+func (p *recPool) put(b []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(b) == 0 || len(p.bufs) >= p.max {
+		return
+	}
+	p.bufs = append(p.bufs, b[:len(b):len(b)])
+	p.bytes += uint64(len(b))
+}
+
+// get returns a buffer of n bytes from the pool (its content is
+// garbage), or nil if it has none of that length. Buffers of another
+// length are dropped: the owner's records changed size.
+func (p *recPool) get(n uint64) []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.bufs) > 0 {
+		k := len(p.bufs) - 1
+		b := p.bufs[k]
+		p.bufs[k] = nil
+		p.bufs = p.bufs[:k]
+		p.bytes -= uint64(len(b))
+		if uint64(len(b)) == n {
+			return b
+		}
+	}
+	return nil
+}
+
+// any returns a buffer from the pool whatever its length, or nil.
+func (p *recPool) any() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := len(p.bufs) - 1
+	if k < 0 {
+		return nil
+	}
+	b := p.bufs[k]
+	p.bufs[k] = nil
+	p.bufs = p.bufs[:k]
+	p.bytes -= uint64(len(b))
+	return b
+}
+
+// size returns the bytes the pool holds.
+func (p *recPool) size() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.bytes
+}
+
+// clear drops every buffer (the owner's stores went).
+func (p *recPool) clear() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	clear(p.bufs)
+	p.bufs, p.bytes = p.bufs[:0], 0
+}
+
+// recordBuf returns an empty buffer for a record of owner that a local
+// peer encodes (encodeDeposits): one of the owner's record pool, of the
+// length of the owner's records as held here, or nil (the encoder then
+// allocates). A record that comes out of another length than the
+// buffer's is clipped to a copy of its own (a lossy codec's records vary):
+// a record's buffer is what its store counts.
+func (st *replicaStore) recordBuf(owner int) []byte {
+	st.mu.Lock()
+	o := st.owners[owner]
+	st.mu.Unlock()
+	if o == nil {
+		return nil
+	}
+	return o.recs.any()[:0]
+}
+
+// diffMem is what an owner's diff-mode copy holds in memory: its
+// stores' bases, refreshes, logs and spare buffers, and the record
+// buffers kept for reuse.
 func (o *ownerReplica) diffMem() uint64 {
 	var n int64
 	for _, ds := range []*diffstore.Store{o.cur, o.prev} {
 		if ds != nil {
 			st := ds.Stats()
-			n += st.BaseBytes + st.RefreshBytes + st.LogBytes + st.RefreshLogBytes
+			n += st.BaseBytes + st.RefreshBytes + st.LogBytes + st.RefreshLogBytes + st.SpareBytes
 		}
 	}
-	return uint64(n)
+	return uint64(n) + o.recs.size() + uint64(cap(o.chunk))
+}
+
+// chunkBuf returns o's chunk buffer, of n bytes (at most maxBaseChunk).
+// o.mu is held.
+func (o *ownerReplica) chunkBuf(n int64) []byte {
+	if int64(cap(o.chunk)) < n {
+		o.chunk = make([]byte, maxBaseChunk)
+	}
+	return o.chunk[:n]
 }
 
 // account brings the bytes reserved for o up to date, and forgets the
@@ -905,6 +1010,8 @@ func (st *replicaStore) dropDiff(o *ownerReplica) {
 		o.bw.Abort()
 	}
 	o.cur, o.prev, o.bw = nil, nil, nil
+	o.recs.clear()
+	o.chunk = nil
 	clear(o.sums)
 	clear(o.sumGen)
 	o.diverged = nil
@@ -980,6 +1087,8 @@ func (st *replicaStore) base(c net.Conn, h linkHdr, t []tableEntry) error {
 	o := st.owner(h.owner)
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.recs.max = st.h.cfg.Diff.fold() + 2
+	ds.SetRecycle(o.recs.put)
 	if why, msg := st.checkOwner(o, h); msg != "" {
 		return refuse(why, msg)
 	}
@@ -994,7 +1103,7 @@ func (st *replicaStore) base(c net.Conn, h linkHdr, t []tableEntry) error {
 	if err != nil {
 		return refuse(failOther, err.Error())
 	}
-	buf := make([]byte, min(total, maxBaseChunk))
+	buf := o.chunkBuf(int64(min(total, maxBaseChunk)))
 	for _, e := range t {
 		for off := int64(0); off < e.size; {
 			n := min(e.size-off, int64(len(buf)))
@@ -1066,14 +1175,18 @@ func (st *replicaStore) diff(c net.Conn, h linkHdr, t []tableEntry) error {
 	if dd.recLen > uint64(t[dd.opt].size)+maxRecordSlack || h.length != diffDescSize+dd.recLen+others {
 		return fmt.Errorf("differential of %d bytes: a record of %d and other regions of %d", h.length, dd.recLen, others)
 	}
-	release, ok, err := st.admitDiff(c, h, t, dd.opt, dd.recLen, others)
+	rec, release, ok, err := st.admitDiff(c, h, t, dd.opt, dd.recLen, others)
 	if !ok {
 		return err
 	}
 	defer release()
 	// The whole request is read first: the link stays in step whatever
-	// the answer. The store keeps these buffers.
-	d := diffstore.Diff{Step: h.step, Hyper: dd.hyper, Record: make([]byte, dd.recLen), Other: map[string][]byte{}, Sum: dd.sum}
+	// the answer. The store keeps these buffers (and hands the record
+	// back to the owner's pool once it drops it).
+	if rec == nil {
+		rec = make([]byte, dd.recLen)
+	}
+	d := diffstore.Diff{Step: h.step, Hyper: dd.hyper, Record: rec, Other: map[string][]byte{}, Sum: dd.sum}
 	if _, err := io.ReadFull(c, d.Record); err != nil {
 		return err
 	}
@@ -1099,18 +1212,23 @@ func (st *replicaStore) diff(c net.Conn, h linkHdr, t []tableEntry) error {
 // makes of the optimizer's N elements. It then reserves the bytes the
 // caller is about to read (recLen+others; replicaStore.reserve, as a put
 // does) until release, once the data is in the store (whose own bytes
-// account then counts). If it refuses (ok false), it drains the request's
+// account then counts), and takes a buffer of recLen bytes from the
+// owner's record pool (rec; nil if the pool has none: the caller
+// allocates it). The reservation is the same whether the pool had one or
+// not (its bytes, reserved already, then count twice until release), so
+// that whether a differential fits does not depend on the pool. If it
+// refuses (ok false), it drains the request's
 // data and answers (err is the link's error, if any): failGap (-1) if the
 // owner has no store here, failOther naming the sizes if they do not fit
 // the memory. A differential whose sizes are not the store's is not
 // answered: err names them, and the link closes without a byte of its
 // data read.
-func (st *replicaStore) admitDiff(c net.Conn, h linkHdr, t []tableEntry, opt int, recLen, others uint64) (release func(), ok bool, err error) {
-	refuse := func(answer func() error) (func(), bool, error) {
+func (st *replicaStore) admitDiff(c net.Conn, h linkHdr, t []tableEntry, opt int, recLen, others uint64) (rec []byte, release func(), ok bool, err error) {
+	refuse := func(answer func() error) ([]byte, func(), bool, error) {
 		if err := drain(c, recLen+others); err != nil {
-			return nil, false, err
+			return nil, nil, false, err
 		}
-		return nil, false, answer()
+		return nil, nil, false, answer()
 	}
 	if msg := st.notHolder(h); msg != "" {
 		return refuse(func() error { return writeFail(c, h, failOther, msg) })
@@ -1125,7 +1243,7 @@ func (st *replicaStore) admitDiff(c net.Conn, h linkHdr, t []tableEntry, opt int
 				o.mu.Unlock()
 				// Not one of the owner's differentials: its data, of a
 				// size no store here has, is neither read nor drained.
-				return nil, false, fmt.Errorf("rank %d step %d: %s", h.owner, h.step, bad)
+				return nil, nil, false, fmt.Errorf("rank %d step %d: %s", h.owner, h.step, bad)
 			}
 		}
 	}
@@ -1142,7 +1260,10 @@ func (st *replicaStore) admitDiff(c net.Conn, h linkHdr, t []tableEntry, opt int
 		msg := fmt.Sprintf("differential of rank %d step %d: %d bytes (a record of %d, other regions of %d): %v", h.owner, h.step, n, recLen, others, err)
 		return refuse(func() error { return writeFail(c, h, failOther, msg) })
 	}
-	return func() { st.reserve(0, n) }, true, nil
+	if recLen > 0 {
+		rec = o.recs.get(recLen)
+	}
+	return rec, func() { st.reserve(0, n) }, true, nil
 }
 
 // diffFits says why a differential with table t (optimizer at opt, a
@@ -1320,7 +1441,7 @@ func (st *replicaStore) baseChunk(c net.Conn, h linkHdr, t []tableEntry) error {
 		}
 		o.bw, o.bwGen = w, h.gen
 	}
-	data := make([]byte, n)
+	data := o.chunkBuf(n) // Write copies it
 	if _, err := io.ReadFull(c, data); err != nil {
 		return err
 	}
@@ -1656,16 +1777,16 @@ func (st *replicaStore) maybeFold(o *ownerReplica) {
 
 // foldLoop folds the owners' logs queued by maybeFold into their bases,
 // one at a time, until the host stops: the holder's background replay
-// (diffstore.Store.Fold, which stops at G). In a lossless job it first
-// checks the fold: it restores the step the fold ends at into scratch
-// (a buffer it reuses) and compares it with the owner's committed
-// CRC32Cs of that step; if they differ, the owner's optimizer step is
-// not replay's, the fold does not happen (the base stays, and the steps
-// before the divergence still restore), and the owner's differentials are
-// refused from then on with failDiverged, which fails its rank.
+// (diffstore.Store.Fold, which stops at G). In a lossless job it checks
+// the fold before it becomes the base (diffstore.Store.FoldChecked: the
+// steps are replayed once, into a spare buffer): the state at the step
+// the fold ends at must have the owner's committed CRC32Cs of that step;
+// if it does not, the owner's optimizer step is not replay's, the fold
+// does not happen (the base stays, and the steps before the divergence
+// still restore), and the owner's differentials are refused from then on
+// with failDiverged, which fails its rank.
 func (h *Host) foldLoop() {
 	defer h.wg.Done()
-	var scratch []byte
 	for {
 		select {
 		case <-h.life.Done():
@@ -1680,26 +1801,47 @@ func (h *Host) foldLoop() {
 				first, last, ok = ds.Range()
 			}
 			upTo := min(h.G(), last)
-			want := o.sums[upTo]
+			// The committed CRC32Cs of the steps the fold may end at
+			// (it stops at the store's G, which may lag h.G()): the
+			// check runs with the store's fold lock held, and may not
+			// take o.mu (takeDiff holds it while it truncates).
+			var sums map[int64][]tableEntry
+			if h.cfg.Diff.lossless() {
+				sums = make(map[int64][]tableEntry, max(0, upTo-first))
+				for s := first + 1; s <= upTo; s++ {
+					if t, ok := o.sums[s]; ok {
+						sums[s] = t
+					}
+				}
+			}
 			o.mu.Unlock()
 			if dv != nil || !ok || upTo <= first {
 				continue
 			}
-			if h.cfg.Diff.lossless() && want != nil && ds.Exact(upTo) {
+			before := ds.Stats()
+			var err error
+			if h.cfg.Diff.lossless() && ds.Exact(upTo) {
+				regs := ds.Regions()
 				var div *CorruptError
-				div, scratch = h.verifyFold(o.rank, ds, upTo, want, scratch)
+				err = ds.FoldChecked(upTo, replay.ReplayOptions{}, func(step int64, got [][]byte) error {
+					if div = h.checkFold(o.rank, regs, step, got, sums[step]); div != nil {
+						return div
+					}
+					return nil
+				})
 				if div != nil {
 					o.mu.Lock()
 					if o.cur == ds {
 						o.diverged = div
 					}
 					o.mu.Unlock()
-					h.log.Error("a replica holder's replay of a rank's differentials differs from the rank's commit: the rank's optimizer step is not replay's; its base is kept and the rank will fail", "rank", o.rank, "step", upTo, "err", div.Detail)
+					h.log.Error("a replica holder's replay of a rank's differentials differs from the rank's commit: the rank's optimizer step is not replay's; its base is kept and the rank will fail", "rank", o.rank, "step", div.Step, "err", div.Detail)
 					continue
 				}
+			} else {
+				err = ds.Fold(upTo, replay.ReplayOptions{})
 			}
-			before := ds.Stats()
-			if err := ds.Fold(upTo, replay.ReplayOptions{}); err != nil {
+			if err != nil {
 				h.log.Warn("folding a replica's differentials failed", "rank", o.rank, "err", err)
 				continue
 			}
@@ -1713,38 +1855,20 @@ func (h *Host) foldLoop() {
 	}
 }
 
-// verifyFold restores owner's step from ds into scratch (grown as needed,
-// returned for reuse) and compares each region with the owner's committed
-// CRC32Cs want: the divergence found (Detail names the region and both
-// CRC32Cs), or nil. A restore that fails (the store changed meanwhile)
-// finds nothing: the fold checks the state at its next step.
-func (h *Host) verifyFold(owner int, ds *diffstore.Store, step int64, want []tableEntry, scratch []byte) (*CorruptError, []byte) {
-	regs := ds.Regions()
-	var total int64
-	for _, r := range regs {
-		total += (r.Size + 7) &^ 7
-	}
-	if int64(cap(scratch)) < total {
-		scratch = make([]byte, total)
-	}
-	dst := make(map[string][]byte, len(regs))
-	off := int64(0)
-	for _, r := range regs {
-		dst[r.Name] = scratch[off : off+r.Size : off+r.Size]
-		off += (r.Size + 7) &^ 7
-	}
-	if err := ds.Restore(step, dst, replay.ReplayOptions{}); err != nil {
-		return nil, scratch
-	}
+// checkFold compares owner's state at step, as a fold made it (got, one
+// slice per region of regs), with the owner's committed CRC32Cs of that
+// step, want (nil: not known here, nothing to compare): the divergence
+// found (Detail names the region and both CRC32Cs), or nil.
+func (h *Host) checkFold(owner int, regs []diffstore.Region, step int64, got [][]byte, want []tableEntry) *CorruptError {
 	for _, e := range want {
-		d, ok := dst[e.name]
-		if !ok {
+		i := slices.IndexFunc(regs, func(r diffstore.Region) bool { return r.Name == e.name })
+		if i < 0 {
 			continue
 		}
-		if got := crc32.Checksum(d, castagnoli); got != e.sum {
-			return &CorruptError{Rank: owner, Step: step, Region: e.name, Sum: e.sum, Got: got, Replay: true,
-				Detail: fmt.Sprintf("the holder on host %d replayed region %s of step %d to CRC32C %08x, committed %08x", h.cfg.Host, e.name, step, got, e.sum)}, scratch
+		if sum := crc32.Checksum(got[i], castagnoli); sum != e.sum {
+			return &CorruptError{Rank: owner, Step: step, Region: e.name, Sum: e.sum, Got: sum, Replay: true,
+				Detail: fmt.Sprintf("the holder on host %d replayed region %s of step %d to CRC32C %08x, committed %08x", h.cfg.Host, e.name, step, sum, e.sum)}
 		}
 	}
-	return nil, scratch
+	return nil
 }

@@ -42,6 +42,7 @@ package rank
 // does not restore.
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -253,9 +254,17 @@ func (s *service) encodeDeposits(step int64, p depPlan) map[int]localRec {
 			continue
 		}
 		r := replay.Record{Step: uint64(step), Tensors: []*replay.Tensor{&t}}
-		rec, err := r.AppendBinary(nil)
+		// Encoded into a buffer of the owner's record pool when this host
+		// holds it: the store hands it back once it folds the step.
+		buf := s.h.store.recordBuf(o.owner)
+		rec, err := r.AppendBinary(buf)
 		if err != nil {
 			continue
+		}
+		if len(rec) < cap(buf) {
+			// Shorter than the pool's records (a lossy codec's vary):
+			// a copy of its own length, which is what its store counts.
+			rec = bytes.Clone(rec)
 		}
 		out[o.owner] = localRec{rec: rec, sum: sum}
 	}
@@ -521,7 +530,7 @@ func (st *replicaStore) diffRef(c net.Conn, h linkHdr, t []tableEntry) error {
 	if r := (Reduced{N: nd.p, Off: nd.off}); nd.n < 1 || nd.n > MaxGradient || r.check(nd.n) != nil {
 		return fmt.Errorf("differential by reference of a slice [%d, +%d) of %d elements", nd.off, nd.n, nd.p)
 	}
-	release, ok, err := st.admitDiff(c, h, t, dd.opt, 0, others)
+	_, release, ok, err := st.admitDiff(c, h, t, dd.opt, 0, others)
 	if !ok {
 		return err
 	}

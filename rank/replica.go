@@ -335,6 +335,13 @@ type ownerReplica struct {
 	diverged   *CorruptError
 	held       uint64      // the bytes reserved for the stores (replicaStore.reserve)
 	foldQueued atomic.Bool // queued for the fold goroutine
+	// recs holds the owner's record buffers its stores handed back,
+	// for the next differentials' records (diff.go, recPool).
+	recs recPool
+	// chunk is the buffer a base's or a refresh's chunks are read into
+	// before they are copied into the store (guarded by mu), kept from
+	// one chunk to the next.
+	chunk []byte
 }
 
 // newest returns the newest complete step held, or -1. o.mu is held.

@@ -30,6 +30,9 @@ type BaseWriter struct {
 	// verified, guarded by s.mu, is set when Commit has verified the
 	// refresh, which waits for G to reach its step (Store.SetG).
 	verified bool
+	// installed, guarded by s.mu, is set when bufs became the store's
+	// base: they are not the refresh's to give back any more.
+	installed bool
 
 	// log, guarded by s.mu, holds the differentials after step, when the
 	// store's log does not reach step (no base, or steps lost): the base
@@ -50,19 +53,41 @@ func (w *BaseWriter) lastStep() int64 {
 // before its first step), which replaces one in progress (that one is
 // aborted, but the differentials it kept after step stay, for the new
 // one). The store's base and log are untouched until Commit. A step
-// before the base's is refused with ErrStale. It allocates the new base's
-// buffers (the regions' sizes) before it takes the store's lock.
+// before the base's is refused with ErrStale. Its buffers (the regions'
+// sizes) are those the store keeps for reuse (of a base a refresh or a
+// checked fold replaced, once no Restore can read them; of a refresh that
+// never became the base), or are allocated, outside the store's lock; a
+// reused buffer is not cleared (Commit's CRC32Cs cover every byte).
 func (s *Store) BeginBase(step int64) (*BaseWriter, error) {
 	if step < -1 {
 		return nil, wrapf(ErrMismatch, "base refresh at step %d", step)
 	}
 	w := &BaseWriter{s: s, step: step, bufs: make([][]byte, len(s.regions))}
+	// A replaced base's buffers are free once no Restore is in progress:
+	// if none is (TryLock never waits), they are now.
+	reclaim := s.foldMu.TryLock()
+	s.mu.Lock()
+	if reclaim {
+		s.reclaimLocked()
+	}
+	for i := range s.regions {
+		w.bufs[i] = s.takeLocked(i)
+	}
+	s.mu.Unlock()
+	if reclaim {
+		s.foldMu.Unlock()
+	}
 	for i, r := range s.regions {
-		w.bufs[i] = alloc(r.Size)
+		if w.bufs[i] == nil {
+			w.bufs[i] = alloc(r.Size)
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.base != nil && step < s.base.step {
+		for i, b := range w.bufs {
+			s.giveLocked(i, b)
+		}
 		return nil, wrapf(ErrStale, "base refresh at step %d, the base is at step %d", step, s.base.step)
 	}
 	if p := s.pending; p != nil {
@@ -144,7 +169,7 @@ func (w *BaseWriter) Commit(step int64, sums map[string]uint32) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pending != w {
-		w.bufs = nil
+		w.freeDeadLocked() // not current: marked dead when it stopped being
 		return wrapf(ErrStale, "commit of the refresh at step %d", w.step)
 	}
 	w.sealed = true
@@ -152,7 +177,7 @@ func (w *BaseWriter) Commit(step int64, sums map[string]uint32) error {
 		s.pending = nil
 		w.dead.Store(true)
 		s.stats.RefreshesSuperseded++
-		w.bufs = nil
+		w.freeDeadLocked()
 		return nil
 	}
 	w.verified = true
@@ -171,6 +196,12 @@ func (s *Store) installLocked(w *BaseWriter) {
 	nb := &base{step: w.step, data: w.bufs, exact: true}
 	s.pending = nil
 	w.dead.Store(true)
+	w.installed = true
+	if s.base != nil {
+		// A Restore in progress may read the old base: its buffers are
+		// reused only once none is (reclaimLocked).
+		s.retired = s.base.data
+	}
 	if s.base != nil && s.lastLocked() >= w.step {
 		// The log reaches the new base: keep what follows it.
 		i := int(w.step - s.base.step) // entries at or before w.step
@@ -211,12 +242,30 @@ func (w *BaseWriter) Abort() {
 // freeDead lets go of the buffers of a refresh no longer current (w.mu
 // held): the store ends a refresh under its own lock, which may not wait
 // for w.mu, so the buffers go at the refresh's next Write, Commit or
-// Abort. A refresh verified and waiting for G keeps them: they are its
-// base.
+// Abort. No reader ever saw them (w.mu holds off the refresh's own
+// Writes): the store keeps them for its next refresh. A refresh verified
+// and waiting for G keeps them (they are its base to be), and one
+// installed lets go of them without giving them back (they are the
+// store's base).
 func (w *BaseWriter) freeDead() {
-	if w.dead.Load() {
-		w.bufs = nil
+	if w.dead.Load() && w.bufs != nil {
+		w.s.mu.Lock()
+		w.freeDeadLocked()
+		w.s.mu.Unlock()
 	}
+}
+
+// freeDeadLocked is freeDead with the store's mu held too.
+func (w *BaseWriter) freeDeadLocked() {
+	if !w.dead.Load() {
+		return
+	}
+	if !w.installed {
+		for i, b := range w.bufs {
+			w.s.giveLocked(i, b)
+		}
+	}
+	w.bufs = nil
 }
 
 // abortLocked ends the refresh in progress p, and drops the

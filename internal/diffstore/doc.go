@@ -6,7 +6,8 @@
 // hyper-parameters, and the full bytes of the owner's small regions). A
 // [Store] restores the owner's state at any step of its range, base plus a
 // fused replay of the log ([replay.Fused]); [Store.Fold] folds a prefix of
-// the log into the base; a [BaseWriter] replaces the base with a fresh one
+// the log into the base ([Store.FoldChecked] checks the folded state
+// first); a [BaseWriter] replaces the base with a fresh one
 // that arrives in chunks while the differentials keep coming.
 //
 // The store is a data structure in memory: no I/O, and no goroutine that
@@ -75,15 +76,46 @@
 //     Restore in progress (they are on the replication receive path): they
 //     hold the store's lock only for bookkeeping, never during a copy, a
 //     checksum or a replay. (A BaseWriter's methods run one at a time, so
-//     Abort waits for a Write's copy in progress.) Restore and Truncate
-//     wait for a Fold in progress; Restores run side by side.
+//     Abort waits for a Write's copy in progress.) Restore, RestorePieces
+//     and Truncate wait for a Fold or FoldChecked in progress, and those
+//     for them; Restores run side by side. BeginBase only tries the
+//     folds' lock (sync.RWMutex.TryLock), never waits for it.
+//
+// # Who waits for whom, and when a buffer is reused
+//
+// The store hands a buffer back, or reuses one, only where nothing can
+// read it any more. A base's bytes and a differential's record are read
+// by Restore and RestorePieces, which hold the folds' lock (foldMu) for
+// reading from the moment they look at the log until they return; Fold,
+// FoldChecked and Truncate hold it for writing. So:
+//
+//   - Records. Fold, FoldChecked and Truncate hand the records they drop
+//     from the log to the function given to [Store.SetRecycle], with
+//     foldMu write-held (no Restore in progress; one that starts later
+//     sees the log without them). Records dropped elsewhere (a refresh
+//     that commits, under the store's lock alone, while a Restore may be
+//     reading them) go to the garbage collector.
+//   - A checked fold's spare. FoldChecked replays into a spare buffer and
+//     then swaps it with the base's optimizer region, with foldMu
+//     write-held: the old buffer is the next spare.
+//   - A refresh's buffers. A refresh that never became the base
+//     (superseded at Commit, aborted) was read by nobody but its own
+//     Writes, which its lock excludes: its buffers are kept for the next
+//     BeginBase at once. A base that a refresh replaced may be read by a
+//     Restore begun before: its buffers are kept aside, and reused only at
+//     the next point where foldMu is write-held (a fold, a Truncate, or a
+//     BeginBase whose TryLock succeeds).
+//
+// The store keeps at most one spare buffer per region; [Stats].SpareBytes
+// counts them.
 //
 // # Append takes ownership of the buffers
 //
 // Append keeps a differential's byte slices as received (the record and
 // every other region's bytes): the caller must not reuse, change or
 // return them to a pool afterwards, even when Append returns nil for a
-// step it already held. The record's gradient is read in place at every
+// step it already held. The store gives a record back only through the
+// function given to [Store.SetRecycle], when no reader can hold it. The record's gradient is read in place at every
 // replay when it is 8-byte aligned (as from make), and copied once, at
 // Append, when it is not.
 //
@@ -110,7 +142,9 @@
 //     from a refresh's step until it commits, so the owner should send a
 //     refresh within a few N steps.
 //   - Memory. A store holds its base (the regions' sizes), a refresh's
-//     buffers while one is in progress (allocated by [Store.BeginBase]),
-//     and its differentials as received: a caller that bounds its memory
-//     reserves those before it allocates or begins them.
+//     buffers while one is in progress (allocated by [Store.BeginBase]
+//     unless it reuses spare ones), its spare buffers (Stats.SpareBytes,
+//     at most one set of the regions) and its differentials as received:
+//     a caller that bounds its memory reserves those before it allocates
+//     or begins them.
 package diffstore

@@ -1,7 +1,9 @@
 package diffstore
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -33,7 +35,99 @@ import (
 func (s *Store) Fold(upTo int64, opt replay.ReplayOptions) error {
 	s.foldMu.Lock()
 	defer s.foldMu.Unlock()
+	b, es := s.foldPlan(upTo)
+	if len(es) == 0 {
+		return nil
+	}
+	if s.testFoldHook != nil {
+		s.testFoldHook()
+	}
+	start := time.Now()
+	st, ok := s.state(b.data[s.optIdx])
+	if !ok {
+		panic("diffstore: a base's optimizer region is not aligned") // alloc makes it so
+	}
+	if err := replayLog(st, es, opt); err != nil {
+		return fmt.Errorf("diffstore: fold of steps %d to %d: %w", es[0].step, es[len(es)-1].step, err)
+	}
+	s.foldDone(b, es, nil, time.Since(start))
+	return nil
+}
+
+// ErrFoldRefused is wrapped by FoldChecked's error when its check refused
+// the folded state (the check's own error is wrapped too).
+var ErrFoldRefused = errors.New("diffstore: folded state refused by the check")
+
+// FoldChecked is Fold with a check of the folded state before it becomes
+// the base: it replays the differentials Fold would fold (the same steps,
+// under the same rules: G, a refresh in progress, see Fold) into a spare
+// buffer, a copy of the base's optimizer region, and calls check with the
+// step the fold ends at and the owner's state at that step, one slice per
+// region in the order given to New (the bytes Restore would give; check
+// must not change or keep them). If check returns nil, the folded state
+// becomes the base, as after Fold, and the old base's optimizer buffer
+// becomes the next fold's spare: each step is replayed once, where a check
+// by Restore then a Fold would replay it twice. If check returns an
+// error, the base and the log stay as they were (every step in range
+// still restores) and FoldChecked returns an error wrapping both
+// ErrFoldRefused and check's error.
+//
+// It holds foldMu for writing like Fold: Restore and Truncate wait for
+// it, the receive path does not, and a refresh committed meanwhile wins
+// (the folded state, checked or not, is dropped). check runs on the
+// caller's goroutine with the store's foldMu held: it must not call
+// Fold, FoldChecked, Restore, RestorePieces or Truncate on this store.
+func (s *Store) FoldChecked(upTo int64, opt replay.ReplayOptions, check func(step int64, regions [][]byte) error) error {
+	s.foldMu.Lock()
+	defer s.foldMu.Unlock()
+	b, es := s.foldPlan(upTo)
+	if len(es) == 0 {
+		return nil
+	}
+	if s.testFoldHook != nil {
+		s.testFoldHook()
+	}
+	start := time.Now()
 	s.mu.Lock()
+	spare := s.takeLocked(s.optIdx)
+	s.mu.Unlock()
+	if spare == nil {
+		spare = alloc(s.regions[s.optIdx].Size)
+	}
+	// b.data changes only under foldMu, which this fold holds.
+	copy(spare, b.data[s.optIdx])
+	st, _ := s.state(spare)
+	if err := replayLog(st, es, opt); err != nil {
+		s.give(s.optIdx, spare)
+		return fmt.Errorf("diffstore: fold of steps %d to %d: %w", es[0].step, es[len(es)-1].step, err)
+	}
+	elapsed := time.Since(start)
+	last := es[len(es)-1]
+	regions := slices.Clone(b.data)
+	for i, o := range last.other {
+		if o != nil {
+			regions[i] = o
+		}
+	}
+	regions[s.optIdx] = spare
+	if err := check(last.step, regions); err != nil {
+		s.mu.Lock()
+		s.stats.FoldsRejected++
+		s.giveLocked(s.optIdx, spare)
+		s.mu.Unlock()
+		return fmt.Errorf("%w: fold of steps %d to %d: %w", ErrFoldRefused, es[0].step, last.step, err)
+	}
+	s.foldDone(b, es, spare, elapsed)
+	return nil
+}
+
+// foldPlan returns the base and the differentials a fold up to upTo
+// folds (see Fold), and moves a replaced base's buffers to free. foldMu
+// is write-held.
+func (s *Store) foldPlan(upTo int64) (*base, []*entry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reclaimLocked()
 	b := s.base
 	upTo = min(upTo, s.g)
 	var es []*entry
@@ -55,30 +149,26 @@ func (s *Store) Fold(upTo int64, opt replay.ReplayOptions) error {
 			es = es[:k]
 		}
 	}
-	s.mu.Unlock()
-	if len(es) == 0 {
-		return nil
-	}
-	if s.testFoldHook != nil {
-		s.testFoldHook()
-	}
-	start := time.Now()
-	st, ok := s.state(b.data[s.optIdx])
-	if !ok {
-		panic("diffstore: a base's optimizer region is not aligned") // alloc makes it so
-	}
-	if err := replayLog(st, es, opt); err != nil {
-		return fmt.Errorf("diffstore: fold of steps %d to %d: %w", es[0].step, es[len(es)-1].step, err)
-	}
-	elapsed := time.Since(start)
+	return b, es
+}
 
+// foldDone makes base b, with es replayed onto it (in place, or into opt
+// if not nil: the base's optimizer region then), the store's base at es's
+// last step, drops es from the log, and hands their records to recycle;
+// if a refresh committed meanwhile (b is no longer the base), the fold's
+// work is dropped. foldMu is write-held.
+func (s *Store) foldDone(b *base, es []*entry, opt []byte, elapsed time.Duration) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.stats.Folds++
 	s.stats.FoldedSteps += int64(len(es))
 	s.stats.FoldTime += elapsed
 	if s.base != b {
-		return nil // a refresh committed meanwhile: its base is later
+		// A refresh committed meanwhile: its base is later, and it
+		// dropped from the log what it passed (those records go to the
+		// garbage collector: rare, and not worth the bookkeeping).
+		s.giveLocked(s.optIdx, opt)
+		s.mu.Unlock()
+		return
 	}
 	last := es[len(es)-1]
 	b.step = last.step
@@ -88,6 +178,11 @@ func (s *Store) Fold(upTo int64, opt replay.ReplayOptions) error {
 			b.data[i] = o
 		}
 	}
+	if opt != nil {
+		// No Restore is in progress (foldMu): the old bytes are free.
+		s.giveLocked(s.optIdx, b.data[s.optIdx])
+		b.data[s.optIdx] = opt
+	}
 	for _, e := range es {
 		b.exact = b.exact && !e.lossy()
 	}
@@ -95,9 +190,19 @@ func (s *Store) Fold(upTo int64, opt replay.ReplayOptions) error {
 	for i < len(s.log) && s.log[i].step <= last.step {
 		i++
 	}
+	dropped := slices.Clone(s.log[:i])
 	clear(s.log[:i])
 	s.log = s.log[i:]
-	return nil
+	recycle := s.recycle
+	s.mu.Unlock()
+	recycleAll(recycle, dropped)
+}
+
+// give is giveLocked, taking mu.
+func (s *Store) give(i int, b []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.giveLocked(i, b)
 }
 
 // Restore writes the owner's state at step into dst, one slice per

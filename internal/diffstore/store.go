@@ -98,6 +98,10 @@ type Store struct {
 	// testFoldHook, when set (by tests, before the store is used), runs
 	// in Fold after it took its snapshot of the log, before it replays.
 	testFoldHook func()
+	// testPoison, when set (by tests, before the store is used), makes
+	// giveLocked overwrite every buffer it keeps for reuse: a Restore
+	// that still read one would then differ (and race, under -race).
+	testPoison bool
 
 	// foldMu serializes what touches a base's bytes in place: Fold holds
 	// it for writing, Restore for reading, Truncate for writing (so that
@@ -112,6 +116,21 @@ type Store struct {
 	pending *BaseWriter // the refresh in progress, or nil
 	stats   Stats       // counters; the sizes are computed by Stats
 	g       int64       // the step the job may restart from (SetG)
+
+	// recycle, if set (SetRecycle), takes back the record of each
+	// differential that Fold, FoldChecked or Truncate drops: they call it
+	// with foldMu write-held, outside mu, so that no Restore can still
+	// read the record.
+	recycle func(record []byte)
+	// free holds, by region index (nil where none), buffers of a region's
+	// size that nothing reads any more: BeginBase's refresh buffers and
+	// FoldChecked's spare come from it before they are allocated. At most
+	// one per region; more go to the garbage collector.
+	free [][]byte
+	// retired holds, by region index, the buffers of a base that a
+	// refresh replaced: a Restore begun before may still read them, so
+	// they go to free only where foldMu is write-held (reclaimLocked).
+	retired [][]byte
 }
 
 // base is a full copy of the owner's regions at a step. Its bytes change
@@ -128,11 +147,15 @@ type base struct {
 type entry struct {
 	step   int64
 	hyper  replay.Hyper
-	tensor *replay.Tensor // decoded; its payload views the record as received (a copy of it if unaligned)
+	rec    []byte         // the record as received (the caller's buffer, handed to recycle when dropped)
+	tensor *replay.Tensor // decoded; its payload views rec (a copy of it if unaligned)
 	other  [][]byte       // by region index; nil for the optimizer region
 	bytes  int64          // rec and other
 	recLen int            // the record's length
-	recSum uint32         // the record's CRC-32 (IEEE): a step resent is the same if its record has the same length and sum (not CRC32C: a record ends with its own CRC32C, over which a CRC32C is a constant)
+	// recSum is the record's own CRC32C, its last 4 bytes, which
+	// DecodeRecord verified over the rest of it: a step resent is the
+	// same if its record has the same length and CRC32C.
+	recSum uint32
 }
 
 func (e *entry) lossy() bool { return e.tensor.Codec != replay.Raw }
@@ -192,6 +215,23 @@ func (s *Store) Regions() []Region { return append([]Region(nil), s.regions...) 
 
 // Optimizer returns the owner's optimizer layout, as given to New.
 func (s *Store) Optimizer() Optimizer { return s.opt }
+
+// SetRecycle makes the store hand the record of every differential that
+// Fold, FoldChecked or Truncate drops from its log to fn (nil: none is
+// handed back, the garbage collector takes them), once nothing can read
+// it: no Restore or RestorePieces is in progress (those folds and Truncate
+// exclude them), and the store keeps no reference to it. fn is called on
+// the goroutine of that Fold or Truncate, outside the store's lock (it may
+// not call Fold, FoldChecked, Truncate or Restore on this store); it owns
+// the buffer from then on, and may give it to a later Append. Records
+// dropped elsewhere (a refresh that commits drops the log before it,
+// while a Restore may be reading it; Append's no-ops; refused
+// differentials) go to the garbage collector.
+func (s *Store) SetRecycle(fn func(record []byte)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.recycle = fn
+}
 
 // Size returns the bytes of the owner's regions: what a base, and a
 // refresh's buffers (BeginBase), take.
@@ -341,7 +381,7 @@ func (s *Store) decode(d Diff) (*entry, error) {
 		return nil, wrapf(ErrMismatch, "differential of step %d has %d elements, the optimizer %d", d.Step, rec.Tensors[0].Len, s.opt.N)
 	}
 	e := &entry{step: d.Step, hyper: d.Hyper, tensor: rec.Tensors[0], other: make([][]byte, len(s.regions)), bytes: int64(len(d.Record)),
-		recLen: len(d.Record), recSum: crc32.ChecksumIEEE(d.Record)}
+		rec: d.Record, recLen: len(d.Record), recSum: binary.LittleEndian.Uint32(d.Record[len(d.Record)-4:])}
 	if len(d.Other) != len(s.regions)-1 {
 		for name := range d.Other {
 			if i, ok := s.index[name]; !ok || i == s.optIdx {
@@ -471,10 +511,19 @@ func (s *Store) Exact(step int64) bool {
 func (s *Store) Truncate(after int64) error {
 	s.foldMu.Lock()
 	defer s.foldMu.Unlock()
+	dropped, recycle, err := s.truncate(after)
+	recycleAll(recycle, dropped)
+	return err
+}
+
+// truncate is Truncate under foldMu: it returns the entries it dropped
+// from the log and the recycle function to give their records to.
+func (s *Store) truncate(after int64) ([]*entry, func([]byte), error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.reclaimLocked()
 	if s.base != nil && after < s.base.step {
-		return wrapf(ErrNotHeld, "truncate after step %d: the base is at step %d", after, s.base.step)
+		return nil, nil, wrapf(ErrNotHeld, "truncate after step %d: the base is at step %d", after, s.base.step)
 	}
 	if p := s.pending; p != nil && p.step > after {
 		s.abortLocked(p)
@@ -490,9 +539,61 @@ func (s *Store) Truncate(after int64) error {
 	for i > 0 && s.log[i-1].step > after {
 		i--
 	}
+	dropped := slices.Clone(s.log[i:])
 	clear(s.log[i:])
 	s.log = s.log[:i]
-	return nil
+	return dropped, s.recycle, nil
+}
+
+// recycleAll hands the records of es to recycle, if set. foldMu must be
+// write-held, and es dropped from the log.
+func recycleAll(recycle func([]byte), es []*entry) {
+	if recycle == nil {
+		return
+	}
+	for _, e := range es {
+		recycle(e.rec)
+	}
+}
+
+// reclaimLocked moves the buffers of a replaced base to free (where free
+// has none of that region): foldMu is write-held, so no Restore that may
+// have read them is still in progress. mu is held.
+func (s *Store) reclaimLocked() {
+	for i, b := range s.retired {
+		s.giveLocked(i, b)
+	}
+	s.retired = nil
+}
+
+// giveLocked keeps b, a buffer of region i that nothing reads any more,
+// for reuse if free has none of that region (else the garbage collector
+// takes it). mu is held.
+func (s *Store) giveLocked(i int, b []byte) {
+	if b == nil || int64(len(b)) != s.regions[i].Size {
+		return
+	}
+	if s.free == nil {
+		s.free = make([][]byte, len(s.regions))
+	}
+	if s.free[i] == nil {
+		if s.testPoison {
+			for k := range b {
+				b[k] = 0xA5
+			}
+		}
+		s.free[i] = b
+	}
+}
+
+// takeLocked returns a free buffer of region i, or nil. mu is held.
+func (s *Store) takeLocked(i int) []byte {
+	if s.free == nil {
+		return nil
+	}
+	b := s.free[i]
+	s.free[i] = nil
+	return b
 }
 
 // Stats are a store's sizes and counters (for -v).
@@ -510,9 +611,15 @@ type Stats struct {
 	RefreshesAborted    int64 // aborted, superseded by a newer BeginBase, or cut by Truncate
 	RefreshesSuperseded int64 // committed after a Fold had moved the base past their step, and dropped
 
-	Folds       int64         // Fold calls that folded at least one step
-	FoldedSteps int64         // steps folded in all
-	FoldTime    time.Duration // time spent replaying in Fold
+	// SpareBytes are buffers the store keeps for reuse (a replaced
+	// base's, a dropped refresh's, FoldChecked's spare): reused before
+	// anything is allocated, they are memory held all the same.
+	SpareBytes int64
+
+	Folds         int64         // Fold and FoldChecked calls that folded at least one step
+	FoldedSteps   int64         // steps folded in all
+	FoldTime      time.Duration // time spent replaying in Fold and FoldChecked
+	FoldsRejected int64         // FoldChecked calls whose check refused the folded state (the base stayed)
 }
 
 // FoldPerStep returns the mean fold time per folded step, or 0.
@@ -546,5 +653,10 @@ func (s *Store) Stats() Stats {
 		st.LogBytes += e.bytes
 	}
 	st.LogLen = len(s.log)
+	for _, bs := range [][][]byte{s.free, s.retired} {
+		for _, b := range bs {
+			st.SpareBytes += int64(len(b))
+		}
+	}
 	return st
 }

@@ -1,0 +1,88 @@
+package rank
+
+import (
+	"context"
+	"testing"
+)
+
+// TestRecPool: the pool keeps at most max buffers, gives one only for a
+// record of its length (dropping those of another length on the way),
+// and counts the bytes it holds.
+func TestRecPool(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		max       int
+		put       []int // lengths put, in order
+		get       uint64
+		wantGot   bool
+		wantBytes uint64 // after the get
+		wantLen   int
+	}{
+		{"empty", 3, nil, 8, false, 0, 0},
+		{"same length", 3, []int{8, 8}, 8, true, 8, 1},
+		{"bounded", 2, []int{8, 8, 8}, 8, true, 8, 1},
+		{"another length dropped", 3, []int{8, 16}, 8, true, 0, 0},
+		{"none of that length", 3, []int{16, 16}, 8, false, 0, 0},
+		{"empty buffer not kept", 3, []int{0}, 0, false, 0, 0},
+		{"max 0 keeps none", 0, []int{8}, 8, false, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := recPool{max: tc.max}
+			for _, n := range tc.put {
+				p.put(make([]byte, n))
+			}
+			b := p.get(tc.get)
+			if got := b != nil; got != tc.wantGot || (got && uint64(len(b)) != tc.get) {
+				t.Fatalf("get(%d) = %d bytes (nil: %v), want a buffer: %v", tc.get, len(b), b == nil, tc.wantGot)
+			}
+			if p.size() != tc.wantBytes || len(p.bufs) != tc.wantLen {
+				t.Fatalf("after get: %d bytes in %d buffers, want %d in %d", p.size(), len(p.bufs), tc.wantBytes, tc.wantLen)
+			}
+		})
+	}
+	p := recPool{max: 4}
+	p.put(make([]byte, 8))
+	p.put(make([]byte, 24))
+	if b := p.any(); len(b) != 24 || p.size() != 8 {
+		t.Fatalf("any() = %d bytes, %d left; want 24, 8", len(b), p.size())
+	}
+	p.clear()
+	if p.size() != 0 || p.any() != nil {
+		t.Fatal("clear left buffers")
+	}
+}
+
+// TestDiffHolderRecyclesRecords: on a holder whose folds run, the records
+// they drop come back to the owner's pool (counted in its reservation),
+// and the steps after keep restoring the owner's state bit for bit while
+// their records are read into those buffers.
+func TestDiffHolderRecyclesRecords(t *testing.T) {
+	c, _ := twoHostDiff(t, 4, 100)
+	rs := make([]*diffRank, 2)
+	for r := range rs {
+		dr, err := newDiffRank(t, c.hosts[r], r, 31, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dr.close()
+		rs[r] = dr
+		if _, err := dr.restore(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runSteps(t, c, rs, 0, 12)
+	h1 := c.hosts[1]
+	o := holderOf(h1, 0)
+	c.waitFor("a fold of rank 0's log on host 1", func() bool { return o.recs.size() > 0 })
+	runSteps(t, c, rs, 13, 30)
+	checkTier2(t, c.hosts[0], h1, 1, rs[0], c.publishG())
+	o.mu.Lock()
+	held, mem, pooled := o.held, o.diffMem(), o.recs.size()
+	o.mu.Unlock()
+	if pooled == 0 || pooled > uint64(o.recs.max)*uint64(len(rs[0].w)*4+4096) {
+		t.Errorf("rank 0's record pool on host 1 holds %d bytes", pooled)
+	}
+	if held != mem {
+		t.Errorf("host 1 reserved %d bytes for rank 0, its stores and pool hold %d", held, mem)
+	}
+}
