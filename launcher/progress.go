@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"maps"
@@ -337,6 +338,34 @@ func writeFolds(w io.Writer, folds map[int]wire.HostFold) {
 		fmt.Fprintf(w, " host %d %v (%d steps);", h, (time.Duration(f.NS) / time.Duration(max(f.Steps, 1))).Round(time.Microsecond), f.Steps)
 	}
 	fmt.Fprintln(w)
+	writeDrifts(w, folds, hosts)
+}
+
+// writeDrifts writes, with a lossy --diff-codec, how far each rank's
+// replay at its holders had drifted from its true weights when its last
+// base refresh arrived (what a restore from the differentials is off by,
+// at most, about): a row per rank and holder host, ranks in order.
+// Nothing when no drift was measured.
+func writeDrifts(w io.Writer, folds map[int]wire.HostFold, hosts []int) {
+	type row struct {
+		host int
+		d    wire.FoldDrift
+	}
+	var rows []row
+	for _, h := range hosts {
+		for _, d := range folds[h].Drift {
+			rows = append(rows, row{h, d})
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	slices.SortStableFunc(rows, func(a, b row) int { return cmp.Compare(a.d.Rank, b.d.Rank) })
+	fmt.Fprintf(w, "lossy differentials (--diff-codec): replay drift from the true weights at the last base refresh, never bitwise:\n")
+	fmt.Fprintf(w, "  %6s %6s %8s %8s %12s %14s %10s\n", "rank", "holder", "step", "steps", "max |dw|", "rms dw/rms w", "non-finite")
+	for _, r := range rows {
+		fmt.Fprintf(w, "  %6d %6d %8d %8d %12.3g %14.3g %10d\n", r.d.Rank, r.host, r.d.Step, r.d.Steps, r.d.MaxAbs, r.d.RelRMS, r.d.NonFinite)
+	}
 }
 
 // formatBytes writes n bytes in decimal units, to three significant

@@ -249,3 +249,26 @@ func TestDiffFiguresOf(t *testing.T) {
 		}
 	}
 }
+
+// TestProgressTableDrift: with a lossy codec, -v's table ends with each
+// rank's drift at each holder host that measured one, ranks in order;
+// without a drift nothing is added.
+func TestProgressTableDrift(t *testing.T) {
+	p := newProgress([][]int{{0}, {1}}, []int{0, 1}, func(*wire.GlobalStep) {})
+	for h := range 2 {
+		u := &wire.UpProgress{Host: h, Ranks: []wire.RankProgress{{Rank: h, Committed: 9, Replicated: 9}}}
+		u.Fold = &wire.HostFold{Steps: 8, NS: 8e6, Drift: []wire.FoldDrift{{Rank: 1 - h, Step: 8, Steps: 8 - int64(h), MaxAbs: 0.00125 * float64(h+1), RelRMS: 3.5e-4, NonFinite: int64(h)}}}
+		if err := p.handle(u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := p.table(ModeDiff, DiffOptions{Fold: 8, BaseEvery: 8, Codec: "int8:256"})
+	want := `holders' replay per folded step: host 0 1ms (8 steps); host 1 1ms (8 steps);
+lossy differentials (--diff-codec): replay drift from the true weights at the last base refresh, never bitwise:
+    rank holder     step    steps     max |dw|   rms dw/rms w non-finite
+       0      1        8        7       0.0025        0.00035          1
+       1      0        8        8      0.00125        0.00035          0`
+	if !strings.HasSuffix(got, want) {
+		t.Errorf("got\n%s\nwant it to end with\n%s", got, want)
+	}
+}

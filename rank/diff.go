@@ -1848,6 +1848,7 @@ func (h *Host) foldLoop() {
 			after := ds.Stats()
 			h.foldSteps.Add(after.FoldedSteps - before.FoldedSteps)
 			h.foldNS.Add(int64(after.FoldTime - before.FoldTime))
+			h.noteDrift(o.rank, before, after)
 			o.mu.Lock()
 			h.store.account(o)
 			o.mu.Unlock()

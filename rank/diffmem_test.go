@@ -111,6 +111,15 @@ func TestDiffLogBoundedDuringRefresh(t *testing.T) {
 			if st.Refreshes+st.RefreshesSuperseded < 2 {
 				t.Errorf("no refresh reached the holder: %+v", st)
 			}
+			// A lossy log's drift is measured at the refreshes (what -v
+			// prints); a lossless one never drifts.
+			d, drifted := c.hosts[1].FoldStats().Drifts[0]
+			switch lossy := tt.codec != (replay.Options{}); {
+			case !lossy && drifted:
+				t.Errorf("a lossless log reported a drift: %+v", d)
+			case lossy && (!drifted || d.Step < every || d.Steps < 1 || !(d.MaxAbs > 0) || !(d.RelRMS > 0)):
+				t.Errorf("rank 0's drift at its holder: %+v (measured: %v), want one at a refresh", d, drifted)
+			}
 			r := &c.hosts[0].svc(0).rep
 			c.waitFor("the owner to let go of its refresh snapshot", func() bool {
 				r.mu.Lock()

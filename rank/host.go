@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/diffstore"
 	"github.com/gorun/gorun/replay"
 )
 
@@ -184,6 +186,10 @@ type Host struct {
 	folds     chan *ownerReplica
 	foldNS    atomic.Int64
 	foldSteps atomic.Int64
+	// drifts are the last drift of a lossy log measured per owner
+	// (diffstore.Drift, by owner rank), for FoldStats.
+	driftMu sync.Mutex
+	drifts  map[int]diffstore.Drift
 
 	waiters atomic.Int64 // stages waiting at the overwrite rule
 	rmu     sync.RWMutex // held by Restart, and read-held by Progress
@@ -260,10 +266,16 @@ func (h *Host) mode() ProtectMode { return cmp.Or(h.cfg.Mode, ModeFull) }
 func (h *Host) diffMode() bool { return h.cfg.Mode == ModeDiff }
 
 // FoldStats are a host's figures as a replica holder in diff mode: the
-// steps its background folds replayed into bases, and the time that took.
+// steps its background folds replayed into bases, and the time that took;
+// with a lossy --diff-codec, how far each owner's replay had drifted from
+// the owner's true state when its last base refresh arrived.
 type FoldStats struct {
 	Steps int64
 	NS    int64
+	// Drifts are the last drift measured of each owner held here whose
+	// log is lossy, by owner rank (nil: none measured; never in a
+	// lossless job).
+	Drifts map[int]diffstore.Drift
 }
 
 // PerStep returns the mean fold time per folded step, or 0.
@@ -276,7 +288,27 @@ func (f FoldStats) PerStep() time.Duration {
 
 // FoldStats returns the host's fold figures (zero in full mode).
 func (h *Host) FoldStats() FoldStats {
-	return FoldStats{Steps: h.foldSteps.Load(), NS: h.foldNS.Load()}
+	h.driftMu.Lock()
+	defer h.driftMu.Unlock()
+	return FoldStats{Steps: h.foldSteps.Load(), NS: h.foldNS.Load(), Drifts: maps.Clone(h.drifts)}
+}
+
+// noteDrift records owner's drift d if its store measured a new one
+// (measured counts them: diffstore.Stats.DriftsMeasured, before and
+// after a fold), and logs it.
+func (h *Host) noteDrift(owner int, before, after diffstore.Stats) {
+	if after.DriftsMeasured == before.DriftsMeasured || after.Drift == nil {
+		return
+	}
+	d := *after.Drift
+	h.driftMu.Lock()
+	if h.drifts == nil {
+		h.drifts = map[int]diffstore.Drift{}
+	}
+	h.drifts[owner] = d
+	h.driftMu.Unlock()
+	h.log.Info("lossy differentials: a replica holder's replay had drifted from the rank's true weights when its base refresh arrived",
+		"rank", owner, "step", d.Step, "steps since exact", d.Steps, "max |dw|", d.MaxAbs, "rms dw / rms w", d.RelRMS, "non-finite", d.NonFinite)
 }
 
 // linkFailed reports a failed link to host to HostConfig.LinkFailed, once

@@ -3,8 +3,10 @@ package agent
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync/atomic"
 
@@ -248,8 +250,12 @@ func (p *protection) publish() {
 				ReplBaseBytes: q.ReplBaseBytes, ReplDiffBytes: q.ReplDiffBytes, DiffLocal: q.DiffLocal, DiffNet: q.DiffNet,
 				SourceLocal: q.SourceLocal, SourceNet: q.SourceNet}
 		}
-		if f := p.host.FoldStats(); f.Steps > 0 {
+		if f := p.host.FoldStats(); f.Steps > 0 || len(f.Drifts) > 0 {
 			u.Fold = &wire.HostFold{Steps: f.Steps, NS: f.NS}
+			for _, r := range slices.Sorted(maps.Keys(f.Drifts)) {
+				d := f.Drifts[r]
+				u.Fold.Drift = append(u.Fold.Drift, wire.FoldDrift{Rank: r, Step: d.Step, Steps: d.Steps, MaxAbs: d.MaxAbs, RelRMS: d.RelRMS, NonFinite: d.NonFinite})
+			}
 		}
 		if err := a.ctl.Publish(a.subj.Progress, wire.Marshal(u)); err != nil {
 			a.log.Warn("cannot report protection progress", "err", err)

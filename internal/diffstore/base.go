@@ -2,6 +2,7 @@ package diffstore
 
 import (
 	"hash/crc32"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -193,18 +194,24 @@ func (w *BaseWriter) Commit(step int64, sums map[string]uint32) error {
 func (s *Store) installLocked(w *BaseWriter) {
 	// Read w.bufs before w is marked dead: w's next call, which sees it
 	// dead, drops its reference under w.mu alone.
-	nb := &base{step: w.step, data: w.bufs, exact: true}
+	nb := &base{step: w.step, data: w.bufs, exact: true, exactAt: w.step}
 	s.pending = nil
 	w.dead.Store(true)
 	w.installed = true
+	s.drift = nil
 	if s.base != nil {
 		// A Restore in progress may read the old base: its buffers are
 		// reused only once none is (reclaimLocked).
-		s.retired = s.base.data
+		s.retired = slices.Clone(s.base.data)
 	}
 	if s.base != nil && s.lastLocked() >= w.step {
 		// The log reaches the new base: keep what follows it.
 		i := int(w.step - s.base.step) // entries at or before w.step
+		if s.noteDriftLocked(nb, i); s.drift != nil {
+			// The drift check replays onto the old optimizer buffer:
+			// it is reused after that.
+			s.retired[s.optIdx] = nil
+		}
 		if i > 0 {
 			nb.t = s.log[i-1].hyper.T
 		} else {

@@ -53,7 +53,9 @@
 //     past b when it commits is verified and then dropped (the store holds
 //     a later base). With a lossy log a Fold stops at b, so that the
 //     refresh, which resets the drift, replaces the base when it commits;
-//     the log then grows until it does.
+//     the log then grows until it does. The next Fold or FoldChecked
+//     measures how far the replaced path had drifted from the refresh
+//     (the owner's true state): [Stats].Drift, over the master weights.
 //   - Lost steps. If differentials were lost before a refresh at b (or
 //     there is no base yet), the refresh keeps the differentials after b
 //     itself, and the base brings them with it when it commits: the store

@@ -35,6 +35,7 @@ import (
 func (s *Store) Fold(upTo int64, opt replay.ReplayOptions) error {
 	s.foldMu.Lock()
 	defer s.foldMu.Unlock()
+	s.measureDrift(opt)
 	b, es := s.foldPlan(upTo)
 	if len(es) == 0 {
 		return nil
@@ -80,6 +81,7 @@ var ErrFoldRefused = errors.New("diffstore: folded state refused by the check")
 func (s *Store) FoldChecked(upTo int64, opt replay.ReplayOptions, check func(step int64, regions [][]byte) error) error {
 	s.foldMu.Lock()
 	defer s.foldMu.Unlock()
+	s.measureDrift(opt)
 	b, es := s.foldPlan(upTo)
 	if len(es) == 0 {
 		return nil
@@ -185,6 +187,9 @@ func (s *Store) foldDone(b *base, es []*entry, opt []byte, elapsed time.Duration
 	}
 	for _, e := range es {
 		b.exact = b.exact && !e.lossy()
+	}
+	if b.exact {
+		b.exactAt = b.step
 	}
 	i := 0
 	for i < len(s.log) && s.log[i].step <= last.step {

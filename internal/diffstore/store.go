@@ -131,6 +131,9 @@ type Store struct {
 	// refresh replaced: a Restore begun before may still read them, so
 	// they go to free only where foldMu is write-held (reclaimLocked).
 	retired [][]byte
+	// drift is the drift a refresh found, for the next fold to measure
+	// (drift.go), or nil.
+	drift *driftCheck
 }
 
 // base is a full copy of the owner's regions at a step. Its bytes change
@@ -141,6 +144,9 @@ type base struct {
 	data  [][]byte // one per region; the optimizer's is 8-byte aligned
 	exact bool     // the owner's own bytes, or folded from lossless records only
 	t     int      // Adam's step count at step, or 0 if not known
+	// exactAt is the step of the last exact state this base derives
+	// from: its own step while exact, else the refresh it was folded from.
+	exactAt int64
 }
 
 // entry is one differential in the log. Immutable.
@@ -620,6 +626,12 @@ type Stats struct {
 	FoldedSteps   int64         // steps folded in all
 	FoldTime      time.Duration // time spent replaying in Fold and FoldChecked
 	FoldsRejected int64         // FoldChecked calls whose check refused the folded state (the base stayed)
+
+	// Drift is the last drift of a lossy log measured against a base
+	// refresh (nil: none measured; a lossless log never drifts), and
+	// DriftsMeasured how many were.
+	Drift          *Drift
+	DriftsMeasured int64
 }
 
 // FoldPerStep returns the mean fold time per folded step, or 0.
@@ -635,6 +647,10 @@ func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.stats
+	if st.Drift != nil {
+		d := *st.Drift
+		st.Drift = &d
+	}
 	if s.base != nil {
 		for _, b := range s.base.data {
 			st.BaseBytes += int64(len(b))

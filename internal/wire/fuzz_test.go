@@ -3,6 +3,7 @@ package wire_test
 import (
 	"bytes"
 	"errors"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -169,10 +170,23 @@ func FuzzDecodeUpProgress(f *testing.F) {
 				t.Fatalf("accepted %+v", r)
 			}
 		}
-		if f := u.Fold; f != nil && (f.Steps < 0 || f.NS < 0) {
-			t.Fatalf("accepted fold %+v", f)
+		if f := u.Fold; f != nil {
+			if f.Steps < 0 || f.NS < 0 {
+				t.Fatalf("accepted fold %+v", f)
+			}
+			for _, d := range f.Drift {
+				if d.Rank < 0 || d.Rank >= wire.MaxWorld || d.Step < 0 || d.Steps < 0 || d.NonFinite < 0 ||
+					!(d.MaxAbs >= 0) || !(d.RelRMS >= 0) || math.IsInf(d.MaxAbs, 0) || math.IsInf(d.RelRMS, 0) {
+					t.Fatalf("accepted drift %+v", d)
+				}
+			}
 		}
 	},
+		wire.Marshal(&wire.UpProgress{Host: 1, Ranks: []wire.RankProgress{}, Fold: &wire.HostFold{Steps: 3, NS: 900,
+			Drift: []wire.FoldDrift{{Rank: 2, Step: 100, Steps: 100, MaxAbs: 1e-3, RelRMS: 2e-4, NonFinite: 1}}}}),
+		[]byte(`{"h":0,"gen":0,"ranks":[],"fold":{"s":1,"t":1,"d":[{"r":0,"s":1,"n":1,"m":-1,"q":0}]}}`),
+		[]byte(`{"h":0,"gen":0,"ranks":[],"fold":{"s":1,"t":1,"d":[{"r":-1,"s":1,"n":1,"m":0,"q":0}]}}`),
+		[]byte(`{"h":0,"gen":0,"ranks":[],"fold":{"s":1,"t":1,"d":[{"r":0,"s":1,"n":1,"m":1e309,"q":0}]}}`),
 		wire.Marshal(&wire.UpProgress{Host: 1, Gen: 2, Ranks: []wire.RankProgress{{Rank: 2, Committed: 7, Replicated: 6, Stages: 8, WaitNS: 100}}}),
 		wire.Marshal(&wire.UpProgress{Host: 1, Ranks: []wire.RankProgress{{Rank: 2, Committed: 7, Replicated: 6, ReplBytes: 30, ReplBaseBytes: 10, ReplDiffBytes: 20}},
 			Fold: &wire.HostFold{Steps: 3, NS: 900}}),

@@ -1,5 +1,7 @@
 package wire
 
+import "math"
+
 // MaxStep bounds protected step numbers (exact in a float64, as in JSON).
 const MaxStep = 1<<53 - 1
 
@@ -55,6 +57,20 @@ type UpProgress struct {
 type HostFold struct {
 	Steps int64 `json:"s"`
 	NS    int64 `json:"t"`
+	// Drift is, with a lossy --diff-codec, the last drift measured of
+	// each owner the host holds: how far its replay of the owner's
+	// weights was from the true ones when a base refresh arrived.
+	Drift []FoldDrift `json:"d,omitempty"`
+}
+
+// FoldDrift is one owner's drift (rank.FoldStats.Drifts).
+type FoldDrift struct {
+	Rank      int     `json:"r"`
+	Step      int64   `json:"s"`  // the refresh's step
+	Steps     int64   `json:"n"`  // steps replayed since an exact state
+	MaxAbs    float64 `json:"m"`  // max |Δw|
+	RelRMS    float64 `json:"q"`  // RMS(Δw) / RMS(w)
+	NonFinite int64   `json:"nf"` // elements replayed to NaN or ±Inf
 }
 
 // DecodeUpProgress decodes and validates an UpProgress.
@@ -80,8 +96,16 @@ func DecodeUpProgress(b []byte) (*UpProgress, error) {
 			return nil, malformed("progress: rank %d counters", r.Rank)
 		}
 	}
-	if f := u.Fold; f != nil && (f.Steps < 0 || f.NS < 0) {
-		return nil, malformed("progress: fold counters %d/%d", f.Steps, f.NS)
+	if f := u.Fold; f != nil {
+		if f.Steps < 0 || f.NS < 0 || len(f.Drift) > MaxWorld {
+			return nil, malformed("progress: fold counters %d/%d, %d drifts", f.Steps, f.NS, len(f.Drift))
+		}
+		for _, d := range f.Drift {
+			if d.Rank < 0 || d.Rank >= MaxWorld || d.Step < 0 || d.Step > MaxStep || d.Steps < 0 || d.NonFinite < 0 ||
+				!(d.MaxAbs >= 0 && d.MaxAbs <= math.MaxFloat64) || !(d.RelRMS >= 0 && d.RelRMS <= math.MaxFloat64) {
+				return nil, malformed("progress: drift %+v", d)
+			}
+		}
 	}
 	return &u, nil
 }
