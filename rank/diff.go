@@ -532,6 +532,7 @@ func (r *replicator) loopDiff(ctx context.Context, cancel func(), done chan stru
 		if len(p.acts) == 0 || ctx.Err() != nil || r.failed {
 			r.running, r.cancel = false, nil
 			r.mu.Unlock()
+			p.release() // cancelled since it was planned: nothing sent
 			return
 		}
 		r.mu.Unlock()
