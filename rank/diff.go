@@ -181,7 +181,7 @@ func (p *linkPool) call(ctx context.Context, host int, h linkHdr, bufs net.Buffe
 // ---- The owner's side ---------------------------------------------------
 
 // ownerDiff is one committed step's differential, as the owner sends it.
-// Immutable once built.
+// Immutable once built, but for rec's count.
 type ownerDiff struct {
 	step  int64
 	table []tableEntry // every replicated region, with its CRC32C committed at step
@@ -189,6 +189,12 @@ type ownerDiff struct {
 	d     diffstore.Diff
 	bytes int64        // on the wire after the table
 	ref   *diffRefInfo // the rank declared a reduced gradient: what a differential by reference carries
+	// rec is d.Record's buffer (from the service's pool) and its
+	// references: the replicator's queue, and each send in flight
+	// (planDiffLocked takes one for its round). At the last release the
+	// buffer goes back to the pool, to be overwritten by a later step's
+	// record: no one may read d.Record without a reference.
+	rec refBuf
 }
 
 // frame returns the request's bytes for holder h.
@@ -213,6 +219,10 @@ type refresh struct {
 	offs  []int64      // each region's offset in buf
 	// budget is the bytes sent per holder after each differential.
 	budget int64
+	// rb is buf's buffer (from the replicator's refPool) and its
+	// references: the replicator's (r.ref), and each send in flight (as
+	// ownerDiff.rec). At the last release the next refresh may take it.
+	rb refBuf
 }
 
 // refProg is one holder's progress through the current refresh: only the
@@ -251,6 +261,19 @@ type diffPlan struct {
 	ver  uint64
 }
 
+// release gives back the round's references to the differentials and
+// refreshes it sent: every send of the round has returned.
+func (p *diffPlan) release() {
+	for _, a := range p.acts {
+		if a.d != nil {
+			a.d.rec.release()
+		}
+		if a.ref != nil {
+			a.ref.rb.release()
+		}
+	}
+}
+
 // committed hands the replicator step, just committed in generation gen,
 // and its differential od (diff mode; nil in full mode), unless a restart
 // began since (the host's generation is no longer gen): truncateDiffs,
@@ -261,6 +284,9 @@ func (r *replicator) committed(gen uint64, od *ownerDiff, step int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.s.h.Gen() != gen {
+		if od != nil {
+			od.rec.release()
+		}
 		return
 	}
 	if od != nil {
@@ -274,24 +300,37 @@ func (r *replicator) committed(gen uint64, od *ownerDiff, step int64) {
 }
 
 // pushDiffLocked queues the differential of a step just committed (r.mu
-// is held). The queue
-// holds consecutive steps (a step that does not follow, after a restore,
+// is held), taking over the caller's reference to it. The queue holds
+// consecutive steps (a step that does not follow, after a restore,
 // starts it anew) and keeps at most the steps some holder may still need:
 // trimLocked drops those every holder acknowledged; beyond 4 steps and
 // twice the base's bytes the oldest go (a holder that needed them gets a
-// base).
+// base). A differential dropped while a send still writes it keeps its
+// buffer until that send's round releases it.
 func (r *replicator) pushDiffLocked(od *ownerDiff) {
 	if n := len(r.dq); n > 0 && r.dq[n-1].step+1 != od.step {
-		clear(r.dq)
-		r.dq, r.dqBytes = r.dq[:0], 0
+		r.dropDiffsLocked(0, n)
 	}
 	r.dq = append(r.dq, od)
 	r.dqBytes += od.bytes
 	limit := 2 * int64(tableBytes(od.table))
 	for len(r.dq) > 4 && r.dqBytes > limit {
-		r.dqBytes -= r.dq[0].bytes
-		r.dq[0] = nil
-		r.dq = r.dq[1:]
+		r.dropDiffsLocked(0, 1)
+	}
+}
+
+// dropDiffsLocked drops r.dq[i:j] (i == 0 or j == len(r.dq)) from the
+// queue and releases the queue's references to them. r.mu is held.
+func (r *replicator) dropDiffsLocked(i, j int) {
+	for k := i; k < j; k++ {
+		r.dqBytes -= r.dq[k].bytes
+		r.dq[k].rec.release()
+		r.dq[k] = nil
+	}
+	if i == 0 {
+		r.dq = r.dq[j:]
+	} else {
+		r.dq = r.dq[:i]
 	}
 }
 
@@ -316,11 +355,9 @@ func (r *replicator) trimLocked() {
 	}
 	i := 0
 	for i < len(r.dq) && r.dq[i].step <= m {
-		r.dqBytes -= r.dq[i].bytes
-		r.dq[i] = nil
 		i++
 	}
-	r.dq = r.dq[i:]
+	r.dropDiffsLocked(0, i)
 }
 
 // truncateDiffs drops what the replicator keeps of the steps after g (a
@@ -331,11 +368,12 @@ func (r *replicator) truncateDiffs(g int64) {
 	k := len(r.dq)
 	for k > 0 && r.dq[k-1].step > g {
 		k--
-		r.dqBytes -= r.dq[k].bytes
-		r.dq[k] = nil
 	}
-	r.dq = r.dq[:k]
+	if k < len(r.dq) {
+		r.dropDiffsLocked(k, len(r.dq))
+	}
 	if r.ref != nil && r.ref.step > g {
+		r.ref.rb.release()
 		r.ref = nil
 	}
 	if r.refStep > g {
@@ -345,7 +383,8 @@ func (r *replicator) truncateDiffs(g int64) {
 }
 
 // planDiffLocked returns the next round: for every holder with something
-// to get, what. r.mu is held.
+// to get, what. The round holds a reference to each differential and
+// refresh it sends (diffPlan.release gives them back). r.mu is held.
 func (r *replicator) planDiffLocked() diffPlan {
 	s := r.s
 	ts := s.h.place().targets(s.rank)
@@ -400,6 +439,9 @@ func (r *replicator) planDiffLocked() diffPlan {
 		default:
 			continue
 		}
+		if act.d != nil {
+			act.d.rec.retain()
+		}
 		if act.d != nil && r.ref != nil {
 			pr := r.refProg[k]
 			if pr == nil {
@@ -408,6 +450,7 @@ func (r *replicator) planDiffLocked() diffPlan {
 			}
 			if !pr.done {
 				act.ref, act.prog = r.ref, pr
+				act.ref.rb.retain()
 			}
 		}
 		p.acts = append(p.acts, act)
@@ -463,6 +506,7 @@ func (r *replicator) releaseRefLocked() {
 			return
 		}
 	}
+	r.ref.rb.release()
 	r.ref = nil
 	clear(r.refProg)
 }
@@ -488,10 +532,12 @@ func (r *replicator) loopDiff(ctx context.Context, cancel func(), done chan stru
 		if len(p.acts) == 0 || ctx.Err() != nil || r.failed {
 			r.running, r.cancel = false, nil
 			r.mu.Unlock()
+			p.release() // cancelled since it was planned: nothing sent
 			return
 		}
 		r.mu.Unlock()
 		gen, res, err := r.sendDiffs(ctx, p)
+		p.release()
 		r.mu.Lock()
 		if r.ver == p.ver {
 			r.applyLocked(p, res)
@@ -772,12 +818,14 @@ func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, r
 // snapshotDue starts a base refresh when BaseEvery steps passed since the
 // last one and the rank has holders: it copies the replicated regions of
 // the newest committed step (whose slot is not staged over before the
-// next step is replicated to every holder) into a new snapshot buffer
-// and checks the copy against the step's CRC32Cs (a slot that changed
-// meanwhile is tried again next round). The buffer lives until every
-// holder has the refresh (releaseRefLocked) or a newer refresh or a
-// restart replaces it. The refresh is paced over refreshSteps steps. It
-// runs in the loop, between rounds.
+// next step is replicated to every holder) into a snapshot buffer and
+// checks the copy against the step's CRC32Cs (a slot that changed
+// meanwhile is tried again next round). The buffer is an earlier
+// refresh's that nothing reads any more (r.refPool), or a new one; it
+// lives until every holder has the refresh (releaseRefLocked) or a newer
+// refresh or a restart replaces it, and no send still reads it (rb). The
+// refresh is paced over refreshSteps steps. It runs in the loop, between
+// rounds.
 func (r *replicator) snapshotDue() {
 	s := r.s
 	every := int64(s.h.cfg.Diff.baseEvery())
@@ -799,7 +847,13 @@ func (r *replicator) snapshotDue() {
 	}
 	ref := &refresh{step: c}
 	err := s.readSlot(c, names, func(t []tableEntry, data [][]byte) error {
-		ref.buf = make([]byte, tableBytes(t))
+		n := int(tableBytes(t))
+		if buf := r.refPool.get(n); buf != nil {
+			ref.buf = buf[:n] // every byte is copied over below
+		} else {
+			ref.buf = make([]byte, n)
+		}
+		ref.rb.own(&r.refPool, ref.buf)
 		off := 0
 		for i, d := range data {
 			ref.offs = append(ref.offs, int64(off))
@@ -815,12 +869,18 @@ func (r *replicator) snapshotDue() {
 	if err != nil {
 		// The snapshot's buffer is its own (the refresh in progress, if
 		// any, keeps sending from its buffer): only this refresh waits.
+		if ref.buf != nil {
+			ref.rb.release()
+		}
 		s.h.log.Debug("base refresh postponed", "rank", s.rank, "step", c, "err", err)
 		return
 	}
 	n := s.h.cfg.Diff.refreshSteps()
 	ref.budget = max(1, (int64(len(ref.buf))+n-1)/n)
 	r.mu.Lock()
+	if r.ref != nil {
+		r.ref.rb.release() // superseded: its buffer is free once no send reads it
+	}
 	r.ref, r.refStep = ref, c
 	clear(r.refProg)
 	r.mu.Unlock()

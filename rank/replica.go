@@ -861,6 +861,7 @@ type replicator struct {
 	ref     *refresh            // the base refresh being sent, or nil
 	refStep int64               // the step of the last refresh (at first, of the first step sent), or -1
 	refProg map[holderKey]*refProg
+	refPool bufPool // the snapshot buffer of a refresh nothing reads any more, for the next
 }
 
 func (r *replicator) init(s *service) {
@@ -868,6 +869,7 @@ func (r *replicator) init(s *service) {
 	r.acked = map[holderKey]int64{}
 	r.dnext, r.dfails, r.refProg = map[holderKey]int64{}, map[holderKey]int{}, map[holderKey]*refProg{}
 	r.wake = make(chan struct{}, 1)
+	r.refPool.max = 1
 }
 
 // replicatedIn returns the newest step every holder of placement p

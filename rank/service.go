@@ -64,8 +64,11 @@ type service struct {
 	// a restore of the step restored to (slotT), or 0 if not known: the
 	// next Gradient's must follow it.
 	lastT int
-	// tensor is reused by the diff-mode encoding (under reqMu).
-	tensor replay.Tensor
+	// enc encodes the diff-mode gradient records (under reqMu), into
+	// buffers from recs: the buffers of records no send reads any more
+	// (ownerDiff.release).
+	enc  replay.Encoder
+	recs bufPool
 	// corrupt is why the rank failed in this generation (its committed
 	// state changed in memory), or nil; failed is closed when it is set.
 	// A restart clears both.
@@ -91,6 +94,9 @@ type service struct {
 
 func newService(h *Host, rank int) *service {
 	s := &service{h: h, rank: rank, committed: noStep, lastGrad: noStep, slotStep: [2]int64{noStep, noStep}, failed: make(chan struct{})}
+	// Two records: in steady state one is being sent while the next
+	// step's is encoded.
+	s.recs.max = 2
 	s.life, s.stop = context.WithCancel(h.life)
 	s.rep.init(s)
 	return s
@@ -531,11 +537,13 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 	err := st.Commit()
 	wg.Wait()
 	if err != nil {
+		s.recs.put(rec)
 		return &Committed{Step: step, Err: err.Error()}
 	}
 	if encErr != nil {
 		// The slot is committed but its step can never be replicated:
 		// the rank must not go on with it.
+		s.recs.put(rec)
 		return &Committed{Step: step, Err: fmt.Sprintf("encoding the gradient of step %d: %v", step, encErr)}
 	}
 	s.mu.Lock()
@@ -543,6 +551,7 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 		// A restart truncated the slots meanwhile (and failed or undid
 		// this commit there).
 		s.mu.Unlock()
+		s.recs.put(rec)
 		return &Committed{Step: step, Err: errRestarted.Error()}
 	}
 	slot := st.Slot()
@@ -566,6 +575,7 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 	// step): the hand-off checks the generation again under the lock
 	// truncateDiffs takes, so that no step of an older generation is
 	// queued, or sent labelled with the new one, after the truncation.
+	// The replicator takes over od's reference.
 	s.rep.committed(gen, od, step)
 	s.h.cfg.Changed()
 	return &Committed{Step: step}
@@ -628,8 +638,11 @@ func (s *service) gradient(step, n int64, h *Hyper, dep uint64) *GradientDone {
 }
 
 // encodeGradient encodes g's elements, in the gradient buffer's half of
-// g's step, as a replay record with the job's codec. It runs under reqMu
-// (Commit), the only user of s.tensor.
+// g's step, as a replay record with the job's codec, into a buffer from
+// s.recs (a new one if it has none large enough): the caller owns the
+// buffer (the record's capacity), and gives it back to s.recs, or to the
+// ownerDiff that shares it. It runs under reqMu (Commit), the only user
+// of s.enc.
 func (s *service) encodeGradient(g gradRec) ([]byte, error) {
 	half := s.grad[g.step%2]
 	if g.n*4 > int64(len(half)) {
@@ -639,20 +652,18 @@ func (s *service) encodeGradient(g gradRec) ([]byte, error) {
 	if g.n > 0 {
 		x = unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(half))), g.n)
 	}
-	if err := replay.CompressInto(&s.tensor, 0, x, s.h.cfg.Diff.codec()); err != nil {
-		return nil, err
-	}
-	rec := replay.Record{Step: uint64(g.step), Tensors: []*replay.Tensor{&s.tensor}}
-	return rec.AppendBinary(nil)
+	return s.enc.AppendRecord(s.recs.get(0), uint64(g.step), 0, x, s.h.cfg.Diff.codec())
 }
 
 // ownerDiff builds the differential of step g.step, just committed in
 // slot: the encoded record, the hyper-parameters, the bytes of the
 // replicated regions other than the optimizer's (copied: the slot is
 // staged over later), sealed, with every replicated region's committed
-// CRC32C. s.mu is held.
+// CRC32C. It takes over rec's buffer (from encodeGradient), and returns
+// the differential with one reference, the caller's. s.mu is held.
 func (s *service) ownerDiff(g gradRec, rec []byte, slot int) *ownerDiff {
 	od := &ownerDiff{step: g.step, opt: -1}
+	od.rec.own(&s.recs, rec)
 	d := diffstore.Diff{Step: g.step, Hyper: g.hyper, Record: rec, Other: map[string][]byte{}}
 	for _, i := range s.repl {
 		r := s.regions[i]

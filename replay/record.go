@@ -129,28 +129,14 @@ func (r *Record) AppendBinary(b []byte) ([]byte, error) {
 	b = slices.Grow(b, total)[:start+total]
 	rec := b[start:]
 
-	h := rec[:recordHeaderSize]
-	copy(h, recordMagic)
-	h[4], h[5], h[6], h[7] = recordVersion, 0, 0, 0
-	le.PutUint64(h[8:], r.Step)
-	le.PutUint32(h[16:], uint32(len(r.Tensors)))
-	le.PutUint32(h[20:], 0)
-	le.PutUint64(h[24:], uint64(total))
-
+	putRecordHeader(rec, r.Step, len(r.Tensors), total)
 	off := recordHeaderSize + descriptorSize*len(r.Tensors)
 	for i, t := range r.Tensors {
 		poff := align8(off)
 		clear(rec[off:poff])
 		plen := t.PayloadBytes()
 		param, count := t.descFields()
-		d := rec[recordHeaderSize+descriptorSize*i:][:descriptorSize]
-		le.PutUint32(d[0:], t.ID)
-		d[4], d[5], d[6], d[7] = byte(t.Codec), 0, 0, 0
-		le.PutUint64(d[8:], uint64(t.Len))
-		le.PutUint64(d[16:], param)
-		le.PutUint64(d[24:], count)
-		le.PutUint64(d[32:], uint64(poff))
-		le.PutUint64(d[40:], uint64(plen))
+		putDescriptor(rec, i, t.ID, t.Codec, t.Len, param, count, poff, plen)
 		t.putPayload(rec[poff : poff+plen])
 		off = poff + plen
 	}
@@ -160,6 +146,30 @@ func (r *Record) AppendBinary(b []byte) ([]byte, error) {
 }
 
 var le = binary.LittleEndian
+
+// putRecordHeader writes the header of a record of nt tensors and total
+// bytes at the start of rec.
+func putRecordHeader(rec []byte, step uint64, nt, total int) {
+	h := rec[:recordHeaderSize]
+	copy(h, recordMagic)
+	h[4], h[5], h[6], h[7] = recordVersion, 0, 0, 0
+	le.PutUint64(h[8:], step)
+	le.PutUint32(h[16:], uint32(nt))
+	le.PutUint32(h[20:], 0)
+	le.PutUint64(h[24:], uint64(total))
+}
+
+// putDescriptor writes the descriptor of tensor i of rec.
+func putDescriptor(rec []byte, i int, id uint32, c Codec, n int, param, count uint64, poff, plen int) {
+	d := rec[recordHeaderSize+descriptorSize*i:][:descriptorSize]
+	le.PutUint32(d[0:], id)
+	d[4], d[5], d[6], d[7] = byte(c), 0, 0, 0
+	le.PutUint64(d[8:], uint64(n))
+	le.PutUint64(d[16:], param)
+	le.PutUint64(d[24:], count)
+	le.PutUint64(d[32:], uint64(poff))
+	le.PutUint64(d[40:], uint64(plen))
+}
 
 // encodable checks that t's fields fit together, as AppendBinary needs.
 func (t *Tensor) encodable() error {
