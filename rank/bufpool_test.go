@@ -69,14 +69,22 @@ func TestBufPool(t *testing.T) {
 	if kept, _ := p.stats(); kept != 1 || buf[0] != poisonByte {
 		t.Fatalf("the last release did not give the buffer back (kept %d)", kept)
 	}
-	for name, f := range map[string]func(){"release": rb.release, "retain": rb.retain} {
+	// Each misuse on a buffer of its own, released (a map's order would
+	// let one misuse undo the other's count).
+	for _, tc := range []struct {
+		name string
+		f    func(*refBuf)
+	}{{"release", (*refBuf).release}, {"retain", (*refBuf).retain}} {
+		var rb refBuf
+		rb.own(p, make([]byte, 8))
+		rb.release()
 		func() {
 			defer func() {
 				if recover() == nil {
-					t.Errorf("%s after the last release did not panic", name)
+					t.Errorf("%s after the last release did not panic", tc.name)
 				}
 			}()
-			f()
+			tc.f(&rb)
 		}()
 	}
 }
