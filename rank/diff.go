@@ -1835,6 +1835,14 @@ func (st *replicaStore) maybeFold(o *ownerReplica) {
 	}
 }
 
+// foldReplay is how the holder's background folds replay: on one
+// goroutine. A fold is not waited for (a restore replays what is not
+// folded yet), so it takes one CPU at most, and the others stay with the
+// ranks' steps (with all of them, each fold of two owners on a host of
+// two CPUs held the ranks' optimizer steps back for its whole length).
+// Restores, which the job waits for, replay on every CPU.
+var foldReplay = replay.ReplayOptions{Workers: 1}
+
 // foldLoop folds the owners' logs queued by maybeFold into their bases,
 // one at a time, until the host stops: the holder's background replay
 // (diffstore.Store.Fold, which stops at G). In a lossless job it checks
@@ -1883,7 +1891,7 @@ func (h *Host) foldLoop() {
 			if h.cfg.Diff.lossless() && ds.Exact(upTo) {
 				regs := ds.Regions()
 				var div *CorruptError
-				err = ds.FoldChecked(upTo, replay.ReplayOptions{}, func(step int64, got [][]byte) error {
+				err = ds.FoldChecked(upTo, foldReplay, func(step int64, got [][]byte) error {
 					if div = h.checkFold(o.rank, regs, step, got, sums[step]); div != nil {
 						return div
 					}
@@ -1899,7 +1907,7 @@ func (h *Host) foldLoop() {
 					continue
 				}
 			} else {
-				err = ds.Fold(upTo, replay.ReplayOptions{})
+				err = ds.Fold(upTo, foldReplay)
 			}
 			if err != nil {
 				h.log.Warn("folding a replica's differentials failed", "rank", o.rank, "err", err)

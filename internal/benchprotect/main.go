@@ -67,6 +67,7 @@ type config struct {
 	timeout        time.Duration
 	stall          time.Duration
 	keepLogs       bool
+	stepTimes      bool // print every timed step's time, per run
 	modes          []string // protect modes run beside no protection
 	baseEvery      int      // gorun --base-every of the diff runs
 
@@ -94,8 +95,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Minute, "limit of each gorun run")
 	fs.DurationVar(&cfg.stall, "stall", 3*time.Minute, "stop a run when rank 0 prints nothing for this long")
 	fs.BoolVar(&cfg.keepLogs, "keep-logs", false, "keep gorun -v's logs even when every run succeeded")
+	fs.BoolVar(&cfg.stepTimes, "step-times", false, "print every timed step's time (ms) of each run, to see where a mean differs from the median")
 	modes := fs.String("modes", "full,diff", "gorun --protect-mode values to run, comma-separated, each beside the run without protection")
-	fs.IntVar(&cfg.baseEvery, "base-every", 50, "gorun --base-every of the diff runs; they time max(-steps, this) steps, so that their bytes on the wire include one base refresh")
+	fs.IntVar(&cfg.baseEvery, "base-every", 50, "gorun --base-every of the diff runs; they time max(-steps, twice this) steps, so that their bytes on the wire count bases at their rate and their steady state (the last half) includes a base refresh")
 	fs.StringVar(&cfg.tcpSink, "tcp-sink", "", "(internal) receive one TCP stream on this address")
 	fs.StringVar(&cfg.tcpSource, "tcp-source", "", "(internal) send -tcp-bytes to this address")
 	if err := fs.Parse(args); err != nil {
@@ -180,10 +182,13 @@ type modeRun struct {
 	r    *runResult
 }
 
-// timedSteps is how many steps a run of mode times.
+// timedSteps is how many steps a run of mode times: for diff two base
+// periods, so that its bytes on the wire count bases at their rate and
+// its steady state (the last half) holds a base refresh after the first
+// (sent from the buffers the first one left).
 func (cfg *config) timedSteps(mode string) int {
 	if mode == "diff" {
-		return max(cfg.steps, cfg.baseEvery)
+		return max(cfg.steps, 2*cfg.baseEvery)
 	}
 	return cfg.steps
 }
@@ -373,6 +378,13 @@ func (b *bench) runOnce(ctx context.Context, v *variant, mode string) (*runResul
 	}
 	if r.wire, err = wirePerStep(res.stepWire, cfg.warmup, total-1); err != nil {
 		return fail(err)
+	}
+	if cfg.stepTimes {
+		fmt.Fprintf(b.log, "benchprotect: %s, protection %q: timed steps (ms):", v.name, mode)
+		for _, d := range r.steps {
+			fmt.Fprintf(b.log, " %.0f", float64(d)/float64(time.Millisecond))
+		}
+		fmt.Fprintln(b.log)
 	}
 	return r, nil
 }

@@ -384,3 +384,69 @@ func restorePieces(s *Store, step int64) (map[string][]byte, error) {
 	})
 	return got, err
 }
+
+// TestRefreshesAndFoldsShareSpares: checked folds going on while base
+// refreshes arrive (a lossless log: each refresh is verified and dropped
+// as the folds pass it) cycle through a bounded set of optimizer-region
+// buffers: the base, a fold's spare and a refresh's. A store that kept
+// one spare allocated a fresh region for every refresh or fold that found
+// it taken (fresh memory is faulted in again each time).
+func TestRefreshesAndFoldsShareSpares(t *testing.T) {
+	o := newOwner(64, 500, lossless)
+	s := o.newStore(t)
+	regions, _ := o.layout()
+	opt := 1 // the optimizer region's index in regions
+	sendBase(t, s, o, 0)
+	seen := map[*byte]bool{}
+	note := func(b []byte) {
+		if len(b) > 0 {
+			seen[unsafe.SliceData(b)] = true
+		}
+	}
+	var calls int
+	for cycle := range 6 {
+		for range 4 {
+			if err := s.Append(o.next(t)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.FoldChecked(o.step, defaults, checkSums(o, regions, &calls)); err != nil {
+			t.Fatal(err)
+		}
+		// A refresh of the step folded to, arriving while the log goes on
+		// and another checked fold passes it.
+		b := o.step
+		w, err := s.BeginBase(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		note(w.bufs[opt])
+		st := o.states[b]
+		for _, c := range chunks(rand.New(rand.NewPCG(uint64(b), 2)), st) {
+			if err := w.Write(c.region, c.off, c.b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 3 {
+			if err := s.Append(o.next(t)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.FoldChecked(o.step, defaults, checkSums(o, regions, &calls)); err != nil {
+			t.Fatal(err)
+		}
+		s.mu.Lock()
+		note(s.base.data[opt])
+		s.mu.Unlock()
+		if err := w.Commit(b, sums(st)); err != nil {
+			t.Fatal(err)
+		}
+		checkRange(t, s, o, o.step, o.step, defaults)
+		if len(seen) > 3 {
+			t.Fatalf("cycle %d: %d optimizer buffers used, want at most 3 (base, a fold's spare, a refresh's)", cycle, len(seen))
+		}
+	}
+	if st := s.Stats(); st.RefreshesSuperseded != 6 {
+		t.Fatalf("%d refreshes verified and dropped, want 6: %+v", st.RefreshesSuperseded, st)
+	}
+}

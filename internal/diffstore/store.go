@@ -122,11 +122,11 @@ type Store struct {
 	// with foldMu write-held, outside mu, so that no Restore can still
 	// read the record.
 	recycle func(record []byte)
-	// free holds, by region index (nil where none), buffers of a region's
-	// size that nothing reads any more: BeginBase's refresh buffers and
+	// free holds, by region index, buffers of a region's size that
+	// nothing reads any more: BeginBase's refresh buffers and
 	// FoldChecked's spare come from it before they are allocated. At most
-	// one per region; more go to the garbage collector.
-	free [][]byte
+	// maxSpares per region; more go to the garbage collector.
+	free [][][]byte
 	// retired holds, by region index, the buffers of a base that a
 	// refresh replaced: a Restore begun before may still read them, so
 	// they go to free only where foldMu is write-held (reclaimLocked).
@@ -572,33 +572,43 @@ func (s *Store) reclaimLocked() {
 	s.retired = nil
 }
 
+// maxSpares is how many free buffers of a region the store keeps: one
+// for FoldChecked's spare and one for a base refresh's, which overlap
+// (a refresh arrives over several steps, while folds go on). With one, a
+// refresh that found it taken by a fold allocated its own and gave it to
+// the garbage collector when it was done: every refresh then faulted a
+// whole region's worth of fresh memory in again.
+const maxSpares = 2
+
 // giveLocked keeps b, a buffer of region i that nothing reads any more,
-// for reuse if free has none of that region (else the garbage collector
-// takes it). mu is held.
+// for reuse if free has fewer than maxSpares of that region (else the
+// garbage collector takes it). mu is held.
 func (s *Store) giveLocked(i int, b []byte) {
 	if b == nil || int64(len(b)) != s.regions[i].Size {
 		return
 	}
 	if s.free == nil {
-		s.free = make([][]byte, len(s.regions))
+		s.free = make([][][]byte, len(s.regions))
 	}
-	if s.free[i] == nil {
+	if len(s.free[i]) < maxSpares {
 		if s.testPoison {
 			for k := range b {
 				b[k] = 0xA5
 			}
 		}
-		s.free[i] = b
+		s.free[i] = append(s.free[i], b)
 	}
 }
 
 // takeLocked returns a free buffer of region i, or nil. mu is held.
 func (s *Store) takeLocked(i int) []byte {
-	if s.free == nil {
+	if s.free == nil || len(s.free[i]) == 0 {
 		return nil
 	}
-	b := s.free[i]
-	s.free[i] = nil
+	n := len(s.free[i]) - 1
+	b := s.free[i][n]
+	s.free[i][n] = nil
+	s.free[i] = s.free[i][:n]
 	return b
 }
 
@@ -669,10 +679,13 @@ func (s *Store) Stats() Stats {
 		st.LogBytes += e.bytes
 	}
 	st.LogLen = len(s.log)
-	for _, bs := range [][][]byte{s.free, s.retired} {
+	for _, bs := range s.free {
 		for _, b := range bs {
 			st.SpareBytes += int64(len(b))
 		}
+	}
+	for _, b := range s.retired {
+		st.SpareBytes += int64(len(b))
 	}
 	return st
 }
