@@ -67,7 +67,7 @@ type config struct {
 	timeout        time.Duration
 	stall          time.Duration
 	keepLogs       bool
-	stepTimes      bool // print every timed step's time, per run
+	stepTimes      bool     // print every timed step's time, per run
 	modes          []string // protect modes run beside no protection
 	baseEvery      int      // gorun --base-every of the diff runs
 

@@ -138,7 +138,7 @@ func (b *bench) report(vs []*variant, hostMBps, loMBps float64) {
 	row("    / unprotected mean", func(c column) string { return ratioStr(mean(lastHalf(c.m.r.steps)), mean(c.v.base.steps)) })
 	row("  start-up: first half's time beyond unprotected", func(c column) string {
 		first := c.m.r.steps[:len(c.m.r.steps)-len(lastHalf(c.m.r.steps))]
-		return fmt.Sprintf("%.2f s", (sum(first)-time.Duration(len(first))*mean(c.v.base.steps)).Seconds())
+		return fmt.Sprintf("%.2f s", (sum(first) - time.Duration(len(first))*mean(c.v.base.steps)).Seconds())
 	})
 	spread := func(r *runResult) string {
 		return fmt.Sprintf("%.0f-%.0f ms", float64(slices.Min(r.steps))/1e6, float64(slices.Max(r.steps))/1e6)
