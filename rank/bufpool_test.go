@@ -228,18 +228,7 @@ func TestDiffRefreshBufferReused(t *testing.T) {
 		return b
 	}
 	t.Cleanup(func() { testHookLinkFrame = nil })
-	rs := make([]*diffRank, 2)
-	for r := range rs {
-		dr, err := newDiffRank(t, c.hosts[r], r, uint64(40+r), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer dr.close()
-		rs[r] = dr
-		if _, err := dr.restore(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	rs := startDiffRanks(t, c, 2, 40)
 	runSteps(t, c, rs, 0, 30)
 	o := holderOf(c.hosts[1], 0)
 	o.mu.Lock()

@@ -109,6 +109,26 @@ func newDiffRank(t testing.TB, h *Host, r int, seed uint64, states map[int64]map
 
 func (dr *diffRank) close() { dr.unmap() }
 
+// startDiffRanks starts ranks 0..n-1 of c, one per host, in diff mode
+// (newDiffRank with seed), restores each (none has a state yet), and
+// closes them when the test ends.
+func startDiffRanks(t testing.TB, c *cluster, n int, seed uint64) []*diffRank {
+	t.Helper()
+	rs := make([]*diffRank, n)
+	for r := range rs {
+		dr, err := newDiffRank(t, c.hosts[r], r, seed, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(dr.close)
+		rs[r] = dr
+		if _, err := dr.restore(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return rs
+}
+
 // hyper is step's hyper-parameters: Adam's step count is step+1.
 func diffHyper(step int64) replay.Hyper {
 	return replay.Hyper{LR: 1e-3 * float32(1+step%3), Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, T: int(step) + 1}
@@ -663,18 +683,7 @@ func TestDiffDamagedOrLost(t *testing.T) {
 	}
 	t.Cleanup(func() { testHookLinkFrame, testHookDropDiff = nil, nil })
 	c, _ = twoHostDiff(t, 4, 100)
-	rs := make([]*diffRank, 2)
-	for r := range rs {
-		dr, err := newDiffRank(t, c.hosts[r], r, 5, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer dr.close()
-		rs[r] = dr
-		if _, err := dr.restore(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	rs := startDiffRanks(t, c, 2, 5)
 	runSteps(t, c, rs, 0, 12)
 	mu.Lock()
 	defer mu.Unlock()
@@ -718,18 +727,7 @@ func TestDiffRefreshInterrupted(t *testing.T) {
 	}
 	t.Cleanup(func() { testHookLinkFrame = nil })
 	c, peers := twoHostDiff(t, 3, 6)
-	rs := make([]*diffRank, 2)
-	for r := range rs {
-		dr, err := newDiffRank(t, c.hosts[r], r, 9, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer dr.close()
-		rs[r] = dr
-		if _, err := dr.restore(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	rs := startDiffRanks(t, c, 2, 9)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for _, dr := range rs {

@@ -66,18 +66,7 @@ func TestDiffLogBoundedDuringRefresh(t *testing.T) {
 				diffMod(fold, every)(cfg)
 				cfg.Diff.Codec = tt.codec
 			})
-			rs := make([]*diffRank, 2)
-			for r := range rs {
-				dr, err := newDiffRank(t, c.hosts[r], r, 21, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer dr.close()
-				rs[r] = dr
-				if _, err := dr.restore(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-			}
+			rs := startDiffRanks(t, c, 2, 21)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			longest, inFlight := 0, 0
@@ -139,18 +128,7 @@ func TestDiffLogBoundedDuringRefresh(t *testing.T) {
 // nothing, and goes on taking the owner's real differentials.
 func TestDiffOversizedRefusedUnread(t *testing.T) {
 	c, _ := twoHostDiff(t, 4, 100)
-	rs := make([]*diffRank, 2)
-	for r := range rs {
-		dr, err := newDiffRank(t, c.hosts[r], r, 22, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer dr.close()
-		rs[r] = dr
-		if _, err := dr.restore(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	rs := startDiffRanks(t, c, 2, 22)
 	runSteps(t, c, rs, 0, 5)
 	table := func(f func(t []tableEntry)) []tableEntry {
 		t := make([]tableEntry, len(diffRegions))
@@ -206,18 +184,7 @@ func TestDiffOversizedRefusedUnread(t *testing.T) {
 // the stores brings the reservation back to zero.
 func TestDiffReserveAccounting(t *testing.T) {
 	c, _ := twoHostDiff(t, 4, 100)
-	rs := make([]*diffRank, 2)
-	for r := range rs {
-		dr, err := newDiffRank(t, c.hosts[r], r, 23, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer dr.close()
-		rs[r] = dr
-		if _, err := dr.restore(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	rs := startDiffRanks(t, c, 2, 23)
 	runSteps(t, c, rs, 0, 10)
 	h1 := c.hosts[1]
 	o := holderOf(h1, 0)

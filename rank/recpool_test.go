@@ -1,7 +1,6 @@
 package rank
 
 import (
-	"context"
 	"testing"
 )
 
@@ -58,18 +57,7 @@ func TestRecPool(t *testing.T) {
 // their records are read into those buffers.
 func TestDiffHolderRecyclesRecords(t *testing.T) {
 	c, _ := twoHostDiff(t, 4, 100)
-	rs := make([]*diffRank, 2)
-	for r := range rs {
-		dr, err := newDiffRank(t, c.hosts[r], r, 31, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer dr.close()
-		rs[r] = dr
-		if _, err := dr.restore(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	rs := startDiffRanks(t, c, 2, 31)
 	runSteps(t, c, rs, 0, 12)
 	h1 := c.hosts[1]
 	o := holderOf(h1, 0)

@@ -140,25 +140,6 @@ func TestDiffGetReplayDiffers(t *testing.T) {
 	t.Logf("holder rank %d's replay differed (%d pieces damaged); rank 0 restored from the other", damage, damaged[damage])
 }
 
-// startDiffRanks starts the cluster's first n ranks in diff mode, from
-// scratch.
-func startDiffRanks(t *testing.T, c *cluster, n int, seed uint64) []*diffRank {
-	t.Helper()
-	rs := make([]*diffRank, n)
-	for r := range rs {
-		dr, err := newDiffRank(t, c.hosts[r], r, seed, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(dr.close)
-		rs[r] = dr
-		if _, err := dr.restore(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return rs
-}
-
 // getFrom fetches owner's replicated regions at step from holder rank
 // holder (on its host) to host from, as restoreRemote does.
 func getFrom(from *Host, holder, owner int, step int64) (map[string][]byte, error) {
