@@ -35,13 +35,9 @@ import (
 func (s *Store) Fold(upTo int64, opt replay.ReplayOptions) error {
 	s.foldMu.Lock()
 	defer s.foldMu.Unlock()
-	s.measureDrift(opt)
-	b, es := s.foldPlan(upTo)
+	b, es := s.beginFold(upTo, opt)
 	if len(es) == 0 {
 		return nil
-	}
-	if s.testFoldHook != nil {
-		s.testFoldHook()
 	}
 	start := time.Now()
 	st, ok := s.state(b.data[s.optIdx])
@@ -81,13 +77,9 @@ var ErrFoldRefused = errors.New("diffstore: folded state refused by the check")
 func (s *Store) FoldChecked(upTo int64, opt replay.ReplayOptions, check func(step int64, regions [][]byte) error) error {
 	s.foldMu.Lock()
 	defer s.foldMu.Unlock()
-	s.measureDrift(opt)
-	b, es := s.foldPlan(upTo)
+	b, es := s.beginFold(upTo, opt)
 	if len(es) == 0 {
 		return nil
-	}
-	if s.testFoldHook != nil {
-		s.testFoldHook()
 	}
 	start := time.Now()
 	s.mu.Lock()
@@ -121,6 +113,19 @@ func (s *Store) FoldChecked(upTo int64, opt replay.ReplayOptions, check func(ste
 	}
 	s.foldDone(b, es, spare, elapsed)
 	return nil
+}
+
+// beginFold starts a fold up to upTo (foldMu write-held): it first
+// measures a drift a refresh left to measure (measureDrift), then
+// returns the base and the differentials to fold (foldPlan), running the
+// tests' hook if there are any.
+func (s *Store) beginFold(upTo int64, opt replay.ReplayOptions) (*base, []*entry) {
+	s.measureDrift(opt)
+	b, es := s.foldPlan(upTo)
+	if len(es) > 0 && s.testFoldHook != nil {
+		s.testFoldHook()
+	}
+	return b, es
 }
 
 // foldPlan returns the base and the differentials a fold up to upTo
