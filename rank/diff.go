@@ -518,8 +518,7 @@ func (r *replicator) loopDiff(ctx context.Context, cancel func(), done chan stru
 	defer close(done)
 	defer cancel()
 	s := r.s
-	backoff := 50 * time.Millisecond
-	failures, logged := 0, time.Time{}
+	var rt roundRetry
 	for {
 		if ctx.Err() == nil {
 			r.snapshotDue()
@@ -546,35 +545,7 @@ func (r *replicator) loopDiff(ctx context.Context, cancel func(), done chan stru
 		r.releaseRefLocked()
 		r.mu.Unlock()
 		s.h.cfg.Changed()
-		if err == nil {
-			backoff, failures = 50*time.Millisecond, 0
-			continue
-		}
-		if ctx.Err() != nil {
-			continue
-		}
-		if ce, ok := errors.AsType[*CorruptError](err); ok {
-			r.mu.Lock()
-			r.failed = true
-			r.mu.Unlock()
-			s.fail(gen, ce)
-			continue // ends the loop
-		}
-		r.fails.Add(1)
-		if failures++; failures == 1 || time.Since(logged) > 30*time.Second {
-			s.h.log.Warn("replication failed; retrying", "rank", s.rank, "mode", ModeDiff, "failures", failures, "err", err)
-			logged = time.Now()
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-t.C:
-		case <-r.wake:
-			t.Stop()
-			backoff = 50 * time.Millisecond
-		case <-ctx.Done():
-			t.Stop()
-		}
-		backoff = min(2*backoff, 2*time.Second)
+		r.afterRound(ctx, gen, err, &rt)
 	}
 }
 

@@ -1071,8 +1071,7 @@ func (r *replicator) loop(ctx context.Context, cancel context.CancelFunc, done c
 	defer close(done)
 	defer cancel()
 	s := r.s
-	backoff := 50 * time.Millisecond
-	failures, logged := 0, time.Time{}
+	var rt roundRetry
 	for {
 		r.mu.Lock()
 		var p sendPlan
@@ -1096,36 +1095,61 @@ func (r *replicator) loop(ctx context.Context, cancel context.CancelFunc, done c
 		}
 		r.mu.Unlock()
 		s.h.cfg.Changed()
-		if err == nil {
-			backoff, failures = 50*time.Millisecond, 0
-			continue
-		}
-		if ctx.Err() != nil {
-			continue
-		}
-		if ce, ok := errors.AsType[*CorruptError](err); ok {
-			r.mu.Lock()
-			r.failed = true
-			r.mu.Unlock()
-			s.fail(gen, ce)
-			continue // ends the loop
-		}
-		r.fails.Add(1)
-		if failures++; failures == 1 || time.Since(logged) > 30*time.Second {
-			s.h.log.Warn("replication failed; retrying", "rank", s.rank, "step", p.step, "failures", failures, "err", err)
-			logged = time.Now()
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-t.C:
-		case <-r.wake:
-			t.Stop()
-			backoff = 50 * time.Millisecond
-		case <-ctx.Done():
-			t.Stop()
-		}
-		backoff = min(2*backoff, 2*time.Second)
+		r.afterRound(ctx, gen, err, &rt, "step", p.step)
 	}
+}
+
+// roundRetry is a replication loop's state between its rounds: the wait
+// before the next try after a failure, and the failures in a row. The
+// zero value is a loop without failures.
+type roundRetry struct {
+	backoff  time.Duration // 0: the first wait's, 50 ms
+	failures int
+	logged   time.Time // when a failure was last logged
+}
+
+// afterRound takes a round's outcome err (its generation gen) in the
+// replication loop whose retry state is rt: a success resets rt; a
+// *CorruptError fails the rank (r.failed: the loop ends at its next
+// plan); any other error is counted, logged (the first of a series, then
+// every 30 s, with attrs) and waited out before the next round, 50 ms
+// doubling to 2 s, cut short by a wake (new work: the wait starts over
+// at 50 ms) or by ctx.
+func (r *replicator) afterRound(ctx context.Context, gen uint64, err error, rt *roundRetry, attrs ...any) {
+	s := r.s
+	const first, most = 50 * time.Millisecond, 2 * time.Second
+	switch {
+	case err == nil:
+		rt.backoff, rt.failures = 0, 0
+		return
+	case ctx.Err() != nil:
+		return
+	}
+	if ce, ok := errors.AsType[*CorruptError](err); ok {
+		r.mu.Lock()
+		r.failed = true
+		r.mu.Unlock()
+		s.fail(gen, ce)
+		return
+	}
+	r.fails.Add(1)
+	if rt.failures++; rt.failures == 1 || time.Since(rt.logged) > 30*time.Second {
+		s.h.log.Warn("replication failed; retrying", append([]any{"rank", s.rank, "mode", s.h.mode()}, append(attrs, "failures", rt.failures, "err", err)...)...)
+		rt.logged = time.Now()
+	}
+	if rt.backoff == 0 {
+		rt.backoff = first
+	}
+	t := time.NewTimer(rt.backoff)
+	select {
+	case <-t.C:
+	case <-r.wake:
+		t.Stop()
+		rt.backoff = first
+	case <-ctx.Done():
+		t.Stop()
+	}
+	rt.backoff = min(2*rt.backoff, most)
 }
 
 // send sends p.step to the holders p.to, asking those it knows nothing of
