@@ -3,8 +3,9 @@ package ckpt
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 	"slices"
+
+	"github.com/gorun/gorun/internal/crc32c"
 )
 
 // The header file's layout; the package comment describes it byte by byte.
@@ -39,8 +40,7 @@ const (
 )
 
 var (
-	castagnoli = crc32.MakeTable(crc32.Castagnoli)
-	ne         = binary.NativeEndian
+	ne = binary.NativeEndian
 )
 
 // Region is one named part of a rank's protected state.
@@ -88,7 +88,7 @@ func encodeLayout(job string, rank int, regions []Region) []byte {
 		copy(d[:maxNameLen], r.Name)
 		ne.PutUint64(d[maxNameLen:], uint64(r.Size))
 	}
-	ne.PutUint32(b[layoutCRCOff:], crc32.Checksum(b[:layoutCRCOff], castagnoli))
+	ne.PutUint32(b[layoutCRCOff:], crc32c.Checksum(b[:layoutCRCOff]))
 	return b
 }
 
@@ -108,7 +108,7 @@ func parseLayout(b []byte, path, job string, rank int) ([]Region, error) {
 	if b[4] != hdrVersion {
 		return nil, bad("version %d, want %d", b[4], hdrVersion)
 	}
-	if got, want := ne.Uint32(b[layoutCRCOff:]), crc32.Checksum(b[:layoutCRCOff], castagnoli); got != want {
+	if got, want := ne.Uint32(b[layoutCRCOff:]), crc32c.Checksum(b[:layoutCRCOff]); got != want {
 		return nil, bad("layout CRC32C is %#08x, the bytes give %#08x", got, want)
 	}
 	if !allZero(b[5:8]) {

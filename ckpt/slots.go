@@ -3,7 +3,6 @@ package ckpt
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"math"
 	"os"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"unsafe"
+
+	"github.com/gorun/gorun/internal/crc32c"
 
 	"golang.org/x/sys/unix"
 )
@@ -487,7 +488,7 @@ func (st *Staged) Commit() error {
 	if stopAt(2 + n) {
 		return errStopped
 	}
-	ne.PutUint32(h[4:], crc32.Checksum(h[8:entOff+entSize*n], castagnoli))
+	ne.PutUint32(h[4:], crc32c.Checksum(h[8:entOff+entSize*n]))
 	if stopAt(3 + n) {
 		return errStopped
 	}
@@ -585,7 +586,7 @@ func (s *Slots) newestOnce() (sn *Snapshot, changed bool, err error) {
 func (s *Slots) verify(i int, step uint64) ([]uint32, error) {
 	h := s.slotHdr(i)
 	n := len(s.regions)
-	if got, want := ne.Uint32(h[4:]), crc32.Checksum(h[8:entOff+entSize*n], castagnoli); got != want {
+	if got, want := ne.Uint32(h[4:]), crc32c.Checksum(h[8:entOff+entSize*n]); got != want {
 		return nil, corruptErr("slot %d (step %d): header CRC32C %#08x, its bytes give %#08x", i, step, got, want)
 	}
 	sums := make([]uint32, n)

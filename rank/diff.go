@@ -42,7 +42,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"math"
 	"net"
@@ -50,6 +49,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorun/gorun/internal/crc32c"
 	"github.com/gorun/gorun/internal/diffstore"
 	"github.com/gorun/gorun/replay"
 )
@@ -829,7 +829,7 @@ func (r *replicator) snapshotDue() {
 		for i, d := range data {
 			ref.offs = append(ref.offs, int64(off))
 			copy(ref.buf[off:], d)
-			if got := crc32.Checksum(ref.buf[off:off+len(d)], castagnoli); got != t[i].sum {
+			if got := crc32c.Checksum(ref.buf[off : off+len(d)]); got != t[i].sum {
 				return fmt.Errorf("region %s of step %d changed while it was copied", t[i].name, c)
 			}
 			off += len(d)
@@ -1582,7 +1582,7 @@ func (st *replicaStore) restoreDiff(owner int, step int64, dst map[string][]byte
 		return nil, nil, fmt.Errorf("rank %d step %d: the replica here is not exact (a lossy differential) and the job is lossless: not restored", owner, step)
 	}
 	for i, e := range t {
-		got := crc32.Checksum(dst[e.name], castagnoli)
+		got := crc32c.Checksum(dst[e.name])
 		switch {
 		case got == e.sum:
 		case exact:
@@ -1905,7 +1905,7 @@ func (h *Host) checkFold(owner int, regs []diffstore.Region, step int64, got [][
 		if i < 0 {
 			continue
 		}
-		if sum := crc32.Checksum(got[i], castagnoli); sum != e.sum {
+		if sum := crc32c.Checksum(got[i]); sum != e.sum {
 			return &CorruptError{Rank: owner, Step: step, Region: e.name, Sum: e.sum, Got: sum, Replay: true,
 				Detail: fmt.Sprintf("the holder on host %d replayed region %s of step %d to CRC32C %08x, committed %08x", h.cfg.Host, e.name, step, sum, e.sum)}
 		}

@@ -47,7 +47,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net"
 	"os"
@@ -58,6 +57,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/gorun/gorun/internal/crc32c"
 	"github.com/gorun/gorun/internal/diffstore"
 	"github.com/gorun/gorun/replay"
 )
@@ -247,7 +247,7 @@ func (s *service) encodeDeposits(step int64, p depPlan) map[int]localRec {
 		// it: a deposit the rank changed meanwhile does not match the
 		// owner's gradient, rather than giving a record unlike its sum.
 		cp := slices.Clone(half[dep+4*o.lo : dep+4*o.hi])
-		sum := crc32.Checksum(cp, castagnoli)
+		sum := crc32c.Checksum(cp)
 		x := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(cp))), len(cp)/4)
 		if err := replay.CompressInto(&t, 0, x, s.h.cfg.Diff.codec()); err != nil {
 			s.h.log.Warn("encoding a gradient deposit failed", "rank", s.rank, "owner", o.owner, "step", step, "err", err)

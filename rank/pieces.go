@@ -23,10 +23,10 @@ package rank
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net"
 
+	"github.com/gorun/gorun/internal/crc32c"
 	"github.com/gorun/gorun/internal/diffstore"
 )
 
@@ -72,7 +72,7 @@ func (p *pieceWriter) write(region int, off int64, b []byte) error {
 		return fmt.Errorf("%w: %d bytes of region %d", errPiece, len(b), region)
 	}
 	cv := &p.covers[region]
-	if err := cv.add(off, int64(len(b)), crc32.Update(0, castagnoli, b)); err != nil {
+	if err := cv.add(off, int64(len(b)), crc32c.Update(0, b)); err != nil {
 		return err
 	}
 	bufs := net.Buffers{appendPieceHdr(p.hdr[:0], region, off, len(b)), b}
@@ -122,7 +122,7 @@ func readPieces(r io.Reader, t []tableEntry, dst [][]byte, step int64) error {
 		if _, err := io.ReadFull(r, d); err != nil {
 			return err
 		}
-		if err := cv.add(off, n, crc32.Update(0, castagnoli, d)); err != nil {
+		if err := cv.add(off, n, crc32c.Update(0, d)); err != nil {
 			return fmt.Errorf("region %q: %w", t[region].name, err) // not reached: it fits
 		}
 		left -= uint64(n)

@@ -42,7 +42,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"maps"
 	"net"
@@ -54,6 +53,7 @@ import (
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/crc32c"
 	"github.com/gorun/gorun/internal/diffstore"
 )
 
@@ -76,8 +76,6 @@ const (
 	failCRC   = 1 // a put's data did not match the owner's CRC32C
 	failStale = 2 // a put's generation is older than one the holder knows
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 type linkHdr struct {
 	kind   byte
@@ -549,7 +547,7 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 		}
 	}
 	for i, e := range t {
-		if got := crc32.Checksum(buf.data[i], castagnoli); got != e.sum {
+		if got := crc32c.Checksum(buf.data[i]); got != e.sum {
 			return writeFail(c, h, failCRC, fmt.Sprintf("rank %d step %d region %s: CRC32C %08x, the owner's is %08x", h.owner, h.step, e.name, got, e.sum))
 		}
 	}
@@ -701,7 +699,7 @@ func fillRegion(dst map[string][]byte, e tableEntry, step int64, fill func(d []b
 	if err := fill(d); err != nil {
 		return err
 	}
-	if got := crc32.Checksum(d, castagnoli); got != e.sum {
+	if got := crc32c.Checksum(d); got != e.sum {
 		return fmt.Errorf("region %q of step %d: CRC32C %08x, want %08x", e.name, step, got, e.sum)
 	}
 	return nil

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"maps"
 	"slices"
 	"time"
 
 	"github.com/gorun/gorun/ckpt"
+	"github.com/gorun/gorun/internal/crc32c"
 )
 
 // restore chooses the step to resume from (G) and makes a slot hold it:
@@ -188,7 +188,7 @@ func (s *service) copySlot(step int64, name string, dst []byte) error {
 			return fmt.Errorf("region %q of %d bytes, want %d", name, len(data[0]), len(dst))
 		}
 		copy(dst, data[0])
-		if got := crc32.Checksum(dst, castagnoli); got != t[0].sum {
+		if got := crc32c.Checksum(dst); got != t[0].sum {
 			return fmt.Errorf("region %q of step %d changed while it was copied (CRC32C %08x, committed %08x)", name, step, got, t[0].sum)
 		}
 		return nil

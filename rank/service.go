@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"slices"
 	"sync"
@@ -14,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/gorun/gorun/ckpt"
+	"github.com/gorun/gorun/internal/crc32c"
 	"github.com/gorun/gorun/internal/diffstore"
 	"github.com/gorun/gorun/replay"
 )
@@ -527,7 +527,7 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 		wg.Go(func() {
 			rec, encErr = s.encodeGradient(grad)
 			if red != nil && encErr == nil {
-				ref = &diffRefInfo{red: *red, n: grad.n, sum: crc32.Checksum(s.grad[step%2][:4*grad.n], castagnoli)}
+				ref = &diffRefInfo{red: *red, n: grad.n, sum: crc32c.Checksum(s.grad[step%2][:4*grad.n])}
 			}
 		})
 		if len(plan.owners) > 0 {
@@ -743,7 +743,7 @@ func (s *service) verifySlot(slot int, step int64) *CorruptError {
 		return nil // truncated by a restart meanwhile: nothing to verify
 	}
 	for i, v := range views {
-		if got := crc32.Checksum(v, castagnoli); got != sums[i] {
+		if got := crc32c.Checksum(v); got != sums[i] {
 			return &CorruptError{Rank: s.rank, Step: step, Region: regions[i].Name, Sum: sums[i], Got: got}
 		}
 	}

@@ -2,8 +2,9 @@ package replay
 
 import (
 	"fmt"
-	"hash/crc32"
 	"slices"
+
+	"github.com/gorun/gorun/internal/crc32c"
 )
 
 // Encoder encodes records of one tensor straight from its dense values,
@@ -70,17 +71,17 @@ func appendRawRecord(b []byte, step uint64, id uint32, x []float32) []byte {
 	rec := b[start:]
 	putRecordHeader(rec, step, 1, total)
 	putDescriptor(rec, 0, id, Raw, len(x), 0, uint64(len(x)), poff, plen)
-	crc := crc32.Update(0, castagnoli, rec[:poff])
+	crc := crc32c.Update(0, rec[:poff])
 	const perBlock = encodeBlock / 4
 	for i := 0; i < len(x); i += perBlock {
 		xs := x[i:min(i+perBlock, len(x))]
 		dst := rec[poff+4*i:]
 		n := putElems(dst, xs)
-		crc = crc32.Update(crc, castagnoli, dst[:n])
+		crc = crc32c.Update(crc, dst[:n])
 	}
 	pad := rec[end : total-crcSize]
 	clear(pad)
-	crc = crc32.Update(crc, castagnoli, pad)
+	crc = crc32c.Update(crc, pad)
 	le.PutUint32(rec[total-crcSize:], crc)
 	return b
 }

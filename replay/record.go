@@ -69,10 +69,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"math"
 	"slices"
 	"unsafe"
+
+	"github.com/gorun/gorun/internal/crc32c"
 )
 
 // Record is one step's differential: the compressed gradients of that
@@ -96,8 +97,6 @@ const (
 	minRecordSize    = recordHeaderSize + 8 // align8(header + CRC)
 	topkChunkSize    = 16
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // hostLE says whether this machine is little-endian: payloads can then
 // be copied and viewed as they are. A variable so that tests can run the
@@ -141,7 +140,7 @@ func (r *Record) AppendBinary(b []byte) ([]byte, error) {
 		off = poff + plen
 	}
 	clear(rec[off : total-crcSize])
-	le.PutUint32(rec[total-crcSize:], crc32.Checksum(rec[:total-crcSize], castagnoli))
+	le.PutUint32(rec[total-crcSize:], crc32c.Checksum(rec[:total-crcSize]))
 	return b, nil
 }
 
@@ -349,7 +348,7 @@ func DecodeRecord(b []byte) (*Record, error) {
 		return nil, badRecord("length %d is not a multiple of 8", size)
 	}
 	L := len(b)
-	if got, want := crc32.Checksum(b[:L-crcSize], castagnoli), le.Uint32(b[L-crcSize:]); got != want {
+	if got, want := crc32c.Checksum(b[:L-crcSize]), le.Uint32(b[L-crcSize:]); got != want {
 		return nil, badRecord("CRC mismatch: stored %#08x, computed %#08x", want, got)
 	}
 	step := le.Uint64(b[8:])

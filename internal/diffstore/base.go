@@ -1,14 +1,13 @@
 package diffstore
 
 import (
-	"hash/crc32"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
-)
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+	"github.com/gorun/gorun/internal/crc32c"
+)
 
 // BaseWriter receives one base refresh: the owner's full regions at one
 // step, in chunks, then their CRC32Cs. Make one with Store.BeginBase. Its
@@ -163,7 +162,7 @@ func (w *BaseWriter) Commit(step int64, sums map[string]uint32) error {
 		if !ok {
 			return wrapf(ErrMismatch, "commit of the refresh at step %d without the checksum of region %q", w.step, r.Name)
 		}
-		if got := crc32.Checksum(w.bufs[i], castagnoli); got != want {
+		if got := crc32c.Checksum(w.bufs[i]); got != want {
 			return wrapf(ErrCorrupt, "base at step %d: region %q has CRC32C %#08x, the owner's is %#08x", w.step, r.Name, got, want)
 		}
 	}

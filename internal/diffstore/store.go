@@ -4,13 +4,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"maps"
 	"math"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/gorun/gorun/internal/crc32c"
 	"github.com/gorun/gorun/replay"
 )
 
@@ -73,14 +73,14 @@ func (d *Diff) sum() uint32 {
 		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(f))
 	}
 	b = binary.LittleEndian.AppendUint64(b, uint64(int64(d.Hyper.T)))
-	crc := crc32.Update(0, castagnoli, b)
+	crc := crc32c.Update(0, b)
 	for _, name := range slices.Sorted(maps.Keys(d.Other)) {
 		o := d.Other[name]
 		b = binary.LittleEndian.AppendUint32(b[:0], uint32(len(name)))
 		b = append(b, name...)
 		b = binary.LittleEndian.AppendUint64(b, uint64(len(o)))
-		crc = crc32.Update(crc, castagnoli, b)
-		crc = crc32.Update(crc, castagnoli, o)
+		crc = crc32c.Update(crc, b)
+		crc = crc32c.Update(crc, o)
 	}
 	return crc
 }

@@ -1,0 +1,38 @@
+// Package crc32c computes the CRC-32C (Castagnoli) checksum, the one gorun
+// keeps of every byte of protected state (checkpoint slots, replay records,
+// replicas and their differentials).
+//
+// [Update] and [Checksum] return exactly what hash/crc32 returns with
+// crc32.MakeTable(crc32.Castagnoli), for every input and initial value:
+// they differ only in speed. On amd64 processors with AVX-512 and
+// VPCLMULQDQ an input of 64 bytes or more is folded 256 bytes at
+// a time by carry-less multiplication (the technique of Intel's "Fast CRC
+// Computation for Generic Polynomials Using PCLMULQDQ Instruction", on
+// 512-bit vectors): on an AMD EPYC (Zen 4), 2 to 3 times as fast as
+// hash/crc32's SSE4.2 code (BenchmarkRatio). Shorter inputs, other processors and architectures, and builds with the
+// purego tag use hash/crc32 itself.
+//
+// The package is a leaf: every package of gorun may import it. Its
+// functions are safe for concurrent use.
+package crc32c
+
+import "hash/crc32"
+
+// table is hash/crc32's Castagnoli table: with it, hash/crc32 takes its own
+// fastest path (SSE4.2 on amd64, the CRC32 instructions on arm64).
+var table = crc32.MakeTable(crc32.Castagnoli)
+
+// Update returns the result of adding the bytes in p to crc, as
+// crc32.Update(crc, crc32.MakeTable(crc32.Castagnoli), p) does: crc is a
+// previous result (0 to start), so Update(Update(0, a), b) is the CRC32C
+// of a‖b.
+func Update(crc uint32, p []byte) uint32 {
+	if useFold && len(p) >= foldMin {
+		return ^foldUpdate(^crc, p)
+	}
+	return crc32.Update(crc, table, p)
+}
+
+// Checksum returns the CRC32C of p, as crc32.Checksum(p,
+// crc32.MakeTable(crc32.Castagnoli)) does.
+func Checksum(p []byte) uint32 { return Update(0, p) }
