@@ -2,7 +2,12 @@
 
 package crc32c
 
-import "testing"
+import (
+	"os"
+	"slices"
+	"strings"
+	"testing"
+)
 
 // TestFoldConstants derives foldK again from the polynomial.
 func TestFoldConstants(t *testing.T) {
@@ -30,5 +35,30 @@ func TestFoldConstants(t *testing.T) {
 		if k[i] != foldK[i] {
 			t.Errorf("foldK[%d] = %#x, want %#x", i, foldK[i], k[i])
 		}
+	}
+}
+
+// TestFoldUsedWhereAvailable: on a Linux processor whose flags (as
+// /proc/cpuinfo lists them) have every instruction foldUpdate needs,
+// Update folds: a feature check that wrongly turned the fast path off
+// would leave every other test passing on hash/crc32.
+func TestFoldUsedWhereAvailable(t *testing.T) {
+	info, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		t.Skipf("no /proc/cpuinfo: %v", err)
+	}
+	var flags []string
+	for line := range strings.SplitSeq(string(info), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "flags" {
+			flags = strings.Fields(v)
+			break
+		}
+	}
+	all := true
+	for _, f := range []string{"avx512f", "avx512vl", "vpclmulqdq", "pclmulqdq", "sse4_2"} {
+		all = all && slices.Contains(flags, f)
+	}
+	if all != useFold {
+		t.Fatalf("the processor's flags say folding is available: %v; useFold = %v", all, useFold)
 	}
 }
