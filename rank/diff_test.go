@@ -629,6 +629,9 @@ func runSteps(t *testing.T, c *cluster, rs []*diffRank, from, to int64) {
 		})
 	}
 	c.waitFor(fmt.Sprintf("G = %d", to), func() bool { return t.Failed() || c.publishG() >= to })
+	if t.Failed() {
+		cancel() // the ranks may wait at the overwrite rule for good
+	}
 	wg.Wait()
 }
 

@@ -664,3 +664,64 @@ func TestClientGradientWaitsForHalf(t *testing.T) {
 func slicesEqualF32(a, b []float32) bool {
 	return bytes.Equal(Float32Bytes(a), Float32Bytes(b))
 }
+
+// TestDiffCommitRacesRestart: a restart from G begins while a Commit,
+// which checked the generation before, is about to hand its step to the
+// replicator. The step (after G) must not reach the holder then, nor be
+// sent later labelled with the new generation: the restarted rank
+// commits that step again with other gradients, and its holder must
+// restore the new states, step by step. (Without the hand-off's second
+// generation check the old step is queued after the truncation and sent
+// in the new generation: the holder then holds the old step, and
+// refuses the new one as a step resent with another record.)
+func TestDiffCommitRacesRestart(t *testing.T) {
+	c, _ := twoHostDiff(t, 4, 100)
+	rs := startDiffRanks(t, c, 2, 7)
+	runSteps(t, c, rs, 0, 5)
+	var once sync.Once
+	testHookHandOff = func(r int, step int64) {
+		if r != 0 || step != 6 {
+			return
+		}
+		once.Do(func() {
+			for _, h := range c.hosts {
+				if err := h.Restart(1, 5); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	t.Cleanup(func() { testHookHandOff = nil })
+	if err := rs[0].step(context.Background(), 6); err != nil {
+		t.Fatal(err) // its Commit checked the generation before the restart
+	}
+	testHookHandOff = nil
+	r := &c.hosts[0].svc(0).rep
+	r.mu.Lock()
+	for _, od := range r.dq {
+		if od.step > 5 {
+			t.Errorf("the replicator queued step %d after the restart from step 5", od.step)
+		}
+	}
+	r.mu.Unlock()
+	for _, rg := range heldRange(c.hosts[1], 0) {
+		if rg[1] > 5 {
+			t.Errorf("rank 0's holder holds steps %d to %d after the restart from step 5", rg[0], rg[1])
+		}
+	}
+	// The ranks start again from 5 with other gradients (another seed).
+	again := make([]*diffRank, 2)
+	for i, old := range rs {
+		dr, err := newDiffRank(t, c.hosts[i], i, 8, old.states)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(dr.close)
+		if res, err := dr.restore(context.Background()); err != nil || res.Step != 5 {
+			t.Fatalf("rank %d: restore %+v, %v; want step 5", i, res, err)
+		}
+		again[i] = dr
+	}
+	runSteps(t, c, again, 6, 12)
+	checkTier2(t, c.hosts[0], c.hosts[1], 1, again[0], c.publishG())
+}

@@ -576,10 +576,18 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 	// truncateDiffs takes, so that no step of an older generation is
 	// queued, or sent labelled with the new one, after the truncation.
 	// The replicator takes over od's reference.
+	if testHookHandOff != nil {
+		testHookHandOff(s.rank, step)
+	}
 	s.rep.committed(gen, od, step)
 	s.h.cfg.Changed()
 	return &Committed{Step: step}
 }
+
+// testHookHandOff, if set (by tests), runs in a Commit after the
+// generation was checked and before the step is handed to the replicator:
+// where a restart may begin.
+var testHookHandOff func(rank int, step int64)
 
 // gradRec is a Gradient request, kept for its step's Commit.
 type gradRec struct {
