@@ -3,6 +3,7 @@ package diffstore
 import (
 	"math"
 	"slices"
+	"unsafe"
 
 	"github.com/gorun/gorun/replay"
 )
@@ -51,6 +52,23 @@ func (s *Store) noteDriftLocked(nb *base, i int) {
 		return
 	}
 	s.drift = &driftCheck{step: nb.step, nb: nb, old: old.data[s.optIdx], es: slices.Clone(s.log[:i]), from: old.exactAt}
+}
+
+// driftFoldedLocked tells the drift waiting to be measured, if it keeps
+// the optimizer buffer of base b, that an in-place Fold (which the
+// refresh superseded while it replayed) moved that buffer on to step
+// last: the measurement replays only the differentials after last, and
+// none is made if the fold passed the refresh's step. mu is held.
+func (s *Store) driftFoldedLocked(b *base, last int64) {
+	d := s.drift
+	if d == nil || len(d.old) == 0 || unsafe.SliceData(d.old) != unsafe.SliceData(b.data[s.optIdx]) {
+		return
+	}
+	if last > d.step {
+		s.drift = nil // its buffer goes to the garbage collector
+		return
+	}
+	d.es = slices.DeleteFunc(d.es, func(e *entry) bool { return e.step <= last })
 }
 
 // measureDrift measures the drift a refresh found (noteDriftLocked), if

@@ -3,6 +3,7 @@ package diffstore
 import (
 	"encoding/binary"
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/gorun/gorun/replay"
@@ -135,5 +136,61 @@ func TestCompareW(t *testing.T) {
 				t.Fatalf("compareW = %+v, want %+v", d, tc.d)
 			}
 		})
+	}
+}
+
+// TestDriftRefreshDuringFold: a refresh that commits while a lossy Fold
+// replays in place (into the base the refresh replaces, which the drift
+// measurement keeps) leaves a drift measured from where that fold left
+// the buffer: each step replayed once, the same figures as a restore of
+// the refresh's step taken before it. (The measurement used to replay
+// the steps that fold had applied a second time.)
+func TestDriftRefreshDuringFold(t *testing.T) {
+	o := newOwner(61, 300, replay.Options{Threshold: 1 << 20})
+	s := o.newStore(t)
+	sendBase(t, s, o, 0)
+	for range 6 {
+		if err := s.Append(o.next(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := restore(s, 4, defaults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := driftOf(o, got[optName], o.states[4][optName])
+	w, err := s.BeginBase(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := o.states[4]
+	for _, c := range chunks(rand.New(rand.NewPCG(4, 1)), st) {
+		if err := w.Write(c.region, c.off, c.b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.testFoldHook = func() { // the Fold has planned steps 1 to 4 (a lossy fold stops at the refresh)
+		s.testFoldHook = nil
+		if err := w.Commit(4, sums(st)); err != nil {
+			t.Error(err)
+		}
+		if sp := s.Stats().SpareBytes; sp < int64(o.optSize()) {
+			t.Errorf("the replaced base kept for the drift measurement is not counted: %d spare bytes", sp)
+		}
+	}
+	if err := s.Fold(6, defaults); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Append(o.next(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Fold(7, defaults); err != nil {
+		t.Fatal(err)
+	}
+	switch d := s.Stats().Drift; {
+	case d == nil:
+		t.Fatal("no drift measured")
+	case d.Step != 4 || d.MaxAbs != want.MaxAbs || !near(d.RMS, want.RMS) || !near(d.RelRMS, want.RelRMS):
+		t.Fatalf("drift %+v, want %+v at step 4", *d, want)
 	}
 }

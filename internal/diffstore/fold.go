@@ -174,6 +174,9 @@ func (s *Store) foldDone(b *base, es []*entry, opt []byte, elapsed time.Duration
 		// dropped from the log what it passed (those records go to the
 		// garbage collector: rare, and not worth the bookkeeping).
 		s.giveLocked(s.optIdx, opt)
+		if opt == nil {
+			s.driftFoldedLocked(b, es[len(es)-1].step)
+		}
 		s.mu.Unlock()
 		return
 	}

@@ -628,8 +628,9 @@ type Stats struct {
 	RefreshesSuperseded int64 // committed after a Fold had moved the base past their step, and dropped
 
 	// SpareBytes are buffers the store keeps for reuse (a replaced
-	// base's, a dropped refresh's, FoldChecked's spare): reused before
-	// anything is allocated, they are memory held all the same.
+	// base's, a dropped refresh's, FoldChecked's spare) or for a drift
+	// measurement (a replaced base, until the next fold): memory held all
+	// the same.
 	SpareBytes int64
 
 	Folds         int64         // Fold and FoldChecked calls that folded at least one step
@@ -686,6 +687,9 @@ func (s *Store) Stats() Stats {
 	}
 	for _, b := range s.retired {
 		st.SpareBytes += int64(len(b))
+	}
+	if s.drift != nil {
+		st.SpareBytes += int64(len(s.drift.old)) // the replaced base, until measured
 	}
 	return st
 }
