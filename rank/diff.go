@@ -870,18 +870,28 @@ func (r *replicator) snapshotDue() {
 // the store's count of a record are the same. Its bytes count in the
 // owner's reservation (ownerReplica.diffMem). Safe for concurrent use.
 type recPool struct {
-	mu    sync.Mutex
-	bufs  [][]byte
-	bytes uint64
-	max   int
+	mu     sync.Mutex
+	bufs   [][]byte
+	bytes  uint64
+	max    int
+	closed bool // cleared (the owner's stores went) and not set up since
 }
 
-// put keeps b for a later record, unless the pool is full (then the
-// garbage collector takes it).
+// setMax sets how many buffers the pool keeps, and opens it (a new store
+// of the owner hands its records back to it).
+func (p *recPool) setMax(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.max, p.closed = n, false
+}
+
+// put keeps b for a later record, unless the pool is full or closed
+// (then the garbage collector takes it): a store dropped while it folded
+// hands its records back after the owner's pool was cleared.
 func (p *recPool) put(b []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(b) == 0 || len(p.bufs) >= p.max {
+	if len(b) == 0 || p.closed || len(p.bufs) >= p.max {
 		return
 	}
 	p.bufs = append(p.bufs, b[:len(b):len(b)])
@@ -929,12 +939,13 @@ func (p *recPool) size() uint64 {
 	return p.bytes
 }
 
-// clear drops every buffer (the owner's stores went).
+// clear drops every buffer and closes the pool (the owner's stores
+// went): what their folds still hand back goes to the garbage collector.
 func (p *recPool) clear() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	clear(p.bufs)
-	p.bufs, p.bytes = p.bufs[:0], 0
+	p.bufs, p.bytes, p.closed = p.bufs[:0], 0, true
 }
 
 // recordBuf returns an empty buffer for a record of owner that a local
@@ -979,6 +990,9 @@ func (o *ownerReplica) chunkBuf(n int64) []byte {
 // account brings the bytes reserved for o up to date, and forgets the
 // CRC32Cs of steps no store holds. o.mu is held.
 func (st *replicaStore) account(o *ownerReplica) {
+	if o.dropped {
+		return // dropDiff gave its reservation back; a fold that ends later changes nothing
+	}
 	n := o.diffMem()
 	if err := st.reserve(n, o.held); err != nil {
 		// Over the limit already (the data is here): count it anyway, so
@@ -1042,6 +1056,7 @@ func (st *replicaStore) dropDiff(o *ownerReplica) {
 	}
 	o.cur, o.prev, o.bw = nil, nil, nil
 	o.recs.clear()
+	st.h.forgetDrift(o.rank)
 	o.chunk = nil
 	clear(o.sums)
 	clear(o.sumGen)
@@ -1118,7 +1133,7 @@ func (st *replicaStore) base(c net.Conn, h linkHdr, t []tableEntry) error {
 	o := st.owner(h.owner)
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.recs.max = st.h.cfg.Diff.fold() + 2
+	o.recs.setMax(st.h.cfg.Diff.fold() + 2)
 	ds.SetRecycle(o.recs.put)
 	if why, msg := st.checkOwner(o, h); msg != "" {
 		return refuse(why, msg)
@@ -1859,9 +1874,9 @@ func (h *Host) foldLoop() {
 			}
 			before := ds.Stats()
 			var err error
+			var div *CorruptError
 			if h.cfg.Diff.lossless() && ds.Exact(upTo) {
 				regs := ds.Regions()
-				var div *CorruptError
 				err = ds.FoldChecked(upTo, foldReplay, func(step int64, got [][]byte) error {
 					if div = h.checkFold(o.rank, regs, step, got, sums[step]); div != nil {
 						return div
@@ -1875,15 +1890,15 @@ func (h *Host) foldLoop() {
 					}
 					o.mu.Unlock()
 					h.log.Error("a replica holder's replay of a rank's differentials differs from the rank's commit: the rank's optimizer step is not replay's; its base is kept and the rank will fail", "rank", o.rank, "step", div.Step, "err", div.Detail)
-					continue
 				}
 			} else {
 				err = ds.Fold(upTo, foldReplay)
 			}
-			if err != nil {
+			if err != nil && div == nil {
 				h.log.Warn("folding a replica's differentials failed", "rank", o.rank, "err", err)
-				continue
 			}
+			// Whatever the fold's outcome: it may have measured a drift,
+			// and moved buffers (a spare taken, records recycled).
 			after := ds.Stats()
 			h.foldSteps.Add(after.FoldedSteps - before.FoldedSteps)
 			h.foldNS.Add(int64(after.FoldTime - before.FoldTime))

@@ -75,10 +75,15 @@ type HostConfig struct {
 // DiffConfig configures differential protection (HostConfig.Mode ModeDiff).
 //
 // A holder keeps, per owner, a base (the owner's replicated regions), a
-// refresh's buffers while one arrives, and the differentials not folded
-// yet: with the lossless codec, whose records are a third of the
-// optimizer region (W, M and V, one gradient), about (2 + Fold/3) times
-// the owner's optimizer state, against full mode's 2 (two buffers). A
+// refresh's buffers while one arrives, up to two spare sets of them (a
+// fold's and a refresh's, reused rather than faulted in afresh each
+// time), and the differentials not folded yet with their record buffers
+// kept for reuse (Fold+2): with the lossless codec, whose records are a
+// third of the optimizer region (W, M and V, one gradient), about
+// (4 + (Fold+2)/3) times the owner's optimizer state at the most (5⅓ at
+// the default Fold of 8), against full mode's 2 (two buffers). The
+// agent reserves it as it grows, and refuses what would pass half the
+// host's memory. A
 // lossless log never holds more than Fold+1 differentials (folds pass a
 // refresh in progress); a lossy one, whose folds stop at a refresh's step,
 // at most about 2×Fold, the refresh being paced over at most Fold steps.
@@ -291,6 +296,13 @@ func (h *Host) FoldStats() FoldStats {
 	h.driftMu.Lock()
 	defer h.driftMu.Unlock()
 	return FoldStats{Steps: h.foldSteps.Load(), NS: h.foldNS.Load(), Drifts: maps.Clone(h.drifts)}
+}
+
+// forgetDrift drops owner's drift: its stores here went.
+func (h *Host) forgetDrift(owner int) {
+	h.driftMu.Lock()
+	defer h.driftMu.Unlock()
+	delete(h.drifts, owner)
 }
 
 // noteDrift records owner's drift d if its store measured a new one

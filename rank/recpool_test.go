@@ -74,3 +74,50 @@ func TestDiffHolderRecyclesRecords(t *testing.T) {
 		t.Errorf("host 1 reserved %d bytes for rank 0, its stores and pool hold %d", held, mem)
 	}
 }
+
+// TestDiffDroppedOwnerFoldEnds: a fold of an owner's store that ends
+// after the placement dropped the owner (sweep: dropped, its stores
+// gone, its reservation given back) reserves nothing for it, and its
+// records do not go back to the dropped owner's pool. (The fold's
+// account reserved the pool's buffers for an owner no longer kept:
+// reserved memory no owner held, never given back.)
+func TestDiffDroppedOwnerFoldEnds(t *testing.T) {
+	c, _ := twoHostDiff(t, 1000, 1000) // no background folds, no refreshes
+	rs := startDiffRanks(t, c, 2, 31)
+	runSteps(t, c, rs, 0, 10)
+	h1 := c.hosts[1]
+	o := holderOf(h1, 0)
+	// The fold goroutine takes the store ...
+	o.mu.Lock()
+	ds := o.cur
+	_, last, ok := ds.Range()
+	o.mu.Unlock()
+	if !ok {
+		t.Fatal("rank 0's holder has no range")
+	}
+	// ... the placement drops the owner meanwhile (as sweep does) ...
+	o.mu.Lock()
+	o.dropped = true
+	h1.store.dropDiff(o)
+	o.mu.Unlock()
+	h1.store.mu.Lock()
+	delete(h1.store.owners, 0)
+	h1.store.mu.Unlock()
+	// ... and the fold ends, accounted as foldLoop does.
+	if err := ds.Fold(last, foldReplay); err != nil {
+		t.Fatal(err)
+	}
+	o.mu.Lock()
+	h1.store.account(o)
+	o.mu.Unlock()
+	var held uint64
+	h1.store.mu.Lock()
+	for _, x := range h1.store.owners {
+		held += x.held
+	}
+	reserved := h1.store.bytes
+	h1.store.mu.Unlock()
+	if reserved != held || o.recs.size() != 0 {
+		t.Fatalf("host 1 reserves %d bytes, its owners hold %d; the dropped owner's pool keeps %d", reserved, held, o.recs.size())
+	}
+}

@@ -108,8 +108,10 @@
 //     the next point where foldMu is write-held (a fold, a Truncate, or a
 //     BeginBase whose TryLock succeeds).
 //
-// The store keeps at most one spare buffer per region; [Stats].SpareBytes
-// counts them.
+// The store keeps at most two spare buffers per region (a fold's spare
+// and a refresh's, which overlap), plus, with a lossy log, the base a
+// refresh replaced until the next fold measured its drift;
+// [Stats].SpareBytes counts them.
 //
 // # Append takes ownership of the buffers
 //
@@ -146,7 +148,8 @@
 //   - Memory. A store holds its base (the regions' sizes), a refresh's
 //     buffers while one is in progress (allocated by [Store.BeginBase]
 //     unless it reuses spare ones), its spare buffers (Stats.SpareBytes,
-//     at most one set of the regions) and its differentials as received:
+//     at most two sets of the regions, and a replaced base kept for a
+//     drift measurement) and its differentials as received:
 //     a caller that bounds its memory reserves those before it allocates
 //     or begins them.
 package diffstore
