@@ -62,6 +62,7 @@ type config struct {
 	deviceMs       int
 	cpuCompute     int
 	warmup, steps  int
+	cpuSteps       int
 	tcpBytes       int64
 	tcpReps        int
 	timeout        time.Duration
@@ -89,7 +90,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.deviceMs, "device-ms", 500, "dptrain --device-ms of the device-time runs")
 	fs.IntVar(&cfg.cpuCompute, "cpu-compute", 2, "dptrain --compute of the CPU-arithmetic runs (--device-ms 0); 0 skips them (2 adds about 250 ms of CPU per rank and step at 256 MiB: with 4 ranks on 2 CPUs, roughly the 500 ms of device time)")
 	fs.IntVar(&cfg.warmup, "warmup", 2, "untimed steps at the start of each run")
-	fs.IntVar(&cfg.steps, "steps", 10, "timed steps of each run")
+	fs.IntVar(&cfg.steps, "steps", 150, "timed steps of each device-time run (its steady state is the last half: the protection's start-up, its first bases and first base refresh, falls in the first)")
+	fs.IntVar(&cfg.cpuSteps, "cpu-steps", 10, "timed steps of each CPU-arithmetic run (which measures bytes on the wire, not the steady state)")
 	fs.Int64Var(&cfg.tcpBytes, "tcp-bytes", 1<<30, "bytes per TCP throughput measurement")
 	fs.IntVar(&cfg.tcpReps, "tcp-reps", 3, "TCP throughput measurements per path (the median is printed)")
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Minute, "limit of each gorun run")
@@ -121,8 +123,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		err = errors.New("benchprotect: want 2 or more hosts and a multiple of them as -ranks")
 	case cfg.stateMiB < 1, cfg.batch < 1, cfg.deviceMs < 0, cfg.cpuCompute < 0:
 		err = errors.New("benchprotect: -state-mib and -batch must be positive, -device-ms and -cpu-compute not negative")
-	case cfg.warmup < 1 || cfg.steps < 1:
-		err = errors.New("benchprotect: -warmup and -steps must be at least 1")
+	case cfg.warmup < 1 || cfg.steps < 1 || cfg.cpuSteps < 1:
+		err = errors.New("benchprotect: -warmup, -steps and -cpu-steps must be at least 1")
 	case cfg.tcpBytes < 1 || cfg.tcpReps < 1 || cfg.timeout <= 0 || cfg.stall <= 0:
 		err = errors.New("benchprotect: -tcp-bytes, -tcp-reps, -timeout and -stall must be positive")
 	case cfg.baseEvery < 1:
@@ -186,11 +188,15 @@ type modeRun struct {
 // periods, so that its bytes on the wire count bases at their rate and
 // its steady state (the last half) holds a base refresh after the first
 // (sent from the buffers the first one left).
-func (cfg *config) timedSteps(mode string) int {
-	if mode == "diff" {
-		return max(cfg.steps, 2*cfg.baseEvery)
+func (cfg *config) timedSteps(v *variant, mode string) int {
+	n := cfg.steps
+	if v.deviceMs == 0 {
+		n = cfg.cpuSteps
 	}
-	return cfg.steps
+	if mode == "diff" {
+		return max(n, 2*cfg.baseEvery)
+	}
+	return n
 }
 
 // bench holds one benchmark session.
@@ -227,8 +233,8 @@ func (b *bench) benchmark(ctx context.Context) (err error) {
 	}()
 	start := time.Now()
 	p := cfg.params()
-	fmt.Fprintf(b.out, "benchprotect: dptrain on %d ranks, %d namespace hosts (%d ranks each), --params %d: %.1f MiB of optimizer state per rank, --batch %d, %d untimed + %d timed steps per run; %d CPUs\n",
-		cfg.ranks, cfg.hosts, cfg.ranks/cfg.hosts, p, float64(12*(p/int64(cfg.ranks)))/(1<<20), cfg.batch, cfg.warmup, cfg.steps, runtime.NumCPU())
+	fmt.Fprintf(b.out, "benchprotect: dptrain on %d ranks, %d namespace hosts (%d ranks each), --params %d: %.1f MiB of optimizer state per rank, --batch %d, %d untimed + %d timed steps per device-time run (%d with CPU arithmetic); %d CPUs\n",
+		cfg.ranks, cfg.hosts, cfg.ranks/cfg.hosts, p, float64(12*(p/int64(cfg.ranks)))/(1<<20), cfg.batch, cfg.warmup, cfg.steps, cfg.cpuSteps, runtime.NumCPU())
 
 	b.hosts, err = newHosts(cfg.hosts, b.log)
 	defer func() {
@@ -289,7 +295,7 @@ type runResult struct {
 func (b *bench) runOnce(ctx context.Context, v *variant, mode string) (*runResult, error) {
 	cfg := &b.cfg
 	protect := mode != ""
-	total := cfg.warmup + cfg.timedSteps(mode)
+	total := cfg.warmup + cfg.timedSteps(v, mode)
 	name := strings.ReplaceAll(v.name, " ", "")
 	name = strings.ReplaceAll(name, ",", "-")
 	dp := []string{cfg.dptrain, "--params", strconv.FormatInt(cfg.params(), 10), "--steps", strconv.Itoa(total),

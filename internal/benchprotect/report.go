@@ -195,7 +195,7 @@ func (b *bench) report(vs []*variant, hostMBps, loMBps float64) {
 	}))
 	row("G / lowest replicated step / last step", func(c column) string {
 		_, _, _, minRepl := c.m.r.table.services()
-		return fmt.Sprintf("%d / %d / %d", c.m.r.table.g, minRepl, cfg.warmup+cfg.timedSteps(c.m.mode)-1)
+		return fmt.Sprintf("%d / %d / %d", c.m.r.table.g, minRepl, cfg.warmup+cfg.timedSteps(c.v, c.m.mode)-1)
 	})
 	fmt.Fprint(b.out, sb.String())
 
