@@ -1823,9 +1823,8 @@ func (st *replicaStore) maybeFold(o *ownerReplica) {
 
 // foldReplay is how the holder's background folds replay: on one
 // goroutine. A fold is not waited for (a restore replays what is not
-// folded yet), so it takes one CPU at most, and the others stay with the
-// ranks' steps (with all of them, each fold of two owners on a host of
-// two CPUs held the ranks' optimizer steps back for its whole length).
+// folded yet), so it takes one CPU at most and leaves the others to the
+// ranks' steps, where with every CPU it would compete with them on all.
 // Restores, which the job waits for, replay on every CPU.
 var foldReplay = replay.ReplayOptions{Workers: 1}
 
