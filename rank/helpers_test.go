@@ -320,12 +320,7 @@ func (c *cluster) dumpStall(t testing.TB) {
 		c.mu.Lock()
 		h := c.hosts[c.hostOf[r]]
 		c.mu.Unlock()
-		_, ps := h.Progress()
-		for _, p := range ps {
-			if p.Rank == r {
-				t.Logf("stall: rank %d on host %d (G %d): %+v", r, c.hostOf[r], h.G(), p)
-			}
-		}
+		t.Logf("stall: rank %d on host %d (G %d): %+v", r, c.hostOf[r], h.G(), c.progress(r))
 	}
 	buf := make([]byte, 1<<22)
 	t.Logf("stall: goroutines:\n%s", buf[:runtime.Stack(buf, true)])

@@ -3,7 +3,6 @@ package diffstore
 import (
 	"encoding/binary"
 	"math"
-	"math/rand/v2"
 	"testing"
 
 	"github.com/gorun/gorun/replay"
@@ -164,11 +163,7 @@ func TestDriftRefreshDuringFold(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := o.states[4]
-	for _, c := range chunks(rand.New(rand.NewPCG(4, 1)), st) {
-		if err := w.Write(c.region, c.off, c.b); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeChunks(t, w, st, 1)
 	s.testFoldHook = func() { // the Fold has planned steps 1 to 4 (a lossy fold stops at the refresh)
 		s.testFoldHook = nil
 		if err := w.Commit(4, sums(st)); err != nil {

@@ -197,13 +197,20 @@ func sendBase(t testing.TB, s *Store, o *owner, step int64) {
 		t.Fatal(err)
 	}
 	st := o.states[step]
-	for _, c := range chunks(rand.New(rand.NewPCG(uint64(step), 1)), st) {
+	writeChunks(t, w, st, 1)
+	if err := w.Commit(step, sums(st)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeChunks writes regions into refresh w in chunks cut and ordered
+// by seed (with the refresh's step).
+func writeChunks(t testing.TB, w *BaseWriter, regions map[string][]byte, seed uint64) {
+	t.Helper()
+	for _, c := range chunks(rand.New(rand.NewPCG(uint64(w.Step()), seed)), regions) {
 		if err := w.Write(c.region, c.off, c.b); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if err := w.Commit(step, sums(st)); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -352,11 +352,7 @@ func tryBase(t *testing.T, s *Store, o *owner, step int64, passed bool) {
 		t.Fatal(err)
 	}
 	st := o.states[step]
-	for _, c := range chunks(rand.New(rand.NewPCG(uint64(step), 1)), st) {
-		if err := w.Write(c.region, c.off, c.b); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeChunks(t, w, st, 1)
 	if passed {
 		// Commit once a fold passed the refresh's step (the folds go on).
 		deadline := time.Now().Add(20 * time.Second)
@@ -422,11 +418,7 @@ func TestRefreshesAndFoldsShareSpares(t *testing.T) {
 		}
 		note(w.bufs[opt])
 		st := o.states[b]
-		for _, c := range chunks(rand.New(rand.NewPCG(uint64(b), 2)), st) {
-			if err := w.Write(c.region, c.off, c.b); err != nil {
-				t.Fatal(err)
-			}
-		}
+		writeChunks(t, w, st, 2)
 		for range 3 {
 			if err := s.Append(o.next(t)); err != nil {
 				t.Fatal(err)
