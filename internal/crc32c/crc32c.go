@@ -36,3 +36,22 @@ func Update(crc uint32, p []byte) uint32 {
 // Checksum returns the CRC32C of p, as crc32.Checksum(p,
 // crc32.MakeTable(crc32.Castagnoli)) does.
 func Checksum(p []byte) uint32 { return Update(0, p) }
+
+// copyBlock is how many bytes CopyUpdate copies before it checksums them:
+// small enough that the block is still in the core's cache when it is
+// read again.
+const copyBlock = 64 << 10
+
+// CopyUpdate copies src into dst (which must be at least as long) and
+// returns Update(crc, src), reading src from memory once: it copies a
+// block, then checksums the copy while the block is in cache. It is the
+// copy-and-verify of a snapshot in one pass instead of two.
+func CopyUpdate(crc uint32, dst, src []byte) uint32 {
+	dst = dst[:len(src)]
+	for off := 0; off < len(src); off += copyBlock {
+		end := min(off+copyBlock, len(src))
+		copy(dst[off:end], src[off:end])
+		crc = Update(crc, dst[off:end])
+	}
+	return crc
+}

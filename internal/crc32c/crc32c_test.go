@@ -219,3 +219,24 @@ func sizeName(n int) string {
 	}
 	return fmt.Sprint(n)
 }
+
+// TestCopyUpdate: CopyUpdate leaves dst equal to src and returns src's
+// CRC32C from the initial value, for lengths around the block size.
+func TestCopyUpdate(t *testing.T) {
+	src := make([]byte, 3*copyBlock+17)
+	for i := range src {
+		src[i] = byte(i*7 + i>>9)
+	}
+	for _, n := range []int{0, 1, 63, 64, copyBlock - 1, copyBlock, copyBlock + 1, 2*copyBlock + 5, len(src)} {
+		for _, init := range []uint32{0, 0xffffffff, 0x12345678} {
+			dst := make([]byte, n+3)
+			got := CopyUpdate(init, dst, src[:n])
+			if want := crc32.Update(init, crc32.MakeTable(crc32.Castagnoli), src[:n]); got != want {
+				t.Fatalf("CopyUpdate(%#x) of %d bytes = %#08x, want %#08x", init, n, got, want)
+			}
+			if !bytes.Equal(dst[:n], src[:n]) || dst[n] != 0 {
+				t.Fatalf("%d bytes: dst differs from src, or was written past n", n)
+			}
+		}
+	}
+}
