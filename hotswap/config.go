@@ -74,6 +74,10 @@ type Config struct {
 	// shard (k-way, as topology.Place gives them), or nil without
 	// replicas.
 	Holders [][]int
+	// EC is the erasure-coding layout of a job run with --redundancy
+	// ec:K+M (topology.PlanEC over Hosts and Assign), or nil. Holders are
+	// then the clear copies' holders.
+	EC []topology.ECGroup
 
 	MaxRestarts   int // restarts in place after rank failures
 	Recovery      Recovery

@@ -17,6 +17,7 @@ import (
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/diffstore"
 	"github.com/gorun/gorun/replay"
+	"github.com/gorun/gorun/topology"
 )
 
 // ErrStopping: the host's state protection is shutting down.
@@ -69,7 +70,10 @@ type HostConfig struct {
 	// ("" too) or ModeDiff, configured by Diff.
 	Mode ProtectMode
 	Diff DiffConfig
-	Log  *slog.Logger
+	// EC is the first placement's erasure-coding layout (Placement.EC;
+	// nil: replicas only).
+	EC  []topology.ECGroup
+	Log *slog.Logger
 }
 
 // DiffConfig configures differential protection (HostConfig.Mode ModeDiff).

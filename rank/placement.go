@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/gorun/gorun/ckpt"
+	"github.com/gorun/gorun/topology"
 )
 
 // Placement is one epoch's view of the job for a host's state protection
@@ -18,6 +19,12 @@ type Placement struct {
 	HostOf  []int          // every rank's host index
 	Holders [][]int        // every rank's replica holders (nil: no replicas)
 	Sources map[int]Source // ranks restoring from elsewhere than their own slot (wire.RestoreRow)
+	// EC is the erasure-coding layout, with Hosts, Data and Parity as
+	// host indices (nil: replicas only). Holders are then the clear
+	// copies' holders (a rank's data host's lowest rank; none for a rank
+	// that runs on its data host) and the parity rows go to each group's
+	// Parity hosts.
+	EC []topology.ECGroup
 }
 
 // Source is where a rank restores step G from when its own host's slot
@@ -25,7 +32,12 @@ type Placement struct {
 // replicated regions (optimizer, meta) from the copy kept on rank Opt's
 // host, which may no longer be one of the rank's holders (it has the copy
 // that exists), and params from the slot of data-parallel peer Params.
-type Source struct{ Opt, Params int }
+// With Decode, the replicated regions are rebuilt from the erasure code
+// of the rank's group (Placement.EC) instead, and Opt is unused.
+type Source struct {
+	Opt, Params int
+	Decode      bool
+}
 
 // placement is the placement a Host works with: NewHost's (from its
 // HostConfig), then each SetPlacement's. It is never changed once

@@ -38,6 +38,7 @@ var leaves = []string{"internal/crc32c"}
 var onlyImporters = map[string][]string{
 	"github.com/nats-io/nats-server/v2": {"internal/ctlserver"},
 	"github.com/NVIDIA/go-nvml":         {"gpu"},
+	"github.com/klauspost/reedsolomon":  {"ckpt"},
 }
 
 func TestImportRules(t *testing.T) {

@@ -166,10 +166,36 @@ const MaxHolders = 16
 // shard and meta from the copy kept on rank Opt's host (Opt may no longer
 // hold Rank's replicas in the epoch: it has the copy that exists), the
 // parameters from data-parallel peer Params.
+//
+// Decode: Rank's optimizer shard and meta are rebuilt from the erasure
+// code of its group (EpochTable.EC) instead, because no clear copy of
+// them survives; Opt is then unused.
 type RestoreRow struct {
-	Rank   int `json:"r"`
-	Opt    int `json:"o"`
-	Params int `json:"p"`
+	Rank   int  `json:"r"`
+	Opt    int  `json:"o"`
+	Params int  `json:"p"`
+	Decode bool `json:"d,omitempty"`
+}
+
+// ECTable is the erasure-coding layout of a job run with
+// --redundancy ec:K+M (ckpt.Codec; topology.PlanEC plans it): groups of
+// K data and M parity hosts. Host indices are the EpochTable's Hosts.
+type ECTable struct {
+	K      int          `json:"k"`
+	M      int          `json:"m"`
+	Groups []ECGroupRow `json:"g"`
+}
+
+// ECGroupRow is one erasure-coding group (topology.ECGroup): its hosts in
+// group order, its data hosts (Data[j] keeps DataGroups[j]'s ranks' state
+// in the clear), its parity hosts (Parity[j] keeps parity row j of every
+// stripe of the group), and its K data groups of ranks; stripe i is the K
+// ranks DataGroups[0..K)[i].
+type ECGroupRow struct {
+	Hosts      []int   `json:"h"`
+	Data       []int   `json:"d"`
+	Parity     []int   `json:"p"`
+	DataGroups [][]int `json:"dg"`
 }
 
 // NoStdin is JobSpec.StdinRank when no rank reads the launcher's stdin.
@@ -276,6 +302,10 @@ type EpochTable struct {
 	// Restore is the restore plan of the ranks that cannot restore from
 	// their own host's slot in this epoch, in rank order.
 	Restore []RestoreRow `json:"rest,omitempty"`
+	// EC is the erasure-coding layout (nil: replicas only). With it,
+	// Holders are the clear copies' holders: each rank's data host's
+	// lowest rank, none for a rank that runs on its data host.
+	EC *ECTable `json:"ec,omitempty"`
 }
 
 // TableHost is one host of an EpochTable.
