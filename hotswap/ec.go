@@ -38,6 +38,8 @@ type ecState struct {
 	k, m   int
 	at     []ecPos  // per rank: its group, member index and stripe
 	share  [][]bool // share[r][j]: rank r's share is in parity row j of its group
+	// standsFor[h]: the lost host whose places host h took (-1: none).
+	standsFor []int
 }
 
 // ecPos is a rank's place in the code.
@@ -45,8 +47,12 @@ type ecPos struct{ group, member, stripe int }
 
 // newECState returns the state of groups (valid: Config.validate), every
 // share in.
-func newECState(groups []topology.ECGroup, world int) *ecState {
-	e := &ecState{groups: make([]topology.ECGroup, len(groups)), at: make([]ecPos, world), share: make([][]bool, world)}
+func newECState(groups []topology.ECGroup, world, hosts int) *ecState {
+	e := &ecState{groups: make([]topology.ECGroup, len(groups)), at: make([]ecPos, world), share: make([][]bool, world),
+		standsFor: make([]int, hosts)}
+	for h := range e.standsFor {
+		e.standsFor[h] = -1
+	}
 	for gi, g := range groups {
 		e.groups[gi] = cloneGroup(g)
 		e.k, e.m = len(g.Data), len(g.Parity)
@@ -181,13 +187,18 @@ func (m *Machine) decodable(r int) (bool, string) {
 // ecLostText names the hosts of group g that are lost, or that hold a
 // place whose copies or shares are not re-sent yet.
 func (m *Machine) ecLostText(g int) string {
-	var lost, stale []int
+	var lost []int
+	var stale []string
 	for _, h := range m.ec.groups[g].Hosts {
 		switch {
 		case !m.alive[h]:
 			lost = append(lost, h)
 		case !m.placeValid(g, h):
-			stale = append(stale, h)
+			// A replacement stands for the hosts lost before it.
+			for x := m.ec.standsFor[h]; x >= 0 && !slices.Contains(lost, x); x = m.ec.standsFor[x] {
+				lost = append(lost, x)
+			}
+			stale = append(stale, m.names[h])
 		}
 	}
 	var parts []string
@@ -195,7 +206,7 @@ func (m *Machine) ecLostText(g int) string {
 		parts = append(parts, "lost: "+m.hostNames(lost))
 	}
 	if len(stale) > 0 {
-		parts = append(parts, "not yet re-protected: "+m.hostNames(stale))
+		parts = append(parts, "their replacements not yet re-protected: "+strings.Join(stale, ","))
 	}
 	if len(parts) == 0 {
 		return "no host of it is lost"
@@ -294,6 +305,9 @@ func (m *Machine) ecSplice(h, with int) int {
 			m.ec.groups[gi] = g.Replace(h, with)
 		}
 	}
+	if m.ec.standsFor[with] < 0 { // a free-slots host keeps its own story
+		m.ec.standsFor[with] = h
+	}
 	n := 0
 	for r := range m.rankHost {
 		want := m.ecHolder(r)
@@ -349,9 +363,21 @@ func (m *Machine) tolerance(g int) int {
 func (m *Machine) ecReport() string {
 	var parts []string
 	for g, gr := range m.ec.groups {
-		if t := m.tolerance(g); t < m.ec.m {
-			parts = append(parts, fmt.Sprintf("erasure-coding group %d (hosts %s) survives %s, not %d", g, m.hostNames(gr.Hosts), losses(t), m.ec.m))
+		t := m.tolerance(g)
+		if t >= m.ec.m {
+			continue
 		}
+		msg := fmt.Sprintf("erasure-coding group %d (hosts %s) survives %s, not %d", g, m.hostNames(gr.Hosts), losses(t), m.ec.m)
+		var twice []string
+		for i, h := range gr.Hosts {
+			if n := count(gr.Hosts, h); n > 1 && slices.Index(gr.Hosts, h) == i {
+				twice = append(twice, fmt.Sprintf("host %s holds %d of its places", m.names[h], n))
+			}
+		}
+		if len(twice) > 0 {
+			msg += " (" + strings.Join(twice, ", ") + ")"
+		}
+		parts = append(parts, msg)
 	}
 	return strings.Join(parts, "; ")
 }
@@ -381,4 +407,14 @@ func hostList(hs []int, names []string) string {
 		ns[i] = hostName(names, h)
 	}
 	return strings.Join(ns, "+")
+}
+
+func count(xs []int, x int) int {
+	n := 0
+	for _, y := range xs {
+		if y == x {
+			n++
+		}
+	}
+	return n
 }

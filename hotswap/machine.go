@@ -164,7 +164,7 @@ func New(c Config) (*Machine, error) {
 		m.lastProg[r] = -1
 	}
 	if c.EC != nil {
-		m.ec = newECState(c.EC, n)
+		m.ec = newECState(c.EC, n, nh)
 		if c.Holders == nil {
 			c.Holders = m.ecHolders() // validate checked they are what it would be
 		}

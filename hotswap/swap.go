@@ -176,6 +176,11 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 			}
 		}
 		m.emit(UnderProtected{Owners: owners})
+	} else if m.ec != nil && m.protecting {
+		// Nothing to re-send, but a host may hold two places now.
+		if r := m.ecReport(); r != "" {
+			m.report("%s", r)
+		}
 	}
 }
 
