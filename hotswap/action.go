@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gorun/gorun/topology"
 )
 
 // An Action is something the caller must do, in the order given. The set
@@ -61,12 +63,16 @@ type Splice struct {
 
 // PublishEpoch: publish epoch Epoch with its rank → host table and
 // replica holders (RankHost[r] is rank r's host, Holders[r] the ranks
-// keeping copies of its optimizer shard). The slices are the caller's.
+// keeping copies of its optimizer shard). Under erasure coding
+// (Config.EC) EC is the epoch's groups, each with the hosts that hold
+// its places now (a replacement in the lost host's place), and Holders
+// the clear copies' holders. The slices are the caller's.
 type PublishEpoch struct {
 	Epoch    uint64
 	G        int64
 	RankHost []int
 	Holders  [][]int
+	EC       []topology.ECGroup
 	names    []string
 }
 
@@ -81,6 +87,11 @@ type Source struct {
 	OptHost    int
 	ParamsRank int
 	ParamsHost int
+	// Decode: no copy of the optimizer shard and meta survives in the
+	// clear; they are rebuilt from the erasure code of the rank's stripe
+	// (Config.EC), which the plan checked still has K valid shards.
+	// OptRank and OptHost are then -1.
+	Decode bool
 }
 
 // RestorePlan: every rank restores step G from its Source. With G < 0
@@ -168,6 +179,9 @@ func (a PublishEpoch) String() string {
 		b.WriteString(" holders=")
 		writeHolders(&b, a.Holders)
 	}
+	if a.EC != nil {
+		b.WriteString(" ec=" + ecString(a.EC, a.names))
+	}
 	return b.String()
 }
 
@@ -202,7 +216,9 @@ func (a RestorePlan) String() string {
 		b.WriteString(" local=" + ints(local))
 	}
 	for _, s := range a.Sources {
-		if !s.Local {
+		if s.Decode {
+			fmt.Fprintf(&b, " r%d<-decode,params:r%d@%s", s.Rank, s.ParamsRank, hostName(a.names, s.ParamsHost))
+		} else if !s.Local {
 			fmt.Fprintf(&b, " r%d<-opt:r%d@%s,params:r%d@%s", s.Rank, s.OptRank, hostName(a.names, s.OptHost), s.ParamsRank, hostName(a.names, s.ParamsHost))
 		}
 	}

@@ -2,6 +2,7 @@ package hotswap
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gorun/gorun/topology"
@@ -172,10 +173,15 @@ func (c *Config) validate() ([]bool, error) {
 						return bad("rank %d has two replica holders (%d and %d) on host %s", r, y, x, c.Hosts[c.Assign[x]].Name)
 					}
 				}
-				if x%(tp) != r%tp || (x/(tp*(c.World/(tp*pp)))) != r/(tp*(c.World/(tp*pp))) {
+				if c.EC == nil && (x%(tp) != r%tp || (x/(tp*(c.World/(tp*pp)))) != r/(tp*(c.World/(tp*pp)))) {
 					return bad("rank %d's replica holder %d is not a data-parallel peer", r, x)
 				}
 			}
+		}
+	}
+	if c.EC != nil {
+		if err := c.validateEC(spare); err != nil {
+			return nil, err
 		}
 	}
 	if c.Recovery != RecoveryRestart && c.Recovery != RecoveryInPlace {
@@ -226,4 +232,112 @@ func (c *Config) room(h int) int {
 func (c *Config) fits(h, n, m int) bool {
 	room := c.room(h)
 	return room == 0 || n+m <= room
+}
+
+// MaxECShards is the most data and parity hosts a group may have
+// (K+M): the codec works in GF(2^8).
+const MaxECShards = 256
+
+// validateEC checks c.EC against Hosts and Assign, as topology.PlanEC
+// plans it: every host with ranks in exactly one group, no spare in any;
+// each group K data and M parity hosts (the same K and M for every
+// group, K+M <= MaxECShards), its hosts distinct, the data and parity
+// hosts its hosts; K data groups of equal length that hold exactly the
+// ranks on the group's hosts, every rank in one. Holders, if given, must
+// be the clear copies' holders: for each rank not on its data host, that
+// host's lowest rank.
+func (c *Config) validateEC(spare []bool) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: erasure coding: %s", ErrConfig, fmt.Sprintf(format, args...))
+	}
+	if len(c.EC) == 0 {
+		return bad("no groups")
+	}
+	ranksOn := make([][]int, len(c.Hosts))
+	for r, h := range c.Assign {
+		ranksOn[h] = append(ranksOn[h], r) // ascending: r grows
+	}
+	inGroup := make([]int, len(c.Hosts))
+	for h := range inGroup {
+		inGroup[h] = -1
+	}
+	member := make([]int, c.World) // a rank's data group's data host, -1: in none yet
+	for r := range member {
+		member[r] = -1
+	}
+	k, m := len(c.EC[0].Data), len(c.EC[0].Parity)
+	if k < 1 || m < 1 || k+m > MaxECShards {
+		return bad("%d data and %d parity hosts per group; need at least 1 of each and at most %d in all", k, m, MaxECShards)
+	}
+	for gi, g := range c.EC {
+		if len(g.Data) != k || len(g.Parity) != m {
+			return bad("group %d has %d data and %d parity hosts; group 0 has %d and %d", gi, len(g.Data), len(g.Parity), k, m)
+		}
+		if len(g.Hosts) != k+m || len(g.DataGroups) != k {
+			return bad("group %d has %d hosts and %d data groups for %d+%d", gi, len(g.Hosts), len(g.DataGroups), k, m)
+		}
+		for _, h := range g.Hosts {
+			if h < 0 || h >= len(c.Hosts) {
+				return bad("group %d names host %d; there are %d hosts", gi, h, len(c.Hosts))
+			}
+			if spare[h] || len(ranksOn[h]) == 0 {
+				return bad("group %d has host %s, which runs no rank", gi, c.Hosts[h].Name)
+			}
+			if inGroup[h] >= 0 {
+				return bad("host %s is in groups %d and %d, or twice in one", c.Hosts[h].Name, inGroup[h], gi)
+			}
+			inGroup[h] = gi
+		}
+		roles := slices.Concat(g.Data, g.Parity)
+		slices.Sort(roles)
+		hosts := slices.Sorted(slices.Values(g.Hosts))
+		if !slices.Equal(roles, hosts) {
+			return bad("group %d: data hosts %v and parity hosts %v are not its hosts %v", gi, g.Data, g.Parity, g.Hosts)
+		}
+		n := 0
+		for x, dg := range g.DataGroups {
+			if len(dg) == 0 || len(dg) != len(g.DataGroups[0]) {
+				return bad("group %d: data group %d has %d ranks, data group 0 %d", gi, x, len(dg), len(g.DataGroups[0]))
+			}
+			for _, r := range dg {
+				if r < 0 || r >= c.World {
+					return bad("group %d: rank %d is not a rank", gi, r)
+				}
+				if member[r] >= 0 {
+					return bad("rank %d is in two data groups", r)
+				}
+				if !slices.Contains(g.Hosts, c.Assign[r]) {
+					return bad("group %d: rank %d runs on host %s, not one of the group's", gi, r, c.Hosts[c.Assign[r]].Name)
+				}
+				member[r] = g.Data[x]
+				n++
+			}
+		}
+		have := 0
+		for _, h := range g.Hosts {
+			have += len(ranksOn[h])
+		}
+		if n != have {
+			return bad("group %d: its data groups hold %d ranks, its hosts run %d", gi, n, have)
+		}
+	}
+	for h, rs := range ranksOn {
+		if len(rs) > 0 && inGroup[h] < 0 {
+			return bad("host %s runs ranks but is in no group", c.Hosts[h].Name)
+		}
+	}
+	if c.Holders == nil {
+		return nil
+	}
+	for r, hs := range c.Holders {
+		d := member[r]
+		want := []int{ranksOn[d][0]}
+		if c.Assign[r] == d {
+			want = nil
+		}
+		if !slices.Equal(hs, want) {
+			return bad("rank %d's clear copy is held by %v; its data host %s keeps it (%v)", r, hs, c.Hosts[d].Name, want)
+		}
+	}
+	return nil
 }

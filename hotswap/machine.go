@@ -42,8 +42,9 @@ type Machine struct {
 	holders   [][]int  // holders[r]: ranks keeping copies of r's optimizer shard
 	copyOK    [][]bool // copyOK[r][i]: holders[r][i]'s copy is valid
 	heldBy    [][]int  // heldBy[x]: the owners x holds a copy for
-	missing   []int    // missing[r]: r's invalid copies
-	under     int      // owners with a missing copy
+	missing   []int    // missing[r]: r's invalid copies (and under EC its shares not in)
+	under     int      // owners with a missing copy or share
+	ec        *ecState // the erasure code (Config.EC), or nil
 	localOK   []bool   // the rank's own slot holds its state
 	lastStep  []int64  // last committed step reported; -1: none
 	lastProg  []time.Duration
@@ -146,7 +147,7 @@ func New(c Config) (*Machine, error) {
 		blamed:     -1,
 	}
 	m.cfg.Hosts = slices.Clone(c.Hosts)
-	m.cfg.Assign = nil
+	m.cfg.Assign, m.cfg.Holders, m.cfg.EC = nil, nil, nil
 	for h, x := range c.Hosts {
 		m.names[h] = x.Name
 		m.domain[h] = x.Rack
@@ -161,6 +162,12 @@ func New(c Config) (*Machine, error) {
 		m.localOK[r] = true
 		m.lastStep[r] = -1
 		m.lastProg[r] = -1
+	}
+	if c.EC != nil {
+		m.ec = newECState(c.EC, n, nh)
+		if c.Holders == nil {
+			c.Holders = m.ecHolders() // validate checked they are what it would be
+		}
 	}
 	if c.Holders != nil {
 		m.holders = make([][]int, n)
@@ -556,6 +563,12 @@ func (m *Machine) publish(sources []Source) {
 			p.Holders[r] = flat[len(flat)-len(hs) : len(flat) : len(flat)]
 		}
 	}
+	if m.ec != nil {
+		p.EC = make([]topology.ECGroup, len(m.ec.groups))
+		for i, g := range m.ec.groups {
+			p.EC[i] = cloneGroup(g)
+		}
+	}
 	m.emit(p, RestorePlan{Epoch: m.epoch, G: m.g, Sources: sources, names: m.names})
 }
 
@@ -683,6 +696,16 @@ func (m *Machine) onReplicated(owner int) {
 				m.setCopy(o, i, true)
 			}
 		}
+		if m.ec != nil {
+			// Replicated counts every parity share too: each row whose
+			// host is alive (a lost one's place is not filled yet) has it.
+			p := m.ec.at[o]
+			for j, ph := range m.ec.groups[p.group].Parity {
+				if m.alive[ph] {
+					m.setShare(o, j, true)
+				}
+			}
+		}
 	}
 	if owner < 0 {
 		for o := range m.holders {
@@ -696,7 +719,15 @@ func (m *Machine) onReplicated(owner int) {
 	if m.under == 0 {
 		if m.announced {
 			m.announced = false
-			m.report("every optimizer shard has its %d copies again", m.k())
+			if m.ec != nil {
+				msg := fmt.Sprintf("every optimizer shard has its clear copy and parity shares (ec:%d+%d) again", m.ec.k, m.ec.m)
+				if r := m.ecReport(); r != "" {
+					msg += "; " + r
+				}
+				m.report("%s", msg)
+			} else {
+				m.report("every optimizer shard has its %d copies again", m.k())
+			}
 		}
 		m.emit(Protected{})
 	}

@@ -33,6 +33,14 @@ func randomConfig(rng *rand.Rand) (Config, bool) {
 	for _, a := range asg {
 		c.Assign = append(c.Assign, a.Host)
 	}
+	if rng.IntN(3) == 0 {
+		// Erasure coding where the hosts and ranks allow it.
+		km := [][2]int{{2, 2}, {2, 1}, {4, 2}, {1, 1}}[rng.IntN(4)]
+		if groups, err := topology.PlanEC(hs[:nh-spares], asg, topology.ECOptions{K: km[0], M: km[1]}); err == nil {
+			c.EC = groups
+			return c, true
+		}
+	}
 	if k := rng.IntN(3); k > 0 {
 		l, _ := topology.NewLayout(c.World, 1, 1)
 		if p, err := topology.Place(l, hs[:nh-spares], asg, topology.PlacementOptions{K: k}); err == nil {
@@ -100,7 +108,7 @@ func TestRandomEvents(t *testing.T) {
 	if testing.Short() {
 		runs = 50
 	}
-	published := 0
+	published, ecRuns := 0, 0
 	for seed := range runs {
 		rng := rand.New(rand.NewPCG(uint64(seed), 7))
 		c, ok := randomConfig(rng)
@@ -110,6 +118,9 @@ func TestRandomEvents(t *testing.T) {
 		m, err := New(c)
 		if err != nil {
 			t.Fatalf("seed %d: New: %v", seed, err)
+		}
+		if c.EC != nil {
+			ecRuns++
 		}
 		for h := range c.Hosts {
 			m.Step(0, AgentRegistered{Host: h, Spare: true})
@@ -160,7 +171,8 @@ func TestRandomEvents(t *testing.T) {
 						if j != last+1 {
 							break
 						}
-						if !s.Local && (!m.alive[s.OptHost] || !m.alive[s.ParamsHost]) {
+						if s.Decode && (m.ec == nil || s.OptHost != -1 || !m.alive[s.ParamsHost]) ||
+							!s.Local && !s.Decode && (!m.alive[s.OptHost] || !m.alive[s.ParamsHost]) {
 							t.Fatalf("%s: rank %d restores from a lost host: %+v", where, s.Rank, s)
 						}
 					}
@@ -190,7 +202,10 @@ func TestRandomEvents(t *testing.T) {
 	if published == 0 {
 		t.Fatal("no epoch was ever published: the test exercises nothing")
 	}
-	t.Logf("%d epochs published", published)
+	if ecRuns == 0 {
+		t.Fatal("no run used erasure coding: the test exercises none of it")
+	}
+	t.Logf("%d epochs published, %d runs with erasure coding", published, ecRuns)
 }
 
 // checkEpoch checks I1, I2 and I4 on a published epoch, independently of

@@ -221,6 +221,17 @@ func (d *driver) config(a map[string]string) string {
 		}
 		c.Holders = p.Holders
 	}
+	if v := a["ec"]; v != "" {
+		var k, mm int
+		if _, err := fmt.Sscanf(v, "%d+%d", &k, &mm); err != nil {
+			return "error: ec=" + v + ": " + err.Error()
+		}
+		groups, err := topology.PlanEC(d.hosts, asg, topology.ECOptions{K: k, M: mm, Spread: hasKey(a, "spread")})
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		c.EC = groups
+	}
 	m, err := New(c)
 	if err != nil {
 		return "error: " + err.Error()
@@ -252,6 +263,9 @@ func (d *driver) state() string {
 	if m.holders != nil {
 		b.WriteString(" holders=")
 		writeHolders(&b, m.holders)
+	}
+	if m.ec != nil {
+		b.WriteString(" ec=" + ecString(m.ec.groups, m.names))
 	}
 	var sp []string
 	for h, s := range m.spare {

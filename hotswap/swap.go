@@ -35,6 +35,9 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration) {
 			}
 		}
 	}
+	if m.ec != nil {
+		m.ecHostLost(h)
+	}
 	if m.stopped {
 		m.report("host %s lost (%s)", name, why)
 		return
@@ -116,6 +119,9 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 		m.abort(ExitFailure, "%s; unrecoverable: %s; stopping the job", cause, perr)
 		return
 	}
+	// Under EC the clear copies stay on the data hosts: the replacement
+	// takes the lost host's places (ecSplice, below, once the plan is
+	// checked against the copies as they are).
 	replaced := m.fixHolders(moved)
 	restart := m.cfg.Recovery == RecoveryRestart || m.nFailed > 0
 	if gone := m.deadWithRanks(); restart && gone != "" {
@@ -125,6 +131,9 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 	if v := m.violation(sources); v != "" {
 		m.abort(ExitFailure, "%s; the new epoch would break invariant %s; stopping the job", cause, v)
 		return
+	}
+	if m.ec != nil {
+		replaced = m.ecSplice(h, with)
 	}
 	if restart {
 		m.gen++
@@ -136,7 +145,10 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 		how = "host with free slots"
 	}
 	msg := fmt.Sprintf("%s; moving ranks %s to %s %s (epoch %d), %s", cause, ints(moved), how, m.names[with], m.epoch, m.from())
-	if replaced > 0 {
+	switch {
+	case replaced > 0 && m.ec != nil:
+		msg += fmt.Sprintf("; %d clear-copy holders moved with the data hosts", replaced)
+	case replaced > 0:
 		msg += fmt.Sprintf("; %d replica holders re-placed", replaced)
 	}
 	m.report("%s", msg)
@@ -157,9 +169,18 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 		// that protects state hears of it.
 		if m.protecting {
 			m.announced = true
-			m.report("under-protected: %d optimizer shards lost a copy (of %d) until it is re-sent", len(owners), m.k())
+			if m.ec != nil {
+				m.report("under-protected: %d optimizer shards lost their clear copy or a parity share (ec:%d+%d) until it is re-sent; %s", len(owners), m.ec.k, m.ec.m, m.ecReport())
+			} else {
+				m.report("under-protected: %d optimizer shards lost a copy (of %d) until it is re-sent", len(owners), m.k())
+			}
 		}
 		m.emit(UnderProtected{Owners: owners})
+	} else if m.ec != nil && m.protecting {
+		// Nothing to re-send, but a host may hold two places now.
+		if r := m.ecReport(); r != "" {
+			m.report("%s", r)
+		}
 	}
 }
 
@@ -213,6 +234,16 @@ func (m *Machine) recoverable(ranks []int) string {
 		return "" // nothing protected yet: the ranks start over
 	}
 	for _, r := range ranks {
+		if m.ec != nil {
+			// A clear copy, else a decode of its stripe.
+			if m.copyHolder(r) >= 0 {
+				continue
+			}
+			if ok, why := m.decodable(r); !ok {
+				return why
+			}
+			continue
+		}
 		if m.holders == nil {
 			return fmt.Sprintf("rank %d's optimizer shard has no copy in memory (no replicas) (I3)", r)
 		}
@@ -244,9 +275,25 @@ func (m *Machine) spares() int {
 // a registered idle spare with room, preferring one outside the failure
 // domains of the ranks' replica holders, else (free-slots) a surviving
 // host with room where every rank can keep its replicas on other hosts.
+// Under EC the domains avoided are those of the surviving hosts of h's
+// groups, and a free-slots host outside h's groups is preferred (inside,
+// it holds two places, and the group survives one loss less).
 func (m *Machine) replacement(h int, moved []int) (int, bool, string) {
 	avoid := map[string]bool{}
-	if m.holders != nil {
+	inGroup := map[int]bool{}
+	if m.ec != nil {
+		for _, g := range m.ec.groups {
+			if !slices.Contains(g.Hosts, h) {
+				continue
+			}
+			for _, x := range g.Hosts {
+				inGroup[x] = true
+				if d := m.domain[x]; d != "" && x != h && m.alive[x] {
+					avoid[d] = true
+				}
+			}
+		}
+	} else if m.holders != nil {
 		for _, r := range moved {
 			for _, x := range m.holders[r] {
 				if d := m.domain[m.rankHost[x]]; d != "" {
@@ -275,7 +322,7 @@ func (m *Machine) replacement(h int, moved []int) (int, bool, string) {
 	if m.cfg.OnNoSpare == OnNoSpareAbort {
 		return -1, false, noSpare + " (--on-no-spare abort)"
 	}
-	room, fit := false, false
+	room, fit, bestApart := false, false, false
 	for s := range m.alive {
 		if s == h || m.spare[s] || !m.healthy(s) || !m.cfg.fits(s, len(m.hostRanks[s]), len(moved)) {
 			continue
@@ -285,8 +332,9 @@ func (m *Machine) replacement(h int, moved []int) (int, bool, string) {
 			continue
 		}
 		out := m.domain[s] == "" || !avoid[m.domain[s]]
-		if !fit || out && !bestOut {
-			best, bestOut, fit = s, out, true
+		apart := !inGroup[s]
+		if !fit || apart && !bestApart || apart == bestApart && out && !bestOut {
+			best, bestOut, bestApart, fit = s, out, apart, true
 		}
 	}
 	switch {
@@ -302,8 +350,8 @@ func (m *Machine) replacement(h int, moved []int) (int, bool, string) {
 // moved rank and every owner on s whose holder moves there can have its
 // copies on hosts other than its own.
 func (m *Machine) canHold(s, h int, moved []int) bool {
-	if m.holders == nil {
-		return true
+	if m.holders == nil || m.ec != nil {
+		return true // under EC the clear copies follow the data hosts (ecSplice)
 	}
 	need := func(r int) bool {
 		k := len(m.holders[r])
@@ -363,7 +411,7 @@ func (m *Machine) eachPeer(r int, f func(p int) bool) {
 // holders moved. A re-placed copy is invalid until re-sent. It returns
 // how many were re-placed.
 func (m *Machine) fixHolders(moved []int) int {
-	if m.holders == nil {
+	if m.holders == nil || m.ec != nil {
 		return 0
 	}
 	n := 0
@@ -419,8 +467,9 @@ func (m *Machine) clash(o, i, xh int) bool {
 
 // plan says where every rank restores step G from: its own slot when it
 // holds its state, else the optimizer shard from a valid copy at a live
-// holder and the parameters from a live data-parallel peer. It returns
-// why a rank cannot be restored from memory, if one cannot.
+// holder (under EC, a decode of its stripe when no copy survives) and
+// the parameters from a live data-parallel peer. It returns why a rank
+// cannot be restored from memory, if one cannot.
 func (m *Machine) plan() ([]Source, string) {
 	src := make([]Source, len(m.rankHost))
 	for r, h := range m.rankHost {
@@ -429,16 +478,15 @@ func (m *Machine) plan() ([]Source, string) {
 			continue
 		}
 		src[r].Local = false
-		opt := -1
-		if m.holders != nil {
-			for i, x := range m.holders[r] {
-				if m.copyOK[r][i] && m.alive[m.rankHost[x]] {
-					opt = x
-					break
-				}
+		opt := m.copyHolder(r)
+		if opt < 0 && m.ec != nil {
+			ok, why := m.decodable(r)
+			if !ok {
+				return nil, why
 			}
+			src[r].Decode = true
 		}
-		if opt < 0 {
+		if opt < 0 && !src[r].Decode {
 			if m.holders == nil {
 				return nil, fmt.Sprintf("rank %d's optimizer shard has no copy in memory (no replicas) (I3)", r)
 			}
@@ -455,7 +503,10 @@ func (m *Machine) plan() ([]Source, string) {
 		if par < 0 {
 			return nil, fmt.Sprintf("no data-parallel peer of rank %d holds its parameters", r)
 		}
-		src[r].OptRank, src[r].OptHost = opt, m.rankHost[opt]
+		src[r].OptRank, src[r].OptHost = -1, -1
+		if opt >= 0 {
+			src[r].OptRank, src[r].OptHost = opt, m.rankHost[opt]
+		}
 		src[r].ParamsRank, src[r].ParamsHost = par, m.rankHost[par]
 	}
 	return src, ""
@@ -503,6 +554,16 @@ func (m *Machine) violation(sources []Source) string {
 				return fmt.Sprintf("I3: rank %d has no restore source", r)
 			case src.Local && (!m.localOK[r] || !m.alive[h]):
 				return fmt.Sprintf("I3: rank %d's own slot does not hold its state", r)
+			case src.Decode:
+				if m.ec == nil {
+					return fmt.Sprintf("I3: rank %d decodes without erasure coding", r)
+				}
+				if ok, why := m.decodable(r); !ok {
+					return "I3: " + why
+				}
+				if !m.alive[src.ParamsHost] || m.rankHost[src.ParamsRank] != src.ParamsHost || !m.localOK[src.ParamsRank] {
+					return fmt.Sprintf("I3: rank %d's parameters are not recoverable from memory", r)
+				}
 			case !src.Local && (!m.alive[src.OptHost] || m.rankHost[src.OptRank] != src.OptHost || !m.alive[src.ParamsHost] || !m.localOK[src.ParamsRank]):
 				return fmt.Sprintf("I3: rank %d's optimizer shard is not recoverable from memory", r)
 			}

@@ -223,11 +223,7 @@ func (j *job) publishEpoch(p *hotswap.RestorePlan) {
 	}
 	m := comm.Membership{Ranks: j.placement(), Gen: j.gen, G: a.G, Holders: holderRows(a.Holders)}
 	if p != nil && p.Epoch == a.Epoch {
-		for _, s := range p.Sources {
-			if !s.Local {
-				m.Restore = append(m.Restore, wire.RestoreRow{Rank: s.Rank, Opt: s.OptRank, Params: s.ParamsRank})
-			}
-		}
+		m.Restore = restoreRows(p.Sources)
 	}
 	for r, h := range a.RankHost {
 		if j.rankHost[r] != h {
@@ -238,6 +234,9 @@ func (j *job) publishEpoch(p *hotswap.RestorePlan) {
 	if a.Holders != nil {
 		j.holders = a.Holders
 	}
+	if a.EC != nil {
+		j.ecGroups = a.EC
+	}
 	j.epoch = a.Epoch
 	j.prog.setEpoch(a.Epoch)
 	j.setFencePlacement(a.Epoch)
@@ -247,6 +246,24 @@ func (j *job) publishEpoch(p *hotswap.RestorePlan) {
 	}
 	j.evlog.record(j.since(), evPublish{Epoch: a.Epoch, Gen: j.gen, G: a.G, Restore: len(m.Restore)})
 	j.rec = j.newWatch(a.Epoch, a.G, j.restarted, j.moved)
+}
+
+// restoreRows returns the epoch table's restore rows of a restore plan:
+// one per rank that does not restore from its own slot, in rank order.
+// A rank decoded from its erasure-coding stripe (Source.Decode) has no
+// optimizer-shard source; its row names the parameters' peer as Opt too,
+// a rank the table accepts, which RestoreRow.Decode says is unused.
+func restoreRows(sources []hotswap.Source) []wire.RestoreRow {
+	var rows []wire.RestoreRow
+	for _, s := range sources {
+		switch {
+		case s.Decode:
+			rows = append(rows, wire.RestoreRow{Rank: s.Rank, Opt: s.ParamsRank, Params: s.ParamsRank, Decode: true})
+		case !s.Local:
+			rows = append(rows, wire.RestoreRow{Rank: s.Rank, Opt: s.OptRank, Params: s.ParamsRank})
+		}
+	}
+	return rows
 }
 
 // placement is every host's ranks now (per host index; nil: none): a

@@ -282,3 +282,26 @@ func TestSpareThatCannotStart(t *testing.T) {
 		t.Errorf("stderr does not say %q:\n%s", want, r.stderr.String())
 	}
 }
+
+// TestRestoreRows: the restore plan's sources become the epoch table's
+// rows: none for a rank restoring from its own slot, the copy's rank for
+// one restoring from a clear copy or replica, and Decode for one rebuilt
+// from its erasure-coding stripe, whose row passes the table's checks.
+func TestRestoreRows(t *testing.T) {
+	sources := []hotswap.Source{
+		{Rank: 0, Local: true, OptRank: 0, OptHost: 0, ParamsRank: 0, ParamsHost: 0},
+		{Rank: 1, OptRank: 0, OptHost: 0, ParamsRank: 3, ParamsHost: 3},
+		{Rank: 2, Decode: true, OptRank: -1, OptHost: -1, ParamsRank: 3, ParamsHost: 3},
+		{Rank: 3, Local: true, OptRank: 3, OptHost: 3, ParamsRank: 3, ParamsHost: 3},
+	}
+	rows := restoreRows(sources)
+	want := []wire.RestoreRow{{Rank: 1, Opt: 0, Params: 3}, {Rank: 2, Opt: 3, Params: 3, Decode: true}}
+	if !slices.Equal(rows, want) {
+		t.Fatalf("rows %+v, want %+v", rows, want)
+	}
+	tab := wire.EpochTable{Version: wire.Version, Job: NewJobID(), World: 4, G: 5, Restore: rows,
+		Hosts: []wire.TableHost{{Name: "a", Addr: "127.0.0.1", Ranks: wire.CompressRanks([]int{0, 1})}, {Name: "b", Addr: "127.0.0.2", Ranks: wire.CompressRanks([]int{2, 3})}}}
+	if err := tab.Validate(); err != nil {
+		t.Fatalf("the table refuses the rows: %v", err)
+	}
+}

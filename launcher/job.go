@@ -76,7 +76,13 @@ type job struct {
 	// holders[r] are the ranks holding rank r's replicas (state
 	// protection), or nil.
 	holders [][]int
-	prog    *progress
+	// ecGroups are the erasure-coding groups of a job run with
+	// --redundancy ec:K+M (host indices into hosts), nil otherwise:
+	// topology.PlanEC's at the start (holders are then the clear copies'
+	// holders), each epoch's as the machine publishes them (a replacement
+	// in the lost host's places) after.
+	ecGroups []topology.ECGroup
+	prog     *progress
 
 	events     chan *wire.Event
 	progress   chan *wire.UpProgress
@@ -210,7 +216,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 func (j *job) machineConfig() hotswap.Config {
 	c := hotswap.Config{
 		World: j.world, Hosts: make([]topology.Host, len(j.hosts)), Assign: slices.Clone(j.rankHost),
-		TP: j.cfg.TP, PP: j.cfg.PP, Holders: j.holders,
+		TP: j.cfg.TP, PP: j.cfg.PP, Holders: j.holders, EC: j.ecGroups,
 		MaxRestarts: j.cfg.MaxRestarts, Recovery: j.cfg.Recovery, OnNoSpare: j.cfg.OnNoSpare,
 		Oversubscribe:    j.cfg.Oversubscribe,
 		SuspectTimeout:   j.cfg.SuspectTimeout,

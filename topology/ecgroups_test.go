@@ -1155,3 +1155,30 @@ func TestECReplace(t *testing.T) {
 		}
 	}
 }
+
+// TestECReplaceKeepsParityRows: parity row j lives on Parity[j]; a spare
+// that replaces a parity host takes that row, whatever its index, and no
+// other parity host changes row (its memory holds the row it had).
+func TestECReplaceKeepsParityRows(t *testing.T) {
+	hosts := []Host{{Name: "a", Slots: 1}, {Name: "b", Slots: 1}, {Name: "c", Slots: 1}, {Name: "d", Slots: 1},
+		{Name: "s", Slots: 1, Spare: true}, {Name: "t", Slots: 1, Spare: true}}
+	groups, err := PlanEC(hosts, ecMapAll(t, hosts, MapBySlot), ECOptions{K: 2, M: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := groups[0]
+	for j, lost := range g.Parity {
+		for _, spare := range []int{4, 5} {
+			r := g.Replace(lost, spare)
+			for i, h := range r.Parity {
+				want := g.Parity[i]
+				if i == j {
+					want = spare
+				}
+				if h != want {
+					t.Errorf("replacing parity row %d's host %d with %d: parity %v; want row %d on host %d", j, lost, spare, r.Parity, i, want)
+				}
+			}
+		}
+	}
+}

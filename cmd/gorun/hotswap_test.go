@@ -23,6 +23,7 @@ import (
 
 	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/testcluster"
+	"github.com/gorun/gorun/topology"
 )
 
 // End-to-end tests of host replacement (issue 14): a job of examples/dptrain
@@ -732,5 +733,112 @@ fi`
 				t.Errorf("splices %+v, want rank 0's host %s replaced\nstderr:\n%s", sp, c.hosts.Names[0], res.stderr)
 			}
 		})
+	}
+}
+
+// TestHotSwapEC loses two of four hosts at once under --redundancy ec:2+2
+// (one group: two data hosts, two parity hosts; two spares), while the
+// survivors compute, in both recovery modes: both data hosts (the lost
+// ranks have no clear copy left: every one of them is decoded from the
+// parity rows and the surviving members), and a data host with a parity
+// host (decode from the other parity row). The job must end as a run
+// without failure: exit 0, the same final hashes, both spares spliced in.
+func TestHotSwapEC(t *testing.T) {
+	t.Skip("waits for --redundancy ec:K+M and its epoch-table groups (task A), the EC encode path and parity store (task B) and the decode restore path (task C)")
+	c := newHSCluster(t, 4, 2)
+	ec := []string{"--redundancy", "ec:2+2"}
+	// The groups as the launcher plans them: the hostfile's hosts in
+	// order, ranks by slot, topology.PlanEC.
+	hosts := make([]topology.Host, len(c.hosts.Names))
+	for i, n := range c.hosts.Names {
+		hosts[i] = topology.Host{Name: n, Slots: 2, Spare: i >= c.work}
+	}
+	asg, err := topology.MapRanks(hosts, topology.MapOptions{NP: 2 * c.work, By: topology.MapBySlot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, err := topology.PlanEC(hosts, asg, topology.ECOptions{K: 2, M: 2})
+	if err != nil || len(groups) != 1 {
+		t.Fatalf("PlanEC = %v, %v; want one group", groups, err)
+	}
+	g := groups[0]
+	t.Logf("data hosts %v, parity hosts %v", g.Data, g.Parity)
+	// The ranks of a lost data host have no clear copy left, nor have
+	// the ranks whose clear copy it held: they are decoded.
+	decoded := func(lost []int) []int {
+		var rs []int
+		for x, dg := range g.DataGroups {
+			if !slices.Contains(lost, g.Data[x]) {
+				continue
+			}
+			for _, r := range dg {
+				if slices.Contains(lost, asg[r].Host) {
+					rs = append(rs, r)
+				}
+			}
+		}
+		return rs
+	}
+	// The failure-free run's hashes, which the protection does not change.
+	wantP, wantO := hsReference(t, c)
+	for _, mode := range []string{"restart", "in-place"} {
+		for _, tc := range []struct {
+			name string
+			lost []int
+		}{
+			{"data+data", []int{g.Data[0], g.Data[1]}},
+			{"data+parity", []int{g.Data[0], g.Parity[0]}},
+		} {
+			t.Run(mode+"/"+tc.name, func(t *testing.T) {
+				r := c.start(t, append([]string{"--recovery", mode}, ec...), "--protect")
+				r.waitStep(t, 8)
+				for _, h := range tc.lost {
+					if err := c.hosts.KillAll(h); err != nil {
+						t.Fatal(err)
+					}
+				}
+				res := r.finish(t, 0, len(tc.lost))
+				defer func() {
+					if t.Failed() {
+						t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+					}
+				}()
+				checkHashes(t, res, wantP, wantO)
+				evs := readEvents(t, r.events)
+				var with []string
+				for _, s := range ofKind(evs, "splice") {
+					with = append(with, s.With)
+				}
+				slices.Sort(with)
+				if want := c.hosts.Names[c.work:]; !slices.Equal(with, want) {
+					t.Errorf("spliced in %v, want both spares %v", with, want)
+				}
+				// -v logs the machine's restore plans. The ranks of the
+				// data host lost first have no copy but their own slot:
+				// some plan decodes. Whether the others do depends on
+				// whether the second loss is seen before the first's
+				// copies are re-sent; no plan decodes a rank that keeps
+				// a clear copy whatever the timing.
+				decodes := regexp.MustCompile(` r(\d+)<-decode,`)
+				n := 0
+				for _, l := range strings.Split(res.stderr, "\n") {
+					if !strings.Contains(l, "hot-swap") || !strings.Contains(l, "restore epoch=") {
+						continue
+					}
+					for _, m := range decodes.FindAllStringSubmatch(l, -1) {
+						n++
+						if x, _ := strconv.Atoi(m[1]); !slices.Contains(decoded(tc.lost), x) {
+							t.Errorf("rank %d decoded, but its clear copy survives (ranks without one: %v): %s", x, decoded(tc.lost), l)
+						}
+					}
+				}
+				if n == 0 {
+					t.Errorf("no restore plan decodes (ranks without a clear copy: %v)", decoded(tc.lost))
+				}
+				if mode == "in-place" && len(ofKind(evs, "restart")) > 0 {
+					t.Errorf("in-place recovery restarted the ranks: %+v", ofKind(evs, "restart"))
+				}
+			})
+		}
 	}
 }
