@@ -221,7 +221,7 @@ func (j *job) publishEpoch(p *hotswap.RestorePlan) {
 	if a == nil || j.stopping {
 		return
 	}
-	m := comm.Membership{Ranks: j.placement(), Gen: j.gen, G: a.G, Holders: holderRows(a.Holders)}
+	m := comm.Membership{Ranks: j.placement(), Gen: j.gen, G: a.G, Holders: holderRows(a.Holders), EC: j.ecTable()}
 	if p != nil && p.Epoch == a.Epoch {
 		for _, s := range p.Sources {
 			if !s.Local {

@@ -76,7 +76,13 @@ type job struct {
 	// holders[r] are the ranks holding rank r's replicas (state
 	// protection), or nil.
 	holders [][]int
-	prog    *progress
+	// ecGroups is the erasure-coding layout of a job run with
+	// --redundancy ec:K+M (placeRedundancy; nil otherwise), with job host
+	// indices (j.hosts): the one source of every epoch table's EC
+	// (ecTable). A hot swap that replaces a group's host updates it
+	// (topology.ECGroup.Replace) before the recovery epoch is published.
+	ecGroups []topology.ECGroup
+	prog     *progress
 
 	events     chan *wire.Event
 	progress   chan *wire.UpProgress
@@ -190,7 +196,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		}
 	}
 	j.remote = remote
-	if err := j.placeReplicas(assign); err != nil {
+	if err := j.placeRedundancy(assign); err != nil {
 		return 0, err
 	}
 	if remote > 0 && cfg.Bind == "" {
@@ -281,6 +287,9 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		}
 	})
 	defer j.out.close()
+	if j.verbose {
+		j.out.report("state protection: %s", j.survives())
+	}
 	j.fences = comm.NewFenceCollector(j.ctl.Conn, j.id, 0, len(j.hosts))
 	hostRanks := j.placement()
 	// The spares run no rank: they send no fence part.
@@ -303,7 +312,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	for i, h := range j.hosts {
 		rhosts[i] = comm.RendezvousHost{Name: h.name, Ranks: slices.Clone(h.ranks), Spare: h.spare}
 	}
-	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, j.spec(), holderRows(j.holders))
+	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, j.spec(), holderRows(j.holders), j.ecTable())
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
 	}
