@@ -85,7 +85,7 @@ type config struct {
 	// runs with; the first is the others' baseline.
 	redundancies []topology.Redundancy
 	codecReps    int // rounds of each codec measurement (erasure codes only)
-	baseEvery      int      // gorun --base-every of the diff runs
+	baseEvery    int // gorun --base-every of the diff runs
 
 	// Helper modes: one end of a TCP stream inside a namespace (tcp.go).
 	tcpSink, tcpSource string
