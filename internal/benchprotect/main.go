@@ -374,7 +374,11 @@ func (b *bench) runOnce(ctx context.Context, v *variant, mode string, red topolo
 	}
 	defer logf.Close()
 	fmt.Fprintf(logf, "%s %s\n", cfg.gorun, strings.Join(args, " "))
-	fmt.Fprintf(b.log, "benchprotect: %s, protection %q %s: %d steps ...", v.name, mode, red, total)
+	what := "none"
+	if protect {
+		what = mode + ", " + red.String()
+	}
+	fmt.Fprintf(b.log, "benchprotect: %s, protection %s: %d steps ...", v.name, what, total)
 
 	// A job that stops making progress (replication that never succeeds
 	// holds every rank at the overwrite rule) is stopped.
