@@ -287,9 +287,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		}
 	})
 	defer j.out.close()
-	if j.verbose {
-		j.out.report("state protection: %s", j.survives())
-	}
+	j.reportSurvives()
 	j.fences = comm.NewFenceCollector(j.ctl.Conn, j.id, 0, len(j.hosts))
 	hostRanks := j.placement()
 	// The spares run no rank: they send no fence part.

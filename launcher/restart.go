@@ -68,7 +68,6 @@ func (j *job) placeEC() error {
 	}
 	j.ecGroups = groups
 	j.holders = clearCopyHolders(groups, j.rankHost, j.placement())
-	j.log.Debug("erasure coding", "survives", topology.SurvivesEC(groups, nil))
 	return nil
 }
 
@@ -97,8 +96,22 @@ func clearCopyHolders(groups []topology.ECGroup, rankHost []int, hostRanks [][]i
 	return holders
 }
 
-// survives states what the job's redundancy survives (gorun -v prints it
-// at the start): topology.SurvivesEC or topology.SurvivesReplicas.
+// reportSurvives says, with -v, what the job's redundancy survives: on
+// the terminal where its state has copies on other hosts, in the log
+// otherwise (a one-host job).
+func (j *job) reportSurvives() {
+	if !j.verbose {
+		return
+	}
+	if j.ecGroups == nil && !slices.ContainsFunc(j.holders, func(hs []int) bool { return len(hs) > 0 }) {
+		j.log.Debug("state protection", "survives", j.survives())
+		return
+	}
+	j.out.report("state protection: %s", j.survives())
+}
+
+// survives states what the job's redundancy survives:
+// topology.SurvivesEC or topology.SurvivesReplicas.
 func (j *job) survives() string {
 	if j.ecGroups != nil {
 		return topology.SurvivesEC(j.ecGroups, nil)

@@ -87,3 +87,27 @@ func TestRedundancyHelp(t *testing.T) {
 		t.Errorf("exit %d; --help does not document --redundancy:\n%s%s", res.code, res.stdout, res.stderr)
 	}
 }
+
+// TestRedundancyVerbose: gorun -v says at the start what the job's
+// redundancy survives (four loopback addresses are four hosts of this
+// one, their agents in gorun's process).
+func TestRedundancyVerbose(t *testing.T) {
+	hosts := "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4"
+	for _, tc := range []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"--redundancy", "ec:2+2"}, "gorun: state protection: ec:2+2 over 4 hosts: any 2 of the 4 hosts\n"},
+		{[]string{"--replicas", "1"}, "gorun: state protection: replicas:1 over 4 hosts: any 1 host"},
+	} {
+		t.Run(strings.Join(tc.flags, " "), func(t *testing.T) {
+			res := runJob(t, "", nil, append(tc.flags, "-v", "-H", hosts, "true")...)
+			if res.code != 0 {
+				t.Fatalf("exit %d\nstderr:\n%s", res.code, res.stderr)
+			}
+			if !strings.Contains(res.stderr, tc.want) {
+				t.Errorf("stderr does not say %q:\n%s", tc.want, res.stderr)
+			}
+		})
+	}
+}
