@@ -44,7 +44,7 @@ type ECGroup struct {
 	Workers    [][]int     // Workers[i]: ranks on Hosts[i], ascending (ECHECK's origin_group)
 	DataGroups [][]int     // K equal consecutive slices of the group's ranks in worker order (ECHECK's data_group)
 	Data       []int       // Data[j]: host index that stores DataGroups[j] (a data node)
-	Parity     []int       // Parity[j]: host index that stores parity row j (the M parity nodes, ascending)
+	Parity     []int       // Parity[j]: host index that stores parity row j (the M parity nodes, ascending as PlanEC plans them; Replace keeps each row's place)
 	Reductions []Reduction // W/K reduction groups, W = number of ranks in the group
 }
 
@@ -442,7 +442,9 @@ func ECLoss(groups []ECGroup, failed []int) []int {
 
 // Replace returns the group with host lost replaced by host spare, as a
 // hot swap does: the spare takes the lost host's place, its ranks and its
-// role (data or parity), so no other host's share of the group moves.
+// role (data host of data group j, or parity host of row j: Parity keeps
+// its order, which may then no longer be ascending), so no other host's
+// share of the group moves.
 func (g ECGroup) Replace(lost, spare int) ECGroup {
 	swap := func(hs []int) []int {
 		out := slices.Clone(hs)
@@ -455,7 +457,6 @@ func (g ECGroup) Replace(lost, spare int) ECGroup {
 	}
 	r := g
 	r.Hosts, r.Data, r.Parity = swap(g.Hosts), swap(g.Data), swap(g.Parity)
-	slices.Sort(r.Parity)
 	return r
 }
 

@@ -1155,3 +1155,32 @@ func TestECReplace(t *testing.T) {
 		}
 	}
 }
+
+// TestECReplaceKeepsParityRows: the spare that replaces parity host
+// Parity[j] holds row j: every other parity host keeps its row, whatever
+// the spare's index (parity row j of every stripe is on Parity[j], so a
+// re-ordered Parity would move rows between surviving hosts).
+func TestECReplaceKeepsParityRows(t *testing.T) {
+	var hosts []Host
+	for i := range 5 {
+		hosts = append(hosts, Host{Name: fmt.Sprintf("h%d", i), Slots: 1})
+	}
+	hosts[4].Spare = true
+	groups, err := PlanEC(hosts, ecMapAll(t, hosts, MapBySlot), ECOptions{K: 2, M: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := groups[0]
+	for j, lost := range g.Parity {
+		r := g.Replace(lost, 4)
+		for i, h := range g.Parity {
+			want := h
+			if i == j {
+				want = 4
+			}
+			if r.Parity[i] != want {
+				t.Fatalf("replacing parity host %d (row %d) of %v by host 4: Parity %v, want row %d on host %d", lost, j, g.Parity, r.Parity, i, want)
+			}
+		}
+	}
+}
