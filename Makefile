@@ -5,7 +5,7 @@ PKGS    := ./...
 # Packages with vector kernels built under GOEXPERIMENT=simd.
 SIMD_PKGS := ./replay/ ./examples/dptrain/
 
-.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-tier2 bench-mpi bench-recovery fuzz lint demo demo-hotswap demo-hello demo-train clean
+.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-tier2 bench-ec bench-mpi bench-recovery fuzz lint demo demo-hotswap demo-hello demo-train clean
 
 all: build
 
@@ -116,6 +116,18 @@ bench-protect: build
 bench-tier2:
 	@if $(SIMD_PROBE); then simd=$${GOEXPERIMENT:+$$GOEXPERIMENT,}simd; else simd=$$GOEXPERIMENT; fi; \
 	GOEXPERIMENT=$$simd GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench BenchmarkTier2Restore -benchtime 5x -timeout 20m -v ./rank/ | grep -v '^=== '
+
+# Erasure coding (--redundancy ec:2+2) against replicas:1 on 4 namespace
+# hosts of one rank with 256 MiB of optimizer state each, full mode, beside
+# ckpt.Codec's throughput over the same bytes, in one run (benchprotect
+# -redundancy); then the codec's Go benchmark, and a restore from another
+# host (Tier 2) beside the decode of two lost hosts' state where
+# BenchmarkECRestore exists.
+bench-ec: build
+	$(GO) run ./internal/benchprotect -gorun $(BIN)/gorun -dptrain $(BIN)/dptrain -hosts 4 -ranks 4 -modes full -redundancy replicas:1,ec:2+2 -cpu-compute 0
+	GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench BenchmarkCodecEncode -benchtime 3x ./ckpt/ | grep -v '^=== '
+	@if $(SIMD_PROBE); then simd=$${GOEXPERIMENT:+$$GOEXPERIMENT,}simd; else simd=$$GOEXPERIMENT; fi; \
+	GOEXPERIMENT=$$simd GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench 'BenchmarkTier2Restore$$|BenchmarkECRestore' -benchtime 5x -timeout 20m -v ./rank/ | grep -v '^=== '
 
 # Short fuzzing of every parser (go test -fuzz runs one target at a time).
 FUZZTIME ?= 20s

@@ -114,7 +114,7 @@ func TestEpochChangeAndRebuild(t *testing.T) {
 	rv, err := comm.StartRendezvous(l.Conn, job, 0, []comm.RendezvousHost{{Name: "h0", Ranks: []int{0, 1, 2}}}, &wire.JobSpec{
 		Prog: os.Args[0], Env: []string{commtestHelper + "=rebuild"}, Dir: t.TempDir(),
 		KillGrace: time.Second, HeartbeatInterval: time.Second, StdinRank: wire.NoStdin,
-	}, nil)
+	}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,6 +44,7 @@ type Membership struct {
 	G       int64
 	Holders []wire.HolderRow
 	Restore []wire.RestoreRow
+	EC      *wire.ECTable // the erasure-coding layout (nil: replicas only)
 }
 
 // Rendezvous collects the registrations of the job's agents on the
@@ -78,11 +79,12 @@ type Rendezvous struct {
 }
 
 // StartRendezvous begins accepting registrations for epoch of job, whose
-// hosts run hosts[i].Ranks with replica holders holders (nil: none).
-// Each registered agent gets spec in its reply.
-func StartRendezvous(nc *nats.Conn, job string, epoch uint64, hosts []RendezvousHost, spec *wire.JobSpec, holders []wire.HolderRow) (*Rendezvous, error) {
+// hosts run hosts[i].Ranks with replica holders holders (nil: none) and
+// erasure-coding layout ec (nil: none). Each registered agent gets spec in
+// its reply.
+func StartRendezvous(nc *nats.Conn, job string, epoch uint64, hosts []RendezvousHost, spec *wire.JobSpec, holders []wire.HolderRow, ec *wire.ECTable) (*Rendezvous, error) {
 	world, missing := 0, 0
-	m := Membership{Ranks: make([][]int, len(hosts)), G: -1, Holders: holders}
+	m := Membership{Ranks: make([][]int, len(hosts)), G: -1, Holders: holders, EC: ec}
 	for i, h := range hosts {
 		world += len(h.Ranks)
 		m.Ranks[i] = h.Ranks
@@ -204,6 +206,7 @@ func (r *Rendezvous) buildTable() *wire.EpochTable {
 		Version: wire.Version, Job: r.job, Epoch: r.epoch, World: r.world,
 		Hosts: make([]wire.TableHost, len(r.hosts)),
 		Gen:   r.member.Gen, G: r.member.G, Holders: r.member.Holders, Restore: r.member.Restore,
+		EC: r.member.EC,
 	}
 	for i, h := range r.hosts {
 		th := &t.Hosts[i]

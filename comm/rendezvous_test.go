@@ -266,7 +266,7 @@ func twoHostRendezvous(t *testing.T, ctx context.Context) (*comm.Rendezvous, []*
 	t.Helper()
 	secret, srv, l := testControlPlane(t, "job1", 2)
 	rv, err := comm.StartRendezvous(l.Conn, "job1", 0, []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}},
-		&wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, nil)
+		&wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +376,7 @@ func TestRendezvousCancel(t *testing.T) {
 	// start runs job's control plane and rendezvous; join connects host's agent.
 	start := func(t *testing.T, job string) (*comm.Rendezvous, func(int) *comm.AgentRendezvous) {
 		secret, srv, l := testControlPlane(t, job, len(hosts))
-		rv, err := comm.StartRendezvous(l.Conn, job, 0, hosts, spec, nil)
+		rv, err := comm.StartRendezvous(l.Conn, job, 0, hosts, spec, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -620,7 +620,7 @@ func TestRendezvousMembership(t *testing.T) {
 	holders := []wire.HolderRow{{Rank: 0, Holders: []int{1}}, {Rank: 1, Holders: []int{0}}}
 	rv, err := comm.StartRendezvous(l.Conn, "job1", 0,
 		[]comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}, {Name: "s", Spare: true}},
-		&wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, holders)
+		&wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, holders, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -93,7 +93,7 @@ func newSimJob(tb testing.TB, job string, hosts []comm.RendezvousHost, holders [
 		tb.Fatal(err)
 	}
 	sj.up.SetPendingLimits(-1, -1)
-	sj.rv, err = comm.StartRendezvous(sj.launcher.Conn, job, 0, hosts, &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, holders)
+	sj.rv, err = comm.StartRendezvous(sj.launcher.Conn, job, 0, hosts, &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, holders, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -37,12 +37,20 @@ type Config struct {
 	// (1) quietly protects on each rank's own host only.
 	Replicas    int
 	ReplicasSet bool
+	// ECK and ECM, when ECK > 0, protect the state with an erasure code
+	// in place of replicas (--redundancy ec:K+M; Replicas must be 0):
+	// the hosts with ranks form groups of ECK data and ECM parity hosts
+	// (topology.PlanEC, across racks when the hostfile names them), and
+	// each group survives any ECM of its hosts lost. A job whose hosts
+	// cannot form such groups is a ConfigError saying why.
+	ECK, ECM int
 	// ProtectMode is how each rank's protected state reaches its replica
 	// holders (--protect-mode): ModeFull ("" too) copies every
 	// committed step's state whole (any trainer); ModeDiff sends
 	// each step's gradient and hyper-parameters, and the holders rebuild
 	// the state by replay (trainers that declare the replay optimizer),
-	// as Diff says. ModeDiff needs Replicas of 1 or more.
+	// as Diff says. ModeDiff needs Replicas of 1 or more, or an erasure
+	// code (its bases are erasure coded).
 	ProtectMode ProtectMode
 	// Diff configures ModeDiff; it must be zero in ModeFull.
 	Diff DiffOptions
@@ -301,9 +309,17 @@ func (cfg *Config) markSpares() error {
 	return nil
 }
 
-// checkProtect checks the protect mode and its settings, and fills in the
-// defaults of diff mode's.
+// checkProtect checks the redundancy, the protect mode and its settings,
+// and fills in the defaults of diff mode's.
 func (cfg *Config) checkProtect() error {
+	if cfg.ECK != 0 || cfg.ECM != 0 {
+		if cfg.ECK < 1 || cfg.ECM < 1 || cfg.ECK > topology.MaxECShards-cfg.ECM {
+			return &ConfigError{Msg: fmt.Sprintf("--redundancy ec:%d+%d: want K >= 1 data and M >= 1 parity hosts, K+M at most %d", cfg.ECK, cfg.ECM, topology.MaxECShards)}
+		}
+		if cfg.Replicas != 0 {
+			return &ConfigError{Msg: fmt.Sprintf("--redundancy ec:%d+%d and --replicas %d: give one of them", cfg.ECK, cfg.ECM, cfg.Replicas)}
+		}
+	}
 	if cfg.ProtectMode == "" {
 		cfg.ProtectMode = ModeFull
 	}
@@ -323,7 +339,7 @@ func (cfg *Config) checkProtect() error {
 		}
 		return nil
 	}
-	if cfg.Replicas < 1 {
+	if cfg.Replicas < 1 && cfg.ECK == 0 {
 		return &ConfigError{Msg: fmt.Sprintf("--protect-mode diff sends each step to the replica holders: it needs --replicas 1 or more, not %d", cfg.Replicas)}
 	}
 	if d.Fold < 0 || d.Fold > MaxDiffFold {

@@ -221,7 +221,10 @@ func (j *job) publishEpoch(p *hotswap.RestorePlan) {
 	if a == nil || j.stopping {
 		return
 	}
-	m := comm.Membership{Ranks: j.placement(), Gen: j.gen, G: a.G, Holders: holderRows(a.Holders)}
+	if a.EC != nil {
+		j.ecGroups = a.EC // the table below carries the epoch's groups
+	}
+	m := comm.Membership{Ranks: j.placement(), Gen: j.gen, G: a.G, Holders: holderRows(a.Holders), EC: j.ecTable()}
 	if p != nil && p.Epoch == a.Epoch {
 		m.Restore = restoreRows(p.Sources)
 	}
@@ -233,9 +236,6 @@ func (j *job) publishEpoch(p *hotswap.RestorePlan) {
 	}
 	if a.Holders != nil {
 		j.holders = a.Holders
-	}
-	if a.EC != nil {
-		j.ecGroups = a.EC
 	}
 	j.epoch = a.Epoch
 	j.prog.setEpoch(a.Epoch)

@@ -78,9 +78,10 @@ type job struct {
 	holders [][]int
 	// ecGroups are the erasure-coding groups of a job run with
 	// --redundancy ec:K+M (host indices into hosts), nil otherwise:
-	// topology.PlanEC's at the start (holders are then the clear copies'
-	// holders), each epoch's as the machine publishes them (a replacement
-	// in the lost host's places) after.
+	// placeRedundancy's (topology.PlanEC) at the start (holders are then
+	// the clear copies' holders), each epoch's as the machine publishes
+	// them (a replacement in the lost host's places) after. It is the one
+	// source of every epoch table's EC (ecTable).
 	ecGroups []topology.ECGroup
 	prog     *progress
 
@@ -196,7 +197,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		}
 	}
 	j.remote = remote
-	if err := j.placeReplicas(assign); err != nil {
+	if err := j.placeRedundancy(assign); err != nil {
 		return 0, err
 	}
 	if remote > 0 && cfg.Bind == "" {
@@ -287,6 +288,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		}
 	})
 	defer j.out.close()
+	j.reportSurvives()
 	j.fences = comm.NewFenceCollector(j.ctl.Conn, j.id, 0, len(j.hosts))
 	hostRanks := j.placement()
 	// The spares run no rank: they send no fence part.
@@ -309,7 +311,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	for i, h := range j.hosts {
 		rhosts[i] = comm.RendezvousHost{Name: h.name, Ranks: slices.Clone(h.ranks), Spare: h.spare}
 	}
-	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, j.spec(), holderRows(j.holders))
+	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, j.spec(), holderRows(j.holders), j.ecTable())
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
 	}

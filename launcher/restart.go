@@ -2,14 +2,23 @@ package launcher
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
 )
 
-// placeReplicas chooses every rank's replica holders (topology.Place):
-// --replicas holders on other hosts of its data-parallel group.
-func (j *job) placeReplicas(assign []topology.Assignment) error {
+// placeRedundancy plans how every rank's protected state survives lost
+// hosts, once, at the job's start (a hot swap keeps the plan, changing
+// only the lost host): with --redundancy ec:K+M the erasure-coding groups
+// (placeEC), otherwise --replicas holders on other hosts of each rank's
+// data-parallel group (topology.Place). It runs after j.hosts and
+// j.rankHost are set.
+func (j *job) placeRedundancy(assign []topology.Assignment) error {
+	if j.cfg.ECK > 0 {
+		return j.placeEC()
+	}
 	k := j.cfg.Replicas
 	if k <= 0 {
 		return nil
@@ -33,6 +42,104 @@ func (j *job) placeReplicas(assign []topology.Assignment) error {
 		j.log.Debug("replica placement", "shortfall", s.String())
 	}
 	return nil
+}
+
+// placeEC plans the erasure-coding groups of --redundancy ec:K+M over the
+// hosts that run ranks (topology.PlanEC, with job host indices; across
+// racks when the hostfile names any) into j.ecGroups, and their clear
+// copies into j.holders (clearCopyHolders). A plan that cannot be made is
+// a ConfigError that says why: it was asked for explicitly.
+func (j *job) placeEC() error {
+	hosts := make([]topology.Host, len(j.hosts))
+	spread := false
+	for i, h := range j.hosts {
+		hosts[i] = h.topo
+		spread = spread || h.topo.Rack != ""
+	}
+	assign := make([]topology.Assignment, len(j.rankHost))
+	for r, h := range j.rankHost {
+		assign[r] = topology.Assignment{Rank: r, Host: h}
+	}
+	code := topology.Redundancy{ECK: j.cfg.ECK, ECM: j.cfg.ECM}
+	groups, err := topology.PlanEC(hosts, assign, topology.ECOptions{K: j.cfg.ECK, M: j.cfg.ECM, Spread: spread})
+	if err != nil {
+		why := strings.TrimPrefix(err.Error(), topology.ErrECGroups.Error()+": ")
+		return &ConfigError{Msg: fmt.Sprintf("--redundancy %s: %s", code, why), Err: err}
+	}
+	j.ecGroups = groups
+	j.holders = clearCopyHolders(groups, j.rankHost, j.placement())
+	return nil
+}
+
+// clearCopyHolders returns the holders of the clear copies of an
+// erasure-coded job (wire.EpochTable.EC): each rank of data group j of a
+// group is held by the lowest rank on the group's data host Data[j],
+// unless it runs there itself (then it has no holder). rankHost maps a
+// rank to its host, hostRanks a host to its ranks. A data host without
+// ranks (a vacant role) holds nothing.
+func clearCopyHolders(groups []topology.ECGroup, rankHost []int, hostRanks [][]int) [][]int {
+	holders := make([][]int, len(rankHost))
+	for _, g := range groups {
+		for d, dg := range g.DataGroups {
+			host := g.Data[d]
+			if host < 0 || host >= len(hostRanks) || len(hostRanks[host]) == 0 {
+				continue
+			}
+			holder := slices.Min(hostRanks[host])
+			for _, r := range dg {
+				if rankHost[r] != host {
+					holders[r] = []int{holder}
+				}
+			}
+		}
+	}
+	return holders
+}
+
+// reportSurvives says, with -v, what the job's redundancy survives: on
+// the terminal where its state has copies on other hosts, in the log
+// otherwise (a one-host job).
+func (j *job) reportSurvives() {
+	if !j.verbose {
+		return
+	}
+	if j.ecGroups == nil && !slices.ContainsFunc(j.holders, func(hs []int) bool { return len(hs) > 0 }) {
+		j.log.Debug("state protection", "survives", j.survives())
+		return
+	}
+	j.out.report("state protection: %s", j.survives())
+}
+
+// survives states what the job's redundancy survives:
+// topology.SurvivesEC or topology.SurvivesReplicas.
+func (j *job) survives() string {
+	if j.ecGroups != nil {
+		return topology.SurvivesEC(j.ecGroups, nil)
+	}
+	return topology.SurvivesReplicas(j.cfg.Replicas, j.rankHost, j.holders)
+}
+
+// ecTable returns the epoch table's erasure-coding layout, from j.ecGroups
+// (nil without EC): every table the job publishes takes it from here.
+func (j *job) ecTable() *wire.ECTable {
+	return ecTable(j.cfg.ECK, j.cfg.ECM, j.ecGroups)
+}
+
+// ecTable returns groups as an epoch table carries them (nil for none).
+func ecTable(k, m int, groups []topology.ECGroup) *wire.ECTable {
+	if len(groups) == 0 {
+		return nil
+	}
+	t := &wire.ECTable{K: k, M: m, Groups: make([]wire.ECGroupRow, len(groups))}
+	for i, g := range groups {
+		row := &t.Groups[i]
+		row.Hosts, row.Data, row.Parity = slices.Clone(g.Hosts), slices.Clone(g.Data), slices.Clone(g.Parity)
+		row.DataGroups = make([][]int, len(g.DataGroups))
+		for d, dg := range g.DataGroups {
+			row.DataGroups[d] = slices.Clone(dg)
+		}
+	}
+	return t
 }
 
 // holderRows returns the epoch table's holder rows for holders: one per

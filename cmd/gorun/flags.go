@@ -39,6 +39,7 @@ type runOptions struct {
 	gpusPerRank   int
 	replicas      int
 	replicasSet   bool
+	ecK, ecM      int // --redundancy ec:K+M (ecK 0: replicas)
 	protectMode   rank.ProtectMode
 	diff          launcher.DiffOptions
 	maxRestarts   int
@@ -91,9 +92,18 @@ Placement:
   (no hostfile or -H: this host, with one slot per GPU, or per CPU without GPUs)
 
 Fault tolerance:
-  --replicas K            other hosts keeping a copy of each rank's protected
-                          state, in its data-parallel group (default 1 where the
-                          hosts allow it; asked for explicitly, it must be met)
+  --redundancy replicas:K|ec:K+M
+                          how each rank's protected state survives lost hosts:
+                          replicas:K, whole copies on K other hosts of its
+                          data-parallel group (default replicas:1 where the hosts
+                          allow it; asked for explicitly, it must be met); ec:K+M,
+                          an erasure code over groups of K data and M parity
+                          hosts (across racks when the hostfile names them):
+                          any M hosts of a group may be lost, at (K+M)/K times
+                          the state's memory instead of K+1 times. The hosts
+                          with ranks must form whole groups and each group's
+                          ranks must divide by K; -v says what the job survives
+  --replicas K            the same as --redundancy replicas:K (0 to 8)
   --protect-mode full|diff
                           full: every step's protected state is copied whole to
                           its holders (any trainer); diff: only each step's
@@ -226,6 +236,7 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	fs.IntVar(&o.pp, "pp", 1, "")
 	fs.IntVar(&o.gpusPerRank, "gpus-per-rank", 0, "")
 	fs.IntVar(&o.replicas, "replicas", 1, "")
+	redundancy := fs.String("redundancy", "", "")
 	protectMode := fs.String("protect-mode", string(rank.ModeFull), "")
 	fs.IntVar(&o.diff.Fold, "diff-fold", defaultDiffFold, "")
 	fs.IntVar(&o.diff.BaseEvery, "base-every", defaultBaseEvery, "")
@@ -285,6 +296,9 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 		return nil, usagef("--replicas must be 0 to 8, not %d", o.replicas)
 	}
 	o.replicasSet = set["replicas"]
+	if err := o.parseRedundancy(*redundancy, set); err != nil {
+		return nil, err
+	}
 	if err := o.parseProtect(*protectMode, set); err != nil {
 		return nil, err
 	}
@@ -331,6 +345,26 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	return o, nil
 }
 
+// parseRedundancy checks --redundancy (set names the flags given) and
+// keeps it in o: replicas:K as --replicas K would, ec:K+M in place of the
+// default replica. It and --replicas together are an error, even when
+// they agree.
+func (o *runOptions) parseRedundancy(v string, set map[string]bool) error {
+	if !set["redundancy"] {
+		return nil
+	}
+	if set["replicas"] {
+		return usagef("--redundancy %s and --replicas %d: give one of them (--replicas K is --redundancy replicas:K)", v, o.replicas)
+	}
+	r, err := topology.ParseRedundancy(v)
+	if err != nil {
+		return usagef("--redundancy %s", strings.TrimPrefix(err.Error(), topology.ErrRedundancy.Error()+": "))
+	}
+	o.replicas, o.replicasSet = r.Replicas, true
+	o.ecK, o.ecM = r.ECK, r.ECM
+	return nil
+}
+
 // The diff-mode flags' defaults.
 const (
 	defaultDiffFold  = 8
@@ -356,7 +390,7 @@ func (o *runOptions) parseProtect(mode string, set map[string]bool) error {
 		o.diff = launcher.DiffOptions{}
 		return nil
 	}
-	if o.replicas == 0 {
+	if o.replicas == 0 && o.ecK == 0 {
 		return usagef("--protect-mode diff sends each step to the replica holders: it needs --replicas 1 or more, not 0")
 	}
 	if o.diff.Fold < 1 || o.diff.Fold > launcher.MaxDiffFold {
@@ -376,7 +410,7 @@ func (o *runOptions) parseProtect(mode string, set map[string]bool) error {
 func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	cfg := launcher.Config{
 		NP: o.np, Oversubscribe: o.oversubscribe, TP: o.tp, PP: o.pp, GPUsPerRank: o.gpusPerRank,
-		Replicas: o.replicas, ReplicasSet: o.replicasSet, ProtectMode: launcher.ProtectMode(o.protectMode), Diff: o.diff, MaxRestarts: o.maxRestarts, NoPMI: !o.pmi,
+		Replicas: o.replicas, ReplicasSet: o.replicasSet, ECK: o.ecK, ECM: o.ecM, ProtectMode: launcher.ProtectMode(o.protectMode), Diff: o.diff, MaxRestarts: o.maxRestarts, NoPMI: !o.pmi,
 		Prog: o.prog, Args: o.args,
 		TagOutput: o.tagOutput, TimestampOutput: o.timestamp, OutputDir: o.outputDir,
 		Timeout: o.timeout, KillGrace: o.killGrace,

@@ -81,7 +81,7 @@ func TestNewEpochReachesRanks(t *testing.T) {
 	rv, err := comm.StartRendezvous(l.Conn, job, 0, hosts, &wire.JobSpec{
 		Prog: os.Args[0], Env: []string{agenttestHelper + "=epochwatch"}, Dir: t.TempDir(),
 		KillGrace: time.Second, HeartbeatInterval: time.Second, StdinRank: wire.NoStdin,
-	}, nil)
+	}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

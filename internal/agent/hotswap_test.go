@@ -208,7 +208,7 @@ func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent i
 	j.rv, err = comm.StartRendezvous(l.Conn, job, 0, hosts, &wire.JobSpec{
 		Prog: os.Args[0], Env: env, Dir: t.TempDir(),
 		KillGrace: time.Second, HeartbeatInterval: time.Second, StdinRank: wire.NoStdin, NoPMI: true,
-	}, o.holders)
+	}, o.holders, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -107,12 +107,15 @@ func listenReplicas(addr string) (net.Listener, int, error) {
 }
 
 // tablePlacement is table t's placement for the state protection of
-// host: its ranks, every rank's host and holders, and the restore plan.
+// host: its ranks, every rank's host and holders, the restore plan, and
+// the erasure-coding layout (tableEC).
 func tablePlacement(t *wire.EpochTable, host int) rank.Placement {
 	p := rank.Placement{HostOf: make([]int, t.World), Holders: t.HolderLists()} // rows checked by wire
+	hostRanks := make([][]int, len(t.Hosts))
 	for h, places := range t.Placements() {
 		for _, pl := range places {
 			p.HostOf[pl.Rank] = h
+			hostRanks[h] = append(hostRanks[h], pl.Rank)
 			if h == host {
 				p.Ranks = append(p.Ranks, pl.Rank)
 			}
@@ -121,10 +124,47 @@ func tablePlacement(t *wire.EpochTable, host int) rank.Placement {
 	if len(t.Restore) > 0 {
 		p.Sources = make(map[int]rank.Source, len(t.Restore))
 		for _, row := range t.Restore {
-			p.Sources[row.Rank] = rank.Source{Opt: row.Opt, Params: row.Params}
+			p.Sources[row.Rank] = rank.Source{Opt: row.Opt, Params: row.Params, Decode: row.Decode}
 		}
 	}
+	p.EC = tableEC(t.EC, hostRanks)
 	return p
+}
+
+// tableEC returns the erasure-coding groups of ec (checked by wire; nil
+// for none) as topology.PlanEC plans them, with the table's host indices:
+// Workers[i] are the ranks the table places on Hosts[i], ascending
+// (hostRanks: per host, its ranks), and reduction group i's Members the
+// ranks at index i of the K data groups. Reduction Targets are left nil:
+// the agents send each member's share straight to the parity hosts, and
+// only ECGroup.Traffic reads them.
+func tableEC(ec *wire.ECTable, hostRanks [][]int) []topology.ECGroup {
+	if ec == nil {
+		return nil
+	}
+	groups := make([]topology.ECGroup, len(ec.Groups))
+	for gi, row := range ec.Groups {
+		g := &groups[gi]
+		g.Hosts, g.Data, g.Parity = slices.Clone(row.Hosts), slices.Clone(row.Data), slices.Clone(row.Parity)
+		g.Workers = make([][]int, len(row.Hosts))
+		for i, h := range row.Hosts {
+			g.Workers[i] = slices.Sorted(slices.Values(hostRanks[h]))
+		}
+		g.DataGroups = make([][]int, len(row.DataGroups))
+		for j, dg := range row.DataGroups {
+			g.DataGroups[j] = slices.Clone(dg)
+		}
+		l := len(row.DataGroups[0]) // K >= 1 data groups of one length
+		g.Reductions = make([]topology.Reduction, l)
+		for i := range l {
+			members := make([]int, len(row.DataGroups))
+			for j, dg := range row.DataGroups {
+				members[j] = dg[i]
+			}
+			g.Reductions[i] = topology.Reduction{Members: members}
+		}
+	}
+	return groups
 }
 
 // startProtection starts the state protection of this host's ranks of
@@ -146,7 +186,7 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 		Job: a.cfg.Job, LinkKey: a.cfg.Creds.Link, Host: a.cfg.Host, Hosts: len(t.Hosts), Ranks: pl.Ranks,
 		Holders: pl.Holders, Peers: peers, HostOf: func(r int) int { return pl.HostOf[r] },
 		Listener: ln, Changed: p.changed, Failed: p.failed, LinkFailed: p.linkFailed, Log: a.log,
-		Mode: a.protect.mode, Diff: a.protect.diff,
+		Mode: a.protect.mode, Diff: a.protect.diff, EC: pl.EC,
 	})
 	if err != nil {
 		if ln != nil {

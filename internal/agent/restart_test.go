@@ -61,7 +61,7 @@ func startFakeLauncherSpec(t *testing.T, job string, ranks []int, with func(*Con
 	if spec != nil {
 		spec(js)
 	}
-	f.rv, err = comm.StartRendezvous(l.Conn, job, 0, []comm.RendezvousHost{{Name: "h0", Ranks: ranks}}, js, nil)
+	f.rv, err = comm.StartRendezvous(l.Conn, job, 0, []comm.RendezvousHost{{Name: "h0", Ranks: ranks}}, js, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,14 @@
 // error or an interrupt. gorun -v's log of each run goes to a temporary
 // directory, kept (and named) only when something failed.
 //
+// With -redundancy (make bench-ec: 4 hosts of one rank, full mode,
+// replicas:1,ec:2+2) each protect mode runs once per gorun --redundancy
+// value, the first the baseline: an erasure code's protection time per
+// step is compared with the baseline's, and its per-rank throughput with
+// ckpt.Codec's own over the same bytes (one stripe of K shards of one
+// rank's state, encoded as the agents do, on one core and on all),
+// measured in the same run before the gorun runs.
+//
 // It is a benchmark: a missed target is printed, not fatal. The exit
 // status is 1 if a run fails or the set-up does, 2 for bad flags.
 package main
@@ -45,11 +53,14 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gorun/gorun/topology"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -70,7 +81,11 @@ type config struct {
 	keepLogs       bool
 	stepTimes      bool     // print every timed step's time, per run
 	modes          []string // protect modes run beside no protection
-	baseEvery      int      // gorun --base-every of the diff runs
+	// redundancies are the gorun --redundancy values each protect mode
+	// runs with; the first is the others' baseline.
+	redundancies []topology.Redundancy
+	codecReps    int // rounds of each codec measurement (erasure codes only)
+	baseEvery    int // gorun --base-every of the diff runs
 
 	// Helper modes: one end of a TCP stream inside a namespace (tcp.go).
 	tcpSink, tcpSource string
@@ -99,6 +114,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&cfg.keepLogs, "keep-logs", false, "keep gorun -v's logs even when every run succeeded")
 	fs.BoolVar(&cfg.stepTimes, "step-times", false, "print every timed step's time (ms) of each run, to see where a mean differs from the median")
 	modes := fs.String("modes", "full,diff", "gorun --protect-mode values to run, comma-separated, each beside the run without protection")
+	redundancy := fs.String("redundancy", "replicas:1", "gorun --redundancy values each protect mode runs with, comma-separated (e.g. replicas:1,ec:2+2); the first is the baseline of the others, and with an erasure code the codec's throughput over the same bytes is measured too")
+	fs.IntVar(&cfg.codecReps, "codec-reps", 3, "rounds of each codec throughput measurement (the best counts)")
 	fs.IntVar(&cfg.baseEvery, "base-every", 50, "gorun --base-every of the diff runs; they time max(-steps, twice this) steps, so that their bytes on the wire count bases at their rate and their steady state (the last half) includes a base refresh")
 	fs.StringVar(&cfg.tcpSink, "tcp-sink", "", "(internal) receive one TCP stream on this address")
 	fs.StringVar(&cfg.tcpSource, "tcp-source", "", "(internal) send -tcp-bytes to this address")
@@ -115,6 +132,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		}
 		cfg.modes = append(cfg.modes, m)
 	}
+	if err == nil {
+		cfg.redundancies, err = parseRedundancies(*redundancy)
+	}
 	switch {
 	case err != nil:
 	case fs.NArg() > 0:
@@ -129,11 +149,18 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		err = errors.New("benchprotect: -tcp-bytes, -tcp-reps, -timeout and -stall must be positive")
 	case cfg.baseEvery < 1:
 		err = errors.New("benchprotect: -base-every must be at least 1")
+	case cfg.codecReps < 1:
+		err = errors.New("benchprotect: -codec-reps must be at least 1")
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 	}
 	return cfg, err
+}
+
+// stateBytes is one rank's protected state (dptrain's optimizer shard).
+func (cfg *config) stateBytes() int64 {
+	return 12 * (cfg.params() / int64(cfg.ranks))
 }
 
 // params is dptrain's --params: stateMiB of optimizer state (m, v and the
@@ -178,9 +205,10 @@ type variant struct {
 	prot     []*modeRun // in cfg.modes' order
 }
 
-// modeRun is a variant's run with one protect mode.
+// modeRun is a variant's run with one protect mode and redundancy.
 type modeRun struct {
 	mode string
+	red  topology.Redundancy
 	r    *runResult
 }
 
@@ -255,24 +283,45 @@ func (b *bench) benchmark(ctx context.Context) (err error) {
 	}
 	fmt.Fprintf(b.out, "TCP, one stream of %.0f MiB, median of %d: 127.0.0.1 %.0f MB/s; host 0 -> host 1 over the bridge %.0f MB/s\n",
 		float64(cfg.tcpBytes)/(1<<20), cfg.tcpReps, lo, ho)
+	var rates []codecRate
+	for _, r := range cfg.redundancies {
+		if !r.EC() {
+			continue
+		}
+		rate, err := measureCodec(r.ECK, r.ECM, cfg.stateBytes(), cfg.codecReps)
+		if err != nil {
+			return err
+		}
+		rates = append(rates, rate)
+		debug.FreeOSMemory() // the stripe's buffers: the runs need the memory
+		fmt.Fprintf(b.out, "codec %s, one stripe of %d shards of %s (ckpt.Codec: Share of each, 4 MiB at a time, XORed into %d parity rows), best of %d: %.0f MB/s on one core, %.0f MB/s on %d\n",
+			r, r.ECK, mib(float64(cfg.stateBytes())), r.ECM, cfg.codecReps, rate.oneCore, rate.all, runtime.GOMAXPROCS(0))
+	}
 
 	vs := []*variant{{name: fmt.Sprintf("device-ms %d", cfg.deviceMs), deviceMs: cfg.deviceMs, compute: 1}}
 	if cfg.cpuCompute > 0 {
 		vs = append(vs, &variant{name: fmt.Sprintf("CPU, compute %d", cfg.cpuCompute), compute: cfg.cpuCompute})
 	}
 	for _, v := range vs {
-		if v.base, err = b.runOnce(ctx, v, ""); err != nil {
+		if v.base, err = b.runOnce(ctx, v, "", topology.Redundancy{}); err != nil {
 			return err
 		}
 		for _, m := range cfg.modes {
-			r, err := b.runOnce(ctx, v, m)
-			if err != nil {
-				return err
+			for _, red := range cfg.redundancies {
+				r, err := b.runOnce(ctx, v, m, red)
+				if err != nil {
+					return err
+				}
+				v.prot = append(v.prot, &modeRun{mode: m, red: red, r: r})
 			}
-			v.prot = append(v.prot, &modeRun{mode: m, r: r})
 		}
 	}
 	b.report(vs, ho, lo)
+	if len(rates) > 0 || len(cfg.redundancies) > 1 {
+		for _, v := range vs {
+			ecReport(b.out, v, cfg.redundancies[0], rates, float64(cfg.stateBytes()))
+		}
+	}
 	fmt.Fprintf(b.out, "benchprotect: %.0f s in all\n", time.Since(start).Seconds())
 	return nil
 }
@@ -291,8 +340,9 @@ type runResult struct {
 }
 
 // runOnce runs dptrain once under gorun on the namespace hosts, with
-// protect mode mode ("": without protection).
-func (b *bench) runOnce(ctx context.Context, v *variant, mode string) (*runResult, error) {
+// protect mode mode and redundancy red ("": without protection, where red
+// is unused).
+func (b *bench) runOnce(ctx context.Context, v *variant, mode string, red topology.Redundancy) (*runResult, error) {
 	cfg := &b.cfg
 	protect := mode != ""
 	total := cfg.warmup + cfg.timedSteps(v, mode)
@@ -307,11 +357,11 @@ func (b *bench) runOnce(ctx context.Context, v *variant, mode string) (*runResul
 		dp = append(dp, "--device-grad")
 	}
 	args := []string{"-v", "--hostfile", b.hostfile, "--rsh", "ip netns exec", "--bind", b.hosts.BridgeAddr,
-		"-np", strconv.Itoa(cfg.ranks), "--replicas", "1", "--timeout", strconv.Itoa(int(cfg.timeout.Seconds()))}
+		"-np", strconv.Itoa(cfg.ranks), "--timeout", strconv.Itoa(int(cfg.timeout.Seconds()))}
 	if protect {
 		dp = append(dp, "--protect")
-		name += "-" + mode
-		args = append(args, "--protect-mode", mode)
+		name += "-" + mode + "-" + strings.NewReplacer(":", "", "+", "-").Replace(red.String())
+		args = append(args, "--protect-mode", mode, "--redundancy", red.String())
 		if mode == "diff" {
 			args = append(args, "--base-every", strconv.Itoa(cfg.baseEvery))
 		}
@@ -324,7 +374,11 @@ func (b *bench) runOnce(ctx context.Context, v *variant, mode string) (*runResul
 	}
 	defer logf.Close()
 	fmt.Fprintf(logf, "%s %s\n", cfg.gorun, strings.Join(args, " "))
-	fmt.Fprintf(b.log, "benchprotect: %s, protection %q: %d steps ...", v.name, mode, total)
+	what := "none"
+	if protect {
+		what = mode + ", " + red.String()
+	}
+	fmt.Fprintf(b.log, "benchprotect: %s, protection %s: %d steps ...", v.name, what, total)
 
 	// A job that stops making progress (replication that never succeeds
 	// holds every rank at the overwrite rule) is stopped.

@@ -128,8 +128,9 @@ func (b *bench) report(vs []*variant, hostMBps, loMBps float64) {
 		}
 		return c.m.mode
 	})
+	row("gorun --redundancy", func(c column) string { return c.m.red.String() })
 	row("step, no protection: mean", func(c column) string { return msf(mean(c.v.base.steps)) })
-	row("step, protected (--replicas 1): mean", func(c column) string { return msf(mean(c.m.r.steps)) })
+	row("step, protected: mean", func(c column) string { return msf(mean(c.m.r.steps)) })
 	row("  protected / unprotected, means", func(c column) string { return ratioStr(mean(c.m.r.steps), mean(c.v.base.steps)) })
 	row("  protected / unprotected, medians", func(c column) string {
 		return ratioStr(median(c.m.r.steps), median(c.v.base.steps))
@@ -177,7 +178,7 @@ func (b *bench) report(vs []*variant, hostMBps, loMBps float64) {
 		rw, _, _, _ := t.services()
 		return msf(rw)
 	}))
-	row("  replication to the holder", prot(func(_ *clientStats, t *protTable) string {
+	row("  replication to the holders (parity hosts)", prot(func(_ *clientStats, t *protTable) string {
 		_, repl, _, _ := t.services()
 		return msf(repl)
 	}))
@@ -209,8 +210,8 @@ func (b *bench) report(vs []*variant, hostMBps, loMBps float64) {
 		steady := lastHalf(m.r.steps)
 		q := float64(mean(steady))/float64(mean(lastHalf(dev.base.steps))) - 1
 		all := float64(mean(m.r.steps))/float64(mean(dev.base.steps)) - 1
-		fmt.Fprintf(b.out, "target: --protect-mode %s overhead <= %.0f%% at %s, steady state (last %d of %d timed steps against the last half of the unprotected run, ratio of means): %s (%+.1f%%; all %d steps, start-up included: %+.1f%%)\n",
-			m.mode, 100*overheadTarget, dev.name, len(steady), len(m.r.steps), verdict(q <= overheadTarget), 100*q, len(m.r.steps), 100*all)
+		fmt.Fprintf(b.out, "target: --protect-mode %s --redundancy %s overhead <= %.0f%% at %s, steady state (last %d of %d timed steps against the last half of the unprotected run, ratio of means): %s (%+.1f%%; all %d steps, start-up included: %+.1f%%)\n",
+			m.mode, m.red, 100*overheadTarget, dev.name, len(steady), len(m.r.steps), verdict(q <= overheadTarget), 100*q, len(m.r.steps), 100*all)
 	}
 	if f := dev.full(); f != nil && f.wire > 0 {
 		for _, m := range dev.prot {

@@ -229,10 +229,17 @@ func FuzzDecodeEpochTable(f *testing.F) {
 		table(2, []int{0, 1}, []int{1}), // duplicate rank
 		table(3, []int{0}, []int{2}),    // missing rank
 		memberTable(),
+		ecTable(),
+		ecRecoveryTable(),
+		func() *wire.EpochTable { // invalid: data groups of unequal length
+			t := ecTable()
+			t.EC.Groups[0].DataGroups = [][]int{{0, 1, 2}, {3, 4, 5, 6, 7}}
+			return t
+		}(),
 	} {
 		f.Add(tab.Encode())
 	}
-	f.Add([]byte{'T', 3})
+	f.Add([]byte{'T', 4})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		tab, err := wire.DecodeEpochTable(b)

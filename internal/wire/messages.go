@@ -169,7 +169,8 @@ const MaxHolders = 16
 //
 // Decode: Rank's optimizer shard and meta are rebuilt from the erasure
 // code of its group (EpochTable.EC) instead, because no clear copy of
-// them survives; Opt is then unused.
+// them survives; Opt is then unused (any rank of the world,
+// conventionally Rank itself). Only a table with EC may have such rows.
 type RestoreRow struct {
 	Rank   int  `json:"r"`
 	Opt    int  `json:"o"`
@@ -380,7 +381,9 @@ func (t *EpochTable) Validate() error {
 
 // checkPlan checks the holder and restore rows of t: ranks of the world,
 // in increasing rank order (so one row per rank), no rank its own holder,
-// no holder twice.
+// no holder twice, no rank restoring from its own copy (a decoding row's
+// Opt is unused: any rank of the world, conventionally Rank); and the
+// erasure-coding layout (checkEC).
 func (t *EpochTable) checkPlan() error {
 	if len(t.Holders) > t.World || len(t.Restore) > t.World {
 		return malformed("epoch table: %d holder rows and %d restore rows for %d ranks", len(t.Holders), len(t.Restore), t.World)
@@ -412,11 +415,11 @@ func (t *EpochTable) checkPlan() error {
 			return malformed("epoch table: restore row of rank %d out of order or range", row.Rank)
 		}
 		last = row.Rank
-		if !inWorld(row.Opt) || !inWorld(row.Params) || row.Opt == row.Rank {
+		if !inWorld(row.Opt) || !inWorld(row.Params) || row.Opt == row.Rank && !row.Decode {
 			return malformed("epoch table: rank %d restores from ranks %d and %d", row.Rank, row.Opt, row.Params)
 		}
 	}
-	return nil
+	return t.checkEC()
 }
 
 // HolderLists returns every rank's holders (nil rows for ranks without;

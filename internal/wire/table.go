@@ -6,22 +6,27 @@ import (
 )
 
 // tableMagic starts every encoded epoch table; the second byte is the format version.
-var tableMagic = [2]byte{'T', 3}
+var tableMagic = [2]byte{'T', 4}
 
 // Encode encodes t in the compact binary form every agent of the job
 // receives (once per epoch, so at 10,000 hosts its size and decoding cost
 // matter: ranks are stored as ranges and nothing is escaped):
 //
-//	'T' 3 uvarint(version) uvarint(epoch) uvarint(world) str(job)
+//	'T' 4 uvarint(version) uvarint(epoch) uvarint(world) str(job)
 //	str(masterAddr) uvarint(masterPort) uvarint(nhosts)
 //	{ str(name) str(addr) uvarint(replicaPort) uvarint(flags)
 //	  uvarint(nranges) { uvarint(first) uvarint(count) uvarint(stride) }* }*
 //	uvarint(gen) uvarint(G+1)
 //	uvarint(nholderRows) { uvarint(rank) uvarint(n) { uvarint(holder) }* }*
-//	uvarint(nrestoreRows) { uvarint(rank) uvarint(opt) uvarint(params) }*
+//	uvarint(nrestoreRows) { uvarint(rank) uvarint(opt) uvarint(params) uvarint(rflags) }*
+//	uvarint(K) [ uvarint(M) uvarint(ngroups)
+//	  { K+M × uvarint(host) K × uvarint(data host) M × uvarint(parity host)
+//	    uvarint(L) K×L × uvarint(rank) }* ]
 //
-// where str is uvarint(len) followed by the bytes, and flags has bit 0 for
-// Spare and bit 1 for Fenced.
+// where str is uvarint(len) followed by the bytes, flags has bit 0 for
+// Spare and bit 1 for Fenced, rflags bit 0 for Decode, K is 0 for a table
+// without EC (and nothing follows it), and L is the length of each of a
+// group's K data groups, which follow one another.
 func (t *EpochTable) Encode() []byte {
 	n := 32 + len(t.Job) + len(t.MasterAddr)
 	for _, h := range t.Hosts {
@@ -30,7 +35,13 @@ func (t *EpochTable) Encode() []byte {
 	for _, row := range t.Holders {
 		n += 4 + 3*len(row.Holders)
 	}
-	n += 9 * len(t.Restore)
+	n += 10 * len(t.Restore)
+	if t.EC != nil {
+		n += 3 + 3*t.World
+		for _, g := range t.EC.Groups {
+			n += 1 + 6*len(g.Hosts)
+		}
+	}
 	b := make([]byte, 0, n)
 	b = append(b, tableMagic[:]...)
 	b = binary.AppendUvarint(b, uint64(t.Version))
@@ -74,6 +85,40 @@ func (t *EpochTable) Encode() []byte {
 		b = binary.AppendUvarint(b, uint64(row.Rank))
 		b = binary.AppendUvarint(b, uint64(row.Opt))
 		b = binary.AppendUvarint(b, uint64(row.Params))
+		var rflags uint64
+		if row.Decode {
+			rflags |= restoreDecode
+		}
+		b = binary.AppendUvarint(b, rflags)
+	}
+	return t.EC.append(b)
+}
+
+// append appends ec as Encode writes it (K = 0 for a nil ec).
+func (ec *ECTable) append(b []byte) []byte {
+	if ec == nil {
+		return binary.AppendUvarint(b, 0)
+	}
+	b = binary.AppendUvarint(b, uint64(ec.K))
+	b = binary.AppendUvarint(b, uint64(ec.M))
+	b = binary.AppendUvarint(b, uint64(len(ec.Groups)))
+	ints := func(xs []int) {
+		for _, x := range xs {
+			b = binary.AppendUvarint(b, uint64(x))
+		}
+	}
+	for _, g := range ec.Groups {
+		ints(g.Hosts)
+		ints(g.Data)
+		ints(g.Parity)
+		l := 0
+		if len(g.DataGroups) > 0 {
+			l = len(g.DataGroups[0])
+		}
+		b = binary.AppendUvarint(b, uint64(l))
+		for _, dg := range g.DataGroups {
+			ints(dg)
+		}
 	}
 	return b
 }
@@ -83,6 +128,9 @@ const (
 	hostSpare  = 1 << 0
 	hostFenced = 1 << 1
 )
+
+// Restore row flags of the binary table.
+const restoreDecode = 1 << 0
 
 func appendStr(b []byte, s string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
@@ -210,8 +258,10 @@ func DecodeEpochTable(b []byte) (*EpochTable, error) {
 			Rank:   int(r.uvarint(MaxWorld, "restore rank")),
 			Opt:    int(r.uvarint(MaxWorld, "restore optimizer source")),
 			Params: int(r.uvarint(MaxWorld, "restore params source")),
+			Decode: r.uvarint(restoreDecode, "restore flags") != 0,
 		}
 	}
+	t.EC = r.ecTable(len(t.Hosts), t.World)
 	if r.err != nil {
 		return nil, r.err
 	}
@@ -222,4 +272,58 @@ func DecodeEpochTable(b []byte) (*EpochTable, error) {
 		return nil, err
 	}
 	return t, nil
+}
+
+// ecTable decodes the erasure-coding section of a table of nhosts hosts
+// and world ranks (nil when K is 0). Only the encoding's shape is checked
+// here (DataGroups of one length, as the format has it); Validate checks
+// the rest. Every allocation is bounded by the input left.
+func (r *reader) ecTable(nhosts, world int) *ECTable {
+	k := r.uvarint(MaxECShards-1, "erasure-code K")
+	if r.err != nil || k == 0 {
+		return nil
+	}
+	m := r.uvarint(MaxECShards-k, "erasure-code M")
+	// A group takes at least 2(K+M)+1+K bytes.
+	per := 2*(k+m) + 1 + k
+	ng := r.uvarint(min(uint64(nhosts), uint64(len(r.b))/per), "erasure-coding group count")
+	if r.err != nil {
+		return nil
+	}
+	ec := &ECTable{K: int(k), M: int(m), Groups: make([]ECGroupRow, ng)}
+	ints := func(n uint64, bound uint64, what string) []int {
+		if r.err != nil {
+			return nil
+		}
+		if n > uint64(len(r.b)) {
+			r.err = malformed("epoch table: truncated %s", what)
+			return nil
+		}
+		xs := make([]int, n)
+		for i := range xs {
+			xs[i] = int(r.uvarint(bound, what))
+		}
+		return xs
+	}
+	for i := range ec.Groups {
+		g := &ec.Groups[i]
+		g.Hosts = ints(k+m, uint64(nhosts), "erasure-coding host")
+		g.Data = ints(k, uint64(nhosts), "erasure-coding data host")
+		g.Parity = ints(m, uint64(nhosts), "erasure-coding parity host")
+		l := r.uvarint(uint64(world), "erasure-coding data group length")
+		if r.err == nil && l*k > uint64(len(r.b)) {
+			r.err = malformed("epoch table: truncated erasure-coding data groups")
+		}
+		if r.err != nil {
+			return nil
+		}
+		g.DataGroups = make([][]int, k)
+		for j := range g.DataGroups {
+			g.DataGroups[j] = ints(l, MaxWorld, "erasure-coding rank")
+		}
+	}
+	if r.err != nil {
+		return nil
+	}
+	return ec
 }

@@ -91,6 +91,25 @@ func TestEpochTableRoundTrip(t *testing.T) {
 			t.G, t.Restore = -1, nil
 			return t
 		}()},
+		{"erasure coded", ecTable()},
+		{"erasure coded, recovery epoch", ecRecoveryTable()},
+		{"erasure coded, largest code", func() *wire.EpochTable {
+			// 256 hosts, one group of 255 data hosts of one rank each and
+			// a parity host without ranks.
+			hosts := make([][]int, 256)
+			ec := &wire.ECTable{K: 255, M: 1, Groups: []wire.ECGroupRow{{Parity: []int{255}}}}
+			g := &ec.Groups[0]
+			for i := range 255 {
+				hosts[i] = []int{254 - i}
+				g.Hosts = append(g.Hosts, i)
+				g.Data = append(g.Data, i)
+				g.DataGroups = append(g.DataGroups, []int{254 - i})
+			}
+			g.Hosts = append(g.Hosts, 255)
+			t := table(255, hosts...)
+			t.EC = ec
+			return t
+		}()},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -120,6 +139,50 @@ func memberTable() *wire.EpochTable {
 	t.Holders = []wire.HolderRow{{Rank: 0, Holders: []int{2, 4}}, {Rank: 1, Holders: []int{3}}, {Rank: 2, Holders: []int{4}},
 		{Rank: 3, Holders: []int{5}}, {Rank: 4, Holders: []int{0}}, {Rank: 5, Holders: []int{1}}}
 	t.Restore = []wire.RestoreRow{{Rank: 2, Opt: 4, Params: 0}, {Rank: 3, Opt: 5, Params: 1}}
+	return t
+}
+
+// ecTable is the first table of an ec:2+2 job on 4 hosts of 2 ranks and
+// an idle spare (host 4), as topology.PlanEC plans it: data hosts 0 and 2
+// keep data groups {0,1,2,3} and {4,5,6,7} in the clear, so ranks 2, 3
+// (host 1) and 6, 7 (host 3) have their data host's lowest rank as holder;
+// parity rows 0 and 1 are on hosts 1 and 3.
+func ecTable() *wire.EpochTable {
+	t := table(8, []int{0, 1}, []int{2, 3}, []int{4, 5}, []int{6, 7}, nil)
+	t.Hosts[4].Spare = true
+	t.G = -1
+	t.Holders = []wire.HolderRow{{Rank: 2, Holders: []int{0}}, {Rank: 3, Holders: []int{0}},
+		{Rank: 6, Holders: []int{4}}, {Rank: 7, Holders: []int{4}}}
+	t.EC = &wire.ECTable{K: 2, M: 2, Groups: []wire.ECGroupRow{{
+		Hosts: []int{0, 1, 2, 3}, Data: []int{0, 2}, Parity: []int{1, 3},
+		DataGroups: [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}},
+	}}}
+	return t
+}
+
+// ecRecoveryTable is ecTable's job after data hosts 0 and 2 were lost at
+// once: the spare (host 4) took host 0's place and ranks; host 2 is fenced
+// and its ranks moved to host 3's free slots (its data role is vacant).
+// Ranks 0, 1 decode from the group; 4, 5 restore from their clear copy's
+// survivor... which is lost too, so they decode as well.
+func ecRecoveryTable() *wire.EpochTable {
+	t := table(8, nil, []int{2, 3}, nil, []int{6, 7, 4, 5}, []int{0, 1})
+	t.Hosts[0].Fenced, t.Hosts[2].Fenced = true, true
+	t.Epoch, t.Gen, t.G = 4, 1, 17
+	t.Holders = []wire.HolderRow{{Rank: 2, Holders: []int{0}}, {Rank: 3, Holders: []int{0}}}
+	t.Restore = []wire.RestoreRow{{Rank: 0, Opt: 0, Params: 2, Decode: true}, {Rank: 1, Opt: 1, Params: 3, Decode: true},
+		{Rank: 4, Opt: 2, Params: 6, Decode: true}, {Rank: 5, Opt: 5, Params: 7, Decode: true}}
+	t.EC = &wire.ECTable{K: 2, M: 2, Groups: []wire.ECGroupRow{{
+		Hosts: []int{4, 1, 2, 3}, Data: []int{4, 2}, Parity: []int{1, 3},
+		DataGroups: [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}},
+	}}}
+	return t
+}
+
+// ecTab returns ecTable changed by f.
+func ecTab(f func(t *wire.EpochTable, ec *wire.ECTable, g *wire.ECGroupRow)) *wire.EpochTable {
+	t := ecTable()
+	f(t, t.EC, &t.EC.Groups[0])
 	return t
 }
 
@@ -178,8 +241,78 @@ func TestEpochTableRejects(t *testing.T) {
 		{"zero count", tab(func(t *wire.EpochTable) { t.Hosts[1].Ranks = wire.RankSet{rr(2, 2, 1), rr(0, 0, 1)} })},
 		{"zero stride", tab(func(t *wire.EpochTable) { t.Hosts[1].Ranks = wire.RankSet{rr(2, 2, 0)} })},
 		{"negative first", tab(func(t *wire.EpochTable) { t.Hosts[1].Ranks = wire.RankSet{rr(-1, 1, 1)} })},
+		{"decode without erasure code", tab(func(t *wire.EpochTable) {
+			t.Restore = []wire.RestoreRow{{Rank: 2, Opt: 0, Params: 3, Decode: true}}
+		})},
+		{"decode from itself without erasure code", tab(func(t *wire.EpochTable) {
+			t.Restore = []wire.RestoreRow{{Rank: 2, Opt: 2, Params: 3, Decode: true}}
+		})},
+		{"ec K 0", ecTab(func(_ *wire.EpochTable, ec *wire.ECTable, g *wire.ECGroupRow) {
+			ec.K, g.Data, g.Parity, g.DataGroups = 0, nil, []int{0, 1, 2, 3}, nil
+		})},
+		{"ec M 0", ecTab(func(_ *wire.EpochTable, ec *wire.ECTable, g *wire.ECGroupRow) {
+			ec.K, ec.M, g.Data, g.Parity = 4, 0, []int{0, 1, 2, 3}, nil
+		})},
+		{"ec K+M past 256", ecTab(func(_ *wire.EpochTable, ec *wire.ECTable, _ *wire.ECGroupRow) { ec.K = 255 })},
+		{"ec without groups", ecTab(func(_ *wire.EpochTable, ec *wire.ECTable, _ *wire.ECGroupRow) { ec.Groups = nil })},
+		{"ec group of 3 hosts", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) { g.Hosts = g.Hosts[:3] })},
+		{"ec group of 5 hosts", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) { g.Hosts = append(g.Hosts, 4) })},
+		{"ec host twice in a group", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) { g.Hosts[3] = 0 })},
+		{"ec host past the table", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) {
+			g.Hosts[3], g.Parity[1] = 5, 5
+		})},
+		{"ec negative host", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) {
+			g.Hosts[3], g.Parity[1] = -1, -1
+		})},
+		{"ec idle spare in a group", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) {
+			g.Hosts[3], g.Parity[1] = 4, 4
+		})},
+		{"ec data host also parity", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) { g.Parity[0] = 0 })},
+		{"ec data host out of the group", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) { g.Data[1] = 4 })},
+		{"ec parity host out of range", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) { g.Parity[1] = 7 })},
+		{"ec one data group", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) {
+			g.DataGroups = [][]int{{0, 1, 2, 3, 4, 5, 6, 7}}
+		})},
+		{"ec data groups of unequal length", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) {
+			g.DataGroups = [][]int{{0, 1, 2}, {3, 4, 5, 6, 7}}
+		})},
+		{"ec empty data groups", ecTab(func(t *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) { g.DataGroups = [][]int{{}, {}} })},
+		{"ec rank in two data groups", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) { g.DataGroups[1][0] = 0 })},
+		{"ec rank past world", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) { g.DataGroups[1][3] = 8 })},
+		{"ec negative rank", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) { g.DataGroups[1][3] = -1 })},
+		{"ec rank in no data group", func() *wire.EpochTable {
+			t := table(10, []int{0, 1}, []int{2, 3}, []int{4, 5}, []int{6, 7}, []int{8, 9})
+			t.EC = ecTable().EC
+			return t
+		}()},
+		{"ec host in two groups", func() *wire.EpochTable {
+			t := table(16, []int{0, 1}, []int{2, 3}, []int{4, 5}, []int{6, 7}, []int{8, 9}, []int{10, 11}, []int{12, 13}, []int{14, 15})
+			t.EC = &wire.ECTable{K: 2, M: 2, Groups: []wire.ECGroupRow{
+				{Hosts: []int{0, 1, 2, 3}, Data: []int{0, 2}, Parity: []int{1, 3}, DataGroups: [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}},
+				{Hosts: []int{4, 5, 6, 3}, Data: []int{4, 6}, Parity: []int{3, 5}, DataGroups: [][]int{{8, 9, 10, 11}, {12, 13, 14, 15}}},
+			}}
+			return t
+		}()},
+		{"ec more groups than hosts allow", func() *wire.EpochTable {
+			t := ecTable()
+			t.EC.Groups = append(t.EC.Groups, t.EC.Groups[0])
+			return t
+		}()},
 	}
-	for _, tc := range invalid {
+	// Tables that Encode cannot write as they are (its format has K data
+	// and M parity hosts per group) and that are not valid.
+	unencodable := []struct {
+		name string
+		tab  *wire.EpochTable
+	}{
+		{"ec one data host", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) {
+			g.Data, g.Parity = []int{0}, []int{1, 2, 3}
+		})},
+		{"ec three data hosts", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) {
+			g.Data, g.Parity = []int{0, 1, 2}, []int{3}
+		})},
+	}
+	for _, tc := range append(invalid, unencodable...) {
 		t.Run("Validate/"+tc.name, func(t *testing.T) {
 			if err := tc.tab.Validate(); !errors.Is(err, wire.ErrMalformed) {
 				t.Fatalf("Validate() = %v, want ErrMalformed", err)
@@ -193,7 +326,7 @@ func TestEpochTableRejects(t *testing.T) {
 
 	valid := clusterTable(2, 2, false).Encode()
 	header := func(fields ...uint64) []byte {
-		b := []byte{'T', 3}
+		b := []byte{'T', 4}
 		for _, f := range fields {
 			b = binary.AppendUvarint(b, f)
 		}
@@ -208,7 +341,16 @@ func TestEpochTableRejects(t *testing.T) {
 		rejectCase{"format 0", append([]byte{'T', 0}, valid[2:]...)},
 		rejectCase{"format 1 (without replica ports)", append([]byte{'T', 1}, valid[2:]...)},
 		rejectCase{"format 2 (without membership)", append([]byte{'T', 2}, valid[2:]...)},
-		rejectCase{"format 4", append([]byte{'T', 4}, valid[2:]...)},
+		rejectCase{"format 3 (without erasure coding)", append([]byte{'T', 3}, valid[2:]...)},
+		rejectCase{"format 5", append([]byte{'T', 5}, valid[2:]...)},
+		rejectCase{"restore flag 2", ecRestoreFlags(2)},
+		rejectCase{"ec K 256", ecSection(256)},
+		rejectCase{"ec M past 256-K", ecSection(2, 255)},
+		rejectCase{"ec group count past input", ecSection(2, 2, 1000)},
+		rejectCase{"ec group count past hosts", append(ecSection(1, 1, 5), make([]byte, 30)...)},
+		rejectCase{"ec host past hosts", ecSection(2, 2, 1, 0, 1, 2, 9, 0, 0, 0, 0, 0, 0, 0)},
+		rejectCase{"ec data group length past world", ecSection(2, 2, 1, 0, 1, 2, 3, 0, 2, 1, 3, 9, 0, 1, 2, 3, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)},
+		rejectCase{"ec data groups past input", ecSection(2, 2, 1, 0, 1, 2, 3, 0, 2, 1, 3, 8, 0, 1, 2, 3, 4, 5, 6, 7)},
 		rejectCase{"trailing byte", append(valid[:len(valid):len(valid)], 0)},
 		rejectCase{"varint overflow", append(header(1, 0), overflow...)},
 		rejectCase{"job longer than MaxStringLen", append(header(1, 0, 1, wire.MaxStringLen+1), tooLong...)},
@@ -351,4 +493,32 @@ func BenchmarkDecodeEpochTable(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// ecSection returns the encoding of a table with world 8 on 4 hosts of 2
+// ranks whose erasure-coding section is fields (K, M, ngroups, ...).
+func ecSection(fields ...uint64) []byte {
+	t := clusterTable(4, 2, false)
+	b := t.Encode()
+	b = b[:len(b)-1] // K = 0
+	for _, f := range fields {
+		b = binary.AppendUvarint(b, f)
+	}
+	return b
+}
+
+// ecRestoreFlags returns the encoding of a table with one restore row whose
+// flags are flags.
+func ecRestoreFlags(flags uint64) []byte {
+	t := ecTable()
+	t.Restore = []wire.RestoreRow{{Rank: 2, Opt: 0, Params: 3}}
+	b := t.Encode()
+	ec := t.EC
+	t.EC = nil
+	noEC := t.Encode()
+	t.EC = ec
+	// noEC ends with the restore row's flags (0) and K (0).
+	out := append([]byte(nil), noEC[:len(noEC)-2]...)
+	out = binary.AppendUvarint(out, flags)
+	return append(out, b[len(noEC)-1:]...)
 }

@@ -1,0 +1,132 @@
+package ckpt
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+)
+
+// BenchmarkCodecEncode: the erasure code's throughput over one stripe of
+// K data shards of GORUN_BENCH_STATE_MIB MiB each (default 64; make
+// bench-ec uses 256, one rank's state per shard), in bytes of data
+// encoded per second (SetBytes: K shards):
+//
+//   - share: each member's Share of its shard, chunk by chunk (4 MiB, as
+//     the agents' pipeline), XORed into the M parity rows (Accumulate):
+//     the work of the whole group, on one core;
+//   - share-all-cores: the same with the chunks dealt to GOMAXPROCS
+//     goroutines, each with its own share buffers;
+//   - accumulate: the parity hosts' part alone, K×M Accumulates of a
+//     chunk.
+//
+// The parity of share equals the code's (TestCodecSubsets).
+//
+//	GORUN_BENCH_STATE_MIB=256 go test -run '^$' -bench BenchmarkCodecEncode -benchtime 3x ./ckpt/
+func BenchmarkCodecEncode(b *testing.B) {
+	mib := 64
+	if v := os.Getenv("GORUN_BENCH_STATE_MIB"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("GORUN_BENCH_STATE_MIB=%q: want a positive number of MiB", v)
+		}
+		mib = n
+	}
+	const chunk = 4 << 20
+	shard := mib << 20
+	for _, km := range [][2]int{{2, 2}, {4, 2}} {
+		k, m := km[0], km[1]
+		c, err := NewCodec(k, m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		data := make([][]byte, k)
+		for x := range data {
+			data[x] = make([]byte, shard)
+			fill(uint64(x+1), x, data[x])
+		}
+		parity := make([][]byte, m)
+		for j := range parity {
+			parity[j] = make([]byte, shard)
+		}
+		// encode encodes chunks lo, lo+step, ... of every member into
+		// parity with its own share buffers.
+		encode := func(lo, step int, shares [][]byte) error {
+			for x, d := range data {
+				for off := lo * chunk; off < len(d); off += step * chunk {
+					n := min(chunk, len(d)-off)
+					sh := make([][]byte, m)
+					for j := range sh {
+						sh[j] = shares[j][:n]
+					}
+					if err := c.Share(d[off:off+n], x, sh); err != nil {
+						return err
+					}
+					for j := range sh {
+						Accumulate(parity[j][off:off+n], sh[j])
+					}
+				}
+			}
+			return nil
+		}
+		newShares := func() [][]byte {
+			s := make([][]byte, m)
+			for j := range s {
+				s[j] = make([]byte, chunk)
+			}
+			return s
+		}
+		b.Run(fmt.Sprintf("%d+%d/share", k, m), func(b *testing.B) {
+			shares := newShares()
+			b.SetBytes(int64(k * shard))
+			for b.Loop() {
+				for _, p := range parity {
+					clear(p)
+				}
+				if err := encode(0, 1, shares); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("%d+%d/share-all-cores", k, m), func(b *testing.B) {
+			procs := runtime.GOMAXPROCS(0)
+			shares := make([][][]byte, procs)
+			for i := range shares {
+				shares[i] = newShares()
+			}
+			b.SetBytes(int64(k * shard))
+			for b.Loop() {
+				for _, p := range parity {
+					clear(p)
+				}
+				var wg sync.WaitGroup
+				errs := make([]error, procs)
+				for i := range procs {
+					wg.Go(func() { errs[i] = encode(i, procs, shares[i]) })
+				}
+				wg.Wait()
+				for _, err := range errs {
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("%d+%d/accumulate", k, m), func(b *testing.B) {
+			src := make([]byte, chunk)
+			fill(9, 0, src)
+			b.SetBytes(int64(k * shard))
+			for b.Loop() {
+				for range k {
+					for _, p := range parity {
+						for off := 0; off < len(p); off += chunk {
+							Accumulate(p[off:min(off+chunk, len(p))], src[:min(chunk, len(p)-off)])
+						}
+					}
+				}
+			}
+		})
+	}
+}
