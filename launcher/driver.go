@@ -251,14 +251,14 @@ func (j *job) publishEpoch(p *hotswap.RestorePlan) {
 // restoreRows returns the epoch table's restore rows of a restore plan:
 // one per rank that does not restore from its own slot, in rank order.
 // A rank decoded from its erasure-coding stripe (Source.Decode) has no
-// optimizer-shard source; its row names the parameters' peer as Opt too,
-// a rank the table accepts, which RestoreRow.Decode says is unused.
+// optimizer-shard source: its row's Opt is the rank itself, unused
+// (RestoreRow.Decode).
 func restoreRows(sources []hotswap.Source) []wire.RestoreRow {
 	var rows []wire.RestoreRow
 	for _, s := range sources {
 		switch {
 		case s.Decode:
-			rows = append(rows, wire.RestoreRow{Rank: s.Rank, Opt: s.ParamsRank, Params: s.ParamsRank, Decode: true})
+			rows = append(rows, wire.RestoreRow{Rank: s.Rank, Opt: s.Rank, Params: s.ParamsRank, Decode: true})
 		case !s.Local:
 			rows = append(rows, wire.RestoreRow{Rank: s.Rank, Opt: s.OptRank, Params: s.ParamsRank})
 		}

@@ -3,6 +3,7 @@ package launcher
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -295,12 +296,16 @@ func TestRestoreRows(t *testing.T) {
 		{Rank: 3, Local: true, OptRank: 3, OptHost: 3, ParamsRank: 3, ParamsHost: 3},
 	}
 	rows := restoreRows(sources)
-	want := []wire.RestoreRow{{Rank: 1, Opt: 0, Params: 3}, {Rank: 2, Opt: 3, Params: 3, Decode: true}}
+	want := []wire.RestoreRow{{Rank: 1, Opt: 0, Params: 3}, {Rank: 2, Opt: 2, Params: 3, Decode: true}}
 	if !slices.Equal(rows, want) {
 		t.Fatalf("rows %+v, want %+v", rows, want)
 	}
-	tab := wire.EpochTable{Version: wire.Version, Job: NewJobID(), World: 4, G: 5, Restore: rows,
-		Hosts: []wire.TableHost{{Name: "a", Addr: "127.0.0.1", Ranks: wire.CompressRanks([]int{0, 1})}, {Name: "b", Addr: "127.0.0.2", Ranks: wire.CompressRanks([]int{2, 3})}}}
+	var hosts []wire.TableHost
+	for i, n := range []string{"a", "b", "c", "d"} {
+		hosts = append(hosts, wire.TableHost{Name: n, Addr: fmt.Sprintf("127.0.0.%d", i+1), Ranks: wire.CompressRanks([]int{i})})
+	}
+	tab := wire.EpochTable{Version: wire.Version, Job: NewJobID(), World: 4, G: 5, Restore: rows, Hosts: hosts,
+		EC: &wire.ECTable{K: 2, M: 2, Groups: []wire.ECGroupRow{{Hosts: []int{0, 1, 2, 3}, Data: []int{0, 2}, Parity: []int{1, 3}, DataGroups: [][]int{{0, 1}, {2, 3}}}}}}
 	if err := tab.Validate(); err != nil {
 		t.Fatalf("the table refuses the rows: %v", err)
 	}
