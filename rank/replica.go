@@ -463,6 +463,8 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 			err = st.get(c, h)
 		case kindGetSlot:
 			err = st.getSlot(c, h, t)
+		case kindECChunk, kindECCommit, kindECHas, kindECGet, kindGetRange:
+			err = st.h.parity.serveEC(c, h, t)
 		case kindBase, kindDiff, kindBaseChunk, kindBaseCommit, kindDiffRef:
 			if !st.h.diffMode() {
 				err = fmt.Errorf("request kind %d of --protect-mode diff, this host runs full", h.kind)
@@ -860,6 +862,10 @@ type replicator struct {
 	refStep int64               // the step of the last refresh (at first, of the first step sent), or -1
 	refProg map[holderKey]*refProg
 	refPool bufPool // the snapshot buffer of a refresh nothing reads any more, for the next
+
+	// Erasure coding (ecsend.go): the share buffers, used by one send at
+	// a time (the loop's).
+	ec ecBufs
 }
 
 func (r *replicator) init(s *service) {
@@ -875,7 +881,7 @@ func (r *replicator) init(s *service) {
 // holders): derived from acked and p each time, so that a report taken
 // under a new placement never counts the holders of the one before.
 func (r *replicator) replicatedIn(p *placement) int64 {
-	ts := p.targets(r.s.rank)
+	ts := p.allTargets(r.s.rank)
 	if len(ts) == 0 {
 		return MaxStep // every committed step
 	}
@@ -940,7 +946,7 @@ func (r *replicator) placed(p *placement) {
 	s.mu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	ts := p.targets(s.rank)
+	ts := p.allTargets(s.rank)
 	changed := len(ts) != len(r.acked)
 	for k := range r.acked {
 		if !slices.Contains(ts, k) {
@@ -1033,7 +1039,7 @@ type sendPlan struct {
 // held.
 func (r *replicator) planLocked() sendPlan {
 	s := r.s
-	ts := s.h.place().targets(s.rank)
+	ts := s.h.place().allTargets(s.rank)
 	g := s.h.G()
 	s.mu.Lock()
 	steps := s.slotStep
@@ -1184,6 +1190,7 @@ func (r *replicator) send(ctx context.Context, p sendPlan) (uint64, []error, err
 		t = append(t, tableEntry{name: s.regions[i].Name, size: s.regions[i].Size, sum: s.sums[slot][i]})
 		data = append(data, s.views[slot][i])
 	}
+	epoch := s.slotEpoch[slot]
 	s.mu.Unlock()
 	// The slot holding step is not staged over before step is replicated
 	// (the overwrite rule needs it to be), nor truncated before reset
@@ -1191,7 +1198,34 @@ func (r *replicator) send(ctx context.Context, p sendPlan) (uint64, []error, err
 	start := time.Now()
 	var sent atomic.Int64 // holders sent the data (not just asked)
 	var wg sync.WaitGroup
+	// The parity rows (erasure coding) go together: one encoding for
+	// all of them.
+	var rows, ri []int
 	for i, k := range p.to {
+		if k.row > 0 {
+			ri = append(ri, i)
+		}
+	}
+	var ecErr error
+	var ecBytes int64
+	if len(ri) > 0 {
+		to, known := make([]holderKey, len(ri)), make([]bool, len(ri))
+		for n, i := range ri {
+			to[n], known[n] = p.to[i], p.known[i]
+		}
+		rows = ri
+		wg.Go(func() {
+			var rerrs []error
+			rerrs, ecErr, ecBytes = r.ecSend(ctx, step, slot, gen, epoch, t, data, to, known)
+			for n, i := range rows {
+				errs[i] = rerrs[n]
+			}
+		})
+	}
+	for i, k := range p.to {
+		if k.row > 0 {
+			continue
+		}
 		wg.Go(func() {
 			hdr := linkHdr{owner: s.rank, holder: k.rank, step: step, gen: gen}
 			if !p.known[i] {
@@ -1211,6 +1245,12 @@ func (r *replicator) send(ctx context.Context, p sendPlan) (uint64, []error, err
 		})
 	}
 	wg.Wait()
+	if ce, ok := errors.AsType[*CorruptError](ecErr); ok {
+		return gen, errs, ce
+	}
+	if ecBytes > 0 {
+		s.replBytes.Add(ecBytes)
+	}
 	if err := errors.Join(errs...); err != nil {
 		if errors.Is(err, errPutDamaged) {
 			// The holder's copy did not match the CRC32Cs of the
@@ -1229,7 +1269,7 @@ func (r *replicator) send(ctx context.Context, p sendPlan) (uint64, []error, err
 		}
 		return gen, errs, ctx.Err()
 	}
-	if n := sent.Load(); n > 0 {
+	if n := sent.Load(); n > 0 || ecBytes > 0 {
 		s.replSteps.Add(1)
 		s.replNS.Add(int64(time.Since(start)))
 		s.replBytes.Add(int64(tableBytes(t)) * n)
