@@ -25,14 +25,14 @@ import (
 // Two sets of share buffers alternate: chunk c+1 is encoded while the M
 // senders, one per row, each on its own link, send chunk c.
 
-const (
-	// ecChunkSize is the bytes of one ecChunk request (a multiple of 64).
-	ecChunkSize = 4 << 20
-	// ecBlock is how many bytes the encoder takes at a time: small enough
-	// that the data block and its shares are still in the core's cache
-	// when they are checksummed.
-	ecBlock = 128 << 10
-)
+// ecBlock is how many bytes the encoder takes at a time: small enough
+// that the data block and its shares are still in the core's cache when
+// they are checksummed.
+const ecBlock = 128 << 10
+
+// ecChunkSize is the bytes of one ecChunk request (a multiple of 64; a
+// variable so that tests cut shards into many chunks).
+var ecChunkSize = 4 << 20
 
 // ecBufs are a replicator's share buffers, kept from one step to the
 // next: two sets of M buffers of ecChunkSize bytes.
@@ -42,7 +42,7 @@ type ecBufs struct {
 
 func (b *ecBufs) get(m int) [2][][]byte {
 	for i := range b.sets {
-		if len(b.sets[i]) != m {
+		if len(b.sets[i]) != m || len(b.sets[i][0]) != ecChunkSize {
 			b.sets[i] = make([][]byte, m)
 			for j := range b.sets[i] {
 				b.sets[i][j] = make([]byte, ecChunkSize)

@@ -511,6 +511,9 @@ func (ps *parityStore) commit(c net.Conn, h linkHdr, t []tableEntry, e ecHdr) er
 	if why != "" {
 		return writeFail(c, h, failOther, why)
 	}
+	if testHookECCommit != nil {
+		testHookECCommit(h, e)
+	}
 	r := ps.row(ecRowKey{e.group, e.stripe, e.row}, true)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -540,6 +543,10 @@ func (ps *parityStore) commit(c net.Conn, h linkHdr, t []tableEntry, e ecHdr) er
 	r.gen = max(r.gen, h.gen)
 	return writeAck(c, h)
 }
+
+// testHookECCommit, if set (by tests), is called by a parity host when an
+// ecCommit arrives, before it looks at the row.
+var testHookECCommit func(h linkHdr, e ecHdr)
 
 // has answers an ecHas: ack if member e.member's share of step with
 // exactly table t is in, of the request's label (or the step is final).

@@ -1326,7 +1326,7 @@ func (p *linkPool) get(host, rank int) (*link, string, error) {
 	if p.closed {
 		return nil, "", ErrStopping
 	}
-	if host < 0 || host >= len(p.addrs) || p.addrs[host] == "" {
+	if host != p.h.cfg.Host && (host < 0 || host >= len(p.addrs) || p.addrs[host] == "") {
 		return nil, "", fmt.Errorf("no replication address for host %d", host)
 	}
 	k := linkKey{host, rank}
@@ -1335,7 +1335,24 @@ func (p *linkPool) get(host, rank int) (*link, string, error) {
 		l = &link{}
 		p.links[k] = l
 	}
+	if host == p.h.cfg.Host {
+		return l, "", nil
+	}
 	return l, p.addrs[host], nil
+}
+
+// pipe returns a link to this host itself: an in-process connection
+// served by the replica store as an accepted link is (erasure coding
+// sends a rank's share of a parity row kept on its own host). p.mu is
+// held, p is not closed.
+func (p *linkPool) pipe() net.Conn {
+	c, srv := net.Pipe()
+	p.h.wg.Add(1)
+	go func() {
+		defer p.h.wg.Done()
+		p.h.store.serve(p.h.life, p.h.cfg.Host, srv)
+	}()
+	return c
 }
 
 func (p *linkPool) close() {
@@ -1360,6 +1377,16 @@ func (p *linkPool) do(ctx context.Context, host, rank int, f func(c net.Conn) er
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.conn.Load() == nil && host == p.h.cfg.Host {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return ErrStopping
+		}
+		c := p.pipe()
+		l.conn.Store(&c)
+		p.mu.Unlock()
+	}
 	if l.conn.Load() == nil {
 		c, err := comm.DialLink(ctx, addr, p.h.linkAuth(), p.h.cfg.Host, host)
 		if err != nil {
