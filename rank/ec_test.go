@@ -1,13 +1,13 @@
 package rank
 
 import (
-	"log/slog"
-	"os"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -84,7 +84,7 @@ func newECJob(t *testing.T, k, m, per int, connect bool) *ecTestJob {
 		}
 	}
 	j := &ecTestJob{t: t, k: k, m: m, per: per, groups: groups, holders: holders}
-	j.c = newClusterWith(t, ranks, holders, nil, func(cfg *HostConfig) { cfg.EC = groups; cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil)) })
+	j.c = newClusterWith(t, ranks, holders, nil, func(cfg *HostConfig) { cfg.EC = groups })
 	if connect {
 		for r := range n * per {
 			j.rs = append(j.rs, j.connect(r))
@@ -749,4 +749,108 @@ func FuzzReadMembers(f *testing.F) {
 			t.Fatal("the members do not encode back to the input")
 		}
 	})
+}
+
+// BenchmarkECPipeline measures the owner's erasure-coding pipeline
+// (ecSend: shares, CRC32Cs and the sends to M parity hosts over loopback
+// links, each host XORing its share into its row) of one rank of a 2+2
+// group against ckpt.Codec's Share alone over the same bytes in the same
+// run (4 MiB at a time into M buffers), and prints their ratio (raw
+// time / pipeline time; the target is ≥ 0.8). GORUN_BENCH_STATE_MIB sets
+// the rank's state (default 64 MiB).
+func BenchmarkECPipeline(b *testing.B) {
+	mib := 64
+	if s := os.Getenv("GORUN_BENCH_STATE_MIB"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			b.Fatalf("GORUN_BENCH_STATE_MIB=%q: want a positive number of MiB", s)
+		}
+		mib = v
+	}
+	const k, m = 2, 2
+	hosts := make([]topology.Host, k+m)
+	var assign []topology.Assignment
+	ranks := make([][]int, k+m)
+	for h := range hosts {
+		hosts[h] = topology.Host{Name: fmt.Sprintf("h%d", h), Slots: 1}
+		assign = append(assign, topology.Assignment{Rank: h, Host: h})
+		ranks[h] = []int{h}
+	}
+	groups, err := topology.PlanEC(hosts, assign, topology.ECOptions{K: k, M: m})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Rank 0 runs on a data host (PlanEC's first data host is host 0 for
+	// one rank per host): no clear copy, only the parity rows.
+	owner := groups[0].DataGroups[0][0]
+	c := newClusterWith(b, ranks, nil, nil, func(cfg *HostConfig) { cfg.EC = groups })
+	h := c.hosts[c.hostOf[owner]]
+	sess := h.Session(owner)
+	size := int64(mib) << 20
+	hello := fmt.Sprintf(`{"v":1,"regions":[{"name":"optimizer","size":%d},{"name":"meta","size":64}]}`, size)
+	ctx := context.Background()
+	if _, ans, err := sess.Handle(ctx, TypeProtectHello, []byte(hello)); err != nil || ans.(*ProtectWelcome).Err != "" {
+		b.Fatalf("ProtectHello: %+v, %v", ans, err)
+	}
+	if _, ans, err := sess.Handle(ctx, TypeStage, []byte(`{"step":0}`)); err != nil || ans.(*Staged).Err != "" {
+		b.Fatalf("Stage: %+v, %v", ans, err)
+	}
+	s := h.svc(owner)
+	s.mu.Lock()
+	views := s.views[0]
+	s.mu.Unlock()
+	for i, v := range views {
+		for j := range v {
+			v[j] = byte(j*7 + i + j>>13)
+		}
+	}
+	if _, ans, err := sess.Handle(ctx, TypeCommit, []byte(`{"step":0}`)); err != nil || ans.(*Committed).Err != "" {
+		b.Fatalf("Commit: %+v, %v", ans, err)
+	}
+	c.waitFor("the owner's step 0 at its parity rows", func() bool { return c.progress(owner).Replicated == 0 })
+	s.mu.Lock()
+	var t []tableEntry
+	var data [][]byte
+	for _, i := range s.repl {
+		t = append(t, tableEntry{name: s.regions[i].Name, size: s.regions[i].Size, sum: s.sums[0][i]})
+		data = append(data, s.views[0][i])
+	}
+	s.mu.Unlock()
+	to := h.place().ecTargets(owner)
+	known := make([]bool, len(to))
+	for i := range known {
+		known[i] = true
+	}
+	codec := h.place().ec.codec
+	x := h.place().ec.pos[owner].x
+	shares := make([][]byte, m)
+	for j := range shares {
+		shares[j] = make([]byte, ecChunkSize)
+	}
+	var raw, pipe time.Duration
+	b.SetBytes(int64(tableBytes(t)))
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		start := time.Now()
+		for _, d := range data {
+			for o := 0; o < len(d); o += ecChunkSize {
+				n := min(ecChunkSize, len(d)-o)
+				sub := [][]byte{shares[0][:n], shares[1][:n]}
+				if err := codec.Share(d[o:o+n], x, sub); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		raw += time.Since(start)
+		start = time.Now()
+		// A new label each time: every parity host empties its row and
+		// XORs the share in.
+		if _, err, _ := s.rep.ecSend(ctx, 0, 0, h.Gen(), uint64(i+1), t, data, to, known); err != nil {
+			b.Fatal(err)
+		}
+		pipe += time.Since(start)
+	}
+	b.ReportMetric(float64(raw)/float64(pipe), "raw/pipeline")
+	b.ReportMetric(float64(tableBytes(t))*float64(b.N)/pipe.Seconds()/(1<<20), "pipeline-MiB/s")
+	b.ReportMetric(float64(tableBytes(t))*float64(b.N)/raw.Seconds()/(1<<20), "raw-MiB/s")
 }

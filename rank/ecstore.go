@@ -204,8 +204,43 @@ type parityBuf struct {
 	step  int64 // -1: empty
 	gen   uint64
 	epoch uint64
-	data  []byte // the XOR of the shares so far; its length, the longest member's
-	mem   []memberShare
+	// data[:n] is the row so far, n the longest member's shard: each byte
+	// the XOR of the shares that passed it (mix); the bytes no share
+	// passed yet hold nothing of the row. data is kept, longer perhaps,
+	// from one step to the next.
+	data []byte
+	n    int64
+	mem  []memberShare
+}
+
+// mix puts member x's share bytes d at off into the row: XORed into the
+// bytes another member's share passed already, copied over the others
+// (which hold nothing of the row yet), so that a row is never cleared.
+func (b *parityBuf) mix(x int, off int64, d []byte) {
+	end := off + int64(len(d))
+	var rs []span
+	for i := range b.mem {
+		if i == x {
+			continue
+		}
+		for _, sp := range b.mem[i].cov.spans {
+			if lo, hi := max(sp.lo, off), min(sp.hi, end); lo < hi {
+				rs = append(rs, span{lo: lo, hi: hi})
+			}
+		}
+	}
+	slices.SortFunc(rs, func(a, b span) int { return int(a.lo - b.lo) })
+	pos := off
+	for _, r := range rs {
+		if r.hi <= pos {
+			continue
+		}
+		lo := max(r.lo, pos)
+		copy(b.data[pos:lo], d[pos-off:lo-off])
+		ckpt.Accumulate(b.data[lo:r.hi], d[lo-off:r.hi-off])
+		pos = r.hi
+	}
+	copy(b.data[pos:end], d[pos-off:])
 }
 
 func (b *parityBuf) complete() bool {
@@ -232,8 +267,7 @@ func (b *parityBuf) members() []ecMember {
 // empty makes b hold nothing of k members; its data is kept, zeroed, for
 // the next step.
 func (b *parityBuf) empty(k int) {
-	b.step, b.gen, b.epoch = noStep, 0, 0
-	clear(b.data)
+	b.step, b.gen, b.epoch, b.n = noStep, 0, 0, 0
 	b.mem = make([]memberShare, k)
 	for i := range b.mem {
 		b.mem[i].rank = noStep
@@ -460,6 +494,7 @@ func (ps *parityStore) chunk(c net.Conn, h linkHdr, e ecHdr) error {
 			return refuseEC(c, h, failOther, err.Error())
 		}
 	}
+	b.n = max(b.n, e.n)
 	if int64(cap(r.chunk)) < n {
 		r.chunk = make([]byte, n)
 	}
@@ -479,7 +514,7 @@ func (ps *parityStore) chunk(c net.Conn, h linkHdr, e ecHdr) error {
 	if err := m.cov.add(e.off, n, e.crc); err != nil {
 		return writeFail(c, h, failOther, err.Error())
 	}
-	ckpt.Accumulate(b.data[e.off:e.off+n], d)
+	b.mix(e.member, e.off, d)
 	return writeAck(c, h)
 }
 
@@ -489,15 +524,14 @@ func covered(cov *cover, off, n int64) bool {
 	return i > 0 && cov.spans[i-1].lo <= off && cov.spans[i-1].hi >= off+n
 }
 
-// grow makes b's data n bytes long (zeros added: the shorter members'
-// padding), accounting for them.
+// grow makes b's data n bytes long, accounting for them.
 func (ps *parityStore) grow(r *parityRow, b *parityBuf, n int64) error {
 	old := uint64(len(b.data))
 	if err := ps.h.store.reserve(uint64(n), old); err != nil {
 		return fmt.Errorf("a parity row of %d bytes: %w", n, err)
 	}
 	d := make([]byte, n)
-	copy(d, b.data)
+	copy(d, b.data[:b.n])
 	b.data = d
 	return nil
 }
@@ -593,7 +627,7 @@ func (ps *parityStore) read(group, stripe, row int, step, off int64, dst []byte)
 		if b.step != step || !b.complete() {
 			continue
 		}
-		copyRange(dst, b.data, off)
+		copyRange(dst, b.data[:b.n], off)
 		return b.members(), nil
 	}
 	return nil, fmt.Errorf("no complete parity row %d of stripe %d of group %d at step %d here", row, stripe, group, step)

@@ -193,7 +193,7 @@ type Host struct {
 	store  *replicaStore
 	parity *parityStore // the parity rows of erasure coding held here (ecstore.go)
 	links  *linkPool
-	local *localPeers // diff mode: the gradients local peers deposit for the owners held here
+	local  *localPeers // diff mode: the gradients local peers deposit for the owners held here
 
 	// Diff mode: the holder's folds (foldLoop), and their figures.
 	folds     chan *ownerReplica

@@ -44,8 +44,8 @@ type service struct {
 	slotStep [2]int64 // the committed step each slot holds, or -1
 	// slotT is the optimizer step count (diff mode) of each slot's
 	// committed step, 0 if not known (a step restored from another host).
-	slotT     [2]int
-	sums      [2][]uint32
+	slotT [2]int
+	sums  [2][]uint32
 	// slotEpoch is the epoch (Placement.Epoch) of the session placement
 	// each slot's step was committed under: the label of its erasure-coded
 	// shares (ecstore.go).
