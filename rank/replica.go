@@ -24,6 +24,15 @@ package rank
 // why, see failCRC). Everything read is bounds-checked before use; a
 // malformed request closes the link.
 //
+// With erasure coding (HostConfig.EC, ec.go) the links carry five more
+// kinds: ecChunk, ecCommit, ecHas, ecGet and getRange (10 to 14), whose
+// table is followed by a sub-header
+//
+//	ecHdr = group(4) stripe(4) row(2) member(2) crc(4) off(8) n(8) epoch(8)
+//
+// and, for ecChunk, its data: see ecstore.go and PROTOCOL.md ("Erasure
+// coding").
+//
 // In diff mode (HostConfig.Mode ModeDiff) the holder keeps a base and a
 // differential log per owner instead of two buffers, and the links carry
 // four more kinds (base, diff, baseChunk, baseCommit): see diff.go; it
