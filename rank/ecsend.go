@@ -1,11 +1,14 @@
 package rank
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/internal/crc32c"
@@ -124,7 +127,11 @@ func (r *replicator) ecSend(ctx context.Context, step int64, slot int, gen, epoc
 		return errs, nil, 0
 	}
 
-	// The senders: one per row, each sends the chunks in order.
+	// The senders: one per row, each streams the chunks in order.
+	nchunks := 0
+	for _, d := range data {
+		nchunks += (len(d) + ecChunkSize - 1) / ecChunkSize
+	}
 	bufs := r.ec.get(ec.m)
 	var inflight [2]sync.WaitGroup
 	jobs := make([]chan ecJob, len(rows))
@@ -136,19 +143,16 @@ func (r *replicator) ecSend(ctx context.Context, step int64, slot int, gen, epoc
 		jobs[ri] = make(chan ecJob, 2)
 		k := to[i]
 		senders.Go(func() {
-			for job := range jobs[ri] {
-				if errs[i] == nil && ctx.Err() == nil {
-					h, e := hdr(k, kindECChunk)
-					e.off, e.crc = job.off, job.crcs[k.row-1]
-					errs[i] = s.h.links.ecAcked(ctx, k.host, h, nil, e, bufs[job.set][k.row-1][:job.n])
-					if errs[i] != nil {
-						failed.Add(1)
-						linkFailed(k.host, errs[i])
-					} else {
-						sent.Add(int64(job.n))
-					}
-				}
+			errs[i] = r.ecStream(ctx, k, jobs[ri], nchunks, func(job ecJob) (linkHdr, ecHdr, []byte) {
+				h, e := hdr(k, kindECChunk)
+				e.off, e.crc = job.off, job.crcs[k.row-1]
+				return h, e, bufs[job.set][k.row-1][:job.n]
+			}, func(job ecJob) {
 				inflight[job.set].Done()
+			}, &sent)
+			if errs[i] != nil {
+				failed.Add(1)
+				linkFailed(k.host, errs[i])
 			}
 		})
 	}
@@ -233,4 +237,68 @@ encode:
 	}
 	wg.Wait()
 	return errs, errors.Join(errs...), sent.Load()
+}
+
+// ecStream sends the chunks of jobs to parity target k on one request of
+// its link, without waiting for each answer before the next chunk: a
+// reader takes the answers (at most n) as they come while the chunks are
+// written, so that the parity host receives chunk c+1 while it checks
+// and XORs chunk c. frame gives a chunk's request; written is called
+// once a job's bytes are written (or skipped after a failure): its
+// buffer is free again. sent counts the bytes acknowledged. It returns
+// the first failure: a refusal, the link's, or ctx's.
+func (r *replicator) ecStream(ctx context.Context, k holderKey, jobs <-chan ecJob, n int, frame func(ecJob) (linkHdr, ecHdr, []byte), written func(ecJob), sent *atomic.Int64) error {
+	s := r.s
+	var streamed bool
+	err := s.h.links.do(ctx, k.host, s.rank, func(c net.Conn) error {
+		streamed = true
+		expect := make(chan ecJob, n)
+		var refused error
+		done := make(chan error, 1)
+		go func() {
+			// Every answer is read, refusals too, so that the link stays
+			// in step; a broken link ends the writer's writes.
+			for job := range expect {
+				a, err := readAnswer(c)
+				if _, ok := errors.AsType[*remoteError](err); ok {
+					refused = cmp.Or(refused, err)
+					continue
+				}
+				if err == nil && (a.kind != kindAck || a.owner != s.rank || a.holder != k.rank) {
+					err = fmt.Errorf("unexpected answer kind %#x for rank %d", a.kind, a.owner)
+				}
+				if err != nil {
+					c.SetDeadline(time.Unix(1, 0))
+					for range expect {
+					}
+					done <- err
+					return
+				}
+				sent.Add(int64(job.n))
+			}
+			done <- refused
+		}()
+		var werr error
+		for job := range jobs {
+			if werr == nil {
+				h, e, d := frame(job)
+				if werr = writeEC(c, h, nil, e, d); werr == nil {
+					expect <- job
+				}
+			}
+			written(job)
+		}
+		close(expect)
+		rerr := <-done
+		if _, ok := errors.AsType[*remoteError](rerr); ok && werr == nil {
+			return rerr
+		}
+		return cmp.Or(werr, rerr)
+	})
+	if !streamed {
+		for job := range jobs {
+			written(job)
+		}
+	}
+	return err
 }
