@@ -71,9 +71,12 @@ type HostConfig struct {
 	Mode ProtectMode
 	Diff DiffConfig
 	// EC is the first placement's erasure-coding layout (Placement.EC;
-	// nil: replicas only).
-	EC  []topology.ECGroup
-	Log *slog.Logger
+	// nil: replicas only), Epoch the epoch of the table it comes from
+	// (Placement.Epoch). EC needs Mode ModeFull: diff mode's bases are
+	// not erasure coded yet.
+	EC    []topology.ECGroup
+	Epoch uint64
+	Log   *slog.Logger
 }
 
 // DiffConfig configures differential protection (HostConfig.Mode ModeDiff).
@@ -187,9 +190,10 @@ type Host struct {
 	gen   uint64        // restart generation
 	gwake chan struct{} // closed and replaced whenever g changes
 
-	store *replicaStore
-	links *linkPool
-	local *localPeers // diff mode: the gradients local peers deposit for the owners held here
+	store  *replicaStore
+	parity *parityStore // the parity rows of erasure coding held here (ecstore.go)
+	links  *linkPool
+	local  *localPeers // diff mode: the gradients local peers deposit for the owners held here
 
 	// Diff mode: the holder's folds (foldLoop), and their figures.
 	folds     chan *ownerReplica
@@ -241,8 +245,16 @@ func NewHost(cfg HostConfig) (*Host, error) {
 		cfg.LinkFailed = func(int, error) {}
 	}
 	h := &Host{cfg: cfg, log: log, g: noStep, gwake: make(chan struct{}), lfDone: map[int]bool{}}
+	if len(cfg.EC) > 0 && h.diffMode() {
+		return nil, errECDiff
+	}
+	ec, err := newECLayout(cfg.EC, -1, cfg.HostOf)
+	if err != nil {
+		return nil, err
+	}
 	h.life, h.stop = context.WithCancel(context.Background())
-	p := &placement{replaced: make(chan struct{}), world: -1, ranks: slices.Clone(cfg.Ranks), svcs: map[int]*service{}, hostOf: cfg.HostOf, holders: cfg.Holders, sources: map[int]Source{}}
+	p := &placement{replaced: make(chan struct{}), world: -1, ranks: slices.Clone(cfg.Ranks), svcs: map[int]*service{}, hostOf: cfg.HostOf, holders: cfg.Holders, sources: map[int]Source{},
+		ec: ec, diff: h.diffMode(), epoch: cfg.Epoch, g: noStep}
 	for _, r := range cfg.Ranks {
 		p.svcs[r] = newService(h, r)
 	}
@@ -251,6 +263,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 		s.rep.placed(p)
 	}
 	h.store = newReplicaStore(h)
+	h.parity = newParityStore(h)
 	h.local = newLocalPeers(h)
 	h.links = newLinkPool(h)
 	if h.diffMode() {
@@ -267,6 +280,9 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	}
 	return h, nil
 }
+
+// errECDiff: erasure coding asked for in diff mode.
+var errECDiff = errors.New("rank: erasure coding (--redundancy ec) needs --protect-mode full: diff mode's bases are not erasure coded yet")
 
 // mode returns the job's protect mode.
 func (h *Host) mode() ProtectMode { return cmp.Or(h.cfg.Mode, ModeFull) }
@@ -371,6 +387,7 @@ func (h *Host) SetG(gen uint64, g int64) {
 	h.gwake = make(chan struct{})
 	h.gmu.Unlock()
 	h.store.sweep(nil, g)
+	h.parity.sweep(nil, g)
 	h.local.prune(g)
 }
 
@@ -413,6 +430,7 @@ func (h *Host) Restart(gen uint64, g int64) error {
 	h.gwake = make(chan struct{})
 	h.gmu.Unlock()
 	h.store.restart(gen, g)
+	h.parity.restart(gen, g)
 	var errs []error
 	p := h.place()
 	for _, r := range sortedRanks(p) {
@@ -518,6 +536,7 @@ func (h *Host) Close() error {
 	}
 	h.links.close()
 	h.store.close()
+	h.parity.close()
 	h.wg.Wait()
 	var errs []error
 	p := h.place()

@@ -25,6 +25,15 @@ type Placement struct {
 	// that runs on its data host) and the parity rows go to each group's
 	// Parity hosts.
 	EC []topology.ECGroup
+	// Epoch is the epoch table's epoch in which this placement took
+	// effect, and G the step its ranks resume from (-1: the start). With
+	// EC they label and order the parity rows' shares: a step after G
+	// committed under an older placement belongs to a trajectory the
+	// ranks abandoned (an in-place recovery rolls back to G without a new
+	// restart generation), and its shares are never mixed with those of
+	// the steps committed since (ecstore.go).
+	Epoch uint64
+	G     int64
 }
 
 // Source is where a rank restores step G from when its own host's slot
@@ -50,6 +59,13 @@ type placement struct {
 	hostOf  func(rank int) int
 	holders [][]int
 	sources map[int]Source
+	// ec is the erasure-coding layout (nil: none); diff, that the job
+	// runs --protect-mode diff (no parity targets yet). epoch and g are
+	// Placement's (NewHost's: HostConfig.Epoch, and -1).
+	ec    *ecLayout
+	diff  bool
+	epoch uint64
+	g     int64
 	// replaced is closed when a SetPlacement replaces this placement: it
 	// ends the stages waiting at the overwrite rule.
 	replaced chan struct{}
@@ -59,8 +75,12 @@ type placement struct {
 // hosts, holders and Sources (NewHost's placement, from its HostConfig,
 // included: the agent's first epoch table repeats it).
 func (pl *placement) same(p *Placement) bool {
+	var ec []topology.ECGroup
+	if pl.ec != nil {
+		ec = pl.ec.groups
+	}
 	if !slices.Equal(pl.ranks, p.Ranks) || !maps.Equal(pl.sources, p.Sources) ||
-		pl.world >= 0 && pl.world != len(p.HostOf) {
+		pl.world >= 0 && pl.world != len(p.HostOf) || !sameEC(ec, p.EC) {
 		return false
 	}
 	for r, h := range p.HostOf {
@@ -113,8 +133,10 @@ func (p *placement) holds(owner int) bool {
 }
 
 // holderKey names one replica holder: a rank, on a host. A rank that
-// moves to another host is a new holder (its copies stayed behind).
-type holderKey struct{ rank, host int }
+// moves to another host is a new holder (its copies stayed behind). row
+// is 0 for a replica (or an EC clear copy), j+1 for parity row j
+// (ec.go): the parity holder rank on the row's host.
+type holderKey struct{ rank, host, row int }
 
 // place returns the current placement.
 func (h *Host) place() *placement { return h.pl.Load() }
@@ -181,6 +203,19 @@ func (p *Placement) check(host, hosts int) error {
 			return bad("rank %d restores from ranks %d and %d in a world of %d", r, s.Opt, s.Params, world)
 		}
 	}
+	if p.G < noStep || p.G > MaxStep {
+		return bad("G %d out of range", p.G)
+	}
+	if len(p.EC) > 0 {
+		for _, g := range p.EC {
+			for _, h := range g.Hosts {
+				if h < 0 || h >= hosts {
+					return bad("erasure-coding group on host %d of %d", h, hosts)
+				}
+			}
+		}
+		return checkEC(p.EC, world, func(r int) int { return p.HostOf[r] })
+	}
 	return nil
 }
 
@@ -215,6 +250,9 @@ func (h *Host) SetPlacement(p Placement) error {
 	if err := p.check(h.cfg.Host, h.cfg.Hosts); err != nil {
 		return err
 	}
+	if len(p.EC) > 0 && h.diffMode() {
+		return fmt.Errorf("%w: %w", ErrPlacement, errECDiff)
+	}
 	hostOf := slices.Clone(p.HostOf)
 	holders := make([][]int, len(p.Holders))
 	for i, hs := range p.Holders {
@@ -238,6 +276,14 @@ func (h *Host) SetPlacement(p Placement) error {
 			return hostOf[r]
 		},
 		holders: holders, sources: maps.Clone(p.Sources),
+		diff: h.diffMode(), epoch: p.Epoch, g: p.G,
+	}
+	if len(p.EC) > 0 {
+		ec, err := newECLayout(p.EC, len(hostOf), np.hostOf)
+		if err != nil {
+			return err
+		}
+		np.ec = ec
 	}
 	if np.sources == nil {
 		np.sources = map[int]Source{}
@@ -262,6 +308,7 @@ func (h *Host) SetPlacement(p Placement) error {
 	close(old.replaced)
 
 	h.store.sweep(np, h.G())
+	h.parity.sweep(np, h.G())
 	var errs []error
 	for _, s := range left {
 		s.leave()

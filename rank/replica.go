@@ -24,6 +24,15 @@ package rank
 // why, see failCRC). Everything read is bounds-checked before use; a
 // malformed request closes the link.
 //
+// With erasure coding (HostConfig.EC, ec.go) the links carry five more
+// kinds: ecChunk, ecCommit, ecHas, ecGet and getRange (10 to 14), whose
+// table is followed by a sub-header
+//
+//	ecHdr = group(4) stripe(4) row(2) member(2) crc(4) off(8) n(8) epoch(8)
+//
+// and, for ecChunk, its data: see ecstore.go and PROTOCOL.md ("Erasure
+// coding").
+//
 // In diff mode (HostConfig.Mode ModeDiff) the holder keeps a base and a
 // differential log per owner instead of two buffers, and the links carry
 // four more kinds (base, diff, baseChunk, baseCommit): see diff.go; it
@@ -463,6 +472,8 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 			err = st.get(c, h)
 		case kindGetSlot:
 			err = st.getSlot(c, h, t)
+		case kindECChunk, kindECCommit, kindECHas, kindECGet, kindGetRange:
+			err = st.h.parity.serveEC(c, h, t)
 		case kindBase, kindDiff, kindBaseChunk, kindBaseCommit, kindDiffRef:
 			if !st.h.diffMode() {
 				err = fmt.Errorf("request kind %d of --protect-mode diff, this host runs full", h.kind)
@@ -860,6 +871,10 @@ type replicator struct {
 	refStep int64               // the step of the last refresh (at first, of the first step sent), or -1
 	refProg map[holderKey]*refProg
 	refPool bufPool // the snapshot buffer of a refresh nothing reads any more, for the next
+
+	// Erasure coding (ecsend.go): the share buffers, used by one send at
+	// a time (the loop's).
+	ec ecBufs
 }
 
 func (r *replicator) init(s *service) {
@@ -875,7 +890,7 @@ func (r *replicator) init(s *service) {
 // holders): derived from acked and p each time, so that a report taken
 // under a new placement never counts the holders of the one before.
 func (r *replicator) replicatedIn(p *placement) int64 {
-	ts := p.targets(r.s.rank)
+	ts := p.allTargets(r.s.rank)
 	if len(ts) == 0 {
 		return MaxStep // every committed step
 	}
@@ -940,7 +955,7 @@ func (r *replicator) placed(p *placement) {
 	s.mu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	ts := p.targets(s.rank)
+	ts := p.allTargets(s.rank)
 	changed := len(ts) != len(r.acked)
 	for k := range r.acked {
 		if !slices.Contains(ts, k) {
@@ -1033,7 +1048,7 @@ type sendPlan struct {
 // held.
 func (r *replicator) planLocked() sendPlan {
 	s := r.s
-	ts := s.h.place().targets(s.rank)
+	ts := s.h.place().allTargets(s.rank)
 	g := s.h.G()
 	s.mu.Lock()
 	steps := s.slotStep
@@ -1184,6 +1199,7 @@ func (r *replicator) send(ctx context.Context, p sendPlan) (uint64, []error, err
 		t = append(t, tableEntry{name: s.regions[i].Name, size: s.regions[i].Size, sum: s.sums[slot][i]})
 		data = append(data, s.views[slot][i])
 	}
+	epoch := s.slotEpoch[slot]
 	s.mu.Unlock()
 	// The slot holding step is not staged over before step is replicated
 	// (the overwrite rule needs it to be), nor truncated before reset
@@ -1191,7 +1207,34 @@ func (r *replicator) send(ctx context.Context, p sendPlan) (uint64, []error, err
 	start := time.Now()
 	var sent atomic.Int64 // holders sent the data (not just asked)
 	var wg sync.WaitGroup
+	// The parity rows (erasure coding) go together: one encoding for
+	// all of them.
+	var rows, ri []int
 	for i, k := range p.to {
+		if k.row > 0 {
+			ri = append(ri, i)
+		}
+	}
+	var ecErr error
+	var ecBytes int64
+	if len(ri) > 0 {
+		to, known := make([]holderKey, len(ri)), make([]bool, len(ri))
+		for n, i := range ri {
+			to[n], known[n] = p.to[i], p.known[i]
+		}
+		rows = ri
+		wg.Go(func() {
+			var rerrs []error
+			rerrs, ecErr, ecBytes = r.ecSend(ctx, step, slot, gen, epoch, t, data, to, known)
+			for n, i := range rows {
+				errs[i] = rerrs[n]
+			}
+		})
+	}
+	for i, k := range p.to {
+		if k.row > 0 {
+			continue
+		}
 		wg.Go(func() {
 			hdr := linkHdr{owner: s.rank, holder: k.rank, step: step, gen: gen}
 			if !p.known[i] {
@@ -1211,6 +1254,12 @@ func (r *replicator) send(ctx context.Context, p sendPlan) (uint64, []error, err
 		})
 	}
 	wg.Wait()
+	if ce, ok := errors.AsType[*CorruptError](ecErr); ok {
+		return gen, errs, ce
+	}
+	if ecBytes > 0 {
+		s.replBytes.Add(ecBytes)
+	}
 	if err := errors.Join(errs...); err != nil {
 		if errors.Is(err, errPutDamaged) {
 			// The holder's copy did not match the CRC32Cs of the
@@ -1229,7 +1278,7 @@ func (r *replicator) send(ctx context.Context, p sendPlan) (uint64, []error, err
 		}
 		return gen, errs, ctx.Err()
 	}
-	if n := sent.Load(); n > 0 {
+	if n := sent.Load(); n > 0 || ecBytes > 0 {
 		s.replSteps.Add(1)
 		s.replNS.Add(int64(time.Since(start)))
 		s.replBytes.Add(int64(tableBytes(t)) * n)
@@ -1286,7 +1335,7 @@ func (p *linkPool) get(host, rank int) (*link, string, error) {
 	if p.closed {
 		return nil, "", ErrStopping
 	}
-	if host < 0 || host >= len(p.addrs) || p.addrs[host] == "" {
+	if host != p.h.cfg.Host && (host < 0 || host >= len(p.addrs) || p.addrs[host] == "") {
 		return nil, "", fmt.Errorf("no replication address for host %d", host)
 	}
 	k := linkKey{host, rank}
@@ -1295,7 +1344,24 @@ func (p *linkPool) get(host, rank int) (*link, string, error) {
 		l = &link{}
 		p.links[k] = l
 	}
+	if host == p.h.cfg.Host {
+		return l, "", nil
+	}
 	return l, p.addrs[host], nil
+}
+
+// pipe returns a link to this host itself: an in-process connection
+// served by the replica store as an accepted link is (erasure coding
+// sends a rank's share of a parity row kept on its own host). p.mu is
+// held, p is not closed.
+func (p *linkPool) pipe() net.Conn {
+	c, srv := net.Pipe()
+	p.h.wg.Add(1)
+	go func() {
+		defer p.h.wg.Done()
+		p.h.store.serve(p.h.life, p.h.cfg.Host, srv)
+	}()
+	return c
 }
 
 func (p *linkPool) close() {
@@ -1320,6 +1386,16 @@ func (p *linkPool) do(ctx context.Context, host, rank int, f func(c net.Conn) er
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.conn.Load() == nil && host == p.h.cfg.Host {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return ErrStopping
+		}
+		c := p.pipe()
+		l.conn.Store(&c)
+		p.mu.Unlock()
+	}
 	if l.conn.Load() == nil {
 		c, err := comm.DialLink(ctx, addr, p.h.linkAuth(), p.h.cfg.Host, host)
 		if err != nil {

@@ -44,8 +44,12 @@ type service struct {
 	slotStep [2]int64 // the committed step each slot holds, or -1
 	// slotT is the optimizer step count (diff mode) of each slot's
 	// committed step, 0 if not known (a step restored from another host).
-	slotT     [2]int
-	sums      [2][]uint32
+	slotT [2]int
+	sums  [2][]uint32
+	// slotEpoch is the epoch (Placement.Epoch) of the session placement
+	// each slot's step was committed under: the label of its erasure-coded
+	// shares (ecstore.go).
+	slotEpoch [2]uint64
 	staged    *ckpt.Staged
 	committed int64
 	// The gradient buffer's two halves (ping-pong by step parity).
@@ -557,6 +561,7 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 	slot := st.Slot()
 	s.slotStep[slot] = step
 	s.sums[slot] = st.Sums()
+	s.slotEpoch[slot] = ss.placed.epoch
 	s.slotT[slot] = grad.hyper.T
 	s.committed = step
 	var od *ownerDiff
