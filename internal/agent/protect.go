@@ -107,10 +107,12 @@ func listenReplicas(addr string) (net.Listener, int, error) {
 }
 
 // tablePlacement is table t's placement for the state protection of
-// host: its ranks, every rank's host and holders, the restore plan, and
-// the erasure-coding layout (tableEC).
+// host: its ranks, every rank's host and holders, the restore plan, the
+// erasure-coding layout (tableEC), and the table's epoch and G (which
+// label the erasure-coded shares of the steps committed in it).
 func tablePlacement(t *wire.EpochTable, host int) rank.Placement {
-	p := rank.Placement{HostOf: make([]int, t.World), Holders: t.HolderLists()} // rows checked by wire
+	p := rank.Placement{HostOf: make([]int, t.World), Holders: t.HolderLists(), // rows checked by wire
+		Epoch: t.Epoch, G: t.G}
 	hostRanks := make([][]int, len(t.Hosts))
 	for h, places := range t.Placements() {
 		for _, pl := range places {
@@ -186,7 +188,7 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 		Job: a.cfg.Job, LinkKey: a.cfg.Creds.Link, Host: a.cfg.Host, Hosts: len(t.Hosts), Ranks: pl.Ranks,
 		Holders: pl.Holders, Peers: peers, HostOf: func(r int) int { return pl.HostOf[r] },
 		Listener: ln, Changed: p.changed, Failed: p.failed, LinkFailed: p.linkFailed, Log: a.log,
-		Mode: a.protect.mode, Diff: a.protect.diff, EC: pl.EC,
+		Mode: a.protect.mode, Diff: a.protect.diff, EC: pl.EC, Epoch: pl.Epoch,
 	})
 	if err != nil {
 		if ln != nil {

@@ -34,7 +34,7 @@ func TestTablePlacementEC(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			hosts := make([]topology.Host, len(tc.perHost))
 			var assign []topology.Assignment
-			tab := &wire.EpochTable{Version: wire.Version, Job: "ec", G: 3, Restore: tc.restore}
+			tab := &wire.EpochTable{Version: wire.Version, Job: "ec", Epoch: 7, G: 3, Restore: tc.restore}
 			for h, ranks := range tc.perHost {
 				hosts[h] = topology.Host{Name: fmt.Sprintf("h%d", h), Slots: max(len(ranks), 1), Spare: len(ranks) == 0}
 				for _, r := range ranks {
@@ -67,6 +67,9 @@ func TestTablePlacementEC(t *testing.T) {
 				pl := tablePlacement(tab, host)
 				if !reflect.DeepEqual(pl.EC, want) {
 					t.Fatalf("host %d: EC\n%+v\nwant\n%+v", host, pl.EC, want)
+				}
+				if pl.Epoch != 7 || pl.G != 3 {
+					t.Errorf("host %d: placement epoch %d, G %d; want the table's 7 and 3 (they label the shares)", host, pl.Epoch, pl.G)
 				}
 				if !reflect.DeepEqual(pl.Sources, tc.wantSource) {
 					t.Errorf("host %d: Sources %+v, want %+v", host, pl.Sources, tc.wantSource)
