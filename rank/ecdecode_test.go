@@ -353,7 +353,11 @@ func TestECDecodeCancel(t *testing.T) {
 	go func() {
 		done <- decodeMember(ctx, ecDecode{codec: st.codec, lost: 0, shard: st.L, sources: srcs, table: st.tables[0], views: st.views(0), chunk: 1000})
 	}()
-	<-blocked
+	select {
+	case <-blocked:
+	case err := <-done:
+		t.Fatalf("the decode returned before its read blocked: %v", err)
+	}
 	cancel(errStop)
 	err := <-done
 	if n := active.Load(); n != 0 {
@@ -431,5 +435,31 @@ func TestECDecodeArgs(t *testing.T) {
 				t.Fatalf("got %v, want an error saying %q", err, c.want)
 			}
 		})
+	}
+}
+
+// TestECDecodeLostSourceUnread: the lost member's own source, if it is
+// given, is never read (reading it is the direct restore, not a decode),
+// even when another subset is needed.
+func TestECDecodeLostSourceUnread(t *testing.T) {
+	st := newECStripe(t, 2, 2, unequalSizes)
+	var active atomic.Int32
+	srcs, mems := st.sources(nil, &active, func(i int, s *memSource) {
+		switch i {
+		case 0:
+			s.b = make([]byte, len(s.b)) // not member 0's bytes
+		case 2:
+			s.flips = []int64{3} // parity row 0: a second subset is needed
+		}
+	})
+	views, err := st.decode(t, context.Background(), 0, srcs, &active, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.same(0, views); err != nil {
+		t.Fatal(err)
+	}
+	if n := mems[0].calls.Load(); n != 0 {
+		t.Fatalf("the lost member's own source was read %d times", n)
 	}
 }
