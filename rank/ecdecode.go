@@ -103,7 +103,9 @@ type ecDecode struct {
 	// staged views): one for each table entry, of its size.
 	views map[string][]byte
 	// chunk is how many bytes are read and rebuilt at a time (0:
-	// ecDecodeChunk). A decode holds 2 × K buffers of that size.
+	// ecDecodeChunk; never more than the longest region). A decode holds
+	// 2 × K buffers of that size (2 more for each source that replaces a
+	// dropped one).
 	chunk int
 }
 
@@ -115,6 +117,10 @@ type ecDecode struct {
 // ErrUnrecoverable when the stripe cannot give the state (with why each
 // source was dropped), context.Cause(ctx) when ctx ended first. Every
 // read it started has returned by the time it returns.
+//
+// Decodes of several lost members of one stripe are independent, and may
+// run concurrently with one codec (ckpt.Codec is safe for concurrent
+// use) if their sources are too.
 func decodeMember(ctx context.Context, d ecDecode) error {
 	dec, err := newDecoder(d)
 	if err != nil {
@@ -412,10 +418,10 @@ func (d *decoder) rebuild(f *fetch) ([]byte, error) {
 
 // run rebuilds every region in shard order. The reads of chunk c+1 are
 // under way while chunk c is rebuilt; a region's CRC32C is taken over its
-// rebuilt bytes chunk by chunk, while they are in cache.
+// rebuilt bytes chunk by chunk, right after each chunk is written.
 func (d *decoder) run(ctx context.Context) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	// Empty regions need no read: their CRC32C is that of nothing.
 	first := -1
 	for r, reg := range d.regions {
