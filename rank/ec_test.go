@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strconv"
 	"sync"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/gorun/gorun/ckpt"
@@ -853,4 +855,45 @@ func BenchmarkECPipeline(b *testing.B) {
 	b.ReportMetric(float64(raw)/float64(pipe), "raw/pipeline")
 	b.ReportMetric(float64(tableBytes(t))*float64(b.N)/pipe.Seconds()/(1<<20), "pipeline-MiB/s")
 	b.ReportMetric(float64(tableBytes(t))*float64(b.N)/raw.Seconds()/(1<<20), "raw-MiB/s")
+}
+
+// TestReadSum: readSum fills its buffer from reads of any size (more than
+// readPiece, a byte at a time) and returns the CRC32C of all its bytes; a
+// stream that ends early is an io.ErrUnexpectedEOF, a failed read that
+// read's error.
+func TestReadSum(t *testing.T) {
+	data := make([]byte, 3*readPiece+123)
+	for i := range data {
+		data[i] = byte(i*31 + i>>9)
+	}
+	broken := errors.New("broken")
+	for _, tc := range []struct {
+		name string
+		n    int // bytes to read
+		r    io.Reader
+		err  error
+	}{
+		{"whole", len(data), bytes.NewReader(data), nil},
+		{"one byte at a time", readPiece + 5, iotest.OneByteReader(bytes.NewReader(data)), nil},
+		{"half reads", len(data), iotest.HalfReader(bytes.NewReader(data)), nil},
+		{"short", len(data), bytes.NewReader(data[:len(data)-1]), io.ErrUnexpectedEOF},
+		{"failed", len(data), io.MultiReader(bytes.NewReader(data[:readPiece+7]), iotest.ErrReader(broken)), broken},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := make([]byte, tc.n)
+			sum, err := readSum(tc.r, d)
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("err %v, want %v", err, tc.err)
+			}
+			if err != nil {
+				return
+			}
+			if want := crc32c.Checksum(data[:tc.n]); sum != want {
+				t.Errorf("CRC32C %08x, want %08x", sum, want)
+			}
+			if !bytes.Equal(d, data[:tc.n]) {
+				t.Error("the bytes read differ")
+			}
+		})
+	}
 }
