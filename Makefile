@@ -126,6 +126,7 @@ bench-tier2:
 bench-ec: build
 	$(GO) run ./internal/benchprotect -gorun $(BIN)/gorun -dptrain $(BIN)/dptrain -hosts 4 -ranks 4 -modes full -redundancy replicas:1,ec:2+2 -cpu-compute 0
 	GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench BenchmarkCodecEncode -benchtime 3x ./ckpt/ | grep -v '^=== '
+	GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench BenchmarkECPipeline -benchtime 5x ./rank/ | grep -v '^=== '
 	@if $(SIMD_PROBE); then simd=$${GOEXPERIMENT:+$$GOEXPERIMENT,}simd; else simd=$$GOEXPERIMENT; fi; \
 	GOEXPERIMENT=$$simd GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench 'BenchmarkTier2Restore$$|BenchmarkECRestore' -benchtime 5x -timeout 20m -v ./rank/ | grep -v '^=== '
 

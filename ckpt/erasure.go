@@ -37,6 +37,17 @@ const MaxShards = 256
 type Codec struct {
 	k, m int
 	enc  reedsolomon.Encoder
+	// share[x] computes data shard x's shares in one pass: a code of one
+	// data shard whose M parity rows are column x of enc's (so its parity
+	// is x's share of enc's). reedsolomon's EncodeIdx would do the same
+	// with enc, but it takes its vector kernels only for M >= 3 and whole
+	// cache-sized rounds, adds into buffers the caller zeroes first, and
+	// reads the data once per row: Encode of this code reads it once and
+	// writes every row, with one goroutine (the caller's pipeline has
+	// its own).
+	share []reedsolomon.Encoder
+	// stripe is enc with one goroutine, for Encode.
+	stripe reedsolomon.Encoder
 }
 
 // NewCodec returns the code of k data and m parity shards (k, m >= 1,
@@ -50,7 +61,31 @@ func NewCodec(k, m int) (*Codec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %d+%d: %w", ErrErasure, k, m, err)
 	}
-	return &Codec{k: k, m: m, enc: enc}, nil
+	stripe, err := reedsolomon.New(k, m, reedsolomon.WithCauchyMatrix(), reedsolomon.WithMaxGoroutines(1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %d+%d: %w", ErrErasure, k, m, err)
+	}
+	c := &Codec{k: k, m: m, enc: enc, share: make([]reedsolomon.Encoder, k), stripe: stripe}
+	// Column x of the parity rows is x's share of the byte 1 (the share
+	// of a byte b is the column times b in GF(2^8)).
+	col := make([][]byte, m)
+	for x := range k {
+		for j := range col {
+			col[j] = []byte{0}
+		}
+		if err := enc.EncodeIdx([]byte{1}, x, col); err != nil {
+			return nil, fmt.Errorf("%w: %d+%d: column %d: %w", ErrErasure, k, m, x, err)
+		}
+		mat := make([][]byte, m)
+		for j := range mat {
+			mat[j] = []byte{col[j][0]}
+		}
+		c.share[x], err = reedsolomon.New(1, m, reedsolomon.WithCustomMatrix(mat), reedsolomon.WithMaxGoroutines(1))
+		if err != nil {
+			return nil, fmt.Errorf("%w: %d+%d: member %d's code: %w", ErrErasure, k, m, x, err)
+		}
+	}
+	return c, nil
 }
 
 // K is the number of data shards, M of parity shards.
@@ -72,12 +107,28 @@ func (c *Codec) Share(data []byte, x int, shares [][]byte) error {
 		if len(s) != len(data) {
 			return fmt.Errorf("%w: share %d is %d bytes for %d bytes of data", ErrErasure, j, len(s), len(data))
 		}
-		clear(s)
 	}
 	if len(data) == 0 {
 		return nil
 	}
-	if err := c.enc.EncodeIdx(data, x, shares); err != nil {
+	var a [1 + 8][]byte
+	shards := append(append(a[:0], data), shares...)
+	if err := c.share[x].Encode(shards); err != nil {
+		return fmt.Errorf("%w: %w", ErrErasure, err)
+	}
+	return nil
+}
+
+// Encode overwrites the M parity shards of one whole stripe: shards has
+// K+M entries of one length, data shards first. It is the code's own
+// encoding of a stripe held in one place, on the caller's goroutine (the
+// reference the shares' pipeline is measured against); the agents use
+// Share.
+func (c *Codec) Encode(shards [][]byte) error {
+	if len(shards) != c.k+c.m {
+		return fmt.Errorf("%w: %d shards for a %d+%d code", ErrErasure, len(shards), c.k, c.m)
+	}
+	if err := c.stripe.Encode(shards); err != nil {
 		return fmt.Errorf("%w: %w", ErrErasure, err)
 	}
 	return nil

@@ -283,7 +283,6 @@ type parityRow struct {
 	gen     uint64 // the newest restart generation known: older shares are refused
 	spare   bool   // no rank of this host holds the row in the current placement
 	dropped bool
-	chunk   []byte // the buffer an ecChunk is read into, kept from one to the next
 }
 
 func (r *parityRow) newestComplete() int64 {
@@ -369,7 +368,6 @@ func (ps *parityStore) sweep(p *placement, g int64) {
 		r.dropped = true
 		n := r.bytes()
 		r.bufs = [2]parityBuf{{step: noStep}, {step: noStep}}
-		r.chunk = nil
 		r.mu.Unlock()
 		ps.mu.Lock()
 		if ps.rows[k] == r {
@@ -462,8 +460,11 @@ func refuseEC(c io.ReadWriter, h linkHdr, why uint32, msg string) error {
 	return refusePut(c, h, why, msg)
 }
 
-// chunk receives an ecChunk (its ecHdr read).
-func (ps *parityStore) chunk(c net.Conn, h linkHdr, e ecHdr) error {
+// chunk receives an ecChunk (its ecHdr read) into buf, the link's
+// buffer. The bytes are read and checked against their CRC32C before the
+// row is locked: the K members of a stripe send to one row at once, and
+// each link receives while another's chunk is XORed in.
+func (ps *parityStore) chunk(c net.Conn, h linkHdr, e ecHdr, buf *[]byte) error {
 	n := int64(h.length)
 	if h.count != 0 || h.step < 0 || n < 1 || n > maxECRange || e.off > e.n || n > e.n-e.off {
 		return fmt.Errorf("ecChunk of %d bytes at %d of a share of %d, %d regions, step %d", n, e.off, e.n, h.count, h.step)
@@ -472,39 +473,40 @@ func (ps *parityStore) chunk(c net.Conn, h linkHdr, e ecHdr) error {
 	if why != "" {
 		return refuseEC(c, h, failOther, why)
 	}
+	if int64(cap(*buf)) < n {
+		*buf = make([]byte, n)
+	}
+	d := (*buf)[:n]
+	sum, err := readSum(c, d)
+	if err != nil {
+		return err
+	}
+	if sum != e.crc {
+		return writeFail(c, h, failCRC, fmt.Sprintf("rank %d step %d share of row %d at %d: CRC32C %08x, sent %08x", h.owner, h.step, e.row, e.off, sum, e.crc))
+	}
 	r := ps.row(ecRowKey{e.group, e.stripe, e.row}, true)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.dropped {
-		return refuseEC(c, h, failOther, "the row is no longer kept here")
+		return writeFail(c, h, failOther, "the row is no longer kept here")
 	}
 	b, fwhy, msg := ps.bufFor(r, h.step, h.gen, e.epoch, k, true)
 	if b == nil {
-		return refuseEC(c, h, fwhy, fmt.Sprintf("rank %d: %s", h.owner, msg))
+		return writeFail(c, h, fwhy, fmt.Sprintf("rank %d: %s", h.owner, msg))
 	}
 	m := &b.mem[e.member]
 	switch {
 	case m.rank < 0:
 		*m = memberShare{rank: h.owner, length: e.n, cov: cover{size: e.n}}
 	case m.rank != h.owner || m.length != e.n:
-		return refuseEC(c, h, failOther, fmt.Sprintf("member %d of step %d is rank %d with a shard of %d bytes, not rank %d with %d", e.member, h.step, m.rank, m.length, h.owner, e.n))
+		return writeFail(c, h, failOther, fmt.Sprintf("member %d of step %d is rank %d with a shard of %d bytes, not rank %d with %d", e.member, h.step, m.rank, m.length, h.owner, e.n))
 	}
 	if int64(len(b.data)) < e.n {
 		if err := ps.grow(r, b, e.n); err != nil {
-			return refuseEC(c, h, failOther, err.Error())
+			return writeFail(c, h, failOther, err.Error())
 		}
 	}
 	b.n = max(b.n, e.n)
-	if int64(cap(r.chunk)) < n {
-		r.chunk = make([]byte, n)
-	}
-	d := r.chunk[:n]
-	if _, err := io.ReadFull(c, d); err != nil {
-		return err
-	}
-	if got := crc32c.Checksum(d); got != e.crc {
-		return writeFail(c, h, failCRC, fmt.Sprintf("rank %d step %d share of row %d at %d: CRC32C %08x, sent %08x", h.owner, h.step, e.row, e.off, got, e.crc))
-	}
 	if m.cov.fits(e.off, n) != nil {
 		if covered(&m.cov, e.off, n) {
 			return writeAck(c, h) // a resend: in already
@@ -516,6 +518,28 @@ func (ps *parityStore) chunk(c net.Conn, h linkHdr, e ecHdr) error {
 	}
 	b.mix(e.member, e.off, d)
 	return writeAck(c, h)
+}
+
+// readPiece bounds one read of readSum: the bytes a read returns are
+// checksummed while they are still in the core's cache.
+const readPiece = 256 << 10
+
+// readSum fills d from r and returns the CRC32C of its bytes, computed
+// read by read: each read's bytes right after the kernel copied them in.
+func readSum(r io.Reader, d []byte) (uint32, error) {
+	var sum uint32
+	for got := 0; got < len(d); {
+		n, err := r.Read(d[got:min(got+readPiece, len(d))])
+		sum = crc32c.Update(sum, d[got:got+n])
+		got += n
+		if err != nil && got < len(d) {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, err
+		}
+	}
+	return sum, nil
 }
 
 // covered says whether every byte of [off, off+n) passed cov.
@@ -751,8 +775,9 @@ func (ps *parityStore) getRange(c net.Conn, h linkHdr, e ecHdr) error {
 }
 
 // serveEC serves one EC request (kinds 10 to 14) whose header and table
-// were read: an error closes the link.
-func (ps *parityStore) serveEC(c net.Conn, h linkHdr, t []tableEntry) error {
+// were read: an error closes the link. buf is the link's ecChunk buffer
+// (grown as needed).
+func (ps *parityStore) serveEC(c net.Conn, h linkHdr, t []tableEntry, buf *[]byte) error {
 	if ps.h.diffMode() {
 		return fmt.Errorf("request kind %d of erasure coding, this host runs --protect-mode diff", h.kind)
 	}
@@ -762,7 +787,7 @@ func (ps *parityStore) serveEC(c net.Conn, h linkHdr, t []tableEntry) error {
 	}
 	switch h.kind {
 	case kindECChunk:
-		return ps.chunk(c, h, e)
+		return ps.chunk(c, h, e, buf)
 	case kindECCommit:
 		return ps.commit(c, h, t, e)
 	case kindECHas:

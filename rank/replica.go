@@ -449,6 +449,7 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 	}()
 	log := st.h.log.With("from host", from)
 	var hb [linkHdrSize]byte
+	var ecBuf []byte // the link's ecChunk buffer, kept from one to the next
 	for ctx.Err() == nil {
 		if _, err := io.ReadFull(c, hb[:]); err != nil {
 			return
@@ -473,7 +474,7 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 		case kindGetSlot:
 			err = st.getSlot(c, h, t)
 		case kindECChunk, kindECCommit, kindECHas, kindECGet, kindGetRange:
-			err = st.h.parity.serveEC(c, h, t)
+			err = st.h.parity.serveEC(c, h, t, &ecBuf)
 		case kindBase, kindDiff, kindBaseChunk, kindBaseCommit, kindDiffRef:
 			if !st.h.diffMode() {
 				err = fmt.Errorf("request kind %d of --protect-mode diff, this host runs full", h.kind)
