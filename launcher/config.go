@@ -49,8 +49,8 @@ type Config struct {
 	// committed step's state whole (any trainer); ModeDiff sends
 	// each step's gradient and hyper-parameters, and the holders rebuild
 	// the state by replay (trainers that declare the replay optimizer),
-	// as Diff says. ModeDiff needs Replicas of 1 or more, or an erasure
-	// code (its bases are erasure coded).
+	// as Diff says. ModeDiff needs Replicas of 1 or more (not an erasure
+	// code yet: its bases would have to be erasure coded).
 	ProtectMode ProtectMode
 	// Diff configures ModeDiff; it must be zero in ModeFull.
 	Diff DiffOptions
@@ -339,7 +339,12 @@ func (cfg *Config) checkProtect() error {
 		}
 		return nil
 	}
-	if cfg.Replicas < 1 && cfg.ECK == 0 {
+	if cfg.ECK > 0 {
+		// The agents refuse it (rank.NewHost): differentials go to
+		// replica holders, and the bases are not erasure coded yet.
+		return &ConfigError{Msg: fmt.Sprintf("--protect-mode diff with --redundancy ec:%d+%d: not supported yet (diff mode's bases are not erasure coded); use --protect-mode full, or --redundancy replicas:K", cfg.ECK, cfg.ECM)}
+	}
+	if cfg.Replicas < 1 {
 		return &ConfigError{Msg: fmt.Sprintf("--protect-mode diff sends each step to the replica holders: it needs --replicas 1 or more, not %d", cfg.Replicas)}
 	}
 	if d.Fold < 0 || d.Fold > MaxDiffFold {
