@@ -225,7 +225,7 @@ type memberSource struct {
 	step  int64
 	want  []tableEntry // the member's table as the parity rows have it
 	cands []shardLoc
-	cur   int   // the candidate in use
+	cur   int     // the candidate in use
 	errs  []error // why the ones before it were left
 }
 
