@@ -13,10 +13,13 @@ package rank
 // sizes and CRC32Cs, in shard order) and the stripe length L (the longest
 // member's shard) come from the parity rows: each complete row of step G
 // names its K members with their tables (ecGet). The rows are asked
-// first, all M in parallel; the rows that answer must agree on step,
-// generation, label and every member's table, and a row that disagrees
-// with the most rows that agree is not a source (on a tie, the lowest
-// row's answer is taken). The sources are then:
+// first, all M in parallel; the rows that answer must agree on every
+// member's rank, length and table (not on the generation and label of
+// their shares: G is final, its shares the same under every label, and
+// a row's generation moves on when a member of a newer generation
+// confirms its share), and a row that disagrees with the most rows that
+// agree is not a source (on a tie, the lowest row's answer is taken).
+// The sources are then:
 //
 //   - each other data member m: its shard at G (getRange) from m's own
 //     slot on m's host, else from the copy the placement's Source names
@@ -108,14 +111,14 @@ func (s *service) decodeRemote(ctx context.Context, g int64, pl *placement, view
 	for j := range rows {
 		if !slices.Contains(agree, j) {
 			if rowErrs[j] == nil {
-				rowErrs[j] = fmt.Errorf("its members' tables differ from those of rows %v", agree)
+				rowErrs[j] = fmt.Errorf("its members' shards (lengths, tables) differ from those of rows %v", agree)
 			}
 			why = append(why, fmt.Errorf("parity row %d: %w", j, rowErrs[j]))
 			continue
 		}
 		sources[k+j] = shardSourceFunc(func(ctx context.Context, off int64, dst []byte) error {
 			ms, err := s.readRow(ctx, pl, pos, j, g, off, dst)
-			if err == nil && !slices.EqualFunc(ms, ref, sameMember) {
+			if err == nil && !slices.EqualFunc(ms, ref, sameShard) {
 				err = fmt.Errorf("parity row %d changed members while it was read", j)
 			}
 			return err
@@ -150,7 +153,7 @@ func (s *service) noteLink(ctx context.Context, host int, err error) {
 }
 
 // checkRowMembers checks a row's members against the stripe's: K of
-// them, member x being rank members[x], all of one generation and label.
+// them, member x being rank members[x].
 func checkRowMembers(ms []ecMember, members []int, step int64) error {
 	if len(ms) != len(members) {
 		return fmt.Errorf("the row of step %d has %d members, the stripe %d", step, len(ms), len(members))
@@ -159,16 +162,13 @@ func checkRowMembers(ms []ecMember, members []int, step int64) error {
 		if mb.rank != members[x] {
 			return fmt.Errorf("the row of step %d has rank %d as member %d, the stripe rank %d", step, mb.rank, x, members[x])
 		}
-		if mb.gen != ms[0].gen || mb.epoch != ms[0].epoch {
-			return fmt.Errorf("the row of step %d mixes generations or labels", step)
-		}
 	}
 	return nil
 }
 
 // agreeingRows returns the rows (indices of answers; nil: no answer) that
-// agree with the most others on every member (generation, label, length
-// and table); on a tie, those that agree with the lowest such row.
+// agree with the most others on every member's shard (length and table:
+// sameShard); on a tie, those that agree with the lowest such row.
 func agreeingRows(answers [][]ecMember) []int {
 	var best []int
 	for _, a := range answers {
@@ -177,7 +177,7 @@ func agreeingRows(answers [][]ecMember) []int {
 		}
 		var with []int
 		for i, b := range answers {
-			if b != nil && slices.EqualFunc(a, b, sameMember) {
+			if b != nil && slices.EqualFunc(a, b, sameShard) {
 				with = append(with, i)
 			}
 		}
@@ -188,8 +188,14 @@ func agreeingRows(answers [][]ecMember) []int {
 	return best
 }
 
-func sameMember(a, b ecMember) bool {
-	return a.rank == b.rank && a.gen == b.gen && a.epoch == b.epoch && a.length == b.length && slices.Equal(a.table, b.table)
+// sameShard reports whether two rows name the same shard of a member:
+// the same rank, length and table (its regions' committed CRC32Cs). Their
+// generation and label may differ: the step restored is G, final, whose
+// shares are the same under every label, and a row's generation moves on
+// when a member of a newer generation confirms its share (ecHas), even
+// while the row is read.
+func sameShard(a, b ecMember) bool {
+	return a.rank == b.rank && a.length == b.length && slices.Equal(a.table, b.table)
 }
 
 // shardLoc is where a copy of a member's shard may be read: holder rank
