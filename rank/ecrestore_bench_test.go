@@ -57,17 +57,17 @@ func BenchmarkECRestore(b *testing.B) {
 	holders := ecClearHolders(groups, hostOf)
 	c := newClusterWith(b, ranks, holders, nil, func(cfg *HostConfig) { cfg.EC = groups })
 	ctx := context.Background()
-	hello := func(h *Host, r int) *service {
+	hello := func(h *Host, r int) (*service, *Session) {
 		req := fmt.Sprintf(`{"v":1,"regions":[{"name":"optimizer","size":%d},{"name":"meta","size":64}]}`, size)
-		if _, ans, err := h.Session(r).Handle(ctx, TypeProtectHello, []byte(req)); err != nil || ans.(*ProtectWelcome).Err != "" {
+		sess := h.Session(r)
+		if _, ans, err := sess.Handle(ctx, TypeProtectHello, []byte(req)); err != nil || ans.(*ProtectWelcome).Err != "" {
 			b.Fatalf("rank %d: ProtectHello: %+v, %v", r, ans, err)
 		}
-		return h.svc(r)
+		return h.svc(r), sess
 	}
 	for r := range work {
 		h := c.hosts[r]
-		s := hello(h, r)
-		sess := h.Session(r)
+		s, sess := hello(h, r)
 		if _, ans, err := sess.Handle(ctx, TypeStage, []byte(`{"step":0}`)); err != nil || ans.(*Staged).Err != "" {
 			b.Fatalf("rank %d: Stage: %+v, %v", r, ans, err)
 		}
@@ -125,7 +125,8 @@ func BenchmarkECRestore(b *testing.B) {
 			if !sw.sources[r].Decode {
 				b.Fatalf("rank %d restores from a copy, not by decode", r)
 			}
-			decs = append(decs, dec{s: hello(h, r), pl: h.place(), views: map[string][]byte{"optimizer": make([]byte, size), "meta": make([]byte, 64)}})
+			s, _ := hello(h, r)
+			decs = append(decs, dec{s: s, pl: h.place(), views: map[string][]byte{"optimizer": make([]byte, size), "meta": make([]byte, 64)}})
 		}
 	}
 	if len(decs) != 2 {
