@@ -678,7 +678,7 @@ func TestECRestoreRowGenerationMoves(t *testing.T) {
 	j := newECRecJob(t, k, m, 2, 2)
 	g0 := j.groups[0]
 	ph := g0.Parity[0]
-	_, holder := ph, slices.Index(j.hostOf, ph)
+	holder := slices.Index(j.hostOf, ph)
 	for i := range len(g0.DataGroups[0]) {
 		ms, err := j.c.hosts[ph].parity.read(0, i, 0, j.g, 0, nil)
 		if err != nil {
