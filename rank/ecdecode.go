@@ -59,12 +59,6 @@ import (
 	"github.com/gorun/gorun/internal/crc32c"
 )
 
-// ErrUnrecoverable is wrapped by a decode that cannot rebuild a lost
-// rank's state at the step: fewer than K of its stripe's K+M shards are
-// left, or no K of those left rebuild bytes that match the rank's
-// committed CRC32Cs. No retry can help at that step.
-var ErrUnrecoverable = errors.New("rank: unrecoverable from the erasure-coded stripe")
-
 // ecDecodeChunk is the chunk a decode reads and rebuilds at a time by
 // default: large enough that a read is one round trip per several MiB,
 // small enough that 2 × K of them stay a small fraction of a rank's state.

@@ -678,7 +678,8 @@ func (ps *parityStore) ecGet(c net.Conn, h linkHdr, e ecHdr) error {
 			return writeFail(c, h, failOther, why)
 		}
 	}
-	buf := make([]byte, e.n)
+	buf := getAnswerBuf(e.n)
+	defer putAnswerBuf(buf)
 	ms, err := ps.read(e.group, e.stripe, e.row, h.step, e.off, buf)
 	if err != nil {
 		return writeFail(c, h, failOther, err.Error())
@@ -749,12 +750,33 @@ func copyShard(dst []byte, data [][]byte, off int64) {
 	clear(dst[n:])
 }
 
+// answerBufs are the buffers ecGet and getRange answers are copied into
+// (each ≤ maxECRange bytes), kept for the next answers: a decode asks
+// for hundreds of chunks of MiBs, and a buffer allocated for each would
+// be faulted in afresh each time (with BenchmarkECRestore, the parity
+// hosts' allocations and faults took more time than the copies).
+var answerBufs sync.Pool
+
+// getAnswerBuf returns a buffer of n bytes from answerBufs, of unspecified
+// contents (read and shardRange write every byte of it).
+func getAnswerBuf(n int64) []byte {
+	if p, ok := answerBufs.Get().(*[]byte); ok && int64(cap(*p)) >= n {
+		return (*p)[:n]
+	}
+	return make([]byte, n)
+}
+
+func putAnswerBuf(b []byte) {
+	answerBufs.Put(&b)
+}
+
 // getRange answers a getRange.
 func (ps *parityStore) getRange(c net.Conn, h linkHdr, e ecHdr) error {
 	if h.length != 0 || h.count != 0 || e.n > maxECRange || h.step < 0 {
 		return fmt.Errorf("getRange of %d bytes", e.n)
 	}
-	buf := make([]byte, e.n)
+	buf := getAnswerBuf(e.n)
+	defer putAnswerBuf(buf)
 	var t []tableEntry
 	var err error
 	if s := ps.h.svc(h.holder); s != nil && h.holder == h.owner {

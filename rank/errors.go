@@ -47,3 +47,11 @@ func (e *CorruptError) Unwrap() error { return ckpt.ErrCorrupt }
 // Is reports whether target is ErrReplayDiffers and e was found by a
 // holder's replay.
 func (e *CorruptError) Is(target error) bool { return e.Replay && target == ErrReplayDiffers }
+
+// ErrUnrecoverable is wrapped by a restore by decode (erasure coding,
+// Source.Decode) that cannot rebuild the rank's state at the step: fewer
+// than K of its stripe's K+M shards are left, none of the stripe's parity
+// rows answers, or no K of the shards left rebuild bytes that match the
+// rank's committed CRC32Cs. It is never wrong bytes: nothing is committed.
+// No retry can help at that step.
+var ErrUnrecoverable = errors.New("rank: unrecoverable from the erasure-coded stripe")

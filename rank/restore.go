@@ -53,9 +53,13 @@ func (s *service) restore(ctx context.Context) *Restorable {
 
 // restoreRemote fetches step g into a local slot: the replicated regions
 // from the copy the placement's Source names for the rank (Opt's host),
-// else from a replica holder; params from the Source's data-parallel
-// peer, else from another peer. It then has step g (re)sent to the
-// rank's holders that lack it.
+// else from a replica holder, or, with erasure coding, rebuilt from the
+// rank's stripe (decodeRemote) when the Source says Decode or no holder
+// has them; params from the Source's data-parallel peer, else from
+// another peer. It then has step g (re)sent to the rank's holders and
+// parity rows that lack it (the restored rank's clear copy and shares:
+// its group's full redundancy back).
+// An error wraps ErrUnrecoverable when the stripe cannot give the state.
 // It runs as a request (reqMu held) and holds s.mu only while it changes
 // the slots, not while it waits for other hosts.
 func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
@@ -88,8 +92,12 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 		want = append(want, tableEntry{name: regions[i].Name})
 	}
 	// Where the replicated regions are: the Source's copy first, then
-	// the holders.
-	optFrom := preferFirst(src.Opt, hasSrc, pl.holdersOf(s.rank))
+	// the holders; with erasure coding, when the Source says no copy
+	// survives (Decode) or none answers, the rank's stripe (ecrestore.go).
+	var optFrom []int
+	if !hasSrc || !src.Decode {
+		optFrom = preferFirst(src.Opt, hasSrc, pl.holdersOf(s.rank))
+	}
 	var errs []error
 	got := len(want) == 0
 	for _, hr := range optFrom {
@@ -109,7 +117,21 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 		}
 		errs = append(errs, fmt.Errorf("holder rank %d: %w", hr, err))
 	}
+	if !got && pl.ec != nil {
+		if _, ok := pl.ec.pos[s.rank]; ok {
+			start := time.Now()
+			if err := s.decodeRemote(ctx, g, pl, replViews); err != nil {
+				errs = append(errs, fmt.Errorf("decode from the erasure-coded stripe: %w", err))
+				return 0, fmt.Errorf("the replicated regions: %w", errors.Join(errs...))
+			}
+			got = true
+			s.h.log.Info("decoded from the erasure-coded stripe", "rank", s.rank, "step", g, "took", time.Since(start))
+		}
+	}
 	if !got {
+		if hasSrc && src.Decode {
+			return 0, fmt.Errorf("rank %d restores by decode, but it is in no erasure-coding group", s.rank)
+		}
 		return 0, fmt.Errorf("no holder has the replicated regions: %w", errors.Join(errs...))
 	}
 	if pi := slices.IndexFunc(regions, func(r Region) bool { return r.Name == "params" }); pi >= 0 {
@@ -149,6 +171,7 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	s.sums[slot] = st.Sums()
 	s.slotT[slot] = 0 // not known here: the holders check the next step's
 	s.views[slot] = views
+	s.slotEpoch[slot] = pl.epoch
 	s.committed = g
 	s.mu.Unlock()
 	// The holders are asked whether they have g, and sent it if not

@@ -744,7 +744,6 @@ fi`
 // host (decode from the other parity row). The job must end as a run
 // without failure: exit 0, the same final hashes, both spares spliced in.
 func TestHotSwapEC(t *testing.T) {
-	t.Skip("waits for --redundancy ec:K+M and its epoch-table groups (task A), the EC encode path and parity store (task B) and the decode restore path (task C)")
 	c := newHSCluster(t, 4, 2)
 	ec := []string{"--redundancy", "ec:2+2"}
 	// The groups as the launcher plans them: the hostfile's hosts in
