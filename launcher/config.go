@@ -340,9 +340,13 @@ func (cfg *Config) checkProtect() error {
 		return nil
 	}
 	if cfg.ECK > 0 {
-		// The agents refuse it (rank.NewHost): differentials go to
-		// replica holders, and the bases are not erasure coded yet.
-		return &ConfigError{Msg: fmt.Sprintf("--protect-mode diff with --redundancy ec:%d+%d: not supported yet (diff mode's bases are not erasure coded); use --protect-mode full, or --redundancy replicas:K", cfg.ECK, cfg.ECM)}
+		// Parity cannot absorb a differential (Adam is not linear in
+		// the bytes), so it exists at base steps only and the records
+		// since the last coded base would need M unfolded copies: for
+		// the same tolerance, diff mode with M replicas keeps less and
+		// sends no more (rank/PROTOCOL.md, "Erasure coding and diff
+		// mode"). The agents refuse it too (rank.NewHost).
+		return &ConfigError{Msg: fmt.Sprintf("--protect-mode diff with --redundancy ec:%d+%d: not supported (the differentials since the last coded base would need %d unfolded copies, more memory than replicas); for the same tolerance use --protect-mode diff --redundancy replicas:%d, or --protect-mode full --redundancy ec:%d+%d", cfg.ECK, cfg.ECM, cfg.ECM, cfg.ECM, cfg.ECK, cfg.ECM)}
 	}
 	if cfg.Replicas < 1 {
 		return &ConfigError{Msg: fmt.Sprintf("--protect-mode diff sends each step to the replica holders: it needs --replicas 1 or more, not %d", cfg.Replicas)}

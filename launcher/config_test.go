@@ -162,7 +162,7 @@ func TestWithDefaultsProtect(t *testing.T) {
 		{"diff without replicas", func(c *Config) { c.ProtectMode = ModeDiff }, "", DiffOptions{},
 			"--protect-mode diff sends each step to the replica holders: it needs --replicas 1 or more, not 0"},
 		{"diff with an erasure code", func(c *Config) { c.ProtectMode, c.ECK, c.ECM = ModeDiff, 2, 2 }, "", DiffOptions{},
-			"--protect-mode diff with --redundancy ec:2+2: not supported yet (diff mode's bases are not erasure coded); use --protect-mode full, or --redundancy replicas:K"},
+			"--protect-mode diff with --redundancy ec:2+2: not supported (the differentials since the last coded base would need 2 unfolded copies, more memory than replicas); for the same tolerance use --protect-mode diff --redundancy replicas:2, or --protect-mode full --redundancy ec:2+2"},
 		{"negative fold", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.Fold = ModeDiff, 1, -1 }, "", DiffOptions{}, "--diff-fold -1: want 1 to 4096"},
 		{"fold too deep", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.Fold = ModeDiff, 1, 4097 }, "", DiffOptions{}, "--diff-fold 4097: want 1 to 4096"},
 		{"negative base-every", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.BaseEvery = ModeDiff, 1, -5 }, "", DiffOptions{}, "--base-every -5: want 1 to 2^31"},

@@ -282,7 +282,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 }
 
 // errECDiff: erasure coding asked for in diff mode.
-var errECDiff = errors.New("rank: erasure coding (--redundancy ec) needs --protect-mode full: diff mode's bases are not erasure coded yet")
+var errECDiff = errors.New("rank: erasure coding (--redundancy ec) needs --protect-mode full (PROTOCOL.md, \"Erasure coding and diff mode\")")
 
 // mode returns the job's protect mode.
 func (h *Host) mode() ProtectMode { return cmp.Or(h.cfg.Mode, ModeFull) }

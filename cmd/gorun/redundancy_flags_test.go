@@ -28,7 +28,7 @@ func TestBadRedundancyInput(t *testing.T) {
 		{"three hosts for ec:2+2", []string{"--redundancy", "ec:2+2", "-H", "127.0.0.1,127.0.0.2,127.0.0.3", "true"},
 			"--redundancy ec:2+2: only 3 hosts with ranks; a group needs 2 data + 2 parity hosts"},
 		{"ec in diff mode", []string{"--redundancy", "ec:2+2", "--protect-mode", "diff", "true"},
-			"--protect-mode diff with --redundancy ec:2+2: not supported yet (diff mode's bases are not erasure coded)"},
+			"--protect-mode diff with --redundancy ec:2+2: not supported (the differentials since the last coded base would need 2 unfolded copies, more memory than replicas); for the same tolerance use --protect-mode diff --redundancy replicas:2, or --protect-mode full --redundancy ec:2+2"},
 		{"ranks not a multiple of K", []string{"--redundancy", "ec:2+1", "-H", "127.0.0.1,127.0.0.2,127.0.0.3", "true"},
 			"--redundancy ec:2+1: group 0 has 3 ranks on hosts"},
 	}
