@@ -583,10 +583,15 @@ func (ps *parityStore) chunk(c net.Conn, h linkHdr, e ecHdr, buf *[]byte) error 
 		case !ok:
 			return writeFail(c, h, failOther, fmt.Sprintf("rank %d step %d: a share chunk of %d bytes at %d is not cut as the chunks that came", h.owner, h.step, n, e.off))
 		case sum != e.crc:
-			m.bad = fmt.Sprintf("rank %d step %d: parity row %d of stripe %d of group %d on host %d holds other bytes of the share at %d (CRC32C %08x) than the ones sent again (%08x), and cannot take them out",
+			msg := fmt.Sprintf("rank %d step %d: parity row %d of stripe %d of group %d on host %d holds other bytes of the share at %d (CRC32C %08x) than the ones sent again (%08x), and cannot take them out",
 				h.owner, h.step, e.row, e.stripe, e.group, ps.h.cfg.Host, e.off, sum, e.crc)
-			ps.h.log.Warn("a member's share of a parity row is refused for the step", "err", m.bad)
-			return writeFail(c, h, failShare, m.bad)
+			if !m.in {
+				// Not committed: no commit vouches for the bytes in.
+				// (A committed share stays: its commit vouched for them.)
+				m.bad = msg
+				ps.h.log.Warn("a member's share of a parity row is refused for the step", "err", msg)
+			}
+			return writeFail(c, h, failShare, msg)
 		}
 		return writeAck(c, h)
 	}

@@ -138,6 +138,20 @@ func TestECResendOtherBytes(t *testing.T) {
 	if want := wantRow(t, 2, 2, stripeMembers(j.groups[0], 0), 2, noSalt)[0]; !bytes.Equal(got, want) {
 		t.Fatal("row 0 of step 2 differs from the codec's parity")
 	}
+	// A committed share sent again with other bytes: refused, and the
+	// share stays in (its commit vouched for the bytes in the row).
+	other = ws[0]
+	other.salt = 1
+	sh0, _ := ws[0].share(2, 0)
+	if err := other.chunk(2, 0, 0, len(sh0)/2); !refusedAs(err, failShare) {
+		t.Fatalf("a committed share's chunk resent with other bytes: %v, want a failShare refusal", err)
+	}
+	if err := ws[0].has(2, 0); err != nil {
+		t.Fatalf("member 0's committed share of step 2 after a resend with other bytes: %v", err)
+	}
+	if _, err := j.readRow(0, 2); err != nil {
+		t.Fatalf("row 0 of step 2 after a resend with other bytes: %v", err)
+	}
 }
 
 // tornECStep protects steps 0 and 1 of every rank of a 2+2 job, with
