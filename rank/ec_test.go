@@ -58,6 +58,13 @@ func ecState(r int, step int64, reg Region, salt byte) []byte {
 // the hosts; connect says whether every rank says ProtectHello.
 func newECJob(t *testing.T, k, m, per int, connect bool) *ecTestJob {
 	t.Helper()
+	return newECJobWith(t, k, m, per, connect, nil)
+}
+
+// newECJobWith is newECJob with mod applied to each host's configuration
+// after the EC groups are set (nil: none).
+func newECJobWith(t *testing.T, k, m, per int, connect bool, mod func(*HostConfig)) *ecTestJob {
+	t.Helper()
 	n := k + m
 	hosts := make([]topology.Host, n)
 	var assign []topology.Assignment
@@ -86,7 +93,12 @@ func newECJob(t *testing.T, k, m, per int, connect bool) *ecTestJob {
 		}
 	}
 	j := &ecTestJob{t: t, k: k, m: m, per: per, groups: groups, holders: holders}
-	j.c = newClusterWith(t, ranks, holders, nil, func(cfg *HostConfig) { cfg.EC = groups })
+	j.c = newClusterWith(t, ranks, holders, nil, func(cfg *HostConfig) {
+		cfg.EC = groups
+		if mod != nil {
+			mod(cfg)
+		}
+	})
 	if connect {
 		for r := range n * per {
 			j.rs = append(j.rs, j.connect(r))

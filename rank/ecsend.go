@@ -20,13 +20,25 @@ import (
 //
 // The shard (the replicated regions, in order) is cut into chunks of
 // ecChunkSize bytes, each within one region. For each chunk, block by
-// block while the block is in cache, the pipeline computes the M shares
-// (ckpt.Codec.Share), the CRC32C of the data (checked at the end against
-// the CRC32Cs of the commit: a slot written after its commit is found
-// here, as replicator.send finds it) and each share's CRC32C (sent with
-// the chunk, and combined into the whole share's, which ecCommit carries).
-// Two sets of share buffers alternate: chunk c+1 is encoded while the M
-// senders, one per row, each on its own link, send chunk c.
+// block, the pipeline reads the block from the slot once, copying it into
+// a private buffer while it computes its CRC32C (crc32c.CopyUpdate), then
+// computes the M shares from the copy (ckpt.Codec.Share) while it is in
+// cache, and each share's CRC32C (sent with the chunk, and combined into
+// the whole share's, which ecCommit carries). So the shares are of exactly
+// the bytes whose CRC32C is checked at the end against the CRC32Cs of the
+// commit, whatever writes into the slot meanwhile. Two sets of share
+// buffers alternate: chunk c+1 is encoded while the M senders, one per
+// row, each on its own link, send chunk c.
+//
+// The bytes encoded not being the commit's is a corrupt state of the
+// step, whether the slot still differs from its commit or matches it
+// again (a write taken back): shares of those bytes may be in the rows,
+// which cannot take a member's share out again (ecstore.go), so no
+// resend can make the rows right under this label. The rank fails
+// (*CorruptError); the job's roll back to G relabels the step. The same
+// holds when a row says it holds other bytes of the share than the ones
+// sent (failShare): an earlier encoding of the step, cut short before its
+// end was checked, read bytes that were not the commit's.
 
 // ecBlock is how many bytes the encoder takes at a time: small enough
 // that the data block and its shares are still in the core's cache when
@@ -38,10 +50,11 @@ const ecBlock = 128 << 10
 var ecChunkSize = 4 << 20
 
 // ecBufs are a replicator's share buffers, kept from one step to the
-// next: two sets of M buffers of ecChunkSize bytes; and the encode
-// stage's counters.
+// next: two sets of M buffers of ecChunkSize bytes, and the encoder's
+// copy of the block it encodes; and the encode stage's counters.
 type ecBufs struct {
 	sets [2][][]byte
+	blk  []byte
 	// The time the encoder spent encoding (shares and CRC32Cs, not
 	// waiting for a buffer set) and the shard bytes it encoded: the
 	// pipeline's own throughput, whatever the links', for benchmarks.
@@ -49,6 +62,9 @@ type ecBufs struct {
 }
 
 func (b *ecBufs) get(m int) [2][][]byte {
+	if len(b.blk) != ecBlock {
+		b.blk = make([]byte, ecBlock)
+	}
 	for i := range b.sets {
 		if len(b.sets[i]) != m || len(b.sets[i][0]) != ecChunkSize {
 			b.sets[i] = make([][]byte, m)
@@ -73,8 +89,11 @@ type ecJob struct {
 // to, each a row of the rank's stripe, asking first those it knows
 // nothing of (known[i] false) whether they have the share. gen and epoch
 // label the shares. It returns each target's error, their join, and the
-// share bytes sent. A *CorruptError if the slot no longer matches its
-// commit (then no row is told the share is in).
+// share bytes sent. A *CorruptError if the bytes encoded are not the
+// commit's, or a row holds other bytes of the share than the ones sent
+// (then no row is told the share is in). A row that has no room for the
+// share is reported as a failed link (Host.linkFailed), as a replica
+// holder that has none closes the link.
 func (r *replicator) ecSend(ctx context.Context, step int64, slot int, gen, epoch uint64, t []tableEntry, data [][]byte, to []holderKey, known []bool) ([]error, error, int64) {
 	s := r.s
 	errs := make([]error, len(to))
@@ -101,9 +120,24 @@ func (r *replicator) ecSend(ctx context.Context, step int64, slot int, gen, epoc
 			ecHdr{group: pos.group, stripe: pos.stripe, row: k.row - 1, member: pos.x, n: shardLen, epoch: epoch}
 	}
 	linkFailed := func(host int, err error) {
-		if le, ok := errors.AsType[*linkError](err); ok && ctx.Err() == nil {
-			s.h.linkFailed(host, le)
+		if ctx.Err() != nil {
+			return
 		}
+		if le, ok := errors.AsType[*linkError](err); ok {
+			s.h.linkFailed(host, le)
+		} else if refusedAs(err, failNoRoom) {
+			s.h.linkFailed(host, err)
+		}
+	}
+	// differs returns a *CorruptError if a row refused the share as
+	// other bytes than those it holds.
+	differs := func() *CorruptError {
+		for i, err := range errs {
+			if refusedAs(err, failShare) {
+				return &CorruptError{Rank: s.rank, Step: step, Detail: fmt.Sprintf("parity row %d on host %d holds other bytes of the rank's share than those of its commit, encoded before (%v)", to[i].row-1, to[i].host, err)}
+			}
+		}
+		return nil
 	}
 
 	// Ask the rows known nothing of.
@@ -167,13 +201,20 @@ func (r *replicator) ecSend(ctx context.Context, step int64, slot int, gen, epoc
 	}
 	sums := make([]uint32, len(t)) // of the data encoded, by region
 	sub := make([][]byte, ec.m)
+	blk := r.ec.blk
 	set := 0
 	var off int64
 encode:
 	for ri, d := range data {
 		for o := 0; o < len(d); o += ecChunkSize {
-			if ctx.Err() != nil || int(failed.Load()) == len(rows) {
+			if ctx.Err() != nil {
 				break encode
+			}
+			if int(failed.Load()) == len(rows) {
+				// Every row failed: the rest is only checked, so that
+				// chunks sent already are judged.
+				sums[ri] = crc32c.Update(sums[ri], d[o:])
+				break
 			}
 			n := min(ecChunkSize, len(d)-o)
 			inflight[set].Wait() // its last chunk is sent
@@ -182,13 +223,21 @@ encode:
 			piece := d[o : o+n]
 			for a := 0; a < n; a += ecBlock {
 				b := min(a+ecBlock, n)
+				if testHookECBlock != nil {
+					testHookECBlock(s, off+int64(o+a), false)
+				}
+				// The block is read once: the shares are of the
+				// bytes checked.
+				sums[ri] = crc32c.CopyUpdate(sums[ri], blk, piece[a:b])
+				if testHookECBlock != nil {
+					testHookECBlock(s, off+int64(o+a), true)
+				}
 				for j := range sub {
 					sub[j] = bufs[set][j][a:b]
 				}
-				if err := ec.codec.Share(piece[a:b], pos.x, sub); err != nil {
+				if err := ec.codec.Share(blk[:b-a], pos.x, sub); err != nil {
 					panic(err) // the layout's code and the buffers agree by construction
 				}
-				sums[ri] = crc32c.Update(sums[ri], piece[a:b])
 				for j := range sub {
 					crcs[j] = crc32c.Update(crcs[j], sub[j])
 				}
@@ -214,21 +263,25 @@ encode:
 	if err := ctx.Err(); err != nil {
 		return fail(err)
 	}
-	if int(failed.Load()) == len(rows) {
-		return errs, errors.Join(errs...), sent.Load()
-	}
-	// Every chunk was encoded (the loop stops early only when every row
-	// failed).
+	// Every byte was encoded, or checked after every row failed.
 	for i, e := range t {
 		if sums[i] != e.sum {
-			// The bytes encoded are not the committed ones.
-			if ce := s.verifySlot(slot, step); ce != nil {
-				e, _, _ := fail(ce)
-				return e, ce, sent.Load()
+			// The bytes encoded are not the committed ones: corrupt,
+			// even if the slot matches its commit again.
+			ce := s.verifySlot(slot, step)
+			if ce == nil {
+				ce = &CorruptError{Rank: s.rank, Step: step, Region: e.name, Sum: e.sum, Got: sums[i]}
 			}
-			e, err, _ := fail(fmt.Errorf("rank %d step %d region %s: the bytes encoded have CRC32C %08x, the commit %08x, and the slot matches its commit again", s.rank, step, e.name, sums[i], e.sum))
-			return e, err, sent.Load()
+			e, _, _ := fail(ce)
+			return e, ce, sent.Load()
 		}
+	}
+	if ce := differs(); ce != nil {
+		e, _, _ := fail(ce)
+		return e, ce, sent.Load()
+	}
+	if int(failed.Load()) == len(rows) {
+		return errs, errors.Join(errs...), sent.Load()
 	}
 	// The rows that took every byte of the share get its commit.
 	for ri, i := range rows {
@@ -244,7 +297,18 @@ encode:
 		})
 	}
 	wg.Wait()
+	if ce := differs(); ce != nil {
+		e, _, _ := fail(ce)
+		return e, ce, sent.Load()
+	}
 	return errs, errors.Join(errs...), sent.Load()
+}
+
+// refusedAs says whether err is a refusal of the other host for reason
+// why (failShare, failNoRoom, ...).
+func refusedAs(err error, why uint32) bool {
+	re, ok := errors.AsType[*remoteError](err)
+	return ok && re.why == why
 }
 
 // ecStream sends the chunks of jobs to parity target k on one request of
@@ -310,3 +374,8 @@ func (r *replicator) ecStream(ctx context.Context, k holderKey, jobs <-chan ecJo
 	}
 	return err
 }
+
+// testHookECBlock, if set (by tests), is called by the encoder before it
+// reads the block of the shard at off (read false) and once it has read
+// it (read true).
+var testHookECBlock func(s *service, off int64, read bool)

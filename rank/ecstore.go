@@ -10,13 +10,18 @@ package rank
 //     stripe of group, for step (gen, ecHdr.epoch), owner being member x
 //     of the stripe and its shard n bytes long; ecHdr.crc is the CRC32C
 //     of the bytes. The holder checks the CRC, then XORs the bytes into
-//     the row, unless they are in already (a resend: a share is never
-//     XORed twice). Answer: ack, or fail (failCRC: damaged on the way).
+//     the row, unless they are in already: a resend is acknowledged
+//     without being XORed twice if its CRC32C is that of the chunks of
+//     the share that came for those bytes, and refused (failShare) if
+//     not. Answer: ack, or fail (failCRC: damaged on the way; failShare;
+//     failNoRoom: the row's buffer does not fit in this host's memory for
+//     replicas).
 //   - ecCommit: the owner's table (its replicated regions' names, sizes
 //     and committed CRC32Cs) and the CRC32C of its whole share (ecHdr.crc).
 //     The holder checks that every byte of the share came and that their
 //     CRC32C is that one, then counts the member in. Its ack is the one
-//     the owner's Replicated counts.
+//     the owner's Replicated counts. A mismatch is refused (failCRC) and
+//     changes nothing.
 //   - ecHas: is owner's share of step, with exactly that table, in? Ack if
 //     so.
 //   - ecGet: bytes [off, off+n) of a complete row (every member in, of one
@@ -40,8 +45,23 @@ package rank
 // the same label, so that no member is ever told its share is in while
 // a newer commit of another member may still empty the row. Steps up to
 // G are final: their shares are the same whatever their label.
+//
+// Nothing else ever takes a member's share out of a row once it is in
+// (acknowledged): the row is the XOR of the shares, and a share can only
+// be taken out with its bytes, which the holder does not keep (that would
+// take K times the row's memory) and the owner no longer has. So a member
+// whose share in the row turns out to be of other bytes than the ones it
+// sends now (a resent chunk whose CRC32C is not that of the chunk that
+// came: an earlier encoding read bytes that were not the commit's, or a
+// faulty peer) is *refused* for that step and label (failShare: chunks,
+// commit), and only it; the row of that step never completes under that
+// label, and the owner's rank fails (replicator.ecSend), so that the job
+// rolls back to G and commits the step again under a newer label or
+// generation, which empties the buffer. A commit whose CRC32C is not that
+// of the chunks that came is refused and changes nothing.
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -63,6 +83,10 @@ const (
 	kindECHas    = 12
 	kindECGet    = 13
 	kindGetRange = 14
+
+	// Why a parity host refused (a fail answer's reserved word).
+	failShare  = 8 // the row holds other bytes of the member's share of the step
+	failNoRoom = 9 // the row's buffer does not fit in the memory replicas may take here
 
 	ecHdrSize = 40
 	// maxECRange bounds the bytes of one ecChunk, ecGet or getRange.
@@ -194,8 +218,41 @@ type memberShare struct {
 	rank   int // -1: nothing yet
 	length int64
 	cov    cover // the share's bytes XORed in so far, and their CRC32C
+	// chunks are the chunks XORed in, as they came (sorted, disjoint),
+	// each with its CRC32C: a resend is compared with them.
+	chunks []span
 	table  []tableEntry
-	in     bool // committed (ecCommit checked)
+	in     bool   // committed (ecCommit checked)
+	bad    string // why the member's share is refused for this step (failShare), or ""
+}
+
+// maxShareChunks bounds the chunks of one member's share a row buffer
+// keeps (an owner sends a chunk of ecChunkSize bytes at most, cut at
+// region boundaries: 256 GiB of 4 MiB chunks).
+const maxShareChunks = 1 << 16
+
+// addChunk records the chunk of n bytes at off, CRC32C crc, XORed in.
+func (m *memberShare) addChunk(off, n int64, crc uint32) {
+	i, _ := slices.BinarySearchFunc(m.chunks, off, func(s span, off int64) int { return cmp.Compare(s.lo, off) })
+	m.chunks = slices.Insert(m.chunks, i, span{lo: off, hi: off + n, crc: crc})
+}
+
+// chunkSum returns the CRC32C of the bytes [off, off+n) that came, if
+// they are whole chunks that came one after the other.
+func (m *memberShare) chunkSum(off, n int64) (uint32, bool) {
+	i, found := slices.BinarySearchFunc(m.chunks, off, func(s span, off int64) int { return cmp.Compare(s.lo, off) })
+	if !found {
+		return 0, false
+	}
+	var sum uint32
+	for at := off; i < len(m.chunks) && m.chunks[i].lo == at; i++ {
+		c := m.chunks[i]
+		sum, at = ckpt.CombineCRC32C(sum, c.crc, c.hi-c.lo), c.hi
+		if at == off+n {
+			return sum, true
+		}
+	}
+	return 0, false
 }
 
 // parityBuf is one buffer of a row: one step's row being accumulated or
@@ -283,7 +340,13 @@ type parityRow struct {
 	gen     uint64 // the newest restart generation known: older shares are refused
 	spare   bool   // no rank of this host holds the row in the current placement
 	dropped bool
+	// noRoom is when the row's last refusal for want of memory was
+	// logged: once every noRoomLog.
+	noRoom time.Time
 }
+
+// noRoomLog is how often a parity host logs that a row does not fit.
+const noRoomLog = 30 * time.Second
 
 func (r *parityRow) newestComplete() int64 {
 	n := int64(noStep)
@@ -440,12 +503,20 @@ func (ps *parityStore) bufFor(r *parityRow, step int64, gen, epoch uint64, k int
 	if !begin {
 		return nil, failOther, fmt.Sprintf("no share of step %d here", step)
 	}
+	// The victim: a buffer of this step or a later one (an abandoned
+	// trajectory's), else one that is not complete, else the older. The
+	// other keeps the newest complete row, which the overwrite rule may
+	// still need: it is the parity of G while this step is not.
 	v := 0
 	switch b := r.bufs; {
 	case b[0].step >= step:
 		v = 0
 	case b[1].step >= step:
 		v = 1
+	case b[0].complete() != b[1].complete():
+		if b[0].complete() {
+			v = 1
+		}
 	case b[1].step < b[0].step:
 		v = 1
 	}
@@ -500,22 +571,48 @@ func (ps *parityStore) chunk(c net.Conn, h linkHdr, e ecHdr, buf *[]byte) error 
 		*m = memberShare{rank: h.owner, length: e.n, cov: cover{size: e.n}}
 	case m.rank != h.owner || m.length != e.n:
 		return writeFail(c, h, failOther, fmt.Sprintf("member %d of step %d is rank %d with a shard of %d bytes, not rank %d with %d", e.member, h.step, m.rank, m.length, h.owner, e.n))
+	case m.bad != "":
+		return writeFail(c, h, failShare, m.bad)
+	}
+	if m.cov.fits(e.off, n) != nil {
+		if !covered(&m.cov, e.off, n) {
+			return writeFail(c, h, failOther, fmt.Sprintf("rank %d step %d: a share chunk of %d bytes at %d overlaps others", h.owner, h.step, n, e.off))
+		}
+		// A resend: in already, if these are the bytes that came.
+		switch sum, ok := m.chunkSum(e.off, n); {
+		case !ok:
+			return writeFail(c, h, failOther, fmt.Sprintf("rank %d step %d: a share chunk of %d bytes at %d is not cut as the chunks that came", h.owner, h.step, n, e.off))
+		case sum != e.crc:
+			msg := fmt.Sprintf("rank %d step %d: parity row %d of stripe %d of group %d on host %d holds other bytes of the share at %d (CRC32C %08x) than the ones sent again (%08x), and cannot take them out",
+				h.owner, h.step, e.row, e.stripe, e.group, ps.h.cfg.Host, e.off, sum, e.crc)
+			if !m.in {
+				// Not committed: no commit vouches for the bytes in.
+				// (A committed share stays: its commit vouched for them.)
+				m.bad = msg
+				ps.h.log.Warn("a member's share of a parity row is refused for the step", "err", msg)
+			}
+			return writeFail(c, h, failShare, msg)
+		}
+		return writeAck(c, h)
+	}
+	if len(m.chunks) >= maxShareChunks {
+		return writeFail(c, h, failOther, fmt.Sprintf("rank %d step %d: more than %d chunks of one share", h.owner, h.step, maxShareChunks))
 	}
 	if int64(len(b.data)) < e.n {
 		if err := ps.grow(r, b, e.n); err != nil {
-			return writeFail(c, h, failOther, err.Error())
+			if time.Since(r.noRoom) > noRoomLog {
+				r.noRoom = time.Now()
+				ps.h.log.Error("a parity row does not fit in the memory replicas may take on this host: its stripe's steps are not replicated until there is room",
+					"group", e.group, "stripe", e.stripe, "row", e.row, "step", h.step, "from rank", h.owner, "err", err)
+			}
+			return writeFail(c, h, failNoRoom, err.Error())
 		}
 	}
 	b.n = max(b.n, e.n)
-	if m.cov.fits(e.off, n) != nil {
-		if covered(&m.cov, e.off, n) {
-			return writeAck(c, h) // a resend: in already
-		}
-		return writeFail(c, h, failOther, fmt.Sprintf("rank %d step %d: a share chunk of %d bytes at %d overlaps others", h.owner, h.step, n, e.off))
-	}
 	if err := m.cov.add(e.off, n, e.crc); err != nil {
 		return writeFail(c, h, failOther, err.Error())
 	}
+	m.addChunk(e.off, n, e.crc)
 	b.mix(e.member, e.off, d)
 	return writeAck(c, h)
 }
@@ -587,14 +684,16 @@ func (ps *parityStore) commit(c net.Conn, h linkHdr, t []tableEntry, e ecHdr) er
 	switch {
 	case m.rank != h.owner || m.length != e.n:
 		return writeFail(c, h, failOther, fmt.Sprintf("no share of %d bytes of rank %d step %d here", e.n, h.owner, h.step))
+	case m.bad != "":
+		return writeFail(c, h, failShare, m.bad)
 	case m.in && !slices.Equal(m.table, t):
 		return writeFail(c, h, failOther, fmt.Sprintf("rank %d step %d is in with other CRC32Cs (a second commit of the step under one placement)", h.owner, h.step))
 	case !m.cov.whole():
 		return writeFail(c, h, failOther, fmt.Sprintf("rank %d step %d: %d of the share's %d bytes came", h.owner, h.step, m.cov.n, m.length))
 	case m.cov.sum() != e.crc:
 		// Chunks that each matched their CRC32C, but not the share's:
-		// gone wrong at the owner; the step is sent again.
-		b.empty(k)
+		// the commit is wrong, not the bytes (a resend is compared with
+		// them). Refused; the other members' shares stay in.
 		return writeFail(c, h, failCRC, fmt.Sprintf("rank %d step %d: the share's CRC32C is %08x, the owner's %08x", h.owner, h.step, m.cov.sum(), e.crc))
 	}
 	m.table, m.in = t, true

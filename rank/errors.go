@@ -23,6 +23,9 @@ type CorruptError struct {
 	// rank's differentials up to Step does not give the state the rank
 	// committed (ErrReplayDiffers); Detail is the holder's account.
 	Replay bool
+	// Detail, without Replay: what was found when it names no region (a
+	// parity row holding other bytes of the rank's share of Step than
+	// those of its commit, read by an earlier encoding).
 	Detail string
 }
 
@@ -37,6 +40,9 @@ var ErrReplayDiffers = errors.New("the replay of the rank's differentials differ
 func (e *CorruptError) Error() string {
 	if e.Replay {
 		return fmt.Sprintf("rank %d step %d: %v: %s", e.Rank, e.Step, ErrReplayDiffers, e.Detail)
+	}
+	if e.Region == "" && e.Detail != "" {
+		return fmt.Sprintf("state of rank %d corrupted in memory: step %d: %s", e.Rank, e.Step, e.Detail)
 	}
 	return fmt.Sprintf("state of rank %d corrupted in memory: step %d, CRC mismatch in region %s (CRC32C %08x, committed %08x)",
 		e.Rank, e.Step, e.Region, e.Got, e.Sum)
