@@ -167,14 +167,7 @@ func (p *linkPool) call(ctx context.Context, host int, h linkHdr, bufs net.Buffe
 		if _, err := bufs.WriteTo(c); err != nil {
 			return err
 		}
-		a, err := readAnswer(c)
-		if err != nil {
-			return err
-		}
-		if a.kind != kindAck || a.owner != h.owner || a.step != h.step || a.holder != h.holder {
-			return fmt.Errorf("unexpected answer kind %#x for rank %d step %d", a.kind, a.owner, a.step)
-		}
-		return nil
+		return readAck(c, h)
 	})
 }
 

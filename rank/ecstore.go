@@ -946,14 +946,7 @@ func (p *linkPool) ecAcked(ctx context.Context, host int, h linkHdr, t []tableEn
 		if err := writeEC(c, h, t, e, data); err != nil {
 			return err
 		}
-		a, err := readAnswer(c)
-		if err != nil {
-			return err
-		}
-		if a.kind != kindAck || a.owner != h.owner || a.step != h.step || a.holder != h.holder {
-			return fmt.Errorf("unexpected answer kind %#x for rank %d step %d", a.kind, a.owner, a.step)
-		}
-		return nil
+		return readAck(c, h)
 	})
 }
 

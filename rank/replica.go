@@ -251,6 +251,20 @@ func bufBytes(data [][]byte) uint64 {
 	return n
 }
 
+// readAck reads the answer to request h: nil if it is h's
+// acknowledgement, the holder's refusal (a *remoteError), or an error
+// for anything else.
+func readAck(r io.Reader, h linkHdr) error {
+	a, err := readAnswer(r)
+	if err != nil {
+		return err
+	}
+	if a.kind != kindAck || a.owner != h.owner || a.step != h.step || a.holder != h.holder {
+		return fmt.Errorf("unexpected answer kind %#x for rank %d step %d", a.kind, a.owner, a.step)
+	}
+	return nil
+}
+
 // readAnswer reads an answer's header, and a fail's message as an error.
 func readAnswer(r io.Reader) (linkHdr, error) {
 	var hb [linkHdrSize]byte
@@ -1452,14 +1466,7 @@ func (p *linkPool) acked(ctx context.Context, host int, h linkHdr, t []tableEntr
 		if err := writeFrame(c, h, t, data); err != nil {
 			return err
 		}
-		a, err := readAnswer(c)
-		if err != nil {
-			return err
-		}
-		if a.kind != kindAck || a.owner != h.owner || a.step != h.step || a.holder != h.holder {
-			return fmt.Errorf("unexpected answer kind %#x for rank %d step %d", a.kind, a.owner, a.step)
-		}
-		return nil
+		return readAck(c, h)
 	})
 }
 
