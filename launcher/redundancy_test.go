@@ -7,9 +7,13 @@ import (
 	"log/slog"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
 )
@@ -152,5 +156,85 @@ func TestRunECConfigError(t *testing.T) {
 				t.Fatalf("Run = %d, %v; want a configuration error saying %q", code, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestECFreeSlotsPublishes: under ec:2+2 with no spare (--on-no-spare
+// free-slots, the default), a lost host's ranks and its places in the
+// group go to a surviving host of the group, which then holds two places
+// (topology.ECGroup.Replace). The recovery epoch's table is published
+// (it was refused: "host 1 is in erasure-coding groups 0 and 0", and the
+// job stopped), carries the doubled place, and the report states the
+// group's reduced tolerance.
+func TestECFreeSlotsPublishes(t *testing.T) {
+	events := &syncBuffer{}
+	jobs := make(chan *job, 1)
+	r := startRun(t, 4, `echo "up $GORUN_RANK"; exec env -u GORUN_JOB_ID sleep 600`, func(c *Config) {
+		c.Hosts = nil
+		for i := range 4 {
+			c.Hosts = append(c.Hosts, topology.Host{Name: fmt.Sprintf("127.0.0.%d", i+1), Slots: 2})
+		}
+		c.MapBy = topology.MapByNode // one rank per host, a free slot on each
+		c.ECK, c.ECM = 2, 2
+		c.Events = events
+		c.Recovery = hotswap.RecoveryInPlace
+		c.KillGrace = time.Second
+		c.HeartbeatInterval, c.HeartbeatTimeout = 100*time.Millisecond, time.Second
+		c.running = func(j *job) { jobs <- j }
+	})
+	j := <-jobs
+	r.waitLines(regexp.MustCompile(`(?m)^\[\d\] up \d$`), 4)
+	tab := j.rv.Table()
+	want := wire.ECGroupRow{Hosts: []int{0, 1, 2, 3}, Data: []int{0, 2}, Parity: []int{1, 3}, DataGroups: [][]int{{0, 1}, {2, 3}}}
+	if tab.EC == nil || !reflect.DeepEqual(tab.EC.Groups, []wire.ECGroupRow{want}) {
+		t.Fatalf("first table's EC %+v, want the group %+v", tab.EC, want)
+	}
+	// Every rank protected step 5 (as their hosts' agents report it).
+	for h := range 4 {
+		j.progress <- &wire.UpProgress{Host: h, Ranks: []wire.RankProgress{{Rank: h, Committed: 5, Replicated: 5}}}
+	}
+	waitUntil(t, r, "G = 5", func() bool { return j.prog.G() == 5 })
+
+	// Data host 0 (rank 0) is lost: its agent ends.
+	j.killAgent(j.hosts[0])
+	waitUntil(t, r, "published epoch in --events", func() bool { return strings.Contains(events.String(), `"event":"publish"`) })
+	tab = j.rv.Table()
+	if err := tab.Validate(); err != nil {
+		t.Fatalf("the published table does not validate: %v", err)
+	}
+	if tab.Epoch != 1 || tab.G != 5 || !tab.Hosts[0].Fenced {
+		t.Fatalf("table epoch %d G %d host 0 %+v; want epoch 1, G 5, host 0 fenced", tab.Epoch, tab.G, tab.Hosts[0])
+	}
+	with := j.rankHost[0]
+	g := tab.EC.Groups[0]
+	wantG := wire.ECGroupRow{Hosts: []int{with, 1, 2, 3}, Data: []int{with, 2}, Parity: []int{1, 3}, DataGroups: want.DataGroups}
+	if with == 0 || !reflect.DeepEqual(g, wantG) {
+		t.Fatalf("rank 0 on host %d; group %+v, want %+v", with, g, wantG)
+	}
+	// Rank 0's own slot and its clear copy went with host 0: it decodes.
+	if len(tab.Restore) != 1 || tab.Restore[0].Rank != 0 || !tab.Restore[0].Decode {
+		t.Errorf("restore rows %+v, want rank 0 decoding", tab.Restore)
+	}
+	// Clear copies: rank 1 on host 0's place (with) unless it runs there,
+	// rank 3 on host 2; rank 0 runs on its data host.
+	var wantHolders []wire.HolderRow
+	if with != 1 {
+		wantHolders = append(wantHolders, wire.HolderRow{Rank: 1, Holders: []int{slices.Min(j.hosts[with].ranks)}})
+	}
+	wantHolders = append(wantHolders, wire.HolderRow{Rank: 3, Holders: []int{2}})
+	if !reflect.DeepEqual(tab.Holders, wantHolders) {
+		t.Errorf("holders %+v, want %+v", tab.Holders, wantHolders)
+	}
+	reduced := fmt.Sprintf("erasure-coding group 0 (hosts %s) survives", strings.Join([]string{j.hosts[with].name, "127.0.0.2", "127.0.0.3", "127.0.0.4"}, ","))
+	twice := fmt.Sprintf("(host %s holds 2 of its places)", j.hosts[with].name)
+	waitUntil(t, r, "the reduced tolerance reported", func() bool {
+		s := r.stderr.String()
+		return strings.Contains(s, reduced) && strings.Contains(s, twice)
+	})
+
+	r.signals <- syscall.SIGTERM
+	r.wait()
+	if r.code != 128+int(syscall.SIGTERM) {
+		t.Errorf("exit %d, want %d (stopped by SIGTERM, not by the recovery)", r.code, 128+int(syscall.SIGTERM))
 	}
 }

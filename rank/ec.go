@@ -22,12 +22,34 @@ import (
 // member sends, for each row, its share (ckpt.Codec.Share) straight to
 // the row's host, which XORs the K members' shares into the row: the
 // parity of the members' shards padded with zeros to the longest.
+//
+// A host may hold several places (a hot swap without a spare gives the
+// host that takes a lost host's ranks its places too, ECGroup.Replace):
+// several rows of a group, a data place and rows, places in two groups.
+// Each place keeps its role: each row is a target of its own (holderKey
+// row) with the host's one holder rank, the parity store keys rows by
+// (group, stripe, row), a member's shares of two rows on one host go
+// over two links side by side (ecSend's lanes), and a share to a row on
+// the owner's own host over the in-process link (linkPool.pipe). A rank
+// that runs on its data host has no clear copy (Placement.Holders).
+//
+// A place is vacant when its host runs no rank in the placement (the
+// epoch table allows it: internal/wire checkEC). A vacant data place
+// keeps no clear copy (the holders name none there); a vacant parity row
+// has no holder rank (ecRowPlace.holder -1): it is no target, so no share
+// goes to it and Replicated does not wait for it, nothing is stored for
+// it, and it is no source of a decode. The group survives one host loss
+// fewer for each vacant place until a hot swap fills it.
 
 // ecPos is where a rank's shard is in the EC layout.
 type ecPos struct{ group, stripe, x int }
 
-// ecRowPlace is one parity row of a stripe: its host and holder rank.
+// ecRowPlace is one parity row of a stripe: its host and holder rank
+// (-1: the place is vacant, its host runs no rank).
 type ecRowPlace struct{ host, holder int }
+
+// vacant reports whether the row's place is vacant: nothing is kept there.
+func (rp ecRowPlace) vacant() bool { return rp.holder < 0 }
 
 // ecLayout is a placement's EC layout, derived once (placement.ec). It is
 // never changed once built.
@@ -82,7 +104,10 @@ func newECLayout(groups []topology.ECGroup, world int, hostOf func(int) int) (*e
 		}
 		rows := make([]ecRowPlace, len(g.Parity))
 		for j, h := range g.Parity {
-			rows[j] = ecRowPlace{host: h, holder: lowest[h]}
+			rows[j] = ecRowPlace{host: h, holder: -1}
+			if lr, ok := lowest[h]; ok {
+				rows[j].holder = lr
+			}
 		}
 		l.rows = append(l.rows, rows)
 	}
@@ -91,10 +116,11 @@ func newECLayout(groups []topology.ECGroup, world int, hostOf func(int) int) (*e
 
 // checkEC checks groups against a world of ranks placed by hostOf: the
 // same K and M in every group (1 ≤ K, M; K+M ≤ ckpt.MaxShards); each
-// group's Data (K) and Parity (M) hosts distinct, in range, and together
-// its Hosts; K data groups of one length ≥ 1; every rank of the world in
-// exactly one data group; every parity host running a rank (its parity
-// holder rank).
+// group's Data (K) and Parity (M) places together its Hosts, counted with
+// repeats (a host may hold several places, of one group or of several);
+// K data groups of one length ≥ 1; every rank of the world in exactly one
+// data group. A place whose host runs no rank is vacant (see the top of
+// this file). The hosts' range is Placement.check's.
 func checkEC(groups []topology.ECGroup, world int, hostOf func(int) int) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: erasure coding: "+format, append([]any{ErrPlacement}, args...)...)
@@ -102,10 +128,6 @@ func checkEC(groups []topology.ECGroup, world int, hostOf func(int) int) error {
 	k, m := len(groups[0].Data), len(groups[0].Parity)
 	if k < 1 || m < 1 || k+m > ckpt.MaxShards {
 		return bad("%d data + %d parity hosts per group (1 to %d in all)", k, m, ckpt.MaxShards)
-	}
-	runs := map[int]bool{}
-	for r := range world {
-		runs[hostOf(r)] = true
 	}
 	seen := make([]bool, world)
 	for gi, g := range groups {
@@ -116,13 +138,8 @@ func checkEC(groups []topology.ECGroup, world int, hostOf func(int) int) error {
 		hosts := slices.Clone(g.Hosts)
 		slices.Sort(roles)
 		slices.Sort(hosts)
-		if !slices.Equal(roles, hosts) || len(slices.Compact(slices.Clone(roles))) != len(roles) {
-			return bad("group %d: data hosts %v and parity hosts %v are not its hosts %v, each once", gi, g.Data, g.Parity, g.Hosts)
-		}
-		for _, h := range g.Parity {
-			if !runs[h] {
-				return bad("group %d: parity host %d runs no rank", gi, h)
-			}
+		if !slices.Equal(roles, hosts) {
+			return bad("group %d: data hosts %v and parity hosts %v are not its hosts %v, place for place", gi, g.Data, g.Parity, g.Hosts)
 		}
 		n := len(g.DataGroups[0])
 		for x, dg := range g.DataGroups {
@@ -184,9 +201,10 @@ func (l *ecLayout) stripes(group int) int {
 	return len(l.groups[group].DataGroups[0])
 }
 
-// ecTargets returns the parity targets of rank's shard: one per row, the
-// row's holder rank on its host, row j as holderKey.row j+1 (none
-// without EC, or in diff mode, whose bases are not erasure coded yet).
+// ecTargets returns the parity targets of rank's shard: one per row that
+// is not vacant, the row's holder rank on its host, row j as
+// holderKey.row j+1 (none without EC, or in diff mode, whose bases are
+// not erasure coded yet). Rows on one host are targets each.
 func (p *placement) ecTargets(rank int) []holderKey {
 	if p.ec == nil || p.diff {
 		return nil
@@ -196,9 +214,11 @@ func (p *placement) ecTargets(rank int) []holderKey {
 		return nil
 	}
 	rows := p.ec.rows[pos.group]
-	out := make([]holderKey, len(rows))
+	out := make([]holderKey, 0, len(rows))
 	for j, rp := range rows {
-		out[j] = holderKey{rank: rp.holder, host: rp.host, row: j + 1}
+		if !rp.vacant() {
+			out = append(out, holderKey{rank: rp.holder, host: rp.host, row: j + 1})
+		}
 	}
 	return out
 }
@@ -222,6 +242,9 @@ func (p *placement) parityHeld(host, holder, group, stripe, row int) ([]int, str
 		return nil, fmt.Sprintf("no parity row %d of %d", row, p.ec.m)
 	}
 	rp := p.ec.rows[group][row]
+	if rp.vacant() {
+		return nil, fmt.Sprintf("parity row %d of group %d is vacant: its host %d runs no rank", row, group, rp.host)
+	}
 	if rp.host != host || rp.holder != holder || p.svcs[holder] == nil {
 		return nil, fmt.Sprintf("rank %d on host %d does not hold parity row %d of group %d (rank %d on host %d does)", holder, host, row, group, rp.holder, rp.host)
 	}

@@ -181,8 +181,17 @@ func (r *replicator) ecSend(ctx context.Context, step int64, slot int, gen, epoc
 	for ri, i := range rows {
 		jobs[ri] = make(chan ecJob, 2)
 		k := to[i]
+		// A host that keeps several rows of the stripe gets each on a
+		// lane of its own: the encoder waits for every row's sender, so
+		// two rows' streams on one link would wait for each other.
+		lane := 0
+		for _, x := range rows[:ri] {
+			if to[x].host == k.host {
+				lane++
+			}
+		}
 		senders.Go(func() {
-			errs[i] = r.ecStream(ctx, k, jobs[ri], nchunks, func(job ecJob) (linkHdr, ecHdr, []byte) {
+			errs[i] = r.ecStream(ctx, k, lane, jobs[ri], nchunks, func(job ecJob) (linkHdr, ecHdr, []byte) {
 				h, e := hdr(k, kindECChunk)
 				e.off, e.crc = job.off, job.crcs[k.row-1]
 				return h, e, bufs[job.set][k.row-1][:job.n]
@@ -312,17 +321,17 @@ func refusedAs(err error, why uint32) bool {
 }
 
 // ecStream sends the chunks of jobs to parity target k on one request of
-// its link, without waiting for each answer before the next chunk: a
+// lane lane of its link (linkKey), without waiting for each answer before the next chunk: a
 // reader takes the answers (at most n) as they come while the chunks are
 // written, so that the parity host receives chunk c+1 while it checks
 // and XORs chunk c. frame gives a chunk's request; written is called
 // once a job's bytes are written (or skipped after a failure): its
 // buffer is free again. sent counts the bytes acknowledged. It returns
 // the first failure: a refusal, the link's, or ctx's.
-func (r *replicator) ecStream(ctx context.Context, k holderKey, jobs <-chan ecJob, n int, frame func(ecJob) (linkHdr, ecHdr, []byte), written func(ecJob), sent *atomic.Int64) error {
+func (r *replicator) ecStream(ctx context.Context, k holderKey, lane int, jobs <-chan ecJob, n int, frame func(ecJob) (linkHdr, ecHdr, []byte), written func(ecJob), sent *atomic.Int64) error {
 	s := r.s
 	var streamed bool
-	err := s.h.links.do(ctx, k.host, s.rank, func(c net.Conn) error {
+	err := s.h.links.doLane(ctx, k.host, s.rank, lane, func(c net.Conn) error {
 		streamed = true
 		expect := make(chan ecJob, n)
 		var refused error

@@ -1319,7 +1319,11 @@ type linkPool struct {
 // linkKey names a link: each local rank has its own to each other host,
 // so that the ranks of a host replicate side by side rather than one
 // after the other (at most ranks per host × replicas links per host).
-type linkKey struct{ host, rank int }
+// lane is 0 but for a rank's erasure-coding shares to a host that keeps
+// several parity rows of its stripe (a host holding several places of a
+// group): each row's stream has a lane of its own, as the rows' senders
+// run side by side (ecSend).
+type linkKey struct{ host, rank, lane int }
 
 func newLinkPool(h *Host) *linkPool { return &linkPool{h: h, links: map[linkKey]*link{}} }
 
@@ -1344,7 +1348,7 @@ type linkError struct {
 func (e *linkError) Error() string { return fmt.Sprintf("link to host %d: %v", e.host, e.err) }
 func (e *linkError) Unwrap() error { return e.err }
 
-func (p *linkPool) get(host, rank int) (*link, string, error) {
+func (p *linkPool) get(host, rank, lane int) (*link, string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -1353,7 +1357,7 @@ func (p *linkPool) get(host, rank int) (*link, string, error) {
 	if host != p.h.cfg.Host && (host < 0 || host >= len(p.addrs) || p.addrs[host] == "") {
 		return nil, "", fmt.Errorf("no replication address for host %d", host)
 	}
-	k := linkKey{host, rank}
+	k := linkKey{host, rank, lane}
 	l := p.links[k]
 	if l == nil {
 		l = &link{}
@@ -1395,7 +1399,12 @@ func (p *linkPool) close() {
 // it and reads the answer. A link failure drops the connection (the next
 // request redials); a refusal keeps it.
 func (p *linkPool) do(ctx context.Context, host, rank int, f func(c net.Conn) error) error {
-	l, addr, err := p.get(host, rank)
+	return p.doLane(ctx, host, rank, 0, f)
+}
+
+// doLane is do on lane lane of the link (linkKey).
+func (p *linkPool) doLane(ctx context.Context, host, rank, lane int, f func(c net.Conn) error) error {
+	l, addr, err := p.get(host, rank, lane)
 	if err != nil {
 		return err
 	}

@@ -9,17 +9,32 @@ const MaxECShards = 256
 // checkEC checks t.EC against the rest of t, and that restore rows ask to
 // decode only when there is a code to decode from:
 //
-//   - K >= 1, M >= 1, K+M <= MaxECShards, at least one group;
-//   - each group has K+M distinct hosts of the table, none of them an idle
-//     spare; Data (K of them) and Parity (M) together are its Hosts;
-//   - no host is in two groups;
+//   - K >= 1, M >= 1, K+M <= MaxECShards, at least one group and at most
+//     one per K+M hosts of the table;
+//   - each group has K+M places (Hosts), each a host of the table that
+//     is not an idle spare; its K data places (Data) and M parity places
+//     (Parity) together are its places, counted with repeats;
 //   - each group has K data groups of one length L >= 1, and every rank of
 //     the world is in exactly one data group of one group.
 //
-// A fenced host may keep its place in a group: its role (data or parity)
-// is vacant, and the group survives one host fewer until a hot swap fills
-// it (topology.ECGroup.Replace). A data group's ranks need not run on the
-// group's hosts (a rank moved to free slots elsewhere).
+// A host may hold several places, of one group or of several: after a hot
+// swap without a spare (--on-no-spare free-slots) the host that took the
+// lost host's ranks also takes its places (topology.ECGroup.Replace). Each
+// place keeps its role: a host that is Data[x] and Parity[j] of a group
+// keeps the clear copies of data group x and parity row j of every stripe
+// of the group, and the group survives fewer host losses (a loss of that
+// host costs it both places).
+//
+// A place is vacant when its host runs no rank in the table (a fenced
+// host, or one whose ranks all moved): it holds nothing. A vacant data
+// place keeps no clear copy (Holders, which name ranks, name none there);
+// a vacant parity place keeps its row of no stripe, so no share is sent
+// to it, G does not wait for it and no decode reads it. The group survives
+// one host loss fewer for each until a hot swap fills it. The agents'
+// layout (rank.Placement.EC) means the same.
+//
+// A data group's ranks need not run on the group's hosts (a rank moved to
+// free slots in another group).
 func (t *EpochTable) checkEC() error {
 	ec := t.EC
 	if ec == nil {
@@ -36,7 +51,6 @@ func (t *EpochTable) checkEC() error {
 	if len(ec.Groups) == 0 || len(ec.Groups) > len(t.Hosts)/(ec.K+ec.M) {
 		return malformed("epoch table: %d erasure-coding groups of %d hosts for %d hosts", len(ec.Groups), ec.K+ec.M, len(t.Hosts))
 	}
-	inGroup := make([]int, len(t.Hosts)) // host -> 1 + its group
 	ranks := make([]bool, t.World)
 	placed := 0
 	for gi, g := range ec.Groups {
@@ -51,20 +65,16 @@ func (t *EpochTable) checkEC() error {
 			if t.Hosts[h].Spare {
 				return malformed("epoch table: erasure-coding group %d names host %d, an idle spare", gi, h)
 			}
-			if inGroup[h] != 0 {
-				return malformed("epoch table: host %d is in erasure-coding groups %d and %d", h, inGroup[h]-1, gi)
-			}
-			inGroup[h] = gi + 1
 		}
-		// The hosts are distinct and K+M; Data and Parity are K+M hosts of
-		// the group, each once, so they are the group's hosts.
+		// Data and Parity are the group's places, counted with repeats
+		// (they are as many: K+M).
 		roles := append(slices.Clone(g.Data), g.Parity...)
+		hosts := slices.Clone(g.Hosts)
 		slices.Sort(roles)
-		for i, h := range roles {
-			if h < 0 || h >= len(t.Hosts) || inGroup[h] != gi+1 || i > 0 && roles[i-1] == h {
-				return malformed("epoch table: erasure-coding group %d: its data hosts %v and parity hosts %v are not its hosts %v, each once",
-					gi, g.Data, g.Parity, g.Hosts)
-			}
+		slices.Sort(hosts)
+		if !slices.Equal(roles, hosts) {
+			return malformed("epoch table: erasure-coding group %d: its data hosts %v and parity hosts %v are not its hosts %v, place for place",
+				gi, g.Data, g.Parity, g.Hosts)
 		}
 		if len(g.DataGroups) != ec.K {
 			return malformed("epoch table: erasure-coding group %d has %d data groups, want %d", gi, len(g.DataGroups), ec.K)

@@ -92,7 +92,19 @@ func TestEpochTableRoundTrip(t *testing.T) {
 			return t
 		}()},
 		{"erasure coded", ecTable()},
-		{"erasure coded, recovery epoch", ecRecoveryTable()},
+		{"erasure coded, recovery epoch with a vacant place", ecRecoveryTable()},
+		{"erasure coded, free slots in the lost host's group", ecFreeSlotsTable()},
+		{"erasure coded, free slots in another group", ecOtherGroupTable()},
+		{"erasure coded, one host in every place", func() *wire.EpochTable {
+			// Free slots twice more: host 1 holds all four places.
+			t := ecFreeSlotsTable()
+			t.Hosts[1].Ranks = wire.CompressRanks([]int{0, 1, 2, 3, 4, 5, 6, 7})
+			t.Hosts[2], t.Hosts[3] = wire.TableHost{Name: "node0002", Fenced: true}, wire.TableHost{Name: "node0003", Fenced: true}
+			t.Holders = nil
+			g := &t.EC.Groups[0]
+			g.Hosts, g.Data, g.Parity = []int{1, 1, 1, 1}, []int{1, 1}, []int{1, 1}
+			return t
+		}()},
 		{"erasure coded, largest code", func() *wire.EpochTable {
 			// 256 hosts, one group of 255 data hosts of one rank each and
 			// a parity host without ranks.
@@ -162,7 +174,9 @@ func ecTable() *wire.EpochTable {
 
 // ecRecoveryTable is ecTable's job after data hosts 0 and 2 were lost at
 // once: the spare (host 4) took host 0's place and ranks; host 2 is fenced
-// and its ranks moved to host 3's free slots (its data role is vacant).
+// and its ranks moved to host 3's free slots, but it keeps its place: a
+// vacant place, which the table allows (hotswap gives the place to the
+// host that takes the ranks, as in ecFreeSlotsTable).
 // Ranks 0, 1 decode from the group; 4, 5 restore from their clear copy's
 // survivor... which is lost too, so they decode as well.
 func ecRecoveryTable() *wire.EpochTable {
@@ -176,6 +190,42 @@ func ecRecoveryTable() *wire.EpochTable {
 		Hosts: []int{4, 1, 2, 3}, Data: []int{4, 2}, Parity: []int{1, 3},
 		DataGroups: [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}},
 	}}}
+	return t
+}
+
+// ecFreeSlotsTable is ecTable's job without its spare after data host 0
+// was lost with --on-no-spare free-slots: its ranks 0 and 1 moved to
+// parity host 1, which took host 0's place too (topology.ECGroup.Replace):
+// host 1 is both data host 0 and parity host 0 of the group. Ranks 0 to 3
+// run on their data host (no clear copy); 0 and 1 decode, both their own
+// slot and their clear copy lost with host 0.
+func ecFreeSlotsTable() *wire.EpochTable {
+	t := table(8, nil, []int{2, 3, 0, 1}, []int{4, 5}, []int{6, 7})
+	t.Hosts[0].Fenced, t.Hosts[0].Addr = true, ""
+	t.Epoch, t.Gen, t.G = 2, 1, 9
+	t.Holders = []wire.HolderRow{{Rank: 6, Holders: []int{4}}, {Rank: 7, Holders: []int{4}}}
+	t.Restore = []wire.RestoreRow{{Rank: 0, Opt: 0, Params: 4, Decode: true}, {Rank: 1, Opt: 1, Params: 5, Decode: true}}
+	t.EC = &wire.ECTable{K: 2, M: 2, Groups: []wire.ECGroupRow{{
+		Hosts: []int{1, 1, 2, 3}, Data: []int{1, 2}, Parity: []int{1, 3},
+		DataGroups: [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}},
+	}}}
+	return t
+}
+
+// ecOtherGroupTable is a job of two ec:2+2 groups of one rank per host
+// after data host 0 of group 0 was lost with --on-no-spare free-slots:
+// its rank moved to host 5, parity host 0 of group 1, which took host 0's
+// place in group 0 too: host 5 is in both groups.
+func ecOtherGroupTable() *wire.EpochTable {
+	t := table(8, nil, []int{1}, []int{2}, []int{3}, []int{4}, []int{5, 0}, []int{6}, []int{7})
+	t.Hosts[0].Fenced, t.Hosts[0].Addr = true, ""
+	t.Epoch, t.G = 1, 3
+	t.Holders = []wire.HolderRow{{Rank: 1, Holders: []int{5}}, {Rank: 3, Holders: []int{2}}, {Rank: 5, Holders: []int{4}}, {Rank: 7, Holders: []int{6}}}
+	t.Restore = []wire.RestoreRow{{Rank: 0, Opt: 0, Params: 1, Decode: true}}
+	t.EC = &wire.ECTable{K: 2, M: 2, Groups: []wire.ECGroupRow{
+		{Hosts: []int{5, 1, 2, 3}, Data: []int{5, 2}, Parity: []int{1, 3}, DataGroups: [][]int{{0, 1}, {2, 3}}},
+		{Hosts: []int{4, 5, 6, 7}, Data: []int{4, 6}, Parity: []int{5, 7}, DataGroups: [][]int{{4, 5}, {6, 7}}},
+	}}
 	return t
 }
 
@@ -257,7 +307,7 @@ func TestEpochTableRejects(t *testing.T) {
 		{"ec without groups", ecTab(func(_ *wire.EpochTable, ec *wire.ECTable, _ *wire.ECGroupRow) { ec.Groups = nil })},
 		{"ec group of 3 hosts", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) { g.Hosts = g.Hosts[:3] })},
 		{"ec group of 5 hosts", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) { g.Hosts = append(g.Hosts, 4) })},
-		{"ec host twice in a group", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) { g.Hosts[3] = 0 })},
+		{"ec host twice in Hosts, once in the roles", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) { g.Hosts[3] = 0 })},
 		{"ec host past the table", ecTab(func(_ *wire.EpochTable, _ *wire.ECTable, g *wire.ECGroupRow) {
 			g.Hosts[3], g.Parity[1] = 5, 5
 		})},
@@ -285,12 +335,35 @@ func TestEpochTableRejects(t *testing.T) {
 			t.EC = ecTable().EC
 			return t
 		}()},
-		{"ec host in two groups", func() *wire.EpochTable {
-			t := table(16, []int{0, 1}, []int{2, 3}, []int{4, 5}, []int{6, 7}, []int{8, 9}, []int{10, 11}, []int{12, 13}, []int{14, 15})
-			t.EC = &wire.ECTable{K: 2, M: 2, Groups: []wire.ECGroupRow{
-				{Hosts: []int{0, 1, 2, 3}, Data: []int{0, 2}, Parity: []int{1, 3}, DataGroups: [][]int{{0, 1, 2, 3}, {4, 5, 6, 7}}},
-				{Hosts: []int{4, 5, 6, 3}, Data: []int{4, 6}, Parity: []int{3, 5}, DataGroups: [][]int{{8, 9, 10, 11}, {12, 13, 14, 15}}},
-			}}
+		{"ec host in two groups, roles not its places", func() *wire.EpochTable {
+			t := ecOtherGroupTable()
+			t.EC.Groups[0].Parity = []int{1, 5} // host 5 twice, host 3 never
+			return t
+		}()},
+		{"ec doubled place, roles not its places", func() *wire.EpochTable {
+			t := ecFreeSlotsTable()
+			t.EC.Groups[0].Parity = []int{2, 3} // host 2 twice, host 1 once
+			return t
+		}()},
+		{"ec doubled place in the roles only", func() *wire.EpochTable {
+			t := ecFreeSlotsTable()
+			t.EC.Groups[0].Hosts = []int{0, 1, 2, 3}
+			return t
+		}()},
+		{"ec doubled place, a rank in two data groups", func() *wire.EpochTable {
+			t := ecFreeSlotsTable()
+			t.EC.Groups[0].DataGroups[1][0] = 0
+			return t
+		}()},
+		{"ec doubled place past the table", func() *wire.EpochTable {
+			t := ecFreeSlotsTable()
+			g := &t.EC.Groups[0]
+			g.Hosts[1], g.Parity[0] = 4, 4
+			return t
+		}()},
+		{"ec doubled place, more groups than hosts allow", func() *wire.EpochTable {
+			t := ecFreeSlotsTable()
+			t.EC.Groups = append(t.EC.Groups, t.EC.Groups[0])
 			return t
 		}()},
 		{"ec more groups than hosts allow", func() *wire.EpochTable {
