@@ -70,9 +70,6 @@ func TestECFreeSlots(t *testing.T) {
 			{"data host", g.Data[0]},
 		} {
 			t.Run(mode+"/"+tc.name, func(t *testing.T) {
-				if tc.name == "data host" {
-					t.Skip("needs the decode restore path (rank/ecrestore.go, main since c4b10df; this branch predates it): the lost ranks have no clear copy left. Passes with main merged: remove this skip at the merge")
-				}
 				r := start(t, "--recovery", mode)
 				r.waitStep(t, 8)
 				if err := h.KillAll(tc.lost); err != nil {
