@@ -136,6 +136,9 @@ func (s *service) decodeRemote(ctx context.Context, g int64, pl *placement, view
 // and returns the row's members.
 func (s *service) readRow(ctx context.Context, pl *placement, pos ecPos, j int, step, off int64, dst []byte) ([]ecMember, error) {
 	rp := pl.ec.rows[pos.group][j]
+	if rp.vacant() {
+		return nil, fmt.Errorf("%w: parity row %d of group %d is vacant (its host %d runs no rank)", errNoRow, j, pos.group, rp.host)
+	}
 	if rp.host == s.h.cfg.Host {
 		return s.h.parity.read(pos.group, pos.stripe, j, step, off, dst)
 	}
