@@ -1304,8 +1304,11 @@ func (r *replicator) send(ctx context.Context, p sendPlan) (uint64, []error, err
 // ---- Links to other hosts ----------------------------------------------
 
 type link struct {
-	mu   sync.Mutex               // one request at a time
-	conn atomic.Pointer[net.Conn] // the connection, or nil; read by close without mu
+	// turn is held (a value in it) by the one request on the link at a
+	// time; a request waiting for its turn gives up when its context
+	// ends, whatever the request before it waits for.
+	turn chan struct{}
+	conn atomic.Pointer[net.Conn] // the connection, or nil; read by close without turn
 }
 
 type linkPool struct {
@@ -1360,7 +1363,7 @@ func (p *linkPool) get(host, rank, lane int) (*link, string, error) {
 	k := linkKey{host, rank, lane}
 	l := p.links[k]
 	if l == nil {
-		l = &link{}
+		l = &link{turn: make(chan struct{}, 1)}
 		p.links[k] = l
 	}
 	if host == p.h.cfg.Host {
@@ -1388,7 +1391,7 @@ func (p *linkPool) close() {
 	defer p.mu.Unlock()
 	p.closed = true
 	for _, l := range p.links {
-		// A request in flight holds l.mu; closing its conn ends it.
+		// A request in flight holds l.turn; closing its conn ends it.
 		if c := l.conn.Load(); c != nil {
 			(*c).Close()
 		}
@@ -1408,8 +1411,12 @@ func (p *linkPool) doLane(ctx context.Context, host, rank, lane int, f func(c ne
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	select {
+	case l.turn <- struct{}{}:
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	defer func() { <-l.turn }()
 	if l.conn.Load() == nil && host == p.h.cfg.Host {
 		p.mu.Lock()
 		if p.closed {
