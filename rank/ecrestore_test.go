@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/topology"
@@ -339,6 +340,7 @@ func TestECRestoreEverySubset(t *testing.T) {
 					return
 				}
 				sets++
+				drainLinkFailures(j.c)
 				sw := swapHosts(j.groups, j.hostOf, j.holders, lost, spares, paramsFrom(lost))
 				gone := slices.Clone(addrs)
 				for _, h := range lost {
@@ -413,6 +415,7 @@ func TestECRestoreEverySubset(t *testing.T) {
 					}
 				}
 				for _, sp := range spares[:len(lost)] {
+					dropLinks(t, j.c.hosts[sp])
 					emptyStores(j.c.hosts[sp])
 				}
 			})
@@ -556,6 +559,46 @@ func wantRecRow(t *testing.T, k, m int, members []int, step int64) [][]byte {
 		}
 	}
 	return parityOf(t, k, m, shards)
+}
+
+// drainLinkFailures forgets the link failures c's hosts reported: links
+// to the hosts a set lost, and those dropLinks closed, which fail when
+// next used.
+func drainLinkFailures(c *cluster) {
+	for {
+		select {
+		case <-c.links:
+		default:
+			return
+		}
+	}
+}
+
+// dropLinks closes every replication link into host h and waits until
+// their handlers have returned: a request a replicator sent before it
+// stopped (the spares' restored ranks left them) may still be read and
+// stored after h's stores are emptied, and serve a later set of losses a
+// copy it should not have (the 8+4 sets failed so under -race).
+func dropLinks(t *testing.T, h *Host) {
+	t.Helper()
+	h.store.mu.Lock()
+	for c := range h.store.conns {
+		c.Close()
+	}
+	h.store.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		h.store.mu.Lock()
+		n := len(h.store.conns)
+		h.store.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("host %d: %d replication links still served 10 s after they were closed", h.cfg.Host, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // emptyStores drops every copy and parity row host h holds, as a fresh

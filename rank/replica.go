@@ -1411,6 +1411,9 @@ func (p *linkPool) doLane(ctx context.Context, host, rank, lane int, f func(c ne
 	if err != nil {
 		return err
 	}
+	if ctx.Err() != nil { // select would pick a free turn as readily
+		return context.Cause(ctx)
+	}
 	select {
 	case l.turn <- struct{}{}:
 	case <-ctx.Done():
