@@ -107,15 +107,7 @@ func newPlacesJob(t *testing.T, k, m int, ranks [][]int, groups []topology.ECGro
 func (j *placesJob) connect(r int) *ecRank {
 	j.t.Helper()
 	er := &ecRank{t: j.t, r: r, sess: j.c.hosts[j.c.hostOf[r]].Session(r), regions: ecRegions(r)}
-	hello := `{"v":1,"regions":[`
-	for i, reg := range er.regions {
-		if i > 0 {
-			hello += ","
-		}
-		hello += fmt.Sprintf(`{"name":%q,"size":%d}`, reg.Name, reg.Size)
-	}
-	hello += `]}`
-	_, ans, err := er.sess.Handle(context.Background(), TypeProtectHello, []byte(hello))
+	_, ans, err := er.sess.Handle(context.Background(), TypeProtectHello, helloJSON(er.regions))
 	if err != nil || ans.(*ProtectWelcome).Err != "" {
 		j.t.Fatalf("rank %d: ProtectHello: %+v, %v", r, ans, err)
 	}

@@ -41,6 +41,18 @@ type ecRank struct {
 	views   [2][][]byte
 }
 
+// helloJSON is a ProtectHello declaring regions.
+func helloJSON(regions []Region) []byte {
+	hello := `{"v":1,"regions":[`
+	for i, reg := range regions {
+		if i > 0 {
+			hello += ","
+		}
+		hello += fmt.Sprintf(`{"name":%q,"size":%d}`, reg.Name, reg.Size)
+	}
+	return []byte(hello + `]}`)
+}
+
 func ecRegions(r int) []Region {
 	return []Region{{"optimizer", int64(3000 + 777*r)}, {"params", 256}, {"meta", int64(40 + r)}}
 }
@@ -110,15 +122,7 @@ func newECJobWith(t *testing.T, k, m, per int, connect bool, mod func(*HostConfi
 func (j *ecTestJob) connect(r int) *ecRank {
 	j.t.Helper()
 	er := &ecRank{t: j.t, r: r, sess: j.c.hosts[r/j.per].Session(r), regions: ecRegions(r)}
-	hello := `{"v":1,"regions":[`
-	for i, reg := range er.regions {
-		if i > 0 {
-			hello += ","
-		}
-		hello += fmt.Sprintf(`{"name":%q,"size":%d}`, reg.Name, reg.Size)
-	}
-	hello += `]}`
-	_, ans, err := er.sess.Handle(context.Background(), TypeProtectHello, []byte(hello))
+	_, ans, err := er.sess.Handle(context.Background(), TypeProtectHello, helloJSON(er.regions))
 	if err != nil || ans.(*ProtectWelcome).Err != "" {
 		j.t.Fatalf("rank %d: ProtectHello: %+v, %v", r, ans, err)
 	}

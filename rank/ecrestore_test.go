@@ -143,16 +143,7 @@ func (j *ecRecJob) connect(r int) *ecRecRank {
 	if er.sess == nil {
 		j.t.Fatalf("rank %d is not on host %d", r, h.cfg.Host)
 	}
-	var hello strings.Builder
-	hello.WriteString(`{"v":1,"regions":[`)
-	for i, reg := range ecRecRegions(r) {
-		if i > 0 {
-			hello.WriteString(",")
-		}
-		fmt.Fprintf(&hello, `{"name":%q,"size":%d}`, reg.Name, reg.Size)
-	}
-	hello.WriteString(`]}`)
-	_, ans, err := er.sess.Handle(context.Background(), TypeProtectHello, []byte(hello.String()))
+	_, ans, err := er.sess.Handle(context.Background(), TypeProtectHello, helloJSON(ecRecRegions(r)))
 	if err != nil || ans.(*ProtectWelcome).Err != "" {
 		j.t.Fatalf("rank %d: ProtectHello: %+v, %v", r, ans, err)
 	}
@@ -364,16 +355,7 @@ func TestECRestoreEverySubset(t *testing.T) {
 					wg.Go(func() {
 						h := j.c.hosts[sw.hostOf[r]]
 						er := &ecRecRank{t: t, r: r, sess: h.Session(r)}
-						var hello strings.Builder
-						hello.WriteString(`{"v":1,"regions":[`)
-						for i, reg := range ecRecRegions(r) {
-							if i > 0 {
-								hello.WriteString(",")
-							}
-							fmt.Fprintf(&hello, `{"name":%q,"size":%d}`, reg.Name, reg.Size)
-						}
-						hello.WriteString(`]}`)
-						_, ans, err := er.sess.Handle(context.Background(), TypeProtectHello, []byte(hello.String()))
+						_, ans, err := er.sess.Handle(context.Background(), TypeProtectHello, helloJSON(ecRecRegions(r)))
 						if err != nil || ans.(*ProtectWelcome).Err != "" {
 							res[r] = &Restorable{Step: noStep, Err: fmt.Sprintf("ProtectHello: %+v, %v", ans, err)}
 							return
