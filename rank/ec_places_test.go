@@ -2,7 +2,6 @@ package rank
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"slices"
 	"testing"
@@ -107,16 +106,7 @@ func newPlacesJob(t *testing.T, k, m int, ranks [][]int, groups []topology.ECGro
 func (j *placesJob) connect(r int) *ecRank {
 	j.t.Helper()
 	er := &ecRank{t: j.t, r: r, sess: j.c.hosts[j.c.hostOf[r]].Session(r), regions: ecRegions(r)}
-	_, ans, err := er.sess.Handle(context.Background(), TypeProtectHello, helloJSON(er.regions))
-	if err != nil || ans.(*ProtectWelcome).Err != "" {
-		j.t.Fatalf("rank %d: ProtectHello: %+v, %v", r, ans, err)
-	}
-	views, unmap, err := mapRegionFiles(ans.(*ProtectWelcome).Regions)
-	if err != nil {
-		j.t.Fatal(err)
-	}
-	j.t.Cleanup(unmap)
-	er.views = views
+	er.views = protectHello(j.t, er.sess, r, er.regions)
 	return er
 }
 

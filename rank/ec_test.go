@@ -41,6 +41,23 @@ type ecRank struct {
 	views   [2][][]byte
 }
 
+// protectHello says rank r's ProtectHello declaring regions on sess and
+// maps the slots' region files it is answered with (unmapped at the end
+// of the test).
+func protectHello(t *testing.T, sess *Session, r int, regions []Region) [2][][]byte {
+	t.Helper()
+	_, ans, err := sess.Handle(context.Background(), TypeProtectHello, helloJSON(regions))
+	if err != nil || ans.(*ProtectWelcome).Err != "" {
+		t.Fatalf("rank %d: ProtectHello: %+v, %v", r, ans, err)
+	}
+	views, unmap, err := mapRegionFiles(ans.(*ProtectWelcome).Regions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(unmap)
+	return views
+}
+
 // helloJSON is a ProtectHello declaring regions.
 func helloJSON(regions []Region) []byte {
 	hello := `{"v":1,"regions":[`
@@ -122,16 +139,7 @@ func newECJobWith(t *testing.T, k, m, per int, connect bool, mod func(*HostConfi
 func (j *ecTestJob) connect(r int) *ecRank {
 	j.t.Helper()
 	er := &ecRank{t: j.t, r: r, sess: j.c.hosts[r/j.per].Session(r), regions: ecRegions(r)}
-	_, ans, err := er.sess.Handle(context.Background(), TypeProtectHello, helloJSON(er.regions))
-	if err != nil || ans.(*ProtectWelcome).Err != "" {
-		j.t.Fatalf("rank %d: ProtectHello: %+v, %v", r, ans, err)
-	}
-	views, unmap, err := mapRegionFiles(ans.(*ProtectWelcome).Regions)
-	if err != nil {
-		j.t.Fatal(err)
-	}
-	j.t.Cleanup(unmap)
-	er.views = views
+	er.views = protectHello(j.t, er.sess, r, er.regions)
 	return er
 }
 

@@ -143,16 +143,7 @@ func (j *ecRecJob) connect(r int) *ecRecRank {
 	if er.sess == nil {
 		j.t.Fatalf("rank %d is not on host %d", r, h.cfg.Host)
 	}
-	_, ans, err := er.sess.Handle(context.Background(), TypeProtectHello, helloJSON(ecRecRegions(r)))
-	if err != nil || ans.(*ProtectWelcome).Err != "" {
-		j.t.Fatalf("rank %d: ProtectHello: %+v, %v", r, ans, err)
-	}
-	views, unmap, err := mapRegionFiles(ans.(*ProtectWelcome).Regions)
-	if err != nil {
-		j.t.Fatal(err)
-	}
-	j.t.Cleanup(unmap)
-	er.views = views
+	er.views = protectHello(j.t, er.sess, r, ecRecRegions(r))
 	return er
 }
 
