@@ -125,6 +125,7 @@ bench-tier2:
 # BenchmarkECRestore exists.
 bench-ec: build
 	$(GO) run ./internal/benchprotect -gorun $(BIN)/gorun -dptrain $(BIN)/dptrain -hosts 4 -ranks 4 -modes full -redundancy replicas:1,ec:2+2 -cpu-compute 0
+	$(GO) run ./internal/benchprotect -gorun $(BIN)/gorun -dptrain $(BIN)/dptrain -hosts 4 -ranks 4 -modes diff -redundancy replicas:2,ec:2+2 -base-every 8 -state-mib 128 -cpu-compute 0
 	GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench BenchmarkCodecEncode -benchtime 3x ./ckpt/ | grep -v '^=== '
 	GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench BenchmarkECPipeline -benchtime 5x ./rank/ | grep -v '^=== '
 	@if $(SIMD_PROBE); then simd=$${GOEXPERIMENT:+$$GOEXPERIMENT,}simd; else simd=$$GOEXPERIMENT; fi; \

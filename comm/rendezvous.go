@@ -45,6 +45,11 @@ type Membership struct {
 	Holders []wire.HolderRow
 	Restore []wire.RestoreRow
 	EC      *wire.ECTable // the erasure-coding layout (nil: replicas only)
+	// Logs and H are diff mode's under erasure coding: every rank's
+	// log-only holders and the newest coded base step when the epoch is
+	// published (wire.EpochTable.Logs and H; nil and 0 in other modes).
+	Logs []wire.HolderRow
+	H    int64
 }
 
 // Rendezvous collects the registrations of the job's agents on the
@@ -81,7 +86,9 @@ type Rendezvous struct {
 // StartRendezvous begins accepting registrations for epoch of job, whose
 // hosts run hosts[i].Ranks with replica holders holders (nil: none) and
 // erasure-coding layout ec (nil: none). Each registered agent gets spec in
-// its reply.
+// its reply. A placement the first table could not carry (one every
+// agent would refuse: wire.EpochTable.Validate) is an error wrapping
+// ErrMembership.
 func StartRendezvous(nc *nats.Conn, job string, epoch uint64, hosts []RendezvousHost, spec *wire.JobSpec, holders []wire.HolderRow, ec *wire.ECTable) (*Rendezvous, error) {
 	world, missing := 0, 0
 	m := Membership{Ranks: make([][]int, len(hosts)), G: -1, Holders: holders, EC: ec}
@@ -101,6 +108,11 @@ func StartRendezvous(nc *nats.Conn, job string, epoch uint64, hosts []Rendezvous
 		regs:       make([]*wire.Register, len(hosts)),
 		fenced:     make([]bool, len(hosts)),
 		missing:    missing,
+	}
+	if err := r.buildTable().Validate(); err != nil {
+		// The hosts' addresses come with their registrations (checked
+		// then); a placement every agent would refuse is refused here.
+		return nil, fmt.Errorf("comm: rendezvous: %w: %w", ErrMembership, err)
 	}
 	sub, err := nc.Subscribe(r.subj.Register, r.onRegister)
 	if err != nil {
@@ -206,7 +218,7 @@ func (r *Rendezvous) buildTable() *wire.EpochTable {
 		Version: wire.Version, Job: r.job, Epoch: r.epoch, World: r.world,
 		Hosts: make([]wire.TableHost, len(r.hosts)),
 		Gen:   r.member.Gen, G: r.member.G, Holders: r.member.Holders, Restore: r.member.Restore,
-		EC: r.member.EC,
+		EC: r.member.EC, Logs: r.member.Logs, H: r.member.H,
 	}
 	for i, h := range r.hosts {
 		th := &t.Hosts[i]
@@ -258,6 +270,26 @@ func (r *Rendezvous) republish() {
 	r.table = b
 	r.mu.Unlock()
 	_ = r.nc.Publish(r.subj.Epoch, b)
+}
+
+// SetDiffEC makes the first table one of diff mode under erasure coding:
+// it carries every rank's log-only holders, logs, and H = -1 (no base is
+// coded yet). It returns an error wrapping ErrMembership, changing
+// nothing, once the table is out, or when the table with logs would not
+// validate (every agent would refuse it: wire.EpochTable.Validate).
+func (r *Rendezvous) SetDiffEC(logs []wire.HolderRow) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.table != nil {
+		return fmt.Errorf("%w: log holders after the first table", ErrMembership)
+	}
+	old := r.member
+	r.member.Logs, r.member.H = logs, -1
+	if err := r.buildTable().Validate(); err != nil {
+		r.member = old
+		return fmt.Errorf("%w: %w", ErrMembership, err)
+	}
+	return nil
 }
 
 // Advance publishes the table again as epoch, which must be later than

@@ -333,6 +333,35 @@ func TestRegistrationChecks(t *testing.T) {
 	}
 }
 
+// TestRendezvousSetDiffEC: log-only holders the first table could not
+// carry (here: without an erasure code, which every agent refuses) are
+// refused with ErrMembership and leave the table as it was; after the
+// first table they are refused too.
+func TestRendezvousSetDiffEC(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rv, _, joins := twoHostRendezvous(t, ctx)
+	logs := []wire.HolderRow{{Rank: 0, Holders: []int{1}}, {Rank: 1, Holders: []int{0}}}
+	if err := rv.SetDiffEC(logs); !errors.Is(err, comm.ErrMembership) {
+		t.Fatalf("SetDiffEC without an erasure code: %v, want ErrMembership", err)
+	}
+	for i, name := range []string{"a", "b"} {
+		if _, err := joins[i].Register(ctx, &wire.Register{Version: wire.Version, Job: "job1", Host: i, Name: name, Addr: "127.0.0.1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tb, err := joins[0].WaitEpoch(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tb.Logs != nil || tb.H != 0 {
+		t.Fatalf("the first table carries logs %v and H %d after a refused SetDiffEC", tb.Logs, tb.H)
+	}
+	if err := rv.SetDiffEC(nil); !errors.Is(err, comm.ErrMembership) {
+		t.Fatalf("SetDiffEC after the first table: %v, want ErrMembership", err)
+	}
+}
+
 func TestInProcessPasswordIsRefusedOverTCP(t *testing.T) {
 	secret := newSecret(t)
 	srv := startServer(t, secret, "job1", 1)

@@ -66,13 +66,16 @@ type Splice struct {
 // keeping copies of its optimizer shard). Under erasure coding
 // (Config.EC) EC is the epoch's groups, each with the hosts that hold
 // its places now (a replacement in the lost host's place), and Holders
-// the clear copies' holders. The slices are the caller's.
+// the clear copies' holders. In diff mode under EC (Config.Diff) Logs
+// are every rank's log-only holders (a spare in a lost host's place in
+// them too). The slices are the caller's.
 type PublishEpoch struct {
 	Epoch    uint64
 	G        int64
 	RankHost []int
 	Holders  [][]int
 	EC       []topology.ECGroup
+	Logs     [][]int
 	names    []string
 }
 
@@ -181,6 +184,10 @@ func (a PublishEpoch) String() string {
 	}
 	if a.EC != nil {
 		b.WriteString(" ec=" + ecString(a.EC, a.names))
+	}
+	if a.Logs != nil {
+		b.WriteString(" logs=")
+		writeHolders(&b, a.Logs)
 	}
 	return b.String()
 }

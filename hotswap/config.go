@@ -79,6 +79,15 @@ type Config struct {
 	// ec:K+M (topology.PlanEC over Hosts and Assign), or nil. Holders are
 	// then the clear copies' holders.
 	EC []topology.ECGroup
+	// Diff: the ranks protect their state with --protect-mode diff. Under
+	// EC only base steps are coded then (parity cannot absorb a
+	// differential): a lost rank's state is decoded at H, the newest
+	// base every rank has coded, and its differentials (H, G] replayed
+	// from a copy of its log, which its clear copy's holder keeps and so
+	// do its log-only holders, Logs[r] (topology.ECLogHolders; worked out
+	// from EC and Assign when nil). Logs is only for Diff under EC.
+	Diff bool
+	Logs [][]int
 
 	MaxRestarts   int // restarts in place after rank failures
 	Recovery      Recovery
@@ -184,6 +193,11 @@ func (c *Config) validate() ([]bool, error) {
 			return nil, err
 		}
 	}
+	if c.Logs != nil {
+		if err := c.validateLogs(); err != nil {
+			return nil, err
+		}
+	}
 	if c.Recovery != RecoveryRestart && c.Recovery != RecoveryInPlace {
 		return bad("unknown recovery mode %d", int(c.Recovery))
 	}
@@ -237,6 +251,39 @@ func (c *Config) fits(h, n, m int) bool {
 // MaxECShards is the most data and parity hosts a group may have
 // (K+M): the codec works in GF(2^8).
 const MaxECShards = 256
+
+// validateLogs checks c.Logs, the log-only holders of diff mode under
+// EC: one row per rank, each naming ranks of the world on distinct hosts
+// other than the owner's own and its clear copy's holder's.
+func (c *Config) validateLogs() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: log holders: %s", ErrConfig, fmt.Sprintf(format, args...))
+	}
+	if !c.Diff || c.EC == nil {
+		return bad("given, but the job is not run in diff mode under erasure coding")
+	}
+	if len(c.Logs) != c.World {
+		return bad("%d rows in a world of %d", len(c.Logs), c.World)
+	}
+	for r, ls := range c.Logs {
+		taken := []int{c.Assign[r]}
+		if c.Holders != nil {
+			for _, x := range c.Holders[r] {
+				taken = append(taken, c.Assign[x])
+			}
+		}
+		for _, x := range ls {
+			if x < 0 || x >= c.World {
+				return bad("rank %d's log holder %d is not a rank", r, x)
+			}
+			if slices.Contains(taken, c.Assign[x]) {
+				return bad("rank %d's log holder %d is on host %s, which has the rank or another copy of its log", r, x, c.Hosts[c.Assign[x]].Name)
+			}
+			taken = append(taken, c.Assign[x])
+		}
+	}
+	return nil
+}
 
 // validateEC checks c.EC against Hosts and Assign, as topology.PlanEC
 // plans it: every host with ranks in exactly one group, no spare in any;

@@ -23,9 +23,10 @@ import (
 // Roles stay with places: after a splice the replacement takes the lost
 // host's place and role (topology.ECGroup.Replace). It holds nothing yet:
 // its clear copies and shares were marked invalid when the host was lost,
-// and become valid once their owners report Replicated (which, under EC,
-// means the clear copy and every parity share of G are in, in the new
-// epoch). Until then the shards they stand for do not count toward K.
+// and become valid once their owners report Replicated (which, under EC
+// in full mode, means the clear copy and every parity share of G are in,
+// in the new epoch; in diff mode, that H reached the epoch's G: see
+// ecdiff.go). Until then the shards they stand for do not count toward K.
 //
 // The decision is exact per stripe, where topology.ECLoss is the same
 // decision by hosts: both agree while no host holds two places of a
@@ -168,7 +169,7 @@ func (m *Machine) decodable(r int) (bool, string) {
 	members := m.ec.stripe(p.group, p.stripe)
 	have := 0
 	for _, x := range members {
-		if m.direct(x) {
+		if m.diffEC() && m.memberShard(x) || !m.diffEC() && m.direct(x) {
 			have++
 		}
 	}
@@ -178,6 +179,9 @@ func (m *Machine) decodable(r int) (bool, string) {
 		}
 	}
 	if have >= m.ec.k {
+		if m.diffEC() && !m.logCopy(r) {
+			return false, m.noLogText(r)
+		}
 		return true, ""
 	}
 	return false, fmt.Sprintf("rank %d's optimizer shard has no valid copy left in memory and cannot be decoded: stripe %d (ranks %s) of erasure-coding group %d (hosts %s) has %d of the %d shards it needs; %s (I3)",
@@ -233,7 +237,7 @@ func (m *Machine) placeValid(g, h int) bool {
 			continue
 		}
 		for _, r := range gr.DataGroups[x] {
-			if len(m.holders[r]) > 0 && !m.copyOK[r][0] {
+			if len(m.holders[r]) > 0 && !m.copyOK[r][0] || m.diffEC() && len(m.holders[r]) == 0 && !m.retained[r] {
 				return false
 			}
 		}
@@ -280,6 +284,9 @@ func (m *Machine) countMissing(r int, ok bool) {
 // ecHostLost marks the parity rows host h held lost: every share of them
 // must be sent again.
 func (m *Machine) ecHostLost(h int) {
+	if m.diffEC() {
+		m.diffHostLost(h)
+	}
 	for gi, g := range m.ec.groups {
 		for j, ph := range g.Parity {
 			if ph != h {
@@ -298,8 +305,10 @@ func (m *Machine) ecHostLost(h int) {
 // (topology.ECGroup.Replace) and moves the clear-copy holders where the
 // placement now puts them (a free-slots host may run a rank on its own
 // data host, or have a lower rank than the moved ones). A new holder
-// holds nothing yet. It returns how many holders moved.
-func (m *Machine) ecSplice(h, with int) int {
+// holds nothing yet. In diff mode the log roles follow (diffSplice):
+// moved are the ranks that moved, spare whether with is a spare. It
+// returns how many holders moved.
+func (m *Machine) ecSplice(h, with int, moved []int, spare bool) int {
 	for gi, g := range m.ec.groups {
 		if slices.Contains(g.Hosts, h) {
 			m.ec.groups[gi] = g.Replace(h, with)
@@ -327,13 +336,17 @@ func (m *Machine) ecSplice(h, with int) int {
 		}
 		n++
 	}
+	if m.diffEC() {
+		m.diffSplice(h, with, moved, spare)
+	}
 	return n
 }
 
 // tolerance is how many more host losses group g survives whichever
 // hosts they are: M less its places that hold nothing valid yet (a lost
 // host's, or a replacement's before its copies and shares are re-sent),
-// less the extra places of hosts holding more than one.
+// less the extra places of hosts holding more than one; in diff mode no
+// more than its ranks' logs survive (logTolerance).
 func (m *Machine) tolerance(g int) int {
 	gr := m.ec.groups[g]
 	left := m.ec.m
@@ -355,6 +368,10 @@ func (m *Machine) tolerance(g int) int {
 		left -= counts[i]
 		t++
 	}
+	if m.diffEC() {
+		lt, _ := m.logTolerance(g)
+		t = min(t, lt)
+	}
 	return t
 }
 
@@ -374,6 +391,11 @@ func (m *Machine) ecReport() string {
 				twice = append(twice, fmt.Sprintf("host %s holds %d of its places", m.names[h], n))
 			}
 		}
+		if m.diffEC() {
+			if n, short := m.logTolerance(g); len(short) > 0 {
+				twice = append(twice, keepLogs(short, n))
+			}
+		}
 		if len(twice) > 0 {
 			msg += " (" + strings.Join(twice, ", ") + ")"
 		}
@@ -390,6 +412,20 @@ func losses(n int) string {
 		return "1 more host loss"
 	}
 	return fmt.Sprintf("%d more host losses", n)
+}
+
+// keepLogs says that ranks keep their differentials after the newest
+// coded base on only n live hosts: "rank 3 keeps its differentials on 1
+// host", "ranks 1, 3 keep their differentials on 2 hosts".
+func keepLogs(ranks []int, n int) string {
+	hosts := "hosts"
+	if n == 1 {
+		hosts = "host"
+	}
+	if len(ranks) == 1 {
+		return fmt.Sprintf("rank %d keeps its differentials on %d %s", ranks[0], n, hosts)
+	}
+	return fmt.Sprintf("ranks %s keep their differentials on %d %s", ints(ranks), n, hosts)
 }
 
 // ecString prints groups for a PublishEpoch: group:data/parity hosts.

@@ -95,7 +95,9 @@ type Tick struct{}
 type GPublished struct{ G int64 }
 
 // Replicated: every copy of Owner's optimizer shard is at its holders
-// again (Owner < 0: every owner's).
+// again (Owner < 0: every owner's). In diff mode under erasure coding
+// (Config.Diff), only once H, the newest base every rank coded, reached
+// the epoch's G: a replacement holds nothing below it (ecdiff.go).
 type Replicated struct{ Owner int }
 
 // Stage is a point a recovery epoch reaches.

@@ -45,12 +45,19 @@ type Machine struct {
 	missing   []int    // missing[r]: r's invalid copies (and under EC its shares not in)
 	under     int      // owners with a missing copy or share
 	ec        *ecState // the erasure code (Config.EC), or nil
-	localOK   []bool   // the rank's own slot holds its state
-	lastStep  []int64  // last committed step reported; -1: none
-	lastProg  []time.Duration
-	ended     []bool // in the current generation
-	nEnded    int
-	nFailed   int // ranks that ended with a failure in this generation
+	// Diff mode under EC (ecdiff.go): logs[r] are rank r's log-only
+	// holders, logOK[r][i] whether logs[r][i]'s copy is valid, and
+	// retained[r] whether r's own retained base snapshot is (a rank that
+	// runs on its data host); nil otherwise.
+	logs     [][]int
+	logOK    [][]bool
+	retained []bool
+	localOK  []bool  // the rank's own slot holds its state
+	lastStep []int64 // last committed step reported; -1: none
+	lastProg []time.Duration
+	ended    []bool // in the current generation
+	nEnded   int
+	nFailed  int // ranks that ended with a failure in this generation
 
 	// Hosts.
 	alive      []bool
@@ -147,7 +154,7 @@ func New(c Config) (*Machine, error) {
 		blamed:     -1,
 	}
 	m.cfg.Hosts = slices.Clone(c.Hosts)
-	m.cfg.Assign, m.cfg.Holders, m.cfg.EC = nil, nil, nil
+	m.cfg.Assign, m.cfg.Holders, m.cfg.EC, m.cfg.Logs = nil, nil, nil, nil
 	for h, x := range c.Hosts {
 		m.names[h] = x.Name
 		m.domain[h] = x.Rack
@@ -168,6 +175,9 @@ func New(c Config) (*Machine, error) {
 		if c.Holders == nil {
 			c.Holders = m.ecHolders() // validate checked they are what it would be
 		}
+	}
+	if c.EC != nil && c.Diff {
+		m.initDiff(c)
 	}
 	if c.Holders != nil {
 		m.holders = make([][]int, n)
@@ -569,6 +579,9 @@ func (m *Machine) publish(sources []Source) {
 			p.EC[i] = cloneGroup(g)
 		}
 	}
+	if m.diffEC() {
+		p.Logs = cloneRows(m.logs)
+	}
 	m.emit(p, RestorePlan{Epoch: m.epoch, G: m.g, Sources: sources, names: m.names})
 }
 
@@ -704,6 +717,9 @@ func (m *Machine) onReplicated(owner int) {
 				if m.alive[ph] {
 					m.setShare(o, j, true)
 				}
+			}
+			if m.diffEC() {
+				m.diffReplicated(o)
 			}
 		}
 	}

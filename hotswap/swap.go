@@ -133,7 +133,7 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 		return
 	}
 	if m.ec != nil {
-		replaced = m.ecSplice(h, with)
+		replaced = m.ecSplice(h, with, moved, isSpare)
 	}
 	if restart {
 		m.gen++

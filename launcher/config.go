@@ -49,8 +49,11 @@ type Config struct {
 	// committed step's state whole (any trainer); ModeDiff sends
 	// each step's gradient and hyper-parameters, and the holders rebuild
 	// the state by replay (trainers that declare the replay optimizer),
-	// as Diff says. ModeDiff needs Replicas of 1 or more (not an erasure
-	// code yet: its bases would have to be erasure coded).
+	// as Diff says. ModeDiff needs Replicas of 1 or more, or an erasure
+	// code: then only base steps are coded, and each rank's
+	// differentials since the newest coded base are kept on M hosts
+	// (topology.ECLogHolders; rank/PROTOCOL.md "Erasure coding and diff
+	// mode").
 	ProtectMode ProtectMode
 	// Diff configures ModeDiff; it must be zero in ModeFull.
 	Diff DiffOptions
@@ -309,6 +312,29 @@ func (cfg *Config) markSpares() error {
 	return nil
 }
 
+// ecDiffBaseRatio is how many --diff-fold a --base-every may be under
+// erasure coding before the launcher warns of the logs' memory.
+const ecDiffBaseRatio = 4
+
+// ECDiffWarning is the launcher's warning about a configuration that
+// runs but costs memory, or "": --protect-mode diff under --redundancy
+// ec:K+M with --base-every above 4 × --diff-fold. Only base steps are
+// erasure coded there, so the differentials after the newest coded base
+// cannot fold into one: each of a rank's M log holders keeps up to
+// base-every + refresh steps of them (rank/PROTOCOL.md "Erasure coding and
+// diff mode"). cfg must have been checked (the defaults filled in).
+func (cfg *Config) ECDiffWarning() string {
+	d := cfg.Diff
+	if cfg.ECK == 0 || cfg.ProtectMode != ModeDiff || d.BaseEvery <= ecDiffBaseRatio*d.Fold {
+		return ""
+	}
+	refresh := max(1, min(d.BaseEvery/2, d.Fold))
+	return fmt.Sprintf("--protect-mode diff with --redundancy ec:%d+%d and --base-every %d (more than %d x --diff-fold %d): "+
+		"the differentials after the newest coded base cannot fold, so each of a rank's %d log holders keeps up to %d steps of them (base-every %d + refresh %d) for each rank it holds; "+
+		"a --base-every near --diff-fold keeps memory near diff mode's with replicas",
+		cfg.ECK, cfg.ECM, d.BaseEvery, ecDiffBaseRatio, d.Fold, cfg.ECM, d.BaseEvery+refresh, d.BaseEvery, refresh)
+}
+
 // checkProtect checks the redundancy, the protect mode and its settings,
 // and fills in the defaults of diff mode's.
 func (cfg *Config) checkProtect() error {
@@ -339,17 +365,15 @@ func (cfg *Config) checkProtect() error {
 		}
 		return nil
 	}
-	if cfg.ECK > 0 {
-		// Parity cannot absorb a differential (Adam is not linear in
-		// the bytes), so it exists at base steps only and the records
-		// since the last coded base would need M unfolded copies: for
-		// the same tolerance, diff mode with M replicas keeps less and
-		// sends no more (rank/PROTOCOL.md, "Erasure coding and diff
-		// mode"). The agents refuse it too (rank.NewHost).
-		return &ConfigError{Msg: fmt.Sprintf("--protect-mode diff with --redundancy ec:%d+%d: not supported (the differentials since the last coded base would need %d unfolded copies, more memory than replicas); for the same tolerance use --protect-mode diff --redundancy replicas:%d, or --protect-mode full --redundancy ec:%d+%d", cfg.ECK, cfg.ECM, cfg.ECM, cfg.ECM, cfg.ECK, cfg.ECM)}
-	}
-	if cfg.Replicas < 1 {
+	if cfg.Replicas < 1 && cfg.ECK == 0 {
 		return &ConfigError{Msg: fmt.Sprintf("--protect-mode diff sends each step to the replica holders: it needs --replicas 1 or more, not %d", cfg.Replicas)}
+	}
+	if cfg.ECM > wire.MaxHolders {
+		// A rank on its own data host has M log-only holders: an epoch
+		// table with more is refused by every agent.
+		return &ConfigError{Msg: fmt.Sprintf("--redundancy ec:%d+%d with --protect-mode diff: at most %d parity hosts, not %d: "+
+			"each rank's differentials after its newest coded base are kept on M hosts besides its own, and a rank keeps at most %d holders; use --protect-mode full, or M <= %d",
+			cfg.ECK, cfg.ECM, wire.MaxHolders, cfg.ECM, wire.MaxHolders, wire.MaxHolders)}
 	}
 	if d.Fold < 0 || d.Fold > MaxDiffFold {
 		return &ConfigError{Msg: fmt.Sprintf("--diff-fold %d: want 1 to %d", d.Fold, MaxDiffFold)}

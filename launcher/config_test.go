@@ -138,6 +138,40 @@ func checkConfigError(t *testing.T, err error, msg string) *ConfigError {
 	return ce
 }
 
+// TestECDiffWarning: diff mode under an erasure code warns when
+// --base-every is more than 4 × --diff-fold, naming the memory the logs
+// take (they cannot fold), and only then.
+func TestECDiffWarning(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(*Config)
+		want   string // "" for no warning
+	}{
+		{"default base-every", func(c *Config) { c.ProtectMode, c.ECK, c.ECM = ModeDiff, 2, 2 },
+			"--protect-mode diff with --redundancy ec:2+2 and --base-every 100 (more than 4 x --diff-fold 8): the differentials after the newest coded base cannot fold, so each of a rank's 2 log holders keeps up to 108 steps of them (base-every 100 + refresh 8) for each rank it holds"},
+		{"at 4 x fold", func(c *Config) { c.ProtectMode, c.ECK, c.ECM, c.Diff.BaseEvery = ModeDiff, 2, 2, 32 }, ""},
+		{"just past 4 x fold", func(c *Config) {
+			c.ProtectMode, c.ECK, c.ECM, c.Diff = ModeDiff, 4, 2, DiffOptions{Fold: 2, BaseEvery: 9}
+		}, "each of a rank's 2 log holders keeps up to 11 steps of them (base-every 9 + refresh 2)"},
+		{"base-every 8", func(c *Config) { c.ProtectMode, c.ECK, c.ECM, c.Diff.BaseEvery = ModeDiff, 2, 2, 8 }, ""},
+		{"diff with replicas", func(c *Config) { c.ProtectMode, c.Replicas = ModeDiff, 1 }, ""},
+		{"full mode under EC", func(c *Config) { c.ECK, c.ECM = 2, 2 }, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := validConfig()
+			tc.change(&c)
+			got, err := c.withDefaults()
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := got.ECDiffWarning()
+			if tc.want == "" && w != "" || !strings.Contains(w, tc.want) {
+				t.Fatalf("ECDiffWarning() = %q, want %q", w, tc.want)
+			}
+		})
+	}
+}
+
 // TestWithDefaultsProtect: the protect mode and its diff settings are
 // checked, naming the flag, and diff mode's zero settings take their
 // defaults; the job's spec carries them to every agent, through the wire.
@@ -161,8 +195,17 @@ func TestWithDefaultsProtect(t *testing.T) {
 		{"codec in full mode", func(c *Config) { c.Diff.Codec = "raw" }, "", DiffOptions{}, "--diff-codec only applies with --protect-mode diff"},
 		{"diff without replicas", func(c *Config) { c.ProtectMode = ModeDiff }, "", DiffOptions{},
 			"--protect-mode diff sends each step to the replica holders: it needs --replicas 1 or more, not 0"},
-		{"diff with an erasure code", func(c *Config) { c.ProtectMode, c.ECK, c.ECM = ModeDiff, 2, 2 }, "", DiffOptions{},
-			"--protect-mode diff with --redundancy ec:2+2: not supported (the differentials since the last coded base would need 2 unfolded copies, more memory than replicas); for the same tolerance use --protect-mode diff --redundancy replicas:2, or --protect-mode full --redundancy ec:2+2"},
+		{"diff with an erasure code", func(c *Config) { c.ProtectMode, c.ECK, c.ECM = ModeDiff, 2, 2 }, ModeDiff, DiffOptions{Fold: 8, BaseEvery: 100, Codec: "raw"}, ""},
+		{"diff with an erasure code and its settings", func(c *Config) {
+			c.ProtectMode, c.ECK, c.ECM, c.Diff = ModeDiff, 8, 4, DiffOptions{Fold: 4, BaseEvery: 16, Codec: "topk:0.01"}
+		}, ModeDiff, DiffOptions{Fold: 4, BaseEvery: 16, Codec: "topk:0.01"}, ""},
+		{"diff with an erasure code and replicas", func(c *Config) { c.ProtectMode, c.ECK, c.ECM, c.Replicas = ModeDiff, 2, 2, 1 }, "", DiffOptions{},
+			"--redundancy ec:2+2 and --replicas 1: give one of them"},
+		{"diff with an erasure code of 16 parity hosts", func(c *Config) { c.ProtectMode, c.ECK, c.ECM = ModeDiff, 2, 16 }, ModeDiff, DiffOptions{Fold: 8, BaseEvery: 100, Codec: "raw"}, ""},
+		{"diff with an erasure code of 17 parity hosts", func(c *Config) { c.ProtectMode, c.ECK, c.ECM = ModeDiff, 2, 17 }, "", DiffOptions{},
+			"--redundancy ec:2+17 with --protect-mode diff: at most 16 parity hosts, not 17: each rank's differentials after its newest coded base are kept on M hosts besides its own, and a rank keeps at most 16 holders; use --protect-mode full, or M <= 16"},
+		{"diff with an erasure code, bad base-every", func(c *Config) { c.ProtectMode, c.ECK, c.ECM, c.Diff.BaseEvery = ModeDiff, 2, 2, -1 }, "", DiffOptions{},
+			"--base-every -1: want 1 to 2^31"},
 		{"negative fold", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.Fold = ModeDiff, 1, -1 }, "", DiffOptions{}, "--diff-fold -1: want 1 to 4096"},
 		{"fold too deep", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.Fold = ModeDiff, 1, 4097 }, "", DiffOptions{}, "--diff-fold 4097: want 1 to 4096"},
 		{"negative base-every", func(c *Config) { c.ProtectMode, c.Replicas, c.Diff.BaseEvery = ModeDiff, 1, -5 }, "", DiffOptions{}, "--base-every -5: want 1 to 2^31"},

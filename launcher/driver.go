@@ -224,7 +224,11 @@ func (j *job) publishEpoch(p *hotswap.RestorePlan) {
 	if a.EC != nil {
 		j.ecGroups = a.EC // the table below carries the epoch's groups
 	}
-	m := comm.Membership{Ranks: j.placement(), Gen: j.gen, G: a.G, Holders: holderRows(a.Holders), EC: j.ecTable()}
+	if a.Logs != nil {
+		j.logs = a.Logs // a spare in a lost host's log roles, or a vacant role
+	}
+	m := comm.Membership{Ranks: j.placement(), Gen: j.gen, G: a.G, Holders: holderRows(a.Holders), EC: j.ecTable(),
+		Logs: holderRows(j.logs), H: j.epochH(a.G)}
 	if p != nil && p.Epoch == a.Epoch {
 		m.Restore = restoreRows(p.Sources)
 	}
@@ -456,6 +460,14 @@ func (j *job) onProgress(u *wire.UpProgress) {
 	if u.Gen != j.gen {
 		return
 	}
+	// The new G first: handle has already published it (and H) to the
+	// agents, which act on it at once (in diff mode under EC they
+	// truncate logs through H and release older bases), so an epoch the
+	// machine publishes on any later event of this report must resume
+	// from it, not from the G before (whose H the hosts may have dropped).
+	if g := j.prog.G(); g > oldG {
+		j.step(hotswap.GPublished{G: g})
+	}
 	var prog []hotswap.Event
 	for i, r := range u.Ranks {
 		if r.Committed > before[i] {
@@ -465,21 +477,55 @@ func (j *job) onProgress(u *wire.UpProgress) {
 	if len(prog) > 0 {
 		j.steps(prog...)
 	}
-	for _, r := range u.Ranks {
-		// Only a report taken under the epoch's placement counts (see
-		// wire.UpProgress.Epoch): before it, Replicated is of the old
-		// holders.
-		if g, ok := j.under[r.Rank]; ok && r.Replicated >= g && u.Epoch >= j.epoch {
-			delete(j.under, r.Rank)
-			j.step(hotswap.Replicated{Owner: r.Rank})
-		}
-	}
-	if g := j.prog.G(); g > oldG {
-		j.step(hotswap.GPublished{G: g})
+	for _, o := range j.reprotected(u) {
+		delete(j.under, o)
+		j.step(hotswap.Replicated{Owner: o})
 	}
 	if j.rec != nil {
 		j.rec.progress(j, u)
 	}
+}
+
+// reprotected returns, after report u was taken in, the under-protected
+// owners whose copies are back for the epoch they wait on (j.under: the G
+// it resumed from), in rank order.
+//
+// Outside diff mode under EC, an owner of u's whose Replicated reached
+// that G in a report taken under the epoch's placement (see
+// wire.UpProgress.Epoch: before it, Replicated is of the old holders).
+//
+// In diff mode under EC, every owner at once, when H reached that G and
+// every rank coded its base there under the epoch's placement
+// (progress.codedIn): a replacement's roles hold each rank's state only
+// from that base on (its clear copy's store, parity rows and logs start
+// there), and a decode restores H, so a role is valid only once H is a
+// base it holds. One owner's base at G is not enough: until the last
+// rank codes it, H stays below G.
+func (j *job) reprotected(u *wire.UpProgress) []int {
+	if len(j.under) == 0 {
+		return nil
+	}
+	if j.diffEC() {
+		h, coded := j.prog.H(), j.prog.codedIn()
+		var back []int
+		for o, g := range j.under {
+			if h >= g && coded >= g {
+				back = append(back, o)
+			}
+		}
+		slices.Sort(back)
+		return back
+	}
+	if u.Epoch < j.epoch {
+		return nil
+	}
+	var back []int
+	for _, r := range u.Ranks {
+		if g, ok := j.under[r.Rank]; ok && r.Replicated >= g {
+			back = append(back, r.Rank)
+		}
+	}
+	return back
 }
 
 // onAgentExit acts on the end of an agent while the job runs. Before the

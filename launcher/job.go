@@ -83,7 +83,12 @@ type job struct {
 	// them (a replacement in the lost host's places) after. It is the one
 	// source of every epoch table's EC (ecTable).
 	ecGroups []topology.ECGroup
-	prog     *progress
+	// logs[r] are, in diff mode under EC, rank r's log-only holders
+	// (topology.ECLogHolders at the start, each epoch's as the machine
+	// publishes them after), nil otherwise: the one source of every
+	// epoch table's Logs.
+	logs [][]int
+	prog *progress
 
 	events     chan *wire.Event
 	progress   chan *wire.UpProgress
@@ -217,7 +222,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 func (j *job) machineConfig() hotswap.Config {
 	c := hotswap.Config{
 		World: j.world, Hosts: make([]topology.Host, len(j.hosts)), Assign: slices.Clone(j.rankHost),
-		TP: j.cfg.TP, PP: j.cfg.PP, Holders: j.holders, EC: j.ecGroups,
+		TP: j.cfg.TP, PP: j.cfg.PP, Holders: j.holders, EC: j.ecGroups, Diff: j.cfg.ProtectMode == ModeDiff, Logs: j.logs,
 		MaxRestarts: j.cfg.MaxRestarts, Recovery: j.cfg.Recovery, OnNoSpare: j.cfg.OnNoSpare,
 		Oversubscribe:    j.cfg.Oversubscribe,
 		SuspectTimeout:   j.cfg.SuspectTimeout,
@@ -289,6 +294,9 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	})
 	defer j.out.close()
 	j.reportSurvives()
+	if w := j.cfg.ECDiffWarning(); w != "" {
+		j.log.Warn(w) // on the terminal once, with -v or not, as the launcher's other warnings
+	}
 	j.fences = comm.NewFenceCollector(j.ctl.Conn, j.id, 0, len(j.hosts))
 	hostRanks := j.placement()
 	// The spares run no rank: they send no fence part.
@@ -300,6 +308,9 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 			j.log.Warn("cannot publish G", "err", err)
 		}
 	})
+	if j.diffEC() {
+		j.prog.trackH()
+	}
 	up, err := j.ctl.Subscribe(j.subj.Up, j.onUp)
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
@@ -316,6 +327,11 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		return 0, fmt.Errorf("launcher: %w", err)
 	}
 	defer j.rv.Close()
+	if j.diffEC() {
+		if err := j.rv.SetDiffEC(holderRows(j.logs)); err != nil {
+			return 0, fmt.Errorf("launcher: the first epoch table: %w", err)
+		}
+	}
 
 	sctx, stopStarting := context.WithCancel(ctx)
 	defer stopStarting()

@@ -36,14 +36,153 @@ type progress struct {
 	// folds are each host's figures as a replica holder (diff mode), by
 	// host; nil until one reports.
 	folds map[int]wire.HostFold
+	// Diff mode under erasure coding (trackH): h is the minimum of the
+	// ranks' RankProgress.Base (-1: none yet); hostBase and atH keep it
+	// as hostMin and atG keep g. H, published with G, is hp: h taken
+	// whenever it rises and is not above G, so that H is always a base
+	// step every rank coded (never a step in between, as capping h at G
+	// would give); hPrev is the H published before hp. A new epoch or a
+	// move of ranks takes every rank's Base down to H (rebaseH): a
+	// report of the old placement, or of a lost host, never raises H
+	// again. baseEpoch is, per rank, the epoch of the report its Base
+	// came from (codedIn).
+	diffEC    bool
+	h         int64
+	hp, hPrev int64
+	hostBase  []int64
+	atH       int
+	baseEpoch []uint64
+}
+
+// trackH makes p aggregate H too (diff mode under erasure coding), before
+// any report: GlobalStep carries it, and the table shows it.
+func (p *progress) trackH() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.diffEC, p.h, p.hp, p.hPrev = true, -1, -1, -1
+	p.baseEpoch = make([]uint64, len(p.ranks))
+	p.hostBase = make([]int64, len(p.hostRanks))
+	p.atH = 0
+	for h, rs := range p.hostRanks {
+		p.hostBase[h] = -1
+		if len(rs) == 0 {
+			p.hostBase[h] = wire.MaxStep
+			continue
+		}
+		p.atH++
+	}
+	for i := range p.ranks {
+		p.ranks[i].Base = -1
+	}
+}
+
+// global is the GlobalStep to publish now. p.mu is held.
+func (p *progress) global() *wire.GlobalStep {
+	g := &wire.GlobalStep{Gen: p.gen, G: p.g}
+	if p.diffEC {
+		g.H = p.hp
+	}
+	return g
+}
+
+// raiseH publishes h as H if it rose and is not above G, and reports
+// whether it did. A minimum of the bases above G (a report's Base is at
+// most its Replicated, but G is not recomputed at every report) keeps
+// the H before: H is always some step every rank coded a base of. p.mu
+// is held.
+func (p *progress) raiseH() bool {
+	if p.h <= p.hp || p.h > p.g {
+		return false
+	}
+	p.hPrev, p.hp = p.hp, p.h
+	return true
+}
+
+// H returns the newest step every rank has a coded base of (diff mode
+// under erasure coding; -1: none yet), or 0 in other modes.
+func (p *progress) H() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.diffEC {
+		return 0
+	}
+	return p.hp
+}
+
+// hAtMost returns H for an epoch resuming from g: the newest H published
+// that is not above g (the one before the last when the last is), or -1
+// (no coded base to decode at) when neither is; 0 outside diff mode under
+// erasure coding. The machine's G lags the G here by at most one report,
+// in which H rose at most once.
+func (p *progress) hAtMost(g int64) int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case !p.diffEC:
+		return 0
+	case p.hp <= g:
+		return p.hp
+	case p.hPrev <= g:
+		return p.hPrev
+	}
+	return -1
+}
+
+// codedIn returns, in diff mode under erasure coding, the minimum over
+// ranks of Base as reported under the newest epoch published (or a
+// later one), or -1 while some rank has not reported under it: every
+// rank coded its bases up to there under that epoch's placement. The
+// published H does not say so: it stays at the old placement's bases
+// until the new ones pass it. O(world).
+func (p *progress) codedIn() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.diffEC || len(p.ranks) == 0 {
+		return -1
+	}
+	m := int64(wire.MaxStep)
+	for i, r := range p.ranks {
+		if p.baseEpoch[i] < p.epoch {
+			return -1
+		}
+		m = min(m, r.Base)
+	}
+	return m
 }
 
 // setEpoch records that epoch was published (its placement may change
-// replica holders).
+// replica holders); in diff mode under erasure coding a later epoch
+// rebases H (rebaseH).
 func (p *progress) setEpoch(epoch uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if epoch > p.epoch && p.diffEC {
+		p.rebaseH()
+	}
 	p.epoch = max(p.epoch, epoch)
+}
+
+// rebaseH takes every rank's Base down to the published H, as a new
+// placement starts a new base schedule: a Base above H may be of the old
+// schedule (a step some rank never coded under the new one) or of a lost
+// host (a moved rank's last report), and must not raise H once the others
+// pass it. H stays: its bases are still held while the ranks code the
+// new schedule's first. p.mu is held; hostBase and atH are taken again.
+func (p *progress) rebaseH() {
+	for i := range p.ranks {
+		p.ranks[i].Base = min(p.ranks[i].Base, p.hp)
+	}
+	p.h, p.atH = p.hp, 0
+	for h, rs := range p.hostRanks {
+		b := int64(wire.MaxStep) // a host without ranks holds H back no more
+		for _, r := range rs {
+			b = min(b, p.ranks[r].Base)
+		}
+		p.hostBase[h] = b
+		if b <= p.h {
+			p.atH++
+		}
+	}
 }
 
 func newProgress(hostRanks [][]int, rankHost []int, publish func(*wire.GlobalStep)) *progress {
@@ -87,40 +226,62 @@ func (p *progress) handle(u *wire.UpProgress) error {
 	}
 	for _, r := range u.Ranks {
 		if u.Epoch < p.epoch {
-			// Taken under an older placement: its Replicated may count
-			// holders the rank no longer has, so it raises nothing.
+			// Taken under an older placement: its Replicated (and Base)
+			// may count holders the rank no longer has, so it raises
+			// nothing.
 			r.Replicated = min(r.Replicated, p.ranks[r.Rank].Replicated)
+			r.Base = min(r.Base, p.ranks[r.Rank].Base)
+		} else if p.diffEC {
+			p.baseEpoch[r.Rank] = u.Epoch
 		}
 		p.ranks[r.Rank] = r
 	}
-	m := int64(wire.MaxStep)
-	for _, r := range p.hostRanks[u.Host] {
-		m = min(m, p.ranks[r].Replicated)
-	}
-	old := p.hostMin[u.Host]
-	p.hostMin[u.Host] = m
-	switch {
-	case old <= p.g && m > p.g:
-		p.atG--
-	case old > p.g && m <= p.g:
-		p.atG++
-	}
-	if p.atG > 0 || len(p.hostMin) == 0 {
-		return nil
-	}
-	// The last host at G moved past it.
-	g := slices.Min(p.hostMin)
-	p.atG = 0
-	for _, hm := range p.hostMin {
-		if hm <= g {
-			p.atG++
+	advanced := p.advance(u.Host, p.hostMin, &p.atG, &p.g, func(r wire.RankProgress) int64 { return r.Replicated })
+	if p.diffEC {
+		p.advance(u.Host, p.hostBase, &p.atH, &p.h, func(r wire.RankProgress) int64 { return r.Base })
+		if p.raiseH() {
+			advanced = true
 		}
 	}
-	if g > p.g {
-		p.g = g
-		p.publish(&wire.GlobalStep{Gen: p.gen, G: g})
+	if advanced {
+		p.publish(p.global())
 	}
 	return nil
+}
+
+// advance takes host's new minimum of step(rank) over its ranks into
+// hostMin, and raises the global minimum *at (counted by *n hosts at or
+// below it) once the last host at it moved past it. It reports whether
+// *at rose. p.mu is held.
+func (p *progress) advance(host int, hostMin []int64, n *int, at *int64, step func(wire.RankProgress) int64) bool {
+	m := int64(wire.MaxStep)
+	for _, r := range p.hostRanks[host] {
+		m = min(m, step(p.ranks[r]))
+	}
+	old := hostMin[host]
+	hostMin[host] = m
+	switch {
+	case old <= *at && m > *at:
+		*n--
+	case old > *at && m <= *at:
+		*n++
+	}
+	if *n > 0 || len(hostMin) == 0 {
+		return false
+	}
+	// The last host at the minimum moved past it.
+	g := slices.Min(hostMin)
+	*n = 0
+	for _, hm := range hostMin {
+		if hm <= g {
+			*n++
+		}
+	}
+	if g > *at {
+		*at = g
+		return true
+	}
+	return false
 }
 
 // republish publishes G again, for an agent that missed it (NATS does not
@@ -129,7 +290,7 @@ func (p *progress) republish() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.g >= 0 {
-		p.publish(&wire.GlobalStep{Gen: p.gen, G: p.g})
+		p.publish(p.global())
 	}
 }
 
@@ -151,12 +312,19 @@ func (p *progress) restart(gen uint64) int64 {
 			p.atG++ // every host with ranks is at g or below now
 		}
 	}
+	if p.diffEC {
+		// H stays too: the bases at H are still held while the ranks
+		// code the new epoch's.
+		p.rebaseH()
+	}
 	return p.g
 }
 
 // move moves ranks from host from to host to (a splice): the reports
 // of to cover them from now on, those of from are refused. G stays; the
-// two hosts' minimums are taken again.
+// two hosts' minimums are taken again; in diff mode under erasure coding
+// H stays and every rank's Base is taken down to it (rebaseH: the moved
+// ranks' last reports came from the lost host).
 func (p *progress) move(ranks []int, from, to int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -175,6 +343,9 @@ func (p *progress) move(ranks []int, from, to int) {
 		if m <= p.g {
 			p.atG++
 		}
+	}
+	if p.diffEC {
+		p.rebaseH()
 	}
 }
 
@@ -212,19 +383,31 @@ func (p *progress) table(mode ProtectMode, diff DiffOptions) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "state protection: G = %d (the step every rank can resume from), mode %s", p.g, modeOrFull(mode))
+	fmt.Fprintf(&b, "state protection: G = %d (the step every rank can resume from)", p.g)
+	if p.diffEC {
+		fmt.Fprintf(&b, ", H = %d (the newest coded base every rank has: a decode restores it and replays to G)", p.hp)
+	}
+	fmt.Fprintf(&b, ", mode %s", modeOrFull(mode))
 	if mode == ModeDiff {
 		fmt.Fprintf(&b, " (fold %d, base every %d steps, codec %s)", diff.Fold, diff.BaseEvery, diff.Codec)
 	}
 	b.WriteByte('\n')
-	fmt.Fprintf(&b, "  %6s %10s %10s %8s %12s %12s %10s\n", "rank", "committed", "replicated", "stages", "rule wait", "repl/step", "repl MB/s")
+	fmt.Fprintf(&b, "  %6s %10s %10s %8s %12s %12s %10s", "rank", "committed", "replicated", "stages", "rule wait", "repl/step", "repl MB/s")
+	if p.diffEC {
+		fmt.Fprintf(&b, " %10s", "coded base")
+	}
+	b.WriteByte('\n')
 	for _, r := range p.ranks {
 		per, rate := "-", "-"
 		if r.ReplSteps > 0 && r.ReplNS > 0 {
 			per = (time.Duration(r.ReplNS) / time.Duration(r.ReplSteps)).Round(time.Microsecond).String()
 			rate = fmt.Sprintf("%.0f", float64(r.ReplBytes)/1e6/(float64(r.ReplNS)/1e9))
 		}
-		fmt.Fprintf(&b, "  %6d %10d %10d %8d %12v %12s %10s\n", r.Rank, r.Committed, r.Replicated, r.Stages, time.Duration(r.WaitNS).Round(time.Microsecond), per, rate)
+		fmt.Fprintf(&b, "  %6d %10d %10d %8d %12v %12s %10s", r.Rank, r.Committed, r.Replicated, r.Stages, time.Duration(r.WaitNS).Round(time.Microsecond), per, rate)
+		if p.diffEC {
+			fmt.Fprintf(&b, " %10d", r.Base)
+		}
+		b.WriteByte('\n')
 	}
 	if mode == ModeDiff {
 		rows := make([]diffFigures, len(p.ranks))

@@ -121,6 +121,59 @@ func TestPlaceEC(t *testing.T) {
 	}
 }
 
+// TestPlaceECDiff: in diff mode under EC placeRedundancy also plans every
+// rank's log-only holders (topology.ECLogHolders) into j.logs, the
+// machine gets them with Diff, and epochs carry H (never above G); in
+// full mode there are none.
+func TestPlaceECDiff(t *testing.T) {
+	for _, mode := range []ProtectMode{ModeDiff, ModeFull} {
+		t.Run(string(mode), func(t *testing.T) {
+			j := &job{cfg: Config{ECK: 2, ECM: 2, ProtectMode: mode, NP: 8}, world: 8, log: slog.New(slog.NewTextHandler(t.Output(), nil))}
+			ranks := [][]int{{0, 1}, {2, 3}, {4, 5}, {6, 7}, nil}
+			hosts := append(hosts4("", "", "", ""), topology.Host{Name: "s", Slots: 2, Spare: true})
+			for i, h := range hosts {
+				h.Slots = 2
+				j.hosts = append(j.hosts, &agentHost{index: i, name: h.Name, topo: h, spare: h.Spare, ranks: ranks[i]})
+			}
+			j.rankHost = []int{0, 0, 1, 1, 2, 2, 3, 3}
+			if err := j.placeRedundancy(nil); err != nil {
+				t.Fatal(err)
+			}
+			if mode == ModeFull {
+				if j.logs != nil || j.diffEC() || j.epochH(5) != 0 {
+					t.Fatalf("full mode: logs %v, diffEC %v, H %d", j.logs, j.diffEC(), j.epochH(5))
+				}
+				return
+			}
+			want := topology.ECLogHolders(j.ecGroups, j.rankHost, j.placement())
+			if !reflect.DeepEqual(j.logs, want) || len(holderRows(j.logs)) != 8 {
+				t.Fatalf("logs %v, want %v", j.logs, want)
+			}
+			c := j.machineConfig()
+			if !c.Diff || !reflect.DeepEqual(c.Logs, want) {
+				t.Fatalf("machine config Diff %v, Logs %v", c.Diff, c.Logs)
+			}
+			if _, err := hotswap.New(c); err != nil {
+				t.Fatalf("hotswap.New: %v", err)
+			}
+			j.prog = newProgress(j.placement(), j.rankHost, func(*wire.GlobalStep) {})
+			j.prog.trackH()
+			if h := j.epochH(-1); h != -1 {
+				t.Fatalf("H = %d before any base, want -1", h)
+			}
+			for h := range 4 {
+				j.prog.handle(&wire.UpProgress{Host: h, Ranks: []wire.RankProgress{{Rank: 2 * h, Committed: 9, Replicated: 9, Base: 8}, {Rank: 2*h + 1, Committed: 9, Replicated: 9, Base: 8}}})
+			}
+			if h := j.epochH(9); h != 8 {
+				t.Fatalf("H = %d, want 8", h)
+			}
+			if h := j.epochH(5); h != -1 {
+				t.Fatalf("H = %d for an epoch resuming from 5, want -1: never above G, and 5 is no base (the H before 8 was -1)", h)
+			}
+		})
+	}
+}
+
 // hosts4 returns hosts a, b, c, d of one slot in the racks given.
 func hosts4(racks ...string) []topology.Host {
 	var hs []topology.Host

@@ -47,8 +47,11 @@ func (j *job) placeRedundancy(assign []topology.Assignment) error {
 // placeEC plans the erasure-coding groups of --redundancy ec:K+M over the
 // hosts that run ranks (topology.PlanEC, with job host indices; across
 // racks when the hostfile names any) into j.ecGroups, and their clear
-// copies into j.holders (clearCopyHolders). A plan that cannot be made is
-// a ConfigError that says why: it was asked for explicitly.
+// copies into j.holders (clearCopyHolders); in diff mode also every
+// rank's log-only holders into j.logs (topology.ECLogHolders), which a hot
+// swap keeps with the places (the machine's splice), never re-plans. A
+// plan that cannot be made is a ConfigError that says why: it was asked
+// for explicitly.
 func (j *job) placeEC() error {
 	hosts := make([]topology.Host, len(j.hosts))
 	spread := false
@@ -68,7 +71,28 @@ func (j *job) placeEC() error {
 	}
 	j.ecGroups = groups
 	j.holders = clearCopyHolders(groups, j.rankHost, j.placement())
+	if j.diffEC() {
+		j.logs = topology.ECLogHolders(groups, j.rankHost, j.placement())
+	}
 	return nil
+}
+
+// diffEC reports whether the job runs --protect-mode diff under an
+// erasure code: only base steps are coded, H is tracked beside G, and
+// every table carries the log-only holders and H.
+func (j *job) diffEC() bool {
+	return j.cfg.ECK > 0 && j.cfg.ProtectMode == ModeDiff
+}
+
+// epochH is H for an epoch table resuming from g in diff mode under EC:
+// the newest coded base every rank has that is not above g (-1: none);
+// 0 in other modes. It is always a base step every rank coded, never g
+// itself when H is above it (progress.hAtMost).
+func (j *job) epochH(g int64) int64 {
+	if !j.diffEC() {
+		return 0
+	}
+	return j.prog.hAtMost(max(g, -1))
 }
 
 // clearCopyHolders returns the holders of the clear copies of an

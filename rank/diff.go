@@ -216,6 +216,13 @@ type refresh struct {
 	// references: the replicator's (r.ref), and each send in flight (as
 	// ownerDiff.rec). At the last release the next refresh may take it.
 	rb refBuf
+	// Diff mode under EC (ecdiff_owner.go): the restart generation and
+	// label (the slot's epoch) of the base's shares; whether every parity
+	// row has its share (rows), the data host its bytes (data), and
+	// whether the base counts as coded (Base_r) already. r.mu guards the
+	// flags.
+	gen, epoch        uint64
+	rows, data, coded bool
 }
 
 // refProg is one holder's progress through the current refresh: only the
@@ -224,16 +231,30 @@ type refProg struct {
 	off     int64 // bytes of buf sent
 	done    bool  // committed, or given up (the next refresh will do)
 	retries int
+	// in: the holder committed the refresh, or got a base at its step
+	// (diff mode under EC: the data host holds the base). hSent: baseH
+	// went before the first chunk.
+	in, hSent bool
+	// asBase: send the refresh whole as a base (kind 5) from the
+	// snapshot, not in chunks (diff mode under EC, once chunks cannot
+	// do: the holder has no base, a newer one, or refused the commit
+	// twice as damaged).
+	asBase bool
 }
 
 // diffAct is what one holder gets in a round.
 type diffAct struct {
-	k    holderKey
-	has  bool       // ask whether it holds base first
-	base int64      // ≥ 0: send it a base at this step
-	d    *ownerDiff // else: this differential
-	ref  *refresh   // then chunks of this refresh (prog)
-	prog *refProg
+	k holderKey
+	// logAt ≥ -1 with logBegin: anchor log-only holder k's log there;
+	// lost: because it lacks steps older than the queue (a failure: the
+	// round backs off).
+	logBegin, lost bool
+	logAt          int64
+	has            bool       // ask whether it holds base first
+	base           int64      // ≥ 0: send it a base at this step
+	d              *ownerDiff // else: this differential
+	ref            *refresh   // then chunks of this refresh (prog)
+	prog           *refProg
 }
 
 // diffRes is the outcome of one holder's round.
@@ -241,12 +262,15 @@ type diffRes struct {
 	acked   int64 // the step acknowledged, or -1
 	next    int64 // the step it takes next, when setNext
 	setNext bool
-	forget  bool  // it needs to be asked (has) or sent a base
-	damaged bool  // it refused a differential as damaged
-	base    int64 // the step of a base it got, or -1
-	err     error
-	baseB   int64 // bytes of bases and chunks sent
-	diffB   int64 // bytes of differentials sent
+	forget  bool // it needs to be asked (has) or sent a base
+	// reanchored: a log-only holder's log holds nothing up to the step
+	// it was anchored at; none of its acknowledgements before count.
+	reanchored bool
+	damaged    bool  // it refused a differential as damaged
+	base       int64 // the step of a base it got, or -1
+	err        error
+	baseB      int64 // bytes of bases and chunks sent
+	diffB      int64 // bytes of differentials sent
 }
 
 type diffPlan struct {
@@ -285,6 +309,7 @@ func (r *replicator) committed(gen uint64, od *ownerDiff, step int64) {
 	if od != nil {
 		r.pushDiffLocked(od)
 	}
+	r.firstCommitLocked(gen, step) // diff mode under EC: the schedule's anchor
 	if r.stopped || r.failed {
 		return
 	}
@@ -337,7 +362,7 @@ func (r *replicator) diffAt(step int64) *ownerDiff {
 
 // trimLocked drops the differentials every current holder acknowledged.
 func (r *replicator) trimLocked() {
-	ts := r.s.h.place().targets(r.s.rank)
+	ts := r.s.h.place().diffTargets(r.s.rank)
 	m := int64(MaxStep)
 	for _, k := range ts {
 		a, ok := r.acked[k]
@@ -366,13 +391,25 @@ func (r *replicator) truncateDiffs(g int64) {
 		r.dropDiffsLocked(k, len(r.dq))
 	}
 	if r.ref != nil && r.ref.step > g {
-		r.ref.rb.release()
-		r.ref = nil
+		r.dropRefLocked()
 	}
 	if r.refStep > g {
 		r.refStep = max(g, noStep)
 	}
 	clear(r.refProg)
+	// Diff mode under EC: the bases after g are of an abandoned
+	// trajectory; the schedule goes on from the next base after what is
+	// left.
+	r.dropRetainedAfterLocked(g)
+	if b := &r.ecb; b.set {
+		b.next = b.anchor
+		if n := b.base(); n >= b.anchor {
+			b.next = n + r.every()
+		}
+		if r.ref != nil {
+			b.next = max(b.next, r.ref.step+r.every())
+		}
+	}
 }
 
 // planDiffLocked returns the next round: for every holder with something
@@ -380,7 +417,9 @@ func (r *replicator) truncateDiffs(g int64) {
 // refresh it sends (diffPlan.release gives them back). r.mu is held.
 func (r *replicator) planDiffLocked() diffPlan {
 	s := r.s
-	ts := s.h.place().targets(s.rank)
+	pl := s.h.place()
+	ecDiff := pl.ecDiff()
+	ts := pl.diffTargets(s.rank)
 	g := s.h.G()
 	s.mu.Lock()
 	steps := s.slotStep
@@ -404,6 +443,12 @@ func (r *replicator) planDiffLocked() diffPlan {
 		}
 		act := diffAct{k: k, base: noStep}
 		n, known := r.dnext[k]
+		if k.log {
+			if r.planLogLocked(&act, a, n, known) {
+				p.acts = append(p.acts, act)
+			}
+			continue
+		}
 		switch {
 		case !known:
 			if act.base = next(a); act.base < 0 {
@@ -430,12 +475,19 @@ func (r *replicator) planDiffLocked() diffPlan {
 				}
 			}
 		default:
+			if ecDiff && r.ref != nil && r.gateOpen(r.ref) {
+				// Nothing to send but the base: it goes whole (the
+				// rank may be waiting for it at the overwrite rule).
+				if pr := r.refProg[k]; pr == nil || !pr.done {
+					break
+				}
+			}
 			continue
 		}
 		if act.d != nil {
 			act.d.rec.retain()
 		}
-		if act.d != nil && r.ref != nil {
+		if (act.d != nil || act.base < 0) && r.ref != nil && (!ecDiff || r.gateOpen(r.ref)) {
 			pr := r.refProg[k]
 			if pr == nil {
 				pr = &refProg{}
@@ -455,6 +507,9 @@ func (r *replicator) planDiffLocked() diffPlan {
 func (r *replicator) applyLocked(p diffPlan, res []diffRes) {
 	for i, a := range p.acts {
 		x, k := res[i], a.k
+		if x.reanchored {
+			delete(r.acked, k) // it holds none of the steps it acknowledged
+		}
 		if x.acked >= 0 {
 			if v, ok := r.acked[k]; !ok || x.acked > v {
 				r.acked[k] = x.acked
@@ -477,25 +532,46 @@ func (r *replicator) applyLocked(p diffPlan, res []diffRes) {
 			delete(r.dfails, k)
 		}
 		if x.base >= 0 && r.ref != nil && x.base >= r.ref.step {
-			if pr := r.refProg[k]; pr != nil {
-				pr.done = true
-			} else {
-				r.refProg[k] = &refProg{done: true}
+			pr := r.refProg[k]
+			if pr == nil {
+				pr = &refProg{}
+				r.refProg[k] = pr
 			}
+			if x.base == r.ref.step {
+				pr.done, pr.in = true, true
+			} else if !r.s.h.place().ecDiff() {
+				pr.done = true // a newer base will do
+			}
+			// Diff mode under EC: a newer base does not hold the
+			// scheduled base; the refresh still goes (its chunks are
+			// refused as stale, and it goes whole: sendChunks).
 		}
 	}
 }
 
 // releaseRefLocked lets go of the refresh being sent (its snapshot
 // buffer, the size of the replicated regions) once every current holder
-// has it: committed, given up, or a base at its step or later. r.mu is
-// held.
+// has it: committed, given up, or a base at its step or later; in diff
+// mode under EC once it is coded (committed or a base at exactly its
+// step, and every parity row's share). r.mu is held.
 func (r *replicator) releaseRefLocked() {
 	if r.ref == nil {
 		return
 	}
-	for _, k := range r.s.h.place().targets(r.s.rank) {
+	p := r.s.h.place()
+	for _, k := range p.targets(r.s.rank) {
 		if pr := r.refProg[k]; pr == nil || !pr.done {
+			return
+		}
+	}
+	if p.ecDiff() {
+		// Diff mode under EC: also once every parity row has its share
+		// (a retained snapshot keeps its own reference).
+		// A base is never let go before it is coded: the next one's
+		// gate waits for H to reach it (a holder that cannot take its
+		// chunks gets it whole, sendChunks).
+		r.ecDataLocked(p)
+		if !r.ref.rows || !r.ref.coded {
 			return
 		}
 	}
@@ -513,10 +589,26 @@ func (r *replicator) loopDiff(ctx context.Context, cancel func(), done chan stru
 	s := r.s
 	var rt roundRetry
 	for {
+		ecDiff := s.h.place().ecDiff()
+		if ecDiff {
+			// A base whose shares went in the background since the last
+			// round may be coded, and done with.
+			r.mu.Lock()
+			r.ecDataLocked(s.h.place())
+			r.releaseRefLocked()
+			r.mu.Unlock()
+		}
 		if ctx.Err() == nil {
-			r.snapshotDue()
+			if ecDiff {
+				r.snapshotDueEC()
+			} else {
+				r.snapshotDue()
+			}
 		}
 		r.mu.Lock()
+		if ecDiff {
+			r.startSharesLocked()
+		}
 		var p diffPlan
 		if ctx.Err() == nil && !r.failed {
 			p = r.planDiffLocked()
@@ -533,6 +625,9 @@ func (r *replicator) loopDiff(ctx context.Context, cancel func(), done chan stru
 		r.mu.Lock()
 		if r.ver == p.ver {
 			r.applyLocked(p, res)
+		}
+		if ecDiff {
+			r.ecDataLocked(s.h.place())
 		}
 		r.trimLocked()
 		r.releaseRefLocked()
@@ -586,6 +681,9 @@ func (r *replicator) sendTo(ctx context.Context, gen uint64, a diffAct) diffRes 
 			s.h.linkFailed(a.k.host, le)
 		}
 	}
+	if a.logBegin {
+		return r.logBeginTo(ctx, hdr, a, linkFailed)
+	}
 	if a.base >= 0 {
 		if a.has {
 			if t := r.slotTable(a.base); t != nil {
@@ -607,11 +705,24 @@ func (r *replicator) sendTo(ctx context.Context, gen uint64, a diffAct) diffRes 
 		return res
 	}
 	od := a.d
+	if od == nil {
+		// Only the base (diff mode under EC): whole.
+		if a.ref != nil {
+			r.sendChunks(ctx, hdr, a.k, a.ref, a.prog, true, &res)
+			linkFailed(res.err)
+		}
+		return res
+	}
 	hdr.kind, hdr.step = kindDiff, od.step
 	var err error
-	if testHookDropDiff != nil && testHookDropDiff(s.rank, a.k.rank, od.step) {
+	switch {
+	case testHookDropDiff != nil && testHookDropDiff(s.rank, a.k.rank, od.step):
 		err = errDiffPending // lost: the owner believes it went
-	} else {
+	case a.k.log:
+		// A log-only holder: always with the record.
+		err = s.h.links.call(ctx, a.k.host, hdr, od.frame(hdr))
+		res.diffB += od.bytes
+	default:
 		var n int64
 		n, err = r.sendDiff(ctx, a.k, hdr, od) // localpeer.go: by reference where it can
 		res.diffB += n
@@ -651,7 +762,8 @@ func (r *replicator) sendTo(ctx context.Context, gen uint64, a diffAct) diffRes 
 		return res
 	}
 	if a.ref != nil {
-		res.baseB += r.sendChunks(ctx, hdr, a.k, a.ref, a.prog)
+		r.sendChunks(ctx, hdr, a.k, a.ref, a.prog, false, &res)
+		linkFailed(res.err)
 	}
 	return res
 }
@@ -719,24 +831,69 @@ func (r *replicator) sendBase(ctx context.Context, hdr linkHdr, host int, step i
 }
 
 // sendChunks sends holder k the next chunks of refresh ref, up to its
-// per-step budget, and its commit once every byte went. It returns the
-// bytes sent. Failures leave prog where it was (retried after the next
-// differential); a holder that cannot take the refresh (it got a newer
-// base, or has none) or refuses its commit twice gets no more of it.
-func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, ref *refresh, prog *refProg) int64 {
+// per-step budget, and its commit once every byte went, into res: the
+// bytes sent (baseB) and the failure (err), which the round backs off
+// after (a link's failure is the caller's to report). whole sends every
+// chunk left, not the per-step budget. Failures leave prog where it was:
+// the refresh goes on in a later round.
+//
+// A holder that cannot take the refresh in chunks (it has no base, or a
+// newer one) or refuses its commit twice as damaged gets no more of it
+// in plain diff mode (prog.done: the next refresh will do). In diff mode
+// under EC the refresh is the scheduled base b_k, which the clear copy's
+// holder must hold (Base_r and every later base's gate wait for it), so
+// it is never given up: it goes whole as a base of exactly its step,
+// from the snapshot (sendRefBase), and again after a backoff until the
+// holder takes it. baseH (the H known here) goes before the first chunk.
+func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, ref *refresh, prog *refProg, whole bool, res *diffRes) {
 	s := r.s
 	hdr.step = ref.step
 	total := int64(len(ref.buf))
-	var sent int64
+	ecDiff := s.h.place().ecDiff()
+	if ecDiff && !prog.hSent {
+		if hb := s.h.H(); hb >= 0 {
+			bh := hdr
+			bh.kind, bh.step = kindBaseH, hb
+			if err := s.h.links.call(ctx, k.host, bh, net.Buffers{frameHead(bh, nil, 0, nil)}); err != nil {
+				res.err = errors.Join(res.err, fmt.Errorf("baseH %d to rank %d before the base of step %d: %w", hb, k.rank, ref.step, err))
+				return
+			}
+		}
+		prog.hSent = true
+	}
+	if prog.asBase {
+		n, err := r.sendRefBase(ctx, hdr, k.host, ref)
+		res.baseB += n
+		if err != nil {
+			res.err = errors.Join(res.err, fmt.Errorf("base of step %d to rank %d from the snapshot: %w", ref.step, k.rank, err))
+			return
+		}
+		prog.done, prog.in = true, true
+		res.acked = max(res.acked, ref.step)
+		res.next, res.setNext, res.base = ref.step+1, true, ref.step
+		return
+	}
+	// giveUp handles a holder that cannot take the refresh in chunks.
 	giveUp := func(err error) bool {
 		var re *remoteError
-		if errors.As(err, &re) && (re.why == failStale || re.why == failGap) {
-			prog.done = true
-			return true
+		if !errors.As(err, &re) || re.why != failStale && re.why != failGap {
+			return false
 		}
-		return false
+		if ecDiff {
+			prog.asBase, prog.off = true, 0
+			res.err = errors.Join(res.err, fmt.Errorf("base refresh of step %d to rank %d: %w; it goes whole", ref.step, k.rank, err))
+		} else {
+			prog.done = true
+		}
+		return true
 	}
-	for sent < ref.budget && prog.off < total {
+	budget := ref.budget
+	if whole {
+		budget = total
+	}
+	var sent int64
+	defer func() { res.baseB += sent }()
+	for sent < budget && prog.off < total {
 		i := 0
 		for i+1 < len(ref.offs) && ref.offs[i+1] <= prog.off {
 			i++
@@ -745,7 +902,7 @@ func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, r
 		if i+1 < len(ref.offs) {
 			end = ref.offs[i+1]
 		}
-		n := min(end-prog.off, maxBaseChunk, ref.budget-sent)
+		n := min(end-prog.off, maxBaseChunk, budget-sent)
 		e := ref.table[i]
 		hdr.kind = kindBaseChunk
 		b := frameHead(hdr, []tableEntry{{name: e.name, size: e.size}}, uint64(8+n), nil)
@@ -753,30 +910,63 @@ func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, r
 		err := s.h.links.call(ctx, k.host, hdr, net.Buffers{b, ref.buf[prog.off : prog.off+n]})
 		if err != nil {
 			if !giveUp(err) {
-				s.h.log.Debug("base refresh chunk failed; retried after the next differential", "rank", s.rank, "holder", k.rank, "step", ref.step, "err", err)
+				res.err = errors.Join(res.err, fmt.Errorf("base refresh chunk of step %d to rank %d: %w", ref.step, k.rank, err))
 			}
-			return sent
+			return
 		}
 		prog.off += n
 		sent += n
 	}
 	if prog.off < total {
-		return sent
+		return
 	}
 	hdr.kind = kindBaseCommit
 	err := s.h.links.call(ctx, k.host, hdr, net.Buffers{frameHead(hdr, ref.table, 0, nil)})
 	switch {
 	case err == nil:
-		prog.done = true
+		prog.done, prog.in = true, true
 	case giveUp(err):
 	case errors.Is(err, errPutDamaged):
-		// A chunk was damaged on the way: send the refresh again, once.
+		// A chunk was damaged on the way: send the refresh again, once;
+		// then (diff mode under EC) whole, or not at all.
 		if prog.retries++; prog.retries > 1 {
-			prog.done = true
+			if ecDiff {
+				prog.asBase = true
+			} else {
+				prog.done = true
+			}
 		}
 		prog.off = 0
+		res.err = errors.Join(res.err, fmt.Errorf("base refresh of step %d to rank %d: %w", ref.step, k.rank, err))
+	default:
+		res.err = errors.Join(res.err, fmt.Errorf("base refresh commit of step %d to rank %d: %w", ref.step, k.rank, err))
 	}
-	return sent
+}
+
+// sendRefBase sends holder host refresh ref whole as a base (kind 5) of
+// exactly its step, from the snapshot (checked against the commit's
+// CRC32Cs when it was taken), and returns the bytes sent.
+func (r *replicator) sendRefBase(ctx context.Context, hdr linkHdr, host int, ref *refresh) (int64, error) {
+	s := r.s
+	s.mu.Lock()
+	if s.opt == nil {
+		s.mu.Unlock()
+		return 0, fmt.Errorf("rank %d has no optimizer layout yet", s.rank)
+	}
+	o := *s.opt
+	s.mu.Unlock()
+	opt := slices.IndexFunc(ref.table, func(e tableEntry) bool { return e.name == o.Region })
+	hdr.kind, hdr.step = kindBase, ref.step
+	total := tableBytes(ref.table)
+	b := frameHead(hdr, ref.table, optDescSize+total, nil)
+	b = appendOptDesc(b, opt, &o)
+	bufs := net.Buffers{b}
+	for _, d := range ref.views() {
+		if len(d) > 0 {
+			bufs = append(bufs, d)
+		}
+	}
+	return int64(total), s.h.links.call(ctx, host, hdr, bufs)
 }
 
 // snapshotDue starts a base refresh when BaseEvery steps passed since the
@@ -809,33 +999,11 @@ func (r *replicator) snapshotDue() {
 	if c < 0 || rs == noStep || rs > c || c-rs < every || len(s.h.place().targets(s.rank)) == 0 {
 		return
 	}
-	ref := &refresh{step: c}
-	err := s.readSlot(c, names, func(t []tableEntry, data [][]byte) error {
-		n := int(tableBytes(t))
-		if buf := r.refPool.get(n); buf != nil {
-			ref.buf = buf[:n] // every byte is copied over below
-		} else {
-			ref.buf = make([]byte, n)
-		}
-		ref.rb.own(&r.refPool, ref.buf)
-		off := 0
-		for i, d := range data {
-			ref.offs = append(ref.offs, int64(off))
-			// The copy is checked, not the slot: one read of the slot.
-			if got := crc32c.CopyUpdate(0, ref.buf[off:], d); got != t[i].sum {
-				return fmt.Errorf("region %s of step %d changed while it was copied", t[i].name, c)
-			}
-			off += len(d)
-		}
-		ref.table = t
-		return nil
-	})
+	// The copy is checked, not the slot: one read of the slot. On an
+	// error the snapshot's buffer is its own (the refresh in progress, if
+	// any, keeps sending from its buffer): only this refresh waits.
+	ref, err := r.snapshot(c, names)
 	if err != nil {
-		// The snapshot's buffer is its own (the refresh in progress, if
-		// any, keeps sending from its buffer): only this refresh waits.
-		if ref.buf != nil {
-			ref.rb.release()
-		}
 		s.h.log.Debug("base refresh postponed", "rank", s.rank, "step", c, "err", err)
 		return
 	}
@@ -968,6 +1136,9 @@ func (o *ownerReplica) diffMem() uint64 {
 			n += st.BaseBytes + st.RefreshBytes + st.LogBytes + st.RefreshLogBytes + st.SpareBytes
 		}
 	}
+	if o.log != nil {
+		n += o.log.Bytes()
+	}
 	return uint64(n) + o.recs.size() + uint64(cap(o.chunk))
 }
 
@@ -981,7 +1152,7 @@ func (o *ownerReplica) chunkBuf(n int64) []byte {
 }
 
 // account brings the bytes reserved for o up to date, and forgets the
-// CRC32Cs of steps no store holds. o.mu is held.
+// CRC32Cs of steps no store or log holds. o.mu is held.
 func (st *replicaStore) account(o *ownerReplica) {
 	if o.dropped {
 		return // dropDiff gave its reservation back; a fold that ends later changes nothing
@@ -1001,6 +1172,12 @@ func (st *replicaStore) account(o *ownerReplica) {
 			continue
 		}
 		if first, _, ok := ds.Range(); ok {
+			low = min(low, first)
+		}
+	}
+	if o.log != nil {
+		// A log-only holder's steps: getLog answers each with its table.
+		if first, _, ok := o.log.Range(); ok {
 			low = min(low, first)
 		}
 	}
@@ -1047,7 +1224,7 @@ func (st *replicaStore) dropDiff(o *ownerReplica) {
 	if o.bw != nil {
 		o.bw.Abort()
 	}
-	o.cur, o.prev, o.bw = nil, nil, nil
+	o.cur, o.prev, o.bw, o.log = nil, nil, nil, nil
 	o.recs.clear()
 	st.h.forgetDrift(o.rank)
 	o.chunk = nil
@@ -1092,6 +1269,9 @@ func drain(r io.Reader, n uint64) error {
 // the current one (the one it replaces is kept as prev while it may be
 // the only one holding G).
 func (st *replicaStore) base(c net.Conn, h linkHdr, t []tableEntry) error {
+	if st.logHolder(h) {
+		return st.logBegin(c, h, t)
+	}
 	total := tableBytes(t)
 	if h.length != optDescSize+total || h.step < 0 {
 		return fmt.Errorf("base of %d bytes for regions of %d, step %d", h.length, total, h.step)
@@ -1167,7 +1347,7 @@ func (st *replicaStore) base(c net.Conn, h linkHdr, t []tableEntry) error {
 		}
 		return writeFail(c, h, why, fmt.Sprintf("rank %d step %d: %v", h.owner, h.step, err))
 	}
-	g := st.h.G()
+	g := st.h.pin(st.h.G())
 	if o.cur != nil && o.prev != nil && !o.cur.Held(g) && o.prev.Held(g) && !ds.Held(g) {
 		// Both old stores may be needed: the previous one holds G (as
 		// known here: the launcher's may be newer, never older) and the
@@ -1308,17 +1488,23 @@ func (st *replicaStore) admitDiff(c net.Conn, h linkHdr, t []tableEntry, opt int
 // diffFits says why a differential with table t (optimizer at opt, a
 // record of recLen bytes) cannot be one of ds's owner, or "" if it can.
 func diffFits(ds *diffstore.Store, t []tableEntry, opt int, recLen uint64, codec replay.Options) string {
-	regions, o := ds.Regions(), ds.Optimizer()
+	return layoutFits("base", ds.Regions(), ds.Optimizer(), t, opt, recLen, codec)
+}
+
+// layoutFits says why a differential with table t (optimizer at opt, a
+// record of recLen bytes) does not fit the owner's declared regions and
+// optimizer, kept in the holder's what ("base", "log"), or "".
+func layoutFits(what string, regions []diffstore.Region, o diffstore.Optimizer, t []tableEntry, opt int, recLen uint64, codec replay.Options) string {
 	if len(t) != len(regions) {
-		return fmt.Sprintf("a differential of %d regions, the owner's base has %d", len(t), len(regions))
+		return fmt.Sprintf("a differential of %d regions, the owner's %s has %d", len(t), what, len(regions))
 	}
 	for i, r := range regions {
 		if t[i].name != r.Name || t[i].size != r.Size {
-			return fmt.Sprintf("a differential's region %d is %q of %d bytes, the owner's base has %q of %d", i, t[i].name, t[i].size, r.Name, r.Size)
+			return fmt.Sprintf("a differential's region %d is %q of %d bytes, the owner's %s has %q of %d", i, t[i].name, t[i].size, what, r.Name, r.Size)
 		}
 	}
 	if t[opt].name != o.Region {
-		return fmt.Sprintf("a differential's optimizer region is %q, the owner's base has %q", t[opt].name, o.Region)
+		return fmt.Sprintf("a differential's optimizer region is %q, the owner's %s has %q", t[opt].name, what, o.Region)
 	}
 	if limit := maxRecordLen(o.N, codec); recLen > limit {
 		return fmt.Sprintf("a record of %d bytes, more than the %d the codec makes of %d elements", recLen, limit, o.N)
@@ -1729,7 +1915,14 @@ func regionTable(rs []diffstore.Region) []tableEntry {
 
 // setGDiff tells o's stores G, drops the previous store once the current
 // one holds G, and folds if the log is long enough. o.mu is held.
+//
+// In diff mode under EC the stores' G is H instead (Host.pin), or the
+// newer step the owner said H reached (baseH, o.hmin): their bases stay
+// at H, no fold passes it.
 func (st *replicaStore) setGDiff(o *ownerReplica, g int64) {
+	if st.h.place().ecDiff() {
+		g = max(st.h.pin(g), o.hmin)
+	}
 	for _, ds := range []*diffstore.Store{o.cur, o.prev} {
 		if ds != nil {
 			ds.SetG(g)
@@ -1752,8 +1945,9 @@ func (st *replicaStore) setGDiff(o *ownerReplica, g int64) {
 // of gen. A store is cut after the last step before the first older
 // one after g; a store whose base is past that goes. o.mu is held.
 func (st *replicaStore) restartDiff(o *ownerReplica, gen uint64, g int64) {
-	// cut: the last step kept. Every step a store holds has its sums.
-	cut := o.diffNewest()
+	// cut: the last step kept. Every step a store or log holds has its
+	// sums.
+	cut := max(o.diffNewest(), o.logNewest())
 	if o.bw != nil && o.bw.Step() > g && o.bwGen < gen {
 		cut = min(cut, o.bw.Step()-1)
 	}
@@ -1790,6 +1984,7 @@ func (st *replicaStore) restartDiff(o *ownerReplica, gen uint64, g int64) {
 	// A divergence found in an older generation was at a step after g or
 	// before: the restarted rank's steps are checked anew.
 	o.diverged = nil
+	st.restartLog(o, cut)
 	st.setGDiff(o, g)
 	st.account(o)
 }
@@ -1798,8 +1993,8 @@ func (st *replicaStore) restartDiff(o *ownerReplica, gen uint64, g int64) {
 // holds DiffConfig.Fold steps up to G. o.mu is held.
 func (st *replicaStore) maybeFold(o *ownerReplica) {
 	h := st.h
-	if o.cur == nil || h.folds == nil {
-		return
+	if o.cur == nil || h.folds == nil || h.place().ecDiff() {
+		return // under EC the base stays at H: refreshes replace folds
 	}
 	first, last, ok := o.cur.Range()
 	if !ok || min(h.G(), last)-first < int64(h.cfg.Diff.fold()) {

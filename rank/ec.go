@@ -203,10 +203,11 @@ func (l *ecLayout) stripes(group int) int {
 
 // ecTargets returns the parity targets of rank's shard: one per row that
 // is not vacant, the row's holder rank on its host, row j as
-// holderKey.row j+1 (none without EC, or in diff mode, whose bases are
-// not erasure coded yet). Rows on one host are targets each.
+// holderKey.row j+1 (none without EC). Rows on one host are targets
+// each. In full mode every committed step goes to them; in diff mode
+// only the base steps, from the owner's snapshot (ecdiff_owner.go).
 func (p *placement) ecTargets(rank int) []holderKey {
-	if p.ec == nil || p.diff {
+	if p.ec == nil {
 		return nil
 	}
 	pos, ok := p.ec.pos[rank]
@@ -223,10 +224,11 @@ func (p *placement) ecTargets(rank int) []holderKey {
 	return out
 }
 
-// allTargets returns every target of rank's full-mode replication: its
-// replica (or clear-copy) holders, then its parity rows.
+// allTargets returns every target of rank's replication: its replica
+// (or clear-copy) holders, its log-only holders (diff mode under EC),
+// then its parity rows.
 func (p *placement) allTargets(rank int) []holderKey {
-	return append(p.targets(rank), p.ecTargets(rank)...)
+	return append(p.diffTargets(rank), p.ecTargets(rank)...)
 }
 
 // parityHeld says why this host's holder rank does not keep row of

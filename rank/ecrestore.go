@@ -62,12 +62,22 @@ import (
 // (fewer than K usable shards, none of the parity rows answering, or no
 // K of them rebuilding the committed CRC32Cs).
 func (s *service) decodeRemote(ctx context.Context, g int64, pl *placement, views map[string][]byte) error {
+	_, err := s.decodeAt(ctx, g, pl, views)
+	return err
+}
+
+// decodeAt is decodeRemote at step g, which also returns the rank's
+// committed table of g as the parity rows name it (its regions, sizes and
+// CRC32Cs, in shard order), which the views were checked against. In
+// diff mode under EC, g is a base step (the job's H), and the member
+// shards at g are kept on their data hosts (Host.shardRange).
+func (s *service) decodeAt(ctx context.Context, g int64, pl *placement, views map[string][]byte) ([]tableEntry, error) {
 	if pl.ec == nil {
-		return errors.New("decode: this job has no erasure coding")
+		return nil, errors.New("decode: this job has no erasure coding")
 	}
 	pos, ok := pl.ec.pos[s.rank]
 	if !ok {
-		return fmt.Errorf("decode: rank %d is in no erasure-coding group", s.rank)
+		return nil, fmt.Errorf("decode: rank %d is in no erasure-coding group", s.rank)
 	}
 	k, m := pl.ec.k, pl.ec.m
 	members := pl.ec.members(pos.group, pos.stripe)
@@ -88,11 +98,11 @@ func (s *service) decodeRemote(ctx context.Context, g int64, pl *placement, view
 	}
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
-		return context.Cause(ctx)
+		return nil, context.Cause(ctx)
 	}
 	agree := agreeingRows(answers)
 	if len(agree) == 0 {
-		return fmt.Errorf("%w: rank %d (member %d of stripe %d of group %d): no parity row of step %d answers: %w",
+		return nil, fmt.Errorf("%w: rank %d (member %d of stripe %d of group %d): no parity row of step %d answers: %w",
 			ErrUnrecoverable, s.rank, pos.x, pos.stripe, pos.group, g, errors.Join(rowErrs...))
 	}
 	ref := answers[agree[0]]
@@ -126,9 +136,12 @@ func (s *service) decodeRemote(ctx context.Context, g int64, pl *placement, view
 	}
 	err := decodeMember(ctx, ecDecode{codec: pl.ec.codec, lost: pos.x, shard: shard, sources: sources, table: ref[pos.x].table, views: views})
 	if err != nil && len(why) > 0 && errors.Is(err, ErrUnrecoverable) {
-		return fmt.Errorf("%w (and %w)", err, errors.Join(why...))
+		return nil, fmt.Errorf("%w (and %w)", err, errors.Join(why...))
 	}
-	return err
+	if err != nil {
+		return nil, err
+	}
+	return slices.Clone(ref[pos.x].table), nil
 }
 
 // readRow reads bytes [off, off+len(dst)) of parity row j of the stripe

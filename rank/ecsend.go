@@ -95,6 +95,16 @@ type ecJob struct {
 // share is reported as a failed link (Host.linkFailed), as a replica
 // holder that has none closes the link.
 func (r *replicator) ecSend(ctx context.Context, step int64, slot int, gen, epoch uint64, t []tableEntry, data [][]byte, to []holderKey, known []bool) ([]error, error, int64) {
+	return r.ecSendLanes(ctx, step, slot, 0, gen, epoch, t, data, to, known)
+}
+
+// ecSendLanes is ecSend on the links' lanes from lanes on. lanes is the first lane of the links the shares go on (linkKey): 0 in
+// full mode; in diff mode under EC a base's shares go beside the
+// differentials (lane 0), so that a slow row does not hold them up. slot
+// is -1 when data is a snapshot already checked against t (diff mode
+// under EC): bytes encoded that differ from t are then the snapshot's
+// memory changing, a *CorruptError too.
+func (r *replicator) ecSendLanes(ctx context.Context, step int64, slot, lanes int, gen, epoch uint64, t []tableEntry, data [][]byte, to []holderKey, known []bool) ([]error, error, int64) {
 	s := r.s
 	errs := make([]error, len(to))
 	fail := func(err error) ([]error, error, int64) {
@@ -115,9 +125,13 @@ func (r *replicator) ecSend(ctx context.Context, step int64, slot int, gen, epoc
 		return fail(fmt.Errorf("rank %d is in no erasure-coding group", s.rank))
 	}
 	shardLen := int64(tableBytes(t))
+	hb := int64(noStep) // the H the rows keep the buffer of (ecHdr): diff mode under EC only
+	if s.h.place().ecDiff() {
+		hb = s.h.H()
+	}
 	hdr := func(k holderKey, kind byte) (linkHdr, ecHdr) {
 		return linkHdr{kind: kind, owner: s.rank, holder: k.rank, step: step, gen: gen},
-			ecHdr{group: pos.group, stripe: pos.stripe, row: k.row - 1, member: pos.x, n: shardLen, epoch: epoch}
+			ecHdr{group: pos.group, stripe: pos.stripe, row: k.row - 1, member: pos.x, n: shardLen, epoch: epoch, hb: hb}
 	}
 	linkFailed := func(host int, err error) {
 		if ctx.Err() != nil {
@@ -150,7 +164,7 @@ func (r *replicator) ecSend(ctx context.Context, step int64, slot int, gen, epoc
 		}
 		wg.Go(func() {
 			h, e := hdr(k, kindECHas)
-			if s.h.links.ecAcked(ctx, k.host, h, t, e, nil) == nil {
+			if s.h.links.ecAckedLane(ctx, k.host, lanes, h, t, e, nil) == nil {
 				need[i] = false
 			}
 		})
@@ -184,7 +198,7 @@ func (r *replicator) ecSend(ctx context.Context, step int64, slot int, gen, epoc
 		// A host that keeps several rows of the stripe gets each on a
 		// lane of its own: the encoder waits for every row's sender, so
 		// two rows' streams on one link would wait for each other.
-		lane := 0
+		lane := lanes
 		for _, x := range rows[:ri] {
 			if to[x].host == k.host {
 				lane++
@@ -277,7 +291,10 @@ encode:
 		if sums[i] != e.sum {
 			// The bytes encoded are not the committed ones: corrupt,
 			// even if the slot matches its commit again.
-			ce := s.verifySlot(slot, step)
+			var ce *CorruptError
+			if slot >= 0 {
+				ce = s.verifySlot(slot, step)
+			}
 			if ce == nil {
 				ce = &CorruptError{Rank: s.rank, Step: step, Region: e.name, Sum: e.sum, Got: sums[i]}
 			}
@@ -301,7 +318,7 @@ encode:
 		wg.Go(func() {
 			h, e := hdr(k, kindECCommit)
 			e.crc = shareCRC[ri]
-			errs[i] = s.h.links.ecAcked(ctx, k.host, h, t, e, nil)
+			errs[i] = s.h.links.ecAckedLane(ctx, k.host, lanes, h, t, e, nil)
 			linkFailed(k.host, errs[i])
 		})
 	}

@@ -75,6 +75,7 @@ import (
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/internal/crc32c"
+	"github.com/gorun/gorun/internal/diffstore"
 )
 
 const (
@@ -88,7 +89,7 @@ const (
 	failShare  = 8 // the row holds other bytes of the member's share of the step
 	failNoRoom = 9 // the row's buffer does not fit in the memory replicas may take here
 
-	ecHdrSize = 40
+	ecHdrSize = 48
 	// maxECRange bounds the bytes of one ecChunk, ecGet or getRange.
 	maxECRange = 64 << 20
 	// maxShard bounds a shard's length (all its regions).
@@ -99,12 +100,20 @@ const (
 
 // ecHdr is the sub-header of the EC request kinds:
 //
-//	ecHdr = group(4) stripe(4) row(2) member(2) crc(4) off(8) n(8) epoch(8)
+//	ecHdr = group(4) stripe(4) row(2) member(2) crc(4) off(8) n(8) epoch(8) h(8)
+//
+// h is, in an ecChunk or ecCommit of diff mode under EC, the H the
+// owner's host knows (-1: none yet): a parity host that learns H later
+// than the owner's host takes the larger of its own and h when it picks
+// the buffer a new base's share goes to (bufFor), so that the row of the
+// H the owner went by stays. Other kinds and modes send -1, and the
+// parity host ignores it there.
 type ecHdr struct {
 	group, stripe, row, member int
 	crc                        uint32
 	off, n                     int64
 	epoch                      uint64
+	hb                         int64
 }
 
 func (e *ecHdr) put(b []byte) {
@@ -116,18 +125,19 @@ func (e *ecHdr) put(b []byte) {
 	binary.BigEndian.PutUint64(b[16:], uint64(e.off))
 	binary.BigEndian.PutUint64(b[24:], uint64(e.n))
 	binary.BigEndian.PutUint64(b[32:], e.epoch)
+	binary.BigEndian.PutUint64(b[40:], uint64(e.hb))
 }
 
 // parseECHdr decodes an ecHdr, checking its ranges: group and stripe below
 // maxStripes, row and member below ckpt.MaxShards, off and n in [0,
-// maxShard] with off+n ≤ maxShard.
+// maxShard] with off+n ≤ maxShard, h at least -1.
 func parseECHdr(b []byte) (ecHdr, error) {
 	e := ecHdr{
 		group: int(binary.BigEndian.Uint32(b[0:])), stripe: int(binary.BigEndian.Uint32(b[4:])),
 		row: int(binary.BigEndian.Uint16(b[8:])), member: int(binary.BigEndian.Uint16(b[10:])),
 		crc: binary.BigEndian.Uint32(b[12:]),
 		off: int64(binary.BigEndian.Uint64(b[16:])), n: int64(binary.BigEndian.Uint64(b[24:])),
-		epoch: binary.BigEndian.Uint64(b[32:]),
+		epoch: binary.BigEndian.Uint64(b[32:]), hb: int64(binary.BigEndian.Uint64(b[40:])),
 	}
 	switch {
 	case e.group >= maxStripes || e.stripe >= maxStripes:
@@ -136,6 +146,8 @@ func parseECHdr(b []byte) (ecHdr, error) {
 		return e, fmt.Errorf("row %d member %d out of range", e.row, e.member)
 	case e.off < 0 || e.n < 0 || e.off > maxShard || e.n > maxShard-e.off:
 		return e, fmt.Errorf("range of %d bytes at %d out of range", e.n, e.off)
+	case e.hb < noStep:
+		return e, fmt.Errorf("H %d out of range", e.hb)
 	}
 	return e, nil
 }
@@ -474,9 +486,11 @@ func (ps *parityStore) final() int64 {
 
 // bufFor returns the buffer of row r for a share of step (gen, epoch)
 // of a stripe of k members, emptying or choosing a victim as needed
-// (begin: the share may start one), or a refusal (why, message). r.mu is
-// held.
-func (ps *parityStore) bufFor(r *parityRow, step int64, gen, epoch uint64, k int, begin bool) (*parityBuf, uint32, string) {
+// (begin: the share may start one), or a refusal (why, message). hb is
+// the H the share's owner went by (ecHdr.h, -1 if none): in diff mode
+// under EC the victim is never the complete row of the newer of it and
+// this host's H. r.mu is held.
+func (ps *parityStore) bufFor(r *parityRow, step int64, gen, epoch uint64, k int, begin bool, hb int64) (*parityBuf, uint32, string) {
 	if known := max(r.gen, ps.h.Gen()); gen < known {
 		return nil, failStale, fmt.Sprintf("step %d: a share of restart generation %d, this holder knows generation %d", step, gen, known)
 	}
@@ -520,6 +534,15 @@ func (ps *parityStore) bufFor(r *parityRow, step int64, gen, epoch uint64, k int
 	case b[1].step < b[0].step:
 		v = 1
 	}
+	if hb := max(ps.h.H(), hb); ps.h.place().ecDiff() && hb >= 0 && r.bufs[v].complete() && r.bufs[v].step == hb && r.bufs[1-v].step != hb && r.bufs[1-v].step < step {
+		// Diff mode under EC: the row of H stays (recovery decodes at
+		// H). H is the newer of this host's and the one the share's
+		// owner went by (hb): the owners send b_{k+1} once their host
+		// knows H >= b_k, which this one may learn later. The other
+		// buffer is a later base H does not depend on, and a new
+		// placement's first base comes with the placement's H.
+		v = 1 - v
+	}
 	b := &r.bufs[v]
 	b.empty(k)
 	b.step, b.gen, b.epoch = step, gen, epoch
@@ -561,7 +584,7 @@ func (ps *parityStore) chunk(c net.Conn, h linkHdr, e ecHdr, buf *[]byte) error 
 	if r.dropped {
 		return writeFail(c, h, failOther, "the row is no longer kept here")
 	}
-	b, fwhy, msg := ps.bufFor(r, h.step, h.gen, e.epoch, k, true)
+	b, fwhy, msg := ps.bufFor(r, h.step, h.gen, e.epoch, k, true, e.hb)
 	if b == nil {
 		return writeFail(c, h, fwhy, fmt.Sprintf("rank %d: %s", h.owner, msg))
 	}
@@ -673,7 +696,7 @@ func (ps *parityStore) commit(c net.Conn, h linkHdr, t []tableEntry, e ecHdr) er
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	// A share of no bytes (an empty shard) has no chunks: it begins here.
-	b, fwhy, msg := ps.bufFor(r, h.step, h.gen, e.epoch, k, e.n == 0)
+	b, fwhy, msg := ps.bufFor(r, h.step, h.gen, e.epoch, k, e.n == 0, e.hb)
 	if b == nil {
 		return writeFail(c, h, fwhy, fmt.Sprintf("rank %d: %s", h.owner, msg))
 	}
@@ -723,7 +746,7 @@ func (ps *parityStore) has(c net.Conn, h linkHdr, t []tableEntry, e ecHdr) error
 	if r.dropped {
 		return writeFail(c, h, failOther, "the row is no longer kept here")
 	}
-	b, fwhy, msg := ps.bufFor(r, h.step, h.gen, e.epoch, 0, false)
+	b, fwhy, msg := ps.bufFor(r, h.step, h.gen, e.epoch, 0, false, noStep)
 	if b == nil {
 		return writeFail(c, h, fwhy, msg)
 	}
@@ -793,24 +816,33 @@ func (ps *parityStore) ecGet(c net.Conn, h linkHdr, e ecHdr) error {
 
 // shardRange copies bytes [off, off+len(dst)) of owner's shard at step
 // (its replicated regions concatenated, zeros past its end) into dst,
-// from holder's slot when holder is owner and runs here, else from the
-// clear copy (a replica) this host keeps of owner, and returns its table.
-// The bytes are the slot's or the copy's as they are: the caller checks
-// them against the table.
+// and returns its table. When holder is owner and runs here, the shard
+// comes from owner's retained snapshot of base step step (diff mode under
+// EC: a rank on its own data host keeps it, service.retainedBase), else
+// from its slot; otherwise from the clear copy this host keeps of owner:
+// a full-mode replica's buffer of step, or, in diff mode, the base at
+// exactly step of one of its stores (diffstore.Store.ReadBase: the base,
+// pinned at H under EC, or a verified refresh waiting for G), with the
+// CRC32Cs the owner committed at step. The bytes are the source's as
+// they are: the caller checks them against the table.
 func (h *Host) shardRange(owner, holder int, step, off int64, dst []byte) ([]tableEntry, error) {
 	if s := h.svc(owner); s != nil && holder == owner {
+		var t []tableEntry
+		read := func(tab []tableEntry, data [][]byte) error {
+			t = slices.Clone(tab)
+			copyShard(dst, data, off)
+			return nil
+		}
+		if ok, err := s.retainedBase(step, read); ok || err != nil {
+			return t, err
+		}
 		s.mu.Lock()
 		var names []string
 		for _, i := range s.repl {
 			names = append(names, s.regions[i].Name)
 		}
 		s.mu.Unlock()
-		var t []tableEntry
-		err := s.readSlot(step, names, func(tab []tableEntry, data [][]byte) error {
-			t = tab
-			copyShard(dst, data, off)
-			return nil
-		})
+		err := s.readSlot(step, names, read)
 		return t, err
 	}
 	st := h.store
@@ -821,14 +853,39 @@ func (h *Host) shardRange(owner, holder int, step, off int64, dst []byte) ([]tab
 		return nil, fmt.Errorf("no copy of rank %d here", owner)
 	}
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	for _, b := range o.bufs {
 		if b.step >= 0 && b.step == step && len(b.data) == len(b.table) {
 			copyShard(dst, b.data, off)
-			return slices.Clone(b.table), nil
+			t := slices.Clone(b.table)
+			o.mu.Unlock()
+			return t, nil
 		}
 	}
-	return nil, fmt.Errorf("no copy of rank %d at step %d here", owner, step)
+	// Diff mode: ReadBase needs no lock of o (a store serves its base
+	// safely while it folds, installs or truncates), and the copy is not
+	// made under o.mu, which the owner's differentials wait for.
+	stores := []*diffstore.Store{o.cur, o.prev}
+	t := slices.Clone(o.sums[step])
+	o.mu.Unlock()
+	var errs []error
+	for _, ds := range stores {
+		if ds == nil || t == nil {
+			continue
+		}
+		if !sameShape(t, regionTable(ds.Regions())) {
+			errs = append(errs, fmt.Errorf("a store of rank %d whose regions are not those of its step %d", owner, step))
+			continue
+		}
+		err := ds.ReadBase(step, off, dst)
+		if err == nil {
+			return t, nil
+		}
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		return nil, fmt.Errorf("no copy of rank %d at step %d here", owner, step)
+	}
+	return nil, fmt.Errorf("no copy of rank %d at step %d here: %w", owner, step, errors.Join(errs...))
 }
 
 // copyShard copies bytes [off, off+len(dst)) of the concatenation of
@@ -899,8 +956,8 @@ func (ps *parityStore) getRange(c net.Conn, h linkHdr, e ecHdr) error {
 // were read: an error closes the link. buf is the link's ecChunk buffer
 // (grown as needed).
 func (ps *parityStore) serveEC(c net.Conn, h linkHdr, t []tableEntry, buf *[]byte) error {
-	if ps.h.diffMode() {
-		return fmt.Errorf("request kind %d of erasure coding, this host runs --protect-mode diff", h.kind)
+	if ps.h.diffMode() && ps.h.place().ec == nil {
+		return fmt.Errorf("request kind %d of erasure coding, this host runs --protect-mode diff without it", h.kind)
 	}
 	e, err := readECHdr(c)
 	if err != nil {
@@ -942,7 +999,12 @@ func writeEC(w io.Writer, h linkHdr, t []tableEntry, e ecHdr, data []byte) error
 // ecAcked sends EC request h (on the link of rank h.owner to host) and
 // waits for its acknowledgement.
 func (p *linkPool) ecAcked(ctx context.Context, host int, h linkHdr, t []tableEntry, e ecHdr, data []byte) error {
-	return p.do(ctx, host, h.owner, func(c net.Conn) error {
+	return p.ecAckedLane(ctx, host, 0, h, t, e, data)
+}
+
+// ecAckedLane is ecAcked on lane lane of the link (linkKey).
+func (p *linkPool) ecAckedLane(ctx context.Context, host, lane int, h linkHdr, t []tableEntry, e ecHdr, data []byte) error {
+	return p.doLane(ctx, host, h.owner, lane, func(c net.Conn) error {
 		if err := writeEC(c, h, t, e, data); err != nil {
 			return err
 		}
@@ -964,7 +1026,7 @@ func (p *linkPool) ecGet(ctx context.Context, host, holderRank int, group, strip
 		return nil, fmt.Errorf("ecGet of %d bytes: at most %d per request", len(dst), maxECRange)
 	}
 	h := linkHdr{kind: kindECGet, owner: holderRank, holder: holderRank, step: step}
-	e := ecHdr{group: group, stripe: stripe, row: row, off: off, n: int64(len(dst))}
+	e := ecHdr{group: group, stripe: stripe, row: row, off: off, n: int64(len(dst)), hb: noStep}
 	var ms []ecMember
 	err := p.do(ctx, host, -1-holderRank, func(c net.Conn) error {
 		if err := writeEC(c, h, nil, e, nil); err != nil {
@@ -1000,7 +1062,7 @@ func (p *linkPool) getRange(ctx context.Context, host, holderRank, owner int, st
 		return nil, fmt.Errorf("getRange of %d bytes: at most %d per request", len(dst), maxECRange)
 	}
 	h := linkHdr{kind: kindGetRange, owner: owner, holder: holderRank, step: step}
-	e := ecHdr{off: off, n: int64(len(dst))}
+	e := ecHdr{off: off, n: int64(len(dst)), hb: noStep}
 	var t []tableEntry
 	err := p.do(ctx, host, -1-holderRank, func(c net.Conn) error {
 		if err := writeEC(c, h, nil, e, nil); err != nil {

@@ -72,8 +72,9 @@ type HostConfig struct {
 	Diff DiffConfig
 	// EC is the first placement's erasure-coding layout (Placement.EC;
 	// nil: replicas only), Epoch the epoch of the table it comes from
-	// (Placement.Epoch). EC needs Mode ModeFull: diff mode's bases are
-	// not erasure coded yet.
+	// (Placement.Epoch). In diff mode (ModeDiff) only base steps are
+	// coded and the differentials since are kept on M hosts
+	// (PROTOCOL.md, "Erasure coding and diff mode").
 	EC    []topology.ECGroup
 	Epoch uint64
 	Log   *slog.Logger
@@ -167,6 +168,12 @@ type Progress struct {
 	// step, not an error) in this restart generation; a rank that
 	// restores again in place after an epoch change counts again.
 	Restores int64
+	// Base (diff mode under EC): the newest base step b <= Replicated
+	// whose every parity row acknowledged the rank's share of b and whose
+	// clear bytes at b are kept on the rank's data host (its clear
+	// holder's store pinned at b, or the owner's retained snapshot when it
+	// runs on its data host); -1 for none. 0 in other modes.
+	Base int64
 }
 
 // Host is the state protection of one host: a service per local rank and
@@ -189,6 +196,12 @@ type Host struct {
 	g     int64         // the globally recoverable step known here, or -1
 	gen   uint64        // restart generation
 	gwake chan struct{} // closed and replaced whenever g changes
+	// hb is H (diff mode under EC, SetH): the newest step every rank has
+	// a coded base of, as known here, or -1. resumed is the step the
+	// last Restart resumed from (-1: none): with Placement.G, the anchor
+	// of the base schedule (ecdiff_owner.go).
+	hb      int64
+	resumed int64
 
 	store  *replicaStore
 	parity *parityStore // the parity rows of erasure coding held here (ecstore.go)
@@ -244,10 +257,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	if cfg.LinkFailed == nil {
 		cfg.LinkFailed = func(int, error) {}
 	}
-	h := &Host{cfg: cfg, log: log, g: noStep, gwake: make(chan struct{}), lfDone: map[int]bool{}}
-	if len(cfg.EC) > 0 && h.diffMode() {
-		return nil, errECDiff
-	}
+	h := &Host{cfg: cfg, log: log, g: noStep, hb: noStep, resumed: noStep, gwake: make(chan struct{}), lfDone: map[int]bool{}}
 	ec, err := newECLayout(cfg.EC, -1, cfg.HostOf)
 	if err != nil {
 		return nil, err
@@ -280,9 +290,6 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	}
 	return h, nil
 }
-
-// errECDiff: erasure coding asked for in diff mode.
-var errECDiff = errors.New("rank: erasure coding (--redundancy ec) needs --protect-mode full (PROTOCOL.md, \"Erasure coding and diff mode\")")
 
 // mode returns the job's protect mode.
 func (h *Host) mode() ProtectMode { return cmp.Or(h.cfg.Mode, ModeFull) }
@@ -387,8 +394,69 @@ func (h *Host) SetG(gen uint64, g int64) {
 	h.gwake = make(chan struct{})
 	h.gmu.Unlock()
 	h.store.sweep(nil, g)
-	h.parity.sweep(nil, g)
+	h.parity.sweep(nil, h.parityKeep(g))
 	h.local.prune(g)
+}
+
+// SetH records a newer H of restart generation gen (older ones are
+// ignored): in diff mode under EC, the newest step every rank has a coded
+// base of (wire.GlobalStep.H, H <= G). The clear copies' stores keep their
+// bases at H unfolded, the parity rows of H and later stay, and the logs
+// keep the differentials after H; what is older goes. It does nothing in
+// other modes.
+func (h *Host) SetH(gen uint64, hb int64) {
+	if !h.place().ecDiff() {
+		return
+	}
+	h.gmu.Lock()
+	if gen != h.gen {
+		h.gmu.Unlock()
+		return
+	}
+	h.gmu.Unlock()
+	h.raiseH(hb)
+}
+
+// raiseH makes H hb if that is newer (SetH's, or a placement's H), then
+// has the stores keep what H needs and drop what is older, and wakes the
+// local owners whose next base waits for H.
+func (h *Host) raiseH(hb int64) {
+	h.gmu.Lock()
+	if hb <= h.hb {
+		h.gmu.Unlock()
+		return
+	}
+	h.hb = hb
+	g := h.g
+	h.gmu.Unlock()
+	h.store.sweep(nil, g)
+	h.parity.sweep(nil, h.parityKeep(g))
+	for _, s := range h.place().svcs {
+		s.rep.hAdvanced(hb)
+	}
+}
+
+// H returns H as known here (diff mode under EC), or -1.
+func (h *Host) H() int64 {
+	h.gmu.Lock()
+	defer h.gmu.Unlock()
+	return h.hb
+}
+
+// pin returns the step the clear copies' stores keep as their base given
+// G g: H in diff mode under EC (no fold passes it), else g.
+func (h *Host) pin(g int64) int64 {
+	if !h.place().ecDiff() {
+		return g
+	}
+	return min(g, h.H())
+}
+
+// parityKeep returns the oldest step a spare parity row must still hold
+// given G g (parityStore.sweep): H in diff mode under EC, where recovery
+// decodes at H, else g.
+func (h *Host) parityKeep(g int64) int64 {
+	return h.pin(g)
 }
 
 // Active reports whether any local rank protects its state.
@@ -425,7 +493,7 @@ func (h *Host) Restart(gen uint64, g int64) error {
 	// would let the launcher's G pass g.
 	h.rmu.Lock()
 	h.gmu.Lock()
-	h.gen, h.g = gen, g
+	h.gen, h.g, h.resumed = gen, g, g
 	close(h.gwake)
 	h.gwake = make(chan struct{})
 	h.gmu.Unlock()
@@ -519,7 +587,11 @@ func (h *Host) Progress() (uint64, []Progress) {
 	p := h.place()
 	out := make([]Progress, 0, len(p.svcs))
 	for _, r := range sortedRanks(p) {
-		out = append(out, p.svcs[r].progress(p))
+		pr := p.svcs[r].progress(p)
+		if p.ecDiff() {
+			pr.Base = p.svcs[r].rep.baseIn(p, pr.Replicated)
+		}
+		out = append(out, pr)
 	}
 	return gen, out
 }

@@ -34,6 +34,12 @@ type Placement struct {
 	// the steps committed since (ecstore.go).
 	Epoch uint64
 	G     int64
+	// Logs and H are for --protect-mode diff under EC
+	// (wire.EpochTable.Logs and H): every rank's log-only holders
+	// (topology.ECLogHolders; nil: none), and the newest step every rank
+	// has a coded base of when the epoch was published (-1: none).
+	Logs [][]int
+	H    int64
 }
 
 // Source is where a rank restores step G from when its own host's slot
@@ -60,12 +66,17 @@ type placement struct {
 	holders [][]int
 	sources map[int]Source
 	// ec is the erasure-coding layout (nil: none); diff, that the job
-	// runs --protect-mode diff (no parity targets yet). epoch and g are
-	// Placement's (NewHost's: HostConfig.Epoch, and -1).
+	// runs --protect-mode diff (with ec: only base steps are coded,
+	// ecdiff_owner.go). epoch and g are Placement's (NewHost's:
+	// HostConfig.Epoch, and -1); logs and h too (diff mode under EC:
+	// every rank's log-only holders, and the H the epoch was published
+	// with).
 	ec    *ecLayout
 	diff  bool
 	epoch uint64
 	g     int64
+	logs  [][]int
+	h     int64
 	// replaced is closed when a SetPlacement replaces this placement: it
 	// ends the stages waiting at the overwrite rule.
 	replaced chan struct{}
@@ -82,6 +93,15 @@ func (pl *placement) same(p *Placement) bool {
 	if !slices.Equal(pl.ranks, p.Ranks) || !maps.Equal(pl.sources, p.Sources) ||
 		pl.world >= 0 && pl.world != len(p.HostOf) || !sameEC(ec, p.EC) {
 		return false
+	}
+	for r := range max(len(pl.logs), len(p.Logs)) {
+		var ls []int
+		if r < len(p.Logs) {
+			ls = p.Logs[r]
+		}
+		if !slices.Equal(pl.logsOf(r), ls) {
+			return false
+		}
 	}
 	for r, h := range p.HostOf {
 		if pl.hostOf(r) != h {
@@ -111,6 +131,36 @@ func (p *placement) holdersOf(rank int) []int {
 	return nil
 }
 
+// logsOf returns rank's log-only holders (diff mode under EC), or nil.
+func (p *placement) logsOf(rank int) []int {
+	if rank >= 0 && rank < len(p.logs) {
+		return p.logs[rank]
+	}
+	return nil
+}
+
+// ecDiff reports whether the placement runs diff mode under erasure
+// coding: bases coded at aligned steps, differentials kept on M hosts
+// (ecdiff_owner.go).
+func (p *placement) ecDiff() bool { return p.ec != nil && p.diff }
+
+// logTargets returns rank's log-only holders with their hosts: targets
+// of its differentials (kinds 6) only, never of a base.
+func (p *placement) logTargets(rank int) []holderKey {
+	ls := p.logsOf(rank)
+	out := make([]holderKey, len(ls))
+	for i, r := range ls {
+		out[i] = holderKey{rank: r, host: p.hostOf(r), log: true}
+	}
+	return out
+}
+
+// diffTargets returns the targets of rank's differentials: its clear
+// copy's holders (or replica holders), then its log-only holders.
+func (p *placement) diffTargets(rank int) []holderKey {
+	return append(p.targets(rank), p.logTargets(rank)...)
+}
+
 // targets returns the holders of rank's replicas with their hosts.
 func (p *placement) targets(rank int) []holderKey {
 	hs := p.holdersOf(rank)
@@ -122,9 +172,14 @@ func (p *placement) targets(rank int) []holderKey {
 }
 
 // holds reports whether one of this host's ranks holds owner's
-// replicas under p.
+// replicas (or, in diff mode under EC, its log) under p.
 func (p *placement) holds(owner int) bool {
 	for _, x := range p.holdersOf(owner) {
+		if p.svcs[x] != nil {
+			return true
+		}
+	}
+	for _, x := range p.logsOf(owner) {
 		if p.svcs[x] != nil {
 			return true
 		}
@@ -135,8 +190,13 @@ func (p *placement) holds(owner int) bool {
 // holderKey names one replica holder: a rank, on a host. A rank that
 // moves to another host is a new holder (its copies stayed behind). row
 // is 0 for a replica (or an EC clear copy), j+1 for parity row j
-// (ec.go): the parity holder rank on the row's host.
-type holderKey struct{ rank, host, row int }
+// (ec.go): the parity holder rank on the row's host. log marks a log-only
+// holder (diff mode under EC: Placement.Logs), which takes differentials
+// and never a base.
+type holderKey struct {
+	rank, host, row int
+	log             bool
+}
 
 // place returns the current placement.
 func (h *Host) place() *placement { return h.pl.Load() }
@@ -198,6 +258,24 @@ func (p *Placement) check(host, hosts int) error {
 			}
 		}
 	}
+	if len(p.Logs) > world {
+		return bad("log holders for %d ranks in a world of %d", len(p.Logs), world)
+	}
+	for o, ls := range p.Logs {
+		for i, x := range ls {
+			switch {
+			case x < 0 || x >= world || x == o:
+				return bad("rank %d's log held by rank %d in a world of %d", o, x, world)
+			case slices.Contains(ls[:i], x) || o < len(p.Holders) && slices.Contains(p.Holders[o], x):
+				return bad("rank %d's log held twice by rank %d", o, x)
+			case p.HostOf[x] == p.HostOf[o]:
+				return bad("rank %d's log held by rank %d on its own host %d", o, x, p.HostOf[o])
+			}
+		}
+	}
+	if p.H < noStep || p.H > MaxStep {
+		return bad("H %d out of range", p.H)
+	}
 	for r, s := range p.Sources {
 		if r < 0 || r >= world || s.Opt < 0 || s.Opt >= world || s.Params < 0 || s.Params >= world {
 			return bad("rank %d restores from ranks %d and %d in a world of %d", r, s.Opt, s.Params, world)
@@ -250,8 +328,8 @@ func (h *Host) SetPlacement(p Placement) error {
 	if err := p.check(h.cfg.Host, h.cfg.Hosts); err != nil {
 		return err
 	}
-	if len(p.EC) > 0 && h.diffMode() {
-		return fmt.Errorf("%w: %w", ErrPlacement, errECDiff)
+	if len(p.Logs) > 0 && (len(p.EC) == 0 || !h.diffMode()) {
+		return fmt.Errorf("%w: log-only holders outside diff mode under erasure coding", ErrPlacement)
 	}
 	hostOf := slices.Clone(p.HostOf)
 	holders := make([][]int, len(p.Holders))
@@ -265,6 +343,11 @@ func (h *Host) SetPlacement(p Placement) error {
 	}
 	old := h.place()
 	if old.same(&p) {
+		if old.ecDiff() {
+			// A table republished with the same layout: its H, if newer,
+			// still applies (same compares the layout only).
+			h.raiseH(p.H)
+		}
 		return nil
 	}
 	np := &placement{replaced: make(chan struct{}), world: len(hostOf),
@@ -276,7 +359,10 @@ func (h *Host) SetPlacement(p Placement) error {
 			return hostOf[r]
 		},
 		holders: holders, sources: maps.Clone(p.Sources),
-		diff: h.diffMode(), epoch: p.Epoch, g: p.G,
+		diff: h.diffMode(), epoch: p.Epoch, g: p.G, h: p.H,
+	}
+	for _, ls := range p.Logs {
+		np.logs = append(np.logs, slices.Clone(ls))
 	}
 	if len(p.EC) > 0 {
 		ec, err := newECLayout(p.EC, len(hostOf), np.hostOf)
@@ -306,6 +392,9 @@ func (h *Host) SetPlacement(p Placement) error {
 	h.pl.Store(np)
 	h.rmu.Unlock()
 	close(old.replaced)
+	if np.ecDiff() {
+		h.raiseH(p.H) // the H the epoch was published with: the stores keep it
+	}
 
 	h.store.sweep(np, h.G())
 	h.parity.sweep(np, h.G())

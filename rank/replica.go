@@ -363,6 +363,13 @@ type ownerReplica struct {
 	// before they are copied into the store (guarded by mu), kept from
 	// one chunk to the next.
 	chunk []byte
+	// log (diff mode under EC): this host is one of the owner's log-only
+	// holders (Placement.Logs): the owner's differentials after its
+	// newest coded base, with no base (diffstore.Log); nil otherwise.
+	log *diffstore.Log
+	// hmin (diff mode under EC): the newest H the owner said its base
+	// reached (baseH): the stores keep their bases at least there.
+	hmin int64
 }
 
 // newest returns the newest complete step held, or -1. o.mu is held.
@@ -403,7 +410,7 @@ func (st *replicaStore) owner(r int) *ownerReplica {
 	defer st.mu.Unlock()
 	o := st.owners[r]
 	if o == nil {
-		o = &ownerReplica{rank: r, bufs: [2]replicaBuf{{step: noStep}, {step: noStep}}}
+		o = &ownerReplica{rank: r, bufs: [2]replicaBuf{{step: noStep}, {step: noStep}}, hmin: noStep}
 		st.owners[r] = o
 	}
 	return o
@@ -487,9 +494,11 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 			err = st.get(c, h)
 		case kindGetSlot:
 			err = st.getSlot(c, h, t)
+		case kindGetLog:
+			err = st.getLog(c, h, t) // eclog.go
 		case kindECChunk, kindECCommit, kindECHas, kindECGet, kindGetRange:
 			err = st.h.parity.serveEC(c, h, t, &ecBuf)
-		case kindBase, kindDiff, kindBaseChunk, kindBaseCommit, kindDiffRef:
+		case kindBase, kindDiff, kindBaseChunk, kindBaseCommit, kindDiffRef, kindBaseH:
 			if !st.h.diffMode() {
 				err = fmt.Errorf("request kind %d of --protect-mode diff, this host runs full", h.kind)
 				break
@@ -497,7 +506,13 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 			switch h.kind {
 			case kindBase:
 				err = st.base(c, h, t)
+			case kindBaseH:
+				err = st.baseH(c, h, t)
 			case kindDiff:
+				if st.logHolder(h) {
+					err = st.logDiff(c, h, t)
+					break
+				}
 				err = st.diff(c, h, t)
 			case kindBaseChunk:
 				err = st.baseChunk(c, h, t)
@@ -588,7 +603,7 @@ func (st *replicaStore) notHolder(h linkHdr) string {
 	if p.svcs[h.holder] == nil {
 		return fmt.Sprintf("rank %d is not on host %d", h.holder, st.h.cfg.Host)
 	}
-	if !slices.Contains(p.holdersOf(h.owner), h.holder) {
+	if !slices.Contains(p.holdersOf(h.owner), h.holder) && !slices.Contains(p.logsOf(h.owner), h.holder) {
 		return fmt.Sprintf("rank %d does not hold rank %d's replicas", h.holder, h.owner)
 	}
 	return ""
@@ -659,8 +674,9 @@ func (st *replicaStore) sweep(p *placement, g int64) {
 		}
 		if st.h.diffMode() && !o.dropped {
 			st.setGDiff(o, g)
+			st.sweepLog(o)
 		}
-		if !o.spare || o.newest() >= g && o.newest() >= 0 {
+		if !o.spare || o.newest() >= g && o.newest() >= 0 || st.keepsH(o) {
 			o.mu.Unlock()
 			continue
 		}
@@ -888,8 +904,11 @@ type replicator struct {
 	refPool bufPool // the snapshot buffer of a refresh nothing reads any more, for the next
 
 	// Erasure coding (ecsend.go): the share buffers, used by one send at
-	// a time (the loop's).
+	// a time (the loop's, or in diff mode the base's sendShares).
 	ec ecBufs
+	// Diff mode under EC: the base schedule and the coded bases
+	// (ecdiff_owner.go).
+	ecb ecBase
 }
 
 func (r *replicator) init(s *service) {
@@ -904,6 +923,10 @@ func (r *replicator) init(s *service) {
 // acknowledged since it became one (MaxStep when the rank has no
 // holders): derived from acked and p each time, so that a report taken
 // under a new placement never counts the holders of the one before.
+//
+// In diff mode under EC the parity rows hold base steps only: the
+// minimum is over the differentials' targets (the clear copy's holder
+// and the log-only holders), capped by the coded bases (capLocked).
 func (r *replicator) replicatedIn(p *placement) int64 {
 	ts := p.allTargets(r.s.rank)
 	if len(ts) == 0 {
@@ -913,11 +936,17 @@ func (r *replicator) replicatedIn(p *placement) int64 {
 	defer r.mu.Unlock()
 	m := int64(MaxStep)
 	for _, k := range ts {
+		if k.row > 0 && p.ecDiff() {
+			continue
+		}
 		a, ok := r.acked[k]
 		if !ok {
 			a = noStep
 		}
 		m = min(m, a)
+	}
+	if p.ecDiff() {
+		m = min(m, r.capLocked(p))
 	}
 	return m
 }
@@ -1020,6 +1049,7 @@ func (r *replicator) reset() {
 		cancel()
 		<-done
 	}
+	r.stopShares()
 }
 
 // pause cancels the replication in flight, waits for it to end, and

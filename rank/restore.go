@@ -120,7 +120,13 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	if !got && pl.ec != nil {
 		if _, ok := pl.ec.pos[s.rank]; ok {
 			start := time.Now()
-			if err := s.decodeRemote(ctx, g, pl, replViews); err != nil {
+			decode := func() error { return s.decodeRemote(ctx, g, pl, replViews) }
+			if pl.ecDiff() {
+				// Diff mode under EC: only base steps are coded; the
+				// differentials since are replayed (eclog_restore.go).
+				decode = func() error { return s.decodeReplay(ctx, g, pl.h, pl.logsOf(s.rank), pl, replViews) }
+			}
+			if err := decode(); err != nil {
 				errs = append(errs, fmt.Errorf("decode from the erasure-coded stripe: %w", err))
 				return 0, fmt.Errorf("the replicated regions: %w", errors.Join(errs...))
 			}

@@ -102,7 +102,9 @@ Fault tolerance:
                           any M hosts of a group may be lost, at (K+M)/K times
                           the state's memory instead of K+1 times. The hosts
                           with ranks must form whole groups and each group's
-                          ranks must divide by K; -v says what the job survives
+                          ranks must divide by K; -v says what the job survives.
+                          With --protect-mode diff only the bases are coded
+                          and M is at most 16
   --replicas K            the same as --redundancy replicas:K (0 to 8)
   --protect-mode full|diff
                           full: every step's protected state is copied whole to
@@ -114,9 +116,12 @@ Fault tolerance:
   --diff-fold N           diff: holders fold the log into the base every N steps
                           (1 to 4096, default 8); a holder holds about
                           (2 + N/3) x each owner's optimizer state with the raw
-                          codec (full mode: 2x)
+                          codec (full mode: 2x). Under --redundancy ec nothing
+                          folds (base refreshes take the place of folds)
   --base-every B          diff: a fresh base every B steps, sent in paced chunks
-                          (1 to 2^31, default 100)
+                          (1 to 2^31, default 100); under --redundancy ec only
+                          the bases are coded and each log holder keeps up to
+                          about B steps per rank (warned above 4 x --diff-fold)
   --diff-codec raw|int8[:B]|topk:K
                           diff: how gradients are encoded; raw (default) is
                           lossless and restores bitwise, int8 (blocks of B

@@ -841,3 +841,80 @@ func TestHotSwapEC(t *testing.T) {
 		}
 	}
 }
+
+// TestHotSwapECDiff is TestHotSwapEC in diff mode: --protect-mode diff
+// --redundancy ec:2+2 --base-every 8 (dptrain with --device-grad, the
+// replay optimizer), two of four hosts lost at once while the survivors
+// compute, in both recovery modes. Only the bases are coded: a lost rank
+// without a clear copy is decoded at H, the newest base every rank has,
+// and replays its differentials (H, G] from a log holder. Both data hosts
+// (decode + replay), and a data with a parity host (mixed): the job must
+// end as a run without failure, exit 0 with the same final hashes.
+func TestHotSwapECDiff(t *testing.T) {
+	c := newHSCluster(t, 4, 2)
+	flags := []string{"--redundancy", "ec:2+2", "--protect-mode", "diff", "--base-every", "8"}
+	extra := []string{"--device-grad"}
+	hosts := make([]topology.Host, len(c.hosts.Names))
+	for i, n := range c.hosts.Names {
+		hosts[i] = topology.Host{Name: n, Slots: 2, Spare: i >= c.work}
+	}
+	asg, err := topology.MapRanks(hosts, topology.MapOptions{NP: 2 * c.work, By: topology.MapBySlot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, err := topology.PlanEC(hosts, asg, topology.ECOptions{K: 2, M: 2})
+	if err != nil || len(groups) != 1 {
+		t.Fatalf("PlanEC = %v, %v; want one group", groups, err)
+	}
+	g := groups[0]
+	t.Logf("data hosts %v, parity hosts %v", g.Data, g.Parity)
+	wantP, wantO := hsReference(t, c, extra...)
+	for _, mode := range []string{"restart", "in-place"} {
+		for _, tc := range []struct {
+			name string
+			lost []int
+		}{
+			{"data+data", []int{g.Data[0], g.Data[1]}},
+			{"data+parity", []int{g.Data[0], g.Parity[0]}},
+		} {
+			t.Run(mode+"/"+tc.name, func(t *testing.T) {
+				r := c.start(t, append([]string{"--recovery", mode}, flags...), append([]string{"--protect"}, extra...)...)
+				// Past the second base (H >= 8 once coded): the decode
+				// has differentials to replay.
+				r.waitStep(t, 20)
+				for _, h := range tc.lost {
+					if err := c.hosts.KillAll(h); err != nil {
+						t.Fatal(err)
+					}
+				}
+				res := r.finish(t, 0, len(tc.lost))
+				defer func() {
+					if t.Failed() {
+						t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+					}
+				}()
+				checkHashes(t, res, wantP, wantO)
+				evs := readEvents(t, r.events)
+				var with []string
+				for _, s := range ofKind(evs, "splice") {
+					with = append(with, s.With)
+				}
+				slices.Sort(with)
+				if want := c.hosts.Names[c.work:]; !slices.Equal(with, want) {
+					t.Errorf("spliced in %v, want both spares %v", with, want)
+				}
+				// The ranks of the data host lost first keep no clear copy
+				// but their own slot, lost with it: some plan decodes.
+				if !regexp.MustCompile(` r\d+<-decode,`).MatchString(res.stderr) {
+					t.Errorf("no restore plan decodes")
+				}
+				if !strings.Contains(res.stderr, "H = ") {
+					t.Errorf("-v does not show H beside G")
+				}
+				if mode == "in-place" && len(ofKind(evs, "restart")) > 0 {
+					t.Errorf("in-place recovery restarted the ranks: %+v", ofKind(evs, "restart"))
+				}
+			})
+		}
+	}
+}

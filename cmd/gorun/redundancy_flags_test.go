@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -27,8 +28,10 @@ func TestBadRedundancyInput(t *testing.T) {
 		{"one host for ec:2+2", []string{"--redundancy", "ec:2+2", "-np", "2", "true"}, "--redundancy ec:2+2: only 1 host with ranks; a group needs 2 data + 2 parity hosts"},
 		{"three hosts for ec:2+2", []string{"--redundancy", "ec:2+2", "-H", "127.0.0.1,127.0.0.2,127.0.0.3", "true"},
 			"--redundancy ec:2+2: only 3 hosts with ranks; a group needs 2 data + 2 parity hosts"},
-		{"ec in diff mode", []string{"--redundancy", "ec:2+2", "--protect-mode", "diff", "true"},
-			"--protect-mode diff with --redundancy ec:2+2: not supported (the differentials since the last coded base would need 2 unfolded copies, more memory than replicas); for the same tolerance use --protect-mode diff --redundancy replicas:2, or --protect-mode full --redundancy ec:2+2"},
+		{"ec in diff mode, one host", []string{"--redundancy", "ec:2+2", "--protect-mode", "diff", "-np", "2", "true"},
+			"--redundancy ec:2+2: only 1 host with ranks; a group needs 2 data + 2 parity hosts"},
+		{"ec in diff mode, more than 16 parity hosts", []string{"--redundancy", "ec:2+17", "--protect-mode", "diff", "true"},
+			"--redundancy ec:2+17 with --protect-mode diff: at most 16 parity hosts, not 17"},
 		{"ranks not a multiple of K", []string{"--redundancy", "ec:2+1", "-H", "127.0.0.1,127.0.0.2,127.0.0.3", "true"},
 			"--redundancy ec:2+1: group 0 has 3 ranks on hosts"},
 	}
@@ -107,6 +110,35 @@ func TestRedundancyVerbose(t *testing.T) {
 			}
 			if !strings.Contains(res.stderr, tc.want) {
 				t.Errorf("stderr does not say %q:\n%s", tc.want, res.stderr)
+			}
+		})
+	}
+}
+
+// TestECDiffAccepted: --protect-mode diff with --redundancy ec:K+M runs
+// (it exited 2 before diff mode under EC was built), and gorun warns,
+// naming the logs' memory, when --base-every is more than 4 x
+// --diff-fold: the differentials after the newest coded base cannot fold.
+// It says so once, with -v too.
+func TestECDiffAccepted(t *testing.T) {
+	for _, tc := range []struct {
+		baseEvery string
+		verbose   bool
+		warnings  int
+	}{{"100", false, 1}, {"100", true, 1}, {"8", false, 0}} {
+		t.Run(fmt.Sprintf("base-every=%s,v=%v", tc.baseEvery, tc.verbose), func(t *testing.T) {
+			args := []string{"--redundancy", "ec:2+2", "--protect-mode", "diff", "--base-every", tc.baseEvery,
+				"-H", "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4"}
+			if tc.verbose {
+				args = append(args, "-v")
+			}
+			res := runJob(t, "", nil, append(args, "true")...)
+			if res.code != 0 {
+				t.Fatalf("exit %d, want 0\nstderr:\n%s", res.code, res.stderr)
+			}
+			const warning = "the differentials after the newest coded base cannot fold, so each of a rank's 2 log holders keeps up to 108 steps of them (base-every 100 + refresh 8)"
+			if got := strings.Count(res.stderr, warning); got != tc.warnings {
+				t.Fatalf("warned %d times, want %d:\n%s", got, tc.warnings, res.stderr)
 			}
 		})
 	}

@@ -109,10 +109,11 @@ func listenReplicas(addr string) (net.Listener, int, error) {
 // tablePlacement is table t's placement for the state protection of
 // host: its ranks, every rank's host and holders, the restore plan, the
 // erasure-coding layout (tableEC), and the table's epoch and G (which
-// label the erasure-coded shares of the steps committed in it).
+// label the erasure-coded shares of the steps committed in it); in diff
+// mode under EC also every rank's log-only holders and H.
 func tablePlacement(t *wire.EpochTable, host int) rank.Placement {
 	p := rank.Placement{HostOf: make([]int, t.World), Holders: t.HolderLists(), // rows checked by wire
-		Epoch: t.Epoch, G: t.G}
+		Epoch: t.Epoch, G: t.G, Logs: t.LogLists(), H: t.H}
 	hostRanks := make([][]int, len(t.Hosts))
 	for h, places := range t.Placements() {
 		for _, pl := range places {
@@ -197,9 +198,12 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 		return nil, err
 	}
 	p.host = h
-	if len(pl.Sources) > 0 {
-		// NewHost takes no restore plan: a host that starts in a recovery
-		// epoch (a spare joining late) gets it now.
+	if len(pl.Sources) > 0 || len(pl.Logs) > 0 {
+		// NewHost takes no restore plan and no log-only holders (diff
+		// mode under EC): a host that starts in a recovery epoch (a spare
+		// joining late), or in any epoch of diff mode under EC, gets them
+		// now through SetPlacement (which keeps the rest as NewHost made
+		// it).
 		p.placed = rank.Placement{}
 	}
 	if err := p.setTable(t); err != nil {
@@ -239,6 +243,7 @@ func (p *protection) setTable(t *wire.EpochTable) error {
 	// Restart).
 	if t.G >= 0 {
 		p.host.SetG(t.Gen, t.G)
+		p.host.SetH(t.Gen, t.H) // diff mode under EC; nothing in other modes
 	}
 	if t.Epoch > p.epoch.Load() {
 		p.epoch.Store(t.Epoch)
@@ -290,7 +295,7 @@ func (p *protection) publish() {
 			u.Ranks[i] = wire.RankProgress{Rank: q.Rank, Committed: q.Committed, Replicated: q.Replicated, Stages: q.Stages, WaitNS: q.WaitNS,
 				ReplSteps: q.ReplSteps, ReplNS: q.ReplNS, ReplBytes: q.ReplBytes, Restores: q.Restores,
 				ReplBaseBytes: q.ReplBaseBytes, ReplDiffBytes: q.ReplDiffBytes, DiffLocal: q.DiffLocal, DiffNet: q.DiffNet,
-				SourceLocal: q.SourceLocal, SourceNet: q.SourceNet}
+				SourceLocal: q.SourceLocal, SourceNet: q.SourceNet, Base: q.Base}
 		}
 		if f := p.host.FoldStats(); f.Steps > 0 || len(f.Drifts) > 0 {
 			u.Fold = &wire.HostFold{Steps: f.Steps, NS: f.NS}
@@ -343,6 +348,9 @@ func (p *protection) onG(m *nats.Msg) {
 		return
 	}
 	p.host.SetG(g.Gen, g.G)
+	// H <= G (checked by wire): the bases at H are kept once G is
+	// known. Nothing in modes other than diff under EC.
+	p.host.SetH(g.Gen, g.H)
 }
 
 // close stops the state protection and removes this host's slot files.

@@ -51,10 +51,26 @@ func TestTablePlacementEC(t *testing.T) {
 			for _, g := range groups {
 				tab.EC.Groups = append(tab.EC.Groups, wire.ECGroupRow{Hosts: g.Hosts, Data: g.Data, Parity: g.Parity, DataGroups: g.DataGroups})
 			}
+			// Diff mode's log-only holders and H ride along.
+			rankHost := make([]int, tab.World)
+			hostRanks := make([][]int, len(tc.perHost))
+			for _, a := range assign {
+				rankHost[a.Rank] = a.Host
+				hostRanks[a.Host] = append(hostRanks[a.Host], a.Rank)
+			}
+			logs := topology.ECLogHolders(groups, rankHost, hostRanks)
+			for r, ls := range logs {
+				if len(ls) > 0 {
+					tab.Logs = append(tab.Logs, wire.HolderRow{Rank: r, Holders: ls})
+				}
+			}
+			tab.H = 2
 			tab, err = wire.DecodeEpochTable(tab.Encode())
 			if err != nil {
 				t.Fatal(err)
 			}
+			wantLogs := make([][]int, tab.World)
+			copy(wantLogs, logs)
 			want := make([]topology.ECGroup, len(groups))
 			for i, g := range groups {
 				want[i] = g
@@ -71,13 +87,16 @@ func TestTablePlacementEC(t *testing.T) {
 				if pl.Epoch != 7 || pl.G != 3 {
 					t.Errorf("host %d: placement epoch %d, G %d; want the table's 7 and 3 (they label the shares)", host, pl.Epoch, pl.G)
 				}
+				if !reflect.DeepEqual(pl.Logs, wantLogs) || pl.H != 2 {
+					t.Errorf("host %d: Logs %v, H %d; want %v and 2", host, pl.Logs, pl.H, wantLogs)
+				}
 				if !reflect.DeepEqual(pl.Sources, tc.wantSource) {
 					t.Errorf("host %d: Sources %+v, want %+v", host, pl.Sources, tc.wantSource)
 				}
 			}
-			tab.EC, tab.Restore = nil, nil
-			if pl := tablePlacement(tab, 0); pl.EC != nil {
-				t.Errorf("a table without EC: placement EC %+v", pl.EC)
+			tab.EC, tab.Restore, tab.Logs, tab.H = nil, nil, nil, 0
+			if pl := tablePlacement(tab, 0); pl.EC != nil || pl.Logs != nil || pl.H != 0 {
+				t.Errorf("a table without EC: placement EC %+v, Logs %v, H %d", pl.EC, pl.Logs, pl.H)
 			}
 		})
 	}

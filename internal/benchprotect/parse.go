@@ -149,9 +149,16 @@ func parseTable(stderr string) (*protTable, string) {
 }
 
 // parseRow parses "rank committed replicated stages rule-wait repl/step
-// MB/s"; the last two are "-" when nothing was replicated.
+// MB/s", and in diff mode under EC the coded base after them (not used
+// here); repl/step and MB/s are "-" when nothing was replicated.
 func parseRow(line string) (rankRow, bool) {
 	f := strings.Fields(line)
+	if len(f) == 8 {
+		if _, err := strconv.ParseInt(f[7], 10, 64); err != nil {
+			return rankRow{}, false
+		}
+		f = f[:7]
+	}
 	if len(f) != 7 {
 		return rankRow{}, false
 	}

@@ -76,6 +76,27 @@ gorun agent h0: time=y level=INFO msg="exiting as told"
 	}
 }
 
+// TestParseTableCodedBase: in diff mode under EC the table has the coded
+// base as an eighth column, and the title names H.
+func TestParseTableCodedBase(t *testing.T) {
+	log := `gorun: state protection: G = 151 (the step every rank can resume from), H = 144 (the newest coded base every rank has: a decode restores it and replays to G), mode diff (fold 8, base every 8 steps, codec raw)
+    rank  committed replicated   stages    rule wait    repl/step  repl MB/s coded base
+       0        151        151      152    1.514192s    139.837ms        880        144
+       1        151        150      152     1.71503s            -          -         -1
+       2        151        151      152     1.71503s    139.837ms        880       base
+`
+	tab, _ := parseTable(log)
+	if tab == nil || tab.g != 151 || len(tab.rows) != 2 {
+		t.Fatalf("table %+v, want G 151 and 2 rows (the third's base is not a step)", tab)
+	}
+	if r := tab.rows[0]; r.replicated != 151 || r.replPerStep != 139837*time.Microsecond || r.replMBps != 880 {
+		t.Errorf("row 0 %+v", r)
+	}
+	if r := tab.rows[1]; r.replicated != 150 || r.replPerStep != 0 {
+		t.Errorf("row 1 %+v", r)
+	}
+}
+
 // TestParseDiffSources: the sources of -v's last differential-protection
 // table, by rank.
 func TestParseDiffSources(t *testing.T) {

@@ -89,11 +89,7 @@ func (d *Diff) sum() uint32 {
 // differentials after it. Make one with New. It is safe for concurrent
 // use (see the package comment for who waits for whom).
 type Store struct {
-	// Immutable after New.
-	regions []Region
-	index   map[string]int // region name → index in regions
-	opt     Optimizer
-	optIdx  int
+	layout // immutable after New
 
 	// testFoldHook, when set (by tests, before the store is used), runs
 	// in Fold after it took its snapshot of the log, before it replays.
@@ -136,6 +132,15 @@ type Store struct {
 	drift *driftCheck
 }
 
+// layout is an owner's declared regions and optimizer layout, checked
+// (newLayout): what a Store and a Log check every differential against.
+type layout struct {
+	regions []Region
+	index   map[string]int // region name → index in regions
+	opt     Optimizer
+	optIdx  int
+}
+
 // base is a full copy of the owner's regions at a step. Its bytes change
 // only in Fold (under foldMu, for writing); step, data's slice headers and
 // exact change under Store.mu.
@@ -162,6 +167,7 @@ type entry struct {
 	// DecodeRecord verified over the rest of it: a step resent is the
 	// same if its record has the same length and CRC32C.
 	recSum uint32
+	sum    uint32 // the differential's Diff.Sum
 }
 
 func (e *entry) lossy() bool { return e.tensor.Codec != replay.Raw }
@@ -174,42 +180,51 @@ var hostLE = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 // with these regions (1 to MaxRegions, unique non-empty names, sizes 0 to
 // MaxRegionSize) and this optimizer layout.
 func New(regions []Region, opt Optimizer) (*Store, error) {
+	l, err := newLayout(regions, opt)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{layout: l, g: math.MaxInt64}, nil
+}
+
+// newLayout checks an owner's layout (see New) and returns it.
+func newLayout(regions []Region, opt Optimizer) (layout, error) {
 	if !hostLE {
-		return nil, errors.New("diffstore: needs a little-endian host")
+		return layout{}, errors.New("diffstore: needs a little-endian host")
 	}
 	if len(regions) < 1 || len(regions) > MaxRegions {
-		return nil, fmt.Errorf("diffstore: %d regions, want 1 to %d", len(regions), MaxRegions)
+		return layout{}, fmt.Errorf("diffstore: %d regions, want 1 to %d", len(regions), MaxRegions)
 	}
-	s := &Store{regions: append([]Region(nil), regions...), index: make(map[string]int, len(regions)), opt: opt, g: math.MaxInt64}
+	s := layout{regions: append([]Region(nil), regions...), index: make(map[string]int, len(regions)), opt: opt}
 	for i, r := range regions {
 		if r.Name == "" || len(r.Name) > maxNameLen {
-			return nil, fmt.Errorf("diffstore: region %d: name of %d bytes, want 1 to %d", i, len(r.Name), maxNameLen)
+			return layout{}, fmt.Errorf("diffstore: region %d: name of %d bytes, want 1 to %d", i, len(r.Name), maxNameLen)
 		}
 		if r.Size < 0 || r.Size > MaxRegionSize {
-			return nil, fmt.Errorf("diffstore: region %q: size %d outside [0, %d]", r.Name, r.Size, int64(MaxRegionSize))
+			return layout{}, fmt.Errorf("diffstore: region %q: size %d outside [0, %d]", r.Name, r.Size, int64(MaxRegionSize))
 		}
 		if _, dup := s.index[r.Name]; dup {
-			return nil, fmt.Errorf("diffstore: region %q given twice", r.Name)
+			return layout{}, fmt.Errorf("diffstore: region %q given twice", r.Name)
 		}
 		s.index[r.Name] = i
 	}
 	i, ok := s.index[opt.Region]
 	if !ok {
-		return nil, fmt.Errorf("diffstore: no optimizer region %q among the regions", opt.Region)
+		return layout{}, fmt.Errorf("diffstore: no optimizer region %q among the regions", opt.Region)
 	}
 	s.optIdx = i
 	size := regions[i].Size
 	if opt.N < 0 || opt.N > size/4 {
-		return nil, fmt.Errorf("diffstore: %d elements do not fit the optimizer region %q of %d bytes", opt.N, opt.Region, size)
+		return layout{}, fmt.Errorf("diffstore: %d elements do not fit the optimizer region %q of %d bytes", opt.N, opt.Region, size)
 	}
 	offs := [3]int64{opt.WOff, opt.MOff, opt.VOff}
 	for k, off := range offs {
 		if off < 0 || off%4 != 0 || off > size-4*opt.N {
-			return nil, fmt.Errorf("diffstore: optimizer offset %d (%c) not a multiple of 4 within [0, %d]", off, "WMV"[k], size-4*opt.N)
+			return layout{}, fmt.Errorf("diffstore: optimizer offset %d (%c) not a multiple of 4 within [0, %d]", off, "WMV"[k], size-4*opt.N)
 		}
 		for _, o := range offs[:k] {
 			if off < o+4*opt.N && o < off+4*opt.N {
-				return nil, fmt.Errorf("diffstore: optimizer ranges at offsets %d and %d overlap (%d elements)", o, off, opt.N)
+				return layout{}, fmt.Errorf("diffstore: optimizer ranges at offsets %d and %d overlap (%d elements)", o, off, opt.N)
 			}
 		}
 	}
@@ -364,7 +379,7 @@ func (s *Store) refreshLogsLocked() bool {
 }
 
 // decode checks d against the owner's layout and returns its log entry.
-func (s *Store) decode(d Diff) (*entry, error) {
+func (s *layout) decode(d Diff) (*entry, error) {
 	if got := d.sum(); got != d.Sum {
 		return nil, wrapf(ErrCorrupt, "differential of step %d: step, hyper-parameters and other regions have CRC32C %#08x, the owner's is %#08x", d.Step, got, d.Sum)
 	}
@@ -386,7 +401,7 @@ func (s *Store) decode(d Diff) (*entry, error) {
 	case int64(rec.Tensors[0].Len) != s.opt.N:
 		return nil, wrapf(ErrMismatch, "differential of step %d has %d elements, the optimizer %d", d.Step, rec.Tensors[0].Len, s.opt.N)
 	}
-	e := &entry{step: d.Step, hyper: d.Hyper, tensor: rec.Tensors[0], other: make([][]byte, len(s.regions)), bytes: int64(len(d.Record)),
+	e := &entry{step: d.Step, hyper: d.Hyper, sum: d.Sum, tensor: rec.Tensors[0], other: make([][]byte, len(s.regions)), bytes: int64(len(d.Record)),
 		rec: d.Record, recLen: len(d.Record), recSum: binary.LittleEndian.Uint32(d.Record[len(d.Record)-4:])}
 	if len(d.Other) != len(s.regions)-1 {
 		for name := range d.Other {

@@ -166,6 +166,7 @@ func FuzzDecodeUpProgress(f *testing.F) {
 		for _, r := range u.Ranks {
 			if r.Rank < 0 || r.Rank >= wire.MaxWorld || r.Committed < -1 || r.Committed > wire.MaxStep ||
 				r.Replicated < -1 || r.Replicated > r.Committed || r.Stages < 0 || r.WaitNS < 0 ||
+				r.Base < -1 || r.Base > max(r.Replicated, 0) ||
 				r.ReplBaseBytes < 0 || r.ReplDiffBytes < 0 || r.ReplBaseBytes+r.ReplDiffBytes > r.ReplBytes {
 				t.Fatalf("accepted %+v", r)
 			}
@@ -194,17 +195,27 @@ func FuzzDecodeUpProgress(f *testing.F) {
 		[]byte(`{"h":0,"gen":0,"ranks":[],"fold":{"s":-1,"t":0}}`),
 		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":-1,"p":-1}]}`),
 		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":3,"p":4}]}`),
+		wire.Marshal(&wire.UpProgress{Host: 1, Ranks: []wire.RankProgress{{Rank: 2, Committed: 17, Replicated: 16, Base: 8}}}),
+		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":7,"p":6,"b":-1}]}`),
+		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":7,"p":6,"b":8}]}`),
+		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":-1,"p":-1,"b":1}]}`),
+		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":-1,"p":-1,"b":-2}]}`),
 	)
 }
 
 func FuzzDecodeGlobalStep(f *testing.F) {
 	fuzzJSON(f, wire.DecodeGlobalStep, func(t *testing.T, g *wire.GlobalStep) {
-		if g.G < -1 || g.G > wire.MaxStep {
+		if g.G < -1 || g.G > wire.MaxStep || g.H < -1 || g.G >= 0 && g.H > g.G || g.G < 0 && g.H > 0 {
 			t.Fatalf("accepted %+v", g)
 		}
 	},
 		wire.Marshal(&wire.GlobalStep{Gen: 1, G: 5}),
+		wire.Marshal(&wire.GlobalStep{Gen: 1, G: 17, H: 16}),
+		wire.Marshal(&wire.GlobalStep{Gen: 1, G: 5, H: -1}),
 		[]byte(`{"gen":0,"g":-2}`),
+		[]byte(`{"gen":0,"g":5,"h":6}`),
+		[]byte(`{"gen":0,"g":-1,"h":1}`),
+		[]byte(`{"gen":0,"g":5,"h":-2}`),
 	)
 }
 
@@ -231,6 +242,22 @@ func FuzzDecodeEpochTable(f *testing.F) {
 		memberTable(),
 		ecTable(),
 		ecRecoveryTable(),
+		ecDiffTable(),
+		func() *wire.EpochTable { // a recovery epoch of diff mode under EC
+			t := ecDiffTable()
+			t.Epoch, t.Gen, t.G, t.H = 2, 1, 41, 32
+			return t
+		}(),
+		func() *wire.EpochTable { // invalid: a rank its own log holder
+			t := ecDiffTable()
+			t.Logs[0].Holders[0] = 0
+			return t
+		}(),
+		func() *wire.EpochTable { // invalid: H past G
+			t := ecDiffTable()
+			t.G, t.H = 5, 6
+			return t
+		}(),
 		func() *wire.EpochTable { // invalid: data groups of unequal length
 			t := ecTable()
 			t.EC.Groups[0].DataGroups = [][]int{{0, 1, 2}, {3, 4, 5, 6, 7}}
@@ -239,6 +266,7 @@ func FuzzDecodeEpochTable(f *testing.F) {
 	} {
 		f.Add(tab.Encode())
 	}
+	f.Add([]byte{'T', 5})
 	f.Add([]byte{'T', 4})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {

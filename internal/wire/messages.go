@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 )
@@ -307,6 +308,14 @@ type EpochTable struct {
 	// Holders are the clear copies' holders: each rank's data host's
 	// lowest rank, none for a rank that runs on its data host.
 	EC *ECTable `json:"ec,omitempty"`
+	// Logs are, in diff mode under erasure coding, every rank's log-only
+	// holders (topology.ECLogHolders), one row per rank that has any, in
+	// rank order: the ranks that keep its differentials after the newest
+	// coded base besides its clear copy's holder. H is the epoch's newest
+	// coded base step (GlobalStep.H) when the table was published (-1:
+	// none yet; 0 and omitted outside diff mode under EC).
+	Logs []HolderRow `json:"logs,omitempty"`
+	H    int64       `json:"h,omitempty"`
 }
 
 // TableHost is one host of an EpochTable.
@@ -389,27 +398,19 @@ func (t *EpochTable) checkPlan() error {
 		return malformed("epoch table: %d holder rows and %d restore rows for %d ranks", len(t.Holders), len(t.Restore), t.World)
 	}
 	inWorld := func(r int) bool { return r >= 0 && r < t.World }
-	last := -1
-	for _, row := range t.Holders {
-		if !inWorld(row.Rank) || row.Rank <= last {
-			return malformed("epoch table: holder row of rank %d out of order or range", row.Rank)
-		}
-		last = row.Rank
-		if len(row.Holders) == 0 || len(row.Holders) > MaxHolders {
-			return malformed("epoch table: rank %d has %d holders", row.Rank, len(row.Holders))
-		}
-		for i, h := range row.Holders {
-			if !inWorld(h) || h == row.Rank {
-				return malformed("epoch table: rank %d held by rank %d", row.Rank, h)
-			}
-			for _, x := range row.Holders[:i] {
-				if x == h {
-					return malformed("epoch table: rank %d held twice by rank %d", row.Rank, h)
-				}
-			}
-		}
+	if err := checkHolderRows(t.Holders, t.World, "holder"); err != nil {
+		return err
 	}
-	last = -1
+	if len(t.Logs) > 0 && t.EC == nil {
+		return malformed("epoch table: %d log holder rows, but the table has no erasure code", len(t.Logs))
+	}
+	if err := checkHolderRows(t.Logs, t.World, "log holder"); err != nil {
+		return err
+	}
+	if t.H < -1 || t.H > MaxStep || t.G >= 0 && t.H > t.G || t.G < 0 && t.H > 0 {
+		return malformed("epoch table: coded base step %d with resume step %d", t.H, t.G)
+	}
+	last := -1
 	for _, row := range t.Restore {
 		if !inWorld(row.Rank) || row.Rank <= last {
 			return malformed("epoch table: restore row of rank %d out of order or range", row.Rank)
@@ -422,14 +423,55 @@ func (t *EpochTable) checkPlan() error {
 	return t.checkEC()
 }
 
+// checkHolderRows checks rows of holders (what: "holder" or "log
+// holder") of a world of world ranks: at most one row per rank, in
+// increasing rank order, each naming 1 to MaxHolders distinct ranks of
+// the world other than its own.
+func checkHolderRows(rows []HolderRow, world int, what string) error {
+	if len(rows) > world {
+		return malformed("epoch table: %d %s rows for %d ranks", len(rows), what, world)
+	}
+	inWorld := func(r int) bool { return r >= 0 && r < world }
+	last := -1
+	for _, row := range rows {
+		if !inWorld(row.Rank) || row.Rank <= last {
+			return malformed("epoch table: %s row of rank %d out of order or range", what, row.Rank)
+		}
+		last = row.Rank
+		if len(row.Holders) == 0 || len(row.Holders) > MaxHolders {
+			return malformed("epoch table: rank %d has %d %ss", row.Rank, len(row.Holders), what)
+		}
+		for i, h := range row.Holders {
+			if !inWorld(h) || h == row.Rank {
+				return malformed("epoch table: rank %d %s rank %d", row.Rank, what+" is", h)
+			}
+			if slices.Contains(row.Holders[:i], h) {
+				return malformed("epoch table: rank %d has %s rank %d twice", row.Rank, what, h)
+			}
+		}
+	}
+	return nil
+}
+
+// LogLists returns every rank's log-only holders (nil rows for ranks
+// without; nil without any), as HolderLists does the holders.
+func (t *EpochTable) LogLists() [][]int {
+	return rowLists(t.Logs, t.World)
+}
+
 // HolderLists returns every rank's holders (nil rows for ranks without;
 // nil without any holders).
 func (t *EpochTable) HolderLists() [][]int {
-	if len(t.Holders) == 0 {
+	return rowLists(t.Holders, t.World)
+}
+
+// rowLists returns rows as a list per rank of world (nil without rows).
+func rowLists(rows []HolderRow, world int) [][]int {
+	if len(rows) == 0 {
 		return nil
 	}
-	out := make([][]int, t.World)
-	for _, row := range t.Holders {
+	out := make([][]int, world)
+	for _, row := range rows {
 		out[row.Rank] = row.Holders
 	}
 	return out

@@ -341,3 +341,68 @@ func TestMarshalPanicsOnUnencodable(t *testing.T) {
 	}()
 	wire.Marshal(make(chan int))
 }
+
+// TestDecodeProgressCodedBase checks RankProgress.Base and GlobalStep.H
+// (diff mode under erasure coding): a coded base is a replicated step
+// (its differentials after it are at the holders too) and H is at most G;
+// 0, their value in every other mode, goes with any step.
+func TestDecodeProgressCodedBase(t *testing.T) {
+	progress := func(c, p, b int64) []byte {
+		return wire.Marshal(&wire.UpProgress{Host: 1, Ranks: []wire.RankProgress{{Rank: 2, Committed: c, Replicated: p, Base: b}}})
+	}
+	for _, tc := range []struct {
+		name    string
+		c, p, b int64
+		ok      bool
+	}{
+		{"no base yet", 7, 6, -1, true},
+		{"base below replicated", 17, 16, 8, true},
+		{"base at committed", 8, 8, 8, true},
+		{"other modes: 0 before any commit", -1, -1, 0, true},
+		{"other modes: 0", 9, 9, 0, true},
+		{"base past committed", 7, 6, 8, false},
+		{"base past replicated", 9, 6, 8, false},
+		{"base with nothing replicated", 9, -1, 8, false},
+		{"base without a commit", -1, -1, 1, false},
+		{"base below -1", 7, 6, -2, false},
+	} {
+		t.Run("progress/"+tc.name, func(t *testing.T) {
+			u, err := wire.DecodeUpProgress(progress(tc.c, tc.p, tc.b))
+			switch {
+			case tc.ok && err != nil:
+				t.Fatalf("DecodeUpProgress: %v", err)
+			case tc.ok && u.Ranks[0].Base != tc.b:
+				t.Fatalf("Base = %d, want %d", u.Ranks[0].Base, tc.b)
+			case !tc.ok && !errors.Is(err, wire.ErrMalformed):
+				t.Fatalf("DecodeUpProgress = %+v, %v; want ErrMalformed", u, err)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name string
+		g, h int64
+		ok   bool
+	}{
+		{"no base yet", 5, -1, true},
+		{"H below G", 17, 16, true},
+		{"H at G", 16, 16, true},
+		{"nothing protected, no base", -1, -1, true},
+		{"other modes", 5, 0, true},
+		{"other modes, nothing protected", -1, 0, true},
+		{"H past G", 5, 6, false},
+		{"H without G", -1, 1, false},
+		{"H below -1", 5, -2, false},
+	} {
+		t.Run("global/"+tc.name, func(t *testing.T) {
+			g, err := wire.DecodeGlobalStep(wire.Marshal(&wire.GlobalStep{Gen: 1, G: tc.g, H: tc.h}))
+			switch {
+			case tc.ok && err != nil:
+				t.Fatalf("DecodeGlobalStep: %v", err)
+			case tc.ok && (g.G != tc.g || g.H != tc.h):
+				t.Fatalf("decoded %+v, want G %d, H %d", g, tc.g, tc.h)
+			case !tc.ok && !errors.Is(err, wire.ErrMalformed):
+				t.Fatalf("DecodeGlobalStep = %+v, %v; want ErrMalformed", g, err)
+			}
+		})
+	}
+}

@@ -35,6 +35,12 @@ type RankProgress struct {
 	// generation: a rank restored in a recovery epoch has more than when
 	// the epoch was published.
 	Restores int64 `json:"rr,omitempty"`
+	// Base is, in diff mode under erasure coding, the rank's newest coded
+	// base (rank.Progress.Base): the newest base step b <= Replicated
+	// whose every parity row has the rank's share of b and whose clear
+	// bytes at b are kept on the rank's data host; -1 for none. The
+	// launcher's H is the minimum over the ranks. 0 otherwise (omitted).
+	Base int64 `json:"b,omitempty"`
 }
 
 // UpProgress is an agent's report of its ranks' progress, sent when it
@@ -91,6 +97,11 @@ func DecodeUpProgress(b []byte) (*UpProgress, error) {
 			return nil, malformed("progress: rank %d out of range", r.Rank)
 		case r.Committed < -1 || r.Committed > MaxStep || r.Replicated < -1 || r.Replicated > r.Committed:
 			return nil, malformed("progress: rank %d steps %d/%d", r.Rank, r.Committed, r.Replicated)
+		case r.Base < -1 || r.Base > max(r.Replicated, 0):
+			// A coded base is a replicated step (0, the value outside
+			// diff mode under EC, goes with any): the launcher's H, the
+			// minimum of the bases, is then never above its G.
+			return nil, malformed("progress: rank %d coded base %d, replicated %d", r.Rank, r.Base, r.Replicated)
 		case r.Stages < 0 || r.WaitNS < 0 || r.ReplSteps < 0 || r.ReplNS < 0 || r.ReplBytes < 0 || r.Restores < 0,
 			r.ReplBaseBytes < 0 || r.ReplDiffBytes < 0 || r.ReplBaseBytes > r.ReplBytes || r.ReplDiffBytes > r.ReplBytes-r.ReplBaseBytes:
 			return nil, malformed("progress: rank %d counters", r.Rank)
@@ -116,6 +127,12 @@ func DecodeUpProgress(b []byte) (*UpProgress, error) {
 type GlobalStep struct {
 	Gen uint64 `json:"gen"`
 	G   int64  `json:"g"`
+	// H is, in diff mode under erasure coding, the newest step every rank
+	// has a coded base of (the minimum of RankProgress.Base; H <= G):
+	// recovery decodes a lost rank's state at H and replays its
+	// differentials (H, G]. The launcher publishes when G or H advances.
+	// 0 otherwise (omitted).
+	H int64 `json:"h,omitempty"`
 }
 
 // DecodeGlobalStep decodes and validates a GlobalStep.
@@ -126,6 +143,10 @@ func DecodeGlobalStep(b []byte) (*GlobalStep, error) {
 	}
 	if g.G < -1 || g.G > MaxStep {
 		return nil, malformed("global step %d out of range", g.G)
+	}
+	if g.H < -1 || g.H > max(g.G, 0) {
+		// H <= G, and 0 (outside diff mode under EC) goes with any G.
+		return nil, malformed("global step %d: coded base step %d", g.G, g.H)
 	}
 	return &g, nil
 }

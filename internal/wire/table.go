@@ -6,7 +6,7 @@ import (
 )
 
 // tableMagic starts every encoded epoch table; the second byte is the format version.
-var tableMagic = [2]byte{'T', 4}
+var tableMagic = [2]byte{'T', 5}
 
 // Encode encodes t in the compact binary form every agent of the job
 // receives (once per epoch, so at 10,000 hosts its size and decoding cost
@@ -22,11 +22,14 @@ var tableMagic = [2]byte{'T', 4}
 //	uvarint(K) [ uvarint(M) uvarint(ngroups)
 //	  { K+M × uvarint(host) K × uvarint(data host) M × uvarint(parity host)
 //	    uvarint(L) K×L × uvarint(rank) }* ]
+//	uvarint(nlogRows) { uvarint(rank) uvarint(n) { uvarint(holder) }* }*
+//	uvarint(H+1)
 //
 // where str is uvarint(len) followed by the bytes, flags has bit 0 for
 // Spare and bit 1 for Fenced, rflags bit 0 for Decode, K is 0 for a table
 // without EC (and nothing follows it), and L is the length of each of a
-// group's K data groups, which follow one another.
+// group's K data groups, which follow one another. The log rows
+// (diff mode under erasure coding) are written as the holder rows are.
 func (t *EpochTable) Encode() []byte {
 	n := 32 + len(t.Job) + len(t.MasterAddr)
 	for _, h := range t.Hosts {
@@ -35,7 +38,10 @@ func (t *EpochTable) Encode() []byte {
 	for _, row := range t.Holders {
 		n += 4 + 3*len(row.Holders)
 	}
-	n += 10 * len(t.Restore)
+	for _, row := range t.Logs {
+		n += 4 + 3*len(row.Holders)
+	}
+	n += 10*len(t.Restore) + 10
 	if t.EC != nil {
 		n += 3 + 3*t.World
 		for _, g := range t.EC.Groups {
@@ -72,14 +78,7 @@ func (t *EpochTable) Encode() []byte {
 	}
 	b = binary.AppendUvarint(b, t.Gen)
 	b = binary.AppendUvarint(b, uint64(t.G+1))
-	b = binary.AppendUvarint(b, uint64(len(t.Holders)))
-	for _, row := range t.Holders {
-		b = binary.AppendUvarint(b, uint64(row.Rank))
-		b = binary.AppendUvarint(b, uint64(len(row.Holders)))
-		for _, h := range row.Holders {
-			b = binary.AppendUvarint(b, uint64(h))
-		}
-	}
+	b = appendHolderRows(b, t.Holders)
 	b = binary.AppendUvarint(b, uint64(len(t.Restore)))
 	for _, row := range t.Restore {
 		b = binary.AppendUvarint(b, uint64(row.Rank))
@@ -91,7 +90,23 @@ func (t *EpochTable) Encode() []byte {
 		}
 		b = binary.AppendUvarint(b, rflags)
 	}
-	return t.EC.append(b)
+	b = t.EC.append(b)
+	b = appendHolderRows(b, t.Logs)
+	return binary.AppendUvarint(b, uint64(t.H+1))
+}
+
+// appendHolderRows appends rows as Encode writes them: their count, then
+// each row's rank, holder count and holders.
+func appendHolderRows(b []byte, rows []HolderRow) []byte {
+	b = binary.AppendUvarint(b, uint64(len(rows)))
+	for _, row := range rows {
+		b = binary.AppendUvarint(b, uint64(row.Rank))
+		b = binary.AppendUvarint(b, uint64(len(row.Holders)))
+		for _, h := range row.Holders {
+			b = binary.AppendUvarint(b, uint64(h))
+		}
+	}
+	return b
 }
 
 // append appends ec as Encode writes it (K = 0 for a nil ec).
@@ -227,24 +242,9 @@ func DecodeEpochTable(b []byte) (*EpochTable, error) {
 	t.G = int64(r.uvarint(MaxStep+1, "resume step")) - 1
 	// A row takes at least 2 bytes (holder rows 3): bound the allocations
 	// by the input.
-	nh := r.uvarint(min(uint64(t.World), uint64(len(r.b))/3), "holder row count")
+	t.Holders = r.holderRows(t.World, "holder")
 	if r.err != nil {
 		return nil, r.err
-	}
-	if nh > 0 {
-		t.Holders = make([]HolderRow, nh)
-	}
-	for i := range t.Holders {
-		row := &t.Holders[i]
-		row.Rank = int(r.uvarint(MaxWorld, "holder row rank"))
-		n := r.uvarint(min(MaxHolders, uint64(len(r.b))), "holder count")
-		if r.err != nil {
-			return nil, r.err
-		}
-		row.Holders = make([]int, n)
-		for k := range row.Holders {
-			row.Holders[k] = int(r.uvarint(MaxWorld, "holder"))
-		}
 	}
 	nrs := r.uvarint(min(uint64(t.World), uint64(len(r.b))/3), "restore row count")
 	if r.err != nil {
@@ -262,6 +262,8 @@ func DecodeEpochTable(b []byte) (*EpochTable, error) {
 		}
 	}
 	t.EC = r.ecTable(len(t.Hosts), t.World)
+	t.Logs = r.holderRows(t.World, "log holder")
+	t.H = int64(r.uvarint(MaxStep+1, "coded base step")) - 1
 	if r.err != nil {
 		return nil, r.err
 	}
@@ -272,6 +274,30 @@ func DecodeEpochTable(b []byte) (*EpochTable, error) {
 		return nil, err
 	}
 	return t, nil
+}
+
+// holderRows decodes rows as appendHolderRows writes them, of a world of
+// world ranks (nil for none); what names them in errors. A row takes at
+// least 3 bytes: the allocations are bounded by the input left.
+func (r *reader) holderRows(world int, what string) []HolderRow {
+	n := r.uvarint(min(uint64(world), uint64(len(r.b))/3), what+" row count")
+	if r.err != nil || n == 0 {
+		return nil
+	}
+	rows := make([]HolderRow, n)
+	for i := range rows {
+		row := &rows[i]
+		row.Rank = int(r.uvarint(MaxWorld, what+" row rank"))
+		k := r.uvarint(min(MaxHolders, uint64(len(r.b))), what+" count")
+		if r.err != nil {
+			return nil
+		}
+		row.Holders = make([]int, k)
+		for j := range row.Holders {
+			row.Holders[j] = int(r.uvarint(MaxWorld, what))
+		}
+	}
+	return rows
 }
 
 // ecTable decodes the erasure-coding section of a table of nhosts hosts

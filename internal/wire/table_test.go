@@ -105,6 +105,17 @@ func TestEpochTableRoundTrip(t *testing.T) {
 			g.Hosts, g.Data, g.Parity = []int{1, 1, 1, 1}, []int{1, 1}, []int{1, 1}
 			return t
 		}()},
+		{"diff mode under erasure coding, first epoch", ecDiffTable()},
+		{"diff mode under erasure coding, recovery epoch", func() *wire.EpochTable {
+			t := ecDiffTable()
+			t.Epoch, t.Gen, t.G, t.H = 2, 1, 41, 32
+			return t
+		}()},
+		{"diff mode under erasure coding, H at G", func() *wire.EpochTable {
+			t := ecDiffTable()
+			t.G, t.H = 16, 16
+			return t
+		}()},
 		{"erasure coded, largest code", func() *wire.EpochTable {
 			// 256 hosts, one group of 255 data hosts of one rank each and
 			// a parity host without ranks.
@@ -172,6 +183,20 @@ func ecTable() *wire.EpochTable {
 	return t
 }
 
+// ecDiffTable is ecTable's job run with --protect-mode diff: ranks on a
+// host other than their data host (2, 3, 6, 7) have their clear copy's
+// holder and one log-only holder, those on their data host (0, 1, 4, 5)
+// two log-only holders, never on their own host nor their data host
+// (topology.ECLogHolders); no base coded yet.
+func ecDiffTable() *wire.EpochTable {
+	t := ecTable()
+	t.H = -1
+	t.Logs = []wire.HolderRow{{Rank: 0, Holders: []int{2, 6}}, {Rank: 1, Holders: []int{6, 2}}, {Rank: 2, Holders: []int{4}},
+		{Rank: 3, Holders: []int{6}}, {Rank: 4, Holders: []int{0, 2}}, {Rank: 5, Holders: []int{2, 0}},
+		{Rank: 6, Holders: []int{2}}, {Rank: 7, Holders: []int{0}}}
+	return t
+}
+
 // ecRecoveryTable is ecTable's job after data hosts 0 and 2 were lost at
 // once: the spare (host 4) took host 0's place and ranks; host 2 is fenced
 // and its ranks moved to host 3's free slots, but it keeps its place: a
@@ -226,6 +251,13 @@ func ecOtherGroupTable() *wire.EpochTable {
 		{Hosts: []int{5, 1, 2, 3}, Data: []int{5, 2}, Parity: []int{1, 3}, DataGroups: [][]int{{0, 1}, {2, 3}}},
 		{Hosts: []int{4, 5, 6, 7}, Data: []int{4, 6}, Parity: []int{5, 7}, DataGroups: [][]int{{4, 5}, {6, 7}}},
 	}}
+	return t
+}
+
+// logTab returns ecDiffTable changed by f.
+func logTab(f func(t *wire.EpochTable)) *wire.EpochTable {
+	t := ecDiffTable()
+	f(t)
 	return t
 }
 
@@ -366,6 +398,25 @@ func TestEpochTableRejects(t *testing.T) {
 			t.EC.Groups = append(t.EC.Groups, t.EC.Groups[0])
 			return t
 		}()},
+		{"log rows without erasure code", tab(func(t *wire.EpochTable) {
+			t.Logs = []wire.HolderRow{{Rank: 0, Holders: []int{2}}}
+		})},
+		{"log rows out of order", logTab(func(t *wire.EpochTable) { t.Logs[0], t.Logs[1] = t.Logs[1], t.Logs[0] })},
+		{"two log rows of a rank", logTab(func(t *wire.EpochTable) { t.Logs[1].Rank = 0 })},
+		{"log row past world", logTab(func(t *wire.EpochTable) { t.Logs[7].Rank = 8 })},
+		{"negative log row", logTab(func(t *wire.EpochTable) { t.Logs[0].Rank = -1 })},
+		{"more log rows than ranks", logTab(func(t *wire.EpochTable) {
+			t.Logs = append(t.Logs, wire.HolderRow{Rank: 8, Holders: []int{0}})
+		})},
+		{"rank its own log holder", logTab(func(t *wire.EpochTable) { t.Logs[2].Holders[0] = 2 })},
+		{"log holder twice", logTab(func(t *wire.EpochTable) { t.Logs[0].Holders[1] = 2 })},
+		{"log holder past world", logTab(func(t *wire.EpochTable) { t.Logs[3].Holders[0] = 8 })},
+		{"negative log holder", logTab(func(t *wire.EpochTable) { t.Logs[3].Holders[0] = -1 })},
+		{"log row without holders", logTab(func(t *wire.EpochTable) { t.Logs[3].Holders = nil })},
+		{"coded base below -1", logTab(func(t *wire.EpochTable) { t.G, t.H = 10, -2 })},
+		{"coded base past G", logTab(func(t *wire.EpochTable) { t.G, t.H = 10, 11 })},
+		{"coded base without G", logTab(func(t *wire.EpochTable) { t.G, t.H = -1, 3 })},
+		{"coded base past MaxStep", logTab(func(t *wire.EpochTable) { t.H = wire.MaxStep + 1 })},
 		{"ec more groups than hosts allow", func() *wire.EpochTable {
 			t := ecTable()
 			t.EC.Groups = append(t.EC.Groups, t.EC.Groups[0])
@@ -399,7 +450,7 @@ func TestEpochTableRejects(t *testing.T) {
 
 	valid := clusterTable(2, 2, false).Encode()
 	header := func(fields ...uint64) []byte {
-		b := []byte{'T', 4}
+		b := []byte{'T', 5}
 		for _, f := range fields {
 			b = binary.AppendUvarint(b, f)
 		}
@@ -415,7 +466,11 @@ func TestEpochTableRejects(t *testing.T) {
 		rejectCase{"format 1 (without replica ports)", append([]byte{'T', 1}, valid[2:]...)},
 		rejectCase{"format 2 (without membership)", append([]byte{'T', 2}, valid[2:]...)},
 		rejectCase{"format 3 (without erasure coding)", append([]byte{'T', 3}, valid[2:]...)},
-		rejectCase{"format 5", append([]byte{'T', 5}, valid[2:]...)},
+		rejectCase{"format 4 (without diff mode's logs)", append([]byte{'T', 4}, valid[2:]...)},
+		rejectCase{"format 6", append([]byte{'T', 6}, valid[2:]...)},
+		rejectCase{"log row count past input", append(valid[:len(valid)-2:len(valid)-2], 50, 0, 1)},
+		rejectCase{"log holder count past MaxHolders", append(valid[:len(valid)-2:len(valid)-2], append(append([]byte{1, 0}, binary.AppendUvarint(nil, wire.MaxHolders+1)...), make([]byte, 40)...)...)},
+		rejectCase{"coded base step past MaxStep", binary.AppendUvarint(valid[:len(valid)-1:len(valid)-1], wire.MaxStep+2)},
 		rejectCase{"restore flag 2", ecRestoreFlags(2)},
 		rejectCase{"ec K 256", ecSection(256)},
 		rejectCase{"ec M past 256-K", ecSection(2, 255)},
