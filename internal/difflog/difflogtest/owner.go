@@ -14,8 +14,8 @@ import (
 	"unsafe"
 
 	"github.com/gorun/gorun/internal/crc32c"
-	"github.com/gorun/gorun/internal/diffstore"
 	"github.com/gorun/gorun/internal/difflog"
+	"github.com/gorun/gorun/internal/diffstore"
 	"github.com/gorun/gorun/replay"
 )
 
