@@ -59,6 +59,14 @@ type WriterConfig struct {
 	// last = first+len(records)-1. It owns nothing of records after it
 	// returns.
 	Append func(first, last int64, records [][]byte) error
+	// Trim, if not nil, removes the records of the steps after its
+	// argument from disk (TrimBatches): the goroutine calls it when it
+	// applies a Reset, between Appends, before Reset returns. An error
+	// is logged (the log on disk may then hold steps of the history the
+	// restart discarded after its step: a recovery that replays them
+	// finds that the state they rebuild is not the one committed, and
+	// fails).
+	Trim func(after int64) error
 	// Log gets a warning per lost batch, at most one in a row until a
 	// batch is written again (nil: discarded).
 	Log *slog.Logger
@@ -291,12 +299,19 @@ func (w *Writer) run() {
 
 // applyResets applies the Resets not applied yet to the batch being
 // collected (its steps after a Reset's step, of older generations, go)
-// and tells Reset.
+// and to the disk (Trim), then tells Reset.
 func (w *Writer) applyResets(batch *[]entry) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if w.applied == w.gen {
+		w.mu.Unlock()
 		return
+	}
+	gen := w.gen
+	trim := int64(MaxStep)
+	for _, r := range w.resets {
+		if r.gen > w.applied {
+			trim = min(trim, r.after)
+		}
 	}
 	b := *batch
 	for len(b) > 0 {
@@ -307,8 +322,16 @@ func (w *Writer) applyResets(batch *[]entry) {
 		b = b[:len(b)-1]
 	}
 	*batch = b
-	w.applied = w.gen
+	w.mu.Unlock()
+	if w.cfg.Trim != nil && trim < MaxStep {
+		if err := w.cfg.Trim(trim); err != nil {
+			w.log.Warn("cannot remove the differentials a restart discarded from disk", "after step", trim, "err", err)
+		}
+	}
+	w.mu.Lock()
+	w.applied = gen
 	w.cond.Broadcast()
+	w.mu.Unlock()
 }
 
 // stopped reports whether Close's context ended.

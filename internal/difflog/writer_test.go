@@ -305,3 +305,31 @@ func TestNewWriterRefuses(t *testing.T) {
 		t.Error("no Append accepted")
 	}
 }
+
+// TestWriterResetTrims: a Reset has the disk trimmed after its step
+// before it returns, between Appends.
+func TestWriterResetTrims(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &disk{}
+		var trims []int64
+		w := newWriter(t, difflog.WriterConfig{Batch: 2, Queue: 8, Append: d.append,
+			Trim: func(after int64) error {
+				d.mu.Lock()
+				defer d.mu.Unlock()
+				trims = append(trims, after)
+				d.batches = append(d.batches, fmt.Sprintf("trim %d", after))
+				return nil
+			}})
+		var released sync.Map
+		for s := int64(1); s <= 4; s++ {
+			w.Add(item(s, &released))
+		}
+		synctest.Wait()
+		w.Reset(3)
+		w.Reset(1)
+		w.Close(context.Background())
+		if got, want := d.got(), []string{"1-2:1,2", "3-4:3,4", "trim 3", "trim 1"}; !slices.Equal(got, want) {
+			t.Errorf("disk: %q, want %q", got, want)
+		}
+	})
+}
