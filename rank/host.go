@@ -77,7 +77,11 @@ type HostConfig struct {
 	// (PROTOCOL.md, "Erasure coding and diff mode").
 	EC    []topology.ECGroup
 	Epoch uint64
-	Log   *slog.Logger
+	// DiffLog, in diff mode, has every local rank's differentials
+	// appended to the job's durable directory too (difflog.go; nil:
+	// none).
+	DiffLog *DiffLogConfig
+	Log     *slog.Logger
 }
 
 // DiffConfig configures differential protection (HostConfig.Mode ModeDiff).

@@ -81,6 +81,7 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 		return 0, err
 	}
 	s.rep.truncateDiffs(g - 1) // this host's steps from g on are gone
+	s.resetDiffLog(g)          // and those after g on disk
 	views := st.Views()
 	pl := s.h.place()
 	src, hasSrc := pl.sources[s.rank]

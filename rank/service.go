@@ -14,6 +14,7 @@ import (
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/internal/crc32c"
+	"github.com/gorun/gorun/internal/difflog"
 	"github.com/gorun/gorun/internal/diffstore"
 	"github.com/gorun/gorun/replay"
 )
@@ -94,6 +95,9 @@ type service struct {
 
 	rep   replicator // this rank's outgoing replication (replica.go)
 	local ownerLocal // its differentials by reference (localpeer.go)
+	// dlog appends its differentials to disk (difflog.go), or is nil.
+	// Set by newService, then immutable.
+	dlog *difflog.Writer
 }
 
 func newService(h *Host, rank int) *service {
@@ -103,6 +107,7 @@ func newService(h *Host, rank int) *service {
 	s.recs.max = 2
 	s.life, s.stop = context.WithCancel(h.life)
 	s.rep.init(s)
+	s.dlog = h.newDiffLog(rank)
 	return s
 }
 
@@ -569,6 +574,7 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 		s.grads = slices.DeleteFunc(s.grads, func(g gradRec) bool { return g.step <= step })
 		od = s.ownerDiff(grad, rec, slot)
 		od.ref = ref
+		s.logDiff(od)
 	}
 	s.mu.Unlock()
 	if diff && red != nil {
@@ -772,6 +778,7 @@ func (s *service) truncate(g int64) error {
 	s.rep.forget() // before the slots change: no report pairs a new committed step with old acks
 	err := s.truncateSlots(g)
 	s.rep.truncateDiffs(g)
+	s.resetDiffLog(g)
 	s.mu.Lock()
 	committed := s.committed
 	s.mu.Unlock()
@@ -825,6 +832,7 @@ func (s *service) truncateSlots(g int64) error {
 func (s *service) close() error {
 	s.stop()
 	s.rep.stop()
+	s.closeDiffLog()
 	s.reqMu.Lock()
 	defer s.reqMu.Unlock()
 	s.mapMu.Lock() // no reader holds views of the slots

@@ -29,7 +29,8 @@ import (
 // Memory: the queue holds at most Queue items (their encodings not done
 // yet: whatever Item holds, in gorun a reference to the step's record
 // buffer), the goroutine one batch of Batch encoded records while it
-// collects or appends it.
+// collects or appends it, and the buffers of the last batch appended,
+// which the next encodings reuse.
 
 // Item is one step handed to a Writer.
 type Item struct {
@@ -53,7 +54,9 @@ type WriterConfig struct {
 	// Batch is the number of consecutive steps per batch (gorun
 	// --diff-batch), at least 1.
 	Batch int
-	// Queue bounds the steps waiting to be encoded (0: Batch).
+	// Queue bounds the steps waiting to be encoded (0: 2×Batch, so that
+	// the steps of one batch queue up while the one before is appended,
+	// with as much again to spare).
 	Queue int
 	// Append writes one batch: records[i] is step first+i's record,
 	// last = first+len(records)-1. It owns nothing of records after it
@@ -109,6 +112,10 @@ type Writer struct {
 	stop    context.Context // Close's: once it ends, the goroutine drops what is left
 	stats   WriterStats
 	cond    *sync.Cond // signalled when applied grows
+
+	// free are buffers of records appended already, for the next
+	// encodings (owned by the goroutine; at most Batch of them).
+	free [][]byte
 }
 
 type reset struct {
@@ -127,7 +134,7 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 	if cfg.Batch < 1 || cfg.Append == nil {
 		return nil, fmt.Errorf("difflog: a writer needs batches of at least 1 step (not %d) and an Append function", cfg.Batch)
 	}
-	cfg.Queue = cmp.Or(max(cfg.Queue, 0), cfg.Batch)
+	cfg.Queue = cmp.Or(max(cfg.Queue, 0), 2*cfg.Batch)
 	w := &Writer{cfg: cfg, log: cfg.Log, q: make(chan queued, cfg.Queue), kick: make(chan struct{}, 1), done: make(chan struct{})}
 	if w.log == nil {
 		w.log = slog.New(slog.DiscardHandler)
@@ -282,7 +289,11 @@ func (w *Writer) run() {
 		if n := len(batch); n > 0 && it.Step != batch[n-1].step+1 {
 			w.flush(&batch) // a gap, or a restart went back: the batch ends here
 		}
-		rec, err := it.Encode(nil)
+		var dst []byte
+		if n := len(w.free); n > 0 {
+			dst, w.free = w.free[n-1][:0], w.free[:n-1]
+		}
+		rec, err := it.Encode(dst)
 		it.release()
 		if err != nil {
 			w.flush(&batch)
@@ -383,6 +394,11 @@ func (w *Writer) flush(batch *[]entry) {
 		w.log.Warn("the differential log on disk lost a batch: a resume from disk cannot replay past its first step until the next base", "steps", fmt.Sprintf("%d-%d", first, last), "err", err)
 	case err == nil && lastErr != nil:
 		w.log.Info("the differential log on disk is written again", "steps", fmt.Sprintf("%d-%d", first, last))
+	}
+	for _, r := range recs {
+		if len(w.free) < w.cfg.Batch {
+			w.free = append(w.free, r)
+		}
 	}
 	clear(b)
 }
