@@ -95,6 +95,9 @@ type service struct {
 
 	rep   replicator // this rank's outgoing replication (replica.go)
 	local ownerLocal // its differentials by reference (localpeer.go)
+	// preloaded: Preload put the rank's state in its slots and the rank
+	// has not said ProtectHello since (resume.go). Guarded by mu.
+	preloaded bool
 	// dlog appends its differentials to disk (difflog.go), or is nil.
 	// Set by newService, then immutable.
 	dlog *difflog.Writer
@@ -305,6 +308,9 @@ func (s *service) helloLocked(req *ProtectHello) (*ProtectWelcome, error) {
 		if err := req.Optimizer.check(req.Regions, req.Gradient); err != nil {
 			return nil, fmt.Errorf("--protect-mode diff: %w", err)
 		}
+	}
+	if s.preloaded {
+		return s.helloPreloaded(req)
 	}
 	if s.slots != nil {
 		if !slices.Equal(s.regions, req.Regions) {

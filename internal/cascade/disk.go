@@ -126,6 +126,9 @@ type Loaded struct {
 	// A lossy log gives an approximation of the optimizer's region, not
 	// checked against the owner's (the other regions are).
 	Exact bool
+	// AdamT is Adam's step count at the target (the last differential's
+	// replay.Hyper.T), or 0 when none was replayed (a base does not say).
+	AdamT int
 }
 
 // Load rebuilds rank's state at step target from the durable tier in
@@ -200,7 +203,7 @@ func Load(ctx context.Context, dir string, rank int, regions []durable.Region, b
 			return Loaded{}, fmt.Errorf("%w: rank %d: region %q rebuilt at step %d has CRC32C %#08x, the owner committed %#08x", ErrDisk, rank, g.Name, target, got, g.Sum)
 		}
 	}
-	return Loaded{Replayed: len(log), Exact: exact}, nil
+	return Loaded{Replayed: len(log), Exact: exact, AdamT: last.Diff.Hyper.T}, nil
 }
 
 // state views W, M and V of n elements at offsets w, m, v of region b.
