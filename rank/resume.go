@@ -25,12 +25,12 @@ var ErrPreloaded = errors.New("rank: the rank's protected state exists already")
 // Preload creates local rank r's slots with regions and commits step in
 // one of them, whose regions fill writes (fill gets the staged slot's
 // views, one per region, in order; it returns an error to abandon it).
-// adamT is Adam's step count at step in diff mode (the one the next
-// Gradient's must follow), or 0 when not known (the holders check the
-// next one). It must be called before the rank says ProtectHello: the
+// fill also returns Adam's step count at step in diff mode (the one the
+// next Gradient's must follow), or 0 when not known (the holders check
+// the next one). It must be called before the rank says ProtectHello: the
 // rank's first ProtectHello must then declare exactly regions. On error
 // nothing is kept (the files are removed) and the rank starts afresh.
-func (h *Host) Preload(r int, regions []Region, step int64, adamT int, fill func(views [][]byte) error) error {
+func (h *Host) Preload(r int, regions []Region, step int64, fill func(views [][]byte) (adamT int, err error)) error {
 	s := h.place().svcs[r]
 	if s == nil {
 		return fmt.Errorf("rank: rank %d does not run on host %d", r, h.cfg.Host)
@@ -66,7 +66,8 @@ func (h *Host) Preload(r int, regions []Region, step int64, adamT int, fill func
 		return fail(fmt.Errorf("rank %d: %w", r, err))
 	}
 	views := st.Views()
-	if err := fill(views); err != nil {
+	adamT, err := fill(views)
+	if err != nil {
 		return fail(err)
 	}
 	if err := st.Commit(); err != nil {

@@ -129,10 +129,10 @@ func TestResumeFromDisk(t *testing.T) {
 			b := newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, mod)
 			for r, h := range b.hosts {
 				var adamT int
-				err := h.Preload(r, tc.regions, plan.T, 0, func(views [][]byte) error {
+				err := h.Preload(r, tc.regions, plan.T, func(views [][]byte) (int, error) {
 					l, err := cascade.Load(context.Background(), dir, r, durableRegions(tc.regions), base, plan.T, views, replay.ReplayOptions{})
 					adamT = l.AdamT
-					return err
+					return l.AdamT, err
 				})
 				if err != nil {
 					t.Fatal(err)
@@ -169,22 +169,22 @@ func TestPreloadRegionsMismatch(t *testing.T) {
 	peers := func(int) []int { return []int{0} }
 	c := newClusterWith(t, [][]int{{0}}, nil, peers, diffMod(8, 100))
 	regions := []Region{diffRegions[0], diffRegions[2]}
-	if err := c.hosts[0].Preload(0, regions, 3, 4, func([][]byte) error { return nil }); err != nil {
+	if err := c.hosts[0].Preload(0, regions, 3, func([][]byte) (int, error) { return 4, nil }); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.hosts[0].Preload(0, regions, 3, 4, func([][]byte) error { return nil }); !errors.Is(err, ErrPreloaded) {
+	if err := c.hosts[0].Preload(0, regions, 3, func([][]byte) (int, error) { return 4, nil }); !errors.Is(err, ErrPreloaded) {
 		t.Errorf("second Preload: %v, want ErrPreloaded", err)
 	}
 	_, err := newDiffRankOf(t, c.hosts[0], 0, 1, nil, diffRegions)
 	if err == nil || !strings.Contains(err.Error(), "resumed from the checkpoint directory") {
 		t.Errorf("ProtectHello with params too: %v, want a refusal naming the resume", err)
 	}
-	if err := c.hosts[0].Preload(1, regions, 3, 4, func([][]byte) error { return nil }); err == nil {
+	if err := c.hosts[0].Preload(1, regions, 3, func([][]byte) (int, error) { return 4, nil }); err == nil {
 		t.Error("Preload of a rank of another host accepted")
 	}
 	fillErr := errors.New("no base")
 	c2 := newClusterWith(t, [][]int{{0}}, nil, peers, diffMod(8, 100))
-	if err := c2.hosts[0].Preload(0, regions, 3, 4, func([][]byte) error { return fillErr }); !errors.Is(err, fillErr) {
+	if err := c2.hosts[0].Preload(0, regions, 3, func([][]byte) (int, error) { return 0, fillErr }); !errors.Is(err, fillErr) {
 		t.Errorf("Preload whose fill fails: %v", err)
 	}
 	dr, err := newDiffRankOf(t, c2.hosts[0], 0, 1, nil, diffRegions) // starts afresh: any regions
