@@ -114,4 +114,3 @@ func preloadRanks(ctx context.Context, h *rank.Host, dir string, base, target in
 	}
 	return nil
 }
-
