@@ -24,9 +24,14 @@ var allowed = map[string][]string{
 	"hotswap":             {"topology", "ckpt"},
 	// internal/diffstore is the holders' store of diff mode: part of
 	// the service side, which DESIGN.md §2 puts in an internal package.
-	"rank":           {"ckpt", "replay", "comm", "internal/wire", "topology", "internal/diffstore"},
-	"internal/agent": {"rank", "ckpt", "comm", "gpu", "topology", "internal/wire", "replay"},
-	"launcher":       {"topology", "comm", "hotswap", "gpu", "internal/agent", "internal/ctlserver", "internal/wire"},
+	// durable and the differential log on disk (internal/difflog) are
+	// the service side's disk tier; internal/cascade decides and does
+	// the retrieval cascade (issue 17), for the agents and the launcher.
+	"rank":             {"ckpt", "replay", "comm", "internal/wire", "topology", "internal/diffstore", "durable", "internal/difflog"},
+	"internal/difflog": {"ckpt", "replay", "internal/diffstore", "durable"},
+	"internal/cascade": {"durable", "internal/difflog", "replay"},
+	"internal/agent":   {"rank", "ckpt", "comm", "gpu", "topology", "internal/wire", "replay", "durable", "internal/cascade"},
+	"launcher":         {"topology", "comm", "hotswap", "gpu", "internal/agent", "internal/ctlserver", "internal/wire", "durable", "internal/cascade"},
 }
 
 // leaves are packages of gorun that import none of it (allowed says so)
