@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/gorun/gorun/durable"
@@ -129,6 +130,9 @@ type Loaded struct {
 	// AdamT is Adam's step count at the target (the last differential's
 	// replay.Hyper.T), or 0 when none was replayed (a base does not say).
 	AdamT int
+	// Where the time went: loading the base, reading and decoding the
+	// differentials, replaying them (and checking the result).
+	BaseTime, LogTime, ReplayTime time.Duration
 }
 
 // Load rebuilds rank's state at step target from the durable tier in
@@ -149,11 +153,13 @@ func Load(ctx context.Context, dir string, rank int, regions []durable.Region, b
 	if len(dst) != len(regions) {
 		return Loaded{}, fmt.Errorf("cascade: rank %d: %d buffers for %d regions", rank, len(dst), len(regions))
 	}
+	t0 := time.Now()
 	if err := durable.Load(ctx, dir, rank, base, dst); err != nil {
 		return Loaded{}, fmt.Errorf("%w: rank %d: the base at step %d: %w", ErrDisk, rank, base, err)
 	}
+	t1 := time.Now()
 	if target == base {
-		return Loaded{Exact: true}, nil
+		return Loaded{Exact: true, BaseTime: t1.Sub(t0)}, nil
 	}
 	recs, stop := durable.ReadBatches(dir, rank, base)
 	log, err := decodeLog(recs, regions, base, target)
@@ -167,6 +173,7 @@ func Load(ctx context.Context, dir string, rank int, regions []durable.Region, b
 		return Loaded{}, fmt.Errorf("%w: rank %d: differentials after step %d reach step %d, not %d: %w", ErrDisk, rank, base, base+int64(len(log)), target, err)
 	}
 	last := log[len(log)-1].rec
+	t2 := time.Now()
 	idx := make(map[string]int, len(regions))
 	for i, g := range regions {
 		idx[g.Name] = i
@@ -203,7 +210,8 @@ func Load(ctx context.Context, dir string, rank int, regions []durable.Region, b
 			return Loaded{}, fmt.Errorf("%w: rank %d: region %q rebuilt at step %d has CRC32C %#08x, the owner committed %#08x", ErrDisk, rank, g.Name, target, got, g.Sum)
 		}
 	}
-	return Loaded{Replayed: len(log), Exact: exact, AdamT: last.Diff.Hyper.T}, nil
+	return Loaded{Replayed: len(log), Exact: exact, AdamT: last.Diff.Hyper.T,
+		BaseTime: t1.Sub(t0), LogTime: t2.Sub(t1), ReplayTime: time.Since(t2)}, nil
 }
 
 // state views W, M and V of n elements at offsets w, m, v of region b.
