@@ -376,26 +376,22 @@ func (s *Store) Save(ctx context.Context, step int64, src [][]byte, sums []uint3
 	}
 	complete := false
 	defer func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
 		if !complete {
-			s.mu.Lock()
 			bf.state = fsFree
 			if errors.Is(err, errCrash) || errors.Is(err, errBrokenHeader) {
 				bf.state = fsBroken
 			}
-			s.inflight--
-			delete(s.steps, step)
-			s.mu.Unlock()
 		}
+		s.inflight--
+		delete(s.steps, step)
 	}()
 	err = s.write(ctx, bf, step, version, src, sums, copied)
 	if err != nil {
 		return fmt.Errorf("durable: rank %d: version %d of step %d abandoned: %w", s.rank, version, step, err)
 	}
 	complete = true
-	s.mu.Lock()
-	s.inflight--
-	delete(s.steps, step)
-	s.mu.Unlock()
 	if err := s.publish(bf, step, version); err != nil {
 		return fmt.Errorf("durable: rank %d: step %d: %w", s.rank, step, err)
 	}
@@ -789,7 +785,7 @@ func (s *Store) Truncate(step int64) error {
 	if err := s.removeMarkers(func(st int64) bool { return st > step }); err != nil {
 		return err
 	}
-	if err := trimBatches(s.dir, s.rank, step); err != nil {
+	if err := trimBatches(s.root, s.rank, step); err != nil {
 		return err
 	}
 	_, err := s.free(func(bf *baseFile) bool {
