@@ -74,10 +74,13 @@ type Store struct {
 	closed   bool
 
 	// pmu serializes the pointer's updates (in memory and on disk) and
-	// guards ptr and hasPtr.
-	pmu    sync.Mutex
-	ptr    pointer
-	hasPtr bool
+	// guards ptr, hasPtr and pending.
+	pmu     sync.Mutex
+	ptr     pointer
+	hasPtr  bool
+	pending []pointer // complete versions whose pointer move or marker failed
+
+	repairMu sync.Mutex // held by repair
 }
 
 // errCrash, returned by a test hook, stands for the process dying there.
@@ -370,6 +373,7 @@ func (s *Store) Save(ctx context.Context, step int64, src [][]byte, sums []uint3
 			return fmt.Errorf("durable: save of step %d: region %q: %d bytes, want %d", step, r.Name, len(src[i]), r.Size)
 		}
 	}
+	s.repair()
 	bf, version, err := s.take(step)
 	if err != nil {
 		return err
@@ -392,10 +396,50 @@ func (s *Store) Save(ctx context.Context, step int64, src [][]byte, sums []uint3
 		return fmt.Errorf("durable: rank %d: version %d of step %d abandoned: %w", s.rank, version, step, err)
 	}
 	complete = true
-	if err := s.publish(bf, step, version); err != nil {
-		return fmt.Errorf("durable: rank %d: step %d: %w", s.rank, step, err)
+	s.mu.Lock()
+	p := pointer{rank: s.rank, file: bf.idx, step: step, version: version, hdrCRC: bf.hdrCRC}
+	s.mu.Unlock()
+	if err := s.publish(p); err != nil {
+		if !errors.Is(err, errCrash) {
+			s.pmu.Lock()
+			s.pending = append(s.pending, p)
+			s.pmu.Unlock()
+		}
+		return fmt.Errorf("durable: rank %d: version %d of step %d is complete but not marked (retried at the next Save): %w", s.rank, version, step, err)
 	}
 	return nil
+}
+
+// repair retries what failed before, at the start of a Save or Reclaim:
+// it rewrites as free the headers of broken files, and moves the pointer
+// and writes the markers of the complete versions whose publish failed.
+// What fails again is logged and left for the next time. One repair runs
+// at a time; a Save that finds one running goes on without.
+func (s *Store) repair() {
+	if !s.repairMu.TryLock() {
+		return
+	}
+	defer s.repairMu.Unlock()
+	if _, err := s.free(func(bf *baseFile) bool { return bf.state == fsBroken }); err != nil {
+		s.log.Warn("durable: a base file's header cannot be rewritten", "err", err)
+	}
+	s.pmu.Lock()
+	pending := slices.Clone(s.pending)
+	s.pmu.Unlock()
+	for _, p := range pending {
+		if err := s.publish(p); err != nil {
+			s.log.Warn("durable: a complete version cannot be marked", "step", p.step, "version", p.version, "err", err)
+			continue
+		}
+		s.dropPending(func(q pointer) bool { return q.version == p.version })
+	}
+}
+
+// dropPending forgets the pending publishes that drop chooses.
+func (s *Store) dropPending(drop func(pointer) bool) {
+	s.pmu.Lock()
+	s.pending = slices.DeleteFunc(s.pending, drop)
+	s.pmu.Unlock()
 }
 
 // errBrokenHeader marks a failure after which a file's header on disk
@@ -553,10 +597,7 @@ func (s *Store) writeChunks(ctx context.Context, bf *baseFile, src [][]byte) ([]
 
 // publish moves the pointer to a complete version if it is the newest,
 // then writes its marker: steps 7 and 8.
-func (s *Store) publish(bf *baseFile, step int64, version uint64) error {
-	s.mu.Lock()
-	p := pointer{rank: s.rank, file: bf.idx, step: step, version: version, hdrCRC: bf.hdrCRC}
-	s.mu.Unlock()
+func (s *Store) publish(p pointer) error {
 	if err := s.at("pointer", 0); err != nil {
 		return err
 	}
@@ -566,7 +607,7 @@ func (s *Store) publish(bf *baseFile, step int64, version uint64) error {
 	if err := s.at("marker", 0); err != nil {
 		return err
 	}
-	err := writeAtomic(s.dir, doneName(step), [][]byte{encodePointer(magicMarker, p)}, s.fault("marker"))
+	err := writeAtomic(s.dir, doneName(p.step), [][]byte{encodePointer(magicMarker, p)}, s.fault("marker"))
 	if err != nil {
 		return err
 	}
@@ -655,6 +696,8 @@ func (s *Store) Load(ctx context.Context, step int64, dst [][]byte) error {
 // returns an error wrapping ErrNoVersion when the rank holds no complete
 // version of committed.
 func (s *Store) Reclaim(committed int64) (int, error) {
+	s.repair()
+	s.dropPending(func(p pointer) bool { return p.step < committed })
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -767,6 +810,7 @@ func (s *Store) Truncate(step int64) error {
 		p = pointer{rank: s.rank, file: newest.idx, step: newest.step, version: newest.version, hdrCRC: newest.hdrCRC}
 	}
 	s.mu.Unlock()
+	s.dropPending(func(p pointer) bool { return p.step > step })
 	s.pmu.Lock()
 	if !s.hasPtr || s.ptr.step > step {
 		var err error
