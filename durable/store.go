@@ -71,7 +71,10 @@ type Store struct {
 	inflight int
 	steps    map[int64]bool // the steps of the Saves in flight
 	counter  uint64         // the last version handed out
-	closed   bool
+	// watermark is the newest step Reclaim was given (-1 before): a
+	// version of an older step is of no use.
+	watermark int64
+	closed    bool
 
 	// pmu serializes the pointer's updates (in memory and on disk) and
 	// guards ptr, hasPtr and pending.
@@ -136,7 +139,7 @@ func Open(dir string, rank int, regions []Region, opt Options) (*Store, error) {
 	}
 	s := &Store{
 		root: dir, dir: rankDir(dir, rank), rank: rank, regions: slices.Clone(regions),
-		lay: lay, n: n, writers: w, log: log.With("rank", rank), steps: map[int64]bool{},
+		lay: lay, n: n, writers: w, log: log.With("rank", rank), steps: map[int64]bool{}, watermark: -1,
 	}
 	s.bufs.New = func() any { b := make([]byte, lay.chunk); return &b }
 	if err := ensureRankDir(dir, rank); err != nil {
@@ -398,7 +401,19 @@ func (s *Store) Save(ctx context.Context, step int64, src [][]byte, sums []uint3
 	complete = true
 	s.mu.Lock()
 	p := pointer{rank: s.rank, file: bf.idx, step: step, version: version, hdrCRC: bf.hdrCRC}
+	watermark := s.watermark
 	s.mu.Unlock()
+	superseded := step < watermark
+	if superseded {
+		// Reclaim moved past this step while it was written: no
+		// recovery can use it, and it would hold its file until the
+		// next Reclaim. It is freed at once, unmarked.
+		s.log.Debug("durable: a save finished after the watermark passed it: freed", "step", step, "watermark", watermark)
+		if _, err := s.free(func(f *baseFile) bool { return f == bf && f.state == fsComplete }); err != nil {
+			return fmt.Errorf("durable: rank %d: step %d: %w", s.rank, step, err)
+		}
+		return nil
+	}
 	if err := s.publish(p); err != nil {
 		if !errors.Is(err, errCrash) {
 			s.pmu.Lock()
@@ -703,6 +718,7 @@ func (s *Store) Reclaim(committed int64) (int, error) {
 		s.mu.Unlock()
 		return 0, ErrClosed
 	}
+	s.watermark = max(s.watermark, committed)
 	if !slices.ContainsFunc(s.files, func(bf *baseFile) bool { return bf.state == fsComplete && bf.step == committed }) {
 		s.mu.Unlock()
 		return 0, fmt.Errorf("%w: rank %d: reclaiming before step %d, which it does not hold: nothing freed", ErrNoVersion, s.rank, committed)
