@@ -1,0 +1,240 @@
+package durable
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/gorun/gorun/internal/crc32c"
+)
+
+const (
+	batchHdr  = 40
+	recordHdr = 16
+	// maxBatchFile bounds the size of a batch file ReadBatches reads.
+	maxBatchFile = 1 << 36
+)
+
+// AppendBatch writes records, the differentials of steps first to last
+// (records[i] of step first+i), as one batch file of rank, which appears
+// whole or not at all. It creates DIR/r<rank> if needed. Writing a batch
+// of the same steps again replaces it.
+func AppendBatch(dir string, rank int, first, last int64, records [][]byte) error {
+	switch {
+	case !validRank(rank):
+		return fmt.Errorf("durable: bad rank %d", rank)
+	case !validStep(first) || last < first:
+		return fmt.Errorf("durable: bad batch of steps %d to %d", first, last)
+	case last-first >= math.MaxUint32 || int64(len(records)) != last-first+1:
+		return fmt.Errorf("durable: a batch of steps %d to %d with %d records", first, last, len(records))
+	}
+	if err := ensureRankDir(dir, rank); err != nil {
+		return err
+	}
+	pieces := make([][]byte, 0, 1+2*len(records))
+	hdr := make([]byte, batchHdr)
+	putPreamble(hdr, magicBatch)
+	le.PutUint32(hdr[8:], uint32(rank))
+	le.PutUint32(hdr[12:], uint32(len(records)))
+	le.PutUint64(hdr[16:], uint64(first))
+	le.PutUint64(hdr[24:], uint64(last))
+	le.PutUint32(hdr[36:], crc32c.Checksum(hdr[:36]))
+	pieces = append(pieces, hdr)
+	for i, d := range records {
+		if int64(len(d)) > math.MaxUint32 {
+			return fmt.Errorf("durable: record of step %d: %d bytes, more than %d", first+int64(i), len(d), uint32(math.MaxUint32))
+		}
+		rh := make([]byte, recordHdr)
+		le.PutUint64(rh, uint64(first+int64(i)))
+		le.PutUint32(rh[8:], uint32(len(d)))
+		le.PutUint32(rh[12:], crc32c.Update(crc32c.Checksum(rh[:12]), d))
+		pieces = append(pieces, rh, d)
+	}
+	return writeAtomic(rankDir(dir, rank), diffName(first, last), pieces, nil)
+}
+
+// parseBatch checks and decodes a batch file of rank named for steps a to
+// b. The records' data alias buf.
+func parseBatch(buf []byte, rank int, a, b int64, path string) ([]Record, error) {
+	if len(buf) < batchHdr {
+		return nil, corruptErr(path, int64(len(buf)), batchHdr, "%d bytes, shorter than the header", len(buf))
+	}
+	if err := checkPreamble(buf, magicBatch, path); err != nil {
+		return nil, err
+	}
+	if got, want := crc32c.Checksum(buf[:36]), le.Uint32(buf[36:]); got != want {
+		return nil, corruptErr(path, 0, batchHdr, "header CRC32C %#08x, the header says %#08x", got, want)
+	}
+	if err := checkZero(buf, 32, 36, path); err != nil {
+		return nil, err
+	}
+	switch {
+	case int(le.Uint32(buf[8:])) != rank:
+		return nil, corruptErr(path, 8, 12, "rank %d, want %d", le.Uint32(buf[8:]), rank)
+	case int64(le.Uint64(buf[16:])) != a || int64(le.Uint64(buf[24:])) != b:
+		return nil, corruptErr(path, 16, 32, "steps %d to %d, the name says %d to %d", int64(le.Uint64(buf[16:])), int64(le.Uint64(buf[24:])), a, b)
+	case int64(le.Uint32(buf[12:])) != b-a+1:
+		return nil, corruptErr(path, 12, 16, "%d records for steps %d to %d", le.Uint32(buf[12:]), a, b)
+	}
+	n := int(b - a + 1)
+	if n > (len(buf)-batchHdr)/recordHdr {
+		return nil, corruptErr(path, int64(len(buf)), batchHdr+int64(n)*recordHdr, "%d records cannot fit in %d bytes", n, len(buf))
+	}
+	recs := make([]Record, 0, n)
+	off := int64(batchHdr)
+	size := int64(len(buf))
+	for i := range n {
+		if size-off < recordHdr {
+			return nil, corruptErr(path, size, off+recordHdr, "the file ends inside record %d's header", i)
+		}
+		rh := buf[off : off+recordHdr]
+		step := int64(le.Uint64(rh))
+		dn := int64(le.Uint32(rh[8:]))
+		if step != a+int64(i) {
+			return nil, corruptErr(path, off, off+8, "record %d is of step %d, want %d", i, step, a+int64(i))
+		}
+		if size-off-recordHdr < dn {
+			return nil, corruptErr(path, size, off+recordHdr+dn, "the file ends inside record %d (step %d) of %d bytes", i, step, dn)
+		}
+		data := buf[off+recordHdr : off+recordHdr+dn : off+recordHdr+dn]
+		if got, want := crc32c.Update(crc32c.Checksum(rh[:12]), data), le.Uint32(rh[12:]); got != want {
+			return nil, corruptErr(path, off, off+recordHdr+dn, "record %d (step %d): CRC32C %#08x, the record says %#08x", i, step, got, want)
+		}
+		recs = append(recs, Record{Step: step, Data: data})
+		off += recordHdr + dn
+	}
+	if off != size {
+		return nil, corruptErr(path, off, size, "%d bytes after the last record", size-off)
+	}
+	return recs, nil
+}
+
+// batchFile is a batch file's name, parsed.
+type batchFile struct {
+	name string
+	a, b int64
+}
+
+// listBatches returns rank's batch files, by first step then last.
+func listBatches(rd string) ([]batchFile, error) {
+	ents, err := os.ReadDir(rd)
+	if err != nil {
+		return nil, err
+	}
+	var bs []batchFile
+	for _, e := range ents {
+		if a, b, ok := parseDiff(e.Name()); ok {
+			bs = append(bs, batchFile{e.Name(), a, b})
+		}
+	}
+	slices.SortFunc(bs, func(x, y batchFile) int {
+		if x.a != y.a {
+			return cmpInt(x.a, y.a)
+		}
+		return cmpInt(x.b, y.b)
+	})
+	return bs, nil
+}
+
+// readBatch reads and parses one batch file.
+func readBatch(rd string, rank int, bf batchFile) ([]Record, error) {
+	p := filepath.Join(rd, bf.name)
+	buf, err := readSmall(p, maxBatchFile)
+	if err != nil {
+		return nil, err
+	}
+	return parseBatch(buf, rank, bf.a, bf.b, p)
+}
+
+// ReadBatches returns rank's records of the steps after from,
+// contiguous: from+1, from+2, ... as far as the batches that verify
+// reach. stop is nil when the log simply ends there; else it says why
+// it stopped, wrapping ErrGap (the next batch begins later) or
+// ErrCorrupt (the next batch does not verify), and the records before
+// are still valid. Where batches overlap, the one reaching furthest is
+// read first.
+func ReadBatches(dir string, rank int, from int64) (records []Record, stop error) {
+	if !validRank(rank) || from < -1 {
+		return nil, fmt.Errorf("durable: bad rank %d or step %d", rank, from)
+	}
+	rd := rankDir(dir, rank)
+	bs, err := listBatches(rd)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("durable: %w", err)
+	}
+	next := from + 1
+	for {
+		// The batches holding next, furthest-reaching first.
+		var cover []batchFile
+		later := false
+		for _, bf := range bs {
+			if bf.a <= next && next <= bf.b {
+				cover = append(cover, bf)
+			}
+			later = later || bf.a > next
+		}
+		if len(cover) == 0 {
+			if later {
+				i := slices.IndexFunc(bs, func(bf batchFile) bool { return bf.a > next })
+				return records, fmt.Errorf("%w: rank %d: no batch holds step %d, the next begins at step %d (%s)",
+					ErrGap, rank, next, bs[i].a, filepath.Join(rd, bs[i].name))
+			}
+			return records, nil
+		}
+		slices.SortFunc(cover, func(x, y batchFile) int { return cmpInt(y.b, x.b) })
+		var errs []error
+		var got []Record
+		for _, bf := range cover {
+			recs, err := readBatch(rd, rank, bf)
+			if err == nil {
+				got = recs[next-bf.a:]
+				break
+			}
+			errs = append(errs, err)
+		}
+		if got == nil {
+			return records, fmt.Errorf("rank %d: step %d: %w", rank, next, errors.Join(errs...))
+		}
+		records = append(records, got...)
+		next = got[len(got)-1].Step + 1
+	}
+}
+
+// trimBatches removes rank's records of the steps after step: batches
+// that begin after it are removed, one that straddles it is rewritten as
+// the batch of its steps up to step first, then removed.
+func trimBatches(dir string, rank int, step int64) error {
+	rd := rankDir(dir, rank)
+	bs, err := listBatches(rd)
+	if err != nil {
+		return fmt.Errorf("durable: %w", err)
+	}
+	var drop []string
+	for _, bf := range bs {
+		switch {
+		case bf.b <= step:
+		case bf.a > step:
+			drop = append(drop, bf.name)
+		default:
+			recs, err := readBatch(rd, rank, bf)
+			if err == nil {
+				data := make([][]byte, 0, step-bf.a+1)
+				for _, r := range recs[:step-bf.a+1] {
+					data = append(data, r.Data)
+				}
+				if err := AppendBatch(dir, rank, bf.a, step, data); err != nil {
+					return err
+				}
+			}
+			drop = append(drop, bf.name)
+		}
+	}
+	return removeSynced(rd, drop...)
+}

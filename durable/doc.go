@@ -1,0 +1,263 @@
+// Package durable is gorun's durable tier (DESIGN.md §5, "Persistent
+// tier"; issue 17): one job's base checkpoints, completion markers,
+// commit record and differential log, in a directory on a local SSD or a
+// shared file system (--ckpt-dir), written so that a crash at any moment,
+// a full disk or a failing one never leaves a version that looks valid
+// and is not, and read back verifying every byte.
+//
+// It follows PCcheck (Strati et al., EuroSys '25; ../shared/papers/001):
+// up to N checkpoints of a rank in flight at once, into N+1 preallocated
+// files, several writer goroutines per checkpoint, data made durable
+// before the metadata that describes it, and a per-rank pointer to the
+// newest version that only moves forward; and TierCheck's two-phase
+// commit and watermark reclamation (../shared/papers/002, §3.4 and §4):
+// every rank writes a completion marker once its version is durable, the
+// launcher writes the job's commit record once every rank's marker
+// exists, only committed versions are used to resume, and nothing a
+// recovery at the commit record could need is deleted.
+//
+// # The directory
+//
+// One directory holds one job (its first run and every --resume of it):
+//
+//	DIR/MANIFEST                 the job's identity and layout, written once
+//	DIR/COMMITTED                the job's commit record: the newest step every rank has durably
+//	DIR/r<rank>/base.<i>         rank's base files, i = 0 to N (N+1 of them)
+//	DIR/r<rank>/LATEST           rank's pointer: the newest complete version
+//	DIR/r<rank>/done.<step>      rank's completion marker for step
+//	DIR/r<rank>/diff.<a>-<b>     a batch of rank's differential records, steps a to b
+//
+// Ranks, steps, i, a and b are decimal without leading zeros (ranks 0 to
+// 2^31-1, steps 0 to 2^63-1, a ≤ b). Any other name is not the package's
+// and is left alone, except names ending ".tmp" followed by anything,
+// which are this package's temporary files (see Atomic replacement); Open
+// removes those of its rank. Files are created 0600 and
+// directories 0700.
+//
+// Integers are little-endian in every file: a shared file system may be
+// read on another machine than the one that wrote it.
+//
+// # Atomic replacement
+//
+// MANIFEST, COMMITTED, LATEST, markers and batches are small files that
+// are never modified in place: each is written whole to a temporary name
+// in the same directory (its final name followed by ".tmp" and random
+// characters), fsynced, renamed over its final name, and the directory is
+// fsynced. A crash leaves either the old file or the new one (and perhaps
+// a temporary, which nothing reads), never a mix.
+//
+// # The manifest
+//
+//	offset  size  field
+//	0       4     magic "GRDM"
+//	4       1     format version (1)
+//	5       3     zero
+//	8       4     length L of the body, 2 to 1 MiB
+//	12      4     CRC32C (Castagnoli) of the body
+//	16      L     body: the [Manifest] as JSON (its field names), nothing after it
+//
+// The manifest is written once, by [CreateManifest], when the job first
+// starts; [CheckManifest] compares a --resume's expectation with it
+// field by field.
+//
+// # Base files
+//
+// A base file holds one version of a rank's regions (the [Region]s the
+// manifest lists for the rank, in order, 1 to 16 of them, names as in
+// package ckpt, 0 to 1<<40 bytes each). Its regions are cut into chunks
+// of C bytes (C a multiple of 4096 from 4096 to 1 GiB; the last chunk of a
+// region may be shorter, a region of 0 bytes has none), K chunks in all,
+// each with its CRC32C. The file is laid out as
+//
+//	offset         size            field
+//	0              4096            header
+//	4096           4·K             chunk table: the chunks' CRC32Cs, region by region
+//	4096+4·K       zero up to T    T = 4096 + (4·K rounded up to a multiple of 4096)
+//	T              size(0)         region 0, then zeros up to a multiple of 4096
+//	...                            each region at the 4096-aligned offset after the one before
+//
+// and its size is exactly the end of the last region rounded up to 4096.
+// The space is reserved with fallocate when the file is created, and the
+// file is never truncated or reopened with O_TRUNC afterwards (only
+// resized, while it holds no version, if a later run chose another chunk
+// size).
+//
+// The header:
+//
+//	offset  size  field
+//	0       4     magic "GRDB"
+//	4       1     format version (1)
+//	5       3     zero
+//	8       4     state: 0x45455246 free (holds no version), 0x454E4F44
+//	              complete; any other value is corruption. The two differ
+//	              in 8 bits.
+//	12      4     rank
+//	16      8     step (0 when free)
+//	24      8     version: the rank's save counter (0 when free)
+//	32      8     chunk size C
+//	40      4     region count R, 1 to 16
+//	44      4     CRC32C of the chunk table's 4·K bytes (0 when free)
+//	48      16    zero
+//	64      40·R  regions: name (32 bytes, ASCII, zero-padded), size (8)
+//	64+40R        zero up to 4092
+//	4092    4     CRC32C of bytes [0, 4092)
+//
+// A free header still describes the file's layout, so that the file can
+// be checked (its size against the layout) while it holds no version.
+//
+// # Saving a version
+//
+// [Store.Save] writes one version of a rank's regions, at a step, from
+// the caller's source buffers (the committed slot of package ckpt, whose
+// CRC32Cs the caller passes too):
+//
+//  1. it takes a free base file (one whose header says free and that no
+//     other save is writing): the file the pointer names and the one
+//     holding the committed version are complete, never free. With
+//     Concurrency saves in flight already, or no free file, it fails at
+//     once with an error wrapping [ErrBusy];
+//  2. it writes the file's header as free (the store's layout, step 0)
+//     and fdatasyncs it, so that whatever the file held can never be
+//     taken for what is written next (the file is free already; this
+//     makes it so on disk even if its header was not rewritten since an
+//     earlier crash);
+//  3. Writers goroutines take chunks in turn; each copies its chunk from
+//     the source into a buffer of its own while computing its CRC32C
+//     (so that the bytes checksummed are the bytes written, whatever
+//     happens to the source meanwhile), and pwrites the buffer at the
+//     chunk's offset;
+//  4. once every chunk is read it checks each region's CRC32C, combined
+//     from its chunks', against the caller's: a source overwritten while
+//     it was read fails the save here. Then it calls the caller's copied
+//     function (the caller may release the source);
+//  5. it writes the chunk table and fdatasyncs the file: every data byte
+//     and every chunk CRC is durable;
+//  6. it writes the header as complete (step, version, table CRC) and
+//     fdatasyncs it;
+//  7. it moves the rank's pointer (LATEST) to this version if this
+//     version's counter is higher than the pointer's (an older save that
+//     finishes late leaves a newer pointer alone), both in memory (under
+//     the store's mutex) and on disk (atomic replacement, under the same
+//     mutex, so the file only moves forward too);
+//  8. it writes the rank's completion marker done.<step>.
+//
+// A crash before 6 completes leaves the file's header free or torn (a
+// header whose CRC fails is corrupt and holds no version): nothing torn
+// is ever read. A crash after 6 leaves a complete version, found by
+// scanning the headers even if the pointer or the marker was not
+// written; without its marker it is never committed. Any error (ENOSPC,
+// EIO, a bad source) before 6 abandons the version: the file stays free
+// and the error is returned (if even rewriting the header as free fails,
+// the file is set aside until a later Save or Reclaim manages to). An
+// error in 7 or 8 leaves a complete version whose marker may be missing:
+// Save returns the error, and the next Save or Reclaim tries 7 and 8
+// again; the version is kept until the watermark passes it (its marker
+// may have reached the disk, and the launcher may have committed it).
+//
+// A save counts as in flight, for Concurrency, from 1 to 8. One that
+// completes after Reclaim moved the watermark past its step can never
+// be committed (the commit record only moves forward): its file is freed
+// at once, and it gets neither pointer nor marker.
+//
+// The pointer:
+//
+//	offset  size  field
+//	0       4     magic "GRDP"
+//	4       1     format version (1)
+//	5       3     zero
+//	8       4     rank
+//	12      4     i, the base file (base.<i>)
+//	16      8     step
+//	24      8     version
+//	32      4     CRC32C of bytes [0, 4096) of the file's header, as complete
+//	36      4     CRC32C of bytes [0, 36)
+//
+// A completion marker done.<step> has the same 40 bytes, with magic
+// "GRDK": the rank's version of step is complete in base.<i>.
+//
+// # Committing
+//
+// The launcher calls [Markers] to learn which ranks have a marker for a
+// step, and [Commit] when every rank has one. The commit record:
+//
+//	offset  size  field
+//	0       4     magic "GRDC"
+//	4       1     format version (1)
+//	5       3     zero
+//	8       8     step
+//	16      4     zero
+//	20      4     CRC32C of bytes [0, 20)
+//
+// Commit only moves the record forward: a step not after the recorded
+// one changes nothing. A version the commit record does not name is never
+// used to resume.
+//
+// # Reclaiming
+//
+// Once the commit record names step W (the watermark), [Store.Reclaim](W)
+// frees the rank's base files holding versions of steps before W
+// (rewriting their headers as free), removes its markers of steps before
+// W and its differential batches that end at or before W. The version of
+// W and anything newer stay: a recovery at W needs W's base and every
+// differential after W. Reclaim frees nothing when the rank holds no
+// complete version of W.
+//
+// # Differential batches
+//
+// [AppendBatch] writes one batch of a rank's differential records, of
+// steps a to b (one record per step), as one file:
+//
+//	offset  size  field
+//	0       4     magic "GRDL"
+//	4       1     format version (1)
+//	5       3     zero
+//	8       4     rank
+//	12      4     record count b-a+1
+//	16      8     a
+//	24      8     b
+//	32      4     zero
+//	36      4     CRC32C of bytes [0, 36)
+//	40            the records, in step order, each:
+//	                0   8   step
+//	                8   4   length n of the data
+//	                12  4   CRC32C of the record's bytes [0, 12) followed by its data
+//	                16  n   data (opaque: the caller's differential)
+//
+// and nothing after the last record. The file appears whole or not at
+// all (atomic replacement). [ReadBatches] returns the records after a
+// step, contiguous, stopping at the first gap or bad batch.
+//
+// # Resuming and restoring
+//
+// A job resumed at step G (the commit record's, plus the differentials
+// replayed after it) must first forget what its previous run wrote after
+// G, or the markers of a version nobody will finish could be taken for
+// the new run's: [Store.Truncate](G) frees the base files of steps after
+// G, removes the markers of steps after G, removes the batches after G
+// (rewriting a batch that straddles G as one that ends at G) and points
+// LATEST at the newest version left. Every rank's Truncate must complete
+// before the launcher next looks at markers. Then [Store.Reclaim](C), C
+// the commit record's step, frees the versions before C that the dead run
+// left (a save that finished after its last Reclaim): a fresh Store
+// knows no watermark, and without it those files would stay held.
+//
+// # What is checked
+//
+// Everything read from the directory is checked before use: magic,
+// format version, CRCs, zero fields, ranks and steps against the file's
+// name and the caller's expectation, regions against the manifest and
+// the caller's buffers, file sizes against the layout. Offsets and
+// lengths come from the validated layout, never from unchecked bytes. A
+// file that does not verify is an error wrapping [ErrCorrupt] (a
+// [*CorruptError] naming the file and the first bad byte range); a
+// version that does not verify is never returned.
+//
+// # Concurrency
+//
+// A Store is safe for concurrent use; up to Concurrency Saves run at
+// once, and Load, Latest and Reclaim beside them. Truncate must not run
+// beside a Save. One process at a time may have a rank's Store open.
+// The package's functions on the directory (Markers, Commit,
+// ReadCommitted, AppendBatch, ReadBatches, List, Verify) are safe beside
+// Stores; Commit must have one caller (the launcher).
+package durable

@@ -1,0 +1,272 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestSaveLoad(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		writers int
+		chunk   int
+	}{
+		{"1writer", 1, testChunk},
+		{"4writers", 4, testChunk},
+		{"bigchunk", 3, 1 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := newDir(t, 4)
+			s := openTest(t, dir, 3, Options{Writers: tc.writers, ChunkSize: tc.chunk, Concurrency: 2})
+			save(t, s, 10)
+			save(t, s, 20)
+			checkLoad(t, dir, 3, 10)
+			checkLoad(t, dir, 3, 20)
+			if v, ok := s.Latest(); !ok || v.Step != 20 {
+				t.Errorf("Latest = %+v, %v; want step 20", v, ok)
+			}
+			if err := Load(context.Background(), dir, 3, 30, buffers(testRegions)); !isNoVersion(err) {
+				t.Errorf("Load of a step never saved: %v, want ErrNoVersion", err)
+			}
+			for _, step := range []int64{10, 20} {
+				m, err := Markers(dir, 4, step)
+				if err != nil || !slices.Equal(m, []bool{false, false, false, true}) {
+					t.Errorf("Markers(%d) = %v, %v; want rank 3's only", step, m, err)
+				}
+			}
+			checkVerify(t, dir)
+		})
+	}
+}
+
+// TestSaveChecksSource: a source that does not match its CRC32Cs (a slot
+// overwritten while it was read) is never persisted.
+func TestSaveChecksSource(t *testing.T) {
+	dir := t.TempDir()
+	s := openTest(t, dir, 0, Options{})
+	src, sums := testData(testRegions, 0, 5)
+	src[1][7] ^= 1
+	called := false
+	err := s.Save(context.Background(), 5, src, sums, func() { called = true })
+	if !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Save of a changed source: %v, want ErrCorrupt", err)
+	}
+	if called {
+		t.Error("copied was called for a source that did not match")
+	}
+	if err := Load(context.Background(), dir, 0, 5, buffers(testRegions)); !isNoVersion(err) {
+		t.Errorf("Load after the failed save: %v, want ErrNoVersion", err)
+	}
+	save(t, s, 6)
+	checkLoad(t, dir, 0, 6)
+}
+
+func TestSaveBusy(t *testing.T) {
+	dir := t.TempDir()
+	s := openTest(t, dir, 0, Options{Concurrency: 1})
+	release := make(chan struct{})
+	blocked := make(chan struct{})
+	s.hook = func(p string, _ int64) error {
+		if p == "header" {
+			close(blocked)
+			<-release
+		}
+		return nil
+	}
+	done := make(chan error)
+	go func() {
+		src, sums := testData(testRegions, 0, 1)
+		done <- s.Save(context.Background(), 1, src, sums, nil)
+	}()
+	<-blocked
+	src, sums := testData(testRegions, 0, 2)
+	if err := s.Save(context.Background(), 2, src, sums, nil); !errors.Is(err, ErrBusy) {
+		t.Errorf("a second Save with concurrency 1: %v, want ErrBusy", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s.hook = nil
+	// Two files, step 1 in one: the next save takes the other; then
+	// neither is free until Reclaim.
+	save(t, s, 2)
+	if err := s.Save(context.Background(), 3, src, sums, nil); !errors.Is(err, ErrBusy) {
+		t.Errorf("a Save with both files complete: %v, want ErrBusy", err)
+	}
+	if n, err := s.Reclaim(2); n != 1 || err != nil {
+		t.Errorf("Reclaim(2) = %d, %v; want 1 file freed", n, err)
+	}
+	save(t, s, 3)
+	checkLoad(t, dir, 0, 2)
+	checkLoad(t, dir, 0, 3)
+}
+
+// TestReopen: a store reopened finds its versions, its pointer and its
+// counter, and keeps the files (no truncation).
+func TestReopen(t *testing.T) {
+	dir := newDir(t, 2)
+	s := openTest(t, dir, 1, Options{Concurrency: 2})
+	save(t, s, 1)
+	save(t, s, 2)
+	s.Close()
+	s = openTest(t, dir, 1, Options{Concurrency: 2})
+	if v, ok := s.Latest(); !ok || v.Step != 2 || v.Version != 2 {
+		t.Errorf("Latest after reopening = %+v, %v; want step 2, version 2", v, ok)
+	}
+	if vs := s.Versions(); len(vs) != 2 {
+		t.Errorf("Versions after reopening = %+v, want 2", vs)
+	}
+	save(t, s, 3)
+	if v, _ := s.Latest(); v.Version != 3 {
+		t.Errorf("the counter restarted: version %d, want 3", v.Version)
+	}
+	checkLoad(t, dir, 1, 1)
+	checkLoad(t, dir, 1, 2)
+	checkLoad(t, dir, 1, 3)
+	// A store with a larger chunk size keeps the complete versions
+	// readable and uses the new size for free files.
+	s.Close()
+	s = openTest(t, dir, 1, Options{Concurrency: 3, ChunkSize: 16384})
+	save(t, s, 4)
+	for _, step := range []int64{1, 2, 3, 4} {
+		checkLoad(t, dir, 1, step)
+	}
+	checkVerify(t, dir)
+}
+
+func TestOpenBadArgs(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name    string
+		rank    int
+		regions []Region
+		opt     Options
+	}{
+		{"negative rank", -1, testRegions, Options{}},
+		{"no regions", 0, nil, Options{}},
+		{"bad name", 0, []Region{{Name: "Bad", Size: 1}}, Options{}},
+		{"duplicate", 0, []Region{{Name: "a", Size: 1}, {Name: "a", Size: 2}}, Options{}},
+		{"concurrency", 0, testRegions, Options{Concurrency: MaxConcurrency + 1}},
+		{"chunk", 0, testRegions, Options{ChunkSize: 1000}},
+		{"writers", 0, testRegions, Options{Writers: -1}},
+	} {
+		if s, err := Open(dir, tc.rank, tc.regions, tc.opt); err == nil {
+			s.Close()
+			t.Errorf("%s: Open succeeded", tc.name)
+		}
+	}
+	src, sums := testData(testRegions, 0, 1)
+	s := openTest(t, dir, 0, Options{})
+	if err := s.Save(context.Background(), 1, src[:2], sums, nil); err == nil {
+		t.Error("Save with too few sources succeeded")
+	}
+	if err := s.Save(context.Background(), -1, src, sums, nil); err == nil {
+		t.Error("Save of a negative step succeeded")
+	}
+	s.Close()
+	if err := s.Save(context.Background(), 1, src, sums, nil); !errors.Is(err, ErrClosed) {
+		t.Errorf("Save after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestOpenRemovesTemporaries: a crash inside an atomic replacement
+// leaves a temporary file, which Open removes and nothing reads.
+func TestOpenRemovesTemporaries(t *testing.T) {
+	dir := newDir(t, 1)
+	s := openTest(t, dir, 0, Options{})
+	save(t, s, 1)
+	s.Close()
+	tmp := filepath.Join(rankDir(dir, 0), tempName(latestName))
+	if err := os.WriteFile(tmp, []byte("half a pointer"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	checkVerify(t, dir)
+	openTest(t, dir, 0, Options{})
+	if _, err := os.Stat(tmp); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the temporary file is still there: %v", err)
+	}
+}
+
+func TestDefaultConcurrency(t *testing.T) {
+	const s = 1e9
+	for _, tc := range []struct {
+		tw, t    float64 // seconds
+		every    int
+		overhead float64
+		want     int
+	}{
+		{10, 1, 10, 0.03, 1},   // 10 s to write, 10.3 s between bases: one at a time
+		{20, 1, 10, 0.03, 2},   // 20 s: two in flight
+		{20.5, 1, 10, 0.03, 2}, // just under q·every·t·2
+		{20.7, 1, 10, 0.03, 3},
+		{1000, 1, 1, 0.03, MaxConcurrency},
+		{0, 1, 10, 0.03, 1},
+		{10, 0, 10, 0.03, 1},
+		{10, 1, 0, 0.03, 1},
+		{10, 1, 10, -1, 1},
+	} {
+		got := DefaultConcurrency(durationOf(tc.tw*s), durationOf(tc.t*s), tc.every, tc.overhead)
+		if got != tc.want {
+			t.Errorf("DefaultConcurrency(%vs, %vs, %d, %v) = %d, want %d", tc.tw, tc.t, tc.every, tc.overhead, got, tc.want)
+		}
+	}
+}
+
+func durationOf(ns float64) time.Duration { return time.Duration(ns) }
+
+// TestLateSaveAfterWatermark: a save that finishes after Reclaim moved
+// the watermark past its step gives its file back at once, unmarked:
+// kept, it would hold a file no commit can ever free (the commit record
+// only moves forward), and with every file held so the rank's saves
+// would all fail ErrBusy.
+func TestLateSaveAfterWatermark(t *testing.T) {
+	dir := newDir(t, 1)
+	s := openTest(t, dir, 0, Options{Concurrency: 2})
+	atHeader := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	s.hook = func(p string, _ int64) error {
+		if p == "header" {
+			first := false
+			once.Do(func() { first = true })
+			if first {
+				close(atHeader)
+				<-release
+			}
+		}
+		return nil
+	}
+	late := make(chan error)
+	go func() {
+		src, sums := testData(testRegions, 0, 10)
+		late <- s.Save(context.Background(), 10, src, sums, nil)
+	}()
+	<-atHeader
+	save(t, s, 20)
+	if err := Commit(dir, 20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Reclaim(20); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if err := <-late; err != nil {
+		t.Fatal(err)
+	}
+	if vs := s.Versions(); len(vs) != 1 || vs[0].Step != 20 {
+		t.Errorf("Versions = %+v, want step 20 only", vs)
+	}
+	if m, _ := Markers(dir, 1, 10); m[0] {
+		t.Error("the superseded step 10 was marked")
+	}
+	save(t, s, 30)
+	save(t, s, 40) // two free files: the superseded one came back
+	checkVerify(t, dir)
+}
