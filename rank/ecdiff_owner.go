@@ -9,9 +9,9 @@ package rank
 // talking to the others: b_0, the anchor, is the step the ranks resumed
 // from in this placement (Placement.G, or the G of the last Restart); at
 // the job's start (no such step) it is the first step the rank commits
-// rounded up to a multiple of B (0 for a trainer that counts from 0; the
-// ranks of an SPMD job commit the same first step, so they agree), and
-// b_{k+1} = b_k + B (DiffConfig.baseEvery). The schedule is over the
+// (0 for a trainer that counts from 0; the ranks of an SPMD job commit
+// the same first step, so they agree), and b_{k+1} = b_k + B
+// (DiffConfig.baseEvery). The schedule is over the
 // steps the rank commits: a b_k the trainer skips (its Stage jumps past
 // it) is not coded, and the next one after it is due (the ranks of an
 // SPMD job skip the same steps). When the rank commits b_k, the
@@ -44,12 +44,11 @@ package rank
 //
 //   - floor (the step the placement resumed from) while no base of the
 //     schedule is coded: recovery then decodes at the old H and replays
-//     up to floor. At the job's start (no floor) the steps before b_0
-//     are protected by nothing coded (as full mode promises nothing
-//     before its first replication): Replicated may say up to b_0 - 1
-//     there, so that the overwrite rule lets the rank commit b_0 and
-//     its snapshot be taken; a loss before b_0 is coded finds no base
-//     to decode (the job starts again, as it would at G -1);
+//     up to floor. At the job's start (no floor) that is -1: no step is
+//     recoverable before b_0, the first step committed, is coded (a loss
+//     then starts the job again, as full mode does before its first
+//     replication), and none is committed before b_0 that a decode could
+//     not restore;
 //   - Base_r + B + σ - 1 otherwise (σ = refreshSteps), and at most the
 //     next base step while it is not snapshotted, so that its slot is not
 //     staged over first (the overwrite rule needs G >= b to stage b+2).
@@ -77,7 +76,7 @@ type ecBase struct {
 	set   bool
 	floor int64 // the step the ranks resumed from (-1: the job's start)
 	// anchor is b_0: floor, or at the job's start the first step
-	// committed rounded up to a multiple of B (-1 until it is known).
+	// committed (-1 until it is known).
 	anchor int64
 	next   int64 // the next base step to snapshot (-1: none yet)
 	// first is the first step the rank committed in restart generation
@@ -140,7 +139,7 @@ func (r *replicator) schedLocked(p *placement) *ecBase {
 	if floor < 0 {
 		b.anchor = noStep
 		if b.hasFirst && b.firstGen == gen {
-			b.anchor = r.anchorAt(b.first)
+			b.anchor = b.first
 		}
 	}
 	b.next = b.anchor
@@ -159,17 +158,6 @@ func (r *replicator) schedLocked(p *placement) *ecBase {
 	return b
 }
 
-// anchorAt returns b_0 at the job's start for a rank whose first
-// committed step is first (-1: none yet): the smallest multiple of B not
-// below it.
-func (r *replicator) anchorAt(first int64) int64 {
-	if first < 0 {
-		return noStep
-	}
-	e := r.every()
-	return (first + e - 1) / e * e
-}
-
 // firstCommitLocked records step, committed in restart generation gen,
 // if it is the first of gen: at the job's start it fixes the schedule's
 // anchor. r.mu is held.
@@ -180,8 +168,7 @@ func (r *replicator) firstCommitLocked(gen uint64, step int64) {
 	}
 	b.first, b.firstGen, b.hasFirst = step, gen, true
 	if b.set && b.gen == gen && b.floor < 0 && b.anchor < 0 {
-		b.anchor = r.anchorAt(step)
-		b.next = b.anchor
+		b.anchor, b.next = step, step
 	}
 }
 
@@ -210,10 +197,7 @@ func (r *replicator) capLocked(p *placement) int64 {
 		return noStep // nothing committed yet
 	}
 	if base < b.anchor {
-		if b.floor >= 0 || !b.hasFirst || b.first >= b.anchor {
-			return b.floor
-		}
-		return b.anchor - 1 // steps before b_0 at the job's start
+		return b.floor // -1 at the job's start
 	}
 	r.skipLocked(b)
 	if r.ref != nil && r.ref.step > base {
