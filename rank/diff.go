@@ -844,7 +844,9 @@ func (r *replicator) sendBase(ctx context.Context, hdr linkHdr, host int, step i
 // holder must hold (Base_r and every later base's gate wait for it), so
 // it is never given up: it goes whole as a base of exactly its step,
 // from the snapshot (sendRefBase), and again after a backoff until the
-// holder takes it. baseH (the H known here) goes before the first chunk.
+// holder takes it. baseH (the H known here) goes before the first chunk,
+// or the base whole; a holder that refuses it (it holds no step up to
+// H) gets the base whole without it.
 func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, ref *refresh, prog *refProg, whole bool, res *diffRes) {
 	s := r.s
 	hdr.step = ref.step
@@ -855,6 +857,13 @@ func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, r
 			bh := hdr
 			bh.kind, bh.step = kindBaseH, hb
 			if err := s.h.links.call(ctx, k.host, bh, net.Buffers{frameHead(bh, nil, 0, nil)}); err != nil {
+				if _, ok := errors.AsType[*remoteError](err); ok {
+					// Refused: the holder holds no step up to H (it lags,
+					// or lost its store). Asking again would not change
+					// that: the base goes whole, without baseH (the
+					// holder keeps what it holds until G reaches it).
+					prog.hSent, prog.asBase = true, true
+				}
 				res.err = errors.Join(res.err, fmt.Errorf("baseH %d to rank %d before the base of step %d: %w", hb, k.rank, ref.step, err))
 				return
 			}

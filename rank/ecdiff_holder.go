@@ -27,7 +27,10 @@ const kindBaseH = 15
 // baseH receives an owner's baseH: the holder's stores of h.owner keep
 // their bases at h.step at least (their G is raised to it), which
 // installs a verified refresh of that step. The step must be one the
-// holder holds (H <= G <= what the holder acknowledged).
+// holder holds (H <= G <= what the holder acknowledged), unless it holds
+// nothing of the owner (a spare that takes the place of a lost host, or
+// a holder that lost its store): there is no base to keep, and the owner
+// sends the base whole next.
 func (st *replicaStore) baseH(c net.Conn, h linkHdr, t []tableEntry) error {
 	if h.length != 0 || len(t) != 0 {
 		return fmt.Errorf("baseH with %d regions and %d bytes of data", len(t), h.length)
@@ -44,7 +47,7 @@ func (st *replicaStore) baseH(c net.Conn, h linkHdr, t []tableEntry) error {
 	if why, msg := st.checkOwner(o, h); msg != "" {
 		return writeFail(c, h, why, msg)
 	}
-	if n := o.diffNewest(); h.step > n {
+	if n := o.diffNewest(); h.step > n && (o.cur != nil || o.prev != nil) {
 		return writeFail(c, h, failOther, fmt.Sprintf("rank %d: baseH %d, this holder holds up to step %d", h.owner, h.step, n))
 	}
 	o.hmin = max(o.hmin, h.step)
