@@ -1,7 +1,9 @@
 package rank
 
-// Tests of diff mode under erasure coding: the base schedule starts at
-// the first committed step, and an empty holder takes baseH.
+// Tests of diff mode under erasure coding that the clear copy's holder
+// only ever holds bases of the schedule, that Replicated counts only
+// what a holder can restore from such a base, that the schedule starts
+// at the first committed step, and that an empty holder takes baseH.
 
 import (
 	"context"
@@ -14,6 +16,39 @@ import (
 	"time"
 )
 
+// damageDiff returns bufs (a differential's frame) with a byte of its
+// record flipped.
+func damageDiff(bufs net.Buffers) net.Buffers {
+	d := slices.Clone(bufs[1])
+	d[len(d)/2] ^= 0xff
+	out := slices.Clone(bufs)
+	out[1] = d
+	return out
+}
+
+// stepIn runs step s on every rank side by side, each within 5 s: a job
+// that stalls fails the test (naming G, H and what the test did) instead
+// of hanging.
+func (dj *ecDiffJob) stepIn(s int64, what string) {
+	dj.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	errs := make([]error, len(dj.rs))
+	var wg sync.WaitGroup
+	for i, dr := range dj.rs {
+		wg.Go(func() { errs[i] = dr.step(ctx, s) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			dj.mu.Lock()
+			g, hb := dj.g, dj.hb
+			dj.mu.Unlock()
+			dj.t.Fatalf("rank %d step %d (G %d, H %d; %s): %v", i, s, g, hb, what, err)
+		}
+	}
+}
+
 // clearOwner returns an owner of dj that has a clear copy's holder, and
 // that holder's rank.
 func (dj *ecDiffJob) clearOwner() (owner, holder int) {
@@ -25,6 +60,151 @@ func (dj *ecDiffJob) clearOwner() (owner, holder int) {
 	}
 	dj.t.Fatal("no rank has a clear copy's holder")
 	return -1, -1
+}
+
+// TestECDiffClearHolderBaseOnSchedule: the clear copy's holder refuses a
+// differential that is not a base step twice as damaged; the owner then
+// forgets what it takes next. Before the fix it asked whether the holder
+// held the oldest slot step after what it acknowledged (it did not) and
+// sent it a base of that slot: a base at step 4, off the schedule (0, 3,
+// 6, ...), which the holder's store then kept in place of the coded
+// base a decode at H reads. Every base (kind 5) the holder gets must be
+// at a step of the schedule, and the job goes on with every step up to G
+// recoverable.
+func TestECDiffClearHolderBaseOnSchedule(t *testing.T) {
+	const every = 3
+	var owner, holder atomic.Int64
+	owner.Store(-1)
+	var damaged atomic.Int32
+	var mu sync.Mutex
+	var bases []int64 // steps of the bases (kind 5) sent to the holder
+	testHookLinkFrame = func(h linkHdr, bufs net.Buffers) net.Buffers {
+		if int64(h.owner) != owner.Load() || int64(h.holder) != holder.Load() {
+			return bufs
+		}
+		switch {
+		case h.kind == kindBase:
+			mu.Lock()
+			bases = append(bases, h.step)
+			mu.Unlock()
+		case h.kind == kindDiff && h.step == 4 && len(bufs) > 1 && len(bufs[1]) > 0 && damaged.Add(1) <= 2:
+			return damageDiff(bufs)
+		}
+		return bufs
+	}
+	t.Cleanup(func() { testHookLinkFrame = nil })
+	dj := newECDiffJob(t, 2, 1, 2, every, nil)
+	o, hr := dj.clearOwner()
+	owner.Store(int64(o))
+	holder.Store(int64(hr))
+	stop := dj.stoppable(nil)
+	defer stop()
+	const last = 13
+	for s := int64(0); s <= last; s++ {
+		dj.step(context.Background(), s)
+	}
+	dj.j.c.waitFor("G 13 and H 12", func() bool {
+		dj.mu.Lock()
+		defer dj.mu.Unlock()
+		return dj.g == last && dj.hb == 12
+	})
+	stop()
+	if damaged.Load() < 2 {
+		t.Fatalf("the differential of step 4 was damaged %d times", damaged.Load())
+	}
+	mu.Lock()
+	for _, b := range bases {
+		if b%every != 0 {
+			t.Errorf("rank %d's clear copy's holder rank %d got a base of step %d, off the schedule (every %d from 0); bases sent: %v", o, hr, b, every, bases)
+			break
+		}
+	}
+	mu.Unlock()
+	dj.mu.Lock()
+	defer dj.mu.Unlock()
+	dj.checkRecoverable()
+}
+
+// TestECDiffAckedHeldByClearHolder: the clear copy's holder refuses
+// every chunk of base 3's refresh as damaged, so the owner sends base 3
+// whole (kind 5, from the snapshot) after it acknowledged steps past 3.
+// Before the fix the holder made a new store of the base alone (the
+// steps after 3 it acknowledged stayed in the store it replaced, which
+// goes once H reaches 3) and the owner went on counting them: Replicated
+// said steps the holder could not restore from its base. Whenever the
+// owner sends the holder a request, what the owner counts it as holding
+// must be in the range of the holder's current store; and the job goes
+// on past later bases.
+func TestECDiffAckedHeldByClearHolder(t *testing.T) {
+	const every = 3
+	var owner, holder atomic.Int64
+	owner.Store(-1)
+	var dj *ecDiffJob
+	var bad atomic.Value
+	var whole atomic.Bool
+	check := func(h linkHdr) {
+		s := dj.j.c.hosts[dj.j.c.hostOf[h.owner]].svc(h.owner)
+		k := holderKey{rank: h.holder, host: dj.j.c.hostOf[h.holder]}
+		s.rep.mu.Lock()
+		a, ok := s.rep.acked[k]
+		s.rep.mu.Unlock()
+		if !ok || a < 0 {
+			return
+		}
+		o := copyOf(dj.j.c.hosts[k.host], h.owner)
+		first, last, held := int64(-1), int64(-1), false
+		if o != nil {
+			o.mu.Lock()
+			if o.cur != nil {
+				first, last, held = o.cur.Range()
+			}
+			o.mu.Unlock()
+		}
+		if !held || a < first || a > last {
+			bad.CompareAndSwap(nil, fmt.Sprintf("before a request of kind %d step %d: rank %d counts its clear copy's holder rank %d as holding step %d; the holder's store holds %d..%d (%v)", h.kind, h.step, h.owner, h.holder, a, first, last, held))
+		}
+	}
+	testHookLinkFrame = func(h linkHdr, bufs net.Buffers) net.Buffers {
+		if int64(h.owner) != owner.Load() || int64(h.holder) != holder.Load() {
+			return bufs
+		}
+		check(h)
+		switch {
+		case h.kind == kindBase && h.step == every:
+			whole.Store(true)
+		case h.kind == kindBaseChunk && h.step == every && len(bufs) > 1 && len(bufs[1]) > 0:
+			d := slices.Clone(bufs[1])
+			d[0] ^= 0xff
+			return net.Buffers{bufs[0], d}
+		}
+		return bufs
+	}
+	t.Cleanup(func() { testHookLinkFrame = nil })
+	dj = newECDiffJob(t, 2, 1, 2, every, nil)
+	o, hr := dj.clearOwner()
+	owner.Store(int64(o))
+	holder.Store(int64(hr))
+	stop := dj.stoppable(nil)
+	defer stop()
+	const last = 13
+	for s := int64(0); s <= last; s++ {
+		dj.stepIn(s, fmt.Sprintf("rank %d's refresh of 3 always damaged", o))
+	}
+	dj.j.c.waitFor("G 13 and H 12", func() bool {
+		dj.mu.Lock()
+		defer dj.mu.Unlock()
+		return dj.g == last && dj.hb == 12
+	})
+	stop()
+	if !whole.Load() {
+		t.Fatalf("rank %d never sent base 3 whole", o)
+	}
+	if msg, _ := bad.Load().(string); msg != "" {
+		t.Error(msg)
+	}
+	dj.mu.Lock()
+	defer dj.mu.Unlock()
+	dj.checkRecoverable()
 }
 
 // TestECDiffFirstStepIsB0: a trainer whose first step is not a multiple
@@ -49,19 +229,7 @@ func TestECDiffFirstStepIsB0(t *testing.T) {
 			defer stop()
 			last := first + 3*every
 			for s := first; s <= last; s++ {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				errs := make([]error, len(dj.rs))
-				var wg sync.WaitGroup
-				for i, dr := range dj.rs {
-					wg.Go(func() { errs[i] = dr.step(ctx, s) })
-				}
-				wg.Wait()
-				cancel()
-				for i, err := range errs {
-					if err != nil {
-						t.Fatalf("rank %d step %d: %v", i, s, err)
-					}
-				}
+				dj.stepIn(s, fmt.Sprintf("first step %d", first))
 				dj.mu.Lock()
 				dj.checkRecoverable()
 				dj.mu.Unlock()
@@ -129,22 +297,7 @@ func TestECDiffBaseHRefusedGoesWhole(t *testing.T) {
 	defer stop()
 	const last = 13
 	for s := int64(0); s <= last; s++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		errs := make([]error, len(dj.rs))
-		var wg sync.WaitGroup
-		for i, dr := range dj.rs {
-			wg.Go(func() { errs[i] = dr.step(ctx, s) })
-		}
-		wg.Wait()
-		cancel()
-		for i, err := range errs {
-			if err != nil {
-				dj.mu.Lock()
-				g, hb := dj.g, dj.hb
-				dj.mu.Unlock()
-				t.Fatalf("rank %d step %d (G %d, H %d; rank %d's baseH refused %d times): %v", i, s, g, hb, o, refused.Load(), err)
-			}
-		}
+		dj.stepIn(s, fmt.Sprintf("rank %d's baseH refused", o))
 	}
 	dj.j.c.waitFor("G 13 and H 12", func() bool {
 		dj.mu.Lock()
