@@ -67,7 +67,7 @@ func parseBatch(buf []byte, rank int, a, b int64, path string) ([]Record, error)
 		return nil, err
 	}
 	if got, want := crc32c.Checksum(buf[:36]), le.Uint32(buf[36:]); got != want {
-		return nil, corruptErr(path, 0, 36, "header CRC32C %#08x, the header says %#08x", got, want)
+		return nil, corruptErr(path, 0, batchHdr, "header CRC32C %#08x, the header says %#08x", got, want)
 	}
 	if err := checkZero(buf, 32, 36, path); err != nil {
 		return nil, err

@@ -30,8 +30,8 @@
 // Ranks, steps, i, a and b are decimal without leading zeros (ranks 0 to
 // 2^31-1, steps 0 to 2^63-1, a ≤ b). Any other name is not the package's
 // and is left alone, except names ending ".tmp" followed by anything,
-// which are this package's temporary files (see Atomic replacement) and
-// are removed by Open and Reclaim. Files are created 0600 and
+// which are this package's temporary files (see Atomic replacement); Open
+// removes those of its rank. Files are created 0600 and
 // directories 0700.
 //
 // Integers are little-endian in every file: a shared file system may be
@@ -147,9 +147,17 @@
 // scanning the headers even if the pointer or the marker was not
 // written; without its marker it is never committed. Any error (ENOSPC,
 // EIO, a bad source) before 6 abandons the version: the file stays free
-// and the error is returned. An error in 7 or 8 leaves a complete
-// version without a marker, which is never committed either, and is
-// freed by the next Reclaim past it.
+// and the error is returned (if even rewriting the header as free fails,
+// the file is set aside until a later Save or Reclaim manages to). An
+// error in 7 or 8 leaves a complete version whose marker may be missing:
+// Save returns the error, and the next Save or Reclaim tries 7 and 8
+// again; the version is kept until the watermark passes it (its marker
+// may have reached the disk, and the launcher may have committed it).
+//
+// A save counts as in flight, for Concurrency, from 1 to 8. One that
+// completes after Reclaim moved the watermark past its step can never
+// be committed (the commit record only moves forward): its file is freed
+// at once, and it gets neither pointer nor marker.
 //
 // The pointer:
 //
@@ -228,7 +236,10 @@
 // G, removes the markers of steps after G, removes the batches after G
 // (rewriting a batch that straddles G as one that ends at G) and points
 // LATEST at the newest version left. Every rank's Truncate must complete
-// before the launcher next looks at markers.
+// before the launcher next looks at markers. Then [Store.Reclaim](C), C
+// the commit record's step, frees the versions before C that the dead run
+// left (a save that finished after its last Reclaim): a fresh Store
+// knows no watermark, and without it those files would stay held.
 //
 // # What is checked
 //

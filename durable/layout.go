@@ -117,7 +117,7 @@ func parseHeader(b []byte, rank int, path string) (*header, error) {
 		return nil, err
 	}
 	if got, want := crc32c.Checksum(b[:hdrCRCOff]), le.Uint32(b[hdrCRCOff:]); got != want {
-		return nil, corruptErr(path, 0, hdrCRCOff, "header CRC32C %#08x, the header says %#08x", got, want)
+		return nil, corruptErr(path, 0, hdrSize, "header CRC32C %#08x, the header says %#08x", got, want)
 	}
 	h := &header{
 		state:   le.Uint32(b[8:]),

@@ -88,12 +88,12 @@ func parseManifest(b []byte, path string) (*Manifest, error) {
 		return nil, corruptErr(path, 8, 12, "body length %d, want 2 to %d", n, maxManifestLen)
 	}
 	if int64(len(b)) != manifestHdr+n {
-		return nil, corruptErr(path, min(int64(len(b)), manifestHdr+n), max(int64(len(b)), manifestHdr+n),
-			"%d bytes, the header says %d", len(b), manifestHdr+n)
+		// The length field or the end of the file is wrong.
+		return nil, corruptErr(path, 8, max(int64(len(b)), manifestHdr+n), "%d bytes, the header says %d", len(b), manifestHdr+n)
 	}
 	body := b[manifestHdr:]
 	if got, want := crc32c.Checksum(body), le.Uint32(b[12:]); got != want {
-		return nil, corruptErr(path, manifestHdr, manifestHdr+n, "CRC32C %#08x, the header says %#08x", got, want)
+		return nil, corruptErr(path, 12, manifestHdr+n, "CRC32C %#08x, the header says %#08x", got, want)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -165,7 +165,7 @@ func parsePointer(b []byte, magic [4]byte, rank int, path string) (pointer, erro
 		return pointer{}, err
 	}
 	if got, want := crc32c.Checksum(b[:36]), le.Uint32(b[36:]); got != want {
-		return pointer{}, corruptErr(path, 0, 36, "CRC32C %#08x, the file says %#08x", got, want)
+		return pointer{}, corruptErr(path, 0, ptrSize, "CRC32C %#08x, the file says %#08x", got, want)
 	}
 	p := pointer{
 		rank:    int(le.Uint32(b[8:])),
@@ -207,7 +207,7 @@ func parseCommit(b []byte, path string) (int64, error) {
 		return 0, err
 	}
 	if got, want := crc32c.Checksum(b[:20]), le.Uint32(b[20:]); got != want {
-		return 0, corruptErr(path, 0, 20, "CRC32C %#08x, the file says %#08x", got, want)
+		return 0, corruptErr(path, 0, commitSize, "CRC32C %#08x, the file says %#08x", got, want)
 	}
 	if err := checkZero(b, 16, 20, path); err != nil {
 		return 0, err

@@ -71,13 +71,19 @@ type Store struct {
 	inflight int
 	steps    map[int64]bool // the steps of the Saves in flight
 	counter  uint64         // the last version handed out
-	closed   bool
+	// watermark is the newest step Reclaim was given (-1 before): a
+	// version of an older step is of no use.
+	watermark int64
+	closed    bool
 
 	// pmu serializes the pointer's updates (in memory and on disk) and
-	// guards ptr and hasPtr.
-	pmu    sync.Mutex
-	ptr    pointer
-	hasPtr bool
+	// guards ptr, hasPtr and pending.
+	pmu     sync.Mutex
+	ptr     pointer
+	hasPtr  bool
+	pending []pointer // complete versions whose pointer move or marker failed
+
+	repairMu sync.Mutex // held by repair
 }
 
 // errCrash, returned by a test hook, stands for the process dying there.
@@ -133,7 +139,7 @@ func Open(dir string, rank int, regions []Region, opt Options) (*Store, error) {
 	}
 	s := &Store{
 		root: dir, dir: rankDir(dir, rank), rank: rank, regions: slices.Clone(regions),
-		lay: lay, n: n, writers: w, log: log.With("rank", rank), steps: map[int64]bool{},
+		lay: lay, n: n, writers: w, log: log.With("rank", rank), steps: map[int64]bool{}, watermark: -1,
 	}
 	s.bufs.New = func() any { b := make([]byte, lay.chunk); return &b }
 	if err := ensureRankDir(dir, rank); err != nil {
@@ -370,22 +376,23 @@ func (s *Store) Save(ctx context.Context, step int64, src [][]byte, sums []uint3
 			return fmt.Errorf("durable: save of step %d: region %q: %d bytes, want %d", step, r.Name, len(src[i]), r.Size)
 		}
 	}
+	s.repair()
 	bf, version, err := s.take(step)
 	if err != nil {
 		return err
 	}
 	complete := false
 	defer func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
 		if !complete {
-			s.mu.Lock()
 			bf.state = fsFree
 			if errors.Is(err, errCrash) || errors.Is(err, errBrokenHeader) {
 				bf.state = fsBroken
 			}
-			s.inflight--
-			delete(s.steps, step)
-			s.mu.Unlock()
 		}
+		s.inflight--
+		delete(s.steps, step)
 	}()
 	err = s.write(ctx, bf, step, version, src, sums, copied)
 	if err != nil {
@@ -393,13 +400,61 @@ func (s *Store) Save(ctx context.Context, step int64, src [][]byte, sums []uint3
 	}
 	complete = true
 	s.mu.Lock()
-	s.inflight--
-	delete(s.steps, step)
+	p := pointer{rank: s.rank, file: bf.idx, step: step, version: version, hdrCRC: bf.hdrCRC}
+	watermark := s.watermark
 	s.mu.Unlock()
-	if err := s.publish(bf, step, version); err != nil {
-		return fmt.Errorf("durable: rank %d: step %d: %w", s.rank, step, err)
+	superseded := step < watermark
+	if superseded {
+		// Reclaim moved past this step while it was written: no
+		// recovery can use it, and it would hold its file until the
+		// next Reclaim. It is freed at once, unmarked.
+		s.log.Debug("durable: a save finished after the watermark passed it: freed", "step", step, "watermark", watermark)
+		if _, err := s.free(func(f *baseFile) bool { return f == bf && f.state == fsComplete }); err != nil {
+			return fmt.Errorf("durable: rank %d: step %d: %w", s.rank, step, err)
+		}
+		return nil
+	}
+	if err := s.publish(p); err != nil {
+		if !errors.Is(err, errCrash) {
+			s.pmu.Lock()
+			s.pending = append(s.pending, p)
+			s.pmu.Unlock()
+		}
+		return fmt.Errorf("durable: rank %d: version %d of step %d is complete but not marked (retried at the next Save): %w", s.rank, version, step, err)
 	}
 	return nil
+}
+
+// repair retries what failed before, at the start of a Save or Reclaim:
+// it rewrites as free the headers of broken files, and moves the pointer
+// and writes the markers of the complete versions whose publish failed.
+// What fails again is logged and left for the next time. One repair runs
+// at a time; a Save that finds one running goes on without.
+func (s *Store) repair() {
+	if !s.repairMu.TryLock() {
+		return
+	}
+	defer s.repairMu.Unlock()
+	if _, err := s.free(func(bf *baseFile) bool { return bf.state == fsBroken }); err != nil {
+		s.log.Warn("durable: a base file's header cannot be rewritten", "err", err)
+	}
+	s.pmu.Lock()
+	pending := slices.Clone(s.pending)
+	s.pmu.Unlock()
+	for _, p := range pending {
+		if err := s.publish(p); err != nil {
+			s.log.Warn("durable: a complete version cannot be marked", "step", p.step, "version", p.version, "err", err)
+			continue
+		}
+		s.dropPending(func(q pointer) bool { return q.version == p.version })
+	}
+}
+
+// dropPending forgets the pending publishes that drop chooses.
+func (s *Store) dropPending(drop func(pointer) bool) {
+	s.pmu.Lock()
+	s.pending = slices.DeleteFunc(s.pending, drop)
+	s.pmu.Unlock()
 }
 
 // errBrokenHeader marks a failure after which a file's header on disk
@@ -557,10 +612,7 @@ func (s *Store) writeChunks(ctx context.Context, bf *baseFile, src [][]byte) ([]
 
 // publish moves the pointer to a complete version if it is the newest,
 // then writes its marker: steps 7 and 8.
-func (s *Store) publish(bf *baseFile, step int64, version uint64) error {
-	s.mu.Lock()
-	p := pointer{rank: s.rank, file: bf.idx, step: step, version: version, hdrCRC: bf.hdrCRC}
-	s.mu.Unlock()
+func (s *Store) publish(p pointer) error {
 	if err := s.at("pointer", 0); err != nil {
 		return err
 	}
@@ -570,7 +622,7 @@ func (s *Store) publish(bf *baseFile, step int64, version uint64) error {
 	if err := s.at("marker", 0); err != nil {
 		return err
 	}
-	err := writeAtomic(s.dir, doneName(step), [][]byte{encodePointer(magicMarker, p)}, s.fault("marker"))
+	err := writeAtomic(s.dir, doneName(p.step), [][]byte{encodePointer(magicMarker, p)}, s.fault("marker"))
 	if err != nil {
 		return err
 	}
@@ -659,11 +711,14 @@ func (s *Store) Load(ctx context.Context, step int64, dst [][]byte) error {
 // returns an error wrapping ErrNoVersion when the rank holds no complete
 // version of committed.
 func (s *Store) Reclaim(committed int64) (int, error) {
+	s.repair()
+	s.dropPending(func(p pointer) bool { return p.step < committed })
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return 0, ErrClosed
 	}
+	s.watermark = max(s.watermark, committed)
 	if !slices.ContainsFunc(s.files, func(bf *baseFile) bool { return bf.state == fsComplete && bf.step == committed }) {
 		s.mu.Unlock()
 		return 0, fmt.Errorf("%w: rank %d: reclaiming before step %d, which it does not hold: nothing freed", ErrNoVersion, s.rank, committed)
@@ -771,6 +826,7 @@ func (s *Store) Truncate(step int64) error {
 		p = pointer{rank: s.rank, file: newest.idx, step: newest.step, version: newest.version, hdrCRC: newest.hdrCRC}
 	}
 	s.mu.Unlock()
+	s.dropPending(func(p pointer) bool { return p.step > step })
 	s.pmu.Lock()
 	if !s.hasPtr || s.ptr.step > step {
 		var err error
@@ -789,7 +845,7 @@ func (s *Store) Truncate(step int64) error {
 	if err := s.removeMarkers(func(st int64) bool { return st > step }); err != nil {
 		return err
 	}
-	if err := trimBatches(s.dir, s.rank, step); err != nil {
+	if err := trimBatches(s.root, s.rank, step); err != nil {
 		return err
 	}
 	_, err := s.free(func(bf *baseFile) bool {

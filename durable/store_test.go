@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 )
@@ -219,3 +220,53 @@ func TestDefaultConcurrency(t *testing.T) {
 }
 
 func durationOf(ns float64) time.Duration { return time.Duration(ns) }
+
+// TestLateSaveAfterWatermark: a save that finishes after Reclaim moved
+// the watermark past its step gives its file back at once, unmarked:
+// kept, it would hold a file no commit can ever free (the commit record
+// only moves forward), and with every file held so the rank's saves
+// would all fail ErrBusy.
+func TestLateSaveAfterWatermark(t *testing.T) {
+	dir := newDir(t, 1)
+	s := openTest(t, dir, 0, Options{Concurrency: 2})
+	atHeader := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	s.hook = func(p string, _ int64) error {
+		if p == "header" {
+			first := false
+			once.Do(func() { first = true })
+			if first {
+				close(atHeader)
+				<-release
+			}
+		}
+		return nil
+	}
+	late := make(chan error)
+	go func() {
+		src, sums := testData(testRegions, 0, 10)
+		late <- s.Save(context.Background(), 10, src, sums, nil)
+	}()
+	<-atHeader
+	save(t, s, 20)
+	if err := Commit(dir, 20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Reclaim(20); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if err := <-late; err != nil {
+		t.Fatal(err)
+	}
+	if vs := s.Versions(); len(vs) != 1 || vs[0].Step != 20 {
+		t.Errorf("Versions = %+v, want step 20 only", vs)
+	}
+	if m, _ := Markers(dir, 1, 10); m[0] {
+		t.Error("the superseded step 10 was marked")
+	}
+	save(t, s, 30)
+	save(t, s, 40) // two free files: the superseded one came back
+	checkVerify(t, dir)
+}

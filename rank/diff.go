@@ -72,6 +72,13 @@ const (
 	// differentials that follow what it holds (they do not follow, or it
 	// has no base): it gets a base, without being asked kindHas first.
 	needBase = -2
+	// needProbe in replicator.dnext (diff mode under EC, the clear copy's
+	// holder): where the holder stands is not known (it got a base whole,
+	// or said it does not hold the step it was asked about): it is sent
+	// the differential after what it acknowledged, else the oldest queued
+	// one, and its answer (an acknowledgement, or a gap with the step it
+	// takes next) says.
+	needProbe = -3
 
 	optDescSize  = 40
 	diffDescSize = 48
@@ -255,6 +262,10 @@ type diffAct struct {
 	d              *ownerDiff // else: this differential
 	ref            *refresh   // then chunks of this refresh (prog)
 	prog           *refProg
+	// noSlotBase (diff mode under EC, the clear copy's holder): with has,
+	// no base follows if it does not hold base: it is probed next
+	// (needProbe).
+	noSlotBase bool
 }
 
 // diffRes is the outcome of one holder's round.
@@ -271,6 +282,10 @@ type diffRes struct {
 	err        error
 	baseB      int64 // bytes of bases and chunks sent
 	diffB      int64 // bytes of differentials sent
+	// rebased: it got the base whole (diff mode under EC): acked is the
+	// base's step, the most the owner knows it holds (what it
+	// acknowledged before may have gone with the store it replaced).
+	rebased bool
 }
 
 type diffPlan struct {
@@ -449,6 +464,12 @@ func (r *replicator) planDiffLocked() diffPlan {
 			}
 			continue
 		}
+		if ecDiff {
+			if r.planClearLocked(&act, a, n, known, next) {
+				p.acts = append(p.acts, act)
+			}
+			continue
+		}
 		switch {
 		case !known:
 			if act.base = next(a); act.base < 0 {
@@ -475,19 +496,12 @@ func (r *replicator) planDiffLocked() diffPlan {
 				}
 			}
 		default:
-			if ecDiff && r.ref != nil && r.gateOpen(r.ref) {
-				// Nothing to send but the base: it goes whole (the
-				// rank may be waiting for it at the overwrite rule).
-				if pr := r.refProg[k]; pr == nil || !pr.done {
-					break
-				}
-			}
 			continue
 		}
 		if act.d != nil {
 			act.d.rec.retain()
 		}
-		if (act.d != nil || act.base < 0) && r.ref != nil && (!ecDiff || r.gateOpen(r.ref)) {
+		if act.d != nil && r.ref != nil {
 			pr := r.refProg[k]
 			if pr == nil {
 				pr = &refProg{}
@@ -510,7 +524,10 @@ func (r *replicator) applyLocked(p diffPlan, res []diffRes) {
 		if x.reanchored {
 			delete(r.acked, k) // it holds none of the steps it acknowledged
 		}
-		if x.acked >= 0 {
+		switch {
+		case x.rebased:
+			r.acked[k] = x.acked
+		case x.acked >= 0:
 			if v, ok := r.acked[k]; !ok || x.acked > v {
 				r.acked[k] = x.acked
 			}
@@ -686,12 +703,24 @@ func (r *replicator) sendTo(ctx context.Context, gen uint64, a diffAct) diffRes 
 	}
 	if a.base >= 0 {
 		if a.has {
+			var err error
 			if t := r.slotTable(a.base); t != nil {
 				hdr.kind, hdr.step = kindHas, a.base
-				if s.h.links.has(ctx, a.k.host, hdr, t) == nil {
+				if err = s.h.links.has(ctx, a.k.host, hdr, t); err == nil {
 					res.acked, res.next, res.setNext = a.base, a.base+1, true
 					return res
 				}
+			}
+			if a.noSlotBase {
+				// Diff mode under EC: no base from a slot (off the
+				// schedule); where the holder stands is asked next.
+				if _, ok := errors.AsType[*remoteError](err); err != nil && !ok {
+					res.err = fmt.Errorf("has step %d to rank %d: %w", a.base, a.k.rank, err)
+					linkFailed(err)
+					return res
+				}
+				res.next, res.setNext = needProbe, true
+				return res
 			}
 		}
 		n, err := r.sendBase(ctx, hdr, a.k.host, a.base)
@@ -844,7 +873,9 @@ func (r *replicator) sendBase(ctx context.Context, hdr linkHdr, host int, step i
 // holder must hold (Base_r and every later base's gate wait for it), so
 // it is never given up: it goes whole as a base of exactly its step,
 // from the snapshot (sendRefBase), and again after a backoff until the
-// holder takes it. baseH (the H known here) goes before the first chunk.
+// holder takes it. baseH (the H known here) goes before the first chunk,
+// or the base whole; a holder that refuses it (it holds no step up to
+// H) gets the base whole without it.
 func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, ref *refresh, prog *refProg, whole bool, res *diffRes) {
 	s := r.s
 	hdr.step = ref.step
@@ -855,6 +886,13 @@ func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, r
 			bh := hdr
 			bh.kind, bh.step = kindBaseH, hb
 			if err := s.h.links.call(ctx, k.host, bh, net.Buffers{frameHead(bh, nil, 0, nil)}); err != nil {
+				if _, ok := errors.AsType[*remoteError](err); ok {
+					// Refused: the holder holds no step up to H (it lags,
+					// or lost its store). Asking again would not change
+					// that: the base goes whole, without baseH (the
+					// holder keeps what it holds until G reaches it).
+					prog.hSent, prog.asBase = true, true
+				}
 				res.err = errors.Join(res.err, fmt.Errorf("baseH %d to rank %d before the base of step %d: %w", hb, k.rank, ref.step, err))
 				return
 			}
@@ -868,9 +906,14 @@ func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, r
 			res.err = errors.Join(res.err, fmt.Errorf("base of step %d to rank %d from the snapshot: %w", ref.step, k.rank, err))
 			return
 		}
+		// The holder holds the base: it grafted it onto a store that
+		// holds its step (the differentials it holds after it stay), or
+		// made a store of it alone. Replicated counts the base's step
+		// for it, and whatever it holds after it once it says so: it is
+		// probed (needProbe).
 		prog.done, prog.in = true, true
-		res.acked = max(res.acked, ref.step)
-		res.next, res.setNext, res.base = ref.step+1, true, ref.step
+		res.acked, res.rebased = ref.step, true
+		res.next, res.setNext, res.base = needProbe, true, ref.step
 		return
 	}
 	// giveUp handles a holder that cannot take the refresh in chunks.
@@ -1311,6 +1354,10 @@ func (st *replicaStore) base(c net.Conn, h linkHdr, t []tableEntry) error {
 	if why, msg := st.checkOwner(o, h); msg != "" {
 		return refuse(why, msg)
 	}
+	if st.h.place().ecDiff() && o.cur != nil && o.cur.Held(h.step) && slices.Equal(o.cur.Regions(), regions) && o.cur.Optimizer() == opt {
+		defer st.account(o)
+		return st.graftBase(c, h, t, o)
+	}
 	// Replicas live in this agent's memory: all of them together may
 	// take at most half the host's, whatever peers announce.
 	if err := st.reserve(o.held+total, o.held); err != nil {
@@ -1719,12 +1766,18 @@ func (st *replicaStore) baseCommit(c net.Conn, h linkHdr, t []tableEntry) error 
 
 // hasDiff acknowledges h if one of o's stores (the current one, or the
 // previous one a newer base replaced) holds h.step with the regions and
-// CRC32Cs of t. o.mu is held.
-func (o *ownerReplica) hasDiff(h linkHdr, t []tableEntry) bool {
+// CRC32Cs of t. In diff mode under EC (ecDiff) only the current one
+// counts: the owner's differentials follow it, and the previous one goes
+// once H reaches the current one's base. o.mu is held.
+func (o *ownerReplica) hasDiff(h linkHdr, t []tableEntry, ecDiff bool) bool {
 	if o.diverged != nil || !slices.Equal(o.sums[h.step], t) {
 		return false
 	}
-	for _, ds := range []*diffstore.Store{o.cur, o.prev} {
+	stores := []*diffstore.Store{o.cur, o.prev}
+	if ecDiff {
+		stores = stores[:1]
+	}
+	for _, ds := range stores {
 		if ds != nil && ds.Held(h.step) {
 			return true
 		}

@@ -462,7 +462,7 @@ func TestDiffBaseKeepsAckedSteps(t *testing.T) {
 	// hasDiff looks at the previous store too.
 	o := h.store.owner(0)
 	o.mu.Lock()
-	has := o.hasDiff(linkHdr{owner: 0, holder: 1, step: 6}, diffTable(regs[6]))
+	has := o.hasDiff(linkHdr{owner: 0, holder: 1, step: 6}, diffTable(regs[6]), false)
 	o.mu.Unlock()
 	if !has {
 		t.Errorf("has of step 6, held by the previous store: refused")

@@ -13,7 +13,9 @@ package rank
 //   - the parity rows keep H's buffer (ecstore.go, bufFor).
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 
@@ -27,7 +29,10 @@ const kindBaseH = 15
 // baseH receives an owner's baseH: the holder's stores of h.owner keep
 // their bases at h.step at least (their G is raised to it), which
 // installs a verified refresh of that step. The step must be one the
-// holder holds (H <= G <= what the holder acknowledged).
+// holder holds (H <= G <= what the holder acknowledged), unless it holds
+// nothing of the owner (a spare that takes the place of a lost host, or
+// a holder that lost its store): there is no base to keep, and the owner
+// sends the base whole next.
 func (st *replicaStore) baseH(c net.Conn, h linkHdr, t []tableEntry) error {
 	if h.length != 0 || len(t) != 0 {
 		return fmt.Errorf("baseH with %d regions and %d bytes of data", len(t), h.length)
@@ -44,7 +49,7 @@ func (st *replicaStore) baseH(c net.Conn, h linkHdr, t []tableEntry) error {
 	if why, msg := st.checkOwner(o, h); msg != "" {
 		return writeFail(c, h, why, msg)
 	}
-	if n := o.diffNewest(); h.step > n {
+	if n := o.diffNewest(); h.step > n && (o.cur != nil || o.prev != nil) {
 		return writeFail(c, h, failOther, fmt.Sprintf("rank %d: baseH %d, this holder holds up to step %d", h.owner, h.step, n))
 	}
 	o.hmin = max(o.hmin, h.step)
@@ -79,4 +84,69 @@ func (st *replicaStore) keepsH(o *ownerReplica) bool {
 func (st *replicaStore) logHolder(h linkHdr) bool {
 	p := st.h.place()
 	return p.ecDiff() && p.svcs[h.holder] != nil && slices.Contains(p.logsOf(h.owner), h.holder)
+}
+
+// graftBase takes a whole base of h.owner at h.step (kind 5: the owner's
+// snapshot of a base step, sent whole when the holder could not take it
+// in chunks, sendChunks) into o's current store, which holds that step,
+// as a refresh of it: a chunked refresh's BeginBase, chunks and commit in
+// one request. The store keeps its base and its differentials, those
+// after the step included, and installs the refresh once G (H here)
+// reaches it, as a committed refresh (kind 8). A store made of the base
+// alone would hold the step and nothing after it: the differentials
+// after it the holder acknowledged, which the owner may no longer have,
+// would be lost to it. The caller checked that the store holds h.step
+// and has the table's layout, read the optimizer's descriptor, and
+// accounts o after; o.mu is held.
+func (st *replicaStore) graftBase(c net.Conn, h linkHdr, t []tableEntry, o *ownerReplica) error {
+	total := tableBytes(t)
+	refuse := func(why uint32, msg string) error {
+		if err := drain(c, total); err != nil {
+			return err
+		}
+		return writeFail(c, h, why, msg)
+	}
+	if o.bw == nil || o.bw.Step() != h.step {
+		// The refresh's buffers are reserved before BeginBase allocates
+		// them (baseChunk's); account then counts them.
+		size := uint64(o.cur.Size())
+		if err := st.reserve(o.held+size, o.held); err != nil {
+			return refuse(failOther, fmt.Sprintf("rank %d: a base of %d bytes at step %d: %v", h.owner, size, h.step, err))
+		}
+		o.held += size
+	}
+	w, err := o.cur.BeginBase(h.step) // replaces a refresh in progress
+	o.bw = nil
+	if err != nil {
+		return refuse(failStale, fmt.Sprintf("rank %d: %v", h.owner, err))
+	}
+	buf := o.chunkBuf(int64(min(total, maxBaseChunk)))
+	for _, e := range t {
+		for off := int64(0); off < e.size; {
+			n := min(e.size-off, int64(len(buf)))
+			if _, err := io.ReadFull(c, buf[:n]); err != nil {
+				w.Abort()
+				return err
+			}
+			if err := w.Write(e.name, off, buf[:n]); err != nil {
+				w.Abort()
+				return err // cannot be: the range is the region's, the refresh current
+			}
+			off += n
+		}
+	}
+	sums := make(map[string]uint32, len(t))
+	for _, e := range t {
+		sums[e.name] = e.sum
+	}
+	if err := w.Commit(h.step, sums); err != nil {
+		w.Abort()
+		why := uint32(failStale)
+		if errors.Is(err, diffstore.ErrCorrupt) {
+			why = failCRC
+		}
+		return writeFail(c, h, why, fmt.Sprintf("rank %d step %d: %v", h.owner, h.step, err))
+	}
+	o.setSums(h.step, h.gen, t)
+	return writeAck(c, h)
 }

@@ -9,9 +9,9 @@ package rank
 // talking to the others: b_0, the anchor, is the step the ranks resumed
 // from in this placement (Placement.G, or the G of the last Restart); at
 // the job's start (no such step) it is the first step the rank commits
-// rounded up to a multiple of B (0 for a trainer that counts from 0; the
-// ranks of an SPMD job commit the same first step, so they agree), and
-// b_{k+1} = b_k + B (DiffConfig.baseEvery). The schedule is over the
+// (0 for a trainer that counts from 0; the ranks of an SPMD job commit
+// the same first step, so they agree), and b_{k+1} = b_k + B
+// (DiffConfig.baseEvery). The schedule is over the
 // steps the rank commits: a b_k the trainer skips (its Stage jumps past
 // it) is not coded, and the next one after it is due (the ranks of an
 // SPMD job skip the same steps). When the rank commits b_k, the
@@ -23,7 +23,11 @@ package rank
 //     after the differentials as in plain diff mode, or whole when the
 //     holder has no differential to take), preceded by baseH (kind 15:
 //     "H >= h"), so that the holder installs a verified b_{k-1} before
-//     BeginBase(b_k) would drop it;
+//     BeginBase(b_k) would drop it. That holder never gets a base of a
+//     slot (plain diff mode's, at whatever step the slot holds): one
+//     that cannot follow the differentials gets the snapshot whole, as a
+//     base of exactly its step (planClearLocked), which it grafts onto
+//     a store that holds the step (graftBase);
 //   - the M shares go to the parity rows through ecSend (ecsend.go),
 //     given the snapshot's views, in the background (sendShares): no
 //     pacing, the cap below is the backpressure.
@@ -44,12 +48,11 @@ package rank
 //
 //   - floor (the step the placement resumed from) while no base of the
 //     schedule is coded: recovery then decodes at the old H and replays
-//     up to floor. At the job's start (no floor) the steps before b_0
-//     are protected by nothing coded (as full mode promises nothing
-//     before its first replication): Replicated may say up to b_0 - 1
-//     there, so that the overwrite rule lets the rank commit b_0 and
-//     its snapshot be taken; a loss before b_0 is coded finds no base
-//     to decode (the job starts again, as it would at G -1);
+//     up to floor. At the job's start (no floor) that is -1: no step is
+//     recoverable before b_0, the first step committed, is coded (a loss
+//     then starts the job again, as full mode does before its first
+//     replication), and none is committed before b_0 that a decode could
+//     not restore;
 //   - Base_r + B + σ - 1 otherwise (σ = refreshSteps), and at most the
 //     next base step while it is not snapshotted, so that its slot is not
 //     staged over first (the overwrite rule needs G >= b to stage b+2).
@@ -77,7 +80,7 @@ type ecBase struct {
 	set   bool
 	floor int64 // the step the ranks resumed from (-1: the job's start)
 	// anchor is b_0: floor, or at the job's start the first step
-	// committed rounded up to a multiple of B (-1 until it is known).
+	// committed (-1 until it is known).
 	anchor int64
 	next   int64 // the next base step to snapshot (-1: none yet)
 	// first is the first step the rank committed in restart generation
@@ -140,7 +143,7 @@ func (r *replicator) schedLocked(p *placement) *ecBase {
 	if floor < 0 {
 		b.anchor = noStep
 		if b.hasFirst && b.firstGen == gen {
-			b.anchor = r.anchorAt(b.first)
+			b.anchor = b.first
 		}
 	}
 	b.next = b.anchor
@@ -159,17 +162,6 @@ func (r *replicator) schedLocked(p *placement) *ecBase {
 	return b
 }
 
-// anchorAt returns b_0 at the job's start for a rank whose first
-// committed step is first (-1: none yet): the smallest multiple of B not
-// below it.
-func (r *replicator) anchorAt(first int64) int64 {
-	if first < 0 {
-		return noStep
-	}
-	e := r.every()
-	return (first + e - 1) / e * e
-}
-
 // firstCommitLocked records step, committed in restart generation gen,
 // if it is the first of gen: at the job's start it fixes the schedule's
 // anchor. r.mu is held.
@@ -180,8 +172,7 @@ func (r *replicator) firstCommitLocked(gen uint64, step int64) {
 	}
 	b.first, b.firstGen, b.hasFirst = step, gen, true
 	if b.set && b.gen == gen && b.floor < 0 && b.anchor < 0 {
-		b.anchor = r.anchorAt(step)
-		b.next = b.anchor
+		b.anchor, b.next = step, step
 	}
 }
 
@@ -210,10 +201,7 @@ func (r *replicator) capLocked(p *placement) int64 {
 		return noStep // nothing committed yet
 	}
 	if base < b.anchor {
-		if b.floor >= 0 || !b.hasFirst || b.first >= b.anchor {
-			return b.floor
-		}
-		return b.anchor - 1 // steps before b_0 at the job's start
+		return b.floor // -1 at the job's start
 	}
 	r.skipLocked(b)
 	if r.ref != nil && r.ref.step > base {
@@ -579,4 +567,99 @@ func (r *replicator) ecDataLocked(p *placement) {
 	}
 	ref.data = true
 	r.advanceLocked()
+}
+
+// planClearLocked plans the part of a round of act.k, the clear copy's
+// holder, into act (a is what it acknowledged, n its Next if known):
+// true if it has one. Its store holds the schedule's bases (a decode at
+// H reads the base at exactly H there), so it never gets a base of a
+// slot at whatever step the slot holds, as in plain diff mode
+// (planDiffLocked): a holder whose step is not known is asked whether it
+// holds the oldest step in a slot that G may come to name; if not, it is
+// sent the differential after what it acknowledged, else the oldest
+// queued one, whose answer (an acknowledgement, or a gap with the step
+// it takes next) says where it stands (needProbe). One that cannot
+// follow the queue (it has no base, or
+// lacks steps the queue no longer has) gets the schedule's base from its
+// snapshot, whole (refBaseLocked). next is planDiffLocked's. r.mu is
+// held.
+func (r *replicator) planClearLocked(act *diffAct, a, n int64, known bool, next func(int64) int64) bool {
+	k := act.k
+	switch {
+	case !known:
+		if act.base = next(a); act.base < 0 {
+			return false
+		}
+		act.has, act.noSlotBase = true, true
+		return true
+	case n == needProbe:
+		// It holds what it acknowledged, perhaps more: the step after
+		// it, else the oldest queued one.
+		if act.d = r.diffAt(a + 1); act.d == nil && len(r.dq) > 0 && r.dq[0].step > a+1 {
+			act.d = r.dq[0]
+		}
+		if act.d == nil && a < r.wantS {
+			return r.refBaseLocked(act)
+		}
+	case n == needBase:
+		return r.refBaseLocked(act)
+	case n <= r.wantS:
+		if act.d = r.diffAt(n); act.d == nil {
+			return r.refBaseLocked(act)
+		}
+	case a < r.wantS && a+1 < n:
+		// Sent and never acknowledged: again from the first step it
+		// lacks (see planDiffLocked).
+		if act.d = r.diffAt(a + 1); act.d == nil {
+			return r.refBaseLocked(act)
+		}
+	}
+	if act.d == nil {
+		// Nothing to send but the base: it goes whole (the rank may be
+		// waiting for it at the overwrite rule).
+		if r.ref == nil || !r.gateOpen(r.ref) {
+			return false
+		}
+		if pr := r.refProg[k]; pr != nil && pr.done {
+			return false
+		}
+	} else {
+		act.d.rec.retain()
+	}
+	if r.ref != nil && r.gateOpen(r.ref) {
+		pr := r.refProg[k]
+		if pr == nil {
+			pr = &refProg{}
+			r.refProg[k] = pr
+		}
+		if !pr.done {
+			act.ref, act.prog = r.ref, pr
+			act.ref.rb.retain()
+		}
+	}
+	return true
+}
+
+// refBaseLocked plans the schedule's base for act.k, the clear copy's
+// holder, which cannot follow the queued differentials: the base being
+// sent (r.ref, the snapshot of a base step), whole, past the gate. A
+// holder that has it already, or a base that waits at the gate, gets
+// nothing: the next base will do. r.mu is held.
+func (r *replicator) refBaseLocked(act *diffAct) bool {
+	ref := r.ref
+	if ref == nil || !r.gateOpen(ref) {
+		return false
+	}
+	pr := r.refProg[act.k]
+	if pr == nil {
+		pr = &refProg{}
+		r.refProg[act.k] = pr
+	}
+	if pr.in {
+		return false
+	}
+	pr.asBase, pr.done = true, false
+	act.ref, act.prog = ref, pr
+	ref.rb.retain()
+	return true
 }

@@ -18,20 +18,20 @@ import (
 // (Stage refuses only steps <= the committed one); a trainer that resumes
 // from its own checkpoint, or counts from 1, commits step 1 first, and a
 // trainer may skip steps. The schedule's b_0 is then the first committed
-// step rounded up to a multiple of B: the job goes on (before the fix:
-// Stage(3) waited for G 2 for ever, b_0 being 0), and H reaches the
-// newest base step, with every step up to G recoverable after any M lost
-// hosts. (Skipped steps are not covered: diffRank's optimizer counts
-// every step.)
+// step: the job goes on (before the first fix: Stage(3) waited for G 2
+// for ever, b_0 being 0), and H reaches the newest base step, with every
+// step up to G recoverable after any M lost hosts (TestECDiffFirstStepIsB0
+// checks it after every step). (Skipped steps are not covered:
+// diffRank's optimizer counts every step.)
 func TestECDiffOwnerFirstStepNotZero(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		steps []int64
 		wantH int64
 	}{
-		{"from 1", []int64{1, 2, 3, 4, 5, 6, 7}, 6},
-		{"from 4", []int64{4, 5, 6, 7}, 6},
-		{"from 3", []int64{3, 4, 5, 6, 7}, 6},
+		{"from 1", []int64{1, 2, 3, 4, 5, 6, 7}, 7}, // bases 1, 4, 7
+		{"from 4", []int64{4, 5, 6, 7}, 7},          // bases 4, 7
+		{"from 3", []int64{3, 4, 5, 6, 7}, 6},       // bases 3, 6
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dj := newECDiffJob(t, 2, 1, 2, 3, nil)

@@ -28,6 +28,9 @@ type ecDiffJob struct {
 
 	mu    sync.Mutex // held while G and H are published, and by checks
 	g, hb int64
+	// check, if set, is called with every G and H stoppable publishes,
+	// dj.mu held.
+	check func(g, hb int64)
 }
 
 func newECDiffJob(t *testing.T, k, m, per, every int, skipH map[int]bool) *ecDiffJob {
@@ -130,6 +133,9 @@ func (dj *ecDiffJob) stoppable(tell func(i int, hb int64) int64) (stop func()) {
 				h.SetH(h.Gen(), x)
 			}
 			dj.g, dj.hb = max(dj.g, g), max(dj.hb, hb)
+			if dj.check != nil {
+				dj.check(g, hb)
+			}
 			dj.mu.Unlock()
 		}
 	})

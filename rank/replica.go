@@ -631,7 +631,7 @@ func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
 	if known := max(o.gen, st.h.Gen()); h.gen < known {
 		return writeFail(c, h, failStale, fmt.Sprintf("rank %d step %d: a request of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known))
 	}
-	if !o.dropped && o.hasDiff(h, t) {
+	if !o.dropped && o.hasDiff(h, t, st.h.place().ecDiff()) {
 		o.gen = max(o.gen, h.gen)
 		o.confirmDiff(h.step, h.gen)
 		return writeAck(c, h)
