@@ -264,8 +264,11 @@ type diffAct struct {
 	prog           *refProg
 	// noSlotBase (diff mode under EC, the clear copy's holder): with has,
 	// no base follows if it does not hold base: it is probed next
-	// (needProbe).
-	noSlotBase bool
+	// (needProbe). top: base is the newest committed step, asked because
+	// no differential after what the holder acknowledged is queued
+	// (planClearLocked); a refusal is a failure of the round, which backs
+	// off before it asks again.
+	noSlotBase, top bool
 }
 
 // diffRes is the outcome of one holder's round.
@@ -720,6 +723,14 @@ func (r *replicator) sendTo(ctx context.Context, gen uint64, a diffAct) diffRes 
 					return res
 				}
 				res.next, res.setNext = needProbe, true
+				if a.top {
+					// Nothing else can tell where it stands: asked again
+					// after a backoff, not at once.
+					if err == nil {
+						err = fmt.Errorf("step %d is no longer in a slot", a.base)
+					}
+					res.err = fmt.Errorf("has step %d, the newest committed, to rank %d (no differential after what it acknowledged is queued): %w", a.base, a.k.rank, err)
+				}
 				return res
 			}
 		}
