@@ -394,7 +394,7 @@ func fallingBehind(g, committed int64, ranks []wire.RankProgress) string {
 		}
 	}
 	if len(lags) > most {
-		parts = append(parts, fmt.Sprintf("%d more ranks", len(lags)-most))
+		parts = append(parts, fmt.Sprintf("and %d more", len(lags)-most))
 	}
 	if len(parts) == 0 {
 		parts = append(parts, "no base skipped or failed: the saves are slow")

@@ -343,7 +343,7 @@ func TestFallingBehindText(t *testing.T) {
 		{"not open", 40, 10, []wire.RankProgress{rp(0, nil), rp(1, &wire.RankDurable{})},
 			"the durable tier is falling behind: committed version step 10, 30 steps behind G (rank 0 has not opened its store)"},
 		{"many ranks", 40, 10, []wire.RankProgress{rp(0, &wire.RankDurable{Failed: 1}), rp(1, &wire.RankDurable{Failed: 2}), rp(2, &wire.RankDurable{Failed: 3}), rp(3, &wire.RankDurable{Failed: 4}), rp(4, &wire.RankDurable{Failed: 5})},
-			"the durable tier is falling behind: committed version step 10, 30 steps behind G (rank 4: 0 bases skipped, 5 failed; rank 3: 0 bases skipped, 4 failed; rank 2: 0 bases skipped, 3 failed; 2 more ranks)"},
+			"the durable tier is falling behind: committed version step 10, 30 steps behind G (rank 4: 0 bases skipped, 5 failed; rank 3: 0 bases skipped, 4 failed; rank 2: 0 bases skipped, 3 failed; and 2 more)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := fallingBehind(tc.g, tc.committed, tc.ranks); got != tc.want {

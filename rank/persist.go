@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -210,7 +211,8 @@ func (s *service) persistOpen() {
 		dr[i], names[i] = durable.Region{Name: r.Name, Size: r.Size}, r.Name
 		size += r.Size
 	}
-	st, err := durable.Open(cfg.Dir, s.rank, dr, durable.Options{Concurrency: cfg.maxInFlight(), Writers: cfg.Writers, ChunkSize: cfg.ChunkSize, Logger: s.h.log})
+	st, err := durable.Open(cfg.Dir, s.rank, dr, durable.Options{Concurrency: cfg.maxInFlight(), Writers: cfg.Writers, ChunkSize: cfg.ChunkSize,
+		Logger: slog.New(newQuietHandler(s.h.log.Handler(), durableLogEvery))})
 	if err != nil {
 		s.h.log.Warn("the durable tier cannot open this rank's store: it writes no bases (the memory tiers still protect it)", "rank", s.rank, "dir", cfg.Dir, "err", err)
 		p.mu.Lock()
@@ -659,4 +661,51 @@ func (h *Host) persistLoop() {
 		}
 		applied = d
 	}
+}
+
+// durableLogEvery is how often at most a store's log says the same thing:
+// a full or failing disk has it retry (and warn) at every save.
+const durableLogEvery = 30 * time.Second
+
+// quietHandler passes a record on only if no record with its message
+// passed in the last every: the durable stores' warnings, which a full
+// disk repeats at every save and reclaim, once per rank and period.
+type quietHandler struct {
+	next  slog.Handler
+	every time.Duration
+	state *quietState
+}
+
+type quietState struct {
+	mu   sync.Mutex
+	last map[string]time.Time // by message
+}
+
+func newQuietHandler(next slog.Handler, every time.Duration) *quietHandler {
+	return &quietHandler{next: next, every: every, state: &quietState{last: map[string]time.Time{}}}
+}
+
+func (q *quietHandler) Enabled(ctx context.Context, l slog.Level) bool { return q.next.Enabled(ctx, l) }
+
+func (q *quietHandler) Handle(ctx context.Context, r slog.Record) error {
+	st := q.state
+	st.mu.Lock()
+	last, seen := st.last[r.Message]
+	pass := !seen || r.Time.Sub(last) >= q.every
+	if pass {
+		st.last[r.Message] = r.Time
+	}
+	st.mu.Unlock()
+	if !pass {
+		return nil
+	}
+	return q.next.Handle(ctx, r)
+}
+
+func (q *quietHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &quietHandler{next: q.next.WithAttrs(as), every: q.every, state: q.state}
+}
+
+func (q *quietHandler) WithGroup(name string) slog.Handler {
+	return &quietHandler{next: q.next.WithGroup(name), every: q.every, state: q.state}
 }

@@ -428,3 +428,33 @@ func TestDurableAutomaticConcurrency(t *testing.T) {
 		t.Fatalf("%d base files, want %d", n, autoMaxConcurrency+1)
 	}
 }
+
+// TestQuietHandler: a store's warning repeated within the period is
+// dropped (a full disk has every save warn the same), other messages
+// and the same one after the period pass; derived loggers share the
+// count.
+func TestQuietHandler(t *testing.T) {
+	var buf bytes.Buffer
+	q := newQuietHandler(slog.NewTextHandler(&buf, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey {
+			return slog.Attr{}
+		}
+		return a
+	}}), 30*time.Second)
+	t0 := time.Unix(1000, 0)
+	log := func(h slog.Handler, at time.Duration, msg string) {
+		r := slog.NewRecord(t0.Add(at), slog.LevelWarn, msg, 0)
+		if err := h.Handle(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log(q, 0, "disk full")
+	log(q, time.Second, "disk full")
+	log(q.WithAttrs([]slog.Attr{slog.Int("rank", 1)}), 2*time.Second, "disk full")
+	log(q, 3*time.Second, "header corrupt")
+	log(q, 31*time.Second, "disk full")
+	want := "level=WARN msg=\"disk full\"\nlevel=WARN msg=\"header corrupt\"\nlevel=WARN msg=\"disk full\"\n"
+	if buf.String() != want {
+		t.Fatalf("logged:\n%s\nwant:\n%s", buf.String(), want)
+	}
+}
