@@ -5,7 +5,7 @@ PKGS    := ./...
 # Packages with vector kernels built under GOEXPERIMENT=simd.
 SIMD_PKGS := ./replay/ ./examples/dptrain/
 
-.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-tier2 bench-ec bench-mpi bench-recovery fuzz lint demo demo-hotswap demo-hello demo-train clean
+.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-tier2 bench-ec bench-mpi bench-recovery bench-persist fuzz lint demo demo-hotswap demo-hello demo-train clean
 
 all: build
 
@@ -48,7 +48,7 @@ test: lint
 test-short:
 	$(GO) test -short $(PKGS)
 
-bench: bench-rendezvous bench-launch bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-mpi bench-recovery
+bench: bench-rendezvous bench-launch bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-mpi bench-recovery bench-persist
 
 # Launch-to-exit time against Open MPI and MPICH Hydra (installs them with apt-get if missing).
 bench-launch: build
@@ -117,6 +117,17 @@ bench-tier2:
 	@if $(SIMD_PROBE); then simd=$${GOEXPERIMENT:+$$GOEXPERIMENT,}simd; else simd=$$GOEXPERIMENT; fi; \
 	GOEXPERIMENT=$$simd GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench BenchmarkTier2Restore -benchtime 5x -timeout 20m -v ./rank/ | grep -v '^=== '
 
+# The durable tier (--ckpt-dir, issue 17): one 1 GiB checkpoint saved by
+# package durable beside dd if=/dev/zero bs=4M conv=fsync of 1 GiB to the
+# same directory, alternating in one run (target: the save at ≥ 90% of dd's
+# throughput), at 1 to 8 writers and 1 to 16 MiB chunks. GORUN_BENCH_DIR
+# picks the directory (default: a temporary one under /tmp, removed after).
+# TODO(issue 17, D2/D3): add dptrain's step-time overhead with a base every
+# 10 steps at --ckpt-concurrency 1, 2 and 4 (target ≤ 3% at the chosen N),
+# and the resume time from disk with 0, 16 and 64 differentials to replay.
+bench-persist:
+	$(GO) test -run '^$$' -bench BenchmarkPersist -benchtime 3x -timeout 30m ./durable/ | grep -v '^=== '
+
 # Erasure coding (--redundancy ec:2+2) against replicas:1 on 4 namespace
 # hosts of one rank with 256 MiB of optimizer state each, full mode, beside
 # ckpt.Codec's throughput over the same bytes, in one run (benchprotect
@@ -134,7 +145,7 @@ bench-ec: build
 # Short fuzzing of every parser (go test -fuzz runs one target at a time).
 FUZZTIME ?= 20s
 fuzz:
-	@for p in ./topology/ ./internal/wire/ ./comm/ ./replay/ ./ckpt/ ./rank/ ./internal/agent/ ./hotswap/; do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
+	@for p in ./topology/ ./internal/wire/ ./comm/ ./replay/ ./ckpt/ ./rank/ ./internal/agent/ ./hotswap/ ./durable/; do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
 		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$p || exit 1; done; done
 
 lint:

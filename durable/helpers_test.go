@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 
 	"github.com/gorun/gorun/internal/crc32c"
@@ -120,12 +121,11 @@ func createTestManifest(t testing.TB, dir string, world int) {
 }
 
 // hookAt returns a test hook returning err at point (and arg, for
-// "chunk"), once.
+// "chunk"), once. The writer goroutines call it concurrently.
 func hookAt(point string, arg int64, err error) func(string, int64) error {
-	done := false
+	var done atomic.Bool
 	return func(p string, a int64) error {
-		if !done && p == point && (p != "chunk" || a == arg) {
-			done = true
+		if p == point && (p != "chunk" || a == arg) && done.CompareAndSwap(false, true) {
 			return err
 		}
 		return nil

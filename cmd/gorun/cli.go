@@ -39,6 +39,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "agent":
 			return agentMain(args[1:], stdin, stderr)
+		case "ckpt":
+			return ckptMain(args[1:], stdout, stderr)
 		case "run":
 			args = args[1:]
 		}

@@ -202,6 +202,8 @@ Signals: SIGINT, SIGTERM and SIGHUP stop every rank (the same signal, then
 SIGKILL after the grace period; a second one kills at once); SIGUSR1 and
 SIGUSR2 are forwarded to every rank. Every rank gets RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR, MASTER_PORT, OMPI_COMM_WORLD_* and GORUN_* variables.
+
+gorun ckpt ls|show|verify DIR inspects a checkpoint directory.
 `
 
 // stringList is a repeatable string flag.

@@ -22,6 +22,9 @@ var allowed = map[string][]string{
 	"internal/membership": {"topology"},
 	"ckpt":                {"topology"},
 	"hotswap":             {"topology", "ckpt"},
+	// durable, the disk tier, shares ckpt's region rules and CRC
+	// combination and internal/wire's job ids, and nothing else.
+	"durable": {"ckpt", "internal/wire"},
 	// internal/diffstore is the holders' store of diff mode: part of
 	// the service side, which DESIGN.md §2 puts in an internal package.
 	"rank":           {"ckpt", "replay", "comm", "internal/wire", "topology", "internal/diffstore"},
