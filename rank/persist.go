@@ -230,6 +230,15 @@ func (s *service) persistOpen() {
 		}
 	}
 	slices.Sort(markers)
+	if d := s.h.D(); d >= 0 {
+		// A store another host wrote (a rank taken over) may hold
+		// versions the watermark passed after that host's last reclaim:
+		// a fresh store knows no watermark (durable: "Resuming and
+		// restoring").
+		if _, err := st.Reclaim(d); err == nil {
+			markers = slices.DeleteFunc(markers, func(m int64) bool { return m < d })
+		}
+	}
 	p.mu.Lock()
 	p.store, p.names, p.size, p.markers = st, names, size, markers
 	p.n = max(cfg.Concurrency, 1)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/durable"
+	"github.com/gorun/gorun/internal/crc32c"
 )
 
 // persistRig is one rank (0) on one host with a durable tier in dir,
@@ -457,4 +458,47 @@ func TestQuietHandler(t *testing.T) {
 	if buf.String() != want {
 		t.Fatalf("logged:\n%s\nwant:\n%s", buf.String(), want)
 	}
+}
+
+// TestDurableTakeover: a rank whose store another host wrote (the rank
+// was moved to this host) starts from the markers on disk, less what the
+// watermark this host knows has passed: its store reclaims at once what
+// the other host did not (a fresh store knows no watermark).
+func TestDurableTakeover(t *testing.T) {
+	dir := t.TempDir()
+	regions := []durable.Region{{Name: "optimizer", Size: persistRegions[0].Size}, {Name: "meta", Size: persistRegions[1].Size}}
+	st, err := durable.Open(dir, 0, regions, durable.Options{Concurrency: autoMaxConcurrency})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []int64{0, 2, 4} {
+		src := [][]byte{pattern(step, 0, regions[0].Size), pattern(step, 1, regions[1].Size)}
+		sums := []uint32{crc32c.Checksum(src[0]), crc32c.Checksum(src[1])}
+		if err := st.Save(context.Background(), step, src, sums, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.Close()
+	c := newClusterWith(t, [][]int{{0}}, nil, nil, func(hc *HostConfig) { hc.Persist = PersistConfig{Dir: dir, Every: 2} })
+	r := &persistRig{t: t, c: c, h: c.hosts[0], sess: c.hosts[0].Session(0), dir: dir}
+	r.h.SetD(2) // the launcher committed 2 before this host opened the store
+	r.call(TypeProtectHello, `{"v":1,"regions":[{"name":"optimizer","size":12288},{"name":"meta","size":100}]}`)
+	r.durableWhen("the markers from 2 on", func(d *DurableProgress) bool { return true })
+	s := r.h.svc(0)
+	s.dur.mu.Lock()
+	markers := slices.Clone(s.dur.markers)
+	s.dur.mu.Unlock()
+	if !slices.Equal(markers, []int64{2, 4}) {
+		t.Fatalf("markers %v after taking the store over at watermark 2, want [2 4]", markers)
+	}
+	l, err := durable.List(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range l.Ranks[0].Bases {
+		if (b.State == durable.StateComplete || b.State == durable.StateCommitted) && b.Step < 2 {
+			t.Fatalf("version %d kept after taking the store over at watermark 2", b.Step)
+		}
+	}
+	r.checkLoad(4)
 }
