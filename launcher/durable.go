@@ -173,10 +173,17 @@ type durableTier struct {
 	// resumed job's); no commit before.
 	written   bool
 	committed int64 // the commit record's step, or -1
-	// errs are the manifest's and commit's last errors, said once each.
+	// errs are the manifest's and commit's last errors, said once each;
+	// retry is when they are tried again (a full disk is not retried at
+	// every report).
 	manifestErr, commitErr string
+	retry                  time.Time
 	warned                 time.Time // the last falling-behind warning
 }
+
+// durableRetry is how long the launcher waits after a failed manifest or
+// commit record before it tries again.
+const durableRetry = time.Second
 
 // newDurableTier returns the durable tier of job j, or nil without one.
 func (j *job) newDurableTier() *durableTier {
@@ -228,7 +235,7 @@ func (j *job) durableProgress(u *wire.UpProgress) {
 			news = true
 		}
 	}
-	if !news {
+	if !news || time.Now().Before(t.retry) {
 		return
 	}
 	reports := make([]*wire.RankDurable, j.world)
@@ -243,6 +250,7 @@ func (j *job) durableProgress(u *wire.UpProgress) {
 		return
 	}
 	if err := durable.Commit(t.opts.Dir, v); err != nil {
+		t.retry = time.Now().Add(durableRetry)
 		if msg := err.Error(); msg != t.commitErr {
 			t.commitErr = msg
 			j.out.report("the durable tier cannot write its commit record of step %d: %v", v, err)
@@ -271,6 +279,7 @@ func (j *job) writeManifest(reports []*wire.RankDurable) bool {
 	m := t.manifest
 	m.Regions = regions
 	if err := durable.CreateManifest(t.opts.Dir, &m); err != nil {
+		t.retry = time.Now().Add(durableRetry)
 		if errors.Is(err, fs.ErrExist) {
 			err = fmt.Errorf("another job wrote its manifest there since this one started: %w", err)
 		}
