@@ -95,10 +95,17 @@ type DurableRegion struct {
 }
 
 // check validates d, the durable report of rank with committed step
-// committed (nil is none).
+// committed (nil is none), and makes its empty lists nil: they are
+// omitted when encoded, and a report decodes as it re-encodes.
 func (d *RankDurable) check(rank int, committed int64) error {
 	if d == nil {
 		return nil
+	}
+	if len(d.Markers) == 0 {
+		d.Markers = nil
+	}
+	if len(d.Regions) == 0 {
+		d.Regions = nil
 	}
 	if len(d.Markers) > MaxDurableMarkers {
 		return malformed("progress: rank %d: %d durable markers", rank, len(d.Markers))

@@ -113,6 +113,9 @@ func DecodeUpProgress(b []byte) (*UpProgress, error) {
 		}
 	}
 	if f := u.Fold; f != nil {
+		if len(f.Drift) == 0 {
+			f.Drift = nil // omitted when encoded: it decodes as it re-encodes
+		}
 		if f.Steps < 0 || f.NS < 0 || len(f.Drift) > MaxWorld {
 			return nil, malformed("progress: fold counters %d/%d, %d drifts", f.Steps, f.NS, len(f.Drift))
 		}
