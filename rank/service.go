@@ -94,6 +94,12 @@ type service struct {
 
 	rep   replicator // this rank's outgoing replication (replica.go)
 	local ownerLocal // its differentials by reference (localpeer.go)
+
+	// dur is the rank's durable tier (persist.go); holds[i], under mu,
+	// is closed once a durable save has read slot i (nil: no save reads
+	// it): a stage does not overwrite a held slot.
+	dur   persist
+	holds [2]chan struct{}
 }
 
 func newService(h *Host, rank int) *service {
@@ -123,6 +129,7 @@ func (s *service) progress(p *placement) Progress {
 		ReplBytes: s.replBytes.Load(), Restores: s.restores.Load(),
 		DiffLocal: s.local.byRef.Load(), DiffNet: s.local.byNet.Load()}
 	pr.SourceLocal, pr.SourceNet = s.local.sources(p, s.rank)
+	pr.Durable = s.persistProgress(c)
 	return pr
 }
 
@@ -222,6 +229,7 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 		}
 		ss.hello, ss.id, ss.placed = true, id, pl
 		s.h.local.notify() // a session of a local peer opened
+		s.persistOpen()
 		return TypeProtectWelcome, w, nil
 	case TypeStage, TypeCommit, TypeGradient:
 		var req StepReq
@@ -459,6 +467,10 @@ func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 		}
 	}
 	wait := time.Since(start)
+	// A durable save may still be reading the slot to overwrite.
+	if _, err := s.waitHold(ctx); err != nil {
+		return &Staged{Step: step, Err: fmt.Sprintf("waiting for the durable tier to read the slot: %v", err)}
+	}
 	if err := ss.live(); err != nil {
 		return &Staged{Step: step, Err: err.Error()}
 	}
@@ -469,7 +481,7 @@ func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 	if s.slots == nil {
 		return &Staged{Step: step, Err: ErrStopping.Error()}
 	}
-	if s.h.Gen() != gen || ss.id != s.session || step <= s.committed || mustWait && s.committed != newest {
+	if s.h.Gen() != gen || ss.id != s.session || step <= s.committed || mustWait && s.committed != newest || s.heldLocked() != nil {
 		return &Staged{Step: step, Err: "the rank's state changed while this stage waited (a restart, or another session)"}
 	}
 	st, err := s.slots.Stage(uint64(step))
@@ -570,7 +582,11 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 		od = s.ownerDiff(grad, rec, slot)
 		od.ref = ref
 	}
+	base := s.persistDueLocked(step, slot)
 	s.mu.Unlock()
+	if base != nil {
+		go s.runSave(base) // persist.wg: waited for by truncate and close
+	}
 	if diff && red != nil {
 		// The holders here waiting for this step's deposits take them
 		// now, or learn that they will not come.
@@ -768,6 +784,7 @@ func (s *service) verifySlot(slot int, step int64) *CorruptError {
 // dropped steps, a replaced one holds nothing) and sent the newest step
 // left if they lack it: Replicated says it only then.
 func (s *service) truncate(g int64) error {
+	s.persistTruncate(g)
 	s.rep.reset()
 	s.rep.forget() // before the slots change: no report pairs a new committed step with old acks
 	err := s.truncateSlots(g)
@@ -825,6 +842,7 @@ func (s *service) truncateSlots(g int64) error {
 func (s *service) close() error {
 	s.stop()
 	s.rep.stop()
+	perr := s.persistClose() // before the slots are unmapped: no save reads them then
 	s.reqMu.Lock()
 	defer s.reqMu.Unlock()
 	s.mapMu.Lock() // no reader holds views of the slots
@@ -840,5 +858,6 @@ func (s *service) close() error {
 		errs = append(errs, s.slots.Close())
 		s.slots = nil
 	}
+	errs = append(errs, perr)
 	return errors.Join(errs...)
 }

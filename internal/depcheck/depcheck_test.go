@@ -27,9 +27,12 @@ var allowed = map[string][]string{
 	"durable": {"ckpt", "internal/wire"},
 	// internal/diffstore is the holders' store of diff mode: part of
 	// the service side, which DESIGN.md §2 puts in an internal package.
-	"rank":           {"ckpt", "replay", "comm", "internal/wire", "topology", "internal/diffstore"},
+	// durable is ckpt's disk tier (issue 17): the ranks' services save
+	// their bases there, and the launcher writes the job's manifest and
+	// commit record.
+	"rank":           {"ckpt", "durable", "replay", "comm", "internal/wire", "topology", "internal/diffstore"},
 	"internal/agent": {"rank", "ckpt", "comm", "gpu", "topology", "internal/wire", "replay"},
-	"launcher":       {"topology", "comm", "hotswap", "gpu", "internal/agent", "internal/ctlserver", "internal/wire"},
+	"launcher":       {"topology", "comm", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire"},
 }
 
 // leaves are packages of gorun that import none of it (allowed says so)
