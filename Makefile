@@ -122,11 +122,19 @@ bench-tier2:
 # same directory, alternating in one run (target: the save at ≥ 90% of dd's
 # throughput), at 1 to 8 writers and 1 to 16 MiB chunks. GORUN_BENCH_DIR
 # picks the directory (default: a temporary one under /tmp, removed after).
-# TODO(issue 17, D2/D3): add dptrain's step-time overhead with a base every
-# 10 steps at --ckpt-concurrency 1, 2 and 4 (target ≤ 3% at the chosen N),
-# and the resume time from disk with 0, 16 and 64 differentials to replay.
-bench-persist:
+# Then dptrain's step time on 2 namespace hosts of 2 ranks with 256 MiB of
+# optimizer state each, protected (full mode), without --ckpt-dir and with
+# a base every 10 steps at the automatic concurrency and at
+# --ckpt-concurrency 1, 2 and 4, in one run: 2 rounds of the 5 runs, each
+# run compared with the run without --ckpt-dir of its round, after a
+# warm-up run (benchprotect -ckpt; target: at most 3% more, PCcheck's
+# figure; root, ~10 min). The checkpoint directories go under
+# GORUN_BENCH_DIR too (default: the temporary directory).
+# TODO(issue 17, D3): the resume time from disk with 0, 16 and 64
+# differentials to replay.
+bench-persist: build
 	$(GO) test -run '^$$' -bench BenchmarkPersist -benchtime 3x -timeout 30m ./durable/ | grep -v '^=== '
+	$(GO) run ./internal/benchprotect -gorun $(BIN)/gorun -dptrain $(BIN)/dptrain -ckpt auto,1,2,4 -ckpt-every 10 -steps 60 -cpu-compute 0 $${GORUN_BENCH_DIR:+-ckpt-dir $$GORUN_BENCH_DIR}
 
 # Erasure coding (--redundancy ec:2+2) against replicas:1 on 4 namespace
 # hosts of one rank with 256 MiB of optimizer state each, full mode, beside

@@ -57,6 +57,10 @@ type Config struct {
 	ProtectMode ProtectMode
 	// Diff configures ModeDiff; it must be zero in ModeFull.
 	Diff DiffOptions
+	// Durable configures the durable tier (--ckpt-dir and the flags that
+	// go with it; durable.go): each rank's bases on disk every
+	// Durable.Every steps, committed by the launcher. Zero: none.
+	Durable DurableOptions
 	// MaxRestarts is how many times the ranks are restarted in place
 	// after a rank fails, resuming from the globally recoverable step
 	// (--max-restarts, as torchrun's; 0 = a failure ends the job).
@@ -216,6 +220,9 @@ func (c *Config) withDefaults() (Config, error) {
 		return cfg, err
 	}
 	if err := cfg.checkProtect(); err != nil {
+		return cfg, err
+	}
+	if err := cfg.checkDurable(); err != nil {
 		return cfg, err
 	}
 	if cfg.SuspectTimeout < 0 || cfg.HangTimeout < 0 {

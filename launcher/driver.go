@@ -369,6 +369,7 @@ func (j *job) loop(ctx context.Context) int {
 		case now := <-tick.C:
 			j.checkStarts(now)
 			j.prog.republish()
+			j.durableTick(now)
 			if !stopDeadline.IsZero() && now.After(stopDeadline) {
 				j.out.report("%d ranks did not report their end; giving up on them", j.world-j.ranksEnded)
 				j.drainOutput(ctx)
@@ -484,6 +485,7 @@ func (j *job) onProgress(u *wire.UpProgress) {
 	if j.rec != nil {
 		j.rec.progress(j, u)
 	}
+	j.durableProgress(u)
 }
 
 // reprotected returns, after report u was taken in, the under-protected

@@ -89,6 +89,7 @@ type job struct {
 	// epoch table's Logs.
 	logs [][]int
 	prog *progress
+	dur  *durableTier // the durable tier (durable.go), or nil
 
 	events     chan *wire.Event
 	progress   chan *wire.UpProgress
@@ -311,6 +312,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	if j.diffEC() {
 		j.prog.trackH()
 	}
+	j.dur = j.newDurableTier()
 	up, err := j.ctl.Subscribe(j.subj.Up, j.onUp)
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
@@ -373,6 +375,9 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	code = j.loop(ctx)
 	if j.verbose && j.prog.used() {
 		j.out.report("%s", j.prog.table(j.cfg.ProtectMode, j.cfg.Diff))
+		if j.dur != nil {
+			j.out.report("%s", j.durableTable())
+		}
 	}
 	stopStarting()
 	j.finish()
@@ -390,6 +395,8 @@ func (j *job) spec() *wire.JobSpec {
 		StdinRank: j.stdinRank(), TP: j.cfg.TP, PP: j.cfg.PP, GPUsPerRank: j.cfg.GPUsPerRank,
 		MaxRestarts: j.cfg.MaxRestarts, NoPMI: j.cfg.NoPMI,
 		ProtectMode: string(j.cfg.ProtectMode), DiffFold: j.cfg.Diff.Fold, BaseEvery: j.cfg.Diff.BaseEvery, DiffCodec: j.cfg.Diff.Codec,
+		CkptDir: j.cfg.Durable.Dir, CkptEvery: j.cfg.Durable.Every, CkptConcurrency: j.cfg.Durable.Concurrency, CkptOverhead: j.cfg.Durable.Overhead,
+		DiffBatch: j.cfg.Durable.DiffBatch, Resume: j.cfg.Durable.Resume,
 	}
 }
 

@@ -52,6 +52,9 @@ type progress struct {
 	hostBase  []int64
 	atH       int
 	baseEpoch []uint64
+	// d is the durable tier's watermark, the step of the job's commit
+	// record (nil: none), published with G (setD).
+	d *int64
 }
 
 // trackH makes p aggregate H too (diff mode under erasure coding), before
@@ -82,7 +85,20 @@ func (p *progress) global() *wire.GlobalStep {
 	if p.diffEC {
 		g.H = p.hp
 	}
+	if p.d != nil {
+		d := *p.d
+		g.D = &d
+	}
 	return g
+}
+
+// setD publishes d, the step of the durable tier's new commit record (at
+// most G), as the watermark with G.
+func (p *progress) setD(d int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.d = &d
+	p.publish(p.global())
 }
 
 // raiseH publishes h as H if it rose and is not above G, and reports
@@ -330,6 +346,9 @@ func (p *progress) move(ranks []int, from, to int) {
 	defer p.mu.Unlock()
 	for _, r := range ranks {
 		p.rankHost[r] = to
+		// Its durable markers were the lost host's: the rank's new host
+		// reports its own once it opened the rank's store.
+		p.ranks[r].D = nil
 	}
 	p.hostRanks[from] = slices.DeleteFunc(slices.Clone(p.hostRanks[from]), func(r int) bool { return slices.Contains(ranks, r) })
 	p.hostRanks[to] = append(slices.Clone(p.hostRanks[to]), ranks...)

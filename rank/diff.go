@@ -264,8 +264,11 @@ type diffAct struct {
 	prog           *refProg
 	// noSlotBase (diff mode under EC, the clear copy's holder): with has,
 	// no base follows if it does not hold base: it is probed next
-	// (needProbe).
-	noSlotBase bool
+	// (needProbe). top: base is the newest committed step, asked because
+	// no differential after what the holder acknowledged is queued
+	// (planClearLocked); a refusal is a failure of the round, which backs
+	// off before it asks again.
+	noSlotBase, top bool
 }
 
 // diffRes is the outcome of one holder's round.
@@ -720,6 +723,14 @@ func (r *replicator) sendTo(ctx context.Context, gen uint64, a diffAct) diffRes 
 					return res
 				}
 				res.next, res.setNext = needProbe, true
+				if a.top {
+					// Nothing else can tell where it stands: asked again
+					// after a backoff, not at once.
+					if err == nil {
+						err = fmt.Errorf("step %d is no longer in a slot", a.base)
+					}
+					res.err = fmt.Errorf("has step %d, the newest committed, to rank %d (no differential after what it acknowledged is queued): %w", a.base, a.k.rank, err)
+				}
 				return res
 			}
 		}
@@ -874,8 +885,9 @@ func (r *replicator) sendBase(ctx context.Context, hdr linkHdr, host int, step i
 // it is never given up: it goes whole as a base of exactly its step,
 // from the snapshot (sendRefBase), and again after a backoff until the
 // holder takes it. baseH (the H known here) goes before the first chunk,
-// or the base whole; a holder that refuses it (it holds no step up to
-// H) gets the base whole without it.
+// or the base whole; a holder that refuses it because it holds no step
+// up to H (failBehindH) gets the base whole without it, one that refuses
+// it otherwise is asked again.
 func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, ref *refresh, prog *refProg, whole bool, res *diffRes) {
 	s := r.s
 	hdr.step = ref.step
@@ -886,11 +898,17 @@ func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, r
 			bh := hdr
 			bh.kind, bh.step = kindBaseH, hb
 			if err := s.h.links.call(ctx, k.host, bh, net.Buffers{frameHead(bh, nil, 0, nil)}); err != nil {
-				if _, ok := errors.AsType[*remoteError](err); ok {
-					// Refused: the holder holds no step up to H (it lags,
-					// or lost its store). Asking again would not change
-					// that: the base goes whole, without baseH (the
-					// holder keeps what it holds until G reaches it).
+				if errors.Is(err, errBehindH) {
+					// The holder holds no step up to H (it lags, or lost
+					// its store). Asking again would not change that: the
+					// base goes whole, without baseH, as a new store (the
+					// one it has stays as the previous store until H
+					// reaches the base; none of its steps is one a decode
+					// at H reads). Any other refusal passes (a placement
+					// or a generation switching): baseH is asked again
+					// after the round's backoff, and the base waits for
+					// it, so that BeginBase never drops a verified
+					// refresh H may name already.
 					prog.hSent, prog.asBase = true, true
 				}
 				res.err = errors.Join(res.err, fmt.Errorf("baseH %d to rank %d before the base of step %d: %w", hb, k.rank, ref.step, err))

@@ -26,6 +26,17 @@ import (
 // no data): "H >= step".
 const kindBaseH = 15
 
+// failBehindH: the holder refused baseH because its stores of the owner
+// hold no step up to H (it lags, or lost its store; it holds something):
+// asking again would not change that, and none of its steps is one a
+// decode at H (or any later H) reads. The owner sends the base whole,
+// without baseH. Any other refusal of baseH passes (a placement or a
+// restart generation switching), and baseH is asked again.
+const failBehindH = 10
+
+// errBehindH is a baseH refused with failBehindH (remoteError.Is).
+var errBehindH = errors.New("the holder holds no step up to H")
+
 // baseH receives an owner's baseH: the holder's stores of h.owner keep
 // their bases at h.step at least (their G is raised to it), which
 // installs a verified refresh of that step. The step must be one the
@@ -50,7 +61,7 @@ func (st *replicaStore) baseH(c net.Conn, h linkHdr, t []tableEntry) error {
 		return writeFail(c, h, why, msg)
 	}
 	if n := o.diffNewest(); h.step > n && (o.cur != nil || o.prev != nil) {
-		return writeFail(c, h, failOther, fmt.Sprintf("rank %d: baseH %d, this holder holds up to step %d", h.owner, h.step, n))
+		return writeFail(c, h, failBehindH, fmt.Sprintf("rank %d: baseH %d, this holder holds up to step %d", h.owner, h.step, n))
 	}
 	o.hmin = max(o.hmin, h.step)
 	st.setGDiff(o, st.h.G())

@@ -599,7 +599,18 @@ func (r *replicator) planClearLocked(act *diffAct, a, n int64, known bool, next 
 			act.d = r.dq[0]
 		}
 		if act.d == nil && a < r.wantS {
-			return r.refBaseLocked(act)
+			if r.refBaseLocked(act) {
+				return true
+			}
+			// No differential after a is queued: every target
+			// acknowledged up to wantS (the queue was trimmed) before a
+			// whole base lowered a to its step. The holder grafted that
+			// base onto the store that held them, so it may hold wantS
+			// still: it is asked (kindHas, with wantS's committed
+			// CRC32Cs). A refusal backs the round off, and it is asked
+			// again (sendTo).
+			act.base, act.has, act.noSlotBase, act.top = r.wantS, true, true, true
+			return true
 		}
 	case n == needBase:
 		return r.refBaseLocked(act)

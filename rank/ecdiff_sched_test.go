@@ -272,26 +272,31 @@ func TestECDiffBaseHToEmptyHolder(t *testing.T) {
 
 // TestECDiffBaseHRefusedGoesWhole: the clear copy's holder refuses every
 // baseH of one owner (here its step is made one the holder does not
-// hold). Before the fix the owner asked again after each backoff, for
-// ever: the base never went, Base stayed at b_0 and G stalled at the cap.
-// A refused baseH is not asked again: the base goes whole, and the job
-// goes on past later bases.
+// hold: failBehindH). Before the fix the owner asked again after each
+// backoff, for ever: the base never went, Base stayed at b_0 and G
+// stalled at the cap. A baseH refused for that reason is not asked
+// again: the base goes whole, and the job goes on past later bases
+// (TestECDiffBaseHTransientRefusal has the other reasons).
 func TestECDiffBaseHRefusedGoesWhole(t *testing.T) {
 	const every = 3
-	var owner atomic.Int64
+	var owner, holder atomic.Int64
 	owner.Store(-1)
-	var refused atomic.Int32
+	var refused, wholes atomic.Int32
 	testHookLinkFrame = func(h linkHdr, bufs net.Buffers) net.Buffers {
-		if h.kind == kindBaseH && int64(h.owner) == owner.Load() {
+		switch {
+		case h.kind == kindBaseH && int64(h.owner) == owner.Load():
 			refused.Add(1)
 			h.step = 1 << 40
 			return net.Buffers{frameHead(h, nil, 0, nil)}
+		case h.kind == kindBase && int64(h.owner) == owner.Load() && int64(h.holder) == holder.Load() && h.step >= every:
+			wholes.Add(1)
 		}
 		return bufs
 	}
 	t.Cleanup(func() { testHookLinkFrame = nil })
 	dj := newECDiffJob(t, 2, 1, 2, every, nil)
-	o, _ := dj.clearOwner()
+	o, hr := dj.clearOwner()
+	holder.Store(int64(hr))
 	owner.Store(int64(o))
 	stop := dj.stoppable(nil)
 	defer stop()
@@ -307,6 +312,9 @@ func TestECDiffBaseHRefusedGoesWhole(t *testing.T) {
 	stop()
 	if refused.Load() == 0 {
 		t.Fatal("no baseH was sent")
+	}
+	if wholes.Load() == 0 {
+		t.Fatalf("rank %d's holder refused baseH (it holds no step up to H: failBehindH), and no base went whole", o)
 	}
 	dj.mu.Lock()
 	defer dj.mu.Unlock()

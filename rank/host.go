@@ -81,6 +81,9 @@ type HostConfig struct {
 	// appended to the job's durable directory too (difflog.go; nil:
 	// none).
 	DiffLog *DiffLogConfig
+	// Persist is the durable tier (gorun --ckpt-dir; persist.go): each
+	// rank's bases on disk. The zero value has none.
+	Persist PersistConfig
 	Log     *slog.Logger
 }
 
@@ -178,6 +181,9 @@ type Progress struct {
 	// holder's store pinned at b, or the owner's retained snapshot when it
 	// runs on its data host); -1 for none. 0 in other modes.
 	Base int64
+	// Durable is the rank's durable tier (persist.go), nil without one
+	// or before the rank opened its store.
+	Durable *DurableProgress
 }
 
 // Host is the state protection of one host: a service per local rank and
@@ -226,6 +232,8 @@ type Host struct {
 
 	claimOnce sync.Once
 	claim     *ckpt.Claim // this job's files on this machine are in use
+
+	dur persistHost // the durable tier's watermark (persist.go)
 }
 
 // claimFiles claims the job's slot files on this machine (ckpt.ClaimJob)
@@ -261,7 +269,10 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	if cfg.LinkFailed == nil {
 		cfg.LinkFailed = func(int, error) {}
 	}
-	h := &Host{cfg: cfg, log: log, g: noStep, hb: noStep, resumed: noStep, gwake: make(chan struct{}), lfDone: map[int]bool{}}
+	if err := cfg.Persist.check(); err != nil {
+		return nil, err
+	}
+	h := &Host{cfg: cfg, log: log, g: noStep, hb: noStep, resumed: noStep, gwake: make(chan struct{}), lfDone: map[int]bool{}, dur: persistHost{d: noStep}}
 	ec, err := newECLayout(cfg.EC, -1, cfg.HostOf)
 	if err != nil {
 		return nil, err
@@ -292,6 +303,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 		h.wg.Add(1)
 		go h.acceptLoop(cfg.Listener)
 	}
+	h.startPersist()
 	return h, nil
 }
 

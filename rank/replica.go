@@ -313,7 +313,8 @@ func (e *remoteError) Error() string { return "refused by the holder: " + e.msg 
 
 func (e *remoteError) Is(target error) bool {
 	return e.why == failCRC && target == errPutDamaged || e.why == failStale && target == errPutStale ||
-		e.why == failGap && target == errHolderGap || e.why == failPending && target == errDiffPending
+		e.why == failGap && target == errHolderGap || e.why == failPending && target == errDiffPending ||
+		e.why == failBehindH && target == errBehindH
 }
 
 // ---- The holder's side -------------------------------------------------

@@ -63,6 +63,7 @@ func (s *service) restore(ctx context.Context) *Restorable {
 // It runs as a request (reqMu held) and holds s.mu only while it changes
 // the slots, not while it waits for other hosts.
 func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
+	s.persistTruncate(g) // what the rank saved after g is of an abandoned trajectory
 	// The replicator reads no slot while they are rewritten; then it has
 	// the newest step committed replicated (g, or what is left on failure).
 	s.rep.pause()

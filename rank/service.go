@@ -101,6 +101,12 @@ type service struct {
 	// dlog appends its differentials to disk (difflog.go), or is nil.
 	// Set by newService, then immutable.
 	dlog *difflog.Writer
+
+	// dur is the rank's durable tier (persist.go); holds[i], under mu,
+	// is closed once a durable save has read slot i (nil: no save reads
+	// it): a stage does not overwrite a held slot.
+	dur   persist
+	holds [2]chan struct{}
 }
 
 func newService(h *Host, rank int) *service {
@@ -131,6 +137,7 @@ func (s *service) progress(p *placement) Progress {
 		ReplBytes: s.replBytes.Load(), Restores: s.restores.Load(),
 		DiffLocal: s.local.byRef.Load(), DiffNet: s.local.byNet.Load()}
 	pr.SourceLocal, pr.SourceNet = s.local.sources(p, s.rank)
+	pr.Durable = s.persistProgress(c)
 	return pr
 }
 
@@ -230,6 +237,7 @@ func (ss *Session) Handle(ctx context.Context, typ byte, b []byte) (byte, any, e
 		}
 		ss.hello, ss.id, ss.placed = true, id, pl
 		s.h.local.notify() // a session of a local peer opened
+		s.persistOpen()
 		return TypeProtectWelcome, w, nil
 	case TypeStage, TypeCommit, TypeGradient:
 		var req StepReq
@@ -470,6 +478,10 @@ func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 		}
 	}
 	wait := time.Since(start)
+	// A durable save may still be reading the slot to overwrite.
+	if _, err := s.waitHold(ctx); err != nil {
+		return &Staged{Step: step, Err: fmt.Sprintf("waiting for the durable tier to read the slot: %v", err)}
+	}
 	if err := ss.live(); err != nil {
 		return &Staged{Step: step, Err: err.Error()}
 	}
@@ -480,7 +492,7 @@ func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 	if s.slots == nil {
 		return &Staged{Step: step, Err: ErrStopping.Error()}
 	}
-	if s.h.Gen() != gen || ss.id != s.session || step <= s.committed || mustWait && s.committed != newest {
+	if s.h.Gen() != gen || ss.id != s.session || step <= s.committed || mustWait && s.committed != newest || s.heldLocked() != nil {
 		return &Staged{Step: step, Err: "the rank's state changed while this stage waited (a restart, or another session)"}
 	}
 	st, err := s.slots.Stage(uint64(step))
@@ -582,7 +594,11 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 		od.ref = ref
 		s.logDiff(od)
 	}
+	base := s.persistDueLocked(step, slot)
 	s.mu.Unlock()
+	if base != nil {
+		go s.runSave(base) // persist.wg: waited for by truncate and close
+	}
 	if diff && red != nil {
 		// The holders here waiting for this step's deposits take them
 		// now, or learn that they will not come.
@@ -780,6 +796,7 @@ func (s *service) verifySlot(slot int, step int64) *CorruptError {
 // dropped steps, a replaced one holds nothing) and sent the newest step
 // left if they lack it: Replicated says it only then.
 func (s *service) truncate(g int64) error {
+	s.persistTruncate(g)
 	s.rep.reset()
 	s.rep.forget() // before the slots change: no report pairs a new committed step with old acks
 	err := s.truncateSlots(g)
@@ -839,6 +856,7 @@ func (s *service) close() error {
 	s.stop()
 	s.rep.stop()
 	s.closeDiffLog()
+	perr := s.persistClose() // before the slots are unmapped: no save reads them then
 	s.reqMu.Lock()
 	defer s.reqMu.Unlock()
 	s.mapMu.Lock() // no reader holds views of the slots
@@ -854,5 +872,6 @@ func (s *service) close() error {
 		errs = append(errs, s.slots.Close())
 		s.slots = nil
 	}
+	errs = append(errs, perr)
 	return errors.Join(errs...)
 }

@@ -42,6 +42,7 @@ type runOptions struct {
 	ecK, ecM      int // --redundancy ec:K+M (ecK 0: replicas)
 	protectMode   rank.ProtectMode
 	diff          launcher.DiffOptions
+	durable       launcher.DurableOptions // ckpt_flags.go
 	maxRestarts   int
 	spares        int
 	onNoSpare     string
@@ -147,6 +148,22 @@ Fault tolerance:
                           has hung (default 0: off)
   --events FILE           write the recovery record as JSON lines to FILE
 
+Durable checkpoints (the whole job lost: gorun --resume):
+  --ckpt-dir DIR          every --ckpt-every steps each rank's protected state is
+                          written to DIR (a shared file system, or the same path
+                          on a local disk of each host), several saves in flight,
+                          and committed once every rank's is on disk; DIR must
+                          exist, be writable, and hold no other job's checkpoints
+  --ckpt-every B          a base every B steps (1 to 2^31, default 100)
+  --ckpt-concurrency N    saves in flight per rank (1 to 8; default: automatic,
+                          PCcheck's formula from the measured write and step
+                          times, at most 4)
+  --ckpt-overhead Q       the fraction of the step time the automatic concurrency
+                          lets the saves cost (0 < Q < 1, default 0.03)
+  --diff-batch N          --protect-mode diff: differentials reach DIR in batches
+                          of N steps (1 to 4096, default 5)
+  --resume                resume the job DIR holds from its last committed version
+
 MPI programs:
   --pmi[=false]           serve the PMI-1 protocol to every rank (PMI_FD, as Hydra
                           does), so that MPICH-built programs start under gorun
@@ -248,6 +265,7 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	fs.IntVar(&o.diff.Fold, "diff-fold", defaultDiffFold, "")
 	fs.IntVar(&o.diff.BaseEvery, "base-every", defaultBaseEvery, "")
 	fs.StringVar(&o.diff.Codec, "diff-codec", defaultDiffCodec, "")
+	o.durableFlags(fs)
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "")
 	fs.IntVar(&o.spares, "spares", 0, "")
 	fs.StringVar(&o.onNoSpare, "on-no-spare", "free-slots", "")
@@ -307,6 +325,9 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 		return nil, err
 	}
 	if err := o.parseProtect(*protectMode, set); err != nil {
+		return nil, err
+	}
+	if err := o.parseDurable(set); err != nil {
 		return nil, err
 	}
 	if o.maxRestarts < 0 {
@@ -417,7 +438,7 @@ func (o *runOptions) parseProtect(mode string, set map[string]bool) error {
 func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	cfg := launcher.Config{
 		NP: o.np, Oversubscribe: o.oversubscribe, TP: o.tp, PP: o.pp, GPUsPerRank: o.gpusPerRank,
-		Replicas: o.replicas, ReplicasSet: o.replicasSet, ECK: o.ecK, ECM: o.ecM, ProtectMode: launcher.ProtectMode(o.protectMode), Diff: o.diff, MaxRestarts: o.maxRestarts, NoPMI: !o.pmi,
+		Replicas: o.replicas, ReplicasSet: o.replicasSet, ECK: o.ecK, ECM: o.ecM, ProtectMode: launcher.ProtectMode(o.protectMode), Diff: o.diff, Durable: o.durable, MaxRestarts: o.maxRestarts, NoPMI: !o.pmi,
 		Prog: o.prog, Args: o.args,
 		TagOutput: o.tagOutput, TimestampOutput: o.timestamp, OutputDir: o.outputDir,
 		Timeout: o.timeout, KillGrace: o.killGrace,

@@ -46,18 +46,17 @@ type rankStateFailure struct {
 }
 
 // protectSettings are the job's protect mode and diff-mode settings, as
-// rank.HostConfig takes them.
+// rank.HostConfig takes them, and its durable tier's (durable.go).
 type protectSettings struct {
-	mode rank.ProtectMode
-	diff rank.DiffConfig
+	mode    rank.ProtectMode
+	diff    rank.DiffConfig
+	persist rank.PersistConfig
+	// diffBatch (--diff-batch) and resume (--resume) are the durable
+	// tier's differential log and resume settings, checked here.
+	diffBatch int
+	resume    bool
 }
 
-// parseProtect reads the protection settings of the launcher's job spec
-// (gorun --protect-mode, --diff-fold, --base-every, --diff-codec): the
-// mode with rank.ParseProtectMode ("" is full), the codec from its flag
-// form with rank.ParseDiffCodec ("" is raw). It refuses, with an error
-// wrapping ErrJobSpec, an unknown mode or codec, a fold or base period
-// out of range, and diff settings without diff mode.
 // CheckDiffCodec says what is wrong with a diff codec as gorun
 // --diff-codec and a job spec give it (rank.ParseDiffCodec's form), or
 // nil: the launcher checks a job's before it starts any agent.
@@ -66,7 +65,22 @@ func CheckDiffCodec(codec string) error {
 	return err
 }
 
+// parseProtect reads the protection settings of the launcher's job spec
+// (gorun --protect-mode, --diff-fold, --base-every, --diff-codec): the
+// mode with rank.ParseProtectMode ("" is full), the codec from its flag
+// form with rank.ParseDiffCodec ("" is raw). It refuses, with an error
+// wrapping ErrJobSpec, an unknown mode or codec, a fold or base period
+// out of range, and diff settings without diff mode; then the durable
+// tier's settings (parsePersist).
 func parseProtect(s *wire.JobSpec) (protectSettings, error) {
+	ps, err := parseProtectMode(s)
+	if err != nil {
+		return ps, err
+	}
+	return parsePersist(s, ps)
+}
+
+func parseProtectMode(s *wire.JobSpec) (protectSettings, error) {
 	mode := rank.ModeFull
 	if s.ProtectMode != "" {
 		m, err := rank.ParseProtectMode(s.ProtectMode)
@@ -189,7 +203,7 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 		Job: a.cfg.Job, LinkKey: a.cfg.Creds.Link, Host: a.cfg.Host, Hosts: len(t.Hosts), Ranks: pl.Ranks,
 		Holders: pl.Holders, Peers: peers, HostOf: func(r int) int { return pl.HostOf[r] },
 		Listener: ln, Changed: p.changed, Failed: p.failed, LinkFailed: p.linkFailed, Log: a.log,
-		Mode: a.protect.mode, Diff: a.protect.diff, EC: pl.EC, Epoch: pl.Epoch,
+		Mode: a.protect.mode, Diff: a.protect.diff, EC: pl.EC, Epoch: pl.Epoch, Persist: a.protect.persist,
 	})
 	if err != nil {
 		if ln != nil {
@@ -295,7 +309,7 @@ func (p *protection) publish() {
 			u.Ranks[i] = wire.RankProgress{Rank: q.Rank, Committed: q.Committed, Replicated: q.Replicated, Stages: q.Stages, WaitNS: q.WaitNS,
 				ReplSteps: q.ReplSteps, ReplNS: q.ReplNS, ReplBytes: q.ReplBytes, Restores: q.Restores,
 				ReplBaseBytes: q.ReplBaseBytes, ReplDiffBytes: q.ReplDiffBytes, DiffLocal: q.DiffLocal, DiffNet: q.DiffNet,
-				SourceLocal: q.SourceLocal, SourceNet: q.SourceNet, Base: q.Base}
+				SourceLocal: q.SourceLocal, SourceNet: q.SourceNet, Base: q.Base, D: durableReport(q.Durable)}
 		}
 		if f := p.host.FoldStats(); f.Steps > 0 || len(f.Drifts) > 0 {
 			u.Fold = &wire.HostFold{Steps: f.Steps, NS: f.NS}
@@ -351,6 +365,9 @@ func (p *protection) onG(m *nats.Msg) {
 	// H <= G (checked by wire): the bases at H are kept once G is
 	// known. Nothing in modes other than diff under EC.
 	p.host.SetH(g.Gen, g.H)
+	if g.D != nil {
+		p.host.SetD(*g.D) // the durable tier's watermark: commit here, reclaim
+	}
 }
 
 // close stops the state protection and removes this host's slot files.

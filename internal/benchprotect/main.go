@@ -86,6 +86,14 @@ type config struct {
 	redundancies []topology.Redundancy
 	codecReps    int // rounds of each codec measurement (erasure codes only)
 	baseEvery    int // gorun --base-every of the diff runs
+	// The durable tier's overhead (persist.go): with ckpt set, full mode
+	// without --ckpt-dir, then with it at each --ckpt-concurrency of ckpt
+	// ("auto": the flag not given), a base every ckptEvery steps, in a
+	// fresh directory under ckptDir each.
+	ckpt       []string
+	ckptEvery  int
+	ckptDir    string
+	ckptRounds int
 
 	// Helper modes: one end of a TCP stream inside a namespace (tcp.go).
 	tcpSink, tcpSource string
@@ -117,6 +125,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	redundancy := fs.String("redundancy", "replicas:1", "gorun --redundancy values each protect mode runs with, comma-separated (e.g. replicas:1,ec:2+2); the first is the baseline of the others, and with an erasure code the codec's throughput over the same bytes is measured too")
 	fs.IntVar(&cfg.codecReps, "codec-reps", 3, "rounds of each codec throughput measurement (the best counts)")
 	fs.IntVar(&cfg.baseEvery, "base-every", 50, "gorun --base-every of the diff runs; they time max(-steps, twice this) steps, so that their bytes on the wire count bases at their rate and their steady state (the last half) includes a base refresh")
+	ckpt := fs.String("ckpt", "", "measure the durable tier instead: full mode without --ckpt-dir, then with it at each of these --ckpt-concurrency values, comma-separated (auto: the automatic default), e.g. auto,1,2,4")
+	fs.IntVar(&cfg.ckptEvery, "ckpt-every", 10, "gorun --ckpt-every of the -ckpt runs")
+	fs.IntVar(&cfg.ckptRounds, "ckpt-rounds", 2, "rounds of the -ckpt runs (each the run without --ckpt-dir, then one per concurrency)")
+	fs.StringVar(&cfg.ckptDir, "ckpt-dir", "", "where the -ckpt runs' checkpoint directories go, one per run, removed after it (default: the temporary directory)")
 	fs.StringVar(&cfg.tcpSink, "tcp-sink", "", "(internal) receive one TCP stream on this address")
 	fs.StringVar(&cfg.tcpSource, "tcp-source", "", "(internal) send -tcp-bytes to this address")
 	if err := fs.Parse(args); err != nil {
@@ -135,6 +147,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if err == nil {
 		cfg.redundancies, err = parseRedundancies(*redundancy)
 	}
+	if err == nil && *ckpt != "" {
+		cfg.ckpt, err = parseCkpt(*ckpt)
+	}
 	switch {
 	case err != nil:
 	case fs.NArg() > 0:
@@ -149,6 +164,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		err = errors.New("benchprotect: -tcp-bytes, -tcp-reps, -timeout and -stall must be positive")
 	case cfg.baseEvery < 1:
 		err = errors.New("benchprotect: -base-every must be at least 1")
+	case cfg.ckptEvery < 1 || cfg.ckptRounds < 1:
+		err = errors.New("benchprotect: -ckpt-every and -ckpt-rounds must be at least 1")
 	case cfg.codecReps < 1:
 		err = errors.New("benchprotect: -codec-reps must be at least 1")
 	}
@@ -276,6 +293,13 @@ func (b *bench) benchmark(ctx context.Context) (err error) {
 	if b.hostfile, err = b.hosts.writeHostfile(b.logDir, cfg.ranks/cfg.hosts); err != nil {
 		return err
 	}
+	if len(cfg.ckpt) > 0 {
+		if err := b.persist(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(b.out, "benchprotect: %.0f s in all\n", time.Since(start).Seconds())
+		return nil
+	}
 
 	lo, ho, err := b.tcpRates(ctx)
 	if err != nil {
@@ -304,12 +328,12 @@ func (b *bench) benchmark(ctx context.Context) (err error) {
 		vs = append(vs, &variant{name: fmt.Sprintf("CPU, compute %d", cfg.cpuCompute), compute: cfg.cpuCompute})
 	}
 	for _, v := range vs {
-		if v.base, err = b.runOnce(ctx, v, "", topology.Redundancy{}); err != nil {
+		if v.base, err = b.runOnce(ctx, v, "", topology.Redundancy{}, ""); err != nil {
 			return err
 		}
 		for _, m := range cfg.modes {
 			for _, red := range cfg.redundancies {
-				r, err := b.runOnce(ctx, v, m, red)
+				r, err := b.runOnce(ctx, v, m, red, "")
 				if err != nil {
 					return err
 				}
@@ -338,12 +362,14 @@ type runResult struct {
 	// -v's last differential-protection table (diff mode), by rank.
 	sources []string
 	wall    time.Duration
+	durable *durableTable // gorun -v's durable tier report (with -ckpt)
 }
 
 // runOnce runs dptrain once under gorun on the namespace hosts, with
 // protect mode mode and redundancy red ("": without protection, where red
-// is unused).
-func (b *bench) runOnce(ctx context.Context, v *variant, mode string, red topology.Redundancy) (*runResult, error) {
+// is unused), and with ckpt set the durable tier at that concurrency
+// (persist.go).
+func (b *bench) runOnce(ctx context.Context, v *variant, mode string, red topology.Redundancy, ckpt string) (*runResult, error) {
 	cfg := &b.cfg
 	protect := mode != ""
 	total := cfg.warmup + cfg.timedSteps(v, mode)
@@ -367,6 +393,14 @@ func (b *bench) runOnce(ctx context.Context, v *variant, mode string, red topolo
 			args = append(args, "--base-every", strconv.Itoa(cfg.baseEvery))
 		}
 	}
+	if ckpt != "" {
+		dir, err := b.ckptArgs(ckpt, &args)
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		name += "-ckpt-" + ckpt
+	}
 	args = append(append(args, "--"), dp...)
 	logPath := filepath.Join(b.logDir, name+".log")
 	logf, err := os.Create(logPath)
@@ -378,6 +412,9 @@ func (b *bench) runOnce(ctx context.Context, v *variant, mode string, red topolo
 	what := "none"
 	if protect {
 		what = mode + ", " + red.String()
+	}
+	if ckpt != "" {
+		what += ", --ckpt-concurrency " + ckpt
 	}
 	fmt.Fprintf(b.log, "benchprotect: %s, protection %s: %d steps ...", v.name, what, total)
 
@@ -414,6 +451,7 @@ func (b *bench) runOnce(ctx context.Context, v *variant, mode string, red topolo
 	logText, rerr := os.ReadFile(logPath)
 	var job string
 	r.table, job = parseTable(string(logText))
+	r.durable = parseDurable(string(logText))
 	r.sources = parseDiffSources(string(logText))
 	b.removeLeftovers(job)
 

@@ -27,14 +27,16 @@ var allowed = map[string][]string{
 	"durable": {"ckpt", "internal/wire"},
 	// internal/diffstore is the holders' store of diff mode: part of
 	// the service side, which DESIGN.md §2 puts in an internal package.
-	// durable and the differential log on disk (internal/difflog) are
-	// the service side's disk tier; internal/cascade decides and does
-	// the retrieval cascade (issue 17), for the agents and the launcher.
-	"rank":             {"ckpt", "replay", "comm", "internal/wire", "topology", "internal/diffstore", "durable", "internal/difflog"},
+	// durable is ckpt's disk tier (issue 17): the ranks' services save
+	// their bases there, and the launcher writes the job's manifest and
+	// commit record. The differential log on disk (internal/difflog) is
+	// the service side's too; internal/cascade decides and does the
+	// retrieval cascade, for the agents and the launcher.
+	"rank":             {"ckpt", "durable", "replay", "comm", "internal/wire", "topology", "internal/diffstore", "internal/difflog"},
 	"internal/difflog": {"ckpt", "replay", "internal/diffstore", "durable"},
 	"internal/cascade": {"durable", "internal/difflog", "replay"},
 	"internal/agent":   {"rank", "ckpt", "comm", "gpu", "topology", "internal/wire", "replay", "durable", "internal/cascade"},
-	"launcher":         {"topology", "comm", "hotswap", "gpu", "internal/agent", "internal/ctlserver", "internal/wire", "durable", "internal/cascade"},
+	"launcher":         {"topology", "comm", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire", "internal/cascade"},
 }
 
 // leaves are packages of gorun that import none of it (allowed says so)

@@ -73,6 +73,11 @@ func FuzzDecodeRegisterReply(f *testing.F) {
 			len(s.ProtectMode) > wire.MaxProtectString || len(s.DiffCodec) > wire.MaxProtectString {
 			t.Fatalf("accepted invalid %+v", s)
 		}
+		if s.CkptDir == "" && (s.CkptEvery != 0 || s.CkptConcurrency != 0 || s.CkptOverhead != 0 || s.DiffBatch != 0 || s.Resume) ||
+			s.CkptDir != "" && (s.CkptDir[0] != '/' || s.CkptEvery < 1 || s.CkptConcurrency < 0 || s.CkptConcurrency > wire.MaxCkptConcurrency ||
+				!(s.CkptOverhead > 0 && s.CkptOverhead < 1) || s.DiffBatch < 0 || s.DiffBatch > wire.MaxDiffBatch) {
+			t.Fatalf("accepted invalid durable settings %+v", s)
+		}
 		for _, e := range s.Env {
 			if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
 				t.Fatalf("accepted env entry %q", e)
@@ -86,6 +91,9 @@ func FuzzDecodeRegisterReply(f *testing.F) {
 		[]byte(`{"spec":{"prog":"p","hb":1,"env":["=x"]}}`),
 		[]byte(`{"err":"","spec":null}`),
 		[]byte(`{"spec":{"prog":"p","hb":1,"pmode":"diff","dfold":16,"bevery":100,"dcodec":"int8:256"}}`),
+		[]byte(`{"spec":{"prog":"p","hb":1,"cdir":"/c","cevery":10,"cconc":2,"cover":0.03,"dbatch":5,"resume":true}}`),
+		[]byte(`{"spec":{"prog":"p","hb":1,"cdir":"c","cevery":10,"cover":0.03}}`),
+		[]byte(`{"spec":{"prog":"p","hb":1,"cevery":10}}`),
 	)
 }
 
@@ -170,6 +178,17 @@ func FuzzDecodeUpProgress(f *testing.F) {
 				r.ReplBaseBytes < 0 || r.ReplDiffBytes < 0 || r.ReplBaseBytes+r.ReplDiffBytes > r.ReplBytes {
 				t.Fatalf("accepted %+v", r)
 			}
+			if d := r.D; d != nil {
+				for i, m := range d.Markers {
+					if m < 0 || m > r.Committed || i > 0 && m <= d.Markers[i-1] {
+						t.Fatalf("accepted durable markers %v, committed %d", d.Markers, r.Committed)
+					}
+				}
+				if len(d.Markers) > wire.MaxDurableMarkers || len(d.Regions) > wire.MaxDurableRegions || d.N < 0 || d.N > wire.MaxCkptConcurrency ||
+					d.Saves < 0 || d.Skipped < 0 || d.Failed < 0 || d.WriteNS < 0 || d.Bytes < 0 || d.HoldNS < 0 {
+					t.Fatalf("accepted durable report %+v", d)
+				}
+			}
 		}
 		if f := u.Fold; f != nil {
 			if f.Steps < 0 || f.NS < 0 {
@@ -200,12 +219,16 @@ func FuzzDecodeUpProgress(f *testing.F) {
 		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":7,"p":6,"b":8}]}`),
 		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":-1,"p":-1,"b":1}]}`),
 		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":-1,"p":-1,"b":-2}]}`),
+		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":20,"p":10,"dur":{"m":[10,20],"s":2,"k":1,"f":0,"t":100,"b":4096,"h":5,"n":1,"rg":[{"n":"optimizer","s":4096}]}}]}`),
+		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":5,"p":5,"dur":{"m":[10]}}]}`),
+		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":50,"p":5,"dur":{"m":[10,3]}}]}`),
 	)
 }
 
 func FuzzDecodeGlobalStep(f *testing.F) {
 	fuzzJSON(f, wire.DecodeGlobalStep, func(t *testing.T, g *wire.GlobalStep) {
-		if g.G < -1 || g.G > wire.MaxStep || g.H < -1 || g.G >= 0 && g.H > g.G || g.G < 0 && g.H > 0 {
+		if g.G < -1 || g.G > wire.MaxStep || g.H < -1 || g.G >= 0 && g.H > g.G || g.G < 0 && g.H > 0 ||
+			g.D != nil && (*g.D < 0 || *g.D > g.G) {
 			t.Fatalf("accepted %+v", g)
 		}
 	},
@@ -216,6 +239,9 @@ func FuzzDecodeGlobalStep(f *testing.F) {
 		[]byte(`{"gen":0,"g":5,"h":6}`),
 		[]byte(`{"gen":0,"g":-1,"h":1}`),
 		[]byte(`{"gen":0,"g":5,"h":-2}`),
+		[]byte(`{"gen":0,"g":5,"d":5}`),
+		[]byte(`{"gen":0,"g":5,"d":6}`),
+		[]byte(`{"gen":0,"g":-1,"d":0}`),
 	)
 }
 

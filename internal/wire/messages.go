@@ -143,6 +143,23 @@ type JobSpec struct {
 	// DiffCodec is gorun --diff-codec as given ("" = raw), parsed by the
 	// agent with rank.ParseDiffCodec.
 	DiffCodec string `json:"dcodec,omitempty"`
+	// The durable tier (gorun --ckpt-dir and the flags that go with it;
+	// durable.go has their bounds): CkptDir is the job's checkpoint
+	// directory, an absolute path ("": no durable tier, and the fields
+	// below are zero).
+	CkptDir string `json:"cdir,omitempty"`
+	// CkptEvery is --ckpt-every: a base every this many steps.
+	CkptEvery int `json:"cevery,omitempty"`
+	// CkptConcurrency is --ckpt-concurrency (0: automatic).
+	CkptConcurrency int `json:"cconc,omitempty"`
+	// CkptOverhead is --ckpt-overhead, the fraction of the step time the
+	// automatic concurrency allows the saves to cost (0 < q < 1).
+	CkptOverhead float64 `json:"cover,omitempty"`
+	// DiffBatch is --diff-batch: steps per batch of differentials on
+	// disk (diff mode; 0: the default).
+	DiffBatch int `json:"dbatch,omitempty"`
+	// Resume is --resume: the job resumes from CkptDir's commit record.
+	Resume bool `json:"resume,omitempty"`
 }
 
 // Bounds of a JobSpec's protection settings.
@@ -270,6 +287,9 @@ func DecodeRegisterReply(b []byte) (*RegisterReply, error) {
 	}
 	if s.DiffFold < 0 || s.DiffFold > MaxDiffFold || s.BaseEvery < 0 || int64(s.BaseEvery) > MaxBaseEvery {
 		return nil, malformed("register reply: diff fold %d or base-every %d out of range", s.DiffFold, s.BaseEvery)
+	}
+	if err := checkDurableSpec(s); err != nil {
+		return nil, err
 	}
 	return &r, nil
 }

@@ -41,6 +41,8 @@ type RankProgress struct {
 	// bytes at b are kept on the rank's data host; -1 for none. The
 	// launcher's H is the minimum over the ranks. 0 otherwise (omitted).
 	Base int64 `json:"b,omitempty"`
+	// D is the rank's durable tier (gorun --ckpt-dir), nil without one.
+	D *RankDurable `json:"dur,omitempty"`
 }
 
 // UpProgress is an agent's report of its ranks' progress, sent when it
@@ -106,8 +108,14 @@ func DecodeUpProgress(b []byte) (*UpProgress, error) {
 			r.ReplBaseBytes < 0 || r.ReplDiffBytes < 0 || r.ReplBaseBytes > r.ReplBytes || r.ReplDiffBytes > r.ReplBytes-r.ReplBaseBytes:
 			return nil, malformed("progress: rank %d counters", r.Rank)
 		}
+		if err := r.D.check(r.Rank, r.Committed); err != nil {
+			return nil, err
+		}
 	}
 	if f := u.Fold; f != nil {
+		if len(f.Drift) == 0 {
+			f.Drift = nil // omitted when encoded: it decodes as it re-encodes
+		}
 		if f.Steps < 0 || f.NS < 0 || len(f.Drift) > MaxWorld {
 			return nil, malformed("progress: fold counters %d/%d, %d drifts", f.Steps, f.NS, len(f.Drift))
 		}
@@ -133,6 +141,11 @@ type GlobalStep struct {
 	// differentials (H, G]. The launcher publishes when G or H advances.
 	// 0 otherwise (omitted).
 	H int64 `json:"h,omitempty"`
+	// D is the durable tier's watermark (gorun --ckpt-dir): the step of
+	// the job's commit record, which every rank has durably (nil: none
+	// yet, or no durable tier). The launcher commits only steps at or
+	// below G, so D <= G.
+	D *int64 `json:"d,omitempty"`
 }
 
 // DecodeGlobalStep decodes and validates a GlobalStep.
@@ -147,6 +160,9 @@ func DecodeGlobalStep(b []byte) (*GlobalStep, error) {
 	if g.H < -1 || g.H > max(g.G, 0) {
 		// H <= G, and 0 (outside diff mode under EC) goes with any G.
 		return nil, malformed("global step %d: coded base step %d", g.G, g.H)
+	}
+	if g.D != nil && (*g.D < 0 || *g.D > g.G) {
+		return nil, malformed("global step %d: durable commit %d", g.G, *g.D)
 	}
 	return &g, nil
 }

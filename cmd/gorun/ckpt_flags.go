@@ -1,0 +1,73 @@
+package main
+
+import (
+	"flag"
+	"strings"
+
+	"github.com/gorun/gorun/launcher"
+	"github.com/gorun/gorun/rank"
+)
+
+// The durable tier's flags: --ckpt-dir, --ckpt-every, --ckpt-concurrency,
+// --ckpt-overhead, --diff-batch and --resume (launcher.DurableOptions).
+
+// The durable tier's defaults, as the usage text gives them.
+//
+// --ckpt-every 100: the durable tier is for losing the whole job (a
+// rack, the allocation), rarer than a host, which the memory tiers
+// cover at every step; a base every 100 steps, the same period as
+// --base-every's, writes each rank's state once per 100 steps, so that a
+// save has 100 step times to finish (PCcheck's N = 1 regime) and the
+// disk sees 1% of what a base every step would cost, while a resume
+// replays at most 100 steps of differentials in diff mode.
+const (
+	defaultCkptEvery    = 100
+	defaultCkptOverhead = 0.03
+	defaultDiffBatch    = 5
+)
+
+// durableFlags defines the durable tier's flags in fs, into o.durable.
+func (o *runOptions) durableFlags(fs *flag.FlagSet) {
+	d := &o.durable
+	fs.StringVar(&d.Dir, "ckpt-dir", "", "")
+	fs.IntVar(&d.Every, "ckpt-every", defaultCkptEvery, "")
+	fs.IntVar(&d.Concurrency, "ckpt-concurrency", 0, "")
+	fs.Float64Var(&d.Overhead, "ckpt-overhead", defaultCkptOverhead, "")
+	fs.IntVar(&d.DiffBatch, "diff-batch", defaultDiffBatch, "")
+	fs.BoolVar(&d.Resume, "resume", false, "")
+}
+
+// parseDurable checks the durable tier's flags (set names the flags
+// given): each in range, none without --ckpt-dir, --diff-batch only with
+// --protect-mode diff. The directory itself is checked by the launcher
+// before anything starts (it exists, is writable, holds no other job).
+func (o *runOptions) parseDurable(set map[string]bool) error {
+	d := &o.durable
+	if !set["ckpt-dir"] {
+		for _, f := range []string{"ckpt-every", "ckpt-concurrency", "ckpt-overhead", "diff-batch", "resume"} {
+			if set[f] {
+				return usagef("--%s needs --ckpt-dir", f)
+			}
+		}
+		o.durable = launcher.DurableOptions{}
+		return nil
+	}
+	switch {
+	case strings.TrimSpace(d.Dir) == "":
+		return usagef("--ckpt-dir is empty")
+	case d.Every < 1 || int64(d.Every) > launcher.MaxCkptEvery:
+		return usagef("--ckpt-every must be 1 to 2^31, not %d", d.Every)
+	case set["ckpt-concurrency"] && (d.Concurrency < 1 || d.Concurrency > launcher.MaxCkptConcurrency):
+		return usagef("--ckpt-concurrency must be 1 to %d, not %d", launcher.MaxCkptConcurrency, d.Concurrency)
+	case !(d.Overhead > 0 && d.Overhead < 1):
+		return usagef("--ckpt-overhead must be more than 0 and less than 1, not %v", d.Overhead)
+	case set["diff-batch"] && o.protectMode != rank.ModeDiff:
+		return usagef("--diff-batch only applies with --protect-mode diff")
+	case d.DiffBatch < 1 || d.DiffBatch > launcher.MaxDiffBatch:
+		return usagef("--diff-batch must be 1 to %d, not %d", launcher.MaxDiffBatch, d.DiffBatch)
+	}
+	if o.protectMode != rank.ModeDiff {
+		d.DiffBatch = 0
+	}
+	return nil
+}

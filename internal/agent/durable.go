@@ -1,0 +1,42 @@
+package agent
+
+import (
+	"fmt"
+
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/rank"
+)
+
+// The durable tier (gorun --ckpt-dir): the job spec's settings become
+// rank.HostConfig.Persist, each rank's rank.DurableProgress goes to the
+// launcher in its progress report, and the launcher's watermark comes
+// back on G (protection.onG → rank.Host.SetD).
+
+// parsePersist adds the durable tier's settings of spec s to ps (whose
+// protect mode is parsed): the decoder bounded them; here --diff-batch
+// is refused outside diff mode.
+func parsePersist(s *wire.JobSpec, ps protectSettings) (protectSettings, error) {
+	if s.CkptDir == "" {
+		return ps, nil
+	}
+	if s.DiffBatch != 0 && ps.mode != rank.ModeDiff {
+		return protectSettings{}, fmt.Errorf("%w: a differential batch of %d steps with protect mode %s", ErrJobSpec, s.DiffBatch, ps.mode)
+	}
+	ps.persist = rank.PersistConfig{Dir: s.CkptDir, Every: s.CkptEvery, Concurrency: s.CkptConcurrency, Overhead: s.CkptOverhead}
+	ps.diffBatch, ps.resume = s.DiffBatch, s.Resume
+	return ps, nil
+}
+
+// durableReport is a rank's durable progress as the launcher gets it
+// (nil: none).
+func durableReport(d *rank.DurableProgress) *wire.RankDurable {
+	if d == nil {
+		return nil
+	}
+	w := &wire.RankDurable{Markers: d.Markers, Saves: d.Saves, Skipped: d.Skipped, Failed: d.Failed,
+		WriteNS: d.WriteNS, Bytes: d.Bytes, HoldNS: d.HoldNS, N: d.N, Off: truncateMsg(d.Off)}
+	for _, r := range d.Regions {
+		w.Regions = append(w.Regions, wire.DurableRegion{Name: r.Name, Size: r.Size})
+	}
+	return w
+}

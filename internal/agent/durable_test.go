@@ -1,0 +1,129 @@
+package agent
+
+import (
+	"errors"
+	"log/slog"
+	"reflect"
+	"testing"
+
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/rank"
+	"github.com/nats-io/nats.go"
+)
+
+// TestParsePersist: the spec's durable settings become
+// rank.HostConfig.Persist (and the differential batch and resume
+// settings are kept for the durable tier's log and resume); a batch
+// outside diff mode is refused with ErrJobSpec.
+func TestParsePersist(t *testing.T) {
+	dir := func(s wire.JobSpec) wire.JobSpec {
+		s.CkptDir, s.CkptEvery, s.CkptOverhead = "/ckpt", 10, 0.03
+		return s
+	}
+	tests := []struct {
+		name      string
+		spec      wire.JobSpec
+		persist   rank.PersistConfig
+		batch     int
+		resume    bool
+		err       string
+		diffWants bool
+	}{
+		{"none", wire.JobSpec{}, rank.PersistConfig{}, 0, false, "", false},
+		{"full mode", dir(wire.JobSpec{}), rank.PersistConfig{Dir: "/ckpt", Every: 10, Overhead: 0.03}, 0, false, "", false},
+		{"every setting", dir(wire.JobSpec{ProtectMode: "diff", CkptConcurrency: 3, DiffBatch: 5, Resume: true}),
+			rank.PersistConfig{Dir: "/ckpt", Every: 10, Concurrency: 3, Overhead: 0.03}, 5, true, "", true},
+		{"batch in full mode", dir(wire.JobSpec{DiffBatch: 5}), rank.PersistConfig{}, 0, false, "a differential batch of 5 steps with protect mode full", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseProtect(&tt.spec)
+			if tt.err != "" {
+				if !errors.Is(err, ErrJobSpec) || err.Error() != ErrJobSpec.Error()+": "+tt.err {
+					t.Fatalf("error %v, want ErrJobSpec saying %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.persist != tt.persist || got.diffBatch != tt.batch || got.resume != tt.resume || (got.mode == rank.ModeDiff) != tt.diffWants {
+				t.Errorf("got %+v, want persist %+v, batch %d, resume %v", got, tt.persist, tt.batch, tt.resume)
+			}
+		})
+	}
+}
+
+// TestPersistSpecReachesHost: an agent given a job spec with a
+// checkpoint directory starts its state protection with it as
+// HostConfig.Persist.
+func TestPersistSpecReachesHost(t *testing.T) {
+	dir := t.TempDir()
+	got := make(chan rank.HostConfig, 1)
+	with := func(c *Config) {
+		c.newHost = func(hc rank.HostConfig) (*rank.Host, error) {
+			got <- hc
+			return rank.NewHost(hc)
+		}
+	}
+	spec := func(s *wire.JobSpec) {
+		s.CkptDir, s.CkptEvery, s.CkptConcurrency, s.CkptOverhead = dir, 4, 2, 0.05
+	}
+	f := startFakeLauncherSpec(t, "persistspec", []int{0}, with, spec, "sleep", "3600")
+	var hc rank.HostConfig
+	select {
+	case hc = <-got:
+	case err := <-f.agentErr:
+		f.agentErr <- err // for the cleanup
+		t.Fatalf("the agent ended (%v) before starting its state protection", err)
+	case <-f.ctx.Done():
+		t.Fatal("the agent did not start its state protection")
+	}
+	if want := (rank.PersistConfig{Dir: dir, Every: 4, Concurrency: 2, Overhead: 0.05}); hc.Persist != want {
+		t.Errorf("HostConfig.Persist %+v, want %+v", hc.Persist, want)
+	}
+}
+
+// TestGWatermarkReachesHost: the durable watermark on G reaches the
+// host's state protection (rank.Host.D); a G without one leaves it.
+func TestGWatermarkReachesHost(t *testing.T) {
+	a := &agent{cfg: Config{Job: "gwm", Host: 0}, log: slog.New(slog.NewTextHandler(t.Output(), nil))}
+	h, err := rank.NewHost(rank.HostConfig{Job: "gwm", Host: 0, Hosts: 1, HostOf: func(int) int { return 0 }, Log: a.log,
+		Persist: rank.PersistConfig{Dir: t.TempDir(), Every: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	p := &protection{a: a, host: h}
+	d := func(v int64) *int64 { return &v }
+	for _, tc := range []struct {
+		g    wire.GlobalStep
+		want int64
+	}{
+		{wire.GlobalStep{G: 5}, -1},
+		{wire.GlobalStep{G: 5, D: d(4)}, 4},
+		{wire.GlobalStep{G: 9}, 4},
+		{wire.GlobalStep{G: 9, D: d(2)}, 4}, // older: ignored
+		{wire.GlobalStep{G: 9, D: d(8)}, 8},
+	} {
+		p.onG(&nats.Msg{Data: wire.Marshal(&tc.g)})
+		if got := h.D(); got != tc.want {
+			t.Fatalf("after G %d with D %v: host's D = %d, want %d", tc.g.G, tc.g.D, got, tc.want)
+		}
+	}
+}
+
+// TestDurableReport: a rank's durable progress reaches the launcher
+// whole.
+func TestDurableReport(t *testing.T) {
+	if durableReport(nil) != nil {
+		t.Fatal("a report without a durable tier")
+	}
+	d := &rank.DurableProgress{Markers: []int64{4, 8}, Saves: 2, Skipped: 1, Failed: 3, WriteNS: 40, Bytes: 50, HoldNS: 60, N: 2,
+		Regions: []rank.Region{{Name: "optimizer", Size: 12}, {Name: "meta", Size: 4}}, Off: "no disk"}
+	want := &wire.RankDurable{Markers: []int64{4, 8}, Saves: 2, Skipped: 1, Failed: 3, WriteNS: 40, Bytes: 50, HoldNS: 60, N: 2,
+		Regions: []wire.DurableRegion{{Name: "optimizer", Size: 12}, {Name: "meta", Size: 4}}, Off: "no disk"}
+	if got := durableReport(d); !reflect.DeepEqual(got, want) {
+		t.Fatalf("report %+v, want %+v", got, want)
+	}
+}

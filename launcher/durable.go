@@ -1,0 +1,460 @@
+package launcher
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gorun/gorun/durable"
+	"github.com/gorun/gorun/internal/wire"
+)
+
+// The durable tier (gorun --ckpt-dir; package durable, DESIGN.md §5
+// "Persistent tier", issue 17), the launcher's part of it:
+//
+//   - at the start, the directory is checked (it exists and is writable)
+//     and must not hold another job's checkpoints unless the job resumes
+//     them (--resume): nothing of it is ever overwritten;
+//   - the job's manifest is written once every rank has reported its
+//     regions (the ranks declare them when they first protect their state:
+//     the launcher cannot know them before), and before any commit;
+//   - the two-phase commit (TierCheck): when every rank reports a
+//     completion marker of a step v newer than the commit record, and v is
+//     at or below G, the launcher writes the commit record of v
+//     (durable.Commit) and publishes v as the watermark (GlobalStep.D),
+//     on which the agents reclaim what is older (rank.Host.SetD). Only a
+//     step at or below G: a recovery resumes from G and forgets every
+//     rank's saves after it (rank/persist.go), so a commit past G could
+//     name a version no rank keeps;
+//   - when G runs more than twice --ckpt-every ahead of the commit record,
+//     it says so, at most every durableWarnEvery, with what the ranks
+//     skipped and failed; with -v the end of the job reports every rank's
+//     saves and the directory's footprint.
+
+// DurableOptions configure the durable tier (Config.Durable). The zero
+// value has none; with Dir set, zero fields take the defaults named.
+type DurableOptions struct {
+	// Dir is the job's checkpoint directory (--ckpt-dir): on a shared file
+	// system, or the same path on a local disk of every host.
+	Dir string
+	// Every: a base every Every steps (--ckpt-every; 1 to MaxCkptEvery,
+	// 0 = 100).
+	Every int
+	// Concurrency is the number of saves each rank allows in flight
+	// (--ckpt-concurrency; 1 to MaxCkptConcurrency), 0 for automatic:
+	// PCcheck's formula with the write and step times measured.
+	Concurrency int
+	// Overhead is the fraction of the step time the automatic concurrency
+	// allows the saves to cost (--ckpt-overhead; 0 < q < 1, 0 = 0.03).
+	Overhead float64
+	// DiffBatch is the number of steps per batch of differentials written
+	// to disk in diff mode (--diff-batch; 1 to MaxDiffBatch, 0 = 5).
+	DiffBatch int
+	// Resume resumes the job from Dir's commit record (--resume).
+	Resume bool
+}
+
+// Bounds and defaults of DurableOptions.
+const (
+	MaxCkptEvery       = wire.MaxCkptEvery
+	MaxCkptConcurrency = wire.MaxCkptConcurrency
+	MaxDiffBatch       = wire.MaxDiffBatch
+
+	defaultCkptEvery    = 100
+	defaultCkptOverhead = 0.03
+	// defaultDiffBatch is TierCheck's: differentials reach the disk in
+	// batches of 5 steps.
+	defaultDiffBatch = 5
+)
+
+// durableWarnEvery is how often at most the launcher says the durable
+// tier is falling behind.
+const durableWarnEvery = 30 * time.Second
+
+// checkDurable checks the durable tier's settings and directory and
+// fills in the defaults: every error is a ConfigError (exit 2), before
+// anything starts.
+func (cfg *Config) checkDurable() error {
+	d := &cfg.Durable
+	if d.Dir == "" {
+		for _, f := range []struct {
+			flag string
+			set  bool
+		}{{"--ckpt-every", d.Every != 0}, {"--ckpt-concurrency", d.Concurrency != 0}, {"--ckpt-overhead", d.Overhead != 0},
+			{"--diff-batch", d.DiffBatch != 0}, {"--resume", d.Resume}} {
+			if f.set {
+				return &ConfigError{Msg: f.flag + " needs --ckpt-dir"}
+			}
+		}
+		return nil
+	}
+	switch {
+	case d.Every < 0 || int64(d.Every) > MaxCkptEvery:
+		return &ConfigError{Msg: fmt.Sprintf("--ckpt-every %d: want 1 to 2^31", d.Every)}
+	case d.Concurrency < 0 || d.Concurrency > MaxCkptConcurrency:
+		return &ConfigError{Msg: fmt.Sprintf("--ckpt-concurrency %d: want 1 to %d", d.Concurrency, MaxCkptConcurrency)}
+	case d.Overhead < 0 || d.Overhead >= 1 || d.Overhead != d.Overhead:
+		return &ConfigError{Msg: fmt.Sprintf("--ckpt-overhead %v: want 0 < q < 1", d.Overhead)}
+	case d.DiffBatch < 0 || d.DiffBatch > MaxDiffBatch:
+		return &ConfigError{Msg: fmt.Sprintf("--diff-batch %d: want 1 to %d", d.DiffBatch, MaxDiffBatch)}
+	case d.DiffBatch != 0 && cfg.ProtectMode != ModeDiff:
+		return &ConfigError{Msg: "--diff-batch only applies with --protect-mode diff"}
+	}
+	d.Every = cmpOr(d.Every, defaultCkptEvery)
+	if d.Overhead == 0 {
+		d.Overhead = defaultCkptOverhead
+	}
+	if cfg.ProtectMode == ModeDiff {
+		d.DiffBatch = cmpOr(d.DiffBatch, defaultDiffBatch)
+	}
+	abs, err := filepath.Abs(d.Dir)
+	if err != nil {
+		return &ConfigError{Msg: fmt.Sprintf("--ckpt-dir %s: %v", d.Dir, err), Err: err}
+	}
+	if len(abs) > wire.MaxCkptDir {
+		return &ConfigError{Msg: fmt.Sprintf("--ckpt-dir: a path of %d bytes is too long", len(abs))}
+	}
+	if err := durable.CheckDir(abs); err != nil {
+		return &ConfigError{Msg: fmt.Sprintf("--ckpt-dir %s: %s", d.Dir, strings.TrimPrefix(err.Error(), "durable: ")), Err: err}
+	}
+	d.Dir = abs
+	return checkDurableDir(abs, d.Resume)
+}
+
+func cmpOr(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// checkDurableDir refuses a directory that holds checkpoints a new job
+// would overwrite: another job's manifest (unless the job resumes it), a
+// manifest that cannot be read, or ranks' files without a manifest (a job
+// that ended before it wrote one). A resumed job's manifest is checked
+// against it later (--resume).
+func checkDurableDir(dir string, resume bool) error {
+	m, err := durable.ReadManifest(dir)
+	switch {
+	case err == nil && !resume:
+		return &ConfigError{Msg: fmt.Sprintf("--ckpt-dir %s holds job %s's checkpoints; use --resume or another --ckpt-dir", dir, m.Job)}
+	case resume:
+		return nil // the resume checks what it resumes
+	case !errors.Is(err, durable.ErrNoManifest):
+		return &ConfigError{Msg: fmt.Sprintf("--ckpt-dir %s: its manifest cannot be read (%s); use another --ckpt-dir", dir, strings.TrimPrefix(err.Error(), "durable: ")), Err: err}
+	}
+	l, err := durable.List(dir)
+	if err != nil {
+		return &ConfigError{Msg: fmt.Sprintf("--ckpt-dir %s: %s", dir, strings.TrimPrefix(err.Error(), "durable: ")), Err: err}
+	}
+	for _, r := range l.Ranks {
+		if len(r.Bases) > 0 || len(r.Markers) > 0 || len(r.Batches) > 0 {
+			return &ConfigError{Msg: fmt.Sprintf("--ckpt-dir %s holds rank %d's checkpoints of a job that wrote no manifest; use another --ckpt-dir", dir, r.Rank)}
+		}
+	}
+	if l.HasCommit || l.CommitErr != nil {
+		return &ConfigError{Msg: fmt.Sprintf("--ckpt-dir %s holds a commit record of a job that wrote no manifest; use another --ckpt-dir", dir)}
+	}
+	return nil
+}
+
+// durableTier is the launcher's side of a job's durable tier, owned by
+// the job's loop.
+type durableTier struct {
+	opts     DurableOptions
+	manifest durable.Manifest // what the launcher knows (Regions once the ranks reported them)
+	// written: the manifest is in the directory (written here, or the
+	// resumed job's); no commit before.
+	written   bool
+	committed int64 // the commit record's step, or -1
+	// errs are the manifest's and commit's last errors, said once each;
+	// retry is when they are tried again (a full disk is not retried at
+	// every report).
+	manifestErr, commitErr string
+	retry                  time.Time
+	warned                 time.Time // the last falling-behind warning
+}
+
+// durableRetry is how long the launcher waits after a failed manifest or
+// commit record before it tries again.
+const durableRetry = time.Second
+
+// newDurableTier returns the durable tier of job j, or nil without one.
+func (j *job) newDurableTier() *durableTier {
+	o := j.cfg.Durable
+	if o.Dir == "" {
+		return nil
+	}
+	t := &durableTier{opts: o, committed: -1, manifest: durable.Manifest{
+		Job: j.id, World: j.world, Protect: string(modeOrFull(j.cfg.ProtectMode)), Every: o.Every, Command: commandHash(j.cfg.Prog, j.cfg.Args),
+	}}
+	if j.cfg.ProtectMode == ModeDiff {
+		t.manifest.Codec = j.cfg.Diff.Codec
+	}
+	if o.Resume {
+		// The resumed job's manifest and commit record (the resume checks
+		// them): later commits only move the record forward.
+		if _, err := durable.ReadManifest(o.Dir); err == nil {
+			t.written = true
+		}
+		if c, err := durable.ReadCommitted(o.Dir); err == nil {
+			t.committed = c
+		}
+	}
+	return t
+}
+
+// commandHash is the manifest's command: the SHA-256 of the program and
+// its arguments, each followed by a NUL byte, in hex.
+func commandHash(prog string, args []string) string {
+	h := sha256.New()
+	for _, s := range append([]string{prog}, args...) {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// durableProgress takes the ranks' durable reports in after report u:
+// the manifest once every rank's regions are known, then the commit of
+// the newest step every rank has a marker of, at or below G.
+func (j *job) durableProgress(u *wire.UpProgress) {
+	t := j.dur
+	if t == nil {
+		return
+	}
+	news := false
+	for _, r := range u.Ranks {
+		if d := r.D; d != nil && (len(d.Regions) > 0 || len(d.Markers) > 0 && d.Markers[len(d.Markers)-1] > t.committed) {
+			news = true
+		}
+	}
+	if !news || time.Now().Before(t.retry) {
+		return
+	}
+	reports := make([]*wire.RankDurable, j.world)
+	for r := range reports {
+		reports[r] = j.prog.rank(r).D
+	}
+	if !t.written && !j.writeManifest(reports) {
+		return
+	}
+	v := commitStep(reports, j.prog.G(), t.committed)
+	if v < 0 {
+		return
+	}
+	if err := durable.Commit(t.opts.Dir, v); err != nil {
+		t.retry = time.Now().Add(durableRetry)
+		if msg := err.Error(); msg != t.commitErr {
+			t.commitErr = msg
+			j.out.report("the durable tier cannot write its commit record of step %d: %v", v, err)
+		}
+		return
+	}
+	t.commitErr = ""
+	t.committed = v
+	j.log.Debug("durable tier: committed", "step", v)
+	j.prog.setD(v)
+}
+
+// writeManifest writes the job's manifest once reports (by rank) hold
+// every rank's regions, and reports whether it is written.
+func (j *job) writeManifest(reports []*wire.RankDurable) bool {
+	t := j.dur
+	regions := make([][]durable.Region, len(reports))
+	for r, d := range reports {
+		if d == nil || len(d.Regions) == 0 {
+			return false
+		}
+		for _, x := range d.Regions {
+			regions[r] = append(regions[r], durable.Region{Name: x.Name, Size: x.Size})
+		}
+	}
+	m := t.manifest
+	m.Regions = regions
+	if err := durable.CreateManifest(t.opts.Dir, &m); err != nil {
+		t.retry = time.Now().Add(durableRetry)
+		if errors.Is(err, fs.ErrExist) {
+			err = fmt.Errorf("another job wrote its manifest there since this one started: %w", err)
+		}
+		if msg := err.Error(); msg != t.manifestErr {
+			t.manifestErr = msg
+			j.out.report("the durable tier cannot write the job's manifest in %s, so it commits nothing: %v", t.opts.Dir, err)
+		}
+		return false
+	}
+	t.written, t.manifest = true, m
+	j.log.Debug("durable tier: manifest written", "dir", t.opts.Dir)
+	return true
+}
+
+// commitStep returns the step to commit given every rank's durable
+// report (by rank; nil: none yet): the newest step after committed, at
+// or below g, that every rank has a marker of; -1 if there is none.
+func commitStep(reports []*wire.RankDurable, g, committed int64) int64 {
+	if len(reports) == 0 || reports[0] == nil {
+		return -1
+	}
+	first := reports[0].Markers
+	for i := len(first) - 1; i >= 0; i-- {
+		v := first[i]
+		if v <= committed {
+			break
+		}
+		if v > g {
+			continue
+		}
+		all := true
+		for _, d := range reports[1:] {
+			if d == nil {
+				return -1
+			}
+			if _, found := slices.BinarySearch(d.Markers, v); !found {
+				all = false
+				break
+			}
+		}
+		if all {
+			return v
+		}
+	}
+	return -1
+}
+
+// durableTick says, at most every durableWarnEvery, that the durable tier
+// is falling behind: G more than twice --ckpt-every past the commit
+// record.
+func (j *job) durableTick(now time.Time) {
+	t := j.dur
+	if t == nil || !j.prog.used() || now.Sub(t.warned) < durableWarnEvery {
+		return
+	}
+	g := j.prog.G()
+	if g-t.committed <= 2*int64(t.opts.Every) {
+		return
+	}
+	t.warned = now
+	reports := make([]wire.RankProgress, j.world)
+	for r := range reports {
+		reports[r] = j.prog.rank(r)
+	}
+	j.out.report("%s", fallingBehind(g, t.committed, reports))
+}
+
+// fallingBehind is the warning that the durable tier lags G: the commit
+// record's step, how far behind G it is, and the ranks that skipped or
+// failed the most bases (or have no store).
+func fallingBehind(g, committed int64, ranks []wire.RankProgress) string {
+	var b strings.Builder
+	if committed < 0 {
+		fmt.Fprintf(&b, "the durable tier is falling behind: no version committed yet, G is step %d", g)
+	} else {
+		fmt.Fprintf(&b, "the durable tier is falling behind: committed version step %d, %d steps behind G", committed, g-committed)
+	}
+	type lag struct {
+		rank            int
+		skipped, failed int64
+		off             string
+		noReport        bool
+	}
+	var lags []lag
+	for _, r := range ranks {
+		switch d := r.D; {
+		case d == nil:
+			lags = append(lags, lag{rank: r.Rank, noReport: true})
+		case d.Off != "":
+			lags = append(lags, lag{rank: r.Rank, off: d.Off})
+		case d.Skipped+d.Failed > 0:
+			lags = append(lags, lag{rank: r.Rank, skipped: d.Skipped, failed: d.Failed})
+		}
+	}
+	slices.SortStableFunc(lags, func(a, b lag) int {
+		wa, wb := a.skipped+a.failed, b.skipped+b.failed
+		switch {
+		case (a.off != "" || a.noReport) != (b.off != "" || b.noReport):
+			if a.off != "" || a.noReport {
+				return -1
+			}
+			return 1
+		case wa != wb:
+			if wa > wb {
+				return -1
+			}
+			return 1
+		}
+		return 0
+	})
+	const most = 3
+	var parts []string
+	for _, l := range lags[:min(len(lags), most)] {
+		switch {
+		case l.noReport:
+			parts = append(parts, fmt.Sprintf("rank %d has not opened its store", l.rank))
+		case l.off != "":
+			parts = append(parts, fmt.Sprintf("rank %d has no store: %s", l.rank, l.off))
+		default:
+			parts = append(parts, fmt.Sprintf("rank %d: %d bases skipped, %d failed", l.rank, l.skipped, l.failed))
+		}
+	}
+	if len(lags) > most {
+		parts = append(parts, fmt.Sprintf("and %d more", len(lags)-most))
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "no base skipped or failed: the saves are slow")
+	}
+	fmt.Fprintf(&b, " (%s)", strings.Join(parts, "; "))
+	return b.String()
+}
+
+// durableTable describes the durable tier for -v at the end of the job:
+// the commit record, per rank its saves, skipped and failed bases, write
+// time and rate, and stages' wait for the saves; then the directory's
+// footprint.
+func (j *job) durableTable() string {
+	t := j.dur
+	var b strings.Builder
+	fmt.Fprintf(&b, "durable tier: %s, a base every %d steps", t.opts.Dir, t.opts.Every)
+	if t.committed >= 0 {
+		fmt.Fprintf(&b, ", committed version step %d", t.committed)
+	} else {
+		b.WriteString(", no version committed")
+	}
+	b.WriteByte('\n')
+	fmt.Fprintf(&b, "  %6s %6s %8s %7s %12s %10s %12s %4s\n", "rank", "saves", "skipped", "failed", "write/save", "MB/s", "stage wait", "N")
+	for r := range j.world {
+		d := j.prog.rank(r).D
+		if d == nil {
+			fmt.Fprintf(&b, "  %6d %6s\n", r, "-")
+			continue
+		}
+		per, rate := "-", "-"
+		if d.Saves > 0 && d.WriteNS > 0 {
+			per = (time.Duration(d.WriteNS) / time.Duration(d.Saves)).Round(time.Microsecond).String()
+			rate = fmt.Sprintf("%.0f", float64(d.Bytes)/1e6/(float64(d.WriteNS)/1e9))
+		}
+		fmt.Fprintf(&b, "  %6d %6d %8d %7d %12s %10s %12v %4d", r, d.Saves, d.Skipped, d.Failed, per, rate, time.Duration(d.HoldNS).Round(time.Microsecond), d.N)
+		if d.Off != "" {
+			fmt.Fprintf(&b, "  no store: %s", d.Off)
+		}
+		b.WriteByte('\n')
+	}
+	if u, err := durable.Footprint(t.opts.Dir); err != nil {
+		fmt.Fprintf(&b, "durable footprint: %v", err)
+	} else {
+		fmt.Fprintf(&b, "durable footprint: %s in %s", formatBytes(u.Total), t.opts.Dir)
+		if len(u.Ranks) > 0 {
+			per := make([]string, len(u.Ranks))
+			for r, n := range u.Ranks {
+				per[r] = formatBytes(n)
+			}
+			fmt.Fprintf(&b, " (by rank: %s)", strings.Join(per, " "))
+		}
+	}
+	return b.String()
+}

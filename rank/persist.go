@@ -1,0 +1,720 @@
+package rank
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorun/gorun/durable"
+)
+
+// The durable tier (gorun --ckpt-dir; package durable, DESIGN.md §5
+// "Persistent tier", issue 17): every Every steps each rank's service
+// writes its committed slot to disk as a base, PCcheck style, off the
+// training path:
+//
+//   - On the commit of step s with s % Every == 0 the service starts a
+//     durable.Store.Save of the slot holding s, on a goroutine of its own
+//     (the service waits for it when it closes or truncates). Until the
+//     save has read the slot (Save's copied), the slot is held: a stage
+//     that would overwrite it waits (service.waitHold), beside the
+//     overwrite rule's wait for G, and the wait is counted on its own
+//     (DurableProgress.HoldNS). The save reads the slot through readSlot,
+//     as the replicator's snapshots do: the slots stay mapped meanwhile.
+//   - Up to N saves are in flight per rank; a base due when N are, or
+//     when the store has no free base file (durable.ErrBusy), is skipped
+//     and counted: the durable tier fell behind. Any other error (a full
+//     or failing disk) abandons that version (durable never leaves a torn
+//     one), is counted and logged once per burst, and training goes on,
+//     protected by the memory tiers.
+//   - N is --ckpt-concurrency, or automatic: 1 at first, then after each
+//     save PCcheck's formula (durable.DefaultConcurrency) with the save's
+//     measured write time and the step time measured between bases, at
+//     most autoMaxConcurrency. The store is opened with the most saves
+//     that may ever be in flight (the flag, or autoMaxConcurrency), so it
+//     has that many plus one base files from the start: reopening a store
+//     to grow it would have to wait for every save in flight, and its
+//     files are preallocated once.
+//   - Each save that completes leaves the rank's completion marker; the
+//     service reports the steps of its markers (DurableProgress.Markers),
+//     the launcher commits the newest step every rank has a marker of
+//     (and only one at or below G: a step after G may be rolled back by a
+//     recovery, which truncates the store to G) and publishes it as the
+//     watermark (wire.GlobalStep.D); the host then commits it in its own
+//     directory when that is not the launcher's (per-host local disks)
+//     and has every local rank's store reclaim what is older (Host.SetD).
+//   - A restore at G (a restart, an in-place recovery, a rank rebuilt on
+//     a new host) first stops the rank's saves in flight and truncates its
+//     store to G (durable.Store.Truncate): what the rank saved after G
+//     belongs to a trajectory the job abandoned.
+
+// PersistConfig configures the durable tier of a host's ranks
+// (HostConfig.Persist). The zero value has none.
+type PersistConfig struct {
+	// Dir is the job's checkpoint directory (gorun --ckpt-dir; "": no
+	// durable tier).
+	Dir string
+	// Every: a base every Every steps (--ckpt-every, at least 1).
+	Every int
+	// Concurrency is the number of saves a rank allows in flight
+	// (--ckpt-concurrency, 1 to durable.MaxConcurrency), or 0: automatic.
+	Concurrency int
+	// Overhead is the fraction of the step time the automatic
+	// concurrency allows the saves to cost (--ckpt-overhead; 0 means
+	// 0.03).
+	Overhead float64
+	// Writers and ChunkSize are the stores' durable.Options (0: the
+	// package's defaults).
+	Writers, ChunkSize int
+}
+
+// autoMaxConcurrency caps the automatic concurrency: a rank's store
+// keeps this many plus one base files, each the size of its state.
+const autoMaxConcurrency = 4
+
+// defaultOverhead is --ckpt-overhead's default: PCcheck's 3%.
+const defaultOverhead = 0.03
+
+func (c PersistConfig) on() bool { return c.Dir != "" }
+
+// maxInFlight is the number of saves a rank's store is opened for.
+func (c PersistConfig) maxInFlight() int {
+	if c.Concurrency > 0 {
+		return c.Concurrency
+	}
+	return autoMaxConcurrency
+}
+
+func (c PersistConfig) overhead() float64 {
+	if c.Overhead > 0 {
+		return c.Overhead
+	}
+	return defaultOverhead
+}
+
+// check validates c (HostConfig.Persist).
+func (c PersistConfig) check() error {
+	if !c.on() {
+		return nil
+	}
+	switch {
+	case !filepath.IsAbs(c.Dir):
+		return fmt.Errorf("rank: checkpoint directory %q is not absolute", c.Dir)
+	case c.Every < 1:
+		return fmt.Errorf("rank: a base every %d steps", c.Every)
+	case c.Concurrency < 0 || c.Concurrency > durable.MaxConcurrency:
+		return fmt.Errorf("rank: durable concurrency %d, want 0 to %d", c.Concurrency, durable.MaxConcurrency)
+	case c.Overhead < 0 || c.Overhead >= 1:
+		return fmt.Errorf("rank: durable overhead %v, want 0 to 1", c.Overhead)
+	}
+	return nil
+}
+
+// DurableProgress is one local rank's durable tier (Progress.Durable).
+type DurableProgress struct {
+	// Markers are the steps of the rank's completion markers not
+	// reclaimed, ascending, none after Progress.Committed.
+	Markers []int64
+	// Saves written, skipped because the durable tier fell behind, and
+	// failed (I/O errors); their write time and bytes.
+	Saves, Skipped, Failed int64
+	WriteNS, Bytes         int64
+	// HoldNS is the stages' total wait for a save to finish reading the
+	// slot they were about to overwrite.
+	HoldNS int64
+	// N is the number of saves allowed in flight now.
+	N int
+	// Regions are the rank's regions while the host knows of no commit
+	// record yet (nil after): the launcher writes the job's manifest from
+	// them before it commits.
+	Regions []Region
+	// Off says why the rank has no store (it could not be opened).
+	Off string
+}
+
+// persist is one rank's durable tier (service.dur). Its fields are
+// guarded by mu, except the immutable ones set by open; the holds on the
+// slots are the service's (service.holds, under its mu). Lock order:
+// service.mu, then persist.mu.
+type persist struct {
+	opMu sync.Mutex // serializes open, truncate, reclaim and close of the store
+
+	mu       sync.Mutex
+	store    *durable.Store
+	names    []string // the rank's regions, in order
+	size     int64    // their bytes
+	off      string   // why there is no store
+	markers  []int64  // ascending
+	n        int      // saves allowed in flight
+	inflight int
+	saves    int64
+	skipped  int64
+	failed   int64
+	writeNS  int64
+	bytes    int64
+	// failing: the last save failed (a burst of failures is logged once).
+	failing bool
+	// The step time, measured between the commits of two bases.
+	lastBase   int64
+	lastBaseAt time.Time
+	stepTime   time.Duration
+	// ctx ends the saves in flight (a truncate or close cancels it);
+	// stopping refuses new ones while the saves are waited for.
+	ctx      context.Context
+	cancel   context.CancelFunc
+	stopping bool
+	wg       sync.WaitGroup
+
+	holdNS  atomic.Int64
+	waiting atomic.Int32 // stages waiting for a hold
+}
+
+// baseSave is one save due: the step, the slot holding it and its hold.
+type baseSave struct {
+	step int64
+	slot int
+	hold chan struct{}
+	ctx  context.Context
+}
+
+// persistOpen opens the rank's store once the rank said ProtectHello
+// (its regions are known), if the job has a durable tier. A store that
+// cannot be opened leaves the rank without one (reported: Off), and
+// training goes on.
+func (s *service) persistOpen() {
+	cfg := s.h.cfg.Persist
+	if !cfg.on() {
+		return
+	}
+	p := &s.dur
+	p.opMu.Lock()
+	defer p.opMu.Unlock()
+	p.mu.Lock()
+	done := p.store != nil || p.off != ""
+	p.mu.Unlock()
+	s.mu.Lock()
+	regions := slices.Clone(s.regions)
+	s.mu.Unlock()
+	if done || regions == nil {
+		return
+	}
+	dr := make([]durable.Region, len(regions))
+	names := make([]string, len(regions))
+	var size int64
+	for i, r := range regions {
+		dr[i], names[i] = durable.Region{Name: r.Name, Size: r.Size}, r.Name
+		size += r.Size
+	}
+	st, err := durable.Open(cfg.Dir, s.rank, dr, durable.Options{Concurrency: cfg.maxInFlight(), Writers: cfg.Writers, ChunkSize: cfg.ChunkSize,
+		Logger: slog.New(newQuietHandler(s.h.log.Handler(), durableLogEvery))})
+	if err != nil {
+		s.h.log.Warn("the durable tier cannot open this rank's store: it writes no bases (the memory tiers still protect it)", "rank", s.rank, "dir", cfg.Dir, "err", err)
+		p.mu.Lock()
+		p.off = err.Error()
+		p.mu.Unlock()
+		s.h.cfg.Changed()
+		return
+	}
+	// The markers the rank has on disk already (a rank whose store
+	// another host wrote before this one took the rank over).
+	var markers []int64
+	for _, v := range st.Versions() {
+		if m, err := durable.Markers(cfg.Dir, s.rank+1, v.Step); err == nil && m[s.rank] && !slices.Contains(markers, v.Step) {
+			markers = append(markers, v.Step)
+		}
+	}
+	slices.Sort(markers)
+	if d := s.h.D(); d >= 0 {
+		// A store another host wrote (a rank taken over) may hold
+		// versions the watermark passed after that host's last reclaim:
+		// a fresh store knows no watermark (durable: "Resuming and
+		// restoring").
+		if _, err := st.Reclaim(d); err == nil {
+			markers = slices.DeleteFunc(markers, func(m int64) bool { return m < d })
+		}
+	}
+	p.mu.Lock()
+	p.store, p.names, p.size, p.markers = st, names, size, markers
+	p.n = max(cfg.Concurrency, 1)
+	p.lastBase = noStep
+	p.ctx, p.cancel = context.WithCancel(s.life)
+	p.mu.Unlock()
+	s.h.log.Info("durable tier: the rank's store is open", "rank", s.rank, "dir", cfg.Dir, "every", cfg.Every, "files", cfg.maxInFlight()+1, "markers", markers)
+	s.h.cfg.Changed()
+}
+
+// persistDueLocked returns the save of step, just committed in slot, if
+// it is a base step of the durable tier, with slot held until the save
+// has read it; nil otherwise (no durable tier, not a base step, or
+// skipped: N saves in flight already). s.mu is held.
+func (s *service) persistDueLocked(step int64, slot int) *baseSave {
+	cfg := s.h.cfg.Persist
+	if !cfg.on() || step%int64(cfg.Every) != 0 {
+		return nil
+	}
+	p := &s.dur
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.store == nil || p.stopping {
+		return nil
+	}
+	now := time.Now()
+	if p.lastBase >= 0 && step > p.lastBase {
+		p.stepTime = now.Sub(p.lastBaseAt) / time.Duration(step-p.lastBase)
+	}
+	p.lastBase, p.lastBaseAt = step, now
+	if p.inflight >= p.n {
+		p.skipped++
+		return nil
+	}
+	if s.holds[slot] != nil {
+		// A save of the step the slot held before still reads it; a
+		// stage never overwrote the slot, so this cannot happen.
+		p.skipped++
+		return nil
+	}
+	h := make(chan struct{})
+	s.holds[slot] = h
+	p.inflight++
+	p.wg.Add(1)
+	return &baseSave{step: step, slot: slot, hold: h, ctx: p.ctx}
+}
+
+// releaseHold lets stages overwrite slot again, if h still holds it.
+func (s *service) releaseHold(slot int, h chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.holds[slot] == h {
+		s.holds[slot] = nil
+		close(h)
+	}
+}
+
+// heldLocked returns the hold of the slot the next stage overwrites (the
+// one not holding the newest committed step), or nil. s.mu is held.
+func (s *service) heldLocked() chan struct{} {
+	for i, h := range s.holds {
+		if h != nil && (s.committed < 0 || s.slotStep[i] != s.committed) {
+			return h
+		}
+	}
+	return nil
+}
+
+// waitHold waits until no save reads the slot the next stage overwrites,
+// and returns how long that took; the wait ends early with an error when
+// ctx ends or the service stops.
+func (s *service) waitHold(ctx context.Context) (time.Duration, error) {
+	var waited time.Duration
+	defer func() {
+		if waited > 0 {
+			s.dur.holdNS.Add(int64(waited))
+		}
+	}()
+	for {
+		s.mu.Lock()
+		h := s.heldLocked()
+		s.mu.Unlock()
+		if h == nil {
+			return waited, nil
+		}
+		start := time.Now()
+		s.dur.waiting.Add(1)
+		var err error
+		select {
+		case <-h:
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-s.life.Done():
+			err = ErrStopping
+		}
+		s.dur.waiting.Add(-1)
+		waited += time.Since(start)
+		if err != nil {
+			return waited, err
+		}
+	}
+}
+
+// testHookSave, if set (by tests), replaces the store's Save: what a
+// save does with the slot's views, and when it calls copied.
+var testHookSave func(ctx context.Context, st *durable.Store, step int64, src [][]byte, sums []uint32, copied func()) error
+
+// runSave writes b's step from its slot, then accounts for the save. It
+// runs on its own goroutine (persist.wg), and releases the hold once the
+// save has read the slot (or failed before).
+func (s *service) runSave(b *baseSave) {
+	p := &s.dur
+	defer p.wg.Done()
+	p.mu.Lock()
+	st, names := p.store, p.names
+	p.mu.Unlock()
+	save := st.Save
+	if testHookSave != nil {
+		save = func(ctx context.Context, step int64, src [][]byte, sums []uint32, copied func()) error {
+			return testHookSave(ctx, st, step, src, sums, copied)
+		}
+	}
+	if b.ctx.Err() != nil {
+		// Stopped before it began (a restore or the end).
+		s.releaseHold(b.slot, b.hold)
+		s.saved(b, b.ctx.Err(), 0)
+		return
+	}
+	start := time.Now()
+	var err error
+	started := false
+	done := make(chan struct{})
+	rerr := s.readSlot(b.step, names, func(t []tableEntry, data [][]byte) error {
+		sums := make([]uint32, len(t))
+		for i, e := range t {
+			sums[i] = e.sum
+		}
+		copied := make(chan struct{})
+		var once sync.Once
+		started = true
+		go func() { // runSave waits for it (done)
+			defer close(done)
+			err = save(b.ctx, b.step, data, sums, func() { once.Do(func() { close(copied) }) })
+		}()
+		// The views are valid only in here (readSlot): wait for the save
+		// to have read them.
+		select {
+		case <-copied:
+		case <-done:
+		}
+		return nil
+	})
+	s.releaseHold(b.slot, b.hold)
+	if started {
+		<-done
+	} else {
+		err = rerr
+	}
+	s.saved(b, err, time.Since(start))
+}
+
+// saved accounts for the save of b that ended with err after took.
+func (s *service) saved(b *baseSave, err error, took time.Duration) {
+	p := &s.dur
+	cfg := s.h.cfg.Persist
+	d := s.h.D()
+	p.mu.Lock()
+	p.inflight--
+	wasFailing := p.failing
+	switch {
+	case err == nil:
+		p.saves++
+		p.writeNS += int64(took)
+		p.bytes += p.size
+		// A save the watermark passed while it was written was freed,
+		// unmarked (durable.Store.Save): it has no marker to report.
+		if i, found := slices.BinarySearch(p.markers, b.step); !found && b.step >= d {
+			p.markers = slices.Insert(p.markers, i, b.step)
+		}
+		p.failing = false
+		if cfg.Concurrency == 0 {
+			p.n = min(durable.DefaultConcurrency(took, p.stepTime, cfg.Every, cfg.overhead()), cfg.maxInFlight())
+		}
+	case b.ctx.Err() != nil || errors.Is(err, durable.ErrClosed):
+		// Abandoned by a restore or the end: nothing to count.
+		p.mu.Unlock()
+		return
+	case errors.Is(err, durable.ErrBusy):
+		p.skipped++
+	default:
+		p.failed++
+		p.failing = true
+	}
+	n := p.n
+	p.mu.Unlock()
+	switch {
+	case err == nil && wasFailing:
+		s.h.log.Warn("durable tier: saves succeed again", "rank", s.rank, "step", b.step)
+	case err == nil:
+		s.h.log.Debug("durable tier: base saved", "rank", s.rank, "step", b.step, "took", took, "concurrency", n)
+	case errors.Is(err, durable.ErrBusy):
+		s.h.log.Debug("durable tier: base skipped, the saves before it are not done", "rank", s.rank, "step", b.step, "err", err)
+	case !wasFailing:
+		s.h.log.Warn("durable tier: a base could not be saved; training goes on, protected by the memory tiers (logged once until a save succeeds)",
+			"rank", s.rank, "step", b.step, "err", err)
+	}
+	s.h.cfg.Changed()
+}
+
+// stopSaves cancels the rank's saves in flight and waits for them; new
+// ones are refused until resumeSaves. persist.opMu is held.
+func (p *persist) stopSaves() {
+	p.mu.Lock()
+	if p.store == nil {
+		p.mu.Unlock()
+		return
+	}
+	p.stopping = true
+	p.cancel()
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// resumeSaves lets saves start again, under a new context of life.
+func (p *persist) resumeSaves(life context.Context) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.store == nil {
+		return
+	}
+	p.ctx, p.cancel = context.WithCancel(life)
+	p.stopping = false
+}
+
+// persistTruncate forgets what the rank saved after step g (-1: all): a
+// restore at g. The saves in flight are cancelled first (they may be of
+// steps after g, and durable.Store.Truncate runs beside none).
+func (s *service) persistTruncate(g int64) {
+	p := &s.dur
+	p.opMu.Lock()
+	defer p.opMu.Unlock()
+	p.stopSaves()
+	p.mu.Lock()
+	st := p.store
+	p.mu.Unlock()
+	if st == nil {
+		return
+	}
+	err := st.Truncate(g)
+	p.mu.Lock()
+	// Even when Truncate failed: a marker after g is never of the
+	// trajectory the rank resumes, and must not be reported.
+	p.markers = slices.DeleteFunc(p.markers, func(m int64) bool { return m > g })
+	p.lastBase = noStep
+	p.mu.Unlock()
+	p.resumeSaves(s.life)
+	if err != nil {
+		s.h.log.Warn("durable tier: cannot forget what the rank saved after the step it resumes from", "rank", s.rank, "step", g, "err", err)
+	}
+	s.h.cfg.Changed()
+}
+
+// persistReclaim frees what a recovery at the job's commit record d
+// cannot need, and forgets the rank's markers before d.
+func (s *service) persistReclaim(d int64) {
+	p := &s.dur
+	p.opMu.Lock()
+	defer p.opMu.Unlock()
+	p.mu.Lock()
+	st := p.store
+	p.mu.Unlock()
+	if st == nil {
+		return
+	}
+	freed, err := st.Reclaim(d)
+	if err != nil {
+		// ErrNoVersion: the rank does not hold d here (its directory is
+		// not the one the commit was made from); nothing was freed.
+		s.h.log.Debug("durable tier: nothing reclaimed", "rank", s.rank, "committed", d, "err", err)
+		return
+	}
+	p.mu.Lock()
+	p.markers = slices.DeleteFunc(p.markers, func(m int64) bool { return m < d })
+	p.mu.Unlock()
+	if freed > 0 {
+		s.h.log.Debug("durable tier: reclaimed", "rank", s.rank, "committed", d, "files", freed)
+	}
+	s.h.cfg.Changed()
+}
+
+// persistClose ends the rank's saves and closes its store (the service
+// is closing: its life has ended).
+func (s *service) persistClose() error {
+	p := &s.dur
+	p.opMu.Lock()
+	defer p.opMu.Unlock()
+	p.stopSaves()
+	p.mu.Lock()
+	st := p.store
+	p.store = nil
+	p.mu.Unlock()
+	if st == nil {
+		return nil
+	}
+	return st.Close()
+}
+
+// persistProgress returns the rank's durable progress, its markers up to
+// committed (the rank's Committed in the same report), or nil when the
+// job has no durable tier or the rank has not opened its store yet.
+func (s *service) persistProgress(committed int64) *DurableProgress {
+	if !s.h.cfg.Persist.on() {
+		return nil
+	}
+	var regions []Region
+	if s.h.D() < 0 {
+		s.mu.Lock() // before p.mu: see persist
+		regions = slices.Clone(s.regions)
+		s.mu.Unlock()
+	}
+	p := &s.dur
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.store == nil && p.off == "" {
+		return nil
+	}
+	d := &DurableProgress{Saves: p.saves, Skipped: p.skipped, Failed: p.failed, WriteNS: p.writeNS, Bytes: p.bytes,
+		HoldNS: p.holdNS.Load(), Off: p.off}
+	if p.store != nil {
+		d.N = p.n
+	}
+	for _, m := range p.markers {
+		if m <= committed {
+			d.Markers = append(d.Markers, m)
+		}
+	}
+	if p.store != nil {
+		d.Regions = regions
+	}
+	return d
+}
+
+// persistHost is a host's side of the durable tier's watermark: the
+// newest commit record the launcher published (SetD), applied by its
+// loop (Host.persistLoop).
+type persistHost struct {
+	mu   sync.Mutex
+	d    int64 // the newest watermark published, or -1
+	kick chan struct{}
+}
+
+// D returns the newest durable watermark (the job's commit record) the
+// launcher published to this host, or -1.
+func (h *Host) D() int64 {
+	h.dur.mu.Lock()
+	defer h.dur.mu.Unlock()
+	return h.dur.d
+}
+
+// SetD takes a newer durable watermark d, the step of the job's commit
+// record (wire.GlobalStep.D; older ones are ignored): the host's loop
+// commits it in the host's own directory, when that is not the
+// launcher's, and has every local rank's store reclaim what a recovery at
+// d cannot need. It does nothing without a durable tier.
+func (h *Host) SetD(d int64) {
+	if !h.cfg.Persist.on() {
+		return
+	}
+	h.dur.mu.Lock()
+	if d <= h.dur.d {
+		h.dur.mu.Unlock()
+		return
+	}
+	h.dur.d = d
+	h.dur.mu.Unlock()
+	select {
+	case h.dur.kick <- struct{}{}:
+	default:
+	}
+	h.cfg.Changed() // the reports stop carrying the regions
+}
+
+// startPersist starts the host's watermark loop, with a durable tier.
+func (h *Host) startPersist() {
+	if !h.cfg.Persist.on() {
+		return
+	}
+	h.dur.kick = make(chan struct{}, 1)
+	h.wg.Add(1)
+	go h.persistLoop()
+}
+
+// persistLoop applies each new watermark: a commit record in the host's
+// directory if the launcher does not write there (a directory on a local
+// disk of each host: it has no manifest, which the launcher writes before
+// its first commit), then every local rank's reclaim. It runs until the
+// host stops.
+func (h *Host) persistLoop() {
+	defer h.wg.Done()
+	dir := h.cfg.Persist.Dir
+	applied := int64(noStep)
+	local := -1 // unknown; 1: commit here too; 0: the launcher's directory
+	for {
+		select {
+		case <-h.dur.kick:
+		case <-h.life.Done():
+			return
+		}
+		d := h.D()
+		if d <= applied {
+			continue
+		}
+		if local < 0 {
+			local = 0
+			if _, err := durable.ReadManifest(dir); errors.Is(err, durable.ErrNoManifest) {
+				local = 1
+			}
+		}
+		if local == 1 {
+			if err := durable.Commit(dir, d); err != nil {
+				h.log.Warn("durable tier: cannot write the commit record in this host's directory", "dir", dir, "step", d, "err", err)
+			}
+		}
+		for _, s := range h.place().svcs {
+			if h.life.Err() != nil {
+				return
+			}
+			s.persistReclaim(d)
+		}
+		applied = d
+	}
+}
+
+// durableLogEvery is how often at most a store's log says the same thing:
+// a full or failing disk has it retry (and warn) at every save.
+const durableLogEvery = 30 * time.Second
+
+// quietHandler passes a record on only if no record with its message
+// passed in the last every: the durable stores' warnings, which a full
+// disk repeats at every save and reclaim, once per rank and period.
+type quietHandler struct {
+	next  slog.Handler
+	every time.Duration
+	state *quietState
+}
+
+type quietState struct {
+	mu   sync.Mutex
+	last map[string]time.Time // by message
+}
+
+func newQuietHandler(next slog.Handler, every time.Duration) *quietHandler {
+	return &quietHandler{next: next, every: every, state: &quietState{last: map[string]time.Time{}}}
+}
+
+func (q *quietHandler) Enabled(ctx context.Context, l slog.Level) bool { return q.next.Enabled(ctx, l) }
+
+func (q *quietHandler) Handle(ctx context.Context, r slog.Record) error {
+	st := q.state
+	st.mu.Lock()
+	last, seen := st.last[r.Message]
+	pass := !seen || r.Time.Sub(last) >= q.every
+	if pass {
+		st.last[r.Message] = r.Time
+	}
+	st.mu.Unlock()
+	if !pass {
+		return nil
+	}
+	return q.next.Handle(ctx, r)
+}
+
+func (q *quietHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &quietHandler{next: q.next.WithAttrs(as), every: q.every, state: q.state}
+}
+
+func (q *quietHandler) WithGroup(name string) slog.Handler {
+	return &quietHandler{next: q.next.WithGroup(name), every: q.every, state: q.state}
+}
