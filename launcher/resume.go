@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/gorun/gorun/durable"
+	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/cascade"
 	"github.com/gorun/gorun/internal/wire"
 )
@@ -132,4 +133,42 @@ func (g *resumeGather) add(r *wire.ResumeReach) (*cascade.Plan, error) {
 		return nil, fmt.Errorf("--resume: %w", err)
 	}
 	return &p, nil
+}
+
+// onResume takes a host's reach on disk; once every host with ranks has
+// answered, it publishes T as G (the agents then rebuild their ranks'
+// states at T and start them) and tells the machine, or stops the job
+// when the ranks cannot be resumed.
+func (j *job) onResume(r *wire.ResumeReach) {
+	if j.resume == nil {
+		return // not resuming, or decided already
+	}
+	plan, err := j.resume.add(r)
+	if err != nil {
+		j.resume = nil
+		j.fail(ExitFailure, "%v", err)
+		return
+	}
+	if plan == nil {
+		return
+	}
+	j.resume = nil
+	if plan.T > plan.Base {
+		j.out.report("resuming from step %d: the committed version of step %d and %d differentials replayed on every rank", plan.T, plan.Base, plan.T-plan.Base)
+	} else {
+		j.out.report("resuming from step %d, the committed version", plan.T)
+	}
+	j.prog.resumeAt(plan.T)
+	j.step(hotswap.GPublished{G: plan.T})
+}
+
+// resumeAt makes t, the step a resumed job's ranks restore, its G, and
+// publishes it (the agents take their first G as T).
+func (p *progress) resumeAt(t int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t > p.g {
+		p.g = t
+	}
+	p.publish(p.global())
 }

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"cmp"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -10,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/durable"
+	"github.com/gorun/gorun/internal/cascade"
 	"github.com/gorun/gorun/internal/testcluster"
 )
 
@@ -25,9 +29,13 @@ import (
 // kill, short enough to end within seconds after the resume.
 var resumeArgs = []string{"--steps", "90", "--device-ms", "15"}
 
-// resumedRE matches an agent's log line about a rank resumed from disk
-// (internal/agent/resume.go), which gorun shows on its stderr.
-var resumedRE = regexp.MustCompile(`resumed a rank's state from the checkpoint directory.*rank=(\d+) step=(\d+) base=(\d+) "differentials replayed"=(\d+)`)
+// resumingRE matches gorun's line saying where the job resumes from
+// (launcher/resume.go), restoredRE dptrain's line about each rank's
+// restore.
+var (
+	resumingRE = regexp.MustCompile(`(?m)^gorun: resuming from step (\d+)(?:, the committed version|: the committed version of step (\d+) and (\d+) differentials replayed on every rank)$`)
+	restoredRE = regexp.MustCompile(`(?m)^\[(\d+)\] dptrain: rank \d+: restored step (\d+) from tier 1 `)
+)
 
 // killWhole SIGKILLs the job j on hosts: gorun itself, then every
 // process in each namespace host (agents and ranks), so that nothing of
@@ -53,12 +61,14 @@ func killWhole(t *testing.T, j *job, hosts *testcluster.Hosts) {
 }
 
 // waitCommitted waits until the commit record in dir is at step min or
-// later, failing if the job ends first.
-func waitCommitted(t *testing.T, j *job, dir string, min int64) int64 {
+// later and, with diff, every rank's differentials on disk reach diff
+// steps past it; it fails if the job ends first. It returns the commit
+// record's step.
+func waitCommitted(t *testing.T, j *job, dir string, min int64, diff int64) int64 {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		if c, err := durable.ReadCommitted(dir); err == nil && c >= min {
+		if c, err := durable.ReadCommitted(dir); err == nil && c >= min && reachAll(dir, c) >= c+diff {
 			return c
 		}
 		select {
@@ -67,8 +77,23 @@ func waitCommitted(t *testing.T, j *job, dir string, min int64) int64 {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	t.Fatalf("no commit record of step %d or later within 60 s", min)
+	t.Fatalf("no commit record of step %d or later (with %d differentials after it) within 60 s", min, diff)
 	return -1
+}
+
+// reachAll returns the least step every rank's state can be rebuilt at
+// from dir with base c (-1 if the manifest cannot be read).
+func reachAll(dir string, c int64) int64 {
+	m, err := durable.ReadManifest(dir)
+	if err != nil {
+		return -1
+	}
+	least := int64(math.MaxInt64)
+	for r, regions := range m.Regions {
+		sp, _ := cascade.Reach(dir, r, regions, c)
+		least = min(least, sp.To)
+	}
+	return least
 }
 
 func TestResumeAfterKill(t *testing.T) {
@@ -91,7 +116,11 @@ func TestResumeAfterKill(t *testing.T) {
 			flags := append([]string{"--ckpt-dir", dir, "--ckpt-every", "10"}, tc.flags...)
 			args := append([]string{"--protect"}, resumeArgs...)
 			j := dptrainJob(t, hosts, flags, args...)
-			committed := waitCommitted(t, j, dir, 30)
+			var diff int64
+			if tc.flags != nil {
+				diff = 3 // the differentials on disk go 3 steps past the base at least
+			}
+			committed := waitCommitted(t, j, dir, 30, diff)
 			killWhole(t, j, hosts)
 			if c, err := durable.ReadCommitted(dir); err == nil {
 				committed = c // it may have moved on before the kill
@@ -107,30 +136,39 @@ func TestResumeAfterKill(t *testing.T) {
 			if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
 				t.Errorf("--resume ended with params %s optimizer %s, the run without failure with %s %s", p, o, wantP, wantO)
 			}
-			ms := resumedRE.FindAllStringSubmatch(res.stderr, -1)
-			if len(ms) != 4 {
-				t.Fatalf("%d ranks say they resumed from disk, want 4\nstderr:\n%s", len(ms), res.stderr)
+			m := resumingRE.FindStringSubmatch(res.stderr)
+			if m == nil {
+				t.Fatalf("gorun does not say where it resumes from\nstderr:\n%s", res.stderr)
 			}
-			for _, m := range ms {
-				step, _ := strconv.ParseInt(m[2], 10, 64)
-				base, _ := strconv.ParseInt(m[3], 10, 64)
-				replayed, _ := strconv.Atoi(m[4])
-				if base != committed || step < base || int64(replayed) != step-base {
-					t.Errorf("rank %s resumed step %d from base %d with %d differentials, want base %d", m[1], step, base, replayed, committed)
+			target, _ := strconv.ParseInt(m[1], 10, 64)
+			if tc.flags == nil {
+				if target != committed || m[2] != "" {
+					t.Errorf("full mode resumed from step %d, want the committed version %d", target, committed)
 				}
-				if tc.flags == nil && step != base {
-					t.Errorf("full mode: rank %s resumed step %d, want the base %d", m[1], step, base)
+			} else {
+				base, _ := strconv.ParseInt(m[2], 10, 64)
+				replayed, _ := strconv.ParseInt(m[3], 10, 64)
+				if base != committed || target < committed+diff || replayed != target-base {
+					t.Errorf("diff mode resumed from step %d (base %d, %d replayed), want base %d and at least %d differentials", target, base, replayed, committed, diff)
 				}
 			}
-			if tc.flags != nil && ms[0][2] == ms[0][3] {
-				t.Logf("diff mode resumed at the base itself (the log on disk reached no further)")
+			rs := restoredRE.FindAllStringSubmatch(res.stderr, -1)
+			if len(rs) != 4 {
+				t.Errorf("%d ranks restored from their own slots, want 4\nstderr:\n%s", len(rs), res.stderr)
+			}
+			for _, r := range rs {
+				if r[2] != m[1] {
+					t.Errorf("rank %s restored step %s, want %d", r[1], r[2], target)
+				}
 			}
 		})
 	}
 }
 
 // TestResumeErrors: --resume on a directory it cannot resume exits 2
-// before anything starts, saying why, and changes nothing there.
+// before anything starts, saying why, and changes nothing there; a rank
+// whose committed version is missing stops the job (exit 1) before any
+// rank starts, naming it.
 func TestResumeErrors(t *testing.T) {
 	dir := t.TempDir()
 	args := []string{"--protect", "--params", "20K", "--steps", "12"}
@@ -155,6 +193,7 @@ func TestResumeErrors(t *testing.T) {
 		flags []string
 		prep  func(t *testing.T)
 		msg   string
+		code  int // 0: 2
 	}{
 		{name: "another world size", np: "4", flags: base,
 			msg: "--resume: " + dir + " holds another job or layout: world size 4, the directory's job has 2"},
@@ -168,14 +207,37 @@ func TestResumeErrors(t *testing.T) {
 			}
 			t.Cleanup(func() { os.Rename(filepath.Join(dir, "COMMITTED.aside"), filepath.Join(dir, "COMMITTED")) })
 		}, msg: "--resume: " + dir + " has no committed version"},
+		{name: "a rank's base lost", np: "2", flags: base, code: 1, prep: func(t *testing.T) {
+			// The directory checks out, but rank 1's committed version is
+			// gone: its agent says so, and the job stops, starting nothing.
+			l, err := durable.List(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, rl := range l.Ranks {
+				for _, b := range rl.Bases {
+					if rl.Rank == 1 && b.Step == before && b.State == durable.StateCommitted {
+						aside := b.Path + ".aside"
+						if err := os.Rename(b.Path, aside); err != nil {
+							t.Fatal(err)
+						}
+						t.Cleanup(func() { os.Rename(aside, b.Path) })
+					}
+				}
+			}
+		}, msg: fmt.Sprintf("--resume: rank 1 cannot be resumed: no complete version of the committed step %d", before)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.prep != nil {
 				tc.prep(t)
 			}
 			res := run(t, tc.np, tc.flags)
-			if res.code != 2 || !strings.Contains(res.stderr, tc.msg) {
-				t.Errorf("exit %d, want 2 saying %q\nstderr:\n%s", res.code, tc.msg, res.stderr)
+			code := cmp.Or(tc.code, 2)
+			if res.code != code || !strings.Contains(res.stderr, tc.msg) {
+				t.Errorf("exit %d, want %d saying %q\nstderr:\n%s", res.code, code, tc.msg, res.stderr)
+			}
+			if strings.Contains(res.stderr, "did not report their end") {
+				t.Errorf("the ranks that never started were not reported as such:\n%s", res.stderr)
 			}
 		})
 	}

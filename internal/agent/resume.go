@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/gorun/gorun/durable"
@@ -113,4 +114,144 @@ func preloadRanks(ctx context.Context, h *rank.Host, dir string, base, target in
 			"differentials replayed", got.Replayed, "took", time.Since(start).Round(time.Millisecond))
 	}
 	return nil
+}
+
+// resumer is a --resume in progress on this host: from the first
+// table, whose ranks wait, until they start. Owned by the agent's loop;
+// its goroutines (the reach, then the preload) end before cleanup closes
+// the protection (wait).
+type resumer struct {
+	t       *wire.EpochTable
+	places  []wire.Placement
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	done    chan error // the preload's end (nil until it began)
+	target  int64      // T, once known (-1 before)
+	aborted bool       // the job stopped first: the ranks were reported not started
+
+	mu    sync.Mutex
+	reach []byte // the report sent, sent again at heartbeats until T comes
+}
+
+// beginResume holds the ranks of table t (places: this host's) back,
+// reads their reach on disk and sends it to the launcher, on a goroutine.
+// The loop then waits for T (resumeTarget) and the preload (resumeDone).
+func (a *agent) beginResume(t *wire.EpochTable, places []wire.Placement) {
+	r := &resumer{t: t, places: places, target: -1}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	a.res = r
+	ranks := make([]int, len(places))
+	for i, pl := range places {
+		ranks[i] = pl.Rank
+	}
+	dir := a.protect.persist.Dir
+	a.log.Info("resuming from the checkpoint directory: reading the ranks' reach", "dir", dir, "ranks", ranks)
+	r.wg.Go(func() {
+		msg := wire.Marshal(resumeReach(a.cfg.Host, dir, ranks))
+		r.mu.Lock()
+		r.reach = msg
+		r.mu.Unlock()
+		if err := a.ctl.Publish(a.subj.Resume, msg); err != nil {
+			a.log.Warn("cannot send the ranks' reach on disk", "err", err)
+		}
+	})
+}
+
+// resumeHeartbeat sends the ranks' reach again while T has not come (a
+// message lost on the control plane is not sent again otherwise; the
+// launcher takes each host's first).
+func (a *agent) resumeHeartbeat() {
+	r := a.res
+	if r == nil || r.target >= 0 {
+		return
+	}
+	r.mu.Lock()
+	msg := r.reach
+	r.mu.Unlock()
+	if msg != nil {
+		_ = a.ctl.Publish(a.subj.Resume, msg)
+	}
+}
+
+// resumeTarget is the channel on which the loop learns T: the first G
+// the launcher publishes while the ranks wait (nil when not resuming).
+func (a *agent) resumeTarget() <-chan int64 {
+	if a.res == nil || a.res.target >= 0 || a.res.aborted {
+		return nil
+	}
+	return a.resumeT
+}
+
+// resumeDone is the channel on which the preload's end comes (nil when
+// none runs).
+func (a *agent) resumeDone() <-chan error {
+	if a.res == nil {
+		return nil
+	}
+	return a.res.done
+}
+
+// resumeAt has the ranks' states at T rebuilt into their slots, on a
+// goroutine (resumeDone says when).
+func (a *agent) resumeAt(target int64) {
+	r := a.res
+	r.target = target
+	r.done = make(chan error, 1)
+	ranks := make([]int, len(r.places))
+	for i, pl := range r.places {
+		ranks[i] = pl.Rank
+	}
+	dir := a.protect.persist.Dir
+	a.log.Info("resuming the ranks at the step every rank reaches on disk", "step", target, "ranks", ranks)
+	r.wg.Go(func() {
+		base, err := durable.ReadCommitted(dir)
+		if err == nil {
+			err = preloadRanks(r.ctx, a.prot.host, dir, base, target, ranks, a.log)
+		}
+		r.done <- err
+	})
+}
+
+// resumed starts the ranks once their states are in their slots, or
+// fails the host if they could not be rebuilt.
+func (a *agent) resumed(err error) error {
+	r := a.res
+	r.done = nil
+	a.res = nil
+	if r.aborted {
+		return nil // reported not started already
+	}
+	if err != nil {
+		return fmt.Errorf("--resume: %w", err)
+	}
+	err = a.launch(a.table, a.places, true)
+	close(a.stdinReady)
+	return err
+}
+
+// abortResume: the job stops before the ranks resumed (a stop or kill
+// from the launcher, which may have found that they cannot be): the
+// ranks are reported not started, and a preload in progress is
+// cancelled (resumed, or cleanup's stopResume, collects it).
+func (a *agent) abortResume() {
+	r := a.res
+	if r == nil || r.aborted {
+		return
+	}
+	r.aborted = true
+	r.cancel()
+	a.ranks = []*rankProc{}
+	a.notStarted(r.t, r.places)
+	close(a.stdinReady)
+}
+
+// stopResume ends a resume in progress and waits for its goroutines
+// (cleanup, before the protection closes).
+func (a *agent) stopResume() {
+	if a.res == nil {
+		return
+	}
+	a.res.cancel()
+	a.res.wg.Wait()
 }
