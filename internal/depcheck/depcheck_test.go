@@ -32,7 +32,7 @@ var allowed = map[string][]string{
 	// commit record. The differential log on disk (internal/difflog) is
 	// the service side's too; internal/cascade decides and does the
 	// retrieval cascade, for the agents and the launcher.
-	"rank":             {"ckpt", "durable", "replay", "comm", "internal/wire", "topology", "internal/diffstore", "internal/difflog"},
+	"rank":             {"ckpt", "durable", "replay", "comm", "internal/wire", "topology", "internal/diffstore", "internal/difflog", "internal/cascade"},
 	"internal/difflog": {"ckpt", "replay", "internal/diffstore", "durable"},
 	"internal/cascade": {"durable", "internal/difflog", "replay"},
 	"internal/agent":   {"rank", "ckpt", "comm", "gpu", "topology", "internal/wire", "replay", "durable", "internal/cascade"},
