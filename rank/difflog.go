@@ -41,6 +41,14 @@ type DiffLogConfig struct {
 	Trim   func(rank int, after int64) error
 }
 
+// queue returns the bound of the steps queued (Queue, or 2×Batch).
+func (c *DiffLogConfig) queue() int {
+	if c.Queue > 0 {
+		return c.Queue
+	}
+	return 2 * max(c.Batch, 1)
+}
+
 // diffLogFlush bounds how long a service's close waits for its writer to
 // append what it queued and collected.
 const diffLogFlush = 10 * time.Second
@@ -60,7 +68,7 @@ func (h *Host) newDiffLog(r int) *difflog.Writer {
 	if c.Trim != nil {
 		trim = func(after int64) error { return c.Trim(r, after) }
 	}
-	w, err := difflog.NewWriter(difflog.WriterConfig{Batch: c.Batch, Queue: c.Queue, Append: app, Trim: trim,
+	w, err := difflog.NewWriter(difflog.WriterConfig{Batch: c.Batch, Queue: c.queue(), Append: app, Trim: trim,
 		Log: h.log.With("rank", r, "log", "differentials on disk")})
 	if err != nil {
 		h.log.Error("no differential log on disk", "rank", r, "err", err)

@@ -117,6 +117,12 @@ func newService(h *Host, rank int) *service {
 	s.life, s.stop = context.WithCancel(h.life)
 	s.rep.init(s)
 	s.dlog = h.newDiffLog(rank)
+	if s.dlog != nil {
+		// The steps queued for the disk hold their records too: as many
+		// more buffers kept, so that a commit does not allocate (and
+		// fault in) a fresh one while the writer appends a batch.
+		s.recs.max += h.cfg.DiffLog.queue()
+	}
 	return s
 }
 
