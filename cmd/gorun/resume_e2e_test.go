@@ -171,7 +171,7 @@ func TestResumeAfterKill(t *testing.T) {
 // rank starts, naming it.
 func TestResumeErrors(t *testing.T) {
 	dir := t.TempDir()
-	args := []string{"--protect", "--params", "20K", "--steps", "12"}
+	args := []string{"--protect", "--params", "20K", "--steps", "40", "--device-ms", "5"}
 	base := []string{"--ckpt-dir", dir, "--ckpt-every", "4", "--resume"}
 	run := func(t *testing.T, np string, flags []string) result {
 		t.Helper()
