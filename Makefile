@@ -130,11 +130,17 @@ bench-tier2:
 # warm-up run (benchprotect -ckpt; target: at most 3% more, PCcheck's
 # figure; root, ~10 min). The checkpoint directories go under
 # GORUN_BENCH_DIR too (default: the temporary directory).
-# TODO(issue 17, D3): the resume time from disk with 0, 16 and 64
-# differentials to replay.
+# Last, the resume time from disk, what each agent does per rank in gorun
+# --resume (cascade.Load): a 256 MiB dptrain state's committed base loaded
+# and 0, 16 and 64 lossless differentials replayed, each beside the base's
+# load alone in the same iterations (ratio), with the AVX-512 replay
+# kernels where the toolchain has them, as make build (the files were just
+# written: mostly read from the page cache).
 bench-persist: build
 	$(GO) test -run '^$$' -bench BenchmarkPersist -benchtime 3x -timeout 30m ./durable/ | grep -v '^=== '
 	$(GO) run ./internal/benchprotect -gorun $(BIN)/gorun -dptrain $(BIN)/dptrain -ckpt auto,1,2,4 -ckpt-every 10 -steps 60 -cpu-compute 0 $${GORUN_BENCH_DIR:+-ckpt-dir $$GORUN_BENCH_DIR}
+	@if $(SIMD_PROBE); then simd=$${GOEXPERIMENT:+$$GOEXPERIMENT,}simd; else simd=$$GOEXPERIMENT; fi; \
+	GOEXPERIMENT=$$simd GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench BenchmarkResume -benchtime 3x -timeout 30m -v ./internal/cascade/ | grep -v '^=== '
 
 # Erasure coding (--redundancy ec:2+2) against replicas:1 on 4 namespace
 # hosts of one rank with 256 MiB of optimizer state each, full mode, beside

@@ -343,6 +343,8 @@ func (j *job) loop(ctx context.Context) int {
 			j.onEvent(e)
 		case u := <-j.progress:
 			j.onProgress(u)
+		case r := <-j.resumes:
+			j.onResume(r)
 		case h := <-j.beats:
 			j.step(hotswap.Heartbeat{Host: h})
 		case h := <-j.dropped:

@@ -124,7 +124,21 @@ func (cfg *Config) checkDurable() error {
 		return &ConfigError{Msg: fmt.Sprintf("--ckpt-dir %s: %s", d.Dir, strings.TrimPrefix(err.Error(), "durable: ")), Err: err}
 	}
 	d.Dir = abs
-	return checkDurableDir(abs, d.Resume)
+	if err := checkDurableDir(abs, d.Resume); err != nil {
+		return err
+	}
+	if d.Resume {
+		// The directory must hold this job (resume.go): what the
+		// manifest would say, the regions aside (the ranks check theirs).
+		want := durable.Manifest{World: cfg.NP, Protect: string(modeOrFull(cfg.ProtectMode)), Every: d.Every, Command: commandHash(cfg.Prog, cfg.Args)}
+		if cfg.ProtectMode == ModeDiff {
+			want.Codec = cfg.Diff.Codec
+		}
+		if _, err := checkResumeDir(abs, &want); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func cmpOr(v, def int) int {

@@ -145,11 +145,12 @@ func TestWithDefaultsDurableErrors(t *testing.T) {
 	if after.Manifest == nil || after.Manifest.Job != before.Manifest.Job || len(after.Ranks) != len(before.Ranks) {
 		t.Fatalf("the other job's directory changed: %+v", after)
 	}
-	// With --resume another job's directory is the resume's to check.
+	// With --resume the directory is checked against this job
+	// (checkResumeDir): another job's is refused, saying what differs.
 	c := validConfig()
 	c.Durable = DurableOptions{Dir: other, Resume: true}
-	if _, err := c.withDefaults(); err != nil {
-		t.Fatalf("--resume of a directory with a manifest: %v", err)
+	if _, err := c.withDefaults(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "holds another job or layout") {
+		t.Fatalf("--resume of another job's directory: %v, want a ConfigError naming what differs", err)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/durable"
 	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/agent"
 	"github.com/gorun/gorun/internal/ctlserver"
@@ -90,6 +91,10 @@ type job struct {
 	logs [][]int
 	prog *progress
 	dur  *durableTier // the durable tier (durable.go), or nil
+	// resume gathers the hosts' reach on disk (--resume, resume.go):
+	// nil without, or once T is decided.
+	resume  *resumeGather
+	resumes chan *wire.ResumeReach
 
 	events     chan *wire.Event
 	progress   chan *wire.UpProgress
@@ -150,6 +155,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		verbose:      cfg.Logger.Enabled(ctx, slog.LevelDebug),
 		events:       make(chan *wire.Event, 1024),
 		progress:     make(chan *wire.UpProgress, 1024),
+		resumes:      make(chan *wire.ResumeReach, 64),
 		beats:        make(chan int, max(1024, 2*len(cfg.Hosts))),
 		dropped:      make(chan int, 1024),
 		agentExits:   make(chan agentExit, 16),
@@ -313,6 +319,13 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		j.prog.trackH()
 	}
 	j.dur = j.newDurableTier()
+	if j.cfg.Durable.Resume {
+		base, err := durable.ReadCommitted(j.cfg.Durable.Dir) // checked by withDefaults
+		if err != nil {
+			return 0, &ConfigError{Msg: fmt.Sprintf("--resume: %v", err), Err: err}
+		}
+		j.resume = newResumeGather(hostRanks, j.world, base)
+	}
 	up, err := j.ctl.Subscribe(j.subj.Up, j.onUp)
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
@@ -678,6 +691,22 @@ func (j *job) onUp(m *nats.Msg) {
 		}
 		if err := j.fences.Handle(from, m.Data); err != nil {
 			j.log.Warn("bad fence", "host", from, "err", err)
+		}
+	case wire.UpKindResume:
+		r, err := wire.DecodeResumeReach(m.Data)
+		if err == nil && r.Host != from {
+			err = fmt.Errorf("resume reach of host %d", r.Host)
+		}
+		if err != nil {
+			j.log.Warn("bad resume reach", "host", from, "err", err)
+			return
+		}
+		if j.hosts[from].fenced.Load() {
+			return
+		}
+		select {
+		case j.resumes <- r:
+		case <-j.quit:
 		}
 	case wire.UpKindProgress:
 		u, err := wire.DecodeUpProgress(m.Data)

@@ -32,9 +32,13 @@ var diffRegions = []Region{{"optimizer", 3*4*diffN + 16}, {"params", 2048}, {"me
 
 var diffOpt = Optimizer{Region: "optimizer", N: diffN, W: 0, M: 4 * diffN, V: 8 * diffN}
 
-func diffHello(t testing.TB) []byte {
+func diffHello(t testing.TB) []byte { return diffHelloOf(t, diffRegions) }
+
+// diffHelloOf is diffHello with other regions (diffRegions' optimizer
+// region among them).
+func diffHelloOf(t testing.TB, regions []Region) []byte {
 	o := diffOpt
-	b, err := json.Marshal(&ProtectHello{Version: Version, Regions: diffRegions, Gradient: diffN, Optimizer: &o})
+	b, err := json.Marshal(&ProtectHello{Version: Version, Regions: regions, Gradient: diffN, Optimizer: &o})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,6 +62,8 @@ type diffRank struct {
 	t       testing.TB
 	r       int
 	seed    uint64
+	regions []Region // diffRegions unless newDiffRankOf was given others
+	full    bool     // the host runs full mode: no Gradient
 	sess    *Session
 	views   [2][][]byte
 	grad    [2][]byte
@@ -72,11 +78,17 @@ type diffRank struct {
 // newDiffRank says ProtectHello on h for rank r (its state starts as
 // seed's initial one; Restore replaces it).
 func newDiffRank(t testing.TB, h *Host, r int, seed uint64, states map[int64]map[string][]byte) (*diffRank, error) {
-	dr := &diffRank{t: t, r: r, seed: seed, sess: h.Session(r), states: states}
+	return newDiffRankOf(t, h, r, seed, states, diffRegions)
+}
+
+// newDiffRankOf is newDiffRank with other regions: diffRegions' optimizer
+// region, and any of its params and meta.
+func newDiffRankOf(t testing.TB, h *Host, r int, seed uint64, states map[int64]map[string][]byte, regions []Region) (*diffRank, error) {
+	dr := &diffRank{t: t, r: r, seed: seed, sess: h.Session(r), states: states, regions: regions}
 	if dr.states == nil {
 		dr.states = map[int64]map[string][]byte{}
 	}
-	_, ans, err := dr.sess.Handle(context.Background(), TypeProtectHello, diffHello(t))
+	_, ans, err := dr.sess.Handle(context.Background(), TypeProtectHello, diffHelloOf(t, regions))
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +96,7 @@ func newDiffRank(t testing.TB, h *Host, r int, seed uint64, states map[int64]map
 	if w.Err != "" {
 		return nil, fmt.Errorf("ProtectHello: %s", w.Err)
 	}
-	if w.Mode != ModeDiff || w.Gradient == nil || w.Gradient.Stride < w.Gradient.Size {
+	if w.Mode != h.mode() || w.Gradient == nil || w.Gradient.Stride < w.Gradient.Size {
 		return nil, fmt.Errorf("ProtectWelcome: mode %q, gradient %+v", w.Mode, w.Gradient)
 	}
 	views, unmap, err := mapRegionFiles(w.Regions)
@@ -97,6 +109,7 @@ func newDiffRank(t testing.TB, h *Host, r int, seed uint64, states map[int64]map
 		return nil, err
 	}
 	dr.views, dr.grad = views, gv
+	dr.full = w.Mode == ModeFull
 	dr.unmap = func() { unmap(); gunmap() }
 	rng := rand.New(rand.NewPCG(seed, uint64(r)))
 	dr.w, dr.m, dr.v = make([]float32, diffN), make([]float32, diffN), make([]float32, diffN)
@@ -184,16 +197,18 @@ func (dr *diffRank) step(ctx context.Context, step int64) error {
 	replay.Step(dr.w, dr.m, dr.v, g, h.Consts())
 	copy(dr.grad[step%2], Float32Bytes(g))
 	hy := &Hyper{LR: h.LR, Beta1: h.Beta1, Beta2: h.Beta2, Eps: h.Eps, WeightDecay: h.WeightDecay, T: h.T}
-	req, _ := json.Marshal(&StepReq{Step: step, N: diffN, Hyper: hy})
-	_, ans, err := dr.sess.Handle(ctx, TypeGradient, req)
-	if err != nil {
-		return fmt.Errorf("Gradient(%d): %w", step, err)
-	}
-	if e := ans.(*GradientDone).Err; e != "" {
-		return fmt.Errorf("Gradient(%d): %s", step, e)
+	if !dr.full {
+		req, _ := json.Marshal(&StepReq{Step: step, N: diffN, Hyper: hy})
+		_, ans, err := dr.sess.Handle(ctx, TypeGradient, req)
+		if err != nil {
+			return fmt.Errorf("Gradient(%d): %w", step, err)
+		}
+		if e := ans.(*GradientDone).Err; e != "" {
+			return fmt.Errorf("Gradient(%d): %s", step, e)
+		}
 	}
 	sreq := fmt.Appendf(nil, `{"step":%d}`, step)
-	_, ans, err = dr.sess.Handle(ctx, TypeStage, sreq)
+	_, ans, err := dr.sess.Handle(ctx, TypeStage, sreq)
 	if err != nil {
 		return fmt.Errorf("Stage(%d): %w", step, err)
 	}
@@ -202,7 +217,7 @@ func (dr *diffRank) step(ctx context.Context, step int64) error {
 		return fmt.Errorf("Stage(%d): %s", step, sd.Err)
 	}
 	regs := dr.regionsAt(step)
-	for i, reg := range diffRegions {
+	for i, reg := range dr.regions {
 		copy(dr.views[sd.Slot][i], regs[reg.Name])
 	}
 	_, ans, err = dr.sess.Handle(ctx, TypeCommit, sreq)
@@ -230,7 +245,7 @@ func (dr *diffRank) restore(ctx context.Context) (*Restorable, error) {
 	}
 	if res.Step >= 0 {
 		regs := map[string][]byte{}
-		for i, reg := range diffRegions {
+		for i, reg := range dr.regions {
 			regs[reg.Name] = slices.Clone(dr.views[res.Slot][i])
 		}
 		if want := dr.want(res.Step); want != nil {

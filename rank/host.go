@@ -77,6 +77,10 @@ type HostConfig struct {
 	// (PROTOCOL.md, "Erasure coding and diff mode").
 	EC    []topology.ECGroup
 	Epoch uint64
+	// DiffLog, in diff mode, has every local rank's differentials
+	// appended to the job's durable directory too (difflog.go; nil:
+	// none).
+	DiffLog *DiffLogConfig
 	// Persist is the durable tier (gorun --ckpt-dir; persist.go): each
 	// rank's bases on disk. The zero value has none.
 	Persist PersistConfig

@@ -82,6 +82,7 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 		return 0, err
 	}
 	s.rep.truncateDiffs(g - 1) // this host's steps from g on are gone
+	s.resetDiffLog(g)          // and those after g on disk
 	views := st.Views()
 	pl := s.h.place()
 	src, hasSrc := pl.sources[s.rank]
@@ -135,13 +136,23 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 			s.h.log.Info("decoded from the erasure-coded stripe", "rank", s.rank, "step", g, "took", time.Since(start))
 		}
 	}
+	fromDisk := false
+	if !got {
+		// The cascade's last tier (diskrestore.go): no memory tier has
+		// the rank's state, the durable tier may.
+		if err := s.restoreFromDisk(ctx, g, views); err != nil {
+			errs = append(errs, fmt.Errorf("the durable tier: %w", err))
+		} else {
+			got, fromDisk = true, true
+		}
+	}
 	if !got {
 		if hasSrc && src.Decode {
 			return 0, fmt.Errorf("rank %d restores by decode, but it is in no erasure-coding group", s.rank)
 		}
 		return 0, fmt.Errorf("no holder has the replicated regions: %w", errors.Join(errs...))
 	}
-	if pi := slices.IndexFunc(regions, func(r Region) bool { return r.Name == "params" }); pi >= 0 {
+	if pi := slices.IndexFunc(regions, func(r Region) bool { return r.Name == "params" }); pi >= 0 && !fromDisk {
 		got := false
 		var all []int
 		if s.h.cfg.Peers != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/internal/crc32c"
+	"github.com/gorun/gorun/internal/difflog"
 	"github.com/gorun/gorun/internal/diffstore"
 	"github.com/gorun/gorun/replay"
 )
@@ -94,6 +95,12 @@ type service struct {
 
 	rep   replicator // this rank's outgoing replication (replica.go)
 	local ownerLocal // its differentials by reference (localpeer.go)
+	// preloaded: Preload put the rank's state in its slots and the rank
+	// has not said ProtectHello since (resume.go). Guarded by mu.
+	preloaded bool
+	// dlog appends its differentials to disk (difflog.go), or is nil.
+	// Set by newService, then immutable.
+	dlog *difflog.Writer
 
 	// dur is the rank's durable tier (persist.go); holds[i], under mu,
 	// is closed once a durable save has read slot i (nil: no save reads
@@ -109,6 +116,13 @@ func newService(h *Host, rank int) *service {
 	s.recs.max = 2
 	s.life, s.stop = context.WithCancel(h.life)
 	s.rep.init(s)
+	s.dlog = h.newDiffLog(rank)
+	if s.dlog != nil {
+		// The steps queued for the disk hold their records too: as many
+		// more buffers kept, so that a commit does not allocate (and
+		// fault in) a fresh one while the writer appends a batch.
+		s.recs.max += h.cfg.DiffLog.queue()
+	}
 	return s
 }
 
@@ -308,6 +322,9 @@ func (s *service) helloLocked(req *ProtectHello) (*ProtectWelcome, error) {
 		if err := req.Optimizer.check(req.Regions, req.Gradient); err != nil {
 			return nil, fmt.Errorf("--protect-mode diff: %w", err)
 		}
+	}
+	if s.preloaded {
+		return s.helloPreloaded(req)
 	}
 	if s.slots != nil {
 		if !slices.Equal(s.regions, req.Regions) {
@@ -581,6 +598,7 @@ func (s *service) commit(ss *Session, step int64) *Committed {
 		s.grads = slices.DeleteFunc(s.grads, func(g gradRec) bool { return g.step <= step })
 		od = s.ownerDiff(grad, rec, slot)
 		od.ref = ref
+		s.logDiff(od)
 	}
 	base := s.persistDueLocked(step, slot)
 	s.mu.Unlock()
@@ -789,6 +807,7 @@ func (s *service) truncate(g int64) error {
 	s.rep.forget() // before the slots change: no report pairs a new committed step with old acks
 	err := s.truncateSlots(g)
 	s.rep.truncateDiffs(g)
+	s.resetDiffLog(g)
 	s.mu.Lock()
 	committed := s.committed
 	s.mu.Unlock()
@@ -842,6 +861,7 @@ func (s *service) truncateSlots(g int64) error {
 func (s *service) close() error {
 	s.stop()
 	s.rep.stop()
+	s.closeDiffLog()
 	perr := s.persistClose() // before the slots are unmapped: no save reads them then
 	s.reqMu.Lock()
 	defer s.reqMu.Unlock()

@@ -131,6 +131,12 @@ type agent struct {
 	pmiEnds   []*os.File     // their files, closed at the end
 	env       []string       // the ranks' base environment
 	tmp       string         // the ranks' TMPDIR
+
+	// gorun --resume (resume.go): res is the resume in progress (nil:
+	// none, or done); resumeT gets the launcher's first G meanwhile
+	// (made before the G subscription, never replaced).
+	res     *resumer
+	resumeT chan int64
 }
 
 // Run runs the agent until the launcher tells it to exit, the launcher is
@@ -300,8 +306,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return nil
 		}
 		err := a.start(t)
-		if a.ranks != nil {
-			close(a.stdinReady)
+		if a.ranks != nil && a.res == nil {
+			close(a.stdinReady) // a resume closes it when its ranks start
 		}
 		if err != nil {
 			a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: err.Error()})
@@ -360,6 +366,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			if a.fencedIn(t) {
 				return a.fenced(t)
 			}
+			if a.res != nil {
+				// The ranks wait for their states (--resume): a new
+				// epoch now would move them under the preload.
+				err := fmt.Errorf("agent: --resume: epoch %d came before the ranks' states were rebuilt; not supported", t.Epoch)
+				a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: err.Error()})
+				return err
+			}
 			if a.ranks != nil {
 				a.newEpoch(t)
 				continue
@@ -385,11 +398,19 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			a.exited(p)
 		case f := <-a.prot.failures():
 			a.failRank(f)
+		case g := <-a.resumeTarget():
+			a.resumeAt(g)
+		case err := <-a.resumeDone():
+			if err := a.resumed(err); err != nil {
+				a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: truncateMsg(err.Error())})
+				return fmt.Errorf("agent: %w", err)
+			}
 		case <-a.killAt:
 			a.killAt = nil
 			a.signalAll(syscall.SIGKILL, true)
 		case <-hb.C:
 			a.heartbeat()
+			a.resumeHeartbeat()
 			if a.prot != nil && a.prot.host.Active() {
 				// Reports are sent on change; this one replaces a lost one.
 				a.prot.changed()
@@ -438,6 +459,7 @@ func (a *agent) lost(ctx context.Context) error {
 func (a *agent) control(c *wire.Control) {
 	if c.Op == wire.OpStop || c.Op == wire.OpKill {
 		a.stopped = true
+		a.abortResume()
 	}
 	switch c.Op {
 	case wire.OpSignal:
@@ -549,6 +571,12 @@ func (a *agent) start(t *wire.EpochTable) error {
 	}
 	fsub.SetPendingLimits(-1, -1)
 	a.fenceSub = fsub
+	// Only the first table's ranks resume from disk: a host that joins
+	// later (a spare) restores its ranks from the others, as without.
+	resume := a.protect.resume && a.gen == 0 && t.Epoch == 0 && len(places) > 0
+	if resume {
+		a.resumeT = make(chan int64, 1)
+	}
 	prot, err := a.startProtection(t, a.replicaLn)
 	a.replicaLn = nil // protection owns it, or closed it
 	if err != nil {
@@ -561,7 +589,10 @@ func (a *agent) start(t *wire.EpochTable) error {
 			return fmt.Errorf("state protection: %w", err)
 		}
 	}
-	if err := a.launch(t, places, true); err != nil {
+	if resume {
+		// The ranks start once their states are back (resume.go).
+		a.beginResume(t, places)
+	} else if err := a.launch(t, places, true); err != nil {
 		return err
 	}
 	if len(places) == 0 && !a.idle(t) {
@@ -909,6 +940,7 @@ wait:
 		f.Close() // ends the PMI connections still served
 	}
 	a.pmiWG.Wait()
+	a.stopResume() // its goroutines use the protection
 	if a.prot != nil {
 		a.prot.close()
 	}

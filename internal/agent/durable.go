@@ -27,6 +27,15 @@ func parsePersist(s *wire.JobSpec, ps protectSettings) (protectSettings, error) 
 	return ps, nil
 }
 
+// diffLog is the differential log on disk of a diff-mode job with a
+// durable tier (rank.HostConfig.DiffLog), or nil.
+func (ps protectSettings) diffLog() *rank.DiffLogConfig {
+	if ps.mode != rank.ModeDiff || ps.persist.Dir == "" {
+		return nil
+	}
+	return &rank.DiffLogConfig{Dir: ps.persist.Dir, Batch: max(ps.diffBatch, 1)}
+}
+
 // durableReport is a rank's durable progress as the launcher gets it
 // (nil: none).
 func durableReport(d *rank.DurableProgress) *wire.RankDurable {

@@ -204,6 +204,7 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 		Holders: pl.Holders, Peers: peers, HostOf: func(r int) int { return pl.HostOf[r] },
 		Listener: ln, Changed: p.changed, Failed: p.failed, LinkFailed: p.linkFailed, Log: a.log,
 		Mode: a.protect.mode, Diff: a.protect.diff, EC: pl.EC, Epoch: pl.Epoch, Persist: a.protect.persist,
+		DiffLog: a.protect.diffLog(),
 	})
 	if err != nil {
 		if ln != nil {
@@ -362,6 +363,13 @@ func (p *protection) onG(m *nats.Msg) {
 		return
 	}
 	p.host.SetG(g.Gen, g.G)
+	if c := p.a.resumeT; c != nil && g.Gen == 0 && g.G >= 0 {
+		// --resume: the first G is T, the step the ranks resume from.
+		select {
+		case c <- g.G:
+		default:
+		}
+	}
 	// H <= G (checked by wire): the bases at H are kept once G is
 	// known. Nothing in modes other than diff under EC.
 	p.host.SetH(g.Gen, g.H)

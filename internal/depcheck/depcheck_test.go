@@ -29,10 +29,14 @@ var allowed = map[string][]string{
 	// the service side, which DESIGN.md §2 puts in an internal package.
 	// durable is ckpt's disk tier (issue 17): the ranks' services save
 	// their bases there, and the launcher writes the job's manifest and
-	// commit record.
-	"rank":           {"ckpt", "durable", "replay", "comm", "internal/wire", "topology", "internal/diffstore"},
-	"internal/agent": {"rank", "ckpt", "comm", "gpu", "topology", "internal/wire", "replay"},
-	"launcher":       {"topology", "comm", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire"},
+	// commit record. The differential log on disk (internal/difflog) is
+	// the service side's too; internal/cascade decides and does the
+	// retrieval cascade, for the agents and the launcher.
+	"rank":             {"ckpt", "durable", "replay", "comm", "internal/wire", "topology", "internal/diffstore", "internal/difflog", "internal/cascade"},
+	"internal/difflog": {"ckpt", "replay", "internal/diffstore", "durable"},
+	"internal/cascade": {"durable", "internal/difflog", "replay"},
+	"internal/agent":   {"rank", "ckpt", "comm", "gpu", "topology", "internal/wire", "replay", "durable", "internal/cascade"},
+	"launcher":         {"topology", "comm", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire", "internal/cascade"},
 }
 
 // leaves are packages of gorun that import none of it (allowed says so)

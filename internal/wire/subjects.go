@@ -15,7 +15,7 @@ import (
 // broadcast (one message for the whole job), StdinTo and OutputAck one
 // host's. Each agent publishes only under its own host's subjects, which
 // carry the host index: its up subjects (Events, Output, OutputDone,
-// Heartbeat, UpFence, Progress, under
+// Heartbeat, UpFence, Progress, Resume, under
 // gorun.JOB.up.HOST.) and its requests (Register, EpochGet, under
 // gorun.JOB.req.HOST.), whose replies come back on its own Inbox. The
 // control-plane server enforces this (HostPermissions), and the launcher
@@ -41,6 +41,7 @@ type Subjects struct {
 	Fence      string // launcher → agents: Fence, merged over the whole job
 	Progress   string // agent → launcher: UpProgress (state protection)
 	G          string // launcher → agents: GlobalStep
+	Resume     string // agent → launcher: ResumeReach (gorun --resume)
 	// Inbox is where the replies to a host's requests go (set by ForHost;
 	// see comm.ControlOptions.InboxPrefix).
 	Inbox string
@@ -57,6 +58,7 @@ const (
 	UpKindHeartbeat = "hb"
 	UpKindFence     = "fence"
 	UpKindProgress  = "progress"
+	UpKindResume    = "resume"
 )
 
 // Kinds of requests, the last token of each.
@@ -145,6 +147,7 @@ func subjectsFor(p string, host int) Subjects {
 		Fence:      p + "fence",
 		Progress:   up + UpKindProgress,
 		G:          p + "g",
+		Resume:     up + UpKindResume,
 		prefix:     p,
 		host:       host,
 	}

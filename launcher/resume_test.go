@@ -1,0 +1,127 @@
+package launcher
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gorun/gorun/durable"
+	"github.com/gorun/gorun/internal/cascade"
+	"github.com/gorun/gorun/internal/wire"
+)
+
+func TestCheckResumeDir(t *testing.T) {
+	regions := [][]durable.Region{{{Name: "optimizer", Size: 4096}}, {{Name: "optimizer", Size: 4096}}}
+	job := &durable.Manifest{Job: "first", World: 2, Regions: regions, Protect: "diff", Codec: "raw", Every: 10, Command: "dptrain"}
+	mk := func(t *testing.T, commit bool) string {
+		dir := t.TempDir()
+		if err := durable.CreateManifest(dir, job); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			if err := durable.Commit(dir, 20); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	want := func(edit func(m *durable.Manifest)) *durable.Manifest {
+		m := &durable.Manifest{World: 2, Protect: "diff", Codec: "raw", Every: 10, Command: "dptrain"}
+		if edit != nil {
+			edit(m)
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		name   string
+		dir    func(t *testing.T) string
+		want   *durable.Manifest
+		msg    string
+		sentry error
+	}{
+		{"resumable", func(t *testing.T) string { return mk(t, true) }, want(nil), "", nil},
+		{"missing directory", func(t *testing.T) string { return filepath.Join(t.TempDir(), "none") }, want(nil), "does not exist", nil},
+		{"not a directory", func(t *testing.T) string {
+			d := mk(t, true)
+			return filepath.Join(d, "MANIFEST")
+		}, want(nil), "is not a directory", nil},
+		{"no job", func(t *testing.T) string { return t.TempDir() }, want(nil), "holds no job", durable.ErrNoManifest},
+		{"no commit record", func(t *testing.T) string { return mk(t, false) }, want(nil), "no committed version", durable.ErrNotCommitted},
+		{"another world size", func(t *testing.T) string { return mk(t, true) }, want(func(m *durable.Manifest) { m.World = 4 }),
+			"holds another job or layout: world size 4, the directory's job has 2", durable.ErrMismatch},
+		{"another protect mode", func(t *testing.T) string { return mk(t, true) }, want(func(m *durable.Manifest) { m.Protect = "full" }),
+			`protect mode "full"`, durable.ErrMismatch},
+		{"another command", func(t *testing.T) string { return mk(t, true) }, want(func(m *durable.Manifest) { m.Command = "other" }),
+			`command "other"`, durable.ErrMismatch},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			step, err := checkResumeDir(tc.dir(t), tc.want)
+			if tc.msg == "" {
+				if err != nil || step != 20 {
+					t.Fatalf("%d, %v; want 20", step, err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.msg) || !strings.HasPrefix(err.Error(), "--resume: ") {
+				t.Errorf("%v, want a ConfigError saying %q", err, tc.msg)
+			}
+			if tc.sentry != nil && !errors.Is(err, tc.sentry) {
+				t.Errorf("%v does not wrap %v", err, tc.sentry)
+			}
+		})
+	}
+}
+
+func TestResumeGather(t *testing.T) {
+	hostRanks := [][]int{{0, 1}, {2, 3}, nil}
+	reach := func(host int, tos ...int64) *wire.ResumeReach {
+		r := &wire.ResumeReach{Host: host, Base: 10}
+		for i, to := range tos {
+			r.Ranks = append(r.Ranks, wire.ResumeRank{Rank: hostRanks[host][i], To: to})
+		}
+		return r
+	}
+	for _, tc := range []struct {
+		name    string
+		reports []*wire.ResumeReach
+		t       int64
+		msg     string
+	}{
+		{"the minimum", []*wire.ResumeReach{reach(1, 30, 25), reach(2), reach(0, 27, 40)}, 25, ""},
+		{"full mode", []*wire.ResumeReach{reach(0, 10, 10), reach(1, 10, 10)}, 10, ""},
+		{"a repeat does not count twice", []*wire.ResumeReach{reach(0, 11, 12), reach(0, 11, 12), reach(1, 13, 14)}, 11, ""},
+		{"a rank without a base", []*wire.ResumeReach{reach(0, 11, 12), {Host: 1, Base: 10, Ranks: []wire.ResumeRank{{Rank: 2, To: 12}, {Rank: 3, To: -1, Err: "no complete version of the committed step 10"}}}},
+			0, "rank 3 cannot be resumed: no complete version"},
+		{"a host that cannot read", []*wire.ResumeReach{{Host: 0, Base: 10, Err: "permission denied"}}, 0, "host 0 cannot read the checkpoint directory: permission denied"},
+		{"another base", []*wire.ResumeReach{{Host: 0, Base: 11, Ranks: []wire.ResumeRank{{Rank: 0, To: 11}, {Rank: 1, To: 11}}}}, 0, "committed step 11, the launcher 10"},
+		{"another host's ranks", []*wire.ResumeReach{{Host: 0, Base: 10, Ranks: []wire.ResumeRank{{Rank: 2, To: 11}, {Rank: 1, To: 11}}}}, 0, "reported ranks [1 2], it runs [0 1]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newResumeGather(hostRanks, 4, 10)
+			var plan *cascade.Plan
+			var err error
+			for _, r := range tc.reports {
+				var p *cascade.Plan
+				if p, err = g.add(r); err != nil {
+					break
+				}
+				if p != nil {
+					if plan != nil {
+						t.Fatal("decided twice")
+					}
+					plan = p
+				}
+			}
+			if tc.msg != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.msg) {
+					t.Fatalf("%v, want %q", err, tc.msg)
+				}
+				return
+			}
+			if err != nil || plan == nil || plan.T != tc.t || plan.Base != 10 {
+				t.Fatalf("plan %+v, %v; want T %d", plan, err, tc.t)
+			}
+		})
+	}
+}
