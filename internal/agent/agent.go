@@ -418,6 +418,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		case <-hb.C:
 			a.heartbeat()
 			a.resumeHeartbeat()
+			a.reachHeartbeat()
 			if a.prot != nil && a.prot.host.Active() {
 				// Reports are sent on change; this one replaces a lost one.
 				a.prot.changed()

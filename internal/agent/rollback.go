@@ -34,6 +34,10 @@ type rollback struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan error // the reload's end (nil when none runs)
+
+	mu    sync.Mutex
+	asked uint64 // the epoch of the newest OpReach
+	reach []byte // its answer, sent again at heartbeats until the restart comes (nil: none)
 }
 
 func (a *agent) rollbackState() *rollback {
@@ -59,19 +63,46 @@ func (a *agent) reachDisk(c *wire.Control) {
 	}
 	a.log.Info("rolling back to the checkpoint directory: reading the ranks' reach", "dir", dir, "ranks", ranks, "epoch", c.Epoch)
 	rb := a.rollbackState()
+	rb.mu.Lock()
+	rb.asked, rb.reach = c.Epoch, nil
+	rb.mu.Unlock()
 	rb.wg.Go(func() {
-		msg := resumeReach(a.cfg.Host, dir, ranks)
-		msg.Epoch = c.Epoch
-		if err := a.ctl.Publish(a.subj.Resume, wire.Marshal(msg)); err != nil {
+		r := resumeReach(a.cfg.Host, dir, ranks)
+		r.Epoch = c.Epoch
+		msg := wire.Marshal(r)
+		rb.mu.Lock()
+		if rb.asked == c.Epoch {
+			rb.reach = msg // (an earlier epoch's answer is not sent again)
+		}
+		rb.mu.Unlock()
+		if err := a.ctl.Publish(a.subj.Resume, msg); err != nil {
 			a.log.Warn("cannot send the ranks' reach on disk", "err", err)
 		}
 	})
+}
+
+// reachHeartbeat sends the ranks' reach again while the launcher has
+// not decided (a message lost on the control plane is not sent again
+// otherwise; the launcher takes each host's first, of its epoch).
+func (a *agent) reachHeartbeat() {
+	if a.rb == nil {
+		return
+	}
+	a.rb.mu.Lock()
+	msg := a.rb.reach
+	a.rb.mu.Unlock()
+	if msg != nil {
+		_ = a.ctl.Publish(a.subj.Resume, msg)
+	}
 }
 
 // reload rebuilds the state at step t of every rank this host places
 // from disk, on a goroutine; rollbackDone says when.
 func (a *agent) reload(t int64) {
 	rb := a.rollbackState()
+	rb.mu.Lock()
+	rb.asked, rb.reach = 0, nil // decided: T is here
+	rb.mu.Unlock()
 	rb.done = make(chan error, 1)
 	ranks := make([]int, len(a.places))
 	for i, pl := range a.places {
