@@ -164,17 +164,17 @@ func (m *Machine) onDiskReach(e DiskReach) {
 			m.setCopy(o, i, false)
 		}
 	}
-	m.report("%s: rolling the job back to step %d from --ckpt-dir (%d steps lost)", rb.what, t, rb.from-t)
-	m.emit(RollbackToDisk{Gen: m.gen, Epoch: m.epoch, T: t, From: rb.from},
-		Restart{Gen: m.gen, Epoch: m.epoch, G: t})
 	sources := make([]Source, len(m.rankHost))
 	for r, h := range m.rankHost {
 		sources[r] = Source{Rank: r, Local: true, OptRank: r, OptHost: h, ParamsRank: r, ParamsHost: h}
 	}
 	if v := m.violation(sources); v != "" {
-		m.abort(ExitFailure, "%s; the roll-back's epoch would break invariant %s; stopping the job", rb.cause, v)
+		m.abort(ExitFailure, "%s; %s, and the roll-back's epoch would break invariant %s; stopping the job", rb.cause, rb.what, v)
 		return
 	}
+	m.report("%s: rolling the job back to step %d from --ckpt-dir (%d steps lost)", rb.what, t, rb.from-t)
+	m.emit(RollbackToDisk{Gen: m.gen, Epoch: m.epoch, T: t, From: rb.from},
+		Restart{Gen: m.gen, Epoch: m.epoch, G: t})
 	m.publish(sources)
 	if m.under > 0 {
 		owners := make([]int, 0, m.under)
