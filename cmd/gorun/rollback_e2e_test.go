@@ -2,6 +2,7 @@ package main
 
 import (
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,6 +52,7 @@ func TestRollbackToDisk(t *testing.T) {
 		flags []string
 	}{
 		{"full", nil},
+		{"full in-place", []string{"--recovery", "in-place"}},
 		{"diff raw", []string{"--protect-mode", "diff", "--diff-codec", "raw", "--diff-batch", "2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -66,6 +68,7 @@ func TestRollbackToDisk(t *testing.T) {
 				}
 			}()
 			checkHashes(t, res, wantP, wantO)
+			diff := slices.Contains(tc.flags, "diff")
 			m := rollbackRE.FindStringSubmatch(res.stderr)
 			if m == nil {
 				t.Fatalf("no roll-back line in stderr")
@@ -77,9 +80,13 @@ func TestRollbackToDisk(t *testing.T) {
 			// Full mode: the commit record's step, a base step. Diff
 			// mode: the base and the differentials every rank has on
 			// disk (G's, unless a batch was not appended yet).
-			if to > g || lost != g-to || g < killAfter-2 || tc.flags == nil && to%every != 0 {
+			if to > g || lost != g-to || g < killAfter-2 || !diff && to%every != 0 {
 				t.Errorf("rolled back from step %d to %d (%d lost), want G at least %d and, in full mode, a base step", g, to, lost, killAfter-2)
 			}
+			// The durable tier goes on after the roll-back: a later base
+			// committed, every file verifying, nothing of the history
+			// before the roll-back left that the record makes useless.
+			checkDurableDir(t, dir, r.jobID(), 6, every, int64(to+every), hsSteps-1)
 			names := m[3] + " " + m[4]
 			for _, h := range []int{0, 1} {
 				if !strings.Contains(names, c.hosts.Names[h]) {
