@@ -89,6 +89,12 @@ type Config struct {
 	Diff bool
 	Logs [][]int
 
+	// Durable: the job has a durable tier (--ckpt-dir). Once it has a
+	// commit record (DiskCommitted), a lost rank whose state memory
+	// cannot serve rolls the job back to what the disk reaches
+	// (rollback.go) instead of stopping it; not under EC.
+	Durable bool
+
 	MaxRestarts   int // restarts in place after rank failures
 	Recovery      Recovery
 	OnNoSpare     OnNoSpare

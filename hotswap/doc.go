@@ -57,5 +57,9 @@
 // its own replica; else the job stops. Replicas the lost host held for
 // survivors are gone: the job is under-protected until the caller reports
 // them re-sent, and a second loss in that window is either survived
-// (another copy exists) or reported as unrecoverable.
+// (another copy exists) or reported as unrecoverable. With a durable
+// tier that has a commit record (Config.Durable, [DiskCommitted]), a loss
+// memory cannot serve rolls the whole job back to the step every rank
+// reaches on disk instead ([GatherReach], [DiskReach], [RollbackToDisk]:
+// rollback.go).
 package hotswap

@@ -35,6 +35,13 @@ type Machine struct {
 	gen      uint64
 	restarts int
 	g        int64 // the globally recoverable step; -1: none yet
+	disk     int64 // the durable tier's commit record step (Config.Durable); -1: none yet
+
+	// rb is the roll-back to the durable tier waiting for the ranks'
+	// reach on disk (rollback.go), or nil; lostHosts the hosts lost
+	// since the last recovery ended, for its report.
+	rb        *rollback
+	lostHosts []int
 
 	// Ranks.
 	rankHost  []int
@@ -135,6 +142,7 @@ func New(c Config) (*Machine, error) {
 		cfg:        c,
 		layout:     l,
 		g:          -1,
+		disk:       -1,
 		names:      make([]string, nh),
 		domain:     make([]string, nh),
 		rankHost:   slices.Clone(c.Assign),
@@ -289,7 +297,7 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 		m.onTick()
 	case GPublished:
 		m.protecting = true
-		if e.G > m.g {
+		if e.G > m.g && m.rb == nil { // (a roll-back sets G itself)
 			m.g = e.G
 			m.progressed = true
 		}
@@ -297,6 +305,10 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 		m.onReplicated(e.Owner)
 	case RecoveryReport:
 		m.onRecovery(e)
+	case DiskCommitted:
+		m.disk = max(m.disk, e.Step)
+	case DiskReach:
+		m.onDiskReach(e)
 	}
 	if len(m.awaiting) > 0 && !m.stopped {
 		m.spliceAwaiting()
@@ -460,10 +472,11 @@ func (m *Machine) onRankExited(e RankExited) {
 func (m *Machine) decide() {
 	f := m.pending
 	m.pending = nil
-	if f == nil || m.stopped || len(m.awaiting) > 0 && !f.abort {
-		// While a lost host waits for its replacement, rank failures
-		// are the loss's doing: its splice restarts them. An MPI_Abort
-		// stops the job all the same.
+	if f == nil || m.stopped || (len(m.awaiting) > 0 || m.rb != nil) && !f.abort {
+		// While a lost host waits for its replacement (or the job for
+		// its roll-back to disk), rank failures are the loss's doing:
+		// its splice restarts them. An MPI_Abort stops the job all the
+		// same.
 		return
 	}
 	m.rankFailed(f)
@@ -602,6 +615,7 @@ func (m *Machine) abort(code int, format string, a ...any) {
 	}
 	m.stopped, m.stopping, m.code = true, true, code
 	m.pending = nil
+	m.rb = nil
 	m.emit(Abort{Code: code, Msg: msg}, StopRanks{Signal: syscall.SIGTERM, Grace: m.cfg.KillGrace})
 }
 

@@ -109,13 +109,17 @@ func TestRandomEvents(t *testing.T) {
 	if testing.Short() {
 		runs = 50
 	}
-	published, ecRuns := 0, 0
+	published, ecRuns, rollbacks := 0, 0, 0
 	for seed := range runs {
 		rng := rand.New(rand.NewPCG(uint64(seed), 7))
 		c, ok := randomConfig(rng)
 		if !ok {
 			continue
 		}
+		// Half the runs have a durable tier with a commit record, whose
+		// reach the loop below gives when asked (GatherReach): the
+		// random events' sequence is the same either way.
+		c.Durable = seed%2 == 0
 		m, err := New(c)
 		if err != nil {
 			t.Fatalf("seed %d: New: %v", seed, err)
@@ -123,6 +127,7 @@ func TestRandomEvents(t *testing.T) {
 		if c.EC != nil {
 			ecRuns++
 		}
+		var gather *GatherReach
 		for h := range c.Hosts {
 			m.Step(0, AgentRegistered{Host: h, Spare: true})
 		}
@@ -136,6 +141,18 @@ func TestRandomEvents(t *testing.T) {
 		for i := range steps {
 			now += time.Duration(rng.IntN(2000)) * time.Millisecond
 			e := randomEvent(rng, &c, m)
+			if gather != nil && i%3 == 0 {
+				// The reach on disk: at or below G, or none (every
+				// fourth answer an error, some of an earlier epoch).
+				e = DiskReach{Epoch: gather.Epoch - uint64(i%5/4), T: max(gather.Base, m.g-int64(i%7))}
+				if i%4 == 0 {
+					e = DiskReach{Epoch: gather.Epoch, T: -1, Err: "random"}
+				}
+				gather = nil
+			}
+			if i == 0 && c.Durable {
+				e = DiskCommitted{Step: 0}
+			}
 			if p, ok := e.(Progress); ok && m.rank(p.Rank) {
 				committed[p.Rank] = max(committed[p.Rank], p.Step)
 			}
@@ -187,6 +204,29 @@ func TestRandomEvents(t *testing.T) {
 					if aborted {
 						t.Fatalf("%s: restart after an abort", where)
 					}
+				case GatherReach:
+					if !c.Durable || c.EC != nil {
+						t.Fatalf("%s: %v without a durable tier, or under EC", where, a)
+					}
+					gather = &a
+				case RollbackToDisk:
+					rollbacks++
+					// Its restart, the epoch at G = T and a plan with
+					// every rank from its own slot follow.
+					rest := acts[j+1:]
+					if len(rest) < 3 || rest[0] != (Restart{Gen: a.Gen, Epoch: a.Epoch, G: a.T}) {
+						t.Fatalf("%s: %v not followed by its restart: %v", where, a, rest)
+					}
+					p, ok := rest[1].(PublishEpoch)
+					plan, ok2 := rest[2].(RestorePlan)
+					if !ok || !ok2 || p.G != a.T || plan.G != a.T || a.T > a.From {
+						t.Fatalf("%s: %v followed by %v", where, a, rest)
+					}
+					for _, s := range plan.Sources {
+						if !s.Local {
+							t.Fatalf("%s: after %v rank %d does not restore from its own slot", where, a, s.Rank)
+						}
+					}
 				}
 			}
 			if m.Epoch() < epoch {
@@ -206,7 +246,10 @@ func TestRandomEvents(t *testing.T) {
 	if ecRuns == 0 {
 		t.Fatal("no run used erasure coding: the test exercises none of it")
 	}
-	t.Logf("%d epochs published, %d runs with erasure coding", published, ecRuns)
+	if rollbacks == 0 {
+		t.Fatal("no run rolled back to disk: the test exercises none of it")
+	}
+	t.Logf("%d epochs published, %d runs with erasure coding, %d roll-backs to disk", published, ecRuns, rollbacks)
 }
 
 // checkEpoch checks I1, I2 and I4 on a published epoch, independently of

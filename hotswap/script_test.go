@@ -184,6 +184,7 @@ func (d *driver) config(a map[string]string) string {
 	c.PP, _ = strconv.Atoi(a["pp"])
 	c.MaxRestarts, _ = strconv.Atoi(a["max-restarts"])
 	c.Oversubscribe = a["oversubscribe"] != "" || hasKey(a, "oversubscribe")
+	c.Durable = hasKey(a, "durable")
 	if a["recovery"] == "in-place" {
 		c.Recovery = RecoveryInPlace
 	}
@@ -363,6 +364,10 @@ func (d *driver) event(kind string, a map[string]string) string {
 		evs = append(evs, GPublished{G: int64(num("g", 0))})
 	case "replicated":
 		evs = append(evs, Replicated{Owner: num("owner", -1)})
+	case "committed":
+		evs = append(evs, DiskCommitted{Step: int64(num("step", 0))})
+	case "disk-reach":
+		evs = append(evs, DiskReach{Epoch: uint64(num("epoch", int(m.epoch))), T: int64(num("t", -1)), Err: a["err"]})
 	case "recovery":
 		st := map[string]Stage{"published": StagePublished, "restored": StageRestored, "resumed": StageResumed}[a["stage"]]
 		evs = append(evs, RecoveryReport{Epoch: uint64(num("epoch", int(m.epoch))), Stage: st})

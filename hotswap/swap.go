@@ -26,6 +26,7 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration) {
 		m.report("host %s lost (%s); it ran no rank", name, why)
 		return
 	}
+	m.noteLost(h)
 	// Its memory is gone: the ranks' own slots and the copies it held.
 	for _, x := range ranks {
 		m.localOK[x] = false
@@ -78,9 +79,14 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 	h, cause, detected := l.host, l.cause, l.detected
 	name := m.names[h]
 	moved := slices.Clone(m.hostRanks[h])
-	if err := m.recoverable(moved); err != "" {
-		m.abort(ExitFailure, "%s; unrecoverable: %s; stopping the job", cause, err)
-		return
+	// A roll-back to disk under way takes this loss's ranks too.
+	rollback := m.rb != nil
+	if err := m.recoverable(moved); err != "" && !rollback {
+		if !m.canRollback() {
+			m.abort(ExitFailure, "%s; unrecoverable: %s; stopping the job", cause, err)
+			return
+		}
+		rollback = true
 	}
 	with, isSpare, err := m.replacement(h, moved)
 	if err != "" {
@@ -114,9 +120,24 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 	}
 	// The plan reads the copies as they are; holders re-placed after it
 	// hold nothing yet (the old holder still serves the restore).
-	sources, perr := m.plan()
-	if perr != "" {
-		m.abort(ExitFailure, "%s; unrecoverable: %s; stopping the job", cause, perr)
+	var sources []Source
+	if !rollback {
+		var perr string
+		sources, perr = m.plan()
+		if perr != "" && !m.canRollback() {
+			m.abort(ExitFailure, "%s; unrecoverable: %s; stopping the job", cause, perr)
+			return
+		}
+		// (A rank of an earlier loss restoring from a copy on h, say.)
+		rollback = perr != ""
+	}
+	if rollback {
+		m.fixHolders(moved)
+		if gone := m.deadWithRanks(); gone != "" {
+			m.abort(ExitFailure, "%s; cannot restart the ranks: %s; stopping the job", cause, gone)
+			return
+		}
+		m.beginRollback(l, with, isSpare, moved)
 		return
 	}
 	// Under EC the clear copies stay on the data hosts: the replacement

@@ -97,6 +97,10 @@ func (j *job) do(a hotswap.Action) {
 		j.splice(a)
 	case hotswap.Restart:
 		j.restartRanks(a)
+	case hotswap.GatherReach:
+		j.gatherReach(a)
+	case hotswap.RollbackToDisk:
+		j.rollbackTo(a)
 	case hotswap.PublishEpoch:
 		j.flushPublish()
 		j.publish = &a
@@ -202,7 +206,12 @@ func (j *job) restartRanks(a hotswap.Restart) {
 	j.ranksEnded = 0
 	j.restarted = true
 	j.setFencePlacement(a.Epoch)
-	j.broadcast(&wire.Control{Op: wire.OpRestart, Gen: a.Gen, Epoch: a.Epoch, G: a.G})
+	c := &wire.Control{Op: wire.OpRestart, Gen: a.Gen, Epoch: a.Epoch, G: a.G}
+	if j.rollbackT >= 0 && j.rollbackT == a.G {
+		c.Disk = true // every rank's state at G from disk (rollback.go)
+	}
+	j.rollbackT = -1
+	j.broadcast(c)
 }
 
 // flushPublish publishes a PublishEpoch that came without its restore

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/durable"
+	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/wire"
 )
 
@@ -240,7 +241,9 @@ func commandHash(prog string, args []string) string {
 // the newest step every rank has a marker of, at or below G.
 func (j *job) durableProgress(u *wire.UpProgress) {
 	t := j.dur
-	if t == nil {
+	if t == nil || j.reach != nil {
+		// (While a roll-back gathers the ranks' reach from the commit
+		// record, the record stays.)
 		return
 	}
 	news := false
@@ -275,6 +278,9 @@ func (j *job) durableProgress(u *wire.UpProgress) {
 	t.committed = v
 	j.log.Debug("durable tier: committed", "step", v)
 	j.prog.setD(v)
+	if j.m != nil { // (durable_test.go drives the tier without a machine)
+		j.step(hotswap.DiskCommitted{Step: v})
+	}
 }
 
 // writeManifest writes the job's manifest once reports (by rank) hold

@@ -95,6 +95,11 @@ type job struct {
 	// nil without, or once T is decided.
 	resume  *resumeGather
 	resumes chan *wire.ResumeReach
+	// reach gathers the hosts' reach on disk for a roll-back to the
+	// durable tier (rollback.go), nil without one under way; rollbackT
+	// is the step the next Restart rolls back to (-1: none).
+	reach     *resumeGather
+	rollbackT int64
 
 	events     chan *wire.Event
 	progress   chan *wire.UpProgress
@@ -164,6 +169,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		tabChanged:   make(chan struct{}),
 		stdinStarted: -1,
 		quit:         make(chan struct{}),
+		rollbackT:    -1,
 	}
 	if cfg.Events != nil {
 		j.evlog = newEventLog(cfg.Events, cfg.Logger)
@@ -230,6 +236,7 @@ func (j *job) machineConfig() hotswap.Config {
 	c := hotswap.Config{
 		World: j.world, Hosts: make([]topology.Host, len(j.hosts)), Assign: slices.Clone(j.rankHost),
 		TP: j.cfg.TP, PP: j.cfg.PP, Holders: j.holders, EC: j.ecGroups, Diff: j.cfg.ProtectMode == ModeDiff, Logs: j.logs,
+		Durable:     j.cfg.Durable.Dir != "",
 		MaxRestarts: j.cfg.MaxRestarts, Recovery: j.cfg.Recovery, OnNoSpare: j.cfg.OnNoSpare,
 		Oversubscribe:    j.cfg.Oversubscribe,
 		SuspectTimeout:   j.cfg.SuspectTimeout,
@@ -319,6 +326,9 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		j.prog.trackH()
 	}
 	j.dur = j.newDurableTier()
+	if j.dur != nil && j.dur.committed >= 0 {
+		j.m.Step(0, hotswap.DiskCommitted{Step: j.dur.committed}) // (no action)
+	}
 	if j.cfg.Durable.Resume {
 		base, err := durable.ReadCommitted(j.cfg.Durable.Dir) // checked by withDefaults
 		if err != nil {

@@ -310,6 +310,15 @@ func (p *progress) republish() {
 	}
 }
 
+// rollback sets G back to t (a roll-back to the durable tier), before
+// the restart that follows, and publishes it.
+func (p *progress) rollback(t int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.g = min(p.g, t)
+	p.publish(p.global())
+}
+
 // restart begins generation gen: G stays where it is (every rank resumes
 // from it), and what was reported beyond it is forgotten.
 func (p *progress) restart(gen uint64) int64 {

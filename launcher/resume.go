@@ -72,6 +72,8 @@ func checkResumeDir(dir string, want *durable.Manifest) (int64, error) {
 // resumeGather collects the hosts' ResumeReach reports and decides T
 // once every host with ranks has reported.
 type resumeGather struct {
+	what      string  // what gathers, for its errors: "--resume", or a roll-back's
+	epoch     uint64  // the reports taken (a roll-back's epoch; 0 for --resume)
 	hostRanks [][]int // each host's ranks (none: a spare)
 	base      int64   // the commit record's step the launcher read
 	avail     []cascade.Avail
@@ -81,7 +83,7 @@ type resumeGather struct {
 }
 
 func newResumeGather(hostRanks [][]int, world int, base int64) *resumeGather {
-	g := &resumeGather{hostRanks: hostRanks, base: base, avail: make([]cascade.Avail, world), heard: make([]bool, len(hostRanks))}
+	g := &resumeGather{what: "--resume", hostRanks: hostRanks, base: base, avail: make([]cascade.Avail, world), heard: make([]bool, len(hostRanks))}
 	for _, rs := range hostRanks {
 		if len(rs) > 0 {
 			g.left++
@@ -95,7 +97,7 @@ func newResumeGather(hostRanks [][]int, world int, base int64) *resumeGather {
 // stops the job: a report that does not match the host's ranks or the
 // base, a rank that cannot be resumed, no step common to every rank.
 func (g *resumeGather) add(r *wire.ResumeReach) (*cascade.Plan, error) {
-	if g.decided || r.Host >= len(g.hostRanks) || g.heard[r.Host] {
+	if g.decided || r.Epoch != g.epoch || r.Host >= len(g.hostRanks) || g.heard[r.Host] {
 		return nil, nil
 	}
 	mine := g.hostRanks[r.Host]
@@ -103,10 +105,10 @@ func (g *resumeGather) add(r *wire.ResumeReach) (*cascade.Plan, error) {
 		return nil, nil // a spare has nothing to say
 	}
 	if r.Err != "" {
-		return nil, fmt.Errorf("--resume: host %d cannot read the checkpoint directory: %s", r.Host, r.Err)
+		return nil, fmt.Errorf("%s: host %d cannot read the checkpoint directory: %s", g.what, r.Host, r.Err)
 	}
 	if r.Base != g.base {
-		return nil, fmt.Errorf("--resume: host %d reads the committed step %d, the launcher %d (a directory that changed, or is not shared alike?)", r.Host, r.Base, g.base)
+		return nil, fmt.Errorf("%s: host %d reads the committed step %d, the launcher %d (a directory that changed, or is not shared alike?)", g.what, r.Host, r.Base, g.base)
 	}
 	got := make([]int, 0, len(r.Ranks))
 	for _, k := range r.Ranks {
@@ -114,11 +116,11 @@ func (g *resumeGather) add(r *wire.ResumeReach) (*cascade.Plan, error) {
 	}
 	slices.Sort(got)
 	if !slices.Equal(got, slices.Sorted(slices.Values(mine))) {
-		return nil, fmt.Errorf("--resume: host %d reported ranks %v, it runs %v", r.Host, got, mine)
+		return nil, fmt.Errorf("%s: host %d reported ranks %v, it runs %v", g.what, r.Host, got, mine)
 	}
 	for _, k := range r.Ranks {
 		if k.Err != "" {
-			return nil, fmt.Errorf("--resume: rank %d cannot be resumed: %s", k.Rank, k.Err)
+			return nil, fmt.Errorf("%s: rank %d cannot be resumed: %s", g.what, k.Rank, k.Err)
 		}
 		g.avail[k.Rank] = cascade.Avail{Disk: []cascade.Span{{From: g.base, To: k.To}}}
 	}
@@ -130,7 +132,7 @@ func (g *resumeGather) add(r *wire.ResumeReach) (*cascade.Plan, error) {
 	g.decided = true
 	p, err := cascade.Decide(g.avail)
 	if err != nil {
-		return nil, fmt.Errorf("--resume: %w", err)
+		return nil, fmt.Errorf("%s: %w", g.what, err)
 	}
 	return &p, nil
 }
@@ -140,6 +142,10 @@ func (g *resumeGather) add(r *wire.ResumeReach) (*cascade.Plan, error) {
 // states at T and start them) and tells the machine, or stops the job
 // when the ranks cannot be resumed.
 func (j *job) onResume(r *wire.ResumeReach) {
+	if j.reach != nil {
+		j.onRollbackReach(r)
+		return
+	}
 	if j.resume == nil {
 		return // not resuming, or decided already
 	}

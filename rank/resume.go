@@ -124,3 +124,66 @@ func (s *service) helloPreloaded(req *ProtectHello) (*ProtectWelcome, error) {
 	s.preloaded = false
 	return s.welcome(), nil
 }
+
+// Rolling the job back to disk (a lost rank's state at G in no memory
+// tier, hotswap.RollbackToDisk): after Restart(gen, T) discarded every
+// step after T, the agent rebuilds each local rank's state at T from the
+// durable tier with Reload, survivors included, whose slots held G.
+
+// Reload puts local rank r's state at step into its slots as committed,
+// as Preload does, for a rank whose slots may exist already (a rank that
+// ran here before a roll-back to step). A rank whose slots hold step
+// committed keeps them (it reports false, and fill is not called); a
+// rank without slots is preloaded (Preload); else step is staged into
+// its slots, which must hold no committed step at or after step (Restart
+// discarded them) and regions equal to the rank's, and it reports true.
+// It must be called before the rank's next ProtectHello.
+func (h *Host) Reload(r int, regions []Region, step int64, fill func(views [][]byte) (adamT int, err error)) (bool, error) {
+	s := h.place().svcs[r]
+	if s == nil {
+		return false, fmt.Errorf("rank: rank %d does not run on host %d", r, h.cfg.Host)
+	}
+	if step < 0 || step > MaxStep {
+		return false, fmt.Errorf("rank: reload of step %d", step)
+	}
+	s.mu.Lock()
+	if s.slots == nil {
+		s.mu.Unlock()
+		return true, h.Preload(r, regions, step, fill)
+	}
+	if slices.Contains(s.slotStep[:], step) {
+		s.mu.Unlock()
+		return false, nil
+	}
+	if !slices.Equal(s.regions, regions) {
+		s.mu.Unlock()
+		return false, fmt.Errorf("rank %d: regions %v differ from the %v of the state on disk", r, s.regions, regions)
+	}
+	st, err := s.slots.Stage(uint64(step))
+	s.staged = nil
+	s.mu.Unlock()
+	if err != nil {
+		return false, fmt.Errorf("rank %d: %w", r, err)
+	}
+	// (Filled without s.mu: a progress report of the host must not wait
+	// for the disk. The rank is not running.)
+	views := st.Views()
+	adamT, err := fill(views)
+	if err != nil {
+		return false, err // the staged slot is abandoned: it holds nothing committed
+	}
+	if err := st.Commit(); err != nil {
+		return false, fmt.Errorf("rank %d: %w", r, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	slot := st.Slot()
+	s.views[slot] = views
+	s.slotStep[slot] = step
+	s.sums[slot] = st.Sums()
+	s.slotT[slot] = adamT
+	s.slotEpoch[slot] = h.place().epoch
+	s.committed = step
+	s.lastT = adamT
+	return true, nil
+}

@@ -137,6 +137,8 @@ type agent struct {
 	// (made before the G subscription, never replaced).
 	res     *resumer
 	resumeT chan int64
+	// rb is a roll-back to the durable tier's work (rollback.go), or nil.
+	rb *rollback
 }
 
 // Run runs the agent until the launcher tells it to exit, the launcher is
@@ -400,6 +402,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			a.failRank(f)
 		case g := <-a.resumeTarget():
 			a.resumeAt(g)
+		case err := <-a.rollbackDone():
+			if err := a.reloaded(err); err != nil {
+				a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: truncateMsg(err.Error())})
+				return fmt.Errorf("agent: %w", err)
+			}
 		case err := <-a.resumeDone():
 			if err := a.resumed(err); err != nil {
 				a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: truncateMsg(err.Error())})
@@ -411,6 +418,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		case <-hb.C:
 			a.heartbeat()
 			a.resumeHeartbeat()
+			a.reachHeartbeat()
 			if a.prot != nil && a.prot.host.Active() {
 				// Reports are sent on change; this one replaces a lost one.
 				a.prot.changed()
@@ -471,6 +479,8 @@ func (a *agent) control(c *wire.Control) {
 		a.signalAll(syscall.SIGKILL, true)
 	case wire.OpRestart:
 		a.beginRestart(c)
+	case wire.OpReach:
+		a.reachDisk(c)
 	case wire.OpProbe:
 		if c.Host == a.cfg.Host {
 			a.heartbeat() // the launcher suspects this host: a sign of life now
@@ -941,6 +951,7 @@ wait:
 	}
 	a.pmiWG.Wait()
 	a.stopResume() // its goroutines use the protection
+	a.stopRollback()
 	if a.prot != nil {
 		a.prot.close()
 	}

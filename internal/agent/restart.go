@@ -65,6 +65,12 @@ func (a *agent) tryRestart() {
 			return
 		}
 	}
+	if r.Disk && a.prot != nil && len(a.places) > 0 {
+		// A roll-back: the ranks start once their states at G are
+		// rebuilt from disk (rollback.go).
+		a.reload(r.G)
+		return
+	}
 	if err := a.launch(a.table, a.places, true); err != nil {
 		a.event(&wire.Event{Kind: wire.EventAgentError, Host: a.cfg.Host, Rank: -1, Msg: err.Error()})
 	}

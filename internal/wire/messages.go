@@ -698,6 +698,11 @@ const (
 	// discard protected steps after G, and start the ranks again in
 	// Epoch's table, where they restore step G.
 	OpRestart ControlOp = "restart"
+	// OpReach asks each agent for the reach on disk (as for --resume:
+	// ResumeReach, with Epoch) of its ranks in Ranks, the rank → host
+	// table of epoch Epoch, from the commit record's step G: the job rolls
+	// back to the durable tier (a lost rank's state is in no memory tier).
+	OpReach ControlOp = "reach"
 	// OpProbe asks the agent of host Host for a heartbeat at once: the
 	// launcher suspects the host, and its answer clears the suspicion.
 	OpProbe ControlOp = "probe"
@@ -712,6 +717,11 @@ type Control struct {
 	Gen   uint64 `json:"gen,omitempty"`
 	Epoch uint64 `json:"epoch,omitempty"`
 	G     int64  `json:"g,omitempty"`
+	// OpRestart only: every agent rebuilds each of its ranks' states at
+	// G from the durable tier before it starts them (a roll-back).
+	Disk bool `json:"disk,omitempty"`
+	// OpReach only: every rank's host.
+	Ranks []int `json:"ranks,omitempty"`
 	// OpProbe only: the host asked.
 	Host int `json:"host,omitempty"`
 }
@@ -735,6 +745,15 @@ func DecodeControl(b []byte) (*Control, error) {
 		if c.Signal != 0 || c.Gen == 0 || c.G < -1 || c.G > MaxStep {
 			return nil, malformed("control: restart generation %d from step %d", c.Gen, c.G)
 		}
+	case OpReach:
+		if c.Signal != 0 || c.G < 0 || c.G > MaxStep || len(c.Ranks) == 0 || len(c.Ranks) > MaxWorld {
+			return nil, malformed("control: reach from step %d of %d ranks", c.G, len(c.Ranks))
+		}
+		for _, h := range c.Ranks {
+			if h < 0 || h >= MaxHosts {
+				return nil, malformed("control: reach: host %d out of range", h)
+			}
+		}
 	case OpProbe:
 		if c.Signal != 0 || c.Host < 0 || c.Host >= MaxHosts {
 			return nil, malformed("control: probe of host %d", c.Host)
@@ -747,6 +766,9 @@ func DecodeControl(b []byte) (*Control, error) {
 	}
 	if c.Host != 0 && c.Op != OpProbe {
 		return nil, malformed("control: %s names a host", c.Op)
+	}
+	if c.Disk && c.Op != OpRestart || c.Ranks != nil && c.Op != OpReach {
+		return nil, malformed("control: %s with a roll-back's fields", c.Op)
 	}
 	return &c, nil
 }

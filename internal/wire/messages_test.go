@@ -260,6 +260,8 @@ func TestDecodeControlRoundTrip(t *testing.T) {
 		{"exit", &wire.Control{Op: wire.OpExit}},
 		{"probe", &wire.Control{Op: wire.OpProbe, Host: 7}},
 		{"probe of host 0", &wire.Control{Op: wire.OpProbe}},
+		{"restart from disk", &wire.Control{Op: wire.OpRestart, Gen: 2, Epoch: 2, G: 12, Disk: true}},
+		{"reach", &wire.Control{Op: wire.OpReach, Epoch: 2, G: 12, Ranks: []int{3, 1, 2, 2}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { roundTrip(t, tc.c, wire.DecodeControl) })
@@ -289,6 +291,13 @@ func TestDecodeControlRejects(t *testing.T) {
 		{"probe past MaxHosts", ctl(wire.Control{Op: wire.OpProbe, Host: wire.MaxHosts})},
 		{"probe with a signal", ctl(wire.Control{Op: wire.OpProbe, Host: 1, Signal: 9})},
 		{"kill naming a host", ctl(wire.Control{Op: wire.OpKill, Host: 1})},
+		{"reach without ranks", ctl(wire.Control{Op: wire.OpReach, Epoch: 1, G: 4})},
+		{"reach from a negative step", ctl(wire.Control{Op: wire.OpReach, Epoch: 1, G: -1, Ranks: []int{0}})},
+		{"reach to a host past MaxHosts", ctl(wire.Control{Op: wire.OpReach, Epoch: 1, G: 4, Ranks: []int{0, wire.MaxHosts}})},
+		{"reach to a negative host", ctl(wire.Control{Op: wire.OpReach, Epoch: 1, G: 4, Ranks: []int{-1}})},
+		{"reach with a signal", ctl(wire.Control{Op: wire.OpReach, Epoch: 1, G: 4, Ranks: []int{0}, Signal: 9})},
+		{"kill from disk", ctl(wire.Control{Op: wire.OpKill, Disk: true})},
+		{"restart with ranks", ctl(wire.Control{Op: wire.OpRestart, Gen: 1, Epoch: 1, G: 4, Ranks: []int{0}})},
 	})
 }
 

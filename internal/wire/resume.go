@@ -16,6 +16,8 @@ package wire
 // ResumeReach is one host's answer for gorun --resume.
 type ResumeReach struct {
 	Host int `json:"host"`
+	// Epoch: the roll-back's epoch it answers (OpReach); 0 for --resume.
+	Epoch uint64 `json:"epoch,omitempty"`
 	// Base is the commit record's step the agent read (every host must
 	// read the same).
 	Base  int64        `json:"base"`

@@ -1,0 +1,199 @@
+package hotswap
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Rolling the job back to the durable tier (issue 17's retrieval cascade
+// for host replacement): when a lost host's rank has no copy of its state
+// at G left in memory (its host and every holder lost), the job does not
+// stop if it has a durable tier with a commit record (Config.Durable, a
+// DiskCommitted event). The lost host's ranks move to their replacement
+// as in any splice, in a new restart generation and epoch, and the
+// machine asks the caller how far every rank reaches on disk
+// ([GatherReach]): the committed base plus each rank's contiguous
+// differentials. The caller answers with [DiskReach]; T is that step,
+// and at most G. The machine then rolls the whole job back to T
+// ([RollbackToDisk]: every host rebuilds every one of its ranks' states
+// at T from disk, survivors too, whose slots hold newer steps), restarts
+// every rank from T ([Restart] with G = T) and publishes the epoch with
+// G = T, every rank restoring from its own slot. The copies at holders
+// are of later steps: every shard is under-protected until re-sent.
+//
+// While the reach is gathered the survivors cannot train past G + 1 (the
+// overwrite rule waits for G, which cannot pass without the lost ranks),
+// the old generation's rank exits are ignored (the generation moved on),
+// and a further host loss moves its ranks too and asks again (the epoch
+// is superseded). Under erasure coding the machine stops as before.
+
+// GatherReach: epoch Epoch's ranks (RankHost of the Splice before it)
+// must be rolled back to the durable tier: ask every host with ranks for
+// its ranks' reach on disk from the commit record's step Base, and answer
+// with a [DiskReach] of this epoch. The ranks are not restarted yet.
+type GatherReach struct {
+	Epoch uint64
+	Base  int64
+}
+
+// RollbackToDisk: the job rolls back from step From (the G lost) to step
+// T < From or = From, in generation Gen and epoch Epoch: every host
+// rebuilds each of its ranks' states at T from the durable tier into its
+// slots before it starts them, and the job's G becomes T. A Restart (G =
+// T), the epoch's PublishEpoch and its RestorePlan (every rank from its
+// own slot) follow.
+type RollbackToDisk struct {
+	Gen, Epoch uint64
+	T, From    int64
+}
+
+// DiskCommitted: the job's commit record on the durable tier is at Step.
+type DiskCommitted struct{ Step int64 }
+
+// DiskReach answers a GatherReach of epoch Epoch: T is the newest step
+// every rank's state can be rebuilt at from the durable tier, or Err says
+// why none can.
+type DiskReach struct {
+	Epoch uint64
+	T     int64
+	Err   string
+}
+
+func (GatherReach) action()    {}
+func (RollbackToDisk) action() {}
+func (DiskCommitted) event()   {}
+func (DiskReach) event()       {}
+
+func (a GatherReach) String() string {
+	return fmt.Sprintf("gather-reach epoch=%d base=%d", a.Epoch, a.Base)
+}
+func (a RollbackToDisk) String() string {
+	return fmt.Sprintf("rollback-to-disk gen=%d epoch=%d t=%d from=%d", a.Gen, a.Epoch, a.T, a.From)
+}
+func (e DiskCommitted) String() string { return fmt.Sprintf("disk-committed step=%d", e.Step) }
+func (e DiskReach) String() string {
+	if e.Err != "" {
+		return fmt.Sprintf("disk-reach epoch=%d err=%q", e.Epoch, e.Err)
+	}
+	return fmt.Sprintf("disk-reach epoch=%d t=%d", e.Epoch, e.T)
+}
+
+// rollback is a roll-back to the durable tier waiting for the ranks'
+// reach on disk.
+type rollback struct {
+	epoch uint64
+	from  int64  // the G lost
+	what  string // "rank R's state at step G is lost with hosts X, Y (no replica left)"
+	cause string
+}
+
+// canRollback reports whether a loss that memory cannot serve can be
+// rolled back to the durable tier instead of stopping the job.
+func (m *Machine) canRollback() bool {
+	return m.cfg.Durable && m.disk >= 0 && m.g >= 0 && m.ec == nil
+}
+
+// lostState names the first rank whose state at G no memory tier holds
+// (not in its own slot, no valid copy at a live holder), and the hosts it
+// went with: those lost since the last recovery ended (its own and its
+// holders').
+func (m *Machine) lostState() string {
+	r := 0
+	for x, h := range m.rankHost {
+		if !(m.localOK[x] && m.alive[h]) && m.copyHolder(x) < 0 {
+			r = x
+			break
+		}
+	}
+	hs := slices.Clone(m.lostHosts)
+	if len(hs) == 0 {
+		hs = []int{m.rankHost[r]}
+	}
+	return fmt.Sprintf("rank %d's state at step %d is lost with %s (no replica left)", r, m.g, m.hostList(hs))
+}
+
+// beginRollback: the ranks moved (from lost host h to with) cannot be
+// restored from memory; the epoch begins, and the caller is asked for
+// the ranks' reach on disk.
+func (m *Machine) beginRollback(l awaitingLoss, with int, isSpare bool, moved []int) {
+	from, what := m.g, ""
+	if m.rb != nil {
+		from, what = m.rb.from, m.rb.what // a further loss while gathering
+	} else {
+		what = m.lostState()
+	}
+	m.gen++
+	m.resetEnded()
+	m.beginEpoch(l.cause, l.detected, m.now)
+	m.rb = &rollback{epoch: m.epoch, from: from, what: what, cause: l.cause}
+	how := "spare"
+	if !isSpare {
+		how = "host with free slots"
+	}
+	m.report("%s; %s; moving ranks %s to %s %s (epoch %d) and rolling the job back to --ckpt-dir (commit record at step %d): reading how far every rank reaches there",
+		l.cause, what, ints(moved), how, m.names[with], m.epoch, m.disk)
+	m.emit(Splice{Lost: l.host, With: with, LostName: m.names[l.host], WithName: m.names[with], Ranks: moved, Spare: isSpare},
+		GatherReach{Epoch: m.epoch, Base: m.disk})
+}
+
+// onDiskReach rolls the job back to the step every rank reaches on disk,
+// or stops it.
+func (m *Machine) onDiskReach(e DiskReach) {
+	rb := m.rb
+	if rb == nil || e.Epoch != rb.epoch || m.stopped {
+		return
+	}
+	m.rb = nil
+	if e.Err != "" || e.T < 0 {
+		why := e.Err
+		if why == "" {
+			why = "no step every rank reaches"
+		}
+		m.abort(ExitFailure, "%s; %s, and the job cannot roll back to --ckpt-dir: %s; stopping the job", rb.cause, rb.what, why)
+		return
+	}
+	t := min(e.T, rb.from)
+	m.g = t
+	for r := range m.lastStep {
+		m.lastStep[r] = min(m.lastStep[r], t)
+		m.localOK[r] = true // its host rebuilds it from disk
+	}
+	// The copies the holders keep are of later steps.
+	for o, hs := range m.holders {
+		for i := range hs {
+			m.setCopy(o, i, false)
+		}
+	}
+	sources := make([]Source, len(m.rankHost))
+	for r, h := range m.rankHost {
+		sources[r] = Source{Rank: r, Local: true, OptRank: r, OptHost: h, ParamsRank: r, ParamsHost: h}
+	}
+	if v := m.violation(sources); v != "" {
+		m.abort(ExitFailure, "%s; %s, and the roll-back's epoch would break invariant %s; stopping the job", rb.cause, rb.what, v)
+		return
+	}
+	m.report("%s: rolling the job back to step %d from --ckpt-dir (%d steps lost)", rb.what, t, rb.from-t)
+	m.emit(RollbackToDisk{Gen: m.gen, Epoch: m.epoch, T: t, From: rb.from},
+		Restart{Gen: m.gen, Epoch: m.epoch, G: t})
+	m.publish(sources)
+	if m.under > 0 {
+		owners := make([]int, 0, m.under)
+		for o, n := range m.missing {
+			if n > 0 {
+				owners = append(owners, o)
+			}
+		}
+		m.announced = true
+		m.report("under-protected: %d optimizer shards have no copy of step %d until it is re-sent", len(owners), t)
+		m.emit(UnderProtected{Owners: owners})
+	}
+}
+
+// noteLost records host h among the hosts lost since the last recovery
+// ended (for the roll-back's report).
+func (m *Machine) noteLost(h int) {
+	if m.rec == nil && m.rb == nil && len(m.awaiting) == 0 {
+		m.lostHosts = m.lostHosts[:0]
+	}
+	m.lostHosts = append(m.lostHosts, h)
+}
