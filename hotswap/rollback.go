@@ -172,7 +172,11 @@ func (m *Machine) onDiskReach(e DiskReach) {
 		m.abort(ExitFailure, "%s; %s, and the roll-back's epoch would break invariant %s; stopping the job", rb.cause, rb.what, v)
 		return
 	}
-	m.report("%s: rolling the job back to step %d from --ckpt-dir (%d steps lost)", rb.what, t, rb.from-t)
+	lost := "steps"
+	if rb.from-t == 1 {
+		lost = "step"
+	}
+	m.report("%s: rolling the job back to step %d from --ckpt-dir (%d %s lost)", rb.what, t, rb.from-t, lost)
 	m.emit(RollbackToDisk{Gen: m.gen, Epoch: m.epoch, T: t, From: rb.from},
 		Restart{Gen: m.gen, Epoch: m.epoch, G: t})
 	m.publish(sources)

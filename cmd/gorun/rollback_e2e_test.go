@@ -18,7 +18,7 @@ import (
 // before.
 
 // rollbackRE matches the launcher's line about the roll-back.
-var rollbackRE = regexp.MustCompile(`rank (\d+)'s state at step (\d+) is lost with hosts ([^ ]+), ([^ ]+) \(no replica left\): rolling the job back to step (\d+) from --ckpt-dir \((\d+) steps lost\)`)
+var rollbackRE = regexp.MustCompile(`rank (\d+)'s state at step (\d+) is lost with hosts ([^ ]+), ([^ ]+) \(no replica left\): rolling the job back to step (\d+) from --ckpt-dir \((\d+) steps? lost\)`)
 
 // killTogether SIGKILLs every process of hosts hs at once.
 func killTogether(t *testing.T, c *hsCluster, hs ...int) {
