@@ -24,6 +24,7 @@
 //	DIR/COMMITTED                the job's commit record: the newest step every rank has durably
 //	DIR/r<rank>/base.<i>         rank's base files, i = 0 to N (N+1 of them)
 //	DIR/r<rank>/LATEST           rank's pointer: the newest complete version
+//	DIR/r<rank>/LOCK             empty; flocked by the Store that has the rank open
 //	DIR/r<rank>/done.<step>      rank's completion marker for step
 //	DIR/r<rank>/diff.<a>-<b>     a batch of rank's differential records, steps a to b
 //
@@ -256,7 +257,15 @@
 //
 // A Store is safe for concurrent use; up to Concurrency Saves run at
 // once, and Load, Latest and Reclaim beside them. Truncate must not run
-// beside a Save. One process at a time may have a rank's Store open.
+// beside a Save. One Store at a time may have a rank open, whatever
+// process or host it is in: Open takes an exclusive flock (LOCK_EX,
+// without waiting) on DIR/r<rank>/LOCK, held until Close, before it
+// touches anything of the rank's, and fails with an error wrapping
+// [ErrLocked] if another Store holds it (a host that took a rank over
+// while the rank's old host still writes: the new one tries again
+// later). On a shared file system the lock is as good as the file
+// system's flock (NFS emulates it with its byte-range locks, and an old
+// host cut off from the server loses its lock when its lease ends).
 // The package's functions on the directory (Markers, Commit,
 // ReadCommitted, AppendBatch, ReadBatches, List, Verify) are safe beside
 // Stores; Commit must have one caller (the launcher).

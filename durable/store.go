@@ -58,6 +58,7 @@ type Store struct {
 	writers int
 	log     *slog.Logger
 	bufs    sync.Pool // *[]byte of lay.chunk bytes
+	lock    *os.File  // DIR/r<rank>/LOCK, flocked exclusively while the store is open
 
 	// hook, set by tests before use, is called at the named points of
 	// Save (see hookPoint) and of its atomic writes: an error it returns
@@ -145,6 +146,13 @@ func Open(dir string, rank int, regions []Region, opt Options) (*Store, error) {
 	if err := ensureRankDir(dir, rank); err != nil {
 		return nil, err
 	}
+	// The lock first: another store of the rank may be writing, and
+	// its temporary files are not this one's to remove.
+	lock, err := lockRank(s.dir)
+	if err != nil {
+		return nil, err
+	}
+	s.lock = lock
 	ok := false
 	defer func() {
 		if !ok {
@@ -199,6 +207,36 @@ func Open(dir string, rank int, regions []Region, opt Options) (*Store, error) {
 	s.readPointer()
 	ok = true
 	return s, nil
+}
+
+// lockRank opens (creating it if needed) the rank directory rd's lock
+// file and takes an exclusive flock on it without waiting: a lock held
+// by another open file (another Store, in this process or another) is
+// an error wrapping ErrLocked. The lock lasts until the returned file is
+// closed (or the process ends). The file is never removed: removing a
+// lock file races with another opener's flock on it.
+func lockRank(rd string) (*os.File, error) {
+	p := filepath.Join(rd, lockName)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("durable: %w", err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	switch {
+	case err == nil:
+		return f, nil
+	case errors.Is(err, unix.EWOULDBLOCK):
+		f.Close()
+		return nil, fmt.Errorf("%w: %s is locked", ErrLocked, p)
+	default:
+		f.Close()
+		return nil, fmt.Errorf("durable: locking %s: %w", p, err)
+	}
 }
 
 // ensureRankDir creates DIR/r<rank> if it is missing, durably.
@@ -870,6 +908,13 @@ func (s *Store) closeFiles() error {
 	var errs []error
 	for _, bf := range s.files {
 		if err := bf.f.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("durable: %w", err))
+		}
+	}
+	if s.lock != nil {
+		// Last: the files are closed, and the next store of the rank
+		// may open them.
+		if err := s.lock.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("durable: %w", err))
 		}
 	}

@@ -53,6 +53,13 @@ import (
 //     a new host) first stops the rank's saves in flight and truncates its
 //     store to G (durable.Store.Truncate): what the rank saved after G
 //     belongs to a trajectory the job abandoned.
+//   - One host at a time has a rank's store open (durable.Open locks it).
+//     A host the rank left ends the rank's saves and closes its store
+//     (persistClose, when the placement moves the rank away); a host
+//     that takes a rank over while the old one still has the store open
+//     (durable.ErrLocked: it has not learnt of the move, or is cut off)
+//     reports the store off, counts each base due as failed and tries to
+//     open the store again at each (persistReopen), training going on.
 
 // PersistConfig configures the durable tier of a host's ranks
 // (HostConfig.Persist). The zero value has none.
@@ -171,6 +178,13 @@ type persist struct {
 	stopping bool
 	wg       sync.WaitGroup
 
+	// locked: the store is open elsewhere (durable.ErrLocked: the
+	// rank's old host still has it); each base due counts as failed and
+	// has the store opened again (persistReopen, one at a time, on a goroutine
+	// of retries), until closed.
+	locked, reopening, closed bool
+	retries                   sync.WaitGroup
+
 	holdNS  atomic.Int64
 	waiting atomic.Int32 // stages waiting for a hold
 }
@@ -196,7 +210,8 @@ func (s *service) persistOpen() {
 	p.opMu.Lock()
 	defer p.opMu.Unlock()
 	p.mu.Lock()
-	done := p.store != nil || p.off != ""
+	done := p.store != nil || p.closed || p.off != "" && !p.locked
+	wasLocked := p.locked
 	p.mu.Unlock()
 	s.mu.Lock()
 	regions := slices.Clone(s.regions)
@@ -214,12 +229,22 @@ func (s *service) persistOpen() {
 	st, err := durable.Open(cfg.Dir, s.rank, dr, durable.Options{Concurrency: cfg.maxInFlight(), Writers: cfg.Writers, ChunkSize: cfg.ChunkSize,
 		Logger: slog.New(newQuietHandler(s.h.log.Handler(), durableLogEvery))})
 	if err != nil {
-		s.h.log.Warn("the durable tier cannot open this rank's store: it writes no bases (the memory tiers still protect it)", "rank", s.rank, "dir", cfg.Dir, "err", err)
+		locked := errors.Is(err, durable.ErrLocked)
+		switch {
+		case locked && !wasLocked:
+			s.h.log.Warn("the durable tier cannot open this rank's store, another host has it open: it writes no bases until it can (the memory tiers still protect it)",
+				"rank", s.rank, "dir", cfg.Dir, "err", err)
+		case !locked:
+			s.h.log.Warn("the durable tier cannot open this rank's store: it writes no bases (the memory tiers still protect it)", "rank", s.rank, "dir", cfg.Dir, "err", err)
+		}
 		p.mu.Lock()
-		p.off = err.Error()
+		p.off, p.locked = err.Error(), locked
 		p.mu.Unlock()
 		s.h.cfg.Changed()
 		return
+	}
+	if wasLocked {
+		s.h.log.Info("durable tier: the rank's store is no longer open elsewhere", "rank", s.rank)
 	}
 	// The markers the rank has on disk already (a rank whose store
 	// another host wrote before this one took the rank over).
@@ -241,6 +266,7 @@ func (s *service) persistOpen() {
 	}
 	p.mu.Lock()
 	p.store, p.names, p.size, p.markers = st, names, size, markers
+	p.off, p.locked = "", false
 	p.n = max(cfg.Concurrency, 1)
 	p.lastBase = noStep
 	p.ctx, p.cancel = context.WithCancel(s.life)
@@ -261,6 +287,17 @@ func (s *service) persistDueLocked(step int64, slot int) *baseSave {
 	p := &s.dur
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.store == nil && p.locked && !p.closed {
+		// The store is open elsewhere: this base fails, and the store is
+		// tried again.
+		p.failed++
+		if !p.reopening {
+			p.reopening = true
+			p.retries.Add(1)
+			go s.persistReopen()
+		}
+		return nil
+	}
 	if p.store == nil || p.stopping {
 		return nil
 	}
@@ -284,6 +321,18 @@ func (s *service) persistDueLocked(step int64, slot int) *baseSave {
 	p.inflight++
 	p.wg.Add(1)
 	return &baseSave{step: step, slot: slot, hold: h, ctx: p.ctx}
+}
+
+// persistReopen tries to open the rank's store again, after Open found
+// it open elsewhere (persist.retries).
+func (s *service) persistReopen() {
+	p := &s.dur
+	defer p.retries.Done()
+	s.persistOpen()
+	p.mu.Lock()
+	p.reopening = false
+	p.mu.Unlock()
+	s.h.cfg.Changed()
 }
 
 // releaseHold lets stages overwrite slot again, if h still holds it.
@@ -533,6 +582,10 @@ func (s *service) persistReclaim(d int64) {
 // is closing: its life has ended).
 func (s *service) persistClose() error {
 	p := &s.dur
+	p.mu.Lock()
+	p.closed = true // no store opens from now on
+	p.mu.Unlock()
+	p.retries.Wait() // before opMu, which a retry takes
 	p.opMu.Lock()
 	defer p.opMu.Unlock()
 	p.stopSaves()

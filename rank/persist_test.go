@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -501,4 +502,46 @@ func TestDurableTakeover(t *testing.T) {
 		}
 	}
 	r.checkLoad(4)
+}
+
+// TestDurableStoreLocked: a rank whose store another host still has open
+// (the rank was moved here while its old host writes) has no store:
+// its bases count as failed, training goes on, and it tries to open the
+// store again at its next base; once the old host closed it, the rank's
+// saves go on.
+func TestDurableStoreLocked(t *testing.T) {
+	dir := t.TempDir()
+	regions := []durable.Region{{Name: "optimizer", Size: persistRegions[0].Size}, {Name: "meta", Size: persistRegions[1].Size}}
+	old, err := durable.Open(dir, 0, regions, durable.Options{Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	r := newPersistRig(t, PersistConfig{Dir: dir, Every: 2, Concurrency: 1})
+	d := r.durableWhen("the store refused", func(d *DurableProgress) bool { return d.Off != "" })
+	if !strings.Contains(d.Off, "open elsewhere") {
+		t.Fatalf("the rank's store is off for another reason: %q", d.Off)
+	}
+	r.step(0)
+	r.step(1)
+	r.step(2)
+	r.durableWhen("two bases failed", func(d *DurableProgress) bool { return d.Failed == 2 })
+	p := &r.h.svc(0).dur
+	r.c.waitFor("the retries to open the store", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return !p.reopening
+	})
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r.step(3)
+	r.step(4) // fails too, and has the store opened again
+	r.durableWhen("the store open", func(d *DurableProgress) bool { return d.Off == "" && d.N == 1 })
+	r.steps(5, 6, 2)
+	d = r.durableWhen("the save of step 6", func(d *DurableProgress) bool { return slices.Equal(d.Markers, []int64{6}) })
+	if d.Saves != 1 || d.Failed != 3 {
+		t.Fatalf("durable progress %+v: want 1 save, 3 failed", d)
+	}
+	r.checkLoad(6)
 }
