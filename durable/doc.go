@@ -158,7 +158,12 @@
 // A save counts as in flight, for Concurrency, from 1 to 8. One that
 // completes after Reclaim moved the watermark past its step can never
 // be committed (the commit record only moves forward): its file is freed
-// at once, and it gets neither pointer nor marker.
+// at once, and it gets neither pointer nor marker. The save's look at
+// the watermark and its writes of 7 and 8 are one step for Reclaim and
+// Close (a mutex they hold): a Reclaim either moves the watermark before
+// the look, or removes the markers after the marker is written, never in
+// between, so no marker outlives the version it names; after Close, no
+// save writes a pointer or a marker.
 //
 // The pointer:
 //

@@ -77,6 +77,13 @@ type Store struct {
 	watermark int64
 	closed    bool
 
+	// rmu makes a publish (its look at the watermark, then its pointer
+	// and marker) one step for Reclaim and Close: a Reclaim never
+	// removes markers between a publish's look and its marker, so no
+	// marker outlives its version; a Close ends the publishes. Lock
+	// order: rmu, then pmu, then mu.
+	rmu sync.Mutex
+
 	// pmu serializes the pointer's updates (in memory and on disk) and
 	// guards ptr, hasPtr and pending.
 	pmu     sync.Mutex
@@ -439,26 +446,33 @@ func (s *Store) Save(ctx context.Context, step int64, src [][]byte, sums []uint3
 	complete = true
 	s.mu.Lock()
 	p := pointer{rank: s.rank, file: bf.idx, step: step, version: version, hdrCRC: bf.hdrCRC}
-	watermark := s.watermark
 	s.mu.Unlock()
-	superseded := step < watermark
+	superseded, err := s.publish(p)
 	if superseded {
 		// Reclaim moved past this step while it was written: no
 		// recovery can use it, and it would hold its file until the
 		// next Reclaim. It is freed at once, unmarked.
-		s.log.Debug("durable: a save finished after the watermark passed it: freed", "step", step, "watermark", watermark)
-		if _, err := s.free(func(f *baseFile) bool { return f == bf && f.state == fsComplete }); err != nil {
-			return fmt.Errorf("durable: rank %d: step %d: %w", s.rank, step, err)
-		}
-		return nil
+		s.log.Debug("durable: a save finished after the watermark passed it: freed", "step", step)
+		return s.freeVersion(p)
 	}
-	if err := s.publish(p); err != nil {
-		if !errors.Is(err, errCrash) {
+	if err != nil {
+		if !errors.Is(err, errCrash) && !errors.Is(err, ErrClosed) {
 			s.pmu.Lock()
 			s.pending = append(s.pending, p)
 			s.pmu.Unlock()
 		}
 		return fmt.Errorf("durable: rank %d: version %d of step %d is complete but not marked (retried at the next Save): %w", s.rank, version, step, err)
+	}
+	return nil
+}
+
+// freeVersion frees the file of p's version, if it still holds it.
+func (s *Store) freeVersion(p pointer) error {
+	_, err := s.free(func(f *baseFile) bool {
+		return f.idx == p.file && f.state == fsComplete && f.version == p.version
+	})
+	if err != nil {
+		return fmt.Errorf("durable: rank %d: step %d: %w", s.rank, p.step, err)
 	}
 	return nil
 }
@@ -480,7 +494,13 @@ func (s *Store) repair() {
 	pending := slices.Clone(s.pending)
 	s.pmu.Unlock()
 	for _, p := range pending {
-		if err := s.publish(p); err != nil {
+		superseded, err := s.publish(p)
+		switch {
+		case superseded:
+			if err := s.freeVersion(p); err != nil {
+				s.log.Warn("durable: a base file's header cannot be rewritten", "err", err)
+			}
+		case err != nil:
 			s.log.Warn("durable: a complete version cannot be marked", "step", p.step, "version", p.version, "err", err)
 			continue
 		}
@@ -649,22 +669,39 @@ func (s *Store) writeChunks(ctx context.Context, bf *baseFile, src [][]byte) ([]
 }
 
 // publish moves the pointer to a complete version if it is the newest,
-// then writes its marker: steps 7 and 8.
-func (s *Store) publish(p pointer) error {
+// then writes its marker: steps 7 and 8. It does neither, and returns
+// superseded, when the watermark passed the version's step (the caller
+// frees its file), and returns ErrClosed once the store is closed. The
+// look at the watermark and the writes are one step for Reclaim (rmu).
+func (s *Store) publish(p pointer) (superseded bool, err error) {
+	if err := s.at("publish", 0); err != nil {
+		return false, err
+	}
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	s.mu.Lock()
+	closed, stale := s.closed, p.step < s.watermark
+	s.mu.Unlock()
+	switch {
+	case closed:
+		return false, ErrClosed
+	case stale:
+		return true, nil
+	}
 	if err := s.at("pointer", 0); err != nil {
-		return err
+		return false, err
 	}
 	if err := s.movePointer(p); err != nil {
-		return err
+		return false, err
 	}
 	if err := s.at("marker", 0); err != nil {
-		return err
+		return false, err
 	}
-	err := writeAtomic(s.dir, doneName(p.step), [][]byte{encodePointer(magicMarker, p)}, s.fault("marker"))
+	err = writeAtomic(s.dir, doneName(p.step), [][]byte{encodePointer(magicMarker, p)}, s.fault("marker"))
 	if err != nil {
-		return err
+		return false, err
 	}
-	return s.at("done", 0)
+	return false, s.at("done", 0)
 }
 
 // movePointer replaces LATEST with p if p's version is newer than the
@@ -750,20 +787,30 @@ func (s *Store) Load(ctx context.Context, step int64, dst [][]byte) error {
 // version of committed.
 func (s *Store) Reclaim(committed int64) (int, error) {
 	s.repair()
+	if err := s.at("reclaim.lock", 0); err != nil {
+		return 0, err
+	}
+	// Under rmu: no publish looks at the watermark before it moves and
+	// writes its marker after the markers are removed.
+	s.rmu.Lock()
 	s.dropPending(func(p pointer) bool { return p.step < committed })
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		s.rmu.Unlock()
 		return 0, ErrClosed
 	}
 	s.watermark = max(s.watermark, committed)
 	if !slices.ContainsFunc(s.files, func(bf *baseFile) bool { return bf.state == fsComplete && bf.step == committed }) {
 		s.mu.Unlock()
+		s.rmu.Unlock()
 		return 0, fmt.Errorf("%w: rank %d: reclaiming before step %d, which it does not hold: nothing freed", ErrNoVersion, s.rank, committed)
 	}
 	s.mu.Unlock()
 	// Markers first: a marker never outlives its version.
-	if err := s.removeMarkers(func(step int64) bool { return step < committed }); err != nil {
+	err := s.removeMarkers(func(step int64) bool { return step < committed })
+	s.rmu.Unlock()
+	if err != nil {
 		return 0, err
 	}
 	if err := s.removeBatches(func(a, b int64) bool { return b <= committed }); err != nil {
@@ -895,6 +942,8 @@ func (s *Store) Truncate(step int64) error {
 // Close releases the store's files; Saves in flight fail. Closing twice
 // is a no-op.
 func (s *Store) Close() error {
+	s.rmu.Lock() // no publish is under way, and none writes after
+	defer s.rmu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
