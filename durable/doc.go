@@ -78,6 +78,9 @@
 //	...                            each region at the 4096-aligned offset after the one before
 //
 // and its size is exactly the end of the last region rounded up to 4096.
+// The zeros (after the chunk table, after each region) are under no CRC:
+// a save writes them (a file may hold bytes of an earlier layout there)
+// and Load and Verify check them.
 // The space is reserved with fallocate when the file is created, and the
 // file is never truncated or reopened with O_TRUNC afterwards (only
 // resized, while it holds no version, if a later run chose another chunk
@@ -126,13 +129,13 @@
 //     the source into a buffer of its own while computing its CRC32C
 //     (so that the bytes checksummed are the bytes written, whatever
 //     happens to the source meanwhile), and pwrites the buffer at the
-//     chunk's offset;
+//     chunk's offset (a region's last chunk with the zeros after it);
 //  4. once every chunk is read it checks each region's CRC32C, combined
 //     from its chunks', against the caller's: a source overwritten while
 //     it was read fails the save here. Then it calls the caller's copied
 //     function (the caller may release the source);
-//  5. it writes the chunk table and fdatasyncs the file: every data byte
-//     and every chunk CRC is durable;
+//  5. it writes the chunk table (and the zeros after it) and fdatasyncs
+//     the file: every data byte and every chunk CRC is durable;
 //  6. it writes the header as complete (step, version, table CRC) and
 //     fdatasyncs it;
 //  7. it moves the rank's pointer (LATEST) to this version if this
@@ -250,7 +253,7 @@
 // # What is checked
 //
 // Everything read from the directory is checked before use: magic,
-// format version, CRCs, zero fields, ranks and steps against the file's
+// format version, CRCs, zero fields and padding, ranks and steps against the file's
 // name and the caller's expectation, regions against the manifest and
 // the caller's buffers, file sizes against the layout. Offsets and
 // lengths come from the validated layout, never from unchecked bytes. A

@@ -581,8 +581,9 @@ func (s *Store) write(ctx context.Context, bf *baseFile, step int64, version uin
 	if copied != nil {
 		copied()
 	}
-	// 5. The chunk table, then everything durable.
-	tb := make([]byte, 4*len(table))
+	// 5. The chunk table and the zeros after it, then everything
+	// durable.
+	tb := make([]byte, l.tableEnd-hdrSize)
 	for k, c := range table {
 		le.PutUint32(tb[4*k:], c)
 	}
@@ -602,7 +603,7 @@ func (s *Store) write(ctx context.Context, bf *baseFile, step int64, version uin
 	if err := s.at("header", 0); err != nil {
 		return err
 	}
-	hb := encodeHeader(&header{state: stateComplete, rank: s.rank, step: step, version: version, table: crc32c.Checksum(tb), l: l})
+	hb := encodeHeader(&header{state: stateComplete, rank: s.rank, step: step, version: version, table: crc32c.Checksum(tb[:4*len(table)]), l: l})
 	if _, err := bf.f.WriteAt(hb, 0); err != nil {
 		return s.unwrite(bf, fmt.Errorf("writing the header of %s: %w", bf.path, err))
 	}
@@ -653,10 +654,15 @@ func (s *Store) writeChunks(ctx context.Context, bf *baseFile, src [][]byte) ([]
 				}
 				r, off, n := l.chunkAt(k)
 				table[k] = crc32c.CopyUpdate(0, buf[:n], src[r][off:off+n])
+				// A region's last chunk is written with the zeros up to
+				// the next multiple of 4096: whatever the file held there
+				// (a version of another layout) goes.
+				w := roundUp(n)
+				clear(buf[n:w])
 				if err := s.at("chunk", k); err != nil {
 					return err
 				}
-				if _, err := bf.f.WriteAt(buf[:n], l.dataOff[r]+off); err != nil {
+				if _, err := bf.f.WriteAt(buf[:w], l.dataOff[r]+off); err != nil {
 					return fmt.Errorf("writing chunk %d of %s: %w", k, bf.path, err)
 				}
 			}
