@@ -256,7 +256,13 @@
 // format version, CRCs, zero fields and padding, ranks and steps against the file's
 // name and the caller's expectation, regions against the manifest and
 // the caller's buffers, file sizes against the layout. Offsets and
-// lengths come from the validated layout, never from unchecked bytes. A
+// lengths come from the validated layout, never from unchecked bytes.
+// What a read allocates is bounded whatever a file's size or contents
+// say: the small files by their format's size (a larger one is
+// corrupt), a base file's table by its validated header, a batch by
+// reading one of more than 64 MiB record by record, a record of more
+// than 64 MiB having its CRC32C checked in pieces before it is read
+// into a buffer of its size (a batch of more than 64 GiB is corrupt). A
 // file that does not verify is an error wrapping [ErrCorrupt] (a
 // [*CorruptError] naming the file and the first bad byte range); a
 // version that does not verify is never returned.
