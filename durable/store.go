@@ -773,6 +773,29 @@ func cmpInt[T int64 | uint64](a, b T) int {
 	return 0
 }
 
+// Marked returns the steps of the rank's complete versions that have
+// their marker, ascending: a marker that names another version (its
+// file, counter or header) does not count. It reads the rank's own
+// markers only, one per complete version.
+func (s *Store) Marked() []int64 {
+	s.mu.Lock()
+	var held []pointer
+	for _, bf := range s.files {
+		if bf.state == fsComplete {
+			held = append(held, pointer{rank: s.rank, file: bf.idx, step: bf.step, version: bf.version, hdrCRC: bf.hdrCRC})
+		}
+	}
+	s.mu.Unlock()
+	var steps []int64
+	for _, p := range held {
+		if m, err := readMarker(s.root, s.rank, p.step); err == nil && m == p && !slices.Contains(steps, p.step) {
+			steps = append(steps, p.step)
+		}
+	}
+	slices.Sort(steps)
+	return steps
+}
+
 // InFlight returns the number of Saves in progress.
 func (s *Store) InFlight() int {
 	s.mu.Lock()

@@ -247,14 +247,9 @@ func (s *service) persistOpen() {
 		s.h.log.Info("durable tier: the rank's store is no longer open elsewhere", "rank", s.rank)
 	}
 	// The markers the rank has on disk already (a rank whose store
-	// another host wrote before this one took the rank over).
-	var markers []int64
-	for _, v := range st.Versions() {
-		if m, err := durable.Markers(cfg.Dir, s.rank+1, v.Step); err == nil && m[s.rank] && !slices.Contains(markers, v.Step) {
-			markers = append(markers, v.Step)
-		}
-	}
-	slices.Sort(markers)
+	// another host wrote before this one took the rank over): its own,
+	// each naming the version the store holds.
+	markers := st.Marked()
 	if d := s.h.D(); d >= 0 {
 		// A store another host wrote (a rank taken over) may hold
 		// versions the watermark passed after that host's last reclaim:

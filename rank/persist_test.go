@@ -3,9 +3,12 @@ package rank
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -544,4 +547,49 @@ func TestDurableStoreLocked(t *testing.T) {
 		t.Fatalf("durable progress %+v: want 1 save, 3 failed", d)
 	}
 	r.checkLoad(6)
+}
+
+// TestDurableTakeoverOwnMarkers: a rank taking its store over reports the
+// markers of its own versions only, each naming the version the store
+// holds: a marker left naming another version (here step 2's, pointing
+// at another base file) is not reported, so the launcher never commits
+// a step by it.
+func TestDurableTakeoverOwnMarkers(t *testing.T) {
+	dir := t.TempDir()
+	regions := []durable.Region{{Name: "optimizer", Size: persistRegions[0].Size}, {Name: "meta", Size: persistRegions[1].Size}}
+	st, err := durable.Open(dir, 0, regions, durable.Options{Concurrency: autoMaxConcurrency})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []int64{0, 2, 4} {
+		src := [][]byte{pattern(step, 0, regions[0].Size), pattern(step, 1, regions[1].Size)}
+		sums := []uint32{crc32c.Checksum(src[0]), crc32c.Checksum(src[1])}
+		if err := st.Save(context.Background(), step, src, sums, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.Close()
+	// done.2 becomes a copy of done.4 with step 2: it names base file
+	// and version of step 4's, not what the rank holds of step 2.
+	rd := filepath.Join(dir, "r0")
+	m, err := os.ReadFile(filepath.Join(rd, "done.4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	binary.LittleEndian.PutUint64(m[16:], 2)
+	binary.LittleEndian.PutUint32(m[36:], crc32c.Checksum(m[:36]))
+	if err := os.WriteFile(filepath.Join(rd, "done.2"), m, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := newClusterWith(t, [][]int{{0}}, nil, nil, func(hc *HostConfig) { hc.Persist = PersistConfig{Dir: dir, Every: 2} })
+	r := &persistRig{t: t, c: c, h: c.hosts[0], sess: c.hosts[0].Session(0), dir: dir}
+	r.call(TypeProtectHello, `{"v":1,"regions":[{"name":"optimizer","size":12288},{"name":"meta","size":100}]}`)
+	r.durableWhen("the store open", func(d *DurableProgress) bool { return true })
+	s := r.h.svc(0)
+	s.dur.mu.Lock()
+	markers := slices.Clone(s.dur.markers)
+	s.dur.mu.Unlock()
+	if !slices.Equal(markers, []int64{0, 4}) {
+		t.Fatalf("markers %v after taking the store over, want [0 4] (done.2 names another version)", markers)
+	}
 }
