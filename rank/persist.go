@@ -636,6 +636,9 @@ type persistHost struct {
 	mu   sync.Mutex
 	d    int64 // the newest watermark published, or -1
 	kick chan struct{}
+	// rounds counts the loop's rounds that took a new watermark up,
+	// applied or not (tests wait for them).
+	rounds int
 }
 
 // D returns the newest durable watermark (the job's commit record) the
@@ -682,19 +685,26 @@ func (h *Host) startPersist() {
 // persistLoop applies each new watermark: a commit record in the host's
 // directory if the launcher does not write there (a directory on a local
 // disk of each host: it has no manifest, which the launcher writes before
-// its first commit), then every local rank's reclaim. It runs until the
-// host stops.
+// its first commit), then every local rank's reclaim. A commit record it
+// cannot write stops it there: the ranks reclaim nothing past the record
+// the host's directory durably holds (its version must stay), and the
+// record is tried again every persistRetry, or at the next watermark. It
+// runs until the host stops.
 func (h *Host) persistLoop() {
 	defer h.wg.Done()
 	dir := h.cfg.Persist.Dir
 	applied := int64(noStep)
 	local := -1 // unknown; 1: commit here too; 0: the launcher's directory
+	var retry <-chan time.Time
+	failing := false
 	for {
 		select {
 		case <-h.dur.kick:
+		case <-retry:
 		case <-h.life.Done():
 			return
 		}
+		retry = nil
 		d := h.D()
 		if d <= applied {
 			continue
@@ -705,20 +715,39 @@ func (h *Host) persistLoop() {
 				local = 1
 			}
 		}
+		ok := true
 		if local == 1 {
 			if err := durable.Commit(dir, d); err != nil {
-				h.log.Warn("durable tier: cannot write the commit record in this host's directory", "dir", dir, "step", d, "err", err)
+				ok = false
+				if !failing {
+					h.log.Warn("durable tier: cannot write the commit record in this host's directory: its ranks reclaim nothing until it can (tried again every second)",
+						"dir", dir, "step", d, "err", err)
+				}
+				retry = time.After(persistRetry)
+			} else if failing {
+				h.log.Warn("durable tier: the commit record is written in this host's directory again", "dir", dir, "step", d)
 			}
+			failing = !ok
 		}
-		for _, s := range h.place().svcs {
-			if h.life.Err() != nil {
-				return
+		if ok {
+			for _, s := range h.place().svcs {
+				if h.life.Err() != nil {
+					return
+				}
+				s.persistReclaim(d)
 			}
-			s.persistReclaim(d)
+			applied = d
 		}
-		applied = d
+		h.dur.mu.Lock()
+		h.dur.rounds++
+		h.dur.mu.Unlock()
+		h.cfg.Changed()
 	}
 }
+
+// persistRetry is how long a host waits before it tries again a commit
+// record it could not write in its own directory.
+const persistRetry = time.Second
 
 // durableLogEvery is how often at most a store's log says the same thing:
 // a full or failing disk has it retry (and warn) at every save.

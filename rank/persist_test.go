@@ -593,3 +593,50 @@ func TestDurableTakeoverOwnMarkers(t *testing.T) {
 		t.Fatalf("markers %v after taking the store over, want [0 4] (done.2 names another version)", markers)
 	}
 }
+
+// TestDurableLocalCommitFails: a host whose own directory's commit record
+// cannot be written (here COMMITTED is a directory) reclaims nothing
+// past the record it holds: the versions and markers before the new
+// watermark stay, the record is tried again, and once it is written the
+// reclaim follows.
+func TestDurableLocalCommitFails(t *testing.T) {
+	r := newPersistRig(t, PersistConfig{Every: 2, Concurrency: 2})
+	r.steps(0, 4, 2)
+	r.durableWhen("three markers", func(d *DurableProgress) bool { return slices.Equal(d.Markers, []int64{0, 2, 4}) })
+	if err := durable.Commit(r.dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	committed := filepath.Join(r.dir, "COMMITTED")
+	if err := os.Remove(committed); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(committed, 0o700); err != nil { // unwritable, even by root
+		t.Fatal(err)
+	}
+	rounds := func() int {
+		r.h.dur.mu.Lock()
+		defer r.h.dur.mu.Unlock()
+		return r.h.dur.rounds
+	}
+	r.h.SetD(2)
+	r.c.waitFor("the host's loop to take the watermark up", func() bool { return rounds() >= 1 })
+	if d := r.c.progress(0).Durable; !slices.Equal(d.Markers, []int64{0, 2, 4}) {
+		t.Fatalf("markers %v after a commit record that failed, want [0 2 4]", d.Markers)
+	}
+	l, err := durable.List(r.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(l.Ranks[0].Markers, []int64{0, 2, 4}) || !slices.ContainsFunc(l.Ranks[0].Bases, func(b durable.BaseFile) bool {
+		return b.State == durable.StateComplete && b.Step == 0
+	}) {
+		t.Fatalf("after a commit record that failed: markers %v, bases %+v; want step 0 kept", l.Ranks[0].Markers, l.Ranks[0].Bases)
+	}
+	if err := os.Remove(committed); err != nil {
+		t.Fatal(err)
+	}
+	r.durableWhen("the reclaim once the record is written", func(d *DurableProgress) bool { return slices.Equal(d.Markers, []int64{2, 4}) })
+	if c, err := durable.ReadCommitted(r.dir); err != nil || c != 2 {
+		t.Fatalf("the host's commit record: %d, %v; want 2", c, err)
+	}
+}
