@@ -184,10 +184,11 @@
 // A completion marker done.<step> has the same 40 bytes, with magic
 // "GRDK": the rank's version of step is complete in base.<i>.
 //
-// # Committing
+// # Committing and abandoning
 //
-// The launcher calls [Markers] to learn which ranks have a marker for a
-// step, and [Commit] when every rank has one. The commit record:
+// One party, the launcher (the caller of [Commit]; in gorun, package
+// launcher, from the ranks' reports), decides every base step: committed,
+// or abandoned for good. The commit record:
 //
 //	offset  size  field
 //	0       4     magic "GRDC"
@@ -199,7 +200,43 @@
 //
 // Commit only moves the record forward: a step not after the recorded
 // one changes nothing. A version the commit record does not name is never
-// used to resume.
+// used to resume. The protocol:
+//
+//  1. Each rank reports the steps of its markers ([Store.Marked], then
+//     those of its saves that succeed) and a resolved step S_r: a step
+//     such that every save of the rank of a step at or before S_r has
+//     ended, written with its marker or not at all (it failed, was
+//     skipped ([ErrBusy]) or was given up): the step before its oldest
+//     save still in flight, or its newest step when none is. The rank's
+//     markers at or before S_r, as reported, are final: a step it did
+//     not report a marker of there, it never reports one of later (a
+//     complete version whose marker write failed counts as failed, even
+//     if a retry later writes its marker).
+//  2. The launcher takes X, the minimum of the ranks' S_r (and of any
+//     bound of its own: gorun's G), never below the X it published
+//     before nor below its commit record. Every step at or before X is
+//     decided: if some of them after the commit record and after the
+//     previous X have every rank's marker, it commits the newest of
+//     them (Commit); every other step at or before X is abandoned. It
+//     never commits a step at or before an X it published.
+//  3. It publishes D, the commit record's step, and X (D ≤ X); each rank
+//     calls [Store.Reclaim](D) and [Store.Abandon](D, X), in that order.
+//
+// Abandon(D, X) frees every complete version of a step s ≤ X other than
+// D, and removes its marker, so that a rank whose saves failed or were
+// skipped on some ranks (their versions sharing no step) always gets its
+// files back: without it a version no commit ever names would hold its
+// file for good, and with every file held the rank's saves all fail
+// ErrBusy. It is safe, as no version the launcher may still commit is
+// freed: if s < D, the commit record passed s and only moves forward; if
+// D < s ≤ X, the launcher decided s when it published X, and commits only
+// steps after X from then on, so s is never committed; D itself is kept
+// (by Abandon and by Reclaim), and any step after X is not touched. The
+// ranks' reports being final at or before S_r ≥ X, no marker of a step
+// at or before X appears in a report after the decision: the launcher's
+// view of those steps cannot change. A save of a step at or before X
+// other than D that completes after Abandon (which step 1 rules out) is
+// freed at once, unmarked, as after Reclaim.
 //
 // # Reclaiming
 //
@@ -209,7 +246,9 @@
 // W and its differential batches that end at or before W. The version of
 // W and anything newer stay: a recovery at W needs W's base and every
 // differential after W. Reclaim frees nothing when the rank holds no
-// complete version of W.
+// complete version of W. (Abandon, called after it with X ≥ W, frees the
+// versions before W even then, and the one the pointer names: a version
+// of a step before W is never committed.)
 //
 // # Differential batches
 //
@@ -270,14 +309,14 @@
 // # Concurrency
 //
 // A Store is safe for concurrent use; up to Concurrency Saves run at
-// once, and Load, Latest and Reclaim beside them. Truncate must not run
-// beside a Save. One Store at a time may have a rank open, whatever
-// process or host it is in: Open takes an exclusive flock (LOCK_EX,
-// without waiting) on DIR/r<rank>/LOCK, held until Close, before it
-// touches anything of the rank's, and fails with an error wrapping
-// [ErrLocked] if another Store holds it (a host that took a rank over
-// while the rank's old host still writes: the new one tries again
-// later). On a shared file system the lock is as good as the file
+// once, and Load, Latest, Reclaim and Abandon beside them. Truncate
+// must not run beside a Save. One Store at a time may have a rank open,
+// whatever process or host it is in: Open takes an exclusive flock
+// (LOCK_EX, without waiting) on DIR/r<rank>/LOCK, held until Close,
+// before it touches anything of the rank's, and fails with an error
+// wrapping [ErrLocked] if another Store holds it (a host that took a
+// rank over while the rank's old host still writes: the new one tries
+// again later). On a shared file system the lock is as good as the file
 // system's flock (NFS emulates it with its byte-range locks, and an old
 // host cut off from the server loses its lock when its lease ends).
 // The package's functions on the directory (Markers, Commit,

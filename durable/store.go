@@ -75,7 +75,11 @@ type Store struct {
 	// watermark is the newest step Reclaim was given (-1 before): a
 	// version of an older step is of no use.
 	watermark int64
-	closed    bool
+	// resolved and kept are the newest resolved step Abandon was given
+	// and the committed step given with it (-1 before): a version of a
+	// step at or before resolved, other than kept, is of no use.
+	resolved, kept int64
+	closed         bool
 
 	// rmu makes a publish (its look at the watermark, then its pointer
 	// and marker) one step for Reclaim and Close: a Reclaim never
@@ -147,7 +151,7 @@ func Open(dir string, rank int, regions []Region, opt Options) (*Store, error) {
 	}
 	s := &Store{
 		root: dir, dir: rankDir(dir, rank), rank: rank, regions: slices.Clone(regions),
-		lay: lay, n: n, writers: w, log: log.With("rank", rank), steps: map[int64]bool{}, watermark: -1,
+		lay: lay, n: n, writers: w, log: log.With("rank", rank), steps: map[int64]bool{}, watermark: -1, resolved: -1, kept: -1,
 	}
 	s.bufs.New = func() any { b := make([]byte, lay.chunk); return &b }
 	if err := ensureRankDir(dir, rank); err != nil {
@@ -676,9 +680,10 @@ func (s *Store) writeChunks(ctx context.Context, bf *baseFile, src [][]byte) ([]
 
 // publish moves the pointer to a complete version if it is the newest,
 // then writes its marker: steps 7 and 8. It does neither, and returns
-// superseded, when the watermark passed the version's step (the caller
-// frees its file), and returns ErrClosed once the store is closed. The
-// look at the watermark and the writes are one step for Reclaim (rmu).
+// superseded, when the watermark passed the version's step or Abandon
+// gave it up (the caller frees its file), and returns ErrClosed once the
+// store is closed. The look and the writes are one step for Reclaim and
+// Abandon (rmu).
 func (s *Store) publish(p pointer) (superseded bool, err error) {
 	if err := s.at("publish", 0); err != nil {
 		return false, err
@@ -686,7 +691,7 @@ func (s *Store) publish(p pointer) (superseded bool, err error) {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	s.mu.Lock()
-	closed, stale := s.closed, p.step < s.watermark
+	closed, stale := s.closed, s.staleLocked(p.step)
 	s.mu.Unlock()
 	switch {
 	case closed:
@@ -723,6 +728,12 @@ func (s *Store) movePointer(p pointer) error {
 	}
 	s.ptr, s.hasPtr = p, true
 	return nil
+}
+
+// staleLocked reports whether a version of step can never be committed:
+// before the watermark, or given up by Abandon. s.mu is held.
+func (s *Store) staleLocked(step int64) bool {
+	return step < s.watermark || step <= s.resolved && step != s.kept
 }
 
 // fault returns the hook for writeAtomic of the named file.
@@ -854,6 +865,99 @@ func (s *Store) Reclaim(committed int64) (int, error) {
 	return s.free(func(bf *baseFile) bool {
 		return (bf.state == fsComplete && bf.step < committed && bf.idx != ptrFile) || bf.state == fsBroken
 	})
+}
+
+// Abandon frees what can never be committed once the launcher resolved
+// every step up to resolved, committed being its commit record's step
+// (-1: none yet): every complete version of a step at or before
+// resolved other than committed, with its marker (see Abandoning in the
+// package comment). A version of such a step that completes later is
+// freed at once, unmarked. The pointer, if it names a version freed,
+// first moves back to the newest complete version left (by counter), or
+// is removed. Abandon returns the number of base files it freed;
+// resolved < 0 frees nothing.
+func (s *Store) Abandon(committed, resolved int64) (int, error) {
+	if resolved < 0 {
+		return 0, nil
+	}
+	s.repair()
+	if err := s.at("abandon.lock", 0); err != nil {
+		return 0, err
+	}
+	gone := func(step int64) bool { return step <= resolved && step != committed }
+	// Under rmu, as Reclaim: no publish looks before the step is given
+	// up and writes its marker after the markers are removed.
+	s.rmu.Lock()
+	s.dropPending(func(p pointer) bool { return gone(p.step) })
+	s.pmu.Lock()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.pmu.Unlock()
+		s.rmu.Unlock()
+		return 0, ErrClosed
+	}
+	if resolved >= s.resolved {
+		s.resolved, s.kept = resolved, max(s.kept, committed)
+	}
+	var todo []*baseFile
+	var newest *baseFile // the newest complete version left
+	for _, bf := range s.files {
+		switch {
+		case bf.state != fsComplete:
+		case gone(bf.step):
+			bf.state = fsFreeing
+			todo = append(todo, bf)
+		case newest == nil || bf.version > newest.version:
+			newest = bf
+		}
+	}
+	s.mu.Unlock()
+	// The pointer first: it never names a freed file.
+	var perr error
+	if s.hasPtr && slices.ContainsFunc(todo, func(bf *baseFile) bool { return bf.idx == s.ptr.file }) {
+		var p pointer
+		if newest != nil {
+			p = pointer{rank: s.rank, file: newest.idx, step: newest.step, version: newest.version, hdrCRC: newest.hdrCRC}
+			perr = writeAtomic(s.dir, latestName, [][]byte{encodePointer(magicPointer, p)}, s.fault("latest"))
+		} else {
+			perr = removeSynced(s.dir, latestName)
+		}
+		if perr == nil {
+			s.ptr, s.hasPtr = p, newest != nil
+		} else {
+			// The file the pointer names stays as it is, and its step's
+			// markers with it; the next Abandon tries again.
+			s.mu.Lock()
+			todo = slices.DeleteFunc(todo, func(bf *baseFile) bool {
+				if bf.idx == s.ptr.file {
+					bf.state = fsComplete
+					return true
+				}
+				return false
+			})
+			s.mu.Unlock()
+		}
+	}
+	kept := int64(-1)
+	if perr != nil {
+		kept = s.ptr.step
+	}
+	s.pmu.Unlock()
+	// Then the markers: a marker never outlives its version.
+	merr := s.removeMarkers(func(step int64) bool { return gone(step) && step != kept })
+	s.rmu.Unlock()
+	if merr != nil {
+		// The files stay complete, as their markers may.
+		s.mu.Lock()
+		for _, bf := range todo {
+			bf.state = fsComplete
+		}
+		s.mu.Unlock()
+		return 0, errors.Join(perr, merr)
+	}
+	freed, ferr := s.free(func(bf *baseFile) bool { return slices.Contains(todo, bf) })
+	return freed, errors.Join(perr, ferr)
 }
 
 // free rewrites as free the headers of the files that pick chooses

@@ -42,13 +42,21 @@ import (
 //     to grow it would have to wait for every save in flight, and its
 //     files are preallocated once.
 //   - Each save that completes leaves the rank's completion marker; the
-//     service reports the steps of its markers (DurableProgress.Markers),
-//     the launcher commits the newest step every rank has a marker of
-//     (and only one at or below G: a step after G may be rolled back by a
-//     recovery, which truncates the store to G) and publishes it as the
-//     watermark (wire.GlobalStep.D); the host then commits it in its own
-//     directory when that is not the launcher's (per-host local disks)
-//     and has every local rank's store reclaim what is older (Host.SetD).
+//     service reports the steps of its markers (DurableProgress.Markers)
+//     and its resolved step (DurableProgress.Resolved: the step before
+//     its oldest save in flight, or its committed step; durable,
+//     "Committing and abandoning"). The launcher decides every step up to
+//     X, the minimum of the resolved steps and G: it commits the newest
+//     step every rank has a marker of (only one at or below G: a step
+//     after G may be rolled back by a recovery, which truncates the store
+//     to G), abandons the others, and publishes the commit record's step
+//     and X (wire.GlobalStep.D and X). The host then commits D in its own
+//     directory when that is not the launcher's (per-host local disks;
+//     if it cannot, it frees nothing until it can), and has every local
+//     rank's store reclaim what is older than D and free every version
+//     up to X but D's (Host.SetDurable, durable.Store.Abandon): so a rank
+//     always gets its base files back, even when the ranks' saves that
+//     failed or were skipped leave no step they all hold.
 //   - A restore at G (a restart, an in-place recovery, a rank rebuilt on
 //     a new host) first stops the rank's saves in flight and truncates its
 //     store to G (durable.Store.Truncate): what the rank saved after G
@@ -128,6 +136,11 @@ type DurableProgress struct {
 	// Markers are the steps of the rank's completion markers not
 	// reclaimed, ascending, none after Progress.Committed.
 	Markers []int64
+	// Resolved is the rank's resolved step (package durable, "Committing
+	// and abandoning"), at most Progress.Committed: the step before its
+	// oldest save in flight, or Committed when none is. Every save of a
+	// step at or before it has ended, and Markers up to it are final.
+	Resolved int64
 	// Saves written, skipped because the durable tier fell behind, and
 	// failed (I/O errors); their write time and bytes.
 	Saves, Skipped, Failed int64
@@ -160,6 +173,7 @@ type persist struct {
 	markers  []int64  // ascending
 	n        int      // saves allowed in flight
 	inflight int
+	flying   map[int64]bool // the steps of the saves in flight (inflight of them)
 	saves    int64
 	skipped  int64
 	failed   int64
@@ -250,17 +264,17 @@ func (s *service) persistOpen() {
 	// another host wrote before this one took the rank over): its own,
 	// each naming the version the store holds.
 	markers := st.Marked()
-	if d := s.h.D(); d >= 0 {
-		// A store another host wrote (a rank taken over) may hold
-		// versions the watermark passed after that host's last reclaim:
-		// a fresh store knows no watermark (durable: "Resuming and
-		// restoring").
-		if _, err := st.Reclaim(d); err == nil {
-			markers = slices.DeleteFunc(markers, func(m int64) bool { return m < d })
-		}
-	}
 	p.mu.Lock()
-	p.store, p.names, p.size, p.markers = st, names, size, markers
+	p.markers = markers
+	p.mu.Unlock()
+	// A store another host wrote (a rank taken over) may hold versions
+	// the watermark or X passed after that host's last reclaim: a fresh
+	// store knows neither (durable: "Resuming and restoring").
+	d, x := s.h.durable()
+	s.reclaimStore(st, d, x)
+	p.mu.Lock()
+	markers = p.markers
+	p.store, p.names, p.size = st, names, size
 	p.off, p.locked = "", false
 	p.n = max(cfg.Concurrency, 1)
 	p.lastBase = noStep
@@ -314,6 +328,10 @@ func (s *service) persistDueLocked(step int64, slot int) *baseSave {
 	h := make(chan struct{})
 	s.holds[slot] = h
 	p.inflight++
+	if p.flying == nil {
+		p.flying = map[int64]bool{}
+	}
+	p.flying[step] = true
 	p.wg.Add(1)
 	return &baseSave{step: step, slot: slot, hold: h, ctx: p.ctx}
 }
@@ -448,18 +466,21 @@ func (s *service) runSave(b *baseSave) {
 func (s *service) saved(b *baseSave, err error, took time.Duration) {
 	p := &s.dur
 	cfg := s.h.cfg.Persist
-	d := s.h.D()
+	d, x := s.h.durable()
 	p.mu.Lock()
 	p.inflight--
+	delete(p.flying, b.step)
 	wasFailing := p.failing
 	switch {
 	case err == nil:
 		p.saves++
 		p.writeNS += int64(took)
 		p.bytes += p.size
-		// A save the watermark passed while it was written was freed,
-		// unmarked (durable.Store.Save): it has no marker to report.
-		if i, found := slices.BinarySearch(p.markers, b.step); !found && b.step >= d {
+		// A save the watermark or X passed while it was written was
+		// freed, unmarked (durable.Store.Save): it has no marker to
+		// report. (A save in flight keeps X below its step: this is
+		// the store's rule, not something that happens.)
+		if i, found := slices.BinarySearch(p.markers, b.step); !found && b.step >= d && (b.step > x || b.step == d) {
 			p.markers = slices.Insert(p.markers, i, b.step)
 		}
 		p.failing = false
@@ -546,8 +567,9 @@ func (s *service) persistTruncate(g int64) {
 }
 
 // persistReclaim frees what a recovery at the job's commit record d
-// cannot need, and forgets the rank's markers before d.
-func (s *service) persistReclaim(d int64) {
+// cannot need, and what the launcher abandoned, every step up to x other
+// than d (-1: none), with the rank's markers of those steps.
+func (s *service) persistReclaim(d, x int64) {
 	p := &s.dur
 	p.opMu.Lock()
 	defer p.opMu.Unlock()
@@ -557,20 +579,44 @@ func (s *service) persistReclaim(d int64) {
 	if st == nil {
 		return
 	}
-	freed, err := st.Reclaim(d)
-	if err != nil {
-		// ErrNoVersion: the rank does not hold d here (its directory is
-		// not the one the commit was made from); nothing was freed.
-		s.h.log.Debug("durable tier: nothing reclaimed", "rank", s.rank, "committed", d, "err", err)
-		return
-	}
-	p.mu.Lock()
-	p.markers = slices.DeleteFunc(p.markers, func(m int64) bool { return m < d })
-	p.mu.Unlock()
-	if freed > 0 {
-		s.h.log.Debug("durable tier: reclaimed", "rank", s.rank, "committed", d, "files", freed)
-	}
+	s.reclaimStore(st, d, x)
 	s.h.cfg.Changed()
+}
+
+// reclaimStore has st reclaim before d and abandon up to x (each -1:
+// none), and forgets the markers it freed. persist.opMu is held.
+func (s *service) reclaimStore(st *durable.Store, d, x int64) {
+	p := &s.dur
+	if d >= 0 {
+		freed, err := st.Reclaim(d)
+		switch {
+		case err != nil:
+			// ErrNoVersion: the rank does not hold d here (its directory
+			// is not the one the commit was made from); nothing was
+			// freed (Abandon frees those versions below).
+			s.h.log.Debug("durable tier: nothing reclaimed", "rank", s.rank, "committed", d, "err", err)
+		case freed > 0:
+			s.h.log.Debug("durable tier: reclaimed", "rank", s.rank, "committed", d, "files", freed)
+		}
+		if err == nil {
+			p.mu.Lock()
+			p.markers = slices.DeleteFunc(p.markers, func(m int64) bool { return m < d })
+			p.mu.Unlock()
+		}
+	}
+	if x >= 0 {
+		freed, err := st.Abandon(d, x)
+		if err != nil {
+			s.h.log.Warn("durable tier: cannot free every version the launcher abandoned (tried again at the next)", "rank", s.rank, "committed", d, "resolved", x, "err", err)
+		} else if freed > 0 {
+			s.h.log.Debug("durable tier: abandoned", "rank", s.rank, "committed", d, "resolved", x, "files", freed)
+		}
+		// Whatever Abandon managed: the launcher never commits those
+		// steps, and does not want their markers.
+		p.mu.Lock()
+		p.markers = slices.DeleteFunc(p.markers, func(m int64) bool { return m <= x && m != d })
+		p.mu.Unlock()
+	}
 }
 
 // persistClose ends the rank's saves and closes its store (the service
@@ -614,7 +660,13 @@ func (s *service) persistProgress(committed int64) *DurableProgress {
 		return nil
 	}
 	d := &DurableProgress{Saves: p.saves, Skipped: p.skipped, Failed: p.failed, WriteNS: p.writeNS, Bytes: p.bytes,
-		HoldNS: p.holdNS.Load(), Off: p.off}
+		HoldNS: p.holdNS.Load(), Off: p.off, Resolved: max(committed, noStep)}
+	// A save of a step at or before committed began at its commit, under
+	// s.mu, before committed was read: it is in flying, until saved()
+	// takes it out and adds its marker, both under p.mu.
+	for st := range p.flying {
+		d.Resolved = min(d.Resolved, st-1)
+	}
 	if p.store != nil {
 		d.N = p.n
 	}
@@ -630,11 +682,12 @@ func (s *service) persistProgress(committed int64) *DurableProgress {
 }
 
 // persistHost is a host's side of the durable tier's watermark: the
-// newest commit record the launcher published (SetD), applied by its
-// loop (Host.persistLoop).
+// newest commit record and resolved step the launcher published
+// (SetDurable), applied by its loop (Host.persistLoop).
 type persistHost struct {
 	mu   sync.Mutex
 	d    int64 // the newest watermark published, or -1
+	x    int64 // the newest resolved step published, or -1
 	kick chan struct{}
 	// rounds counts the loop's rounds that took a new watermark up,
 	// applied or not (tests wait for them).
@@ -644,26 +697,45 @@ type persistHost struct {
 // D returns the newest durable watermark (the job's commit record) the
 // launcher published to this host, or -1.
 func (h *Host) D() int64 {
-	h.dur.mu.Lock()
-	defer h.dur.mu.Unlock()
-	return h.dur.d
+	d, _ := h.durable()
+	return d
 }
 
-// SetD takes a newer durable watermark d, the step of the job's commit
-// record (wire.GlobalStep.D; older ones are ignored): the host's loop
-// commits it in the host's own directory, when that is not the
-// launcher's, and has every local rank's store reclaim what a recovery at
-// d cannot need. It does nothing without a durable tier.
-func (h *Host) SetD(d int64) {
+// X returns the newest durable resolved step the launcher published to
+// this host, or -1.
+func (h *Host) X() int64 {
+	_, x := h.durable()
+	return x
+}
+
+// durable returns the newest durable watermark and resolved step the
+// launcher published to this host (-1: none).
+func (h *Host) durable() (d, x int64) {
+	h.dur.mu.Lock()
+	defer h.dur.mu.Unlock()
+	return h.dur.d, h.dur.x
+}
+
+// SetD takes a newer durable watermark d: SetDurable(d, -1).
+func (h *Host) SetD(d int64) { h.SetDurable(d, noStep) }
+
+// SetDurable takes a newer durable watermark d, the step of the job's
+// commit record (wire.GlobalStep.D), and a newer resolved step x
+// (wire.GlobalStep.X: every step up to it other than d is abandoned);
+// older ones and -1 are ignored. The host's loop commits d in the host's
+// own directory, when that is not the launcher's, and has every local
+// rank's store reclaim what a recovery at d cannot need and free the
+// versions abandoned. It does nothing without a durable tier.
+func (h *Host) SetDurable(d, x int64) {
 	if !h.cfg.Persist.on() {
 		return
 	}
 	h.dur.mu.Lock()
-	if d <= h.dur.d {
+	if d <= h.dur.d && x <= h.dur.x {
 		h.dur.mu.Unlock()
 		return
 	}
-	h.dur.d = d
+	h.dur.d, h.dur.x = max(h.dur.d, d), max(h.dur.x, x)
 	h.dur.mu.Unlock()
 	select {
 	case h.dur.kick <- struct{}{}:
@@ -682,18 +754,19 @@ func (h *Host) startPersist() {
 	go h.persistLoop()
 }
 
-// persistLoop applies each new watermark: a commit record in the host's
-// directory if the launcher does not write there (a directory on a local
-// disk of each host: it has no manifest, which the launcher writes before
-// its first commit), then every local rank's reclaim. A commit record it
-// cannot write stops it there: the ranks reclaim nothing past the record
-// the host's directory durably holds (its version must stay), and the
+// persistLoop applies each new watermark and resolved step: a commit
+// record in the host's directory if the launcher does not write there (a
+// directory on a local disk of each host: it has no manifest, which the
+// launcher writes before its first commit), then every local rank's
+// reclaim and abandon. A commit record it cannot write stops it there:
+// the ranks free nothing past the record the host's directory durably
+// holds (its version must stay, and the new record's too), and the
 // record is tried again every persistRetry, or at the next watermark. It
 // runs until the host stops.
 func (h *Host) persistLoop() {
 	defer h.wg.Done()
 	dir := h.cfg.Persist.Dir
-	applied := int64(noStep)
+	applied, appliedX := int64(noStep), int64(noStep)
 	local := -1 // unknown; 1: commit here too; 0: the launcher's directory
 	var retry <-chan time.Time
 	failing := false
@@ -705,8 +778,8 @@ func (h *Host) persistLoop() {
 			return
 		}
 		retry = nil
-		d := h.D()
-		if d <= applied {
+		d, x := h.durable()
+		if d <= applied && x <= appliedX {
 			continue
 		}
 		if local < 0 {
@@ -716,7 +789,7 @@ func (h *Host) persistLoop() {
 			}
 		}
 		ok := true
-		if local == 1 {
+		if local == 1 && d > applied {
 			if err := durable.Commit(dir, d); err != nil {
 				ok = false
 				if !failing {
@@ -734,9 +807,9 @@ func (h *Host) persistLoop() {
 				if h.life.Err() != nil {
 					return
 				}
-				s.persistReclaim(d)
+				s.persistReclaim(d, x)
 			}
-			applied = d
+			applied, appliedX = d, x
 		}
 		h.dur.mu.Lock()
 		h.dur.rounds++
