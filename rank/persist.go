@@ -269,8 +269,15 @@ func (s *service) persistOpen() {
 	p.mu.Unlock()
 	// A store another host wrote (a rank taken over) may hold versions
 	// the watermark or X passed after that host's last reclaim: a fresh
-	// store knows neither (durable: "Resuming and restoring").
-	d, x := s.h.durable()
+	// store knows neither (durable: "Resuming and restoring"). The ones
+	// this host applied: the loop applies the newer ones to every store
+	// it finds open.
+	s.h.dur.mu.Lock()
+	d, x := s.h.dur.appliedD, s.h.dur.appliedX
+	if s.h.dur.local == 0 {
+		d, x = s.h.dur.d, s.h.dur.x
+	}
+	s.h.dur.mu.Unlock()
 	s.reclaimStore(st, d, x)
 	p.mu.Lock()
 	markers = p.markers
@@ -685,10 +692,18 @@ func (s *service) persistProgress(committed int64) *DurableProgress {
 // newest commit record and resolved step the launcher published
 // (SetDurable), applied by its loop (Host.persistLoop).
 type persistHost struct {
-	mu   sync.Mutex
-	d    int64 // the newest watermark published, or -1
-	x    int64 // the newest resolved step published, or -1
-	kick chan struct{}
+	mu sync.Mutex
+	d  int64 // the newest watermark published, or -1
+	x  int64 // the newest resolved step published, or -1
+	// appliedD and appliedX are the watermark and resolved step the loop
+	// is applying or applied last (-1: none), and local whether the
+	// host's directory is its own (1: it writes a commit record there
+	// too; 0: the launcher's; -1: not known yet). A store opened in a
+	// directory of the host's own starts from what was applied, never
+	// from a watermark whose commit record the directory may not hold.
+	appliedD, appliedX int64
+	local              int
+	kick               chan struct{}
 	// rounds counts the loop's rounds that took a new watermark up,
 	// applied or not (tests wait for them).
 	rounds int
@@ -767,7 +782,7 @@ func (h *Host) persistLoop() {
 	defer h.wg.Done()
 	dir := h.cfg.Persist.Dir
 	applied, appliedX := int64(noStep), int64(noStep)
-	local := -1 // unknown; 1: commit here too; 0: the launcher's directory
+	local := -1 // unknown; 1: commit here too; 0: the launcher's directory (persistHost.local)
 	var retry <-chan time.Time
 	failing := false
 	for {
@@ -787,6 +802,9 @@ func (h *Host) persistLoop() {
 			if _, err := durable.ReadManifest(dir); errors.Is(err, durable.ErrNoManifest) {
 				local = 1
 			}
+			h.dur.mu.Lock()
+			h.dur.local = local
+			h.dur.mu.Unlock()
 		}
 		ok := true
 		if local == 1 && d > applied {
@@ -803,6 +821,12 @@ func (h *Host) persistLoop() {
 			failing = !ok
 		}
 		if ok {
+			// Before the stores: one that opens meanwhile starts from
+			// these, or is open when its turn comes (persistReclaim
+			// waits for its open).
+			h.dur.mu.Lock()
+			h.dur.appliedD, h.dur.appliedX = d, x
+			h.dur.mu.Unlock()
 			for _, s := range h.place().svcs {
 				if h.life.Err() != nil {
 					return
