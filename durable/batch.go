@@ -3,6 +3,7 @@ package durable
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math"
 	"os"
@@ -60,8 +61,87 @@ func AppendBatch(dir string, rank int, first, last int64, records [][]byte) erro
 // parseBatch checks and decodes a batch file of rank named for steps a to
 // b. The records' data alias buf.
 func parseBatch(buf []byte, rank int, a, b int64, path string) ([]Record, error) {
-	if len(buf) < batchHdr {
-		return nil, corruptErr(path, int64(len(buf)), batchHdr, "%d bytes, shorter than the header", len(buf))
+	return scanBatch(&batchReader{buf: buf, size: int64(len(buf)), path: path}, rank, a, b, true)
+}
+
+// Bounds of what reading a batch file allocates, whatever the file says:
+// a file up to wholeBatch bytes is read at once (its records alias the
+// buffer); a larger one is read record by record, and a record of more
+// than streamRecord bytes has its CRC32C checked in pieces of
+// streamPiece bytes before it is read into a buffer of its size (twice
+// read, never allocated unless it verifies).
+const (
+	wholeBatch   = 64 << 20
+	streamRecord = 64 << 20
+	streamPiece  = 1 << 20
+)
+
+// batchReader reads a batch file: from buf when it was read whole, else
+// from f.
+type batchReader struct {
+	buf     []byte
+	f       io.ReaderAt
+	size    int64
+	path    string
+	scratch []byte // streamPiece bytes, for crc
+}
+
+// bytes returns the n bytes at off (off+n ≤ size): a slice of buf, or a
+// new buffer read from f. A file that ends before is corrupt (it shrank
+// since its size was taken).
+func (r *batchReader) bytes(off, n int64) ([]byte, error) {
+	if r.buf != nil {
+		return r.buf[off : off+n : off+n], nil
+	}
+	b := make([]byte, n)
+	if err := r.readAt(b, off); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func (r *batchReader) readAt(b []byte, off int64) error {
+	m, err := r.f.ReadAt(b, off)
+	switch {
+	case m == len(b):
+		return nil
+	case err == nil || errors.Is(err, io.EOF):
+		return corruptErr(r.path, off+int64(m), off+int64(len(b)), "the file ends (it was %d bytes)", r.size)
+	default:
+		return fmt.Errorf("durable: reading %s: %w", r.path, err)
+	}
+}
+
+// crc returns the CRC32C of the n bytes at off continuing crc, read in
+// pieces.
+func (r *batchReader) crc(crc uint32, off, n int64) (uint32, error) {
+	if r.buf != nil {
+		return crc32c.Update(crc, r.buf[off:off+n]), nil
+	}
+	if r.scratch == nil {
+		r.scratch = make([]byte, streamPiece)
+	}
+	for n > 0 {
+		p := r.scratch[:min(n, streamPiece)]
+		if err := r.readAt(p, off); err != nil {
+			return 0, err
+		}
+		crc = crc32c.Update(crc, p)
+		off, n = off+int64(len(p)), n-int64(len(p))
+	}
+	return crc, nil
+}
+
+// scanBatch checks a batch file of rank named for steps a to b, read
+// through r, and returns its records if keep (else nil: Verify).
+func scanBatch(r *batchReader, rank int, a, b int64, keep bool) ([]Record, error) {
+	path, size := r.path, r.size
+	if size < batchHdr {
+		return nil, corruptErr(path, size, batchHdr, "%d bytes, shorter than the header", size)
+	}
+	buf, err := r.bytes(0, batchHdr)
+	if err != nil {
+		return nil, err
 	}
 	if err := checkPreamble(buf, magicBatch, path); err != nil {
 		return nil, err
@@ -80,31 +160,58 @@ func parseBatch(buf []byte, rank int, a, b int64, path string) ([]Record, error)
 	case int64(le.Uint32(buf[12:])) != b-a+1:
 		return nil, corruptErr(path, 12, 16, "%d records for steps %d to %d", le.Uint32(buf[12:]), a, b)
 	}
-	n := int(b - a + 1)
-	if n > (len(buf)-batchHdr)/recordHdr {
-		return nil, corruptErr(path, int64(len(buf)), batchHdr+int64(n)*recordHdr, "%d records cannot fit in %d bytes", n, len(buf))
+	n := b - a + 1
+	if n > (size-batchHdr)/recordHdr {
+		return nil, corruptErr(path, size, batchHdr+n*recordHdr, "%d records cannot fit in %d bytes", n, size)
 	}
-	recs := make([]Record, 0, n)
+	var recs []Record
+	if keep {
+		recs = make([]Record, 0, min(n, 1024))
+	}
 	off := int64(batchHdr)
-	size := int64(len(buf))
 	for i := range n {
 		if size-off < recordHdr {
 			return nil, corruptErr(path, size, off+recordHdr, "the file ends inside record %d's header", i)
 		}
-		rh := buf[off : off+recordHdr]
+		rh, err := r.bytes(off, recordHdr)
+		if err != nil {
+			return nil, err
+		}
 		step := int64(le.Uint64(rh))
 		dn := int64(le.Uint32(rh[8:]))
-		if step != a+int64(i) {
-			return nil, corruptErr(path, off, off+8, "record %d is of step %d, want %d", i, step, a+int64(i))
+		if step != a+i {
+			return nil, corruptErr(path, off, off+8, "record %d is of step %d, want %d", i, step, a+i)
 		}
 		if size-off-recordHdr < dn {
 			return nil, corruptErr(path, size, off+recordHdr+dn, "the file ends inside record %d (step %d) of %d bytes", i, step, dn)
 		}
-		data := buf[off+recordHdr : off+recordHdr+dn : off+recordHdr+dn]
-		if got, want := crc32c.Update(crc32c.Checksum(rh[:12]), data), le.Uint32(rh[12:]); got != want {
-			return nil, corruptErr(path, off, off+recordHdr+dn, "record %d (step %d): CRC32C %#08x, the record says %#08x", i, step, got, want)
+		want := le.Uint32(rh[12:])
+		bad := func(got uint32) error {
+			return corruptErr(path, off, off+recordHdr+dn, "record %d (step %d): CRC32C %#08x, the record says %#08x", i, step, got, want)
 		}
-		recs = append(recs, Record{Step: step, Data: data})
+		var data []byte
+		if r.buf == nil && (dn > streamRecord || !keep) {
+			// Checked in pieces before anything of its size is
+			// allocated.
+			got, err := r.crc(crc32c.Checksum(rh[:12]), off+recordHdr, dn)
+			if err != nil {
+				return nil, err
+			}
+			if got != want {
+				return nil, bad(got)
+			}
+		}
+		if keep || r.buf != nil {
+			if data, err = r.bytes(off+recordHdr, dn); err != nil {
+				return nil, err
+			}
+			if got := crc32c.Update(crc32c.Checksum(rh[:12]), data); got != want {
+				return nil, bad(got)
+			}
+		}
+		if keep {
+			recs = append(recs, Record{Step: step, Data: data})
+		}
 		off += recordHdr + dn
 	}
 	if off != size {
@@ -142,12 +249,42 @@ func listBatches(rd string) ([]batchFile, error) {
 
 // readBatch reads and parses one batch file.
 func readBatch(rd string, rank int, bf batchFile) ([]Record, error) {
+	return openBatch(rd, rank, bf, true)
+}
+
+// verifyBatch checks one batch file without keeping its records.
+func verifyBatch(rd string, rank int, bf batchFile) error {
+	_, err := openBatch(rd, rank, bf, false)
+	return err
+}
+
+// openBatch reads and checks one batch file, and returns its records if
+// keep. What it allocates is bounded (wholeBatch, streamRecord) whatever
+// the file's size: a file larger than maxBatchFile is corrupt at once.
+func openBatch(rd string, rank int, bf batchFile, keep bool) ([]Record, error) {
 	p := filepath.Join(rd, bf.name)
-	buf, err := readSmall(p, maxBatchFile)
+	f, err := openRegular(p)
 	if err != nil {
 		return nil, err
 	}
-	return parseBatch(buf, rank, bf.a, bf.b, p)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("durable: %w", err)
+	}
+	size := fi.Size()
+	if size > maxBatchFile {
+		return nil, corruptErr(p, maxBatchFile, size, "%d bytes, at most %d expected", size, int64(maxBatchFile))
+	}
+	r := &batchReader{f: f, size: size, path: p}
+	if size <= wholeBatch {
+		buf := make([]byte, size)
+		if err := r.readAt(buf, 0); err != nil {
+			return nil, err
+		}
+		r.buf = buf
+	}
+	return scanBatch(r, rank, bf.a, bf.b, keep)
 }
 
 // ReadBatches returns rank's records of the steps after from,

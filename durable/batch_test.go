@@ -1,9 +1,11 @@
 package durable
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 )
 
@@ -101,5 +103,68 @@ func TestAppendBatchBadArgs(t *testing.T) {
 	recs, stop := ReadBatches(dir, 0, 6)
 	if len(recs) != 1 || recs[0].Step != 7 || len(recs[0].Data) != 0 || stop != nil {
 		t.Errorf("ReadBatches = %+v, %v", recs, stop)
+	}
+}
+
+// TestHugeBatchFiles: a batch file far larger than anything written
+// (sparse: a torn or hostile file, or a record header claiming 1 GiB)
+// is reported corrupt by ReadBatches and Verify, which read it without
+// allocating its size.
+func TestHugeBatchFiles(t *testing.T) {
+	if testing.Short() {
+		t.Skip("reads 1 GiB of a sparse file")
+	}
+	const claimed = 1 << 30
+	for _, tc := range []struct {
+		name string
+		make func(t *testing.T, p string) // the batch file of steps 11 to 11
+	}{
+		{"zeros", func(t *testing.T, p string) { sparse(t, p, nil, 16<<30) }},
+		{"too large", func(t *testing.T, p string) { sparse(t, p, nil, maxBatchFile+1) }},
+		{"a record of 1 GiB", func(t *testing.T, p string) {
+			b := rankBatchBytes(t, 0, 11, [][]byte{[]byte("eleven")})
+			b = b[:batchHdr+recordHdr]
+			le.PutUint32(b[batchHdr+8:], claimed) // the record's length; its CRC is wrong
+			sparse(t, p, b, batchHdr+recordHdr+claimed)
+		}},
+		{"1 GiB after the last record", func(t *testing.T, p string) {
+			sparse(t, p, rankBatchBytes(t, 0, 11, [][]byte{[]byte("eleven")}), claimed)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := newDir(t, 1)
+			appendSteps(t, dir, 0, 1, 10)
+			p := filepath.Join(rankDir(dir, 0), diffName(11, 11))
+			tc.make(t, p)
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			recs, stop := ReadBatches(dir, 0, 0)
+			if len(recs) != 10 || !errors.Is(stop, ErrCorrupt) {
+				t.Errorf("ReadBatches: %d records, stop %v; want 10 and ErrCorrupt", len(recs), stop)
+			}
+			probs, err := Verify(context.Background(), dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(probs) != 1 || probs[0].Path != p || !errors.Is(probs[0].Err, ErrCorrupt) {
+				t.Errorf("Verify: %v, want %s corrupt", probs, p)
+			}
+			runtime.ReadMemStats(&after)
+			if n := after.TotalAlloc - before.TotalAlloc; n > 256<<20 {
+				t.Errorf("reading the batch allocated %d MiB", n>>20)
+			}
+		})
+	}
+}
+
+// sparse writes b at the start of a new file p, which it then extends to
+// size bytes with a hole.
+func sparse(t *testing.T, p string, b []byte, size int64) {
+	t.Helper()
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(p, size); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -19,7 +19,7 @@ func TestPointerOnlyMovesForward(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	s.hook = func(p string, _ int64) error {
-		if p == "pointer" {
+		if p == "publish" {
 			first := false
 			once.Do(func() { first = true })
 			if first { // the older save waits here until the newer is done

@@ -106,6 +106,8 @@ func TestBitFlips(t *testing.T) {
 			0, 4, 6, 8, 12, 16, 24, 32, 40, 44, 50, 64, 95, 96 + 3, 2000, hdrCRCOff, // the header
 			hdrSize, hdrSize + 4*3 + 1, hdrSize + 4*l.chunks - 1, // the chunk table
 			l.dataOff[0], l.dataOff[0] + 3*testChunk - 1, l.dataOff[1] + 2*testChunk + 5, l.dataOff[3] + 99, // the data
+			hdrSize + 4*l.chunks, l.tableEnd - 1, // the zeros after the chunk table
+			l.dataOff[1] + testRegions[1].Size, l.dataOff[2] - 1, l.dataOff[3] + 100, l.size - 1, // the zeros after the regions
 		}},
 		{"latest", []int64{0, 4, 8, 12, 16, 24, 32, 36, 39}},
 		{"marker", []int64{0, 5, 8, 12, 16, 24, 32, 39}},

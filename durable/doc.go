@@ -24,6 +24,7 @@
 //	DIR/COMMITTED                the job's commit record: the newest step every rank has durably
 //	DIR/r<rank>/base.<i>         rank's base files, i = 0 to N (N+1 of them)
 //	DIR/r<rank>/LATEST           rank's pointer: the newest complete version
+//	DIR/r<rank>/LOCK             empty; flocked by the Store that has the rank open
 //	DIR/r<rank>/done.<step>      rank's completion marker for step
 //	DIR/r<rank>/diff.<a>-<b>     a batch of rank's differential records, steps a to b
 //
@@ -77,6 +78,9 @@
 //	...                            each region at the 4096-aligned offset after the one before
 //
 // and its size is exactly the end of the last region rounded up to 4096.
+// The zeros (after the chunk table, after each region) are under no CRC:
+// a save writes them (a file may hold bytes of an earlier layout there)
+// and Load and Verify check them.
 // The space is reserved with fallocate when the file is created, and the
 // file is never truncated or reopened with O_TRUNC afterwards (only
 // resized, while it holds no version, if a later run chose another chunk
@@ -125,13 +129,13 @@
 //     the source into a buffer of its own while computing its CRC32C
 //     (so that the bytes checksummed are the bytes written, whatever
 //     happens to the source meanwhile), and pwrites the buffer at the
-//     chunk's offset;
+//     chunk's offset (a region's last chunk with the zeros after it);
 //  4. once every chunk is read it checks each region's CRC32C, combined
 //     from its chunks', against the caller's: a source overwritten while
 //     it was read fails the save here. Then it calls the caller's copied
 //     function (the caller may release the source);
-//  5. it writes the chunk table and fdatasyncs the file: every data byte
-//     and every chunk CRC is durable;
+//  5. it writes the chunk table (and the zeros after it) and fdatasyncs
+//     the file: every data byte and every chunk CRC is durable;
 //  6. it writes the header as complete (step, version, table CRC) and
 //     fdatasyncs it;
 //  7. it moves the rank's pointer (LATEST) to this version if this
@@ -157,7 +161,12 @@
 // A save counts as in flight, for Concurrency, from 1 to 8. One that
 // completes after Reclaim moved the watermark past its step can never
 // be committed (the commit record only moves forward): its file is freed
-// at once, and it gets neither pointer nor marker.
+// at once, and it gets neither pointer nor marker. The save's look at
+// the watermark and its writes of 7 and 8 are one step for Reclaim and
+// Close (a mutex they hold): a Reclaim either moves the watermark before
+// the look, or removes the markers after the marker is written, never in
+// between, so no marker outlives the version it names; after Close, no
+// save writes a pointer or a marker.
 //
 // The pointer:
 //
@@ -175,10 +184,11 @@
 // A completion marker done.<step> has the same 40 bytes, with magic
 // "GRDK": the rank's version of step is complete in base.<i>.
 //
-// # Committing
+// # Committing and abandoning
 //
-// The launcher calls [Markers] to learn which ranks have a marker for a
-// step, and [Commit] when every rank has one. The commit record:
+// One party, the launcher (the caller of [Commit]; in gorun, package
+// launcher, from the ranks' reports), decides every base step: committed,
+// or abandoned for good. The commit record:
 //
 //	offset  size  field
 //	0       4     magic "GRDC"
@@ -190,7 +200,43 @@
 //
 // Commit only moves the record forward: a step not after the recorded
 // one changes nothing. A version the commit record does not name is never
-// used to resume.
+// used to resume. The protocol:
+//
+//  1. Each rank reports the steps of its markers ([Store.Marked], then
+//     those of its saves that succeed) and a resolved step S_r: a step
+//     such that every save of the rank of a step at or before S_r has
+//     ended, written with its marker or not at all (it failed, was
+//     skipped ([ErrBusy]) or was given up): the step before its oldest
+//     save still in flight, or its newest step when none is. The rank's
+//     markers at or before S_r, as reported, are final: a step it did
+//     not report a marker of there, it never reports one of later (a
+//     complete version whose marker write failed counts as failed, even
+//     if a retry later writes its marker).
+//  2. The launcher takes X, the minimum of the ranks' S_r (and of any
+//     bound of its own: gorun's G), never below the X it published
+//     before nor below its commit record. Every step at or before X is
+//     decided: if some of them after the commit record and after the
+//     previous X have every rank's marker, it commits the newest of
+//     them (Commit); every other step at or before X is abandoned. It
+//     never commits a step at or before an X it published.
+//  3. It publishes D, the commit record's step, and X (D ≤ X); each rank
+//     calls [Store.Reclaim](D) and [Store.Abandon](D, X), in that order.
+//
+// Abandon(D, X) frees every complete version of a step s ≤ X other than
+// D, and removes its marker, so that a rank whose saves failed or were
+// skipped on some ranks (their versions sharing no step) always gets its
+// files back: without it a version no commit ever names would hold its
+// file for good, and with every file held the rank's saves all fail
+// ErrBusy. It is safe, as no version the launcher may still commit is
+// freed: if s < D, the commit record passed s and only moves forward; if
+// D < s ≤ X, the launcher decided s when it published X, and commits only
+// steps after X from then on, so s is never committed; D itself is kept
+// (by Abandon and by Reclaim), and any step after X is not touched. The
+// ranks' reports being final at or before S_r ≥ X, no marker of a step
+// at or before X appears in a report after the decision: the launcher's
+// view of those steps cannot change. A save of a step at or before X
+// other than D that completes after Abandon (which step 1 rules out) is
+// freed at once, unmarked, as after Reclaim.
 //
 // # Reclaiming
 //
@@ -200,7 +246,9 @@
 // W and its differential batches that end at or before W. The version of
 // W and anything newer stay: a recovery at W needs W's base and every
 // differential after W. Reclaim frees nothing when the rank holds no
-// complete version of W.
+// complete version of W. (Abandon, called after it with X ≥ W, frees the
+// versions before W even then, and the one the pointer names: a version
+// of a step before W is never committed.)
 //
 // # Differential batches
 //
@@ -244,10 +292,16 @@
 // # What is checked
 //
 // Everything read from the directory is checked before use: magic,
-// format version, CRCs, zero fields, ranks and steps against the file's
+// format version, CRCs, zero fields and padding, ranks and steps against the file's
 // name and the caller's expectation, regions against the manifest and
 // the caller's buffers, file sizes against the layout. Offsets and
-// lengths come from the validated layout, never from unchecked bytes. A
+// lengths come from the validated layout, never from unchecked bytes.
+// What a read allocates is bounded whatever a file's size or contents
+// say: the small files by their format's size (a larger one is
+// corrupt), a base file's table by its validated header, a batch by
+// reading one of more than 64 MiB record by record, a record of more
+// than 64 MiB having its CRC32C checked in pieces before it is read
+// into a buffer of its size (a batch of more than 64 GiB is corrupt). A
 // file that does not verify is an error wrapping [ErrCorrupt] (a
 // [*CorruptError] naming the file and the first bad byte range); a
 // version that does not verify is never returned.
@@ -255,8 +309,16 @@
 // # Concurrency
 //
 // A Store is safe for concurrent use; up to Concurrency Saves run at
-// once, and Load, Latest and Reclaim beside them. Truncate must not run
-// beside a Save. One process at a time may have a rank's Store open.
+// once, and Load, Latest, Reclaim and Abandon beside them. Truncate
+// must not run beside a Save. One Store at a time may have a rank open,
+// whatever process or host it is in: Open takes an exclusive flock
+// (LOCK_EX, without waiting) on DIR/r<rank>/LOCK, held until Close,
+// before it touches anything of the rank's, and fails with an error
+// wrapping [ErrLocked] if another Store holds it (a host that took a
+// rank over while the rank's old host still writes: the new one tries
+// again later). On a shared file system the lock is as good as the file
+// system's flock (NFS emulates it with its byte-range locks, and an old
+// host cut off from the server loses its lock when its lease ends).
 // The package's functions on the directory (Markers, Commit,
 // ReadCommitted, AppendBatch, ReadBatches, List, Verify) are safe beside
 // Stores; Commit must have one caller (the launcher).

@@ -34,6 +34,10 @@ var (
 	ErrGap = errors.New("durable: gap in the differential log")
 	// ErrClosed is returned by the methods of a closed Store.
 	ErrClosed = errors.New("durable: store closed")
+	// ErrLocked is wrapped by Open's error when another Store (in this
+	// process or another, on this host or another sharing the
+	// directory) has the rank open: one writer per rank at a time.
+	ErrLocked = errors.New("durable: the rank's store is open elsewhere")
 )
 
 // corruptErr returns an error wrapping ErrCorrupt about path's bytes

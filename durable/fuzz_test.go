@@ -78,12 +78,18 @@ func FuzzParseCommit(f *testing.F) {
 // batchBytes returns the bytes AppendBatch writes for rank 3's records
 // of steps a on.
 func batchBytes(t testing.TB, a int64, recs [][]byte) []byte {
+	return rankBatchBytes(t, 3, a, recs)
+}
+
+// rankBatchBytes returns the bytes AppendBatch writes for rank's records
+// of steps a on.
+func rankBatchBytes(t testing.TB, rank int, a int64, recs [][]byte) []byte {
 	dir := t.TempDir()
 	b := a + int64(len(recs)) - 1
-	if err := AppendBatch(dir, 3, a, b, recs); err != nil {
+	if err := AppendBatch(dir, rank, a, b, recs); err != nil {
 		t.Fatal(err)
 	}
-	buf, err := os.ReadFile(filepath.Join(rankDir(dir, 3), diffName(a, b)))
+	buf, err := os.ReadFile(filepath.Join(rankDir(dir, rank), diffName(a, b)))
 	if err != nil {
 		t.Fatal(err)
 	}

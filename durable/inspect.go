@@ -289,7 +289,7 @@ func verifyRank(ctx context.Context, dir string, rank int, want []Region, report
 			markers = append(markers, name)
 		}
 		if a, b, ok := parseDiff(name); ok {
-			if _, err := readBatch(rd, rank, batchFile{name, a, b}); err != nil {
+			if err := verifyBatch(rd, rank, batchFile{name, a, b}); err != nil {
 				report(p, err)
 			}
 		}

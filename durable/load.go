@@ -182,12 +182,17 @@ func readTable(f *os.File, c candidate) ([]uint32, error) {
 	if fi.Size() != l.size {
 		return nil, corruptErr(c.path, min(fi.Size(), l.size), max(fi.Size(), l.size), "the file is %d bytes, its layout %d", fi.Size(), l.size)
 	}
-	tb := make([]byte, 4*l.chunks)
-	if _, err := f.ReadAt(tb, hdrSize); err != nil {
+	// The table and the zeros after it, up to the data.
+	buf := make([]byte, l.tableEnd-hdrSize)
+	if _, err := f.ReadAt(buf, hdrSize); err != nil {
 		return nil, fmt.Errorf("durable: reading %s: %w", c.path, err)
 	}
+	tb := buf[:4*l.chunks]
 	if got := crc32c.Checksum(tb); got != c.h.table {
 		return nil, corruptErr(c.path, hdrSize, hdrSize+int64(len(tb)), "chunk table CRC32C %#08x, the header says %#08x", got, c.h.table)
+	}
+	if i := nonZero(buf[len(tb):]); i >= 0 {
+		return nil, corruptErr(c.path, hdrSize+int64(len(tb)+i), l.tableEnd, "the padding after the chunk table is not zero")
 	}
 	table := make([]uint32, l.chunks)
 	for k := range table {
@@ -196,12 +201,24 @@ func readTable(f *os.File, c candidate) ([]uint32, error) {
 	return table, nil
 }
 
+// nonZero returns the index of b's first byte that is not zero, or -1.
+func nonZero(b []byte) int {
+	for i, c := range b {
+		if c != 0 {
+			return i
+		}
+	}
+	return -1
+}
+
 // loadReaders is the number of goroutines reading a version's chunks.
 const loadReaders = DefaultWriters
 
 // readChunks reads every chunk of c into dst (or, if dst is nil, into
 // scratch buffers, to verify it) and checks its CRC32C against the
-// table. The error is about the first bad chunk (lowest offset).
+// table, and that the padding after each region's last chunk (up to the
+// next multiple of 4096, under no CRC) is zero. The error is about the
+// first bad chunk (lowest offset).
 func readChunks(ctx context.Context, f *os.File, c candidate, table []uint32, dst [][]byte) error {
 	l := c.h.l
 	var next atomic.Int64
@@ -215,6 +232,7 @@ func readChunks(ctx context.Context, f *os.File, c candidate, table []uint32, ds
 			if dst == nil {
 				scratch = make([]byte, l.chunk)
 			}
+			var pad []byte // a region's padding, when read apart from its last chunk
 			for {
 				if err := ctx.Err(); err != nil {
 					return context.Cause(ctx)
@@ -230,12 +248,26 @@ func readChunks(ctx context.Context, f *os.File, c candidate, table []uint32, ds
 					return nil
 				}
 				r, off, n := l.chunkAt(k)
-				buf := scratch[:min(n, int64(len(scratch)))]
+				// The padding after the region, if this is its last
+				// chunk: read with the chunk into scratch, apart into
+				// pad when the chunk goes to dst.
+				padN := int64(0)
+				if off+n == l.regions[r].Size {
+					padN = roundUp(n) - n
+				}
+				buf := scratch[:min(n+padN, int64(len(scratch)))]
 				if dst != nil {
 					buf = dst[r][off : off+n]
 				}
 				at := l.dataOff[r] + off
-				if _, err := f.ReadAt(buf, at); err != nil {
+				_, err := f.ReadAt(buf, at)
+				if err == nil && dst != nil && padN > 0 {
+					if pad == nil {
+						pad = make([]byte, align)
+					}
+					_, err = f.ReadAt(pad[:padN], at+n)
+				}
+				if err != nil {
 					if errors.Is(err, io.EOF) {
 						err = corruptErr(c.path, at, at+n, "region %q bytes [%d, %d): the file ends", l.regions[r].Name, off, off+n)
 					} else {
@@ -248,12 +280,25 @@ func readChunks(ctx context.Context, f *os.File, c candidate, table []uint32, ds
 					mu.Unlock()
 					continue
 				}
-				if got := crc32c.Checksum(buf); got != table[k] {
+				var bad error
+				if got := crc32c.Checksum(buf[:n]); got != table[k] {
+					bad = corruptErr(c.path, at, at+n, "region %q bytes [%d, %d) (chunk %d): CRC32C %#08x, the table says %#08x",
+						l.regions[r].Name, off, off+n, k, got, table[k])
+				} else if padN > 0 {
+					var p []byte
+					if dst != nil {
+						p = pad[:padN]
+					} else {
+						p = buf[n : n+padN]
+					}
+					if i := nonZero(p); i >= 0 {
+						bad = corruptErr(c.path, at+n+int64(i), at+n+padN, "the padding after region %q is not zero", l.regions[r].Name)
+					}
+				}
+				if bad != nil {
 					mu.Lock()
 					if badK < 0 || k < badK {
-						badK = k
-						badErr = corruptErr(c.path, at, at+n, "region %q bytes [%d, %d) (chunk %d): CRC32C %#08x, the table says %#08x",
-							l.regions[r].Name, off, off+n, k, got, table[k])
+						badK, badErr = k, bad
 					}
 					mu.Unlock()
 				}

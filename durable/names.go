@@ -22,6 +22,7 @@ const (
 	manifestName  = "MANIFEST"
 	committedName = "COMMITTED"
 	latestName    = "LATEST"
+	lockName      = "LOCK"
 	basePrefix    = "base."
 	donePrefix    = "done."
 	diffPrefix    = "diff."

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"testing"
 )
 
@@ -230,4 +231,56 @@ func TestTruncate(t *testing.T) {
 	}
 	save(t, s, 30)
 	checkLoad(t, dir, 0, 30)
+}
+
+// TestReclaimDuringPublish: a Reclaim that runs while a save publishes
+// its version (between the save's look at the watermark and its marker)
+// never leaves a marker behind for a file it freed: the look and the
+// marker are one step for Reclaim. The save of step 4 finishes after
+// the version of step 8; Reclaim(8) starts when the save is about to
+// move the pointer, and either runs whole before the save looks (which
+// then frees its own file, unmarked) or waits until its marker is
+// written (and then removes it, keeping the file the pointer names).
+// Either way Verify finds every marker naming a version the rank holds.
+func TestReclaimDuringPublish(t *testing.T) {
+	dir := newDir(t, 1)
+	s := openTest(t, dir, 0, Options{Concurrency: 2})
+	save(t, s, 8)
+	if err := Commit(dir, 8); err != nil {
+		t.Fatal(err)
+	}
+	var armed atomic.Bool
+	reclaimed := make(chan error, 1)
+	atLock := make(chan struct{}, 1)
+	s.hook = func(p string, _ int64) error {
+		switch {
+		case p == "reclaim.lock":
+			atLock <- struct{}{}
+		case p == "pointer" && armed.CompareAndSwap(true, false):
+			go func() {
+				_, err := s.Reclaim(8)
+				reclaimed <- err
+			}()
+			// Reclaim either ran whole, or waits for this publish.
+			select {
+			case err := <-reclaimed:
+				reclaimed <- err
+			case <-atLock:
+			}
+		}
+		return nil
+	}
+	armed.Store(true)
+	src, sums := testData(testRegions, 0, 4)
+	if err := s.Save(context.Background(), 4, src, sums, nil); err != nil {
+		t.Fatalf("Save(4): %v", err)
+	}
+	if err := <-reclaimed; err != nil {
+		t.Fatalf("Reclaim(8): %v", err)
+	}
+	checkVerify(t, dir)
+	if m, _ := Markers(dir, 1, 4); m[0] {
+		t.Error("step 4's marker outlived Reclaim(8)")
+	}
+	checkLoad(t, dir, 0, 8)
 }

@@ -58,6 +58,7 @@ type Store struct {
 	writers int
 	log     *slog.Logger
 	bufs    sync.Pool // *[]byte of lay.chunk bytes
+	lock    *os.File  // DIR/r<rank>/LOCK, flocked exclusively while the store is open
 
 	// hook, set by tests before use, is called at the named points of
 	// Save (see hookPoint) and of its atomic writes: an error it returns
@@ -74,7 +75,18 @@ type Store struct {
 	// watermark is the newest step Reclaim was given (-1 before): a
 	// version of an older step is of no use.
 	watermark int64
-	closed    bool
+	// resolved and kept are the newest resolved step Abandon was given
+	// and the committed step given with it (-1 before): a version of a
+	// step at or before resolved, other than kept, is of no use.
+	resolved, kept int64
+	closed         bool
+
+	// rmu makes a publish (its look at the watermark, then its pointer
+	// and marker) one step for Reclaim and Close: a Reclaim never
+	// removes markers between a publish's look and its marker, so no
+	// marker outlives its version; a Close ends the publishes. Lock
+	// order: rmu, then pmu, then mu.
+	rmu sync.Mutex
 
 	// pmu serializes the pointer's updates (in memory and on disk) and
 	// guards ptr, hasPtr and pending.
@@ -139,12 +151,19 @@ func Open(dir string, rank int, regions []Region, opt Options) (*Store, error) {
 	}
 	s := &Store{
 		root: dir, dir: rankDir(dir, rank), rank: rank, regions: slices.Clone(regions),
-		lay: lay, n: n, writers: w, log: log.With("rank", rank), steps: map[int64]bool{}, watermark: -1,
+		lay: lay, n: n, writers: w, log: log.With("rank", rank), steps: map[int64]bool{}, watermark: -1, resolved: -1, kept: -1,
 	}
 	s.bufs.New = func() any { b := make([]byte, lay.chunk); return &b }
 	if err := ensureRankDir(dir, rank); err != nil {
 		return nil, err
 	}
+	// The lock first: another store of the rank may be writing, and
+	// its temporary files are not this one's to remove.
+	lock, err := lockRank(s.dir)
+	if err != nil {
+		return nil, err
+	}
+	s.lock = lock
 	ok := false
 	defer func() {
 		if !ok {
@@ -199,6 +218,36 @@ func Open(dir string, rank int, regions []Region, opt Options) (*Store, error) {
 	s.readPointer()
 	ok = true
 	return s, nil
+}
+
+// lockRank opens (creating it if needed) the rank directory rd's lock
+// file and takes an exclusive flock on it without waiting: a lock held
+// by another open file (another Store, in this process or another) is
+// an error wrapping ErrLocked. The lock lasts until the returned file is
+// closed (or the process ends). The file is never removed: removing a
+// lock file races with another opener's flock on it.
+func lockRank(rd string) (*os.File, error) {
+	p := filepath.Join(rd, lockName)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("durable: %w", err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	switch {
+	case err == nil:
+		return f, nil
+	case errors.Is(err, unix.EWOULDBLOCK):
+		f.Close()
+		return nil, fmt.Errorf("%w: %s is locked", ErrLocked, p)
+	default:
+		f.Close()
+		return nil, fmt.Errorf("durable: locking %s: %w", p, err)
+	}
 }
 
 // ensureRankDir creates DIR/r<rank> if it is missing, durably.
@@ -401,26 +450,33 @@ func (s *Store) Save(ctx context.Context, step int64, src [][]byte, sums []uint3
 	complete = true
 	s.mu.Lock()
 	p := pointer{rank: s.rank, file: bf.idx, step: step, version: version, hdrCRC: bf.hdrCRC}
-	watermark := s.watermark
 	s.mu.Unlock()
-	superseded := step < watermark
+	superseded, err := s.publish(p)
 	if superseded {
 		// Reclaim moved past this step while it was written: no
 		// recovery can use it, and it would hold its file until the
 		// next Reclaim. It is freed at once, unmarked.
-		s.log.Debug("durable: a save finished after the watermark passed it: freed", "step", step, "watermark", watermark)
-		if _, err := s.free(func(f *baseFile) bool { return f == bf && f.state == fsComplete }); err != nil {
-			return fmt.Errorf("durable: rank %d: step %d: %w", s.rank, step, err)
-		}
-		return nil
+		s.log.Debug("durable: a save finished after the watermark passed it: freed", "step", step)
+		return s.freeVersion(p)
 	}
-	if err := s.publish(p); err != nil {
-		if !errors.Is(err, errCrash) {
+	if err != nil {
+		if !errors.Is(err, errCrash) && !errors.Is(err, ErrClosed) {
 			s.pmu.Lock()
 			s.pending = append(s.pending, p)
 			s.pmu.Unlock()
 		}
 		return fmt.Errorf("durable: rank %d: version %d of step %d is complete but not marked (retried at the next Save): %w", s.rank, version, step, err)
+	}
+	return nil
+}
+
+// freeVersion frees the file of p's version, if it still holds it.
+func (s *Store) freeVersion(p pointer) error {
+	_, err := s.free(func(f *baseFile) bool {
+		return f.idx == p.file && f.state == fsComplete && f.version == p.version
+	})
+	if err != nil {
+		return fmt.Errorf("durable: rank %d: step %d: %w", s.rank, p.step, err)
 	}
 	return nil
 }
@@ -442,7 +498,13 @@ func (s *Store) repair() {
 	pending := slices.Clone(s.pending)
 	s.pmu.Unlock()
 	for _, p := range pending {
-		if err := s.publish(p); err != nil {
+		superseded, err := s.publish(p)
+		switch {
+		case superseded:
+			if err := s.freeVersion(p); err != nil {
+				s.log.Warn("durable: a base file's header cannot be rewritten", "err", err)
+			}
+		case err != nil:
 			s.log.Warn("durable: a complete version cannot be marked", "step", p.step, "version", p.version, "err", err)
 			continue
 		}
@@ -523,8 +585,9 @@ func (s *Store) write(ctx context.Context, bf *baseFile, step int64, version uin
 	if copied != nil {
 		copied()
 	}
-	// 5. The chunk table, then everything durable.
-	tb := make([]byte, 4*len(table))
+	// 5. The chunk table and the zeros after it, then everything
+	// durable.
+	tb := make([]byte, l.tableEnd-hdrSize)
 	for k, c := range table {
 		le.PutUint32(tb[4*k:], c)
 	}
@@ -544,7 +607,7 @@ func (s *Store) write(ctx context.Context, bf *baseFile, step int64, version uin
 	if err := s.at("header", 0); err != nil {
 		return err
 	}
-	hb := encodeHeader(&header{state: stateComplete, rank: s.rank, step: step, version: version, table: crc32c.Checksum(tb), l: l})
+	hb := encodeHeader(&header{state: stateComplete, rank: s.rank, step: step, version: version, table: crc32c.Checksum(tb[:4*len(table)]), l: l})
 	if _, err := bf.f.WriteAt(hb, 0); err != nil {
 		return s.unwrite(bf, fmt.Errorf("writing the header of %s: %w", bf.path, err))
 	}
@@ -595,10 +658,15 @@ func (s *Store) writeChunks(ctx context.Context, bf *baseFile, src [][]byte) ([]
 				}
 				r, off, n := l.chunkAt(k)
 				table[k] = crc32c.CopyUpdate(0, buf[:n], src[r][off:off+n])
+				// A region's last chunk is written with the zeros up to
+				// the next multiple of 4096: whatever the file held there
+				// (a version of another layout) goes.
+				w := roundUp(n)
+				clear(buf[n:w])
 				if err := s.at("chunk", k); err != nil {
 					return err
 				}
-				if _, err := bf.f.WriteAt(buf[:n], l.dataOff[r]+off); err != nil {
+				if _, err := bf.f.WriteAt(buf[:w], l.dataOff[r]+off); err != nil {
 					return fmt.Errorf("writing chunk %d of %s: %w", k, bf.path, err)
 				}
 			}
@@ -611,22 +679,40 @@ func (s *Store) writeChunks(ctx context.Context, bf *baseFile, src [][]byte) ([]
 }
 
 // publish moves the pointer to a complete version if it is the newest,
-// then writes its marker: steps 7 and 8.
-func (s *Store) publish(p pointer) error {
+// then writes its marker: steps 7 and 8. It does neither, and returns
+// superseded, when the watermark passed the version's step or Abandon
+// gave it up (the caller frees its file), and returns ErrClosed once the
+// store is closed. The look and the writes are one step for Reclaim and
+// Abandon (rmu).
+func (s *Store) publish(p pointer) (superseded bool, err error) {
+	if err := s.at("publish", 0); err != nil {
+		return false, err
+	}
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	s.mu.Lock()
+	closed, stale := s.closed, s.staleLocked(p.step)
+	s.mu.Unlock()
+	switch {
+	case closed:
+		return false, ErrClosed
+	case stale:
+		return true, nil
+	}
 	if err := s.at("pointer", 0); err != nil {
-		return err
+		return false, err
 	}
 	if err := s.movePointer(p); err != nil {
-		return err
+		return false, err
 	}
 	if err := s.at("marker", 0); err != nil {
-		return err
+		return false, err
 	}
-	err := writeAtomic(s.dir, doneName(p.step), [][]byte{encodePointer(magicMarker, p)}, s.fault("marker"))
+	err = writeAtomic(s.dir, doneName(p.step), [][]byte{encodePointer(magicMarker, p)}, s.fault("marker"))
 	if err != nil {
-		return err
+		return false, err
 	}
-	return s.at("done", 0)
+	return false, s.at("done", 0)
 }
 
 // movePointer replaces LATEST with p if p's version is newer than the
@@ -642,6 +728,12 @@ func (s *Store) movePointer(p pointer) error {
 	}
 	s.ptr, s.hasPtr = p, true
 	return nil
+}
+
+// staleLocked reports whether a version of step can never be committed:
+// before the watermark, or given up by Abandon. s.mu is held.
+func (s *Store) staleLocked(step int64) bool {
+	return step < s.watermark || step <= s.resolved && step != s.kept
 }
 
 // fault returns the hook for writeAtomic of the named file.
@@ -692,6 +784,29 @@ func cmpInt[T int64 | uint64](a, b T) int {
 	return 0
 }
 
+// Marked returns the steps of the rank's complete versions that have
+// their marker, ascending: a marker that names another version (its
+// file, counter or header) does not count. It reads the rank's own
+// markers only, one per complete version.
+func (s *Store) Marked() []int64 {
+	s.mu.Lock()
+	var held []pointer
+	for _, bf := range s.files {
+		if bf.state == fsComplete {
+			held = append(held, pointer{rank: s.rank, file: bf.idx, step: bf.step, version: bf.version, hdrCRC: bf.hdrCRC})
+		}
+	}
+	s.mu.Unlock()
+	var steps []int64
+	for _, p := range held {
+		if m, err := readMarker(s.root, s.rank, p.step); err == nil && m == p && !slices.Contains(steps, p.step) {
+			steps = append(steps, p.step)
+		}
+	}
+	slices.Sort(steps)
+	return steps
+}
+
 // InFlight returns the number of Saves in progress.
 func (s *Store) InFlight() int {
 	s.mu.Lock()
@@ -712,20 +827,30 @@ func (s *Store) Load(ctx context.Context, step int64, dst [][]byte) error {
 // version of committed.
 func (s *Store) Reclaim(committed int64) (int, error) {
 	s.repair()
+	if err := s.at("reclaim.lock", 0); err != nil {
+		return 0, err
+	}
+	// Under rmu: no publish looks at the watermark before it moves and
+	// writes its marker after the markers are removed.
+	s.rmu.Lock()
 	s.dropPending(func(p pointer) bool { return p.step < committed })
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		s.rmu.Unlock()
 		return 0, ErrClosed
 	}
 	s.watermark = max(s.watermark, committed)
 	if !slices.ContainsFunc(s.files, func(bf *baseFile) bool { return bf.state == fsComplete && bf.step == committed }) {
 		s.mu.Unlock()
+		s.rmu.Unlock()
 		return 0, fmt.Errorf("%w: rank %d: reclaiming before step %d, which it does not hold: nothing freed", ErrNoVersion, s.rank, committed)
 	}
 	s.mu.Unlock()
 	// Markers first: a marker never outlives its version.
-	if err := s.removeMarkers(func(step int64) bool { return step < committed }); err != nil {
+	err := s.removeMarkers(func(step int64) bool { return step < committed })
+	s.rmu.Unlock()
+	if err != nil {
 		return 0, err
 	}
 	if err := s.removeBatches(func(a, b int64) bool { return b <= committed }); err != nil {
@@ -740,6 +865,99 @@ func (s *Store) Reclaim(committed int64) (int, error) {
 	return s.free(func(bf *baseFile) bool {
 		return (bf.state == fsComplete && bf.step < committed && bf.idx != ptrFile) || bf.state == fsBroken
 	})
+}
+
+// Abandon frees what can never be committed once the launcher resolved
+// every step up to resolved, committed being its commit record's step
+// (-1: none yet): every complete version of a step at or before
+// resolved other than committed, with its marker (see Abandoning in the
+// package comment). A version of such a step that completes later is
+// freed at once, unmarked. The pointer, if it names a version freed,
+// first moves back to the newest complete version left (by counter), or
+// is removed. Abandon returns the number of base files it freed;
+// resolved < 0 frees nothing.
+func (s *Store) Abandon(committed, resolved int64) (int, error) {
+	if resolved < 0 {
+		return 0, nil
+	}
+	s.repair()
+	if err := s.at("abandon.lock", 0); err != nil {
+		return 0, err
+	}
+	gone := func(step int64) bool { return step <= resolved && step != committed }
+	// Under rmu, as Reclaim: no publish looks before the step is given
+	// up and writes its marker after the markers are removed.
+	s.rmu.Lock()
+	s.dropPending(func(p pointer) bool { return gone(p.step) })
+	s.pmu.Lock()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.pmu.Unlock()
+		s.rmu.Unlock()
+		return 0, ErrClosed
+	}
+	if resolved >= s.resolved {
+		s.resolved, s.kept = resolved, max(s.kept, committed)
+	}
+	var todo []*baseFile
+	var newest *baseFile // the newest complete version left
+	for _, bf := range s.files {
+		switch {
+		case bf.state != fsComplete:
+		case gone(bf.step):
+			bf.state = fsFreeing
+			todo = append(todo, bf)
+		case newest == nil || bf.version > newest.version:
+			newest = bf
+		}
+	}
+	s.mu.Unlock()
+	// The pointer first: it never names a freed file.
+	var perr error
+	if s.hasPtr && slices.ContainsFunc(todo, func(bf *baseFile) bool { return bf.idx == s.ptr.file }) {
+		var p pointer
+		if newest != nil {
+			p = pointer{rank: s.rank, file: newest.idx, step: newest.step, version: newest.version, hdrCRC: newest.hdrCRC}
+			perr = writeAtomic(s.dir, latestName, [][]byte{encodePointer(magicPointer, p)}, s.fault("latest"))
+		} else {
+			perr = removeSynced(s.dir, latestName)
+		}
+		if perr == nil {
+			s.ptr, s.hasPtr = p, newest != nil
+		} else {
+			// The file the pointer names stays as it is, and its step's
+			// markers with it; the next Abandon tries again.
+			s.mu.Lock()
+			todo = slices.DeleteFunc(todo, func(bf *baseFile) bool {
+				if bf.idx == s.ptr.file {
+					bf.state = fsComplete
+					return true
+				}
+				return false
+			})
+			s.mu.Unlock()
+		}
+	}
+	kept := int64(-1)
+	if perr != nil {
+		kept = s.ptr.step
+	}
+	s.pmu.Unlock()
+	// Then the markers: a marker never outlives its version.
+	merr := s.removeMarkers(func(step int64) bool { return gone(step) && step != kept })
+	s.rmu.Unlock()
+	if merr != nil {
+		// The files stay complete, as their markers may.
+		s.mu.Lock()
+		for _, bf := range todo {
+			bf.state = fsComplete
+		}
+		s.mu.Unlock()
+		return 0, errors.Join(perr, merr)
+	}
+	freed, ferr := s.free(func(bf *baseFile) bool { return slices.Contains(todo, bf) })
+	return freed, errors.Join(perr, ferr)
 }
 
 // free rewrites as free the headers of the files that pick chooses
@@ -857,6 +1075,8 @@ func (s *Store) Truncate(step int64) error {
 // Close releases the store's files; Saves in flight fail. Closing twice
 // is a no-op.
 func (s *Store) Close() error {
+	s.rmu.Lock() // no publish is under way, and none writes after
+	defer s.rmu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -870,6 +1090,13 @@ func (s *Store) closeFiles() error {
 	var errs []error
 	for _, bf := range s.files {
 		if err := bf.f.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("durable: %w", err))
+		}
+	}
+	if s.lock != nil {
+		// Last: the files are closed, and the next store of the rank
+		// may open them.
+		if err := s.lock.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("durable: %w", err))
 		}
 	}

@@ -270,3 +270,35 @@ func TestLateSaveAfterWatermark(t *testing.T) {
 	save(t, s, 40) // two free files: the superseded one came back
 	checkVerify(t, dir)
 }
+
+// TestMarked: Marked lists the steps of the rank's complete versions
+// whose marker names them exactly, reading the rank's own markers only:
+// a marker naming another file or version (left by a version since
+// freed and saved again), a missing marker or another rank's do not
+// count.
+func TestMarked(t *testing.T) {
+	dir := newDir(t, 3)
+	s := openTest(t, dir, 2, Options{Concurrency: 3})
+	for _, st := range []int64{1, 2, 3} {
+		save(t, s, st)
+	}
+	rd := rankDir(dir, 2)
+	var v2 Version
+	for _, v := range s.Versions() {
+		if v.Step == 2 {
+			v2 = v
+		}
+	}
+	i, _ := parseBase(filepath.Base(v2.File))
+	stale := encodePointer(magicMarker, pointer{rank: 2, file: i, step: 2, version: v2.Version + 7, hdrCRC: 1})
+	if err := os.WriteFile(filepath.Join(rd, doneName(2)), stale, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(rd, doneName(3))); err != nil {
+		t.Fatal(err)
+	}
+	// Rank 0 has no directory at all: it is never read.
+	if got := s.Marked(); !slices.Equal(got, []int64{1}) {
+		t.Errorf("Marked = %v, want [1]", got)
+	}
+}

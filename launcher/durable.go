@@ -25,14 +25,23 @@ import (
 //   - the job's manifest is written once every rank has reported its
 //     regions (the ranks declare them when they first protect their state:
 //     the launcher cannot know them before), and before any commit;
-//   - the two-phase commit (TierCheck): when every rank reports a
-//     completion marker of a step v newer than the commit record, and v is
-//     at or below G, the launcher writes the commit record of v
-//     (durable.Commit) and publishes v as the watermark (GlobalStep.D),
-//     on which the agents reclaim what is older (rank.Host.SetD). Only a
-//     step at or below G: a recovery resumes from G and forgets every
-//     rank's saves after it (rank/persist.go), so a commit past G could
-//     name a version no rank keeps;
+//   - the two-phase commit (TierCheck), the launcher deciding every base
+//     step (package durable, "Committing and abandoning"): each rank
+//     reports its markers and its resolved step S_r (every save of a
+//     step at or before it has ended, and its markers there are final);
+//     X is the minimum of the S_r and of G, never moving back. Of the
+//     steps after the commit record and after the X published before, at
+//     or below X, the newest every rank reports a marker of is committed
+//     (durable.Commit); every other step at or below X is abandoned for
+//     good, and no step at or below a published X is committed later. The
+//     launcher publishes the commit record's step D and X (GlobalStep.D
+//     and X), on which the agents reclaim what is older than D and free
+//     every version at or below X other than D's (rank.Host.SetDurable):
+//     a rank whose saves failed or were skipped where the others' were
+//     not gets its base files back, and the tier never stalls for good.
+//     Only steps at or below G: a recovery resumes from G and forgets
+//     every rank's saves after it (rank/persist.go), so a commit past G
+//     could name a version no rank keeps;
 //   - when G runs more than twice --ckpt-every ahead of the commit record,
 //     it says so, at most every durableWarnEvery, with what the ranks
 //     skipped and failed; with -v the end of the job reports every rank's
@@ -188,6 +197,9 @@ type durableTier struct {
 	// resumed job's); no commit before.
 	written   bool
 	committed int64 // the commit record's step, or -1
+	// x is the resolved step published (-1: none): every base step at
+	// or below it is decided, committed or abandoned.
+	x int64
 	// errs are the manifest's and commit's last errors, said once each;
 	// retry is when they are tried again (a full disk is not retried at
 	// every report).
@@ -206,7 +218,7 @@ func (j *job) newDurableTier() *durableTier {
 	if o.Dir == "" {
 		return nil
 	}
-	t := &durableTier{opts: o, committed: -1, manifest: durable.Manifest{
+	t := &durableTier{opts: o, committed: -1, x: -1, manifest: durable.Manifest{
 		Job: j.id, World: j.world, Protect: string(modeOrFull(j.cfg.ProtectMode)), Every: o.Every, Command: commandHash(j.cfg.Prog, j.cfg.Args),
 	}}
 	if j.cfg.ProtectMode == ModeDiff {
@@ -237,8 +249,11 @@ func commandHash(prog string, args []string) string {
 }
 
 // durableProgress takes the ranks' durable reports in after report u:
-// the manifest once every rank's regions are known, then the commit of
-// the newest step every rank has a marker of, at or below G.
+// the manifest once every rank's regions are known, then the decision of
+// every base step up to X, the minimum of the ranks' resolved steps and
+// of G: the commit of the newest one every rank has a marker of (after
+// the record and the X before), the others abandoned; then D and X are
+// published.
 func (j *job) durableProgress(u *wire.UpProgress) {
 	t := j.dur
 	if t == nil || j.reach != nil {
@@ -248,7 +263,7 @@ func (j *job) durableProgress(u *wire.UpProgress) {
 	}
 	news := false
 	for _, r := range u.Ranks {
-		if d := r.D; d != nil && (len(d.Regions) > 0 || len(d.Markers) > 0 && d.Markers[len(d.Markers)-1] > t.committed) {
+		if d := r.D; d != nil && (len(d.Regions) > 0 || len(d.Markers) > 0 && d.Markers[len(d.Markers)-1] > t.committed || d.Resolved > t.x) {
 			news = true
 		}
 	}
@@ -262,25 +277,55 @@ func (j *job) durableProgress(u *wire.UpProgress) {
 	if !t.written && !j.writeManifest(reports) {
 		return
 	}
-	v := commitStep(reports, j.prog.G(), t.committed)
-	if v < 0 {
+	x := resolvedStep(reports, j.prog.G())
+	if x <= t.x || x < t.committed {
+		// Nothing decided that was not before (or, in a resumed job, X
+		// is still below its commit record: D <= X is published).
 		return
 	}
-	if err := durable.Commit(t.opts.Dir, v); err != nil {
-		t.retry = time.Now().Add(durableRetry)
-		if msg := err.Error(); msg != t.commitErr {
-			t.commitErr = msg
-			j.out.report("the durable tier cannot write its commit record of step %d: %v", v, err)
+	// The steps at or below an X published were decided then: only
+	// later ones are committed.
+	v := commitStep(reports, x, max(t.committed, t.x))
+	if v >= 0 {
+		if err := durable.Commit(t.opts.Dir, v); err != nil {
+			// X is not published either: the ranks would free v.
+			t.retry = time.Now().Add(durableRetry)
+			if msg := err.Error(); msg != t.commitErr {
+				t.commitErr = msg
+				j.out.report("the durable tier cannot write its commit record of step %d: %v", v, err)
+			}
+			return
 		}
-		return
+		t.commitErr = ""
+		t.committed = v
+		j.log.Debug("durable tier: committed", "step", v)
+		if j.m != nil { // (durable_test.go drives the tier without a machine)
+			j.step(hotswap.DiskCommitted{Step: v})
+		}
 	}
-	t.commitErr = ""
-	t.committed = v
-	j.log.Debug("durable tier: committed", "step", v)
-	j.prog.setD(v)
-	if j.m != nil { // (durable_test.go drives the tier without a machine)
-		j.step(hotswap.DiskCommitted{Step: v})
+	t.x = x
+	d := &t.committed
+	if t.committed < 0 {
+		d = nil
 	}
+	j.prog.setDurable(d, t.x)
+}
+
+// resolvedStep returns X given every rank's durable report (by rank;
+// nil: none yet) and G: the minimum of G and the ranks' resolved steps,
+// or -1 if a rank has not reported.
+func resolvedStep(reports []*wire.RankDurable, g int64) int64 {
+	if len(reports) == 0 {
+		return -1
+	}
+	x := g
+	for _, d := range reports {
+		if d == nil {
+			return -1
+		}
+		x = min(x, d.Resolved)
+	}
+	return x
 }
 
 // writeManifest writes the job's manifest once reports (by rank) hold
@@ -317,6 +362,8 @@ func (j *job) writeManifest(reports []*wire.RankDurable) bool {
 // commitStep returns the step to commit given every rank's durable
 // report (by rank; nil: none yet): the newest step after committed, at
 // or below g, that every rank has a marker of; -1 if there is none.
+// durableProgress passes X as g, and the newer of the commit record and
+// the X published before as committed.
 func commitStep(reports []*wire.RankDurable, g, committed int64) int64 {
 	if len(reports) == 0 || reports[0] == nil {
 		return -1

@@ -205,34 +205,40 @@ func durableJob(t *testing.T, dir string) (*job, *[]*wire.GlobalStep, *bytes.Buf
 
 var durableTestRegions = []wire.DurableRegion{{Name: "optimizer", Size: 4096}, {Name: "meta", Size: 64}}
 
+// durableReport is a progress report of host (0: ranks 0 and 1, 1: 2
+// and 3) of durableJob, every rank at committed step c, replicated p,
+// resolved x, with markers.
+func durableReport(host int, c, p, x int64, markers ...int64) *wire.UpProgress {
+	u := &wire.UpProgress{Host: host}
+	for _, r := range [][]int{{0, 1}, {2, 3}}[host] {
+		u.Ranks = append(u.Ranks, wire.RankProgress{Rank: r, Committed: c, Replicated: p,
+			D: &wire.RankDurable{Markers: markers, Resolved: x, Regions: durableTestRegions}})
+	}
+	return u
+}
+
 // TestDurableCommits: the launcher writes the manifest once every rank
 // reported its regions, commits a step only once every rank has its
-// marker and G reached it, never moves the record backwards, and
-// publishes each commit as the watermark on G.
+// marker and every rank's resolved step and G reached it, never moves
+// the record backwards, and publishes each commit as the watermark on G
+// with X, the steps decided.
 func TestDurableCommits(t *testing.T) {
 	dir := t.TempDir()
 	j, published, _ := durableJob(t, dir)
-	rep := func(host int, c, p int64, markers ...int64) *wire.UpProgress {
-		u := &wire.UpProgress{Host: host}
-		for _, r := range [][]int{{0, 1}, {2, 3}}[host] {
-			u.Ranks = append(u.Ranks, wire.RankProgress{Rank: r, Committed: c, Replicated: p,
-				D: &wire.RankDurable{Markers: markers, Regions: durableTestRegions}})
-		}
-		return u
-	}
+	rep := durableReport
 	steps := []struct {
 		name      string
 		u         *wire.UpProgress
 		manifest  bool
 		committed int64 // -1: no record
 	}{
-		{"host 0's markers, host 1 unknown", rep(0, 2, 2, 0, 2), false, -1},
-		{"host 1 has 0 only", rep(1, 2, 2, 0), true, 0},
-		{"host 1 has 2", rep(1, 2, 2, 0, 2), true, 2},
-		{"host 0 has 4, past G", rep(0, 4, 3, 2, 4), true, 2},
-		{"host 1 has 4, G is 3", rep(1, 4, 4, 2, 4), true, 2},
-		{"G reaches 4", rep(0, 4, 4, 2, 4), true, 4},
-		{"an old report", rep(1, 4, 4, 2), true, 4},
+		{"host 0's markers, host 1 unknown", rep(0, 2, 2, 2, 0, 2), false, -1},
+		{"host 1 has 0, its save of 2 in flight", rep(1, 2, 2, 1, 0), true, 0},
+		{"host 1 has 2", rep(1, 2, 2, 2, 0, 2), true, 2},
+		{"host 0 has 4, past G", rep(0, 4, 3, 4, 2, 4), true, 2},
+		{"host 1 has 4, G is 3", rep(1, 4, 4, 4, 2, 4), true, 2},
+		{"G reaches 4", rep(0, 4, 4, 4, 2, 4), true, 4},
+		{"an old report", rep(1, 4, 4, 4, 2), true, 4},
 	}
 	for _, s := range steps {
 		if err := j.prog.handle(s.u); err != nil {
@@ -251,17 +257,20 @@ func TestDurableCommits(t *testing.T) {
 			t.Fatalf("%s: commit record %d, %v; want %d", s.name, c, cerr, s.committed)
 		}
 	}
-	var ds []int64
+	var ds, xs []int64
 	for _, g := range *published {
-		if g.D != nil && *g.D > g.G {
-			t.Fatalf("published D %d past G %d", *g.D, g.G)
+		if _, err := wire.DecodeGlobalStep(wire.Marshal(g)); err != nil {
+			t.Fatalf("published %+v: %v", g, err)
 		}
 		if g.D != nil && (len(ds) == 0 || ds[len(ds)-1] != *g.D) {
 			ds = append(ds, *g.D)
 		}
+		if g.X != nil && (len(xs) == 0 || xs[len(xs)-1] != *g.X) {
+			xs = append(xs, *g.X)
+		}
 	}
-	if !slices.Equal(ds, []int64{0, 2, 4}) {
-		t.Fatalf("published watermarks %v, want [0 2 4]", ds)
+	if !slices.Equal(ds, []int64{0, 2, 4}) || !slices.Equal(xs, []int64{1, 2, 3, 4}) {
+		t.Fatalf("published watermarks %v and resolved steps %v, want [0 2 4] and [1 2 3 4]", ds, xs)
 	}
 	m, err := durable.ReadManifest(dir)
 	if err != nil {
@@ -378,6 +387,79 @@ func TestDurableTable(t *testing.T) {
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// TestResolvedStep: X is the minimum of G and every rank's resolved
+// step, none while a rank has not reported.
+func TestResolvedStep(t *testing.T) {
+	rd := func(x int64) *wire.RankDurable { return &wire.RankDurable{Resolved: x} }
+	for _, tc := range []struct {
+		name    string
+		reports []*wire.RankDurable
+		g       int64
+		want    int64
+	}{
+		{"no ranks", nil, 10, -1},
+		{"a rank not reported", []*wire.RankDurable{rd(8), nil}, 10, -1},
+		{"the slowest rank", []*wire.RankDurable{rd(8), rd(3), rd(9)}, 10, 3},
+		{"G", []*wire.RankDurable{rd(8), rd(9)}, 6, 6},
+		{"nothing resolved", []*wire.RankDurable{rd(8), rd(-1)}, 10, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := resolvedStep(tc.reports, tc.g); got != tc.want {
+				t.Fatalf("resolvedStep = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestDurableAbandons: the launcher decides every step up to X. When the
+// ranks' saves share no step after the commit record (host 1's save of
+// 12 failed, host 0's succeeded), nothing is committed but X moves on,
+// so that host 0 frees its version of 12; a marker of a step at or below
+// a published X (a report from a host that took ranks over and found
+// step 12's marker on disk) never commits it; the next common step
+// does.
+func TestDurableAbandons(t *testing.T) {
+	dir := t.TempDir()
+	j, published, _ := durableJob(t, dir)
+	lastX := func() (d, x int64) {
+		d, x = -1, -1
+		for _, g := range *published {
+			if g.D != nil {
+				d = *g.D
+			}
+			if g.X != nil {
+				x = *g.X
+			}
+		}
+		return d, x
+	}
+	for _, s := range []struct {
+		name         string
+		u            *wire.UpProgress
+		committed, x int64
+	}{
+		{"host 0 saved 8", durableReport(0, 8, 8, 8, 8), -1, -1},
+		{"host 1 saved 8", durableReport(1, 8, 8, 8, 8), 8, 8},
+		{"host 0 saved 12", durableReport(0, 12, 12, 12, 8, 12), 8, 8},
+		{"host 1's save of 12 failed", durableReport(1, 12, 12, 12, 8), 8, 12},
+		{"host 1 reports 12's marker after all", durableReport(1, 13, 13, 13, 8, 12), 8, 12},
+		{"host 0 saved 16", durableReport(0, 16, 16, 16, 8, 16), 8, 13},
+		{"host 1 saved 16", durableReport(1, 16, 16, 16, 8, 12, 16), 16, 16},
+	} {
+		if err := j.prog.handle(s.u); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		j.durableProgress(s.u)
+		c, err := durable.ReadCommitted(dir)
+		if s.committed < 0 && !errors.Is(err, durable.ErrNotCommitted) || s.committed >= 0 && (err != nil || c != s.committed) {
+			t.Fatalf("%s: commit record %d, %v; want %d", s.name, c, err, s.committed)
+		}
+		if d, x := lastX(); d != s.committed || x != s.x {
+			t.Fatalf("%s: published D %d, X %d; want %d and %d", s.name, d, x, s.committed, s.x)
 		}
 	}
 }

@@ -53,8 +53,9 @@ type progress struct {
 	atH       int
 	baseEpoch []uint64
 	// d is the durable tier's watermark, the step of the job's commit
-	// record (nil: none), published with G (setD).
-	d *int64
+	// record (nil: none), and x its resolved step (nil: none), published
+	// with G (setDurable).
+	d, x *int64
 }
 
 // trackH makes p aggregate H too (diff mode under erasure coding), before
@@ -85,19 +86,32 @@ func (p *progress) global() *wire.GlobalStep {
 	if p.diffEC {
 		g.H = p.hp
 	}
-	if p.d != nil {
+	// D <= X <= G on the wire. G goes back on a roll-back to the disk
+	// tier (a new generation at T, and D <= T), while X only moves
+	// forward: X is published at most at G then (a smaller X frees less,
+	// and the hosts keep the larger one they had).
+	if p.d != nil && *p.d <= p.g {
 		d := *p.d
 		g.D = &d
+	}
+	if p.x != nil {
+		if x := min(*p.x, p.g); x >= 0 && (g.D == nil || *g.D <= x) {
+			g.X = &x
+		}
 	}
 	return g
 }
 
-// setD publishes d, the step of the durable tier's new commit record (at
-// most G), as the watermark with G.
-func (p *progress) setD(d int64) {
+// setDurable publishes d, the step of the durable tier's commit record
+// (nil: none yet), and x, its resolved step (d <= x <= G), with G.
+func (p *progress) setDurable(d *int64, x int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.d = &d
+	if d != nil {
+		v := *d
+		p.d = &v
+	}
+	p.x = &x
 	p.publish(p.global())
 }
 

@@ -480,3 +480,39 @@ lossy differentials (--diff-codec): replay drift from the true weights at the la
 		t.Errorf("got\n%s\nwant it to end with\n%s", got, want)
 	}
 }
+
+// TestGlobalDurableAfterRollback: after a roll-back to the disk tier G
+// goes back below the X published before; the GlobalStep published then
+// still decodes (X at most G, D at most X), so the hosts take G.
+func TestGlobalDurableAfterRollback(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		g, d, x int64
+		wantD   int64 // -2: omitted
+		wantX   int64
+	}{
+		{"in order", 20, 12, 16, 12, 16},
+		{"G back below X", 12, 12, 16, 12, 12},
+		{"G back to T above D", 13, 12, 16, 12, 13},
+		{"G before any step", -1, 12, 16, -2, -2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, x := tc.d, tc.x
+			p := &progress{g: tc.g, d: &d, x: &x}
+			b := wire.Marshal(p.global())
+			g, err := wire.DecodeGlobalStep(b)
+			if err != nil {
+				t.Fatalf("published %s, which does not decode: %v", b, err)
+			}
+			got := func(v *int64) int64 {
+				if v == nil {
+					return -2
+				}
+				return *v
+			}
+			if got(g.D) != tc.wantD || got(g.X) != tc.wantX {
+				t.Errorf("D %d X %d, want %d %d", got(g.D), got(g.X), tc.wantD, tc.wantX)
+			}
+		})
+	}
+}

@@ -272,7 +272,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	if err := cfg.Persist.check(); err != nil {
 		return nil, err
 	}
-	h := &Host{cfg: cfg, log: log, g: noStep, hb: noStep, resumed: noStep, gwake: make(chan struct{}), lfDone: map[int]bool{}, dur: persistHost{d: noStep}}
+	h := &Host{cfg: cfg, log: log, g: noStep, hb: noStep, resumed: noStep, gwake: make(chan struct{}), lfDone: map[int]bool{}, dur: persistHost{d: noStep, x: noStep, appliedD: noStep, appliedX: noStep, local: -1}}
 	ec, err := newECLayout(cfg.EC, -1, cfg.HostOf)
 	if err != nil {
 		return nil, err

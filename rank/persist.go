@@ -42,17 +42,32 @@ import (
 //     to grow it would have to wait for every save in flight, and its
 //     files are preallocated once.
 //   - Each save that completes leaves the rank's completion marker; the
-//     service reports the steps of its markers (DurableProgress.Markers),
-//     the launcher commits the newest step every rank has a marker of
-//     (and only one at or below G: a step after G may be rolled back by a
-//     recovery, which truncates the store to G) and publishes it as the
-//     watermark (wire.GlobalStep.D); the host then commits it in its own
-//     directory when that is not the launcher's (per-host local disks)
-//     and has every local rank's store reclaim what is older (Host.SetD).
+//     service reports the steps of its markers (DurableProgress.Markers)
+//     and its resolved step (DurableProgress.Resolved: the step before
+//     its oldest save in flight, or its committed step; durable,
+//     "Committing and abandoning"). The launcher decides every step up to
+//     X, the minimum of the resolved steps and G: it commits the newest
+//     step every rank has a marker of (only one at or below G: a step
+//     after G may be rolled back by a recovery, which truncates the store
+//     to G), abandons the others, and publishes the commit record's step
+//     and X (wire.GlobalStep.D and X). The host then commits D in its own
+//     directory when that is not the launcher's (per-host local disks;
+//     if it cannot, it frees nothing until it can), and has every local
+//     rank's store reclaim what is older than D and free every version
+//     up to X but D's (Host.SetDurable, durable.Store.Abandon): so a rank
+//     always gets its base files back, even when the ranks' saves that
+//     failed or were skipped leave no step they all hold.
 //   - A restore at G (a restart, an in-place recovery, a rank rebuilt on
 //     a new host) first stops the rank's saves in flight and truncates its
 //     store to G (durable.Store.Truncate): what the rank saved after G
 //     belongs to a trajectory the job abandoned.
+//   - One host at a time has a rank's store open (durable.Open locks it).
+//     A host the rank left ends the rank's saves and closes its store
+//     (persistClose, when the placement moves the rank away); a host
+//     that takes a rank over while the old one still has the store open
+//     (durable.ErrLocked: it has not learnt of the move, or is cut off)
+//     reports the store off, counts each base due as failed and tries to
+//     open the store again at each (persistReopen), training going on.
 
 // PersistConfig configures the durable tier of a host's ranks
 // (HostConfig.Persist). The zero value has none.
@@ -121,6 +136,11 @@ type DurableProgress struct {
 	// Markers are the steps of the rank's completion markers not
 	// reclaimed, ascending, none after Progress.Committed.
 	Markers []int64
+	// Resolved is the rank's resolved step (package durable, "Committing
+	// and abandoning"), at most Progress.Committed: the step before its
+	// oldest save in flight, or Committed when none is. Every save of a
+	// step at or before it has ended, and Markers up to it are final.
+	Resolved int64
 	// Saves written, skipped because the durable tier fell behind, and
 	// failed (I/O errors); their write time and bytes.
 	Saves, Skipped, Failed int64
@@ -153,6 +173,7 @@ type persist struct {
 	markers  []int64  // ascending
 	n        int      // saves allowed in flight
 	inflight int
+	flying   map[int64]bool // the steps of the saves in flight (inflight of them)
 	saves    int64
 	skipped  int64
 	failed   int64
@@ -170,6 +191,13 @@ type persist struct {
 	cancel   context.CancelFunc
 	stopping bool
 	wg       sync.WaitGroup
+
+	// locked: the store is open elsewhere (durable.ErrLocked: the
+	// rank's old host still has it); each base due counts as failed and
+	// has the store opened again (persistReopen, one at a time, on a goroutine
+	// of retries), until closed.
+	locked, reopening, closed bool
+	retries                   sync.WaitGroup
 
 	holdNS  atomic.Int64
 	waiting atomic.Int32 // stages waiting for a hold
@@ -196,7 +224,8 @@ func (s *service) persistOpen() {
 	p.opMu.Lock()
 	defer p.opMu.Unlock()
 	p.mu.Lock()
-	done := p.store != nil || p.off != ""
+	done := p.store != nil || p.closed || p.off != "" && !p.locked
+	wasLocked := p.locked
 	p.mu.Unlock()
 	s.mu.Lock()
 	regions := slices.Clone(s.regions)
@@ -214,33 +243,46 @@ func (s *service) persistOpen() {
 	st, err := durable.Open(cfg.Dir, s.rank, dr, durable.Options{Concurrency: cfg.maxInFlight(), Writers: cfg.Writers, ChunkSize: cfg.ChunkSize,
 		Logger: slog.New(newQuietHandler(s.h.log.Handler(), durableLogEvery))})
 	if err != nil {
-		s.h.log.Warn("the durable tier cannot open this rank's store: it writes no bases (the memory tiers still protect it)", "rank", s.rank, "dir", cfg.Dir, "err", err)
+		locked := errors.Is(err, durable.ErrLocked)
+		switch {
+		case locked && !wasLocked:
+			s.h.log.Warn("the durable tier cannot open this rank's store, another host has it open: it writes no bases until it can (the memory tiers still protect it)",
+				"rank", s.rank, "dir", cfg.Dir, "err", err)
+		case !locked:
+			s.h.log.Warn("the durable tier cannot open this rank's store: it writes no bases (the memory tiers still protect it)", "rank", s.rank, "dir", cfg.Dir, "err", err)
+		}
 		p.mu.Lock()
-		p.off = err.Error()
+		p.off, p.locked = err.Error(), locked
 		p.mu.Unlock()
 		s.h.cfg.Changed()
 		return
 	}
+	if wasLocked {
+		s.h.log.Info("durable tier: the rank's store is no longer open elsewhere", "rank", s.rank)
+	}
 	// The markers the rank has on disk already (a rank whose store
-	// another host wrote before this one took the rank over).
-	var markers []int64
-	for _, v := range st.Versions() {
-		if m, err := durable.Markers(cfg.Dir, s.rank+1, v.Step); err == nil && m[s.rank] && !slices.Contains(markers, v.Step) {
-			markers = append(markers, v.Step)
-		}
-	}
-	slices.Sort(markers)
-	if d := s.h.D(); d >= 0 {
-		// A store another host wrote (a rank taken over) may hold
-		// versions the watermark passed after that host's last reclaim:
-		// a fresh store knows no watermark (durable: "Resuming and
-		// restoring").
-		if _, err := st.Reclaim(d); err == nil {
-			markers = slices.DeleteFunc(markers, func(m int64) bool { return m < d })
-		}
-	}
+	// another host wrote before this one took the rank over): its own,
+	// each naming the version the store holds.
+	markers := st.Marked()
 	p.mu.Lock()
-	p.store, p.names, p.size, p.markers = st, names, size, markers
+	p.markers = markers
+	p.mu.Unlock()
+	// A store another host wrote (a rank taken over) may hold versions
+	// the watermark or X passed after that host's last reclaim: a fresh
+	// store knows neither (durable: "Resuming and restoring"). The ones
+	// this host applied: the loop applies the newer ones to every store
+	// it finds open.
+	s.h.dur.mu.Lock()
+	d, x := s.h.dur.appliedD, s.h.dur.appliedX
+	if s.h.dur.local == 0 {
+		d, x = s.h.dur.d, s.h.dur.x
+	}
+	s.h.dur.mu.Unlock()
+	s.reclaimStore(st, d, x)
+	p.mu.Lock()
+	markers = p.markers
+	p.store, p.names, p.size = st, names, size
+	p.off, p.locked = "", false
 	p.n = max(cfg.Concurrency, 1)
 	p.lastBase = noStep
 	p.ctx, p.cancel = context.WithCancel(s.life)
@@ -261,6 +303,17 @@ func (s *service) persistDueLocked(step int64, slot int) *baseSave {
 	p := &s.dur
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.store == nil && p.locked && !p.closed {
+		// The store is open elsewhere: this base fails, and the store is
+		// tried again.
+		p.failed++
+		if !p.reopening {
+			p.reopening = true
+			p.retries.Add(1)
+			go s.persistReopen()
+		}
+		return nil
+	}
 	if p.store == nil || p.stopping {
 		return nil
 	}
@@ -282,8 +335,24 @@ func (s *service) persistDueLocked(step int64, slot int) *baseSave {
 	h := make(chan struct{})
 	s.holds[slot] = h
 	p.inflight++
+	if p.flying == nil {
+		p.flying = map[int64]bool{}
+	}
+	p.flying[step] = true
 	p.wg.Add(1)
 	return &baseSave{step: step, slot: slot, hold: h, ctx: p.ctx}
+}
+
+// persistReopen tries to open the rank's store again, after Open found
+// it open elsewhere (persist.retries).
+func (s *service) persistReopen() {
+	p := &s.dur
+	defer p.retries.Done()
+	s.persistOpen()
+	p.mu.Lock()
+	p.reopening = false
+	p.mu.Unlock()
+	s.h.cfg.Changed()
 }
 
 // releaseHold lets stages overwrite slot again, if h still holds it.
@@ -404,18 +473,21 @@ func (s *service) runSave(b *baseSave) {
 func (s *service) saved(b *baseSave, err error, took time.Duration) {
 	p := &s.dur
 	cfg := s.h.cfg.Persist
-	d := s.h.D()
+	d, x := s.h.durable()
 	p.mu.Lock()
 	p.inflight--
+	delete(p.flying, b.step)
 	wasFailing := p.failing
 	switch {
 	case err == nil:
 		p.saves++
 		p.writeNS += int64(took)
 		p.bytes += p.size
-		// A save the watermark passed while it was written was freed,
-		// unmarked (durable.Store.Save): it has no marker to report.
-		if i, found := slices.BinarySearch(p.markers, b.step); !found && b.step >= d {
+		// A save the watermark or X passed while it was written was
+		// freed, unmarked (durable.Store.Save): it has no marker to
+		// report. (A save in flight keeps X below its step: this is
+		// the store's rule, not something that happens.)
+		if i, found := slices.BinarySearch(p.markers, b.step); !found && b.step >= d && (b.step > x || b.step == d) {
 			p.markers = slices.Insert(p.markers, i, b.step)
 		}
 		p.failing = false
@@ -502,8 +574,9 @@ func (s *service) persistTruncate(g int64) {
 }
 
 // persistReclaim frees what a recovery at the job's commit record d
-// cannot need, and forgets the rank's markers before d.
-func (s *service) persistReclaim(d int64) {
+// cannot need, and what the launcher abandoned, every step up to x other
+// than d (-1: none), with the rank's markers of those steps.
+func (s *service) persistReclaim(d, x int64) {
 	p := &s.dur
 	p.opMu.Lock()
 	defer p.opMu.Unlock()
@@ -513,26 +586,54 @@ func (s *service) persistReclaim(d int64) {
 	if st == nil {
 		return
 	}
-	freed, err := st.Reclaim(d)
-	if err != nil {
-		// ErrNoVersion: the rank does not hold d here (its directory is
-		// not the one the commit was made from); nothing was freed.
-		s.h.log.Debug("durable tier: nothing reclaimed", "rank", s.rank, "committed", d, "err", err)
-		return
-	}
-	p.mu.Lock()
-	p.markers = slices.DeleteFunc(p.markers, func(m int64) bool { return m < d })
-	p.mu.Unlock()
-	if freed > 0 {
-		s.h.log.Debug("durable tier: reclaimed", "rank", s.rank, "committed", d, "files", freed)
-	}
+	s.reclaimStore(st, d, x)
 	s.h.cfg.Changed()
+}
+
+// reclaimStore has st reclaim before d and abandon up to x (each -1:
+// none), and forgets the markers it freed. persist.opMu is held.
+func (s *service) reclaimStore(st *durable.Store, d, x int64) {
+	p := &s.dur
+	if d >= 0 {
+		freed, err := st.Reclaim(d)
+		switch {
+		case err != nil:
+			// ErrNoVersion: the rank does not hold d here (its directory
+			// is not the one the commit was made from); nothing was
+			// freed (Abandon frees those versions below).
+			s.h.log.Debug("durable tier: nothing reclaimed", "rank", s.rank, "committed", d, "err", err)
+		case freed > 0:
+			s.h.log.Debug("durable tier: reclaimed", "rank", s.rank, "committed", d, "files", freed)
+		}
+		if err == nil {
+			p.mu.Lock()
+			p.markers = slices.DeleteFunc(p.markers, func(m int64) bool { return m < d })
+			p.mu.Unlock()
+		}
+	}
+	if x >= 0 {
+		freed, err := st.Abandon(d, x)
+		if err != nil {
+			s.h.log.Warn("durable tier: cannot free every version the launcher abandoned (tried again at the next)", "rank", s.rank, "committed", d, "resolved", x, "err", err)
+		} else if freed > 0 {
+			s.h.log.Debug("durable tier: abandoned", "rank", s.rank, "committed", d, "resolved", x, "files", freed)
+		}
+		// Whatever Abandon managed: the launcher never commits those
+		// steps, and does not want their markers.
+		p.mu.Lock()
+		p.markers = slices.DeleteFunc(p.markers, func(m int64) bool { return m <= x && m != d })
+		p.mu.Unlock()
+	}
 }
 
 // persistClose ends the rank's saves and closes its store (the service
 // is closing: its life has ended).
 func (s *service) persistClose() error {
 	p := &s.dur
+	p.mu.Lock()
+	p.closed = true // no store opens from now on
+	p.mu.Unlock()
+	p.retries.Wait() // before opMu, which a retry takes
 	p.opMu.Lock()
 	defer p.opMu.Unlock()
 	p.stopSaves()
@@ -566,7 +667,13 @@ func (s *service) persistProgress(committed int64) *DurableProgress {
 		return nil
 	}
 	d := &DurableProgress{Saves: p.saves, Skipped: p.skipped, Failed: p.failed, WriteNS: p.writeNS, Bytes: p.bytes,
-		HoldNS: p.holdNS.Load(), Off: p.off}
+		HoldNS: p.holdNS.Load(), Off: p.off, Resolved: max(committed, noStep)}
+	// A save of a step at or before committed began at its commit, under
+	// s.mu, before committed was read: it is in flying, until saved()
+	// takes it out and adds its marker, both under p.mu.
+	for st := range p.flying {
+		d.Resolved = min(d.Resolved, st-1)
+	}
 	if p.store != nil {
 		d.N = p.n
 	}
@@ -582,37 +689,68 @@ func (s *service) persistProgress(committed int64) *DurableProgress {
 }
 
 // persistHost is a host's side of the durable tier's watermark: the
-// newest commit record the launcher published (SetD), applied by its
-// loop (Host.persistLoop).
+// newest commit record and resolved step the launcher published
+// (SetDurable), applied by its loop (Host.persistLoop).
 type persistHost struct {
-	mu   sync.Mutex
-	d    int64 // the newest watermark published, or -1
-	kick chan struct{}
+	mu sync.Mutex
+	d  int64 // the newest watermark published, or -1
+	x  int64 // the newest resolved step published, or -1
+	// appliedD and appliedX are the watermark and resolved step the loop
+	// is applying or applied last (-1: none), and local whether the
+	// host's directory is its own (1: it writes a commit record there
+	// too; 0: the launcher's; -1: not known yet). A store opened in a
+	// directory of the host's own starts from what was applied, never
+	// from a watermark whose commit record the directory may not hold.
+	appliedD, appliedX int64
+	local              int
+	kick               chan struct{}
+	// rounds counts the loop's rounds that took a new watermark up,
+	// applied or not (tests wait for them).
+	rounds int
 }
 
 // D returns the newest durable watermark (the job's commit record) the
 // launcher published to this host, or -1.
 func (h *Host) D() int64 {
-	h.dur.mu.Lock()
-	defer h.dur.mu.Unlock()
-	return h.dur.d
+	d, _ := h.durable()
+	return d
 }
 
-// SetD takes a newer durable watermark d, the step of the job's commit
-// record (wire.GlobalStep.D; older ones are ignored): the host's loop
-// commits it in the host's own directory, when that is not the
-// launcher's, and has every local rank's store reclaim what a recovery at
-// d cannot need. It does nothing without a durable tier.
-func (h *Host) SetD(d int64) {
+// X returns the newest durable resolved step the launcher published to
+// this host, or -1.
+func (h *Host) X() int64 {
+	_, x := h.durable()
+	return x
+}
+
+// durable returns the newest durable watermark and resolved step the
+// launcher published to this host (-1: none).
+func (h *Host) durable() (d, x int64) {
+	h.dur.mu.Lock()
+	defer h.dur.mu.Unlock()
+	return h.dur.d, h.dur.x
+}
+
+// SetD takes a newer durable watermark d: SetDurable(d, -1).
+func (h *Host) SetD(d int64) { h.SetDurable(d, noStep) }
+
+// SetDurable takes a newer durable watermark d, the step of the job's
+// commit record (wire.GlobalStep.D), and a newer resolved step x
+// (wire.GlobalStep.X: every step up to it other than d is abandoned);
+// older ones and -1 are ignored. The host's loop commits d in the host's
+// own directory, when that is not the launcher's, and has every local
+// rank's store reclaim what a recovery at d cannot need and free the
+// versions abandoned. It does nothing without a durable tier.
+func (h *Host) SetDurable(d, x int64) {
 	if !h.cfg.Persist.on() {
 		return
 	}
 	h.dur.mu.Lock()
-	if d <= h.dur.d {
+	if d <= h.dur.d && x <= h.dur.x {
 		h.dur.mu.Unlock()
 		return
 	}
-	h.dur.d = d
+	h.dur.d, h.dur.x = max(h.dur.d, d), max(h.dur.x, x)
 	h.dur.mu.Unlock()
 	select {
 	case h.dur.kick <- struct{}{}:
@@ -631,24 +769,32 @@ func (h *Host) startPersist() {
 	go h.persistLoop()
 }
 
-// persistLoop applies each new watermark: a commit record in the host's
-// directory if the launcher does not write there (a directory on a local
-// disk of each host: it has no manifest, which the launcher writes before
-// its first commit), then every local rank's reclaim. It runs until the
-// host stops.
+// persistLoop applies each new watermark and resolved step: a commit
+// record in the host's directory if the launcher does not write there (a
+// directory on a local disk of each host: it has no manifest, which the
+// launcher writes before its first commit), then every local rank's
+// reclaim and abandon. A commit record it cannot write stops it there:
+// the ranks free nothing past the record the host's directory durably
+// holds (its version must stay, and the new record's too), and the
+// record is tried again every persistRetry, or at the next watermark. It
+// runs until the host stops.
 func (h *Host) persistLoop() {
 	defer h.wg.Done()
 	dir := h.cfg.Persist.Dir
-	applied := int64(noStep)
-	local := -1 // unknown; 1: commit here too; 0: the launcher's directory
+	applied, appliedX := int64(noStep), int64(noStep)
+	local := -1 // unknown; 1: commit here too; 0: the launcher's directory (persistHost.local)
+	var retry <-chan time.Time
+	failing := false
 	for {
 		select {
 		case <-h.dur.kick:
+		case <-retry:
 		case <-h.life.Done():
 			return
 		}
-		d := h.D()
-		if d <= applied {
+		retry = nil
+		d, x := h.durable()
+		if d <= applied && x <= appliedX {
 			continue
 		}
 		if local < 0 {
@@ -656,21 +802,49 @@ func (h *Host) persistLoop() {
 			if _, err := durable.ReadManifest(dir); errors.Is(err, durable.ErrNoManifest) {
 				local = 1
 			}
+			h.dur.mu.Lock()
+			h.dur.local = local
+			h.dur.mu.Unlock()
 		}
-		if local == 1 {
+		ok := true
+		if local == 1 && d > applied {
 			if err := durable.Commit(dir, d); err != nil {
-				h.log.Warn("durable tier: cannot write the commit record in this host's directory", "dir", dir, "step", d, "err", err)
+				ok = false
+				if !failing {
+					h.log.Warn("durable tier: cannot write the commit record in this host's directory: its ranks reclaim nothing until it can (tried again every second)",
+						"dir", dir, "step", d, "err", err)
+				}
+				retry = time.After(persistRetry)
+			} else if failing {
+				h.log.Warn("durable tier: the commit record is written in this host's directory again", "dir", dir, "step", d)
 			}
+			failing = !ok
 		}
-		for _, s := range h.place().svcs {
-			if h.life.Err() != nil {
-				return
+		if ok {
+			// Before the stores: one that opens meanwhile starts from
+			// these, or is open when its turn comes (persistReclaim
+			// waits for its open).
+			h.dur.mu.Lock()
+			h.dur.appliedD, h.dur.appliedX = d, x
+			h.dur.mu.Unlock()
+			for _, s := range h.place().svcs {
+				if h.life.Err() != nil {
+					return
+				}
+				s.persistReclaim(d, x)
 			}
-			s.persistReclaim(d)
+			applied, appliedX = d, x
 		}
-		applied = d
+		h.dur.mu.Lock()
+		h.dur.rounds++
+		h.dur.mu.Unlock()
+		h.cfg.Changed()
 	}
 }
+
+// persistRetry is how long a host waits before it tries again a commit
+// record it could not write in its own directory.
+const persistRetry = time.Second
 
 // durableLogEvery is how often at most a store's log says the same thing:
 // a full or failing disk has it retry (and warn) at every save.

@@ -3,10 +3,14 @@ package rank
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -483,14 +487,18 @@ func TestDurableTakeover(t *testing.T) {
 	r := &persistRig{t: t, c: c, h: c.hosts[0], sess: c.hosts[0].Session(0), dir: dir}
 	r.h.SetD(2) // the launcher committed 2 before this host opened the store
 	r.call(TypeProtectHello, `{"v":1,"regions":[{"name":"optimizer","size":12288},{"name":"meta","size":100}]}`)
-	r.durableWhen("the markers from 2 on", func(d *DurableProgress) bool { return true })
+	r.durableWhen("the store open", func(d *DurableProgress) bool { return true })
+	// The host's directory is its own (no manifest): the store starts
+	// from the watermark the host applied, or has it applied once the
+	// host's commit record is written.
 	s := r.h.svc(0)
-	s.dur.mu.Lock()
-	markers := slices.Clone(s.dur.markers)
-	s.dur.mu.Unlock()
-	if !slices.Equal(markers, []int64{2, 4}) {
-		t.Fatalf("markers %v after taking the store over at watermark 2, want [2 4]", markers)
-	}
+	var markers []int64
+	r.c.waitFor("the markers from 2 on", func() bool {
+		s.dur.mu.Lock()
+		defer s.dur.mu.Unlock()
+		markers = slices.Clone(s.dur.markers)
+		return slices.Equal(markers, []int64{2, 4})
+	})
 	l, err := durable.List(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -501,4 +509,138 @@ func TestDurableTakeover(t *testing.T) {
 		}
 	}
 	r.checkLoad(4)
+}
+
+// TestDurableStoreLocked: a rank whose store another host still has open
+// (the rank was moved here while its old host writes) has no store:
+// its bases count as failed, training goes on, and it tries to open the
+// store again at its next base; once the old host closed it, the rank's
+// saves go on.
+func TestDurableStoreLocked(t *testing.T) {
+	dir := t.TempDir()
+	regions := []durable.Region{{Name: "optimizer", Size: persistRegions[0].Size}, {Name: "meta", Size: persistRegions[1].Size}}
+	old, err := durable.Open(dir, 0, regions, durable.Options{Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	r := newPersistRig(t, PersistConfig{Dir: dir, Every: 2, Concurrency: 1})
+	d := r.durableWhen("the store refused", func(d *DurableProgress) bool { return d.Off != "" })
+	if !strings.Contains(d.Off, "open elsewhere") {
+		t.Fatalf("the rank's store is off for another reason: %q", d.Off)
+	}
+	r.step(0)
+	r.step(1)
+	r.step(2)
+	r.durableWhen("two bases failed", func(d *DurableProgress) bool { return d.Failed == 2 })
+	p := &r.h.svc(0).dur
+	r.c.waitFor("the retries to open the store", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return !p.reopening
+	})
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r.step(3)
+	r.step(4) // fails too, and has the store opened again
+	r.durableWhen("the store open", func(d *DurableProgress) bool { return d.Off == "" && d.N == 1 })
+	r.steps(5, 6, 2)
+	d = r.durableWhen("the save of step 6", func(d *DurableProgress) bool { return slices.Equal(d.Markers, []int64{6}) })
+	if d.Saves != 1 || d.Failed != 3 {
+		t.Fatalf("durable progress %+v: want 1 save, 3 failed", d)
+	}
+	r.checkLoad(6)
+}
+
+// TestDurableTakeoverOwnMarkers: a rank taking its store over reports the
+// markers of its own versions only, each naming the version the store
+// holds: a marker left naming another version (here step 2's, pointing
+// at another base file) is not reported, so the launcher never commits
+// a step by it.
+func TestDurableTakeoverOwnMarkers(t *testing.T) {
+	dir := t.TempDir()
+	regions := []durable.Region{{Name: "optimizer", Size: persistRegions[0].Size}, {Name: "meta", Size: persistRegions[1].Size}}
+	st, err := durable.Open(dir, 0, regions, durable.Options{Concurrency: autoMaxConcurrency})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []int64{0, 2, 4} {
+		src := [][]byte{pattern(step, 0, regions[0].Size), pattern(step, 1, regions[1].Size)}
+		sums := []uint32{crc32c.Checksum(src[0]), crc32c.Checksum(src[1])}
+		if err := st.Save(context.Background(), step, src, sums, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.Close()
+	// done.2 becomes a copy of done.4 with step 2: it names base file
+	// and version of step 4's, not what the rank holds of step 2.
+	rd := filepath.Join(dir, "r0")
+	m, err := os.ReadFile(filepath.Join(rd, "done.4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	binary.LittleEndian.PutUint64(m[16:], 2)
+	binary.LittleEndian.PutUint32(m[36:], crc32c.Checksum(m[:36]))
+	if err := os.WriteFile(filepath.Join(rd, "done.2"), m, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := newClusterWith(t, [][]int{{0}}, nil, nil, func(hc *HostConfig) { hc.Persist = PersistConfig{Dir: dir, Every: 2} })
+	r := &persistRig{t: t, c: c, h: c.hosts[0], sess: c.hosts[0].Session(0), dir: dir}
+	r.call(TypeProtectHello, `{"v":1,"regions":[{"name":"optimizer","size":12288},{"name":"meta","size":100}]}`)
+	r.durableWhen("the store open", func(d *DurableProgress) bool { return true })
+	s := r.h.svc(0)
+	s.dur.mu.Lock()
+	markers := slices.Clone(s.dur.markers)
+	s.dur.mu.Unlock()
+	if !slices.Equal(markers, []int64{0, 4}) {
+		t.Fatalf("markers %v after taking the store over, want [0 4] (done.2 names another version)", markers)
+	}
+}
+
+// TestDurableLocalCommitFails: a host whose own directory's commit record
+// cannot be written (here COMMITTED is a directory) reclaims nothing
+// past the record it holds: the versions and markers before the new
+// watermark stay, the record is tried again, and once it is written the
+// reclaim follows.
+func TestDurableLocalCommitFails(t *testing.T) {
+	r := newPersistRig(t, PersistConfig{Every: 2, Concurrency: 2})
+	r.steps(0, 4, 2)
+	r.durableWhen("three markers", func(d *DurableProgress) bool { return slices.Equal(d.Markers, []int64{0, 2, 4}) })
+	if err := durable.Commit(r.dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	committed := filepath.Join(r.dir, "COMMITTED")
+	if err := os.Remove(committed); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(committed, 0o700); err != nil { // unwritable, even by root
+		t.Fatal(err)
+	}
+	rounds := func() int {
+		r.h.dur.mu.Lock()
+		defer r.h.dur.mu.Unlock()
+		return r.h.dur.rounds
+	}
+	r.h.SetD(2)
+	r.c.waitFor("the host's loop to take the watermark up", func() bool { return rounds() >= 1 })
+	if d := r.c.progress(0).Durable; !slices.Equal(d.Markers, []int64{0, 2, 4}) {
+		t.Fatalf("markers %v after a commit record that failed, want [0 2 4]", d.Markers)
+	}
+	l, err := durable.List(r.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(l.Ranks[0].Markers, []int64{0, 2, 4}) || !slices.ContainsFunc(l.Ranks[0].Bases, func(b durable.BaseFile) bool {
+		return b.State == durable.StateComplete && b.Step == 0
+	}) {
+		t.Fatalf("after a commit record that failed: markers %v, bases %+v; want step 0 kept", l.Ranks[0].Markers, l.Ranks[0].Bases)
+	}
+	if err := os.Remove(committed); err != nil {
+		t.Fatal(err)
+	}
+	r.durableWhen("the reclaim once the record is written", func(d *DurableProgress) bool { return slices.Equal(d.Markers, []int64{2, 4}) })
+	if c, err := durable.ReadCommitted(r.dir); err != nil || c != 2 {
+		t.Fatalf("the host's commit record: %d, %v; want 2", c, err)
+	}
 }

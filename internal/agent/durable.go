@@ -9,8 +9,8 @@ import (
 
 // The durable tier (gorun --ckpt-dir): the job spec's settings become
 // rank.HostConfig.Persist, each rank's rank.DurableProgress goes to the
-// launcher in its progress report, and the launcher's watermark comes
-// back on G (protection.onG → rank.Host.SetD).
+// launcher in its progress report, and the launcher's watermark and
+// resolved step come back on G (protection.onG → rank.Host.SetDurable).
 
 // parsePersist adds the durable tier's settings of spec s to ps (whose
 // protect mode is parsed): the decoder bounded them; here --diff-batch
@@ -42,7 +42,7 @@ func durableReport(d *rank.DurableProgress) *wire.RankDurable {
 	if d == nil {
 		return nil
 	}
-	w := &wire.RankDurable{Markers: d.Markers, Saves: d.Saves, Skipped: d.Skipped, Failed: d.Failed,
+	w := &wire.RankDurable{Markers: d.Markers, Resolved: d.Resolved, Saves: d.Saves, Skipped: d.Skipped, Failed: d.Failed,
 		WriteNS: d.WriteNS, Bytes: d.Bytes, HoldNS: d.HoldNS, N: d.N, Off: truncateMsg(d.Off)}
 	for _, r := range d.Regions {
 		w.Regions = append(w.Regions, wire.DurableRegion{Name: r.Name, Size: r.Size})

@@ -84,8 +84,9 @@ func TestPersistSpecReachesHost(t *testing.T) {
 	}
 }
 
-// TestGWatermarkReachesHost: the durable watermark on G reaches the
-// host's state protection (rank.Host.D); a G without one leaves it.
+// TestGWatermarkReachesHost: the durable watermark and resolved step on
+// G reach the host's state protection (rank.Host.D and X); a G without
+// them leaves them, an older one is ignored.
 func TestGWatermarkReachesHost(t *testing.T) {
 	a := &agent{cfg: Config{Job: "gwm", Host: 0}, log: slog.New(slog.NewTextHandler(t.Output(), nil))}
 	h, err := rank.NewHost(rank.HostConfig{Job: "gwm", Host: 0, Hosts: 1, HostOf: func(int) int { return 0 }, Log: a.log,
@@ -97,18 +98,23 @@ func TestGWatermarkReachesHost(t *testing.T) {
 	p := &protection{a: a, host: h}
 	d := func(v int64) *int64 { return &v }
 	for _, tc := range []struct {
-		g    wire.GlobalStep
-		want int64
+		g     wire.GlobalStep
+		wantD int64
+		wantX int64
 	}{
-		{wire.GlobalStep{G: 5}, -1},
-		{wire.GlobalStep{G: 5, D: d(4)}, 4},
-		{wire.GlobalStep{G: 9}, 4},
-		{wire.GlobalStep{G: 9, D: d(2)}, 4}, // older: ignored
-		{wire.GlobalStep{G: 9, D: d(8)}, 8},
+		{wire.GlobalStep{G: 5}, -1, -1},
+		{wire.GlobalStep{G: 5, D: d(4)}, 4, -1},
+		{wire.GlobalStep{G: 9}, 4, -1},
+		{wire.GlobalStep{G: 9, D: d(2)}, 4, -1}, // older: ignored
+		{wire.GlobalStep{G: 9, D: d(8)}, 8, -1},
+		{wire.GlobalStep{G: 9, X: d(3)}, 8, 3},
+		{wire.GlobalStep{G: 12, D: d(8), X: d(12)}, 8, 12},
+		{wire.GlobalStep{G: 12, D: d(8), X: d(10)}, 8, 12}, // older: ignored
+		{wire.GlobalStep{G: 16, D: d(16), X: d(16)}, 16, 16},
 	} {
 		p.onG(&nats.Msg{Data: wire.Marshal(&tc.g)})
-		if got := h.D(); got != tc.want {
-			t.Fatalf("after G %d with D %v: host's D = %d, want %d", tc.g.G, tc.g.D, got, tc.want)
+		if d, x := h.D(), h.X(); d != tc.wantD || x != tc.wantX {
+			t.Fatalf("after G %d with D %v, X %v: host's D = %d, X = %d; want %d and %d", tc.g.G, tc.g.D, tc.g.X, d, x, tc.wantD, tc.wantX)
 		}
 	}
 }
@@ -119,9 +125,9 @@ func TestDurableReport(t *testing.T) {
 	if durableReport(nil) != nil {
 		t.Fatal("a report without a durable tier")
 	}
-	d := &rank.DurableProgress{Markers: []int64{4, 8}, Saves: 2, Skipped: 1, Failed: 3, WriteNS: 40, Bytes: 50, HoldNS: 60, N: 2,
+	d := &rank.DurableProgress{Markers: []int64{4, 8}, Resolved: 7, Saves: 2, Skipped: 1, Failed: 3, WriteNS: 40, Bytes: 50, HoldNS: 60, N: 2,
 		Regions: []rank.Region{{Name: "optimizer", Size: 12}, {Name: "meta", Size: 4}}, Off: "no disk"}
-	want := &wire.RankDurable{Markers: []int64{4, 8}, Saves: 2, Skipped: 1, Failed: 3, WriteNS: 40, Bytes: 50, HoldNS: 60, N: 2,
+	want := &wire.RankDurable{Markers: []int64{4, 8}, Resolved: 7, Saves: 2, Skipped: 1, Failed: 3, WriteNS: 40, Bytes: 50, HoldNS: 60, N: 2,
 		Regions: []wire.DurableRegion{{Name: "optimizer", Size: 12}, {Name: "meta", Size: 4}}, Off: "no disk"}
 	if got := durableReport(d); !reflect.DeepEqual(got, want) {
 		t.Fatalf("report %+v, want %+v", got, want)

@@ -373,9 +373,19 @@ func (p *protection) onG(m *nats.Msg) {
 	// H <= G (checked by wire): the bases at H are kept once G is
 	// known. Nothing in modes other than diff under EC.
 	p.host.SetH(g.Gen, g.H)
-	if g.D != nil {
-		p.host.SetD(*g.D) // the durable tier's watermark: commit here, reclaim
+	if g.D != nil || g.X != nil {
+		// The durable tier's watermark and resolved step: commit here,
+		// reclaim, free what was abandoned.
+		p.host.SetDurable(stepOr(g.D), stepOr(g.X))
 	}
+}
+
+// stepOr returns *v, or -1 if v is nil.
+func stepOr(v *int64) int64 {
+	if v == nil {
+		return -1
+	}
+	return *v
 }
 
 // close stops the state protection and removes this host's slot files.

@@ -63,6 +63,12 @@ type RankDurable struct {
 	// not reclaimed, ascending, each at most the rank's Committed: the
 	// launcher commits the newest step every rank has a marker of.
 	Markers []int64 `json:"m,omitempty"`
+	// Resolved is the rank's resolved step (package durable, "Committing
+	// and abandoning"), -1 to Committed: every save of the rank of a step
+	// at or before it has ended, and Markers at or before it are final
+	// (a step not listed there never is later). The launcher's X, beside
+	// its watermark on GlobalStep, is the minimum over the ranks.
+	Resolved int64 `json:"x"`
 	// Saves, Skipped and Failed count the bases written, the bases
 	// skipped because the durable tier had fallen behind (every save
 	// allowed in flight was, or no base file was free), and the saves
@@ -114,6 +120,9 @@ func (d *RankDurable) check(rank int, committed int64) error {
 		if m < 0 || m > committed || i > 0 && m <= d.Markers[i-1] {
 			return malformed("progress: rank %d: durable markers %v, committed %d", rank, d.Markers, committed)
 		}
+	}
+	if d.Resolved < -1 || d.Resolved > committed {
+		return malformed("progress: rank %d: durable resolved step %d, committed %d", rank, d.Resolved, committed)
 	}
 	if d.Saves < 0 || d.Skipped < 0 || d.Failed < 0 || d.WriteNS < 0 || d.Bytes < 0 || d.HoldNS < 0 || d.N < 0 || d.N > MaxCkptConcurrency {
 		return malformed("progress: rank %d: durable counters", rank)

@@ -86,7 +86,7 @@ func TestDecodeDurableProgress(t *testing.T) {
 		}
 		return rs
 	}
-	full := &wire.RankDurable{Markers: []int64{0, 10, 20}, Saves: 3, Skipped: 1, Failed: 2, WriteNS: 9e8, Bytes: 3 << 30, HoldNS: 5, N: wire.MaxCkptConcurrency,
+	full := &wire.RankDurable{Markers: []int64{0, 10, 20}, Resolved: 16, Saves: 3, Skipped: 1, Failed: 2, WriteNS: 9e8, Bytes: 3 << 30, HoldNS: 5, N: wire.MaxCkptConcurrency,
 		Regions: []wire.DurableRegion{{Name: "optimizer", Size: wire.MaxRegionSize}, {Name: strings.Repeat("m", wire.MaxRegionName), Size: 0}}, Off: "disk gone"}
 	for _, tc := range []struct {
 		name      string
@@ -94,7 +94,8 @@ func TestDecodeDurableProgress(t *testing.T) {
 		d         *wire.RankDurable
 	}{
 		{"none", 7, nil},
-		{"empty", -1, &wire.RankDurable{}},
+		{"empty", -1, &wire.RankDurable{Resolved: -1}},
+		{"resolved at committed", 10, &wire.RankDurable{Resolved: 10}},
 		{"every field", 20, full},
 		{"marker at committed", 10, &wire.RankDurable{Markers: []int64{10}}},
 		{"most markers", wire.MaxDurableMarkers, &wire.RankDurable{Markers: markers(wire.MaxDurableMarkers)}},
@@ -112,6 +113,9 @@ func TestDecodeDurableProgress(t *testing.T) {
 		{"markers descending", progress(9, &wire.RankDurable{Markers: []int64{8, 4}})},
 		{"marker twice", progress(9, &wire.RankDurable{Markers: []int64{4, 4}})},
 		{"too many markers", progress(wire.MaxStep, &wire.RankDurable{Markers: markers(wire.MaxDurableMarkers + 1)})},
+		{"resolved past committed", progress(9, &wire.RankDurable{Resolved: 10})},
+		{"resolved without a commit", progress(-1, &wire.RankDurable{})},
+		{"resolved below -1", progress(9, &wire.RankDurable{Resolved: -2})},
 		{"negative saves", progress(9, &wire.RankDurable{Saves: -1})},
 		{"negative skipped", progress(9, &wire.RankDurable{Skipped: -1})},
 		{"negative failed", progress(9, &wire.RankDurable{Failed: -1})},
@@ -127,36 +131,45 @@ func TestDecodeDurableProgress(t *testing.T) {
 		{"region too large", progress(9, &wire.RankDurable{Regions: []wire.DurableRegion{{Name: "r", Size: wire.MaxRegionSize + 1}}})},
 		{"reason too long", progress(9, &wire.RankDurable{Off: tooLong})},
 		{"markers not numbers", []byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":9,"p":1,"dur":{"m":["1"]}}]}`)},
-		{"unknown durable field", []byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":9,"p":1,"dur":{"x":1}}]}`)},
+		{"unknown durable field", []byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":9,"p":1,"dur":{"zz":1}}]}`)},
 	})
 }
 
-// TestDecodeGlobalStepDurable: the durable watermark D of a GlobalStep is
-// a step at or below G; absent, there is none.
+// TestDecodeGlobalStepDurable: the durable watermark D and resolved step
+// X of a GlobalStep are steps with D <= X <= G; absent, there is none.
 func TestDecodeGlobalStepDurable(t *testing.T) {
 	d := func(v int64) *int64 { return &v }
 	for _, tc := range []struct {
 		name string
 		g    int64
-		d    *int64
+		d, x *int64
 		ok   bool
 	}{
-		{"none", 5, nil, true},
-		{"none, nothing protected", -1, nil, true},
-		{"step 0", 5, d(0), true},
-		{"at G", 40, d(40), true},
-		{"below G", 47, d(40), true},
-		{"past G", 39, d(40), false},
-		{"without G", -1, d(0), false},
-		{"negative", 5, d(-1), false},
+		{"none", 5, nil, nil, true},
+		{"none, nothing protected", -1, nil, nil, true},
+		{"step 0", 5, d(0), nil, true},
+		{"at G", 40, d(40), nil, true},
+		{"below G", 47, d(40), nil, true},
+		{"past G", 39, d(40), nil, false},
+		{"without G", -1, d(0), nil, false},
+		{"negative", 5, d(-1), nil, false},
+		{"resolved", 47, d(40), d(44), true},
+		{"resolved at D and G", 40, d(40), d(40), true},
+		{"resolved without D", 47, nil, d(0), true},
+		{"resolved below D", 47, d(40), d(39), false},
+		{"resolved past G", 47, d(40), d(48), false},
+		{"resolved negative", 47, nil, d(-1), false},
+		{"resolved without G", -1, nil, d(0), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			g, err := wire.DecodeGlobalStep(wire.Marshal(&wire.GlobalStep{Gen: 1, G: tc.g, D: tc.d}))
+			g, err := wire.DecodeGlobalStep(wire.Marshal(&wire.GlobalStep{Gen: 1, G: tc.g, D: tc.d, X: tc.x}))
 			switch {
 			case tc.ok && err != nil:
 				t.Fatalf("DecodeGlobalStep: %v", err)
 			case tc.ok && (g.D == nil) != (tc.d == nil), tc.ok && g.D != nil && *g.D != *tc.d:
 				t.Fatalf("decoded D %v, want %v", g.D, tc.d)
+			case tc.ok && (g.X == nil) != (tc.x == nil), tc.ok && g.X != nil && *g.X != *tc.x:
+				t.Fatalf("decoded X %v, want %v", g.X, tc.x)
 			case !tc.ok && !errors.Is(err, wire.ErrMalformed):
 				t.Fatalf("DecodeGlobalStep = %+v, %v; want ErrMalformed", g, err)
 			}

@@ -184,6 +184,9 @@ func FuzzDecodeUpProgress(f *testing.F) {
 						t.Fatalf("accepted durable markers %v, committed %d", d.Markers, r.Committed)
 					}
 				}
+				if d.Resolved < -1 || d.Resolved > r.Committed {
+					t.Fatalf("accepted durable resolved step %d, committed %d", d.Resolved, r.Committed)
+				}
 				if len(d.Markers) > wire.MaxDurableMarkers || len(d.Regions) > wire.MaxDurableRegions || d.N < 0 || d.N > wire.MaxCkptConcurrency ||
 					d.Saves < 0 || d.Skipped < 0 || d.Failed < 0 || d.WriteNS < 0 || d.Bytes < 0 || d.HoldNS < 0 {
 					t.Fatalf("accepted durable report %+v", d)
@@ -222,13 +225,17 @@ func FuzzDecodeUpProgress(f *testing.F) {
 		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":20,"p":10,"dur":{"m":[10,20],"s":2,"k":1,"f":0,"t":100,"b":4096,"h":5,"n":1,"rg":[{"n":"optimizer","s":4096}]}}]}`),
 		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":5,"p":5,"dur":{"m":[10]}}]}`),
 		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":50,"p":5,"dur":{"m":[10,3]}}]}`),
+		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":20,"p":10,"dur":{"m":[10,20],"x":16}}]}`),
+		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":-1,"p":-1,"dur":{"x":-1}}]}`),
+		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":20,"p":10,"dur":{"x":21}}]}`),
+		[]byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":20,"p":10,"dur":{"x":-2}}]}`),
 	)
 }
 
 func FuzzDecodeGlobalStep(f *testing.F) {
 	fuzzJSON(f, wire.DecodeGlobalStep, func(t *testing.T, g *wire.GlobalStep) {
 		if g.G < -1 || g.G > wire.MaxStep || g.H < -1 || g.G >= 0 && g.H > g.G || g.G < 0 && g.H > 0 ||
-			g.D != nil && (*g.D < 0 || *g.D > g.G) {
+			g.D != nil && (*g.D < 0 || *g.D > g.G) || g.X != nil && (*g.X < 0 || *g.X > g.G || g.D != nil && *g.D > *g.X) {
 			t.Fatalf("accepted %+v", g)
 		}
 	},
@@ -242,6 +249,11 @@ func FuzzDecodeGlobalStep(f *testing.F) {
 		[]byte(`{"gen":0,"g":5,"d":5}`),
 		[]byte(`{"gen":0,"g":5,"d":6}`),
 		[]byte(`{"gen":0,"g":-1,"d":0}`),
+		[]byte(`{"gen":0,"g":9,"d":4,"x":8}`),
+		[]byte(`{"gen":0,"g":9,"x":8}`),
+		[]byte(`{"gen":0,"g":9,"d":4,"x":3}`),
+		[]byte(`{"gen":0,"g":9,"d":4,"x":10}`),
+		[]byte(`{"gen":0,"g":9,"x":-1}`),
 	)
 }
 

@@ -146,6 +146,12 @@ type GlobalStep struct {
 	// yet, or no durable tier). The launcher commits only steps at or
 	// below G, so D <= G.
 	D *int64 `json:"d,omitempty"`
+	// X is the durable tier's resolved step (package durable, "Committing
+	// and abandoning"; nil: none yet, or no durable tier): every base
+	// step at or before it is decided, D committed and every other one
+	// abandoned for good, and the ranks free their versions of those.
+	// D <= X <= G, and X only moves forward.
+	X *int64 `json:"x,omitempty"`
 }
 
 // DecodeGlobalStep decodes and validates a GlobalStep.
@@ -163,6 +169,9 @@ func DecodeGlobalStep(b []byte) (*GlobalStep, error) {
 	}
 	if g.D != nil && (*g.D < 0 || *g.D > g.G) {
 		return nil, malformed("global step %d: durable commit %d", g.G, *g.D)
+	}
+	if g.X != nil && (*g.X < 0 || *g.X > g.G || g.D != nil && *g.D > *g.X) {
+		return nil, malformed("global step %d: durable resolved step %d", g.G, *g.X)
 	}
 	return &g, nil
 }
