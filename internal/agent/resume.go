@@ -84,6 +84,20 @@ func hasVersion(ls *durable.Listing, r int, step int64) bool {
 // h, as committed step target (rank.Host.Preload). It stops at the first
 // rank that fails, whose error names it.
 func preloadRanks(ctx context.Context, h *rank.Host, dir string, base, target int64, ranks []int, log *slog.Logger) error {
+	return fromDisk(ctx, dir, base, target, ranks, log, "resuming", "resumed",
+		func(r int, rr []rank.Region, fill func([][]byte) (int, error)) (bool, error) {
+			return true, h.Preload(r, rr, target, fill)
+		})
+}
+
+// fromDisk rebuilds each of ranks' state at step target from the durable
+// tier in dir (base: the commit record's step) through put, which hands
+// the rank's slot views to fill and reports whether it filled them (a
+// rank whose slots hold target already may keep them). doing and done
+// name the operation in errors and logs ("resuming", "resumed"). It
+// stops at the first rank that fails, whose error names it.
+func fromDisk(ctx context.Context, dir string, base, target int64, ranks []int, log *slog.Logger, doing, done string,
+	put func(r int, rr []rank.Region, fill func([][]byte) (int, error)) (bool, error)) error {
 	m, err := durable.ReadManifest(dir)
 	if err != nil {
 		return err
@@ -99,18 +113,22 @@ func preloadRanks(ctx context.Context, h *rank.Host, dir string, base, target in
 		}
 		start := time.Now()
 		var got cascade.Loaded
-		err := h.Preload(r, rr, target, func(views [][]byte) (int, error) {
+		loaded, err := put(r, rr, func(views [][]byte) (int, error) {
 			var err error
 			got, err = cascade.Load(ctx, dir, r, regions, base, target, views, replay.ReplayOptions{})
 			return got.AdamT, err
 		})
 		if err != nil {
-			return fmt.Errorf("rank %d: resuming step %d: %w", r, target, err)
+			return fmt.Errorf("rank %d: %s step %d: %w", r, doing, target, err)
+		}
+		if !loaded {
+			log.Info("a rank's slots hold the step already", "rank", r, "step", target)
+			continue
 		}
 		if !got.Exact {
-			log.Warn("resumed a rank's state from lossy differentials: an approximation of the state it had, not bitwise", "rank", r, "step", target)
+			log.Warn(done+" a rank's state from lossy differentials: an approximation of the state it had, not bitwise", "rank", r, "step", target)
 		}
-		log.Info("resumed a rank's state from the checkpoint directory", "rank", r, "step", target, "base", base,
+		log.Info(done+" a rank's state from the checkpoint directory", "rank", r, "step", target, "base", base,
 			"differentials replayed", got.Replayed, "took", time.Since(start).Round(time.Millisecond))
 	}
 	return nil

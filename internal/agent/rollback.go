@@ -5,13 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/gorun/gorun/durable"
-	"github.com/gorun/gorun/internal/cascade"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/rank"
-	"github.com/gorun/gorun/replay"
 )
 
 // The agent's part of a roll-back to the durable tier (launcher/
@@ -157,38 +154,8 @@ func (a *agent) stopRollback() {
 // on h (rank.Host.Reload): a rank whose slots hold target already keeps
 // it. It stops at the first rank that fails, whose error names it.
 func reloadRanks(ctx context.Context, h *rank.Host, dir string, base, target int64, ranks []int, log *slog.Logger) error {
-	m, err := durable.ReadManifest(dir)
-	if err != nil {
-		return err
-	}
-	for _, r := range ranks {
-		if r >= len(m.Regions) {
-			return fmt.Errorf("rank %d: the checkpoint directory's job has %d ranks", r, len(m.Regions))
-		}
-		regions := m.Regions[r]
-		rr := make([]rank.Region, len(regions))
-		for i, g := range regions {
-			rr[i] = rank.Region{Name: g.Name, Size: g.Size}
-		}
-		start := time.Now()
-		var got cascade.Loaded
-		loaded, err := h.Reload(r, rr, target, func(views [][]byte) (int, error) {
-			var err error
-			got, err = cascade.Load(ctx, dir, r, regions, base, target, views, replay.ReplayOptions{})
-			return got.AdamT, err
+	return fromDisk(ctx, dir, base, target, ranks, log, "rolling back to", "rolled back",
+		func(r int, rr []rank.Region, fill func([][]byte) (int, error)) (bool, error) {
+			return h.Reload(r, rr, target, fill)
 		})
-		if err != nil {
-			return fmt.Errorf("rank %d: rolling back to step %d: %w", r, target, err)
-		}
-		if !loaded {
-			log.Info("a rank's slots hold the step the job rolls back to", "rank", r, "step", target)
-			continue
-		}
-		if !got.Exact {
-			log.Warn("rolled a rank's state back from lossy differentials: an approximation of the state it had, not bitwise", "rank", r, "step", target)
-		}
-		log.Info("rolled a rank's state back from the checkpoint directory", "rank", r, "step", target, "base", base,
-			"differentials replayed", got.Replayed, "took", time.Since(start).Round(time.Millisecond))
-	}
-	return nil
 }
