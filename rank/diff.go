@@ -1470,9 +1470,20 @@ func (st *replicaStore) diff(c net.Conn, h linkHdr, t []tableEntry) error {
 	if rec == nil {
 		rec = make([]byte, dd.recLen)
 	}
+	d, err := readDiff(c, h, t, dd, rec)
+	if err != nil {
+		return err
+	}
+	return st.takeDiff(c, h, t, d)
+}
+
+// readDiff reads a differential's data off c, after its descriptor dd:
+// the record into rec (dd.recLen bytes), then every other region of t in
+// its order, into buffers of their own (the store keeps them).
+func readDiff(c net.Conn, h linkHdr, t []tableEntry, dd diffDesc, rec []byte) (diffstore.Diff, error) {
 	d := diffstore.Diff{Step: h.step, Hyper: dd.hyper, Record: rec, Other: map[string][]byte{}, Sum: dd.sum}
 	if _, err := io.ReadFull(c, d.Record); err != nil {
-		return err
+		return d, err
 	}
 	for i, e := range t {
 		if i == dd.opt {
@@ -1480,11 +1491,11 @@ func (st *replicaStore) diff(c net.Conn, h linkHdr, t []tableEntry) error {
 		}
 		b := make([]byte, e.size)
 		if _, err := io.ReadFull(c, b); err != nil {
-			return err
+			return d, err
 		}
 		d.Other[e.name] = b
 	}
-	return st.takeDiff(c, h, t, d)
+	return d, nil
 }
 
 // admitDiff runs the checks of a differential of h.owner at h.step (table

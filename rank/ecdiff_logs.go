@@ -251,19 +251,9 @@ func (st *replicaStore) logDiff(c net.Conn, h linkHdr, t []tableEntry) error {
 	if rec == nil {
 		rec = make([]byte, dd.recLen)
 	}
-	d := diffstore.Diff{Step: h.step, Hyper: dd.hyper, Record: rec, Other: map[string][]byte{}, Sum: dd.sum}
-	if _, err := io.ReadFull(c, d.Record); err != nil {
+	d, err := readDiff(c, h, t, dd, rec)
+	if err != nil {
 		return err
-	}
-	for i, e := range t {
-		if i == dd.opt {
-			continue
-		}
-		b := make([]byte, e.size)
-		if _, err := io.ReadFull(c, b); err != nil {
-			return err
-		}
-		d.Other[e.name] = b
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -274,7 +264,7 @@ func (st *replicaStore) logDiff(c net.Conn, h linkHdr, t []tableEntry) error {
 		return writeGap(c, h, noStep, fmt.Sprintf("rank %d: the log here was replaced", h.owner))
 	}
 	defer st.account(o)
-	err := l.Append(d)
+	err = l.Append(d)
 	if errors.Is(err, diffstore.ErrMismatch) {
 		// A step held with another record: the owner went back (an
 		// in-place restore) and took another way from there.
