@@ -85,8 +85,8 @@ func ecRollbackToDisk(t *testing.T, lostOf func(topology.ECGroup) []int, moreOf 
 	j.c.mu.Lock()
 	copy(j.c.hostOf, sw.hostOf)
 	j.c.mu.Unlock()
-	// Every live host restarts, the idle spare too (OpRestart goes to
-	// every agent).
+	// Every live host restarts in the roll-back's generation, the idle
+	// spare too: it takes ranks in that generation later.
 	for _, h := range append(slices.Clone(live), 7) {
 		if err := j.c.hosts[h].Restart(1, T); err != nil {
 			t.Fatalf("host %d: Restart: %v", h, err)
