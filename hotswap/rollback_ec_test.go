@@ -81,6 +81,26 @@ func TestRollbackEC(t *testing.T) {
 			},
 		},
 		{
+			// A further loss while the reach is gathered moves its
+			// ranks and places too, and asks again.
+			name:  "durable: a loss while gathering",
+			setup: hosts + " durable",
+			steps: []step{
+				{cmd: "event committed step=8 at=1s"},
+				{cmd: lose3[0]}, {cmd: lose3[1]}, {cmd: lose3[2]},
+				{cmd: lose3[3], want: []string{"gather-reach epoch=3 base=8"}},
+				{cmd: "event agent-exited host=h3 why=lost at=3s", want: []string{
+					"splice lost=h3 with=s3 (spare) ranks=3", "gather-reach epoch=4 base=8",
+				}, wantNot: []string{"abort"}},
+				{cmd: "event disk-reach epoch=3 t=12 at=4s", want: []string{"(no action)"}},
+				{cmd: "event disk-reach t=12 at=4s", want: []string{
+					"rollback-to-disk gen=4 epoch=4 t=12 from=13",
+					"publish epoch=4 g=12 table=s0:0 s1:1 s2:2 s3:3 holders=0:- 1:0 2:- 3:2 ec=0:d=s0+s2,p=s1+s3",
+					"restore epoch=4 g=12 local=0-3",
+				}},
+			},
+		},
+		{
 			name:  "durable: M lost decodes from memory",
 			setup: hosts + " durable",
 			steps: []step{
