@@ -109,7 +109,7 @@ func TestRandomEvents(t *testing.T) {
 	if testing.Short() {
 		runs = 50
 	}
-	published, ecRuns, rollbacks := 0, 0, 0
+	published, ecRuns, rollbacks, ecRollbacks := 0, 0, 0, 0
 	for seed := range runs {
 		rng := rand.New(rand.NewPCG(uint64(seed), 7))
 		c, ok := randomConfig(rng)
@@ -205,12 +205,15 @@ func TestRandomEvents(t *testing.T) {
 						t.Fatalf("%s: restart after an abort", where)
 					}
 				case GatherReach:
-					if !c.Durable || c.EC != nil {
-						t.Fatalf("%s: %v without a durable tier, or under EC", where, a)
+					if !c.Durable || c.EC != nil && c.Diff {
+						t.Fatalf("%s: %v without a durable tier, or in diff mode under EC", where, a)
 					}
 					gather = &a
 				case RollbackToDisk:
 					rollbacks++
+					if c.EC != nil {
+						ecRollbacks++
+					}
 					// Its restart, the epoch at G = T and a plan with
 					// every rank from its own slot follow.
 					rest := acts[j+1:]
@@ -249,7 +252,7 @@ func TestRandomEvents(t *testing.T) {
 	if rollbacks == 0 {
 		t.Fatal("no run rolled back to disk: the test exercises none of it")
 	}
-	t.Logf("%d epochs published, %d runs with erasure coding, %d roll-backs to disk", published, ecRuns, rollbacks)
+	t.Logf("%d epochs published, %d runs with erasure coding, %d roll-backs to disk (%d under erasure coding)", published, ecRuns, rollbacks, ecRollbacks)
 }
 
 // checkEpoch checks I1, I2 and I4 on a published epoch, independently of

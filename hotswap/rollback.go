@@ -25,7 +25,17 @@ import (
 // overwrite rule waits for G, which cannot pass without the lost ranks),
 // the old generation's rank exits are ignored (the generation moved on),
 // and a further host loss moves its ranks too and asks again (the epoch
-// is superseded). Under erasure coding the machine stops as before.
+// is superseded).
+//
+// Under erasure coding (full mode) the roll-back is the same: the
+// replacement takes the lost host's places in its groups (ecSplice), and
+// at T every clear copy and every parity share is marked missing: the
+// rows and clear copies the survivors keep are of later steps (a restart
+// to T empties the rows of steps after T, rank.Host.Restart), so every
+// owner re-encodes its shares of T from its reloaded slot and the rows
+// count again once it reports Replicated, as after any splice. Diff mode
+// under erasure coding stops as before: its coded base H and the logs of
+// differentials after it would have to move back to T too.
 
 // GatherReach: epoch Epoch's ranks (RankHost of the Splice before it)
 // must be rolled back to the durable tier: ask every host with ranks for
@@ -90,16 +100,26 @@ type rollback struct {
 // canRollback reports whether a loss that memory cannot serve can be
 // rolled back to the durable tier instead of stopping the job.
 func (m *Machine) canRollback() bool {
-	return m.cfg.Durable && m.disk >= 0 && m.g >= 0 && m.ec == nil
+	return m.cfg.Durable && m.disk >= 0 && m.g >= 0 && !m.diffEC()
 }
 
 // lostState names the first rank whose state at G no memory tier holds
 // (not in its own slot, no valid copy at a live holder), and the hosts it
 // went with: those lost since the last recovery ended (its own and its
 // holders').
+//
+// Under EC the rank is the first one neither in the clear (its own slot,
+// its clear copy) nor decodable from its stripe.
 func (m *Machine) lostState() string {
 	r := 0
 	for x, h := range m.rankHost {
+		if m.ec != nil {
+			if ok, _ := m.decodable(x); !m.direct(x) && !ok {
+				r = x
+				break
+			}
+			continue
+		}
 		if !(m.localOK[x] && m.alive[h]) && m.copyHolder(x) < 0 {
 			r = x
 			break
@@ -109,7 +129,12 @@ func (m *Machine) lostState() string {
 	if len(hs) == 0 {
 		hs = []int{m.rankHost[r]}
 	}
-	return fmt.Sprintf("rank %d's state at step %d is lost with %s (no replica left)", r, m.g, m.hostList(hs))
+	why := "no replica left"
+	if m.ec != nil {
+		p := m.ec.at[r]
+		why = fmt.Sprintf("fewer than %d of the %d shards of its stripe of erasure-coding group %d left", m.ec.k, m.ec.k+m.ec.m, p.group)
+	}
+	return fmt.Sprintf("rank %d's state at step %d is lost with %s (%s)", r, m.g, m.hostList(hs), why)
 }
 
 // beginRollback: the ranks moved (from lost host h to with) cannot be
@@ -158,10 +183,16 @@ func (m *Machine) onDiskReach(e DiskReach) {
 		m.lastStep[r] = min(m.lastStep[r], t)
 		m.localOK[r] = true // its host rebuilds it from disk
 	}
-	// The copies the holders keep are of later steps.
+	// The copies the holders keep are of later steps; under EC so are
+	// the parity rows: every share is encoded again from T.
 	for o, hs := range m.holders {
 		for i := range hs {
 			m.setCopy(o, i, false)
+		}
+		if m.ec != nil {
+			for j := range m.ec.share[o] {
+				m.setShare(o, j, false)
+			}
 		}
 	}
 	sources := make([]Source, len(m.rankHost))
@@ -188,7 +219,11 @@ func (m *Machine) onDiskReach(e DiskReach) {
 			}
 		}
 		m.announced = true
-		m.report("under-protected: %d optimizer shards have no copy of step %d until it is re-sent", len(owners), t)
+		if m.ec != nil {
+			m.report("under-protected: %d optimizer shards have no clear copy or parity share (ec:%d+%d) of step %d until they are encoded again", len(owners), m.ec.k, m.ec.m, t)
+		} else {
+			m.report("under-protected: %d optimizer shards have no copy of step %d until it is re-sent", len(owners), t)
+		}
 		m.emit(UnderProtected{Owners: owners})
 	}
 }

@@ -185,6 +185,7 @@ func (d *driver) config(a map[string]string) string {
 	c.MaxRestarts, _ = strconv.Atoi(a["max-restarts"])
 	c.Oversubscribe = a["oversubscribe"] != "" || hasKey(a, "oversubscribe")
 	c.Durable = hasKey(a, "durable")
+	c.Diff = hasKey(a, "diff")
 	if a["recovery"] == "in-place" {
 		c.Recovery = RecoveryInPlace
 	}

@@ -133,6 +133,11 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 	}
 	if rollback {
 		m.fixHolders(moved)
+		if m.ec != nil {
+			// The replacement takes the lost host's places; it holds
+			// nothing yet, nor does any row or clear copy of T.
+			m.ecSplice(h, with, moved, isSpare)
+		}
 		if gone := m.deadWithRanks(); gone != "" {
 			m.abort(ExitFailure, "%s; cannot restart the ranks: %s; stopping the job", cause, gone)
 			return

@@ -113,6 +113,12 @@ type Config struct {
 	HeartbeatInterval time.Duration // 0 = 1 s
 	HeartbeatTimeout  time.Duration // 0 = 10 × interval
 	StartTimeout      time.Duration // agent start to registration; 0 = 60 s
+	// ReachTimeout bounds how long the hosts with ranks may take to
+	// report their ranks' reach on disk (--resume, a roll-back to
+	// --ckpt-dir) once asked; 0 = 10 min (a read of every differential
+	// since the committed step). A lost host is the machine's (heartbeats);
+	// a live host still silent then stops the job, naming it.
+	ReachTimeout      time.Duration
 	MaxParallelStarts int           // agents starting at once; 0 = 128
 	OutputDelay       time.Duration // how long agents may hold output; 0 = 5 ms
 
@@ -242,6 +248,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = 60 * time.Second
+	}
+	if cfg.ReachTimeout <= 0 {
+		cfg.ReachTimeout = defaultReachTimeout
 	}
 	if cfg.MaxParallelStarts <= 0 {
 		cfg.MaxParallelStarts = 128

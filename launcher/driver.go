@@ -139,6 +139,15 @@ func (j *job) fence(a hotswap.Fence) {
 	if h.local {
 		j.killAgent(h)
 	}
+	if j.resume != nil {
+		// Its ranks' reach will never come, and the ranks that wait for
+		// T cannot move (the agents refuse a new epoch before their
+		// preload).
+		if err := j.resume.lostHost(a.Host); err != nil {
+			j.resume = nil
+			j.fail(ExitFailure, "%v; stopping the job", err)
+		}
+	}
 }
 
 // cutOff marks h lost for good and its ranks ended (nobody will report
@@ -381,6 +390,7 @@ func (j *job) loop(ctx context.Context) int {
 			j.checkStarts(now)
 			j.prog.republish()
 			j.durableTick(now)
+			j.reachTick(now)
 			if !stopDeadline.IsZero() && now.After(stopDeadline) {
 				j.out.report("%d ranks did not report their end; giving up on them", j.world-j.ranksEnded)
 				j.drainOutput(ctx)

@@ -335,6 +335,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 			return 0, &ConfigError{Msg: fmt.Sprintf("--resume: %v", err), Err: err}
 		}
 		j.resume = newResumeGather(hostRanks, j.world, base)
+		j.resume.names, j.resume.limit = j.hostNames(), j.cfg.ReachTimeout
 	}
 	up, err := j.ctl.Subscribe(j.subj.Up, j.onUp)
 	if err != nil {

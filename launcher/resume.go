@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gorun/gorun/durable"
 	"github.com/gorun/gorun/hotswap"
@@ -71,6 +72,14 @@ func checkResumeDir(dir string, want *durable.Manifest) (int64, error) {
 
 // resumeGather collects the hosts' ResumeReach reports and decides T
 // once every host with ranks has reported.
+//
+// The wait is bounded: a host that is lost while it is waited for is
+// the machine's (a roll-back moves its ranks and gathers again, a lost
+// host stops --resume: lostHost), but a host that keeps sending
+// heartbeats and never reports (its read of the checkpoint directory
+// hangs, say) would hold the job forever. overdue names the hosts not
+// heard from once limit has passed since the gather began; the job then
+// stops, saying so.
 type resumeGather struct {
 	what      string  // what gathers, for its errors: "--resume", or a roll-back's
 	epoch     uint64  // the reports taken (a roll-back's epoch; 0 for --resume)
@@ -80,7 +89,17 @@ type resumeGather struct {
 	heard     []bool
 	left      int // hosts with ranks not heard yet
 	decided   bool
+
+	names []string      // the hosts' names, for the errors (nil: "host N")
+	since time.Time     // when the gather began
+	limit time.Duration // how long the hosts may take to report (0: no bound)
+	asked time.Time     // when the hosts were last asked (a roll-back's OpReach)
+	ask   *wire.Control // a roll-back's OpReach, sent again while hosts are silent
 }
+
+// errReachOverdue: a host with ranks did not report its ranks' reach on
+// disk within the gather's limit.
+var errReachOverdue = errors.New("no report of its ranks' reach on disk")
 
 func newResumeGather(hostRanks [][]int, world int, base int64) *resumeGather {
 	g := &resumeGather{what: "--resume", hostRanks: hostRanks, base: base, avail: make([]cascade.Avail, world), heard: make([]bool, len(hostRanks))}
@@ -90,6 +109,70 @@ func newResumeGather(hostRanks [][]int, world int, base int64) *resumeGather {
 		}
 	}
 	return g
+}
+
+// hostName names host h for an error.
+func (g *resumeGather) hostName(h int) string {
+	if h < len(g.names) {
+		return "host " + g.names[h]
+	}
+	return fmt.Sprintf("host %d", h)
+}
+
+// silent returns the hosts with ranks not heard from yet.
+func (g *resumeGather) silent() []int {
+	var out []int
+	for h, rs := range g.hostRanks {
+		if len(rs) > 0 && !g.heard[h] {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// overdue returns, at now, an error (errReachOverdue) naming the hosts
+// with ranks that did not report within the limit since the gather
+// began; nil before, without a limit, or once decided.
+func (g *resumeGather) overdue(now time.Time) error {
+	if g.decided || g.limit <= 0 || now.Sub(g.since) < g.limit {
+		return nil
+	}
+	hs := g.silent()
+	if len(hs) == 0 {
+		return nil
+	}
+	names := make([]string, len(hs))
+	for i, h := range hs {
+		names[i] = g.hostName(h)
+	}
+	return fmt.Errorf("%s: %s: %w within %v", g.what, strings.Join(names, ", "), errReachOverdue, g.limit)
+}
+
+// tick is the gather's housekeeping at now: an error once it is overdue
+// (overdue), else whether to ask the silent hosts again (every
+// resendEvery since they were last asked, when the gather has a
+// request to send again and resendEvery > 0).
+func (g *resumeGather) tick(now time.Time, resendEvery time.Duration) (bool, error) {
+	if g.decided {
+		return false, nil
+	}
+	if err := g.overdue(now); err != nil {
+		return false, err
+	}
+	if g.ask == nil || resendEvery <= 0 || now.Sub(g.asked) < resendEvery || len(g.silent()) == 0 {
+		return false, nil
+	}
+	g.asked = now
+	return true, nil
+}
+
+// lostHost returns an error if lost host h was still to report (its
+// ranks' reach will never come), else nil.
+func (g *resumeGather) lostHost(h int) error {
+	if g.decided || h >= len(g.hostRanks) || len(g.hostRanks[h]) == 0 || g.heard[h] {
+		return nil
+	}
+	return fmt.Errorf("%s: %s was lost before it reported its ranks' reach on disk", g.what, g.hostName(h))
 }
 
 // add takes host's report. It returns the plan once every host with

@@ -2,9 +2,11 @@ package launcher
 
 import (
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gorun/gorun/durable"
 	"github.com/gorun/gorun/internal/cascade"
@@ -124,4 +126,103 @@ func TestResumeGather(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReachGatherBounded: a host with ranks that never reports its
+// ranks' reach on disk does not hold the job forever. A roll-back's
+// gather asks the silent hosts again every heartbeat timeout, and once
+// the limit has passed (and not before) the gather says which hosts did
+// not report; a host that reported, a spare, a gather without a limit
+// or one decided never do. A host lost while it was to report ends
+// --resume's gather (lostHost). The clock is injected.
+func TestReachGatherBounded(t *testing.T) {
+	hostRanks := [][]int{{0, 1}, {2, 3}, nil}
+	names := []string{"a", "b", "spare"}
+	t0 := time.Unix(1000, 0)
+	const limit, every = 10 * time.Second, 3 * time.Second
+	reach := func(host int) *wire.ResumeReach {
+		r := &wire.ResumeReach{Host: host, Base: 10, Epoch: 2}
+		for _, k := range hostRanks[host] {
+			r.Ranks = append(r.Ranks, wire.ResumeRank{Rank: k, To: 12})
+		}
+		return r
+	}
+	type tick struct {
+		at     time.Duration // since t0
+		resend bool
+		err    string // "" none; else the error's text
+	}
+	for _, tc := range []struct {
+		name    string
+		reports []int // hosts that report, before the ticks
+		limit   time.Duration
+		ask     bool // a roll-back (sends OpReach again)
+		ticks   []tick
+	}{
+		{"both silent", nil, limit, true, []tick{
+			{1 * time.Second, false, ""},
+			{3 * time.Second, true, ""},
+			{4 * time.Second, false, ""},
+			{6 * time.Second, true, ""},
+			{9999 * time.Millisecond, true, ""},
+			{10 * time.Second, false, "the roll-back: host a, host b: no report of its ranks' reach on disk within 10s"},
+		}},
+		{"one silent", []int{0}, limit, true, []tick{
+			{3 * time.Second, true, ""},
+			{11 * time.Second, false, "the roll-back: host b: no report of its ranks' reach on disk within 10s"},
+		}},
+		{"the spare does not count", []int{2, 1}, limit, true, []tick{
+			{11 * time.Second, false, "the roll-back: host a: no report"},
+		}},
+		{"every host reported", []int{1, 0}, limit, true, []tick{
+			{3 * time.Second, false, ""},
+			{time.Hour, false, ""},
+		}},
+		{"--resume sends nothing again", nil, limit, false, []tick{
+			{3 * time.Second, false, ""},
+			{10 * time.Second, false, "host a, host b: no report"},
+		}},
+		{"no limit", nil, 0, true, []tick{
+			{time.Hour, true, ""},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newResumeGather(hostRanks, 4, 10)
+			g.what, g.epoch, g.names, g.limit = "the roll-back", 2, names, tc.limit
+			g.since, g.asked = t0, t0
+			if tc.ask {
+				g.ask = &wire.Control{Op: wire.OpReach, Epoch: 2, G: 10}
+			}
+			for _, h := range tc.reports {
+				if _, err := g.add(reach(h)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, k := range tc.ticks {
+				resend, err := g.tick(t0.Add(k.at), every)
+				if resend != k.resend {
+					t.Errorf("at %v: resend %v, want %v", k.at, resend, k.resend)
+				}
+				switch {
+				case k.err == "" && err != nil:
+					t.Fatalf("at %v: %v, want no error", k.at, err)
+				case k.err != "" && (err == nil || !errors.Is(err, errReachOverdue) || !strings.Contains(err.Error(), k.err)):
+					t.Fatalf("at %v: %v, want errReachOverdue with %q", k.at, err, k.err)
+				}
+			}
+		})
+	}
+	t.Run("lost host", func(t *testing.T) {
+		g := newResumeGather(hostRanks, 4, 10)
+		g.names = names
+		if _, err := g.add(&wire.ResumeReach{Host: 0, Base: 10, Ranks: []wire.ResumeRank{{Rank: 0, To: 10}, {Rank: 1, To: 10}}}); err != nil {
+			t.Fatal(err)
+		}
+		for h, want := range []string{"", "--resume: host b was lost before it reported its ranks' reach on disk", ""} {
+			err := g.lostHost(h)
+			if got := fmt.Sprint(err); want == "" && err != nil || want != "" && got != want {
+				t.Errorf("lostHost(%d) = %v, want %q", h, err, want)
+			}
+		}
+	})
 }

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"strings"
+	"time"
 
 	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/wire"
@@ -27,8 +28,48 @@ func (j *job) gatherReach(a hotswap.GatherReach) {
 	hostRanks := j.placement()
 	g := newResumeGather(hostRanks, j.world, a.Base)
 	g.what, g.epoch = "the roll-back", a.Epoch
+	g.names, g.limit = j.hostNames(), j.cfg.ReachTimeout
+	g.since, g.asked = time.Now(), time.Now()
+	g.ask = &wire.Control{Op: wire.OpReach, Epoch: a.Epoch, G: a.Base, Ranks: j.rankHostTable()}
 	j.reach = g
-	j.broadcast(&wire.Control{Op: wire.OpReach, Epoch: a.Epoch, G: a.Base, Ranks: j.rankHostTable()})
+	j.broadcast(g.ask)
+}
+
+// defaultReachTimeout is Config.ReachTimeout's default.
+const defaultReachTimeout = 10 * time.Minute
+
+// reachTick bounds the gathers of the hosts' reach on disk: a roll-back's
+// OpReach is sent again every heartbeat timeout to the hosts (an agent
+// takes each epoch's once; one lost on the control plane is not sent
+// again otherwise), and a gather whose limit passed with hosts with ranks
+// not heard from stops the job, naming them: the roll-back's through the
+// machine (DiskReach with the error), --resume's at once. --resume's
+// limit runs from the first epoch table (the agents read their reach
+// once they have it).
+func (j *job) reachTick(now time.Time) {
+	if g := j.reach; g != nil {
+		resend, err := g.tick(now, j.cfg.HeartbeatTimeout)
+		switch {
+		case err != nil:
+			j.reach = nil
+			j.step(hotswap.DiskReach{Epoch: g.epoch, T: -1, Err: strings.TrimPrefix(err.Error(), g.what+": ")})
+		case resend:
+			j.log.Debug("asking again for the ranks' reach on disk", "epoch", g.epoch, "silent", g.silent())
+			j.broadcast(g.ask)
+		}
+	}
+	if g := j.resume; g != nil {
+		if g.since.IsZero() {
+			if j.rv.Table() == nil {
+				return
+			}
+			g.since = now
+		}
+		if _, err := g.tick(now, 0); err != nil {
+			j.resume = nil
+			j.fail(ExitFailure, "%v; stopping the job", err)
+		}
+	}
 }
 
 // rankHostTable is every rank's host now.
@@ -61,4 +102,13 @@ func (j *job) rollbackTo(a hotswap.RollbackToDisk) {
 	}
 	j.rollbackT = a.T
 	j.prog.rollback(a.T)
+}
+
+// hostNames returns every host's name, in host order.
+func (j *job) hostNames() []string {
+	ns := make([]string, len(j.hosts))
+	for i, h := range j.hosts {
+		ns[i] = h.name
+	}
+	return ns
 }

@@ -30,7 +30,8 @@ type ecRecJob struct {
 	groups  []topology.ECGroup
 	hostOf  []int
 	holders [][]int
-	g       int64 // the step every rank committed last, and G
+	g       int64        // the step every rank committed last, and G
+	ranks   []*ecRecRank // the ranks' sessions of the job's start
 }
 
 func ecRecRegions(r int) []Region {
@@ -121,6 +122,7 @@ func newECRecJob(t *testing.T, k, m, per, spares int) *ecRecJob {
 		}
 	}
 	j.g = 2
+	j.ranks = rs
 	return j
 }
 

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/gorun/gorun/topology"
 )
 
 // End-to-end tests of the roll-back to the durable tier (issue 17): a
@@ -107,4 +110,137 @@ func TestRollbackToDisk(t *testing.T) {
 			t.Errorf("a job without --ckpt-dir rolled back\nstderr:\n%s", res.stderr)
 		}
 	})
+}
+
+// rollbackECRE matches the launcher's line about a roll-back under
+// erasure coding.
+var rollbackECRE = regexp.MustCompile(`rank (\d+)'s state at step (\d+) is lost with hosts ([^(]+) \(fewer than 2 of the 4 shards of its stripe of erasure-coding group 0 left\): rolling the job back to step (\d+) from --ckpt-dir \((\d+) steps? lost\)`)
+
+// waitStderr polls gorun's stderr until re matches, failing the test
+// after limit or if gorun exits first.
+func (r *hsRun) waitStderr(t *testing.T, re *regexp.Regexp, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		if re.MatchString(r.stderr.String()) {
+			return
+		}
+		select {
+		case <-r.done:
+			t.Fatalf("gorun exited early (code %d)\nstdout:\n%s\nstderr:\n%s", r.res.code, r.res.stdout, r.res.stderr)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	t.Fatalf("no stderr line matching %v within %v\nstderr:\n%s", re, limit, r.stderr.String())
+}
+
+// TestRollbackToDiskEC: 8 ranks on 4 hosts under --redundancy ec:2+2
+// (one group), four spares, a base every 4 steps on --ckpt-dir. Three
+// hosts of the group (a data host and both parity hosts) are killed
+// together after step 14: the code survives two. The job rolls back to
+// the commit record's step, the spares taking the lost hosts' places,
+// every clear copy and parity share encoded again from there, and ends
+// with the hashes of a run without failure. In "then one more", once
+// every shard is protected again the surviving data host is killed too:
+// within M, its ranks (which run on their data host, so have no clear
+// copy) are decoded from the parity rows encoded since the roll-back,
+// without a second roll-back.
+func TestRollbackToDiskEC(t *testing.T) {
+	c := newHSCluster(t, 4, 4)
+	hosts := make([]topology.Host, len(c.hosts.Names))
+	for i, n := range c.hosts.Names {
+		hosts[i] = topology.Host{Name: n, Slots: 2, Spare: i >= c.work}
+	}
+	asg, err := topology.MapRanks(hosts, topology.MapOptions{NP: 2 * c.work, By: topology.MapBySlot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, err := topology.PlanEC(hosts, asg, topology.ECOptions{K: 2, M: 2})
+	if err != nil || len(groups) != 1 {
+		t.Fatalf("PlanEC = %v, %v; want one group", groups, err)
+	}
+	g := groups[0]
+	t.Logf("data hosts %v, parity hosts %v", g.Data, g.Parity)
+	lost := []int{g.Data[0], g.Parity[0], g.Parity[1]}
+	wantP, wantO := hsReference(t, c)
+	const every, killAfter = 4, 14
+	again := regexp.MustCompile(`every optimizer shard has its clear copy and parity shares \(ec:2\+2\) again`)
+	for _, tc := range []struct {
+		name    string
+		oneMore bool
+	}{
+		{"three lost", false},
+		{"then one more", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			flags := []string{"--redundancy", "ec:2+2", "--ckpt-dir", dir, "--ckpt-every", strconv.Itoa(every)}
+			r := c.start(t, flags, "--protect")
+			r.waitStep(t, killAfter)
+			killTogether(t, c, lost...)
+			crashed := len(lost)
+			var after int // where the roll-back's line ends in stderr
+			if tc.oneMore {
+				r.waitStderr(t, rollbackECRE, 60*time.Second)
+				after = rollbackECRE.FindStringIndex(r.stderr.String())[1]
+				// Protected again after the roll-back: the rows hold
+				// shares encoded since.
+				r.waitStderr(t, regexp.MustCompile(rollbackECRE.String()+`(?s:.*)`+again.String()), 60*time.Second)
+				killTogether(t, c, g.Data[1])
+				crashed++
+			}
+			res := r.finish(t, 0, crashed)
+			defer func() {
+				if t.Failed() {
+					t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+				}
+			}()
+			checkHashes(t, res, wantP, wantO)
+			m := rollbackECRE.FindStringSubmatch(res.stderr)
+			if m == nil {
+				t.Fatalf("no roll-back line in stderr")
+			}
+			t.Logf("%s", m[0])
+			from, _ := strconv.Atoi(m[2])
+			to, _ := strconv.Atoi(m[4])
+			n, _ := strconv.Atoi(m[5])
+			if to > from || n != from-to || from < killAfter-2 || to%every != 0 {
+				t.Errorf("rolled back from step %d to %d (%d lost), want G at least %d and a base step", from, to, n, killAfter-2)
+			}
+			for _, h := range lost {
+				if !strings.Contains(m[3], c.hosts.Names[h]) {
+					t.Errorf("the roll-back names hosts %s, want %s", m[3], c.hosts.Names[h])
+				}
+			}
+			if k := len(rollbackECRE.FindAllString(res.stderr, -1)); k != 1 {
+				t.Errorf("%d roll-backs, want 1", k)
+			}
+			checkDurableDir(t, dir, r.jobID(), 8, every, int64(to+every), hsSteps-1)
+			if !tc.oneMore {
+				return
+			}
+			// The last loss is restored from memory: a plan after the
+			// roll-back decodes the lost data host's ranks.
+			decodes := regexp.MustCompile(` r(\d+)<-decode,`)
+			var decoded []int
+			for _, l := range strings.Split(res.stderr[after:], "\n") {
+				if !strings.Contains(l, "hot-swap") || !strings.Contains(l, "restore epoch=") {
+					continue
+				}
+				for _, d := range decodes.FindAllStringSubmatch(l, -1) {
+					x, _ := strconv.Atoi(d[1])
+					decoded = append(decoded, x)
+				}
+			}
+			t.Logf("decoded after the roll-back: ranks %v", decoded)
+			if len(decoded) == 0 {
+				t.Errorf("no restore plan after the roll-back decodes a rank of %s", c.hosts.Names[g.Data[1]])
+			}
+			for _, x := range decoded {
+				if asg[x].Host != g.Data[1] {
+					t.Errorf("rank %d decoded after the roll-back; it ran on host %d, not on the data host %d lost", x, asg[x].Host, g.Data[1])
+				}
+			}
+		})
+	}
 }

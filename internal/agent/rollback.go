@@ -32,6 +32,8 @@ type rollback struct {
 	cancel context.CancelFunc
 	done   chan error // the reload's end (nil when none runs)
 
+	taken uint64 // the newest OpReach's epoch taken (the launcher sends it again while it waits)
+
 	mu    sync.Mutex
 	asked uint64 // the epoch of the newest OpReach
 	reach []byte // its answer, sent again at heartbeats until the restart comes (nil: none)
@@ -58,8 +60,14 @@ func (a *agent) reachDisk(c *wire.Control) {
 	if len(ranks) == 0 || dir == "" {
 		return
 	}
-	a.log.Info("rolling back to the checkpoint directory: reading the ranks' reach", "dir", dir, "ranks", ranks, "epoch", c.Epoch)
 	rb := a.rollbackState()
+	if c.Epoch <= rb.taken {
+		// Sent again: the answer is being read, or is sent again at
+		// heartbeats (reachHeartbeat); an older epoch's is of no use.
+		return
+	}
+	rb.taken = c.Epoch
+	a.log.Info("rolling back to the checkpoint directory: reading the ranks' reach", "dir", dir, "ranks", ranks, "epoch", c.Epoch)
 	rb.mu.Lock()
 	rb.asked, rb.reach = c.Epoch, nil
 	rb.mu.Unlock()
