@@ -69,8 +69,9 @@ func parseBatch(buf []byte, rank int, a, b int64, path string) ([]Record, error)
 // buffer); a larger one is read record by record, and a record of more
 // than streamRecord bytes has its CRC32C checked in pieces of
 // streamPiece bytes before it is read into a buffer of its size (twice
-// read, never allocated unless it verifies; a buffer of a batch read
-// before, reused, is read into at once).
+// read, never allocated unless it verifies), unless the scan reading it
+// (batchBufs) holds a buffer that large already or has read a record of
+// that size or more that verified: then it is read at once.
 const (
 	wholeBatch   = 64 << 20
 	streamRecord = 64 << 20
@@ -98,6 +99,10 @@ type batchBufs struct {
 	free    [][]byte // record buffers of the batch before, to reuse
 	used    [][]byte // record buffers of the batch being read
 	scratch []byte
+	// verified is the size of the largest record read into a buffer
+	// that verified: a record claiming no more is read at once (what a
+	// bad one makes the scan allocate is no more than a good one did).
+	verified int64
 }
 
 // take returns a free buffer of at least n bytes (the smallest), sliced
@@ -118,10 +123,14 @@ func (p *batchBufs) take(n int64) []byte {
 	return b
 }
 
-// fits reports whether a free buffer has n bytes or more.
+// fits reports whether a record of n bytes is read at once: a free
+// buffer has n bytes or more, or a record of n bytes or more verified.
 func (p *batchBufs) fits(n int64) bool {
 	if p == nil {
 		return false
+	}
+	if n <= p.verified {
+		return true
 	}
 	for _, b := range p.free {
 		if int64(cap(b)) >= n {
@@ -290,7 +299,8 @@ func scanBatch(r *batchReader, rank int, a, b, lo, hi int64) ([]Record, error) {
 			data = r.buf[off+recordHdr : off+recordHdr+dn : off+recordHdr+dn]
 		case keep && (dn <= streamRecord || r.bufs.fits(dn)):
 			// Read at once: into a buffer of a size any file may
-			// make it allocate, or one it holds already.
+			// make it allocate, or one it holds already, or of no
+			// more than a record that verified.
 			if data, err = r.record(off+recordHdr, dn); err != nil {
 				return nil, err
 			}
@@ -314,6 +324,9 @@ func scanBatch(r *batchReader, rank int, a, b, lo, hi int64) ([]Record, error) {
 		if data != nil {
 			if got := crc32c.Update(crc32c.Checksum(rh[:12]), data); got != want {
 				return nil, bad(got)
+			}
+			if r.buf == nil && r.bufs != nil {
+				r.bufs.verified = max(r.bufs.verified, dn)
 			}
 		}
 		if keep {

@@ -317,8 +317,9 @@
 // reading one of more than 64 MiB record by record, a record of more
 // than 64 MiB having its CRC32C checked in pieces before it is read
 // into a buffer of its size (unless a scan holds a buffer that large
-// already, from the batch before) (a batch of more than 64 GiB is
-// corrupt); a record of a batch read record by record that a scan does
+// already, from the batch before, or has read a record that large that
+// verified: a bad record then costs the scan no more than a good one
+// did) (a batch of more than 64 GiB is corrupt); a record of a batch read record by record that a scan does
 // not hand over (before from or after upTo) is checked in pieces, never
 // read into a buffer of its size. A
 // file that does not verify is an error wrapping [ErrCorrupt] (a
