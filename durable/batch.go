@@ -503,19 +503,6 @@ func ScanBatches(dir string, rank int, from, upTo int64, fn func(recs []Record) 
 	}
 }
 
-// ReadBatches returns rank's records of the steps after from, as far as
-// the log reaches, held at once: ScanBatches to the end of the log, the
-// records' data copied. stop is ScanBatches' error.
-func ReadBatches(dir string, rank int, from int64) (records []Record, stop error) {
-	stop = ScanBatches(dir, rank, from, math.MaxInt64, func(recs []Record) error {
-		for _, r := range recs {
-			records = append(records, Record{Step: r.Step, Data: slices.Clone(r.Data)})
-		}
-		return nil
-	})
-	return records, stop
-}
-
 // trimBatches removes rank's records of the steps after step: batches
 // that begin after it are removed, one that straddles it is rewritten as
 // the batch of its steps up to step first, then removed.
