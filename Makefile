@@ -135,7 +135,10 @@ bench-tier2:
 # and 0, 16 and 64 lossless differentials replayed, each beside the base's
 # load alone in the same iterations (ratio), with the AVX-512 replay
 # kernels where the toolchain has them, as make build (the files were just
-# written: mostly read from the page cache).
+# written: mostly read from the page cache). cascade.Load reads the log one
+# batch at a time and no further than the target: B/op is about one batch
+# (16 differentials, ~1.4 GiB), whatever the number replayed, and the time
+# grows with it.
 bench-persist: build
 	$(GO) test -run '^$$' -bench BenchmarkPersist -benchtime 3x -timeout 30m ./durable/ | grep -v '^=== '
 	$(GO) run ./internal/benchprotect -gorun $(BIN)/gorun -dptrain $(BIN)/dptrain -ckpt auto,1,2,4 -ckpt-every 10 -steps 60 -cpu-compute 0 $${GORUN_BENCH_DIR:+-ckpt-dir $$GORUN_BENCH_DIR}

@@ -16,7 +16,7 @@ import (
 const (
 	batchHdr  = 40
 	recordHdr = 16
-	// maxBatchFile bounds the size of a batch file ReadBatches reads.
+	// maxBatchFile bounds the size of a batch file that is read.
 	maxBatchFile = 1 << 36
 )
 
@@ -61,7 +61,7 @@ func AppendBatch(dir string, rank int, first, last int64, records [][]byte) erro
 // parseBatch checks and decodes a batch file of rank named for steps a to
 // b. The records' data alias buf.
 func parseBatch(buf []byte, rank int, a, b int64, path string) ([]Record, error) {
-	return scanBatch(&batchReader{buf: buf, size: int64(len(buf)), path: path}, rank, a, b, true)
+	return scanBatch(&batchReader{buf: buf, size: int64(len(buf)), path: path}, rank, a, b, a, b)
 }
 
 // Bounds of what reading a batch file allocates, whatever the file says:
@@ -69,7 +69,9 @@ func parseBatch(buf []byte, rank int, a, b int64, path string) ([]Record, error)
 // buffer); a larger one is read record by record, and a record of more
 // than streamRecord bytes has its CRC32C checked in pieces of
 // streamPiece bytes before it is read into a buffer of its size (twice
-// read, never allocated unless it verifies).
+// read, never allocated unless it verifies), unless the scan reading it
+// (batchBufs) holds a buffer that large already or has read a record of
+// that size or more that verified: then it is read at once.
 const (
 	wholeBatch   = 64 << 20
 	streamRecord = 64 << 20
@@ -77,13 +79,81 @@ const (
 )
 
 // batchReader reads a batch file: from buf when it was read whole, else
-// from f.
+// from f, into buffers from bufs if not nil.
 type batchReader struct {
 	buf     []byte
 	f       io.ReaderAt
 	size    int64
 	path    string
+	bufs    *batchBufs
 	scratch []byte // streamPiece bytes, for crc
+}
+
+// batchBufs are the buffers a scan of the log (ScanBatches) reads batch
+// files into. Those of the batch read last are reused for the next once
+// its records are no longer needed (recycle), so that a scan of records
+// of one size holds one batch's records at a time, and does not allocate
+// (nor fault in) new memory for every batch.
+type batchBufs struct {
+	whole   []byte   // the file read whole, if it was
+	free    [][]byte // record buffers of the batch before, to reuse
+	used    [][]byte // record buffers of the batch being read
+	scratch []byte
+	// verified is the size of the largest record read into a buffer
+	// that verified: a record claiming no more is read at once (what a
+	// bad one makes the scan allocate is no more than a good one did).
+	verified int64
+}
+
+// take returns a free buffer of at least n bytes (the smallest), sliced
+// to n and counted as used, or nil if none is that large.
+func (p *batchBufs) take(n int64) []byte {
+	best := -1
+	for i, b := range p.free {
+		if int64(cap(b)) >= n && (best < 0 || cap(b) < cap(p.free[best])) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	b := p.free[best][:n:n]
+	p.free = slices.Delete(p.free, best, best+1)
+	p.used = append(p.used, b)
+	return b
+}
+
+// fits reports whether a record of n bytes is read at once: a free
+// buffer has n bytes or more, or a record of n bytes or more verified.
+func (p *batchBufs) fits(n int64) bool {
+	if p == nil {
+		return false
+	}
+	if n <= p.verified {
+		return true
+	}
+	for _, b := range p.free {
+		if int64(cap(b)) >= n {
+			return true
+		}
+	}
+	return false
+}
+
+// recycle makes the buffers of the batch read last free for the next
+// (the records of the batch must no longer be needed) and drops the free
+// buffers that batch did not use.
+func (p *batchBufs) recycle() {
+	clear(p.free)
+	p.free, p.used = p.used, p.free[:0]
+}
+
+// release makes the buffers of a batch that did not verify free again,
+// beside those it did not use.
+func (p *batchBufs) release() {
+	p.free = append(p.free, p.used...)
+	clear(p.used)
+	p.used = p.used[:0]
 }
 
 // bytes returns the n bytes at off (off+n ≤ size): a slice of buf, or a
@@ -94,6 +164,30 @@ func (r *batchReader) bytes(off, n int64) ([]byte, error) {
 		return r.buf[off : off+n : off+n], nil
 	}
 	b := make([]byte, n)
+	if err := r.readAt(b, off); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// record returns the n bytes of a record's data at off, read from f into
+// a buffer of bufs' if one is free, else into a new one, whose size the
+// caller has checked against the record's CRC32C if it is more than
+// streamRecord bytes.
+func (r *batchReader) record(off, n int64) ([]byte, error) {
+	if n == 0 {
+		return []byte{}, nil
+	}
+	var b []byte
+	if r.bufs != nil {
+		b = r.bufs.take(n)
+	}
+	if b == nil {
+		b = make([]byte, n)
+		if r.bufs != nil {
+			r.bufs.used = append(r.bufs.used, b)
+		}
+	}
 	if err := r.readAt(b, off); err != nil {
 		return nil, err
 	}
@@ -119,7 +213,14 @@ func (r *batchReader) crc(crc uint32, off, n int64) (uint32, error) {
 		return crc32c.Update(crc, r.buf[off:off+n]), nil
 	}
 	if r.scratch == nil {
-		r.scratch = make([]byte, streamPiece)
+		if r.bufs != nil && r.bufs.scratch != nil {
+			r.scratch = r.bufs.scratch
+		} else {
+			r.scratch = make([]byte, streamPiece)
+			if r.bufs != nil {
+				r.bufs.scratch = r.scratch
+			}
+		}
 	}
 	for n > 0 {
 		p := r.scratch[:min(n, streamPiece)]
@@ -133,8 +234,10 @@ func (r *batchReader) crc(crc uint32, off, n int64) (uint32, error) {
 }
 
 // scanBatch checks a batch file of rank named for steps a to b, read
-// through r, and returns its records if keep (else nil: Verify).
-func scanBatch(r *batchReader, rank int, a, b int64, keep bool) ([]Record, error) {
+// through r, and returns its records of the steps lo to hi (none if
+// hi < lo: Verify). Every record is checked; those it does not return
+// are not kept (read in pieces, when not read whole).
+func scanBatch(r *batchReader, rank int, a, b, lo, hi int64) ([]Record, error) {
 	path, size := r.path, r.size
 	if size < batchHdr {
 		return nil, corruptErr(path, size, batchHdr, "%d bytes, shorter than the header", size)
@@ -165,8 +268,8 @@ func scanBatch(r *batchReader, rank int, a, b int64, keep bool) ([]Record, error
 		return nil, corruptErr(path, size, batchHdr+n*recordHdr, "%d records cannot fit in %d bytes", n, size)
 	}
 	var recs []Record
-	if keep {
-		recs = make([]Record, 0, min(n, 1024))
+	if lo, hi := max(lo, a), min(hi, b); lo <= hi {
+		recs = make([]Record, 0, min(hi-lo+1, 1024))
 	}
 	off := int64(batchHdr)
 	for i := range n {
@@ -189,10 +292,22 @@ func scanBatch(r *batchReader, rank int, a, b int64, keep bool) ([]Record, error
 		bad := func(got uint32) error {
 			return corruptErr(path, off, off+recordHdr+dn, "record %d (step %d): CRC32C %#08x, the record says %#08x", i, step, got, want)
 		}
+		keep := lo <= step && step <= hi
 		var data []byte
-		if r.buf == nil && (dn > streamRecord || !keep) {
-			// Checked in pieces before anything of its size is
-			// allocated.
+		switch {
+		case r.buf != nil:
+			data = r.buf[off+recordHdr : off+recordHdr+dn : off+recordHdr+dn]
+		case keep && (dn <= streamRecord || r.bufs.fits(dn)):
+			// Read at once: into a buffer of a size any file may
+			// make it allocate, or one it holds already, or of no
+			// more than a record that verified.
+			if data, err = r.record(off+recordHdr, dn); err != nil {
+				return nil, err
+			}
+		default:
+			// Checked in pieces: instead of being read, when not
+			// kept; before anything of its size is allocated, when
+			// kept (then read, and checked again).
 			got, err := r.crc(crc32c.Checksum(rh[:12]), off+recordHdr, dn)
 			if err != nil {
 				return nil, err
@@ -200,13 +315,18 @@ func scanBatch(r *batchReader, rank int, a, b int64, keep bool) ([]Record, error
 			if got != want {
 				return nil, bad(got)
 			}
-		}
-		if keep || r.buf != nil {
-			if data, err = r.bytes(off+recordHdr, dn); err != nil {
-				return nil, err
+			if keep {
+				if data, err = r.record(off+recordHdr, dn); err != nil {
+					return nil, err
+				}
 			}
+		}
+		if data != nil {
 			if got := crc32c.Update(crc32c.Checksum(rh[:12]), data); got != want {
 				return nil, bad(got)
+			}
+			if r.buf == nil && r.bufs != nil {
+				r.bufs.verified = max(r.bufs.verified, dn)
 			}
 		}
 		if keep {
@@ -247,21 +367,18 @@ func listBatches(rd string) ([]batchFile, error) {
 	return bs, nil
 }
 
-// readBatch reads and parses one batch file.
-func readBatch(rd string, rank int, bf batchFile) ([]Record, error) {
-	return openBatch(rd, rank, bf, true)
-}
-
 // verifyBatch checks one batch file without keeping its records.
 func verifyBatch(rd string, rank int, bf batchFile) error {
-	_, err := openBatch(rd, rank, bf, false)
+	_, err := openBatch(rd, rank, bf, 0, -1, nil)
 	return err
 }
 
-// openBatch reads and checks one batch file, and returns its records if
-// keep. What it allocates is bounded (wholeBatch, streamRecord) whatever
-// the file's size: a file larger than maxBatchFile is corrupt at once.
-func openBatch(rd string, rank int, bf batchFile, keep bool) ([]Record, error) {
+// openBatch reads and checks one batch file, and returns its records of
+// the steps lo to hi (none if hi < lo), read into bufs' buffers if bufs
+// is not nil (see batchBufs). What it allocates is bounded (wholeBatch,
+// streamRecord) whatever the file's size: a file larger than
+// maxBatchFile is corrupt at once.
+func openBatch(rd string, rank int, bf batchFile, lo, hi int64, bufs *batchBufs) ([]Record, error) {
 	p := filepath.Join(rd, bf.name)
 	f, err := openRegular(p)
 	if err != nil {
@@ -276,39 +393,68 @@ func openBatch(rd string, rank int, bf batchFile, keep bool) ([]Record, error) {
 	if size > maxBatchFile {
 		return nil, corruptErr(p, maxBatchFile, size, "%d bytes, at most %d expected", size, int64(maxBatchFile))
 	}
-	r := &batchReader{f: f, size: size, path: p}
+	r := &batchReader{f: f, size: size, path: p, bufs: bufs}
 	if size <= wholeBatch {
-		buf := make([]byte, size)
+		var buf []byte
+		switch {
+		case bufs == nil:
+			buf = make([]byte, size)
+		case int64(cap(bufs.whole)) >= size:
+			buf = bufs.whole[:size]
+		default:
+			bufs.whole = make([]byte, size)
+			buf = bufs.whole
+		}
 		if err := r.readAt(buf, 0); err != nil {
 			return nil, err
 		}
 		r.buf = buf
 	}
-	return scanBatch(r, rank, bf.a, bf.b, keep)
+	return scanBatch(r, rank, bf.a, bf.b, lo, hi)
 }
 
-// ReadBatches returns rank's records of the steps after from,
-// contiguous: from+1, from+2, ... as far as the batches that verify
-// reach. stop is nil when the log simply ends there; else it says why
-// it stopped, wrapping ErrGap (the next batch begins later) or
-// ErrCorrupt (the next batch does not verify), and the records before
-// are still valid. Where batches overlap, the one reaching furthest is
-// read first.
-func ReadBatches(dir string, rank int, from int64) (records []Record, stop error) {
-	if !validRank(rank) || from < -1 {
-		return nil, fmt.Errorf("durable: bad rank %d or step %d", rank, from)
+// ScanBatches reads rank's records of the steps after from up to upTo
+// (upTo ≥ from; math.MaxInt64 for all), contiguous (from+1, from+2, ...
+// as far as the batches that verify reach), and hands them to fn one
+// batch file at a time, in step order: each call gets the records of one
+// batch (those of its steps from the next wanted to upTo), every record
+// of the batch checked before the call. recs and their Data are fn's
+// only until it returns: the next batch is read into the same buffers,
+// so that a scan holds one batch's records at a time (a batch of
+// records of a size the batch before did not have is read into new
+// buffers, and the old ones dropped after it). A batch file that holds
+// no step from from+1 to upTo is never opened.
+//
+// If fn returns an error, the scan ends and ScanBatches returns it as
+// it is. Else it returns nil when the log reaches upTo or simply ends
+// before; or why it stopped before upTo, wrapping ErrGap (the next batch
+// begins later) or ErrCorrupt (the next batch does not verify), the
+// records handed over before being valid. Where batches overlap, the one
+// that reaches furthest towards upTo, and of those the one that ends
+// first, is read first; if it does not verify, the next.
+//
+// (A function called per batch rather than an iterator: the records are
+// valid only for the call, which a callback says by its shape, and the
+// scan's own outcome, nil or why it stopped, is one result apart from
+// the records, as fn's error is.)
+func ScanBatches(dir string, rank int, from, upTo int64, fn func(recs []Record) error) error {
+	if !validRank(rank) || from < -1 || upTo < from {
+		return fmt.Errorf("durable: bad rank %d or steps %d to %d", rank, from, upTo)
+	}
+	if upTo == from {
+		return nil
 	}
 	rd := rankDir(dir, rank)
 	bs, err := listBatches(rd)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("durable: %w", err)
+		return fmt.Errorf("durable: %w", err)
 	}
-	next := from + 1
-	for {
-		// The batches holding next, furthest-reaching first.
+	var bufs batchBufs
+	for next := from + 1; ; {
+		// The batches holding next.
 		var cover []batchFile
 		later := false
 		for _, bf := range bs {
@@ -320,27 +466,40 @@ func ReadBatches(dir string, rank int, from int64) (records []Record, stop error
 		if len(cover) == 0 {
 			if later {
 				i := slices.IndexFunc(bs, func(bf batchFile) bool { return bf.a > next })
-				return records, fmt.Errorf("%w: rank %d: no batch holds step %d, the next begins at step %d (%s)",
+				return fmt.Errorf("%w: rank %d: no batch holds step %d, the next begins at step %d (%s)",
 					ErrGap, rank, next, bs[i].a, filepath.Join(rd, bs[i].name))
 			}
-			return records, nil
+			return nil
 		}
-		slices.SortFunc(cover, func(x, y batchFile) int { return cmpInt(y.b, x.b) })
+		slices.SortFunc(cover, func(x, y batchFile) int {
+			if c := cmpInt(min(y.b, upTo), min(x.b, upTo)); c != 0 {
+				return c
+			}
+			return cmpInt(x.b, y.b)
+		})
 		var errs []error
 		var got []Record
 		for _, bf := range cover {
-			recs, err := readBatch(rd, rank, bf)
+			recs, err := openBatch(rd, rank, bf, next, upTo, &bufs)
 			if err == nil {
-				got = recs[next-bf.a:]
+				got = recs
 				break
 			}
+			bufs.release()
 			errs = append(errs, err)
 		}
 		if got == nil {
-			return records, fmt.Errorf("rank %d: step %d: %w", rank, next, errors.Join(errs...))
+			return fmt.Errorf("rank %d: step %d: %w", rank, next, errors.Join(errs...))
 		}
-		records = append(records, got...)
-		next = got[len(got)-1].Step + 1
+		last := got[len(got)-1].Step
+		if err := fn(got); err != nil {
+			return err
+		}
+		bufs.recycle()
+		if last >= upTo {
+			return nil
+		}
+		next = last + 1
 	}
 }
 
@@ -360,10 +519,10 @@ func trimBatches(dir string, rank int, step int64) error {
 		case bf.a > step:
 			drop = append(drop, bf.name)
 		default:
-			recs, err := readBatch(rd, rank, bf)
+			recs, err := openBatch(rd, rank, bf, bf.a, step, nil)
 			if err == nil {
-				data := make([][]byte, 0, step-bf.a+1)
-				for _, r := range recs[:step-bf.a+1] {
+				data := make([][]byte, 0, len(recs))
+				for _, r := range recs {
 					data = append(data, r.Data)
 				}
 				if err := AppendBatch(dir, rank, bf.a, step, data); err != nil {

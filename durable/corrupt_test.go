@@ -79,9 +79,9 @@ func caught(t *testing.T, dir, role, path string, off int64, inRange bool) {
 	case "commit":
 		_, rerr = ReadCommitted(dir)
 	case "batch":
-		recs, stop := ReadBatches(dir, 0, 10)
+		recs, stop := readBatches(dir, 0, 10)
 		if len(recs) != 0 {
-			t.Errorf("ReadBatches returned %d records of a bad batch", len(recs))
+			t.Errorf("ScanBatches returned %d records of a bad batch", len(recs))
 		}
 		rerr = stop
 	case "manifest":

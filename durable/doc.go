@@ -272,8 +272,23 @@
 //	                16  n   data (opaque: the caller's differential)
 //
 // and nothing after the last record. The file appears whole or not at
-// all (atomic replacement). [ReadBatches] returns the records after a
-// step, contiguous, stopping at the first gap or bad batch.
+// all (atomic replacement).
+//
+// [ScanBatches](from, upTo) reads the log back: the records of the steps
+// after from, up to upTo, contiguous, handed to the caller's function one
+// batch at a time, in step order, each batch checked whole (every CRC)
+// before any of its records is handed over. It stops at the first gap
+// (an error wrapping [ErrGap]) or batch that does not verify (wrapping
+// [ErrCorrupt]), the records handed over before being valid; where
+// batches overlap it reads the one reaching furthest towards upTo (and of
+// those the one that ends first), and the next if that one does not
+// verify. A batch file holding no step from from+1 to upTo is never
+// opened: a replay to a step inside the log reads nothing after it. The
+// records handed over are the caller's only until its function returns:
+// the next batch is read into the same buffers, so that a scan holds one
+// batch's records at a time, however long the log (a batch's records of
+// sizes the batch before did not have go into new buffers, and the old
+// ones are dropped once it is handed over).
 //
 // # Resuming and restoring
 //
@@ -301,7 +316,12 @@
 // corrupt), a base file's table by its validated header, a batch by
 // reading one of more than 64 MiB record by record, a record of more
 // than 64 MiB having its CRC32C checked in pieces before it is read
-// into a buffer of its size (a batch of more than 64 GiB is corrupt). A
+// into a buffer of its size (unless a scan holds a buffer that large
+// already, from the batch before, or has read a record that large that
+// verified: a bad record then costs the scan no more than a good one
+// did) (a batch of more than 64 GiB is corrupt); a record of a batch read record by record that a scan does
+// not hand over (before from or after upTo) is checked in pieces, never
+// read into a buffer of its size. A
 // file that does not verify is an error wrapping [ErrCorrupt] (a
 // [*CorruptError] naming the file and the first bad byte range); a
 // version that does not verify is never returned.
@@ -320,6 +340,6 @@
 // system's flock (NFS emulates it with its byte-range locks, and an old
 // host cut off from the server loses its lock when its lease ends).
 // The package's functions on the directory (Markers, Commit,
-// ReadCommitted, AppendBatch, ReadBatches, List, Verify) are safe beside
+// ReadCommitted, AppendBatch, ScanBatches, List, Verify) are safe beside
 // Stores; Commit must have one caller (the launcher).
 package durable

@@ -29,8 +29,8 @@ var (
 	// errors when the directory has no manifest (no job ever started
 	// there).
 	ErrNoManifest = errors.New("durable: no manifest")
-	// ErrGap is wrapped by ReadBatches' stop error when the next batch
-	// after the records returned does not begin where they end.
+	// ErrGap is wrapped by ScanBatches' stop error when the next batch
+	// after the records handed over does not begin where they end.
 	ErrGap = errors.New("durable: gap in the differential log")
 	// ErrClosed is returned by the methods of a closed Store.
 	ErrClosed = errors.New("durable: store closed")

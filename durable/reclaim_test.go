@@ -107,9 +107,9 @@ func TestReclaimProperty(t *testing.T) {
 				}
 				for rank := range world {
 					checkLoad(t, dir, rank, committed)
-					recs, stop := ReadBatches(dir, rank, committed)
+					recs, stop := readBatches(dir, rank, committed)
 					if stop != nil {
-						t.Fatalf("op %d (%s): rank %d: ReadBatches(%d) stopped: %v", op, what, rank, committed, stop)
+						t.Fatalf("op %d (%s): rank %d: ScanBatches(%d) stopped: %v", op, what, rank, committed, stop)
 					}
 					want := max(0, batched[rank]-committed)
 					if int64(len(recs)) != want {
@@ -216,9 +216,9 @@ func TestTruncate(t *testing.T) {
 	if m, _ := Markers(dir, 1, 30); m[0] {
 		t.Error("step 30's marker survived Truncate(20)")
 	}
-	recs, stop := ReadBatches(dir, 0, 10)
+	recs, stop := readBatches(dir, 0, 10)
 	if stop != nil || len(recs) != 10 || recs[len(recs)-1].Step != 20 {
-		t.Errorf("ReadBatches after Truncate(20): %d records to step %d, %v; want 11 to 20", len(recs), recs[len(recs)-1].Step, stop)
+		t.Errorf("ScanBatches after Truncate(20): %d records to step %d, %v; want 11 to 20", len(recs), recs[len(recs)-1].Step, stop)
 	}
 	checkLoad(t, dir, 0, 10)
 	checkLoad(t, dir, 0, 20)

@@ -29,7 +29,9 @@ import (
 // directory under /tmp, removed after) in batches of 16. The files were
 // just written, so most reads come from the page cache: the figures are
 // the CPU's part (CRC32C of every chunk and record, decode, fused
-// replay), not a cold disk's.
+// replay), not a cold disk's. B/op (the base's load and the resume's) is
+// about one batch: Load holds one batch of the log at a time, and reads
+// none after the target.
 func BenchmarkResume(b *testing.B) {
 	mib := 256
 	if v := os.Getenv("GORUN_BENCH_STATE_MIB"); v != "" {
@@ -66,6 +68,7 @@ func BenchmarkResume(b *testing.B) {
 				b.Fatalf("the log reaches %d", reach)
 			}
 			var resume, baseOnly, read, replayed time.Duration
+			b.ReportAllocs()
 			for b.Loop() {
 				t0 := time.Now()
 				if err := durable.Load(ctx, dir, 0, base, dst); err != nil {

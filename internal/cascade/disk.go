@@ -4,21 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 	"unsafe"
 
 	"github.com/gorun/gorun/durable"
 	"github.com/gorun/gorun/internal/crc32c"
 	"github.com/gorun/gorun/internal/difflog"
+	"github.com/gorun/gorun/internal/diffstore"
 	"github.com/gorun/gorun/replay"
 )
 
 // The disk tier: a rank's state at step T is its committed base at step
 // v (durable.Load) with the differentials (v, T] replayed onto it
-// (durable.ReadBatches, difflog.Decode, replay.Fused: the replay the
+// (durable.ScanBatches, difflog.Decode, replay.Fused: the replay the
 // replica holders use, so that with the lossless codec the result is the
 // owner's committed state at T bit for bit), the regions other than the
-// optimizer's taken whole from T's record.
+// optimizer's taken whole from T's record. The log is read one batch at
+// a time and no further than T: what Reach and Load hold of it is one
+// batch's records.
 
 // ErrDisk is wrapped by Load's errors about what the disk holds: a base
 // that does not load, differentials missing, not verifying or not of the
@@ -31,45 +35,53 @@ type stepRec struct {
 	g   *replay.Tensor
 }
 
-// decodeLog decodes and checks recs, the records after step base as
-// durable.ReadBatches returns them, up to step upTo (all if upTo < 0),
-// against the rank's regions: the records that verify, and why it
-// stopped before upTo or the end (nil if it did not).
-func decodeLog(recs []durable.Record, regions []durable.Region, base, upTo int64) ([]stepRec, error) {
-	var out []stepRec
-	for i, dr := range recs {
-		s := base + 1 + int64(i)
-		if upTo >= 0 && s > upTo {
-			break
-		}
-		if dr.Step != s {
-			return out, fmt.Errorf("the record after step %d is of step %d", s-1, dr.Step)
-		}
-		r, g, err := difflog.DecodeTensor(dr.Data)
-		if err != nil {
-			return out, fmt.Errorf("step %d: %w", s, err)
-		}
-		if r.Diff.Step != s {
-			return out, fmt.Errorf("step %d: the record says step %d", s, r.Diff.Step)
-		}
-		if !r.Sealed() {
-			return out, fmt.Errorf("step %d: the record's seal is not the owner's (its step, hyper-parameters or regions were changed)", s)
-		}
-		if err := fits(r, regions); err != nil {
-			return out, fmt.Errorf("step %d: %w", s, err)
-		}
-		if len(out) > 0 {
-			p := out[len(out)-1].rec
-			if p.Optimizer != r.Optimizer {
-				return out, fmt.Errorf("step %d: optimizer layout %+v, step %d's was %+v", s, r.Optimizer, s-1, p.Optimizer)
-			}
-			if r.Diff.Hyper.T != p.Diff.Hyper.T+1 {
-				return out, fmt.Errorf("step %d: Adam step %d after step %d's %d", s, r.Diff.Hyper.T, s-1, p.Diff.Hyper.T)
-			}
-		}
-		out = append(out, stepRec{r, g})
+// logCheck decodes and checks the records after a base, one at a time
+// in step order, against the rank's regions and the record before (the
+// step, the seal, the layout, the optimizer's layout and Adam's step
+// count following on), keeping nothing of a record but what the next
+// one is checked against.
+type logCheck struct {
+	regions []durable.Region
+	next    int64 // the step of the next record
+	prev    bool  // a record was checked: opt and t are its
+	opt     diffstore.Optimizer
+	t       int
+}
+
+// reached is the step of the last record checked (the base if none).
+func (c *logCheck) reached() int64 { return c.next - 1 }
+
+// check decodes dr, which must be of step c.next, and checks it. The
+// record and tensor returned alias dr.Data.
+func (c *logCheck) check(dr durable.Record) (*difflog.Record, *replay.Tensor, error) {
+	s := c.next
+	if dr.Step != s {
+		return nil, nil, fmt.Errorf("the record after step %d is of step %d", s-1, dr.Step)
 	}
-	return out, nil
+	r, g, err := difflog.DecodeTensor(dr.Data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("step %d: %w", s, err)
+	}
+	if r.Diff.Step != s {
+		return nil, nil, fmt.Errorf("step %d: the record says step %d", s, r.Diff.Step)
+	}
+	if !r.Sealed() {
+		return nil, nil, fmt.Errorf("step %d: the record's seal is not the owner's (its step, hyper-parameters or regions were changed)", s)
+	}
+	if err := fits(r, c.regions); err != nil {
+		return nil, nil, fmt.Errorf("step %d: %w", s, err)
+	}
+	if c.prev {
+		if c.opt != r.Optimizer {
+			return nil, nil, fmt.Errorf("step %d: optimizer layout %+v, step %d's was %+v", s, r.Optimizer, s-1, c.opt)
+		}
+		if r.Diff.Hyper.T != c.t+1 {
+			return nil, nil, fmt.Errorf("step %d: Adam step %d after step %d's %d", s, r.Diff.Hyper.T, s-1, c.t)
+		}
+	}
+	c.prev, c.opt, c.t = true, r.Optimizer, r.Diff.Hyper.T
+	c.next++
+	return r, g, nil
 }
 
 // fits checks that r is of the rank's layout: its table is the rank's
@@ -106,17 +118,22 @@ func tableHas(t []difflog.Region, name string) bool {
 // durable tier in dir: from base, the step of the job's commit record,
 // to the last of the differentials after base that follow one another
 // and verify (the Disk span of Avail). stop says why the differentials
-// stop where they do, nil if the log simply ends there (durable.ReadBatches'
+// stop where they do, nil if the log simply ends there (durable.ScanBatches'
 // stop: a gap, a corrupt batch; or a record that does not verify or is not
-// of the rank's layout). Reach does not check that the base loads (Load
+// of the rank's layout). Reach reads the whole log, one batch at a time,
+// and keeps none of it. Reach does not check that the base loads (Load
 // does, reading every byte).
 func Reach(dir string, rank int, regions []durable.Region, base int64) (Span, error) {
-	recs, stop := durable.ReadBatches(dir, rank, base)
-	got, err := decodeLog(recs, regions, base, -1)
-	if err != nil {
-		stop = err
-	}
-	return Span{base, base + int64(len(got))}, stop
+	c := logCheck{regions: regions, next: base + 1}
+	stop := durable.ScanBatches(dir, rank, base, math.MaxInt64, func(recs []durable.Record) error {
+		for _, dr := range recs {
+			if _, _, err := c.check(dr); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return Span{base, c.reached()}, stop
 }
 
 // Loaded says how Load rebuilt a rank's state.
@@ -131,7 +148,9 @@ type Loaded struct {
 	// replay.Hyper.T), or 0 when none was replayed (a base does not say).
 	AdamT int
 	// Where the time went: loading the base, reading and decoding the
-	// differentials, replaying them (and checking the result).
+	// differentials, replaying them (and checking the result). The log
+	// is read and replayed batch by batch: LogTime and ReplayTime are the
+	// sums of their parts.
 	BaseTime, LogTime, ReplayTime time.Duration
 }
 
@@ -139,13 +158,17 @@ type Loaded struct {
 // dir into dst, one slice per region of regions (the manifest's, in
 // order), each of the region's size: the version of step base (the
 // commit record's) read with durable.Load, every chunk's CRC32C checked,
-// then, if target > base, the differentials (base, target] decoded,
-// checked (see Reach) and replayed with replay.Fused onto the optimizer's
-// W, M and V, the other regions taken from target's record, and every
-// region checked against the CRC32Cs the owner committed at target (the
-// optimizer's only when the log is lossless). On error dst holds
-// partial data. The optimizer's arrays in dst must be 4-byte aligned
-// (slot memory and make's are).
+// then, if target > base, the differentials (base, target] read one
+// batch at a time (durable.ScanBatches: no batch after target is
+// opened), decoded, checked (see Reach) and replayed with replay.Fused
+// onto the optimizer's W, M and V (up to 64 steps a pass), each batch
+// released before the next is read; the other regions taken from
+// target's record, and every region checked against the CRC32Cs the
+// owner committed at target (the optimizer's only when the log is
+// lossless). The log is checked as far as it is read: a bad record
+// after target does not matter. On error dst holds partial data. The
+// optimizer's arrays in dst must be 4-byte aligned (slot memory and
+// make's are).
 func Load(ctx context.Context, dir string, rank int, regions []durable.Region, base, target int64, dst [][]byte, opt replay.ReplayOptions) (Loaded, error) {
 	if target < base {
 		return Loaded{}, fmt.Errorf("cascade: rank %d: target step %d before the base %d", rank, target, base)
@@ -161,57 +184,86 @@ func Load(ctx context.Context, dir string, rank int, regions []durable.Region, b
 	if target == base {
 		return Loaded{Exact: true, BaseTime: t1.Sub(t0)}, nil
 	}
-	recs, stop := durable.ReadBatches(dir, rank, base)
-	log, err := decodeLog(recs, regions, base, target)
-	if err == nil && int64(len(log)) < target-base {
-		err = stop
-		if err == nil {
-			err = errors.New("the log ends there")
-		}
-	}
-	if err != nil {
-		return Loaded{}, fmt.Errorf("%w: rank %d: differentials after step %d reach step %d, not %d: %w", ErrDisk, rank, base, base+int64(len(log)), target, err)
-	}
-	last := log[len(log)-1].rec
-	t2 := time.Now()
 	idx := make(map[string]int, len(regions))
 	for i, g := range regions {
 		idx[g.Name] = i
 	}
-	o := last.Optimizer
-	st, err := state(dst[idx[o.Region]], o.N, o.WOff, o.MOff, o.VOff)
-	if err != nil {
-		return Loaded{}, fmt.Errorf("cascade: rank %d: %w", rank, err)
-	}
-	exact := true
-	for i := 0; i < len(log); i += 64 {
-		if err := ctx.Err(); err != nil {
-			return Loaded{}, err
+	var (
+		c         = logCheck{regions: regions, next: base + 1}
+		st        replay.State
+		exact     = true
+		last      []difflog.Region // target's record's regions
+		replaying time.Duration
+		failed    error // an error of Load's own, not the log's
+	)
+	part := make([]stepRec, 0, 64)
+	stop := durable.ScanBatches(dir, rank, base, target, func(recs []durable.Record) error {
+		part = part[:0]
+		for _, dr := range recs {
+			r, g, err := c.check(dr)
+			if err != nil {
+				return err
+			}
+			part = append(part, stepRec{r, g})
 		}
-		part := log[i:min(i+64, len(log))]
-		diffs := make([]*replay.Tensor, len(part))
-		hypers := make([]replay.Hyper, len(part))
-		for k, s := range part {
-			diffs[k], hypers[k] = s.g, s.rec.Diff.Hyper
-			exact = exact && s.g.Codec == replay.Raw
+		t := time.Now()
+		defer func() { replaying += time.Since(t) }()
+		if st.W == nil {
+			o := part[0].rec.Optimizer
+			var err error
+			if st, err = state(dst[idx[o.Region]], o.N, o.WOff, o.MOff, o.VOff); err != nil {
+				failed = fmt.Errorf("cascade: rank %d: %w", rank, err)
+				return failed
+			}
 		}
-		if err := replay.Fused(st, diffs, hypers, opt); err != nil {
-			return Loaded{}, fmt.Errorf("%w: rank %d: replaying steps %d to %d: %w", ErrDisk, rank, part[0].rec.Diff.Step, part[len(part)-1].rec.Diff.Step, err)
+		for i := 0; i < len(part); i += 64 {
+			if err := ctx.Err(); err != nil {
+				failed = err
+				return err
+			}
+			p := part[i:min(i+64, len(part))]
+			diffs := make([]*replay.Tensor, len(p))
+			hypers := make([]replay.Hyper, len(p))
+			for k, s := range p {
+				diffs[k], hypers[k] = s.g, s.rec.Diff.Hyper
+				exact = exact && s.g.Codec == replay.Raw
+			}
+			if err := replay.Fused(st, diffs, hypers, opt); err != nil {
+				failed = fmt.Errorf("%w: rank %d: replaying steps %d to %d: %w", ErrDisk, rank, p[0].rec.Diff.Step, p[len(p)-1].rec.Diff.Step, err)
+				return failed
+			}
 		}
+		if r := part[len(part)-1].rec; r.Diff.Step == target {
+			// Target's regions but the optimizer's, while the batch
+			// holding them is.
+			for name, b := range r.Diff.Other {
+				copy(dst[idx[name]], b)
+			}
+			last = r.Regions
+		}
+		clear(part) // the batch's buffers are the next one's
+		return nil
+	})
+	if failed != nil {
+		return Loaded{}, failed
 	}
-	for name, b := range last.Diff.Other {
-		copy(dst[idx[name]], b)
+	if stop == nil && c.reached() < target {
+		stop = errors.New("the log ends there")
 	}
-	for _, g := range last.Regions {
-		if g.Name == o.Region && !exact {
+	if stop != nil {
+		return Loaded{}, fmt.Errorf("%w: rank %d: differentials after step %d reach step %d, not %d: %w", ErrDisk, rank, base, c.reached(), target, stop)
+	}
+	t2 := time.Now()
+	for _, g := range last {
+		if g.Name == c.opt.Region && !exact {
 			continue
 		}
 		if got := crc32c.Checksum(dst[idx[g.Name]]); got != g.Sum {
 			return Loaded{}, fmt.Errorf("%w: rank %d: region %q rebuilt at step %d has CRC32C %#08x, the owner committed %#08x", ErrDisk, rank, g.Name, target, got, g.Sum)
 		}
 	}
-	return Loaded{Replayed: len(log), Exact: exact, AdamT: last.Diff.Hyper.T,
-		BaseTime: t1.Sub(t0), LogTime: t2.Sub(t1), ReplayTime: time.Since(t2)}, nil
+	return Loaded{Replayed: int(target - base), Exact: exact, AdamT: c.t,
+		BaseTime: t1.Sub(t0), LogTime: t2.Sub(t1) - replaying, ReplayTime: replaying + time.Since(t2)}, nil
 }
 
 // state views W, M and V of n elements at offsets w, m, v of region b.

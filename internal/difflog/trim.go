@@ -1,6 +1,7 @@
 package difflog
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -38,15 +39,8 @@ func TrimBatches(dir string, rank int, after int64) error {
 			continue
 		}
 		if a <= after {
-			recs, _ := durable.ReadBatches(dir, rank, a-1)
-			if int64(len(recs)) >= after-a+1 {
-				data := make([][]byte, after-a+1)
-				for i := range data {
-					data[i] = recs[i].Data
-				}
-				if err := durable.AppendBatch(dir, rank, a, after, data); err != nil {
-					errs = append(errs, err)
-				}
+			if err := rewritePrefix(dir, rank, a, after); err != nil {
+				errs = append(errs, err)
 			}
 		}
 		if err := os.Remove(filepath.Join(rd, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -54,6 +48,30 @@ func TrimBatches(dir string, rank int, after int64) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// rewritePrefix writes rank's records of steps a to after, read from the
+// log (durable.ScanBatches, which reads no batch past after), as one
+// batch, if they read back whole; else it writes nothing.
+func rewritePrefix(dir string, rank int, a, after int64) error {
+	data := make([][]byte, 0, after-a+1)
+	var werr error
+	_ = durable.ScanBatches(dir, rank, a-1, after, func(recs []durable.Record) error {
+		n := len(data)
+		for _, r := range recs {
+			data = append(data, r.Data)
+		}
+		if recs[len(recs)-1].Step == after {
+			werr = durable.AppendBatch(dir, rank, a, after, data)
+			return nil
+		}
+		// The scan reads the next batch into these records' buffers.
+		for i := n; i < len(data); i++ {
+			data[i] = bytes.Clone(data[i])
+		}
+		return nil
+	})
+	return werr
 }
 
 // batchName parses "diff.<a>-<b>" (decimal, no leading zeros, a ≤ b).

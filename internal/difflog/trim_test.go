@@ -1,8 +1,11 @@
 package difflog_test
 
 import (
+	"bytes"
+	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -16,7 +19,7 @@ func TestTrimBatches(t *testing.T) {
 	for _, tc := range []struct {
 		after int64
 		files []string
-		steps int // what ReadBatches then reads from step 0
+		steps int // what the log then holds after step 0
 	}{
 		{after: 6, files: []string{"diff.1-4", "diff.5-6"}, steps: 6},
 		{after: 8, files: []string{"diff.1-4", "diff.5-8"}, steps: 8},
@@ -52,7 +55,7 @@ func TestTrimBatches(t *testing.T) {
 		if !slices.Equal(got, tc.files) {
 			t.Errorf("after %d: files %q, want %q", tc.after, got, tc.files)
 		}
-		recs, stop := durable.ReadBatches(dir, 2, 0)
+		recs, stop := readLog(dir, 2, 0)
 		if stop != nil || len(recs) != tc.steps {
 			t.Errorf("after %d: %d records (%v), want %d", tc.after, len(recs), stop, tc.steps)
 		}
@@ -67,5 +70,46 @@ func TestTrimBatches(t *testing.T) {
 	}
 	if err := difflog.TrimBatches(filepath.Join(t.TempDir(), "none"), 0, 3); err != nil {
 		t.Errorf("no directory: %v", err)
+	}
+}
+
+// readLog returns rank's records after from to the end of the log (the
+// data copied) and why they stop.
+func readLog(dir string, rank int, from int64) ([]durable.Record, error) {
+	var out []durable.Record
+	stop := durable.ScanBatches(dir, rank, from, math.MaxInt64, func(recs []durable.Record) error {
+		for _, r := range recs {
+			out = append(out, durable.Record{Step: r.Step, Data: bytes.Clone(r.Data)})
+		}
+		return nil
+	})
+	return out, stop
+}
+
+// TestTrimBatchesReadsThePrefixOnly: rewriting a straddling batch reads
+// its steps up to after, not the log after it: what it allocates is
+// about that batch, however long the log.
+func TestTrimBatchesReadsThePrefixOnly(t *testing.T) {
+	dir := t.TempDir()
+	const batches, per, size = 16, 4, 256 << 10 // 1 MiB batches
+	data := bytes.Repeat([]byte{9}, size)
+	for k := range batches {
+		a := int64(1 + k*per)
+		if err := durable.AppendBatch(dir, 2, a, a+per-1, [][]byte{data, data, data, data}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if err := difflog.TrimBatches(dir, 2, 3); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > 3*per*size {
+		t.Errorf("trimming a log of %d batches of %d KiB allocated %d KiB", batches, per*size>>10, got>>10)
+	}
+	recs, stop := readLog(dir, 2, 0)
+	if stop != nil || len(recs) != 3 || !bytes.Equal(recs[2].Data, data) {
+		t.Errorf("after the trim: %d records, %v; want steps 1 to 3", len(recs), stop)
 	}
 }

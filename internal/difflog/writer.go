@@ -23,7 +23,7 @@ import (
 // is appended as it is, consecutive, and a new batch begins. An Append that
 // fails loses its batch (counted, logged); the next batches go on. The log
 // on disk then simply stops being contiguous there, and a recovery that
-// reads it (durable.ReadBatches) stops at the gap: a lost batch costs the
+// reads it (durable.ScanBatches) stops at the gap: a lost batch costs the
 // steps a resume could have replayed, never a wrong state.
 //
 // Memory: the queue holds at most Queue items (their encodings not done
