@@ -39,6 +39,17 @@ func randomConfig(rng *rand.Rand) (Config, bool) {
 		km := [][2]int{{2, 2}, {2, 1}, {4, 2}, {1, 1}}[rng.IntN(4)]
 		if groups, err := topology.PlanEC(hs[:nh-spares], asg, topology.ECOptions{K: km[0], M: km[1]}); err == nil {
 			c.EC = groups
+			// M+1 more spares with room for any host's ranks: more
+			// than M hosts of a group can be replaced (TestRandomEvents
+			// loses them: a durable tier rolls back).
+			room := 0
+			for _, h := range hs {
+				room = max(room, h.Slots)
+			}
+			for i := range km[1] + 1 {
+				c.Hosts = append(c.Hosts, topology.Host{Name: fmt.Sprintf("x%d", i), Slots: room, Rack: fmt.Sprintf("r%d", rng.IntN(3))})
+			}
+			c.Spares += km[1] + 1
 			return c, true
 		}
 	}
@@ -105,10 +116,9 @@ func randomEvent(rng *rand.Rand, c *Config, m *Machine) Event {
 // and every published epoch satisfies I1–I4, or the machine aborted with a
 // report (and publishes nothing after).
 func TestRandomEvents(t *testing.T) {
+	// Not fewer under -short: 50 runs roll nothing back (and the whole
+	// test takes well under a second).
 	runs, steps := 400, 300
-	if testing.Short() {
-		runs = 50
-	}
 	published, ecRuns, rollbacks, ecRollbacks := 0, 0, 0, 0
 	for seed := range runs {
 		rng := rand.New(rand.NewPCG(uint64(seed), 7))
@@ -138,9 +148,25 @@ func TestRandomEvents(t *testing.T) {
 			committed[i] = -1
 		}
 		aborted := false
+		// Under EC, once in a run, early (random events stop most runs
+		// within a few dozen steps), more than M hosts of one group are
+		// lost in one instant: memory cannot restore them, a durable
+		// tier rolls the job back (rarely reached by random events).
+		burstAt, burst := -1, []Event(nil)
+		if c.EC != nil {
+			burstAt = 1 + rng.IntN(10)
+		}
 		for i := range steps {
-			now += time.Duration(rng.IntN(2000)) * time.Millisecond
-			e := randomEvent(rng, &c, m)
+			if i == burstAt && !m.stopped {
+				burst = groupBurst(rng, m, committed)
+			}
+			var e Event
+			if len(burst) > 0 {
+				e, burst = burst[0], burst[1:]
+			} else {
+				now += time.Duration(rng.IntN(2000)) * time.Millisecond
+				e = randomEvent(rng, &c, m)
+			}
 			if gather != nil && i%3 == 0 {
 				// The reach on disk: at or below G, or none (every
 				// fourth answer an error, some of an earlier epoch).
@@ -252,7 +278,45 @@ func TestRandomEvents(t *testing.T) {
 	if rollbacks == 0 {
 		t.Fatal("no run rolled back to disk: the test exercises none of it")
 	}
+	if ecRollbacks == 0 {
+		t.Fatal("no run rolled back to disk under erasure coding: the test exercises none of it")
+	}
 	t.Logf("%d epochs published, %d runs with erasure coding, %d roll-backs to disk (%d under erasure coding)", published, ecRuns, rollbacks, ecRollbacks)
+}
+
+// groupBurst returns the events of a loss of M+1 live hosts of a random
+// erasure-coding group (fewer if fewer are alive) in one instant, after
+// a heartbeat of every live host (none times out meanwhile) and, when no
+// G is published yet, a G every rank has committed (committed: the
+// highest step each rank reported).
+func groupBurst(rng *rand.Rand, m *Machine, committed []int64) []Event {
+	var es []Event
+	for h := range m.alive {
+		if m.alive[h] {
+			es = append(es, Heartbeat{Host: h})
+		}
+	}
+	if m.g < 0 {
+		g := int64(rng.IntN(20))
+		for _, s := range committed {
+			if s >= 0 {
+				g = min(g, s)
+			}
+		}
+		es = append(es, GPublished{G: g})
+	}
+	gr := m.ec.groups[rng.IntN(len(m.ec.groups))]
+	var hs []int
+	for _, h := range gr.Hosts {
+		if m.alive[h] {
+			hs = append(hs, h)
+		}
+	}
+	rng.Shuffle(len(hs), func(i, j int) { hs[i], hs[j] = hs[j], hs[i] })
+	for _, h := range hs[:min(len(hs), m.ec.m+1)] {
+		es = append(es, AgentExited{Host: h, Why: "burst"})
+	}
+	return es
 }
 
 // checkEpoch checks I1, I2 and I4 on a published epoch, independently of

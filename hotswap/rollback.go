@@ -93,7 +93,7 @@ func (e DiskReach) String() string {
 type rollback struct {
 	epoch uint64
 	from  int64  // the G lost
-	what  string // "rank R's state at step G is lost with hosts X, Y (no replica left)"
+	what  string // "rank R's state at step G is lost with hosts X, Y (no replica left)", lostState
 	cause string
 }
 
@@ -103,6 +103,17 @@ func (m *Machine) canRollback() bool {
 	return m.cfg.Durable && m.disk >= 0 && m.g >= 0 && !m.diffEC()
 }
 
+// noRollback says, after an unrecoverable loss's reason, why a job with a
+// durable tier stops rather than rolling back: in diff mode under EC it
+// does not (canRollback). Otherwise "".
+func (m *Machine) noRollback() string {
+	if !m.cfg.Durable || !m.diffEC() {
+		return ""
+	}
+	return "; --ckpt-dir is set, but a job in diff mode under erasure coding does not roll back to it " +
+		"(its coded base and the logs of differentials after it would have to move back too)"
+}
+
 // lostState names the first rank whose state at G no memory tier holds
 // (not in its own slot, no valid copy at a live holder), and the hosts it
 // went with: those lost since the last recovery ended (its own and its
@@ -110,8 +121,12 @@ func (m *Machine) canRollback() bool {
 //
 // Under EC the rank is the first one neither in the clear (its own slot,
 // its clear copy) nor decodable from its stripe.
-func (m *Machine) lostState() string {
-	r := 0
+//
+// When every rank's optimizer state survives, what memory cannot serve
+// is the restore plan's: why is its error (no data-parallel peer of a
+// rank holds its parameters, say), and it is the reason given.
+func (m *Machine) lostState(why string) string {
+	r := -1
 	for x, h := range m.rankHost {
 		if m.ec != nil {
 			if ok, _ := m.decodable(x); !m.direct(x) && !ok {
@@ -126,26 +141,33 @@ func (m *Machine) lostState() string {
 		}
 	}
 	hs := slices.Clone(m.lostHosts)
+	if r < 0 {
+		if len(hs) == 0 {
+			return fmt.Sprintf("the job's state at step %d cannot be restored from memory (%s)", m.g, why)
+		}
+		return fmt.Sprintf("the job's state at step %d cannot be restored from memory with %s lost (%s)", m.g, m.hostList(hs), why)
+	}
 	if len(hs) == 0 {
 		hs = []int{m.rankHost[r]}
 	}
-	why := "no replica left"
+	what := "no replica left"
 	if m.ec != nil {
 		p := m.ec.at[r]
-		why = fmt.Sprintf("fewer than %d of the %d shards of its stripe of erasure-coding group %d left", m.ec.k, m.ec.k+m.ec.m, p.group)
+		what = fmt.Sprintf("fewer than %d of the %d shards of its stripe of erasure-coding group %d left", m.ec.k, m.ec.k+m.ec.m, p.group)
 	}
-	return fmt.Sprintf("rank %d's state at step %d is lost with %s (%s)", r, m.g, m.hostList(hs), why)
+	return fmt.Sprintf("rank %d's state at step %d is lost with %s (%s)", r, m.g, m.hostList(hs), what)
 }
 
 // beginRollback: the ranks moved (from lost host h to with) cannot be
 // restored from memory; the epoch begins, and the caller is asked for
-// the ranks' reach on disk.
-func (m *Machine) beginRollback(l awaitingLoss, with int, isSpare bool, moved []int) {
+// the ranks' reach on disk. why is the error that made memory fail
+// (recoverable's or the restore plan's).
+func (m *Machine) beginRollback(l awaitingLoss, with int, isSpare bool, moved []int, why string) {
 	from, what := m.g, ""
 	if m.rb != nil {
 		from, what = m.rb.from, m.rb.what // a further loss while gathering
 	} else {
-		what = m.lostState()
+		what = m.lostState(why)
 	}
 	m.gen++
 	m.resetEnded()
@@ -220,7 +242,7 @@ func (m *Machine) onDiskReach(e DiskReach) {
 		}
 		m.announced = true
 		if m.ec != nil {
-			m.report("under-protected: %d optimizer shards have no clear copy or parity share (ec:%d+%d) of step %d until they are encoded again", len(owners), m.ec.k, m.ec.m, t)
+			m.report("under-protected: %d optimizer shards have no clear copy or parity share (ec:%d+%d) of step %d until they are encoded again; %s", len(owners), m.ec.k, m.ec.m, t, m.ecReport())
 		} else {
 			m.report("under-protected: %d optimizer shards have no copy of step %d until it is re-sent", len(owners), t)
 		}

@@ -13,6 +13,9 @@ import (
 // and the next loss within M is restored from memory (a decode), not
 // rolled back.
 func TestRollbackEC(t *testing.T) {
+	// The words of a stop in diff mode under EC with --ckpt-dir.
+	const diffECNoRollback = "--ckpt-dir is set, but a job in diff mode under erasure coding does not roll back to it " +
+		"(its coded base and the logs of differentials after it would have to move back too)"
 	const hosts = "config hosts=h0,h1,h2,h3,s0,s1,s2,s3 spares=s0,s1,s2,s3 world=4 ec=2+2"
 	lose3 := []string{
 		"event g g=13 at=1s",
@@ -49,7 +52,8 @@ func TestRollbackEC(t *testing.T) {
 					// The spares take the lost hosts' places.
 					"publish epoch=3 g=12 table=s0:0 s1:1 s2:2 h3:3 holders=0:- 1:0 2:- 3:2 ec=0:d=s0+s2,p=s1+h3",
 					"restore epoch=3 g=12 local=0-3",
-					"under-protected: 4 optimizer shards have no clear copy or parity share (ec:2+2) of step 12 until they are encoded again",
+					// The tolerance note a splice's report has.
+					"under-protected: 4 optimizer shards have no clear copy or parity share (ec:2+2) of step 12 until they are encoded again; erasure-coding group 0 (hosts s0,s1,s2,h3) survives no more host loss, not 2",
 					"under-protected owners=0-3",
 				}},
 				{cmd: "event recovery stage=resumed at=4s"},
@@ -143,13 +147,23 @@ func TestRollbackEC(t *testing.T) {
 			},
 		},
 		{
+			// It says why a job with --ckpt-dir stops.
 			name:  "diff mode under EC: stops",
 			setup: hosts + " durable diff",
 			steps: []step{
 				{cmd: "event committed step=8 at=1s"},
 				{cmd: lose3[0]}, {cmd: lose3[1]}, {cmd: lose3[2]},
-				{cmd: lose3[3], want: []string{"abort code=1", "unrecoverable", "stopping the job"},
+				{cmd: lose3[3], want: []string{"abort code=1", "unrecoverable", "(I3); " + diffECNoRollback + "; stopping the job"},
 					wantNot: []string{"gather-reach"}},
+			},
+		},
+		{
+			name:  "diff mode under EC without a durable tier: stops, no word of --ckpt-dir",
+			setup: hosts + " diff",
+			steps: []step{
+				{cmd: lose3[0]}, {cmd: lose3[1]}, {cmd: lose3[2]},
+				{cmd: lose3[3], want: []string{"abort code=1", "unrecoverable", "(I3); stopping the job"},
+					wantNot: []string{"gather-reach", "--ckpt-dir"}},
 			},
 		},
 	}

@@ -80,13 +80,13 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 	name := m.names[h]
 	moved := slices.Clone(m.hostRanks[h])
 	// A roll-back to disk under way takes this loss's ranks too.
-	rollback := m.rb != nil
+	rollback, why := m.rb != nil, ""
 	if err := m.recoverable(moved); err != "" && !rollback {
 		if !m.canRollback() {
-			m.abort(ExitFailure, "%s; unrecoverable: %s; stopping the job", cause, err)
+			m.abort(ExitFailure, "%s; unrecoverable: %s%s; stopping the job", cause, err, m.noRollback())
 			return
 		}
-		rollback = true
+		rollback, why = true, err
 	}
 	with, isSpare, err := m.replacement(h, moved)
 	if err != "" {
@@ -125,11 +125,12 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 		var perr string
 		sources, perr = m.plan()
 		if perr != "" && !m.canRollback() {
-			m.abort(ExitFailure, "%s; unrecoverable: %s; stopping the job", cause, perr)
+			m.abort(ExitFailure, "%s; unrecoverable: %s%s; stopping the job", cause, perr, m.noRollback())
 			return
 		}
-		// (A rank of an earlier loss restoring from a copy on h, say.)
-		rollback = perr != ""
+		// (A rank of an earlier loss restoring from a copy on h, say,
+		// or no data-parallel peer left with a rank's parameters.)
+		rollback, why = perr != "", perr
 	}
 	if rollback {
 		m.fixHolders(moved)
@@ -142,7 +143,7 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 			m.abort(ExitFailure, "%s; cannot restart the ranks: %s; stopping the job", cause, gone)
 			return
 		}
-		m.beginRollback(l, with, isSpare, moved)
+		m.beginRollback(l, with, isSpare, moved, why)
 		return
 	}
 	// Under EC the clear copies stay on the data hosts: the replacement

@@ -142,6 +142,10 @@ type Config struct {
 	// being started, before its loop runs (the package's tests: they
 	// observe the job and play a host's failure).
 	running func(*job)
+	// agentConfig, when not nil, adjusts the configuration of each agent
+	// run in this process before it starts (the package's tests: a host
+	// whose read of the checkpoint directory hangs).
+	agentConfig func(*agent.Config)
 }
 
 // ProtectMode is how a job's protected state reaches the replica holders

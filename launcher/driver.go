@@ -139,12 +139,9 @@ func (j *job) fence(a hotswap.Fence) {
 	if h.local {
 		j.killAgent(h)
 	}
-	if j.resume != nil {
-		// Its ranks' reach will never come, and the ranks that wait for
-		// T cannot move (the agents refuse a new epoch before their
-		// preload).
-		if err := j.resume.lostHost(a.Host); err != nil {
-			j.resume = nil
+	if j.resuming {
+		if err := j.resumeLost(a.Host); err != nil {
+			j.resume, j.resuming = nil, false
 			j.fail(ExitFailure, "%v; stopping the job", err)
 		}
 	}
@@ -412,6 +409,9 @@ func (j *job) onEvent(e *wire.Event) {
 	case wire.EventStarted:
 		j.log.Debug("rank started", "rank", e.Rank, "host", h.name, "pid", e.Pid, "generation", e.Gen)
 		h.ranGen = max(h.ranGen, e.Gen+1)
+		if j.resuming && j.waitingToResume(-1) == nil {
+			j.resuming = false
+		}
 		if j.cfg.Stdin != nil && e.Rank == j.cfg.StdinRank && j.rankHost[e.Rank] == e.Host {
 			j.stdinStartedOn(e.Host)
 		}

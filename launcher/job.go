@@ -95,6 +95,11 @@ type job struct {
 	// nil without, or once T is decided.
 	resume  *resumeGather
 	resumes chan *wire.ResumeReach
+	// resuming: --resume, and a host's ranks of the first table have not
+	// started yet (their agents wait for T and rebuild their states: a
+	// new epoch would move them under the preload). A host lost then
+	// stops the job (resumeLost).
+	resuming bool
 	// reach gathers the hosts' reach on disk for a roll-back to the
 	// durable tier (rollback.go), nil without one under way; rollbackT
 	// is the step the next Restart rolls back to (-1: none).
@@ -336,6 +341,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		}
 		j.resume = newResumeGather(hostRanks, j.world, base)
 		j.resume.names, j.resume.limit = j.hostNames(), j.cfg.ReachTimeout
+		j.resuming = true
 	}
 	up, err := j.ctl.Subscribe(j.subj.Up, j.onUp)
 	if err != nil {
@@ -623,6 +629,9 @@ func (j *job) startLocal(ctx context.Context, h *agentHost) error {
 		Dial: func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
 			return comm.DialInProcessHost(ctx, j.srv.InProcess(), creds, o)
 		},
+	}
+	if j.cfg.agentConfig != nil {
+		j.cfg.agentConfig(&cfg)
 	}
 	j.wg.Add(1)
 	go func() {

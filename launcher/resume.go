@@ -97,9 +97,9 @@ type resumeGather struct {
 	ask   *wire.Control // a roll-back's OpReach, sent again while hosts are silent
 }
 
-// errReachOverdue: a host with ranks did not report its ranks' reach on
+// errReachOverdue: hosts with ranks did not report their ranks' reach on
 // disk within the gather's limit.
-var errReachOverdue = errors.New("no report of its ranks' reach on disk")
+var errReachOverdue = errors.New("no report of the ranks' reach on disk")
 
 func newResumeGather(hostRanks [][]int, world int, base int64) *resumeGather {
 	g := &resumeGather{what: "--resume", hostRanks: hostRanks, base: base, avail: make([]cascade.Avail, world), heard: make([]bool, len(hostRanks))}
@@ -141,11 +141,15 @@ func (g *resumeGather) overdue(now time.Time) error {
 	if len(hs) == 0 {
 		return nil
 	}
-	names := make([]string, len(hs))
-	for i, h := range hs {
-		names[i] = g.hostName(h)
+	who := g.hostName(hs[0])
+	if len(hs) > 1 {
+		names := make([]string, len(hs))
+		for i, h := range hs {
+			names[i] = strings.TrimPrefix(g.hostName(h), "host ")
+		}
+		who = "hosts " + strings.Join(names, ", ")
 	}
-	return fmt.Errorf("%s: %s: %w within %v", g.what, strings.Join(names, ", "), errReachOverdue, g.limit)
+	return fmt.Errorf("%s: %s: %w within %v", g.what, who, errReachOverdue, g.limit)
 }
 
 // tick is the gather's housekeeping at now: an error once it is overdue
@@ -164,6 +168,20 @@ func (g *resumeGather) tick(now time.Time, resendEvery time.Duration) (bool, err
 	}
 	g.asked = now
 	return true, nil
+}
+
+// tickFromTable is --resume's tick: its limit runs from the first epoch
+// table (tableOut: the table is out; the agents read their reach once
+// they have it), and nothing is due before.
+func (g *resumeGather) tickFromTable(now time.Time, tableOut bool) error {
+	if g.since.IsZero() {
+		if !tableOut {
+			return nil
+		}
+		g.since = now
+	}
+	_, err := g.tick(now, 0)
+	return err
 }
 
 // lostHost returns an error if lost host h was still to report (its
@@ -220,11 +238,56 @@ func (g *resumeGather) add(r *wire.ResumeReach) (*cascade.Plan, error) {
 	return &p, nil
 }
 
+// resumeLost says why the loss of host h stops --resume, or nil: its
+// ranks' reach will never come (it had not reported it), or other hosts'
+// ranks still wait for T or for their states to be rebuilt, and cannot
+// move (their agents refuse a new epoch before their preload). When no
+// other host's ranks wait, the resume is over, and the loss is the
+// machine's as any other.
+func (j *job) resumeLost(h int) error {
+	if len(j.hosts[h].ranks) == 0 {
+		return nil // a spare
+	}
+	if j.resume != nil {
+		if err := j.resume.lostHost(h); err != nil {
+			return err
+		}
+	}
+	waiting := j.waitingToResume(h)
+	if waiting == nil {
+		j.resuming = false
+		return nil
+	}
+	return fmt.Errorf("--resume: host %s was lost before the ranks' states were rebuilt from the checkpoint directory (%s wait for theirs, and cannot move to a new epoch)",
+		j.hosts[h].name, hostsRanks(waiting))
+}
+
+// waitingToResume returns the names of the live hosts other than host
+// except whose ranks have not started (they wait for their states).
+func (j *job) waitingToResume(except int) []string {
+	var out []string
+	for i, h := range j.hosts {
+		if i != except && !h.lost && len(h.ranks) > 0 && h.ranGen == 0 {
+			out = append(out, h.name)
+		}
+	}
+	return out
+}
+
+// hostsRanks names the ranks of hosts: "host a's ranks", "hosts a, b's ranks".
+func hostsRanks(hosts []string) string {
+	if len(hosts) == 1 {
+		return "host " + hosts[0] + "'s ranks"
+	}
+	return "hosts " + strings.Join(hosts, ", ") + "'s ranks"
+}
+
 // onResume takes a host's reach on disk; once every host with ranks has
 // answered, it publishes T as G (the agents then rebuild their ranks'
 // states at T and start them) and tells the machine, or stops the job
 // when the ranks cannot be resumed.
 func (j *job) onResume(r *wire.ResumeReach) {
+	j.log.Debug("a host's reach on disk", "host", r.Host, "epoch", r.Epoch, "base", r.Base, "err", r.Err)
 	if j.reach != nil {
 		j.onRollbackReach(r)
 		return

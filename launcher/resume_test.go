@@ -165,11 +165,11 @@ func TestReachGatherBounded(t *testing.T) {
 			{4 * time.Second, false, ""},
 			{6 * time.Second, true, ""},
 			{9999 * time.Millisecond, true, ""},
-			{10 * time.Second, false, "the roll-back: host a, host b: no report of its ranks' reach on disk within 10s"},
+			{10 * time.Second, false, "the roll-back: hosts a, b: no report of the ranks' reach on disk within 10s"},
 		}},
 		{"one silent", []int{0}, limit, true, []tick{
 			{3 * time.Second, true, ""},
-			{11 * time.Second, false, "the roll-back: host b: no report of its ranks' reach on disk within 10s"},
+			{11 * time.Second, false, "the roll-back: host b: no report of the ranks' reach on disk within 10s"},
 		}},
 		{"the spare does not count", []int{2, 1}, limit, true, []tick{
 			{11 * time.Second, false, "the roll-back: host a: no report"},
@@ -180,7 +180,7 @@ func TestReachGatherBounded(t *testing.T) {
 		}},
 		{"--resume sends nothing again", nil, limit, false, []tick{
 			{3 * time.Second, false, ""},
-			{10 * time.Second, false, "host a, host b: no report"},
+			{10 * time.Second, false, "hosts a, b: no report"},
 		}},
 		{"no limit", nil, 0, true, []tick{
 			{time.Hour, true, ""},
@@ -212,6 +212,25 @@ func TestReachGatherBounded(t *testing.T) {
 			}
 		})
 	}
+	t.Run("--resume's limit starts at the first table", func(t *testing.T) {
+		g := newResumeGather(hostRanks, 4, 10)
+		g.names, g.limit = names, limit
+		for _, k := range []struct {
+			at       time.Duration
+			tableOut bool
+			err      bool
+		}{
+			{time.Hour, false, false},    // the agents are still starting
+			{2 * time.Hour, true, false}, // the table: the limit runs from here
+			{2*time.Hour + limit - time.Millisecond, true, false},
+			{2*time.Hour + limit, true, true},
+		} {
+			err := g.tickFromTable(t0.Add(k.at), k.tableOut)
+			if (err != nil) != k.err || err != nil && !errors.Is(err, errReachOverdue) {
+				t.Fatalf("at %v (table out: %v): %v, want an error: %v", k.at, k.tableOut, err, k.err)
+			}
+		}
+	})
 	t.Run("lost host", func(t *testing.T) {
 		g := newResumeGather(hostRanks, 4, 10)
 		g.names = names
@@ -225,4 +244,32 @@ func TestReachGatherBounded(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestReachTickStopping: once the job stops (the machine aborted while
+// a roll-back's reach was gathered, say), reachTick drops the gathers: it
+// neither sends OpReach again nor stops the job a second time. Before,
+// j.reach was kept and the OpReach sent again every heartbeat timeout
+// while the job stopped. (The job has no control plane: a broadcast or
+// a step would panic.)
+func TestReachTickStopping(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	g := newResumeGather([][]int{{0}, {1}}, 2, 10)
+	g.what, g.epoch, g.limit = "the roll-back", 2, time.Minute
+	g.since, g.asked = t0, t0
+	g.ask = &wire.Control{Op: wire.OpReach, Epoch: 2, G: 10}
+	r := newResumeGather([][]int{{0}, {1}}, 2, 10)
+	r.since, r.limit = t0, time.Minute
+	j := &job{reach: g, resume: r, stopping: true, cfg: Config{HeartbeatTimeout: time.Second}}
+	defer func() {
+		if p := recover(); p != nil {
+			t.Fatalf("reachTick acted on a gather while the job stops: %v", p)
+		}
+	}()
+	for _, at := range []time.Duration{2 * time.Second, time.Hour} {
+		j.reachTick(t0.Add(at))
+	}
+	if j.reach != nil || j.resume != nil {
+		t.Fatalf("the gathers are kept while the job stops: reach %v, resume %v", j.reach != nil, j.resume != nil)
+	}
 }

@@ -47,6 +47,12 @@ const defaultReachTimeout = 10 * time.Minute
 // limit runs from the first epoch table (the agents read their reach
 // once they have it).
 func (j *job) reachTick(now time.Time) {
+	if j.stopping {
+		// Nothing is waited for once the job stops (the machine's
+		// abort, say): no OpReach sent again, no second stop.
+		j.reach, j.resume = nil, nil
+		return
+	}
 	if g := j.reach; g != nil {
 		resend, err := g.tick(now, j.cfg.HeartbeatTimeout)
 		switch {
@@ -59,13 +65,7 @@ func (j *job) reachTick(now time.Time) {
 		}
 	}
 	if g := j.resume; g != nil {
-		if g.since.IsZero() {
-			if j.rv.Table() == nil {
-				return
-			}
-			g.since = now
-		}
-		if _, err := g.tick(now, 0); err != nil {
+		if err := g.tickFromTable(now, j.rv.Table() != nil); err != nil {
 			j.resume = nil
 			j.fail(ExitFailure, "%v; stopping the job", err)
 		}

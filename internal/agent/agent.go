@@ -76,6 +76,11 @@ type Config struct {
 	// reaped before it exits anyway (a process stuck in the kernel cannot
 	// be waited for). Zero means 5 s.
 	ExitTimeout time.Duration
+	// ReadReach, when not nil, replaces the read of the ranks' reach on
+	// the durable tier in dir (resumeReach), for --resume and roll-backs
+	// alike (tests: a read of the checkpoint directory that hangs, a
+	// host that never answers).
+	ReadReach func(ctx context.Context, host int, dir string, ranks []int) *wire.ResumeReach
 
 	// discoverGPUs, when not nil, replaces openGPUs (tests).
 	discoverGPUs func(ctx context.Context, a *agent) *hostGPUs

@@ -26,8 +26,9 @@ import (
 // resumeReach reads, for each of ranks, the newest step its state can be
 // rebuilt at from the durable tier in dir: the commit record's step
 // (every rank must hold a complete version of it) plus its contiguous
-// differentials (cascade.Reach).
-func resumeReach(host int, dir string, ranks []int) *wire.ResumeReach {
+// differentials (cascade.Reach). It stops between ranks once ctx is done
+// (a read that hangs in the kernel is not interrupted: readReach).
+func resumeReach(ctx context.Context, host int, dir string, ranks []int) *wire.ResumeReach {
 	out := &wire.ResumeReach{Host: host, Ranks: []wire.ResumeRank{}}
 	fail := func(err error) *wire.ResumeReach {
 		out.Err, out.Ranks = truncateMsg(err.Error()), []wire.ResumeRank{}
@@ -47,6 +48,9 @@ func resumeReach(host int, dir string, ranks []int) *wire.ResumeReach {
 		return fail(err)
 	}
 	for _, r := range ranks {
+		if err := ctx.Err(); err != nil {
+			return fail(err)
+		}
 		k := wire.ResumeRank{Rank: r, To: -1}
 		switch {
 		case r >= len(m.Regions):
@@ -63,6 +67,33 @@ func resumeReach(host int, dir string, ranks []int) *wire.ResumeReach {
 		out.Ranks = append(out.Ranks, k)
 	}
 	return out
+}
+
+// readReach reads the ranks' reach on disk (cfg.ReadReach, else
+// resumeReach), or returns nil once ctx is done first (the job stops).
+//
+// The read runs on a goroutine of its own that nothing waits for: a read
+// of the checkpoint directory that hangs in the kernel (a stalled
+// network file system) cannot be interrupted, and must not keep the
+// agent from exiting once the launcher stops the job (cleanup waits for
+// the goroutines of --resume and of a roll-back, which cancel ctx
+// first). It uses nothing the agent closes at exit (not the protection,
+// not the control plane): it only reads files and hands back its result,
+// into a buffer nobody may read.
+func (a *agent) readReach(ctx context.Context, dir string, ranks []int) *wire.ResumeReach {
+	read := a.cfg.ReadReach
+	if read == nil {
+		read = resumeReach
+	}
+	got := make(chan *wire.ResumeReach, 1)
+	host := a.cfg.Host
+	go func() { got <- read(ctx, host, dir, ranks) }()
+	select {
+	case r := <-got:
+		return r
+	case <-ctx.Done():
+		return nil
+	}
 }
 
 // hasVersion reports whether the listing has a complete version of step
@@ -137,7 +168,8 @@ func fromDisk(ctx context.Context, dir string, base, target int64, ranks []int, 
 // resumer is a --resume in progress on this host: from the first
 // table, whose ranks wait, until they start. Owned by the agent's loop;
 // its goroutines (the reach, then the preload) end before cleanup closes
-// the protection (wait).
+// the protection (stopResume; a read of the reach that hangs is not
+// waited for: readReach).
 type resumer struct {
 	t       *wire.EpochTable
 	places  []wire.Placement
@@ -166,7 +198,11 @@ func (a *agent) beginResume(t *wire.EpochTable, places []wire.Placement) {
 	dir := a.protect.persist.Dir
 	a.log.Info("resuming from the checkpoint directory: reading the ranks' reach", "dir", dir, "ranks", ranks)
 	r.wg.Go(func() {
-		msg := wire.Marshal(resumeReach(a.cfg.Host, dir, ranks))
+		reach := a.readReach(r.ctx, dir, ranks)
+		if reach == nil {
+			return // the job stopped first
+		}
+		msg := wire.Marshal(reach)
 		r.mu.Lock()
 		r.reach = msg
 		r.mu.Unlock()

@@ -62,7 +62,7 @@ func resumeDir(t *testing.T, base int64, reach []int64, noBase map[int]bool) (st
 
 func TestResumeReach(t *testing.T) {
 	dir, _ := resumeDir(t, 4, []int64{9, 12, 4}, map[int]bool{3: true})
-	got := resumeReach(1, dir, []int{0, 1, 2, 7})
+	got := resumeReach(t.Context(), 1, dir, []int{0, 1, 2, 7})
 	if got.Host != 1 || got.Base != 4 || got.Err != "" || len(got.Ranks) != 4 {
 		t.Fatalf("%+v", got)
 	}
@@ -77,12 +77,12 @@ func TestResumeReach(t *testing.T) {
 	}
 
 	dir2, _ := resumeDir(t, 4, []int64{6, 6}, map[int]bool{1: true})
-	got = resumeReach(0, dir2, []int{0, 1})
+	got = resumeReach(t.Context(), 0, dir2, []int{0, 1})
 	if got.Ranks[0].To != 6 || !strings.Contains(got.Ranks[1].Err, "no complete version of the committed step 4") {
 		t.Errorf("rank 1 without a base: %+v", got.Ranks)
 	}
 
-	got = resumeReach(0, t.TempDir(), []int{0})
+	got = resumeReach(t.Context(), 0, t.TempDir(), []int{0})
 	if !strings.Contains(got.Err, "no committed version") || len(got.Ranks) != 0 {
 		t.Errorf("no commit record: %+v", got)
 	}

@@ -25,7 +25,8 @@ import (
 
 // rollback is the agent's roll-back work in progress: the reach it
 // reads and the reload before a restart. Its goroutines end before
-// cleanup closes the protection (stopRollback).
+// cleanup closes the protection (stopRollback); a read of the reach that
+// hangs is not waited for (readReach).
 type rollback struct {
 	wg     sync.WaitGroup
 	ctx    context.Context
@@ -72,7 +73,10 @@ func (a *agent) reachDisk(c *wire.Control) {
 	rb.asked, rb.reach = c.Epoch, nil
 	rb.mu.Unlock()
 	rb.wg.Go(func() {
-		r := resumeReach(a.cfg.Host, dir, ranks)
+		r := a.readReach(rb.ctx, dir, ranks)
+		if r == nil {
+			return // the job stopped first
+		}
 		r.Epoch = c.Epoch
 		msg := wire.Marshal(r)
 		rb.mu.Lock()

@@ -84,3 +84,49 @@ func TestReachAskedAgain(t *testing.T) {
 		}
 	}
 }
+
+// TestReachReadHangs: a read of the checkpoint directory that hangs (a
+// stalled network file system) does not keep the agent from exiting once
+// the launcher stops the job: cleanup (stopRollback, stopResume) returns
+// while the read still blocks, and nothing is answered. Before, cleanup
+// waited for the read's goroutine. The read is injected (Config.ReadReach);
+// the limit on cleanup only tells a hang.
+func TestReachReadHangs(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		begin func(a *agent)
+		stop  func(a *agent)
+	}{
+		{"roll-back", func(a *agent) {
+			a.reachDisk(&wire.Control{Op: wire.OpReach, Epoch: 2, G: 4, Ranks: []int{0, 0}})
+		}, (*agent).stopRollback},
+		{"--resume", func(a *agent) {
+			a.beginResume(&wire.EpochTable{}, []wire.Placement{{Rank: 0}})
+		}, (*agent).stopResume},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			started, release := make(chan struct{}), make(chan struct{})
+			t.Cleanup(func() { close(release) })
+			read := func(ctx context.Context, host int, dir string, ranks []int) *wire.ResumeReach {
+				close(started)
+				<-release // the hung read: it ignores ctx
+				return &wire.ResumeReach{Host: host, Ranks: []wire.ResumeRank{}}
+			}
+			// No control plane: an answer would panic on the nil ctl.
+			a := &agent{cfg: Config{Job: "reachhangs", Host: 0, ReadReach: read}, log: testLogger(t)}
+			a.protect.persist.Dir = t.TempDir()
+			tc.begin(a)
+			<-started
+			done := make(chan struct{})
+			go func() {
+				tc.stop(a)
+				close(done)
+			}()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				t.Fatal("cleanup still waits for the hung read of the checkpoint directory after 20 s")
+			}
+		})
+	}
+}
