@@ -129,7 +129,12 @@
 //     the source into a buffer of its own while computing its CRC32C
 //     (so that the bytes checksummed are the bytes written, whatever
 //     happens to the source meanwhile), and pwrites the buffer at the
-//     chunk's offset (a region's last chunk with the zeros after it);
+//     chunk's offset (a region's last chunk with the zeros after it),
+//     with O_DIRECT where the file system takes it (the buffers are
+//     page-aligned, as are the chunks' offsets and lengths): no second
+//     copy into the page cache, no dirty pages left to write back; a
+//     file system that refuses it has the chunks written through the
+//     page cache;
 //  4. once every chunk is read it checks each region's CRC32C, combined
 //     from its chunks', against the caller's: a source overwritten while
 //     it was read fails the save here. Then it calls the caller's copied

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
@@ -37,6 +38,11 @@ type baseFile struct {
 	idx  int
 	path string
 	f    *os.File // immutable after Open
+	// direct is the same file opened with O_DIRECT, through which a
+	// Save writes its chunks (no copy into the page cache, no dirty
+	// pages for the kernel to write back: Store.writeData); nil where
+	// the file system refuses it (tmpfs). Immutable after Open.
+	direct *os.File
 
 	// Guarded by Store.mu.
 	state   fileState
@@ -57,7 +63,7 @@ type Store struct {
 	n       int      // Concurrency
 	writers int
 	log     *slog.Logger
-	bufs    sync.Pool // *[]byte of lay.chunk bytes
+	bufs    sync.Pool // *[]byte of lay.chunk bytes, each at a multiple of directAlign
 	lock    *os.File  // DIR/r<rank>/LOCK, flocked exclusively while the store is open
 
 	// hook, set by tests before use, is called at the named points of
@@ -96,6 +102,10 @@ type Store struct {
 	pending []pointer // complete versions whose pointer move or marker failed
 
 	repairMu sync.Mutex // held by repair
+
+	// buffered: the chunks are written through the page cache, not
+	// with O_DIRECT (set by tests, or once a direct write was refused).
+	buffered atomic.Bool
 }
 
 // errCrash, returned by a test hook, stands for the process dying there.
@@ -153,7 +163,7 @@ func Open(dir string, rank int, regions []Region, opt Options) (*Store, error) {
 		root: dir, dir: rankDir(dir, rank), rank: rank, regions: slices.Clone(regions),
 		lay: lay, n: n, writers: w, log: log.With("rank", rank), steps: map[int64]bool{}, watermark: -1, resolved: -1, kept: -1,
 	}
-	s.bufs.New = func() any { b := make([]byte, lay.chunk); return &b }
+	s.bufs.New = func() any { b := alignedBuf(int(lay.chunk)); return &b }
 	if err := ensureRankDir(dir, rank); err != nil {
 		return nil, err
 	}
@@ -287,7 +297,7 @@ func (s *Store) openBase(i int) (*baseFile, error) {
 		f.Close()
 		return nil, fmt.Errorf("durable: %s is not a regular file", p)
 	}
-	bf := &baseFile{idx: i, path: p, f: f, state: fsFree, size: fi.Size()}
+	bf := &baseFile{idx: i, path: p, f: f, direct: s.openDirect(p), state: fsFree, size: fi.Size()}
 	h, hb, err := readHeader(f, s.rank, p)
 	switch {
 	case err != nil:
@@ -333,7 +343,57 @@ func (s *Store) createBase(i int) (*baseFile, error) {
 		os.Remove(p)
 		return nil, err
 	}
+	bf.direct = s.openDirect(p)
 	return bf, nil
+}
+
+// directAlign is the alignment O_DIRECT asks of a write's memory, file
+// offset and length (the device's logical block size, 4096 at most on
+// the devices gorun knows): chunks are at multiples of 4096 in a base
+// file, and written whole up to one.
+const directAlign = 4096
+
+// alignedBuf returns n bytes of memory starting at a multiple of
+// directAlign.
+func alignedBuf(n int) []byte {
+	b := make([]byte, n+directAlign)
+	off := int(-uintptr(unsafe.Pointer(unsafe.SliceData(b))) & (directAlign - 1))
+	return b[off : off+n : off+n]
+}
+
+// openDirect opens the base file p for writing with O_DIRECT, or returns
+// nil where the file system refuses it (the chunks are then written
+// through the page cache).
+func (s *Store) openDirect(p string) *os.File {
+	f, err := os.OpenFile(p, os.O_WRONLY|syscall.O_DIRECT|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		s.log.Debug("durable: no O_DIRECT on the base files: written through the page cache", "file", p, "err", err)
+		return nil
+	}
+	return f
+}
+
+// writeData writes b, a chunk in memory from alignedBuf, at off in bf:
+// with O_DIRECT when the file system takes it, else through the page
+// cache. A direct write refused (EINVAL: the file system or the device
+// wants another alignment) is written through the page cache, as are
+// all the store's writes after it. Either way the bytes reach the disk
+// by the fdatasync of step 5 (which flushes the device's cache too).
+func (s *Store) writeData(bf *baseFile, b []byte, off int64) error {
+	if bf.direct != nil && !s.buffered.Load() {
+		err := s.at("direct", off)
+		if err == nil {
+			_, err = bf.direct.WriteAt(b, off)
+		}
+		if !errors.Is(err, unix.EINVAL) {
+			return err
+		}
+		if !s.buffered.Swap(true) {
+			s.log.Info("durable: O_DIRECT writes refused: the base files are written through the page cache", "file", bf.path, "err", err)
+		}
+	}
+	_, err := bf.f.WriteAt(b, off)
+	return err
 }
 
 // resize makes bf's size the store's layout's, with its space reserved.
@@ -666,7 +726,7 @@ func (s *Store) writeChunks(ctx context.Context, bf *baseFile, src [][]byte) ([]
 				if err := s.at("chunk", k); err != nil {
 					return err
 				}
-				if _, err := bf.f.WriteAt(buf[:w], l.dataOff[r]+off); err != nil {
+				if err := s.writeData(bf, buf[:w], l.dataOff[r]+off); err != nil {
 					return fmt.Errorf("writing chunk %d of %s: %w", k, bf.path, err)
 				}
 			}
@@ -1091,6 +1151,11 @@ func (s *Store) closeFiles() error {
 	for _, bf := range s.files {
 		if err := bf.f.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("durable: %w", err))
+		}
+		if bf.direct != nil {
+			if err := bf.direct.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("durable: %w", err))
+			}
 		}
 	}
 	if s.lock != nil {

@@ -7,8 +7,11 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestSaveLoad(t *testing.T) {
@@ -300,5 +303,54 @@ func TestMarked(t *testing.T) {
 	// Rank 0 has no directory at all: it is never read.
 	if got := s.Marked(); !slices.Equal(got, []int64{1}) {
 		t.Errorf("Marked = %v, want [1]", got)
+	}
+}
+
+// TestSaveSourceReleased: once Save called copied the caller may
+// overwrite its source (a rank's stage reuses the slot at once): the
+// version persisted is still the source's bytes as they were, whether
+// the chunks are written with O_DIRECT, through the page cache, or
+// through the page cache after the file system refused a direct write.
+func TestSaveSourceReleased(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		buffered bool // the store writes through the page cache from the start
+		refuse   bool // direct writes fail with EINVAL, as on a file system without O_DIRECT
+	}{
+		{"direct", false, false},
+		{"buffered", true, false},
+		{"refused", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := newDir(t, 1)
+			s := openTest(t, dir, 0, Options{Writers: 2})
+			s.buffered.Store(tc.buffered)
+			var refused atomic.Int32
+			if tc.refuse {
+				s.hook = func(p string, _ int64) error {
+					if p == "direct" {
+						refused.Add(1)
+						return unix.EINVAL
+					}
+					return nil
+				}
+			}
+			src, sums := testData(testRegions, 0, 7)
+			err := s.Save(context.Background(), 7, src, sums, func() {
+				for _, b := range src {
+					for j := range b {
+						b[j] ^= 0xa5
+					}
+				}
+			})
+			if err != nil {
+				t.Fatalf("Save: %v", err)
+			}
+			checkLoad(t, dir, 0, 7)
+			if tc.refuse && (refused.Load() != 1 || !s.buffered.Load()) {
+				t.Errorf("%d direct writes refused, buffered %v: want one, then every write through the page cache", refused.Load(), s.buffered.Load())
+			}
+			checkVerify(t, dir)
+		})
 	}
 }

@@ -27,6 +27,10 @@ import (
 //     overwrite rule's wait for G, and the wait is counted on its own
 //     (DurableProgress.HoldNS). The save reads the slot through readSlot,
 //     as the replicator's snapshots do: the slots stay mapped meanwhile.
+//     The store writes its chunks with O_DIRECT, each copied once from
+//     the slot, so the hold lasts about as long as the save's data
+//     writes; the next stage that overwrites the slot comes a step after
+//     the base step's commit, and waits only when a save takes longer.
 //   - Up to N saves are in flight per rank; a base due when N are, or
 //     when the store has no free base file (durable.ErrBusy), is skipped
 //     and counted: the durable tier fell behind. Any other error (a full

@@ -644,3 +644,38 @@ func TestDurableLocalCommitFails(t *testing.T) {
 		t.Fatalf("the host's commit record: %d, %v; want 2", c, err)
 	}
 }
+
+// TestDurableSlotReusedAfterHold: once a save has read its slot the hold
+// ends and the next stage overwrites the slot while the save is still
+// writing (its data, its table, its syncs): what the save persists is
+// still the step it was given, bit for bit. The save of step 0 is paused
+// right after it read the slot; step 1 commits beside it, step 2 is
+// staged into step 0's slot and filled, then the save goes on.
+func TestDurableSlotReusedAfterHold(t *testing.T) {
+	read, resume := make(chan struct{}), make(chan struct{})
+	setSaveHook(t, func(ctx context.Context, st *durable.Store, step int64, src [][]byte, sums []uint32, copied func()) error {
+		if step != 0 {
+			return st.Save(ctx, step, src, sums, copied)
+		}
+		return st.Save(ctx, step, src, sums, func() {
+			copied() // the hold ends once runSave sees it
+			close(read)
+			select {
+			case <-resume:
+			case <-ctx.Done(): // the test failed: the host closes
+			}
+		})
+	})
+	r := newPersistRig(t, PersistConfig{Every: 2, Concurrency: 1})
+	st0 := r.stage(0)
+	r.commit(0)
+	<-read
+	r.step(1)
+	st2 := r.stage(2) // waits for the hold, then fills step 0's slot with step 2's bytes
+	if st2.Slot != st0.Slot {
+		t.Fatalf("step 2 was staged in slot %d, step 0 in %d: want the same slot", st2.Slot, st0.Slot)
+	}
+	close(resume)
+	r.durableWhen("the save of step 0", func(d *DurableProgress) bool { return len(d.Markers) == 1 })
+	r.checkLoad(0)
+}

@@ -235,7 +235,9 @@ type modeRun struct {
 // (sent from the buffers the first one left).
 func (cfg *config) timedSteps(v *variant, mode string) int {
 	n := cfg.steps
-	if v.deviceMs == 0 {
+	if v.deviceMs == 0 && len(cfg.ckpt) == 0 {
+		// (The durable tier's runs time -steps in both variants: their
+		// figures come from the steps after each base.)
 		n = cfg.cpuSteps
 	}
 	if mode == "diff" {

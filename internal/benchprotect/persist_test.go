@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -66,5 +67,50 @@ func TestRatios(t *testing.T) {
 	qs, q := ratios([]*runResult{run(110, 110), run(90, 110)}, []*runResult{run(100, 100), run(100, 100)})
 	if !slices.Equal(qs, []float64{1.1, 1.0}) || q != 1.05 {
 		t.Fatalf("ratios %v, mean %v; want [1.1 1] and 1.05", qs, q)
+	}
+}
+
+// TestWindowExcess: the steps after each base step (its whole window
+// timed) against the others, within one run.
+func TestWindowExcess(t *testing.T) {
+	ms := func(first, every int, f func(s int) int, n int) []time.Duration {
+		var ds []time.Duration
+		for s := first; s < first+n; s++ {
+			ds = append(ds, time.Duration(f(s))*time.Millisecond)
+		}
+		return ds
+	}
+	for _, tc := range []struct {
+		name         string
+		first, every int
+		steps        []time.Duration
+		excess       float64
+		share        float64
+	}{
+		// Steps 2 to 21, bases 10 and 20: 11-13 in a window (20's is cut off).
+		{"slow after bases", 2, 10, ms(2, 10, func(s int) int {
+			if s >= 11 && s <= 13 {
+				return 200
+			}
+			return 100
+		}, 20), 2, 3.0 / 17},
+		{"flat", 2, 10, ms(2, 10, func(int) int { return 100 }, 20), 1, 3.0 / 17},
+		// The window of base 20 (21-23) whole: steps 2 to 23.
+		{"two windows", 2, 10, ms(2, 10, func(s int) int {
+			if s == 21 {
+				return 400
+			}
+			return 100
+		}, 22), 1.5, 6.0 / 20}, // steps 2 and 3 (base 0's window, cut off) in neither
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, share := windowExcess(tc.steps, tc.first, tc.every)
+			if math.Abs(e-tc.excess) > 1e-9 || math.Abs(share-tc.share) > 1e-9 {
+				t.Fatalf("windowExcess = %v, %v; want %v, %v", e, share, tc.excess, tc.share)
+			}
+		})
+	}
+	if m := medianF([]float64{3, 1, 2, 10}); m != 2.5 {
+		t.Fatalf("medianF = %v, want 2.5", m)
 	}
 }
