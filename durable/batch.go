@@ -109,7 +109,10 @@ type batchBufs struct {
 }
 
 // take returns a free buffer of at least n bytes (the smallest), sliced
-// to n and counted as used, or nil if none is that large.
+// to n, or nil if none is that large. The buffer is counted as used at
+// its full capacity, which a later batch's larger records can use again
+// (the view handed out is cut to n, so that appending to a record never
+// writes into the rest).
 func (p *batchBufs) take(n int64) []byte {
 	best := -1
 	for i, b := range p.free {
@@ -120,10 +123,10 @@ func (p *batchBufs) take(n int64) []byte {
 	if best < 0 {
 		return nil
 	}
-	b := p.free[best][:n:n]
+	b := p.free[best]
 	p.free = slices.Delete(p.free, best, best+1)
-	p.used = append(p.used, b)
-	return b
+	p.used = append(p.used, b[:cap(b)])
+	return b[:n:n]
 }
 
 // fits reports whether a record of n bytes is read at once: a free
