@@ -165,8 +165,12 @@ type Loaded struct {
 // released before the next is read; the other regions taken from
 // target's record, and every region checked against the CRC32Cs the
 // owner committed at target (the optimizer's only when the log is
-// lossless). The log is checked as far as it is read: a bad record
-// after target does not matter. On error dst holds partial data. The
+// lossless). The log is read up to target's batch: a batch that begins
+// after target is never opened, so nothing in it matters; target's own
+// batch is read and checked whole (every record's CRC32C, the records
+// after target too, which are not decoded): a record after target there
+// that does not verify makes Load fail (ErrDisk wrapping
+// durable.ErrCorrupt). On error dst holds partial data. The
 // optimizer's arrays in dst must be 4-byte aligned (slot memory and
 // make's are).
 func Load(ctx context.Context, dir string, rank int, regions []durable.Region, base, target int64, dst [][]byte, opt replay.ReplayOptions) (Loaded, error) {
