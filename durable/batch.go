@@ -90,6 +90,17 @@ type batchReader struct {
 	path    string
 	bufs    *batchBufs
 	scratch []byte // streamPiece bytes, for crc
+	// small, if not 0, replaces streamRecord and streamPiece (tests:
+	// fuzzing the paths of large records with small ones).
+	small int64
+}
+
+// limits returns streamRecord and streamPiece, or small for both.
+func (r *batchReader) limits() (record, piece int64) {
+	if r.small > 0 {
+		return r.small, r.small
+	}
+	return streamRecord, streamPiece
 }
 
 // batchBufs are the buffers a scan of the log (ScanBatches) reads batch
@@ -222,14 +233,15 @@ func (r *batchReader) crc(crc uint32, off, n int64) (uint32, error) {
 		if r.bufs != nil && r.bufs.scratch != nil {
 			r.scratch = r.bufs.scratch
 		} else {
-			r.scratch = make([]byte, streamPiece)
+			_, piece := r.limits()
+			r.scratch = make([]byte, piece)
 			if r.bufs != nil {
 				r.bufs.scratch = r.scratch
 			}
 		}
 	}
 	for n > 0 {
-		p := r.scratch[:min(n, streamPiece)]
+		p := r.scratch[:min(n, int64(len(r.scratch)))]
 		if err := r.readAt(p, off); err != nil {
 			return 0, err
 		}
@@ -245,6 +257,7 @@ func (r *batchReader) crc(crc uint32, off, n int64) (uint32, error) {
 // are not kept (read in pieces, when not read whole).
 func scanBatch(r *batchReader, rank int, a, b, lo, hi int64) ([]Record, error) {
 	path, size := r.path, r.size
+	bigRecord, _ := r.limits()
 	if size < batchHdr {
 		return nil, corruptErr(path, size, batchHdr, "%d bytes, shorter than the header", size)
 	}
@@ -303,7 +316,7 @@ func scanBatch(r *batchReader, rank int, a, b, lo, hi int64) ([]Record, error) {
 		switch {
 		case r.buf != nil:
 			data = r.buf[off+recordHdr : off+recordHdr+dn : off+recordHdr+dn]
-		case keep && (dn <= streamRecord || r.bufs.fits(dn)):
+		case keep && (dn <= bigRecord || r.bufs.fits(dn)):
 			// Read at once: into a buffer of a size any file may
 			// make it allocate, or one it holds already, or of no
 			// more than a record that verified.
