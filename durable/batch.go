@@ -372,11 +372,14 @@ const trimPrefix = "trim."
 
 func trimName(step int64) string { return trimPrefix + strconv.FormatInt(step, 10) }
 
-// parseTrim returns S of trim.<S>.
+// parseTrim returns S of trim.<S> (S is -1 for a trim of every step).
 func parseTrim(name string) (int64, bool) {
 	s, ok := strings.CutPrefix(name, trimPrefix)
 	if !ok {
 		return 0, false
+	}
+	if s == "-1" {
+		return -1, true
 	}
 	return parseDec(s, math.MaxInt64)
 }

@@ -30,7 +30,8 @@
 //	DIR/r<rank>/trim.<step>      empty; a trim of rank's log to step is under way or was cut short
 //
 // Ranks, steps, i, a and b are decimal without leading zeros (ranks 0 to
-// 2^31-1, steps 0 to 2^63-1, a ≤ b). Any other name is not the package's
+// 2^31-1, steps 0 to 2^63-1, a ≤ b; a trim record's step may also be -1,
+// every step). Any other name is not the package's
 // and is left alone, except names ending ".tmp" followed by anything,
 // which are this package's temporary files (see Atomic replacement); Open
 // removes those of its rank. Files are created 0600 and

@@ -120,3 +120,31 @@ func TestTrimAfterTrimCut(t *testing.T) {
 		t.Errorf("after the trim to 9: batches %q, trim records %q; want %q and none", names, trims, want)
 	}
 }
+
+// TestTrimEverything: a trim to -1 (every step) cut short by a crash
+// leaves a record that makes a scan read nothing, then completes.
+func TestTrimEverything(t *testing.T) {
+	dir := t.TempDir()
+	appendHist(t, dir, "H", 0, 3)
+	appendHist(t, dir, "H", 4, 7)
+	trimFault = func(op string) error {
+		if op == "remove" {
+			return errors.New("crash")
+		}
+		return nil
+	}
+	_ = trimBatches(dir, 0, -1)
+	trimFault = nil
+	appendHist(t, dir, "N", 0, 2) // a writer that went on
+	n := 0
+	stop := ScanBatches(dir, 0, -1, math.MaxInt64, func(recs []Record) error { n += len(recs); return nil })
+	if n != 0 || !errors.Is(stop, ErrGap) || !strings.Contains(stop.Error(), "trim.-1") {
+		t.Errorf("after a trim of every step cut short: %d records, stop %v; want none and a stop naming trim.-1", n, stop)
+	}
+	if err := TrimBatches(dir, 0, -1); err != nil {
+		t.Fatal(err)
+	}
+	if bs, cut, trims, err := listBatches(rankDir(dir, 0)); err != nil || len(bs) != 0 || cut != math.MaxInt64 || len(trims) != 0 {
+		t.Errorf("after the trim: batches %v, records %q, %v; want none", bs, trims, err)
+	}
+}
