@@ -475,9 +475,10 @@ func openBatch(rd string, rank int, bf batchFile, lo, hi int64, bufs *batchBufs)
 // begins later, or a trim record cut the log: see TrimBatches) or
 // ErrCorrupt (the next batch does not verify), the records handed over
 // before being valid. A trim record trim.<S> ends the log at S: no
-// record after S is handed over, whatever the batches hold. Where batches overlap, the one
-// that reaches furthest towards upTo, and of those the one that ends
-// first, is read first; if it does not verify, the next.
+// record after S is handed over, whatever the batches hold. Where
+// batches overlap, the one that reaches furthest towards upTo, and of
+// those the one that ends first, is read first; if it does not verify,
+// the next.
 //
 // (A function called per batch rather than an iterator: the records are
 // valid only for the call, which a callback says by its shape, and the
