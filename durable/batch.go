@@ -1,6 +1,7 @@
 package durable
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/gorun/gorun/internal/crc32c"
 )
@@ -87,6 +90,17 @@ type batchReader struct {
 	path    string
 	bufs    *batchBufs
 	scratch []byte // streamPiece bytes, for crc
+	// small, if not 0, replaces streamRecord and streamPiece (tests:
+	// fuzzing the paths of large records with small ones).
+	small int64
+}
+
+// limits returns streamRecord and streamPiece, or small for both.
+func (r *batchReader) limits() (record, piece int64) {
+	if r.small > 0 {
+		return r.small, r.small
+	}
+	return streamRecord, streamPiece
 }
 
 // batchBufs are the buffers a scan of the log (ScanBatches) reads batch
@@ -106,7 +120,10 @@ type batchBufs struct {
 }
 
 // take returns a free buffer of at least n bytes (the smallest), sliced
-// to n and counted as used, or nil if none is that large.
+// to n, or nil if none is that large. The buffer is counted as used at
+// its full capacity, which a later batch's larger records can use again
+// (the view handed out is cut to n, so that appending to a record never
+// writes into the rest).
 func (p *batchBufs) take(n int64) []byte {
 	best := -1
 	for i, b := range p.free {
@@ -117,10 +134,10 @@ func (p *batchBufs) take(n int64) []byte {
 	if best < 0 {
 		return nil
 	}
-	b := p.free[best][:n:n]
+	b := p.free[best]
 	p.free = slices.Delete(p.free, best, best+1)
-	p.used = append(p.used, b)
-	return b
+	p.used = append(p.used, b[:cap(b)])
+	return b[:n:n]
 }
 
 // fits reports whether a record of n bytes is read at once: a free
@@ -216,14 +233,15 @@ func (r *batchReader) crc(crc uint32, off, n int64) (uint32, error) {
 		if r.bufs != nil && r.bufs.scratch != nil {
 			r.scratch = r.bufs.scratch
 		} else {
-			r.scratch = make([]byte, streamPiece)
+			_, piece := r.limits()
+			r.scratch = make([]byte, piece)
 			if r.bufs != nil {
 				r.bufs.scratch = r.scratch
 			}
 		}
 	}
 	for n > 0 {
-		p := r.scratch[:min(n, streamPiece)]
+		p := r.scratch[:min(n, int64(len(r.scratch)))]
 		if err := r.readAt(p, off); err != nil {
 			return 0, err
 		}
@@ -239,6 +257,7 @@ func (r *batchReader) crc(crc uint32, off, n int64) (uint32, error) {
 // are not kept (read in pieces, when not read whole).
 func scanBatch(r *batchReader, rank int, a, b, lo, hi int64) ([]Record, error) {
 	path, size := r.path, r.size
+	bigRecord, _ := r.limits()
 	if size < batchHdr {
 		return nil, corruptErr(path, size, batchHdr, "%d bytes, shorter than the header", size)
 	}
@@ -297,7 +316,7 @@ func scanBatch(r *batchReader, rank int, a, b, lo, hi int64) ([]Record, error) {
 		switch {
 		case r.buf != nil:
 			data = r.buf[off+recordHdr : off+recordHdr+dn : off+recordHdr+dn]
-		case keep && (dn <= streamRecord || r.bufs.fits(dn)):
+		case keep && (dn <= bigRecord || r.bufs.fits(dn)):
 			// Read at once: into a buffer of a size any file may
 			// make it allocate, or one it holds already, or of no
 			// more than a record that verified.
@@ -346,16 +365,41 @@ type batchFile struct {
 	a, b int64
 }
 
-// listBatches returns rank's batch files, by first step then last.
-func listBatches(rd string) ([]batchFile, error) {
+// trimPrefix names a rank's trim records, DIR/r<rank>/trim.<S>: a trim
+// of the log to step S began and has not completed, and every batch
+// that ends after S is of the history it cut (see TrimBatches).
+const trimPrefix = "trim."
+
+func trimName(step int64) string { return trimPrefix + strconv.FormatInt(step, 10) }
+
+// parseTrim returns S of trim.<S> (S is -1 for a trim of every step).
+func parseTrim(name string) (int64, bool) {
+	s, ok := strings.CutPrefix(name, trimPrefix)
+	if !ok {
+		return 0, false
+	}
+	if s == "-1" {
+		return -1, true
+	}
+	return parseDec(s, math.MaxInt64)
+}
+
+// listBatches returns rank's batch files, by first step then last, the
+// least step of its trim records (math.MaxInt64 if none: the log is not
+// cut) and the records' names.
+func listBatches(rd string) (bs []batchFile, cut int64, trims []string, err error) {
 	ents, err := os.ReadDir(rd)
 	if err != nil {
-		return nil, err
+		return nil, 0, nil, err
 	}
-	var bs []batchFile
+	cut = math.MaxInt64
 	for _, e := range ents {
 		if a, b, ok := parseDiff(e.Name()); ok {
 			bs = append(bs, batchFile{e.Name(), a, b})
+		}
+		if s, ok := parseTrim(e.Name()); ok {
+			cut = min(cut, s)
+			trims = append(trims, e.Name())
 		}
 	}
 	slices.SortFunc(bs, func(x, y batchFile) int {
@@ -364,7 +408,7 @@ func listBatches(rd string) ([]batchFile, error) {
 		}
 		return cmpInt(x.b, y.b)
 	})
-	return bs, nil
+	return bs, cut, trims, nil
 }
 
 // verifyBatch checks one batch file without keeping its records.
@@ -428,10 +472,13 @@ func openBatch(rd string, rank int, bf batchFile, lo, hi int64, bufs *batchBufs)
 // If fn returns an error, the scan ends and ScanBatches returns it as
 // it is. Else it returns nil when the log reaches upTo or simply ends
 // before; or why it stopped before upTo, wrapping ErrGap (the next batch
-// begins later) or ErrCorrupt (the next batch does not verify), the
-// records handed over before being valid. Where batches overlap, the one
-// that reaches furthest towards upTo, and of those the one that ends
-// first, is read first; if it does not verify, the next.
+// begins later, or a trim record cut the log: see TrimBatches) or
+// ErrCorrupt (the next batch does not verify), the records handed over
+// before being valid. A trim record trim.<S> ends the log at S: no
+// record after S is handed over, whatever the batches hold. Where
+// batches overlap, the one that reaches furthest towards upTo, and of
+// those the one that ends first, is read first; if it does not verify,
+// the next.
 //
 // (A function called per batch rather than an iterator: the records are
 // valid only for the call, which a callback says by its shape, and the
@@ -445,12 +492,27 @@ func ScanBatches(dir string, rank int, from, upTo int64, fn func(recs []Record) 
 		return nil
 	}
 	rd := rankDir(dir, rank)
-	bs, err := listBatches(rd)
+	bs, cut, _, err := listBatches(rd)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("durable: %w", err)
+	}
+	// The end of the scan, nil or why it stops at upTo, which a trim
+	// record may have lowered.
+	atEnd := func() error { return nil }
+	if cut < upTo {
+		upTo = max(cut, from)
+		if slices.ContainsFunc(bs, func(bf batchFile) bool { return bf.b > upTo }) {
+			atEnd = func() error {
+				return fmt.Errorf("%w: rank %d: the log ends at step %d, where a trim that did not complete cut it (%s): the batches after it are of the history it cut",
+					ErrGap, rank, upTo, filepath.Join(rd, trimName(cut)))
+			}
+		}
+		if upTo == from {
+			return atEnd()
+		}
 	}
 	var bufs batchBufs
 	for next := from + 1; ; {
@@ -497,40 +559,143 @@ func ScanBatches(dir string, rank int, from, upTo int64, fn func(recs []Record) 
 		}
 		bufs.recycle()
 		if last >= upTo {
-			return nil
+			return atEnd()
 		}
 		next = last + 1
 	}
 }
 
-// trimBatches removes rank's records of the steps after step: batches
-// that begin after it are removed, one that straddles it is rewritten as
-// the batch of its steps up to step first, then removed.
+// TrimBatches removes rank's records of the steps after step from the
+// durable directory dir: batches that end after it are removed, and one
+// that straddles it (steps a to b, a ≤ step < b) is first written again
+// as the batch of its steps a to step, read from the log (ScanBatches:
+// from that batch, or from others holding those steps if it does not
+// verify; if they do not read back whole, it is removed without its
+// prefix: the log then ends before step, a gap, not a wrong state).
+//
+// A crash in the middle must not leave a batch of the history cut beside
+// those written after (a scan reading the old batch 5-8 beside the
+// rewritten 5-6 would hand over the old steps 7 and 8, then the new
+// history's 9 on), so a trim that removes anything is:
+//
+//  1. the trim record trim.<step> written (atomic replacement): from then
+//     on every scan ends the log at step (ScanBatches), and what follows
+//     is the old history's until the record goes;
+//  2. the straddling batches' prefixes written;
+//  3. the batches after step removed, and the directory fsynced;
+//  4. the trim records removed, and the directory fsynced.
+//
+// A trim that finds a trim record trim.<S> of a trim that did not
+// complete trims to min(step, S): until that record goes, every batch
+// ending after S may be of the history it cut (those written since
+// included: a writer that goes on after a failed trim writes batches
+// readers do not read). If the record cannot be written, the batches
+// after step are removed without their prefixes. The writer of the
+// history that resumes at step must not append before TrimBatches
+// returns (difflog.Writer's Reset waits for it); if TrimBatches fails
+// and it does append, what it writes after a trim record is not read.
+//
+// A directory or rank directory that does not exist holds nothing to
+// trim.
+func TrimBatches(dir string, rank int, step int64) error {
+	if !validRank(rank) || step < -1 {
+		return fmt.Errorf("durable: bad rank %d or step %d", rank, step)
+	}
+	return trimBatches(dir, rank, step)
+}
+
+// trimFault, if not nil, is consulted at each step of trimBatches
+// (tests): an error at "mark" is the trim record's write failing, and
+// the trim goes on as it does then; at "rewrite", "remove" and "unmark"
+// a crash: the trim stops there, leaving the directory as it is.
+var trimFault func(op string) error
+
+func fault(op string) error {
+	if trimFault != nil {
+		return trimFault(op)
+	}
+	return nil
+}
+
 func trimBatches(dir string, rank int, step int64) error {
 	rd := rankDir(dir, rank)
-	bs, err := listBatches(rd)
+	bs, cut, trims, err := listBatches(rd)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("durable: %w", err)
 	}
+	step = min(step, cut)
 	var drop []string
+	var cross []batchFile
 	for _, bf := range bs {
-		switch {
-		case bf.b <= step:
-		case bf.a > step:
+		if bf.b > step {
 			drop = append(drop, bf.name)
-		default:
-			recs, err := openBatch(rd, rank, bf, bf.a, step, nil)
-			if err == nil {
-				data := make([][]byte, 0, len(recs))
-				for _, r := range recs {
-					data = append(data, r.Data)
-				}
-				if err := AppendBatch(dir, rank, bf.a, step, data); err != nil {
-					return err
-				}
+			if bf.a <= step {
+				cross = append(cross, bf)
 			}
-			drop = append(drop, bf.name)
 		}
 	}
-	return removeSynced(rd, drop...)
+	if len(drop) == 0 && len(trims) == 0 {
+		return nil
+	}
+	mark := trimName(step)
+	if len(drop) > 0 && !slices.Contains(trims, mark) {
+		err := fault("mark")
+		if err == nil {
+			err = writeAtomic(rd, mark, nil, nil)
+		}
+		if err != nil {
+			// No record: the batches after step go without the
+			// prefixes, which a crash could leave beside them.
+			return errors.Join(fmt.Errorf("durable: rank %d: trimming the log to step %d: %w", rank, step, err), removeSynced(rd, drop...))
+		}
+		trims = append(trims, mark)
+	}
+	var errs []error
+	for _, bf := range cross {
+		if err := fault("rewrite"); err != nil {
+			return err
+		}
+		if err := rewritePrefix(dir, rank, bf.a, step); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := fault("remove"); err != nil {
+		return err
+	}
+	if err := removeSynced(rd, drop...); err != nil {
+		// The trim record stays: scans end at step until a trim
+		// completes.
+		return errors.Join(append(errs, err)...)
+	}
+	if err := fault("unmark"); err != nil {
+		return err
+	}
+	return errors.Join(append(errs, removeSynced(rd, trims...))...)
+}
+
+// rewritePrefix writes rank's records of steps a to step, read from the
+// log (ScanBatches, which reads no batch past step), as one batch, if
+// they read back whole; else it writes nothing.
+func rewritePrefix(dir string, rank int, a, step int64) error {
+	data := make([][]byte, 0, min(step-a+1, 1024))
+	var werr error
+	_ = ScanBatches(dir, rank, a-1, step, func(recs []Record) error {
+		n := len(data)
+		for _, r := range recs {
+			data = append(data, r.Data)
+		}
+		if recs[len(recs)-1].Step == step {
+			werr = AppendBatch(dir, rank, a, step, data)
+			return nil
+		}
+		// The scan reads the next batch into these records' buffers.
+		for i := n; i < len(data); i++ {
+			data[i] = bytes.Clone(data[i])
+		}
+		return nil
+	})
+	return werr
 }

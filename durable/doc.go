@@ -27,9 +27,11 @@
 //	DIR/r<rank>/LOCK             empty; flocked by the Store that has the rank open
 //	DIR/r<rank>/done.<step>      rank's completion marker for step
 //	DIR/r<rank>/diff.<a>-<b>     a batch of rank's differential records, steps a to b
+//	DIR/r<rank>/trim.<step>      empty; a trim of rank's log to step is under way or was cut short
 //
 // Ranks, steps, i, a and b are decimal without leading zeros (ranks 0 to
-// 2^31-1, steps 0 to 2^63-1, a ≤ b). Any other name is not the package's
+// 2^31-1, steps 0 to 2^63-1, a ≤ b; a trim record's step may also be -1,
+// every step). Any other name is not the package's
 // and is left alone, except names ending ".tmp" followed by anything,
 // which are this package's temporary files (see Atomic replacement); Open
 // removes those of its rank. Files are created 0600 and
@@ -295,6 +297,28 @@
 // sizes the batch before did not have go into new buffers, and the old
 // ones are dropped once it is handed over).
 //
+// [TrimBatches](S) cuts the log at step S (a resume at S, whose run
+// writes its own steps after S): the batches that end after S are
+// removed, and one that straddles S is first written again as the batch
+// of its steps up to S. The old batch and the rewritten one overlap, and
+// a scan prefers the one reaching further: were the old one left beside
+// the new history's batches (a crash between the rewrite and the
+// removal, a removal that did not reach the disk, a writer that went on
+// after a trim that failed), a scan would hand over the old history's
+// steps after S, then the new one's. So a trim that removes anything
+// first writes the trim record trim.<S> (an empty file, atomic
+// replacement), then the prefixes, removes the batches ending after S
+// and fsyncs the directory, and only then removes the record (and
+// fsyncs the directory again). While a trim record trim.<S> exists, a
+// scan ends the log at S (the least S of them), with an error wrapping
+// [ErrGap] that names the record when batches go on after it: everything
+// after S may be of the history cut, the batches written since
+// included. A later trim to S' trims to min(S, S') and removes the
+// record. A history is never mixed: a scan reads the old history up to
+// S, and the new one after S only once the trim has completed. A trim
+// record that cannot be written makes the trim remove the batches after
+// S without rewriting the prefix (a gap before S, not a mix).
+//
 // # Resuming and restoring
 //
 // A job resumed at step G (the commit record's, plus the differentials
@@ -302,7 +326,8 @@
 // G, or the markers of a version nobody will finish could be taken for
 // the new run's: [Store.Truncate](G) frees the base files of steps after
 // G, removes the markers of steps after G, removes the batches after G
-// (rewriting a batch that straddles G as one that ends at G) and points
+// ([TrimBatches]: rewriting a batch that straddles G as one that ends at
+// G, behind a trim record) and points
 // LATEST at the newest version left. Every rank's Truncate must complete
 // before the launcher next looks at markers. Then [Store.Reclaim](C), C
 // the commit record's step, frees the versions before C that the dead run

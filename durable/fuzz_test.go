@@ -3,9 +3,11 @@ package durable
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
+	"unsafe"
 )
 
 // Every parser of what is read from the directory gets arbitrary bytes:
@@ -131,6 +133,81 @@ func FuzzParseBatch(f *testing.F) {
 		if got := batchBytes(t, a, data); !bytes.Equal(got, b) {
 			t.Errorf("a batch parsed and written again differs from the input")
 		}
+	})
+}
+
+// FuzzScanBatchRecords: the path that reads a batch file record by record
+// (a file over 64 MiB: scanBatch through a ReaderAt, into batchBufs'
+// buffers: take, fits, release, recycle, the verified shortcut) gives
+// the verdict and the records of the path that reads it whole, for any
+// bytes, any steps lo to hi (hi < lo: Verify) and any buffers the scan
+// holds from the batch before; a second scan with the buffers the first
+// left (recycled if it verified, released if not) does too; and every
+// record handed over is cut to its length (appending to it cannot write
+// into a buffer's rest), and no buffer the scan holds loses capacity.
+// The records are small: the thresholds of large records (64 MiB, read
+// in pieces of 1 MiB) are small too (batchReader.small, from the input).
+func FuzzScanBatchRecords(f *testing.F) {
+	for _, s := range batchSeeds(f) {
+		f.Add(s, uint8(0), int8(5), uint16(0), uint16(0), uint16(0), uint8(0))
+		f.Add(s, uint8(1), int8(0), uint16(8), uint16(100), uint16(4), uint8(3))
+		f.Add(s, uint8(0), int8(-1), uint16(3), uint16(0), uint16(100), uint8(1))
+		f.Add(s, uint8(0), int8(4), uint16(9), uint16(0), uint16(7), uint8(5))
+	}
+	f.Fuzz(func(t *testing.T, b []byte, dlo uint8, dhi int8, free1, free2, verified uint16, small uint8) {
+		if len(b) < 32 {
+			return
+		}
+		a, z := int64(le.Uint64(b[16:])), int64(le.Uint64(b[24:]))
+		if a < 0 || z < a || a > math.MaxInt64-512 {
+			return
+		}
+		lo := a + int64(dlo)
+		hi := lo + int64(dhi)
+		whole, werr := scanBatch(&batchReader{buf: b, size: int64(len(b)), path: "fuzz"}, 3, a, z, lo, hi)
+		check := func(name string, recs []Record, err error) {
+			t.Helper()
+			if (err == nil) != (werr == nil) {
+				t.Fatalf("%s: %v; read whole: %v", name, err, werr)
+			}
+			if len(recs) != len(whole) {
+				t.Fatalf("%s: %d records; read whole: %d", name, len(recs), len(whole))
+			}
+			for i, r := range recs {
+				if r.Step != whole[i].Step || !bytes.Equal(r.Data, whole[i].Data) {
+					t.Fatalf("%s: record %d (step %d) differs from the one read whole", name, i, r.Step)
+				}
+				if cap(r.Data) != len(r.Data) {
+					t.Fatalf("%s: record of step %d: %d bytes of a buffer of %d handed over", name, r.Step, len(r.Data), cap(r.Data))
+				}
+			}
+		}
+		bufs := &batchBufs{free: [][]byte{make([]byte, 0, free1%4096), make([]byte, 3, free2%4096+3)}, verified: int64(verified % 4096)}
+		for i := range 2 {
+			// The capacities of the buffers the scan holds before.
+			caps := map[*byte]int{}
+			for _, fb := range bufs.free {
+				caps[unsafe.SliceData(fb[:cap(fb)])] = cap(fb)
+			}
+			r := &batchReader{f: bytes.NewReader(b), size: int64(len(b)), path: "fuzz", bufs: bufs, small: int64(small)}
+			recs, err := scanBatch(r, 3, a, z, lo, hi)
+			check(fmt.Sprintf("scan %d record by record", i), recs, err)
+			if err == nil {
+				bufs.recycle()
+			} else {
+				bufs.release()
+			}
+			if len(bufs.used) != 0 {
+				t.Fatalf("%d buffers still used after the batch", len(bufs.used))
+			}
+			for _, fb := range bufs.free {
+				if c, ok := caps[unsafe.SliceData(fb[:cap(fb)])]; ok && cap(fb) != c {
+					t.Fatalf("scan %d: a buffer of %d bytes came back with %d", i, c, cap(fb))
+				}
+			}
+		}
+		recs, err := scanBatch(&batchReader{f: bytes.NewReader(b), size: int64(len(b)), path: "fuzz", small: int64(small)}, 3, a, z, lo, hi)
+		check("record by record without buffers", recs, err)
 	})
 }
 

@@ -47,7 +47,10 @@ func (s *service) restoreFromDisk(ctx context.Context, g int64, views [][]byte) 
 		regions[i] = durable.Region{Name: r.Name, Size: r.Size}
 	}
 	s.mu.Unlock()
-	sp, stop := cascade.Reach(dir, s.rank, regions, base)
+	// Whether the log reaches g, before anything is written into views
+	// (a restore that fails publishes no half-built state): read up to
+	// g, no further (what the log holds after g does not matter).
+	sp, stop := cascade.ReachTo(dir, s.rank, regions, base, g)
 	if g > sp.To {
 		if stop == nil {
 			stop = errors.New("the log ends there")

@@ -2,11 +2,14 @@ package rank
 
 import (
 	"context"
+	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/gorun/gorun/durable"
+	"github.com/gorun/gorun/internal/difflog/difflogtest"
 )
 
 // TestRestoreFromDiskWhenHoldersLost: rank 0's host and its only
@@ -14,15 +17,19 @@ import (
 // and its new host rebuilds its state at G from the durable tier (the
 // committed base and its differentials on disk), bit for bit, and the
 // job goes on. When the disk does not reach G the restore fails, saying
-// why, as without a durable tier.
+// why, as without a durable tier. What the log holds after G does not
+// matter: a corrupt batch after G (left by a trim that failed) is never
+// opened.
 func TestRestoreFromDiskWhenHoldersLost(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		batch  int
 		drop   bool // the log loses its batches past the base
+		after  bool // a corrupt batch after G, which no trim removes
 		reason string
 	}{
 		{name: "the disk reaches G", batch: 1},
+		{name: "a corrupt batch after G", batch: 1, after: true},
 		{name: "the disk does not reach G", batch: 1, drop: true, reason: "can be rebuilt up to step 5, not 12"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -30,7 +37,14 @@ func TestRestoreFromDiskWhenHoldersLost(t *testing.T) {
 			holders := [][]int{{1}, {2}, {0}}
 			peers := func(int) []int { return []int{0, 1, 2} }
 			regions := []Region{diffRegions[0], diffRegions[2]} // no params: the disk can replay
-			c := newClusterWith(t, [][]int{{0}, {1}, {2}}, holders, peers, diffLogMod(dir, tc.batch))
+			mod := diffLogMod(dir, tc.batch)
+			if tc.after {
+				mod = func(c *HostConfig) {
+					diffLogMod(dir, tc.batch)(c)
+					c.DiffLog.Trim = func(int, int64) error { return errors.New("no trim (test)") }
+				}
+			}
+			c := newClusterWith(t, [][]int{{0}, {1}, {2}}, holders, peers, mod)
 			var rs []*diffRank
 			for r := range 3 {
 				dr, err := newDiffRankOf(t, c.hosts[r], r, 61, nil, regions)
@@ -57,6 +71,13 @@ func TestRestoreFromDiskWhenHoldersLost(t *testing.T) {
 				}
 			}
 			const g = 12
+			var opened func() []string
+			if tc.after {
+				if err := os.WriteFile(filepath.Join(dir, "r0", "diff.13-13"), []byte("not a batch"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				opened = difflogtest.WatchOpens(t, filepath.Join(dir, "r0"))
+			}
 			c.hosts[0].Close()
 			c.hosts[1].Close()
 			if err := c.hosts[2].Restart(1, g); err != nil {
@@ -93,6 +114,13 @@ func TestRestoreFromDiskWhenHoldersLost(t *testing.T) {
 				}
 				if err != nil || res.Step != g {
 					t.Fatalf("rank %d: restore %+v, %v", r, res, err)
+				}
+				if r == 0 && opened != nil {
+					for _, name := range difflogtest.BatchesOpened(opened()) {
+						if name == "diff.13-13" {
+							t.Errorf("rank 0's restore at %d opened %s", g, name)
+						}
+					}
 				}
 				again = append(again, nr)
 			}

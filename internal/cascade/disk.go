@@ -119,13 +119,24 @@ func tableHas(t []difflog.Region, name string) bool {
 // to the last of the differentials after base that follow one another
 // and verify (the Disk span of Avail). stop says why the differentials
 // stop where they do, nil if the log simply ends there (durable.ScanBatches'
-// stop: a gap, a corrupt batch; or a record that does not verify or is not
-// of the rank's layout). Reach reads the whole log, one batch at a time,
-// and keeps none of it. Reach does not check that the base loads (Load
-// does, reading every byte).
+// stop: a gap, a corrupt batch, a trim cut short; or a record that does
+// not verify or is not of the rank's layout). Reach reads the whole log,
+// one batch at a time, and keeps none of it. Reach does not check that
+// the base loads (Load does, reading every byte).
 func Reach(dir string, rank int, regions []durable.Region, base int64) (Span, error) {
+	return ReachTo(dir, rank, regions, base, math.MaxInt64)
+}
+
+// ReachTo is Reach reading the log no further than step upTo (≥ base):
+// the span ends at upTo at most, and stop is nil when it gets there. A
+// batch that begins after upTo is never opened (what is wrong there
+// does not matter); upTo's own batch is checked whole (see Load).
+func ReachTo(dir string, rank int, regions []durable.Region, base, upTo int64) (Span, error) {
+	if upTo < base {
+		return Span{base, base}, fmt.Errorf("cascade: rank %d: reach up to step %d, before the base %d", rank, upTo, base)
+	}
 	c := logCheck{regions: regions, next: base + 1}
-	stop := durable.ScanBatches(dir, rank, base, math.MaxInt64, func(recs []durable.Record) error {
+	stop := durable.ScanBatches(dir, rank, base, upTo, func(recs []durable.Record) error {
 		for _, dr := range recs {
 			if _, _, err := c.check(dr); err != nil {
 				return err
@@ -165,8 +176,12 @@ type Loaded struct {
 // released before the next is read; the other regions taken from
 // target's record, and every region checked against the CRC32Cs the
 // owner committed at target (the optimizer's only when the log is
-// lossless). The log is checked as far as it is read: a bad record
-// after target does not matter. On error dst holds partial data. The
+// lossless). The log is read up to target's batch: a batch that begins
+// after target is never opened, so nothing in it matters; target's own
+// batch is read and checked whole (every record's CRC32C, the records
+// after target too, which are not decoded): a record after target there
+// that does not verify makes Load fail (ErrDisk wrapping
+// durable.ErrCorrupt). On error dst holds partial data. The
 // optimizer's arrays in dst must be 4-byte aligned (slot memory and
 // make's are).
 func Load(ctx context.Context, dir string, rank int, regions []durable.Region, base, target int64, dst [][]byte, opt replay.ReplayOptions) (Loaded, error) {

@@ -290,6 +290,33 @@ func TestLoadRefuses(t *testing.T) {
 	})
 }
 
+// TestLoadBadRecordAfterTargetInItsBatch: a record after the target in
+// the target's own batch is checked (its CRC32C) with the rest of the
+// batch: one that does not verify fails Load, as Load's comment says.
+func TestLoadBadRecordAfterTargetInItsBatch(t *testing.T) {
+	o := difflogtest.NewOwner(11, 500, 1, replay.Options{Lossless: true}, false)
+	o.Advance(8)
+	dir := t.TempDir()
+	saveBase(t, dir, o, 0)
+	appendLog(t, dir, o, 1, 8, 4) // 1-4, 5-8
+	rs := regionsOf(o)
+	p := filepath.Join(dir, "r3", "diff.5-8")
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flip(t, p, fi.Size()-1) // step 8's record
+	if _, err := cascade.Load(context.Background(), dir, testRank, rs, 0, 6, buffers(rs), replay.ReplayOptions{}); !errors.Is(err, cascade.ErrDisk) || !errors.Is(err, durable.ErrCorrupt) {
+		t.Errorf("Load to 6: %v, want ErrDisk and durable.ErrCorrupt (step 8's record)", err)
+	}
+	dst := buffers(rs)
+	if _, err := cascade.Load(context.Background(), dir, testRank, rs, 0, 4, dst, replay.ReplayOptions{}); err != nil {
+		t.Errorf("Load to 4, before the batch: %v", err)
+	} else {
+		checkState(t, o, 4, dst)
+	}
+}
+
 func rm(t *testing.T, dir, name string) {
 	t.Helper()
 	if err := os.Remove(filepath.Join(dir, "r3", name)); err != nil {

@@ -1,19 +1,13 @@
-//go:build linux
-
 package cascade_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"syscall"
 	"testing"
-	"unsafe"
 
 	"github.com/gorun/gorun/durable"
 	"github.com/gorun/gorun/internal/cascade"
@@ -21,60 +15,11 @@ import (
 	"github.com/gorun/gorun/replay"
 )
 
-// watchOpens watches dir for files opened in it (inotify IN_OPEN) and
-// returns a function that returns the names opened since, in order.
-// Events are queued when a file is opened, so what a call that returned
-// opened is there at once.
-func watchOpens(t *testing.T, dir string) func() []string {
-	t.Helper()
-	fd, err := syscall.InotifyInit1(syscall.IN_NONBLOCK | syscall.IN_CLOEXEC)
-	if err != nil {
-		t.Fatalf("inotify: %v", err)
-	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if _, err := syscall.InotifyAddWatch(fd, dir, syscall.IN_OPEN); err != nil {
-		t.Fatalf("inotify %s: %v", dir, err)
-	}
-	return func() []string {
-		var names []string
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := syscall.Read(fd, buf)
-			if errors.Is(err, syscall.EAGAIN) {
-				return names
-			}
-			if err != nil {
-				t.Fatalf("inotify: %v", err)
-			}
-			for off := 0; off+syscall.SizeofInotifyEvent <= n; {
-				ev := (*syscall.InotifyEvent)(unsafe.Pointer(&buf[off]))
-				if ev.Mask&syscall.IN_Q_OVERFLOW != 0 {
-					t.Fatal("inotify: queue overflow")
-				}
-				name := buf[off+syscall.SizeofInotifyEvent : off+syscall.SizeofInotifyEvent+int(ev.Len)]
-				names = append(names, string(bytes.TrimRight(name, "\x00")))
-				off += syscall.SizeofInotifyEvent + int(ev.Len)
-			}
-		}
-	}
-}
-
-// batchesOpened returns the batch files (diff.*) among names.
-func batchesOpened(names []string) []string {
-	var out []string
-	for _, n := range names {
-		if strings.HasPrefix(n, "diff.") {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
 // TestLoadReadsUpToTarget: Load to a step inside the log (at and between
 // batch boundaries) gives the owner's state at it, as before, and opens
 // no batch file after it: one of garbage right after the target's batch
-// does not make it fail, while Reach, which reads the whole log, stops
-// there and says so.
+// does not make it fail, nor ReachTo the target, while Reach, which
+// reads the whole log, stops there and says so.
 func TestLoadReadsUpToTarget(t *testing.T) {
 	const base, reach, batch = 4, 28, 4 // batches 5-8, 9-12, ..., 25-28
 	o := difflogtest.NewOwner(21, 2000, 3, replay.Options{Lossless: true}, false)
@@ -94,7 +39,7 @@ func TestLoadReadsUpToTarget(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, "r3", garbage), []byte("not a batch"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			opened := watchOpens(t, filepath.Join(dir, "r3"))
+			opened := difflogtest.WatchOpens(t, filepath.Join(dir, "r3"))
 			dst := buffers(rs)
 			got, err := cascade.Load(context.Background(), dir, testRank, rs, base, target, dst, replay.ReplayOptions{})
 			if err != nil {
@@ -108,10 +53,21 @@ func TestLoadReadsUpToTarget(t *testing.T) {
 				t.Errorf("Load: %+v, want %d replayed, exact, Adam step %d", got, target-base, wantT)
 			}
 			checkState(t, o, target, dst)
-			for _, name := range batchesOpened(opened()) {
+			for _, name := range difflogtest.BatchesOpened(opened()) {
 				var a, b int64
 				if _, err := fmt.Sscanf(name, "diff.%d-%d", &a, &b); err != nil || a > target {
 					t.Errorf("Load to %d opened %s", target, name)
+				}
+			}
+
+			// Bounded to the target, Reach opens nothing after it either.
+			if sp, stop := cascade.ReachTo(dir, testRank, rs, base, target); sp != (cascade.Span{From: base, To: target}) || stop != nil {
+				t.Errorf("ReachTo %d: %+v, %v; want to %d, no stop", target, sp, stop, target)
+			}
+			for _, name := range difflogtest.BatchesOpened(opened()) {
+				var a, b int64
+				if _, err := fmt.Sscanf(name, "diff.%d-%d", &a, &b); err != nil || a > target {
+					t.Errorf("ReachTo %d opened %s", target, name)
 				}
 			}
 
@@ -123,48 +79,5 @@ func TestLoadReadsUpToTarget(t *testing.T) {
 				t.Errorf("Load to %d, inside the garbage: %v, want ErrDisk and durable.ErrCorrupt", after, err)
 			}
 		})
-	}
-}
-
-// TestReachAndLoadHoldOneBatch: Reach over a log of many batches, and
-// Load to its end, allocate about one batch's records, not the log's.
-func TestReachAndLoadHoldOneBatch(t *testing.T) {
-	const base, reach, batch = 2, 42, 4 // 10 batches
-	const n = 64 << 10                  // a record of about 256 KiB
-	o := difflogtest.NewOwner(22, n, 1, replay.Options{Lossless: true}, false)
-	o.Advance(reach)
-	rs := regionsOf(o)
-	dir := t.TempDir()
-	saveBase(t, dir, o, base)
-	appendLog(t, dir, o, base+1, reach, batch)
-	var one uint64 // the bytes of one batch
-	for s := int64(base + 1); s <= base+batch; s++ {
-		one += uint64(len(o.Encoded(s)))
-	}
-	allocs := func(f func()) uint64 {
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		f()
-		runtime.ReadMemStats(&after)
-		return after.TotalAlloc - before.TotalAlloc
-	}
-	dst := buffers(rs)
-	load := func(target int64) {
-		if _, err := cascade.Load(context.Background(), dir, testRank, rs, base, target, dst, replay.ReplayOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	baseOnly := allocs(func() { load(base) })
-	if got := allocs(func() { load(reach) }); got > baseOnly+2*one {
-		t.Errorf("Load of %d differentials in %d batches of %d KiB allocated %d KiB besides the base's %d KiB",
-			reach-base, (reach-base)/batch, one>>10, (got-baseOnly)>>10, baseOnly>>10)
-	}
-	checkState(t, o, reach, dst)
-	if got := allocs(func() {
-		if sp, stop := cascade.Reach(dir, testRank, rs, base); stop != nil || sp.To != reach {
-			t.Fatalf("Reach: %+v, %v", sp, stop)
-		}
-	}); got > 2*one {
-		t.Errorf("Reach over %d batches of %d KiB allocated %d KiB", (reach-base)/batch, one>>10, got>>10)
 	}
 }

@@ -113,3 +113,48 @@ func TestTrimBatchesReadsThePrefixOnly(t *testing.T) {
 		t.Errorf("after the trim: %d records, %v; want steps 1 to 3", len(recs), stop)
 	}
 }
+
+// TestTrimBatchesPrefixFromOtherBatches: the batch straddling the step
+// does not verify, and its prefix is read from the batches that hold
+// those steps (one scan call per batch, the records of each copied
+// before the next is read into the same buffers) and written as one.
+func TestTrimBatchesPrefixFromOtherBatches(t *testing.T) {
+	dir := t.TempDir()
+	rec := func(s int64) []byte { return bytes.Repeat([]byte{byte(s)}, 100) } // one size: one buffer reused
+	for _, b := range [][2]int64{{1, 4}, {5, 6}, {7, 8}, {5, 10}} {
+		var recs [][]byte
+		for s := b[0]; s <= b[1]; s++ {
+			recs = append(recs, rec(s))
+		}
+		if err := durable.AppendBatch(dir, 2, b[0], b[1], recs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := filepath.Join(dir, "r2", "diff.5-10")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-1] ^= 1
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := difflog.TrimBatches(dir, 2, 8); err != nil {
+		t.Fatal(err)
+	}
+	// The prefix written, read alone.
+	for _, name := range []string{"diff.5-6", "diff.7-8"} {
+		if err := os.Remove(filepath.Join(dir, "r2", name)); err != nil {
+			t.Fatalf("the trim removed %s: %v", name, err)
+		}
+	}
+	recs, stop := readLog(dir, 2, 0)
+	if stop != nil || len(recs) != 8 {
+		t.Fatalf("after the trim, the log without 5-6 and 7-8: %d records, %v; want steps 1 to 8", len(recs), stop)
+	}
+	for _, r := range recs {
+		if !bytes.Equal(r.Data, rec(r.Step)) {
+			t.Errorf("step %d: record %v..., want %v...", r.Step, r.Data[:4], rec(r.Step)[:4])
+		}
+	}
+}

@@ -65,10 +65,10 @@ type WriterConfig struct {
 	// Trim, if not nil, removes the records of the steps after its
 	// argument from disk (TrimBatches): the goroutine calls it when it
 	// applies a Reset, between Appends, before Reset returns. An error
-	// is logged (the log on disk may then hold steps of the history the
-	// restart discarded after its step: a recovery that replays them
-	// finds that the state they rebuild is not the one committed, and
-	// fails).
+	// is logged, and the batches go on: with TrimBatches, a trim that
+	// failed leaves its trim record (durable.TrimBatches), and readers
+	// end the log at its step, never reading the history the restart
+	// discarded, nor what is appended after, until a trim completes.
 	Trim func(after int64) error
 	// Log gets a warning per lost batch, at most one in a row until a
 	// batch is written again (nil: discarded).

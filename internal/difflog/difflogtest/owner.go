@@ -8,6 +8,7 @@ package difflogtest
 
 import (
 	"encoding/binary"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -96,6 +97,17 @@ func (o *Owner) meta(step int64) []byte {
 		b[i] = byte(o.rng.Uint32())
 	}
 	return b
+}
+
+// Branch returns an owner whose history is o's up to o's newest step,
+// and goes on from there with gradients of its own (drawn from seed): the
+// history of a run that resumed at that step, beside o's.
+func (o *Owner) Branch(seed uint64) *Owner {
+	b := *o
+	b.rng = rand.New(rand.NewPCG(seed, 0xd1ff))
+	b.enc = replay.Encoder{}
+	b.states, b.recs = maps.Clone(o.states), maps.Clone(o.recs)
+	return &b
 }
 
 // Step returns the owner's newest step.
