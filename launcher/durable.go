@@ -42,6 +42,15 @@ import (
 //     Only steps at or below G: a recovery resumes from G and forgets
 //     every rank's saves after it (rank/persist.go), so a commit past G
 //     could name a version no rank keeps;
+//   - at the end of the job the last decision is final (no report is
+//     taken in once the ranks ended): the OpExit that ends the agents
+//     carries D and X as last published (job.exitControl), and each
+//     agent's host applies them to its stores before it closes them
+//     (rank.Host.Close, bounded; a host that cannot says what it
+//     leaves), even if it never handled the G that carried them. So a
+//     job that ends well leaves the final commit record and nothing
+//     older it makes useless, and -v's footprint, printed after the
+//     agents exited, is what stays;
 //   - when G runs more than twice --ckpt-every ahead of the commit record,
 //     it says so, at most every durableWarnEvery, with what the ranks
 //     skipped and failed; with -v the end of the job reports every rank's

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -461,5 +462,47 @@ func TestDurableAbandons(t *testing.T) {
 		if d, x := lastX(); d != s.committed || x != s.x {
 			t.Fatalf("%s: published D %d, X %d; want %d and %d", s.name, d, x, s.committed, s.x)
 		}
+	}
+}
+
+// TestDurableExitCarriesLastCommit: the end of a job (issue 17's flaky
+// e2e): the last report of the ranks commits a step as they end, and the
+// OpExit that then ends the agents (finish) carries that D and X, as G
+// last published them, for an agent that exits before it handles that
+// G. Without a durable decision it carries none.
+func TestDurableExitCarriesLastCommit(t *testing.T) {
+	dir := t.TempDir()
+	j, published, _ := durableJob(t, dir)
+	if c := j.exitControl(); c.Op != wire.OpExit || c.D != nil || c.X != nil {
+		t.Fatalf("exit before any decision: %+v, want OpExit without D or X", c)
+	}
+	for _, u := range []*wire.UpProgress{
+		durableReport(0, 2, 2, 2, 0, 2),
+		durableReport(1, 2, 2, 2, 0, 2),
+		// The last report, as the ranks end: 4 committed.
+		durableReport(0, 4, 4, 4, 2, 4),
+		durableReport(1, 4, 4, 4, 2, 4),
+	} {
+		if err := j.prog.handle(u); err != nil {
+			t.Fatal(err)
+		}
+		j.durableProgress(u)
+	}
+	if c, err := durable.ReadCommitted(dir); err != nil || c != 4 {
+		t.Fatalf("commit record %d, %v; want 4", c, err)
+	}
+	last := (*published)[len(*published)-1]
+	c, err := wire.DecodeControl(wire.Marshal(j.exitControl()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Op != wire.OpExit || c.D == nil || c.X == nil || *c.D != 4 || *c.X != 4 || *c.D != *last.D || *c.X != *last.X {
+		v := func(p *int64) string {
+			if p == nil {
+				return "none"
+			}
+			return strconv.FormatInt(*p, 10)
+		}
+		t.Fatalf("exit %s with D %s, X %s; want OpExit with D 4 and X 4, as the last G (D %s, X %s)", c.Op, v(c.D), v(c.X), v(last.D), v(last.X))
 	}
 }

@@ -403,14 +403,16 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		j.cfg.running(j)
 	}
 	code = j.loop(ctx)
+	stopStarting()
+	j.finish()
+	// After the agents' exit: the durable tier's footprint is what stays,
+	// the last commit's reclamation done.
 	if j.verbose && j.prog.used() {
 		j.out.report("%s", j.prog.table(j.cfg.ProtectMode, j.cfg.Diff))
 		if j.dur != nil {
 			j.out.report("%s", j.durableTable())
 		}
 	}
-	stopStarting()
-	j.finish()
 	close(j.quit)
 	return code, nil
 }
@@ -1036,7 +1038,7 @@ func joinInts(xs []int) string {
 // finish tells the agents to exit, waits a bounded time for them, kills
 // those that stay, and waits for the launcher's goroutines.
 func (j *job) finish() {
-	j.broadcast(&wire.Control{Op: wire.OpExit})
+	j.broadcast(j.exitControl())
 	deadline := time.NewTimer(exitWait)
 	defer deadline.Stop()
 	pending := 0
@@ -1086,6 +1088,20 @@ func (j *job) finish() {
 			return
 		}
 	}
+}
+
+// exitControl is the OpExit that ends the agents. With a durable tier it
+// carries D and X as last published: the launcher decides nothing from
+// here on (no progress is taken in after the ranks ended), and an agent
+// that has not handled the G that carried them (it raced the exit: the
+// commit decided as the ranks ended) applies them before it closes its
+// stores (rank.Host.Close; bounded, the agent warns if it cannot).
+func (j *job) exitControl() *wire.Control {
+	c := &wire.Control{Op: wire.OpExit}
+	if j.dur != nil && j.prog != nil {
+		c.D, c.X = j.prog.durable()
+	}
+	return c
 }
 
 // started records how to reach and kill h's agent.

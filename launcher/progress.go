@@ -102,6 +102,15 @@ func (p *progress) global() *wire.GlobalStep {
 	return g
 }
 
+// durable returns the durable tier's D and X as last published (nil:
+// none), as GlobalStep carries them.
+func (p *progress) durable() (d, x *int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	g := p.global()
+	return g.D, g.X
+}
+
 // setDurable publishes d, the step of the durable tier's commit record
 // (nil: none yet), and x, its resolved step (d <= x <= G), with G.
 func (p *progress) setDurable(d *int64, x int64) {

@@ -614,10 +614,15 @@ func (h *Host) Progress() (uint64, []Progress) {
 
 // Close stops the host's state protection: pending requests fail, links
 // close, the replicas held are dropped and the slots unmapped. The slot
-// files stay (see RemoveFiles).
+// files stay (see RemoveFiles). With a durable tier it first waits, a
+// bounded time, for the newest watermark and resolved step published
+// (SetDurable) to be applied to every local store, which it then closes.
 func (h *Host) Close() error {
 	h.pmu.Lock() // no SetPlacement adds services meanwhile
 	defer h.pmu.Unlock()
+	// The durable tier's last watermark first (bounded): the stores
+	// close below.
+	h.persistFinish()
 	h.stop()
 	if h.cfg.Listener != nil {
 		h.cfg.Listener.Close()

@@ -711,6 +711,14 @@ type persistHost struct {
 	// rounds counts the loop's rounds that took a new watermark up,
 	// applied or not (tests wait for them).
 	rounds int
+	// doneD and doneX are the watermark and resolved step the loop
+	// applied whole (every local store reclaimed; -1: none), and
+	// roundDone is closed, and replaced, at the end of each of its
+	// rounds: Close waits on them (persistFinish). closing: Close is
+	// waiting (tests look).
+	doneD, doneX int64
+	roundDone    chan struct{}
+	closing      bool
 }
 
 // D returns the newest durable watermark (the job's commit record) the
@@ -769,8 +777,50 @@ func (h *Host) startPersist() {
 		return
 	}
 	h.dur.kick = make(chan struct{}, 1)
+	h.dur.doneD, h.dur.doneX = noStep, noStep
+	h.dur.roundDone = make(chan struct{})
 	h.wg.Add(1)
 	go h.persistLoop()
+}
+
+// persistCloseWait bounds how long Close waits for the host's loop to
+// apply the newest watermark and resolved step (persistFinish): below
+// the launcher's wait for its agents to exit (launcher.exitWait), which
+// kills those that stay.
+const persistCloseWait = 2 * time.Second
+
+// persistFinish waits, at most persistCloseWait, until the host's loop
+// has applied the newest watermark and resolved step published
+// (SetDurable) to every local store: the end of a job, where the
+// launcher's last commit reaches the host as it is told to exit
+// (wire.OpExit carries it), must not leave behind it the versions and
+// markers the commit record makes useless. Close calls it before it
+// stops the loop; a host that cannot (its stores slow or failing, its
+// own commit record not written) says what it leaves.
+func (h *Host) persistFinish() {
+	if !h.cfg.Persist.on() || h.dur.kick == nil {
+		return
+	}
+	timeout := time.NewTimer(persistCloseWait)
+	defer timeout.Stop()
+	for {
+		h.dur.mu.Lock()
+		h.dur.closing = true
+		d, x, doneD, doneX, round := h.dur.d, h.dur.x, h.dur.doneD, h.dur.doneX, h.dur.roundDone
+		h.dur.mu.Unlock()
+		if d <= doneD && x <= doneX {
+			return
+		}
+		select {
+		case <-round:
+		case <-timeout.C:
+			h.log.Warn("durable tier: closing before the last commit record was applied: this host's ranks may keep versions and markers it makes useless, and versions it abandoned, in the checkpoint directory (a --resume ignores them and frees them)",
+				"dir", h.cfg.Persist.Dir, "committed", d, "resolved", x, "applied", doneD, "applied resolved", doneX, "waited", persistCloseWait)
+			return
+		case <-h.life.Done():
+			return
+		}
+	}
 }
 
 // persistLoop applies each new watermark and resolved step: a commit
@@ -781,7 +831,8 @@ func (h *Host) startPersist() {
 // the ranks free nothing past the record the host's directory durably
 // holds (its version must stay, and the new record's too), and the
 // record is tried again every persistRetry, or at the next watermark. It
-// runs until the host stops.
+// runs until the host stops; Close first waits, bounded, for it to apply
+// the newest watermark (persistFinish).
 func (h *Host) persistLoop() {
 	defer h.wg.Done()
 	dir := h.cfg.Persist.Dir
@@ -841,6 +892,11 @@ func (h *Host) persistLoop() {
 		}
 		h.dur.mu.Lock()
 		h.dur.rounds++
+		if ok {
+			h.dur.doneD, h.dur.doneX = d, x
+		}
+		close(h.dur.roundDone)
+		h.dur.roundDone = make(chan struct{})
 		h.dur.mu.Unlock()
 		h.cfg.Changed()
 	}

@@ -443,6 +443,13 @@ func (a *agent) onControl(m *nats.Msg) (exit bool) {
 	}
 	if c.Op == wire.OpExit {
 		a.log.Info("exiting as told")
+		if a.prot != nil && (c.D != nil || c.X != nil) {
+			// The durable tier's last watermark and resolved step, whether
+			// or not the G that carried them was handled before: the
+			// host applies them (bounded) before it closes its stores
+			// (rank.Host.Close, when the protection closes).
+			a.prot.host.SetDurable(stepOr(c.D), stepOr(c.X))
+		}
 		return true
 	}
 	a.control(c)

@@ -119,6 +119,40 @@ func TestGWatermarkReachesHost(t *testing.T) {
 	}
 }
 
+// TestExitAppliesLastWatermark: the end of a job (issue 17's flaky
+// e2e): the launcher's last D and X come on OpExit, and the agent hands
+// them to its host as it exits, though it never handled the G that
+// carried them (injected: no G here); the host's Close then applies them
+// (rank: TestDurableCloseAppliesLastWatermark). An exit without them
+// leaves the host's alone.
+func TestExitAppliesLastWatermark(t *testing.T) {
+	a := &agent{cfg: Config{Job: "exitwm", Host: 0}, log: slog.New(slog.NewTextHandler(t.Output(), nil))}
+	h, err := rank.NewHost(rank.HostConfig{Job: "exitwm", Host: 0, Hosts: 1, HostOf: func(int) int { return 0 }, Log: a.log,
+		Persist: rank.PersistConfig{Dir: t.TempDir(), Every: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	a.prot = &protection{a: a, host: h}
+	d := func(v int64) *int64 { return &v }
+	for _, tc := range []struct {
+		c            wire.Control
+		wantD, wantX int64
+	}{
+		{wire.Control{Op: wire.OpExit}, -1, -1},
+		{wire.Control{Op: wire.OpExit, D: d(32), X: d(33)}, 32, 33},
+		{wire.Control{Op: wire.OpExit, D: d(36), X: d(36)}, 36, 36},
+		{wire.Control{Op: wire.OpExit}, 36, 36},
+	} {
+		if !a.onControl(&nats.Msg{Data: wire.Marshal(&tc.c)}) {
+			t.Fatalf("OpExit %+v: the agent does not exit", tc.c)
+		}
+		if d, x := h.D(), h.X(); d != tc.wantD || x != tc.wantX {
+			t.Fatalf("after OpExit with D %d, X %d: host's D = %d, X = %d; want %d and %d", stepOr(tc.c.D), stepOr(tc.c.X), d, x, tc.wantD, tc.wantX)
+		}
+	}
+}
+
 // TestDurableReport: a rank's durable progress reaches the launcher
 // whole.
 func TestDurableReport(t *testing.T) {

@@ -155,11 +155,16 @@ func FuzzDecodeControl(f *testing.F) {
 		if c.Grace < 0 {
 			t.Fatalf("accepted grace %v", c.Grace)
 		}
+		if (c.D != nil || c.X != nil) && c.Op != wire.OpExit ||
+			c.D != nil && (*c.D < 0 || *c.D > wire.MaxStep) || c.X != nil && (*c.X < 0 || *c.X > wire.MaxStep || c.D != nil && *c.D > *c.X) {
+			t.Fatalf("accepted durable steps %v, %v with %+v", c.D, c.X, c)
+		}
 	},
 		wire.Marshal(&wire.Control{Op: wire.OpSignal, Signal: 10}),
 		wire.Marshal(&wire.Control{Op: wire.OpStop, Signal: 15, Grace: 10 * time.Second}),
 		wire.Marshal(&wire.Control{Op: wire.OpKill}),
 		wire.Marshal(&wire.Control{Op: wire.OpExit}),
+		[]byte(`{"op":"exit","d":36,"x":40}`),
 		wire.Marshal(&wire.Control{Op: wire.OpRestart, Gen: 1, Epoch: 1, G: 41}),
 		[]byte(`{"op":"stop","sig":65}`),
 		[]byte(`{"op":"restart","gen":0,"g":3}`),

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -693,6 +694,9 @@ const (
 	// OpKill sends SIGKILL to every rank at once.
 	OpKill ControlOp = "kill"
 	// OpExit tells agents to clean up and exit; their ranks have ended.
+	// It carries the durable tier's last D and X (GlobalStep.D and X, as
+	// last published): an agent applies them before it closes its
+	// stores, whether or not the G that carried them reached it first.
 	OpExit ControlOp = "exit"
 	// OpRestart starts restart generation Gen: agents kill their ranks,
 	// discard protected steps after G, and start the ranks again in
@@ -724,6 +728,11 @@ type Control struct {
 	Ranks []int `json:"ranks,omitempty"`
 	// OpProbe only: the host asked.
 	Host int `json:"host,omitempty"`
+	// OpExit only: the durable tier's watermark and resolved step as the
+	// launcher last published them (GlobalStep.D and X; nil: none), its
+	// decisions being final once it tells the agents to exit. D <= X.
+	D *int64 `json:"d,omitempty"`
+	X *int64 `json:"x,omitempty"`
 }
 
 // DecodeControl decodes and validates a Control.
@@ -770,6 +779,12 @@ func DecodeControl(b []byte) (*Control, error) {
 	if c.Disk && c.Op != OpRestart || c.Ranks != nil && c.Op != OpReach {
 		return nil, malformed("control: %s with a roll-back's fields", c.Op)
 	}
+	if (c.D != nil || c.X != nil) && c.Op != OpExit {
+		return nil, malformed("control: %s with the durable tier's watermark", c.Op)
+	}
+	if c.D != nil && (*c.D < 0 || *c.D > MaxStep) || c.X != nil && (*c.X < 0 || *c.X > MaxStep || c.D != nil && *c.D > *c.X) {
+		return nil, malformed("control: exit with durable commit %v and resolved step %v", stepString(c.D), stepString(c.X))
+	}
 	return &c, nil
 }
 
@@ -799,4 +814,12 @@ func Marshal(v any) []byte {
 		panic(fmt.Sprintf("wire: marshal %T: %v", v, err))
 	}
 	return b
+}
+
+// stepString is *v in decimal, or "none" if v is nil.
+func stepString(v *int64) string {
+	if v == nil {
+		return "none"
+	}
+	return strconv.FormatInt(*v, 10)
 }

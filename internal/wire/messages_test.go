@@ -258,6 +258,8 @@ func TestDecodeControlRoundTrip(t *testing.T) {
 		{"signal 64", &wire.Control{Op: wire.OpSignal, Signal: 64}},
 		{"kill", &wire.Control{Op: wire.OpKill}},
 		{"exit", &wire.Control{Op: wire.OpExit}},
+		{"exit with the durable tier's last D and X", &wire.Control{Op: wire.OpExit, D: step(36), X: step(40)}},
+		{"exit with X alone", &wire.Control{Op: wire.OpExit, X: step(0)}},
 		{"probe", &wire.Control{Op: wire.OpProbe, Host: 7}},
 		{"probe of host 0", &wire.Control{Op: wire.OpProbe}},
 		{"restart from disk", &wire.Control{Op: wire.OpRestart, Gen: 2, Epoch: 2, G: 12, Disk: true}},
@@ -297,6 +299,11 @@ func TestDecodeControlRejects(t *testing.T) {
 		{"reach to a negative host", ctl(wire.Control{Op: wire.OpReach, Epoch: 1, G: 4, Ranks: []int{-1}})},
 		{"reach with a signal", ctl(wire.Control{Op: wire.OpReach, Epoch: 1, G: 4, Ranks: []int{0}, Signal: 9})},
 		{"kill from disk", ctl(wire.Control{Op: wire.OpKill, Disk: true})},
+		{"exit with D after X", ctl(wire.Control{Op: wire.OpExit, D: step(40), X: step(36)})},
+		{"exit with a negative D", []byte(`{"op":"exit","d":-1}`)},
+		{"exit with X past MaxStep", ctl(wire.Control{Op: wire.OpExit, X: step(wire.MaxStep + 1)})},
+		{"kill with D", ctl(wire.Control{Op: wire.OpKill, D: step(4)})},
+		{"restart with X", ctl(wire.Control{Op: wire.OpRestart, Gen: 1, Epoch: 1, G: 4, X: step(4)})},
 		{"restart with ranks", ctl(wire.Control{Op: wire.OpRestart, Gen: 1, Epoch: 1, G: 4, Ranks: []int{0}})},
 	})
 }
@@ -415,3 +422,6 @@ func TestDecodeProgressCodedBase(t *testing.T) {
 		})
 	}
 }
+
+// step returns a pointer to v.
+func step(v int64) *int64 { return &v }
