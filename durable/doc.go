@@ -136,7 +136,9 @@
 //     page-aligned, as are the chunks' offsets and lengths): no second
 //     copy into the page cache, no dirty pages left to write back; a
 //     file system that refuses it has the chunks written through the
-//     page cache;
+//     page cache, as do the saves after a caller waited for a save's
+//     copy (Store.CopyWaited: the copy into the page cache ends sooner
+//     than the device's writes);
 //  4. once every chunk is read it checks each region's CRC32C, combined
 //     from its chunks', against the caller's: a source overwritten while
 //     it was read fails the save here. Then it calls the caller's copied

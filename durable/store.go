@@ -41,7 +41,8 @@ type baseFile struct {
 	// direct is the same file opened with O_DIRECT, through which a
 	// Save writes its chunks (no copy into the page cache, no dirty
 	// pages for the kernel to write back: Store.writeData); nil where
-	// the file system refuses it (tmpfs). Immutable after Open.
+	// the file system refuses to open it so (tmpfs before Linux 6.6,
+	// some FUSE file systems). Immutable after Open.
 	direct *os.File
 
 	// Guarded by Store.mu.
@@ -106,7 +107,19 @@ type Store struct {
 	// buffered: the chunks are written through the page cache, not
 	// with O_DIRECT (set by tests, or once a direct write was refused).
 	buffered atomic.Bool
+
+	// cacheLeft (under mu) is how many of the next saves write their
+	// chunks through the page cache because a caller waited for a
+	// save's copy (CopyWaited); direct and cached count the saves
+	// written each way (the ones that got to their chunks).
+	cacheLeft      int
+	direct, cached atomic.Int64
 }
+
+// PageCacheSaves is how many saves, after a caller waited for a save to
+// have copied its source (Store.CopyWaited), write their chunks through
+// the page cache before the store goes back to O_DIRECT.
+const PageCacheSaves = 8
 
 // errCrash, returned by a test hook, stands for the process dying there.
 var errCrash = errors.New("durable: crashed here by the test hook")
@@ -361,11 +374,17 @@ func alignedBuf(n int) []byte {
 	return b[off : off+n : off+n]
 }
 
+// openDirectFile opens a base file for writing with O_DIRECT (a variable:
+// tests have it fail).
+var openDirectFile = func(p string) (*os.File, error) {
+	return os.OpenFile(p, os.O_WRONLY|syscall.O_DIRECT|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+}
+
 // openDirect opens the base file p for writing with O_DIRECT, or returns
 // nil where the file system refuses it (the chunks are then written
 // through the page cache).
 func (s *Store) openDirect(p string) *os.File {
-	f, err := os.OpenFile(p, os.O_WRONLY|syscall.O_DIRECT|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	f, err := openDirectFile(p)
 	if err != nil {
 		s.log.Debug("durable: no O_DIRECT on the base files: written through the page cache", "file", p, "err", err)
 		return nil
@@ -373,19 +392,28 @@ func (s *Store) openDirect(p string) *os.File {
 	return f
 }
 
+// directRefused reports whether err, from a write with O_DIRECT, says
+// the file system or the device does not take such writes (EINVAL:
+// another alignment wanted; EOPNOTSUPP, ENOTSUP, ENOSYS: not supported,
+// as some FUSE file systems say) rather than that the write failed
+// (ENOSPC, EIO: the version is abandoned).
+func directRefused(err error) bool {
+	return errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP) || errors.Is(err, unix.ENOSYS)
+}
+
 // writeData writes b, a chunk in memory from alignedBuf, at off in bf:
-// with O_DIRECT when the file system takes it, else through the page
-// cache. A direct write refused (EINVAL: the file system or the device
-// wants another alignment) is written through the page cache, as are
-// all the store's writes after it. Either way the bytes reach the disk
-// by the fdatasync of step 5 (which flushes the device's cache too).
-func (s *Store) writeData(bf *baseFile, b []byte, off int64) error {
-	if bf.direct != nil && !s.buffered.Load() {
+// with O_DIRECT when direct and the file system takes it, else through
+// the page cache. A direct write refused (directRefused) is written
+// through the page cache, as are all the store's writes after it. Either
+// way the bytes reach the disk by the fdatasync of step 5 (which flushes
+// the device's cache too).
+func (s *Store) writeData(bf *baseFile, b []byte, off int64, direct bool) error {
+	if direct && bf.direct != nil && !s.buffered.Load() {
 		err := s.at("direct", off)
 		if err == nil {
 			_, err = bf.direct.WriteAt(b, off)
 		}
-		if !errors.Is(err, unix.EINVAL) {
+		if !directRefused(err) {
 			return err
 		}
 		if !s.buffered.Swap(true) {
@@ -486,7 +514,7 @@ func (s *Store) Save(ctx context.Context, step int64, src [][]byte, sums []uint3
 		}
 	}
 	s.repair()
-	bf, version, err := s.take(step)
+	bf, version, direct, err := s.take(step)
 	if err != nil {
 		return err
 	}
@@ -503,7 +531,7 @@ func (s *Store) Save(ctx context.Context, step int64, src [][]byte, sums []uint3
 		s.inflight--
 		delete(s.steps, step)
 	}()
-	err = s.write(ctx, bf, step, version, src, sums, copied)
+	err = s.write(ctx, bf, step, version, direct, src, sums, copied)
 	if err != nil {
 		return fmt.Errorf("durable: rank %d: version %d of step %d abandoned: %w", s.rank, version, step, err)
 	}
@@ -584,33 +612,63 @@ func (s *Store) dropPending(drop func(pointer) bool) {
 // (or Reclaim rewrites it).
 var errBrokenHeader = errors.New("durable: the header's state on disk is unknown")
 
+// CopyWaited tells the store that its caller waited for a save to have
+// copied its source (Save's copied) before it could overwrite it: with
+// O_DIRECT that copy lasts as long as the device takes to write the
+// chunks. The next PageCacheSaves saves write their chunks through the
+// page cache, whose copy ends sooner (the kernel writes the pages back
+// meanwhile, and step 5's fdatasync waits for them), then the store goes
+// back to O_DIRECT; a wait meanwhile starts the count again.
+func (s *Store) CopyWaited() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cacheLeft == 0 {
+		s.log.Debug("durable: a save's copy was waited for: the next saves write through the page cache", "rank", s.rank, "saves", PageCacheSaves)
+	}
+	s.cacheLeft = PageCacheSaves
+}
+
+// Written returns how many saves wrote their chunks with O_DIRECT and how
+// many through the page cache (by how each began: a direct write refused
+// midway has the rest written through the page cache), of the ones that
+// got to their chunks.
+func (s *Store) Written() (direct, cached int64) {
+	return s.direct.Load(), s.cached.Load()
+}
+
 // take picks a free base file for a Save of step and hands out the
-// version's counter.
-func (s *Store) take(step int64) (*baseFile, uint64, error) {
+// version's counter, and says whether the save writes with O_DIRECT (not
+// while CopyWaited's count of page-cache saves lasts, which it counts
+// down).
+func (s *Store) take(step int64) (bf *baseFile, version uint64, direct bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
 	case s.closed:
-		return nil, 0, ErrClosed
+		return nil, 0, false, ErrClosed
 	case s.steps[step]:
-		return nil, 0, fmt.Errorf("durable: rank %d: a save of step %d is in flight already", s.rank, step)
+		return nil, 0, false, fmt.Errorf("durable: rank %d: a save of step %d is in flight already", s.rank, step)
 	case s.inflight >= s.n:
-		return nil, 0, fmt.Errorf("%w: rank %d: %d saves in flight (concurrency %d)", ErrBusy, s.rank, s.inflight, s.n)
+		return nil, 0, false, fmt.Errorf("%w: rank %d: %d saves in flight (concurrency %d)", ErrBusy, s.rank, s.inflight, s.n)
 	}
 	i := slices.IndexFunc(s.files, func(bf *baseFile) bool { return bf.state == fsFree })
 	if i < 0 {
-		return nil, 0, fmt.Errorf("%w: rank %d: none of its %d base files is free", ErrBusy, s.rank, len(s.files))
+		return nil, 0, false, fmt.Errorf("%w: rank %d: none of its %d base files is free", ErrBusy, s.rank, len(s.files))
 	}
-	bf := s.files[i]
+	bf = s.files[i]
+	direct = s.cacheLeft == 0
+	if !direct {
+		s.cacheLeft--
+	}
 	bf.state = fsInFlight
 	s.inflight++
 	s.steps[step] = true
 	s.counter++
-	return bf, s.counter, nil
+	return bf, s.counter, direct, nil
 }
 
 // write writes a version into bf, steps 2 to 6 of the package comment.
-func (s *Store) write(ctx context.Context, bf *baseFile, step int64, version uint64, src [][]byte, sums []uint32, copied func()) error {
+func (s *Store) write(ctx context.Context, bf *baseFile, step int64, version uint64, direct bool, src [][]byte, sums []uint32, copied func()) error {
 	l := s.lay
 	fd := int(bf.f.Fd())
 	// 2. The header as free, first of all.
@@ -626,7 +684,13 @@ func (s *Store) write(ctx context.Context, bf *baseFile, step int64, version uin
 		return err
 	}
 	// 3. The chunks.
-	table, err := s.writeChunks(ctx, bf, src)
+	direct = direct && bf.direct != nil && !s.buffered.Load()
+	if direct {
+		s.direct.Add(1)
+	} else {
+		s.cached.Add(1)
+	}
+	table, err := s.writeChunks(ctx, bf, src, direct)
 	if err != nil {
 		return err
 	}
@@ -696,9 +760,9 @@ func (s *Store) unwrite(bf *baseFile, err error) error {
 	return err
 }
 
-// writeChunks writes src's chunks into bf with s.writers goroutines and
-// returns the chunk table.
-func (s *Store) writeChunks(ctx context.Context, bf *baseFile, src [][]byte) ([]uint32, error) {
+// writeChunks writes src's chunks into bf with s.writers goroutines (with
+// O_DIRECT if direct: writeData) and returns the chunk table.
+func (s *Store) writeChunks(ctx context.Context, bf *baseFile, src [][]byte, direct bool) ([]uint32, error) {
 	l := s.lay
 	table := make([]uint32, l.chunks)
 	var next atomic.Int64
@@ -726,7 +790,7 @@ func (s *Store) writeChunks(ctx context.Context, bf *baseFile, src [][]byte) ([]
 				if err := s.at("chunk", k); err != nil {
 					return err
 				}
-				if err := s.writeData(bf, buf[:w], l.dataOff[r]+off); err != nil {
+				if err := s.writeData(bf, buf[:w], l.dataOff[r]+off, direct); err != nil {
 					return fmt.Errorf("writing chunk %d of %s: %w", k, bf.path, err)
 				}
 			}

@@ -3,6 +3,7 @@ package durable
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -310,30 +311,49 @@ func TestMarked(t *testing.T) {
 // overwrite its source (a rank's stage reuses the slot at once): the
 // version persisted is still the source's bytes as they were, whether
 // the chunks are written with O_DIRECT, through the page cache, or
-// through the page cache after the file system refused a direct write.
+// through the page cache after the file system refused direct writes
+// (from the first, or midway through the save, mixing both ways in one
+// version; with EINVAL or "not supported"; or by refusing to open the
+// files with O_DIRECT at all).
 func TestSaveSourceReleased(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		buffered bool // the store writes through the page cache from the start
-		refuse   bool // direct writes fail with EINVAL, as on a file system without O_DIRECT
+		name       string
+		buffered   bool  // the store writes through the page cache from the start
+		openRefuse bool  // opening the base files with O_DIRECT fails
+		refuseFrom int32 // direct writes from this one on (counted from 1) fail with refuse; 0: none
+		refuse     error
+		direct     bool // some chunks are written with O_DIRECT
 	}{
-		{"direct", false, false},
-		{"buffered", true, false},
-		{"refused", false, true},
+		{name: "direct", direct: true},
+		{name: "buffered", buffered: true},
+		{name: "open refused", openRefuse: true},
+		{name: "refused", refuseFrom: 1, refuse: unix.EINVAL},
+		{name: "refused midway", refuseFrom: 3, refuse: unix.EINVAL, direct: true},
+		{name: "not supported", refuseFrom: 1, refuse: unix.EOPNOTSUPP},
+		{name: "not supported midway", refuseFrom: 2, refuse: unix.ENOTSUP, direct: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := newDir(t, 1)
+			if tc.openRefuse {
+				open := openDirectFile
+				openDirectFile = func(string) (*os.File, error) { return nil, &fs.PathError{Op: "open", Path: "base", Err: unix.EINVAL} }
+				t.Cleanup(func() { openDirectFile = open })
+			}
 			s := openTest(t, dir, 0, Options{Writers: 2})
+			if !tc.openRefuse && s.files[0].direct == nil {
+				t.Skip("the test directory's file system refuses O_DIRECT")
+			}
 			s.buffered.Store(tc.buffered)
-			var refused atomic.Int32
-			if tc.refuse {
-				s.hook = func(p string, _ int64) error {
-					if p == "direct" {
-						refused.Add(1)
-						return unix.EINVAL
-					}
+			var tries, refused atomic.Int32
+			s.hook = func(p string, _ int64) error {
+				if p != "direct" {
 					return nil
 				}
+				if n := tries.Add(1); tc.refuseFrom > 0 && n >= tc.refuseFrom {
+					refused.Add(1)
+					return tc.refuse
+				}
+				return nil
 			}
 			src, sums := testData(testRegions, 0, 7)
 			err := s.Save(context.Background(), 7, src, sums, func() {
@@ -347,10 +367,101 @@ func TestSaveSourceReleased(t *testing.T) {
 				t.Fatalf("Save: %v", err)
 			}
 			checkLoad(t, dir, 0, 7)
-			if tc.refuse && (refused.Load() != 1 || !s.buffered.Load()) {
-				t.Errorf("%d direct writes refused, buffered %v: want one, then every write through the page cache", refused.Load(), s.buffered.Load())
+			if direct := tries.Load() - refused.Load(); tc.direct != (direct > 0) {
+				t.Errorf("%d chunks written with O_DIRECT, want some: %v", direct, tc.direct)
+			}
+			// Each writer may try a direct write before any sees the first
+			// refusal: one refusal at least, one per writer at most.
+			if n := refused.Load(); tc.refuseFrom > 0 && (n < 1 || n > int32(s.writers) || !s.buffered.Load()) {
+				t.Errorf("%d direct writes refused, buffered %v: want 1 to %d (one per writer at most), then every write through the page cache", n, s.buffered.Load(), s.writers)
+			}
+			if tc.openRefuse && (s.files[0].direct != nil || tries.Load() != 0) {
+				t.Errorf("O_DIRECT refused at open: the store tried %d direct writes", tries.Load())
 			}
 			checkVerify(t, dir)
 		})
+	}
+}
+
+// TestDirectWriteFails: a direct write that fails for another reason
+// than O_DIRECT itself (a full disk, an I/O error) abandons the version,
+// as a write through the page cache would: it is not written again
+// through the page cache, and the store keeps writing with O_DIRECT.
+func TestDirectWriteFails(t *testing.T) {
+	for _, errno := range []error{unix.ENOSPC, unix.EIO} {
+		t.Run(errno.Error(), func(t *testing.T) {
+			dir := newDir(t, 1)
+			s := openTest(t, dir, 0, Options{Writers: 2})
+			if s.files[0].direct == nil {
+				t.Skip("the test directory's file system refuses O_DIRECT")
+			}
+			s.hook = func(p string, _ int64) error {
+				if p == "direct" {
+					return errno
+				}
+				return nil
+			}
+			src, sums := testData(testRegions, 0, 7)
+			if err := s.Save(context.Background(), 7, src, sums, nil); !errors.Is(err, errno) {
+				t.Fatalf("Save with direct writes failing with %v: %v", errno, err)
+			}
+			if v := s.Versions(); len(v) != 0 || s.buffered.Load() {
+				t.Errorf("after a failed direct write: versions %+v, buffered %v; want none, false", v, s.buffered.Load())
+			}
+			s.hook = nil
+			save(t, s, 8)
+			checkLoad(t, dir, 0, 8)
+			if d, c := s.Written(); d != 2 || c != 0 {
+				t.Errorf("%d saves began with O_DIRECT, %d through the page cache; want 2, 0", d, c)
+			}
+		})
+	}
+}
+
+// TestCopyWaited: after a caller waited for a save's copy the next
+// PageCacheSaves saves write their chunks through the page cache (their
+// copy ends with the page cache's, not the device's writes); then the
+// store goes back to O_DIRECT. A wait during the page-cache saves starts
+// their count again.
+func TestCopyWaited(t *testing.T) {
+	dir := newDir(t, 1)
+	s := openTest(t, dir, 0, Options{})
+	if s.files[0].direct == nil {
+		t.Skip("the test directory's file system refuses O_DIRECT")
+	}
+	var tries atomic.Int32
+	s.hook = func(p string, _ int64) error {
+		if p == "direct" {
+			tries.Add(1)
+		}
+		return nil
+	}
+	step := int64(0)
+	saveHow := func(want string) {
+		t.Helper()
+		step++
+		before := tries.Load()
+		save(t, s, step)
+		checkLoad(t, dir, 0, step)
+		if _, err := s.Reclaim(step); err != nil {
+			t.Fatal(err)
+		}
+		if got := map[bool]string{true: "direct", false: "cached"}[tries.Load() > before]; got != want {
+			t.Fatalf("save %d written %s, want %s", step, got, want)
+		}
+	}
+	saveHow("direct")
+	s.CopyWaited()
+	for range PageCacheSaves - 1 {
+		saveHow("cached")
+	}
+	s.CopyWaited()
+	for range PageCacheSaves {
+		saveHow("cached")
+	}
+	saveHow("direct")
+	saveHow("direct")
+	if d, c := s.Written(); d != 3 || c != 2*PageCacheSaves-1 {
+		t.Errorf("Written = %d direct, %d cached; want 3, %d", d, c, 2*PageCacheSaves-1)
 	}
 }

@@ -28,9 +28,15 @@ import (
 //     (DurableProgress.HoldNS). The save reads the slot through readSlot,
 //     as the replicator's snapshots do: the slots stay mapped meanwhile.
 //     The store writes its chunks with O_DIRECT, each copied once from
-//     the slot, so the hold lasts about as long as the save's data
-//     writes; the next stage that overwrites the slot comes a step after
-//     the base step's commit, and waits only when a save takes longer.
+//     the slot, so the hold lasts as long as the save's chunk writes
+//     reach the device; the next stage that overwrites the slot comes a
+//     step after the base step's commit, and waits only when those
+//     writes take longer than that step (a slow disk, many ranks on
+//     one). A stage that waited has the rank's next saves write through
+//     the page cache (durable.Store.CopyWaited, for
+//     durable.PageCacheSaves saves, then O_DIRECT again): their holds
+//     end with the copy into the page cache, the kernel writing the
+//     pages back meanwhile.
 //   - Up to N saves are in flight per rank; a base due when N are, or
 //     when the store has no free base file (durable.ErrBusy), is skipped
 //     and counted: the durable tier fell behind. Any other error (a full
@@ -382,12 +388,20 @@ func (s *service) heldLocked() chan struct{} {
 
 // waitHold waits until no save reads the slot the next stage overwrites,
 // and returns how long that took; the wait ends early with an error when
-// ctx ends or the service stops.
+// ctx ends or the service stops. A wait has the rank's next saves write
+// through the page cache (durable.Store.CopyWaited): their holds end
+// with the copy into the page cache, not the device's writes.
 func (s *service) waitHold(ctx context.Context) (time.Duration, error) {
 	var waited time.Duration
 	defer func() {
 		if waited > 0 {
 			s.dur.holdNS.Add(int64(waited))
+			s.dur.mu.Lock()
+			st := s.dur.store
+			s.dur.mu.Unlock()
+			if st != nil {
+				st.CopyWaited()
+			}
 		}
 	}()
 	for {

@@ -646,8 +646,9 @@ func TestDurableLocalCommitFails(t *testing.T) {
 }
 
 // TestDurableSlotReusedAfterHold: once a save has read its slot the hold
-// ends and the next stage overwrites the slot while the save is still
-// writing (its data, its table, its syncs): what the save persists is
+// ends and the next stage overwrites the slot while the save is still at
+// work (its chunks written, with O_DIRECT or into the page cache; its
+// table, its syncs and its header to come): what the save persists is
 // still the step it was given, bit for bit. The save of step 0 is paused
 // right after it read the slot; step 1 commits beside it, step 2 is
 // staged into step 0's slot and filled, then the save goes on.
@@ -678,4 +679,40 @@ func TestDurableSlotReusedAfterHold(t *testing.T) {
 	close(resume)
 	r.durableWhen("the save of step 0", func(d *DurableProgress) bool { return len(d.Markers) == 1 })
 	r.checkLoad(0)
+}
+
+// TestDurableWaitThenPageCache: a stage that had to wait for a save's
+// hold (the save's chunk writes slow, as on a slow disk or many ranks per
+// disk) has the rank's next saves write through the page cache, whose
+// copy ends the hold sooner (durable.Store.CopyWaited). The save of step
+// 0 lets go of its slot only once the stage of step 2 waits for it.
+func TestDurableWaitThenPageCache(t *testing.T) {
+	var r *persistRig
+	setSaveHook(t, func(ctx context.Context, st *durable.Store, step int64, src [][]byte, sums []uint32, copied func()) error {
+		if step != 0 {
+			return st.Save(ctx, step, src, sums, copied)
+		}
+		return st.Save(ctx, step, src, sums, func() {
+			// Slow writes: the copy ends once the stage of step 2 waits.
+			r.c.waitFor("the stage of step 2 to wait for the save of step 0", func() bool { return r.h.svc(0).dur.waiting.Load() == 1 })
+			copied()
+		})
+	})
+	r = newPersistRig(t, PersistConfig{Every: 2, Concurrency: 1})
+	st := r.h.svc(0).dur.store
+	r.step(0)
+	r.step(1)
+	r.stage(2) // waits for the hold of step 0's slot
+	r.c.waitFor("the save of step 0", r.h.svc(0).dur.idle)
+	r.commit(2)
+	r.durableWhen("the saves of steps 0 and 2", func(d *DurableProgress) bool { return len(d.Markers) == 2 })
+	d := r.c.progress(0).Durable
+	if d.HoldNS <= 0 {
+		t.Fatalf("durable progress %+v: want a hold wait", d)
+	}
+	if direct, cached := st.Written(); direct != 1 || cached != 1 {
+		t.Fatalf("%d saves written with O_DIRECT, %d through the page cache; want step 0's direct, step 2's (after the wait) cached", direct, cached)
+	}
+	r.checkLoad(0)
+	r.checkLoad(2)
 }

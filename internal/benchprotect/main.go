@@ -365,6 +365,10 @@ type runResult struct {
 	sources []string
 	wall    time.Duration
 	durable *durableTable // gorun -v's durable tier report (with -ckpt)
+	// span is the time from step 0's line (or the first one printed) to
+	// the last step's, warm-up included: the steps whose stages the
+	// durable tier's wait counts.
+	span time.Duration
 }
 
 // runOnce runs dptrain once under gorun on the namespace hosts, with
@@ -479,6 +483,12 @@ func (b *bench) runOnce(ctx context.Context, v *variant, mode string, red topolo
 	}
 	if r.wire, err = wirePerStep(res.stepWire, cfg.warmup, total-1); err != nil {
 		return fail(err)
+	}
+	for s := range cfg.warmup { // step 0's line, or the first there is
+		if a, ok := res.stepAt[s]; ok {
+			r.span = res.stepAt[total-1].Sub(a)
+			break
+		}
 	}
 	if cfg.stepTimes {
 		fmt.Fprintf(b.log, "benchprotect: %s, protection %q: timed steps (ms):", v.name, mode)

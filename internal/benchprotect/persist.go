@@ -189,20 +189,36 @@ func medianF(xs []float64) float64 {
 	return (s[n/2-1] + s[n/2]) / 2
 }
 
-// afterBase is how many steps after a base step count as its window:
-// the save starts when the base step commits, and its copies, CRCs and
-// writes fall in the steps that follow.
-const afterBase = 3
+// baseWindow returns how many steps after a base step count as its
+// window: the save starts when the base step commits, and its copies,
+// CRCs and writes fall in the steps that follow, as many as its write
+// time spans (ceil(write/step), plus the base step's next one, in which
+// the save starts), at most every-1 so that steps outside the windows
+// remain. cut says the write time spans more steps than that: a slowdown
+// past the window falls among the other steps, and B understates it.
+func baseWindow(write, step time.Duration, every int) (after int, cut bool) {
+	after = 1
+	if step > 0 {
+		after = int((write+step-1)/step) + 1
+	}
+	if after > every-1 {
+		return every - 1, true
+	}
+	return after, false
+}
 
 // windowExcess compares, within one run, the steps in the windows after
-// base steps (steps s+1 to s+afterBase for every base step s with its
-// whole window timed) with the other timed steps: their mean step times'
-// ratio, minus 1. first is the step of steps[0]. The same figure of a
-// run without the durable tier (whose "base steps" are only positions)
-// is the noise floor; the difference, times the windows' share of the
-// steps, is the step-time overhead attributable to the saves, measured
-// within runs, free of the drift between runs.
-func windowExcess(steps []time.Duration, first, every int) (excess, share float64) {
+// base steps (steps s+1 to s+after for every base step s with its whole
+// window timed) with the other timed steps: it returns the ratio of
+// their mean step times (1: no difference) and the windows' share of the
+// steps, with ok false when the run has no whole window or no other step
+// to compare (too few steps, or windows that cover them all). first is
+// the step of steps[0]. The same figure of a run without the durable
+// tier (whose "base steps" are only positions) is the noise floor; the
+// difference of the two ratios, times the windows' share of the steps,
+// is the step-time overhead attributable to the saves, measured within
+// runs, free of the drift between runs.
+func windowExcess(steps []time.Duration, first, every, after int) (ratio, share float64, ok bool) {
 	var in, out time.Duration
 	var nIn, nOut int
 	last := first + len(steps) - 1
@@ -211,10 +227,10 @@ func windowExcess(steps []time.Duration, first, every int) (excess, share float6
 		base := (s - 1) / every * every // the newest base step before s
 		k := s - base
 		switch {
-		case base >= first-1 && k >= 1 && k <= afterBase && base+afterBase <= last:
+		case base >= first-1 && k >= 1 && k <= after && base+after <= last:
 			in += d
 			nIn++
-		case k >= 1 && k <= afterBase && (base < first-1 || base+afterBase > last):
+		case k >= 1 && k <= after && (base < first-1 || base+after > last):
 			// A window cut off by the run's ends: in neither.
 		default:
 			out += d
@@ -222,18 +238,36 @@ func windowExcess(steps []time.Duration, first, every int) (excess, share float6
 		}
 	}
 	if nIn == 0 || nOut == 0 {
-		return 0, 0
+		return 0, 0, false
 	}
-	return float64(in) / float64(nIn) / (float64(out) / float64(nOut)), float64(nIn) / float64(nIn+nOut)
+	return float64(in) / float64(nIn) / (float64(out) / float64(nOut)), float64(nIn) / float64(nIn+nOut), true
+}
+
+// attribution is figure B of one round.
+type attribution struct {
+	q     float64 // the overhead attributed to the saves' windows
+	after int     // the window's steps after a base
+	ok    bool    // false: the run cannot be judged so (windowExcess)
+	cut   bool    // the save's write time outlasts the window (baseWindow)
 }
 
 // attributed is the overhead the saves' windows show in r over base,
-// each measured within its run (windowExcess).
-func (b *bench) attributed(r, base *runResult) float64 {
+// each measured within its run (windowExcess), with windows sized from
+// r's write time per base and mean step time (baseWindow); base's
+// windows are the same steps.
+func (b *bench) attributed(r, base *runResult) attribution {
 	cfg := &b.cfg
-	ew, share := windowExcess(r.steps, cfg.warmup, cfg.ckptEvery)
-	eb, _ := windowExcess(base.steps, cfg.warmup, cfg.ckptEvery)
-	return (ew - eb) * share
+	var write time.Duration
+	if r.durable != nil {
+		write = r.durable.writePerSave
+	}
+	after, cut := baseWindow(write, mean(r.steps), cfg.ckptEvery)
+	ew, share, okw := windowExcess(r.steps, cfg.warmup, cfg.ckptEvery, after)
+	eb, _, okb := windowExcess(base.steps, cfg.warmup, cfg.ckptEvery, after)
+	if !okw || !okb {
+		return attribution{after: after, cut: cut}
+	}
+	return attribution{q: (ew - eb) * share, after: after, ok: true, cut: cut}
 }
 
 // persistReport prints a column per concurrency beside the runs without
@@ -277,23 +311,32 @@ func (b *bench) persistReport(v *variant, warm *runResult, bases []*runResult, r
 		}
 		return qs
 	}
-	attributed := func(rs []*runResult) []float64 {
-		qs := make([]float64, len(rs))
+	attributions := func(rs []*runResult) []attribution {
+		as := make([]attribution, len(rs))
 		for i, r := range rs {
-			qs[i] = b.attributed(r, bases[i])
+			as[i] = b.attributed(r, bases[i])
 		}
-		return qs
+		return as
+	}
+	// attributed returns the rounds' B that can be judged, and whether
+	// any round's window was cut short of its save's write time.
+	attributed := func(rs []*runResult) (qs []float64, cut bool) {
+		for _, a := range attributions(rs) {
+			if a.ok {
+				qs = append(qs, a.q)
+			}
+			cut = cut || a.cut
+		}
+		return qs, cut
 	}
 	waits := func(rs []*runResult) []float64 {
-		// The stages' wait for the slot (rank mean) over the run's
-		// timed steps' total time.
+		// The stages' wait for the slot (rank mean), counted over the
+		// whole run, over the time of the same steps: from step 0's line
+		// to the last's (warm-up included; no stage before step 0's
+		// commit waits for a save).
 		qs := make([]float64, len(rs))
 		for i, r := range rs {
-			var total time.Duration
-			for _, d := range r.steps {
-				total += d
-			}
-			qs[i] = float64(r.durable.holdTotal) / float64(total)
+			qs[i] = float64(r.durable.holdTotal) / float64(r.span)
 		}
 		return qs
 	}
@@ -306,9 +349,31 @@ func (b *bench) persistReport(v *variant, warm *runResult, bases []*runResult, r
 	})
 	row("A. with / without - 1, each round (paired)", func(_ int, rs []*runResult) string { return pct(overheads(rs)) })
 	row("   median (min..max)", func(_ int, rs []*runResult) string { return spread(overheads(rs)) })
-	row(fmt.Sprintf("B. steps after a base (%d) vs others, each round", afterBase), func(_ int, rs []*runResult) string { return pct(attributed(rs)) })
-	row("   median (min..max)", func(_ int, rs []*runResult) string { return spread(attributed(rs)) })
-	row("C. stages' wait / step time, each round", func(_ int, rs []*runResult) string { return pct(waits(rs)) })
+	row("B. steps after a base vs others, each round", func(_ int, rs []*runResult) string {
+		return each(rs, func(r *runResult) string {
+			a := b.attributed(r, bases[slices.Index(rs, r)])
+			if !a.ok {
+				return "n/a"
+			}
+			return fmt.Sprintf("%+.1f", 100*a.q)
+		}) + " %"
+	})
+	row("   median (min..max)", func(_ int, rs []*runResult) string {
+		if qs, _ := attributed(rs); len(qs) > 0 {
+			return spread(qs)
+		}
+		return "cannot judge"
+	})
+	row("   window: steps after a base, each round", func(_ int, rs []*runResult) string {
+		return each(rs, func(r *runResult) string {
+			a := b.attributed(r, bases[slices.Index(rs, r)])
+			if a.cut {
+				return fmt.Sprintf("%d(cut)", a.after)
+			}
+			return strconv.Itoa(a.after)
+		})
+	})
+	row("C. stages' wait / run's step time, each round", func(_ int, rs []*runResult) string { return pct(waits(rs)) })
 	row("slowest step, without / with (last round)", func(_ int, rs []*runResult) string {
 		return fmt.Sprintf("%.0f / %.0f ms", float64(slices.Max(bases[len(bases)-1].steps))/1e6, float64(slices.Max(rs[len(rs)-1].steps))/1e6)
 	})
@@ -337,18 +402,28 @@ func (b *bench) persistReport(v *variant, warm *runResult, bases []*runResult, r
 			cfg.ckpt[0], msf(mean(warm.steps)), msf(warm.durable.writePerSave), msf(warm.durable.holdTotal))
 	}
 	fmt.Fprintf(&sb, "A is the whole run's step time over the run without the durable tier of the same round: it carries the drift between runs on a shared box.\n"+
-		"B is measured within each run: the mean of the %d steps after each base over the other steps', less the same figure of the run without the\n"+
-		"durable tier of the round, times the windows' share of the steps; C is the part of the step time the stages spent waiting for a save to read its slot.\n", afterBase)
-	for i, rs := range runs {
-		a, bq := medianF(overheads(rs)), medianF(attributed(rs))
-		verdict := func(q float64) string {
-			if q > persistTarget {
-				return "MISSED"
-			}
-			return "met"
+		"B is measured within each run: the mean of the steps after each base (its window: as many as the save's write time per base spans, plus one,\n"+
+		"at most -ckpt-every - 1; \"cut\" when the write outlasts that) over the other steps', less the same figure of the run without the durable tier of\n"+
+		"the round, times the windows' share of the steps (n/a: no whole window or no other step to compare); C is the part of the run's step time,\n"+
+		"warm-up included, the stages spent waiting for a save to read its slot.\n")
+	verdict := func(q float64) string {
+		if q > persistTarget {
+			return "MISSED"
 		}
-		fmt.Fprintf(&sb, "target: step-time overhead <= %.0f%% (PCcheck, a checkpoint every 10 steps), %s, --ckpt-concurrency %s: A (paired, median of %d) %+.1f%% %s; B (within runs, median) %+.1f%% %s\n",
-			100*persistTarget, v.name, cfg.ckpt[i], len(rs), 100*a, verdict(a), 100*bq, verdict(bq))
+		return "met"
+	}
+	for i, rs := range runs {
+		a := medianF(overheads(rs))
+		bs := "cannot judge (no round with a whole window and other steps)"
+		if qs, cut := attributed(rs); len(qs) > 0 {
+			bq := medianF(qs)
+			bs = fmt.Sprintf("%+.1f%% %s", 100*bq, verdict(bq))
+			if cut {
+				bs += " (a window shorter than the save's write time: B may understate)"
+			}
+		}
+		fmt.Fprintf(&sb, "target: step-time overhead <= %.0f%% (PCcheck, a checkpoint every 10 steps), %s, --ckpt-concurrency %s: A (paired, median of %d) %+.1f%% %s; B (within runs, median) %s\n",
+			100*persistTarget, v.name, cfg.ckpt[i], len(rs), 100*a, verdict(a), bs)
 	}
 	fmt.Fprint(b.out, sb.String())
 }
