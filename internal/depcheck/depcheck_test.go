@@ -31,10 +31,12 @@ var allowed = map[string][]string{
 	// their bases there, and the launcher writes the job's manifest and
 	// commit record. The differential log on disk (internal/difflog) is
 	// the service side's too; internal/cascade decides and does the
-	// retrieval cascade, for the agents and the launcher.
+	// retrieval cascade, for the agents and the launcher; it checks the
+	// differential records' optimizer layout (a diffstore.Optimizer, the
+	// type difflog's records carry) from one record to the next.
 	"rank":             {"ckpt", "durable", "replay", "comm", "internal/wire", "topology", "internal/diffstore", "internal/difflog", "internal/cascade"},
 	"internal/difflog": {"ckpt", "replay", "internal/diffstore", "durable"},
-	"internal/cascade": {"durable", "internal/difflog", "replay"},
+	"internal/cascade": {"durable", "internal/difflog", "internal/diffstore", "replay"},
 	"internal/agent":   {"rank", "ckpt", "comm", "gpu", "topology", "internal/wire", "replay", "durable", "internal/cascade"},
 	"launcher":         {"topology", "comm", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire", "internal/cascade"},
 }
