@@ -119,7 +119,7 @@ func TestRandomEvents(t *testing.T) {
 	// Not fewer under -short: 50 runs roll nothing back (and the whole
 	// test takes well under a second).
 	runs, steps := 400, 300
-	published, ecRuns, rollbacks, ecRollbacks := 0, 0, 0, 0
+	published, ecRuns, rollbacks, ecRollbacks, diffECRollbacks := 0, 0, 0, 0, 0
 	for seed := range runs {
 		rng := rand.New(rand.NewPCG(uint64(seed), 7))
 		c, ok := randomConfig(rng)
@@ -130,6 +130,9 @@ func TestRandomEvents(t *testing.T) {
 		// reach the loop below gives when asked (GatherReach): the
 		// random events' sequence is the same either way.
 		c.Durable = seed%2 == 0
+		// Under EC, half the runs of each kind in diff mode (its
+		// roll-back restarts the base schedule from T).
+		c.Diff = c.EC != nil && seed%4 < 2
 		m, err := New(c)
 		if err != nil {
 			t.Fatalf("seed %d: New: %v", seed, err)
@@ -231,14 +234,17 @@ func TestRandomEvents(t *testing.T) {
 						t.Fatalf("%s: restart after an abort", where)
 					}
 				case GatherReach:
-					if !c.Durable || c.EC != nil && c.Diff {
-						t.Fatalf("%s: %v without a durable tier, or in diff mode under EC", where, a)
+					if !c.Durable {
+						t.Fatalf("%s: %v without a durable tier", where, a)
 					}
 					gather = &a
 				case RollbackToDisk:
 					rollbacks++
 					if c.EC != nil {
 						ecRollbacks++
+						if c.Diff {
+							diffECRollbacks++
+						}
 					}
 					// Its restart, the epoch at G = T and a plan with
 					// every rank from its own slot follow.
@@ -281,7 +287,10 @@ func TestRandomEvents(t *testing.T) {
 	if ecRollbacks == 0 {
 		t.Fatal("no run rolled back to disk under erasure coding: the test exercises none of it")
 	}
-	t.Logf("%d epochs published, %d runs with erasure coding, %d roll-backs to disk (%d under erasure coding)", published, ecRuns, rollbacks, ecRollbacks)
+	if diffECRollbacks == 0 {
+		t.Fatal("no run rolled back to disk in diff mode under erasure coding: the test exercises none of it")
+	}
+	t.Logf("%d epochs published, %d runs with erasure coding, %d roll-backs to disk (%d under erasure coding, %d of them in diff mode)", published, ecRuns, rollbacks, ecRollbacks, diffECRollbacks)
 }
 
 // groupBurst returns the events of a loss of M+1 live hosts of a random

@@ -33,9 +33,18 @@ import (
 // rows and clear copies the survivors keep are of later steps (a restart
 // to T empties the rows of steps after T, rank.Host.Restart), so every
 // owner re-encodes its shares of T from its reloaded slot and the rows
-// count again once it reports Replicated, as after any splice. Diff mode
-// under erasure coding stops as before: its coded base H and the logs of
-// differentials after it would have to move back to T too.
+// count again once it reports Replicated, as after any splice.
+//
+// In diff mode under erasure coding the base schedule restarts from T:
+// T is b_0, as the first committed step is at the job's start, H goes
+// back to -1 (the launcher's and every host's, rank.Host.RollBack) and
+// every owner codes T again in the new placement. So at T every clear
+// copy, parity share, log copy and retained snapshot is missing, and the
+// caller reports Replicated only once H reached T and every rank coded
+// its base there in the roll-back's epoch (ecdiff.go's rule for a
+// splice, with G = T): until then a loss that memory cannot serve rolls
+// back again. Nothing of the old schedule (its bases, their shares, the
+// logs after them) is named by H again.
 
 // GatherReach: epoch Epoch's ranks (RankHost of the Splice before it)
 // must be rolled back to the durable tier: ask every host with ranks for
@@ -100,18 +109,7 @@ type rollback struct {
 // canRollback reports whether a loss that memory cannot serve can be
 // rolled back to the durable tier instead of stopping the job.
 func (m *Machine) canRollback() bool {
-	return m.cfg.Durable && m.disk >= 0 && m.g >= 0 && !m.diffEC()
-}
-
-// noRollback says, after an unrecoverable loss's reason, why a job with a
-// durable tier stops rather than rolling back: in diff mode under EC it
-// does not (canRollback). Otherwise "".
-func (m *Machine) noRollback() string {
-	if !m.cfg.Durable || !m.diffEC() {
-		return ""
-	}
-	return "; --ckpt-dir is set, but a job in diff mode under erasure coding does not roll back to it " +
-		"(its coded base and the logs of differentials after it would have to move back too)"
+	return m.cfg.Durable && m.disk >= 0 && m.g >= 0
 }
 
 // lostState names the first rank whose state at G no memory tier holds
@@ -216,6 +214,16 @@ func (m *Machine) onDiskReach(e DiskReach) {
 				m.setShare(o, j, false)
 			}
 		}
+		if m.diffEC() {
+			// The schedule restarts from T: no log copy or retained
+			// snapshot holds anything of it yet.
+			for i := range m.logs[o] {
+				m.setLog(o, i, false)
+			}
+			if len(m.holders[o]) == 0 {
+				m.setRetained(o, false)
+			}
+		}
 	}
 	sources := make([]Source, len(m.rankHost))
 	for r, h := range m.rankHost {
@@ -241,9 +249,12 @@ func (m *Machine) onDiskReach(e DiskReach) {
 			}
 		}
 		m.announced = true
-		if m.ec != nil {
+		switch {
+		case m.diffEC():
+			m.report("under-protected: %d optimizer shards have no coded base (ec:%d+%d) of step %d until every rank codes it again (the base schedule restarts there); %s", len(owners), m.ec.k, m.ec.m, t, m.ecReport())
+		case m.ec != nil:
 			m.report("under-protected: %d optimizer shards have no clear copy or parity share (ec:%d+%d) of step %d until they are encoded again; %s", len(owners), m.ec.k, m.ec.m, t, m.ecReport())
-		} else {
+		default:
 			m.report("under-protected: %d optimizer shards have no copy of step %d until it is re-sent", len(owners), t)
 		}
 		m.emit(UnderProtected{Owners: owners})

@@ -11,11 +11,9 @@ import (
 // before otherwise. After the roll-back every clear copy and parity share
 // is missing until its owner reports Replicated (encoded again from T),
 // and the next loss within M is restored from memory (a decode), not
-// rolled back.
+// rolled back. In diff mode under EC likewise: the base schedule
+// restarts from T, and every log copy is missing at T too.
 func TestRollbackEC(t *testing.T) {
-	// The words of a stop in diff mode under EC with --ckpt-dir.
-	const diffECNoRollback = "--ckpt-dir is set, but a job in diff mode under erasure coding does not roll back to it " +
-		"(its coded base and the logs of differentials after it would have to move back too)"
 	const hosts = "config hosts=h0,h1,h2,h3,s0,s1,s2,s3 spares=s0,s1,s2,s3 world=4 ec=2+2"
 	lose3 := []string{
 		"event g g=13 at=1s",
@@ -147,14 +145,55 @@ func TestRollbackEC(t *testing.T) {
 			},
 		},
 		{
-			// It says why a job with --ckpt-dir stops.
-			name:  "diff mode under EC: stops",
+			// Diff mode: the base schedule restarts from T; every
+			// clear copy, share, log copy and retained snapshot is
+			// missing until the caller reports Replicated (once H
+			// reached T, every rank coded there).
+			name:  "diff mode: more than M lost rolls back",
 			setup: hosts + " durable diff",
 			steps: []step{
 				{cmd: "event committed step=8 at=1s"},
 				{cmd: lose3[0]}, {cmd: lose3[1]}, {cmd: lose3[2]},
-				{cmd: lose3[3], want: []string{"abort code=1", "unrecoverable", "(I3); " + diffECNoRollback + "; stopping the job"},
-					wantNot: []string{"gather-reach"}},
+				{cmd: lose3[3], want: []string{
+					"rank 0's state at step 13 is lost with hosts h0, h1, h2 (fewer than 2 of the 4 shards of its stripe of erasure-coding group 0 left)",
+					"rolling the job back to --ckpt-dir (commit record at step 8)",
+					"gather-reach epoch=3 base=8",
+				}, wantNot: []string{"abort"}},
+				{cmd: "event disk-reach t=12 at=3s state", want: []string{
+					"rolling the job back to step 12 from --ckpt-dir (1 step lost)",
+					"rollback-to-disk gen=3 epoch=3 t=12 from=13",
+					"restart gen=3 epoch=3 from=12",
+					"publish epoch=3 g=12 table=s0:0 s1:1 s2:2 h3:3 holders=0:- 1:0 2:- 3:2 ec=0:d=s0+s2,p=s1+h3 logs=0:1,3 1:2 2:1,3 3:0",
+					"restore epoch=3 g=12 local=0-3",
+					"under-protected: 4 optimizer shards have no coded base (ec:2+2) of step 12 until every rank codes it again (the base schedule restarts there); erasure-coding group 0 (hosts s0,s1,s2,h3) survives no more host loss, not 2 (ranks 0-3 keep their differentials on 0 hosts)",
+					"under-protected owners=0-3",
+				}, wantNot: []string{"abort"}},
+				{cmd: "event recovery stage=resumed at=4s"},
+				{cmd: "event replicated owner=-1 at=5s state", want: []string{
+					"every optimizer shard has its clear copy and parity shares (ec:2+2) again", "protected",
+				}},
+				{cmd: "event g g=14 at=6s"},
+				// One more loss, within M: decoded from memory.
+				{cmd: "event agent-exited host=s0 why=lost at=7s", want: []string{
+					"moving ranks 0 to spare s3", "resuming from step 14", "r0<-decode",
+				}, wantNot: []string{"gather-reach", "rolling the job back", "abort"}},
+			},
+		},
+		{
+			// Until the caller reports Replicated (H reached T), a
+			// loss memory cannot serve rolls back again.
+			name:  "diff mode: a loss before the schedule is coded again rolls back again",
+			setup: hosts + " durable diff",
+			steps: []step{
+				{cmd: "event committed step=8 at=1s"},
+				{cmd: lose3[0]}, {cmd: lose3[1]}, {cmd: lose3[2]}, {cmd: lose3[3]},
+				{cmd: "event disk-reach t=12 at=3s", want: []string{"rollback-to-disk gen=3 epoch=3 t=12 from=13"}},
+				{cmd: "event recovery stage=resumed at=4s"},
+				{cmd: "event g g=14 at=5s"},
+				{cmd: "event agent-exited host=h3 why=lost at=6s", want: []string{
+					"rank 3's state at step 14 is lost with host h3", "rolling the job back to --ckpt-dir", "gather-reach epoch=4 base=8",
+				}, wantNot: []string{"decode", "abort"}},
+				{cmd: "event disk-reach t=13 at=7s", want: []string{"rollback-to-disk gen=4 epoch=4 t=13 from=14", "restore epoch=4 g=13 local=0-3"}},
 			},
 		},
 		{

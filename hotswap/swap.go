@@ -83,7 +83,7 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 	rollback, why := m.rb != nil, ""
 	if err := m.recoverable(moved); err != "" && !rollback {
 		if !m.canRollback() {
-			m.abort(ExitFailure, "%s; unrecoverable: %s%s; stopping the job", cause, err, m.noRollback())
+			m.abort(ExitFailure, "%s; unrecoverable: %s; stopping the job", cause, err)
 			return
 		}
 		rollback, why = true, err
@@ -125,7 +125,7 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 		var perr string
 		sources, perr = m.plan()
 		if perr != "" && !m.canRollback() {
-			m.abort(ExitFailure, "%s; unrecoverable: %s%s; stopping the job", cause, perr, m.noRollback())
+			m.abort(ExitFailure, "%s; unrecoverable: %s; stopping the job", cause, perr)
 			return
 		}
 		// (A rank of an earlier loss restoring from a copy on h, say,

@@ -334,11 +334,22 @@ func (p *progress) republish() {
 }
 
 // rollback sets G back to t (a roll-back to the durable tier), before
-// the restart that follows, and publishes it.
+// the restart that follows, and publishes it. In diff mode under erasure
+// coding H goes back to -1 (and every rank's Base with it): the base
+// schedule restarts from t, its b_0, as at the job's start (the hosts
+// forget H too, rank.Host.RollBack), and H rises again only from the
+// new generation's reports, to t once every rank coded it. The old
+// schedule's bases are never named again, past t or not.
 func (p *progress) rollback(t int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.g = min(p.g, t)
+	if p.diffEC {
+		p.h, p.hp, p.hPrev = -1, -1, -1
+		for i := range p.ranks {
+			p.ranks[i].Base = -1
+		}
+	}
 	p.publish(p.global())
 }
 

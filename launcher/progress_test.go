@@ -213,6 +213,55 @@ func TestProgressRebaseH(t *testing.T) {
 	}
 }
 
+// TestProgressRollbackH: in diff mode under erasure coding a roll-back
+// to the durable tier at T takes H back to -1, whether the old H was past
+// T or not: the old schedule's bases are abandoned, T is the new
+// schedule's first base (b_0), and H rises again only from the new
+// generation's reports, to T once every rank coded it. An epoch resuming
+// from T gets no H (hAtMost), not the old schedule's.
+func TestProgressRollbackH(t *testing.T) {
+	rp := func(r int, c, rep, base int64) wire.RankProgress {
+		return wire.RankProgress{Rank: r, Committed: c, Replicated: rep, Base: base}
+	}
+	for _, tc := range []struct {
+		name string
+		t    int64 // the roll-back's step; G was 17, H 16, the H before 8
+	}{{"H past T", 10}, {"H at T", 16}, {"H below T", 17}} {
+		t.Run(tc.name, func(t *testing.T) {
+			type gh struct{ g, h int64 }
+			var published []gh
+			p := newProgress([][]int{{0, 1}, {2, 3}}, []int{0, 0, 1, 1}, func(g *wire.GlobalStep) { published = append(published, gh{g.G, g.H}) })
+			p.trackH()
+			for _, b := range []int64{8, 16} {
+				for h := range 2 {
+					p.handle(&wire.UpProgress{Host: h, Ranks: []wire.RankProgress{rp(2*h, 17, 17, b), rp(2*h+1, 17, 17, b)}})
+				}
+			}
+			if p.G() != 17 || p.H() != 16 {
+				t.Fatalf("before: G, H = %d, %d; want 17, 16", p.G(), p.H())
+			}
+			p.rollback(tc.t)
+			p.restart(1)
+			if g, h, eh := p.G(), p.H(), p.hAtMost(tc.t); g != tc.t || h != -1 || eh != -1 {
+				t.Fatalf("after the roll-back to %d: G, H, the epoch's H = %d, %d, %d; want %d, -1, -1", tc.t, g, h, eh, tc.t)
+			}
+			if last := published[len(published)-1]; last != (gh{tc.t, -1}) {
+				t.Fatalf("published %v after the roll-back, want {%d -1}", last, tc.t)
+			}
+			// Host 0 codes T; host 1 not yet: H stays -1.
+			p.handle(&wire.UpProgress{Host: 0, Gen: 1, Ranks: []wire.RankProgress{rp(0, tc.t+1, tc.t+1, tc.t), rp(1, tc.t+1, tc.t+1, tc.t)}})
+			p.handle(&wire.UpProgress{Host: 1, Gen: 1, Ranks: []wire.RankProgress{rp(2, tc.t+1, tc.t, -1), rp(3, tc.t+1, tc.t, -1)}})
+			if h := p.H(); h != -1 {
+				t.Fatalf("H = %d with ranks 2, 3 not coded at T = %d", h, tc.t)
+			}
+			p.handle(&wire.UpProgress{Host: 1, Gen: 1, Ranks: []wire.RankProgress{rp(2, tc.t+1, tc.t+1, tc.t), rp(3, tc.t+1, tc.t+1, tc.t)}})
+			if g, h := p.G(), p.H(); g != tc.t+1 || h != tc.t {
+				t.Fatalf("every rank coded T: G, H = %d, %d; want %d, %d", g, h, tc.t+1, tc.t)
+			}
+		})
+	}
+}
+
 // TestReprotectedDiffEC: in diff mode under erasure coding the owners
 // left under-protected by a splice are re-protected (hotswap.Replicated)
 // together, once H reached the epoch's G and every rank coded its base

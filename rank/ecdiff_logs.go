@@ -294,8 +294,13 @@ func logFits(l *diffstore.Log, t []tableEntry, opt int, recLen uint64, codec rep
 
 // sweepLog truncates o's log through H (nothing replays the steps up to
 // H any more). o.mu is held.
+//
+// Not while o is of a newer restart generation than this host (its
+// owner restarted first, and this host has not yet): this host's H is
+// the old generation's, which a roll-back to the durable tier abandons
+// (Host.RollBack) and which may be past the steps the owner sends now.
 func (st *replicaStore) sweepLog(o *ownerReplica) {
-	if o.log == nil {
+	if o.log == nil || o.gen > st.h.Gen() {
 		return
 	}
 	if hb := st.h.H(); hb >= 0 {

@@ -502,6 +502,26 @@ func (h *Host) G() int64 {
 // host holds of other ranks' steps after g from older generations; puts
 // of older generations are refused from now on. The ranks must be stopped.
 func (h *Host) Restart(gen uint64, g int64) error {
+	return h.restart(gen, g, false)
+}
+
+// RollBack is Restart for a roll-back of the job to the durable tier at
+// step t (hotswap.RollbackToDisk; the ranks' states at t are reloaded
+// next, Reload). In diff mode under erasure coding it also forgets H:
+// the coded bases and the logs after them were of a base schedule that
+// the roll-back abandons (H may be past t, and no base step at or before
+// t is known to be held complete in the new placement), so the schedule
+// restarts from t as at the job's start — t is b_0, every owner codes it
+// again, and H is -1 until the launcher publishes the new generation's H
+// from the new reports (SetH). What the stores, rows and logs keep of
+// steps up to t (Restart drops those after t of older generations) is
+// never named by H again: H rises only to bases coded in the new
+// generation, t or later. In other modes RollBack is Restart.
+func (h *Host) RollBack(gen uint64, t int64) error {
+	return h.restart(gen, t, true)
+}
+
+func (h *Host) restart(gen uint64, g int64, rollback bool) error {
 	h.pmu.Lock()
 	defer h.pmu.Unlock()
 	// No progress report is taken while the generation and the ranks'
@@ -510,10 +530,13 @@ func (h *Host) Restart(gen uint64, g int64) error {
 	h.rmu.Lock()
 	h.gmu.Lock()
 	h.gen, h.g, h.resumed = gen, g, g
+	if rollback && h.place().ecDiff() {
+		h.hb = noStep
+	}
 	close(h.gwake)
 	h.gwake = make(chan struct{})
 	h.gmu.Unlock()
-	h.store.restart(gen, g)
+	h.store.restart(gen, g, rollback)
 	h.parity.restart(gen, g)
 	var errs []error
 	p := h.place()

@@ -430,8 +430,11 @@ func (st *replicaStore) close() {
 // restart begins restart generation gen, in which every rank resumes from
 // step g: the replicas of steps after g sent in older generations are
 // dropped (they were never recoverable and are gone from their owners'
-// slots), and puts from older generations are refused from now on.
-func (st *replicaStore) restart(gen uint64, g int64) {
+// slots), and puts from older generations are refused from now on. A
+// roll-back (Host.RollBack) also forgets the H an owner said its stores'
+// bases reached (baseH) when it is past g: it was of the abandoned
+// schedule.
+func (st *replicaStore) restart(gen uint64, g int64, rollback bool) {
 	st.mu.Lock()
 	owners := make([]*ownerReplica, 0, len(st.owners))
 	for _, o := range st.owners {
@@ -445,6 +448,9 @@ func (st *replicaStore) restart(gen uint64, g int64) {
 			if b := &o.bufs[i]; b.gen < gen && b.step > g {
 				b.step = noStep
 			}
+		}
+		if rollback && o.hmin > g {
+			o.hmin = noStep
 		}
 		if st.h.diffMode() {
 			st.restartDiff(o, gen, g)

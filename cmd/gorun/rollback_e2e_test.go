@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"regexp"
 	"slices"
 	"strconv"
@@ -144,7 +145,13 @@ func (r *hsRun) waitStderr(t *testing.T, re *regexp.Regexp, limit time.Duration)
 // every shard is protected again the surviving data host is killed too:
 // within M, its ranks (which run on their data host, so have no clear
 // copy) are decoded from the parity rows encoded since the roll-back,
-// without a second roll-back.
+// without a second roll-back. The same in diff mode (--protect-mode diff,
+// the raw codec, a base every step, the differentials on disk in batches
+// of 4, so that the disk's reach T is mostly below H): the roll-back
+// restarts the base schedule from T (H -1 until every rank coded T), and
+// the last loss is decoded at H, a base coded since the roll-back, and
+// replays the differentials logged since. With H left past T (the hosts'
+// and the launcher's), the job hangs at G = T.
 func TestRollbackToDiskEC(t *testing.T) {
 	c := newHSCluster(t, 4, 4)
 	hosts := make([]topology.Host, len(c.hosts.Names))
@@ -165,16 +172,20 @@ func TestRollbackToDiskEC(t *testing.T) {
 	wantP, wantO := hsReference(t, c)
 	const every, killAfter = 4, 14
 	again := regexp.MustCompile(`every optimizer shard has its clear copy and parity shares \(ec:2\+2\) again`)
+	diff := []string{"--protect-mode", "diff", "--diff-codec", "raw", "--base-every", "1", "--diff-batch", "4"}
 	for _, tc := range []struct {
 		name    string
 		oneMore bool
+		flags   []string
 	}{
-		{"three lost", false},
-		{"then one more", true},
+		{"three lost", false, nil},
+		{"then one more", true, nil},
+		{"diff/three lost", false, diff},
+		{"diff/then one more", true, diff},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			flags := []string{"--redundancy", "ec:2+2", "--ckpt-dir", dir, "--ckpt-every", strconv.Itoa(every)}
+			flags := append([]string{"--redundancy", "ec:2+2", "--ckpt-dir", dir, "--ckpt-every", strconv.Itoa(every)}, tc.flags...)
 			r := c.start(t, flags, "--protect")
 			r.waitStep(t, killAfter)
 			killTogether(t, c, lost...)
@@ -204,8 +215,16 @@ func TestRollbackToDiskEC(t *testing.T) {
 			from, _ := strconv.Atoi(m[2])
 			to, _ := strconv.Atoi(m[4])
 			n, _ := strconv.Atoi(m[5])
-			if to > from || n != from-to || from < killAfter-2 || to%every != 0 {
-				t.Errorf("rolled back from step %d to %d (%d lost), want G at least %d and a base step", from, to, n, killAfter-2)
+			// Full mode: the commit record's step, a base step. Diff
+			// mode: the base and the differentials every rank has on
+			// disk.
+			if to > from || n != from-to || from < killAfter-2 || tc.flags == nil && to%every != 0 {
+				t.Errorf("rolled back from step %d to %d (%d lost), want G at least %d and, in full mode, a base step", from, to, n, killAfter-2)
+			}
+			// Diff mode: the base schedule restarts from T, H with it
+			// (-v's table at the roll-back's restart).
+			if tc.flags != nil && !strings.Contains(res.stderr, fmt.Sprintf("G = %d (the step every rank can resume from), H = -1 ", to)) {
+				t.Errorf("no table of G = %d with H = -1 at the roll-back", to)
 			}
 			for _, h := range lost {
 				if !strings.Contains(m[3], c.hosts.Names[h]) {

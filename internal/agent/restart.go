@@ -59,7 +59,13 @@ func (a *agent) tryRestart() {
 		return
 	}
 	if a.prot != nil {
-		if err := a.prot.host.Restart(r.Gen, r.G); err != nil {
+		restart := a.prot.host.Restart
+		if r.Disk {
+			// A roll-back to the durable tier: in diff mode under EC the
+			// base schedule starts again from G (rank.Host.RollBack).
+			restart = a.prot.host.RollBack
+		}
+		if err := restart(r.Gen, r.G); err != nil {
 			a.log.Error("state protection cannot restart", "err", err)
 			a.event(&wire.Event{Kind: wire.EventAgentError, Host: a.cfg.Host, Rank: -1, Msg: "state protection cannot restart: " + err.Error()})
 			return
