@@ -48,6 +48,28 @@ type hsCluster struct {
 	hostfile     string
 }
 
+// ecGroup returns the one ec:2+2 group of c as the launcher plans it:
+// the hostfile's hosts in order (two slots each, the last ones spares),
+// ranks by slot, topology.PlanEC; with the ranks' assignment.
+func (c *hsCluster) ecGroup(t *testing.T) (topology.ECGroup, []topology.Assignment) {
+	t.Helper()
+	hosts := make([]topology.Host, len(c.hosts.Names))
+	for i, n := range c.hosts.Names {
+		hosts[i] = topology.Host{Name: n, Slots: 2, Spare: i >= c.work}
+	}
+	asg, err := topology.MapRanks(hosts, topology.MapOptions{NP: 2 * c.work, By: topology.MapBySlot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, err := topology.PlanEC(hosts, asg, topology.ECOptions{K: 2, M: 2})
+	if err != nil || len(groups) != 1 {
+		t.Fatalf("PlanEC = %v, %v; want one group", groups, err)
+	}
+	g := groups[0]
+	t.Logf("data hosts %v, parity hosts %v", g.Data, g.Parity)
+	return g, asg
+}
+
 func newHSCluster(t *testing.T, work, spares int) *hsCluster {
 	t.Helper()
 	h := testcluster.NetnsHosts(t, work+spares)
@@ -746,22 +768,7 @@ fi`
 func TestHotSwapEC(t *testing.T) {
 	c := newHSCluster(t, 4, 2)
 	ec := []string{"--redundancy", "ec:2+2"}
-	// The groups as the launcher plans them: the hostfile's hosts in
-	// order, ranks by slot, topology.PlanEC.
-	hosts := make([]topology.Host, len(c.hosts.Names))
-	for i, n := range c.hosts.Names {
-		hosts[i] = topology.Host{Name: n, Slots: 2, Spare: i >= c.work}
-	}
-	asg, err := topology.MapRanks(hosts, topology.MapOptions{NP: 2 * c.work, By: topology.MapBySlot})
-	if err != nil {
-		t.Fatal(err)
-	}
-	groups, err := topology.PlanEC(hosts, asg, topology.ECOptions{K: 2, M: 2})
-	if err != nil || len(groups) != 1 {
-		t.Fatalf("PlanEC = %v, %v; want one group", groups, err)
-	}
-	g := groups[0]
-	t.Logf("data hosts %v, parity hosts %v", g.Data, g.Parity)
+	g, asg := c.ecGroup(t)
 	// The ranks of a lost data host have no clear copy left, nor have
 	// the ranks whose clear copy it held: they are decoded.
 	decoded := func(lost []int) []int {
@@ -854,20 +861,7 @@ func TestHotSwapECDiff(t *testing.T) {
 	c := newHSCluster(t, 4, 2)
 	flags := []string{"--redundancy", "ec:2+2", "--protect-mode", "diff", "--base-every", "8"}
 	extra := []string{"--device-grad"}
-	hosts := make([]topology.Host, len(c.hosts.Names))
-	for i, n := range c.hosts.Names {
-		hosts[i] = topology.Host{Name: n, Slots: 2, Spare: i >= c.work}
-	}
-	asg, err := topology.MapRanks(hosts, topology.MapOptions{NP: 2 * c.work, By: topology.MapBySlot})
-	if err != nil {
-		t.Fatal(err)
-	}
-	groups, err := topology.PlanEC(hosts, asg, topology.ECOptions{K: 2, M: 2})
-	if err != nil || len(groups) != 1 {
-		t.Fatalf("PlanEC = %v, %v; want one group", groups, err)
-	}
-	g := groups[0]
-	t.Logf("data hosts %v, parity hosts %v", g.Data, g.Parity)
+	g, _ := c.ecGroup(t)
 	wantP, wantO := hsReference(t, c, extra...)
 	for _, mode := range []string{"restart", "in-place"} {
 		for _, tc := range []struct {

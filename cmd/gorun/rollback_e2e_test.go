@@ -9,8 +9,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/gorun/gorun/topology"
 )
 
 // End-to-end tests of the roll-back to the durable tier (issue 17): a
@@ -154,20 +152,7 @@ func (r *hsRun) waitStderr(t *testing.T, re *regexp.Regexp, limit time.Duration)
 // and the launcher's), the job hangs at G = T.
 func TestRollbackToDiskEC(t *testing.T) {
 	c := newHSCluster(t, 4, 4)
-	hosts := make([]topology.Host, len(c.hosts.Names))
-	for i, n := range c.hosts.Names {
-		hosts[i] = topology.Host{Name: n, Slots: 2, Spare: i >= c.work}
-	}
-	asg, err := topology.MapRanks(hosts, topology.MapOptions{NP: 2 * c.work, By: topology.MapBySlot})
-	if err != nil {
-		t.Fatal(err)
-	}
-	groups, err := topology.PlanEC(hosts, asg, topology.ECOptions{K: 2, M: 2})
-	if err != nil || len(groups) != 1 {
-		t.Fatalf("PlanEC = %v, %v; want one group", groups, err)
-	}
-	g := groups[0]
-	t.Logf("data hosts %v, parity hosts %v", g.Data, g.Parity)
+	g, asg := c.ecGroup(t)
 	lost := []int{g.Data[0], g.Parity[0], g.Parity[1]}
 	wantP, wantO := hsReference(t, c)
 	const every, killAfter = 4, 14
