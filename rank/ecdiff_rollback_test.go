@@ -27,20 +27,29 @@ import (
 func TestECDiffRollBack(t *testing.T) {
 	const k, m, every = 2, 2, 4
 	for _, tc := range []struct {
-		name string
-		t    int64
+		name   string
+		t      int64
+		before int64 // G before the roll-back
 		// flip: host 0's ranks reload their states at t with a byte of
 		// the optimizer region flipped, as a lossy codec's replay gives
 		// other bytes than the ones coded at t in the old generation.
 		flip bool
+		// holdH: after G T+3, H is held at T while the ranks code the new
+		// schedule's next base, T+4, below the old H (12): a holder that
+		// kept an owner's old H (baseH, sent before the old schedule's
+		// refreshes of 16 and later: 12 or more) would install the
+		// refresh of T+4 at once and drop the base at T, which the
+		// decodes at H = T read.
+		holdH bool
 	}{
-		{name: "T6", t: 6},
-		{name: "T12 base, reloaded bytes differ", t: 12, flip: true},
+		{name: "T6", t: 6, before: 13},
+		{name: "T6, H held at T", t: 6, before: 18, holdH: true},
+		{name: "T12 base, reloaded bytes differ", t: 12, before: 14, flip: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			T := tc.t
 			j := newECDiffRecJob(t, k, m, every, m+1)
-			j.run(0, max(T+2, 13))
+			j.run(0, tc.before)
 			g0, h0 := j.published()
 			if h0 < T || g0 < T+1 {
 				t.Fatalf("G %d, H %d before the roll-back: want H at T = %d or past it", g0, h0, T)
@@ -112,6 +121,30 @@ func TestECDiffRollBack(t *testing.T) {
 			}
 			j.everySubset(g, hb)
 			if t.Failed() {
+				return
+			}
+			if tc.holdH {
+				if h0 <= T+every {
+					t.Fatalf("H %d before the roll-back: want it past T+%d", h0, every)
+				}
+				j.mu.Lock()
+				j.freezeH = true
+				j.mu.Unlock()
+				next := T + every
+				j.runUntil(T+4, T+4*every, fmt.Sprintf("every Base >= %d and G > %d", next, next), func() bool {
+					for r := range j.hostOf {
+						if j.c.progress(r).Base < next {
+							return false
+						}
+					}
+					g, _ := j.published()
+					return g > next
+				})
+				g2, hb2 := j.published()
+				if hb2 != T || g2 <= next {
+					t.Fatalf("with H held back: G %d, H %d; want G past %d, H %d", g2, hb2, next, T)
+				}
+				j.everySubset(g2, hb2)
 				return
 			}
 			j.run(T+4, T+13)
