@@ -25,6 +25,7 @@ func TestRollbackEC(t *testing.T) {
 		cmd     string
 		want    []string // substrings of the output, in order
 		wantNot []string
+		check   func(t *testing.T, m *Machine) // the machine after cmd
 	}
 	tests := []struct {
 		name  string
@@ -167,16 +168,41 @@ func TestRollbackEC(t *testing.T) {
 					"restore epoch=3 g=12 local=0-3",
 					"under-protected: 4 optimizer shards have no coded base (ec:2+2) of step 12 until every rank codes it again (the base schedule restarts there); erasure-coding group 0 (hosts s0,s1,s2,h3) survives no more host loss, not 2 (ranks 0-3 keep their differentials on 0 hosts)",
 					"under-protected owners=0-3",
-				}, wantNot: []string{"abort"}},
+				}, wantNot: []string{"abort"},
+					// What a decode counts: no member's shard at H (a
+					// retained snapshot of ranks 0 and 2, on their data
+					// hosts, or a clear copy) and no log copy is of the
+					// new schedule yet.
+					check: diffRoles(false)},
 				{cmd: "event recovery stage=resumed at=4s"},
 				{cmd: "event replicated owner=-1 at=5s state", want: []string{
 					"every optimizer shard has its clear copy and parity shares (ec:2+2) again", "protected",
-				}},
+				}, check: diffRoles(true)},
 				{cmd: "event g g=14 at=6s"},
 				// One more loss, within M: decoded from memory.
 				{cmd: "event agent-exited host=s0 why=lost at=7s", want: []string{
 					"moving ranks 0 to spare s3", "resuming from step 14", "r0<-decode",
 				}, wantNot: []string{"gather-reach", "rolling the job back", "abort"}},
+			},
+		},
+		{
+			// Rank 0 stays on h0, its data host, through the roll-back
+			// (h1, h2, h3 lost): its retained snapshot is of the old
+			// schedule's H, not a shard of the new one at T, until the
+			// caller reports Replicated. (A decode counts it only with a
+			// valid parity row, whose shares come back in with
+			// Replicated too: this checks the roles, which no decision
+			// shows today.)
+			name:  "diff mode: a rank left on its data host keeps no shard of T",
+			setup: hosts + " durable diff",
+			steps: []step{
+				{cmd: "event committed step=8 at=1s"},
+				{cmd: lose3[0]},
+				{cmd: "event agent-exited host=h3 why=lost at=2s"}, {cmd: lose3[2]}, {cmd: lose3[3], want: []string{"gather-reach epoch=3 base=8"}},
+				{cmd: "event disk-reach t=12 at=3s", want: []string{"rollback-to-disk gen=3 epoch=3 t=12 from=13", "restore epoch=3 g=12 local=0-3"},
+					wantNot: []string{"abort"}, check: diffRoles(false)},
+				{cmd: "event recovery stage=resumed at=4s"},
+				{cmd: "event replicated owner=-1 at=5s", want: []string{"protected"}, check: diffRoles(true)},
 			},
 		},
 		{
@@ -227,7 +253,26 @@ func TestRollbackEC(t *testing.T) {
 						t.Fatalf("%s: %q not wanted in:\n%s", s.cmd, w, out)
 					}
 				}
+				if s.check != nil {
+					s.check(t, d.m)
+				}
 			}
 		})
+	}
+}
+
+// diffRoles checks that every rank's shard at H (memberShard) and log
+// copy (logCopy) count as valid for a decode (ok), or none does.
+func diffRoles(ok bool) func(t *testing.T, m *Machine) {
+	return func(t *testing.T, m *Machine) {
+		t.Helper()
+		for r := range m.rankHost {
+			if got := m.memberShard(r); got != ok {
+				t.Errorf("rank %d: its shard at H valid: %v, want %v (retained %v, holders %v)", r, got, ok, m.retained[r], m.holders[r])
+			}
+			if got := m.logCopy(r); got != ok {
+				t.Errorf("rank %d: a valid copy of its log: %v, want %v", r, got, ok)
+			}
+		}
 	}
 }

@@ -25,80 +25,136 @@ import (
 // 12), the hosts truncate the new logs through the old H and the new
 // bases wait at no gate: the restores at H = T fail.
 func TestECDiffRollBack(t *testing.T) {
-	const k, m, every, T = 2, 2, 4, int64(6)
-	j := newECDiffRecJob(t, k, m, every, m+1)
-	j.run(0, 13)
-	g0, h0 := j.published()
-	if h0 <= T || g0 < 12 {
-		t.Fatalf("G %d, H %d before the roll-back: want H past T = %d", g0, h0, T)
-	}
-	for h, x := range j.c.hosts {
-		if err := x.RollBack(1, T); err != nil {
-			t.Fatalf("host %d: RollBack: %v", h, err)
-		}
-		if got := x.H(); got != noStep {
-			t.Fatalf("host %d: H %d after the roll-back, want -1", h, got)
-		}
-	}
-	// The launcher publishes G = T and H = -1 in the new generation.
-	j.mu.Lock()
-	j.g, j.hb = T, noStep
-	j.mu.Unlock()
-	for r, h := range j.hostOf {
-		at := j.rs[r].want(T)
-		fill := func(views [][]byte) (int, error) {
-			for i, reg := range diffRegions {
-				switch reg.Name {
-				case "params":
-					for b := range views[i] {
-						views[i][b] = byte(T*5 + int64(b))
-					}
-				default:
-					copy(views[i], at[reg.Name])
+	const k, m, every = 2, 2, 4
+	for _, tc := range []struct {
+		name   string
+		t      int64
+		before int64 // G before the roll-back
+		// flip: host 0's ranks reload their states at t with a byte of
+		// the optimizer region flipped, as a lossy codec's replay gives
+		// other bytes than the ones coded at t in the old generation.
+		flip bool
+		// holdH: after G T+3, H is held at T while the ranks code the new
+		// schedule's next base, T+4, below the old H (12): a holder that
+		// kept an owner's old H (baseH, sent before the old schedule's
+		// refreshes of 16 and later: 12 or more) would install the
+		// refresh of T+4 at once and drop the base at T, which the
+		// decodes at H = T read.
+		holdH bool
+	}{
+		{name: "T6", t: 6, before: 13},
+		{name: "T6, H held at T", t: 6, before: 18, holdH: true},
+		{name: "T12 base, reloaded bytes differ", t: 12, before: 14, flip: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			T := tc.t
+			j := newECDiffRecJob(t, k, m, every, m+1)
+			j.run(0, tc.before)
+			g0, h0 := j.published()
+			if h0 < T || g0 < T+1 {
+				t.Fatalf("G %d, H %d before the roll-back: want H at T = %d or past it", g0, h0, T)
+			}
+			for h, x := range j.c.hosts {
+				if err := x.RollBack(1, T); err != nil {
+					t.Fatalf("host %d: RollBack: %v", h, err)
+				}
+				if got := x.H(); got != noStep {
+					t.Fatalf("host %d: H %d after the roll-back, want -1", h, got)
 				}
 			}
-			return int(T) + 1, nil
-		}
-		if _, err := j.c.hosts[h].Reload(r, diffRegions, T, fill); err != nil {
-			t.Fatalf("rank %d: Reload: %v", r, err)
-		}
-	}
-	for r, h := range j.hostOf {
-		states := map[int64]map[string][]byte{T: j.rs[r].want(T)}
-		dr, err := newDiffRank(t, j.c.hosts[h], r, 12, states) // another trajectory from T
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(dr.close)
-		res, err := dr.restore(context.Background())
-		if err != nil || res.Step != T || res.Tier != 1 {
-			t.Fatalf("rank %d: restore %+v, %v; want step %d from its own slot", r, res, err, T)
-		}
-		j.rs[r] = dr
-	}
-	newBase := func(hb int64) bool { return hb >= T && (hb-T)%every == 0 }
+			// The launcher publishes G = T and H = -1 in the new generation.
+			j.mu.Lock()
+			j.g, j.hb = T, noStep
+			j.mu.Unlock()
+			reloaded := make([]map[string][]byte, len(j.hostOf))
+			for r, h := range j.hostOf {
+				at := map[string][]byte{}
+				for name, b := range j.rs[r].want(T) {
+					at[name] = append([]byte(nil), b...)
+				}
+				if tc.flip && h == 0 {
+					at["optimizer"][0] ^= 1
+				}
+				fill := func(views [][]byte) (int, error) {
+					for i, reg := range diffRegions {
+						switch reg.Name {
+						case "params":
+							for b := range views[i] {
+								views[i][b] = byte(T*5 + int64(b))
+							}
+						default:
+							copy(views[i], at[reg.Name])
+						}
+					}
+					return int(T) + 1, nil
+				}
+				if _, err := j.c.hosts[h].Reload(r, diffRegions, T, fill); err != nil {
+					t.Fatalf("rank %d: Reload: %v", r, err)
+				}
+				reloaded[r] = at
+			}
+			for r, h := range j.hostOf {
+				states := map[int64]map[string][]byte{T: reloaded[r]}
+				dr, err := newDiffRank(t, j.c.hosts[h], r, 12, states) // another trajectory from T
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(dr.close)
+				res, err := dr.restore(context.Background())
+				if err != nil || res.Step != T || res.Tier != 1 {
+					t.Fatalf("rank %d: restore %+v, %v; want step %d from its own slot", r, res, err, T)
+				}
+				j.rs[r] = dr
+			}
+			newBase := func(hb int64) bool { return hb >= T && (hb-T)%every == 0 }
 
-	// G 9: H is T (the next base, 10, is not committed yet).
-	j.run(T+1, 9)
-	g, hb := j.published()
-	if hb != T || g != 9 {
-		t.Fatalf("after the roll-back: G %d, H %d; want G 9, H %d", g, hb, T)
+			// G T+3: H is T (the next base, T+4, is not committed yet).
+			j.run(T+1, T+3)
+			g, hb := j.published()
+			if hb != T || g != T+3 {
+				t.Fatalf("after the roll-back: G %d, H %d; want G %d, H %d", g, hb, T+3, T)
+			}
+			for h, x := range j.c.hosts[:j.work] {
+				if got := x.H(); got != T {
+					t.Fatalf("host %d: H %d, want %d", h, got, T)
+				}
+			}
+			j.everySubset(g, hb)
+			if t.Failed() {
+				return
+			}
+			if tc.holdH {
+				if h0 <= T+every {
+					t.Fatalf("H %d before the roll-back: want it past T+%d", h0, every)
+				}
+				j.mu.Lock()
+				j.freezeH = true
+				j.mu.Unlock()
+				next := T + every
+				j.runUntil(T+4, T+4*every, fmt.Sprintf("every Base >= %d and G > %d", next, next), func() bool {
+					for r := range j.hostOf {
+						if j.c.progress(r).Base < next {
+							return false
+						}
+					}
+					g, _ := j.published()
+					return g > next
+				})
+				g2, hb2 := j.published()
+				if hb2 != T || g2 <= next {
+					t.Fatalf("with H held back: G %d, H %d; want G past %d, H %d", g2, hb2, next, T)
+				}
+				j.everySubset(g2, hb2)
+				return
+			}
+			j.run(T+4, T+13)
+			g, hb = j.published()
+			if !newBase(hb) || hb <= T || hb > g {
+				t.Fatalf("G %d, H %d: want H a base of the new schedule (%d + %d·n) after it", g, hb, T, every)
+			}
+			j.everySubset(g, hb)
+		})
 	}
-	for h, x := range j.c.hosts[:j.work] {
-		if got := x.H(); got != T {
-			t.Fatalf("host %d: H %d, want %d", h, got, T)
-		}
-	}
-	j.everySubset(g, hb)
-	if t.Failed() {
-		return
-	}
-	j.run(10, 19)
-	g, hb = j.published()
-	if !newBase(hb) || hb <= T || hb > g {
-		t.Fatalf("G %d, H %d: want H a base of the new schedule (%d + %d·n) after it", g, hb, T, every)
-	}
-	j.everySubset(g, hb)
 }
 
 // TestECDiffRollBackLateHolder: hosts restart on their own. A log-only

@@ -411,13 +411,21 @@ func (ps *parityStore) close() {
 
 // restart begins restart generation gen resuming from g: the rows of
 // steps after g accumulated in older generations are emptied, and shares
-// of older generations refused from now on.
-func (ps *parityStore) restart(gen uint64, g int64) {
+// of older generations refused from now on. A roll-back in diff mode
+// under EC (rollback, Host.RollBack) empties every row of an older
+// generation, of g and before too: the base schedule restarts from g,
+// every owner codes g again, and its state at g, reloaded from the
+// durable tier, need not be the bytes it coded at g in the old
+// generation (a lossy --diff-codec's replay is not): an old row of g,
+// g being final, would take the new shares as resends of the old ones
+// and refuse them. No H of the new generation names an old row.
+func (ps *parityStore) restart(gen uint64, g int64, rollback bool) {
+	all := rollback && ps.h.place().ecDiff()
 	for _, r := range ps.all() {
 		r.mu.Lock()
 		r.gen = max(r.gen, gen)
 		for i := range r.bufs {
-			if b := &r.bufs[i]; b.gen < gen && b.step > g {
+			if b := &r.bufs[i]; b.gen < gen && (b.step > g || all) {
 				b.empty(len(b.mem))
 			}
 		}

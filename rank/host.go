@@ -537,7 +537,7 @@ func (h *Host) restart(gen uint64, g int64, rollback bool) error {
 	h.gwake = make(chan struct{})
 	h.gmu.Unlock()
 	h.store.restart(gen, g, rollback)
-	h.parity.restart(gen, g)
+	h.parity.restart(gen, g, rollback)
 	var errs []error
 	p := h.place()
 	for _, r := range sortedRanks(p) {

@@ -59,13 +59,7 @@ func (a *agent) tryRestart() {
 		return
 	}
 	if a.prot != nil {
-		restart := a.prot.host.Restart
-		if r.Disk {
-			// A roll-back to the durable tier: in diff mode under EC the
-			// base schedule starts again from G (rank.Host.RollBack).
-			restart = a.prot.host.RollBack
-		}
-		if err := restart(r.Gen, r.G); err != nil {
+		if err := a.restartProtection(r); err != nil {
 			a.log.Error("state protection cannot restart", "err", err)
 			a.event(&wire.Event{Kind: wire.EventAgentError, Host: a.cfg.Host, Rank: -1, Msg: "state protection cannot restart: " + err.Error()})
 			return
@@ -80,6 +74,17 @@ func (a *agent) tryRestart() {
 	if err := a.launch(a.table, a.places, true); err != nil {
 		a.event(&wire.Event{Kind: wire.EventAgentError, Host: a.cfg.Host, Rank: -1, Msg: err.Error()})
 	}
+}
+
+// restartProtection has the state protection begin restart r's
+// generation from r.G: rank.Host.Restart, or for a roll-back to the
+// durable tier (r.Disk) rank.Host.RollBack (in diff mode under EC the
+// base schedule starts again from G: H goes back to -1).
+func (a *agent) restartProtection(r *wire.Control) error {
+	if r.Disk {
+		return a.prot.host.RollBack(r.Gen, r.G)
+	}
+	return a.prot.host.Restart(r.Gen, r.G)
 }
 
 // restartEnv is the restart part of a rank's environment.

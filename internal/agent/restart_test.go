@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -14,6 +15,8 @@ import (
 	"github.com/gorun/gorun/gpu"
 	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/topology"
 	"github.com/nats-io/nats.go"
 )
 
@@ -306,5 +309,58 @@ func TestFenceOfAnOlderEpoch(t *testing.T) {
 	}
 	if _, err := s.fence(0, 0, &wire.Fence{Epoch: 2, Seq: 0}); err == nil {
 		t.Error("fence of epoch 2 in epoch 1: accepted")
+	}
+}
+
+// TestRestartProtectionRollBack: a restart's control with Disk (a
+// roll-back to the durable tier) has the host roll back (rank.Host.RollBack:
+// in diff mode under EC, H back to -1); one without restarts it in place
+// (rank.Host.Restart: H kept). The host runs diff mode under EC 2+2, the
+// first of four hosts, with H 4 published before the restart.
+func TestRestartProtectionRollBack(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		disk  bool
+		wantH int64
+	}{
+		{"restart in place", false, 4},
+		{"roll-back to the durable tier", true, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &agent{cfg: Config{Job: "rbh", Host: 0}, log: testLogger(t)}
+			hosts := make([]topology.Host, 4)
+			var assign []topology.Assignment
+			hostOf := make([]int, 4)
+			for h := range hosts {
+				hosts[h] = topology.Host{Name: fmt.Sprintf("h%d", h), Slots: 1}
+				assign = append(assign, topology.Assignment{Rank: h, Host: h})
+				hostOf[h] = h
+			}
+			groups, err := topology.PlanEC(hosts, assign, topology.ECOptions{K: 2, M: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, err := rank.NewHost(rank.HostConfig{Job: "rbh", Host: 0, Hosts: 4, Ranks: []int{0}, HostOf: func(r int) int { return hostOf[r] },
+				Log: a.log, Mode: rank.ModeDiff, Diff: rank.DiffConfig{BaseEvery: 4}, EC: groups})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer h.Close()
+			a.prot = &protection{a: a, host: h}
+			if err := h.SetPlacement(rank.Placement{Ranks: []int{0}, HostOf: hostOf, EC: groups, Epoch: 1, G: 5, H: 4}); err != nil {
+				t.Fatal(err)
+			}
+			h.SetG(0, 5)
+			h.SetH(0, 4)
+			if got := h.H(); got != 4 {
+				t.Fatalf("H %d before the restart, want 4", got)
+			}
+			if err := a.restartProtection(&wire.Control{Op: wire.OpRestart, Gen: 1, Epoch: 2, G: 5, Disk: tc.disk}); err != nil {
+				t.Fatal(err)
+			}
+			if got := h.H(); got != tc.wantH {
+				t.Fatalf("Disk %v: H %d after the restart, want %d", tc.disk, got, tc.wantH)
+			}
+		})
 	}
 }
