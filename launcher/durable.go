@@ -55,6 +55,11 @@ import (
 //     it says so, at most every durableWarnEvery, with what the ranks
 //     skipped and failed; with -v the end of the job reports every rank's
 //     saves and the directory's footprint.
+//   - In diff mode each rank also reports its differential log on disk's
+//     counters (wire.RankDurable.Log): when a rank's log lost steps (a
+//     full queue, a failed batch) since the last warning, the launcher
+//     says how many, at most every durableWarnEvery (diffLogTick); -v's
+//     report adds each rank's log steps written, dropped and failed.
 
 // DurableOptions configure the durable tier (Config.Durable). The zero
 // value has none; with Dir set, zero fields take the defaults named.
