@@ -55,6 +55,11 @@ import (
 //     it says so, at most every durableWarnEvery, with what the ranks
 //     skipped and failed; with -v the end of the job reports every rank's
 //     saves and the directory's footprint.
+//   - In diff mode each rank also reports its differential log on disk's
+//     counters (wire.RankDurable.Log): when a rank's log lost steps (a
+//     full queue, a failed batch) since the last warning, the launcher
+//     says how many, at most every durableWarnEvery (diffLogTick); -v's
+//     report adds each rank's log steps written, dropped and failed.
 
 // DurableOptions configure the durable tier (Config.Durable). The zero
 // value has none; with Dir set, zero fields take the defaults named.
@@ -215,6 +220,11 @@ type durableTier struct {
 	manifestErr, commitErr string
 	retry                  time.Time
 	warned                 time.Time // the last falling-behind warning
+	// logWarned is the last warning that a rank's differential log on
+	// disk lost steps, and logLost the steps lost per rank it said (the
+	// next warning says the ones lost since).
+	logWarned time.Time
+	logLost   map[int]int64
 }
 
 // durableRetry is how long the launcher waits after a failed manifest or
@@ -408,7 +418,11 @@ func commitStep(reports []*wire.RankDurable, g, committed int64) int64 {
 // record.
 func (j *job) durableTick(now time.Time) {
 	t := j.dur
-	if t == nil || !j.prog.used() || now.Sub(t.warned) < durableWarnEvery {
+	if t == nil || !j.prog.used() {
+		return
+	}
+	j.diffLogTick(now)
+	if now.Sub(t.warned) < durableWarnEvery {
 		return
 	}
 	g := j.prog.G()
@@ -421,6 +435,60 @@ func (j *job) durableTick(now time.Time) {
 		reports[r] = j.prog.rank(r)
 	}
 	j.out.report("%s", fallingBehind(g, t.committed, reports))
+}
+
+// diffLogTick says, at most every durableWarnEvery, which ranks'
+// differential logs on disk (diff mode) lost steps since the last time it
+// said so: each lost step is a gap the disk's reach (--resume, a roll-back
+// to the durable tier) stops before until the next base is committed.
+func (j *job) diffLogTick(now time.Time) {
+	t := j.dur
+	if now.Sub(t.logWarned) < durableWarnEvery {
+		return
+	}
+	var parts []string
+	for r := range j.world {
+		d := j.prog.rank(r).D
+		if d == nil || d.Log == nil {
+			continue
+		}
+		if d.Log.Dropped < t.logLost[r] { // a new writer (the rank's service restarted): counts from 0
+			t.logLost[r] = 0
+		}
+		if d.Log.Dropped == t.logLost[r] {
+			continue
+		}
+		if t.logLost == nil {
+			t.logLost = map[int]int64{}
+		}
+		parts = append(parts, diffLogLost(r, d.Log.Dropped-t.logLost[r], d.Log.LastErr, t.committed))
+		t.logLost[r] = d.Log.Dropped
+	}
+	if len(parts) == 0 {
+		return
+	}
+	t.logWarned = now
+	for _, p := range parts {
+		j.out.report("%s", p)
+	}
+}
+
+// diffLogLost is the warning that rank's differential log on disk lost n
+// steps (lastErr: its last write error, or empty), the commit record being
+// at step committed (-1: none). The launcher does not know which steps
+// were lost, only that the log stops being contiguous at the first.
+func diffLogLost(rank int, n int64, lastErr string, committed int64) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "the differential log on disk lost %d steps of rank %d", n, rank)
+	if lastErr != "" {
+		fmt.Fprintf(&b, " (last error: %s)", lastErr)
+	}
+	if committed >= 0 {
+		fmt.Fprintf(&b, ": --resume and a roll-back reach only up to its first lost step after the committed version step %d until the next base is committed", committed)
+	} else {
+		b.WriteString(": --resume and a roll-back reach only up to its first lost step until a base is committed")
+	}
+	return b.String()
 }
 
 // fallingBehind is the warning that the durable tier lags G: the commit
@@ -502,7 +570,17 @@ func (j *job) durableTable() string {
 		b.WriteString(", no version committed")
 	}
 	b.WriteByte('\n')
-	fmt.Fprintf(&b, "  %6s %6s %8s %7s %12s %10s %12s %4s\n", "rank", "saves", "skipped", "failed", "write/save", "MB/s", "stage wait", "N")
+	fmt.Fprintf(&b, "  %6s %6s %8s %7s %12s %10s %12s %4s", "rank", "saves", "skipped", "failed", "write/save", "MB/s", "stage wait", "N")
+	logs := false
+	for r := range j.world {
+		if d := j.prog.rank(r).D; d != nil && d.Log != nil {
+			logs = true
+		}
+	}
+	if logs {
+		fmt.Fprintf(&b, " %11s %11s %10s", "log written", "log dropped", "log failed")
+	}
+	b.WriteByte('\n')
 	for r := range j.world {
 		d := j.prog.rank(r).D
 		if d == nil {
@@ -515,6 +593,11 @@ func (j *job) durableTable() string {
 			rate = fmt.Sprintf("%.0f", float64(d.Bytes)/1e6/(float64(d.WriteNS)/1e9))
 		}
 		fmt.Fprintf(&b, "  %6d %6d %8d %7d %12s %10s %12v %4d", r, d.Saves, d.Skipped, d.Failed, per, rate, time.Duration(d.HoldNS).Round(time.Microsecond), d.N)
+		if l := d.Log; l != nil {
+			fmt.Fprintf(&b, " %11d %11d %10d", l.Steps, l.Dropped, l.Failed)
+		} else if logs {
+			fmt.Fprintf(&b, " %11s %11s %10s", "-", "-", "-")
+		}
 		if d.Off != "" {
 			fmt.Fprintf(&b, "  no store: %s", d.Off)
 		}

@@ -392,6 +392,28 @@ func TestDurableTable(t *testing.T) {
 	}
 }
 
+// TestDurableTableDiffLog: in diff mode -v's report gains each rank's
+// differential log on disk: steps written, dropped, batches failed.
+func TestDurableTableDiffLog(t *testing.T) {
+	j, _, _ := durableJob(t, t.TempDir())
+	j.prog.handle(&wire.UpProgress{Host: 0, Ranks: []wire.RankProgress{
+		{Rank: 0, Committed: 4, Replicated: 4, D: &wire.RankDurable{Resolved: -1, Log: &wire.DiffLogStats{Steps: 5}}},
+		{Rank: 1, Committed: 4, Replicated: 4, D: &wire.RankDurable{Resolved: -1, Log: &wire.DiffLogStats{Steps: 1, Dropped: 4, Failed: 1}}}}})
+	j.prog.handle(&wire.UpProgress{Host: 1, Ranks: []wire.RankProgress{{Rank: 2, Committed: 4, Replicated: 4, D: &wire.RankDurable{Resolved: -1}}}})
+	got := j.durableTable()
+	for _, want := range []string{
+		"stage wait    N log written log dropped log failed\n",
+		"    0           5           0          0\n",
+		"    0           1           4          1\n",
+		"    0           -           -          -\n",
+		"       3      -\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+}
+
 // TestResolvedStep: X is the minimum of G and every rank's resolved
 // step, none while a rank has not reported.
 func TestResolvedStep(t *testing.T) {
@@ -504,5 +526,50 @@ func TestDurableExitCarriesLastCommit(t *testing.T) {
 			return strconv.FormatInt(*p, 10)
 		}
 		t.Fatalf("exit %s with D %s, X %s; want OpExit with D 4 and X 4, as the last G (D %s, X %s)", c.Op, v(c.D), v(c.X), v(last.D), v(last.X))
+	}
+}
+
+// TestDiffLogLostWarning: a rank's differential log on disk that lost
+// steps is said once per burst, at most every 30 s, with the steps lost
+// since the last warning and the last error; nothing without losses.
+func TestDiffLogLostWarning(t *testing.T) {
+	j, _, stderr := durableJob(t, t.TempDir())
+	report := func(committed int64, logs [4]*wire.DiffLogStats) {
+		t.Helper()
+		for host, ranks := range [][]int{{0, 1}, {2, 3}} {
+			u := &wire.UpProgress{Host: host}
+			for _, r := range ranks {
+				u.Ranks = append(u.Ranks, wire.RankProgress{Rank: r, Committed: committed, Replicated: committed, Stages: committed + 1,
+					D: &wire.RankDurable{Resolved: -1, Regions: durableTestRegions, Log: logs[r]}})
+			}
+			if err := j.prog.handle(u); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ok := &wire.DiffLogStats{Steps: 2}
+	now := time.Unix(1000, 0)
+	report(1, [4]*wire.DiffLogStats{ok, ok, ok, nil})
+	j.durableTick(now) // no drops: nothing
+	report(2, [4]*wire.DiffLogStats{ok, {Steps: 1, Dropped: 2, Failed: 1, LastErr: "no space left on device"}, ok, nil})
+	j.durableTick(now.Add(time.Second))
+	report(3, [4]*wire.DiffLogStats{ok, {Steps: 1, Dropped: 3, Failed: 2, LastErr: "no space left on device"}, ok, nil})
+	j.durableTick(now.Add(10 * time.Second)) // within 30 s of the last: not yet
+	j.durableTick(now.Add(40 * time.Second)) // the one more step lost since
+	j.durableTick(now.Add(80 * time.Second)) // none lost since: nothing
+	j.out.close()
+	want := "gorun: the differential log on disk lost 2 steps of rank 1 (last error: no space left on device): --resume and a roll-back reach only up to its first lost step until a base is committed\n" +
+		"gorun: the differential log on disk lost 1 steps of rank 1 (last error: no space left on device): --resume and a roll-back reach only up to its first lost step until a base is committed\n"
+	if got := stderr.String(); got != want {
+		t.Fatalf("stderr:\n%q\nwant\n%q", got, want)
+	}
+}
+
+// TestDiffLogLostText: with a commit record, the warning names its step.
+func TestDiffLogLostText(t *testing.T) {
+	got := diffLogLost(2, 4, "", 10)
+	want := "the differential log on disk lost 4 steps of rank 2: --resume and a roll-back reach only up to its first lost step after the committed version step 10 until the next base is committed"
+	if got != want {
+		t.Fatalf("got %q, want %q", got, want)
 	}
 }

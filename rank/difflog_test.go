@@ -3,6 +3,7 @@ package rank
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -171,5 +172,29 @@ func TestDiffLogRestart(t *testing.T) {
 	waitLogged(t, c, 22)
 	for _, dr := range again {
 		checkFromDisk(t, dir, dr, 2, 22)
+	}
+}
+
+// TestDiffLogInProgress: a rank's differential log on disk whose writes
+// fail reports its counters with its durable progress (what the launcher
+// warns of): steps dropped, batches failed, the last error.
+func TestDiffLogInProgress(t *testing.T) {
+	dir := t.TempDir()
+	errDisk := errors.New("no space left on device")
+	peers := func(int) []int { return []int{0, 1} }
+	c := newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, func(hc *HostConfig) {
+		diffLogMod(dir, 4)(hc)
+		hc.DiffLog.Append = func(int, int64, int64, [][]byte) error { return errDisk }
+		hc.Persist = PersistConfig{Dir: dir, Every: 1000}
+	})
+	rs := startDiffRanks(t, c, 2, 31)
+	runSteps(t, c, rs, 0, 9)
+	c.waitFor("rank 0's log reports steps 0 to 7 dropped", func() bool {
+		d := c.progress(0).Durable
+		return d != nil && d.Log != nil && d.Log.Dropped >= 8
+	})
+	l := c.progress(0).Durable.Log
+	if l.Failed < 2 || l.Steps != 0 || !errors.Is(l.LastErr, errDisk) {
+		t.Errorf("rank 0's log: %+v, want 2 batches failed, none written, the disk's error", l)
 	}
 }

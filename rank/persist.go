@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/durable"
+	"github.com/gorun/gorun/internal/difflog"
 )
 
 // The durable tier (gorun --ckpt-dir; package durable, DESIGN.md §5
@@ -166,6 +167,10 @@ type DurableProgress struct {
 	Regions []Region
 	// Off says why the rank has no store (it could not be opened).
 	Off string
+	// Log are the counters of the rank's differential log on disk (diff
+	// mode, see difflog.go), or nil without one: its dropped steps are
+	// gaps the disk's reach stops before until the next committed base.
+	Log *difflog.WriterStats
 }
 
 // persist is one rank's durable tier (service.dur). Its fields are
@@ -702,6 +707,10 @@ func (s *service) persistProgress(committed int64) *DurableProgress {
 	}
 	if p.store != nil {
 		d.Regions = regions
+	}
+	if s.dlog != nil {
+		st := s.dlog.Stats()
+		d.Log = &st
 	}
 	return d
 }

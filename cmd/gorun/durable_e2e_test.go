@@ -215,10 +215,26 @@ func TestDurableDiskFull(t *testing.T) {
 		}
 		return dptrainHashes(t, res)
 	}()
+	for _, tc := range []struct {
+		name  string
+		flags []string
+	}{
+		{"bases", nil},
+		{"diff", []string{"--protect-mode", "diff", "--diff-codec", "raw", "--diff-batch", "2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			diskFull(t, hosts, args, tc.flags, wantP, wantO, tc.flags != nil)
+		})
+	}
+}
+
+// diskFull is TestDurableDiskFull's run with flags (diff: the
+// differential log on disk loses steps too, which gorun says).
+func diskFull(t *testing.T, hosts *testcluster.Hosts, args, flags []string, wantP, wantO string, diff bool) {
 	// Room for every rank's base files (4 ranks × 5 × 600 KiB) and the
 	// small files, not much more.
 	dir := mountTmpfs(t, 16<<20)
-	j := dptrainJob(t, hosts, []string{"-v", "--ckpt-dir", dir, "--ckpt-every", "4"}, append([]string{"--protect"}, args...)...)
+	j := dptrainJob(t, hosts, append([]string{"-v", "--ckpt-dir", dir, "--ckpt-every", "4"}, flags...), append([]string{"--protect"}, args...)...)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		if _, err := durable.ReadCommitted(dir); err == nil {
@@ -255,6 +271,11 @@ func TestDurableDiskFull(t *testing.T) {
 	}
 	if failed == 0 {
 		t.Errorf("no failed save counted with the disk full")
+	}
+	if lost := "gorun: the differential log on disk lost "; diff && !strings.Contains(res.stderr, lost) {
+		t.Errorf("gorun did not say the differential log on disk lost steps")
+	} else if !diff && strings.Contains(res.stderr, lost) {
+		t.Errorf("a differential log without diff mode")
 	}
 	if err := os.Remove(filepath.Join(dir, "fill")); err != nil {
 		t.Fatal(err)

@@ -44,6 +44,12 @@ func durableReport(d *rank.DurableProgress) *wire.RankDurable {
 	}
 	w := &wire.RankDurable{Markers: d.Markers, Resolved: d.Resolved, Saves: d.Saves, Skipped: d.Skipped, Failed: d.Failed,
 		WriteNS: d.WriteNS, Bytes: d.Bytes, HoldNS: d.HoldNS, N: d.N, Off: truncateMsg(d.Off)}
+	if l := d.Log; l != nil {
+		w.Log = &wire.DiffLogStats{Steps: l.Steps, Dropped: l.Dropped, Failed: l.Failed}
+		if l.LastErr != nil {
+			w.Log.LastErr = truncateMsg(l.LastErr.Error())
+		}
+	}
 	for _, r := range d.Regions {
 		w.Regions = append(w.Regions, wire.DurableRegion{Name: r.Name, Size: r.Size})
 	}

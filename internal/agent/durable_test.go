@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/gorun/gorun/internal/difflog"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/rank"
 	"github.com/nats-io/nats.go"
@@ -160,9 +161,11 @@ func TestDurableReport(t *testing.T) {
 		t.Fatal("a report without a durable tier")
 	}
 	d := &rank.DurableProgress{Markers: []int64{4, 8}, Resolved: 7, Saves: 2, Skipped: 1, Failed: 3, WriteNS: 40, Bytes: 50, HoldNS: 60, N: 2,
-		Regions: []rank.Region{{Name: "optimizer", Size: 12}, {Name: "meta", Size: 4}}, Off: "no disk"}
+		Regions: []rank.Region{{Name: "optimizer", Size: 12}, {Name: "meta", Size: 4}}, Off: "no disk",
+		Log: &difflog.WriterStats{Steps: 9, Batches: 3, Dropped: 4, Full: 1, Failed: 1, LastErr: errors.New("disk full"), Newest: 12}}
 	want := &wire.RankDurable{Markers: []int64{4, 8}, Resolved: 7, Saves: 2, Skipped: 1, Failed: 3, WriteNS: 40, Bytes: 50, HoldNS: 60, N: 2,
-		Regions: []wire.DurableRegion{{Name: "optimizer", Size: 12}, {Name: "meta", Size: 4}}, Off: "no disk"}
+		Regions: []wire.DurableRegion{{Name: "optimizer", Size: 12}, {Name: "meta", Size: 4}}, Off: "no disk",
+		Log: &wire.DiffLogStats{Steps: 9, Dropped: 4, Failed: 1, LastErr: "disk full"}}
 	if got := durableReport(d); !reflect.DeepEqual(got, want) {
 		t.Fatalf("report %+v, want %+v", got, want)
 	}

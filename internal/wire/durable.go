@@ -92,6 +92,19 @@ type RankDurable struct {
 	// Off says why the rank has no store (it could not be opened), or is
 	// empty.
 	Off string `json:"off,omitempty"`
+	// Log is the rank's differential log on disk (diff mode), or nil.
+	Log *DiffLogStats `json:"dl,omitempty"`
+}
+
+// DiffLogStats are the counters of a rank's differential log on disk
+// (difflog.WriterStats): the steps written, the steps lost (dropped: a
+// full queue, a failed batch), the batches that failed, and the last
+// error, empty once a batch was written again.
+type DiffLogStats struct {
+	Steps   int64  `json:"s,omitempty"`
+	Dropped int64  `json:"d,omitempty"`
+	Failed  int64  `json:"f,omitempty"`
+	LastErr string `json:"e,omitempty"`
 }
 
 // DurableRegion is one of a rank's regions (durable.Region).
@@ -137,6 +150,14 @@ func (d *RankDurable) check(rank int, committed int64) error {
 	}
 	if err := checkString("progress: durable state", d.Off); err != nil {
 		return err
+	}
+	if l := d.Log; l != nil {
+		if l.Steps < 0 || l.Dropped < 0 || l.Failed < 0 {
+			return malformed("progress: rank %d: differential log counters", rank)
+		}
+		if err := checkString("progress: differential log error", l.LastErr); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -87,7 +87,8 @@ func TestDecodeDurableProgress(t *testing.T) {
 		return rs
 	}
 	full := &wire.RankDurable{Markers: []int64{0, 10, 20}, Resolved: 16, Saves: 3, Skipped: 1, Failed: 2, WriteNS: 9e8, Bytes: 3 << 30, HoldNS: 5, N: wire.MaxCkptConcurrency,
-		Regions: []wire.DurableRegion{{Name: "optimizer", Size: wire.MaxRegionSize}, {Name: strings.Repeat("m", wire.MaxRegionName), Size: 0}}, Off: "disk gone"}
+		Regions: []wire.DurableRegion{{Name: "optimizer", Size: wire.MaxRegionSize}, {Name: strings.Repeat("m", wire.MaxRegionName), Size: 0}}, Off: "disk gone",
+		Log: &wire.DiffLogStats{Steps: 40, Dropped: 8, Failed: 2, LastErr: "no space left on device"}}
 	for _, tc := range []struct {
 		name      string
 		committed int64
@@ -100,6 +101,7 @@ func TestDecodeDurableProgress(t *testing.T) {
 		{"marker at committed", 10, &wire.RankDurable{Markers: []int64{10}}},
 		{"most markers", wire.MaxDurableMarkers, &wire.RankDurable{Markers: markers(wire.MaxDurableMarkers)}},
 		{"most regions", 0, &wire.RankDurable{Regions: regions(wire.MaxDurableRegions)}},
+		{"log without losses", 0, &wire.RankDurable{Log: &wire.DiffLogStats{Steps: 1}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			u := &wire.UpProgress{Host: 1, Ranks: []wire.RankProgress{{Rank: 2, Committed: tc.committed, Replicated: -1, D: tc.d}}}
@@ -130,6 +132,11 @@ func TestDecodeDurableProgress(t *testing.T) {
 		{"negative region", progress(9, &wire.RankDurable{Regions: []wire.DurableRegion{{Name: "r", Size: -1}}})},
 		{"region too large", progress(9, &wire.RankDurable{Regions: []wire.DurableRegion{{Name: "r", Size: wire.MaxRegionSize + 1}}})},
 		{"reason too long", progress(9, &wire.RankDurable{Off: tooLong})},
+		{"negative log steps", progress(9, &wire.RankDurable{Log: &wire.DiffLogStats{Steps: -1}})},
+		{"negative log dropped", progress(9, &wire.RankDurable{Log: &wire.DiffLogStats{Dropped: -1}})},
+		{"negative log failed", progress(9, &wire.RankDurable{Log: &wire.DiffLogStats{Failed: -1}})},
+		{"log error too long", progress(9, &wire.RankDurable{Log: &wire.DiffLogStats{LastErr: tooLong}})},
+		{"unknown log field", []byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":9,"p":1,"dur":{"x":-1,"dl":{"zz":1}}}]}`)},
 		{"markers not numbers", []byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":9,"p":1,"dur":{"m":["1"]}}]}`)},
 		{"unknown durable field", []byte(`{"h":0,"gen":0,"ranks":[{"r":0,"c":9,"p":1,"dur":{"zz":1}}]}`)},
 	})
