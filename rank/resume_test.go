@@ -58,6 +58,48 @@ func durableRegions(rs []Region) []durable.Region {
 	return out
 }
 
+// diskCluster is the cluster of TestResumeFromDisk and
+// TestReloadAfterRollback: two hosts, a rank each, replicas on the other
+// host, in mode, the differential log to dir in batches of 4.
+func diskCluster(t *testing.T, dir string, mode ProtectMode) *cluster {
+	t.Helper()
+	peers := func(int) []int { return []int{0, 1} }
+	mod := func(c *HostConfig) {
+		diffLogMod(dir, 4)(c)
+		c.Mode = mode
+	}
+	return newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, mod)
+}
+
+// runToDisk runs the job both tests start from on a diskCluster, the
+// ranks of the regions given: steps 0 to 5, every rank's base at step 5
+// saved and committed, then steps 6 to 13.
+func runToDisk(t *testing.T, dir string, mode ProtectMode, regions []Region) (*cluster, []*diffRank) {
+	t.Helper()
+	a := diskCluster(t, dir, mode)
+	var rs []*diffRank
+	for r := range 2 {
+		dr, err := newDiffRankOf(t, a.hosts[r], r, 51, nil, regions)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(dr.close)
+		if _, err := dr.restore(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		rs = append(rs, dr)
+	}
+	runSteps(t, a, rs, 0, 5)
+	for _, dr := range rs {
+		saveAll(t, dir, dr, 5)
+	}
+	if err := durable.Commit(dir, 5); err != nil {
+		t.Fatal(err)
+	}
+	runSteps(t, a, rs, 6, 13)
+	return a, rs
+}
+
 // TestResumeFromDisk is gorun --resume at the level of the rank
 // services: a job (two hosts, a rank each, replicas on the other host)
 // protects steps 0 to 13, with a durable base of every rank at step 5
@@ -83,32 +125,7 @@ func TestResumeFromDisk(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			peers := func(int) []int { return []int{0, 1} }
-			mod := func(c *HostConfig) {
-				diffLogMod(dir, 4)(c)
-				c.Mode = tc.mode
-			}
-			a := newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, mod)
-			var rs []*diffRank
-			for r := range 2 {
-				dr, err := newDiffRankOf(t, a.hosts[r], r, 51, nil, tc.regions)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(dr.close)
-				if _, err := dr.restore(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-				rs = append(rs, dr)
-			}
-			runSteps(t, a, rs, 0, 5)
-			for _, dr := range rs {
-				saveAll(t, dir, dr, 5)
-			}
-			if err := durable.Commit(dir, 5); err != nil {
-				t.Fatal(err)
-			}
-			runSteps(t, a, rs, 6, 13)
+			a, rs := runToDisk(t, dir, tc.mode, tc.regions)
 			a.close() // the whole job ends (its writers append what they hold)
 
 			// The new job: each rank's reach on disk, the global minimum.
@@ -126,7 +143,7 @@ func TestResumeFromDisk(t *testing.T) {
 			if err != nil || plan.T != tc.t || plan.Base != 5 {
 				t.Fatalf("Decide: %+v, %v; want T %d from base 5", plan, err, tc.t)
 			}
-			b := newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, mod)
+			b := diskCluster(t, dir, tc.mode)
 			for r, h := range b.hosts {
 				var adamT int
 				err := h.Preload(r, tc.regions, plan.T, func(views [][]byte) (int, error) {

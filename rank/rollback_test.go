@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/gorun/gorun/durable"
 	"github.com/gorun/gorun/internal/cascade"
 	"github.com/gorun/gorun/replay"
 )
@@ -32,32 +31,7 @@ func TestReloadAfterRollback(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			peers := func(int) []int { return []int{0, 1} }
-			mod := func(c *HostConfig) {
-				diffLogMod(dir, 4)(c)
-				c.Mode = tc.mode
-			}
-			a := newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, mod)
-			var rs []*diffRank
-			for r := range 2 {
-				dr, err := newDiffRankOf(t, a.hosts[r], r, 51, nil, tc.regions)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(dr.close)
-				if _, err := dr.restore(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-				rs = append(rs, dr)
-			}
-			runSteps(t, a, rs, 0, 5)
-			for _, dr := range rs {
-				saveAll(t, dir, dr, 5)
-			}
-			if err := durable.Commit(dir, 5); err != nil {
-				t.Fatal(err)
-			}
-			runSteps(t, a, rs, 6, 13)
+			a, rs := runToDisk(t, dir, tc.mode, tc.regions)
 			if tc.mode == ModeDiff {
 				waitLogged(t, a, 11) // batches of 4: 8-11 the last whole one
 			}
