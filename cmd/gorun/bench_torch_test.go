@@ -40,7 +40,7 @@ func TestBenchTorch(t *testing.T) {
 	python, script := torchTrain(t)
 	const (
 		world     = 4
-		steps     = 60
+		steps     = 50
 		killAfter = 35 // a checkpoint of step 29 exists: 6 steps to replay
 		saveEvery = 10
 	)
@@ -73,7 +73,7 @@ func TestBenchTorch(t *testing.T) {
 
 	// (a) Step time, plain and protected, alternating (the box's load
 	// drifts): rounds of one run each.
-	const rounds = 2
+	const rounds = 3
 	var want string
 	var plain, prot []float64
 	for range rounds {
