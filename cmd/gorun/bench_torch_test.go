@@ -97,6 +97,19 @@ func TestBenchTorch(t *testing.T) {
 	killed := waitReport(t, r, killAfter, func() error { return c.hosts.KillAll(0) })
 	res := r.finish(t, 0, 1)
 	hot := torchRecovery(t, res, killed, "gorun")
+	phases := "no recovery timeline"
+	if tl := ofKind(readEvents(t, r.events), "timeline"); len(tl) == 1 {
+		killAt := killed.Sub(r.start).Seconds()
+		at := func(p *float64) string {
+			if p == nil {
+				return "-"
+			}
+			return fmt.Sprintf("%.2fs", *p-killAt)
+		}
+		e := tl[0]
+		phases = fmt.Sprintf("since the kill: detected %s, replaced %s, published %s, restored %s, resumed %s",
+			at(e.Detected), at(e.Replaced), at(e.Published), at(e.Restored), at(e.Resumed))
+	}
 	if got := torchChecksum(t, res); got != want {
 		t.Errorf("gorun's recovered run: checksum %s, the plain run's %s", got, want)
 	}
@@ -120,6 +133,7 @@ func TestBenchTorch(t *testing.T) {
 	fmt.Printf("    mean: plain %.1f ms, protected %.1f ms: ratio %.3f\n", sp/rounds*1e3, sq/rounds*1e3, sq/sp)
 	fmt.Printf("(b) host loss after step %d to the first new step after resume (rank 0's report):\n", killAfter)
 	fmt.Printf("    gorun, spare host, state from memory (--recovery restart): %6.2f s  (%s)\n", hot.took.Seconds(), hot)
+	fmt.Printf("      gorun's timeline (--events), %s\n", phases)
 	fmt.Printf("    torchrun-style restart, torch.save every %d steps (--max-restarts 1): %6.2f s  (%s)\n", saveEvery, base.took.Seconds(), base)
 	fmt.Printf("    ratio (checkpoint-restart / gorun): %.2f\n", base.took.Seconds()/hot.took.Seconds())
 }
