@@ -579,6 +579,8 @@ class Protector:
         def step(*args: Any, **kwargs: Any) -> Any:
             self._wait()
             return orig(*args, **kwargs)
+        if hasattr(orig, "_with_counter"):  # an LR scheduler's counter
+            step._with_counter = True  # type: ignore[attr-defined]
         opt.step = step  # type: ignore[method-assign]
 
     def wait(self) -> None:
