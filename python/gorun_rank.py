@@ -21,30 +21,30 @@ A plain trainer::
             ...                               # train step s
             prot.stage(s, {"params": params_bytes, "meta": meta_bytes})
 
-A PyTorch trainer can overlap the copy with the next step's compute, or
-write straight into the shared memory through ``view()``::
+A PyTorch trainer uses gorun_torch (beside this module), which protects a
+model, its optimizer and scheduler in a few lines. Underneath, it writes
+straight into the shared memory between begin() (Stage) and commit()
+(Commit), and reads a restored slot in place (restore_slot())::
 
     import torch, gorun_rank
 
     client = gorun_rank.Client()
-    sizes = {"optimizer": opt_flat.numel() * 4,
-             "params": params_flat.numel() * 4, "meta": 256}
-    prot = client.protect(sizes)
-    step, state = prot.restore()
-    if state is not None:
-        params_flat.copy_(torch.frombuffer(bytearray(state["params"]),
-                                           dtype=torch.float32))
-        ...
+    prot = client.protect({"params": flat.numel() * 4, "meta": 256})
+    step, slot = prot.restore_slot()          # (-1, -1) on a fresh start
+    if step >= 0:
+        flat.copy_(torch.frombuffer(prot.view("params", slot),
+                                    dtype=torch.float32))
     for s in range(step + 1, steps):
         ...                                   # forward, backward, optimizer
-        snap = {"optimizer": opt_flat.numpy().tobytes(),   # on CPU
-                "params": params_flat.numpy().tobytes(),
-                "meta": meta_bytes}
-        prot.stage_async(s, snap)             # copied while s+1 computes
-    prot.wait()
-    # Zero-copy reads of a slot:
-    # torch.frombuffer(prot.view("params", slot), dtype=torch.float32)
+        slot = prot.begin(s)
+        torch.frombuffer(prot.view("params", slot),
+                         dtype=torch.float32).copy_(flat)
+        prot.view("meta", slot)[:len(meta)] = meta
+        prot.commit(s)
     prot.close()
+
+stage() and stage_async() do the same from bytes-like objects (stage_async
+copies in a background thread while the next step computes).
 
 numpy and torch are never imported by this module; any object with the
 buffer protocol (bytes, bytearray, memoryview, array.array, numpy arrays)

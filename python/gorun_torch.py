@@ -61,14 +61,27 @@ without ``generator=`` draws its base seed from torch's global RNG each
 time an iterator is made, which a resumed run does at a different point).
 
 ``--recovery in-place`` (the surviving ranks keep running while a lost
-host is replaced): gorun's Go ranks do it through the rank client's epoch
-change. A PyTorch script would have to notice the epoch change (its gloo
-collective fails with the dead peer), destroy its process group, create a
-new one for the new epoch (new MASTER_ADDR/MASTER_PORT rendezvous), call
-restore() again (every rank rolls back to G) and go on. See the README's
-"PyTorch" section for what was measured with torch 1.13's gloo; this module
-does not do it, and ``--recovery restart`` (the default) is the supported
-way for PyTorch trainers.
+host is replaced) is not supported for PyTorch scripts; ``--recovery
+restart`` (the default) is. A script would have to, when a collective
+fails: learn the new epoch, ``dist.destroy_process_group()``,
+``init_process_group`` for the new epoch's rendezvous (a new address and
+port) with a short ``timeout=``, wrap its module in a new DDP, call
+restore() again (every rank rolls back to G) and go on. gloo in torch 1.13
+allows that (measured: destroy and a new group on a new port with a new
+peer worked in every one of 27 cycles, with the lost peer rank 0, which
+held the TCPStore, or rank 1); a collective with a killed peer fails at
+once (under 2 ms; a DDP step in 30-50 ms), one with a silent (stopped)
+peer only after the group's timeout (5.0 s and 20.0 s measured for 5 and
+20; torch's default is 30 minutes). What is missing is gorun's: the Python
+client has no Fence and sees a new epoch only as a frame it skips, so the
+surviving ranks cannot agree with the moved ones on the new rendezvous.
+
+Determinism (what a bitwise resume needs besides this module): a
+DataLoader with its own ``generator=``, and with more than 2 ranks
+``DDP(..., find_unused_parameters=True)``, which keeps DDP from rebuilding
+its gradient buckets after a process's first step (the bucket offsets set
+gloo's summation order: resumed world-4 runs ended on other bits without
+it). See examples/torch/train.py.
 
 Only the standard library, torch and gorun_rank are imported.
 """
@@ -82,8 +95,6 @@ import os
 import random
 import struct
 import sys
-import threading
-import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -221,12 +232,10 @@ class Protector:
     rank_unique_optimizer: put the optimizer's tensor state in the
     replicated ``optimizer`` region instead of ``params`` (sharded
     optimizers, no data parallelism). meta_size: the meta region's size in
-    bytes. overlap: copy the tensors into the shared memory in a background
-    thread while the next forward and backward run; the copy is waited for
-    before the next optimizer.step() (which this wraps on the instance) and
-    before restore() and close(). probe: builds the optimizer used to find
-    the state's layout from the param_groups of zero tensors (default:
-    ``type(optimizer)(groups, **optimizer.defaults)``). socket_path: the
+    bytes. probe: builds the optimizer used to find the state's layout from
+    param_groups of zero tensors (default: ``type(optimizer)(groups,
+    **optimizer.defaults)``); it is stepped once with zero gradients.
+    socket_path: the
     rank's socket (default: GORUN_SOCKET; GorunError when not under gorun).
     """
 
@@ -235,7 +244,6 @@ class Protector:
                  scheduler: Any = None, *,
                  rank_unique_optimizer: bool = False,
                  meta_size: int = META_SIZE,
-                 overlap: bool = False,
                  probe: Optional[Callable[[list], torch.optim.Optimizer]]
                  = None,
                  socket_path: Optional[str] = None,
@@ -245,14 +253,9 @@ class Protector:
         self.model, self.optimizer, self.scheduler = model, optimizer, \
             scheduler
         self.meta_size = meta_size
-        self.overlap = overlap
         self._client: Optional[gorun_rank.Client] = None
         self._prot: Optional[gorun_rank.Protection] = None
         self._dst: dict[int, list[torch.Tensor]] = {}
-        self._thread: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
-        self._orig_step: Any = None
-        self.wait_s = 0.0  # total time save() and step() waited on a copy
 
         opt_region = "optimizer" if rank_unique_optimizer else "params"
         self._model_entries: list[_Entry] = []
@@ -331,8 +334,6 @@ class Protector:
         except BaseException:
             self._client.close()
             raise
-        if overlap:
-            self._wrap_step()
 
     # Layout helpers.
 
@@ -460,7 +461,6 @@ class Protector:
         save(G)) is returned; on a fresh start (0, None), nothing touched.
         """
         prot = self._live()
-        self._wait()
         step, slot = prot.restore_slot()
         if step == -1:
             return 0, None
@@ -517,75 +517,28 @@ class Protector:
 
         data: the position of the next batch (a JSON-able dict), returned
         by restore(). Stage, copy every tensor into the slot, write the
-        meta document, Commit; with overlap=True the copies and the Commit
-        run in the background and save() returns at once.
+        meta document, Commit. (A copy in a background thread, overlapped
+        with the next forward and backward, was tried: on 2 cores, 12 MiB
+        of state, save() went from 3.0 to 2.0 ms but the step from 53.2 to
+        55.0 ms, the copy competing with the compute: no gain, not kept.)
         """
         prot = self._live()
-        self._wait()
         srcs, absent = self._opt_sources()
         meta = self._meta(step, data, absent)  # before Stage: may refuse
         slot = prot.begin(step)
         dst = self._dst_tensors(slot)
-        n_model = len(self._model_entries)
-        pairs = list(zip(dst, self._model_tensors + srcs))
+        with torch.no_grad():
+            for d, src in zip(dst, self._model_tensors + srcs):
+                if src is None:
+                    d.zero_()  # a parameter without state (no grad yet)
+                else:
+                    d.copy_(src)
         mv = prot.view("meta", slot)
         try:
             mv[:len(meta)] = meta
         finally:
             mv.release()
-        if not self.overlap:
-            self._copy(pairs)
-            prot.commit(step)
-            return
-        # Buffers change in the forward pass (BatchNorm): copied now.
-        bufs = {i for i, e in enumerate(self._model_entries) if e.buffer}
-        self._copy([pairs[i] for i in sorted(bufs)])
-        rest = [pairs[i] for i in range(len(pairs)) if i not in bufs]
-
-        def run() -> None:
-            try:
-                self._copy(rest)
-                prot.commit(step)
-            except BaseException as e:  # raised by the next _wait
-                self._error = e
-        self._thread = threading.Thread(target=run, daemon=True,
-                                        name=f"gorun-torch-save-{step}")
-        self._thread.start()
-
-    @staticmethod
-    def _copy(pairs: list) -> None:
-        with torch.no_grad():
-            for d, s in pairs:
-                if s is None:
-                    d.zero_()
-                else:
-                    d.copy_(s)
-
-    def _wait(self) -> None:
-        t, self._thread = self._thread, None
-        if t is not None:
-            t0 = time.perf_counter()
-            t.join()
-            self.wait_s += time.perf_counter() - t0
-        err, self._error = self._error, None
-        if err is not None:
-            raise err
-
-    def _wrap_step(self) -> None:
-        opt = self.optimizer
-        orig = opt.step  # bound method
-        self._orig_step = orig
-
-        def step(*args: Any, **kwargs: Any) -> Any:
-            self._wait()
-            return orig(*args, **kwargs)
-        if hasattr(orig, "_with_counter"):  # an LR scheduler's counter
-            step._with_counter = True  # type: ignore[attr-defined]
-        opt.step = step  # type: ignore[method-assign]
-
-    def wait(self) -> None:
-        """Wait for the background copy of the last save (overlap=True)."""
-        self._wait()
+        prot.commit(step)
 
     def _live(self) -> gorun_rank.Protection:
         if self._prot is None:
@@ -598,17 +551,11 @@ class Protector:
         return self._live()
 
     def close(self) -> None:
-        """Wait for a background copy, unmap the regions, disconnect."""
-        try:
-            self._wait()
-        finally:
-            if self._orig_step is not None:
-                del self.optimizer.step  # the class's method again
-                self._orig_step = None
-            self._dst.clear()
-            if self._client is not None:
-                self._client.close()
-            self._client, self._prot = None, None
+        """Unmap the regions and disconnect."""
+        self._dst.clear()
+        if self._client is not None:
+            self._client.close()
+        self._client, self._prot = None, None
 
     def __enter__(self) -> "Protector":
         return self

@@ -235,33 +235,6 @@ class GorunTorchTest(unittest.TestCase):
         self.assertTrue(torch.equal(torch.get_rng_state(), before[1]))
         self.assertEqual(len(opt.state), 0)
 
-    def test_overlap_gives_the_same_bytes(self) -> None:
-        want = run(None, 6)
-        model, opt, sched = build()
-        seed_all(7)
-        svc = self.svc
-        with gorun_torch.Protector(model, opt, sched, socket_path=svc.path,
-                                   overlap=True) as prot:
-            self.assertEqual(prot.restore(), (0, None))
-            for step in range(6):
-                train_step(model, opt, sched, step)
-                prot.save(step, {"step": step})
-            prot.wait()
-            self.assertEqual(svc.newest()[0], 5)
-            slots = {svc.newest()[1]}
-        self.assertNotIn("step", vars(opt))  # the wrapper is gone
-        got = digest(model, opt, sched)
-        self.assertEqual(got["model"], want["model"])
-        # The slot written in the background holds what a synchronous
-        # save writes: restore it elsewhere and compare.
-        m2, o2, s2 = build(seed=3)
-        with gorun_torch.Protector(m2, o2, s2,
-                                   socket_path=svc.path) as prot:
-            self.assertEqual(prot.restore(), (6, {"step": 5}))
-        self.assertEqual(slots, {svc.newest()[1]})
-        self.assertEqual(digest(m2, o2, s2)["model"], want["model"])
-        self.assertEqual(digest(m2, o2, s2)["optimizer"], want["optimizer"])
-
     def test_other_model_refused(self) -> None:
         run(self.svc.path, 3)
         # The same region sizes, other shapes: the fingerprint refuses.
@@ -311,6 +284,36 @@ class GorunTorchTest(unittest.TestCase):
         finally:
             if old is not None:
                 os.environ["GORUN_SOCKET"] = old
+
+    def test_parameter_without_state(self) -> None:
+        """A parameter that got no gradient has no optimizer state: none
+        after the restore either; a custom probe finds the same layout."""
+        def make(seed: int) -> tuple:
+            torch.manual_seed(seed)
+            model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+            spare = nn.Parameter(torch.randn(3))  # never used
+            opt = torch.optim.Adam(list(model.parameters()) + [spare])
+            return model, opt, spare
+        model, opt, spare = make(1)
+        x = torch.randn(8, 4)
+        with gorun_torch.Protector(model, opt,
+                                   socket_path=self.svc.path) as prot:
+            for step in range(3):
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+                prot.save(step)
+            self.assertNotIn(spare, opt.state)
+        want = digest(model, opt, torch.optim.lr_scheduler.StepLR(opt, 1))
+        m2, o2, s2 = make(2)
+        with gorun_torch.Protector(
+                m2, o2, socket_path=self.svc.path,
+                probe=lambda groups: torch.optim.Adam(groups)) as prot:
+            self.assertEqual(prot.restore(), (3, None))
+        self.assertNotIn(s2, o2.state)
+        self.assertEqual(len(o2.state), 4)
+        got = digest(m2, o2, torch.optim.lr_scheduler.StepLR(o2, 1))
+        self.assertEqual(got, want)
 
     def test_optimizer_state_changed_shape_refused(self) -> None:
         model, opt, sched = build()
