@@ -47,8 +47,9 @@ rank/PROTOCOL.md):
 Optimizer state is created by torch at the first step, but the regions are
 declared before the restore: the layout is found by probing, a second
 optimizer of the same class over zero tensors shaped like the parameters,
-with zero gradients, stepped once (the real optimizer is never stepped
-here). On a restore the real optimizer's state entries are created from
+with zero gradients, stepped once (on the meta device, which allocates
+nothing, where the optimizer supports it; the real optimizer is never
+stepped here). On a restore the real optimizer's state entries are created from
 that layout and the bytes copied in. A fresh start touches nothing, so a
 protected run is bitwise the same as an unprotected one.
 
@@ -205,21 +206,37 @@ def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or "1")
 
 
-def _probe_optimizer(optimizer: torch.optim.Optimizer,
-                     params: list[torch.Tensor]) -> torch.optim.Optimizer:
-    """A copy of optimizer over zero tensors shaped like its parameters."""
-    clones = {}
+def _zero_groups(optimizer: torch.optim.Optimizer,
+                 device: Optional[str]) -> list[dict[str, Any]]:
+    """optimizer's param_groups over zero tensors (on device, if given)
+    shaped like its parameters, with zero gradients."""
     groups = []
     for g in optimizer.param_groups:
         ps = []
         for p in g["params"]:
-            if id(p) not in clones:
-                c = torch.zeros_like(p, memory_format=torch.preserve_format)
-                c.grad = torch.zeros_like(c)
-                clones[id(p)] = c
-            ps.append(clones[id(p)])
+            c = torch.zeros_like(p, device=device)
+            c.grad = torch.zeros_like(c)
+            ps.append(c)
         groups.append(dict(g, params=ps))
-    return type(optimizer)(groups, **optimizer.defaults)
+    return groups
+
+
+def _probe(optimizer: torch.optim.Optimizer,
+           make: Callable[[list], torch.optim.Optimizer]
+           ) -> torch.optim.Optimizer:
+    """A copy of optimizer, made by make and stepped once over zeros.
+
+    On the meta device first (no memory; AdamW, Adam, SGD and most
+    optimizers step there), else over zeros on the parameters' devices.
+    """
+    try:
+        probed = make(_zero_groups(optimizer, "meta"))
+        probed.step()
+        return probed
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        probed = make(_zero_groups(optimizer, None))
+        probed.step()
+        return probed
 
 
 class Protector:
@@ -234,7 +251,8 @@ class Protector:
     optimizers, no data parallelism). meta_size: the meta region's size in
     bytes. probe: builds the optimizer used to find the state's layout from
     param_groups of zero tensors (default: ``type(optimizer)(groups,
-    **optimizer.defaults)``); it is stepped once with zero gradients.
+    **optimizer.defaults)``); it is stepped once with zero gradients, on
+    the meta device (no memory) where the optimizer supports it.
     socket_path: the
     rank's socket (default: GORUN_SOCKET; GorunError when not under gorun).
     """
@@ -276,13 +294,8 @@ class Protector:
         if len({id(p) for p in self._opt_params}) != len(self._opt_params):
             raise GorunError("a parameter is in two param_groups")
         names = {id(t): n for n, t in model.named_parameters()}
-        probed = (probe(self._groups_of_zeros()) if probe is not None
-                  else _probe_optimizer(optimizer, self._opt_params))
-        if probe is not None:
-            for p in probed.param_groups:
-                for t in p["params"]:
-                    t.grad = torch.zeros_like(t)
-        probed.step()
+        probed = _probe(optimizer, probe or (
+            lambda groups: type(optimizer)(groups, **optimizer.defaults)))
         probed_params = [p for g in probed.param_groups
                          for p in g["params"]]
         if len(probed_params) != len(self._opt_params):
@@ -296,8 +309,10 @@ class Protector:
                 v = st[key]
                 pname = names.get(id(self._opt_params[i]), f"#{i}")
                 if isinstance(v, torch.Tensor):
-                    self._opt_entries.append(_Entry(
-                        opt_region, f"{pname}.{key}", v, i, key))
+                    e = _Entry(opt_region, f"{pname}.{key}", v, i, key)
+                    if v.device.type == "meta":  # probed on meta
+                        e.device = self._opt_params[i].device
+                    self._opt_entries.append(e)
                 else:
                     scal.append(key)
             self._opt_scalar_keys.append(scal)
@@ -336,13 +351,6 @@ class Protector:
             raise
 
     # Layout helpers.
-
-    def _groups_of_zeros(self) -> list[dict[str, Any]]:
-        out = []
-        for g in self.optimizer.param_groups:
-            ps = [torch.zeros_like(p) for p in g["params"]]
-            out.append(dict(g, params=ps))
-        return out
 
     def _dst_tensors(self, slot: int) -> list[torch.Tensor]:
         """Tensors over the slot's bytes, one per entry (made once)."""

@@ -315,6 +315,32 @@ class GorunTorchTest(unittest.TestCase):
         got = digest(m2, o2, torch.optim.lr_scheduler.StepLR(o2, 1))
         self.assertEqual(got, want)
 
+    def test_probe_falls_back_from_meta(self) -> None:
+        """The probe runs on the meta device; an optimizer that cannot is
+        probed over zeros on the parameters' device: the same layout."""
+        model, opt, sched = build()
+        devices = []
+
+        def probe(groups: list) -> Any:
+            dev = groups[0]["params"][0].device.type
+            devices.append(dev)
+            if dev == "meta":
+                raise NotImplementedError("no meta kernels here")
+            return torch.optim.AdamW(groups, **opt.defaults)
+        with gorun_torch.Protector(model, opt, sched, probe=probe,
+                                   socket_path=self.svc.path):
+            pass
+        self.assertEqual(devices, ["meta", "cpu"])
+        svc = FakeService()
+        self.addCleanup(svc.close)
+        with gorun_torch.Protector(*build(), probe=probe,
+                                   socket_path=self.svc.path) as fallback:
+            with gorun_torch.Protector(model, opt, sched,
+                                       socket_path=svc.path) as prot:
+                self.assertEqual(prot.fingerprint, fallback.fingerprint)
+        self.assertEqual(devices, ["meta", "cpu"] * 2)
+        self.assertEqual(svc.regions, self.svc.regions)
+
     def test_optimizer_state_changed_shape_refused(self) -> None:
         model, opt, sched = build()
         with gorun_torch.Protector(model, opt, sched,
