@@ -333,6 +333,7 @@ class Protector:
         self.world_size = _world_size()
         self.fingerprint = hashlib.sha256(json.dumps(
             {"layout": layout, "optimizer": type(optimizer).__name__,
+             "groups": [len(g["params"]) for g in optimizer.param_groups],
              "scheduler": type(scheduler).__name__ if scheduler else None,
              "world": self.world_size},
             separators=(",", ":")).encode()).hexdigest()

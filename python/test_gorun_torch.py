@@ -247,6 +247,15 @@ class GorunTorchTest(unittest.TestCase):
             with self.assertRaisesRegex(LayoutError, "another model"):
                 prot.restore()
             self.assertEqual(digest(model, opt, sched), before)
+        # The same tensors in other param_groups: refused.
+        model, _, _ = build()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        with gorun_torch.Protector(model, opt,
+                                   torch.optim.lr_scheduler.LambdaLR(
+                                       opt, lambda s: 0.9 ** s),
+                                   socket_path=self.svc.path) as prot:
+            with self.assertRaisesRegex(LayoutError, "another model"):
+                prot.restore()
         # Another world size: refused as well.
         os.environ["WORLD_SIZE"] = "3"
         try:
