@@ -5,7 +5,7 @@ PKGS    := ./...
 # Packages with vector kernels built under GOEXPERIMENT=simd.
 SIMD_PKGS := ./replay/ ./examples/dptrain/
 
-.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-tier2 bench-ec bench-mpi bench-recovery bench-persist fuzz lint demo demo-hotswap demo-hello demo-train clean
+.PHONY: all build test test-short bench bench-launch bench-rendezvous bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-tier2 bench-ec bench-mpi bench-recovery bench-persist bench-torch fuzz lint demo demo-hotswap demo-hello demo-train clean
 
 all: build
 
@@ -44,11 +44,12 @@ test: lint
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/gorun-static ./cmd/gorun
 	$(BIN)/gorun-static -np 2 --oversubscribe true
 	cd python && python3 -m unittest -q test_gorun_rank
+	cd python && /usr/bin/python3 -m unittest -q test_gorun_torch
 
 test-short:
 	$(GO) test -short $(PKGS)
 
-bench: bench-rendezvous bench-launch bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-mpi bench-recovery bench-persist
+bench: bench-rendezvous bench-launch bench-comm bench-hotswap bench-placement bench-replay bench-protect bench-mpi bench-recovery bench-persist bench-torch
 
 # Launch-to-exit time against Open MPI and MPICH Hydra (installs them with apt-get if missing).
 bench-launch: build
@@ -105,6 +106,16 @@ bench-replay:
 bench-recovery: build
 	GORUN_BENCH_RECOVERY=1 $(GO) test -count=1 -run '^TestBenchRecovery$$' -v -timeout 40m ./cmd/gorun/
 	$(GO) test -run '^$$' -bench BenchmarkRecoveryEpoch -benchtime 3x -timeout 20m ./comm/
+
+# PyTorch (issue 18): examples/torch/train.py, 4 ranks on 2 namespace hosts
+# + 1 spare, 38 MB of parameters and AdamW state per rank: the protected
+# script's mean step time beside the plain one's, and the time from a host
+# loss to the first new step after resume under gorun (spare, state from
+# memory) beside a torchrun-style restart reloading a torch.save checkpoint
+# written every 10 steps, in one run (needs /usr/bin/python3 with torch:
+# apt-get install python3-torch; root and ip netns; a few minutes).
+bench-torch: build
+	GORUN_BENCH_TORCH=1 $(GO) test -count=1 -run '^TestBenchTorch$$' -v -timeout 30m ./cmd/gorun/
 
 bench-protect: build
 	$(GO) run ./internal/benchprotect -gorun $(BIN)/gorun -dptrain $(BIN)/dptrain

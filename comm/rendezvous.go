@@ -72,8 +72,13 @@ type Rendezvous struct {
 	registered chan int
 	done       chan struct{}
 
-	mu      sync.Mutex // guards the fields below
-	epoch   uint64
+	mu    sync.Mutex // guards the fields below
+	epoch uint64
+	// turn counts the tables with a new epoch published after the first:
+	// the epoch's MASTER_PORT is wire.MasterPortOf(rank 0's host, turn),
+	// so that two successive epochs never share one (however far apart
+	// their numbers are).
+	turn    uint64
 	member  Membership
 	fenced  []bool
 	regs    []*wire.Register
@@ -238,7 +243,7 @@ func (r *Rendezvous) buildTable() *wire.EpochTable {
 		}
 		th.Addr, th.ReplicaPort = reg.Addr, reg.ReplicaPort
 		if slices.Contains(ranks, 0) {
-			t.MasterAddr, t.MasterPort = reg.Addr, reg.MasterPort
+			t.MasterAddr, t.MasterPort = reg.Addr, wire.MasterPortOf(reg, r.turn)
 		}
 	}
 	return t
@@ -310,9 +315,11 @@ func (r *Rendezvous) Advance(epoch uint64) *wire.EpochTable {
 	}
 	old := r.epoch
 	r.epoch = epoch
+	r.turn++
 	t := r.buildTable()
 	if t.Validate() != nil {
 		r.epoch = old
+		r.turn--
 		r.mu.Unlock()
 		return nil
 	}
@@ -350,9 +357,11 @@ func (r *Rendezvous) Publish(epoch uint64, m Membership) (*wire.EpochTable, erro
 	}
 	oldEpoch, oldMember := r.epoch, r.member
 	r.epoch, r.member = epoch, m
+	r.turn++
 	t := r.buildTable()
 	if err := t.Validate(); err != nil {
 		r.epoch, r.member = oldEpoch, oldMember
+		r.turn--
 		r.mu.Unlock()
 		return nil, fmt.Errorf("%w: %w", ErrMembership, err)
 	}

@@ -875,3 +875,97 @@ func TestRendezvousRecoveryEpoch(t *testing.T) {
 		t.Errorf("after the lost host's registration the table is %+v", sj.rv.Table())
 	}
 }
+
+// TestRendezvousMasterPortPerEpoch: every new epoch's table takes the next
+// port of rank 0's host's pool (wire.Register.MasterPorts), however far
+// the epoch numbers jump, so a restarted job never reuses the port of the
+// epoch before; a republish (a spare joining) and a refused Publish keep
+// the port; a host without a pool gives its one MasterPort; rank 0 moved
+// to another host takes that host's.
+func TestRendezvousMasterPortPerEpoch(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	secret, srv, l := testControlPlane(t, "job1", 3)
+	hosts := []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}, {Name: "s", Spare: true}}
+	rv, err := comm.StartRendezvous(l.Conn, "job1", 0, hosts, &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rv.Close)
+	regs := []*wire.Register{
+		{MasterPort: 5000, MasterPorts: []int{5000, 5001, 5002}},
+		{MasterPort: 6000, MasterPorts: []int{6000, 6001}},
+		{MasterPort: 7000}, // an agent without a pool
+	}
+	joins := make([]*comm.AgentRendezvous, len(hosts))
+	for h := range hosts {
+		c, err := dialHost(ctx, srv, secret, "job1", h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		if joins[h], err = comm.JoinRendezvous(c.Conn, "job1", h); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(joins[h].Close)
+		r := regs[h]
+		r.Version, r.Job, r.Host, r.Name, r.Addr = wire.Version, "job1", h, hosts[h].Name, "127.0.0."+strconv.Itoa(h+1)
+	}
+	for h := range 2 {
+		if _, err := joins[h].Register(ctx, regs[h]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tb, err := joins[1].WaitEpoch(ctx, 0); err != nil || tb.MasterPort != 5000 || tb.MasterAddr != "127.0.0.1" {
+		t.Fatalf("first table: %+v, %v; want master 127.0.0.1:5000", tb, err)
+	}
+	if _, err := joins[2].Register(ctx, regs[2]); err != nil {
+		t.Fatal(err)
+	}
+	for range hosts {
+		<-rv.Registered()
+	}
+	if tb := rv.Table(); tb.Hosts[2].Addr != "127.0.0.3" || tb.MasterPort != 5000 {
+		t.Errorf("after the spare joined (a republish of epoch 0): spare %+v, master port %d, want 5000", tb.Hosts[2], tb.MasterPort)
+	}
+	same := comm.Membership{Ranks: [][]int{{0}, {1}, nil}, G: 7}
+	moved := comm.Membership{Ranks: [][]int{nil, {1}, {0}}, G: 9}
+	steps := []struct {
+		name     string
+		epoch    uint64
+		publish  *comm.Membership // nil: Advance
+		refused  bool
+		addr     string
+		wantPort int
+	}{
+		{"restart in place", 1, nil, false, "127.0.0.1", 5001},
+		{"hot swap, two epochs later", 3, &same, false, "127.0.0.1", 5002},
+		{"a refused epoch", 3, &same, true, "127.0.0.1", 5002},
+		{"the pool wraps", 4, nil, false, "127.0.0.1", 5000},
+		{"rank 0 on a host without a pool", 5, &moved, false, "127.0.0.3", 7000},
+		{"and restarted there", 6, nil, false, "127.0.0.3", 7000},
+	}
+	for _, st := range steps {
+		var tb *wire.EpochTable
+		if st.publish == nil {
+			tb = rv.Advance(st.epoch)
+		} else {
+			tb, err = rv.Publish(st.epoch, *st.publish)
+			if st.refused != (err != nil) {
+				t.Fatalf("%s: Publish(%d) = %v", st.name, st.epoch, err)
+			}
+		}
+		if !st.refused {
+			if tb == nil {
+				t.Fatalf("%s: epoch %d not published", st.name, st.epoch)
+			}
+			got, err := joins[1].WaitEpoch(ctx, st.epoch)
+			if err != nil || got.MasterPort != tb.MasterPort {
+				t.Fatalf("%s: host b got %+v, %v; published master port %d", st.name, got, err, tb.MasterPort)
+			}
+		}
+		if tb := rv.Table(); tb.MasterAddr != st.addr || tb.MasterPort != st.wantPort {
+			t.Errorf("%s: epoch %d master %s:%d, want %s:%d", st.name, tb.Epoch, tb.MasterAddr, tb.MasterPort, st.addr, st.wantPort)
+		}
+	}
+}

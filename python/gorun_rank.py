@@ -21,30 +21,30 @@ A plain trainer::
             ...                               # train step s
             prot.stage(s, {"params": params_bytes, "meta": meta_bytes})
 
-A PyTorch trainer can overlap the copy with the next step's compute, or
-write straight into the shared memory through ``view()``::
+A PyTorch trainer uses gorun_torch (beside this module), which protects a
+model, its optimizer and scheduler in a few lines. Underneath, it writes
+straight into the shared memory between begin() (Stage) and commit()
+(Commit), and reads a restored slot in place (restore_slot())::
 
     import torch, gorun_rank
 
     client = gorun_rank.Client()
-    sizes = {"optimizer": opt_flat.numel() * 4,
-             "params": params_flat.numel() * 4, "meta": 256}
-    prot = client.protect(sizes)
-    step, state = prot.restore()
-    if state is not None:
-        params_flat.copy_(torch.frombuffer(bytearray(state["params"]),
-                                           dtype=torch.float32))
-        ...
+    prot = client.protect({"params": flat.numel() * 4, "meta": 256})
+    step, slot = prot.restore_slot()          # (-1, -1) on a fresh start
+    if step >= 0:
+        flat.copy_(torch.frombuffer(prot.view("params", slot),
+                                    dtype=torch.float32))
     for s in range(step + 1, steps):
         ...                                   # forward, backward, optimizer
-        snap = {"optimizer": opt_flat.numpy().tobytes(),   # on CPU
-                "params": params_flat.numpy().tobytes(),
-                "meta": meta_bytes}
-        prot.stage_async(s, snap)             # copied while s+1 computes
-    prot.wait()
-    # Zero-copy reads of a slot:
-    # torch.frombuffer(prot.view("params", slot), dtype=torch.float32)
+        slot = prot.begin(s)
+        torch.frombuffer(prot.view("params", slot),
+                         dtype=torch.float32).copy_(flat)
+        prot.view("meta", slot)[:len(meta)] = meta
+        prot.commit(s)
     prot.close()
+
+stage() and stage_async() do the same from bytes-like objects (stage_async
+copies in a background thread while the next step computes).
 
 numpy and torch are never imported by this module; any object with the
 buffer protocol (bytes, bytearray, memoryview, array.array, numpy arrays)
@@ -374,6 +374,7 @@ class Protection:
         self._grad: mmap.mmap | None = None
         self._grad_n = 0
         self._pending: _Pending | None = None
+        self.last_wait_ns = 0
         try:
             for want, r in zip(decl, got):
                 if not isinstance(r, dict) or r.get("name") != want["name"] \
@@ -448,12 +449,24 @@ class Protection:
             out[name] = views
         return out
 
-    def _stage(self, step: int, parts: dict[str, list[memoryview]]) -> int:
+    def _begin(self, step: int) -> tuple[int, int]:
+        """Stage step: (slot, wait_ns)."""
         staged = self._client._call(STAGE, {"step": step}, STAGED)
         slot = _field(staged, "slot")
         wait_ns = _field(staged, "wait_ns")
         if slot not in (0, 1) or staged.get("step") != step:
             raise ProtocolError(f"bad Staged answer {staged!r}")
+        self.last_wait_ns = wait_ns
+        return slot, wait_ns
+
+    def _commit(self, step: int) -> None:
+        done = self._client._call(COMMIT, {"step": step}, COMMITTED)
+        if done.get("step") != step:
+            raise ProtocolError(f"bad Committed answer {done!r}")
+        self.committed = step
+
+    def _stage(self, step: int, parts: dict[str, list[memoryview]]) -> int:
+        slot, wait_ns = self._begin(step)
         for name, views in parts.items():
             r = self._regions[name]
             if r.map is None:
@@ -462,11 +475,26 @@ class Protection:
             for v in views:
                 r.map[off:off + v.nbytes] = v
                 off += v.nbytes
-        done = self._client._call(COMMIT, {"step": step}, COMMITTED)
-        if done.get("step") != step:
-            raise ProtocolError(f"bad Committed answer {done!r}")
-        self.committed = step
+        self._commit(step)
         return wait_ns
+
+    def begin(self, step: int) -> int:
+        """Stage step and return the slot (0 or 1) to write it into.
+
+        The low-level half of stage(): the caller then writes every
+        region's bytes into ``view(name, slot)`` (for instance with
+        ``torch.frombuffer(view).copy_(tensor)``, no intermediate copy) and
+        calls commit(step). The wait at the overwrite rule, in nanoseconds,
+        is left in ``last_wait_ns``. Waits for a pending stage_async first.
+        """
+        _check_step(step)
+        self.wait()
+        return self._begin(step)[0]
+
+    def commit(self, step: int) -> None:
+        """Commit step, staged by begin(step) and written into its slot."""
+        _check_step(step)
+        self._commit(step)
 
     def stage(self, step: int, data: Mapping[str, RegionData]) -> int:
         """Protect step: Stage, copy every region's bytes, Commit.
@@ -548,25 +576,37 @@ class Protection:
                                   GRADIENT_DONE)
         return _field(done, "bytes")
 
-    def restore(self) -> tuple[int, dict[str, bytes] | None]:
-        """The step to resume from and a copy of every region's bytes.
+    def restore_slot(self) -> tuple[int, int]:
+        """Restore: the step to resume from and the slot holding it.
 
-        Returns (-1, None) when there is nothing to restore.
+        Returns (-1, -1) on a fresh start. The caller reads the state
+        through ``view(name, slot)`` (no copy) and continues by staging
+        step+1; the slot must not be written.
         """
         self.wait()
         ans = self._client._call(RESTORE, {}, RESTORABLE)
         step = _field(ans, "step")
         if step == -1:
-            return -1, None
+            return -1, -1
         slot = _field(ans, "slot")
         if step < 0 or slot not in (0, 1):
             raise ProtocolError(f"bad Restorable answer {ans!r}")
+        self.committed = step
+        return step, slot
+
+    def restore(self) -> tuple[int, dict[str, bytes] | None]:
+        """The step to resume from and a copy of every region's bytes.
+
+        Returns (-1, None) when there is nothing to restore.
+        """
+        step, slot = self.restore_slot()
+        if step == -1:
+            return -1, None
         out = {}
         for name, r in self._regions.items():
             off = r.offset(slot)
             out[name] = (r.map[off:off + r.size] if r.map is not None
                          else b"")
-        self.committed = step
         return step, out
 
     def status(self) -> dict[str, Any]:

@@ -348,6 +348,56 @@ class GorunRankTest(unittest.TestCase):
             self.assertEqual(p2.committed, 3)
             self.assertEqual(p2.restore(), (3, state(3)))
 
+    def test_begin_commit_restore_slot(self) -> None:
+        c = self.client()
+        prot = c.protect(REGIONS)
+        self.assertEqual(prot.restore_slot(), (-1, -1))
+        for step in range(3):
+            slot = prot.begin(step)
+            self.assertEqual(slot, self.svc.staged[1])
+            self.assertEqual(self.svc.slot_step[slot], None)  # staging
+            for name, data in state(step).items():
+                v = prot.view(name, slot)
+                v[:] = data
+                v.release()
+            prot.commit(step)
+            self.assertEqual(prot.committed, step)
+            self.assertEqual(self.svc.slot_step[slot], step)
+            self.assertEqual(prot.last_wait_ns, 0)
+        self.assertEqual(self.svc.requests()[-6:], [18, 20] * 3)
+        # The fake checksums the slot at Commit: the bytes were there.
+        step, slot = prot.restore_slot()
+        self.assertEqual((step, slot), (2, self.svc.newest()[1]))
+        self.assertEqual({n: bytes(prot.view(n, slot)) for n in REGIONS},
+                         state(2))
+        self.assertEqual(prot.restore(), (2, state(2)))
+        # A commit of a step not staged is malformed: Error, closed.
+        with self.assertRaises(ProtocolError):
+            prot.commit(9)
+        c.close()
+        with self.client() as c2:
+            p2 = c2.protect(REGIONS)
+            step, slot = p2.restore_slot()
+            self.assertEqual(step, 2)
+            self.assertEqual(bytes(p2.view("optimizer", slot)),
+                             state(2)["optimizer"])
+            # Stage after a restore must increase: the service's err.
+            with self.assertRaises(ServiceError):
+                p2.begin(2)
+            self.assertEqual(p2.begin(3), 1 - slot)
+            for bad in (-1, 2**53, 1.0):
+                with self.assertRaises((ValueError, TypeError)):
+                    p2.begin(bad)  # type: ignore[arg-type]
+
+    def test_begin_waits_for_stage_async(self) -> None:
+        prot = self.client().protect(REGIONS)
+        prot.stage_async(0, state(0))
+        slot = prot.begin(1)  # step 0 committed first, in its slot
+        self.assertEqual(self.svc.slot_step[1 - slot], 0)
+        prot.commit(1)
+        self.assertEqual(prot.restore(), (1, {n: bytes(len(d)) for n, d
+                                              in state(0).items()}))
+
     def test_view_is_writable(self) -> None:
         prot = self.client().protect(REGIONS)
         v = prot.view("meta", 0)

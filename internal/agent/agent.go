@@ -236,10 +236,15 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}()
 	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer rcancel()
-	a.spec, err = rv.Register(rctx, &wire.Register{
+	mports := freePorts(addr, masterPorts)
+	reg := &wire.Register{
 		Version: wire.Version, Job: cfg.Job, Host: cfg.Host, Name: cfg.Name,
-		Addr: addr, MasterPort: freePort(addr), ReplicaPort: rport, Pid: os.Getpid(),
-	})
+		Addr: addr, MasterPorts: mports, ReplicaPort: rport, Pid: os.Getpid(),
+	}
+	if len(mports) > 0 {
+		reg.MasterPort = mports[0]
+	}
+	a.spec, err = rv.Register(rctx, reg)
 	rcancel()
 	if errors.Is(err, comm.ErrJobStopped) {
 		a.log.Info("the job stopped before this agent registered")
@@ -981,12 +986,23 @@ wait:
 	}
 }
 
-// freePort returns a TCP port that was free on addr a moment ago, or 0.
-func freePort(addr string) int {
-	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
-	if err != nil {
-		return 0
+// masterPorts is how many MASTER_PORT candidates an agent registers
+// (wire.Register.MasterPorts): the epochs whose rank 0 is on its host
+// take them in turn.
+const masterPorts = 4
+
+// freePorts returns up to n distinct TCP ports that were free on addr a
+// moment ago (all listened on at once, so the kernel gives distinct ones),
+// or nil.
+func freePorts(addr string, n int) []int {
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
+		if err != nil {
+			break
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return ports
 }

@@ -2,10 +2,13 @@ package agent
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gorun/gorun/internal/wire"
 )
@@ -266,5 +269,56 @@ func TestRankEnvDoesNotModifyBase(t *testing.T) {
 	rankEnv(base, &wire.JobSpec{}, tab, pl, "s", "/t")
 	if !slices.Equal(base, []string{"PATH=/bin", "TMPDIR=/x"}) {
 		t.Errorf("base changed: %q", base)
+	}
+}
+
+// TestMasterPortPerEpoch: the agent registers a pool of MASTER_PORT
+// candidates, and the ranks of a restart in place (a new epoch) get
+// another MASTER_PORT than those of the epoch before, the one of the
+// epoch's table: a torch job's store never binds the old epoch's port.
+func TestMasterPortPerEpoch(t *testing.T) {
+	var dir string
+	f := startFakeLauncherSpec(t, "mportepoch", []int{0, 1}, nil, func(js *wire.JobSpec) { dir = js.Dir },
+		"sh", "-c", `echo "$MASTER_ADDR:$MASTER_PORT" > port.$GORUN_EPOCH.$RANK.tmp && mv port.$GORUN_EPOCH.$RANK.tmp port.$GORUN_EPOCH.$RANK && exec sleep 3600`)
+	// ports returns what both ranks of epoch saw, once both wrote it.
+	ports := func(epoch int) string {
+		t.Helper()
+		var seen []string
+		for r := range 2 {
+			for {
+				b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("port.%d.%d", epoch, r)))
+				if err == nil {
+					seen = append(seen, strings.TrimSpace(string(b)))
+					break
+				}
+				select {
+				case <-f.ctx.Done():
+					t.Fatalf("rank %d of epoch %d did not write its MASTER_PORT", r, epoch)
+				case err := <-f.agentErr:
+					t.Fatalf("the agent ended: %v", err)
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+		}
+		if seen[0] != seen[1] {
+			t.Fatalf("epoch %d: rank 0 has master %s, rank 1 %s", epoch, seen[0], seen[1])
+		}
+		return seen[0]
+	}
+	first := ports(0)
+	if tb := f.rv.Table(); first != "127.0.0.1:"+strconv.Itoa(tb.MasterPort) || tb.MasterPort == 0 {
+		t.Fatalf("epoch 0: the ranks have master %s, the table 127.0.0.1:%d", first, tb.MasterPort)
+	}
+	f.send(&wire.Control{Op: wire.OpRestart, Gen: 1, Epoch: 1, G: -1})
+	tb := f.rv.Advance(1)
+	if tb == nil {
+		t.Fatal("could not publish the restart's table")
+	}
+	second := ports(1)
+	if second != "127.0.0.1:"+strconv.Itoa(tb.MasterPort) {
+		t.Errorf("epoch 1: the ranks have master %s, the table 127.0.0.1:%d", second, tb.MasterPort)
+	}
+	if second == first {
+		t.Errorf("the restart's ranks have the MASTER_PORT of the epoch before: %s", first)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -50,8 +51,21 @@ func FuzzDecodeRegister(f *testing.F) {
 			len(r.Name) > wire.MaxStringLen || len(r.Addr) > wire.MaxStringLen {
 			t.Fatalf("accepted invalid %+v", r)
 		}
+		if r.MasterPorts != nil {
+			if len(r.MasterPorts) > wire.MaxMasterPorts || r.MasterPorts[0] != r.MasterPort {
+				t.Fatalf("accepted invalid master port pool %v (master port %d)", r.MasterPorts, r.MasterPort)
+			}
+			for i, p := range r.MasterPorts {
+				if p < 1 || p > 65535 || slices.Contains(r.MasterPorts[:i], p) {
+					t.Fatalf("accepted invalid master port pool %v", r.MasterPorts)
+				}
+			}
+		}
 	},
 		wire.Marshal(&r),
+		wire.Marshal(mutate(r, func(r *wire.Register) { r.MasterPorts = []int{r.MasterPort, 29501, 29502, 29503} })),
+		[]byte(`{"v":1,"job":"a","host":0,"name":"","addr":"","mport":7,"mports":[7,7],"pid":0}`),
+		[]byte(`{"v":1,"job":"a","host":0,"name":"","addr":"","mport":7,"mports":[],"pid":0}`),
 		wire.Marshal(mutate(r, func(r *wire.Register) { r.Name, r.Addr = "", "::1" })),
 		[]byte(`{"v":1,"job":"a","host":0,"name":"","addr":"","mport":0,"pid":0}`),
 		[]byte(`{"V":1,"JOB":"a","Host":1048575}`),

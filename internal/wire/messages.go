@@ -68,6 +68,14 @@ type Register struct {
 	Name       string `json:"name"`  // host name as the launcher knows it
 	Addr       string `json:"addr"`  // IP address other hosts reach this host at
 	MasterPort int    `json:"mport"` // a free TCP port on this host, for MASTER_PORT
+	// MasterPorts, when present, are distinct TCP ports that were free on
+	// this host at registration, MasterPorts[0] == MasterPort: successive
+	// epochs whose rank 0 is on this host take them in turn
+	// (MasterPortOf), so a restarted job's store never binds or connects
+	// to the port of the epoch before (a process of the old epoch still
+	// there, or its connections in TIME_WAIT). Absent: MasterPort in every
+	// epoch, as an agent that predates the field sent.
+	MasterPorts []int `json:"mports,omitempty"`
 	// ReplicaPort is the port, on Addr, of this host's replication
 	// listener (state protection), or 0.
 	ReplicaPort int `json:"rport,omitempty"`
@@ -92,12 +100,52 @@ func DecodeRegister(b []byte) (*Register, error) {
 	case r.ReplicaPort < 0 || r.ReplicaPort > 65535:
 		return nil, malformed("register: replica port %d out of range", r.ReplicaPort)
 	}
+	if err := checkMasterPorts(r.MasterPort, r.MasterPorts); err != nil {
+		return nil, err
+	}
 	for _, s := range []string{r.Name, r.Addr} {
 		if err := checkString("register field", s); err != nil {
 			return nil, err
 		}
 	}
 	return &r, nil
+}
+
+// MaxMasterPorts bounds Register.MasterPorts.
+const MaxMasterPorts = 16
+
+// checkMasterPorts checks a registration's MASTER_PORT pool: at most
+// MaxMasterPorts ports, each in 1..65535, distinct, the first one mport.
+func checkMasterPorts(mport int, pool []int) error {
+	switch {
+	case pool == nil:
+		return nil
+	case len(pool) == 0:
+		return malformed("register: empty master port pool (omit it)")
+	case len(pool) > MaxMasterPorts:
+		return malformed("register: %d master ports, at most %d", len(pool), MaxMasterPorts)
+	case pool[0] != mport:
+		return malformed("register: master port pool starts with %d, the master port is %d", pool[0], mport)
+	}
+	for i, p := range pool {
+		if p < 1 || p > 65535 {
+			return malformed("register: master port pool: port %d out of range", p)
+		}
+		if slices.Contains(pool[:i], p) {
+			return malformed("register: master port pool: port %d twice", p)
+		}
+	}
+	return nil
+}
+
+// MasterPortOf is the MASTER_PORT of the turn-th epoch (counting from 0,
+// one per table with a new epoch) whose rank 0 is on the host of r: its
+// pool's ports in turn, or its one MasterPort without a pool.
+func MasterPortOf(r *Register, turn uint64) int {
+	if len(r.MasterPorts) == 0 {
+		return r.MasterPort
+	}
+	return r.MasterPorts[turn%uint64(len(r.MasterPorts))]
 }
 
 // JobSpec is what every agent needs to start its ranks. It travels in the

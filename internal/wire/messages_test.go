@@ -40,6 +40,14 @@ func TestDecodeRegisterRoundTrip(t *testing.T) {
 		{"longest name", mutate(validRegister(), func(r *wire.Register) { r.Name = longest })},
 		{"ipv6 and unicode", mutate(validRegister(), func(r *wire.Register) { r.Name, r.Addr = "nœud-Ω<&>", "fe80::1%eth0" })},
 		{"64-char job id", mutate(validRegister(), func(r *wire.Register) { r.Job = strings.Repeat("a", 64) })},
+		{"master port pool", mutate(validRegister(), func(r *wire.Register) { r.MasterPorts = []int{29500, 1, 65535} })},
+		{"pool of one", mutate(validRegister(), func(r *wire.Register) { r.MasterPorts = []int{29500} })},
+		{"largest pool", mutate(validRegister(), func(r *wire.Register) {
+			r.MasterPorts = nil
+			for i := range wire.MaxMasterPorts {
+				r.MasterPorts = append(r.MasterPorts, 29500+i)
+			}
+		})},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { roundTrip(t, tc.reg, wire.DecodeRegister) })
@@ -65,6 +73,19 @@ func TestDecodeRegisterRejects(t *testing.T) {
 		{"host past MaxHosts", reg(func(r *wire.Register) { r.Host = wire.MaxHosts })},
 		{"negative port", reg(func(r *wire.Register) { r.MasterPort = -1 })},
 		{"port 65536", reg(func(r *wire.Register) { r.MasterPort = 65536 })},
+		{"empty master port pool", []byte(`{"v":1,"job":"j","host":0,"name":"","addr":"","mport":0,"mports":[],"pid":1}`)},
+		{"pool not starting with the master port", reg(func(r *wire.Register) { r.MasterPorts = []int{29501, 29500} })},
+		{"port 0 in the pool", reg(func(r *wire.Register) { r.MasterPort, r.MasterPorts = 0, []int{0, 29501} })},
+		{"negative port in the pool", reg(func(r *wire.Register) { r.MasterPorts = []int{29500, -1} })},
+		{"port 65536 in the pool", reg(func(r *wire.Register) { r.MasterPorts = []int{29500, 65536} })},
+		{"a port twice in the pool", reg(func(r *wire.Register) { r.MasterPorts = []int{29500, 29501, 29500} })},
+		{"pool past MaxMasterPorts", reg(func(r *wire.Register) {
+			r.MasterPorts = nil
+			for i := range wire.MaxMasterPorts + 1 {
+				r.MasterPorts = append(r.MasterPorts, 29500+i)
+			}
+		})},
+		{"pool as a number", []byte(`{"v":1,"job":"j","host":0,"name":"","addr":"","mport":5,"mports":5,"pid":1}`)},
 		{"oversized name", reg(func(r *wire.Register) { r.Name = tooLong })},
 		{"oversized addr", reg(func(r *wire.Register) { r.Addr = tooLong })},
 		{"unknown field", []byte(`{"v":1,"job":"j","host":0,"name":"","addr":"","mport":0,"pid":1,"extra":true}`)},
@@ -425,3 +446,34 @@ func TestDecodeProgressCodedBase(t *testing.T) {
 
 // step returns a pointer to v.
 func step(v int64) *int64 { return &v }
+
+// TestRegisterMasterPortPool: a malformed pool is refused with an error
+// that says what is wrong with it, and MasterPortOf takes a pool's ports
+// in turn (the one MasterPort without a pool).
+func TestRegisterMasterPortPool(t *testing.T) {
+	bad := []struct {
+		pool []int
+		want string
+	}{
+		{[]int{29501, 29500}, "starts with 29501, the master port is 29500"},
+		{[]int{29500, 70000}, "port 70000 out of range"},
+		{[]int{29500, 29501, 29501}, "port 29501 twice"},
+		{make([]int, wire.MaxMasterPorts+1), "17 master ports, at most 16"},
+	}
+	for _, tc := range bad {
+		_, err := wire.DecodeRegister(wire.Marshal(mutate(validRegister(), func(r *wire.Register) { r.MasterPorts = tc.pool })))
+		if !errors.Is(err, wire.ErrMalformed) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("pool %v: error %v, want one saying %q", tc.pool, err, tc.want)
+		}
+	}
+	pooled := &wire.Register{MasterPort: 10, MasterPorts: []int{10, 11, 12}}
+	single := &wire.Register{MasterPort: 10}
+	for turn, want := range []int{10, 11, 12, 10, 11} {
+		if got := wire.MasterPortOf(pooled, uint64(turn)); got != want {
+			t.Errorf("MasterPortOf(pool, %d) = %d, want %d", turn, got, want)
+		}
+		if got := wire.MasterPortOf(single, uint64(turn)); got != 10 {
+			t.Errorf("MasterPortOf(no pool, %d) = %d, want 10", turn, got)
+		}
+	}
+}

@@ -1,0 +1,466 @@
+"""Tests of gorun_torch against test_gorun_rank's FakeService.
+
+Run with: cd python && /usr/bin/python3 -m unittest -v test_gorun_torch
+(torch must import: Debian's python3-torch does under /usr/bin/python3).
+Without torch the tests are skipped, unless GORUN_TORCH_REQUIRE=1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import unittest
+from typing import Any
+
+try:
+    import torch
+    from torch import nn
+    TORCH_ERROR = ""
+except ImportError as e:  # the pyenv python3 has no torch
+    TORCH_ERROR = f"torch does not import under {sys.executable}: {e}"
+    if os.environ.get("GORUN_TORCH_REQUIRE") == "1":
+        raise
+
+if not TORCH_ERROR:
+    import numpy  # torch imports it anyway: its RNG is protected too
+
+    import gorun_torch
+    from gorun_torch import GorunError, LayoutError, MetaTooLarge
+
+from test_gorun_rank import FakeService
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def build(seed: int = 0, width: int = 16,
+          transpose: bool = False) -> tuple:
+    """A model with parameters and buffers, AdamW, a scheduler.
+
+    transpose: one weight of the same size but another shape.
+    """
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, width), nn.BatchNorm1d(width),
+                          nn.GELU(), nn.Dropout(0.2), nn.Linear(width, 8),
+                          nn.Linear(8, 4))
+    if transpose:
+        model[4].weight = nn.Parameter(model[4].weight.detach().t())
+    groups = [{"params": list(model[0].parameters())
+               + list(model[1].parameters())},
+              {"params": list(model[4].parameters())
+               + list(model[5].parameters()), "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=1e-2, weight_decay=0.05)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)
+    return model, opt, sched
+
+
+def train_step(model, opt, sched, step: int) -> None:
+    """One step drawing from torch's, Python's and NumPy's global RNGs."""
+    x = torch.randn(32, 8) * (1 + random.random())
+    x = x + float(numpy.random.rand())
+    y = torch.sin(x[:, :4] * (step + 1))
+    opt.zero_grad(set_to_none=True)
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    sched.step()
+
+
+def digest(model, opt, sched) -> dict[str, Any]:
+    """sha256 of the state (params, buffers, optimizer, scheduler)."""
+    def h(tensors) -> str:
+        d = hashlib.sha256()
+        for t in tensors:
+            t = t.detach().contiguous()
+            buf = bytearray(t.numel() * t.element_size())
+            if buf:
+                torch.frombuffer(buf, dtype=torch.uint8).copy_(
+                    t.reshape(-1).view(torch.uint8))
+            d.update(repr((tuple(t.shape), t.dtype)).encode() + buf)
+        return d.hexdigest()
+    sd = opt.state_dict()
+    opt_tensors = [v for i in sorted(sd["state"])
+                   for _, v in sorted(sd["state"][i].items())]
+    return {"model": h(model.state_dict().values()),
+            "optimizer": h(opt_tensors),
+            "optimizer_keys": {str(i): sorted(s) for i, s in
+                               sd["state"].items()},
+            "param_groups": repr([{k: v for k, v in g.items()
+                                   if k != "params"}
+                                  for g in sd["param_groups"]]),
+            "scheduler": repr(sched.state_dict())}
+
+
+def draws() -> list:
+    """Numbers drawn from every global RNG (consumes them)."""
+    return [torch.rand(3).tolist(), random.random(),
+            float(numpy.random.rand())]
+
+
+def seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    numpy.random.seed(seed)
+
+
+def run(svc_path: str | None, steps: int, start_seed: int = 7,
+        crash_after: int = -1, **kw) -> dict[str, Any]:
+    """Train steps steps (protected when svc_path); the state's digests.
+
+    With crash_after, return right after save(crash_after) (the draws
+    then are those the restored run must see).
+    """
+    model, opt, sched = build(**kw)
+    seed_all(start_seed)
+    prot = None
+    start, data = 0, None
+    if svc_path is not None:
+        prot = gorun_torch.Protector(model, opt, sched,
+                                     socket_path=svc_path, timeout=30)
+        start, data = prot.restore()
+    for step in range(start, steps):
+        train_step(model, opt, sched, step)
+        if prot is not None:
+            prot.save(step, {"epoch": step // 5, "batch": step % 5 + 1})
+        if step == crash_after:
+            break
+    out = digest(model, opt, sched)
+    out.update(start=start, data=data, draws=draws())
+    if prot is not None:
+        prot.close()
+    return out
+
+
+@unittest.skipIf(TORCH_ERROR, TORCH_ERROR + " (GORUN_TORCH_REQUIRE=1 "
+                 "makes this a failure)")
+class GorunTorchTest(unittest.TestCase):
+    def setUp(self) -> None:
+        self.svc = FakeService()
+        self.addCleanup(self.svc.close)
+        torch.set_num_threads(1)
+
+    def test_layout_and_regions(self) -> None:
+        model, opt, sched = build()
+        before = digest(model, opt, sched)
+        rng = torch.get_rng_state()
+        prot = gorun_torch.Protector(model, opt, sched,
+                                     socket_path=self.svc.path)
+        self.addCleanup(prot.close)
+        n_model = sum(t.numel() for t in model.state_dict().values())
+        # Every parameter of the model in the optimizer: exp_avg and
+        # exp_avg_sq as large as the parameters, and one step scalar each.
+        n_params = sum(p.numel() for p in model.parameters())
+        n_tensors = len(model.state_dict()) + 3 * len(
+            list(model.parameters()))
+        sizes = {r["name"]: r["size"] for r in self.svc.regions}
+        self.assertEqual(list(sizes), ["params", "meta"])
+        self.assertEqual(sizes["meta"], 64 << 10)
+        low = 4 * (n_model + 2 * n_params + len(list(model.parameters())))
+        self.assertGreaterEqual(sizes["params"], low)
+        self.assertLessEqual(sizes["params"], low + 64 * n_tensors)
+        # The probe stepped a copy: the real optimizer has no state, no
+        # tensor and no RNG changed.
+        self.assertEqual(len(opt.state), 0)
+        self.assertEqual(digest(model, opt, sched), before)
+        self.assertTrue(torch.equal(torch.get_rng_state(), rng))
+
+        svc2 = FakeService()
+        self.addCleanup(svc2.close)
+        model, opt, sched = build()
+        p2 = gorun_torch.Protector(model, opt, sched, socket_path=svc2.path,
+                                   rank_unique_optimizer=True,
+                                   meta_size=4096)
+        self.addCleanup(p2.close)
+        sizes2 = {r["name"]: r["size"] for r in svc2.regions}
+        self.assertEqual(list(sizes2), ["optimizer", "params", "meta"])
+        self.assertEqual(sizes2["meta"], 4096)
+        self.assertGreaterEqual(sizes2["params"], 4 * n_model)
+        self.assertEqual(sizes2["params"] + sizes2["optimizer"],
+                         sizes["params"])
+
+    def test_save_restore_bitwise(self) -> None:
+        want = run(None, 12)  # the uninterrupted, unprotected run
+        at5 = run(self.svc.path, 12, crash_after=5)
+        self.assertEqual(self.svc.newest()[0], 5)
+        self.assertEqual([t for t in self.svc.requests() if t in (18, 20)],
+                         [18, 20] * 6)
+        # A fresh Protector over a model built from another seed, with
+        # the global RNGs elsewhere: restored to step 5 exactly.
+        model, opt, sched = build(seed=99)
+        seed_all(12345)
+        with gorun_torch.Protector(model, opt, sched,
+                                   socket_path=self.svc.path) as prot:
+            self.assertEqual(prot.restore(),
+                             (6, {"epoch": 1, "batch": 1}))
+            got = digest(model, opt, sched)
+            got["draws"] = draws()
+            self.assertEqual(got, {k: v for k, v in at5.items()
+                                   if k not in ("start", "data")})
+        self.assertEqual(opt.param_groups[1]["weight_decay"], 0.0)
+        self.assertIsInstance(opt.param_groups[0]["betas"], tuple)
+        # A fresh process continues to step 11: the uninterrupted run's
+        # bits. (It restores step 5 again: nothing was saved since.)
+        child = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "child",
+             self.svc.path, "12"],
+            capture_output=True, text=True, timeout=300, cwd=HERE)
+        self.assertEqual(child.returncode, 0, child.stderr)
+        resumed = json.loads(child.stdout)
+        self.assertEqual(resumed["start"], 6)
+        self.assertEqual(resumed["data"], {"epoch": 1, "batch": 1})
+        for key in ("model", "optimizer", "param_groups", "scheduler",
+                    "draws", "optimizer_keys"):
+            self.assertEqual(resumed[key], want[key], key)
+        self.assertEqual(self.svc.newest()[0], 11)
+
+    def test_fresh_start_is_the_unprotected_run(self) -> None:
+        want = run(None, 8)
+        got = run(self.svc.path, 8)
+        self.assertEqual(got["start"], 0)
+        self.assertIsNone(got["data"])
+        for key in ("model", "optimizer", "scheduler", "draws"):
+            self.assertEqual(got[key], want[key], key)
+        # ... and restore on a fresh start touched nothing.
+        model, opt, sched = build()
+        seed_all(3)
+        svc = FakeService()
+        self.addCleanup(svc.close)
+        before = (digest(model, opt, sched), torch.get_rng_state())
+        with gorun_torch.Protector(model, opt, sched,
+                                   socket_path=svc.path) as prot:
+            self.assertEqual(prot.restore(), (0, None))
+        self.assertEqual(digest(model, opt, sched), before[0])
+        self.assertTrue(torch.equal(torch.get_rng_state(), before[1]))
+        self.assertEqual(len(opt.state), 0)
+
+    def test_other_model_refused(self) -> None:
+        run(self.svc.path, 3)
+        # The same region sizes, other shapes: the fingerprint refuses.
+        model, opt, sched = build(transpose=True)
+        self.assertEqual(sum(p.numel() for p in model.parameters()),
+                         sum(p.numel() for p in build()[0].parameters()))
+        with gorun_torch.Protector(model, opt, sched,
+                                   socket_path=self.svc.path) as prot:
+            before = digest(model, opt, sched)
+            with self.assertRaisesRegex(LayoutError, "another model"):
+                prot.restore()
+            self.assertEqual(digest(model, opt, sched), before)
+        # The same tensors in other param_groups: refused.
+        model, _, _ = build()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        with gorun_torch.Protector(model, opt,
+                                   torch.optim.lr_scheduler.LambdaLR(
+                                       opt, lambda s: 0.9 ** s),
+                                   socket_path=self.svc.path) as prot:
+            with self.assertRaisesRegex(LayoutError, "another model"):
+                prot.restore()
+        # Another world size: refused as well.
+        os.environ["WORLD_SIZE"] = "3"
+        try:
+            model, opt, sched = build()
+            with gorun_torch.Protector(model, opt, sched,
+                                       socket_path=self.svc.path) as prot:
+                with self.assertRaisesRegex(LayoutError, "world"):
+                    prot.restore()
+        finally:
+            del os.environ["WORLD_SIZE"]
+        # Other sizes: the service refuses the regions.
+        model, opt, sched = build(width=24)
+        with self.assertRaisesRegex(LayoutError, "refused the regions"):
+            gorun_torch.Protector(model, opt, sched,
+                                  socket_path=self.svc.path)
+
+    def test_meta_overflow(self) -> None:
+        model, opt, sched = build()
+        with gorun_torch.Protector(model, opt, sched, meta_size=2048,
+                                   socket_path=self.svc.path) as prot:
+            train_step(model, opt, sched, 0)
+            with self.assertRaisesRegex(MetaTooLarge, "meta_size"):
+                prot.save(0)
+            self.assertEqual(self.svc.stages, 0)  # refused before Stage
+        with self.assertRaises(ValueError):
+            gorun_torch.Protector(model, opt, sched, meta_size=8,
+                                  socket_path=self.svc.path)
+
+    def test_not_under_gorun(self) -> None:
+        old = os.environ.pop("GORUN_SOCKET", None)
+        try:
+            model, opt, sched = build()
+            with self.assertRaisesRegex(GorunError, "GORUN_SOCKET"):
+                gorun_torch.Protector(model, opt, sched)
+        finally:
+            if old is not None:
+                os.environ["GORUN_SOCKET"] = old
+
+    def test_parameter_without_state(self) -> None:
+        """A parameter that got no gradient has no optimizer state: none
+        after the restore either; a custom probe finds the same layout."""
+        def make(seed: int) -> tuple:
+            torch.manual_seed(seed)
+            model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+            spare = nn.Parameter(torch.randn(3))  # never used
+            opt = torch.optim.Adam(list(model.parameters()) + [spare])
+            return model, opt, spare
+        model, opt, spare = make(1)
+        x = torch.randn(8, 4)
+        with gorun_torch.Protector(model, opt,
+                                   socket_path=self.svc.path) as prot:
+            for step in range(3):
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+                prot.save(step)
+            self.assertNotIn(spare, opt.state)
+        want = digest(model, opt, torch.optim.lr_scheduler.StepLR(opt, 1))
+        m2, o2, s2 = make(2)
+        with gorun_torch.Protector(
+                m2, o2, socket_path=self.svc.path,
+                probe=lambda groups: torch.optim.Adam(groups)) as prot:
+            self.assertEqual(prot.restore(), (3, None))
+        self.assertNotIn(s2, o2.state)
+        self.assertEqual(len(o2.state), 4)
+        got = digest(m2, o2, torch.optim.lr_scheduler.StepLR(o2, 1))
+        self.assertEqual(got, want)
+
+    def test_probe_falls_back_from_meta(self) -> None:
+        """The probe runs on the meta device; an optimizer that cannot is
+        probed over zeros on the parameters' device: the same layout."""
+        model, opt, sched = build()
+        devices = []
+
+        def probe(groups: list) -> Any:
+            dev = groups[0]["params"][0].device.type
+            devices.append(dev)
+            if dev == "meta":
+                raise NotImplementedError("no meta kernels here")
+            return torch.optim.AdamW(groups, **opt.defaults)
+        with gorun_torch.Protector(model, opt, sched, probe=probe,
+                                   socket_path=self.svc.path):
+            pass
+        self.assertEqual(devices, ["meta", "cpu"])
+        svc = FakeService()
+        self.addCleanup(svc.close)
+        with gorun_torch.Protector(*build(), probe=probe,
+                                   socket_path=self.svc.path) as fallback:
+            with gorun_torch.Protector(model, opt, sched,
+                                       socket_path=svc.path) as prot:
+                self.assertEqual(prot.fingerprint, fallback.fingerprint)
+        self.assertEqual(devices, ["meta", "cpu"] * 2)
+        self.assertEqual(svc.regions, self.svc.regions)
+
+    def test_optimizer_state_changed_shape_refused(self) -> None:
+        model, opt, sched = build()
+        with gorun_torch.Protector(model, opt, sched,
+                                   socket_path=self.svc.path) as prot:
+            train_step(model, opt, sched, 0)
+            p = opt.param_groups[0]["params"][0]
+            opt.state[p]["exp_avg"] = torch.zeros(3)
+            with self.assertRaisesRegex(LayoutError, "exp_avg"):
+                prot.save(0)
+
+
+TRAIN = os.path.join(HERE, "..", "examples", "torch", "train.py")
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@unittest.skipIf(TORCH_ERROR, TORCH_ERROR + " (GORUN_TORCH_REQUIRE=1 "
+                 "makes this a failure)")
+class TrainPyTest(unittest.TestCase):
+    """examples/torch/train.py at world size 1 (gloo) on a FakeService:
+    the same checksum plain, protected, crashed and restored from the
+    service, and reloaded from its torch.save files. (World sizes 2 and 4
+    under gorun are cmd/gorun's end-to-end tests.)"""
+
+    ARGS = ["--steps", "40", "--width", "32"]
+
+    def train(self, *args: str, svc: Any = None,
+              restarts: int = 0) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("GORUN_SOCKET", "GORUN_RESTART_COUNT",
+                            "TORCHELASTIC_RESTART_COUNT")}
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                   GORUN_RESTART_COUNT=str(restarts))
+        if svc is not None:
+            env["GORUN_SOCKET"] = svc.path
+        return subprocess.run([sys.executable, TRAIN, *self.ARGS, *args],
+                              env=env, capture_output=True, text=True,
+                              timeout=300)
+
+    def checksum(self, p: subprocess.CompletedProcess) -> str:
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = [ln for ln in p.stdout.splitlines()
+                 if ln.startswith("final checksum ")]
+        self.assertEqual(len(lines), 1, p.stdout)
+        self.assertRegex(p.stdout, r"mean step time \d+\.\d{6}\n")
+        return lines[0].split()[-1]
+
+    def test_checksums(self) -> None:
+        want = self.checksum(self.train())
+        self.assertRegex(want, r"\A[0-9a-f]{64}\Z")
+        # Another seed trains to other bits: the comparisons can fail.
+        self.assertNotEqual(self.checksum(self.train("--seed", "2")), want)
+        svc = FakeService()
+        self.addCleanup(svc.close)
+        self.assertEqual(self.checksum(self.train("--protect", svc=svc)),
+                         want)
+        # Crashed at 25, and at 13 with a new service.
+        for crash in ("25", "13"):
+            svc = FakeService()
+            self.addCleanup(svc.close)
+            died = self.train("--protect", "--crash-at", crash, svc=svc)
+            self.assertEqual(died.returncode, -9, died.stderr)
+            self.assertEqual(svc.newest()[0], int(crash) - 1)
+            again = self.train("--protect", "--crash-at", crash, svc=svc,
+                               restarts=1)
+            self.assertIn(f"rank 0: resumed at step {crash} from gorun",
+                          again.stdout)
+            self.assertEqual(self.checksum(again), want)
+        # torch.save every 10 steps, a crash at 25: steps 20-24 replayed.
+        import tempfile
+        d = tempfile.mkdtemp(prefix="gorun-torchsave-")
+        self.addCleanup(lambda: __import__("shutil").rmtree(d))
+        died = self.train("--save-every", "10", "--save-dir", d,
+                          "--crash-at", "25")
+        self.assertEqual(died.returncode, -9, died.stderr)
+        self.assertEqual(sorted(os.listdir(d)), ["rank0.pt", "rank0.pt.prev"])
+        again = self.train("--save-every", "10", "--save-dir", d,
+                           "--crash-at", "25", restarts=1)
+        self.assertIn(f"rank 0: resumed at step 20 from {d}", again.stdout)
+        self.assertEqual(self.checksum(again), want)
+
+    def test_epoch_boundary(self) -> None:
+        """A crash in the second epoch: the sampler's epoch and position
+        come back (world 1, batch 32: 128 batches an epoch)."""
+        args = ["--steps", "140", "--width", "16", "--layers", "1"]
+        self.ARGS = args
+        want = self.checksum(self.train())
+        svc = FakeService()
+        self.addCleanup(svc.close)
+        died = self.train("--protect", "--crash-at", "133", svc=svc)
+        self.assertEqual(died.returncode, -9, died.stderr)
+        again = self.train("--protect", "--crash-at", "133", svc=svc,
+                           restarts=1)
+        self.assertEqual(self.checksum(again), want)
+
+
+def child(path: str, steps: int) -> None:
+    """The restarted process of test_save_restore_bitwise."""
+    torch.set_num_threads(1)
+    out = run(path, steps, start_seed=4242, seed=5)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "child":
+        child(sys.argv[2], int(sys.argv[3]))
+    else:
+        unittest.main()
