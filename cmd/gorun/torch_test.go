@@ -224,17 +224,14 @@ func TestTorchRestartInPlace(t *testing.T) {
 	}
 }
 
-// torchNetnsIface makes gloo use the namespace hosts' interface: by
-// default it takes the address the host name resolves to, a loopback
-// address here (the namespaces share the host name), which the other
-// hosts cannot reach.
-const torchNetnsIface = "GLOO_SOCKET_IFNAME=eth0"
-
 // TestTorchHostLoss: on namespace hosts with one spare, the host of ranks
 // 0 and 1 (and of MASTER_ADDR) of a protected run is killed mid-run; with
 // --recovery restart the spare takes its ranks, every rank restores from
 // gorun (the replacement from its replica holder) and the job ends with
-// exit 0 and the checksum of the plain loop's run.
+// exit 0 and the checksum of the plain loop's run. No GLOO_SOCKET_IFNAME is
+// given: the namespaces share the host name, which resolves to loopback,
+// and the agents name their eth0 (the interface of the address they
+// registered) for gloo.
 func TestTorchHostLoss(t *testing.T) {
 	python, script := torchTrain(t)
 	args := []string{"--steps", "300", "--seed", "5"}
@@ -242,7 +239,7 @@ func TestTorchHostLoss(t *testing.T) {
 	c := newHSCluster(t, 2, 1)
 	ev := filepath.Join(t.TempDir(), "events.jsonl")
 	full := []string{"-np", "4", "--hostfile", c.hostfile, "--spares", "1", "--rsh", "ip netns exec", "--bind", c.hosts.BridgeAddr,
-		"-v", "--events", ev, "--recovery", "restart", "--kill-grace", "2", "-x", torchNetnsIface,
+		"-v", "--events", ev, "--recovery", "restart", "--kill-grace", "2",
 		"--", "sh", "-c", printJobID, python, script, "--protect"}
 	start := time.Now()
 	r := &hsRun{job: startProtectedJob(t, append(full, args...)...), events: ev}
