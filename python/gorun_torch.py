@@ -79,10 +79,13 @@ rank rolls back to G)::
     ...                                  # optimizer, scheduler, Protector
     step, data = prot.restore()
     while step < steps:
+        failed = False
         try:
             ...                          # forward, backward, optimizer
             prot.save(step, {"epoch": ..., "batch": ...})
         except (RuntimeError, gorun_torch.EpochChanged):
+            failed = True
+        if failed:                       # the traceback held the old DDP
             model = None                 # the old DDP must go first
             model, step, data = prot.rejoin(lambda: DDP(net),
                                             group_timeout=30)
