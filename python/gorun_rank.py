@@ -572,6 +572,8 @@ class Protection:
         ``torch.frombuffer(view).copy_(tensor)``, no intermediate copy) and
         calls commit(step). The wait at the overwrite rule, in nanoseconds,
         is left in ``last_wait_ns``. Waits for a pending stage_async first.
+        EpochChanged when a new placement (a new epoch, ``--recovery
+        in-place``) refused the stage: restore again.
         """
         _check_step(step)
         self.wait()
