@@ -46,6 +46,15 @@ straight into the shared memory between begin() (Stage) and commit()
 stage() and stage_async() do the same from bytes-like objects (stage_async
 copies in a background thread while the next step computes).
 
+Under ``gorun --recovery in-place`` the surviving ranks keep running when a
+lost host is replaced: gorun moves the job to a new epoch. The client
+learns it from the Epoch frames the agent pushes (``epoch``,
+``master_addr`` and ``master_port`` follow them), wait_epoch(after,
+timeout) waits for an epoch newer than ``after``, and a stage refused
+because of the new placement raises EpochChanged; the rank then restores
+again (every rank rolls back to G) and goes on. gorun_torch.Protector
+.rejoin does all of that for a PyTorch script.
+
 numpy and torch are never imported by this module; any object with the
 buffer protocol (bytes, bytearray, memoryview, array.array, numpy arrays)
 can be staged.
@@ -57,15 +66,18 @@ import json
 import mmap
 import os
 import re
+import select
 import socket
 import struct
 import sys
 import threading
+import time
 from array import array
 from typing import Any, Iterable, Mapping, Sequence, Union
 
 __all__ = ["Client", "Protection", "GorunError", "ProtocolError",
-           "ServiceError", "MAX_FRAME", "MAX_STEP"]
+           "ServiceError", "EpochChanged", "EpochTimeout", "MAX_FRAME",
+           "MAX_STEP"]
 
 MAX_FRAME = 64 << 20
 MAX_STEP = 2**53 - 1
@@ -99,6 +111,23 @@ class ProtocolError(GorunError):
 
 class ServiceError(GorunError):
     """An answer carrying ``err``: the request could not be done.
+
+    The connection stays usable.
+    """
+
+
+class EpochChanged(ServiceError):
+    """A stage refused because gorun moved the job to a new epoch.
+
+    The answer said ``"new_placement": true`` (rank/PROTOCOL.md, "Stage and
+    Commit"): a host was replaced under ``--recovery in-place``. The rank
+    restores again (Protection.restore_slot: every rank rolls back to G)
+    and goes on from there; the connection stays usable.
+    """
+
+
+class EpochTimeout(GorunError):
+    """wait_epoch: no newer epoch within the timeout.
 
     The connection stays usable.
     """
@@ -155,8 +184,11 @@ def _bytes_view(part: Buffer) -> memoryview:
 class Client:
     """A session with the rank service on a rank's Unix socket.
 
-    Attributes after the handshake: ``job``, ``rank``, ``epoch`` (kept up to
-    date by the Epoch frames it skips) and ``version``.
+    Attributes after the handshake: ``job``, ``rank``, ``version``,
+    ``epoch`` and the epoch's torchrun rendezvous address ``master_addr``
+    and ``master_port`` (None when gorun does not say), the three kept up
+    to date by the Epoch frames the agent pushes (read while waiting for an
+    answer, or by wait_epoch).
     """
 
     def __init__(self, socket_path: str | None = None,
@@ -177,6 +209,9 @@ class Client:
             self.job: str = _field(welcome, "job", str)
             self.rank: int = _field(welcome, "rank")
             self.epoch: int = _field(welcome, "epoch")
+            self.master_addr: str | None = None
+            self.master_port: int | None = None
+            self._note_epoch(welcome)
         except BaseException:
             self.close()
             raise
@@ -226,14 +261,26 @@ class Client:
             raise ProtocolError(f"frame of type {body[0]}: not an object")
         return body[0], obj
 
+    def _note_epoch(self, obj: Mapping[str, Any]) -> None:
+        """Take the epoch and its rendezvous address from a Welcome or an
+        Epoch frame."""
+        epoch = obj.get("epoch")
+        if not isinstance(epoch, int) or isinstance(epoch, bool):
+            return
+        addr, port = obj.get("master_addr"), obj.get("master_port")
+        self.epoch = epoch
+        self.master_addr = addr if isinstance(addr, str) and addr else None
+        self.master_port = (port if isinstance(port, int)
+                            and not isinstance(port, bool)
+                            and 0 < port < 65536 else None)
+
     def _await(self, answer: int) -> dict[str, Any]:
-        """Read frames, skipping Epoch, until the answer of type answer."""
+        """Read frames, noting Epoch ones, until the answer of type
+        answer."""
         while True:
             mtype, obj = self._recv()
             if mtype == EPOCH:
-                epoch = obj.get("epoch")
-                if isinstance(epoch, int) and not isinstance(epoch, bool):
-                    self.epoch = epoch
+                self._note_epoch(obj)
                 continue
             if mtype == ERROR:
                 self._drop()
@@ -244,6 +291,8 @@ class Client:
                 raise ProtocolError(f"got a frame of type {mtype}, "
                                     f"waiting for {answer}")
             if "err" in obj:
+                if obj.get("new_placement") is True:
+                    raise EpochChanged(str(obj["err"]))
                 raise ServiceError(str(obj["err"]))
             return obj
 
@@ -265,6 +314,43 @@ class Client:
             self._sock = None
 
     # Public API.
+
+    def wait_epoch(self, after: int, timeout: float | None = None) -> int:
+        """Wait until an epoch newer than after is known; return it.
+
+        Returns at once if ``epoch`` is already past after; otherwise
+        reads the Epoch frames the agent pushes (no request may be in
+        flight meanwhile: it waits for the one that is). ``master_addr``
+        and ``master_port`` are then the new epoch's. EpochTimeout when
+        timeout seconds pass first (the connection stays usable),
+        ProtocolError when the connection closes or anything but an Epoch
+        frame arrives.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self.epoch <= after:
+                sock = self._live()
+                left = None
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise EpochTimeout(
+                            f"no epoch after {after} within {timeout} s "
+                            f"(the current one is {self.epoch})")
+                ready, _, _ = select.select([sock], [], [], left)
+                if not ready:
+                    continue
+                mtype, obj = self._recv()
+                if mtype == EPOCH:
+                    self._note_epoch(obj)
+                    continue
+                self._drop()
+                if mtype == ERROR:
+                    raise ProtocolError(f"refused by the service: "
+                                        f"{obj.get('err', obj)}")
+                raise ProtocolError(f"got a frame of type {mtype} while "
+                                    f"waiting for a new epoch")
+            return self.epoch
 
     def protect(self, regions: Mapping[str, int],
                 gradient: int = 0) -> Protection:
@@ -486,6 +572,8 @@ class Protection:
         ``torch.frombuffer(view).copy_(tensor)``, no intermediate copy) and
         calls commit(step). The wait at the overwrite rule, in nanoseconds,
         is left in ``last_wait_ns``. Waits for a pending stage_async first.
+        EpochChanged when a new placement (a new epoch, ``--recovery
+        in-place``) refused the stage: restore again.
         """
         _check_step(step)
         self.wait()

@@ -61,21 +61,47 @@ batches), and keep the global RNG out of data loading (a DataLoader
 without ``generator=`` draws its base seed from torch's global RNG each
 time an iterator is made, which a resumed run does at a different point).
 
-``--recovery in-place`` (the surviving ranks keep running while a lost
-host is replaced) is not supported for PyTorch scripts; ``--recovery
-restart`` (the default) is. A script would have to, when a collective
-fails: learn the new epoch, ``dist.destroy_process_group()``,
-``init_process_group`` for the new epoch's rendezvous (a new address and
-port) with a short ``timeout=``, wrap its module in a new DDP, call
-restore() again (every rank rolls back to G) and go on. gloo in torch 1.13
-allows that (measured: destroy and a new group on a new port with a new
-peer worked in every one of 27 cycles, with the lost peer rank 0, which
-held the TCPStore, or rank 1); a collective with a killed peer fails at
-once (under 2 ms; a DDP step in 30-50 ms), one with a silent (stopped)
-peer only after the group's timeout (5.0 s and 20.0 s measured for 5 and
-20; torch's default is 30 minutes). What is missing is gorun's: the Python
-client has no Fence and sees a new epoch only as a frame it skips, so the
-surviving ranks cannot agree with the moved ones on the new rendezvous.
+``--recovery in-place``: the surviving ranks keep running while a lost
+host's ranks move to a spare (new processes, which restore at start as
+above); gorun moves the job to a new epoch with a new rendezvous address.
+A surviving rank notices when a collective fails (a RuntimeError from
+gloo: at once when the peer's process died, only at the process group's
+timeout when the peer went silent) or when a save() is refused because
+the epoch changed (EpochChanged), and then calls rejoin(), which waits for
+the new epoch, destroys the process group, creates it for the new epoch's
+rendezvous (``tcp://MASTER_ADDR:MASTER_PORT`` of the epoch, as gorun's
+Epoch frame says), wraps the module again (a new DDP) and restores (every
+rank rolls back to G)::
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    net = Net()
+    model = DDP(net)
+    ...                                  # optimizer, scheduler, Protector
+    step, data = prot.restore()
+    while step < steps:
+        failed = False
+        try:
+            ...                          # forward, backward, optimizer
+            prot.save(step, {"epoch": ..., "batch": ...})
+        except (RuntimeError, gorun_torch.EpochChanged):
+            failed = True
+        if failed:                       # the traceback held the old DDP
+            model = None                 # the old DDP must go first
+            model, step, data = prot.rejoin(lambda: DDP(net),
+                                            group_timeout=30)
+            ...                          # the data loader from data
+            continue
+        step += 1
+
+Give the process group a short timeout (torch's default is 30 minutes): a
+peer that went silent (a host stopped, not dead) holds every collective
+until then. gloo in torch 1.13 allows a group destroyed and made again
+(measured: destroy and a new group on a new port with a new peer worked
+in every one of 27 cycles, with the lost peer rank 0, which held the
+TCPStore, or rank 1); a collective with a killed peer fails at once (under
+2 ms; a DDP step in 30-50 ms), one with a silent (stopped) peer only after
+the group's timeout (5.0 s and 20.0 s measured for 5 and 20). See
+examples/torch/train.py --in-place.
 
 Determinism (what a bitwise resume needs besides this module): a
 DataLoader with its own ``generator=``, and with more than 2 ranks
@@ -90,6 +116,8 @@ Only the standard library, torch and gorun_rank are imported.
 from __future__ import annotations
 
 import base64
+import datetime
+import gc
 import hashlib
 import json
 import os
@@ -101,10 +129,10 @@ from typing import Any, Callable, Optional
 import torch
 
 import gorun_rank
-from gorun_rank import GorunError
+from gorun_rank import EpochChanged, EpochTimeout, GorunError
 
 __all__ = ["Protector", "GorunError", "LayoutError", "MetaTooLarge",
-           "FORMAT"]
+           "EpochChanged", "EpochTimeout", "FORMAT"]
 
 FORMAT = 1
 META_SIZE = 64 << 10
@@ -255,6 +283,12 @@ class Protector:
     the meta device (no memory) where the optimizer supports it.
     socket_path: the
     rank's socket (default: GORUN_SOCKET; GorunError when not under gorun).
+
+    Attributes: ``model`` (the module: a DDP wrapper's ``module``, which
+    the Protector keeps instead of the wrapper so that rejoin's caller can
+    drop an old wrapper), ``optimizer``, ``scheduler``, ``regions``, and
+    ``group_epoch``, the gorun epoch whose rendezvous the process group
+    uses (GORUN_EPOCH at start; rejoin sets it).
     """
 
     def __init__(self, model: torch.nn.Module,
@@ -268,8 +302,9 @@ class Protector:
                  timeout: Optional[float] = None) -> None:
         if meta_size < 64:
             raise ValueError(f"meta_size {meta_size} < 64")
-        self.model, self.optimizer, self.scheduler = model, optimizer, \
-            scheduler
+        self.model = (model.module if isinstance(
+            model, torch.nn.parallel.DistributedDataParallel) else model)
+        self.optimizer, self.scheduler = optimizer, scheduler
         self.meta_size = meta_size
         self._client: Optional[gorun_rank.Client] = None
         self._prot: Optional[gorun_rank.Protection] = None
@@ -350,6 +385,9 @@ class Protector:
         except BaseException:
             self._client.close()
             raise
+        env_epoch = os.environ.get("GORUN_EPOCH", "")
+        self.group_epoch: int = (int(env_epoch) if env_epoch.isdigit()
+                                 else self._client.epoch)
 
     # Layout helpers.
 
@@ -548,6 +586,61 @@ class Protector:
         finally:
             mv.release()
         prot.commit(step)
+
+    def rejoin(self, wrap: Optional[Callable[[], Any]] = None, *,
+               timeout: Optional[float] = 120.0,
+               group_timeout: Optional[float] = None,
+               backend: Optional[str] = None) -> tuple[Any, int,
+                                                       Optional[dict]]:
+        """Join gorun's new epoch in place: (model, next_step, data).
+
+        For ``gorun --recovery in-place``, on a surviving rank whose
+        collective failed or whose save() raised EpochChanged. It waits up
+        to timeout seconds for an epoch newer than ``group_epoch``
+        (EpochTimeout: the failure was not a host gorun replaced), destroys
+        the process group, creates it again for the new epoch's rendezvous
+        (``tcp://master_addr:master_port``, this rank and world size,
+        group_timeout seconds: pass the one the group was made with;
+        default torch's 30 minutes), calls wrap() (which returns the new
+        DDP wrapper of the module: model is what it returns, None without
+        wrap) and restores as restore() does: every rank rolls back to G.
+
+        The new wrapper is made before the restore because DDP's
+        constructor broadcasts rank 0's parameters: a rank 0 that moved to
+        a spare makes its wrapper before its own restore, with its initial
+        parameters, and the survivors' restored ones would be overwritten.
+        The caller must drop its references to the old wrapper before
+        (gc.collect() runs here): its gradient hooks would still fire.
+        """
+        dist = torch.distributed
+        client = self._client
+        if client is None:
+            raise GorunError("the Protector is closed")
+        epoch = client.wait_epoch(self.group_epoch, timeout)
+        addr, port = client.master_addr, client.master_port
+        if addr is None or port is None:
+            raise GorunError(f"gorun did not say epoch {epoch}'s rendezvous "
+                             f"address (MASTER_ADDR, MASTER_PORT): its "
+                             f"agent is older than this module")
+        if dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+            backend = backend or dist.get_backend()
+            dist.destroy_process_group()
+        else:
+            rank = int(os.environ["RANK"])
+            world = int(os.environ["WORLD_SIZE"])
+        gc.collect()  # an old DDP wrapper in a reference cycle
+        host = f"[{addr}]" if ":" in addr else addr
+        kw: dict[str, Any] = {}
+        if group_timeout is not None:
+            kw["timeout"] = datetime.timedelta(seconds=group_timeout)
+        dist.init_process_group(backend or "gloo",
+                                init_method=f"tcp://{host}:{port}",
+                                rank=rank, world_size=world, **kw)
+        self.group_epoch = epoch
+        model = wrap() if wrap is not None else None
+        step, data = self.restore()
+        return model, step, data
 
     def _live(self) -> gorun_rank.Protection:
         if self._prot is None:

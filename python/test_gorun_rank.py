@@ -20,8 +20,8 @@ import zlib
 from array import array
 from typing import Any, Callable
 
-from gorun_rank import (Client, GorunError, ProtocolError, ServiceError,
-                        MAX_FRAME)
+from gorun_rank import (Client, EpochChanged, EpochTimeout, GorunError,
+                        ProtocolError, ServiceError, MAX_FRAME)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTRAIN = os.path.join(HERE, "..", "examples", "pytrain", "pytrain.py")
@@ -57,6 +57,12 @@ class FakeService:
         self.staged: tuple[int, int] | None = None  # (step, slot)
         self.last = -1  # newest step committed since the last restore
         self.stages = 0
+        # The epoch and its rendezvous address, as Welcome and Epoch say.
+        self.epoch, self.master = 3, ("10.0.0.1", 29500)
+        # A new placement since the last restore: stages are refused with
+        # new_placement (rank/PROTOCOL.md), as the real service's that
+        # would wait at the overwrite rule.
+        self.placed_anew = False
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.sessions: list[Session] = []
@@ -91,6 +97,27 @@ class FakeService:
 
     def requests(self) -> list[int]:
         return [t for t, _ in self.log]
+
+    def push_epoch(self, epoch: int, addr: str | None, port: int | None,
+                   new_placement: bool = True) -> None:
+        """Move to a new epoch: an Epoch frame to every session, unasked
+        (and, with new_placement, stages refused until a restore)."""
+        with self.lock:
+            self.epoch, self.master = epoch, (addr, port)
+            self.placed_anew = self.placed_anew or new_placement
+            push = self.epoch_frame()
+        for s in self.sessions:
+            s.send_raw(frame(6, push))
+
+    def epoch_frame(self) -> dict:
+        out: dict[str, Any] = {"v": 1, "job": "fakejob", "epoch": self.epoch,
+                               "data_key": "00", "table": ""}
+        addr, port = self.master
+        if addr is not None:
+            out["master_addr"] = addr
+        if port is not None:
+            out["master_port"] = port
+        return out
 
     # The service's side of each request; each returns (type, answer).
 
@@ -143,6 +170,11 @@ class FakeService:
 
     def stage(self, req: dict) -> tuple[int, dict]:
         step = req["step"]
+        if self.placed_anew:
+            return 19, {"step": step, "new_placement": True,
+                        "err": "waiting for step 1 to be recoverable "
+                               "everywhere: a new placement (epoch) "
+                               "began: restore from G"}
         if step <= self.last:
             return 19, {"err": f"step {step} does not increase"}
         newest_step, newest_slot = self.newest()
@@ -164,6 +196,7 @@ class FakeService:
 
     def restore(self) -> tuple[int, dict]:
         self.staged = None
+        self.placed_anew = False
         step, slot = self.newest()
         if step == -1:
             return 25, {"step": -1}
@@ -189,6 +222,7 @@ class Session:
 
     def __init__(self, svc: FakeService, conn: socket.socket) -> None:
         self.svc, self.conn = svc, conn
+        self.wlock = threading.Lock()  # answers and pushes
         self.thread = threading.Thread(target=self.serve, daemon=True)
 
     def shut(self) -> None:
@@ -208,13 +242,15 @@ class Session:
         return body[0], json.loads(body[1:])
 
     def send(self, mtype: int, obj: Any) -> None:
-        if self.svc.epoch_frames:
-            self.conn.sendall(frame(6, {"v": 1, "job": "fakejob",
-                                        "epoch": 7, "table": ""}))
-        self.conn.sendall(frame(mtype, obj))
+        with self.wlock:
+            if self.svc.epoch_frames:
+                self.conn.sendall(frame(6, {"v": 1, "job": "fakejob",
+                                            "epoch": 7, "table": ""}))
+            self.conn.sendall(frame(mtype, obj))
 
     def send_raw(self, data: bytes) -> None:
-        self.conn.sendall(data)
+        with self.wlock:
+            self.conn.sendall(data)
 
     def serve(self) -> None:
         try:
@@ -230,8 +266,8 @@ class Session:
         if msg is None or msg[0] != 1:
             return
         svc.hellos.append(msg[1])
-        self.send(2, {"v": 1, "job": "fakejob", "rank": 0, "epoch": 3,
-                      "data_key": "00", "table": ""})
+        with svc.lock:
+            self.send(2, dict(svc.epoch_frame(), rank=0))
         protected = False
         while (msg := self.read()) is not None:
             mtype, req = msg
@@ -312,6 +348,105 @@ class GorunRankTest(unittest.TestCase):
         finally:
             if old is not None:
                 os.environ["GORUN_SOCKET"] = old
+
+    def test_welcome_master(self) -> None:
+        c = self.client()
+        self.assertEqual((c.epoch, c.master_addr, c.master_port),
+                         (3, "10.0.0.1", 29500))
+
+    def test_welcome_without_master(self) -> None:
+        self.svc.master = (None, None)
+        c = self.client()
+        self.assertEqual((c.epoch, c.master_addr, c.master_port),
+                         (3, None, None))
+
+    def test_wait_epoch_current_is_newer(self) -> None:
+        c = self.client()
+        self.assertEqual(c.wait_epoch(2, timeout=0), 3)
+
+    def test_wait_epoch_reads_pushes(self) -> None:
+        c = self.client()
+        prot = c.protect(REGIONS)
+        # Two pushes, unread: the client still knows epoch 3.
+        self.svc.push_epoch(4, "10.0.0.2", 29600)
+        self.svc.push_epoch(5, "10.0.0.3", 29601)
+        self.assertEqual(c.epoch, 3)
+        self.assertEqual(c.wait_epoch(3, timeout=10), 4)
+        self.assertEqual((c.master_addr, c.master_port),
+                         ("10.0.0.2", 29600))
+        self.assertEqual(c.wait_epoch(4, timeout=10), 5)
+        self.assertEqual((c.master_addr, c.master_port),
+                         ("10.0.0.3", 29601))
+        # The session goes on.
+        self.assertEqual(prot.status()["committed"], -1)
+
+    def test_wait_epoch_while_pushed(self) -> None:
+        c = self.client()
+        got: list[Any] = []
+        t = threading.Thread(target=lambda: got.append(
+            c.wait_epoch(3, timeout=30)))
+        t.start()
+        self.svc.push_epoch(4, "10.0.0.2", 29600)
+        t.join()
+        self.assertEqual(got, [4])
+        self.assertEqual(c.master_port, 29600)
+
+    def test_epoch_frame_in_answer_updates_master(self) -> None:
+        c = self.client()
+        prot = c.protect(REGIONS)
+        self.svc.push_epoch(4, "10.0.0.2", 29600, new_placement=False)
+        prot.status()  # reads the push before its answer
+        self.assertEqual((c.epoch, c.master_addr, c.master_port),
+                         (4, "10.0.0.2", 29600))
+        self.assertEqual(c.wait_epoch(3, timeout=0), 4)
+
+    def test_wait_epoch_timeout(self) -> None:
+        c = self.client()
+        prot = c.protect(REGIONS)
+        with self.assertRaises(EpochTimeout):
+            c.wait_epoch(3, timeout=0.05)
+        # The connection stays usable.
+        prot.stage(0, state(1))
+        self.assertEqual(prot.status()["committed"], 0)
+
+    def test_wait_epoch_connection_closed(self) -> None:
+        c = self.client()
+        c.protect(REGIONS)
+        for s in self.svc.sessions:
+            s.shut()
+        with self.assertRaises(ProtocolError):
+            c.wait_epoch(3, timeout=30)
+
+    def test_wait_epoch_other_frame(self) -> None:
+        c = self.client()
+        c.protect(REGIONS)
+        for s in self.svc.sessions:
+            s.send_raw(frame(5, {"err": "go away"}))
+        with self.assertRaisesRegex(ProtocolError, "go away"):
+            c.wait_epoch(3, timeout=30)
+
+    def test_stage_refused_by_new_placement(self) -> None:
+        c = self.client()
+        prot = c.protect(REGIONS)
+        prot.stage(0, state(1))
+        prot.stage(1, state(2))
+        self.svc.push_epoch(4, "10.0.0.2", 29600)
+        with self.assertRaises(EpochChanged) as cm:
+            prot.stage(2, state(3))
+        self.assertIsInstance(cm.exception, ServiceError)
+        self.assertEqual(c.epoch, 4)
+        # Restored in place: back to G, and stages go on.
+        step, got = prot.restore()
+        self.assertEqual((step, got), (1, state(2)))
+        prot.stage(2, state(3))
+
+    def test_other_stage_refusal_is_not_epoch_changed(self) -> None:
+        c = self.client()
+        prot = c.protect(REGIONS)
+        prot.stage(0, state(1))
+        with self.assertRaises(ServiceError) as cm:
+            prot.stage(0, state(1))  # does not increase
+        self.assertNotIsInstance(cm.exception, EpochChanged)
 
     def test_epoch_frames_skipped(self) -> None:
         self.svc.epoch_frames = True

@@ -364,6 +364,78 @@ class GorunTorchTest(unittest.TestCase):
 TRAIN = os.path.join(HERE, "..", "examples", "torch", "train.py")
 
 
+@unittest.skipIf(TORCH_ERROR, TORCH_ERROR + " (GORUN_TORCH_REQUIRE=1 "
+                 "makes this a failure)")
+class RejoinTest(unittest.TestCase):
+    """Protector.rejoin at world size 1 (gloo) on a FakeService that moves
+    to a new epoch with another rendezvous port."""
+
+    def setUp(self) -> None:
+        import torch.distributed as dist
+        self.dist = dist
+        self.svc = FakeService()
+        self.addCleanup(self.svc.close)
+        torch.set_num_threads(1)
+        old = os.environ.pop("GORUN_EPOCH", None)
+        if old is not None:
+            self.addCleanup(os.environ.__setitem__, "GORUN_EPOCH", old)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+            world_size=1)
+        self.addCleanup(lambda: dist.is_initialized()
+                        and dist.destroy_process_group())
+
+    def test_rejoin(self) -> None:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        net, opt, sched = build()
+        seed_all(7)
+        model = DDP(net)
+        prot = gorun_torch.Protector(model, opt, sched,
+                                     socket_path=self.svc.path, timeout=30)
+        self.addCleanup(prot.close)
+        self.assertIs(prot.model, net)
+        self.assertEqual(prot.group_epoch, 3)
+        for step in range(3):
+            train_step(model, opt, sched, step)
+            prot.save(step, {"epoch": 0, "batch": step + 1})
+        at2 = digest(net, opt, sched)
+        at2["draws"] = draws()
+        # No new epoch: the failure was not gorun's.
+        with self.assertRaises(gorun_torch.EpochTimeout):
+            prot.rejoin(timeout=0.05)
+        self.assertTrue(self.dist.is_initialized())
+        # Step 3 trains, then gorun moves to epoch 4: its save is refused.
+        train_step(model, opt, sched, 3)
+        port = free_port()
+        self.svc.push_epoch(4, "127.0.0.1", port)
+        with self.assertRaises(gorun_torch.EpochChanged):
+            prot.save(3, {"epoch": 0, "batch": 4})
+        old_pg = self.dist.distributed_c10d._get_default_group()
+        model = None
+        restores = []
+
+        def wrap():
+            # Made before the restore (DDP broadcasts rank 0's
+            # parameters), on the new group.
+            restores.append(self.svc.requests().count(24))
+            return DDP(net)
+        model, step, data = prot.rejoin(wrap, timeout=30, group_timeout=20)
+        self.assertEqual(restores, [0])
+        self.assertEqual(self.svc.requests().count(24), 1)
+        self.assertIsInstance(model, DDP)
+        self.assertIsNot(self.dist.distributed_c10d._get_default_group(),
+                         old_pg)
+        self.assertEqual((step, data), (3, {"epoch": 0, "batch": 3}))
+        self.assertEqual(prot.group_epoch, 4)
+        got = digest(net, opt, sched)
+        got["draws"] = draws()
+        self.assertEqual(got, at2)
+        # Training goes on in the new group.
+        seed_all(7)
+        train_step(model, opt, sched, 3)
+        prot.save(3, {"epoch": 0, "batch": 4})
+
+
 def free_port() -> int:
     import socket
     with socket.socket() as s:

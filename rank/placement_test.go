@@ -456,8 +456,8 @@ func TestInPlaceRestoreAgain(t *testing.T) {
 	c.place(live, []int{0, 3, 2}, holders, map[int]Source{1: {Opt: 2, Params: 0}})
 	select {
 	case sd := <-staged:
-		if sd == nil || !strings.Contains(sd.Err, errNewPlacement.Error()) {
-			t.Fatalf("rank 0's waiting Stage(3) after the new placement: %+v, want %q", sd, errNewPlacement)
+		if sd == nil || !strings.Contains(sd.Err, errNewPlacement.Error()) || !sd.NewPlacement {
+			t.Fatalf("rank 0's waiting Stage(3) after the new placement: %+v, want %q and new_placement", sd, errNewPlacement)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("rank 0's Stage(3) still waits after the new placement")

@@ -179,6 +179,10 @@ type Staged struct {
 	// Deposits is the rank's current deposit plan (see ProtectWelcome).
 	Deposits *DepositPlan `json:"deposits,omitempty"`
 	Err      string       `json:"err,omitempty"`
+	// NewPlacement, with Err, says that the stage was refused because a
+	// new placement (epoch) began: the rank restores from G again
+	// (in-place recovery) rather than failing. Omitted otherwise.
+	NewPlacement bool `json:"new_placement,omitempty"`
 }
 
 // Committed answers Commit.

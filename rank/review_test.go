@@ -177,8 +177,8 @@ func TestStageAfterNewPlacement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sd := ans.(*Staged); !strings.Contains(sd.Err, errNewPlacement.Error()) {
-		t.Fatalf("Stage(3) after the new placement: %+v, want %q", sd, errNewPlacement)
+	if sd := ans.(*Staged); !strings.Contains(sd.Err, errNewPlacement.Error()) || !sd.NewPlacement {
+		t.Fatalf("Stage(3) after the new placement: %+v, want %q and new_placement", sd, errNewPlacement)
 	}
 	// Restored in place, the rank's stages wait for G again.
 	checkRestored(t, rs[0], rs[0].restore(ctx), 1, 1)
@@ -192,7 +192,7 @@ func TestStageAfterNewPlacement(t *testing.T) {
 	}()
 	c.waitFor("rank 0's stage of step 3 to wait", func() bool { return c.hosts[0].waiters.Load() == 1 })
 	wcancel()
-	if sd := <-staged; sd == nil || strings.Contains(sd.Err, errNewPlacement.Error()) {
+	if sd := <-staged; sd == nil || strings.Contains(sd.Err, errNewPlacement.Error()) || sd.NewPlacement {
 		t.Errorf("Stage(3) after the rank restored: %+v, want it to wait until cancelled", sd)
 	}
 }

@@ -480,7 +480,8 @@ func (s *service) stage(ctx context.Context, ss *Session, step int64) *Staged {
 			if _, ok := errors.AsType[*CorruptError](err); ok {
 				return &Staged{Step: step, Err: err.Error()}
 			}
-			return &Staged{Step: step, Err: fmt.Sprintf("waiting for step %d to be recoverable everywhere: %v", newest, err)}
+			return &Staged{Step: step, Err: fmt.Sprintf("waiting for step %d to be recoverable everywhere: %v", newest, err),
+				NewPlacement: errors.Is(err, errNewPlacement)}
 		}
 	}
 	wait := time.Since(start)

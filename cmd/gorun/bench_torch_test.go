@@ -52,7 +52,7 @@ func TestBenchTorch(t *testing.T) {
 		t.Helper()
 		ev := filepath.Join(t.TempDir(), "events.jsonl")
 		full := []string{"-np", strconv.Itoa(world), "--hostfile", c.hostfile, "--spares", "1", "--rsh", "ip netns exec",
-			"--bind", c.hosts.BridgeAddr, "--events", ev, "--kill-grace", "2", "-x", torchNetnsIface}
+			"--bind", c.hosts.BridgeAddr, "--events", ev, "--kill-grace", "2"}
 		full = append(full, flags...)
 		full = append(full, "--", "sh", "-c", printJobID, python, script)
 		full = append(full, model...)

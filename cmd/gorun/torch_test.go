@@ -224,17 +224,14 @@ func TestTorchRestartInPlace(t *testing.T) {
 	}
 }
 
-// torchNetnsIface makes gloo use the namespace hosts' interface: by
-// default it takes the address the host name resolves to, a loopback
-// address here (the namespaces share the host name), which the other
-// hosts cannot reach.
-const torchNetnsIface = "GLOO_SOCKET_IFNAME=eth0"
-
 // TestTorchHostLoss: on namespace hosts with one spare, the host of ranks
 // 0 and 1 (and of MASTER_ADDR) of a protected run is killed mid-run; with
 // --recovery restart the spare takes its ranks, every rank restores from
 // gorun (the replacement from its replica holder) and the job ends with
-// exit 0 and the checksum of the plain loop's run.
+// exit 0 and the checksum of the plain loop's run. No GLOO_SOCKET_IFNAME is
+// given: the namespaces share the host name, which resolves to loopback,
+// and the agents name their eth0 (the interface of the address they
+// registered) for gloo.
 func TestTorchHostLoss(t *testing.T) {
 	python, script := torchTrain(t)
 	args := []string{"--steps", "300", "--seed", "5"}
@@ -242,7 +239,7 @@ func TestTorchHostLoss(t *testing.T) {
 	c := newHSCluster(t, 2, 1)
 	ev := filepath.Join(t.TempDir(), "events.jsonl")
 	full := []string{"-np", "4", "--hostfile", c.hostfile, "--spares", "1", "--rsh", "ip netns exec", "--bind", c.hosts.BridgeAddr,
-		"-v", "--events", ev, "--recovery", "restart", "--kill-grace", "2", "-x", torchNetnsIface,
+		"-v", "--events", ev, "--recovery", "restart", "--kill-grace", "2",
 		"--", "sh", "-c", printJobID, python, script, "--protect"}
 	start := time.Now()
 	r := &hsRun{job: startProtectedJob(t, append(full, args...)...), events: ev}
@@ -267,4 +264,176 @@ func TestTorchHostLoss(t *testing.T) {
 	if got := torchChecksum(t, res); got != want {
 		t.Errorf("after losing rank 0's host: checksum %s, the plain loop's %s\nstdout:\n%s", got, want, res.stdout)
 	}
+}
+
+// torchPidRE matches train.py --in-place's line at start: the rank's
+// process and the epoch it started in.
+var torchPidRE = regexp.MustCompile(`(?m)^\[(\d+)\] rank (\d+): pid (\d+) epoch (\d+)$`)
+
+// torchRejoinedRE matches a surviving rank's line after it rejoined a new
+// epoch in place.
+var torchRejoinedRE = regexp.MustCompile(`(?m)^\[(\d+)\] rank (\d+): rejoined epoch (\d+) at step (\d+)$`)
+
+// TestTorchInPlace: train.py --protect --in-place at world 4 on 2+1
+// namespace hosts under --recovery in-place; a host with ranks is killed
+// mid-run. Its ranks start on the spare and restore from gorun; the ranks
+// of the surviving host are not restarted (each printed its pid once):
+// their collective fails or their save is refused, and they rejoin the
+// new epoch in place (a new gloo group on its rendezvous, a new DDP
+// wrapper, back to G). The job ends with exit 0 and the plain loop's
+// checksum. Killed: ranks 2 and 3's host on one of rank 0's step lines,
+// rank 0's host (rank 0 held the TCPStore, and MASTER_ADDR moves to the
+// spare) right after rank 0's save of a step (--report-steps prints its
+// line after the save), and ranks 2 and 3's host frozen (SIGSTOP: a silent
+// peer) with a process group timeout of 10 s: the survivors' collective
+// fails only at that timeout, long after gorun's new epoch (torchFreeze
+// logs both), and the host is killed once they rejoined.
+func TestTorchInPlace(t *testing.T) {
+	python, script := torchTrain(t)
+	args := []string{"--steps", "100", "--seed", "5"}
+	want := torchReference(t, 4, args...)
+	for _, tc := range []struct {
+		name   string
+		kill   int // the host killed
+		at     *regexp.Regexp
+		freeze bool // stopped (SIGSTOP) and killed only once the survivors rejoined
+		flags  []string
+		extra  []string
+	}{
+		{name: "ranks 2,3's host on a step line", kill: 1, at: regexp.MustCompile(`(?m)^\[0\] step 29 loss `)},
+		{name: "rank 0's host after a save", kill: 0, at: regexp.MustCompile(`(?m)^\[0\] step 29 done `), extra: []string{"--report-steps"}},
+		{name: "ranks 2,3's host frozen", kill: 1, at: regexp.MustCompile(`(?m)^\[0\] step 29 loss `), freeze: true,
+			flags: []string{"--heartbeat-interval", "0.2", "--heartbeat-timeout", "1.5"}, extra: []string{"--timeout", "10"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newHSCluster(t, 2, 1)
+			ev := filepath.Join(t.TempDir(), "events.jsonl")
+			full := []string{"-np", "4", "--hostfile", c.hostfile, "--spares", "1", "--rsh", "ip netns exec", "--bind", c.hosts.BridgeAddr,
+				"-v", "--events", ev, "--recovery", "in-place", "--kill-grace", "2"}
+			full = append(full, tc.flags...)
+			full = append(full, "--", "sh", "-c", printJobID, python, script, "--protect", "--in-place")
+			full = append(append(full, args...), tc.extra...)
+			start := time.Now()
+			r := &hsRun{job: startProtectedJob(t, full...), events: ev}
+			r.waitFor(tc.at, 1, 90*time.Second)
+			if tc.freeze {
+				torchFreeze(t, c, r, tc.kill)
+			} else if err := c.hosts.KillAll(tc.kill); err != nil {
+				t.Fatal(err)
+			}
+			res := r.finish(t, 0, 1)
+			for _, m := range torchFailedRE.FindAllString(res.stderr, -1) {
+				t.Logf("%.300s", m)
+			}
+			t.Logf("gorun -np 4 --recovery in-place on 2+1 namespace hosts, host %d killed: %v", tc.kill, time.Since(start).Round(time.Millisecond))
+			evs := readEvents(t, r.events)
+			if sp := ofKind(evs, "splice"); len(sp) != 1 || sp[0].With != c.hosts.Names[2] {
+				t.Errorf("splices %+v, want one with the spare %s", sp, c.hosts.Names[2])
+			}
+			if rs := ofKind(evs, "restart"); len(rs) > 0 {
+				t.Errorf("in-place recovery restarted the ranks: %+v", rs)
+			}
+			moved := map[int]bool{2 * tc.kill: true, 2*tc.kill + 1: true}
+			// Every rank printed its pid at start: the survivors once (in
+			// epoch 0), the moved ranks twice (epoch 0, then on the spare).
+			pids := map[int][]string{}
+			for _, m := range torchPidRE.FindAllStringSubmatch(res.stdout, -1) {
+				rk, _ := strconv.Atoi(m[1])
+				if m[1] != m[2] {
+					t.Errorf("rank %s printed %q", m[1], m[0])
+				}
+				pids[rk] = append(pids[rk], m[3]+"@"+m[4])
+			}
+			rejoined := map[int][]int{}
+			epochs := map[string]bool{}
+			for _, m := range torchRejoinedRE.FindAllStringSubmatch(res.stdout, -1) {
+				rk, _ := strconv.Atoi(m[1])
+				s, _ := strconv.Atoi(m[4])
+				rejoined[rk] = append(rejoined[rk], s)
+				epochs[m[3]] = true
+			}
+			resumed := torchResumed(t, res.stdout)
+			var g int = -1
+			for rk := range 4 {
+				if moved[rk] {
+					s, ok := resumed[rk]
+					if len(pids[rk]) != 2 || !ok || s == 0 || len(rejoined[rk]) != 0 {
+						t.Errorf("moved rank %d: pids %v, resumed at %d (%v) from gorun, rejoined %v; want 2 pids, resumed after step 0, no rejoin", rk, pids[rk], s, ok, rejoined[rk])
+					}
+					if g < 0 {
+						g = s
+					}
+					if s != g {
+						t.Errorf("rank %d resumed at step %d, another at %d", rk, s, g)
+					}
+					continue
+				}
+				if len(pids[rk]) != 1 || len(rejoined[rk]) != 1 {
+					t.Errorf("surviving rank %d: pids %v, rejoined at steps %v; want one pid (not restarted), one rejoin", rk, pids[rk], rejoined[rk])
+					continue
+				}
+				if _, ok := resumed[rk]; ok {
+					t.Errorf("surviving rank %d resumed as a new process", rk)
+				}
+				if g < 0 {
+					g = rejoined[rk][0]
+				}
+				if rejoined[rk][0] != g {
+					t.Errorf("rank %d rejoined at step %d, another rank went on from %d", rk, rejoined[rk][0], g)
+				}
+			}
+			if len(epochs) != 1 {
+				t.Errorf("the survivors rejoined epochs %v, want one", epochs)
+			}
+			t.Logf("the survivors rejoined epoch %v and the moved ranks resumed at step %d; pids %v", epochs, g, pids)
+			if t.Failed() {
+				t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+			}
+			if got := torchChecksum(t, res); got != want {
+				t.Errorf("after losing host %d in place: checksum %s, the plain loop's %s\nstdout:\n%s\nstderr:\n%s", tc.kill, got, want, res.stdout, res.stderr)
+			}
+		})
+	}
+}
+
+// torchFailedRE matches train.py --in-place's line when a step failed and
+// the rank rejoins.
+var torchFailedRE = regexp.MustCompile(`(?m)^\[\d+\] rank \d+: step \d+ failed .*; rejoining$`)
+
+// torchFreeze stops (SIGSTOP) every process of host h, a silent host, and
+// reports how long it took until the launcher published the new epoch
+// (its splice event) and until a surviving rank's step failed (its
+// "rejoining" line): the survivors' collective waits for the frozen peers
+// until the process group's timeout. Then the host is killed.
+func torchFreeze(t *testing.T, c *hsCluster, r *hsRun, h int) {
+	t.Helper()
+	if err := c.hosts.StopAll(h); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now()
+	defer func() {
+		if err := c.hosts.KillAll(h); err != nil {
+			t.Error(err)
+		}
+	}()
+	var spliced, failed time.Duration
+	for deadline := frozen.Add(90 * time.Second); spliced == 0 || failed == 0; {
+		if spliced == 0 {
+			if b, _ := os.ReadFile(r.events); bytes.Contains(b, []byte(`"event":"splice"`)) {
+				spliced = time.Since(frozen)
+			}
+		}
+		if failed == 0 && torchFailedRE.MatchString(r.stderr.String()) {
+			failed = time.Since(frozen)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("90 s after host %d froze: splice after %v, a step failed after %v (0: not yet)\nstderr:\n%s", h, spliced, failed, r.stderr.String())
+		}
+		select {
+		case <-r.done:
+			t.Fatalf("gorun exited (code %d) while host %d was frozen\nstdout:\n%s\nstderr:\n%s", r.res.code, h, r.res.stdout, r.res.stderr)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	t.Logf("host %d frozen: the new epoch's splice after %v, the first survivor's failed step after %v", h, spliced.Round(time.Millisecond), failed.Round(time.Millisecond))
 }

@@ -14,9 +14,14 @@ with or without --protect, a crash and restore, or a torch.save reload.
 It reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun sets
 them (gorun sets them too). --protect imports gorun_torch (python/): every
 step's state is protected in gorun's memory and restored from it at start.
+With --in-place too, under ``gorun --recovery in-place --spares 1``, the
+ranks that survive a lost host keep running: a failed collective or a save
+refused by the new epoch makes them rejoin it (a new process group on the
+epoch's rendezvous, a new DDP wrapper, every rank back to G) and go on.
 """
 
 import argparse
+import datetime
 import hashlib
 import itertools
 import math
@@ -143,13 +148,28 @@ def main() -> int:
     ap.add_argument("--save-dir", default="")
     ap.add_argument("--report-steps", action="store_true",
                     help="rank 0 prints 'step S done T' after every step")
+    ap.add_argument("--in-place", action="store_true",
+                    help="with --protect: on a failed collective or a new "
+                    "gorun epoch, rejoin it in place (gorun --recovery "
+                    "in-place)")
+    ap.add_argument("--timeout", type=float, default=None, metavar="S",
+                    help="the process group's timeout in seconds (default "
+                    "30 with --in-place, else torch's 30 minutes)")
     args = ap.parse_args()
     if args.save_every and not args.save_dir:
         ap.error("--save-every needs --save-dir")
+    if args.in_place and not args.protect:
+        ap.error("--in-place needs --protect")
+    if args.timeout is None and args.in_place:
+        args.timeout = 30.0
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    dist.init_process_group("gloo")
+    if args.timeout is not None:
+        dist.init_process_group(
+            "gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    else:
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     restarts = os.environ.get("GORUN_RESTART_COUNT",
                               os.environ.get("TORCHELASTIC_RESTART_COUNT",
@@ -164,7 +184,8 @@ def main() -> int:
     # torch.save file) would round differently from the uninterrupted run
     # (measured: another final checksum at world 4, the same at world 2).
     # Its cost: one autograd-graph traversal per step.
-    model = DDP(Net(args.width, args.layers), find_unused_parameters=True)
+    net = Net(args.width, args.layers)
+    model = DDP(net, find_unused_parameters=True)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     warm = 10
 
@@ -194,6 +215,9 @@ def main() -> int:
             os.path.abspath(__file__)), "..", "..", "python"))
         import gorun_torch
         prot = gorun_torch.Protector(model, opt, sched)
+        if args.in_place:
+            print(f"rank {rank}: pid {os.getpid()} epoch "
+                  f"{prot.group_epoch}", flush=True)
         start, saved = prot.restore()
         if saved is not None:
             pos = saved
@@ -216,7 +240,13 @@ def main() -> int:
     epoch, index = pos["epoch"], pos["batch"]
     loss_fn = nn.MSELoss()
     total, count, times = 0.0, 0, []
-    for step in range(start, args.steps):
+    # What makes a surviving rank rejoin gorun's new epoch: a collective
+    # that failed (gloo raises RuntimeError) or a save refused because of
+    # the new epoch. Without --in-place, nothing: the error ends the run.
+    recoverable: tuple = ((RuntimeError, gorun_torch.EpochChanged)
+                          if args.in_place else ())
+    step = start
+    while step < args.steps:
         if step == args.crash_at and rank == args.crash_rank \
                 and restarts == "0":
             print(f"rank {rank}: crashing at step {step}", flush=True)
@@ -228,13 +258,32 @@ def main() -> int:
         x, y = next(it)
         index += 1
         x = x + 0.01 * random.random() * torch.randn_like(x)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        sched.step()
-        if prot is not None:
-            prot.save(step, {"epoch": epoch, "batch": index})
+        failed = None
+        try:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            sched.step()
+            if prot is not None:
+                prot.save(step, {"epoch": epoch, "batch": index})
+        except recoverable as e:
+            failed = f"{type(e).__name__}: {e}".splitlines()[0]
+        if failed is not None:
+            # Out of the except block: the traceback held the old DDP
+            # wrapper, which must be gone before the new one is made.
+            loss = model = None
+            print(f"rank {rank}: step {step} failed ({failed:.200}); "
+                  f"rejoining", file=sys.stderr, flush=True)
+            model, step, pos = prot.rejoin(
+                lambda: DDP(net, find_unused_parameters=True),
+                group_timeout=args.timeout)
+            print(f"rank {rank}: rejoined epoch {prot.group_epoch} at step "
+                  f"{step}", flush=True)
+            it = batches(pos["epoch"], pos["batch"])
+            epoch, index = pos["epoch"], pos["batch"]
+            total, count = 0.0, 0
+            continue
         if ckpt and (step + 1) % args.save_every == 0:
             save_checkpoint(ckpt, step, model, opt, sched,
                             {"epoch": epoch, "batch": index})
@@ -245,6 +294,7 @@ def main() -> int:
         if rank == 0 and (step % 10 == 9 or step == args.steps - 1):
             print(f"step {step} loss {total / count:.6g}", flush=True)
             total, count = 0.0, 0
+        step += 1
     if prot is not None:
         prot.close()
     if rank == 0:

@@ -135,6 +135,7 @@ type agent struct {
 	pmiWG     sync.WaitGroup // the PMI connections' goroutines
 	pmiEnds   []*os.File     // their files, closed at the end
 	env       []string       // the ranks' base environment
+	addr      string         // the address this host registered
 	tmp       string         // the ranks' TMPDIR
 
 	// gorun --resume (resume.go): res is the resume in progress (nil:
@@ -257,6 +258,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: truncateMsg(err.Error())})
 		return err
 	}
+	a.addr = addr
 	a.log.Info("registered", "addr", addr, "protect", a.protect.mode)
 	a.out = newBatcher(a.ctl.Conn, a.subj.Output, a.subj.OutputDone, cfg.Host, a.spec.OutputDelay)
 	asub, err := a.ctl.Subscribe(a.subj.OutputAck(cfg.Host), a.out.onAck)
@@ -587,7 +589,7 @@ func (a *agent) start(t *wire.EpochTable) error {
 		}
 	}
 	places := a.hostPlaces(t)
-	a.env = baseEnv(os.Environ(), a.spec.Env)
+	a.env = glooEnv(baseEnv(os.Environ(), a.spec.Env), a.addr, ifaceOf)
 	a.tmp = tmp
 	a.table, a.places = t, places
 	a.socks = newRankSockets(a, t, len(places))

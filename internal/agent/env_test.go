@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -320,5 +322,73 @@ func TestMasterPortPerEpoch(t *testing.T) {
 	}
 	if second == first {
 		t.Errorf("the restart's ranks have the MASTER_PORT of the epoch before: %s", first)
+	}
+}
+
+// TestGlooEnv: the ranks get GLOO_SOCKET_IFNAME naming the interface of
+// the address the host registered, unless the user set it or the address
+// is a loopback one.
+func TestGlooEnv(t *testing.T) {
+	lookup := func(ip net.IP) (string, error) {
+		if ip.Equal(net.ParseIP("10.0.0.2")) {
+			return "eth7", nil
+		}
+		return "", errors.New("no such interface")
+	}
+	tests := []struct {
+		name string
+		env  []string
+		addr string
+		want string // "" = unset
+	}{
+		{"registered address", []string{"PATH=/bin"}, "10.0.0.2", "eth7"},
+		{"set by the user", baseEnv(nil, []string{"GLOO_SOCKET_IFNAME=ib0"}), "10.0.0.2", "ib0"},
+		{"inherited", baseEnv([]string{"GLOO_SOCKET_IFNAME=ib1"}, nil), "10.0.0.2", "ib1"},
+		{"loopback", nil, "127.0.0.1", ""},
+		{"loopback v6", nil, "::1", ""},
+		{"unspecified", nil, "0.0.0.0", ""},
+		{"a host name", nil, "node1", ""},
+		{"no interface holds it", nil, "10.0.0.3", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := envMap(t, glooEnv(tt.env, tt.addr, lookup))
+			got, ok := m["GLOO_SOCKET_IFNAME"]
+			if tt.want == "" && ok {
+				t.Errorf("GLOO_SOCKET_IFNAME=%q, want unset", got)
+			}
+			if tt.want != "" && got != tt.want {
+				t.Errorf("GLOO_SOCKET_IFNAME=%q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestIfaceOf: the interface holding an address of this machine is found
+// (loopback's always exists), and an address no interface holds is an
+// error.
+func TestIfaceOf(t *testing.T) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want string
+	var ip net.IP
+	for _, ifc := range ifs {
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && want == "" {
+				want, ip = ifc.Name, n.IP
+			}
+		}
+	}
+	if ip == nil {
+		t.Skip("no interface has an address")
+	}
+	if got, err := ifaceOf(ip); err != nil || got != want {
+		t.Errorf("ifaceOf(%s) = %q, %v; want %q", ip, got, err, want)
+	}
+	if got, err := ifaceOf(net.ParseIP("192.0.2.255")); err == nil {
+		t.Errorf("ifaceOf(192.0.2.255) = %q, want an error", got)
 	}
 }

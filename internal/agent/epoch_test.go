@@ -39,7 +39,7 @@ func epochWatch() int {
 		fmt.Println("welcome:", err)
 		return 1
 	}
-	fmt.Printf("welcome epoch=%d\n", w.Epoch)
+	fmt.Printf("welcome epoch=%d master=%s:%d\n", w.Epoch, w.MasterAddr, w.MasterPort)
 	wire.WriteSock(c, wire.SockFence, &wire.Fence{Epoch: w.Epoch, KV: map[string]string{"k": "v"}})
 	fmt.Println("fence sent")
 	for seen := 0; seen < 2; seen++ {
@@ -58,7 +58,7 @@ func epochWatch() int {
 			var p wire.Welcome
 			wire.DecodeSock(b, &p)
 			t, err := wire.DecodeEpochTable(p.Table)
-			fmt.Printf("pushed epoch=%d table=%d %v\n", p.Epoch, t.Epoch, err)
+			fmt.Printf("pushed epoch=%d table=%d %v master=%s:%d\n", p.Epoch, t.Epoch, err, p.MasterAddr, p.MasterPort)
 		default:
 			fmt.Println("unexpected type", typ)
 			return 1
@@ -119,11 +119,18 @@ func TestNewEpochReachesRanks(t *testing.T) {
 	}
 	waitFor("") // the rank is in the fence (a fence sent after the new epoch is refused instead)
 	next := rv.Table()
+	// The Welcome and the pushed Epoch carry their epoch's torchrun
+	// rendezvous address in plain JSON: a new epoch's port differs.
+	if next.MasterPort == 0 {
+		t.Fatalf("epoch 0's table has no MASTER_PORT: %+v", next)
+	}
+	waitFor(fmt.Sprintf("welcome epoch=0 master=%s:%d\n", next.MasterAddr, next.MasterPort))
 	next.Epoch = 1
+	next.MasterAddr, next.MasterPort = "192.0.2.7", next.MasterPort%60000+1
 	if err := l.Publish(subj.Epoch, next.Encode()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor("pushed epoch=1 table=1 <nil>\n")
+	waitFor(fmt.Sprintf("pushed epoch=1 table=1 <nil> master=192.0.2.7:%d\n", next.MasterPort))
 	waitFor("fence failed: the epoch changed to 1\n")
 	l.Publish(subj.Control, wire.Marshal(&wire.Control{Op: wire.OpExit}))
 	if err := <-agentErr; err != nil {

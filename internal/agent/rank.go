@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -372,4 +373,43 @@ func rankEnv(base []string, spec *wire.JobSpec, t *wire.EpochTable, pl wire.Plac
 		set = append(set, wire.EnvTmpdir+"="+tmpdir)
 	}
 	return mergeEnv(base, set)
+}
+
+// glooEnv returns env with GLOO_SOCKET_IFNAME set to the interface holding
+// addr (ifname's answer), the address this host registered and the other
+// hosts reach it at, unless env sets it already (the user's choice wins)
+// or addr is a loopback address or unknown (gloo's default serves a
+// single host). Without it gloo listens on, and gives its peers, the
+// address the host name resolves to: a loopback address in network
+// namespaces and where /etc/hosts maps the name to 127.0.1.1.
+func glooEnv(env []string, addr string, ifname func(net.IP) (string, error)) []string {
+	ip := net.ParseIP(addr)
+	if hasVar(env, wire.EnvGlooIfname) || ip == nil || ip.IsLoopback() || ip.IsUnspecified() {
+		return env
+	}
+	name, err := ifname(ip)
+	if err != nil || name == "" {
+		return env
+	}
+	return mergeEnv(env, []string{wire.EnvGlooIfname + "=" + name})
+}
+
+// ifaceOf returns the name of the network interface holding ip.
+func ifaceOf(ip net.IP) (string, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return "", fmt.Errorf("network interfaces: %w", err)
+	}
+	for _, ifc := range ifs {
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+				return ifc.Name, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no interface holds %s", ip)
 }

@@ -40,6 +40,10 @@ type rankSockets struct {
 	table []byte // encoded epoch table
 	epoch uint64
 	world int // the epoch's world size
+	// The epoch's torchrun rendezvous address (the table's), repeated in
+	// the Welcome and Epoch frames.
+	masterAddr string
+	masterPort int
 	// report sends an event to the launcher (the agent's event): the
 	// ranks' peer-loss reports.
 	report func(*wire.Event)
@@ -103,7 +107,7 @@ func newRankSockets(a *agent, t *wire.EpochTable, local int) *rankSockets {
 		ctx: ctx, cancel: cancel,
 		job: a.cfg.Job, host: a.cfg.Host, dataKey: a.cfg.Creds.Data.Hex(), log: a.log,
 		nc: a.ctl.Conn, subj: a.subj, stop: make(chan struct{}),
-		table: t.Encode(), epoch: t.Epoch, world: t.World, local: local, gen: a.gen, live: a.gen, report: a.event,
+		table: t.Encode(), epoch: t.Epoch, world: t.World, masterAddr: t.MasterAddr, masterPort: t.MasterPort, local: local, gen: a.gen, live: a.gen, report: a.event,
 		conns: map[net.Conn]*session{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
 	}
 }
@@ -195,6 +199,7 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 	ss.gen = s.live
 	err = wire.WriteSock(c, wire.SockWelcome, &wire.Welcome{
 		Version: wire.SockVersion, Job: s.job, Rank: rank, Epoch: s.epoch, DataKey: s.dataKey, Table: s.table,
+		MasterAddr: s.masterAddr, MasterPort: s.masterPort,
 	})
 	ss.welcomed = err == nil
 	ss.mu.Unlock()
@@ -470,13 +475,15 @@ func (s *rankSockets) fence(gen uint64, rank int, f *wire.Fence) (*wire.Fence, e
 // setEpoch moves to a new epoch: fences of the old one fail, and every
 // welcomed session is told the new table.
 func (s *rankSockets) setEpoch(t *wire.EpochTable, local int) {
-	push := &wire.Welcome{Version: wire.SockVersion, Job: s.job, Epoch: t.Epoch, DataKey: s.dataKey, Table: t.Encode()}
+	push := &wire.Welcome{Version: wire.SockVersion, Job: s.job, Epoch: t.Epoch, DataKey: s.dataKey, Table: t.Encode(),
+		MasterAddr: t.MasterAddr, MasterPort: t.MasterPort}
 	s.mu.Lock()
 	if t.Epoch <= s.epoch {
 		s.mu.Unlock()
 		return
 	}
 	s.table, s.epoch, s.world, s.local = push.Table, t.Epoch, t.World, local
+	s.masterAddr, s.masterPort = t.MasterAddr, t.MasterPort
 	if s.restartGen != 0 && t.Epoch >= s.restartEpoch {
 		s.gen, s.restartGen, s.restartEpoch = s.restartGen, 0, 0
 	}

@@ -54,6 +54,12 @@ const (
 	// EnvTmpdir points every rank at a private directory the agent removes
 	// when the rank's job ends, so temporary files are not left behind.
 	EnvTmpdir = "TMPDIR"
+	// EnvGlooIfname names the network interface gloo (PyTorch's CPU
+	// backend) listens on and tells its peers. The agent sets it to the
+	// interface holding the address its host registered, when that is
+	// not a loopback address and the user did not set it: gloo's default,
+	// the address the host name resolves to, is loopback on many hosts.
+	EnvGlooIfname = "GLOO_SOCKET_IFNAME"
 )
 
 // ContractNames lists every variable of the rank contract, for tests and for

@@ -41,13 +41,19 @@ type Hello struct {
 // with (comm.Secret.DataKey), the only credential a rank gets: it opens no
 // control-plane connection and no replica link. It travels only over the
 // rank's own socket, in a directory only the job's user can enter.
+// MasterAddr and MasterPort repeat the table's torchrun rendezvous address
+// (MASTER_ADDR, MASTER_PORT) of the epoch in plain JSON, so that a client
+// that does not decode the table (python/gorun_rank.py) can re-create its
+// process group in a new epoch; omitted when the table has none.
 type Welcome struct {
-	Version int    `json:"v"`
-	Job     string `json:"job"`
-	Rank    int    `json:"rank"`
-	Epoch   uint64 `json:"epoch"`
-	DataKey string `json:"data_key"`
-	Table   []byte `json:"table"`
+	Version    int    `json:"v"`
+	Job        string `json:"job"`
+	Rank       int    `json:"rank"`
+	Epoch      uint64 `json:"epoch"`
+	DataKey    string `json:"data_key"`
+	Table      []byte `json:"table"`
+	MasterAddr string `json:"master_addr,omitempty"`
+	MasterPort int    `json:"master_port,omitempty"`
 }
 
 // Fence is a job-wide exchange: every rank of the epoch enters with its
