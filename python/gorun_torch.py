@@ -22,11 +22,15 @@ their replica holders and a data-parallel peer.
 What is protected, in the rank's regions (python/gorun_rank.py,
 rank/PROTOCOL.md):
 
-- ``params``: every parameter and buffer of the model and, by default, the
+- ``params``: every parameter of the model and, by default, the
   optimizer's tensor state (Adam's exp_avg, exp_avg_sq, step, ...). Under
   DDP with a plain optimizer these are the same on every data-parallel
   rank, so gorun does not replicate them: a replacement rank copies them
   from a data-parallel peer. Only rank-unique state is replicated.
+- ``buffers`` (replicated; absent when the model has none): the model's
+  buffers. They are not the same on every data-parallel rank: DDP
+  broadcasts rank 0's before each forward, then each rank's forward
+  updates them from its own batch (BatchNorm's running statistics).
 - ``optimizer`` (with ``rank_unique_optimizer=True``): the optimizer's
   tensor state, replicated to other hosts. Use it when the optimizer state
   differs between ranks: a sharded optimizer (pass the local optimizer,
@@ -285,7 +289,10 @@ class Protector:
                 if id(t) in seen:
                     continue
                 seen.add(id(t))
-                e = _Entry("params", name, t)
+                # Buffers (BatchNorm's running statistics) differ per
+                # rank under DDP: replicated, never taken from a peer.
+                e = _Entry("buffers" if kind == "buffer" else "params",
+                           name, t)
                 e.buffer = kind == "buffer"
                 self._model_entries.append(e)
                 self._model_tensors.append(t)
@@ -325,6 +332,8 @@ class Protector:
         regions = {}
         if rank_unique_optimizer:
             regions["optimizer"] = sizes.get("optimizer", 0)
+        if sizes.get("buffers"):
+            regions["buffers"] = sizes["buffers"]
         regions["params"] = sizes.get("params", 0)
         regions["meta"] = meta_size
         self.regions = regions

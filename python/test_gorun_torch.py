@@ -148,14 +148,20 @@ class GorunTorchTest(unittest.TestCase):
         prot = gorun_torch.Protector(model, opt, sched,
                                      socket_path=self.svc.path)
         self.addCleanup(prot.close)
-        n_model = sum(t.numel() for t in model.state_dict().values())
         # Every parameter of the model in the optimizer: exp_avg and
         # exp_avg_sq as large as the parameters, and one step scalar each.
         n_params = sum(p.numel() for p in model.parameters())
-        n_tensors = len(model.state_dict()) + 3 * len(
-            list(model.parameters()))
+        n_model = n_params
+        n_tensors = 4 * len(list(model.parameters()))
         sizes = {r["name"]: r["size"] for r in self.svc.regions}
-        self.assertEqual(list(sizes), ["params", "meta"])
+        # The buffers (BatchNorm's running statistics, which differ per
+        # rank under DDP) in the replicated buffers region, not in params
+        # (which a replacement copies from a data-parallel peer).
+        self.assertEqual(list(sizes), ["buffers", "params", "meta"])
+        nbuf = sum(b.numel() * b.element_size() for b in model.buffers())
+        self.assertGreaterEqual(sizes["buffers"], nbuf)
+        self.assertLessEqual(sizes["buffers"],
+                             nbuf + 64 * len(list(model.buffers())))
         self.assertEqual(sizes["meta"], 64 << 10)
         low = 4 * (n_model + 2 * n_params + len(list(model.parameters())))
         self.assertGreaterEqual(sizes["params"], low)
@@ -174,8 +180,10 @@ class GorunTorchTest(unittest.TestCase):
                                    meta_size=4096)
         self.addCleanup(p2.close)
         sizes2 = {r["name"]: r["size"] for r in svc2.regions}
-        self.assertEqual(list(sizes2), ["optimizer", "params", "meta"])
+        self.assertEqual(list(sizes2),
+                         ["optimizer", "buffers", "params", "meta"])
         self.assertEqual(sizes2["meta"], 4096)
+        self.assertEqual(sizes2["buffers"], sizes["buffers"])
         self.assertGreaterEqual(sizes2["params"], 4 * n_model)
         self.assertEqual(sizes2["params"] + sizes2["optimizer"],
                          sizes["params"])
