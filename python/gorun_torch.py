@@ -35,6 +35,13 @@ rank/PROTOCOL.md):
   tensor state, replicated to other hosts. Use it when the optimizer state
   differs between ranks: a sharded optimizer (pass the local optimizer,
   ``ZeroRedundancyOptimizer.optim``), or a layout without data parallelism.
+- ``model`` (with ``replicate_params=True``): the model's parameters,
+  replicated, for parameters that differ between ranks (no data
+  parallelism, a model-parallel layout). Both options are on by default
+  when the model given is not a DistributedDataParallel, off when it is.
+  The meta document records a crc32 of the rank's ``params`` region at
+  each save; restore() refuses (LayoutError) a region that does not match
+  it, as a peer's differing state would not.
 - ``meta`` (replicated): a length-prefixed JSON document (an 8-byte
   little-endian length, then UTF-8 JSON): the format version, the step, a
   fingerprint of the layout (every tensor's name, shape and dtype, the
@@ -100,6 +107,7 @@ import os
 import random
 import struct
 import sys
+import zlib
 from typing import Any, Callable, Optional
 
 import torch
@@ -114,6 +122,7 @@ FORMAT = 1
 META_SIZE = 64 << 10
 _ALIGN = 64
 _LEN = struct.Struct("<Q")
+_CRC_HOLE = "crc32:????????"
 
 
 class LayoutError(GorunError):
@@ -252,7 +261,11 @@ class Protector:
 
     rank_unique_optimizer: put the optimizer's tensor state in the
     replicated ``optimizer`` region instead of ``params`` (sharded
-    optimizers, no data parallelism). meta_size: the meta region's size in
+    optimizers, no data parallelism). replicate_params: put the model's
+    parameters in the replicated ``model`` region instead of ``params``
+    (parameters that differ per rank: no data parallelism, a
+    model-parallel layout). Both default to True when model is not a
+    DistributedDataParallel, False when it is. meta_size: the meta region's size in
     bytes. probe: builds the optimizer used to find the state's layout from
     param_groups of zero tensors (default: ``type(optimizer)(groups,
     **optimizer.defaults)``); it is stepped once with zero gradients, on
@@ -264,7 +277,8 @@ class Protector:
     def __init__(self, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer,
                  scheduler: Any = None, *,
-                 rank_unique_optimizer: bool = False,
+                 rank_unique_optimizer: Optional[bool] = None,
+                 replicate_params: Optional[bool] = None,
                  meta_size: int = META_SIZE,
                  probe: Optional[Callable[[list], torch.optim.Optimizer]]
                  = None,
@@ -279,7 +293,13 @@ class Protector:
         self._prot: Optional[gorun_rank.Protection] = None
         self._dst: dict[int, list[torch.Tensor]] = {}
 
+        ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        if replicate_params is None:
+            replicate_params = not ddp
+        if rank_unique_optimizer is None:
+            rank_unique_optimizer = not ddp
         opt_region = "optimizer" if rank_unique_optimizer else "params"
+        param_region = "model" if replicate_params else "params"
         self._model_entries: list[_Entry] = []
         self._model_tensors: list[torch.Tensor] = []
         seen: set[int] = set()
@@ -291,7 +311,7 @@ class Protector:
                 seen.add(id(t))
                 # Buffers (BatchNorm's running statistics) differ per
                 # rank under DDP: replicated, never taken from a peer.
-                e = _Entry("buffers" if kind == "buffer" else "params",
+                e = _Entry("buffers" if kind == "buffer" else param_region,
                            name, t)
                 e.buffer = kind == "buffer"
                 self._model_entries.append(e)
@@ -332,9 +352,12 @@ class Protector:
         regions = {}
         if rank_unique_optimizer:
             regions["optimizer"] = sizes.get("optimizer", 0)
+        if replicate_params:
+            regions["model"] = sizes.get("model", 0)
         if sizes.get("buffers"):
             regions["buffers"] = sizes["buffers"]
-        regions["params"] = sizes.get("params", 0)
+        if not (replicate_params and rank_unique_optimizer):
+            regions["params"] = sizes.get("params", 0)
         regions["meta"] = meta_size
         self.regions = regions
         layout = [e.describe() for e in
@@ -448,6 +471,11 @@ class Protector:
                           if self.scheduler is not None else None),
             "rng": rng,
         }
+        if "params" in self.regions:
+            # crc32 of this rank's params region, filled in by save()
+            # once the slot is written: checked at a restore, where the
+            # region may come from a data-parallel peer.
+            doc["digest"] = {"params": _CRC_HOLE}
         body = json.dumps(doc, separators=(",", ":")).encode()
         if _LEN.size + len(body) > self.meta_size:
             raise MetaTooLarge(
@@ -495,6 +523,17 @@ class Protector:
         if doc.get("step") != step:
             raise LayoutError(f"the meta document is of step "
                               f"{doc.get('step')}, gorun restored {step}")
+        if "params" in self.regions:
+            want = doc.get("digest", {}).get("params")
+            got = "crc32:%08x" % self._crc(slot)
+            if want != got:
+                raise LayoutError(
+                    f"the parameters restored from a data-parallel peer are "
+                    f"not this rank's: the params region of step {step} "
+                    f"has {got}, this rank saved {want} (parameters or "
+                    f"optimizer state that differ per rank: "
+                    f"Protector(replicate_params=True, "
+                    f"rank_unique_optimizer=True))")
         src = self._dst_tensors(slot)
         n_model = len(self._model_entries)
         absent = set(doc["absent"])
@@ -551,12 +590,25 @@ class Protector:
                     d.zero_()  # a parameter without state (no grad yet)
                 else:
                     d.copy_(src)
+        if "params" in self.regions:
+            at = meta.rindex(_CRC_HOLE.encode())  # the last key's value
+            meta = (meta[:at] + b"crc32:%08x" % self._crc(slot)
+                    + meta[at + len(_CRC_HOLE):])
         mv = prot.view("meta", slot)
         try:
             mv[:len(meta)] = meta
         finally:
             mv.release()
         prot.commit(step)
+
+    def _crc(self, slot: int) -> int:
+        """crc32 of the params region's bytes in slot."""
+        assert self._prot is not None
+        view = self._prot.view("params", slot)
+        try:
+            return zlib.crc32(view)
+        finally:
+            view.release()
 
     def _live(self) -> gorun_rank.Protection:
         if self._prot is None:

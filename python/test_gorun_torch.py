@@ -146,7 +146,9 @@ class GorunTorchTest(unittest.TestCase):
         before = digest(model, opt, sched)
         rng = torch.get_rng_state()
         prot = gorun_torch.Protector(model, opt, sched,
-                                     socket_path=self.svc.path)
+                                     socket_path=self.svc.path,
+                                     replicate_params=False,
+                                     rank_unique_optimizer=False)
         self.addCleanup(prot.close)
         # Every parameter of the model in the optimizer: exp_avg and
         # exp_avg_sq as large as the parameters, and one step scalar each.
@@ -177,6 +179,7 @@ class GorunTorchTest(unittest.TestCase):
         model, opt, sched = build()
         p2 = gorun_torch.Protector(model, opt, sched, socket_path=svc2.path,
                                    rank_unique_optimizer=True,
+                                   replicate_params=False,
                                    meta_size=4096)
         self.addCleanup(p2.close)
         sizes2 = {r["name"]: r["size"] for r in svc2.regions}
@@ -187,6 +190,77 @@ class GorunTorchTest(unittest.TestCase):
         self.assertGreaterEqual(sizes2["params"], 4 * n_model)
         self.assertEqual(sizes2["params"] + sizes2["optimizer"],
                          sizes["params"])
+
+    def test_replicate_params_default(self) -> None:
+        """Parameters that may differ per rank (the model is not a DDP)
+        go in replicated regions by default; under DDP in params."""
+        model, opt, sched = build()
+        with gorun_torch.Protector(model, opt, sched,
+                                   socket_path=self.svc.path):
+            pass
+        sizes = {r["name"]: r["size"] for r in self.svc.regions}
+        self.assertEqual(list(sizes),
+                         ["optimizer", "model", "buffers", "meta"])
+        n_params = sum(p.numel() for p in model.parameters())
+        self.assertGreaterEqual(sizes["model"], 4 * n_params)
+        self.assertLessEqual(sizes["model"], 4 * n_params + 64 * len(
+            list(model.parameters())))
+        import tempfile
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        fd, store = tempfile.mkstemp(prefix="gorun-torchtest-")
+        os.close(fd)
+        os.unlink(store)
+        dist.init_process_group("gloo", init_method=f"file://{store}",
+                                rank=0, world_size=1)
+        try:
+            svc = FakeService()
+            self.addCleanup(svc.close)
+            ddp = DDP(build()[0])
+            opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+            with gorun_torch.Protector(ddp, opt, socket_path=svc.path):
+                pass
+            self.assertEqual([r["name"] for r in svc.regions],
+                             ["buffers", "params", "meta"])
+        finally:
+            dist.destroy_process_group()
+            if os.path.exists(store):
+                os.unlink(store)
+
+    def test_params_digest(self) -> None:
+        """A params region that is not the one this rank saved (a peer's,
+        which differs) is refused before anything is restored."""
+        model, opt, sched = build()
+        with gorun_torch.Protector(model, opt, sched, replicate_params=False,
+                                   rank_unique_optimizer=False,
+                                   socket_path=self.svc.path) as prot:
+            for step in range(2):
+                train_step(model, opt, sched, step)
+                prot.save(step)
+            # The same bytes: restored.
+        m2, o2, s2 = build(seed=3)
+        with gorun_torch.Protector(m2, o2, s2, replicate_params=False,
+                                   rank_unique_optimizer=False,
+                                   socket_path=self.svc.path) as prot:
+            self.assertEqual(prot.restore(), (2, None))
+            self.assertEqual(digest(m2, o2, s2), digest(model, opt, sched))
+            # A peer whose parameters differ in one byte: refused.
+            _, slot = self.svc.newest()
+            view = prot.protection.view("params", slot)
+            view[5] ^= 1
+            view.release()
+            # (gorun checks the copy it got against the peer's sums.)
+            self.svc.slot_crc[slot] = self.svc.checksums(slot)
+            m3, o3, s3 = build(seed=4)
+            before = digest(m3, o3, s3)
+        with gorun_torch.Protector(m3, o3, s3, replicate_params=False,
+                                   rank_unique_optimizer=False,
+                                   socket_path=self.svc.path) as prot:
+            with self.assertRaisesRegex(
+                    LayoutError, "restored from a data-parallel peer are "
+                    "not this rank's"):
+                prot.restore()
+        self.assertEqual(digest(m3, o3, s3), before)
 
     def test_save_restore_bitwise(self) -> None:
         want = run(None, 12)  # the uninterrupted, unprotected run
