@@ -22,7 +22,8 @@ their replica holders and a data-parallel peer.
 What is protected, in the rank's regions (python/gorun_rank.py,
 rank/PROTOCOL.md):
 
-- ``params``: every parameter of the model and, by default, the
+- ``params``: every parameter of the model (and of the optimizer, if it
+  has some that are not the model's) and, by default, the
   optimizer's tensor state (Adam's exp_avg, exp_avg_sq, step, ...). Under
   DDP with a plain optimizer these are the same on every data-parallel
   rank, so gorun does not replicate them: a replacement rank copies them
@@ -320,6 +321,14 @@ class Protector:
             p for g in optimizer.param_groups for p in g["params"]]
         if len({id(p) for p in self._opt_params}) != len(self._opt_params):
             raise GorunError("a parameter is in two param_groups")
+        # The optimizer's parameters that are not the model's (a separate
+        # temperature, say): their values too, after the model's.
+        for i, p in enumerate(self._opt_params):
+            if id(p) not in seen:
+                seen.add(id(p))
+                e = _Entry(param_region, f"optimizer.param[{i}]", p, i)
+                self._model_entries.append(e)
+                self._model_tensors.append(p)
         names = {id(t): n for n, t in model.named_parameters()}
         probed = _probe(optimizer, probe or (
             lambda groups: type(optimizer)(groups, **optimizer.defaults)))

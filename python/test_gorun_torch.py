@@ -378,33 +378,38 @@ class GorunTorchTest(unittest.TestCase):
 
     def test_parameter_without_state(self) -> None:
         """A parameter that got no gradient has no optimizer state: none
-        after the restore either; a custom probe finds the same layout."""
+        after the restore either; a custom probe finds the same layout.
+        A trained parameter of the optimizer that is not the model's (a
+        temperature) has its value restored with its state."""
         def make(seed: int) -> tuple:
             torch.manual_seed(seed)
             model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
             spare = nn.Parameter(torch.randn(3))  # never used
-            opt = torch.optim.Adam(list(model.parameters()) + [spare])
-            return model, opt, spare
-        model, opt, spare = make(1)
+            temp = nn.Parameter(torch.randn(1))  # trained, not the model's
+            opt = torch.optim.Adam(list(model.parameters()) + [spare, temp])
+            return model, opt, spare, temp
+        model, opt, spare, temp = make(1)
         x = torch.randn(8, 4)
         with gorun_torch.Protector(model, opt,
                                    socket_path=self.svc.path) as prot:
             for step in range(3):
                 opt.zero_grad()
-                model(x).sum().backward()
+                (model(x).sum() * temp).sum().backward()
                 opt.step()
                 prot.save(step)
             self.assertNotIn(spare, opt.state)
         want = digest(model, opt, torch.optim.lr_scheduler.StepLR(opt, 1))
-        m2, o2, s2 = make(2)
+        m2, o2, s2, t2 = make(2)
         with gorun_torch.Protector(
                 m2, o2, socket_path=self.svc.path,
                 probe=lambda groups: torch.optim.Adam(groups)) as prot:
             self.assertEqual(prot.restore(), (3, None))
         self.assertNotIn(s2, o2.state)
-        self.assertEqual(len(o2.state), 4)
+        self.assertEqual(len(o2.state), 5)
         got = digest(m2, o2, torch.optim.lr_scheduler.StepLR(o2, 1))
         self.assertEqual(got, want)
+        self.assertTrue(torch.equal(t2, temp), (t2, temp))
+        self.assertTrue(torch.equal(s2, spare), (s2, spare))
 
     def test_probe_falls_back_from_meta(self) -> None:
         """The probe runs on the meta device; an optimizer that cannot is
