@@ -301,8 +301,10 @@ class Protector:
             rank_unique_optimizer = not ddp
         opt_region = "optimizer" if rank_unique_optimizer else "params"
         param_region = "model" if replicate_params else "params"
+        # The model's tensors are looked up again by name at every save()
+        # and restore() (a module may reassign a buffer); optimizer
+        # parameters that are not the model's by their index.
         self._model_entries: list[_Entry] = []
-        self._model_tensors: list[torch.Tensor] = []
         seen: set[int] = set()
         for kind, named in (("param", model.named_parameters()),
                             ("buffer", model.named_buffers())):
@@ -316,7 +318,6 @@ class Protector:
                            name, t)
                 e.buffer = kind == "buffer"
                 self._model_entries.append(e)
-                self._model_tensors.append(t)
         self._opt_params: list[torch.Tensor] = [
             p for g in optimizer.param_groups for p in g["params"]]
         if len({id(p) for p in self._opt_params}) != len(self._opt_params):
@@ -328,7 +329,6 @@ class Protector:
                 seen.add(id(p))
                 e = _Entry(param_region, f"optimizer.param[{i}]", p, i)
                 self._model_entries.append(e)
-                self._model_tensors.append(p)
         names = {id(t): n for n, t in model.named_parameters()}
         probed = _probe(optimizer, probe or (
             lambda groups: type(optimizer)(groups, **optimizer.defaults)))
@@ -411,6 +411,31 @@ class Protector:
                                  offset=e.offset)
             out.append(t.view(e.shape))
         self._dst[slot] = out
+        return out
+
+    def _model_sources(self) -> list[torch.Tensor]:
+        """The model's tensors now, in layout order (LayoutError if one is
+        gone or has another shape or dtype than at construction)."""
+        params = dict(self.model.named_parameters())
+        buffers = dict(self.model.named_buffers())
+        opt_params = [p for g in self.optimizer.param_groups
+                      for p in g["params"]]
+        out = []
+        for e in self._model_entries:
+            if e.param >= 0:
+                t = (opt_params[e.param] if e.param < len(opt_params)
+                     else None)
+            else:
+                t = (buffers if e.buffer else params).get(e.name)
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != e.shape \
+                    or t.dtype != e.dtype:
+                raise LayoutError(
+                    f"the model's {'buffer' if e.buffer else 'parameter'} "
+                    f"{e.name} is {type(t).__name__} "
+                    f"{tuple(getattr(t, 'shape', ()))} "
+                    f"{getattr(t, 'dtype', '')}, the layout has "
+                    f"{e.shape} {e.dtype}")
+            out.append(t)
         return out
 
     def _opt_sources(self) -> tuple[list[Optional[torch.Tensor]], list[int]]:
@@ -543,12 +568,13 @@ class Protector:
                     f"optimizer state that differ per rank: "
                     f"Protector(replicate_params=True, "
                     f"rank_unique_optimizer=True))")
+        model_tensors = self._model_sources()
         src = self._dst_tensors(slot)
         n_model = len(self._model_entries)
         absent = set(doc["absent"])
         opt = self.optimizer
         with torch.no_grad():
-            for t, s in zip(self._model_tensors, src[:n_model]):
+            for t, s in zip(model_tensors, src[:n_model]):
                 t.copy_(s)
             opt.state.clear()
             for e, s in zip(self._opt_entries, src[n_model:]):
@@ -589,12 +615,13 @@ class Protector:
         55.0 ms, the copy competing with the compute: no gain, not kept.)
         """
         prot = self._live()
+        model_tensors = self._model_sources()
         srcs, absent = self._opt_sources()
         meta = self._meta(step, data, absent)  # before Stage: may refuse
         slot = prot.begin(step)
         dst = self._dst_tensors(slot)
         with torch.no_grad():
-            for d, src in zip(dst, self._model_tensors + srcs):
+            for d, src in zip(dst, model_tensors + srcs):
                 if src is None:
                     d.zero_()  # a parameter without state (no grad yet)
                 else:

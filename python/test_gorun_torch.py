@@ -411,6 +411,45 @@ class GorunTorchTest(unittest.TestCase):
         self.assertTrue(torch.equal(t2, temp), (t2, temp))
         self.assertTrue(torch.equal(s2, spare), (s2, spare))
 
+    def test_reassigned_buffer(self) -> None:
+        """A module that reassigns a buffer (self.seen = self.seen + n):
+        the tensor saved and restored is the one the model has then; a
+        reassigned tensor of another shape is refused."""
+        class Counting(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.fc = nn.Linear(4, 2)
+                self.register_buffer("seen", torch.zeros(1))
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                self.seen = self.seen + x.shape[0]
+                return self.fc(x)
+
+        def make() -> tuple:
+            torch.manual_seed(0)
+            model = Counting()
+            return model, torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = make()
+        with gorun_torch.Protector(model, opt,
+                                   socket_path=self.svc.path) as prot:
+            for step in range(3):
+                opt.zero_grad()
+                model(torch.ones(8, 4)).sum().backward()
+                opt.step()
+                prot.save(step)
+        self.assertEqual(model.seen.item(), 24)
+        m2, o2 = make()
+        with gorun_torch.Protector(m2, o2,
+                                   socket_path=self.svc.path) as prot:
+            self.assertEqual(prot.restore(), (3, None))
+            self.assertEqual(m2.seen.item(), 24)
+            self.assertTrue(torch.equal(m2.fc.weight, model.fc.weight))
+            m2.seen = torch.zeros(2)
+            with self.assertRaisesRegex(LayoutError, "seen"):
+                prot.save(3)
+            with self.assertRaisesRegex(LayoutError, "seen"):
+                prot.restore()
+
     def test_probe_falls_back_from_meta(self) -> None:
         """The probe runs on the meta device; an optimizer that cannot is
         probed over zeros on the parameters' device: the same layout."""
