@@ -50,7 +50,8 @@ rank/PROTOCOL.md):
   optimizer or world is refused with LayoutError), the caller's data
   position (any JSON dict given to save()), the optimizer's param_groups
   hyper-parameters (the lr a scheduler changed) and non-tensor state, the
-  scheduler's state_dict, and the RNG states of torch (CPU, and CUDA when
+  scheduler's state_dict (without its callables and weak references, which
+  the live scheduler keeps), and the RNG states of torch (CPU, and CUDA when
   available), Python's ``random`` and NumPy's global RandomState when numpy
   is imported (this module never imports it). Its size is fixed at
   construction (``meta_size``, 64 KiB by default); MetaTooLarge says when
@@ -108,6 +109,7 @@ import os
 import random
 import struct
 import sys
+import weakref
 import zlib
 from typing import Any, Callable, Optional
 
@@ -211,6 +213,14 @@ class _Entry:
     def describe(self) -> list:
         return [self.region, self.name, list(self.shape),
                 _dtype_name(self.dtype)]
+
+
+def _sched_state(scheduler: Any) -> dict:
+    """scheduler's state_dict without callables and weak references
+    (OneCycleLR's anneal_func, CyclicLR's _scale_fn_ref): they are not
+    state, and load_state_dict keeps the live object's for keys missing."""
+    return {k: v for k, v in scheduler.state_dict().items()
+            if not (callable(v) or isinstance(v, weakref.ref))}
 
 
 def _world_size() -> int:
@@ -501,7 +511,7 @@ class Protector:
             "world": self.world_size, "data": _encode(data, "data"),
             "param_groups": groups, "optimizer_scalars": scalars,
             "absent": absent,
-            "scheduler": (_encode(self.scheduler.state_dict(), "scheduler")
+            "scheduler": (_encode(_sched_state(self.scheduler), "scheduler")
                           if self.scheduler is not None else None),
             "rng": rng,
         }

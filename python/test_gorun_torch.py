@@ -411,6 +411,51 @@ class GorunTorchTest(unittest.TestCase):
         self.assertTrue(torch.equal(t2, temp), (t2, temp))
         self.assertTrue(torch.equal(s2, spare), (s2, spare))
 
+    def test_cyclic_schedulers(self) -> None:
+        """OneCycleLR and CyclicLR (a bound method, a WeakMethod in their
+        state_dict): saved and restored; the restored one steps on as the
+        uninterrupted one does."""
+        makers = {
+            "OneCycleLR": lambda o: torch.optim.lr_scheduler.OneCycleLR(
+                o, max_lr=0.5, total_steps=20),
+            "CyclicLR": lambda o: torch.optim.lr_scheduler.CyclicLR(
+                o, 0.01, 0.1, step_size_up=3, mode="exp_range",
+                gamma=0.9),
+        }
+        for name, make_sched in makers.items():
+            with self.subTest(name):
+                def make() -> tuple:
+                    torch.manual_seed(0)
+                    model = nn.Linear(4, 2)
+                    opt = torch.optim.SGD(model.parameters(), lr=0.1,
+                                          momentum=0.9)
+                    return model, opt, make_sched(opt)
+
+                def step(model, opt, sched) -> None:
+                    opt.zero_grad()
+                    model(torch.ones(2, 4)).sum().backward()
+                    opt.step()
+                    sched.step()
+                svc = FakeService()
+                self.addCleanup(svc.close)
+                model, opt, sched = make()
+                with gorun_torch.Protector(model, opt, sched,
+                                           socket_path=svc.path) as prot:
+                    for s in range(5):
+                        step(model, opt, sched)
+                        prot.save(s)
+                m2, o2, s2 = make()
+                with gorun_torch.Protector(m2, o2, s2,
+                                           socket_path=svc.path) as prot:
+                    self.assertEqual(prot.restore(), (5, None))
+                for _ in range(4):
+                    step(model, opt, sched)
+                    step(m2, o2, s2)
+                    self.assertEqual(s2.get_last_lr(), sched.get_last_lr())
+                    self.assertEqual(o2.param_groups[0]["momentum"],
+                                     opt.param_groups[0]["momentum"])
+                self.assertTrue(torch.equal(m2.weight, model.weight))
+
     def test_reassigned_buffer(self) -> None:
         """A module that reassigns a buffer (self.seen = self.seen + n):
         the tensor saved and restored is the one the model has then; a
