@@ -73,6 +73,10 @@ DistributedSampler: set_epoch(data["epoch"]) and skip data["batch"]
 batches), and keep the global RNG out of data loading (a DataLoader
 without ``generator=`` draws its base seed from torch's global RNG each
 time an iterator is made, which a resumed run does at a different point).
+A DataLoader(shuffle=True, generator=g) draws each epoch's order from g,
+which advances every epoch: pass it, ``Protector(...,
+generators=[g])``, and its state is saved and restored with the others
+(a DistributedSampler's order depends only on its seed and epoch).
 
 ``--recovery in-place`` (the surviving ranks keep running while a lost
 host is replaced) is not supported for PyTorch scripts; ``--recovery
@@ -111,7 +115,7 @@ import struct
 import sys
 import weakref
 import zlib
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -276,7 +280,10 @@ class Protector:
     parameters in the replicated ``model`` region instead of ``params``
     (parameters that differ per rank: no data parallelism, a
     model-parallel layout). Both default to True when model is not a
-    DistributedDataParallel, False when it is. meta_size: the meta region's size in
+    DistributedDataParallel, False when it is. generators: torch.Generator
+    objects whose states are saved and restored with the global RNGs (a
+    DataLoader's ``generator=``, which orders a shuffled loader's batches
+    and advances every epoch). meta_size: the meta region's size in
     bytes. probe: builds the optimizer used to find the state's layout from
     param_groups of zero tensors (default: ``type(optimizer)(groups,
     **optimizer.defaults)``); it is stepped once with zero gradients, on
@@ -290,6 +297,7 @@ class Protector:
                  scheduler: Any = None, *,
                  rank_unique_optimizer: Optional[bool] = None,
                  replicate_params: Optional[bool] = None,
+                 generators: Sequence[torch.Generator] = (),
                  meta_size: int = META_SIZE,
                  probe: Optional[Callable[[list], torch.optim.Optimizer]]
                  = None,
@@ -300,6 +308,11 @@ class Protector:
         self.model, self.optimizer, self.scheduler = model, optimizer, \
             scheduler
         self.meta_size = meta_size
+        self.generators = list(generators)
+        for g in self.generators:
+            if not isinstance(g, torch.Generator):
+                raise TypeError(f"generators: a {type(g).__name__}, not a "
+                                f"torch.Generator")
         self._client: Optional[gorun_rank.Client] = None
         self._prot: Optional[gorun_rank.Protection] = None
         self._dst: dict[int, list[torch.Tensor]] = {}
@@ -386,6 +399,7 @@ class Protector:
             {"layout": layout, "optimizer": type(optimizer).__name__,
              "groups": [len(g["params"]) for g in optimizer.param_groups],
              "scheduler": type(scheduler).__name__ if scheduler else None,
+             "generators": len(self.generators),
              "world": self.world_size},
             separators=(",", ":")).encode()).hexdigest()
 
@@ -497,6 +511,9 @@ class Protector:
             "torch": _encode(torch.get_rng_state(), "torch RNG"),
             "python": _encode(random.getstate(), "random"),
         }
+        if self.generators:
+            rng["generators"] = [_encode(g.get_state(), "generator")
+                                 for g in self.generators]
         if torch.cuda.is_available():
             rng["cuda"] = [_encode(s, "CUDA RNG")
                            for s in torch.cuda.get_rng_state_all()]
@@ -604,6 +621,8 @@ class Protector:
         rng = doc["rng"]
         torch.set_rng_state(_decode(rng["torch"]))
         random.setstate(_decode(rng["python"]))
+        for g, st in zip(self.generators, rng.get("generators", [])):
+            g.set_state(_decode(st))
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([_decode(s) for s in rng["cuda"]])
         np = sys.modules.get("numpy")

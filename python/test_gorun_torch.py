@@ -456,6 +456,40 @@ class GorunTorchTest(unittest.TestCase):
                                      opt.param_groups[0]["momentum"])
                 self.assertTrue(torch.equal(m2.weight, model.weight))
 
+    def test_generators(self) -> None:
+        """A DataLoader(shuffle=True, generator=g): g's state is saved and
+        restored (generators=[g]), so the resumed epochs' orders are the
+        uninterrupted run's."""
+        from torch.utils.data import DataLoader, TensorDataset
+        data = TensorDataset(torch.arange(16))
+
+        def make() -> tuple:
+            model, opt, sched = build()
+            g = torch.Generator().manual_seed(1)
+            loader = DataLoader(data, batch_size=4, shuffle=True,
+                                generator=g)
+            return model, opt, sched, g, loader
+        model, opt, sched, g, loader = make()
+        with gorun_torch.Protector(model, opt, sched, generators=[g],
+                                   socket_path=self.svc.path) as prot:
+            for epoch in range(2):
+                list(loader)
+                prot.save(epoch)
+        want = [[b[0].tolist() for b in loader] for _ in range(2)]
+        m2, o2, s2, g2, l2 = make()
+        g2.manual_seed(99)  # elsewhere: the restore must set it
+        with gorun_torch.Protector(m2, o2, s2, generators=[g2],
+                                   socket_path=self.svc.path) as prot:
+            self.assertEqual(prot.restore(), (2, None))
+        got = [[b[0].tolist() for b in l2] for _ in range(2)]
+        self.assertEqual(got, want)
+        # Another number of generators: another layout.
+        m3, o3, s3, _, _ = make()
+        with gorun_torch.Protector(m3, o3, s3, socket_path=self.svc.path
+                                   ) as prot:
+            with self.assertRaisesRegex(LayoutError, "another model"):
+                prot.restore()
+
     def test_reassigned_buffer(self) -> None:
         """A module that reassigns a buffer (self.seen = self.seen + n):
         the tensor saved and restored is the one the model has then; a
