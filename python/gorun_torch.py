@@ -262,9 +262,18 @@ def _probe(optimizer: torch.optim.Optimizer,
         probed.step()
         return probed
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        pass
+    try:
         probed = make(_zero_groups(optimizer, None))
         probed.step()
-        return probed
+    except Exception as e:
+        raise GorunError(
+            f"cannot find the state layout of {type(optimizer).__name__} "
+            f"by probing a copy ({type(e).__name__}: {e}): pass "
+            f"Protector(probe=...), a function of param_groups returning "
+            f"an optimizer with the same state whose step() takes no "
+            f"arguments") from e
+    return probed
 
 
 class Protector:
@@ -552,9 +561,16 @@ class Protector:
             if not 0 < n <= len(view) - _LEN.size:
                 raise LayoutError(f"the meta region holds no document "
                                   f"(length {n})")
-            doc = json.loads(bytes(view[_LEN.size:_LEN.size + n]))
+            try:
+                doc = json.loads(bytes(view[_LEN.size:_LEN.size + n]))
+            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+                raise LayoutError(f"the meta document is not JSON: "
+                                  f"{e}") from e
         finally:
             view.release()
+        if not isinstance(doc, dict):
+            raise LayoutError(f"the meta document is a "
+                              f"{type(doc).__name__}, not an object")
         return doc
 
     # Public API.
@@ -596,9 +612,29 @@ class Protector:
                     f"Protector(replicate_params=True, "
                     f"rank_unique_optimizer=True))")
         model_tensors = self._model_sources()
+        try:  # everything decoded before anything is touched
+            absent = set(doc["absent"])
+            scalars = {int(i): _decode(v)
+                       for i, v in doc["optimizer_scalars"].items()}
+            groups = [{k: _decode(v) for k, v in g.items()}
+                      for g in doc["param_groups"]]
+            sched = _decode(doc["scheduler"])
+            rng = doc["rng"]
+            rng_torch, rng_python = (_decode(rng["torch"]),
+                                     _decode(rng["python"]))
+            rng_gens = [_decode(s) for s in rng.get("generators", [])]
+            rng_cuda = [_decode(s) for s in rng.get("cuda", [])]
+            rng_numpy = rng.get("numpy")
+            data = _decode(doc["data"])
+            if len(groups) != len(self.optimizer.param_groups) or \
+                    len(rng_gens) != len(self.generators):
+                raise ValueError("param_groups or generators miscounted")
+        except (KeyError, TypeError, ValueError, AttributeError,
+                RuntimeError) as e:
+            raise LayoutError(f"the meta document of step {step} is "
+                              f"corrupt: {type(e).__name__}: {e}") from e
         src = self._dst_tensors(slot)
         n_model = len(self._model_entries)
-        absent = set(doc["absent"])
         opt = self.optimizer
         with torch.no_grad():
             for t, s in zip(model_tensors, src[:n_model]):
@@ -611,27 +647,25 @@ class Protector:
                 st = opt.state[p]
                 st[e.key] = torch.empty(e.shape, dtype=e.dtype,
                                         device=e.device).copy_(s)
-        for i, vals in doc["optimizer_scalars"].items():
-            opt.state[self._opt_params[int(i)]].update(_decode(vals))
-        for g, saved in zip(opt.param_groups, doc["param_groups"]):
-            for k, v in saved.items():
-                g[k] = _decode(v)
-        if self.scheduler is not None and doc["scheduler"] is not None:
-            self.scheduler.load_state_dict(_decode(doc["scheduler"]))
-        rng = doc["rng"]
-        torch.set_rng_state(_decode(rng["torch"]))
-        random.setstate(_decode(rng["python"]))
-        for g, st in zip(self.generators, rng.get("generators", [])):
-            g.set_state(_decode(st))
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([_decode(s) for s in rng["cuda"]])
+        for i, vals in scalars.items():
+            opt.state[self._opt_params[i]].update(vals)
+        for g, saved in zip(opt.param_groups, groups):
+            g.update(saved)
+        if self.scheduler is not None and sched is not None:
+            self.scheduler.load_state_dict(sched)
+        torch.set_rng_state(rng_torch)
+        random.setstate(rng_python)
+        for g, st in zip(self.generators, rng_gens):
+            g.set_state(st)
+        if rng_cuda and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng_cuda)
         np = sys.modules.get("numpy")
-        if np is not None and "numpy" in rng:
-            name, keys, pos, has_gauss, gauss = rng["numpy"]
+        if np is not None and rng_numpy is not None:
+            name, keys, pos, has_gauss, gauss = rng_numpy
             np.random.set_state((name, np.frombuffer(
                 base64.b64decode(keys), dtype="<u4").astype(np.uint32),
                 pos, has_gauss, gauss))
-        return step + 1, _decode(doc["data"])
+        return step + 1, data
 
     def save(self, step: int, data: Optional[dict] = None) -> None:
         """Protect step: call it after optimizer.step() (and scheduler.step()).

@@ -490,6 +490,47 @@ class GorunTorchTest(unittest.TestCase):
             with self.assertRaisesRegex(LayoutError, "another model"):
                 prot.restore()
 
+    def test_unprobeable_optimizer(self) -> None:
+        """LBFGS (its step() needs a closure): a GorunError that says to
+        pass probe=, not a bare TypeError."""
+        model = nn.Linear(4, 2)
+        opt = torch.optim.LBFGS(model.parameters())
+        with self.assertRaisesRegex(GorunError, r"LBFGS.*probe="):
+            gorun_torch.Protector(model, opt, socket_path=self.svc.path)
+
+    def test_corrupt_meta(self) -> None:
+        """A meta document that is not JSON, or lacks a key: LayoutError
+        naming what is wrong, nothing restored."""
+        run(self.svc.path, 2)
+        _, slot = self.svc.newest()
+        with open(self.svc.region_path("meta"), "rb") as f:
+            f.seek(slot * self.svc.stride(64 << 10))
+            (n,) = gorun_torch._LEN.unpack(f.read(8))
+            saved = f.read(n)
+        cases = {
+            "not JSON": lambda body: b"{" + body[1:-1],
+            "KeyError: 'rng'": lambda body: json.dumps(
+                {k: v for k, v in json.loads(body).items() if k != "rng"}
+            ).encode(),
+            "not an object": lambda body: b"[1, 2]",
+        }
+        for want, corrupt in cases.items():
+            with self.subTest(want):
+                model, opt, sched = build(seed=8)
+                before = digest(model, opt, sched)
+                with gorun_torch.Protector(model, opt, sched,
+                                           socket_path=self.svc.path
+                                           ) as prot:
+                    view = prot.protection.view("meta", slot)
+                    body = corrupt(saved)
+                    view[:8 + len(body)] = (gorun_torch._LEN.pack(len(body))
+                                            + body)
+                    view.release()
+                    self.svc.slot_crc[slot] = self.svc.checksums(slot)
+                    with self.assertRaisesRegex(LayoutError, want):
+                        prot.restore()
+                self.assertEqual(digest(model, opt, sched), before)
+
     def test_reassigned_buffer(self) -> None:
         """A module that reassigns a buffer (self.seen = self.seen + n):
         the tensor saved and restored is the one the model has then; a
