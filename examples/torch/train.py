@@ -47,9 +47,13 @@ class Block(nn.Module):
         super().__init__()
         # batch: BatchNorm1d, whose running statistics (buffers) differ
         # per rank under DDP (each rank's forward updates them with its
-        # own batch after DDP broadcast rank 0's).
-        self.norm = (nn.BatchNorm1d(width) if norm == "batch"
-                     else nn.LayerNorm(width))
+        # own batch after DDP broadcast rank 0's). momentum=None: a
+        # cumulative average, so a wrong buffer at a resume stays in the
+        # final checksum (an exponential one with the default 0.1 forgets
+        # it in bits within the run: a host loss that restored a peer's
+        # buffers still ended on the same checksum).
+        self.norm = (nn.BatchNorm1d(width, momentum=None)
+                     if norm == "batch" else nn.LayerNorm(width))
         self.fc = nn.Linear(width, width)
         self.drop = nn.Dropout(0.1)
 
