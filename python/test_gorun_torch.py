@@ -695,6 +695,7 @@ class TrainPyTest(unittest.TestCase):
         self.assertEqual(died.returncode, -9, died.stderr)
         again = self.train("--protect", "--crash-at", "133", svc=svc,
                            restarts=1)
+        self.assertIn("rank 0: resumed at step 133 from gorun", again.stdout)
         self.assertEqual(self.checksum(again), want)
 
 
