@@ -601,7 +601,8 @@ class Protector:
             raise LayoutError(f"the meta document is of step "
                               f"{doc.get('step')}, gorun restored {step}")
         if "params" in self.regions:
-            want = doc.get("digest", {}).get("params")
+            digest = doc.get("digest")
+            want = digest.get("params") if isinstance(digest, dict) else None
             got = "crc32:%08x" % self._crc(slot)
             if want != got:
                 raise LayoutError(
