@@ -22,15 +22,27 @@ their replica holders and a data-parallel peer.
 What is protected, in the rank's regions (python/gorun_rank.py,
 rank/PROTOCOL.md):
 
-- ``params``: every parameter and buffer of the model and, by default, the
+- ``params``: every parameter of the model (and of the optimizer, if it
+  has some that are not the model's) and, by default, the
   optimizer's tensor state (Adam's exp_avg, exp_avg_sq, step, ...). Under
   DDP with a plain optimizer these are the same on every data-parallel
   rank, so gorun does not replicate them: a replacement rank copies them
   from a data-parallel peer. Only rank-unique state is replicated.
+- ``buffers`` (replicated; absent when the model has none): the model's
+  buffers. They are not the same on every data-parallel rank: DDP
+  broadcasts rank 0's before each forward, then each rank's forward
+  updates them from its own batch (BatchNorm's running statistics).
 - ``optimizer`` (with ``rank_unique_optimizer=True``): the optimizer's
   tensor state, replicated to other hosts. Use it when the optimizer state
   differs between ranks: a sharded optimizer (pass the local optimizer,
   ``ZeroRedundancyOptimizer.optim``), or a layout without data parallelism.
+- ``model`` (with ``replicate_params=True``): the model's parameters,
+  replicated, for parameters that differ between ranks (no data
+  parallelism, a model-parallel layout). Both options are on by default
+  when the model given is not a DistributedDataParallel, off when it is.
+  The meta document records a crc32 of the rank's ``params`` region at
+  each save; restore() refuses (LayoutError) a region that does not match
+  it, as a peer's differing state would not.
 - ``meta`` (replicated): a length-prefixed JSON document (an 8-byte
   little-endian length, then UTF-8 JSON): the format version, the step, a
   fingerprint of the layout (every tensor's name, shape and dtype, the
@@ -38,7 +50,8 @@ rank/PROTOCOL.md):
   optimizer or world is refused with LayoutError), the caller's data
   position (any JSON dict given to save()), the optimizer's param_groups
   hyper-parameters (the lr a scheduler changed) and non-tensor state, the
-  scheduler's state_dict, and the RNG states of torch (CPU, and CUDA when
+  scheduler's state_dict (without its callables and weak references, which
+  the live scheduler keeps), and the RNG states of torch (CPU, and CUDA when
   available), Python's ``random`` and NumPy's global RandomState when numpy
   is imported (this module never imports it). Its size is fixed at
   construction (``meta_size``, 64 KiB by default); MetaTooLarge says when
@@ -60,6 +73,10 @@ DistributedSampler: set_epoch(data["epoch"]) and skip data["batch"]
 batches), and keep the global RNG out of data loading (a DataLoader
 without ``generator=`` draws its base seed from torch's global RNG each
 time an iterator is made, which a resumed run does at a different point).
+A DataLoader(shuffle=True, generator=g) draws each epoch's order from g,
+which advances every epoch: pass it, ``Protector(...,
+generators=[g])``, and its state is saved and restored with the others
+(a DistributedSampler's order depends only on its seed and epoch).
 
 ``--recovery in-place``: the surviving ranks keep running while a lost
 host's ranks move to a spare (new processes, which restore at start as
@@ -124,7 +141,9 @@ import os
 import random
 import struct
 import sys
-from typing import Any, Callable, Optional
+import weakref
+import zlib
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -138,6 +157,7 @@ FORMAT = 1
 META_SIZE = 64 << 10
 _ALIGN = 64
 _LEN = struct.Struct("<Q")
+_CRC_HOLE = "crc32:????????"
 
 
 class LayoutError(GorunError):
@@ -227,6 +247,14 @@ class _Entry:
                 _dtype_name(self.dtype)]
 
 
+def _sched_state(scheduler: Any) -> dict:
+    """scheduler's state_dict without callables and weak references
+    (OneCycleLR's anneal_func, CyclicLR's _scale_fn_ref): they are not
+    state, and load_state_dict keeps the live object's for keys missing."""
+    return {k: v for k, v in scheduler.state_dict().items()
+            if not (callable(v) or isinstance(v, weakref.ref))}
+
+
 def _world_size() -> int:
     dist = getattr(torch, "distributed", None)
     if dist is not None and dist.is_available() and dist.is_initialized():
@@ -262,9 +290,18 @@ def _probe(optimizer: torch.optim.Optimizer,
         probed.step()
         return probed
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        pass
+    try:
         probed = make(_zero_groups(optimizer, None))
         probed.step()
-        return probed
+    except Exception as e:
+        raise GorunError(
+            f"cannot find the state layout of {type(optimizer).__name__} "
+            f"by probing a copy ({type(e).__name__}: {e}): pass "
+            f"Protector(probe=...), a function of param_groups returning "
+            f"an optimizer with the same state whose step() takes no "
+            f"arguments") from e
+    return probed
 
 
 class Protector:
@@ -276,7 +313,14 @@ class Protector:
 
     rank_unique_optimizer: put the optimizer's tensor state in the
     replicated ``optimizer`` region instead of ``params`` (sharded
-    optimizers, no data parallelism). meta_size: the meta region's size in
+    optimizers, no data parallelism). replicate_params: put the model's
+    parameters in the replicated ``model`` region instead of ``params``
+    (parameters that differ per rank: no data parallelism, a
+    model-parallel layout). Both default to True when model is not a
+    DistributedDataParallel, False when it is. generators: torch.Generator
+    objects whose states are saved and restored with the global RNGs (a
+    DataLoader's ``generator=``, which orders a shuffled loader's batches
+    and advances every epoch). meta_size: the meta region's size in
     bytes. probe: builds the optimizer used to find the state's layout from
     param_groups of zero tensors (default: ``type(optimizer)(groups,
     **optimizer.defaults)``); it is stepped once with zero gradients, on
@@ -294,7 +338,9 @@ class Protector:
     def __init__(self, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer,
                  scheduler: Any = None, *,
-                 rank_unique_optimizer: bool = False,
+                 rank_unique_optimizer: Optional[bool] = None,
+                 replicate_params: Optional[bool] = None,
+                 generators: Sequence[torch.Generator] = (),
                  meta_size: int = META_SIZE,
                  probe: Optional[Callable[[list], torch.optim.Optimizer]]
                  = None,
@@ -306,13 +352,26 @@ class Protector:
             model, torch.nn.parallel.DistributedDataParallel) else model)
         self.optimizer, self.scheduler = optimizer, scheduler
         self.meta_size = meta_size
+        self.generators = list(generators)
+        for g in self.generators:
+            if not isinstance(g, torch.Generator):
+                raise TypeError(f"generators: a {type(g).__name__}, not a "
+                                f"torch.Generator")
         self._client: Optional[gorun_rank.Client] = None
         self._prot: Optional[gorun_rank.Protection] = None
         self._dst: dict[int, list[torch.Tensor]] = {}
 
+        ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        if replicate_params is None:
+            replicate_params = not ddp
+        if rank_unique_optimizer is None:
+            rank_unique_optimizer = not ddp
         opt_region = "optimizer" if rank_unique_optimizer else "params"
+        param_region = "model" if replicate_params else "params"
+        # The model's tensors are looked up again by name at every save()
+        # and restore() (a module may reassign a buffer); optimizer
+        # parameters that are not the model's by their index.
         self._model_entries: list[_Entry] = []
-        self._model_tensors: list[torch.Tensor] = []
         seen: set[int] = set()
         for kind, named in (("param", model.named_parameters()),
                             ("buffer", model.named_buffers())):
@@ -320,14 +379,23 @@ class Protector:
                 if id(t) in seen:
                     continue
                 seen.add(id(t))
-                e = _Entry("params", name, t)
+                # Buffers (BatchNorm's running statistics) differ per
+                # rank under DDP: replicated, never taken from a peer.
+                e = _Entry("buffers" if kind == "buffer" else param_region,
+                           name, t)
                 e.buffer = kind == "buffer"
                 self._model_entries.append(e)
-                self._model_tensors.append(t)
         self._opt_params: list[torch.Tensor] = [
             p for g in optimizer.param_groups for p in g["params"]]
         if len({id(p) for p in self._opt_params}) != len(self._opt_params):
             raise GorunError("a parameter is in two param_groups")
+        # The optimizer's parameters that are not the model's (a separate
+        # temperature, say): their values too, after the model's.
+        for i, p in enumerate(self._opt_params):
+            if id(p) not in seen:
+                seen.add(id(p))
+                e = _Entry(param_region, f"optimizer.param[{i}]", p, i)
+                self._model_entries.append(e)
         names = {id(t): n for n, t in model.named_parameters()}
         probed = _probe(optimizer, probe or (
             lambda groups: type(optimizer)(groups, **optimizer.defaults)))
@@ -360,7 +428,12 @@ class Protector:
         regions = {}
         if rank_unique_optimizer:
             regions["optimizer"] = sizes.get("optimizer", 0)
-        regions["params"] = sizes.get("params", 0)
+        if replicate_params:
+            regions["model"] = sizes.get("model", 0)
+        if sizes.get("buffers"):
+            regions["buffers"] = sizes["buffers"]
+        if not (replicate_params and rank_unique_optimizer):
+            regions["params"] = sizes.get("params", 0)
         regions["meta"] = meta_size
         self.regions = regions
         layout = [e.describe() for e in
@@ -370,6 +443,7 @@ class Protector:
             {"layout": layout, "optimizer": type(optimizer).__name__,
              "groups": [len(g["params"]) for g in optimizer.param_groups],
              "scheduler": type(scheduler).__name__ if scheduler else None,
+             "generators": len(self.generators),
              "world": self.world_size},
             separators=(",", ":")).encode()).hexdigest()
 
@@ -408,6 +482,31 @@ class Protector:
                                  offset=e.offset)
             out.append(t.view(e.shape))
         self._dst[slot] = out
+        return out
+
+    def _model_sources(self) -> list[torch.Tensor]:
+        """The model's tensors now, in layout order (LayoutError if one is
+        gone or has another shape or dtype than at construction)."""
+        params = dict(self.model.named_parameters())
+        buffers = dict(self.model.named_buffers())
+        opt_params = [p for g in self.optimizer.param_groups
+                      for p in g["params"]]
+        out = []
+        for e in self._model_entries:
+            if e.param >= 0:
+                t = (opt_params[e.param] if e.param < len(opt_params)
+                     else None)
+            else:
+                t = (buffers if e.buffer else params).get(e.name)
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != e.shape \
+                    or t.dtype != e.dtype:
+                raise LayoutError(
+                    f"the model's {'buffer' if e.buffer else 'parameter'} "
+                    f"{e.name} is {type(t).__name__} "
+                    f"{tuple(getattr(t, 'shape', ()))} "
+                    f"{getattr(t, 'dtype', '')}, the layout has "
+                    f"{e.shape} {e.dtype}")
+            out.append(t)
         return out
 
     def _opt_sources(self) -> tuple[list[Optional[torch.Tensor]], list[int]]:
@@ -459,6 +558,9 @@ class Protector:
             "torch": _encode(torch.get_rng_state(), "torch RNG"),
             "python": _encode(random.getstate(), "random"),
         }
+        if self.generators:
+            rng["generators"] = [_encode(g.get_state(), "generator")
+                                 for g in self.generators]
         if torch.cuda.is_available():
             rng["cuda"] = [_encode(s, "CUDA RNG")
                            for s in torch.cuda.get_rng_state_all()]
@@ -473,10 +575,15 @@ class Protector:
             "world": self.world_size, "data": _encode(data, "data"),
             "param_groups": groups, "optimizer_scalars": scalars,
             "absent": absent,
-            "scheduler": (_encode(self.scheduler.state_dict(), "scheduler")
+            "scheduler": (_encode(_sched_state(self.scheduler), "scheduler")
                           if self.scheduler is not None else None),
             "rng": rng,
         }
+        if "params" in self.regions:
+            # crc32 of this rank's params region, filled in by save()
+            # once the slot is written: checked at a restore, where the
+            # region may come from a data-parallel peer.
+            doc["digest"] = {"params": _CRC_HOLE}
         body = json.dumps(doc, separators=(",", ":")).encode()
         if _LEN.size + len(body) > self.meta_size:
             raise MetaTooLarge(
@@ -492,9 +599,16 @@ class Protector:
             if not 0 < n <= len(view) - _LEN.size:
                 raise LayoutError(f"the meta region holds no document "
                                   f"(length {n})")
-            doc = json.loads(bytes(view[_LEN.size:_LEN.size + n]))
+            try:
+                doc = json.loads(bytes(view[_LEN.size:_LEN.size + n]))
+            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+                raise LayoutError(f"the meta document is not JSON: "
+                                  f"{e}") from e
         finally:
             view.release()
+        if not isinstance(doc, dict):
+            raise LayoutError(f"the meta document is a "
+                              f"{type(doc).__name__}, not an object")
         return doc
 
     # Public API.
@@ -524,12 +638,45 @@ class Protector:
         if doc.get("step") != step:
             raise LayoutError(f"the meta document is of step "
                               f"{doc.get('step')}, gorun restored {step}")
+        if "params" in self.regions:
+            digest = doc.get("digest")
+            want = digest.get("params") if isinstance(digest, dict) else None
+            got = "crc32:%08x" % self._crc(slot)
+            if want != got:
+                raise LayoutError(
+                    f"the parameters restored from a data-parallel peer are "
+                    f"not this rank's: the params region of step {step} "
+                    f"has {got}, this rank saved {want} (parameters or "
+                    f"optimizer state that differ per rank: "
+                    f"Protector(replicate_params=True, "
+                    f"rank_unique_optimizer=True))")
+        model_tensors = self._model_sources()
+        try:  # everything decoded before anything is touched
+            absent = set(doc["absent"])
+            scalars = {int(i): _decode(v)
+                       for i, v in doc["optimizer_scalars"].items()}
+            groups = [{k: _decode(v) for k, v in g.items()}
+                      for g in doc["param_groups"]]
+            sched = _decode(doc["scheduler"])
+            rng = doc["rng"]
+            rng_torch, rng_python = (_decode(rng["torch"]),
+                                     _decode(rng["python"]))
+            rng_gens = [_decode(s) for s in rng.get("generators", [])]
+            rng_cuda = [_decode(s) for s in rng.get("cuda", [])]
+            rng_numpy = rng.get("numpy")
+            data = _decode(doc["data"])
+            if len(groups) != len(self.optimizer.param_groups) or \
+                    len(rng_gens) != len(self.generators):
+                raise ValueError("param_groups or generators miscounted")
+        except (KeyError, TypeError, ValueError, AttributeError,
+                RuntimeError) as e:
+            raise LayoutError(f"the meta document of step {step} is "
+                              f"corrupt: {type(e).__name__}: {e}") from e
         src = self._dst_tensors(slot)
         n_model = len(self._model_entries)
-        absent = set(doc["absent"])
         opt = self.optimizer
         with torch.no_grad():
-            for t, s in zip(self._model_tensors, src[:n_model]):
+            for t, s in zip(model_tensors, src[:n_model]):
                 t.copy_(s)
             opt.state.clear()
             for e, s in zip(self._opt_entries, src[n_model:]):
@@ -539,25 +686,25 @@ class Protector:
                 st = opt.state[p]
                 st[e.key] = torch.empty(e.shape, dtype=e.dtype,
                                         device=e.device).copy_(s)
-        for i, vals in doc["optimizer_scalars"].items():
-            opt.state[self._opt_params[int(i)]].update(_decode(vals))
-        for g, saved in zip(opt.param_groups, doc["param_groups"]):
-            for k, v in saved.items():
-                g[k] = _decode(v)
-        if self.scheduler is not None and doc["scheduler"] is not None:
-            self.scheduler.load_state_dict(_decode(doc["scheduler"]))
-        rng = doc["rng"]
-        torch.set_rng_state(_decode(rng["torch"]))
-        random.setstate(_decode(rng["python"]))
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([_decode(s) for s in rng["cuda"]])
+        for i, vals in scalars.items():
+            opt.state[self._opt_params[i]].update(vals)
+        for g, saved in zip(opt.param_groups, groups):
+            g.update(saved)
+        if self.scheduler is not None and sched is not None:
+            self.scheduler.load_state_dict(sched)
+        torch.set_rng_state(rng_torch)
+        random.setstate(rng_python)
+        for g, st in zip(self.generators, rng_gens):
+            g.set_state(st)
+        if rng_cuda and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng_cuda)
         np = sys.modules.get("numpy")
-        if np is not None and "numpy" in rng:
-            name, keys, pos, has_gauss, gauss = rng["numpy"]
+        if np is not None and rng_numpy is not None:
+            name, keys, pos, has_gauss, gauss = rng_numpy
             np.random.set_state((name, np.frombuffer(
                 base64.b64decode(keys), dtype="<u4").astype(np.uint32),
                 pos, has_gauss, gauss))
-        return step + 1, _decode(doc["data"])
+        return step + 1, data
 
     def save(self, step: int, data: Optional[dict] = None) -> None:
         """Protect step: call it after optimizer.step() (and scheduler.step()).
@@ -570,16 +717,21 @@ class Protector:
         55.0 ms, the copy competing with the compute: no gain, not kept.)
         """
         prot = self._live()
+        model_tensors = self._model_sources()
         srcs, absent = self._opt_sources()
         meta = self._meta(step, data, absent)  # before Stage: may refuse
         slot = prot.begin(step)
         dst = self._dst_tensors(slot)
         with torch.no_grad():
-            for d, src in zip(dst, self._model_tensors + srcs):
+            for d, src in zip(dst, model_tensors + srcs):
                 if src is None:
                     d.zero_()  # a parameter without state (no grad yet)
                 else:
                     d.copy_(src)
+        if "params" in self.regions:
+            at = meta.rindex(_CRC_HOLE.encode())  # the last key's value
+            meta = (meta[:at] + b"crc32:%08x" % self._crc(slot)
+                    + meta[at + len(_CRC_HOLE):])
         mv = prot.view("meta", slot)
         try:
             mv[:len(meta)] = meta
@@ -641,6 +793,15 @@ class Protector:
         model = wrap() if wrap is not None else None
         step, data = self.restore()
         return model, step, data
+
+    def _crc(self, slot: int) -> int:
+        """crc32 of the params region's bytes in slot."""
+        assert self._prot is not None
+        view = self._prot.view("params", slot)
+        try:
+            return zlib.crc32(view)
+        finally:
+            view.release()
 
     def _live(self) -> gorun_rank.Protection:
         if self._prot is None:

@@ -186,7 +186,9 @@ class FakeService:
 
     def commit(self, req: dict) -> tuple[int, dict] | None:
         if self.staged is None or self.staged[0] != req["step"]:
-            return None  # malformed: Error
+            # rank/service.go: an err answer, the connection kept.
+            return 21, {"step": req["step"],
+                        "err": f"step {req['step']} is not the step staged"}
         step, slot = self.staged
         self.staged = None
         self.slot_crc[slot] = self.checksums(slot)
@@ -506,9 +508,11 @@ class GorunRankTest(unittest.TestCase):
         self.assertEqual({n: bytes(prot.view(n, slot)) for n in REGIONS},
                          state(2))
         self.assertEqual(prot.restore(), (2, state(2)))
-        # A commit of a step not staged is malformed: Error, closed.
-        with self.assertRaises(ProtocolError):
+        # A commit of a step not staged: the service's err (as
+        # rank/service.go answers it), the connection kept.
+        with self.assertRaisesRegex(ServiceError, "not the step staged"):
             prot.commit(9)
+        self.assertEqual(prot.restore_slot(), (2, self.svc.newest()[1]))
         c.close()
         with self.client() as c2:
             p2 = c2.protect(REGIONS)

@@ -48,9 +48,17 @@ IN, OUT = 32, 8
 
 
 class Block(nn.Module):
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, norm: str = "layer") -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(width)
+        # batch: BatchNorm1d, whose running statistics (buffers) differ
+        # per rank under DDP (each rank's forward updates them with its
+        # own batch after DDP broadcast rank 0's). momentum=None: a
+        # cumulative average, so a wrong buffer at a resume stays in the
+        # final checksum (an exponential one with the default 0.1 forgets
+        # it in bits within the run: a host loss that restored a peer's
+        # buffers still ended on the same checksum).
+        self.norm = (nn.BatchNorm1d(width, momentum=None)
+                     if norm == "batch" else nn.LayerNorm(width))
         self.fc = nn.Linear(width, width)
         self.drop = nn.Dropout(0.1)
 
@@ -59,10 +67,11 @@ class Block(nn.Module):
 
 
 class Net(nn.Module):
-    def __init__(self, width: int, layers: int) -> None:
+    def __init__(self, width: int, layers: int, norm: str = "layer") -> None:
         super().__init__()
         self.inp = nn.Linear(IN, width)
-        self.blocks = nn.Sequential(*[Block(width) for _ in range(layers)])
+        self.blocks = nn.Sequential(*[Block(width, norm)
+                                      for _ in range(layers)])
         self.norm = nn.LayerNorm(width)
         self.out = nn.Linear(width, OUT)
 
@@ -138,6 +147,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--norm", choices=("layer", "batch"), default="layer",
+                    help="the blocks' normalisation (batch: BatchNorm1d, "
+                    "buffers that differ per rank)")
     ap.add_argument("--protect", action="store_true",
                     help="protect the state with gorun (gorun_torch)")
     ap.add_argument("--crash-at", type=int, default=-1, metavar="STEP",
@@ -184,7 +196,7 @@ def main() -> int:
     # torch.save file) would round differently from the uninterrupted run
     # (measured: another final checksum at world 4, the same at world 2).
     # Its cost: one autograd-graph traversal per step.
-    net = Net(args.width, args.layers)
+    net = Net(args.width, args.layers, args.norm)
     model = DDP(net, find_unused_parameters=True)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     warm = 10

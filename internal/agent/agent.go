@@ -99,6 +99,8 @@ type agent struct {
 	protect protectSettings
 	out     *batcher
 	dir     string // private per-job directory, removed at exit
+	// mports is the MASTER_PORT pool, held until an epoch uses a port.
+	mports *portPool
 
 	ranks   []*rankProc
 	exits   chan *rankProc
@@ -237,7 +239,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}()
 	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer rcancel()
-	mports := freePorts(addr, masterPorts)
+	a.mports = holdPorts(addr, masterPorts)
+	defer a.mports.close()
+	mports := a.mports.ports
 	reg := &wire.Register{
 		Version: wire.Version, Job: cfg.Job, Host: cfg.Host, Name: cfg.Name,
 		Addr: addr, MasterPorts: mports, ReplicaPort: rport, Pid: os.Getpid(),
@@ -380,6 +384,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			if a.fencedIn(t) {
 				return a.fenced(t)
 			}
+			a.releaseMasterPort(t)
 			if a.res != nil {
 				// The ranks wait for their states (--resume): a new
 				// epoch now would move them under the preload.
@@ -993,18 +998,58 @@ wait:
 // take them in turn.
 const masterPorts = 4
 
-// freePorts returns up to n distinct TCP ports that were free on addr a
-// moment ago (all listened on at once, so the kernel gives distinct ones),
-// or nil.
-func freePorts(addr string, n int) []int {
-	var ports []int
+// portPool is an agent's MASTER_PORT pool. Its ports stay bound (by
+// listeners the agent owns, which nothing accepts on) so that no outgoing
+// connection on the host takes one as its local port before the epoch
+// that uses it: each is released just before the ranks of that epoch
+// start, and the rest when the agent stops. Only the agent's main
+// goroutine uses it.
+type portPool struct {
+	ports []int // distinct, in registration order
+	held  map[int]net.Listener
+}
+
+// holdPorts binds up to n distinct TCP ports on addr (all at once, so the
+// kernel gives distinct ones).
+func holdPorts(addr string, n int) *portPool {
+	p := &portPool{held: make(map[int]net.Listener, n)}
 	for range n {
 		l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
 		if err != nil {
 			break
 		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		port := l.Addr().(*net.TCPAddr).Port
+		p.ports = append(p.ports, port)
+		p.held[port] = l
 	}
-	return ports
+	return p
+}
+
+// release closes port's listener, if the pool holds it.
+func (p *portPool) release(port int) {
+	if l, ok := p.held[port]; ok {
+		l.Close()
+		delete(p.held, port)
+	}
+}
+
+// close releases every port still held.
+func (p *portPool) close() {
+	for port := range p.held {
+		p.release(port)
+	}
+}
+
+// releaseMasterPort releases table t's MASTER_PORT, one of this host's
+// pool, when t places rank 0 here: its ranks start next.
+func (a *agent) releaseMasterPort(t *wire.EpochTable) {
+	if a.mports == nil {
+		return
+	}
+	for _, pl := range a.hostPlaces(t) {
+		if pl.Rank == 0 {
+			a.mports.release(t.MasterPort)
+			return
+		}
+	}
 }

@@ -69,7 +69,8 @@ type Register struct {
 	Addr       string `json:"addr"`  // IP address other hosts reach this host at
 	MasterPort int    `json:"mport"` // a free TCP port on this host, for MASTER_PORT
 	// MasterPorts, when present, are distinct TCP ports that were free on
-	// this host at registration, MasterPorts[0] == MasterPort: successive
+	// this host at registration (the agent keeps them bound until the
+	// epoch that uses one starts), MasterPorts[0] == MasterPort: successive
 	// epochs whose rank 0 is on this host take them in turn
 	// (MasterPortOf), so a restarted job's store never binds or connects
 	// to the port of the epoch before (a process of the old epoch still
