@@ -373,8 +373,8 @@ class Protector:
         # parameters that are not the model's by their index.
         self._model_entries: list[_Entry] = []
         seen: set[int] = set()
-        for kind, named in (("param", model.named_parameters()),
-                            ("buffer", model.named_buffers())):
+        for kind, named in (("param", self.model.named_parameters()),
+                            ("buffer", self.model.named_buffers())):
             for name, t in named:
                 if id(t) in seen:
                     continue
@@ -396,7 +396,7 @@ class Protector:
                 seen.add(id(p))
                 e = _Entry(param_region, f"optimizer.param[{i}]", p, i)
                 self._model_entries.append(e)
-        names = {id(t): n for n, t in model.named_parameters()}
+        names = {id(t): n for n, t in self.model.named_parameters()}
         probed = _probe(optimizer, probe or (
             lambda groups: type(optimizer)(groups, **optimizer.defaults)))
         probed_params = [p for g in probed.param_groups
