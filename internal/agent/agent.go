@@ -912,15 +912,19 @@ func (a *agent) placed(rank int) bool {
 // sends the end of the generation's output after the last of it.
 func (a *agent) exited(p *rankProc) {
 	p.ended = true
+	a.running--
+	e := p.exitEvent(a.cfg.Host)
+	a.log.Info("rank ended", "rank", e.Rank, "code", e.Code, "signal", e.Signal, "stopped", e.Stopped)
+	// The end is reported before the fences the rank left are failed:
+	// ranks elsewhere that fail because of them (MPICH ranks in MPI_Init
+	// abort) are then reported after it, on the same connection, so the
+	// job ends with this rank's status (an MPI_Abort's code), not theirs.
+	a.event(e)
 	if a.socks != nil && !p.movedAway {
 		// (A rank moved away does not fail this epoch's fences, nor
 		// those of its successor here if it is placed here again.)
 		a.socks.rankEnded(p.place.Rank, p.gen)
 	}
-	a.running--
-	e := p.exitEvent(a.cfg.Host)
-	a.log.Info("rank ended", "rank", e.Rank, "code", e.Code, "signal", e.Signal, "stopped", e.Stopped)
-	a.event(e)
 	if a.running == 0 {
 		a.out.endGen(a.gen)
 		if a.restart != nil {
