@@ -40,9 +40,10 @@ rank/PROTOCOL.md):
   replicated, for parameters that differ between ranks (no data
   parallelism, a model-parallel layout). Both options are on by default
   when the model given is not a DistributedDataParallel, off when it is.
-  The meta document records a crc32 of the rank's ``params`` region at
-  each save; restore() refuses (LayoutError) a region that does not match
-  it, as a peer's differing state would not.
+  The meta document records a digest of the rank's ``params`` region
+  at each save (the sum of its 64-bit words mod 2^64: 1.5 ms for 38 MiB
+  here, where zlib.crc32 took 10.7 ms); restore() refuses (LayoutError)
+  a region that does not match it, as a peer's differing state would not.
 - ``meta`` (replicated): a length-prefixed JSON document (an 8-byte
   little-endian length, then UTF-8 JSON): the format version, the step, a
   fingerprint of the layout (every tensor's name, shape and dtype, the
@@ -142,7 +143,6 @@ import random
 import struct
 import sys
 import weakref
-import zlib
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -157,7 +157,7 @@ FORMAT = 1
 META_SIZE = 64 << 10
 _ALIGN = 64
 _LEN = struct.Struct("<Q")
-_CRC_HOLE = "crc32:????????"
+_CRC_HOLE = "sum64:????????????????"
 
 
 class LayoutError(GorunError):
@@ -580,7 +580,7 @@ class Protector:
             "rng": rng,
         }
         if "params" in self.regions:
-            # crc32 of this rank's params region, filled in by save()
+            # The digest of this rank's params region, filled in by save()
             # once the slot is written: checked at a restore, where the
             # region may come from a data-parallel peer.
             doc["digest"] = {"params": _CRC_HOLE}
@@ -641,7 +641,7 @@ class Protector:
         if "params" in self.regions:
             digest = doc.get("digest")
             want = digest.get("params") if isinstance(digest, dict) else None
-            got = "crc32:%08x" % self._crc(slot)
+            got = self._digest(slot)
             if want != got:
                 raise LayoutError(
                     f"the parameters restored from a data-parallel peer are "
@@ -730,7 +730,7 @@ class Protector:
                     d.copy_(src)
         if "params" in self.regions:
             at = meta.rindex(_CRC_HOLE.encode())  # the last key's value
-            meta = (meta[:at] + b"crc32:%08x" % self._crc(slot)
+            meta = (meta[:at] + self._digest(slot).encode()
                     + meta[at + len(_CRC_HOLE):])
         mv = prot.view("meta", slot)
         try:
@@ -794,12 +794,28 @@ class Protector:
         step, data = self.restore()
         return model, step, data
 
-    def _crc(self, slot: int) -> int:
-        """crc32 of the params region's bytes in slot."""
+    def _digest(self, slot: int) -> str:
+        """The params region's digest in slot: "sum64:" and the sum of its
+        64-bit words (native order) mod 2^64 (a tail shorter than a word
+        zero-padded), in hex. Any order of summation gives the same value
+        (integer addition mod 2^64), and it runs at memory speed, where
+        zlib.crc32 costs 7 times as much: it tells a peer's differing
+        parameters from this rank's, not a checksum against corruption
+        (gorun's CRC32C of every region does that)."""
         assert self._prot is not None
         view = self._prot.view("params", slot)
         try:
-            return zlib.crc32(view)
+            whole = len(view) // 8 * 8
+            total = 0
+            if whole:
+                words = torch.frombuffer(view[:whole], dtype=torch.int64)
+                total = int(words.sum()) & (2**64 - 1)
+                del words
+            tail = bytes(view[whole:]).ljust(8, b"\0") if whole < len(view) \
+                else b""
+            if tail:
+                total = (total + int.from_bytes(tail, "little")) & (2**64 - 1)
+            return "sum64:%016x" % total
         finally:
             view.release()
 
