@@ -172,6 +172,16 @@ def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+def _check_like(t: Any, e: "_Entry", what: str, expected: str) -> None:
+    """LayoutError unless t is a tensor of e's shape and dtype."""
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != e.shape \
+            or t.dtype != e.dtype:
+        raise LayoutError(f"{what} is {type(t).__name__} "
+                          f"{tuple(getattr(t, 'shape', ()))} "
+                          f"{getattr(t, 'dtype', '')}, {expected} "
+                          f"{e.shape} {e.dtype}")
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -498,14 +508,9 @@ class Protector:
                      else None)
             else:
                 t = (buffers if e.buffer else params).get(e.name)
-            if not isinstance(t, torch.Tensor) or tuple(t.shape) != e.shape \
-                    or t.dtype != e.dtype:
-                raise LayoutError(
-                    f"the model's {'buffer' if e.buffer else 'parameter'} "
-                    f"{e.name} is {type(t).__name__} "
-                    f"{tuple(getattr(t, 'shape', ()))} "
-                    f"{getattr(t, 'dtype', '')}, the layout has "
-                    f"{e.shape} {e.dtype}")
+            _check_like(t, e, f"the model's "
+                        f"{'buffer' if e.buffer else 'parameter'} {e.name}",
+                        "the layout has")
             out.append(t)
         return out
 
@@ -521,13 +526,7 @@ class Protector:
                 out.append(None)
                 continue
             v = st.get(e.key)
-            if not isinstance(v, torch.Tensor) or tuple(v.shape) != e.shape \
-                    or v.dtype != e.dtype:
-                raise LayoutError(
-                    f"optimizer state {e.name}: {type(v).__name__} "
-                    f"{tuple(getattr(v, 'shape', ()))} "
-                    f"{getattr(v, 'dtype', '')}, the probe found "
-                    f"{e.shape} {e.dtype}")
+            _check_like(v, e, f"optimizer state {e.name}", "the probe found")
             out.append(v)
         for i, p in enumerate(self._opt_params):
             st = state.get(p)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -118,7 +117,7 @@ func TestBenchTorch(t *testing.T) {
 
 	dir := t.TempDir()
 	r = run([]string{"--max-restarts", "1"}, "--save-every", strconv.Itoa(saveEvery), "--save-dir", dir, "--report-steps")
-	killed = waitReport(t, r, killAfter, func() error { return syscall.Kill(torchRankPid(t, r.mark, 0), syscall.SIGKILL) })
+	killed = waitReport(t, r, killAfter, func() error { return syscall.Kill(rankPid(t, r.mark, 0, "train.py"), syscall.SIGKILL) })
 	res = r.finish(t, 0, 0)
 	base := torchRecovery(t, res, killed, dir)
 	if got := torchChecksum(t, res); got != want {
@@ -202,27 +201,4 @@ func torchRecovery(t *testing.T, res result, killed time.Time, from string) torc
 	}
 	t.Fatalf("no step after %d reported after a resume from %s\nstdout:\n%s", rec.last, from, res.stdout)
 	return rec
-}
-
-// torchRankPid finds the pid of rank r's train.py among the job's
-// processes.
-func torchRankPid(t *testing.T, mark string, r int) int {
-	t.Helper()
-	needle := []byte("GORUN_RANK=" + strconv.Itoa(r) + "\x00")
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(env, []byte("GORUNTEST_MARK="+mark)) || !bytes.Contains(env, needle) {
-			continue
-		}
-		if cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); bytes.Contains(cmd, []byte("train.py")) {
-			return pid
-		}
-	}
-	t.Fatalf("no train.py process of rank %d found", r)
-	return 0
 }

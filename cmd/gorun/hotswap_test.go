@@ -226,8 +226,9 @@ func ofKind(evs []hsEvent, k string) []hsEvent {
 	return out
 }
 
-// rankPid finds the pid of rank r's trainer among the job's processes.
-func rankPid(t *testing.T, mark string, r int) int {
+// rankPid finds the pid of rank r's trainer, the process of the job
+// marked mark whose command line names prog (dptrain, train.py).
+func rankPid(t *testing.T, mark string, r int, prog string) int {
 	t.Helper()
 	needle := []byte("GORUN_RANK=" + strconv.Itoa(r) + "\x00")
 	ents, _ := os.ReadDir("/proc")
@@ -240,11 +241,11 @@ func rankPid(t *testing.T, mark string, r int) int {
 		if err != nil || !bytes.Contains(env, []byte("GORUNTEST_MARK="+mark)) || !bytes.Contains(env, needle) {
 			continue
 		}
-		if cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); bytes.Contains(cmd, []byte("dptrain")) {
+		if cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); bytes.Contains(cmd, []byte(prog)) {
 			return pid
 		}
 	}
-	t.Fatalf("no process of rank %d found", r)
+	t.Fatalf("no %s process of rank %d found", prog, r)
 	return 0
 }
 
@@ -284,7 +285,7 @@ var faults = []fault{
 		t.Cleanup(func() { linkUp(t, c, h) })
 	}, flags: []string{"--heartbeat-interval", "0.2", "--heartbeat-timeout", "1.5"}},
 	{name: "stop", flags: []string{"--hang-timeout", "2"}, inject: func(t *testing.T, c *hsCluster, r *hsRun, h int) {
-		pid := rankPid(t, r.mark, 2*h)
+		pid := rankPid(t, r.mark, 2*h, "dptrain")
 		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
