@@ -41,6 +41,16 @@ func TestMasterPortPool(t *testing.T) {
 		if bindable(t, port) {
 			t.Errorf("port %d of the pool is free before its epoch", port)
 		}
+		// A rank that connects before its agent released the port is
+		// refused (a TCPStore client retries), not accepted by the kernel
+		// into a backlog nobody reads and reset later (it does not).
+		c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err == nil {
+			c.Close()
+			t.Errorf("a connection to port %d of the pool was accepted before its epoch", port)
+		} else if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("a connection to port %d of the pool: %v, want it refused", port, err)
+		}
 	}
 
 	tab := testTable() // rank 0 on host 0, none on host 1
