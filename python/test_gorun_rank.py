@@ -373,12 +373,16 @@ class GorunRankTest(unittest.TestCase):
         self.svc.push_epoch(4, "10.0.0.2", 29600)
         self.svc.push_epoch(5, "10.0.0.3", 29601)
         self.assertEqual(c.epoch, 3)
-        self.assertEqual(c.wait_epoch(3, timeout=10), 4)
-        self.assertEqual((c.master_addr, c.master_port),
-                         ("10.0.0.2", 29600))
-        self.assertEqual(c.wait_epoch(4, timeout=10), 5)
+        # Both read: the newest epoch and its rendezvous, not epoch 4's
+        # (whose rendezvous the moved ranks never join).
+        self.assertEqual(c.wait_epoch(3, timeout=10), 5)
         self.assertEqual((c.master_addr, c.master_port),
                          ("10.0.0.3", 29601))
+        self.assertEqual(c.wait_epoch(4, timeout=0), 5)
+        # A push behind a known newer epoch is read too.
+        self.svc.push_epoch(6, "10.0.0.4", 29602)
+        self.assertEqual(c.wait_epoch(3, timeout=0), 6)
+        self.assertEqual(c.master_port, 29602)
         # The session goes on.
         self.assertEqual(prot.status()["committed"], -1)
 
