@@ -756,7 +756,10 @@ class Protector:
         DDP wrapper of the module: model is what it returns, None without
         wrap) and restores as restore() does: every rank rolls back to G.
         ``group_epoch`` is set to the epoch joined once all of that
-        succeeded.
+        succeeded. Before G exists (a host lost before every rank's first
+        save() was committed) there is nothing to roll back to: the moved
+        ranks start from their initial state and this one cannot,
+        GorunError (use ``--recovery restart``).
 
         When the new group's rendezvous, wrap() or the restore fails with a
         RuntimeError (gloo: a peer lost or silent) or a ServiceError
@@ -824,6 +827,15 @@ class Protector:
                 # ServiceError.
                 failure, tried, model = e, epoch, None
                 continue
+            if step == 0:  # restore() of G >= 0 gives G + 1
+                raise GorunError(
+                    f"rejoining epoch {epoch}: no step is protected yet on "
+                    f"every rank (G = -1), so gorun cannot roll the job "
+                    f"back: this rank's trained state would go on beside "
+                    f"the moved ranks' initial one. Run with --recovery "
+                    f"restart (the default: every rank starts again, from "
+                    f"the start while G = -1), or the failure ends the "
+                    f"job")
             self.group_epoch = epoch
             return model, step, data
 

@@ -759,6 +759,27 @@ class RejoinTest(unittest.TestCase):
         _, step, _ = prot.rejoin(timeout=0.2, group_timeout=20)
         self.assertEqual((step, prot.group_epoch), (3, 4))
 
+    def test_rejoin_before_the_first_protected_step(self) -> None:
+        """G = -1 (no step saved on every rank): a survivor cannot roll
+        back to its initial state while the moved ranks start fresh."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        net, opt, sched = build()
+        seed_all(7)
+        model = DDP(net)
+        prot = gorun_torch.Protector(model, opt, sched,
+                                     socket_path=self.svc.path, timeout=30)
+        self.addCleanup(prot.close)
+        train_step(model, opt, sched, 0)
+        self.svc.push_epoch(4, "127.0.0.1", free_port())
+        with self.assertRaises(gorun_torch.EpochChanged):
+            prot.save(0, {"epoch": 0, "batch": 1})
+        model = None
+        with self.assertRaisesRegex(GorunError, "no step is protected yet "
+                                    "on every rank.*--recovery restart"):
+            prot.rejoin(lambda: DDP(net), timeout=30, group_timeout=20)
+        self.assertEqual(self.svc.requests().count(24), 1)
+        self.assertEqual(prot.group_epoch, 3)
+
 
 def free_port() -> int:
     import socket
