@@ -674,9 +674,14 @@ class Protection:
 
         Returns (-1, -1) on a fresh start. The caller reads the state
         through ``view(name, slot)`` (no copy) and continues by staging
-        step+1; the slot must not be written.
+        step+1; the slot must not be written. A pending stage_async is
+        waited for first: its EpochChanged is dropped (this restore is what
+        that error asks for), any other error of it raised as by wait().
         """
-        self.wait()
+        try:
+            self.wait()
+        except EpochChanged:
+            pass
         ans = self._client._call(RESTORE, {}, RESTORABLE)
         step = _field(ans, "step")
         if step == -1:
@@ -690,7 +695,8 @@ class Protection:
     def restore(self) -> tuple[int, dict[str, bytes] | None]:
         """The step to resume from and a copy of every region's bytes.
 
-        Returns (-1, None) when there is nothing to restore.
+        Returns (-1, None) when there is nothing to restore. A pending
+        stage_async is handled as by restore_slot().
         """
         step, slot = self.restore_slot()
         if step == -1:

@@ -446,6 +446,28 @@ class GorunRankTest(unittest.TestCase):
         self.assertEqual((step, got), (1, state(2)))
         prot.stage(2, state(3))
 
+    def test_restore_after_stage_async_refused_by_new_placement(
+            self) -> None:
+        c = self.client()
+        prot = c.protect(REGIONS)
+        prot.stage(0, state(1))
+        prot.stage(1, state(2))
+        self.svc.push_epoch(4, "10.0.0.2", 29600)
+        prot.stage_async(2, state(3))  # refused: EpochChanged pending
+        # The restore that error asks for: done, the error dropped.
+        self.assertEqual(prot.restore(), (1, state(2)))
+        self.assertEqual(prot.wait(), 0)
+        prot.stage_async(2, state(3))
+        prot.wait()
+        self.svc.push_epoch(5, "10.0.0.3", 29601)
+        prot.stage_async(3, state(4))  # refused
+        self.assertEqual(prot.restore_slot()[0], 2)
+        # Other errors of the pending stage are raised, as by wait().
+        prot.stage_async(2, state(3))  # does not increase
+        with self.assertRaises(ServiceError) as cm:
+            prot.restore()
+        self.assertNotIsInstance(cm.exception, EpochChanged)
+
     def test_other_stage_refusal_is_not_epoch_changed(self) -> None:
         c = self.client()
         prot = c.protect(REGIONS)
