@@ -32,7 +32,7 @@ if not TORCH_ERROR:
     import gorun_torch
     from gorun_torch import GorunError, LayoutError, MetaTooLarge
 
-from test_gorun_rank import FakeService
+from test_gorun_rank import FakeService, frame
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -715,8 +715,7 @@ class RejoinTest(unittest.TestCase):
             if push is not None:  # svc.lock is held: push_epoch's part
                 svc.epoch, svc.master = push, ("127.0.0.1", free_port())
                 svc.placed_anew = True
-                session.send_raw(__import__("test_gorun_rank").frame(
-                    6, svc.epoch_frame()))
+                session.send_raw(frame(6, svc.epoch_frame()))
             session.send(25, answer)
             return True
         svc.hooks.append(h)
