@@ -318,27 +318,33 @@ class Client:
     def wait_epoch(self, after: int, timeout: float | None = None) -> int:
         """Wait until an epoch newer than after is known; return it.
 
-        Returns at once if ``epoch`` is already past after; otherwise
-        reads the Epoch frames the agent pushes (no request may be in
-        flight meanwhile: it waits for the one that is). ``master_addr``
-        and ``master_port`` are then the new epoch's. EpochTimeout when
-        timeout seconds pass first (the connection stays usable),
-        ProtocolError when the connection closes or anything but an Epoch
-        frame arrives.
+        Reads the Epoch frames the agent pushes (no request may be in
+        flight meanwhile: it waits for the one that is) until one is newer
+        than after, then every frame already readable, so that the newest
+        epoch gorun announced is returned, not the first one newer than
+        after (epochs 4 and 5 pushed before a survivor looks: 5, whose
+        rendezvous the moved ranks join). ``master_addr`` and
+        ``master_port`` are then that epoch's. EpochTimeout when timeout
+        seconds pass first (the connection stays usable), ProtocolError
+        when the connection closes or anything but an Epoch frame arrives.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while self.epoch <= after:
+            while True:
                 sock = self._live()
-                left = None
-                if deadline is not None:
+                left: float | None = 0.0  # newer known: only what is there
+                if self.epoch <= after and deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise EpochTimeout(
                             f"no epoch after {after} within {timeout} s "
                             f"(the current one is {self.epoch})")
+                elif self.epoch <= after:
+                    left = None
                 ready, _, _ = select.select([sock], [], [], left)
                 if not ready:
+                    if self.epoch > after:
+                        return self.epoch
                     continue
                 mtype, obj = self._recv()
                 if mtype == EPOCH:
@@ -350,7 +356,6 @@ class Client:
                                         f"{obj.get('err', obj)}")
                 raise ProtocolError(f"got a frame of type {mtype} while "
                                     f"waiting for a new epoch")
-            return self.epoch
 
     def protect(self, regions: Mapping[str, int],
                 gradient: int = 0) -> Protection:
@@ -669,9 +674,14 @@ class Protection:
 
         Returns (-1, -1) on a fresh start. The caller reads the state
         through ``view(name, slot)`` (no copy) and continues by staging
-        step+1; the slot must not be written.
+        step+1; the slot must not be written. A pending stage_async is
+        waited for first: its EpochChanged is dropped (this restore is what
+        that error asks for), any other error of it raised as by wait().
         """
-        self.wait()
+        try:
+            self.wait()
+        except EpochChanged:
+            pass
         ans = self._client._call(RESTORE, {}, RESTORABLE)
         step = _field(ans, "step")
         if step == -1:
@@ -685,7 +695,8 @@ class Protection:
     def restore(self) -> tuple[int, dict[str, bytes] | None]:
         """The step to resume from and a copy of every region's bytes.
 
-        Returns (-1, None) when there is nothing to restore.
+        Returns (-1, None) when there is nothing to restore. A pending
+        stage_async is handled as by restore_slot().
         """
         step, slot = self.restore_slot()
         if step == -1:

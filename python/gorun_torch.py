@@ -755,6 +755,18 @@ class Protector:
         default torch's 30 minutes), calls wrap() (which returns the new
         DDP wrapper of the module: model is what it returns, None without
         wrap) and restores as restore() does: every rank rolls back to G.
+        ``group_epoch`` is set to the epoch joined once all of that
+        succeeded. Before G exists (a host lost before every rank's first
+        save() was committed) there is nothing to roll back to: the moved
+        ranks start from their initial state and this one cannot,
+        GorunError (use ``--recovery restart``).
+
+        When the new group's rendezvous, wrap() or the restore fails with a
+        RuntimeError (gloo: a peer lost or silent) or a ServiceError
+        (EpochChanged: gorun moved on again, a second host lost during the
+        rejoin), it waits up to timeout seconds for an epoch newer than
+        the one it tried, destroys the half-made group and tries that one;
+        when none comes, that failure is raised (``group_epoch`` unchanged).
 
         The new wrapper is made before the restore because DDP's
         constructor broadcasts rank 0's parameters: a rank 0 that moved to
@@ -767,31 +779,65 @@ class Protector:
         client = self._client
         if client is None:
             raise GorunError("the Protector is closed")
-        epoch = client.wait_epoch(self.group_epoch, timeout)
-        addr, port = client.master_addr, client.master_port
-        if addr is None or port is None:
-            raise GorunError(f"gorun did not say epoch {epoch}'s rendezvous "
-                             f"address (MASTER_ADDR, MASTER_PORT): its "
-                             f"agent is older than this module")
         if dist.is_initialized():
             rank, world = dist.get_rank(), dist.get_world_size()
             backend = backend or dist.get_backend()
-            dist.destroy_process_group()
         else:
             rank = int(os.environ["RANK"])
             world = int(os.environ["WORLD_SIZE"])
-        gc.collect()  # an old DDP wrapper in a reference cycle
-        host = f"[{addr}]" if ":" in addr else addr
         kw: dict[str, Any] = {}
         if group_timeout is not None:
             kw["timeout"] = datetime.timedelta(seconds=group_timeout)
-        dist.init_process_group(backend or "gloo",
-                                init_method=f"tcp://{host}:{port}",
-                                rank=rank, world_size=world, **kw)
-        self.group_epoch = epoch
-        model = wrap() if wrap is not None else None
-        step, data = self.restore()
-        return model, step, data
+        tried = self.group_epoch
+        failure: Optional[BaseException] = None
+        while True:
+            try:
+                epoch: Optional[int] = client.wait_epoch(tried, timeout)
+            except EpochTimeout:
+                if failure is None:
+                    raise
+                epoch = None
+            if epoch is None:
+                # The try failed and gorun moved on to no newer epoch:
+                # that failure is the one to report.
+                assert failure is not None
+                raise failure
+            failure = None
+            addr, port = client.master_addr, client.master_port
+            if addr is None or port is None:
+                raise GorunError(f"gorun did not say epoch {epoch}'s "
+                                 f"rendezvous address (MASTER_ADDR, "
+                                 f"MASTER_PORT): its agent is older than "
+                                 f"this module")
+            if dist.is_initialized():  # the old one, or a try's half-made
+                dist.destroy_process_group()
+            gc.collect()  # an old DDP wrapper in a reference cycle
+            host = f"[{addr}]" if ":" in addr else addr
+            model = None
+            try:
+                dist.init_process_group(backend or "gloo",
+                                        init_method=f"tcp://{host}:{port}",
+                                        rank=rank, world_size=world, **kw)
+                model = wrap() if wrap is not None else None
+                step, data = self.restore()
+            except (RuntimeError, gorun_rank.ServiceError) as e:
+                # A second host lost, or a peer gone silent, while this
+                # rank rejoined epoch: gorun's next epoch is tried (the
+                # half-made group destroyed first); EpochChanged is a
+                # ServiceError.
+                failure, tried, model = e, epoch, None
+                continue
+            if step == 0:  # restore() of G >= 0 gives G + 1
+                raise GorunError(
+                    f"rejoining epoch {epoch}: no step is protected yet on "
+                    f"every rank (G = -1), so gorun cannot roll the job "
+                    f"back: this rank's trained state would go on beside "
+                    f"the moved ranks' initial one. Run with --recovery "
+                    f"restart (the default: every rank starts again, from "
+                    f"the start while G = -1), or the failure ends the "
+                    f"job")
+            self.group_epoch = epoch
+            return model, step, data
 
     def _digest(self, slot: int) -> str:
         """The params region's digest in slot: "sum64:" and the sum of its

@@ -373,12 +373,16 @@ class GorunRankTest(unittest.TestCase):
         self.svc.push_epoch(4, "10.0.0.2", 29600)
         self.svc.push_epoch(5, "10.0.0.3", 29601)
         self.assertEqual(c.epoch, 3)
-        self.assertEqual(c.wait_epoch(3, timeout=10), 4)
-        self.assertEqual((c.master_addr, c.master_port),
-                         ("10.0.0.2", 29600))
-        self.assertEqual(c.wait_epoch(4, timeout=10), 5)
+        # Both read: the newest epoch and its rendezvous, not epoch 4's
+        # (whose rendezvous the moved ranks never join).
+        self.assertEqual(c.wait_epoch(3, timeout=10), 5)
         self.assertEqual((c.master_addr, c.master_port),
                          ("10.0.0.3", 29601))
+        self.assertEqual(c.wait_epoch(4, timeout=0), 5)
+        # A push behind a known newer epoch is read too.
+        self.svc.push_epoch(6, "10.0.0.4", 29602)
+        self.assertEqual(c.wait_epoch(3, timeout=0), 6)
+        self.assertEqual(c.master_port, 29602)
         # The session goes on.
         self.assertEqual(prot.status()["committed"], -1)
 
@@ -441,6 +445,28 @@ class GorunRankTest(unittest.TestCase):
         step, got = prot.restore()
         self.assertEqual((step, got), (1, state(2)))
         prot.stage(2, state(3))
+
+    def test_restore_after_stage_async_refused_by_new_placement(
+            self) -> None:
+        c = self.client()
+        prot = c.protect(REGIONS)
+        prot.stage(0, state(1))
+        prot.stage(1, state(2))
+        self.svc.push_epoch(4, "10.0.0.2", 29600)
+        prot.stage_async(2, state(3))  # refused: EpochChanged pending
+        # The restore that error asks for: done, the error dropped.
+        self.assertEqual(prot.restore(), (1, state(2)))
+        self.assertEqual(prot.wait(), 0)
+        prot.stage_async(2, state(3))
+        prot.wait()
+        self.svc.push_epoch(5, "10.0.0.3", 29601)
+        prot.stage_async(3, state(4))  # refused
+        self.assertEqual(prot.restore_slot()[0], 2)
+        # Other errors of the pending stage are raised, as by wait().
+        prot.stage_async(2, state(3))  # does not increase
+        with self.assertRaises(ServiceError) as cm:
+            prot.restore()
+        self.assertNotIsInstance(cm.exception, EpochChanged)
 
     def test_other_stage_refusal_is_not_epoch_changed(self) -> None:
         c = self.client()

@@ -28,10 +28,11 @@ except ImportError as e:  # the pyenv python3 has no torch
 if not TORCH_ERROR:
     import numpy  # torch imports it anyway: its RNG is protected too
 
+    import gorun_rank
     import gorun_torch
     from gorun_torch import GorunError, LayoutError, MetaTooLarge
 
-from test_gorun_rank import FakeService
+from test_gorun_rank import FakeService, frame
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -680,6 +681,103 @@ class RejoinTest(unittest.TestCase):
         seed_all(7)
         train_step(model, opt, sched, 3)
         prot.save(3, {"epoch": 0, "batch": 4})
+
+    def _trained(self):
+        """A DDP model trained and saved at steps 0-2, step 3 trained and
+        refused by epoch 4 (port given): (net, opt, sched, prot, at2)."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        net, opt, sched = build()
+        seed_all(7)
+        model = DDP(net)
+        prot = gorun_torch.Protector(model, opt, sched,
+                                     socket_path=self.svc.path, timeout=30)
+        self.addCleanup(prot.close)
+        for step in range(3):
+            train_step(model, opt, sched, step)
+            prot.save(step, {"epoch": 0, "batch": step + 1})
+        at2 = digest(net, opt, sched)
+        at2["draws"] = draws()
+        train_step(model, opt, sched, 3)
+        self.svc.push_epoch(4, "127.0.0.1", free_port())
+        with self.assertRaises(gorun_torch.EpochChanged):
+            prot.save(3, {"epoch": 0, "batch": 4})
+        return net, opt, sched, prot, at2
+
+    def refuse_restore(self, answer: dict, push: int | None = None) -> None:
+        """Answer the next Restore with answer, after an Epoch frame of
+        epoch push (a second host lost during the rejoin) if given."""
+        svc = self.svc
+
+        def h(session: Any, t: int, req: dict) -> bool:
+            if t != 24:
+                return False
+            svc.hooks.remove(h)
+            if push is not None:  # svc.lock is held: push_epoch's part
+                svc.epoch, svc.master = push, ("127.0.0.1", free_port())
+                svc.placed_anew = True
+                session.send_raw(frame(6, svc.epoch_frame()))
+            session.send(25, answer)
+            return True
+        svc.hooks.append(h)
+
+    def test_rejoin_retries_in_a_newer_epoch(self) -> None:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        net, opt, sched, prot, at2 = self._trained()
+        # Epoch 5 begins while the survivor rejoins epoch 4: the restore
+        # is refused with new_placement; rejoin goes on into epoch 5.
+        self.refuse_restore({"err": "a new placement (epoch) began",
+                             "new_placement": True}, push=5)
+        wraps = []
+
+        def wrap():
+            wraps.append(prot._client.epoch)
+            return DDP(net)
+        model, step, data = prot.rejoin(wrap, timeout=30, group_timeout=20)
+        self.assertEqual(wraps, [4, 5])  # epoch 4's try, epoch 5's
+        self.assertEqual(self.svc.requests().count(24), 2)
+        self.assertEqual(prot.group_epoch, 5)
+        self.assertEqual((step, data), (3, {"epoch": 0, "batch": 3}))
+        self.assertIsInstance(model, DDP)
+        got = digest(net, opt, sched)
+        got["draws"] = draws()
+        self.assertEqual(got, at2)
+        seed_all(7)
+        train_step(model, opt, sched, 3)
+        prot.save(3, {"epoch": 0, "batch": 4})
+
+    def test_rejoin_failure_without_newer_epoch(self) -> None:
+        net, opt, sched, prot, at2 = self._trained()
+        # Refused, and no newer epoch comes within the timeout: the
+        # refusal is raised, and the group epoch is still the old one.
+        self.refuse_restore({"err": "checksum mismatch"})
+        with self.assertRaisesRegex(gorun_rank.ServiceError,
+                                    "checksum mismatch"):
+            prot.rejoin(timeout=0.2, group_timeout=20)
+        self.assertEqual(prot.group_epoch, 3)
+        # A later rejoin tries epoch 4 again and succeeds.
+        _, step, _ = prot.rejoin(timeout=0.2, group_timeout=20)
+        self.assertEqual((step, prot.group_epoch), (3, 4))
+
+    def test_rejoin_before_the_first_protected_step(self) -> None:
+        """G = -1 (no step saved on every rank): a survivor cannot roll
+        back to its initial state while the moved ranks start fresh."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        net, opt, sched = build()
+        seed_all(7)
+        model = DDP(net)
+        prot = gorun_torch.Protector(model, opt, sched,
+                                     socket_path=self.svc.path, timeout=30)
+        self.addCleanup(prot.close)
+        train_step(model, opt, sched, 0)
+        self.svc.push_epoch(4, "127.0.0.1", free_port())
+        with self.assertRaises(gorun_torch.EpochChanged):
+            prot.save(0, {"epoch": 0, "batch": 1})
+        model = None
+        with self.assertRaisesRegex(GorunError, "no step is protected yet "
+                                    "on every rank.*--recovery restart"):
+            prot.rejoin(lambda: DDP(net), timeout=30, group_timeout=20)
+        self.assertEqual(self.svc.requests().count(24), 1)
+        self.assertEqual(prot.group_epoch, 3)
 
 
 def free_port() -> int:

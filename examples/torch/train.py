@@ -287,9 +287,16 @@ def main() -> int:
             loss = model = None
             print(f"rank {rank}: step {step} failed ({failed:.200}); "
                   f"rejoining", file=sys.stderr, flush=True)
-            model, step, pos = prot.rejoin(
-                lambda: DDP(net, find_unused_parameters=True),
-                group_timeout=args.timeout)
+            try:
+                model, step, pos = prot.rejoin(
+                    lambda: DDP(net, find_unused_parameters=True),
+                    group_timeout=args.timeout)
+            except gorun_torch.GorunError as e:
+                # No newer epoch, or none to roll back to (a host lost
+                # before every rank's first save): this rank ends.
+                print(f"rank {rank}: cannot rejoin: {e}", file=sys.stderr,
+                      flush=True)
+                return 1
             print(f"rank {rank}: rejoined epoch {prot.group_epoch} at step "
                   f"{step}", flush=True)
             it = batches(pos["epoch"], pos["batch"])
