@@ -104,9 +104,9 @@ func (f *FenceCollector) Handle(from int, data []byte) error {
 		return fmt.Errorf("comm: fence from host %d of %d", u.Host, f.hosts)
 	}
 	f.mu.Lock()
-	if u.Epoch != f.epoch {
+	if cur := f.epoch; u.Epoch != cur {
 		f.mu.Unlock()
-		return fmt.Errorf("comm: fence of epoch %d, the current one is %d", u.Epoch, f.epoch)
+		return fmt.Errorf("comm: fence of epoch %d, the current one is %d", u.Epoch, cur)
 	}
 	if !f.member[u.Host] {
 		f.mu.Unlock()
