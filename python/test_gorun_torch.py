@@ -672,12 +672,17 @@ class RejoinTest(unittest.TestCase):
         self.assertIsInstance(model, DDP)
         self.assertIsNot(self.dist.distributed_c10d._get_default_group(),
                          old_pg)
-        self.assertEqual((step, data), (3, {"epoch": 0, "batch": 3}))
         self.assertEqual(prot.group_epoch, 4)
+        self._rejoined_at_2(net, opt, sched, prot, at2, model, step, data)
+
+    def _rejoined_at_2(self, net, opt, sched, prot, at2, model, step,
+                       data) -> None:
+        """rejoin returned step 2's state bitwise (tensors, RNG draws) and
+        its position, and training goes on in the new group."""
+        self.assertEqual((step, data), (3, {"epoch": 0, "batch": 3}))
         got = digest(net, opt, sched)
         got["draws"] = draws()
         self.assertEqual(got, at2)
-        # Training goes on in the new group.
         seed_all(7)
         train_step(model, opt, sched, 3)
         prot.save(3, {"epoch": 0, "batch": 4})
@@ -736,14 +741,8 @@ class RejoinTest(unittest.TestCase):
         self.assertEqual(wraps, [4, 5])  # epoch 4's try, epoch 5's
         self.assertEqual(self.svc.requests().count(24), 2)
         self.assertEqual(prot.group_epoch, 5)
-        self.assertEqual((step, data), (3, {"epoch": 0, "batch": 3}))
         self.assertIsInstance(model, DDP)
-        got = digest(net, opt, sched)
-        got["draws"] = draws()
-        self.assertEqual(got, at2)
-        seed_all(7)
-        train_step(model, opt, sched, 3)
-        prot.save(3, {"epoch": 0, "batch": 4})
+        self._rejoined_at_2(net, opt, sched, prot, at2, model, step, data)
 
     def test_rejoin_failure_without_newer_epoch(self) -> None:
         net, opt, sched, prot, at2 = self._trained()
