@@ -14,7 +14,7 @@ import random
 import subprocess
 import sys
 import unittest
-from typing import Any
+from typing import Any, Callable, Optional
 
 try:
     import torch
@@ -634,31 +634,17 @@ class RejoinTest(unittest.TestCase):
 
     def test_rejoin(self) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
-        net, opt, sched = build()
-        seed_all(7)
-        model = DDP(net)
-        prot = gorun_torch.Protector(model, opt, sched,
-                                     socket_path=self.svc.path, timeout=30)
-        self.addCleanup(prot.close)
-        self.assertIs(prot.model, net)
-        self.assertEqual(prot.group_epoch, 3)
-        for step in range(3):
-            train_step(model, opt, sched, step)
-            prot.save(step, {"epoch": 0, "batch": step + 1})
-        at2 = digest(net, opt, sched)
-        at2["draws"] = draws()
-        # No new epoch: the failure was not gorun's.
-        with self.assertRaises(gorun_torch.EpochTimeout):
-            prot.rejoin(timeout=0.05)
-        self.assertTrue(self.dist.is_initialized())
+
+        def before_loss(net: Any, prot: Any) -> None:
+            self.assertIs(prot.model, net)
+            self.assertEqual(prot.group_epoch, 3)
+            # No new epoch: the failure was not gorun's.
+            with self.assertRaises(gorun_torch.EpochTimeout):
+                prot.rejoin(timeout=0.05)
+            self.assertTrue(self.dist.is_initialized())
         # Step 3 trains, then gorun moves to epoch 4: its save is refused.
-        train_step(model, opt, sched, 3)
-        port = free_port()
-        self.svc.push_epoch(4, "127.0.0.1", port)
-        with self.assertRaises(gorun_torch.EpochChanged):
-            prot.save(3, {"epoch": 0, "batch": 4})
+        net, opt, sched, prot, at2 = self._trained(before_loss)
         old_pg = self.dist.distributed_c10d._get_default_group()
-        model = None
         restores = []
 
         def wrap():
@@ -687,9 +673,11 @@ class RejoinTest(unittest.TestCase):
         train_step(model, opt, sched, 3)
         prot.save(3, {"epoch": 0, "batch": 4})
 
-    def _trained(self):
+    def _trained(self, before_loss: Optional[Callable[[Any, Any], None]]
+                 = None):
         """A DDP model trained and saved at steps 0-2, step 3 trained and
-        refused by epoch 4 (port given): (net, opt, sched, prot, at2)."""
+        refused by epoch 4 (port given): (net, opt, sched, prot, at2).
+        before_loss(net, prot), if given, runs after step 2's save."""
         from torch.nn.parallel import DistributedDataParallel as DDP
         net, opt, sched = build()
         seed_all(7)
@@ -702,6 +690,8 @@ class RejoinTest(unittest.TestCase):
             prot.save(step, {"epoch": 0, "batch": step + 1})
         at2 = digest(net, opt, sched)
         at2["draws"] = draws()
+        if before_loss is not None:
+            before_loss(net, prot)
         train_step(model, opt, sched, 3)
         self.svc.push_epoch(4, "127.0.0.1", free_port())
         with self.assertRaises(gorun_torch.EpochChanged):

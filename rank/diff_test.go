@@ -127,9 +127,15 @@ func (dr *diffRank) close() { dr.unmap() }
 // closes them when the test ends.
 func startDiffRanks(t testing.TB, c *cluster, n int, seed uint64) []*diffRank {
 	t.Helper()
+	return startDiffRanksOf(t, c, n, seed, diffRegions)
+}
+
+// startDiffRanksOf is startDiffRanks with the ranks' regions.
+func startDiffRanksOf(t testing.TB, c *cluster, n int, seed uint64, regions []Region) []*diffRank {
+	t.Helper()
 	rs := make([]*diffRank, n)
 	for r := range rs {
-		dr, err := newDiffRank(t, c.hosts[r], r, seed, nil)
+		dr, err := newDiffRankOf(t, c.hosts[r], r, seed, nil, regions)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -45,18 +45,7 @@ func TestRestoreFromDiskWhenHoldersLost(t *testing.T) {
 				}
 			}
 			c := newClusterWith(t, [][]int{{0}, {1}, {2}}, holders, peers, mod)
-			var rs []*diffRank
-			for r := range 3 {
-				dr, err := newDiffRankOf(t, c.hosts[r], r, 61, nil, regions)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(dr.close)
-				if _, err := dr.restore(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-				rs = append(rs, dr)
-			}
+			rs := startDiffRanksOf(t, c, 3, 61, regions)
 			runSteps(t, c, rs, 0, 12)
 			waitLogged(t, c, 12)
 			saveAll(t, dir, rs[0], 5)

@@ -77,18 +77,7 @@ func diskCluster(t *testing.T, dir string, mode ProtectMode) *cluster {
 func runToDisk(t *testing.T, dir string, mode ProtectMode, regions []Region) (*cluster, []*diffRank) {
 	t.Helper()
 	a := diskCluster(t, dir, mode)
-	var rs []*diffRank
-	for r := range 2 {
-		dr, err := newDiffRankOf(t, a.hosts[r], r, 51, nil, regions)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(dr.close)
-		if _, err := dr.restore(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		rs = append(rs, dr)
-	}
+	rs := startDiffRanksOf(t, a, 2, 51, regions)
 	runSteps(t, a, rs, 0, 5)
 	for _, dr := range rs {
 		saveAll(t, dir, dr, 5)
