@@ -16,6 +16,27 @@ import (
 	"github.com/gorun/gorun/topology"
 )
 
+// MPIKind is the MPI a program is built with (--mpi).
+type MPIKind string
+
+// The MPIs gorun bootstraps.
+const (
+	MPIAuto    MPIKind = ""        // look at the libmpi the program links
+	MPIOpenMPI MPIKind = "openmpi" // Open MPI 4.x
+	MPIMPICH   MPIKind = "mpich"   // MPICH and its derivatives (PMI-1 over PMI_FD)
+)
+
+// LauncherKind is how agents start on remote hosts (--launcher).
+type LauncherKind string
+
+// The ways agents start.
+const (
+	LauncherAuto  LauncherKind = ""      // srun inside a Slurm allocation without hosts given, else ssh
+	LauncherSSH   LauncherKind = "ssh"   // the rsh command (--rsh), once per host
+	LauncherSlurm LauncherKind = "slurm" // one srun for every remote host
+	LauncherLocal LauncherKind = "local" // this host only
+)
+
 // Config describes a job. Zero durations take the defaults documented on
 // each field.
 type Config struct {
@@ -91,6 +112,19 @@ type Config struct {
 	// NoPMI: the ranks get no PMI-1 connection (--pmi=false); by default
 	// every rank does, so that MPICH-built programs run as under mpiexec.
 	NoPMI bool
+	// MPI is the MPI the program is built with (--mpi): MPIAuto (""), the
+	// default, looks at the libmpi the program links; MPIOpenMPI gives the
+	// ranks Open MPI 4's bootstrap (its flux PMI component over gorun's
+	// PMI-1 client library) as well as PMI_FD; MPIMPICH only PMI_FD.
+	MPI MPIKind
+	// PMILibrary is the PMI-1 client library Open MPI ranks load
+	// (libgorun-pmi.so); "" = the one beside the agent's executable.
+	PMILibrary string
+	// Launcher is how agents start on the other hosts (--launcher):
+	// LauncherAuto (""), the default, is Slurm's srun inside a Slurm
+	// allocation when no hosts are given, else the rsh command;
+	// LauncherSSH, LauncherSlurm and LauncherLocal force one.
+	Launcher LauncherKind
 
 	Prog string
 	Args []string
@@ -106,8 +140,9 @@ type Config struct {
 
 	Rsh       []string // command that runs a command on a host; nil = ["ssh"]
 	AgentPath string   // gorun binary on remote hosts; "" = this executable
-	// Bind is the control-plane listen address; "" = 127.0.0.1, which
-	// is refused when a host is remote (say it explicitly to mean it).
+	// Bind is the control-plane listen address; "" = chosen: 127.0.0.1
+	// when every host is this one, else the local address the kernel
+	// routes to the remote hosts by.
 	Bind string
 
 	HeartbeatInterval time.Duration // 0 = 1 s

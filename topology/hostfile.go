@@ -22,6 +22,9 @@ type Host struct {
 	Switch   string // from switch=..., "" if none
 	Spare    bool   // gorun annotation `spare`: never given ranks at start
 	Source   string // "file:line" where it was first defined, for messages ("-H:N" for entry N of a host list)
+	// Addr is the address the host is reached at when it is known apart
+	// from Name (Slurm's NodeAddr); "" = resolve Name.
+	Addr string
 }
 
 // ReadHostfile reads and parses the hostfile at path. Errors opening or

@@ -51,6 +51,8 @@ type runOptions struct {
 	hang          time.Duration
 	events        string
 	pmi           bool
+	mpi           string
+	launcher      string
 	tagOutput     bool
 	timestamp     bool
 	outputDir     string
@@ -168,6 +170,10 @@ MPI programs:
   --pmi[=false]           serve the PMI-1 protocol to every rank (PMI_FD, as Hydra
                           does), so that MPICH-built programs start under gorun
                           as under mpiexec (default true)
+  --mpi auto|openmpi|mpich
+                          the MPI the program is built with (default auto: the
+                          libmpi it links); Open MPI 4 ranks also get its flux
+                          bootstrap over gorun's PMI-1 client library
 
 Environment:
   -x VAR                  export VAR from gorun's environment to every rank
@@ -188,8 +194,11 @@ Control:
                           e.g. "ip netns exec"); the local host needs none
   --launch-agent PATH     gorun binary on remote hosts (default: this one's path)
   --rsh-concurrent N      agents being started at once (default 128)
-  --bind ADDR             control-plane address (default 127.0.0.1; remote hosts
-                          need an address they can reach)
+  --bind ADDR             control-plane address (default: 127.0.0.1 when every
+                          host is this one, else the address routing to the hosts)
+  --launcher auto|ssh|slurm|local
+                          how agents start on the other hosts (default auto:
+                          srun inside a Slurm allocation given no hosts, else --rsh)
   --agent-start-timeout S an agent must register this soon after it is started
                           (default 60)
   --heartbeat-interval S  agent heartbeat interval (default 1)
@@ -275,6 +284,8 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	fs.Var(seconds{&o.hang}, "hang-timeout", "")
 	fs.StringVar(&o.events, "events", "", "")
 	fs.BoolVar(&o.pmi, "pmi", true, "")
+	fs.StringVar(&o.mpi, "mpi", "auto", "")
+	fs.StringVar(&o.launcher, "launcher", "auto", "")
 	fs.BoolVar(&o.tagOutput, "tag-output", true, "")
 	fs.BoolVar(&o.timestamp, "timestamp-output", false, "")
 	fs.StringVar(&o.outputDir, "output-filename", "", "")
@@ -341,6 +352,16 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	}
 	if o.recovery != "restart" && o.recovery != "in-place" {
 		return nil, usagef("--recovery %s: want restart or in-place", o.recovery)
+	}
+	switch o.mpi {
+	case "auto", "openmpi", "mpich":
+	default:
+		return nil, usagef("--mpi %s: want auto, openmpi or mpich", o.mpi)
+	}
+	switch o.launcher {
+	case "auto", "ssh", "slurm", "local":
+	default:
+		return nil, usagef("--launcher %s: want auto, ssh, slurm or local", o.launcher)
 	}
 	if o.suspect <= 0 {
 		return nil, usagef("--suspect-timeout must be positive")
@@ -443,6 +464,7 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 		TagOutput: o.tagOutput, TimestampOutput: o.timestamp, OutputDir: o.outputDir,
 		Timeout: o.timeout, KillGrace: o.killGrace,
 		Rsh: strings.Fields(o.rsh), AgentPath: o.launchAgent, Bind: o.bind,
+		MPI: launcher.MPIKind(strings.TrimSuffix(o.mpi, "auto")), Launcher: launcher.LauncherKind(strings.TrimSuffix(o.launcher, "auto")),
 		HeartbeatInterval: o.hbInterval, HeartbeatTimeout: o.hbTimeout,
 		StartTimeout: o.startTimeout, MaxParallelStarts: o.rshConcurrent,
 		Spares: o.spares, SuspectTimeout: o.suspect, HangTimeout: o.hang,
