@@ -5,10 +5,12 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,85 +32,76 @@ func TestBindChosen(t *testing.T) {
 	a := testcluster.NetnsHosts(t, 2)
 	b := testcluster.NetnsHosts(t, 1)
 	wrap := underEtcHosts(t, a, b)
+	a0, a1, b0 := a.Names[0], a.Names[1], b.Names[0]
 	// bridge is the bridge address each host's route leaves by.
-	bridge := map[string]string{a.Names[0]: a.BridgeAddr, a.Names[1]: a.BridgeAddr, b.Names[0]: b.BridgeAddr}
-
-	// checkURLs checks that every agent was given the URL of the address
-	// routing to its host, at the port -v named.
-	checkURLs := func(t *testing.T, log, port string, hosts ...string) {
-		t.Helper()
-		got := agentURLs(t, log)
-		for _, h := range hosts {
-			if want := "tls://" + bridge[h] + ":" + port; got[h] != want {
-				t.Errorf("agent on %s dialed %q, want %q", h, got[h], want)
-			}
-		}
-		if len(got) != len(hosts) {
-			t.Errorf("agents started: %v, want %d", got, len(hosts))
-		}
+	bridge := map[string]string{a0: a.BridgeAddr, a1: a.BridgeAddr, b0: b.BridgeAddr}
+	tests := []struct {
+		name   string
+		hosts  []string // the hostfile's lines
+		np     int
+		args   []string // gorun's flags but -np, --hostfile, --rsh and -v
+		prog   string   // "": the ring helper (each rank's host reaches rank 0's)
+		said   string   // what -v says after "control plane on ADDR:PORT ("
+		listen string
+		stdout string // in the ring's output
+	}{
+		// The README's first command, with remote hosts and no --bind.
+		{name: "readme first command", hosts: []string{a0 + " slots=2", a1 + " slots=2"}, np: 4,
+			listen: a.BridgeAddr, said: "the address routing to " + a0 + " and " + a1 + "; --bind to choose)"},
+		// Hosts on two fabrics: the server listens on the wildcard and
+		// each agent dials the address routing to its host.
+		{name: "two fabrics", hosts: []string{a0, a1, b0}, np: 3, prog: "true",
+			listen: "0.0.0.0", said: fmt.Sprintf("reached at %s by %s and %s, %s by %s: the addresses routing to them; --bind to choose)", a.BridgeAddr, a0, a1, b.BridgeAddr, b0)},
+		// --bind 0.0.0.0 listens everywhere; each agent still dials the
+		// address routing to its host, and the launcher's own host, rank
+		// 0's, registers that address (MASTER_ADDR), not loopback.
+		{name: "bind wildcard", hosts: []string{"localhost", a0, a1}, np: 3, args: []string{"--bind", "0.0.0.0"},
+			listen: "0.0.0.0", said: fmt.Sprintf("reached at %s by %s and %s: the address routing to them)", a.BridgeAddr, a0, a1),
+			stdout: "[1] token from 0 at " + a.BridgeAddr + " to "},
 	}
-
-	// The README's first command, with remote hosts and no --bind.
-	t.Run("readme first command", func(t *testing.T) {
-		rsh, log := loggingRsh(t)
-		hf := a.WriteHostfile(t, t.TempDir(), 2)
-		res := startJobUnder(t, wrap, nil, "ring", nil, "-np", "4", "--hostfile", hf, "--rsh", rsh, "-v", "--", os.Args[0]).wait(90 * time.Second)
-		if res.code != 0 {
-			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
-		}
-		if n := strings.Count(res.stdout, "token from"); n != 4 {
-			t.Errorf("%d ranks passed the token, want 4\nstdout:\n%s", n, res.stdout)
-		}
-		re := regexp.MustCompile(`gorun: control plane on ` + regexp.QuoteMeta(a.BridgeAddr) + `:(\d+) \(the address routing to ` +
-			regexp.QuoteMeta(a.Names[0]+" and "+a.Names[1]) + `; --bind to choose\)`)
-		m := re.FindStringSubmatch(res.stderr)
-		if m == nil {
-			t.Fatalf("-v does not say %v\nstderr:\n%s", re, res.stderr)
-		}
-		checkURLs(t, log, m[1], a.Names...)
-	})
-
-	// Hosts on two fabrics: the server listens on the wildcard and each
-	// agent dials the address routing to its host.
-	t.Run("two fabrics", func(t *testing.T) {
-		rsh, log := loggingRsh(t)
-		hf := filepath.Join(t.TempDir(), "hosts")
-		os.WriteFile(hf, []byte(a.Names[0]+"\n"+a.Names[1]+"\n"+b.Names[0]+"\n"), 0o644)
-		res := startJobUnder(t, wrap, nil, "", nil, "-np", "3", "--hostfile", hf, "--rsh", rsh, "-v", "--", "true").wait(90 * time.Second)
-		if res.code != 0 {
-			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
-		}
-		re := regexp.MustCompile(`gorun: control plane on 0\.0\.0\.0:(\d+) \(reached at ` +
-			regexp.QuoteMeta(fmt.Sprintf("%s by %s and %s, %s by %s", a.BridgeAddr, a.Names[0], a.Names[1], b.BridgeAddr, b.Names[0])) +
-			`: the addresses routing to them; --bind to choose\)`)
-		m := re.FindStringSubmatch(res.stderr)
-		if m == nil {
-			t.Fatalf("-v does not say %v\nstderr:\n%s", re, res.stderr)
-		}
-		checkURLs(t, log, m[1], a.Names[0], a.Names[1], b.Names[0])
-	})
-
-	// --bind 0.0.0.0 listens everywhere; each agent still dials an address
-	// of the launcher's, the one routing to its host, and the launcher's
-	// own host, rank 0's, registers that address (MASTER_ADDR), not
-	// loopback.
-	t.Run("bind wildcard", func(t *testing.T) {
-		rsh, log := loggingRsh(t)
-		hf := filepath.Join(t.TempDir(), "hosts")
-		os.WriteFile(hf, []byte("localhost\n"+a.Names[0]+"\n"+a.Names[1]+"\n"), 0o644)
-		res := startJobUnder(t, wrap, nil, "ring", nil, "-np", "3", "--hostfile", hf, "--rsh", rsh, "--bind", "0.0.0.0", "-v", "--", os.Args[0]).wait(90 * time.Second)
-		if res.code != 0 {
-			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
-		}
-		if want := "[1] token from 0 at " + a.BridgeAddr + " to "; !strings.Contains(res.stdout, want) {
-			t.Errorf("stdout lacks %q\nstdout:\n%s", want, res.stdout)
-		}
-		m := regexp.MustCompile(`gorun: control plane on 0\.0\.0\.0:(\d+) \(reached at `).FindStringSubmatch(res.stderr)
-		if m == nil {
-			t.Fatalf("-v does not name the port\nstderr:\n%s", res.stderr)
-		}
-		checkURLs(t, log, m[1], a.Names...)
-	})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rsh, log := loggingRsh(t)
+			hf := filepath.Join(t.TempDir(), "hosts")
+			if err := os.WriteFile(hf, []byte(strings.Join(tt.hosts, "\n")+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			helper, prog := "ring", tt.prog
+			if prog == "" {
+				prog = os.Args[0]
+			} else {
+				helper = ""
+			}
+			args := append(append([]string{"-np", strconv.Itoa(tt.np), "--hostfile", hf, "--rsh", rsh, "-v"}, tt.args...), "--", prog)
+			res := startJobUnder(t, wrap, nil, helper, nil, args...).wait(90 * time.Second)
+			if res.code != 0 {
+				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+			}
+			if n := strings.Count(res.stdout, "token from"); helper != "" && n != tt.np {
+				t.Errorf("%d ranks passed the token, want %d\nstdout:\n%s", n, tt.np, res.stdout)
+			}
+			if !strings.Contains(res.stdout, tt.stdout) {
+				t.Errorf("stdout lacks %q\nstdout:\n%s", tt.stdout, res.stdout)
+			}
+			re := regexp.MustCompile(`gorun: control plane on ` + regexp.QuoteMeta(tt.listen) + `:(\d+) \(` + regexp.QuoteMeta(tt.said))
+			m := re.FindStringSubmatch(res.stderr)
+			if m == nil {
+				t.Fatalf("-v does not say %v\nstderr:\n%s", re, res.stderr)
+			}
+			// Every remote host's agent was given the URL of the address
+			// routing to it.
+			got := agentURLs(t, log)
+			want := map[string]string{}
+			for _, h := range tt.hosts {
+				if name, _, _ := strings.Cut(h, " "); name != "localhost" {
+					want[name] = "tls://" + bridge[name] + ":" + m[1]
+				}
+			}
+			if !maps.Equal(got, want) {
+				t.Errorf("agents dialed %v, want %v", got, want)
+			}
+		})
+	}
 }
 
 // underEtcHosts returns the command that runs gorun in a mount namespace of

@@ -22,11 +22,12 @@
 // Ranks hold no control-plane credential at all.
 //
 // The server listens on TCP only when some host's agent is remote, on
-// loopback unless Config.Bind says otherwise. A listener on any other
-// address requires TLS, with a certificate generated for this server alone
-// (in memory, never on disk), whose SHA-256 (Fingerprint) the launcher
-// hands to the agents with their credentials; agents accept no other
-// certificate (comm.DialControl). In-process connections need no TLS.
+// loopback unless Config.Bind says otherwise (on a wildcard, agents dial
+// it at Config.Addrs, URLAt). A listener on any other address requires
+// TLS, with a certificate generated for this server alone (in memory,
+// never on disk), whose SHA-256 (Fingerprint) the launcher hands to the
+// agents with their credentials; agents accept no other certificate
+// (comm.DialControl). In-process connections need no TLS.
 package ctlserver
 
 import (
