@@ -148,7 +148,7 @@ func (m *localMatcher) match(name string) bool {
 // reports.
 func (j *job) startRemote(ctx context.Context, h *agentHost) error {
 	args := append(append([]string{}, j.cfg.Rsh[1:]...), h.name, j.cfg.AgentPath, "agent",
-		"--job", j.id, "--host-index", strconv.Itoa(h.index), "--host-name", h.name, "--control", j.srv.URL())
+		"--job", j.id, "--host-index", strconv.Itoa(h.index), "--host-name", h.name, "--control", j.controlURL(h))
 	if j.verbose {
 		args = append(args, "-v")
 	}

@@ -181,6 +181,11 @@ type Config struct {
 	// run in this process before it starts (the package's tests: a host
 	// whose read of the checkpoint directory hangs).
 	agentConfig func(*agent.Config)
+	// resolve and route, when not nil, replace the system's name
+	// resolution and route lookup in the control plane's address choice
+	// (bindaddr.go; the package's tests).
+	resolve resolveFunc
+	route   routeFunc
 }
 
 // ProtectMode is how a job's protected state reaches the replica holders

@@ -60,7 +60,8 @@ type job struct {
 	// gpuSeen counts each kind's repeats.
 	gpuFailures []gpuFailure
 	gpuSeen     map[string]int
-	remote      int // hosts whose agent is not in this process
+	remote      int        // hosts whose agent is not in this process
+	bind        bindChoice // where the control plane listens, and what each agent dials
 	world       int
 
 	// tab guards rankHost and every host's ranks: the loop changes them
@@ -223,8 +224,8 @@ func Run(ctx context.Context, c Config) (int, error) {
 	if err := j.placeRedundancy(assign); err != nil {
 		return 0, err
 	}
-	if remote > 0 && cfg.Bind == "" {
-		return 0, &ConfigError{Msg: fmt.Sprintf("host %s is remote, but the control plane listens on loopback unless told otherwise; pass --bind with an address the hosts can reach", firstRemote(j.hosts))}
+	if err := j.setBind(ctx); err != nil {
+		return 0, err
 	}
 	if j.m, err = hotswap.New(j.machineConfig()); err != nil {
 		if errors.Is(err, hotswap.ErrConfig) {
@@ -258,15 +259,6 @@ func (j *job) machineConfig() hotswap.Config {
 	return c
 }
 
-func firstRemote(hs []*agentHost) string {
-	for _, h := range hs {
-		if !h.local {
-			return h.name
-		}
-	}
-	return ""
-}
-
 func (j *job) run(ctx context.Context) (code int, err error) {
 	if j.secret, err = comm.NewSecret(); err != nil {
 		return 0, err
@@ -276,7 +268,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	// (TLS unless on loopback), a local one its password in-process; the
 	// server lets either publish only on its host's subjects. Without
 	// remote hosts the server does not listen at all.
-	scfg := ctlserver.Config{Job: j.id, Bind: j.cfg.Bind, LocalPassword: j.secret.InProcessPassword(), Hosts: make([]ctlserver.HostUser, len(j.hosts))}
+	scfg := ctlserver.Config{Job: j.id, Bind: j.bind.listen, Addrs: j.bind.addrs, LocalPassword: j.secret.InProcessPassword(), Hosts: make([]ctlserver.HostUser, len(j.hosts))}
 	for i, h := range j.hosts {
 		c := j.secret.HostCredentials(i, nil)
 		if h.local {
@@ -312,6 +304,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		}
 	})
 	defer j.out.close()
+	j.reportBind()
 	j.reportSurvives()
 	if w := j.cfg.ECDiffWarning(); w != "" {
 		j.log.Warn(w) // on the terminal once, with -v or not, as the launcher's other warnings
@@ -620,8 +613,11 @@ func (j *job) startLocal(ctx context.Context, h *agentHost) error {
 	pr, pw := io.Pipe()
 	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	j.started(h, pw, cancel)
-	addr := j.cfg.Bind
-	if addr == "" || addr == "0.0.0.0" || addr == "::" {
+	addr := j.bind.listen
+	switch {
+	case j.bind.wildcard() && len(j.bind.addrs) > 0:
+		addr = j.bind.addrs[0].String()
+	case addr == "" || isWildcard(addr):
 		addr = "127.0.0.1"
 	}
 	creds := j.secret.HostCredentials(h.index, nil)

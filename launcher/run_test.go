@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -312,20 +313,32 @@ func TestRunTwoLocalHosts(t *testing.T) {
 	}
 }
 
+// Without --bind, a remote host whose name does not resolve, or resolves
+// to a loopback address, is refused naming it and --bind.
 func TestRunRemoteHostWithoutBind(t *testing.T) {
-	for _, hosts := range [][]topology.Host{
-		{{Name: "far-away-host.invalid", Slots: 1}},
-		{{Name: "localhost", Slots: 1}, {Name: "192.0.2.7", Slots: 1}},
+	loopback := func(ctx context.Context, name string) ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr("127.0.1.1")}, nil
+	}
+	for _, tt := range []struct {
+		hosts   []topology.Host
+		resolve resolveFunc // nil: the system's
+		want    string
+	}{
+		{hosts: []topology.Host{{Name: "far-away-host.invalid", Slots: 1}},
+			want: "cannot choose the control plane's address: host far-away-host.invalid: cannot resolve its name: "},
+		{hosts: []topology.Host{{Name: "localhost", Slots: 1}, {Name: "node01", Slots: 1}}, resolve: loopback,
+			want: "cannot choose the control plane's address: host node01: its address 127.0.1.1 is a loopback one, yet it is not this host; pass --bind with an address the hosts can reach"},
 	} {
-		c := Config{Hosts: hosts, NP: len(hosts), Prog: "true"}
+		c := Config{Hosts: tt.hosts, NP: len(tt.hosts), Prog: "true", resolve: tt.resolve}
 		code, err := Run(context.Background(), c)
 		if err == nil {
-			t.Fatalf("Run(%v) = %d, no error", hosts, code)
+			t.Fatalf("Run(%v) = %d, no error", tt.hosts, code)
 		}
-		remote := hosts[len(hosts)-1].Name
-		ce := checkConfigError(t, err, fmt.Sprintf("host %s is remote, but the control plane listens on loopback unless told otherwise; pass --bind with an address the hosts can reach", remote))
-		if code != 0 || !strings.Contains(ce.Msg, "--bind") {
-			t.Errorf("Run = %d, %q", code, ce.Msg)
+		if !errors.Is(err, ErrConfig) {
+			t.Errorf("errors.Is(%v, ErrConfig) = false", err)
+		}
+		if msg := err.Error(); code != 0 || !strings.HasPrefix(msg, tt.want) || !strings.HasSuffix(msg, "; pass --bind with an address the hosts can reach") {
+			t.Errorf("Run = %d, %q\nwant %q", code, msg, tt.want)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -89,6 +90,13 @@ func startJob(t *testing.T, helper string, env []string, args ...string) *job {
 // none).
 func startJobWithStdin(t *testing.T, stdin io.Reader, helper string, env []string, args ...string) *job {
 	t.Helper()
+	return startJobUnder(t, nil, stdin, helper, env, args...)
+}
+
+// startJobUnder is startJobWithStdin with gorun run by the command wrap
+// (nil: none), as `wrap... gorun ARGS...`; wrap must exec gorun in place.
+func startJobUnder(t *testing.T, wrap []string, stdin io.Reader, helper string, env []string, args ...string) *job {
+	t.Helper()
 	j := &job{t: t, mark: newMark(), stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
 	full := []string{"-x", "GORUNTEST_MARK=" + j.mark}
 	if helper != "" {
@@ -99,7 +107,8 @@ func startJobWithStdin(t *testing.T, stdin io.Reader, helper string, env []strin
 	}
 	// Flags go first; a "--" in args separates the program.
 	full = append(full, args...)
-	j.cmd = exec.Command(gorunBin, full...)
+	argv := append(append(slices.Clone(wrap), gorunBin), full...)
+	j.cmd = exec.Command(argv[0], argv[1:]...)
 	j.cmd.Stdin, j.cmd.Stdout, j.cmd.Stderr = stdin, j.stdout, j.stderr
 	j.cmd.Env = append(os.Environ(), "GORUNTEST_MARK="+j.mark)
 	j.start = time.Now()

@@ -22,11 +22,12 @@
 // Ranks hold no control-plane credential at all.
 //
 // The server listens on TCP only when some host's agent is remote, on
-// loopback unless Config.Bind says otherwise. A listener on any other
-// address requires TLS, with a certificate generated for this server alone
-// (in memory, never on disk), whose SHA-256 (Fingerprint) the launcher
-// hands to the agents with their credentials; agents accept no other
-// certificate (comm.DialControl). In-process connections need no TLS.
+// loopback unless Config.Bind says otherwise (on a wildcard, agents dial
+// it at Config.Addrs, URLAt). A listener on any other address requires
+// TLS, with a certificate generated for this server alone (in memory,
+// never on disk), whose SHA-256 (Fingerprint) the launcher hands to the
+// agents with their credentials; agents accept no other certificate
+// (comm.DialControl). In-process connections need no TLS.
 package ctlserver
 
 import (
@@ -44,6 +45,7 @@ import (
 	"math"
 	"math/big"
 	"net"
+	"net/netip"
 	"strconv"
 	"time"
 
@@ -60,6 +62,10 @@ type Config struct {
 	// Bind is the address to listen on; "" means 127.0.0.1. Any address
 	// but a loopback one gets TLS.
 	Bind string
+	// Addrs are the addresses agents dial (URLAt), which the certificate
+	// names: when Bind is a wildcard (0.0.0.0, ::), each host's agent may
+	// reach the server at another one. nil = Bind alone.
+	Addrs []netip.Addr
 	// Port is the port to listen on; 0 picks a free one.
 	Port int
 	// LocalPassword admits the launcher on in-process connections
@@ -200,7 +206,14 @@ func Start(cfg Config) (*Server, error) {
 		// A job whose hosts are all local needs no port.
 		opts.DontListen = true
 	case !ip.IsLoopback():
-		tc, fp, err := selfSigned(ip, cfg.Job)
+		ips := []net.IP{ip}
+		if len(cfg.Addrs) > 0 {
+			ips = ips[:0]
+			for _, a := range cfg.Addrs {
+				ips = append(ips, a.AsSlice())
+			}
+		}
+		tc, fp, err := selfSigned(ips, cfg.Job)
 		if err != nil {
 			return nil, err
 		}
@@ -262,8 +275,8 @@ func watchDisconnects(ns *server.Server, password string, hostOf map[string]int,
 }
 
 // selfSigned makes the server's TLS configuration: a fresh ECDSA P-256
-// certificate for ip, valid for this server only, and its SHA-256.
-func selfSigned(ip net.IP, job string) (*tls.Config, []byte, error) {
+// certificate for ips, valid for this server only, and its SHA-256.
+func selfSigned(ips []net.IP, job string) (*tls.Config, []byte, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ctlserver: TLS key: %w", err)
@@ -281,7 +294,7 @@ func selfSigned(ip net.IP, job string) (*tls.Config, []byte, error) {
 		NotAfter:    now.AddDate(10, 0, 0),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{ip},
+		IPAddresses: ips,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
@@ -301,6 +314,20 @@ func (s *Server) URL() string {
 		return ""
 	}
 	return s.ns.ClientURL()
+}
+
+// URLAt is the address agents dial to reach the server at addr (one of
+// Config.Addrs when it listens on a wildcard); "" when it does not listen.
+func (s *Server) URLAt(addr netip.Addr) string {
+	tcp, ok := s.ns.Addr().(*net.TCPAddr)
+	if !ok {
+		return ""
+	}
+	scheme := "nats"
+	if s.pin != nil {
+		scheme = "tls"
+	}
+	return scheme + "://" + netip.AddrPortFrom(addr, uint16(tcp.Port)).String()
 }
 
 // Fingerprint is the SHA-256 of the server's TLS certificate, which the

@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -317,6 +320,60 @@ func TestTLS(t *testing.T) {
 		t.Error("a plaintext client was admitted")
 	}
 	plaintextRefused(t, j.url(t))
+}
+
+// TestTLSOnWildcard: a server on the wildcard is reached at each of its
+// addresses (URLAt), with the one pinned certificate, which names them
+// all.
+func TestTLSOnWildcard(t *testing.T) {
+	addrs := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2")}
+	secret, err := comm.NewSecret()
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := secret.HostCredentials(0, nil)
+	cfg := ctlserver.Config{Job: job, Bind: "0.0.0.0", Addrs: addrs, LocalPassword: secret.InProcessPassword(), Hosts: make([]ctlserver.HostUser, 1)}
+	if cfg.Hosts[0].Nkey, err = creds.PublicKey(); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ctlserver.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	for _, a := range addrs {
+		url := srv.URLAt(a)
+		if !strings.HasPrefix(url, "tls://"+a.String()+":") {
+			t.Fatalf("URLAt(%v) = %q", a, url)
+		}
+		ctl, err := comm.DialControl(t.Context(), url, secret.HostCredentials(0, srv.Fingerprint()), comm.ControlOptions{DialTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatalf("at %s: %v", url, err)
+		}
+		ctl.Close()
+	}
+	// The certificate, as a client sees it after the server's INFO.
+	c, err := net.DialTimeout("tcp", strings.TrimPrefix(srv.URLAt(addrs[1]), "tls://"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true})
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	var got []netip.Addr
+	for _, ip := range tc.ConnectionState().PeerCertificates[0].IPAddresses {
+		a, _ := netip.AddrFromSlice(ip)
+		got = append(got, a.Unmap())
+	}
+	if !slices.Equal(got, addrs) {
+		t.Errorf("the certificate names %v, want %v", got, addrs)
+	}
 }
 
 // plaintextRefused speaks the NATS protocol in plaintext at url: the

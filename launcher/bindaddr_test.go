@@ -1,0 +1,192 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// fakeNet is a resolver and a routing table: names to addresses, and
+// destination prefixes to the local address the route leaves by.
+type fakeNet struct {
+	names  map[string][]string
+	routes map[string]string // prefix → local address
+	mu     sync.Mutex        // guards asked
+	asked  []string          // the names resolved
+}
+
+func (f *fakeNet) resolve(ctx context.Context, name string) ([]netip.Addr, error) {
+	f.mu.Lock()
+	f.asked = append(f.asked, name)
+	f.mu.Unlock()
+	if _, ok := ctx.Deadline(); !ok {
+		return nil, errors.New("resolved without a deadline")
+	}
+	as, ok := f.names[name]
+	if !ok {
+		return nil, errors.New("lookup " + name + ": no such host")
+	}
+	var out []netip.Addr
+	for _, a := range as {
+		out = append(out, netip.MustParseAddr(a))
+	}
+	return out, nil
+}
+
+func (f *fakeNet) route(dst netip.Addr) (netip.Addr, error) {
+	best, via := -1, ""
+	for p, local := range f.routes {
+		if pf := netip.MustParsePrefix(p); pf.Contains(dst) && pf.Bits() > best {
+			best, via = pf.Bits(), local
+		}
+	}
+	if best < 0 {
+		return netip.Addr{}, errors.New("network is unreachable")
+	}
+	return netip.MustParseAddr(via), nil
+}
+
+func TestChooseBind(t *testing.T) {
+	// The launcher: eth0 10.9.0.1/24, ib0 10.20.0.1/16 and fd00::1/64,
+	// lo; no default route.
+	routes := map[string]string{
+		"10.9.0.0/24":  "10.9.0.1",
+		"10.20.0.0/16": "10.20.0.1",
+		"fd00::/64":    "fd00::1",
+		"127.0.0.0/8":  "127.0.0.1",
+		"::1/128":      "::1",
+	}
+	names := map[string][]string{
+		"node01": {"10.9.0.11"}, "node02": {"10.9.0.12"},
+		"gpu01":  {"10.20.3.1"},
+		"dual":   {"fd00::7", "10.9.0.13"}, // the resolver's order: IPv6 first
+		"v6":     {"fd00::8"},
+		"v6v4":   {"fd00::9", "192.168.7.7"}, // the IPv4 one has no route
+		"debian": {"127.0.1.1"},
+		"empty":  {},
+	}
+	host := func(name string) bindHost { return bindHost{name: name} }
+	tests := []struct {
+		name   string
+		hosts  []bindHost
+		listen string
+		via    map[string]string // host name → local address
+		err    string            // the message, when refused
+		asked  []string          // the names resolved (sorted); nil = not checked
+	}{
+		{name: "one address for every host", hosts: []bindHost{host("node01"), host("node02")},
+			listen: "10.9.0.1", via: map[string]string{"node01": "10.9.0.1", "node02": "10.9.0.1"}},
+		{name: "two interfaces, one route each", hosts: []bindHost{host("node01"), host("gpu01"), host("node02")},
+			listen: "0.0.0.0", via: map[string]string{"node01": "10.9.0.1", "gpu01": "10.20.0.1", "node02": "10.9.0.1"}},
+		{name: "IPv4 before IPv6 when both route", hosts: []bindHost{host("dual")},
+			listen: "10.9.0.1", via: map[string]string{"dual": "10.9.0.1"}},
+		{name: "IPv6 when only it routes", hosts: []bindHost{host("v6v4")},
+			listen: "fd00::1", via: map[string]string{"v6v4": "fd00::1"}},
+		{name: "IPv4 and IPv6 hosts", hosts: []bindHost{host("node01"), host("v6")},
+			listen: "::", via: map[string]string{"node01": "10.9.0.1", "v6": "fd00::1"}},
+		{name: "IP literals are not resolved", hosts: []bindHost{host("10.9.0.40"), host("fd00::40"), host("node01")},
+			listen: "::", via: map[string]string{"10.9.0.40": "10.9.0.1", "fd00::40": "fd00::1", "node01": "10.9.0.1"},
+			asked: []string{"node01"}},
+		{name: "an address known apart from the name", hosts: []bindHost{{name: "sl01", addr: "10.20.1.1"}, {name: "sl02", addr: "gpu01"}},
+			listen: "10.20.0.1", via: map[string]string{"sl01": "10.20.0.1", "sl02": "10.20.0.1"},
+			asked: []string{"gpu01"}},
+		{name: "local hosts skipped", hosts: []bindHost{{name: "launcher", local: true}, {name: "debian", local: true}, host("node02")},
+			listen: "10.9.0.1", via: map[string]string{"node02": "10.9.0.1"}, asked: []string{"node02"}},
+		{name: "no remote host", hosts: []bindHost{{name: "localhost", local: true}},
+			listen: "", via: map[string]string{}, asked: []string{}},
+		{name: "unresolvable", hosts: []bindHost{host("node01"), host("node99")},
+			err: "cannot choose the control plane's address: host node99: cannot resolve its name: lookup node99: no such host; pass --bind with an address the hosts can reach"},
+		{name: "resolves to nothing", hosts: []bindHost{host("empty")},
+			err: "cannot choose the control plane's address: host empty: cannot resolve its name: no address; pass --bind with an address the hosts can reach"},
+		{name: "loopback-routed", hosts: []bindHost{host("node01"), host("debian")},
+			err: "cannot choose the control plane's address: host debian: its address 127.0.1.1 is a loopback one, yet it is not this host; pass --bind with an address the hosts can reach"},
+		{name: "no route", hosts: []bindHost{host("192.168.7.7")},
+			err: "cannot choose the control plane's address: host 192.168.7.7: no route to 192.168.7.7: network is unreachable; pass --bind with an address the hosts can reach"},
+		{name: "several refused", hosts: []bindHost{host("n1"), host("node01"), host("n2"), host("n3"), host("n4"), host("n5")},
+			err: "cannot choose the control plane's address: host n1: cannot resolve its name: lookup n1: no such host (also n2, n3, n4 and 1 more); pass --bind with an address the hosts can reach"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for i := range tt.hosts {
+				tt.hosts[i].index = 10 + i
+			}
+			f := &fakeNet{names: names, routes: routes}
+			b, err := chooseBind(t.Context(), tt.hosts, f.resolve, f.route)
+			if tt.err != "" {
+				if err == nil || err.Error() != tt.err {
+					t.Fatalf("error %v\nwant %s", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.listen != tt.listen {
+				t.Errorf("listen %q, want %q", b.listen, tt.listen)
+			}
+			got := map[string]string{}
+			for _, h := range tt.hosts {
+				if a, ok := b.via[h.index]; ok {
+					got[h.name] = a.String()
+				}
+			}
+			if !maps.Equal(got, tt.via) {
+				t.Errorf("via %v, want %v", got, tt.via)
+			}
+			// The certificate's addresses: every one chosen, once, in host order.
+			var want []netip.Addr
+			for _, h := range tt.hosts {
+				if a, ok := b.via[h.index]; ok && !slices.Contains(want, a) {
+					want = append(want, a)
+				}
+			}
+			if !slices.Equal(b.addrs, want) {
+				t.Errorf("addrs %v, want %v", b.addrs, want)
+			}
+			if b.wildcard() != (len(want) > 1) {
+				t.Errorf("wildcard %v with %d addresses", b.wildcard(), len(want))
+			}
+			if tt.asked != nil {
+				slices.Sort(f.asked)
+				if !slices.Equal(f.asked, tt.asked) {
+					t.Errorf("resolved %q, want %q", f.asked, tt.asked)
+				}
+			}
+		})
+	}
+}
+
+// The names are resolved at once, not one after the other: a resolver
+// that answers only when every name is being resolved does not stall.
+func TestChooseBindResolvesInParallel(t *testing.T) {
+	const n = 8
+	var hosts []bindHost
+	for i := range n {
+		hosts = append(hosts, bindHost{index: i, name: "node" + strings.Repeat("x", i)})
+	}
+	var wg sync.WaitGroup
+	wg.Add(n)
+	resolve := func(ctx context.Context, name string) ([]netip.Addr, error) {
+		wg.Done()
+		wg.Wait()
+		return []netip.Addr{netip.MustParseAddr("10.9.0.11")}, nil
+	}
+	route := func(netip.Addr) (netip.Addr, error) { return netip.MustParseAddr("10.9.0.1"), nil }
+	b, err := chooseBind(t.Context(), hosts, resolve, route)
+	if err != nil || b.listen != "10.9.0.1" {
+		t.Fatalf("chooseBind = %q, %v", b.listen, err)
+	}
+}
+
+// The kernel's answer for loopback: the route to 127.0.0.1 leaves by it.
+func TestSystemRoute(t *testing.T) {
+	a, err := systemRoute(netip.MustParseAddr("127.0.0.1"))
+	if err != nil || a != netip.MustParseAddr("127.0.0.1") {
+		t.Fatalf("systemRoute(127.0.0.1) = %v, %v", a, err)
+	}
+}
