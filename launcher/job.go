@@ -117,6 +117,8 @@ type job struct {
 
 	mu sync.Mutex // guards every host's kill and stream
 
+	srun *srunStep // the step of the remote agents under --launcher slurm (slurm.go), or nil
+
 	// State owned by the loop.
 	m        *hotswap.Machine      // the failure decisions (package hotswap)
 	t0       time.Time             // the job's start: the machine's clock is time since t0
@@ -188,7 +190,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		h, ok := byHost[i]
 		if !ok {
 			x := cfg.Hosts[i]
-			h = &agentHost{name: x.Name, topo: x, spare: x.Spare, local: local.match(x.Name), tail: &tail{}}
+			h = &agentHost{name: x.Name, topo: x, spare: x.Spare, local: local.match(x.Name) || x.Addr != "" && local.match(x.Addr), tail: &tail{}}
 			byHost[i] = h
 		}
 		return h
@@ -222,6 +224,13 @@ func Run(ctx context.Context, c Config) (int, error) {
 	j.remote = remote
 	if err := j.placeRedundancy(assign); err != nil {
 		return 0, err
+	}
+	if remote > 0 && cfg.Launcher == LauncherSlurm {
+		o, err := probeSrun(ctx)
+		if err != nil {
+			return 0, err
+		}
+		j.srun = newSrunStep(j, o)
 	}
 	if remote > 0 && cfg.Bind == "" {
 		return 0, &ConfigError{Msg: fmt.Sprintf("host %s is remote, but the control plane listens on loopback unless told otherwise; pass --bind with an address the hosts can reach", firstRemote(j.hosts))}
@@ -597,7 +606,13 @@ func (j *job) stdinStartedOn(host int) {
 // startAgents starts every agent, at most cap(sem) at a time between start
 // and registration.
 func (j *job) startAgents(ctx context.Context, sem chan struct{}) {
+	if j.srun != nil {
+		j.startSrun() // every remote agent, with one srun (slurm.go)
+	}
 	for _, h := range j.hosts {
+		if j.srun != nil && !h.local {
+			continue
+		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
