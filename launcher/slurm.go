@@ -135,6 +135,7 @@ type srunStep struct {
 	gone    map[int]bool // hosts whose end was reported (done line, or given up)
 	open    int          // host streams not closed yet
 	stopped bool         // stop has begun
+	quiet   bool         // srun was interrupted: its own lines are for the debug log
 }
 
 // newSrunStep plans the step of j's remote hosts. They take no start slot:
@@ -364,11 +365,15 @@ func (j *job) srunStderr(r io.Reader) {
 				continue
 			}
 		}
-		noise := false
+		s.mu.Lock()
+		noise := s.quiet
+		s.mu.Unlock()
 		for _, n := range srunNoise {
 			noise = noise || strings.Contains(line, n)
 		}
-		if !noise {
+		if noise {
+			j.log.Debug("srun", "says", line)
+		} else {
 			j.out.report("%s", line)
 		}
 	}
@@ -403,10 +408,15 @@ func (w *srunStream) Close() error {
 	return nil
 }
 
-// stopSrun ends the step: its stdin closes (every agent still there stops
-// its ranks and exits), then, if srun is still there after exitWait, two
-// SIGINTs (srun's step cancel), then, after the kill grace, scancel
-// --signal=KILL of the step and SIGKILL of srun.
+// stopSrun ends the step once every host's stream is closed: the agents
+// have ended or were given up. Its stdin closes (an agent still there
+// stops its ranks and exits). srun still there a second later waits for a
+// task that will not end on its own, or a lost node's, which srun reports
+// only once Slurm marks the node down: it gets two SIGINTs (its step
+// cancel); after the kill grace (at most half of exitWait) the step is
+// cancelled with scancel --signal=KILL, which reaches the tasks on live
+// nodes, and srun is killed. It all takes less than exitWait, which is
+// what the launcher gives its goroutines after the agents.
 func (j *job) stopSrun() {
 	s := j.srun
 	s.mu.Lock()
@@ -428,21 +438,26 @@ func (j *job) stopSrun() {
 			return false
 		}
 	}
-	if wait(exitWait) {
+	if wait(time.Second) {
 		return
 	}
 	j.log.Debug("srun still there after its stdin closed; cancelling the step", "step", step)
+	s.mu.Lock()
+	s.quiet = true // what it says of its interrupt is gorun's doing
+	s.mu.Unlock()
 	_ = proc.Process.Signal(syscall.SIGINT)
 	_ = proc.Process.Signal(syscall.SIGINT)
-	if wait(max(j.cfg.KillGrace, time.Second)) {
+	if wait(min(max(j.cfg.KillGrace, time.Second), exitWait/4)) {
 		return
 	}
 	if step != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), srunProbeTimeout)
-		out, err := exec.CommandContext(ctx, "scancel", "--signal=KILL", step).CombinedOutput()
+		ctx, cancel := context.WithTimeout(context.Background(), exitWait/4)
+		cmd := exec.CommandContext(ctx, "scancel", "--signal=KILL", step)
+		cmd.WaitDelay = 100 * time.Millisecond
+		out, err := cmd.CombinedOutput()
 		cancel()
 		if err != nil {
-			j.log.Warn("scancel of the agents' step", "step", step, "err", err, "out", strings.TrimSpace(string(out)))
+			j.log.Debug("scancel of the agents' step", "step", step, "err", err, "out", strings.TrimSpace(string(out)))
 		}
 	}
 	_ = syscall.Kill(-proc.Process.Pid, syscall.SIGKILL)

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -89,6 +90,14 @@ func startJob(t *testing.T, helper string, env []string, args ...string) *job {
 // none).
 func startJobWithStdin(t *testing.T, stdin io.Reader, helper string, env []string, args ...string) *job {
 	t.Helper()
+	return startJobUnder(t, nil, nil, stdin, helper, env, args...)
+}
+
+// startJobUnder is startJobWithStdin with gorun run by the command wrap
+// (e.g. salloc and its flags; nil: none) in environment cmdEnv (nil: this
+// process's).
+func startJobUnder(t *testing.T, wrap, cmdEnv []string, stdin io.Reader, helper string, env []string, args ...string) *job {
+	t.Helper()
 	j := &job{t: t, mark: newMark(), stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
 	full := []string{"-x", "GORUNTEST_MARK=" + j.mark}
 	if helper != "" {
@@ -99,9 +108,13 @@ func startJobWithStdin(t *testing.T, stdin io.Reader, helper string, env []strin
 	}
 	// Flags go first; a "--" in args separates the program.
 	full = append(full, args...)
-	j.cmd = exec.Command(gorunBin, full...)
+	full = append(append(slices.Clone(wrap), gorunBin), full...)
+	j.cmd = exec.Command(full[0], full[1:]...)
 	j.cmd.Stdin, j.cmd.Stdout, j.cmd.Stderr = stdin, j.stdout, j.stderr
-	j.cmd.Env = append(os.Environ(), "GORUNTEST_MARK="+j.mark)
+	if cmdEnv == nil {
+		cmdEnv = os.Environ()
+	}
+	j.cmd.Env = append(slices.Clone(cmdEnv), "GORUNTEST_MARK="+j.mark)
 	j.start = time.Now()
 	if err := j.cmd.Start(); err != nil {
 		t.Fatalf("starting gorun: %v", err)

@@ -1,0 +1,135 @@
+//go:build !race
+
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/internal/testcluster"
+)
+
+// slurmRank is the ranks' program here: it prints the job id and its
+// host's address, then waits until the file $0 exists.
+const slurmRank = `echo "job $GORUN_JOB_ID"; echo "up on $(hostname -I | cut -d' ' -f1)"; while [ ! -e "$0" ]; do sleep 0.05; done`
+
+var slurmUpRE = regexp.MustCompile(`(?m)^\[(\d+)\] up on (\S+)$`)
+
+// TestSlurm runs gorun inside salloc on a Slurm cluster of three namespace
+// hosts (slurmctld in the root namespace, a slurmd in each host), with no
+// hostfile: -np 4 --spares 1 takes two nodes of two CPUs for the ranks
+// and leaves the third a spare, every agent started by one srun.
+func TestSlurm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("Slurm cluster: not with -short")
+	}
+	hosts := testcluster.NetnsHosts(t, 3)
+	sl := testcluster.StartSlurm(t, hosts)
+	salloc := []string{"salloc", "-N", "3", "--exclusive", "--no-kill"}
+	// --bind until the control plane picks the routed address itself.
+	start := func(t *testing.T, gate string) *job {
+		return startJobUnder(t, salloc, sl.Env, nil, "", nil, "--bind", hosts.BridgeAddr, "-np", "4", "--spares", "1",
+			"--heartbeat-interval", "0.2", "--heartbeat-timeout", "1.5", "--kill-grace", "1", "--", "sh", "-c", slurmRank, gate)
+	}
+	// ranksOn returns where each rank said it started, in order.
+	ranksOn := func(j *job) [][]string {
+		var out [][]string
+		for _, m := range slurmUpRE.FindAllStringSubmatch(j.stdout.String(), -1) {
+			out = append(out, m[1:])
+		}
+		return out
+	}
+	squeueEmpty := func(t *testing.T) {
+		t.Helper()
+		var out string
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			var err error
+			if out, err = sl.Output("squeue", "-h"); err == nil && strings.TrimSpace(out) == "" {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Errorf("squeue still lists jobs:\n%s", out)
+	}
+
+	t.Run("no hostfile", func(t *testing.T) {
+		gate := filepath.Join(t.TempDir(), "go")
+		if err := os.WriteFile(gate, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		j := start(t, gate)
+		res := j.wait(60 * time.Second)
+		if res.code != 0 {
+			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+		}
+		checkNoJobFiles(t, j.jobID())
+		// By slot: ranks 0 and 1 on the first node, 2 and 3 on the second.
+		got := ranksOn(j)
+		if len(got) != 4 {
+			t.Fatalf("%d ranks started, want 4\nstdout:\n%s", len(got), res.stdout)
+		}
+		for _, r := range got {
+			rank := int(r[0][0] - '0')
+			if want := hosts.Addrs[rank/2]; r[1] != want {
+				t.Errorf("rank %s on %s, want %s", r[0], r[1], want)
+			}
+		}
+		squeueEmpty(t)
+	})
+
+	t.Run("scancel", func(t *testing.T) {
+		gate := filepath.Join(t.TempDir(), "go") // never created
+		j := start(t, gate)
+		j.waitFor(slurmUpRE, 4, 60*time.Second)
+		id, err := sl.Output("squeue", "-h", "-o", "%i")
+		if err != nil || strings.TrimSpace(id) == "" {
+			t.Fatalf("squeue: %q, %v", id, err)
+		}
+		if _, err := sl.Output("scancel", strings.TrimSpace(id)); err != nil {
+			t.Fatal(err)
+		}
+		// salloc's exit code is its own; what counts is what is left.
+		j.wait(60 * time.Second) // and no process of the job left
+		checkNoJobFiles(t, j.jobID())
+		checkNoSlotFiles(t, j.jobID())
+		squeueEmpty(t)
+	})
+
+	// Last: the killed node stays down (its slurmd is gone too).
+	t.Run("spare", func(t *testing.T) {
+		gate := filepath.Join(t.TempDir(), "go")
+		j := start(t, gate)
+		j.waitFor(slurmUpRE, 4, 60*time.Second)
+		if err := hosts.KillAll(0); err != nil {
+			t.Fatal(err)
+		}
+		// Ranks 0 and 1 start again on the spare.
+		onSpare := regexp.MustCompile(`(?m)^\[\d+\] up on ` + regexp.QuoteMeta(hosts.Addrs[2]) + `$`)
+		j.waitFor(onSpare, 2, 60*time.Second)
+		if err := os.WriteFile(gate, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		res := j.wait(60 * time.Second)
+		if res.code != 0 {
+			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+		}
+		// The killed node's agent could not remove its job directory.
+		left, _ := filepath.Glob(filepath.Join(os.TempDir(), "gorun-"+j.jobID()+"-*"))
+		if len(left) > 1 {
+			t.Errorf("job directories left: %v, want at most the killed node's", left)
+		}
+		for _, d := range left {
+			os.RemoveAll(d)
+		}
+		if !strings.Contains(res.stderr, hosts.Names[0]) {
+			t.Errorf("the report does not name the lost node %s:\n%s", hosts.Names[0], res.stderr)
+		}
+		// (The allocation stays listed, completing, until Slurm marks the
+		// dead node down.)
+	})
+}
