@@ -116,4 +116,3 @@ func sealAEAD(priv *ecdh.PrivateKey, pub *ecdh.PublicKey, ephPub, toPub []byte) 
 func sealAD(job string, host int) []byte {
 	return []byte(sealInfo + "\x00" + job + "\x00" + strconv.Itoa(host))
 }
-

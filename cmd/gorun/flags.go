@@ -464,7 +464,7 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 		TagOutput: o.tagOutput, TimestampOutput: o.timestamp, OutputDir: o.outputDir,
 		Timeout: o.timeout, KillGrace: o.killGrace,
 		Rsh: strings.Fields(o.rsh), AgentPath: o.launchAgent, Bind: o.bind,
-		MPI: launcher.MPIKind(strings.TrimSuffix(o.mpi, "auto")),
+		MPI: launcher.MPIKind(strings.TrimSuffix(o.mpi, "auto")), Launcher: launcher.LauncherKind(strings.TrimSuffix(o.launcher, "auto")),
 		HeartbeatInterval: o.hbInterval, HeartbeatTimeout: o.hbTimeout,
 		StartTimeout: o.startTimeout, MaxParallelStarts: o.rshConcurrent,
 		Spares: o.spares, SuspectTimeout: o.suspect, HangTimeout: o.hang,
