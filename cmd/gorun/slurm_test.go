@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -80,6 +81,53 @@ func TestSlurm(t *testing.T) {
 			}
 		}
 		squeueEmpty(t)
+	})
+
+	// In a batch job gorun runs on the first node: its agent runs in
+	// gorun's process and srun starts the other two.
+	t.Run("sbatch", func(t *testing.T) {
+		dir := t.TempDir()
+		gate, out := filepath.Join(dir, "go"), filepath.Join(dir, "out")
+		if err := os.WriteFile(gate, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		mark := newMark()
+		cmd := []string{gorunBin, "-v", "-x", "GORUNTEST_MARK=" + mark, "--bind", hosts.Addrs[0], "-np", "4", "--spares", "1", "--", "sh", "-c", slurmRank, gate}
+		for i, a := range cmd {
+			cmd[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		// Not --wait: sbatch polls the job's state every few seconds.
+		sb := sl.Command(ctx, "sbatch", "-N", "3", "--exclusive", "--no-kill", "--output", out, "--wrap", strings.Join(cmd, " "))
+		sb.Env = append(sb.Env, "GORUNTEST_MARK="+mark)
+		if b, err := sb.CombinedOutput(); err != nil {
+			log, _ := os.ReadFile(out)
+			t.Fatalf("sbatch: %v\n%s\n%s", err, b, log)
+		}
+		squeueEmpty(t)
+		log, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got [][]string
+		for _, m := range slurmUpRE.FindAllStringSubmatch(string(log), -1) {
+			got = append(got, m[1:])
+		}
+		if len(got) != 4 {
+			t.Fatalf("%d ranks started, want 4\n%s", len(got), log)
+		}
+		for _, r := range got {
+			if want := hosts.Addrs[int(r[0][0]-'0')/2]; r[1] != want {
+				t.Errorf("rank %s on %s, want %s", r[0], r[1], want)
+			}
+		}
+		if want := "--nodelist=" + hosts.Names[1] + "," + hosts.Names[2] + " "; !strings.Contains(string(log), want) {
+			t.Errorf("srun was not started for the other nodes only (%s):\n%s", want, log)
+		}
+		if left := markedProcs(mark); len(left) > 0 {
+			t.Errorf("left behind: %v", left)
+		}
 	})
 
 	t.Run("scancel", func(t *testing.T) {
