@@ -69,6 +69,7 @@ func agentMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if *slurm {
 		stdout = undying(stdout)
 		creds, err = slurmCredentials(r, stdout, cfg.Job, cfg.Name, os.Getenv)
+		dropSlurmTaskEnv() // the step's task is this agent, not its ranks
 	} else {
 		creds, err = hostCredentials(r, cfg.Host)
 	}

@@ -567,6 +567,9 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 			break
 		}
 	}
+	if cfg.Launcher == launcher.LauncherSlurm {
+		dropSlurmTaskEnv() // gorun's step task (sbatch's) is not its ranks': the local agent's inherit this environment
+	}
 	level := slog.LevelWarn
 	if o.verbose {
 		level = slog.LevelDebug

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -109,4 +111,34 @@ func slurmSpares(hosts []topology.Host, np, spares int) ([]topology.Host, int, e
 		}
 	}
 	return out, np, nil
+}
+
+// slurmTaskVars are the variables srun and slurmstepd set for one task of
+// a step (its rank in the step, the step's size and layout, srun's own
+// options); slurmTaskPrefixes start more of them. They describe the
+// agents' step, or the batch step gorun runs in, not the ranks: a rank
+// taking SLURM_PROCID or SLURM_NTASKS for its own would be wrong. The
+// job's variables (SLURM_JOB_*, SLURM_CLUSTER_NAME, ...) stay.
+var (
+	slurmTaskVars = []string{"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_TASK_PID", "SLURM_GTIDS",
+		"SLURM_STEPID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_NODELIST", "SLURM_TASKS_PER_NODE",
+		"SLURM_DISTRIBUTION", "SLURM_LAUNCH_NODE_IPADDR", "SLURM_LABELIO", "SLURM_UNBUFFEREDIO", "SLURM_OVERLAP",
+		"SLURM_NO_KILL", "SLURM_KILL_BAD_EXIT", "SLURM_WAIT", "SLURM_MPI_TYPE", "SLURM_PRIO_PROCESS", "SLURM_UMASK",
+		"SLURM_TOPOLOGY_ADDR", "SLURM_TOPOLOGY_ADDR_PATTERN", "SLURM_STDINMODE", "SLURM_STDOUTMODE", "SLURM_STDERRMODE"}
+	slurmTaskPrefixes = []string{"SLURM_STEP_", "SLURM_SRUN_COMM_", "SLURM_CPU_BIND", "SLURM_MEM_BIND", "PMI_", "PMIX_"}
+)
+
+// dropSlurmTaskEnv removes slurmTaskVars (and the prefixed ones) from this
+// process's environment, which the ranks inherit.
+func dropSlurmTaskEnv() {
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		drop := slices.Contains(slurmTaskVars, k)
+		for _, p := range slurmTaskPrefixes {
+			drop = drop || strings.HasPrefix(k, p)
+		}
+		if drop {
+			os.Unsetenv(k)
+		}
+	}
 }

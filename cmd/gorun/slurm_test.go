@@ -16,9 +16,26 @@ import (
 
 // slurmRank is the ranks' program here: it prints the job id and its
 // host's address, then waits until the file $0 exists.
-const slurmRank = `echo "job $GORUN_JOB_ID"; echo "up on $(hostname -I | cut -d' ' -f1)"; while [ ! -e "$0" ]; do sleep 0.05; done`
+const slurmRank = `echo "job $GORUN_JOB_ID"; echo "slurm task ${SLURM_PROCID:-none} of ${SLURM_STEP_NUM_TASKS:-none} in job ${SLURM_JOB_ID:-none}"; echo "up on $(hostname -I | cut -d' ' -f1)"; while [ ! -e "$0" ]; do sleep 0.05; done`
 
 var slurmUpRE = regexp.MustCompile(`(?m)^\[(\d+)\] up on (\S+)$`)
+
+// checkSlurmTasks checks what the 4 ranks of slurmRank printed of Slurm:
+// they are not tasks of a step (a rank taking SLURM_PROCID or
+// SLURM_STEP_NUM_TASKS for its own would be wrong), but they are in the job.
+func checkSlurmTasks(t *testing.T, out string) {
+	t.Helper()
+	task := regexp.MustCompile(`(?m)^\[\d+\] slurm task (\S+) of (\S+) in job (\S+)$`)
+	tasks := task.FindAllStringSubmatch(out, -1)
+	if len(tasks) != 4 {
+		t.Fatalf("%d ranks printed their Slurm task, want 4\n%s", len(tasks), out)
+	}
+	for _, m := range tasks {
+		if m[1] != "none" || m[2] != "none" || m[3] == "none" {
+			t.Errorf("a rank sees %q: a step's task and task count leaked to it, or the job id did not", m[0])
+		}
+	}
+}
 
 // TestSlurm runs gorun inside salloc on a Slurm cluster of three namespace
 // hosts (slurmctld in the root namespace, a slurmd in each host), with no
@@ -80,6 +97,7 @@ func TestSlurm(t *testing.T) {
 				t.Errorf("rank %s on %s, want %s", r[0], r[1], want)
 			}
 		}
+		checkSlurmTasks(t, res.stdout)
 		squeueEmpty(t)
 	})
 
@@ -122,6 +140,7 @@ func TestSlurm(t *testing.T) {
 				t.Errorf("rank %s on %s, want %s", r[0], r[1], want)
 			}
 		}
+		checkSlurmTasks(t, string(log))
 		if want := "--nodelist=" + hosts.Names[1] + "," + hosts.Names[2] + " "; !strings.Contains(string(log), want) {
 			t.Errorf("srun was not started for the other nodes only (%s):\n%s", want, log)
 		}
