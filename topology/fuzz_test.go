@@ -99,10 +99,7 @@ func FuzzExpandNodeList(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, in string) {
 		names, err := ExpandNodeList(in)
-		if err != nil {
-			if !isSentinel(err) || !strings.HasPrefix(err.Error(), "topology: ") {
-				t.Fatalf("error %q", err)
-			}
+		if badInput(t, err) {
 			return
 		}
 		if len(names) == 0 || len(names) > maxHosts {
@@ -134,10 +131,7 @@ func FuzzParseHostList(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, in string) {
 		hosts, err := ParseHostList(in)
-		if err != nil {
-			if !isSentinel(err) || !strings.HasPrefix(err.Error(), "topology: ") {
-				t.Fatalf("error %q", err)
-			}
+		if badInput(t, err) {
 			return
 		}
 		checkInvariants(t, hosts)
@@ -147,6 +141,16 @@ func FuzzParseHostList(f *testing.F) {
 			}
 		}
 	})
+}
+
+// badInput reports whether err is set, failing t unless it wraps one of the
+// package's sentinels and starts "topology: ".
+func badInput(t *testing.T, err error) bool {
+	t.Helper()
+	if err != nil && (!isSentinel(err) || !strings.HasPrefix(err.Error(), "topology: ")) {
+		t.Fatalf("error %q", err)
+	}
+	return err != nil
 }
 
 func isSentinel(err error) bool {
@@ -169,10 +173,7 @@ func FuzzSlurmCounts(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, in string) {
 		counts, err := ParseSlurmCounts(in)
-		if err != nil {
-			if !isSentinel(err) || !strings.HasPrefix(err.Error(), "topology: ") {
-				t.Fatalf("error %q", err)
-			}
+		if badInput(t, err) {
 			return
 		}
 		if len(counts) == 0 || len(counts) > maxHosts {
@@ -201,10 +202,7 @@ func FuzzSlurmHosts(f *testing.F) {
 	f.Fuzz(func(t *testing.T, list, cpus, tasks, perTask, ntasks string) {
 		env := map[string]string{"SLURM_JOB_NODELIST": list, "SLURM_JOB_CPUS_PER_NODE": cpus, "SLURM_TASKS_PER_NODE": tasks, "SLURM_CPUS_PER_TASK": perTask, "SLURM_NTASKS": ntasks, "SLURM_CPUS_ON_NODE": cpus}
 		hosts, err := SlurmHosts(func(k string) string { return env[k] }, 1)
-		if err != nil {
-			if !isSentinel(err) || !strings.HasPrefix(err.Error(), "topology: ") {
-				t.Fatalf("error %q", err)
-			}
+		if badInput(t, err) {
 			return
 		}
 		names, err := ExpandNodeList(list)
