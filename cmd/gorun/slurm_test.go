@@ -101,6 +101,35 @@ func TestSlurm(t *testing.T) {
 		squeueEmpty(t)
 	})
 
+	// --launcher slurm with a hostfile: srun starts the hostfile's hosts.
+	t.Run("hostfile", func(t *testing.T) {
+		dir := t.TempDir()
+		gate := filepath.Join(dir, "go")
+		if err := os.WriteFile(gate, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		hf := filepath.Join(dir, "hostfile")
+		if err := os.WriteFile(hf, []byte(hosts.Names[2]+" slots=1\n"+hosts.Names[1]+" slots=1\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		j := startJobUnder(t, salloc, sl.Env, nil, "", nil, "--launcher", "slurm", "--hostfile", hf, "--bind", hosts.BridgeAddr,
+			"--", "sh", "-c", slurmRank, gate)
+		res := j.wait(60 * time.Second)
+		if res.code != 0 {
+			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+		}
+		got := ranksOn(j)
+		if len(got) != 2 {
+			t.Fatalf("%d ranks started, want 2\nstdout:\n%s", len(got), res.stdout)
+		}
+		for _, r := range got {
+			if want := hosts.Addrs[2-int(r[0][0]-'0')]; r[1] != want {
+				t.Errorf("rank %s on %s, want %s (the hostfile's order)", r[0], r[1], want)
+			}
+		}
+		squeueEmpty(t)
+	})
+
 	// In a batch job gorun runs on the first node: its agent runs in
 	// gorun's process and srun starts the other two.
 	t.Run("sbatch", func(t *testing.T) {
