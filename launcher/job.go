@@ -118,6 +118,8 @@ type job struct {
 
 	mu sync.Mutex // guards every host's kill and stream
 
+	srun *srunStep // the step of the remote agents under --launcher slurm (slurm.go), or nil
+
 	// State owned by the loop.
 	m        *hotswap.Machine      // the failure decisions (package hotswap)
 	t0       time.Time             // the job's start: the machine's clock is time since t0
@@ -189,7 +191,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		h, ok := byHost[i]
 		if !ok {
 			x := cfg.Hosts[i]
-			h = &agentHost{name: x.Name, topo: x, spare: x.Spare, local: local.match(x.Name), tail: &tail{}}
+			h = &agentHost{name: x.Name, topo: x, spare: x.Spare, local: local.match(x.Name) || x.Addr != "" && local.match(x.Addr), tail: &tail{}}
 			byHost[i] = h
 		}
 		return h
@@ -226,6 +228,13 @@ func Run(ctx context.Context, c Config) (int, error) {
 	}
 	if err := j.setBind(ctx); err != nil {
 		return 0, err
+	}
+	if remote > 0 && cfg.Launcher == LauncherSlurm {
+		o, err := probeSrun(ctx)
+		if err != nil {
+			return 0, err
+		}
+		j.srun = newSrunStep(j, o)
 	}
 	if j.m, err = hotswap.New(j.machineConfig()); err != nil {
 		if errors.Is(err, hotswap.ErrConfig) {
@@ -590,7 +599,13 @@ func (j *job) stdinStartedOn(host int) {
 // startAgents starts every agent, at most cap(sem) at a time between start
 // and registration.
 func (j *job) startAgents(ctx context.Context, sem chan struct{}) {
+	if j.srun != nil {
+		j.startSrun() // every remote agent, with one srun (slurm.go)
+	}
 	for _, h := range j.hosts {
+		if j.srun != nil && !h.local {
+			continue
+		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -86,7 +87,7 @@ func FuzzParseHostfile(f *testing.F) {
 // names are valid, bounded and consistent with a plain list.
 func FuzzExpandNodeList(f *testing.F) {
 	lowerHostLimit(f)
-	for _, s := range []string{"node[01-04,07],gpu[1-2]x,login", "r[1-2]n[1-2]", "a,b", "n[08-11]", "n[", "n[3-1]", "n[]", "a,,b", "10.0.0.[1-4]"} {
+	for _, s := range []string{"node[01-04,07],gpu[1-2]x,login", "rack[1-2]-node[01-04]", "n[001-128]", "r[1-2]n[1-2]", "a,b", "n[08-11]", "n[", "n[3-1]", "n[]", "a,,b", "10.0.0.[1-4]"} {
 		f.Add(s)
 	}
 	for _, s := range seedFiles(f) {
@@ -98,10 +99,7 @@ func FuzzExpandNodeList(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, in string) {
 		names, err := ExpandNodeList(in)
-		if err != nil {
-			if !isSentinel(err) || !strings.HasPrefix(err.Error(), "topology: ") {
-				t.Fatalf("error %q", err)
-			}
+		if badInput(t, err) {
 			return
 		}
 		if len(names) == 0 || len(names) > maxHosts {
@@ -133,10 +131,7 @@ func FuzzParseHostList(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, in string) {
 		hosts, err := ParseHostList(in)
-		if err != nil {
-			if !isSentinel(err) || !strings.HasPrefix(err.Error(), "topology: ") {
-				t.Fatalf("error %q", err)
-			}
+		if badInput(t, err) {
 			return
 		}
 		checkInvariants(t, hosts)
@@ -148,6 +143,16 @@ func FuzzParseHostList(f *testing.F) {
 	})
 }
 
+// badInput reports whether err is set, failing t unless it wraps one of the
+// package's sentinels and starts "topology: ".
+func badInput(t *testing.T, err error) bool {
+	t.Helper()
+	if err != nil && (!isSentinel(err) || !strings.HasPrefix(err.Error(), "topology: ")) {
+		t.Fatalf("error %q", err)
+	}
+	return err != nil
+}
+
 func isSentinel(err error) bool {
 	for _, s := range []error{ErrSyntax, ErrBadValue, ErrBadHostName, ErrBadNodeList, ErrConflict,
 		ErrTooLarge, ErrNoHosts, ErrNoSlots, ErrTooManyRanks, ErrBadMapBy, ErrBadNP} {
@@ -157,4 +162,57 @@ func isSentinel(err error) bool {
 	}
 	// Read errors are not sentinels, but strings.Reader never fails.
 	return false
+}
+
+// FuzzSlurmCounts checks that ParseSlurmCounts never panics, stays within
+// its bounds, and reads back its own compressed form.
+func FuzzSlurmCounts(f *testing.F) {
+	lowerHostLimit(f)
+	for _, s := range []string{"2(x3),1", "40,8", "1", "0", "2(x", "(x2)", "1(x1000000)", "3(x2),3"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		counts, err := ParseSlurmCounts(in)
+		if badInput(t, err) {
+			return
+		}
+		if len(counts) == 0 || len(counts) > maxHosts {
+			t.Fatalf("%d counts", len(counts))
+		}
+		for _, c := range counts {
+			if c < 1 || c > maxSlots {
+				t.Fatalf("count %d", c)
+			}
+		}
+		again, err := ParseSlurmCounts(SlurmCountsString(counts))
+		if err != nil || !slices.Equal(again, counts) {
+			t.Fatalf("round trip of %v through %q: %v, %v", counts, SlurmCountsString(counts), again, err)
+		}
+	})
+}
+
+// FuzzSlurmHosts checks that SlurmHosts never panics and agrees with
+// ExpandNodeList on the node count.
+func FuzzSlurmHosts(f *testing.F) {
+	lowerHostLimit(f)
+	f.Add("gr[0-2]", "2(x3)", "1(x3)", "", "")
+	f.Add("rack[1-2]-node[01-04]", "", "8", "", "2")
+	f.Add("n[001-128]", "64(x128)", "", "4", "")
+	f.Add("a,b", "3,1", "", "", "1")
+	f.Fuzz(func(t *testing.T, list, cpus, tasks, perTask, ntasks string) {
+		env := map[string]string{"SLURM_JOB_NODELIST": list, "SLURM_JOB_CPUS_PER_NODE": cpus, "SLURM_TASKS_PER_NODE": tasks, "SLURM_CPUS_PER_TASK": perTask, "SLURM_NTASKS": ntasks, "SLURM_CPUS_ON_NODE": cpus}
+		hosts, err := SlurmHosts(func(k string) string { return env[k] }, 1)
+		if badInput(t, err) {
+			return
+		}
+		names, err := ExpandNodeList(list)
+		if err != nil || len(names) != len(hosts) {
+			t.Fatalf("%d hosts from %q, ExpandNodeList: %d, %v", len(hosts), list, len(names), err)
+		}
+		for i, h := range hosts {
+			if h.Name != names[i] || h.Slots < 1 || h.Slots > maxSlots {
+				t.Fatalf("host %d: %+v", i, h)
+			}
+		}
+	})
 }

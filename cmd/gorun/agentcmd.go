@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,11 +12,14 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/agent"
+	"github.com/gorun/gorun/launcher"
 )
 
 // secretTimeout bounds how long an agent waits for its credentials on stdin.
@@ -24,12 +29,15 @@ const secretTimeout = 30 * time.Second
 // credentials (comm.HostCredentials: its control-plane key, the data-plane
 // and replica-link keys, and the pin of the control plane's TLS
 // certificate) arrive as the first line on stdin, never in argv; the rest
-// of stdin stays open while the launcher lives.
-func agentMain(args []string, stdin io.Reader, stderr io.Writer) int {
+// of stdin stays open while the launcher lives. Under srun (--slurm) the
+// host is this Slurm node, and its credentials arrive sealed to a key it
+// prints on stdout (slurmCredentials).
+func agentMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gorun agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg agent.Config
 	verbose := fs.Bool("v", false, "verbose logging")
+	slurm := fs.Bool("slurm", false, "started by srun: this Slurm node's credentials come sealed on stdin")
 	fs.StringVar(&cfg.Job, "job", "", "job id")
 	fs.IntVar(&cfg.Host, "host-index", -1, "index of this host in the job")
 	fs.StringVar(&cfg.Name, "host-name", "", "name of this host in the job")
@@ -37,7 +45,10 @@ func agentMain(args []string, stdin io.Reader, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	if cfg.Job == "" || cfg.Host < 0 || cfg.Name == "" || cfg.ControlURL == "" || fs.NArg() != 0 {
+	if *slurm {
+		cfg.Name = os.Getenv("SLURMD_NODENAME")
+	}
+	if cfg.Job == "" || !*slurm && cfg.Host < 0 || cfg.Name == "" || cfg.ControlURL == "" || fs.NArg() != 0 {
 		fmt.Fprintln(stderr, "gorun agent: started by gorun itself, not by hand (needs --job, --host-index, --host-name, --control and its credentials on stdin)")
 		return exitUsage
 	}
@@ -53,35 +64,104 @@ func agentMain(args []string, stdin io.Reader, stderr io.Writer) int {
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	r := bufio.NewReader(stdin)
-	line := make(chan string, 1)
-	go func() {
-		s, _ := r.ReadString('\n')
-		line <- s
-	}()
-	select {
-	case s := <-line:
-		creds, err := comm.ParseHostCredentials(s)
-		if err == nil && creds.Host != cfg.Host {
-			err = fmt.Errorf("credentials of host %d, this is host %d", creds.Host, cfg.Host)
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "gorun agent: reading the host's credentials from stdin: %v\n", err)
-			return exitUsage
-		}
-		cfg.Creds = creds
-	case <-time.After(secretTimeout):
-		fmt.Fprintln(stderr, "gorun agent: no credentials on stdin")
+	var creds comm.HostCredentials
+	var err error
+	if *slurm {
+		stdout = undying(stdout)
+		creds, err = slurmCredentials(r, stdout, cfg.Job, cfg.Name, os.Getenv)
+		dropSlurmTaskEnv() // the step's task is this agent, not its ranks
+	} else {
+		creds, err = hostCredentials(r, cfg.Host)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun agent: %v\n", err)
 		return exitUsage
 	}
+	cfg.Creds, cfg.Host = creds, creds.Host
 	cfg.Launcher = r
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer cancel()
+	code := exitOK
 	if err := agent.Run(ctx, cfg); err != nil {
 		fmt.Fprintf(stderr, "gorun agent %s: %v\n", cfg.Name, err)
-		return exitError
+		code = exitError
 	}
-	return exitOK
+	if *slurm {
+		// srun tells no task's end apart: this line tells the launcher.
+		fmt.Fprintf(stdout, "%s %d\n", launcher.SlurmDoneLine, code)
+	}
+	return code
+}
+
+// readLine reads one line from r within secretTimeout.
+func readLine(r *bufio.Reader) (string, error) {
+	line := make(chan string, 1)
+	errc := make(chan error, 1)
+	go func() {
+		s, err := r.ReadString('\n')
+		if err != nil && s == "" {
+			errc <- err
+			return
+		}
+		line <- s
+	}()
+	select {
+	case s := <-line:
+		return s, nil
+	case err := <-errc:
+		return "", err
+	case <-time.After(secretTimeout):
+		return "", errors.New("no credentials on stdin")
+	}
+}
+
+// hostCredentials reads host's credentials, the first line of r.
+func hostCredentials(r *bufio.Reader, host int) (comm.HostCredentials, error) {
+	s, err := readLine(r)
+	if err != nil {
+		return comm.HostCredentials{}, fmt.Errorf("reading the host's credentials from stdin: %w", err)
+	}
+	creds, err := comm.ParseHostCredentials(s)
+	if err == nil && creds.Host != host {
+		err = fmt.Errorf("credentials of host %d, this is host %d", creds.Host, host)
+	}
+	if err != nil {
+		return creds, fmt.Errorf("reading the host's credentials from stdin: %w", err)
+	}
+	return creds, nil
+}
+
+// slurmCredentials gets the credentials of Slurm node node: it prints a
+// fresh public key on stdout (launcher.SlurmKeyLine, with the step from
+// getenv) and opens the one line of r, shared by every node's agent,
+// sealed to it; the line's index is the host's in the job. Other nodes'
+// lines do not open with its key and are skipped.
+func slurmCredentials(r *bufio.Reader, stdout io.Writer, job, node string, getenv func(string) string) (comm.HostCredentials, error) {
+	key, err := comm.NewSealKey()
+	if err != nil {
+		return comm.HostCredentials{}, err
+	}
+	step := getenv("SLURM_JOB_ID") + "." + getenv("SLURM_STEP_ID")
+	if _, err := fmt.Fprintf(stdout, "%s %s %s %s\n", launcher.SlurmKeyLine, node, base64.StdEncoding.EncodeToString(key.PublicKey().Bytes()), step); err != nil {
+		return comm.HostCredentials{}, fmt.Errorf("showing the launcher this node's key: %w", err)
+	}
+	deadline := time.Now().Add(secretTimeout)
+	for time.Now().Before(deadline) {
+		s, err := readLine(r)
+		if err != nil {
+			return comm.HostCredentials{}, fmt.Errorf("reading node %s's credentials from stdin: %w", node, err)
+		}
+		idx, sealed, ok := strings.Cut(strings.TrimSpace(s), " ")
+		host, err := strconv.Atoi(idx)
+		if !ok || err != nil || host < 0 {
+			continue
+		}
+		if creds, err := comm.OpenHostCredentials(sealed, job, host, key); err == nil {
+			return creds, nil
+		}
+	}
+	return comm.HostCredentials{}, fmt.Errorf("no credentials for node %s on stdin", node)
 }
 
 // setMemoryLimit gives the agent's Go runtime a soft memory limit of 60%

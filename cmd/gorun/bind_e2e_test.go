@@ -73,7 +73,7 @@ func TestBindChosen(t *testing.T) {
 				helper = ""
 			}
 			args := append(append([]string{"-np", strconv.Itoa(tt.np), "--hostfile", hf, "--rsh", rsh, "-v"}, tt.args...), "--", prog)
-			res := startJobUnder(t, wrap, nil, helper, nil, args...).wait(90 * time.Second)
+			res := startJobUnder(t, wrap, nil, nil, helper, nil, args...).wait(90 * time.Second)
 			if res.code != 0 {
 				t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
 			}

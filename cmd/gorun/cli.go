@@ -38,7 +38,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
 		case "agent":
-			return agentMain(args[1:], stdin, stderr)
+			return agentMain(args[1:], stdin, stdout, stderr)
 		case "ckpt":
 			return ckptMain(args[1:], stdout, stderr)
 		case "run":

@@ -90,12 +90,13 @@ func startJob(t *testing.T, helper string, env []string, args ...string) *job {
 // none).
 func startJobWithStdin(t *testing.T, stdin io.Reader, helper string, env []string, args ...string) *job {
 	t.Helper()
-	return startJobUnder(t, nil, stdin, helper, env, args...)
+	return startJobUnder(t, nil, nil, stdin, helper, env, args...)
 }
 
 // startJobUnder is startJobWithStdin with gorun run by the command wrap
-// (nil: none), as `wrap... gorun ARGS...`; wrap must exec gorun in place.
-func startJobUnder(t *testing.T, wrap []string, stdin io.Reader, helper string, env []string, args ...string) *job {
+// (e.g. salloc and its flags; nil: none) in environment cmdEnv (nil: this
+// process's).
+func startJobUnder(t *testing.T, wrap, cmdEnv []string, stdin io.Reader, helper string, env []string, args ...string) *job {
 	t.Helper()
 	j := &job{t: t, mark: newMark(), stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
 	full := []string{"-x", "GORUNTEST_MARK=" + j.mark}
@@ -107,10 +108,13 @@ func startJobUnder(t *testing.T, wrap []string, stdin io.Reader, helper string, 
 	}
 	// Flags go first; a "--" in args separates the program.
 	full = append(full, args...)
-	argv := append(append(slices.Clone(wrap), gorunBin), full...)
-	j.cmd = exec.Command(argv[0], argv[1:]...)
+	full = append(append(slices.Clone(wrap), gorunBin), full...)
+	j.cmd = exec.Command(full[0], full[1:]...)
 	j.cmd.Stdin, j.cmd.Stdout, j.cmd.Stderr = stdin, j.stdout, j.stderr
-	j.cmd.Env = append(os.Environ(), "GORUNTEST_MARK="+j.mark)
+	if cmdEnv == nil {
+		cmdEnv = os.Environ()
+	}
+	j.cmd.Env = append(slices.Clone(cmdEnv), "GORUNTEST_MARK="+j.mark)
 	j.start = time.Now()
 	if err := j.cmd.Start(); err != nil {
 		t.Fatalf("starting gorun: %v", err)

@@ -483,7 +483,15 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	if cfg.MapBy, err = topology.ParseMapBy(o.mapBy); err != nil {
 		return cfg, usagef("--map-by: %v", err)
 	}
+	cfg.Launcher = o.launcherKind(os.Getenv)
+	fromSlurm := cfg.Launcher == launcher.LauncherSlurm && o.hostfile == "" && o.hostList == ""
 	switch {
+	case fromSlurm:
+		// The allocation's nodes; those the ranks do not need are spares.
+		if cfg.Hosts, err = slurmHosts(os.Getenv, o.gpusPerRank); err == nil {
+			cfg.Hosts, cfg.NP, err = slurmSpares(cfg.Hosts, cfg.NP, o.spares)
+			cfg.Spares, o.spares = 0, 0
+		}
 	case o.hostfile != "":
 		cfg.Hosts, err = topology.ReadHostfile(o.hostfile)
 	case o.hostList != "":
@@ -500,8 +508,11 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 		}
 		cfg.Hosts = []topology.Host{{Name: "localhost", Slots: slots, Source: "default"}}
 	}
+	if _, ok := errors.AsType[*usageError](err); err != nil && !ok {
+		err = usagef("%v", err)
+	}
 	if err != nil {
-		return cfg, usagef("%v", err)
+		return cfg, err
 	}
 	marked, err := launcher.MarkSpares(cfg.Hosts, o.spares)
 	if err != nil {
@@ -555,6 +566,9 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 			}
 			break
 		}
+	}
+	if cfg.Launcher == launcher.LauncherSlurm {
+		dropSlurmTaskEnv() // gorun's step task (sbatch's) is not its ranks': the local agent's inherit this environment
 	}
 	level := slog.LevelWarn
 	if o.verbose {

@@ -180,13 +180,32 @@ func TestAgentTakesOnlyItsOwnCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tests := []struct{ name, line string }{
-		{"the job secret", hex.EncodeToString(s[:])},
-		{"another host's credentials", s.HostCredentials(1, nil).Encode()},
+	other, err := comm.NewSealKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := comm.SealHostCredentials(s.HostCredentials(0, nil), "j1", other.PublicKey().Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, line string
+		slurm      bool
+	}{
+		{"the job secret", hex.EncodeToString(s[:]), false},
+		{"another host's credentials", s.HostCredentials(1, nil).Encode(), false},
+		// Under srun every agent reads every node's line: one sealed to
+		// another node's key does not open.
+		{"another node's sealed line", "0 " + sealed, true},
+		{"credentials in the clear under srun", "0 " + s.HostCredentials(0, nil).Encode(), true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cmd := exec.Command(gorunBin, "agent", "--job", "j1", "--host-index", "0", "--host-name", "h0", "--control", "nats://127.0.0.1:1")
+			if tt.slurm {
+				cmd = exec.Command(gorunBin, "agent", "--slurm", "--job", "j1", "--control", "nats://127.0.0.1:1")
+				cmd.Env = append(os.Environ(), "SLURMD_NODENAME=h0")
+			}
 			cmd.Stdin = strings.NewReader(tt.line + "\n")
 			out, _ := cmd.CombinedOutput()
 			if code := cmd.ProcessState.ExitCode(); code != 2 {

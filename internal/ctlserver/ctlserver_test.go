@@ -352,6 +352,23 @@ func TestTLSOnWildcard(t *testing.T) {
 		}
 		ctl.Close()
 	}
+	// One srun gives every agent the same --control: on the wildcard, the
+	// server at each address, comma-separated (launcher.srunControlURL).
+	// An agent connects through whichever it can reach: here the first is
+	// a closed port, tried first or second at random, a few times over.
+	closed, err := net.Listen("tcp", "127.0.0.3:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "tls://" + closed.Addr().String()
+	closed.Close()
+	for range 4 {
+		ctl, err := comm.DialControl(t.Context(), dead+","+srv.URLAt(addrs[1]), secret.HostCredentials(0, srv.Fingerprint()), comm.ControlOptions{DialTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatalf("through the list %s,%s: %v", dead, srv.URLAt(addrs[1]), err)
+		}
+		ctl.Close()
+	}
 	// The certificate, as a client sees it after the server's INFO.
 	c, err := net.DialTimeout("tcp", strings.TrimPrefix(srv.URLAt(addrs[1]), "tls://"), 5*time.Second)
 	if err != nil {
