@@ -196,7 +196,7 @@ func routeOf(dst []netip.Addr, route routeFunc) (netip.Addr, error) {
 			case err != nil:
 				err = fmt.Errorf("no route to %s: %w", d, err)
 			case d.IsLoopback():
-				err = fmt.Errorf("its address %s is a loopback one, yet it is not this host", d)
+				err = fmt.Errorf("resolves to loopback (%s) but is not a name gorun recognises as this host", d)
 			case a.Unmap().IsLoopback():
 				err = fmt.Errorf("the route to %s leaves by loopback (%s)", d, a)
 			}

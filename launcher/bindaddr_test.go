@@ -104,7 +104,7 @@ func TestChooseBind(t *testing.T) {
 		{name: "resolves to nothing", hosts: []bindHost{host("empty")},
 			err: "cannot choose the control plane's address: host empty: cannot resolve its name: no address; pass --bind with an address the hosts can reach"},
 		{name: "loopback-routed", hosts: []bindHost{host("node01"), host("debian")},
-			err: "cannot choose the control plane's address: host debian: its address 127.0.1.1 is a loopback one, yet it is not this host; pass --bind with an address the hosts can reach"},
+			err: "cannot choose the control plane's address: host debian: resolves to loopback (127.0.1.1) but is not a name gorun recognises as this host; pass --bind with an address the hosts can reach"},
 		{name: "no route", hosts: []bindHost{host("192.168.7.7")},
 			err: "cannot choose the control plane's address: host 192.168.7.7: no route to 192.168.7.7: network is unreachable; pass --bind with an address the hosts can reach"},
 		{name: "several refused", hosts: []bindHost{host("n1"), host("node01"), host("n2"), host("n3"), host("n4"), host("n5")},
