@@ -64,7 +64,12 @@ type bindChoice struct {
 // agent dialing its own (via).
 func (b bindChoice) wildcard() bool { return isWildcard(b.listen) }
 
-func isWildcard(addr string) bool { return addr == "0.0.0.0" || addr == "::" }
+// isWildcard reports whether addr is the unspecified address, however it
+// is written (0.0.0.0, ::, ::0, 0:0:0:0:0:0:0:0).
+func isWildcard(addr string) bool {
+	a, err := netip.ParseAddr(addr)
+	return err == nil && a.IsUnspecified()
+}
 
 // chooseBind chooses the control plane's address from the routes to the
 // remote hosts (local ones are skipped). Each host's address is its addr,
@@ -157,12 +162,18 @@ func chooseBind(ctx context.Context, hosts []bindHost, resolve resolveFunc, rout
 type bindError struct {
 	err    error  // the first such host's, naming it
 	others string // the other such hosts, "" if none
+	// wildcard is the --bind given when it is a wildcard (which needs
+	// every host's route as much as no --bind does), else "".
+	wildcard string
 }
 
 func (e *bindError) Error() string {
 	msg := "cannot choose the control plane's address: " + e.err.Error()
 	if e.others != "" {
 		msg += " (also " + e.others + ")"
+	}
+	if e.wildcard != "" {
+		return msg + "; --bind " + e.wildcard + " gives each agent the address routing to its host, so every host needs one: pass --bind with one address the hosts can reach instead"
 	}
 	return msg + "; pass --bind with an address the hosts can reach"
 }
@@ -232,8 +243,9 @@ func systemRoute(dst netip.Addr) (netip.Addr, error) {
 // setBind sets where the job's control plane listens (j.bind): at
 // Config.Bind when it names an address, else at the address chosen from
 // the routes to the remote hosts (chooseBind). A wildcard Bind (0.0.0.0,
-// ::) listens on every address, each agent dialing the one routing to its
-// host. An address that cannot be chosen is a ConfigError.
+// ::, however written) listens on every address, each agent dialing the
+// one routing to its host: it needs every host's route, as no Bind does.
+// An address that cannot be chosen is a ConfigError.
 func (j *job) setBind(ctx context.Context) error {
 	if j.cfg.Bind != "" && !isWildcard(j.cfg.Bind) {
 		j.bind = bindChoice{listen: j.cfg.Bind}
@@ -251,8 +263,12 @@ func (j *job) setBind(ctx context.Context) error {
 		route = systemRoute
 	}
 	b, err := chooseBind(ctx, hosts, resolve, route)
-	if err != nil {
+	if be, ok := errors.AsType[*bindError](err); ok {
+		be.wildcard = j.cfg.Bind
 		return &ConfigError{Msg: err.Error(), Err: err}
+	}
+	if err != nil {
+		return err
 	}
 	if j.cfg.Bind != "" {
 		b.listen = j.cfg.Bind

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/gorun/gorun/topology"
 )
 
 // fakeNet is a resolver and a routing table: names to addresses, and
@@ -51,25 +53,31 @@ func (f *fakeNet) route(dst netip.Addr) (netip.Addr, error) {
 	return netip.MustParseAddr(via), nil
 }
 
+// testNet is the launcher of the tests: eth0 10.9.0.1/24, ib0
+// 10.20.0.1/16 and fd00::1/64, lo; no default route. Its hosts' names
+// resolve as the site's DNS would.
+func testNet() *fakeNet {
+	return &fakeNet{
+		routes: map[string]string{
+			"10.9.0.0/24":  "10.9.0.1",
+			"10.20.0.0/16": "10.20.0.1",
+			"fd00::/64":    "fd00::1",
+			"127.0.0.0/8":  "127.0.0.1",
+			"::1/128":      "::1",
+		},
+		names: map[string][]string{
+			"node01": {"10.9.0.11"}, "node02": {"10.9.0.12"},
+			"gpu01":  {"10.20.3.1"},
+			"dual":   {"fd00::7", "10.9.0.13"}, // the resolver's order: IPv6 first
+			"v6":     {"fd00::8"},
+			"v6v4":   {"fd00::9", "192.168.7.7"}, // the IPv4 one has no route
+			"debian": {"127.0.1.1"},
+			"empty":  {},
+		},
+	}
+}
+
 func TestChooseBind(t *testing.T) {
-	// The launcher: eth0 10.9.0.1/24, ib0 10.20.0.1/16 and fd00::1/64,
-	// lo; no default route.
-	routes := map[string]string{
-		"10.9.0.0/24":  "10.9.0.1",
-		"10.20.0.0/16": "10.20.0.1",
-		"fd00::/64":    "fd00::1",
-		"127.0.0.0/8":  "127.0.0.1",
-		"::1/128":      "::1",
-	}
-	names := map[string][]string{
-		"node01": {"10.9.0.11"}, "node02": {"10.9.0.12"},
-		"gpu01":  {"10.20.3.1"},
-		"dual":   {"fd00::7", "10.9.0.13"}, // the resolver's order: IPv6 first
-		"v6":     {"fd00::8"},
-		"v6v4":   {"fd00::9", "192.168.7.7"}, // the IPv4 one has no route
-		"debian": {"127.0.1.1"},
-		"empty":  {},
-	}
 	host := func(name string) bindHost { return bindHost{name: name} }
 	tests := []struct {
 		name   string
@@ -115,7 +123,7 @@ func TestChooseBind(t *testing.T) {
 			for i := range tt.hosts {
 				tt.hosts[i].index = 10 + i
 			}
-			f := &fakeNet{names: names, routes: routes}
+			f := testNet()
 			b, err := chooseBind(t.Context(), tt.hosts, f.resolve, f.route)
 			if tt.err != "" {
 				if err == nil || err.Error() != tt.err {
@@ -180,6 +188,85 @@ func TestChooseBindResolvesInParallel(t *testing.T) {
 	b, err := chooseBind(t.Context(), hosts, resolve, route)
 	if err != nil || b.listen != "10.9.0.1" {
 		t.Fatalf("chooseBind = %q, %v", b.listen, err)
+	}
+}
+
+// setBind: an address given with --bind is where the server listens; a
+// wildcard, however it is written, listens everywhere with each agent
+// dialing the address routing to its host, which needs every host's route
+// as without --bind (and says so when one is missing).
+func TestSetBind(t *testing.T) {
+	tests := []struct {
+		name   string
+		bind   string
+		hosts  []string // the job's hosts, remote
+		listen string
+		via    map[string]string // host name → the address its agent dials; nil = none
+		err    string
+	}{
+		{name: "chosen", hosts: []string{"node01", "gpu01"},
+			listen: "0.0.0.0", via: map[string]string{"node01": "10.9.0.1", "gpu01": "10.20.0.1"}},
+		{name: "given", bind: "10.9.0.1", hosts: []string{"node01", "nowhere"}, listen: "10.9.0.1"},
+		{name: "IPv4 wildcard", bind: "0.0.0.0", hosts: []string{"node01"},
+			listen: "0.0.0.0", via: map[string]string{"node01": "10.9.0.1"}},
+		{name: "IPv6 wildcard", bind: "::", hosts: []string{"node01", "v6"},
+			listen: "::", via: map[string]string{"node01": "10.9.0.1", "v6": "fd00::1"}},
+		{name: "IPv6 wildcard as ::0", bind: "::0", hosts: []string{"node01"},
+			listen: "::0", via: map[string]string{"node01": "10.9.0.1"}},
+		{name: "IPv6 wildcard in full", bind: "0:0:0:0:0:0:0:0", hosts: []string{"gpu01"},
+			listen: "0:0:0:0:0:0:0:0", via: map[string]string{"gpu01": "10.20.0.1"}},
+		{name: "not chosen", hosts: []string{"node01", "nowhere"},
+			err: "cannot choose the control plane's address: host nowhere: cannot resolve its name: lookup nowhere: no such host; pass --bind with an address the hosts can reach"},
+		{name: "wildcard without a route", bind: "0.0.0.0", hosts: []string{"node01", "nowhere"},
+			err: "cannot choose the control plane's address: host nowhere: cannot resolve its name: lookup nowhere: no such host; --bind 0.0.0.0 gives each agent the address routing to its host, so every host needs one: pass --bind with one address the hosts can reach instead"},
+		{name: "IPv6 wildcard without a route", bind: "::", hosts: []string{"debian"},
+			err: "cannot choose the control plane's address: host debian: resolves to loopback (127.0.1.1) but is not a name gorun recognises as this host; --bind :: gives each agent the address routing to its host, so every host needs one: pass --bind with one address the hosts can reach instead"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := testNet()
+			j := &job{cfg: Config{Bind: tt.bind, resolve: f.resolve, route: f.route}}
+			for i, name := range tt.hosts {
+				j.hosts = append(j.hosts, &agentHost{index: i, name: name, topo: topology.Host{Name: name}})
+			}
+			err := j.setBind(t.Context())
+			if tt.err != "" {
+				if !errors.Is(err, ErrConfig) || err.Error() != tt.err {
+					t.Fatalf("error %v\nwant %s (a ConfigError)", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if j.bind.listen != tt.listen {
+				t.Errorf("listen %q, want %q", j.bind.listen, tt.listen)
+			}
+			var got map[string]string
+			if j.bind.wildcard() {
+				got = map[string]string{}
+				for _, h := range j.hosts {
+					got[h.name] = j.bind.via[h.index].String()
+				}
+			}
+			if !maps.Equal(got, tt.via) {
+				t.Errorf("agents dial %v, want %v", got, tt.via)
+			}
+		})
+	}
+}
+
+func TestIsWildcard(t *testing.T) {
+	for _, tt := range []struct {
+		addr string
+		want bool
+	}{
+		{"0.0.0.0", true}, {"::", true}, {"::0", true}, {"0:0:0:0:0:0:0:0", true}, {"0::0", true},
+		{"", false}, {"10.9.0.1", false}, {"127.0.0.1", false}, {"::1", false}, {"localhost", false}, {"0", false},
+	} {
+		if got := isWildcard(tt.addr); got != tt.want {
+			t.Errorf("isWildcard(%q) = %v, want %v", tt.addr, got, tt.want)
+		}
 	}
 }
 
