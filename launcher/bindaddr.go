@@ -77,10 +77,12 @@ func isWildcard(addr string) bool {
 // its name (every name at once, at most resolveParallel in flight, each
 // within resolveTimeout). Of a host's addresses, the first IPv4 one whose
 // route (route) leaves by a non-loopback address wins, else the first
-// such IPv6 one. A host none of whose addresses qualifies (its name
-// resolves to nothing, there is no route to it, or the route is loopback:
-// a name that /etc/hosts maps to 127.0.1.1 while it is not this host) is
-// an error naming it and --bind.
+// such IPv6 one. A host none of whose addresses qualifies is an error
+// naming it and --bind: its name resolves to nothing, there is no route
+// to it, it or its route is loopback (a name that /etc/hosts maps to
+// 127.0.1.1 while it is not this host), or it or its route is IPv6
+// link-local (which the server's address and the agents' URLs cannot
+// carry: a zone).
 func chooseBind(ctx context.Context, hosts []bindHost, resolve resolveFunc, route routeFunc) (bindChoice, error) {
 	var remote []bindHost
 	for _, h := range hosts {
@@ -202,17 +204,9 @@ func routeOf(dst []netip.Addr, route routeFunc) (netip.Addr, error) {
 			if d.Is4() != v4 {
 				continue
 			}
-			a, err := route(d)
-			switch {
-			case err != nil:
-				err = fmt.Errorf("no route to %s: %w", d, err)
-			case d.IsLoopback():
-				err = fmt.Errorf("resolves to loopback (%s) but is not a name gorun recognises as this host", d)
-			case a.Unmap().IsLoopback():
-				err = fmt.Errorf("the route to %s leaves by loopback (%s)", d, a)
-			}
+			a, err := routeVia(d, route)
 			if err == nil {
-				return a.Unmap(), nil
+				return a, nil
 			}
 			if first == nil {
 				first = err
@@ -220,6 +214,36 @@ func routeOf(dst []netip.Addr, route routeFunc) (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, first
+}
+
+// routeVia returns the local address routing to d, or why the control
+// plane cannot be reached by it: d or that address is loopback, or IPv6
+// link-local (the server does not listen on, nor agents dial, an address
+// with a zone).
+func routeVia(d netip.Addr, route routeFunc) (netip.Addr, error) {
+	switch {
+	case d.IsLoopback():
+		return netip.Addr{}, fmt.Errorf("resolves to loopback (%s) but is not a name gorun recognises as this host", d)
+	case linkLocal(d):
+		return netip.Addr{}, fmt.Errorf("its address %s is IPv6 link-local, which the control plane does not support", d)
+	}
+	a, err := route(d)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("no route to %s: %w", d, err)
+	}
+	switch a = a.Unmap(); {
+	case a.IsLoopback():
+		return netip.Addr{}, fmt.Errorf("the route to %s leaves by loopback (%s)", d, a)
+	case linkLocal(a):
+		return netip.Addr{}, fmt.Errorf("the route to %s leaves by the IPv6 link-local address %s, which the control plane does not support", d, a)
+	}
+	return a, nil
+}
+
+// linkLocal reports whether a is an IPv6 link-local address, or has a
+// zone.
+func linkLocal(a netip.Addr) bool {
+	return a.Zone() != "" || a.Is6() && a.IsLinkLocalUnicast()
 }
 
 // systemResolve resolves a host name as the system does (/etc/hosts,

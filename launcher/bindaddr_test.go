@@ -40,17 +40,23 @@ func (f *fakeNet) resolve(ctx context.Context, name string) ([]netip.Addr, error
 	return out, nil
 }
 
+// route is the kernel's answer: to a zoned (link-local) destination, the
+// local address in that zone.
 func (f *fakeNet) route(dst netip.Addr) (netip.Addr, error) {
 	best, via := -1, ""
 	for p, local := range f.routes {
-		if pf := netip.MustParsePrefix(p); pf.Contains(dst) && pf.Bits() > best {
+		if pf := netip.MustParsePrefix(p); pf.Contains(dst.WithZone("")) && pf.Bits() > best {
 			best, via = pf.Bits(), local
 		}
 	}
 	if best < 0 {
 		return netip.Addr{}, errors.New("network is unreachable")
 	}
-	return netip.MustParseAddr(via), nil
+	a := netip.MustParseAddr(via)
+	if a.Zone() == "" {
+		a = a.WithZone(dst.Zone())
+	}
+	return a, nil
 }
 
 // testNet is the launcher of the tests: eth0 10.9.0.1/24, ib0
@@ -62,6 +68,8 @@ func testNet() *fakeNet {
 			"10.9.0.0/24":  "10.9.0.1",
 			"10.20.0.0/16": "10.20.0.1",
 			"fd00::/64":    "fd00::1",
+			"fe80::/64":    "fe80::2",
+			"fd01::/64":    "fe80::2%eth0", // by a link-local address alone
 			"127.0.0.0/8":  "127.0.0.1",
 			"::1/128":      "::1",
 		},
@@ -73,6 +81,8 @@ func testNet() *fakeNet {
 			"v6v4":   {"fd00::9", "192.168.7.7"}, // the IPv4 one has no route
 			"debian": {"127.0.1.1"},
 			"empty":  {},
+			"ll":     {"fe80::1%eth0"},
+			"llv4":   {"fe80::3%eth0", "10.9.0.14"},
 		},
 	}
 }
@@ -115,6 +125,16 @@ func TestChooseBind(t *testing.T) {
 			err: "cannot choose the control plane's address: host debian: resolves to loopback (127.0.1.1) but is not a name gorun recognises as this host; pass --bind with an address the hosts can reach"},
 		{name: "no route", hosts: []bindHost{host("192.168.7.7")},
 			err: "cannot choose the control plane's address: host 192.168.7.7: no route to 192.168.7.7: network is unreachable; pass --bind with an address the hosts can reach"},
+		{name: "link-local address literal", hosts: []bindHost{host("fe80::1%eth0")},
+			err: "cannot choose the control plane's address: host fe80::1%eth0: its address fe80::1%eth0 is IPv6 link-local, which the control plane does not support; pass --bind with an address the hosts can reach"},
+		{name: "link-local without a zone", hosts: []bindHost{host("fe80::1")},
+			err: "cannot choose the control plane's address: host fe80::1: its address fe80::1 is IPv6 link-local, which the control plane does not support; pass --bind with an address the hosts can reach"},
+		{name: "resolves to link-local", hosts: []bindHost{host("node01"), host("ll")},
+			err: "cannot choose the control plane's address: host ll: its address fe80::1%eth0 is IPv6 link-local, which the control plane does not support; pass --bind with an address the hosts can reach"},
+		{name: "link-local route", hosts: []bindHost{host("fd01::5")},
+			err: "cannot choose the control plane's address: host fd01::5: the route to fd01::5 leaves by the IPv6 link-local address fe80::2%eth0, which the control plane does not support; pass --bind with an address the hosts can reach"},
+		{name: "link-local and a routed IPv4 address", hosts: []bindHost{host("llv4")},
+			listen: "10.9.0.1", via: map[string]string{"llv4": "10.9.0.1"}},
 		{name: "several refused", hosts: []bindHost{host("n1"), host("node01"), host("n2"), host("n3"), host("n4"), host("n5")},
 			err: "cannot choose the control plane's address: host n1: cannot resolve its name: lookup n1: no such host (also n2, n3, n4 and 1 more); pass --bind with an address the hosts can reach"},
 	}
