@@ -71,6 +71,31 @@ func isWildcard(addr string) bool {
 	return err == nil && a.IsUnspecified()
 }
 
+// localAgentAddr is the address the launcher's own agent registers (its
+// replica listener, MASTER_ADDR, GLOO_SOCKET_IFNAME follow it): where the
+// server listens; on a wildcard, the chosen address that routes to the
+// most remote hosts (of as many, the first), which the others must reach
+// too; loopback when none was chosen.
+func (b bindChoice) localAgentAddr() string {
+	switch {
+	case b.wildcard() && len(b.addrs) > 0:
+		n := make(map[netip.Addr]int, len(b.addrs))
+		for _, a := range b.via {
+			n[a]++
+		}
+		best := b.addrs[0]
+		for _, a := range b.addrs[1:] {
+			if n[a] > n[best] {
+				best = a
+			}
+		}
+		return best.String()
+	case b.listen == "" || b.wildcard():
+		return "127.0.0.1"
+	}
+	return b.listen
+}
+
 // chooseBind chooses the control plane's address from the routes to the
 // remote hosts (local ones are skipped). Each host's address is its addr,
 // else its name when that is an IP literal, else what resolve gives for

@@ -96,27 +96,35 @@ func TestChooseBind(t *testing.T) {
 		via    map[string]string // host name → local address
 		err    string            // the message, when refused
 		asked  []string          // the names resolved (sorted); nil = not checked
+		agent  string            // the address the launcher's own agent registers; "" = listen
 	}{
 		{name: "one address for every host", hosts: []bindHost{host("node01"), host("node02")},
 			listen: "10.9.0.1", via: map[string]string{"node01": "10.9.0.1", "node02": "10.9.0.1"}},
 		{name: "two interfaces, one route each", hosts: []bindHost{host("node01"), host("gpu01"), host("node02")},
-			listen: "0.0.0.0", via: map[string]string{"node01": "10.9.0.1", "gpu01": "10.20.0.1", "node02": "10.9.0.1"}},
+			listen: "0.0.0.0", via: map[string]string{"node01": "10.9.0.1", "gpu01": "10.20.0.1", "node02": "10.9.0.1"},
+			agent: "10.9.0.1"},
+		{name: "two interfaces, most hosts on the second", hosts: []bindHost{host("gpu01"), host("node01"), host("node02")},
+			listen: "0.0.0.0", via: map[string]string{"gpu01": "10.20.0.1", "node01": "10.9.0.1", "node02": "10.9.0.1"},
+			agent: "10.9.0.1"},
+		{name: "two interfaces, as many hosts on each", hosts: []bindHost{host("gpu01"), host("node01"), host("10.20.3.2"), host("node02")},
+			listen: "0.0.0.0", via: map[string]string{"gpu01": "10.20.0.1", "node01": "10.9.0.1", "10.20.3.2": "10.20.0.1", "node02": "10.9.0.1"},
+			agent: "10.20.0.1"},
 		{name: "IPv4 before IPv6 when both route", hosts: []bindHost{host("dual")},
 			listen: "10.9.0.1", via: map[string]string{"dual": "10.9.0.1"}},
 		{name: "IPv6 when only it routes", hosts: []bindHost{host("v6v4")},
 			listen: "fd00::1", via: map[string]string{"v6v4": "fd00::1"}},
 		{name: "IPv4 and IPv6 hosts", hosts: []bindHost{host("node01"), host("v6")},
-			listen: "::", via: map[string]string{"node01": "10.9.0.1", "v6": "fd00::1"}},
+			listen: "::", via: map[string]string{"node01": "10.9.0.1", "v6": "fd00::1"}, agent: "10.9.0.1"},
 		{name: "IP literals are not resolved", hosts: []bindHost{host("10.9.0.40"), host("fd00::40"), host("node01")},
 			listen: "::", via: map[string]string{"10.9.0.40": "10.9.0.1", "fd00::40": "fd00::1", "node01": "10.9.0.1"},
-			asked: []string{"node01"}},
+			asked: []string{"node01"}, agent: "10.9.0.1"},
 		{name: "an address known apart from the name", hosts: []bindHost{{name: "sl01", addr: "10.20.1.1"}, {name: "sl02", addr: "gpu01"}},
 			listen: "10.20.0.1", via: map[string]string{"sl01": "10.20.0.1", "sl02": "10.20.0.1"},
 			asked: []string{"gpu01"}},
 		{name: "local hosts skipped", hosts: []bindHost{{name: "launcher", local: true}, {name: "debian", local: true}, host("node02")},
 			listen: "10.9.0.1", via: map[string]string{"node02": "10.9.0.1"}, asked: []string{"node02"}},
 		{name: "no remote host", hosts: []bindHost{{name: "localhost", local: true}},
-			listen: "", via: map[string]string{}, asked: []string{}},
+			listen: "", via: map[string]string{}, asked: []string{}, agent: "127.0.0.1"},
 		{name: "unresolvable", hosts: []bindHost{host("node01"), host("node99")},
 			err: "cannot choose the control plane's address: host node99: cannot resolve its name: lookup node99: no such host; pass --bind with an address the hosts can reach"},
 		{name: "resolves to nothing", hosts: []bindHost{host("empty")},
@@ -178,6 +186,13 @@ func TestChooseBind(t *testing.T) {
 			}
 			if b.wildcard() != (len(want) > 1) {
 				t.Errorf("wildcard %v with %d addresses", b.wildcard(), len(want))
+			}
+			agent := tt.agent
+			if agent == "" {
+				agent = tt.listen
+			}
+			if got := b.localAgentAddr(); got != agent {
+				t.Errorf("the launcher's agent registers %s, want %s", got, agent)
 			}
 			if tt.asked != nil {
 				slices.Sort(f.asked)
