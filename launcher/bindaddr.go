@@ -8,9 +8,12 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/gorun/gorun/hotswap"
 )
 
 // The control plane's address, when --bind is not given, is the one the
@@ -21,9 +24,10 @@ import (
 // URL with the address that routes to its host. The server's certificate
 // names every chosen address; agents pin its fingerprint in any case.
 
-// Bounds of the hosts' name resolution.
+// Bounds of the hosts' name resolution: a DNS server that does not answer
+// holds gorun up for resolveTimeout, however many hosts there are.
 const (
-	resolveTimeout  = 2 * time.Second // per name
+	resolveTimeout  = 5 * time.Second // every name, in all
 	resolveParallel = 64              // names resolved at once
 )
 
@@ -99,7 +103,7 @@ func (b bindChoice) localAgentAddr() string {
 // chooseBind chooses the control plane's address from the routes to the
 // remote hosts (local ones are skipped). Each host's address is its addr,
 // else its name when that is an IP literal, else what resolve gives for
-// its name (every name at once, at most resolveParallel in flight, each
+// its name (every name at once, at most resolveParallel in flight, all
 // within resolveTimeout). Of a host's addresses, the first IPv4 one whose
 // route (route) leaves by a non-loopback address wins, else the first
 // such IPv6 one. A host none of whose addresses qualifies is an error
@@ -121,6 +125,8 @@ func chooseBind(ctx context.Context, hosts []bindHost, resolve resolveFunc, rout
 	}
 	dst := make([][]netip.Addr, len(remote))
 	errs := make([]error, len(remote))
+	rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+	defer cancel()
 	var g errgroup.Group
 	g.SetLimit(resolveParallel)
 	for i, h := range remote {
@@ -133,16 +139,22 @@ func chooseBind(ctx context.Context, hosts []bindHost, resolve resolveFunc, rout
 			continue
 		}
 		g.Go(func() error {
-			rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
-			defer cancel()
-			dst[i], errs[i] = resolve(rctx, name)
-			if errs[i] == nil && len(dst[i]) == 0 {
+			if errs[i] = rctx.Err(); errs[i] == nil {
+				dst[i], errs[i] = resolve(rctx, name)
+			}
+			switch {
+			case errs[i] == nil && len(dst[i]) == 0:
 				errs[i] = errors.New("no address")
+			case errs[i] != nil && rctx.Err() != nil:
+				errs[i] = fmt.Errorf("no answer within %v: %w", resolveTimeout, errs[i])
 			}
 			return nil
 		})
 	}
 	_ = g.Wait() // the goroutines report through errs
+	if ctx.Err() != nil {
+		return bindChoice{}, fmt.Errorf("resolving the hosts' names: %w", context.Cause(ctx))
+	}
 	var first error
 	var bad []string
 	for i, h := range remote {
@@ -311,13 +323,37 @@ func (j *job) setBind(ctx context.Context) error {
 	if route == nil {
 		route = systemRoute
 	}
+	// A signal that stops the job stops the resolution: there is no
+	// rank yet, nor one to forward SIGUSR1 or SIGUSR2 to.
+	ctx, interrupt := context.WithCancelCause(ctx)
+	defer interrupt(nil)
+	done, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case sig := <-j.cfg.Signals:
+				if s, _ := sig.(syscall.Signal); s != syscall.SIGUSR1 && s != syscall.SIGUSR2 {
+					interrupt(&interruptedError{sig: s})
+					return
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
 	b, err := chooseBind(ctx, hosts, resolve, route)
+	close(done)
+	<-watched
+	if ie, ok := errors.AsType[*interruptedError](context.Cause(ctx)); ok {
+		return ie // even when the choice was made as the signal came
+	}
 	if be, ok := errors.AsType[*bindError](err); ok {
 		be.wildcard = j.cfg.Bind
 		return &ConfigError{Msg: err.Error(), Err: err}
 	}
 	if err != nil {
-		return err
+		return fmt.Errorf("launcher: %w", err)
 	}
 	if j.cfg.Bind != "" {
 		b.listen = j.cfg.Bind
@@ -325,6 +361,11 @@ func (j *job) setBind(ctx context.Context) error {
 	j.bind = b
 	return nil
 }
+
+// interruptedError is a signal that stopped gorun before the job started.
+type interruptedError struct{ sig syscall.Signal }
+
+func (e *interruptedError) Error() string { return "interrupted by " + hotswap.SignalName(e.sig) }
 
 // controlURL is the control plane's URL for h's agent.
 func (j *job) controlURL(h *agentHost) string {

@@ -1,14 +1,20 @@
 package launcher
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/gorun/gorun/topology"
 )
@@ -302,6 +308,138 @@ func TestIsWildcard(t *testing.T) {
 		if got := isWildcard(tt.addr); got != tt.want {
 			t.Errorf("isWildcard(%q) = %v, want %v", tt.addr, got, tt.want)
 		}
+	}
+}
+
+// The names' resolution has one deadline, however many names there are
+// (a resolver that never answers holds up the choice once, not once per
+// resolveParallel names), and the caller's context ends it: its cause is
+// the error, not a refusal of the hosts. In a bubble, whose clock moves
+// only when every goroutine waits: that the choice returns at all is the
+// point, not when.
+func TestChooseBindResolutionBounded(t *testing.T) {
+	tests := []struct {
+		name   string
+		cancel bool // the caller's context is cancelled once resolving starts
+	}{
+		{name: "the deadline"},
+		{name: "the caller's cancel", cancel: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				n := 3*resolveParallel + 1
+				hosts := make([]bindHost, n)
+				for i := range hosts {
+					hosts[i] = bindHost{index: i, name: fmt.Sprintf("node%03d", i)}
+				}
+				started := make(chan struct{})
+				var once sync.Once
+				var mu sync.Mutex
+				deadlines := map[time.Time]int{} // each resolution's deadline, and how many had it
+				resolve := func(ctx context.Context, name string) ([]netip.Addr, error) {
+					once.Do(func() { close(started) })
+					d, ok := ctx.Deadline()
+					mu.Lock()
+					deadlines[d]++
+					mu.Unlock()
+					if !ok {
+						return nil, errors.New("resolved without a deadline")
+					}
+					<-ctx.Done() // the DNS server does not answer
+					return nil, ctx.Err()
+				}
+				route := func(netip.Addr) (netip.Addr, error) { return netip.MustParseAddr("10.9.0.1"), nil }
+				ctx, cancel := context.WithCancelCause(t.Context())
+				defer cancel(nil)
+				stop := errors.New("stopped by the test")
+				if tt.cancel {
+					go func() {
+						<-started
+						cancel(stop)
+					}()
+				}
+				_, err := chooseBind(ctx, hosts, resolve, route)
+				if tt.cancel {
+					if !errors.Is(err, stop) {
+						t.Fatalf("error %v, want the cancel's cause (%v)", err, stop)
+					}
+					if _, ok := errors.AsType[*bindError](err); ok {
+						t.Fatalf("error %v: a refusal of the hosts, not the cancel", err)
+					}
+					return
+				}
+				if len(deadlines) != 1 {
+					t.Errorf("%d deadlines for %d names, want one for all: %v", len(deadlines), n, deadlines)
+				}
+				want := fmt.Sprintf("cannot choose the control plane's address: host node000: cannot resolve its name: no answer within 5s: context deadline exceeded (also node001, node002, node003 and %d more); pass --bind with an address the hosts can reach", n-4)
+				if err == nil || err.Error() != want || !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("error %v\nwant %s", err, want)
+				}
+			})
+		})
+	}
+}
+
+// A signal that stops gorun (SIGINT, SIGTERM, SIGHUP) arriving while the
+// hosts' names are resolved stops it then, with the signal's exit code;
+// SIGUSR1 and SIGUSR2 do not. A cancelled context stops it with an error
+// that is not a usage error.
+func TestRunStoppedWhileResolving(t *testing.T) {
+	tests := []struct {
+		name    string
+		signals []os.Signal
+		cancel  bool
+		code    int
+		stderr  string
+	}{
+		{name: "SIGINT", signals: []os.Signal{syscall.SIGINT}, code: 128 + int(syscall.SIGINT),
+			stderr: "gorun: SIGINT while resolving the hosts' names; no rank started\n"},
+		{name: "SIGHUP", signals: []os.Signal{syscall.SIGHUP}, code: 128 + int(syscall.SIGHUP),
+			stderr: "gorun: SIGHUP while resolving the hosts' names; no rank started\n"},
+		{name: "SIGUSR1 then SIGTERM", signals: []os.Signal{syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGTERM}, code: 128 + int(syscall.SIGTERM),
+			stderr: "gorun: SIGTERM while resolving the hosts' names; no rank started\n"},
+		{name: "cancelled", cancel: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			started := make(chan struct{})
+			var once sync.Once
+			resolve := func(ctx context.Context, name string) ([]netip.Addr, error) {
+				once.Do(func() { close(started) })
+				<-ctx.Done() // the DNS server does not answer
+				return nil, ctx.Err()
+			}
+			sigs := make(chan os.Signal, len(tt.signals))
+			var stderr bytes.Buffer
+			c := Config{Hosts: []topology.Host{{Name: "node01", Slots: 1}, {Name: "node02", Slots: 1}}, NP: 2, Prog: "true",
+				resolve: resolve, Signals: sigs, Stderr: &stderr}
+			ctx, cancel := context.WithCancelCause(t.Context())
+			defer cancel(nil)
+			stop := errors.New("stopped by the test")
+			go func() {
+				<-started
+				for _, s := range tt.signals {
+					sigs <- s
+				}
+				if tt.cancel {
+					cancel(stop)
+				}
+			}()
+			code, err := Run(ctx, c)
+			if tt.cancel {
+				if !errors.Is(err, stop) || errors.Is(err, ErrConfig) {
+					t.Fatalf("Run = %d, %v; want the cancel's cause, not a usage error", code, err)
+				}
+				return
+			}
+			if err != nil || code != tt.code {
+				t.Fatalf("Run = %d, %v; want %d", code, err, tt.code)
+			}
+			if stderr.String() != tt.stderr {
+				t.Errorf("stderr %q, want %q", stderr.String(), tt.stderr)
+			}
+		})
 	}
 }
 

@@ -225,6 +225,10 @@ func Run(ctx context.Context, c Config) (int, error) {
 		return 0, err
 	}
 	if err := j.setBind(ctx); err != nil {
+		if ie, ok := errors.AsType[*interruptedError](err); ok {
+			fmt.Fprintf(cfg.Stderr, "gorun: %s while resolving the hosts' names; no rank started\n", hotswap.SignalName(ie.sig))
+			return 128 + int(ie.sig), nil
+		}
 		return 0, err
 	}
 	if j.m, err = hotswap.New(j.machineConfig()); err != nil {
