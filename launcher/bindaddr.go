@@ -8,9 +8,12 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/gorun/gorun/hotswap"
 )
 
 // The control plane's address, when --bind is not given, is the one the
@@ -21,9 +24,10 @@ import (
 // URL with the address that routes to its host. The server's certificate
 // names every chosen address; agents pin its fingerprint in any case.
 
-// Bounds of the hosts' name resolution.
+// Bounds of the hosts' name resolution: a DNS server that does not answer
+// holds gorun up for resolveTimeout, however many hosts there are.
 const (
-	resolveTimeout  = 2 * time.Second // per name
+	resolveTimeout  = 5 * time.Second // every name, in all
 	resolveParallel = 64              // names resolved at once
 )
 
@@ -64,18 +68,50 @@ type bindChoice struct {
 // agent dialing its own (via).
 func (b bindChoice) wildcard() bool { return isWildcard(b.listen) }
 
-func isWildcard(addr string) bool { return addr == "0.0.0.0" || addr == "::" }
+// isWildcard reports whether addr is the unspecified address, however it
+// is written (0.0.0.0, ::, ::0, 0:0:0:0:0:0:0:0).
+func isWildcard(addr string) bool {
+	a, err := netip.ParseAddr(addr)
+	return err == nil && a.IsUnspecified()
+}
+
+// localAgentAddr is the address the launcher's own agent registers (its
+// replica listener, MASTER_ADDR, GLOO_SOCKET_IFNAME follow it): where the
+// server listens; on a wildcard, the chosen address that routes to the
+// most remote hosts (of as many, the first), which the others must reach
+// too; loopback when none was chosen.
+func (b bindChoice) localAgentAddr() string {
+	switch {
+	case b.wildcard() && len(b.addrs) > 0:
+		n := make(map[netip.Addr]int, len(b.addrs))
+		for _, a := range b.via {
+			n[a]++
+		}
+		best := b.addrs[0]
+		for _, a := range b.addrs[1:] {
+			if n[a] > n[best] {
+				best = a
+			}
+		}
+		return best.String()
+	case b.listen == "" || b.wildcard():
+		return "127.0.0.1"
+	}
+	return b.listen
+}
 
 // chooseBind chooses the control plane's address from the routes to the
 // remote hosts (local ones are skipped). Each host's address is its addr,
 // else its name when that is an IP literal, else what resolve gives for
-// its name (every name at once, at most resolveParallel in flight, each
+// its name (every name at once, at most resolveParallel in flight, all
 // within resolveTimeout). Of a host's addresses, the first IPv4 one whose
 // route (route) leaves by a non-loopback address wins, else the first
-// such IPv6 one. A host none of whose addresses qualifies (its name
-// resolves to nothing, there is no route to it, or the route is loopback:
-// a name that /etc/hosts maps to 127.0.1.1 while it is not this host) is
-// an error naming it and --bind.
+// such IPv6 one. A host none of whose addresses qualifies is an error
+// naming it and --bind: its name resolves to nothing, there is no route
+// to it, it or its route is loopback (a name that /etc/hosts maps to
+// 127.0.1.1 while it is not this host), or it or its route is IPv6
+// link-local (which the server's address and the agents' URLs cannot
+// carry: a zone).
 func chooseBind(ctx context.Context, hosts []bindHost, resolve resolveFunc, route routeFunc) (bindChoice, error) {
 	var remote []bindHost
 	for _, h := range hosts {
@@ -89,6 +125,8 @@ func chooseBind(ctx context.Context, hosts []bindHost, resolve resolveFunc, rout
 	}
 	dst := make([][]netip.Addr, len(remote))
 	errs := make([]error, len(remote))
+	rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+	defer cancel()
 	var g errgroup.Group
 	g.SetLimit(resolveParallel)
 	for i, h := range remote {
@@ -101,16 +139,22 @@ func chooseBind(ctx context.Context, hosts []bindHost, resolve resolveFunc, rout
 			continue
 		}
 		g.Go(func() error {
-			rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
-			defer cancel()
-			dst[i], errs[i] = resolve(rctx, name)
-			if errs[i] == nil && len(dst[i]) == 0 {
+			if errs[i] = rctx.Err(); errs[i] == nil {
+				dst[i], errs[i] = resolve(rctx, name)
+			}
+			switch {
+			case errs[i] == nil && len(dst[i]) == 0:
 				errs[i] = errors.New("no address")
+			case errs[i] != nil && rctx.Err() != nil:
+				errs[i] = fmt.Errorf("no answer within %v: %w", resolveTimeout, errs[i])
 			}
 			return nil
 		})
 	}
 	_ = g.Wait() // the goroutines report through errs
+	if ctx.Err() != nil {
+		return bindChoice{}, fmt.Errorf("resolving the hosts' names: %w", context.Cause(ctx))
+	}
 	var first error
 	var bad []string
 	for i, h := range remote {
@@ -157,12 +201,18 @@ func chooseBind(ctx context.Context, hosts []bindHost, resolve resolveFunc, rout
 type bindError struct {
 	err    error  // the first such host's, naming it
 	others string // the other such hosts, "" if none
+	// wildcard is the --bind given when it is a wildcard (which needs
+	// every host's route as much as no --bind does), else "".
+	wildcard string
 }
 
 func (e *bindError) Error() string {
 	msg := "cannot choose the control plane's address: " + e.err.Error()
 	if e.others != "" {
 		msg += " (also " + e.others + ")"
+	}
+	if e.wildcard != "" {
+		return msg + "; --bind " + e.wildcard + " gives each agent the address routing to its host, so every host needs one: pass --bind with one address the hosts can reach instead"
 	}
 	return msg + "; pass --bind with an address the hosts can reach"
 }
@@ -191,17 +241,9 @@ func routeOf(dst []netip.Addr, route routeFunc) (netip.Addr, error) {
 			if d.Is4() != v4 {
 				continue
 			}
-			a, err := route(d)
-			switch {
-			case err != nil:
-				err = fmt.Errorf("no route to %s: %w", d, err)
-			case d.IsLoopback():
-				err = fmt.Errorf("its address %s is a loopback one, yet it is not this host", d)
-			case a.Unmap().IsLoopback():
-				err = fmt.Errorf("the route to %s leaves by loopback (%s)", d, a)
-			}
+			a, err := routeVia(d, route)
 			if err == nil {
-				return a.Unmap(), nil
+				return a, nil
 			}
 			if first == nil {
 				first = err
@@ -209,6 +251,36 @@ func routeOf(dst []netip.Addr, route routeFunc) (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, first
+}
+
+// routeVia returns the local address routing to d, or why the control
+// plane cannot be reached by it: d or that address is loopback, or IPv6
+// link-local (the server does not listen on, nor agents dial, an address
+// with a zone).
+func routeVia(d netip.Addr, route routeFunc) (netip.Addr, error) {
+	switch {
+	case d.IsLoopback():
+		return netip.Addr{}, fmt.Errorf("resolves to loopback (%s) but is not a name gorun recognises as this host", d)
+	case linkLocal(d):
+		return netip.Addr{}, fmt.Errorf("its address %s is IPv6 link-local, which the control plane does not support", d)
+	}
+	a, err := route(d)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("no route to %s: %w", d, err)
+	}
+	switch a = a.Unmap(); {
+	case a.IsLoopback():
+		return netip.Addr{}, fmt.Errorf("the route to %s leaves by loopback (%s)", d, a)
+	case linkLocal(a):
+		return netip.Addr{}, fmt.Errorf("the route to %s leaves by the IPv6 link-local address %s, which the control plane does not support", d, a)
+	}
+	return a, nil
+}
+
+// linkLocal reports whether a is an IPv6 link-local address, or has a
+// zone.
+func linkLocal(a netip.Addr) bool {
+	return a.Zone() != "" || a.Is6() && a.IsLinkLocalUnicast()
 }
 
 // systemResolve resolves a host name as the system does (/etc/hosts,
@@ -232,8 +304,9 @@ func systemRoute(dst netip.Addr) (netip.Addr, error) {
 // setBind sets where the job's control plane listens (j.bind): at
 // Config.Bind when it names an address, else at the address chosen from
 // the routes to the remote hosts (chooseBind). A wildcard Bind (0.0.0.0,
-// ::) listens on every address, each agent dialing the one routing to its
-// host. An address that cannot be chosen is a ConfigError.
+// ::, however written) listens on every address, each agent dialing the
+// one routing to its host: it needs every host's route, as no Bind does.
+// An address that cannot be chosen is a ConfigError.
 func (j *job) setBind(ctx context.Context) error {
 	if j.cfg.Bind != "" && !isWildcard(j.cfg.Bind) {
 		j.bind = bindChoice{listen: j.cfg.Bind}
@@ -250,9 +323,37 @@ func (j *job) setBind(ctx context.Context) error {
 	if route == nil {
 		route = systemRoute
 	}
+	// A signal that stops the job stops the resolution: there is no
+	// rank yet, nor one to forward SIGUSR1 or SIGUSR2 to.
+	ctx, interrupt := context.WithCancelCause(ctx)
+	defer interrupt(nil)
+	done, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case sig := <-j.cfg.Signals:
+				if s, _ := sig.(syscall.Signal); s != syscall.SIGUSR1 && s != syscall.SIGUSR2 {
+					interrupt(&interruptedError{sig: s})
+					return
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
 	b, err := chooseBind(ctx, hosts, resolve, route)
-	if err != nil {
+	close(done)
+	<-watched
+	if ie, ok := errors.AsType[*interruptedError](context.Cause(ctx)); ok {
+		return ie // even when the choice was made as the signal came
+	}
+	if be, ok := errors.AsType[*bindError](err); ok {
+		be.wildcard = j.cfg.Bind
 		return &ConfigError{Msg: err.Error(), Err: err}
+	}
+	if err != nil {
+		return fmt.Errorf("launcher: %w", err)
 	}
 	if j.cfg.Bind != "" {
 		b.listen = j.cfg.Bind
@@ -260,6 +361,11 @@ func (j *job) setBind(ctx context.Context) error {
 	j.bind = b
 	return nil
 }
+
+// interruptedError is a signal that stopped gorun before the job started.
+type interruptedError struct{ sig syscall.Signal }
+
+func (e *interruptedError) Error() string { return "interrupted by " + hotswap.SignalName(e.sig) }
 
 // controlURL is the control plane's URL for h's agent.
 func (j *job) controlURL(h *agentHost) string {

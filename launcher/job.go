@@ -227,6 +227,10 @@ func Run(ctx context.Context, c Config) (int, error) {
 		return 0, err
 	}
 	if err := j.setBind(ctx); err != nil {
+		if ie, ok := errors.AsType[*interruptedError](err); ok {
+			fmt.Fprintf(cfg.Stderr, "gorun: %s while resolving the hosts' names; no rank started\n", hotswap.SignalName(ie.sig))
+			return 128 + int(ie.sig), nil
+		}
 		return 0, err
 	}
 	if remote > 0 && cfg.Launcher == LauncherSlurm {
@@ -628,13 +632,7 @@ func (j *job) startLocal(ctx context.Context, h *agentHost) error {
 	pr, pw := io.Pipe()
 	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	j.started(h, pw, cancel)
-	addr := j.bind.listen
-	switch {
-	case j.bind.wildcard() && len(j.bind.addrs) > 0:
-		addr = j.bind.addrs[0].String()
-	case addr == "" || isWildcard(addr):
-		addr = "127.0.0.1"
-	}
+	addr := j.bind.localAgentAddr()
 	creds := j.secret.HostCredentials(h.index, nil)
 	cfg := agent.Config{
 		Job: j.id, Host: h.index, Name: h.name, Creds: creds, Launcher: pr, Addr: addr,

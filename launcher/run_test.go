@@ -327,7 +327,7 @@ func TestRunRemoteHostWithoutBind(t *testing.T) {
 		{hosts: []topology.Host{{Name: "far-away-host.invalid", Slots: 1}},
 			want: "cannot choose the control plane's address: host far-away-host.invalid: cannot resolve its name: "},
 		{hosts: []topology.Host{{Name: "localhost", Slots: 1}, {Name: "node01", Slots: 1}}, resolve: loopback,
-			want: "cannot choose the control plane's address: host node01: its address 127.0.1.1 is a loopback one, yet it is not this host; pass --bind with an address the hosts can reach"},
+			want: "cannot choose the control plane's address: host node01: resolves to loopback (127.0.1.1) but is not a name gorun recognises as this host; pass --bind with an address the hosts can reach"},
 	} {
 		c := Config{Hosts: tt.hosts, NP: len(tt.hosts), Prog: "true", resolve: tt.resolve}
 		code, err := Run(context.Background(), c)

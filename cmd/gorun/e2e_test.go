@@ -535,6 +535,7 @@ func TestBadInput(t *testing.T) {
 		{"bad timeout", []string{"--timeout", "soon", "true"}, "not a number of seconds"},
 		{"hostfile and -H", []string{"--hostfile", two, "-H", "localhost", "true"}, "not both"},
 		{"remote without bind", []string{"-H", "far-away-host", "true"}, "--bind"},
+		{"link-local host", []string{"-H", "[fe80::1%eth0]", "true"}, "host fe80::1%eth0: its address fe80::1%eth0 is IPv6 link-local"},
 		{"layout does not divide", []string{"-np", "4", "--tp", "3", "true"}, "--tp 3 --pp 1: 4 ranks are not a multiple of tensor-parallel 3 × pipeline-parallel 1 = 3"},
 		{"layout too large", []string{"-np", "4", "--tp", "2", "--pp", "4", "true"}, "tensor-parallel 2 × pipeline-parallel 4 is more than the 4 ranks"},
 		{"tp zero", []string{"-np", "4", "--tp", "0", "true"}, "--tp and --pp must be at least 1"},
