@@ -88,7 +88,9 @@ func TestDetectMPI(t *testing.T) {
 		})
 	}
 	t.Run("loader cache", func(t *testing.T) {
-		cache := func() map[string]string { return map[string]string{"libmpi.so.40": filepath.Join(dir, "ompi4", "libmpi.so.40")} }
+		cache := func() map[string]string {
+			return map[string]string{"libmpi.so.40": filepath.Join(dir, "ompi4", "libmpi.so.40")}
+		}
 		if got := detectMPI(filepath.Join(dir, "prog-ompi-ldpath"), nil, cache); got != MPIOpenMPI {
 			t.Errorf("with libmpi in the loader's cache: %q, want %q", got, MPIOpenMPI)
 		}
