@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 )
 
@@ -15,13 +16,7 @@ import (
 // programs linking them: only their dynamic sections matter.
 func mpiStubs(t *testing.T) string {
 	t.Helper()
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		if os.Getenv("GORUN_TESTCLUSTER_REQUIRE") == "1" {
-			t.Fatal("gcc not found")
-		}
-		t.Skip("no gcc to build ELF stubs")
-	}
+	gcc := gortest.Tool(t, "gcc", "apt-get install gcc: it builds the ELF stubs")
 	dir := t.TempDir()
 	src := filepath.Join(dir, "stub.c")
 	if err := os.WriteFile(src, []byte("int stub(void) { return 0; }\nint main(void) { return 0; }\n"), 0o644); err != nil {

@@ -163,38 +163,25 @@ static int unhex(char c) {
 	return -1;
 }
 
-/* escape_key writes key's escaped form into out (cap bytes); -1 if longer than max. */
-static int escape_key(const char *key, char *out, size_t cap, int max) {
-	size_t n = 0;
-	for (const unsigned char *p = (const unsigned char *)key; *p != '\0'; p++) {
-		int plain = (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9');
-		size_t need = plain ? 1 : 3;
-		if (n + need > (size_t)max || n + need + 1 > cap)
-			return -1;
-		if (plain) {
-			out[n++] = (char)*p;
-		} else {
-			out[n++] = '_';
-			out[n++] = hexdigits[*p >> 4];
-			out[n++] = hexdigits[*p & 15];
-		}
-	}
-	out[n] = '\0';
-	return (int)n;
-}
+static int key_plain(unsigned char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
+static int value_plain(unsigned char c) { return c >= 0x21 && c <= 0x7e && c != '%'; }
 
-/* escape_value writes value's escaped form into out; -1 if longer than max. */
-static int escape_value(const char *value, char *out, size_t cap, int max) {
+/*
+ * escape writes in's escaped form into out (cap bytes with its NUL): the
+ * bytes plain accepts as they are, every other one as mark and two hex
+ * digits. It returns the length, or -1 if longer than max.
+ */
+static int escape(const char *in, char *out, size_t cap, int max, int (*plain)(unsigned char), char mark) {
 	size_t n = 0;
-	for (const unsigned char *p = (const unsigned char *)value; *p != '\0'; p++) {
-		int plain = *p >= 0x21 && *p <= 0x7e && *p != '%';
-		size_t need = plain ? 1 : 3;
+	for (const unsigned char *p = (const unsigned char *)in; *p != '\0'; p++) {
+		int keep = plain(*p);
+		size_t need = keep ? 1 : 3;
 		if (n + need > (size_t)max || n + need + 1 > cap)
 			return -1;
-		if (plain) {
+		if (keep) {
 			out[n++] = (char)*p;
 		} else {
-			out[n++] = '%';
+			out[n++] = mark;
 			out[n++] = hexdigits[*p >> 4];
 			out[n++] = hexdigits[*p & 15];
 		}
@@ -417,7 +404,7 @@ static int check_kvs(const char name[]) {
 static int put_key(const char key[], char *out, size_t cap) {
 	if (key == NULL || key[0] == '\0')
 		return PMI_ERR_INVALID_KEY;
-	if (escape_key(key, out, cap, keylen_max) < 0) {
+	if (escape(key, out, cap, keylen_max, key_plain, '_') < 0) {
 		fprintf(stderr, "libgorun-pmi: key \"%.80s\" is longer than %d bytes once escaped (only a-z and 0-9 take one byte)\n", key, keylen_max);
 		return PMI_ERR_INVALID_KEY_LENGTH;
 	}
@@ -432,7 +419,7 @@ PMI_API int PMI_KVS_Put(const char name[], const char key[], const char value[])
 	pthread_mutex_lock(&mu);
 	if ((rc = check_kvs(name)) != PMI_SUCCESS || (rc = put_key(key, ekey, sizeof ekey)) != PMI_SUCCESS)
 		goto out;
-	if (escape_value(value, evalue, sizeof evalue, value_usable) < 0) {
+	if (escape(value, evalue, sizeof evalue, value_usable, value_plain, '%') < 0) {
 		fprintf(stderr, "libgorun-pmi: the value of key \"%.80s\" is longer than %d bytes once escaped\n", key, value_usable);
 		rc = PMI_ERR_INVALID_VAL_LENGTH;
 		goto out;

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/testcluster"
 )
 
@@ -33,27 +34,13 @@ var (
 	ompiRefs  = map[string][]string{} // mpirun.openmpi's sorted output, by "n argv"
 )
 
-// requireTool returns the path of tool, or skips (fails under
-// GORUN_TESTCLUSTER_REQUIRE=1) naming what installs it.
-func requireTool(t *testing.T, tool, pkg string) string {
-	t.Helper()
-	p, err := exec.LookPath(tool)
-	if err != nil {
-		if os.Getenv("GORUN_TESTCLUSTER_REQUIRE") == "1" {
-			t.Fatalf("%s not found (apt-get install %s)", tool, pkg)
-		}
-		t.Skipf("no %s (apt-get install %s)", tool, pkg)
-	}
-	return p
-}
-
 // ompiPrograms builds testdata/mpi's Open MPI programs with mpicc.openmpi
 // and libgorun-pmi.so beside gorunBin (once per test process), and
 // returns their directory.
 func ompiPrograms(t *testing.T) string {
 	t.Helper()
-	cc := requireTool(t, "mpicc.openmpi", "openmpi-bin libopenmpi-dev")
-	gcc := requireTool(t, "gcc", "gcc")
+	cc := gortest.Tool(t, "mpicc.openmpi", "apt-get install openmpi-bin libopenmpi-dev")
+	gcc := gortest.Tool(t, "gcc", "apt-get install gcc")
 	ompiOnce.Do(func() {
 		ompiDir = filepath.Join(filepath.Dir(gorunBin), "ompi")
 		if ompiErr = os.MkdirAll(ompiDir, 0o755); ompiErr != nil {
@@ -88,7 +75,7 @@ func mpirunRef(t *testing.T, n int, argv ...string) []string {
 	if ref, ok := ompiRefs[key]; ok {
 		return ref
 	}
-	mpirun := requireTool(t, "mpirun.openmpi", "openmpi-bin")
+	mpirun := gortest.Tool(t, "mpirun.openmpi", "apt-get install openmpi-bin")
 	// Tagged: untagged, mpirun's lines of several ranks can run together.
 	cmd := exec.Command(mpirun, append([]string{"--allow-run-as-root", "--oversubscribe", "--tag-output", "-np", fmt.Sprint(n)}, argv...)...)
 	out, err := cmd.Output()

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 )
@@ -68,13 +69,7 @@ func escapedValueLen(v string) int {
 // (skipping without it, unless GORUN_TESTCLUSTER_REQUIRE=1).
 func buildLibPMI(tb testing.TB, dir string) (driver string) {
 	tb.Helper()
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		if os.Getenv("GORUN_TESTCLUSTER_REQUIRE") == "1" {
-			tb.Fatal("gcc not found: the PMI-1 client library cannot be built")
-		}
-		tb.Skip("no gcc: the PMI-1 client library cannot be built")
-	}
+	gcc := gortest.Tool(tb, "gcc", "apt-get install gcc: it builds the PMI-1 client library")
 	libdir, err := filepath.Abs(filepath.Join("..", "..", "libpmi"))
 	if err != nil {
 		tb.Fatal(err)
