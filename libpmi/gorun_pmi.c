@@ -47,6 +47,24 @@ static int value_announced; /* what PMI_KVS_Get_value_length_max says */
 static char rbuf[LINE_MAX_BYTES];
 static size_t rlen; /* bytes buffered in rbuf */
 
+/*
+ * Prefetch: Open MPI splits each rank's blob into keys "<job>-<rank>-key0",
+ * "key1", ... and every rank gets every other rank's one by one: a round
+ * trip to the agent each (at 64 ranks, about 700 per rank, each waiting
+ * for the agent to be scheduled). A get of a key ending in "key<N>" also
+ * asks, in the same write, for the PREFETCH keys after it; their answers
+ * (values, or not found) are kept until this rank's next put or barrier,
+ * the only events that can change what a get returns (other ranks' puts
+ * show after a barrier).
+ */
+#define PREFETCH 15
+static struct {
+	char key[LINE_MAX_BYTES / 4];
+	int found;
+	char value[LINE_MAX_BYTES / 2]; /* escaped, as the server sent it */
+} cached[PREFETCH];
+static int ncached; /* entries of cached in use; mu guards both */
+
 static int parse_int(const char *s, int *out) {
 	char *end;
 	long v;
@@ -337,6 +355,7 @@ PMI_API int PMI_Barrier(void) {
 	char reply[LINE_MAX_BYTES];
 	int rc = PMI_SUCCESS;
 	pthread_mutex_lock(&mu);
+	ncached = 0; /* other ranks' puts show after the barrier */
 	if (!initialized)
 		rc = PMI_ERR_INIT;
 	else if (exchange("cmd=barrier_in\n", reply, sizeof reply) != 0 || !ok(reply, "barrier_out"))
@@ -424,6 +443,7 @@ PMI_API int PMI_KVS_Put(const char name[], const char key[], const char value[])
 		rc = PMI_ERR_INVALID_VAL_LENGTH;
 		goto out;
 	}
+	ncached = 0; /* a prefetched answer may be this key's */
 	snprintf(line, sizeof line, "cmd=put kvsname=%s key=%s value=%s\n", kvsname, ekey, evalue);
 	rc = exchange(line, reply, sizeof reply) == 0 && ok(reply, "put_result") ? PMI_SUCCESS : PMI_FAIL;
 out:
@@ -431,19 +451,66 @@ out:
 	return rc;
 }
 
-/* get asks the server for ekey (escaped) and unescapes its value; mu held. */
-static int get(const char *ekey, char value[], int length) {
-	char line[LINE_MAX_BYTES], reply[LINE_MAX_BYTES];
-	size_t n;
-	const char *v;
-	snprintf(line, sizeof line, "cmd=get kvsname=%s key=%s\n", kvsname, ekey);
-	if (exchange(line, reply, sizeof reply) != 0 || !token_is(reply, "cmd", "get_result"))
+/* get_reply reads one get_result: its value's escaped bytes at v (n). */
+static int get_reply(char *reply, size_t cap, const char **v, size_t *n) {
+	if (read_line(reply, cap) != 0 || !token_is(reply, "cmd", "get_result"))
 		return PMI_FAIL;
 	if (!token_is(reply, "rc", "0"))
 		return PMI_ERR_INVALID_KEY; /* not found */
-	if ((v = token(reply, "value", &n)) == NULL)
+	if ((*v = token(reply, "value", n)) == NULL)
 		return PMI_FAIL;
-	return unescape_value(v, n, value, (size_t)length);
+	return PMI_SUCCESS;
+}
+
+/* get asks the server for ekey (escaped) and unescapes its value; mu held. */
+static int get(const char *ekey, char value[], int length) {
+	char lines[(PREFETCH + 1) * (LINE_MAX_BYTES / 8)], reply[LINE_MAX_BYTES];
+	size_t n, len = strlen(ekey), used, digits = 0;
+	const char *v;
+	int rc, prefetch = 0;
+	for (int i = 0; i < ncached; i++) {
+		if (strcmp(cached[i].key, ekey) == 0) {
+			if (!cached[i].found)
+				return PMI_ERR_INVALID_KEY;
+			return unescape_value(cached[i].value, strlen(cached[i].value), value, (size_t)length);
+		}
+	}
+	if (fd < 0 || len + strlen(kvsname) + 32 > LINE_MAX_BYTES / 8)
+		return PMI_FAIL;
+	used = (size_t)snprintf(lines, sizeof lines, "cmd=get kvsname=%s key=%s\n", kvsname, ekey);
+	while (digits < len && digits < 9 && ekey[len - 1 - digits] >= '0' && ekey[len - 1 - digits] <= '9')
+		digits++;
+	ncached = 0;
+	if (digits > 0 && len - digits >= 3 && strncmp(ekey + len - digits - 3, "key", 3) == 0) {
+		long next = strtol(ekey + len - digits, NULL, 10);
+		for (; prefetch < PREFETCH; prefetch++) {
+			int k = snprintf(cached[prefetch].key, sizeof cached[prefetch].key, "%.*s%ld", (int)(len - digits), ekey, next + 1 + prefetch);
+			if (k < 0 || k > keylen_max)
+				break;
+			used += (size_t)snprintf(lines + used, sizeof lines - used, "cmd=get kvsname=%s key=%s\n", kvsname, cached[prefetch].key);
+		}
+	}
+	if (write_all(lines, used) != 0)
+		return PMI_FAIL;
+	rc = get_reply(reply, sizeof reply, &v, &n);
+	if (rc == PMI_SUCCESS)
+		rc = unescape_value(v, n, value, (size_t)length);
+	/* Every answer is read, whatever the first, to keep the stream in step. */
+	for (int i = 0; i < prefetch; i++) {
+		char more[LINE_MAX_BYTES];
+		int r = get_reply(more, sizeof more, &v, &n);
+		if (r == PMI_FAIL || (r == PMI_SUCCESS && n >= sizeof cached[i].value)) {
+			ncached = 0;
+			return PMI_FAIL;
+		}
+		cached[i].found = r == PMI_SUCCESS;
+		if (cached[i].found) {
+			memcpy(cached[i].value, v, n);
+			cached[i].value[n] = '\0';
+		}
+		ncached = i + 1;
+	}
+	return rc;
 }
 
 PMI_API int PMI_KVS_Get(const char name[], const char key[], char value[], int length) {

@@ -272,3 +272,23 @@ func FuzzPMIEscape(f *testing.F) {
 		}
 	})
 }
+
+// TestPMIPrefetch: the library fetches the keys after a "key<N>" it is
+// asked for in the same round trip (Open MPI's chunks) and keeps the
+// answers until the next put or barrier: a key not found then, put
+// later, is found.
+func TestPMIPrefetch(t *testing.T) {
+	d := startPMIDriver(t, buildLibPMI(t, t.TempDir()))
+	for _, kv := range [][2]string{
+		{"7-1-key0", "first chunk"}, // prefetches 7-1-key1 to key15: none there yet
+		{"7-1-key1", "second chunk"},
+		{"7-1-key2", "third"},
+		{"7-1-key0", "first again"}, // key1 and key2 now found by the prefetch
+		{"7-1-key2", "third changed"},
+	} {
+		rc, got, err := d.roundTrip(kv[0], kv[1])
+		if err != nil || rc != [3]int32{} || got != kv[1] {
+			t.Fatalf("put %s=%q, barrier, get: rc %v, got %q, err %v", kv[0], kv[1], rc, got, err)
+		}
+	}
+}
