@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,6 +46,7 @@ type job struct {
 	cfg     Config
 	log     *slog.Logger
 	id      string
+	mpi     MPIKind // the program's MPI, as resolveMPI found it ("" unknown)
 	secret  comm.Secret
 	verbose bool
 	srv     *ctlserver.Server
@@ -159,12 +161,17 @@ func Run(ctx context.Context, c Config) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	exe, _ := os.Executable()
+	mpi, err := cfg.resolveMPI(exe)
+	if err != nil {
+		return 0, err
+	}
 	assign, err := topology.MapRanks(cfg.Hosts, topology.MapOptions{NP: cfg.NP, By: cfg.MapBy, Oversubscribe: cfg.Oversubscribe})
 	if err != nil {
 		return 0, &ConfigError{Msg: strings.TrimPrefix(err.Error(), "topology: "), Err: err}
 	}
 	j := &job{
-		cfg: cfg, log: cfg.Logger, id: NewJobID(), world: cfg.NP,
+		cfg: cfg, log: cfg.Logger, id: NewJobID(), world: cfg.NP, mpi: mpi,
 		verbose:      cfg.Logger.Enabled(ctx, slog.LevelDebug),
 		events:       make(chan *wire.Event, 1024),
 		progress:     make(chan *wire.UpProgress, 1024),
@@ -431,7 +438,7 @@ func (j *job) spec() *wire.JobSpec {
 		Prog: j.cfg.Prog, Args: j.cfg.Args, Env: j.cfg.Env, Dir: j.cfg.Dir, DirExplicit: j.cfg.dirExplicit,
 		KillGrace: j.cfg.KillGrace, HeartbeatInterval: j.cfg.HeartbeatInterval, OutputDelay: j.cfg.OutputDelay,
 		StdinRank: j.stdinRank(), TP: j.cfg.TP, PP: j.cfg.PP, GPUsPerRank: j.cfg.GPUsPerRank,
-		MaxRestarts: j.cfg.MaxRestarts, NoPMI: j.cfg.NoPMI,
+		MaxRestarts: j.cfg.MaxRestarts, NoPMI: j.cfg.NoPMI, MPI: string(j.mpi), PMILibrary: j.cfg.PMILibrary,
 		ProtectMode: string(j.cfg.ProtectMode), DiffFold: j.cfg.Diff.Fold, BaseEvery: j.cfg.Diff.BaseEvery, DiffCodec: j.cfg.Diff.Codec,
 		CkptDir: j.cfg.Durable.Dir, CkptEvery: j.cfg.Durable.Every, CkptConcurrency: j.cfg.Durable.Concurrency, CkptOverhead: j.cfg.Durable.Overhead,
 		DiffBatch: j.cfg.Durable.DiffBatch, Resume: j.cfg.Durable.Resume,

@@ -134,6 +134,7 @@ type agent struct {
 	hadRanks  bool           // ranks were started here (an idle host has none left)
 	listening map[int]bool   // the ranks whose socket is listening
 	pmiKVS    pmiKVS         // the job's PMI key-value space, as this host sees it
+	ompi      openMPI        // Open MPI's bootstrap (openmpi.go)
 	pmiWG     sync.WaitGroup // the PMI connections' goroutines
 	pmiEnds   []*os.File     // their files, closed at the end
 	env       []string       // the ranks' base environment
@@ -722,6 +723,10 @@ func (a *agent) launch(t *wire.EpochTable, places []wire.Placement, all bool) er
 	for _, pl := range places {
 		a.listen(pl.Rank)
 	}
+	ompiEnv, err := a.ompiEnv(t)
+	if err != nil {
+		return err
+	}
 	if all {
 		a.socks.launched(a.gen)
 		a.ranks = []*rankProc{} // not nil: the ranks have started
@@ -765,6 +770,7 @@ func (a *agent) launch(t *wire.EpochTable, places []wire.Placement, all bool) er
 			sock := filepath.Join(a.dir, "rank-"+strconv.Itoa(pl.Rank)+".sock")
 			renv := mergeEnv(rankEnv(a.env, a.spec, t, pl, sock, a.tmp), genv[i])
 			renv = mergeEnv(renv, restartEnv(a.gen, a.spec.MaxRestarts))
+			renv = mergeEnv(renv, ompiEnv)
 			stdin := pl.Rank == a.spec.StdinRank
 			err := p.start(a.spec, renv, stdin, a.out, a.exits, a.done)
 			if stdin {

@@ -144,7 +144,7 @@ func discardBatcher() *batcher {
 // testControlPlane starts a job's control plane with one host (host 0) and
 // connects the launcher to it: it returns the launcher's connection, the
 // host's credentials and the Dial an agent for host 0 uses.
-func testControlPlane(t *testing.T, ctx context.Context, job string) (*comm.Control, comm.HostCredentials, func(context.Context, comm.ControlOptions) (*comm.Control, error)) {
+func testControlPlane(t testing.TB, ctx context.Context, job string) (*comm.Control, comm.HostCredentials, func(context.Context, comm.ControlOptions) (*comm.Control, error)) {
 	t.Helper()
 	secret, err := comm.NewSecret()
 	if err != nil {

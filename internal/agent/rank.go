@@ -270,7 +270,7 @@ func baseEnv(inherited, extra []string) []string {
 	var env []string
 	for _, kv := range inherited {
 		k, _, _ := strings.Cut(kv, "=")
-		if drop[k] || strings.HasPrefix(k, "GORUN_") {
+		if drop[k] || strings.HasPrefix(k, "GORUN_") || slices.ContainsFunc(wire.StalePrefixes, func(p string) bool { return strings.HasPrefix(k, p) }) {
 			continue
 		}
 		env = append(env, kv)

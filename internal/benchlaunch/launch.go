@@ -27,10 +27,11 @@ type launcher struct {
 // here: both start local ranks by fork when every rank is on this host, and
 // Hydra is told so explicitly.
 //
-// prog is the program every launcher runs ("true", or an MPI program). An
-// MPICH-built program (mpich) cannot run under Open MPI's mpirun, which
-// speaks PMIx, not PMI-1: Open MPI is left out then.
-func launchers(gorun string, skipMPI bool, prog string, mpich bool) []launcher {
+// prog is the program every launcher runs ("true", or an MPI program built
+// with mpi, "mpich" or "openmpi"). An MPICH-built program cannot run under
+// Open MPI's mpirun, which speaks PMIx, not PMI-1, nor an Open MPI one
+// under Hydra: the other MPI is left out then.
+func launchers(gorun string, skipMPI bool, prog string, mpi string) []launcher {
 	ls := []launcher{
 		{name: "gorun", path: gorun, args: []string{"-np", "N", "--oversubscribe", prog}},
 		{name: "openmpi", path: "mpirun.openmpi", args: []string{"--oversubscribe", "--allow-run-as-root", "-np", "N", prog}, version: []string{"--version"}},
@@ -39,8 +40,10 @@ func launchers(gorun string, skipMPI bool, prog string, mpich bool) []launcher {
 	switch {
 	case skipMPI:
 		return ls[:1]
-	case mpich:
+	case mpi == "mpich":
 		return []launcher{ls[0], ls[2]}
+	case mpi == "openmpi":
+		return ls[:2]
 	}
 	return ls
 }

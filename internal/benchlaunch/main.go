@@ -1,6 +1,7 @@
 // Command benchlaunch compares the launch-to-exit wall time of gorun with
 // Open MPI's mpirun and MPICH's Hydra mpiexec, each running `true` on N ranks
-// (or -prog, e.g. an MPICH-built MPI program with -mpich, against Hydra).
+// (or -prog, e.g. an MPICH-built MPI program with -mpich, against Hydra, or
+// an Open MPI-built one with -openmpi, against mpirun.openmpi).
 //
 // From the repository root (scripts/bench-launch.sh installs the MPIs first):
 //
@@ -45,6 +46,7 @@ type config struct {
 	skipMPI     bool
 	prog        string // what the ranks run
 	mpich       bool   // prog is an MPICH-built MPI program
+	openmpi     bool   // prog is an Open MPI-built MPI program
 }
 
 // parseFlags parses args, reporting any error on stderr.
@@ -64,6 +66,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&cfg.skipMPI, "skip-mpi", false, "time gorun only")
 	fs.StringVar(&cfg.prog, "prog", "true", "the program every rank runs")
 	fs.BoolVar(&cfg.mpich, "mpich", false, "-prog is an MPICH-built MPI program (compared with Hydra only: Open MPI cannot run it)")
+	fs.BoolVar(&cfg.openmpi, "openmpi", false, "-prog is an Open MPI 4-built MPI program (compared with mpirun.openmpi only: Hydra cannot run it)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -71,6 +74,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	switch {
 	case fs.NArg() > 0:
 		err = fmt.Errorf("benchlaunch: unexpected argument %q", fs.Arg(0))
+	case cfg.mpich && cfg.openmpi:
+		err = errors.New("benchlaunch: -mpich or -openmpi, not both")
 	case cfg.rounds < 1, cfg.timeout <= 0, cfg.hangRuns < 0, cfg.mpiHangRuns < 0:
 		err = errors.New("benchlaunch: -rounds and -timeout must be positive, hang runs not negative")
 	}
@@ -78,6 +83,17 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		fmt.Fprintln(stderr, err)
 	}
 	return cfg, err
+}
+
+// mpiBuilt is the MPI -prog is built with: "mpich", "openmpi" or "".
+func (c config) mpiBuilt() string {
+	switch {
+	case c.mpich:
+		return "mpich"
+	case c.openmpi:
+		return "openmpi"
+	}
+	return ""
 }
 
 // parseNs parses a comma-separated list of positive rank counts.
@@ -138,6 +154,11 @@ func (b *bench) benchmark() int {
 	med := b.timeRounds(ls)
 	b.printRatios(med)
 	hangs := b.hangCheck(ls)
+	if b.cfg.openmpi {
+		fmt.Fprintf(b.out, "\ntarget: %s under gorun no slower than under mpirun.openmpi (gorun/openmpi <= 1.0) at N=16,64: %s; gorun hangs = 0: %s (mpirun.openmpi: %d)\n",
+			b.cfg.prog, verdict(med["gorun"], med["openmpi"], []int{16, 64}, 1, true), met(hangs["gorun"] == 0), hangs["openmpi"])
+		return 0
+	}
 	if b.cfg.mpich {
 		fmt.Fprintf(b.out, "\ntarget: %s under gorun no slower than under Hydra (gorun/hydra <= 1.0) at N=16,64: %s; gorun hangs = 0: %s\n",
 			b.cfg.prog, verdict(med["gorun"], med["hydra"], []int{16, 64}, 1, true), met(hangs["gorun"] == 0))
@@ -153,7 +174,7 @@ func (b *bench) benchmark() int {
 // installed prints the launchers and returns those found, with resolved paths.
 func (b *bench) installed() []launcher {
 	var ls []launcher
-	for _, l := range launchers(b.cfg.gorun, b.cfg.skipMPI, b.cfg.prog, b.cfg.mpich) {
+	for _, l := range launchers(b.cfg.gorun, b.cfg.skipMPI, b.cfg.prog, b.cfg.mpiBuilt()) {
 		path, err := exec.LookPath(l.path)
 		if err != nil {
 			fmt.Fprintf(b.out, "  %-8s skipped (not installed): %s\n", l.name, l.path)
@@ -202,7 +223,7 @@ func (b *bench) printRatios(med medians) {
 	fmt.Fprintln(b.out)
 	for _, n := range b.cfg.ns {
 		fmt.Fprintf(b.out, "N=%-4d", n)
-		for _, l := range launchers(b.cfg.gorun, false, b.cfg.prog, false) {
+		for _, l := range launchers(b.cfg.gorun, false, b.cfg.prog, "") {
 			fmt.Fprintf(b.out, "  %s %s", l.name, msOr(med[l.name], n))
 		}
 		for _, mpi := range []string{"openmpi", "hydra"} {

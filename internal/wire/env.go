@@ -1,5 +1,7 @@
 package wire
 
+import "path/filepath"
+
 // Names of the environment variables gorun sets for every rank (DESIGN.md §3).
 const (
 	EnvJobID        = "GORUN_JOB_ID"
@@ -47,6 +49,10 @@ const (
 	EnvPMIFD          = "PMI_FD"
 	EnvMPILocalRankID = "MPI_LOCALRANKID"
 	EnvMPILocalNRanks = "MPI_LOCALNRANKS"
+	// EnvPMIClique lists the ranks of the rank's host in the epoch, as
+	// ranges ("0-3,8-11"), for the PMI-1 client library Open MPI ranks
+	// load (PMI_Get_clique_ranks).
+	EnvPMIClique = "GORUN_PMI_CLIQUE"
 
 	// EnvOMPNumThreads is set to 1 when several ranks share a host and the
 	// user did not set it, as torchrun does.
@@ -78,7 +84,27 @@ var ContractNames = []string{
 // StaleNames are variables an enclosing launcher may have set that would
 // mislead a rank (another PMI server's address): gorun never passes them
 // on, and does not set them.
-var StaleNames = []string{"PMI_PORT", "PMI_ID", "PMI_VERSION", "PMI_SUBVERSION", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_SERVER_URI2", "PMIX_SERVER_URI3", "PMIX_SERVER_URI4"}
+var StaleNames = []string{"PMI_PORT", "PMI_ID", "PMI_VERSION", "PMI_SUBVERSION", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_SERVER_URI2", "PMIX_SERVER_URI3", "PMIX_SERVER_URI4",
+	"OMPI_MCA_orte_hnp_uri", "OMPI_MCA_ess", "FLUX_URI"}
+
+// StalePrefixes are the prefixes of more such variables (mpirun's and a
+// PMIx server's).
+var StalePrefixes = []string{"OMPI_MCA_orte_ess_", "PMIX_"}
+
+// PMILibraryName is the PMI-1 client library Open MPI ranks load
+// (libpmi/), which make build puts beside gorun.
+const PMILibraryName = "libgorun-pmi.so"
+
+// PMILibraryPaths returns where the library is looked for, in order: the
+// one configured, else beside the executable exe, else in ../lib/gorun/
+// from it.
+func PMILibraryPaths(configured, exe string) []string {
+	if configured != "" {
+		return []string{configured}
+	}
+	dir := filepath.Dir(exe)
+	return []string{filepath.Join(dir, PMILibraryName), filepath.Join(filepath.Dir(dir), "lib", "gorun", PMILibraryName)}
+}
 
 // PMIFD is the descriptor number of a rank's PMI connection.
 const PMIFD = 3

@@ -176,6 +176,12 @@ type JobSpec struct {
 	GPUsPerRank int `json:"gpr,omitempty"`
 	// NoPMI: the ranks get no PMI connection (--pmi=false).
 	NoPMI bool `json:"nopmi,omitempty"`
+	// MPI is the MPI the program is built with, as the launcher found it
+	// (--mpi): "openmpi" or "mpich", or "" when not known (the ranks then
+	// get what either needs). PMILibrary is the PMI-1 client library Open
+	// MPI ranks load ("": the one beside the agent's executable).
+	MPI        string `json:"mpi,omitempty"`
+	PMILibrary string `json:"pmilib,omitempty"`
 	// MaxRestarts is how many times the ranks may be restarted in place
 	// after a failure (--max-restarts).
 	MaxRestarts int `json:"maxrestarts,omitempty"`

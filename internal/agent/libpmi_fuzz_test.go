@@ -1,0 +1,294 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/gortest"
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/nats-io/nats.go"
+)
+
+// The PMI-1 client library Open MPI ranks load (libpmi/gorun_pmi.c)
+// escapes what the simple protocol cannot carry. FuzzPMIEscape runs it,
+// built with gcc, in a C driver connected to a real pmiConn whose
+// barriers are real fences of a rankSockets over a control plane: any
+// NUL-free key and value a program puts come back unchanged from get
+// after a barrier, or the put fails with the length error exactly when
+// the escaped form is too long; the server never sees a malformed line.
+
+// PMI-1's return codes the driver reports (libpmi/pmi.h).
+const (
+	pmiSuccess          = 0
+	pmiErrInvalidKey    = 4
+	pmiErrInvalidKeyLen = 5
+	pmiErrInvalidValLen = 7
+)
+
+// escapedKeyLen and escapedValueLen are the lengths of the library's
+// escapes: keys keep [a-z0-9], values the bytes 0x21-0x7e but '%'; every
+// other byte takes three.
+func escapedKeyLen(k string) int {
+	n := 0
+	for _, c := range []byte(k) {
+		if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' {
+			n++
+		} else {
+			n += 3
+		}
+	}
+	return n
+}
+
+func escapedValueLen(v string) int {
+	n := 0
+	for _, c := range []byte(v) {
+		if c >= 0x21 && c <= 0x7e && c != '%' {
+			n++
+		} else {
+			n += 3
+		}
+	}
+	return n
+}
+
+// buildLibPMI builds libgorun-pmi.so and the driver into dir with gcc
+// (skipping without it, unless GORUN_TESTCLUSTER_REQUIRE=1).
+func buildLibPMI(tb testing.TB, dir string) (driver string) {
+	tb.Helper()
+	gcc := gortest.Tool(tb, "gcc", "apt-get install gcc: it builds the PMI-1 client library")
+	libdir, err := filepath.Abs(filepath.Join("..", "..", "libpmi"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	so := filepath.Join(dir, "libgorun-pmi.so")
+	driver = filepath.Join(dir, "pmidriver")
+	for _, args := range [][]string{
+		{"-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror", "-o", so, filepath.Join(libdir, "gorun_pmi.c"), "-lpthread"},
+		{"-O1", "-Wall", "-Werror", "-I", libdir, "-o", driver, filepath.Join("testdata", "pmidriver.c"), so, "-Wl,-rpath," + dir},
+	} {
+		if out, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
+			tb.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	return driver
+}
+
+// pmiDriver is one running driver and the server side of its rank.
+type pmiDriver struct {
+	in        io.Writer
+	out       *bufio.Reader
+	served    chan error // the pmiConn's end
+	announced int        // PMI_KVS_Get_value_length_max
+	broken    error      // a read that failed: the driver's answers are out of step
+}
+
+// startPMIDriver starts the driver as rank 0 of a one-rank job whose
+// fences go through a control plane to a launcher that merges them.
+func startPMIDriver(tb testing.TB, driver string) *pmiDriver {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	tb.Cleanup(cancel)
+	const job = "libpmi"
+	l, _, dial := testControlPlane(tb, ctx, job)
+	ctl, err := dial(ctx, comm.ControlOptions{Name: "h0"})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(ctl.Close)
+	subj := wire.JobSubjects(job)
+	// The launcher's part of a fence with one host: its keys are the
+	// merged result.
+	if _, err := l.Subscribe(subj.UpFence, func(m *nats.Msg) {
+		uf, err := wire.DecodeUpFence(m.Data)
+		if err != nil {
+			tb.Errorf("fence: %v", err)
+			return
+		}
+		_ = l.Publish(subj.Fence, wire.Marshal(&wire.Fence{Epoch: uf.Epoch, Seq: uf.Seq, KV: uf.KV}))
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	s := &rankSockets{
+		job: job, log: slog.New(slog.DiscardHandler), nc: ctl.Conn, subj: subj.ForHost(0), stop: make(chan struct{}),
+		world: 1, local: 1, conns: map[net.Conn]*session{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
+	}
+	if _, err := ctl.Subscribe(subj.Fence, s.fenceDone); err != nil {
+		tb.Fatal(err)
+	}
+	if err := ctl.Flush(); err != nil {
+		tb.Fatal(err)
+	}
+	if err := l.Flush(); err != nil {
+		tb.Fatal(err)
+	}
+	mine, theirs, err := pmiSocketPair()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd := exec.Command(driver)
+	cmd.Env = []string{"PMI_FD=3", "PMI_RANK=0", "PMI_SIZE=1"}
+	cmd.ExtraFiles = []*os.File{theirs}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	theirs.Close()
+	kvs := &pmiKVS{kv: map[string]string{}, merged: -1}
+	c := &pmiConn{s: s, kvs: kvs, size: 1, kvsname: "gorun-" + job, rw: mine, pending: map[string]string{},
+		aborted: func(int, string) {}, failed: func(string) {}, session: func(int32) {}}
+	d := &pmiDriver{in: in, out: bufio.NewReader(out), served: make(chan error, 1)}
+	go func() { d.served <- c.serve(); mine.Close() }()
+	tb.Cleanup(func() {
+		in.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		close(s.stop)
+	})
+	var vmax int32
+	if err := d.read(&vmax); err != nil {
+		tb.Fatalf("the driver did not initialize PMI: %v", err)
+	}
+	d.announced = int(vmax)
+	return d
+}
+
+// read reads one answer of the driver, or fails if the server ended.
+func (d *pmiDriver) read(v any) error {
+	if d.broken != nil {
+		return d.broken
+	}
+	done := make(chan error, 1)
+	go func() { done <- binary.Read(d.out, binary.LittleEndian, v) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			d.broken = err
+		}
+		return err
+	case err := <-d.served:
+		d.served <- err
+		d.broken = fmt.Errorf("the PMI server ended the connection: %w", err)
+	case <-time.After(10 * time.Second):
+		d.broken = errors.New("no answer from the driver in 10 s")
+	}
+	return d.broken
+}
+
+// roundTrip puts key=value, enters a barrier and gets key: the three
+// return codes and the value got.
+func (d *pmiDriver) roundTrip(key, value string) (rc [3]int32, got string, err error) {
+	var req []byte
+	for _, s := range []string{key, value} {
+		req = binary.LittleEndian.AppendUint32(req, uint32(len(s)))
+		req = append(req, s...)
+	}
+	if _, err := d.in.Write(req); err != nil {
+		return rc, "", err
+	}
+	if err := d.read(&rc); err != nil {
+		return rc, "", err
+	}
+	var n uint32
+	if err := d.read(&n); err != nil {
+		return rc, "", err
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(d.out, b); err != nil {
+		return rc, "", err
+	}
+	return rc, string(b), nil
+}
+
+func FuzzPMIEscape(f *testing.F) {
+	// Open MPI 4.1's flux keys and a part of a blob (base64 with its
+	// '-' padding), from an e2e run's trace; the bytes the escapes are
+	// for.
+	f.Add("123-0-key0", "cG1peC5jcHVzZXQAMDMAMDAwNAAwLTEAcG1peC5obmFtZQAwMwAwMDAzAHZtAGJ0bC50Y3AuNC4x/QAAAAAAAA--")
+	f.Add("2147483647-65535-key99", "a b  c\td\ne")
+	f.Add("k", "100% _%20_")
+	f.Add("under_score", "\xc2\x85\xc2\xa0\xff\x80\x01")
+	f.Add("UPPER Case=key", "value=with=equals cmd=put")
+	f.Add("", "empty key")
+	f.Add("empty", "")
+	f.Add(strings.Repeat("-", 22), "key escaped to 66 bytes")
+	f.Add("long", strings.Repeat("%", 225))
+	f.Add("long2", strings.Repeat("x", pmiValueUsable))
+	f.Add("long3", strings.Repeat("x", pmiValueUsable+1))
+	driver := buildLibPMI(f, f.TempDir())
+	d := startPMIDriver(f, driver)
+	if d.announced < 512 || d.announced > pmiValueUsable || d.announced%8 != 0 {
+		f.Fatalf("the library announces vallen_max %d: want a multiple of 8 in [512, %d]", d.announced, pmiValueUsable)
+	}
+	f.Fuzz(func(t *testing.T, key, value string) {
+		key, value = strings.ReplaceAll(key, "\x00", ""), strings.ReplaceAll(value, "\x00", "")
+		if key == "PMI_process_mapping" {
+			return // the server's own key: a get asks for it unescaped
+		}
+		rc, got, err := d.roundTrip(key, value)
+		if err != nil {
+			t.Fatalf("put %q=%q: %v", key, value, err)
+		}
+		var want int32
+		switch {
+		case key == "":
+			want = pmiErrInvalidKey
+		case escapedKeyLen(key) > pmiKeyMax:
+			want = pmiErrInvalidKeyLen
+		case escapedValueLen(value) > pmiValueUsable:
+			want = pmiErrInvalidValLen
+		}
+		if rc[0] != want {
+			t.Fatalf("put %q (escaped %d bytes) = %q (escaped %d bytes): rc %d, want %d", key, escapedKeyLen(key), value, escapedValueLen(value), rc[0], want)
+		}
+		if want != pmiSuccess {
+			return
+		}
+		if rc[1] != pmiSuccess || rc[2] != pmiSuccess {
+			t.Fatalf("put %q=%q: barrier rc %d, get rc %d", key, value, rc[1], rc[2])
+		}
+		if got != value {
+			t.Fatalf("put %q=%q, got %q", key, value, got)
+		}
+	})
+}
+
+// TestPMIPrefetch: the library fetches the keys after a "key<N>" it is
+// asked for in the same round trip (Open MPI's chunks) and keeps the
+// answers until the next put or barrier: a key not found then, put
+// later, is found.
+func TestPMIPrefetch(t *testing.T) {
+	d := startPMIDriver(t, buildLibPMI(t, t.TempDir()))
+	for _, kv := range [][2]string{
+		{"7-1-key0", "first chunk"}, // prefetches 7-1-key1 to key15: none there yet
+		{"7-1-key1", "second chunk"},
+		{"7-1-key2", "third"},
+		{"7-1-key0", "first again"}, // key1 and key2 now found by the prefetch
+		{"7-1-key2", "third changed"},
+	} {
+		rc, got, err := d.roundTrip(kv[0], kv[1])
+		if err != nil || rc != [3]int32{} || got != kv[1] {
+			t.Fatalf("put %s=%q, barrier, get: rc %v, got %q, err %v", kv[0], kv[1], rc, got, err)
+		}
+	}
+}

@@ -1,0 +1,155 @@
+package agent
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/gorun/gorun/internal/wire"
+)
+
+func TestOpenMPIEnvPerKind(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		spec wire.JobSpec
+		want bool // the ranks get Open MPI's variables
+	}{
+		{"openmpi", wire.JobSpec{MPI: "openmpi"}, true},
+		{"unknown", wire.JobSpec{}, true},
+		{"mpich", wire.JobSpec{MPI: "mpich"}, false},
+		{"pmi=false", wire.JobSpec{MPI: "openmpi", NoPMI: true}, false},
+		{"pmi=false unknown", wire.JobSpec{NoPMI: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := wantsOpenMPI(&tc.spec); got != tc.want {
+				t.Errorf("wantsOpenMPI = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestOpenMPIEnvValues(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		user []string // -x
+		want map[string]string
+	}{
+		{"all set", nil, map[string]string{
+			envOMPIPMIx: "flux", envFluxPMILibrary: "/opt/gorun/libgorun-pmi.so",
+			envOMPIVaderDir: "/tmp/job/ompi-2", envOMPITmpdirBase: "/tmp/job/ompi-2", wire.EnvPMIClique: "0-1,4",
+		}},
+		{"the user's -x wins", []string{"OMPI_MCA_pmix=s1", "OMPI_MCA_btl_vader_backing_directory=/dev/shm"}, map[string]string{
+			envFluxPMILibrary: "/opt/gorun/libgorun-pmi.so", envOMPITmpdirBase: "/tmp/job/ompi-2", wire.EnvPMIClique: "0-1,4",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := envMap(t, openMPIEnv(tc.user, "j1", 2, "/opt/gorun/libgorun-pmi.so", "/tmp/job/ompi-2", []int{4, 0, 1}))
+			id := got[envFluxJobID]
+			delete(got, envFluxJobID)
+			if hasVar(tc.user, envFluxJobID) != (id == "") {
+				t.Errorf("FLUX_JOB_ID %q with -x %q", id, tc.user)
+			}
+			if len(got) != len(tc.want) {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+			for k, v := range tc.want {
+				if got[k] != v {
+					t.Errorf("%s = %q, want %q", k, got[k], v)
+				}
+			}
+		})
+	}
+}
+
+// TestFluxJobID: an integer Open MPI can take (bit 15 clear: see
+// fluxJobID), the same on every host for a generation, another for the
+// next.
+func TestFluxJobID(t *testing.T) {
+	seen := map[string]bool{}
+	for _, job := range []string{"j1", "abcdefghij", "z32t2qrn2zjyqdom", "5t4vn7dqyshmmdmm"} {
+		for gen := range uint64(4) {
+			id := fluxJobID(job, gen)
+			n, err := strconv.ParseUint(id, 10, 32)
+			if err != nil || n == 0 || n&0x8000 != 0 || n&0x80000000 != 0 {
+				t.Errorf("fluxJobID(%s, %d) = %q: want a positive integer with bits 15 and 31 clear", job, gen, id)
+			}
+			if fluxJobID(job, gen) != id {
+				t.Errorf("fluxJobID(%s, %d) changes", job, gen)
+			}
+			if seen[id] {
+				t.Errorf("fluxJobID(%s, %d) = %s again", job, gen, id)
+			}
+			seen[id] = true
+		}
+	}
+}
+
+func TestCliqueString(t *testing.T) {
+	for _, tc := range []struct {
+		ranks []int
+		want  string
+	}{
+		{[]int{0}, "0"},
+		{[]int{0, 1, 2, 3}, "0-3"},
+		{[]int{0, 1, 4}, "0-1,4"},
+		{[]int{11, 8, 9, 10, 3, 2, 1, 0}, "0-3,8-11"},
+		{[]int{5, 7, 9}, "5,7,9"},
+		{nil, ""},
+	} {
+		if got := cliqueString(tc.ranks); got != tc.want {
+			t.Errorf("cliqueString(%v) = %q, want %q", tc.ranks, got, tc.want)
+		}
+	}
+}
+
+func TestPMILibraryLookupOrder(t *testing.T) {
+	root := t.TempDir()
+	bin := filepath.Join(root, "bin")
+	installed := filepath.Join(root, "lib", "gorun")
+	for _, d := range []string{bin, installed} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exe := filepath.Join(bin, "gorun")
+	put := func(p string) {
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := findPMILibrary(wire.PMILibraryPaths("", exe)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("no library: err %v", err)
+	}
+	put(filepath.Join(installed, wire.PMILibraryName))
+	if got, _ := findPMILibrary(wire.PMILibraryPaths("", exe)); got != filepath.Join(installed, wire.PMILibraryName) {
+		t.Errorf("only ../lib/gorun has it: got %q", got)
+	}
+	put(filepath.Join(bin, wire.PMILibraryName))
+	if got, _ := findPMILibrary(wire.PMILibraryPaths("", exe)); got != filepath.Join(bin, wire.PMILibraryName) {
+		t.Errorf("beside the executable first: got %q", got)
+	}
+	mine := filepath.Join(root, "mine.so")
+	if _, err := findPMILibrary(wire.PMILibraryPaths(mine, exe)); err == nil {
+		t.Errorf("a configured library that is missing was not reported")
+	}
+	put(mine)
+	if got, _ := findPMILibrary(wire.PMILibraryPaths(mine, exe)); got != mine {
+		t.Errorf("the configured library first: got %q", got)
+	}
+}
+
+// TestBaseEnvStripsMpirunVariables: what mpirun (and a PMIx server) set
+// for a job gorun runs inside is not passed on.
+func TestBaseEnvStripsMpirunVariables(t *testing.T) {
+	got := envMap(t, baseEnv([]string{
+		"OMPI_MCA_orte_hnp_uri=1234.0;tcp://10.0.0.1:4000", "OMPI_MCA_ess=pmi", "OMPI_MCA_orte_ess_num_procs=4",
+		"PMIX_SERVER_URI41=x", "PMIX_ID=y", "FLUX_URI=local:///run", "OMPI_MCA_btl=self,vader", "PATH=/bin",
+	}, nil))
+	want := map[string]string{"OMPI_MCA_btl": "self,vader", "PATH": "/bin"}
+	if len(got) != len(want) || got["OMPI_MCA_btl"] != want["OMPI_MCA_btl"] || got["PATH"] != "/bin" {
+		t.Errorf("baseEnv kept %q, want %q", got, want)
+	}
+}

@@ -1,0 +1,658 @@
+/*
+ * libgorun-pmi.so: a PMI-1 client library over gorun's PMI server.
+ *
+ * Open MPI 4's flux pmix component dlopens the library FLUX_PMI_LIBRARY_PATH
+ * names and bootstraps through its PMI-1 calls. gorun's agent serves the
+ * PMI-1 "simple" wire protocol on the descriptor PMI_FD (for MPICH, whose
+ * own client speaks it); this library speaks it too, one request line and
+ * one reply line at a time, under a mutex (Open MPI's progress thread may
+ * call in).
+ *
+ * The wire carries space-separated key=value tokens, so what a program
+ * puts is escaped here, and unescaped on get (the server stays strict):
+ *   keys:   [a-z0-9] pass; every other byte becomes '_' and two lowercase
+ *           hex digits ("1-0-key0" -> "1_2d0_2dkey0"); at most keylen_max
+ *           escaped bytes.
+ *   values: bytes 0x21-0x7e pass except '%'; every other byte becomes '%'
+ *           and two lowercase hex digits; at most the usable value length
+ *           (vallen_max - kvsname_max - keylen_max - 31, from get_maxes)
+ *           escaped bytes.
+ * A put too long once escaped fails (PMI_ERR_INVALID_KEY_LENGTH,
+ * PMI_ERR_INVALID_VAL_LENGTH) with a note on stderr, never truncated.
+ *
+ * Built by make build: gcc -O2 -fPIC -shared -fvisibility=hidden; it needs
+ * only libc and exports only the PMI_* calls.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pmi.h"
+
+/* The longest reply line read; the server's lines are shorter. */
+#define LINE_MAX_BYTES 8192
+#define ABORT_MSG_MAX 400
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* guards every field below */
+static int fd = -1;
+static int initialized;
+static int rank = -1, size = -1;
+static char kvsname[1024];
+static int kvsname_max, keylen_max, vallen_max;
+static int value_usable;   /* the longest escaped value the server takes */
+static int value_announced; /* what PMI_KVS_Get_value_length_max says */
+static char rbuf[LINE_MAX_BYTES];
+static size_t rlen; /* bytes buffered in rbuf */
+
+/*
+ * Prefetch: Open MPI splits each rank's blob into keys "<job>-<rank>-key0",
+ * "key1", ... and every rank gets every other rank's one by one: a round
+ * trip to the agent each (at 64 ranks, about 700 per rank, each waiting
+ * for the agent to be scheduled). A get of a key ending in "key<N>" also
+ * asks, in the same write, for the PREFETCH keys after it; their answers
+ * (values, or not found) are kept until this rank's next put or barrier,
+ * the only events that can change what a get returns (other ranks' puts
+ * show after a barrier).
+ */
+#define PREFETCH 15
+static struct {
+	char key[LINE_MAX_BYTES / 4];
+	int found;
+	char value[LINE_MAX_BYTES / 2]; /* escaped, as the server sent it */
+} cached[PREFETCH];
+static int ncached; /* entries of cached in use; mu guards both */
+
+static int parse_int(const char *s, int *out) {
+	char *end;
+	long v;
+	if (s == NULL || *s == '\0')
+		return -1;
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (errno != 0 || *end != '\0' || v < 0 || v > 0x7fffffff)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+static int write_all(const char *p, size_t n) {
+	while (n > 0) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return -1;
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+/* read_line reads one line into line (NUL-terminated, without its newline). */
+static int read_line(char *line, size_t cap) {
+	for (;;) {
+		char *nl = memchr(rbuf, '\n', rlen);
+		if (nl != NULL) {
+			size_t n = (size_t)(nl - rbuf);
+			if (n + 1 > cap)
+				return -1;
+			memcpy(line, rbuf, n);
+			line[n] = '\0';
+			rlen -= n + 1;
+			memmove(rbuf, nl + 1, rlen);
+			return 0;
+		}
+		if (rlen == sizeof rbuf)
+			return -1;
+		ssize_t r = read(fd, rbuf + rlen, sizeof rbuf - rlen);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return -1;
+		rlen += (size_t)r;
+	}
+}
+
+/* exchange sends req (one line, with its newline) and reads the reply. */
+static int exchange(const char *req, char *reply, size_t cap) {
+	if (fd < 0 || write_all(req, strlen(req)) != 0 || read_line(reply, cap) != 0)
+		return -1;
+	return 0;
+}
+
+/*
+ * token finds name=value in a reply line and returns value's start and
+ * length, or NULL.
+ */
+static const char *token(const char *line, const char *name, size_t *len) {
+	size_t nl = strlen(name);
+	const char *p = line;
+	while (*p != '\0') {
+		while (*p == ' ')
+			p++;
+		const char *end = strchr(p, ' ');
+		if (end == NULL)
+			end = p + strlen(p);
+		if ((size_t)(end - p) > nl && strncmp(p, name, nl) == 0 && p[nl] == '=') {
+			*len = (size_t)(end - p) - nl - 1;
+			return p + nl + 1;
+		}
+		p = end;
+	}
+	return NULL;
+}
+
+/* token_is says whether the reply's name is want. */
+static int token_is(const char *line, const char *name, const char *want) {
+	size_t n;
+	const char *v = token(line, name, &n);
+	return v != NULL && n == strlen(want) && strncmp(v, want, n) == 0;
+}
+
+/* token_int reads the reply's name as an int. */
+static int token_int(const char *line, const char *name, int *out) {
+	char tmp[16];
+	size_t n;
+	const char *v = token(line, name, &n);
+	if (v == NULL || n == 0 || n >= sizeof tmp)
+		return -1;
+	memcpy(tmp, v, n);
+	tmp[n] = '\0';
+	return parse_int(tmp, out);
+}
+
+/* ok says whether reply is cmd=want with rc=0. */
+static int ok(const char *reply, const char *want) {
+	return token_is(reply, "cmd", want) && token_is(reply, "rc", "0");
+}
+
+static const char hexdigits[] = "0123456789abcdef";
+
+static int unhex(char c) {
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+static int key_plain(unsigned char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
+static int value_plain(unsigned char c) { return c >= 0x21 && c <= 0x7e && c != '%'; }
+
+/*
+ * escape writes in's escaped form into out (cap bytes with its NUL): the
+ * bytes plain accepts as they are, every other one as mark and two hex
+ * digits. It returns the length, or -1 if longer than max.
+ */
+static int escape(const char *in, char *out, size_t cap, int max, int (*plain)(unsigned char), char mark) {
+	size_t n = 0;
+	for (const unsigned char *p = (const unsigned char *)in; *p != '\0'; p++) {
+		int keep = plain(*p);
+		size_t need = keep ? 1 : 3;
+		if (n + need > (size_t)max || n + need + 1 > cap)
+			return -1;
+		if (keep) {
+			out[n++] = (char)*p;
+		} else {
+			out[n++] = mark;
+			out[n++] = hexdigits[*p >> 4];
+			out[n++] = hexdigits[*p & 15];
+		}
+	}
+	out[n] = '\0';
+	return (int)n;
+}
+
+/*
+ * unescape_value decodes the n escaped bytes at in into out (cap bytes with
+ * its NUL): PMI_ERR_INVALID_VAL for a malformed escape (or one of a NUL,
+ * which a C string cannot hold), PMI_ERR_INVALID_LENGTH if out is too
+ * small.
+ */
+static int unescape_value(const char *in, size_t n, char *out, size_t cap) {
+	size_t o = 0;
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)in[i];
+		if (c == '%') {
+			int hi, lo;
+			if (i + 2 >= n)
+				return PMI_ERR_INVALID_VAL;
+			hi = unhex(in[i + 1]);
+			lo = unhex(in[i + 2]);
+			if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
+				return PMI_ERR_INVALID_VAL;
+			c = (unsigned char)(hi << 4 | lo);
+			i += 2;
+		} else if (c < 0x21 || c > 0x7e) {
+			return PMI_ERR_INVALID_VAL;
+		}
+		if (o + 1 >= cap)
+			return PMI_ERR_INVALID_LENGTH;
+		out[o++] = (char)c;
+	}
+	if (o >= cap)
+		return PMI_ERR_INVALID_LENGTH;
+	out[o] = '\0';
+	return PMI_SUCCESS;
+}
+
+PMI_API int PMI_Init(int *spawned) {
+	char reply[LINE_MAX_BYTES];
+	int f, r, s, rc = PMI_FAIL;
+	if (spawned == NULL)
+		return PMI_ERR_INVALID_ARG;
+	pthread_mutex_lock(&mu);
+	if (initialized) {
+		*spawned = 0;
+		pthread_mutex_unlock(&mu);
+		return PMI_SUCCESS;
+	}
+	if (parse_int(getenv("PMI_FD"), &f) != 0 || parse_int(getenv("PMI_RANK"), &r) != 0 ||
+	    parse_int(getenv("PMI_SIZE"), &s) != 0 || s < 1 || r >= s) {
+		fprintf(stderr, "libgorun-pmi: PMI_FD, PMI_RANK or PMI_SIZE missing or invalid: not started by gorun?\n");
+		goto out;
+	}
+	fd = f;
+	rlen = 0;
+	if (exchange("cmd=init pmi_version=1 pmi_subversion=1\n", reply, sizeof reply) != 0 ||
+	    !ok(reply, "response_to_init"))
+		goto fail;
+	if (exchange("cmd=get_maxes\n", reply, sizeof reply) != 0 || !ok(reply, "maxes") ||
+	    token_int(reply, "kvsname_max", &kvsname_max) != 0 || token_int(reply, "keylen_max", &keylen_max) != 0 ||
+	    token_int(reply, "vallen_max", &vallen_max) != 0)
+		goto fail;
+	/*
+	 * MPICH's client takes a value of at most vallen_max - kvsname_max -
+	 * keylen_max - 30 bytes (with its NUL) in a get_result, and gorun's
+	 * server refuses longer puts. Open MPI splits its blobs into chunks of
+	 * 3/4 of the length announced to it: announcing 8/9 of the usable
+	 * length, a multiple of 8, leaves the escapes of a chunk room.
+	 */
+	value_usable = vallen_max - kvsname_max - keylen_max - 31;
+	value_announced = value_usable * 8 / 9 / 8 * 8;
+	if (keylen_max < 1 || value_usable < 64 || keylen_max > LINE_MAX_BYTES / 4 || vallen_max > LINE_MAX_BYTES / 2)
+		goto fail;
+	if (exchange("cmd=get_my_kvsname\n", reply, sizeof reply) != 0 || !ok(reply, "my_kvsname"))
+		goto fail;
+	{
+		size_t n;
+		const char *v = token(reply, "kvsname", &n);
+		if (v == NULL || n == 0 || n >= sizeof kvsname || (kvsname_max > 0 && n > (size_t)kvsname_max))
+			goto fail;
+		memcpy(kvsname, v, n);
+		kvsname[n] = '\0';
+	}
+	rank = r;
+	size = s;
+	initialized = 1;
+	*spawned = 0;
+	rc = PMI_SUCCESS;
+	goto out;
+fail:
+	fprintf(stderr, "libgorun-pmi: PMI_Init: no valid answer from gorun's PMI server on descriptor %d\n", f);
+	fd = -1;
+out:
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+PMI_API int PMI_Initialized(int *out) {
+	if (out == NULL)
+		return PMI_ERR_INVALID_ARG;
+	pthread_mutex_lock(&mu);
+	*out = initialized;
+	pthread_mutex_unlock(&mu);
+	return PMI_SUCCESS;
+}
+
+PMI_API int PMI_Finalize(void) {
+	char reply[LINE_MAX_BYTES];
+	int rc = PMI_SUCCESS;
+	pthread_mutex_lock(&mu);
+	if (initialized) {
+		/* The descriptor stays open, as MPICH's client leaves it. */
+		if (exchange("cmd=finalize\n", reply, sizeof reply) != 0 || !ok(reply, "finalize_ack"))
+			rc = PMI_FAIL;
+		initialized = 0;
+	}
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+/* getint returns *field once initialized. */
+static int getint(int *out, const int *field) {
+	int rc = PMI_SUCCESS;
+	if (out == NULL)
+		return PMI_ERR_INVALID_ARG;
+	pthread_mutex_lock(&mu);
+	if (!initialized)
+		rc = PMI_ERR_INIT;
+	else
+		*out = *field;
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+PMI_API int PMI_Get_size(int *out) { return getint(out, &size); }
+PMI_API int PMI_Get_rank(int *out) { return getint(out, &rank); }
+PMI_API int PMI_Get_universe_size(int *out) { return getint(out, &size); }
+PMI_API int PMI_KVS_Get_name_length_max(int *out) { return getint(out, &kvsname_max); }
+PMI_API int PMI_KVS_Get_key_length_max(int *out) { return getint(out, &keylen_max); }
+PMI_API int PMI_KVS_Get_value_length_max(int *out) { return getint(out, &value_announced); }
+PMI_API int PMI_Get_id_length_max(int *out) { return getint(out, &kvsname_max); }
+
+PMI_API int PMI_Get_appnum(int *out) {
+	static const int zero = 0;
+	return getint(out, &zero);
+}
+
+PMI_API int PMI_Barrier(void) {
+	char reply[LINE_MAX_BYTES];
+	int rc = PMI_SUCCESS;
+	pthread_mutex_lock(&mu);
+	ncached = 0; /* other ranks' puts show after the barrier */
+	if (!initialized)
+		rc = PMI_ERR_INIT;
+	else if (exchange("cmd=barrier_in\n", reply, sizeof reply) != 0 || !ok(reply, "barrier_out"))
+		rc = PMI_FAIL;
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+PMI_API int PMI_Abort(int exit_code, const char error_msg[]) {
+	char line[64 + ABORT_MSG_MAX + 2];
+	int n;
+	pthread_mutex_lock(&mu);
+	if (fd >= 0) {
+		/* The message is the rest of the line: its newlines become spaces. */
+		n = snprintf(line, sizeof line - 2, "cmd=abort exitcode=%d message=", exit_code);
+		for (const char *p = error_msg ? error_msg : ""; *p != '\0' && n < (int)sizeof line - 2; p++)
+			line[n++] = (*p == '\n' || *p == '\r') ? ' ' : *p;
+		line[n++] = '\n';
+		line[n] = '\0';
+		if (write_all(line, (size_t)n) == 0) {
+			/* Until the agent kills this process, as under MPICH's client. */
+			char buf[256];
+			while (read(fd, buf, sizeof buf) > 0 || errno == EINTR)
+				;
+		}
+	}
+	_exit(exit_code);
+}
+
+/* copy_name copies kvsname into out (length bytes with its NUL). */
+static int copy_name(char out[], int length) {
+	int rc = PMI_SUCCESS;
+	if (out == NULL)
+		return PMI_ERR_INVALID_ARG;
+	pthread_mutex_lock(&mu);
+	if (!initialized)
+		rc = PMI_ERR_INIT;
+	else if (length < 0 || strlen(kvsname) + 1 > (size_t)length)
+		rc = PMI_ERR_INVALID_LENGTH;
+	else
+		strcpy(out, kvsname);
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+PMI_API int PMI_KVS_Get_my_name(char out[], int length) { return copy_name(out, length); }
+PMI_API int PMI_Get_id(char out[], int length) { return copy_name(out, length); }
+PMI_API int PMI_Get_kvs_domain_id(char out[], int length) { return copy_name(out, length); }
+
+PMI_API int PMI_KVS_Commit(const char name[]) {
+	(void)name; /* the server keeps the puts until the barrier */
+	return PMI_SUCCESS;
+}
+
+/* check_kvs checks a call's kvsname; mu held. */
+static int check_kvs(const char name[]) {
+	if (!initialized)
+		return PMI_ERR_INIT;
+	if (name == NULL || strcmp(name, kvsname) != 0)
+		return PMI_ERR_INVALID_ARG;
+	return PMI_SUCCESS;
+}
+
+/* put_key escapes key into out; mu held. */
+static int put_key(const char key[], char *out, size_t cap) {
+	if (key == NULL || key[0] == '\0')
+		return PMI_ERR_INVALID_KEY;
+	if (escape(key, out, cap, keylen_max, key_plain, '_') < 0) {
+		fprintf(stderr, "libgorun-pmi: key \"%.80s\" is longer than %d bytes once escaped (only a-z and 0-9 take one byte)\n", key, keylen_max);
+		return PMI_ERR_INVALID_KEY_LENGTH;
+	}
+	return PMI_SUCCESS;
+}
+
+PMI_API int PMI_KVS_Put(const char name[], const char key[], const char value[]) {
+	char ekey[LINE_MAX_BYTES / 4], evalue[LINE_MAX_BYTES / 2], line[LINE_MAX_BYTES], reply[LINE_MAX_BYTES];
+	int rc;
+	if (value == NULL)
+		return PMI_ERR_INVALID_VAL;
+	pthread_mutex_lock(&mu);
+	if ((rc = check_kvs(name)) != PMI_SUCCESS || (rc = put_key(key, ekey, sizeof ekey)) != PMI_SUCCESS)
+		goto out;
+	if (escape(value, evalue, sizeof evalue, value_usable, value_plain, '%') < 0) {
+		fprintf(stderr, "libgorun-pmi: the value of key \"%.80s\" is longer than %d bytes once escaped\n", key, value_usable);
+		rc = PMI_ERR_INVALID_VAL_LENGTH;
+		goto out;
+	}
+	ncached = 0; /* a prefetched answer may be this key's */
+	snprintf(line, sizeof line, "cmd=put kvsname=%s key=%s value=%s\n", kvsname, ekey, evalue);
+	rc = exchange(line, reply, sizeof reply) == 0 && ok(reply, "put_result") ? PMI_SUCCESS : PMI_FAIL;
+out:
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+/* get_reply reads one get_result: its value's escaped bytes at v (n). */
+static int get_reply(char *reply, size_t cap, const char **v, size_t *n) {
+	if (read_line(reply, cap) != 0 || !token_is(reply, "cmd", "get_result"))
+		return PMI_FAIL;
+	if (!token_is(reply, "rc", "0"))
+		return PMI_ERR_INVALID_KEY; /* not found */
+	if ((*v = token(reply, "value", n)) == NULL)
+		return PMI_FAIL;
+	return PMI_SUCCESS;
+}
+
+/* get asks the server for ekey (escaped) and unescapes its value; mu held. */
+static int get(const char *ekey, char value[], int length) {
+	char lines[(PREFETCH + 1) * (LINE_MAX_BYTES / 8)], reply[LINE_MAX_BYTES];
+	size_t n, len = strlen(ekey), used, digits = 0;
+	const char *v;
+	int rc, prefetch = 0;
+	for (int i = 0; i < ncached; i++) {
+		if (strcmp(cached[i].key, ekey) == 0) {
+			if (!cached[i].found)
+				return PMI_ERR_INVALID_KEY;
+			return unescape_value(cached[i].value, strlen(cached[i].value), value, (size_t)length);
+		}
+	}
+	if (fd < 0 || len + strlen(kvsname) + 32 > LINE_MAX_BYTES / 8)
+		return PMI_FAIL;
+	used = (size_t)snprintf(lines, sizeof lines, "cmd=get kvsname=%s key=%s\n", kvsname, ekey);
+	while (digits < len && digits < 9 && ekey[len - 1 - digits] >= '0' && ekey[len - 1 - digits] <= '9')
+		digits++;
+	ncached = 0;
+	if (digits > 0 && len - digits >= 3 && strncmp(ekey + len - digits - 3, "key", 3) == 0) {
+		long next = strtol(ekey + len - digits, NULL, 10);
+		for (; prefetch < PREFETCH; prefetch++) {
+			int k = snprintf(cached[prefetch].key, sizeof cached[prefetch].key, "%.*s%ld", (int)(len - digits), ekey, next + 1 + prefetch);
+			if (k < 0 || k > keylen_max)
+				break;
+			used += (size_t)snprintf(lines + used, sizeof lines - used, "cmd=get kvsname=%s key=%s\n", kvsname, cached[prefetch].key);
+		}
+	}
+	if (write_all(lines, used) != 0)
+		return PMI_FAIL;
+	rc = get_reply(reply, sizeof reply, &v, &n);
+	if (rc == PMI_SUCCESS)
+		rc = unescape_value(v, n, value, (size_t)length);
+	/* Every answer is read, whatever the first, to keep the stream in step. */
+	for (int i = 0; i < prefetch; i++) {
+		char more[LINE_MAX_BYTES];
+		int r = get_reply(more, sizeof more, &v, &n);
+		if (r == PMI_FAIL || (r == PMI_SUCCESS && n >= sizeof cached[i].value)) {
+			ncached = 0;
+			return PMI_FAIL;
+		}
+		cached[i].found = r == PMI_SUCCESS;
+		if (cached[i].found) {
+			memcpy(cached[i].value, v, n);
+			cached[i].value[n] = '\0';
+		}
+		ncached = i + 1;
+	}
+	return rc;
+}
+
+PMI_API int PMI_KVS_Get(const char name[], const char key[], char value[], int length) {
+	char ekey[LINE_MAX_BYTES / 4];
+	int rc;
+	if (value == NULL || length <= 0)
+		return PMI_ERR_INVALID_ARG;
+	pthread_mutex_lock(&mu);
+	if ((rc = check_kvs(name)) != PMI_SUCCESS)
+		goto out;
+	if (key != NULL && strcmp(key, "PMI_process_mapping") == 0) {
+		/* The server's own key, unescaped. */
+		rc = get(key, value, length);
+		goto out;
+	}
+	if ((rc = put_key(key, ekey, sizeof ekey)) != PMI_SUCCESS)
+		goto out;
+	rc = get(ekey, value, length);
+out:
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+/*
+ * Clique: the ranks on this host. GORUN_PMI_CLIQUE lists them as ranges
+ * ("0-3,8-11"); without it, PMI_process_mapping is read from the server.
+ * parse_ranges fills ranks (cap entries; NULL to count) and returns the
+ * count, or -1 if s is malformed.
+ */
+static int parse_ranges(const char *s, int *ranks, int cap) {
+	int n = 0;
+	if (s == NULL || *s == '\0')
+		return -1;
+	for (;;) {
+		char *end;
+		long lo = strtol(s, &end, 10), hi;
+		if (end == s || lo < 0 || lo >= size)
+			return -1;
+		hi = lo;
+		s = end;
+		if (*s == '-') {
+			hi = strtol(s + 1, &end, 10);
+			if (end == s + 1 || hi < lo || hi >= size)
+				return -1;
+			s = end;
+		}
+		for (long r = lo; r <= hi; r++) {
+			if (ranks != NULL) {
+				if (n >= cap)
+					return -1;
+				ranks[n] = (int)r;
+			}
+			n++;
+		}
+		if (*s == '\0')
+			return n;
+		if (*s++ != ',')
+			return -1;
+	}
+}
+
+/*
+ * parse_mapping reads MPICH's "(vector,(node,count,ranks),...)": each
+ * block says count consecutive nodes from node run ranks consecutive
+ * ranks each, in rank order. It fills ranks with those on rank's node.
+ */
+static int parse_mapping(const char *s, int *ranks, int cap) {
+	int node[3], mine = -1, n = 0, pass;
+	const char *start;
+	if (strncmp(s, "(vector", 7) != 0)
+		return -1;
+	start = s + 7;
+	for (pass = 0; pass < 2; pass++) {
+		int r = 0;
+		s = start;
+		while (*s == ',') {
+			if (sscanf(s, ",(%d,%d,%d)", &node[0], &node[1], &node[2]) != 3 || node[0] < 0 || node[1] < 0 || node[2] < 0)
+				return -1;
+			for (int c = 0; c < node[1]; c++) {
+				for (int k = 0; k < node[2] && r < size; k++, r++) {
+					if (pass == 0 && r == rank)
+						mine = node[0] + c;
+					if (pass == 1 && node[0] + c == mine) {
+						if (ranks != NULL) {
+							if (n >= cap)
+								return -1;
+							ranks[n] = r;
+						}
+						n++;
+					}
+				}
+			}
+			s = strchr(s, ')');
+			if (s == NULL)
+				return -1;
+			s++;
+		}
+		if (*s != ')' || mine < 0)
+			return -1;
+	}
+	return n;
+}
+
+/* clique fills ranks (cap entries; NULL to count) with this host's ranks. */
+static int clique(int *ranks, int cap) {
+	char mapping[LINE_MAX_BYTES];
+	int n;
+	pthread_mutex_lock(&mu);
+	if (!initialized) {
+		pthread_mutex_unlock(&mu);
+		return -PMI_ERR_INIT;
+	}
+	n = parse_ranges(getenv("GORUN_PMI_CLIQUE"), ranks, cap);
+	if (n < 0 && get("PMI_process_mapping", mapping, sizeof mapping) == PMI_SUCCESS)
+		n = parse_mapping(mapping, ranks, cap);
+	if (n < 0) {
+		/* Nothing known: this rank alone. */
+		if (ranks != NULL && cap >= 1)
+			ranks[0] = rank;
+		n = 1;
+	}
+	pthread_mutex_unlock(&mu);
+	return n;
+}
+
+PMI_API int PMI_Get_clique_size(int *out) {
+	int n;
+	if (out == NULL)
+		return PMI_ERR_INVALID_ARG;
+	if ((n = clique(NULL, 0)) < 0)
+		return -n;
+	*out = n;
+	return PMI_SUCCESS;
+}
+
+PMI_API int PMI_Get_clique_ranks(int ranks[], int length) {
+	int n;
+	if (ranks == NULL || length <= 0)
+		return PMI_ERR_INVALID_ARG;
+	if ((n = clique(NULL, 0)) < 0)
+		return -n;
+	if (n > length)
+		return PMI_ERR_INVALID_LENGTH;
+	return clique(ranks, length) < 0 ? PMI_FAIL : PMI_SUCCESS;
+}
