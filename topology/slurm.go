@@ -2,6 +2,7 @@ package topology
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -87,7 +88,8 @@ func SlurmCountsString(counts []int) string {
 // os.Getenv) describes, in node-list order, with Source "slurm". Names
 // come from SLURM_JOB_NODELIST (or SLURM_NODELIST). Slots are, in this
 // order of preference: SLURM_TASKS_PER_NODE when the allocation asked for
-// tasks (SLURM_NTASKS or SLURM_NPROCS is set); one per GPU
+// tasks (SLURM_NTASKS or SLURM_NPROCS is set) and getenv is not a step's
+// task (inSlurmStep: those are the step's counts); one per GPU
 // (SLURM_GPUS_ON_NODE, divided by gpusPerRank when above 1), as on a host
 // without a hostfile; SLURM_JOB_CPUS_PER_NODE divided by
 // SLURM_CPUS_PER_TASK (at least 1 each); SLURM_CPUS_ON_NODE for every
@@ -114,6 +116,33 @@ func SlurmHosts(getenv func(string) string, gpusPerRank int) ([]Host, error) {
 		hosts[i] = Host{Name: name, Slots: slots[i], Source: "slurm"}
 	}
 	return hosts, nil
+}
+
+// slurmMaxNormalStep is Slurm's SLURM_MAX_NORMAL_STEP_ID: the ids above
+// it are its own steps' (batch, extern, interactive, pending).
+const slurmMaxNormalStep = 0xfffffff0
+
+// inSlurmStep reports whether getenv is a task's of a job step (srun
+// --pty bash in an allocation) rather than the allocation's shell or the
+// batch script: a numbered step (SLURM_STEP_ID, which the batch step does
+// not set in Slurm 22.05), or one whose nodes are not the job's
+// (SLURM_STEP_NODELIST). A step's SLURM_NTASKS and SLURM_TASKS_PER_NODE
+// are then its own, not the allocation's.
+func inSlurmStep(getenv func(string) string) bool {
+	if id, err := strconv.ParseUint(getenv("SLURM_STEP_ID"), 10, 32); err == nil && id <= slurmMaxNormalStep {
+		return true
+	}
+	step := getenv("SLURM_STEP_NODELIST")
+	if step == "" {
+		return false
+	}
+	job := getenv("SLURM_JOB_NODELIST")
+	if job == "" {
+		job = getenv("SLURM_NODELIST")
+	}
+	a, err1 := ExpandNodeList(step)
+	b, err2 := ExpandNodeList(job)
+	return err1 != nil || err2 != nil || !slices.Equal(a, b)
 }
 
 // slurmSlots is SlurmHosts' slots of n nodes.
@@ -149,7 +178,7 @@ func slurmSlots(getenv func(string) string, n, gpusPerRank int) ([]int, error) {
 		}
 		return v, true, nil
 	}
-	if getenv("SLURM_NTASKS") != "" || getenv("SLURM_NPROCS") != "" {
+	if (getenv("SLURM_NTASKS") != "" || getenv("SLURM_NPROCS") != "") && !inSlurmStep(getenv) {
 		return perNode("SLURM_TASKS_PER_NODE", 1)
 	}
 	gpus, ok, err := number("SLURM_GPUS_ON_NODE")
