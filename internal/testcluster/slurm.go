@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -53,7 +54,13 @@ func StartSlurm(t testing.TB, h *Hosts) *Slurm {
 			t.Skip(msg)
 		}
 	}
-	s := &Slurm{Hosts: h, dir: t.TempDir()}
+	// Named for h's tag, so that CleanupStale finds what a killed test
+	// left (cleanupStaleSlurm).
+	dir, err := os.MkdirTemp("", h.tag+slurmDirInfix)
+	if err != nil {
+		t.Fatalf("testcluster: %v", err)
+	}
+	s := &Slurm{Hosts: h, dir: dir}
 	t.Cleanup(s.stop)
 	if err := s.start(); err != nil {
 		t.Fatal(err)
@@ -96,6 +103,10 @@ func (s *Slurm) start() error {
 	if err := os.WriteFile(filepath.Join(munge, "key"), key, 0o400); err != nil {
 		return fmt.Errorf("testcluster: %w", err)
 	}
+	// Every daemon has SLURM_CONF in its environment: it marks it as this
+	// cluster's for cleanupStaleSlurm.
+	s.Conf = filepath.Join(s.dir, "slurm.conf")
+	s.Env = append(os.Environ(), "SLURM_CONF="+s.Conf)
 	sock := filepath.Join(munge, "socket")
 	if err := s.daemon(exec.Command("munged", "--foreground", "--force", "--socket="+sock,
 		"--key-file="+filepath.Join(munge, "key"), "--pid-file="+filepath.Join(munge, "pid"),
@@ -145,7 +156,6 @@ SwitchType=switch/none
 		fmt.Fprintf(&b, "NodeName=%s NodeAddr=%s CPUs=2 State=UNKNOWN\n", name, s.Hosts.Addrs[i])
 	}
 	b.WriteString("PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
-	s.Conf = filepath.Join(s.dir, "slurm.conf")
 	if err := os.WriteFile(s.Conf, []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("testcluster: %w", err)
 	}
@@ -159,16 +169,11 @@ SwitchType=switch/none
 	if err := os.WriteFile(filepath.Join(s.dir, "cgroup.conf"), []byte(cgroup), 0o644); err != nil {
 		return fmt.Errorf("testcluster: %w", err)
 	}
-	s.Env = append(os.Environ(), "SLURM_CONF="+s.Conf)
-	ctld := exec.Command("slurmctld", "-D", "-i")
-	ctld.Env = s.Env
-	if err := s.daemon(ctld); err != nil {
+	if err := s.daemon(exec.Command("slurmctld", "-D", "-i")); err != nil {
 		return err
 	}
 	for i, name := range s.Hosts.Names {
-		d := s.Hosts.Exec(context.Background(), i, "slurmd", "-D", "-N", name)
-		d.Env = s.Env
-		if err := s.daemon(d); err != nil {
+		if err := s.daemon(s.Hosts.Exec(context.Background(), i, "slurmd", "-D", "-N", name)); err != nil {
 			return err
 		}
 	}
@@ -185,8 +190,13 @@ SwitchType=switch/none
 	return nil
 }
 
-// daemon starts cmd, its output to the cluster's directory, for stop to end.
+// daemon starts cmd with s.Env, its output to the cluster's directory,
+// for stop to end. It has its own process group (a Ctrl-C on the terminal
+// is the test's to handle) and dies with the test (SIGKILL when the test
+// process ends; ip netns exec execs the daemon, which keeps it).
 func (s *Slurm) daemon(cmd *exec.Cmd) error {
+	cmd.Env = s.Env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	out, err := os.Create(filepath.Join(s.dir, filepath.Base(cmd.Args[len(cmd.Args)-1])+"-"+strconv.Itoa(len(s.procs))+".out"))
 	if err != nil {
 		return fmt.Errorf("testcluster: %w", err)
@@ -207,9 +217,10 @@ func (s *Slurm) stop() {
 		_ = s.Hosts.KillAll(i)
 	}
 	for _, p := range s.procs {
-		_ = p.Process.Kill()
+		_ = syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
 		_ = p.Wait()
 	}
+	_ = os.RemoveAll(s.dir)
 }
 
 // freePort returns a TCP port free on this host at the time of the call.
