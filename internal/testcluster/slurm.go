@@ -38,8 +38,10 @@ type Slurm struct {
 // it. Without Slurm's and munge's programs it skips the test (fails it
 // under GORUN_TESTCLUSTER_REQUIRE=1); it fails it on any other error or
 // when the nodes are not all idle within 20 seconds. Each node has 2 CPUs,
-// process tracking by ancestry (proctrack/linuxproc: no cgroups needed)
-// and no task binding; a node that comes back is returned to service.
+// process tracking by ancestry (proctrack/linuxproc: no cgroups needed),
+// no task binding and a cgroup plugin that uses none of the host's
+// cgroups (whatever their version); a node that comes back is returned to
+// service.
 func StartSlurm(t testing.TB, h *Hosts) *Slurm {
 	t.Helper()
 	for _, tool := range slurmTools {
@@ -159,13 +161,24 @@ SwitchType=switch/none
 	if err := os.WriteFile(s.Conf, []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("testcluster: %w", err)
 	}
-	// slurmd initialises a cgroup plugin even with proctrack/linuxproc; on
-	// a host with cgroup v1 hierarchies under a tmpfs its autodetection
-	// fails, so name v1 there.
-	cgroup := ""
-	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err != nil {
-		cgroup = "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n"
+	// slurmd loads a cgroup plugin even with proctrack/linuxproc and
+	// task/none, and its autodetection depends on the host: cgroup v1
+	// hierarchies under a tmpfs fail it, and on cgroup v2 it takes
+	// cgroup/v2, which wants a systemd scope for slurmstepd that three
+	// slurmds on one host would share. So every host gets cgroup/v1 at an
+	// empty directory of the cluster's: that plugin touches a controller
+	// only for the plugins that ask for one (proctrack/cgroup,
+	// task/cgroup), none here. Checked with Slurm 22.05 on a cgroup v1
+	// host: slurmd starts and runs steps so, and also in a mount namespace
+	// with cgroup2 mounted at /sys/fs/cgroup (where an empty cgroup.conf,
+	// autodetection, makes slurmd exit: "Hybrid mode is not supported",
+	// /proc/self/cgroup still listing v1 hierarchies). Not checked: a host
+	// with cgroup v2 alone.
+	cgroupDir := filepath.Join(s.dir, "cgroup")
+	if err := os.Mkdir(cgroupDir, 0o755); err != nil {
+		return fmt.Errorf("testcluster: %w", err)
 	}
+	cgroup := "CgroupPlugin=cgroup/v1\nCgroupMountpoint=" + cgroupDir + "\n"
 	if err := os.WriteFile(filepath.Join(s.dir, "cgroup.conf"), []byte(cgroup), 0o644); err != nil {
 		return fmt.Errorf("testcluster: %w", err)
 	}
