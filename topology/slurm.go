@@ -1,6 +1,7 @@
 package topology
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -94,8 +95,12 @@ func SlurmCountsString(counts []int) string {
 // without a hostfile; SLURM_JOB_CPUS_PER_NODE divided by
 // SLURM_CPUS_PER_TASK (at least 1 each); SLURM_CPUS_ON_NODE for every
 // node. A per-node list must name as many nodes as the node list. An
-// allocation without a node list is an error wrapping ErrNoHosts.
+// allocation without a node list is an error wrapping ErrNoHosts; a
+// heterogeneous job's (SLURM_HET_SIZE), errors.ErrUnsupported.
 func SlurmHosts(getenv func(string) string, gpusPerRank int) ([]Host, error) {
+	if getenv("SLURM_HET_SIZE") != "" {
+		return nil, fmt.Errorf("topology: slurm: %w: a heterogeneous job (SLURM_HET_SIZE is set); give a --hostfile, or allocate one component", errors.ErrUnsupported)
+	}
 	list := getenv("SLURM_JOB_NODELIST")
 	if list == "" {
 		list = getenv("SLURM_NODELIST")

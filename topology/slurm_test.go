@@ -78,6 +78,10 @@ func TestSlurmHosts(t *testing.T) {
 		// Slurm's own step ids (batch, extern, ...) are not a user's step.
 		{"batch step id", map[string]string{"SLURM_JOB_NODELIST": "h[0-1]", "SLURM_STEP_ID": "4294967291", "SLURM_NTASKS": "3", "SLURM_TASKS_PER_NODE": "2,1", "SLURM_JOB_CPUS_PER_NODE": "4(x2)"},
 			0, []string{"h0", "h1"}, []int{2, 1}, nil},
+		// salloc -N1 : -N2 (Slurm 22.05): only the components' variables.
+		{"heterogeneous job", map[string]string{"SLURM_JOB_ID": "14", "SLURM_HET_SIZE": "2", "SLURM_JOB_NODELIST_HET_GROUP_0": "h0",
+			"SLURM_JOB_NODELIST_HET_GROUP_1": "h[1-2]", "SLURM_JOB_CPUS_PER_NODE_HET_GROUP_0": "1", "SLURM_JOB_CPUS_PER_NODE_HET_GROUP_1": "1(x2)"},
+			0, nil, nil, errors.ErrUnsupported},
 		{"no node list", map[string]string{"SLURM_CPUS_ON_NODE": "8"}, 0, nil, nil, ErrNoHosts},
 		{"bad node list", map[string]string{"SLURM_JOB_NODELIST": "n[2-1]", "SLURM_CPUS_ON_NODE": "8"}, 0, nil, nil, ErrBadNodeList},
 		{"no slots", map[string]string{"SLURM_JOB_NODELIST": "n1"}, 0, nil, nil, ErrNoSlots},
