@@ -439,10 +439,11 @@ func (w *srunStream) Close() error {
 // stops its ranks and exits). srun still there a second later waits for a
 // task that will not end on its own, or a lost node's, which srun reports
 // only once Slurm marks the node down: it gets two SIGINTs (its step
-// cancel); after the kill grace (at most half of exitWait) the step is
-// cancelled with scancel --signal=KILL, which reaches the tasks on live
-// nodes, and srun is killed. It all takes less than exitWait, which is
-// what the launcher gives its goroutines after the agents.
+// cancel); after the kill grace (from 1 s to a quarter of exitWait) the
+// step is cancelled with scancel --signal=KILL (given at most another
+// quarter), which reaches the tasks on live nodes, and srun is killed. It
+// all takes less than exitWait (1 s and two quarters of it), which is what
+// the launcher gives its goroutines after the agents.
 func (j *job) stopSrun() {
 	s := j.srun
 	s.mu.Lock()

@@ -91,7 +91,7 @@ func SlurmCountsString(counts []int) string {
 // order of preference: SLURM_TASKS_PER_NODE when the allocation asked for
 // tasks (SLURM_NTASKS or SLURM_NPROCS is set) and getenv is not a step's
 // task (inSlurmStep: those are the step's counts); one per GPU
-// (SLURM_GPUS_ON_NODE, divided by gpusPerRank when above 1), as on a host
+// (SLURM_GPUS_ON_NODE unless 0, divided by gpusPerRank when above 1), as on a host
 // without a hostfile; SLURM_JOB_CPUS_PER_NODE divided by
 // SLURM_CPUS_PER_TASK (at least 1 each); SLURM_CPUS_ON_NODE for every
 // node. A per-node list must name as many nodes as the node list. An
@@ -187,6 +187,9 @@ func slurmSlots(getenv func(string) string, n, gpusPerRank int) ([]int, error) {
 		return perNode("SLURM_TASKS_PER_NODE", 1)
 	}
 	gpus, ok, err := number("SLURM_GPUS_ON_NODE")
+	if v := getenv("SLURM_GPUS_ON_NODE"); v != "" && strings.Trim(v, "0") == "" {
+		gpus, ok, err = 0, false, nil // SLURM_GPUS_ON_NODE=0: no GPUs
+	}
 	if err != nil {
 		return nil, err
 	}
