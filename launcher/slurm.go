@@ -36,7 +36,8 @@ import (
 const (
 	// SlurmKeyLine starts "gorun-agent-key NODE PUBKEY STEP": the agent
 	// on Slurm node NODE (SLURMD_NODENAME) takes its credentials sealed to
-	// PUBKEY (X25519, base64); STEP is its step, JOBID.STEPID.
+	// PUBKEY (X25519, base64), if NODE is its srun task's node; STEP is
+	// its step, JOBID.STEPID.
 	SlurmKeyLine = "gorun-agent-key"
 	// SlurmDoneLine starts "gorun-agent-done CODE", the agent's last line:
 	// it has stopped its ranks, removed the job's files and exits with CODE.
