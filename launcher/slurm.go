@@ -5,10 +5,13 @@ package launcher
 // job's others. srun broadcasts one stdin to every task, so credentials
 // cannot be written to one host's stdin: each agent prints an ephemeral
 // public key on its stdout (srun's --label prefixes the line with the
-// task's id, which slurmstepd sets, not the agent), the launcher seals that
-// host's credentials to it (comm.SealHostCredentials) and writes
-// "INDEX SEALED" on the shared stdin, which then stays open as every
-// agent's launcher-alive stream. An agent opens only its own line.
+// task's id, which srun sets, not the agent), the launcher seals the
+// credentials of that task's host to it (comm.SealHostCredentials) and
+// writes "INDEX SEALED" on the shared stdin, which then stays open as every
+// agent's launcher-alive stream. Which task is which host is Slurm's
+// doing, not the agents': the step's arbitrary distribution puts task i on
+// the i-th node of its --nodelist, and a key line claiming another node
+// than its task's is refused. An agent opens only its own line.
 
 import (
 	"bufio"
@@ -17,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -32,7 +36,8 @@ import (
 const (
 	// SlurmKeyLine starts "gorun-agent-key NODE PUBKEY STEP": the agent
 	// on Slurm node NODE (SLURMD_NODENAME) takes its credentials sealed to
-	// PUBKEY (X25519, base64); STEP is its step, JOBID.STEPID.
+	// PUBKEY (X25519, base64), if NODE is its srun task's node; STEP is
+	// its step, JOBID.STEPID.
 	SlurmKeyLine = "gorun-agent-key"
 	// SlurmDoneLine starts "gorun-agent-done CODE", the agent's last line:
 	// it has stopped its ranks, removed the job's files and exits with CODE.
@@ -107,7 +112,10 @@ func parseSrunProbe(path, version, help string) (*srunOptions, error) {
 // Slurm node names), each with agent's arguments.
 func (o *srunOptions) args(job string, nodes []string, agent []string) []string {
 	n := strconv.Itoa(len(nodes))
-	args := []string{"--nodes=" + n, "--ntasks=" + n, "--ntasks-per-node=1", "--nodelist=" + strings.Join(nodes, ",")}
+	// The arbitrary distribution places task i on nodes[i] (Slurm 22.05:
+	// the --nodelist order, ahead of any SLURM_HOSTFILE, which startSrun
+	// removes from srun's environment anyway); srunKey relies on it.
+	args := []string{"--nodes=" + n, "--ntasks=" + n, "--ntasks-per-node=1", "--nodelist=" + strings.Join(nodes, ","), "--distribution=arbitrary"}
 	// What keeps the step, and the job, alive when a node dies, and the
 	// agents unbound and free of Slurm's MPI plugins; the ones this srun
 	// does not know are left out.
@@ -180,6 +188,11 @@ func (j *job) startSrun() {
 		agent = append(agent, "-v")
 	}
 	cmd := exec.Command(s.opts.path, s.opts.args(j.id, nodes, agent)...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SLURM_HOSTFILE=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
 	// Its own process group, so a Ctrl-C on the terminal reaches only
 	// gorun, which decides; SIGTERM if gorun dies (srun then cancels the
 	// step).
@@ -314,32 +327,29 @@ func (j *job) srunStdout(r io.Reader) {
 	}
 }
 
-// srunKey seals the credentials of node's host to the key its agent, srun
-// task task, printed, and writes them on the step's stdin. A node claimed
-// twice, or not the job's, gets nothing.
+// srunKey seals the credentials of the host that srun task task runs on
+// to the key its agent printed, and writes them on the step's stdin. The
+// step's arbitrary distribution puts task i on s.hosts[i]: the task id is
+// srun's (--label), the node name the agent's own claim, so a line whose
+// claim is not its task's node (another task lying about its node), a task
+// that is not the step's, or a second key of a task gets nothing.
 func (j *job) srunKey(task int, node, pub, step string) {
 	s := j.srun
 	key, err := base64.StdEncoding.DecodeString(pub)
 	var h *agentHost
-	for _, x := range s.hosts {
-		if x.name == node {
-			h = x
-		}
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
 	case err != nil:
 		err = fmt.Errorf("bad key: %w", err)
-	case h == nil:
-		err = errors.New("not a host of the job")
+	case task >= len(s.hosts):
+		err = fmt.Errorf("not a task of the step (it has %d)", len(s.hosts))
+	case s.hosts[task].name != node:
+		err = fmt.Errorf("task %d is node %s, not %s", task, s.hosts[task].name, node)
 	case s.byTask[task] != nil:
-		err = fmt.Errorf("task %d already is host %s", task, s.byTask[task].name)
-	}
-	for _, x := range s.byTask {
-		if x == h && err == nil {
-			err = errors.New("the node's key came twice")
-		}
+		err = errors.New("the task's key came twice")
+	default:
+		h = s.hosts[task]
 	}
 	var sealed string
 	if err == nil {
@@ -430,10 +440,11 @@ func (w *srunStream) Close() error {
 // stops its ranks and exits). srun still there a second later waits for a
 // task that will not end on its own, or a lost node's, which srun reports
 // only once Slurm marks the node down: it gets two SIGINTs (its step
-// cancel); after the kill grace (at most half of exitWait) the step is
-// cancelled with scancel --signal=KILL, which reaches the tasks on live
-// nodes, and srun is killed. It all takes less than exitWait, which is
-// what the launcher gives its goroutines after the agents.
+// cancel); after the kill grace (from 1 s to a quarter of exitWait) the
+// step is cancelled with scancel --signal=KILL (given at most another
+// quarter), which reaches the tasks on live nodes, and srun is killed. It
+// all takes less than exitWait (1 s and two quarters of it), which is what
+// the launcher gives its goroutines after the agents.
 func (j *job) stopSrun() {
 	s := j.srun
 	s.mu.Lock()

@@ -195,12 +195,15 @@ func FuzzSlurmCounts(f *testing.F) {
 // ExpandNodeList on the node count.
 func FuzzSlurmHosts(f *testing.F) {
 	lowerHostLimit(f)
-	f.Add("gr[0-2]", "2(x3)", "1(x3)", "", "")
-	f.Add("rack[1-2]-node[01-04]", "", "8", "", "2")
-	f.Add("n[001-128]", "64(x128)", "", "4", "")
-	f.Add("a,b", "3,1", "", "", "1")
-	f.Fuzz(func(t *testing.T, list, cpus, tasks, perTask, ntasks string) {
-		env := map[string]string{"SLURM_JOB_NODELIST": list, "SLURM_JOB_CPUS_PER_NODE": cpus, "SLURM_TASKS_PER_NODE": tasks, "SLURM_CPUS_PER_TASK": perTask, "SLURM_NTASKS": ntasks, "SLURM_CPUS_ON_NODE": cpus}
+	f.Add("gr[0-2]", "2(x3)", "1(x3)", "", "", "", "")
+	f.Add("rack[1-2]-node[01-04]", "", "8", "", "2", "", "")
+	f.Add("n[001-128]", "64(x128)", "", "4", "", "", "0")
+	f.Add("a,b", "3,1", "", "", "1", "", "")
+	f.Add("h[0-2]", "2(x3)", "1", "", "1", "h0", "")
+	f.Add("h[0-1]", "2(x2)", "1(x2)", "", "2", "h[0-1]", "4")
+	f.Fuzz(func(t *testing.T, list, cpus, tasks, perTask, ntasks, step, gpus string) {
+		env := map[string]string{"SLURM_JOB_NODELIST": list, "SLURM_JOB_CPUS_PER_NODE": cpus, "SLURM_TASKS_PER_NODE": tasks, "SLURM_CPUS_PER_TASK": perTask, "SLURM_NTASKS": ntasks, "SLURM_CPUS_ON_NODE": cpus,
+			"SLURM_STEP_NODELIST": step, "SLURM_GPUS_ON_NODE": gpus}
 		hosts, err := SlurmHosts(func(k string) string { return env[k] }, 1)
 		if badInput(t, err) {
 			return

@@ -1,7 +1,9 @@
 package topology
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -87,13 +89,18 @@ func SlurmCountsString(counts []int) string {
 // os.Getenv) describes, in node-list order, with Source "slurm". Names
 // come from SLURM_JOB_NODELIST (or SLURM_NODELIST). Slots are, in this
 // order of preference: SLURM_TASKS_PER_NODE when the allocation asked for
-// tasks (SLURM_NTASKS or SLURM_NPROCS is set); one per GPU
-// (SLURM_GPUS_ON_NODE, divided by gpusPerRank when above 1), as on a host
+// tasks (SLURM_NTASKS or SLURM_NPROCS is set) and getenv is not a step's
+// task (inSlurmStep: those are the step's counts); one per GPU
+// (SLURM_GPUS_ON_NODE unless 0, divided by gpusPerRank when above 1), as on a host
 // without a hostfile; SLURM_JOB_CPUS_PER_NODE divided by
 // SLURM_CPUS_PER_TASK (at least 1 each); SLURM_CPUS_ON_NODE for every
 // node. A per-node list must name as many nodes as the node list. An
-// allocation without a node list is an error wrapping ErrNoHosts.
+// allocation without a node list is an error wrapping ErrNoHosts; a
+// heterogeneous job's (SLURM_HET_SIZE), errors.ErrUnsupported.
 func SlurmHosts(getenv func(string) string, gpusPerRank int) ([]Host, error) {
+	if getenv("SLURM_HET_SIZE") != "" {
+		return nil, fmt.Errorf("topology: slurm: %w: a heterogeneous job (SLURM_HET_SIZE is set); give a --hostfile, or allocate one component", errors.ErrUnsupported)
+	}
 	list := getenv("SLURM_JOB_NODELIST")
 	if list == "" {
 		list = getenv("SLURM_NODELIST")
@@ -114,6 +121,33 @@ func SlurmHosts(getenv func(string) string, gpusPerRank int) ([]Host, error) {
 		hosts[i] = Host{Name: name, Slots: slots[i], Source: "slurm"}
 	}
 	return hosts, nil
+}
+
+// slurmMaxNormalStep is Slurm's SLURM_MAX_NORMAL_STEP_ID: the ids above
+// it are its own steps' (batch, extern, interactive, pending).
+const slurmMaxNormalStep = 0xfffffff0
+
+// inSlurmStep reports whether getenv is a task's of a job step (srun
+// --pty bash in an allocation) rather than the allocation's shell or the
+// batch script: a numbered step (SLURM_STEP_ID, which the batch step does
+// not set in Slurm 22.05), or one whose nodes are not the job's
+// (SLURM_STEP_NODELIST). A step's SLURM_NTASKS and SLURM_TASKS_PER_NODE
+// are then its own, not the allocation's.
+func inSlurmStep(getenv func(string) string) bool {
+	if id, err := strconv.ParseUint(getenv("SLURM_STEP_ID"), 10, 32); err == nil && id <= slurmMaxNormalStep {
+		return true
+	}
+	step := getenv("SLURM_STEP_NODELIST")
+	if step == "" {
+		return false
+	}
+	job := getenv("SLURM_JOB_NODELIST")
+	if job == "" {
+		job = getenv("SLURM_NODELIST")
+	}
+	a, err1 := ExpandNodeList(step)
+	b, err2 := ExpandNodeList(job)
+	return err1 != nil || err2 != nil || !slices.Equal(a, b)
 }
 
 // slurmSlots is SlurmHosts' slots of n nodes.
@@ -149,10 +183,13 @@ func slurmSlots(getenv func(string) string, n, gpusPerRank int) ([]int, error) {
 		}
 		return v, true, nil
 	}
-	if getenv("SLURM_NTASKS") != "" || getenv("SLURM_NPROCS") != "" {
+	if (getenv("SLURM_NTASKS") != "" || getenv("SLURM_NPROCS") != "") && !inSlurmStep(getenv) {
 		return perNode("SLURM_TASKS_PER_NODE", 1)
 	}
 	gpus, ok, err := number("SLURM_GPUS_ON_NODE")
+	if v := getenv("SLURM_GPUS_ON_NODE"); v != "" && strings.Trim(v, "0") == "" {
+		gpus, ok, err = 0, false, nil // SLURM_GPUS_ON_NODE=0: no GPUs
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -60,6 +60,31 @@ func TestSlurmHosts(t *testing.T) {
 			0, []string{"rack1-node01", "rack1-node02", "rack2-node01", "rack2-node02"}, []int{8, 8, 8, 8}, nil},
 		{"gpus", map[string]string{"SLURM_JOB_NODELIST": "g[1-2]", "SLURM_GPUS_ON_NODE": "8", "SLURM_JOB_CPUS_PER_NODE": "64(x2)"},
 			2, []string{"g1", "g2"}, []int{4, 4}, nil},
+		// Inside a step (srun --pty bash in salloc -N3 --exclusive; Slurm
+		// 22.05's variables): the task counts are the step's, not the job's.
+		{"in a step", map[string]string{"SLURM_JOB_NODELIST": "h[0-2]", "SLURM_NODELIST": "h[0-2]", "SLURM_STEP_ID": "3", "SLURM_STEP_NODELIST": "h0",
+			"SLURM_NTASKS": "1", "SLURM_NPROCS": "1", "SLURM_TASKS_PER_NODE": "1", "SLURM_JOB_CPUS_PER_NODE": "2(x3)", "SLURM_CPUS_ON_NODE": "2"},
+			0, []string{"h0", "h1", "h2"}, []int{2, 2, 2}, nil},
+		{"in a step of a job with tasks", map[string]string{"SLURM_JOB_NODELIST": "h[0-2]", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "h[0-1]",
+			"SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_CPUS_PER_NODE": "2(x3)"},
+			0, []string{"h0", "h1", "h2"}, []int{2, 2, 2}, nil},
+		{"step on every node", map[string]string{"SLURM_JOB_NODELIST": "h[0-1]", "SLURM_STEP_ID": "1", "SLURM_STEP_NODELIST": "h[0-1]",
+			"SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_CPUS_PER_NODE": "4(x2)", "SLURM_CPUS_PER_TASK": "2"},
+			0, []string{"h0", "h1"}, []int{2, 2}, nil},
+		{"step on fewer nodes, Slurm's own id", map[string]string{"SLURM_JOB_NODELIST": "h[0-1]", "SLURM_STEP_ID": "4294967290", "SLURM_STEP_NODELIST": "h0",
+			"SLURM_NTASKS": "1", "SLURM_TASKS_PER_NODE": "1", "SLURM_JOB_CPUS_PER_NODE": "4(x2)"},
+			0, []string{"h0", "h1"}, []int{4, 4}, nil},
+		// The batch step (sbatch's script) has no SLURM_STEP_ID in 22.05;
+		// Slurm's own step ids (batch, extern, ...) are not a user's step.
+		{"batch step id", map[string]string{"SLURM_JOB_NODELIST": "h[0-1]", "SLURM_STEP_ID": "4294967291", "SLURM_NTASKS": "3", "SLURM_TASKS_PER_NODE": "2,1", "SLURM_JOB_CPUS_PER_NODE": "4(x2)"},
+			0, []string{"h0", "h1"}, []int{2, 1}, nil},
+		// salloc -N1 : -N2 (Slurm 22.05): only the components' variables.
+		{"heterogeneous job", map[string]string{"SLURM_JOB_ID": "14", "SLURM_HET_SIZE": "2", "SLURM_JOB_NODELIST_HET_GROUP_0": "h0",
+			"SLURM_JOB_NODELIST_HET_GROUP_1": "h[1-2]", "SLURM_JOB_CPUS_PER_NODE_HET_GROUP_0": "1", "SLURM_JOB_CPUS_PER_NODE_HET_GROUP_1": "1(x2)"},
+			0, nil, nil, errors.ErrUnsupported},
+		{"zero gpus", map[string]string{"SLURM_JOB_NODELIST": "g[1-2]", "SLURM_GPUS_ON_NODE": "0", "SLURM_JOB_CPUS_PER_NODE": "8(x2)"},
+			0, []string{"g1", "g2"}, []int{8, 8}, nil},
+		{"bad gpus", map[string]string{"SLURM_JOB_NODELIST": "g1", "SLURM_GPUS_ON_NODE": "00x", "SLURM_JOB_CPUS_PER_NODE": "8"}, 0, nil, nil, ErrBadValue},
 		{"no node list", map[string]string{"SLURM_CPUS_ON_NODE": "8"}, 0, nil, nil, ErrNoHosts},
 		{"bad node list", map[string]string{"SLURM_JOB_NODELIST": "n[2-1]", "SLURM_CPUS_ON_NODE": "8"}, 0, nil, nil, ErrBadNodeList},
 		{"no slots", map[string]string{"SLURM_JOB_NODELIST": "n1"}, 0, nil, nil, ErrNoSlots},

@@ -94,6 +94,9 @@ func slurmSpares(hosts []topology.Host, np, spares int) ([]topology.Host, int, e
 			slots += hosts[need].Slots
 		}
 		if slots < np {
+			if spares > 0 {
+				return nil, 0, usagef("-np %d: more ranks than the allocation's %d slots on %d nodes, and --spares %d wants nodes they leave free", np, slots, n, spares)
+			}
 			need = n // -np past the slots: MapRanks says so, or oversubscribes
 		}
 		if n-need < spares {

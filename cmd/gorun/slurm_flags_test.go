@@ -28,6 +28,7 @@ func TestSlurmSpares(t *testing.T) {
 		{"too few spares", 6, 2, 0, "", "--spares 2: -np 6 needs 3 of the allocation's 4 nodes, which leaves 1 spare"},
 		{"every node a spare", 0, 4, 0, "", "--spares 4: the allocation has 4 nodes"},
 		{"np past the slots", 20, 0, 20, "....", ""},
+		{"np past the slots with spares", 11, 1, 0, "", "-np 11: more ranks than the allocation's 10 slots on 4 nodes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, np, err := slurmSpares(hosts, tc.np, tc.spares)

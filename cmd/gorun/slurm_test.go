@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,15 +21,15 @@ const slurmRank = `echo "job $GORUN_JOB_ID"; echo "slurm task ${SLURM_PROCID:-no
 
 var slurmUpRE = regexp.MustCompile(`(?m)^\[(\d+)\] up on (\S+)$`)
 
-// checkSlurmTasks checks what the 4 ranks of slurmRank printed of Slurm:
+// checkSlurmTasks checks what the n ranks of slurmRank printed of Slurm:
 // they are not tasks of a step (a rank taking SLURM_PROCID or
 // SLURM_STEP_NUM_TASKS for its own would be wrong), but they are in the job.
-func checkSlurmTasks(t *testing.T, out string) {
+func checkSlurmTasks(t *testing.T, out string, n int) {
 	t.Helper()
 	task := regexp.MustCompile(`(?m)^\[\d+\] slurm task (\S+) of (\S+) in job (\S+)$`)
 	tasks := task.FindAllStringSubmatch(out, -1)
-	if len(tasks) != 4 {
-		t.Fatalf("%d ranks printed their Slurm task, want 4\n%s", len(tasks), out)
+	if len(tasks) != n {
+		t.Fatalf("%d ranks printed their Slurm task, want %d\n%s", len(tasks), n, out)
 	}
 	for _, m := range tasks {
 		if m[1] != "none" || m[2] != "none" || m[3] == "none" {
@@ -98,7 +99,7 @@ func TestSlurm(t *testing.T) {
 				t.Errorf("rank %s on %s, want %s", r[0], r[1], want)
 			}
 		}
-		checkSlurmTasks(t, res.stdout)
+		checkSlurmTasks(t, res.stdout, 4)
 		squeueEmpty(t)
 	})
 
@@ -128,6 +129,32 @@ func TestSlurm(t *testing.T) {
 				t.Errorf("rank %s on %s, want %s (the hostfile's order)", r[0], r[1], want)
 			}
 		}
+		squeueEmpty(t)
+	})
+
+	// gorun in a step of the allocation (as in srun --pty bash): the
+	// step's SLURM_NTASKS and SLURM_TASKS_PER_NODE (1, on 1 node) are not
+	// the allocation's; its slots are the nodes' CPUs, 2 each.
+	t.Run("in a step", func(t *testing.T) {
+		gate := filepath.Join(t.TempDir(), "go")
+		if err := os.WriteFile(gate, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		j := startJobUnder(t, append(slices.Clone(salloc), "srun", "-N1", "-n1"), sl.Env, nil, "", nil, "-np", "6", "--", "sh", "-c", slurmRank, gate)
+		res := j.wait(60 * time.Second)
+		if res.code != 0 {
+			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+		}
+		got := ranksOn(j)
+		if len(got) != 6 {
+			t.Fatalf("%d ranks started, want 6\nstdout:\n%s", len(got), res.stdout)
+		}
+		for _, r := range got {
+			if want := hosts.Addrs[int(r[0][0]-'0')/2]; r[1] != want {
+				t.Errorf("rank %s on %s, want %s", r[0], r[1], want)
+			}
+		}
+		checkSlurmTasks(t, res.stdout, 6)
 		squeueEmpty(t)
 	})
 
@@ -170,7 +197,7 @@ func TestSlurm(t *testing.T) {
 				t.Errorf("rank %s on %s, want %s", r[0], r[1], want)
 			}
 		}
-		checkSlurmTasks(t, string(log))
+		checkSlurmTasks(t, string(log), 4)
 		if want := "--nodelist=" + hosts.Names[1] + "," + hosts.Names[2] + " "; !strings.Contains(string(log), want) {
 			t.Errorf("srun was not started for the other nodes only (%s):\n%s", want, log)
 		}

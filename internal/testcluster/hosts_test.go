@@ -1,10 +1,12 @@
 package testcluster
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -452,5 +454,74 @@ func TestExecBadHost(t *testing.T) {
 		if err := h.Exec(t.Context(), host, "true").Run(); err == nil {
 			t.Errorf("Exec on host %d of 1 ran", host)
 		}
+	}
+}
+
+// TestCleanupStaleSlurm plants what a killed test's Slurm cluster leaves
+// in the root namespace (a daemon, a salloc: processes whose SLURM_CONF is
+// in a cluster directory named for a dead test process, and the
+// directory) next to a live cluster's, and checks that CleanupStale ends
+// the dead one's processes, removes its directory and leaves the live
+// one's alone.
+func TestCleanupStaleSlurm(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), raceEnv())
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead := cmd.Process.Pid
+	tag, err := newTag()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer releaseTag(tag)
+	start := func(owner string) (dir string, pid int, done chan error) {
+		dir, err := os.MkdirTemp("", owner+"-slurm-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		p := exec.Command(exe)
+		p.Env = append(helperEnviron("sleep"), "SLURM_CONF="+filepath.Join(dir, "slurm.conf"))
+		helperUsed.Store("sleep", true)
+		out, err := p.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Process.Kill() })
+		if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
+			t.Fatalf("helper: %q, %v", line, err)
+		}
+		done = make(chan error, 1)
+		go func() { done <- p.Wait() }()
+		return dir, p.Process.Pid, done
+	}
+	staleDir, _, staleDone := start(makeTag(dead, 0))
+	liveDir, livePid, _ := start(tag)
+
+	if err := CleanupStale(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-staleDone:
+	case <-time.After(10 * time.Second):
+		t.Error("the dead test's Slurm process survived CleanupStale")
+	}
+	if _, err := os.Stat(staleDir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the dead test's Slurm directory %s: %v, want it removed", staleDir, err)
+	}
+	// (Weak: a process CleanupStale had just killed could still look alive.)
+	if !pidAlive(livePid) {
+		t.Error("CleanupStale ended a live cluster's process")
+	}
+	if _, err := os.Stat(liveDir); err != nil {
+		t.Errorf("a live cluster's directory: %v", err)
 	}
 }

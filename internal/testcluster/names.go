@@ -137,7 +137,9 @@ func stale(tag string, pid int) bool {
 // test processes that died without cleaning up: those named with this
 // package's prefix whose owning pid (encoded in the name) is dead, or is
 // this process's pid but not one of its live clusters (pid reuse after a
-// crash). Processes still running in those namespaces are killed first.
+// crash). Processes still running in those namespaces are killed first,
+// and so are the processes of such a test's Slurm cluster (StartSlurm),
+// whose directory is removed.
 // Objects of live processes are left alone. It is safe to call
 // concurrently, also from several processes. [NetnsHosts] calls it.
 func CleanupStale() error {
@@ -155,7 +157,8 @@ func CleanupStale() error {
 			tags = append(tags, tag)
 		}
 	}
-	var errs []error
+	// The Slurm daemons first: some run in the root namespace.
+	errs := []error{cleanupStaleSlurm()}
 	for _, tag := range tags {
 		errs = append(errs, removeCluster(tag))
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -37,8 +38,10 @@ type Slurm struct {
 // it. Without Slurm's and munge's programs it skips the test (fails it
 // under GORUN_TESTCLUSTER_REQUIRE=1); it fails it on any other error or
 // when the nodes are not all idle within 20 seconds. Each node has 2 CPUs,
-// process tracking by ancestry (proctrack/linuxproc: no cgroups needed)
-// and no task binding; a node that comes back is returned to service.
+// process tracking by ancestry (proctrack/linuxproc: no cgroups needed),
+// no task binding and a cgroup plugin that uses none of the host's
+// cgroups (whatever their version); a node that comes back is returned to
+// service.
 func StartSlurm(t testing.TB, h *Hosts) *Slurm {
 	t.Helper()
 	for _, tool := range slurmTools {
@@ -53,7 +56,13 @@ func StartSlurm(t testing.TB, h *Hosts) *Slurm {
 			t.Skip(msg)
 		}
 	}
-	s := &Slurm{Hosts: h, dir: t.TempDir()}
+	// Named for h's tag, so that CleanupStale finds what a killed test
+	// left (cleanupStaleSlurm).
+	dir, err := os.MkdirTemp("", h.tag+slurmDirInfix)
+	if err != nil {
+		t.Fatalf("testcluster: %v", err)
+	}
+	s := &Slurm{Hosts: h, dir: dir}
 	t.Cleanup(s.stop)
 	if err := s.start(); err != nil {
 		t.Fatal(err)
@@ -96,6 +105,10 @@ func (s *Slurm) start() error {
 	if err := os.WriteFile(filepath.Join(munge, "key"), key, 0o400); err != nil {
 		return fmt.Errorf("testcluster: %w", err)
 	}
+	// Every daemon has SLURM_CONF in its environment: it marks it as this
+	// cluster's for cleanupStaleSlurm.
+	s.Conf = filepath.Join(s.dir, "slurm.conf")
+	s.Env = append(os.Environ(), "SLURM_CONF="+s.Conf)
 	sock := filepath.Join(munge, "socket")
 	if err := s.daemon(exec.Command("munged", "--foreground", "--force", "--socket="+sock,
 		"--key-file="+filepath.Join(munge, "key"), "--pid-file="+filepath.Join(munge, "pid"),
@@ -145,30 +158,35 @@ SwitchType=switch/none
 		fmt.Fprintf(&b, "NodeName=%s NodeAddr=%s CPUs=2 State=UNKNOWN\n", name, s.Hosts.Addrs[i])
 	}
 	b.WriteString("PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
-	s.Conf = filepath.Join(s.dir, "slurm.conf")
 	if err := os.WriteFile(s.Conf, []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("testcluster: %w", err)
 	}
-	// slurmd initialises a cgroup plugin even with proctrack/linuxproc; on
-	// a host with cgroup v1 hierarchies under a tmpfs its autodetection
-	// fails, so name v1 there.
-	cgroup := ""
-	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err != nil {
-		cgroup = "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n"
+	// slurmd loads a cgroup plugin even with proctrack/linuxproc and
+	// task/none, and its autodetection depends on the host: cgroup v1
+	// hierarchies under a tmpfs fail it, and on cgroup v2 it takes
+	// cgroup/v2, which wants a systemd scope for slurmstepd that three
+	// slurmds on one host would share. So every host gets cgroup/v1 at an
+	// empty directory of the cluster's: that plugin touches a controller
+	// only for the plugins that ask for one (proctrack/cgroup,
+	// task/cgroup), none here. Checked with Slurm 22.05 on a cgroup v1
+	// host: slurmd starts and runs steps so, and also in a mount namespace
+	// with cgroup2 mounted at /sys/fs/cgroup (where an empty cgroup.conf,
+	// autodetection, makes slurmd exit: "Hybrid mode is not supported",
+	// /proc/self/cgroup still listing v1 hierarchies). Not checked: a host
+	// with cgroup v2 alone.
+	cgroupDir := filepath.Join(s.dir, "cgroup")
+	if err := os.Mkdir(cgroupDir, 0o755); err != nil {
+		return fmt.Errorf("testcluster: %w", err)
 	}
+	cgroup := "CgroupPlugin=cgroup/v1\nCgroupMountpoint=" + cgroupDir + "\n"
 	if err := os.WriteFile(filepath.Join(s.dir, "cgroup.conf"), []byte(cgroup), 0o644); err != nil {
 		return fmt.Errorf("testcluster: %w", err)
 	}
-	s.Env = append(os.Environ(), "SLURM_CONF="+s.Conf)
-	ctld := exec.Command("slurmctld", "-D", "-i")
-	ctld.Env = s.Env
-	if err := s.daemon(ctld); err != nil {
+	if err := s.daemon(exec.Command("slurmctld", "-D", "-i")); err != nil {
 		return err
 	}
 	for i, name := range s.Hosts.Names {
-		d := s.Hosts.Exec(context.Background(), i, "slurmd", "-D", "-N", name)
-		d.Env = s.Env
-		if err := s.daemon(d); err != nil {
+		if err := s.daemon(s.Hosts.Exec(context.Background(), i, "slurmd", "-D", "-N", name)); err != nil {
 			return err
 		}
 	}
@@ -185,8 +203,13 @@ SwitchType=switch/none
 	return nil
 }
 
-// daemon starts cmd, its output to the cluster's directory, for stop to end.
+// daemon starts cmd with s.Env, its output to the cluster's directory,
+// for stop to end. It has its own process group (a Ctrl-C on the terminal
+// is the test's to handle) and dies with the test (SIGKILL when the test
+// process ends; ip netns exec execs the daemon, which keeps it).
 func (s *Slurm) daemon(cmd *exec.Cmd) error {
+	cmd.Env = s.Env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	out, err := os.Create(filepath.Join(s.dir, filepath.Base(cmd.Args[len(cmd.Args)-1])+"-"+strconv.Itoa(len(s.procs))+".out"))
 	if err != nil {
 		return fmt.Errorf("testcluster: %w", err)
@@ -207,9 +230,10 @@ func (s *Slurm) stop() {
 		_ = s.Hosts.KillAll(i)
 	}
 	for _, p := range s.procs {
-		_ = p.Process.Kill()
+		_ = syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
 		_ = p.Wait()
 	}
+	_ = os.RemoveAll(s.dir)
 }
 
 // freePort returns a TCP port free on this host at the time of the call.
