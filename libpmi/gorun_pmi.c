@@ -21,6 +21,8 @@
  *           escaped bytes.
  * A put too long once escaped fails (PMI_ERR_INVALID_KEY_LENGTH,
  * PMI_ERR_INVALID_VAL_LENGTH) with a note on stderr, never truncated.
+ * The server's own key, PMI_process_mapping, is got unescaped; a put of
+ * it fails (PMI_ERR_INVALID_KEY).
  *
  * Built by make build: gcc -O2 -fPIC -shared -fvisibility=hidden; it needs
  * only libc and exports only the PMI_* calls.
@@ -295,10 +297,12 @@ PMI_API int PMI_Init(int *spawned) {
 	 * 3/4 of the length announced to it: announcing 8/9 of the usable
 	 * length, a multiple of 8, leaves the escapes of a chunk room.
 	 */
-	value_usable = vallen_max - kvsname_max - keylen_max - 31;
-	value_announced = value_usable * 8 / 9 / 8 * 8;
-	if (keylen_max < 1 || value_usable < 64 || keylen_max > LINE_MAX_BYTES / 4 || vallen_max > LINE_MAX_BYTES / 2)
+	if (keylen_max < 1 || keylen_max > LINE_MAX_BYTES / 4 || vallen_max > LINE_MAX_BYTES / 2 || kvsname_max > LINE_MAX_BYTES / 4)
 		goto fail;
+	value_usable = vallen_max - kvsname_max - keylen_max - 31;
+	if (value_usable < 64)
+		goto fail;
+	value_announced = value_usable * 8 / 9 / 8 * 8;
 	if (exchange("cmd=get_my_kvsname\n", reply, sizeof reply) != 0 || !ok(reply, "my_kvsname"))
 		goto fail;
 	{
@@ -454,6 +458,9 @@ static int check_kvs(const char name[]) {
 	return PMI_SUCCESS;
 }
 
+/* The server's own key: a get asks for it unescaped, and a put of it fails. */
+#define MAPPING_KEY "PMI_process_mapping"
+
 /* put_key escapes key into out; mu held. */
 static int put_key(const char key[], char *out, size_t cap) {
 	if (key == NULL || key[0] == '\0')
@@ -471,7 +478,14 @@ PMI_API int PMI_KVS_Put(const char name[], const char key[], const char value[])
 	if (value == NULL)
 		return PMI_ERR_INVALID_VAL;
 	pthread_mutex_lock(&mu);
-	if ((rc = check_kvs(name)) != PMI_SUCCESS || (rc = put_key(key, ekey, sizeof ekey)) != PMI_SUCCESS)
+	if ((rc = check_kvs(name)) != PMI_SUCCESS)
+		goto out;
+	if (key != NULL && strcmp(key, MAPPING_KEY) == 0) {
+		fprintf(stderr, "libgorun-pmi: key \"%s\" is gorun's own: it cannot be put\n", key);
+		rc = PMI_ERR_INVALID_KEY;
+		goto out;
+	}
+	if ((rc = put_key(key, ekey, sizeof ekey)) != PMI_SUCCESS)
 		goto out;
 	if (escape(value, evalue, sizeof evalue, value_usable, value_plain, '%') < 0) {
 		fprintf(stderr, "libgorun-pmi: the value of key \"%.80s\" is longer than %d bytes once escaped\n", key, value_usable);
@@ -556,7 +570,7 @@ PMI_API int PMI_KVS_Get(const char name[], const char key[], char value[], int l
 	pthread_mutex_lock(&mu);
 	if ((rc = check_kvs(name)) != PMI_SUCCESS)
 		goto out;
-	if (key != NULL && strcmp(key, "PMI_process_mapping") == 0) {
+	if (key != NULL && strcmp(key, MAPPING_KEY) == 0) {
 		/* The server's own key, unescaped. */
 		rc = get(key, value, length);
 		goto out;
@@ -659,7 +673,7 @@ static int clique(int *ranks, int cap) {
 		return -PMI_ERR_INIT;
 	}
 	n = parse_ranges(getenv("GORUN_PMI_CLIQUE"), ranks, cap);
-	if (n < 0 && get("PMI_process_mapping", mapping, sizeof mapping) == PMI_SUCCESS)
+	if (n < 0 && get(MAPPING_KEY, mapping, sizeof mapping) == PMI_SUCCESS)
 		n = parse_mapping(mapping, ranks, cap);
 	if (n < 0) {
 		/* Nothing known: this rank alone. */

@@ -147,9 +147,12 @@ func TestBaseEnvStripsMpirunVariables(t *testing.T) {
 	got := envMap(t, baseEnv([]string{
 		"OMPI_MCA_orte_hnp_uri=1234.0;tcp://10.0.0.1:4000", "OMPI_MCA_ess=pmi", "OMPI_MCA_orte_ess_num_procs=4",
 		"PMIX_SERVER_URI41=x", "PMIX_ID=y", "FLUX_URI=local:///run", "OMPI_MCA_btl=self,vader", "PATH=/bin",
-	}, nil))
-	want := map[string]string{"OMPI_MCA_btl": "self,vader", "PATH": "/bin"}
-	if len(got) != len(want) || got["OMPI_MCA_btl"] != want["OMPI_MCA_btl"] || got["PATH"] != "/bin" {
+		"OMPI_MCA_ess_base_jobid=1", "OMPI_MCA_ess_base_vpid=0", "OMPI_MCA_orte_jobfam_session_dir=/tmp/x",
+		"OMPI_MCA_orte_top_session_dir=/tmp", "OMPI_MCA_orte_local_daemon_uri=1.0;tcp://x", "OMPI_MCA_orte_launch=1",
+		"OMPI_MCA_orte_precondition_transports=a-b", "OMPI_MCA_orte_tmpdir_base=/inherited",
+	}, []string{"OMPI_MCA_orte_tmpdir_base=/mine"})) // -x wins over the rule
+	want := map[string]string{"OMPI_MCA_btl": "self,vader", "PATH": "/bin", "OMPI_MCA_orte_tmpdir_base": "/mine"}
+	if len(got) != len(want) || got["OMPI_MCA_btl"] != want["OMPI_MCA_btl"] || got["PATH"] != "/bin" || got["OMPI_MCA_orte_tmpdir_base"] != "/mine" {
 		t.Errorf("baseEnv kept %q, want %q", got, want)
 	}
 }
