@@ -929,7 +929,9 @@ func (a *agent) exited(p *rankProc) {
 	a.running--
 	e := p.exitEvent(a.cfg.Host)
 	a.log.Info("rank ended", "rank", e.Rank, "code", e.Code, "signal", e.Signal, "stopped", e.Stopped)
-	if (e.Code != 0 || e.Signal != 0) && !e.Stopped && p.pmiState.Load() == pmiNone && p.startErr == nil {
+	// (An Open MPI rank whose MPI_Init fails exits 1; a rank killed, by
+	// gorun or a signal, says nothing of its bootstrap.)
+	if e.Code > 0 && e.Signal == 0 && !e.Abort && !e.Stopped && p.killedBy.Load() == nil && p.pmiState.Load() == pmiNone && p.startErr == nil {
 		a.ompi.rankFailed(a, e.Rank)
 	}
 	// The end is reported before the fences the rank left are failed:

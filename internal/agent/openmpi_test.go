@@ -232,3 +232,37 @@ func TestOpenMPIDirPerGeneration(t *testing.T) {
 		t.Errorf("generation 1's %s left after the cleanup (stat: %v)", dirs[1], err)
 	}
 }
+
+// TestOpenMPIAgentWithoutLibrary: given an Open MPI program's job
+// (MPI "openmpi") and no library, an agent fails the job as it
+// registers, naming where it looked, before it starts a rank.
+func TestOpenMPIAgentWithoutLibrary(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), wire.PMILibraryName)
+	spec := func(s *wire.JobSpec) { s.MPI, s.PMILibrary = "openmpi", missing }
+	f := startFakeLauncherSpec(t, "ompinolib", []int{0}, func(*Config) {}, spec, "sleep", "3600")
+	for done := false; !done; {
+		select {
+		case e := <-f.events:
+			switch e.Kind {
+			case wire.EventStarted:
+				t.Fatal("the agent started a rank")
+			case wire.EventAgentError:
+				if !strings.Contains(e.Msg, missing) {
+					t.Errorf("agent error event says %q, want it to name %s", e.Msg, missing)
+				}
+				done = true
+			}
+		case <-f.ctx.Done():
+			t.Fatal("no agent error event")
+		}
+	}
+	select {
+	case err := <-f.agentErr:
+		f.agentErr <- err // for the cleanup
+		if !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("agent's error %v, want one wrapping fs.ErrNotExist", err)
+		}
+	case <-f.ctx.Done():
+		t.Fatal("the agent did not exit")
+	}
+}
