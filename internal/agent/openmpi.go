@@ -84,7 +84,7 @@ func (o *openMPI) library(a *agent) (string, error) {
 // does (its MPI_Init fails), so the agent says, once, where the library
 // was looked for.
 func (o *openMPI) rankFailed(a *agent, rank int) {
-	if !wantsOpenMPI(a.spec) {
+	if a.spec == nil || !wantsOpenMPI(a.spec) {
 		return
 	}
 	if _, err := o.library(a); err != nil {
