@@ -45,7 +45,7 @@ func detectMPI(prog string, env []string, ldcache func() map[string]string) MPIK
 		}
 		path = p
 	}
-	needed, search, err := dynamicDeps(path)
+	needed, rpath, runpath, err := dynamicDeps(path)
 	if err != nil {
 		return MPIAuto
 	}
@@ -55,11 +55,11 @@ func detectMPI(prog string, env []string, ldcache func() map[string]string) MPIK
 	case !slices.Contains(needed, sonameOpenMPI):
 		return MPIAuto
 	}
-	lib := resolveLib(sonameOpenMPI, search, env, ldcache)
+	lib := resolveLib(sonameOpenMPI, rpath, runpath, env, ldcache)
 	if lib == "" {
 		return MPIAuto
 	}
-	libNeeded, _, err := dynamicDeps(lib)
+	libNeeded, _, _, err := dynamicDeps(lib)
 	if err != nil {
 		return MPIAuto
 	}
@@ -69,43 +69,51 @@ func detectMPI(prog string, env []string, ldcache func() map[string]string) MPIK
 	return mpiOpenMPI5
 }
 
-// dynamicDeps returns path's DT_NEEDED entries and its DT_RUNPATH or
-// DT_RPATH directories ($ORIGIN expanded).
-func dynamicDeps(path string) (needed, search []string, err error) {
+// dynamicDeps returns path's DT_NEEDED entries and its run path: its
+// DT_RUNPATH directories, or, only without any, its DT_RPATH ones, as the
+// loader takes them ($ORIGIN expanded).
+func dynamicDeps(path string) (needed, rpath, runpath []string, err error) {
 	f, err := elf.Open(path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("launcher: %s: %w", path, err)
+		return nil, nil, nil, fmt.Errorf("launcher: %s: %w", path, err)
 	}
 	defer f.Close()
 	if needed, err = f.DynString(elf.DT_NEEDED); err != nil {
-		return nil, nil, fmt.Errorf("launcher: %s: %w", path, err)
-	}
-	paths, _ := f.DynString(elf.DT_RUNPATH)
-	if len(paths) == 0 {
-		paths, _ = f.DynString(elf.DT_RPATH)
+		return nil, nil, nil, fmt.Errorf("launcher: %s: %w", path, err)
 	}
 	origin := filepath.Dir(path)
-	for _, p := range paths {
-		for d := range strings.SplitSeq(p, ":") {
-			d = strings.ReplaceAll(strings.ReplaceAll(d, "${ORIGIN}", origin), "$ORIGIN", origin)
-			if d != "" {
-				search = append(search, d)
+	dirs := func(paths []string) []string {
+		var out []string
+		for _, p := range paths {
+			for d := range strings.SplitSeq(p, ":") {
+				d = strings.ReplaceAll(strings.ReplaceAll(d, "${ORIGIN}", origin), "$ORIGIN", origin)
+				if d != "" {
+					out = append(out, d)
+				}
 			}
 		}
+		return out
 	}
-	return needed, search, nil
+	runs, _ := f.DynString(elf.DT_RUNPATH)
+	if runpath = dirs(runs); len(runs) == 0 {
+		rps, _ := f.DynString(elf.DT_RPATH)
+		rpath = dirs(rps)
+	}
+	return needed, rpath, runpath, nil
 }
 
-// resolveLib finds soname as the loader would: in search (the program's
-// run path), LD_LIBRARY_PATH, the loader's cache, the default directories.
-func resolveLib(soname string, search, env []string, ldcache func() map[string]string) string {
-	dirs := slices.Clone(search)
+// resolveLib finds soname as the loader would: in rpath (DT_RPATH, which
+// the loader reads only without a DT_RUNPATH), env's LD_LIBRARY_PATH (its
+// last), runpath (DT_RUNPATH), the loader's cache, the default
+// directories.
+func resolveLib(soname string, rpath, runpath, env []string, ldcache func() map[string]string) string {
+	var ldpath []string
 	for _, kv := range env {
 		if v, ok := strings.CutPrefix(kv, "LD_LIBRARY_PATH="); ok {
-			dirs = append(dirs, filepath.SplitList(v)...)
+			ldpath = filepath.SplitList(v)
 		}
 	}
-	for _, d := range dirs {
+	for _, d := range slices.Concat(rpath, ldpath, runpath) {
 		if p := filepath.Join(d, soname); isFile(p) {
 			return p
 		}
@@ -166,7 +174,8 @@ func (c *Config) resolveMPI(exe string) (MPIKind, error) {
 	}
 	kind := c.MPI
 	if kind == MPIAuto {
-		kind = detectMPI(c.Prog, os.Environ(), ldconfigCache)
+		// The ranks' environment: this one and -x's (the last of a name wins).
+		kind = detectMPI(c.Prog, slices.Concat(os.Environ(), c.Env), ldconfigCache)
 	}
 	switch kind {
 	case mpiOpenMPI5:

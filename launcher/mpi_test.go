@@ -45,6 +45,10 @@ func mpiStubs(t *testing.T) string {
 	run("-o", filepath.Join(dir, "prog-ompi4"), src, filepath.Join(dir, "ompi4", "libmpi.so.40"), "-Wl,-rpath,$ORIGIN/ompi4")
 	run("-o", filepath.Join(dir, "prog-ompi5"), src, filepath.Join(dir, "ompi5", "libmpi.so.40"), "-Wl,-rpath,$ORIGIN/ompi5")
 	run("-o", filepath.Join(dir, "prog-ompi-ldpath"), src, filepath.Join(dir, "ompi4", "libmpi.so.40"))
+	// Open MPI 5 in a DT_RUNPATH (LD_LIBRARY_PATH comes first) and in a
+	// DT_RPATH (it comes before LD_LIBRARY_PATH).
+	run("-o", filepath.Join(dir, "prog-ompi5-runpath"), src, filepath.Join(dir, "ompi5", "libmpi.so.40"), "-Wl,--enable-new-dtags,-rpath,$ORIGIN/ompi5")
+	run("-o", filepath.Join(dir, "prog-ompi5-rpath"), src, filepath.Join(dir, "ompi5", "libmpi.so.40"), "-Wl,--disable-new-dtags,-rpath,$ORIGIN/ompi5")
 	run("-o", filepath.Join(dir, "prog-mpich"), src, filepath.Join(dir, "mpich", "libmpi.so.12"))
 	run("-o", filepath.Join(dir, "prog-plain"), src)
 	if err := os.WriteFile(filepath.Join(dir, "script"), []byte("#!/bin/sh\nexec ./prog-ompi4\n"), 0o755); err != nil {
@@ -69,6 +73,11 @@ func TestDetectMPI(t *testing.T) {
 		{"prog-ompi-ldpath", []string{"LD_LIBRARY_PATH=" + filepath.Join(dir, "ompi4")}, MPIOpenMPI},
 		{"prog-ompi-ldpath", []string{"LD_LIBRARY_PATH=" + filepath.Join(dir, "ompi5")}, mpiOpenMPI5},
 		{"prog-ompi-ldpath", nil, MPIAuto}, // its libmpi is not found here
+		// The loader's order: DT_RPATH, LD_LIBRARY_PATH, DT_RUNPATH.
+		{"prog-ompi5-runpath", nil, mpiOpenMPI5},
+		{"prog-ompi5-runpath", []string{"LD_LIBRARY_PATH=" + filepath.Join(dir, "ompi4")}, MPIOpenMPI},
+		{"prog-ompi5-rpath", []string{"LD_LIBRARY_PATH=" + filepath.Join(dir, "ompi4")}, mpiOpenMPI5},
+		{"prog-ompi-ldpath", []string{"LD_LIBRARY_PATH=" + filepath.Join(dir, "ompi5"), "LD_LIBRARY_PATH=" + filepath.Join(dir, "ompi4")}, MPIOpenMPI}, // the last wins
 		{"prog-mpich", nil, MPIMPICH},
 		{"prog-plain", nil, MPIAuto},
 		{"script", nil, MPIAuto},
@@ -109,6 +118,8 @@ func TestResolveMPI(t *testing.T) {
 		{"open mpi 5", Config{Prog: filepath.Join(dir, "prog-ompi5")}, true, "", ErrConfig},
 		{"mpich", Config{Prog: filepath.Join(dir, "prog-mpich")}, false, MPIMPICH, nil},
 		{"unknown", Config{Prog: filepath.Join(dir, "script")}, false, MPIAuto, nil},
+		// The ranks' LD_LIBRARY_PATH (-x) finds their libmpi.
+		{"open mpi 5 through -x LD_LIBRARY_PATH", Config{Prog: filepath.Join(dir, "prog-ompi-ldpath"), Env: []string{"LD_LIBRARY_PATH=" + filepath.Join(dir, "ompi5")}}, true, "", ErrConfig},
 		{"forced mpich", Config{Prog: filepath.Join(dir, "prog-ompi5"), MPI: MPIMPICH}, false, MPIMPICH, nil},
 		{"--pmi=false", Config{Prog: filepath.Join(dir, "prog-ompi5"), NoPMI: true}, false, MPIAuto, nil},
 	} {

@@ -6,7 +6,9 @@
  * PMI-1 "simple" wire protocol on the descriptor PMI_FD (for MPICH, whose
  * own client speaks it); this library speaks it too, one request line and
  * one reply line at a time, under a mutex (Open MPI's progress thread may
- * call in).
+ * call in). Writes also take a second lock, wmu, alone: PMI_Abort takes
+ * only that one, so an abort gets out while another thread of the rank
+ * waits in PMI_Barrier (which holds mu until the barrier's reply).
  *
  * The wire carries space-separated key=value tokens, so what a program
  * puts is escaped here, and unescaped on get (the server stays strict):
@@ -19,6 +21,8 @@
  *           escaped bytes.
  * A put too long once escaped fails (PMI_ERR_INVALID_KEY_LENGTH,
  * PMI_ERR_INVALID_VAL_LENGTH) with a note on stderr, never truncated.
+ * The server's own key, PMI_process_mapping, is got unescaped; a put of
+ * it fails (PMI_ERR_INVALID_KEY).
  *
  * Built by make build: gcc -O2 -fPIC -shared -fvisibility=hidden; it needs
  * only libc and exports only the PMI_* calls.
@@ -36,7 +40,8 @@
 #define LINE_MAX_BYTES 8192
 #define ABORT_MSG_MAX 400
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* guards every field below */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;  /* guards every field below */
+static pthread_mutex_t wmu = PTHREAD_MUTEX_INITIALIZER; /* taken after mu, or alone; guards writes on fd, and fd */
 static int fd = -1;
 static int initialized;
 static int rank = -1, size = -1;
@@ -78,7 +83,10 @@ static int parse_int(const char *s, int *out) {
 	return 0;
 }
 
-static int write_all(const char *p, size_t n) {
+/* write_all_locked writes p to fd; wmu held. */
+static int write_all_locked(const char *p, size_t n) {
+	if (fd < 0)
+		return -1;
 	while (n > 0) {
 		ssize_t w = write(fd, p, n);
 		if (w < 0 && errno == EINTR)
@@ -89,6 +97,22 @@ static int write_all(const char *p, size_t n) {
 		n -= (size_t)w;
 	}
 	return 0;
+}
+
+/* write_all writes p to fd under wmu; mu held. */
+static int write_all(const char *p, size_t n) {
+	int rc;
+	pthread_mutex_lock(&wmu);
+	rc = write_all_locked(p, n);
+	pthread_mutex_unlock(&wmu);
+	return rc;
+}
+
+/* set_fd sets fd; mu held. */
+static void set_fd(int f) {
+	pthread_mutex_lock(&wmu);
+	fd = f;
+	pthread_mutex_unlock(&wmu);
 }
 
 /* read_line reads one line into line (NUL-terminated, without its newline). */
@@ -257,7 +281,7 @@ PMI_API int PMI_Init(int *spawned) {
 		fprintf(stderr, "libgorun-pmi: PMI_FD, PMI_RANK or PMI_SIZE missing or invalid: not started by gorun?\n");
 		goto out;
 	}
-	fd = f;
+	set_fd(f);
 	rlen = 0;
 	if (exchange("cmd=init pmi_version=1 pmi_subversion=1\n", reply, sizeof reply) != 0 ||
 	    !ok(reply, "response_to_init"))
@@ -273,10 +297,12 @@ PMI_API int PMI_Init(int *spawned) {
 	 * 3/4 of the length announced to it: announcing 8/9 of the usable
 	 * length, a multiple of 8, leaves the escapes of a chunk room.
 	 */
-	value_usable = vallen_max - kvsname_max - keylen_max - 31;
-	value_announced = value_usable * 8 / 9 / 8 * 8;
-	if (keylen_max < 1 || value_usable < 64 || keylen_max > LINE_MAX_BYTES / 4 || vallen_max > LINE_MAX_BYTES / 2)
+	if (keylen_max < 1 || keylen_max > LINE_MAX_BYTES / 4 || vallen_max > LINE_MAX_BYTES / 2 || kvsname_max > LINE_MAX_BYTES / 4)
 		goto fail;
+	value_usable = vallen_max - kvsname_max - keylen_max - 31;
+	if (value_usable < 64)
+		goto fail;
+	value_announced = value_usable * 8 / 9 / 8 * 8;
 	if (exchange("cmd=get_my_kvsname\n", reply, sizeof reply) != 0 || !ok(reply, "my_kvsname"))
 		goto fail;
 	{
@@ -295,7 +321,7 @@ PMI_API int PMI_Init(int *spawned) {
 	goto out;
 fail:
 	fprintf(stderr, "libgorun-pmi: PMI_Init: no valid answer from gorun's PMI server on descriptor %d\n", f);
-	fd = -1;
+	set_fd(-1);
 out:
 	pthread_mutex_unlock(&mu);
 	return rc;
@@ -366,20 +392,33 @@ PMI_API int PMI_Barrier(void) {
 
 PMI_API int PMI_Abort(int exit_code, const char error_msg[]) {
 	char line[64 + ABORT_MSG_MAX + 2];
-	int n;
-	pthread_mutex_lock(&mu);
-	if (fd >= 0) {
+	int n, f, sent;
+	/*
+	 * Only wmu: another thread may hold mu for as long as a barrier
+	 * lasts. A thread in a read keeps reading replies; this one only
+	 * waits for the end of the connection.
+	 */
+	pthread_mutex_lock(&wmu);
+	f = fd;
+	sent = 0;
+	if (f >= 0) {
 		/* The message is the rest of the line: its newlines become spaces. */
 		n = snprintf(line, sizeof line - 2, "cmd=abort exitcode=%d message=", exit_code);
 		for (const char *p = error_msg ? error_msg : ""; *p != '\0' && n < (int)sizeof line - 2; p++)
 			line[n++] = (*p == '\n' || *p == '\r') ? ' ' : *p;
 		line[n++] = '\n';
 		line[n] = '\0';
-		if (write_all(line, (size_t)n) == 0) {
-			/* Until the agent kills this process, as under MPICH's client. */
-			char buf[256];
-			while (read(fd, buf, sizeof buf) > 0 || errno == EINTR)
-				;
+		sent = write_all_locked(line, (size_t)n) == 0;
+	}
+	pthread_mutex_unlock(&wmu);
+	if (sent) {
+		/* Until the agent kills this process, as under MPICH's client. */
+		char buf[256];
+		for (;;) {
+			ssize_t r = read(f, buf, sizeof buf);
+			if (r > 0 || (r < 0 && errno == EINTR))
+				continue;
+			break;
 		}
 	}
 	_exit(exit_code);
@@ -419,6 +458,9 @@ static int check_kvs(const char name[]) {
 	return PMI_SUCCESS;
 }
 
+/* The server's own key: a get asks for it unescaped, and a put of it fails. */
+#define MAPPING_KEY "PMI_process_mapping"
+
 /* put_key escapes key into out; mu held. */
 static int put_key(const char key[], char *out, size_t cap) {
 	if (key == NULL || key[0] == '\0')
@@ -436,7 +478,14 @@ PMI_API int PMI_KVS_Put(const char name[], const char key[], const char value[])
 	if (value == NULL)
 		return PMI_ERR_INVALID_VAL;
 	pthread_mutex_lock(&mu);
-	if ((rc = check_kvs(name)) != PMI_SUCCESS || (rc = put_key(key, ekey, sizeof ekey)) != PMI_SUCCESS)
+	if ((rc = check_kvs(name)) != PMI_SUCCESS)
+		goto out;
+	if (key != NULL && strcmp(key, MAPPING_KEY) == 0) {
+		fprintf(stderr, "libgorun-pmi: key \"%s\" is gorun's own: it cannot be put\n", key);
+		rc = PMI_ERR_INVALID_KEY;
+		goto out;
+	}
+	if ((rc = put_key(key, ekey, sizeof ekey)) != PMI_SUCCESS)
 		goto out;
 	if (escape(value, evalue, sizeof evalue, value_usable, value_plain, '%') < 0) {
 		fprintf(stderr, "libgorun-pmi: the value of key \"%.80s\" is longer than %d bytes once escaped\n", key, value_usable);
@@ -521,7 +570,7 @@ PMI_API int PMI_KVS_Get(const char name[], const char key[], char value[], int l
 	pthread_mutex_lock(&mu);
 	if ((rc = check_kvs(name)) != PMI_SUCCESS)
 		goto out;
-	if (key != NULL && strcmp(key, "PMI_process_mapping") == 0) {
+	if (key != NULL && strcmp(key, MAPPING_KEY) == 0) {
 		/* The server's own key, unescaped. */
 		rc = get(key, value, length);
 		goto out;
@@ -624,7 +673,7 @@ static int clique(int *ranks, int cap) {
 		return -PMI_ERR_INIT;
 	}
 	n = parse_ranges(getenv("GORUN_PMI_CLIQUE"), ranks, cap);
-	if (n < 0 && get("PMI_process_mapping", mapping, sizeof mapping) == PMI_SUCCESS)
+	if (n < 0 && get(MAPPING_KEY, mapping, sizeof mapping) == PMI_SUCCESS)
 		n = parse_mapping(mapping, ranks, cap);
 	if (n < 0) {
 		/* Nothing known: this rank alone. */

@@ -218,12 +218,15 @@ func (j *job) jobID() string {
 }
 
 // checkNoJobFiles fails if a job directory of id is left under the
-// temporary directory (agents remove theirs as they exit; it polls briefly).
+// temporary directory, or an Open MPI directory of it in /dev/shm (agents
+// remove theirs as they exit; it polls briefly).
 func checkNoJobFiles(t *testing.T, id string) {
 	t.Helper()
 	var left []string
 	for range 250 {
-		if left, _ = filepath.Glob(filepath.Join(os.TempDir(), "gorun-"+id+"-*")); len(left) == 0 {
+		left, _ = filepath.Glob(filepath.Join(os.TempDir(), "gorun-"+id+"-*"))
+		shm, _ := filepath.Glob(filepath.Join("/dev/shm", "gorun-"+id+"-*"))
+		if left = append(left, shm...); len(left) == 0 {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)

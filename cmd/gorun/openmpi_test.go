@@ -114,6 +114,8 @@ func TestOpenMPI(t *testing.T) {
 			t.Errorf("%s: gorun printed %q, mpirun.openmpi %q\nstderr:\n%s", argv, got, want, res.stderr)
 		}
 	}
+	// At -np 1 a singleton prints what a bootstrapped rank does; at 4 and
+	// 8, singletons would each say "of 1" (hello) or sum 1 (allreduce).
 	for _, n := range []int{1, 4, 8} {
 		t.Run(fmt.Sprintf("np%d", n), func(t *testing.T) {
 			for _, argv := range programs {
@@ -121,6 +123,23 @@ func TestOpenMPI(t *testing.T) {
 			}
 		})
 	}
+	t.Run("library missing", func(t *testing.T) {
+		// gorun alone in a directory, as built without gcc: an Open MPI
+		// program fails, naming the library, instead of running as
+		// singletons (mpi4py's once printed rank 0 twice and exit 0).
+		alone := filepath.Join(t.TempDir(), "gorun")
+		if out, err := exec.Command("cp", gorunBin, alone).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v: %s", err, out)
+		}
+		wrap := []string{"sh", "-c", `exec "` + alone + `" "$@"`} // $0 is gorunBin
+		for _, argv := range programs {
+			res := startJobUnder(t, wrap, nil, nil, "", nil, append([]string{"-np", "2", "--oversubscribe", "--"}, argv...)...).wait(90 * time.Second)
+			if res.code == 0 || !strings.Contains(res.stderr, filepath.Join(filepath.Dir(alone), "libgorun-pmi.so")) {
+				t.Errorf("%s without the library: exit %d, want a failure naming %s\nstdout:\n%s\nstderr:\n%s",
+					argv, res.code, filepath.Join(filepath.Dir(alone), "libgorun-pmi.so"), res.stdout, res.stderr)
+			}
+		}
+	})
 	t.Run("abort", func(t *testing.T) {
 		res := startJob(t, "", nil, "-np", "4", "--oversubscribe", "--", prog("abort")).wait(90 * time.Second)
 		if res.code != 7 {
@@ -131,10 +150,13 @@ func TestOpenMPI(t *testing.T) {
 		}
 	})
 	t.Run("max-restarts", func(t *testing.T) {
-		res := startJob(t, "", nil, "-np", "4", "--oversubscribe", "--max-restarts", "1", "--", prog("restart")).wait(90 * time.Second)
+		j := startJob(t, "", nil, "-np", "4", "--oversubscribe", "--max-restarts", "1", "--", "sh", "-c", printJobID, prog("restart"))
+		res := j.wait(90 * time.Second)
 		if res.code != 0 {
 			t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
 		}
+		// Both generations' Open MPI directories (in /dev/shm) are gone.
+		checkNoJobFiles(t, j.jobID())
 		for r := range 4 {
 			if want := fmt.Sprintf("[%d] generation 1: hello from %d of 4\n", r, r); !strings.Contains(res.stdout, want) {
 				t.Errorf("no %q\nstdout:\n%s\nstderr:\n%s", want, res.stdout, res.stderr)
@@ -147,12 +169,15 @@ func TestOpenMPI(t *testing.T) {
 		hosts := testcluster.NetnsHosts(t, 5)
 		hf := hosts.WriteHostfile(t, t.TempDir(), 2)
 		flags := []string{"--hostfile", hf, "--spares", "1", "--rsh", "ip netns exec", "--bind", hosts.BridgeAddr, "--kill-grace", "2"}
-		for _, argv := range programs[1:] {
+		for _, argv := range programs {
 			same(t, 8, flags, argv)
 		}
 		abort := startJob(t, "", nil, append(append([]string{"-np", "8"}, flags...), "--", prog("abort"))...).wait(90 * time.Second)
 		if abort.code != 7 {
 			t.Fatalf("abort across hosts: exit %d, want 7\nstderr:\n%s", abort.code, abort.stderr)
+		}
+		if !regexp.MustCompile(`gorun: rank 1 on host \S+ \(pid \d+\) called MPI_Abort with exit code 7`).MatchString(abort.stderr) {
+			t.Errorf("abort across hosts: the report does not name rank 1's MPI_Abort:\n%s", abort.stderr)
 		}
 		// The spare replaces a killed host: every rank restarts, Open MPI's
 		// included, and the job finishes.
@@ -169,6 +194,15 @@ func TestOpenMPI(t *testing.T) {
 			if len(left) > 1 {
 				t.Errorf("job directories left: %v, want at most the killed host's", left)
 			}
+			// And of Open MPI's directories in the /dev/shm the hosts
+			// share, at most the killed host's (h1).
+			shm, _ := filepath.Glob(filepath.Join("/dev/shm", "gorun-"+m[1]+"-*"))
+			for _, d := range shm {
+				if !strings.HasPrefix(filepath.Base(d), "gorun-"+m[1]+"-h1-") {
+					t.Errorf("Open MPI directory %s left, want at most the killed host's", d)
+				}
+			}
+			left = append(left, shm...)
 			for _, d := range left {
 				os.RemoveAll(d)
 			}

@@ -263,6 +263,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: truncateMsg(err.Error())})
 		return err
 	}
+	// An Open MPI program's ranks cannot bootstrap without the library:
+	// this host fails the job before any rank starts.
+	if a.spec.MPI == "openmpi" && wantsOpenMPI(a.spec) {
+		if _, err := a.ompi.library(a); err != nil {
+			a.event(&wire.Event{Kind: wire.EventAgentError, Host: cfg.Host, Rank: -1, Msg: truncateMsg(err.Error())})
+			return fmt.Errorf("agent: %w", err)
+		}
+	}
 	a.addr = addr
 	a.log.Info("registered", "addr", addr, "protect", a.protect.mode)
 	a.out = newBatcher(a.ctl.Conn, a.subj.Output, a.subj.OutputDone, cfg.Host, a.spec.OutputDelay)
@@ -921,6 +929,11 @@ func (a *agent) exited(p *rankProc) {
 	a.running--
 	e := p.exitEvent(a.cfg.Host)
 	a.log.Info("rank ended", "rank", e.Rank, "code", e.Code, "signal", e.Signal, "stopped", e.Stopped)
+	// (An Open MPI rank whose MPI_Init fails exits 1; a rank killed, by
+	// gorun or a signal, says nothing of its bootstrap.)
+	if e.Code > 0 && e.Signal == 0 && !e.Abort && !e.Stopped && p.killedBy.Load() == nil && p.pmiState.Load() == pmiNone && p.startErr == nil {
+		a.ompi.rankFailed(a, e.Rank)
+	}
 	// The end is reported before the fences the rank left are failed:
 	// ranks elsewhere that fail because of them (MPICH ranks in MPI_Init
 	// abort) are then reported after it, on the same connection, so the
@@ -992,6 +1005,7 @@ wait:
 	if a.out != nil {
 		a.out.Close()
 	}
+	a.ompi.removeDir(a)
 	if a.dir != "" {
 		if err := os.RemoveAll(a.dir); err != nil {
 			a.log.Warn("cannot remove job directory", "err", err)

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/gorun/gorun/internal/wire"
 )
@@ -47,28 +48,50 @@ func findPMILibrary(paths []string) (string, error) {
 // once.
 type openMPI struct {
 	once sync.Once
-	lib  string // "" if not found
+	lib  string // the library's absolute path, or where it was expected
+	err  error  // not found: why (it names the paths searched)
+
+	warned sync.Once
+
+	dir     string // the directory ompiEnv made last ("": none); the agent's goroutine only
+	shmOnce sync.Once
+	shm     bool // /dev/shm is a tmpfs
 }
 
-// library returns the library's absolute path, or "" (and says why once).
-func (o *openMPI) library(a *agent) string {
+// library returns the library's absolute path, or, with the error saying
+// why, the path where it was expected (the first one searched): its
+// ranks still get the flux bootstrap, so that an Open MPI program fails
+// in MPI_Init (PMI_Init fails) instead of running as singletons.
+func (o *openMPI) library(a *agent) (string, error) {
 	o.once.Do(func() {
 		exe, err := os.Executable()
 		if err != nil && a.spec.PMILibrary == "" {
-			a.log.Warn("Open MPI programs cannot start: this agent's executable is unknown", "err", err)
+			o.lib = wire.PMILibraryName
+			o.err = fmt.Errorf("the PMI-1 client library Open MPI programs load cannot be looked for beside this agent's executable: %w", err)
 			return
 		}
-		lib, err := findPMILibrary(wire.PMILibraryPaths(a.spec.PMILibrary, exe))
-		switch {
-		case err == nil:
-			o.lib = lib
-		case a.spec.MPI == "openmpi":
-			a.log.Warn("Open MPI ranks cannot bootstrap", "err", err)
-		default:
-			a.log.Debug("Open MPI programs would not bootstrap here", "err", errors.Unwrap(err))
+		paths := wire.PMILibraryPaths(a.spec.PMILibrary, exe)
+		if o.lib, o.err = findPMILibrary(paths); o.err != nil {
+			o.lib = paths[0]
+			a.log.Debug("Open MPI programs would not bootstrap here", "err", o.err)
 		}
 	})
-	return o.lib
+	return o.lib, o.err
+}
+
+// rankFailed is told of a rank that failed without ever opening its PMI
+// connection: with the library missing, that is what an Open MPI rank
+// does (its MPI_Init fails), so the agent says, once, where the library
+// was looked for.
+func (o *openMPI) rankFailed(a *agent, rank int) {
+	if a.spec == nil || !wantsOpenMPI(a.spec) {
+		return
+	}
+	if _, err := o.library(a); err != nil {
+		o.warned.Do(func() {
+			a.log.Warn("a rank failed before it used PMI: if it is an Open MPI program, it could not bootstrap", "rank", rank, "err", err)
+		})
+	}
 }
 
 // wantsOpenMPI says whether the ranks get Open MPI's bootstrap: they get a
@@ -119,9 +142,9 @@ func cliqueString(ranks []int) string {
 
 // openMPIEnv is what a rank needs for Open MPI's bootstrap: the flux
 // component, the job id of generation gen, the library lib, Open MPI's
-// session and shared-memory files in dir (the host's job directory: ranks
-// of hosts that share a /dev/shm, network namespaces, never meet), and the
-// host's ranks. A variable the user set with -x (userVars) is kept.
+// session and shared-memory files in dir (the host's and generation's
+// own: ranks of hosts that share a /dev/shm, network namespaces, never
+// meet), and the host's ranks. A variable the user set with -x (userVars) is kept.
 func openMPIEnv(userVars []string, job string, gen uint64, lib, dir string, clique []int) []string {
 	set := []string{
 		envOMPIPMIx + "=flux",
@@ -138,24 +161,60 @@ func openMPIEnv(userVars []string, job string, gen uint64, lib, dir string, cliq
 }
 
 // ompiEnv returns the Open MPI variables of the ranks of this host in
-// table t, restart generation a.gen (none if they do not want them or the
-// library is missing). Their directory, ompi-<gen> in the job directory,
-// is created here (and removed with it).
+// table t, restart generation a.gen (none if they do not want them; with
+// the library missing, they name where it was expected). Their directory
+// (ompiDir) is created here; the previous generation's, whose ranks have
+// all ended when a new generation starts, is removed.
 func (a *agent) ompiEnv(t *wire.EpochTable) ([]string, error) {
 	if !wantsOpenMPI(a.spec) {
 		return nil, nil
 	}
-	lib := a.ompi.library(a)
-	if lib == "" {
-		return nil, nil
+	lib, _ := a.ompi.library(a)
+	dir := a.ompiDir(a.gen)
+	if old := a.ompi.dir; old != "" && old != dir {
+		a.ompi.removeDir(a)
 	}
-	dir := filepath.Join(a.dir, "ompi-"+strconv.FormatUint(a.gen, 10))
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("creating Open MPI's directory: %w", err)
 	}
+	a.ompi.dir = dir
 	var ranks []int
 	for _, pl := range a.hostPlaces(t) {
 		ranks = append(ranks, pl.Rank)
 	}
 	return openMPIEnv(a.spec.Env, a.cfg.Job, a.gen, lib, dir, ranks), nil
+}
+
+// shmDir is where Open MPI's shared-memory segments go: /dev/shm when it
+// is a tmpfs (a directory on disk would put them there).
+const shmDir = "/dev/shm"
+
+// tmpfsMagic is a tmpfs's statfs f_type.
+const tmpfsMagic = 0x01021994
+
+// ompiDir is the directory of generation gen's Open MPI files (session
+// directory and shared-memory segments): gorun-<job>-h<host>-g<gen> in
+// /dev/shm if it is a tmpfs (the host's index keeps apart the hosts that
+// share one, network namespaces), else ompi-<gen> in the job directory.
+func (a *agent) ompiDir(gen uint64) string {
+	a.ompi.shmOnce.Do(func() {
+		var st syscall.Statfs_t
+		a.ompi.shm = syscall.Statfs(shmDir, &st) == nil && st.Type == tmpfsMagic
+	})
+	if a.ompi.shm {
+		return filepath.Join(shmDir, "gorun-"+a.cfg.Job+"-h"+strconv.Itoa(a.cfg.Host)+"-g"+strconv.FormatUint(gen, 10))
+	}
+	return filepath.Join(a.dir, "ompi-"+strconv.FormatUint(gen, 10))
+}
+
+// removeDir removes the Open MPI directory made last, once its ranks have
+// ended (a new generation's start, the agent's cleanup).
+func (o *openMPI) removeDir(a *agent) {
+	if o.dir == "" {
+		return
+	}
+	if err := os.RemoveAll(o.dir); err != nil {
+		a.log.Warn("cannot remove Open MPI's directory", "dir", o.dir, "err", err)
+	}
+	o.dir = ""
 }

@@ -3,9 +3,12 @@ package agent
 import (
 	"errors"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/gorun/gorun/internal/wire"
@@ -147,9 +150,119 @@ func TestBaseEnvStripsMpirunVariables(t *testing.T) {
 	got := envMap(t, baseEnv([]string{
 		"OMPI_MCA_orte_hnp_uri=1234.0;tcp://10.0.0.1:4000", "OMPI_MCA_ess=pmi", "OMPI_MCA_orte_ess_num_procs=4",
 		"PMIX_SERVER_URI41=x", "PMIX_ID=y", "FLUX_URI=local:///run", "OMPI_MCA_btl=self,vader", "PATH=/bin",
-	}, nil))
-	want := map[string]string{"OMPI_MCA_btl": "self,vader", "PATH": "/bin"}
-	if len(got) != len(want) || got["OMPI_MCA_btl"] != want["OMPI_MCA_btl"] || got["PATH"] != "/bin" {
+		"OMPI_MCA_ess_base_jobid=1", "OMPI_MCA_ess_base_vpid=0", "OMPI_MCA_orte_jobfam_session_dir=/tmp/x",
+		"OMPI_MCA_orte_top_session_dir=/tmp", "OMPI_MCA_orte_local_daemon_uri=1.0;tcp://x", "OMPI_MCA_orte_launch=1",
+		"OMPI_MCA_orte_precondition_transports=a-b", "OMPI_MCA_orte_tmpdir_base=/inherited",
+	}, []string{"OMPI_MCA_orte_tmpdir_base=/mine"})) // -x wins over the rule
+	want := map[string]string{"OMPI_MCA_btl": "self,vader", "PATH": "/bin", "OMPI_MCA_orte_tmpdir_base": "/mine"}
+	if len(got) != len(want) || got["OMPI_MCA_btl"] != want["OMPI_MCA_btl"] || got["PATH"] != "/bin" || got["OMPI_MCA_orte_tmpdir_base"] != "/mine" {
 		t.Errorf("baseEnv kept %q, want %q", got, want)
+	}
+}
+
+// TestOpenMPIEnvLibraryMissing: without the library the ranks still get
+// the flux bootstrap, naming where the library was expected, so that an
+// Open MPI program fails in MPI_Init (they once got nothing and ran as
+// singletons, exit 0); a failed rank that never used PMI makes the agent
+// say once where the library was looked for.
+func TestOpenMPIEnvLibraryMissing(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "gone", wire.PMILibraryName)
+	var logs strings.Builder
+	a := &agent{
+		spec: &wire.JobSpec{PMILibrary: missing},
+		cfg:  Config{Job: "testlibmissing" + strconv.Itoa(os.Getpid())},
+		dir:  t.TempDir(),
+		log:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	t.Cleanup(func() { a.ompi.removeDir(a) })
+	env, err := a.ompiEnv(&wire.EpochTable{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := envMap(t, env)
+	if got[envOMPIPMIx] != "flux" || got[envFluxPMILibrary] != missing || got[envFluxJobID] == "" {
+		t.Fatalf("library missing: the ranks get %q, want the flux bootstrap naming %s", got, missing)
+	}
+	a.ompi.rankFailed(a, 1)
+	a.ompi.rankFailed(a, 2)
+	if n := strings.Count(logs.String(), "level=WARN"); n != 1 || !strings.Contains(logs.String(), missing) {
+		t.Errorf("two failed ranks: %d warnings, want 1 naming %s:\n%s", n, missing, logs.String())
+	}
+}
+
+// TestOpenMPIDirPerGeneration: Open MPI's files go to a directory of the
+// host and generation, in /dev/shm when it is a tmpfs (not the job
+// directory on disk); a new generation's start removes the previous
+// one's, and the agent's cleanup the last.
+func TestOpenMPIDirPerGeneration(t *testing.T) {
+	job := "testompidir" + strconv.Itoa(os.Getpid())
+	a := &agent{spec: &wire.JobSpec{}, cfg: Config{Job: job, Host: 3}, dir: t.TempDir(), log: slog.New(slog.DiscardHandler)}
+	t.Cleanup(func() {
+		for _, g := range []uint64{0, 1} {
+			os.RemoveAll(a.ompiDir(g))
+		}
+	})
+	var st syscall.Statfs_t
+	onShm := syscall.Statfs("/dev/shm", &st) == nil && st.Type == tmpfsMagic
+	var dirs []string
+	for gen := range uint64(2) {
+		a.gen = gen
+		env, err := a.ompiEnv(&wire.EpochTable{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := envMap(t, env)[envOMPIVaderDir]
+		want := filepath.Join(a.dir, "ompi-"+strconv.FormatUint(gen, 10))
+		if onShm {
+			want = filepath.Join("/dev/shm", "gorun-"+job+"-h3-g"+strconv.FormatUint(gen, 10))
+		}
+		if dir != want {
+			t.Fatalf("generation %d: Open MPI's directory %q, want %q", gen, dir, want)
+		}
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			t.Fatalf("generation %d: %s not made: %v", gen, dir, err)
+		}
+		dirs = append(dirs, dir)
+	}
+	if _, err := os.Stat(dirs[0]); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("generation 0's %s left once generation 1 started (stat: %v)", dirs[0], err)
+	}
+	a.ompi.removeDir(a)
+	if _, err := os.Stat(dirs[1]); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("generation 1's %s left after the cleanup (stat: %v)", dirs[1], err)
+	}
+}
+
+// TestOpenMPIAgentWithoutLibrary: given an Open MPI program's job
+// (MPI "openmpi") and no library, an agent fails the job as it
+// registers, naming where it looked, before it starts a rank.
+func TestOpenMPIAgentWithoutLibrary(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), wire.PMILibraryName)
+	spec := func(s *wire.JobSpec) { s.MPI, s.PMILibrary = "openmpi", missing }
+	f := startFakeLauncherSpec(t, "ompinolib", []int{0}, func(*Config) {}, spec, "sleep", "3600")
+	for done := false; !done; {
+		select {
+		case e := <-f.events:
+			switch e.Kind {
+			case wire.EventStarted:
+				t.Fatal("the agent started a rank")
+			case wire.EventAgentError:
+				if !strings.Contains(e.Msg, missing) {
+					t.Errorf("agent error event says %q, want it to name %s", e.Msg, missing)
+				}
+				done = true
+			}
+		case <-f.ctx.Done():
+			t.Fatal("no agent error event")
+		}
+	}
+	select {
+	case err := <-f.agentErr:
+		f.agentErr <- err // for the cleanup
+		if !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("agent's error %v, want one wrapping fs.ErrNotExist", err)
+		}
+	case <-f.ctx.Done():
+		t.Fatal("the agent did not exit")
 	}
 }

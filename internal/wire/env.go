@@ -88,8 +88,10 @@ var StaleNames = []string{"PMI_PORT", "PMI_ID", "PMI_VERSION", "PMI_SUBVERSION",
 	"OMPI_MCA_orte_hnp_uri", "OMPI_MCA_ess", "FLUX_URI"}
 
 // StalePrefixes are the prefixes of more such variables (mpirun's and a
-// PMIx server's).
-var StalePrefixes = []string{"OMPI_MCA_orte_ess_", "PMIX_"}
+// PMIx server's: Open MPI 4's mpirun passes its runtime's settings as
+// OMPI_MCA_orte_* and OMPI_MCA_ess_*, e.g. OMPI_MCA_ess_base_jobid,
+// OMPI_MCA_orte_local_daemon_uri). A rank still gets what -x sets.
+var StalePrefixes = []string{"OMPI_MCA_orte_", "OMPI_MCA_ess_", "PMIX_"}
 
 // PMILibraryName is the PMI-1 client library Open MPI ranks load
 // (libpmi/), which make build puts beside gorun.
