@@ -19,8 +19,9 @@ type EpochTable = wire.EpochTable
 var ErrRegistration = errors.New("comm: registration refused")
 
 // ErrJobStopped is returned to an agent that registers after the job was
-// stopped before it started: the agent has nothing to do and should exit.
-var ErrJobStopped = errors.New("comm: the job was stopped before it started")
+// stopped before it started (Rendezvous.Cancel) or after it ended
+// (Rendezvous.End): the agent has nothing to do and should exit.
+var ErrJobStopped = errors.New("comm: the job was stopped or has ended")
 
 // ErrMembership reports a membership the rendezvous cannot publish.
 var ErrMembership = errors.New("comm: bad membership")
@@ -85,6 +86,7 @@ type Rendezvous struct {
 	missing int    // hosts with ranks not registered yet (before the first table)
 	table   []byte // encoded table, once published
 	stopped bool   // Cancel won: the table will never be published
+	ended   bool   // End was called: registrations are told to stop
 	subs    []*nats.Subscription
 }
 
@@ -182,7 +184,7 @@ func (r *Rendezvous) onRegister(m *nats.Msg) {
 		return
 	}
 	r.mu.Lock()
-	if r.stopped {
+	if r.stopped || r.ended {
 		r.mu.Unlock()
 		r.reply(m, wire.Marshal(&wire.RegisterReply{Stop: true}))
 		return
@@ -405,6 +407,19 @@ func (r *Rendezvous) Cancel() bool {
 	}
 	r.stopped = true
 	return true
+}
+
+// End marks the job ended: every agent registering from now on is told
+// to stop (RegisterReply.Stop; ErrJobStopped on its side) rather than
+// joining the job. The launcher calls it before it tells the agents to
+// exit: an agent subscribes to the launcher's control messages before it
+// registers (and JoinRendezvous flushes that), so an agent registered
+// before End gets the exit sent after it, and one that registers later,
+// which may have subscribed too late for the exit, is told here.
+func (r *Rendezvous) End() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ended = true
 }
 
 // Missing returns the hosts that have not registered yet.

@@ -467,6 +467,52 @@ func TestRendezvousCancel(t *testing.T) {
 	})
 }
 
+// TestRendezvousEnd: once End is called (the job's ranks have ended and
+// the launcher tells its agents to exit), an agent registering late, a
+// spare that missed the exit, is told the job stopped rather than given
+// the spec; before End, the same late registration joins the job.
+func TestRendezvousEnd(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	spec := &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}
+	hosts := []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "s1", Spare: true}, {Name: "s2", Spare: true}}
+	const job = "jobend"
+	secret, srv, l := testControlPlane(t, job, len(hosts))
+	rv, err := comm.StartRendezvous(l.Conn, job, 0, hosts, spec, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rv.Close)
+	reg := func(host int) error {
+		a, err := dialHost(ctx, srv, secret, job, host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(a.Close)
+		j, err := comm.JoinRendezvous(a.Conn, job, host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(j.Close)
+		_, err = j.Register(ctx, &wire.Register{Version: wire.Version, Job: job, Host: host, Name: hosts[host].Name, Addr: "127.0.0.1"})
+		return err
+	}
+	if err := reg(0); err != nil {
+		t.Fatal(err)
+	}
+	<-rv.Done()
+	if err := reg(1); err != nil {
+		t.Fatalf("a spare registering after the table, before End: %v", err)
+	}
+	rv.End()
+	if err := reg(2); !errors.Is(err, comm.ErrJobStopped) {
+		t.Fatalf("a spare registering after End: %v, want ErrJobStopped", err)
+	}
+	if m := rv.Missing(); !slices.Equal(m, []int{2}) {
+		t.Errorf("missing after End: %v, want [2] (the late spare did not join)", m)
+	}
+}
+
 func TestFenceCollector(t *testing.T) {
 	_, _, l := testControlPlane(t, "fj", 0)
 	merged := make(chan *nats.Msg, 4)

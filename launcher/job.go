@@ -1052,8 +1052,12 @@ func joinInts(xs []int) string {
 }
 
 // finish tells the agents to exit, waits a bounded time for them, kills
-// those that stay, and waits for the launcher's goroutines.
+// those that stay, and waits for the launcher's goroutines. An agent that
+// registers from now on (a spare still starting as the ranks ended) may
+// have subscribed too late for the exit: the rendezvous, ended first,
+// tells it at its registration instead.
 func (j *job) finish() {
+	j.rv.End()
 	j.broadcast(j.exitControl())
 	deadline := time.NewTimer(exitWait)
 	defer deadline.Stop()

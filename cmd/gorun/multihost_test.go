@@ -125,3 +125,44 @@ func TestMultiHostLauncherKilled(t *testing.T) {
 	}
 	t.Fatalf("processes left after the launcher was killed:\n%s", strings.Join(markedProcs(j.mark), "\n"))
 }
+
+// TestSpareRegisteringAfterTheJobEnded: a spare's agent that comes up only
+// after the ranks have ended and the launcher has told the agents to exit
+// (too late to hear it) is told at its registration that the job ended,
+// and exits: gorun neither waits for it nor kills it.
+//
+// The ordering is the rsh wrapper's: it runs the working host's agent
+// and marks its end (an agent ends only on the launcher's exit, after its
+// ranks), and starts the spare's agent only once that mark is there.
+func TestSpareRegisteringAfterTheJobEnded(t *testing.T) {
+	hosts := testcluster.NetnsHosts(t, 2)
+	dir := t.TempDir()
+	hf := hosts.WriteHostfile(t, dir, 2, "", "spare")
+	mark := filepath.Join(dir, "agent-ended")
+	rsh := filepath.Join(dir, "rsh")
+	script := fmt.Sprintf(`#!/bin/sh
+if [ "$1" = %q ]; then
+	while [ ! -e %q ]; do sleep 0.05; done
+	exec ip netns exec "$@"
+fi
+ip netns exec "$@"
+status=$?
+touch %q
+exit $status
+`, hosts.Names[1], mark, mark)
+	if err := os.WriteFile(rsh, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	j := startJob(t, "", nil, "--hostfile", hf, "-np", "2", "--rsh", rsh, "--bind", hosts.BridgeAddr, "sh", "-c", "echo job $GORUN_JOB_ID")
+	res := j.wait(60 * time.Second)
+	checkNoJobFiles(t, j.jobID())
+	if res.code != 0 {
+		t.Fatalf("exit %d, want 0\nstderr:\n%s", res.code, res.stderr)
+	}
+	if _, err := os.Stat(mark); err != nil {
+		t.Fatalf("the working host's agent did not end first: %v", err)
+	}
+	if strings.Contains(res.stderr, "did not exit") {
+		t.Errorf("the late spare's agent was killed, not told the job ended:\n%s", res.stderr)
+	}
+}

@@ -253,7 +253,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	a.spec, err = rv.Register(rctx, reg)
 	rcancel()
 	if errors.Is(err, comm.ErrJobStopped) {
-		a.log.Info("the job stopped before this agent registered")
+		// Stopped before it started, or ended (a spare that registers
+		// after the ranks did): nothing to do here.
+		a.log.Info("the job ended before this agent registered")
 		return nil
 	}
 	if err != nil {

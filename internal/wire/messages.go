@@ -277,7 +277,7 @@ type ECGroupRow struct {
 const NoStdin = -1
 
 // RegisterReply answers a Register: an error, or Stop (the job was
-// stopped before it started: exit), or the job's spec.
+// stopped before it started, or has ended: exit), or the job's spec.
 type RegisterReply struct {
 	Err  string   `json:"err,omitempty"`
 	Stop bool     `json:"stop,omitempty"`
