@@ -397,31 +397,39 @@ func TestLocalOnlyServerDoesNotListen(t *testing.T) {
 	}
 }
 
+// startRendezvousJob runs job's control plane and rendezvous for hosts;
+// the function it returns connects host's agent and joins the rendezvous.
+// Everything is closed when t ends.
+func startRendezvousJob(ctx context.Context, t *testing.T, job string, hosts []comm.RendezvousHost, spec *wire.JobSpec) (*comm.Rendezvous, func(int) *comm.AgentRendezvous) {
+	t.Helper()
+	secret, srv, l := testControlPlane(t, job, len(hosts))
+	rv, err := comm.StartRendezvous(l.Conn, job, 0, hosts, spec, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rv.Close)
+	return rv, func(host int) *comm.AgentRendezvous {
+		a, err := dialHost(ctx, srv, secret, job, host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(a.Close)
+		j, err := comm.JoinRendezvous(a.Conn, job, host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(j.Close)
+		return j
+	}
+}
+
 func TestRendezvousCancel(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	spec := &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}
 	hosts := []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}}
-	// start runs job's control plane and rendezvous; join connects host's agent.
 	start := func(t *testing.T, job string) (*comm.Rendezvous, func(int) *comm.AgentRendezvous) {
-		secret, srv, l := testControlPlane(t, job, len(hosts))
-		rv, err := comm.StartRendezvous(l.Conn, job, 0, hosts, spec, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(rv.Close)
-		return rv, func(host int) *comm.AgentRendezvous {
-			a, err := dialHost(ctx, srv, secret, job, host)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(a.Close)
-			j, err := comm.JoinRendezvous(a.Conn, job, host)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return j
-		}
+		return startRendezvousJob(ctx, t, job, hosts, spec)
 	}
 	reg := func(j *comm.AgentRendezvous, job string, host int, name string) error {
 		_, err := j.Register(ctx, &wire.Register{Version: wire.Version, Job: job, Host: host, Name: name, Addr: "127.0.0.1"})
@@ -477,24 +485,9 @@ func TestRendezvousEnd(t *testing.T) {
 	spec := &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}
 	hosts := []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "s1", Spare: true}, {Name: "s2", Spare: true}}
 	const job = "jobend"
-	secret, srv, l := testControlPlane(t, job, len(hosts))
-	rv, err := comm.StartRendezvous(l.Conn, job, 0, hosts, spec, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rv.Close)
+	rv, join := startRendezvousJob(ctx, t, job, hosts, spec)
 	reg := func(host int) error {
-		a, err := dialHost(ctx, srv, secret, job, host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(a.Close)
-		j, err := comm.JoinRendezvous(a.Conn, job, host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(j.Close)
-		_, err = j.Register(ctx, &wire.Register{Version: wire.Version, Job: job, Host: host, Name: hosts[host].Name, Addr: "127.0.0.1"})
+		_, err := join(host).Register(ctx, &wire.Register{Version: wire.Version, Job: job, Host: host, Name: hosts[host].Name, Addr: "127.0.0.1"})
 		return err
 	}
 	if err := reg(0); err != nil {

@@ -350,20 +350,33 @@ func TestCleanupStale(t *testing.T) {
 	}
 }
 
-func TestStale(t *testing.T) {
+// selfExe is this test binary's path.
+func selfExe(t *testing.T) string {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(exe, "-test.run=^$")
+	return exe
+}
+
+// deadPid runs this test binary to its end and returns its pid: a process
+// that existed and is gone, as a killed test's.
+func deadPid(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command(selfExe(t), "-test.run=^$")
 	cmd.Env = append(os.Environ(), raceEnv())
 	if err := cmd.Run(); err != nil {
 		t.Fatal(err)
 	}
-	dead := cmd.Process.Pid
+	return cmd.Process.Pid
+}
+
+func TestStale(t *testing.T) {
+	dead := deadPid(t)
 
 	// A killed child not yet waited for is a zombie: dead for our purposes.
-	zcmd := exec.Command(exe)
+	zcmd := exec.Command(selfExe(t))
 	zcmd.Env = helperEnviron("sleep")
 	helperUsed.Store("sleep", true)
 	if err := zcmd.Start(); err != nil {
@@ -464,16 +477,7 @@ func TestExecBadHost(t *testing.T) {
 // the dead one's processes, removes its directory and leaves the live
 // one's alone.
 func TestCleanupStaleSlurm(t *testing.T) {
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), raceEnv())
-	if err := cmd.Run(); err != nil {
-		t.Fatal(err)
-	}
-	dead := cmd.Process.Pid
+	exe, dead := selfExe(t), deadPid(t)
 	tag, err := newTag()
 	if err != nil {
 		t.Fatal(err)
