@@ -186,6 +186,11 @@ type pmiConn struct {
 	size    int
 	kvsname string
 	rw      io.ReadWriter
+	// w buffers the replies to rw while serve runs: they are written
+	// when no whole request is left to read (see serve), so that the
+	// answers to requests a client sent together (libgorun-pmi.so's
+	// prefetching gets) go in one write and wake the rank once.
+	w       *bufio.Writer
 	pending map[string]string // puts since the last barrier
 	// aborted is called when the rank says abort, with its exit code and
 	// message; the connection is left open (the rank waits on it to be
@@ -198,10 +203,25 @@ type pmiConn struct {
 }
 
 // serve answers the rank's lines until it closes its end, finalizes, or
-// sends a malformed line.
+// sends a malformed line. Replies are buffered until no whole request is
+// left to read, or a command may wait (a barrier, an abort).
 func (p *pmiConn) serve() error {
 	r := bufio.NewReaderSize(p.rw, pmiLineMax+1)
+	p.w = bufio.NewWriterSize(p.rw, pmiReplyBuffer)
+	defer func() {
+		// The answers to the lines before a malformed one still go
+		// (nothing is left otherwise).
+		_ = p.flush()
+		p.w = nil
+	}()
 	for {
+		if !wholeLineBuffered(r) {
+			// The next read may wait for the rank, which may wait for
+			// these replies.
+			if err := p.flush(); err != nil {
+				return err
+			}
+		}
 		line, err := r.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
 			return fmt.Errorf("%w: longer than %d bytes", errPMILine, pmiLineMax)
@@ -235,9 +255,35 @@ func (p *pmiConn) serve() error {
 	}
 }
 
+// pmiReplyBuffer is the size of a connection's reply buffer: the answers
+// to 16 gets of the longest values.
+const pmiReplyBuffer = 16 << 10
+
+// wholeLineBuffered says whether r holds a whole line, which a read
+// returns without waiting.
+func wholeLineBuffered(r *bufio.Reader) bool {
+	b, _ := r.Peek(r.Buffered())
+	return bytes.IndexByte(b, '\n') >= 0
+}
+
+// reply sends line, buffered while serve runs.
 func (p *pmiConn) reply(line string) error {
-	_, err := io.WriteString(p.rw, line+"\n")
-	return err
+	if p.w == nil {
+		_, err := io.WriteString(p.rw, line+"\n")
+		return err
+	}
+	if _, err := p.w.WriteString(line); err != nil {
+		return err
+	}
+	return p.w.WriteByte('\n')
+}
+
+// flush writes the replies buffered.
+func (p *pmiConn) flush() error {
+	if p.w == nil {
+		return nil
+	}
+	return p.w.Flush()
 }
 
 // command answers one command; done says the rank finalized or aborted.
@@ -285,6 +331,9 @@ func (p *pmiConn) command(kv map[string]string) (done bool, err error) {
 	case "barrier_in":
 		// MPICH goes on after a barrier_out whatever its rc: a failed
 		// barrier must end the rank (and so the job), not just say so.
+		if err := p.flush(); err != nil {
+			return false, err
+		}
 		res, err := p.s.fenceNext(p.gen, p.rank, p.pending)
 		if err == nil && res.Err != "" {
 			err = errors.New(res.Err)
@@ -292,6 +341,7 @@ func (p *pmiConn) command(kv map[string]string) (done bool, err error) {
 		if err != nil {
 			p.failed("its PMI barrier failed: " + err.Error())
 			_ = p.reply("cmd=barrier_out rc=-1 msg=" + pmiWord(err.Error()))
+			_ = p.flush()
 			_, _ = io.Copy(io.Discard, p.rw)
 			return true, nil
 		}
@@ -308,6 +358,7 @@ func (p *pmiConn) command(kv map[string]string) (done bool, err error) {
 		if err != nil || code < 0 || code > 255 {
 			code = 1
 		}
+		_ = p.flush() // the answers before it, which the rank may wait for
 		p.aborted(code, kv["message"])
 		_, _ = io.Copy(io.Discard, p.rw) // until the rank is gone
 		return true, nil
