@@ -12,6 +12,14 @@ package agent
 // per rank), so that after barrier_out a get on any host sees every put
 // made before the barrier on any host.
 //
+// One command is gorun's own, sent only by libgorun-pmi.so (libpmi/):
+// "cmd=gorun_kvs_keys" is answered "cmd=gorun_kvs_keys_result rc=0
+// keys=N", the number of keys the barriers have published to this rank's
+// view (PMI_process_mapping aside). With none (a rank before its first
+// barrier), a get of a key the rank has not put is "not found" without
+// asking: Open MPI asks for every peer's data before it puts its own. A
+// client that never sends it (MPICH's) sees no difference.
+//
 // Every line is untrusted: its length, its tokens, keys and values are
 // bounded, an unknown command is answered with rc=-1, and a malformed line
 // ends that rank's PMI connection (its MPI_Init then fails) without
@@ -128,6 +136,13 @@ func (k *pmiKVS) get(key string) (string, bool) {
 	}
 	v, ok := k.kv[key]
 	return v, ok
+}
+
+// published returns the number of keys the barriers published.
+func (k *pmiKVS) published() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.kv)
 }
 
 // merge adds fence seq's keys. Every local rank of the fence brings the
@@ -362,6 +377,8 @@ func (p *pmiConn) command(kv map[string]string) (done bool, err error) {
 		p.aborted(code, kv["message"])
 		_, _ = io.Copy(io.Discard, p.rw) // until the rank is gone
 		return true, nil
+	case "gorun_kvs_keys":
+		return false, p.reply("cmd=gorun_kvs_keys_result rc=0 keys=" + strconv.Itoa(p.kvs.published()))
 	case "publish_name", "unpublish_name", "lookup_name":
 		return false, p.reply("cmd=" + strings.TrimSuffix(cmd, "_name") + "_result rc=-1 msg=name_service_not_supported_by_gorun")
 	}

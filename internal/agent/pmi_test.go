@@ -144,6 +144,7 @@ func TestPMICommands(t *testing.T) {
 	ask("cmd=get kvsname=gorun-j key=a", "cmd=get_result rc=0 msg=success value=1") // its own put
 	ask("cmd=get kvsname=gorun-j key=published", "cmd=get_result rc=0 msg=success value=yes")
 	ask("cmd=get kvsname=gorun-j key=nothing", "cmd=get_result rc=-1 msg=key_not_found")
+	ask("cmd=gorun_kvs_keys", "cmd=gorun_kvs_keys_result rc=0 keys=1") // "published"
 	ask("cmd=lookup_name service=x", "cmd=lookup_result rc=-1 msg=name_service_not_supported_by_gorun")
 	ask("cmd=finalize", "cmd=finalize_ack rc=0")
 	ask("cmd=get_appnum", "cmd=appnum rc=0 appnum=0") // still served after finalize
