@@ -24,6 +24,21 @@
  * The server's own key, PMI_process_mapping, is got unescaped; a put of
  * it fails (PMI_ERR_INVALID_KEY).
  *
+ * PMI_Init sends its four questions in one write. The last one is
+ * gorun's own (cmd=gorun_kvs_keys): how many keys the barriers have
+ * published. While none are and this rank has put nothing since, a get
+ * is "not found" without a round trip: Open MPI asks for every peer's
+ * data once before its first barrier. A put or a barrier ends that
+ * (published becomes unknown).
+ *
+ * Puts go together: PMI_KVS_Put checks its request (kvsname, lengths)
+ * and keeps its line; the next request of another kind (a commit, a
+ * barrier, a get, finalize) writes the puts kept first, in the same
+ * write, and reads their answers: Open MPI puts its data in about ten
+ * chunks, each a round trip to the agent otherwise. A put the server
+ * refuses (more than a barrier takes) fails that request (PMI_FAIL), with
+ * the server's answer on stderr.
+ *
  * Built by make build: gcc -O2 -fPIC -shared -fvisibility=hidden; it needs
  * only libc and exports only the PMI_* calls.
  */
@@ -69,6 +84,19 @@ static struct {
 	char value[LINE_MAX_BYTES / 2]; /* escaped, as the server sent it */
 } cached[PREFETCH];
 static int ncached; /* entries of cached in use; mu guards both */
+
+/* The puts kept (see above): their lines, and how many; mu guards them. */
+#define PUTS_MAX_BYTES (64 * 1024)
+static char puts_buf[PUTS_MAX_BYTES];
+static size_t puts_len;
+static int puts_kept;
+
+/*
+ * published is the number of keys the barriers have published, as the
+ * server said at PMI_Init, or -1 if unknown (since a put or a barrier, or
+ * a server without gorun_kvs_keys); mu guards it.
+ */
+static int published = -1;
 
 static int parse_int(const char *s, int *out) {
 	char *end;
@@ -140,9 +168,49 @@ static int read_line(char *line, size_t cap) {
 	}
 }
 
-/* exchange sends req (one line, with its newline) and reads the reply. */
+static int ok(const char *reply, const char *want);
+
+/*
+ * send_kept writes the puts kept and then req (n bytes of whole lines; none if
+ * n is 0), in one write when they fit, and reads the puts' answers; mu
+ * held. It returns 0, -1 if the connection failed, or 1 if the server
+ * refused a put (req was sent all the same: its answer follows).
+ */
+static int send_kept(const char *req, size_t n) {
+	char reply[LINE_MAX_BYTES];
+	int refused = 0;
+	if (fd < 0)
+		return -1;
+	if (puts_kept == 0)
+		return n == 0 || write_all(req, n) == 0 ? 0 : -1;
+	if (n > 0 && puts_len + n <= sizeof puts_buf) {
+		memcpy(puts_buf + puts_len, req, n);
+		puts_len += n;
+		n = 0;
+	}
+	if (write_all(puts_buf, puts_len) != 0 || (n > 0 && write_all(req, n) != 0))
+		return -1;
+	for (int i = 0; i < puts_kept; i++) {
+		if (read_line(reply, sizeof reply) != 0)
+			return -1;
+		if (!ok(reply, "put_result")) {
+			if (!refused)
+				fprintf(stderr, "libgorun-pmi: gorun's PMI server refused a put: %.200s\n", reply);
+			refused = 1;
+		}
+	}
+	puts_len = 0;
+	puts_kept = 0;
+	return refused;
+}
+
+/*
+ * exchange sends req (one line, with its newline) after the puts kept and
+ * reads the reply: 0, or -1 if it failed or a put was refused.
+ */
 static int exchange(const char *req, char *reply, size_t cap) {
-	if (fd < 0 || write_all(req, strlen(req)) != 0 || read_line(reply, cap) != 0)
+	int rc = send_kept(req, strlen(req));
+	if (rc < 0 || read_line(reply, cap) != 0 || rc != 0)
 		return -1;
 	return 0;
 }
@@ -283,10 +351,12 @@ PMI_API int PMI_Init(int *spawned) {
 	}
 	set_fd(f);
 	rlen = 0;
-	if (exchange("cmd=init pmi_version=1 pmi_subversion=1\n", reply, sizeof reply) != 0 ||
+	/* The four questions in one write (one round trip), answered in order. */
+	if (exchange("cmd=init pmi_version=1 pmi_subversion=1\ncmd=get_maxes\ncmd=get_my_kvsname\ncmd=gorun_kvs_keys\n",
+		     reply, sizeof reply) != 0 ||
 	    !ok(reply, "response_to_init"))
 		goto fail;
-	if (exchange("cmd=get_maxes\n", reply, sizeof reply) != 0 || !ok(reply, "maxes") ||
+	if (read_line(reply, sizeof reply) != 0 || !ok(reply, "maxes") ||
 	    token_int(reply, "kvsname_max", &kvsname_max) != 0 || token_int(reply, "keylen_max", &keylen_max) != 0 ||
 	    token_int(reply, "vallen_max", &vallen_max) != 0)
 		goto fail;
@@ -303,7 +373,7 @@ PMI_API int PMI_Init(int *spawned) {
 	if (value_usable < 64)
 		goto fail;
 	value_announced = value_usable * 8 / 9 / 8 * 8;
-	if (exchange("cmd=get_my_kvsname\n", reply, sizeof reply) != 0 || !ok(reply, "my_kvsname"))
+	if (read_line(reply, sizeof reply) != 0 || !ok(reply, "my_kvsname"))
 		goto fail;
 	{
 		size_t n;
@@ -313,6 +383,11 @@ PMI_API int PMI_Init(int *spawned) {
 		memcpy(kvsname, v, n);
 		kvsname[n] = '\0';
 	}
+	/* An unknown command's answer (rc=-1) leaves it unknown. */
+	if (read_line(reply, sizeof reply) != 0)
+		goto fail;
+	if (!ok(reply, "gorun_kvs_keys_result") || token_int(reply, "keys", &published) != 0)
+		published = -1;
 	rank = r;
 	size = s;
 	initialized = 1;
@@ -382,6 +457,7 @@ PMI_API int PMI_Barrier(void) {
 	int rc = PMI_SUCCESS;
 	pthread_mutex_lock(&mu);
 	ncached = 0; /* other ranks' puts show after the barrier */
+	published = -1;
 	if (!initialized)
 		rc = PMI_ERR_INIT;
 	else if (exchange("cmd=barrier_in\n", reply, sizeof reply) != 0 || !ok(reply, "barrier_out"))
@@ -445,8 +521,13 @@ PMI_API int PMI_Get_id(char out[], int length) { return copy_name(out, length); 
 PMI_API int PMI_Get_kvs_domain_id(char out[], int length) { return copy_name(out, length); }
 
 PMI_API int PMI_KVS_Commit(const char name[]) {
+	int rc = PMI_SUCCESS;
 	(void)name; /* the server keeps the puts until the barrier */
-	return PMI_SUCCESS;
+	pthread_mutex_lock(&mu);
+	if (initialized && send_kept(NULL, 0) != 0)
+		rc = PMI_FAIL;
+	pthread_mutex_unlock(&mu);
+	return rc;
 }
 
 /* check_kvs checks a call's kvsname; mu held. */
@@ -473,8 +554,8 @@ static int put_key(const char key[], char *out, size_t cap) {
 }
 
 PMI_API int PMI_KVS_Put(const char name[], const char key[], const char value[]) {
-	char ekey[LINE_MAX_BYTES / 4], evalue[LINE_MAX_BYTES / 2], line[LINE_MAX_BYTES], reply[LINE_MAX_BYTES];
-	int rc;
+	char ekey[LINE_MAX_BYTES / 4], evalue[LINE_MAX_BYTES / 2], line[LINE_MAX_BYTES];
+	int rc, n;
 	if (value == NULL)
 		return PMI_ERR_INVALID_VAL;
 	pthread_mutex_lock(&mu);
@@ -493,8 +574,21 @@ PMI_API int PMI_KVS_Put(const char name[], const char key[], const char value[])
 		goto out;
 	}
 	ncached = 0; /* a prefetched answer may be this key's */
-	snprintf(line, sizeof line, "cmd=put kvsname=%s key=%s value=%s\n", kvsname, ekey, evalue);
-	rc = exchange(line, reply, sizeof reply) == 0 && ok(reply, "put_result") ? PMI_SUCCESS : PMI_FAIL;
+	published = -1; /* a get of this key finds it */
+	n = snprintf(line, sizeof line, "cmd=put kvsname=%s key=%s value=%s\n", kvsname, ekey, evalue);
+	if (n < 0 || (size_t)n >= sizeof line) {
+		rc = PMI_FAIL;
+		goto out;
+	}
+	/* Kept until the next request (see above). */
+	if (puts_len + (size_t)n > sizeof puts_buf && send_kept(NULL, 0) != 0) {
+		rc = PMI_FAIL;
+		goto out;
+	}
+	memcpy(puts_buf + puts_len, line, (size_t)n);
+	puts_len += (size_t)n;
+	puts_kept++;
+	rc = PMI_SUCCESS;
 out:
 	pthread_mutex_unlock(&mu);
 	return rc;
@@ -516,7 +610,7 @@ static int get(const char *ekey, char value[], int length) {
 	char lines[(PREFETCH + 1) * (LINE_MAX_BYTES / 8)], reply[LINE_MAX_BYTES];
 	size_t n, len = strlen(ekey), used, digits = 0;
 	const char *v;
-	int rc, prefetch = 0;
+	int rc, refused, prefetch = 0;
 	for (int i = 0; i < ncached; i++) {
 		if (strcmp(cached[i].key, ekey) == 0) {
 			if (!cached[i].found)
@@ -526,6 +620,8 @@ static int get(const char *ekey, char value[], int length) {
 	}
 	if (fd < 0 || len + strlen(kvsname) + 32 > LINE_MAX_BYTES / 8)
 		return PMI_FAIL;
+	if (published == 0 && strcmp(ekey, MAPPING_KEY) != 0)
+		return PMI_ERR_INVALID_KEY; /* nothing published, nothing put: not found */
 	used = (size_t)snprintf(lines, sizeof lines, "cmd=get kvsname=%s key=%s\n", kvsname, ekey);
 	while (digits < len && digits < 9 && ekey[len - 1 - digits] >= '0' && ekey[len - 1 - digits] <= '9')
 		digits++;
@@ -539,7 +635,7 @@ static int get(const char *ekey, char value[], int length) {
 			used += (size_t)snprintf(lines + used, sizeof lines - used, "cmd=get kvsname=%s key=%s\n", kvsname, cached[prefetch].key);
 		}
 	}
-	if (write_all(lines, used) != 0)
+	if ((refused = send_kept(lines, used)) < 0)
 		return PMI_FAIL;
 	rc = get_reply(reply, sizeof reply, &v, &n);
 	if (rc == PMI_SUCCESS)
@@ -559,7 +655,7 @@ static int get(const char *ekey, char value[], int length) {
 		}
 		ncached = i + 1;
 	}
-	return rc;
+	return refused ? PMI_FAIL : rc;
 }
 
 PMI_API int PMI_KVS_Get(const char name[], const char key[], char value[], int length) {

@@ -94,6 +94,8 @@ func TestPMIAbort(t *testing.T) {
 						reply = "cmd=maxes kvsname_max=256 keylen_max=64 vallen_max=1024 rc=0"
 					case line == "cmd=get_my_kvsname":
 						reply = "cmd=my_kvsname kvsname=gorun-abort rc=0"
+					case line == "cmd=gorun_kvs_keys":
+						reply = "cmd=gorun_kvs_keys_result rc=0 keys=0"
 					}
 					if reply != "" {
 						if _, err := fmt.Fprintln(mine, reply); err != nil {
@@ -120,7 +122,7 @@ func TestPMIAbort(t *testing.T) {
 				}
 				return ""
 			}
-			for _, want := range []string{"cmd=init", "cmd=get_maxes", "cmd=get_my_kvsname"} {
+			for _, want := range []string{"cmd=init", "cmd=get_maxes", "cmd=get_my_kvsname", "cmd=gorun_kvs_keys"} {
 				if l := next(); !strings.HasPrefix(l, want) {
 					t.Fatalf("got %q, want %s", l, want)
 				}

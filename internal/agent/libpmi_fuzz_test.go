@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -94,6 +95,41 @@ type pmiDriver struct {
 	served    chan error // the pmiConn's end
 	announced int        // PMI_KVS_Get_value_length_max
 	broken    error      // a read that failed: the driver's answers are out of step
+	gets      *getCounter
+	writes    *countingWriter // the server's writes to the rank
+}
+
+// getCounter counts the get requests read from a rank.
+type getCounter struct {
+	r    io.Reader
+	mu   sync.Mutex
+	line []byte // the start of the line being read (up to 8 bytes)
+	n    int
+}
+
+func (g *getCounter) Read(b []byte) (int, error) {
+	n, err := g.r.Read(b)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, c := range b[:n] {
+		if c == '\n' {
+			g.line = g.line[:0]
+			continue
+		}
+		if len(g.line) < 8 {
+			if g.line = append(g.line, c); string(g.line) == "cmd=get " {
+				g.n++
+			}
+		}
+	}
+	return n, err
+}
+
+// count returns the number of get requests read so far.
+func (g *getCounter) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.n
 }
 
 // startPMIDriver starts the driver as rank 0 of a one-rank job whose
@@ -155,9 +191,14 @@ func startPMIDriver(tb testing.TB, driver string) *pmiDriver {
 	}
 	theirs.Close()
 	kvs := &pmiKVS{kv: map[string]string{}, merged: -1}
-	c := &pmiConn{s: s, kvs: kvs, size: 1, kvsname: "gorun-" + job, rw: mine, pending: map[string]string{},
+	gets, writes := &getCounter{r: mine}, &countingWriter{w: mine}
+	rw := struct {
+		io.Reader
+		io.Writer
+	}{gets, writes}
+	c := &pmiConn{s: s, kvs: kvs, size: 1, kvsname: "gorun-" + job, rw: rw, pending: map[string]string{},
 		aborted: func(int, string) {}, failed: func(string) {}, session: func(int32) {}}
-	d := &pmiDriver{in: in, out: bufio.NewReader(out), served: make(chan error, 1)}
+	d := &pmiDriver{in: in, out: bufio.NewReader(out), served: make(chan error, 1), gets: gets, writes: writes}
 	go func() { d.served <- c.serve(); mine.Close() }()
 	tb.Cleanup(func() {
 		in.Close()
@@ -198,10 +239,24 @@ func (d *pmiDriver) read(v any) error {
 // roundTrip puts key=value, enters a barrier and gets key: the three
 // return codes and the value got.
 func (d *pmiDriver) roundTrip(key, value string) (rc [3]int32, got string, err error) {
-	var req []byte
-	for _, s := range []string{key, value} {
-		req = binary.LittleEndian.AppendUint32(req, uint32(len(s)))
-		req = append(req, s...)
+	return d.request(key, &value, true)
+}
+
+// request puts key=value unless value is nil, enters a barrier if barrier
+// is set (and there was a put), and gets key: the three return codes and
+// the value got.
+func (d *pmiDriver) request(key string, value *string, barrier bool) (rc [3]int32, got string, err error) {
+	klen := uint32(len(key))
+	if !barrier {
+		klen |= 1 << 31
+	}
+	req := binary.LittleEndian.AppendUint32(nil, klen)
+	req = append(req, key...)
+	if value == nil {
+		req = binary.LittleEndian.AppendUint32(req, 0xffffffff)
+	} else {
+		req = binary.LittleEndian.AppendUint32(req, uint32(len(*value)))
+		req = append(req, *value...)
 	}
 	if _, err := d.in.Write(req); err != nil {
 		return rc, "", err
@@ -288,5 +343,68 @@ func TestPMIPrefetch(t *testing.T) {
 		if err != nil || rc != [3]int32{} || got != kv[1] {
 			t.Fatalf("put %s=%q, barrier, get: rc %v, got %q, err %v", kv[0], kv[1], rc, got, err)
 		}
+	}
+}
+
+// TestPMINothingPublished: before anything is published (a rank before
+// its first barrier), a get of a key the rank has not put is "not found"
+// without asking the server (Open MPI asks for every peer's data then);
+// once the rank puts, or after a barrier, gets ask again.
+func TestPMINothingPublished(t *testing.T) {
+	d := startPMIDriver(t, buildLibPMI(t, t.TempDir()))
+	step := func(what, key string, value *string, barrier bool, wantRC [3]int32, want string, wantGets int) {
+		t.Helper()
+		before := d.gets.count()
+		rc, got, err := d.request(key, value, barrier)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if rc != wantRC || got != want {
+			t.Errorf("%s: rc %v, got %q; want rc %v, %q", what, rc, got, wantRC, want)
+		}
+		if n := d.gets.count() - before; n != wantGets {
+			t.Errorf("%s: %d get requests reached the server, want %d", what, n, wantGets)
+		}
+	}
+	v1, v2 := "first", "second"
+	notFound := [3]int32{0, 0, pmiErrInvalidKey}
+	step("a peer's chunk, nothing published", "9-1-key0", nil, false, notFound, "", 0)
+	step("another, nothing published", "9-2-key3", nil, false, notFound, "", 0)
+	step("its own put, before the barrier", "9-0-key0", &v1, false, [3]int32{}, v1, 16) // key0 and its prefetch
+	step("a peer's chunk after a put", "9-1-key0", nil, false, notFound, "", 16)
+	step("put, barrier, get", "9-0-key1", &v2, true, [3]int32{}, v2, 16)
+	step("published after the barrier", "9-0-key0", nil, false, [3]int32{}, v1, 16)
+}
+
+// TestPMIPutsGoWithTheNextRequest: a put is kept until the rank's next
+// request and written with it: a put and a get of it take one round trip
+// (one write of the server's answers), not two.
+func TestPMIPutsGoWithTheNextRequest(t *testing.T) {
+	d := startPMIDriver(t, buildLibPMI(t, t.TempDir()))
+	v := "chunk"
+	before := d.writes.count()
+	rc, got, err := d.request("5-0-key0", &v, false)
+	if err != nil || rc != [3]int32{} || got != v {
+		t.Fatalf("put, get: rc %v, got %q, err %v", rc, got, err)
+	}
+	if n := d.writes.count() - before; n != 1 {
+		t.Errorf("a put and a get took %d round trips, want 1", n)
+	}
+	// Still published by the barrier that follows.
+	v2 := "chunk 2"
+	if rc, got, err := d.roundTrip("5-0-key1", v2); err != nil || rc != [3]int32{} || got != v2 {
+		t.Fatalf("put, barrier, get: rc %v, got %q, err %v", rc, got, err)
+	}
+	if rc, got, err := d.request("5-0-key0", nil, false); err != nil || rc != [3]int32{} || got != v {
+		t.Fatalf("get after the barrier: rc %v, got %q, err %v", rc, got, err)
+	}
+}
+
+// TestPMIInitOneRoundTrip: PMI_Init's four questions (init, get_maxes,
+// get_my_kvsname, gorun_kvs_keys) go in one write, answered in one.
+func TestPMIInitOneRoundTrip(t *testing.T) {
+	d := startPMIDriver(t, buildLibPMI(t, t.TempDir()))
+	if n := d.writes.count(); n != 1 {
+		t.Errorf("PMI_Init took %d round trips, want 1", n)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,6 +33,12 @@ const (
 	envFluxPMILibrary = "FLUX_PMI_LIBRARY_PATH"
 	envOMPIVaderDir   = "OMPI_MCA_btl_vader_backing_directory"
 	envOMPITmpdirBase = "OMPI_MCA_orte_tmpdir_base"
+	// envOMPIOversubscribe is what mpirun sets for the ranks of a node
+	// with more ranks than slots; Open MPI then defaults
+	// mpi_yield_when_idle to 1: a rank waiting for another (in a barrier,
+	// polling shared memory) yields its CPU instead of spinning for its
+	// whole time slice while the ranks it waits for are runnable.
+	envOMPIOversubscribe = "OMPI_MCA_mpi_oversubscribe"
 )
 
 // findPMILibrary returns the first of paths that is a regular file.
@@ -144,8 +151,9 @@ func cliqueString(ranks []int) string {
 // component, the job id of generation gen, the library lib, Open MPI's
 // session and shared-memory files in dir (the host's and generation's
 // own: ranks of hosts that share a /dev/shm, network namespaces, never
-// meet), and the host's ranks. A variable the user set with -x (userVars) is kept.
-func openMPIEnv(userVars []string, job string, gen uint64, lib, dir string, clique []int) []string {
+// meet), and the host's ranks; oversubscribed says the host has more
+// ranks than CPUs. A variable the user set with -x (userVars) is kept.
+func openMPIEnv(userVars []string, job string, gen uint64, lib, dir string, clique []int, oversubscribed bool) []string {
 	set := []string{
 		envOMPIPMIx + "=flux",
 		envFluxJobID + "=" + fluxJobID(job, gen),
@@ -153,6 +161,9 @@ func openMPIEnv(userVars []string, job string, gen uint64, lib, dir string, cliq
 		envOMPIVaderDir + "=" + dir,
 		envOMPITmpdirBase + "=" + dir,
 		wire.EnvPMIClique + "=" + cliqueString(clique),
+	}
+	if oversubscribed {
+		set = append(set, envOMPIOversubscribe+"=1")
 	}
 	return slices.DeleteFunc(set, func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
@@ -182,7 +193,7 @@ func (a *agent) ompiEnv(t *wire.EpochTable) ([]string, error) {
 	for _, pl := range a.hostPlaces(t) {
 		ranks = append(ranks, pl.Rank)
 	}
-	return openMPIEnv(a.spec.Env, a.cfg.Job, a.gen, lib, dir, ranks), nil
+	return openMPIEnv(a.spec.Env, a.cfg.Job, a.gen, lib, dir, ranks, len(ranks) > runtime.NumCPU()), nil
 }
 
 // shmDir is where Open MPI's shared-memory segments go: /dev/shm when it

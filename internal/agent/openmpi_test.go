@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -36,20 +37,31 @@ func TestOpenMPIEnvPerKind(t *testing.T) {
 
 func TestOpenMPIEnvValues(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		user []string // -x
-		want map[string]string
+		name           string
+		user           []string // -x
+		oversubscribed bool
+		want           map[string]string
 	}{
-		{"all set", nil, map[string]string{
+		{"all set", nil, false, map[string]string{
 			envOMPIPMIx: "flux", envFluxPMILibrary: "/opt/gorun/libgorun-pmi.so",
 			envOMPIVaderDir: "/tmp/job/ompi-2", envOMPITmpdirBase: "/tmp/job/ompi-2", wire.EnvPMIClique: "0-1,4",
 		}},
-		{"the user's -x wins", []string{"OMPI_MCA_pmix=s1", "OMPI_MCA_btl_vader_backing_directory=/dev/shm"}, map[string]string{
+		{"the user's -x wins", []string{"OMPI_MCA_pmix=s1", "OMPI_MCA_btl_vader_backing_directory=/dev/shm"}, false, map[string]string{
 			envFluxPMILibrary: "/opt/gorun/libgorun-pmi.so", envOMPITmpdirBase: "/tmp/job/ompi-2", wire.EnvPMIClique: "0-1,4",
+		}},
+		// More ranks than CPUs: as under mpirun, so that they yield when idle.
+		{"oversubscribed", nil, true, map[string]string{
+			envOMPIPMIx: "flux", envFluxPMILibrary: "/opt/gorun/libgorun-pmi.so",
+			envOMPIVaderDir: "/tmp/job/ompi-2", envOMPITmpdirBase: "/tmp/job/ompi-2", wire.EnvPMIClique: "0-1,4",
+			envOMPIOversubscribe: "1",
+		}},
+		{"oversubscribed, the user's -x wins", []string{"OMPI_MCA_mpi_oversubscribe=0"}, true, map[string]string{
+			envOMPIPMIx: "flux", envFluxPMILibrary: "/opt/gorun/libgorun-pmi.so",
+			envOMPIVaderDir: "/tmp/job/ompi-2", envOMPITmpdirBase: "/tmp/job/ompi-2", wire.EnvPMIClique: "0-1,4",
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := envMap(t, openMPIEnv(tc.user, "j1", 2, "/opt/gorun/libgorun-pmi.so", "/tmp/job/ompi-2", []int{4, 0, 1}))
+			got := envMap(t, openMPIEnv(tc.user, "j1", 2, "/opt/gorun/libgorun-pmi.so", "/tmp/job/ompi-2", []int{4, 0, 1}, tc.oversubscribed))
 			id := got[envFluxJobID]
 			delete(got, envFluxJobID)
 			if hasVar(tc.user, envFluxJobID) != (id == "") {
@@ -264,5 +276,34 @@ func TestOpenMPIAgentWithoutLibrary(t *testing.T) {
 		}
 	case <-f.ctx.Done():
 		t.Fatal("the agent did not exit")
+	}
+}
+
+// TestOpenMPIOversubscribed: a host with more ranks than CPUs tells its
+// Open MPI ranks so (OMPI_MCA_mpi_oversubscribe=1, as mpirun does), and
+// they yield when idle; a host with at most one rank per CPU does not.
+func TestOpenMPIOversubscribed(t *testing.T) {
+	cpus := runtime.NumCPU()
+	for _, tc := range []struct {
+		ranks int
+		want  string
+	}{
+		{1, ""},
+		{cpus, ""},
+		{cpus + 1, "1"},
+		{4*cpus + 3, "1"},
+	} {
+		t.Run(strconv.Itoa(tc.ranks)+" ranks", func(t *testing.T) {
+			a := &agent{spec: &wire.JobSpec{}, cfg: Config{Job: "testompioversub" + strconv.Itoa(os.Getpid())}, dir: t.TempDir(), log: slog.New(slog.DiscardHandler)}
+			t.Cleanup(func() { a.ompi.removeDir(a) })
+			table := &wire.EpochTable{World: tc.ranks, Hosts: []wire.TableHost{{Name: "h", Ranks: wire.RankSet{{First: 0, Count: tc.ranks, Stride: 1}}}}}
+			env, err := a.ompiEnv(table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := envMap(t, env)[envOMPIOversubscribe]; got != tc.want {
+				t.Errorf("%d ranks on %d CPUs: %s=%q, want %q", tc.ranks, cpus, envOMPIOversubscribe, got, tc.want)
+			}
+		})
 	}
 }

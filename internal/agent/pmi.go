@@ -12,6 +12,14 @@ package agent
 // per rank), so that after barrier_out a get on any host sees every put
 // made before the barrier on any host.
 //
+// One command is gorun's own, sent only by libgorun-pmi.so (libpmi/):
+// "cmd=gorun_kvs_keys" is answered "cmd=gorun_kvs_keys_result rc=0
+// keys=N", the number of keys the barriers have published to this rank's
+// view (PMI_process_mapping aside). With none (a rank before its first
+// barrier), a get of a key the rank has not put is "not found" without
+// asking: Open MPI asks for every peer's data before it puts its own. A
+// client that never sends it (MPICH's) sees no difference.
+//
 // Every line is untrusted: its length, its tokens, keys and values are
 // bounded, an unknown command is answered with rc=-1, and a malformed line
 // ends that rank's PMI connection (its MPI_Init then fails) without
@@ -130,6 +138,13 @@ func (k *pmiKVS) get(key string) (string, bool) {
 	return v, ok
 }
 
+// published returns the number of keys the barriers published.
+func (k *pmiKVS) published() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.kv)
+}
+
 // merge adds fence seq's keys. Every local rank of the fence brings the
 // same result: it is copied once.
 func (k *pmiKVS) merge(epoch uint64, seq int, kv map[string]string) {
@@ -186,6 +201,11 @@ type pmiConn struct {
 	size    int
 	kvsname string
 	rw      io.ReadWriter
+	// w buffers the replies to rw while serve runs: they are written
+	// when no whole request is left to read (see serve), so that the
+	// answers to requests a client sent together (libgorun-pmi.so's
+	// prefetching gets) go in one write and wake the rank once.
+	w       *bufio.Writer
 	pending map[string]string // puts since the last barrier
 	// aborted is called when the rank says abort, with its exit code and
 	// message; the connection is left open (the rank waits on it to be
@@ -198,10 +218,25 @@ type pmiConn struct {
 }
 
 // serve answers the rank's lines until it closes its end, finalizes, or
-// sends a malformed line.
+// sends a malformed line. Replies are buffered until no whole request is
+// left to read, or a command may wait (a barrier, an abort).
 func (p *pmiConn) serve() error {
 	r := bufio.NewReaderSize(p.rw, pmiLineMax+1)
+	p.w = bufio.NewWriterSize(p.rw, pmiReplyBuffer)
+	defer func() {
+		// The answers to the lines before a malformed one still go
+		// (nothing is left otherwise).
+		_ = p.flush()
+		p.w = nil
+	}()
 	for {
+		if !wholeLineBuffered(r) {
+			// The next read may wait for the rank, which may wait for
+			// these replies.
+			if err := p.flush(); err != nil {
+				return err
+			}
+		}
 		line, err := r.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
 			return fmt.Errorf("%w: longer than %d bytes", errPMILine, pmiLineMax)
@@ -235,9 +270,35 @@ func (p *pmiConn) serve() error {
 	}
 }
 
+// pmiReplyBuffer is the size of a connection's reply buffer: the answers
+// to 16 gets of the longest values.
+const pmiReplyBuffer = 16 << 10
+
+// wholeLineBuffered says whether r holds a whole line, which a read
+// returns without waiting.
+func wholeLineBuffered(r *bufio.Reader) bool {
+	b, _ := r.Peek(r.Buffered())
+	return bytes.IndexByte(b, '\n') >= 0
+}
+
+// reply sends line, buffered while serve runs.
 func (p *pmiConn) reply(line string) error {
-	_, err := io.WriteString(p.rw, line+"\n")
-	return err
+	if p.w == nil {
+		_, err := io.WriteString(p.rw, line+"\n")
+		return err
+	}
+	if _, err := p.w.WriteString(line); err != nil {
+		return err
+	}
+	return p.w.WriteByte('\n')
+}
+
+// flush writes the replies buffered.
+func (p *pmiConn) flush() error {
+	if p.w == nil {
+		return nil
+	}
+	return p.w.Flush()
 }
 
 // command answers one command; done says the rank finalized or aborted.
@@ -285,6 +346,9 @@ func (p *pmiConn) command(kv map[string]string) (done bool, err error) {
 	case "barrier_in":
 		// MPICH goes on after a barrier_out whatever its rc: a failed
 		// barrier must end the rank (and so the job), not just say so.
+		if err := p.flush(); err != nil {
+			return false, err
+		}
 		res, err := p.s.fenceNext(p.gen, p.rank, p.pending)
 		if err == nil && res.Err != "" {
 			err = errors.New(res.Err)
@@ -292,6 +356,7 @@ func (p *pmiConn) command(kv map[string]string) (done bool, err error) {
 		if err != nil {
 			p.failed("its PMI barrier failed: " + err.Error())
 			_ = p.reply("cmd=barrier_out rc=-1 msg=" + pmiWord(err.Error()))
+			_ = p.flush()
 			_, _ = io.Copy(io.Discard, p.rw)
 			return true, nil
 		}
@@ -308,9 +373,12 @@ func (p *pmiConn) command(kv map[string]string) (done bool, err error) {
 		if err != nil || code < 0 || code > 255 {
 			code = 1
 		}
+		_ = p.flush() // the answers before it, which the rank may wait for
 		p.aborted(code, kv["message"])
 		_, _ = io.Copy(io.Discard, p.rw) // until the rank is gone
 		return true, nil
+	case "gorun_kvs_keys":
+		return false, p.reply("cmd=gorun_kvs_keys_result rc=0 keys=" + strconv.Itoa(p.kvs.published()))
 	case "publish_name", "unpublish_name", "lookup_name":
 		return false, p.reply("cmd=" + strings.TrimSuffix(cmd, "_name") + "_result rc=-1 msg=name_service_not_supported_by_gorun")
 	}

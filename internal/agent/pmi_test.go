@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -142,6 +144,7 @@ func TestPMICommands(t *testing.T) {
 	ask("cmd=get kvsname=gorun-j key=a", "cmd=get_result rc=0 msg=success value=1") // its own put
 	ask("cmd=get kvsname=gorun-j key=published", "cmd=get_result rc=0 msg=success value=yes")
 	ask("cmd=get kvsname=gorun-j key=nothing", "cmd=get_result rc=-1 msg=key_not_found")
+	ask("cmd=gorun_kvs_keys", "cmd=gorun_kvs_keys_result rc=0 keys=1") // "published"
 	ask("cmd=lookup_name service=x", "cmd=lookup_result rc=-1 msg=name_service_not_supported_by_gorun")
 	ask("cmd=finalize", "cmd=finalize_ack rc=0")
 	ask("cmd=get_appnum", "cmd=appnum rc=0 appnum=0") // still served after finalize
@@ -217,4 +220,88 @@ func FuzzPMIConn(f *testing.F) {
 			t.Fatalf("the server hung on %q", in)
 		}
 	})
+}
+
+// countingWriter records each write it is given, and passes it on to w
+// if set.
+type countingWriter struct {
+	w      io.Writer
+	mu     sync.Mutex
+	writes []string
+}
+
+func (w *countingWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	w.writes = append(w.writes, string(b))
+	w.mu.Unlock()
+	if w.w == nil {
+		return len(b), nil
+	}
+	return w.w.Write(b)
+}
+
+// count returns the number of writes so far.
+func (w *countingWriter) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.writes)
+}
+
+// TestPMIRepliesBatched: the answers to requests a rank sent together
+// (libgorun-pmi.so's prefetching gets, 16 in one write) go back in one
+// write, which wakes the rank once, not once per answer; requests that
+// come one at a time are answered one at a time.
+func TestPMIRepliesBatched(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		reads  []string // what each read of the rank's end returns
+		writes int      // writes of the replies
+	}{
+		{"16 gets at once", []string{strings.Repeat("cmd=get kvsname=gorun-j key=published\n", 8) + strings.Repeat("cmd=get kvsname=gorun-j key=nothing\n", 8)}, 1},
+		{"one at a time", []string{"cmd=get kvsname=gorun-j key=published\n", "cmd=get kvsname=gorun-j key=nothing\n"}, 2},
+		{"a line in two reads", []string{"cmd=get_appnum\ncmd=get kvsname=gorun-j ", "key=published\n"}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := &countingWriter{}
+			rw := struct {
+				io.Reader
+				io.Writer
+			}{&chunkReader{chunks: slices.Clone(tc.reads)}, w}
+			c := &pmiConn{kvs: &pmiKVS{kv: map[string]string{"published": "yes"}}, size: 4, kvsname: "gorun-j", rw: rw, pending: map[string]string{}}
+			if err := c.serve(); err != nil {
+				t.Fatal(err)
+			}
+			if len(w.writes) != tc.writes {
+				t.Errorf("%d writes, want %d: %q", len(w.writes), tc.writes, w.writes)
+			}
+			var want strings.Builder
+			for line := range strings.Lines(strings.Join(tc.reads, "")) {
+				switch {
+				case strings.Contains(line, "key=published"):
+					want.WriteString("cmd=get_result rc=0 msg=success value=yes\n")
+				case strings.Contains(line, "key=nothing"):
+					want.WriteString("cmd=get_result rc=-1 msg=key_not_found\n")
+				default:
+					want.WriteString("cmd=appnum rc=0 appnum=0\n")
+				}
+			}
+			if got := strings.Join(w.writes, ""); got != want.String() {
+				t.Errorf("replies %q, want %q", got, want.String())
+			}
+		})
+	}
+}
+
+// chunkReader returns one chunk per read, then io.EOF.
+type chunkReader struct{ chunks []string }
+
+func (r *chunkReader) Read(b []byte) (int, error) {
+	if len(r.chunks) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(b, r.chunks[0])
+	if r.chunks[0] = r.chunks[0][n:]; r.chunks[0] == "" {
+		r.chunks = r.chunks[1:]
+	}
+	return n, nil
 }

@@ -4,7 +4,9 @@
  * announced, then for each request on stdin (u32 key length, key, u32
  * value length, value; little-endian) puts the key, enters a barrier and
  * gets it back, answering with the put's, the barrier's and the get's
- * return codes and the value got (i32 x3, u32 length, bytes).
+ * return codes and the value got (i32 x3, u32 length, bytes). A key
+ * length with bit 31 set skips the barrier; a value length of 0xffffffff
+ * (no value follows) skips the put and the barrier: only the get.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -15,10 +17,17 @@
 
 static int readn(void *p, size_t n) { return fread(p, 1, n, stdin) == n ? 0 : -1; }
 
-static char *readstr(void) {
+/* readstr reads a string; flag is set to bit 31 of its length, and a length of 0xffffffff is no string (NULL). */
+static char *readstr(int *flag) {
 	uint32_t n;
 	char *s;
-	if (readn(&n, 4) != 0 || n > (1u << 20) || (s = calloc(1, n + 1)) == NULL || readn(s, n) != 0)
+	if (readn(&n, 4) != 0)
+		exit(0);
+	if (n == 0xffffffffu)
+		return NULL;
+	*flag = (n >> 31) != 0;
+	n &= 0x7fffffffu;
+	if (n > (1u << 20) || (s = calloc(1, n + 1)) == NULL || readn(s, n) != 0)
 		exit(0);
 	return s;
 }
@@ -33,10 +42,13 @@ int main(void) {
 	fwrite(&vmax, 4, 1, stdout);
 	fflush(stdout);
 	for (;;) {
-		char *key = readstr(), *value = readstr();
+		int nobarrier = 0, unused;
+		char *key = readstr(&nobarrier), *value = readstr(&unused);
+		if (key == NULL)
+			return 1;
 		got[0] = '\0';
-		rc[0] = PMI_KVS_Put(name, key, value);
-		rc[1] = rc[0] == PMI_SUCCESS ? PMI_Barrier() : 0;
+		rc[0] = value != NULL ? PMI_KVS_Put(name, key, value) : PMI_SUCCESS;
+		rc[1] = rc[0] == PMI_SUCCESS && value != NULL && !nobarrier ? PMI_Barrier() : 0;
 		rc[2] = rc[0] == PMI_SUCCESS ? PMI_KVS_Get(name, key, got, sizeof got) : 0;
 		len = rc[2] == PMI_SUCCESS ? strlen(got) : 0;
 		fwrite(rc, 4, 3, stdout);
