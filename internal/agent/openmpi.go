@@ -60,7 +60,8 @@ type openMPI struct {
 
 	warned sync.Once
 
-	dir     string // the directory ompiEnv made last ("": none); the agent's goroutine only
+	dir     string   // the directory ompiEnv made last ("": none); the agent's goroutine only
+	held    *os.File // dir, open with a shared flock while this agent owns it (sweepOMPIDirs)
 	shmOnce sync.Once
 	shm     bool // /dev/shm is a tmpfs
 }
@@ -185,10 +186,13 @@ func (a *agent) ompiEnv(t *wire.EpochTable) ([]string, error) {
 	if old := a.ompi.dir; old != "" && old != dir {
 		a.ompi.removeDir(a)
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return nil, fmt.Errorf("creating Open MPI's directory: %w", err)
+	if a.ompi.dir != dir {
+		held, err := makeHeldDir(dir)
+		if err != nil {
+			return nil, fmt.Errorf("creating Open MPI's directory: %w", err)
+		}
+		a.ompi.dir, a.ompi.held = dir, held
 	}
-	a.ompi.dir = dir
 	var ranks []int
 	for _, pl := range a.hostPlaces(t) {
 		ranks = append(ranks, pl.Rank)
@@ -227,5 +231,105 @@ func (o *openMPI) removeDir(a *agent) {
 	if err := os.RemoveAll(o.dir); err != nil {
 		a.log.Warn("cannot remove Open MPI's directory", "dir", o.dir, "err", err)
 	}
-	o.dir = ""
+	if o.held != nil {
+		o.held.Close()
+	}
+	o.dir, o.held = "", nil
+}
+
+// makeHeldDir creates dir (it may exist) and returns it open with a shared
+// flock, which this process holds until it closes it: an agent killed
+// before it removes its Open MPI directory (SIGKILL, a lost host) leaves
+// it unlocked, and sweepOMPIDirs on the next agent of the host removes it.
+// A sweeper that took the directory between its creation and the lock
+// removed it: then it is made again.
+func makeHeldDir(dir string) (*os.File, error) {
+	for range 3 {
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, err
+		}
+		f, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH); err != nil {
+			f.Close()
+			return nil, err
+		}
+		if sameFile(f, dir) {
+			return f, nil
+		}
+		f.Close() // swept meanwhile: make it again
+	}
+	return nil, fmt.Errorf("%s was removed three times while it was being made", dir)
+}
+
+// sameFile reports whether the open f is still what path names.
+func sameFile(f *os.File, path string) bool {
+	fi, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	pi, err := os.Lstat(path)
+	return err == nil && os.SameFile(fi, pi)
+}
+
+// ompiDirName matches the Open MPI directories agents make in /dev/shm:
+// gorun-<job>-h<host>-g<gen>.
+func ompiDirName(name string) bool {
+	rest, ok := strings.CutPrefix(name, "gorun-")
+	if !ok {
+		return false
+	}
+	i := strings.LastIndex(rest, "-h")
+	if i <= 0 {
+		return false
+	}
+	host, gen, ok := strings.Cut(rest[i+2:], "-g")
+	if !ok {
+		return false
+	}
+	_, herr := strconv.ParseUint(host, 10, 31)
+	_, gerr := strconv.ParseUint(gen, 10, 64)
+	return herr == nil && gerr == nil
+}
+
+// sweepOMPIDirs removes the Open MPI directories in dir (shmDir) that no
+// agent holds (makeHeldDir): those of agents killed before they cleaned
+// up. Only this user's directories are judged. It returns what it
+// removed.
+func sweepOMPIDirs(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var swept []string
+	var errs []error
+	for _, e := range entries {
+		if !e.IsDir() || !ompiDirName(e.Name()) {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+		if err != nil {
+			continue // gone meanwhile, or not ours to open
+		}
+		var st syscall.Stat_t
+		if syscall.Fstat(int(f.Fd()), &st) != nil || st.Uid != uint32(os.Getuid()) {
+			f.Close()
+			continue
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil && sameFile(f, path) {
+			if err := os.RemoveAll(path); err != nil {
+				errs = append(errs, err)
+			} else {
+				swept = append(swept, e.Name())
+			}
+		}
+		f.Close()
+	}
+	return swept, errors.Join(errs...)
 }
