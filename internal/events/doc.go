@@ -57,6 +57,8 @@
 //	                          none yet)
 //	"d"              int      the durable tier's committed step (absent:
 //	                          none)
+//	"rate"           number   steps per second per rank since the
+//	                          sample before (0 in the first)
 //	"min", "max"     [int]    per host, the least and greatest step
 //	                          committed by its ranks (-1: none)
 //	"wait"           [number] per host, seconds its ranks waited at the
@@ -67,7 +69,7 @@
 //	"stages"         [int]    per host, steps its ranks committed, summed
 //	                          (a counter)
 //
-// A sample of H hosts is about 6·H numbers: some 60 KB at 1,000 hosts,
+// A sample of H hosts is about 5·H numbers: some 60 KB at 1,000 hosts,
 // whatever the number of ranks (O(ranks) to compute, O(hosts) to write).
 //
 // failure: something failed, as the launcher saw it (what it decided

@@ -57,6 +57,7 @@ type Sample struct {
 	Gen       uint64    `json:"gen"`
 	G         int64     `json:"g"`
 	D         *int64    `json:"d,omitempty"`
+	Rate      float64   `json:"rate"`
 	Min       []int64   `json:"min"`
 	Max       []int64   `json:"max"`
 	Wait      []float64 `json:"wait"`
