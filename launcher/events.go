@@ -19,7 +19,7 @@ import (
 // events.Writer: the schema, every kind and field, is package events'
 // (internal/events/doc.go). The launcher writes launch when the job
 // starts (recordLaunch), rendezvous and a sample every period while ranks
-// run (recordProgress), a failure for what it sees fail (recordFailure),
+// run (recordProgress, every samplePeriod), a failure for what it sees fail (recordFailure),
 // the machine's decisions and recovery stages as it acts on them (do,
 // timeline), and exit at the end (recordExit).
 //
@@ -121,9 +121,11 @@ func firstRow(rows [][]int) []int {
 }
 
 // samplePeriod is how often recordProgress samples a job of hosts hosts:
-// 1 s, and 10 ms per host beyond 100 (a sample is O(hosts) bytes).
+// 250 ms, and 10 ms per host beyond 25. A sample is about 40 bytes per
+// host, so a running job writes at most some 4 KB of samples a second
+// whatever its size (1 s at 100 hosts, 10 s at 1,000).
 func samplePeriod(hosts int) time.Duration {
-	return max(time.Second, time.Duration(hosts)*10*time.Millisecond)
+	return max(250*time.Millisecond, time.Duration(hosts)*10*time.Millisecond)
 }
 
 // recordProgress writes the rendezvous record once the first epoch table

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"io"
 	"os"
 	"testing"
@@ -36,6 +37,12 @@ func TestEventsFileHostLoss(t *testing.T) {
 		copyFile(t, r.events, p)
 	}
 	checkJobRecord(t, recs, c.hosts.Names[1], c.hosts.Names[2])
+
+	// gorun report makes a page of it, with the failure on it.
+	var page, stderr bytes.Buffer
+	if code := Main([]string{"report", r.events}, nil, &page, &stderr); code != 0 || !bytes.Contains(page.Bytes(), []byte(`data-marker="failure"`)) {
+		t.Fatalf("gorun report: exit %d, %d bytes without a failure marker\n%s", code, page.Len(), stderr.String())
+	}
 }
 
 // checkJobRecord checks the record of a job that lost host lost and

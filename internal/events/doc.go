@@ -47,8 +47,8 @@
 //	"took"       number   seconds from the start to the table
 //
 // sample: the state protection's figures, every sample period while
-// ranks run and something changed (the period is 1 s, and 10 ms per host
-// beyond 100 hosts: 10 s at 1,000). Per-host arrays are indexed like
+// ranks run and something changed (the period is 250 ms, and 10 ms per
+// host beyond 25 hosts: 1 s at 100, 10 s at 1,000). Per-host arrays are indexed like
 // launch's hosts; a host without ranks has -1 steps and zero figures.
 //
 //	"epoch", "gen"   int      the epoch and restart generation the
@@ -66,11 +66,12 @@
 //	                          started (a counter: take differences)
 //	"repl_bytes"     [int]    per host, bytes its ranks sent to replica
 //	                          holders, summed (a counter)
-//	"stages"         [int]    per host, steps its ranks committed, summed
-//	                          (a counter)
+//	"stages"         [int]    per host, steps its ranks staged for commit,
+//	                          summed (a counter)
 //
-// A sample of H hosts is about 5·H numbers: some 60 KB at 1,000 hosts,
-// whatever the number of ranks (O(ranks) to compute, O(hosts) to write).
+// A sample of H hosts is about 5·H numbers, some 40 bytes per host (40 KB
+// at 1,000 hosts) whatever the number of ranks: O(ranks) to compute,
+// O(hosts) to write, and at most about 4 KB of samples a second.
 //
 // failure: something failed, as the launcher saw it (what it decided
 // follows as fence, splice, restart or abort, and the recovery stages)
