@@ -200,7 +200,7 @@ func Build(recs []events.Record) (*Model, error) {
 			for h := range min(len(e.Min), len(steps)) {
 				if e.Min[h] >= 0 {
 					steps[h] = append(steps[h], StepPoint{r.T, e.Min[h]})
-					m.MaxStep = max(m.MaxStep, e.Max[min(h, len(e.Max)-1)], e.Min[h])
+					m.MaxStep = max(m.MaxStep, e.Min[h])
 				}
 			}
 			if prev != nil && r.T > prevT && e.Gen == prev.Gen {
