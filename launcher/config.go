@@ -106,8 +106,8 @@ type Config struct {
 	// HangTimeout: a rank that reported progress and then none for this
 	// long has hung (--hang-timeout; 0 = off).
 	HangTimeout time.Duration
-	// Events, when not nil, receives the job's recovery record as JSON
-	// lines (--events; the schema is eventLog's).
+	// Events, when not nil, receives the job's record as JSON
+	// lines (--events; the schema is package internal/events's).
 	Events io.Writer
 	// NoPMI: the ranks get no PMI-1 connection (--pmi=false); by default
 	// every rank does, so that MPICH-built programs run as under mpiexec.

@@ -133,6 +133,7 @@ func (j *job) do(a hotswap.Action) {
 // a splice that follows moves them.
 func (j *job) fence(a hotswap.Fence) {
 	h := j.hosts[a.Host]
+	j.recordHostLost(h)
 	j.evlog.record(j.since(), evFence{Host: h.name})
 	j.rv.Fence(a.Host)
 	j.cutOff(h)
@@ -405,6 +406,7 @@ func (j *job) loop(ctx context.Context) int {
 // onEvent turns an agent's event into the machine's.
 func (j *job) onEvent(e *wire.Event) {
 	h := j.hosts[e.Host]
+	j.recordFailure(e)
 	switch e.Kind {
 	case wire.EventStarted:
 		j.log.Debug("rank started", "rank", e.Rank, "host", h.name, "pid", e.Pid, "generation", e.Gen)

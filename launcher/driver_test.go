@@ -191,6 +191,7 @@ func TestDriverSplicesLostHostOntoSpare(t *testing.T) {
 			t.Errorf("a restart in place: %+v", e)
 		}
 	}
+	checkRecordOrder(t, events.String(), "launch", "rendezvous", "failure", "fence", "splice", "publish", "exit")
 }
 
 // TestDriverRefusesInPlaceWithoutRankClient: --recovery in-place keeps the

@@ -1,159 +1,59 @@
 package launcher
 
 import (
-	"encoding/json"
+	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gorun/gorun/hotswap"
+	"github.com/gorun/gorun/internal/events"
+	"github.com/gorun/gorun/internal/wire"
 )
 
-// eventLog writes the job's recovery record to --events FILE: one JSON
-// object per line, written as it happens (each line whole, in one Write).
-// Every object has
-//
-//	"t"     number  seconds since the job started (for a stage of a
-//	                timeline: when the stage was reached)
-//	"event" string  what happened, one of the kinds below
-//
-// and, by kind:
-//
-//	fence            "host": a lost host, cut off from the job
-//	splice           "epoch", "lost", "with" (host names), "ranks" (moved
-//	                 ranks), "spare" (with is a spare, else a host with
-//	                 free slots)
-//	restart          "epoch", "gen", "g": every rank restarts in
-//	                 generation gen, resuming from step g (-1: the start)
-//	publish          "epoch", "gen", "g", "restore" (ranks restoring from
-//	                 other hosts): the epoch's table went out
-//	under-protected  "epoch", "owners": ranks whose replicas are fewer
-//	                 than configured until re-sent
-//	protected        every replica is in place again
-//	abort            "code", "msg": the job stops
-//	detected, classified, replaced, published, restored, resumed
-//	                 "epoch", "cause": the recovery epoch reached the
-//	                 stage at "t" (written when the epoch ends, before its
-//	                 timeline, in stage order; a stage not reached is
-//	                 left out)
-//	timeline         "epoch", "cause", "superseded", and "detected",
-//	                 "classified", "replaced", "published", "restored",
-//	                 "resumed": seconds since the job started, or null
-//	                 for a stage not reached (replaced is null for a
-//	                 restart in place)
+// eventLog writes the job's record to --events FILE through an
+// events.Writer: the schema, every kind and field, is package events'
+// (internal/events/doc.go). The launcher writes launch when the job
+// starts (recordLaunch), rendezvous and a sample every period while ranks
+// run (recordProgress, every samplePeriod), a failure for what it sees fail (recordFailure),
+// the machine's decisions and recovery stages as it acts on them (do,
+// timeline), and exit at the end (recordExit).
 //
 // A nil *eventLog writes nothing. The first error writing is logged (a
 // warning) and the log stops; the job goes on.
 type eventLog struct {
-	mu  sync.Mutex
-	w   io.Writer
-	log *slog.Logger
-	err error
+	w    *events.Writer
+	log  *slog.Logger
+	once sync.Once
 }
 
-func newEventLog(w io.Writer, log *slog.Logger) *eventLog { return &eventLog{w: w, log: log} }
-
-type evFence struct {
-	Host string `json:"host"`
-}
-type evSplice struct {
-	Epoch uint64 `json:"epoch"`
-	Lost  string `json:"lost"`
-	With  string `json:"with"`
-	Ranks []int  `json:"ranks"`
-	Spare bool   `json:"spare"`
-}
-type evRestart struct {
-	Epoch uint64 `json:"epoch"`
-	Gen   uint64 `json:"gen"`
-	G     int64  `json:"g"`
-}
-type evPublish struct {
-	Epoch   uint64 `json:"epoch"`
-	Gen     uint64 `json:"gen"`
-	G       int64  `json:"g"`
-	Restore int    `json:"restore"`
-}
-type evUnder struct {
-	Epoch  uint64 `json:"epoch"`
-	Owners []int  `json:"owners"`
-}
-type evProtected struct{}
-type evAbort struct {
-	Code int    `json:"code"`
-	Msg  string `json:"msg"`
-}
-type evStage struct {
-	Epoch uint64 `json:"epoch"`
-	Cause string `json:"cause"`
-}
-type evTimeline struct {
-	Epoch      uint64   `json:"epoch"`
-	Cause      string   `json:"cause"`
-	Superseded bool     `json:"superseded"`
-	Detected   *float64 `json:"detected"`
-	Classified *float64 `json:"classified"`
-	Replaced   *float64 `json:"replaced"`
-	Published  *float64 `json:"published"`
-	Restored   *float64 `json:"restored"`
-	Resumed    *float64 `json:"resumed"`
+func newEventLog(w io.Writer, log *slog.Logger) *eventLog {
+	return &eventLog{w: events.NewWriter(w), log: log}
 }
 
-// kind names a record's event.
-func kind(v any) string {
-	switch v.(type) {
-	case evFence:
-		return "fence"
-	case evSplice:
-		return "splice"
-	case evRestart:
-		return "restart"
-	case evPublish:
-		return "publish"
-	case evUnder:
-		return "under-protected"
-	case evProtected:
-		return "protected"
-	case evAbort:
-		return "abort"
-	case evTimeline:
-		return "timeline"
-	}
-	return "unknown"
-}
+// The record kinds the loop writes, by their older names here.
+type (
+	evFence     = events.Fence
+	evSplice    = events.Splice
+	evRestart   = events.Restart
+	evPublish   = events.Publish
+	evUnder     = events.UnderProtected
+	evProtected = events.Protected
+	evAbort     = events.Abort
+	evTimeline  = events.Timeline
+)
 
-// record writes one line: v's fields after "t" and "event".
-func (l *eventLog) record(at time.Duration, v any) {
-	l.write(at, kind(v), v)
-}
-
-func (l *eventLog) write(at time.Duration, event string, v any) {
+// record writes one record at at since the job started.
+func (l *eventLog) record(at time.Duration, v events.Event) {
 	if l == nil {
 		return
 	}
-	fields, err := json.Marshal(v)
-	if err != nil {
-		return
-	}
-	head, _ := json.Marshal(struct {
-		T     float64 `json:"t"`
-		Event string  `json:"event"`
-	}{seconds(at), event})
-	line := head[:len(head)-1]
-	if len(fields) > 2 { // not {}
-		line = append(append(line, ','), fields[1:]...)
-	} else {
-		line = append(line, '}')
-	}
-	line = append(line, '\n')
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.err != nil {
-		return
-	}
-	if _, l.err = l.w.Write(line); l.err != nil {
-		l.log.Warn("cannot write the --events record; it stops here", "err", l.err)
+	if err := l.w.Write(at, v); err != nil {
+		l.once.Do(func() { l.log.Warn("cannot write the --events record; it stops here", "err", err) })
 	}
 }
 
@@ -162,24 +62,20 @@ func (l *eventLog) timeline(t hotswap.Timeline) {
 	if l == nil {
 		return
 	}
-	for _, s := range []struct {
-		name string
-		at   time.Duration
-	}{{"detected", t.Detected}, {"classified", t.Classified}, {"replaced", t.Replaced},
-		{"published", t.Published}, {"restored", t.Restored}, {"resumed", t.Resumed}} {
-		if s.at >= 0 {
-			l.write(s.at, s.name, evStage{Epoch: t.Epoch, Cause: t.Cause})
+	ats := []time.Duration{t.Detected, t.Classified, t.Replaced, t.Published, t.Restored, t.Resumed}
+	for i, at := range ats {
+		if at >= 0 {
+			l.record(at, events.Stage{Name: events.Stages[i], Epoch: t.Epoch, Cause: t.Cause})
 		}
 	}
 	at := func(d time.Duration) *float64 {
 		if d < 0 {
 			return nil
 		}
-		s := seconds(d)
+		s := events.Seconds(d)
 		return &s
 	}
-	end := max(t.Detected, t.Classified, t.Replaced, t.Published, t.Restored, t.Resumed)
-	l.record(end, evTimeline{Epoch: t.Epoch, Cause: t.Cause, Superseded: t.Superseded,
+	l.record(slices.Max(ats), evTimeline{Epoch: t.Epoch, Cause: t.Cause, Superseded: t.Superseded,
 		Detected: at(t.Detected), Classified: at(t.Classified), Replaced: at(t.Replaced),
 		Published: at(t.Published), Restored: at(t.Restored), Resumed: at(t.Resumed)})
 }
@@ -189,9 +85,166 @@ func (l *eventLog) Err() error {
 	if l == nil {
 		return nil
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.err
+	return l.w.Err()
 }
 
-func seconds(d time.Duration) float64 { return float64(d.Microseconds()) / 1e6 }
+// recordLaunch writes the launch record: the job as it starts. The
+// ranks' environment (-x, where secrets may be) is left out.
+func (j *job) recordLaunch() {
+	if j.evlog == nil {
+		return
+	}
+	l := events.Launch{Schema: events.SchemaVersion, Job: j.id, NP: j.world,
+		Hosts: make([]events.LaunchHost, len(j.hosts)), Protect: string(modeOrFull(j.cfg.ProtectMode)),
+		Recovery: j.cfg.Recovery.String(), Program: append([]string{j.cfg.Prog}, j.cfg.Args...)}
+	for i, h := range j.hosts {
+		role := events.RoleRunning
+		if h.spare {
+			role = events.RoleSpare
+			l.Spares++
+		}
+		l.Hosts[i] = events.LaunchHost{Name: h.name, Role: role, Ranks: append([]int{}, h.ranks...)}
+	}
+	if j.cfg.ECK > 0 {
+		l.Redundancy = fmt.Sprintf("ec:%d+%d", j.cfg.ECK, j.cfg.ECM)
+	} else {
+		l.Redundancy = fmt.Sprintf("replicas:%d", len(firstRow(j.holders)))
+	}
+	j.evlog.record(0, l)
+}
+
+func firstRow(rows [][]int) []int {
+	if len(rows) == 0 {
+		return nil
+	}
+	return rows[0]
+}
+
+// samplePeriod is how often recordProgress samples a job of hosts hosts:
+// 250 ms, and 10 ms per host beyond 25. A sample is about 40 bytes per
+// host, so a running job writes at most some 4 KB of samples a second
+// whatever its size (1 s at 100 hosts, 10 s at 1,000).
+func samplePeriod(hosts int) time.Duration {
+	return max(250*time.Millisecond, time.Duration(hosts)*10*time.Millisecond)
+}
+
+// recordProgress writes the rendezvous record once the first epoch table
+// went out, then a sample every period in which the protection's figures
+// changed, until ctx ends. It runs in its own goroutine.
+func (j *job) recordProgress(ctx context.Context) {
+	if j.evlog == nil {
+		return
+	}
+	select {
+	case <-j.rv.Done():
+	case <-ctx.Done():
+		return
+	}
+	j.evlog.record(j.since(), events.Rendezvous{Registered: len(j.hosts), Took: events.Seconds(j.since())})
+	tick := time.NewTicker(samplePeriod(len(j.hosts)))
+	defer tick.Stop()
+	var last *events.Sample
+	lastAt := j.since()
+	for {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return
+		}
+		now := j.since()
+		s := j.prog.sample()
+		if last != nil && s.G == last.G && s.Epoch == last.Epoch && s.Gen == last.Gen && slices.Equal(s.Stages, last.Stages) && slices.Equal(s.Min, last.Min) {
+			continue
+		}
+		if last != nil && j.world > 0 && now > lastAt {
+			var d int64
+			for i := range s.Stages {
+				if i < len(last.Stages) {
+					d += max(s.Stages[i]-last.Stages[i], 0)
+				}
+			}
+			s.Rate = float64(d) / float64(j.world) / (now - lastAt).Seconds()
+		}
+		j.evlog.record(now, s)
+		last, lastAt = &s, now
+	}
+}
+
+// sample is the protection's figures now, per host (events.Sample).
+// O(ranks).
+func (p *progress) sample() events.Sample {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.hostRanks)
+	s := events.Sample{Epoch: p.epoch, Gen: p.gen, G: p.g, Min: make([]int64, n), Max: make([]int64, n),
+		Wait: make([]float64, n), ReplBytes: make([]int64, n), Stages: make([]int64, n)}
+	if g := p.global(); g.D != nil {
+		d := *g.D
+		s.D = &d
+	}
+	for h, rs := range p.hostRanks {
+		s.Min[h], s.Max[h] = -1, -1
+		var wait int64
+		for i, r := range rs {
+			x := p.ranks[r]
+			if i == 0 || x.Committed < s.Min[h] {
+				s.Min[h] = x.Committed
+			}
+			s.Max[h] = max(s.Max[h], x.Committed)
+			wait += x.WaitNS
+			s.ReplBytes[h] += x.ReplBytes
+			s.Stages[h] += x.Stages
+		}
+		s.Wait[h] = float64(wait) / 1e9
+	}
+	return s
+}
+
+// recordFailure writes a failure record for an agent's event that tells
+// of one: a rank of the current generation ending badly on its own, an
+// agent failing, a GPU fault that takes the host.
+func (j *job) recordFailure(e *wire.Event) {
+	if j.evlog == nil || e.Host < 0 || e.Host >= len(j.hosts) {
+		return
+	}
+	h := j.hosts[e.Host]
+	f := events.Failure{Host: h.name, Rank: -1, Msg: e.Msg}
+	switch e.Kind {
+	case wire.EventExited:
+		if e.Stopped || e.Gen != j.gen || e.Rank < 0 || e.Rank >= j.world || j.rankHost[e.Rank] != e.Host || (e.Code == 0 && e.Signal == 0) {
+			return
+		}
+		f.Rank, f.What = e.Rank, events.FailRankExit
+		if e.Signal > 0 {
+			f.Signal = hotswap.SignalName(syscall.Signal(e.Signal))
+		} else {
+			c := e.Code
+			f.Exit = &c
+		}
+	case wire.EventAgentError:
+		f.What = events.FailAgent
+	case wire.EventGPU:
+		if e.GPU == nil || e.GPU.Class != wire.GPUPermanent {
+			return
+		}
+		f.What = events.FailGPU
+	default:
+		return
+	}
+	j.evlog.record(j.since(), f)
+}
+
+// recordHostLost writes the failure record of a host the machine fenced.
+func (j *job) recordHostLost(h *agentHost) {
+	j.evlog.record(j.since(), events.Failure{Host: h.name, Rank: -1, What: events.FailHostLost})
+}
+
+// recordExit writes the exit record: code is gorun's exit code.
+func (j *job) recordExit(code int) {
+	reason := ""
+	if j.cause != nil {
+		reason = j.cause.msg
+	}
+	d := j.since()
+	j.evlog.record(d, events.Exit{Code: code, Reason: reason, Duration: events.Seconds(d)})
+}

@@ -392,10 +392,16 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		h.started = now
 		h.lastSeen.Store(now.UnixNano())
 	}
+	j.recordLaunch()
 	j.wg.Add(1)
 	go func() {
 		defer j.wg.Done()
 		j.startAgents(sctx, sem)
+	}()
+	j.wg.Add(1)
+	go func() {
+		defer j.wg.Done()
+		j.recordProgress(sctx)
 	}()
 	if j.cfg.Stdin != nil {
 		if d, ok := j.cfg.Stdin.(interface{ SetReadDeadline(time.Time) error }); ok && d.SetReadDeadline(time.Time{}) == nil {
@@ -418,6 +424,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	code = j.loop(ctx)
 	stopStarting()
 	j.finish()
+	j.recordExit(code)
 	// After the agents' exit: the durable tier's footprint is what stays,
 	// the last commit's reclamation done.
 	if j.verbose && j.prog.used() {

@@ -148,7 +148,9 @@ Fault tolerance:
                           within S seconds (default 1)
   --hang-timeout S        a rank that reported progress and then none for S seconds
                           has hung (default 0: off)
-  --events FILE           write the recovery record as JSON lines to FILE
+  --events FILE           write the job's record (launch, samples, failures,
+                          recoveries, exit) as JSON lines to FILE; gorun report
+                          FILE makes a page of it
 
 Durable checkpoints (the whole job lost: gorun --resume):
   --ckpt-dir DIR          every --ckpt-every steps each rank's protected state is
@@ -213,6 +215,7 @@ SIGUSR2 are forwarded to every rank. Every rank gets RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR, MASTER_PORT, OMPI_COMM_WORLD_* and GORUN_* variables.
 
 gorun ckpt ls|show|verify DIR inspects a checkpoint directory.
+gorun report EVENTS [-o FILE] makes an HTML page of an --events file.
 `
 
 // stringList is a repeatable string flag.

@@ -172,7 +172,7 @@ func reexecuted(stdout string) int {
 	return n
 }
 
-// hsEvent is a line of the --events file (its schema: launcher/events.go).
+// hsEvent is a line of the --events file (its schema: package internal/events).
 type hsEvent struct {
 	T          float64  `json:"t"`
 	Event      string   `json:"event"`

@@ -38,7 +38,12 @@ var allowed = map[string][]string{
 	"internal/difflog": {"ckpt", "replay", "internal/diffstore", "durable"},
 	"internal/cascade": {"durable", "internal/difflog", "internal/diffstore", "replay"},
 	"internal/agent":   {"rank", "ckpt", "comm", "gpu", "topology", "internal/wire", "replay", "durable", "internal/cascade"},
-	"launcher":         {"topology", "comm", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire", "internal/cascade"},
+	"launcher":         {"topology", "comm", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire", "internal/cascade", "internal/events"},
+	// internal/events is the --events schema, shared by the launcher (its
+	// writer) and internal/report (its reader); internal/report turns a
+	// record into a page.
+	"internal/events": {},
+	"internal/report": {"internal/events"},
 }
 
 // leaves are packages of gorun that import none of it (allowed says so)

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/gorun/gorun/internal/events"
+	"github.com/gorun/gorun/internal/report"
+)
+
+const reportUsage = `Usage: gorun report EVENTS [-o FILE]
+
+Turns a job's events file (gorun --events EVENTS) into one self-contained
+HTML page: a summary, a per-host timeline of steps, failures, recovery
+phases and spares taking over, and the step time beside the protection's
+wait. The page loads nothing from the network; open it in any browser.
+
+  -o FILE   write the page to FILE (default, and "-": standard output)
+
+Exit status: 0 done; 1 EVENTS cannot be read or FILE written; 2 a usage
+error or an EVENTS that is not a valid events file (the error names the
+line).
+`
+
+// reportMain runs `gorun report`.
+func reportMain(args []string, stdout, stderr io.Writer) int {
+	usage := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "gorun report: "+format+"\n%s", append(a, reportUsage)...)
+		return exitUsage
+	}
+	fs := flag.NewFlagSet("gorun report", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	out := fs.String("o", "-", "")
+	var pos []string
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fmt.Fprint(stdout, reportUsage)
+				return exitOK
+			}
+			return usage("%v", err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	if len(pos) != 1 {
+		return usage("want one events file, got %d arguments", len(pos))
+	}
+	if *out == "" {
+		return usage("-o: want a file name, or - for standard output")
+	}
+	in := pos[0]
+	b, err := os.ReadFile(in)
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun report: %v\n", err)
+		return exitError
+	}
+	m, err := report.Read(bytes.NewReader(b))
+	if err != nil {
+		if le, ok := errors.AsType[*events.LineError](err); ok {
+			fmt.Fprintf(stderr, "gorun report: %s: line %d: %s\n", in, le.Line, lineErrorText(le))
+			return exitUsage
+		}
+		if errors.Is(err, report.ErrNoLaunch) {
+			fmt.Fprintf(stderr, "gorun report: %s: %v\n", in, err)
+			return exitUsage
+		}
+		fmt.Fprintf(stderr, "gorun report: %s: %v\n", in, err)
+		return exitError
+	}
+	var page bytes.Buffer
+	if err := report.Render(&page, m); err != nil {
+		fmt.Fprintf(stderr, "gorun report: %v\n", err)
+		return exitError
+	}
+	if *out == "-" {
+		if _, err := stdout.Write(page.Bytes()); err != nil {
+			fmt.Fprintf(stderr, "gorun report: writing the page: %v\n", err)
+			return exitError
+		}
+		return exitOK
+	}
+	if err := writeFileAtomic(*out, page.Bytes()); err != nil {
+		fmt.Fprintf(stderr, "gorun report: %v\n", err)
+		return exitError
+	}
+	return exitOK
+}
+
+func lineErrorText(le *events.LineError) string {
+	if le.Err != nil {
+		return fmt.Sprintf("%s: %v", le.Msg, le.Err)
+	}
+	return le.Msg
+}
+
+// writeFileAtomic writes b to name through a temporary file in its
+// directory, renamed over it: a failure leaves no half-written page.
+func writeFileAtomic(name string, b []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(name), ".gorun-report-*")
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), name)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("writing %s: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,321 @@
+// Package report turns a job's events file (package events) into one
+// self-contained HTML page: a summary, a per-host timeline (steps,
+// failures, recovery phases, spares taking over) and the step-time series
+// beside the protection's wait, as inline SVG and CSS with one small
+// inline script and no external resources at all.
+package report
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/gorun/gorun/internal/events"
+)
+
+// MaxPoints bounds every series drawn: longer ones are averaged down
+// into this many buckets.
+const MaxPoints = 2000
+
+// ErrNoLaunch is a record without a launch record: nothing says what the
+// hosts are.
+var ErrNoLaunch = errors.New("report: the events file has no launch record (written by gorun before the events schema, or not an events file)")
+
+// Colours the page uses, named for the legend; FailureColour is the
+// failure marker's, used for nothing else (a test finds it on a
+// screenshot).
+const (
+	FailureColour  = "#e6007e"
+	TakeoverColour = "#00a651"
+	StepColour     = "#1f5fbf"
+	WaitColour     = "#f08c00"
+)
+
+// PhaseColours are the recovery phases' colours, by the stage that ends
+// the phase (events.Stages[1:]).
+var PhaseColours = []string{"#7b2cbf", "#c9a227", "#2a9d8f", "#577590", "#90be6d"}
+
+// Read reads an events file and builds its page's model.
+func Read(r io.Reader) (*Model, error) {
+	recs, err := events.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	return Build(recs)
+}
+
+// Model is what the page shows, built from the records (Build).
+type Model struct {
+	Launch   events.Launch
+	Duration float64 // seconds: the exit's, or the last record's time
+	Exit     *events.Exit
+	Hosts    []HostRow
+	Failures []Failure
+	Recovery []Recovery
+	Series   []Point // step time and protection wait, at most MaxPoints
+	MaxStep  int64
+	Samples  int
+}
+
+// HostRow is one host's row of the timeline.
+type HostRow struct {
+	Name  string
+	Role  string
+	Ranks []int
+	// Active are the intervals (seconds) during which the host ran
+	// ranks; Idle those it waited as a spare.
+	Active, Idle []Span
+	// Steps is its least committed step over time, at most MaxPoints.
+	Steps []StepPoint
+	// Takeover is when the host took over a lost host's ranks (a spare
+	// spliced in), with what it took; nil if never.
+	Takeover *Takeover
+}
+
+// Span is an interval in seconds since the start.
+type Span struct{ From, To float64 }
+
+// StepPoint is a host's least committed step at a time.
+type StepPoint struct {
+	T    float64
+	Step int64
+}
+
+// Takeover is a splice onto a host.
+type Takeover struct {
+	T     float64
+	Lost  string
+	Ranks []int
+}
+
+// Failure is a failure record on a host's row.
+type Failure struct {
+	T    float64
+	Host int // row index, -1 if the host is not in the launch record
+	events.Failure
+}
+
+// Recovery is a recovery epoch's timeline.
+type Recovery struct {
+	events.Timeline
+	Phases []Phase
+	// Took is detected to resumed in seconds, or -1 if it did not resume.
+	Took float64
+	// Cells are, for each phase (PhaseColoursNames), its length in
+	// words, "-" for a phase not gone through.
+	Cells []string
+}
+
+// Phase is one phase of a recovery: from one stage to the next reached.
+type Phase struct {
+	Name   string // the stage that ends it
+	Colour string
+	Span
+}
+
+// Point is one point of the step-time series.
+type Point struct {
+	T        float64
+	StepTime float64 // seconds per step per rank
+	Wait     float64 // seconds per step per rank waited at the overwrite rule
+}
+
+// Build builds the page's model from an events file's records.
+func Build(recs []events.Record) (*Model, error) {
+	m := &Model{}
+	li := slices.IndexFunc(recs, func(r events.Record) bool { _, ok := r.Event.(events.Launch); return ok })
+	if li < 0 {
+		return nil, ErrNoLaunch
+	}
+	m.Launch = recs[li].Event.(events.Launch)
+	index := map[string]int{}
+	for i, h := range m.Launch.Hosts {
+		index[h.Name] = i
+		m.Hosts = append(m.Hosts, HostRow{Name: h.Name, Role: h.Role, Ranks: h.Ranks})
+	}
+	row := func(name string) int {
+		if i, ok := index[name]; ok {
+			return i
+		}
+		return -1
+	}
+	for _, r := range recs {
+		m.Duration = max(m.Duration, r.T)
+	}
+	// When each host started and stopped running ranks.
+	activeFrom := make([]float64, len(m.Hosts))
+	for i, h := range m.Launch.Hosts {
+		activeFrom[i] = -1
+		if h.Role != events.RoleSpare {
+			activeFrom[i] = 0
+		}
+	}
+	idleFrom := make([]float64, len(m.Hosts))
+	for i := range idleFrom {
+		idleFrom[i] = -1
+		if activeFrom[i] < 0 {
+			idleFrom[i] = 0
+		}
+	}
+	var prev *events.Sample
+	var prevT float64
+	var series []Point
+	steps := make([][]StepPoint, len(m.Hosts))
+	for _, r := range recs {
+		switch e := r.Event.(type) {
+		case events.Exit:
+			x := e
+			m.Exit = &x
+			m.Duration = max(m.Duration, e.Duration)
+		case events.Failure:
+			m.Failures = append(m.Failures, Failure{T: r.T, Host: row(e.Host), Failure: e})
+		case events.Fence:
+			if h := row(e.Host); h >= 0 && activeFrom[h] >= 0 {
+				m.Hosts[h].Active = append(m.Hosts[h].Active, Span{activeFrom[h], r.T})
+				activeFrom[h] = -1
+			} else if h >= 0 && idleFrom[h] >= 0 {
+				m.Hosts[h].Idle = append(m.Hosts[h].Idle, Span{idleFrom[h], r.T})
+				idleFrom[h] = -1
+			}
+		case events.Splice:
+			if h := row(e.With); h >= 0 {
+				if idleFrom[h] >= 0 {
+					m.Hosts[h].Idle = append(m.Hosts[h].Idle, Span{idleFrom[h], r.T})
+					idleFrom[h] = -1
+				}
+				if activeFrom[h] < 0 {
+					activeFrom[h] = r.T
+				}
+				if m.Hosts[h].Takeover == nil {
+					m.Hosts[h].Takeover = &Takeover{T: r.T, Lost: e.Lost, Ranks: e.Ranks}
+				}
+			}
+		case events.Timeline:
+			m.Recovery = append(m.Recovery, recovery(e))
+		case events.Sample:
+			m.Samples++
+			for h := range min(len(e.Min), len(steps)) {
+				if e.Min[h] >= 0 {
+					steps[h] = append(steps[h], StepPoint{r.T, e.Min[h]})
+					m.MaxStep = max(m.MaxStep, e.Min[h])
+				}
+			}
+			if prev != nil && r.T > prevT && e.Gen == prev.Gen {
+				if p, ok := point(prev, &e, r.T-prevT, m.Launch.NP); ok {
+					p.T = r.T
+					series = append(series, p)
+				}
+			}
+			x := e
+			prev, prevT = &x, r.T
+		}
+	}
+	for h := range m.Hosts {
+		if activeFrom[h] >= 0 {
+			m.Hosts[h].Active = append(m.Hosts[h].Active, Span{activeFrom[h], m.Duration})
+		}
+		if idleFrom[h] >= 0 {
+			m.Hosts[h].Idle = append(m.Hosts[h].Idle, Span{idleFrom[h], m.Duration})
+		}
+		m.Hosts[h].Steps = downsampleSteps(steps[h], MaxPoints)
+	}
+	m.Series = downsample(series, MaxPoints)
+	return m, nil
+}
+
+// point is the step time and the wait per step between two samples of
+// one generation, dt seconds apart: the steps committed and the wait
+// added over every rank.
+func point(a, b *events.Sample, dt float64, np int) (Point, bool) {
+	var steps int64
+	var wait float64
+	for h := range min(len(a.Stages), len(b.Stages)) {
+		steps += max(b.Stages[h]-a.Stages[h], 0)
+	}
+	for h := range min(len(a.Wait), len(b.Wait)) {
+		wait += max(b.Wait[h]-a.Wait[h], 0)
+	}
+	if steps <= 0 || np <= 0 {
+		return Point{}, false
+	}
+	perRank := float64(steps) / float64(np)
+	return Point{StepTime: dt / perRank, Wait: wait / float64(steps)}, true
+}
+
+func recovery(t events.Timeline) Recovery {
+	r := Recovery{Timeline: t, Took: -1, Cells: []string{"-", "-", "-", "-", "-"}}
+	at := []*float64{t.Detected, t.Classified, t.Replaced, t.Published, t.Restored, t.Resumed}
+	last := -1
+	for i, p := range at {
+		if p == nil {
+			continue
+		}
+		if last >= 0 && *p >= *at[last] {
+			r.Phases = append(r.Phases, Phase{Name: events.Stages[i], Colour: PhaseColours[i-1], Span: Span{*at[last], *p}})
+			r.Cells[i-1] = seconds(*p - *at[last])
+		}
+		last = i
+	}
+	if t.Detected != nil && t.Resumed != nil {
+		r.Took = *t.Resumed - *t.Detected
+	}
+	return r
+}
+
+// downsample averages pts into at most n buckets of equal count.
+func downsample(pts []Point, n int) []Point {
+	if len(pts) <= n {
+		return pts
+	}
+	out := make([]Point, 0, n)
+	for b := range n {
+		lo, hi := b*len(pts)/n, (b+1)*len(pts)/n
+		var p Point
+		for _, q := range pts[lo:hi] {
+			p.T += q.T
+			p.StepTime += q.StepTime
+			p.Wait += q.Wait
+		}
+		k := float64(hi - lo)
+		out = append(out, Point{T: p.T / k, StepTime: p.StepTime / k, Wait: p.Wait / k})
+	}
+	return out
+}
+
+// downsampleSteps keeps at most n of pts, evenly spaced, the last kept.
+func downsampleSteps(pts []StepPoint, n int) []StepPoint {
+	if len(pts) <= n {
+		return pts
+	}
+	out := make([]StepPoint, 0, n)
+	for b := range n - 1 {
+		out = append(out, pts[b*len(pts)/(n-1)])
+	}
+	return append(out, pts[len(pts)-1])
+}
+
+// seconds formats a duration in seconds for people.
+func seconds(s float64) string {
+	switch {
+	case s < 0 || math.IsNaN(s):
+		return "-"
+	case s < 1:
+		return fmt.Sprintf("%.0f ms", s*1000)
+	case s < 120:
+		return fmt.Sprintf("%.2f s", s)
+	case s < 7200:
+		return fmt.Sprintf("%.1f min", s/60)
+	}
+	return fmt.Sprintf("%.1f h", s/3600)
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, ",")
+}

@@ -1,0 +1,153 @@
+package report
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/gorun/gorun/internal/events"
+)
+
+// fixture is the events file of a real job (cmd/gorun
+// TestEventsFileHostLoss, GORUN_RECORD_EVENTS): two working namespace
+// hosts and a spare, host h1 killed mid-run, replaced by the spare h2.
+const fixture = "testdata/hostloss.events.jsonl"
+
+func readFixture(t *testing.T) []events.Record {
+	t.Helper()
+	f, err := os.Open(fixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := events.ReadAll(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
+func TestBuildHostLoss(t *testing.T) {
+	m, err := Build(readFixture(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Hosts) != 3 || m.Hosts[2].Role != events.RoleSpare {
+		t.Fatalf("hosts %+v", m.Hosts)
+	}
+	if len(m.Failures) != 1 || m.Failures[0].Host != 1 || m.Failures[0].What != events.FailHostLost {
+		t.Errorf("failures %+v, want host 1 lost", m.Failures)
+	}
+	if len(m.Recovery) != 1 || len(m.Recovery[0].Phases) != 5 || m.Recovery[0].Took <= 0 {
+		t.Errorf("recoveries %+v, want one through five phases", m.Recovery)
+	}
+	if tk := m.Hosts[2].Takeover; tk == nil || tk.Lost != m.Hosts[1].Name || len(tk.Ranks) != 2 {
+		t.Errorf("spare's takeover %+v, want host 1's two ranks", tk)
+	}
+	if h := m.Hosts[1]; len(h.Active) != 1 || h.Active[0].To < m.Failures[0].T || h.Active[0].To >= m.Duration {
+		t.Errorf("lost host active %+v", h.Active)
+	}
+	if len(m.Hosts[2].Idle) != 1 || len(m.Hosts[2].Active) != 1 || m.Hosts[2].Idle[0].To != m.Hosts[2].Active[0].From {
+		t.Errorf("spare: idle %+v, then active %+v", m.Hosts[2].Idle, m.Hosts[2].Active)
+	}
+	if len(m.Series) == 0 || m.Exit == nil || m.Exit.Code != 0 {
+		t.Errorf("%d series points, exit %+v", len(m.Series), m.Exit)
+	}
+}
+
+func TestBuildNoLaunch(t *testing.T) {
+	if _, err := Build([]events.Record{{T: 1, Event: events.Fence{Host: "a"}}}); !errors.Is(err, ErrNoLaunch) {
+		t.Fatalf("error %v, want ErrNoLaunch", err)
+	}
+}
+
+func render(t *testing.T, recs []events.Record) string {
+	t.Helper()
+	m, err := Build(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := Render(&b, m); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// externalRE matches anything that names or fetches another resource.
+var externalRE = regexp.MustCompile(`(?i)(https?:|ftp:|file:|data:|//[a-z0-9]|url\(|@import|\bsrc\s*=|\bhref\s*=|<link|<iframe|<object|<embed|<img)`)
+
+// TestRenderSelfContained: the page holds no external URL and no
+// reference to another resource, and has one script.
+func TestRenderSelfContained(t *testing.T) {
+	page := render(t, readFixture(t))
+	if m := externalRE.FindAllString(page, -1); len(m) > 0 {
+		t.Errorf("the page refers to other resources: %q", m)
+	}
+	if n := strings.Count(page, "<script"); n != 1 {
+		t.Errorf("%d scripts, want 1", n)
+	}
+	for _, want := range []string{`id="timeline"`, `id="series"`, `data-marker="failure"`, `data-marker="takeover"`, "seconds since the job started", "epoch 1"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page lacks %q", want)
+		}
+	}
+}
+
+// TestRenderEscapes: host names and the program's arguments come from
+// users; they reach the page as text.
+func TestRenderEscapes(t *testing.T) {
+	evil := `<script>alert(1)</script>`
+	recs := []events.Record{
+		{T: 0, Event: events.Launch{Schema: 1, Job: "j", NP: 1, Hosts: []events.LaunchHost{{Name: evil, Role: events.RoleRunning, Ranks: []int{0}}}, Program: []string{"prog", `"><svg onload=alert(2)>`}}},
+		{T: 1, Event: events.Failure{Host: evil, Rank: 0, What: events.FailRankExit, Msg: `</title><script>alert(3)</script>`}},
+		{T: 2, Event: events.Exit{Code: 1, Reason: "<b>bad</b>", Duration: 2}},
+	}
+	page := render(t, recs)
+	for _, bad := range []string{"<script>alert", "<svg onload", "<b>bad"} {
+		if strings.Contains(page, bad) {
+			t.Errorf("the page has %q unescaped", bad)
+		}
+	}
+	if !strings.Contains(page, "&lt;script&gt;alert(1)&lt;/script&gt;") {
+		t.Errorf("the host name is not on the page as text")
+	}
+}
+
+// TestDownsample: a long job's series and step lines are at most
+// MaxPoints, whatever the samples.
+func TestDownsample(t *testing.T) {
+	recs := []events.Record{{T: 0, Event: events.Launch{Schema: 1, Job: "long", NP: 2, Hosts: []events.LaunchHost{{Name: "a", Role: events.RoleRunning, Ranks: []int{0, 1}}}}}}
+	const n = 50_000
+	for i := range n {
+		recs = append(recs, events.Record{T: float64(i + 1), Event: events.Sample{G: int64(i), Min: []int64{int64(i)}, Max: []int64{int64(i + 1)}, Wait: []float64{float64(i) / 1000}, ReplBytes: []int64{0}, Stages: []int64{int64(2 * i)}}})
+	}
+	m, err := Build(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Series) != MaxPoints || len(m.Hosts[0].Steps) != MaxPoints {
+		t.Fatalf("%d series points, %d step points; want %d", len(m.Series), len(m.Hosts[0].Steps), MaxPoints)
+	}
+	if last := m.Hosts[0].Steps[MaxPoints-1]; last.Step != n-1 {
+		t.Errorf("last step point %+v, want the last sample's", last)
+	}
+	// Each sample: one step per rank in a second, a millisecond waited per
+	// step.
+	for _, p := range m.Series {
+		if fmt.Sprintf("%.3f %.4f", p.StepTime, p.Wait) != "1.000 0.0005" {
+			t.Fatalf("series point %+v, want 1 s per step and 0.5 ms of wait", p)
+		}
+	}
+	var b bytes.Buffer
+	if err := Render(&b, m); err != nil {
+		t.Fatal(err)
+	}
+	if b.Len() > 1<<20 {
+		t.Errorf("page of %d bytes for a long job", b.Len())
+	}
+}
