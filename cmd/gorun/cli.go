@@ -41,6 +41,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return agentMain(args[1:], stdin, stdout, stderr)
 		case "ckpt":
 			return ckptMain(args[1:], stdout, stderr)
+		case "plan":
+			return planMain(args[1:], stdout, stderr)
 		case "run":
 			args = args[1:]
 		}

@@ -277,6 +277,21 @@ func SparesNeeded(in Inputs, threshold float64) (need int, pOut float64) {
 	return need, pOut
 }
 
+// ExpectedBeyondSpares is E[(N−S)+], the expected number of failures
+// that find no spare left, N being Poisson with mean mu (as in
+// [SparesNeeded]) and S the spares: μ − E[min(N, S)], where
+// E[min(N, S)] = Σ_{j<S} j·P(N=j) + S·P(N≥S).
+func ExpectedBeyondSpares(mu float64, spares int) float64 {
+	var within, below float64 // E[min(N,S)] so far, P(N < S)
+	for j := 0; j < spares; j++ {
+		pj := poissonPMF(mu, j)
+		within += float64(j) * pj
+		below += pj
+	}
+	within += float64(spares) * math.Max(0, 1-below)
+	return math.Max(0, mu-within)
+}
+
 // poissonPMF is e^−μ μ^s / s!, in logs so that large μ does not underflow
 // e^−μ alone.
 func poissonPMF(mu float64, s int) float64 {

@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -236,6 +237,45 @@ func TestValidate(t *testing.T) {
 			if err == nil || !errorsIs(err, ErrInput) || !contains(err.Error(), c.want) {
 				t.Errorf("Validate = %v, want an ErrInput naming %s", err, c.want)
 			}
+		})
+	}
+}
+
+func TestExpectedBeyondSpares(t *testing.T) {
+	e2 := math.Exp(-2)
+	for _, c := range []struct {
+		name   string
+		mu     float64
+		spares int
+		want   float64
+	}{
+		{"no spares: every failure", 2, 0, 2},
+		{"one spare", 2, 1, 1 + e2},                        // μ − P(N ≥ 1)
+		{"two spares", 2, 2, 2 - (e2*2*1 + 2*(1-e2-2*e2))}, // μ − (P(N=1) + 2·P(N≥2))
+		{"plenty", 2, 60, 0},
+		{"no failures", 0, 3, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := ExpectedBeyondSpares(c.mu, c.spares); math.Abs(got-c.want) > 1e-12 {
+				t.Errorf("E[(N−S)+] = %.15g, want %.15g", got, c.want)
+			}
+		})
+	}
+}
+
+// Plan's expected loss for host replacement, spares running out
+// included, agrees with its Monte Carlo.
+func TestPlanExpectedMatchesMonteCarlo(t *testing.T) {
+	for _, spares := range []int{0, 1, 3, 100} {
+		t.Run(fmt.Sprint(spares, " spares"), func(t *testing.T) {
+			in := baseInputs()
+			in.Spares = spares
+			res, err := Plan(in, nil, 4000, 2, 0.01)
+			if err != nil {
+				t.Fatal(err)
+			}
+			near(t, "host replacement expected vs simulated", res.HostReplace.MonteCarlo.Mean, res.HostReplace.ExpectedLost, 0.03)
+			near(t, "fallbacks vs E[(N−S)+]", res.HostReplace.MonteCarlo.Fallbacks+1e-9, res.HostReplace.NoSpare+1e-9, 0.05)
 		})
 	}
 }

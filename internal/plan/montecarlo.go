@@ -36,7 +36,7 @@ type MonteCarlo struct {
 // replacement: the same seed gives the same result. Each run draws the
 // failures (with trace nil: a Poisson process of rate Hosts/MTTF_host,
 // replaced hosts as good as new; with a trace: its failures before
-// JobLength) and, uniformly, where the checkpoint schedule and the step
+// JobLength, inclusive) and, uniformly, where the checkpoint schedule and the step
 // boundaries fall relative to them. Failure times are taken in training
 // time (failures during a recovery are not modelled). A failure costs:
 //
@@ -83,7 +83,7 @@ func Simulate(in Inputs, trace []Failure, runs int, seed uint64) (MonteCarlo, er
 			}
 		} else {
 			for _, f := range trace {
-				if s := f.At.Seconds(); s < in.JobLength {
+				if s := f.At.Seconds(); s <= in.JobLength {
 					times = append(times, s)
 				}
 			}

@@ -14,7 +14,11 @@ type Strategy struct {
 	CostTotal    float64 `json:"cost_per_failure_s"`
 	Efficiency   float64 `json:"efficiency"`
 	ExpectedLost float64 `json:"expected_lost_s"`
-	MonteCarlo   Dist    `json:"monte_carlo"`
+	// NoSpare is the expected number of failures over the job that find
+	// no spare and pay checkpoint-restart instead (host replacement only;
+	// ExpectedLost counts them so).
+	NoSpare    float64 `json:"expected_failures_without_spare"`
+	MonteCarlo Dist    `json:"monte_carlo"`
 }
 
 // Result is a whole plan.
@@ -103,6 +107,15 @@ func Plan(in Inputs, trace []Failure, runs int, seed uint64, spareRisk float64) 
 		return Strategy{Name: name, Cost: c, CostTotal: c.Total(), Efficiency: Efficiency(mttf, c.Total()),
 			ExpectedLost: ExpectedLost(in.JobLength, mttf, c.Total()), MonteCarlo: d}
 	}
+	// Host replacement's expected loss over the job counts the failures
+	// that find no spare at checkpoint-restart's price.
+	ck, hr := CkptCost(in), HostReplaceCost(in)
+	replace := strat("host replacement", hr, mc.Replace)
+	if mu := in.JobLength / mttf; in.Redundancy.EC() || in.Redundancy.Replicas > 0 {
+		b := ExpectedBeyondSpares(mu, in.Spares)
+		replace.NoSpare = b
+		replace.ExpectedLost = mu*hr.Overhead + (mu-b)*(hr.Total()-hr.Overhead) + b*(ck.Total()-ck.Overhead)
+	}
 	perStep, units := LossBound(in)
 	need, pOut := SparesNeeded(in, spareRisk)
 	steps := in.JobLength / in.Step
@@ -110,8 +123,8 @@ func Plan(in Inputs, trace []Failure, runs int, seed uint64, spareRisk float64) 
 		MTTFSys:       mttf,
 		ProtectTime:   ProtectTime(in),
 		WriteTime:     in.WriteTime(),
-		Checkpoint:    strat("checkpoint-restart", CkptCost(in), mc.Ckpt),
-		HostReplace:   strat("host replacement", HostReplaceCost(in), mc.Replace),
+		Checkpoint:    strat("checkpoint-restart", ck, mc.Ckpt),
+		HostReplace:   replace,
 		Failures:      in.JobLength / mttf,
 		MonteCarlo:    mc,
 		IntervalFStar: IntervalFor(in.WriteTime(), in.Concurrency, 1+in.Overhead, in.Step),
@@ -134,5 +147,5 @@ func Survives(r topology.Redundancy, hosts int) string {
 	if r.Replicas == 0 {
 		return "replicas:0: no in-memory copy; any lost host costs a checkpoint-restart"
 	}
-	return fmt.Sprintf("replicas:%d: any %d host(s) of each host and its %d holder(s)", r.Replicas, r.Replicas, r.Replicas)
+	return fmt.Sprintf("replicas:%d: any %d of the %d hosts holding a host's state (the host and its %d holder(s))", r.Replicas, r.Replicas, r.Replicas+1, r.Replicas)
 }
