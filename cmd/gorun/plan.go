@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -39,13 +40,16 @@ Job:
                           --trace; with one, default its last failure)
 Bandwidths (measured when it can, else given, else a default):
   --mem-bw BW             local memory copy (default: measured here)
-  --net-bw BW             between two hosts (default 1.25GB/s, 10 Gbit/s;
-                          not measured)
+  --net-bw BW             between two hosts (default: measured between the
+                          first two hosts of --hostfile by a 2-rank gorun job
+                          sending --measure-size bytes; without a hostfile,
+                          1.25GB/s, 10 Gbit/s)
   --durable-bw BW         durable storage, as one host sees it while every
                           host writes (default 1GB/s)
   --durable-dir DIR       measure it instead: write and fsync --measure-size
                           bytes in DIR, then remove the file
-  --measure-size SIZE     bytes written to measure (default 256MiB)
+  --measure-size SIZE     bytes written or sent to measure (default 256MiB)
+  --rsh CMD, --bind ADDR  as gorun's, for the network measurement job
 Recovery:
   --restart DUR           checkpoint-restart's stall before restoring: stop,
                           get a host, start every rank (default 10m)
@@ -88,11 +92,15 @@ type planDeps struct {
 	now    func() time.Time
 	fs     plan.FS
 	memBW  func() (float64, error)
+	net    netJob // runs the network measurement job (plan_net.go)
 	stdout io.Writer
 }
 
 func planMain(args []string, stdout, stderr io.Writer) int {
-	deps := planDeps{now: time.Now, fs: plan.OSFS{}, stdout: stdout}
+	if len(args) > 0 && args[0] == "net-probe" {
+		return runNetProbe(args[1:], stdout, stderr)
+	}
+	deps := planDeps{now: time.Now, fs: plan.OSFS{}, net: runGorun, stdout: stdout}
 	deps.memBW = func() (float64, error) { return plan.MeasureMemBW(64<<20, 8, deps.now) }
 	return runPlan(context.Background(), args, deps, stderr)
 }
@@ -131,7 +139,7 @@ func planFromArgs(ctx context.Context, args []string, deps planDeps) (planOutput
 	fs.SetOutput(io.Discard)
 	str := map[string]*string{}
 	for _, n := range []string{"mttf", "trace", "hostfile", "step", "state", "job-length", "mem-bw", "net-bw",
-		"durable-bw", "durable-dir", "measure-size", "restart", "replace", "redundancy", "spare-risk", "ckpt-overhead"} {
+		"durable-bw", "durable-dir", "measure-size", "rsh", "bind", "restart", "replace", "redundancy", "spare-risk", "ckpt-overhead"} {
 		str[n] = fs.String(n, "", "")
 	}
 	ints := map[string]*int{}
@@ -294,6 +302,7 @@ func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []
 	var in plan.Inputs
 	// hosts and spares: --hosts, or a hostfile's
 	var hostfileSpares = -1
+	var netHosts []string // the first two hosts of --hostfile with ranks
 	switch {
 	case p.set["hosts"] && p.set["hostfile"]:
 		return in, nil, usagef("--hosts and --hostfile: give one of them")
@@ -308,6 +317,9 @@ func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []
 				hostfileSpares++
 			} else {
 				in.Hosts++
+				if len(netHosts) < 2 {
+					netHosts = append(netHosts, h.Name)
+				}
 			}
 		}
 		if in.Hosts == 0 {
@@ -390,7 +402,25 @@ func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []
 
 	// bandwidths, measured last: every check that needs no measuring is made first
 	in.MemBW = p.bandwidth("mem-bw", deps.memBW, "(memory copy here)", "")
-	in.NetBW = p.bandwidth("net-bw", nil, "", "1.25GB/s")
+	if !p.set["hostfile"] && (p.set["rsh"] || p.set["bind"]) {
+		return in, nil, usagef("--rsh and --bind apply with --hostfile only (to measure the network)")
+	}
+	if p.set["measure-size"] && !p.set["durable-dir"] && (!p.set["hostfile"] || p.set["net-bw"]) {
+		return in, nil, usagef("--measure-size applies with --durable-dir or --hostfile only")
+	}
+	var measureNetBW func() (float64, error)
+	netFrom := ""
+	if len(netHosts) == 2 && !p.set["net-bw"] {
+		size := p.size("measure-size", "256MiB")
+		if p.err != nil {
+			return in, nil, p.err
+		}
+		netFrom = "between " + netHosts[0] + " and " + netHosts[1]
+		measureNetBW = func() (float64, error) {
+			return measureNet(ctx, deps.net, netHosts[0], netHosts[1], int64(size), *p.str["rsh"], *p.str["bind"])
+		}
+	}
+	in.NetBW = p.bandwidth("net-bw", measureNetBW, netFrom, "1.25GB/s")
 	var measureDurable func() (float64, error)
 	if p.set["durable-dir"] {
 		if p.set["durable-bw"] {
@@ -400,16 +430,24 @@ func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 			return in, nil, usagef("--durable-dir %s: not a directory", dir)
 		}
-		size := p.size("measure-size", "256MiB")
-		if p.err != nil {
-			return in, nil, p.err
+		size, err := plan.ParseSize(cmp.Or(*p.str["measure-size"], "256MiB"))
+		if err != nil || size == 0 {
+			return in, nil, usagef("--measure-size %s: want a positive size", *p.str["measure-size"])
+		}
+		if measureNetBW == nil {
+			p.record("measure-size", plan.FormatBytes(size), sourceOf(p.set["measure-size"]), size)
 		}
 		measureDurable = func() (float64, error) {
 			return plan.MeasureDurableBW(ctx, deps.fs, dir, int64(size), deps.now)
 		}
-	} else if p.set["measure-size"] {
-		return in, nil, usagef("--measure-size applies with --durable-dir only")
 	}
 	in.DurableBW = p.bandwidth("durable-bw", measureDurable, "in "+*p.str["durable-dir"], "1GB/s")
 	return in, trace, p.err
+}
+
+func sourceOf(given bool) string {
+	if given {
+		return "given"
+	}
+	return "default"
 }

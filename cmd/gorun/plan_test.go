@@ -141,6 +141,10 @@ func TestPlanUsageErrors(t *testing.T) {
 		{"durable not a dir", []string{"--hosts", "4", "--mttf", "1d", "--job-length", "1d", "--step", "1s", "--state", "1GB", "--durable-dir", "/nonexistent"}, "--durable-dir /nonexistent"},
 		{"bad trace line", []string{"--hosts", "4", "--trace", bad, "--step", "1s", "--state", "1GB"}, "line 2"},
 		{"unknown flag", []string{"--frobnicate"}, "frobnicate"},
+		{"rsh without hostfile", append(planBase, "--rsh", "ssh"), "--rsh and --bind apply with --hostfile only"},
+		{"measure-size alone", append(planBase, "--measure-size", "1MiB"), "--measure-size applies with --durable-dir or --hostfile"},
+		{"hosts and hostfile", append(planBase, "--hostfile", "/nonexistent"), "--hosts and --hostfile"},
+		{"bad measure-size", []string{"--hosts", "4", "--mttf", "1d", "--job-length", "1d", "--step", "1s", "--state", "1GB", "--durable-dir", os.TempDir(), "--measure-size", "1XB"}, "--measure-size 1XB"},
 		{"argument", append(planBase, "extra"), `unexpected argument "extra"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
