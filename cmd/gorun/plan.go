@@ -382,7 +382,8 @@ func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []
 	in.StateBytes = p.size("state", "")
 	in.Restart = p.duration("restart", "10m", true)
 	in.Replace = p.duration("replace", "30s", true)
-	r, err := topology.ParseRedundancy("replicas:1")
+	// as gorun's default: replicas:1 where the hosts allow it
+	r, err := topology.Redundancy{Replicas: min(1, in.Hosts-1)}, error(nil)
 	src := "default"
 	if p.set["redundancy"] {
 		r, err = topology.ParseRedundancy(*p.str["redundancy"])

@@ -156,6 +156,21 @@ func TestPlanUsageErrors(t *testing.T) {
 	}
 }
 
+// One host: no replicas by default (gorun's replicas:1 where the hosts
+// allow it), and replicas:1 asked for is refused.
+func TestPlanOneHost(t *testing.T) {
+	args := []string{"--hosts", "1", "--mttf", "365d", "--job-length", "1d", "--step", "1s", "--state", "1GB",
+		"--net-bw", "1GB/s", "--durable-bw", "1GB/s", "--runs", "10"}
+	code, out, errs := runPlanTest(t, args...)
+	if code != 0 || !strings.Contains(out, "replicas:0: no in-memory copy") {
+		t.Errorf("exit %d, stderr %q, report:\n%s", code, errs, out)
+	}
+	code, _, errs = runPlanTest(t, append(args, "--redundancy", "replicas:1")...)
+	if code != exitUsage || !strings.Contains(errs, "replicas:1 needs at least 2 hosts") {
+		t.Errorf("exit %d, stderr %q", code, errs)
+	}
+}
+
 func TestPlanHelp(t *testing.T) {
 	for _, a := range []string{"-h", "--help"} {
 		code, out, _ := runPlanTest(t, a)

@@ -249,7 +249,7 @@ func LossBound(in Inputs) (perStep float64, units int) {
 // threshold, and that probability for the spares the plan has. Failures
 // are Poisson with mean μ = Hosts·JobLength/MTTF_host: the job keeps
 // Hosts hosts running (each lost one replaced), a replaced host does not
-// come back, and idle spares do not fail.
+// come back, and idle spares do not fail. It takes O(μ) time.
 func SparesNeeded(in Inputs, threshold float64) (need int, pOut float64) {
 	mu := float64(in.Hosts) * in.JobLength / in.MTTFHost
 	need = -1
@@ -282,6 +282,9 @@ func SparesNeeded(in Inputs, threshold float64) (need int, pOut float64) {
 // [SparesNeeded]) and S the spares: μ − E[min(N, S)], where
 // E[min(N, S)] = Σ_{j<S} j·P(N=j) + S·P(N≥S).
 func ExpectedBeyondSpares(mu float64, spares int) float64 {
+	if spares > int(mu+12*math.Sqrt(mu))+64 {
+		return 0 // P(N ≥ S) is below 1e−30: no failure finds no spare
+	}
 	var within, below float64 // E[min(N,S)] so far, P(N < S)
 	for j := 0; j < spares; j++ {
 		pj := poissonPMF(mu, j)

@@ -279,3 +279,20 @@ func TestPlanExpectedMatchesMonteCarlo(t *testing.T) {
 		})
 	}
 }
+
+// Huge spares or hosts do not make the models loop for ever.
+func TestBounded(t *testing.T) {
+	if got := ExpectedBeyondSpares(10, math.MaxInt); got != 0 {
+		t.Errorf("E[(N−S)+] with unbounded spares = %v", got)
+	}
+	in := baseInputs()
+	in.Spares = math.MaxInt
+	if err := in.Validate(); !errorsIs(err, ErrInput) {
+		t.Errorf("Validate with MaxInt spares = %v", err)
+	}
+	in = baseInputs()
+	in.Hosts = MaxHosts + 1
+	if err := in.Validate(); !errorsIs(err, ErrInput) {
+		t.Errorf("Validate with %d hosts = %v", in.Hosts, err)
+	}
+}

@@ -40,6 +40,12 @@ type Result struct {
 	PRunOut       float64    `json:"p_run_out_of_spares"`
 }
 
+// Bounds of the inputs, so that every model runs in bounded time.
+const (
+	MaxHosts        = 1 << 20 // hosts, and spares
+	MaxRanksPerHost = 1 << 16
+)
+
 // Validate checks in, naming the field that is wrong. Errors wrap
 // [ErrInput].
 func (in Inputs) Validate() error {
@@ -61,18 +67,18 @@ func (in Inputs) Validate() error {
 		}
 	}
 	switch {
-	case in.Hosts < 1:
-		return inputf("Hosts must be at least 1, not %d", in.Hosts)
-	case in.RanksPerHost < 1:
-		return inputf("RanksPerHost must be at least 1, not %d", in.RanksPerHost)
-	case in.Interval < 1:
-		return inputf("Interval must be at least 1, not %d", in.Interval)
+	case in.Hosts < 1 || in.Hosts > MaxHosts:
+		return inputf("Hosts must be 1 to %d, not %d", MaxHosts, in.Hosts)
+	case in.RanksPerHost < 1 || in.RanksPerHost > MaxRanksPerHost:
+		return inputf("RanksPerHost must be 1 to %d, not %d", MaxRanksPerHost, in.RanksPerHost)
+	case in.Interval < 1 || in.Interval > math.MaxInt32:
+		return inputf("Interval must be 1 to 2^31, not %d", in.Interval)
 	case in.Concurrency < 1:
 		return inputf("Concurrency must be at least 1, not %d", in.Concurrency)
 	case !(in.Overhead > 0 && in.Overhead < 1):
 		return inputf("Overhead must be between 0 and 1, not %v", in.Overhead)
-	case in.Spares < 0:
-		return inputf("Spares must be 0 or more, not %d", in.Spares)
+	case in.Spares < 0 || in.Spares > MaxHosts:
+		return inputf("Spares must be 0 to %d, not %d", MaxHosts, in.Spares)
 	case !(in.Restart >= 0) || math.IsInf(in.Restart, 0):
 		return inputf("Restart must be 0 or more, not %v", in.Restart)
 	case !(in.Replace >= 0) || math.IsInf(in.Replace, 0):
