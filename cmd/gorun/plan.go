@@ -55,7 +55,8 @@ Recovery:
                           get a host, start every rank (default 10m)
   --replace DUR           gorun's replacement before the state transfer:
                           detect, attach a spare, rendezvous (default 30s)
-  --redundancy replicas:K|ec:K+M   as gorun's (default replicas:1)
+  --redundancy replicas:K|ec:K+M   as gorun's (default replicas:1 where the
+                          hosts allow it)
   --spares N              spare hosts (default 0, or the hostfile's)
   --spare-risk P          spares are recommended so that running out is less
                           likely than P (default 0.01)
