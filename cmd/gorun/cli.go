@@ -43,6 +43,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return ckptMain(args[1:], stdout, stderr)
 		case "report":
 			return reportMain(args[1:], stdout, stderr)
+		case "plan":
+			return planMain(args[1:], stdout, stderr)
 		case "run":
 			args = args[1:]
 		}

@@ -216,6 +216,7 @@ LOCAL_RANK, MASTER_ADDR, MASTER_PORT, OMPI_COMM_WORLD_* and GORUN_* variables.
 
 gorun ckpt ls|show|verify DIR inspects a checkpoint directory.
 gorun report EVENTS [-o FILE] makes an HTML page of an --events file.
+gorun plan [flags] says what failures will cost a job before it runs (gorun plan -h).
 `
 
 // stringList is a repeatable string flag.

@@ -20,6 +20,7 @@ var allowed = map[string][]string{
 	"comm":                {"topology", "internal/wire"},
 	"internal/ctlserver":  {"internal/wire"},
 	"internal/membership": {"topology"},
+	"internal/plan":       {"topology"}, // gorun plan's models
 	"ckpt":                {"topology"},
 	"hotswap":             {"topology", "ckpt"},
 	// durable, the disk tier, shares ckpt's region rules and CRC

@@ -1,0 +1,455 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorun/gorun/internal/plan"
+	"github.com/gorun/gorun/topology"
+)
+
+const planUsage = `Usage: gorun plan [flags]
+
+Before launching: what a host failure will cost the job under
+checkpoint-restart and under gorun's host replacement (DEADPOOL's disruption
+model), the efficiency of each, a Monte Carlo of the time lost over the
+job, the durable checkpoint interval PCcheck's formula recommends, what the
+redundancy survives and its loss bound, and the spares the job needs.
+
+Failures (one of):
+  --mttf DUR              one host's mean time to failure (e.g. 8760h, 365d)
+  --trace FILE            failure trace: one TIME[,HOST] per line, TIME since
+                          the job started in seconds or as a duration; '#'
+                          comments. MTTF is then job-length x hosts / failures
+Job:
+  --hosts N               hosts running ranks (or --hostfile FILE: its hosts
+                          not marked spare; its spare hosts count as --spares)
+  --ranks-per-host N      ranks on each host (default 1)
+  --step DUR              time of one training step (required)
+  --state SIZE            protected state of one rank, e.g. 4GiB (required)
+  --job-length DUR        failure-free length of the job (required without
+                          --trace; with one, default its last failure)
+Bandwidths (measured when it can, else given, else a default):
+  --mem-bw BW             local memory copy (default: measured here)
+  --net-bw BW             between two hosts (default: measured between the
+                          first two hosts of --hostfile by a 2-rank gorun job
+                          sending --measure-size bytes; without a hostfile,
+                          1.25GB/s, 10 Gbit/s)
+  --durable-bw BW         durable storage, as one host sees it while every
+                          host writes (default 1GB/s)
+  --durable-dir DIR       measure it instead: write and fsync --measure-size
+                          bytes in DIR, then remove the file
+  --measure-size SIZE     bytes written or sent to measure (default 256MiB)
+  --rsh CMD, --bind ADDR  as gorun's, for the network measurement job
+Recovery:
+  --restart DUR           checkpoint-restart's stall before restoring: stop,
+                          get a host, start every rank (default 10m)
+  --replace DUR           gorun's replacement before the state transfer:
+                          detect, attach a spare, rendezvous (default 30s)
+  --redundancy replicas:K|ec:K+M   as gorun's (default replicas:1 where the
+                          hosts allow it)
+  --spares N              spare hosts (default 0, or the hostfile's)
+  --spare-risk P          spares are recommended so that running out is less
+                          likely than P (default 0.01)
+Durable tier:
+  --interval K            steps between durable checkpoints (default 100, as
+                          gorun's --ckpt-every)
+  --ckpt-concurrency N    checkpoints in flight (default 1)
+  --ckpt-overhead Q       the fraction of time checkpointing may cost, PCcheck's
+                          q = 1 + Q (default 0.03)
+Output:
+  --runs N                Monte Carlo runs (default 1000)
+  --seed N                Monte Carlo seed: the same seed gives the same figures
+                          (default 1)
+  --json                  one JSON object instead of the report
+Units: durations 20s, 1h30m, 30d; sizes 256MiB, 10GB; bandwidths 10GB/s.
+`
+
+// planInput is one input of a plan with where its value came from.
+type planInput struct {
+	Name   string  `json:"name"`
+	Value  string  `json:"value"`
+	Source string  `json:"source"` // given, measured, default, hostfile, trace
+	Raw    float64 `json:"raw"`    // seconds, bytes, bytes/s or a count
+}
+
+// planOutput is what --json prints.
+type planOutput struct {
+	Inputs []planInput `json:"inputs"`
+	Result plan.Result `json:"result"`
+}
+
+// planDeps are the side effects of gorun plan, replaced in tests.
+type planDeps struct {
+	now    func() time.Time
+	fs     plan.FS
+	memBW  func() (float64, error)
+	net    netJob // runs the network measurement job (plan_net.go)
+	stdout io.Writer
+}
+
+func planMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "net-probe" {
+		return runNetProbe(args[1:], stdout, stderr)
+	}
+	deps := planDeps{now: time.Now, fs: plan.OSFS{}, net: runGorun, stdout: stdout}
+	deps.memBW = func() (float64, error) { return plan.MeasureMemBW(64<<20, 8, deps.now) }
+	return runPlan(context.Background(), args, deps, stderr)
+}
+
+func runPlan(ctx context.Context, args []string, deps planDeps, stderr io.Writer) int {
+	out, asJSON, err := planFromArgs(ctx, args, deps)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(deps.stdout, planUsage)
+		return exitOK
+	case err != nil:
+		var ue *usageError
+		if errors.As(err, &ue) {
+			fmt.Fprintf(stderr, "gorun plan: %v\nRun 'gorun plan -h' for usage.\n", err)
+			return exitUsage
+		}
+		fmt.Fprintf(stderr, "gorun plan: %v\n", err)
+		return exitError
+	}
+	if asJSON {
+		enc := json.NewEncoder(deps.stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			fmt.Fprintf(stderr, "gorun plan: %v\n", err)
+			return exitError
+		}
+		return exitOK
+	}
+	writePlanReport(deps.stdout, out)
+	return exitOK
+}
+
+// planFromArgs parses the flags, measures what it can and computes the plan.
+func planFromArgs(ctx context.Context, args []string, deps planDeps) (planOutput, bool, error) {
+	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	str := map[string]*string{}
+	for _, n := range []string{"mttf", "trace", "hostfile", "step", "state", "job-length", "mem-bw", "net-bw",
+		"durable-bw", "durable-dir", "measure-size", "rsh", "bind", "restart", "replace", "redundancy", "spare-risk", "ckpt-overhead"} {
+		str[n] = fs.String(n, "", "")
+	}
+	ints := map[string]*int{}
+	for _, n := range []string{"hosts", "ranks-per-host", "spares", "interval", "ckpt-concurrency", "runs"} {
+		ints[n] = fs.Int(n, -1, "")
+	}
+	seed := fs.Uint64("seed", 1, "")
+	asJSON := fs.Bool("json", false, "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return planOutput{}, false, err
+		}
+		return planOutput{}, false, usagef("%v", err)
+	}
+	if fs.NArg() > 0 {
+		return planOutput{}, false, usagef("unexpected argument %q: gorun plan takes flags only", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	p := &planParser{set: set, str: str, ints: ints}
+	in, trace, err := p.inputs(ctx, deps)
+	if err != nil {
+		return planOutput{}, false, err
+	}
+	runs := p.count("runs", 1000, 1)
+	risk := p.fraction("spare-risk", 0.01)
+	if p.err != nil {
+		return planOutput{}, false, p.err
+	}
+	res, err := plan.Plan(in, trace, runs, *seed, risk)
+	if err != nil {
+		if errors.Is(err, plan.ErrInput) {
+			return planOutput{}, false, usagef("%s", strings.TrimPrefix(err.Error(), plan.ErrInput.Error()+": "))
+		}
+		return planOutput{}, false, err
+	}
+	return planOutput{Inputs: p.list, Result: res}, *asJSON, nil
+}
+
+// planParser turns flags into plan.Inputs, recording each value's source;
+// the first error sticks in err.
+type planParser struct {
+	set  map[string]bool
+	str  map[string]*string
+	ints map[string]*int
+	list []planInput
+	err  error
+}
+
+func (p *planParser) fail(err error) {
+	if p.err == nil {
+		p.err = err
+	}
+}
+
+func (p *planParser) record(name, value, source string, raw float64) {
+	p.list = append(p.list, planInput{Name: name, Value: value, Source: source, Raw: raw})
+}
+
+// unitErr rewords a plan.ErrInput from a unit parser as a usage error
+// naming the flag.
+func unitErr(name string, err error) error {
+	return usagef("--%s %s", name, strings.TrimPrefix(err.Error(), plan.ErrInput.Error()+": "))
+}
+
+// duration reads a duration flag; def "" means required (unless
+// optional), and the value must be positive unless zeroOK.
+func (p *planParser) duration(name, def string, zeroOK bool) float64 {
+	v, src := *p.str[name], "given"
+	if !p.set[name] {
+		if def == "" {
+			p.fail(usagef("--%s is required", name))
+			return 0
+		}
+		v, src = def, "default"
+	}
+	d, err := plan.ParseDuration(v)
+	switch {
+	case err != nil:
+		p.fail(unitErr(name, err))
+	case d < 0 || (d == 0 && !zeroOK):
+		p.fail(usagef("--%s %s: must be positive", name, v))
+	}
+	p.record(name, d.String(), src, d.Seconds())
+	return d.Seconds()
+}
+
+func (p *planParser) size(name, def string) float64 {
+	v, src := *p.str[name], "given"
+	if !p.set[name] {
+		if def == "" {
+			p.fail(usagef("--%s is required", name))
+			return 0
+		}
+		v, src = def, "default"
+	}
+	n, err := plan.ParseSize(v)
+	switch {
+	case err != nil:
+		p.fail(unitErr(name, err))
+	case n == 0:
+		p.fail(usagef("--%s %s: must be positive", name, v))
+	}
+	p.record(name, plan.FormatBytes(n), src, n)
+	return n
+}
+
+// bandwidth reads a bandwidth flag, or takes measure's figure, or def.
+func (p *planParser) bandwidth(name string, measure func() (float64, error), measuredFrom, def string) float64 {
+	if p.set[name] {
+		bw, err := plan.ParseBandwidth(*p.str[name])
+		if err != nil {
+			p.fail(unitErr(name, err))
+		}
+		p.record(name, plan.FormatBandwidth(bw), "given", bw)
+		return bw
+	}
+	if measure != nil {
+		bw, err := measure()
+		if err != nil {
+			p.fail(fmt.Errorf("--%s: %w", name, err))
+			return 0
+		}
+		p.record(name, plan.FormatBandwidth(bw), "measured "+measuredFrom, bw)
+		return bw
+	}
+	bw, _ := plan.ParseBandwidth(def)
+	p.record(name, plan.FormatBandwidth(bw), "default", bw)
+	return bw
+}
+
+// count reads an integer flag that must be at least lo.
+func (p *planParser) count(name string, def, lo int) int {
+	v, src := *p.ints[name], "given"
+	if !p.set[name] {
+		v, src = def, "default"
+	}
+	if v < lo {
+		p.fail(usagef("--%s must be at least %d, not %d", name, lo, v))
+	}
+	p.record(name, strconv.Itoa(v), src, float64(v))
+	return v
+}
+
+// fraction reads a flag in (0, 1).
+func (p *planParser) fraction(name string, def float64) float64 {
+	v, src := def, "default"
+	if p.set[name] {
+		f, err := strconv.ParseFloat(*p.str[name], 64)
+		if err != nil || !(f > 0 && f < 1) {
+			p.fail(usagef("--%s %s: want a number between 0 and 1", name, *p.str[name]))
+		}
+		v, src = f, "given"
+	}
+	p.record(name, strconv.FormatFloat(v, 'g', -1, 64), src, v)
+	return v
+}
+
+func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []plan.Failure, error) {
+	var in plan.Inputs
+	// hosts and spares: --hosts, or a hostfile's
+	var hostfileSpares = -1
+	var netHosts []string // the first two hosts of --hostfile with ranks
+	switch {
+	case p.set["hosts"] && p.set["hostfile"]:
+		return in, nil, usagef("--hosts and --hostfile: give one of them")
+	case p.set["hostfile"]:
+		hosts, err := topology.ReadHostfile(*p.str["hostfile"])
+		if err != nil {
+			return in, nil, usagef("--hostfile: %v", err)
+		}
+		hostfileSpares = 0
+		for _, h := range hosts {
+			if h.Spare {
+				hostfileSpares++
+			} else {
+				in.Hosts++
+				if len(netHosts) < 2 {
+					netHosts = append(netHosts, h.Name)
+				}
+			}
+		}
+		if in.Hosts == 0 {
+			return in, nil, usagef("--hostfile %s: every host is a spare", *p.str["hostfile"])
+		}
+		p.record("hosts", strconv.Itoa(in.Hosts), "hostfile", float64(in.Hosts))
+	case p.set["hosts"]:
+		in.Hosts = p.count("hosts", 0, 1)
+	default:
+		return in, nil, usagef("--hosts or --hostfile is required")
+	}
+	in.RanksPerHost = p.count("ranks-per-host", 1, 1)
+	if hostfileSpares >= 0 && !p.set["spares"] {
+		in.Spares = hostfileSpares
+		p.record("spares", strconv.Itoa(in.Spares), "hostfile", float64(in.Spares))
+	} else {
+		in.Spares = p.count("spares", 0, 0)
+	}
+
+	// failures: --mttf or --trace
+	var trace []plan.Failure
+	switch {
+	case p.set["mttf"] && p.set["trace"]:
+		return in, nil, usagef("--mttf and --trace: give one of them")
+	case p.set["trace"]:
+		f, err := os.Open(*p.str["trace"])
+		if err != nil {
+			return in, nil, usagef("--trace: %v", err)
+		}
+		trace, err = plan.ParseTrace(f, *p.str["trace"])
+		f.Close()
+		if err != nil {
+			return in, nil, usagef("--trace %v", err)
+		}
+		last := trace[len(trace)-1].At
+		in.JobLength = p.duration("job-length", last.String(), false)
+		n := 0
+		for _, f := range trace {
+			if f.At.Seconds() <= in.JobLength {
+				n++
+			}
+		}
+		if n == 0 {
+			return in, nil, usagef("--trace %s: no failures before --job-length %v", *p.str["trace"], time.Duration(in.JobLength*1e9))
+		}
+		// one host's MTTF that gives n failures over the job on average
+		in.MTTFHost = in.JobLength * float64(in.Hosts) / float64(n)
+		p.record("mttf", time.Duration(in.MTTFHost*1e9).Round(time.Second).String(), "trace", in.MTTFHost)
+	case p.set["mttf"]:
+		in.MTTFHost = p.duration("mttf", "", false)
+		in.JobLength = p.duration("job-length", "", false)
+	default:
+		return in, nil, usagef("--mttf or --trace is required")
+	}
+	if p.err != nil {
+		return in, nil, p.err
+	}
+
+	in.Step = p.duration("step", "", false)
+	in.StateBytes = p.size("state", "")
+	in.Restart = p.duration("restart", "10m", true)
+	in.Replace = p.duration("replace", "30s", true)
+	// as gorun's default: replicas:1 where the hosts allow it
+	r, err := topology.Redundancy{Replicas: min(1, in.Hosts-1)}, error(nil)
+	src := "default"
+	if p.set["redundancy"] {
+		r, err = topology.ParseRedundancy(*p.str["redundancy"])
+		src = "given"
+		if err != nil {
+			p.fail(usagef("--redundancy %s", strings.TrimPrefix(err.Error(), topology.ErrRedundancy.Error()+": ")))
+		}
+	}
+	in.Redundancy = r
+	p.record("redundancy", r.String(), src, 0)
+	in.Interval = p.count("interval", 100, 1)
+	in.Concurrency = p.count("ckpt-concurrency", 1, 1)
+	in.Overhead = p.fraction("ckpt-overhead", 0.03)
+	if p.err != nil {
+		return in, nil, p.err
+	}
+
+	// bandwidths, measured last: every check that needs no measuring is made first
+	in.MemBW = p.bandwidth("mem-bw", deps.memBW, "(memory copy here)", "")
+	if !p.set["hostfile"] && (p.set["rsh"] || p.set["bind"]) {
+		return in, nil, usagef("--rsh and --bind apply with --hostfile only (to measure the network)")
+	}
+	if p.set["measure-size"] && !p.set["durable-dir"] && (!p.set["hostfile"] || p.set["net-bw"]) {
+		return in, nil, usagef("--measure-size applies with --durable-dir or --hostfile only")
+	}
+	var measureNetBW func() (float64, error)
+	netFrom := ""
+	if len(netHosts) == 2 && !p.set["net-bw"] {
+		size := p.size("measure-size", "256MiB")
+		if p.err != nil {
+			return in, nil, p.err
+		}
+		netFrom = "between " + netHosts[0] + " and " + netHosts[1]
+		measureNetBW = func() (float64, error) {
+			return measureNet(ctx, deps.net, netHosts[0], netHosts[1], int64(size), *p.str["rsh"], *p.str["bind"])
+		}
+	}
+	in.NetBW = p.bandwidth("net-bw", measureNetBW, netFrom, "1.25GB/s")
+	var measureDurable func() (float64, error)
+	if p.set["durable-dir"] {
+		if p.set["durable-bw"] {
+			return in, nil, usagef("--durable-bw and --durable-dir: give one of them")
+		}
+		dir := *p.str["durable-dir"]
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			return in, nil, usagef("--durable-dir %s: not a directory", dir)
+		}
+		size, err := plan.ParseSize(cmp.Or(*p.str["measure-size"], "256MiB"))
+		if err != nil || size == 0 {
+			return in, nil, usagef("--measure-size %s: want a positive size", *p.str["measure-size"])
+		}
+		if measureNetBW == nil {
+			p.record("measure-size", plan.FormatBytes(size), sourceOf(p.set["measure-size"]), size)
+		}
+		measureDurable = func() (float64, error) {
+			return plan.MeasureDurableBW(ctx, deps.fs, dir, int64(size), deps.now)
+		}
+	}
+	in.DurableBW = p.bandwidth("durable-bw", measureDurable, "in "+*p.str["durable-dir"], "1GB/s")
+	return in, trace, p.err
+}
+
+func sourceOf(given bool) string {
+	if given {
+		return "given"
+	}
+	return "default"
+}

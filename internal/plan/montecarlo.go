@@ -1,0 +1,153 @@
+package plan
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+)
+
+// MaxSimulatedFailures bounds a Monte Carlo's work: runs × expected
+// failures per run.
+const MaxSimulatedFailures = 50_000_000
+
+// Dist is a distribution of the time a job loses (s) over Monte Carlo runs.
+type Dist struct {
+	Mean float64 `json:"mean_s"`
+	P50  float64 `json:"p50_s"`
+	P99  float64 `json:"p99_s"`
+	// Fallbacks is the mean number of failures per run that host
+	// replacement met with no spare left and paid checkpoint-restart for
+	// (always 0 for checkpoint-restart itself).
+	Fallbacks float64 `json:"fallbacks"`
+}
+
+// MonteCarlo is the lost time of each strategy over runs simulated jobs.
+type MonteCarlo struct {
+	Runs      int     `json:"runs"`
+	Seed      uint64  `json:"seed"`
+	Failures  float64 `json:"mean_failures"` // per run
+	Ckpt      Dist    `json:"-"`             // reported in the strategies
+	Replace   Dist    `json:"-"`
+	FromTrace bool    `json:"from_trace"`
+}
+
+// Simulate runs a seeded Monte Carlo of the time a job of failure-free
+// length JobLength loses under checkpoint-restart and under host
+// replacement: the same seed gives the same result. Each run draws the
+// failures (with trace nil: a Poisson process of rate Hosts/MTTF_host,
+// replaced hosts as good as new; with a trace: its failures before
+// JobLength, inclusive) and, uniformly, where the checkpoint schedule and the step
+// boundaries fall relative to them. Failure times are taken in training
+// time (failures during a recovery are not modelled). A failure costs:
+//
+//   - checkpoint-restart: E[T_restart] + restore + the work since the
+//     newest durable checkpoint (one that started at least T_w earlier);
+//   - host replacement, while spares last: Replace + restore from peers +
+//     the interrupted step's progress φ·t_step; with none left,
+//     checkpoint-restart's cost (counted in Fallbacks).
+//
+// Each run adds the failure-free overhead over JobLength (the stalls of
+// [CkptCost] and [HostReplaceCost]). In-memory state lost beyond the
+// redundancy is not simulated: [LossBound] bounds it.
+func Simulate(in Inputs, trace []Failure, runs int, seed uint64) (MonteCarlo, error) {
+	if runs < 1 {
+		return MonteCarlo{}, inputf("runs %d: want at least 1", runs)
+	}
+	mttfSys := in.MTTFSys()
+	expected := in.JobLength / mttfSys
+	if trace != nil {
+		expected = float64(len(trace))
+	}
+	if expected*float64(runs) > MaxSimulatedFailures {
+		return MonteCarlo{}, inputf("%d runs of %.0f expected failures each: more than %d failures to simulate; give fewer runs", runs, expected, MaxSimulatedFailures)
+	}
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	k := float64(in.Interval) * in.Step // seconds between checkpoints
+	tw := in.WriteTime()
+	ckpt, repl := CkptCost(in), HostReplaceCost(in)
+	// failure-free overhead over the job: the per-failure overhead is
+	// rate·MTTF_sys, so the rate is Overhead/MTTF_sys.
+	ckptBase := ckpt.Overhead / mttfSys * in.JobLength
+	replBase := repl.Overhead / mttfSys * in.JobLength
+	inMemory := in.Redundancy.EC() || in.Redundancy.Replicas > 0
+
+	ckptLost := make([]float64, runs)
+	replLost := make([]float64, runs)
+	var failures, fallbacks float64
+	times := make([]float64, 0, int(expected)+16)
+	for r := range runs {
+		times = times[:0]
+		if trace == nil {
+			for t := rng.ExpFloat64() * mttfSys; t < in.JobLength; t += rng.ExpFloat64() * mttfSys {
+				times = append(times, t)
+			}
+		} else {
+			for _, f := range trace {
+				if s := f.At.Seconds(); s <= in.JobLength {
+					times = append(times, s)
+				}
+			}
+		}
+		ckptPhase := rng.Float64() * k       // first checkpoint starts here
+		stepPhase := rng.Float64() * in.Step // first step boundary
+		spares := in.Spares
+		cl, rl := ckptBase, replBase
+		for _, t := range times {
+			c := in.Restart + tw + sinceDurable(t, ckptPhase, k, tw)
+			cl += c
+			switch {
+			case inMemory && spares > 0:
+				spares--
+				phi := math.Mod(t-stepPhase+in.Step, in.Step)
+				rl += in.Replace + repl.Restore + phi
+			default:
+				rl += c
+				if inMemory {
+					fallbacks++
+				}
+			}
+		}
+		failures += float64(len(times))
+		ckptLost[r], replLost[r] = cl, rl
+	}
+	n := float64(runs)
+	return MonteCarlo{
+		Runs: runs, Seed: seed, Failures: failures / n, FromTrace: trace != nil,
+		Ckpt:    dist(ckptLost, 0),
+		Replace: dist(replLost, fallbacks/n),
+	}, nil
+}
+
+// sinceDurable is the work lost to a failure at t (s) when checkpoints
+// start every k seconds from phase and each is durable tw after it starts:
+// the time since the start of the newest durable one, or since the job
+// began when none is.
+func sinceDurable(t, phase, k, tw float64) float64 {
+	if t < phase+tw {
+		return t
+	}
+	// newest checkpoint start s ≤ t − tw on the grid phase + i·k
+	i := math.Floor((t - tw - phase) / k)
+	return t - (phase + i*k)
+}
+
+// dist summarises xs (which it sorts).
+func dist(xs []float64, fallbacks float64) Dist {
+	slices.Sort(xs)
+	var sum float64
+	for _, x := range xs {
+		sum += x
+	}
+	return Dist{
+		Mean:      sum / float64(len(xs)),
+		P50:       quantile(xs, 0.50),
+		P99:       quantile(xs, 0.99),
+		Fallbacks: fallbacks,
+	}
+}
+
+// quantile is the nearest-rank q-quantile of sorted xs.
+func quantile(xs []float64, q float64) float64 {
+	i := int(math.Ceil(q*float64(len(xs)))) - 1
+	return xs[max(0, min(i, len(xs)-1))]
+}

@@ -1,0 +1,172 @@
+package plan
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseSize(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want float64
+		err  string
+	}{
+		{"256MiB", 256 << 20, ""},
+		{"10GB", 10e9, ""},
+		{"1.5GiB", 1.5 * (1 << 30), ""},
+		{"4096", 4096, ""},
+		{"12 kb", 12e3, ""},
+		{"0", 0, ""},
+		{"10XB", 0, `unknown unit "XB"`},
+		{"-1GB", 0, "not a non-negative number"},
+		{"GB", 0, "want a number"},
+		{"", 0, "want a number"},
+		{"1e400GB", 0, "not a non-negative number"},
+	} {
+		t.Run(c.in, func(t *testing.T) {
+			got, err := ParseSize(c.in)
+			check(t, got, err, c.want, c.err)
+		})
+	}
+}
+
+func TestParseBandwidth(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want float64
+		err  string
+	}{
+		{"10GB/s", 10e9, ""},
+		{"800MiB/s", 800 << 20, ""},
+		{"10GB", 0, "per second"},
+		{"0GB/s", 0, "positive"},
+		{"10Gb/s", 10e9, ""}, // units ignore case: bytes, not bits
+		{"10Gbit/s", 0, "unknown unit"},
+	} {
+		t.Run(c.in, func(t *testing.T) {
+			got, err := ParseBandwidth(c.in)
+			check(t, got, err, c.want, c.err)
+		})
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want time.Duration
+		err  string
+	}{
+		{"20s", 20 * time.Second, ""},
+		{"1h30m", 90 * time.Minute, ""},
+		{"30d", 30 * 24 * time.Hour, ""},
+		{"1.5d", 36 * time.Hour, ""},
+		{"d", 0, "want a duration"},
+		{"-1d", 0, "want a duration"},
+		{"20", 0, "want a duration"},
+		{"9999999999d", 0, "too long"},
+	} {
+		t.Run(c.in, func(t *testing.T) {
+			got, err := ParseDuration(c.in)
+			check(t, float64(got), err, float64(c.want), c.err)
+		})
+	}
+}
+
+func check(t *testing.T, got float64, err error, want float64, wantErr string) {
+	t.Helper()
+	if wantErr != "" {
+		if err == nil || !errors.Is(err, ErrInput) || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("err = %v, want an ErrInput containing %q", err, wantErr)
+		}
+		return
+	}
+	if err != nil || got != want {
+		t.Errorf("= %v, %v; want %v", got, err, want)
+	}
+}
+
+func TestParseTrace(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		in       string
+		want     []Failure
+		line     int
+		contains string
+	}{
+		{"seconds and durations, sorted", "# t,host\n7200,n2\n\n3600.5\n1h,n1\n", []Failure{
+			{At: time.Hour, Host: "n1"}, {At: 3600500 * time.Millisecond}, {At: 2 * time.Hour, Host: "n2"}}, 0, ""},
+		{"days", "2d,a\n", []Failure{{At: 48 * time.Hour, Host: "a"}}, 0, ""},
+		{"negative", "10\n-5,n1\n", nil, 2, "negative"},
+		{"bad time", "10\nsoon,n1\n", nil, 2, `time "soon"`},
+		{"empty host", "10,\n", nil, 1, "empty host"},
+		{"two commas", "10,a,b\n", nil, 1, "no commas"},
+		{"empty file", "# nothing\n", nil, 0, "no failures"},
+		{"overlong line", strings.Repeat("1", MaxTraceLine+1), nil, 1, "unreadable"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := ParseTrace(strings.NewReader(c.in), "trace.csv")
+			if c.contains != "" {
+				if !errors.Is(err, ErrTrace) || !strings.Contains(err.Error(), c.contains) || !strings.HasPrefix(err.Error(), "trace.csv: ") {
+					t.Fatalf("err = %v, want ErrTrace from trace.csv containing %q", err, c.contains)
+				}
+				var te *TraceError
+				if c.line > 0 && (!errors.As(err, &te) || te.Line != c.line) {
+					t.Errorf("err = %v, want line %d", err, c.line)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(c.want) {
+				t.Fatalf("got %v, want %v", got, c.want)
+			}
+			for i := range got {
+				if got[i] != c.want[i] {
+					t.Errorf("[%d] = %v, want %v", i, got[i], c.want[i])
+				}
+			}
+		})
+	}
+}
+
+func FuzzParseTrace(f *testing.F) {
+	for _, s := range []string{"3600,n1\n7200\n", "# c\n\n1h,a\n", "-1\n", "1,,\n", "2d\n", "1e308\n", "99999999999999999999\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		fs, err := ParseTrace(strings.NewReader(s), "f")
+		if err != nil {
+			if !errors.Is(err, ErrTrace) {
+				t.Fatalf("error %v does not wrap ErrTrace", err)
+			}
+			return
+		}
+		for i, f := range fs {
+			if f.At < 0 || (i > 0 && fs[i-1].At > f.At) || strings.ContainsAny(f.Host, ", \t") {
+				t.Fatalf("bad failure %d: %+v", i, f)
+			}
+		}
+	})
+}
+
+func FuzzParseUnits(f *testing.F) {
+	for _, s := range []string{"256MiB", "10GB/s", "1h30m", "30d", "-1", "1e999GB", ".d", "NaNGB"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if v, err := ParseSize(s); err == nil && !(v >= 0) {
+			t.Fatalf("ParseSize(%q) = %v", s, v)
+		} else if err != nil && !errors.Is(err, ErrInput) {
+			t.Fatalf("ParseSize(%q): %v does not wrap ErrInput", s, err)
+		}
+		if v, err := ParseBandwidth(s); err == nil && !(v > 0) {
+			t.Fatalf("ParseBandwidth(%q) = %v", s, v)
+		}
+		if _, err := ParseDuration(s); err != nil && !errors.Is(err, ErrInput) {
+			t.Fatalf("ParseDuration(%q): %v does not wrap ErrInput", s, err)
+		}
+	})
+}

@@ -1,0 +1,157 @@
+package plan
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/gorun/gorun/topology"
+)
+
+// Strategy is one way of surviving failures, as a plan reports it.
+type Strategy struct {
+	Name         string  `json:"name"`
+	Cost         Cost    `json:"cost_per_failure"`
+	CostTotal    float64 `json:"cost_per_failure_s"`
+	Efficiency   float64 `json:"efficiency"`
+	ExpectedLost float64 `json:"expected_lost_s"`
+	// NoSpare is the expected number of failures over the job that find
+	// no spare and pay checkpoint-restart instead (host replacement only;
+	// ExpectedLost counts them so).
+	NoSpare    float64 `json:"expected_failures_without_spare"`
+	MonteCarlo Dist    `json:"monte_carlo"`
+}
+
+// Result is a whole plan.
+type Result struct {
+	MTTFSys       float64    `json:"mttf_sys_s"`
+	ProtectTime   float64    `json:"protect_time_s"` // per step
+	WriteTime     float64    `json:"write_time_s"`   // T_w
+	Checkpoint    Strategy   `json:"checkpoint_restart"`
+	HostReplace   Strategy   `json:"host_replacement"`
+	Failures      float64    `json:"expected_failures"`
+	MonteCarlo    MonteCarlo `json:"monte_carlo"`
+	IntervalFStar int        `json:"recommended_interval_steps"`
+	Survives      string     `json:"survives"`
+	LossPerStep   float64    `json:"loss_bound_per_step"`
+	LossPerJob    float64    `json:"loss_bound_per_job"`
+	LossUnits     int        `json:"loss_bound_units"`
+	SparesNeeded  int        `json:"spares_needed"`
+	SpareRisk     float64    `json:"spare_risk_threshold"`
+	PRunOut       float64    `json:"p_run_out_of_spares"`
+}
+
+// Bounds of the inputs, so that every model runs in bounded time.
+const (
+	MaxHosts        = 1 << 20 // hosts, and spares
+	MaxRanksPerHost = 1 << 16
+)
+
+// Validate checks in, naming the field that is wrong. Errors wrap
+// [ErrInput].
+func (in Inputs) Validate() error {
+	pos := func(name string, v float64) error {
+		if !(v > 0) || math.IsInf(v, 0) {
+			return inputf("%s must be positive, not %v", name, v)
+		}
+		return nil
+	}
+	for _, c := range []struct {
+		name string
+		v    float64
+	}{
+		{"MTTFHost", in.MTTFHost}, {"Step", in.Step}, {"StateBytes", in.StateBytes},
+		{"MemBW", in.MemBW}, {"NetBW", in.NetBW}, {"DurableBW", in.DurableBW}, {"JobLength", in.JobLength},
+	} {
+		if err := pos(c.name, c.v); err != nil {
+			return err
+		}
+	}
+	switch {
+	case in.Hosts < 1 || in.Hosts > MaxHosts:
+		return inputf("Hosts must be 1 to %d, not %d", MaxHosts, in.Hosts)
+	case in.RanksPerHost < 1 || in.RanksPerHost > MaxRanksPerHost:
+		return inputf("RanksPerHost must be 1 to %d, not %d", MaxRanksPerHost, in.RanksPerHost)
+	case in.Interval < 1 || in.Interval > math.MaxInt32:
+		return inputf("Interval must be 1 to 2^31, not %d", in.Interval)
+	case in.Concurrency < 1:
+		return inputf("Concurrency must be at least 1, not %d", in.Concurrency)
+	case !(in.Overhead > 0 && in.Overhead < 1):
+		return inputf("Overhead must be between 0 and 1, not %v", in.Overhead)
+	case in.Spares < 0 || in.Spares > MaxHosts:
+		return inputf("Spares must be 0 to %d, not %d", MaxHosts, in.Spares)
+	case !(in.Restart >= 0) || math.IsInf(in.Restart, 0):
+		return inputf("Restart must be 0 or more, not %v", in.Restart)
+	case !(in.Replace >= 0) || math.IsInf(in.Replace, 0):
+		return inputf("Replace must be 0 or more, not %v", in.Replace)
+	}
+	if r := in.Redundancy; r.EC() && in.Hosts < r.ECK+r.ECM {
+		return inputf("%s needs at least %d hosts, not %d", r, r.ECK+r.ECM, in.Hosts)
+	} else if !r.EC() && r.Replicas >= in.Hosts {
+		return inputf("%s needs at least %d hosts, not %d", r, r.Replicas+1, in.Hosts)
+	}
+	return nil
+}
+
+// Plan computes the whole plan: both strategies' cost per failure,
+// efficiency, expected and simulated lost time, f*, the redundancy's loss
+// bound and the spares needed so that running out is less likely than
+// spareRisk. trace, when not nil, replaces the exponential failures in the
+// Monte Carlo (in.MTTFHost should then be the trace's).
+func Plan(in Inputs, trace []Failure, runs int, seed uint64, spareRisk float64) (Result, error) {
+	if err := in.Validate(); err != nil {
+		return Result{}, err
+	}
+	if !(spareRisk > 0 && spareRisk < 1) {
+		return Result{}, inputf("spare risk must be between 0 and 1, not %v", spareRisk)
+	}
+	mc, err := Simulate(in, trace, runs, seed)
+	if err != nil {
+		return Result{}, err
+	}
+	mttf := in.MTTFSys()
+	strat := func(name string, c Cost, d Dist) Strategy {
+		return Strategy{Name: name, Cost: c, CostTotal: c.Total(), Efficiency: Efficiency(mttf, c.Total()),
+			ExpectedLost: ExpectedLost(in.JobLength, mttf, c.Total()), MonteCarlo: d}
+	}
+	// Host replacement's expected loss over the job counts the failures
+	// that find no spare at checkpoint-restart's price.
+	ck, hr := CkptCost(in), HostReplaceCost(in)
+	replace := strat("host replacement", hr, mc.Replace)
+	if mu := in.JobLength / mttf; in.Redundancy.EC() || in.Redundancy.Replicas > 0 {
+		b := ExpectedBeyondSpares(mu, in.Spares)
+		replace.NoSpare = b
+		replace.ExpectedLost = mu*hr.Overhead + (mu-b)*(hr.Total()-hr.Overhead) + b*(ck.Total()-ck.Overhead)
+	}
+	perStep, units := LossBound(in)
+	need, pOut := SparesNeeded(in, spareRisk)
+	steps := in.JobLength / in.Step
+	return Result{
+		MTTFSys:       mttf,
+		ProtectTime:   ProtectTime(in),
+		WriteTime:     in.WriteTime(),
+		Checkpoint:    strat("checkpoint-restart", ck, mc.Ckpt),
+		HostReplace:   replace,
+		Failures:      in.JobLength / mttf,
+		MonteCarlo:    mc,
+		IntervalFStar: IntervalFor(in.WriteTime(), in.Concurrency, 1+in.Overhead, in.Step),
+		Survives:      Survives(in.Redundancy, in.Hosts),
+		LossPerStep:   perStep,
+		LossPerJob:    math.Min(1, perStep*steps),
+		LossUnits:     units,
+		SparesNeeded:  need,
+		SpareRisk:     spareRisk,
+		PRunOut:       pOut,
+	}, nil
+}
+
+// Survives says in words what r survives over hosts hosts.
+func Survives(r topology.Redundancy, hosts int) string {
+	if r.EC() {
+		g := (hosts + r.ECK + r.ECM - 1) / (r.ECK + r.ECM)
+		return fmt.Sprintf("%s over %d hosts (%d group(s) of %d): any %d host(s) of each group", r, hosts, g, r.ECK+r.ECM, r.ECM)
+	}
+	if r.Replicas == 0 {
+		return "replicas:0: no in-memory copy; any lost host costs a checkpoint-restart"
+	}
+	return fmt.Sprintf("replicas:%d: any %d of the %d hosts holding a host's state (the host and its %d holder(s))", r.Replicas, r.Replicas, r.Replicas+1, r.Replicas)
+}
