@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -196,11 +197,12 @@ func TestDurableHostLoss(t *testing.T) {
 }
 
 // TestDurableDiskFull: the checkpoint directory's file system fills up
-// mid-run (a small tmpfs, filled by another writer once the first base is
-// committed): training goes on and ends as without a durable tier, the
-// launcher says the durable tier is falling behind, the saves that
-// failed are counted, and no torn version is left: every file verifies
-// and the commit record's version is intact.
+// mid-run, for good (a small tmpfs, filled by another writer once the
+// first base is committed: fillFrozen): training goes on and ends as
+// without a durable tier, the launcher says the durable tier is falling
+// behind, the saves that failed are counted, no save after the fill is
+// committed, and no torn version is left: every file verifies and the
+// commit record's version is intact.
 func TestDurableDiskFull(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounting a tmpfs needs root")
@@ -249,8 +251,7 @@ func diskFull(t *testing.T, hosts *testcluster.Hosts, args, flags []string, want
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	filled := fillUp(t, dir)
-	t.Logf("file system filled with %d bytes", filled)
+	filledAt := fillFrozen(t, hosts, j, dir)
 	res := j.wait(120 * time.Second)
 	if res.code != 0 {
 		t.Fatalf("exit %d with the disk full\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
@@ -277,10 +278,78 @@ func diskFull(t *testing.T, hosts *testcluster.Hosts, args, flags []string, want
 	} else if !diff && strings.Contains(res.stderr, lost) {
 		t.Errorf("a differential log without diff mode")
 	}
-	if err := os.Remove(filepath.Join(dir, "fill")); err != nil {
+	// No save after the fill reached the disk whole: the commit record is
+	// the one at the fill, and it stays intact.
+	for _, name := range []string{"fill", "pins"} {
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkDurableDir(t, dir, j.jobID(), 4, 4, filledAt, filledAt)
+}
+
+// fillFrozen fills dir's file system for the rest of job j's run and
+// returns the step of the commit record at the fill. Every process of the
+// job is stopped meanwhile (the agents and ranks of hosts, and gorun), so
+// that nothing is written or removed in dir while it pins every file
+// there (a hard link under dir/pins) and then fills the rest (fillUp):
+// what the job removes later (the markers and differential batches a
+// reclaim frees, a pointer replaced, a temporary file a failed write
+// leaves) frees no space, and every write of the job that needs space
+// fails from then on, whenever it comes. (A fill alone is not enough: a
+// fill that landed between a commit and the agents' reclaim of what it
+// made useless, or while a batch was being written, left the job space
+// to free after it; the next saves' pointers and markers took it, the
+// next commit's reclaim freed the room for the saves after, and in diff
+// mode the commits went on to the end of the job with no save failed.)
+func fillFrozen(t *testing.T, hosts *testcluster.Hosts, j *job, dir string) int64 {
+	t.Helper()
+	thaw := func() {
+		if err := j.cmd.Process.Signal(syscall.SIGCONT); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			t.Errorf("continuing gorun: %v", err)
+		}
+		for h := range hosts.Names {
+			if err := hosts.ContAll(h); err != nil {
+				t.Errorf("continuing host %d: %v", h, err)
+			}
+		}
+	}
+	defer thaw()
+	if err := testcluster.StopProcess(j.cmd.Process); err != nil {
 		t.Fatal(err)
 	}
-	checkDurableDir(t, dir, j.jobID(), 4, 4, 0, 59)
+	for h := range hosts.Names {
+		if err := hosts.StopAll(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := durable.ReadCommitted(dir)
+	if err != nil {
+		t.Fatalf("the commit record at the fill: %v", err)
+	}
+	pins := filepath.Join(dir, "pins")
+	if err := os.Mkdir(pins, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case p == pins:
+			return filepath.SkipDir
+		case !d.Type().IsRegular():
+			return nil
+		}
+		n++
+		return os.Link(p, filepath.Join(pins, strconv.Itoa(n)))
+	})
+	if err != nil {
+		t.Fatalf("pinning the files in %s: %v", dir, err)
+	}
+	filled := fillUp(t, dir)
+	t.Logf("commit record at step %d; %d files pinned; file system filled with %d bytes", c, n, filled)
+	return c
 }
 
 // mountTmpfs mounts a tmpfs of size bytes on a new directory, unmounted

@@ -32,6 +32,23 @@ func envMap(t *testing.T, env []string) map[string]string {
 	return m
 }
 
+// unset, as checkVar's want, is a variable that must not be set (an
+// empty want is one set to the empty string).
+const unset = "\x00unset"
+
+// checkVar checks that env (envMap's) sets name to want, or does not set
+// it if want is unset.
+func checkVar(t *testing.T, env map[string]string, name, want string) {
+	t.Helper()
+	got, ok := env[name]
+	switch {
+	case want == unset && ok:
+		t.Errorf("%s=%q, want it unset", name, got)
+	case want != unset && (!ok || got != want):
+		t.Errorf("%s=%q (set %v), want %q", name, got, ok, want)
+	}
+}
+
 func TestBaseEnvStripsInheritedContract(t *testing.T) {
 	var inherited []string
 	// Every contract variable, as an enclosing job would have set it.
@@ -163,13 +180,12 @@ func TestRankEnvContract(t *testing.T) {
 						t.Errorf("%s=%q, want %q", k, env[k], v)
 					}
 				}
-				omp, ok := env["OMP_NUM_THREADS"]
-				if pl.LocalSize > 1 && omp != "1" {
-					t.Errorf("%d ranks on the host: OMP_NUM_THREADS=%q (set %v), want 1", pl.LocalSize, omp, ok)
+				// 1 where ranks share the host, unset where one is alone.
+				omp := "1"
+				if pl.LocalSize == 1 {
+					omp = unset
 				}
-				if pl.LocalSize == 1 && ok {
-					t.Errorf("alone on its host: OMP_NUM_THREADS=%q, want unset", omp)
-				}
+				checkVar(t, env, "OMP_NUM_THREADS", omp)
 			})
 		}
 	}
@@ -207,25 +223,17 @@ func TestRankEnvOMPNumThreads(t *testing.T) {
 		name string
 		base []string
 		pl   wire.Placement
-		want string // "" = unset
+		want string // or unset
 	}{
 		{"shared host, unset", nil, shared, "1"},
 		{"shared host, set by the user", baseEnv(nil, []string{"OMP_NUM_THREADS=8"}), shared, "8"},
 		{"shared host, inherited", baseEnv([]string{"OMP_NUM_THREADS=2"}, nil), shared, "2"},
-		{"alone, unset", nil, alone, ""},
+		{"alone, unset", nil, alone, unset},
 		{"alone, set by the user", baseEnv(nil, []string{"OMP_NUM_THREADS=8"}), alone, "8"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			env := rankEnv(tt.base, &wire.JobSpec{}, tab, tt.pl, "s", "/t")
-			m := envMap(t, env)
-			got, ok := m["OMP_NUM_THREADS"]
-			if tt.want == "" && ok {
-				t.Errorf("OMP_NUM_THREADS=%q, want unset", got)
-			}
-			if tt.want != "" && got != tt.want {
-				t.Errorf("OMP_NUM_THREADS=%q, want %q", got, tt.want)
-			}
+			checkVar(t, envMap(t, rankEnv(tt.base, &wire.JobSpec{}, tab, tt.pl, "s", "/t")), "OMP_NUM_THREADS", tt.want)
 		})
 	}
 }
@@ -246,10 +254,7 @@ func TestRankEnvTmpdir(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			base := baseEnv(tt.inherited, tt.user)
-			m := envMap(t, rankEnv(base, &wire.JobSpec{Env: tt.user}, tab, pl, "s", "/job/tmp"))
-			if got, ok := m["TMPDIR"]; !ok || got != tt.want {
-				t.Errorf("TMPDIR=%q (set %v), want %q", got, ok, tt.want)
-			}
+			checkVar(t, envMap(t, rankEnv(base, &wire.JobSpec{Env: tt.user}, tab, pl, "s", "/job/tmp")), "TMPDIR", tt.want)
 		})
 	}
 }
@@ -339,27 +344,20 @@ func TestGlooEnv(t *testing.T) {
 		name string
 		env  []string
 		addr string
-		want string // "" = unset
+		want string // or unset
 	}{
 		{"registered address", []string{"PATH=/bin"}, "10.0.0.2", "eth7"},
 		{"set by the user", baseEnv(nil, []string{"GLOO_SOCKET_IFNAME=ib0"}), "10.0.0.2", "ib0"},
 		{"inherited", baseEnv([]string{"GLOO_SOCKET_IFNAME=ib1"}, nil), "10.0.0.2", "ib1"},
-		{"loopback", nil, "127.0.0.1", ""},
-		{"loopback v6", nil, "::1", ""},
-		{"unspecified", nil, "0.0.0.0", ""},
-		{"a host name", nil, "node1", ""},
-		{"no interface holds it", nil, "10.0.0.3", ""},
+		{"loopback", nil, "127.0.0.1", unset},
+		{"loopback v6", nil, "::1", unset},
+		{"unspecified", nil, "0.0.0.0", unset},
+		{"a host name", nil, "node1", unset},
+		{"no interface holds it", nil, "10.0.0.3", unset},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m := envMap(t, glooEnv(tt.env, tt.addr, lookup))
-			got, ok := m["GLOO_SOCKET_IFNAME"]
-			if tt.want == "" && ok {
-				t.Errorf("GLOO_SOCKET_IFNAME=%q, want unset", got)
-			}
-			if tt.want != "" && got != tt.want {
-				t.Errorf("GLOO_SOCKET_IFNAME=%q, want %q", got, tt.want)
-			}
+			checkVar(t, envMap(t, glooEnv(tt.env, tt.addr, lookup)), "GLOO_SOCKET_IFNAME", tt.want)
 		})
 	}
 }

@@ -203,12 +203,22 @@ func (h *Hosts) KillAll(host int) error {
 }
 
 // StopAll sends SIGSTOP to every process in host's namespace (a frozen
-// host: sockets stay open, nothing answers); KillAll still ends them.
+// host: sockets stay open, nothing answers) and returns once they are all
+// stopped; KillAll still ends them, ContAll resumes them.
 func (h *Hosts) StopAll(host int) error {
 	if err := h.check(host); err != nil {
 		return err
 	}
 	return stopNetns(h.Names[host])
+}
+
+// ContAll sends SIGCONT to every process in host's namespace: a host
+// StopAll froze goes on.
+func (h *Hosts) ContAll(host int) error {
+	if err := h.check(host); err != nil {
+		return err
+	}
+	return contNetns(h.Names[host])
 }
 
 // LinkDown takes host's veth down at the root-namespace end: the host is cut

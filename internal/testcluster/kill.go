@@ -1,8 +1,10 @@
 package testcluster
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -67,8 +69,10 @@ func killNetns(ns string) error {
 // stopNetns sends SIGSTOP to every process in network namespace ns (a
 // host frozen: its processes keep their sockets open and answer nothing),
 // again until a pass finds no process it had not stopped (one may fork
-// meanwhile: an agent starting a rank). SIGKILL (killNetns) still ends
-// them; SIGCONT resumes them.
+// meanwhile: an agent starting a rank), and returns once every one of
+// them is stopped (waitStopped): a signal is delivered asynchronously,
+// and a thread in a system call finishes it first. SIGKILL (killNetns)
+// still ends them; SIGCONT (contNetns) resumes them.
 func stopNetns(ns string) error {
 	dev, ino, err := netnsID(ns)
 	if err != nil {
@@ -93,12 +97,93 @@ func stopNetns(ns string) error {
 			fresh++
 		}
 		if fresh == 0 {
+			for pid := range stopped {
+				if err := waitStopped(pid, deadline); err != nil {
+					return fmt.Errorf("testcluster: in %s: %w", ns, err)
+				}
+			}
 			return nil
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("testcluster: processes still appearing in %s after SIGSTOP for %v", ns, killTimeout)
 		}
 	}
+}
+
+// contNetns sends SIGCONT to every process in network namespace ns: the
+// processes stopNetns stopped go on.
+func contNetns(ns string) error {
+	dev, ino, err := netnsID(ns)
+	if err != nil {
+		return err
+	}
+	pids, err := nsPids(ns)
+	if err != nil {
+		return err
+	}
+	for _, pid := range pids {
+		if err := signalIn(pid, dev, ino, syscall.SIGCONT); err != nil {
+			return fmt.Errorf("testcluster: continuing pid %d in %s: %w", pid, ns, err)
+		}
+	}
+	return nil
+}
+
+// StopProcess sends SIGSTOP to p and returns once all its threads are
+// stopped (or it is gone): from then on it makes no system call until
+// it gets SIGCONT. For a process outside the hosts' namespaces (the
+// launcher a test started); StopAll stops a host's.
+func StopProcess(p *os.Process) error {
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("testcluster: stopping pid %d: %w", p.Pid, err)
+	}
+	return waitStopped(p.Pid, time.Now().Add(killTimeout))
+}
+
+// waitStopped polls, until deadline, for every thread of pid to be
+// stopped by a signal (state T or t in /proc/PID/task/TID/stat), or to
+// have exited (state Z or X, or gone).
+func waitStopped(pid int, deadline time.Time) error {
+	for {
+		running, err := runningThread(pid)
+		if err != nil || running == "" {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testcluster: pid %d: thread %s not stopped after SIGSTOP", pid, running)
+		}
+		time.Sleep(time.Millisecond) // polling /proc: no event says a thread stopped
+	}
+}
+
+// runningThread returns a thread of pid that is neither stopped nor
+// exited ("" if none).
+func runningThread(pid int) (string, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		return "", nil // gone
+	}
+	if err != nil {
+		return "", fmt.Errorf("testcluster: %w", err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "stat"))
+		if err != nil {
+			continue // the thread exited meanwhile
+		}
+		// tid (comm) S ...: the state follows the last ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) {
+			return "", fmt.Errorf("testcluster: cannot parse %s/%s/stat: %q", dir, e.Name(), b)
+		}
+		switch b[i+2] {
+		case 'T', 't', 'Z', 'X':
+		default:
+			return e.Name(), nil
+		}
+	}
+	return "", nil
 }
 
 // signalIn sends sig to pid if it is in the network namespace (dev, ino).
