@@ -59,6 +59,7 @@ func (j *job) schedule() {
 
 // do carries out one action of the machine.
 func (j *job) do(a hotswap.Action) {
+	j.statusAction(a)
 	switch a.(type) {
 	case hotswap.Report, hotswap.Abort, hotswap.Timeline:
 		// Reported to the user as they are: logging them too (-v) would
@@ -379,6 +380,8 @@ func (j *job) loop(ctx context.Context) int {
 		case sig := <-j.cfg.Signals:
 			s, _ := sig.(syscall.Signal)
 			j.step(hotswap.Signal{Sig: s})
+		case r := <-j.statusRequests():
+			j.answerStatus(r)
 		case err := <-j.out.failed:
 			j.outputFailed(err)
 		case <-timeout:

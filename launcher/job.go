@@ -55,7 +55,8 @@ type job struct {
 	out     *outputMux
 	rv      *comm.Rendezvous
 	fences  *comm.FenceCollector
-	evlog   *eventLog // --events, or nil
+	evlog   *eventLog    // --events, or nil
+	status  *statusState // gorun status (status.go), or nil
 
 	hosts []*agentHost
 	// gpuFailures are the distinct GPU health reports received, in order;
@@ -304,6 +305,9 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		case <-j.quit:
 		}
 	}
+	if err := j.statusInit(&scfg); err != nil {
+		return 0, err
+	}
 	j.srv, err = ctlserver.Start(scfg)
 	if err != nil {
 		return 0, fmt.Errorf("launcher: control plane: %w", err)
@@ -377,6 +381,12 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 			return 0, fmt.Errorf("launcher: the first epoch table: %w", err)
 		}
 	}
+
+	stopStatus, err := j.statusServe()
+	if err != nil {
+		return 0, err
+	}
+	defer stopStatus()
 
 	sctx, stopStarting := context.WithCancel(ctx)
 	defer stopStarting()
