@@ -34,6 +34,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	gorunBin = filepath.Join(dir, "gorun")
+	// The jobs' registry (gorun status) in the test's own directory: a
+	// launcher a test SIGKILLs leaves its entry there, not in /tmp.
+	os.Setenv("XDG_RUNTIME_DIR", dir)
 	args := []string{"build", "-o", gorunBin}
 	if raceEnabled {
 		args = append(args, "-race")

@@ -8,6 +8,7 @@
 //
 //   - the launcher, on an in-process connection only, with a password
 //     (Config.LocalPassword): it may publish and subscribe anywhere;
+//
 //   - the agent of host i, one user per host (Config.Hosts[i]): by nkey
 //     signature over TCP when the agent is remote, by password on an
 //     in-process connection when it runs inside the launcher. Either way

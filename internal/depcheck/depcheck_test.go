@@ -38,7 +38,10 @@ var allowed = map[string][]string{
 	"internal/difflog": {"ckpt", "replay", "internal/diffstore", "durable"},
 	"internal/cascade": {"durable", "internal/difflog", "internal/diffstore", "replay"},
 	"internal/agent":   {"rank", "ckpt", "comm", "gpu", "topology", "internal/wire", "replay", "durable", "internal/cascade"},
-	"launcher":         {"topology", "comm", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire", "internal/cascade"},
+	"launcher":         {"topology", "comm", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire", "internal/cascade", "internal/jobstatus"},
+	// internal/jobstatus, gorun status's snapshot, registry and client,
+	// shares internal/wire's subjects and job ids.
+	"internal/jobstatus": {"internal/wire"},
 }
 
 // leaves are packages of gorun that import none of it (allowed says so)
