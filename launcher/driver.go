@@ -388,6 +388,7 @@ func (j *job) loop(ctx context.Context) int {
 			j.fail(ExitTimeout, "job exceeded its time limit of %v (--timeout); stopping it", j.cfg.Timeout)
 		case now := <-tick.C:
 			j.checkStarts(now)
+			j.metricsTick()
 			j.prog.republish()
 			j.durableTick(now)
 			j.reachTick(now)
@@ -470,6 +471,7 @@ func (j *job) onEvent(e *wire.Event) {
 // machine each rank's newer committed step, a new G, under-protected
 // owners whose copies are back, and the recovery's stages.
 func (j *job) onProgress(u *wire.UpProgress) {
+	j.metricsProgress(u)
 	oldG := j.prog.G()
 	before := make([]int64, len(u.Ranks))
 	for i, r := range u.Ranks {

@@ -57,6 +57,7 @@ type job struct {
 	fences  *comm.FenceCollector
 	evlog   *eventLog    // --events, or nil
 	status  *statusState // gorun status (status.go), or nil
+	metrics *metrics     // --metrics (metrics.go), or nil
 
 	hosts []*agentHost
 	// gpuFailures are the distinct GPU health reports received, in order;
@@ -382,6 +383,10 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		}
 	}
 
+	if err := j.metricsStart(); err != nil {
+		return 0, err
+	}
+	defer j.metricsStop()
 	stopStatus, err := j.statusServe()
 	if err != nil {
 		return 0, err

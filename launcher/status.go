@@ -285,6 +285,7 @@ func recoveryText(r hotswap.Recovery) string { return r.String() }
 // statusAction records, for the snapshot's failures, what the machine
 // does about one (called with each action, by the loop).
 func (j *job) statusAction(a hotswap.Action) {
+	j.metricsAction(a)
 	if j.status == nil {
 		return
 	}

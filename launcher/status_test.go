@@ -83,3 +83,5 @@ func TestStatusNotRegistered(t *testing.T) {
 	})
 	r.wait()
 }
+
+func writeStop(path string) error { return os.WriteFile(path, nil, 0o600) }

@@ -71,3 +71,14 @@ func TestStatusExitCodes(t *testing.T) {
 		})
 	}
 }
+
+// TestMetricsFlag: a --metrics address without a port, or with a port
+// that is not one, is a usage error naming the flag.
+func TestMetricsFlag(t *testing.T) {
+	for _, bad := range []string{"9400", "localhost", ":http", ":70000", ""} {
+		var out, errb bytes.Buffer
+		if code := Main([]string{"--metrics", bad, "-np", "1", "true"}, nil, &out, &errb); code != exitUsage || !strings.Contains(errb.String(), "--metrics") {
+			t.Errorf("--metrics %q: exit %d, stderr %q; want 2 naming --metrics", bad, code, errb.String())
+		}
+	}
+}
