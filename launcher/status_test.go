@@ -7,9 +7,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/jobstatus"
 )
 
@@ -85,3 +87,52 @@ func TestStatusNotRegistered(t *testing.T) {
 }
 
 func writeStop(path string) error { return os.WriteFile(path, nil, 0o600) }
+
+// TestStatusSignalRemovesEntry: a job stopped by a signal removes its
+// registry entry too.
+func TestStatusSignalRemovesEntry(t *testing.T) {
+	reg := filepath.Join(t.TempDir(), "reg")
+	r := startRun(t, 2, `echo ready; exec sleep 60`, func(c *Config) { c.Registry = reg })
+	r.waitLines(regexp.MustCompile(`ready`), 2)
+	if es, err := jobstatus.List(reg); err != nil || len(es) != 1 {
+		t.Fatalf("registry: %v, %v", es, err)
+	}
+	r.signals <- syscall.SIGTERM
+	<-r.done
+	if _, err := os.Stat(reg); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the registry directory stays after SIGTERM: %v", err)
+	}
+}
+
+// TestStatusFailures: the snapshot's failures follow the machine's
+// actions: a splice is a host loss (its restart, in the same epoch, is
+// the same failure), a restart alone a rank restart; the timeline gives
+// the cause, the detection time and the recovery time, or says it was
+// superseded; at most MaxFailures are kept, the newest.
+func TestStatusFailures(t *testing.T) {
+	j := metricsJob(t)
+	j.status = &statusState{}
+	j.t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	j.statusAction(hotswap.Splice{Lost: 0, With: 2, LostName: "a", WithName: "s", Ranks: []int{1, 0}, Spare: true})
+	j.statusAction(hotswap.Restart{Gen: 1, Epoch: 0, G: 3})
+	j.statusAction(hotswap.Timeline{Epoch: 0, Cause: "host a lost", Detected: 2 * time.Second, Resumed: 3 * time.Second})
+	j.statusAction(hotswap.Restart{Gen: 2, Epoch: 5, G: 3})
+	j.statusAction(hotswap.Timeline{Epoch: 5, Cause: "rank 3 exited", Detected: 4 * time.Second, Resumed: -1, Superseded: true})
+	f := j.status.failures
+	if len(f) != 2 {
+		t.Fatalf("failures %+v", f)
+	}
+	if f[0].Class != "host-lost" || f[0].Host != "a" || f[0].With != "s" || f[0].Ranks != "0-1" || !f[0].Spare || f[0].Cause != "host a lost" ||
+		!f[0].At.Equal(j.t0.Add(2*time.Second)) || f[0].RecoverySeconds == nil || *f[0].RecoverySeconds != 1 || !f[0].Done {
+		t.Errorf("host loss: %+v", f[0])
+	}
+	if f[1].Class != "rank-restart" || f[1].Host != "" || f[1].RecoverySeconds != nil || !f[1].Superseded || !f[1].Done {
+		t.Errorf("restart: %+v", f[1])
+	}
+	for e := range uint64(2 * jobstatus.MaxFailures) {
+		j.statusAction(hotswap.Restart{Gen: 10 + e, Epoch: 10 + e})
+	}
+	if n, last := len(j.status.failures), j.status.failures[len(j.status.failures)-1].Epoch; n != jobstatus.MaxFailures || last != 10+2*jobstatus.MaxFailures-1 {
+		t.Errorf("%d failures kept, the last of epoch %d", n, last)
+	}
+}
