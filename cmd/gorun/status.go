@@ -134,6 +134,11 @@ func runStatus(ctx context.Context, o *statusOpts, dir string, stdout, stderr io
 			return exitOK // interrupted (--watch)
 		}
 		if err != nil {
+			if o.watch && n > 0 {
+				// The job may be ending (its launcher no longer answers
+				// while its agents exit): give its entry time to go.
+				gone(ctx, dir, e.Job, o.timeout)
+			}
 			if !alive(dir, e.Job) {
 				if o.watch && n > 0 {
 					fmt.Fprintf(stdout, "job %s ended\n", e.Job)
@@ -179,6 +184,20 @@ func alive(dir, job string) bool {
 	}
 	_, err = jobstatus.Find(es, job)
 	return err == nil
+}
+
+// gone waits, up to limit, until job leaves the registry.
+func gone(ctx context.Context, dir, job string, limit time.Duration) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	deadline := time.Now().Add(limit)
+	for alive(dir, job) && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func listJobs(w io.Writer, es []*jobstatus.Entry) {
