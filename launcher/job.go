@@ -957,6 +957,8 @@ func (j *job) drainOutput(ctx context.Context) {
 		case <-j.beats: // lastSeen has them
 		case <-j.progress:
 		case <-j.dropped:
+		case r := <-j.statusRequests():
+			j.answerStatus(r)
 		case x := <-j.agentExits:
 			j.agentGone(x)
 		case now := <-tick.C:
@@ -1093,6 +1095,8 @@ func (j *job) finish() {
 		case <-j.beats:
 		case <-j.progress:
 		case <-j.dropped:
+		case r := <-j.statusRequests():
+			j.answerStatus(r)
 		case <-deadline.C:
 			for _, h := range j.hosts {
 				if !h.ended && j.hasAgent(h) {

@@ -107,11 +107,11 @@ func Register(dir string, e *Entry) (remove func(), err error) {
 
 // writeFile writes b to path, 0600, whole or not at all.
 func writeFile(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.tmp") // 0600
 	if err != nil {
 		return err
 	}
+	tmp := f.Name()
 	_, err = f.Write(b)
 	if cerr := f.Close(); err == nil {
 		err = cerr

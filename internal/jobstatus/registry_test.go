@@ -17,6 +17,13 @@ func entry(job string, pid int) *Entry {
 // found by id or prefix, and its removal removes the directory once empty.
 func TestRegistry(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "reg")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// A temporary file a crashed launcher left does not stop the next.
+	if err := os.WriteFile(filepath.Join(dir, "aaa1.json.tmp"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	rm1, err := Register(dir, entry("aaa1", os.Getpid()))
 	if err != nil {
 		t.Fatal(err)
@@ -33,6 +40,13 @@ func TestRegistry(t *testing.T) {
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("entry: %v, %v; want mode 0600", fi.Mode(), err)
 	}
+	// What is not an entry is skipped: garbage, an entry under another
+	// job's name, other names.
+	for name, data := range map[string]string{"zzz.json": "garbage", "ccc.json": `{"job":"ddd","pid":1}`, "notes.txt": "{}", "aaa1.json.tmp": "{}"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	es, err := List(dir)
 	if err != nil || len(es) != 2 {
 		t.Fatalf("List: %d entries, %v", len(es), err)
@@ -47,6 +61,9 @@ func TestRegistry(t *testing.T) {
 		if !errors.Is(err, tt.err) || err == nil && e.Job != tt.want {
 			t.Errorf("Find(%q) = %v, %v; want %s, %v", tt.id, e, err, tt.want, tt.err)
 		}
+	}
+	for _, name := range []string{"zzz.json", "ccc.json", "notes.txt", "aaa1.json.tmp"} {
+		os.Remove(filepath.Join(dir, name))
 	}
 	rm1()
 	if _, err := os.Stat(dir); err != nil {
