@@ -217,6 +217,7 @@ SIGUSR2 are forwarded to every rank. Every rank gets RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR, MASTER_PORT, OMPI_COMM_WORLD_* and GORUN_* variables.
 
 gorun ckpt ls|show|verify DIR inspects a checkpoint directory.
+gorun status [JOB] [--json] [--watch] shows a running job (gorun status -h).
 `
 
 // stringList is a repeatable string flag.
