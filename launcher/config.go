@@ -109,6 +109,14 @@ type Config struct {
 	// Events, when not nil, receives the job's record as JSON
 	// lines (--events; the schema is package internal/events's).
 	Events io.Writer
+	// Registry, when not "", is the directory of the user's registry of
+	// running jobs (jobstatus.Dir): the job registers there and serves
+	// its status to `gorun status` (status.go).
+	Registry string
+	// Metrics, when not "", is the address of the job's Prometheus
+	// endpoint (--metrics; metrics.go): HOST:PORT, or :PORT for loopback;
+	// port 0 picks a free one.
+	Metrics string
 	// NoPMI: the ranks get no PMI-1 connection (--pmi=false); by default
 	// every rank does, so that MPICH-built programs run as under mpiexec.
 	NoPMI bool

@@ -59,6 +59,7 @@ func (j *job) schedule() {
 
 // do carries out one action of the machine.
 func (j *job) do(a hotswap.Action) {
+	j.statusAction(a)
 	switch a.(type) {
 	case hotswap.Report, hotswap.Abort, hotswap.Timeline:
 		// Reported to the user as they are: logging them too (-v) would
@@ -380,12 +381,15 @@ func (j *job) loop(ctx context.Context) int {
 		case sig := <-j.cfg.Signals:
 			s, _ := sig.(syscall.Signal)
 			j.step(hotswap.Signal{Sig: s})
+		case r := <-j.statusRequests():
+			j.answerStatus(r)
 		case err := <-j.out.failed:
 			j.outputFailed(err)
 		case <-timeout:
 			j.fail(ExitTimeout, "job exceeded its time limit of %v (--timeout); stopping it", j.cfg.Timeout)
 		case now := <-tick.C:
 			j.checkStarts(now)
+			j.metricsTick()
 			j.prog.republish()
 			j.durableTick(now)
 			j.reachTick(now)
@@ -469,6 +473,7 @@ func (j *job) onEvent(e *wire.Event) {
 // machine each rank's newer committed step, a new G, under-protected
 // owners whose copies are back, and the recovery's stages.
 func (j *job) onProgress(u *wire.UpProgress) {
+	j.metricsProgress(u)
 	oldG := j.prog.G()
 	before := make([]int64, len(u.Ranks))
 	for i, r := range u.Ranks {

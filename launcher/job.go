@@ -55,7 +55,9 @@ type job struct {
 	out     *outputMux
 	rv      *comm.Rendezvous
 	fences  *comm.FenceCollector
-	evlog   *eventLog // --events, or nil
+	evlog   *eventLog    // --events, or nil
+	status  *statusState // gorun status (status.go), or nil
+	metrics *metrics     // --metrics (metrics.go), or nil
 
 	hosts []*agentHost
 	// gpuFailures are the distinct GPU health reports received, in order;
@@ -304,6 +306,9 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		case <-j.quit:
 		}
 	}
+	if err := j.statusInit(&scfg); err != nil {
+		return 0, err
+	}
 	j.srv, err = ctlserver.Start(scfg)
 	if err != nil {
 		return 0, fmt.Errorf("launcher: control plane: %w", err)
@@ -377,6 +382,16 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 			return 0, fmt.Errorf("launcher: the first epoch table: %w", err)
 		}
 	}
+
+	if err := j.metricsStart(); err != nil {
+		return 0, err
+	}
+	defer j.metricsStop()
+	stopStatus, err := j.statusServe()
+	if err != nil {
+		return 0, err
+	}
+	defer stopStatus()
 
 	sctx, stopStarting := context.WithCancel(ctx)
 	defer stopStarting()
@@ -949,6 +964,8 @@ func (j *job) drainOutput(ctx context.Context) {
 		case <-j.beats: // lastSeen has them
 		case <-j.progress:
 		case <-j.dropped:
+		case r := <-j.statusRequests():
+			j.answerStatus(r)
 		case x := <-j.agentExits:
 			j.agentGone(x)
 		case now := <-tick.C:
@@ -1085,6 +1102,8 @@ func (j *job) finish() {
 		case <-j.beats:
 		case <-j.progress:
 		case <-j.dropped:
+		case r := <-j.statusRequests():
+			j.answerStatus(r)
 		case <-deadline.C:
 			for _, h := range j.hosts {
 				if !h.ended && j.hasAgent(h) {

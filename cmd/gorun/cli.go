@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/gorun/gorun/internal/jobstatus"
 	"github.com/gorun/gorun/launcher"
 	"golang.org/x/sys/unix"
 )
@@ -45,6 +46,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return reportMain(args[1:], stdout, stderr)
 		case "plan":
 			return planMain(args[1:], stdout, stderr)
+		case "status":
+			return statusMain(args[1:], stdout, stderr)
 		case "run":
 			args = args[1:]
 		}
@@ -70,6 +73,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		return reportError(stderr, err)
 	}
 	cfg.Stdout, cfg.Stderr = undying(stdout), undying(stderr)
+	cfg.Registry = jobstatus.Dir() // gorun status finds the job there
 	// A terminal is read only by a foreground gorun: reading it from the
 	// background would stop gorun with SIGTTIN. When gorun does read one,
 	// SIGTTIN is ignored, so that a job moved to the background later reads

@@ -34,6 +34,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	gorunBin = filepath.Join(dir, "gorun")
+	// The jobs' registry (gorun status) in the test's own directory: a
+	// launcher a test SIGKILLs leaves its entry there, not in /tmp.
+	os.Setenv("XDG_RUNTIME_DIR", filepath.Join(dir, "run"))
+	os.Mkdir(filepath.Join(dir, "run"), 0o700)
 	args := []string{"build", "-o", gorunBin}
 	if raceEnabled {
 		args = append(args, "-race")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,6 +51,7 @@ type runOptions struct {
 	suspect       time.Duration
 	hang          time.Duration
 	events        string
+	metrics       string
 	pmi           bool
 	mpi           string
 	launcher      string
@@ -151,6 +153,8 @@ Fault tolerance:
   --events FILE           write the job's record (launch, samples, failures,
                           recoveries, exit) as JSON lines to FILE; gorun report
                           FILE makes a page of it
+  --metrics ADDR          serve Prometheus metrics at http://ADDR/metrics (":9400":
+                          loopback; port 0 picks one, shown by gorun status and -v)
 
 Durable checkpoints (the whole job lost: gorun --resume):
   --ckpt-dir DIR          every --ckpt-every steps each rank's protected state is
@@ -217,6 +221,7 @@ LOCAL_RANK, MASTER_ADDR, MASTER_PORT, OMPI_COMM_WORLD_* and GORUN_* variables.
 gorun ckpt ls|show|verify DIR inspects a checkpoint directory.
 gorun report EVENTS [-o FILE] makes an HTML page of an --events file.
 gorun plan [flags] says what failures will cost a job before it runs (gorun plan -h).
+gorun status [JOB] [--json] [--watch] shows a running job (gorun status -h).
 `
 
 // stringList is a repeatable string flag.
@@ -287,6 +292,7 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	fs.Var(seconds{&o.suspect}, "suspect-timeout", "")
 	fs.Var(seconds{&o.hang}, "hang-timeout", "")
 	fs.StringVar(&o.events, "events", "", "")
+	fs.StringVar(&o.metrics, "metrics", "", "")
 	fs.BoolVar(&o.pmi, "pmi", true, "")
 	fs.StringVar(&o.mpi, "mpi", "auto", "")
 	fs.StringVar(&o.launcher, "launcher", "auto", "")
@@ -372,6 +378,11 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	}
 	if set["events"] && strings.TrimSpace(o.events) == "" {
 		return nil, usagef("--events is empty")
+	}
+	if set["metrics"] {
+		if _, port, err := net.SplitHostPort(o.metrics); err != nil || !validPort(port) {
+			return nil, usagef("--metrics %q: want HOST:PORT or :PORT", o.metrics)
+		}
 	}
 	if o.tp < 1 || o.pp < 1 {
 		return nil, usagef("--tp and --pp must be at least 1, not %d and %d", o.tp, o.pp)
@@ -464,7 +475,7 @@ func (o *runOptions) config(stdout, stderr io.Writer) (launcher.Config, error) {
 	cfg := launcher.Config{
 		NP: o.np, Oversubscribe: o.oversubscribe, TP: o.tp, PP: o.pp, GPUsPerRank: o.gpusPerRank,
 		Replicas: o.replicas, ReplicasSet: o.replicasSet, ECK: o.ecK, ECM: o.ecM, ProtectMode: launcher.ProtectMode(o.protectMode), Diff: o.diff, Durable: o.durable, MaxRestarts: o.maxRestarts, NoPMI: !o.pmi,
-		Prog: o.prog, Args: o.args,
+		Prog: o.prog, Args: o.args, Metrics: o.metrics,
 		TagOutput: o.tagOutput, TimestampOutput: o.timestamp, OutputDir: o.outputDir,
 		Timeout: o.timeout, KillGrace: o.killGrace,
 		Rsh: strings.Fields(o.rsh), AgentPath: o.launchAgent, Bind: o.bind,
@@ -661,4 +672,10 @@ func localGPUs() int {
 	case <-time.After(10 * time.Second):
 		return 0
 	}
+}
+
+// validPort reports whether p is a port number (0: any free one).
+func validPort(p string) bool {
+	_, err := strconv.ParseUint(p, 10, 16)
+	return err == nil
 }

@@ -8,6 +8,7 @@
 //
 //   - the launcher, on an in-process connection only, with a password
 //     (Config.LocalPassword): it may publish and subscribe anywhere;
+//
 //   - the agent of host i, one user per host (Config.Hosts[i]): by nkey
 //     signature over TCP when the agent is remote, by password on an
 //     in-process connection when it runs inside the launcher. Either way
@@ -18,6 +19,10 @@
 //     A host cannot publish control (kill, restart, epochs, G) nor speak
 //     for another host; the server drops such messages (a permission
 //     violation), so no subscriber ever sees them.
+//
+//   - status clients (gorun status), by the status nkey
+//     (Config.StatusNkey) over TCP: they may publish the status request
+//     and read their own replies, nothing else.
 //
 // Ranks hold no control-plane credential at all.
 //
@@ -86,6 +91,13 @@ type Config struct {
 	// disconnect events are read from $SYS.ACCOUNT.$G.DISCONNECT by a
 	// connection of the server's own, in process, no host can make.)
 	HostDisconnected func(host int, reason string)
+	// StatusNkey, when not "", admits status clients (gorun status) that
+	// prove they hold this public nkey's seed, over TCP: they may publish
+	// the job's status request and subscribe to their own replies
+	// (wire.Subjects.StatusPermissions), nothing else. The server then
+	// listens even when no host is remote (on loopback unless Bind says
+	// otherwise).
+	StatusNkey string
 }
 
 // HostUser admits the agent of one host, with that host's permissions.
@@ -199,6 +211,17 @@ func Start(cfg Config) (*Server, error) {
 				})
 			}
 		}
+	}
+	if cfg.StatusNkey != "" {
+		if !wire.ValidJobID(cfg.Job) {
+			return nil, fmt.Errorf("ctlserver: invalid job id %q", cfg.Job)
+		}
+		pub, sub := wire.JobSubjects(cfg.Job).StatusPermissions()
+		opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: cfg.StatusNkey, AllowedConnectionTypes: tcp, Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: pub},
+			Subscribe: &server.SubjectPermission{Allow: sub},
+		}})
+		listen = true
 	}
 	var pin []byte
 	switch {

@@ -39,12 +39,15 @@ var allowed = map[string][]string{
 	"internal/difflog": {"ckpt", "replay", "internal/diffstore", "durable"},
 	"internal/cascade": {"durable", "internal/difflog", "internal/diffstore", "replay"},
 	"internal/agent":   {"rank", "ckpt", "comm", "gpu", "topology", "internal/wire", "replay", "durable", "internal/cascade"},
-	"launcher":         {"topology", "comm", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire", "internal/cascade", "internal/events"},
+	"launcher":         {"topology", "comm", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire", "internal/cascade", "internal/events", "internal/jobstatus"},
 	// internal/events is the --events schema, shared by the launcher (its
 	// writer) and internal/report (its reader); internal/report turns a
 	// record into a page.
 	"internal/events": {},
 	"internal/report": {"internal/events"},
+	// internal/jobstatus, gorun status's snapshot, registry and client,
+	// shares internal/wire's subjects and job ids.
+	"internal/jobstatus": {"internal/wire"},
 }
 
 // leaves are packages of gorun that import none of it (allowed says so)

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gorun/gorun/internal/jobstatus"
+	"golang.org/x/sys/unix"
+)
+
+const statusUsage = `Usage: gorun status [JOB] [--json] [--ranks] [--watch [--interval D]]
+
+Shows a running job of yours: its hosts (state, ranks, per tier the
+newest step of the host's ranks, min..max), epoch and generation, G (the
+step every rank can resume from), D (the durable watermark), the spares
+left and the recent failures with their recovery time. JOB is a job id
+or a unique prefix of one; without it, the one running job (with several,
+one line per job).
+
+  --json           the snapshot as JSON (every rank's row included)
+  --ranks          every rank's row in the table too
+  --watch          redraw every --interval until interrupted or the job
+                   ends ("job ended", exit 0)
+  --interval D     the redraw interval of --watch (default 2s)
+  --timeout D      how long to wait for the job's answer (default 10s)
+
+Exit codes: 0 shown, 1 no such job or no answer, 2 usage error.
+`
+
+type statusOpts struct {
+	job      string
+	json     bool
+	ranks    bool
+	watch    bool
+	interval time.Duration
+	timeout  time.Duration
+}
+
+// parseStatus parses gorun status's arguments (flags and JOB in any order).
+func parseStatus(args []string) (*statusOpts, error) {
+	o := &statusOpts{}
+	fs := flag.NewFlagSet("gorun status", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.BoolVar(&o.json, "json", false, "")
+	fs.BoolVar(&o.ranks, "ranks", false, "")
+	fs.BoolVar(&o.watch, "watch", false, "")
+	fs.DurationVar(&o.interval, "interval", 2*time.Second, "")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "")
+	intervalSet := false
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, errHelp
+			}
+			return nil, usagef("%v", err)
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		if o.job != "" {
+			return nil, usagef("more than one job given (%q and %q)", o.job, args[0])
+		}
+		if args[0] == "" {
+			return nil, usagef("empty job id")
+		}
+		o.job, args = args[0], args[1:]
+	}
+	fs.Visit(func(f *flag.Flag) { intervalSet = intervalSet || f.Name == "interval" })
+	switch {
+	case intervalSet && !o.watch:
+		return nil, usagef("--interval is for --watch")
+	case o.interval <= 0:
+		return nil, usagef("--interval %v: want a positive duration", o.interval)
+	case o.timeout <= 0:
+		return nil, usagef("--timeout %v: want a positive duration", o.timeout)
+	}
+	return o, nil
+}
+
+// statusMain runs `gorun status`.
+func statusMain(args []string, stdout, stderr io.Writer) int {
+	o, err := parseStatus(args)
+	if errors.Is(err, errHelp) {
+		fmt.Fprint(stdout, statusUsage)
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun status: %v\nRun 'gorun status -h' for usage.\n", err)
+		return exitUsage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return runStatus(ctx, o, jobstatus.Dir(), stdout, stderr)
+}
+
+func runStatus(ctx context.Context, o *statusOpts, dir string, stdout, stderr io.Writer) int {
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "gorun status: "+format+"\n", a...)
+		return exitError
+	}
+	es, err := jobstatus.List(dir)
+	if err != nil {
+		return fail("%v", err)
+	}
+	if len(es) == 0 {
+		return fail("no running gorun job of yours (registry %s)", dir)
+	}
+	e, err := jobstatus.Find(es, o.job)
+	if errors.Is(err, jobstatus.ErrAmbiguous) && o.job == "" && !o.json {
+		listJobs(stdout, es)
+		fmt.Fprintf(stderr, "gorun status: %d running jobs; name one: gorun status JOB\n", len(es))
+		return exitOK
+	}
+	if err != nil {
+		return fail("%v", err)
+	}
+	clear := o.watch && isTerminal(stdout)
+	for n := 0; ; n++ {
+		qctx, cancel := context.WithTimeout(ctx, o.timeout)
+		s, err := jobstatus.Query(qctx, e, o.ranks || o.json)
+		cancel()
+		if ctx.Err() != nil {
+			return exitOK // interrupted (--watch)
+		}
+		if err != nil {
+			if o.watch && n > 0 {
+				// The job may be ending (its launcher no longer answers
+				// while its agents exit): give its entry time to go.
+				gone(ctx, dir, e.Job, o.timeout)
+			}
+			if !alive(dir, e.Job) {
+				if o.watch && n > 0 {
+					fmt.Fprintf(stdout, "job %s ended\n", e.Job)
+					return exitOK
+				}
+				return fail("job %s ended", e.Job)
+			}
+			return fail("job %s does not answer: %v", e.Job, err)
+		}
+		if clear {
+			fmt.Fprint(stdout, "\x1b[H\x1b[2J")
+		} else if n > 0 {
+			fmt.Fprintln(stdout)
+		}
+		if o.json {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			err = enc.Encode(s)
+		} else {
+			err = jobstatus.Render(stdout, s, o.ranks)
+		}
+		if err != nil {
+			return fail("%v", err)
+		}
+		if !o.watch {
+			return exitOK
+		}
+		t := time.NewTimer(o.interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return exitOK
+		case <-t.C:
+		}
+	}
+}
+
+// alive reports whether job is still in the registry (its launcher runs).
+func alive(dir, job string) bool {
+	es, err := jobstatus.List(dir)
+	if err != nil {
+		return false
+	}
+	_, err = jobstatus.Find(es, job)
+	return err == nil
+}
+
+// gone waits, up to limit, until job leaves the registry.
+func gone(ctx context.Context, dir, job string, limit time.Duration) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	deadline := time.Now().Add(limit)
+	for alive(dir, job) && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func listJobs(w io.Writer, es []*jobstatus.Entry) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOB\tPID\tSTARTED\tPROGRAM")
+	for _, e := range es {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", e.Job, e.PID, e.Start.Format(time.RFC3339), strings.TrimSpace(e.Prog))
+	}
+	_ = tw.Flush()
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseStatus(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want statusOpts
+		bad  string // in the usage error
+	}{
+		{args: nil, want: statusOpts{interval: 2 * time.Second, timeout: 10 * time.Second}},
+		{args: []string{"abc"}, want: statusOpts{job: "abc", interval: 2 * time.Second, timeout: 10 * time.Second}},
+		{args: []string{"--json", "abc", "--ranks"}, want: statusOpts{job: "abc", json: true, ranks: true, interval: 2 * time.Second, timeout: 10 * time.Second}},
+		{args: []string{"abc", "--watch", "--interval", "500ms"}, want: statusOpts{job: "abc", watch: true, interval: 500 * time.Millisecond, timeout: 10 * time.Second}},
+		{args: []string{"-watch", "-interval=1s", "-timeout=3s"}, want: statusOpts{watch: true, interval: time.Second, timeout: 3 * time.Second}},
+		{args: []string{"--interval", "1s"}, bad: "--interval is for --watch"},
+		{args: []string{"--watch", "--interval", "0s"}, bad: "--interval 0s"},
+		{args: []string{"--watch", "--interval", "soon"}, bad: "-interval"},
+		{args: []string{"--timeout", "-1s"}, bad: "--timeout"},
+		{args: []string{"--bogus"}, bad: "-bogus"},
+		{args: []string{"a", "b"}, bad: `more than one job given ("a" and "b")`},
+		{args: []string{""}, bad: "empty job id"},
+	} {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			o, err := parseStatus(tt.args)
+			if tt.bad != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.bad) {
+					t.Fatalf("parseStatus: %v, want an error naming %q", err, tt.bad)
+				}
+				if _, ok := err.(*usageError); !ok {
+					t.Fatalf("parseStatus: %T, want a usage error", err)
+				}
+				return
+			}
+			if err != nil || *o != tt.want {
+				t.Fatalf("parseStatus = %+v, %v; want %+v", o, err, tt.want)
+			}
+		})
+	}
+}
+
+// TestStatusExitCodes: -h is usage on stdout (0), a bad flag exits 2
+// naming it, no running job exits 1 saying so.
+func TestStatusExitCodes(t *testing.T) {
+	t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
+	for _, tt := range []struct {
+		args       []string
+		code       int
+		out, errIn string
+	}{
+		{[]string{"status", "-h"}, exitOK, "Usage: gorun status", ""},
+		{[]string{"status", "--help"}, exitOK, "Usage: gorun status", ""},
+		{[]string{"status", "--nope"}, exitUsage, "", "-nope"},
+		{[]string{"status", "--interval", "1s"}, exitUsage, "", "--interval is for --watch"},
+		{[]string{"status"}, exitError, "", "no running gorun job"},
+		{[]string{"status", "abc", "--json"}, exitError, "", "no running gorun job"},
+	} {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var out, errb bytes.Buffer
+			if code := Main(tt.args, nil, &out, &errb); code != tt.code {
+				t.Fatalf("exit %d, want %d; stderr %s", code, tt.code, errb.String())
+			}
+			if !strings.Contains(out.String(), tt.out) || !strings.Contains(errb.String(), tt.errIn) {
+				t.Fatalf("stdout %q, stderr %q; want %q, %q", out.String(), errb.String(), tt.out, tt.errIn)
+			}
+		})
+	}
+}
+
+// TestMetricsFlag: a --metrics address without a port, or with a port
+// that is not one, is a usage error naming the flag.
+func TestMetricsFlag(t *testing.T) {
+	for _, bad := range []string{"9400", "localhost", ":http", ":70000", ""} {
+		var out, errb bytes.Buffer
+		if code := Main([]string{"--metrics", bad, "-np", "1", "true"}, nil, &out, &errb); code != exitUsage || !strings.Contains(errb.String(), "--metrics") {
+			t.Errorf("--metrics %q: exit %d, stderr %q; want 2 naming --metrics", bad, code, errb.String())
+		}
+	}
+}

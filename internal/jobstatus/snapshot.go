@@ -1,0 +1,158 @@
+// Package jobstatus is what `gorun status` shows of a running job: the
+// Snapshot the launcher fills and serves on its control plane, its JSON
+// form (the field names below are the documented interface for scripts),
+// the table a person reads (Render), and the per-user registry through
+// which `gorun status` finds the running jobs without being told their id
+// (registry.go).
+//
+// # Trust
+//
+// A snapshot is served only to the holder of the job's status credential
+// (a NATS nkey of its own, which may publish the status request and
+// nothing else; see ctlserver.StatusUser), which the registry entry holds
+// in a file only the job's user can read. A snapshot carries no secret.
+package jobstatus
+
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Version is the version of the snapshot's JSON form; it grows when a
+// field changes meaning (fields may be added without it).
+const Version = 1
+
+// Host states.
+const (
+	HostRunning = "running" // runs ranks
+	HostLost    = "lost"    // lost (fenced); its ranks moved
+	HostSpare   = "spare"   // an idle spare, waiting to replace a lost host
+	HostFree    = "free"    // no rank and not a spare (a used-up host)
+)
+
+// Snapshot is a job as its launcher sees it at one moment.
+type Snapshot struct {
+	Version int       `json:"version"`
+	Job     string    `json:"job"`
+	PID     int       `json:"pid"` // the launcher's
+	Prog    string    `json:"prog"`
+	Args    []string  `json:"args,omitempty"`
+	Start   time.Time `json:"start"`
+	Now     time.Time `json:"now"` // when the snapshot was taken
+	// State is "starting" (before the first epoch table), "running",
+	// "recovering" (a recovery epoch under way) or "stopping".
+	State string `json:"state"`
+	NP    int    `json:"np"`
+	Epoch uint64 `json:"epoch"`
+	Gen   uint64 `json:"gen"` // restart generation
+	// G is the globally recoverable step (-1: none yet).
+	G int64 `json:"g"`
+	// D is the durable tier's watermark, the newest step committed on
+	// disk by every rank; absent without a durable tier or before its
+	// first commit.
+	D *int64 `json:"d,omitempty"`
+	// Redundancy ("replicas:K", "ec:K+M" or "none"), Protect (the protect
+	// mode, "full" or "diff") and Recovery ("in-place" or "restart") are
+	// the job's configuration.
+	Redundancy string `json:"redundancy"`
+	Protect    string `json:"protect"`
+	Recovery   string `json:"recovery"`
+	// MetricsURL is the launcher's Prometheus endpoint (--metrics), or "".
+	MetricsURL string `json:"metrics_url,omitempty"`
+	Hosts      []Host `json:"hosts"`
+	// Spares are the idle spares left, by name.
+	Spares []string `json:"spares"`
+	// Failures are the recent recovery epochs, oldest first (at most
+	// MaxFailures).
+	Failures []Failure `json:"failures"`
+	// Ranks is every rank's row, by rank; present only when asked for
+	// (--ranks, --json).
+	Ranks []Rank `json:"ranks,omitempty"`
+}
+
+// Host is one host of the job.
+type Host struct {
+	Name  string `json:"name"`
+	Addr  string `json:"addr,omitempty"`
+	State string `json:"state"` // HostRunning, HostLost, HostSpare, HostFree
+	// Ranks are the host's ranks now, in compact form ("0-3,8").
+	Ranks  string `json:"ranks"`
+	NRanks int    `json:"nranks"`
+	// The minimum and maximum over the host's ranks of each tier's newest
+	// step (-1: none); absent for a host without ranks.
+	Committed  *Range `json:"committed,omitempty"`
+	Replicated *Range `json:"replicated,omitempty"`
+	Durable    *Range `json:"durable,omitempty"`
+}
+
+// Range is a minimum and a maximum.
+type Range struct {
+	Min int64 `json:"min"`
+	Max int64 `json:"max"`
+}
+
+// Rank is one rank's row.
+type Rank struct {
+	Rank int    `json:"rank"`
+	Host string `json:"host"`
+	// Newest step committed in the rank's own slot, replicated at all
+	// its holders, and on disk (its newest durable marker; -1: none, or
+	// no durable tier).
+	Committed  int64 `json:"committed"`
+	Replicated int64 `json:"replicated"`
+	Durable    int64 `json:"durable"`
+	// WaitSeconds is the rank's total wait at the overwrite rule in this
+	// generation.
+	WaitSeconds float64 `json:"wait_seconds"`
+}
+
+// MaxFailures bounds the failures a snapshot carries: the newest.
+const MaxFailures = 32
+
+// Failure is one recovery epoch: the failure that began it, and how the
+// job got over it.
+type Failure struct {
+	Epoch uint64 `json:"epoch"`
+	// At is when the failure was detected.
+	At time.Time `json:"at"`
+	// Class is what the launcher did: "host-lost" (the host's ranks were
+	// moved to another host, a spare or one with free slots) or
+	// "rank-restart" (every rank restarted in place).
+	Class string `json:"class"`
+	// Cause is the failure as the launcher reported it.
+	Cause string `json:"cause"`
+	// Host is the lost host ("" for a restart), With where its ranks
+	// went, Ranks the ranks moved, Spare whether With was a spare.
+	Host  string `json:"host,omitempty"`
+	With  string `json:"with,omitempty"`
+	Ranks string `json:"ranks,omitempty"`
+	Spare bool   `json:"spare,omitempty"`
+	// RecoverySeconds is the time from detection to every rank resumed;
+	// absent while the recovery is under way or if it never resumed.
+	RecoverySeconds *float64 `json:"recovery_seconds,omitempty"`
+	// Done: the epoch ended (resumed, or superseded by a later failure).
+	Done       bool `json:"done"`
+	Superseded bool `json:"superseded,omitempty"`
+}
+
+// Compact writes ranks (ascending) as ranges: "0-3,8,10-11".
+func Compact(ranks []int) string {
+	var b strings.Builder
+	for i := 0; i < len(ranks); {
+		j := i
+		for j+1 < len(ranks) && ranks[j+1] == ranks[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(ranks[i]))
+		if j > i {
+			b.WriteByte('-')
+			b.WriteString(strconv.Itoa(ranks[j]))
+		}
+		i = j + 1
+	}
+	return b.String()
+}

@@ -1,0 +1,343 @@
+package launcher
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/gorun/gorun/hotswap"
+	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/jobstatus"
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// gorun status (package jobstatus): the launcher serves a snapshot of the
+// job on its control plane to the holder of the job's status credential,
+// an nkey of its own (not derived from the job secret, and giving nothing
+// but the status request: ctlserver.Config.StatusNkey), and registers the
+// job in the user's registry so that `gorun status` finds it.
+//
+// The snapshot is built by the loop, which owns the state it reads, from
+// copies, in O(hosts + ranks) (the loop serves one request at a time); the
+// request's subscription decodes the request, waits a bounded time for
+// the loop's copy, and encodes and sends it: a slow or stalled client
+// costs the loop one copy, never a wait.
+
+// statusWait bounds how long a status request waits for the loop.
+const statusWait = 2 * time.Second
+
+// statusState is the job's status service; nil without one
+// (Config.Registry "").
+type statusState struct {
+	kp   nkeys.KeyPair
+	reqs chan statusReq // to the loop
+	// failures are the recent recovery epochs, the newest last (the
+	// loop's).
+	failures []jobstatus.Failure
+	metrics  string // the metrics endpoint's URL, or ""
+}
+
+type statusReq struct {
+	ranks bool
+	out   chan *jobstatus.Snapshot // buffered, 1
+}
+
+// statusInit makes the status credential and admits it to the control
+// plane about to start (scfg), if the job registers.
+func (j *job) statusInit(scfg *ctlserver.Config) error {
+	if j.cfg.Registry == "" {
+		return nil
+	}
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return fmt.Errorf("launcher: status credential: %w", err)
+	}
+	if scfg.StatusNkey, err = kp.PublicKey(); err != nil {
+		return fmt.Errorf("launcher: status credential: %w", err)
+	}
+	j.status = &statusState{kp: kp, reqs: make(chan statusReq)}
+	return nil
+}
+
+// statusRequests is the loop's channel of status requests (nil: none).
+func (j *job) statusRequests() <-chan statusReq {
+	if j.status == nil {
+		return nil
+	}
+	return j.status.reqs
+}
+
+// statusServe answers status requests and registers the job, once the
+// control plane is up; the function it returns undoes both (every exit
+// path of run defers it).
+func (j *job) statusServe() (stop func(), err error) {
+	if j.status == nil {
+		return func() {}, nil
+	}
+	sub, err := j.ctl.Subscribe(j.subj.Status(), j.onStatus)
+	if err != nil {
+		return nil, fmt.Errorf("launcher: status: %w", err)
+	}
+	if err := j.ctl.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("launcher: status: %w", err)
+	}
+	seed, err := j.status.kp.Seed()
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("launcher: status credential: %w", err)
+	}
+	e := &jobstatus.Entry{Job: j.id, PID: os.Getpid(), Start: time.Now(), Prog: j.cfg.Prog, URL: j.statusURL(), Seed: string(seed), MetricsURL: j.status.metrics}
+	if fp := j.srv.Fingerprint(); fp != nil {
+		e.Pin = hex.EncodeToString(fp)
+	}
+	unregister, err := jobstatus.Register(j.cfg.Registry, e)
+	if err != nil {
+		// gorun status will not find the job; the job itself is fine.
+		j.log.Warn("the job is not registered for gorun status", "err", err)
+		unregister = func() {}
+	} else {
+		j.log.Debug("registered for gorun status", "dir", j.cfg.Registry, "url", e.URL)
+	}
+	return func() {
+		unregister()
+		_ = sub.Unsubscribe()
+	}, nil
+}
+
+// statusURL is where a status client on this host dials the control
+// plane: its listen address, or loopback for a wildcard.
+func (j *job) statusURL() string {
+	u, err := url.Parse(j.srv.URL())
+	if err != nil {
+		return j.srv.URL()
+	}
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil {
+		return j.srv.URL()
+	}
+	if a, err := netip.ParseAddr(host); err == nil && a.IsUnspecified() {
+		host = "127.0.0.1"
+		if a.Is6() && !a.Is4In6() {
+			host = "::1"
+		}
+	}
+	if j.srv.Fingerprint() != nil {
+		u.Scheme = "tls"
+	}
+	u.Host = net.JoinHostPort(host, port)
+	return u.String()
+}
+
+// onStatus answers one status request (the subscription's goroutine, one
+// at a time).
+func (j *job) onStatus(m *nats.Msg) {
+	if !j.subj.StatusReplyAllowed(m.Reply) {
+		j.log.Warn("status request with a reply subject outside the status inbox; dropped", "reply", m.Reply)
+		return
+	}
+	r, err := wire.DecodeStatusRequest(m.Data)
+	if err != nil {
+		j.log.Warn("bad status request", "err", err)
+		return
+	}
+	req := statusReq{ranks: r.Ranks, out: make(chan *jobstatus.Snapshot, 1)}
+	t := time.NewTimer(statusWait)
+	defer t.Stop()
+	select {
+	case j.status.reqs <- req:
+	case <-t.C:
+		return // the loop is past its end: the job is ending
+	case <-j.quit:
+		return
+	}
+	var s *jobstatus.Snapshot
+	select {
+	case s = <-req.out:
+	case <-t.C:
+		return
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return
+	}
+	if err := m.Respond(b); err != nil {
+		j.log.Debug("cannot answer a status request", "err", err)
+	}
+}
+
+// answerStatus is the loop's part of a status request: the snapshot.
+func (j *job) answerStatus(r statusReq) {
+	r.out <- j.snapshot(r.ranks)
+}
+
+// snapshot is the job now, from copies (the loop's).
+func (j *job) snapshot(ranks bool) *jobstatus.Snapshot {
+	now := time.Now()
+	s := &jobstatus.Snapshot{
+		Version: jobstatus.Version, Job: j.id, PID: os.Getpid(), Prog: j.cfg.Prog, Args: slices.Clone(j.cfg.Args),
+		Start: j.t0, Now: now, NP: j.world, Epoch: j.m.Epoch(), Gen: j.m.Gen(),
+		Redundancy: j.redundancyText(), Protect: string(modeOrFull(j.cfg.ProtectMode)), Recovery: recoveryText(j.cfg.Recovery),
+		Spares: []string{}, Failures: []jobstatus.Failure{},
+	}
+	switch {
+	case j.stopping || j.m.Stopped():
+		s.State = "stopping"
+	case j.m.Recovering():
+		s.State = "recovering"
+	case !j.rvDone():
+		s.State = "starting"
+	default:
+		s.State = "running"
+	}
+	if j.status != nil {
+		s.MetricsURL = j.status.metrics
+		s.Failures = append(s.Failures, j.status.failures...)
+	}
+	prog := j.prog.copyRanks()
+	s.G = prog.g
+	s.D = prog.d
+	j.tab.RLock()
+	defer j.tab.RUnlock()
+	for _, h := range j.hosts {
+		x := jobstatus.Host{Name: h.name, Addr: h.topo.Addr, NRanks: len(h.ranks)}
+		switch {
+		case h.lost:
+			x.State = jobstatus.HostLost
+		case len(h.ranks) > 0:
+			x.State = jobstatus.HostRunning
+		case h.spare && !h.ended:
+			x.State = jobstatus.HostSpare
+			s.Spares = append(s.Spares, h.name)
+		default:
+			x.State = jobstatus.HostFree
+		}
+		if len(h.ranks) > 0 {
+			rs := slices.Sorted(slices.Values(h.ranks))
+			x.Ranks = jobstatus.Compact(rs)
+			var c, p, d jobstatus.Range
+			for i, r := range rs {
+				rp := prog.ranks[r]
+				dd := durableStep(rp)
+				if i == 0 {
+					c, p, d = jobstatus.Range{Min: rp.Committed, Max: rp.Committed}, jobstatus.Range{Min: rp.Replicated, Max: rp.Replicated}, jobstatus.Range{Min: dd, Max: dd}
+					continue
+				}
+				c.Min, c.Max = min(c.Min, rp.Committed), max(c.Max, rp.Committed)
+				p.Min, p.Max = min(p.Min, rp.Replicated), max(p.Max, rp.Replicated)
+				d.Min, d.Max = min(d.Min, dd), max(d.Max, dd)
+			}
+			x.Committed, x.Replicated = &c, &p
+			if j.cfg.Durable.Dir != "" {
+				x.Durable = &d
+			}
+		}
+		s.Hosts = append(s.Hosts, x)
+	}
+	if ranks {
+		s.Ranks = make([]jobstatus.Rank, j.world)
+		for r := range j.world {
+			rp := prog.ranks[r]
+			s.Ranks[r] = jobstatus.Rank{Rank: r, Host: j.hosts[j.rankHost[r]].name, Committed: rp.Committed, Replicated: rp.Replicated,
+				Durable: durableStep(rp), WaitSeconds: float64(rp.WaitNS) / 1e9}
+		}
+	}
+	return s
+}
+
+// durableStep is a rank's newest durable marker, -1 for none.
+func durableStep(r wire.RankProgress) int64 {
+	if r.D == nil || len(r.D.Markers) == 0 {
+		return -1
+	}
+	return r.D.Markers[len(r.D.Markers)-1]
+}
+
+func (j *job) rvDone() bool {
+	select {
+	case <-j.rv.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+func (j *job) redundancyText() string {
+	switch {
+	case j.cfg.ECK > 0:
+		return fmt.Sprintf("ec:%d+%d", j.cfg.ECK, j.cfg.ECM)
+	case j.cfg.Replicas > 0:
+		return fmt.Sprintf("replicas:%d", j.cfg.Replicas)
+	}
+	return "none"
+}
+
+func recoveryText(r hotswap.Recovery) string { return r.String() }
+
+// statusAction records, for the snapshot's failures, what the machine
+// does about one (called with each action, by the loop).
+func (j *job) statusAction(a hotswap.Action) {
+	j.metricsAction(a)
+	if j.status == nil {
+		return
+	}
+	switch a := a.(type) {
+	case hotswap.Splice:
+		f := j.status.failure(j.m.Epoch())
+		f.Class, f.Host, f.With, f.Ranks, f.Spare = "host-lost", a.LostName, a.WithName, jobstatus.Compact(slices.Sorted(slices.Values(a.Ranks))), a.Spare
+	case hotswap.Restart:
+		if f := j.status.failure(a.Epoch); f.Class == "" {
+			f.Class = "rank-restart"
+		}
+	case hotswap.Timeline:
+		f := j.status.failure(a.Epoch)
+		if f.Class == "" {
+			f.Class = "rank-restart"
+		}
+		f.Cause, f.Done, f.Superseded = a.Cause, true, a.Superseded
+		if a.Detected >= 0 {
+			f.At = j.t0.Add(a.Detected)
+		}
+		if a.Detected >= 0 && a.Resumed >= 0 {
+			d := (a.Resumed - a.Detected).Seconds()
+			f.RecoverySeconds = &d
+		}
+	}
+}
+
+// failure is the record of epoch's failure, made if new (detected now).
+func (st *statusState) failure(epoch uint64) *jobstatus.Failure {
+	for i := range st.failures {
+		if st.failures[i].Epoch == epoch {
+			return &st.failures[i]
+		}
+	}
+	if len(st.failures) == jobstatus.MaxFailures {
+		st.failures = slices.Delete(st.failures, 0, 1)
+	}
+	st.failures = append(st.failures, jobstatus.Failure{Epoch: epoch, At: time.Now()})
+	return &st.failures[len(st.failures)-1]
+}
+
+// progressCopy is progress's figures at one moment.
+type progressCopy struct {
+	g     int64
+	d     *int64
+	ranks []wire.RankProgress // by rank; read only (D is shared)
+}
+
+// copyRanks copies the figures a snapshot shows: O(ranks).
+func (p *progress) copyRanks() progressCopy {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	g := p.global()
+	return progressCopy{g: p.g, d: g.D, ranks: slices.Clone(p.ranks)}
+}

@@ -1,0 +1,138 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/hotswap"
+	"github.com/gorun/gorun/internal/jobstatus"
+)
+
+// TestStatusLive: a running job registers, answers gorun status's query
+// through its control plane (hosts, ranks, state), with every rank's row
+// when asked, to several clients at once; at its end the entry and the
+// registry directory are gone.
+func TestStatusLive(t *testing.T) {
+	reg := filepath.Join(t.TempDir(), "reg")
+	stop := filepath.Join(t.TempDir(), "stop")
+	r := startRun(t, 3, `echo ready; while [ ! -e `+stop+` ]; do sleep 0.02; done`, func(c *Config) { c.Registry = reg })
+	r.waitLines(regexp.MustCompile(`ready`), 3)
+	es, err := jobstatus.List(reg)
+	if err != nil || len(es) != 1 {
+		t.Fatalf("registry: %v, %v; want one entry", es, err)
+	}
+	e := es[0]
+	if e.PID != os.Getpid() || e.URL == "" || e.Seed == "" || e.Prog != "sh" {
+		t.Fatalf("entry %+v", e)
+	}
+	fi, err := os.Stat(filepath.Join(reg, e.Job+".json"))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("entry file: %v, %v", fi, err)
+	}
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			s, err := jobstatus.Query(ctx, e, i%2 == 0)
+			if err != nil {
+				t.Errorf("query %d: %v", i, err)
+				return
+			}
+			if s.Job != e.Job || s.NP != 3 || s.State != "running" || len(s.Hosts) != 1 || s.Hosts[0].Ranks != "0-2" ||
+				s.Hosts[0].State != jobstatus.HostRunning || s.G != -1 || s.Prog != "sh" || s.Recovery != "restart" {
+				t.Errorf("query %d: snapshot %+v", i, s)
+			}
+			if want := 0; i%2 == 0 {
+				want = 3
+				if len(s.Ranks) != want || s.Ranks[2].Rank != 2 || s.Ranks[2].Host != "localhost" {
+					t.Errorf("query %d: ranks %+v", i, s.Ranks)
+				}
+			} else if len(s.Ranks) != want {
+				t.Errorf("query %d: %d rank rows unasked", i, len(s.Ranks))
+			}
+		})
+	}
+	wg.Wait()
+	if err := os.WriteFile(stop, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.wait()
+	if r.code != 0 {
+		t.Fatalf("exit code %d", r.code)
+	}
+	if _, err := os.Stat(reg); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the registry directory stays after the job: %v", err)
+	}
+}
+
+// TestStatusNotRegistered: without Config.Registry the job registers
+// nowhere and its control plane does not listen (no remote host).
+func TestStatusNotRegistered(t *testing.T) {
+	r := startRun(t, 1, `true`, func(c *Config) {
+		c.running = func(j *job) {
+			if j.status != nil || j.srv.URL() != "" {
+				t.Errorf("status service without a registry (url %q)", j.srv.URL())
+			}
+		}
+	})
+	r.wait()
+}
+
+func writeStop(path string) error { return os.WriteFile(path, nil, 0o600) }
+
+// TestStatusSignalRemovesEntry: a job stopped by a signal removes its
+// registry entry too.
+func TestStatusSignalRemovesEntry(t *testing.T) {
+	reg := filepath.Join(t.TempDir(), "reg")
+	r := startRun(t, 2, `echo ready; exec sleep 60`, func(c *Config) { c.Registry = reg })
+	r.waitLines(regexp.MustCompile(`ready`), 2)
+	if es, err := jobstatus.List(reg); err != nil || len(es) != 1 {
+		t.Fatalf("registry: %v, %v", es, err)
+	}
+	r.signals <- syscall.SIGTERM
+	<-r.done
+	if _, err := os.Stat(reg); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the registry directory stays after SIGTERM: %v", err)
+	}
+}
+
+// TestStatusFailures: the snapshot's failures follow the machine's
+// actions: a splice is a host loss (its restart, in the same epoch, is
+// the same failure), a restart alone a rank restart; the timeline gives
+// the cause, the detection time and the recovery time, or says it was
+// superseded; at most MaxFailures are kept, the newest.
+func TestStatusFailures(t *testing.T) {
+	j := metricsJob(t)
+	j.status = &statusState{}
+	j.t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	j.statusAction(hotswap.Splice{Lost: 0, With: 2, LostName: "a", WithName: "s", Ranks: []int{1, 0}, Spare: true})
+	j.statusAction(hotswap.Restart{Gen: 1, Epoch: 0, G: 3})
+	j.statusAction(hotswap.Timeline{Epoch: 0, Cause: "host a lost", Detected: 2 * time.Second, Resumed: 3 * time.Second})
+	j.statusAction(hotswap.Restart{Gen: 2, Epoch: 5, G: 3})
+	j.statusAction(hotswap.Timeline{Epoch: 5, Cause: "rank 3 exited", Detected: 4 * time.Second, Resumed: -1, Superseded: true})
+	f := j.status.failures
+	if len(f) != 2 {
+		t.Fatalf("failures %+v", f)
+	}
+	if f[0].Class != "host-lost" || f[0].Host != "a" || f[0].With != "s" || f[0].Ranks != "0-1" || !f[0].Spare || f[0].Cause != "host a lost" ||
+		!f[0].At.Equal(j.t0.Add(2*time.Second)) || f[0].RecoverySeconds == nil || *f[0].RecoverySeconds != 1 || !f[0].Done {
+		t.Errorf("host loss: %+v", f[0])
+	}
+	if f[1].Class != "rank-restart" || f[1].Host != "" || f[1].RecoverySeconds != nil || !f[1].Superseded || !f[1].Done {
+		t.Errorf("restart: %+v", f[1])
+	}
+	for e := range uint64(2 * jobstatus.MaxFailures) {
+		j.statusAction(hotswap.Restart{Gen: 10 + e, Epoch: 10 + e})
+	}
+	if n, last := len(j.status.failures), j.status.failures[len(j.status.failures)-1].Epoch; n != jobstatus.MaxFailures || last != 10+2*jobstatus.MaxFailures-1 {
+		t.Errorf("%d failures kept, the last of epoch %d", n, last)
+	}
+}
