@@ -38,13 +38,32 @@ const (
 // the phase (events.Stages[1:]).
 var PhaseColours = []string{"#7b2cbf", "#c9a227", "#2a9d8f", "#577590", "#90be6d"}
 
-// Read reads an events file and builds its page's model.
+// Read reads an events file and builds its page's model. A file whose
+// last line is cut short (being written, or a full disk) gives the page
+// of the records before it, with a warning in Model.Warnings; a file of a
+// schema this gorun does not read (events.CheckSchema) is an error.
 func Read(r io.Reader) (*Model, error) {
 	recs, err := events.ReadAll(r)
+	var warn []string
+	if errors.Is(err, events.ErrTruncated) {
+		warn = append(warn, err.Error()+"; the page shows the records before it")
+		err = nil
+	}
 	if err != nil {
 		return nil, err
 	}
-	return Build(recs)
+	if err := events.CheckSchema(recs); err != nil {
+		if errors.Is(err, events.ErrSchema) && slices.IndexFunc(recs, func(r events.Record) bool { _, ok := r.Event.(events.Launch); return ok }) < 0 {
+			return nil, ErrNoLaunch
+		}
+		return nil, err
+	}
+	m, err := Build(recs)
+	if err != nil {
+		return nil, err
+	}
+	m.Warnings = warn
+	return m, nil
 }
 
 // Model is what the page shows, built from the records (Build).
@@ -58,6 +77,8 @@ type Model struct {
 	Series   []Point // step time and protection wait, at most MaxPoints
 	MaxStep  int64
 	Samples  int
+	// Warnings are about the file (a cut-short last line), for the user.
+	Warnings []string
 }
 
 // HostRow is one host's row of the timeline.
