@@ -20,6 +20,11 @@ import (
 // into this many buckets.
 const MaxPoints = 2000
 
+// MaxHostPoints bounds each host's step line: half a point per pixel of
+// the plot (plotW), as more cannot be seen and a thousand hosts' lines
+// are most of a page's bytes.
+const MaxHostPoints = plotW / 2
+
 // ErrNoLaunch is a record without a launch record: nothing says what the
 // hosts are.
 var ErrNoLaunch = errors.New("report: the events file has no launch record (written by gorun before the events schema, or not an events file)")
@@ -35,8 +40,17 @@ const (
 )
 
 // PhaseColours are the recovery phases' colours, by the stage that ends
-// the phase (events.Stages[1:]).
+// the phase (events.Stages[1:]); SkipColour is a phase's that goes from
+// a stage over one not reached (classified → published in a restart in
+// place, which replaces no host).
 var PhaseColours = []string{"#7b2cbf", "#c9a227", "#2a9d8f", "#577590", "#90be6d"}
+
+// SkipColour: see PhaseColours.
+const SkipColour = "#9e9e9e"
+
+// HostTakeoverColour marks a splice onto a host that was not a spare (one
+// with free slots); TakeoverColour a spare's.
+const HostTakeoverColour = "#0b7285"
 
 // Read reads an events file and builds its page's model. A file whose
 // last line is cut short (being written, or a full disk) gives the page
@@ -110,6 +124,7 @@ type Takeover struct {
 	T     float64
 	Lost  string
 	Ranks []int
+	Spare bool // the host was a spare (else a host with free slots)
 }
 
 // Failure is a failure record on a host's row.
@@ -117,6 +132,9 @@ type Failure struct {
 	T    float64
 	Host int // row index, -1 if the host is not in the launch record
 	events.Failure
+	// Recovery is its recovery epoch's outcome in words: the time from
+	// detection to resume, or why there is none.
+	Recovery string
 }
 
 // Recovery is a recovery epoch's timeline.
@@ -211,7 +229,7 @@ func Build(recs []events.Record) (*Model, error) {
 					activeFrom[h] = r.T
 				}
 				if m.Hosts[h].Takeover == nil {
-					m.Hosts[h].Takeover = &Takeover{T: r.T, Lost: e.Lost, Ranks: e.Ranks}
+					m.Hosts[h].Takeover = &Takeover{T: r.T, Lost: e.Lost, Ranks: e.Ranks, Spare: e.Spare}
 				}
 			}
 		case events.Timeline:
@@ -241,10 +259,43 @@ func Build(recs []events.Record) (*Model, error) {
 		if idleFrom[h] >= 0 {
 			m.Hosts[h].Idle = append(m.Hosts[h].Idle, Span{idleFrom[h], m.Duration})
 		}
-		m.Hosts[h].Steps = downsampleSteps(steps[h], MaxPoints)
+		m.Hosts[h].Steps = downsampleSteps(steps[h], MaxHostPoints)
 	}
 	m.Series = downsample(series, MaxPoints)
+	for i := range m.Failures {
+		m.Failures[i].Recovery = m.failureRecovery(m.Failures[i].Failure)
+	}
 	return m, nil
+}
+
+// failureRecovery says how f's recovery epoch went, by its epoch (the
+// last timeline of that epoch).
+func (m *Model) failureRecovery(f events.Failure) string {
+	switch f.Decision {
+	case "abort":
+		return "none: the job stopped"
+	case "none":
+		return "none needed"
+	}
+	if f.Epoch == 0 {
+		return "-"
+	}
+	for i := len(m.Recovery) - 1; i >= 0; i-- {
+		r := m.Recovery[i]
+		if r.Epoch != f.Epoch {
+			continue
+		}
+		switch {
+		case r.Took >= 0:
+			return seconds(r.Took) + " to resume"
+		case r.Unfinished:
+			return "unfinished when the job ended"
+		case r.Superseded:
+			return "superseded by a later failure"
+		}
+		return "did not resume"
+	}
+	return "no timeline"
 }
 
 // point is the step time and the wait per step between two samples of
@@ -275,8 +326,17 @@ func recovery(t events.Timeline) Recovery {
 			continue
 		}
 		if last >= 0 && *p >= *at[last] {
-			r.Phases = append(r.Phases, Phase{Name: events.Stages[i], Colour: PhaseColours[i-1], Span: Span{*at[last], *p}})
-			r.Cells[i-1] = seconds(*p - *at[last])
+			ph := Phase{Name: PhaseColoursNames()[i-1], Colour: PhaseColours[i-1], Span: Span{*at[last], *p}}
+			cell := seconds(*p - *at[last])
+			if last != i-1 {
+				// A stage skipped (replaced, in a restart in place):
+				// the phase is from the stage before, in its own colour.
+				ph.Name = events.Stages[last] + " → " + events.Stages[i]
+				ph.Colour = SkipColour
+				cell += " (from " + events.Stages[last] + ")"
+			}
+			r.Phases = append(r.Phases, ph)
+			r.Cells[i-1] = cell
 		}
 		last = i
 	}

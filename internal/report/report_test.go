@@ -39,8 +39,8 @@ func TestBuildHostLoss(t *testing.T) {
 	if len(m.Hosts) != 3 || m.Hosts[2].Role != events.RoleSpare {
 		t.Fatalf("hosts %+v", m.Hosts)
 	}
-	if len(m.Failures) != 1 || m.Failures[0].Host != 1 || m.Failures[0].What != events.FailHostLost {
-		t.Errorf("failures %+v, want host 1 lost", m.Failures)
+	if len(m.Failures) != 1 || m.Failures[0].Host != 1 || m.Failures[0].Class != "host-loss" || m.Failures[0].Epoch != 1 || !strings.HasSuffix(m.Failures[0].Recovery, " to resume") {
+		t.Errorf("failures %+v, want host 1 lost, epoch 1, with its time to resume", m.Failures)
 	}
 	if len(m.Recovery) != 1 || len(m.Recovery[0].Phases) != 5 || m.Recovery[0].Took <= 0 {
 		t.Errorf("recoveries %+v, want one through five phases", m.Recovery)
@@ -118,8 +118,9 @@ func TestRenderEscapes(t *testing.T) {
 	}
 }
 
-// TestDownsample: a long job's series and step lines are at most
-// MaxPoints, whatever the samples.
+// TestDownsample: a long job's series are at most MaxPoints, its hosts'
+// step lines at most MaxHostPoints (half a point per pixel), whatever the
+// samples.
 func TestDownsample(t *testing.T) {
 	recs := []events.Record{{T: 0, Event: events.Launch{Schema: 1, Job: "long", NP: 2, Hosts: []events.LaunchHost{{Name: "a", Role: events.RoleRunning, Ranks: []int{0, 1}}}}}}
 	const n = 50_000
@@ -130,10 +131,10 @@ func TestDownsample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(m.Series) != MaxPoints || len(m.Hosts[0].Steps) != MaxPoints {
-		t.Fatalf("%d series points, %d step points; want %d", len(m.Series), len(m.Hosts[0].Steps), MaxPoints)
+	if len(m.Series) != MaxPoints || len(m.Hosts[0].Steps) != MaxHostPoints {
+		t.Fatalf("%d series points, %d step points; want %d and %d", len(m.Series), len(m.Hosts[0].Steps), MaxPoints, MaxHostPoints)
 	}
-	if last := m.Hosts[0].Steps[MaxPoints-1]; last.Step != n-1 {
+	if last := m.Hosts[0].Steps[MaxHostPoints-1]; last.Step != n-1 {
 		t.Errorf("last step point %+v, want the last sample's", last)
 	}
 	// Each sample: one step per rank in a second, a millisecond waited per
@@ -149,5 +150,44 @@ func TestDownsample(t *testing.T) {
 	}
 	if b.Len() > 1<<20 {
 		t.Errorf("page of %d bytes for a long job", b.Len())
+	}
+}
+
+// TestLabels: what the page says of a restart in place (no replaced
+// stage: its classified → published phase is not the replaced →
+// published one), of a splice onto a host that was not a spare, of
+// failures' recoveries (joined by epoch), of one host, and of a long host
+// name (cut with an ellipsis, whole in its tooltip).
+func TestLabels(t *testing.T) {
+	long := strings.Repeat("h", 40) + "-tail"
+	f := func(v float64) *float64 { return &v }
+	recs := []events.Record{
+		{T: 0, Event: events.Launch{Schema: 1, Job: "j", NP: 2, Hosts: []events.LaunchHost{{Name: long, Role: events.RoleRunning, Ranks: []int{0, 1}}}}},
+		{T: 1, Event: events.Failure{Host: long, Rank: 1, What: events.FailHang, Class: "hang", Decision: "restart", Epoch: 1, Msg: "no progress"}},
+		{T: 1.5, Event: events.Timeline{Epoch: 1, Cause: "hang", Detected: f(1), Classified: f(1), Published: f(1.25), Restored: f(1.4), Resumed: f(1.5)}},
+		{T: 2, Event: events.Failure{Host: long, Rank: 0, What: events.FailRankExit, Class: "rank-exit", Decision: "restart", Epoch: 2, Msg: "exit 1"}},
+		{T: 2.5, Event: events.Splice{Epoch: 2, Lost: "x", With: long, Ranks: []int{1}, Spare: false}},
+		{T: 3, Event: events.Timeline{Epoch: 2, Cause: "exit", Unfinished: true, Detected: f(2), Classified: f(2)}},
+		{T: 3, Event: events.Exit{Code: 1, Duration: 3}},
+	}
+	m, err := Build(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := m.Recovery[0]
+	if len(r.Phases) != 4 || r.Phases[1].Name != "classified → published" || r.Phases[1].Colour != SkipColour || r.Cells[1] != "-" || !strings.Contains(r.Cells[2], "from classified") {
+		t.Errorf("restart in place: phases %+v, cells %q: want classified → published in the skip colour, noted in its cell", r.Phases, r.Cells)
+	}
+	if got := []string{m.Failures[0].Recovery, m.Failures[1].Recovery}; got[0] != "500 ms to resume" || got[1] != "unfinished when the job ended" {
+		t.Errorf("failures' recoveries %q", got)
+	}
+	page := render(t, recs)
+	for _, want := range []string{"2 ranks on 1 host, 0 spares", `fill="` + HostTakeoverColour + `" data-marker="takeover"`, strings.Repeat("h", 25) + "…", "<title>" + long + "</title>", "unfinished when the job ended"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page lacks %q", want)
+		}
+	}
+	if strings.Contains(page, `fill="`+TakeoverColour+`" data-marker="takeover"`) || strings.Contains(page, "on 1 hosts") {
+		t.Errorf("the page has a spare's takeover marker, or '1 hosts'")
 	}
 }
