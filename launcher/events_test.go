@@ -242,3 +242,37 @@ func checkRecordOrder(t *testing.T, s string, want ...string) []events.Record {
 	}
 	return recs
 }
+
+// TestEventsAgentErrorOneFailure: an agent's error in a job with a spare
+// is one failure record (not agent-failed and then host-lost for the
+// same host), with the agent's words; the recovery it starts, stopped
+// before it resumes, is written at exit with its stages, unfinished.
+func TestEventsAgentErrorOneFailure(t *testing.T) {
+	r, j, evs := startSpareJob(t)
+	for h := range 2 {
+		j.progress <- &wire.UpProgress{Host: h, Ranks: []wire.RankProgress{{Rank: h, Committed: 5, Replicated: 5}}}
+	}
+	waitUntil(t, r, "G = 5", func() bool { return j.prog.G() == 5 })
+	j.events <- &wire.Event{Kind: wire.EventAgentError, Host: 1, Rank: -1, Msg: "boom"}
+	waitUntil(t, r, "published epoch in --events", func() bool { return strings.Contains(evs.String(), `"event":"publish"`) })
+	r.signals <- syscall.SIGTERM
+	r.wait()
+	recs := checkRecordOrder(t, evs.String(), "launch", "rendezvous", "failure", "fence", "splice", "publish", "detected", "classified", "replaced", "timeline", "exit")
+	var fails []events.Failure
+	var tl *events.Timeline
+	for _, rec := range recs {
+		switch e := rec.Event.(type) {
+		case events.Failure:
+			fails = append(fails, e)
+		case events.Timeline:
+			tl = &e
+		}
+	}
+	if len(fails) != 1 || fails[0].Host != "127.0.0.2" || fails[0].What != events.FailAgent || fails[0].Class != "host-loss" ||
+		fails[0].Decision != "splice" || fails[0].Epoch != 1 || !strings.Contains(fails[0].Msg, "boom") {
+		t.Errorf("failure records %+v: want one, agent-failed on 127.0.0.2, host-loss, splice, epoch 1, saying boom", fails)
+	}
+	if tl == nil || tl.Epoch != 1 || !tl.Unfinished || tl.Resumed != nil || tl.Replaced == nil {
+		t.Errorf("timeline %+v: want epoch 1, replaced, not resumed, unfinished", tl)
+	}
+}
