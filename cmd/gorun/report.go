@@ -61,12 +61,13 @@ func reportMain(args []string, stdout, stderr io.Writer) int {
 		return usage("-o: want a file name, or - for standard output")
 	}
 	in := pos[0]
-	b, err := os.ReadFile(in)
+	f, err := os.Open(in)
 	if err != nil {
 		fmt.Fprintf(stderr, "gorun report: %v\n", err)
 		return exitError
 	}
-	m, err := report.Read(bytes.NewReader(b))
+	m, err := report.Read(f) // streamed: a long job's file is large
+	f.Close()
 	if err != nil {
 		if le, ok := errors.AsType[*events.LineError](err); ok {
 			fmt.Fprintf(stderr, "gorun report: %s: line %d: %s\n", in, le.Line, lineErrorText(le))

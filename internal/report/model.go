@@ -6,6 +6,7 @@
 package report
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -95,11 +96,20 @@ type Model struct {
 	Warnings []string
 }
 
+// CollapseAbove is how many hosts a job may have before the hosts that
+// nothing happened to (ran ranks from start to end: no failure, no
+// takeover, not a spare) share one row (HostRow.Group).
+const CollapseAbove = 24
+
 // HostRow is one host's row of the timeline.
 type HostRow struct {
 	Name  string
 	Role  string
 	Ranks []int
+	// Group is, for the row of untouched hosts (CollapseAbove), how many
+	// hosts it stands for (its Steps are their least step); 0 for a
+	// host's own row.
+	Group int
 	// Active are the intervals (seconds) during which the host ran
 	// ranks; Idle those it waited as a spare.
 	Active, Idle []Span
@@ -259,6 +269,9 @@ func Build(recs []events.Record) (*Model, error) {
 		if idleFrom[h] >= 0 {
 			m.Hosts[h].Idle = append(m.Hosts[h].Idle, Span{idleFrom[h], m.Duration})
 		}
+	}
+	steps = m.collapse(steps)
+	for h := range m.Hosts {
 		m.Hosts[h].Steps = downsampleSteps(steps[h], MaxHostPoints)
 	}
 	m.Series = downsample(series, MaxPoints)
@@ -266,6 +279,68 @@ func Build(recs []events.Record) (*Model, error) {
 		m.Failures[i].Recovery = m.failureRecovery(m.Failures[i].Failure)
 	}
 	return m, nil
+}
+
+// collapse puts the hosts nothing happened to in one row, after the
+// others, when there are more than CollapseAbove hosts and at least two
+// such: the rows of a large job are then the hosts worth looking at. It
+// renumbers the failures' rows and returns the rows' steps.
+func (m *Model) collapse(steps [][]StepPoint) [][]StepPoint {
+	if len(m.Hosts) <= CollapseAbove {
+		return steps
+	}
+	touched := make([]bool, len(m.Hosts))
+	for _, f := range m.Failures {
+		if f.Host >= 0 {
+			touched[f.Host] = true
+		}
+	}
+	n := 0
+	for i, h := range m.Hosts {
+		whole := len(h.Active) == 1 && h.Active[0].From == 0 && h.Active[0].To >= m.Duration
+		if h.Role == events.RoleSpare || h.Takeover != nil || len(h.Idle) > 0 || !whole {
+			touched[i] = true
+		}
+		if !touched[i] {
+			n++
+		}
+	}
+	if n < 2 {
+		return steps
+	}
+	newRow := make([]int, len(m.Hosts))
+	var rows []HostRow
+	var rowSteps [][]StepPoint
+	least := map[float64]int64{}
+	for i, h := range m.Hosts {
+		if touched[i] {
+			newRow[i] = len(rows)
+			rows = append(rows, h)
+			rowSteps = append(rowSteps, steps[i])
+			continue
+		}
+		newRow[i] = -1
+		for _, p := range steps[i] {
+			if s, ok := least[p.T]; !ok || p.Step < s {
+				least[p.T] = p.Step
+			}
+		}
+	}
+	group := make([]StepPoint, 0, len(least))
+	for t, s := range least {
+		group = append(group, StepPoint{T: t, Step: s})
+	}
+	slices.SortFunc(group, func(a, b StepPoint) int { return cmp.Compare(a.T, b.T) })
+	rows = append(rows, HostRow{Name: fmt.Sprintf("%d other hosts", n), Role: events.RoleRunning, Group: n,
+		Active: []Span{{0, m.Duration}}})
+	rowSteps = append(rowSteps, group)
+	for i := range m.Failures {
+		if h := m.Failures[i].Host; h >= 0 {
+			m.Failures[i].Host = newRow[h]
+		}
+	}
+	m.Hosts = rows
+	return rowSteps
 }
 
 // failureRecovery says how f's recovery epoch went, by its epoch (the

@@ -87,14 +87,17 @@ type text struct {
 	Title  string // a tooltip, or ""
 }
 
-// shorten cuts s to maxLabel characters, the last an ellipsis, and says
+// shorten cuts s to n characters with an ellipsis in the middle (hosts'
+// names often differ only at their end: node-0005.cluster) and says
 // whether it did.
-func shorten(s string) (string, bool) {
+func shorten(s string, n int) (string, bool) {
 	r := []rune(s)
-	if len(r) <= maxLabel {
+	if len(r) <= n {
 		return s, false
 	}
-	return string(r[:maxLabel-1]) + "…", true
+	head := (n - 1) * 2 / 5
+	tail := n - 1 - head
+	return string(r[:head]) + "…" + string(r[len(r)-tail:]), true
 }
 
 func plural(n int, one, many string) string {
@@ -111,7 +114,7 @@ func newPage(m *Model) *page {
 	for i, s := range PhaseColoursNames() {
 		p.Phases = append(p.Phases, Phase{Name: s, Colour: PhaseColours[i]})
 	}
-	for _, h := range m.Hosts {
+	for _, h := range m.Launch.Hosts {
 		if h.Role == "spare" {
 			p.Spare++
 		} else {
@@ -154,18 +157,23 @@ func (p *page) timeline(x func(float64) float64, dur float64) {
 			continue
 		}
 		from, to := r.Phases[0].From, r.Phases[len(r.Phases)-1].To
-		s.Rects = append(s.Rects, rect{X: x(from), Y: top(0), W: max(x(to)-x(from), 2), H: bottom - top(0), Class: "band",
+		s.Rects = append(s.Rects, rect{X: x(from), Y: top(0), W: max(x(to)-x(from), 4), H: bottom - top(0), Class: "band",
 			Title: fmt.Sprintf("recovery epoch %d: %s", r.Epoch, r.Cause)})
 	}
 	for i, h := range m.Hosts {
 		y := top(i)
-		label, cut := shorten(h.Name)
+		suffix := ""
+		if h.Role == "spare" {
+			suffix = " (spare)"
+		}
+		label, cut := shorten(h.Name, maxLabel-len(suffix))
+		label += suffix
 		title := ""
 		if cut {
 			title = h.Name
 		}
-		if h.Role == "spare" {
-			label += " (spare)"
+		if h.Group > 0 {
+			title = fmt.Sprintf("%d hosts that ran their ranks from start to end without a failure; the line is their least committed step", h.Group)
 		}
 		s.Texts = append(s.Texts, text{X: labelW - 8, Y: y + rowH/2 + 4, Anchor: "end", Class: "host", Text: label, Title: title})
 		s.Lines = append(s.Lines, line{X1: labelW, Y1: y + rowH, X2: labelW + plotW, Y2: y + rowH, Class: "rowsep"})
@@ -198,7 +206,7 @@ func (p *page) timeline(x func(float64) float64, dur float64) {
 	s.Texts = append(s.Texts, text{X: labelW - 8, Y: ry + rowH/2 + 4, Anchor: "end", Class: "host", Text: "recovery"})
 	for _, r := range m.Recovery {
 		for _, ph := range r.Phases {
-			s.Rects = append(s.Rects, rect{X: x(ph.From), Y: ry + 6, W: max(x(ph.To)-x(ph.From), 2), H: rowH - 12, Fill: ph.Colour,
+			s.Rects = append(s.Rects, rect{X: x(ph.From), Y: ry + 6, W: max(x(ph.To)-x(ph.From), 3), H: rowH - 12, Fill: ph.Colour,
 				Title: fmt.Sprintf("epoch %d, %s: %s – %s (%s)", r.Epoch, ph.Name, seconds(ph.From), seconds(ph.To), seconds(ph.To-ph.From))})
 		}
 	}
