@@ -123,9 +123,9 @@ func firstRow(rows [][]int) []int {
 }
 
 // samplePeriod is how often recordProgress samples a job of hosts hosts:
-// 250 ms, and 10 ms per host beyond 25. A sample is about 40 bytes per
-// host, so a running job writes at most some 4 KB of samples a second
-// whatever its size (1 s at 100 hosts, 10 s at 1,000).
+// 250 ms, and 10 ms per host beyond 25. A sample is some 50-60 bytes
+// per host in a long job, so a running job writes at most some 6 KB of
+// samples a second whatever its size (1 s at 100 hosts, 10 s at 1,000).
 func samplePeriod(hosts int) time.Duration {
 	return max(250*time.Millisecond, time.Duration(hosts)*10*time.Millisecond)
 }
