@@ -79,15 +79,17 @@ type Rendezvous struct {
 	// the epoch's MASTER_PORT is wire.MasterPortOf(rank 0's host, turn),
 	// so that two successive epochs never share one (however far apart
 	// their numbers are).
-	turn    uint64
-	member  Membership
-	fenced  []bool
-	regs    []*wire.Register
-	missing int    // hosts with ranks not registered yet (before the first table)
-	table   []byte // encoded table, once published
-	stopped bool   // Cancel won: the table will never be published
-	ended   bool   // End was called: registrations are told to stop
-	subs    []*nats.Subscription
+	turn   uint64
+	member Membership
+	fenced []bool
+	regs   []*wire.Register
+	// firstRegs: the hosts registered when the first table went out.
+	firstRegs int
+	missing   int    // hosts with ranks not registered yet (before the first table)
+	table     []byte // encoded table, once published
+	stopped   bool   // Cancel won: the table will never be published
+	ended     bool   // End was called: registrations are told to stop
+	subs      []*nats.Subscription
 }
 
 // StartRendezvous begins accepting registrations for epoch of job, whose
@@ -143,6 +145,19 @@ func StartRendezvous(nc *nats.Conn, job string, epoch uint64, hosts []Rendezvous
 
 // Registered delivers the index of every host as it registers.
 func (r *Rendezvous) Registered() <-chan int { return r.registered }
+
+// FirstRegistered is how many hosts had registered when the first table
+// was published (spares that register later are not counted); 0 before.
+func (r *Rendezvous) FirstRegistered() int {
+	select {
+	case <-r.done:
+	default:
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.firstRegs
+}
 
 // Done is closed once the table has been published.
 func (r *Rendezvous) Done() <-chan struct{} { return r.done }
@@ -259,6 +274,11 @@ func (r *Rendezvous) publish() {
 	}
 	b := r.buildTable().Encode()
 	r.table = b
+	for _, reg := range r.regs {
+		if reg != nil {
+			r.firstRegs++
+		}
+	}
 	r.mu.Unlock()
 	// If the publication is lost, agents fetch the table with EpochGet.
 	_ = r.nc.Publish(r.subj.Epoch, b)

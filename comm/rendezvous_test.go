@@ -740,6 +740,11 @@ func TestRendezvousMembership(t *testing.T) {
 	if s := rv.Table().Hosts[2]; !s.Spare || s.Addr != "127.0.0.3" || s.ReplicaPort != 9002 {
 		t.Errorf("registered spare: %+v", s)
 	}
+	// The events file's rendezvous record counts the hosts in the first
+	// table, not the spare that came later.
+	if n := rv.FirstRegistered(); n != 2 {
+		t.Errorf("FirstRegistered %d, want 2 (the spare registered after the first table)", n)
+	}
 	// Host b is lost: fenced, its ranks move to the spare.
 	rv.Fence(1)
 	if err := reg(1); !errors.Is(err, comm.ErrRegistration) || !strings.Contains(err.Error(), "fenced") {

@@ -138,6 +138,7 @@ type Timeline struct {
 	Restored   time.Duration
 	Resumed    time.Duration
 	Superseded bool // a later failure ended it
+	Unfinished bool // the epoch is still under way ([Machine.OpenTimeline])
 }
 
 func (StopRanks) action()      {}
@@ -247,6 +248,9 @@ func (a Timeline) String() string {
 		a.Epoch, t(a.Detected), t(a.Classified), t(a.Replaced), t(a.Published), t(a.Restored), t(a.Resumed))
 	if a.Superseded {
 		s += " superseded"
+	}
+	if a.Unfinished {
+		s += " unfinished"
 	}
 	return s + " cause=" + strconv.Quote(a.Cause)
 }

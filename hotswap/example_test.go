@@ -26,6 +26,7 @@ func ExampleMachine() {
 		fmt.Println(a)
 	}
 	// Output:
+	// failed host=b class=host-loss (agent) decision=splice epoch=1 why="its agent exited: connection reset"
 	// fence host=b
 	// report: host b lost: its agent exited: connection reset; moving ranks 2-3 to spare s (epoch 1), resuming from step 41
 	// splice lost=b with=s (spare) ranks=2-3

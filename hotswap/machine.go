@@ -117,6 +117,9 @@ type rankFailure struct {
 	status   int
 	signaled bool
 	abort    bool
+	hang     bool
+	code     int            // the exit code reported
+	sig      syscall.Signal // the signal that ended it, or 0
 	what     string
 	at       time.Duration
 }
@@ -248,7 +251,7 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 			if m.alive[e.Host] {
 				m.agentGone[e.Host] = true
 			}
-			m.hostLost(e.Host, "its agent exited: "+e.Why, m.now)
+			m.hostLost(e.Host, "its agent exited: "+e.Why, m.now, ClassHostLoss, true)
 		}
 	case AgentRegistered:
 		if m.host(e.Host) {
@@ -450,7 +453,7 @@ func (m *Machine) onRankExited(e RankExited) {
 	if e.Pid > 0 {
 		pid = fmt.Sprintf(" (pid %d)", e.Pid)
 	}
-	f := &rankFailure{rank: r, status: status, signaled: e.Signal > 0 || e.Abort, abort: e.Abort,
+	f := &rankFailure{rank: r, status: status, signaled: e.Signal > 0 || e.Abort, abort: e.Abort, code: e.Code, sig: e.Signal,
 		what: fmt.Sprintf("rank %d on host %s%s %s", r, m.names[e.Host], pid, why), at: m.now}
 	switch {
 	case m.pending == nil:
@@ -484,6 +487,12 @@ func (m *Machine) decide() {
 
 // rankFailed restarts the ranks in place after f, or stops the job.
 func (m *Machine) rankFailed(f *rankFailure) {
+	class := ClassRankExit
+	if f.hang {
+		class = ClassHang
+	}
+	defer m.failed(Failed{Host: m.rankHost[f.rank], Name: m.names[m.rankHost[f.rank]], Rank: f.rank, Class: class,
+		Code: f.code, Signal: f.sig, Why: f.what})()
 	if f.abort {
 		m.abort(f.status, "%s; stopping the job", f.what)
 		return
@@ -658,11 +667,13 @@ func (m *Machine) onGPU(e GPUHealth) {
 	if ranks := m.hostRanks[e.Host]; len(ranks) > 0 && !m.stopped {
 		if _, _, err := m.replacement(e.Host, ranks); err != "" {
 			// (The caller has reported the fault itself, e.Msg.)
+			m.failed(Failed{Host: e.Host, Name: m.names[e.Host], Rank: -1, Class: ClassGPUPermanent,
+				Why: why + "; the host stays, as nothing can replace it (" + err + ")"})()
 			m.report("host %s: GPU %d %s fault; it stays, as nothing can replace it (%s)", m.names[e.Host], e.GPU, e.Class, err)
 			return
 		}
 	}
-	m.hostLost(e.Host, why, m.now)
+	m.hostLost(e.Host, why, m.now, ClassGPUPermanent, false)
 }
 
 func (m *Machine) onTick() {
@@ -691,7 +702,7 @@ func (m *Machine) onTick() {
 		if m.stopped {
 			return
 		}
-		m.hostLost(l.h, l.why, l.detected)
+		m.hostLost(l.h, l.why, l.detected, ClassHostLoss, false)
 	}
 	if m.cfg.HangTimeout <= 0 || m.rec != nil || len(m.awaiting) > 0 {
 		return
@@ -708,7 +719,7 @@ func (m *Machine) onTick() {
 	}
 	if hung >= 0 {
 		m.pending = nil
-		m.rankFailed(&rankFailure{rank: hung, status: ExitTimeout, at: m.now,
+		m.rankFailed(&rankFailure{rank: hung, status: ExitTimeout, hang: true, code: ExitTimeout, at: m.now,
 			what: fmt.Sprintf("rank %d on host %s made no progress for %v (hang timeout %v)", hung, m.names[m.rankHost[hung]], m.now-since, m.cfg.HangTimeout)})
 	}
 }

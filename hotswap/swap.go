@@ -9,10 +9,11 @@ import (
 
 // hostLost acts on the loss of host h (why; first evidence at detected):
 // hot-swap its ranks onto a spare or a host with free slots, or stop.
-func (m *Machine) hostLost(h int, why string, detected time.Duration) {
+func (m *Machine) hostLost(h int, why string, detected time.Duration, class FailureClass, agent bool) {
 	if !m.alive[h] {
 		return
 	}
+	defer m.failed(Failed{Host: h, Name: m.names[h], Rank: -1, Class: class, Agent: agent, Why: why})()
 	m.alive[h], m.suspected[h] = false, -1
 	name := m.names[h]
 	m.emit(Fence{Host: h, Name: name})

@@ -124,6 +124,8 @@ func (j *job) do(a hotswap.Action) {
 		j.under = nil
 	case hotswap.Timeline:
 		j.timeline(a)
+	case hotswap.Failed:
+		j.recordFailed(a)
 	}
 }
 
@@ -134,7 +136,6 @@ func (j *job) do(a hotswap.Action) {
 // a splice that follows moves them.
 func (j *job) fence(a hotswap.Fence) {
 	h := j.hosts[a.Host]
-	j.recordHostLost(h)
 	j.evlog.record(j.since(), evFence{Host: h.name})
 	j.rv.Fence(a.Host)
 	j.cutOff(h)
@@ -312,7 +313,7 @@ func (j *job) timeline(t hotswap.Timeline) {
 	if j.rec != nil && j.rec.epoch == t.Epoch {
 		j.rec = nil
 	}
-	j.evlog.timeline(t)
+	j.evlog.timeline(t, j.since())
 	if j.verbose {
 		j.out.report("recovery epoch %d (%s): %s", t.Epoch, t.Cause, timelineText(t))
 	}
@@ -410,7 +411,6 @@ func (j *job) loop(ctx context.Context) int {
 // onEvent turns an agent's event into the machine's.
 func (j *job) onEvent(e *wire.Event) {
 	h := j.hosts[e.Host]
-	j.recordFailure(e)
 	switch e.Kind {
 	case wire.EventStarted:
 		j.log.Debug("rank started", "rank", e.Rank, "host", h.name, "pid", e.Pid, "generation", e.Gen)

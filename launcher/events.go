@@ -7,21 +7,21 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/events"
-	"github.com/gorun/gorun/internal/wire"
 )
 
 // eventLog writes the job's record to --events FILE through an
 // events.Writer: the schema, every kind and field, is package events'
 // (internal/events/doc.go). The launcher writes launch when the job
 // starts (recordLaunch), rendezvous and a sample every period while ranks
-// run (recordProgress, every samplePeriod), a failure for what it sees fail (recordFailure),
-// the machine's decisions and recovery stages as it acts on them (do,
-// timeline), and exit at the end (recordExit).
+// run (recordProgress, every samplePeriod),
+// a failure for each failure the machine decided on (recordFailed), the
+// machine's decisions and recovery stages as it acts on them (do,
+// timeline), and exit at the end (recordExit, after the open recovery
+// epoch's timeline, unfinished, if one is under way).
 //
 // A nil *eventLog writes nothing. The first error writing is logged (a
 // warning) and the log stops; the job goes on.
@@ -57,8 +57,10 @@ func (l *eventLog) record(at time.Duration, v events.Event) {
 	}
 }
 
-// timeline writes a recovery epoch's stages, then its record.
-func (l *eventLog) timeline(t hotswap.Timeline) {
+// timeline writes a recovery epoch's stages (at their times), then its
+// record at now, when it ended (resumed, superseded, or unfinished at the
+// job's end).
+func (l *eventLog) timeline(t hotswap.Timeline, now time.Duration) {
 	if l == nil {
 		return
 	}
@@ -75,7 +77,7 @@ func (l *eventLog) timeline(t hotswap.Timeline) {
 		s := events.Seconds(d)
 		return &s
 	}
-	l.record(slices.Max(ats), evTimeline{Epoch: t.Epoch, Cause: t.Cause, Superseded: t.Superseded,
+	l.record(max(now, slices.Max(ats)), evTimeline{Epoch: t.Epoch, Cause: t.Cause, Superseded: t.Superseded, Unfinished: t.Unfinished,
 		Detected: at(t.Detected), Classified: at(t.Classified), Replaced: at(t.Replaced),
 		Published: at(t.Published), Restored: at(t.Restored), Resumed: at(t.Resumed)})
 }
@@ -121,9 +123,9 @@ func firstRow(rows [][]int) []int {
 }
 
 // samplePeriod is how often recordProgress samples a job of hosts hosts:
-// 250 ms, and 10 ms per host beyond 25. A sample is about 40 bytes per
-// host, so a running job writes at most some 4 KB of samples a second
-// whatever its size (1 s at 100 hosts, 10 s at 1,000).
+// 250 ms, and 10 ms per host beyond 25. A sample is some 50-60 bytes
+// per host in a long job, so a running job writes at most some 6 KB of
+// samples a second whatever its size (1 s at 100 hosts, 10 s at 1,000).
 func samplePeriod(hosts int) time.Duration {
 	return max(250*time.Millisecond, time.Duration(hosts)*10*time.Millisecond)
 }
@@ -140,7 +142,7 @@ func (j *job) recordProgress(ctx context.Context) {
 	case <-ctx.Done():
 		return
 	}
-	j.evlog.record(j.since(), events.Rendezvous{Registered: len(j.hosts), Took: events.Seconds(j.since())})
+	j.evlog.record(j.since(), events.Rendezvous{Registered: j.rv.FirstRegistered(), Took: events.Seconds(j.since())})
 	tick := time.NewTicker(samplePeriod(len(j.hosts)))
 	defer tick.Stop()
 	var last *events.Sample
@@ -200,47 +202,42 @@ func (p *progress) sample() events.Sample {
 	return s
 }
 
-// recordFailure writes a failure record for an agent's event that tells
-// of one: a rank of the current generation ending badly on its own, an
-// agent failing, a GPU fault that takes the host.
-func (j *job) recordFailure(e *wire.Event) {
-	if j.evlog == nil || e.Host < 0 || e.Host >= len(j.hosts) {
-		return
-	}
-	h := j.hosts[e.Host]
-	f := events.Failure{Host: h.name, Rank: -1, Msg: e.Msg}
-	switch e.Kind {
-	case wire.EventExited:
-		if e.Stopped || e.Gen != j.gen || e.Rank < 0 || e.Rank >= j.world || j.rankHost[e.Rank] != e.Host || (e.Code == 0 && e.Signal == 0) {
-			return
-		}
-		f.Rank, f.What = e.Rank, events.FailRankExit
-		if e.Signal > 0 {
-			f.Signal = hotswap.SignalName(syscall.Signal(e.Signal))
+// recordFailed writes the failure record of a failure the machine
+// decided on: one per incident, hangs and heartbeat or suspicion losses
+// included (the machine finds those itself), with its reason.
+func (j *job) recordFailed(a hotswap.Failed) {
+	f := events.Failure{Host: a.Name, Rank: a.Rank, Msg: a.Why, Class: string(a.Class), Decision: string(a.Decision), Epoch: a.Epoch}
+	switch a.Class {
+	case hotswap.ClassRankExit:
+		f.What = events.FailRankExit
+		if a.Signal > 0 {
+			f.Signal = hotswap.SignalName(a.Signal)
 		} else {
-			c := e.Code
+			c := a.Code
 			f.Exit = &c
 		}
-	case wire.EventAgentError:
-		f.What = events.FailAgent
-	case wire.EventGPU:
-		if e.GPU == nil || e.GPU.Class != wire.GPUPermanent {
-			return
-		}
+	case hotswap.ClassHang:
+		f.What = events.FailHang
+	case hotswap.ClassGPUPermanent:
 		f.What = events.FailGPU
 	default:
-		return
+		f.What = events.FailHostLost
+		if a.Agent {
+			f.What = events.FailAgent
+		}
 	}
 	j.evlog.record(j.since(), f)
 }
 
-// recordHostLost writes the failure record of a host the machine fenced.
-func (j *job) recordHostLost(h *agentHost) {
-	j.evlog.record(j.since(), events.Failure{Host: h.name, Rank: -1, What: events.FailHostLost})
-}
-
-// recordExit writes the exit record: code is gorun's exit code.
+// recordExit writes the exit record: code is gorun's exit code. A
+// recovery epoch still under way is written first, unfinished, with the
+// stages it reached.
 func (j *job) recordExit(code int) {
+	if j.m != nil {
+		if tl, ok := j.m.OpenTimeline(); ok {
+			j.evlog.timeline(tl, j.since())
+		}
+	}
 	reason := ""
 	if j.cause != nil {
 		reason = j.cause.msg

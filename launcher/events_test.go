@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"log/slog"
 	"reflect"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -53,7 +54,7 @@ func TestEventLogRoundTrip(t *testing.T) {
 		{"abort", func(l *eventLog) { l.record(time.Second, evAbort{Code: 1, Msg: "no spare"}) },
 			[]events.Record{{T: 1, Event: events.Abort{Code: 1, Msg: "no spare"}}}},
 		{"timeline", func(l *eventLog) {
-			l.timeline(hotswap.Timeline{Epoch: 1, Cause: "host a lost", Detected: 1000 * ms, Classified: 1000 * ms, Replaced: 1100 * ms, Published: 1200 * ms, Restored: -1, Resumed: 1500 * ms})
+			l.timeline(hotswap.Timeline{Epoch: 1, Cause: "host a lost", Detected: 1000 * ms, Classified: 1000 * ms, Replaced: 1100 * ms, Published: 1200 * ms, Restored: -1, Resumed: 1500 * ms}, 1500*ms)
 		}, []events.Record{
 			{T: 1, Event: events.Stage{Name: "detected", Epoch: 1, Cause: "host a lost"}},
 			{T: 1, Event: events.Stage{Name: "classified", Epoch: 1, Cause: "host a lost"}},
@@ -61,6 +62,23 @@ func TestEventLogRoundTrip(t *testing.T) {
 			{T: 1.2, Event: events.Stage{Name: "published", Epoch: 1, Cause: "host a lost"}},
 			{T: 1.5, Event: events.Stage{Name: "resumed", Epoch: 1, Cause: "host a lost"}},
 			{T: 1.5, Event: events.Timeline{Epoch: 1, Cause: "host a lost", Detected: ptrTo(1.0), Classified: ptrTo(1.0), Replaced: ptrTo(1.1), Published: ptrTo(1.2), Resumed: ptrTo(1.5)}},
+		}},
+		// A superseded epoch's record is written when the failure that
+		// ended it is, not back at its last stage.
+		{"superseded timeline", func(l *eventLog) {
+			l.timeline(hotswap.Timeline{Epoch: 1, Cause: "c", Detected: 1000 * ms, Classified: 1000 * ms, Replaced: -1, Published: -1, Restored: -1, Resumed: -1, Superseded: true}, 2*time.Second)
+		}, []events.Record{
+			{T: 1, Event: events.Stage{Name: "detected", Epoch: 1, Cause: "c"}},
+			{T: 1, Event: events.Stage{Name: "classified", Epoch: 1, Cause: "c"}},
+			{T: 2, Event: events.Timeline{Epoch: 1, Cause: "c", Superseded: true, Detected: ptrTo(1.0), Classified: ptrTo(1.0)}},
+		}},
+		{"unfinished timeline", func(l *eventLog) {
+			l.timeline(hotswap.Timeline{Epoch: 2, Cause: "c", Detected: 1000 * ms, Classified: 1000 * ms, Replaced: -1, Published: 1200 * ms, Restored: -1, Resumed: -1, Unfinished: true}, 3*time.Second)
+		}, []events.Record{
+			{T: 1, Event: events.Stage{Name: "detected", Epoch: 2, Cause: "c"}},
+			{T: 1, Event: events.Stage{Name: "classified", Epoch: 2, Cause: "c"}},
+			{T: 1.2, Event: events.Stage{Name: "published", Epoch: 2, Cause: "c"}},
+			{T: 3, Event: events.Timeline{Epoch: 2, Cause: "c", Unfinished: true, Detected: ptrTo(1.0), Classified: ptrTo(1.0), Published: ptrTo(1.2)}},
 		}},
 		{"exit", func(l *eventLog) { l.record(3*time.Second, events.Exit{Code: 143, Reason: "interrupted", Duration: 3}) },
 			[]events.Record{{T: 3, Event: events.Exit{Code: 143, Reason: "interrupted", Duration: 3}}}},
@@ -100,41 +118,95 @@ func TestProgressSample(t *testing.T) {
 	}
 }
 
-// TestRecordFailure: the agents' events that tell of a failure get a
-// failure record; a rank stopped by gorun, a clean exit, an exit of an
-// older generation or a transient GPU report do not.
-func TestRecordFailure(t *testing.T) {
+// TestRecordFailed: the machine's Failed actions become failure records
+// with the machine's reason (msg), class, decision and epoch; what says
+// how it was seen (a hang is "hang", an agent's exit "agent-failed").
+func TestRecordFailed(t *testing.T) {
 	cases := []struct {
 		name string
-		e    wire.Event
-		want *events.Failure
+		a    hotswap.Failed
+		want events.Failure
 	}{
-		{"exit code", wire.Event{Kind: wire.EventExited, Host: 1, Rank: 1, Code: 3, Msg: "bad"}, &events.Failure{Host: "b", Rank: 1, What: events.FailRankExit, Exit: ptrTo(3), Msg: "bad"}},
-		{"signal", wire.Event{Kind: wire.EventExited, Host: 0, Rank: 0, Code: -1, Signal: int(syscall.SIGKILL)}, &events.Failure{Host: "a", Rank: 0, What: events.FailRankExit, Signal: "SIGKILL"}},
-		{"clean exit", wire.Event{Kind: wire.EventExited, Host: 0, Rank: 0}, nil},
-		{"stopped", wire.Event{Kind: wire.EventExited, Host: 0, Rank: 0, Code: -1, Signal: int(syscall.SIGTERM), Stopped: true}, nil},
-		{"older generation", wire.Event{Kind: wire.EventExited, Host: 0, Rank: 0, Code: 1, Gen: 7}, nil},
-		{"rank of another host", wire.Event{Kind: wire.EventExited, Host: 0, Rank: 1, Code: 1}, nil},
-		{"agent error", wire.Event{Kind: wire.EventAgentError, Host: 1, Rank: -1, Msg: "no such program"}, &events.Failure{Host: "b", Rank: -1, What: events.FailAgent, Msg: "no such program"}},
-		{"permanent gpu", wire.Event{Kind: wire.EventGPU, Host: 1, Rank: -1, GPU: &wire.GPUReport{Class: wire.GPUPermanent}, Msg: "xid 79"}, &events.Failure{Host: "b", Rank: -1, What: events.FailGPU, Msg: "xid 79"}},
-		{"transient gpu", wire.Event{Kind: wire.EventGPU, Host: 1, Rank: -1, GPU: &wire.GPUReport{}}, nil},
-		{"started", wire.Event{Kind: wire.EventStarted, Host: 0, Rank: 0}, nil},
+		{"exit code", hotswap.Failed{Host: 1, Name: "b", Rank: 1, Class: hotswap.ClassRankExit, Decision: hotswap.DecisionRestart, Epoch: 1, Code: 3, Why: "rank 1 exited with code 3"},
+			events.Failure{Host: "b", Rank: 1, What: events.FailRankExit, Exit: ptrTo(3), Msg: "rank 1 exited with code 3", Class: "rank-exit", Decision: "restart", Epoch: 1}},
+		{"signal", hotswap.Failed{Host: 0, Name: "a", Rank: 0, Class: hotswap.ClassRankExit, Decision: hotswap.DecisionAbort, Code: -1, Signal: syscall.SIGKILL, Why: "killed"},
+			events.Failure{Host: "a", Rank: 0, What: events.FailRankExit, Signal: "SIGKILL", Msg: "killed", Class: "rank-exit", Decision: "abort"}},
+		{"hang", hotswap.Failed{Host: 0, Name: "a", Rank: 0, Class: hotswap.ClassHang, Decision: hotswap.DecisionAbort, Code: hotswap.ExitTimeout, Why: "no progress"},
+			events.Failure{Host: "a", Rank: 0, What: events.FailHang, Msg: "no progress", Class: "hang", Decision: "abort"}},
+		{"agent", hotswap.Failed{Host: 1, Name: "b", Rank: -1, Class: hotswap.ClassHostLoss, Agent: true, Decision: hotswap.DecisionSplice, Epoch: 2, Why: "its agent exited: boom"},
+			events.Failure{Host: "b", Rank: -1, What: events.FailAgent, Msg: "its agent exited: boom", Class: "host-loss", Decision: "splice", Epoch: 2}},
+		{"heartbeat", hotswap.Failed{Host: 1, Name: "b", Rank: -1, Class: hotswap.ClassHostLoss, Decision: hotswap.DecisionSplice, Epoch: 1, Why: "no heartbeat for 3s"},
+			events.Failure{Host: "b", Rank: -1, What: events.FailHostLost, Msg: "no heartbeat for 3s", Class: "host-loss", Decision: "splice", Epoch: 1}},
+		{"gpu", hotswap.Failed{Host: 1, Name: "b", Rank: -1, Class: hotswap.ClassGPUPermanent, Decision: hotswap.DecisionNone, Why: "GPU 0 permanent fault"},
+			events.Failure{Host: "b", Rank: -1, What: events.FailGPU, Msg: "GPU 0 permanent fault", Class: "gpu-permanent", Decision: "none"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var b bytes.Buffer
-			j := &job{world: 2, rankHost: []int{0, 1}, hosts: []*agentHost{{name: "a"}, {name: "b"}},
-				evlog: newEventLog(&b, slog.New(slog.DiscardHandler)), t0: time.Now()}
-			j.recordFailure(&c.e)
+			j := &job{evlog: newEventLog(&b, slog.New(slog.DiscardHandler)), t0: time.Now()}
+			j.recordFailed(c.a)
 			recs, err := events.ReadAll(&b)
 			if err != nil {
 				t.Fatal(err)
 			}
-			switch {
-			case c.want == nil && len(recs) != 0:
-				t.Fatalf("records %+v, want none", recs)
-			case c.want != nil && (len(recs) != 1 || !reflect.DeepEqual(recs[0].Event, *c.want)):
-				t.Fatalf("records %+v, want %+v", recs, *c.want)
+			if len(recs) != 1 || !reflect.DeepEqual(recs[0].Event, c.want) {
+				t.Fatalf("records %+v, want %+v", recs, c.want)
+			}
+		})
+	}
+}
+
+// TestEventsHang: a rank that hangs (--hang-timeout) has its failure
+// record, class hang, with the machine's reason; with a restart allowed
+// and the job stopped before the restarted rank resumes, the recovery
+// epoch's stages and its timeline, unfinished, are written before exit.
+func TestEventsHang(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		restarts int
+		want     []string
+	}{
+		{"no restart", 0, []string{"launch", "rendezvous", "failure", "abort", "exit"}},
+		{"restart", 1, []string{"launch", "rendezvous", "failure", "restart", "publish", "detected", "classified", "timeline", "exit"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			evs := &syncBuffer{}
+			jobs := make(chan *job, 1)
+			r := startRun(t, 1, `echo up; exec env -u GORUN_JOB_ID sleep 600`, func(cfg *Config) {
+				cfg.Events = evs
+				cfg.HangTimeout = time.Second
+				cfg.MaxRestarts = c.restarts
+				cfg.KillGrace = time.Second
+				cfg.running = func(j *job) { jobs <- j }
+			})
+			j := <-jobs
+			r.waitLines(regexp.MustCompile(`(?m)^\[0\] up$`), 1)
+			j.progress <- &wire.UpProgress{Host: 0, Ranks: []wire.RankProgress{{Rank: 0, Committed: 1}}}
+			if c.restarts > 0 {
+				waitUntil(t, r, "restart in --events", func() bool { return strings.Contains(evs.String(), `"event":"restart"`) })
+				r.signals <- syscall.SIGTERM
+			}
+			r.wait()
+			recs := checkRecordOrder(t, evs.String(), c.want...)
+			var fails []events.Failure
+			var tl *events.Timeline
+			for _, rec := range recs {
+				switch e := rec.Event.(type) {
+				case events.Failure:
+					fails = append(fails, e)
+				case events.Timeline:
+					tl = &e
+				}
+			}
+			decision := "abort"
+			if c.restarts > 0 {
+				decision = "restart"
+			}
+			if len(fails) != 1 || fails[0].What != events.FailHang || fails[0].Class != "hang" || fails[0].Decision != decision || fails[0].Rank != 0 || !strings.Contains(fails[0].Msg, "made no progress") {
+				t.Errorf("failure records %+v: want one, hang of rank 0, decision %s, with its reason", fails, decision)
+			}
+			if c.restarts > 0 && (tl == nil || !tl.Unfinished || tl.Epoch != 1 || tl.Resumed != nil || fails[0].Epoch != 1) {
+				t.Errorf("timeline %+v, failure epoch %d: want epoch 1's, unfinished, not resumed", tl, fails[0].Epoch)
 			}
 		})
 	}
@@ -169,4 +241,38 @@ func checkRecordOrder(t *testing.T, s string, want ...string) []events.Record {
 		t.Errorf("launch record %+v: want schema %d and a job id", l, events.SchemaVersion)
 	}
 	return recs
+}
+
+// TestEventsAgentErrorOneFailure: an agent's error in a job with a spare
+// is one failure record (not agent-failed and then host-lost for the
+// same host), with the agent's words; the recovery it starts, stopped
+// before it resumes, is written at exit with its stages, unfinished.
+func TestEventsAgentErrorOneFailure(t *testing.T) {
+	r, j, evs := startSpareJob(t)
+	for h := range 2 {
+		j.progress <- &wire.UpProgress{Host: h, Ranks: []wire.RankProgress{{Rank: h, Committed: 5, Replicated: 5}}}
+	}
+	waitUntil(t, r, "G = 5", func() bool { return j.prog.G() == 5 })
+	j.events <- &wire.Event{Kind: wire.EventAgentError, Host: 1, Rank: -1, Msg: "boom"}
+	waitUntil(t, r, "published epoch in --events", func() bool { return strings.Contains(evs.String(), `"event":"publish"`) })
+	r.signals <- syscall.SIGTERM
+	r.wait()
+	recs := checkRecordOrder(t, evs.String(), "launch", "rendezvous", "failure", "fence", "splice", "publish", "detected", "classified", "replaced", "timeline", "exit")
+	var fails []events.Failure
+	var tl *events.Timeline
+	for _, rec := range recs {
+		switch e := rec.Event.(type) {
+		case events.Failure:
+			fails = append(fails, e)
+		case events.Timeline:
+			tl = &e
+		}
+	}
+	if len(fails) != 1 || fails[0].Host != "127.0.0.2" || fails[0].What != events.FailAgent || fails[0].Class != "host-loss" ||
+		fails[0].Decision != "splice" || fails[0].Epoch != 1 || !strings.Contains(fails[0].Msg, "boom") {
+		t.Errorf("failure records %+v: want one, agent-failed on 127.0.0.2, host-loss, splice, epoch 1, saying boom", fails)
+	}
+	if tl == nil || tl.Epoch != 1 || !tl.Unfinished || tl.Resumed != nil || tl.Replaced == nil {
+		t.Errorf("timeline %+v: want epoch 1, replaced, not resumed, unfinished", tl)
+	}
 }

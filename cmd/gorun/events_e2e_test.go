@@ -70,13 +70,17 @@ func checkJobRecord(t *testing.T, recs []events.Record, lost, spare string) {
 	if l.Schema != events.SchemaVersion || l.NP != 4 || l.Spares != 1 || len(l.Hosts) != 3 || l.Hosts[2].Role != events.RoleSpare || l.Hosts[2].Name != spare {
 		t.Errorf("launch %+v", l)
 	}
-	var failed, tl bool
+	var fails []events.Failure
+	var tl bool
+	var tlEpoch uint64
 	for _, r := range recs {
 		switch e := r.Event.(type) {
 		case events.Failure:
-			failed = failed || e.Host == lost && e.What == events.FailHostLost
+			fails = append(fails, e)
 		case events.Timeline:
-			tl = tl || e.Resumed != nil && e.Replaced != nil
+			if e.Resumed != nil && e.Replaced != nil {
+				tl, tlEpoch = true, e.Epoch
+			}
 		case events.Sample:
 			if len(e.Min) != len(l.Hosts) || len(e.Wait) != len(l.Hosts) {
 				t.Errorf("sample of %d hosts for %d", len(e.Min), len(l.Hosts))
@@ -87,8 +91,12 @@ func checkJobRecord(t *testing.T, recs []events.Record, lost, spare string) {
 			}
 		}
 	}
+	// One failure record for the one incident (not one per way it was
+	// seen), classified, with its reason and the recovery epoch.
+	failed := len(fails) == 1 && fails[0].Host == lost && fails[0].Class == "host-loss" && fails[0].Decision == "splice" &&
+		fails[0].Msg != "" && fails[0].Epoch == tlEpoch
 	if !failed || !tl {
-		t.Errorf("failure of %s recorded %v, a resumed replacement's timeline %v", lost, failed, tl)
+		t.Errorf("failure records %+v (want one of %s, class host-loss, decision splice, with msg, epoch %d), a resumed replacement's timeline %v", fails, lost, tlEpoch, tl)
 	}
 }
 

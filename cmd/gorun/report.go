@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -22,9 +23,11 @@ wait. The page loads nothing from the network; open it in any browser.
 
   -o FILE   write the page to FILE (default, and "-": standard output)
 
-Exit status: 0 done; 1 EVENTS cannot be read or FILE written; 2 a usage
-error or an EVENTS that is not a valid events file (the error names the
-line).
+Exit status: 0 done (an EVENTS whose last line is cut short, as while the
+job writes it, gives the page of the lines before it, with a warning); 1
+EVENTS cannot be read or FILE written; 2 a usage error or an EVENTS that
+is not a valid events file (the error names the line) or of a newer
+schema than this gorun reads.
 `
 
 // reportMain runs `gorun report`.
@@ -58,23 +61,27 @@ func reportMain(args []string, stdout, stderr io.Writer) int {
 		return usage("-o: want a file name, or - for standard output")
 	}
 	in := pos[0]
-	b, err := os.ReadFile(in)
+	f, err := os.Open(in)
 	if err != nil {
 		fmt.Fprintf(stderr, "gorun report: %v\n", err)
 		return exitError
 	}
-	m, err := report.Read(bytes.NewReader(b))
+	m, err := report.Read(f) // streamed: a long job's file is large
+	f.Close()
 	if err != nil {
 		if le, ok := errors.AsType[*events.LineError](err); ok {
 			fmt.Fprintf(stderr, "gorun report: %s: line %d: %s\n", in, le.Line, lineErrorText(le))
 			return exitUsage
 		}
-		if errors.Is(err, report.ErrNoLaunch) {
+		if errors.Is(err, report.ErrNoLaunch) || errors.Is(err, events.ErrSchema) {
 			fmt.Fprintf(stderr, "gorun report: %s: %v\n", in, err)
 			return exitUsage
 		}
 		fmt.Fprintf(stderr, "gorun report: %s: %v\n", in, err)
 		return exitError
+	}
+	for _, w := range m.Warnings {
+		fmt.Fprintf(stderr, "gorun report: %s: warning: %s\n", in, w)
 	}
 	var page bytes.Buffer
 	if err := report.Render(&page, m); err != nil {
@@ -102,10 +109,31 @@ func lineErrorText(le *events.LineError) string {
 	return le.Msg
 }
 
-// writeFileAtomic writes b to name through a temporary file in its
-// directory, renamed over it: a failure leaves no half-written page.
+// writeFileAtomic writes b to name. A regular file (or none yet) is
+// written through a temporary file in its directory renamed over it, so
+// that a failure leaves no half-written page; a symbolic link is followed
+// (the file it names is written so, the link stays); anything else (a
+// device such as /dev/null or /dev/stdout, a FIFO) is opened and written,
+// never replaced.
 func writeFileAtomic(name string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(name), ".gorun-report-*")
+	target := name
+	if fi, err := os.Lstat(name); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		r, err := filepath.EvalSymlinks(name)
+		if err != nil {
+			// A dangling link: writing through it creates what it names.
+			return writeFileDirect(name, b)
+		}
+		target = r
+	}
+	fi, err := os.Lstat(target)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || err == nil && fi.Mode().IsRegular():
+	case err != nil:
+		return fmt.Errorf("writing %s: %w", name, err)
+	default:
+		return writeFileDirect(target, b)
+	}
+	f, err := os.CreateTemp(filepath.Dir(target), ".gorun-report-*")
 	if err != nil {
 		return err
 	}
@@ -117,10 +145,26 @@ func writeFileAtomic(name string, b []byte) error {
 		err = os.Chmod(f.Name(), 0o644)
 	}
 	if err == nil {
-		err = os.Rename(f.Name(), name)
+		err = os.Rename(f.Name(), target)
 	}
 	if err != nil {
 		os.Remove(f.Name())
+		return fmt.Errorf("writing %s: %w", name, err)
+	}
+	return nil
+}
+
+// writeFileDirect opens name (creating it if need be) and writes b.
+func writeFileDirect(name string, b []byte) error {
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", name, err)
+	}
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return fmt.Errorf("writing %s: %w", name, err)
 	}
 	return nil

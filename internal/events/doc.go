@@ -15,7 +15,10 @@
 //
 // and the kind's fields beside them. Lines are in the order they were
 // written; t does not go backwards except for the recovery stages, which
-// are written when their epoch ends (with their own times).
+// are written when their epoch ends (with their own times). A file being
+// written, or cut short (a full disk), may end in a partial line with no
+// newline: [Reader] reports it as [ErrTruncated] after the records
+// before it.
 //
 // A reader must ignore fields it does not know and may skip kinds it
 // does not know: newer writers add both. [Reader] does: an unknown kind
@@ -41,9 +44,12 @@
 //	                      environment, where secrets live, is never
 //	                      written)
 //
-// rendezvous: every host registered and the first epoch table went out
+// rendezvous: every host with ranks registered and the first epoch table
+// went out (it does not wait for spares)
 //
-//	"registered" int      hosts registered (spares included)
+//	"registered" int      hosts registered when the table went out
+//	                      (spares that had registered by then included;
+//	                      a spare registering later is not counted)
 //	"took"       number   seconds from the start to the table
 //
 // sample: the state protection's figures, every sample period while
@@ -63,58 +69,125 @@
 //	                          committed by its ranks (-1: none)
 //	"wait"           [number] per host, seconds its ranks waited at the
 //	                          overwrite rule, summed over them, since they
-//	                          started (a counter: take differences)
+//	                          started
 //	"repl_bytes"     [int]    per host, bytes its ranks sent to replica
-//	                          holders, summed (a counter)
+//	                          holders, summed
 //	"stages"         [int]    per host, steps its ranks staged for commit,
-//	                          summed (a counter)
+//	                          summed
 //
-// A sample of H hosts is about 5·H numbers, some 40 bytes per host (40 KB
-// at 1,000 hosts) whatever the number of ranks: O(ranks) to compute,
-// O(hosts) to write, and at most about 4 KB of samples a second.
+// wait, repl_bytes and stages are sums of the ranks' counters since each
+// rank started: they grow while the ranks run, and drop when ranks
+// restart (a new generation starts them from 0) or move to another host
+// (a splice: the lost host's figures go to 0, the new host's start from
+// its ranks' new counters). Take differences between samples of one
+// epoch and generation, and count a drop as a restart from 0.
 //
-// failure: something failed, as the launcher saw it (what it decided
-// follows as fence, splice, restart or abort, and the recovery stages)
+// A sample of H hosts is about 5·H numbers, some 50 to 60 bytes per host
+// in a long job (steps and byte counts grow digits; ~60 KB at 1,000
+// hosts) whatever the number of ranks: O(ranks) to compute, O(hosts) to
+// write, and at most about 6 KB of samples a second.
+//
+// failure: a failure the recovery state machine decided on, one record
+// per incident (the ranks a lost host takes with it, the peers of a
+// crashed rank, a GPU-faulted host's agent exiting are that failure, not
+// more records). What it decided follows as fence, splice, restart or
+// abort, and the recovery stages.
 //
 //	"host"     string  the host
 //	"rank"     int     the rank, or -1 for the host as a whole
-//	"what"     string  "rank-exit", "agent-failed", "host-lost" or "gpu"
+//	"what"     string  how it was seen: "rank-exit" (a rank ended badly
+//	                   on its own), "hang" (a rank made no progress for
+//	                   --hang-timeout), "agent-failed" (the host's agent
+//	                   exited or failed), "host-lost" (no heartbeat, or a
+//	                   suspicion not cleared in time) or "gpu" (a GPU
+//	                   fault that takes the host)
+//	"class"    string  the machine's classification: "host-loss",
+//	                   "rank-exit", "hang" or "gpu-permanent"
+//	"decision" string  what it decided: "splice" (the host's ranks move
+//	                   to a replacement), "restart" (every rank restarts
+//	                   in place), "rollback" (to the durable tier),
+//	                   "wait" (for a suspected host to answer before
+//	                   choosing the replacement; a splice or abort comes
+//	                   later), "abort" (the job stops) or "none" (nothing
+//	                   to recover: a spare or a host without ranks, the
+//	                   job stopping or done, a GPU fault nothing can
+//	                   replace the host for)
+//	"epoch"    int     the recovery epoch the decision started or joined:
+//	                   its timeline record has the same epoch (absent
+//	                   for none: abort, none, wait)
 //	"exit"     int     a rank's exit status (rank-exit; absent when a
 //	                   signal ended it)
 //	"signal"   string  the signal that ended the rank ("SIGKILL"; absent
 //	                   when it exited)
-//	"msg"      string  what the agent or rank said, if anything
+//	"msg"      string  why, in the machine's words ("no heartbeat for
+//	                   3s", "rank 1 on host a (pid 12) exited with code
+//	                   3"); always set
 //
 // fence: "host", a lost host cut off from the job.
 //
-// splice: "epoch", "lost", "with" (host names), "ranks" (the moved
-// ranks), "spare" (true: with is a spare, else a host with free slots).
+// splice: a lost host's ranks move to another host
 //
-// restart: "epoch", "gen", "g": every rank restarts in generation gen,
-// resuming from step g (-1: the start).
+//	"epoch"  int     the recovery epoch
+//	"lost"   string  the lost host
+//	"with"   string  the host taking its ranks
+//	"ranks"  [int]   the moved ranks
+//	"spare"  bool    true: with is a spare, else a host with free slots
 //
-// publish: "epoch", "gen", "g", "restore" (ranks restoring from other
-// hosts): the epoch's table went out.
+// restart: every rank restarts in generation gen
 //
-// under-protected: "epoch", "owners": ranks whose replicas are fewer than
-// configured until re-sent. protected: every replica is in place again.
+//	"epoch", "gen"  int  the recovery epoch and the new generation
+//	"g"             int  the step they resume from (-1: the start)
 //
-// detected, classified, replaced, published, restored, resumed: "epoch",
-// "cause" (the failure decisions' reason, in words): the recovery epoch
-// reached the stage at "t". They are written when the epoch ends, just
-// before its timeline, in stage order; a stage not reached is left out.
+// publish: the epoch's table went out
 //
-// timeline: "epoch", "cause", "superseded" (a later failure ended it),
-// and "detected", "classified", "replaced", "published", "restored",
-// "resumed": seconds since the start, or null for a stage not reached
-// (replaced is null for a restart in place).
+//	"epoch", "gen"  int  the epoch and generation
+//	"g"             int  the step the ranks resume from (-1: the start)
+//	"restore"       int  how many ranks restore from other hosts (a
+//	                     count, not a list)
 //
-// abort: "code", "msg": the job stops.
+// under-protected: some ranks' state has fewer copies than configured
+// until re-sent
+//
+//	"epoch"   int    the epoch
+//	"owners"  [int]  the ranks whose copies are missing
+//
+// protected (no fields): every copy is in place again.
+//
+// detected, classified, replaced, published, restored, resumed: "epoch"
+// (int), "cause" (string: the failure decision's reason, in words): the
+// recovery epoch reached the stage at "t". They are written when the
+// epoch ends (resumed, superseded, or the job's end), just before its
+// timeline, in stage order, each at its own time (so t goes back); a
+// stage not reached is left out.
+//
+// timeline: a recovery epoch's record, written when it ends, at that
+// time (after the failure that superseded it)
+//
+//	"epoch"       int     the epoch (failure records' "epoch")
+//	"cause"       string  the decision's reason, in words
+//	"superseded"  bool    a later failure ended it
+//	"unfinished"  bool    the job ended before the epoch resumed (absent:
+//	                      false)
+//	"detected", "classified", "replaced", "published", "restored",
+//	"resumed"     number  seconds since the start, or null for a stage
+//	                      not reached (replaced is null for a restart in
+//	                      place)
+//
+// abort: the job stops: "code" (int, gorun's exit code), "msg" (string,
+// why).
 //
 // exit (always the last line of a job that ended)
 //
 //	"code"     int     gorun's exit code
-//	"reason"   string  why the job stopped ("" when every rank ended by
-//	                   itself)
+//	"reason"   string  why the job stopped: the abort's message, or ""
+//	                   when no failure stopped it (every rank ended by
+//	                   itself, or a signal such as SIGINT stopped it: its
+//	                   code, 128+n, says which)
 //	"duration" number  seconds from the start to the end
+//
+// # Versions
+//
+// A launch record's "schema" is the version of the whole file. [Reader]
+// refuses a file whose schema is newer than [SchemaVersion] or missing
+// (a file that does not start with a launch record has none).
 package events

@@ -71,6 +71,7 @@ const (
 	FailAgent    = "agent-failed"
 	FailHostLost = "host-lost"
 	FailGPU      = "gpu"
+	FailHang     = "hang"
 )
 
 // Failure is something that failed, as the launcher saw it.
@@ -81,6 +82,12 @@ type Failure struct {
 	Exit   *int   `json:"exit,omitempty"`
 	Signal string `json:"signal,omitempty"`
 	Msg    string `json:"msg,omitempty"`
+	// Class and Decision are the failure's classification and what was
+	// decided (doc.go); Epoch the recovery epoch it started or joined, 0
+	// (absent) for none.
+	Class    string `json:"class,omitempty"`
+	Decision string `json:"decision,omitempty"`
+	Epoch    uint64 `json:"epoch,omitempty"`
 }
 
 // Fence is a lost host cut off from the job.
@@ -144,6 +151,7 @@ type Timeline struct {
 	Epoch      uint64   `json:"epoch"`
 	Cause      string   `json:"cause"`
 	Superseded bool     `json:"superseded"`
+	Unfinished bool     `json:"unfinished,omitempty"`
 	Detected   *float64 `json:"detected"`
 	Classified *float64 `json:"classified"`
 	Replaced   *float64 `json:"replaced"`

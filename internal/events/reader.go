@@ -17,6 +17,16 @@ const MaxLine = 16 << 20
 // ErrSyntax is what every malformed line's error wraps.
 var ErrSyntax = errors.New("events: malformed line")
 
+// ErrTruncated is the error of a file whose last line has no newline and
+// does not decode: the file is being written, or was cut short (a full
+// disk). The records before it are whole; a reader may use them, with a
+// warning.
+var ErrTruncated = errors.New("events: the last line is cut short")
+
+// ErrSchema is a file this package cannot read: its launch record names a
+// newer schema than SchemaVersion, or none (CheckSchema).
+var ErrSchema = errors.New("events: schema")
+
 // LineError is a malformed line: its number (from 1) and what is wrong.
 type LineError struct {
 	Line int
@@ -40,9 +50,16 @@ func (e *LineError) Unwrap() []error { return []error{ErrSyntax, e.Err} }
 // wrong types, is a *LineError. It is tolerant of what newer writers
 // add: unknown fields are ignored and unknown kinds read as Unknown.
 // Empty lines are skipped.
+//
+// A last line with no newline that does not decode is the end of a file
+// cut short, not a malformed line: Next returns an error wrapping
+// ErrTruncated (and its line number, a *LineError) for it; every other
+// line is held to the rules above.
 type Reader struct {
 	r    *bufio.Reader
 	line int
+	// partial: the line read last had no newline (the end of the file).
+	partial bool
 }
 
 // NewReader returns a Reader of r.
@@ -58,7 +75,12 @@ func (r *Reader) Next() (Record, error) {
 		if len(bytes.TrimSpace(b)) == 0 {
 			continue
 		}
-		return Decode(r.line, b)
+		rec, err := Decode(r.line, b)
+		if err != nil && r.partial {
+			le, _ := errors.AsType[*LineError](err)
+			return Record{}, &LineError{Line: r.line, Msg: fmt.Sprintf("cut short (%d bytes and no newline at the end of the file: it is being written, or was cut short)", len(b)), Err: truncated{le}}
+		}
+		return rec, err
 	}
 }
 
@@ -78,6 +100,7 @@ func (r *Reader) readLine() ([]byte, error) {
 			continue
 		case errors.Is(err, io.EOF) && len(line) > 0:
 			r.line++
+			r.partial = true
 			return line, nil
 		case errors.Is(err, io.EOF):
 			return nil, io.EOF
@@ -87,7 +110,25 @@ func (r *Reader) readLine() ([]byte, error) {
 	}
 }
 
-// ReadAll reads every record of r.
+// truncated is the cause of a cut-short last line: ErrTruncated, and what
+// decoding it said.
+type truncated struct{ cause *LineError }
+
+func (t truncated) Error() string {
+	switch {
+	case t.cause == nil:
+		return ErrTruncated.Error()
+	case t.cause.Err != nil:
+		return t.cause.Msg + ": " + t.cause.Err.Error()
+	}
+	return t.cause.Msg
+}
+
+func (t truncated) Unwrap() error { return ErrTruncated }
+
+// ReadAll reads every record of r. At an error it returns the records
+// before it with the error: with ErrTruncated (a cut-short last line)
+// they are the whole file but that line.
 func ReadAll(r io.Reader) ([]Record, error) {
 	rd := NewReader(r)
 	var out []Record
@@ -101,6 +142,25 @@ func ReadAll(r io.Reader) ([]Record, error) {
 		}
 		out = append(out, rec)
 	}
+}
+
+// CheckSchema checks that recs start with a launch record of a schema
+// this package reads: an error wrapping ErrSchema if its schema is newer
+// than SchemaVersion or missing (0, or no launch record first).
+func CheckSchema(recs []Record) error {
+	if len(recs) == 0 {
+		return fmt.Errorf("%w: no launch record, so no schema version", ErrSchema)
+	}
+	l, ok := recs[0].Event.(Launch)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: the first record is %q, not a launch record with the schema version", ErrSchema, recs[0].Event.Kind())
+	case l.Schema <= 0:
+		return fmt.Errorf("%w: the launch record has no schema version", ErrSchema)
+	case l.Schema > SchemaVersion:
+		return fmt.Errorf("%w: version %d is newer than this gorun reads (%d): use a newer gorun", ErrSchema, l.Schema, SchemaVersion)
+	}
+	return nil
 }
 
 // Decode decodes one line, numbered n for its errors.

@@ -20,7 +20,8 @@ var every = []Event{
 	Sample{Epoch: 1, Gen: 2, G: 7, D: ptr(int64(4)), Min: []int64{7, -1}, Max: []int64{8, -1}, Wait: []float64{0.5, 0}, ReplBytes: []int64{1 << 40, 0}, Stages: []int64{16, 0}},
 	Failure{Host: "a", Rank: 1, What: FailRankExit, Exit: ptr(3), Msg: "boom"},
 	Failure{Host: "a", Rank: 0, What: FailRankExit, Signal: "SIGKILL"},
-	Failure{Host: "a", Rank: -1, What: FailHostLost},
+	Failure{Host: "a", Rank: -1, What: FailHostLost, Msg: "no heartbeat for 3s", Class: "host-loss", Decision: "splice", Epoch: 2},
+	Failure{Host: "a", Rank: 1, What: FailHang, Msg: "no progress", Class: "hang", Decision: "abort"},
 	Fence{Host: "a"},
 	Splice{Epoch: 1, Lost: "a", With: "b", Ranks: []int{0, 1}, Spare: true},
 	Restart{Epoch: 1, Gen: 1, G: -1},
@@ -31,6 +32,7 @@ var every = []Event{
 	Stage{Name: "detected", Epoch: 1, Cause: "host a lost"},
 	Stage{Name: "resumed", Epoch: 1, Cause: "host a lost"},
 	Timeline{Epoch: 1, Cause: "host a lost", Detected: ptr(1.5), Classified: ptr(1.5), Published: ptr(1.75), Restored: ptr(2.0), Resumed: ptr(2.25)},
+	Timeline{Epoch: 2, Cause: "rank 1 hung", Unfinished: true, Detected: ptr(3.0), Classified: ptr(3.0), Published: ptr(3.5)},
 	Exit{Code: 0, Reason: "", Duration: 12.5},
 }
 
@@ -62,21 +64,21 @@ func TestReaderErrors(t *testing.T) {
 	}{
 		{"not json", "{\"t\":0,\"event\":\"fence\"}\nhello\n", 2, "not a JSON object"},
 		{"array", "[1]\n", 1, "not a JSON object"},
-		{"truncated", "{\"t\":0,\"event\":\"fence\"", 1, "not a JSON object"},
-		{"no t", `{"event":"fence"}`, 1, `no "t"`},
-		{"t string", `{"t":"1","event":"fence"}`, 1, `"t" is not a number`},
-		{"t negative", `{"t":-1,"event":"fence"}`, 1, `"t" is -1`},
-		{"no event", `{"t":1}`, 1, `no "event"`},
-		{"event empty", `{"t":1,"event":""}`, 1, `"event" is not`},
-		{"event number", `{"t":1,"event":3}`, 1, `"event" is not`},
-		{"field type", "\n\n{\"t\":1,\"event\":\"splice\",\"ranks\":\"x\"}", 3, `splice: field "ranks" is string`},
-		{"stage field type", `{"t":1,"event":"resumed","epoch":-1}`, 1, `resumed: field "epoch"`},
+		{"cut short mid-file", "{\"t\":0,\"event\":\"fence\"\n{\"t\":1,\"event\":\"fence\"}\n", 1, "not a JSON object"},
+		{"no t", `{"event":"fence"}` + "\n", 1, `no "t"`},
+		{"t string", `{"t":"1","event":"fence"}` + "\n", 1, `"t" is not a number`},
+		{"t negative", `{"t":-1,"event":"fence"}` + "\n", 1, `"t" is -1`},
+		{"no event", `{"t":1}` + "\n", 1, `no "event"`},
+		{"event empty", `{"t":1,"event":""}` + "\n", 1, `"event" is not`},
+		{"event number", `{"t":1,"event":3}` + "\n", 1, `"event" is not`},
+		{"field type", "\n\n{\"t\":1,\"event\":\"splice\",\"ranks\":\"x\"}\n", 3, `splice: field "ranks" is string`},
+		{"stage field type", `{"t":1,"event":"resumed","epoch":-1}` + "\n", 1, `resumed: field "epoch"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := ReadAll(strings.NewReader(c.in))
 			var le *LineError
-			if !errors.As(err, &le) || le.Line != c.line || !strings.Contains(err.Error(), c.want) || !errors.Is(err, ErrSyntax) {
-				t.Fatalf("error %v, want line %d saying %q", err, c.line, c.want)
+			if !errors.As(err, &le) || le.Line != c.line || !strings.Contains(err.Error(), c.want) || !errors.Is(err, ErrSyntax) || errors.Is(err, ErrTruncated) {
+				t.Fatalf("error %v, want line %d saying %q (not ErrTruncated)", err, c.line, c.want)
 			}
 		})
 	}
@@ -157,4 +159,60 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("%q read back as %+v, want %+v", line, again, rec)
 		}
 	})
+}
+
+// TestReaderTruncatedLastLine: a last line with no newline that does not
+// decode (a file being written, or cut short by a full disk) is
+// ErrTruncated, naming its line, and ReadAll returns every record before
+// it; a whole last line without a newline still reads.
+func TestReaderTruncatedLastLine(t *testing.T) {
+	whole := "{\"t\":0,\"event\":\"fence\",\"host\":\"a\"}\n{\"t\":1,\"event\":\"fence\",\"host\":\"b\"}\n"
+	for _, c := range []struct {
+		name, in string
+		recs     int
+		trunc    bool
+	}{
+		{"cut mid-line", whole + `{"t":2,"event":"sam`, 2, true},
+		{"cut mid-field", whole + `{"t":2,"event":"splice","ranks":[1,`, 2, true},
+		{"whole, no newline", whole + `{"t":2,"event":"fence","host":"c"}`, 3, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			recs, err := ReadAll(strings.NewReader(c.in))
+			if len(recs) != c.recs {
+				t.Errorf("%d records, want %d", len(recs), c.recs)
+			}
+			if !c.trunc {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			le, ok := errors.AsType[*LineError](err)
+			if !errors.Is(err, ErrTruncated) || !ok || le.Line != 3 {
+				t.Fatalf("error %v, want ErrTruncated at line 3", err)
+			}
+		})
+	}
+}
+
+// TestCheckSchema: a file of a newer schema, or with none, is refused.
+func TestCheckSchema(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		recs []Record
+		ok   bool
+	}{
+		{"current", []Record{{Event: Launch{Schema: SchemaVersion}}}, true},
+		{"newer", []Record{{Event: Launch{Schema: SchemaVersion + 6}}}, false},
+		{"missing", []Record{{Event: Launch{}}}, false},
+		{"no launch first", []Record{{Event: Fence{Host: "a"}}, {Event: Launch{Schema: SchemaVersion}}}, false},
+		{"empty", nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := CheckSchema(c.recs)
+			if c.ok != (err == nil) || err != nil && !errors.Is(err, ErrSchema) {
+				t.Fatalf("CheckSchema: %v, want ok %v", err, c.ok)
+			}
+		})
+	}
 }

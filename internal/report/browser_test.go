@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -171,8 +172,29 @@ func TestBrowserShowsRecovery(t *testing.T) {
 	if !ok {
 		t.Fatalf("no takeover marker laid out: %v", l.markers)
 	}
-	if take.Min.Y <= fail.Min.Y {
-		t.Errorf("takeover marker %v not below the failure marker %v (the spare's row is after the lost host's)", take, fail)
+	// Each marker on its host's row: the failure on the lost host's
+	// (the failure record's), the takeover on the spare's, as the
+	// browser laid out the rows (the page's script writes their boxes).
+	m, err := Build(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost, spare := m.Failures[0].Host, slices.IndexFunc(m.Hosts, func(h HostRow) bool { return h.Takeover != nil })
+	if lost < 0 || spare < 0 || lost == spare {
+		t.Fatalf("the fixture's failure on row %d, takeover on row %d", lost, spare)
+	}
+	for _, c := range []struct {
+		name string
+		box  image.Rectangle
+		row  int
+	}{{"failure", fail, lost}, {"takeover", take, spare}} {
+		row, ok := l.markers[fmt.Sprintf("row-%d", c.row)]
+		if !ok {
+			t.Fatalf("no box of row %d laid out: %v", c.row, l.markers)
+		}
+		if c.box.Min.Y < row.Min.Y || c.box.Max.Y > row.Max.Y || c.box.Dy() <= 0 {
+			t.Errorf("the %s marker %v is not inside row %d (%s) %v", c.name, c.box, c.row, m.Hosts[c.row].Name, row)
+		}
 	}
 	img := screenshot(t, page)
 	if f := coverage(img, fail, FailureColour); f < 0.5 {

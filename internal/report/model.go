@@ -6,6 +6,7 @@
 package report
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +20,11 @@ import (
 // MaxPoints bounds every series drawn: longer ones are averaged down
 // into this many buckets.
 const MaxPoints = 2000
+
+// MaxHostPoints bounds each host's step line: half a point per pixel of
+// the plot (plotW), as more cannot be seen and a thousand hosts' lines
+// are most of a page's bytes.
+const MaxHostPoints = plotW / 2
 
 // ErrNoLaunch is a record without a launch record: nothing says what the
 // hosts are.
@@ -35,16 +41,44 @@ const (
 )
 
 // PhaseColours are the recovery phases' colours, by the stage that ends
-// the phase (events.Stages[1:]).
+// the phase (events.Stages[1:]); SkipColour is a phase's that goes from
+// a stage over one not reached (classified → published in a restart in
+// place, which replaces no host).
 var PhaseColours = []string{"#7b2cbf", "#c9a227", "#2a9d8f", "#577590", "#90be6d"}
 
-// Read reads an events file and builds its page's model.
+// SkipColour: see PhaseColours.
+const SkipColour = "#9e9e9e"
+
+// HostTakeoverColour marks a splice onto a host that was not a spare (one
+// with free slots); TakeoverColour a spare's.
+const HostTakeoverColour = "#0b7285"
+
+// Read reads an events file and builds its page's model. A file whose
+// last line is cut short (being written, or a full disk) gives the page
+// of the records before it, with a warning in Model.Warnings; a file of a
+// schema this gorun does not read (events.CheckSchema) is an error.
 func Read(r io.Reader) (*Model, error) {
 	recs, err := events.ReadAll(r)
+	var warn []string
+	if errors.Is(err, events.ErrTruncated) {
+		warn = append(warn, err.Error()+"; the page shows the records before it")
+		err = nil
+	}
 	if err != nil {
 		return nil, err
 	}
-	return Build(recs)
+	if err := events.CheckSchema(recs); err != nil {
+		if errors.Is(err, events.ErrSchema) && slices.IndexFunc(recs, func(r events.Record) bool { _, ok := r.Event.(events.Launch); return ok }) < 0 {
+			return nil, ErrNoLaunch
+		}
+		return nil, err
+	}
+	m, err := Build(recs)
+	if err != nil {
+		return nil, err
+	}
+	m.Warnings = warn
+	return m, nil
 }
 
 // Model is what the page shows, built from the records (Build).
@@ -58,13 +92,24 @@ type Model struct {
 	Series   []Point // step time and protection wait, at most MaxPoints
 	MaxStep  int64
 	Samples  int
+	// Warnings are about the file (a cut-short last line), for the user.
+	Warnings []string
 }
+
+// CollapseAbove is how many hosts a job may have before the hosts that
+// nothing happened to (ran ranks from start to end: no failure, no
+// takeover, not a spare) share one row (HostRow.Group).
+const CollapseAbove = 24
 
 // HostRow is one host's row of the timeline.
 type HostRow struct {
 	Name  string
 	Role  string
 	Ranks []int
+	// Group is, for the row of untouched hosts (CollapseAbove), how many
+	// hosts it stands for (its Steps are their least step); 0 for a
+	// host's own row.
+	Group int
 	// Active are the intervals (seconds) during which the host ran
 	// ranks; Idle those it waited as a spare.
 	Active, Idle []Span
@@ -89,6 +134,7 @@ type Takeover struct {
 	T     float64
 	Lost  string
 	Ranks []int
+	Spare bool // the host was a spare (else a host with free slots)
 }
 
 // Failure is a failure record on a host's row.
@@ -96,6 +142,9 @@ type Failure struct {
 	T    float64
 	Host int // row index, -1 if the host is not in the launch record
 	events.Failure
+	// Recovery is its recovery epoch's outcome in words: the time from
+	// detection to resume, or why there is none.
+	Recovery string
 }
 
 // Recovery is a recovery epoch's timeline.
@@ -190,7 +239,7 @@ func Build(recs []events.Record) (*Model, error) {
 					activeFrom[h] = r.T
 				}
 				if m.Hosts[h].Takeover == nil {
-					m.Hosts[h].Takeover = &Takeover{T: r.T, Lost: e.Lost, Ranks: e.Ranks}
+					m.Hosts[h].Takeover = &Takeover{T: r.T, Lost: e.Lost, Ranks: e.Ranks, Spare: e.Spare}
 				}
 			}
 		case events.Timeline:
@@ -220,10 +269,108 @@ func Build(recs []events.Record) (*Model, error) {
 		if idleFrom[h] >= 0 {
 			m.Hosts[h].Idle = append(m.Hosts[h].Idle, Span{idleFrom[h], m.Duration})
 		}
-		m.Hosts[h].Steps = downsampleSteps(steps[h], MaxPoints)
+	}
+	steps = m.collapse(steps)
+	for h := range m.Hosts {
+		m.Hosts[h].Steps = downsampleSteps(steps[h], MaxHostPoints)
 	}
 	m.Series = downsample(series, MaxPoints)
+	for i := range m.Failures {
+		m.Failures[i].Recovery = m.failureRecovery(m.Failures[i].Failure)
+	}
 	return m, nil
+}
+
+// collapse puts the hosts nothing happened to in one row, after the
+// others, when there are more than CollapseAbove hosts and at least two
+// such: the rows of a large job are then the hosts worth looking at. It
+// renumbers the failures' rows and returns the rows' steps.
+func (m *Model) collapse(steps [][]StepPoint) [][]StepPoint {
+	if len(m.Hosts) <= CollapseAbove {
+		return steps
+	}
+	touched := make([]bool, len(m.Hosts))
+	for _, f := range m.Failures {
+		if f.Host >= 0 {
+			touched[f.Host] = true
+		}
+	}
+	n := 0
+	for i, h := range m.Hosts {
+		whole := len(h.Active) == 1 && h.Active[0].From == 0 && h.Active[0].To >= m.Duration
+		if h.Role == events.RoleSpare || h.Takeover != nil || len(h.Idle) > 0 || !whole {
+			touched[i] = true
+		}
+		if !touched[i] {
+			n++
+		}
+	}
+	if n < 2 {
+		return steps
+	}
+	newRow := make([]int, len(m.Hosts))
+	var rows []HostRow
+	var rowSteps [][]StepPoint
+	least := map[float64]int64{}
+	for i, h := range m.Hosts {
+		if touched[i] {
+			newRow[i] = len(rows)
+			rows = append(rows, h)
+			rowSteps = append(rowSteps, steps[i])
+			continue
+		}
+		newRow[i] = -1
+		for _, p := range steps[i] {
+			if s, ok := least[p.T]; !ok || p.Step < s {
+				least[p.T] = p.Step
+			}
+		}
+	}
+	group := make([]StepPoint, 0, len(least))
+	for t, s := range least {
+		group = append(group, StepPoint{T: t, Step: s})
+	}
+	slices.SortFunc(group, func(a, b StepPoint) int { return cmp.Compare(a.T, b.T) })
+	rows = append(rows, HostRow{Name: fmt.Sprintf("%d other hosts", n), Role: events.RoleRunning, Group: n,
+		Active: []Span{{0, m.Duration}}})
+	rowSteps = append(rowSteps, group)
+	for i := range m.Failures {
+		if h := m.Failures[i].Host; h >= 0 {
+			m.Failures[i].Host = newRow[h]
+		}
+	}
+	m.Hosts = rows
+	return rowSteps
+}
+
+// failureRecovery says how f's recovery epoch went, by its epoch (the
+// last timeline of that epoch).
+func (m *Model) failureRecovery(f events.Failure) string {
+	switch f.Decision {
+	case "abort":
+		return "none: the job stopped"
+	case "none":
+		return "none needed"
+	}
+	if f.Epoch == 0 {
+		return "-"
+	}
+	for i := len(m.Recovery) - 1; i >= 0; i-- {
+		r := m.Recovery[i]
+		if r.Epoch != f.Epoch {
+			continue
+		}
+		switch {
+		case r.Took >= 0:
+			return seconds(r.Took) + " to resume"
+		case r.Unfinished:
+			return "unfinished when the job ended"
+		case r.Superseded:
+			return "superseded by a later failure"
+		}
+		return "did not resume"
+	}
+	return "no timeline"
 }
 
 // point is the step time and the wait per step between two samples of
@@ -254,8 +401,17 @@ func recovery(t events.Timeline) Recovery {
 			continue
 		}
 		if last >= 0 && *p >= *at[last] {
-			r.Phases = append(r.Phases, Phase{Name: events.Stages[i], Colour: PhaseColours[i-1], Span: Span{*at[last], *p}})
-			r.Cells[i-1] = seconds(*p - *at[last])
+			ph := Phase{Name: PhaseColoursNames()[i-1], Colour: PhaseColours[i-1], Span: Span{*at[last], *p}}
+			cell := seconds(*p - *at[last])
+			if last != i-1 {
+				// A stage skipped (replaced, in a restart in place):
+				// the phase is from the stage before, in its own colour.
+				ph.Name = events.Stages[last] + " → " + events.Stages[i]
+				ph.Colour = SkipColour
+				cell += " (from " + events.Stages[last] + ")"
+			}
+			r.Phases = append(r.Phases, ph)
+			r.Cells[i-1] = cell
 		}
 		last = i
 	}

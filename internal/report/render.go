@@ -18,12 +18,15 @@ var pageTmpl = template.Must(template.New("page.html.tmpl").Funcs(template.FuncM
 
 // Geometry of the timeline and of the series chart, in CSS pixels.
 const (
-	width     = 1200
-	labelW    = 190 // host names
-	plotW     = 960
-	rowH      = 34
-	topPad    = 16
-	axisH     = 44
+	width  = 1200
+	labelW = 190 // host names
+	plotW  = 960
+	rowH   = 34
+	topPad = 30 // the time axis's labels above the rows
+	axisH  = 44
+	// maxLabel is the most characters of a host name shown: longer ones
+	// end in an ellipsis (the whole name is the label's tooltip).
+	maxLabel  = 26
 	seriesH   = 240
 	seriesTop = 20
 )
@@ -41,6 +44,7 @@ type page struct {
 	*Model
 	Program        string
 	Running, Spare int
+	RanksText      string
 	Colours        map[string]string
 	Phases         []Phase // one of each, for the legend
 	TL             svg
@@ -80,21 +84,44 @@ type text struct {
 	Anchor string
 	Class  string
 	Text   string
+	Title  string // a tooltip, or ""
+}
+
+// shorten cuts s to n characters with an ellipsis in the middle (hosts'
+// names often differ only at their end: node-0005.cluster) and says
+// whether it did.
+func shorten(s string, n int) (string, bool) {
+	r := []rune(s)
+	if len(r) <= n {
+		return s, false
+	}
+	head := (n - 1) * 2 / 5
+	tail := n - 1 - head
+	return string(r[:head]) + "…" + string(r[len(r)-tail:]), true
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, one)
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }
 
 func newPage(m *Model) *page {
 	p := &page{Model: m, Program: strings.Join(m.Launch.Program, " "),
-		Colours: map[string]string{"failure": FailureColour, "takeover": TakeoverColour, "step": StepColour, "wait": WaitColour}}
+		Colours: map[string]string{"failure": FailureColour, "takeover": TakeoverColour, "hosttakeover": HostTakeoverColour,
+			"step": StepColour, "wait": WaitColour, "skip": SkipColour}}
 	for i, s := range PhaseColoursNames() {
 		p.Phases = append(p.Phases, Phase{Name: s, Colour: PhaseColours[i]})
 	}
-	for _, h := range m.Hosts {
+	for _, h := range m.Launch.Hosts {
 		if h.Role == "spare" {
 			p.Spare++
 		} else {
 			p.Running++
 		}
 	}
+	p.RanksText = plural(m.Launch.NP, "rank", "ranks") + " on " + plural(p.Running, "host", "hosts") + ", " + plural(p.Spare, "spare", "spares")
 	dur := m.Duration
 	if dur <= 0 {
 		dur = 1
@@ -118,22 +145,37 @@ func (p *page) timeline(x func(float64) float64, dur float64) {
 	s.W, s.H = width, topPad+rows*rowH+axisH
 	top := func(r int) float64 { return float64(topPad + r*rowH) }
 	bottom := float64(topPad + rows*rowH)
+	// Each host's row box, first (under everything, no pointer events):
+	// the page's script reports them (data-marker row-I), so that a test
+	// can check which row a marker is on.
+	for i := range m.Hosts {
+		s.Rects = append(s.Rects, rect{X: labelW, Y: top(i), W: plotW, H: rowH, Class: "rowbox", Marker: fmt.Sprintf("row-%d", i)})
+	}
 	// Recovery bands behind every row.
 	for _, r := range m.Recovery {
 		if len(r.Phases) == 0 {
 			continue
 		}
 		from, to := r.Phases[0].From, r.Phases[len(r.Phases)-1].To
-		s.Rects = append(s.Rects, rect{X: x(from), Y: top(0), W: max(x(to)-x(from), 2), H: bottom - top(0), Class: "band",
+		s.Rects = append(s.Rects, rect{X: x(from), Y: top(0), W: max(x(to)-x(from), 4), H: bottom - top(0), Class: "band",
 			Title: fmt.Sprintf("recovery epoch %d: %s", r.Epoch, r.Cause)})
 	}
 	for i, h := range m.Hosts {
 		y := top(i)
-		label := h.Name
+		suffix := ""
 		if h.Role == "spare" {
-			label += " (spare)"
+			suffix = " (spare)"
 		}
-		s.Texts = append(s.Texts, text{X: labelW - 8, Y: y + rowH/2 + 4, Anchor: "end", Class: "host", Text: label})
+		label, cut := shorten(h.Name, maxLabel-len(suffix))
+		label += suffix
+		title := ""
+		if cut {
+			title = h.Name
+		}
+		if h.Group > 0 {
+			title = fmt.Sprintf("%d hosts that ran their ranks from start to end without a failure; the line is their least committed step", h.Group)
+		}
+		s.Texts = append(s.Texts, text{X: labelW - 8, Y: y + rowH/2 + 4, Anchor: "end", Class: "host", Text: label, Title: title})
 		s.Lines = append(s.Lines, line{X1: labelW, Y1: y + rowH, X2: labelW + plotW, Y2: y + rowH, Class: "rowsep"})
 		for _, sp := range h.Idle {
 			s.Rects = append(s.Rects, rect{X: x(sp.From), Y: y + 12, W: max(x(sp.To)-x(sp.From), 1), H: rowH - 24, Class: "idle",
@@ -151,8 +193,12 @@ func (p *page) timeline(x func(float64) float64, dur float64) {
 			s.Polys = append(s.Polys, poly{Points: strings.TrimSpace(b.String()), Stroke: StepColour, Class: "steps"})
 		}
 		if t := h.Takeover; t != nil {
-			s.Rects = append(s.Rects, rect{X: x(t.T) - 4, Y: y + 2, W: 8, H: rowH - 4, Fill: TakeoverColour, Marker: "takeover",
-				Title: fmt.Sprintf("%s takes over ranks %s of %s at %s", h.Name, joinInts(t.Ranks), t.Lost, seconds(t.T))})
+			fill, what := TakeoverColour, "spare"
+			if !t.Spare {
+				fill, what = HostTakeoverColour, "host with free slots"
+			}
+			s.Rects = append(s.Rects, rect{X: x(t.T) - 4, Y: y + 2, W: 8, H: rowH - 4, Fill: fill, Marker: "takeover",
+				Title: fmt.Sprintf("%s (%s) takes over ranks %s of %s at %s", h.Name, what, joinInts(t.Ranks), t.Lost, seconds(t.T))})
 		}
 	}
 	// The recovery row: each epoch's phases.
@@ -160,8 +206,8 @@ func (p *page) timeline(x func(float64) float64, dur float64) {
 	s.Texts = append(s.Texts, text{X: labelW - 8, Y: ry + rowH/2 + 4, Anchor: "end", Class: "host", Text: "recovery"})
 	for _, r := range m.Recovery {
 		for _, ph := range r.Phases {
-			s.Rects = append(s.Rects, rect{X: x(ph.From), Y: ry + 6, W: max(x(ph.To)-x(ph.From), 2), H: rowH - 12, Fill: ph.Colour,
-				Title: fmt.Sprintf("epoch %d %s: %s – %s (%s)", r.Epoch, ph.Name, seconds(ph.From), seconds(ph.To), seconds(ph.To-ph.From))})
+			s.Rects = append(s.Rects, rect{X: x(ph.From), Y: ry + 6, W: max(x(ph.To)-x(ph.From), 3), H: rowH - 12, Fill: ph.Colour,
+				Title: fmt.Sprintf("epoch %d, %s: %s – %s (%s)", r.Epoch, ph.Name, seconds(ph.From), seconds(ph.To), seconds(ph.To-ph.From))})
 		}
 	}
 	// Failures on top of everything.
@@ -183,11 +229,15 @@ func (p *page) timeline(x func(float64) float64, dur float64) {
 		s.Rects = append(s.Rects, rect{X: x(f.T) - 4, Y: top(r) + 2, W: 8, H: rowH - 4, Fill: FailureColour, Marker: "failure",
 			Title: fmt.Sprintf("failure at %s on %s: %s %s", seconds(f.T), f.Failure.Host, what, f.Msg)})
 	}
-	// The time axis.
-	s.Lines = append(s.Lines, line{X1: labelW, Y1: bottom, X2: labelW + plotW, Y2: bottom, Class: "axis"})
+	// The time axis, below the rows and above them (a long page's rows
+	// go far down).
+	s.Lines = append(s.Lines, line{X1: labelW, Y1: bottom, X2: labelW + plotW, Y2: bottom, Class: "axis"},
+		line{X1: labelW, Y1: top(0), X2: labelW + plotW, Y2: top(0), Class: "axis"})
 	for _, t := range ticks(dur) {
-		s.Lines = append(s.Lines, line{X1: x(t), Y1: bottom, X2: x(t), Y2: bottom + 5, Class: "axis"})
-		s.Texts = append(s.Texts, text{X: x(t), Y: bottom + 18, Anchor: "middle", Class: "tick", Text: tickLabel(t)})
+		s.Lines = append(s.Lines, line{X1: x(t), Y1: bottom, X2: x(t), Y2: bottom + 5, Class: "axis"},
+			line{X1: x(t), Y1: top(0) - 5, X2: x(t), Y2: top(0), Class: "axis"})
+		s.Texts = append(s.Texts, text{X: x(t), Y: bottom + 18, Anchor: "middle", Class: "tick", Text: tickLabel(t)},
+			text{X: x(t), Y: top(0) - 9, Anchor: "middle", Class: "tick", Text: tickLabel(t)})
 	}
 	s.Texts = append(s.Texts, text{X: labelW + plotW/2, Y: bottom + 38, Anchor: "middle", Class: "label", Text: "seconds since the job started"})
 }
