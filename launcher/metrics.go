@@ -180,7 +180,7 @@ func (j *job) metricsAction(a hotswap.Action) {
 	switch a := a.(type) {
 	case hotswap.Splice:
 		m.failures.WithLabelValues("host-lost").Inc()
-		m.spliceEpoch, m.spliced = j.m.Epoch(), true
+		m.spliceEpoch, m.spliced = a.Epoch, true
 	case hotswap.Restart:
 		if !m.spliced || m.spliceEpoch != a.Epoch {
 			m.failures.WithLabelValues("rank-restart").Inc()

@@ -291,7 +291,7 @@ func (j *job) statusAction(a hotswap.Action) {
 	}
 	switch a := a.(type) {
 	case hotswap.Splice:
-		f := j.status.failure(j.m.Epoch())
+		f := j.status.failure(a.Epoch)
 		f.Class, f.Host, f.With, f.Ranks, f.Spare = "host-lost", a.LostName, a.WithName, jobstatus.Compact(slices.Sorted(slices.Values(a.Ranks))), a.Spare
 	case hotswap.Restart:
 		if f := j.status.failure(a.Epoch); f.Class == "" {

@@ -3,6 +3,7 @@ package launcher
 import (
 	"context"
 	"errors"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,6 +14,9 @@ import (
 
 	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/jobstatus"
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/topology"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // TestStatusLive: a running job registers, answers gorun status's query
@@ -134,5 +138,64 @@ func TestStatusFailures(t *testing.T) {
 	}
 	if n, last := len(j.status.failures), j.status.failures[len(j.status.failures)-1].Epoch; n != jobstatus.MaxFailures || last != 10+2*jobstatus.MaxFailures-1 {
 		t.Errorf("%d failures kept, the last of epoch %d", n, last)
+	}
+}
+
+// TestStatusTwoLossesInOneStep: two hosts lost in one step of the
+// machine (both heartbeats time out in one tick) are two host losses,
+// oldest first, each under its own epoch, in the snapshot and in the
+// metrics; before Splice carried its epoch both were filed under the
+// machine's epoch after the step, and the first loss showed as a
+// rank-restart without a host (and counted a third failure).
+func TestStatusTwoLossesInOneStep(t *testing.T) {
+	cfg := validConfig()
+	cfg.HeartbeatTimeout = 3 * time.Second
+	j := &job{cfg: cfg, world: 3, rankHost: []int{0, 1, 2}, rankEnded: make([]bool, 3), metrics: newMetrics(), status: &statusState{}}
+	for i, n := range []string{"h0", "h1", "h2", "s0", "s1"} {
+		spare := n[0] == 's'
+		h := &agentHost{index: i, name: n, topo: topology.Host{Name: n, Slots: 1, Spare: spare}, spare: spare}
+		if !spare {
+			h.ranks = []int{i}
+		}
+		j.hosts = append(j.hosts, h)
+	}
+	var err error
+	if j.m, err = hotswap.New(j.machineConfig()); err != nil {
+		t.Fatal(err)
+	}
+	j.prog = newProgress([][]int{{0}, {1}, {2}, nil, nil}, []int{0, 1, 2}, func(*wire.GlobalStep) {})
+	step := func(at time.Duration, e hotswap.Event) {
+		for _, a := range j.m.Step(at, e) {
+			j.statusAction(a) // as do does
+		}
+	}
+	for h := range 5 {
+		step(0, hotswap.AgentRegistered{Host: h, Spare: h >= 3})
+		step(time.Second, hotswap.Heartbeat{Host: h})
+	}
+	step(3*time.Second, hotswap.Heartbeat{Host: 0})
+	step(3500*time.Millisecond, hotswap.Heartbeat{Host: 3})
+	step(3500*time.Millisecond, hotswap.Heartbeat{Host: 4})
+	step(4100*time.Millisecond, hotswap.Tick{})
+	f := j.status.failures
+	if len(f) != 2 {
+		t.Fatalf("want 2 failures, got %+v", f)
+	}
+	for i, want := range []struct {
+		epoch      uint64
+		host, with string
+	}{{1, "h1", "s0"}, {2, "h2", "s1"}} {
+		if f[i].Epoch != want.epoch || f[i].Class != "host-lost" || f[i].Host != want.host || f[i].With != want.with {
+			t.Errorf("failure %d: %+v, want a host loss of %s onto %s in epoch %d", i, f[i], want.host, want.with, want.epoch)
+		}
+	}
+	srv := httptest.NewServer(promhttp.HandlerFor(j.metrics.reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	fams := scrape(t, srv.URL)
+	if got := value(fams, "gorun_failures_total", "class", "host-lost"); got != 2 {
+		t.Errorf("host-lost failures %v, want 2", got)
+	}
+	if got := value(fams, "gorun_failures_total", "class", "rank-restart"); got != 0 {
+		t.Errorf("rank-restart failures %v, want 0", got)
 	}
 }
