@@ -199,6 +199,11 @@ func (j *job) metricsTick() {
 	if m == nil {
 		return
 	}
+	if t, ok := j.prog.takeResumed(); ok {
+		// A resumed job's G starts at the step it resumed from: the
+		// steps before it ran in an earlier process.
+		m.lastG = max(m.lastG, t)
+	}
 	g := j.prog.G()
 	if g > m.lastG {
 		m.steps.Add(float64(g - m.lastG))

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -215,5 +216,39 @@ func TestMetricsAddr(t *testing.T) {
 		if _, err := metricsAddr(bad); err == nil {
 			t.Errorf("metricsAddr(%q) accepted", bad)
 		}
+	}
+}
+
+// TestMetricsResumeSteps: a job resumed at step T (--resume) counts the
+// steps it runs from T, not from -1: G going from -1 to T at once (the
+// resume, before or after a tick) is no step run, and rate() over
+// gorun_steps_total does not spike. Before the fix the counter jumped
+// by T+1.
+func TestMetricsResumeSteps(t *testing.T) {
+	for _, tickFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tick before the resume %v", tickFirst), func(t *testing.T) {
+			j := metricsJob(t)
+			if tickFirst {
+				j.metricsTick()
+			}
+			j.prog.resumeAt(245)
+			j.metricsTick()
+			for h := range 2 {
+				u := &wire.UpProgress{Host: h}
+				for _, r := range j.hosts[h].ranks {
+					u.Ranks = append(u.Ranks, wire.RankProgress{Rank: r, Committed: 250, Replicated: 250})
+				}
+				if err := j.prog.handle(u); err != nil {
+					t.Fatal(err)
+				}
+			}
+			j.metricsTick()
+			srv := httptest.NewServer(promhttp.HandlerFor(j.metrics.reg, promhttp.HandlerOpts{}))
+			defer srv.Close()
+			fams := scrape(t, srv.URL)
+			if g, n := value(fams, "gorun_global_step"), value(fams, "gorun_steps_total"); g != 250 || n != 5 {
+				t.Errorf("G %v, steps %v; want 250 and 5 (resumed at 245)", g, n)
+			}
+		})
 	}
 }

@@ -29,7 +29,11 @@ type progress struct {
 	hostMin   []int64 // per host: the minimum Replicated of its ranks
 	atG       int     // hosts whose hostMin is at most g
 	g         int64
-	publish   func(*wire.GlobalStep)
+	// resumed is the step a --resume started from (resumeAt), until the
+	// metrics take it (takeResumed): G's rise to it ran no step.
+	resumed    int64
+	hasResumed bool
+	publish    func(*wire.GlobalStep)
 	// epoch is the newest epoch published: reports taken before their
 	// host applied its placement do not raise Replicated (setEpoch).
 	epoch uint64
@@ -419,6 +423,16 @@ func (p *progress) rank(r int) wire.RankProgress {
 }
 
 // G returns the globally recoverable step, or -1.
+// takeResumed is the step a --resume started from, once (ok false:
+// none, or taken).
+func (p *progress) takeResumed() (t int64, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok = p.resumed, p.hasResumed
+	p.hasResumed = false
+	return t, ok
+}
+
 func (p *progress) G() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
