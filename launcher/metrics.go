@@ -96,19 +96,33 @@ func metricsAddr(addr string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
+// ListenMetrics opens the listener of --metrics ADDR: a ConfigError for
+// an ADDR that is not one, an error naming it when it cannot listen (a
+// port in use).
+func ListenMetrics(addr string) (net.Listener, error) {
+	a, err := metricsAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", a)
+	if err != nil {
+		return nil, fmt.Errorf("launcher: --metrics %s: %w", addr, err)
+	}
+	return l, nil
+}
+
 // metricsStart starts the endpoint (--metrics), if asked; metricsStop
 // shuts it down.
 func (j *job) metricsStart() error {
-	if j.cfg.Metrics == "" {
+	l := j.cfg.MetricsListener
+	if l == nil && j.cfg.Metrics == "" {
 		return nil
 	}
-	addr, err := metricsAddr(j.cfg.Metrics)
-	if err != nil {
-		return err
-	}
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("launcher: --metrics: %w", err)
+	if l == nil {
+		var err error
+		if l, err = ListenMetrics(j.cfg.Metrics); err != nil {
+			return err
+		}
 	}
 	m := newMetrics()
 	mux := http.NewServeMux()

@@ -2,6 +2,10 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -80,5 +84,26 @@ func TestMetricsFlag(t *testing.T) {
 		if code := Main([]string{"--metrics", bad, "-np", "1", "true"}, nil, &out, &errb); code != exitUsage || !strings.Contains(errb.String(), "--metrics") {
 			t.Errorf("--metrics %q: exit %d, stderr %q; want 2 naming --metrics", bad, code, errb.String())
 		}
+	}
+}
+
+// TestMetricsBusyPort: a --metrics port another process holds is a
+// runtime error (exit 1) naming the address, found before anything is
+// made: no --events file is left behind (before, a 0-byte one was).
+func TestMetricsBusyPort(t *testing.T) {
+	t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ev := filepath.Join(t.TempDir(), "ev.jsonl")
+	var out, errb bytes.Buffer
+	code := Main([]string{"--metrics", l.Addr().String(), "--events", ev, "-np", "1", "true"}, nil, &out, &errb)
+	if code != exitError || !strings.Contains(errb.String(), l.Addr().String()) || !strings.Contains(errb.String(), "--metrics") {
+		t.Errorf("exit %d, stderr %q; want 1 naming --metrics %s", code, errb.String(), l.Addr())
+	}
+	if _, err := os.Stat(ev); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the events file was made: %v", err)
 	}
 }
