@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"net"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/jobstatus"
 )
 
 func TestParseStatus(t *testing.T) {
@@ -105,5 +108,58 @@ func TestMetricsBusyPort(t *testing.T) {
 	}
 	if _, err := os.Stat(ev); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the events file was made: %v", err)
+	}
+}
+
+// TestStatusSeveralJobs: with several jobs running and none named,
+// gorun status lists them and exits 1 (it did not show a job), in the
+// table, under --watch (at once) and under --json (a JSON list of the
+// jobs, without their credentials); before, the table exited 0 and
+// --json failed with "several running jobs match".
+func TestStatusSeveralJobs(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "reg")
+	for _, id := range []string{"aaaa1111", "bbbb2222"} {
+		rm, err := jobstatus.Register(dir, &jobstatus.Entry{Job: id, PID: os.Getpid(), Start: time.Now(), Prog: "train", URL: "nats://127.0.0.1:1", Seed: "SUAsecretseed"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rm()
+	}
+	for _, tt := range []struct {
+		name string
+		o    statusOpts
+	}{
+		{"table", statusOpts{}},
+		{"watch", statusOpts{watch: true}},
+		{"json", statusOpts{json: true}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := tt.o
+			o.interval, o.timeout = time.Second, 5*time.Second
+			var out, errb bytes.Buffer
+			if code := runStatus(t.Context(), &o, dir, &out, &errb); code != exitError {
+				t.Fatalf("exit %d, want 1; stdout %q stderr %q", code, out.String(), errb.String())
+			}
+			if !strings.Contains(errb.String(), "2 running jobs; name one") {
+				t.Errorf("stderr %q", errb.String())
+			}
+			if strings.Contains(out.String(), "SUAsecretseed") {
+				t.Errorf("the status credential is shown: %s", out.String())
+			}
+			if !o.json {
+				if !strings.Contains(out.String(), "aaaa1111") || !strings.Contains(out.String(), "bbbb2222") {
+					t.Errorf("stdout %q lists not both jobs", out.String())
+				}
+				return
+			}
+			var jobs []struct {
+				Job  string `json:"job"`
+				PID  int    `json:"pid"`
+				Prog string `json:"prog"`
+			}
+			if err := json.Unmarshal(out.Bytes(), &jobs); err != nil || len(jobs) != 2 || jobs[0].Job != "aaaa1111" || jobs[1].PID != os.Getpid() || jobs[1].Prog != "train" {
+				t.Errorf("JSON list %q: %+v, %v", out.String(), jobs, err)
+			}
+		})
 	}
 }
