@@ -252,3 +252,49 @@ func TestMetricsResumeSteps(t *testing.T) {
 		})
 	}
 }
+
+// TestMetricsAfterRestart: a rank's protection wait and replication
+// bytes count from 0 again in a new process (a restart, or a rank moved
+// to a spare): its first report there adds all of its figures, even when
+// they exceed the old process's last ones. Before the fix progress kept
+// the old figures and only the difference was counted.
+func TestMetricsAfterRestart(t *testing.T) {
+	for _, how := range []string{"restart", "move"} {
+		t.Run(how, func(t *testing.T) {
+			j := metricsJob(t)
+			report := func(host int, waitMS, bytes int64) {
+				u := &wire.UpProgress{Host: host, Gen: j.gen}
+				for _, r := range j.hosts[host].ranks {
+					u.Ranks = append(u.Ranks, wire.RankProgress{Rank: r, Committed: 1, Replicated: 1, WaitNS: waitMS * 1e6, ReplBytes: bytes})
+				}
+				j.metricsProgress(u)
+				if err := j.prog.handle(u); err != nil {
+					t.Fatal(err)
+				}
+			}
+			report(0, 100, 1000) // ranks 0 and 1
+			switch how {
+			case "restart":
+				j.gen = 1
+				j.prog.restart(1)
+			case "move":
+				j.prog.move([]int{0, 1}, 0, 2)
+				j.hosts[2].ranks, j.hosts[0].ranks = j.hosts[0].ranks, nil
+			}
+			host := 0
+			if how == "move" {
+				host = 2
+			}
+			report(host, 150, 1500)
+			srv := httptest.NewServer(promhttp.HandlerFor(j.metrics.reg, promhttp.HandlerOpts{}))
+			defer srv.Close()
+			fams := scrape(t, srv.URL)
+			if got, want := value(fams, "gorun_protection_wait_seconds_total"), 2*(0.100+0.150); math.Abs(got-want) > 1e-9 {
+				t.Errorf("wait %v, want %v", got, want)
+			}
+			if got, want := value(fams, "gorun_replication_bytes_total"), float64(2*(1000+1500)); got != want {
+				t.Errorf("bytes %v, want %v", got, want)
+			}
+		})
+	}
+}

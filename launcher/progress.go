@@ -367,6 +367,7 @@ func (p *progress) restart(gen uint64) int64 {
 		r := &p.ranks[i]
 		r.Committed, r.Replicated = min(r.Committed, p.g), min(r.Replicated, p.g)
 		r.Restores = 0 // counted per generation
+		newProcess(r)
 	}
 	p.atG = 0
 	for h := range p.hostMin {
@@ -383,6 +384,13 @@ func (p *progress) restart(gen uint64) int64 {
 	return p.g
 }
 
+// newProcess forgets the figures a rank's process counts from its start
+// (the protection wait, the replication bytes): the next report, of a
+// new process, counts from 0 (metricsProgress adds its figures whole).
+func newProcess(r *wire.RankProgress) {
+	r.WaitNS, r.ReplBytes = 0, 0
+}
+
 // move moves ranks from host from to host to (a splice): the reports
 // of to cover them from now on, those of from are refused. G stays; the
 // two hosts' minimums are taken again; in diff mode under erasure coding
@@ -396,6 +404,7 @@ func (p *progress) move(ranks []int, from, to int) {
 		// Its durable markers were the lost host's: the rank's new host
 		// reports its own once it opened the rank's store.
 		p.ranks[r].D = nil
+		newProcess(&p.ranks[r]) // (a rank moved by a restart: again)
 	}
 	p.hostRanks[from] = slices.DeleteFunc(slices.Clone(p.hostRanks[from]), func(r int) bool { return slices.Contains(ranks, r) })
 	p.hostRanks[to] = append(slices.Clone(p.hostRanks[to]), ranks...)
@@ -422,7 +431,6 @@ func (p *progress) rank(r int) wire.RankProgress {
 	return p.ranks[r]
 }
 
-// G returns the globally recoverable step, or -1.
 // takeResumed is the step a --resume started from, once (ok false:
 // none, or taken).
 func (p *progress) takeResumed() (t int64, ok bool) {
@@ -433,6 +441,7 @@ func (p *progress) takeResumed() (t int64, ok bool) {
 	return t, ok
 }
 
+// G returns the globally recoverable step, or -1.
 func (p *progress) G() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
