@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/hotswap"
+	"github.com/gorun/gorun/internal/jobstatus"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -230,11 +231,10 @@ func (j *job) metricsTick() {
 	}
 	spares, up := 0, 0
 	for _, h := range j.hosts {
-		switch {
-		case h.lost:
-		case len(h.ranks) > 0:
+		switch hostState(h) {
+		case jobstatus.HostRunning:
 			up++
-		case h.spare && !h.ended:
+		case jobstatus.HostSpare:
 			spares++
 		}
 	}

@@ -208,17 +208,9 @@ func (j *job) snapshot(ranks bool) *jobstatus.Snapshot {
 	j.tab.RLock()
 	defer j.tab.RUnlock()
 	for _, h := range j.hosts {
-		x := jobstatus.Host{Name: h.name, Addr: h.topo.Addr, NRanks: len(h.ranks)}
-		switch {
-		case h.lost:
-			x.State = jobstatus.HostLost
-		case len(h.ranks) > 0:
-			x.State = jobstatus.HostRunning
-		case h.spare && !h.ended:
-			x.State = jobstatus.HostSpare
+		x := jobstatus.Host{Name: h.name, Addr: h.topo.Addr, NRanks: len(h.ranks), State: hostState(h)}
+		if x.State == jobstatus.HostSpare {
 			s.Spares = append(s.Spares, h.name)
-		default:
-			x.State = jobstatus.HostFree
 		}
 		if len(h.ranks) > 0 {
 			rs := slices.Sorted(slices.Values(h.ranks))
@@ -251,6 +243,29 @@ func (j *job) snapshot(ranks bool) *jobstatus.Snapshot {
 		}
 	}
 	return s
+}
+
+// hostState is h's state for gorun status and the metrics (the loop's):
+// a spare is one left (HostSpare) only once registered and while not
+// suspected; one whose agent could not start is lost.
+func hostState(h *agentHost) string {
+	switch {
+	case h.lost:
+		return jobstatus.HostLost
+	case len(h.ranks) > 0:
+		return jobstatus.HostRunning
+	case !h.spare:
+		return jobstatus.HostFree
+	case h.ended && !h.registered:
+		return jobstatus.HostLost // its agent could not start
+	case h.ended:
+		return jobstatus.HostFree // its agent ended with the job
+	case !h.registered:
+		return jobstatus.HostStarting
+	case h.probed.Load():
+		return jobstatus.HostSuspected
+	}
+	return jobstatus.HostSpare
 }
 
 // durableStep is a rank's newest durable marker, -1 for none.

@@ -199,3 +199,42 @@ func TestStatusTwoLossesInOneStep(t *testing.T) {
 		t.Errorf("rank-restart failures %v, want 0", got)
 	}
 }
+
+// TestStatusSpareStates: a spare is "spare", and counted among the
+// spares left (snapshot and gorun_spares_left), only once its agent
+// registered and while it is not suspected; a spare whose agent could
+// not start is lost, not free. Before the fix such a spare showed as
+// free, and unregistered or suspected spares were counted.
+func TestStatusSpareStates(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		set    func(h *agentHost)
+		state  string
+		spares int
+	}{
+		{"registered", func(h *agentHost) { h.registered = true }, jobstatus.HostSpare, 1},
+		{"starting", func(h *agentHost) { h.registered = false }, jobstatus.HostStarting, 0},
+		{"suspected", func(h *agentHost) { h.probed.Store(true) }, jobstatus.HostSuspected, 0},
+		{"could not start", func(h *agentHost) { h.registered, h.ended = false, true }, jobstatus.HostLost, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			j := metricsJob(t)
+			j.stopping = true // (the snapshot's state needs no rendezvous then)
+			s := j.hosts[2]
+			tt.set(s)
+			snap := j.snapshot(false)
+			if got := snap.Hosts[2].State; got != tt.state {
+				t.Errorf("state %q, want %q", got, tt.state)
+			}
+			if len(snap.Spares) != tt.spares {
+				t.Errorf("spares %v, want %d", snap.Spares, tt.spares)
+			}
+			j.metricsTick()
+			srv := httptest.NewServer(promhttp.HandlerFor(j.metrics.reg, promhttp.HandlerOpts{}))
+			defer srv.Close()
+			if got := value(scrape(t, srv.URL), "gorun_spares_left"); got != float64(tt.spares) {
+				t.Errorf("gorun_spares_left %v, want %d", got, tt.spares)
+			}
+		})
+	}
+}
