@@ -140,6 +140,9 @@ func (j *job) metricsStart() error {
 		j.status.metrics = m.url
 	}
 	j.log.Debug("metrics endpoint up", "url", m.url)
+	if a, ok := l.Addr().(*net.TCPAddr); ok && !a.IP.IsLoopback() {
+		j.log.Warn("--metrics serves the job's figures (steps, failures, hosts, spares) to whoever reaches it, without authentication", "url", m.url)
+	}
 	return nil
 }
 

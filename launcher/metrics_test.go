@@ -298,3 +298,22 @@ func TestMetricsAfterRestart(t *testing.T) {
 		})
 	}
 }
+
+// TestMetricsExposedWarning: an endpoint on an address other than
+// loopback warns that it serves the job's figures to the network without
+// authentication; a loopback one does not.
+func TestMetricsExposedWarning(t *testing.T) {
+	for _, tt := range []struct {
+		addr string
+		warn bool
+	}{{":0", false}, {"0.0.0.0:0", true}} {
+		t.Run(tt.addr, func(t *testing.T) {
+			r := startRun(t, 1, `true`, func(c *Config) { c.Metrics = tt.addr })
+			r.wait()
+			log := r.log.String()
+			if got := strings.Contains(log, "level=WARN") && strings.Contains(log, "without authentication"); got != tt.warn {
+				t.Errorf("--metrics %s: warned %v, want %v; log:\n%s", tt.addr, got, tt.warn, log)
+			}
+		})
+	}
+}
