@@ -1,12 +1,15 @@
 package launcher
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -16,6 +19,7 @@ import (
 	"github.com/gorun/gorun/internal/jobstatus"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -236,5 +240,59 @@ func TestStatusSpareStates(t *testing.T) {
 				t.Errorf("gorun_spares_left %v, want %d", got, tt.spares)
 			}
 		})
+	}
+}
+
+// TestStatusRequestFlood: a holder of the status credential cannot
+// flood the job's stderr nor load its loop: bad requests (malformed, or
+// a reply subject outside the status inbox) log one warning per
+// statusWarnEvery, and requests within statusReuse of a snapshot get
+// that snapshot again (per kind: with or without every rank) instead of
+// asking the loop. Before the fix every bad request logged a WARN line
+// and every request cost the loop a snapshot. The clock is injected.
+func TestStatusRequestFlood(t *testing.T) {
+	var log bytes.Buffer
+	j := &job{id: "floodjob1", subj: wire.JobSubjects("floodjob1"), quit: make(chan struct{}),
+		log: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	j.status = &statusState{reqs: make(chan statusReq)}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	j.status.now = func() time.Time { return now }
+	asked := 0
+	loopDone := make(chan struct{})
+	go func() { // the loop
+		defer close(loopDone)
+		for {
+			select {
+			case r := <-j.status.reqs:
+				asked++
+				r.out <- &jobstatus.Snapshot{Job: j.id, NP: asked}
+			case <-j.quit:
+				return
+			}
+		}
+	}()
+	reply := j.subj.StatusInbox() + ".x1"
+	for range 50 {
+		j.onStatus(&nats.Msg{Reply: "elsewhere", Data: nil})
+		j.onStatus(&nats.Msg{Reply: reply, Data: []byte("{garbage")})
+	}
+	if n := strings.Count(log.String(), "level=WARN"); n != 1 {
+		t.Errorf("%d warnings for 100 bad requests, want 1:\n%s", n, log.String())
+	}
+	now = now.Add(statusWarnEvery)
+	j.onStatus(&nats.Msg{Reply: "elsewhere"})
+	if n := strings.Count(log.String(), "level=WARN"); n != 2 || !strings.Contains(log.String(), "suppressed=99") {
+		t.Errorf("after %v: %d warnings, want 2 saying 99 suppressed:\n%s", statusWarnEvery, n, log.String())
+	}
+	for range 20 {
+		j.onStatus(&nats.Msg{Reply: reply, Data: []byte(`{}`)})
+		j.onStatus(&nats.Msg{Reply: reply, Data: []byte(`{"ranks":true}`)})
+	}
+	now = now.Add(statusReuse)
+	j.onStatus(&nats.Msg{Reply: reply, Data: []byte(`{}`)})
+	close(j.quit)
+	<-loopDone
+	if asked != 3 {
+		t.Errorf("the loop made %d snapshots for 41 requests, want 3 (one per kind, one after %v)", asked, statusReuse)
 	}
 }
