@@ -147,6 +147,12 @@ func runStatus(ctx context.Context, o *statusOpts, dir string, stdout, stderr io
 				// while its agents exit): give its entry time to go.
 				gone(ctx, dir, e.Job, o.timeout)
 			}
+			if jobstatus.Refused(ctx, e) {
+				// Its launcher runs (or ran: List's checks) but nothing
+				// listens: it is ending, or its server is gone. The
+				// entry is stale.
+				jobstatus.Remove(dir, e)
+			}
 			if !alive(dir, e.Job) {
 				if o.watch && n > 0 {
 					fmt.Fprintf(stdout, "job %s ended\n", e.Job)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/jobstatus"
+	"github.com/nats-io/nkeys"
 )
 
 func TestParseStatus(t *testing.T) {
@@ -161,5 +162,37 @@ func TestStatusSeveralJobs(t *testing.T) {
 				t.Errorf("JSON list %q: %+v, %v", out.String(), jobs, err)
 			}
 		})
+	}
+}
+
+// TestStatusRefusedIsStale: an entry whose launcher runs (its PID and
+// start time match) but whose control plane refuses connections is a job
+// that is ending, or a launcher whose server is gone: gorun status says
+// the job ended and removes the entry, so that it no longer makes a bare
+// gorun status ambiguous. Before, it exited 1 "does not answer" and the
+// entry stayed.
+func TestStatusRefusedIsStale(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "reg")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := kp.Seed()
+	if _, err := jobstatus.Register(dir, &jobstatus.Entry{Job: "refused1", PID: os.Getpid(), Start: time.Now(), Prog: "train", URL: "nats://" + closed, Seed: string(seed)}); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	o := statusOpts{interval: time.Second, timeout: 5 * time.Second}
+	if code := runStatus(t.Context(), &o, dir, &out, &errb); code != exitError || !strings.Contains(errb.String(), "job refused1 ended") {
+		t.Errorf("exit %d, stderr %q; want 1, job refused1 ended", code, errb.String())
+	}
+	if es, err := jobstatus.List(dir); err != nil || len(es) != 0 {
+		t.Errorf("registry after: %v, %v; want the entry removed", es, err)
 	}
 }

@@ -171,6 +171,14 @@ func writeFile(path string, b []byte) error {
 	return err
 }
 
+// Remove removes e's entry from dir (and dir if that empties it): a
+// stale entry its launcher did not remove.
+func Remove(dir string, e *Entry) {
+	if wire.ValidJobID(e.Job) {
+		removeEntry(dir, filepath.Join(dir, e.Job+".json"))
+	}
+}
+
 func removeEntry(dir, path string) {
 	_ = os.Remove(path)
 	_ = os.Remove(dir) // only if empty: ENOTEMPTY otherwise
