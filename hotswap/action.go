@@ -53,8 +53,11 @@ type Fence struct {
 }
 
 // Splice: host Lost is gone; its Ranks now run on host With (a spare, or
-// a surviving host with free slots). The caller starts them there.
+// a surviving host with free slots), from epoch Epoch on (the epoch this
+// loss began: one step can lose several hosts, each in an epoch of its
+// own). The caller starts them there.
 type Splice struct {
+	Epoch              uint64
 	Lost, With         int
 	LostName, WithName string
 	Ranks              []int

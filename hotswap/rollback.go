@@ -177,7 +177,7 @@ func (m *Machine) beginRollback(l awaitingLoss, with int, isSpare bool, moved []
 	}
 	m.report("%s; %s; moving ranks %s to %s %s (epoch %d) and rolling the job back to --ckpt-dir (commit record at step %d): reading how far every rank reaches there",
 		l.cause, what, ints(moved), how, m.names[with], m.epoch, m.disk)
-	m.emit(Splice{Lost: l.host, With: with, LostName: m.names[l.host], WithName: m.names[with], Ranks: moved, Spare: isSpare},
+	m.emit(Splice{Epoch: m.epoch, Lost: l.host, With: with, LostName: m.names[l.host], WithName: m.names[with], Ranks: moved, Spare: isSpare},
 		GatherReach{Epoch: m.epoch, Base: m.disk})
 }
 

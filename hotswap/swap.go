@@ -180,7 +180,7 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 		msg += fmt.Sprintf("; %d replica holders re-placed", replaced)
 	}
 	m.report("%s", msg)
-	m.emit(Splice{Lost: h, With: with, LostName: name, WithName: m.names[with], Ranks: moved, Spare: isSpare})
+	m.emit(Splice{Epoch: m.epoch, Lost: h, With: with, LostName: name, WithName: m.names[with], Ranks: moved, Spare: isSpare})
 	if restart {
 		m.emit(Restart{Gen: m.gen, Epoch: m.epoch, G: m.g})
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -117,6 +118,10 @@ type Config struct {
 	// endpoint (--metrics; metrics.go): HOST:PORT, or :PORT for loopback;
 	// port 0 picks a free one.
 	Metrics string
+	// MetricsListener, when not nil, is the endpoint's listener, opened
+	// by the caller on Metrics's address (ListenMetrics) before it made
+	// anything (an --events file): the job serves on it and closes it.
+	MetricsListener net.Listener
 	// NoPMI: the ranks get no PMI-1 connection (--pmi=false); by default
 	// every rank does, so that MPICH-built programs run as under mpiexec.
 	NoPMI bool

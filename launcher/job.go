@@ -289,7 +289,10 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	// credentials (comm/secret.go): a remote one proves its nkey over TCP
 	// (TLS unless on loopback), a local one its password in-process; the
 	// server lets either publish only on its host's subjects. Without
-	// remote hosts the server does not listen at all.
+	// remote hosts the server listens only for gorun status's clients
+	// (Config.Registry, which the command line always sets: statusInit),
+	// on loopback, nkey-authenticated, in plain text; without either it
+	// does not listen at all.
 	scfg := ctlserver.Config{Job: j.id, Bind: j.bind.listen, Addrs: j.bind.addrs, LocalPassword: j.secret.InProcessPassword(), Hosts: make([]ctlserver.HostUser, len(j.hosts))}
 	for i, h := range j.hosts {
 		c := j.secret.HostCredentials(i, nil)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/hotswap"
+	"github.com/gorun/gorun/internal/jobstatus"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -96,19 +97,33 @@ func metricsAddr(addr string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
+// ListenMetrics opens the listener of --metrics ADDR: a ConfigError for
+// an ADDR that is not one, an error naming it when it cannot listen (a
+// port in use).
+func ListenMetrics(addr string) (net.Listener, error) {
+	a, err := metricsAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", a)
+	if err != nil {
+		return nil, fmt.Errorf("launcher: --metrics %s: %w", addr, err)
+	}
+	return l, nil
+}
+
 // metricsStart starts the endpoint (--metrics), if asked; metricsStop
 // shuts it down.
 func (j *job) metricsStart() error {
-	if j.cfg.Metrics == "" {
+	l := j.cfg.MetricsListener
+	if l == nil && j.cfg.Metrics == "" {
 		return nil
 	}
-	addr, err := metricsAddr(j.cfg.Metrics)
-	if err != nil {
-		return err
-	}
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("launcher: --metrics: %w", err)
+	if l == nil {
+		var err error
+		if l, err = ListenMetrics(j.cfg.Metrics); err != nil {
+			return err
+		}
 	}
 	m := newMetrics()
 	mux := http.NewServeMux()
@@ -125,6 +140,9 @@ func (j *job) metricsStart() error {
 		j.status.metrics = m.url
 	}
 	j.log.Debug("metrics endpoint up", "url", m.url)
+	if a, ok := l.Addr().(*net.TCPAddr); ok && !a.IP.IsLoopback() {
+		j.log.Warn("--metrics serves the job's figures (steps, failures, hosts, spares) to whoever reaches it, without authentication", "url", m.url)
+	}
 	return nil
 }
 
@@ -180,7 +198,7 @@ func (j *job) metricsAction(a hotswap.Action) {
 	switch a := a.(type) {
 	case hotswap.Splice:
 		m.failures.WithLabelValues("host-lost").Inc()
-		m.spliceEpoch, m.spliced = j.m.Epoch(), true
+		m.spliceEpoch, m.spliced = a.Epoch, true
 	case hotswap.Restart:
 		if !m.spliced || m.spliceEpoch != a.Epoch {
 			m.failures.WithLabelValues("rank-restart").Inc()
@@ -199,6 +217,11 @@ func (j *job) metricsTick() {
 	if m == nil {
 		return
 	}
+	if t, ok := j.prog.takeResumed(); ok {
+		// A resumed job's G starts at the step it resumed from: the
+		// steps before it ran in an earlier process.
+		m.lastG = max(m.lastG, t)
+	}
 	g := j.prog.G()
 	if g > m.lastG {
 		m.steps.Add(float64(g - m.lastG))
@@ -211,11 +234,10 @@ func (j *job) metricsTick() {
 	}
 	spares, up := 0, 0
 	for _, h := range j.hosts {
-		switch {
-		case h.lost:
-		case len(h.ranks) > 0:
+		switch hostState(h) {
+		case jobstatus.HostRunning:
 			up++
-		case h.spare && !h.ended:
+		case jobstatus.HostSpare:
 			spares++
 		}
 	}

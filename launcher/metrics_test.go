@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -77,12 +78,12 @@ next:
 }
 
 // metricsJob is a job of 4 ranks on hosts a (0, 1) and b (2, 3) and a
-// spare s, with metrics and a machine, fed by the test.
+// spare s, every agent registered, with metrics and a machine, fed by the test.
 func metricsJob(t *testing.T) *job {
 	t.Helper()
 	j := &job{cfg: validConfig(), world: 4, rankHost: []int{0, 0, 1, 1}, rankEnded: make([]bool, 4), metrics: newMetrics()}
 	for i, n := range []string{"a", "b", "s"} {
-		h := &agentHost{index: i, name: n, topo: topology.Host{Name: n, Slots: 2, Spare: n == "s"}, spare: n == "s"}
+		h := &agentHost{index: i, name: n, topo: topology.Host{Name: n, Slots: 2, Spare: n == "s"}, spare: n == "s", registered: true}
 		if n != "s" {
 			h.ranks = []int{2 * i, 2*i + 1}
 		}
@@ -215,5 +216,104 @@ func TestMetricsAddr(t *testing.T) {
 		if _, err := metricsAddr(bad); err == nil {
 			t.Errorf("metricsAddr(%q) accepted", bad)
 		}
+	}
+}
+
+// TestMetricsResumeSteps: a job resumed at step T (--resume) counts the
+// steps it runs from T, not from -1: G going from -1 to T at once (the
+// resume, before or after a tick) is no step run, and rate() over
+// gorun_steps_total does not spike. Before the fix the counter jumped
+// by T+1.
+func TestMetricsResumeSteps(t *testing.T) {
+	for _, tickFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tick before the resume %v", tickFirst), func(t *testing.T) {
+			j := metricsJob(t)
+			if tickFirst {
+				j.metricsTick()
+			}
+			j.prog.resumeAt(245)
+			j.metricsTick()
+			for h := range 2 {
+				u := &wire.UpProgress{Host: h}
+				for _, r := range j.hosts[h].ranks {
+					u.Ranks = append(u.Ranks, wire.RankProgress{Rank: r, Committed: 250, Replicated: 250})
+				}
+				if err := j.prog.handle(u); err != nil {
+					t.Fatal(err)
+				}
+			}
+			j.metricsTick()
+			srv := httptest.NewServer(promhttp.HandlerFor(j.metrics.reg, promhttp.HandlerOpts{}))
+			defer srv.Close()
+			fams := scrape(t, srv.URL)
+			if g, n := value(fams, "gorun_global_step"), value(fams, "gorun_steps_total"); g != 250 || n != 5 {
+				t.Errorf("G %v, steps %v; want 250 and 5 (resumed at 245)", g, n)
+			}
+		})
+	}
+}
+
+// TestMetricsAfterRestart: a rank's protection wait and replication
+// bytes count from 0 again in a new process (a restart, or a rank moved
+// to a spare): its first report there adds all of its figures, even when
+// they exceed the old process's last ones. Before the fix progress kept
+// the old figures and only the difference was counted.
+func TestMetricsAfterRestart(t *testing.T) {
+	for _, how := range []string{"restart", "move"} {
+		t.Run(how, func(t *testing.T) {
+			j := metricsJob(t)
+			report := func(host int, waitMS, bytes int64) {
+				u := &wire.UpProgress{Host: host, Gen: j.gen}
+				for _, r := range j.hosts[host].ranks {
+					u.Ranks = append(u.Ranks, wire.RankProgress{Rank: r, Committed: 1, Replicated: 1, WaitNS: waitMS * 1e6, ReplBytes: bytes})
+				}
+				j.metricsProgress(u)
+				if err := j.prog.handle(u); err != nil {
+					t.Fatal(err)
+				}
+			}
+			report(0, 100, 1000) // ranks 0 and 1
+			switch how {
+			case "restart":
+				j.gen = 1
+				j.prog.restart(1)
+			case "move":
+				j.prog.move([]int{0, 1}, 0, 2)
+				j.hosts[2].ranks, j.hosts[0].ranks = j.hosts[0].ranks, nil
+			}
+			host := 0
+			if how == "move" {
+				host = 2
+			}
+			report(host, 150, 1500)
+			srv := httptest.NewServer(promhttp.HandlerFor(j.metrics.reg, promhttp.HandlerOpts{}))
+			defer srv.Close()
+			fams := scrape(t, srv.URL)
+			if got, want := value(fams, "gorun_protection_wait_seconds_total"), 2*(0.100+0.150); math.Abs(got-want) > 1e-9 {
+				t.Errorf("wait %v, want %v", got, want)
+			}
+			if got, want := value(fams, "gorun_replication_bytes_total"), float64(2*(1000+1500)); got != want {
+				t.Errorf("bytes %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestMetricsExposedWarning: an endpoint on an address other than
+// loopback warns that it serves the job's figures to the network without
+// authentication; a loopback one does not.
+func TestMetricsExposedWarning(t *testing.T) {
+	for _, tt := range []struct {
+		addr string
+		warn bool
+	}{{":0", false}, {"0.0.0.0:0", true}} {
+		t.Run(tt.addr, func(t *testing.T) {
+			r := startRun(t, 1, `true`, func(c *Config) { c.Metrics = tt.addr })
+			r.wait()
+			log := r.log.String()
+			if got := strings.Contains(log, "level=WARN") && strings.Contains(log, "without authentication"); got != tt.warn {
+				t.Errorf("--metrics %s: warned %v, want %v; log:\n%s", tt.addr, got, tt.warn, log)
+			}
+		})
 	}
 }

@@ -29,7 +29,11 @@ type progress struct {
 	hostMin   []int64 // per host: the minimum Replicated of its ranks
 	atG       int     // hosts whose hostMin is at most g
 	g         int64
-	publish   func(*wire.GlobalStep)
+	// resumed is the step a --resume started from (resumeAt), until the
+	// metrics take it (takeResumed): G's rise to it ran no step.
+	resumed    int64
+	hasResumed bool
+	publish    func(*wire.GlobalStep)
 	// epoch is the newest epoch published: reports taken before their
 	// host applied its placement do not raise Replicated (setEpoch).
 	epoch uint64
@@ -363,6 +367,7 @@ func (p *progress) restart(gen uint64) int64 {
 		r := &p.ranks[i]
 		r.Committed, r.Replicated = min(r.Committed, p.g), min(r.Replicated, p.g)
 		r.Restores = 0 // counted per generation
+		newProcess(r)
 	}
 	p.atG = 0
 	for h := range p.hostMin {
@@ -379,6 +384,13 @@ func (p *progress) restart(gen uint64) int64 {
 	return p.g
 }
 
+// newProcess forgets the figures a rank's process counts from its start
+// (the protection wait, the replication bytes): the next report, of a
+// new process, counts from 0 (metricsProgress adds its figures whole).
+func newProcess(r *wire.RankProgress) {
+	r.WaitNS, r.ReplBytes = 0, 0
+}
+
 // move moves ranks from host from to host to (a splice): the reports
 // of to cover them from now on, those of from are refused. G stays; the
 // two hosts' minimums are taken again; in diff mode under erasure coding
@@ -392,6 +404,7 @@ func (p *progress) move(ranks []int, from, to int) {
 		// Its durable markers were the lost host's: the rank's new host
 		// reports its own once it opened the rank's store.
 		p.ranks[r].D = nil
+		newProcess(&p.ranks[r]) // (a rank moved by a restart: again)
 	}
 	p.hostRanks[from] = slices.DeleteFunc(slices.Clone(p.hostRanks[from]), func(r int) bool { return slices.Contains(ranks, r) })
 	p.hostRanks[to] = append(slices.Clone(p.hostRanks[to]), ranks...)
@@ -416,6 +429,16 @@ func (p *progress) rank(r int) wire.RankProgress {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.ranks[r]
+}
+
+// takeResumed is the step a --resume started from, once (ok false:
+// none, or taken).
+func (p *progress) takeResumed() (t int64, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok = p.resumed, p.hasResumed
+	p.hasResumed = false
+	return t, ok
 }
 
 // G returns the globally recoverable step, or -1.

@@ -322,5 +322,6 @@ func (p *progress) resumeAt(t int64) {
 	if t > p.g {
 		p.g = t
 	}
+	p.resumed, p.hasResumed = t, true
 	p.publish(p.global())
 }

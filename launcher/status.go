@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"net/url"
@@ -34,6 +35,14 @@ import (
 // statusWait bounds how long a status request waits for the loop.
 const statusWait = 2 * time.Second
 
+// statusReuse is how long a snapshot answers further requests of its
+// kind without the loop; statusWarnEvery how often a bad status request
+// may log a warning (the rest are counted, and said with the next).
+const (
+	statusReuse     = 100 * time.Millisecond
+	statusWarnEvery = 10 * time.Second
+)
+
 // statusState is the job's status service; nil without one
 // (Config.Registry "").
 type statusState struct {
@@ -43,6 +52,18 @@ type statusState struct {
 	// loop's).
 	failures []jobstatus.Failure
 	metrics  string // the metrics endpoint's URL, or ""
+
+	// The request subscription's (onStatus, one request at a time):
+	now        func() time.Time // the clock (tests)
+	cached     [2]cachedStatus  // by statusReq.ranks
+	warnedAt   time.Time        // the last bad request's warning
+	suppressed int              // bad requests not logged since
+}
+
+// cachedStatus is an encoded snapshot and when it was taken.
+type cachedStatus struct {
+	at time.Time
+	b  []byte
 }
 
 type statusReq struct {
@@ -138,40 +159,84 @@ func (j *job) statusURL() string {
 }
 
 // onStatus answers one status request (the subscription's goroutine, one
-// at a time).
+// at a time). A snapshot younger than statusReuse answers again: a
+// client asking in a loop costs the loop one snapshot per statusReuse.
 func (j *job) onStatus(m *nats.Msg) {
+	st := j.status
 	if !j.subj.StatusReplyAllowed(m.Reply) {
-		j.log.Warn("status request with a reply subject outside the status inbox; dropped", "reply", m.Reply)
+		st.warn(j.log, "status request with a reply subject outside the status inbox; dropped", "reply", m.Reply)
 		return
 	}
 	r, err := wire.DecodeStatusRequest(m.Data)
 	if err != nil {
-		j.log.Warn("bad status request", "err", err)
+		st.warn(j.log, "bad status request", "err", err)
 		return
 	}
-	req := statusReq{ranks: r.Ranks, out: make(chan *jobstatus.Snapshot, 1)}
+	kind := 0
+	if r.Ranks {
+		kind = 1
+	}
+	c := &st.cached[kind]
+	now := st.clock()
+	if c.b == nil || now.Sub(c.at) >= statusReuse || now.Before(c.at) {
+		b := j.askSnapshot(r.Ranks)
+		if b == nil {
+			return
+		}
+		*c = cachedStatus{at: now, b: b}
+	}
+	if err := m.Respond(c.b); err != nil {
+		j.log.Debug("cannot answer a status request", "err", err)
+	}
+}
+
+// askSnapshot asks the loop for a snapshot and encodes it; nil if the
+// loop does not answer in time (the job is ending).
+func (j *job) askSnapshot(ranks bool) []byte {
+	req := statusReq{ranks: ranks, out: make(chan *jobstatus.Snapshot, 1)}
 	t := time.NewTimer(statusWait)
 	defer t.Stop()
 	select {
 	case j.status.reqs <- req:
 	case <-t.C:
-		return // the loop is past its end: the job is ending
+		return nil // the loop is past its end: the job is ending
 	case <-j.quit:
-		return
+		return nil
 	}
 	var s *jobstatus.Snapshot
 	select {
 	case s = <-req.out:
 	case <-t.C:
-		return
+		return nil
 	}
 	b, err := json.Marshal(s)
 	if err != nil {
+		return nil
+	}
+	return b
+}
+
+func (st *statusState) clock() time.Time {
+	if st.now != nil {
+		return st.now()
+	}
+	return time.Now()
+}
+
+// warn logs a bad status request, at most once per statusWarnEvery (a
+// holder of the status credential must not flood the job's stderr),
+// saying how many were not logged since the last.
+func (st *statusState) warn(log *slog.Logger, msg string, args ...any) {
+	now := st.clock()
+	if !st.warnedAt.IsZero() && now.Sub(st.warnedAt) < statusWarnEvery && !now.Before(st.warnedAt) {
+		st.suppressed++
 		return
 	}
-	if err := m.Respond(b); err != nil {
-		j.log.Debug("cannot answer a status request", "err", err)
+	if st.suppressed > 0 {
+		args = append(args, "suppressed", st.suppressed)
 	}
+	st.warnedAt, st.suppressed = now, 0
+	log.Warn(msg, args...)
 }
 
 // answerStatus is the loop's part of a status request: the snapshot.
@@ -208,17 +273,9 @@ func (j *job) snapshot(ranks bool) *jobstatus.Snapshot {
 	j.tab.RLock()
 	defer j.tab.RUnlock()
 	for _, h := range j.hosts {
-		x := jobstatus.Host{Name: h.name, Addr: h.topo.Addr, NRanks: len(h.ranks)}
-		switch {
-		case h.lost:
-			x.State = jobstatus.HostLost
-		case len(h.ranks) > 0:
-			x.State = jobstatus.HostRunning
-		case h.spare && !h.ended:
-			x.State = jobstatus.HostSpare
+		x := jobstatus.Host{Name: h.name, Addr: h.topo.Addr, NRanks: len(h.ranks), State: hostState(h)}
+		if x.State == jobstatus.HostSpare {
 			s.Spares = append(s.Spares, h.name)
-		default:
-			x.State = jobstatus.HostFree
 		}
 		if len(h.ranks) > 0 {
 			rs := slices.Sorted(slices.Values(h.ranks))
@@ -251,6 +308,29 @@ func (j *job) snapshot(ranks bool) *jobstatus.Snapshot {
 		}
 	}
 	return s
+}
+
+// hostState is h's state for gorun status and the metrics (the loop's):
+// a spare is one left (HostSpare) only once registered and while not
+// suspected; one whose agent could not start is lost.
+func hostState(h *agentHost) string {
+	switch {
+	case h.lost:
+		return jobstatus.HostLost
+	case len(h.ranks) > 0:
+		return jobstatus.HostRunning
+	case !h.spare:
+		return jobstatus.HostFree
+	case h.ended && !h.registered:
+		return jobstatus.HostLost // its agent could not start
+	case h.ended:
+		return jobstatus.HostFree // its agent ended with the job
+	case !h.registered:
+		return jobstatus.HostStarting
+	case h.probed.Load():
+		return jobstatus.HostSuspected
+	}
+	return jobstatus.HostSpare
 }
 
 // durableStep is a rank's newest durable marker, -1 for none.
@@ -291,7 +371,7 @@ func (j *job) statusAction(a hotswap.Action) {
 	}
 	switch a := a.(type) {
 	case hotswap.Splice:
-		f := j.status.failure(j.m.Epoch())
+		f := j.status.failure(a.Epoch)
 		f.Class, f.Host, f.With, f.Ranks, f.Spare = "host-lost", a.LostName, a.WithName, jobstatus.Compact(slices.Sorted(slices.Values(a.Ranks))), a.Spare
 	case hotswap.Restart:
 		if f := j.status.failure(a.Epoch); f.Class == "" {

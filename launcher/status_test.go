@@ -1,11 +1,15 @@
 package launcher
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -13,6 +17,10 @@ import (
 
 	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/jobstatus"
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/gorun/gorun/topology"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // TestStatusLive: a running job registers, answers gorun status's query
@@ -134,5 +142,157 @@ func TestStatusFailures(t *testing.T) {
 	}
 	if n, last := len(j.status.failures), j.status.failures[len(j.status.failures)-1].Epoch; n != jobstatus.MaxFailures || last != 10+2*jobstatus.MaxFailures-1 {
 		t.Errorf("%d failures kept, the last of epoch %d", n, last)
+	}
+}
+
+// TestStatusTwoLossesInOneStep: two hosts lost in one step of the
+// machine (both heartbeats time out in one tick) are two host losses,
+// oldest first, each under its own epoch, in the snapshot and in the
+// metrics; before Splice carried its epoch both were filed under the
+// machine's epoch after the step, and the first loss showed as a
+// rank-restart without a host (and counted a third failure).
+func TestStatusTwoLossesInOneStep(t *testing.T) {
+	cfg := validConfig()
+	cfg.HeartbeatTimeout = 3 * time.Second
+	j := &job{cfg: cfg, world: 3, rankHost: []int{0, 1, 2}, rankEnded: make([]bool, 3), metrics: newMetrics(), status: &statusState{}}
+	for i, n := range []string{"h0", "h1", "h2", "s0", "s1"} {
+		spare := n[0] == 's'
+		h := &agentHost{index: i, name: n, topo: topology.Host{Name: n, Slots: 1, Spare: spare}, spare: spare}
+		if !spare {
+			h.ranks = []int{i}
+		}
+		j.hosts = append(j.hosts, h)
+	}
+	var err error
+	if j.m, err = hotswap.New(j.machineConfig()); err != nil {
+		t.Fatal(err)
+	}
+	j.prog = newProgress([][]int{{0}, {1}, {2}, nil, nil}, []int{0, 1, 2}, func(*wire.GlobalStep) {})
+	step := func(at time.Duration, e hotswap.Event) {
+		for _, a := range j.m.Step(at, e) {
+			j.statusAction(a) // as do does
+		}
+	}
+	for h := range 5 {
+		step(0, hotswap.AgentRegistered{Host: h, Spare: h >= 3})
+		step(time.Second, hotswap.Heartbeat{Host: h})
+	}
+	step(3*time.Second, hotswap.Heartbeat{Host: 0})
+	step(3500*time.Millisecond, hotswap.Heartbeat{Host: 3})
+	step(3500*time.Millisecond, hotswap.Heartbeat{Host: 4})
+	step(4100*time.Millisecond, hotswap.Tick{})
+	f := j.status.failures
+	if len(f) != 2 {
+		t.Fatalf("want 2 failures, got %+v", f)
+	}
+	for i, want := range []struct {
+		epoch      uint64
+		host, with string
+	}{{1, "h1", "s0"}, {2, "h2", "s1"}} {
+		if f[i].Epoch != want.epoch || f[i].Class != "host-lost" || f[i].Host != want.host || f[i].With != want.with {
+			t.Errorf("failure %d: %+v, want a host loss of %s onto %s in epoch %d", i, f[i], want.host, want.with, want.epoch)
+		}
+	}
+	srv := httptest.NewServer(promhttp.HandlerFor(j.metrics.reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	fams := scrape(t, srv.URL)
+	if got := value(fams, "gorun_failures_total", "class", "host-lost"); got != 2 {
+		t.Errorf("host-lost failures %v, want 2", got)
+	}
+	if got := value(fams, "gorun_failures_total", "class", "rank-restart"); got != 0 {
+		t.Errorf("rank-restart failures %v, want 0", got)
+	}
+}
+
+// TestStatusSpareStates: a spare is "spare", and counted among the
+// spares left (snapshot and gorun_spares_left), only once its agent
+// registered and while it is not suspected; a spare whose agent could
+// not start is lost, not free. Before the fix such a spare showed as
+// free, and unregistered or suspected spares were counted.
+func TestStatusSpareStates(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		set    func(h *agentHost)
+		state  string
+		spares int
+	}{
+		{"registered", func(h *agentHost) { h.registered = true }, jobstatus.HostSpare, 1},
+		{"starting", func(h *agentHost) { h.registered = false }, jobstatus.HostStarting, 0},
+		{"suspected", func(h *agentHost) { h.probed.Store(true) }, jobstatus.HostSuspected, 0},
+		{"could not start", func(h *agentHost) { h.registered, h.ended = false, true }, jobstatus.HostLost, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			j := metricsJob(t)
+			j.stopping = true // (the snapshot's state needs no rendezvous then)
+			s := j.hosts[2]
+			tt.set(s)
+			snap := j.snapshot(false)
+			if got := snap.Hosts[2].State; got != tt.state {
+				t.Errorf("state %q, want %q", got, tt.state)
+			}
+			if len(snap.Spares) != tt.spares {
+				t.Errorf("spares %v, want %d", snap.Spares, tt.spares)
+			}
+			j.metricsTick()
+			srv := httptest.NewServer(promhttp.HandlerFor(j.metrics.reg, promhttp.HandlerOpts{}))
+			defer srv.Close()
+			if got := value(scrape(t, srv.URL), "gorun_spares_left"); got != float64(tt.spares) {
+				t.Errorf("gorun_spares_left %v, want %d", got, tt.spares)
+			}
+		})
+	}
+}
+
+// TestStatusRequestFlood: a holder of the status credential cannot
+// flood the job's stderr nor load its loop: bad requests (malformed, or
+// a reply subject outside the status inbox) log one warning per
+// statusWarnEvery, and requests within statusReuse of a snapshot get
+// that snapshot again (per kind: with or without every rank) instead of
+// asking the loop. Before the fix every bad request logged a WARN line
+// and every request cost the loop a snapshot. The clock is injected.
+func TestStatusRequestFlood(t *testing.T) {
+	var log bytes.Buffer
+	j := &job{id: "floodjob1", subj: wire.JobSubjects("floodjob1"), quit: make(chan struct{}),
+		log: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	j.status = &statusState{reqs: make(chan statusReq)}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	j.status.now = func() time.Time { return now }
+	asked := 0
+	loopDone := make(chan struct{})
+	go func() { // the loop
+		defer close(loopDone)
+		for {
+			select {
+			case r := <-j.status.reqs:
+				asked++
+				r.out <- &jobstatus.Snapshot{Job: j.id, NP: asked}
+			case <-j.quit:
+				return
+			}
+		}
+	}()
+	reply := j.subj.StatusInbox() + ".x1"
+	for range 50 {
+		j.onStatus(&nats.Msg{Reply: "elsewhere", Data: nil})
+		j.onStatus(&nats.Msg{Reply: reply, Data: []byte("{garbage")})
+	}
+	if n := strings.Count(log.String(), "level=WARN"); n != 1 {
+		t.Errorf("%d warnings for 100 bad requests, want 1:\n%s", n, log.String())
+	}
+	now = now.Add(statusWarnEvery)
+	j.onStatus(&nats.Msg{Reply: "elsewhere"})
+	if n := strings.Count(log.String(), "level=WARN"); n != 2 || !strings.Contains(log.String(), "suppressed=99") {
+		t.Errorf("after %v: %d warnings, want 2 saying 99 suppressed:\n%s", statusWarnEvery, n, log.String())
+	}
+	for range 20 {
+		j.onStatus(&nats.Msg{Reply: reply, Data: []byte(`{}`)})
+		j.onStatus(&nats.Msg{Reply: reply, Data: []byte(`{"ranks":true}`)})
+	}
+	now = now.Add(statusReuse)
+	j.onStatus(&nats.Msg{Reply: reply, Data: []byte(`{}`)})
+	close(j.quit)
+	<-loopDone
+	if asked != 3 {
+		t.Errorf("the loop made %d snapshots for 41 requests, want 3 (one per kind, one after %v)", asked, statusReuse)
 	}
 }

@@ -91,6 +91,15 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(sigs)
 	cfg.Signals = sigs
+	if cfg.Metrics != "" {
+		// Before the events file: a port in use leaves nothing behind.
+		l, err := launcher.ListenMetrics(cfg.Metrics)
+		if err != nil {
+			return reportError(stderr, err)
+		}
+		defer l.Close() // (the job's, unless it never started)
+		cfg.MetricsListener = l
+	}
 	var events *os.File
 	created := false // the events file is gorun's to remove
 	if opts.events != "" {

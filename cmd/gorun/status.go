@@ -25,7 +25,7 @@ newest step of the host's ranks, min..max), epoch and generation, G (the
 step every rank can resume from), D (the durable watermark), the spares
 left and the recent failures with their recovery time. JOB is a job id
 or a unique prefix of one; without it, the one running job (with several,
-one line per job).
+one line per job, or a JSON list of them with --json, and exit 1).
 
   --json           the snapshot as JSON (every rank's row included)
   --ranks          every rank's row in the table too
@@ -34,7 +34,8 @@ one line per job).
   --interval D     the redraw interval of --watch (default 2s)
   --timeout D      how long to wait for the job's answer (default 10s)
 
-Exit codes: 0 shown, 1 no such job or no answer, 2 usage error.
+Exit codes: 0 shown, 1 no such job, several and none named, or no answer,
+2 usage error.
 `
 
 type statusOpts struct {
@@ -117,10 +118,17 @@ func runStatus(ctx context.Context, o *statusOpts, dir string, stdout, stderr io
 		return fail("no running gorun job of yours (registry %s)", dir)
 	}
 	e, err := jobstatus.Find(es, o.job)
-	if errors.Is(err, jobstatus.ErrAmbiguous) && o.job == "" && !o.json {
-		listJobs(stdout, es)
+	if errors.Is(err, jobstatus.ErrAmbiguous) && o.job == "" {
+		// No job shown: exit 1, with or without --watch.
+		if o.json {
+			if err := listJobsJSON(stdout, es); err != nil {
+				return fail("%v", err)
+			}
+		} else {
+			listJobs(stdout, es)
+		}
 		fmt.Fprintf(stderr, "gorun status: %d running jobs; name one: gorun status JOB\n", len(es))
-		return exitOK
+		return exitError
 	}
 	if err != nil {
 		return fail("%v", err)
@@ -138,6 +146,12 @@ func runStatus(ctx context.Context, o *statusOpts, dir string, stdout, stderr io
 				// The job may be ending (its launcher no longer answers
 				// while its agents exit): give its entry time to go.
 				gone(ctx, dir, e.Job, o.timeout)
+			}
+			if jobstatus.Refused(ctx, e) {
+				// Its launcher runs (or ran: List's checks) but nothing
+				// listens: it is ending, or its server is gone. The
+				// entry is stale.
+				jobstatus.Remove(dir, e)
 			}
 			if !alive(dir, e.Job) {
 				if o.watch && n > 0 {
@@ -207,6 +221,26 @@ func listJobs(w io.Writer, es []*jobstatus.Entry) {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", e.Job, e.PID, e.Start.Format(time.RFC3339), strings.TrimSpace(e.Prog))
 	}
 	_ = tw.Flush()
+}
+
+// listedJob is a job in --json's list of the running jobs (without its
+// status credential).
+type listedJob struct {
+	Job        string    `json:"job"`
+	PID        int       `json:"pid"`
+	Start      time.Time `json:"start"`
+	Prog       string    `json:"prog"`
+	MetricsURL string    `json:"metrics_url,omitempty"`
+}
+
+func listJobsJSON(w io.Writer, es []*jobstatus.Entry) error {
+	jobs := make([]listedJob, len(es))
+	for i, e := range es {
+		jobs[i] = listedJob{Job: e.Job, PID: e.PID, Start: e.Start, Prog: e.Prog, MetricsURL: e.MetricsURL}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(jobs)
 }
 
 func isTerminal(w io.Writer) bool {

@@ -26,8 +26,11 @@
 //
 // Ranks hold no control-plane credential at all.
 //
-// The server listens on TCP only when some host's agent is remote, on
-// loopback unless Config.Bind says otherwise (on a wildcard, agents dial
+// The server listens on TCP only when some host's agent is remote or it
+// admits status clients (Config.StatusNkey: every job gorun's command
+// line starts, so a job on this host alone listens on loopback, in plain
+// text, nkey authentication only), on loopback unless Config.Bind says
+// otherwise (on a wildcard, agents dial
 // it at Config.Addrs, URLAt). A listener on any other address requires
 // TLS, with a certificate generated for this server alone (in memory,
 // never on disk), whose SHA-256 (Fingerprint) the launcher hands to the
@@ -226,7 +229,8 @@ func Start(cfg Config) (*Server, error) {
 	var pin []byte
 	switch {
 	case !listen:
-		// A job whose hosts are all local needs no port.
+		// A job whose hosts are all local, without status clients,
+		// needs no port.
 		opts.DontListen = true
 	case !ip.IsLoopback():
 		ips := []net.IP{ip}

@@ -9,6 +9,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
+	"syscall"
 	"time"
 
 	"github.com/gorun/gorun/internal/wire"
@@ -85,3 +88,20 @@ func pinnedTLS(pin []byte) *tls.Config {
 }
 
 func timeUntil(d time.Time) time.Duration { return time.Until(d) }
+
+// Refused reports whether e's control plane refuses connections (nothing
+// listens at its URL any more: its launcher is ending, or its server is
+// gone), which Query's error does not tell.
+func Refused(ctx context.Context, e *Entry) bool {
+	u, err := url.Parse(e.URL)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", u.Host)
+	if err == nil {
+		c.Close()
+		return false
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}

@@ -1,6 +1,7 @@
 package jobstatus
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,16 +19,19 @@ import (
 
 // The registry: one file per running job, <job>.json, mode 0600, in a
 // directory of the user's own, mode 0700 ($XDG_RUNTIME_DIR/gorun when
-// XDG_RUNTIME_DIR is set, else os.TempDir()/gorun-<uid>). A directory
-// that is not the user's, or that others may write, is refused: another
-// user could plant entries there, or read the credentials. The launcher
-// writes its entry once the control plane is up and removes it at its
-// end, with the directory once empty; the entry of a launcher that died
-// without (SIGKILL) is removed by the next List.
+// XDG_RUNTIME_DIR is set, else os.TempDir()/gorun-<uid>, or
+// $HOME/.local/state/gorun when another user holds that: Dir). A
+// directory that is not the user's, or that others may write, is
+// refused: another user could plant entries there, or read the
+// credentials. The launcher writes its entry once the control plane is
+// up and removes it at its end, with the directory once empty; the entry
+// of a launcher that died without (SIGKILL), or whose PID another
+// process now has, is removed by the next List; another host's entry (a
+// shared directory) is neither listed nor removed.
 
 // ErrBadRegistry is returned for a registry directory that is unsafe to
 // use: not a directory, not the user's, or writable by others.
-var ErrBadRegistry = errors.New("jobstatus: unsafe registry directory")
+var ErrBadRegistry = errors.New("unsafe registry directory")
 
 // Entry is a running job's registry entry.
 type Entry struct {
@@ -45,14 +49,31 @@ type Entry struct {
 	// nothing else).
 	Seed       string `json:"seed"`
 	MetricsURL string `json:"metrics_url,omitempty"`
+	// Host is the launcher's host name, PIDStart its process's start
+	// time (/proc/PID/stat's field 22, clock ticks since boot): the
+	// entry is stale once PID is another process or a zombie, and only
+	// Host can tell (Register fills both if zero).
+	Host     string `json:"host,omitempty"`
+	PIDStart uint64 `json:"pid_start,omitempty"`
 }
 
-// Dir is the user's registry directory (it may not exist).
+// Dir is the user's registry directory (it may not exist):
+// $XDG_RUNTIME_DIR/gorun, else os.TempDir()/gorun-<uid>, unless that is
+// held by someone else (anyone may make it while none of the user's jobs
+// runs, the directory going when empty): then $HOME/.local/state/gorun.
 func Dir() string {
 	if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" && filepath.IsAbs(x) {
 		return filepath.Join(x, "gorun")
 	}
-	return filepath.Join(os.TempDir(), "gorun-"+strconv.Itoa(os.Getuid()))
+	d := filepath.Join(os.TempDir(), "gorun-"+strconv.Itoa(os.Getuid()))
+	if err := checkDir(d); errors.Is(err, ErrBadRegistry) {
+		if home, err := os.UserHomeDir(); err == nil && filepath.IsAbs(home) {
+			// $HOME may be shared between nodes: entries name their
+			// host (Entry.Host).
+			return filepath.Join(home, ".local", "state", "gorun")
+		}
+	}
+	return d
 }
 
 // checkDir refuses dir unless it is a directory owned by the user that
@@ -74,28 +95,47 @@ func checkDir(dir string) error {
 	return nil
 }
 
-// Register writes e into dir (made 0700 if missing) and returns the
-// function that removes it, and dir if empty then.
+// Register writes e into dir (made 0700 if missing), with this host's
+// name and the start time of process e.PID if e has none, and returns
+// the function that removes it, and dir if empty then.
 func Register(dir string, e *Entry) (remove func(), err error) {
 	if !wire.ValidJobID(e.Job) {
 		return nil, fmt.Errorf("jobstatus: invalid job id %q", e.Job)
+	}
+	x := *e
+	e = &x
+	if e.Host == "" {
+		e.Host, _ = os.Hostname()
+	}
+	if e.PIDStart == 0 {
+		e.PIDStart, _ = procStart(e.PID)
 	}
 	b, err := json.Marshal(e)
 	if err != nil {
 		return nil, fmt.Errorf("jobstatus: %w", err)
 	}
 	path := filepath.Join(dir, e.Job+".json")
-	// Twice: another job's launcher may remove the directory, empty,
-	// between our Mkdir and our file.
+	// Again while the directory goes: another job's launcher, or gorun
+	// status removing a stale entry, removes it once empty, at any
+	// moment between our Mkdir and our file.
+	if _, err := os.Lstat(filepath.Dir(dir)); errors.Is(err, fs.ErrNotExist) {
+		// ($HOME/.local/state, say.)
+		if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+			return nil, fmt.Errorf("jobstatus: registry: %w", err)
+		}
+	}
 	for try := 0; ; try++ {
-		if err = os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		err = os.Mkdir(dir, 0o700)
+		if err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("jobstatus: registry: %w", err)
 		}
-		if err = checkDir(dir); err != nil {
-			return nil, fmt.Errorf("jobstatus: registry: %w", err)
+		if testHookMkdir != nil {
+			testHookMkdir()
 		}
-		err = writeFile(path, b)
-		if err == nil || !errors.Is(err, fs.ErrNotExist) || try == 1 {
+		if err = checkDir(dir); err == nil {
+			err = writeFile(path, b)
+		}
+		if err == nil || !errors.Is(err, fs.ErrNotExist) || try == registerTries-1 {
 			break
 		}
 	}
@@ -104,6 +144,12 @@ func Register(dir string, e *Entry) (remove func(), err error) {
 	}
 	return func() { removeEntry(dir, path) }, nil
 }
+
+// registerTries bounds Register's attempts while the directory goes.
+const registerTries = 20
+
+// testHookMkdir, if set, runs between Register's Mkdir and the rest.
+var testHookMkdir func()
 
 // writeFile writes b to path, 0600, whole or not at all.
 func writeFile(path string, b []byte) error {
@@ -123,6 +169,14 @@ func writeFile(path string, b []byte) error {
 		_ = os.Remove(tmp)
 	}
 	return err
+}
+
+// Remove removes e's entry from dir (and dir if that empties it): a
+// stale entry its launcher did not remove.
+func Remove(dir string, e *Entry) {
+	if wire.ValidJobID(e.Job) {
+		removeEntry(dir, filepath.Join(dir, e.Job+".json"))
+	}
 }
 
 func removeEntry(dir, path string) {
@@ -160,23 +214,49 @@ func List(dir string) ([]*Entry, error) {
 		if json.Unmarshal(b, &e) != nil || e.Job != job {
 			continue
 		}
-		if !alive(e.PID) {
+		switch liveness(&e) {
+		case stale:
 			removeEntry(dir, path)
-			continue
+		case live:
+			out = append(out, &e)
 		}
-		out = append(out, &e)
 	}
 	slices.SortFunc(out, func(a, b *Entry) int { return a.Start.Compare(b.Start) })
 	return out, nil
 }
 
-// alive reports whether process pid exists.
-func alive(pid int) bool {
-	if pid <= 0 {
-		return false
+type life int
+
+const (
+	live      life = iota
+	stale          // the launcher is gone: the entry may go
+	elsewhere      // another host's: not this one's to judge
+)
+
+// liveness tells whether e's launcher runs: its host is this one, and
+// its PID names a process that is not a zombie and started when e says
+// (a PID reused, or a launcher SIGKILLed and not yet reaped, is stale).
+func liveness(e *Entry) life {
+	if host, err := os.Hostname(); err == nil && e.Host != "" && e.Host != host {
+		return elsewhere
 	}
-	err := syscall.Kill(pid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
+	if e.PID <= 0 {
+		return stale
+	}
+	start, state, err := procStat(e.PID)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return stale
+	case err != nil:
+		// No /proc to read: whether the PID exists is all there is.
+		if err := syscall.Kill(e.PID, 0); err == nil || errors.Is(err, syscall.EPERM) {
+			return live
+		}
+		return stale
+	case state == 'Z' || state == 'X' || start != e.PIDStart:
+		return stale
+	}
+	return live
 }
 
 // ErrNoJob and ErrAmbiguous are Find's answers when no entry, or more
@@ -208,4 +288,33 @@ func Find(es []*Entry, id string) (*Entry, error) {
 		return m[0], nil
 	}
 	return nil, fmt.Errorf("%w %q (%d)", ErrAmbiguous, id, len(m))
+}
+
+// procStart is process pid's start time (/proc/PID/stat's field 22).
+func procStart(pid int) (uint64, error) {
+	st, _, err := procStat(pid)
+	return st, err
+}
+
+// procStat reads process pid's start time and state (/proc/PID/stat's
+// fields 22 and 3).
+func procStat(pid int) (start uint64, state byte, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	// pid (comm) state ppid …: comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, fmt.Errorf("jobstatus: /proc/%d/stat: malformed", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 || len(f[0]) != 1 {
+		return 0, 0, fmt.Errorf("jobstatus: /proc/%d/stat: malformed", pid)
+	}
+	start, err = strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return 0, 0, fmt.Errorf("jobstatus: /proc/%d/stat: %w", pid, err)
+	}
+	return start, f[0][0], nil
 }

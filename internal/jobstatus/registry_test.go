@@ -1,7 +1,10 @@
 package jobstatus
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -150,5 +153,170 @@ func TestDir(t *testing.T) {
 	t.Setenv("TMPDIR", "/tmp/x")
 	if d, want := Dir(), filepath.Join("/tmp/x", "gorun-"+itoa(os.Getuid())); d != want {
 		t.Errorf("Dir = %s, want %s", d, want)
+	}
+}
+
+// TestRegistryDirRemovedMeanwhile: another launcher (or gorun status
+// removing a stale entry) may remove the empty directory at any moment
+// between Register's Mkdir and its file: Register makes it again. Before
+// the fix a removal between Mkdir and checkDir's Lstat failed the
+// registration ("lstat …: no such file or directory").
+func TestRegistryDirRemovedMeanwhile(t *testing.T) {
+	for _, times := range []int{1, 3} {
+		t.Run(itoa(times), func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "reg")
+			n := 0
+			testHookMkdir = func() {
+				if n < times {
+					n++
+					if err := os.Remove(dir); err != nil {
+						t.Errorf("removing the directory: %v", err)
+					}
+				}
+			}
+			defer func() { testHookMkdir = nil }()
+			rm, err := Register(dir, entry("job1", os.Getpid()))
+			if err != nil {
+				t.Fatalf("Register: %v", err)
+			}
+			if es, err := List(dir); err != nil || len(es) != 1 {
+				t.Fatalf("List: %v, %v; want the entry", es, err)
+			}
+			rm()
+		})
+	}
+}
+
+// TestRegistryStaleProcess: an entry is the launcher's only while its
+// PID names the same process (the start time /proc gives, saved in the
+// entry) and that process is not a zombie: a reused PID (here pid 1, or
+// this process with another start time) or a SIGKILLed launcher not yet
+// reaped is stale, unlisted and removed. An entry of another host (a
+// TMPDIR or $HOME shared between nodes) is not this host's to judge:
+// unlisted, and kept.
+func TestRegistryStaleProcess(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "reg")
+	write := func(e *Entry) string {
+		t.Helper()
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(e)
+		p := filepath.Join(dir, e.Job+".json")
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, err := procStart(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	zombie := exec.Command("true")
+	if err := zombie.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer zombie.Wait()
+	zstart, err := procStart(zombie.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not reaped: a zombie once it has exited (poll its state).
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", zombie.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i := bytes.LastIndexByte(b, ')'); i > 0 && bytes.HasPrefix(b[i+1:], []byte(" Z")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the child is not a zombie: %s", b)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	live := write(&Entry{Job: "live", PID: os.Getpid(), PIDStart: start, Host: host, Start: time.Now()})
+	other := write(&Entry{Job: "other", PID: os.Getpid(), PIDStart: start, Host: host + "-elsewhere", Start: time.Now()})
+	stale := map[string]string{
+		"pid1":    write(&Entry{Job: "pid1", PID: 1, Host: host, Start: time.Now()}),
+		"reused":  write(&Entry{Job: "reused", PID: os.Getpid(), PIDStart: start + 1, Host: host, Start: time.Now()}),
+		"zombie":  write(&Entry{Job: "zombie", PID: zombie.Process.Pid, PIDStart: zstart, Host: host, Start: time.Now()}),
+		"nostart": write(&Entry{Job: "nostart", PID: os.Getpid(), Host: host, Start: time.Now()}),
+	}
+	es, err := List(dir)
+	if err != nil || len(es) != 1 || es[0].Job != "live" {
+		var jobs []string
+		for _, e := range es {
+			jobs = append(jobs, e.Job)
+		}
+		t.Fatalf("List: %v, %v; want only the live entry", jobs, err)
+	}
+	for _, p := range []string{live, other} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s removed: %v", p, err)
+		}
+	}
+	for name, p := range stale {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("stale entry %s kept: %v", name, err)
+		}
+	}
+}
+
+// TestRegisterFillsProcess: Register records the launcher's host and
+// its process's start time.
+func TestRegisterFillsProcess(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "reg")
+	rm, err := Register(dir, entry("job1", os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rm()
+	es, err := List(dir)
+	if err != nil || len(es) != 1 {
+		t.Fatalf("List: %v, %v", es, err)
+	}
+	host, _ := os.Hostname()
+	start, _ := procStart(os.Getpid())
+	if es[0].Host != host || es[0].PIDStart != start || start == 0 {
+		t.Errorf("entry host %q start %d; want %q, %d", es[0].Host, es[0].PIDStart, host, start)
+	}
+}
+
+// TestDirSquatted: when another user (here: a mode others may write)
+// holds os.TempDir()/gorun-<uid>, which anyone can create while none of
+// the user's jobs runs, the registry moves to $HOME/.local/state/gorun
+// (made by Register) instead of turning gorun status off; before, every
+// launch warned and gorun status failed with "unsafe registry directory".
+func TestDirSquatted(t *testing.T) {
+	tmp, home := t.TempDir(), t.TempDir()
+	t.Setenv("XDG_RUNTIME_DIR", "")
+	t.Setenv("TMPDIR", tmp)
+	t.Setenv("HOME", home)
+	squat := filepath.Join(tmp, "gorun-"+itoa(os.Getuid()))
+	if err := os.Mkdir(squat, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(squat, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(home, ".local", "state", "gorun")
+	if d := Dir(); d != want {
+		t.Fatalf("Dir = %s with %s squatted, want %s", d, squat, want)
+	}
+	rm, err := Register(Dir(), entry("job1", os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if es, err := List(Dir()); err != nil || len(es) != 1 {
+		t.Fatalf("List: %v, %v", es, err)
+	}
+	rm()
+	if _, err := os.Stat(want); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the empty registry directory stays: %v", err)
 	}
 }

@@ -29,6 +29,11 @@ const (
 	HostLost    = "lost"    // lost (fenced); its ranks moved
 	HostSpare   = "spare"   // an idle spare, waiting to replace a lost host
 	HostFree    = "free"    // no rank and not a spare (a used-up host)
+	// A spare whose agent has not registered yet, or that is suspected
+	// (it missed heartbeats and was asked for one): not counted among
+	// the spares left.
+	HostStarting  = "starting"
+	HostSuspected = "suspected"
 )
 
 // Snapshot is a job as its launcher sees it at one moment.
@@ -75,7 +80,7 @@ type Snapshot struct {
 type Host struct {
 	Name  string `json:"name"`
 	Addr  string `json:"addr,omitempty"`
-	State string `json:"state"` // HostRunning, HostLost, HostSpare, HostFree
+	State string `json:"state"` // HostRunning, HostLost, HostSpare, HostFree, HostStarting, HostSuspected
 	// Ranks are the host's ranks now, in compact form ("0-3,8").
 	Ranks  string `json:"ranks"`
 	NRanks int    `json:"nranks"`
