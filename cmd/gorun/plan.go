@@ -45,9 +45,12 @@ Bandwidths (measured when it can, else given, else a default):
                           sending --measure-size bytes; without a hostfile,
                           1.25GB/s, 10 Gbit/s)
   --durable-bw BW         durable storage, as one host sees it while every
-                          host writes (default 1GB/s)
-  --durable-dir DIR       measure it instead: write and fsync --measure-size
-                          bytes in DIR, then remove the file
+                          host writes (its share; default 1GB/s)
+  --durable-bw-total BW   or the storage's aggregate bandwidth, shared by
+                          every host: each host's share is BW / hosts
+  --durable-dir DIR       or measure it: write and fsync --measure-size bytes
+                          in DIR, then remove the file (one host alone: an
+                          upper bound of its share while every host writes)
   --measure-size SIZE     bytes written or sent to measure (default 256MiB)
   --rsh CMD, --bind ADDR  as gorun's, for the network measurement job
 Recovery:
@@ -140,7 +143,7 @@ func planFromArgs(ctx context.Context, args []string, deps planDeps) (planOutput
 	fs.SetOutput(io.Discard)
 	str := map[string]*string{}
 	for _, n := range []string{"mttf", "trace", "hostfile", "step", "state", "job-length", "mem-bw", "net-bw",
-		"durable-bw", "durable-dir", "measure-size", "rsh", "bind", "restart", "replace", "redundancy", "spare-risk", "ckpt-overhead"} {
+		"durable-bw", "durable-bw-total", "durable-dir", "measure-size", "rsh", "bind", "restart", "replace", "redundancy", "spare-risk", "ckpt-overhead"} {
 		str[n] = fs.String(n, "", "")
 	}
 	ints := map[string]*int{}
@@ -172,10 +175,7 @@ func planFromArgs(ctx context.Context, args []string, deps planDeps) (planOutput
 	}
 	res, err := plan.Plan(in, trace, runs, *seed, risk)
 	if err != nil {
-		if errors.Is(err, plan.ErrInput) {
-			return planOutput{}, false, usagef("%s", strings.TrimPrefix(err.Error(), plan.ErrInput.Error()+": "))
-		}
-		return planOutput{}, false, err
+		return planOutput{}, false, p.planErr(err)
 	}
 	return planOutput{Inputs: p.list, Result: res}, *asJSON, nil
 }
@@ -198,6 +198,38 @@ func (p *planParser) fail(err error) {
 
 func (p *planParser) record(name, value, source string, raw float64) {
 	p.list = append(p.list, planInput{Name: name, Value: value, Source: source, Raw: raw})
+}
+
+// planFlags names the flag of each field of plan.Inputs (and of
+// plan.Plan's other arguments).
+var planFlags = map[string]string{
+	"MTTFHost": "--mttf", "Hosts": "--hosts", "RanksPerHost": "--ranks-per-host", "Step": "--step",
+	"StateBytes": "--state", "MemBW": "--mem-bw", "NetBW": "--net-bw", "DurableBW": "--durable-bw",
+	"Restart": "--restart", "Replace": "--replace", "Interval": "--interval", "Concurrency": "--ckpt-concurrency",
+	"Overhead": "--ckpt-overhead", "Spares": "--spares", "Redundancy": "--redundancy", "JobLength": "--job-length",
+	"Runs": "--runs", "SpareRisk": "--spare-risk",
+}
+
+// planErr rewords an error of the plan package as a usage error naming
+// the flag (a plan.FieldError), or returns it as it is.
+func (p *planParser) planErr(err error) error {
+	var fe *plan.FieldError
+	if errors.As(err, &fe) {
+		name := cmp.Or(planFlags[fe.Field], fe.Field)
+		switch {
+		case fe.Field == "MTTFHost" && p.set["trace"]:
+			name = "--trace"
+		case fe.Field == "DurableBW" && p.set["durable-bw-total"]:
+			name = "--durable-bw-total"
+		case fe.Field == "Hosts" && p.set["hostfile"]:
+			name = "--hostfile"
+		}
+		return usagef("%s %s", name, fe.Msg)
+	}
+	if errors.Is(err, plan.ErrInput) {
+		return usagef("%s", strings.TrimPrefix(err.Error(), plan.ErrInput.Error()+": "))
+	}
+	return err
 }
 
 // unitErr rewords a plan.ErrInput from a unit parser as a usage error
@@ -402,48 +434,85 @@ func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []
 		return in, nil, p.err
 	}
 
-	// bandwidths, measured last: every check that needs no measuring is made first
-	in.MemBW = p.bandwidth("mem-bw", deps.memBW, "(memory copy here)", "")
+	// Every check that needs no measuring is made before any measuring:
+	// the flags' contradictions, the units of the bandwidths given, and
+	// plan.Inputs.Validate with stand-in bandwidths.
 	if !p.set["hostfile"] && (p.set["rsh"] || p.set["bind"]) {
 		return in, nil, usagef("--rsh and --bind apply with --hostfile only (to measure the network)")
 	}
 	if p.set["measure-size"] && !p.set["durable-dir"] && (!p.set["hostfile"] || p.set["net-bw"]) {
 		return in, nil, usagef("--measure-size applies with --durable-dir or --hostfile only")
 	}
-	var measureNetBW func() (float64, error)
-	netFrom := ""
-	if len(netHosts) == 2 && !p.set["net-bw"] {
-		size := p.size("measure-size", "256MiB")
-		if p.err != nil {
-			return in, nil, p.err
-		}
-		netFrom = "between " + netHosts[0] + " and " + netHosts[1]
-		measureNetBW = func() (float64, error) {
-			return measureNet(ctx, deps.net, netHosts[0], netHosts[1], int64(size), *p.str["rsh"], *p.str["bind"])
+	var durable []string
+	for _, n := range []string{"durable-bw", "durable-bw-total", "durable-dir"} {
+		if p.set[n] {
+			durable = append(durable, "--"+n)
 		}
 	}
-	in.NetBW = p.bandwidth("net-bw", measureNetBW, netFrom, "1.25GB/s")
-	var measureDurable func() (float64, error)
-	if p.set["durable-dir"] {
-		if p.set["durable-bw"] {
-			return in, nil, usagef("--durable-bw and --durable-dir: give one of them")
+	if len(durable) > 1 {
+		return in, nil, usagef("%s: give one of them", strings.Join(durable, " and "))
+	}
+	for _, n := range []string{"mem-bw", "net-bw", "durable-bw", "durable-bw-total"} {
+		if p.set[n] {
+			if _, err := plan.ParseBandwidth(*p.str[n]); err != nil {
+				return in, nil, unitErr(n, err)
+			}
 		}
-		dir := *p.str["durable-dir"]
-		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-			return in, nil, usagef("--durable-dir %s: not a directory", dir)
-		}
+	}
+	measureSize := 0.0
+	if (len(netHosts) == 2 && !p.set["net-bw"]) || p.set["durable-dir"] {
 		size, err := plan.ParseSize(cmp.Or(*p.str["measure-size"], "256MiB"))
 		if err != nil || size == 0 {
 			return in, nil, usagef("--measure-size %s: want a positive size", *p.str["measure-size"])
 		}
-		if measureNetBW == nil {
-			p.record("measure-size", plan.FormatBytes(size), sourceOf(p.set["measure-size"]), size)
-		}
-		measureDurable = func() (float64, error) {
-			return plan.MeasureDurableBW(ctx, deps.fs, dir, int64(size), deps.now)
+		measureSize = size
+	}
+	if p.set["durable-dir"] {
+		if fi, err := os.Stat(*p.str["durable-dir"]); err != nil || !fi.IsDir() {
+			return in, nil, usagef("--durable-dir %s: not a directory", *p.str["durable-dir"])
 		}
 	}
-	in.DurableBW = p.bandwidth("durable-bw", measureDurable, "in "+*p.str["durable-dir"], "1GB/s")
+	stand := in
+	stand.MemBW, stand.NetBW, stand.DurableBW = 1, 1, 1
+	if err := stand.Validate(); err != nil {
+		return in, nil, p.planErr(err)
+	}
+
+	// bandwidths, measured last
+	in.MemBW = p.bandwidth("mem-bw", deps.memBW, "(memory copy here)", "")
+	var measureNetBW func() (float64, error)
+	netFrom := ""
+	if len(netHosts) == 2 && !p.set["net-bw"] {
+		p.record("measure-size", plan.FormatBytes(measureSize), sourceOf(p.set["measure-size"]), measureSize)
+		netFrom = "between " + netHosts[0] + " and " + netHosts[1]
+		measureNetBW = func() (float64, error) {
+			return measureNet(ctx, deps.net, netHosts[0], netHosts[1], int64(measureSize), *p.str["rsh"], *p.str["bind"])
+		}
+	}
+	in.NetBW = p.bandwidth("net-bw", measureNetBW, netFrom, "1.25GB/s")
+	switch {
+	case p.set["durable-bw-total"]:
+		// the storage's aggregate bandwidth, shared by every host writing
+		total, _ := plan.ParseBandwidth(*p.str["durable-bw-total"])
+		in.DurableBW = total / float64(in.Hosts)
+		p.record("durable-bw", plan.FormatBandwidth(in.DurableBW)+" per host",
+			fmt.Sprintf("given: --durable-bw-total %s shared by %d hosts", plan.FormatBandwidth(total), in.Hosts), in.DurableBW)
+	case p.set["durable-dir"]:
+		dir := *p.str["durable-dir"]
+		if measureNetBW == nil {
+			p.record("measure-size", plan.FormatBytes(measureSize), sourceOf(p.set["measure-size"]), measureSize)
+		}
+		in.DurableBW = p.bandwidth("durable-bw", func() (float64, error) {
+			return plan.MeasureDurableBW(ctx, deps.fs, dir, int64(measureSize), deps.now)
+		}, "in "+dir+", one host alone (an upper bound of each host's share while every host writes)", "")
+	default:
+		in.DurableBW = p.bandwidth("durable-bw", nil, "", "1GB/s")
+		if !p.set["durable-bw"] {
+			p.list[len(p.list)-1].Source = "default, per host"
+		} else {
+			p.list[len(p.list)-1].Source = "given, per host"
+		}
+	}
 	return in, trace, p.err
 }
 

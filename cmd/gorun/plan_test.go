@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gorun/gorun/internal/plan"
+	"github.com/gorun/gorun/launcher"
 )
 
 // runPlanTest runs gorun plan with the memory measurement faked (1 GB/s)
@@ -90,7 +93,7 @@ func TestPlanDurableDirMeasured(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
-	if !strings.Contains(out, "measured in "+dir) {
+	if !strings.Contains(out, "measured in "+dir+", one host alone (an upper bound") {
 		t.Errorf("durable-bw not measured:\n%s", out)
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
@@ -133,7 +136,20 @@ func TestPlanUsageErrors(t *testing.T) {
 		{"bandwidth without /s", append(planBase, "--net-bw", "10GB"), "--net-bw"},
 		{"bad duration", append(planBase, "--mttf", "soon"), "--mttf"},
 		{"bad redundancy", append(planBase, "--redundancy", "ec:2"), `--redundancy "ec:2"`},
-		{"ec wider than hosts", append(planBase, "--redundancy", "ec:16+4"), "ec:16+4 needs at least 20 hosts"},
+		{"ec wider than hosts", append(planBase, "--redundancy", "ec:16+4"), "--redundancy ec:16+4 over 16 hosts"},
+		// what gorun run refuses (topology.PlanEC): hosts not in whole
+		// groups, a group's ranks not a multiple of K
+		{"ec hosts not whole groups", append(planBase, "--hosts", "6", "--redundancy", "ec:2+2"), "--redundancy ec:2+2 over 6 hosts"},
+		{"ec ranks not a multiple of K", append(planBase, "--hosts", "5", "--ranks-per-host", "1", "--redundancy", "ec:3+2"), "not a multiple of K = 3"},
+		{"concurrency 9", append(planBase, "--ckpt-concurrency", "9"), "--ckpt-concurrency must be 1 to 8, not 9"},
+		// errors of the models name the flag, not a Go field
+		{"too many hosts", append(planBase, "--hosts", "2000000"), "--hosts must be 1 to 1048576"},
+		{"too many ranks per host", append(planBase, "--ranks-per-host", "100000"), "--ranks-per-host must be 1 to"},
+		{"too many spares", append(planBase, "--spares", "2000000"), "--spares must be 0 to 1048576"},
+		{"mttf 1ns", append(planBase, "--mttf", "1ns"), "--mttf 1e-09 s over 16 hosts"},
+		{"runs unbounded", append(planBase, "--runs", "20000000"), "--runs must be 1 to 1000000"},
+		{"step longer than the job", append(planBase, "--step", "40d", "--job-length", "1d"), "--step 3.456e+06 s is longer than the job"},
+		{"durable total and per host", append(planBase, "--durable-bw-total", "2GB/s"), "--durable-bw and --durable-bw-total: give one of them"},
 		{"zero hosts", append(planBase, "--hosts", "0"), "--hosts must be at least 1"},
 		{"negative spares", append(planBase, "--spares", "-1"), "--spares must be at least 0"},
 		{"overhead 2", append(planBase, "--ckpt-overhead", "2"), "--ckpt-overhead 2"},
@@ -188,4 +204,68 @@ func lineOf(s, sub string) string {
 		}
 	}
 	return ""
+}
+
+// The contradictions and the checks that need no measuring are made
+// before the network is measured (which can take a minute).
+func TestPlanChecksBeforeMeasuring(t *testing.T) {
+	hf := filepath.Join(t.TempDir(), "hosts")
+	os.WriteFile(hf, []byte("a\nb\nc\nd\n"), 0o644)
+	base := []string{"--hostfile", hf, "--mttf", "365d", "--job-length", "7d", "--step", "1s", "--state", "1GB"}
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"durable both", []string{"--durable-bw", "1GB/s", "--durable-dir", t.TempDir()}, "--durable-bw and --durable-dir"},
+		{"bad durable unit", []string{"--durable-bw", "1XB/s"}, "--durable-bw"},
+		{"ec not whole groups", []string{"--redundancy", "ec:3+2"}, "--redundancy ec:3+2"},
+		{"step longer than the job", []string{"--step", "8d"}, "--step"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var out, errb strings.Builder
+			deps := planDeps{now: time.Now, fs: plan.OSFS{}, stdout: &out,
+				memBW: func() (float64, error) { t.Error("memory measured"); return 1e9, nil },
+				net: func(context.Context, []string) ([]byte, error) {
+					t.Error("network measured")
+					return nil, errors.New("no")
+				}}
+			code := runPlan(context.Background(), append(slices.Clone(base), c.args...), deps, &errb)
+			if code != exitUsage || !strings.Contains(errb.String(), c.want) {
+				t.Errorf("exit %d, stderr %q; want 2 naming %q", code, errb.String(), c.want)
+			}
+		})
+	}
+}
+
+// The plan's bound on checkpoints in flight is gorun run's.
+func TestPlanConcurrencyBound(t *testing.T) {
+	if plan.MaxConcurrency != launcher.MaxCkptConcurrency {
+		t.Errorf("plan.MaxConcurrency = %d, gorun run's --ckpt-concurrency takes 1 to %d", plan.MaxConcurrency, launcher.MaxCkptConcurrency)
+	}
+}
+
+// --durable-bw-total is the storage's aggregate, shared by every host:
+// T_w is a host's state over its share.
+func TestPlanDurableTotal(t *testing.T) {
+	args := slices.Clone(planBase)
+	i := slices.Index(args, "--durable-bw")
+	args = slices.Delete(args, i, i+2)
+	code, out, errs := runPlanTest(t, append(args, "--durable-bw-total", "2GB/s", "--json")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var got planOutput
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	// 16 hosts of 4 ranks of 2 GiB: 8 GiB per host over 2 GB/s / 16
+	if want := float64(8<<30) / (2e9 / 16); got.Result.WriteTime != want {
+		t.Errorf("T_w = %v, want %v", got.Result.WriteTime, want)
+	}
+	for _, in := range got.Inputs {
+		if in.Name == "durable-bw" && !strings.Contains(in.Source, "--durable-bw-total 2 GB/s shared by 16 hosts") {
+			t.Errorf("durable-bw's source %q does not say it is the total's share", in.Source)
+		}
+	}
 }

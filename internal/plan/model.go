@@ -124,18 +124,47 @@ func CkptCost(in Inputs) Cost {
 
 // ProtectTime is the time of one step's in-memory protection (s): the
 // snapshot copy of the host's state (host bytes / memory bandwidth) and
-// the bytes each host sends to the holders: k whole copies under
-// replicas:k, and under ec:K+M the host's share of its group's parity, M/K
-// of its state (ECHECK's (K+M)/K memory factor less the data itself).
+// the network transfer of what gorun sends, at the busier end of a link
+// (a host sends and receives at once, each at NetBW): k whole copies of
+// the host's state each way under replicas:k; under ec:K+M what [Flows]
+// counts over the group topology.PlanEC plans — M shares per rank, each
+// as long as its shard, and clear copies to data hosts, with a parity
+// host receiving every other member's share — not ECHECK's (K+M)/K
+// memory factor, which is what the rows hold, not what goes to them.
 func ProtectTime(in Inputs) float64 {
 	hb := in.HostBytes()
-	var sent float64
 	if in.Redundancy.EC() {
-		sent = hb * float64(in.Redundancy.ECM) / float64(in.Redundancy.ECK)
-	} else {
-		sent = hb * float64(in.Redundancy.Replicas)
+		f, err := ecFlows(in)
+		if err != nil {
+			return math.NaN() // Validate refuses such inputs
+		}
+		return hb/in.MemBW + float64(max(f.Sent, f.Received))*in.StateBytes/in.NetBW
 	}
-	return hb/in.MemBW + sent/in.NetBW
+	return hb/in.MemBW + hb*float64(in.Redundancy.Replicas)/in.NetBW
+}
+
+// RestoreTime is the time a spare takes to fetch a lost host's state
+// from its peers (s): the host's state under replicas:k; under ec:K+M the
+// mean over the group's hosts of what [Flows] counts (a rank whose data
+// host was its own host is decoded from K shards).
+func RestoreTime(in Inputs) float64 {
+	if in.Redundancy.EC() {
+		f, err := ecFlows(in)
+		if err != nil {
+			return math.NaN()
+		}
+		return f.Restore * in.StateBytes / in.NetBW
+	}
+	return in.HostBytes() / in.NetBW
+}
+
+// ecFlows is [Flows] of in's group.
+func ecFlows(in Inputs) (ECFlows, error) {
+	g, err := ecGroup(in)
+	if err != nil {
+		return ECFlows{}, err
+	}
+	return Flows(g), nil
 }
 
 // HostReplaceCost is E[C_DEADPOOL] (DEADPOOL §IV) for gorun's host
@@ -144,7 +173,7 @@ func ProtectTime(in Inputs) float64 {
 //	C_overhead = (max(0, protect − t_step)/t_step
 //	              + StallPerCheckpoint/(K·t_step)) · MTTF_sys
 //	Recover    = E[T_hotswap] (Replace)
-//	Restore    = host state / network bandwidth (the spare fetches it)
+//	Restore    = RestoreTime (the spare fetches the state from peers)
 //	Replay     = t_step·E[φ] = t_step/2
 //
 // The protection overlaps the step (DEADPOOL §V, one wait before the
@@ -161,7 +190,7 @@ func HostReplaceCost(in Inputs) Cost {
 	return Cost{
 		Overhead: rate * in.MTTFSys(),
 		Recover:  in.Replace,
-		Restore:  in.HostBytes() / in.NetBW,
+		Restore:  RestoreTime(in),
 		Replay:   in.Step / 2,
 	}
 }
@@ -238,7 +267,7 @@ func LossBound(in Inputs) (perStep float64, units int) {
 	p := FailureProb(in.Step, in.MTTFHost)
 	r := in.Redundancy
 	if r.EC() {
-		g := (in.Hosts + r.ECK + r.ECM - 1) / (r.ECK + r.ECM)
+		g := in.Hosts / (r.ECK + r.ECM) // whole groups: Validate
 		return ECLossBound(g, r.ECK, r.ECM, p), g
 	}
 	return ReplicaLossBound(in.Hosts, r.Replicas, p), in.Hosts

@@ -6,9 +6,13 @@ import (
 	"slices"
 )
 
-// MaxSimulatedFailures bounds a Monte Carlo's work: runs × expected
-// failures per run.
-const MaxSimulatedFailures = 50_000_000
+// Bounds of a Monte Carlo's work and memory: at most MaxRuns runs (each
+// keeps two float64s), and runs × max(1, expected failures per run) at
+// most MaxSimulatedFailures.
+const (
+	MaxRuns              = 1_000_000
+	MaxSimulatedFailures = 50_000_000
+)
 
 // Dist is a distribution of the time a job loses (s) over Monte Carlo runs.
 type Dist struct {
@@ -50,16 +54,20 @@ type MonteCarlo struct {
 // [CkptCost] and [HostReplaceCost]). In-memory state lost beyond the
 // redundancy is not simulated: [LossBound] bounds it.
 func Simulate(in Inputs, trace []Failure, runs int, seed uint64) (MonteCarlo, error) {
-	if runs < 1 {
-		return MonteCarlo{}, inputf("runs %d: want at least 1", runs)
+	if runs < 1 || runs > MaxRuns {
+		return MonteCarlo{}, fieldf("Runs", "must be 1 to %d, not %d", MaxRuns, runs)
 	}
 	mttfSys := in.MTTFSys()
 	expected := in.JobLength / mttfSys
 	if trace != nil {
 		expected = float64(len(trace))
 	}
-	if expected*float64(runs) > MaxSimulatedFailures {
-		return MonteCarlo{}, inputf("%d runs of %.0f expected failures each: more than %d failures to simulate; give fewer runs", runs, expected, MaxSimulatedFailures)
+	if expected > MaxSimulatedFailures {
+		// the failure inputs, not the runs, are what is wrong
+		return MonteCarlo{}, fieldf("MTTFHost", "%v s over %d hosts and a job of %v s: %.3g failures expected in one job, more than the %d a Monte Carlo simulates", in.MTTFHost, in.Hosts, in.JobLength, expected, MaxSimulatedFailures)
+	}
+	if max(1, expected)*float64(runs) > MaxSimulatedFailures {
+		return MonteCarlo{}, fieldf("Runs", "%d of %.3g expected failures each: more than %d failures to simulate; give fewer runs", runs, expected, MaxSimulatedFailures)
 	}
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	k := float64(in.Interval) * in.Step // seconds between checkpoints

@@ -43,18 +43,19 @@ type Result struct {
 // Bounds of the inputs, so that every model runs in bounded time.
 const (
 	MaxHosts        = 1 << 20 // hosts, and spares
-	MaxRanksPerHost = 1 << 16
+	MaxRanksPerHost = 1 << 10 // ranks on one host (an EC group is planned rank by rank)
+	MaxRanks        = 1 << 24 // hosts × ranks per host: what gorun run places (topology.MapRanks)
+	// MaxConcurrency is the most durable checkpoints gorun run keeps in
+	// flight (launcher.MaxCkptConcurrency, --ckpt-concurrency).
+	MaxConcurrency = 8
 )
 
-// Validate checks in, naming the field that is wrong. Errors wrap
-// [ErrInput].
+// Validate checks in, naming the field that is wrong: errors are
+// *[FieldError] values wrapping [ErrInput]. An erasure code is checked by
+// topology.PlanEC, as gorun run checks it, with every host running
+// RanksPerHost ranks: the hosts must form whole groups of K+M and each
+// group's ranks must divide by K.
 func (in Inputs) Validate() error {
-	pos := func(name string, v float64) error {
-		if !(v > 0) || math.IsInf(v, 0) {
-			return inputf("%s must be positive, not %v", name, v)
-		}
-		return nil
-	}
 	for _, c := range []struct {
 		name string
 		v    float64
@@ -62,32 +63,38 @@ func (in Inputs) Validate() error {
 		{"MTTFHost", in.MTTFHost}, {"Step", in.Step}, {"StateBytes", in.StateBytes},
 		{"MemBW", in.MemBW}, {"NetBW", in.NetBW}, {"DurableBW", in.DurableBW}, {"JobLength", in.JobLength},
 	} {
-		if err := pos(c.name, c.v); err != nil {
-			return err
+		if !(c.v > 0) || math.IsInf(c.v, 0) {
+			return fieldf(c.name, "must be positive, not %v", c.v)
 		}
 	}
 	switch {
 	case in.Hosts < 1 || in.Hosts > MaxHosts:
-		return inputf("Hosts must be 1 to %d, not %d", MaxHosts, in.Hosts)
+		return fieldf("Hosts", "must be 1 to %d, not %d", MaxHosts, in.Hosts)
 	case in.RanksPerHost < 1 || in.RanksPerHost > MaxRanksPerHost:
-		return inputf("RanksPerHost must be 1 to %d, not %d", MaxRanksPerHost, in.RanksPerHost)
+		return fieldf("RanksPerHost", "must be 1 to %d, not %d", MaxRanksPerHost, in.RanksPerHost)
+	case in.Hosts*in.RanksPerHost > MaxRanks:
+		return fieldf("RanksPerHost", "%d on %d hosts: more than the %d ranks gorun places", in.RanksPerHost, in.Hosts, MaxRanks)
 	case in.Interval < 1 || in.Interval > math.MaxInt32:
-		return inputf("Interval must be 1 to 2^31, not %d", in.Interval)
-	case in.Concurrency < 1:
-		return inputf("Concurrency must be at least 1, not %d", in.Concurrency)
+		return fieldf("Interval", "must be 1 to 2^31, not %d", in.Interval)
+	case in.Concurrency < 1 || in.Concurrency > MaxConcurrency:
+		return fieldf("Concurrency", "must be 1 to %d, not %d", MaxConcurrency, in.Concurrency)
 	case !(in.Overhead > 0 && in.Overhead < 1):
-		return inputf("Overhead must be between 0 and 1, not %v", in.Overhead)
+		return fieldf("Overhead", "must be between 0 and 1, not %v", in.Overhead)
 	case in.Spares < 0 || in.Spares > MaxHosts:
-		return inputf("Spares must be 0 to %d, not %d", MaxHosts, in.Spares)
+		return fieldf("Spares", "must be 0 to %d, not %d", MaxHosts, in.Spares)
 	case !(in.Restart >= 0) || math.IsInf(in.Restart, 0):
-		return inputf("Restart must be 0 or more, not %v", in.Restart)
+		return fieldf("Restart", "must be 0 or more, not %v", in.Restart)
 	case !(in.Replace >= 0) || math.IsInf(in.Replace, 0):
-		return inputf("Replace must be 0 or more, not %v", in.Replace)
+		return fieldf("Replace", "must be 0 or more, not %v", in.Replace)
+	case in.Step > in.JobLength:
+		return fieldf("Step", "%v s is longer than the job's %v s", in.Step, in.JobLength)
 	}
-	if r := in.Redundancy; r.EC() && in.Hosts < r.ECK+r.ECM {
-		return inputf("%s needs at least %d hosts, not %d", r, r.ECK+r.ECM, in.Hosts)
-	} else if !r.EC() && r.Replicas >= in.Hosts {
-		return inputf("%s needs at least %d hosts, not %d", r, r.Replicas+1, in.Hosts)
+	if r := in.Redundancy; r.EC() {
+		if _, err := ecGroup(in); err != nil {
+			return &FieldError{Field: "Redundancy", Msg: fmt.Sprintf("%s over %d hosts of %d rank(s) each: gorun run refuses it: %v", r, in.Hosts, in.RanksPerHost, err), Err: err}
+		}
+	} else if r.Replicas >= in.Hosts {
+		return fieldf("Redundancy", "%s needs at least %d hosts, not %d", r, r.Replicas+1, in.Hosts)
 	}
 	return nil
 }
@@ -102,7 +109,7 @@ func Plan(in Inputs, trace []Failure, runs int, seed uint64, spareRisk float64) 
 		return Result{}, err
 	}
 	if !(spareRisk > 0 && spareRisk < 1) {
-		return Result{}, inputf("spare risk must be between 0 and 1, not %v", spareRisk)
+		return Result{}, fieldf("SpareRisk", "must be between 0 and 1, not %v", spareRisk)
 	}
 	mc, err := Simulate(in, trace, runs, seed)
 	if err != nil {
@@ -147,7 +154,7 @@ func Plan(in Inputs, trace []Failure, runs int, seed uint64, spareRisk float64) 
 // Survives says in words what r survives over hosts hosts.
 func Survives(r topology.Redundancy, hosts int) string {
 	if r.EC() {
-		g := (hosts + r.ECK + r.ECM - 1) / (r.ECK + r.ECM)
+		g := hosts / (r.ECK + r.ECM)
 		return fmt.Sprintf("%s over %d hosts (%d group(s) of %d): any %d host(s) of each group", r, hosts, g, r.ECK+r.ECM, r.ECM)
 	}
 	if r.Replicas == 0 {
