@@ -74,7 +74,9 @@ Output:
   --seed N                Monte Carlo seed: the same seed gives the same figures
                           (default 1)
   --json                  one JSON object instead of the report
-Units: durations 20s, 1h30m, 30d; sizes 256MiB, 10GB; bandwidths 10GB/s.
+Units: durations 20s, 1h30m, 30d; sizes 256MiB, 10GB; bandwidths 10GB/s, or
+bits per second 100Gbit/s (= 100Gb/s = 12.5GB/s). Units are case-sensitive:
+B is a byte, b a bit.
 `
 
 // planInput is one input of a plan with where its value came from.

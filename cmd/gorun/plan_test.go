@@ -133,6 +133,8 @@ func TestPlanUsageErrors(t *testing.T) {
 		{"missing step", []string{"--hosts", "4", "--mttf", "1d", "--job-length", "1d", "--state", "1GB"}, "--step is required"},
 		{"negative step", append(planBase, "--step", "-2s"), "--step -2s: must be positive"},
 		{"unknown unit", append(planBase, "--state", "2XB"), `--state "2XB": unknown unit "XB"`},
+		{"bits as a size", append(planBase, "--state", "10Gb"), `--state "10Gb": "Gb" is bits`},
+		{"unit in the wrong case", append(planBase, "--net-bw", "10gb/s"), "units are case-sensitive: GB"},
 		{"bandwidth without /s", append(planBase, "--net-bw", "10GB"), "--net-bw"},
 		{"bad duration", append(planBase, "--mttf", "soon"), "--mttf"},
 		{"bad redundancy", append(planBase, "--redundancy", "ec:2"), `--redundancy "ec:2"`},
@@ -266,6 +268,16 @@ func TestPlanDurableTotal(t *testing.T) {
 	for _, in := range got.Inputs {
 		if in.Name == "durable-bw" && !strings.Contains(in.Source, "--durable-bw-total 2 GB/s shared by 16 hosts") {
 			t.Errorf("durable-bw's source %q does not say it is the total's share", in.Source)
+		}
+	}
+}
+
+// Bits per second are bits: 100Gb/s and 100Gbit/s are 12.5 GB/s.
+func TestPlanBits(t *testing.T) {
+	for _, bw := range []string{"100Gb/s", "100Gbit/s"} {
+		code, out, errs := runPlanTest(t, append(slices.Clone(planBase), "--net-bw", bw)...)
+		if code != 0 || !strings.Contains(lineOf(out, "  net-bw "), "12.5 GB/s") {
+			t.Errorf("--net-bw %s: exit %d, %s, net-bw line %q, want 12.5 GB/s", bw, code, errs, lineOf(out, "  net-bw "))
 		}
 	}
 }

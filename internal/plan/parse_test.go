@@ -17,7 +17,14 @@ func TestParseSize(t *testing.T) {
 		{"10GB", 10e9, ""},
 		{"1.5GiB", 1.5 * (1 << 30), ""},
 		{"4096", 4096, ""},
-		{"12 kb", 12e3, ""},
+		{"12 kB", 12e3, ""},
+		{"12 KB", 12e3, ""},
+		// units are case-sensitive; b is bits, which a size is not in
+		{"12 kb", 0, `"kb" is bits`},
+		{"10Gb", 0, `"Gb" is bits`},
+		{"10gb", 0, `units are case-sensitive: GB`},
+		{"10gib", 0, `units are case-sensitive: GiB`},
+		{"10Gbit", 0, `"Gbit" is bits`},
 		{"0", 0, ""},
 		{"10XB", 0, `unknown unit "XB"`},
 		{"-1GB", 0, "not a non-negative number"},
@@ -42,8 +49,13 @@ func TestParseBandwidth(t *testing.T) {
 		{"800MiB/s", 800 << 20, ""},
 		{"10GB", 0, "per second"},
 		{"0GB/s", 0, "positive"},
-		{"10Gb/s", 10e9, ""}, // units ignore case: bytes, not bits
-		{"10Gbit/s", 0, "unknown unit"},
+		// b is bits: 8 to the byte
+		{"10Gb/s", 10e9 / 8, ""},
+		{"100Gbit/s", 100e9 / 8, ""},
+		{"800Mbit/s", 100e6, ""},
+		{"1kbit/s", 125, ""},
+		{"10gb/s", 0, "units are case-sensitive: GB"},
+		{"10GBit/s", 0, "unknown unit"},
 	} {
 		t.Run(c.in, func(t *testing.T) {
 			got, err := ParseBandwidth(c.in)
