@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/gorun/gorun/internal/plan"
@@ -106,9 +108,20 @@ func planMain(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "net-probe" {
 		return runNetProbe(args[1:], stdout, stderr)
 	}
+	ctx, stop := planSignals()
+	defer stop()
 	deps := planDeps{now: time.Now, fs: plan.OSFS{}, net: runGorun, stdout: stdout}
 	deps.memBW = func() (float64, error) { return plan.MeasureMemBW(64<<20, 8, deps.now) }
-	return runPlan(context.Background(), args, deps, stderr)
+	return runPlan(ctx, args, deps, stderr)
+}
+
+// planSignals is the context gorun plan runs under: SIGINT or SIGTERM
+// cancels it, so that a measurement under way stops and cleans up (the
+// durable probe removes its file, the network probe's job is stopped
+// with its whole process group) before gorun plan exits, instead of the
+// signal killing it where it stands.
+func planSignals() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
 
 func runPlan(ctx context.Context, args []string, deps planDeps, stderr io.Writer) int {

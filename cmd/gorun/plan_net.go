@@ -147,11 +147,26 @@ func runGorun(ctx context.Context, args []string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, self, args...)
+	return runGroup(ctx, self, args...)
+}
+
+// runGroup runs path with args in a process group of its own and returns
+// its standard output. When ctx ends first, the whole group (the
+// launcher, its rsh children and what they started) gets SIGTERM, so that
+// the launcher can stop its job; whatever of the group is left when the
+// launcher has exited (or 10 s after the SIGTERM) gets SIGKILL.
+func runGroup(ctx context.Context, path string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, path, args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Run(); err != nil {
+	err := cmd.Run()
+	if ctx.Err() != nil && cmd.Process != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // ESRCH: none left
+	}
+	if err != nil {
 		return out.Bytes(), fmt.Errorf("measurement job: %w: %s", err, strings.TrimSpace(lastLines(errb.String(), 5)))
 	}
 	return out.Bytes(), nil
