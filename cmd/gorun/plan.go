@@ -66,8 +66,8 @@ Recovery:
   --spare-risk P          spares are recommended so that running out is less
                           likely than P (default 0.01)
 Durable tier:
-  --interval K            steps between durable checkpoints (default 100, as
-                          gorun's --ckpt-every)
+  --interval K            steps between durable checkpoints, as gorun's
+                          --ckpt-every (default: PCcheck's f* for the inputs)
   --ckpt-concurrency N    checkpoints in flight (default 1)
   --ckpt-overhead Q       the fraction of time checkpointing may cost, PCcheck's
                           q = 1 + Q (default 0.03)
@@ -442,7 +442,16 @@ func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []
 	}
 	in.Redundancy = r
 	p.record("redundancy", r.String(), src, 0)
-	in.Interval = p.count("interval", 100, 1)
+	if p.set["interval"] {
+		in.Interval = p.count("interval", 0, 1)
+		if p.err == nil && float64(in.Interval)*in.Step > in.JobLength {
+			p.fail(usagef("--interval %d: %d steps of %v are longer than the job (%v)", in.Interval, in.Interval,
+				time.Duration(in.Step*1e9), time.Duration(in.JobLength*1e9)))
+		}
+	} else {
+		in.Interval = 1 // f*, once T_w is known (below)
+		p.record("interval", "", "", 0)
+	}
 	in.Concurrency = p.count("ckpt-concurrency", 1, 1)
 	in.Overhead = p.fraction("ckpt-overhead", 0.03)
 	if p.err != nil {
@@ -526,6 +535,20 @@ func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []
 			p.list[len(p.list)-1].Source = "default, per host"
 		} else {
 			p.list[len(p.list)-1].Source = "given, per host"
+		}
+	}
+	if !p.set["interval"] && p.err == nil {
+		// PCcheck's f*, within the job
+		f := plan.IntervalFor(in.WriteTime(), in.Concurrency, 1+in.Overhead, in.Step)
+		src := "f* (PCcheck Eq. 3; no --interval given)"
+		if most := max(1, int(in.JobLength/in.Step)); f > most {
+			f, src = most, "the job's length in steps (f* is longer; no --interval given)"
+		}
+		in.Interval = f
+		for i := range p.list {
+			if p.list[i].Name == "interval" {
+				p.list[i] = planInput{Name: "interval", Value: strconv.Itoa(f), Source: src, Raw: float64(f)}
+			}
 		}
 	}
 	return in, trace, p.err

@@ -281,3 +281,41 @@ func TestPlanBits(t *testing.T) {
 		}
 	}
 }
+
+// Without --interval the costs are computed at f*; at a given interval
+// where T_w > N·K·t the report warns of the stall; an interval longer
+// than the job is refused (review finding 7).
+func TestPlanInterval(t *testing.T) {
+	shared := []string{"--hosts", "1000", "--mttf", "5y", "--job-length", "30d", "--step", "20s", "--state", "10GiB",
+		"--net-bw", "25GB/s", "--mem-bw", "20GB/s", "--durable-bw-total", "2GB/s", "--runs", "10"}
+	shared[3] = "43800h"
+	code, out, errs := runPlanTest(t, append(slices.Clone(shared), "--json")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var got planOutput
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	// at f* the stall is within the accepted overhead, q − 1 = 0.03
+	if r := got.Result; r.Interval != r.IntervalFStar || r.StallFraction > 0.03 {
+		t.Errorf("without --interval: K = %d, f* = %d, stall %v; want K = f*, a stall within 0.03", r.Interval, r.IntervalFStar, r.StallFraction)
+	}
+	code, out, errs = runPlanTest(t, append(slices.Clone(shared), "--interval", "100")...)
+	if code != 0 || !strings.Contains(out, "warning: at 100 steps T_w > N·K·t: checkpointing stalls training by 168% of its time") {
+		t.Errorf("--interval 100: exit %d %s, no stall warning:\n%s", code, errs, out)
+	}
+	code, _, errs = runPlanTest(t, append(slices.Clone(shared), "--interval", "200000")...)
+	if code != exitUsage || !strings.Contains(errs, "--interval 200000: 200000 steps of 20s are longer than the job") {
+		t.Errorf("--interval longer than the job: exit %d, %q", code, errs)
+	}
+}
+
+// Host replacement's E[C] and η with spares running out are in the
+// report (review finding 6).
+func TestPlanBlendedRows(t *testing.T) {
+	code, out, errs := runPlanTest(t, append(slices.Clone(planBase), "--spares", "0")...)
+	if code != 0 || !strings.Contains(out, "E[C], those at checkpoint-restart's") || !strings.Contains(out, "efficiency η, the same") {
+		t.Errorf("exit %d %s; no blended rows:\n%s", code, errs, out)
+	}
+}

@@ -258,19 +258,25 @@ func binom(n, j int) float64 {
 	return r
 }
 
-// LossBound is the per-step loss bound of in's redundancy, with the
-// window one step (DEADPOOL §V-a: owner and holders fail "within the same
-// step"), and the number of independent units D it is taken over: hosts
-// for replicas (each host's state and its k holders), groups for ec.
+// LossBound is the loss bound of in's redundancy per window, the window,
+// and the number of independent units D it is taken over: hosts for
+// replicas (each host's state and its k holders), groups for ec.
 // replicas:0 loses a host's in-memory state with any failure: D·p.
-func LossBound(in Inputs) (perStep float64, units int) {
-	p := FailureProb(in.Step, in.MTTFHost)
+//
+// DEADPOOL §V-a takes the window to be one step (owner and holders fail
+// "within the same step"). In gorun a lost host's state has fewer copies
+// until the spare has it back: the window is max(t_step, Replace +
+// [RestoreTime]). (Once spares run out a lost host's state stays exposed
+// until a checkpoint-restart; the bound does not cover that.)
+func LossBound(in Inputs) (perWindow float64, units int, window float64) {
+	window = math.Max(in.Step, in.Replace+RestoreTime(in))
+	p := FailureProb(window, in.MTTFHost)
 	r := in.Redundancy
 	if r.EC() {
 		g := in.Hosts / (r.ECK + r.ECM) // whole groups: Validate
-		return ECLossBound(g, r.ECK, r.ECM, p), g
+		return ECLossBound(g, r.ECK, r.ECM, p), g, window
 	}
-	return ReplicaLossBound(in.Hosts, r.Replicas, p), in.Hosts
+	return ReplicaLossBound(in.Hosts, r.Replicas, p), in.Hosts, window
 }
 
 // SparesNeeded returns the smallest number of spares S for which the

@@ -45,7 +45,8 @@ type MonteCarlo struct {
 // time (failures during a recovery are not modelled). A failure costs:
 //
 //   - checkpoint-restart: E[T_restart] + restore + the work since the
-//     newest durable checkpoint (one that started at least T_w earlier);
+//     newest durable checkpoint (one that started at least
+//     min(T_w, N·K·t) of training earlier: [WriteLag]);
 //   - host replacement, while spares last: Replace + restore from peers +
 //     the interrupted step's progress φ·t_step; with none left,
 //     checkpoint-restart's cost (counted in Fallbacks).
@@ -72,6 +73,11 @@ func Simulate(in Inputs, trace []Failure, runs int, seed uint64) (MonteCarlo, er
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	k := float64(in.Interval) * in.Step // seconds between checkpoints
 	tw := in.WriteTime()
+	// A checkpoint is durable T_w after it starts, but at most N·K·t of
+	// training later: with T_w > N·K·t training stalls until the oldest
+	// of the N in flight is durable (PCcheck §3.4), and failure times are
+	// training time — the closed form's WriteLag.
+	lag := WriteLag(tw, in.Step, in.Interval, in.Concurrency)
 	ckpt, repl := CkptCost(in), HostReplaceCost(in)
 	// failure-free overhead over the job: the per-failure overhead is
 	// rate·MTTF_sys, so the rate is Overhead/MTTF_sys.
@@ -101,7 +107,7 @@ func Simulate(in Inputs, trace []Failure, runs int, seed uint64) (MonteCarlo, er
 		spares := in.Spares
 		cl, rl := ckptBase, replBase
 		for _, t := range times {
-			c := in.Restart + tw + sinceDurable(t, ckptPhase, k, tw)
+			c := in.Restart + tw + sinceDurable(t, ckptPhase, k, lag)
 			cl += c
 			switch {
 			case inMemory && spares > 0:
@@ -127,7 +133,7 @@ func Simulate(in Inputs, trace []Failure, runs int, seed uint64) (MonteCarlo, er
 }
 
 // sinceDurable is the work lost to a failure at t (s) when checkpoints
-// start every k seconds from phase and each is durable tw after it starts:
+// start every k seconds from phase and each is durable tw (the lag) after it starts:
 // the time since the start of the newest durable one, or since the job
 // began when none is.
 func sinceDurable(t, phase, k, tw float64) float64 {

@@ -9,11 +9,17 @@ import (
 
 // Strategy is one way of surviving failures, as a plan reports it.
 type Strategy struct {
-	Name         string  `json:"name"`
-	Cost         Cost    `json:"cost_per_failure"`
-	CostTotal    float64 `json:"cost_per_failure_s"`
-	Efficiency   float64 `json:"efficiency"`
-	ExpectedLost float64 `json:"expected_lost_s"`
+	Name       string  `json:"name"`
+	Cost       Cost    `json:"cost_per_failure"`
+	CostTotal  float64 `json:"cost_per_failure_s"`
+	Efficiency float64 `json:"efficiency"`
+	// CostBlended and EfficiencyBlended count the failures that find no
+	// spare at checkpoint-restart's price (host replacement; the same as
+	// CostTotal and Efficiency for checkpoint-restart): ExpectedLost is
+	// CostBlended times the expected failures.
+	CostBlended       float64 `json:"cost_per_failure_with_fallback_s"`
+	EfficiencyBlended float64 `json:"efficiency_with_fallback"`
+	ExpectedLost      float64 `json:"expected_lost_s"`
 	// NoSpare is the expected number of failures over the job that find
 	// no spare and pay checkpoint-restart instead (host replacement only;
 	// ExpectedLost counts them so).
@@ -31,13 +37,18 @@ type Result struct {
 	Failures      float64    `json:"expected_failures"`
 	MonteCarlo    MonteCarlo `json:"monte_carlo"`
 	IntervalFStar int        `json:"recommended_interval_steps"`
-	Survives      string     `json:"survives"`
-	LossPerStep   float64    `json:"loss_bound_per_step"`
-	LossPerJob    float64    `json:"loss_bound_per_job"`
-	LossUnits     int        `json:"loss_bound_units"`
-	SparesNeeded  int        `json:"spares_needed"`
-	SpareRisk     float64    `json:"spare_risk_threshold"`
-	PRunOut       float64    `json:"p_run_out_of_spares"`
+	Interval      int        `json:"interval_steps"` // K the costs are computed at
+	// StallFraction is the fraction of training time checkpointing at
+	// Interval stalls it (T_w > N·K·t: PCcheck §3.4), 0 otherwise.
+	StallFraction float64 `json:"checkpoint_stall_fraction"`
+	Survives      string  `json:"survives"`
+	LossWindow    float64 `json:"loss_window_s"` // max(step, replace + restore)
+	LossPerWindow float64 `json:"loss_bound_per_window"`
+	LossPerJob    float64 `json:"loss_bound_per_job"`
+	LossUnits     int     `json:"loss_bound_units"`
+	SparesNeeded  int     `json:"spares_needed"`
+	SpareRisk     float64 `json:"spare_risk_threshold"`
+	PRunOut       float64 `json:"p_run_out_of_spares"`
 }
 
 // Bounds of the inputs, so that every model runs in bounded time.
@@ -118,6 +129,7 @@ func Plan(in Inputs, trace []Failure, runs int, seed uint64, spareRisk float64) 
 	mttf := in.MTTFSys()
 	strat := func(name string, c Cost, d Dist) Strategy {
 		return Strategy{Name: name, Cost: c, CostTotal: c.Total(), Efficiency: Efficiency(mttf, c.Total()),
+			CostBlended: c.Total(), EfficiencyBlended: Efficiency(mttf, c.Total()),
 			ExpectedLost: ExpectedLost(in.JobLength, mttf, c.Total()), MonteCarlo: d}
 	}
 	// Host replacement's expected loss over the job counts the failures
@@ -127,11 +139,12 @@ func Plan(in Inputs, trace []Failure, runs int, seed uint64, spareRisk float64) 
 	if mu := in.JobLength / mttf; in.Redundancy.EC() || in.Redundancy.Replicas > 0 {
 		b := ExpectedBeyondSpares(mu, in.Spares)
 		replace.NoSpare = b
-		replace.ExpectedLost = mu*hr.Overhead + (mu-b)*(hr.Total()-hr.Overhead) + b*(ck.Total()-ck.Overhead)
+		replace.CostBlended = hr.Overhead + ((mu-b)*(hr.Total()-hr.Overhead)+b*(ck.Total()-ck.Overhead))/mu
+		replace.EfficiencyBlended = Efficiency(mttf, replace.CostBlended)
+		replace.ExpectedLost = mu * replace.CostBlended
 	}
-	perStep, units := LossBound(in)
+	perWindow, units, window := LossBound(in)
 	need, pOut := SparesNeeded(in, spareRisk)
-	steps := in.JobLength / in.Step
 	return Result{
 		MTTFSys:       mttf,
 		ProtectTime:   ProtectTime(in),
@@ -141,9 +154,12 @@ func Plan(in Inputs, trace []Failure, runs int, seed uint64, spareRisk float64) 
 		Failures:      in.JobLength / mttf,
 		MonteCarlo:    mc,
 		IntervalFStar: IntervalFor(in.WriteTime(), in.Concurrency, 1+in.Overhead, in.Step),
+		Interval:      in.Interval,
+		StallFraction: StallPerCheckpoint(in.WriteTime(), in.Step, in.Interval, in.Concurrency) / (float64(in.Interval) * in.Step),
 		Survives:      Survives(in.Redundancy, in.Hosts),
-		LossPerStep:   perStep,
-		LossPerJob:    math.Min(1, perStep*steps),
+		LossWindow:    window,
+		LossPerWindow: perWindow,
+		LossPerJob:    math.Min(1, perWindow*in.JobLength/window),
 		LossUnits:     units,
 		SparesNeeded:  need,
 		SpareRisk:     spareRisk,
