@@ -83,14 +83,22 @@ B is a byte, b a bit.
 
 // planInput is one input of a plan with where its value came from.
 type planInput struct {
-	Name   string  `json:"name"`
-	Value  string  `json:"value"`
-	Source string  `json:"source"` // given, measured, default, hostfile, trace
-	Raw    float64 `json:"raw"`    // seconds, bytes, bytes/s or a count
+	Name   string `json:"name"`
+	Value  string `json:"value"`
+	Source string `json:"source"` // given, measured, default, hostfile, trace, f*
+	// Raw is the value in seconds, bytes, bytes/s or a count; for
+	// redundancy, the hosts it survives losing at once (k of replicas:k
+	// per host and its holders, M of ec:K+M per group).
+	Raw float64 `json:"raw"`
 }
+
+// planSchema is the version of --json's schema (its keys:
+// plan_json_test.go). It changes when a key is renamed or removed.
+const planSchema = 1
 
 // planOutput is what --json prints.
 type planOutput struct {
+	Schema int         `json:"schema"`
 	Inputs []planInput `json:"inputs"`
 	Result plan.Result `json:"result"`
 }
@@ -192,7 +200,7 @@ func planFromArgs(ctx context.Context, args []string, deps planDeps) (planOutput
 	if err != nil {
 		return planOutput{}, false, p.planErr(err)
 	}
-	return planOutput{Inputs: p.list, Result: res}, *asJSON, nil
+	return planOutput{Schema: planSchema, Inputs: p.list, Result: res}, *asJSON, nil
 }
 
 // planParser turns flags into plan.Inputs, recording each value's source;
@@ -441,7 +449,11 @@ func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []
 		}
 	}
 	in.Redundancy = r
-	p.record("redundancy", r.String(), src, 0)
+	survives := r.Replicas
+	if r.EC() {
+		survives = r.ECM
+	}
+	p.record("redundancy", r.String(), src, float64(survives))
 	if p.set["interval"] {
 		in.Interval = p.count("interval", 0, 1)
 		if p.err == nil && float64(in.Interval)*in.Step > in.JobLength {
