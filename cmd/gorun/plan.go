@@ -29,9 +29,13 @@ redundancy survives and its loss bound, and the spares the job needs.
 
 Failures (one of):
   --mttf DUR              one host's mean time to failure (e.g. 8760h, 365d)
-  --trace FILE            failure trace: one TIME[,HOST] per line, TIME since
-                          the job started in seconds or as a duration; '#'
-                          comments. MTTF is then job-length x hosts / failures
+  --trace FILE            failure trace: one TIME[,HOST[,...]] per line, TIME
+                          since the job started in seconds or as a duration,
+                          or an RFC 3339 timestamp; '#' comments, a header
+                          line and further columns are skipped. MTTF is then
+                          job-length x hosts / failures
+  --trace-start TIME      the timestamps count from TIME (RFC 3339; default
+                          the trace's first failure)
 Job:
   --hosts N               hosts running ranks (or --hostfile FILE: its hosts
                           not marked spare; its spare hosts count as --spares)
@@ -39,7 +43,8 @@ Job:
   --step DUR              time of one training step (required)
   --state SIZE            protected state of one rank, e.g. 4GiB (required)
   --job-length DUR        failure-free length of the job (required without
-                          --trace; with one, default its last failure)
+                          --trace; with one, default its last failure, which
+                          biases the MTTF low: give the trace's real span)
 Bandwidths (measured when it can, else given, else a default):
   --mem-bw BW             local memory copy (default: measured here)
   --net-bw BW             between two hosts (default: measured between the
@@ -165,7 +170,7 @@ func planFromArgs(ctx context.Context, args []string, deps planDeps) (planOutput
 	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	str := map[string]*string{}
-	for _, n := range []string{"mttf", "trace", "hostfile", "step", "state", "job-length", "mem-bw", "net-bw",
+	for _, n := range []string{"mttf", "trace", "trace-start", "hostfile", "step", "state", "job-length", "mem-bw", "net-bw",
 		"durable-bw", "durable-bw-total", "durable-dir", "measure-size", "rsh", "bind", "restart", "replace", "redundancy", "spare-risk", "ckpt-overhead"} {
 		str[n] = fs.String(n, "", "")
 	}
@@ -405,7 +410,14 @@ func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []
 		if err != nil {
 			return in, nil, usagef("--trace: %v", err)
 		}
-		trace, err = plan.ParseTrace(f, *p.str["trace"])
+		var start time.Time
+		if p.set["trace-start"] {
+			if start, err = time.Parse(time.RFC3339Nano, *p.str["trace-start"]); err != nil {
+				f.Close()
+				return in, nil, usagef("--trace-start %q: want an RFC 3339 timestamp, e.g. 2026-01-05T10:00:00Z", *p.str["trace-start"])
+			}
+		}
+		trace, err = plan.ParseTrace(f, *p.str["trace"], start)
 		f.Close()
 		if err != nil {
 			return in, nil, usagef("--trace %v", err)
@@ -424,6 +436,8 @@ func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []
 		// one host's MTTF that gives n failures over the job on average
 		in.MTTFHost = in.JobLength * float64(in.Hosts) / float64(n)
 		p.record("mttf", time.Duration(in.MTTFHost*1e9).Round(time.Second).String(), "trace", in.MTTFHost)
+	case p.set["trace-start"]:
+		return in, nil, usagef("--trace-start applies with --trace only")
 	case p.set["mttf"]:
 		in.MTTFHost = p.duration("mttf", "", false)
 		in.JobLength = p.duration("job-length", "", false)

@@ -59,7 +59,7 @@ func writePlanReport(w io.Writer, out planOutput) {
 	row("expected lost over the job", func(s plan.Strategy) string { return human(s.ExpectedLost) })
 	src := "exponential failures"
 	if r.MonteCarlo.FromTrace {
-		src = "the trace"
+		src = "the trace's failures; only where checkpoints and steps fall varies"
 	}
 	fmt.Fprintf(tw, "  Monte Carlo (%d runs, seed %d, %s):\t\t\t\n", r.MonteCarlo.Runs, r.MonteCarlo.Seed, src)
 	row("  lost, mean", func(s plan.Strategy) string { return human(s.MonteCarlo.Mean) })

@@ -319,3 +319,28 @@ func TestPlanBlendedRows(t *testing.T) {
 		t.Errorf("exit %d %s; no blended rows:\n%s", code, errs, out)
 	}
 }
+
+// A failure log as clusters write them: a header, RFC 3339 timestamps,
+// extra columns; --trace-start sets where the timestamps count from.
+func TestPlanTraceLog(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "xid.csv")
+	os.WriteFile(trace, []byte("time,host,xid\n2026-01-05T10:00:00Z,n1,79\n2026-01-06T10:00:00Z,n3,48\n"), 0o644)
+	args := []string{"--hosts", "8", "--trace", trace, "--trace-start", "2026-01-05T00:00:00Z", "--job-length", "48h",
+		"--step", "10s", "--state", "1GiB", "--mem-bw", "10GB/s", "--json", "--runs", "10"}
+	code, out, errs := runPlanTest(t, args...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var got planOutput
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	// 2 failures over 48h on 8 hosts: MTTF_sys 24h
+	if got.Result.MTTFSys != 24*3600 || got.Result.MonteCarlo.Failures != 2 {
+		t.Errorf("MTTF_sys %v s, failures %v: want 24h, 2", got.Result.MTTFSys, got.Result.MonteCarlo.Failures)
+	}
+	code, _, errs = runPlanTest(t, "--hosts", "8", "--trace", trace, "--trace-start", "2026-01-06T00:00:00Z", "--step", "10s", "--state", "1GiB")
+	if code != exitUsage || !strings.Contains(errs, "line 2: 2026-01-05T10:00:00Z is before the trace's start") {
+		t.Errorf("a failure before --trace-start: exit %d, %q", code, errs)
+	}
+}

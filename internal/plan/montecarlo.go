@@ -41,7 +41,9 @@ type MonteCarlo struct {
 // failures (with trace nil: a Poisson process of rate Hosts/MTTF_host,
 // replaced hosts as good as new; with a trace: its failures before
 // JobLength, inclusive) and, uniformly, where the checkpoint schedule and the step
-// boundaries fall relative to them. Failure times are taken in training
+// boundaries fall relative to them. With a trace the failures are the
+// same in every run and only those phases vary: the distribution is of
+// where checkpoints and steps fall, not of the failures. Failure times are taken in training
 // time (failures during a recovery are not modelled). A failure costs:
 //
 //   - checkpoint-restart: E[T_restart] + restore + the work since the

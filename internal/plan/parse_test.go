@@ -113,43 +113,68 @@ func TestParseTrace(t *testing.T) {
 		{"negative", "10\n-5,n1\n", nil, 2, "negative"},
 		{"bad time", "10\nsoon,n1\n", nil, 2, `time "soon"`},
 		{"empty host", "10,\n", nil, 1, "empty host"},
-		{"two commas", "10,a,b\n", nil, 1, "no commas"},
+		{"host with a space", "10,a b\n", nil, 1, "no spaces"},
+		// real failure logs (review finding 11): extra columns, a header,
+		// RFC 3339 timestamps (relative to the first, or to a start)
+		{"extra columns ignored", "3600,n1,xid-79,GPU fell off the bus\n", []Failure{{At: time.Hour, Host: "n1"}}, 0, ""},
+		{"header skipped", "time,host\n3600,n1\n", []Failure{{At: time.Hour, Host: "n1"}}, 0, ""},
+		{"only the first line is a header", "3600,n1\ntime,host\n", nil, 2, `time "time"`},
+		{"rfc3339 from the first", "2026-01-05T12:00:00Z,n2\n2026-01-05T10:00:00Z,n1\n", []Failure{
+			{At: 0, Host: "n1"}, {At: 2 * time.Hour, Host: "n2"}}, 0, ""},
+		{"rfc3339 with an offset", "2026-01-05T10:00:00Z,n1\n2026-01-05T12:30:00+02:00,n2\n", []Failure{
+			{At: 0, Host: "n1"}, {At: 30 * time.Minute, Host: "n2"}}, 0, ""},
+		{"absolute and relative mixed", "2026-01-05T10:00:00Z\n3600\n", nil, 2, "mixes"},
 		{"empty file", "# nothing\n", nil, 0, "no failures"},
 		{"overlong line", strings.Repeat("1", MaxTraceLine+1), nil, 1, "unreadable"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := ParseTrace(strings.NewReader(c.in), "trace.csv")
-			if c.contains != "" {
-				if !errors.Is(err, ErrTrace) || !strings.Contains(err.Error(), c.contains) || !strings.HasPrefix(err.Error(), "trace.csv: ") {
-					t.Fatalf("err = %v, want ErrTrace from trace.csv containing %q", err, c.contains)
-				}
-				var te *TraceError
-				if c.line > 0 && (!errors.As(err, &te) || te.Line != c.line) {
-					t.Errorf("err = %v, want line %d", err, c.line)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(got) != len(c.want) {
-				t.Fatalf("got %v, want %v", got, c.want)
-			}
-			for i := range got {
-				if got[i] != c.want[i] {
-					t.Errorf("[%d] = %v, want %v", i, got[i], c.want[i])
-				}
-			}
+			got, err := ParseTrace(strings.NewReader(c.in), "trace.csv", time.Time{})
+			checkTrace(t, got, err, c.want, c.line, c.contains)
 		})
 	}
 }
 
+// With a start, absolute times count from it; one before it is an error.
+func TestParseTraceStart(t *testing.T) {
+	start := time.Date(2026, 1, 5, 9, 0, 0, 0, time.UTC)
+	got, err := ParseTrace(strings.NewReader("2026-01-05T10:00:00Z,n1\n"), "trace.csv", start)
+	checkTrace(t, got, err, []Failure{{At: time.Hour, Host: "n1"}}, 0, "")
+	_, err = ParseTrace(strings.NewReader("2026-01-05T10:00:00Z\n2026-01-05T08:00:00Z\n"), "trace.csv", start)
+	checkTrace(t, nil, err, nil, 2, "before the trace's start")
+}
+
+func checkTrace(t *testing.T, got []Failure, err error, want []Failure, line int, contains string) {
+	t.Helper()
+	if contains != "" {
+		if !errors.Is(err, ErrTrace) || !strings.Contains(err.Error(), contains) || !strings.HasPrefix(err.Error(), "trace.csv: ") {
+			t.Fatalf("err = %v, want ErrTrace from trace.csv containing %q", err, contains)
+		}
+		var te *TraceError
+		if line > 0 && (!errors.As(err, &te) || te.Line != line) {
+			t.Errorf("err = %v, want line %d", err, line)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Errorf("[%d] = %v, want %v", i, got[i], want[i])
+		}
+	}
+}
+
 func FuzzParseTrace(f *testing.F) {
-	for _, s := range []string{"3600,n1\n7200\n", "# c\n\n1h,a\n", "-1\n", "1,,\n", "2d\n", "1e308\n", "99999999999999999999\n"} {
+	for _, s := range []string{"3600,n1\n7200\n", "# c\n\n1h,a\n", "-1\n", "1,,\n", "2d\n", "1e308\n", "99999999999999999999\n",
+		"time,host\n2026-01-05T10:00:00Z,n1,79\n", "0001-01-01T00:00:00Z\n9999-12-31T23:59:59Z\n", "2026-01-05T10:00:00+14:00\n3600\n"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		fs, err := ParseTrace(strings.NewReader(s), "f")
+		fs, err := ParseTrace(strings.NewReader(s), "f", time.Time{})
 		if err != nil {
 			if !errors.Is(err, ErrTrace) {
 				t.Fatalf("error %v does not wrap ErrTrace", err)
