@@ -344,3 +344,31 @@ func TestPlanTraceLog(t *testing.T) {
 		t.Errorf("a failure before --trace-start: exit %d, %q", code, errs)
 	}
 }
+
+// The README's example of gorun plan is the command's real output.
+func TestPlanREADMEExample(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(b), "## Planning a job\n")
+	if !ok {
+		t.Fatal("README has no section Planning a job")
+	}
+	blocks := strings.Split(sec, "```\n")
+	if len(blocks) < 4 {
+		t.Fatal("the section lacks the command and its output")
+	}
+	cmdline := strings.ReplaceAll(blocks[1], "\\\n", " ")
+	args := strings.Fields(cmdline)
+	if len(args) < 2 || args[0] != "gorun" || args[1] != "plan" {
+		t.Fatalf("the first block is not a gorun plan command: %q", blocks[1])
+	}
+	code, out, errs := runPlanTest(t, args[2:]...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if out != blocks[3] {
+		t.Errorf("README's output differs from the command's; the command prints:\n%s", out)
+	}
+}
