@@ -73,11 +73,11 @@ Recovery:
 Durable tier:
   --interval K            steps between durable checkpoints, as gorun's
                           --ckpt-every (default: PCcheck's f* for the inputs)
-  --ckpt-concurrency N    checkpoints in flight (default 1)
+  --ckpt-concurrency N    checkpoints in flight, 1 to 8 as gorun's (default 1)
   --ckpt-overhead Q       the fraction of time checkpointing may cost, PCcheck's
                           q = 1 + Q (default 0.03)
 Output:
-  --runs N                Monte Carlo runs (default 1000)
+  --runs N                Monte Carlo runs, at most 1000000 (default 1000)
   --seed N                Monte Carlo seed: the same seed gives the same figures
                           (default 1)
   --json                  one JSON object instead of the report
