@@ -9,8 +9,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -196,4 +198,69 @@ func TestPlanNetMeasuredE2E(t *testing.T) {
 		}
 	}
 	t.Errorf("no net-bw input in %s", out)
+}
+
+// SIGTERM while the network is being measured on namespace hosts: gorun
+// plan exits saying so, and nothing of the measurement job (the
+// launcher, its rsh children, the probe ranks) is left running (review
+// finding 5).
+func TestPlanNetSignalE2E(t *testing.T) {
+	hosts := testcluster.NetnsHosts(t, 2)
+	hf := hosts.WriteHostfile(t, t.TempDir(), 1)
+	size := "107374182417" // ~100 GiB: the probe runs for a while; the figure marks its processes
+	cmd := exec.Command(gorunBin, "plan", "--hostfile", hf, "--rsh", "ip netns exec", "--bind", hosts.BridgeAddr,
+		"--measure-size", size+"B", "--mem-bw", "10GB/s", "--durable-bw", "1GB/s",
+		"--mttf", "365d", "--job-length", "1d", "--step", "1s", "--state", "1GB", "--runs", "10")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	probes := func() []int { return procsWith("plan\x00net-probe\x00" + size) }
+	deadline := time.Now().Add(60 * time.Second)
+	for len(probes()) < 3 { // the launcher and both ranks; polling external processes to a deadline
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("the probe ranks never ran; stderr %s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("measurement job processes: %v", probes())
+	cmd.Process.Signal(syscall.SIGTERM)
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitError || !strings.Contains(stderr.String(), "--net-bw") {
+		t.Errorf("after SIGTERM: %v, stderr %q; want exit %d from the cancelled measurement", err, stderr.String(), exitError)
+	}
+	for deadline = time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		left := probes()
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			for _, p := range left {
+				syscall.Kill(p, syscall.SIGKILL)
+			}
+			t.Fatalf("probe processes %v outlived gorun plan", left)
+		}
+	}
+}
+
+// procsWith returns the running processes whose NUL-separated command
+// line contains s.
+func procsWith(s string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && strings.Contains(string(b), s) && procRunning(pid) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
