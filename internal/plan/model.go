@@ -2,6 +2,7 @@ package plan
 
 import (
 	"math"
+	"sync"
 	"time"
 
 	"github.com/gorun/gorun/topology"
@@ -158,13 +159,33 @@ func RestoreTime(in Inputs) float64 {
 	return in.HostBytes() / in.NetBW
 }
 
-// ecFlows is [Flows] of in's group.
+// ecFlows is [Flows] of in's group. The last answer is kept: a plan asks
+// for the same layout several times, and a wide group of many ranks per
+// host takes a while to plan.
 func ecFlows(in Inputs) (ECFlows, error) {
-	g, err := ecGroup(in)
-	if err != nil {
-		return ECFlows{}, err
+	key := ecKey{in.Hosts, in.RanksPerHost, in.Redundancy.ECK, in.Redundancy.ECM}
+	ecLast.Lock()
+	defer ecLast.Unlock()
+	if ecLast.ok && ecLast.key == key {
+		return ecLast.flows, ecLast.err
 	}
-	return Flows(g), nil
+	var f ECFlows
+	g, err := ecGroup(in)
+	if err == nil {
+		f = Flows(g)
+	}
+	ecLast.key, ecLast.flows, ecLast.err, ecLast.ok = key, f, err, true
+	return f, err
+}
+
+type ecKey struct{ hosts, perHost, k, m int }
+
+var ecLast struct {
+	sync.Mutex
+	ok    bool
+	key   ecKey
+	flows ECFlows
+	err   error
 }
 
 // HostReplaceCost is E[C_DEADPOOL] (DEADPOOL §IV) for gorun's host

@@ -101,7 +101,7 @@ func (in Inputs) Validate() error {
 		return fieldf("Step", "%v s is longer than the job's %v s", in.Step, in.JobLength)
 	}
 	if r := in.Redundancy; r.EC() {
-		if _, err := ecGroup(in); err != nil {
+		if _, err := ecFlows(in); err != nil {
 			return &FieldError{Field: "Redundancy", Msg: fmt.Sprintf("%s over %d hosts of %d rank(s) each: gorun run refuses it: %v", r, in.Hosts, in.RanksPerHost, err), Err: err}
 		}
 	} else if r.Replicas >= in.Hosts {
