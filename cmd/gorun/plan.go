@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/gorun/gorun/internal/plan"
@@ -27,9 +29,13 @@ redundancy survives and its loss bound, and the spares the job needs.
 
 Failures (one of):
   --mttf DUR              one host's mean time to failure (e.g. 8760h, 365d)
-  --trace FILE            failure trace: one TIME[,HOST] per line, TIME since
-                          the job started in seconds or as a duration; '#'
-                          comments. MTTF is then job-length x hosts / failures
+  --trace FILE            failure trace: one TIME[,HOST[,...]] per line, TIME
+                          since the job started in seconds or as a duration,
+                          or an RFC 3339 timestamp; '#' comments, a header
+                          line and further columns are skipped. MTTF is then
+                          job-length x hosts / failures
+  --trace-start TIME      the timestamps count from TIME (RFC 3339; default
+                          the trace's first failure)
 Job:
   --hosts N               hosts running ranks (or --hostfile FILE: its hosts
                           not marked spare; its spare hosts count as --spares)
@@ -37,7 +43,8 @@ Job:
   --step DUR              time of one training step (required)
   --state SIZE            protected state of one rank, e.g. 4GiB (required)
   --job-length DUR        failure-free length of the job (required without
-                          --trace; with one, default its last failure)
+                          --trace; with one, default its last failure, which
+                          biases the MTTF low: give the trace's real span)
 Bandwidths (measured when it can, else given, else a default):
   --mem-bw BW             local memory copy (default: measured here)
   --net-bw BW             between two hosts (default: measured between the
@@ -45,9 +52,12 @@ Bandwidths (measured when it can, else given, else a default):
                           sending --measure-size bytes; without a hostfile,
                           1.25GB/s, 10 Gbit/s)
   --durable-bw BW         durable storage, as one host sees it while every
-                          host writes (default 1GB/s)
-  --durable-dir DIR       measure it instead: write and fsync --measure-size
-                          bytes in DIR, then remove the file
+                          host writes (its share; default 1GB/s)
+  --durable-bw-total BW   or the storage's aggregate bandwidth, shared by
+                          every host: each host's share is BW / hosts
+  --durable-dir DIR       or measure it: write and fsync --measure-size bytes
+                          in DIR, then remove the file (one host alone: an
+                          upper bound of its share while every host writes)
   --measure-size SIZE     bytes written or sent to measure (default 256MiB)
   --rsh CMD, --bind ADDR  as gorun's, for the network measurement job
 Recovery:
@@ -61,29 +71,39 @@ Recovery:
   --spare-risk P          spares are recommended so that running out is less
                           likely than P (default 0.01)
 Durable tier:
-  --interval K            steps between durable checkpoints (default 100, as
-                          gorun's --ckpt-every)
-  --ckpt-concurrency N    checkpoints in flight (default 1)
+  --interval K            steps between durable checkpoints, as gorun's
+                          --ckpt-every (default: PCcheck's f* for the inputs)
+  --ckpt-concurrency N    checkpoints in flight, 1 to 8 as gorun's (default 1)
   --ckpt-overhead Q       the fraction of time checkpointing may cost, PCcheck's
                           q = 1 + Q (default 0.03)
 Output:
-  --runs N                Monte Carlo runs (default 1000)
+  --runs N                Monte Carlo runs, at most 1000000 (default 1000)
   --seed N                Monte Carlo seed: the same seed gives the same figures
                           (default 1)
   --json                  one JSON object instead of the report
-Units: durations 20s, 1h30m, 30d; sizes 256MiB, 10GB; bandwidths 10GB/s.
+Units: durations 20s, 1h30m, 30d; sizes 256MiB, 10GB; bandwidths 10GB/s, or
+bits per second 100Gbit/s (= 100Gb/s = 12.5GB/s). Units are case-sensitive:
+B is a byte, b a bit.
 `
 
 // planInput is one input of a plan with where its value came from.
 type planInput struct {
-	Name   string  `json:"name"`
-	Value  string  `json:"value"`
-	Source string  `json:"source"` // given, measured, default, hostfile, trace
-	Raw    float64 `json:"raw"`    // seconds, bytes, bytes/s or a count
+	Name   string `json:"name"`
+	Value  string `json:"value"`
+	Source string `json:"source"` // given, measured, default, hostfile, trace, f*
+	// Raw is the value in seconds, bytes, bytes/s or a count; for
+	// redundancy, the hosts it survives losing at once (k of replicas:k
+	// per host and its holders, M of ec:K+M per group).
+	Raw float64 `json:"raw"`
 }
+
+// planSchema is the version of --json's schema (its keys:
+// plan_json_test.go). It changes when a key is renamed or removed.
+const planSchema = 1
 
 // planOutput is what --json prints.
 type planOutput struct {
+	Schema int         `json:"schema"`
 	Inputs []planInput `json:"inputs"`
 	Result plan.Result `json:"result"`
 }
@@ -101,9 +121,20 @@ func planMain(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "net-probe" {
 		return runNetProbe(args[1:], stdout, stderr)
 	}
+	ctx, stop := planSignals()
+	defer stop()
 	deps := planDeps{now: time.Now, fs: plan.OSFS{}, net: runGorun, stdout: stdout}
 	deps.memBW = func() (float64, error) { return plan.MeasureMemBW(64<<20, 8, deps.now) }
-	return runPlan(context.Background(), args, deps, stderr)
+	return runPlan(ctx, args, deps, stderr)
+}
+
+// planSignals is the context gorun plan runs under: SIGINT or SIGTERM
+// cancels it, so that a measurement under way stops and cleans up (the
+// durable probe removes its file, the network probe's job is stopped
+// with its whole process group) before gorun plan exits, instead of the
+// signal killing it where it stands.
+func planSignals() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
 
 func runPlan(ctx context.Context, args []string, deps planDeps, stderr io.Writer) int {
@@ -139,8 +170,8 @@ func planFromArgs(ctx context.Context, args []string, deps planDeps) (planOutput
 	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	str := map[string]*string{}
-	for _, n := range []string{"mttf", "trace", "hostfile", "step", "state", "job-length", "mem-bw", "net-bw",
-		"durable-bw", "durable-dir", "measure-size", "rsh", "bind", "restart", "replace", "redundancy", "spare-risk", "ckpt-overhead"} {
+	for _, n := range []string{"mttf", "trace", "trace-start", "hostfile", "step", "state", "job-length", "mem-bw", "net-bw",
+		"durable-bw", "durable-bw-total", "durable-dir", "measure-size", "rsh", "bind", "restart", "replace", "redundancy", "spare-risk", "ckpt-overhead"} {
 		str[n] = fs.String(n, "", "")
 	}
 	ints := map[string]*int{}
@@ -172,12 +203,9 @@ func planFromArgs(ctx context.Context, args []string, deps planDeps) (planOutput
 	}
 	res, err := plan.Plan(in, trace, runs, *seed, risk)
 	if err != nil {
-		if errors.Is(err, plan.ErrInput) {
-			return planOutput{}, false, usagef("%s", strings.TrimPrefix(err.Error(), plan.ErrInput.Error()+": "))
-		}
-		return planOutput{}, false, err
+		return planOutput{}, false, p.planErr(err)
 	}
-	return planOutput{Inputs: p.list, Result: res}, *asJSON, nil
+	return planOutput{Schema: planSchema, Inputs: p.list, Result: res}, *asJSON, nil
 }
 
 // planParser turns flags into plan.Inputs, recording each value's source;
@@ -198,6 +226,38 @@ func (p *planParser) fail(err error) {
 
 func (p *planParser) record(name, value, source string, raw float64) {
 	p.list = append(p.list, planInput{Name: name, Value: value, Source: source, Raw: raw})
+}
+
+// planFlags names the flag of each field of plan.Inputs (and of
+// plan.Plan's other arguments).
+var planFlags = map[string]string{
+	"MTTFHost": "--mttf", "Hosts": "--hosts", "RanksPerHost": "--ranks-per-host", "Step": "--step",
+	"StateBytes": "--state", "MemBW": "--mem-bw", "NetBW": "--net-bw", "DurableBW": "--durable-bw",
+	"Restart": "--restart", "Replace": "--replace", "Interval": "--interval", "Concurrency": "--ckpt-concurrency",
+	"Overhead": "--ckpt-overhead", "Spares": "--spares", "Redundancy": "--redundancy", "JobLength": "--job-length",
+	"Runs": "--runs", "SpareRisk": "--spare-risk",
+}
+
+// planErr rewords an error of the plan package as a usage error naming
+// the flag (a plan.FieldError), or returns it as it is.
+func (p *planParser) planErr(err error) error {
+	var fe *plan.FieldError
+	if errors.As(err, &fe) {
+		name := cmp.Or(planFlags[fe.Field], fe.Field)
+		switch {
+		case fe.Field == "MTTFHost" && p.set["trace"]:
+			name = "--trace"
+		case fe.Field == "DurableBW" && p.set["durable-bw-total"]:
+			name = "--durable-bw-total"
+		case fe.Field == "Hosts" && p.set["hostfile"]:
+			name = "--hostfile"
+		}
+		return usagef("%s %s", name, fe.Msg)
+	}
+	if errors.Is(err, plan.ErrInput) {
+		return usagef("%s", strings.TrimPrefix(err.Error(), plan.ErrInput.Error()+": "))
+	}
+	return err
 }
 
 // unitErr rewords a plan.ErrInput from a unit parser as a usage error
@@ -350,7 +410,14 @@ func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []
 		if err != nil {
 			return in, nil, usagef("--trace: %v", err)
 		}
-		trace, err = plan.ParseTrace(f, *p.str["trace"])
+		var start time.Time
+		if p.set["trace-start"] {
+			if start, err = time.Parse(time.RFC3339Nano, *p.str["trace-start"]); err != nil {
+				f.Close()
+				return in, nil, usagef("--trace-start %q: want an RFC 3339 timestamp, e.g. 2026-01-05T10:00:00Z", *p.str["trace-start"])
+			}
+		}
+		trace, err = plan.ParseTrace(f, *p.str["trace"], start)
 		f.Close()
 		if err != nil {
 			return in, nil, usagef("--trace %v", err)
@@ -369,6 +436,8 @@ func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []
 		// one host's MTTF that gives n failures over the job on average
 		in.MTTFHost = in.JobLength * float64(in.Hosts) / float64(n)
 		p.record("mttf", time.Duration(in.MTTFHost*1e9).Round(time.Second).String(), "trace", in.MTTFHost)
+	case p.set["trace-start"]:
+		return in, nil, usagef("--trace-start applies with --trace only")
 	case p.set["mttf"]:
 		in.MTTFHost = p.duration("mttf", "", false)
 		in.JobLength = p.duration("job-length", "", false)
@@ -394,56 +463,120 @@ func (p *planParser) inputs(ctx context.Context, deps planDeps) (plan.Inputs, []
 		}
 	}
 	in.Redundancy = r
-	p.record("redundancy", r.String(), src, 0)
-	in.Interval = p.count("interval", 100, 1)
+	survives := r.Replicas
+	if r.EC() {
+		survives = r.ECM
+	}
+	p.record("redundancy", r.String(), src, float64(survives))
+	if p.set["interval"] {
+		in.Interval = p.count("interval", 0, 1)
+		if p.err == nil && float64(in.Interval)*in.Step > in.JobLength {
+			p.fail(usagef("--interval %d: %d steps of %v are longer than the job (%v)", in.Interval, in.Interval,
+				time.Duration(in.Step*1e9), time.Duration(in.JobLength*1e9)))
+		}
+	} else {
+		in.Interval = 1 // f*, once T_w is known (below)
+		p.record("interval", "", "", 0)
+	}
 	in.Concurrency = p.count("ckpt-concurrency", 1, 1)
 	in.Overhead = p.fraction("ckpt-overhead", 0.03)
 	if p.err != nil {
 		return in, nil, p.err
 	}
 
-	// bandwidths, measured last: every check that needs no measuring is made first
-	in.MemBW = p.bandwidth("mem-bw", deps.memBW, "(memory copy here)", "")
+	// Every check that needs no measuring is made before any measuring:
+	// the flags' contradictions, the units of the bandwidths given, and
+	// plan.Inputs.Validate with stand-in bandwidths.
 	if !p.set["hostfile"] && (p.set["rsh"] || p.set["bind"]) {
 		return in, nil, usagef("--rsh and --bind apply with --hostfile only (to measure the network)")
 	}
 	if p.set["measure-size"] && !p.set["durable-dir"] && (!p.set["hostfile"] || p.set["net-bw"]) {
 		return in, nil, usagef("--measure-size applies with --durable-dir or --hostfile only")
 	}
-	var measureNetBW func() (float64, error)
-	netFrom := ""
-	if len(netHosts) == 2 && !p.set["net-bw"] {
-		size := p.size("measure-size", "256MiB")
-		if p.err != nil {
-			return in, nil, p.err
-		}
-		netFrom = "between " + netHosts[0] + " and " + netHosts[1]
-		measureNetBW = func() (float64, error) {
-			return measureNet(ctx, deps.net, netHosts[0], netHosts[1], int64(size), *p.str["rsh"], *p.str["bind"])
+	var durable []string
+	for _, n := range []string{"durable-bw", "durable-bw-total", "durable-dir"} {
+		if p.set[n] {
+			durable = append(durable, "--"+n)
 		}
 	}
-	in.NetBW = p.bandwidth("net-bw", measureNetBW, netFrom, "1.25GB/s")
-	var measureDurable func() (float64, error)
-	if p.set["durable-dir"] {
-		if p.set["durable-bw"] {
-			return in, nil, usagef("--durable-bw and --durable-dir: give one of them")
+	if len(durable) > 1 {
+		return in, nil, usagef("%s: give one of them", strings.Join(durable, " and "))
+	}
+	for _, n := range []string{"mem-bw", "net-bw", "durable-bw", "durable-bw-total"} {
+		if p.set[n] {
+			if _, err := plan.ParseBandwidth(*p.str[n]); err != nil {
+				return in, nil, unitErr(n, err)
+			}
 		}
-		dir := *p.str["durable-dir"]
-		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-			return in, nil, usagef("--durable-dir %s: not a directory", dir)
-		}
+	}
+	measureSize := 0.0
+	if (len(netHosts) == 2 && !p.set["net-bw"]) || p.set["durable-dir"] {
 		size, err := plan.ParseSize(cmp.Or(*p.str["measure-size"], "256MiB"))
 		if err != nil || size == 0 {
 			return in, nil, usagef("--measure-size %s: want a positive size", *p.str["measure-size"])
 		}
-		if measureNetBW == nil {
-			p.record("measure-size", plan.FormatBytes(size), sourceOf(p.set["measure-size"]), size)
-		}
-		measureDurable = func() (float64, error) {
-			return plan.MeasureDurableBW(ctx, deps.fs, dir, int64(size), deps.now)
+		measureSize = size
+	}
+	if p.set["durable-dir"] {
+		if fi, err := os.Stat(*p.str["durable-dir"]); err != nil || !fi.IsDir() {
+			return in, nil, usagef("--durable-dir %s: not a directory", *p.str["durable-dir"])
 		}
 	}
-	in.DurableBW = p.bandwidth("durable-bw", measureDurable, "in "+*p.str["durable-dir"], "1GB/s")
+	stand := in
+	stand.MemBW, stand.NetBW, stand.DurableBW = 1, 1, 1
+	if err := stand.Validate(); err != nil {
+		return in, nil, p.planErr(err)
+	}
+
+	// bandwidths, measured last
+	in.MemBW = p.bandwidth("mem-bw", deps.memBW, "(memory copy here)", "")
+	var measureNetBW func() (float64, error)
+	netFrom := ""
+	if len(netHosts) == 2 && !p.set["net-bw"] {
+		p.record("measure-size", plan.FormatBytes(measureSize), sourceOf(p.set["measure-size"]), measureSize)
+		netFrom = "between " + netHosts[0] + " and " + netHosts[1]
+		measureNetBW = func() (float64, error) {
+			return measureNet(ctx, deps.net, netHosts[0], netHosts[1], int64(measureSize), *p.str["rsh"], *p.str["bind"])
+		}
+	}
+	in.NetBW = p.bandwidth("net-bw", measureNetBW, netFrom, "1.25GB/s")
+	switch {
+	case p.set["durable-bw-total"]:
+		// the storage's aggregate bandwidth, shared by every host writing
+		total, _ := plan.ParseBandwidth(*p.str["durable-bw-total"])
+		in.DurableBW = total / float64(in.Hosts)
+		p.record("durable-bw", plan.FormatBandwidth(in.DurableBW)+" per host",
+			fmt.Sprintf("given: --durable-bw-total %s shared by %d hosts", plan.FormatBandwidth(total), in.Hosts), in.DurableBW)
+	case p.set["durable-dir"]:
+		dir := *p.str["durable-dir"]
+		if measureNetBW == nil {
+			p.record("measure-size", plan.FormatBytes(measureSize), sourceOf(p.set["measure-size"]), measureSize)
+		}
+		in.DurableBW = p.bandwidth("durable-bw", func() (float64, error) {
+			return plan.MeasureDurableBW(ctx, deps.fs, dir, int64(measureSize), deps.now)
+		}, "in "+dir+", one host alone (an upper bound of each host's share while every host writes)", "")
+	default:
+		in.DurableBW = p.bandwidth("durable-bw", nil, "", "1GB/s")
+		if !p.set["durable-bw"] {
+			p.list[len(p.list)-1].Source = "default, per host"
+		} else {
+			p.list[len(p.list)-1].Source = "given, per host"
+		}
+	}
+	if !p.set["interval"] && p.err == nil {
+		// PCcheck's f*, within the job
+		f := plan.IntervalFor(in.WriteTime(), in.Concurrency, 1+in.Overhead, in.Step)
+		src := "f* (PCcheck Eq. 3; no --interval given)"
+		if most := max(1, int(in.JobLength/in.Step)); f > most {
+			f, src = most, "the job's length in steps (f* is longer; no --interval given)"
+		}
+		in.Interval = f
+		for i := range p.list {
+			if p.list[i].Name == "interval" {
+				p.list[i] = planInput{Name: "interval", Value: strconv.Itoa(f), Source: src, Raw: float64(f)}
+			}
+		}
+	}
 	return in, trace, p.err
 }
 

@@ -7,32 +7,38 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gorun/gorun/comm"
 )
 
 // The network between two hosts of --hostfile is measured by a 2-rank job
-// gorun itself runs there, one rank per host: rank 0 listens on
-// MASTER_ADDR:MASTER_PORT (its agent released the port for the job), rank
-// 1 connects and sends --measure-size bytes, rank 0 acknowledges them all
-// with one byte, and rank 1 prints how long that took:
+// gorun itself runs there, one rank per host, over gorun's data plane:
+// each rank joins the job's world with comm.Init (its links authenticated
+// with the job's data-plane key by comm's HMAC challenge-response, as
+// every data-plane connection is), rank 1 sends --measure-size bytes to
+// rank 0 in messages of at most 4 MiB, rank 0 acknowledges them all with
+// one byte, and rank 1 prints how long that took:
 //
 //	gorun-plan-net bytes=N seconds=S
 //
-// Ranks run `gorun plan net-probe BYTES`, this same binary. The transfer is
-// one TCP stream between the two hosts, as a replica or a spare's restore
-// is, not gorun's comm library itself.
+// then says goodbye, so that rank 0 does not close the link under the
+// acknowledgement. Ranks run `gorun plan net-probe BYTES`, this same
+// binary.
 
 // netProbeLine starts the line rank 1 prints.
 const netProbeLine = "gorun-plan-net "
 
 // netProbeTimeout bounds the probe's connection and transfer.
 const netProbeTimeout = 2 * time.Minute
+
+// netProbeChunk is the largest message the probe sends.
+const netProbeChunk = 4 << 20
 
 // runNetProbe is a rank of the measurement job.
 func runNetProbe(args []string, stdout, stderr io.Writer) int {
@@ -47,94 +53,68 @@ func runNetProbe(args []string, stdout, stderr io.Writer) int {
 	if err != nil || size < 1 {
 		return fail(fmt.Errorf("bytes %q: want a positive integer", args[0]))
 	}
-	addr := net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT"))
 	ctx, cancel := context.WithTimeout(context.Background(), netProbeTimeout)
 	defer cancel()
-	switch os.Getenv("RANK") {
-	case "0":
-		var lc net.ListenConfig
-		l, lerr := lc.Listen(ctx, "tcp", addr)
-		if lerr != nil {
-			return fail(fmt.Errorf("listening on %s: %w", addr, lerr))
-		}
-		err = probeServe(ctx, l, size)
-	case "1":
-		var el time.Duration
-		if el, err = probeSend(ctx, addr, size); err == nil {
-			fmt.Fprintf(stdout, "%sbytes=%d seconds=%.9f\n", netProbeLine, size, el.Seconds())
-		}
-	default:
-		err = fmt.Errorf("RANK %q: the probe runs as ranks 0 and 1", os.Getenv("RANK"))
-	}
+	c, err := comm.Init(ctx)
 	if err != nil {
 		return fail(err)
+	}
+	defer c.Close()
+	el, err := probe(ctx, c, size)
+	if err != nil {
+		return fail(err)
+	}
+	if c.Rank() == 1 {
+		fmt.Fprintf(stdout, "%sbytes=%d seconds=%.9f\n", netProbeLine, size, el.Seconds())
 	}
 	return exitOK
 }
 
-// probeServe accepts one connection on l (which it closes), reads size
-// bytes and acknowledges them.
-func probeServe(ctx context.Context, l net.Listener, size int64) error {
-	defer l.Close()
-	dl, _ := ctx.Deadline()
-	if tl, ok := l.(*net.TCPListener); ok {
-		tl.SetDeadline(dl)
+// probe is one rank's part of the measurement on c, a world of 2 ranks:
+// rank 1 sends size bytes and returns how long they took to be
+// acknowledged; rank 0 receives them and acknowledges.
+func probe(ctx context.Context, c *comm.Comm, size int64) (time.Duration, error) {
+	if c.Size() != 2 {
+		return 0, fmt.Errorf("a world of %d ranks: the probe runs as ranks 0 and 1", c.Size())
 	}
-	c, err := l.Accept()
-	if err != nil {
-		return fmt.Errorf("accepting on %s: %w", l.Addr(), err)
-	}
-	defer c.Close()
-	c.SetDeadline(dl)
-	if _, err := io.CopyN(io.Discard, c, size); err != nil {
-		return fmt.Errorf("receiving: %w", err)
-	}
-	if _, err := c.Write([]byte{1}); err != nil {
-		return fmt.Errorf("acknowledging: %w", err)
-	}
-	// wait for the sender to close, so that the ack is not reset away
-	_, _ = c.Read(make([]byte, 1))
-	return nil
-}
-
-// probeSend connects to addr (retrying while rank 0 is not listening yet,
-// until ctx ends), sends size bytes and waits for the acknowledgement.
-func probeSend(ctx context.Context, addr string, size int64) (time.Duration, error) {
-	var d net.Dialer
-	var c net.Conn
-	for {
-		var err error
-		if c, err = d.DialContext(ctx, "tcp", addr); err == nil {
-			break
+	if c.Rank() == 0 {
+		for got := int64(0); got < size; {
+			b, err := c.Recv(ctx, 1)
+			if err != nil {
+				return 0, fmt.Errorf("receiving: %w", err)
+			}
+			if got += int64(len(b)); got > size {
+				return 0, fmt.Errorf("receiving: %d bytes, more than the %d expected", got, size)
+			}
 		}
-		if !errors.Is(err, syscall.ECONNREFUSED) || ctx.Err() != nil {
-			return 0, fmt.Errorf("connecting to %s: %w", addr, err)
+		if err := c.Send(ctx, 1, []byte{1}); err != nil {
+			return 0, fmt.Errorf("acknowledging: %w", err)
 		}
-		select { // polling an external process to a deadline
-		case <-ctx.Done():
-			return 0, fmt.Errorf("connecting to %s: %w", addr, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
+		if _, err := c.Recv(ctx, 1); err != nil { // goodbye
+			return 0, fmt.Errorf("waiting for rank 1 to finish: %w", err)
 		}
+		return 0, nil
 	}
-	defer c.Close()
-	dl, _ := ctx.Deadline()
-	c.SetDeadline(dl)
-	buf := make([]byte, min(size, 4<<20))
+	buf := make([]byte, min(size, netProbeChunk))
 	for i := range buf {
 		buf[i] = byte(i * 131)
 	}
 	start := time.Now()
 	for left := size; left > 0; {
-		n, err := c.Write(buf[:min(left, int64(len(buf)))])
-		if err != nil {
+		n := min(left, int64(len(buf)))
+		if err := c.Send(ctx, 0, buf[:n]); err != nil {
 			return 0, fmt.Errorf("sending: %w", err)
 		}
-		left -= int64(n)
+		left -= n
 	}
-	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+	if _, err := c.Recv(ctx, 0); err != nil {
 		return 0, fmt.Errorf("waiting for the acknowledgement: %w", err)
 	}
-	return time.Since(start), nil
+	el := time.Since(start)
+	if err := c.Send(ctx, 0, []byte{0}); err != nil {
+		return 0, fmt.Errorf("saying goodbye: %w", err)
+	}
+	return el, nil
 }
 
 // netJob is how gorun plan runs the measurement job: the arguments of a
@@ -147,11 +127,26 @@ func runGorun(ctx context.Context, args []string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, self, args...)
+	return runGroup(ctx, self, args...)
+}
+
+// runGroup runs path with args in a process group of its own and returns
+// its standard output. When ctx ends first, the whole group (the
+// launcher, its rsh children and what they started) gets SIGTERM, so that
+// the launcher can stop its job; whatever of the group is left when the
+// launcher has exited (or 10 s after the SIGTERM) gets SIGKILL.
+func runGroup(ctx context.Context, path string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, path, args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Run(); err != nil {
+	err := cmd.Run()
+	if ctx.Err() != nil && cmd.Process != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // ESRCH: none left
+	}
+	if err != nil {
 		return out.Bytes(), fmt.Errorf("measurement job: %w: %s", err, strings.TrimSpace(lastLines(errb.String(), 5)))
 	}
 	return out.Bytes(), nil

@@ -9,47 +9,90 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/testcluster"
 )
 
-// The probe's two halves over loopback: rank 1 gets the acknowledgement
-// only after rank 0 has read every byte.
-func TestNetProbeLoopback(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// commPair makes a world of two ranks on loopback, rank r's data-plane
+// key keys[r] (the same key: one job).
+func commPair(t *testing.T, ctx context.Context, keys [2]comm.Key) ([2]*comm.Comm, [2]error) {
+	t.Helper()
+	var lns [2]net.Listener
+	var addrs []string
+	for i := range lns {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns[i] = l
+		addrs = append(addrs, l.Addr().String())
+	}
+	var cs [2]*comm.Comm
+	var errs [2]error
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() {
+			cs[r], errs[r] = comm.NewComm(ctx, comm.CommConfig{Rank: r, Size: 2, Epoch: 1, Job: "plan-probe-test",
+				Key: keys[r], Listener: lns[r], Addrs: addrs})
+		})
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, c := range cs {
+			if c != nil {
+				c.Close()
+			}
+		}
+	})
+	return cs, errs
+}
+
+func testKey(t *testing.T) comm.Key {
+	s, err := comm.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s.DataKey()
+}
+
+// The probe's two ranks over gorun's data plane on loopback: rank 1 gets
+// the acknowledgement only after rank 0 has received every byte.
+func TestNetProbeLoopback(t *testing.T) {
 	ctx := context.Background()
+	k := testKey(t)
+	cs, errs := commPair(t, ctx, [2]comm.Key{k, k})
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatal(errs)
+	}
 	served := make(chan error, 1)
-	go func() { served <- probeServe(ctx, l, 9<<20) }()
-	el, err := probeSend(ctx, l.Addr().String(), 9<<20)
+	go func() { _, err := probe(ctx, cs[0], 9<<20+5); served <- err }()
+	el, err := probe(ctx, cs[1], 9<<20+5)
 	if err != nil || el <= 0 {
-		t.Fatalf("probeSend = %v, %v", el, err)
+		t.Fatalf("rank 1: %v, %v", el, err)
 	}
 	if err := <-served; err != nil {
-		t.Fatalf("probeServe: %v", err)
+		t.Fatalf("rank 0: %v", err)
 	}
 }
 
-// A short sender: the server reports it instead of acknowledging.
-func TestNetProbeShort(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- probeServe(context.Background(), l, 1<<20) }()
-	c, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Write([]byte("short"))
-	c.Close()
-	if err := <-served; err == nil || !strings.Contains(err.Error(), "receiving") {
-		t.Errorf("probeServe = %v, want a receiving error", err)
+// The probe is authenticated (review finding 12: rank 0 accepted the
+// first TCP connection): a rank 1 without the job's data-plane key never
+// gets a link to rank 0, so it sends nothing.
+func TestNetProbeAuthenticated(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	_, errs := commPair(t, ctx, [2]comm.Key{testKey(t), testKey(t)})
+	for r, err := range errs {
+		if !errors.Is(err, comm.ErrPeerLost) {
+			t.Errorf("rank %d with another job's key: %v, want no link (ErrPeerLost)", r, err)
+		}
 	}
 }
 
@@ -155,4 +198,69 @@ func TestPlanNetMeasuredE2E(t *testing.T) {
 		}
 	}
 	t.Errorf("no net-bw input in %s", out)
+}
+
+// SIGTERM while the network is being measured on namespace hosts: gorun
+// plan exits saying so, and nothing of the measurement job (the
+// launcher, its rsh children, the probe ranks) is left running (review
+// finding 5).
+func TestPlanNetSignalE2E(t *testing.T) {
+	hosts := testcluster.NetnsHosts(t, 2)
+	hf := hosts.WriteHostfile(t, t.TempDir(), 1)
+	size := "107374182417" // ~100 GiB: the probe runs for a while; the figure marks its processes
+	cmd := exec.Command(gorunBin, "plan", "--hostfile", hf, "--rsh", "ip netns exec", "--bind", hosts.BridgeAddr,
+		"--measure-size", size+"B", "--mem-bw", "10GB/s", "--durable-bw", "1GB/s",
+		"--mttf", "365d", "--job-length", "1d", "--step", "1s", "--state", "1GB", "--runs", "10")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	probes := func() []int { return procsWith("plan\x00net-probe\x00" + size) }
+	deadline := time.Now().Add(60 * time.Second)
+	for len(probes()) < 3 { // the launcher and both ranks; polling external processes to a deadline
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("the probe ranks never ran; stderr %s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("measurement job processes: %v", probes())
+	cmd.Process.Signal(syscall.SIGTERM)
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitError || !strings.Contains(stderr.String(), "--net-bw") {
+		t.Errorf("after SIGTERM: %v, stderr %q; want exit %d from the cancelled measurement", err, stderr.String(), exitError)
+	}
+	for deadline = time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		left := probes()
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			for _, p := range left {
+				syscall.Kill(p, syscall.SIGKILL)
+			}
+			t.Fatalf("probe processes %v outlived gorun plan", left)
+		}
+	}
+}
+
+// procsWith returns the running processes whose NUL-separated command
+// line contains s.
+func procsWith(s string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && strings.Contains(string(b), s) && procRunning(pid) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }

@@ -51,13 +51,15 @@ func writePlanReport(w io.Writer, out planOutput) {
 	row("replay", func(s plan.Strategy) string { return human(s.Cost.Replay) })
 	row("E[C]", func(s plan.Strategy) string { return human(s.CostTotal) })
 	row("efficiency η", func(s plan.Strategy) string { return fmt.Sprintf("%.4f", s.Efficiency) })
-	row("expected lost over the job", func(s plan.Strategy) string { return human(s.ExpectedLost) })
 	if r.HostReplace.NoSpare > 0 {
-		fmt.Fprintf(tw, "  failures finding no spare (expected)\t\t%.3g\t\n", r.HostReplace.NoSpare)
+		fmt.Fprintf(tw, "  failures finding no spare (expected)\t\t%.3g of %.3g\t\n", r.HostReplace.NoSpare, r.Failures)
+		row("E[C], those at checkpoint-restart's", func(s plan.Strategy) string { return human(s.CostBlended) })
+		row("efficiency η, the same", func(s plan.Strategy) string { return fmt.Sprintf("%.4f", s.EfficiencyBlended) })
 	}
+	row("expected lost over the job", func(s plan.Strategy) string { return human(s.ExpectedLost) })
 	src := "exponential failures"
 	if r.MonteCarlo.FromTrace {
-		src = "the trace"
+		src = "the trace's failures; only where checkpoints and steps fall varies"
 	}
 	fmt.Fprintf(tw, "  Monte Carlo (%d runs, seed %d, %s):\t\t\t\n", r.MonteCarlo.Runs, r.MonteCarlo.Seed, src)
 	row("  lost, mean", func(s plan.Strategy) string { return human(s.MonteCarlo.Mean) })
@@ -68,9 +70,19 @@ func writePlanReport(w io.Writer, out planOutput) {
 		fmt.Fprintf(w, "  (host replacement ran out of spares: %.3g failures per run paid checkpoint-restart)\n", fb)
 	}
 
-	fmt.Fprintf(w, "\nDurable checkpoints: PCcheck's f* = ceil(T_w/(N·q·t)) = %d steps\n", r.IntervalFStar)
+	fmt.Fprintf(w, "\nDurable checkpoints: PCcheck's f* = ceil(T_w/(N·q·t)) = %d steps; the costs above are at %d\n", r.IntervalFStar, r.Interval)
+	switch {
+	case r.StallFraction > overheadOf(out):
+		fmt.Fprintf(w, "  warning: at %d steps T_w > N·K·t: checkpointing stalls training by %.3g%% of its time\n", r.Interval, 100*r.StallFraction)
+	case r.StallFraction > 0:
+		fmt.Fprintf(w, "  at %d steps T_w > N·K·t: checkpointing stalls training by %.3g%% of its time, within --ckpt-overhead\n", r.Interval, 100*r.StallFraction)
+	}
 	fmt.Fprintf(w, "Redundancy: %s\n", r.Survives)
-	fmt.Fprintf(w, "  loss bound (over %d units, window one step): %.3g per step, %.3g over the job\n", r.LossUnits, r.LossPerStep, r.LossPerJob)
+	fmt.Fprintf(w, "  loss bound (over %d units; window %s = max(step, replace + restore), while a lost host's state has fewer copies):\n", r.LossUnits, human(r.LossWindow))
+	fmt.Fprintf(w, "  %.3g per window, %.3g over the job\n", r.LossPerWindow, r.LossPerJob)
+	if r.HostReplace.NoSpare > 0 {
+		fmt.Fprintf(w, "  (once spares run out a lost host's state stays exposed until a checkpoint-restart: not bounded here)\n")
+	}
 	fmt.Fprintf(w, "Spares: %d needed so that running out is less likely than %g; with the %d given: P(run out) = %.3g\n",
 		r.SparesNeeded, r.SpareRisk, spareCount(out), r.PRunOut)
 }
@@ -79,6 +91,15 @@ func spareCount(out planOutput) int {
 	for _, in := range out.Inputs {
 		if in.Name == "spares" {
 			return int(in.Raw)
+		}
+	}
+	return 0
+}
+
+func overheadOf(out planOutput) float64 {
+	for _, in := range out.Inputs {
+		if in.Name == "ckpt-overhead" {
+			return in.Raw
 		}
 	}
 	return 0

@@ -37,3 +37,26 @@ func (e *TraceError) Unwrap() []error {
 func inputf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInput}, args...)...)
 }
+
+// FieldError is an error about one field of [Inputs] (or of [Plan]'s
+// other arguments: "Runs", "SpareRisk"), so that a caller can name its own
+// flag for it. It wraps [ErrInput] and the error underneath, if any.
+type FieldError struct {
+	Field string // the Inputs field, e.g. "Hosts"
+	Msg   string // what is wrong, without the field's name: "must be 1 to 1048576, not 0"
+	Err   error
+}
+
+func (e *FieldError) Error() string { return ErrInput.Error() + ": " + e.Field + " " + e.Msg }
+
+// Unwrap returns ErrInput and the error underneath.
+func (e *FieldError) Unwrap() []error {
+	if e.Err != nil {
+		return []error{ErrInput, e.Err}
+	}
+	return []error{ErrInput}
+}
+
+func fieldf(field, format string, args ...any) error {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}

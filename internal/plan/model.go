@@ -2,6 +2,7 @@ package plan
 
 import (
 	"math"
+	"sync"
 	"time"
 
 	"github.com/gorun/gorun/topology"
@@ -124,18 +125,67 @@ func CkptCost(in Inputs) Cost {
 
 // ProtectTime is the time of one step's in-memory protection (s): the
 // snapshot copy of the host's state (host bytes / memory bandwidth) and
-// the bytes each host sends to the holders: k whole copies under
-// replicas:k, and under ec:K+M the host's share of its group's parity, M/K
-// of its state (ECHECK's (K+M)/K memory factor less the data itself).
+// the network transfer of what gorun sends, at the busier end of a link
+// (a host sends and receives at once, each at NetBW): k whole copies of
+// the host's state each way under replicas:k; under ec:K+M what [Flows]
+// counts over the group topology.PlanEC plans — M shares per rank, each
+// as long as its shard, and clear copies to data hosts, with a parity
+// host receiving every other member's share — not ECHECK's (K+M)/K
+// memory factor, which is what the rows hold, not what goes to them.
 func ProtectTime(in Inputs) float64 {
 	hb := in.HostBytes()
-	var sent float64
 	if in.Redundancy.EC() {
-		sent = hb * float64(in.Redundancy.ECM) / float64(in.Redundancy.ECK)
-	} else {
-		sent = hb * float64(in.Redundancy.Replicas)
+		f, err := ecFlows(in)
+		if err != nil {
+			return math.NaN() // Validate refuses such inputs
+		}
+		return hb/in.MemBW + float64(max(f.Sent, f.Received))*in.StateBytes/in.NetBW
 	}
-	return hb/in.MemBW + sent/in.NetBW
+	return hb/in.MemBW + hb*float64(in.Redundancy.Replicas)/in.NetBW
+}
+
+// RestoreTime is the time a spare takes to fetch a lost host's state
+// from its peers (s): the host's state under replicas:k; under ec:K+M the
+// mean over the group's hosts of what [Flows] counts (a rank whose data
+// host was its own host is decoded from K shards).
+func RestoreTime(in Inputs) float64 {
+	if in.Redundancy.EC() {
+		f, err := ecFlows(in)
+		if err != nil {
+			return math.NaN()
+		}
+		return f.Restore * in.StateBytes / in.NetBW
+	}
+	return in.HostBytes() / in.NetBW
+}
+
+// ecFlows is [Flows] of in's group. The last answer is kept: a plan asks
+// for the same layout several times, and a wide group of many ranks per
+// host takes a while to plan.
+func ecFlows(in Inputs) (ECFlows, error) {
+	key := ecKey{in.Hosts, in.RanksPerHost, in.Redundancy.ECK, in.Redundancy.ECM}
+	ecLast.Lock()
+	defer ecLast.Unlock()
+	if ecLast.ok && ecLast.key == key {
+		return ecLast.flows, ecLast.err
+	}
+	var f ECFlows
+	g, err := ecGroup(in)
+	if err == nil {
+		f = Flows(g)
+	}
+	ecLast.key, ecLast.flows, ecLast.err, ecLast.ok = key, f, err, true
+	return f, err
+}
+
+type ecKey struct{ hosts, perHost, k, m int }
+
+var ecLast struct {
+	sync.Mutex
+	ok    bool
+	key   ecKey
+	flows ECFlows
+	err   error
 }
 
 // HostReplaceCost is E[C_DEADPOOL] (DEADPOOL §IV) for gorun's host
@@ -144,7 +194,7 @@ func ProtectTime(in Inputs) float64 {
 //	C_overhead = (max(0, protect − t_step)/t_step
 //	              + StallPerCheckpoint/(K·t_step)) · MTTF_sys
 //	Recover    = E[T_hotswap] (Replace)
-//	Restore    = host state / network bandwidth (the spare fetches it)
+//	Restore    = RestoreTime (the spare fetches the state from peers)
 //	Replay     = t_step·E[φ] = t_step/2
 //
 // The protection overlaps the step (DEADPOOL §V, one wait before the
@@ -161,7 +211,7 @@ func HostReplaceCost(in Inputs) Cost {
 	return Cost{
 		Overhead: rate * in.MTTFSys(),
 		Recover:  in.Replace,
-		Restore:  in.HostBytes() / in.NetBW,
+		Restore:  RestoreTime(in),
 		Replay:   in.Step / 2,
 	}
 }
@@ -229,19 +279,25 @@ func binom(n, j int) float64 {
 	return r
 }
 
-// LossBound is the per-step loss bound of in's redundancy, with the
-// window one step (DEADPOOL §V-a: owner and holders fail "within the same
-// step"), and the number of independent units D it is taken over: hosts
-// for replicas (each host's state and its k holders), groups for ec.
+// LossBound is the loss bound of in's redundancy per window, the window,
+// and the number of independent units D it is taken over: hosts for
+// replicas (each host's state and its k holders), groups for ec.
 // replicas:0 loses a host's in-memory state with any failure: D·p.
-func LossBound(in Inputs) (perStep float64, units int) {
-	p := FailureProb(in.Step, in.MTTFHost)
+//
+// DEADPOOL §V-a takes the window to be one step (owner and holders fail
+// "within the same step"). In gorun a lost host's state has fewer copies
+// until the spare has it back: the window is max(t_step, Replace +
+// [RestoreTime]). (Once spares run out a lost host's state stays exposed
+// until a checkpoint-restart; the bound does not cover that.)
+func LossBound(in Inputs) (perWindow float64, units int, window float64) {
+	window = math.Max(in.Step, in.Replace+RestoreTime(in))
+	p := FailureProb(window, in.MTTFHost)
 	r := in.Redundancy
 	if r.EC() {
-		g := (in.Hosts + r.ECK + r.ECM - 1) / (r.ECK + r.ECM)
-		return ECLossBound(g, r.ECK, r.ECM, p), g
+		g := in.Hosts / (r.ECK + r.ECM) // whole groups: Validate
+		return ECLossBound(g, r.ECK, r.ECM, p), g, window
 	}
-	return ReplicaLossBound(in.Hosts, r.Replicas, p), in.Hosts
+	return ReplicaLossBound(in.Hosts, r.Replicas, p), in.Hosts, window
 }
 
 // SparesNeeded returns the smallest number of spares S for which the

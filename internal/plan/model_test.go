@@ -152,9 +152,9 @@ func TestHostReplaceCostTerms(t *testing.T) {
 
 	ec := in
 	ec.Redundancy = topology.Redundancy{ECK: 2, ECM: 2}
-	near(t, "ec ProtectTime", ProtectTime(ec), hb/10e9+hb/1.25e9, 1e-12) // M/K = 1
-	ec.Redundancy = topology.Redundancy{ECK: 4, ECM: 1}
-	near(t, "ec:4+1 ProtectTime", ProtectTime(ec), hb/10e9+hb/4/1.25e9, 1e-12)
+	// a parity host receives the shares of the group's 12 ranks on other
+	// hosts, each a whole shard (TestECWireTraffic)
+	near(t, "ec ProtectTime", ProtectTime(ec), hb/10e9+12*float64(1<<30)/1.25e9, 1e-12)
 
 	none := in
 	none.Redundancy = topology.Redundancy{}
@@ -196,18 +196,18 @@ func TestSparesNeeded(t *testing.T) {
 
 func TestLossBoundUnits(t *testing.T) {
 	in := baseInputs()
-	p := FailureProb(in.Step, in.MTTFHost)
-	got, units := LossBound(in)
+	got, units, w := LossBound(in)
+	p := FailureProb(w, in.MTTFHost)
 	if units != 16 {
 		t.Errorf("units = %d, want 16 hosts", units)
 	}
 	near(t, "replicas:1", got, 16*p*p, 1e-12)
 	in.Redundancy = topology.Redundancy{ECK: 2, ECM: 2}
-	got, units = LossBound(in)
+	got, units, w = LossBound(in)
 	if units != 4 {
 		t.Errorf("units = %d, want 4 groups", units)
 	}
-	near(t, "ec:2+2", got, ECLossBound(4, 2, 2, p), 1e-12)
+	near(t, "ec:2+2", got, ECLossBound(4, 2, 2, FailureProb(w, in.MTTFHost)), 1e-12)
 }
 
 func TestValidate(t *testing.T) {

@@ -6,9 +6,13 @@ import (
 	"slices"
 )
 
-// MaxSimulatedFailures bounds a Monte Carlo's work: runs × expected
-// failures per run.
-const MaxSimulatedFailures = 50_000_000
+// Bounds of a Monte Carlo's work and memory: at most MaxRuns runs (each
+// keeps two float64s), and runs × max(1, expected failures per run) at
+// most MaxSimulatedFailures.
+const (
+	MaxRuns              = 1_000_000
+	MaxSimulatedFailures = 50_000_000
+)
 
 // Dist is a distribution of the time a job loses (s) over Monte Carlo runs.
 type Dist struct {
@@ -37,11 +41,14 @@ type MonteCarlo struct {
 // failures (with trace nil: a Poisson process of rate Hosts/MTTF_host,
 // replaced hosts as good as new; with a trace: its failures before
 // JobLength, inclusive) and, uniformly, where the checkpoint schedule and the step
-// boundaries fall relative to them. Failure times are taken in training
+// boundaries fall relative to them. With a trace the failures are the
+// same in every run and only those phases vary: the distribution is of
+// where checkpoints and steps fall, not of the failures. Failure times are taken in training
 // time (failures during a recovery are not modelled). A failure costs:
 //
 //   - checkpoint-restart: E[T_restart] + restore + the work since the
-//     newest durable checkpoint (one that started at least T_w earlier);
+//     newest durable checkpoint (one that started at least
+//     min(T_w, N·K·t) of training earlier: [WriteLag]);
 //   - host replacement, while spares last: Replace + restore from peers +
 //     the interrupted step's progress φ·t_step; with none left,
 //     checkpoint-restart's cost (counted in Fallbacks).
@@ -50,20 +57,29 @@ type MonteCarlo struct {
 // [CkptCost] and [HostReplaceCost]). In-memory state lost beyond the
 // redundancy is not simulated: [LossBound] bounds it.
 func Simulate(in Inputs, trace []Failure, runs int, seed uint64) (MonteCarlo, error) {
-	if runs < 1 {
-		return MonteCarlo{}, inputf("runs %d: want at least 1", runs)
+	if runs < 1 || runs > MaxRuns {
+		return MonteCarlo{}, fieldf("Runs", "must be 1 to %d, not %d", MaxRuns, runs)
 	}
 	mttfSys := in.MTTFSys()
 	expected := in.JobLength / mttfSys
 	if trace != nil {
 		expected = float64(len(trace))
 	}
-	if expected*float64(runs) > MaxSimulatedFailures {
-		return MonteCarlo{}, inputf("%d runs of %.0f expected failures each: more than %d failures to simulate; give fewer runs", runs, expected, MaxSimulatedFailures)
+	if expected > MaxSimulatedFailures {
+		// the failure inputs, not the runs, are what is wrong
+		return MonteCarlo{}, fieldf("MTTFHost", "%v s over %d hosts and a job of %v s: %.3g failures expected in one job, more than the %d a Monte Carlo simulates", in.MTTFHost, in.Hosts, in.JobLength, expected, MaxSimulatedFailures)
+	}
+	if max(1, expected)*float64(runs) > MaxSimulatedFailures {
+		return MonteCarlo{}, fieldf("Runs", "%d of %.3g expected failures each: more than %d failures to simulate; give fewer runs", runs, expected, MaxSimulatedFailures)
 	}
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	k := float64(in.Interval) * in.Step // seconds between checkpoints
 	tw := in.WriteTime()
+	// A checkpoint is durable T_w after it starts, but at most N·K·t of
+	// training later: with T_w > N·K·t training stalls until the oldest
+	// of the N in flight is durable (PCcheck §3.4), and failure times are
+	// training time — the closed form's WriteLag.
+	lag := WriteLag(tw, in.Step, in.Interval, in.Concurrency)
 	ckpt, repl := CkptCost(in), HostReplaceCost(in)
 	// failure-free overhead over the job: the per-failure overhead is
 	// rate·MTTF_sys, so the rate is Overhead/MTTF_sys.
@@ -93,7 +109,7 @@ func Simulate(in Inputs, trace []Failure, runs int, seed uint64) (MonteCarlo, er
 		spares := in.Spares
 		cl, rl := ckptBase, replBase
 		for _, t := range times {
-			c := in.Restart + tw + sinceDurable(t, ckptPhase, k, tw)
+			c := in.Restart + tw + sinceDurable(t, ckptPhase, k, lag)
 			cl += c
 			switch {
 			case inMemory && spares > 0:
@@ -119,7 +135,7 @@ func Simulate(in Inputs, trace []Failure, runs int, seed uint64) (MonteCarlo, er
 }
 
 // sinceDurable is the work lost to a failure at t (s) when checkpoints
-// start every k seconds from phase and each is durable tw after it starts:
+// start every k seconds from phase and each is durable tw (the lag) after it starts:
 // the time since the start of the newest durable one, or since the job
 // began when none is.
 func sinceDurable(t, phase, k, tw float64) float64 {

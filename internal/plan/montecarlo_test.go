@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -96,6 +97,32 @@ func TestSinceDurable(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			if got := sinceDurable(c.t, c.phase, c.k, c.tw); got != c.want {
 				t.Errorf("sinceDurable = %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+// TestSimulateBoundedRuns: runs are bounded even when few failures are
+// expected, and too many failures per job blame the failure inputs, not
+// the runs.
+func TestSimulateBoundedRuns(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		mttf  float64
+		runs  int
+		field string
+	}{
+		{"many runs, few failures", 1e12, 20_000_000, "Runs"},
+		{"runs times failures", 96768, 1_000_000, "Runs"}, // 100 failures per job
+		{"failures in one job", 1e-9, 1, "MTTFHost"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			in := baseInputs()
+			in.MTTFHost = c.mttf
+			_, err := Simulate(in, nil, c.runs, 1)
+			var fe *FieldError
+			if !errors.As(err, &fe) || fe.Field != c.field {
+				t.Errorf("Simulate = %v, want a FieldError on %s", err, c.field)
 			}
 		})
 	}

@@ -8,54 +8,87 @@ import (
 	"time"
 )
 
-// unitScale is the multiplier of each size unit ParseSize takes: decimal
-// (kB, MB, GB, TB: powers of 1000) and binary (KiB, MiB, GiB, TiB: powers
-// of 1024). Matching ignores case except that "b" alone is bytes.
-var unitScale = map[string]float64{
+// byteUnits is the multiplier of each size unit: decimal (kB or KB, MB,
+// GB, TB: powers of 1000) and binary (KiB, MiB, GiB, TiB: powers of
+// 1024). Units are case-sensitive: b is a bit, B a byte.
+var byteUnits = map[string]float64{
 	"":    1,
-	"b":   1,
-	"kb":  1e3,
-	"mb":  1e6,
-	"gb":  1e9,
-	"tb":  1e12,
-	"kib": 1 << 10,
-	"mib": 1 << 20,
-	"gib": 1 << 30,
-	"tib": 1 << 40,
+	"B":   1,
+	"kB":  1e3,
+	"KB":  1e3,
+	"MB":  1e6,
+	"GB":  1e9,
+	"TB":  1e12,
+	"KiB": 1 << 10,
+	"MiB": 1 << 20,
+	"GiB": 1 << 30,
+	"TiB": 1 << 40,
 }
 
+// bitUnits is the multiplier, in bytes, of each bit unit a bandwidth may
+// be given in: "10Gbit/s" and "10Gb/s" are 1.25 GB/s.
+var bitUnits = map[string]float64{
+	"b": 1.0 / 8, "bit": 1.0 / 8,
+	"kb": 1e3 / 8, "Kb": 1e3 / 8, "kbit": 1e3 / 8, "Kbit": 1e3 / 8,
+	"Mb": 1e6 / 8, "Mbit": 1e6 / 8,
+	"Gb": 1e9 / 8, "Gbit": 1e9 / 8,
+	"Tb": 1e12 / 8, "Tbit": 1e12 / 8,
+}
+
+const byteUnitList = "B, kB, MB, GB, TB, KiB, MiB, GiB or TiB"
+
 // ParseSize parses a size in bytes: a non-negative decimal number and an
-// optional unit, "256MiB", "10GB", "1.5GiB", "4096". Errors wrap [ErrInput]
-// and name the unit when it is the unit that is wrong.
-func ParseSize(s string) (float64, error) {
+// optional unit, "256MiB", "10GB", "1.5GiB", "4096". Units are
+// case-sensitive, and bits ("10Gb") are refused with a hint. Errors wrap
+// [ErrInput] and name the unit when it is the unit that is wrong.
+func ParseSize(s string) (float64, error) { return parseQuantity(s, s, false) }
+
+// parseQuantity parses a number and a unit of byteUnits, or of bitUnits
+// too when bits; whole is what errors quote.
+func parseQuantity(s, whole string, bits bool) (float64, error) {
 	num, unit := splitUnit(strings.TrimSpace(s))
 	if num == "" {
-		return 0, inputf("%q: want a number and a unit, e.g. 256MiB or 10GB", shorten(s))
+		return 0, inputf("%q: want a number and a unit, e.g. 256MiB or 10GB", shorten(whole))
 	}
 	v, err := strconv.ParseFloat(num, 64)
 	if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
-		return 0, inputf("%q: %q is not a non-negative number", shorten(s), shorten(num))
+		return 0, inputf("%q: %q is not a non-negative number", shorten(whole), shorten(num))
 	}
-	scale, ok := unitScale[strings.ToLower(unit)]
+	scale, ok := byteUnits[unit]
+	if !ok && bits {
+		scale, ok = bitUnits[unit]
+	}
 	if !ok {
-		return 0, inputf("%q: unknown unit %q: want B, kB, MB, GB, TB, KiB, MiB, GiB or TiB", shorten(s), shorten(unit))
+		if _, isBits := bitUnits[unit]; isBits { // and not bits
+			return 0, inputf("%q: %q is bits: a size is in bytes (%s)", shorten(whole), unit, byteUnitList)
+		}
+		for u := range byteUnits {
+			if u != "" && strings.EqualFold(u, unit) {
+				return 0, inputf("%q: unknown unit %q: units are case-sensitive: %s (b is bits, B bytes)", shorten(whole), shorten(unit), u)
+			}
+		}
+		if bits {
+			return 0, inputf("%q: unknown unit %q: want %s, or bits: bit, kbit, Mbit, Gbit, Tbit (or b, kb, Mb, Gb, Tb)", shorten(whole), shorten(unit), byteUnitList)
+		}
+		return 0, inputf("%q: unknown unit %q: want %s", shorten(whole), shorten(unit), byteUnitList)
 	}
 	v *= scale
 	if math.IsInf(v, 0) {
-		return 0, inputf("%q: too large", shorten(s))
+		return 0, inputf("%q: too large", shorten(whole))
 	}
 	return v, nil
 }
 
 // ParseBandwidth parses a bandwidth in bytes per second: a size and "/s",
-// "10GB/s", "800MiB/s". Errors wrap [ErrInput].
+// "10GB/s", "800MiB/s", or bits per second, "100Gbit/s" or "100Gb/s"
+// (12.5 GB/s). Errors wrap [ErrInput].
 func ParseBandwidth(s string) (float64, error) {
 	t := strings.TrimSpace(s)
 	size, ok := strings.CutSuffix(t, "/s")
 	if !ok {
-		return 0, inputf("%q: want a size per second, e.g. 10GB/s", shorten(s))
+		return 0, inputf("%q: want a size per second, e.g. 10GB/s or 100Gbit/s", shorten(s))
 	}
-	v, err := ParseSize(size)
+	v, err := parseQuantity(size, size, true)
 	if err != nil {
 		return 0, err
 	}
