@@ -203,7 +203,7 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 				m.report("under-protected: %d optimizer shards lost a copy (of %d) until it is re-sent", len(owners), m.k())
 			}
 		}
-		m.emit(UnderProtected{Owners: owners})
+		m.emit(UnderProtected{Epoch: m.epoch, Owners: owners})
 	} else if m.ec != nil && m.protecting {
 		// Nothing to re-send, but a host may hold two places now.
 		if r := m.ecReport(); r != "" {

@@ -152,35 +152,7 @@ func TestStatusFailures(t *testing.T) {
 // machine's epoch after the step, and the first loss showed as a
 // rank-restart without a host (and counted a third failure).
 func TestStatusTwoLossesInOneStep(t *testing.T) {
-	cfg := validConfig()
-	cfg.HeartbeatTimeout = 3 * time.Second
-	j := &job{cfg: cfg, world: 3, rankHost: []int{0, 1, 2}, rankEnded: make([]bool, 3), metrics: newMetrics(), status: &statusState{}}
-	for i, n := range []string{"h0", "h1", "h2", "s0", "s1"} {
-		spare := n[0] == 's'
-		h := &agentHost{index: i, name: n, topo: topology.Host{Name: n, Slots: 1, Spare: spare}, spare: spare}
-		if !spare {
-			h.ranks = []int{i}
-		}
-		j.hosts = append(j.hosts, h)
-	}
-	var err error
-	if j.m, err = hotswap.New(j.machineConfig()); err != nil {
-		t.Fatal(err)
-	}
-	j.prog = newProgress([][]int{{0}, {1}, {2}, nil, nil}, []int{0, 1, 2}, func(*wire.GlobalStep) {})
-	step := func(at time.Duration, e hotswap.Event) {
-		for _, a := range j.m.Step(at, e) {
-			j.statusAction(a) // as do does
-		}
-	}
-	for h := range 5 {
-		step(0, hotswap.AgentRegistered{Host: h, Spare: h >= 3})
-		step(time.Second, hotswap.Heartbeat{Host: h})
-	}
-	step(3*time.Second, hotswap.Heartbeat{Host: 0})
-	step(3500*time.Millisecond, hotswap.Heartbeat{Host: 3})
-	step(3500*time.Millisecond, hotswap.Heartbeat{Host: 4})
-	step(4100*time.Millisecond, hotswap.Tick{})
+	j := twoLossJob(t, nil, func(j *job, a hotswap.Action) { j.statusAction(a) })
 	f := j.status.failures
 	if len(f) != 2 {
 		t.Fatalf("want 2 failures, got %+v", f)
@@ -202,6 +174,49 @@ func TestStatusTwoLossesInOneStep(t *testing.T) {
 	if got := value(fams, "gorun_failures_total", "class", "rank-restart"); got != 0 {
 		t.Errorf("rank-restart failures %v, want 0", got)
 	}
+}
+
+// twoLossJob is a job of 3 ranks on hosts h0, h1, h2 (one each) and
+// spares s0, s1, with metrics and a status service (change, if not nil,
+// changes it before its machine is made), whose machine loses h1 and h2
+// in one step (both heartbeats time out in one tick): each action of
+// every step goes to do (the caller's choice of the launcher's handling).
+func twoLossJob(t *testing.T, change func(*job), do func(*job, hotswap.Action)) *job {
+	t.Helper()
+	cfg := validConfig()
+	cfg.HeartbeatTimeout = 3 * time.Second
+	j := &job{cfg: cfg, world: 3, rankHost: []int{0, 1, 2}, rankEnded: make([]bool, 3), metrics: newMetrics(), status: &statusState{},
+		log: slog.New(slog.DiscardHandler), tabChanged: make(chan struct{}), t0: time.Now()}
+	for i, n := range []string{"h0", "h1", "h2", "s0", "s1"} {
+		spare := n[0] == 's'
+		h := &agentHost{index: i, name: n, topo: topology.Host{Name: n, Slots: 1, Spare: spare}, spare: spare}
+		if !spare {
+			h.ranks = []int{i}
+		}
+		j.hosts = append(j.hosts, h)
+	}
+	if change != nil {
+		change(j)
+	}
+	var err error
+	if j.m, err = hotswap.New(j.machineConfig()); err != nil {
+		t.Fatal(err)
+	}
+	j.prog = newProgress([][]int{{0}, {1}, {2}, nil, nil}, []int{0, 1, 2}, func(*wire.GlobalStep) {})
+	step := func(at time.Duration, e hotswap.Event) {
+		for _, a := range j.m.Step(at, e) {
+			do(j, a)
+		}
+	}
+	for h := range 5 {
+		step(0, hotswap.AgentRegistered{Host: h, Spare: h >= 3})
+		step(time.Second, hotswap.Heartbeat{Host: h})
+	}
+	step(3*time.Second, hotswap.Heartbeat{Host: 0})
+	step(3500*time.Millisecond, hotswap.Heartbeat{Host: 3})
+	step(3500*time.Millisecond, hotswap.Heartbeat{Host: 4})
+	step(4100*time.Millisecond, hotswap.Tick{})
+	return j
 }
 
 // TestStatusSpareStates: a spare is "spare", and counted among the

@@ -148,7 +148,8 @@
 // under-protected: some ranks' state has fewer copies than configured
 // until re-sent
 //
-//	"epoch"   int    the epoch
+//	"epoch"   int    the recovery epoch that left them so (its
+//	                 splice's or restart's epoch)
 //	"owners"  [int]  the ranks whose copies are missing
 //
 // protected (no fields): every copy is in place again.
