@@ -13,7 +13,7 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration, class Fail
 	if !m.alive[h] {
 		return
 	}
-	defer m.failed(Failed{Host: h, Name: m.names[h], Rank: -1, Class: class, Agent: agent, Why: why})()
+	defer m.failed(Failed{Host: h, Name: m.names[h], Rank: -1, Class: class, Agent: agent, Why: why, Detected: detected})()
 	m.alive[h], m.suspected[h] = false, -1
 	name := m.names[h]
 	m.emit(Fence{Host: h, Name: name})

@@ -102,7 +102,9 @@
 //	                   suspicion not cleared in time) or "gpu" (a GPU
 //	                   fault that takes the host)
 //	"class"    string  the machine's classification: "host-loss",
-//	                   "rank-exit", "hang" or "gpu-permanent"
+//	                   "rank-exit", "hang" or "gpu-permanent" (gorun
+//	                   status's failure class, and gorun_failures_total's
+//	                   class label, with decision its decision label)
 //	"decision" string  what it decided: "splice" (the host's ranks move
 //	                   to a replacement), "restart" (every rank restarts
 //	                   in place), "rollback" (to the durable tier),
