@@ -111,8 +111,11 @@ type RestorePlan struct {
 }
 
 // UnderProtected: these owners' optimizer shards have fewer copies than
-// configured until the caller reports them [Replicated].
+// configured until the caller reports them [Replicated]. Epoch is the
+// recovery epoch that left them so (the splice's or roll-back's that it
+// follows; one step may begin several epochs).
 type UnderProtected struct {
+	Epoch  uint64
 	Owners []int
 }
 

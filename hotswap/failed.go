@@ -3,6 +3,7 @@ package hotswap
 import (
 	"fmt"
 	"syscall"
+	"time"
 )
 
 // FailureClass is what kind of failure the machine took a decision on
@@ -23,6 +24,12 @@ const (
 	// ClassGPUPermanent: a GPU reported a fault that takes its host.
 	ClassGPUPermanent FailureClass = "gpu-permanent"
 )
+
+// FailureClasses are the failure classes, in a fixed order (a bounded
+// label set: a caller may make a series of each in advance).
+func FailureClasses() []FailureClass {
+	return []FailureClass{ClassHostLoss, ClassRankExit, ClassHang, ClassGPUPermanent}
+}
 
 // Decision is what the machine did about a failure ([Failed]).
 type Decision string
@@ -48,6 +55,11 @@ const (
 	DecisionNone Decision = "none"
 )
 
+// Decisions are the decisions, in a fixed order (a bounded label set).
+func Decisions() []Decision {
+	return []Decision{DecisionSplice, DecisionRestart, DecisionRollback, DecisionWait, DecisionAbort, DecisionNone}
+}
+
 // Failed: the machine took a decision on a failure: one per incident
 // (rank failures collected in the failure window, and the rank failures a
 // host loss causes, are the one failure it decided on). It comes before
@@ -72,6 +84,11 @@ type Failed struct {
 	// Why says what failed and why, in words (the machine's reason:
 	// "no heartbeat for 3s", "rank 1 on host a made no progress for ...").
 	Why string
+	// Detected is when the failure was first seen, on the machine's
+	// clock: a suspected host's suspicion, the first rank failure of the
+	// failure window, else when the decision was taken. The recovery
+	// epoch the failure starts has the same Timeline.Detected.
+	Detected time.Duration
 }
 
 func (Failed) action() {}

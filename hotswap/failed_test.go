@@ -10,7 +10,8 @@ import (
 
 // TestFailedOnePerIncident: every failure the machine decides on is one
 // Failed action, before the decision's actions, with its class, decision,
-// the epoch it started and the machine's reason; the fault's consequences
+// the epoch it started, the machine's reason and when the failure was
+// first seen (the first of a window's rank failures); the fault's consequences
 // (the ranks a lost host takes with it, the agent's exit after a GPU
 // fault) are no further Failed.
 func TestFailedOnePerIncident(t *testing.T) {
@@ -24,17 +25,17 @@ func TestFailedOnePerIncident(t *testing.T) {
 	}{
 		{"agent failed", 1, 0, []Event{AgentExited{Host: 1, Why: "it failed: boom"}, AgentExited{Host: 1, Why: "gone"},
 			RankExited{Rank: 1, Host: 1, Code: 1}},
-			[]Failed{{Host: 1, Name: "b", Rank: -1, Class: ClassHostLoss, Agent: true, Decision: DecisionSplice, Epoch: 1}}},
+			[]Failed{{Host: 1, Name: "b", Rank: -1, Class: ClassHostLoss, Agent: true, Decision: DecisionSplice, Epoch: 1, Detected: 20 * s}}},
 		{"gpu permanent then its agent", 1, 0, []Event{GPUHealth{Host: 1, GPU: 0, Class: GPUPermanent, Msg: "xid 79"}, AgentExited{Host: 1, Why: "fenced"}},
-			[]Failed{{Host: 1, Name: "b", Rank: -1, Class: ClassGPUPermanent, Decision: DecisionSplice, Epoch: 1}}},
+			[]Failed{{Host: 1, Name: "b", Rank: -1, Class: ClassGPUPermanent, Decision: DecisionSplice, Epoch: 1, Detected: 20 * s}}},
 		{"hang, no restart", 0, 0, []Event{Progress{Rank: 0, Step: 1}, Progress{Rank: 1, Step: 1}, Tick{}},
-			[]Failed{{Host: 0, Name: "a", Rank: 0, Class: ClassHang, Decision: DecisionAbort, Code: ExitTimeout}}},
+			[]Failed{{Host: 0, Name: "a", Rank: 0, Class: ClassHang, Decision: DecisionAbort, Code: ExitTimeout, Detected: 60 * s}}},
 		{"hang, restart", 1, 0, []Event{Progress{Rank: 0, Step: 1}, Progress{Rank: 1, Step: 1}, Tick{}},
-			[]Failed{{Host: 0, Name: "a", Rank: 0, Class: ClassHang, Decision: DecisionRestart, Epoch: 1, Code: ExitTimeout}}},
+			[]Failed{{Host: 0, Name: "a", Rank: 0, Class: ClassHang, Decision: DecisionRestart, Epoch: 1, Code: ExitTimeout, Detected: 60 * s}}},
 		{"killed rank and its peer", 1, 100 * time.Millisecond, []Event{RankExited{Rank: 0, Host: 0, Code: 1}, RankExited{Rank: 1, Host: 1, Code: -1, Signal: syscall.SIGKILL}},
-			[]Failed{{Host: 1, Name: "b", Rank: 1, Class: ClassRankExit, Decision: DecisionRestart, Epoch: 1, Code: -1, Signal: syscall.SIGKILL}}},
+			[]Failed{{Host: 1, Name: "b", Rank: 1, Class: ClassRankExit, Decision: DecisionRestart, Epoch: 1, Code: -1, Signal: syscall.SIGKILL, Detected: 100 * time.Millisecond}}},
 		{"spare lost", 1, 0, []Event{AgentExited{Host: 2, Why: "gone"}},
-			[]Failed{{Host: 2, Name: "s", Rank: -1, Class: ClassHostLoss, Agent: true, Decision: DecisionNone}}},
+			[]Failed{{Host: 2, Name: "s", Rank: -1, Class: ClassHostLoss, Agent: true, Decision: DecisionNone, Detected: 20 * s}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -73,6 +74,11 @@ func TestFailedOnePerIncident(t *testing.T) {
 				got[i].Why = ""
 				if got[i] != c.want[i] {
 					t.Errorf("Failed %+v, want %+v", got[i], c.want[i])
+				}
+			}
+			if f := got[len(got)-1]; f.Epoch > 0 {
+				if tl, ok := m.OpenTimeline(); !ok || tl.Epoch != f.Epoch || tl.Detected != f.Detected {
+					t.Errorf("open timeline %+v, %v: want epoch %d detected at %v, as its failure", tl, ok, f.Epoch, f.Detected)
 				}
 			}
 		})

@@ -492,7 +492,7 @@ func (m *Machine) rankFailed(f *rankFailure) {
 		class = ClassHang
 	}
 	defer m.failed(Failed{Host: m.rankHost[f.rank], Name: m.names[m.rankHost[f.rank]], Rank: f.rank, Class: class,
-		Code: f.code, Signal: f.sig, Why: f.what})()
+		Code: f.code, Signal: f.sig, Why: f.what, Detected: f.at})()
 	if f.abort {
 		m.abort(f.status, "%s; stopping the job", f.what)
 		return
@@ -668,7 +668,7 @@ func (m *Machine) onGPU(e GPUHealth) {
 		if _, _, err := m.replacement(e.Host, ranks); err != "" {
 			// (The caller has reported the fault itself, e.Msg.)
 			m.failed(Failed{Host: e.Host, Name: m.names[e.Host], Rank: -1, Class: ClassGPUPermanent,
-				Why: why + "; the host stays, as nothing can replace it (" + err + ")"})()
+				Why: why + "; the host stays, as nothing can replace it (" + err + ")", Detected: m.now})()
 			m.report("host %s: GPU %d %s fault; it stays, as nothing can replace it (%s)", m.names[e.Host], e.GPU, e.Class, err)
 			return
 		}

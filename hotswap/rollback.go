@@ -257,7 +257,7 @@ func (m *Machine) onDiskReach(e DiskReach) {
 		default:
 			m.report("under-protected: %d optimizer shards have no copy of step %d until it is re-sent", len(owners), t)
 		}
-		m.emit(UnderProtected{Owners: owners})
+		m.emit(UnderProtected{Epoch: m.epoch, Owners: owners})
 	}
 }
 

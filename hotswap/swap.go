@@ -13,7 +13,7 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration, class Fail
 	if !m.alive[h] {
 		return
 	}
-	defer m.failed(Failed{Host: h, Name: m.names[h], Rank: -1, Class: class, Agent: agent, Why: why})()
+	defer m.failed(Failed{Host: h, Name: m.names[h], Rank: -1, Class: class, Agent: agent, Why: why, Detected: detected})()
 	m.alive[h], m.suspected[h] = false, -1
 	name := m.names[h]
 	m.emit(Fence{Host: h, Name: name})
@@ -203,7 +203,7 @@ func (m *Machine) splice(l awaitingLoss, retry bool) {
 				m.report("under-protected: %d optimizer shards lost a copy (of %d) until it is re-sent", len(owners), m.k())
 			}
 		}
-		m.emit(UnderProtected{Owners: owners})
+		m.emit(UnderProtected{Epoch: m.epoch, Owners: owners})
 	} else if m.ec != nil && m.protecting {
 		// Nothing to re-send, but a host may hold two places now.
 		if r := m.ecReport(); r != "" {

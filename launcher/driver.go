@@ -108,7 +108,7 @@ func (j *job) do(a hotswap.Action) {
 	case hotswap.RestorePlan:
 		j.publishEpoch(&a)
 	case hotswap.UnderProtected:
-		j.evlog.record(j.since(), evUnder{Epoch: j.m.Epoch(), Owners: a.Owners})
+		j.evlog.record(j.since(), evUnder{Epoch: a.Epoch, Owners: a.Owners})
 		g := int64(-1)
 		if j.rec != nil {
 			g = j.rec.g
@@ -166,7 +166,7 @@ func (j *job) cutOff(h *agentHost) {
 // tables: rank → host, the hosts' rank lists, progress aggregation and
 // output ownership. The ranks start there with the epoch's table.
 func (j *job) splice(a hotswap.Splice) {
-	j.evlog.record(j.since(), evSplice{Epoch: j.m.Epoch(), Lost: a.LostName, With: a.WithName, Ranks: a.Ranks, Spare: a.Spare})
+	j.evlog.record(j.since(), evSplice{Epoch: a.Epoch, Lost: a.LostName, With: a.WithName, Ranks: a.Ranks, Spare: a.Spare})
 	lost, with := j.hosts[a.Lost], j.hosts[a.With]
 	j.tab.Lock()
 	for _, r := range a.Ranks {

@@ -2,9 +2,11 @@ package launcher
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -153,6 +155,46 @@ func TestRecordFailed(t *testing.T) {
 				t.Fatalf("records %+v, want %+v", recs, c.want)
 			}
 		})
+	}
+}
+
+// TestEventsTwoLossesInOneStep: two hosts lost in one step of the machine
+// (both heartbeats time out in one tick) are two splice records, each
+// with its own epoch, and each loss's under-protected record has the
+// epoch of its splice, as the failure records do. Before the fix both
+// splices (and both under-protected records) had the machine's epoch
+// after the step, the second loss's.
+func TestEventsTwoLossesInOneStep(t *testing.T) {
+	var b bytes.Buffer
+	twoLossJob(t, func(j *job) {
+		j.holders = [][]int{{1}, {2}, {0}} // rank r's copy on rank r+1's host
+		j.evlog = newEventLog(&b, slog.New(slog.DiscardHandler))
+		j.stopping = true // splice moves the tables, and starts nothing
+	}, func(j *job, a hotswap.Action) {
+		switch a.(type) {
+		case hotswap.Splice, hotswap.UnderProtected, hotswap.Failed:
+			j.do(a)
+		}
+	})
+	recs, err := events.ReadAll(&b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range recs {
+		switch e := r.Event.(type) {
+		case events.Failure:
+			got = append(got, fmt.Sprintf("failure %s epoch %d", e.Host, e.Epoch))
+		case events.Splice:
+			got = append(got, fmt.Sprintf("splice %s epoch %d", e.Lost, e.Epoch))
+		case events.UnderProtected:
+			got = append(got, fmt.Sprintf("under-protected %v epoch %d", e.Owners, e.Epoch))
+		}
+	}
+	want := []string{"failure h1 epoch 1", "splice h1 epoch 1", "under-protected [0] epoch 1",
+		"failure h2 epoch 2", "splice h2 epoch 2", "under-protected [0 1] epoch 2"}
+	if !slices.Equal(got, want) {
+		t.Errorf("records:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 

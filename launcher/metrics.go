@@ -21,7 +21,8 @@ import (
 // process-global one). The loop updates the figures (on progress reports,
 // on the machine's actions, each tick); the HTTP server only reads them.
 // No metric has a per-rank or per-host label: a job of 10,000 ranks has
-// as many series as one of 2.
+// as many series as one of 2 (gorun_failures_total has a series per
+// failure class and decision, 4 × 6, all made at the start).
 
 // MetricsPath is the endpoint's path.
 const MetricsPath = "/metrics"
@@ -37,10 +38,6 @@ type metrics struct {
 	failures                              *prometheus.CounterVec
 	recovery                              prometheus.Histogram
 	lastG                                 int64 // the loop's
-	// spliceEpoch is the epoch of the last splice (spliced: there was
-	// one): a restart in it is that failure's, not another.
-	spliceEpoch uint64
-	spliced     bool
 }
 
 func newMetrics() *metrics {
@@ -56,10 +53,14 @@ func newMetrics() *metrics {
 	m.wait = f.counter("gorun_protection_wait_seconds_total", "Time ranks waited at the overwrite rule for their previous step to be recoverable everywhere, summed over ranks.")
 	m.replBytes = f.counter("gorun_replication_bytes_total", "Bytes of protected state sent to replica holders, summed over ranks.")
 	m.recoveries = f.counter("gorun_recoveries_total", "Recovery epochs that resumed every rank.")
-	m.failures = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorun_failures_total", Help: "Failures that began a recovery epoch, by class (host-lost, rank-restart)."}, []string{"class"})
+	m.failures = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorun_failures_total",
+		Help: "Failures the recovery state machine decided on, one per incident, by class (host-loss, rank-exit, hang, gpu-permanent) and decision (splice, restart, rollback, wait, abort, none)."},
+		[]string{"class", "decision"})
 	m.reg.MustRegister(m.failures)
-	for _, c := range []string{"host-lost", "rank-restart"} {
-		m.failures.WithLabelValues(c) // 0 until the first: the series exist from the start
+	for _, c := range hotswap.FailureClasses() {
+		for _, d := range hotswap.Decisions() {
+			m.failures.WithLabelValues(string(c), string(d)) // 0 until the first: the series exist from the start
+		}
 	}
 	m.recovery = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gorun_recovery_duration_seconds", Help: "Time from a failure's detection to every rank resumed.",
 		Buckets: prometheus.ExponentialBuckets(0.05, 2, 12)})
@@ -189,20 +190,17 @@ func rise(old, now int64) int64 {
 	return max(now, 0)
 }
 
-// metricsAction counts failures and recoveries (from statusAction).
+// metricsAction counts failures (each hotswap.Failed, under its class and
+// decision: the events file's and gorun status's) and recoveries (from
+// statusAction).
 func (j *job) metricsAction(a hotswap.Action) {
 	m := j.metrics
 	if m == nil {
 		return
 	}
 	switch a := a.(type) {
-	case hotswap.Splice:
-		m.failures.WithLabelValues("host-lost").Inc()
-		m.spliceEpoch, m.spliced = a.Epoch, true
-	case hotswap.Restart:
-		if !m.spliced || m.spliceEpoch != a.Epoch {
-			m.failures.WithLabelValues("rank-restart").Inc()
-		}
+	case hotswap.Failed:
+		m.failures.WithLabelValues(string(a.Class), string(a.Decision)).Inc()
 	case hotswap.Timeline:
 		if a.Resumed >= 0 && a.Detected >= 0 {
 			m.recoveries.Inc()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -77,6 +78,27 @@ next:
 	return math.NaN()
 }
 
+// failureCounts is gorun_failures_total's series that are not 0, as
+// "class/decision" → count.
+func failureCounts(fams map[string]*dto.MetricFamily) map[string]float64 {
+	out := map[string]float64{}
+	for _, m := range fams["gorun_failures_total"].GetMetric() {
+		if v := m.GetCounter().GetValue(); v != 0 {
+			var class, decision string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "class":
+					class = l.GetValue()
+				case "decision":
+					decision = l.GetValue()
+				}
+			}
+			out[class+"/"+decision] = v
+		}
+	}
+	return out
+}
+
 // metricsJob is a job of 4 ranks on hosts a (0, 1) and b (2, 3) and a
 // spare s, every agent registered, with metrics and a machine, fed by the test.
 func metricsJob(t *testing.T) *job {
@@ -100,7 +122,8 @@ func metricsJob(t *testing.T) *job {
 // TestMetricsFigures: progress reports add their ranks' rise in wait and
 // replication bytes to the counters (once: a report repeating figures
 // adds nothing), G's rise counts steps, the gauges follow the hosts, and
-// the machine's actions count failures by class and recoveries.
+// the machine's actions count failures (its Failed, by class and
+// decision, each series there from the start) and recoveries.
 func TestMetricsFigures(t *testing.T) {
 	j := metricsJob(t)
 	report := func(host int, step, waitMS, bytes int64) {
@@ -118,6 +141,7 @@ func TestMetricsFigures(t *testing.T) {
 	report(1, 4, 200, 3000) // the same again
 	report(0, 6, 150, 1500)
 	j.metricsTick()
+	j.metricsAction(hotswap.Failed{Host: 1, Name: "b", Rank: 2, Class: hotswap.ClassRankExit, Decision: hotswap.DecisionRestart, Epoch: 1})
 	j.metricsAction(hotswap.Restart{Gen: 1, Epoch: 1, G: 4})
 	j.metricsAction(hotswap.Timeline{Epoch: 1, Detected: time.Second, Resumed: 1500 * time.Millisecond, Replaced: -1})
 	srv := httptest.NewServer(promhttp.HandlerFor(j.metrics.reg, promhttp.HandlerOpts{}))
@@ -137,8 +161,8 @@ func TestMetricsFigures(t *testing.T) {
 		{"gorun_spares_left", nil, 1},
 		{"gorun_epoch", nil, 0},
 		{"gorun_durable_step", nil, -1},
-		{"gorun_failures_total", []string{"class", "rank-restart"}, 1},
-		{"gorun_failures_total", []string{"class", "host-lost"}, 0},
+		{"gorun_failures_total", []string{"class", "rank-exit", "decision", "restart"}, 1},
+		{"gorun_failures_total", []string{"class", "host-loss", "decision", "splice"}, 0},
 		{"gorun_recoveries_total", nil, 1},
 		{"gorun_recovery_duration_seconds", nil, 1}, // one observation
 	} {
@@ -148,6 +172,12 @@ func TestMetricsFigures(t *testing.T) {
 		if f := fams[c.name]; f == nil || f.GetHelp() == "" {
 			t.Errorf("%s has no help", c.name)
 		}
+	}
+	if got := failureCounts(fams); !maps.Equal(got, map[string]float64{"rank-exit/restart": 1}) {
+		t.Errorf("gorun_failures_total %v, want rank-exit/restart 1 alone", got)
+	}
+	if n := len(fams["gorun_failures_total"].GetMetric()); n != len(hotswap.FailureClasses())*len(hotswap.Decisions()) {
+		t.Errorf("%d gorun_failures_total series, want one per class and decision made at the start", n)
 	}
 	if h := fams["gorun_recovery_duration_seconds"].GetMetric()[0].GetHistogram(); h.GetSampleSum() != 0.5 {
 		t.Errorf("recovery duration sum %v, want 0.5", h.GetSampleSum())

@@ -48,8 +48,7 @@ const (
 type statusState struct {
 	kp   nkeys.KeyPair
 	reqs chan statusReq // to the loop
-	// failures are the recent recovery epochs, the newest last (the
-	// loop's).
+	// failures are the recent failures, the newest last (the loop's).
 	failures []jobstatus.Failure
 	metrics  string // the metrics endpoint's URL, or ""
 
@@ -362,49 +361,66 @@ func (j *job) redundancyText() string {
 
 func recoveryText(r hotswap.Recovery) string { return r.String() }
 
-// statusAction records, for the snapshot's failures, what the machine
-// does about one (called with each action, by the loop).
+// statusAction records, for the snapshot's failures, each failure the
+// machine decided on (hotswap.Failed: its class, decision, epoch and
+// reason, the events file's failure record's) and what became of it: the
+// splice that moved its host's ranks, its epoch's timeline (called with
+// each action, by the loop).
 func (j *job) statusAction(a hotswap.Action) {
 	j.metricsAction(a)
 	if j.status == nil {
 		return
 	}
+	st := j.status
 	switch a := a.(type) {
+	case hotswap.Failed:
+		st.add(jobstatus.Failure{Epoch: a.Epoch, At: j.t0.Add(a.Detected), Class: string(a.Class), Decision: string(a.Decision),
+			Why: a.Why, Host: a.Name, Rank: a.Rank, Done: a.Decision == hotswap.DecisionNone || a.Decision == hotswap.DecisionAbort})
 	case hotswap.Splice:
-		f := j.status.failure(a.Epoch)
-		f.Class, f.Host, f.With, f.Ranks, f.Spare = "host-lost", a.LostName, a.WithName, jobstatus.Compact(slices.Sorted(slices.Values(a.Ranks))), a.Spare
-	case hotswap.Restart:
-		if f := j.status.failure(a.Epoch); f.Class == "" {
-			f.Class = "rank-restart"
+		if f := st.spliced(a); f != nil {
+			f.Epoch, f.With, f.Ranks, f.Spare = a.Epoch, a.WithName, jobstatus.Compact(slices.Sorted(slices.Values(a.Ranks))), a.Spare
 		}
 	case hotswap.Timeline:
-		f := j.status.failure(a.Epoch)
-		if f.Class == "" {
-			f.Class = "rank-restart"
+		for i := range st.failures {
+			f := &st.failures[i]
+			if f.Epoch != a.Epoch {
+				continue
+			}
+			f.Cause, f.Done, f.Superseded = a.Cause, true, a.Superseded
+			if a.Detected >= 0 && a.Resumed >= 0 {
+				d := (a.Resumed - a.Detected).Seconds()
+				f.RecoverySeconds = &d
+			}
 		}
-		f.Cause, f.Done, f.Superseded = a.Cause, true, a.Superseded
-		if a.Detected >= 0 {
-			f.At = j.t0.Add(a.Detected)
-		}
-		if a.Detected >= 0 && a.Resumed >= 0 {
-			d := (a.Resumed - a.Detected).Seconds()
-			f.RecoverySeconds = &d
+	case hotswap.Abort:
+		// The job stops: nothing more comes of any failure (a loss
+		// waiting for its replacement gets none, a recovery under way
+		// does not resume).
+		for i := range st.failures {
+			st.failures[i].Done = true
 		}
 	}
 }
 
-// failure is the record of epoch's failure, made if new (detected now).
-func (st *statusState) failure(epoch uint64) *jobstatus.Failure {
-	for i := range st.failures {
-		if st.failures[i].Epoch == epoch {
-			return &st.failures[i]
-		}
-	}
+// add records a failure, the newest (at most MaxFailures are kept).
+func (st *statusState) add(f jobstatus.Failure) {
 	if len(st.failures) == jobstatus.MaxFailures {
 		st.failures = slices.Delete(st.failures, 0, 1)
 	}
-	st.failures = append(st.failures, jobstatus.Failure{Epoch: epoch, At: time.Now()})
-	return &st.failures[len(st.failures)-1]
+	st.failures = append(st.failures, f)
+}
+
+// spliced is the failure whose host's ranks splice a moves: the newest
+// failure of host a.LostName that started a.Epoch, or that waited for a
+// replacement (decision wait, no epoch yet); nil if none is kept.
+func (st *statusState) spliced(a hotswap.Splice) *jobstatus.Failure {
+	for i := len(st.failures) - 1; i >= 0; i-- {
+		f := &st.failures[i]
+		if f.Host == a.LostName && f.With == "" && (f.Epoch == a.Epoch || f.Epoch == 0 && f.Decision == string(hotswap.DecisionWait)) {
+			return f
+		}
+	}
+	return nil
 }
 
 // progressCopy is progress's figures at one moment.

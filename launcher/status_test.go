@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -112,33 +113,78 @@ func TestStatusSignalRemovesEntry(t *testing.T) {
 	}
 }
 
-// TestStatusFailures: the snapshot's failures follow the machine's
-// actions: a splice is a host loss (its restart, in the same epoch, is
-// the same failure), a restart alone a rank restart; the timeline gives
-// the cause, the detection time and the recovery time, or says it was
-// superseded; at most MaxFailures are kept, the newest.
+// TestStatusFailures: the snapshot's failures are the machine's Failed
+// actions, one each, with their class, decision, reason and epoch (none
+// for a lost spare, an abort, a wait); a splice fills in where its host's
+// ranks went (a waiting loss gets its epoch then), its epoch's timeline
+// the cause, the recovery time or that it was superseded; an abort ends
+// every failure (a wait, a recovery under way); at most MaxFailures are
+// kept, the newest.
 func TestStatusFailures(t *testing.T) {
 	j := metricsJob(t)
 	j.status = &statusState{}
 	j.t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	j.statusAction(hotswap.Splice{Lost: 0, With: 2, LostName: "a", WithName: "s", Ranks: []int{1, 0}, Spare: true})
-	j.statusAction(hotswap.Restart{Gen: 1, Epoch: 0, G: 3})
-	j.statusAction(hotswap.Timeline{Epoch: 0, Cause: "host a lost", Detected: 2 * time.Second, Resumed: 3 * time.Second})
-	j.statusAction(hotswap.Restart{Gen: 2, Epoch: 5, G: 3})
-	j.statusAction(hotswap.Timeline{Epoch: 5, Cause: "rank 3 exited", Detected: 4 * time.Second, Resumed: -1, Superseded: true})
+	s := time.Second
+	for _, a := range []hotswap.Action{
+		hotswap.Failed{Host: 0, Name: "a", Rank: -1, Class: hotswap.ClassHostLoss, Decision: hotswap.DecisionSplice, Epoch: 1, Why: "no heartbeat for 3s", Detected: 2 * s},
+		hotswap.Fence{Host: 0, Name: "a"},
+		hotswap.Splice{Epoch: 1, Lost: 0, With: 2, LostName: "a", WithName: "s", Ranks: []int{1, 0}, Spare: true},
+		hotswap.Restart{Gen: 1, Epoch: 1, G: 3},
+		hotswap.Timeline{Epoch: 1, Cause: "host a lost: no heartbeat for 3s", Detected: 2 * s, Resumed: 3 * s},
+		hotswap.Failed{Host: 1, Name: "b", Rank: 3, Class: hotswap.ClassRankExit, Decision: hotswap.DecisionRestart, Epoch: 2, Code: 3, Why: "rank 3 exited with code 3", Detected: 4 * s},
+		hotswap.Restart{Gen: 2, Epoch: 2, G: 3},
+		hotswap.Failed{Host: 1, Name: "b", Rank: 2, Class: hotswap.ClassHang, Decision: hotswap.DecisionRestart, Epoch: 3, Why: "rank 2 made no progress", Detected: 5 * s},
+		hotswap.Timeline{Epoch: 2, Cause: "rank 3 exited with code 3", Detected: 4 * s, Resumed: -1, Superseded: true},
+		hotswap.Restart{Gen: 3, Epoch: 3, G: 3},
+		hotswap.Failed{Host: 3, Name: "t", Rank: -1, Class: hotswap.ClassHostLoss, Agent: true, Decision: hotswap.DecisionNone, Why: "its agent exited: gone", Detected: 6 * s},
+		hotswap.Failed{Host: 1, Name: "b", Rank: -1, Class: hotswap.ClassGPUPermanent, Decision: hotswap.DecisionWait, Why: "GPU 0 permanent fault", Detected: 7 * s},
+		hotswap.Splice{Epoch: 4, Lost: 1, With: 0, LostName: "b", WithName: "a", Ranks: []int{2, 3}},
+		hotswap.Failed{Host: 0, Name: "a", Rank: -1, Class: hotswap.ClassHostLoss, Decision: hotswap.DecisionWait, Why: "no heartbeat for 3s", Detected: 8 * s},
+		hotswap.Failed{Host: 2, Name: "s", Rank: 0, Class: hotswap.ClassRankExit, Decision: hotswap.DecisionAbort, Why: "rank 0 called MPI_Abort", Detected: 9 * s},
+	} {
+		j.statusAction(a)
+	}
+	if f := j.status.failures; len(f) != 7 || f[2].Done || f[4].Done || f[5].Done || !f[6].Done {
+		t.Fatalf("before the abort: %+v; want the hang's recovery and the waits not done, the abort done", f)
+	}
+	j.statusAction(hotswap.Abort{Code: 1, Msg: "rank 0 called MPI_Abort; stopping the job"})
+	type row struct {
+		epoch                   uint64
+		at                      time.Duration
+		class, decision, why    string
+		host                    string
+		rank                    int
+		with, ranks             string
+		spare, done, superseded bool
+		recovery                float64 // -1: none
+		cause                   string
+	}
+	want := []row{
+		{1, 2 * s, "host-loss", "splice", "no heartbeat for 3s", "a", -1, "s", "0-1", true, true, false, 1, "host a lost: no heartbeat for 3s"},
+		{2, 4 * s, "rank-exit", "restart", "rank 3 exited with code 3", "b", 3, "", "", false, true, true, -1, "rank 3 exited with code 3"},
+		{3, 5 * s, "hang", "restart", "rank 2 made no progress", "b", 2, "", "", false, true, false, -1, ""},
+		{0, 6 * s, "host-loss", "none", "its agent exited: gone", "t", -1, "", "", false, true, false, -1, ""},
+		{4, 7 * s, "gpu-permanent", "wait", "GPU 0 permanent fault", "b", -1, "a", "2-3", false, true, false, -1, ""},
+		{0, 8 * s, "host-loss", "wait", "no heartbeat for 3s", "a", -1, "", "", false, true, false, -1, ""},
+		{0, 9 * s, "rank-exit", "abort", "rank 0 called MPI_Abort", "s", 0, "", "", false, true, false, -1, ""},
+	}
 	f := j.status.failures
-	if len(f) != 2 {
-		t.Fatalf("failures %+v", f)
+	if len(f) != len(want) {
+		t.Fatalf("failures %+v, want %d", f, len(want))
 	}
-	if f[0].Class != "host-lost" || f[0].Host != "a" || f[0].With != "s" || f[0].Ranks != "0-1" || !f[0].Spare || f[0].Cause != "host a lost" ||
-		!f[0].At.Equal(j.t0.Add(2*time.Second)) || f[0].RecoverySeconds == nil || *f[0].RecoverySeconds != 1 || !f[0].Done {
-		t.Errorf("host loss: %+v", f[0])
-	}
-	if f[1].Class != "rank-restart" || f[1].Host != "" || f[1].RecoverySeconds != nil || !f[1].Superseded || !f[1].Done {
-		t.Errorf("restart: %+v", f[1])
+	for i, w := range want {
+		rec := -1.0
+		if f[i].RecoverySeconds != nil {
+			rec = *f[i].RecoverySeconds
+		}
+		got := row{f[i].Epoch, f[i].At.Sub(j.t0), f[i].Class, f[i].Decision, f[i].Why, f[i].Host, f[i].Rank, f[i].With, f[i].Ranks,
+			f[i].Spare, f[i].Done, f[i].Superseded, rec, f[i].Cause}
+		if got != w {
+			t.Errorf("failure %d:\n got %+v\nwant %+v", i, got, w)
+		}
 	}
 	for e := range uint64(2 * jobstatus.MaxFailures) {
-		j.statusAction(hotswap.Restart{Gen: 10 + e, Epoch: 10 + e})
+		j.statusAction(hotswap.Failed{Host: 0, Name: "a", Rank: 0, Class: hotswap.ClassRankExit, Decision: hotswap.DecisionRestart, Epoch: 10 + e})
 	}
 	if n, last := len(j.status.failures), j.status.failures[len(j.status.failures)-1].Epoch; n != jobstatus.MaxFailures || last != 10+2*jobstatus.MaxFailures-1 {
 		t.Errorf("%d failures kept, the last of epoch %d", n, last)
@@ -150,11 +196,41 @@ func TestStatusFailures(t *testing.T) {
 // oldest first, each under its own epoch, in the snapshot and in the
 // metrics; before Splice carried its epoch both were filed under the
 // machine's epoch after the step, and the first loss showed as a
-// rank-restart without a host (and counted a third failure).
+// rank-restart without a host (and counted a third failure). (Failures
+// come from Failed now, which had its epoch already.)
 func TestStatusTwoLossesInOneStep(t *testing.T) {
+	j := twoLossJob(t, nil, func(j *job, a hotswap.Action) { j.statusAction(a) })
+	f := j.status.failures
+	if len(f) != 2 {
+		t.Fatalf("want 2 failures, got %+v", f)
+	}
+	for i, want := range []struct {
+		epoch      uint64
+		host, with string
+	}{{1, "h1", "s0"}, {2, "h2", "s1"}} {
+		if f[i].Epoch != want.epoch || f[i].Class != "host-loss" || f[i].Decision != "splice" || f[i].Host != want.host || f[i].With != want.with {
+			t.Errorf("failure %d: %+v, want a host loss of %s onto %s in epoch %d", i, f[i], want.host, want.with, want.epoch)
+		}
+	}
+	srv := httptest.NewServer(promhttp.HandlerFor(j.metrics.reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	fams := scrape(t, srv.URL)
+	if got := failureCounts(fams); !maps.Equal(got, map[string]float64{"host-loss/splice": 2}) {
+		t.Errorf("gorun_failures_total %v, want 2 host-loss/splice", got)
+	}
+}
+
+// twoLossJob is a job of 3 ranks on hosts h0, h1, h2 (one each) and
+// spares s0, s1, with metrics and a status service (change, if not nil,
+// changes it before its machine is made), whose machine loses h1 and h2
+// in one step (both heartbeats time out in one tick): each action of
+// every step goes to do (the caller's choice of the launcher's handling).
+func twoLossJob(t *testing.T, change func(*job), do func(*job, hotswap.Action)) *job {
+	t.Helper()
 	cfg := validConfig()
 	cfg.HeartbeatTimeout = 3 * time.Second
-	j := &job{cfg: cfg, world: 3, rankHost: []int{0, 1, 2}, rankEnded: make([]bool, 3), metrics: newMetrics(), status: &statusState{}}
+	j := &job{cfg: cfg, world: 3, rankHost: []int{0, 1, 2}, rankEnded: make([]bool, 3), metrics: newMetrics(), status: &statusState{},
+		log: slog.New(slog.DiscardHandler), tabChanged: make(chan struct{}), t0: time.Now()}
 	for i, n := range []string{"h0", "h1", "h2", "s0", "s1"} {
 		spare := n[0] == 's'
 		h := &agentHost{index: i, name: n, topo: topology.Host{Name: n, Slots: 1, Spare: spare}, spare: spare}
@@ -163,6 +239,9 @@ func TestStatusTwoLossesInOneStep(t *testing.T) {
 		}
 		j.hosts = append(j.hosts, h)
 	}
+	if change != nil {
+		change(j)
+	}
 	var err error
 	if j.m, err = hotswap.New(j.machineConfig()); err != nil {
 		t.Fatal(err)
@@ -170,7 +249,7 @@ func TestStatusTwoLossesInOneStep(t *testing.T) {
 	j.prog = newProgress([][]int{{0}, {1}, {2}, nil, nil}, []int{0, 1, 2}, func(*wire.GlobalStep) {})
 	step := func(at time.Duration, e hotswap.Event) {
 		for _, a := range j.m.Step(at, e) {
-			j.statusAction(a) // as do does
+			do(j, a)
 		}
 	}
 	for h := range 5 {
@@ -181,27 +260,7 @@ func TestStatusTwoLossesInOneStep(t *testing.T) {
 	step(3500*time.Millisecond, hotswap.Heartbeat{Host: 3})
 	step(3500*time.Millisecond, hotswap.Heartbeat{Host: 4})
 	step(4100*time.Millisecond, hotswap.Tick{})
-	f := j.status.failures
-	if len(f) != 2 {
-		t.Fatalf("want 2 failures, got %+v", f)
-	}
-	for i, want := range []struct {
-		epoch      uint64
-		host, with string
-	}{{1, "h1", "s0"}, {2, "h2", "s1"}} {
-		if f[i].Epoch != want.epoch || f[i].Class != "host-lost" || f[i].Host != want.host || f[i].With != want.with {
-			t.Errorf("failure %d: %+v, want a host loss of %s onto %s in epoch %d", i, f[i], want.host, want.with, want.epoch)
-		}
-	}
-	srv := httptest.NewServer(promhttp.HandlerFor(j.metrics.reg, promhttp.HandlerOpts{}))
-	defer srv.Close()
-	fams := scrape(t, srv.URL)
-	if got := value(fams, "gorun_failures_total", "class", "host-lost"); got != 2 {
-		t.Errorf("host-lost failures %v, want 2", got)
-	}
-	if got := value(fams, "gorun_failures_total", "class", "rank-restart"); got != 0 {
-		t.Errorf("rank-restart failures %v, want 0", got)
-	}
+	return j
 }
 
 // TestStatusSpareStates: a spare is "spare", and counted among the

@@ -23,7 +23,8 @@ const statusUsage = `Usage: gorun status [JOB] [--json] [--ranks] [--watch [--in
 Shows a running job of yours: its hosts (state, ranks, per tier the
 newest step of the host's ranks, min..max), epoch and generation, G (the
 step every rank can resume from), D (the durable watermark), the spares
-left and the recent failures with their recovery time. JOB is a job id
+left and the recent failures (class, what gorun decided, recovery time:
+the words of the events file and the metrics). JOB is a job id
 or a unique prefix of one; without it, the one running job (with several,
 one line per job, or a JSON list of them with --json, and exit 1).
 

@@ -3,13 +3,17 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/events"
 	"github.com/gorun/gorun/internal/jobstatus"
 )
 
@@ -62,8 +66,10 @@ func host(s *jobstatus.Snapshot, name string) *jobstatus.Host {
 // TestStatusHostLoss: gorun status against a live job on namespace hosts,
 // before and after a host loss. Before: every working host running its
 // ranks, the spare listed, G moving. After the host is killed: the
-// failure listed as a host loss with its recovery time, the spare running
-// the lost ranks, no spare left; the job still exits 0.
+// failure listed as a host loss spliced onto the spare, with its
+// recovery time (in the table too), the spare running the lost ranks, no
+// spare left; the events file's failure record has the same class,
+// decision, epoch and reason; the job still exits 0.
 func TestStatusHostLoss(t *testing.T) {
 	c := newHSCluster(t, 2, 1)
 	names := c.hosts.Names
@@ -97,7 +103,8 @@ func TestStatusHostLoss(t *testing.T) {
 	})
 	f := after.Failures[0]
 	t.Logf("failure: %+v, recovered in %.3fs", f, *f.RecoverySeconds)
-	if f.Class != "host-lost" || f.Host != names[0] || f.With != names[2] || !f.Spare || f.Ranks != "0-1" || f.Cause == "" || *f.RecoverySeconds <= 0 || f.Superseded {
+	if f.Class != "host-loss" || f.Decision != "splice" || f.Epoch != 1 || f.Host != names[0] || f.Rank != -1 || f.With != names[2] || !f.Spare || f.Ranks != "0-1" ||
+		f.Why == "" || f.Cause == "" || *f.RecoverySeconds <= 0 || f.Superseded || !f.Done {
 		t.Errorf("after: failure %+v", f)
 	}
 	if h := host(after, names[0]); h == nil || h.State != jobstatus.HostLost {
@@ -112,7 +119,28 @@ func TestStatusHostLoss(t *testing.T) {
 	if after.Ranks[0].Host != names[2] {
 		t.Errorf("after: rank 0 on %s", after.Ranks[0].Host)
 	}
+	if out, err := exec.Command(gorunBin, "status", id).CombinedOutput(); err != nil || !regexp.MustCompile(`(?m)^1 .* host-loss +splice +`+regexp.QuoteMeta(names[0])+` `).Match(out) {
+		t.Errorf("gorun status (table) after the loss: %v; want its failure row (epoch 1, host-loss, splice, %s)\n%s", err, names[0], out)
+	}
 	r.finish(t, 0, 1)
+	// The events file says the same of the failure.
+	eb, err := os.ReadFile(r.events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := events.ReadAll(bytes.NewReader(eb))
+	if err != nil {
+		t.Fatalf("reading the events file: %v", err)
+	}
+	var rec []events.Failure
+	for _, x := range recs {
+		if e, ok := x.Event.(events.Failure); ok {
+			rec = append(rec, e)
+		}
+	}
+	if len(rec) != 1 || rec[0].Class != f.Class || rec[0].Decision != f.Decision || rec[0].Epoch != f.Epoch || rec[0].Host != f.Host || rec[0].Msg != f.Why {
+		t.Errorf("events file failures %+v; want one, as gorun status's %+v", rec, f)
+	}
 	// The job's end took its registry entry with it.
 	if s, out := statusJSON(t, id); s != nil || !strings.Contains(out, "no running gorun job") {
 		t.Errorf("gorun status after the job: %s", out)

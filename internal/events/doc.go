@@ -102,7 +102,9 @@
 //	                   suspicion not cleared in time) or "gpu" (a GPU
 //	                   fault that takes the host)
 //	"class"    string  the machine's classification: "host-loss",
-//	                   "rank-exit", "hang" or "gpu-permanent"
+//	                   "rank-exit", "hang" or "gpu-permanent" (gorun
+//	                   status's failure class, and gorun_failures_total's
+//	                   class label, with decision its decision label)
 //	"decision" string  what it decided: "splice" (the host's ranks move
 //	                   to a replacement), "restart" (every rank restarts
 //	                   in place), "rollback" (to the durable tier),
@@ -148,7 +150,8 @@
 // under-protected: some ranks' state has fewer copies than configured
 // until re-sent
 //
-//	"epoch"   int    the epoch
+//	"epoch"   int    the recovery epoch that left them so (its
+//	                 splice's or restart's epoch)
 //	"owners"  [int]  the ranks whose copies are missing
 //
 // protected (no fields): every copy is in place again.

@@ -20,8 +20,12 @@ import (
 )
 
 // Version is the version of the snapshot's JSON form; it grows when a
-// field changes meaning (fields may be added without it).
-const Version = 1
+// field changes meaning (fields may be added without it). Version 2: a
+// failure is each failure the recovery state machine decided on (not
+// each recovery epoch), its class the machine's classification (the
+// events file's, and gorun_failures_total's label) rather than what the
+// launcher did; decision, why and rank are new.
+const Version = 2
 
 // Host states.
 const (
@@ -68,7 +72,7 @@ type Snapshot struct {
 	Hosts      []Host `json:"hosts"`
 	// Spares are the idle spares left, by name.
 	Spares []string `json:"spares"`
-	// Failures are the recent recovery epochs, oldest first (at most
+	// Failures are the recent failures, oldest first (at most
 	// MaxFailures).
 	Failures []Failure `json:"failures"`
 	// Ranks is every rank's row, by rank; present only when asked for
@@ -115,28 +119,62 @@ type Rank struct {
 // MaxFailures bounds the failures a snapshot carries: the newest.
 const MaxFailures = 32
 
-// Failure is one recovery epoch: the failure that began it, and how the
-// job got over it.
+// Failure is one failure the recovery state machine decided on (package
+// hotswap's Failed: one per incident; the ranks a lost host takes with
+// it are that failure, not more), what it decided, and how the job got
+// over it. The events file's failure record of it has the same class,
+// decision, epoch and reason (msg there, why here), and
+// gorun_failures_total counts it under the same class and decision.
 type Failure struct {
+	// Epoch is the recovery epoch the decision started or joined (the
+	// events file's timeline of it has the same); 0 for none: decision
+	// none or abort, and wait until the replacement is chosen (the
+	// splice's epoch then).
 	Epoch uint64 `json:"epoch"`
-	// At is when the failure was detected.
+	// At is when the failure was first seen (a suspected host's
+	// suspicion, the first rank failure of a failure window); its
+	// recovery epoch's detection.
 	At time.Time `json:"at"`
-	// Class is what the launcher did: "host-lost" (the host's ranks were
-	// moved to another host, a spare or one with free slots) or
-	// "rank-restart" (every rank restarted in place).
+	// Class is the machine's classification: "host-loss" (the host's
+	// agent exited or failed, its heartbeats stopped, or a suspicion of
+	// it was not cleared in time), "rank-exit" (a rank ended badly on its
+	// own: an exit status, a signal, MPI_Abort), "hang" (a rank made no
+	// progress for --hang-timeout) or "gpu-permanent" (a GPU fault that
+	// takes its host).
 	Class string `json:"class"`
-	// Cause is the failure as the launcher reported it.
+	// Decision is what the machine did: "splice" (the host's ranks moved
+	// to a spare or a host with free slots), "restart" (every rank
+	// restarted in place), "rollback" (to the durable tier), "wait" (for
+	// a suspected host to answer before choosing the replacement; With
+	// and Epoch are filled in once the splice follows), "abort" (the job
+	// stops) or "none" (nothing to recover: a spare or a host without
+	// ranks, the job stopping or done, a GPU fault nothing can replace
+	// the host for).
+	Decision string `json:"decision"`
+	// Why is the failure in the machine's words ("no heartbeat for 3s",
+	// "rank 1 on host a (pid 12) exited with code 3").
+	Why string `json:"why"`
+	// Cause is the recovery epoch's cause as its timeline gives it once
+	// the epoch ended ("host h2 lost: no heartbeat for 3s"); "" before,
+	// and without an epoch.
 	Cause string `json:"cause"`
-	// Host is the lost host ("" for a restart), With where its ranks
-	// went, Ranks the ranks moved, Spare whether With was a spare.
-	Host  string `json:"host,omitempty"`
+	// Host is the failed host (for a rank's failure, the rank's host);
+	// Rank the failed rank, or -1 for the host as a whole.
+	Host string `json:"host,omitempty"`
+	Rank int    `json:"rank"`
+	// With is where a lost host's ranks went, Ranks the ranks moved,
+	// Spare whether With was a spare (a splice; absent otherwise).
 	With  string `json:"with,omitempty"`
 	Ranks string `json:"ranks,omitempty"`
 	Spare bool   `json:"spare,omitempty"`
-	// RecoverySeconds is the time from detection to every rank resumed;
-	// absent while the recovery is under way or if it never resumed.
+	// RecoverySeconds is the time from the epoch's detection to every
+	// rank resumed; absent while the recovery is under way, if it never
+	// resumed, and without an epoch.
 	RecoverySeconds *float64 `json:"recovery_seconds,omitempty"`
-	// Done: the epoch ended (resumed, or superseded by a later failure).
+	// Done: nothing more will come of the failure: its epoch ended
+	// (resumed, or superseded by a later failure), there was nothing to
+	// recover (decision none), or the job stops (decision abort, or a
+	// later failure's: a wait or a recovery under way then ends with it).
 	Done       bool `json:"done"`
 	Superseded bool `json:"superseded,omitempty"`
 }

@@ -46,8 +46,12 @@ func Render(w io.Writer, s *Snapshot, ranks bool) error {
 	} else {
 		b.WriteString("\nfailures:\n")
 		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "EPOCH\tDETECTED\tCLASS\tHOST\tRANKS\tMOVED TO\tRECOVERY\tCAUSE")
+		fmt.Fprintln(tw, "EPOCH\tDETECTED\tCLASS\tDECISION\tHOST\tRANKS\tMOVED TO\tRECOVERY\tWHY")
 		for _, f := range s.Failures {
+			epoch := "-"
+			if f.Epoch > 0 {
+				epoch = strconv.FormatUint(f.Epoch, 10)
+			}
 			rec := "under way"
 			switch {
 			case f.RecoverySeconds != nil:
@@ -56,15 +60,26 @@ func Render(w io.Writer, s *Snapshot, ranks bool) error {
 				rec = "superseded"
 			case f.Done:
 				rec = "-"
+			case f.Decision == "wait" && f.Epoch == 0:
+				rec = "waiting"
 			}
 			if f.Superseded && f.RecoverySeconds != nil {
 				rec += " (superseded)"
+			}
+			// The ranks moved, or the failed rank.
+			rs := f.Ranks
+			if rs == "" && f.Rank >= 0 && f.Host != "" {
+				rs = strconv.Itoa(f.Rank)
 			}
 			with := f.With
 			if with != "" && f.Spare {
 				with += " (spare)"
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Epoch, f.At.Format("15:04:05.000"), f.Class, dash(f.Host), dash(f.Ranks), dash(with), rec, f.Cause)
+			why := f.Why
+			if why == "" {
+				why = f.Cause
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", epoch, f.At.Format("15:04:05.000"), dash(f.Class), dash(f.Decision), dash(f.Host), dash(rs), dash(with), rec, why)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -45,10 +45,42 @@ func sample() *Snapshot {
 			{Name: "s2", State: HostSpare},
 		},
 		Spares: []string{"s2"},
-		Failures: []Failure{{Epoch: 1, At: t0.Add(30 * time.Second), Class: "host-lost", Cause: "host h2 lost: its agent's control connection closed",
-			Host: "h2", With: "s1", Ranks: "2-3", Spare: true, RecoverySeconds: ptr(1.234), Done: true}},
+		Failures: []Failure{{Epoch: 1, At: t0.Add(30 * time.Second), Class: "host-loss", Decision: "splice", Why: "its agent's control connection closed",
+			Cause: "host h2 lost: its agent's control connection closed", Host: "h2", Rank: -1, With: "s1", Ranks: "2-3", Spare: true, RecoverySeconds: ptr(1.234), Done: true}},
 		Ranks: []Rank{{0, "h1", 42, 41, 40, 0.5}, {1, "h1", 43, 42, 40, 0.25}},
 	}
+}
+
+// failures is sample with one failure of each kind and state: a hang
+// restarted (superseded by a rank exit), the rank exit restarted, a GPU
+// fault splicing its host onto a host with free slots (under way), a lost
+// spare (nothing to recover) and a host loss waiting for a suspected host.
+func failures() *Snapshot {
+	s := sample()
+	s.State, s.Epoch, s.Gen = "recovering", 3, 2
+	t0 := s.Start
+	s.Failures = []Failure{
+		{Epoch: 1, At: t0.Add(10 * time.Second), Class: "hang", Decision: "restart", Why: "rank 4 on host h3 made no progress for 30s (hang timeout 30s)",
+			Cause: "rank 4 on host h3 made no progress for 30s (hang timeout 30s)", Host: "h3", Rank: 4, Done: true, Superseded: true},
+		{Epoch: 2, At: t0.Add(12 * time.Second), Class: "rank-exit", Decision: "restart", Why: "rank 1 on host h1 (pid 12) exited with code 3",
+			Cause: "rank 1 on host h1 (pid 12) exited with code 3", Host: "h1", Rank: 1, RecoverySeconds: ptr(2.5), Done: true},
+		{Epoch: 3, At: t0.Add(40 * time.Second), Class: "gpu-permanent", Decision: "splice", Why: "GPU 0 permanent fault: xid 79", Host: "h3", Rank: -1,
+			With: "h1", Ranks: "4-5"},
+		{At: t0.Add(50 * time.Second), Class: "host-loss", Decision: "none", Why: "its agent exited: signal: killed", Host: "s2", Rank: -1, Done: true},
+		{At: t0.Add(60 * time.Second), Class: "host-loss", Decision: "wait", Why: "no heartbeat for 3s", Host: "s1", Rank: -1},
+	}
+	return s
+}
+
+// aborted is failures' job after the suspected host did not answer: the
+// loss that waited for it ended with the abort.
+func aborted() *Snapshot {
+	s := failures()
+	s.State = "stopping"
+	s.Failures[4].Done = true
+	s.Failures = append(s.Failures, Failure{At: s.Start.Add(61 * time.Second), Class: "host-loss", Decision: "abort",
+		Why: "suspected at 1m0s (rank 0 lost its peer rank 4), not heard from for 1s", Host: "h1", Rank: -1, Done: true})
+	return s
 }
 
 func golden(t *testing.T, name string, got []byte) {
@@ -76,6 +108,8 @@ func TestRender(t *testing.T) {
 	}{
 		{"hostloss.txt", sample(), false},
 		{"hostloss-ranks.txt", sample(), true},
+		{"failures.txt", failures(), false},
+		{"aborted.txt", aborted(), false},
 		{"starting.txt", &Snapshot{Job: "j0", State: "starting", Prog: "true", NP: 1, G: -1, Redundancy: "none", Protect: "full", Recovery: "restart",
 			Start: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Now: time.Date(2026, 1, 1, 0, 0, 1, 0, time.UTC),
 			Hosts: []Host{{Name: "localhost", State: HostRunning, Ranks: "0", NRanks: 1}}}, false},
