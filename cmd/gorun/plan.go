@@ -266,16 +266,26 @@ func unitErr(name string, err error) error {
 	return usagef("--%s %s", name, strings.TrimPrefix(err.Error(), plan.ErrInput.Error()+": "))
 }
 
+// text returns a string flag's value and its source ("given", or
+// "default" for def); def "" means the flag is required, and its absence
+// is a usage error (ok false).
+func (p *planParser) text(name, def string) (v, src string, ok bool) {
+	if p.set[name] {
+		return *p.str[name], "given", true
+	}
+	if def == "" {
+		p.fail(usagef("--%s is required", name))
+		return "", "", false
+	}
+	return def, "default", true
+}
+
 // duration reads a duration flag; def "" means required (unless
 // optional), and the value must be positive unless zeroOK.
 func (p *planParser) duration(name, def string, zeroOK bool) float64 {
-	v, src := *p.str[name], "given"
-	if !p.set[name] {
-		if def == "" {
-			p.fail(usagef("--%s is required", name))
-			return 0
-		}
-		v, src = def, "default"
+	v, src, ok := p.text(name, def)
+	if !ok {
+		return 0
 	}
 	d, err := plan.ParseDuration(v)
 	switch {
@@ -289,13 +299,9 @@ func (p *planParser) duration(name, def string, zeroOK bool) float64 {
 }
 
 func (p *planParser) size(name, def string) float64 {
-	v, src := *p.str[name], "given"
-	if !p.set[name] {
-		if def == "" {
-			p.fail(usagef("--%s is required", name))
-			return 0
-		}
-		v, src = def, "default"
+	v, src, ok := p.text(name, def)
+	if !ok {
+		return 0
 	}
 	n, err := plan.ParseSize(v)
 	switch {
