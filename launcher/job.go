@@ -928,7 +928,9 @@ func (j *job) outputFailed(err error) {
 // here as it would hold cat; meanwhile the hosts it waits for are still
 // watched (heartbeats, agent ends), and a host lost here is a failure
 // whose output is complete as it is. An interrupt, or ctx, gives up on
-// the output (at once if the user already asked to kill at once).
+// the output (at once if the user already asked to kill at once): on the
+// ranks', not on the reports of gorun's own already posted, such as the
+// one that said it kills every rank (outputMux.abandon).
 func (j *job) drainOutput(ctx context.Context) {
 	if j.killed {
 		j.out.abandon()

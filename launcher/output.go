@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -73,6 +74,9 @@ type outputMux struct {
 
 	closeOnce sync.Once
 	abandoned bool // set before the lanes close, read after they end
+	// reportsBy, set by abandon when reports of the launcher's own are
+	// still to be written, is when close stops waiting for them.
+	reportsBy time.Time
 }
 
 type fileKey struct {
@@ -299,10 +303,12 @@ func (m *outputMux) toFile(r wire.OutputRecord) {
 	}
 }
 
-// report posts a line of the launcher's own for stderr.
+// report posts a line of the launcher's own for stderr. Unlike the
+// ranks' output, it is written even if the lane is abandoned after the
+// post (abandon).
 func (m *outputMux) report(format string, args ...any) {
 	line := fmt.Appendf(nil, "gorun: "+format+"\n", args...)
-	m.err.post(func() { m.stderr.Write(line) })
+	m.err.postOwn(func() { m.stderr.Write(line) })
 }
 
 // maxAgentBacklog bounds the agents' log lines waiting for a stalled
@@ -336,21 +342,34 @@ func (m *outputMux) drain(stop <-chan struct{}) bool {
 	return m.out.wait(stop) && m.err.wait(stop)
 }
 
+// abandonWait bounds how long, counted from abandon, close waits for the
+// launcher's own reports posted before the abandon: time enough for a
+// lane not scheduled yet, or in a write about to return, to write them;
+// too little for a stalled reader to hold gorun.
+const abandonWait = 500 * time.Millisecond
+
 // abandon gives up on what is not written yet: the lanes take nothing
-// more, drop their queues, and close returns without waiting for them. A
-// lane blocked in a write ends with that write, or with the process.
+// more, drop the ranks' output and the agents' lines they hold, and close
+// returns without waiting for them. The launcher's own reports posted
+// before (report) stay queued: the lane writes them after the write under
+// way, if any, and close waits up to abandonWait for that. A lane blocked
+// in a write ends with that write, or with the process.
 func (m *outputMux) abandon() {
 	m.closeOnce.Do(func() {
 		m.abandoned = true
-		m.out.close(true)
+		owes := m.out.close(true)
 		if !m.shared {
-			m.err.close(true)
+			owes = m.err.close(true)
+		}
+		if owes {
+			m.reportsBy = time.Now().Add(abandonWait)
 		}
 	})
 }
 
 // close writes what was posted, ends the lanes and closes the output
-// files. After abandon it returns at once.
+// files. After abandon it waits only for the launcher's reports, and
+// not past abandonWait from the abandon.
 func (m *outputMux) close() error {
 	m.closeOnce.Do(func() {
 		// The out lane reports on the err lane: it ends first.
@@ -361,6 +380,14 @@ func (m *outputMux) close() error {
 		}
 	})
 	if m.abandoned {
+		if !m.reportsBy.IsZero() {
+			t := time.NewTimer(time.Until(m.reportsBy))
+			defer t.Stop()
+			select {
+			case <-m.err.exited:
+			case <-t.C:
+			}
+		}
 		return nil
 	}
 	<-m.err.exited
@@ -382,12 +409,19 @@ type lane struct {
 	exited chan struct{} // closed when the goroutine has ended
 
 	mu       sync.Mutex // guards the fields below
-	queue    []func()
+	queue    []laneWrite
 	posted   uint64 // writes posted
 	done     uint64 // writes done and flushed
+	ownBusy  int    // writes of the launcher's own in the batch under way
 	closed   bool
 	wake     chan struct{} // holds a token when there is news for the goroutine
 	progress chan struct{} // closed, and replaced, when done grows
+}
+
+// laneWrite is one write posted to a lane.
+type laneWrite struct {
+	do  func()
+	own bool // the launcher's own report: close(true) keeps it
 }
 
 func newLane(flush func()) *lane {
@@ -397,7 +431,13 @@ func newLane(flush func()) *lane {
 }
 
 // post queues w; it reports false once the lane is closed.
-func (l *lane) post(w func()) bool {
+func (l *lane) post(w func()) bool { return l.postWrite(laneWrite{do: w}) }
+
+// postOwn queues w, a report of the launcher's own, which close(true)
+// does not drop; it reports false once the lane is closed.
+func (l *lane) postOwn(w func()) bool { return l.postWrite(laneWrite{do: w, own: true}) }
+
+func (l *lane) postWrite(w laneWrite) bool {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -415,7 +455,7 @@ func (l *lane) post(w func()) bool {
 
 func (l *lane) run() {
 	defer close(l.exited)
-	var batch []func()
+	var batch []laneWrite
 	for {
 		l.mu.Lock()
 		for len(l.queue) == 0 {
@@ -428,13 +468,19 @@ func (l *lane) run() {
 			l.mu.Lock()
 		}
 		batch, l.queue = l.queue, batch[:0]
+		for _, w := range batch {
+			if w.own {
+				l.ownBusy++
+			}
+		}
 		l.mu.Unlock()
 		for i, w := range batch {
-			w()
-			batch[i] = nil
+			w.do()
+			batch[i] = laneWrite{}
 		}
 		l.flush()
 		l.mu.Lock()
+		l.ownBusy = 0
 		l.done += uint64(len(batch))
 		close(l.progress)
 		l.progress = make(chan struct{})
@@ -469,16 +515,28 @@ func (l *lane) wait(stop <-chan struct{}) bool {
 }
 
 // close takes no more writes; the goroutine ends once it has done those
-// queued, or, with drop, once the write under way (if any) returns.
-func (l *lane) close(drop bool) {
+// queued, or, with drop, once the write under way (if any) returns and it
+// has done those of the launcher's own queued (postOwn), the others
+// dropped. It reports whether writes of the launcher's own are still to
+// be done, queued or in the batch under way.
+func (l *lane) close(drop bool) (owes bool) {
 	l.mu.Lock()
 	l.closed = true
 	if drop {
-		l.queue = nil
+		kept := l.queue[:0]
+		for _, w := range l.queue {
+			if w.own {
+				kept = append(kept, w)
+			}
+		}
+		clear(l.queue[len(kept):])
+		l.queue = kept
 	}
+	owes = l.ownBusy > 0 || slices.ContainsFunc(l.queue, func(w laneWrite) bool { return w.own })
 	l.mu.Unlock()
 	select {
 	case l.wake <- struct{}{}:
 	default:
 	}
+	return owes
 }

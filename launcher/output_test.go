@@ -519,22 +519,78 @@ func TestOutputStalledStdoutHoldsOnlyItsLane(t *testing.T) {
 	}
 }
 
-// After abandon, close returns though a write never ends.
+// After abandon, close returns though a write never ends: on stdout, or
+// on stderr (one destination or not) with gorun's own reports queued
+// behind the write.
 func TestOutputAbandonDoesNotWait(t *testing.T) {
-	out := &stalledWriter{release: make(chan struct{}), started: make(chan struct{})}
-	defer close(out.release) // lets the lane's goroutine end
-	m := newOutputMux(out, io.Discard, 1, false, false, "")
-	mustFrame(t, m, frameOf(0, rec{0, wire.Stdout, "stuck\n"}))
-	<-out.started
-	m.abandon()
-	done := make(chan struct{})
-	go func() { m.close(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("close waited for a stalled stdout after abandon")
+	tests := []struct {
+		name           string
+		stdout, stderr bool // stalled
+	}{
+		{"stdout", true, false},
+		{"stderr with reports queued", false, true},
+		{"one destination with reports queued", true, true},
 	}
-	m.report("dropped")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := &stalledWriter{release: make(chan struct{}), started: make(chan struct{})}
+			defer close(w.release) // lets the lanes' goroutines end
+			var stdout, stderr io.Writer = io.Discard, io.Discard
+			if tt.stdout {
+				stdout = w
+			}
+			if tt.stderr {
+				stderr = w
+			}
+			m := newOutputMux(stdout, stderr, 1, false, false, "")
+			if tt.stdout {
+				mustFrame(t, m, frameOf(0, rec{0, wire.Stdout, "stuck\n"}))
+			} else {
+				m.report("stuck")
+			}
+			<-w.started
+			m.report("queued")
+			m.abandon()
+			done := make(chan struct{})
+			go func() { m.close(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("close waited for a stalled writer after abandon")
+			}
+			m.report("dropped")
+		})
+	}
+}
+
+// TestOutputAbandonWritesReports: abandon drops the ranks' output not
+// written yet, but not gorun's own reports posted before it: the lane
+// writes them once the write under way returns (here, held until after
+// abandon, as a lane not yet scheduled holds them).
+func TestOutputAbandonWritesReports(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
+			w := &stalledWriter{release: make(chan struct{}), started: make(chan struct{})}
+			var stdout io.Writer = io.Discard
+			if shared {
+				stdout = w
+			}
+			m := newOutputMux(stdout, w, 1, false, false, "")
+			m.report("SIGTERM; stopping 1 ranks")
+			<-w.started // the lane is in its write
+			mustFrame(t, m, frameOf(0, rec{0, wire.Stdout, "rank out\n"}, rec{0, wire.Stderr, "rank err\n"}))
+			m.report("killing every rank")
+			mustFrame(t, m, frameOf(0, rec{0, wire.Stderr, "rank err after\n"}))
+			m.abandon()
+			close(w.release)
+			m.close()
+			<-m.err.exited
+			want := "gorun: SIGTERM; stopping 1 ranks\ngorun: killing every rank\n"
+			if got := w.buf.String(); got != want {
+				t.Errorf("written %q, want %q", got, want)
+			}
+		})
+	}
 }
 
 // TestOutputSharedDestinationKeepsOrder: with stdout and stderr one

@@ -13,6 +13,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -221,6 +223,57 @@ func TestRunSecondSignalKills(t *testing.T) {
 		t.Errorf("report:\n%s", r.stderr.String())
 	}
 }
+
+// TestRunKillReportedWhileStderrHeld: the report of the second signal is
+// written though the ranks end, and gorun abandons their output, before
+// the stderr lane gets to it (here it is held in the write of the first
+// signal's report until Run has returned).
+func TestRunKillReportedWhileStderrHeld(t *testing.T) {
+	stderr := &holdWriter{release: make(chan struct{}), held: make(chan struct{})}
+	defer stderr.releaseOnce()
+	r := startRun(t, 2, `trap '' TERM; echo ready; while :; do sleep 0.1; done`, func(c *Config) {
+		c.KillGrace = time.Hour
+		c.Stderr = stderr
+	})
+	r.waitLines(readyRE, 2)
+	stderr.holding.Store(true)
+	r.signals <- syscall.SIGTERM
+	<-stderr.held // the lane is in its write of the first report
+	r.signals <- syscall.SIGINT
+	r.wait()
+	if r.code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("exit %d, want 143 (the first signal's)", r.code)
+	}
+	stderr.releaseOnce()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(stderr.buf.String(), "gorun: killing every rank") {
+		if time.Now().After(deadline) {
+			t.Fatalf("stderr lacks the kill report once released:\n%s", stderr.buf.String())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// holdWriter writes through to buf until holding is set; from then on
+// every write waits until release is closed.
+type holdWriter struct {
+	holding  atomic.Bool
+	release  chan struct{}
+	held     chan struct{} // closed at the first write held
+	heldOnce sync.Once
+	relOnce  sync.Once
+	buf      syncBuffer
+}
+
+func (w *holdWriter) Write(p []byte) (int, error) {
+	if w.holding.Load() {
+		w.heldOnce.Do(func() { close(w.held) })
+		<-w.release
+	}
+	return w.buf.Write(p)
+}
+
+func (w *holdWriter) releaseOnce() { w.relOnce.Do(func() { close(w.release) }) }
 
 func TestRunForwardsSIGUSR1(t *testing.T) {
 	r := startRun(t, 3, `trap 'echo got USR1; exit 0' USR1; echo ready; while :; do sleep 0.1; done`, nil)
