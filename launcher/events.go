@@ -2,7 +2,6 @@ package launcher
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -107,19 +106,8 @@ func (j *job) recordLaunch() {
 		}
 		l.Hosts[i] = events.LaunchHost{Name: h.name, Role: role, Ranks: append([]int{}, h.ranks...)}
 	}
-	if j.cfg.ECK > 0 {
-		l.Redundancy = fmt.Sprintf("ec:%d+%d", j.cfg.ECK, j.cfg.ECM)
-	} else {
-		l.Redundancy = fmt.Sprintf("replicas:%d", len(firstRow(j.holders)))
-	}
+	l.Redundancy = j.redundancyText()
 	j.evlog.record(0, l)
-}
-
-func firstRow(rows [][]int) []int {
-	if len(rows) == 0 {
-		return nil
-	}
-	return rows[0]
 }
 
 // samplePeriod is how often recordProgress samples a job of hosts hosts:

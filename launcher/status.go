@@ -349,14 +349,31 @@ func (j *job) rvDone() bool {
 	}
 }
 
+// redundancyText describes the redundancy in place, not the one asked
+// for: "ec:K+M", or "replicas:K" with K the fewest other hosts' copies
+// any rank has (0 for a one-host job, whose default --replicas 1 has no
+// host to go to). gorun status's snapshot, the events file's launch
+// record and -v's "survives" all take it from here.
 func (j *job) redundancyText() string {
-	switch {
-	case j.cfg.ECK > 0:
+	if j.cfg.ECK > 0 {
 		return fmt.Sprintf("ec:%d+%d", j.cfg.ECK, j.cfg.ECM)
-	case j.cfg.Replicas > 0:
-		return fmt.Sprintf("replicas:%d", j.cfg.Replicas)
 	}
-	return "none"
+	return fmt.Sprintf("replicas:%d", j.replicasInPlace())
+}
+
+// replicasInPlace is the fewest holders any rank has (j.holders).
+func (j *job) replicasInPlace() int {
+	k := -1
+	for r := range j.rankHost {
+		n := 0
+		if r < len(j.holders) {
+			n = len(j.holders[r])
+		}
+		if k < 0 || n < k {
+			k = n
+		}
+	}
+	return max(k, 0)
 }
 
 func recoveryText(r hotswap.Recovery) string { return r.String() }

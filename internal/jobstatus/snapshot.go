@@ -61,9 +61,11 @@ type Snapshot struct {
 	// disk by every rank; absent without a durable tier or before its
 	// first commit.
 	D *int64 `json:"d,omitempty"`
-	// Redundancy ("replicas:K", "ec:K+M" or "none"), Protect (the protect
-	// mode, "full" or "diff") and Recovery ("in-place" or "restart") are
-	// the job's configuration.
+	// Redundancy is the redundancy in place ("replicas:K", K the fewest
+	// other hosts' copies any rank has, 0 when none could be placed; or
+	// "ec:K+M"), as the events file's launch record says it; Protect (the
+	// protect mode, "full" or "diff") and Recovery ("in-place" or
+	// "restart") are the job's configuration.
 	Redundancy string `json:"redundancy"`
 	Protect    string `json:"protect"`
 	Recovery   string `json:"recovery"`

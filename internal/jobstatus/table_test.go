@@ -110,7 +110,7 @@ func TestRender(t *testing.T) {
 		{"hostloss-ranks.txt", sample(), true},
 		{"failures.txt", failures(), false},
 		{"aborted.txt", aborted(), false},
-		{"starting.txt", &Snapshot{Job: "j0", State: "starting", Prog: "true", NP: 1, G: -1, Redundancy: "none", Protect: "full", Recovery: "restart",
+		{"starting.txt", &Snapshot{Job: "j0", State: "starting", Prog: "true", NP: 1, G: -1, Redundancy: "replicas:0", Protect: "full", Recovery: "restart",
 			Start: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Now: time.Date(2026, 1, 1, 0, 0, 1, 0, time.UTC),
 			Hosts: []Host{{Name: "localhost", State: HostRunning, Ranks: "0", NRanks: 1}}}, false},
 	} {
