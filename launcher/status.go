@@ -119,13 +119,13 @@ func (j *job) statusServe() (stop func(), err error) {
 	if fp := j.srv.Fingerprint(); fp != nil {
 		e.Pin = hex.EncodeToString(fp)
 	}
-	unregister, err := jobstatus.Register(j.cfg.Registry, e)
+	dir, unregister, err := jobstatus.RegisterFirst(append([]string{j.cfg.Registry}, j.cfg.RegistryFallback...), e)
 	if err != nil {
 		// gorun status will not find the job; the job itself is fine.
 		j.log.Warn("the job is not registered for gorun status", "err", err)
 		unregister = func() {}
 	} else {
-		j.log.Debug("registered for gorun status", "dir", j.cfg.Registry, "url", e.URL)
+		j.log.Debug("registered for gorun status", "dir", dir, "url", e.URL)
 	}
 	return func() {
 		unregister()

@@ -355,3 +355,26 @@ func TestStatusRequestFlood(t *testing.T) {
 		t.Errorf("the loop made %d snapshots for 41 requests, want 3 (one per kind, one after %v)", asked, statusReuse)
 	}
 }
+
+// TestStatusRegistryFallback: a job whose registry directory cannot be
+// made (XDG_RUNTIME_DIR=/proc/nouser) registers in the next candidate
+// (Config.RegistryFallback) instead of nowhere, and removes its entry at
+// its end.
+func TestStatusRegistryFallback(t *testing.T) {
+	reg := filepath.Join(t.TempDir(), "reg")
+	r := startRun(t, 1, `true`, func(c *Config) {
+		c.Registry, c.RegistryFallback = "/proc/nouser/gorun", []string{reg}
+		c.running = func(j *job) {
+			if es, err := jobstatus.ListAll([]string{c.Registry, reg}); err != nil || len(es) != 1 || es[0].Dir != reg {
+				t.Errorf("registry while running: %v, %v; want one entry in %s", es, err, reg)
+			}
+		}
+	})
+	r.wait()
+	if r.code != 0 || strings.Contains(r.log.String(), "not registered") {
+		t.Fatalf("exit %d; log:\n%s", r.code, r.log.String())
+	}
+	if _, err := os.Stat(reg); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the registry directory stays after the job: %v", err)
+	}
+}
