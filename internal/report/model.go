@@ -137,7 +137,9 @@ type Takeover struct {
 	Spare bool // the host was a spare (else a host with free slots)
 }
 
-// Failure is a failure record on a host's row.
+// Failure is a failure record on a host's row. Its Epoch is, for a
+// failure that waited for a replacement (decision wait), the epoch of the
+// splice that replaced its host (0 if none did), not the record's.
 type Failure struct {
 	T    float64
 	Host int // row index, -1 if the host is not in the launch record
@@ -230,6 +232,7 @@ func Build(recs []events.Record) (*Model, error) {
 				idleFrom[h] = -1
 			}
 		case events.Splice:
+			m.linkWait(e)
 			if h := row(e.With); h >= 0 {
 				if idleFrom[h] >= 0 {
 					m.Hosts[h].Idle = append(m.Hosts[h].Idle, Span{idleFrom[h], r.T})
@@ -341,6 +344,20 @@ func (m *Model) collapse(steps [][]StepPoint) [][]StepPoint {
 	}
 	m.Hosts = rows
 	return rowSteps
+}
+
+// linkWait gives the failure that waited for a replacement of the host
+// splice s replaces (decision wait, no epoch yet: the newest such of
+// s.Lost) the splice's epoch, as gorun status does (its statusState's
+// spliced): its recovery is that epoch's.
+func (m *Model) linkWait(s events.Splice) {
+	for i := len(m.Failures) - 1; i >= 0; i-- {
+		f := &m.Failures[i]
+		if f.Failure.Host == s.Lost && f.Epoch == 0 && f.Decision == "wait" {
+			f.Epoch = s.Epoch
+			return
+		}
+	}
 }
 
 // failureRecovery says how f's recovery epoch went, by its epoch (the
