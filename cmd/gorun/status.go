@@ -137,6 +137,7 @@ func runStatus(ctx context.Context, o *statusOpts, dirs []string, stdout, stderr
 		return fail("%v", err)
 	}
 	clear := o.watch && isTerminal(stdout)
+	warned := false // about the snapshot's version, once
 	for n := 0; ; n++ {
 		qctx, cancel := context.WithTimeout(ctx, o.timeout)
 		s, err := jobstatus.Query(qctx, e, o.ranks || o.json)
@@ -164,6 +165,11 @@ func runStatus(ctx context.Context, o *statusOpts, dirs []string, stdout, stderr
 				return fail("job %s ended", e.Job)
 			}
 			return fail("job %s does not answer: %v", e.Job, err)
+		}
+		if err := jobstatus.CheckVersion(s); err != nil && !warned {
+			// Shown all the same: most fields likely mean what they did.
+			fmt.Fprintf(stderr, "gorun status: warning: job %s: %v\n", e.Job, err)
+			warned = true
 		}
 		if clear {
 			fmt.Fprint(stdout, "\x1b[H\x1b[2J")

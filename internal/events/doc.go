@@ -192,5 +192,10 @@
 //
 // A launch record's "schema" is the version of the whole file. [Reader]
 // refuses a file whose schema is newer than [SchemaVersion] or missing
-// (a file that does not start with a launch record has none).
+// (a file that does not start with a launch record has none). Schema 1
+// is the form of the first release that writes events files; what
+// changed while it was being written (the failure and under-protected
+// records' "epoch", say) counts as no version. From then on the rule
+// above holds: a change of a field's meaning or type is schema 2. gorun
+// status's snapshot follows the same rule (jobstatus.Version).
 package events
