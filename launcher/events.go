@@ -194,7 +194,8 @@ func (p *progress) sample() events.Sample {
 // decided on: one per incident, hangs and heartbeat or suspicion losses
 // included (the machine finds those itself), with its reason.
 func (j *job) recordFailed(a hotswap.Failed) {
-	f := events.Failure{Host: a.Name, Rank: a.Rank, Msg: a.Why, Class: string(a.Class), Decision: string(a.Decision), Epoch: a.Epoch}
+	detected := events.Seconds(a.Detected)
+	f := events.Failure{Host: a.Name, Rank: a.Rank, Msg: a.Why, Class: string(a.Class), Decision: string(a.Decision), Epoch: a.Epoch, Detected: &detected}
 	switch a.Class {
 	case hotswap.ClassRankExit:
 		f.What = events.FailRankExit

@@ -117,6 +117,11 @@
 //	"epoch"    int     the recovery epoch the decision started or joined:
 //	                   its timeline record has the same epoch (absent
 //	                   for none: abort, none, wait)
+//	"detected" number  when the failure was first seen, in seconds since
+//	                   the start (the record's "t" is when it was decided
+//	                   on, later by up to the suspect timeout for a
+//	                   suspected host): gorun status's DETECTED; the
+//	                   timeline's "detected" for the epoch it started
 //	"exit"     int     a rank's exit status (rank-exit; absent when a
 //	                   signal ended it)
 //	"signal"   string  the signal that ended the rank ("SIGKILL"; absent

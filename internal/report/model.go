@@ -141,6 +141,8 @@ type Takeover struct {
 // failure that waited for a replacement (decision wait), the epoch of the
 // splice that replaced its host (0 if none did), not the record's.
 type Failure struct {
+	// T is when it was detected (the record's "detected", gorun
+	// status's DETECTED; the record's t in a file without it).
 	T    float64
 	Host int // row index, -1 if the host is not in the launch record
 	events.Failure
@@ -222,7 +224,11 @@ func Build(recs []events.Record) (*Model, error) {
 			m.Exit = &x
 			m.Duration = max(m.Duration, e.Duration)
 		case events.Failure:
-			m.Failures = append(m.Failures, Failure{T: r.T, Host: row(e.Host), Failure: e})
+			at := r.T
+			if e.Detected != nil {
+				at = *e.Detected
+			}
+			m.Failures = append(m.Failures, Failure{T: at, Host: row(e.Host), Failure: e})
 		case events.Fence:
 			if h := row(e.Host); h >= 0 && activeFrom[h] >= 0 {
 				m.Hosts[h].Active = append(m.Hosts[h].Active, Span{activeFrom[h], r.T})

@@ -284,3 +284,24 @@ func TestBuildWaitLinksSplice(t *testing.T) {
 		t.Errorf("h0's wait, never spliced: epoch %d, recovery %q; want 0, -", w.Epoch, w.Recovery)
 	}
 }
+
+// TestBuildFailureDetected: a failure is placed and timed at its
+// detection (the record's "detected", gorun status's DETECTED), not at
+// the record's t (when it was decided on); a record without "detected"
+// (an older gorun's) at its t.
+func TestBuildFailureDetected(t *testing.T) {
+	detected := 1.692
+	recs := []events.Record{
+		{T: 0, Event: events.Launch{Schema: events.SchemaVersion, Job: "j", NP: 1, Hosts: []events.LaunchHost{{Name: "h0", Role: events.RoleRunning, Ranks: []int{0}}}}},
+		{T: 1.741, Event: events.Failure{Host: "h0", Rank: 0, What: events.FailRankExit, Class: "rank-exit", Decision: "abort", Detected: &detected}},
+		{T: 2.5, Event: events.Failure{Host: "h0", Rank: 0, What: events.FailRankExit, Class: "rank-exit", Decision: "abort"}},
+		{T: 3, Event: events.Exit{Code: 1, Duration: 3}},
+	}
+	m, err := Build(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Failures) != 2 || m.Failures[0].T != detected || m.Failures[1].T != 2.5 {
+		t.Fatalf("failures %+v; want at %v (detected) and 2.5 (no detected: t)", m.Failures, detected)
+	}
+}
