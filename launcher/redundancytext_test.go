@@ -29,13 +29,10 @@ func TestRedundancyOneHost(t *testing.T) {
 		c.Registry, c.Events, c.Replicas = reg, &ev, 1
 	})
 	r.waitLines(regexp.MustCompile(`ready`), 4)
-	es, err := jobstatus.List(reg)
-	if err != nil || len(es) != 1 {
-		t.Fatalf("registry: %v, %v; want one entry", es, err)
-	}
+	e := waitRegistered(t, reg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	s, err := jobstatus.Query(ctx, es[0], false)
+	s, err := jobstatus.Query(ctx, e, false)
 	if err != nil {
 		t.Fatal(err)
 	}
