@@ -111,9 +111,11 @@ type Config struct {
 	// lines (--events; the schema is package internal/events's).
 	Events io.Writer
 	// Registry, when not "", is the directory of the user's registry of
-	// running jobs (jobstatus.Dir): the job registers there and serves
-	// its status to `gorun status` (status.go).
-	Registry string
+	// running jobs (jobstatus.Dirs' first): the job registers there, or
+	// in the first of RegistryFallback it can use when it cannot, and
+	// serves its status to `gorun status` (status.go).
+	Registry         string
+	RegistryFallback []string
 	// Metrics, when not "", is the address of the job's Prometheus
 	// endpoint (--metrics; metrics.go): HOST:PORT, or :PORT for loopback;
 	// port 0 picks a free one.

@@ -2,7 +2,6 @@ package launcher
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -107,19 +106,8 @@ func (j *job) recordLaunch() {
 		}
 		l.Hosts[i] = events.LaunchHost{Name: h.name, Role: role, Ranks: append([]int{}, h.ranks...)}
 	}
-	if j.cfg.ECK > 0 {
-		l.Redundancy = fmt.Sprintf("ec:%d+%d", j.cfg.ECK, j.cfg.ECM)
-	} else {
-		l.Redundancy = fmt.Sprintf("replicas:%d", len(firstRow(j.holders)))
-	}
+	l.Redundancy = j.redundancyText()
 	j.evlog.record(0, l)
-}
-
-func firstRow(rows [][]int) []int {
-	if len(rows) == 0 {
-		return nil
-	}
-	return rows[0]
 }
 
 // samplePeriod is how often recordProgress samples a job of hosts hosts:
@@ -206,7 +194,8 @@ func (p *progress) sample() events.Sample {
 // decided on: one per incident, hangs and heartbeat or suspicion losses
 // included (the machine finds those itself), with its reason.
 func (j *job) recordFailed(a hotswap.Failed) {
-	f := events.Failure{Host: a.Name, Rank: a.Rank, Msg: a.Why, Class: string(a.Class), Decision: string(a.Decision), Epoch: a.Epoch}
+	detected := events.Seconds(a.Detected)
+	f := events.Failure{Host: a.Name, Rank: a.Rank, Msg: a.Why, Class: string(a.Class), Decision: string(a.Decision), Epoch: a.Epoch, Detected: &detected}
 	switch a.Class {
 	case hotswap.ClassRankExit:
 		f.What = events.FailRankExit

@@ -121,26 +121,30 @@ func TestProgressSample(t *testing.T) {
 }
 
 // TestRecordFailed: the machine's Failed actions become failure records
-// with the machine's reason (msg), class, decision and epoch; what says
-// how it was seen (a hang is "hang", an agent's exit "agent-failed").
+// with the machine's reason (msg), class, decision, epoch and detection
+// time (detected: when it was first seen, which gorun status shows, not
+// the record's t, when it was decided on); what says how it was seen (a
+// hang is "hang", an agent's exit "agent-failed").
 func TestRecordFailed(t *testing.T) {
 	cases := []struct {
 		name string
 		a    hotswap.Failed
 		want events.Failure
 	}{
-		{"exit code", hotswap.Failed{Host: 1, Name: "b", Rank: 1, Class: hotswap.ClassRankExit, Decision: hotswap.DecisionRestart, Epoch: 1, Code: 3, Why: "rank 1 exited with code 3"},
-			events.Failure{Host: "b", Rank: 1, What: events.FailRankExit, Exit: ptrTo(3), Msg: "rank 1 exited with code 3", Class: "rank-exit", Decision: "restart", Epoch: 1}},
+		{"exit code", hotswap.Failed{Host: 1, Name: "b", Rank: 1, Class: hotswap.ClassRankExit, Decision: hotswap.DecisionRestart, Epoch: 1, Code: 3, Why: "rank 1 exited with code 3", Detected: 1500 * time.Millisecond},
+			events.Failure{Host: "b", Rank: 1, What: events.FailRankExit, Exit: ptrTo(3), Msg: "rank 1 exited with code 3", Class: "rank-exit", Decision: "restart", Epoch: 1, Detected: ptrTo(1.5)}},
+		{"suspected, decided later", hotswap.Failed{Host: 1, Name: "b", Rank: -1, Class: hotswap.ClassHostLoss, Decision: hotswap.DecisionSplice, Epoch: 1, Why: "suspicion not cleared", Detected: 250 * time.Millisecond},
+			events.Failure{Host: "b", Rank: -1, What: events.FailHostLost, Msg: "suspicion not cleared", Class: "host-loss", Decision: "splice", Epoch: 1, Detected: ptrTo(0.25)}},
 		{"signal", hotswap.Failed{Host: 0, Name: "a", Rank: 0, Class: hotswap.ClassRankExit, Decision: hotswap.DecisionAbort, Code: -1, Signal: syscall.SIGKILL, Why: "killed"},
-			events.Failure{Host: "a", Rank: 0, What: events.FailRankExit, Signal: "SIGKILL", Msg: "killed", Class: "rank-exit", Decision: "abort"}},
+			events.Failure{Host: "a", Rank: 0, What: events.FailRankExit, Signal: "SIGKILL", Msg: "killed", Class: "rank-exit", Decision: "abort", Detected: ptrTo(0.0)}},
 		{"hang", hotswap.Failed{Host: 0, Name: "a", Rank: 0, Class: hotswap.ClassHang, Decision: hotswap.DecisionAbort, Code: hotswap.ExitTimeout, Why: "no progress"},
-			events.Failure{Host: "a", Rank: 0, What: events.FailHang, Msg: "no progress", Class: "hang", Decision: "abort"}},
+			events.Failure{Host: "a", Rank: 0, What: events.FailHang, Msg: "no progress", Class: "hang", Decision: "abort", Detected: ptrTo(0.0)}},
 		{"agent", hotswap.Failed{Host: 1, Name: "b", Rank: -1, Class: hotswap.ClassHostLoss, Agent: true, Decision: hotswap.DecisionSplice, Epoch: 2, Why: "its agent exited: boom"},
-			events.Failure{Host: "b", Rank: -1, What: events.FailAgent, Msg: "its agent exited: boom", Class: "host-loss", Decision: "splice", Epoch: 2}},
+			events.Failure{Host: "b", Rank: -1, What: events.FailAgent, Msg: "its agent exited: boom", Class: "host-loss", Decision: "splice", Epoch: 2, Detected: ptrTo(0.0)}},
 		{"heartbeat", hotswap.Failed{Host: 1, Name: "b", Rank: -1, Class: hotswap.ClassHostLoss, Decision: hotswap.DecisionSplice, Epoch: 1, Why: "no heartbeat for 3s"},
-			events.Failure{Host: "b", Rank: -1, What: events.FailHostLost, Msg: "no heartbeat for 3s", Class: "host-loss", Decision: "splice", Epoch: 1}},
+			events.Failure{Host: "b", Rank: -1, What: events.FailHostLost, Msg: "no heartbeat for 3s", Class: "host-loss", Decision: "splice", Epoch: 1, Detected: ptrTo(0.0)}},
 		{"gpu", hotswap.Failed{Host: 1, Name: "b", Rank: -1, Class: hotswap.ClassGPUPermanent, Decision: hotswap.DecisionNone, Why: "GPU 0 permanent fault"},
-			events.Failure{Host: "b", Rank: -1, What: events.FailGPU, Msg: "GPU 0 permanent fault", Class: "gpu-permanent", Decision: "none"}},
+			events.Failure{Host: "b", Rank: -1, What: events.FailGPU, Msg: "GPU 0 permanent fault", Class: "gpu-permanent", Decision: "none", Detected: ptrTo(0.0)}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/events"
+	"github.com/gorun/gorun/internal/report"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -21,7 +22,9 @@ import (
 // in the events file's failure record, in gorun status's failure and in
 // gorun_failures_total's labels: the same class and decision, the same
 // host, rank and reason, and the same epoch (a loss that waited for a
-// suspected spare gets its splice's in status, as its splice record says).
+// suspected spare gets its splice's in status and in gorun report, as its
+// splice record says); a second loss that needs the durable tier rolls
+// back in its own epoch.
 // Failures without an epoch (a lost spare, an abort, a wait) are in
 // status too. Before, status and the metric said "host-lost" or
 // "rank-restart" (what the launcher did, guessed from its splices and
@@ -43,33 +46,37 @@ func TestFailureClassEverywhere(t *testing.T) {
 		name     string
 		restarts int
 		hang     time.Duration
+		durable  bool // a durable tier, and a second spare s1
 		events   []at
 		want     []fail
 	}{
-		{"host loss onto a spare", 1, 0, []at{{s, hotswap.AgentExited{Host: 1, Why: "gone"}}},
+		{"host loss onto a spare", 1, 0, false, []at{{s, hotswap.AgentExited{Host: 1, Why: "gone"}}},
 			[]fail{{"host-loss", "splice", "h1", -1, 1, 1}}},
-		{"rank exit, restart", 1, 0, []at{{s, hotswap.RankExited{Rank: 2, Host: 1, Code: 3}}, {2 * s, hotswap.Tick{}}},
+		{"rank exit, restart", 1, 0, false, []at{{s, hotswap.RankExited{Rank: 2, Host: 1, Code: 3}}, {2 * s, hotswap.Tick{}}},
 			[]fail{{"rank-exit", "restart", "h1", 2, 1, 1}}},
-		{"hang, restart", 1, 10 * s, []at{
+		{"hang, restart", 1, 10 * s, false, []at{
 			{s, hotswap.Progress{Rank: 0, Step: 1}}, {s, hotswap.Progress{Rank: 1, Step: 1}},
 			{s, hotswap.Progress{Rank: 2, Step: 1}}, {s, hotswap.Progress{Rank: 3, Step: 1}}, {20 * s, hotswap.Tick{}}},
 			[]fail{{"hang", "restart", "h0", 0, 1, 1}}},
-		{"gpu permanent", 1, 0, []at{{s, hotswap.GPUHealth{Host: 1, GPU: 0, Class: hotswap.GPUPermanent, Msg: "xid 79"}}},
+		{"gpu permanent", 1, 0, false, []at{{s, hotswap.GPUHealth{Host: 1, GPU: 0, Class: hotswap.GPUPermanent, Msg: "xid 79"}}},
 			[]fail{{"gpu-permanent", "splice", "h1", -1, 1, 1}}},
-		{"lost spare", 1, 0, []at{{s, hotswap.AgentExited{Host: 2, Why: "gone"}}},
+		{"lost spare", 1, 0, false, []at{{s, hotswap.AgentExited{Host: 2, Why: "gone"}}},
 			[]fail{{"host-loss", "none", "s0", -1, 0, 0}}},
-		{"abort, no restart", 0, 0, []at{{s, hotswap.RankExited{Rank: 2, Host: 1, Code: 3}}, {2 * s, hotswap.Tick{}}},
+		{"abort, no restart", 0, 0, false, []at{{s, hotswap.RankExited{Rank: 2, Host: 1, Code: 3}}, {2 * s, hotswap.Tick{}}},
 			[]fail{{"rank-exit", "abort", "h1", 2, 0, 0}}},
-		{"abort, no spare left", 1, 0, []at{{s, hotswap.AgentExited{Host: 2, Why: "gone"}}, {2 * s, hotswap.AgentExited{Host: 1, Why: "gone"}}},
+		{"abort, no spare left", 1, 0, false, []at{{s, hotswap.AgentExited{Host: 2, Why: "gone"}}, {2 * s, hotswap.AgentExited{Host: 1, Why: "gone"}}},
 			[]fail{{"host-loss", "none", "s0", -1, 0, 0}, {"host-loss", "abort", "h1", -1, 0, 0}}},
-		{"wait for a suspected spare", 1, 0, []at{{s, hotswap.GPublished{G: 3}}, {2 * s, hotswap.ReplicationFailed{From: 0, To: 2}},
+		{"wait for a suspected spare", 1, 0, false, []at{{s, hotswap.GPublished{G: 3}}, {2 * s, hotswap.ReplicationFailed{From: 0, To: 2}},
 			{2010 * time.Millisecond, hotswap.AgentExited{Host: 1, Why: "gone"}}, {2100 * time.Millisecond, hotswap.Heartbeat{Host: 2}}},
 			[]fail{{"host-loss", "wait", "h1", -1, 0, 1}}},
+		{"two hosts lost, rollback", 1, 0, true, []at{{s, hotswap.GPublished{G: 3}}, {s, hotswap.DiskCommitted{Step: 2}}, {2 * s, hotswap.AgentExited{Host: 0, Why: "gone"}},
+			{2100 * time.Millisecond, hotswap.AgentExited{Host: 1, Why: "gone"}}},
+			[]fail{{"host-loss", "splice", "h0", -1, 1, 1}, {"host-loss", "rollback", "h1", -1, 2, 2}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var evs bytes.Buffer
-			j := failClassJob(t, &evs, c.restarts, c.hang)
+			j := failClassJob(t, &evs, c.restarts, c.hang, c.durable)
 			for _, e := range c.events {
 				for _, a := range j.m.Step(e.t, e.e) {
 					switch a.(type) {
@@ -106,6 +113,18 @@ func TestFailureClassEverywhere(t *testing.T) {
 				}
 				if w.decision == "wait" && spliced[w.host] != w.statusEpoch {
 					t.Errorf("splice record of %s: epoch %d, want %d", w.host, spliced[w.host], w.statusEpoch)
+				}
+			}
+
+			// gorun report: the same epoch as status (a wait gets its
+			// splice's).
+			m, err := report.Build(recs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, w := range c.want {
+				if f := m.Failures[i]; f.Class != w.class || f.Decision != w.decision || f.Epoch != w.statusEpoch {
+					t.Errorf("report failure %+v, want class %s, decision %s, epoch %d (status's)", f, w.class, w.decision, w.statusEpoch)
 				}
 			}
 
@@ -146,17 +165,22 @@ func TestFailureClassEverywhere(t *testing.T) {
 // (replicas 1), every agent registered; with an events file (evs), a
 // status service and metrics; stopping, so that carrying out the
 // machine's actions moves the launcher's tables and starts nothing.
-func failClassJob(t *testing.T, evs io.Writer, restarts int, hang time.Duration) *job {
+func failClassJob(t *testing.T, evs io.Writer, restarts int, hang time.Duration, durable bool) *job {
 	t.Helper()
 	cfg := validConfig()
+	names := []string{"h0", "h1", "s0"}
+	if durable {
+		cfg.Durable.Dir = t.TempDir()
+		names = append(names, "s1")
+	}
 	cfg.MaxRestarts, cfg.HangTimeout, cfg.HeartbeatTimeout = restarts, hang, time.Hour
 	j := &job{cfg: cfg, world: 4, rankHost: []int{0, 0, 1, 1}, rankEnded: make([]bool, 4), holders: [][]int{{2}, {3}, {0}, {1}},
 		log: slog.New(slog.DiscardHandler), evlog: newEventLog(evs, slog.New(slog.DiscardHandler)), metrics: newMetrics(), status: &statusState{},
 		tabChanged: make(chan struct{}), t0: time.Now(), stopping: true, rollbackT: -1}
 	j.out = newOutputMux(io.Discard, io.Discard, 4, false, false, "")
 	t.Cleanup(func() { j.out.close() })
-	for i, n := range []string{"h0", "h1", "s0"} {
-		spare := n == "s0"
+	for i, n := range names {
+		spare := n[0] == 's'
 		h := &agentHost{index: i, name: n, topo: topology.Host{Name: n, Slots: 2, Spare: spare}, spare: spare, registered: true}
 		if !spare {
 			h.ranks = []int{2 * i, 2*i + 1}
@@ -167,12 +191,13 @@ func failClassJob(t *testing.T, evs io.Writer, restarts int, hang time.Duration)
 	if j.m, err = hotswap.New(j.machineConfig()); err != nil {
 		t.Fatal(err)
 	}
-	j.prog = newProgress([][]int{{0, 1}, {2, 3}, nil}, []int{0, 0, 1, 1}, func(*wire.GlobalStep) {})
-	for h := range 3 {
-		for _, a := range j.m.Step(0, hotswap.AgentRegistered{Host: h, Spare: h == 2}) {
+	j.prog = newProgress(append([][]int{{0, 1}, {2, 3}}, make([][]int, len(names)-2)...), []int{0, 0, 1, 1}, func(*wire.GlobalStep) {})
+	for h := range names {
+		for _, a := range j.m.Step(0, hotswap.AgentRegistered{Host: h, Spare: h >= 2}) {
 			j.statusAction(a)
 		}
 	}
+	j.recordLaunch()
 	if len(j.status.failures) != 0 {
 		t.Fatalf("failures at the start: %+v", j.status.failures)
 	}

@@ -390,11 +390,6 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		return 0, err
 	}
 	defer j.metricsStop()
-	stopStatus, err := j.statusServe()
-	if err != nil {
-		return 0, err
-	}
-	defer stopStatus()
 
 	sctx, stopStarting := context.WithCancel(ctx)
 	defer stopStarting()
@@ -416,6 +411,9 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		defer j.wg.Done()
 		j.startAgents(sctx, sem)
 	}()
+	// Off the launch's critical path: waited for, and undone, on every
+	// exit path.
+	defer j.statusStart()()
 	j.wg.Add(1)
 	go func() {
 		defer j.wg.Done()

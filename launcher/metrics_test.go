@@ -18,6 +18,7 @@ import (
 	"github.com/gorun/gorun/internal/jobstatus"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -191,11 +192,8 @@ func TestMetricsEndpoint(t *testing.T) {
 	stop := filepath.Join(t.TempDir(), "stop")
 	r := startRun(t, 2, `echo ready; while [ ! -e `+stop+` ]; do sleep 0.02; done`, func(c *Config) { c.Registry, c.Metrics = reg, ":0" })
 	r.waitLines(regexp.MustCompile(`ready`), 2)
-	es, err := jobstatus.List(reg)
-	if err != nil || len(es) != 1 {
-		t.Fatalf("registry: %v, %v", es, err)
-	}
-	url := es[0].MetricsURL
+	e := waitRegistered(t, reg)
+	url := e.MetricsURL
 	if !strings.HasPrefix(url, "http://127.0.0.1:") || strings.HasPrefix(url, "http://127.0.0.1:0/") || !strings.HasSuffix(url, MetricsPath) {
 		t.Fatalf("metrics URL %q, want loopback with the port picked", url)
 	}
@@ -222,7 +220,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	s, err := jobstatus.Query(ctx, es[0], false)
+	s, err := jobstatus.Query(ctx, e, false)
 	if err != nil || s.MetricsURL != url {
 		t.Errorf("status: %v, metrics URL %q; want %q", err, s.MetricsURL, url)
 	}
@@ -345,5 +343,25 @@ func TestMetricsExposedWarning(t *testing.T) {
 				t.Errorf("--metrics %s: warned %v, want %v; log:\n%s", tt.addr, got, tt.warn, log)
 			}
 		})
+	}
+}
+
+// TestMetricsPrivateRegistry: gorun's metrics are on its own registry
+// only, none on client_golang's default one (whose Go and process
+// collectors the library itself registers at init): nothing of gorun's
+// is exposed by, or costs anything in, the default registry.
+func TestMetricsPrivateRegistry(t *testing.T) {
+	m := newMetrics()
+	if fams, err := m.reg.Gather(); err != nil || len(fams) == 0 {
+		t.Fatalf("gorun's registry: %d families, %v", len(fams), err)
+	}
+	fams, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if strings.HasPrefix(f.GetName(), "gorun_") {
+			t.Errorf("%s is on the default registry", f.GetName())
+		}
 	}
 }

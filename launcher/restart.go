@@ -134,13 +134,13 @@ func (j *job) reportSurvives() {
 	j.out.report("state protection: %s", j.survives())
 }
 
-// survives states what the job's redundancy survives:
-// topology.SurvivesEC or topology.SurvivesReplicas.
+// survives states what the job's redundancy in place survives
+// (redundancyText): topology.SurvivesEC or topology.SurvivesReplicas.
 func (j *job) survives() string {
 	if j.ecGroups != nil {
 		return topology.SurvivesEC(j.ecGroups, nil)
 	}
-	return topology.SurvivesReplicas(j.cfg.Replicas, j.rankHost, j.holders)
+	return topology.SurvivesReplicas(j.replicasInPlace(), j.rankHost, j.holders)
 }
 
 // ecTable returns the epoch table's erasure-coding layout, from j.ecGroups

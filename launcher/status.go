@@ -95,9 +95,38 @@ func (j *job) statusRequests() <-chan statusReq {
 	return j.status.reqs
 }
 
+// statusStart runs statusServe in a goroutine of its own, once the
+// agents are being started: the status subscription's round trip and the
+// registry entry's write (some 0.5 ms) are then off the launch's
+// critical path. The function it returns waits for that goroutine and
+// undoes what it did (every exit path of run defers it), so the entry
+// goes whenever the job ends, even before it was written.
+func (j *job) statusStart() (stop func()) {
+	if j.status == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var undo func()
+	go func() {
+		defer close(done)
+		s, err := j.statusServe()
+		if err != nil {
+			// gorun status will not reach the job; the job itself is fine.
+			j.log.Warn("the job does not serve gorun status", "err", err)
+			return
+		}
+		undo = s
+	}()
+	return func() {
+		<-done
+		if undo != nil {
+			undo()
+		}
+	}
+}
+
 // statusServe answers status requests and registers the job, once the
-// control plane is up; the function it returns undoes both (every exit
-// path of run defers it).
+// control plane is up; the function it returns undoes both.
 func (j *job) statusServe() (stop func(), err error) {
 	if j.status == nil {
 		return func() {}, nil
@@ -119,19 +148,25 @@ func (j *job) statusServe() (stop func(), err error) {
 	if fp := j.srv.Fingerprint(); fp != nil {
 		e.Pin = hex.EncodeToString(fp)
 	}
-	unregister, err := jobstatus.Register(j.cfg.Registry, e)
+	if testHookRegister != nil {
+		testHookRegister()
+	}
+	dir, unregister, err := jobstatus.RegisterFirst(append([]string{j.cfg.Registry}, j.cfg.RegistryFallback...), e)
 	if err != nil {
 		// gorun status will not find the job; the job itself is fine.
 		j.log.Warn("the job is not registered for gorun status", "err", err)
 		unregister = func() {}
 	} else {
-		j.log.Debug("registered for gorun status", "dir", j.cfg.Registry, "url", e.URL)
+		j.log.Debug("registered for gorun status", "dir", dir, "url", e.URL)
 	}
 	return func() {
 		unregister()
 		_ = sub.Unsubscribe()
 	}, nil
 }
+
+// testHookRegister, if set, runs before statusServe registers the job.
+var testHookRegister func()
 
 // statusURL is where a status client on this host dials the control
 // plane: its listen address, or loopback for a wildcard.
@@ -349,14 +384,31 @@ func (j *job) rvDone() bool {
 	}
 }
 
+// redundancyText describes the redundancy in place, not the one asked
+// for: "ec:K+M", or "replicas:K" with K the fewest other hosts' copies
+// any rank has (0 for a one-host job, whose default --replicas 1 has no
+// host to go to). gorun status's snapshot, the events file's launch
+// record and -v's "survives" all take it from here.
 func (j *job) redundancyText() string {
-	switch {
-	case j.cfg.ECK > 0:
+	if j.cfg.ECK > 0 {
 		return fmt.Sprintf("ec:%d+%d", j.cfg.ECK, j.cfg.ECM)
-	case j.cfg.Replicas > 0:
-		return fmt.Sprintf("replicas:%d", j.cfg.Replicas)
 	}
-	return "none"
+	return fmt.Sprintf("replicas:%d", j.replicasInPlace())
+}
+
+// replicasInPlace is the fewest holders any rank has (j.holders).
+func (j *job) replicasInPlace() int {
+	k := -1
+	for r := range j.rankHost {
+		n := 0
+		if r < len(j.holders) {
+			n = len(j.holders[r])
+		}
+		if k < 0 || n < k {
+			k = n
+		}
+	}
+	return max(k, 0)
 }
 
 func recoveryText(r hotswap.Recovery) string { return r.String() }

@@ -33,11 +33,7 @@ func TestStatusLive(t *testing.T) {
 	stop := filepath.Join(t.TempDir(), "stop")
 	r := startRun(t, 3, `echo ready; while [ ! -e `+stop+` ]; do sleep 0.02; done`, func(c *Config) { c.Registry = reg })
 	r.waitLines(regexp.MustCompile(`ready`), 3)
-	es, err := jobstatus.List(reg)
-	if err != nil || len(es) != 1 {
-		t.Fatalf("registry: %v, %v; want one entry", es, err)
-	}
-	e := es[0]
+	e := waitRegistered(t, reg)
 	if e.PID != os.Getpid() || e.URL == "" || e.Seed == "" || e.Prog != "sh" {
 		t.Fatalf("entry %+v", e)
 	}
@@ -103,9 +99,7 @@ func TestStatusSignalRemovesEntry(t *testing.T) {
 	reg := filepath.Join(t.TempDir(), "reg")
 	r := startRun(t, 2, `echo ready; exec sleep 60`, func(c *Config) { c.Registry = reg })
 	r.waitLines(regexp.MustCompile(`ready`), 2)
-	if es, err := jobstatus.List(reg); err != nil || len(es) != 1 {
-		t.Fatalf("registry: %v, %v", es, err)
-	}
+	waitRegistered(t, reg)
 	r.signals <- syscall.SIGTERM
 	<-r.done
 	if _, err := os.Stat(reg); !errors.Is(err, os.ErrNotExist) {
@@ -353,5 +347,79 @@ func TestStatusRequestFlood(t *testing.T) {
 	<-loopDone
 	if asked != 3 {
 		t.Errorf("the loop made %d snapshots for 41 requests, want 3 (one per kind, one after %v)", asked, statusReuse)
+	}
+}
+
+// TestStatusRegistryFallback: a job whose registry directory cannot be
+// made (XDG_RUNTIME_DIR=/proc/nouser) registers in the next candidate
+// (Config.RegistryFallback) instead of nowhere, and removes its entry at
+// its end.
+func TestStatusRegistryFallback(t *testing.T) {
+	reg := filepath.Join(t.TempDir(), "reg")
+	stop := filepath.Join(t.TempDir(), "stop")
+	r := startRun(t, 1, `while [ ! -e `+stop+` ]; do sleep 0.02; done`, func(c *Config) {
+		c.Registry, c.RegistryFallback = "/proc/nouser/gorun", []string{reg}
+	})
+	if e := waitRegistered(t, "/proc/nouser/gorun", reg); e.Dir != reg {
+		t.Errorf("registered in %s, want %s", e.Dir, reg)
+	}
+	if err := writeStop(stop); err != nil {
+		t.Fatal(err)
+	}
+	r.wait()
+	if r.code != 0 || strings.Contains(r.log.String(), "not registered") {
+		t.Fatalf("exit %d; log:\n%s", r.code, r.log.String())
+	}
+	if _, err := os.Stat(reg); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the registry directory stays after the job: %v", err)
+	}
+}
+
+// waitRegistered waits until a job is registered in one of dirs (the
+// launcher registers in a goroutine of its own, once the agents start)
+// and returns its entry.
+func waitRegistered(t *testing.T, dirs ...string) *jobstatus.Entry {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		es, err := jobstatus.ListAll(dirs)
+		if err == nil && len(es) == 1 {
+			return es[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("registry %v: %v, %v; want one entry", dirs, es, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestStatusRegisterOffCriticalPath: the job's registration for gorun
+// status (the entry's file, the status subscription) is not on the
+// launch's critical path: with the registration held up, the agents
+// start and the ranks run; once it goes through, the entry is there, and
+// it is removed at the job's end. Before, statusServe ran before
+// startAgents, and a held-up registration held up every rank.
+func TestStatusRegisterOffCriticalPath(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	testHookRegister = func() { <-release }
+	t.Cleanup(func() { testHookRegister = nil })
+	reg := filepath.Join(t.TempDir(), "reg")
+	stop := filepath.Join(t.TempDir(), "stop")
+	r := startRun(t, 2, `echo ready; while [ ! -e `+stop+` ]; do sleep 0.02; done`, func(c *Config) { c.Registry = reg })
+	t.Cleanup(open) // before startRun's: a held-up job must end
+	r.waitLines(regexp.MustCompile(`ready`), 2)
+	if es, _ := jobstatus.List(reg); len(es) != 0 {
+		t.Fatalf("registered while held up: %v", es)
+	}
+	open()
+	waitRegistered(t, reg)
+	if err := writeStop(stop); err != nil {
+		t.Fatal(err)
+	}
+	r.wait()
+	if _, err := os.Stat(reg); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the registry directory stays after the job: %v", err)
 	}
 }

@@ -73,7 +73,10 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		return reportError(stderr, err)
 	}
 	cfg.Stdout, cfg.Stderr = undying(stdout), undying(stderr)
-	cfg.Registry = jobstatus.Dir() // gorun status finds the job there
+	// gorun status finds the job in any of these (jobstatus.ListAll).
+	if dirs := jobstatus.Dirs(); len(dirs) > 0 {
+		cfg.Registry, cfg.RegistryFallback = dirs[0], dirs[1:]
+	}
 	// A terminal is read only by a foreground gorun: reading it from the
 	// background would stop gorun with SIGTTIN. When gorun does read one,
 	// SIGTTIN is ignored, so that a job moved to the background later reads

@@ -103,20 +103,22 @@ func statusMain(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return runStatus(ctx, o, jobstatus.Dir(), stdout, stderr)
+	return runStatus(ctx, o, jobstatus.Dirs(), stdout, stderr)
 }
 
-func runStatus(ctx context.Context, o *statusOpts, dir string, stdout, stderr io.Writer) int {
+// runStatus shows the job o names among those registered in any of dirs
+// (jobstatus.ListAll: the job may have started in another environment).
+func runStatus(ctx context.Context, o *statusOpts, dirs []string, stdout, stderr io.Writer) int {
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "gorun status: "+format+"\n", a...)
 		return exitError
 	}
-	es, err := jobstatus.List(dir)
+	es, err := jobstatus.ListAll(dirs)
 	if err != nil {
 		return fail("%v", err)
 	}
 	if len(es) == 0 {
-		return fail("no running gorun job of yours (registry %s)", dir)
+		return fail("no running gorun job of yours (registries %s)", strings.Join(dirs, ", "))
 	}
 	e, err := jobstatus.Find(es, o.job)
 	if errors.Is(err, jobstatus.ErrAmbiguous) && o.job == "" {
@@ -135,6 +137,7 @@ func runStatus(ctx context.Context, o *statusOpts, dir string, stdout, stderr io
 		return fail("%v", err)
 	}
 	clear := o.watch && isTerminal(stdout)
+	warned := false // about the snapshot's version, once
 	for n := 0; ; n++ {
 		qctx, cancel := context.WithTimeout(ctx, o.timeout)
 		s, err := jobstatus.Query(qctx, e, o.ranks || o.json)
@@ -146,15 +149,15 @@ func runStatus(ctx context.Context, o *statusOpts, dir string, stdout, stderr io
 			if o.watch && n > 0 {
 				// The job may be ending (its launcher no longer answers
 				// while its agents exit): give its entry time to go.
-				gone(ctx, dir, e.Job, o.timeout)
+				gone(ctx, dirs, e.Job, o.timeout)
 			}
 			if jobstatus.Refused(ctx, e) {
 				// Its launcher runs (or ran: List's checks) but nothing
 				// listens: it is ending, or its server is gone. The
 				// entry is stale.
-				jobstatus.Remove(dir, e)
+				jobstatus.Remove(e.Dir, e)
 			}
-			if !alive(dir, e.Job) {
+			if !alive(dirs, e.Job) {
 				if o.watch && n > 0 {
 					fmt.Fprintf(stdout, "job %s ended\n", e.Job)
 					return exitOK
@@ -162,6 +165,11 @@ func runStatus(ctx context.Context, o *statusOpts, dir string, stdout, stderr io
 				return fail("job %s ended", e.Job)
 			}
 			return fail("job %s does not answer: %v", e.Job, err)
+		}
+		if err := jobstatus.CheckVersion(s); err != nil && !warned {
+			// Shown all the same: most fields likely mean what they did.
+			fmt.Fprintf(stderr, "gorun status: warning: job %s: %v\n", e.Job, err)
+			warned = true
 		}
 		if clear {
 			fmt.Fprint(stdout, "\x1b[H\x1b[2J")
@@ -192,8 +200,8 @@ func runStatus(ctx context.Context, o *statusOpts, dir string, stdout, stderr io
 }
 
 // alive reports whether job is still in the registry (its launcher runs).
-func alive(dir, job string) bool {
-	es, err := jobstatus.List(dir)
+func alive(dirs []string, job string) bool {
+	es, err := jobstatus.ListAll(dirs)
 	if err != nil {
 		return false
 	}
@@ -202,11 +210,11 @@ func alive(dir, job string) bool {
 }
 
 // gone waits, up to limit, until job leaves the registry.
-func gone(ctx context.Context, dir, job string, limit time.Duration) {
+func gone(ctx context.Context, dirs []string, job string, limit time.Duration) {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	deadline := time.Now().Add(limit)
-	for alive(dir, job) && time.Now().Before(deadline) {
+	for alive(dirs, job) && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
 			return

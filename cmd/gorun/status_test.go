@@ -138,7 +138,7 @@ func TestStatusSeveralJobs(t *testing.T) {
 			o := tt.o
 			o.interval, o.timeout = time.Second, 5*time.Second
 			var out, errb bytes.Buffer
-			if code := runStatus(t.Context(), &o, dir, &out, &errb); code != exitError {
+			if code := runStatus(t.Context(), &o, []string{dir}, &out, &errb); code != exitError {
 				t.Fatalf("exit %d, want 1; stdout %q stderr %q", code, out.String(), errb.String())
 			}
 			if !strings.Contains(errb.String(), "2 running jobs; name one") {
@@ -189,7 +189,7 @@ func TestStatusRefusedIsStale(t *testing.T) {
 	}
 	var out, errb bytes.Buffer
 	o := statusOpts{interval: time.Second, timeout: 5 * time.Second}
-	if code := runStatus(t.Context(), &o, dir, &out, &errb); code != exitError || !strings.Contains(errb.String(), "job refused1 ended") {
+	if code := runStatus(t.Context(), &o, []string{dir}, &out, &errb); code != exitError || !strings.Contains(errb.String(), "job refused1 ended") {
 		t.Errorf("exit %d, stderr %q; want 1, job refused1 ended", code, errb.String())
 	}
 	if es, err := jobstatus.List(dir); err != nil || len(es) != 0 {

@@ -52,7 +52,7 @@ func TestStatusWatch(t *testing.T) {
 	var out, errb syncBuffer
 	code := make(chan int, 1)
 	go func() {
-		code <- runStatus(t.Context(), &statusOpts{watch: true, interval: 20 * time.Millisecond, timeout: 10 * time.Second}, dir, &out, &errb)
+		code <- runStatus(t.Context(), &statusOpts{watch: true, interval: 20 * time.Millisecond, timeout: 10 * time.Second}, []string{dir}, &out, &errb)
 	}()
 	for deadline := time.Now().Add(30 * time.Second); strings.Count(out.String(), "spares left:") < 2; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -82,7 +82,7 @@ func TestStatusWatchInterrupted(t *testing.T) {
 	var out, errb syncBuffer
 	code := make(chan int, 1)
 	go func() {
-		code <- runStatus(ctx, &statusOpts{watch: true, json: true, interval: 20 * time.Millisecond, timeout: 10 * time.Second}, dir, &out, &errb)
+		code <- runStatus(ctx, &statusOpts{watch: true, json: true, interval: 20 * time.Millisecond, timeout: 10 * time.Second}, []string{dir}, &out, &errb)
 	}()
 	for deadline := time.Now().Add(30 * time.Second); strings.Count(out.String(), `"version"`) < 2; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {

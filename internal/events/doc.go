@@ -117,6 +117,11 @@
 //	"epoch"    int     the recovery epoch the decision started or joined:
 //	                   its timeline record has the same epoch (absent
 //	                   for none: abort, none, wait)
+//	"detected" number  when the failure was first seen, in seconds since
+//	                   the start (the record's "t" is when it was decided
+//	                   on, later by up to the suspect timeout for a
+//	                   suspected host): gorun status's DETECTED; the
+//	                   timeline's "detected" for the epoch it started
 //	"exit"     int     a rank's exit status (rank-exit; absent when a
 //	                   signal ended it)
 //	"signal"   string  the signal that ended the rank ("SIGKILL"; absent
@@ -192,5 +197,10 @@
 //
 // A launch record's "schema" is the version of the whole file. [Reader]
 // refuses a file whose schema is newer than [SchemaVersion] or missing
-// (a file that does not start with a launch record has none).
+// (a file that does not start with a launch record has none). Schema 1
+// is the form of the first release that writes events files; what
+// changed while it was being written (the failure and under-protected
+// records' "epoch", say) counts as no version. From then on the rule
+// above holds: a change of a field's meaning or type is schema 2. gorun
+// status's snapshot follows the same rule (jobstatus.Version).
 package events

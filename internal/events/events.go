@@ -88,6 +88,10 @@ type Failure struct {
 	Class    string `json:"class,omitempty"`
 	Decision string `json:"decision,omitempty"`
 	Epoch    uint64 `json:"epoch,omitempty"`
+	// Detected is when the failure was first seen, in seconds since the
+	// job started (the record's t is when it was decided on: later for
+	// a suspected host); nil in files of gorun before it.
+	Detected *float64 `json:"detected,omitempty"`
 }
 
 // Fence is a lost host cut off from the job.

@@ -18,9 +18,11 @@ import (
 )
 
 // The registry: one file per running job, <job>.json, mode 0600, in a
-// directory of the user's own, mode 0700 ($XDG_RUNTIME_DIR/gorun when
-// XDG_RUNTIME_DIR is set, else os.TempDir()/gorun-<uid>, or
-// $HOME/.local/state/gorun when another user holds that: Dir). A
+// directory of the user's own, mode 0700: the first of the candidates
+// (Dirs: $XDG_RUNTIME_DIR/gorun when XDG_RUNTIME_DIR is set, else
+// os.TempDir()/gorun-<uid>, … $HOME/.local/state/gorun) where the
+// launcher can make and use it (RegisterFirst); gorun status searches
+// them all (ListAll), since it may run in another environment. A
 // directory that is not the user's, or that others may write, is
 // refused: another user could plant entries there, or read the
 // credentials. The launcher writes its entry once the control plane is
@@ -55,25 +57,89 @@ type Entry struct {
 	// Host can tell (Register fills both if zero).
 	Host     string `json:"host,omitempty"`
 	PIDStart uint64 `json:"pid_start,omitempty"`
+	// Dir is the registry directory List found the entry in (not
+	// written).
+	Dir string `json:"-"`
 }
 
-// Dir is the user's registry directory (it may not exist):
-// $XDG_RUNTIME_DIR/gorun, else os.TempDir()/gorun-<uid>, unless that is
-// held by someone else (anyone may make it while none of the user's jobs
-// runs, the directory going when empty): then $HOME/.local/state/gorun.
-func Dir() string {
-	if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" && filepath.IsAbs(x) {
-		return filepath.Join(x, "gorun")
-	}
-	d := filepath.Join(os.TempDir(), "gorun-"+strconv.Itoa(os.Getuid()))
-	if err := checkDir(d); errors.Is(err, ErrBadRegistry) {
-		if home, err := os.UserHomeDir(); err == nil && filepath.IsAbs(home) {
-			// $HOME may be shared between nodes: entries name their
-			// host (Entry.Host).
-			return filepath.Join(home, ".local", "state", "gorun")
+// Dirs are the candidate registry directories, in the order a launcher
+// tries them (RegisterFirst) and all of which gorun status searches
+// (ListAll): $XDG_RUNTIME_DIR/gorun when XDG_RUNTIME_DIR is set,
+// os.TempDir()/gorun-<uid>, /tmp/gorun-<uid> if TMPDIR names another,
+// /run/user/<uid>/gorun when /run/user/<uid> exists (systemd's
+// XDG_RUNTIME_DIR, for a client without the variable), and
+// $HOME/.local/state/gorun. A job started in another environment
+// (cron, nohup under su, a batch script without XDG_RUNTIME_DIR, or
+// with one that cannot be made) is found all the same.
+func Dirs() []string {
+	var ds []string
+	add := func(d string) {
+		if filepath.IsAbs(d) && !slices.Contains(ds, d) {
+			ds = append(ds, d)
 		}
 	}
-	return d
+	if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" {
+		add(filepath.Join(x, "gorun"))
+	}
+	uid := strconv.Itoa(os.Getuid())
+	add(filepath.Join(os.TempDir(), "gorun-"+uid))
+	add(filepath.Join("/tmp", "gorun-"+uid))
+	if fi, err := os.Stat(filepath.Join("/run/user", uid)); err == nil && fi.IsDir() {
+		add(filepath.Join("/run/user", uid, "gorun")) // systemd's XDG_RUNTIME_DIR
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		add(filepath.Join(home, ".local", "state", "gorun"))
+	}
+	return ds
+}
+
+// RegisterFirst registers e (Register) in the first of dirs where it
+// can, and returns that directory; the error is every directory's when
+// none can take it.
+func RegisterFirst(dirs []string, e *Entry) (dir string, remove func(), err error) {
+	var errs []error
+	for _, d := range dirs {
+		rm, err := Register(d, e)
+		if err == nil {
+			return d, rm, nil
+		}
+		errs = append(errs, err)
+		if !wire.ValidJobID(e.Job) {
+			break
+		}
+	}
+	if len(errs) == 0 {
+		errs = append(errs, errors.New("jobstatus: no registry directory"))
+	}
+	return "", nil, errors.Join(errs...)
+}
+
+// ListAll returns the running jobs' entries in every one of dirs, oldest
+// first, each job once (List). A directory that is unsafe (another
+// user's: ErrBadRegistry) or unreadable is skipped; its error is
+// returned only when no directory could be read.
+func ListAll(dirs []string) ([]*Entry, error) {
+	var out []*Entry
+	var errs []error
+	read := 0
+	for _, d := range dirs {
+		es, err := List(d)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		read++
+		for _, e := range es {
+			if !slices.ContainsFunc(out, func(x *Entry) bool { return x.Job == e.Job }) {
+				out = append(out, e)
+			}
+		}
+	}
+	if read == 0 && len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	slices.SortStableFunc(out, func(a, b *Entry) int { return a.Start.Compare(b.Start) })
+	return out, nil
 }
 
 // checkDir refuses dir unless it is a directory owned by the user that
@@ -218,6 +284,7 @@ func List(dir string) ([]*Entry, error) {
 		case stale:
 			removeEntry(dir, path)
 		case live:
+			e.Dir = dir
 			out = append(out, &e)
 		}
 	}

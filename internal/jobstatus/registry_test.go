@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -146,13 +147,18 @@ func TestRegistryUnsafeDir(t *testing.T) {
 
 func TestDir(t *testing.T) {
 	t.Setenv("XDG_RUNTIME_DIR", "/run/user/7")
-	if d := Dir(); d != "/run/user/7/gorun" {
-		t.Errorf("Dir = %s with XDG_RUNTIME_DIR", d)
+	if d := Dirs(); d[0] != "/run/user/7/gorun" {
+		t.Errorf("Dirs = %s with XDG_RUNTIME_DIR", d)
 	}
 	t.Setenv("XDG_RUNTIME_DIR", "")
 	t.Setenv("TMPDIR", "/tmp/x")
-	if d, want := Dir(), filepath.Join("/tmp/x", "gorun-"+itoa(os.Getuid())); d != want {
-		t.Errorf("Dir = %s, want %s", d, want)
+	t.Setenv("HOME", "/home/u")
+	d := Dirs()
+	if want := filepath.Join("/tmp/x", "gorun-"+itoa(os.Getuid())); d[0] != want {
+		t.Errorf("Dirs = %s, want %s first", d, want)
+	}
+	if want := "/home/u/.local/state/gorun"; d[len(d)-1] != want || !slices.Contains(d, "/tmp/gorun-"+itoa(os.Getuid())) {
+		t.Errorf("Dirs = %s, want /tmp/gorun-<uid> and %s last", d, want)
 	}
 }
 
@@ -305,18 +311,99 @@ func TestDirSquatted(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := filepath.Join(home, ".local", "state", "gorun")
-	if d := Dir(); d != want {
-		t.Fatalf("Dir = %s with %s squatted, want %s", d, squat, want)
+	dir, rm, err := RegisterFirst([]string{squat, want}, entry("job1", os.Getpid()))
+	if err != nil || dir != want {
+		t.Fatalf("RegisterFirst = %s, %v with %s squatted, want %s", dir, err, squat, want)
 	}
-	rm, err := Register(Dir(), entry("job1", os.Getpid()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if es, err := List(Dir()); err != nil || len(es) != 1 {
-		t.Fatalf("List: %v, %v", es, err)
+	if es, err := ListAll([]string{squat, want}); err != nil || len(es) != 1 {
+		t.Fatalf("ListAll: %v, %v", es, err)
 	}
 	rm()
 	if _, err := os.Stat(want); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the empty registry directory stays: %v", err)
+	}
+}
+
+// TestDirsOtherEnvironment: a job started without XDG_RUNTIME_DIR (cron,
+// nohup under su, a batch script) registers in os.TempDir()/gorun-<uid>;
+// gorun status run where XDG_RUNTIME_DIR is set finds it, since ListAll
+// searches every candidate directory (Dirs). Before, gorun status looked
+// only in $XDG_RUNTIME_DIR/gorun (Dir) and said "no running gorun job".
+// A job whose XDG_RUNTIME_DIR cannot be made registers in the next
+// candidate (RegisterFirst) instead of nowhere.
+func TestDirsOtherEnvironment(t *testing.T) {
+	tmp, home, xdg := t.TempDir(), t.TempDir(), t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	t.Setenv("HOME", home)
+	uid := itoa(os.Getuid())
+	tests := []struct {
+		name    string
+		jobXDG  string // the job's XDG_RUNTIME_DIR
+		wantDir string // where it registers
+	}{
+		{"no XDG_RUNTIME_DIR", "", filepath.Join(tmp, "gorun-"+uid)},
+		{"XDG_RUNTIME_DIR cannot be made", "/proc/nouser", filepath.Join(tmp, "gorun-"+uid)},
+		{"XDG_RUNTIME_DIR", xdg, filepath.Join(xdg, "gorun")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("XDG_RUNTIME_DIR", tt.jobXDG)
+			dir, rm, err := RegisterFirst(Dirs(), entry("job1", os.Getpid()))
+			if err != nil {
+				t.Fatalf("RegisterFirst: %v", err)
+			}
+			defer rm()
+			if dir != tt.wantDir {
+				t.Errorf("registered in %s, want %s", dir, tt.wantDir)
+			}
+			// gorun status, in environments unlike the job's (one
+			// without XDG_RUNTIME_DIR finds $XDG_RUNTIME_DIR/gorun only
+			// at systemd's /run/user/<uid>). Other jobs of this user may
+			// be listed too (/tmp/gorun-<uid>).
+			for _, x := range []string{xdg, ""} {
+				if x == "" && tt.jobXDG == xdg {
+					continue
+				}
+				t.Setenv("XDG_RUNTIME_DIR", x)
+				es, err := ListAll(Dirs())
+				i := slices.IndexFunc(es, func(e *Entry) bool { return e.Job == "job1" })
+				if err != nil || i < 0 || es[i].Dir != tt.wantDir {
+					t.Errorf("status with XDG_RUNTIME_DIR=%q: ListAll(%v) = %v, %v; want job1 in %s", x, Dirs(), es, err, tt.wantDir)
+				}
+			}
+		})
+	}
+}
+
+// TestListAllMerges: entries of several directories are merged, oldest
+// first, each once; an unsafe candidate (another user's) is skipped, not
+// an error.
+func TestListAllMerges(t *testing.T) {
+	a, b := filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b")
+	open := filepath.Join(t.TempDir(), "open")
+	if err := os.Mkdir(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	e1, e2 := entry("job1", os.Getpid()), entry("job2", os.Getpid())
+	e2.Start = e1.Start.Add(time.Second)
+	for _, x := range []struct {
+		dir string
+		e   *Entry
+	}{{b, e2}, {a, e1}, {b, e1}} {
+		rm, err := Register(x.dir, x.e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rm()
+	}
+	es, err := ListAll([]string{open, a, b, filepath.Join(t.TempDir(), "missing")})
+	if err != nil || len(es) != 2 || es[0].Job != "job1" || es[0].Dir != a || es[1].Job != "job2" || es[1].Dir != b {
+		t.Fatalf("ListAll = %v, %v; want job1 in %s, job2 in %s", es, err, a, b)
+	}
+	if _, err := ListAll([]string{open}); !errors.Is(err, ErrBadRegistry) {
+		t.Errorf("ListAll of an unsafe directory only: %v, want ErrBadRegistry", err)
 	}
 }

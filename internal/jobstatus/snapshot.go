@@ -14,18 +14,38 @@
 package jobstatus
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// Version is the version of the snapshot's JSON form; it grows when a
-// field changes meaning (fields may be added without it). Version 2: a
-// failure is each failure the recovery state machine decided on (not
-// each recovery epoch), its class the machine's classification (the
-// events file's, and gorun_failures_total's label) rather than what the
-// launcher did; decision, why and rank are new.
-const Version = 2
+// Version is the version of the snapshot's JSON form (Snapshot.Version).
+// Fields may be added within a version; a client ignores the ones it
+// does not know. A field's meaning or type never changes within a
+// version: a change that would is a new version, and gorun status warns
+// when a job's snapshot is newer than it knows (CheckVersion), as gorun
+// report refuses a newer events file (events.CheckSchema). Version 1 is
+// the form of the first release that has gorun status; what changed
+// while it was being written counts as no version.
+const Version = 1
+
+// ErrVersion is CheckVersion's error.
+var ErrVersion = errors.New("jobstatus: snapshot version")
+
+// CheckVersion checks that s is of a version this package knows: an
+// error wrapping ErrVersion if it is newer than Version, or has none (not
+// a gorun snapshot).
+func CheckVersion(s *Snapshot) error {
+	switch {
+	case s.Version <= 0:
+		return fmt.Errorf("%w: the snapshot has no version", ErrVersion)
+	case s.Version > Version:
+		return fmt.Errorf("%w %d is newer than this gorun reads (%d): fields may be missing or mean something else; use a newer gorun", ErrVersion, s.Version, Version)
+	}
+	return nil
+}
 
 // Host states.
 const (
@@ -61,9 +81,11 @@ type Snapshot struct {
 	// disk by every rank; absent without a durable tier or before its
 	// first commit.
 	D *int64 `json:"d,omitempty"`
-	// Redundancy ("replicas:K", "ec:K+M" or "none"), Protect (the protect
-	// mode, "full" or "diff") and Recovery ("in-place" or "restart") are
-	// the job's configuration.
+	// Redundancy is the redundancy in place ("replicas:K", K the fewest
+	// other hosts' copies any rank has, 0 when none could be placed; or
+	// "ec:K+M"), as the events file's launch record says it; Protect (the
+	// protect mode, "full" or "diff") and Recovery ("in-place" or
+	// "restart") are the job's configuration.
 	Redundancy string `json:"redundancy"`
 	Protect    string `json:"protect"`
 	Recovery   string `json:"recovery"`

@@ -3,6 +3,7 @@ package jobstatus
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -110,7 +111,7 @@ func TestRender(t *testing.T) {
 		{"hostloss-ranks.txt", sample(), true},
 		{"failures.txt", failures(), false},
 		{"aborted.txt", aborted(), false},
-		{"starting.txt", &Snapshot{Job: "j0", State: "starting", Prog: "true", NP: 1, G: -1, Redundancy: "none", Protect: "full", Recovery: "restart",
+		{"starting.txt", &Snapshot{Job: "j0", State: "starting", Prog: "true", NP: 1, G: -1, Redundancy: "replicas:0", Protect: "full", Recovery: "restart",
 			Start: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), Now: time.Date(2026, 1, 1, 0, 0, 1, 0, time.UTC),
 			Hosts: []Host{{Name: "localhost", State: HostRunning, Ranks: "0", NRanks: 1}}}, false},
 	} {
@@ -140,5 +141,24 @@ func TestSnapshotJSON(t *testing.T) {
 	b2, _ := json.MarshalIndent(&back, "", "  ")
 	if !bytes.Equal(b, b2) {
 		t.Errorf("round trip differs:\n%s\n%s", b, b2)
+	}
+}
+
+// TestCheckVersion: gorun status checks the snapshot's version, as
+// events.CheckSchema checks the events file's: a newer one than this
+// client knows, or none, is an error wrapping ErrVersion (the client
+// warns); before, nothing read "version".
+func TestCheckVersion(t *testing.T) {
+	for _, tt := range []struct {
+		version int
+		ok      bool
+	}{{Version, true}, {Version + 1, false}, {0, false}} {
+		err := CheckVersion(&Snapshot{Version: tt.version})
+		if tt.ok != (err == nil) || !tt.ok && !errors.Is(err, ErrVersion) {
+			t.Errorf("CheckVersion(version %d) = %v; want ok %v, or ErrVersion", tt.version, err, tt.ok)
+		}
+	}
+	if Version != 1 {
+		t.Errorf("Version = %d: version 1 is the first released form (doc: # Versions)", Version)
 	}
 }

@@ -137,8 +137,12 @@ type Takeover struct {
 	Spare bool // the host was a spare (else a host with free slots)
 }
 
-// Failure is a failure record on a host's row.
+// Failure is a failure record on a host's row. Its Epoch is, for a
+// failure that waited for a replacement (decision wait), the epoch of the
+// splice that replaced its host (0 if none did), not the record's.
 type Failure struct {
+	// T is when it was detected (the record's "detected", gorun
+	// status's DETECTED; the record's t in a file without it).
 	T    float64
 	Host int // row index, -1 if the host is not in the launch record
 	events.Failure
@@ -220,7 +224,11 @@ func Build(recs []events.Record) (*Model, error) {
 			m.Exit = &x
 			m.Duration = max(m.Duration, e.Duration)
 		case events.Failure:
-			m.Failures = append(m.Failures, Failure{T: r.T, Host: row(e.Host), Failure: e})
+			at := r.T
+			if e.Detected != nil {
+				at = *e.Detected
+			}
+			m.Failures = append(m.Failures, Failure{T: at, Host: row(e.Host), Failure: e})
 		case events.Fence:
 			if h := row(e.Host); h >= 0 && activeFrom[h] >= 0 {
 				m.Hosts[h].Active = append(m.Hosts[h].Active, Span{activeFrom[h], r.T})
@@ -230,6 +238,7 @@ func Build(recs []events.Record) (*Model, error) {
 				idleFrom[h] = -1
 			}
 		case events.Splice:
+			m.linkWait(e)
 			if h := row(e.With); h >= 0 {
 				if idleFrom[h] >= 0 {
 					m.Hosts[h].Idle = append(m.Hosts[h].Idle, Span{idleFrom[h], r.T})
@@ -341,6 +350,20 @@ func (m *Model) collapse(steps [][]StepPoint) [][]StepPoint {
 	}
 	m.Hosts = rows
 	return rowSteps
+}
+
+// linkWait gives the failure that waited for a replacement of the host
+// splice s replaces (decision wait, no epoch yet: the newest such of
+// s.Lost) the splice's epoch, as gorun status does (its statusState's
+// spliced): its recovery is that epoch's.
+func (m *Model) linkWait(s events.Splice) {
+	for i := len(m.Failures) - 1; i >= 0; i-- {
+		f := &m.Failures[i]
+		if f.Failure.Host == s.Lost && f.Epoch == 0 && f.Decision == "wait" {
+			f.Epoch = s.Epoch
+			return
+		}
+	}
 }
 
 // failureRecovery says how f's recovery epoch went, by its epoch (the

@@ -251,3 +251,57 @@ func TestCollapse(t *testing.T) {
 		t.Errorf("%d rows for %d hosts, want one each", len(small.Hosts), CollapseAbove)
 	}
 }
+
+// TestBuildWaitLinksSplice: a failure that waited for a replacement
+// (decision wait, no epoch in its record) is linked to the next splice
+// whose lost host is its host, as gorun status links it: the report
+// shows that splice's epoch and its recovery, not "epoch 0, recovery -".
+// Another host's wait, never spliced, stays unlinked.
+func TestBuildWaitLinksSplice(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	recs := []events.Record{
+		{T: 0, Event: events.Launch{Schema: events.SchemaVersion, Job: "j", NP: 2, Redundancy: "replicas:1", Protect: "full", Recovery: "in-place",
+			Hosts: []events.LaunchHost{{Name: "h0", Role: events.RoleRunning, Ranks: []int{0}}, {Name: "h1", Role: events.RoleRunning, Ranks: []int{1}},
+				{Name: "s0", Role: events.RoleSpare, Ranks: []int{}}, {Name: "s1", Role: events.RoleSpare, Ranks: []int{}}}}},
+		{T: 1, Event: events.Failure{Host: "s1", Rank: -1, What: events.FailHostLost, Class: "host-loss", Decision: "none"}},
+		{T: 1.5, Event: events.Failure{Host: "h1", Rank: -1, What: events.FailAgent, Class: "host-loss", Decision: "wait"}},
+		{T: 1.6, Event: events.Failure{Host: "h0", Rank: -1, What: events.FailAgent, Class: "host-loss", Decision: "wait"}},
+		{T: 3, Event: events.Splice{Epoch: 1, Lost: "h1", With: "s0", Ranks: []int{1}, Spare: true}},
+		{T: 4, Event: events.Timeline{Epoch: 1, Cause: "h1 lost", Detected: f(3), Classified: f(3), Replaced: f(3), Published: f(3.5), Restored: f(3.8), Resumed: f(4)}},
+		{T: 5, Event: events.Exit{Code: 1, Duration: 5}},
+	}
+	m, err := Build(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Failures) != 3 {
+		t.Fatalf("failures %+v", m.Failures)
+	}
+	if w := m.Failures[1]; w.Host != 1 || w.Epoch != 1 || w.Recovery != "1.00 s to resume" {
+		t.Errorf("h1's wait: epoch %d, recovery %q; want epoch 1, %q", w.Epoch, w.Recovery, "1.00 s to resume")
+	}
+	if w := m.Failures[2]; w.Epoch != 0 || w.Recovery != "-" {
+		t.Errorf("h0's wait, never spliced: epoch %d, recovery %q; want 0, -", w.Epoch, w.Recovery)
+	}
+}
+
+// TestBuildFailureDetected: a failure is placed and timed at its
+// detection (the record's "detected", gorun status's DETECTED), not at
+// the record's t (when it was decided on); a record without "detected"
+// (an older gorun's) at its t.
+func TestBuildFailureDetected(t *testing.T) {
+	detected := 1.692
+	recs := []events.Record{
+		{T: 0, Event: events.Launch{Schema: events.SchemaVersion, Job: "j", NP: 1, Hosts: []events.LaunchHost{{Name: "h0", Role: events.RoleRunning, Ranks: []int{0}}}}},
+		{T: 1.741, Event: events.Failure{Host: "h0", Rank: 0, What: events.FailRankExit, Class: "rank-exit", Decision: "abort", Detected: &detected}},
+		{T: 2.5, Event: events.Failure{Host: "h0", Rank: 0, What: events.FailRankExit, Class: "rank-exit", Decision: "abort"}},
+		{T: 3, Event: events.Exit{Code: 1, Duration: 3}},
+	}
+	m, err := Build(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Failures) != 2 || m.Failures[0].T != detected || m.Failures[1].T != 2.5 {
+		t.Fatalf("failures %+v; want at %v (detected) and 2.5 (no detected: t)", m.Failures, detected)
+	}
+}
