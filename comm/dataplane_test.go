@@ -235,26 +235,41 @@ func TestSendRecvErrors(t *testing.T) {
 
 // TestSendContext: a Send blocked by a peer that does not read returns when
 // its context ends; the partial message is never delivered, the ones
-// before it are, and the peer then learns the link is gone.
+// before it are, and the peer then learns the link is gone. A context that
+// ends between two Sends (the write before it just finished, as a loaded
+// machine may have it) interrupts nothing: the link stays, and the test
+// sends a marker and blocks again until a Send is cut mid-message.
 func TestSendContext(t *testing.T) {
 	comms := newWorld(t, 2, worldOpts{log: io.Discard})
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
 	msg := make([]byte, 1<<20)
-	sent := 0
-	err := within(t, 10*time.Second, func() error {
-		for {
-			if err := comms[0].Send(ctx, 1, msg); err != nil {
-				return err
+	var lens []int // what the peer must receive, in order
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		err := within(t, 10*time.Second, func() error {
+			for {
+				if err := comms[0].Send(ctx, 1, msg); err != nil {
+					return err
+				}
+				lens = append(lens, len(msg))
 			}
-			sent++
+		})
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Send to a peer that does not read: %v", err)
 		}
-	})
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Send to a peer that does not read: %v", err)
-	}
-	if err := comms[0].Send(context.Background(), 1, []byte("x")); !errors.Is(err, ErrPeerLost) {
-		t.Fatalf("Send after an interrupted one: %v", err)
+		err = comms[0].Send(context.Background(), 1, []byte("x"))
+		if errors.Is(err, ErrPeerLost) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("Send after an interrupted one: %v, want ErrPeerLost (or nil if it had written nothing)", err)
+		}
+		// The interrupted Send had written nothing: "x" follows the
+		// messages before it.
+		lens = append(lens, 1)
+		if attempt == 3 {
+			t.Fatalf("no Send was cut mid-message in %d attempts", attempt+1)
+		}
 	}
 	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer rcancel()
@@ -267,13 +282,13 @@ func TestSendContext(t *testing.T) {
 			}
 			break
 		}
-		if len(b) != len(msg) {
-			t.Fatalf("a message of %d bytes was delivered", len(b))
+		if got >= len(lens) || len(b) != lens[got] {
+			t.Fatalf("message %d of %d bytes was delivered (%d sent: %v)", got, len(b), len(lens), lens)
 		}
 		got++
 	}
-	if got != sent {
-		t.Fatalf("%d messages sent, %d delivered", sent, got)
+	if got != len(lens) {
+		t.Fatalf("%d messages sent, %d delivered", len(lens), got)
 	}
 }
 
