@@ -80,6 +80,23 @@ func (j *testJob) host(t *testing.T, host int, log *slog.Logger) *comm.Control {
 	return c
 }
 
+// seeAll subscribes nc to every subject of the server (the launcher's view
+// of what reaches the job), flushed so that nothing published after it
+// returns is missed; the subscription ends with the test.
+func seeAll(t *testing.T, nc *nats.Conn) chan *nats.Msg {
+	t.Helper()
+	all := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe(">", all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return all
+}
+
 // TestHostCannotPublishForOthers: an agent's credential cannot publish
 // control (kill, restart, epochs, G, fences, another host's stdin) nor on
 // another host's subjects. The server drops the message: a subscriber of
@@ -87,15 +104,7 @@ func (j *testJob) host(t *testing.T, host int, log *slog.Logger) *comm.Control {
 // sent, never sees it.
 func TestHostCannotPublishForOthers(t *testing.T) {
 	j := startJob(t, "", 2)
-	all := make(chan *nats.Msg, 64)
-	sub, err := j.launcher.ChanSubscribe(">", all)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := j.launcher.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	all := seeAll(t, j.launcher.Conn)
 	var logs gortest.SyncBuffer
 	h0 := j.host(t, 0, slog.New(slog.NewTextHandler(&logs, nil)))
 	s, mine, other := wire.JobSubjects(job), wire.JobSubjects(job).ForHost(0), wire.JobSubjects(job).ForHost(1)

@@ -63,15 +63,7 @@ func statusConn(t *testing.T, url string, kp nkeys.KeyPair, errs chan error) *na
 func TestStatusUserRequestOnly(t *testing.T) {
 	j, kp := statusJob(t)
 	s := wire.JobSubjects(job)
-	all := make(chan *nats.Msg, 64)
-	sub, err := j.launcher.ChanSubscribe(">", all)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := j.launcher.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	all := seeAll(t, j.launcher.Conn)
 	errs := make(chan error, 64)
 	nc := statusConn(t, j.url(t), kp, errs)
 	h0 := s.ForHost(0)
