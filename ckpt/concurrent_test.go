@@ -117,6 +117,65 @@ func TestConcurrentReader(t *testing.T) {
 	}
 }
 
+// TestReadBetweenHeaderReads moves a writer on between a reader's reads
+// of the two slots' headers: step 3 is being staged into slot 0 when the
+// reader reads it, and by the time it reads slot 1 the writer has
+// committed step 3 and is staging step 4 there. Neither slot looked
+// committed, but one always was: Newest and At(3) must read again and
+// return step 3, not report that nothing (or not step 3) was committed
+// (CI once saw Newest do that).
+func TestReadBetweenHeaderReads(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		read func(*Slots) (*Snapshot, error)
+	}{
+		{"Newest", (*Slots).Newest},
+		{"At", func(s *Slots) (*Snapshot, error) { return s.At(3) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, opt := create(t, testRegions)
+			r := reopen(t, opt)
+			commit(t, w, 1)
+			commit(t, w, 2)
+			third, err := w.Stage(3) // into slot 0; slot 1 holds step 2
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, v := range third.Views() {
+				fill(3, i, v)
+			}
+			moved := false
+			testReadHook = func(slot int) {
+				if slot == 0 && !moved {
+					moved = true
+					if err := third.Commit(); err != nil {
+						t.Error(err)
+					}
+					if _, err := w.Stage(4); err != nil { // into slot 1, left staging
+						t.Error(err)
+					}
+				}
+			}
+			defer func() { testReadHook = nil }()
+			sn, err := tc.read(r)
+			if !moved {
+				t.Fatal("the hook never ran")
+			}
+			if err != nil {
+				t.Fatalf("%s: %v, want step 3", tc.name, err)
+			}
+			if sn.Step != 3 || !sn.Valid() {
+				t.Fatalf("%s: step %d (valid %v), want step 3", tc.name, sn.Step, sn.Valid())
+			}
+			for i, v := range sn.Views() {
+				if !bytes.Equal(v, want(3, i, int64(len(v)))) {
+					t.Fatalf("region %d of step 3 differs", i)
+				}
+			}
+		})
+	}
+}
+
 // TestConcurrentUse runs Stage/Commit, Newest, Committed and Regions from
 // several goroutines on one Slots (for the race detector), then Close
 // beside them.

@@ -34,7 +34,13 @@ func (s *Slots) At(step uint64) (*Snapshot, error) {
 // atOnce is one try of At; changed says that the slot changed while it
 // was read, and the try counts for nothing.
 func (s *Slots) atOnce(step uint64) (sn *Snapshot, changed bool, err error) {
-	info := [2]slotInfo{s.readInfo(0), s.readInfo(1)}
+	var info [2]slotInfo
+	for i := range info {
+		info[i] = s.readInfo(i)
+		if testReadHook != nil {
+			testReadHook(i)
+		}
+	}
 	slot := -1
 	for i, in := range info {
 		if in.state != stateCommitted || in.step != step {
@@ -47,6 +53,10 @@ func (s *Slots) atOnce(step uint64) (sn *Snapshot, changed bool, err error) {
 		slot = i
 	}
 	if slot < 0 {
+		if s.readInfo(0) != info[0] || s.readInfo(1) != info[1] {
+			// The headers moved between the two reads (see newestOnce).
+			return nil, true, nil
+		}
 		return nil, false, fmt.Errorf("%w: step %d (%s)", ErrNoStep, step, describe(info))
 	}
 	sums, err := s.verify(slot, step)

@@ -363,6 +363,11 @@ func newestSlot(info [2]slotInfo) int {
 // written nothing more. For the crash tests.
 var testWriteHook func(write int) bool
 
+// testReadHook, when set, is called by Newest and At after they read slot
+// i's state and step, before they read the other slot's: the tests move the
+// writer on between the two reads.
+var testReadHook func(slot int)
+
 var errStopped = errors.New("ckpt: stopped by the test hook")
 
 func stopAt(write int) bool {
@@ -539,7 +544,13 @@ func (s *Slots) Newest() (*Snapshot, error) {
 // newestOnce is one try of Newest; changed says that a slot changed while
 // it was read, and the try counts for nothing.
 func (s *Slots) newestOnce() (sn *Snapshot, changed bool, err error) {
-	info := [2]slotInfo{s.readInfo(0), s.readInfo(1)}
+	var info [2]slotInfo
+	for i := range info {
+		info[i] = s.readInfo(i)
+		if testReadHook != nil {
+			testReadHook(i)
+		}
+	}
 	var errs []error
 	var cands []int
 	for i, in := range info {
@@ -574,6 +585,13 @@ func (s *Slots) newestOnce() (sn *Snapshot, changed bool, err error) {
 			return sn, false, nil
 		}
 		errs = append(errs, err)
+	}
+	// The two headers were read one after the other: a writer that
+	// committed one slot and staged the other between the two reads makes
+	// both look uncommitted (or both claim a step) though neither ever
+	// was at one instant. The answer stands only if neither header moved.
+	if s.readInfo(0) != info[0] || s.readInfo(1) != info[1] {
+		return nil, true, nil
 	}
 	if len(errs) == 0 {
 		return nil, false, ErrEmpty
