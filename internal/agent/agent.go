@@ -98,7 +98,8 @@ type agent struct {
 	// protect is the spec's protection settings (parseProtect).
 	protect protectSettings
 	out     *batcher
-	dir     string // private per-job directory, removed at exit
+	dir     string      // private per-job directory, removed at exit
+	jobDir  *heldJobDir // dir, held while the agent lives (jobdir.go)
 	// mports is the MASTER_PORT pool, held until an epoch uses a port.
 	mports *portPool
 
@@ -581,12 +582,14 @@ func (a *agent) start(t *wire.EpochTable) error {
 		a.notStarted(t, a.places)
 		return nil
 	}
-	dir, err := os.MkdirTemp("", "gorun-"+a.cfg.Job+"-")
+	jd, err := makeJobDir(os.TempDir(), a.cfg.Job)
 	if err != nil {
-		return fmt.Errorf("creating job directory: %w", err)
+		return err
 	}
-	a.dir = dir
+	a.jobDir, a.dir = jd, jd.path
+	dir := jd.path
 	sweepSlots(a.log)
+	sweepJobDirsLog("", a.log)
 	// The ranks of a host share one temporary directory (TMPDIR) inside the
 	// job directory; directory operations are slow enough on some file
 	// systems to show in the launch time of many ranks.
@@ -1008,11 +1011,11 @@ wait:
 		a.out.Close()
 	}
 	a.ompi.removeDir(a)
-	if a.dir != "" {
-		if err := os.RemoveAll(a.dir); err != nil {
-			a.log.Warn("cannot remove job directory", "err", err)
-		}
+	if err := a.jobDir.remove(); err != nil {
+		a.log.Warn("cannot remove job directory", "err", err)
 	}
+	// A killed agent of this job on this file system left its directory.
+	sweepJobDirsLog(a.cfg.Job, a.log)
 
 	if a.ctl != nil {
 		_ = a.ctl.FlushTimeout(2 * time.Second)

@@ -1,0 +1,195 @@
+package agent
+
+// An agent's job directory, $TMPDIR/gorun-<job>-<n>.agent, holds its
+// ranks' TMPDIR and sockets; the agent removes it when it ends. An agent
+// killed before it could (SIGKILL, a lost host whose /tmp stays, hosts
+// emulated by network namespaces sharing one) leaves it behind: the
+// agent holds an exclusive flock(2) on the directory for its whole life,
+// the kernel drops it when the agent dies, however it dies, and
+// sweepJobDirs removes the directories nobody holds. It runs when an
+// agent starts (any ended job's leftovers on the host) and when it ends
+// (its own job's: a crashed agent of the job on the same file system is
+// cleaned when the job ends, not at the next job). Slot files
+// (ckpt.Sweep) and Open MPI's directories (sweepOMPIDirs) are swept the
+// same way.
+//
+// The ".agent" suffix makes the name the agent's alone: without it,
+// other programs' temporary directories named gorun-<word>-<digits>
+// (gorun's own tests make gorun-e2e-bin-<n>) would be job directories of
+// job <word>, and swept while in use.
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/gorun/gorun/internal/wire"
+)
+
+const (
+	jobDirPrefix = "gorun-"
+	jobDirSuffix = ".agent"
+	// jobDirTries is how many directories makeJobDir makes before it
+	// gives up: each lost one was taken by a sweeper between its
+	// creation and its lock, which needs a sweep at that very moment.
+	jobDirTries = 5
+)
+
+// testJobDirMade, when set, is called by makeJobDir between a
+// directory's creation and its lock: the tests sweep there.
+var testJobDirMade func(path string)
+
+// heldJobDir is an agent's job directory, held: its exclusive flock
+// stays until remove.
+type heldJobDir struct {
+	path string
+	f    *os.File // the directory, open and locked; nil once removed
+}
+
+// makeJobDir creates job's directory in parent (os.TempDir() for an
+// agent) and locks it before anything goes in.
+//
+// The directory gets its final name at once and is locked afterwards;
+// a sweeper may come in between. It cannot take a directory in use:
+// a sweeper removes a directory only while it holds the exclusive lock
+// on it, after checking that the name still leads to what it locked,
+// and lets go only once it removed it; makeJobDir takes the same lock
+// without waiting, then checks that the name still leads to what it
+// locked. The two locks exclude each other, so either makeJobDir's
+// comes first, and every sweep fails to lock the directory while the
+// agent lives, or a sweeper's does, and makeJobDir either fails to
+// lock (the sweeper is at work) or finds the name gone (it is done):
+// both times it lets the directory go and makes another. Creating under
+// another name, locking and renaming would not do better: an agent
+// killed before the rename would leave a name no sweep recognises. Here
+// an agent killed before its lock leaves an unlocked directory of the
+// right name, which the next sweep removes. The names compared are
+// those of inodes the comparer holds open, whose numbers cannot be
+// reused meanwhile.
+func makeJobDir(parent, job string) (*heldJobDir, error) {
+	if !wire.ValidJobID(job) {
+		return nil, fmt.Errorf("job directory: invalid job id %q", job)
+	}
+	for range jobDirTries {
+		path, err := os.MkdirTemp(parent, jobDirPrefix+job+"-*"+jobDirSuffix)
+		if err != nil {
+			return nil, fmt.Errorf("creating the job directory: %w", err)
+		}
+		if testJobDirMade != nil {
+			testJobDirMade(path)
+		}
+		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // swept already
+		}
+		if err != nil {
+			return nil, fmt.Errorf("opening the job directory: %w", err)
+		}
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil && sameFile(f, path) {
+			return &heldJobDir{path: path, f: f}, nil
+		}
+		f.Close()
+		if err != nil && !errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("locking the job directory: %w", err)
+		}
+		// A sweeper holds it, or removed it: it goes, make another.
+	}
+	return nil, fmt.Errorf("creating the job directory: swept %d times while it was being made", jobDirTries)
+}
+
+// remove removes the directory, then lets go of its lock: a sweeper
+// never sees it unlocked.
+func (d *heldJobDir) remove() error {
+	if d == nil || d.f == nil {
+		return nil
+	}
+	err := os.RemoveAll(d.path)
+	d.f.Close()
+	d.f = nil
+	return err
+}
+
+// jobDirJob returns the job whose directory name is: gorun-<job>-<n>.agent
+// with job a valid job id and n the decimal number os.MkdirTemp puts
+// there. Job ids may hold '-', n never does: the last '-' ends the job's.
+func jobDirJob(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, jobDirPrefix)
+	if !ok {
+		return "", false
+	}
+	if rest, ok = strings.CutSuffix(rest, jobDirSuffix); !ok {
+		return "", false
+	}
+	i := strings.LastIndexByte(rest, '-')
+	if i < 0 {
+		return "", false
+	}
+	job, n := rest[:i], rest[i+1:]
+	if n == "" || strings.TrimLeft(n, "0123456789") != "" || !wire.ValidJobID(job) {
+		return "", false
+	}
+	if _, err := strconv.ParseUint(n, 10, 32); err != nil {
+		return "", false
+	}
+	return job, true
+}
+
+// sweepJobDirs removes the job directories in parent that no agent holds,
+// those of job only unless job is "", and returns their names. Only
+// directories are judged, never followed through a symbolic link, and
+// only this user's.
+func sweepJobDirs(parent, job string) ([]string, error) {
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return nil, fmt.Errorf("sweeping job directories: %w", err)
+	}
+	var swept []string
+	var errs []error
+	for _, e := range entries {
+		j, ok := jobDirJob(e.Name())
+		if !ok || !e.IsDir() || job != "" && j != job {
+			continue
+		}
+		path := filepath.Join(parent, e.Name())
+		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+		if err != nil {
+			continue // gone meanwhile, replaced by a link, or not ours to open
+		}
+		var st syscall.Stat_t
+		if syscall.Fstat(int(f.Fd()), &st) != nil || st.Uid != uint32(os.Getuid()) {
+			f.Close() // another user's: not ours to judge
+			continue
+		}
+		// Only the sweeper's own lock is left when the directory goes
+		// (makeJobDir). In a sticky /tmp nobody else can rename the
+		// name away between the check and the removal.
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil && sameFile(f, path) {
+			if err := os.RemoveAll(path); err != nil {
+				errs = append(errs, fmt.Errorf("sweeping job directories: %w", err))
+			} else {
+				swept = append(swept, e.Name())
+			}
+		}
+		f.Close()
+	}
+	return swept, errors.Join(errs...)
+}
+
+// sweepJobDirsLog sweeps the job directories in os.TempDir() (of job
+// only, unless it is "") and logs what it removed.
+func sweepJobDirsLog(job string, log *slog.Logger) {
+	swept, err := sweepJobDirs(os.TempDir(), job)
+	if err != nil {
+		log.Warn("sweeping leftover job directories", "err", err)
+	}
+	if len(swept) > 0 {
+		log.Info("removed the job directories of ended agents", "dirs", swept)
+	}
+}
