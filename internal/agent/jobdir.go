@@ -41,9 +41,9 @@ const (
 	jobDirTries = 5
 )
 
-// testJobDirMade, when set, is called by makeJobDir between a
-// directory's creation and its lock: the tests sweep there.
-var testJobDirMade func(path string)
+// testJobDirOpened, when set, is called by makeJobDir between a
+// directory's opening and its lock: the tests sweep there.
+var testJobDirOpened func(path string)
 
 // heldJobDir is an agent's job directory, held: its exclusive flock
 // stays until remove.
@@ -81,15 +81,15 @@ func makeJobDir(parent, job string) (*heldJobDir, error) {
 		if err != nil {
 			return nil, fmt.Errorf("creating the job directory: %w", err)
 		}
-		if testJobDirMade != nil {
-			testJobDirMade(path)
-		}
 		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // swept already
 		}
 		if err != nil {
 			return nil, fmt.Errorf("opening the job directory: %w", err)
+		}
+		if testJobDirOpened != nil {
+			testJobDirOpened(path)
 		}
 		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil && sameFile(f, path) {
