@@ -308,6 +308,12 @@ func TestAgentSweepsJobDirs(t *testing.T) {
 	}
 	// Killed agents of the job, and of another, on the same /tmp.
 	sameJob, otherJob := mk("gorun-"+job+"-2.agent"), mk("gorun-otherjob-3.agent")
+	// And the Open MPI directory of one in /dev/shm.
+	sameJobShm := filepath.Join(shmDir, "gorun-"+job+"-h5-g0")
+	if err := os.Mkdir(sameJobShm, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(sameJobShm)
 	j.send(&wire.Control{Op: wire.OpKill})
 	j.send(&wire.Control{Op: wire.OpExit})
 	select {
@@ -319,7 +325,7 @@ func TestAgentSweepsJobDirs(t *testing.T) {
 	case <-j.ctx.Done():
 		t.Fatal("the agent did not exit")
 	}
-	for _, gone := range []string{own[0], sameJob} {
+	for _, gone := range []string{own[0], sameJob, sameJobShm} {
 		if _, err := os.Stat(gone); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s is still there (%v)", gone, err)
 		}

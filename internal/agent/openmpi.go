@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -277,31 +278,40 @@ func sameFile(f *os.File, path string) bool {
 	return err == nil && os.SameFile(fi, pi)
 }
 
-// ompiDirName matches the Open MPI directories agents make in /dev/shm:
-// gorun-<job>-h<host>-g<gen>.
-func ompiDirName(name string) bool {
+// ompiDirJob returns the job of an Open MPI directory agents make in
+// /dev/shm, by its name: gorun-<job>-h<host>-g<gen>.
+func ompiDirJob(name string) (string, bool) {
 	rest, ok := strings.CutPrefix(name, "gorun-")
 	if !ok {
-		return false
+		return "", false
 	}
 	i := strings.LastIndex(rest, "-h")
 	if i <= 0 {
-		return false
+		return "", false
 	}
 	host, gen, ok := strings.Cut(rest[i+2:], "-g")
 	if !ok {
-		return false
+		return "", false
 	}
 	_, herr := strconv.ParseUint(host, 10, 31)
 	_, gerr := strconv.ParseUint(gen, 10, 64)
-	return herr == nil && gerr == nil
+	if herr != nil || gerr != nil || !wire.ValidJobID(rest[:i]) {
+		return "", false
+	}
+	return rest[:i], true
+}
+
+// ompiDirName matches the Open MPI directories agents make in /dev/shm.
+func ompiDirName(name string) bool {
+	_, ok := ompiDirJob(name)
+	return ok
 }
 
 // sweepOMPIDirs removes the Open MPI directories in dir (shmDir) that no
 // agent holds (makeHeldDir): those of agents killed before they cleaned
-// up. Only this user's directories are judged. It returns what it
-// removed.
-func sweepOMPIDirs(dir string) ([]string, error) {
+// up; those of job only, unless job is "". Only this user's directories
+// are judged. It returns what it removed.
+func sweepOMPIDirs(dir, job string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -309,7 +319,8 @@ func sweepOMPIDirs(dir string) ([]string, error) {
 	var swept []string
 	var errs []error
 	for _, e := range entries {
-		if !e.IsDir() || !ompiDirName(e.Name()) {
+		j, ok := ompiDirJob(e.Name())
+		if !e.IsDir() || !ok || job != "" && j != job {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())
@@ -332,4 +343,14 @@ func sweepOMPIDirs(dir string) ([]string, error) {
 		f.Close()
 	}
 	return swept, errors.Join(errs...)
+}
+
+// sweepOMPIDirsLog sweeps the Open MPI directories in shmDir (of job
+// only, unless it is "") and logs what it removed.
+func sweepOMPIDirsLog(job string, log *slog.Logger) {
+	if swept, err := sweepOMPIDirs(shmDir, job); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		log.Warn("sweeping leftover Open MPI directories", "err", err)
+	} else if len(swept) > 0 {
+		log.Info("removed the Open MPI directories of ended agents", "dirs", len(swept))
+	}
 }

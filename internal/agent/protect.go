@@ -1,9 +1,7 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"maps"
 	"net"
@@ -414,9 +412,5 @@ func sweepSlots(log *slog.Logger) {
 	} else if len(swept) > 0 {
 		log.Info("removed the protected state of ended jobs", "jobs", swept)
 	}
-	if swept, err := sweepOMPIDirs(shmDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		log.Warn("sweeping leftover Open MPI directories", "err", err)
-	} else if len(swept) > 0 {
-		log.Info("removed the Open MPI directories of ended jobs", "dirs", len(swept))
-	}
+	sweepOMPIDirsLog("", log)
 }
