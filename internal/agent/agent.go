@@ -1014,8 +1014,10 @@ wait:
 	if err := a.jobDir.remove(); err != nil {
 		a.log.Warn("cannot remove job directory", "err", err)
 	}
-	// A killed agent of this job on this file system left its directory.
+	// Agents of this job killed on this host (or another sharing its
+	// file systems: network namespaces) left their directories.
 	sweepJobDirsLog(a.cfg.Job, a.log)
+	sweepOMPIDirsLog(a.cfg.Job, a.log)
 
 	if a.ctl != nil {
 		_ = a.ctl.FlushTimeout(2 * time.Second)
