@@ -13,6 +13,10 @@ package agent
 // (ckpt.Sweep) and Open MPI's directories (sweepOMPIDirs) are swept the
 // same way.
 //
+// All this only where os.TempDir() is on a local file system (localfs.go):
+// elsewhere a lock may not be seen from another host, and directories
+// are neither held nor swept.
+//
 // The ".agent" suffix makes the name the agent's alone: without it,
 // other programs' temporary directories named gorun-<word>-<digits>
 // (gorun's own tests make gorun-e2e-bin-<n>) would be job directories of
@@ -41,19 +45,36 @@ const (
 	jobDirTries = 5
 )
 
-// testJobDirOpened, when set, is called by makeJobDir between a
-// directory's opening and its lock: the tests sweep there.
-var testJobDirOpened func(path string)
-
-// heldJobDir is an agent's job directory, held: its exclusive flock
-// stays until remove.
-type heldJobDir struct {
-	path string
-	f    *os.File // the directory, open and locked; nil once removed
+// jobDirSys is how makeJobDir reaches the system; the zero value is the
+// real one. Tests replace parts.
+type jobDirSys struct {
+	statfs statfsFunc              // the parent's file system (tmpPolicyFor)
+	flock  func(fd, how int) error // syscall.Flock
+	opened func(path string)       // called between a directory's opening and its lock
 }
 
+func (s *jobDirSys) lock(f *os.File) error {
+	if s != nil && s.flock != nil {
+		return s.flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	}
+	return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+}
+
+// heldJobDir is an agent's job directory, held (when its file system
+// lets it): its exclusive flock stays until remove.
+type heldJobDir struct {
+	path string
+	f    *os.File // the directory, open and locked; nil when unheld or removed
+}
+
+// held reports whether the directory's lock is held.
+func (d *heldJobDir) held() bool { return d.f != nil }
+
 // makeJobDir creates job's directory in parent (os.TempDir() for an
-// agent) and locks it before anything goes in.
+// agent) and, on a local file system, locks it before anything goes in.
+// Elsewhere, or where the file system refuses the lock (lockUnsupported),
+// the directory is made unheld: no agent sweeps it there, and one that
+// tried could not lock it either.
 //
 // The directory gets its final name at once and is locked afterwards;
 // a sweeper may come in between. It cannot take a directory in use:
@@ -72,14 +93,21 @@ type heldJobDir struct {
 // right name, which the next sweep removes. The names compared are
 // those of inodes the comparer holds open, whose numbers cannot be
 // reused meanwhile.
-func makeJobDir(parent, job string) (*heldJobDir, error) {
+func makeJobDir(parent, job string, sys *jobDirSys) (*heldJobDir, error) {
 	if !wire.ValidJobID(job) {
 		return nil, fmt.Errorf("job directory: invalid job id %q", job)
 	}
+	if sys == nil {
+		sys = &jobDirSys{}
+	}
+	hold := tmpPolicyFor(parent, sys.statfs).local
 	for range jobDirTries {
 		path, err := os.MkdirTemp(parent, jobDirPrefix+job+"-*"+jobDirSuffix)
 		if err != nil {
 			return nil, fmt.Errorf("creating the job directory: %w", err)
+		}
+		if !hold {
+			return &heldJobDir{path: path}, nil
 		}
 		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -88,14 +116,19 @@ func makeJobDir(parent, job string) (*heldJobDir, error) {
 		if err != nil {
 			return nil, fmt.Errorf("opening the job directory: %w", err)
 		}
-		if testJobDirOpened != nil {
-			testJobDirOpened(path)
+		if sys.opened != nil {
+			sys.opened(path)
 		}
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		err = sys.lock(f)
 		if err == nil && sameFile(f, path) {
 			return &heldJobDir{path: path, f: f}, nil
 		}
 		f.Close()
+		if lockUnsupported(err) {
+			// No flock here: the directory stays, unheld, as no sweep
+			// can lock it either.
+			return &heldJobDir{path: path}, nil
+		}
 		if err != nil && !errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("locking the job directory: %w", err)
 		}
@@ -107,13 +140,38 @@ func makeJobDir(parent, job string) (*heldJobDir, error) {
 // remove removes the directory, then lets go of its lock: a sweeper
 // never sees it unlocked.
 func (d *heldJobDir) remove() error {
-	if d == nil || d.f == nil {
+	if d == nil || d.path == "" {
 		return nil
 	}
-	err := os.RemoveAll(d.path)
-	d.f.Close()
-	d.f = nil
+	err := removeTree(d.path)
+	if d.f != nil {
+		d.f.Close()
+		d.f = nil
+	}
+	d.path = ""
 	return err
+}
+
+// removeTree removes path and everything below it. A tree it cannot
+// remove for want of permission (a rank made a directory read-only) is
+// made writable by its owner and removed once more: else every later
+// sweep would fail on it again.
+func removeTree(path string) error {
+	err := os.RemoveAll(path)
+	if !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	// WalkDir calls fn on a directory before it reads it: the chmod
+	// comes first.
+	_ = filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			if fi, ierr := d.Info(); ierr == nil {
+				_ = os.Chmod(p, fi.Mode().Perm()|0o700)
+			}
+		}
+		return nil
+	})
+	return os.RemoveAll(path)
 }
 
 // jobDirJob returns the job whose directory name is: gorun-<job>-<n>.agent
@@ -144,23 +202,45 @@ func jobDirJob(name string) (string, bool) {
 // sweepJobDirs removes the job directories in parent that no agent holds,
 // those of job only unless job is "", and returns their names. Only
 // directories are judged, never followed through a symbolic link, and
-// only this user's.
+// only this user's. The caller checks that parent's file system is a
+// local one (tmpPolicyFor).
 func sweepJobDirs(parent, job string) ([]string, error) {
-	entries, err := os.ReadDir(parent)
+	swept, err := sweepDirs(parent, jobDirJob, job, false)
 	if err != nil {
-		return nil, fmt.Errorf("sweeping job directories: %w", err)
+		return swept, fmt.Errorf("sweeping job directories: %w", err)
+	}
+	return swept, nil
+}
+
+// sweepDirs removes the directories in parent whose name match gives a
+// job (job's only, unless job is "") and that nobody holds a flock on,
+// and returns their names; with dry, it removes nothing and returns the
+// names it would have removed. Only this user's directories are judged,
+// never through a symbolic link. The names are read unsorted, as they
+// come: a /tmp may hold many.
+func sweepDirs(parent string, match func(name string) (string, bool), job string, dry bool) ([]string, error) {
+	d, err := os.Open(parent)
+	if err != nil {
+		return nil, err
+	}
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return nil, err
 	}
 	var swept []string
 	var errs []error
-	for _, e := range entries {
-		j, ok := jobDirJob(e.Name())
-		if !ok || !e.IsDir() || job != "" && j != job {
+	for _, name := range names {
+		j, ok := match(name)
+		if !ok || job != "" && j != job {
 			continue
 		}
-		path := filepath.Join(parent, e.Name())
+		path := filepath.Join(parent, name)
+		// O_DIRECTORY and O_NOFOLLOW: anything but a directory (a file,
+		// a FIFO, a link) fails here.
 		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
 		if err != nil {
-			continue // gone meanwhile, replaced by a link, or not ours to open
+			continue // gone meanwhile, replaced by a link, not a directory, or not ours to open
 		}
 		var st syscall.Stat_t
 		if syscall.Fstat(int(f.Fd()), &st) != nil || st.Uid != uint32(os.Getuid()) {
@@ -171,10 +251,10 @@ func sweepJobDirs(parent, job string) ([]string, error) {
 		// (makeJobDir). In a sticky /tmp nobody else can rename the
 		// name away between the check and the removal.
 		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil && sameFile(f, path) {
-			if err := os.RemoveAll(path); err != nil {
-				errs = append(errs, fmt.Errorf("sweeping job directories: %w", err))
+			if err := removeUnlessDry(path, dry); err != nil {
+				errs = append(errs, err)
 			} else {
-				swept = append(swept, e.Name())
+				swept = append(swept, name)
 			}
 		}
 		f.Close()
@@ -182,10 +262,23 @@ func sweepJobDirs(parent, job string) ([]string, error) {
 	return swept, errors.Join(errs...)
 }
 
+func removeUnlessDry(path string, dry bool) error {
+	if dry {
+		return nil
+	}
+	return removeTree(path)
+}
+
 // sweepJobDirsLog sweeps the job directories in os.TempDir() (of job
-// only, unless it is "") and logs what it removed.
+// only, unless it is "") and logs what it removed, if the file system is
+// a local one.
 func sweepJobDirsLog(job string, log *slog.Logger) {
-	swept, err := sweepJobDirs(os.TempDir(), job)
+	parent := os.TempDir()
+	if p := tmpPolicyFor(parent, nil); !p.local {
+		logNotLocal(parent, p, log)
+		return
+	}
+	swept, err := sweepJobDirs(parent, job)
 	if err != nil {
 		log.Warn("sweeping leftover job directories", "err", err)
 	}

@@ -8,10 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/wire"
@@ -27,13 +29,14 @@ const (
 // and holds one, prints its path, and keeps it until it is killed (or
 // its stdin ends).
 func jobDirHolder() int {
-	d, err := makeJobDir(os.Getenv(jobDirParentVar), os.Getenv(jobDirJobVar))
+	d, err := makeJobDir(os.Getenv(jobDirParentVar), os.Getenv(jobDirJobVar), nil)
 	if err != nil {
 		fmt.Println("error:", err)
 		return 1
 	}
 	fmt.Println(d.path)
 	_, _ = io.Copy(io.Discard, os.Stdin)
+	runtime.KeepAlive(d) // its file's finalizer would drop the lock
 	return 0
 }
 
@@ -110,7 +113,7 @@ func TestSweepJobDirs(t *testing.T) {
 		return p
 	}
 	// Kept: directories held here, names not a job directory's, a file.
-	held, err := makeJobDir(parent, "jobheld")
+	held, err := makeJobDir(parent, "jobheld", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,15 +247,12 @@ func TestMakeJobDirRace(t *testing.T) {
 			parent := t.TempDir()
 			var first string
 			var finish func()
-			testJobDirOpened = func(path string) {
+			d, err := makeJobDir(parent, "jobrace", &jobDirSys{opened: func(path string) {
 				if first == "" {
 					first = path
 					finish = tc.sweep(t, path)
 				}
-			}
-			defer func() { testJobDirOpened = nil }()
-			d, err := makeJobDir(parent, "jobrace")
-			testJobDirOpened = nil
+			}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -297,10 +297,23 @@ func TestAgentSweepsJobDirs(t *testing.T) {
 		return p
 	}
 	before := mk("gorun-endedjob-1.agent")
-	j := startSwapJob(t, job, []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Spare: true}}, 1, swapOpts{})
+	// A private /dev/shm: an agent starting elsewhere meanwhile would
+	// sweep the machine's.
+	shm := t.TempDir()
+	j := startSwapJob(t, job, []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Spare: true}}, 1, swapOpts{with: func(c *Config) { c.shmDir = shm }})
 	j.until("the spare's first epoch", func(e *wire.Event) bool { return e.Kind == wire.EventEpoch })
-	if _, err := os.Stat(before); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("an ended job's directory survived the agent's start: %v", err)
+	// The start's sweep runs beside the launch. Once it removed the
+	// ended job's directory it has read its list of names: what the
+	// test makes from now on is not in it.
+	for {
+		if _, err := os.Stat(before); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		select {
+		case <-j.ctx.Done():
+			t.Fatal("the agent's start did not sweep an ended job's directory")
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 	own, err := filepath.Glob(filepath.Join(tmp, "gorun-"+job+"-*.agent"))
 	if err != nil || len(own) != 1 {
@@ -309,11 +322,12 @@ func TestAgentSweepsJobDirs(t *testing.T) {
 	// Killed agents of the job, and of another, on the same /tmp.
 	sameJob, otherJob := mk("gorun-"+job+"-2.agent"), mk("gorun-otherjob-3.agent")
 	// And the Open MPI directory of one in /dev/shm.
-	sameJobShm := filepath.Join(shmDir, "gorun-"+job+"-h5-g0")
-	if err := os.Mkdir(sameJobShm, 0o700); err != nil {
-		t.Fatal(err)
+	sameJobShm, otherJobShm := filepath.Join(shm, "gorun-"+job+"-h5-g0"), filepath.Join(shm, "gorun-otherjob-h0-g0")
+	for _, d := range []string{sameJobShm, otherJobShm} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
 	}
-	defer os.Remove(sameJobShm)
 	j.send(&wire.Control{Op: wire.OpKill})
 	j.send(&wire.Control{Op: wire.OpExit})
 	select {
@@ -330,7 +344,9 @@ func TestAgentSweepsJobDirs(t *testing.T) {
 			t.Errorf("%s is still there (%v)", gone, err)
 		}
 	}
-	if _, err := os.Stat(otherJob); err != nil {
-		t.Errorf("the ending agent swept another job's directory: %v", err)
+	for _, kept := range []string{otherJob, otherJobShm} {
+		if _, err := os.Stat(kept); err != nil {
+			t.Errorf("the ending agent swept another job's directory: %v", err)
+		}
 	}
 }

@@ -403,14 +403,14 @@ func (p *protection) close() {
 	}
 }
 
-// sweepSlots removes the slot files and Open MPI directories that dead
-// jobs left in /dev/shm (their agents were killed before they could clean
-// up; see ckpt.Sweep and sweepOMPIDirs).
-func sweepSlots(log *slog.Logger) {
+// sweepSlots removes the slot files that dead jobs left in /dev/shm and
+// the Open MPI directories in shm (their agents were killed before they
+// could clean up; see ckpt.Sweep and sweepOMPIDirs).
+func sweepSlots(shm string, log *slog.Logger) {
 	if swept, err := ckpt.Sweep(ckpt.Options{}); err != nil {
 		log.Warn("sweeping leftover protected state", "err", err)
 	} else if len(swept) > 0 {
 		log.Info("removed the protected state of ended jobs", "jobs", swept)
 	}
-	sweepOMPIDirsLog("", log)
+	sweepOMPIDirsLog(shm, "", log)
 }
