@@ -17,6 +17,7 @@ import (
 
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/wire"
+	"golang.org/x/sys/unix"
 )
 
 // The jobdirholder helper's parent directory and job.
@@ -347,6 +348,88 @@ func TestAgentSweepsJobDirs(t *testing.T) {
 	for _, kept := range []string{otherJob, otherJobShm} {
 		if _, err := os.Stat(kept); err != nil {
 			t.Errorf("the ending agent swept another job's directory: %v", err)
+		}
+	}
+}
+
+// withoutDACOverride runs f on a thread of its own without the
+// capabilities that let root ignore file modes (CAP_DAC_OVERRIDE,
+// CAP_DAC_READ_SEARCH, CAP_FOWNER), as a user is; the thread ends with f.
+func withoutDACOverride(t *testing.T, f func()) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		f()
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // never unlocked: the thread goes with the goroutine
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			t.Errorf("capget: %v", err)
+			return
+		}
+		for _, c := range []uint{unix.CAP_DAC_OVERRIDE, unix.CAP_DAC_READ_SEARCH, unix.CAP_FOWNER} {
+			data[c/32].Effective &^= 1 << (c % 32)
+		}
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			t.Errorf("capset: %v", err)
+			return
+		}
+		f()
+	}()
+	<-done
+}
+
+// TestRemoveReadOnlyTree: a job directory holding a directory a rank
+// made read-only (its files cannot be unlinked) is still removed, by its
+// agent and by a sweep: the tree is made writable and removed again.
+// Without it, every later sweep would fail on it.
+func TestRemoveReadOnlyTree(t *testing.T) {
+	parent := t.TempDir()
+	mkTree := func(dir string) {
+		t.Helper()
+		for _, d := range []string{dir, filepath.Join(dir, "tmp"), filepath.Join(dir, "tmp", "ro"), filepath.Join(dir, "tmp", "ro", "sub")} {
+			if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(d, "f"), []byte("x"), 0o400); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, d := range []string{filepath.Join(dir, "tmp", "ro", "sub"), filepath.Join(dir, "tmp", "ro")} {
+			if err := os.Chmod(d, 0o500); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	plain := filepath.Join(t.TempDir(), "plain")
+	mkTree(plain)
+	held, err := makeJobDir(parent, "jobro", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mkTree(held.path)
+	heldPath := held.path
+	dead := filepath.Join(parent, "gorun-jobro-1.agent")
+	mkTree(dead)
+	withoutDACOverride(t, func() {
+		// The test sees what a user sees: plain RemoveAll fails.
+		if err := os.RemoveAll(plain); !errors.Is(err, os.ErrPermission) {
+			t.Errorf("os.RemoveAll of a read-only tree: %v, want a permission error (the test cannot tell)", err)
+		}
+		if swept, err := sweepJobDirs(parent, "jobro"); err != nil || !slices.Equal(swept, []string{filepath.Base(dead)}) {
+			t.Errorf("the sweep: %q, %v; want the dead agent's directory", swept, err)
+		}
+		if err := held.remove(); err != nil {
+			t.Errorf("the agent's removal: %v", err)
+		}
+	})
+	for _, p := range []string{dead, heldPath} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is still there: %v", p, err)
 		}
 	}
 }
