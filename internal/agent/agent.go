@@ -90,6 +90,9 @@ type Config struct {
 	// shmDir, when not empty, replaces /dev/shm for Open MPI's
 	// directories and their sweep (tests).
 	shmDir string
+	// sweeping, when not nil, is called by the start's sweep before it
+	// sweeps (tests: a slow sweep).
+	sweeping func()
 }
 
 type agent struct {
@@ -575,9 +578,12 @@ func (a *agent) startSweep() {
 	}
 	done := make(chan struct{})
 	a.swept = done
-	shm, log := a.shmDir(), a.log
+	shm, log, hook := a.shmDir(), a.log, a.cfg.sweeping
 	go func() {
 		defer close(done)
+		if hook != nil {
+			hook()
+		}
 		sweepSlots(shm, log)
 		sweepJobDirsLog("", log)
 	}()

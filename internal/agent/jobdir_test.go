@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -431,5 +432,40 @@ func TestRemoveReadOnlyTree(t *testing.T) {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s is still there: %v", p, err)
 		}
+	}
+}
+
+// TestAgentSweepsBeside: the start's sweep is off the launch's critical
+// path: the ranks start while it is still at work, and the agent waits
+// for it before it exits.
+func TestAgentSweepsBeside(t *testing.T) {
+	t.Setenv("TMPDIR", t.TempDir())
+	release := make(chan struct{})
+	var swept atomic.Bool
+	j := startSwapJob(t, uniqueJob("sweepbeside"), []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}}, 0, swapOpts{with: func(c *Config) {
+		c.shmDir = t.TempDir()
+		c.sweeping = func() {
+			select {
+			case <-release:
+			case <-t.Context().Done():
+			}
+			swept.Store(true)
+		}
+	}})
+	j.until("the ranks' start, the sweep still at work", func(e *wire.Event) bool { return e.Kind == wire.EventEpoch })
+	j.send(&wire.Control{Op: wire.OpKill})
+	j.send(&wire.Control{Op: wire.OpExit})
+	close(release)
+	select {
+	case err := <-j.agentErr:
+		j.exited = true
+		if err != nil {
+			t.Errorf("the agent ended with %v", err)
+		}
+	case <-j.ctx.Done():
+		t.Fatal("the agent did not exit")
+	}
+	if !swept.Load() {
+		t.Error("the agent exited before its start's sweep ended")
 	}
 }
