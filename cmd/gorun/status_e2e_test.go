@@ -124,7 +124,7 @@ func TestStatusHostLoss(t *testing.T) {
 	}
 	// Nothing of the lost host is left either: its hosts share /tmp and
 	// /dev/shm with the others, whose agents sweep what it left.
-	r.finish(t, 0, 0)
+	r.finish(t, 0)
 	// The events file says the same of the failure.
 	eb, err := os.ReadFile(r.events)
 	if err != nil {
