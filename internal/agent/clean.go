@@ -27,6 +27,8 @@ type CleanOptions struct {
 	// ShmDir holds the slot files and Open MPI directories; "" means
 	// /dev/shm.
 	ShmDir string
+
+	statfs statfsFunc // nil: syscall.Statfs (tests: another file system)
 }
 
 // Cleaned is what Clean removed, or with DryRun would remove.
@@ -53,7 +55,7 @@ func Clean(o CleanOptions) (Cleaned, error) {
 	}
 	c := Cleaned{ShmDir: shm}
 	var errs []error
-	if p := tmpPolicyFor(tmp, nil); p.local {
+	if p := tmpPolicyFor(tmp, o.statfs); p.local {
 		names, err := sweepDirs(tmp, jobDirJob, "", o.DryRun)
 		for _, n := range names {
 			c.JobDirs = append(c.JobDirs, filepath.Join(tmp, n))
