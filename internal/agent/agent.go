@@ -105,7 +105,7 @@ type agent struct {
 	protect protectSettings
 	out     *batcher
 	dir     string      // private per-job directory, removed at exit
-	jobDir  *heldJobDir // dir, held while the agent lives (jobdir.go)
+	jobDir  *heldJobDir // dir, held while the agent lives where TMPDIR is local (jobdir.go)
 	// swept is closed when the start's sweep of ended agents' leftovers
 	// (startSweep) is done; nil until it starts. cleanup waits for it.
 	swept chan struct{}

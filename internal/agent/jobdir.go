@@ -9,9 +9,10 @@ package agent
 // sweepJobDirs removes the directories nobody holds. It runs when an
 // agent starts (any ended job's leftovers on the host) and when it ends
 // (its own job's: a crashed agent of the job on the same file system is
-// cleaned when the job ends, not at the next job). Slot files
-// (ckpt.Sweep) and Open MPI's directories (sweepOMPIDirs) are swept the
-// same way.
+// cleaned when the job ends, not at the next job); the start's sweep
+// runs beside the launch (agent.startSweep). Slot files (ckpt.Sweep) and
+// Open MPI's directories (sweepOMPIDirs) are swept the same way, and
+// gorun clean sweeps all three by hand (clean.go).
 //
 // All this only where os.TempDir() is on a local file system (localfs.go):
 // elsewhere a lock may not be seen from another host, and directories
