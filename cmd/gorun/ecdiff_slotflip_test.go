@@ -12,41 +12,44 @@ import (
 )
 
 // TestECDiffCorruptSlotsRestart: --redundancy ec:2+1 --protect-mode diff
-// --recovery restart on three namespace hosts (issue 21's chaos run, make
-// chaos SEED=2026 ONLY=32). A rank of a data host (no clear copy on
-// another host) has a byte flipped in each of its committed slots while
-// it is stopped, then is killed. The job restarts every rank in place,
-// under a new epoch with the same layout; the rank's slots fail their
-// CRC32C, so it decodes its state from its stripe at the restart table's
-// H and replays its log to G. The job must end as a run without the
-// failure: exit 0, the same final hashes. Before the fix the rank's
-// service decoded at the H of the job's first table (-1): "no coded base
-// at or before step G (H is -1)", and the job stopped "again with no
-// progress".
+// on three namespace hosts, --recovery restart and in-place (issue 21's
+// chaos run, make chaos SEED=2026 ONLY=32). A rank of a data host (no
+// clear copy on another host) has a byte flipped in each of its committed
+// slots while it is stopped, then is killed. The job restarts the ranks
+// in place (every rank, or the failed one) under a new epoch with the
+// same layout; the rank's slots fail their CRC32C, so it decodes its
+// state from its stripe at the new table's H and replays its log to G.
+// The job must end as a run without the failure: exit 0, the same final
+// hashes. Before the fix the rank's service decoded at the H of the job's
+// first table (-1): "no coded base at or before step G (H is -1)", and
+// the job stopped "again with no progress".
 func TestECDiffCorruptSlotsRestart(t *testing.T) {
 	c := newHSCluster(t, 3, 0)
 	batch := []string{"--batch", "48"} // six ranks divide it
 	wantP, wantO := hsReference(t, c, batch...)
 	victim := dataRank(t, c)
-	flags := []string{"--redundancy", "ec:2+1", "--protect-mode", "diff", "--base-every", "8",
-		"--recovery", "restart", "--max-restarts", "3"}
-	r := c.start(t, flags, append([]string{"--protect"}, batch...)...)
-	// Past the second base (H 8 once every rank coded it): the decode
-	// has differentials to replay.
-	r.waitStep(t, 14)
-	note := flipCommittedSlots(t, r, victim)
-	t.Log(note)
-	res := r.finish(t, 0)
-	defer func() {
-		if t.Failed() {
-			t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
-		}
-	}()
-	checkHashes(t, res, wantP, wantO)
-	for _, want := range []string{"restoring from other hosts", "decoded from the erasure-coded stripe"} {
-		if !strings.Contains(res.stderr, want) {
-			t.Errorf("gorun -v does not say %q: the corrupt slots were not restored from the stripe", want)
-		}
+	for _, mode := range []string{"restart", "in-place"} {
+		t.Run(mode, func(t *testing.T) {
+			flags := []string{"--redundancy", "ec:2+1", "--protect-mode", "diff", "--base-every", "8",
+				"--recovery", mode, "--max-restarts", "3"}
+			r := c.start(t, flags, append([]string{"--protect"}, batch...)...)
+			// Past the second base (H 8 once every rank coded it): the
+			// decode has differentials to replay.
+			r.waitStep(t, 14)
+			t.Log(flipCommittedSlots(t, r, victim))
+			res := r.finish(t, 0)
+			defer func() {
+				if t.Failed() {
+					t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+				}
+			}()
+			checkHashes(t, res, wantP, wantO)
+			for _, want := range []string{"restoring from other hosts", "decoded from the erasure-coded stripe"} {
+				if !strings.Contains(res.stderr, want) {
+					t.Errorf("gorun -v does not say %q: the corrupt slots were not restored from the stripe", want)
+				}
+			}
+		})
 	}
 }
 
