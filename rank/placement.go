@@ -58,7 +58,7 @@ type Source struct {
 // HostConfig), then each SetPlacement's. It is never changed once
 // published (Host.pl): a new one replaces it.
 type placement struct {
-	seq     uint64 // 0 for NewHost's, one more for each SetPlacement
+	seq     uint64 // 0 for NewHost's, one more for each SetPlacement of another layout
 	world   int    // ranks in the job (-1: unknown, NewHost's)
 	ranks   []int
 	svcs    map[int]*service // by rank: this host's ranks
@@ -70,7 +70,8 @@ type placement struct {
 	// ecdiff_owner.go). epoch and g are Placement's (NewHost's:
 	// HostConfig.Epoch, and -1); logs and h too (diff mode under EC:
 	// every rank's log-only holders, and the H the epoch was published
-	// with).
+	// with; a later epoch with the same layout replaces the placement by
+	// a copy with its H, withH, and leaves the rest, epoch and g too).
 	ec    *ecLayout
 	diff  bool
 	epoch uint64
@@ -118,6 +119,15 @@ func (pl *placement) same(p *Placement) bool {
 		}
 	}
 	return true
+}
+
+// withH returns a copy of pl with H hb: the same placement (its seq, its
+// services and its replaced channel), published by a later epoch table
+// with the same layout (SetPlacement).
+func (pl *placement) withH(hb int64) *placement {
+	np := *pl
+	np.h = hb
+	return &np
 }
 
 // errNewPlacement: a stage waited at the overwrite rule when a new
@@ -319,8 +329,9 @@ func (p *Placement) check(host, hosts int) error {
 // A new placement also ends the stages waiting at the overwrite rule
 // (their Staged says so): a rank that stays restores from G again
 // (Restore, in place) rather than wait for a G that may need it to go
-// on. A placement equal to the current one (an epoch table republished)
-// changes nothing.
+// on. A placement equal to the current one (an epoch table republished,
+// or a restart's new epoch) changes nothing but, in diff mode under
+// erasure coding, H: the step a restore decodes at is the newest table's.
 //
 // It returns an error wrapping ErrPlacement, and changes nothing, if p is
 // inconsistent (a rank on no host or on several, holders out of range).
@@ -347,6 +358,16 @@ func (h *Host) SetPlacement(p Placement) error {
 			// A table republished with the same layout: its H, if newer,
 			// still applies (same compares the layout only).
 			h.raiseH(p.H)
+			if p.H != old.h {
+				// A restart in place publishes a new epoch with the same
+				// layout: a rank restored from its stripe decodes at
+				// this epoch's H, not at the one the layout was first
+				// published with (-1 at the job's start: no coded base
+				// then). The layout and what watches it stay.
+				h.rmu.Lock()
+				h.pl.Store(old.withH(p.H))
+				h.rmu.Unlock()
+			}
 		}
 		return nil
 	}
