@@ -42,7 +42,7 @@ func mpiProgram(t *testing.T, name string) string {
 		if mpiErr = os.MkdirAll(mpiDir, 0o755); mpiErr != nil {
 			return
 		}
-		for _, p := range []string{"hello", "allreduce", "abort", "abort0", "die"} {
+		for _, p := range []string{"hello", "allreduce", "abort", "abort0", "die", "spare"} {
 			out, err := exec.Command(cc, "-O1", "-o", filepath.Join(mpiDir, p), filepath.Join("testdata", "mpi", p+".c")).CombinedOutput()
 			if err != nil {
 				mpiErr = fmt.Errorf("mpicc.mpich %s.c: %v\n%s", p, err, out)
@@ -243,5 +243,36 @@ func TestNoPMI(t *testing.T) {
 	}
 	if got := untagged(res.stdout); fmt.Sprint(got) != fmt.Sprint([]string{"hello from 0 of 1", "hello from 0 of 1"}) {
 		t.Fatalf("with --pmi=false: %q, want two singletons", got)
+	}
+}
+
+// TestMPISparesReplaceEveryHost: two spares take the ranks of both hosts
+// of an MPICH job, one loss after the other, and every generation's ranks
+// start MPI (restarted from the start). The last generation runs on hosts
+// 2 and 3 of four only: MPICH must be told two nodes, not nodes 2 and 3
+// (which it counted as four, one per rank, and then skipped the PMI
+// barrier of its shared memory setup: MPI_Init failed, "unable to
+// allocate shared memory"; issue 21, chaos seed 2026 run 98).
+func TestMPISparesReplaceEveryHost(t *testing.T) {
+	prog := mpiProgram(t, "spare")
+	hosts := testcluster.NetnsHosts(t, 4)
+	hf := hosts.WriteHostfile(t, t.TempDir(), 2)
+	j := startJob(t, "", nil, "-np", "4", "--hostfile", hf, "--spares", "2", "--recovery", "restart",
+		"--rsh", "ip netns exec", "--bind", hosts.BridgeAddr, "--kill-grace", "2", "--", prog, "2")
+	up := func(gen int) *regexp.Regexp {
+		return regexp.MustCompile(fmt.Sprintf(`(?m)^\[\d\] generation %d: rank \d of 4 up, sum 4$`, gen))
+	}
+	for gen := range 2 {
+		j.waitFor(up(gen), 4, 60*time.Second)
+		if err := hosts.KillAll(gen); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := j.wait(120 * time.Second)
+	if res.code != 0 {
+		t.Fatalf("after the loss of hosts 0 and 1: exit %d, want 0\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	if n := len(up(2).FindAllString(res.stdout, -1)); n != 4 {
+		t.Errorf("%d ranks up in generation 2, want 4\nstdout:\n%s\nstderr:\n%s", n, res.stdout, res.stderr)
 	}
 }

@@ -159,6 +159,18 @@ func (k *pmiKVS) merge(epoch uint64, seq int, kv map[string]string) {
 // processMapping is MPICH's PMI_process_mapping of t: "(vector,(n,c,k),…)",
 // each block saying that c consecutive nodes from node n run k
 // consecutive ranks each, in rank order.
+//
+// The nodes are numbered 0, 1, … in the order of their first rank, as
+// Hydra numbers them, not by their index in t: the table keeps every host
+// of the job, the lost ones and the idle spares without ranks. MPICH
+// takes the highest node number plus one for the number of nodes, and
+// when that equals the number of ranks it believes every rank alone on
+// its node and skips the PMI barrier of its node-local broadcasts
+// (MPIR_pmi_bcast): with sparse numbers (2 and 3 for two spares that
+// replaced hosts 0 and 1 of a job of 4 ranks, 2 per host), the ranks
+// sharing a node then read the shared memory segment's name before the
+// first of them published it, and MPI_Init fails in MPIDU_Init_shm_init
+// ("unable to allocate shared memory").
 func processMapping(t *wire.EpochTable) string {
 	node := make([]int, t.World)
 	for h, places := range t.Placements() {
@@ -166,6 +178,7 @@ func processMapping(t *wire.EpochTable) string {
 			node[pl.Rank] = h
 		}
 	}
+	denseNodes(node)
 	type run struct{ node, n int }
 	var runs []run
 	for _, h := range node {
@@ -190,6 +203,20 @@ func processMapping(t *wire.EpochTable) string {
 		return "" // MPICH then finds the nodes from the ranks' host names
 	}
 	return b.String()
+}
+
+// denseNodes renumbers the nodes of node (a node per rank) 0, 1, … in
+// the order of their first rank.
+func denseNodes(node []int) {
+	id := map[int]int{}
+	for r, h := range node {
+		n, ok := id[h]
+		if !ok {
+			n = len(id)
+			id[h] = n
+		}
+		node[r] = n
+	}
 }
 
 // pmiConn serves one rank's PMI connection.

@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"slices"
@@ -77,6 +78,13 @@ func TestProcessMapping(t *testing.T) {
 		{table([]int{0, 1}, []int{2, 3}), "(vector,(0,2,2))"},         // by slot
 		{table([]int{0, 2}, []int{1, 3}), "(vector,(0,2,1),(0,2,1))"}, // by node
 		{table([]int{0, 1, 2}, []int{3}), "(vector,(0,1,3),(1,1,1))"},
+		// Hosts without ranks (lost, or idle spares) are no nodes: the
+		// nodes are numbered by their first rank. Two spares that took
+		// the ranks of hosts 0 and 1 (chaos seed 2026, run 98).
+		{table(nil, nil, []int{0, 1}, []int{2, 3}), "(vector,(0,2,2))"},
+		{table(nil, []int{2, 3}, []int{0, 1}), "(vector,(0,2,2))"},
+		{table([]int{0, 1}, nil, []int{2, 3}, nil), "(vector,(0,2,2))"},
+		{table(nil, []int{1, 3}, []int{0, 2}), "(vector,(0,2,1),(0,2,1))"},
 	}
 	for _, tt := range tests {
 		if got := processMapping(tt.tab); got != tt.want {
@@ -98,6 +106,123 @@ func TestProcessMapping(t *testing.T) {
 	if got := processMapping(table(hosts...)); got != "" {
 		t.Errorf("a mapping of %d bytes was given (MPICH takes at most %d)", len(got), pmiValueUsable)
 	}
+}
+
+// TestProcessMappingMPICH reads the mapping of tables with hosts without
+// ranks (lost hosts, idle spares, between or before the others) as MPICH
+// does, and checks that it sees the table: two ranks share a node just
+// when they share a host, and there are as many nodes as hosts with
+// ranks. MPICH counts the highest node number plus one; with more, when
+// that count equals the number of ranks, the ranks sharing a host skip
+// the PMI barrier of their node-local broadcast and MPI_Init fails (chaos
+// seed 2026, run 98: "(vector,(2,2,2))" for hosts 2 and 3 of four).
+func TestProcessMappingMPICH(t *testing.T) {
+	for hosts := 1; hosts <= 5; hosts++ {
+		for empty := 0; empty < 1<<hosts-1; empty++ { // a bit per host without ranks; one host at least runs ranks
+			for _, perHost := range []int{1, 2, 3} {
+				for _, byNode := range []bool{false, true} {
+					tab := mappingTable(hosts, empty, perHost, byNode)
+					name := fmt.Sprintf("hosts %d empty %b, %d per host, by node %v", hosts, empty, perHost, byNode)
+					checkMPICHMapping(t, name, tab)
+				}
+			}
+		}
+	}
+}
+
+// mappingTable returns a table of hosts hosts, those of the bits of empty
+// without ranks, the others with perHost ranks each, by slot or by node.
+func mappingTable(hosts, empty, perHost int, byNode bool) *wire.EpochTable {
+	var used []int
+	for h := range hosts {
+		if empty&(1<<h) == 0 {
+			used = append(used, h)
+		}
+	}
+	ranks := make([][]int, hosts)
+	world := perHost * len(used)
+	for r := range world {
+		i := r / perHost
+		if byNode {
+			i = r % len(used)
+		}
+		ranks[used[i]] = append(ranks[used[i]], r)
+	}
+	tab := &wire.EpochTable{Version: wire.Version, Job: "j", World: world}
+	for h := range hosts {
+		tab.Hosts = append(tab.Hosts, wire.TableHost{Name: fmt.Sprint("h", h), Ranks: wire.CompressRanks(ranks[h]), Spare: ranks[h] == nil})
+	}
+	return tab
+}
+
+// checkMPICHMapping checks what MPICH reads from tab's mapping.
+func checkMPICHMapping(t *testing.T, name string, tab *wire.EpochTable) {
+	t.Helper()
+	m := processMapping(tab)
+	node, nodes, err := mpichNodes(m, tab.World)
+	if err != nil {
+		t.Fatalf("%s: %q: %v", name, m, err)
+	}
+	if want := tab.NodeCount(); nodes != want {
+		t.Errorf("%s: %q: MPICH counts %d nodes, the table has %d", name, m, nodes, want)
+	}
+	host := make([]int, tab.World)
+	for h, places := range tab.Placements() {
+		for _, pl := range places {
+			host[pl.Rank] = h
+		}
+	}
+	for r := range tab.World {
+		for q := range r {
+			if (node[r] == node[q]) != (host[r] == host[q]) {
+				t.Errorf("%s: %q: ranks %d and %d on nodes %d and %d, hosts %d and %d", name, m, q, r, node[q], node[r], host[q], host[r])
+			}
+		}
+	}
+}
+
+// mpichNodes reads mapping as MPICH 4.0.2 does
+// (MPIR_NODEMAP_populate_ids_from_mapping, src/util/mpir_nodemap.h): the
+// node of each of world ranks, and the number of nodes, the highest node
+// plus one. Blocks that cover fewer ranks than world wrap around from the
+// first one starting at node 0.
+func mpichNodes(mapping string, world int) (node []int, nodes int, err error) {
+	body, ok := strings.CutPrefix(mapping, "(vector,")
+	if !ok || !strings.HasSuffix(body, ")") {
+		return nil, 0, fmt.Errorf("not a vector mapping")
+	}
+	type block struct{ start, count, size int }
+	var blocks []block
+	for _, f := range strings.Split(strings.TrimSuffix(body, ")"), "),") {
+		var b block
+		if _, err := fmt.Sscanf(strings.TrimSuffix(f, ")"), "(%d,%d,%d", &b.start, &b.count, &b.size); err != nil {
+			return nil, 0, fmt.Errorf("block %q: %w", f, err)
+		}
+		blocks = append(blocks, b)
+	}
+	node = make([]int, world)
+	wrap := false
+	for r := 0; r < world; {
+		before, b := r, 0
+		for wrap && b < len(blocks) && blocks[b].start != 0 {
+			b++
+		}
+		for ; b < len(blocks) && r < world; b++ {
+			if blocks[b].start == 0 {
+				wrap = true
+			}
+			for c := 0; c < blocks[b].count && r < world; c++ {
+				for k := 0; k < blocks[b].size && r < world; k++ {
+					node[r] = blocks[b].start + c
+					r++
+				}
+			}
+		}
+		if r == before {
+			return nil, 0, fmt.Errorf("the blocks cover no rank")
+		}
+	}
+	return node, slices.Max(node) + 1, nil
 }
 
 // pmiPeer runs a pmiConn on one end of a pipe and returns the rank's end.
