@@ -1,0 +1,140 @@
+package chaos
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/internal/testcluster"
+)
+
+// The chaos suite's knobs (make chaos passes them through).
+const (
+	envSeed = "GORUN_CHAOS_SEED" // the seed (default: the clock's, logged)
+	envRuns = "GORUN_CHAOS_RUNS" // how many runs (default 3: the short mode)
+	envOnly = "GORUN_CHAOS_ONLY" // run only these indices, comma-separated (replay)
+	envJSON = "GORUN_CHAOS_JSON" // write the summary as JSON to this file
+)
+
+// shortRuns is the short mode's number of runs (CI).
+const shortRuns = 3
+
+// buildBinaries builds gorun and dptrain into dir, and finds python3 and
+// examples/pytrain.
+func buildBinaries(t *testing.T, dir string) Binaries {
+	t.Helper()
+	b := Binaries{Gorun: filepath.Join(dir, "gorun"), Dptrain: filepath.Join(dir, "dptrain")}
+	for bin, pkg := range map[string]string{b.Gorun: "github.com/gorun/gorun/cmd/gorun", b.Dptrain: "github.com/gorun/gorun/examples/dptrain"} {
+		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+			t.Fatalf("building %s: %v\n%s", pkg, err, out)
+		}
+	}
+	if py, err := exec.LookPath("python3"); err == nil {
+		script, err := filepath.Abs("../../examples/pytrain/pytrain.py")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Python, b.Pytrain = py, script
+	} else {
+		t.Logf("no python3: the pytrain workload is not drawn")
+	}
+	return b
+}
+
+// envInt reads an integer knob, def when unset.
+func envInt(t *testing.T, name string, def uint64) uint64 {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		t.Fatalf("%s=%q: want a non-negative integer", name, v)
+	}
+	return n
+}
+
+// TestChaos runs the chaos suite: GORUN_CHAOS_RUNS runs (3 by default)
+// of seed GORUN_CHAOS_SEED (the clock's by default), or only the runs
+// GORUN_CHAOS_ONLY names, and fails for every run that broke a rule,
+// printing the line that replays it.
+func TestChaos(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos: namespace jobs; not with -short")
+	}
+	hosts := testcluster.NetnsHosts(t, MaxHosts) // skips without root and ip netns, unless GORUN_TESTCLUSTER_REQUIRE=1
+	start := time.Now()
+	seed := envInt(t, envSeed, uint64(time.Now().UnixNano()))
+	runs := int(envInt(t, envRuns, shortRuns))
+	var only []int
+	if v := os.Getenv(envOnly); v != "" {
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 0 {
+				t.Fatalf("%s=%q: want run indices, comma-separated", envOnly, v)
+			}
+			only = append(only, n)
+		}
+	} else {
+		for i := range runs {
+			only = append(only, i)
+		}
+	}
+	t.Logf("chaos: seed %d, runs %v (replay one: %s)", seed, only, ReplayLine(seed, only[0]))
+
+	dir := t.TempDir()
+	registry := filepath.Join(dir, "run")
+	if err := os.Mkdir(registry, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s := &Suite{Hosts: hosts, Bins: buildBinaries(t, dir), Dir: dir, Registry: registry,
+		Log: slog.New(slog.NewTextHandler(t.Output(), nil))}
+	var recs []Run
+	var verdicts []Verdict
+	for _, i := range only {
+		r := s.RunOne(t.Context(), seed, i)
+		v := Judge(r)
+		recs, verdicts = append(recs, r), append(verdicts, v)
+		t.Logf("run %d: %s | %s | within=%v | exit %d | %s | %.1fs (reference %.1fs) | recovery %s s after detection %s s",
+			i, r.Config, r.Fault, r.Within, r.Code, v.Class, r.Seconds, r.ReferenceSeconds, secs(r.DetectToResume), secs(r.FaultToDetect))
+		if r.Injected != "" {
+			t.Logf("run %d injected: %s", i, r.Injected)
+		}
+		if r.NotInjected != "" {
+			t.Logf("run %d not injected: %s", i, r.NotInjected)
+		}
+		for _, k := range r.KnownLeaks {
+			t.Logf("run %d: %s", i, k)
+		}
+		if v.Class == Failed {
+			t.Errorf("run %d broke %d rules:\n  %s\n  config: %s\n  fault: %s (%s)\n  promise: %s\n  gorun: %s\n  stderr:\n%s\n  replay: %s",
+				i, len(v.Failures), strings.Join(v.Failures, "\n  "), r.Config, r.Fault, r.Injected, r.Promise, r.Config.flagsText(), r.StderrTail, ReplayLine(seed, i))
+			if r.Dump != "" {
+				t.Logf("run %d: the launcher's goroutine dump (SIGQUIT):\n%s", i, r.Dump)
+			}
+		}
+	}
+	sum := Summarize(seed, recs, verdicts, time.Since(start))
+	var b bytes.Buffer
+	sum.WriteTable(&b)
+	t.Logf("\n%s", b.String())
+	if path := os.Getenv(envJSON); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sum.WriteJSON(f); err != nil {
+			t.Error(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+}

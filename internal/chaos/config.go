@@ -1,0 +1,142 @@
+package chaos
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+)
+
+// Workloads a configuration runs.
+const (
+	Dptrain = "dptrain" // examples/dptrain: Go, in-place recovery, final params and optimizer hashes
+	Pytrain = "pytrain" // examples/pytrain: Python stdlib client, restart recovery, final hash
+)
+
+// MaxHosts is how many namespace hosts the suite builds once and every
+// configuration takes its hosts from (work hosts first, then spares).
+const MaxHosts = 6
+
+// Config is one job's configuration: everything that decides its final
+// hash and what it survives. The zero Config is not valid; [Draw] makes
+// them.
+type Config struct {
+	Workload     string
+	Hosts        int    // hosts running ranks
+	Spares       int    // spare hosts after them (--spares)
+	RanksPerHost int    // slots of every host (the hostfile's slots=)
+	TP           int    // --tp (1: none)
+	Redundancy   string // --redundancy: replicas:K or ec:K+M
+	Recovery     string // --recovery: restart or in-place
+	Protect      string // --protect-mode: full or diff
+	Durable      bool   // --ckpt-dir (a fresh directory per job) --ckpt-every 5
+	Params       string // dptrain --params
+	Steps        int
+	DeviceMs     int // dptrain --device-ms: emulated accelerator time per step
+	Seed         uint64
+}
+
+// NP is the job's world size: every slot of the work hosts.
+func (c Config) NP() int { return c.Hosts * c.RanksPerHost }
+
+// Key identifies the configuration for the reference cache: two runs of
+// equal keys must end with equal hashes when nothing fails.
+func (c Config) Key() string {
+	return fmt.Sprintf("%s/h%d+%d/r%d/tp%d/%s/%s/%s/durable=%v/%s/s%d/d%d/seed%d",
+		c.Workload, c.Hosts, c.Spares, c.RanksPerHost, c.TP, c.Redundancy, c.Recovery, c.Protect,
+		c.Durable, c.Params, c.Steps, c.DeviceMs, c.Seed)
+}
+
+func (c Config) String() string { return c.Key() }
+
+// GorunFlags are gorun's flags for c (before "--"), with the hostfile,
+// the control plane's address, the events file and the durable
+// directory ("" without --ckpt-dir).
+func (c Config) GorunFlags(hostfile, bind, events, ckptDir string) []string {
+	f := []string{"-np", strconv.Itoa(c.NP()), "--hostfile", hostfile, "--rsh", "ip netns exec", "--bind", bind,
+		"-v", "--events", events, "--kill-grace", "2", "--max-restarts", "3",
+		// Detection in seconds on this machine: gorun's defaults (10 missed
+		// beats of 1 s, no hang detection) would make every host fault
+		// cost 10 s and a stopped rank hang the job for ever.
+		"--heartbeat-timeout", "4", "--hang-timeout", "10",
+		"--redundancy", c.Redundancy, "--recovery", c.Recovery, "--protect-mode", c.Protect}
+	if c.Spares > 0 {
+		f = append(f, "--spares", strconv.Itoa(c.Spares))
+	}
+	if c.TP > 1 {
+		f = append(f, "--tp", strconv.Itoa(c.TP))
+	}
+	if c.Protect == "diff" {
+		f = append(f, "--base-every", "10")
+	}
+	if ckptDir != "" {
+		f = append(f, "--ckpt-dir", ckptDir, "--ckpt-every", "5")
+	}
+	return f
+}
+
+// Program is the command line of the ranks (after "--"), given the
+// binaries.
+func (c Config) Program(b Binaries) []string {
+	switch c.Workload {
+	case Pytrain:
+		return []string{b.Python, b.Pytrain, "--protect", "--steps", strconv.Itoa(c.Steps), "--seed", strconv.FormatUint(c.Seed, 10)}
+	default:
+		return []string{b.Dptrain, "--protect", "--params", c.Params, "--steps", strconv.Itoa(c.Steps),
+			"--seed", strconv.FormatUint(c.Seed, 10), "--batch", "48", "--log-every", "1", "--device-ms", strconv.Itoa(c.DeviceMs)}
+	}
+}
+
+// Binaries are the programs the jobs run.
+type Binaries struct {
+	Gorun, Dptrain string
+	Python, Pytrain string // "" when python3 is missing: no pytrain workload
+}
+
+// pick returns one of xs, uniformly.
+func pick[T any](r *rand.Rand, xs ...T) T { return xs[r.IntN(len(xs))] }
+
+// drawConfig draws a configuration. Most are valid (the redundancy fits
+// the hosts); some are not on purpose, and gorun must refuse them.
+func drawConfig(r *rand.Rand, b Binaries) Config {
+	c := Config{Workload: Dptrain, Recovery: pick(r, "restart", "in-place"), Protect: "full"}
+	if b.Python != "" && r.IntN(6) == 0 {
+		c.Workload, c.Recovery = Pytrain, "restart" // pytrain has no in-place rejoin
+	}
+	c.Hosts = 2 + r.IntN(3) // 2..4
+	c.Spares = r.IntN(min(3, MaxHosts-c.Hosts+1))
+	c.RanksPerHost = 1 + r.IntN(2)
+	c.TP = 1
+	if c.NP() >= 4 && c.NP()%2 == 0 && r.IntN(4) == 0 {
+		c.TP = 2
+	}
+	// Redundancy: replicas:1 and 2 and the erasure codes that fit the
+	// host count, replicas:0 now and then.
+	opts := []string{"replicas:1", "replicas:1", "replicas:2"}
+	switch c.Hosts {
+	case 2:
+		opts = append(opts, "ec:1+1")
+	case 3:
+		opts = append(opts, "ec:2+1", "ec:1+2")
+	case 4:
+		opts = append(opts, "ec:2+2", "ec:1+1", "ec:3+1")
+	}
+	if r.IntN(12) == 0 {
+		opts = []string{"replicas:0"}
+	}
+	c.Redundancy = pick(r, opts...)
+	if c.Workload == Dptrain && c.Redundancy != "replicas:0" && r.IntN(3) == 0 {
+		c.Protect = "diff"
+	}
+	c.Durable = r.IntN(3) == 0
+	c.Params = pick(r, "64K", "128K", "200K")
+	c.Steps = 30 + r.IntN(11)
+	c.DeviceMs = 20 + 5*r.IntN(5)
+	c.Seed = 1 + r.Uint64N(1000)
+	return c
+}
+
+// flags for a log line.
+func (c Config) flagsText() string {
+	return strings.Join(c.GorunFlags("HOSTFILE", "BRIDGE", "EVENTS", "DIR"), " ")
+}
