@@ -16,10 +16,12 @@ import (
 
 // The chaos suite's knobs (make chaos passes them through).
 const (
-	envSeed = "GORUN_CHAOS_SEED" // the seed (default: the clock's, logged)
-	envRuns = "GORUN_CHAOS_RUNS" // how many runs (default 3: the short mode)
-	envOnly = "GORUN_CHAOS_ONLY" // run only these indices, comma-separated (replay)
-	envJSON = "GORUN_CHAOS_JSON" // write the summary as JSON to this file
+	envSeed    = "GORUN_CHAOS_SEED"    // the seed (default: the clock's, logged)
+	envRuns    = "GORUN_CHAOS_RUNS"    // how many runs (default 3: the short mode)
+	envOnly    = "GORUN_CHAOS_ONLY"    // run only these indices, comma-separated (replay)
+	envJSON    = "GORUN_CHAOS_JSON"    // write the summary as JSON to this file
+	envKinds   = "GORUN_CHAOS_KINDS"   // draw only these fault kinds, comma-separated
+	envVerbose = "GORUN_CHAOS_VERBOSE" // 1: log every faulty run's whole stderr
 )
 
 // shortRuns is the short mode's number of runs (CI).
@@ -87,7 +89,12 @@ func TestChaos(t *testing.T) {
 			only = append(only, i)
 		}
 	}
-	t.Logf("chaos: seed %d, runs %v (replay one: %s)", seed, only, ReplayLine(seed, only[0]))
+	kindsText := os.Getenv(envKinds)
+	kinds, err := ParseKinds(kindsText)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("chaos: seed %d, runs %v (replay one: %s)", seed, only, ReplayLine(seed, only[0], kindsText))
 
 	dir := t.TempDir()
 	registry := filepath.Join(dir, "run")
@@ -95,7 +102,7 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &Suite{Hosts: hosts, Bins: buildBinaries(t, dir), Dir: dir, Registry: registry,
-		Log: slog.New(slog.NewTextHandler(t.Output(), nil))}
+		Log: slog.New(slog.NewTextHandler(t.Output(), nil)), Kinds: kinds}
 	var recs []Run
 	var verdicts []Verdict
 	for _, i := range only {
@@ -110,18 +117,27 @@ func TestChaos(t *testing.T) {
 		if r.NotInjected != "" {
 			t.Logf("run %d not injected: %s", i, r.NotInjected)
 		}
+		if os.Getenv(envVerbose) == "1" {
+			t.Logf("run %d stderr:\n%s", i, r.Stderr)
+		}
+		if r.Reported != "" {
+			t.Logf("run %d reported: %s", i, r.Reported)
+		}
+		for _, l := range r.Leaks {
+			t.Logf("run %d leak: %s", i, l)
+		}
 		for _, k := range r.KnownLeaks {
 			t.Logf("run %d: %s", i, k)
 		}
 		if v.Class == Failed {
 			t.Errorf("run %d broke %d rules:\n  %s\n  config: %s\n  fault: %s (%s)\n  promise: %s\n  gorun: %s\n  stderr:\n%s\n  replay: %s",
-				i, len(v.Failures), strings.Join(v.Failures, "\n  "), r.Config, r.Fault, r.Injected, r.Promise, r.Config.flagsText(), r.StderrTail, ReplayLine(seed, i))
+				i, len(v.Failures), strings.Join(v.Failures, "\n  "), r.Config, r.Fault, r.Injected, r.Promise, r.Config.flagsText(), r.StderrTail, ReplayLine(seed, i, kindsText))
 			if r.Dump != "" {
 				t.Logf("run %d: the launcher's goroutine dump (SIGQUIT):\n%s", i, r.Dump)
 			}
 		}
 	}
-	sum := Summarize(seed, recs, verdicts, time.Since(start))
+	sum := Summarize(seed, kindsText, recs, verdicts, time.Since(start))
 	var b bytes.Buffer
 	sum.WriteTable(&b)
 	t.Logf("\n%s", b.String())

@@ -89,7 +89,7 @@ func (c Config) Program(b Binaries) []string {
 
 // Binaries are the programs the jobs run.
 type Binaries struct {
-	Gorun, Dptrain string
+	Gorun, Dptrain  string
 	Python, Pytrain string // "" when python3 is missing: no pytrain workload
 }
 

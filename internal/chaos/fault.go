@@ -3,6 +3,8 @@ package chaos
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 )
 
 // Kind is a kind of fault.
@@ -72,9 +74,9 @@ func (f Fault) Crashes() int {
 	return 0
 }
 
-// drawFault draws a fault for c.
-func drawFault(r *rand.Rand, c Config) Fault {
-	f := Fault{Kind: pick(r, Kinds...), Host2: -1, Rank: -1}
+// drawFault draws a fault for c, of one of kinds.
+func drawFault(r *rand.Rand, c Config, kinds []Kind) Fault {
+	f := Fault{Kind: pick(r, kinds...), Host2: -1, Rank: -1}
 	f.Host = r.IntN(c.Hosts)
 	switch f.Kind {
 	case RankKill, RankStop, SlotFlip:
@@ -121,9 +123,30 @@ func Within(f Fault, p Plan, c Config, durable bool) (bool, string) {
 }
 
 // Draw draws run index's configuration and fault from seed alone: the
-// same (seed, index) always gives the same run, whatever ran before.
-func Draw(seed uint64, index int, b Binaries) (Config, Fault) {
+// same (seed, index, kinds) always gives the same run, whatever ran
+// before. The fault is of one of kinds (nil: any of Kinds).
+func Draw(seed uint64, index int, b Binaries, kinds []Kind) (Config, Fault) {
+	if len(kinds) == 0 {
+		kinds = Kinds
+	}
 	r := rand.New(rand.NewPCG(seed, uint64(index)))
 	c := drawConfig(r, b)
-	return c, drawFault(r, c)
+	return c, drawFault(r, c, kinds)
+}
+
+// ParseKinds parses a comma-separated list of fault kinds ("" is nil:
+// every kind).
+func ParseKinds(s string) ([]Kind, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []Kind
+	for _, f := range strings.Split(s, ",") {
+		k := Kind(strings.TrimSpace(f))
+		if !slices.Contains(Kinds, k) {
+			return nil, fmt.Errorf("chaos: unknown fault kind %q (want one of %v)", k, Kinds)
+		}
+		out = append(out, k)
+	}
+	return out, nil
 }

@@ -41,6 +41,7 @@ type Run struct {
 	StderrTail string `json:"stderr_tail,omitempty"`
 	Hung       string `json:"hung,omitempty"` // the launcher was sent SIGQUIT: why
 	Dump       string `json:"-"`              // its goroutine dump (stderr)
+	Stderr     string `json:"-"`              // gorun's whole standard error
 
 	// Detected: with SlotFlip, gorun's output or events say a slot failed
 	// its CRC (Flipped: a committed slot was flipped after its commit).
@@ -108,7 +109,13 @@ func Judge(r Run) Verdict {
 		v.Class = Refused
 		return v
 	case r.RefCode != 0 || r.RefHash == "":
+		// Nothing was injected: there is nothing to compare with.
 		fail("reference-runs", "the failure-free run exited %d with hash %q", r.RefCode, r.RefHash)
+		if len(r.Leaks) > 0 {
+			fail("no-leaks", "%s", strings.Join(r.Leaks, "; "))
+		}
+		v.Class = Failed
+		return v
 	}
 	if r.Hung != "" {
 		fail("launcher-exits", "%s", r.Hung)

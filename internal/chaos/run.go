@@ -22,6 +22,7 @@ type Suite struct {
 	Dir      string // work directory: one subdirectory per job
 	Registry string // XDG_RUNTIME_DIR of the jobs (internal/jobstatus's registry under it)
 	Log      *slog.Logger
+	Kinds    []Kind // the fault kinds drawn (nil: every kind)
 
 	refs map[string]reference // failure-free runs by Config.Key
 }
@@ -38,7 +39,7 @@ type reference struct {
 // RunOne runs run index of seed: its configuration's reference (cached),
 // then the run with its fault; it returns the record (Judge it).
 func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
-	c, f := Draw(seed, index, s.Bins)
+	c, f := Draw(seed, index, s.Bins, s.Kinds)
 	r := Run{Index: index, Seed: seed, Config: c, Fault: f, FaultToDetect: -1, DetectToResume: -1}
 	p := Precheck(c, s.Hosts.Names)
 	if p.Err != nil {
@@ -143,9 +144,10 @@ var (
 	dptrainHashRE = regexp.MustCompile(`(?m)^\[0\] (params|optimizer) sha256 ([0-9a-f]{64})$`)
 	pytrainHashRE = regexp.MustCompile(`(?m)^\[0\] final hash ([0-9a-f]{64})$`)
 	stepRE        = regexp.MustCompile(`(?m)^\[0\] step (\d+)\b`)
-	// corruptRE is what gorun says of a slot that failed its CRC32C
-	// (rank.CorruptError, ckpt.ErrCorrupt).
-	corruptRE = regexp.MustCompile(`(?i)corrupt|CRC`)
+	// corruptRE is what gorun says of a slot that failed its CRC32C:
+	// ckpt.ErrCorrupt's text (the agent's "restoring from other hosts"
+	// line names it under -v), or rank.CorruptError's.
+	corruptRE = regexp.MustCompile(`ckpt: corrupt slot|corrupted in memory`)
 )
 
 // outcome fills r with what job j ended with.
@@ -185,7 +187,7 @@ func (s *Suite) outcome(r *Run, j *Job) {
 			}
 		}
 	}
-	r.StderrTail = tail(errOut, 12)
+	r.StderrTail, r.Stderr = tail(errOut, 12), errOut
 	recs := j.records()
 	evText, _ := os.ReadFile(j.Events)
 	r.Detected = corruptRE.MatchString(errOut) || corruptRE.Match(evText)
@@ -226,8 +228,13 @@ func tail(s string, n int) string {
 	return strings.Join(out, "\n")
 }
 
-// ReplayLine is the command line that replays run index of seed alone.
-func ReplayLine(seed uint64, index int) string {
-	return fmt.Sprintf("make chaos SEED=%d ONLY=%d   (or: GORUN_CHAOS_SEED=%d GORUN_CHAOS_ONLY=%d GORUN_TESTCLUSTER_REQUIRE=1 go test ./internal/chaos -run 'TestChaos$' -count=1 -v -timeout 20m)",
-		seed, index, seed, index)
+// ReplayLine is the command line that replays run index of seed alone
+// (kinds: the fault kinds drawn, "" for all).
+func ReplayLine(seed uint64, index int, kinds string) string {
+	mk, env := "", ""
+	if kinds != "" {
+		mk, env = " KINDS="+kinds, " GORUN_CHAOS_KINDS="+kinds
+	}
+	return fmt.Sprintf("make chaos SEED=%d ONLY=%d%s   (or: GORUN_CHAOS_SEED=%d GORUN_CHAOS_ONLY=%d%s GORUN_TESTCLUSTER_REQUIRE=1 go test ./internal/chaos -run 'TestChaos$' -count=1 -v -timeout 20m)",
+		seed, index, mk, seed, index, env)
 }

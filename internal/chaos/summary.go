@@ -32,6 +32,7 @@ type Row struct {
 // Summary is a whole suite's result.
 type Summary struct {
 	Seed        uint64  `json:"seed"`
+	Kinds       string  `json:"kinds,omitempty"` // the fault kinds drawn, "" for all
 	Runs        int     `json:"runs"`
 	Rows        []Row   `json:"rows"`
 	Total       Row     `json:"total"`
@@ -43,8 +44,8 @@ type Summary struct {
 }
 
 // Summarize tallies runs with their verdicts.
-func Summarize(seed uint64, runs []Run, verdicts []Verdict, total time.Duration) Summary {
-	s := Summary{Seed: seed, Runs: len(runs), TotalTime: total.Seconds(), RunsRecords: runs, FailedRuns: []int{}}
+func Summarize(seed uint64, kinds string, runs []Run, verdicts []Verdict, total time.Duration) Summary {
+	s := Summary{Seed: seed, Kinds: kinds, Runs: len(runs), TotalTime: total.Seconds(), RunsRecords: runs, FailedRuns: []int{}}
 	rows := map[Kind]*Row{}
 	for _, k := range Kinds {
 		rows[k] = &Row{Kind: k}
@@ -166,7 +167,7 @@ func (s Summary) WriteTable(w io.Writer) {
 	if len(s.FailedRuns) > 0 {
 		var b strings.Builder
 		for _, i := range s.FailedRuns {
-			fmt.Fprintf(&b, "\n  run %d: %s", i, ReplayLine(s.Seed, i))
+			fmt.Fprintf(&b, "\n  run %d: %s", i, ReplayLine(s.Seed, i, s.Kinds))
 		}
 		fmt.Fprintf(w, "FAILED runs:%s\n", b.String())
 	}

@@ -1,0 +1,105 @@
+package chaos
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestJudge applies the oracle to fabricated runs, one or more per rule.
+func TestJudge(t *testing.T) {
+	const ref, other = "params aa optimizer bb", "params aa optimizer cc"
+	base := func(k Kind, within bool) Run {
+		return Run{Fault: Fault{Kind: k, Host: 0, Host2: -1, Rank: -1}, RefHash: ref, Within: within,
+			FaultToDetect: -1, DetectToResume: -1}
+	}
+	with := func(r Run, f func(*Run)) Run { f(&r); return r }
+	tests := []struct {
+		name  string
+		run   Run
+		class string
+		rules []string // broken rules, in order
+	}{
+		{"within survived", with(base(HostKill, true), func(r *Run) { r.Hash = ref }), Survived, nil},
+		{"within, exit 1", with(base(HostKill, true), func(r *Run) { r.Code, r.Reported = 1, "host lost" }), Failed, []string{"within-exit-0"}},
+		{"within, exit 0 with a wrong hash", with(base(RankKill, true), func(r *Run) { r.Hash = other }), Failed, []string{"within-equal-hash"}},
+		{"within, exit 0 without a hash", with(base(RankKill, true), func(*Run) {}), Failed, []string{"within-equal-hash"}},
+		{"within, exit 1 with a wrong hash", with(base(Partition, true), func(r *Run) { r.Code, r.Hash, r.Reported = 1, other, "x" }), Failed, []string{"within-exit-0"}},
+		{"beyond, reported", with(base(TwoHosts, false), func(r *Run) { r.Code, r.Reported = 1, "rank 3's state is lost" }), Reported, nil},
+		{"beyond, exit 1 without a report", with(base(TwoHosts, false), func(r *Run) { r.Code = 1 }), Failed, []string{"beyond-reported"}},
+		{"beyond, exit 0 with the right hash", with(base(HostKill, false), func(r *Run) { r.Hash = ref }), SurvivedBeyond, nil},
+		{"beyond, exit 0 with a wrong hash", with(base(HostKill, false), func(r *Run) { r.Hash = other }), Failed, []string{"never-wrong-hash"}},
+		{"beyond, exit 0 without a hash", with(base(DuringRecovery, false), func(*Run) {}), Failed, []string{"never-wrong-hash"}},
+		{"beyond, exit 1 with a wrong hash", with(base(TwoHosts, false), func(r *Run) { r.Code, r.Reported, r.Hash = 1, "x", other }), Failed, []string{"never-wrong-hash"}},
+		{"sigterm, 143", with(base(LauncherTerm, false), func(r *Run) { r.Code, r.Reported = 143, "terminated" }), Reported, nil},
+		{"sigterm, exit 1", with(base(LauncherTerm, false), func(r *Run) { r.Code = 1 }), Failed, []string{"sigterm-exit"}},
+		{"sigterm, exit 0", with(base(LauncherTerm, false), func(r *Run) { r.Hash = ref }), Failed, []string{"sigterm-exit"}},
+		{"leak", with(base(RankKill, true), func(r *Run) { r.Hash, r.Leaks = ref, []string{"left behind: /dev/shm/gorun-x.r0.hdr"} }), Failed, []string{"no-leaks"}},
+		{"known leak only", with(base(HostKill, true), func(r *Run) { r.Hash, r.KnownLeaks = ref, []string{KnownAgentDirLeak + ": /tmp/gorun-x-1"} }), Survived, nil},
+		{"launcher hung", with(base(AgentKill, true), func(r *Run) { r.Hash, r.Hung = ref, "the launcher outlived every process of its job by 30s" }), Failed, []string{"launcher-exits"}},
+		{"slot flip detected", with(base(SlotFlip, true), func(r *Run) { r.Hash, r.Flipped, r.Detected = ref, true, true }), Survived, nil},
+		{"slot flip restored silently", with(base(SlotFlip, true), func(r *Run) { r.Hash, r.Flipped = ref, true }), Failed, []string{"corruption-detected"}},
+		{"slot flip not committed", with(base(SlotFlip, true), func(r *Run) { r.Hash = ref }), Survived, nil},
+		{"slot flip beyond, reported", with(base(SlotFlip, false), func(r *Run) { r.Code, r.Reported, r.Flipped, r.Detected = 1, "not from other hosts", true, true }), Reported, nil},
+		{"stdout stall, lines lost", with(base(StdoutStall, true), func(r *Run) { r.Hash, r.MissingSteps = ref, []int{7, 8} }), Failed, []string{"no-output-lost"}},
+		{"stdout stall, all lines", with(base(StdoutStall, true), func(r *Run) { r.Hash = ref }), Survived, nil},
+		{"refused", with(base(HostKill, false), func(r *Run) { r.Refused, r.RefCode, r.RefHash = true, 2, "" }), Refused, nil},
+		{"reference failed", with(base(RankKill, true), func(r *Run) { r.RefCode, r.RefHash = 1, "" }), Failed, []string{"reference-runs"}},
+		{"not injected", with(base(RankKill, true), func(r *Run) { r.NotInjected, r.Hash = "the job ended first", ref }), NotInjected, nil},
+		{"not injected, wrong hash", with(base(RankKill, true), func(r *Run) { r.NotInjected, r.Hash = "the job ended first", other }), Failed, []string{"never-wrong-hash"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := Judge(tt.run)
+			var rules []string
+			for _, f := range v.Failures {
+				rule, _, _ := strings.Cut(f, ":")
+				rules = append(rules, rule)
+			}
+			if v.Class != tt.class || !slices.Equal(rules, tt.rules) {
+				t.Errorf("Judge = %s %q, want %s with rules %v", v.Class, v.Failures, tt.class, tt.rules)
+			}
+		})
+	}
+	// Every rule is covered by some case, and every rule a case names
+	// exists.
+	covered := map[string]bool{}
+	for _, tt := range tests {
+		for _, r := range tt.rules {
+			covered[r] = true
+		}
+	}
+	for _, r := range Rules {
+		if !covered[r.Name] {
+			t.Errorf("rule %s is covered by no case", r.Name)
+		}
+		delete(covered, r.Name)
+	}
+	for r := range covered {
+		t.Errorf("cases name rule %s, which Rules does not list", r)
+	}
+}
+
+// TestDrawReproducible: a run's configuration and fault depend on the
+// seed and its index alone, and Precheck's refusals are what the drawn
+// configurations meant.
+func TestDrawReproducible(t *testing.T) {
+	b := Binaries{Python: "python3"}
+	for i := range 50 {
+		c1, f1 := Draw(7, i, b, nil)
+		c2, f2 := Draw(7, i, b, nil)
+		if c1 != c2 || f1 != f2 {
+			t.Fatalf("run %d drew %v %v, then %v %v", i, c1, f1, c2, f2)
+		}
+		if f1.Host < 0 || f1.Host >= c1.Hosts || f1.Host2 >= c1.Hosts || f1.Host2 == f1.Host {
+			t.Errorf("run %d: fault %v outside the %d work hosts", i, f1, c1.Hosts)
+		}
+		if f1.Rank >= c1.NP() || (f1.Rank >= 0 && f1.Rank/c1.RanksPerHost != f1.Host) {
+			t.Errorf("run %d: fault %v: rank not on its host (%d per host)", i, f1, c1.RanksPerHost)
+		}
+	}
+	_, f := Draw(7, 3, b, []Kind{SlotFlip})
+	if f.Kind != SlotFlip {
+		t.Errorf("Draw with kinds [slot-flip] drew %s", f.Kind)
+	}
+}
