@@ -46,6 +46,14 @@ func buildBinaries(t *testing.T, dir string) Binaries {
 	} else {
 		t.Logf("no python3: the pytrain workload is not drawn")
 	}
+	if cc, err := exec.LookPath("mpicc.mpich"); err == nil {
+		b.MPI = filepath.Join(dir, "mpisteps")
+		if out, err := exec.Command(cc, "-O1", "-o", b.MPI, "testdata/mpisteps.c").CombinedOutput(); err != nil {
+			t.Fatalf("mpicc.mpich testdata/mpisteps.c: %v\n%s", err, out)
+		}
+	} else {
+		t.Logf("no mpicc.mpich (apt-get install mpich libmpich-dev): the MPICH workload is not drawn")
+	}
 	return b
 }
 

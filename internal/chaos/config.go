@@ -11,6 +11,7 @@ import (
 const (
 	Dptrain = "dptrain" // examples/dptrain: Go, in-place recovery, final params and optimizer hashes
 	Pytrain = "pytrain" // examples/pytrain: Python stdlib client, restart recovery, final hash
+	MPICH   = "mpich"   // testdata/mpisteps.c built with mpicc.mpich: no protected state, restart from the start
 )
 
 // MaxHosts is how many namespace hosts the suite builds once and every
@@ -26,6 +27,7 @@ type Config struct {
 	Spares       int    // spare hosts after them (--spares)
 	RanksPerHost int    // slots of every host (the hostfile's slots=)
 	TP           int    // --tp (1: none)
+	PP           int    // --pp (1: none)
 	Redundancy   string // --redundancy: replicas:K or ec:K+M
 	Recovery     string // --recovery: restart or in-place
 	Protect      string // --protect-mode: full or diff
@@ -42,8 +44,8 @@ func (c Config) NP() int { return c.Hosts * c.RanksPerHost }
 // Key identifies the configuration for the reference cache: two runs of
 // equal keys must end with equal hashes when nothing fails.
 func (c Config) Key() string {
-	return fmt.Sprintf("%s/h%d+%d/r%d/tp%d/%s/%s/%s/durable=%v/%s/s%d/d%d/seed%d",
-		c.Workload, c.Hosts, c.Spares, c.RanksPerHost, c.TP, c.Redundancy, c.Recovery, c.Protect,
+	return fmt.Sprintf("%s/h%d+%d/r%d/tp%dpp%d/%s/%s/%s/durable=%v/%s/s%d/d%d/seed%d",
+		c.Workload, c.Hosts, c.Spares, c.RanksPerHost, c.TP, c.PP, c.Redundancy, c.Recovery, c.Protect,
 		c.Durable, c.Params, c.Steps, c.DeviceMs, c.Seed)
 }
 
@@ -66,6 +68,9 @@ func (c Config) GorunFlags(hostfile, bind, events, ckptDir string) []string {
 	if c.TP > 1 {
 		f = append(f, "--tp", strconv.Itoa(c.TP))
 	}
+	if c.PP > 1 {
+		f = append(f, "--pp", strconv.Itoa(c.PP))
+	}
 	if c.Protect == "diff" {
 		f = append(f, "--base-every", "10")
 	}
@@ -81,6 +86,8 @@ func (c Config) Program(b Binaries) []string {
 	switch c.Workload {
 	case Pytrain:
 		return []string{b.Python, b.Pytrain, "--protect", "--steps", strconv.Itoa(c.Steps), "--seed", strconv.FormatUint(c.Seed, 10)}
+	case MPICH:
+		return []string{b.MPI, strconv.Itoa(c.Steps), strconv.Itoa(c.DeviceMs)}
 	default:
 		return []string{b.Dptrain, "--protect", "--params", c.Params, "--steps", strconv.Itoa(c.Steps),
 			"--seed", strconv.FormatUint(c.Seed, 10), "--batch", "48", "--log-every", "1", "--device-ms", strconv.Itoa(c.DeviceMs)}
@@ -91,28 +98,58 @@ func (c Config) Program(b Binaries) []string {
 type Binaries struct {
 	Gorun, Dptrain  string
 	Python, Pytrain string // "" when python3 is missing: no pytrain workload
+	MPI             string // testdata/mpisteps.c built with mpicc.mpich, "" without it: no MPICH workload
 }
 
 // pick returns one of xs, uniformly.
 func pick[T any](r *rand.Rand, xs ...T) T { return xs[r.IntN(len(xs))] }
 
-// drawConfig draws a configuration. Most are valid (the redundancy fits
-// the hosts); some are not on purpose, and gorun must refuse them.
+// drawConfig draws a configuration. Most are valid: a draw the precheck
+// refuses is drawn again (from the same stream), but one time in ten it
+// is kept, and gorun must refuse it.
 func drawConfig(r *rand.Rand, b Binaries) Config {
+	names := make([]string, MaxHosts)
+	for i := range names {
+		names[i] = "h" + strconv.Itoa(i)
+	}
+	for {
+		c := drawOnce(r, b)
+		if Precheck(c, names).Err == nil || r.IntN(10) == 0 {
+			return c
+		}
+	}
+}
+
+// drawOnce draws a configuration, valid or not.
+func drawOnce(r *rand.Rand, b Binaries) Config {
 	c := Config{Workload: Dptrain, Recovery: pick(r, "restart", "in-place"), Protect: "full"}
-	if b.Python != "" && r.IntN(6) == 0 {
+	switch w := r.IntN(8); {
+	case w == 0 && b.Python != "":
 		c.Workload, c.Recovery = Pytrain, "restart" // pytrain has no in-place rejoin
+	case w == 1 && b.MPI != "":
+		c.Workload, c.Recovery = MPICH, "restart" // no rank client: restarted from the start
 	}
 	c.Hosts = 2 + r.IntN(3) // 2..4
 	c.Spares = r.IntN(min(3, MaxHosts-c.Hosts+1))
 	c.RanksPerHost = 1 + r.IntN(2)
-	c.TP = 1
-	if c.NP() >= 4 && c.NP()%2 == 0 && r.IntN(4) == 0 {
-		c.TP = 2
+	// A layout now and then: --tp 2 or --pp 2 where the world divides
+	// (the data-parallel rings replicas are placed on get shorter).
+	c.TP, c.PP = 1, 1
+	if c.NP() >= 4 && c.NP()%2 == 0 {
+		switch r.IntN(6) {
+		case 0:
+			c.TP = 2
+		case 1:
+			c.PP = 2
+		}
 	}
 	// Redundancy: replicas:1 and 2 and the erasure codes that fit the
-	// host count, replicas:0 now and then.
-	opts := []string{"replicas:1", "replicas:1", "replicas:2"}
+	// host count, replicas:0 now and then; one time in ten any of them,
+	// whether it fits or not (gorun must refuse what does not).
+	opts := []string{"replicas:1", "replicas:1"}
+	if c.Hosts >= 3 {
+		opts = append(opts, "replicas:2")
+	}
 	switch c.Hosts {
 	case 2:
 		opts = append(opts, "ec:1+1")
@@ -121,14 +158,17 @@ func drawConfig(r *rand.Rand, b Binaries) Config {
 	case 4:
 		opts = append(opts, "ec:2+2", "ec:1+1", "ec:3+1")
 	}
-	if r.IntN(12) == 0 {
+	switch r.IntN(12) {
+	case 0:
 		opts = []string{"replicas:0"}
+	case 1:
+		opts = []string{"replicas:2", "replicas:3", "ec:2+2", "ec:2+1", "ec:3+1"}
 	}
 	c.Redundancy = pick(r, opts...)
 	if c.Workload == Dptrain && c.Redundancy != "replicas:0" && r.IntN(3) == 0 {
 		c.Protect = "diff"
 	}
-	c.Durable = r.IntN(3) == 0
+	c.Durable = r.IntN(3) == 0 && c.Workload != MPICH // a program that declares no regions has nothing to save
 	c.Params = pick(r, "64K", "128K", "200K")
 	c.Steps = 30 + r.IntN(11)
 	c.DeviceMs = 20 + 5*r.IntN(5)

@@ -74,9 +74,27 @@ func (f Fault) Crashes() int {
 	return 0
 }
 
-// drawFault draws a fault for c, of one of kinds.
+// Applies reports whether fault kind k can hit a job of c: the MPICH
+// workload reports no progress through gorun's rank client, so a
+// stopped rank is never seen to hang (--hang-timeout needs progress
+// reported) and it has no slots to flip.
+func Applies(k Kind, c Config) bool {
+	return c.Workload != MPICH || (k != RankStop && k != SlotFlip)
+}
+
+// drawFault draws a fault for c, of one of kinds (one that applies; a
+// kind that does not is drawn again, from the same stream).
 func drawFault(r *rand.Rand, c Config, kinds []Kind) Fault {
-	f := Fault{Kind: pick(r, kinds...), Host2: -1, Rank: -1}
+	var ok []Kind
+	for _, k := range kinds {
+		if Applies(k, c) {
+			ok = append(ok, k)
+		}
+	}
+	if len(ok) == 0 {
+		ok = []Kind{RankKill}
+	}
+	f := Fault{Kind: pick(r, ok...), Host2: -1, Rank: -1}
 	f.Host = r.IntN(c.Hosts)
 	switch f.Kind {
 	case RankKill, RankStop, SlotFlip:
@@ -112,6 +130,9 @@ func Within(f Fault, p Plan, c Config, durable bool) (bool, string) {
 	lost := f.Lost()
 	if !p.Replaceable(len(lost)) {
 		return false, fmt.Sprintf(`README, --spares / --on-no-spare: %d hosts lost, %d spares, no free slots`, len(lost), p.Spares)
+	}
+	if c.Workload == MPICH {
+		return true, `README, --spares: "a lost host ... is fenced and its ranks move to a spare, and the job goes on" (a program without protected state restarts from its start: --recovery restart)`
 	}
 	if p.SurvivesFromMemory(lost) {
 		return true, fmt.Sprintf(`README, --redundancy %s and "Losing a host": "a spare host takes its ranks, which restore their state from the other hosts"`, c.Redundancy)

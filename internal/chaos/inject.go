@@ -55,7 +55,7 @@ func jobDir(j *Job, i int) string {
 // inject waits for G >= f.After, then injects f into j.
 func (in *injector) inject(j *Job, f Fault) (injected, error) {
 	out := injected{linkDown: -1}
-	if err := j.waitG(f.After); err != nil {
+	if err := j.waitStep(f.After); err != nil {
 		return out, err
 	}
 	out.durable = j.CkptDir != "" && committed(j.CkptDir)

@@ -276,6 +276,30 @@ func (j *Job) waitG(step int) error {
 	})
 }
 
+// waitStep waits until the job has committed step (G, for the workloads
+// with protected state) or, for the MPICH workload, rank 0 has printed
+// it.
+func (j *Job) waitStep(step int) error {
+	if j.Config.Workload != MPICH {
+		return j.waitG(step)
+	}
+	line := fmt.Sprintf("\n[0] step %d\n", step)
+	deadline := time.Now().Add(90 * time.Second)
+	for !strings.Contains("\n"+j.stdout.String(), line) {
+		if j.Exited() {
+			return fmt.Errorf("%w: waiting for rank 0's step %d", ErrJobEnded, step)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("chaos: no step %d of rank 0 within 90s", step)
+		}
+		select {
+		case <-j.done:
+		case <-time.After(pollEvery):
+		}
+	}
+	return nil
+}
+
 // waitKind waits for n records of kind.
 func (j *Job) waitKind(kind string, n int) error {
 	return j.waitFor(90*time.Second, fmt.Sprintf("%d %s records", n, kind), func(recs []events.Record) bool {

@@ -97,6 +97,8 @@ func (p proc) isTrainer(workload string) bool {
 	switch workload {
 	case Pytrain:
 		return len(p.argv) >= 2 && filepath.Base(p.argv[1]) == "pytrain.py"
+	case MPICH:
+		return filepath.Base(p.argv[0]) == "mpisteps"
 	default:
 		return filepath.Base(p.argv[0]) == "dptrain"
 	}

@@ -61,7 +61,7 @@ func Precheck(c Config, names []string) Plan {
 		return p
 	}
 	p.Redundancy = red
-	l, err := topology.NewLayout(c.NP(), c.TP, 1)
+	l, err := topology.NewLayout(c.NP(), max(c.TP, 1), max(c.PP, 1))
 	if err != nil {
 		p.Err = err
 		return p

@@ -143,6 +143,7 @@ func (s *Suite) reference(ctx context.Context, c Config) (reference, error) {
 var (
 	dptrainHashRE = regexp.MustCompile(`(?m)^\[0\] (params|optimizer) sha256 ([0-9a-f]{64})$`)
 	pytrainHashRE = regexp.MustCompile(`(?m)^\[0\] final hash ([0-9a-f]{64})$`)
+	mpiHashRE     = regexp.MustCompile(`(?m)^\[0\] final hash ([0-9a-f]{16})$`)
 	stepRE        = regexp.MustCompile(`(?m)^\[0\] step (\d+)\b`)
 	// corruptRE is what gorun says of a slot that failed its CRC32C:
 	// ckpt.ErrCorrupt's text (the agent's "restoring from other hosts"
@@ -160,6 +161,10 @@ func (s *Suite) outcome(r *Run, j *Job) {
 	switch j.Config.Workload {
 	case Pytrain:
 		if m := pytrainHashRE.FindAllStringSubmatch(out, -1); m != nil {
+			r.Hash = m[len(m)-1][1]
+		}
+	case MPICH:
+		if m := mpiHashRE.FindAllStringSubmatch(out, -1); m != nil {
 			r.Hash = m[len(m)-1][1]
 		}
 	default:
