@@ -22,10 +22,12 @@ const (
 	LauncherTerm   Kind = "launcher-term"   // SIGTERM to gorun
 	StdoutStall    Kind = "stdout-stall"    // gorun's standard output not read for 3 s
 	SlotFlip       Kind = "slot-flip"       // a byte flipped in a stopped rank's committed slots, then the rank killed
+	Resume         Kind = "resume"          // the whole job killed once a version is committed on disk, then gorun --resume
+	CkptFlip       Kind = "ckpt-flip"       // the same, with a byte flipped in a rank's committed base file before the resume
 )
 
 // Kinds are every fault kind, in the summary's order.
-var Kinds = []Kind{RankKill, HostKill, AgentKill, RankStop, Partition, TwoHosts, DuringRecovery, LauncherTerm, StdoutStall, SlotFlip}
+var Kinds = []Kind{RankKill, HostKill, AgentKill, RankStop, Partition, TwoHosts, DuringRecovery, LauncherTerm, StdoutStall, SlotFlip, Resume, CkptFlip}
 
 // Fault is one fault to inject: its kind, where, and after which
 // committed step (G, read from the events file).
@@ -78,8 +80,15 @@ func (f Fault) Crashes() int {
 // workload reports no progress through gorun's rank client, so a
 // stopped rank is never seen to hang (--hang-timeout needs progress
 // reported) and it has no slots to flip.
+// Resume and CkptFlip need the durable tier.
 func Applies(k Kind, c Config) bool {
-	return c.Workload != MPICH || (k != RankStop && k != SlotFlip)
+	switch k {
+	case RankStop, SlotFlip:
+		return c.Workload != MPICH
+	case Resume, CkptFlip:
+		return c.Durable && c.Workload != MPICH
+	}
+	return true
 }
 
 // drawFault draws a fault for c, of one of kinds (one that applies; a
@@ -97,7 +106,7 @@ func drawFault(r *rand.Rand, c Config, kinds []Kind) Fault {
 	f := Fault{Kind: pick(r, ok...), Host2: -1, Rank: -1}
 	f.Host = r.IntN(c.Hosts)
 	switch f.Kind {
-	case RankKill, RankStop, SlotFlip:
+	case RankKill, RankStop, SlotFlip, CkptFlip:
 		f.Rank = f.Host*c.RanksPerHost + r.IntN(c.RanksPerHost)
 	case TwoHosts, DuringRecovery:
 		f.Host2 = (f.Host + 1 + r.IntN(c.Hosts-1)) % c.Hosts
@@ -121,6 +130,10 @@ func Within(f Fault, p Plan, c Config, durable bool) (bool, string) {
 		return true, `README, "A slow reader of gorun's output ... never delays failure detection ... and no byte is lost or reordered"`
 	case LauncherTerm:
 		return false, `README, Signals: "SIGINT, SIGTERM and SIGHUP stop every rank with the same signal, and gorun exits 128+N"`
+	case Resume:
+		return true, `README, --resume: "the same command line plus --resume starts a job that died whole (launcher, agents and ranks) again from DIR: from its committed version"`
+	case CkptFlip:
+		return false, `README, Checkpoints on disk: "A rank whose state cannot be rebuilt (its base missing or corrupt) stops the job, naming it"`
 	case SlotFlip:
 		if p.HasCopyElsewhere() {
 			return true, `README, Protecting training state: "Restoring chooses step G: from the rank's own slots ... or from a replica holder" (a slot that fails its CRC32C is not used: ckpt.ErrCorrupt)`

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/ckpt"
+	"github.com/gorun/gorun/durable"
 	"github.com/gorun/gorun/internal/testcluster"
 )
 
@@ -21,6 +22,8 @@ type injector struct {
 	hosts *testcluster.Hosts
 	// index maps a job's host index to the cluster's.
 	index func(jobHost int) int
+	// resume starts the job again with --resume (Resume, CkptFlip).
+	resume func() (*Job, error)
 }
 
 // injected is what inject did.
@@ -34,6 +37,9 @@ type injected struct {
 	// SIGKILLed (its ranks' TMPDIR's parent, read before the kill): the
 	// known leak, until the sweep of them merges.
 	crashedDirs []string
+	// resumed is the job started again with --resume after the whole
+	// job was killed (Resume, CkptFlip); nil for the other kinds.
+	resumed *Job
 }
 
 // jobDir returns the job directory of the job's host i: the parent of
@@ -137,6 +143,8 @@ func (in *injector) inject(j *Job, f Fault) (injected, error) {
 		note, err := flipSlots(j, f.Rank)
 		out.note = note
 		return out, err
+	case Resume, CkptFlip:
+		return in.killAndResume(j, f, out)
 	}
 	return out, fmt.Errorf("chaos: unknown fault kind %q", f.Kind)
 }
@@ -213,4 +221,112 @@ func flipSlots(j *Job, rank int) (string, error) {
 	}
 	note += "SIGKILL"
 	return note, signal(p.pid, syscall.SIGKILL)
+}
+
+// killAndResume waits for a committed version on disk, kills the whole
+// job (the launcher, then every process of every host: its agents cannot
+// clean up, their job directories are the known leak), flips a byte of
+// rank f.Rank's committed base file for CkptFlip, and starts the job
+// again with --resume.
+func (in *injector) killAndResume(j *Job, f Fault, out injected) (injected, error) {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := durable.ReadCommitted(j.CkptDir); err == nil {
+			break
+		}
+		if j.Exited() {
+			return out, fmt.Errorf("%w: waiting for a committed version in %s", ErrJobEnded, j.CkptDir)
+		}
+		if time.Now().After(deadline) {
+			return out, fmt.Errorf("chaos: no committed version in %s within 60s", j.CkptDir)
+		}
+		select {
+		case <-j.done:
+		case <-time.After(pollEvery):
+		}
+	}
+	out.durable, out.at = true, j.since()
+	for h := range j.Hosts {
+		if d := jobDir(j, h); d != "" {
+			out.crashedDirs = append(out.crashedDirs, d)
+		}
+	}
+	out.note = "SIGKILL gorun, KillAll every host"
+	if err := j.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return out, err
+	}
+	for h := range j.Hosts {
+		if err := in.hosts.KillAll(in.index(h)); err != nil {
+			return out, err
+		}
+	}
+	j.Wait()
+	if f.Kind == CkptFlip {
+		note, err := flipBase(j.CkptDir, f.Rank)
+		out.note += "; " + note
+		if err != nil {
+			return out, err
+		}
+	}
+	r, err := in.resume()
+	out.resumed = r
+	out.note += "; gorun --resume"
+	return out, err
+}
+
+// flipBase flips the first byte of the optimizer region (else the
+// largest) in rank's committed base file in dir.
+func flipBase(dir string, rank int) (string, error) {
+	l, err := durable.List(dir)
+	if err != nil {
+		return "", fmt.Errorf("chaos: listing %s: %w", dir, err)
+	}
+	if l.Manifest == nil || rank >= len(l.Manifest.Regions) || !l.HasCommit {
+		return "", fmt.Errorf("chaos: %s has no manifest with rank %d, or no commit record", dir, rank)
+	}
+	var base durable.BaseFile
+	for _, rl := range l.Ranks {
+		if rl.Rank != rank {
+			continue
+		}
+		for _, b := range rl.Bases {
+			if b.State == durable.StateCommitted && b.Step == l.Committed {
+				base = b
+			}
+		}
+	}
+	if base.Path == "" {
+		return "", fmt.Errorf("chaos: rank %d has no base file of the committed step %d", rank, l.Committed)
+	}
+	st, err := os.Stat(base.Path)
+	if err != nil {
+		return "", fmt.Errorf("chaos: %w", err)
+	}
+	// The regions' data end the file, each rounded up to 4096 bytes
+	// (durable/layout.go): region i starts where the ones after it end.
+	regions := l.Manifest.Regions[rank]
+	pickI := 0
+	for i, r := range regions {
+		if r.Name == "optimizer" || (regions[pickI].Name != "optimizer" && r.Size > regions[pickI].Size) {
+			pickI = i
+		}
+	}
+	off := st.Size()
+	for i := len(regions) - 1; i >= pickI; i-- {
+		off -= (regions[i].Size + 4095) &^ 4095
+	}
+	fh, err := os.OpenFile(base.Path, os.O_RDWR, 0)
+	if err != nil {
+		return "", fmt.Errorf("chaos: %w", err)
+	}
+	defer fh.Close()
+	var b [1]byte
+	if _, err := fh.ReadAt(b[:], off); err != nil {
+		return "", fmt.Errorf("chaos: %w", err)
+	}
+	b[0] ^= 0x5a
+	if _, err := fh.WriteAt(b[:], off); err != nil {
+		return "", fmt.Errorf("chaos: %w", err)
+	}
+	return fmt.Sprintf("flipped byte %d of %s (rank %d's %s region, committed step %d)", off, base.Path, rank, regions[pickI].Name, l.Committed), fh.Sync()
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -117,9 +118,15 @@ type Job struct {
 
 // startJob starts gorun for c on hosts in dir (its hostfile, events
 // file and durable directory), with registry as XDG_RUNTIME_DIR.
-func startJob(ctx context.Context, c Config, b Binaries, hosts []string, bind, dir, registry string) (*Job, error) {
+// With resume, it is the same job started again with --resume (the
+// whole job died): the same hostfile and durable directory, a new events
+// file.
+func startJob(ctx context.Context, c Config, b Binaries, hosts []string, bind, dir, registry string, resume bool) (*Job, error) {
 	j := &Job{Config: c, Hosts: hosts, Events: filepath.Join(dir, "events.jsonl"),
 		stdout: &stallWriter{}, stderr: &lockedBuffer{}, done: make(chan struct{})}
+	if resume {
+		j.Events = filepath.Join(dir, "events-resume.jsonl")
+	}
 	var hf strings.Builder
 	for _, h := range hosts {
 		fmt.Fprintf(&hf, "%s slots=%d\n", h, c.RanksPerHost)
@@ -130,11 +137,14 @@ func startJob(ctx context.Context, c Config, b Binaries, hosts []string, bind, d
 	}
 	if c.Durable {
 		j.CkptDir = filepath.Join(dir, "ckpt")
-		if err := os.Mkdir(j.CkptDir, 0o755); err != nil {
+		if err := os.Mkdir(j.CkptDir, 0o755); err != nil && !(resume && errors.Is(err, fs.ErrExist)) {
 			return nil, fmt.Errorf("chaos: %w", err)
 		}
 	}
 	j.Args = append([]string{b.Gorun}, c.GorunFlags(hostfile, bind, j.Events, j.CkptDir)...)
+	if resume {
+		j.Args = append(j.Args, "--resume")
+	}
 	j.Args = append(append(j.Args, "--"), c.Program(b)...)
 	j.cmd = exec.Command(j.Args[0], j.Args[1:]...)
 	j.cmd.Stdout, j.cmd.Stderr = j.stdout, j.stderr

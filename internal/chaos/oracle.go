@@ -94,6 +94,7 @@ var Rules = []Rule{
 	{"no-leaks", `README: "gorun ... leaves no process and no temporary file behind"; "When the job ends, the agents remove the slot files"`},
 	{"launcher-exits", `DESIGN §1: "If the launcher's control connection to an agent is lost, the agent kills its ranks and exits: no orphans, ever" (and the launcher owns the job's exit code: it must exit)`},
 	{"corruption-detected", `ckpt/doc.go: "a slot that fails it [the CRC] is never returned"; issue 21: a flipped byte must be detected, never restored silently`},
+	{"corrupt-base-named", `README, Checkpoints on disk: "A rank whose state cannot be rebuilt (its base missing or corrupt) stops the job, naming it"`},
 	{"no-output-lost", `README: "A slow reader of gorun's output ... no byte is lost or reordered"`},
 	{"reference-runs", `README, Try it: the run without a failure exits 0 and prints its hash`},
 }
@@ -137,8 +138,11 @@ func Judge(r Run) Verdict {
 		}
 		return v
 	}
-	if r.Fault.Kind == SlotFlip && r.Flipped && !r.Detected && r.Code == 0 {
-		fail("corruption-detected", "a committed slot of rank %d was flipped, and the job ended 0 without a word of a CRC mismatch", r.Fault.Rank)
+	if (r.Fault.Kind == SlotFlip || r.Fault.Kind == CkptFlip) && r.Flipped && !r.Detected && r.Code == 0 {
+		fail("corruption-detected", "rank %d's committed state was flipped (%s), and the job ended 0 without a word of a CRC mismatch", r.Fault.Rank, r.Fault.Kind)
+	}
+	if r.Fault.Kind == CkptFlip && r.Flipped && r.Code != 0 && !strings.Contains(r.Reported, fmt.Sprintf("rank %d", r.Fault.Rank)) {
+		fail("corrupt-base-named", "exit %d, and the report does not name rank %d: %q", r.Code, r.Fault.Rank, r.Reported)
 	}
 	if r.Fault.Kind == StdoutStall && len(r.MissingSteps) > 0 {
 		fail("no-output-lost", "rank 0's lines of steps %v are missing", r.MissingSteps)

@@ -41,6 +41,13 @@ func TestJudge(t *testing.T) {
 		{"slot flip restored silently", with(base(SlotFlip, true), func(r *Run) { r.Hash, r.Flipped = ref, true }), Failed, []string{"corruption-detected"}},
 		{"slot flip not committed", with(base(SlotFlip, true), func(r *Run) { r.Hash = ref }), Survived, nil},
 		{"slot flip beyond, reported", with(base(SlotFlip, false), func(r *Run) { r.Code, r.Reported, r.Flipped, r.Detected = 1, "not from other hosts", true, true }), Reported, nil},
+		{"resumed", with(base(Resume, true), func(r *Run) { r.Hash = ref }), Survived, nil},
+		{"resume failed", with(base(Resume, true), func(r *Run) { r.Code, r.Reported = 2, "--resume: no committed version" }), Failed, []string{"within-exit-0"}},
+		{"corrupt base, rank named", with(base(CkptFlip, false), func(r *Run) {
+			r.Fault.Rank, r.Code, r.Flipped, r.Detected, r.Reported = 3, 1, true, true, "rank 3's state cannot be rebuilt: durable: /d/r3/base.1: bytes [8192, 12288): CRC32C"
+		}), Reported, nil},
+		{"corrupt base, rank not named", with(base(CkptFlip, false), func(r *Run) { r.Fault.Rank, r.Code, r.Flipped, r.Reported = 3, 1, true, "stopping the job" }), Failed, []string{"corrupt-base-named"}},
+		{"corrupt base restored silently", with(base(CkptFlip, false), func(r *Run) { r.Fault.Rank, r.Flipped, r.Hash = 3, true, ref }), Failed, []string{"corruption-detected"}},
 		{"stdout stall, lines lost", with(base(StdoutStall, true), func(r *Run) { r.Hash, r.MissingSteps = ref, []int{7, 8} }), Failed, []string{"no-output-lost"}},
 		{"stdout stall, all lines", with(base(StdoutStall, true), func(r *Run) { r.Hash = ref }), Survived, nil},
 		{"refused", with(base(HostKill, false), func(r *Run) { r.Refused, r.RefCode, r.RefHash = true, 2, "" }), Refused, nil},

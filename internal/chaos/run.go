@@ -74,12 +74,14 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 		return r
 	}
 	defer os.RemoveAll(dir)
-	j, err := startJob(ctx, c, s.Bins, s.Hosts.Names[:c.Hosts+c.Spares], s.Hosts.BridgeAddr, dir, s.Registry)
+	j, err := startJob(ctx, c, s.Bins, s.Hosts.Names[:c.Hosts+c.Spares], s.Hosts.BridgeAddr, dir, s.Registry, false)
 	if err != nil {
 		r.NotInjected = err.Error()
 		return r
 	}
-	in := &injector{hosts: s.Hosts, index: func(i int) int { return i }}
+	in := &injector{hosts: s.Hosts, index: func(i int) int { return i }, resume: func() (*Job, error) {
+		return startJob(ctx, c, s.Bins, s.Hosts.Names[:c.Hosts+c.Spares], s.Hosts.BridgeAddr, dir, s.Registry, true)
+	}}
 	done, err := in.inject(j, f)
 	r.At, r.Injected = done.at, done.note
 	if done.linkDown >= 0 {
@@ -91,18 +93,31 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 			s.Log.Warn("injection failed", "run", index, "err", err)
 		}
 	}
-	if f.Kind == SlotFlip {
+	switch f.Kind {
+	case SlotFlip:
 		r.Flipped = strings.Contains(done.note, "still committed after: true")
+	case CkptFlip:
+		r.Flipped = strings.Contains(done.note, "flipped byte")
 	}
 	r.Within, r.Promise = Within(f, p, c, done.durable)
 	j.Wait()
 	if done.linkDown >= 0 {
 		s.Hosts.LinkUp(done.linkDown)
 	}
+	if done.resumed != nil {
+		// The killed job's leftovers, then the resumed job is the run's.
+		leaks, known := checkLeaks(j, s.Hosts, func(i int) int { return i }, s.Registry, done.crashedDirs)
+		for _, l := range leaks {
+			r.Leaks = append(r.Leaks, "the killed job: "+l)
+		}
+		r.KnownLeaks = append(r.KnownLeaks, known...)
+		j, done.crashedDirs = done.resumed, nil
+		j.Wait()
+	}
 	s.outcome(&r, j)
 	leaks, known := checkLeaks(j, s.Hosts, func(i int) int { return i }, s.Registry, done.crashedDirs)
 	r.Leaks = append(r.Leaks, leaks...)
-	r.KnownLeaks = known
+	r.KnownLeaks = append(r.KnownLeaks, known...)
 	return r
 }
 
@@ -117,7 +132,7 @@ func (s *Suite) reference(ctx context.Context, c Config) (reference, error) {
 		return reference{}, err
 	}
 	defer os.RemoveAll(dir)
-	j, err := startJob(ctx, c, s.Bins, s.Hosts.Names[:c.Hosts+c.Spares], s.Hosts.BridgeAddr, dir, s.Registry)
+	j, err := startJob(ctx, c, s.Bins, s.Hosts.Names[:c.Hosts+c.Spares], s.Hosts.BridgeAddr, dir, s.Registry, false)
 	if err != nil {
 		return reference{}, err
 	}
@@ -148,7 +163,9 @@ var (
 	// corruptRE is what gorun says of a slot that failed its CRC32C:
 	// ckpt.ErrCorrupt's text (the agent's "restoring from other hosts"
 	// line names it under -v), or rank.CorruptError's.
-	corruptRE = regexp.MustCompile(`ckpt: corrupt slot|corrupted in memory`)
+	// For a base file on disk: durable.CorruptError's "durable: PATH:
+	// bytes [A, B): ...".
+	corruptRE = regexp.MustCompile(`ckpt: corrupt slot|corrupted in memory|durable: \S+: bytes \[`)
 )
 
 // outcome fills r with what job j ended with.
