@@ -37,6 +37,8 @@ type injected struct {
 	// SIGKILLed (its ranks' TMPDIR's parent, read before the kill): the
 	// known leak, until the sweep of them merges.
 	crashedDirs []string
+	// crashedHosts are those hosts (indices into the job's hosts).
+	crashedHosts []int
 	// resumed is the job started again with --resume after the whole
 	// job was killed (Resume, CkptFlip); nil for the other kinds.
 	resumed *Job
@@ -71,6 +73,7 @@ func (in *injector) inject(j *Job, f Fault) (injected, error) {
 			if d := jobDir(j, h); d != "" {
 				out.crashedDirs = append(out.crashedDirs, d)
 			}
+			out.crashedHosts = append(out.crashedHosts, h)
 		}
 	}
 	switch f.Kind {
@@ -250,6 +253,7 @@ func (in *injector) killAndResume(j *Job, f Fault, out injected) (injected, erro
 		if d := jobDir(j, h); d != "" {
 			out.crashedDirs = append(out.crashedDirs, d)
 		}
+		out.crashedHosts = append(out.crashedHosts, h)
 	}
 	out.note = "SIGKILL gorun, KillAll every host"
 	if err := j.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/gorun/gorun/internal/testcluster"
@@ -24,12 +26,27 @@ const (
 // until it merges they are known, not zero).
 const KnownAgentDirLeak = "known leak: agent job dir"
 
+// KnownAgentShmLeak names the other leftover of a SIGKILLed agent the
+// suite found: its Open MPI backing directory in /dev/shm
+// (/dev/shm/gorun-<job>-h<host>-g<gen>, internal/agent/openmpi.go),
+// made for every job, MPI or not, and removed only by a later agent's
+// start sweep (sweepOMPIDirs).
+//
+// TODO(issue 21, ed-sweep): the sweep branch makes a surviving agent
+// remove its own job's unheld ones at its end; once it merges, drop this
+// and count these as leaks. Replay: make chaos SEED=11 ONLY=8.
+const KnownAgentShmLeak = "known leak: agent Open MPI shm dir"
+
+// ompiDirRE matches an Open MPI backing directory's name, with its host.
+var ompiDirRE = regexp.MustCompile(`^gorun-[a-z0-9-]+-h(\d+)-g\d+$`)
+
 // checkLeaks looks for what job j left behind once gorun exited: processes
 // in its hosts, its /dev/shm and /tmp entries, its registry entry. It
 // removes what it finds (so that the next run starts clean) and returns
 // the leaks, and apart the known ones (the crashed hosts' job
-// directories, crashed).
-func checkLeaks(j *Job, hosts *testcluster.Hosts, index func(int) int, registry string, crashed []string) (leaks, known []string) {
+// directories, crashed, and their Open MPI directories in /dev/shm:
+// crashedHosts).
+func checkLeaks(j *Job, hosts *testcluster.Hosts, index func(int) int, registry string, crashed []string, crashedHosts []int) (leaks, known []string) {
 	// Processes: poll until none is left or the grace period ends.
 	var left map[string][]proc
 	for deadline := time.Now().Add(procGrace); ; {
@@ -56,17 +73,30 @@ func checkLeaks(j *Job, hosts *testcluster.Hosts, index func(int) int, registry 
 		}
 		return append(leaks, "no job id in the events file: its files could not be checked"), known
 	}
+	// known says which leftover f is known, "" for none.
+	knownAs := func(f string) string {
+		if slices.Contains(crashed, f) {
+			return KnownAgentDirLeak
+		}
+		if m := ompiDirRE.FindStringSubmatch(filepath.Base(f)); m != nil && filepath.Dir(f) == "/dev/shm" {
+			if h, err := strconv.Atoi(m[1]); err == nil && slices.Contains(crashedHosts, h) {
+				return KnownAgentShmLeak
+			}
+		}
+		return ""
+	}
 	var files []string
 	for deadline := time.Now().Add(fileGrace); ; {
 		files = jobFiles(id, registry)
-		if len(files) == len(intersect(files, crashed)) || time.Now().After(deadline) {
+		unknown := slices.ContainsFunc(files, func(f string) bool { return knownAs(f) == "" })
+		if !unknown || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(pollEvery)
 	}
 	for _, f := range files {
-		if slices.Contains(crashed, f) {
-			known = append(known, KnownAgentDirLeak+": "+f)
+		if k := knownAs(f); k != "" {
+			known = append(known, k+": "+f)
 		} else {
 			leaks = append(leaks, "left behind: "+f)
 		}
@@ -88,16 +118,6 @@ func jobFiles(id, registry string) []string {
 	} {
 		m, _ := filepath.Glob(pat)
 		out = append(out, m...)
-	}
-	return out
-}
-
-func intersect(a, b []string) []string {
-	var out []string
-	for _, x := range a {
-		if slices.Contains(b, x) {
-			out = append(out, x)
-		}
 	}
 	return out
 }

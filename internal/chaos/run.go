@@ -106,16 +106,16 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 	}
 	if done.resumed != nil {
 		// The killed job's leftovers, then the resumed job is the run's.
-		leaks, known := checkLeaks(j, s.Hosts, func(i int) int { return i }, s.Registry, done.crashedDirs)
+		leaks, known := checkLeaks(j, s.Hosts, func(i int) int { return i }, s.Registry, done.crashedDirs, done.crashedHosts)
 		for _, l := range leaks {
 			r.Leaks = append(r.Leaks, "the killed job: "+l)
 		}
 		r.KnownLeaks = append(r.KnownLeaks, known...)
-		j, done.crashedDirs = done.resumed, nil
+		j, done.crashedDirs, done.crashedHosts = done.resumed, nil, nil
 		j.Wait()
 	}
 	s.outcome(&r, j)
-	leaks, known := checkLeaks(j, s.Hosts, func(i int) int { return i }, s.Registry, done.crashedDirs)
+	leaks, known := checkLeaks(j, s.Hosts, func(i int) int { return i }, s.Registry, done.crashedDirs, done.crashedHosts)
 	r.Leaks = append(r.Leaks, leaks...)
 	r.KnownLeaks = append(r.KnownLeaks, known...)
 	return r
@@ -143,7 +143,7 @@ func (s *Suite) reference(ctx context.Context, c Config) (reference, error) {
 	if j.hung != "" {
 		ref.leaks = append(ref.leaks, "hung: "+j.hung)
 	}
-	leaks, known := checkLeaks(j, s.Hosts, func(i int) int { return i }, s.Registry, nil)
+	leaks, known := checkLeaks(j, s.Hosts, func(i int) int { return i }, s.Registry, nil, nil)
 	ref.leaks = append(append(ref.leaks, leaks...), known...)
 	if j.code != 0 && j.code != 2 {
 		s.Log.Warn("failure-free run failed", "config", c.Key(), "code", j.code, "stderr", r.StderrTail)

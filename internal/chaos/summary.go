@@ -161,6 +161,17 @@ func (s Summary) WriteTable(w io.Writer) {
 			secs(r.RecoveryMedian), secs(r.RecoveryMax), secs(r.DetectMedian))
 	}
 	tw.Flush()
+	if s.Total.KnownLeaks > 0 {
+		n := map[string]int{}
+		for _, r := range s.RunsRecords {
+			for _, k := range r.KnownLeaks {
+				name, _, _ := strings.Cut(k, ": /")
+				n[name]++
+			}
+		}
+		fmt.Fprintf(w, "known leaks (SIGKILLed agents; counted apart, not as zero): %d %s, %d %s\n",
+			n[KnownAgentDirLeak], KnownAgentDirLeak, n[KnownAgentShmLeak], KnownAgentShmLeak)
+	}
 	if s.Mismatches > 0 {
 		fmt.Fprintf(w, "precheck and gorun disagreed on refusing %d configurations\n", s.Mismatches)
 	}
