@@ -165,6 +165,14 @@ func Draw(seed uint64, index int, b Binaries, kinds []Kind) (Config, Fault) {
 	}
 	r := rand.New(rand.NewPCG(seed, uint64(index)))
 	c := drawConfig(r, b)
+	// A configuration no kind applies to (KINDS=resume and no durable
+	// tier) is drawn again.
+	for range 100 {
+		if slices.ContainsFunc(kinds, func(k Kind) bool { return Applies(k, c) }) {
+			break
+		}
+		c = drawConfig(r, b)
+	}
 	return c, drawFault(r, c, kinds)
 }
 

@@ -256,6 +256,7 @@ func (in *injector) killAndResume(j *Job, f Fault, out injected) (injected, erro
 		out.crashedHosts = append(out.crashedHosts, h)
 	}
 	out.note = "SIGKILL gorun, KillAll every host"
+	j.killed = true
 	if err := j.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return out, err
 	}

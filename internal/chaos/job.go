@@ -110,6 +110,8 @@ type Job struct {
 	// hung is set when the launcher outlived its job's processes by
 	// outliveLimit or ran past jobLimit: it was sent SIGQUIT.
 	hung string
+	// killed: the harness SIGKILLed the launcher (Resume, CkptFlip).
+	killed bool
 	// lastSeen is when a process of the job was last seen in its hosts.
 	lastSeen time.Time
 

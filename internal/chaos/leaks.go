@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gorun/gorun/internal/jobstatus"
 	"github.com/gorun/gorun/internal/testcluster"
 )
 
@@ -84,6 +85,15 @@ func checkLeaks(j *Job, hosts *testcluster.Hosts, index func(int) int, registry 
 			}
 		}
 		return ""
+	}
+	if j.killed {
+		// A launcher that died by SIGKILL cannot remove its registry
+		// entry: "the entry of a launcher that died without (SIGKILL) ...
+		// is removed by the next List" (internal/jobstatus/registry.go).
+		// That List is what is checked here.
+		if _, err := jobstatus.List(filepath.Join(registry, "gorun")); err != nil {
+			leaks = append(leaks, fmt.Sprintf("listing the registry: %v", err))
+		}
 	}
 	var files []string
 	for deadline := time.Now().Add(fileGrace); ; {

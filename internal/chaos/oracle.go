@@ -141,8 +141,8 @@ func Judge(r Run) Verdict {
 	if (r.Fault.Kind == SlotFlip || r.Fault.Kind == CkptFlip) && r.Flipped && !r.Detected && r.Code == 0 {
 		fail("corruption-detected", "rank %d's committed state was flipped (%s), and the job ended 0 without a word of a CRC mismatch", r.Fault.Rank, r.Fault.Kind)
 	}
-	if r.Fault.Kind == CkptFlip && r.Flipped && r.Code != 0 && !strings.Contains(r.Reported, fmt.Sprintf("rank %d", r.Fault.Rank)) {
-		fail("corrupt-base-named", "exit %d, and the report does not name rank %d: %q", r.Code, r.Fault.Rank, r.Reported)
+	if r.Fault.Kind == CkptFlip && r.Flipped && r.Code != 0 && !namesCorruptRank(r.Stderr, r.Fault.Rank) {
+		fail("corrupt-base-named", "exit %d, and no line of gorun's names rank %d with the corruption; it reported %q", r.Code, r.Fault.Rank, r.Reported)
 	}
 	if r.Fault.Kind == StdoutStall && len(r.MissingSteps) > 0 {
 		fail("no-output-lost", "rank 0's lines of steps %v are missing", r.MissingSteps)
@@ -184,3 +184,19 @@ func short(h string) string {
 	}
 	return h
 }
+
+// namesCorruptRank reports whether a line of gorun's standard error names
+// rank and a corrupt state (corruptRE).
+func namesCorruptRank(stderr string, rank int) bool {
+	who := fmt.Sprintf("rank %d", rank)
+	for _, l := range strings.Split(stderr, "\n") {
+		if i := strings.Index(l, who); i >= 0 && !isDigit(l, i+len(who)) && corruptRE.MatchString(l) {
+			return true
+		}
+	}
+	return false
+}
+
+// isDigit reports whether s[i] is an ASCII digit ("rank 3" is not in
+// "rank 31").
+func isDigit(s string, i int) bool { return i < len(s) && s[i] >= '0' && s[i] <= '9' }

@@ -44,9 +44,14 @@ func TestJudge(t *testing.T) {
 		{"resumed", with(base(Resume, true), func(r *Run) { r.Hash = ref }), Survived, nil},
 		{"resume failed", with(base(Resume, true), func(r *Run) { r.Code, r.Reported = 2, "--resume: no committed version" }), Failed, []string{"within-exit-0"}},
 		{"corrupt base, rank named", with(base(CkptFlip, false), func(r *Run) {
-			r.Fault.Rank, r.Code, r.Flipped, r.Detected, r.Reported = 3, 1, true, true, "rank 3's state cannot be rebuilt: durable: /d/r3/base.1: bytes [8192, 12288): CRC32C"
+			r.Fault.Rank, r.Code, r.Flipped, r.Detected, r.Reported = 3, 1, true, true, "stopping the job"
+			r.Stderr = "gorun agent h1: --resume: rank 3: the base at step 5: durable: /d/r3/base.1: bytes [8192, 12288): CRC32C\nstopping the job\n"
 		}), Reported, nil},
 		{"corrupt base, rank not named", with(base(CkptFlip, false), func(r *Run) { r.Fault.Rank, r.Code, r.Flipped, r.Reported = 3, 1, true, "stopping the job" }), Failed, []string{"corrupt-base-named"}},
+		{"corrupt base, another rank named", with(base(CkptFlip, false), func(r *Run) {
+			r.Fault.Rank, r.Code, r.Flipped, r.Reported = 3, 1, true, "stopping the job"
+			r.Stderr = "rank 31: the base at step 5: durable: /d/r31/base.1: bytes [8192, 12288): CRC32C\n"
+		}), Failed, []string{"corrupt-base-named"}},
 		{"corrupt base restored silently", with(base(CkptFlip, false), func(r *Run) { r.Fault.Rank, r.Flipped, r.Hash = 3, true, ref }), Failed, []string{"corruption-detected"}},
 		{"stdout stall, lines lost", with(base(StdoutStall, true), func(r *Run) { r.Hash, r.MissingSteps = ref, []int{7, 8} }), Failed, []string{"no-output-lost"}},
 		{"stdout stall, all lines", with(base(StdoutStall, true), func(r *Run) { r.Hash = ref }), Survived, nil},
