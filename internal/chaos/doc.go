@@ -26,15 +26,20 @@
 //
 // # Faults
 //
-// Ten kinds ([Kinds]): a rank's SIGKILL, a host lost (every process of
+// Twelve kinds ([Kinds]): a rank's SIGKILL, a host lost (every process of
 // its namespace killed), an agent's SIGKILL, a rank stopped (SIGSTOP, a
 // hang), a host partitioned (its link down, up again once it was fenced),
 // two hosts lost at once, a second host lost while the first is being
 // recovered, SIGTERM to the launcher, gorun's standard output stalled for
-// 3 s (a paused pager), and a byte flipped in both committed ping-pong
-// slots of a stopped rank in /dev/shm, which is then killed (its restore
-// must detect the CRC mismatch). Each is injected after a committed step
-// read from the events file (G in a sample record), never after a sleep.
+// 3 s (a paused pager), a byte flipped in both committed ping-pong slots
+// of a stopped rank in /dev/shm, which is then killed (its restore must
+// detect the CRC mismatch), and with the durable tier the whole job
+// killed once a version is committed and started again with --resume
+// (Resume), or the same with a byte flipped in a rank's committed base
+// file first (CkptFlip: the resume must stop, naming the rank). Each is
+// injected after a committed step read from the events file (G in a
+// sample record; rank 0's step line for the MPICH workload, which
+// protects nothing), never after a sleep.
 //
 // # The oracle
 //
@@ -44,15 +49,23 @@
 //
 // # Leaks
 //
-// After every run ([CheckLeaks]): no process left in any namespace host
+// After every run (checkLeaks): no process left in any namespace host
 // of the job, no /dev/shm entry of the job (slot files, Open MPI
 // directories), no /tmp job directory, no registry entry
 // (internal/jobstatus), and the launcher not outliving the last process
 // of its job by more than 30 s — a launcher that does is sent SIGQUIT, its
 // goroutine dump kept, and the run counts a leak: that is the launcher's
 // goroutine-leak check (a goroutine that keeps the launcher from exiting
-// is the leak that matters to a user). An agent SIGKILLed (a host lost, or
-// its agent killed) cannot remove its /tmp job directory: until the sweep
-// of such directories merges, exactly those, at most one per crashed
-// host, are counted apart as "known leak: agent job dir", never as zero.
+// is the leak that matters to a user). An agent SIGKILLed (a host lost,
+// its agent killed, the whole job killed) cannot remove its /tmp job
+// directory nor its Open MPI directory in /dev/shm: until the sweep of
+// them merges, exactly those, of the crashed hosts, are counted apart as
+// known leaks ([KnownAgentDirLeak], [KnownAgentShmLeak]), never as zero.
+// A SIGKILLed launcher's registry entry is checked after the
+// jobstatus.List that removes stale entries, as its doc promises.
+//
+// Recovery times come from the events file's timeline (detected →
+// resumed); the fault → detected time compares the fault's time on the
+// harness's clock with the launcher's, which starts a few milliseconds
+// later: it reads short by that much (clipped at 0).
 package chaos
