@@ -195,8 +195,8 @@ bench-ec: build
 # fault, judged against what the configuration promises (README, "Chaos
 # testing"). SEED makes it reproducible (default: the clock's, printed);
 # ONLY=i,j replays those runs alone; KINDS=k1,k2 draws only those fault
-# kinds; JSON=file writes the summary with every run's record. RUNS=200
-# takes about an hour on 2 cores.
+# kinds; JSON=file writes the summary with every run's record. 40 runs
+# took 203 s on this 2-core machine (seed 2026): RUNS=200 about 17 min.
 RUNS    ?= 3
 CHAOS_TIMEOUT ?= 180m
 chaos:

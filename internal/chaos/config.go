@@ -171,6 +171,11 @@ func drawOnce(r *rand.Rand, b Binaries) Config {
 	c.Durable = r.IntN(3) == 0 && c.Workload != MPICH // a program that declares no regions has nothing to save
 	c.Params = pick(r, "64K", "128K", "200K")
 	c.Steps = 30 + r.IntN(11)
+	if c.Workload == Pytrain {
+		// pytrain's steps take some 10 ms: ten times as many, so that
+		// a fault lands in the middle of the job, not after its end.
+		c.Steps *= 10
+	}
 	c.DeviceMs = 20 + 5*r.IntN(5)
 	c.Seed = 1 + r.Uint64N(1000)
 	return c
@@ -178,5 +183,9 @@ func drawOnce(r *rand.Rand, b Binaries) Config {
 
 // flags for a log line.
 func (c Config) flagsText() string {
-	return strings.Join(c.GorunFlags("HOSTFILE", "BRIDGE", "EVENTS", "DIR"), " ")
+	dir := ""
+	if c.Durable {
+		dir = "DIR"
+	}
+	return strings.Join(c.GorunFlags("HOSTFILE", "BRIDGE", "EVENTS", dir), " ")
 }
