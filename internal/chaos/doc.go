@@ -26,20 +26,20 @@
 //
 // # Faults
 //
-// Twelve kinds ([Kinds]): a rank's SIGKILL, a host lost (every process of
-// its namespace killed), an agent's SIGKILL, a rank stopped (SIGSTOP, a
+// Thirteen kinds ([Kinds]): a rank's SIGKILL, a host lost (every process
+// of its namespace killed), an agent's SIGKILL, a rank stopped (SIGSTOP, a
 // hang), a host partitioned (its link down, up again once it was fenced),
 // two hosts lost at once, a second host lost while the first is being
-// recovered, SIGTERM to the launcher, gorun's standard output stalled for
-// 3 s (a paused pager), a byte flipped in both committed ping-pong slots
-// of a stopped rank in /dev/shm, which is then killed (its restore must
-// detect the CRC mismatch), and with the durable tier the whole job
-// killed once a version is committed and started again with --resume
-// (Resume), or the same with a byte flipped in a rank's committed base
-// file first (CkptFlip: the resume must stop, naming the rank). Each is
-// injected after a committed step read from the events file (G in a
-// sample record; rank 0's step line for the MPICH workload, which
-// protects nothing), never after a sleep.
+// recovered, SIGTERM or SIGUSR1 (forwarded to every rank) to the launcher,
+// gorun's standard output stalled for 3 s (a paused pager), a byte flipped
+// in both committed ping-pong slots of a stopped rank in /dev/shm, which
+// is then killed (its restore must detect the CRC mismatch), and with the
+// durable tier the whole job killed once a version is committed and
+// started again with --resume (Resume), or the same with a byte flipped in
+// a rank's committed base file first (CkptFlip: the resume must stop,
+// naming the rank). Each is injected after a committed step read from the
+// events file (G in a sample record; rank 0's step line for the MPICH
+// workload, which protects nothing), never after a sleep.
 //
 // # The oracle
 //

@@ -20,6 +20,7 @@ const (
 	TwoHosts       Kind = "two-hosts"       // two hosts killed at once
 	DuringRecovery Kind = "during-recovery" // a second host killed once the first one's recovery epoch is published
 	LauncherTerm   Kind = "launcher-term"   // SIGTERM to gorun
+	LauncherUsr1   Kind = "launcher-usr1"   // SIGUSR1 to gorun (Slurm's preemption notice), forwarded to every rank
 	StdoutStall    Kind = "stdout-stall"    // gorun's standard output not read for 3 s
 	SlotFlip       Kind = "slot-flip"       // a byte flipped in a stopped rank's committed slots, then the rank killed
 	Resume         Kind = "resume"          // the whole job killed once a version is committed on disk, then gorun --resume
@@ -27,7 +28,7 @@ const (
 )
 
 // Kinds are every fault kind, in the summary's order.
-var Kinds = []Kind{RankKill, HostKill, AgentKill, RankStop, Partition, TwoHosts, DuringRecovery, LauncherTerm, StdoutStall, SlotFlip, Resume, CkptFlip}
+var Kinds = []Kind{RankKill, HostKill, AgentKill, RankStop, Partition, TwoHosts, DuringRecovery, LauncherTerm, LauncherUsr1, StdoutStall, SlotFlip, Resume, CkptFlip}
 
 // Fault is one fault to inject: its kind, where, and after which
 // committed step (G, read from the events file).
@@ -111,7 +112,7 @@ func drawFault(r *rand.Rand, c Config, kinds []Kind) Fault {
 	case TwoHosts, DuringRecovery:
 		f.Host2 = (f.Host + 1 + r.IntN(c.Hosts-1)) % c.Hosts
 	}
-	f.After = 3 + r.IntN(max(1, c.Steps-18))
+	f.After = 3 + r.IntN(max(1, c.Steps*2/3-3)) // in the first two thirds: the job must still run
 	return f
 }
 
@@ -126,6 +127,8 @@ func Within(f Fault, p Plan, c Config, durable bool) (bool, string) {
 	switch f.Kind {
 	case RankKill, RankStop:
 		return true, `README, --max-restarts: "after a rank fails, restart every rank in place up to N times, resuming from the globally recoverable step"`
+	case LauncherUsr1:
+		return true, `README, Signals: "SIGUSR1 and SIGUSR2 (Slurm's preemption notices) are forwarded to every rank, and the job goes on" (the workloads do not catch it and die of it: every rank fails, and --max-restarts restarts them from G)`
 	case StdoutStall:
 		return true, `README, "A slow reader of gorun's output ... never delays failure detection ... and no byte is lost or reordered"`
 	case LauncherTerm:

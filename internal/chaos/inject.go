@@ -137,6 +137,9 @@ func (in *injector) inject(j *Job, f Fault) (injected, error) {
 	case LauncherTerm:
 		out.note = "SIGTERM gorun"
 		return out, j.cmd.Process.Signal(syscall.SIGTERM)
+	case LauncherUsr1:
+		out.note = "SIGUSR1 gorun"
+		return out, j.cmd.Process.Signal(syscall.SIGUSR1)
 	case StdoutStall:
 		out.note = fmt.Sprintf("gorun's stdout not read for %v", stallFor)
 		release := j.stdout.stall()
