@@ -76,8 +76,8 @@ func envInt(t *testing.T, name string, def uint64) uint64 {
 // GORUN_CHAOS_ONLY names, and fails for every run that broke a rule,
 // printing the line that replays it.
 func TestChaos(t *testing.T) {
-	if testing.Short() {
-		t.Skip("chaos: namespace jobs; not with -short")
+	if testing.Short() && os.Getenv("GORUN_TESTCLUSTER_REQUIRE") != "1" {
+		t.Skip("chaos: namespace jobs; not with -short (unless GORUN_TESTCLUSTER_REQUIRE=1)")
 	}
 	hosts := testcluster.NetnsHosts(t, MaxHosts) // skips without root and ip netns, unless GORUN_TESTCLUSTER_REQUIRE=1
 	start := time.Now()
