@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gorun/gorun/internal/jobstatus"
@@ -35,8 +36,22 @@ const KnownAgentDirLeak = "known leak: agent job dir"
 //
 // TODO(issue 21, ed-sweep): the sweep branch makes a surviving agent
 // remove its own job's unheld ones at its end; once it merges, drop this
-// and count these as leaks. Replay: make chaos SEED=11 ONLY=8.
+// and count these as leaks. Replay: make chaos SEED=2026 ONLY=1.
 const KnownAgentShmLeak = "known leak: agent Open MPI shm dir"
+
+// KnownAllCrashedSlotLeak names the third: the slot files
+// (/dev/shm/gorun-<job>.*) of a job every one of whose hosts with ranks
+// was SIGKILLed at once. Their agents cannot remove them, and the agents
+// left (spares that never had ranks) never claimed the job's files, so
+// nobody removes them at the job's end; a later agent's start sweep
+// (ckpt.Sweep) does. On the namespace hosts, which share /dev/shm, a
+// survivor with ranks removes a crashed host's files with its own, so
+// this shows only when no host with ranks survives.
+//
+// TODO(issue 21, ed-sweep): an agent ending should sweep its own job's
+// unclaimed slot files as it will its job directories; then drop this.
+// Replay: make chaos SEED=2026 ONLY=9.
+const KnownAllCrashedSlotLeak = "known leak: slot files of a job whose hosts with ranks were all SIGKILLed"
 
 // ompiDirRE matches an Open MPI backing directory's name, with its host.
 var ompiDirRE = regexp.MustCompile(`^gorun-[a-z0-9-]+-h(\d+)-g\d+$`)
@@ -74,10 +89,18 @@ func checkLeaks(j *Job, hosts *testcluster.Hosts, index func(int) int, registry 
 		}
 		return append(leaks, "no job id in the events file: its files could not be checked"), known
 	}
+	allCrashed := true
+	for h := range j.Config.Hosts {
+		allCrashed = allCrashed && slices.Contains(crashedHosts, h)
+	}
+	slotPrefix := filepath.Join("/dev/shm", "gorun-"+id+".")
 	// known says which leftover f is known, "" for none.
 	knownAs := func(f string) string {
 		if slices.Contains(crashed, f) {
 			return KnownAgentDirLeak
+		}
+		if allCrashed && strings.HasPrefix(f, slotPrefix) {
+			return KnownAllCrashedSlotLeak
 		}
 		if m := ompiDirRE.FindStringSubmatch(filepath.Base(f)); m != nil && filepath.Dir(f) == "/dev/shm" {
 			if h, err := strconv.Atoi(m[1]); err == nil && slices.Contains(crashedHosts, h) {

@@ -169,8 +169,8 @@ func (s Summary) WriteTable(w io.Writer) {
 				n[name]++
 			}
 		}
-		fmt.Fprintf(w, "known leaks (SIGKILLed agents; counted apart, not as zero): %d %s, %d %s\n",
-			n[KnownAgentDirLeak], KnownAgentDirLeak, n[KnownAgentShmLeak], KnownAgentShmLeak)
+		fmt.Fprintf(w, "known leaks (SIGKILLed agents; counted apart, not as zero): %d %s, %d %s, %d %s\n",
+			n[KnownAgentDirLeak], KnownAgentDirLeak, n[KnownAgentShmLeak], KnownAgentShmLeak, n[KnownAllCrashedSlotLeak], KnownAllCrashedSlotLeak)
 	}
 	if s.Mismatches > 0 {
 		fmt.Fprintf(w, "precheck and gorun disagreed on refusing %d configurations\n", s.Mismatches)
