@@ -74,8 +74,8 @@ const (
 
 // Verdict is Judge's finding on a run.
 type Verdict struct {
-	Class    string
-	Failures []string // broken rules: "rule: what was seen"
+	Class    string   `json:"class"`
+	Failures []string `json:"failures,omitempty"` // broken rules: "rule: what was seen"
 }
 
 // Rule is one thing the oracle checks, with the README sentence that

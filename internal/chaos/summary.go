@@ -31,21 +31,22 @@ type Row struct {
 
 // Summary is a whole suite's result.
 type Summary struct {
-	Seed        uint64  `json:"seed"`
-	Kinds       string  `json:"kinds,omitempty"` // the fault kinds drawn, "" for all
-	Runs        int     `json:"runs"`
-	Rows        []Row   `json:"rows"`
-	Total       Row     `json:"total"`
-	RunMedian   float64 `json:"run_median_s"` // wall time per run, reference included when it ran
-	TotalTime   float64 `json:"total_s"`
-	Mismatches  int     `json:"precheck_mismatches"`
-	FailedRuns  []int   `json:"failed_runs"`
-	RunsRecords []Run   `json:"run_records"`
+	Seed        uint64    `json:"seed"`
+	Kinds       string    `json:"kinds,omitempty"` // the fault kinds drawn, "" for all
+	Runs        int       `json:"runs"`
+	Rows        []Row     `json:"rows"`
+	Total       Row       `json:"total"`
+	RunMedian   float64   `json:"run_median_s"` // wall time per run, reference included when it ran
+	TotalTime   float64   `json:"total_s"`
+	Mismatches  int       `json:"precheck_mismatches"`
+	FailedRuns  []int     `json:"failed_runs"`
+	RunsRecords []Run     `json:"run_records"`
+	Verdicts    []Verdict `json:"verdicts"` // Verdicts[i] is RunsRecords[i]'s
 }
 
 // Summarize tallies runs with their verdicts.
 func Summarize(seed uint64, kinds string, runs []Run, verdicts []Verdict, total time.Duration) Summary {
-	s := Summary{Seed: seed, Kinds: kinds, Runs: len(runs), TotalTime: total.Seconds(), RunsRecords: runs, FailedRuns: []int{}}
+	s := Summary{Seed: seed, Kinds: kinds, Runs: len(runs), TotalTime: total.Seconds(), RunsRecords: runs, Verdicts: verdicts, FailedRuns: []int{}}
 	rows := map[Kind]*Row{}
 	for _, k := range Kinds {
 		rows[k] = &Row{Kind: k}
