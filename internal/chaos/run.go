@@ -104,17 +104,23 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 	if done.linkDown >= 0 {
 		s.Hosts.LinkUp(done.linkDown)
 	}
+	var killed *Job
 	if done.resumed != nil {
-		// The killed job's leftovers, then the resumed job is the run's.
-		leaks, known := checkLeaks(j, s.Hosts, func(i int) int { return i }, s.Registry, done.crashedDirs, done.crashedHosts)
+		// The resumed job is the run's; the killed job's leftovers are
+		// looked for once it ended too (the resumed job runs in the same
+		// hosts, and its agents' start sweeps the killed one's files).
+		killed, j = j, done.resumed
+		j.Wait()
+	}
+	s.outcome(&r, j)
+	if killed != nil {
+		leaks, known := checkLeaks(killed, s.Hosts, func(i int) int { return i }, s.Registry, done.crashedDirs, done.crashedHosts)
 		for _, l := range leaks {
 			r.Leaks = append(r.Leaks, "the killed job: "+l)
 		}
 		r.KnownLeaks = append(r.KnownLeaks, known...)
-		j, done.crashedDirs, done.crashedHosts = done.resumed, nil, nil
-		j.Wait()
+		done.crashedDirs, done.crashedHosts = nil, nil
 	}
-	s.outcome(&r, j)
 	leaks, known := checkLeaks(j, s.Hosts, func(i int) int { return i }, s.Registry, done.crashedDirs, done.crashedHosts)
 	r.Leaks = append(r.Leaks, leaks...)
 	r.KnownLeaks = append(r.KnownLeaks, known...)
