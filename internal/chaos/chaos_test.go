@@ -137,6 +137,9 @@ func TestChaos(t *testing.T) {
 		for _, k := range r.KnownLeaks {
 			t.Logf("run %d: %s", i, k)
 		}
+		if v.Class == KnownDefect {
+			t.Logf("run %d shows a known defect (not counted as a failure): %s\n  replay: %s", i, strings.Join(v.Failures, "; "), ReplayLine(seed, i, kindsText))
+		}
 		if v.Class == Failed {
 			t.Errorf("run %d broke %d rules:\n  %s\n  config: %s\n  fault: %s (%s)\n  promise: %s\n  gorun: %s\n  stderr:\n%s\n  replay: %s",
 				i, len(v.Failures), strings.Join(v.Failures, "\n  "), r.Config, r.Fault, r.Injected, r.Promise, r.Config.flagsText(), r.StderrTail, ReplayLine(seed, i, kindsText))

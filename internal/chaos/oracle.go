@@ -70,7 +70,47 @@ const (
 	Refused        = "refused"         // gorun refused the configuration
 	NotInjected    = "not-injected"    // the fault found nothing to hit
 	Failed         = "failed"          // a rule was broken
+	KnownDefect    = "known-defect"    // within the promise, not survived, by a defect already reported (KnownDefects)
 )
+
+// A knownDefect is a product defect the suite found and reported, which
+// is being fixed: a run that fails within-exit-0 (and only that) with
+// its signature in gorun's standard error is counted apart, as
+// KnownDefect, not as Failed, so that CI's short mode does not fail on
+// it meanwhile. Each names its replay; drop it once the fix merges.
+type knownDefect struct {
+	Name      string
+	Kind      Kind   // the fault kind it shows with
+	Workload  string // "" for any
+	Signature string // in gorun's standard error
+}
+
+// KnownDefects are the defects found by the suite and not fixed yet.
+var KnownDefects = []knownDefect{
+	// TODO(issue 21): --redundancy ec:K+M --protect-mode diff: a rank
+	// whose own slots fail their CRC32C cannot be restored: its service
+	// says "no coded base at or before step G (H is -1)" while the
+	// launcher's table says H = 0 ("a decode restores it and replays to
+	// G"), and the job stops "again with no progress". Replay: make chaos
+	// SEED=2026 ONLY=32.
+	{Name: "ec-diff-restore-H", Kind: SlotFlip, Signature: "(H is -1)"},
+	// TODO(issue 21): an MPICH job that loses every host it started on,
+	// the second while the first one's recovery runs, ends with "called
+	// MPI_Abort": the restarted ranks' MPI_Init fails with
+	// "MPIDU_Init_shm_init ...: unable to allocate shared memory" on the
+	// spares. Replay: make chaos SEED=2026 ONLY=98.
+	{Name: "mpich-reinit-shm", Kind: DuringRecovery, Workload: MPICH, Signature: "unable to allocate shared memory"},
+}
+
+// knownDefectOf returns the known defect r shows, "" for none.
+func knownDefectOf(r Run) string {
+	for _, d := range KnownDefects {
+		if r.Fault.Kind == d.Kind && (d.Workload == "" || r.Config.Workload == d.Workload) && strings.Contains(r.Stderr, d.Signature) {
+			return d.Name
+		}
+	}
+	return ""
+}
 
 // Verdict is Judge's finding on a run.
 type Verdict struct {
@@ -173,6 +213,12 @@ func Judge(r Run) Verdict {
 	}
 	if len(v.Failures) > 0 {
 		v.Class = Failed
+		if len(v.Failures) == 1 && strings.HasPrefix(v.Failures[0], "within-exit-0:") {
+			if d := knownDefectOf(r); d != "" {
+				v.Class = KnownDefect
+				v.Failures[0] += " [known defect " + d + "]"
+			}
+		}
 	}
 	return v
 }

@@ -53,6 +53,18 @@ func TestJudge(t *testing.T) {
 			r.Stderr = "rank 31: the base at step 5: durable: /d/r31/base.1: bytes [8192, 12288): CRC32C\n"
 		}), Failed, []string{"corrupt-base-named"}},
 		{"corrupt base restored silently", with(base(CkptFlip, false), func(r *Run) { r.Fault.Rank, r.Flipped, r.Hash = 3, true, ref }), Failed, []string{"corruption-detected"}},
+		{"known defect", with(base(SlotFlip, true), func(r *Run) {
+			r.Code, r.Reported, r.Flipped, r.Detected = 1, "again with no progress", true, true
+			r.Stderr = "rank: unrecoverable from the erasure-coded stripe: rank 0: no coded base at or before step 9 (H is -1)\n"
+		}), KnownDefect, []string{"within-exit-0"}},
+		{"known defect's signature, another fault", with(base(RankKill, true), func(r *Run) {
+			r.Code, r.Reported = 1, "again with no progress"
+			r.Stderr = "no coded base at or before step 9 (H is -1)\n"
+		}), Failed, []string{"within-exit-0"}},
+		{"known defect's signature, and a leak", with(base(SlotFlip, true), func(r *Run) {
+			r.Code, r.Reported, r.Leaks = 1, "x", []string{"left behind: /dev/shm/gorun-x.r0.hdr"}
+			r.Stderr = "(H is -1)\n"
+		}), Failed, []string{"no-leaks", "within-exit-0"}},
 		{"stdout stall, lines lost", with(base(StdoutStall, true), func(r *Run) { r.Hash, r.MissingSteps = ref, []int{7, 8} }), Failed, []string{"no-output-lost"}},
 		{"stdout stall, all lines", with(base(StdoutStall, true), func(r *Run) { r.Hash = ref }), Survived, nil},
 		{"refused", with(base(HostKill, false), func(r *Run) { r.Refused, r.RefCode, r.RefHash = true, 2, "" }), Refused, nil},
