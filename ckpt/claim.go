@@ -117,6 +117,16 @@ func (c *Claim) Release() (last bool, err error) {
 // say), and returns those jobs. Files of jobs without a lock file are
 // left alone.
 func Sweep(opt Options) ([]string, error) {
+	return sweep(opt, false)
+}
+
+// Unclaimed returns the jobs whose files Sweep would remove, removing
+// nothing (gorun clean --dry-run).
+func Unclaimed(opt Options) ([]string, error) {
+	return sweep(opt, true)
+}
+
+func sweep(opt Options, dry bool) ([]string, error) {
 	dir := opt.dir()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -139,11 +149,13 @@ func Sweep(opt Options) ([]string, error) {
 			continue
 		}
 		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil && same(f, path) {
-			if err := RemoveJob(job, Options{Dir: dir}); err != nil {
-				errs = append(errs, err)
-			}
-			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, err)
+			if !dry {
+				if err := RemoveJob(job, Options{Dir: dir}); err != nil {
+					errs = append(errs, err)
+				}
+				if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+					errs = append(errs, err)
+				}
 			}
 			swept = append(swept, job)
 		}

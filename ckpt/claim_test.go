@@ -42,6 +42,14 @@ func TestClaimAndSweep(t *testing.T) {
 	d.f = nil
 	mk("legacy", 0)
 
+	// Listed first, removing nothing.
+	if jobs, err := Unclaimed(opt); err != nil || !slices.Equal(jobs, []string{"dead"}) {
+		t.Fatalf("Unclaimed = %v, %v; want [dead]", jobs, err)
+	}
+	if !exists("live") || !exists("dead") || !exists("legacy") {
+		t.Fatalf("after Unclaimed: live %v dead %v legacy %v; want all", exists("live"), exists("dead"), exists("legacy"))
+	}
+
 	swept, err := Sweep(opt)
 	if err != nil {
 		t.Fatal(err)

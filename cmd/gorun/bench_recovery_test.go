@@ -52,7 +52,7 @@ func TestBenchRecovery(t *testing.T) {
 
 	// Failure-free, protected, with the spare idle: the reference time.
 	r, t0 := run([]string{"--spares", "1"}, append(args, "--protect"))
-	res := r.finish(t, 0, 0)
+	res := r.finish(t, 0)
 	free := time.Since(t0)
 	wantP, wantO := dptrainHashes(t, res)
 
@@ -64,7 +64,7 @@ func TestBenchRecovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	killAt := kill.Sub(r.start).Seconds()
-	res = r.finish(t, 0, 1)
+	res = r.finish(t, 0)
 	hot := time.Since(t0)
 	if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
 		t.Errorf("the recovered run ended with other hashes than the run without a failure")
@@ -92,7 +92,7 @@ func TestBenchRecovery(t *testing.T) {
 	if err := c.hosts.KillAll(1); err != nil {
 		t.Fatal(err)
 	}
-	r.finish(t, -1, 1)
+	r.finish(t, -1)
 	r, _ = run(nil, ckpt)
 	// The restart's cost: from the kill to the restarted job's first
 	// step, less that step.
@@ -100,7 +100,7 @@ func TestBenchRecovery(t *testing.T) {
 	r.waitFor(stepLine(first), 1, 10*time.Minute)
 	stepTime := free.Seconds() / steps
 	restart := time.Since(kill).Seconds() - stepTime
-	res = r.finish(t, 0, 0)
+	res = r.finish(t, 0)
 	base := time.Since(t0)
 	if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
 		t.Errorf("the run restarted from its checkpoint ended with other hashes than the run without a failure")

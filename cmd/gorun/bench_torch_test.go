@@ -78,14 +78,14 @@ func TestBenchTorch(t *testing.T) {
 	var want string
 	var plain, prot []float64
 	for range rounds {
-		res := run(nil).finish(t, 0, 0)
+		res := run(nil).finish(t, 0)
 		if want == "" {
 			want = torchChecksum(t, res)
 		} else if got := torchChecksum(t, res); got != want {
 			t.Errorf("plain run: checksum %s, the first plain run's %s", got, want)
 		}
 		plain = append(plain, meanStep(res))
-		res = run(nil, "--protect").finish(t, 0, 0)
+		res = run(nil, "--protect").finish(t, 0)
 		if got := torchChecksum(t, res); got != want {
 			t.Errorf("protected run: checksum %s, the plain run's %s", got, want)
 		}
@@ -96,7 +96,7 @@ func TestBenchTorch(t *testing.T) {
 	// baseline.
 	r := run([]string{"--recovery", "restart"}, "--protect", "--report-steps")
 	killed := waitReport(t, r, killAfter, func() error { return c.hosts.KillAll(0) })
-	res := r.finish(t, 0, 1)
+	res := r.finish(t, 0)
 	hot := torchRecovery(t, res, killed, "gorun")
 	phases := "no recovery timeline"
 	if tl := ofKind(readEvents(t, r.events), "timeline"); len(tl) == 1 {
@@ -118,7 +118,7 @@ func TestBenchTorch(t *testing.T) {
 	dir := t.TempDir()
 	r = run([]string{"--max-restarts", "1"}, "--save-every", strconv.Itoa(saveEvery), "--save-dir", dir, "--report-steps")
 	killed = waitReport(t, r, killAfter, func() error { return syscall.Kill(rankPid(t, r.mark, 0, "train.py"), syscall.SIGKILL) })
-	res = r.finish(t, 0, 0)
+	res = r.finish(t, 0)
 	base := torchRecovery(t, res, killed, dir)
 	if got := torchChecksum(t, res); got != want {
 		t.Errorf("the checkpoint-restart run: checksum %s, the plain run's %s", got, want)

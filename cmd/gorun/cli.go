@@ -48,6 +48,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return planMain(args[1:], stdout, stderr)
 		case "status":
 			return statusMain(args[1:], stdout, stderr)
+		case "clean":
+			return cleanMain(args[1:], stdout, stderr)
 		case "run":
 			args = args[1:]
 		}

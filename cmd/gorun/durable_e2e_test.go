@@ -175,7 +175,7 @@ func TestDurableHostLoss(t *testing.T) {
 	if err := c.hosts.KillAll(1); err != nil { // ranks 2 and 3
 		t.Fatal(err)
 	}
-	res := r.finish(t, 0, 1)
+	res := r.finish(t, 0)
 	defer func() {
 		if t.Failed() {
 			t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)

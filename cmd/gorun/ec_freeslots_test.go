@@ -55,7 +55,7 @@ func TestECFreeSlots(t *testing.T) {
 		return &hsRun{job: startProtectedJob(t, append(full, "--protect")...), events: ev}
 	}
 	ref := start(t)
-	wantP, wantO := dptrainHashes(t, ref.finish(t, 0, 0))
+	wantP, wantO := dptrainHashes(t, ref.finish(t, 0))
 
 	for _, mode := range []string{"restart", "in-place"} {
 		for _, tc := range []struct {
@@ -75,7 +75,7 @@ func TestECFreeSlots(t *testing.T) {
 				if err := h.KillAll(tc.lost); err != nil {
 					t.Fatal(err)
 				}
-				res := r.finish(t, 0, 1)
+				res := r.finish(t, 0)
 				defer func() {
 					if t.Failed() {
 						t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)

@@ -23,7 +23,7 @@ func TestEventsFileHostLoss(t *testing.T) {
 	if err := c.hosts.KillAll(1); err != nil {
 		t.Fatal(err)
 	}
-	res := r.finish(t, 0, 1)
+	res := r.finish(t, 0)
 	f, err := os.Open(r.events)
 	if err != nil {
 		t.Fatal(err)

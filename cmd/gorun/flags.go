@@ -222,6 +222,7 @@ gorun ckpt ls|show|verify DIR inspects a checkpoint directory.
 gorun report EVENTS [-o FILE] makes an HTML page of an --events file.
 gorun plan [flags] says what failures will cost a job before it runs (gorun plan -h).
 gorun status [JOB] [--json] [--watch] shows a running job (gorun status -h).
+gorun clean [-n] removes what your ended jobs left on this host (gorun clean -h).
 `
 
 // stringList is a repeatable string flag.

@@ -249,7 +249,7 @@ func TestTorchHostLoss(t *testing.T) {
 	if err := c.hosts.KillAll(0); err != nil {
 		t.Fatal(err)
 	}
-	res := r.finish(t, 0, 1)
+	res := r.finish(t, 0)
 	t.Logf("gorun -np 4 on 2+1 namespace hosts, host 0 killed after step 49: %v", time.Since(start).Round(time.Millisecond))
 	if sp := ofKind(readEvents(t, r.events), "splice"); len(sp) != 1 || sp[0].With != c.hosts.Names[2] {
 		t.Errorf("splices %+v, want one with the spare %s", sp, c.hosts.Names[2])
@@ -323,7 +323,7 @@ func TestTorchInPlace(t *testing.T) {
 			} else if err := c.hosts.KillAll(tc.kill); err != nil {
 				t.Fatal(err)
 			}
-			res := r.finish(t, 0, 1)
+			res := r.finish(t, 0)
 			for _, m := range torchFailedRE.FindAllString(res.stderr, -1) {
 				t.Logf("%.300s", m)
 			}

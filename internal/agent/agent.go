@@ -87,6 +87,12 @@ type Config struct {
 	// newHost, when not nil, replaces rank.NewHost (tests: they see the
 	// state protection's configuration).
 	newHost func(rank.HostConfig) (*rank.Host, error)
+	// shmDir, when not empty, replaces /dev/shm for Open MPI's
+	// directories and their sweep (tests).
+	shmDir string
+	// sweeping, when not nil, is called by the start's sweep before it
+	// sweeps (tests: a slow sweep).
+	sweeping func()
 }
 
 type agent struct {
@@ -98,7 +104,11 @@ type agent struct {
 	// protect is the spec's protection settings (parseProtect).
 	protect protectSettings
 	out     *batcher
-	dir     string // private per-job directory, removed at exit
+	dir     string      // private per-job directory, removed at exit
+	jobDir  *heldJobDir // dir, held while the agent lives where TMPDIR is local (jobdir.go)
+	// swept is closed when the start's sweep of ended agents' leftovers
+	// (startSweep) is done; nil until it starts. cleanup waits for it.
+	swept chan struct{}
 	// mports is the MASTER_PORT pool, held until an epoch uses a port.
 	mports *portPool
 
@@ -558,6 +568,27 @@ func (a *agent) event(e *wire.Event) {
 	}
 }
 
+// startSweep starts, once, the sweep of what ended agents of any job
+// left on the host (their job directories, slot files, Open MPI
+// directories), off the launch's critical path: a /tmp may hold many
+// names. cleanup waits for it.
+func (a *agent) startSweep() {
+	if a.swept != nil {
+		return
+	}
+	done := make(chan struct{})
+	a.swept = done
+	shm, log, hook := a.shmDir(), a.log, a.cfg.sweeping
+	go func() {
+		defer close(done)
+		if hook != nil {
+			hook()
+		}
+		sweepSlots(shm, log)
+		sweepJobDirsLog("", log)
+	}()
+}
+
 // start creates the job's private directory and starts this host's ranks.
 func (a *agent) start(t *wire.EpochTable) error {
 	if a.cfg.Host >= len(t.Hosts) {
@@ -572,6 +603,7 @@ func (a *agent) start(t *wire.EpochTable) error {
 	} else if t.Gen > a.gen {
 		a.gen, restartG = t.Gen, t.G
 	}
+	a.startSweep()
 	if a.stopped {
 		// The stop overtook the table: start nothing. The table is
 		// kept, so that a later one accounts only for the ranks it
@@ -581,12 +613,12 @@ func (a *agent) start(t *wire.EpochTable) error {
 		a.notStarted(t, a.places)
 		return nil
 	}
-	dir, err := os.MkdirTemp("", "gorun-"+a.cfg.Job+"-")
+	jd, err := makeJobDir(os.TempDir(), a.cfg.Job, nil)
 	if err != nil {
-		return fmt.Errorf("creating job directory: %w", err)
+		return err
 	}
-	a.dir = dir
-	sweepSlots(a.log)
+	a.jobDir, a.dir = jd, jd.path
+	dir := jd.path
 	// The ranks of a host share one temporary directory (TMPDIR) inside the
 	// job directory; directory operations are slow enough on some file
 	// systems to show in the launch time of many ranks.
@@ -1008,11 +1040,16 @@ wait:
 		a.out.Close()
 	}
 	a.ompi.removeDir(a)
-	if a.dir != "" {
-		if err := os.RemoveAll(a.dir); err != nil {
-			a.log.Warn("cannot remove job directory", "err", err)
-		}
+	if err := a.jobDir.remove(); err != nil {
+		a.log.Warn("cannot remove job directory", "err", err)
 	}
+	// Agents of this job killed on this host (or another sharing its
+	// file systems: network namespaces) left their directories.
+	if a.swept != nil {
+		<-a.swept
+	}
+	sweepJobDirsLog(a.cfg.Job, a.log)
+	sweepOMPIDirsLog(a.shmDir(), a.cfg.Job, a.log)
 
 	if a.ctl != nil {
 		_ = a.ctl.FlushTimeout(2 * time.Second)

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -200,12 +201,17 @@ func (a *agent) ompiEnv(t *wire.EpochTable) ([]string, error) {
 	return openMPIEnv(a.spec.Env, a.cfg.Job, a.gen, lib, dir, ranks, len(ranks) > runtime.NumCPU()), nil
 }
 
-// shmDir is where Open MPI's shared-memory segments go: /dev/shm when it
-// is a tmpfs (a directory on disk would put them there).
-const shmDir = "/dev/shm"
+// defaultShmDir is where Open MPI's shared-memory segments go: /dev/shm
+// when it is a tmpfs (a directory on disk would put them there).
+const defaultShmDir = "/dev/shm"
 
-// tmpfsMagic is a tmpfs's statfs f_type.
-const tmpfsMagic = 0x01021994
+// shmDir is the agent's /dev/shm (Config.shmDir in tests).
+func (a *agent) shmDir() string {
+	if a.cfg.shmDir != "" {
+		return a.cfg.shmDir
+	}
+	return defaultShmDir
+}
 
 // ompiDir is the directory of generation gen's Open MPI files (session
 // directory and shared-memory segments): gorun-<job>-h<host>-g<gen> in
@@ -214,10 +220,10 @@ const tmpfsMagic = 0x01021994
 func (a *agent) ompiDir(gen uint64) string {
 	a.ompi.shmOnce.Do(func() {
 		var st syscall.Statfs_t
-		a.ompi.shm = syscall.Statfs(shmDir, &st) == nil && st.Type == tmpfsMagic
+		a.ompi.shm = syscall.Statfs(a.shmDir(), &st) == nil && st.Type == tmpfsMagic
 	})
 	if a.ompi.shm {
-		return filepath.Join(shmDir, "gorun-"+a.cfg.Job+"-h"+strconv.Itoa(a.cfg.Host)+"-g"+strconv.FormatUint(gen, 10))
+		return filepath.Join(a.shmDir(), "gorun-"+a.cfg.Job+"-h"+strconv.Itoa(a.cfg.Host)+"-g"+strconv.FormatUint(gen, 10))
 	}
 	return filepath.Join(a.dir, "ompi-"+strconv.FormatUint(gen, 10))
 }
@@ -277,59 +283,49 @@ func sameFile(f *os.File, path string) bool {
 	return err == nil && os.SameFile(fi, pi)
 }
 
-// ompiDirName matches the Open MPI directories agents make in /dev/shm:
-// gorun-<job>-h<host>-g<gen>.
-func ompiDirName(name string) bool {
+// ompiDirJob returns the job of an Open MPI directory agents make in
+// /dev/shm, by its name: gorun-<job>-h<host>-g<gen>.
+func ompiDirJob(name string) (string, bool) {
 	rest, ok := strings.CutPrefix(name, "gorun-")
 	if !ok {
-		return false
+		return "", false
 	}
 	i := strings.LastIndex(rest, "-h")
 	if i <= 0 {
-		return false
+		return "", false
 	}
 	host, gen, ok := strings.Cut(rest[i+2:], "-g")
 	if !ok {
-		return false
+		return "", false
 	}
 	_, herr := strconv.ParseUint(host, 10, 31)
 	_, gerr := strconv.ParseUint(gen, 10, 64)
-	return herr == nil && gerr == nil
+	if herr != nil || gerr != nil || !wire.ValidJobID(rest[:i]) {
+		return "", false
+	}
+	return rest[:i], true
+}
+
+// ompiDirName matches the Open MPI directories agents make in /dev/shm.
+func ompiDirName(name string) bool {
+	_, ok := ompiDirJob(name)
+	return ok
 }
 
 // sweepOMPIDirs removes the Open MPI directories in dir (shmDir) that no
 // agent holds (makeHeldDir): those of agents killed before they cleaned
-// up. Only this user's directories are judged. It returns what it
-// removed.
-func sweepOMPIDirs(dir string) ([]string, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, err
+// up; those of job only, unless job is "". Only this user's directories
+// are judged. It returns what it removed.
+func sweepOMPIDirs(dir, job string) ([]string, error) {
+	return sweepDirs(dir, ompiDirJob, job, false)
+}
+
+// sweepOMPIDirsLog sweeps the Open MPI directories in dir (the agent's
+// shmDir; of job only, unless it is "") and logs what it removed.
+func sweepOMPIDirsLog(dir, job string, log *slog.Logger) {
+	if swept, err := sweepOMPIDirs(dir, job); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		log.Warn("sweeping leftover Open MPI directories", "err", err)
+	} else if len(swept) > 0 {
+		log.Info("removed the Open MPI directories of ended agents", "dirs", len(swept))
 	}
-	var swept []string
-	var errs []error
-	for _, e := range entries {
-		if !e.IsDir() || !ompiDirName(e.Name()) {
-			continue
-		}
-		path := filepath.Join(dir, e.Name())
-		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
-		if err != nil {
-			continue // gone meanwhile, or not ours to open
-		}
-		var st syscall.Stat_t
-		if syscall.Fstat(int(f.Fd()), &st) != nil || st.Uid != uint32(os.Getuid()) {
-			f.Close()
-			continue
-		}
-		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil && sameFile(f, path) {
-			if err := os.RemoveAll(path); err != nil {
-				errs = append(errs, err)
-			} else {
-				swept = append(swept, e.Name())
-			}
-		}
-		f.Close()
-	}
-	return swept, errors.Join(errs...)
 }

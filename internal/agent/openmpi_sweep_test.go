@@ -36,7 +36,7 @@ func TestSweepOMPIDirs(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	swept, err := sweepOMPIDirs(dir)
+	swept, err := sweepOMPIDirs(dir, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,8 +52,22 @@ func TestSweepOMPIDirs(t *testing.T) {
 		t.Errorf("the orphan is still there: %v", err)
 	}
 
+	// An agent's end sweeps its own job's only.
+	for _, o := range []string{"gorun-jobg-h0-g0", "gorun-jobg-h1-g2", "gorun-jobh-h0-g0", "gorun-jobg-h1-g0-h0-g0"} {
+		if err := os.Mkdir(filepath.Join(dir, o), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	swept, err = sweepOMPIDirs(dir, "jobg")
+	if slices.Sort(swept); err != nil || !slices.Equal(swept, []string{"gorun-jobg-h0-g0", "gorun-jobg-h1-g2"}) {
+		t.Errorf("job jobg's sweep: %q, %v; want its two directories", swept, err)
+	}
+	if swept, err = sweepOMPIDirs(dir, ""); err != nil || len(swept) != 2 {
+		t.Errorf("the other jobs' directories: swept %q, %v; want two", swept, err)
+	}
+
 	held.Close()
-	if swept, err = sweepOMPIDirs(dir); err != nil || !slices.Equal(swept, []string{"gorun-joba-h0-g0"}) {
+	if swept, err = sweepOMPIDirs(dir, ""); err != nil || !slices.Equal(swept, []string{"gorun-joba-h0-g0"}) {
 		t.Errorf("after its holder closed it: swept %q, %v", swept, err)
 	}
 }
@@ -82,6 +96,7 @@ func TestOMPIDirName(t *testing.T) {
 		"gorun-abc-h0-g0.lock":      false,
 		"other-abc-h0-g0":           false,
 		"gorun-abc-h99999999999-g0": false,
+		"gorun-ABC-h0-g0":           false,
 	} {
 		if got := ompiDirName(name); got != want {
 			t.Errorf("ompiDirName(%q) = %v, want %v", name, got, want)

@@ -1,9 +1,7 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"maps"
 	"net"
@@ -405,18 +403,14 @@ func (p *protection) close() {
 	}
 }
 
-// sweepSlots removes the slot files and Open MPI directories that dead
-// jobs left in /dev/shm (their agents were killed before they could clean
-// up; see ckpt.Sweep and sweepOMPIDirs).
-func sweepSlots(log *slog.Logger) {
+// sweepSlots removes the slot files that dead jobs left in /dev/shm and
+// the Open MPI directories in shm (their agents were killed before they
+// could clean up; see ckpt.Sweep and sweepOMPIDirs).
+func sweepSlots(shm string, log *slog.Logger) {
 	if swept, err := ckpt.Sweep(ckpt.Options{}); err != nil {
 		log.Warn("sweeping leftover protected state", "err", err)
 	} else if len(swept) > 0 {
 		log.Info("removed the protected state of ended jobs", "jobs", swept)
 	}
-	if swept, err := sweepOMPIDirs(shmDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		log.Warn("sweeping leftover Open MPI directories", "err", err)
-	} else if len(swept) > 0 {
-		log.Info("removed the Open MPI directories of ended jobs", "dirs", len(swept))
-	}
+	sweepOMPIDirsLog(shm, "", log)
 }

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/gorun/gorun/internal/agent"
+)
+
+const cleanUsage = `Usage: gorun clean [-n]
+
+Removes what your ended gorun jobs left on this host, as Open MPI's
+orte-clean does: agents killed before they could clean up (every agent
+of a job killed at once, the last agent on a host killed) leave their
+job directory in TMPDIR (gorun-<job>-<n>.agent), the ranks' protected
+state in /dev/shm (gorun-<job>.*) and Open MPI's directories there
+(gorun-<job>-h<host>-g<generation>). Only what no running gorun agent
+holds is removed: the jobs running meanwhile keep theirs. Job
+directories are looked at only when TMPDIR is on a local file system.
+Prints what it removed, one per line.
+
+  -n, --dry-run   list what would be removed, removing nothing
+
+Exit status: 0 done (also when there was nothing to remove); 1 something
+could not be removed; 2 a usage error.
+`
+
+// cleanMain runs `gorun clean`.
+func cleanMain(args []string, stdout, stderr io.Writer) int {
+	return runClean(args, agent.CleanOptions{}, stdout, stderr)
+}
+
+// runClean runs gorun clean in the directories of o (tests: their own).
+func runClean(args []string, o agent.CleanOptions, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gorun clean", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.BoolVar(&o.DryRun, "n", false, "")
+	fs.BoolVar(&o.DryRun, "dry-run", false, "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, cleanUsage)
+			return exitOK
+		}
+		fmt.Fprintf(stderr, "gorun clean: %v\nRun 'gorun clean -h' for usage.\n", err)
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "gorun clean: unexpected argument %q\nRun 'gorun clean -h' for usage.\n", fs.Arg(0))
+		return exitUsage
+	}
+	c, err := agent.Clean(o)
+	verb := "removed"
+	if o.DryRun {
+		verb = "would remove"
+	}
+	for _, d := range c.JobDirs {
+		fmt.Fprintf(stdout, "%s job directory %s\n", verb, d)
+	}
+	for _, j := range c.SlotJobs {
+		fmt.Fprintf(stdout, "%s protected state of job %s in %s\n", verb, j, c.ShmDir)
+	}
+	for _, d := range c.OMPIDirs {
+		fmt.Fprintf(stdout, "%s Open MPI directory %s\n", verb, d)
+	}
+	if c.NotSwept != "" {
+		fmt.Fprintf(stderr, "gorun clean: job directories not looked at: %s\n", c.NotSwept)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun clean: %v\n", err)
+		return exitError
+	}
+	return exitOK
+}

@@ -1,0 +1,86 @@
+package agent
+
+// gorun clean: what agents of this user's ended jobs left on this host,
+// removed by hand (as Open MPI's orte-clean). Agents sweep the same
+// leftovers when they start and end (jobdir.go); what no later agent
+// comes to sweep (every agent of a job killed at once, the last agent on
+// a host killed) stays until gorun clean. Only what nobody holds goes:
+// a running job's files are locked by its agents.
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/gorun/gorun/ckpt"
+)
+
+// CleanOptions says where Clean looks; the zero value is the host's.
+type CleanOptions struct {
+	// DryRun lists what would be removed, removing nothing.
+	DryRun bool
+	// TempDir holds the job directories; "" means os.TempDir(), as for
+	// agents.
+	TempDir string
+	// ShmDir holds the slot files and Open MPI directories; "" means
+	// /dev/shm.
+	ShmDir string
+
+	statfs statfsFunc // nil: syscall.Statfs (tests: another file system)
+}
+
+// Cleaned is what Clean removed, or with DryRun would remove.
+type Cleaned struct {
+	JobDirs  []string // job directories (paths)
+	SlotJobs []string // jobs whose slot files went
+	OMPIDirs []string // Open MPI directories (paths)
+	ShmDir   string   // where the slot files were
+	// NotSwept, when not empty, says why the job directories were not
+	// looked at: their file system is not known to be local, so a lock
+	// there may be another host's agent's without it showing here.
+	NotSwept string
+}
+
+// Clean removes this user's leftovers of ended jobs on this host: the
+// job directories, slot files and Open MPI directories nobody holds.
+func Clean(o CleanOptions) (Cleaned, error) {
+	tmp, shm := o.TempDir, o.ShmDir
+	if tmp == "" {
+		tmp = os.TempDir()
+	}
+	if shm == "" {
+		shm = defaultShmDir
+	}
+	c := Cleaned{ShmDir: shm}
+	var errs []error
+	if p := tmpPolicyFor(tmp, o.statfs); p.local {
+		names, err := sweepDirs(tmp, jobDirJob, "", o.DryRun)
+		for _, n := range names {
+			c.JobDirs = append(c.JobDirs, filepath.Join(tmp, n))
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("the job directories in %s: %w", tmp, err))
+		}
+	} else {
+		c.NotSwept = fmt.Sprintf("%s is not on a local file system (%s): a lock there may not be seen from here", tmp, p.fs)
+	}
+	sweep := ckpt.Sweep
+	if o.DryRun {
+		sweep = ckpt.Unclaimed
+	}
+	jobs, err := sweep(ckpt.Options{Dir: shm})
+	c.SlotJobs = jobs
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("the slot files in %s: %w", shm, err))
+	}
+	names, err := sweepDirs(shm, ompiDirJob, "", o.DryRun)
+	for _, n := range names {
+		c.OMPIDirs = append(c.OMPIDirs, filepath.Join(shm, n))
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("the Open MPI directories in %s: %w", shm, err))
+	}
+	return c, errors.Join(errs...)
+}
