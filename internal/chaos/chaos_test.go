@@ -16,7 +16,7 @@ import (
 
 // The chaos suite's knobs (make chaos passes them through).
 const (
-	envSeed    = "GORUN_CHAOS_SEED"    // the seed (default: the clock's, logged)
+	envSeed    = "GORUN_CHAOS_SEED"    // the seed (default: derived from the commit, logged: a CI failure replays)
 	envRuns    = "GORUN_CHAOS_RUNS"    // how many runs (default 3: the short mode)
 	envOnly    = "GORUN_CHAOS_ONLY"    // run only these indices, comma-separated (replay)
 	envJSON    = "GORUN_CHAOS_JSON"    // write the summary as JSON to this file
@@ -57,6 +57,23 @@ func buildBinaries(t *testing.T, dir string) Binaries {
 	return b
 }
 
+// commitSeed is the default seed: the first 16 hex digits of HEAD's
+// commit, so that CI's short mode draws the same runs for the same
+// commit (a failure there replays); 1 outside a git checkout.
+func commitSeed(t *testing.T) uint64 {
+	t.Helper()
+	out, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil || len(out) < 16 {
+		t.Logf("chaos: no git commit (%v): seed 1", err)
+		return 1
+	}
+	n, err := strconv.ParseUint(string(out[:16]), 16, 64)
+	if err != nil {
+		t.Fatalf("chaos: git rev-parse HEAD gave %q: %v", out, err)
+	}
+	return n
+}
+
 // envInt reads an integer knob, def when unset.
 func envInt(t *testing.T, name string, def uint64) uint64 {
 	t.Helper()
@@ -72,16 +89,23 @@ func envInt(t *testing.T, name string, def uint64) uint64 {
 }
 
 // TestChaos runs the chaos suite: GORUN_CHAOS_RUNS runs (3 by default)
-// of seed GORUN_CHAOS_SEED (the clock's by default), or only the runs
-// GORUN_CHAOS_ONLY names, and fails for every run that broke a rule,
-// printing the line that replays it.
+// of seed GORUN_CHAOS_SEED (by default derived from the commit), or only
+// the runs GORUN_CHAOS_ONLY names, and fails for every run that broke a
+// rule, printing the line that replays it, and when no run's fault was
+// injected and landed (it tested nothing).
 func TestChaos(t *testing.T) {
+	if raceEnabled {
+		t.Skip("chaos: not under -race (its binaries are built without it: the plain run covers it)")
+	}
 	if testing.Short() && os.Getenv("GORUN_TESTCLUSTER_REQUIRE") != "1" {
 		t.Skip("chaos: namespace jobs; not with -short (unless GORUN_TESTCLUSTER_REQUIRE=1)")
 	}
 	hosts := testcluster.NetnsHosts(t, MaxHosts) // skips without root and ip netns, unless GORUN_TESTCLUSTER_REQUIRE=1
 	start := time.Now()
-	seed := envInt(t, envSeed, uint64(time.Now().UnixNano()))
+	seed := envInt(t, envSeed, 0)
+	if os.Getenv(envSeed) == "" {
+		seed = commitSeed(t)
+	}
 	runs := int(envInt(t, envRuns, shortRuns))
 	var only []int
 	if v := os.Getenv(envOnly); v != "" {
@@ -125,6 +149,12 @@ func TestChaos(t *testing.T) {
 		if r.NotInjected != "" {
 			t.Logf("run %d not injected: %s", i, r.NotInjected)
 		}
+		if r.InjectErr != "" {
+			t.Logf("run %d: injecting failed: %s", i, r.InjectErr)
+		}
+		if r.Skipped != "" {
+			t.Logf("run %d skipped: %s", i, r.Skipped)
+		}
 		if os.Getenv(envVerbose) == "1" {
 			t.Logf("run %d stderr:\n%s", i, r.Stderr)
 		}
@@ -134,8 +164,8 @@ func TestChaos(t *testing.T) {
 		for _, l := range r.Leaks {
 			t.Logf("run %d leak: %s", i, l)
 		}
-		for _, k := range r.KnownLeaks {
-			t.Logf("run %d: %s", i, k)
+		for _, c := range r.Cleaned {
+			t.Logf("run %d: gorun clean %s", i, c)
 		}
 		if v.Class == KnownDefect {
 			t.Logf("run %d shows a known defect (not counted as a failure): %s\n  replay: %s", i, strings.Join(v.Failures, "; "), ReplayLine(seed, i, kindsText))
@@ -152,6 +182,9 @@ func TestChaos(t *testing.T) {
 	var b bytes.Buffer
 	sum.WriteTable(&b)
 	t.Logf("\n%s", b.String())
+	if sum.Total.Injected == 0 && sum.Total.Skipped < len(recs) {
+		t.Errorf("chaos: no run's fault was injected and landed (%d runs): the suite tested nothing", len(recs))
+	}
 	if path := os.Getenv(envJSON); path != "" {
 		f, err := os.Create(path)
 		if err != nil {

@@ -97,8 +97,21 @@ func (c Config) Program(b Binaries) []string {
 // Binaries are the programs the jobs run.
 type Binaries struct {
 	Gorun, Dptrain  string
-	Python, Pytrain string // "" when python3 is missing: no pytrain workload
-	MPI             string // testdata/mpisteps.c built with mpicc.mpich, "" without it: no MPICH workload
+	Python, Pytrain string // "" when python3 is missing: pytrain runs are skipped
+	MPI             string // testdata/mpisteps.c built with mpicc.mpich, "" without it: MPICH runs are skipped
+}
+
+// missing says why a run of workload cannot run here, "" when it can.
+// Draws do not depend on it (the same seed draws the same runs on every
+// machine); the runs it names are skipped.
+func (b Binaries) missing(workload string) string {
+	switch {
+	case workload == Pytrain && b.Python == "":
+		return "no python3: the pytrain workload cannot run"
+	case workload == MPICH && b.MPI == "":
+		return "no mpicc.mpich: the MPICH workload cannot run"
+	}
+	return ""
 }
 
 // pick returns one of xs, uniformly.
@@ -107,13 +120,13 @@ func pick[T any](r *rand.Rand, xs ...T) T { return xs[r.IntN(len(xs))] }
 // drawConfig draws a configuration. Most are valid: a draw the precheck
 // refuses is drawn again (from the same stream), but one time in ten it
 // is kept, and gorun must refuse it.
-func drawConfig(r *rand.Rand, b Binaries) Config {
+func drawConfig(r *rand.Rand) Config {
 	names := make([]string, MaxHosts)
 	for i := range names {
 		names[i] = "h" + strconv.Itoa(i)
 	}
 	for {
-		c := drawOnce(r, b)
+		c := drawOnce(r)
 		if Precheck(c, names).Err == nil || r.IntN(10) == 0 {
 			return c
 		}
@@ -121,12 +134,12 @@ func drawConfig(r *rand.Rand, b Binaries) Config {
 }
 
 // drawOnce draws a configuration, valid or not.
-func drawOnce(r *rand.Rand, b Binaries) Config {
+func drawOnce(r *rand.Rand) Config {
 	c := Config{Workload: Dptrain, Recovery: pick(r, "restart", "in-place"), Protect: "full"}
 	switch w := r.IntN(8); {
-	case w == 0 && b.Python != "":
+	case w == 0:
 		c.Workload, c.Recovery = Pytrain, "restart" // pytrain has no in-place rejoin
-	case w == 1 && b.MPI != "":
+	case w == 1:
 		c.Workload, c.Recovery = MPICH, "restart" // no rank client: restarted from the start
 	}
 	c.Hosts = 2 + r.IntN(3) // 2..4

@@ -65,8 +65,7 @@ func (f Fault) Lost() []int {
 	return nil
 }
 
-// Crashes is how many hosts the fault leaves with a SIGKILLed agent,
-// which cannot remove its job directory (the known leak).
+// Crashes is how many hosts the fault leaves with a SIGKILLed agent.
 func (f Fault) Crashes() int {
 	switch f.Kind {
 	case HostKill, AgentKill:
@@ -117,10 +116,11 @@ func drawFault(r *rand.Rand, c Config, kinds []Kind) Fault {
 }
 
 // Within reports whether the configuration planned as p promises to
-// survive f, durable saying whether the durable tier had a committed
+// survive f, which lost the hosts lost (indices into c's hosts: f.Lost(),
+// or fewer when the job ended before the rest could be), durable saying whether the durable tier had a committed
 // version when f was injected (a roll-back from disk is then promised
 // where memory cannot serve), with the README sentence that says so.
-func Within(f Fault, p Plan, c Config, durable bool) (bool, string) {
+func Within(f Fault, lost []int, p Plan, c Config, durable bool) (bool, string) {
 	if p.Err != nil {
 		return false, "gorun refuses the configuration"
 	}
@@ -143,7 +143,6 @@ func Within(f Fault, p Plan, c Config, durable bool) (bool, string) {
 		}
 		return false, "no copy of the rank's state on another host: a corrupt local slot cannot be restored"
 	}
-	lost := f.Lost()
 	if !p.Replaceable(len(lost)) {
 		return false, fmt.Sprintf(`README, --spares / --on-no-spare: %d hosts lost, %d spares, no free slots`, len(lost), p.Spares)
 	}
@@ -162,19 +161,19 @@ func Within(f Fault, p Plan, c Config, durable bool) (bool, string) {
 // Draw draws run index's configuration and fault from seed alone: the
 // same (seed, index, kinds) always gives the same run, whatever ran
 // before. The fault is of one of kinds (nil: any of Kinds).
-func Draw(seed uint64, index int, b Binaries, kinds []Kind) (Config, Fault) {
+func Draw(seed uint64, index int, kinds []Kind) (Config, Fault) {
 	if len(kinds) == 0 {
 		kinds = Kinds
 	}
 	r := rand.New(rand.NewPCG(seed, uint64(index)))
-	c := drawConfig(r, b)
+	c := drawConfig(r)
 	// A configuration no kind applies to (KINDS=resume and no durable
 	// tier) is drawn again.
 	for range 100 {
 		if slices.ContainsFunc(kinds, func(k Kind) bool { return Applies(k, c) }) {
 			break
 		}
-		c = drawConfig(r, b)
+		c = drawConfig(r)
 	}
 	return c, drawFault(r, c, kinds)
 }

@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,11 +10,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/gorun/gorun/internal/events"
+	"github.com/gorun/gorun/internal/gortest"
+	"github.com/gorun/gorun/internal/testcluster"
 )
 
 // Limits of one job.
@@ -34,64 +34,6 @@ const (
 // ErrJobEnded: the job ended before what was awaited happened.
 var ErrJobEnded = errors.New("chaos: the job ended first")
 
-// stallWriter is gorun's standard output: a buffer whose Write blocks
-// while the output is stalled, as a paused pager's pipe does.
-type stallWriter struct {
-	mu   sync.Mutex // guards the fields below
-	buf  bytes.Buffer
-	gate chan struct{} // non-nil while stalled; closed to release
-}
-
-func (w *stallWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	g := w.gate
-	w.mu.Unlock()
-	if g != nil {
-		<-g
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(p)
-}
-
-// stall blocks writers until release is called.
-func (w *stallWriter) stall() (release func()) {
-	g := make(chan struct{})
-	w.mu.Lock()
-	w.gate = g
-	w.mu.Unlock()
-	return func() {
-		w.mu.Lock()
-		w.gate = nil
-		w.mu.Unlock()
-		close(g)
-	}
-}
-
-func (w *stallWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent use.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // Job is one gorun run on the cluster.
 type Job struct {
 	Config  Config
@@ -100,9 +42,10 @@ type Job struct {
 	CkptDir string   // --ckpt-dir, "" without
 	Args    []string // gorun's command line, binary included
 
+	cluster *testcluster.Hosts // the hosts' cluster: Hosts are its first ones
 	cmd     *exec.Cmd
-	stdout  *stallWriter
-	stderr  *lockedBuffer
+	stdout  *pipeOut
+	stderr  *gortest.SyncBuffer
 	start   time.Time
 	done    chan struct{}
 	code    int
@@ -118,14 +61,16 @@ type Job struct {
 	id string // the job id, once read
 }
 
-// startJob starts gorun for c on hosts in dir (its hostfile, events
-// file and durable directory), with registry as XDG_RUNTIME_DIR.
+// startJob starts gorun for c on the cluster's first c.Hosts+c.Spares
+// hosts in dir (its hostfile, events file and durable directory), with
+// registry as XDG_RUNTIME_DIR.
 // With resume, it is the same job started again with --resume (the
 // whole job died): the same hostfile and durable directory, a new events
 // file.
-func startJob(ctx context.Context, c Config, b Binaries, hosts []string, bind, dir, registry string, resume bool) (*Job, error) {
-	j := &Job{Config: c, Hosts: hosts, Events: filepath.Join(dir, "events.jsonl"),
-		stdout: &stallWriter{}, stderr: &lockedBuffer{}, done: make(chan struct{})}
+func startJob(ctx context.Context, c Config, b Binaries, cluster *testcluster.Hosts, dir, registry string, resume bool) (*Job, error) {
+	hosts := cluster.Names[:c.Hosts+c.Spares]
+	j := &Job{Config: c, Hosts: hosts, Events: filepath.Join(dir, "events.jsonl"), cluster: cluster,
+		stderr: &gortest.SyncBuffer{}, done: make(chan struct{})}
 	if resume {
 		j.Events = filepath.Join(dir, "events-resume.jsonl")
 	}
@@ -135,26 +80,34 @@ func startJob(ctx context.Context, c Config, b Binaries, hosts []string, bind, d
 	}
 	hostfile := filepath.Join(dir, "hostfile")
 	if err := os.WriteFile(hostfile, []byte(hf.String()), 0o644); err != nil {
-		return nil, fmt.Errorf("chaos: %w", err)
+		return nil, fmt.Errorf("chaos: writing the hostfile: %w", err)
 	}
 	if c.Durable {
 		j.CkptDir = filepath.Join(dir, "ckpt")
 		if err := os.Mkdir(j.CkptDir, 0o755); err != nil && !(resume && errors.Is(err, fs.ErrExist)) {
-			return nil, fmt.Errorf("chaos: %w", err)
+			return nil, fmt.Errorf("chaos: making the durable directory: %w", err)
 		}
 	}
-	j.Args = append([]string{b.Gorun}, c.GorunFlags(hostfile, bind, j.Events, j.CkptDir)...)
+	j.Args = append([]string{b.Gorun}, c.GorunFlags(hostfile, cluster.BridgeAddr, j.Events, j.CkptDir)...)
 	if resume {
 		j.Args = append(j.Args, "--resume")
 	}
 	j.Args = append(append(j.Args, "--"), c.Program(b)...)
+	out, err := newPipeOut()
+	if err != nil {
+		return nil, err
+	}
+	j.stdout = out
 	j.cmd = exec.Command(j.Args[0], j.Args[1:]...)
-	j.cmd.Stdout, j.cmd.Stderr = j.stdout, j.stderr
+	j.cmd.Stdout, j.cmd.Stderr = out.w, j.stderr
 	j.cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+registry)
 	j.start = time.Now()
 	if err := j.cmd.Start(); err != nil {
+		out.started()
+		out.finish(0)
 		return nil, fmt.Errorf("chaos: starting gorun: %w", err)
 	}
+	out.started()
 	j.lastSeen = j.start
 	go j.watch(ctx)
 	return j, nil
@@ -182,6 +135,7 @@ func (j *Job) watch(ctx context.Context) {
 		select {
 		case err := <-exited:
 			j.elapsed = time.Since(j.start)
+			j.stdout.finish(procGrace)
 			j.code = j.cmd.ProcessState.ExitCode()
 			var ee *exec.ExitError
 			if errors.As(err, &ee) && j.code < 0 {
@@ -201,10 +155,11 @@ func (j *Job) watch(ctx context.Context) {
 				continue
 			}
 			n := 0
-			for _, ps := range nsProcs(j.Hosts) {
+			procs, err := nsProcs(j.cluster, j.Hosts)
+			for _, ps := range procs {
 				n += len(ps)
 			}
-			if n > 0 {
+			if n > 0 || err != nil { // not known to be gone
 				j.lastSeen = time.Now()
 			} else if time.Since(j.lastSeen) > outliveLimit {
 				quit(fmt.Sprintf("the launcher outlived every process of its job by %v", outliveLimit))
@@ -330,12 +285,19 @@ func countKind(recs []events.Record, kind string) int {
 }
 
 // hostProcs returns the processes in the job's host i.
-func (j *Job) hostProcs(i int) []proc { return nsProcs(j.Hosts[i : i+1])[j.Hosts[i]] }
+func (j *Job) hostProcs(i int) ([]proc, error) {
+	ps, err := nsProcs(j.cluster, j.Hosts[i:i+1])
+	return ps[j.Hosts[i]], err
+}
 
 // rankProc finds rank's trainer process in the job's hosts.
 func (j *Job) rankProc(rank int) (proc, error) {
 	id := j.ID()
-	for _, ps := range nsProcs(j.Hosts) {
+	procs, err := nsProcs(j.cluster, j.Hosts)
+	if err != nil {
+		return proc{}, err
+	}
+	for _, ps := range procs {
 		for _, p := range ps {
 			if p.isTrainer(j.Config.Workload) && p.hasEnv("GORUN_JOB_ID="+id) && p.hasEnv("GORUN_RANK="+strconv.Itoa(rank)) {
 				return p, nil

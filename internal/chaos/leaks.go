@@ -1,12 +1,13 @@
 package chaos
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -23,50 +24,41 @@ const (
 	fileGrace = 5 * time.Second
 )
 
-// KnownAgentDirLeak names the leftover counted apart: the job directory
-// of a host whose agent was SIGKILLed (another helper's fix sweeps them;
-// until it merges they are known, not zero).
-const KnownAgentDirLeak = "known leak: agent job dir"
+// A job's leftovers are leaks, with two exceptions where nobody of the
+// job is left to remove them and README's Leftovers gives them to gorun
+// clean: every agent of the job was SIGKILLed (Resume and CkptFlip's
+// killed job; every host of a job lost), which leaves everything; every
+// host with ranks was SIGKILLed while spares lived on, which leaves the
+// slot files (the spares never claimed them; an ending agent sweeps its
+// own job's job and Open MPI directories, not slot files). There the
+// built gorun clean is run: it must remove exactly those leftovers of
+// the job (what it removes of other, ended jobs is logged), and the run
+// has no leak only if nothing of the job is left afterwards.
 
-// KnownAgentShmLeak names the other leftover of a SIGKILLed agent the
-// suite found: its Open MPI backing directory in /dev/shm
-// (/dev/shm/gorun-<job>-h<host>-g<gen>, internal/agent/openmpi.go),
-// made for every job, MPI or not, and removed only by a later agent's
-// start sweep (sweepOMPIDirs).
-//
-// TODO(issue 21, ed-sweep): the sweep branch makes a surviving agent
-// remove its own job's unheld ones at its end; once it merges, drop this
-// and count these as leaks. Replay: make chaos SEED=2026 ONLY=1.
-const KnownAgentShmLeak = "known leak: agent Open MPI shm dir"
-
-// KnownAllCrashedSlotLeak names the third: the slot files
-// (/dev/shm/gorun-<job>.*) of a job every one of whose hosts with ranks
-// was SIGKILLed at once. Their agents cannot remove them, and the agents
-// left (spares that never had ranks) never claimed the job's files, so
-// nobody removes them at the job's end; a later agent's start sweep
-// (ckpt.Sweep) does. On the namespace hosts, which share /dev/shm, a
-// survivor with ranks removes a crashed host's files with its own, so
-// this shows only when no host with ranks survives.
-//
-// TODO(issue 21, ed-sweep): an agent ending should sweep its own job's
-// unclaimed slot files as it will its job directories; then drop this.
-// Replay: make chaos SEED=2026 ONLY=9.
-const KnownAllCrashedSlotLeak = "known leak: slot files of a job whose hosts with ranks were all SIGKILLed"
-
-// ompiDirRE matches an Open MPI backing directory's name, with its host.
-var ompiDirRE = regexp.MustCompile(`^gorun-[a-z0-9-]+-h(\d+)-g\d+$`)
+// leakCheck is what checkLeaks needs besides the job.
+type leakCheck struct {
+	hosts    *testcluster.Hosts
+	registry string // the jobs' XDG_RUNTIME_DIR
+	gorun    string // the built gorun, for gorun clean
+	log      *slog.Logger
+	// crashed are the job's hosts (indices into j.Hosts) whose agent was
+	// SIGKILLed.
+	crashed []int
+}
 
 // checkLeaks looks for what job j left behind once gorun exited: processes
 // in its hosts, its /dev/shm and /tmp entries, its registry entry. It
 // removes what it finds (so that the next run starts clean) and returns
-// the leaks, and apart the known ones (the crashed hosts' job
-// directories, crashed, and their Open MPI directories in /dev/shm:
-// crashedHosts).
-func checkLeaks(j *Job, hosts *testcluster.Hosts, index func(int) int, registry string, crashed []string, crashedHosts []int) (leaks, known []string) {
+// the leaks and what gorun clean removed of the job (see above).
+func checkLeaks(j *Job, lc leakCheck) (leaks, cleaned []string) {
 	// Processes: poll until none is left or the grace period ends.
 	var left map[string][]proc
 	for deadline := time.Now().Add(procGrace); ; {
-		left = nsProcs(j.Hosts)
+		var err error
+		left, err = nsProcs(lc.hosts, j.Hosts)
+		if err != nil {
+			leaks = append(leaks, "looking for processes left: "+err.Error())
+		}
 		if len(left) == 0 || time.Now().After(deadline) {
 			break
 		}
@@ -78,64 +70,105 @@ func checkLeaks(j *Job, hosts *testcluster.Hosts, index func(int) int, registry 
 			continue
 		}
 		leaks = append(leaks, fmt.Sprintf("%d processes left in host %s more than %v after gorun exited: %v", len(ps), name, procGrace, ps))
-		if err := hosts.KillAll(index(i)); err != nil {
-			leaks = append(leaks, fmt.Sprintf("killing them: %v", err))
+		if err := lc.hosts.KillAll(i); err != nil {
+			leaks = append(leaks, fmt.Sprintf("killing the processes left in host %s: %v", name, err))
 		}
 	}
 	id := j.ID()
 	if id == "" {
 		if j.code == 2 {
-			return leaks, known // refused before it had a job id: nothing to leave
+			return leaks, nil // refused before it had a job id: nothing to leave
 		}
-		return append(leaks, "no job id in the events file: its files could not be checked"), known
+		return append(leaks, "no job id in the events file: its files could not be checked"), nil
 	}
-	allCrashed := true
-	for h := range j.Config.Hosts {
-		allCrashed = allCrashed && slices.Contains(crashedHosts, h)
+	everyAgent, withRanks := true, true
+	for h := range j.Hosts {
+		killed := slices.Contains(lc.crashed, h)
+		everyAgent = everyAgent && killed
+		withRanks = withRanks && (killed || h >= j.Config.Hosts)
 	}
 	slotPrefix := filepath.Join("/dev/shm", "gorun-"+id+".")
-	// known says which leftover f is known, "" for none.
-	knownAs := func(f string) string {
-		if slices.Contains(crashed, f) {
-			return KnownAgentDirLeak
-		}
-		if allCrashed && strings.HasPrefix(f, slotPrefix) {
-			return KnownAllCrashedSlotLeak
-		}
-		if m := ompiDirRE.FindStringSubmatch(filepath.Base(f)); m != nil && filepath.Dir(f) == "/dev/shm" {
-			if h, err := strconv.Atoi(m[1]); err == nil && slices.Contains(crashedHosts, h) {
-				return KnownAgentShmLeak
-			}
-		}
-		return ""
+	registryEntry := filepath.Join(lc.registry, "gorun", id+".json")
+	// cleanable says whether leftover f is gorun clean's to remove.
+	cleanable := func(f string) bool {
+		return f != registryEntry && (everyAgent || withRanks && strings.HasPrefix(f, slotPrefix))
 	}
 	if j.killed {
 		// A launcher that died by SIGKILL cannot remove its registry
 		// entry: "the entry of a launcher that died without (SIGKILL) ...
 		// is removed by the next List" (internal/jobstatus/registry.go).
 		// That List is what is checked here.
-		if _, err := jobstatus.List(filepath.Join(registry, "gorun")); err != nil {
+		if _, err := jobstatus.List(filepath.Join(lc.registry, "gorun")); err != nil {
 			leaks = append(leaks, fmt.Sprintf("listing the registry: %v", err))
 		}
 	}
 	var files []string
 	for deadline := time.Now().Add(fileGrace); ; {
-		files = jobFiles(id, registry)
-		unknown := slices.ContainsFunc(files, func(f string) bool { return knownAs(f) == "" })
-		if !unknown || time.Now().After(deadline) {
+		files = jobFiles(id, lc.registry)
+		if !slices.ContainsFunc(files, func(f string) bool { return !cleanable(f) }) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(pollEvery)
 	}
+	var toClean []string
 	for _, f := range files {
-		if k := knownAs(f); k != "" {
-			known = append(known, k+": "+f)
-		} else {
-			leaks = append(leaks, "left behind: "+f)
+		if cleanable(f) {
+			toClean = append(toClean, f)
+			continue
 		}
+		leaks = append(leaks, "left behind: "+f)
 		os.RemoveAll(f)
 	}
-	return leaks, known
+	if len(toClean) == 0 {
+		return leaks, nil
+	}
+	cleaned, others, err := gorunClean(lc.gorun, id)
+	if err != nil {
+		leaks = append(leaks, err.Error())
+	}
+	if len(others) > 0 {
+		lc.log.Warn("gorun clean also removed other ended jobs' leftovers", "job", id, "removed", others)
+	}
+	for _, f := range jobFiles(id, lc.registry) {
+		if f == registryEntry {
+			continue // looked at above
+		}
+		leaks = append(leaks, "left after gorun clean: "+f)
+		os.RemoveAll(f)
+	}
+	// Every leftover gorun clean was to remove it named (slot files by
+	// their job).
+	for _, f := range toClean {
+		named := slices.ContainsFunc(cleaned, func(c string) bool {
+			return strings.HasSuffix(c, " "+f) || strings.HasPrefix(f, slotPrefix) && strings.Contains(c, "protected state of job "+id+" ")
+		})
+		if !named {
+			leaks = append(leaks, "gorun clean did not say it removed "+f)
+		}
+	}
+	return leaks, cleaned
+}
+
+// gorunClean runs the built gorun clean on this host (the namespace hosts
+// share its /tmp and /dev/shm) and returns the lines of what it removed
+// of job id, and apart those of other jobs.
+func gorunClean(gorun, id string) (ours, others []string, err error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(gorun, "clean")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, nil, fmt.Errorf("gorun clean: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		switch {
+		case l == "":
+		case strings.Contains(l, "gorun-"+id+"-") || strings.Contains(l, "gorun-"+id+".") || strings.Contains(l, "protected state of job "+id+" "):
+			ours = append(ours, l)
+		default:
+			others = append(others, l)
+		}
+	}
+	return ours, others, nil
 }
 
 // jobFiles lists job id's files: slot files and Open MPI directories in

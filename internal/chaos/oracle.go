@@ -13,11 +13,14 @@ type Run struct {
 	Config Config `json:"config"`
 	Fault  Fault  `json:"fault"`
 
-	// Refused: gorun refused the configuration (exit 2 on the reference
-	// run); nothing was injected. Predicted: the precheck said it would.
+	// Refused: gorun refused the configuration (the reference run exited
+	// 2 with a "gorun: " line on its standard error, neither hung nor
+	// panicking); nothing was injected. Predicted: the precheck said it
+	// would.
 	Refused   bool   `json:"refused,omitempty"`
 	Predicted string `json:"predicted_refusal,omitempty"`
-	// Mismatch: the precheck and gorun disagree on refusing it.
+	// Mismatch: the precheck and gorun disagree on refusing it (a
+	// failure: either the precheck or gorun's checks are wrong).
 	Mismatch string `json:"precheck_mismatch,omitempty"`
 
 	// RefCode and RefHash are the failure-free run's exit code and hash.
@@ -26,18 +29,33 @@ type Run struct {
 
 	// Within: the configuration promises to survive the fault, Promise
 	// says which README sentence does (or why it does not).
+	// Skipped says why the run was not run (its workload's tool is
+	// missing here).
+	Skipped string `json:"skipped,omitempty"`
+
 	Within  bool   `json:"within"`
 	Promise string `json:"promise"`
 
-	// NotInjected says why the fault could not be injected (the job
-	// ended before the step, no such process): not a product failure.
-	NotInjected string  `json:"not_injected,omitempty"`
-	Injected    string  `json:"injected,omitempty"`
-	At          float64 `json:"at"` // when the fault landed, seconds since the start
+	// NotInjected says why the fault was not injected: the job ended
+	// before it could be (ErrJobEnded). The run is then a failure-free
+	// run: exit 0 with the reference's hash, else it failed.
+	NotInjected string `json:"not_injected,omitempty"`
+	// InjectErr: injecting failed otherwise (no such process, no
+	// committed version in time, a fault half landed): the run tested
+	// nothing it meant to, and fails (rule fault-injected).
+	InjectErr string `json:"inject_error,omitempty"`
+	// NotLanded: the fault was injected but gorun saw no failure of the
+	// faulted rank or host (no failure or fence record naming it): the
+	// process was gone already, the partition healed unnoticed. Such a
+	// run must still end like a failure-free one, but it does not count
+	// as surviving the fault.
+	NotLanded bool    `json:"not_landed,omitempty"`
+	Injected  string  `json:"injected,omitempty"`
+	At        float64 `json:"at"` // when the fault landed, seconds since the start
 
 	Code       int    `json:"code"`
 	Hash       string `json:"hash,omitempty"`
-	Reported   string `json:"reported,omitempty"` // the exit record's reason, or stderr's last line
+	Reported   string `json:"reported,omitempty"` // the events file's exit record's reason ("" without)
 	StderrTail string `json:"stderr_tail,omitempty"`
 	Hung       string `json:"hung,omitempty"` // the launcher was sent SIGQUIT: why
 	Dump       string `json:"-"`              // its goroutine dump (stderr)
@@ -47,11 +65,19 @@ type Run struct {
 	// its CRC (Flipped: a committed slot was flipped after its commit).
 	Flipped  bool `json:"flipped,omitempty"`
 	Detected bool `json:"detected,omitempty"`
-	// MissingSteps: rank 0's step lines not in gorun's output (dptrain).
-	MissingSteps []int `json:"missing_steps,omitempty"`
+	// MissingSteps: rank 0's step lines not in gorun's output, for every
+	// workload (pytrain prints every tenth); Reordered: a step line came
+	// before one of an earlier step (StdoutStall only: no restart).
+	MissingSteps []int  `json:"missing_steps,omitempty"`
+	Reordered    string `json:"reordered,omitempty"`
 
-	Leaks      []string `json:"leaks,omitempty"`
-	KnownLeaks []string `json:"known_leaks,omitempty"` // "known leak: agent job dir"
+	Leaks []string `json:"leaks,omitempty"`
+	// Cleaned: what gorun clean removed of the job where every agent of
+	// it was SIGKILLed (nobody of the job was left to sweep), or every
+	// host with ranks was (nobody claims the slot files). Such leftovers
+	// are gorun clean's to remove (README, Leftovers), and they count as
+	// no leak only when gorun clean removed exactly them.
+	Cleaned []string `json:"cleaned,omitempty"`
 
 	// Recovery times in seconds, -1 when there was none: from the fault
 	// to its detection, and from detection to the last recovery's resume
@@ -68,16 +94,20 @@ const (
 	Reported       = "reported"        // beyond the promise, non-zero exit with a report
 	SurvivedBeyond = "survived-beyond" // beyond the promise, yet exit 0 with the reference's hash
 	Refused        = "refused"         // gorun refused the configuration
-	NotInjected    = "not-injected"    // the fault found nothing to hit
+	NotInjected    = "not-injected"    // the job ended before the fault: exit 0, the reference's hash
+	NotLanded      = "not-landed"      // injected, but gorun saw no failure of it: exit 0, the reference's hash
 	Failed         = "failed"          // a rule was broken
+	Skipped        = "skipped"         // the workload's tool is missing here
 	KnownDefect    = "known-defect"    // within the promise, not survived, by a defect already reported (KnownDefects)
 )
 
 // A knownDefect is a product defect the suite found and reported, which
-// is being fixed: a run that fails within-exit-0 (and only that) with
-// its signature in gorun's standard error is counted apart, as
-// KnownDefect, not as Failed, so that CI's short mode does not fail on
-// it meanwhile. Each names its replay; drop it once the fix merges.
+// is being fixed: a run that fails within-exit-0 and only that (a
+// non-zero exit, so never a wrong hash of an exit 0), of its fault kind
+// and workload, with its signature in gorun's standard error, is
+// counted apart, as KnownDefect, not as Failed, so that CI's short mode
+// does not fail on it meanwhile. Each names its replay; drop it once the
+// fix merges.
 type knownDefect struct {
 	Name      string
 	Kind      Kind   // the fault kind it shows with
@@ -105,7 +135,7 @@ var KnownDefects = []knownDefect{
 // knownDefectOf returns the known defect r shows, "" for none.
 func knownDefectOf(r Run) string {
 	for _, d := range KnownDefects {
-		if r.Fault.Kind == d.Kind && (d.Workload == "" || r.Config.Workload == d.Workload) && strings.Contains(r.Stderr, d.Signature) {
+		if r.Code != 0 && r.Fault.Kind == d.Kind && (d.Workload == "" || r.Config.Workload == d.Workload) && strings.Contains(r.Stderr, d.Signature) {
 			return d.Name
 		}
 	}
@@ -137,6 +167,9 @@ var Rules = []Rule{
 	{"corrupt-base-named", `README, Checkpoints on disk: "A rank whose state cannot be rebuilt (its base missing or corrupt) stops the job, naming it"`},
 	{"no-output-lost", `README: "A slow reader of gorun's output ... no byte is lost or reordered"`},
 	{"reference-runs", `README, Try it: the run without a failure exits 0 and prints its hash`},
+	{"refusal-predicted", `README: configurations gorun cannot honour are refused with exit 2 (--redundancy, --spares, --ckpt-dir, --resume); the suite's precheck (Precheck) says which, from the same sentences: both must agree`},
+	{"unfaulted-run", `README, Try it: a job no fault hit (the job ended first, or the fault did not land) exits 0 with the failure-free run's hash`},
+	{"fault-injected", `the harness injects what it drew: an injection that failed or half landed tested nothing (a harness failure, counted as one)`},
 }
 
 // Judge applies the rules to r.
@@ -145,38 +178,53 @@ func Judge(r Run) Verdict {
 	fail := func(rule, format string, args ...any) {
 		v.Failures = append(v.Failures, rule+": "+fmt.Sprintf(format, args...))
 	}
-	switch {
-	case r.Refused:
-		v.Class = Refused
-		return v
-	case r.RefCode != 0 || r.RefHash == "":
-		// Nothing was injected: there is nothing to compare with.
-		fail("reference-runs", "the failure-free run exited %d with hash %q", r.RefCode, r.RefHash)
-		if len(r.Leaks) > 0 {
-			fail("no-leaks", "%s", strings.Join(r.Leaks, "; "))
-		}
-		v.Class = Failed
-		return v
-	}
+	// What holds of every run, refused or not, is checked first.
 	if r.Hung != "" {
 		fail("launcher-exits", "%s", r.Hung)
 	}
 	if len(r.Leaks) > 0 {
 		fail("no-leaks", "%s", strings.Join(r.Leaks, "; "))
 	}
-	if !r.Within && r.Hash != "" && r.RefHash != "" && r.Hash != r.RefHash {
-		fail("never-wrong-hash", "hash %s, the failure-free run's %s (exit %d)", short(r.Hash), short(r.RefHash), r.Code)
+	if r.Mismatch != "" {
+		fail("refusal-predicted", "%s", r.Mismatch)
 	}
-	if r.NotInjected != "" {
-		if r.Within && r.Hash != "" && r.RefHash != "" && r.Hash != r.RefHash {
-			fail("never-wrong-hash", "hash %s, the failure-free run's %s (exit %d)", short(r.Hash), short(r.RefHash), r.Code)
-		}
+	done := func(class string) Verdict {
+		v.Class = class
 		if len(v.Failures) > 0 {
 			v.Class = Failed
-		} else {
-			v.Class = NotInjected
 		}
 		return v
+	}
+	switch {
+	case r.Skipped != "":
+		return done(Skipped)
+	case r.Refused:
+		return done(Refused)
+	case r.RefCode != 0 || r.RefHash == "":
+		// Nothing was injected: there is nothing to compare with.
+		fail("reference-runs", "the failure-free run exited %d with hash %q", r.RefCode, r.RefHash)
+		return done(Failed)
+	}
+	if r.InjectErr != "" {
+		fail("fault-injected", "%s", r.InjectErr)
+	}
+	if !r.Within && r.Hash != "" && r.Hash != r.RefHash {
+		fail("never-wrong-hash", "hash %s, the failure-free run's %s (exit %d)", short(r.Hash), short(r.RefHash), r.Code)
+	}
+	if r.NotInjected != "" || r.NotLanded || r.InjectErr != "" {
+		// No fault hit the job: it is a failure-free run.
+		if r.Code != 0 {
+			fail("unfaulted-run", "no fault hit the job, and it exited %d (%s)", r.Code, r.Reported)
+		} else if r.Hash != r.RefHash {
+			fail("unfaulted-run", "no fault hit the job, and it ended with hash %q, the failure-free run's %s", short(r.Hash), short(r.RefHash))
+		}
+		if r.NotInjected != "" {
+			return done(NotInjected)
+		}
+		if r.InjectErr == "" {
+			return done(NotLanded)
+		}
+		return done(Failed)
 	}
 	if (r.Fault.Kind == SlotFlip || r.Fault.Kind == CkptFlip) && r.Flipped && !r.Detected && r.Code == 0 {
 		fail("corruption-detected", "rank %d's committed state was flipped (%s), and the job ended 0 without a word of a CRC mismatch", r.Fault.Rank, r.Fault.Kind)
@@ -187,6 +235,10 @@ func Judge(r Run) Verdict {
 	if r.Fault.Kind == StdoutStall && len(r.MissingSteps) > 0 {
 		fail("no-output-lost", "rank 0's lines of steps %v are missing", r.MissingSteps)
 	}
+	if r.Fault.Kind == StdoutStall && r.Reordered != "" {
+		fail("no-output-lost", "%s", r.Reordered)
+	}
+	class := ""
 	switch {
 	case r.Within:
 		if r.Code != 0 {
@@ -194,33 +246,31 @@ func Judge(r Run) Verdict {
 		} else if r.Hash != r.RefHash {
 			fail("within-equal-hash", "exit 0 with hash %q, the failure-free run's %s", short(r.Hash), short(r.RefHash))
 		}
-		v.Class = Survived
+		class = Survived
 	case r.Fault.Kind == LauncherTerm:
 		if r.Code != 128+15 {
 			fail("sigterm-exit", "exit %d, want 143", r.Code)
 		}
-		v.Class = Reported
+		class = Reported
 	case r.Code == 0:
 		if r.Hash == "" {
 			fail("never-wrong-hash", "beyond the promise, exit 0 without a final hash")
 		}
-		v.Class = SurvivedBeyond
+		class = SurvivedBeyond
 	default:
-		if r.Reported == "" {
-			fail("beyond-reported", "exit %d with no report", r.Code)
+		if strings.TrimSpace(r.Reported) == "" {
+			fail("beyond-reported", "exit %d with no report (no reason in the events file's exit record)", r.Code)
 		}
-		v.Class = Reported
+		class = Reported
 	}
-	if len(v.Failures) > 0 {
-		v.Class = Failed
-		if len(v.Failures) == 1 && strings.HasPrefix(v.Failures[0], "within-exit-0:") {
-			if d := knownDefectOf(r); d != "" {
-				v.Class = KnownDefect
-				v.Failures[0] += " [known defect " + d + "]"
-			}
+	if len(v.Failures) == 1 && strings.HasPrefix(v.Failures[0], "within-exit-0:") {
+		if d := knownDefectOf(r); d != "" {
+			v.Class = KnownDefect
+			v.Failures[0] += " [known defect " + d + "]"
+			return v
 		}
 	}
-	return v
+	return done(class)
 }
 
 // short is the start of a hash, for messages.

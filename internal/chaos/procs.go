@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
-	"syscall"
+
+	"github.com/gorun/gorun/internal/testcluster"
 )
 
 // proc is a process found in /proc.
@@ -18,48 +20,27 @@ type proc struct {
 
 func (p proc) String() string { return fmt.Sprintf("pid %d %q", p.pid, p.argv) }
 
-// nsInode returns the inode of the named network namespace
-// (/run/netns/NAME), 0 if it is missing.
-func nsInode(name string) uint64 {
-	var st syscall.Stat_t
-	if err := syscall.Stat(filepath.Join("/run/netns", name), &st); err != nil {
-		return 0
-	}
-	return st.Ino
-}
-
-// nsProcs returns the processes in each of the named network namespaces,
-// by name, from one scan of /proc (a process's /proc/PID/ns/net is its
-// namespace's inode). Processes that end meanwhile are skipped.
-func nsProcs(names []string) map[string][]proc {
-	byIno := map[uint64]string{}
-	for _, n := range names {
-		if ino := nsInode(n); ino != 0 {
-			byIno[ino] = n
-		}
-	}
+// nsProcs returns the processes in each of the named hosts of the
+// cluster, by name (testcluster's Pids; processes that end meanwhile are
+// skipped).
+func nsProcs(cluster *testcluster.Hosts, names []string) (map[string][]proc, error) {
 	out := map[string][]proc{}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
+	for _, name := range names {
+		i := slices.Index(cluster.Names, name)
+		if i < 0 {
+			return out, fmt.Errorf("chaos: host %s is not the cluster's", name)
+		}
+		pids, err := cluster.Pids(i)
 		if err != nil {
-			continue
+			return out, fmt.Errorf("chaos: the processes of host %s: %w", name, err)
 		}
-		var st syscall.Stat_t
-		if syscall.Stat(filepath.Join("/proc", e.Name(), "ns/net"), &st) != nil {
-			continue
+		for _, pid := range pids {
+			if p, ok := readProc(pid); ok {
+				out[name] = append(out[name], p)
+			}
 		}
-		name, ok := byIno[st.Ino]
-		if !ok {
-			continue
-		}
-		p, ok := readProc(pid)
-		if !ok {
-			continue
-		}
-		out[name] = append(out[name], p)
 	}
-	return out
+	return out, nil
 }
 
 // readProc reads pid's command line and environment; false when it is

@@ -32,66 +32,87 @@ type reference struct {
 	code    int
 	hash    string
 	seconds float64
+	refused bool   // gorun refused the configuration (refusal)
+	hung    string // why the harness stopped it, "" when it did not
 	leaks   []string
+	cleaned []string
 	tail    string
 }
 
 // RunOne runs run index of seed: its configuration's reference (cached),
 // then the run with its fault; it returns the record (Judge it).
 func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
-	c, f := Draw(seed, index, s.Bins, s.Kinds)
+	c, f := Draw(seed, index, s.Kinds)
 	r := Run{Index: index, Seed: seed, Config: c, Fault: f, FaultToDetect: -1, DetectToResume: -1}
+	if missing := s.Bins.missing(c.Workload); missing != "" {
+		r.Skipped = missing
+		return r
+	}
 	p := Precheck(c, s.Hosts.Names)
 	if p.Err != nil {
 		r.Predicted = p.Err.Error()
 	}
 	ref, err := s.reference(ctx, c)
 	if err != nil {
-		r.NotInjected = err.Error()
+		r.InjectErr = "the failure-free run: " + err.Error()
 		return r
 	}
 	r.RefCode, r.RefHash, r.ReferenceSeconds = ref.code, ref.hash, ref.seconds
 	for _, l := range ref.leaks {
 		r.Leaks = append(r.Leaks, "failure-free run: "+l)
 	}
-	if (ref.code == 2) != (p.Err != nil) {
-		r.Mismatch = fmt.Sprintf("the precheck said %q, gorun exited %d", r.Predicted, ref.code)
-		s.Log.Warn("precheck and gorun disagree", "run", index, "config", c.Key(), "mismatch", r.Mismatch, "stderr", ref.tail)
+	r.Cleaned = append(r.Cleaned, ref.cleaned...)
+	if ref.hung != "" {
+		r.Hung = "the failure-free run: " + ref.hung
 	}
-	if ref.code == 2 {
+	if ref.refused != (p.Err != nil) {
+		r.Mismatch = fmt.Sprintf("the precheck said %q, gorun exited %d (%s)", r.Predicted, ref.code, ref.tail)
+		s.Log.Warn("precheck and gorun disagree", "run", index, "config", c.Key(), "mismatch", r.Mismatch)
+	}
+	if ref.refused {
 		r.Refused = true
 		r.Reported = ref.tail
 		return r
 	}
-	if ref.code != 0 {
+	if ref.code != 0 || ref.hung != "" || r.Mismatch != "" {
 		r.StderrTail = ref.tail
 		return r
 	}
 
 	dir, err := os.MkdirTemp(s.Dir, fmt.Sprintf("run%d-", index))
 	if err != nil {
-		r.NotInjected = err.Error()
+		r.InjectErr = err.Error()
 		return r
 	}
 	defer os.RemoveAll(dir)
-	j, err := startJob(ctx, c, s.Bins, s.Hosts.Names[:c.Hosts+c.Spares], s.Hosts.BridgeAddr, dir, s.Registry, false)
+	j, err := startJob(ctx, c, s.Bins, s.Hosts, dir, s.Registry, false)
 	if err != nil {
-		r.NotInjected = err.Error()
+		r.InjectErr = err.Error()
 		return r
 	}
-	in := &injector{hosts: s.Hosts, index: func(i int) int { return i }, resume: func() (*Job, error) {
-		return startJob(ctx, c, s.Bins, s.Hosts.Names[:c.Hosts+c.Spares], s.Hosts.BridgeAddr, dir, s.Registry, true)
-	}}
+	in := &injector{hosts: s.Hosts,
+		resume: func() (*Job, error) { return startJob(ctx, c, s.Bins, s.Hosts, dir, s.Registry, true) },
+		killed: func(k *Job) ([]string, []string) {
+			all := make([]int, len(k.Hosts))
+			for i := range all {
+				all[i] = i
+			}
+			return checkLeaks(k, s.leakCheck(all))
+		}}
 	done, err := in.inject(j, f)
 	r.At, r.Injected = done.at, done.note
-	if done.linkDown >= 0 {
-		defer s.Hosts.LinkUp(done.linkDown)
-	}
-	if err != nil {
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrJobEnded):
 		r.NotInjected = err.Error()
-		if !errors.Is(err, ErrJobEnded) {
-			s.Log.Warn("injection failed", "run", index, "err", err)
-		}
+	case errors.Is(err, ErrNotLanded):
+		r.NotLanded, r.Injected = true, r.Injected+"; "+err.Error()
+	default:
+		r.InjectErr = err.Error()
+		s.Log.Warn("injection failed", "run", index, "err", err)
+	}
+	if done.notLanded != "" {
+		r.NotLanded, r.Injected = true, r.Injected+"; not landed: "+done.notLanded
 	}
 	switch f.Kind {
 	case SlotFlip:
@@ -99,59 +120,97 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 	case CkptFlip:
 		r.Flipped = strings.Contains(done.note, "flipped byte")
 	}
-	r.Within, r.Promise = Within(f, p, c, done.durable)
+	r.Within, r.Promise = Within(f, done.lost, p, c, done.durable)
 	j.Wait()
 	if done.linkDown >= 0 {
-		s.Hosts.LinkUp(done.linkDown)
+		if err := s.Hosts.LinkUp(done.linkDown); err != nil {
+			r.Leaks = append(r.Leaks, "bringing the partitioned host's link up: "+err.Error())
+		}
 	}
-	var killed *Job
+	for _, l := range done.killedLeaks {
+		r.Leaks = append(r.Leaks, "the killed job: "+l)
+	}
+	r.Cleaned = append(r.Cleaned, done.killedCleaned...)
 	if done.resumed != nil {
-		// The resumed job is the run's; the killed job's leftovers are
-		// looked for once it ended too (the resumed job runs in the same
-		// hosts, and its agents' start sweeps the killed one's files).
-		killed, j = j, done.resumed
+		// The resumed job is the run's.
+		j = done.resumed
 		j.Wait()
 	}
 	s.outcome(&r, j)
-	if killed != nil {
-		leaks, known := checkLeaks(killed, s.Hosts, func(i int) int { return i }, s.Registry, done.crashedDirs, done.crashedHosts)
-		for _, l := range leaks {
-			r.Leaks = append(r.Leaks, "the killed job: "+l)
-		}
-		r.KnownLeaks = append(r.KnownLeaks, known...)
-		done.crashedDirs, done.crashedHosts = nil, nil
+	if r.Code == 0 && r.NotInjected == "" && r.InjectErr == "" && !r.NotLanded && needsFailure(f.Kind) && !failureSeen(j, f, done.lost) {
+		r.NotLanded = true
+		r.Injected += "; not landed: no failure or fence record names the faulted rank or host"
 	}
-	leaks, known := checkLeaks(j, s.Hosts, func(i int) int { return i }, s.Registry, done.crashedDirs, done.crashedHosts)
+	leaks, cleaned := checkLeaks(j, s.leakCheck(done.crashed))
 	r.Leaks = append(r.Leaks, leaks...)
-	r.KnownLeaks = append(r.KnownLeaks, known...)
+	r.Cleaned = append(r.Cleaned, cleaned...)
 	return r
+}
+
+// leakCheck is checkLeaks's setting for a job whose hosts crashed were
+// SIGKILLed.
+func (s *Suite) leakCheck(crashed []int) leakCheck {
+	return leakCheck{hosts: s.Hosts, registry: s.Registry, gorun: s.Bins.Gorun, log: s.Log, crashed: crashed}
+}
+
+// needsFailure reports whether a fault of kind k, survived, must have
+// been seen by gorun as a failure (a failure or fence record).
+func needsFailure(k Kind) bool {
+	switch k {
+	case RankKill, RankStop, HostKill, AgentKill, Partition, TwoHosts, DuringRecovery, SlotFlip:
+		return true
+	}
+	return false
+}
+
+// failureSeen reports whether j's events file has a failure record of
+// f's rank (rank faults) or a failure or fence record of one of the lost
+// hosts (host faults).
+func failureSeen(j *Job, f Fault, lost []int) bool {
+	for _, rec := range j.records() {
+		switch e := rec.Event.(type) {
+		case events.Failure:
+			if f.Rank >= 0 && e.Rank == f.Rank {
+				return true
+			}
+			for _, h := range lost {
+				if e.Host == j.Hosts[h] {
+					return true
+				}
+			}
+		case events.Fence:
+			for _, h := range lost {
+				if e.Host == j.Hosts[h] {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // reference returns c's failure-free run, running it the first time.
 func (s *Suite) reference(ctx context.Context, c Config) (reference, error) {
 	if ref, ok := s.refs[c.Key()]; ok {
-		ref.leaks = nil // reported with the run that ran it
+		ref.leaks, ref.cleaned = nil, nil // reported with the run that ran it
 		return ref, nil
 	}
 	dir, err := os.MkdirTemp(s.Dir, "ref-")
 	if err != nil {
-		return reference{}, err
+		return reference{}, fmt.Errorf("chaos: the reference's directory: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	j, err := startJob(ctx, c, s.Bins, s.Hosts.Names[:c.Hosts+c.Spares], s.Hosts.BridgeAddr, dir, s.Registry, false)
+	j, err := startJob(ctx, c, s.Bins, s.Hosts, dir, s.Registry, false)
 	if err != nil {
 		return reference{}, err
 	}
 	j.Wait()
 	var r Run
 	s.outcome(&r, j)
-	ref := reference{code: j.code, hash: r.Hash, seconds: j.elapsed.Seconds(), tail: r.StderrTail}
-	if j.hung != "" {
-		ref.leaks = append(ref.leaks, "hung: "+j.hung)
-	}
-	leaks, known := checkLeaks(j, s.Hosts, func(i int) int { return i }, s.Registry, nil, nil)
-	ref.leaks = append(append(ref.leaks, leaks...), known...)
-	if j.code != 0 && j.code != 2 {
+	ref := reference{code: j.code, hash: r.Hash, seconds: j.elapsed.Seconds(), tail: r.StderrTail, hung: j.hung}
+	ref.refused = refusal(j.code, j.hung, r.Stderr)
+	ref.leaks, ref.cleaned = checkLeaks(j, s.leakCheck(nil))
+	if j.code != 0 && !ref.refused {
 		s.Log.Warn("failure-free run failed", "config", c.Key(), "code", j.code, "stderr", r.StderrTail)
 	}
 	if s.refs == nil {
@@ -159,6 +218,19 @@ func (s *Suite) reference(ctx context.Context, c Config) (reference, error) {
 	}
 	s.refs[c.Key()] = ref
 	return ref, nil
+}
+
+// refusal reports whether a run that exited code, hung says why the
+// harness stopped it ("" if it did not), with stderr, is gorun refusing
+// its configuration: exit 2 (README: usage and configuration errors)
+// with a "gorun: " line, and neither a hang the harness ended (SIGQUIT:
+// a Go program exits 2) nor a panic (a rank's, whose status gorun
+// returns, or gorun's own).
+func refusal(code int, hung, stderr string) bool {
+	if code != 2 || hung != "" || strings.Contains(stderr, "\ngoroutine ") || strings.Contains(stderr, "panic: ") || strings.Contains(stderr, "SIGQUIT") {
+		return false
+	}
+	return strings.HasPrefix(stderr, "gorun: ") || strings.Contains(stderr, "\ngorun: ")
 }
 
 var (
@@ -218,23 +290,25 @@ func (s *Suite) outcome(r *Run, j *Job) {
 			}
 		}
 	}
+	// In order: a job no fault restarted prints each step once, rising.
+	prev := -1
+	for _, m := range stepRE.FindAllStringSubmatch(out, -1) {
+		n, _ := strconv.Atoi(m[1])
+		if n <= prev && r.Reordered == "" {
+			r.Reordered = fmt.Sprintf("rank 0's line of step %d after that of step %d", n, prev)
+		}
+		prev = n
+	}
 	r.StderrTail, r.Stderr = tail(errOut, 12), errOut
 	recs := j.records()
 	evText, _ := os.ReadFile(j.Events)
 	r.Detected = corruptRE.MatchString(errOut) || corruptRE.Match(evText)
+	r.Reported = reportOf(recs)
 	var timelines []events.Timeline
 	for _, rec := range recs {
-		switch e := rec.Event.(type) {
-		case events.Exit:
-			if e.Code != 0 {
-				r.Reported = e.Reason
-			}
-		case events.Timeline:
+		if e, ok := rec.Event.(events.Timeline); ok {
 			timelines = append(timelines, e)
 		}
-	}
-	if r.Code != 0 && r.Reported == "" {
-		r.Reported = tail(errOut, 1)
 	}
 	if len(timelines) > 0 && r.At > 0 {
 		first, last := timelines[0], timelines[len(timelines)-1]
@@ -245,6 +319,18 @@ func (s *Suite) outcome(r *Run, j *Job) {
 			}
 		}
 	}
+}
+
+// reportOf is the report of a job that failed: its events file's exit
+// record's reason, "" without one (standard error's last line is no
+// report: under -v it always has one, a panic's trace too).
+func reportOf(recs []events.Record) string {
+	for _, rec := range recs {
+		if e, ok := rec.Event.(events.Exit); ok && e.Code != 0 {
+			return e.Reason
+		}
+	}
+	return ""
 }
 
 // tail returns the last n non-empty lines of s.

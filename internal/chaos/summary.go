@@ -21,11 +21,13 @@ type Row struct {
 	SurvivedBeyond int     `json:"survived_beyond"`
 	Refused        int     `json:"refused"`
 	NotInjected    int     `json:"not_injected"`
+	NotLanded      int     `json:"not_landed"`
+	Skipped        int     `json:"skipped"`
 	Failed         int     `json:"failed"`
 	KnownDefects   int     `json:"known_defects"`
 	Leaks          int     `json:"leaks"`
-	KnownLeaks     int     `json:"known_leaks"`
-	RecoveryMedian float64 `json:"recovery_median_s"` // detected → resumed, -1: none
+	Cleaned        int     `json:"removed_by_gorun_clean"` // leftovers of jobs every agent (or every host with ranks) of which was SIGKILLed
+	RecoveryMedian float64 `json:"recovery_median_s"`      // detected → resumed, -1: none
 	RecoveryMax    float64 `json:"recovery_max_s"`
 	DetectMedian   float64 `json:"detect_median_s"` // fault → detected, -1: none
 }
@@ -72,13 +74,19 @@ func Summarize(seed uint64, kinds string, runs []Run, verdicts []Verdict, total 
 			row.KnownDefects++
 		}
 		row.Leaks += len(r.Leaks)
-		row.KnownLeaks += len(r.KnownLeaks)
+		row.Cleaned += len(r.Cleaned)
 		switch {
+		case r.Skipped != "":
+			row.Skipped++
+			continue
 		case r.Refused:
 			row.Refused++
 			continue
 		case r.NotInjected != "":
 			row.NotInjected++
+			continue
+		case r.NotLanded || r.InjectErr != "":
+			row.NotLanded++
 			continue
 		}
 		row.Injected++
@@ -119,10 +127,12 @@ func Summarize(seed uint64, kinds string, runs []Run, verdicts []Verdict, total 
 		t.SurvivedBeyond += row.SurvivedBeyond
 		t.Refused += row.Refused
 		t.NotInjected += row.NotInjected
+		t.NotLanded += row.NotLanded
+		t.Skipped += row.Skipped
 		t.Failed += row.Failed
 		t.KnownDefects += row.KnownDefects
 		t.Leaks += row.Leaks
-		t.KnownLeaks += row.KnownLeaks
+		t.Cleaned += row.Cleaned
 	}
 	s.Total.Kind = "total"
 	s.Total.RecoveryMedian, s.Total.RecoveryMax, s.Total.DetectMedian = median(allRec), maxOf(allRec), median(allDet)
@@ -162,24 +172,14 @@ func (s Summary) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "chaos: seed %d, %d runs, %.0f s in all, median %.1f s per run (its reference included when it ran)\n",
 		s.Seed, s.Runs, s.TotalTime, s.RunMedian)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "fault\tinjected\twithin\tsurvived=hash\tbeyond\treported\tsurvived-beyond\trefused\tnot-injected\tFAILED\tknown-defect\tleaks\tknown-leaks\trecovery-med\trecovery-max\tdetect-med\t")
+	fmt.Fprintln(tw, "fault\tinjected\twithin\tsurvived=hash\tbeyond\treported\tsurvived-beyond\trefused\tnot-injected\tnot-landed\tskipped\tFAILED\tknown-defect\tleaks\tgorun-clean\trecovery-med\trecovery-max\tdetect-med\t")
 	for _, r := range append(slices.Clone(s.Rows), s.Total) {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n", r.Kind, r.Injected, r.Within, r.Survived,
-			r.Beyond, r.Reported, r.SurvivedBeyond, r.Refused, r.NotInjected, r.Failed, r.KnownDefects, r.Leaks, r.KnownLeaks,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n", r.Kind, r.Injected, r.Within, r.Survived,
+			r.Beyond, r.Reported, r.SurvivedBeyond, r.Refused, r.NotInjected, r.NotLanded, r.Skipped, r.Failed, r.KnownDefects, r.Leaks, r.Cleaned,
 			secs(r.RecoveryMedian), secs(r.RecoveryMax), secs(r.DetectMedian))
 	}
 	tw.Flush()
-	if s.Total.KnownLeaks > 0 {
-		n := map[string]int{}
-		for _, r := range s.RunsRecords {
-			for _, k := range r.KnownLeaks {
-				name, _, _ := strings.Cut(k, ": /")
-				n[name]++
-			}
-		}
-		fmt.Fprintf(w, "known leaks (SIGKILLed agents; counted apart, not as zero): %d %s, %d %s, %d %s\n",
-			n[KnownAgentDirLeak], KnownAgentDirLeak, n[KnownAgentShmLeak], KnownAgentShmLeak, n[KnownAllCrashedSlotLeak], KnownAllCrashedSlotLeak)
-	}
+	fmt.Fprintf(w, "removed by gorun clean: %d (leftovers of jobs every agent, or every host with ranks, of which was SIGKILLed; none other left)\n", s.Total.Cleaned)
 	if s.Mismatches > 0 {
 		fmt.Fprintf(w, "precheck and gorun disagreed on refusing %d configurations\n", s.Mismatches)
 	}
