@@ -193,7 +193,7 @@ bench-ec: build
 # The chaos suite (internal/chaos, issue 21): RUNS jobs on namespace hosts
 # (root and ip netns) under random configurations, each with one random
 # fault, judged against what the configuration promises (README, "Chaos
-# testing"). SEED makes it reproducible (default: the clock's, printed);
+# testing"). SEED picks the draws (default: derived from the commit, printed);
 # ONLY=i,j replays those runs alone; KINDS=k1,k2 draws only those fault
 # kinds; JSON=file writes the summary with every run's record. 40 runs
 # took 203 s on this 2-core machine (seed 2026): RUNS=200 about 17 min.

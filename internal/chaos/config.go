@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Workloads a configuration runs.
@@ -17,6 +18,14 @@ const (
 // MaxHosts is how many namespace hosts the suite builds once and every
 // configuration takes its hosts from (work hosts first, then spares).
 const MaxHosts = 6
+
+// The jobs' --kill-grace and --heartbeat-timeout: the launcher's
+// give-up deadline after its job's processes are gone is their sum
+// (outliveLimit).
+const (
+	killGrace        = 2 * time.Second
+	heartbeatTimeout = 4 * time.Second
+)
 
 // Config is one job's configuration: everything that decides its final
 // hash and what it survives. The zero Config is not valid; [Draw] makes
@@ -56,11 +65,11 @@ func (c Config) String() string { return c.Key() }
 // directory ("" without --ckpt-dir).
 func (c Config) GorunFlags(hostfile, bind, events, ckptDir string) []string {
 	f := []string{"-np", strconv.Itoa(c.NP()), "--hostfile", hostfile, "--rsh", "ip netns exec", "--bind", bind,
-		"-v", "--events", events, "--kill-grace", "2", "--max-restarts", "3",
+		"-v", "--events", events, "--kill-grace", strconv.Itoa(int(killGrace / time.Second)), "--max-restarts", "3",
 		// Detection in seconds on this machine: gorun's defaults (10 missed
 		// beats of 1 s, no hang detection) would make every host fault
 		// cost 10 s and a stopped rank hang the job for ever.
-		"--heartbeat-timeout", "4", "--hang-timeout", "10",
+		"--heartbeat-timeout", strconv.Itoa(int(heartbeatTimeout / time.Second)), "--hang-timeout", "10",
 		"--redundancy", c.Redundancy, "--recovery", c.Recovery, "--protect-mode", c.Protect}
 	if c.Spares > 0 {
 		f = append(f, "--spares", strconv.Itoa(c.Spares))

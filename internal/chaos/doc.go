@@ -16,8 +16,11 @@
 // workload and its size) is first checked with the launcher's own planning
 // functions (launcher.MarkSpares, topology.MapRanks, topology.Place,
 // topology.PlanEC: [Precheck]), which tell which lost hosts it survives; a
-// configuration gorun refuses (exit 2) is recorded as refused, never as a
-// failure. The failure-free reference of each distinct configuration is
+// configuration gorun refuses (exit 2 with a "gorun: " line, neither hung
+// nor panicking) where the precheck said it would is recorded as refused
+// (its leaks and hangs still checked); a disagreement either way is a
+// failure. The draw does not depend on the machine: a run whose workload's
+// tool (python3, mpicc.mpich) is missing is skipped. The failure-free reference of each distinct configuration is
 // run once and cached by [Config.Key]; then the faulty run.
 //
 // Every job runs with --heartbeat-timeout 4 --hang-timeout 10 (see
@@ -31,7 +34,10 @@
 // hang), a host partitioned (its link down, up again once it was fenced),
 // two hosts lost at once, a second host lost while the first is being
 // recovered, SIGTERM or SIGUSR1 (forwarded to every rank) to the launcher,
-// gorun's standard output stalled for 3 s (a paused pager), a byte flipped
+// gorun's standard output stalled for 3 s (a paused pager: its pipe,
+// shrunk to 4096 bytes, filled to the brim and not read; landed only if
+// still full at the release; every step line must then be there, in
+// order), a byte flipped
 // in both committed ping-pong slots of a stopped rank in /dev/shm, which
 // is then killed (its restore must detect the CRC mismatch), and with the
 // durable tier the whole job killed once a version is committed and
@@ -45,7 +51,13 @@
 //
 // [Judge] turns a [Run] into a [Verdict] by rules each citing the README
 // sentence that promises it ([Rules]); TestJudge covers every rule with
-// fabricated runs.
+// fabricated runs. A fault that was not injected (the job ended first) or
+// did not land (no failure or fence record names the faulted rank or
+// host; the process had exited) leaves a failure-free run, which must end
+// as one; an injection that failed otherwise is a failure. Known defects
+// ([KnownDefects]), being fixed, are counted apart only for a non-zero
+// exit of their fault kind and workload with their signature, and nothing
+// else broken.
 //
 // # Leaks
 //
@@ -53,15 +65,20 @@
 // of the job, no /dev/shm entry of the job (slot files, Open MPI
 // directories), no /tmp job directory, no registry entry
 // (internal/jobstatus), and the launcher not outliving the last process
-// of its job by more than 30 s — a launcher that does is sent SIGQUIT, its
-// goroutine dump kept, and the run counts a leak: that is the launcher's
-// goroutine-leak check (a goroutine that keeps the launcher from exiting
-// is the leak that matters to a user). An agent SIGKILLed (a host lost,
-// its agent killed, the whole job killed) cannot remove its /tmp job
-// directory nor its Open MPI directory in /dev/shm: until the sweep of
-// them merges, exactly those, of the crashed hosts, are counted apart as
-// known leaks ([KnownAgentDirLeak], [KnownAgentShmLeak]), never as zero.
-// A SIGKILLed launcher's registry entry is checked after the
+// of its job by more than --kill-grace + --heartbeat-timeout + 4 s (10 s)
+// — a launcher that does is sent SIGQUIT, its goroutine dump kept, and the
+// run fails (launcher-exits). That check sees a launcher that does not
+// exit; it cannot see a goroutine or descriptor leaked by a launcher that
+// still exits (launcher's TestRunGoroutines checks that in-process). A
+// SIGKILLed agent's job directory and Open MPI directory are swept by the
+// job's agents that live on (the namespace hosts share /tmp and
+// /dev/shm): left, they are leaks. Where no agent of the job lives on
+// (every host lost; the job Resume and CkptFlip kill whole, checked right
+// after the kill, before the resumed job's agents sweep) or no host with
+// ranks does (its slot files: nobody claims them), README gives them to
+// gorun clean: the built one is run, must remove exactly the job's
+// leftovers, and the run has no leak only if nothing of the job is left
+// ("removed by gorun clean" in the summary). A SIGKILLed launcher's registry entry is checked after the
 // jobstatus.List that removes stale entries, as its doc promises.
 //
 // Recovery times come from the events file's timeline (detected →

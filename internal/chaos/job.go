@@ -24,8 +24,15 @@ const (
 	// sent SIGQUIT (its goroutine dump) and then killed.
 	jobLimit = 3 * time.Minute
 	// outliveLimit is how long the launcher may outlive the last process
-	// of its job (agents and ranks) before it counts as hung.
-	outliveLimit = 30 * time.Second
+	// of its job (agents and ranks) before it counts as hung: its give-up
+	// deadline (--kill-grace + --heartbeat-timeout: a host whose
+	// processes all died is noticed by the missed heartbeats, its ranks
+	// given the kill grace), and 4 s for its exit (the events file, the
+	// registry entry) on this busy machine. The check sees a launcher
+	// that does not exit; it cannot see a goroutine or descriptor the
+	// launcher leaks while it still exits (launcher/run_test.go's
+	// TestRunGoroutines checks that in-process).
+	outliveLimit = killGrace + heartbeatTimeout + 4*time.Second
 	// pollEvery is how often the events file and /proc are read while
 	// waiting.
 	pollEvery = 50 * time.Millisecond
