@@ -136,14 +136,19 @@ func checkLeaks(j *Job, lc leakCheck) (leaks, cleaned []string) {
 		leaks = append(leaks, "left after gorun clean: "+f)
 		os.RemoveAll(f)
 	}
-	// Every leftover gorun clean was to remove it named (slot files by
-	// their job).
-	for _, f := range toClean {
-		named := slices.ContainsFunc(cleaned, func(c string) bool {
-			return strings.HasSuffix(c, " "+f) || strings.HasPrefix(f, slotPrefix) && strings.Contains(c, "protected state of job "+id+" ")
-		})
-		if !named {
-			leaks = append(leaks, "gorun clean did not say it removed "+f)
+	// What gorun clean removed of the job is what was left of it: every
+	// directory it names is one found. (A leftover it does not name may
+	// have been swept meanwhile by another agent's start on this shared
+	// machine: that nothing of the job is left is checked above.)
+	for _, c := range cleaned {
+		if strings.Contains(c, "protected state of job ") {
+			if !slices.ContainsFunc(toClean, func(f string) bool { return strings.HasPrefix(f, slotPrefix) }) {
+				leaks = append(leaks, "gorun clean removed slot files of the job that were not left: "+c)
+			}
+			continue
+		}
+		if !slices.ContainsFunc(toClean, func(f string) bool { return strings.HasSuffix(c, " "+f) }) {
+			leaks = append(leaks, "gorun clean removed what was not a leftover of the job: "+c)
 		}
 	}
 	return leaks, cleaned
