@@ -164,13 +164,19 @@ func needsFailure(k Kind) bool {
 }
 
 // failureSeen reports whether j's events file has a failure record of
-// f's rank (rank faults) or a failure or fence record of one of the lost
+// f's rank (rank faults; any rank's hang for RankStop) or a failure or fence record of one of the lost
 // hosts (host faults).
 func failureSeen(j *Job, f Fault, lost []int) bool {
 	for _, rec := range j.records() {
 		switch e := rec.Event.(type) {
 		case events.Failure:
 			if f.Rank >= 0 && e.Rank == f.Rank {
+				return true
+			}
+			// A stopped rank stalls the others in its collective: gorun
+			// may name any of them as the one that hung (seen: rank 1 for
+			// a stop of rank 0).
+			if f.Kind == RankStop && e.What == events.FailHang {
 				return true
 			}
 			for _, h := range lost {
