@@ -260,8 +260,8 @@ func flipSlots(j *Job, rank int) (note string, err error) {
 }
 
 // killAndResume waits for a committed version on disk, kills the whole
-// job (the launcher, then every process of every host: its agents cannot
-// clean up), checks its leftovers (injector.killed: gorun clean's to
+// job (every host's processes frozen, the launcher killed, then every
+// process of every host: its agents cannot clean up), checks its leftovers (injector.killed: gorun clean's to
 // remove), flips a byte of rank f.Rank's committed base file for
 // CkptFlip, and starts the job again with --resume.
 func (in *injector) killAndResume(j *Job, f Fault, out injected) (injected, error) {
@@ -282,8 +282,16 @@ func (in *injector) killAndResume(j *Job, f Fault, out injected) (injected, erro
 		}
 	}
 	out.durable, out.at = true, j.since()
-	out.note = "SIGKILL gorun, KillAll every host"
+	out.note = "StopAll every host, SIGKILL gorun, KillAll every host"
 	j.killed = true
+	// Every host frozen first: the job dies whole at once, as in a
+	// machine's crash (killed after the launcher, agents that notice its
+	// loss clean up first, and nothing is left for gorun clean).
+	for h := range j.Hosts {
+		if err := in.hosts.StopAll(h); err != nil {
+			return out, err
+		}
+	}
 	if err := j.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return out, fmt.Errorf("chaos: killing gorun: %w", err)
 	}
