@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gorun/gorun/hotswap"
@@ -230,6 +231,11 @@ func (j *job) recordExit(code int) {
 	reason := ""
 	if j.cause != nil {
 		reason = j.cause.msg
+	}
+	if reason == "" && code > 128 && code < 128+65 {
+		// A signal the machine stopped the job for (its StopRanks carries
+		// no message): the exit record still says why.
+		reason = "interrupted by " + hotswap.SignalName(syscall.Signal(code-128))
 	}
 	d := j.since()
 	j.evlog.record(d, events.Exit{Code: code, Reason: reason, Duration: events.Seconds(d)})

@@ -322,3 +322,22 @@ func TestEventsAgentErrorOneFailure(t *testing.T) {
 		t.Errorf("timeline %+v: want epoch 1, replaced, not resumed, unfinished", tl)
 	}
 }
+
+// TestEventsExitSignal: a job stopped by SIGTERM ends its events file
+// with an exit record that says so (the machine's stop carries no
+// message; the reason was empty).
+func TestEventsExitSignal(t *testing.T) {
+	evs := &syncBuffer{}
+	r := startRun(t, 1, `echo up; exec sleep 600`, func(cfg *Config) {
+		cfg.Events = evs
+		cfg.KillGrace = time.Second
+	})
+	r.waitLines(regexp.MustCompile(`(?m)^\[0\] up$`), 1)
+	r.signals <- syscall.SIGTERM
+	r.wait()
+	recs := checkRecordOrder(t, evs.String(), "launch", "exit")
+	e, _ := recs[len(recs)-1].Event.(events.Exit)
+	if e.Code != 128+int(syscall.SIGTERM) || e.Reason != "interrupted by SIGTERM" {
+		t.Errorf("exit record %+v: want code 143, reason %q", e, "interrupted by SIGTERM")
+	}
+}

@@ -192,6 +192,15 @@ func (h *Hosts) check(host int) error {
 	return nil
 }
 
+// Pids returns the pids of the processes in host's namespace (ip netns
+// pids: the processes whose network namespace is the host's).
+func (h *Hosts) Pids(host int) ([]int, error) {
+	if err := h.check(host); err != nil {
+		return nil, err
+	}
+	return nsPids(h.Names[host])
+}
+
 // KillAll sends SIGKILL to every process in host's namespace, repeatedly
 // until none is left (a simulated host crash). The namespace and its
 // network stay; processes can be started in it again.

@@ -1,0 +1,88 @@
+// Package chaos is gorun's chaos suite (issue 21): it runs jobs on
+// network-namespace hosts (internal/testcluster) under random
+// configurations, injects one random fault per run at a random committed
+// step, and judges every run against what the configuration promises
+// (README.md): within the promise the job must exit 0 with the hash of a
+// failure-free run of the same configuration; beyond it the job must stop
+// with a report and a non-zero exit, never with a wrong hash; and every run
+// must leave nothing behind.
+//
+// # A run
+//
+// Run i of seed s draws its configuration and its fault from a PCG seeded
+// with (s, i) alone ([Draw]), so `make chaos SEED=s ONLY=i` replays it by
+// itself. The configuration (world size, hosts, spares, ranks per host,
+// --tp, --redundancy, --recovery, --protect-mode, --ckpt-dir, the
+// workload and its size) is first checked with the launcher's own planning
+// functions (launcher.MarkSpares, topology.MapRanks, topology.Place,
+// topology.PlanEC: [Precheck]), which tell which lost hosts it survives; a
+// configuration gorun refuses (exit 2 with a "gorun: " line, neither hung
+// nor panicking) where the precheck said it would is recorded as refused
+// (its leaks and hangs still checked); a disagreement either way is a
+// failure. The draw does not depend on the machine: a run whose workload's
+// tool (python3, mpicc.mpich) is missing is skipped. The failure-free reference of each distinct configuration is
+// run once and cached by [Config.Key]; then the faulty run.
+//
+// Every job runs with --heartbeat-timeout 4 --hang-timeout 10 (see
+// [Config.GorunFlags]) so that a lost host or a hung rank is detected in
+// seconds on this machine, not after gorun's defaults.
+//
+// # Faults
+//
+// Thirteen kinds ([Kinds]): a rank's SIGKILL, a host lost (every process
+// of its namespace killed), an agent's SIGKILL, a rank stopped (SIGSTOP, a
+// hang), a host partitioned (its link down, up again once it was fenced),
+// two hosts lost at once, a second host lost while the first is being
+// recovered, SIGTERM or SIGUSR1 (forwarded to every rank) to the launcher,
+// gorun's standard output stalled for 3 s (a paused pager: its pipe,
+// shrunk to 4096 bytes, filled to the brim and not read; landed only if
+// still full at the release; every step line must then be there, in
+// order), a byte flipped
+// in both committed ping-pong slots of a stopped rank in /dev/shm, which
+// is then killed (its restore must detect the CRC mismatch), and with the
+// durable tier the whole job killed once a version is committed and
+// started again with --resume (Resume), or the same with a byte flipped in
+// a rank's committed base file first (CkptFlip: the resume must stop,
+// naming the rank). Each is injected after a committed step read from the
+// events file (G in a sample record; rank 0's step line for the MPICH
+// workload, which protects nothing), never after a sleep.
+//
+// # The oracle
+//
+// [Judge] turns a [Run] into a [Verdict] by rules each citing the README
+// sentence that promises it ([Rules]); TestJudge covers every rule with
+// fabricated runs. A fault that was not injected (the job ended first) or
+// did not land (no failure or fence record names the faulted rank or
+// host; the process had exited) leaves a failure-free run, which must end
+// as one; an injection that failed otherwise is a failure. Known defects
+// ([KnownDefects]), being fixed, are counted apart only for a non-zero
+// exit of their fault kind and workload with their signature, and nothing
+// else broken.
+//
+// # Leaks
+//
+// After every run (checkLeaks): no process left in any namespace host
+// of the job, no /dev/shm entry of the job (slot files, Open MPI
+// directories), no /tmp job directory, no registry entry
+// (internal/jobstatus), and the launcher not outliving the last process
+// of its job by more than --kill-grace + --heartbeat-timeout + 4 s (10 s)
+// — a launcher that does is sent SIGQUIT, its goroutine dump kept, and the
+// run fails (launcher-exits). That check sees a launcher that does not
+// exit; it cannot see a goroutine or descriptor leaked by a launcher that
+// still exits (launcher's TestRunGoroutines checks that in-process). A
+// SIGKILLed agent's job directory and Open MPI directory are swept by the
+// job's agents that live on (the namespace hosts share /tmp and
+// /dev/shm): left, they are leaks. Where no agent of the job lives on
+// (every host lost; the job Resume and CkptFlip kill whole, checked right
+// after the kill, before the resumed job's agents sweep) or no host with
+// ranks does (its slot files: nobody claims them), README gives them to
+// gorun clean: the built one is run, must remove exactly the job's
+// leftovers, and the run has no leak only if nothing of the job is left
+// ("removed by gorun clean" in the summary). A SIGKILLed launcher's registry entry is checked after the
+// jobstatus.List that removes stale entries, as its doc promises.
+//
+// Recovery times come from the events file's timeline (detected →
+// resumed); the fault → detected time compares the fault's time on the
+// harness's clock with the launcher's, which starts a few milliseconds
+// later: it reads short by that much (clipped at 0).
+package chaos

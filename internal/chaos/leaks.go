@@ -1,0 +1,194 @@
+package chaos
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gorun/gorun/internal/jobstatus"
+	"github.com/gorun/gorun/internal/testcluster"
+)
+
+// Grace periods of the leak check: what a job's processes and files may
+// take to go after gorun exited (an agent cut off by a partition notices
+// the lost control connection and kills its ranks; SIGKILLed processes
+// take a moment to be reaped).
+const (
+	procGrace = 15 * time.Second
+	fileGrace = 5 * time.Second
+)
+
+// A job's leftovers are leaks, with two exceptions where nobody of the
+// job is left to remove them and README's Leftovers gives them to gorun
+// clean: every agent of the job was SIGKILLed (Resume and CkptFlip's
+// killed job; every host of a job lost), which leaves everything; every
+// host with ranks was SIGKILLed while spares lived on, which leaves the
+// slot files (the spares never claimed them; an ending agent sweeps its
+// own job's job and Open MPI directories, not slot files). There the
+// built gorun clean is run: it must remove exactly those leftovers of
+// the job (what it removes of other, ended jobs is logged), and the run
+// has no leak only if nothing of the job is left afterwards.
+
+// leakCheck is what checkLeaks needs besides the job.
+type leakCheck struct {
+	hosts    *testcluster.Hosts
+	registry string // the jobs' XDG_RUNTIME_DIR
+	gorun    string // the built gorun, for gorun clean
+	log      *slog.Logger
+	// crashed are the job's hosts (indices into j.Hosts) whose agent was
+	// SIGKILLed.
+	crashed []int
+}
+
+// checkLeaks looks for what job j left behind once gorun exited: processes
+// in its hosts, its /dev/shm and /tmp entries, its registry entry. It
+// removes what it finds (so that the next run starts clean) and returns
+// the leaks and what gorun clean removed of the job (see above).
+func checkLeaks(j *Job, lc leakCheck) (leaks, cleaned []string) {
+	// Processes: poll until none is left or the grace period ends.
+	var left map[string][]proc
+	for deadline := time.Now().Add(procGrace); ; {
+		var err error
+		left, err = nsProcs(lc.hosts, j.Hosts)
+		if err != nil {
+			leaks = append(leaks, "looking for processes left: "+err.Error())
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(pollEvery) // polling /proc to a deadline: nothing to wait on
+	}
+	for i, name := range j.Hosts {
+		ps := left[name]
+		if len(ps) == 0 {
+			continue
+		}
+		leaks = append(leaks, fmt.Sprintf("%d processes left in host %s more than %v after gorun exited: %v", len(ps), name, procGrace, ps))
+		if err := lc.hosts.KillAll(i); err != nil {
+			leaks = append(leaks, fmt.Sprintf("killing the processes left in host %s: %v", name, err))
+		}
+	}
+	id := j.ID()
+	if id == "" {
+		if j.code == 2 {
+			return leaks, nil // refused before it had a job id: nothing to leave
+		}
+		return append(leaks, "no job id in the events file: its files could not be checked"), nil
+	}
+	everyAgent, withRanks := true, true
+	for h := range j.Hosts {
+		killed := slices.Contains(lc.crashed, h)
+		everyAgent = everyAgent && killed
+		withRanks = withRanks && (killed || h >= j.Config.Hosts)
+	}
+	slotPrefix := filepath.Join("/dev/shm", "gorun-"+id+".")
+	registryEntry := filepath.Join(lc.registry, "gorun", id+".json")
+	// cleanable says whether leftover f is gorun clean's to remove.
+	cleanable := func(f string) bool {
+		return f != registryEntry && (everyAgent || withRanks && strings.HasPrefix(f, slotPrefix))
+	}
+	if j.killed {
+		// A launcher that died by SIGKILL cannot remove its registry
+		// entry: "the entry of a launcher that died without (SIGKILL) ...
+		// is removed by the next List" (internal/jobstatus/registry.go).
+		// That List is what is checked here.
+		if _, err := jobstatus.List(filepath.Join(lc.registry, "gorun")); err != nil {
+			leaks = append(leaks, fmt.Sprintf("listing the registry: %v", err))
+		}
+	}
+	var files []string
+	for deadline := time.Now().Add(fileGrace); ; {
+		files = jobFiles(id, lc.registry)
+		if !slices.ContainsFunc(files, func(f string) bool { return !cleanable(f) }) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(pollEvery)
+	}
+	var toClean []string
+	for _, f := range files {
+		if cleanable(f) {
+			toClean = append(toClean, f)
+			continue
+		}
+		leaks = append(leaks, "left behind: "+f)
+		os.RemoveAll(f)
+	}
+	if len(toClean) == 0 {
+		return leaks, nil
+	}
+	cleaned, others, err := gorunClean(lc.gorun, id)
+	if err != nil {
+		leaks = append(leaks, err.Error())
+	}
+	if len(others) > 0 {
+		lc.log.Warn("gorun clean also removed other ended jobs' leftovers", "job", id, "removed", others)
+	}
+	for _, f := range jobFiles(id, lc.registry) {
+		if f == registryEntry {
+			continue // looked at above
+		}
+		leaks = append(leaks, "left after gorun clean: "+f)
+		os.RemoveAll(f)
+	}
+	// What gorun clean removed of the job is what was left of it: every
+	// directory it names is one found. (A leftover it does not name may
+	// have been swept meanwhile by another agent's start on this shared
+	// machine: that nothing of the job is left is checked above.)
+	for _, c := range cleaned {
+		if strings.Contains(c, "protected state of job ") {
+			if !slices.ContainsFunc(toClean, func(f string) bool { return strings.HasPrefix(f, slotPrefix) }) {
+				leaks = append(leaks, "gorun clean removed slot files of the job that were not left: "+c)
+			}
+			continue
+		}
+		if !slices.ContainsFunc(toClean, func(f string) bool { return strings.HasSuffix(c, " "+f) }) {
+			leaks = append(leaks, "gorun clean removed what was not a leftover of the job: "+c)
+		}
+	}
+	return leaks, cleaned
+}
+
+// gorunClean runs the built gorun clean on this host (the namespace hosts
+// share its /tmp and /dev/shm) and returns the lines of what it removed
+// of job id, and apart those of other jobs.
+func gorunClean(gorun, id string) (ours, others []string, err error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(gorun, "clean")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, nil, fmt.Errorf("gorun clean: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		switch {
+		case l == "":
+		case strings.Contains(l, "gorun-"+id+"-") || strings.Contains(l, "gorun-"+id+".") || strings.Contains(l, "protected state of job "+id+" "):
+			ours = append(ours, l)
+		default:
+			others = append(others, l)
+		}
+	}
+	return ours, others, nil
+}
+
+// jobFiles lists job id's files: slot files and Open MPI directories in
+// /dev/shm, job directories in the temporary directory, its registry
+// entry.
+func jobFiles(id, registry string) []string {
+	var out []string
+	for _, pat := range []string{
+		filepath.Join("/dev/shm", "gorun-"+id+".*"),
+		filepath.Join("/dev/shm", "gorun-"+id+"-*"),
+		filepath.Join(os.TempDir(), "gorun-"+id+"-*"),
+		filepath.Join(registry, "gorun", id+".json"),
+	} {
+		m, _ := filepath.Glob(pat)
+		out = append(out, m...)
+	}
+	return out
+}

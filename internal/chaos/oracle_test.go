@@ -1,0 +1,238 @@
+package chaos
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/gorun/gorun/internal/events"
+)
+
+// TestJudge applies the oracle to fabricated runs, one or more per rule.
+func TestJudge(t *testing.T) {
+	const ref, other = "params aa optimizer bb", "params aa optimizer cc"
+	base := func(k Kind, within bool) Run {
+		return Run{Fault: Fault{Kind: k, Host: 0, Host2: -1, Rank: -1}, RefHash: ref, Within: within,
+			FaultToDetect: -1, DetectToResume: -1}
+	}
+	with := func(r Run, f func(*Run)) Run { f(&r); return r }
+	tests := []struct {
+		name  string
+		run   Run
+		class string
+		rules []string // broken rules, in order
+	}{
+		{"within survived", with(base(HostKill, true), func(r *Run) { r.Hash = ref }), Survived, nil},
+		{"within, exit 1", with(base(HostKill, true), func(r *Run) { r.Code, r.Reported = 1, "host lost" }), Failed, []string{"within-exit-0"}},
+		{"within, exit 0 with a wrong hash", with(base(RankKill, true), func(r *Run) { r.Hash = other }), Failed, []string{"within-equal-hash"}},
+		{"within, exit 0 without a hash", with(base(RankKill, true), func(*Run) {}), Failed, []string{"within-equal-hash"}},
+		{"within, exit 1 with a wrong hash", with(base(Partition, true), func(r *Run) { r.Code, r.Hash, r.Reported = 1, other, "x" }), Failed, []string{"within-exit-0"}},
+		{"beyond, reported", with(base(TwoHosts, false), func(r *Run) { r.Code, r.Reported = 1, "rank 3's state is lost" }), Reported, nil},
+		{"beyond, exit 1 without a report", with(base(TwoHosts, false), func(r *Run) { r.Code = 1 }), Failed, []string{"beyond-reported"}},
+		{"beyond, exit 0 with the right hash", with(base(HostKill, false), func(r *Run) { r.Hash = ref }), SurvivedBeyond, nil},
+		{"beyond, exit 0 with a wrong hash", with(base(HostKill, false), func(r *Run) { r.Hash = other }), Failed, []string{"never-wrong-hash"}},
+		{"beyond, exit 0 without a hash", with(base(DuringRecovery, false), func(*Run) {}), Failed, []string{"never-wrong-hash"}},
+		{"beyond, exit 1 with a wrong hash", with(base(TwoHosts, false), func(r *Run) { r.Code, r.Reported, r.Hash = 1, "x", other }), Failed, []string{"never-wrong-hash"}},
+		{"sigterm, 143", with(base(LauncherTerm, false), func(r *Run) { r.Code, r.Reported = 143, "terminated" }), Reported, nil},
+		{"sigterm, exit 1", with(base(LauncherTerm, false), func(r *Run) { r.Code = 1 }), Failed, []string{"sigterm-exit"}},
+		{"sigterm, exit 0", with(base(LauncherTerm, false), func(r *Run) { r.Hash = ref }), Failed, []string{"sigterm-exit"}},
+		{"leak", with(base(RankKill, true), func(r *Run) { r.Hash, r.Leaks = ref, []string{"left behind: /dev/shm/gorun-x.r0.hdr"} }), Failed, []string{"no-leaks"}},
+		{"removed by gorun clean only", with(base(TwoHosts, true), func(r *Run) {
+			r.Hash, r.Cleaned = ref, []string{"removed protected state of job x in /dev/shm"}
+		}), Survived, nil},
+		{"launcher hung", with(base(AgentKill, true), func(r *Run) { r.Hash, r.Hung = ref, "the launcher outlived every process of its job by 30s" }), Failed, []string{"launcher-exits"}},
+		{"slot flip detected", with(base(SlotFlip, true), func(r *Run) { r.Hash, r.Flipped, r.Detected = ref, true, true }), Survived, nil},
+		{"slot flip restored silently", with(base(SlotFlip, true), func(r *Run) { r.Hash, r.Flipped = ref, true }), Failed, []string{"corruption-detected"}},
+		{"slot flip not committed", with(base(SlotFlip, true), func(r *Run) { r.Hash = ref }), Survived, nil},
+		{"slot flip beyond, reported", with(base(SlotFlip, false), func(r *Run) { r.Code, r.Reported, r.Flipped, r.Detected = 1, "not from other hosts", true, true }), Reported, nil},
+		{"resumed", with(base(Resume, true), func(r *Run) { r.Hash = ref }), Survived, nil},
+		{"resume failed", with(base(Resume, true), func(r *Run) { r.Code, r.Reported = 2, "--resume: no committed version" }), Failed, []string{"within-exit-0"}},
+		{"corrupt base, rank named", with(base(CkptFlip, false), func(r *Run) {
+			r.Fault.Rank, r.Code, r.Flipped, r.Detected, r.Reported = 3, 1, true, true, "stopping the job"
+			r.Stderr = "gorun agent h1: --resume: rank 3: the base at step 5: durable: /d/r3/base.1: bytes [8192, 12288): CRC32C\nstopping the job\n"
+		}), Reported, nil},
+		{"corrupt base, rank not named", with(base(CkptFlip, false), func(r *Run) { r.Fault.Rank, r.Code, r.Flipped, r.Reported = 3, 1, true, "stopping the job" }), Failed, []string{"corrupt-base-named"}},
+		{"corrupt base, another rank named", with(base(CkptFlip, false), func(r *Run) {
+			r.Fault.Rank, r.Code, r.Flipped, r.Reported = 3, 1, true, "stopping the job"
+			r.Stderr = "rank 31: the base at step 5: durable: /d/r31/base.1: bytes [8192, 12288): CRC32C\n"
+		}), Failed, []string{"corrupt-base-named"}},
+		{"corrupt base restored silently", with(base(CkptFlip, false), func(r *Run) { r.Fault.Rank, r.Flipped, r.Hash = 3, true, ref }), Failed, []string{"corruption-detected"}},
+		{"known defect", with(base(SlotFlip, true), func(r *Run) {
+			r.Code, r.Reported, r.Flipped, r.Detected = 1, "again with no progress", true, true
+			r.Stderr = "rank: unrecoverable from the erasure-coded stripe: rank 0: no coded base at or before step 9 (H is -1)\n"
+		}), KnownDefect, []string{"within-exit-0"}},
+		{"known defect's signature, another fault", with(base(RankKill, true), func(r *Run) {
+			r.Code, r.Reported = 1, "again with no progress"
+			r.Stderr = "no coded base at or before step 9 (H is -1)\n"
+		}), Failed, []string{"within-exit-0"}},
+		{"known defect's signature, and a leak", with(base(SlotFlip, true), func(r *Run) {
+			r.Code, r.Reported, r.Leaks = 1, "x", []string{"left behind: /dev/shm/gorun-x.r0.hdr"}
+			r.Stderr = "(H is -1)\n"
+		}), Failed, []string{"no-leaks", "within-exit-0"}},
+		{"stdout stall, lines lost", with(base(StdoutStall, true), func(r *Run) { r.Hash, r.MissingSteps = ref, []int{7, 8} }), Failed, []string{"no-output-lost"}},
+		{"stdout stall, all lines", with(base(StdoutStall, true), func(r *Run) { r.Hash = ref }), Survived, nil},
+		{"refused", with(base(HostKill, false), func(r *Run) { r.Refused, r.RefCode, r.RefHash = true, 2, "" }), Refused, nil},
+		{"reference failed", with(base(RankKill, true), func(r *Run) { r.RefCode, r.RefHash = 1, "" }), Failed, []string{"reference-runs"}},
+		{"not injected", with(base(RankKill, true), func(r *Run) { r.NotInjected, r.Hash = "the job ended first", ref }), NotInjected, nil},
+		{"not injected, wrong hash", with(base(RankKill, true), func(r *Run) { r.NotInjected, r.Hash = "the job ended first", other }), Failed, []string{"unfaulted-run"}},
+		// Review findings F1, F9: a refused configuration's run is still
+		// checked for leaks and hangs, and a refusal the precheck did not
+		// predict (or a prediction gorun did not follow) fails.
+		{"refused, with leaks", with(base(HostKill, false), func(r *Run) {
+			r.Refused, r.RefCode, r.RefHash, r.Leaks = true, 2, "", []string{"failure-free run: left behind: /tmp/gorun-x-1.agent"}
+		}), Failed, []string{"no-leaks"}},
+		{"refused, hung reference", with(base(HostKill, false), func(r *Run) {
+			r.Refused, r.RefCode, r.RefHash, r.Hung = true, 2, "", "the failure-free run: the launcher outlived every process of its job by 30s"
+		}), Failed, []string{"launcher-exits"}},
+		{"hung reference", with(base(HostKill, true), func(r *Run) {
+			r.RefCode, r.RefHash, r.Hung = 2, "", "the failure-free run: gorun ran past 3m0s"
+		}), Failed, []string{"launcher-exits", "reference-runs"}},
+		{"refused, not predicted", with(base(HostKill, false), func(r *Run) {
+			r.Refused, r.RefCode, r.RefHash, r.Mismatch = true, 2, "", `the precheck said "", gorun exited 2`
+		}), Failed, []string{"refusal-predicted"}},
+		{"accepted, predicted refused", with(base(RankKill, false), func(r *Run) {
+			r.Hash, r.Mismatch = ref, `the precheck said "too few spares", gorun exited 0`
+		}), Failed, []string{"refusal-predicted"}},
+		// F2: a fault that was not injected leaves a failure-free run,
+		// which must end as one; an injection that failed otherwise fails.
+		{"not injected, exit 1", with(base(RankKill, true), func(r *Run) { r.NotInjected, r.Code = "the job ended first", 1 }), Failed, []string{"unfaulted-run"}},
+		{"not injected, no hash", with(base(HostKill, false), func(r *Run) { r.NotInjected = "the job ended first" }), Failed, []string{"unfaulted-run"}},
+		{"injection failed", with(base(Resume, true), func(r *Run) { r.InjectErr, r.Hash = "chaos: no committed version in /d within 60s", ref }), Failed, []string{"fault-injected"}},
+		// F6: a fault gorun never saw is not survived.
+		{"not landed", with(base(RankKill, true), func(r *Run) { r.NotLanded, r.Hash = true, ref }), NotLanded, nil},
+		{"not landed, exit 1", with(base(Partition, true), func(r *Run) { r.NotLanded, r.Code, r.Reported = true, 1, "x" }), Failed, []string{"unfaulted-run"}},
+		// F5: a report is the exit record's reason, nothing else.
+		{"beyond, exit 1, a panic on stderr only", with(base(TwoHosts, false), func(r *Run) {
+			r.Code, r.StderrTail = 1, "panic: runtime error: index out of range [3] with length 3"
+		}), Failed, []string{"beyond-reported"}},
+		// A known defect hides nothing else: another workload, an exit 0.
+		{"known defect's signature, another workload", with(base(DuringRecovery, true), func(r *Run) {
+			r.Config.Workload, r.Code, r.Reported = Dptrain, 1, "called MPI_Abort"
+			r.Stderr = "MPIDU_Init_shm_init: unable to allocate shared memory\n"
+		}), Failed, []string{"within-exit-0"}},
+		{"known defect's signature, exit 0 with a wrong hash", with(base(SlotFlip, true), func(r *Run) {
+			r.Hash, r.Flipped, r.Detected = other, true, true
+			r.Stderr = "no coded base at or before step 9 (H is -1)\n"
+		}), Failed, []string{"within-equal-hash"}},
+		{"known defect's signature, not injected, exit 1", with(base(SlotFlip, true), func(r *Run) {
+			r.NotInjected, r.Code = "the job ended first", 1
+			r.Stderr = "(H is -1)\n"
+		}), Failed, []string{"unfaulted-run"}},
+		{"skipped", with(base(RankKill, true), func(r *Run) { r.Skipped, r.RefHash = "no python3", "" }), Skipped, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := Judge(tt.run)
+			var rules []string
+			for _, f := range v.Failures {
+				rule, _, _ := strings.Cut(f, ":")
+				rules = append(rules, rule)
+			}
+			if v.Class != tt.class || !slices.Equal(rules, tt.rules) {
+				t.Errorf("Judge = %s %q, want %s with rules %v", v.Class, v.Failures, tt.class, tt.rules)
+			}
+		})
+	}
+	// Every rule is covered by some case, and every rule a case names
+	// exists.
+	covered := map[string]bool{}
+	for _, tt := range tests {
+		for _, r := range tt.rules {
+			covered[r] = true
+		}
+	}
+	for _, r := range Rules {
+		if !covered[r.Name] {
+			t.Errorf("rule %s is covered by no case", r.Name)
+		}
+		delete(covered, r.Name)
+	}
+	for r := range covered {
+		t.Errorf("cases name rule %s, which Rules does not list", r)
+	}
+}
+
+// TestDrawReproducible: a run's configuration and fault depend on the
+// seed and its index alone, and Precheck's refusals are what the drawn
+// configurations meant.
+func TestDrawReproducible(t *testing.T) {
+	for i := range 50 {
+		c1, f1 := Draw(7, i, nil)
+		c2, f2 := Draw(7, i, nil)
+		if c1 != c2 || f1 != f2 {
+			t.Fatalf("run %d drew %v %v, then %v %v", i, c1, f1, c2, f2)
+		}
+		if f1.Host < 0 || f1.Host >= c1.Hosts || f1.Host2 >= c1.Hosts || f1.Host2 == f1.Host {
+			t.Errorf("run %d: fault %v outside the %d work hosts", i, f1, c1.Hosts)
+		}
+		if f1.Rank >= c1.NP() || (f1.Rank >= 0 && f1.Rank/c1.RanksPerHost != f1.Host) {
+			t.Errorf("run %d: fault %v: rank not on its host (%d per host)", i, f1, c1.RanksPerHost)
+		}
+	}
+	_, f := Draw(7, 3, []Kind{SlotFlip})
+	if f.Kind != SlotFlip {
+		t.Errorf("Draw with kinds [slot-flip] drew %s", f.Kind)
+	}
+}
+
+// TestRefusal: only an exit 2 with gorun's own line, neither hung nor
+// panicking, is a refusal (F1: a SIGQUIT's dump or a rank's panic exits
+// 2 too).
+func TestRefusal(t *testing.T) {
+	tests := []struct {
+		name   string
+		code   int
+		hung   string
+		stderr string
+		want   bool
+	}{
+		{"usage", 2, "", "gorun: --spares 3: only 2 hosts\nRun 'gorun --help' for usage.\n", true},
+		{"refusal after -v lines", 2, "", "gorun: listening on 10.0.0.1:4000\ngorun: --resume: no committed version in /d\n", true},
+		{"hung (SIGQUIT)", 2, "gorun ran past 3m0s", "gorun: x\nSIGQUIT: quit\nPC=0x0\n\ngoroutine 1 [running]:\n", false},
+		{"a rank's panic", 2, "", "gorun: rank 0 exited 2\n[0] panic: runtime error\n\ngoroutine 1 [running]:\n", false},
+		{"exit 1", 1, "", "gorun: rank 1 failed\n", false},
+		{"exit 2 without a word of gorun's", 2, "", "usage: mpisteps STEPS MS\n", false},
+	}
+	for _, tt := range tests {
+		if got := refusal(tt.code, tt.hung, tt.stderr); got != tt.want {
+			t.Errorf("%s: refusal = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestReportOf: the report is the exit record's reason; standard error's
+// last line is none (F5).
+func TestReportOf(t *testing.T) {
+	exit := func(code int, reason string) events.Record {
+		return events.Record{Event: events.Exit{Code: code, Reason: reason}}
+	}
+	if got := reportOf(nil); got != "" {
+		t.Errorf("reportOf(no records) = %q, want none", got)
+	}
+	if got := reportOf([]events.Record{exit(1, "rank 3 on h1: killed by SIGKILL")}); got != "rank 3 on h1: killed by SIGKILL" {
+		t.Errorf("reportOf = %q", got)
+	}
+	if got := reportOf([]events.Record{exit(0, "")}); got != "" {
+		t.Errorf("reportOf(exit 0) = %q, want none", got)
+	}
+}
+
+// TestWithinLost: during-recovery whose second kill never happened is
+// judged on the one host lost (F3): hosts 3, one spare, replicas:1
+// survive one loss, not two.
+func TestWithinLost(t *testing.T) {
+	c := Config{Workload: Dptrain, Hosts: 3, Spares: 1, RanksPerHost: 1, TP: 1, PP: 1, Redundancy: "replicas:1",
+		Recovery: "restart", Protect: "full", Params: "4096", Steps: 30, Seed: 1}
+	names := []string{"h0", "h1", "h2", "h3"}
+	p := Precheck(c, names)
+	if p.Err != nil {
+		t.Fatalf("Precheck: %v", p.Err)
+	}
+	f := Fault{Kind: DuringRecovery, Host: 0, Host2: 1, Rank: -1, After: 5}
+	if in, why := Within(f, []int{0}, p, c, false); !in {
+		t.Errorf("one host lost: beyond (%s), want within", why)
+	}
+	if in, _ := Within(f, f.Lost(), p, c, false); in {
+		t.Errorf("two hosts lost with one spare: within, want beyond")
+	}
+}

@@ -1,0 +1,363 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/gorun/gorun/internal/events"
+	"github.com/gorun/gorun/internal/testcluster"
+)
+
+// Suite runs chaos runs on one set of namespace hosts. Its fields are set
+// by the caller; runs are sequential (the machine has two cores).
+type Suite struct {
+	Hosts    *testcluster.Hosts
+	Bins     Binaries
+	Dir      string // work directory: one subdirectory per job
+	Registry string // XDG_RUNTIME_DIR of the jobs (internal/jobstatus's registry under it)
+	Log      *slog.Logger
+	Kinds    []Kind // the fault kinds drawn (nil: every kind)
+
+	refs map[string]reference // failure-free runs by Config.Key
+}
+
+// reference is a failure-free run's outcome.
+type reference struct {
+	code    int
+	hash    string
+	seconds float64
+	refused bool   // gorun refused the configuration (refusal)
+	hung    string // why the harness stopped it, "" when it did not
+	leaks   []string
+	cleaned []string
+	tail    string
+}
+
+// RunOne runs run index of seed: its configuration's reference (cached),
+// then the run with its fault; it returns the record (Judge it).
+func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
+	c, f := Draw(seed, index, s.Kinds)
+	r := Run{Index: index, Seed: seed, Config: c, Fault: f, FaultToDetect: -1, DetectToResume: -1}
+	if missing := s.Bins.missing(c.Workload); missing != "" {
+		r.Skipped = missing
+		return r
+	}
+	p := Precheck(c, s.Hosts.Names)
+	if p.Err != nil {
+		r.Predicted = p.Err.Error()
+	}
+	ref, err := s.reference(ctx, c)
+	if err != nil {
+		r.InjectErr = "the failure-free run: " + err.Error()
+		return r
+	}
+	r.RefCode, r.RefHash, r.ReferenceSeconds = ref.code, ref.hash, ref.seconds
+	for _, l := range ref.leaks {
+		r.Leaks = append(r.Leaks, "failure-free run: "+l)
+	}
+	r.Cleaned = append(r.Cleaned, ref.cleaned...)
+	if ref.hung != "" {
+		r.Hung = "the failure-free run: " + ref.hung
+	}
+	if ref.refused != (p.Err != nil) {
+		r.Mismatch = fmt.Sprintf("the precheck said %q, gorun exited %d (%s)", r.Predicted, ref.code, ref.tail)
+		s.Log.Warn("precheck and gorun disagree", "run", index, "config", c.Key(), "mismatch", r.Mismatch)
+	}
+	if ref.refused {
+		r.Refused = true
+		r.Reported = ref.tail
+		return r
+	}
+	if ref.code != 0 || ref.hung != "" || r.Mismatch != "" {
+		r.StderrTail = ref.tail
+		return r
+	}
+
+	dir, err := os.MkdirTemp(s.Dir, fmt.Sprintf("run%d-", index))
+	if err != nil {
+		r.InjectErr = err.Error()
+		return r
+	}
+	defer os.RemoveAll(dir)
+	j, err := startJob(ctx, c, s.Bins, s.Hosts, dir, s.Registry, false)
+	if err != nil {
+		r.InjectErr = err.Error()
+		return r
+	}
+	in := &injector{hosts: s.Hosts,
+		resume: func() (*Job, error) { return startJob(ctx, c, s.Bins, s.Hosts, dir, s.Registry, true) },
+		killed: func(k *Job) ([]string, []string) {
+			all := make([]int, len(k.Hosts))
+			for i := range all {
+				all[i] = i
+			}
+			return checkLeaks(k, s.leakCheck(all))
+		}}
+	done, err := in.inject(j, f)
+	r.At, r.Injected = done.at, done.note
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrJobEnded):
+		r.NotInjected = err.Error()
+	case errors.Is(err, ErrNotLanded):
+		r.NotLanded, r.Injected = true, r.Injected+"; "+err.Error()
+	default:
+		r.InjectErr = err.Error()
+		s.Log.Warn("injection failed", "run", index, "err", err)
+	}
+	if done.notLanded != "" {
+		r.NotLanded, r.Injected = true, r.Injected+"; not landed: "+done.notLanded
+	}
+	switch f.Kind {
+	case SlotFlip:
+		r.Flipped = strings.Contains(done.note, "still committed after: true")
+	case CkptFlip:
+		r.Flipped = strings.Contains(done.note, "flipped byte")
+	}
+	r.Within, r.Promise = Within(f, done.lost, p, c, done.durable)
+	j.Wait()
+	if done.linkDown >= 0 {
+		if err := s.Hosts.LinkUp(done.linkDown); err != nil {
+			r.Leaks = append(r.Leaks, "bringing the partitioned host's link up: "+err.Error())
+		}
+	}
+	for _, l := range done.killedLeaks {
+		r.Leaks = append(r.Leaks, "the killed job: "+l)
+	}
+	r.Cleaned = append(r.Cleaned, done.killedCleaned...)
+	if done.resumed != nil {
+		// The resumed job is the run's.
+		j = done.resumed
+		j.Wait()
+	}
+	s.outcome(&r, j)
+	if r.Code == 0 && r.NotInjected == "" && r.InjectErr == "" && !r.NotLanded && needsFailure(f.Kind) && !failureSeen(j, f, done.lost) {
+		r.NotLanded = true
+		r.Injected += "; not landed: no failure or fence record names the faulted rank or host"
+	}
+	leaks, cleaned := checkLeaks(j, s.leakCheck(done.crashed))
+	r.Leaks = append(r.Leaks, leaks...)
+	r.Cleaned = append(r.Cleaned, cleaned...)
+	return r
+}
+
+// leakCheck is checkLeaks's setting for a job whose hosts crashed were
+// SIGKILLed.
+func (s *Suite) leakCheck(crashed []int) leakCheck {
+	return leakCheck{hosts: s.Hosts, registry: s.Registry, gorun: s.Bins.Gorun, log: s.Log, crashed: crashed}
+}
+
+// needsFailure reports whether a fault of kind k, survived, must have
+// been seen by gorun as a failure (a failure or fence record).
+func needsFailure(k Kind) bool {
+	switch k {
+	case RankKill, RankStop, HostKill, AgentKill, Partition, TwoHosts, DuringRecovery, SlotFlip:
+		return true
+	}
+	return false
+}
+
+// failureSeen reports whether j's events file has a failure record of
+// f's rank (rank faults; any rank's hang for RankStop) or a failure or fence record of one of the lost
+// hosts (host faults).
+func failureSeen(j *Job, f Fault, lost []int) bool {
+	for _, rec := range j.records() {
+		switch e := rec.Event.(type) {
+		case events.Failure:
+			if f.Rank >= 0 && e.Rank == f.Rank {
+				return true
+			}
+			// A stopped rank stalls the others in its collective: gorun
+			// may name any of them as the one that hung (seen: rank 1 for
+			// a stop of rank 0).
+			if f.Kind == RankStop && e.What == events.FailHang {
+				return true
+			}
+			for _, h := range lost {
+				if e.Host == j.Hosts[h] {
+					return true
+				}
+			}
+		case events.Fence:
+			for _, h := range lost {
+				if e.Host == j.Hosts[h] {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// reference returns c's failure-free run, running it the first time.
+func (s *Suite) reference(ctx context.Context, c Config) (reference, error) {
+	if ref, ok := s.refs[c.Key()]; ok {
+		ref.leaks, ref.cleaned = nil, nil // reported with the run that ran it
+		return ref, nil
+	}
+	dir, err := os.MkdirTemp(s.Dir, "ref-")
+	if err != nil {
+		return reference{}, fmt.Errorf("chaos: the reference's directory: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	j, err := startJob(ctx, c, s.Bins, s.Hosts, dir, s.Registry, false)
+	if err != nil {
+		return reference{}, err
+	}
+	j.Wait()
+	var r Run
+	s.outcome(&r, j)
+	ref := reference{code: j.code, hash: r.Hash, seconds: j.elapsed.Seconds(), tail: r.StderrTail, hung: j.hung}
+	ref.refused = refusal(j.code, j.hung, r.Stderr)
+	ref.leaks, ref.cleaned = checkLeaks(j, s.leakCheck(nil))
+	if j.code != 0 && !ref.refused {
+		s.Log.Warn("failure-free run failed", "config", c.Key(), "code", j.code, "stderr", r.StderrTail)
+	}
+	if s.refs == nil {
+		s.refs = map[string]reference{}
+	}
+	s.refs[c.Key()] = ref
+	return ref, nil
+}
+
+// refusal reports whether a run that exited code, hung says why the
+// harness stopped it ("" if it did not), with stderr, is gorun refusing
+// its configuration: exit 2 (README: usage and configuration errors)
+// with a "gorun: " line, and neither a hang the harness ended (SIGQUIT:
+// a Go program exits 2) nor a panic (a rank's, whose status gorun
+// returns, or gorun's own).
+func refusal(code int, hung, stderr string) bool {
+	if code != 2 || hung != "" || strings.Contains(stderr, "\ngoroutine ") || strings.Contains(stderr, "panic: ") || strings.Contains(stderr, "SIGQUIT") {
+		return false
+	}
+	return strings.HasPrefix(stderr, "gorun: ") || strings.Contains(stderr, "\ngorun: ")
+}
+
+var (
+	dptrainHashRE = regexp.MustCompile(`(?m)^\[0\] (params|optimizer) sha256 ([0-9a-f]{64})$`)
+	pytrainHashRE = regexp.MustCompile(`(?m)^\[0\] final hash ([0-9a-f]{64})$`)
+	mpiHashRE     = regexp.MustCompile(`(?m)^\[0\] final hash ([0-9a-f]{16})$`)
+	stepRE        = regexp.MustCompile(`(?m)^\[0\] step (\d+)\b`)
+	// corruptRE is what gorun says of a slot that failed its CRC32C:
+	// ckpt.ErrCorrupt's text (the agent's "restoring from other hosts"
+	// line names it under -v), or rank.CorruptError's.
+	// For a base file on disk: durable.CorruptError's "durable: PATH:
+	// bytes [A, B): ...".
+	corruptRE = regexp.MustCompile(`ckpt: corrupt slot|corrupted in memory|durable: \S+: bytes \[`)
+)
+
+// outcome fills r with what job j ended with.
+func (s *Suite) outcome(r *Run, j *Job) {
+	out, errOut := j.stdout.String(), j.stderr.String()
+	r.Code, r.Seconds, r.Hung = j.code, j.elapsed.Seconds(), j.hung
+	if j.hung != "" {
+		r.Dump = errOut
+	}
+	switch j.Config.Workload {
+	case Pytrain:
+		if m := pytrainHashRE.FindAllStringSubmatch(out, -1); m != nil {
+			r.Hash = m[len(m)-1][1]
+		}
+	case MPICH:
+		if m := mpiHashRE.FindAllStringSubmatch(out, -1); m != nil {
+			r.Hash = m[len(m)-1][1]
+		}
+	default:
+		var p, o string
+		for _, m := range dptrainHashRE.FindAllStringSubmatch(out, -1) {
+			if m[1] == "params" {
+				p = m[2]
+			} else {
+				o = m[2]
+			}
+		}
+		if p != "" || o != "" {
+			r.Hash = "params " + p + " optimizer " + o
+		}
+	}
+	// Rank 0's step lines: every step of dptrain (--log-every 1) and
+	// of the MPICH program, every tenth and the last of pytrain's.
+	seen := map[int]bool{}
+	for _, m := range stepRE.FindAllStringSubmatch(out, -1) {
+		n, _ := strconv.Atoi(m[1])
+		seen[n] = true
+	}
+	if r.Hash != "" {
+		for i := range j.Config.Steps {
+			logged := j.Config.Workload != Pytrain || i%10 == 9 || i == j.Config.Steps-1
+			if logged && !seen[i] {
+				r.MissingSteps = append(r.MissingSteps, i)
+			}
+		}
+	}
+	// In order: a job no fault restarted prints each step once, rising.
+	prev := -1
+	for _, m := range stepRE.FindAllStringSubmatch(out, -1) {
+		n, _ := strconv.Atoi(m[1])
+		if n <= prev && r.Reordered == "" {
+			r.Reordered = fmt.Sprintf("rank 0's line of step %d after that of step %d", n, prev)
+		}
+		prev = n
+	}
+	r.StderrTail, r.Stderr = tail(errOut, 12), errOut
+	recs := j.records()
+	evText, _ := os.ReadFile(j.Events)
+	r.Detected = corruptRE.MatchString(errOut) || corruptRE.Match(evText)
+	r.Reported = reportOf(recs)
+	var timelines []events.Timeline
+	for _, rec := range recs {
+		if e, ok := rec.Event.(events.Timeline); ok {
+			timelines = append(timelines, e)
+		}
+	}
+	if len(timelines) > 0 && r.At > 0 {
+		first, last := timelines[0], timelines[len(timelines)-1]
+		if first.Detected != nil {
+			r.FaultToDetect = max(0, *first.Detected-r.At)
+			if last.Resumed != nil {
+				r.DetectToResume = *last.Resumed - *first.Detected
+			}
+		}
+	}
+}
+
+// reportOf is the report of a job that failed: its events file's exit
+// record's reason, "" without one (standard error's last line is no
+// report: under -v it always has one, a panic's trace too).
+func reportOf(recs []events.Record) string {
+	for _, rec := range recs {
+		if e, ok := rec.Event.(events.Exit); ok && e.Code != 0 {
+			return e.Reason
+		}
+	}
+	return ""
+}
+
+// tail returns the last n non-empty lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	var out []string
+	for i := len(lines) - 1; i >= 0 && len(out) < n; i-- {
+		if strings.TrimSpace(lines[i]) != "" {
+			out = append([]string{lines[i]}, out...)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// ReplayLine is the command line that replays run index of seed alone
+// (kinds: the fault kinds drawn, "" for all).
+func ReplayLine(seed uint64, index int, kinds string) string {
+	mk, env := "", ""
+	if kinds != "" {
+		mk, env = " KINDS="+kinds, " GORUN_CHAOS_KINDS="+kinds
+	}
+	return fmt.Sprintf("make chaos SEED=%d ONLY=%d%s   (or: GORUN_CHAOS_SEED=%d GORUN_CHAOS_ONLY=%d%s GORUN_TESTCLUSTER_REQUIRE=1 go test ./internal/chaos -run 'TestChaos$' -count=1 -v -timeout 20m)",
+		seed, index, mk, seed, index, env)
+}

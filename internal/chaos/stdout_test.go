@@ -1,0 +1,48 @@
+package chaos
+
+import (
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestPipeOutStall: a stall fills the shrunk pipe so that the writer
+// blocks (the pipe is full at the release), and the text read afterwards
+// is exactly what the writer wrote, the filler cut out, wherever it fell.
+func TestPipeOutStall(t *testing.T) {
+	o, err := newPipeOut()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.size != pipeSize {
+		t.Fatalf("pipe size %d, want %d", o.size, pipeSize)
+	}
+	const n = 3000
+	cmd := exec.Command("sh", "-c", fmt.Sprintf("i=0; while [ $i -lt %d ]; do echo \"[0] step $i\"; i=$((i+1)); done", n))
+	cmd.Stdout = o.w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	o.started()
+	release, err := o.stall()
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := release()
+	if err != nil || !full {
+		t.Errorf("release = %v, %v; want the pipe full", full, err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	o.finish(10 * time.Second)
+	var want strings.Builder
+	for i := range n {
+		fmt.Fprintf(&want, "[0] step %d\n", i)
+	}
+	if got := o.String(); got != want.String() {
+		t.Errorf("read %d bytes, want the writer's %d (filler left: %v)", len(got), want.Len(), strings.Contains(got, "filler"))
+	}
+}
