@@ -117,19 +117,12 @@ type knownDefect struct {
 
 // KnownDefects are the defects found by the suite and not fixed yet.
 var KnownDefects = []knownDefect{
-	// TODO(issue 21): --redundancy ec:K+M --protect-mode diff: a rank
-	// whose own slots fail their CRC32C cannot be restored: its service
-	// says "no coded base at or before step G (H is -1)" while the
-	// launcher's table says H = 0 ("a decode restores it and replays to
-	// G"), and the job stops "again with no progress". Replay: make chaos
-	// SEED=2026 ONLY=32.
-	{Name: "ec-diff-restore-H", Kind: SlotFlip, Signature: "(H is -1)"},
-	// TODO(issue 21): an MPICH job that loses every host it started on,
-	// the second while the first one's recovery runs, ends with "called
-	// MPI_Abort": the restarted ranks' MPI_Init fails with
-	// "MPIDU_Init_shm_init ...: unable to allocate shared memory" on the
-	// spares. Replay: make chaos SEED=2026 ONLY=98.
-	{Name: "mpich-reinit-shm", Kind: DuringRecovery, Workload: MPICH, Signature: "unable to allocate shared memory"},
+	// None open. The suite found two, both fixed with tests in the
+	// product: ec:K+M diff mode not restoring a rank with corrupt slots
+	// after a restart in place (rank/placement.go, the placement keeps
+	// the newest table's H; make chaos SEED=2026 ONLY=32), and MPICH
+	// ranks restarted on spares failing MPI_Init (internal/agent/pmi.go,
+	// PMI_process_mapping numbers nodes densely; SEED=2026 ONLY=98).
 }
 
 // knownDefectOf returns the known defect r shows, "" for none.
