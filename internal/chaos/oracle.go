@@ -22,6 +22,10 @@ type Run struct {
 	// Mismatch: the precheck and gorun disagree on refusing it (a
 	// failure: either the precheck or gorun's checks are wrong).
 	Mismatch string `json:"precheck_mismatch,omitempty"`
+	// NotRun says why the faulty job never ran (the failure-free run
+	// failed, hung or disagreed with the precheck; the job could not be
+	// started): nothing was injected, the run tested no fault.
+	NotRun string `json:"not_run,omitempty"`
 
 	// RefCode and RefHash are the failure-free run's exit code and hash.
 	RefCode int    `json:"ref_code"`
@@ -65,6 +69,10 @@ type Run struct {
 	// its CRC (Flipped: a committed slot was flipped after its commit).
 	Flipped  bool `json:"flipped,omitempty"`
 	Detected bool `json:"detected,omitempty"`
+	// Forwarded: with LauncherUsr1, a rank-exit failure record names
+	// SIGUSR1 (the workloads do not catch it: a rank it reached dies of
+	// it, and gorun records the first such exit).
+	Forwarded bool `json:"forwarded,omitempty"`
 	// MissingSteps: rank 0's step lines not in gorun's output, for every
 	// workload (pytrain prints every tenth); Reordered: a step line came
 	// before one of an earlier step (StdoutStall only: no restart).
@@ -153,6 +161,7 @@ var Rules = []Rule{
 	{"within-equal-hash", `README, Try it: "Both print the hash of their final state, which must be the same"; DESIGN §9: "nothing the job committed is ever lost to a failure the configuration promises to survive"`},
 	{"never-wrong-hash", `issue 21: "beyond it → a clear report and a non-zero exit, never a wrong hash"`},
 	{"beyond-reported", `README, Exit code: "Otherwise it is the status of the first rank that failed ..., with a one-line report naming the rank, its host and the cause"`},
+	{"usr1-forwarded", `README, Signals: "SIGUSR1 and SIGUSR2 (Slurm's preemption notices) are forwarded to every rank, and the job goes on" (a rank it reached dies of it: some rank's exit must name SIGUSR1)`},
 	{"sigterm-exit", `README, Signals: "SIGINT, SIGTERM and SIGHUP stop every rank with the same signal, and gorun exits 128+N"`},
 	{"no-leaks", `README: "gorun ... leaves no process and no temporary file behind"; "When the job ends, the agents remove the slot files"`},
 	{"launcher-exits", `DESIGN §1: "If the launcher's control connection to an agent is lost, the agent kills its ranks and exits: no orphans, ever" (and the launcher owns the job's exit code: it must exit)`},
@@ -201,6 +210,14 @@ func Judge(r Run) Verdict {
 	if r.InjectErr != "" {
 		fail("fault-injected", "%s", r.InjectErr)
 	}
+	if r.Mismatch != "" || r.NotRun != "" {
+		// The faulty job never ran: there is nothing more to judge (its
+		// failure is the mismatch's, or the injection's).
+		if len(v.Failures) == 0 {
+			fail("fault-injected", "the faulty job never ran: %s", r.NotRun)
+		}
+		return done(Failed)
+	}
 	if !r.Within && r.Hash != "" && r.Hash != r.RefHash {
 		fail("never-wrong-hash", "hash %s, the failure-free run's %s (exit %d)", short(r.Hash), short(r.RefHash), r.Code)
 	}
@@ -224,6 +241,13 @@ func Judge(r Run) Verdict {
 	}
 	if r.Fault.Kind == CkptFlip && r.Flipped && r.Code != 0 && !namesCorruptRank(r.Stderr, r.Fault.Rank) {
 		fail("corrupt-base-named", "exit %d, and no line of gorun's names rank %d with the corruption; it reported %q", r.Code, r.Fault.Rank, r.Reported)
+	}
+	if r.Fault.Kind == CkptFlip && r.Flipped && r.Detected && r.Code == 0 {
+		// Seen and gone on: the job must stop, naming the rank.
+		fail("corrupt-base-named", "rank %d's base was flipped and the corruption detected, yet the job went on and exited 0", r.Fault.Rank)
+	}
+	if r.Fault.Kind == LauncherUsr1 && !r.Forwarded {
+		fail("usr1-forwarded", "no rank's exit names SIGUSR1 (exit %d): gorun did not forward it, or the ranks did not get it", r.Code)
 	}
 	if r.Fault.Kind == StdoutStall && len(r.MissingSteps) > 0 {
 		fail("no-output-lost", "rank 0's lines of steps %v are missing", r.MissingSteps)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -55,6 +56,7 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 	ref, err := s.reference(ctx, c)
 	if err != nil {
 		r.InjectErr = "the failure-free run: " + err.Error()
+		r.NotRun = r.InjectErr
 		return r
 	}
 	r.RefCode, r.RefHash, r.ReferenceSeconds = ref.code, ref.hash, ref.seconds
@@ -76,18 +78,19 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 	}
 	if ref.code != 0 || ref.hung != "" || r.Mismatch != "" {
 		r.StderrTail = ref.tail
+		r.NotRun = "the failure-free run failed, hung or disagreed with the precheck"
 		return r
 	}
 
 	dir, err := os.MkdirTemp(s.Dir, fmt.Sprintf("run%d-", index))
 	if err != nil {
-		r.InjectErr = err.Error()
+		r.InjectErr, r.NotRun = err.Error(), "its directory: "+err.Error()
 		return r
 	}
 	defer os.RemoveAll(dir)
 	j, err := startJob(ctx, c, s.Bins, s.Hosts, dir, s.Registry, false)
 	if err != nil {
-		r.InjectErr = err.Error()
+		r.InjectErr, r.NotRun = err.Error(), "starting it: "+err.Error()
 		return r
 	}
 	in := &injector{hosts: s.Hosts,
@@ -137,7 +140,11 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 		j.Wait()
 	}
 	s.outcome(&r, j)
-	if r.Code == 0 && r.NotInjected == "" && r.InjectErr == "" && !r.NotLanded && needsFailure(f.Kind) && !failureSeen(j, f, done.lost) {
+	recs := j.records()
+	if f.Kind == LauncherUsr1 {
+		r.Forwarded = signalSeen(recs, "SIGUSR1")
+	}
+	if r.Code == 0 && r.NotInjected == "" && r.InjectErr == "" && !r.NotLanded && needsFailure(f.Kind) && !failureSeen(recs, j.Hosts, f, done.lost, r.At) {
 		r.NotLanded = true
 		r.Injected += "; not landed: no failure or fence record names the faulted rank or host"
 	}
@@ -163,33 +170,44 @@ func needsFailure(k Kind) bool {
 	return false
 }
 
-// failureSeen reports whether j's events file has a failure record of
-// f's rank (rank faults; any rank's hang for RankStop) or a failure or fence record of one of the lost
-// hosts (host faults).
-func failureSeen(j *Job, f Fault, lost []int) bool {
-	for _, rec := range j.records() {
+// failureSeen reports whether recs (an events file's records, of a job
+// on hosts) show gorun seeing fault f, injected at seconds at, which lost
+// the hosts lost: a failure record of f's rank (rank faults; for
+// RankStop, any rank's hang recorded after at: a stopped rank stalls the
+// others in its collective at the same step, and gorun may name one of
+// them), and a failure or fence record of every lost host (host faults).
+func failureSeen(recs []events.Record, hosts []string, f Fault, lost []int, at float64) bool {
+	seen := make([]bool, len(lost))
+	rank := f.Rank < 0
+	for _, rec := range recs {
+		host := ""
 		switch e := rec.Event.(type) {
 		case events.Failure:
 			if f.Rank >= 0 && e.Rank == f.Rank {
-				return true
+				rank = true
 			}
-			// A stopped rank stalls the others in its collective: gorun
-			// may name any of them as the one that hung (seen: rank 1 for
-			// a stop of rank 0).
-			if f.Kind == RankStop && e.What == events.FailHang {
-				return true
+			if f.Kind == RankStop && e.What == events.FailHang && rec.T >= at {
+				rank = true
 			}
-			for _, h := range lost {
-				if e.Host == j.Hosts[h] {
-					return true
-				}
-			}
+			host = e.Host
 		case events.Fence:
-			for _, h := range lost {
-				if e.Host == j.Hosts[h] {
-					return true
-				}
+			host = e.Host
+		}
+		for i, h := range lost {
+			if host != "" && host == hosts[h] {
+				seen[i] = true
 			}
+		}
+	}
+	return rank && !slices.Contains(seen, false)
+}
+
+// signalSeen reports whether recs have a rank-exit failure record of a
+// rank killed by sig ("SIGUSR1").
+func signalSeen(recs []events.Record, sig string) bool {
+	for _, rec := range recs {
+		if e, ok := rec.Event.(events.Failure); ok && e.What == events.FailRankExit && e.Signal == sig {
+			return true
 		}
 	}
 	return false
