@@ -221,6 +221,14 @@ func Judge(r Run) Verdict {
 	if !r.Within && r.Hash != "" && r.Hash != r.RefHash {
 		fail("never-wrong-hash", "hash %s, the failure-free run's %s (exit %d)", short(r.Hash), short(r.RefHash), r.Code)
 	}
+	// A stall's output is checked landed or not: lines lost or
+	// reordered are a failure either way.
+	if r.Fault.Kind == StdoutStall && len(r.MissingSteps) > 0 {
+		fail("no-output-lost", "rank 0's lines of steps %v are missing", r.MissingSteps)
+	}
+	if r.Fault.Kind == StdoutStall && r.Reordered != "" {
+		fail("no-output-lost", "%s", r.Reordered)
+	}
 	if r.NotInjected != "" || r.NotLanded || r.InjectErr != "" {
 		// No fault hit the job: it is a failure-free run.
 		if r.Code != 0 {
@@ -248,12 +256,6 @@ func Judge(r Run) Verdict {
 	}
 	if r.Fault.Kind == LauncherUsr1 && !r.Forwarded {
 		fail("usr1-forwarded", "no rank's exit names SIGUSR1 (exit %d): gorun did not forward it, or the ranks did not get it", r.Code)
-	}
-	if r.Fault.Kind == StdoutStall && len(r.MissingSteps) > 0 {
-		fail("no-output-lost", "rank 0's lines of steps %v are missing", r.MissingSteps)
-	}
-	if r.Fault.Kind == StdoutStall && r.Reordered != "" {
-		fail("no-output-lost", "%s", r.Reordered)
 	}
 	class := ""
 	switch {

@@ -76,6 +76,10 @@ func TestJudge(t *testing.T) {
 			r.Stderr = "(H is -1)\n"
 		}), Failed, []string{"no-leaks", "within-exit-0"}},
 		{"stdout stall, lines lost", with(base(StdoutStall, true), func(r *Run) { r.Hash, r.MissingSteps = ref, []int{7, 8} }), Failed, []string{"no-output-lost"}},
+		// Round 2, #7: a stall judged not landed is still checked.
+		{"stdout stall not landed, lines lost and reordered", with(base(StdoutStall, true), func(r *Run) {
+			r.Hash, r.NotLanded, r.MissingSteps, r.Reordered = ref, true, []int{7}, "rank 0's line of step 6 after that of step 8"
+		}), Failed, []string{"no-output-lost", "no-output-lost"}},
 		{"stdout stall, all lines", with(base(StdoutStall, true), func(r *Run) { r.Hash = ref }), Survived, nil},
 		{"refused", with(base(HostKill, false), func(r *Run) { r.Refused, r.RefCode, r.RefHash = true, 2, "" }), Refused, nil},
 		{"reference failed", with(base(RankKill, true), func(r *Run) { r.RefCode, r.RefHash = 1, "" }), Failed, []string{"reference-runs"}},

@@ -198,3 +198,25 @@ func (o *pipeOut) String() string {
 	defer o.mu.Unlock()
 	return strings.ReplaceAll(o.buf.String(), filler, "")
 }
+
+// writeBlocked reports whether a thread of process pid is in a write(2)
+// to its descriptor fd (/proc/PID/task/*/syscall: the system call's
+// number and first argument), as gorun's is when its standard output
+// pipe is full and unread. Threads that end meanwhile are skipped.
+func writeBlocked(pid, fd int) (bool, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return false, fmt.Errorf("chaos: the threads of pid %d: %w", pid, err)
+	}
+	want := fmt.Sprintf("%d 0x%x ", unix.SYS_WRITE, fd)
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/syscall", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		if strings.HasPrefix(string(b), want) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
