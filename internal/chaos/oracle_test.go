@@ -322,3 +322,31 @@ func TestSummarizeNotRun(t *testing.T) {
 			got.Injected, got.NotRun, got.InjectFailed, got.NotLanded, got.Beyond)
 	}
 }
+
+// TestOrphaned: slot files are gorun clean's to remove when every host
+// with ranks was SIGKILLed and no live spare took ranks (round-2 review
+// #5: a spare that took them claims the job, and its release must remove
+// them); everything is when every agent was.
+func TestOrphaned(t *testing.T) {
+	hosts := []string{"h0", "h1", "s0"}
+	splice := func(with string) events.Record {
+		return events.Record{T: 3, Event: events.Splice{Epoch: 1, Lost: "h0", With: with, Ranks: []int{0}, Spare: true}}
+	}
+	tests := []struct {
+		name              string
+		crashed           []int
+		recs              []events.Record
+		everyAgent, slots bool
+	}{
+		{"one work host", []int{0}, nil, false, false},
+		{"every work host, no splice", []int{0, 1}, nil, false, true},
+		{"every work host, a spare took ranks", []int{0, 1}, []events.Record{splice("s0")}, false, false},
+		{"every host, the spare killed after it took ranks", []int{0, 1, 2}, []events.Record{splice("s0")}, true, true},
+	}
+	for _, tt := range tests {
+		every, slots := orphaned(hosts, 2, tt.crashed, tt.recs)
+		if every != tt.everyAgent || slots != tt.slots {
+			t.Errorf("%s: orphaned = %v, %v; want %v, %v", tt.name, every, slots, tt.everyAgent, tt.slots)
+		}
+	}
+}
