@@ -211,7 +211,9 @@ func TestRefusal(t *testing.T) {
 		want   bool
 	}{
 		{"usage", 2, "", "gorun: --spares 3: only 2 hosts\nRun 'gorun --help' for usage.\n", true},
-		{"refusal after -v lines", 2, "", "gorun: listening on 10.0.0.1:4000\ngorun: --resume: no committed version in /d\n", true},
+		{"refusal after -v lines", 2, "", "gorun: listening on 10.0.0.1:4000\ngorun: --resume: no committed version in /d\nRun 'gorun --help' for usage.\n", true},
+		// Round 2, #8: a rank's exit status 2 is gorun's status, no refusal.
+		{"a rank exited 2", 2, "", "gorun: rank 0 on h0 exited with status 2\n", false},
 		{"hung (SIGQUIT)", 2, "gorun ran past 3m0s", "gorun: x\nSIGQUIT: quit\nPC=0x0\n\ngoroutine 1 [running]:\n", false},
 		{"a rank's panic", 2, "", "gorun: rank 0 exited 2\n[0] panic: runtime error\n\ngoroutine 1 [running]:\n", false},
 		{"exit 1", 1, "", "gorun: rank 1 failed\n", false},
@@ -220,6 +222,23 @@ func TestRefusal(t *testing.T) {
 	for _, tt := range tests {
 		if got := refusal(tt.code, tt.hung, tt.stderr); got != tt.want {
 			t.Errorf("%s: refusal = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	// The precheck's reason and gorun's (seen: SEED=2026's runs).
+	reasons := []struct {
+		predicted, stderr string
+		want              bool
+	}{
+		{"topology: replica placement: data-parallel group 0 (ranks 0,1) spans 1 host; 1 replicas on other hosts need 2",
+			"gorun: --replicas 1: topology: replica placement: data-parallel group 0 (ranks 0,1) spans 1 host; 1 replicas on other hosts need 2\nRun 'gorun --help' for usage.", true},
+		{`topology: erasure-coding groups: group 0 has 8 ranks on hosts "h0" (2), "h1" (2): not a multiple of K`,
+			`gorun: --redundancy ec:3+1: group 0 has 8 ranks on hosts "h0" (2), "h1" (2): not a multiple of K` + "\nRun 'gorun --help' for usage.", true},
+		{"topology: replica placement: data-parallel group 0 (ranks 0,1) spans 1 host; 1 replicas on other hosts need 2",
+			"gorun: --spares 2: the 2 spare hosts leave 2 slots for -np 4 ranks\nRun 'gorun --help' for usage.", false},
+	}
+	for _, tt := range reasons {
+		if got := sameReason(tt.predicted, tt.stderr); got != tt.want {
+			t.Errorf("sameReason(%q, %q) = %v, want %v", tt.predicted, tt.stderr, got, tt.want)
 		}
 	}
 }

@@ -69,6 +69,10 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 	}
 	if ref.refused != (p.Err != nil) {
 		r.Mismatch = fmt.Sprintf("the precheck said %q, gorun exited %d (%s)", r.Predicted, ref.code, ref.tail)
+	} else if ref.refused && !sameReason(r.Predicted, ref.tail) {
+		r.Mismatch = fmt.Sprintf("the precheck and gorun refuse for different reasons: the precheck said %q, gorun %q", r.Predicted, ref.tail)
+	}
+	if r.Mismatch != "" {
 		s.Log.Warn("precheck and gorun disagree", "run", index, "config", c.Key(), "mismatch", r.Mismatch)
 	}
 	if ref.refused {
@@ -247,14 +251,31 @@ func (s *Suite) reference(ctx context.Context, c Config) (reference, error) {
 // refusal reports whether a run that exited code, hung says why the
 // harness stopped it ("" if it did not), with stderr, is gorun refusing
 // its configuration: exit 2 (README: usage and configuration errors)
-// with a "gorun: " line, and neither a hang the harness ended (SIGQUIT:
-// a Go program exits 2) nor a panic (a rank's, whose status gorun
-// returns, or gorun's own).
+// with gorun's usage error ("gorun: REASON" then "Run 'gorun --help'
+// for usage.", cmd/gorun's reportError: a rank that exited 2 gives gorun
+// status 2 too, without it), and neither a hang the harness ended
+// (SIGQUIT: a Go program exits 2) nor a panic (a rank's, whose status
+// gorun returns, or gorun's own).
 func refusal(code int, hung, stderr string) bool {
 	if code != 2 || hung != "" || strings.Contains(stderr, "\ngoroutine ") || strings.Contains(stderr, "panic: ") || strings.Contains(stderr, "SIGQUIT") {
 		return false
 	}
-	return strings.HasPrefix(stderr, "gorun: ") || strings.Contains(stderr, "\ngorun: ")
+	return usageRE.MatchString(stderr)
+}
+
+// usageRE is cmd/gorun's usage error: its reason, then where help is.
+var usageRE = regexp.MustCompile(`(?m)^gorun: .+\nRun 'gorun --help' for usage\.$`)
+
+// sameReason reports whether gorun's refusal (stderr) gives the reason
+// the precheck's error (predicted) gives: the error's last part (after
+// its last ": "; gorun prefixes its own flag, the libraries' prefixes
+// differ) is in it.
+func sameReason(predicted, stderr string) bool {
+	last := predicted
+	if i := strings.LastIndex(predicted, ": "); i >= 0 {
+		last = predicted[i+2:]
+	}
+	return strings.Contains(stderr, last)
 }
 
 var (
