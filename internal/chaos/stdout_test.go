@@ -20,7 +20,9 @@ func TestPipeOutStall(t *testing.T) {
 		t.Fatalf("pipe size %d, want %d", o.size, pipeSize)
 	}
 	const n = 3000
-	cmd := exec.Command("sh", "-c", fmt.Sprintf("i=0; while [ $i -lt %d ]; do echo \"[0] step $i\"; i=$((i+1)); done", n))
+	// The writer writes through a duplicate of descriptor 1, as gorun
+	// does.
+	cmd := exec.Command("sh", "-c", fmt.Sprintf("exec 7>&1; i=0; while [ $i -lt %d ]; do echo \"[0] step $i\" >&7; i=$((i+1)); done", n))
 	cmd.Stdout = o.w
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
