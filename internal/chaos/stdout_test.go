@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -20,9 +21,7 @@ func TestPipeOutStall(t *testing.T) {
 		t.Fatalf("pipe size %d, want %d", o.size, pipeSize)
 	}
 	const n = 3000
-	// The writer writes through a duplicate of descriptor 1, as gorun
-	// does.
-	cmd := exec.Command("sh", "-c", fmt.Sprintf("exec 7>&1; i=0; while [ $i -lt %d ]; do echo \"[0] step $i\" >&7; i=$((i+1)); done", n))
+	cmd := exec.Command("sh", "-c", fmt.Sprintf("i=0; while [ $i -lt %d ]; do echo \"[0] step $i\"; i=$((i+1)); done", n))
 	cmd.Stdout = o.w
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -79,5 +78,37 @@ func TestWriteBlocked(t *testing.T) {
 	}
 	if _, err := writeBlocked(-1, 1); err == nil {
 		t.Errorf("writeBlocked(no such process): no error")
+	}
+	// A writer blocked on a duplicate of its descriptor 1, as gorun's
+	// (cmd/gorun's undying) is.
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3: the duplicate descriptor's case is not run")
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	dup := exec.Command(py, "-c", "import os\nfd = os.dup(1)\nwhile True:\n    os.write(fd, b'x' * 4096)\n")
+	dup.Stdout = w
+	if err := dup.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	defer dup.Wait()
+	defer dup.Process.Kill()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		blocked, err := writeBlocked(dup.Process.Pid, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if blocked {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a writer blocked on a duplicate of descriptor 1 is not seen blocked after 30s")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
