@@ -33,9 +33,9 @@ const (
 // slot files (the spares never claimed them; an ending agent sweeps its
 // own job's job and Open MPI directories, not slot files) unless a
 // spare took ranks (its agent then claims them). There the
-// built gorun clean is run: it must remove exactly those leftovers of
-// the job (what it removes of other, ended jobs is logged), and the run
-// has no leak only if nothing of the job is left afterwards.
+// built gorun clean is run: what it removes of the job must be among
+// those leftovers (what it removes of other, ended jobs is logged), and
+// the run has no leak only if nothing of the job is left afterwards.
 
 // leakCheck is what checkLeaks needs besides the job.
 type leakCheck struct {

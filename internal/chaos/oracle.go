@@ -14,7 +14,7 @@ type Run struct {
 	Fault  Fault  `json:"fault"`
 
 	// Refused: gorun refused the configuration (the reference run exited
-	// 2 with a "gorun: " line on its standard error, neither hung nor
+	// 2 with gorun's usage error on its standard error, neither hung nor
 	// panicking); nothing was injected. Predicted: the precheck said it
 	// would.
 	Refused   bool   `json:"refused,omitempty"`
@@ -49,8 +49,9 @@ type Run struct {
 	// nothing it meant to, and fails (rule fault-injected).
 	InjectErr string `json:"inject_error,omitempty"`
 	// NotLanded: the fault was injected but gorun saw no failure of the
-	// faulted rank or host (no failure or fence record naming it): the
-	// process was gone already, the partition healed unnoticed. Such a
+	// faulted rank or of every lost host (no failure or fence record
+	// naming it), or a stall never blocked gorun's write: the process was
+	// gone already, the partition healed unnoticed. Such a
 	// run must still end like a failure-free one, but it does not count
 	// as surviving the fault.
 	NotLanded bool    `json:"not_landed,omitempty"`
@@ -82,9 +83,10 @@ type Run struct {
 	Leaks []string `json:"leaks,omitempty"`
 	// Cleaned: what gorun clean removed of the job where every agent of
 	// it was SIGKILLed (nobody of the job was left to sweep), or every
-	// host with ranks was (nobody claims the slot files). Such leftovers
-	// are gorun clean's to remove (README, Leftovers), and they count as
-	// no leak only when gorun clean removed exactly them.
+	// host with ranks was and no spare took their ranks (nobody claims the
+	// slot files). Such leftovers are gorun clean's to remove (README,
+	// Leftovers): what it removes of the job must be among them, and they
+	// count as no leak only when nothing of the job is left afterwards.
 	Cleaned []string `json:"cleaned,omitempty"`
 
 	// Recovery times in seconds, -1 when there was none: from the fault
