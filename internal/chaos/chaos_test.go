@@ -30,12 +30,17 @@ const (
 // shortRuns is the short mode's number of runs (CI).
 const shortRuns = 3
 
-// runBudget is what one run may take at worst: its reference, the
-// faulty job and a resumed one (jobLimit each), and the leak checks'
-// waits. No run is started with less than this left before the test's
-// deadline (go test -timeout), so that the summary and the replay lines
-// are printed instead of a timeout's panic.
-const runBudget = 3*jobLimit + 2*time.Minute
+// Against go test's -timeout (its panic loses the summary and the replay
+// lines): the jobs' context ends stopMargin before the test's deadline
+// (a job then running is sent SIGQUIT and fails launcher-exits; the run
+// ends within its leak checks' waits), and no run is started with less
+// than runBudget left before that (a run's reference, faulty job and
+// resumed one may take jobLimit each: a run started later would most
+// likely be cut).
+const (
+	stopMargin = 2 * time.Minute
+	runBudget  = jobLimit
+)
 
 // buildBinaries builds gorun and dptrain into dir, and finds python3 and
 // examples/pytrain.
@@ -154,10 +159,9 @@ func TestChaos(t *testing.T) {
 	ctx := t.Context()
 	deadline, hasDeadline := t.Deadline()
 	if hasDeadline {
-		// Jobs still running a minute before the timeout are stopped
-		// (SIGQUIT: their dump), so that the summary is printed.
+		deadline = deadline.Add(-stopMargin)
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-time.Minute))
+		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
 
@@ -172,7 +176,7 @@ func TestChaos(t *testing.T) {
 	var verdicts []Verdict
 	for n, i := range only {
 		if left := time.Until(deadline); hasDeadline && left < runBudget {
-			t.Logf("chaos: %v left before the test's deadline, less than a run may take (%v): runs %v not run", left.Round(time.Second), runBudget, only[n:])
+			t.Logf("chaos: %v left before the jobs' deadline (%v before the test's), less than a run may take (%v): runs %v not run", left.Round(time.Second), stopMargin, runBudget, only[n:])
 			fmt.Fprintf(os.Stderr, "chaos: runs %v not run: too near the test's deadline\n", only[n:])
 			break
 		}
