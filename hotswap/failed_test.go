@@ -111,3 +111,52 @@ func TestOpenTimeline(t *testing.T) {
 		t.Fatalf("open timeline %+v after the resume", tl)
 	}
 }
+
+// TestHangNamesRankBehind: of the ranks without progress for the hang
+// timeout, the one that reported the lowest step is named hung, not the
+// one whose last report arrived first (a stopped rank's peers block in
+// its collective, and their reports race its own); on a tie, the one
+// whose progress is oldest.
+func TestHangNamesRankBehind(t *testing.T) {
+	s := time.Second
+	cases := []struct {
+		name   string
+		events []Event
+		at     []time.Duration
+		want   int
+	}{
+		{"lowest step, reported last", []Event{Progress{Rank: 1, Step: 6}, Progress{Rank: 0, Step: 5}}, []time.Duration{s, 2 * s}, 0},
+		{"lowest step, reported first", []Event{Progress{Rank: 0, Step: 5}, Progress{Rank: 1, Step: 6}}, []time.Duration{s, 2 * s}, 0},
+		{"tie: oldest progress", []Event{Progress{Rank: 1, Step: 5}, Progress{Rank: 0, Step: 5}}, []time.Duration{s, 2 * s}, 1},
+		// Steps reported before a restart do not count: rank 0 was ahead
+		// then, and is behind now.
+		{"after a restart", []Event{Progress{Rank: 0, Step: 10}, Progress{Rank: 1, Step: 8}, Tick{},
+			RecoveryReport{Epoch: 1, Stage: StageResumed}, Progress{Rank: 1, Step: 6}, Progress{Rank: 0, Step: 5}},
+			[]time.Duration{s, s, 12 * s, 13 * s, 14 * s, 15 * s}, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m, err := New(Config{World: 2, MaxRestarts: 1, HangTimeout: 10 * s, HeartbeatTimeout: time.Hour,
+				Hosts:  []topology.Host{{Name: "a", Slots: 1}, {Name: "b", Slots: 1}},
+				Assign: []int{0, 1}, Holders: [][]int{{1}, {0}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for h := range 2 {
+				m.Step(0, AgentRegistered{Host: h})
+			}
+			for i, e := range c.events {
+				m.Step(c.at[i], e)
+			}
+			var got []Failed
+			for _, a := range m.Step(30*s, Tick{}) {
+				if f, ok := a.(Failed); ok {
+					got = append(got, f)
+				}
+			}
+			if len(got) != 1 || got[0].Rank != c.want || got[0].Class != ClassHang {
+				t.Fatalf("Failed actions %+v, want one hang of rank %d", got, c.want)
+			}
+		})
+	}
+}

@@ -61,6 +61,10 @@ type Machine struct {
 	retained []bool
 	localOK  []bool  // the rank's own slot holds its state
 	lastStep []int64 // last committed step reported; -1: none
+	// genStep is the step a rank last reported in the current
+	// generation, -1: none (hang detection names the rank furthest
+	// behind: lastStep keeps the highest ever, from before a restart).
+	genStep  []int64
 	lastProg []time.Duration
 	ended    []bool // in the current generation
 	nEnded   int
@@ -152,6 +156,7 @@ func New(c Config) (*Machine, error) {
 		hostRanks:  make([][]int, nh),
 		localOK:    make([]bool, n),
 		lastStep:   make([]int64, n),
+		genStep:    make([]int64, n),
 		lastProg:   make([]time.Duration, n),
 		ended:      make([]bool, n),
 		alive:      make([]bool, nh),
@@ -179,6 +184,7 @@ func New(c Config) (*Machine, error) {
 		m.hostRanks[h] = append(m.hostRanks[h], r)
 		m.localOK[r] = true
 		m.lastStep[r] = -1
+		m.genStep[r] = -1
 		m.lastProg[r] = -1
 	}
 	if c.EC != nil {
@@ -288,6 +294,7 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 			}
 			m.protecting = true
 			m.lastProg[e.Rank] = m.now
+			m.genStep[e.Rank] = e.Step
 			if e.Step > m.lastStep[e.Rank] {
 				m.lastStep[e.Rank] = e.Step
 				m.progressed = true
@@ -567,6 +574,9 @@ func (m *Machine) from() string {
 func (m *Machine) resetEnded() {
 	clear(m.ended)
 	m.nEnded, m.nFailed = 0, 0
+	for r := range m.genStep {
+		m.genStep[r] = -1
+	}
 }
 
 // beginEpoch starts the next recovery epoch, ending the one under way.
@@ -707,14 +717,21 @@ func (m *Machine) onTick() {
 	if m.cfg.HangTimeout <= 0 || m.rec != nil || len(m.awaiting) > 0 {
 		return
 	}
-	hung, since := -1, time.Duration(0)
+	// Of the ranks without progress for the hang timeout, the one that
+	// reported the lowest step is named: a stopped rank's peers block in
+	// its collective, having reported the same step or a later one; on
+	// a tie, the one whose progress is oldest.
+	hung, since, step := -1, time.Duration(0), int64(0)
 	for r, p := range m.lastProg {
 		if p < 0 || m.ended[r] {
 			continue
 		}
 		p = max(p, m.runningSince)
-		if m.now-p > m.cfg.HangTimeout && (hung < 0 || p < since) {
-			hung, since = r, p
+		if m.now-p <= m.cfg.HangTimeout {
+			continue
+		}
+		if s := m.genStep[r]; hung < 0 || s < step || s == step && p < since {
+			hung, since, step = r, p, s
 		}
 	}
 	if hung >= 0 {

@@ -2,6 +2,9 @@ package chaos
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -26,6 +29,18 @@ const (
 
 // shortRuns is the short mode's number of runs (CI).
 const shortRuns = 3
+
+// Against go test's -timeout (its panic loses the summary and the replay
+// lines): the jobs' context ends stopMargin before the test's deadline
+// (a job then running is sent SIGQUIT and fails launcher-exits; the run
+// ends within its leak checks' waits), and no run is started with less
+// than runBudget left before that (a run's reference, faulty job and
+// resumed one may take jobLimit each: a run started later would most
+// likely be cut).
+const (
+	stopMargin = 2 * time.Minute
+	runBudget  = jobLimit
+)
 
 // buildBinaries builds gorun and dptrain into dir, and finds python3 and
 // examples/pytrain.
@@ -59,12 +74,23 @@ func buildBinaries(t *testing.T, dir string) Binaries {
 
 // commitSeed is the default seed: the first 16 hex digits of HEAD's
 // commit, so that CI's short mode draws the same runs for the same
-// commit (a failure there replays); 1 outside a git checkout.
+// commit (a failure there replays); 1 outside a git checkout. Inside
+// one (the module's root has .git), git failing (say, "dubious
+// ownership" for root in a checkout of another user) fails the test:
+// seed 1 for every commit would test the same runs forever.
 func commitSeed(t *testing.T) uint64 {
 	t.Helper()
 	out, err := exec.Command("git", "rev-parse", "HEAD").Output()
 	if err != nil || len(out) < 16 {
-		t.Logf("chaos: no git commit (%v): seed 1", err)
+		if _, serr := os.Stat("../../.git"); serr == nil {
+			msg := ""
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				msg = strings.TrimSpace(string(ee.Stderr))
+			}
+			t.Fatalf("chaos: git rev-parse HEAD in a git checkout: %v (%s, output %q): set %s", err, msg, out, envSeed)
+		}
+		t.Logf("chaos: no git checkout (%v): seed 1", err)
 		return 1
 	}
 	n, err := strconv.ParseUint(string(out[:16]), 16, 64)
@@ -127,6 +153,17 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("chaos: seed %d, runs %v (replay one: %s)", seed, only, ReplayLine(seed, only[0], kindsText))
+	// On standard error as well, at once: t.Logf's lines are lost if the
+	// test binary times out.
+	fmt.Fprintf(os.Stderr, "chaos: seed %d, runs %v (replay one: %s)\n", seed, only, ReplayLine(seed, only[0], kindsText))
+	ctx := t.Context()
+	deadline, hasDeadline := t.Deadline()
+	if hasDeadline {
+		deadline = deadline.Add(-stopMargin)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
 
 	dir := t.TempDir()
 	registry := filepath.Join(dir, "run")
@@ -137,10 +174,19 @@ func TestChaos(t *testing.T) {
 		Log: slog.New(slog.NewTextHandler(t.Output(), nil)), Kinds: kinds}
 	var recs []Run
 	var verdicts []Verdict
-	for _, i := range only {
-		r := s.RunOne(t.Context(), seed, i)
+	for n, i := range only {
+		if left := time.Until(deadline); hasDeadline && left < runBudget {
+			t.Logf("chaos: %v left before the jobs' deadline (%v before the test's), less than a run may take (%v): runs %v not run", left.Round(time.Second), stopMargin, runBudget, only[n:])
+			fmt.Fprintf(os.Stderr, "chaos: runs %v not run: too near the test's deadline\n", only[n:])
+			break
+		}
+		r := s.RunOne(ctx, seed, i)
 		v := Judge(r)
 		recs, verdicts = append(recs, r), append(verdicts, v)
+		fmt.Fprintf(os.Stderr, "chaos: run %d: %s %s\n", i, v.Class, strings.Join(v.Failures, "; "))
+		if v.Class == Failed {
+			fmt.Fprintf(os.Stderr, "chaos: run %d FAILED, replay: %s\n", i, ReplayLine(seed, i, kindsText))
+		}
 		t.Logf("run %d: %s | %s | within=%v | exit %d | %s | %.1fs (reference %.1fs) | recovery %s s after detection %s s",
 			i, r.Config, r.Fault, r.Within, r.Code, v.Class, r.Seconds, r.ReferenceSeconds, secs(r.DetectToResume), secs(r.FaultToDetect))
 		if r.Injected != "" {
@@ -182,6 +228,9 @@ func TestChaos(t *testing.T) {
 	var b bytes.Buffer
 	sum.WriteTable(&b)
 	t.Logf("\n%s", b.String())
+	if len(recs) == 0 {
+		t.Errorf("chaos: no run was started before the test's deadline: the suite tested nothing")
+	}
 	if sum.Total.Injected == 0 && sum.Total.Skipped < len(recs) {
 		t.Errorf("chaos: no run's fault was injected and landed (%d runs): the suite tested nothing", len(recs))
 	}

@@ -16,10 +16,12 @@
 // workload and its size) is first checked with the launcher's own planning
 // functions (launcher.MarkSpares, topology.MapRanks, topology.Place,
 // topology.PlanEC: [Precheck]), which tell which lost hosts it survives; a
-// configuration gorun refuses (exit 2 with a "gorun: " line, neither hung
-// nor panicking) where the precheck said it would is recorded as refused
-// (its leaks and hangs still checked); a disagreement either way is a
-// failure. The draw does not depend on the machine: a run whose workload's
+// configuration gorun refuses (exit 2 with its usage error, neither hung
+// nor panicking) where the precheck said it would, for the same reason,
+// is recorded as refused (its leaks and hangs still checked); a
+// disagreement is a failure, and the faulty job is then not run
+// (Run.NotRun, as when the failure-free run fails: judged no further,
+// counted apart from injected runs). The draw does not depend on the machine: a run whose workload's
 // tool (python3, mpicc.mpich) is missing is skipped. The failure-free reference of each distinct configuration is
 // run once and cached by [Config.Key]; then the faulty run.
 //
@@ -36,8 +38,8 @@
 // recovered, SIGTERM or SIGUSR1 (forwarded to every rank) to the launcher,
 // gorun's standard output stalled for 3 s (a paused pager: its pipe,
 // shrunk to 4096 bytes, filled to the brim and not read; landed only if
-// still full at the release; every step line must then be there, in
-// order), a byte flipped
+// gorun was blocked writing to it at the release; every step line must be
+// there, in order, landed or not), a byte flipped
 // in both committed ping-pong slots of a stopped rank in /dev/shm, which
 // is then killed (its restore must detect the CRC mismatch), and with the
 // durable tier the whole job killed once a version is committed and
@@ -52,9 +54,14 @@
 // [Judge] turns a [Run] into a [Verdict] by rules each citing the README
 // sentence that promises it ([Rules]); TestJudge covers every rule with
 // fabricated runs. A fault that was not injected (the job ended first) or
-// did not land (no failure or fence record names the faulted rank or
-// host; the process had exited) leaves a failure-free run, which must end
-// as one; an injection that failed otherwise is a failure. Known defects
+// did not land (no failure record of the faulted rank, or no failure or
+// fence record of every lost host; for a stopped rank, no rank's hang
+// recorded after the stop, since its peers stall in its collective and
+// one of them may be named; for a stall, gorun never blocked writing)
+// leaves a failure-free run, which must end as one; an injection that
+// failed otherwise is a failure. SIGUSR1 must show in a rank's exit
+// record (usr1-forwarded); a corrupt base detected must stop the job
+// (corrupt-base-named). Known defects
 // ([KnownDefects]), being fixed, are counted apart only for a non-zero
 // exit of their fault kind and workload with their signature, and nothing
 // else broken.
@@ -75,10 +82,12 @@
 // /dev/shm): left, they are leaks. Where no agent of the job lives on
 // (every host lost; the job Resume and CkptFlip kill whole, checked right
 // after the kill, before the resumed job's agents sweep) or no host with
-// ranks does (its slot files: nobody claims them), README gives them to
-// gorun clean: the built one is run, must remove exactly the job's
-// leftovers, and the run has no leak only if nothing of the job is left
-// ("removed by gorun clean" in the summary). A SIGKILLed launcher's registry entry is checked after the
+// ranks does and no spare took their ranks (its slot files: nobody claims
+// them), README gives them to gorun clean: the built one is run, what it
+// removes of the job must be among those leftovers, and the run has no
+// leak only if nothing of the job is left afterwards ("removed by gorun
+// clean" in the summary). Leftovers not named gorun-<id> (a killed MPICH
+// rank's shared memory, a rank's own temporary files) are not looked for. A SIGKILLed launcher's registry entry is checked after the
 // jobstatus.List that removes stale entries, as its doc promises.
 //
 // Recovery times come from the events file's timeline (detected →

@@ -148,10 +148,19 @@ func (in *injector) inject(j *Job, f Fault) (injected, error) {
 		case <-time.After(stallFor): // the fault's length
 		case <-j.done:
 		}
+		// Landed: gorun blocked in a write to its full standard output
+		// (the filler alone fills the pipe: a full pipe shows nothing).
+		blocked, berr := writeBlocked(j.cmd.Process.Pid, 1)
 		full, err := release()
-		out.note = fmt.Sprintf("gorun's stdout pipe (%d bytes) filled and not read for %v; full at release: %v; G %d → %d meanwhile", j.stdout.size, stallFor, full, g0, lastG(j.records()))
-		if err == nil && !full {
-			out.notLanded = "gorun's stdout pipe was not full at the stall's release"
+		out.note = fmt.Sprintf("gorun's stdout pipe (%d bytes) filled and not read for %v; full at release: %v; gorun blocked writing to it: %v; G %d → %d meanwhile", j.stdout.size, stallFor, full, blocked, g0, lastG(j.records()))
+		switch {
+		case err != nil:
+		case berr != nil && j.Exited():
+			err = fmt.Errorf("%w: %v", ErrJobEnded, berr)
+		case berr != nil:
+			err = berr
+		case !blocked:
+			out.notLanded = "gorun was not blocked writing to its standard output at the stall's release"
 		}
 		return out, err
 	case SlotFlip:

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorun/gorun/internal/events"
 	"github.com/gorun/gorun/internal/jobstatus"
 	"github.com/gorun/gorun/internal/testcluster"
 )
@@ -30,10 +31,11 @@ const (
 // killed job; every host of a job lost), which leaves everything; every
 // host with ranks was SIGKILLed while spares lived on, which leaves the
 // slot files (the spares never claimed them; an ending agent sweeps its
-// own job's job and Open MPI directories, not slot files). There the
-// built gorun clean is run: it must remove exactly those leftovers of
-// the job (what it removes of other, ended jobs is logged), and the run
-// has no leak only if nothing of the job is left afterwards.
+// own job's job and Open MPI directories, not slot files) unless a
+// spare took ranks (its agent then claims them). There the
+// built gorun clean is run: what it removes of the job must be among
+// those leftovers (what it removes of other, ended jobs is logged), and
+// the run has no leak only if nothing of the job is left afterwards.
 
 // leakCheck is what checkLeaks needs besides the job.
 type leakCheck struct {
@@ -81,12 +83,7 @@ func checkLeaks(j *Job, lc leakCheck) (leaks, cleaned []string) {
 		}
 		return append(leaks, "no job id in the events file: its files could not be checked"), nil
 	}
-	everyAgent, withRanks := true, true
-	for h := range j.Hosts {
-		killed := slices.Contains(lc.crashed, h)
-		everyAgent = everyAgent && killed
-		withRanks = withRanks && (killed || h >= j.Config.Hosts)
-	}
+	everyAgent, withRanks := orphaned(j.Hosts, j.Config.Hosts, lc.crashed, j.records())
 	slotPrefix := filepath.Join("/dev/shm", "gorun-"+id+".")
 	registryEntry := filepath.Join(lc.registry, "gorun", id+".json")
 	// cleanable says whether leftover f is gorun clean's to remove.
@@ -152,6 +149,29 @@ func checkLeaks(j *Job, lc leakCheck) (leaks, cleaned []string) {
 		}
 	}
 	return leaks, cleaned
+}
+
+// orphaned says which of a job's leftovers nobody of the job is left to
+// remove: everything when every agent of its hosts was SIGKILLed (the
+// indices crashed); the slot files when every host with ranks (the first
+// workHosts) was, and no live host took ranks from them (no splice
+// record, recs, to a host whose agent lived: that agent claims the job,
+// and its release must remove the slot files).
+func orphaned(hosts []string, workHosts int, crashed []int, recs []events.Record) (everyAgent, slots bool) {
+	everyAgent, slots = true, true
+	for h := range hosts {
+		killed := slices.Contains(crashed, h)
+		everyAgent = everyAgent && killed
+		slots = slots && (killed || h >= workHosts)
+	}
+	for _, rec := range recs {
+		if e, ok := rec.Event.(events.Splice); ok {
+			if h := slices.Index(hosts, e.With); h >= 0 && !slices.Contains(crashed, h) {
+				slots = false
+			}
+		}
+	}
+	return everyAgent, slots
 }
 
 // gorunClean runs the built gorun clean on this host (the namespace hosts

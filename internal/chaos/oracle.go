@@ -14,7 +14,7 @@ type Run struct {
 	Fault  Fault  `json:"fault"`
 
 	// Refused: gorun refused the configuration (the reference run exited
-	// 2 with a "gorun: " line on its standard error, neither hung nor
+	// 2 with gorun's usage error on its standard error, neither hung nor
 	// panicking); nothing was injected. Predicted: the precheck said it
 	// would.
 	Refused   bool   `json:"refused,omitempty"`
@@ -22,6 +22,10 @@ type Run struct {
 	// Mismatch: the precheck and gorun disagree on refusing it (a
 	// failure: either the precheck or gorun's checks are wrong).
 	Mismatch string `json:"precheck_mismatch,omitempty"`
+	// NotRun says why the faulty job never ran (the failure-free run
+	// failed, hung or disagreed with the precheck; the job could not be
+	// started): nothing was injected, the run tested no fault.
+	NotRun string `json:"not_run,omitempty"`
 
 	// RefCode and RefHash are the failure-free run's exit code and hash.
 	RefCode int    `json:"ref_code"`
@@ -45,8 +49,9 @@ type Run struct {
 	// nothing it meant to, and fails (rule fault-injected).
 	InjectErr string `json:"inject_error,omitempty"`
 	// NotLanded: the fault was injected but gorun saw no failure of the
-	// faulted rank or host (no failure or fence record naming it): the
-	// process was gone already, the partition healed unnoticed. Such a
+	// faulted rank or of every lost host (no failure or fence record
+	// naming it), or a stall never blocked gorun's write: the process was
+	// gone already, the partition healed unnoticed. Such a
 	// run must still end like a failure-free one, but it does not count
 	// as surviving the fault.
 	NotLanded bool    `json:"not_landed,omitempty"`
@@ -65,6 +70,10 @@ type Run struct {
 	// its CRC (Flipped: a committed slot was flipped after its commit).
 	Flipped  bool `json:"flipped,omitempty"`
 	Detected bool `json:"detected,omitempty"`
+	// Forwarded: with LauncherUsr1, a rank-exit failure record names
+	// SIGUSR1 (the workloads do not catch it: a rank it reached dies of
+	// it, and gorun records the first such exit).
+	Forwarded bool `json:"forwarded,omitempty"`
 	// MissingSteps: rank 0's step lines not in gorun's output, for every
 	// workload (pytrain prints every tenth); Reordered: a step line came
 	// before one of an earlier step (StdoutStall only: no restart).
@@ -74,9 +83,10 @@ type Run struct {
 	Leaks []string `json:"leaks,omitempty"`
 	// Cleaned: what gorun clean removed of the job where every agent of
 	// it was SIGKILLed (nobody of the job was left to sweep), or every
-	// host with ranks was (nobody claims the slot files). Such leftovers
-	// are gorun clean's to remove (README, Leftovers), and they count as
-	// no leak only when gorun clean removed exactly them.
+	// host with ranks was and no spare took their ranks (nobody claims the
+	// slot files). Such leftovers are gorun clean's to remove (README,
+	// Leftovers): what it removes of the job must be among them, and they
+	// count as no leak only when nothing of the job is left afterwards.
 	Cleaned []string `json:"cleaned,omitempty"`
 
 	// Recovery times in seconds, -1 when there was none: from the fault
@@ -153,6 +163,7 @@ var Rules = []Rule{
 	{"within-equal-hash", `README, Try it: "Both print the hash of their final state, which must be the same"; DESIGN §9: "nothing the job committed is ever lost to a failure the configuration promises to survive"`},
 	{"never-wrong-hash", `issue 21: "beyond it → a clear report and a non-zero exit, never a wrong hash"`},
 	{"beyond-reported", `README, Exit code: "Otherwise it is the status of the first rank that failed ..., with a one-line report naming the rank, its host and the cause"`},
+	{"usr1-forwarded", `README, Signals: "SIGUSR1 and SIGUSR2 (Slurm's preemption notices) are forwarded to every rank, and the job goes on" (a rank it reached dies of it: some rank's exit must name SIGUSR1)`},
 	{"sigterm-exit", `README, Signals: "SIGINT, SIGTERM and SIGHUP stop every rank with the same signal, and gorun exits 128+N"`},
 	{"no-leaks", `README: "gorun ... leaves no process and no temporary file behind"; "When the job ends, the agents remove the slot files"`},
 	{"launcher-exits", `DESIGN §1: "If the launcher's control connection to an agent is lost, the agent kills its ranks and exits: no orphans, ever" (and the launcher owns the job's exit code: it must exit)`},
@@ -201,8 +212,24 @@ func Judge(r Run) Verdict {
 	if r.InjectErr != "" {
 		fail("fault-injected", "%s", r.InjectErr)
 	}
+	if r.Mismatch != "" || r.NotRun != "" {
+		// The faulty job never ran: there is nothing more to judge (its
+		// failure is the mismatch's, or the injection's).
+		if len(v.Failures) == 0 {
+			fail("fault-injected", "the faulty job never ran: %s", r.NotRun)
+		}
+		return done(Failed)
+	}
 	if !r.Within && r.Hash != "" && r.Hash != r.RefHash {
 		fail("never-wrong-hash", "hash %s, the failure-free run's %s (exit %d)", short(r.Hash), short(r.RefHash), r.Code)
+	}
+	// A stall's output is checked landed or not: lines lost or
+	// reordered are a failure either way.
+	if r.Fault.Kind == StdoutStall && len(r.MissingSteps) > 0 {
+		fail("no-output-lost", "rank 0's lines of steps %v are missing", r.MissingSteps)
+	}
+	if r.Fault.Kind == StdoutStall && r.Reordered != "" {
+		fail("no-output-lost", "%s", r.Reordered)
 	}
 	if r.NotInjected != "" || r.NotLanded || r.InjectErr != "" {
 		// No fault hit the job: it is a failure-free run.
@@ -225,11 +252,12 @@ func Judge(r Run) Verdict {
 	if r.Fault.Kind == CkptFlip && r.Flipped && r.Code != 0 && !namesCorruptRank(r.Stderr, r.Fault.Rank) {
 		fail("corrupt-base-named", "exit %d, and no line of gorun's names rank %d with the corruption; it reported %q", r.Code, r.Fault.Rank, r.Reported)
 	}
-	if r.Fault.Kind == StdoutStall && len(r.MissingSteps) > 0 {
-		fail("no-output-lost", "rank 0's lines of steps %v are missing", r.MissingSteps)
+	if r.Fault.Kind == CkptFlip && r.Flipped && r.Detected && r.Code == 0 {
+		// Seen and gone on: the job must stop, naming the rank.
+		fail("corrupt-base-named", "rank %d's base was flipped and the corruption detected, yet the job went on and exited 0", r.Fault.Rank)
 	}
-	if r.Fault.Kind == StdoutStall && r.Reordered != "" {
-		fail("no-output-lost", "%s", r.Reordered)
+	if r.Fault.Kind == LauncherUsr1 && !r.Forwarded {
+		fail("usr1-forwarded", "no rank's exit names SIGUSR1 (exit %d): gorun did not forward it, or the ranks did not get it", r.Code)
 	}
 	class := ""
 	switch {

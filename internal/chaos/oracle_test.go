@@ -76,6 +76,10 @@ func TestJudge(t *testing.T) {
 			r.Stderr = "(H is -1)\n"
 		}), Failed, []string{"no-leaks", "within-exit-0"}},
 		{"stdout stall, lines lost", with(base(StdoutStall, true), func(r *Run) { r.Hash, r.MissingSteps = ref, []int{7, 8} }), Failed, []string{"no-output-lost"}},
+		// Round 2, #7: a stall judged not landed is still checked.
+		{"stdout stall not landed, lines lost and reordered", with(base(StdoutStall, true), func(r *Run) {
+			r.Hash, r.NotLanded, r.MissingSteps, r.Reordered = ref, true, []int{7}, "rank 0's line of step 6 after that of step 8"
+		}), Failed, []string{"no-output-lost", "no-output-lost"}},
 		{"stdout stall, all lines", with(base(StdoutStall, true), func(r *Run) { r.Hash = ref }), Survived, nil},
 		{"refused", with(base(HostKill, false), func(r *Run) { r.Refused, r.RefCode, r.RefHash = true, 2, "" }), Refused, nil},
 		{"reference failed", with(base(RankKill, true), func(r *Run) { r.RefCode, r.RefHash = 1, "" }), Failed, []string{"reference-runs"}},
@@ -124,6 +128,20 @@ func TestJudge(t *testing.T) {
 			r.NotInjected, r.Code = "the job ended first", 1
 			r.Stderr = "(H is -1)\n"
 		}), Failed, []string{"unfaulted-run"}},
+		// Round 2, #1: SIGUSR1 must reach the ranks (they die of it).
+		{"usr1 forwarded", with(base(LauncherUsr1, true), func(r *Run) { r.Hash, r.Forwarded = ref, true }), Survived, nil},
+		{"usr1 not forwarded", with(base(LauncherUsr1, true), func(r *Run) { r.Hash = ref }), Failed, []string{"usr1-forwarded"}},
+		// #2: a corrupt base detected must stop the job.
+		{"corrupt base detected, exit 0", with(base(CkptFlip, false), func(r *Run) {
+			r.Fault.Rank, r.Flipped, r.Detected, r.Hash = 3, true, true, ref
+		}), Failed, []string{"corrupt-base-named"}},
+		// #4: a run whose faulty job never ran is judged no further.
+		{"mismatch, the faulty job never ran", with(base(RankKill, false), func(r *Run) {
+			r.Mismatch, r.NotRun = `the precheck said "too few spares", gorun exited 0`, "the failure-free run disagreed with the precheck"
+		}), Failed, []string{"refusal-predicted"}},
+		{"the faulty job did not start", with(base(RankKill, true), func(r *Run) {
+			r.InjectErr, r.NotRun = "fork/exec gorun: no such file", "starting it: fork/exec gorun: no such file"
+		}), Failed, []string{"fault-injected"}},
 		{"skipped", with(base(RankKill, true), func(r *Run) { r.Skipped, r.RefHash = "no python3", "" }), Skipped, nil},
 	}
 	for _, tt := range tests {
@@ -193,7 +211,9 @@ func TestRefusal(t *testing.T) {
 		want   bool
 	}{
 		{"usage", 2, "", "gorun: --spares 3: only 2 hosts\nRun 'gorun --help' for usage.\n", true},
-		{"refusal after -v lines", 2, "", "gorun: listening on 10.0.0.1:4000\ngorun: --resume: no committed version in /d\n", true},
+		{"refusal after -v lines", 2, "", "gorun: listening on 10.0.0.1:4000\ngorun: --resume: no committed version in /d\nRun 'gorun --help' for usage.\n", true},
+		// Round 2, #8: a rank's exit status 2 is gorun's status, no refusal.
+		{"a rank exited 2", 2, "", "gorun: rank 0 on h0 exited with status 2\n", false},
 		{"hung (SIGQUIT)", 2, "gorun ran past 3m0s", "gorun: x\nSIGQUIT: quit\nPC=0x0\n\ngoroutine 1 [running]:\n", false},
 		{"a rank's panic", 2, "", "gorun: rank 0 exited 2\n[0] panic: runtime error\n\ngoroutine 1 [running]:\n", false},
 		{"exit 1", 1, "", "gorun: rank 1 failed\n", false},
@@ -202,6 +222,23 @@ func TestRefusal(t *testing.T) {
 	for _, tt := range tests {
 		if got := refusal(tt.code, tt.hung, tt.stderr); got != tt.want {
 			t.Errorf("%s: refusal = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	// The precheck's reason and gorun's (seen: SEED=2026's runs).
+	reasons := []struct {
+		predicted, stderr string
+		want              bool
+	}{
+		{"topology: replica placement: data-parallel group 0 (ranks 0,1) spans 1 host; 1 replicas on other hosts need 2",
+			"gorun: --replicas 1: topology: replica placement: data-parallel group 0 (ranks 0,1) spans 1 host; 1 replicas on other hosts need 2\nRun 'gorun --help' for usage.", true},
+		{`topology: erasure-coding groups: group 0 has 8 ranks on hosts "h0" (2), "h1" (2): not a multiple of K`,
+			`gorun: --redundancy ec:3+1: group 0 has 8 ranks on hosts "h0" (2), "h1" (2): not a multiple of K` + "\nRun 'gorun --help' for usage.", true},
+		{"topology: replica placement: data-parallel group 0 (ranks 0,1) spans 1 host; 1 replicas on other hosts need 2",
+			"gorun: --spares 2: the 2 spare hosts leave 2 slots for -np 4 ranks\nRun 'gorun --help' for usage.", false},
+	}
+	for _, tt := range reasons {
+		if got := sameReason(tt.predicted, tt.stderr); got != tt.want {
+			t.Errorf("sameReason(%q, %q) = %v, want %v", tt.predicted, tt.stderr, got, tt.want)
 		}
 	}
 }
@@ -240,5 +277,95 @@ func TestWithinLost(t *testing.T) {
 	}
 	if in, _ := Within(f, f.Lost(), p, c, false); in {
 		t.Errorf("two hosts lost with one spare: within, want beyond")
+	}
+}
+
+// TestFailureSeen: a host fault landed only when every lost host was
+// seen lost (round 2, #3); a rank-stop's hang record of another rank
+// counts only after the stop (#6); SIGUSR1 is seen in a rank's exit (#1).
+func TestFailureSeen(t *testing.T) {
+	hosts := []string{"h0", "h1", "h2"}
+	fail := func(at float64, host string, rank int, what string) events.Record {
+		return events.Record{T: at, Event: events.Failure{Host: host, Rank: rank, What: what}}
+	}
+	fence := func(at float64, host string) events.Record {
+		return events.Record{T: at, Event: events.Fence{Host: host}}
+	}
+	two := Fault{Kind: TwoHosts, Host: 0, Host2: 1, Rank: -1}
+	stop := Fault{Kind: RankStop, Host: 0, Host2: -1, Rank: 0}
+	tests := []struct {
+		name string
+		f    Fault
+		lost []int
+		recs []events.Record
+		want bool
+	}{
+		{"two hosts, both lost", two, []int{0, 1}, []events.Record{fail(5, "h0", -1, events.FailHostLost), fence(6, "h1")}, true},
+		{"two hosts, only the first seen", two, []int{0, 1}, []events.Record{fail(5, "h0", -1, events.FailHostLost), fence(6, "h0")}, false},
+		{"two hosts, the second never killed", two, []int{0}, []events.Record{fail(5, "h0", -1, events.FailHostLost)}, true},
+		{"rank stop, its hang", stop, nil, []events.Record{fail(9, "h0", 0, events.FailHang)}, true},
+		{"rank stop, a peer's hang after it", stop, nil, []events.Record{fail(9, "h1", 1, events.FailHang)}, true},
+		{"rank stop, a peer's hang before it", stop, nil, []events.Record{fail(2, "h1", 1, events.FailHang)}, false},
+		{"rank kill, another rank", Fault{Kind: RankKill, Host: 0, Host2: -1, Rank: 0}, nil, []events.Record{fail(9, "h1", 1, events.FailRankExit)}, false},
+	}
+	for _, tt := range tests {
+		if got := failureSeen(tt.recs, hosts, tt.f, tt.lost, 4); got != tt.want {
+			t.Errorf("%s: failureSeen = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	usr1 := events.Record{T: 5, Event: events.Failure{Host: "h1", Rank: 2, What: events.FailRankExit, Signal: "SIGUSR1"}}
+	kill := events.Record{T: 5, Event: events.Failure{Host: "h1", Rank: 2, What: events.FailRankExit, Signal: "SIGKILL"}}
+	if !signalSeen([]events.Record{kill, usr1}, "SIGUSR1") || signalSeen([]events.Record{kill}, "SIGUSR1") {
+		t.Errorf("signalSeen: want SIGUSR1 seen in a rank's exit record, and only there")
+	}
+}
+
+// TestSummarizeNotRun: runs that injected nothing are not counted as
+// injected (round 2, #4): a faulty job that never ran, an injection
+// that failed.
+func TestSummarizeNotRun(t *testing.T) {
+	f := Fault{Kind: RankKill, Host2: -1}
+	runs := []Run{
+		{Fault: f, RefCode: 1, NotRun: "the failure-free run failed"},
+		{Fault: f, RefHash: "x", Mismatch: "m", NotRun: "disagreed with the precheck"},
+		{Fault: f, RefHash: "x", Within: true, InjectErr: "no such process"},
+		{Fault: f, RefHash: "x", Within: true, Hash: "x"},
+	}
+	var vs []Verdict
+	for _, r := range runs {
+		vs = append(vs, Judge(r))
+	}
+	s := Summarize(1, "", runs, vs, 0)
+	if got := s.Total; got.Injected != 1 || got.NotRun != 2 || got.InjectFailed != 1 || got.NotLanded != 0 || got.Beyond != 0 {
+		t.Errorf("Summarize: injected %d, not-run %d, inject-failed %d, not-landed %d, beyond %d; want 1, 2, 1, 0, 0",
+			got.Injected, got.NotRun, got.InjectFailed, got.NotLanded, got.Beyond)
+	}
+}
+
+// TestOrphaned: slot files are gorun clean's to remove when every host
+// with ranks was SIGKILLed and no live spare took ranks (round-2 review
+// #5: a spare that took them claims the job, and its release must remove
+// them); everything is when every agent was.
+func TestOrphaned(t *testing.T) {
+	hosts := []string{"h0", "h1", "s0"}
+	splice := func(with string) events.Record {
+		return events.Record{T: 3, Event: events.Splice{Epoch: 1, Lost: "h0", With: with, Ranks: []int{0}, Spare: true}}
+	}
+	tests := []struct {
+		name              string
+		crashed           []int
+		recs              []events.Record
+		everyAgent, slots bool
+	}{
+		{"one work host", []int{0}, nil, false, false},
+		{"every work host, no splice", []int{0, 1}, nil, false, true},
+		{"every work host, a spare took ranks", []int{0, 1}, []events.Record{splice("s0")}, false, false},
+		{"every host, the spare killed after it took ranks", []int{0, 1, 2}, []events.Record{splice("s0")}, true, true},
+	}
+	for _, tt := range tests {
+		every, slots := orphaned(hosts, 2, tt.crashed, tt.recs)
+		if every != tt.everyAgent || slots != tt.slots {
+			t.Errorf("%s: orphaned = %v, %v; want %v, %v", tt.name, every, slots, tt.everyAgent, tt.slots)
+		}
 	}
 }

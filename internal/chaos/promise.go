@@ -150,3 +150,46 @@ func (p Plan) HasCopyElsewhere() bool {
 // its ranks' slots, so no surviving host has free slots for
 // --on-no-spare free-slots.
 func (p Plan) Replaceable(lost int) bool { return lost <= p.Spares }
+
+// Within reports whether the configuration planned as p promises to
+// survive f, which lost the hosts lost (indices into c's hosts: f.Lost(),
+// or fewer when the job ended before the rest could be), durable saying whether the durable tier had a committed
+// version when f was injected (a roll-back from disk is then promised
+// where memory cannot serve), with the README sentence that says so.
+func Within(f Fault, lost []int, p Plan, c Config, durable bool) (bool, string) {
+	if p.Err != nil {
+		return false, "gorun refuses the configuration"
+	}
+	switch f.Kind {
+	case RankKill, RankStop:
+		return true, `README, --max-restarts: "after a rank fails, restart every rank in place up to N times, resuming from the globally recoverable step"`
+	case LauncherUsr1:
+		return true, `README, Signals: "SIGUSR1 and SIGUSR2 (Slurm's preemption notices) are forwarded to every rank, and the job goes on" (the workloads do not catch it and die of it: every rank fails, and --max-restarts restarts them from G)`
+	case StdoutStall:
+		return true, `README, "A slow reader of gorun's output ... never delays failure detection ... and no byte is lost or reordered"`
+	case LauncherTerm:
+		return false, `README, Signals: "SIGINT, SIGTERM and SIGHUP stop every rank with the same signal, and gorun exits 128+N"`
+	case Resume:
+		return true, `README, --resume: "the same command line plus --resume starts a job that died whole (launcher, agents and ranks) again from DIR: from its committed version"`
+	case CkptFlip:
+		return false, `README, Checkpoints on disk: "A rank whose state cannot be rebuilt (its base missing or corrupt) stops the job, naming it"`
+	case SlotFlip:
+		if p.HasCopyElsewhere() {
+			return true, `README, Protecting training state: "Restoring chooses step G: from the rank's own slots ... or from a replica holder" (a slot that fails its CRC32C is not used: ckpt.ErrCorrupt)`
+		}
+		return false, "no copy of the rank's state on another host: a corrupt local slot cannot be restored"
+	}
+	if !p.Replaceable(len(lost)) {
+		return false, fmt.Sprintf(`README, --spares / --on-no-spare: %d hosts lost, %d spares, no free slots`, len(lost), p.Spares)
+	}
+	if c.Workload == MPICH {
+		return true, `README, --spares: "a lost host ... is fenced and its ranks move to a spare, and the job goes on" (a program without protected state restarts from its start: --recovery restart)`
+	}
+	if p.SurvivesFromMemory(lost) {
+		return true, fmt.Sprintf(`README, --redundancy %s and "Losing a host": "a spare host takes its ranks, which restore their state from the other hosts"`, c.Redundancy)
+	}
+	if c.Durable && durable {
+		return true, `README, Checkpoints on disk: "When a host and all the holders of one of its ranks are lost, the job does not stop: ... rolling the job back to step T from --ckpt-dir"`
+	}
+	return false, fmt.Sprintf("README, --redundancy %s: the lost hosts %v hold every copy of some rank's state", c.Redundancy, lost)
+}

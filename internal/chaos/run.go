@@ -6,8 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"regexp"
-	"strconv"
+	"slices"
 	"strings"
 
 	"github.com/gorun/gorun/internal/events"
@@ -55,6 +54,7 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 	ref, err := s.reference(ctx, c)
 	if err != nil {
 		r.InjectErr = "the failure-free run: " + err.Error()
+		r.NotRun = r.InjectErr
 		return r
 	}
 	r.RefCode, r.RefHash, r.ReferenceSeconds = ref.code, ref.hash, ref.seconds
@@ -67,6 +67,10 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 	}
 	if ref.refused != (p.Err != nil) {
 		r.Mismatch = fmt.Sprintf("the precheck said %q, gorun exited %d (%s)", r.Predicted, ref.code, ref.tail)
+	} else if ref.refused && !sameReason(r.Predicted, ref.tail) {
+		r.Mismatch = fmt.Sprintf("the precheck and gorun refuse for different reasons: the precheck said %q, gorun %q", r.Predicted, ref.tail)
+	}
+	if r.Mismatch != "" {
 		s.Log.Warn("precheck and gorun disagree", "run", index, "config", c.Key(), "mismatch", r.Mismatch)
 	}
 	if ref.refused {
@@ -76,18 +80,19 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 	}
 	if ref.code != 0 || ref.hung != "" || r.Mismatch != "" {
 		r.StderrTail = ref.tail
+		r.NotRun = "the failure-free run failed, hung or disagreed with the precheck"
 		return r
 	}
 
 	dir, err := os.MkdirTemp(s.Dir, fmt.Sprintf("run%d-", index))
 	if err != nil {
-		r.InjectErr = err.Error()
+		r.InjectErr, r.NotRun = err.Error(), "its directory: "+err.Error()
 		return r
 	}
 	defer os.RemoveAll(dir)
 	j, err := startJob(ctx, c, s.Bins, s.Hosts, dir, s.Registry, false)
 	if err != nil {
-		r.InjectErr = err.Error()
+		r.InjectErr, r.NotRun = err.Error(), "starting it: "+err.Error()
 		return r
 	}
 	in := &injector{hosts: s.Hosts,
@@ -137,7 +142,11 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 		j.Wait()
 	}
 	s.outcome(&r, j)
-	if r.Code == 0 && r.NotInjected == "" && r.InjectErr == "" && !r.NotLanded && needsFailure(f.Kind) && !failureSeen(j, f, done.lost) {
+	recs := j.records()
+	if f.Kind == LauncherUsr1 {
+		r.Forwarded = signalSeen(recs, "SIGUSR1")
+	}
+	if r.Code == 0 && r.NotInjected == "" && r.InjectErr == "" && !r.NotLanded && needsFailure(f.Kind) && !failureSeen(recs, j.Hosts, f, done.lost, r.At) {
 		r.NotLanded = true
 		r.Injected += "; not landed: no failure or fence record names the faulted rank or host"
 	}
@@ -163,33 +172,44 @@ func needsFailure(k Kind) bool {
 	return false
 }
 
-// failureSeen reports whether j's events file has a failure record of
-// f's rank (rank faults; any rank's hang for RankStop) or a failure or fence record of one of the lost
-// hosts (host faults).
-func failureSeen(j *Job, f Fault, lost []int) bool {
-	for _, rec := range j.records() {
+// failureSeen reports whether recs (an events file's records, of a job
+// on hosts) show gorun seeing fault f, injected at seconds at, which lost
+// the hosts lost: a failure record of f's rank (rank faults; for
+// RankStop, any rank's hang recorded after at: a stopped rank stalls the
+// others in its collective at the same step, and gorun may name one of
+// them), and a failure or fence record of every lost host (host faults).
+func failureSeen(recs []events.Record, hosts []string, f Fault, lost []int, at float64) bool {
+	seen := make([]bool, len(lost))
+	rank := f.Rank < 0
+	for _, rec := range recs {
+		host := ""
 		switch e := rec.Event.(type) {
 		case events.Failure:
 			if f.Rank >= 0 && e.Rank == f.Rank {
-				return true
+				rank = true
 			}
-			// A stopped rank stalls the others in its collective: gorun
-			// may name any of them as the one that hung (seen: rank 1 for
-			// a stop of rank 0).
-			if f.Kind == RankStop && e.What == events.FailHang {
-				return true
+			if f.Kind == RankStop && e.What == events.FailHang && rec.T >= at {
+				rank = true
 			}
-			for _, h := range lost {
-				if e.Host == j.Hosts[h] {
-					return true
-				}
-			}
+			host = e.Host
 		case events.Fence:
-			for _, h := range lost {
-				if e.Host == j.Hosts[h] {
-					return true
-				}
+			host = e.Host
+		}
+		for i, h := range lost {
+			if host != "" && host == hosts[h] {
+				seen[i] = true
 			}
+		}
+	}
+	return rank && !slices.Contains(seen, false)
+}
+
+// signalSeen reports whether recs have a rank-exit failure record of a
+// rank killed by sig ("SIGUSR1").
+func signalSeen(recs []events.Record, sig string) bool {
+	for _, rec := range recs {
+		if e, ok := rec.Event.(events.Failure); ok && e.What == events.FailRankExit && e.Signal == sig {
+			return true
 		}
 	}
 	return false
@@ -224,131 +244,6 @@ func (s *Suite) reference(ctx context.Context, c Config) (reference, error) {
 	}
 	s.refs[c.Key()] = ref
 	return ref, nil
-}
-
-// refusal reports whether a run that exited code, hung says why the
-// harness stopped it ("" if it did not), with stderr, is gorun refusing
-// its configuration: exit 2 (README: usage and configuration errors)
-// with a "gorun: " line, and neither a hang the harness ended (SIGQUIT:
-// a Go program exits 2) nor a panic (a rank's, whose status gorun
-// returns, or gorun's own).
-func refusal(code int, hung, stderr string) bool {
-	if code != 2 || hung != "" || strings.Contains(stderr, "\ngoroutine ") || strings.Contains(stderr, "panic: ") || strings.Contains(stderr, "SIGQUIT") {
-		return false
-	}
-	return strings.HasPrefix(stderr, "gorun: ") || strings.Contains(stderr, "\ngorun: ")
-}
-
-var (
-	dptrainHashRE = regexp.MustCompile(`(?m)^\[0\] (params|optimizer) sha256 ([0-9a-f]{64})$`)
-	pytrainHashRE = regexp.MustCompile(`(?m)^\[0\] final hash ([0-9a-f]{64})$`)
-	mpiHashRE     = regexp.MustCompile(`(?m)^\[0\] final hash ([0-9a-f]{16})$`)
-	stepRE        = regexp.MustCompile(`(?m)^\[0\] step (\d+)\b`)
-	// corruptRE is what gorun says of a slot that failed its CRC32C:
-	// ckpt.ErrCorrupt's text (the agent's "restoring from other hosts"
-	// line names it under -v), or rank.CorruptError's.
-	// For a base file on disk: durable.CorruptError's "durable: PATH:
-	// bytes [A, B): ...".
-	corruptRE = regexp.MustCompile(`ckpt: corrupt slot|corrupted in memory|durable: \S+: bytes \[`)
-)
-
-// outcome fills r with what job j ended with.
-func (s *Suite) outcome(r *Run, j *Job) {
-	out, errOut := j.stdout.String(), j.stderr.String()
-	r.Code, r.Seconds, r.Hung = j.code, j.elapsed.Seconds(), j.hung
-	if j.hung != "" {
-		r.Dump = errOut
-	}
-	switch j.Config.Workload {
-	case Pytrain:
-		if m := pytrainHashRE.FindAllStringSubmatch(out, -1); m != nil {
-			r.Hash = m[len(m)-1][1]
-		}
-	case MPICH:
-		if m := mpiHashRE.FindAllStringSubmatch(out, -1); m != nil {
-			r.Hash = m[len(m)-1][1]
-		}
-	default:
-		var p, o string
-		for _, m := range dptrainHashRE.FindAllStringSubmatch(out, -1) {
-			if m[1] == "params" {
-				p = m[2]
-			} else {
-				o = m[2]
-			}
-		}
-		if p != "" || o != "" {
-			r.Hash = "params " + p + " optimizer " + o
-		}
-	}
-	// Rank 0's step lines: every step of dptrain (--log-every 1) and
-	// of the MPICH program, every tenth and the last of pytrain's.
-	seen := map[int]bool{}
-	for _, m := range stepRE.FindAllStringSubmatch(out, -1) {
-		n, _ := strconv.Atoi(m[1])
-		seen[n] = true
-	}
-	if r.Hash != "" {
-		for i := range j.Config.Steps {
-			logged := j.Config.Workload != Pytrain || i%10 == 9 || i == j.Config.Steps-1
-			if logged && !seen[i] {
-				r.MissingSteps = append(r.MissingSteps, i)
-			}
-		}
-	}
-	// In order: a job no fault restarted prints each step once, rising.
-	prev := -1
-	for _, m := range stepRE.FindAllStringSubmatch(out, -1) {
-		n, _ := strconv.Atoi(m[1])
-		if n <= prev && r.Reordered == "" {
-			r.Reordered = fmt.Sprintf("rank 0's line of step %d after that of step %d", n, prev)
-		}
-		prev = n
-	}
-	r.StderrTail, r.Stderr = tail(errOut, 12), errOut
-	recs := j.records()
-	evText, _ := os.ReadFile(j.Events)
-	r.Detected = corruptRE.MatchString(errOut) || corruptRE.Match(evText)
-	r.Reported = reportOf(recs)
-	var timelines []events.Timeline
-	for _, rec := range recs {
-		if e, ok := rec.Event.(events.Timeline); ok {
-			timelines = append(timelines, e)
-		}
-	}
-	if len(timelines) > 0 && r.At > 0 {
-		first, last := timelines[0], timelines[len(timelines)-1]
-		if first.Detected != nil {
-			r.FaultToDetect = max(0, *first.Detected-r.At)
-			if last.Resumed != nil {
-				r.DetectToResume = *last.Resumed - *first.Detected
-			}
-		}
-	}
-}
-
-// reportOf is the report of a job that failed: its events file's exit
-// record's reason, "" without one (standard error's last line is no
-// report: under -v it always has one, a panic's trace too).
-func reportOf(recs []events.Record) string {
-	for _, rec := range recs {
-		if e, ok := rec.Event.(events.Exit); ok && e.Code != 0 {
-			return e.Reason
-		}
-	}
-	return ""
-}
-
-// tail returns the last n non-empty lines of s.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	var out []string
-	for i := len(lines) - 1; i >= 0 && len(out) < n; i-- {
-		if strings.TrimSpace(lines[i]) != "" {
-			out = append([]string{lines[i]}, out...)
-		}
-	}
-	return strings.Join(out, "\n")
 }
 
 // ReplayLine is the command line that replays run index of seed alone

@@ -198,3 +198,43 @@ func (o *pipeOut) String() string {
 	defer o.mu.Unlock()
 	return strings.ReplaceAll(o.buf.String(), filler, "")
 }
+
+// writeBlocked reports whether a thread of process pid is in a write(2)
+// to its descriptor fd or to another descriptor of the same file (gorun
+// writes its output through a duplicate of descriptor 1: cmd/gorun's
+// undying), as gorun's is when its standard output pipe is full and
+// unread: /proc/PID/task/*/syscall gives the system call's number and
+// first argument. Threads and descriptors that go meanwhile are skipped.
+func writeBlocked(pid, fd int) (bool, error) {
+	target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", pid, fd))
+	if err != nil {
+		return false, fmt.Errorf("chaos: descriptor %d of pid %d: %w", fd, pid, err)
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return false, fmt.Errorf("chaos: the descriptors of pid %d: %w", pid, err)
+	}
+	var want []string
+	for _, e := range fds {
+		if t, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name())); err == nil && t == target {
+			n, _ := strconv.Atoi(e.Name())
+			want = append(want, fmt.Sprintf("%d 0x%x ", unix.SYS_WRITE, n))
+		}
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return false, fmt.Errorf("chaos: the threads of pid %d: %w", pid, err)
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/syscall", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		for _, w := range want {
+			if strings.HasPrefix(string(b), w) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}

@@ -22,6 +22,8 @@ type Row struct {
 	Refused        int     `json:"refused"`
 	NotInjected    int     `json:"not_injected"`
 	NotLanded      int     `json:"not_landed"`
+	NotRun         int     `json:"not_run"`       // the faulty job never ran (Run.NotRun)
+	InjectFailed   int     `json:"inject_failed"` // injecting failed (Run.InjectErr)
 	Skipped        int     `json:"skipped"`
 	Failed         int     `json:"failed"`
 	KnownDefects   int     `json:"known_defects"`
@@ -82,10 +84,16 @@ func Summarize(seed uint64, kinds string, runs []Run, verdicts []Verdict, total 
 		case r.Refused:
 			row.Refused++
 			continue
+		case r.NotRun != "":
+			row.NotRun++
+			continue
+		case r.InjectErr != "":
+			row.InjectFailed++
+			continue
 		case r.NotInjected != "":
 			row.NotInjected++
 			continue
-		case r.NotLanded || r.InjectErr != "":
+		case r.NotLanded:
 			row.NotLanded++
 			continue
 		}
@@ -128,6 +136,8 @@ func Summarize(seed uint64, kinds string, runs []Run, verdicts []Verdict, total 
 		t.Refused += row.Refused
 		t.NotInjected += row.NotInjected
 		t.NotLanded += row.NotLanded
+		t.NotRun += row.NotRun
+		t.InjectFailed += row.InjectFailed
 		t.Skipped += row.Skipped
 		t.Failed += row.Failed
 		t.KnownDefects += row.KnownDefects
@@ -172,10 +182,10 @@ func (s Summary) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "chaos: seed %d, %d runs, %.0f s in all, median %.1f s per run (its reference included when it ran)\n",
 		s.Seed, s.Runs, s.TotalTime, s.RunMedian)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "fault\tinjected\twithin\tsurvived=hash\tbeyond\treported\tsurvived-beyond\trefused\tnot-injected\tnot-landed\tskipped\tFAILED\tknown-defect\tleaks\tgorun-clean\trecovery-med\trecovery-max\tdetect-med\t")
+	fmt.Fprintln(tw, "fault\tinjected\twithin\tsurvived=hash\tbeyond\treported\tsurvived-beyond\trefused\tnot-injected\tnot-landed\tnot-run\tinject-failed\tskipped\tFAILED\tknown-defect\tleaks\tgorun-clean\trecovery-med\trecovery-max\tdetect-med\t")
 	for _, r := range append(slices.Clone(s.Rows), s.Total) {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n", r.Kind, r.Injected, r.Within, r.Survived,
-			r.Beyond, r.Reported, r.SurvivedBeyond, r.Refused, r.NotInjected, r.NotLanded, r.Skipped, r.Failed, r.KnownDefects, r.Leaks, r.Cleaned,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n", r.Kind, r.Injected, r.Within, r.Survived,
+			r.Beyond, r.Reported, r.SurvivedBeyond, r.Refused, r.NotInjected, r.NotLanded, r.NotRun, r.InjectFailed, r.Skipped, r.Failed, r.KnownDefects, r.Leaks, r.Cleaned,
 			secs(r.RecoveryMedian), secs(r.RecoveryMax), secs(r.DetectMedian))
 	}
 	tw.Flush()
