@@ -242,7 +242,8 @@ func TestSlurm(t *testing.T) {
 		if res.code != 0 {
 			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
 		}
-		// The killed node's agent could not remove its job directory.
+		// The killed node's agent could not remove its job directory
+		// (the others sweep it as they end: a loose bound here).
 		left, _ := filepath.Glob(filepath.Join(os.TempDir(), "gorun-"+j.jobID()+"-*"))
 		if len(left) > 1 {
 			t.Errorf("job directories left: %v, want at most the killed node's", left)
