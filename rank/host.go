@@ -662,13 +662,18 @@ func (h *Host) Close() error {
 	return errors.Join(errs...)
 }
 
-// RemoveFiles removes the slot files of this host's ranks (after Close),
-// and releases the job's claim: the last process of the job on this
-// machine to release it removes whatever of the job's files is left.
+// RemoveFiles removes the slot files this host made for its ranks (after
+// Close), and releases the job's claim: the last process of the job on
+// this machine to release it removes whatever of the job's files is left.
+// A rank's file whose name another process made since is left to it:
+// agents of the job that share the directory (network namespace hosts
+// share /dev/shm) use the same names for a rank, and a spare that took
+// this host's ranks over may be using them.
 func (h *Host) RemoveFiles() error {
 	var errs []error
-	for _, r := range sortedRanks(h.place()) {
-		errs = append(errs, ckpt.Remove(h.cfg.Job, r, ckpt.Options{Dir: h.cfg.Dir}))
+	p := h.place()
+	for _, r := range sortedRanks(p) {
+		errs = append(errs, p.svcs[r].removeFilesLog())
 	}
 	if h.claim != nil {
 		_, err := h.claim.Release()

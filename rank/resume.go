@@ -56,7 +56,7 @@ func (h *Host) Preload(r int, regions []Region, step int64, fill func(views [][]
 	}
 	fail := func(err error) error {
 		slots.Close()
-		if rerr := ckpt.Remove(h.cfg.Job, r, opt); rerr != nil {
+		if _, rerr := ckpt.RemoveOwned(slots.Owned()); rerr != nil {
 			h.log.Warn("cannot remove the slots of a preload that failed", "rank", r, "err", rerr)
 		}
 		return err
@@ -80,6 +80,7 @@ func (h *Host) Preload(r int, regions []Region, step int64, fill func(views [][]
 	}
 	slot := st.Slot()
 	s.slots = slots
+	s.owned = append(s.owned, slots.Owned()...)
 	s.regions = slices.Clone(regions)
 	s.files = slots.Files()
 	s.repl = s.repl[:0]

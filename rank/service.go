@@ -57,6 +57,11 @@ type service struct {
 	grad      [2][]byte
 	gradFile  *GradientFile
 	gradUnmap func() error
+	// owned are the files this service made (its slots', its gradient
+	// buffer), by inode: the only ones removeFiles removes. Another
+	// agent of the job sharing the directory may have made rank's names
+	// since (a spare that took the rank over; ckpt/owned.go).
+	owned []ckpt.OwnedFile
 	// opt is the rank's replay optimizer as declared (diff mode), or nil.
 	opt *Optimizer
 	// dep: the deposits the rank writes for local holders (localpeer.go).
@@ -358,9 +363,13 @@ func (s *service) helloLocked(req *ProtectHello) (*ProtectWelcome, error) {
 		}
 		if err := s.createGradient(req.Gradient*4, reduced); err != nil {
 			slots.Close()
+			if _, rerr := ckpt.RemoveOwned(slots.Owned()); rerr != nil {
+				s.h.log.Warn("cannot remove the slots of a ProtectHello that failed", "rank", s.rank, "err", rerr)
+			}
 			return nil, err
 		}
 	}
+	s.owned = append(s.owned, slots.Owned()...)
 	s.slots = slots
 	if diff {
 		s.opt = req.Optimizer.clone()
@@ -415,6 +424,10 @@ func (s *service) createGradient(size, reduced int64) error {
 	} else {
 		err = syscall.Fallocate(int(fd.Fd()), 0, 0, 2*stride)
 	}
+	owned, oerr := ckpt.OwnFile(fd)
+	if err == nil {
+		err = oerr
+	}
 	if cerr := fd.Close(); err == nil {
 		err = cerr
 	}
@@ -429,6 +442,7 @@ func (s *service) createGradient(size, reduced int64) error {
 	}
 	s.grad = views
 	s.gradUnmap = unmap
+	s.owned = append(s.owned, owned)
 	s.gradFile = &GradientFile{Path: f.Path, Size: size, Stride: stride}
 	if reduced > 0 {
 		s.gradFile.Deposit, s.gradFile.Reduced = dep, reduced
@@ -859,6 +873,26 @@ func (s *service) truncateSlots(g int64) error {
 
 // close stops the service: its requests in flight end (it waits for
 // them, and for the readers of its slots) and its slots are unmapped. The files stay.
+// removeFiles removes the files the service made (after close) whose
+// names still lead to them, and returns the paths it left because
+// another process made them since.
+func (s *service) removeFiles() (left []string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	left, err = ckpt.RemoveOwned(s.owned)
+	s.owned = nil
+	return left, err
+}
+
+// removeFilesLog is removeFiles, logging the files it left.
+func (s *service) removeFilesLog() error {
+	left, err := s.removeFiles()
+	if len(left) > 0 {
+		s.h.log.Info("left a rank's files another agent of the job made since (a spare that took the rank over)", "rank", s.rank, "files", left)
+	}
+	return err
+}
+
 func (s *service) close() error {
 	s.stop()
 	s.rep.stop()
