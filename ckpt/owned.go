@@ -8,9 +8,8 @@ package ckpt
 // host's rank r moves to a spare, the spare's Create replaces the names,
 // and the lost host's agent, ending later, must not remove them by name:
 // the spare's rank would find its files gone. So an agent removes what
-// it made, known by the inodes the names led to when it made them
-// (Owned), and leaves a name that leads elsewhere: the newest maker owns
-// a name.
+// it made (OwnedFile), and leaves a name that leads elsewhere: the
+// newest maker owns a name.
 
 import (
 	"errors"
@@ -20,70 +19,82 @@ import (
 	"syscall"
 )
 
-// OwnedFile is a file one process made: its path and the inode the path
-// led to when it was made.
+// OwnedFile is a file one process made: its path, and the file itself,
+// held open so that the path can be checked to lead to it still. (An
+// inode number alone would not do: a file system may give a removed
+// file's number to the next file made, the one that replaced it.)
 type OwnedFile struct {
-	Path     string
-	dev, ino uint64
+	Path string
+	f    *os.File
 }
 
-// OwnFile returns f's path and the inode behind its open descriptor (a
-// file the caller just made with O_EXCL, as Create makes the slots').
+// OwnFile returns f's path and the file behind its descriptor (a file
+// the caller just made with O_EXCL, as Create makes the slots'), which
+// it keeps open, on a descriptor of its own, until RemoveOwned or
+// Disown. The caller still closes f.
 func OwnFile(f *os.File) (OwnedFile, error) {
-	fi, err := f.Stat()
+	fd, err := syscall.Dup(int(f.Fd()))
 	if err != nil {
-		return OwnedFile{}, fmt.Errorf("ckpt: %w", err)
+		return OwnedFile{}, fmt.Errorf("ckpt: owning %s: %w", f.Name(), err)
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return OwnedFile{}, fmt.Errorf("ckpt: %s: no inode number on this system", f.Name())
-	}
-	return OwnedFile{Path: f.Name(), dev: uint64(st.Dev), ino: st.Ino}, nil
+	syscall.CloseOnExec(fd)
+	return OwnedFile{Path: f.Name(), f: os.NewFile(uintptr(fd), f.Name())}, nil
 }
 
-// leadsTo reports whether o's path still leads to the inode it was made
-// as.
+// leadsTo reports whether o's path still leads to o's file.
 func (o OwnedFile) leadsTo() (bool, error) {
-	fi, err := os.Lstat(o.Path)
+	b, err := os.Lstat(o.Path)
 	if err != nil {
 		return false, err
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	return ok && uint64(st.Dev) == o.dev && st.Ino == o.ino, nil
+	if o.f == nil {
+		return false, nil
+	}
+	a, err := o.f.Stat()
+	if err != nil {
+		return false, err
+	}
+	return os.SameFile(a, b), nil
 }
 
 // Owned returns the files Create made for s: its header file and its
-// regions' data files. Slots that Open mapped own none.
+// regions' data files. Slots that Open mapped own none. The files stay
+// open, after Close too, until RemoveOwned or Disown is given them.
 func (s *Slots) Owned() []OwnedFile {
 	return append([]OwnedFile(nil), s.owned...)
 }
 
-// RemoveOwned removes each of files whose path still leads to the inode
-// it was made as, and returns the paths of those left because it leads
-// elsewhere now (another process made the name since). A path that is
-// gone is not an error.
-//
-// Between the check and the removal, another process could replace the
-// name once more; Create's makers do so only when they take a rank's
-// slots over, which a process removing its own does not wait for: that
-// window (a stat and an unlink) is left open.
+// RemoveOwned removes each of files whose path still leads to it, and
+// returns the paths it left because they lead elsewhere now (another
+// process made the name since). A path that is gone is not an error.
+// It closes the files. (Between its check of a path and the removal,
+// another process could make the name again: that window, of a stat
+// and an unlink, is left open.)
 func RemoveOwned(files []OwnedFile) (left []string, err error) {
 	var errs []error
 	for _, o := range files {
 		ok, err := o.leadsTo()
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
-			continue
 		case err != nil:
 			errs = append(errs, fmt.Errorf("ckpt: %w", err))
-			continue
 		case !ok:
 			left = append(left, o.Path)
-			continue
-		}
-		if err := os.Remove(o.Path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("ckpt: %w", err))
+		default:
+			if err := os.Remove(o.Path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("ckpt: %w", err))
+			}
 		}
 	}
+	Disown(files)
 	return left, errors.Join(errs...)
+}
+
+// Disown closes files, removing none.
+func Disown(files []OwnedFile) {
+	for _, o := range files {
+		if o.f != nil {
+			o.f.Close()
+		}
+	}
 }

@@ -39,7 +39,7 @@ type Slots struct {
 
 	rereads atomic.Uint64 // Newest's reads of slots overwritten under it
 
-	owned []OwnedFile // the files Create made (owned.go); immutable after Create
+	owned []OwnedFile // the files Create made, held open (owned.go); immutable after Create
 }
 
 // regionMap is a region's data file, mapped twice.
@@ -296,8 +296,9 @@ func (s *Slots) unmap() error {
 }
 
 // Close unmaps the files; the files stay (Remove and RemoveJob remove
-// them). Views obtained from the Slots must not be used afterwards.
-// Closing twice is a no-op.
+// them, and RemoveOwned those Create made, which it keeps open: Owned).
+// Views obtained from the Slots must not be used afterwards. Closing
+// twice is a no-op.
 func (s *Slots) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

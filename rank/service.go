@@ -414,6 +414,13 @@ func (s *service) createGradient(size, reduced int64) error {
 	if err != nil {
 		return fmt.Errorf("gradient buffer: %w", err)
 	}
+	owned, err := ckpt.OwnFile(fd)
+	if err != nil {
+		fd.Close()
+		os.Remove(f.Path) // made a moment ago, but not held
+		return fmt.Errorf("gradient buffer: %w", err)
+	}
+	drop := func() { _, _ = ckpt.RemoveOwned([]ckpt.OwnedFile{owned}) }
 	if reduced > 0 {
 		err = fd.Truncate(2 * stride)
 		for half := range int64(2) {
@@ -424,20 +431,16 @@ func (s *service) createGradient(size, reduced int64) error {
 	} else {
 		err = syscall.Fallocate(int(fd.Fd()), 0, 0, 2*stride)
 	}
-	owned, oerr := ckpt.OwnFile(fd)
-	if err == nil {
-		err = oerr
-	}
 	if cerr := fd.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil && 2*stride > 0 {
-		os.Remove(f.Path)
+		drop()
 		return fmt.Errorf("gradient buffer of %d bytes: %w", size, err)
 	}
 	views, unmap, err := ckpt.MapData(f)
 	if err != nil {
-		os.Remove(f.Path)
+		drop()
 		return fmt.Errorf("gradient buffer: %w", err)
 	}
 	s.grad = views
