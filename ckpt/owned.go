@@ -9,7 +9,9 @@ package ckpt
 // and the lost host's agent, ending later, must not remove them by name:
 // the spare's rank would find its files gone. So an agent removes what
 // it made (OwnedFile), and leaves a name that leads elsewhere: the
-// newest maker owns a name.
+// newest maker owns a name. Makers and removers of a rank's files take
+// its names lock around their work (Claim.Names), which makes a check
+// and its removal one step to the others.
 
 import (
 	"errors"
@@ -67,9 +69,9 @@ func (s *Slots) Owned() []OwnedFile {
 // RemoveOwned removes each of files whose path still leads to it, and
 // returns the paths it left because they lead elsewhere now (another
 // process made the name since). A path that is gone is not an error.
-// It closes the files. (Between its check of a path and the removal,
-// another process could make the name again: that window, of a stat
-// and an unlink, is left open.)
+// It closes the files. Processes that share the directory call it, and
+// Create, under the rank's names lock (Claim.Names): else another could
+// make a name again between its check and its removal.
 func RemoveOwned(files []OwnedFile) (left []string, err error) {
 	var errs []error
 	for _, o := range files {

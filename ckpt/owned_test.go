@@ -1,10 +1,13 @@
 package ckpt
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestRemoveOwned: RemoveOwned removes the files a Create made while
@@ -127,4 +130,67 @@ func inDir(dir string, names []string) []string {
 		ps = append(ps, filepath.Join(dir, n))
 	}
 	return ps
+}
+
+// TestClaimNames: Names holds an exclusive lock on its rank's byte of the
+// job's lock file while fn runs, which another process's claim (here
+// another open file description) cannot take, on that rank only; it
+// lets go when fn returns, also with an error, and a nil Claim runs fn.
+func TestClaimNames(t *testing.T) {
+	opt := Options{Dir: t.TempDir()}
+	a, err := ClaimJob("abc", opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Release()
+	b, err := ClaimJob("abc", opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	// try reports whether b could take rank's lock now (and lets it go).
+	try := func(rank int) bool {
+		lk := unix.Flock_t{Type: unix.F_WRLCK, Start: int64(rank), Len: 1}
+		err := unix.FcntlFlock(b.f.Fd(), unix.F_OFD_SETLK, &lk)
+		if err != nil {
+			if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EACCES) {
+				t.Fatal(err)
+			}
+			return false
+		}
+		lk.Type = unix.F_UNLCK
+		if err := unix.FcntlFlock(b.f.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
+			t.Fatal(err)
+		}
+		return true
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{{"fn succeeds", nil}, {"fn fails", errors.New("fn failed")}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ran := false
+			err := a.Names(7, func() error {
+				ran = true
+				if try(7) {
+					t.Error("another claim took rank 7's names lock while Names held it")
+				}
+				if !try(6) || !try(8) {
+					t.Error("another claim could not take the names lock of ranks 6 and 8")
+				}
+				return tc.err
+			})
+			if !ran || !errors.Is(err, tc.err) {
+				t.Fatalf("Names: ran %v, err %v, want %v", ran, err, tc.err)
+			}
+			if !try(7) {
+				t.Error("rank 7's names lock is still held after Names returned")
+			}
+		})
+	}
+	var none *Claim
+	ran := false
+	if err := none.Names(3, func() error { ran = true; return nil }); err != nil || !ran {
+		t.Errorf("a nil Claim's Names: ran %v, err %v", ran, err)
+	}
 }

@@ -352,11 +352,13 @@ func (s *service) helloLocked(req *ProtectHello) (*ProtectWelcome, error) {
 	}
 	s.h.claimFiles()
 	opt := ckpt.Options{Dir: s.h.cfg.Dir}
-	slots, err := ckpt.Create(s.h.cfg.Job, s.rank, cr, opt)
-	if err != nil {
-		return nil, err
-	}
-	if req.Gradient > 0 {
+	var slots *ckpt.Slots
+	err := s.h.names(s.rank, func() error {
+		var err error
+		slots, err = ckpt.Create(s.h.cfg.Job, s.rank, cr, opt)
+		if err != nil || req.Gradient <= 0 {
+			return err
+		}
 		var reduced int64
 		if diff && req.Optimizer.Reduced != nil {
 			reduced = req.Optimizer.Reduced.N
@@ -366,8 +368,12 @@ func (s *service) helloLocked(req *ProtectHello) (*ProtectWelcome, error) {
 			if _, rerr := ckpt.RemoveOwned(slots.Owned()); rerr != nil {
 				s.h.log.Warn("cannot remove the slots of a ProtectHello that failed", "rank", s.rank, "err", rerr)
 			}
-			return nil, err
+			return err
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	s.owned = append(s.owned, slots.Owned()...)
 	s.slots = slots
@@ -395,7 +401,8 @@ func (s *service) gradSize() int64 {
 	return s.gradFile.Size
 }
 
-// createGradient creates the gradient buffer, a file beside the rank's
+// createGradient creates the gradient buffer (under the rank's names
+// lock, Host.names), a file beside the rank's
 // slot files and named as theirs are (so that ckpt.RemoveJob removes it
 // too): two halves of size bytes, at offsets 0 and stride (GradientFile).
 // With reduced > 0 each half also has a deposit area of reduced float32s
@@ -882,7 +889,20 @@ func (s *service) truncateSlots(g int64) error {
 func (s *service) removeFiles() (left []string, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	left, err = ckpt.RemoveOwned(s.owned)
+	if len(s.owned) == 0 {
+		return nil, nil
+	}
+	ran := false
+	err = s.h.names(s.rank, func() error {
+		ran = true
+		var err error
+		left, err = ckpt.RemoveOwned(s.owned)
+		return err
+	})
+	if !ran {
+		// The lock failed: the files stay, for the job's last agent here.
+		ckpt.Disown(s.owned)
+	}
 	s.owned = nil
 	return left, err
 }
