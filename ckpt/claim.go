@@ -94,9 +94,9 @@ func same(f *os.File, path string) bool {
 // Names runs fn holding rank's names lock: an exclusive OFD lock
 // (fcntl(2), independent of the claim's flock) on byte rank of the job's
 // lock file, which every process that makes or removes rank's files in
-// the directory takes around it (Create, and a check and removal by
-// RemoveOwned), so that a removal never comes between another's check
-// and its removal. It waits for the lock. A nil Claim, or a released
+// the directory takes around it (Create, RemoveOwned), so that no
+// process makes a name again between another's check of it and its
+// removal. It waits for the lock. A nil Claim, or a released
 // one, runs fn alone. Within one process the callers exclude each other
 // (an OFD lock does not: the process holds it on one descriptor).
 func (c *Claim) Names(rank int, fn func() error) error {

@@ -63,7 +63,9 @@ func (r *regionMap) view(m []byte, slot int) []byte {
 // file per region, with its space reserved, and the header file, written
 // last. Both slots start empty. Region names must match
 // [a-z][a-z0-9_-]{0,31}, and be unique; there are 1 to 16 regions, of 0
-// to MaxRegionSize bytes.
+// to MaxRegionSize bytes. The Slots own the files made (Owned).
+// Processes that share the directory call Create under the rank's names
+// lock (Claim.Names).
 func Create(job string, rank int, regions []Region, opt Options) (*Slots, error) {
 	if err := checkIDs(job, rank); err != nil {
 		return nil, err
