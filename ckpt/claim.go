@@ -8,6 +8,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // A Claim says that a job's slot files in a directory are in use: every
@@ -87,6 +89,39 @@ func same(f *os.File, path string) bool {
 	a, err1 := f.Stat()
 	b, err2 := os.Lstat(path)
 	return err1 == nil && err2 == nil && os.SameFile(a, b)
+}
+
+// Names runs fn holding rank's names lock: an exclusive OFD lock
+// (fcntl(2), independent of the claim's flock) on byte rank of the job's
+// lock file, which every process that makes or removes rank's files in
+// the directory takes around it (Create, RemoveOwned), so that no
+// process makes a name again between another's check of it and its
+// removal. It waits for the lock. A nil Claim, or a released
+// one, runs fn alone. Within one process the callers exclude each other
+// (an OFD lock does not: the process holds it on one descriptor).
+func (c *Claim) Names(rank int, fn func() error) error {
+	if c == nil || c.f == nil {
+		return fn()
+	}
+	if rank < 0 || rank > maxRank {
+		return fmt.Errorf("ckpt: invalid rank %d", rank)
+	}
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: int64(rank), Len: 1}
+	for {
+		err := unix.FcntlFlock(c.f.Fd(), unix.F_OFD_SETLKW, &lk)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("ckpt: locking the names of rank %d of job %s: %w", rank, c.job, err)
+		}
+	}
+	defer func() {
+		ul := lk
+		ul.Type = unix.F_UNLCK
+		_ = unix.FcntlFlock(c.f.Fd(), unix.F_OFD_SETLK, &ul)
+	}()
+	return fn()
 }
 
 // Release drops the claim. If no other process holds one, the job's

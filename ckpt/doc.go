@@ -49,7 +49,13 @@
 // named "hdr", whose data file would be the header file. Ranks are
 // written in decimal without leading zeros, 0 to 2^31-1. [RemoveJob]
 // removes the regular files whose names have exactly this form for the
-// job, and nothing else; [Remove], those of one rank.
+// job, and nothing else; [Remove], those of one rank. An agent ending,
+// or a rank leaving its host, removes only the files it made
+// ([RemoveOwned]): two agents of a job that share the directory (hosts
+// emulated by network namespaces share /dev/shm) use the same names for
+// a rank that moved from one to the other, and the newest maker owns
+// them. Both take the rank's names lock ([Claim.Names]) to make or
+// remove them.
 //
 // Files are created 0600 with O_EXCL and O_NOFOLLOW (after removing the
 // rank's old files, whose other mappings keep the old memory), and both

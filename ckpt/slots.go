@@ -38,6 +38,8 @@ type Slots struct {
 	maps   []regionMap // one per region
 
 	rereads atomic.Uint64 // Newest's reads of slots overwritten under it
+
+	owned []OwnedFile // the files Create made, held open (owned.go); immutable after Create
 }
 
 // regionMap is a region's data file, mapped twice.
@@ -61,7 +63,9 @@ func (r *regionMap) view(m []byte, slot int) []byte {
 // file per region, with its space reserved, and the header file, written
 // last. Both slots start empty. Region names must match
 // [a-z][a-z0-9_-]{0,31}, and be unique; there are 1 to 16 regions, of 0
-// to MaxRegionSize bytes.
+// to MaxRegionSize bytes. The Slots own the files made (Owned).
+// Processes that share the directory call Create under the rank's names
+// lock (Claim.Names).
 func Create(job string, rank int, regions []Region, opt Options) (*Slots, error) {
 	if err := checkIDs(job, rank); err != nil {
 		return nil, err
@@ -78,44 +82,47 @@ func Create(job string, rank int, regions []Region, opt Options) (*Slots, error)
 	if err := Remove(job, rank, opt); err != nil {
 		return nil, err
 	}
-	var created []string
+	var created []OwnedFile
 	fail := func(err error) (*Slots, error) {
-		for _, p := range created {
-			os.Remove(p)
-		}
+		_, _ = RemoveOwned(created) // only what this Create made
 		return nil, err
 	}
 	for _, r := range regions {
 		p := filepath.Join(dir, dataName(job, rank, r.Name))
-		if err := createFile(p, 2*stride(r.Size), nil); err != nil {
+		o, err := createFile(p, 2*stride(r.Size), nil)
+		if err != nil {
 			return fail(err)
 		}
-		created = append(created, p)
+		created = append(created, o)
 	}
 	hdr := make([]byte, hdrFileSize)
 	copy(hdr, encodeLayout(job, rank, regions))
 	p := filepath.Join(dir, hdrName(job, rank))
-	if err := createFile(p, hdrFileSize, hdr); err != nil {
+	o, err := createFile(p, hdrFileSize, hdr)
+	if err != nil {
 		return fail(err)
 	}
-	created = append(created, p)
+	created = append(created, o)
 	s, err := open(dir, job, rank, regions)
 	if err != nil {
 		return fail(err)
 	}
+	s.owned = created
 	return s, nil
 }
 
 // createFile creates path, 0600, failing if anything (a symbolic link
 // included) has the name, and gives it size bytes: content if not nil,
-// else reserved zeros. If it fails after creating the file, it removes
-// it.
-func createFile(path string, size int64, content []byte) error {
+// else reserved zeros. It returns the file it made (OwnFile). If it fails
+// after creating the file, it removes it.
+func createFile(path string, size int64, content []byte) (OwnedFile, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return fmt.Errorf("ckpt: %w", err)
+		return OwnedFile{}, fmt.Errorf("ckpt: %w", err)
 	}
+	o, err := OwnFile(f)
 	switch {
+	case err != nil:
 	case content != nil:
 		_, err = f.WriteAt(content, 0)
 	case size > 0:
@@ -131,10 +138,14 @@ func createFile(path string, size int64, content []byte) error {
 		err = cerr
 	}
 	if err != nil {
-		os.Remove(path)
-		return fmt.Errorf("ckpt: %w", err)
+		if o.Path != "" {
+			_, _ = RemoveOwned([]OwnedFile{o})
+		} else {
+			os.Remove(path) // made a moment ago, but its inode is unknown
+		}
+		return OwnedFile{}, fmt.Errorf("ckpt: %w", err)
 	}
-	return nil
+	return o, nil
 }
 
 // Open maps the existing files of a rank's slots (for a restarted rank, or
@@ -287,8 +298,9 @@ func (s *Slots) unmap() error {
 }
 
 // Close unmaps the files; the files stay (Remove and RemoveJob remove
-// them). Views obtained from the Slots must not be used afterwards.
-// Closing twice is a no-op.
+// them, and RemoveOwned those Create made, which it keeps open: Owned).
+// Views obtained from the Slots must not be used afterwards. Closing
+// twice is a no-op.
 func (s *Slots) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

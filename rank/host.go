@@ -231,7 +231,7 @@ type Host struct {
 	rmu     sync.RWMutex // held by Restart, and read-held by Progress
 
 	claimOnce sync.Once
-	claim     *ckpt.Claim // this job's files on this machine are in use
+	claim     atomic.Pointer[ckpt.Claim] // this job's files on this machine are in use
 
 	dur persistHost // the durable tier's watermark (persist.go)
 }
@@ -246,8 +246,16 @@ func (h *Host) claimFiles() {
 			h.log.Warn("cannot claim the job's protected state files; if this agent is killed, they stay until removed by hand", "err", err)
 			return
 		}
-		h.claim = c
+		h.claim.Store(c)
 	})
+}
+
+// names runs fn holding the names lock of rank's files (ckpt.Claim.Names),
+// around making or removing them: other agents of the job that share the
+// directory (network namespace hosts share /dev/shm) make and remove the
+// same names. Without a claim, fn runs alone.
+func (h *Host) names(rank int, fn func() error) error {
+	return h.claim.Load().Names(rank, fn)
 }
 
 // NewHost starts a host's state protection. Nothing is created on disk
@@ -662,16 +670,21 @@ func (h *Host) Close() error {
 	return errors.Join(errs...)
 }
 
-// RemoveFiles removes the slot files of this host's ranks (after Close),
-// and releases the job's claim: the last process of the job on this
-// machine to release it removes whatever of the job's files is left.
+// RemoveFiles removes the slot files this host made for its ranks (after
+// Close), and releases the job's claim: the last process of the job on
+// this machine to release it removes whatever of the job's files is left.
+// A rank's file whose name another process made since is left to it:
+// agents of the job that share the directory (network namespace hosts
+// share /dev/shm) use the same names for a rank, and a spare that took
+// this host's ranks over may be using them.
 func (h *Host) RemoveFiles() error {
 	var errs []error
-	for _, r := range sortedRanks(h.place()) {
-		errs = append(errs, ckpt.Remove(h.cfg.Job, r, ckpt.Options{Dir: h.cfg.Dir}))
+	p := h.place()
+	for _, r := range sortedRanks(p) {
+		errs = append(errs, p.svcs[r].removeFilesLog())
 	}
-	if h.claim != nil {
-		_, err := h.claim.Release()
+	if c := h.claim.Load(); c != nil {
+		_, err := c.Release()
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

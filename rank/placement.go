@@ -6,7 +6,6 @@ import (
 	"maps"
 	"slices"
 
-	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/topology"
 )
 
@@ -425,10 +424,8 @@ func (h *Host) SetPlacement(p Placement) error {
 		if err := s.close(); err != nil {
 			errs = append(errs, fmt.Errorf("rank %d, which left this host: %w", s.rank, err))
 		}
-		if s.protected() {
-			if err := ckpt.Remove(h.cfg.Job, s.rank, ckpt.Options{Dir: h.cfg.Dir}); err != nil {
-				errs = append(errs, fmt.Errorf("rank %d, which left this host: %w", s.rank, err))
-			}
+		if err := s.removeFilesLog(); err != nil {
+			errs = append(errs, fmt.Errorf("rank %d, which left this host: %w", s.rank, err))
 		}
 	}
 	for _, r := range np.ranks {

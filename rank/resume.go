@@ -50,13 +50,18 @@ func (h *Host) Preload(r int, regions []Region, step int64, fill func(views [][]
 	}
 	h.claimFiles()
 	opt := ckpt.Options{Dir: h.cfg.Dir}
-	slots, err := ckpt.Create(h.cfg.Job, r, cr, opt)
+	var slots *ckpt.Slots
+	err := h.names(r, func() error {
+		var err error
+		slots, err = ckpt.Create(h.cfg.Job, r, cr, opt)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("rank %d: %w", r, err)
 	}
 	fail := func(err error) error {
 		slots.Close()
-		if rerr := ckpt.Remove(h.cfg.Job, r, opt); rerr != nil {
+		if rerr := h.names(r, func() error { _, err := ckpt.RemoveOwned(slots.Owned()); return err }); rerr != nil {
 			h.log.Warn("cannot remove the slots of a preload that failed", "rank", r, "err", rerr)
 		}
 		return err
@@ -80,6 +85,7 @@ func (h *Host) Preload(r int, regions []Region, step int64, fill func(views [][]
 	}
 	slot := st.Slot()
 	s.slots = slots
+	s.owned = append(s.owned, slots.Owned()...)
 	s.regions = slices.Clone(regions)
 	s.files = slots.Files()
 	s.repl = s.repl[:0]

@@ -57,6 +57,11 @@ type service struct {
 	grad      [2][]byte
 	gradFile  *GradientFile
 	gradUnmap func() error
+	// owned are the files this service made (its slots', its gradient
+	// buffer), by inode: the only ones removeFiles removes. Another
+	// agent of the job sharing the directory may have made rank's names
+	// since (a spare that took the rank over; ckpt/owned.go).
+	owned []ckpt.OwnedFile
 	// opt is the rank's replay optimizer as declared (diff mode), or nil.
 	opt *Optimizer
 	// dep: the deposits the rank writes for local holders (localpeer.go).
@@ -347,20 +352,30 @@ func (s *service) helloLocked(req *ProtectHello) (*ProtectWelcome, error) {
 	}
 	s.h.claimFiles()
 	opt := ckpt.Options{Dir: s.h.cfg.Dir}
-	slots, err := ckpt.Create(s.h.cfg.Job, s.rank, cr, opt)
-	if err != nil {
-		return nil, err
-	}
-	if req.Gradient > 0 {
+	var slots *ckpt.Slots
+	err := s.h.names(s.rank, func() error {
+		var err error
+		slots, err = ckpt.Create(s.h.cfg.Job, s.rank, cr, opt)
+		if err != nil || req.Gradient <= 0 {
+			return err
+		}
 		var reduced int64
 		if diff && req.Optimizer.Reduced != nil {
 			reduced = req.Optimizer.Reduced.N
 		}
 		if err := s.createGradient(req.Gradient*4, reduced); err != nil {
 			slots.Close()
-			return nil, err
+			if _, rerr := ckpt.RemoveOwned(slots.Owned()); rerr != nil {
+				s.h.log.Warn("cannot remove the slots of a ProtectHello that failed", "rank", s.rank, "err", rerr)
+			}
+			return err
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	s.owned = append(s.owned, slots.Owned()...)
 	s.slots = slots
 	if diff {
 		s.opt = req.Optimizer.clone()
@@ -386,7 +401,8 @@ func (s *service) gradSize() int64 {
 	return s.gradFile.Size
 }
 
-// createGradient creates the gradient buffer, a file beside the rank's
+// createGradient creates the gradient buffer (under the rank's names
+// lock, Host.names), a file beside the rank's
 // slot files and named as theirs are (so that ckpt.RemoveJob removes it
 // too): two halves of size bytes, at offsets 0 and stride (GradientFile).
 // With reduced > 0 each half also has a deposit area of reduced float32s
@@ -405,6 +421,13 @@ func (s *service) createGradient(size, reduced int64) error {
 	if err != nil {
 		return fmt.Errorf("gradient buffer: %w", err)
 	}
+	owned, err := ckpt.OwnFile(fd)
+	if err != nil {
+		fd.Close()
+		os.Remove(f.Path) // made a moment ago, but not held
+		return fmt.Errorf("gradient buffer: %w", err)
+	}
+	drop := func() { _, _ = ckpt.RemoveOwned([]ckpt.OwnedFile{owned}) }
 	if reduced > 0 {
 		err = fd.Truncate(2 * stride)
 		for half := range int64(2) {
@@ -419,16 +442,17 @@ func (s *service) createGradient(size, reduced int64) error {
 		err = cerr
 	}
 	if err != nil && 2*stride > 0 {
-		os.Remove(f.Path)
+		drop()
 		return fmt.Errorf("gradient buffer of %d bytes: %w", size, err)
 	}
 	views, unmap, err := ckpt.MapData(f)
 	if err != nil {
-		os.Remove(f.Path)
+		drop()
 		return fmt.Errorf("gradient buffer: %w", err)
 	}
 	s.grad = views
 	s.gradUnmap = unmap
+	s.owned = append(s.owned, owned)
 	s.gradFile = &GradientFile{Path: f.Path, Size: size, Stride: stride}
 	if reduced > 0 {
 		s.gradFile.Deposit, s.gradFile.Reduced = dep, reduced
@@ -859,6 +883,39 @@ func (s *service) truncateSlots(g int64) error {
 
 // close stops the service: its requests in flight end (it waits for
 // them, and for the readers of its slots) and its slots are unmapped. The files stay.
+// removeFiles removes the files the service made (after close) whose
+// names still lead to them, and returns the paths it left because
+// another process made them since.
+func (s *service) removeFiles() (left []string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.owned) == 0 {
+		return nil, nil
+	}
+	ran := false
+	err = s.h.names(s.rank, func() error {
+		ran = true
+		var err error
+		left, err = ckpt.RemoveOwned(s.owned)
+		return err
+	})
+	if !ran {
+		// The lock failed: the files stay, for the job's last agent here.
+		ckpt.Disown(s.owned)
+	}
+	s.owned = nil
+	return left, err
+}
+
+// removeFilesLog is removeFiles, logging the files it left.
+func (s *service) removeFilesLog() error {
+	left, err := s.removeFiles()
+	if len(left) > 0 {
+		s.h.log.Info("left a rank's files another agent of the job made since (a spare that took the rank over)", "rank", s.rank, "files", left)
+	}
+	return err
+}
+
 func (s *service) close() error {
 	s.stop()
 	s.rep.stop()

@@ -1,0 +1,141 @@
+package rank
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/gorun/gorun/ckpt"
+)
+
+// ownHost is a host of job "ownjob" keeping rank 1's slots in dir, alone
+// (no links): two of them on one dir are two agents of a job sharing
+// /dev/shm, as network namespace hosts do.
+func ownHost(t *testing.T, dir string, host int) *Host {
+	t.Helper()
+	h, err := NewHost(HostConfig{
+		Job: "ownjob", Host: host, Hosts: 2, Ranks: []int{1}, Dir: dir,
+		HostOf: func(int) int { return host }, Peers: func(int) []int { return []int{1} },
+		Mode: ModeDiff, Diff: DiffConfig{Fold: 8, BaseEvery: 100},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+// rankFiles returns the names of rank 1's files in dir.
+func rankFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "gorun-ownjob.r1.") {
+			names = append(names, e.Name())
+		}
+	}
+	return names
+}
+
+// TestRemoveFilesLeavesTakenOver: a host whose rank 1 a spare sharing its
+// slot directory took over (chaos SEED=2026 ONLY=69: a partitioned host's
+// agent ending after the spare rolled rank 1 back) removes only the files
+// it made, not the rank's names: the spare's stay, whole, whether the
+// host ends (RemoveFiles) or the rank leaves it (SetPlacement). Alone,
+// the host removes its own. Rank 1's slots are made by a ProtectHello
+// (with a gradient buffer) or by a Preload (a rollback from disk).
+func TestRemoveFilesLeavesTakenOver(t *testing.T) {
+	regions := []Region{diffRegions[0], diffRegions[2]}
+	make1 := map[string]func(t *testing.T, h *Host, step int64){
+		"hello": func(t *testing.T, h *Host, _ int64) {
+			_, ans, err := h.Session(1).Handle(context.Background(), TypeProtectHello, diffHelloOf(t, diffRegions))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w := ans.(*ProtectWelcome); w.Err != "" || w.Gradient == nil {
+				t.Fatalf("ProtectHello: %q, gradient %+v", w.Err, w.Gradient)
+			}
+		},
+		"preload": func(t *testing.T, h *Host, step int64) {
+			if err := h.Preload(1, regions, step, func([][]byte) (int, error) { return 1, nil }); err != nil {
+				t.Fatal(err)
+			}
+		},
+	}
+	for _, tc := range []struct {
+		name  string
+		make  string
+		spare bool // a second host makes rank 1's slots after the first
+		leave bool // the rank leaves the first host, which goes on
+	}{
+		{"hello/spare/host ends", "hello", true, false},
+		{"hello/spare/rank leaves", "hello", true, true},
+		{"hello/alone/host ends", "hello", false, false},
+		{"preload/spare/host ends", "preload", true, false},
+		{"preload/spare/rank leaves", "preload", true, true},
+		{"preload/alone/rank leaves", "preload", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			a := ownHost(t, dir, 0)
+			make1[tc.make](t, a, 3)
+			made := rankFiles(t, dir)
+			if len(made) == 0 {
+				t.Fatal("rank 1 has no files")
+			}
+			var b *Host
+			if tc.spare {
+				b = ownHost(t, dir, 1)
+				make1[tc.make](t, b, 7)
+				if got := rankFiles(t, dir); !slices.Equal(got, made) {
+					t.Fatalf("the spare made %v, the host %v", got, made)
+				}
+			}
+			if tc.leave {
+				if err := a.SetPlacement(Placement{Ranks: []int{}, HostOf: []int{1, 1}, Epoch: 1, G: -1}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				if err := a.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if err := a.RemoveFiles(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := rankFiles(t, dir)
+			if !tc.spare {
+				if len(got) != 0 {
+					t.Fatalf("the host left its own files %v", got)
+				}
+				return
+			}
+			if !slices.Equal(got, made) {
+				t.Fatalf("the spare's files are %v after the first host removed its own, want %v", got, made)
+			}
+			// What stays is the spare's, whole: its step opens.
+			s, err := ckpt.Open("ownjob", 1, nil, ckpt.Options{Dir: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if tc.make == "preload" {
+				if _, err := s.At(7); err != nil {
+					t.Errorf("the spare's step 7: %v", err)
+				}
+			}
+			for _, f := range s.Files() {
+				if _, err := os.Stat(filepath.Join(dir, filepath.Base(f.Path))); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+}
