@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -169,5 +171,66 @@ func TestUnderGorun(t *testing.T) {
 	}
 	if other := hashes("2", "2"); other == want {
 		t.Errorf("seeds 1 and 2 gave the same hashes %s", want)
+	}
+}
+
+// TestUnderGorunUsr1 sends gorun SIGUSR1 (Slurm's preemption notice)
+// once rank 0 has printed step 2 of 60 (gorun prefixes "[0] "): gorun forwards it to both ranks,
+// each prints one line naming it and goes on, and the job ends 0 with the
+// hashes of a run without it. Without a handler the Go runtime ignores
+// SIGUSR1 and no line comes.
+func TestUnderGorunUsr1(t *testing.T) {
+	bin := dptrainBin(t)
+	gorun := os.Getenv("GORUN_BIN")
+	if gorun == "" {
+		gorun = filepath.Join(filepath.Dir(bin), "gorun")
+	}
+	args := []string{"-np", "2", "--oversubscribe", "--", bin, "--params", "100K", "--steps", "60", "--batch", "16",
+		"--compute", "2", "--seed", "1", "--log-every", "1", "--device-ms", "20"}
+	stdout, stderr, code := runBin(t, exec.CommandContext(t.Context(), gorun, args...))
+	want := hashLine.FindAllStringSubmatch(stdout, -1)
+	if code != 0 || len(want) != 2 {
+		t.Fatalf("without SIGUSR1: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+
+	cmd := exec.CommandContext(t.Context(), gorun, args...)
+	var e bytes.Buffer
+	cmd.Stderr = &e
+	cmd.WaitDelay = 10 * time.Second
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var o strings.Builder
+	sc := bufio.NewScanner(pipe)
+	sent := false
+	for sc.Scan() {
+		o.WriteString(sc.Text() + "\n")
+		if !sent && strings.HasPrefix(sc.Text(), "[0] step 2 ") {
+			if err := cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+				t.Fatalf("signalling gorun: %v", err)
+			}
+			sent = true
+		}
+	}
+	err = cmd.Wait()
+	stdout, stderr = o.String(), e.String()
+	if err != nil || !sent {
+		t.Fatalf("with SIGUSR1 (sent: %v): %v\nstdout:\n%s\nstderr:\n%s", sent, err, stdout, stderr)
+	}
+	if got := hashLine.FindAllStringSubmatch(stdout, -1); len(got) != 2 || got[0][2] != want[0][2] || got[1][2] != want[1][2] {
+		t.Errorf("hashes %v, want %v (without SIGUSR1)", got, want)
+	}
+	notes := regexp.MustCompile(`dptrain: rank (\d+): got SIGUSR1 at step (\d+)`).FindAllStringSubmatch(stderr, -1)
+	var ranks []string
+	for _, m := range notes {
+		ranks = append(ranks, m[1])
+	}
+	slices.Sort(ranks)
+	if strings.Join(ranks, " ") != "0 1" {
+		t.Errorf("ranks noting SIGUSR1: %v, want one line from each of 0 and 1\nstderr:\n%s", ranks, stderr)
 	}
 }

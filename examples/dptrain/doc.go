@@ -66,6 +66,15 @@
 // Every rank checks that all ranks hold the same parameters before the
 // hashes are printed.
 //
+// # Signals
+//
+// SIGINT and SIGTERM stop a rank. SIGUSR1 (Slurm's preemption notice,
+// which gorun forwards to every rank) does not: every rank that gets it
+// prints "dptrain: rank N: got SIGUSR1 at step S (a preemption notice);
+// going on" on its standard error before step S (S = --steps: after the
+// last) and trains on, to the same hashes. Unhandled, the Go runtime would
+// ignore it silently.
+//
 // # Failures and exit codes
 //
 // --fail-at-step S --fail-rank R makes rank R crash at the start of step S,

@@ -20,13 +20,18 @@ var _ collectives = (*comm.Comm)(nil)
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	// SIGUSR1 is Slurm's preemption notice, which gorun forwards: the
+	// Go runtime would ignore it unnotified; each rank notes it and goes on.
+	notices := make(chan os.Signal, 1)
+	signal.Notify(notices, syscall.SIGUSR1)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, notices)
+	signal.Stop(notices)
 	stop()
 	os.Exit(code)
 }
 
 // run is the program; it returns the exit code.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, notices <-chan os.Signal) int {
 	cfg, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -50,7 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer func() { c.Close() }() // the communicator of the last epoch joined
-	o := runOptions{out: stdout, errOut: stderr, crash: func(step int) error {
+	o := runOptions{out: stdout, errOut: stderr, notices: notices, crash: func(step int) error {
 		fmt.Fprintf(stderr, "dptrain: rank %d crashing at step %d (--fail-at-step)\n", c.Rank(), step)
 		if cfg.FailWipeState {
 			if err := wipeState(c.Rank()); err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"time"
 
@@ -56,6 +57,10 @@ type runOptions struct {
 	rebuild func(ctx context.Context) (collectives, error)
 	// errOut takes the rank's notes on recovery; nil discards them.
 	errOut io.Writer
+	// notices carries SIGUSR1s (Slurm's preemption notice): each one the
+	// rank gets is noted on errOut at the next step, and training goes
+	// on unchanged. Nil: none.
+	notices <-chan os.Signal
 }
 
 // lossPoint is the loss at the start of one step (before its update).
@@ -122,6 +127,7 @@ type trainer struct {
 	rebuilds int                                            // worlds rebuilt in place so far
 	crash    func(step int) error                           // runOptions.crash
 	errOut   io.Writer                                      // runOptions.errOut, never nil
+	notices  <-chan os.Signal                               // runOptions.notices
 }
 
 // train runs the whole job on one rank.
@@ -277,6 +283,7 @@ func (t *trainer) run(ctx context.Context, first int, res *result, out io.Writer
 	res.Losses = slices.DeleteFunc(res.Losses, func(p lossPoint) bool { return p.Step >= first })
 	start := time.Now()
 	for s := first; s < cfg.Steps; s++ {
+		t.noteNotices(s)
 		if s == cfg.FailAtStep && t.rank == cfg.FailRank && t.rebuilds == 0 {
 			if cfg.FailWipeState && t.prot != nil {
 				// The state to wipe is the committed one, not one a
@@ -313,6 +320,7 @@ func (t *trainer) run(ctx context.Context, first int, res *result, out io.Writer
 			return fmt.Errorf("state protection: %w", err)
 		}
 	}
+	t.noteNotices(cfg.Steps)
 	elapsed := time.Since(start)
 	if cfg.DeviceGrad {
 		// No step gathered the parameters: the shards' master weights
@@ -392,9 +400,25 @@ func newTrainer(c collectives, cfg Config, o runOptions) (*trainer, error) {
 		rebuild:    o.rebuild,
 		crash:      o.crash,
 		errOut:     errOut,
+		notices:    o.notices,
 	}
 	t.timer.Stop()
 	return t, nil // join sets the state: reset, or resumed
+}
+
+// noteNotices writes one line on errOut for each SIGUSR1 received
+// since the last call, naming the step s about to run (Steps: after the
+// last one). The notice changes nothing else: the hashes are those of a
+// run without it.
+func (t *trainer) noteNotices(s int) {
+	for {
+		select {
+		case <-t.notices:
+			fmt.Fprintf(t.errOut, "dptrain: rank %d: got SIGUSR1 at step %d (a preemption notice); going on\n", t.rank, s)
+		default:
+			return
+		}
+	}
 }
 
 // reset puts the model and the optimizer in their initial state.

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -290,5 +293,42 @@ func TestDeviceGrad(t *testing.T) {
 	zero := mustRunWorld(t, 1, testConfig(t, "--device-grad", "--steps", "0"), runOptions{})
 	if zero.ParamsHash == want.ParamsHash {
 		t.Error("30 steps of --device-grad left the parameters where they started")
+	}
+}
+
+// TestNoticesChangeNothing gives every rank of a world of 3 a SIGUSR1
+// before its first step: each notes it once on its errOut, naming its
+// rank and step 0, and the result is that of a run without it.
+func TestNoticesChangeNothing(t *testing.T) {
+	cfg := testConfig(t)
+	want := mustRunWorld(t, 3, cfg, runOptions{})
+	const size = 3
+	w := newFakeWorld(size)
+	res := make([]*result, size)
+	errs := make([]error, size)
+	notes := make([]bytes.Buffer, size)
+	var wg sync.WaitGroup
+	for r := range size {
+		notices := make(chan os.Signal, 1)
+		notices <- syscall.SIGUSR1
+		wg.Go(func() {
+			res[r], errs[r] = train(t.Context(), &fakeComm{w, r}, cfg, runOptions{errOut: &notes[r], notices: notices})
+			if errs[r] != nil {
+				w.abort(fmt.Errorf("fake: rank %d failed: %w", r, errs[r]))
+			}
+		})
+	}
+	wg.Wait()
+	for r := range size {
+		if errs[r] != nil {
+			t.Fatalf("rank %d: %v", r, errs[r])
+		}
+		if res[r].ParamsHash != want.ParamsHash || res[r].OptimizerHash != want.OptimizerHash {
+			t.Errorf("rank %d: hashes %x %x, want %x %x (no notice)", r, res[r].ParamsHash, res[r].OptimizerHash, want.ParamsHash, want.OptimizerHash)
+		}
+		line := fmt.Sprintf("dptrain: rank %d: got SIGUSR1 at step 0 (a preemption notice); going on\n", r)
+		if got := notes[r].String(); got != line {
+			t.Errorf("rank %d noted %q, want %q", r, got, line)
+		}
 	}
 }

@@ -59,8 +59,10 @@
 // recorded after the stop, since its peers stall in its collective and
 // one of them may be named; for a stall, gorun never blocked writing)
 // leaves a failure-free run, which must end as one; an injection that
-// failed otherwise is a failure. SIGUSR1 must show in a rank's exit
-// record (usr1-forwarded); a corrupt base detected must stop the job
+// failed otherwise is a failure. SIGUSR1 must reach every rank
+// (usr1-forwarded): dptrain and MPICH ranks note it and go on (every
+// rank's "got SIGUSR1" line in gorun's standard error), a pytrain rank
+// dies of it (a rank's exit record names it); a corrupt base detected must stop the job
 // (corrupt-base-named). Known defects
 // ([KnownDefects]), being fixed, are counted apart only for a non-zero
 // exit of their fault kind and workload with their signature, and nothing

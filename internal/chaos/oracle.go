@@ -71,9 +71,13 @@ type Run struct {
 	Flipped  bool `json:"flipped,omitempty"`
 	Detected bool `json:"detected,omitempty"`
 	// Forwarded: with LauncherUsr1, a rank-exit failure record names
-	// SIGUSR1 (the workloads do not catch it: a rank it reached dies of
-	// it, and gorun records the first such exit).
-	Forwarded bool `json:"forwarded,omitempty"`
+	// SIGUSR1 (pytrain does not catch it: a rank it reached dies of it,
+	// and gorun records the first such exit). Noticed: the ranks whose
+	// line "got SIGUSR1" is in gorun's standard error (dptrain and
+	// mpisteps note it and go on: Go ignores an un-notified SIGUSR1, and
+	// MPICH's MPI_Init installs a handler for it).
+	Forwarded bool  `json:"forwarded,omitempty"`
+	Noticed   []int `json:"noticed,omitempty"`
 	// MissingSteps: rank 0's step lines not in gorun's output, for every
 	// workload (pytrain prints every tenth); Reordered: a step line came
 	// before one of an earlier step (StdoutStall only: no restart).
@@ -163,7 +167,7 @@ var Rules = []Rule{
 	{"within-equal-hash", `README, Try it: "Both print the hash of their final state, which must be the same"; DESIGN §9: "nothing the job committed is ever lost to a failure the configuration promises to survive"`},
 	{"never-wrong-hash", `issue 21: "beyond it → a clear report and a non-zero exit, never a wrong hash"`},
 	{"beyond-reported", `README, Exit code: "Otherwise it is the status of the first rank that failed ..., with a one-line report naming the rank, its host and the cause"`},
-	{"usr1-forwarded", `README, Signals: "SIGUSR1 and SIGUSR2 (Slurm's preemption notices) are forwarded to every rank, and the job goes on" (a rank it reached dies of it: some rank's exit must name SIGUSR1)`},
+	{"usr1-forwarded", `README, Signals: "SIGUSR1 and SIGUSR2 (Slurm's preemption notices) are forwarded to every rank, and the job goes on" (dptrain and MPICH ranks note it and go on: every rank's "got SIGUSR1" line must be in gorun's stderr; a pytrain rank dies of it: some rank's exit must name SIGUSR1)`},
 	{"sigterm-exit", `README, Signals: "SIGINT, SIGTERM and SIGHUP stop every rank with the same signal, and gorun exits 128+N"`},
 	{"no-leaks", `README: "gorun ... leaves no process and no temporary file behind"; "When the job ends, the agents remove the slot files"`},
 	{"launcher-exits", `DESIGN §1: "If the launcher's control connection to an agent is lost, the agent kills its ranks and exits: no orphans, ever" (and the launcher owns the job's exit code: it must exit)`},
@@ -256,8 +260,13 @@ func Judge(r Run) Verdict {
 		// Seen and gone on: the job must stop, naming the rank.
 		fail("corrupt-base-named", "rank %d's base was flipped and the corruption detected, yet the job went on and exited 0", r.Fault.Rank)
 	}
-	if r.Fault.Kind == LauncherUsr1 && !r.Forwarded {
-		fail("usr1-forwarded", "no rank's exit names SIGUSR1 (exit %d): gorun did not forward it, or the ranks did not get it", r.Code)
+	if r.Fault.Kind == LauncherUsr1 {
+		switch {
+		case notesUsr1(r.Config.Workload) && len(r.Noticed) != r.Config.NP():
+			fail("usr1-forwarded", "%d of %d ranks noted SIGUSR1 (ranks %v; exit %d): gorun did not forward it to every rank", len(r.Noticed), r.Config.NP(), r.Noticed, r.Code)
+		case !notesUsr1(r.Config.Workload) && !r.Forwarded:
+			fail("usr1-forwarded", "no rank's exit names SIGUSR1 (exit %d): gorun did not forward it, or the ranks did not get it", r.Code)
+		}
 	}
 	class := ""
 	switch {

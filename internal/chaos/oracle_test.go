@@ -22,6 +22,11 @@ func TestJudge(t *testing.T) {
 			FaultToDetect: -1, DetectToResume: -1}
 	}
 	with := func(r Run, f func(*Run)) Run { f(&r); return r }
+	usr1 := func(workload string, hosts, perHost int) Run {
+		r := base(LauncherUsr1, true)
+		r.Config = Config{Workload: workload, Hosts: hosts, RanksPerHost: perHost}
+		return r
+	}
 	tests := []struct {
 		name  string
 		run   Run
@@ -128,9 +133,16 @@ func TestJudge(t *testing.T) {
 			r.NotInjected, r.Code = "the job ended first", 1
 			r.Stderr = "(H is -1)\n"
 		}), Failed, []string{"unfaulted-run"}},
-		// Round 2, #1: SIGUSR1 must reach the ranks (they die of it).
-		{"usr1 forwarded", with(base(LauncherUsr1, true), func(r *Run) { r.Hash, r.Forwarded = ref, true }), Survived, nil},
-		{"usr1 not forwarded", with(base(LauncherUsr1, true), func(r *Run) { r.Hash = ref }), Failed, []string{"usr1-forwarded"}},
+		// Round 2, #1: SIGUSR1 must reach the ranks: pytrain's die of it;
+		// dptrain's and MPICH's note it and go on (issue 21: every dptrain
+		// run with all ranks' lines failed, no rank exit naming it).
+		{"usr1 forwarded, pytrain", with(usr1(Pytrain, 2, 1), func(r *Run) { r.Hash, r.Forwarded = ref, true }), Survived, nil},
+		{"usr1 not forwarded, pytrain", with(usr1(Pytrain, 2, 1), func(r *Run) { r.Hash = ref }), Failed, []string{"usr1-forwarded"}},
+		{"usr1 noted by every rank, dptrain", with(usr1(Dptrain, 2, 2), func(r *Run) { r.Hash, r.Noticed = ref, []int{0, 1, 2, 3} }), Survived, nil},
+		{"usr1 noted by some ranks, dptrain", with(usr1(Dptrain, 2, 2), func(r *Run) { r.Hash, r.Noticed = ref, []int{0, 1} }), Failed, []string{"usr1-forwarded"}},
+		{"usr1 noted by none, dptrain, a rank killed by it", with(usr1(Dptrain, 2, 1), func(r *Run) { r.Hash, r.Forwarded = ref, true }), Failed, []string{"usr1-forwarded"}},
+		{"usr1 noted by every rank, MPICH", with(usr1(MPICH, 3, 2), func(r *Run) { r.Hash, r.Noticed = ref, []int{0, 1, 2, 3, 4, 5} }), Survived, nil},
+		{"usr1 noted by none, MPICH", with(usr1(MPICH, 3, 2), func(r *Run) { r.Hash = ref }), Failed, []string{"usr1-forwarded"}},
 		// #2: a corrupt base detected must stop the job.
 		{"corrupt base detected, exit 0", with(base(CkptFlip, false), func(r *Run) {
 			r.Fault.Rank, r.Flipped, r.Detected, r.Hash = 3, true, true, ref
@@ -317,6 +329,23 @@ func TestFailureSeen(t *testing.T) {
 	kill := events.Record{T: 5, Event: events.Failure{Host: "h1", Rank: 2, What: events.FailRankExit, Signal: "SIGKILL"}}
 	if !signalSeen([]events.Record{kill, usr1}, "SIGUSR1") || signalSeen([]events.Record{kill}, "SIGUSR1") {
 		t.Errorf("signalSeen: want SIGUSR1 seen in a rank's exit record, and only there")
+	}
+}
+
+// TestNoticedRanks reads the ranks' SIGUSR1 lines from gorun's standard
+// error as it prefixes them, each rank once, none beyond the world.
+func TestNoticedRanks(t *testing.T) {
+	stderr := "[1] dptrain: rank 1: got SIGUSR1 at step 4 (a preemption notice); going on\n" +
+		"gorun: forwarding SIGUSR1\n" +
+		"[0] dptrain: rank 0: got SIGUSR1 at step 5 (a preemption notice); going on\n" +
+		"[1] dptrain: rank 1: got SIGUSR1 at step 9 (a preemption notice); going on\n" +
+		"[2] mpisteps: rank 2: got SIGUSR1 at step 3 (a preemption notice); going on\n" +
+		"[7] dptrain: rank 7: got SIGUSR1 at step 3 (a preemption notice); going on\n"
+	if got := noticedRanks(stderr, 4); !slices.Equal(got, []int{0, 1, 2}) {
+		t.Errorf("noticedRanks = %v, want [0 1 2]", got)
+	}
+	if got := noticedRanks("[0] step 3 loss 1\n", 4); got != nil {
+		t.Errorf("noticedRanks without a line = %v, want none", got)
 	}
 }
 

@@ -164,7 +164,7 @@ func Within(f Fault, lost []int, p Plan, c Config, durable bool) (bool, string) 
 	case RankKill, RankStop:
 		return true, `README, --max-restarts: "after a rank fails, restart every rank in place up to N times, resuming from the globally recoverable step"`
 	case LauncherUsr1:
-		return true, `README, Signals: "SIGUSR1 and SIGUSR2 (Slurm's preemption notices) are forwarded to every rank, and the job goes on" (the workloads do not catch it and die of it: every rank fails, and --max-restarts restarts them from G)`
+		return true, `README, Signals: "SIGUSR1 and SIGUSR2 (Slurm's preemption notices) are forwarded to every rank, and the job goes on" (dptrain and MPICH ranks note it and go on; pytrain's die of it: every rank fails, and --max-restarts restarts them from G)`
 	case StdoutStall:
 		return true, `README, "A slow reader of gorun's output ... never delays failure detection ... and no byte is lost or reordered"`
 	case LauncherTerm:

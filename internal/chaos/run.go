@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/gorun/gorun/internal/events"
@@ -145,6 +147,7 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 	recs := j.records()
 	if f.Kind == LauncherUsr1 {
 		r.Forwarded = signalSeen(recs, "SIGUSR1")
+		r.Noticed = noticedRanks(r.Stderr, r.Config.NP())
 	}
 	if r.Code == 0 && r.NotInjected == "" && r.InjectErr == "" && !r.NotLanded && needsFailure(f.Kind) && !failureSeen(recs, j.Hosts, f, done.lost, r.At) {
 		r.NotLanded = true
@@ -213,6 +216,27 @@ func signalSeen(recs []events.Record, sig string) bool {
 		}
 	}
 	return false
+}
+
+// notesUsr1 reports whether workload's ranks note SIGUSR1 and go on
+// (dptrain: Go ignores SIGUSR1 unless notified; mpisteps: MPICH catches
+// it) rather than die of it (pytrain: Python's default).
+func notesUsr1(workload string) bool { return workload == Dptrain || workload == MPICH }
+
+// usr1Note is a rank's line on getting SIGUSR1 (dptrain's, mpisteps').
+var usr1Note = regexp.MustCompile(`(?m)(?:dptrain|mpisteps): rank (\d+): got SIGUSR1 at step \d+`)
+
+// noticedRanks returns the ranks below np whose SIGUSR1 line is in
+// stderr, each once, in order.
+func noticedRanks(stderr string, np int) []int {
+	var ranks []int
+	for _, m := range usr1Note.FindAllStringSubmatch(stderr, -1) {
+		if n, err := strconv.Atoi(m[1]); err == nil && n < np && !slices.Contains(ranks, n) {
+			ranks = append(ranks, n)
+		}
+	}
+	slices.Sort(ranks)
+	return ranks
 }
 
 // reference returns c's failure-free run, running it the first time.
