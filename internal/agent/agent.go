@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/gpu"
 	"github.com/gorun/gorun/internal/wire"
@@ -1050,6 +1051,7 @@ wait:
 	}
 	sweepJobDirsLog(a.cfg.Job, a.log)
 	sweepOMPIDirsLog(a.shmDir(), a.cfg.Job, a.log)
+	sweepJobSlots(ckpt.Options{}, a.cfg.Job, a.log)
 
 	if a.ctl != nil {
 		_ = a.ctl.FlushTimeout(2 * time.Second)

@@ -414,3 +414,20 @@ func sweepSlots(shm string, log *slog.Logger) {
 	}
 	sweepOMPIDirsLog(shm, "", log)
 }
+
+// sweepJobSlots removes, as the agent ends (after its own claim is
+// released: protection.close), the job's slot files and lock file in
+// opt's directory when no process holds the job's lock any more: those
+// of its agents killed on this machine (or on hosts sharing its
+// /dev/shm, as network namespaces do). An agent removes only the files
+// it made (ckpt.RemoveOwned), so without this a job whose every host
+// with ranks was lost at once, ended by a spare that never made files,
+// left them all. Files in use are never removed (ckpt.SweepJob says
+// why).
+func sweepJobSlots(opt ckpt.Options, job string, log *slog.Logger) {
+	if swept, err := ckpt.SweepJob(job, opt); err != nil {
+		log.Warn("sweeping the job's leftover protected state", "err", err)
+	} else if swept {
+		log.Info("removed the protected state the job's ended agents left")
+	}
+}
