@@ -152,16 +152,41 @@ func (c *Claim) Release() (last bool, err error) {
 // say), and returns those jobs. Files of jobs without a lock file are
 // left alone.
 func Sweep(opt Options) ([]string, error) {
-	return sweep(opt, false)
+	return sweep(opt, "", false)
 }
 
 // Unclaimed returns the jobs whose files Sweep would remove, removing
 // nothing (gorun clean --dry-run).
 func Unclaimed(opt Options) ([]string, error) {
-	return sweep(opt, true)
+	return sweep(opt, "", true)
 }
 
-func sweep(opt Options, dry bool) ([]string, error) {
+// SweepJob is Sweep for job's files only: an agent ending, after
+// releasing its own claim, removes what the job's agents killed on this
+// machine left, when nobody holds the job's lock any more (a spare that
+// never made files, say, outliving the hosts whose ranks it was given).
+// It reports whether it removed them.
+//
+// Files in use are never removed: an agent claims the job (a shared
+// flock on the lock file, ClaimJob) before making the first of its
+// files, and holds the claim until it has removed its own, so the
+// sweep's exclusive lock, taken without waiting, fails while any
+// agent's files exist. An agent about to claim either gets its shared
+// lock first, and the sweep removes nothing, or opens the lock file the
+// sweep holds and then removes: its claim then finds the name no longer
+// leads to the file it locked (same), and it claims a new lock file
+// before making any file.
+func SweepJob(job string, opt Options) (bool, error) {
+	if err := checkIDs(job, 0); err != nil {
+		return false, err
+	}
+	swept, err := sweep(opt, job, false)
+	return len(swept) > 0, err
+}
+
+// sweep removes (with dry, only lists) the unclaimed jobs' files in
+// opt's directory: job's only, unless job is "".
+func sweep(opt Options, only string, dry bool) ([]string, error) {
 	dir := opt.dir()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -171,7 +196,7 @@ func sweep(opt Options, dry bool) ([]string, error) {
 	var errs []error
 	for _, e := range entries {
 		job, ok := strings.CutSuffix(strings.TrimPrefix(e.Name(), filePrefix), ".lock")
-		if !ok || !strings.HasPrefix(e.Name(), filePrefix) || !validJob(job) || !e.Type().IsRegular() {
+		if !ok || !strings.HasPrefix(e.Name(), filePrefix) || !validJob(job) || !e.Type().IsRegular() || only != "" && job != only {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())

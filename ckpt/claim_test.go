@@ -118,3 +118,71 @@ func TestClaimUntrustedLockFile(t *testing.T) {
 		t.Fatalf("the job's files: %v", err)
 	}
 }
+
+// TestSweepJob: the sweep of one job (an agent ending) removes that job's
+// files and lock file when nobody holds its lock (its holder died), keeps
+// them while a claim is held, and leaves other jobs' alone, unclaimed
+// ones too.
+func TestSweepJob(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		held      bool // a live claim of the job besides the dead one
+		wantSwept bool
+	}{
+		{"dead holder", false, true},
+		{"live claim", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opt := Options{Dir: t.TempDir()}
+			mk := func(job string, rank int) {
+				t.Helper()
+				s, err := Create(job, rank, testRegions, opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.Close()
+			}
+			exists := func(name string) bool {
+				_, err := os.Lstat(filepath.Join(opt.Dir, name))
+				return err == nil
+			}
+			dead := func(job string) {
+				t.Helper()
+				c, err := ClaimJob(job, opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				mk(job, 0)
+				mk(job, 1)
+				c.f.Close() // as if its process died: the kernel drops the lock
+				c.f = nil
+			}
+			dead("job1")
+			dead("job2") // another job, unclaimed too
+			if tc.held {
+				c, err := ClaimJob("job1", opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Release()
+			}
+			swept, err := SweepJob("job1", opt)
+			if err != nil || swept != tc.wantSwept {
+				t.Fatalf("SweepJob = %v, %v; want %v", swept, err, tc.wantSwept)
+			}
+			for _, name := range []string{lockName("job1"), hdrName("job1", 0), hdrName("job1", 1)} {
+				if exists(name) == tc.wantSwept {
+					t.Errorf("%s: there %v, want %v", name, exists(name), !tc.wantSwept)
+				}
+			}
+			for _, name := range []string{lockName("job2"), hdrName("job2", 0), hdrName("job2", 1)} {
+				if !exists(name) {
+					t.Errorf("another job's %s was removed", name)
+				}
+			}
+		})
+	}
+	if _, err := SweepJob("a.b", Options{Dir: t.TempDir()}); err == nil {
+		t.Error("SweepJob accepted an invalid job id")
+	}
+}

@@ -90,6 +90,9 @@ type Config struct {
 	// shmDir, when not empty, replaces /dev/shm for Open MPI's
 	// directories and their sweep (tests).
 	shmDir string
+	// slotDir, when not empty, replaces ckpt's directory (/dev/shm) for
+	// the ranks' slot files and their sweeps (tests).
+	slotDir string
 	// sweeping, when not nil, is called by the start's sweep before it
 	// sweeps (tests: a slow sweep).
 	sweeping func()
@@ -578,13 +581,13 @@ func (a *agent) startSweep() {
 	}
 	done := make(chan struct{})
 	a.swept = done
-	shm, log, hook := a.shmDir(), a.log, a.cfg.sweeping
+	shm, slots, log, hook := a.shmDir(), a.slotOpt(), a.log, a.cfg.sweeping
 	go func() {
 		defer close(done)
 		if hook != nil {
 			hook()
 		}
-		sweepSlots(shm, log)
+		sweepSlots(slots, shm, log)
 		sweepJobDirsLog("", log)
 	}()
 }
@@ -1050,6 +1053,7 @@ wait:
 	}
 	sweepJobDirsLog(a.cfg.Job, a.log)
 	sweepOMPIDirsLog(a.shmDir(), a.cfg.Job, a.log)
+	sweepJobSlots(a.slotOpt(), a.cfg.Job, a.log)
 
 	if a.ctl != nil {
 		_ = a.ctl.FlushTimeout(2 * time.Second)

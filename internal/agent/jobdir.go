@@ -10,7 +10,8 @@ package agent
 // agent starts (any ended job's leftovers on the host) and when it ends
 // (its own job's: a crashed agent of the job on the same file system is
 // cleaned when the job ends, not at the next job); the start's sweep
-// runs beside the launch (agent.startSweep). Slot files (ckpt.Sweep) and
+// runs beside the launch (agent.startSweep). Slot files (ckpt.Sweep;
+// ckpt.SweepJob at the end, sweepJobSlots) and
 // Open MPI's directories (sweepOMPIDirs) are swept the same way, and
 // gorun clean sweeps all three by hand (clean.go).
 //

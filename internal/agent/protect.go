@@ -204,7 +204,7 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 		Holders: pl.Holders, Peers: peers, HostOf: func(r int) int { return pl.HostOf[r] },
 		Listener: ln, Changed: p.changed, Failed: p.failed, LinkFailed: p.linkFailed, Log: a.log,
 		Mode: a.protect.mode, Diff: a.protect.diff, EC: pl.EC, Epoch: pl.Epoch, Persist: a.protect.persist,
-		DiffLog: a.protect.diffLog(),
+		DiffLog: a.protect.diffLog(), Dir: a.slotOpt().Dir,
 	})
 	if err != nil {
 		if ln != nil {
@@ -406,11 +406,32 @@ func (p *protection) close() {
 // sweepSlots removes the slot files that dead jobs left in /dev/shm and
 // the Open MPI directories in shm (their agents were killed before they
 // could clean up; see ckpt.Sweep and sweepOMPIDirs).
-func sweepSlots(shm string, log *slog.Logger) {
-	if swept, err := ckpt.Sweep(ckpt.Options{}); err != nil {
+func sweepSlots(opt ckpt.Options, shm string, log *slog.Logger) {
+	if swept, err := ckpt.Sweep(opt); err != nil {
 		log.Warn("sweeping leftover protected state", "err", err)
 	} else if len(swept) > 0 {
 		log.Info("removed the protected state of ended jobs", "jobs", swept)
 	}
 	sweepOMPIDirsLog(shm, "", log)
+}
+
+// slotOpt is where the ranks' slot files are: ckpt's default directory
+// (/dev/shm), or Config.slotDir in tests.
+func (a *agent) slotOpt() ckpt.Options { return ckpt.Options{Dir: a.cfg.slotDir} }
+
+// sweepJobSlots removes, as the agent ends (after its own claim is
+// released: protection.close), the job's slot files and lock file in
+// opt's directory when no process holds the job's lock any more: those
+// of its agents killed on this machine (or on hosts sharing its
+// /dev/shm, as network namespaces do). An agent removes only the files
+// it made (ckpt.RemoveOwned), so without this a job whose every host
+// with ranks was lost at once, ended by a spare that never made files,
+// left them all. Files in use are never removed (ckpt.SweepJob says
+// why).
+func sweepJobSlots(opt ckpt.Options, job string, log *slog.Logger) {
+	if swept, err := ckpt.SweepJob(job, opt); err != nil {
+		log.Warn("sweeping the job's leftover protected state", "err", err)
+	} else if swept {
+		log.Info("removed the protected state the job's ended agents left")
+	}
 }
