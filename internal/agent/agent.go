@@ -606,11 +606,11 @@ func (a *agent) start(t *wire.EpochTable) error {
 	} else if t.Gen > a.gen {
 		a.gen, restartG = t.Gen, t.G
 	}
-	a.startSweep()
 	if a.stopped {
 		// The stop overtook the table: start nothing. The table is
 		// kept, so that a later one accounts only for the ranks it
 		// places here anew.
+		a.startSweep()
 		a.ranks = []*rankProc{}
 		a.table, a.places = t, a.hostPlaces(t)
 		a.notStarted(t, a.places)
@@ -621,6 +621,10 @@ func (a *agent) start(t *wire.EpochTable) error {
 		return err
 	}
 	a.jobDir, a.dir = jd, jd.path
+	// Swept after the job directory is held: a sweep started before
+	// would find it made and not yet locked, take it for an ended
+	// agent's, and this agent would make another.
+	a.startSweep()
 	dir := jd.path
 	// The ranks of a host share one temporary directory (TMPDIR) inside the
 	// job directory; directory operations are slow enough on some file
