@@ -120,7 +120,12 @@ func (s *service) helloPreloaded(req *ProtectHello) (*ProtectWelcome, error) {
 		if s.h.diffMode() && req.Optimizer.Reduced != nil {
 			reduced = req.Optimizer.Reduced.N
 		}
-		if err := s.createGradient(req.Gradient*4, reduced); err != nil {
+		// Under the rank's names lock, as helloLocked makes its files:
+		// another agent of the job sharing the directory may be removing
+		// its own files of the rank (a partitioned host ending after a
+		// spare rolled the rank back, Preload).
+		err := s.h.names(s.rank, func() error { return s.createGradient(req.Gradient*4, reduced) })
+		if err != nil {
 			return nil, err
 		}
 	}

@@ -401,13 +401,14 @@ func (s *service) gradSize() int64 {
 	return s.gradFile.Size
 }
 
-// createGradient creates the gradient buffer (under the rank's names
-// lock, Host.names), a file beside the rank's
+// createGradient creates the gradient buffer, a file beside the rank's
 // slot files and named as theirs are (so that ckpt.RemoveJob removes it
 // too): two halves of size bytes, at offsets 0 and stride (GradientFile).
 // With reduced > 0 each half also has a deposit area of reduced float32s
 // after the page that ends the gradient (GradientFile.Deposit), left
-// sparse: a deposit plan allocates its ranges (localpeer.go).
+// sparse: a deposit plan allocates its ranges (localpeer.go). The
+// caller holds the rank's names lock (Host.names); it does not take it
+// itself: the lock does not nest (ckpt.Claim.Names).
 func (s *service) createGradient(size, reduced int64) error {
 	end, dep := size, int64(0)
 	if reduced > 0 {
