@@ -297,3 +297,32 @@ func TestClaimNamesBusy(t *testing.T) {
 		t.Errorf("Names once the lock is free: ran %v, err %v", ran, err)
 	}
 }
+
+// TestOwnFileCloseOnExec: the descriptor OwnFile keeps is close-on-exec
+// (a trainer the agent starts must not inherit it), and a descriptor of
+// its own: closing the caller's leaves it open.
+func TestOwnFileCloseOnExec(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := OwnFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Disown([]OwnedFile{o})
+	if o.f.Fd() == f.Fd() {
+		t.Fatalf("OwnFile kept the caller's descriptor %d", f.Fd())
+	}
+	flags, err := unix.FcntlInt(o.f.Fd(), unix.F_GETFD, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if flags&unix.FD_CLOEXEC == 0 {
+		t.Errorf("the owned descriptor's flags %#x lack FD_CLOEXEC", flags)
+	}
+	f.Close()
+	if ok, err := o.leadsTo(); !ok || err != nil {
+		t.Errorf("after the caller closed its file: leads to it %v, err %v", ok, err)
+	}
+}
