@@ -61,7 +61,12 @@ func (h *Host) Preload(r int, regions []Region, step int64, fill func(views [][]
 	}
 	fail := func(err error) error {
 		slots.Close()
-		if rerr := h.names(r, func() error { _, err := ckpt.RemoveOwned(slots.Owned()); return err }); rerr != nil {
+		ran := false
+		rerr := h.names(r, func() error { ran = true; _, err := ckpt.RemoveOwned(slots.Owned()); return err })
+		if !ran {
+			ckpt.Disown(slots.Owned()) // the lock failed: the files stay
+		}
+		if rerr != nil {
 			h.log.Warn("cannot remove the slots of a preload that failed", "rank", r, "err", rerr)
 		}
 		return err

@@ -882,8 +882,6 @@ func (s *service) truncateSlots(g int64) error {
 	return nil
 }
 
-// close stops the service: its requests in flight end (it waits for
-// them, and for the readers of its slots) and its slots are unmapped. The files stay.
 // removeFiles removes the files the service made (after close) whose
 // names still lead to them, and returns the paths it left because
 // another process made them since.
@@ -901,7 +899,9 @@ func (s *service) removeFiles() (left []string, err error) {
 		return err
 	})
 	if !ran {
-		// The lock failed: the files stay, for the job's last agent here.
+		// The lock failed, or another agent held it for ckpt.NamesWait
+		// (stopped inside Create, say): the files stay, for the job's
+		// last agent here; a leftover is better than a hang.
 		ckpt.Disown(s.owned)
 	}
 	s.owned = nil
@@ -917,6 +917,9 @@ func (s *service) removeFilesLog() error {
 	return err
 }
 
+// close stops the service: its requests in flight end (it waits for
+// them, and for the readers of its slots) and its slots are unmapped.
+// The files stay (removeFiles).
 func (s *service) close() error {
 	s.stop()
 	s.rep.stop()
