@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,10 +22,15 @@ import (
 // so the files of a job whose every owner is gone can be recognised, and
 // removed, by the next agent that sweeps the directory.
 type Claim struct {
+	mu   sync.RWMutex // Release holds it to close f; Names, to use it
 	f    *os.File
 	path string
 	job  string
 	dir  string
+
+	noLock atomic.Pointer[error]                             // why Names cannot lock: it no longer tries
+	wait   time.Duration                                     // Names's wait for the lock; 0 is NamesWait
+	lockFn func(fd uintptr, cmd int, lk *unix.Flock_t) error // tests: fcntl(2) in its place
 }
 
 func lockName(job string) string { return filePrefix + job + ".lock" }
@@ -91,42 +98,97 @@ func same(f *os.File, path string) bool {
 	return err1 == nil && err2 == nil && os.SameFile(a, b)
 }
 
+// NamesWait is how long Names waits for a rank's names lock before it
+// gives up (ErrNamesBusy): the lock is held only around making or
+// removing a rank's files, so a longer wait is a holder stopped
+// (SIGSTOP) or stuck, and a caller that waited on would hang with it.
+const NamesWait = 30 * time.Second
+
 // Names runs fn holding rank's names lock: an exclusive OFD lock
 // (fcntl(2), independent of the claim's flock) on byte rank of the job's
 // lock file, which every process that makes or removes rank's files in
 // the directory takes around it (Create, RemoveOwned), so that no
 // process makes a name again between another's check of it and its
-// removal. It waits for the lock. A nil Claim, or a released
-// one, runs fn alone. Within one process the callers exclude each other
-// (an OFD lock does not: the process holds it on one descriptor).
+// removal. A nil Claim, or a released one, runs fn alone.
+//
+// It waits for the lock up to NamesWait; then it returns an error
+// wrapping ErrNamesBusy without running fn. Where the kernel or the file
+// system cannot take the lock (EINVAL before Linux 3.15 and on some file
+// systems, ENOLCK, ENOSYS, EOPNOTSUPP), it runs fn without it, as
+// ClaimJob's callers go on without a claim, and returns fn's error
+// joined with one wrapping ErrNoNamesLock, for the caller to log.
+//
+// Calls do not nest: OFD locks are not counted, so an inner Names's
+// unlock releases the outer's lock. Nor do they exclude each other
+// within one process (the process holds the lock on one descriptor):
+// its callers of one rank exclude each other otherwise (in package rank,
+// a rank's service mutex, and Preload coming before the rank's
+// ProtectHello).
 func (c *Claim) Names(rank int, fn func() error) error {
-	if c == nil || c.f == nil {
+	if c == nil {
+		return fn()
+	}
+	// Release waits for the calls in flight: it closes the descriptor.
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.f == nil {
 		return fn()
 	}
 	if rank < 0 || rank > maxRank {
 		return fmt.Errorf("ckpt: invalid rank %d", rank)
 	}
+	if err := c.noLock.Load(); err != nil {
+		return errors.Join(fn(), *err)
+	}
+	fd := c.f.Fd()
 	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: int64(rank), Len: 1}
-	for {
-		err := unix.FcntlFlock(c.f.Fd(), unix.F_OFD_SETLKW, &lk)
+	wait := c.wait
+	if wait == 0 {
+		wait = NamesWait
+	}
+	deadline := time.Now().Add(wait)
+	for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
+		err := c.lock(fd, unix.F_OFD_SETLK, &lk)
 		if err == nil {
 			break
 		}
-		if !errors.Is(err, unix.EINTR) {
-			return fmt.Errorf("ckpt: locking the names of rank %d of job %s: %w", rank, c.job, err)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN), errors.Is(err, unix.EACCES):
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%w: rank %d of job %s, for %v", ErrNamesBusy, rank, c.job, wait)
+			}
+			time.Sleep(pause)
+			continue
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOLCK), errors.Is(err, unix.ENOSYS), errors.Is(err, unix.EOPNOTSUPP):
+			nerr := fmt.Errorf("%w: rank %d of job %s: %w", ErrNoNamesLock, rank, c.job, err)
+			c.noLock.CompareAndSwap(nil, &nerr)
+			return errors.Join(fn(), nerr)
 		}
+		return fmt.Errorf("ckpt: locking the names of rank %d of job %s: %w", rank, c.job, err)
 	}
 	defer func() {
 		ul := lk
 		ul.Type = unix.F_UNLCK
-		_ = unix.FcntlFlock(c.f.Fd(), unix.F_OFD_SETLK, &ul)
+		_ = c.lock(fd, unix.F_OFD_SETLK, &ul)
 	}()
 	return fn()
+}
+
+// lock is fcntl(2)'s F_OFD_SETLK, or the one a test put in its place.
+func (c *Claim) lock(fd uintptr, cmd int, lk *unix.Flock_t) error {
+	if c.lockFn != nil {
+		return c.lockFn(fd, cmd, lk)
+	}
+	return unix.FcntlFlock(fd, cmd, lk)
 }
 
 // Release drops the claim. If no other process holds one, the job's
 // remaining files and its lock file are removed, and last is true.
 func (c *Claim) Release() (last bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.f == nil {
 		return false, nil
 	}

@@ -55,7 +55,8 @@
 // emulated by network namespaces share /dev/shm) use the same names for
 // a rank that moved from one to the other, and the newest maker owns
 // them. Both take the rank's names lock ([Claim.Names]) to make or
-// remove them.
+// remove them, waiting for it at most [NamesWait] ([ErrNamesBusy]), and
+// go on without it where it cannot be taken ([ErrNoNamesLock]).
 //
 // Files are created 0600 with O_EXCL and O_NOFOLLOW (after removing the
 // rank's old files, whose other mappings keep the old memory), and both

@@ -25,6 +25,13 @@ var (
 	// Nothing is wrong with the slots: reading again may succeed.
 	ErrOutrun = errors.New("ckpt: the writer outran the reader")
 
+	// ErrNamesBusy is wrapped by Claim.Names's error when another
+	// process held the rank's names lock for NamesWait: fn did not run.
+	ErrNamesBusy = errors.New("ckpt: another process keeps holding a rank's names lock")
+	// ErrNoNamesLock is wrapped by Claim.Names's error when the kernel or
+	// the file system cannot take the names lock: fn ran without it.
+	ErrNoNamesLock = errors.New("ckpt: cannot lock a rank's names")
+
 	errClosed = errors.New("ckpt: slots closed")
 )
 

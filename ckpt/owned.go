@@ -18,7 +18,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // OwnedFile is a file one process made: its path, and the file itself,
@@ -35,11 +36,12 @@ type OwnedFile struct {
 // it keeps open, on a descriptor of its own, until RemoveOwned or
 // Disown. The caller still closes f.
 func OwnFile(f *os.File) (OwnedFile, error) {
-	fd, err := syscall.Dup(int(f.Fd()))
+	// Close-on-exec in the same call: a trainer started meanwhile by
+	// another goroutine must not inherit the descriptor.
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return OwnedFile{}, fmt.Errorf("ckpt: owning %s: %w", f.Name(), err)
 	}
-	syscall.CloseOnExec(fd)
 	return OwnedFile{Path: f.Name(), f: os.NewFile(uintptr(fd), f.Name())}, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -192,5 +193,136 @@ func TestClaimNames(t *testing.T) {
 	ran := false
 	if err := none.Names(3, func() error { ran = true; return nil }); err != nil || !ran {
 		t.Errorf("a nil Claim's Names: ran %v, err %v", ran, err)
+	}
+}
+
+// TestClaimNamesLockFails: where fcntl(2) cannot take the names lock
+// (old kernels and some file systems: EINVAL; ENOLCK; ENOSYS), Names
+// runs fn without it, saying so with ErrNoNamesLock, and stops trying;
+// an EINTR is tried again; another error fails Names without running
+// fn.
+func TestClaimNamesLockFails(t *testing.T) {
+	fnErr := errors.New("fn failed")
+	for _, tc := range []struct {
+		name   string
+		errs   []error // the lock's results, in order; then nil
+		fn     error
+		ran    bool
+		want   []error // errors.Is each of these
+		notNo  bool    // not ErrNoNamesLock
+		second bool    // a second Names runs fn without trying the lock again
+	}{
+		{name: "EINVAL", errs: []error{unix.EINVAL}, ran: true, want: []error{ErrNoNamesLock, unix.EINVAL}, second: true},
+		{name: "ENOLCK", errs: []error{unix.ENOLCK}, ran: true, want: []error{ErrNoNamesLock, unix.ENOLCK}, second: true},
+		{name: "ENOSYS, fn fails", errs: []error{unix.ENOSYS}, fn: fnErr, ran: true, want: []error{ErrNoNamesLock, fnErr}, second: true},
+		{name: "EINTR, then locked", errs: []error{unix.EINTR}, ran: true, notNo: true},
+		{name: "EBADF", errs: []error{unix.EBADF}, want: []error{unix.EBADF}, notNo: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ClaimJob("abc", Options{Dir: t.TempDir()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Release()
+			calls := 0
+			c.lockFn = func(fd uintptr, cmd int, lk *unix.Flock_t) error {
+				calls++
+				if lk.Type != unix.F_UNLCK && len(tc.errs) > 0 {
+					err := tc.errs[0]
+					tc.errs = tc.errs[1:]
+					return err
+				}
+				return unix.FcntlFlock(fd, cmd, lk)
+			}
+			ran := false
+			err = c.Names(2, func() error { ran = true; return tc.fn })
+			if ran != tc.ran {
+				t.Errorf("fn ran: %v, want %v (err %v)", ran, tc.ran, err)
+			}
+			for _, w := range tc.want {
+				if !errors.Is(err, w) {
+					t.Errorf("err %v, want one wrapping %v", err, w)
+				}
+			}
+			if tc.want == nil && err != nil {
+				t.Errorf("err %v, want nil", err)
+			}
+			if tc.notNo && errors.Is(err, ErrNoNamesLock) {
+				t.Errorf("err %v wraps ErrNoNamesLock", err)
+			}
+			if !tc.second {
+				return
+			}
+			before := calls
+			ran = false
+			if err := c.Names(2, func() error { ran = true; return nil }); !ran || !errors.Is(err, ErrNoNamesLock) {
+				t.Errorf("second Names: ran %v, err %v", ran, err)
+			}
+			if calls != before {
+				t.Errorf("the second Names tried the lock again (%d calls)", calls-before)
+			}
+		})
+	}
+}
+
+// TestClaimNamesBusy: Names gives up on a lock another process holds
+// past its wait, without running fn (a holder stopped with SIGSTOP must
+// not hang this one's hello or exit).
+func TestClaimNamesBusy(t *testing.T) {
+	opt := Options{Dir: t.TempDir()}
+	a, err := ClaimJob("abc", opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Release()
+	b, err := ClaimJob("abc", opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	b.wait = 20 * time.Millisecond
+	err = a.Names(4, func() error {
+		ran := false
+		err := b.Names(4, func() error { ran = true; return nil })
+		if ran || !errors.Is(err, ErrNamesBusy) {
+			t.Errorf("Names of a held lock: ran %v, err %v, want ErrNamesBusy", ran, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	if err := b.Names(4, func() error { ran = true; return nil }); err != nil || !ran {
+		t.Errorf("Names once the lock is free: ran %v, err %v", ran, err)
+	}
+}
+
+// TestOwnFileCloseOnExec: the descriptor OwnFile keeps is close-on-exec
+// (a trainer the agent starts must not inherit it), and a descriptor of
+// its own: closing the caller's leaves it open.
+func TestOwnFileCloseOnExec(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := OwnFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Disown([]OwnedFile{o})
+	if o.f.Fd() == f.Fd() {
+		t.Fatalf("OwnFile kept the caller's descriptor %d", f.Fd())
+	}
+	flags, err := unix.FcntlInt(o.f.Fd(), unix.F_GETFD, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if flags&unix.FD_CLOEXEC == 0 {
+		t.Errorf("the owned descriptor's flags %#x lack FD_CLOEXEC", flags)
+	}
+	f.Close()
+	if ok, err := o.leadsTo(); !ok || err != nil {
+		t.Errorf("after the caller closed its file: leads to it %v, err %v", ok, err)
 	}
 }

@@ -133,6 +133,11 @@ func TestHangNamesRankBehind(t *testing.T) {
 		{"after a restart", []Event{Progress{Rank: 0, Step: 10}, Progress{Rank: 1, Step: 8}, Tick{},
 			RecoveryReport{Epoch: 1, Stage: StageResumed}, Progress{Rank: 1, Step: 6}, Progress{Rank: 0, Step: 5}},
 			[]time.Duration{s, s, 12 * s, 13 * s, 14 * s, 15 * s}, 0},
+		// Rank 0, ahead before the restart, reports nothing after it: it
+		// is at the generation's start, behind rank 1's step 9.
+		{"after a restart, silent rank", []Event{Progress{Rank: 0, Step: 10}, Progress{Rank: 1, Step: 8}, Tick{},
+			RecoveryReport{Epoch: 1, Stage: StageResumed}, Progress{Rank: 1, Step: 9}},
+			[]time.Duration{s, s, 12 * s, 13 * s, 14 * s}, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -230,8 +230,9 @@ type Host struct {
 	waiters atomic.Int64 // stages waiting at the overwrite rule
 	rmu     sync.RWMutex // held by Restart, and read-held by Progress
 
-	claimOnce sync.Once
-	claim     atomic.Pointer[ckpt.Claim] // this job's files on this machine are in use
+	claimOnce   sync.Once
+	claim       atomic.Pointer[ckpt.Claim] // this job's files on this machine are in use
+	noNamesLock sync.Once                  // the log said that the names cannot be locked (names)
 
 	dur persistHost // the durable tier's watermark (persist.go)
 }
@@ -253,9 +254,20 @@ func (h *Host) claimFiles() {
 // names runs fn holding the names lock of rank's files (ckpt.Claim.Names),
 // around making or removing them: other agents of the job that share the
 // directory (network namespace hosts share /dev/shm) make and remove the
-// same names. Without a claim, fn runs alone.
+// same names. Without a claim, fn runs alone; where the names cannot
+// be locked (ckpt.ErrNoNamesLock), fn runs without the lock, said once
+// in the log. It gives up when another process holds the lock for
+// ckpt.NamesWait (ckpt.ErrNamesBusy): fn does not run then.
 func (h *Host) names(rank int, fn func() error) error {
-	return h.claim.Load().Names(rank, fn)
+	var ferr error
+	err := h.claim.Load().Names(rank, func() error { ferr = fn(); return ferr })
+	if errors.Is(err, ckpt.ErrNoNamesLock) {
+		h.noNamesLock.Do(func() {
+			h.log.Warn("cannot lock the names of the ranks' protected state files; another agent of the job sharing the directory may remove a rank's files as it makes them", "err", err)
+		})
+		return ferr
+	}
+	return err
 }
 
 // NewHost starts a host's state protection. Nothing is created on disk

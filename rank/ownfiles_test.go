@@ -2,11 +2,13 @@ package rank
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gorun/gorun/ckpt"
 )
@@ -134,6 +136,62 @@ func TestRemoveFilesLeavesTakenOver(t *testing.T) {
 			for _, f := range s.Files() {
 				if _, err := os.Stat(filepath.Join(dir, filepath.Base(f.Path))); err != nil {
 					t.Error(err)
+				}
+			}
+		})
+	}
+}
+
+// TestHelloWaitsForNamesLock: another agent of the job holds rank 1's
+// names lock (its own claim, as when it is in RemoveOwned between its
+// check and its removal). A ProtectHello must wait for it before it
+// removes and makes rank 1's names (the gradient buffer among them),
+// whether it makes the slots too or Preload made them (a rollback from
+// disk on a spare).
+func TestHelloWaitsForNamesLock(t *testing.T) {
+	for _, preload := range []bool{false, true} {
+		name := map[bool]string{false: "first hello", true: "hello after Preload"}[preload]
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			b := ownHost(t, dir, 1)
+			if preload {
+				if err := b.Preload(1, diffRegions, 7, func([][]byte) (int, error) { return 1, nil }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			other, err := ckpt.ClaimJob("ownjob", ckpt.Options{Dir: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Release()
+			held, release, names := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+			go func() { names <- other.Names(1, func() error { close(held); <-release; return nil }) }()
+			<-held
+			done := make(chan error, 1)
+			go func() {
+				_, ans, err := b.Session(1).Handle(context.Background(), TypeProtectHello, diffHelloOf(t, diffRegions))
+				if err == nil && ans.(*ProtectWelcome).Err != "" {
+					err = errors.New(ans.(*ProtectWelcome).Err)
+				}
+				done <- err
+			}()
+			// The hello cannot end while the lock is held; a hello that
+			// does not take it ends at once. A second is a generous bound
+			// for that, and no bound on the correct code's run.
+			var early bool
+			select {
+			case err := <-done:
+				early = true
+				t.Errorf("the hello made rank 1's names while another agent held rank 1's names lock (err %v)", err)
+			case <-time.After(time.Second):
+			}
+			close(release)
+			if err := <-names; err != nil {
+				t.Fatal(err)
+			}
+			if !early {
+				if err := <-done; err != nil {
+					t.Fatal(err)
 				}
 			}
 		})

@@ -61,7 +61,12 @@ func (h *Host) Preload(r int, regions []Region, step int64, fill func(views [][]
 	}
 	fail := func(err error) error {
 		slots.Close()
-		if rerr := h.names(r, func() error { _, err := ckpt.RemoveOwned(slots.Owned()); return err }); rerr != nil {
+		ran := false
+		rerr := h.names(r, func() error { ran = true; _, err := ckpt.RemoveOwned(slots.Owned()); return err })
+		if !ran {
+			ckpt.Disown(slots.Owned()) // the lock failed: the files stay
+		}
+		if rerr != nil {
 			h.log.Warn("cannot remove the slots of a preload that failed", "rank", r, "err", rerr)
 		}
 		return err
@@ -120,7 +125,12 @@ func (s *service) helloPreloaded(req *ProtectHello) (*ProtectWelcome, error) {
 		if s.h.diffMode() && req.Optimizer.Reduced != nil {
 			reduced = req.Optimizer.Reduced.N
 		}
-		if err := s.createGradient(req.Gradient*4, reduced); err != nil {
+		// Under the rank's names lock, as helloLocked makes its files:
+		// another agent of the job sharing the directory may be removing
+		// its own files of the rank (a partitioned host ending after a
+		// spare rolled the rank back, Preload).
+		err := s.h.names(s.rank, func() error { return s.createGradient(req.Gradient*4, reduced) })
+		if err != nil {
 			return nil, err
 		}
 	}

@@ -401,13 +401,14 @@ func (s *service) gradSize() int64 {
 	return s.gradFile.Size
 }
 
-// createGradient creates the gradient buffer (under the rank's names
-// lock, Host.names), a file beside the rank's
+// createGradient creates the gradient buffer, a file beside the rank's
 // slot files and named as theirs are (so that ckpt.RemoveJob removes it
 // too): two halves of size bytes, at offsets 0 and stride (GradientFile).
 // With reduced > 0 each half also has a deposit area of reduced float32s
 // after the page that ends the gradient (GradientFile.Deposit), left
-// sparse: a deposit plan allocates its ranges (localpeer.go).
+// sparse: a deposit plan allocates its ranges (localpeer.go). The
+// caller holds the rank's names lock (Host.names); it does not take it
+// itself: the lock does not nest (ckpt.Claim.Names).
 func (s *service) createGradient(size, reduced int64) error {
 	end, dep := size, int64(0)
 	if reduced > 0 {
@@ -881,8 +882,6 @@ func (s *service) truncateSlots(g int64) error {
 	return nil
 }
 
-// close stops the service: its requests in flight end (it waits for
-// them, and for the readers of its slots) and its slots are unmapped. The files stay.
 // removeFiles removes the files the service made (after close) whose
 // names still lead to them, and returns the paths it left because
 // another process made them since.
@@ -900,7 +899,9 @@ func (s *service) removeFiles() (left []string, err error) {
 		return err
 	})
 	if !ran {
-		// The lock failed: the files stay, for the job's last agent here.
+		// The lock failed, or another agent held it for ckpt.NamesWait
+		// (stopped inside Create, say): the files stay, for the job's
+		// last agent here; a leftover is better than a hang.
 		ckpt.Disown(s.owned)
 	}
 	s.owned = nil
@@ -916,6 +917,9 @@ func (s *service) removeFilesLog() error {
 	return err
 }
 
+// close stops the service: its requests in flight end (it waits for
+// them, and for the readers of its slots) and its slots are unmapped.
+// The files stay (removeFiles).
 func (s *service) close() error {
 	s.stop()
 	s.rep.stop()
