@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/gorun/gorun/ckpt"
-	"github.com/gorun/gorun/topology"
 )
 
 // TestECDiffCorruptSlotsRestart: --redundancy ec:2+1 --protect-mode diff
@@ -58,25 +57,14 @@ func TestECDiffCorruptSlotsRestart(t *testing.T) {
 // clear copy is kept on its own host only.
 func dataRank(t *testing.T, c *hsCluster) int {
 	t.Helper()
-	hosts := make([]topology.Host, len(c.hosts.Names))
-	for i, n := range c.hosts.Names {
-		hosts[i] = topology.Host{Name: n, Slots: 2, Spare: i >= c.work}
-	}
-	asg, err := topology.MapRanks(hosts, topology.MapOptions{NP: 2 * c.work, By: topology.MapBySlot})
-	if err != nil {
-		t.Fatal(err)
-	}
-	groups, err := topology.PlanEC(hosts, asg, topology.ECOptions{K: 2, M: 1})
-	if err != nil || len(groups) != 1 {
-		t.Fatalf("PlanEC = %v, %v; want one group", groups, err)
-	}
+	g, asg := c.ecGroup(t, 1)
 	for _, a := range asg {
-		if a.Host == groups[0].Data[0] {
-			t.Logf("data hosts %v, parity hosts %v: rank %d of host %d", groups[0].Data, groups[0].Parity, a.Rank, a.Host)
+		if a.Host == g.Data[0] {
+			t.Logf("rank %d of data host %d", a.Rank, a.Host)
 			return a.Rank
 		}
 	}
-	t.Fatalf("no rank on data host %d", groups[0].Data[0])
+	t.Fatalf("no rank on data host %d", g.Data[0])
 	return -1
 }
 

@@ -48,10 +48,10 @@ type hsCluster struct {
 	hostfile     string
 }
 
-// ecGroup returns the one ec:2+2 group of c as the launcher plans it:
+// ecGroup returns the one ec:2+m group of c as the launcher plans it:
 // the hostfile's hosts in order (two slots each, the last ones spares),
 // ranks by slot, topology.PlanEC; with the ranks' assignment.
-func (c *hsCluster) ecGroup(t *testing.T) (topology.ECGroup, []topology.Assignment) {
+func (c *hsCluster) ecGroup(t *testing.T, m int) (topology.ECGroup, []topology.Assignment) {
 	t.Helper()
 	hosts := make([]topology.Host, len(c.hosts.Names))
 	for i, n := range c.hosts.Names {
@@ -61,7 +61,7 @@ func (c *hsCluster) ecGroup(t *testing.T) (topology.ECGroup, []topology.Assignme
 	if err != nil {
 		t.Fatal(err)
 	}
-	groups, err := topology.PlanEC(hosts, asg, topology.ECOptions{K: 2, M: 2})
+	groups, err := topology.PlanEC(hosts, asg, topology.ECOptions{K: 2, M: m})
 	if err != nil || len(groups) != 1 {
 		t.Fatalf("PlanEC = %v, %v; want one group", groups, err)
 	}
@@ -754,7 +754,7 @@ fi`
 func TestHotSwapEC(t *testing.T) {
 	c := newHSCluster(t, 4, 2)
 	ec := []string{"--redundancy", "ec:2+2"}
-	g, asg := c.ecGroup(t)
+	g, asg := c.ecGroup(t, 2)
 	// The ranks of a lost data host have no clear copy left, nor have
 	// the ranks whose clear copy it held: they are decoded.
 	decoded := func(lost []int) []int {
@@ -847,7 +847,7 @@ func TestHotSwapECDiff(t *testing.T) {
 	c := newHSCluster(t, 4, 2)
 	flags := []string{"--redundancy", "ec:2+2", "--protect-mode", "diff", "--base-every", "8"}
 	extra := []string{"--device-grad"}
-	g, _ := c.ecGroup(t)
+	g, _ := c.ecGroup(t, 2)
 	wantP, wantO := hsReference(t, c, extra...)
 	for _, mode := range []string{"restart", "in-place"} {
 		for _, tc := range []struct {

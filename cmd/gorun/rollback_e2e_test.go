@@ -152,7 +152,7 @@ func (r *hsRun) waitStderr(t *testing.T, re *regexp.Regexp, limit time.Duration)
 // and the launcher's), the job hangs at G = T.
 func TestRollbackToDiskEC(t *testing.T) {
 	c := newHSCluster(t, 4, 4)
-	g, asg := c.ecGroup(t)
+	g, asg := c.ecGroup(t, 2)
 	lost := []int{g.Data[0], g.Parity[0], g.Parity[1]}
 	wantP, wantO := hsReference(t, c)
 	const every, killAfter = 4, 14

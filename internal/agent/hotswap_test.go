@@ -261,6 +261,21 @@ func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent i
 	return j
 }
 
+// waitExit waits for the agent to exit (told to) and reports an error
+// it ended with.
+func (j *swapJob) waitExit(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-j.agentErr:
+		j.exited = true
+		if err != nil {
+			t.Errorf("the agent ended with %v", err)
+		}
+	case <-j.ctx.Done():
+		t.Fatal("the agent did not exit")
+	}
+}
+
 func (j *swapJob) send(c *wire.Control) {
 	j.t.Helper()
 	if err := j.l.Publish(j.control, wire.Marshal(c)); err != nil {

@@ -332,15 +332,7 @@ func TestAgentSweepsJobDirs(t *testing.T) {
 	}
 	j.send(&wire.Control{Op: wire.OpKill})
 	j.send(&wire.Control{Op: wire.OpExit})
-	select {
-	case err := <-j.agentErr:
-		j.exited = true
-		if err != nil {
-			t.Errorf("the agent ended with %v", err)
-		}
-	case <-j.ctx.Done():
-		t.Fatal("the agent did not exit")
-	}
+	j.waitExit(t)
 	for _, gone := range []string{own[0], sameJob, sameJobShm} {
 		if _, err := os.Stat(gone); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s is still there (%v)", gone, err)
@@ -456,15 +448,7 @@ func TestAgentSweepsBeside(t *testing.T) {
 	j.send(&wire.Control{Op: wire.OpKill})
 	j.send(&wire.Control{Op: wire.OpExit})
 	close(release)
-	select {
-	case err := <-j.agentErr:
-		j.exited = true
-		if err != nil {
-			t.Errorf("the agent ended with %v", err)
-		}
-	case <-j.ctx.Done():
-		t.Fatal("the agent did not exit")
-	}
+	j.waitExit(t)
 	if !swept.Load() {
 		t.Error("the agent exited before its start's sweep ended")
 	}

@@ -78,15 +78,7 @@ func TestAgentEndSweepsJobSlots(t *testing.T) {
 			}
 			j.send(&wire.Control{Op: wire.OpKill})
 			j.send(&wire.Control{Op: wire.OpExit})
-			select {
-			case err := <-j.agentErr:
-				j.exited = true
-				if err != nil {
-					t.Errorf("the agent ended with %v", err)
-				}
-			case <-j.ctx.Done():
-				t.Fatal("the agent did not exit")
-			}
+			j.waitExit(t)
 			for _, f := range own {
 				if _, err := os.Lstat(f); tc.held != (err == nil) {
 					t.Errorf("%s: %v; the job's lock held: %v", f, err, tc.held)
