@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/gordump"
 	"github.com/gorun/gorun/internal/gortest"
 
 	"github.com/gorun/gorun/topology"
@@ -413,6 +415,10 @@ func TestRunBadConfig(t *testing.T) {
 // Run leaves no goroutine behind.
 func TestRunGoroutines(t *testing.T) {
 	before := runtime.NumGoroutine()
+	was, err := gordump.Leftover(gordump.Take())
+	if err != nil {
+		t.Fatal(err)
+	}
 	r := startRun(t, 2, `echo hi`, nil)
 	r.wait()
 	deadline := time.Now().Add(10 * time.Second)
@@ -422,6 +428,17 @@ func TestRunGoroutines(t *testing.T) {
 	if n := runtime.NumGoroutine(); n > before {
 		buf := make([]byte, 1<<20)
 		t.Errorf("%d goroutines before Run, %d after:\n%s", before, n, buf[:runtime.Stack(buf, true)])
+	}
+	// gorun's own, by the rule the chaos suite judges gorun's exit with
+	// (GORUN_DEBUG_GOROUTINES): none but those there before.
+	left, err := gordump.Leftover(gordump.Take())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range left {
+		if !slices.ContainsFunc(was, func(w gordump.Goroutine) bool { return w.ID == g.ID }) {
+			t.Errorf("a goroutine of gorun's left after Run:\n%s", g.Stack)
+		}
 	}
 }
 

@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
+	"github.com/gorun/gorun/internal/gordump"
 	"github.com/gorun/gorun/internal/jobstatus"
 	"github.com/gorun/gorun/launcher"
 	"golang.org/x/sys/unix"
@@ -24,6 +26,10 @@ const (
 	exitError = 1
 	exitUsage = 2
 )
+
+// debugGoroutinesEnv names the file gorun run writes its goroutines'
+// dump to at its exit (see the package doc).
+const debugGoroutinesEnv = "GORUN_DEBUG_GOROUTINES"
 
 // usageError is an error in how gorun was called: exit code 2.
 type usageError struct{ msg string }
@@ -58,6 +64,15 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 }
 
 func runMain(args []string, stdout, stderr io.Writer) int {
+	if path := os.Getenv(debugGoroutinesEnv); path != "" {
+		// Deferred first, so run last: after the job and what runMain
+		// closes (see the package doc).
+		defer func() {
+			if err := gordump.Write(path, time.Second); err != nil {
+				fmt.Fprintf(stderr, "gorun: %s: %v\n", debugGoroutinesEnv, err)
+			}
+		}()
+	}
 	opts, err := parseRun(args, stderr)
 	if errors.Is(err, errHelp) {
 		fmt.Fprint(stdout, usageText)

@@ -1,5 +1,13 @@
 // Command gorun launches SPMD jobs across hosts, mpirun style, and keeps
 // them alive through failures. Run `gorun --help` for usage.
+//
+// A debugging aid, not a flag: with GORUN_DEBUG_GOROUTINES=FILE in its
+// environment, `gorun run` writes the dump of its goroutines to FILE when
+// it exits on its own (not when killed, or on SIGQUIT, whose own dump
+// goes to standard error), once the job and everything the launcher owns
+// is closed and its goroutines had up to a second to end
+// (internal/gordump, which also says which of them are gorun's). The
+// chaos suite reads it to find goroutines the launcher leaks.
 package main
 
 import (

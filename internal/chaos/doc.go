@@ -76,9 +76,17 @@
 // (internal/jobstatus), and the launcher not outliving the last process
 // of its job by more than --kill-grace + --heartbeat-timeout + 4 s (10 s)
 // — a launcher that does is sent SIGQUIT, its goroutine dump kept, and the
-// run fails (launcher-exits). That check sees a launcher that does not
-// exit; it cannot see a goroutine or descriptor leaked by a launcher that
-// still exits (launcher's TestRunGoroutines checks that in-process). A
+// run fails (launcher-exits). A launcher that exits must leave no
+// goroutine of gorun's behind (launcherGoroutines): every job runs with
+// GORUN_DEBUG_GOROUTINES naming a file in its run's directory, where
+// gorun writes its goroutine dump as it exits (cmd/gorun's doc), and a
+// goroutine in it with a frame or its creator in gorun's code, other than
+// the main goroutine (internal/gordump.Leftover, the rule launcher's
+// TestRunGoroutines applies in-process), is a leak (no-leaks), its stack
+// in the failure; so is a missing dump, unless the harness SIGKILLed the
+// launcher (Resume, CkptFlip) or sent it SIGQUIT. Goroutines running
+// only other modules' code that gorun's did not create, and descriptors
+// the launcher leaks, are not looked for. A
 // SIGKILLed agent's job directory and Open MPI directory are swept by the
 // job's agents that live on (the namespace hosts share /tmp and
 // /dev/shm): left, they are leaks. Where no agent of the job lives on

@@ -43,11 +43,14 @@ var ErrJobEnded = errors.New("chaos: the job ended first")
 
 // Job is one gorun run on the cluster.
 type Job struct {
-	Config  Config
-	Hosts   []string // the namespace hosts of the job, work hosts first
-	Events  string   // the --events file
-	CkptDir string   // --ckpt-dir, "" without
-	Args    []string // gorun's command line, binary included
+	Config Config
+	Hosts  []string // the namespace hosts of the job, work hosts first
+	Events string   // the --events file
+	// Goroutines is the file gorun writes its goroutine dump to at its
+	// exit (GORUN_DEBUG_GOROUTINES; see launcherGoroutines).
+	Goroutines string
+	CkptDir    string   // --ckpt-dir, "" without
+	Args       []string // gorun's command line, binary included
 
 	cluster *testcluster.Hosts // the hosts' cluster: Hosts are its first ones
 	cmd     *exec.Cmd
@@ -78,8 +81,10 @@ func startJob(ctx context.Context, c Config, b Binaries, cluster *testcluster.Ho
 	hosts := cluster.Names[:c.Hosts+c.Spares]
 	j := &Job{Config: c, Hosts: hosts, Events: filepath.Join(dir, "events.jsonl"), cluster: cluster,
 		stderr: &gortest.SyncBuffer{}, done: make(chan struct{})}
+	j.Goroutines = filepath.Join(dir, "goroutines.txt")
 	if resume {
 		j.Events = filepath.Join(dir, "events-resume.jsonl")
+		j.Goroutines = filepath.Join(dir, "goroutines-resume.txt")
 	}
 	var hf strings.Builder
 	for _, h := range hosts {
@@ -107,7 +112,7 @@ func startJob(ctx context.Context, c Config, b Binaries, cluster *testcluster.Ho
 	j.stdout = out
 	j.cmd = exec.Command(j.Args[0], j.Args[1:]...)
 	j.cmd.Stdout, j.cmd.Stderr = out.w, j.stderr
-	j.cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+registry)
+	j.cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+registry, "GORUN_DEBUG_GOROUTINES="+j.Goroutines)
 	j.start = time.Now()
 	if err := j.cmd.Start(); err != nil {
 		out.started()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/events"
+	"github.com/gorun/gorun/internal/gordump"
 	"github.com/gorun/gorun/internal/jobstatus"
 	"github.com/gorun/gorun/internal/testcluster"
 )
@@ -53,6 +54,7 @@ type leakCheck struct {
 // removes what it finds (so that the next run starts clean) and returns
 // the leaks and what gorun clean removed of the job (see above).
 func checkLeaks(j *Job, lc leakCheck) (leaks, cleaned []string) {
+	leaks = launcherGoroutines(j)
 	// Processes: poll until none is left or the grace period ends.
 	var left map[string][]proc
 	for deadline := time.Now().Add(procGrace); ; {
@@ -149,6 +151,31 @@ func checkLeaks(j *Job, lc leakCheck) (leaks, cleaned []string) {
 		}
 	}
 	return leaks, cleaned
+}
+
+// launcherGoroutines returns the goroutines of gorun's that job j's
+// launcher left running at its exit, each with its stack: those of its
+// goroutine dump (j.Goroutines, written by gorun under
+// GORUN_DEBUG_GOROUTINES once the job and everything it owns is closed)
+// that gordump.Leftover names. A launcher the harness SIGKILLed
+// (j.killed) or sent SIGQUIT (j.hung) writes none; every other must.
+func launcherGoroutines(j *Job) []string {
+	dump, err := os.ReadFile(j.Goroutines)
+	if err != nil {
+		if j.killed || j.hung != "" {
+			return nil
+		}
+		return []string{fmt.Sprintf("the launcher (exit %d) wrote no goroutine dump: %v", j.code, err)}
+	}
+	left, err := gordump.Leftover(dump)
+	if err != nil {
+		return []string{fmt.Sprintf("the launcher's goroutine dump %s: %v", j.Goroutines, err)}
+	}
+	var out []string
+	for _, g := range left {
+		out = append(out, "a goroutine of the launcher's left at its exit:\n"+g.Stack)
+	}
+	return out
 }
 
 // orphaned says which of a job's leftovers nobody of the job is left to

@@ -169,7 +169,7 @@ var Rules = []Rule{
 	{"beyond-reported", `README, Exit code: "Otherwise it is the status of the first rank that failed ..., with a one-line report naming the rank, its host and the cause"`},
 	{"usr1-forwarded", `README, Signals: "SIGUSR1 and SIGUSR2 (Slurm's preemption notices) are forwarded to every rank, and the job goes on" (dptrain and MPICH ranks note it and go on: every rank's "got SIGUSR1" line must be in gorun's stderr; a pytrain rank dies of it: some rank's exit must name SIGUSR1)`},
 	{"sigterm-exit", `README, Signals: "SIGINT, SIGTERM and SIGHUP stop every rank with the same signal, and gorun exits 128+N"`},
-	{"no-leaks", `README: "gorun ... leaves no process and no temporary file behind"; "When the job ends, the agents remove the slot files"`},
+	{"no-leaks", `README: "gorun ... leaves no process and no temporary file behind"; "When the job ends, the agents remove the slot files"; issue 21: "no goroutine leak in the launcher" (its GORUN_DEBUG_GOROUTINES dump at its exit)`},
 	{"launcher-exits", `DESIGN §1: "If the launcher's control connection to an agent is lost, the agent kills its ranks and exits: no orphans, ever" (and the launcher owns the job's exit code: it must exit)`},
 	{"corruption-detected", `ckpt/doc.go: "a slot that fails it [the CRC] is never returned"; issue 21: a flipped byte must be detected, never restored silently`},
 	{"corrupt-base-named", `README, Checkpoints on disk: "A rank whose state cannot be rebuilt (its base missing or corrupt) stops the job, naming it"`},

@@ -48,6 +48,10 @@ func TestJudge(t *testing.T) {
 		{"sigterm, exit 1", with(base(LauncherTerm, false), func(r *Run) { r.Code = 1 }), Failed, []string{"sigterm-exit"}},
 		{"sigterm, exit 0", with(base(LauncherTerm, false), func(r *Run) { r.Hash = ref }), Failed, []string{"sigterm-exit"}},
 		{"leak", with(base(RankKill, true), func(r *Run) { r.Hash, r.Leaks = ref, []string{"left behind: /dev/shm/gorun-x.r0.hdr"} }), Failed, []string{"no-leaks"}},
+		{"launcher goroutine left", with(base(LauncherTerm, false), func(r *Run) {
+			r.Code, r.Reported = 143, "terminated"
+			r.Leaks = []string{"a goroutine of the launcher's left at its exit:\ngoroutine 41 [chan receive]:\ngithub.com/gorun/gorun/launcher.(*lane).run(0x1)"}
+		}), Failed, []string{"no-leaks"}},
 		{"removed by gorun clean only", with(base(TwoHosts, true), func(r *Run) {
 			r.Hash, r.Cleaned = ref, []string{"removed protected state of job x in /dev/shm"}
 		}), Survived, nil},
