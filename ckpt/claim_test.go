@@ -9,14 +9,7 @@ import (
 
 func TestClaimAndSweep(t *testing.T) {
 	opt := Options{Dir: t.TempDir()}
-	mk := func(job string, rank int) {
-		t.Helper()
-		s, err := Create(job, rank, testRegions, opt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Close()
-	}
+	mk := func(job string, rank int) { makeSlots(t, opt, job, rank) }
 	exists := func(job string) bool {
 		_, err := os.Stat(filepath.Join(opt.Dir, hdrName(job, 0)))
 		return err == nil
@@ -134,14 +127,7 @@ func TestSweepJob(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			opt := Options{Dir: t.TempDir()}
-			mk := func(job string, rank int) {
-				t.Helper()
-				s, err := Create(job, rank, testRegions, opt)
-				if err != nil {
-					t.Fatal(err)
-				}
-				s.Close()
-			}
+			mk := func(job string, rank int) { makeSlots(t, opt, job, rank) }
 			exists := func(name string) bool {
 				_, err := os.Lstat(filepath.Join(opt.Dir, name))
 				return err == nil
@@ -185,4 +171,15 @@ func TestSweepJob(t *testing.T) {
 	if _, err := SweepJob("a.b", Options{Dir: t.TempDir()}); err == nil {
 		t.Error("SweepJob accepted an invalid job id")
 	}
+}
+
+// makeSlots creates rank's slot files of job in opt's directory and
+// closes them, as an agent that made them and ended (or died) leaves them.
+func makeSlots(t *testing.T, opt Options, job string, rank int) {
+	t.Helper()
+	s, err := Create(job, rank, testRegions, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
 }

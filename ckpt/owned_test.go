@@ -138,17 +138,7 @@ func inDir(dir string, names []string) []string {
 // another open file description) cannot take, on that rank only; it
 // lets go when fn returns, also with an error, and a nil Claim runs fn.
 func TestClaimNames(t *testing.T) {
-	opt := Options{Dir: t.TempDir()}
-	a, err := ClaimJob("abc", opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Release()
-	b, err := ClaimJob("abc", opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Release()
+	a, b := twoClaims(t)
 	// try reports whether b could take rank's lock now (and lets it go).
 	try := func(rank int) bool {
 		lk := unix.Flock_t{Type: unix.F_WRLCK, Start: int64(rank), Len: 1}
@@ -269,19 +259,9 @@ func TestClaimNamesLockFails(t *testing.T) {
 // past its wait, without running fn (a holder stopped with SIGSTOP must
 // not hang this one's hello or exit).
 func TestClaimNamesBusy(t *testing.T) {
-	opt := Options{Dir: t.TempDir()}
-	a, err := ClaimJob("abc", opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Release()
-	b, err := ClaimJob("abc", opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Release()
+	a, b := twoClaims(t)
 	b.wait = 20 * time.Millisecond
-	err = a.Names(4, func() error {
+	err := a.Names(4, func() error {
 		ran := false
 		err := b.Names(4, func() error { ran = true; return nil })
 		if ran || !errors.Is(err, ErrNamesBusy) {
@@ -325,4 +305,20 @@ func TestOwnFileCloseOnExec(t *testing.T) {
 	if ok, err := o.leadsTo(); !ok || err != nil {
 		t.Errorf("after the caller closed its file: leads to it %v, err %v", ok, err)
 	}
+}
+
+// twoClaims returns two claims of job "abc" in a new directory, as two
+// agents of the job sharing it hold them (each its own open file
+// description), released at the test's end.
+func twoClaims(t *testing.T) (a, b *Claim) {
+	t.Helper()
+	opt := Options{Dir: t.TempDir()}
+	for _, c := range []**Claim{&a, &b} {
+		var err error
+		if *c, err = ClaimJob("abc", opt); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { (*c).Release() })
+	}
+	return a, b
 }

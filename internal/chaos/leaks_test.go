@@ -6,29 +6,36 @@ import (
 	"testing"
 )
 
+// gordumpFixture is one of internal/gordump's goroutine dumps (real
+// gorun dumps: clean, and with a leaked launcher lane), shared rather
+// than copied.
+func gordumpFixture(name string) string {
+	return filepath.Join("..", "gordump", "testdata", name)
+}
+
 // TestLauncherGoroutines reads the launcher's goroutine dump as checkLeaks
 // does: gorun's goroutines left in it are leaks, each with its stack; a
 // missing dump is one unless the harness killed the launcher.
 func TestLauncherGoroutines(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
-		dump   string // in testdata, "" for none
+		dump   string // a path, "" for none
 		killed bool
 		hung   string
 		want   []string // what each leak says, in order
 	}{
-		{"clean", "goroutines-clean.txt", false, "", nil},
-		{"leaked", "goroutines-leaked.txt", false, "", []string{"launcher.(*lane).run", "os/exec.(*Cmd).Wait"}},
-		{"leaked, then killed", "goroutines-leaked.txt", true, "", []string{"launcher.(*lane).run", "os/exec.(*Cmd).Wait"}},
+		{"clean", gordumpFixture("clean.txt"), false, "", nil},
+		{"leaked", gordumpFixture("leaked.txt"), false, "", []string{"launcher.(*lane).run", "os/exec.(*Cmd).Wait"}},
+		{"leaked, then killed", gordumpFixture("leaked.txt"), true, "", []string{"launcher.(*lane).run", "os/exec.(*Cmd).Wait"}},
 		{"no dump", "", false, "", []string{"wrote no goroutine dump"}},
 		{"no dump, SIGKILLed", "", true, "", nil},
 		{"no dump, SIGQUIT", "", false, "gorun ran past 3m0s", nil},
-		{"not a dump", "mpisteps.c", false, "", []string{"not a goroutine dump"}},
+		{"not a dump", filepath.Join("testdata", "mpisteps.c"), false, "", []string{"not a goroutine dump"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			j := &Job{Goroutines: filepath.Join("testdata", "absent"), killed: tt.killed, hung: tt.hung}
 			if tt.dump != "" {
-				j.Goroutines = filepath.Join("testdata", tt.dump)
+				j.Goroutines = tt.dump
 			}
 			got := launcherGoroutines(j)
 			if len(got) != len(tt.want) {
