@@ -96,8 +96,14 @@
 // them), README gives them to gorun clean: the built one is run, what it
 // removes of the job must be among those leftovers, and the run has no
 // leak only if nothing of the job is left afterwards ("removed by gorun
-// clean" in the summary). Leftovers not named gorun-<id> (a killed MPICH
-// rank's shared memory, a rank's own temporary files) are not looked for. A SIGKILLed launcher's registry entry is checked after the
+// clean" in the summary). MPICH's shared-memory segment files
+// (/dev/shm/mpich_shar_tmp*, left by a rank killed in MPI_Init and named
+// after no job) are looked for too (mpichLeaks): one that appeared while
+// the job ran (the suite's jobs run one at a time; those there when the
+// job started are not its own) and that no process uses, as the agents'
+// sweep judges (internal/agent.UnusedMPICHFiles), is a leak after the
+// same grace period. Other leftovers not named gorun-<id> (a rank's own
+// temporary files) are not looked for. A SIGKILLed launcher's registry entry is checked after the
 // jobstatus.List that removes stale entries, as its doc promises.
 //
 // Recovery times come from the events file's timeline (detected →
