@@ -12,8 +12,9 @@ package agent
 // cleaned when the job ends, not at the next job); the start's sweep
 // runs beside the launch (agent.startSweep). Slot files (ckpt.Sweep;
 // ckpt.SweepJob at the end, sweepJobSlots) and
-// Open MPI's directories (sweepOMPIDirs) are swept the same way, and
-// gorun clean sweeps all three by hand (clean.go).
+// Open MPI's directories (sweepShm) are swept the same way, and
+// gorun clean sweeps all three by hand (clean.go). sweepShm's pass over
+// /dev/shm also removes MPICH's segment files nobody uses (mpichshm.go).
 //
 // All this only where os.TempDir() is on a local file system (localfs.go):
 // elsewhere a lock may not be seen from another host, and directories

@@ -26,6 +26,17 @@ package agent
 //   - the other ranks open it by name and map it while the creator
 //     still has it mapped (the unlink waits for them all).
 //
+// (MPL_shm_seg_create_attach_templ in src/mpl/src/shm/mpl_shm_mmap.c:
+// mkstemp, lseek and write a byte to size it, mmap, close; callers in
+// src/mpid/common/shm: MPIDU_Init_shm_init and shm_alloc create and
+// attach at once, broadcast the name, the others attach, a barrier or
+// allreduce, then MPL_shm_seg_remove; the segment is detached at
+// finalize, after the unlink. The one path that unmaps a file it has not
+// unlinked, map_symm_shm's failure, never maps that file again: its
+// retry makes a new one, so the old one is garbage as soon as it is
+// unused.) When mkstemp fails in /dev/shm, MPL falls back to
+// /tmp/mpich_shar_tmpXXXXXX: those are not looked for.
+//
 // Every process is read descriptors first (/proc/<pid>/fd), mappings
 // after (/proc/<pid>/maps): a process that maps and then closes between
 // the two reads is seen in the second. One window is left: open(2)
