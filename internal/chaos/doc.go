@@ -41,7 +41,10 @@
 // gorun was blocked writing to it at the release; every step line must be
 // there, in order, landed or not), a byte flipped
 // in both committed ping-pong slots of a stopped rank in /dev/shm, which
-// is then killed (its restore must detect the CRC mismatch), and with the
+// is then killed (a restore that resumes from a flipped slot's step, as
+// the publish records after the fault say, must detect the CRC mismatch;
+// one that resumes from another step, or from a peer's copy of a later
+// commit, reads no flipped byte: that run is judged by its hash), and with the
 // durable tier the whole job killed once a version is committed and
 // started again with --resume (Resume), or the same with a byte flipped in
 // a rank's committed base file first (CkptFlip: the resume must stop,

@@ -115,9 +115,15 @@ func (s *Suite) outcome(r *Run, j *Job) {
 	r.Detected = corruptRE.MatchString(errOut) || corruptRE.Match(evText)
 	r.Reported = reportOf(recs)
 	var timelines []events.Timeline
+	r.RestoredSteps = nil
 	for _, rec := range recs {
-		if e, ok := rec.Event.(events.Timeline); ok {
+		switch e := rec.Event.(type) {
+		case events.Timeline:
 			timelines = append(timelines, e)
+		case events.Publish:
+			if r.At > 0 && rec.T >= r.At {
+				r.RestoredSteps = append(r.RestoredSteps, e.G)
+			}
 		}
 	}
 	if len(timelines) > 0 && r.At > 0 {
