@@ -73,8 +73,8 @@ type Run struct {
 	Detected bool `json:"detected,omitempty"`
 	// FlippedSteps: with SlotFlip, the committed steps of the slots
 	// flipped that were still committed after the flip. RestoredSteps:
-	// the steps the epochs published after the fault restored (their
-	// events' G, -1 for none). Detection is required only when a restore
+	// the steps the job's published epochs resumed from (their publish
+	// records' G, -1 for none: the epochs before a SlotFlip's fault). Detection is required only when a restore
 	// read a flipped slot: one of these steps is one of those
 	// (flipReadBack).
 	FlippedSteps  []int64 `json:"flipped_steps,omitempty"`
