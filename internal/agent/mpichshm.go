@@ -37,7 +37,8 @@ package agent
 // unused.) When mkstemp fails in /dev/shm, MPL falls back to
 // /tmp/mpich_shar_tmpXXXXXX: those are not looked for.
 //
-// Every process is read descriptors first (/proc/<pid>/fd), mappings
+// Every process (/proc/<pid>, its thread group: a thread that unshared
+// its descriptor table is not read apart) is read descriptors first (/proc/<pid>/fd), mappings
 // after (/proc/<pid>/maps): a process that maps and then closes between
 // the two reads is seen in the second. One window is left: open(2)
 // makes the name visible in the directory slightly before it installs

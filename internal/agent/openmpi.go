@@ -378,7 +378,12 @@ func sweepShmLog(dir, job string, m mpichSweep, waitYoung bool, log *slog.Logger
 		s.OMPIDirs = append(s.OMPIDirs, again.OMPIDirs...)
 		s.MPICHFiles = append(s.MPICHFiles, again.MPICHFiles...)
 	}
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	switch {
+	case errors.Is(err, errProcUnreadable):
+		// Not a failure: a process that might hold one cannot be read
+		// (mpichshm.go), which a host may have for good.
+		log.Info("MPICH's unused shared-memory files not judged", "dir", dir, "err", err)
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
 		log.Warn("sweeping leftover shared-memory files", "dir", dir, "err", err)
 	}
 	if len(s.OMPIDirs) > 0 {
