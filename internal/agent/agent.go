@@ -96,9 +96,6 @@ type Config struct {
 	// sweeping, when not nil, is called by the start's sweep before it
 	// sweeps (tests: a slow sweep).
 	sweeping func()
-	// procHolders, when not nil, replaces the host's /proc in the
-	// judgement of MPICH's segment files (tests).
-	procHolders procHolders
 }
 
 type agent struct {
@@ -574,26 +571,17 @@ func (a *agent) event(e *wire.Event) {
 	}
 }
 
-// mpichSweep is how the agent judges MPICH's segment files in shmDir.
-func (a *agent) mpichSweep() mpichSweep {
-	m := hostMPICHSweep()
-	if a.cfg.procHolders != nil {
-		m.holders = a.cfg.procHolders
-	}
-	return m
-}
-
 // startSweep starts, once, the sweep of what ended agents of any job
 // left on the host (their job directories, slot files, Open MPI
-// directories, MPICH segment files), off the launch's critical path: a /tmp may hold many
-// names. cleanup waits for it.
+// directories, MPICH segment files), off the launch's critical path: a
+// /tmp may hold many names. cleanup waits for it.
 func (a *agent) startSweep() {
 	if a.swept != nil {
 		return
 	}
 	done := make(chan struct{})
 	a.swept = done
-	shm, slots, log, hook, mp := a.shmDir(), a.slotOpt(), a.log, a.cfg.sweeping, a.mpichSweep()
+	shm, slots, log, hook, mp := a.shmDir(), a.slotOpt(), a.log, a.cfg.sweeping, hostMPICHSweep()
 	go func() {
 		defer close(done)
 		if hook != nil {
@@ -1070,7 +1058,7 @@ wait:
 	sweepJobDirsLog(a.cfg.Job, a.log)
 	// The ranks are gone: MPICH segment files one of them left (killed
 	// in MPI_Init) are used by nobody now.
-	sweepShmLog(a.shmDir(), a.cfg.Job, a.mpichSweep(), true, a.log)
+	sweepShmLog(a.shmDir(), a.cfg.Job, hostMPICHSweep(), true, a.log)
 	sweepJobSlots(a.slotOpt(), a.cfg.Job, a.log)
 
 	if a.ctl != nil {

@@ -4,9 +4,9 @@ package agent
 // removed by hand (as Open MPI's orte-clean). Agents sweep the same
 // leftovers when they start and end (jobdir.go); what no later agent
 // comes to sweep (every agent of a job killed at once, the last agent on
-// a host killed) stays until gorun clean. MPICH's shared-memory segment
-// files (mpichshm.go) are judged by their use, not a lock. Only what nobody holds goes:
-// a running job's files are locked by its agents.
+// a host killed) stays until gorun clean. Only what nobody holds goes:
+// a running job's files are locked by its agents. MPICH's shared-memory
+// segment files (mpichshm.go) are judged by their use instead.
 
 import (
 	"errors"
@@ -29,8 +29,7 @@ type CleanOptions struct {
 	// /dev/shm.
 	ShmDir string
 
-	statfs  statfsFunc  // nil: syscall.Statfs (tests: another file system)
-	holders procHolders // nil: the host's /proc (tests: another)
+	statfs statfsFunc // nil: syscall.Statfs (tests: another file system)
 }
 
 // Cleaned is what Clean removed, or with DryRun would remove.
@@ -81,11 +80,7 @@ func Clean(o CleanOptions) (Cleaned, error) {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("the slot files in %s: %w", shm, err))
 	}
-	m := hostMPICHSweep()
-	if o.holders != nil {
-		m.holders = o.holders
-	}
-	sw, err := sweepShm(shm, "", o.DryRun, m)
+	sw, err := sweepShm(shm, "", o.DryRun, hostMPICHSweep())
 	for _, n := range sw.OMPIDirs {
 		c.OMPIDirs = append(c.OMPIDirs, filepath.Join(shm, n))
 	}
