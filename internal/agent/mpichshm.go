@@ -38,9 +38,9 @@ package agent
 // /tmp/mpich_shar_tmpXXXXXX: those are not looked for.
 //
 // Every process (/proc/<pid>, its thread group: a thread that unshared
-// its descriptor table is not read apart) is read descriptors first (/proc/<pid>/fd), mappings
-// after (/proc/<pid>/maps): a process that maps and then closes between
-// the two reads is seen in the second. One window is left: open(2)
+// its descriptor table is not read apart) is read descriptors first
+// (/proc/<pid>/fd), mappings after (/proc/<pid>/maps): a process that
+// maps and then closes between the two reads is seen in the second. One window is left: open(2)
 // makes the name visible in the directory slightly before it installs
 // the descriptor in the creator's table, so a sweep reading the
 // directory and then the creator's descriptors inside that one system
