@@ -1,12 +1,16 @@
 package agent
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -248,5 +252,88 @@ func TestMPICHShmName(t *testing.T) {
 		if got := mpichShmName(name); got != want {
 			t.Errorf("mpichShmName(%q) = %v, want %v", name, got, want)
 		}
+	}
+}
+
+// mpichCreatorDir is where the mpichcreator helper makes its segment.
+const mpichCreatorDir = "AGENTTEST_MPICH_DIR"
+
+// mpichCreator does what MPICH's first rank on a host does in MPI_Init
+// (MPL_shm_seg_create_attach_templ): it creates mpich_shar_tmpXXXXXX
+// exclusively, writes its last byte to size it, maps it, closes the
+// descriptor, prints the path, and keeps the mapping until killed (or
+// its stdin ends), never unlinking it: a rank killed before its peers
+// attached.
+func mpichCreator() int {
+	const size = 1 << 16
+	path := filepath.Join(os.Getenv(mpichCreatorDir), fmt.Sprintf("mpich_shar_tmp%06d", os.Getpid()%1000000))
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	if _, err := f.WriteAt([]byte{0}, size-1); err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	mem, err := syscall.Mmap(int(f.Fd()), 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	f.Close()
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	fmt.Println(path)
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	mem[0] = 1 // the mapping lives until here
+	return 0
+}
+
+// TestSweepMPICHCreatorKilled: the segment of another process that has
+// it only mapped (MPICH's creator after its attach) is kept; once that
+// process is killed, the sweep removes it.
+func TestSweepMPICHCreatorKilled(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), agenttestHelper+"=mpichcreator", mpichCreatorDir+"="+dir)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	path := strings.TrimSpace(line)
+	if err != nil || !strings.HasPrefix(path, dir) {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("the creator: %q, %v", line, err)
+	}
+	old := time.Now().Add(-time.Minute) // past the minimum age: only the use keeps it
+	if err := os.Chtimes(path, old, old); err != nil {
+		t.Fatal(err)
+	}
+	s, err := sweepShm(dir, "", false, hostMPICHSweep())
+	if err != nil || len(s.MPICHFiles) != 0 {
+		t.Errorf("with its creator alive: swept %+v, %v; want nothing", s, err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("the live segment: %v", err)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait() // reaped: its mapping is gone
+	s, err = sweepShm(dir, "", false, hostMPICHSweep())
+	if err != nil || !slices.Equal(s.MPICHFiles, []string{filepath.Base(path)}) {
+		t.Errorf("after its creator was killed: swept %+v, %v; want %s", s, err, filepath.Base(path))
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the dead segment is still there: %v", err)
 	}
 }
