@@ -17,7 +17,10 @@ of a job killed at once, the last agent on a host killed) leave their
 job directory in TMPDIR (gorun-<job>-<n>.agent), the ranks' protected
 state in /dev/shm (gorun-<job>.*) and Open MPI's directories there
 (gorun-<job>-h<host>-g<generation>). Only what no running gorun agent
-holds is removed: the jobs running meanwhile keep theirs. Job
+holds is removed: the jobs running meanwhile keep theirs. MPICH's
+shared-memory files in /dev/shm (mpich_shar_tmp*, left by ranks killed
+in MPI_Init) are removed too, whatever job made them, when they are
+yours and no process has them open or mapped. Job
 directories are looked at only when TMPDIR is on a local file system.
 Prints what it removed, one per line.
 
@@ -63,6 +66,9 @@ func runClean(args []string, o agent.CleanOptions, stdout, stderr io.Writer) int
 	}
 	for _, d := range c.OMPIDirs {
 		fmt.Fprintf(stdout, "%s Open MPI directory %s\n", verb, d)
+	}
+	for _, f := range c.MPICHFiles {
+		fmt.Fprintf(stdout, "%s MPICH shared-memory file %s\n", verb, f)
 	}
 	if c.NotSwept != "" {
 		fmt.Fprintf(stderr, "gorun clean: job directories not looked at: %s\n", c.NotSwept)

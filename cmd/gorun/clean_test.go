@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/internal/agent"
@@ -16,7 +17,8 @@ import (
 
 // TestClean: gorun clean removes an ended job's leftovers (a job
 // directory whose holder was killed, the slot files and Open MPI
-// directory of a job nobody claims) and keeps a running job's, lists
+// directory of a job nobody claims, an MPICH segment file nobody has
+// open or mapped) and keeps a running job's, lists
 // them only with -n, and says nothing when nothing is left.
 func TestClean(t *testing.T) {
 	if _, err := exec.LookPath("sleep"); err != nil {
@@ -86,6 +88,21 @@ func TestClean(t *testing.T) {
 	deadOMPI := mkdir(filepath.Join(shm, "gorun-endedjob-h0-g1"))
 	liveOMPI := mkdir(filepath.Join(shm, "gorun-livejob-h0-g0"))
 	lock(liveOMPI, syscall.LOCK_SH)
+	// MPICH segment files: one a killed rank left, one in use (open).
+	mpichFile := func(name string) string {
+		t.Helper()
+		p := filepath.Join(shm, name)
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		old := time.Now().Add(-time.Hour)
+		if err := os.Chtimes(p, old, old); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	deadMPICH, liveMPICH := mpichFile("mpich_shar_tmpAbC123"), mpichFile("mpich_shar_tmpLive00")
+	lock(liveMPICH, syscall.LOCK_SH) // open here: in use
 
 	shmFiles := func(job string) []string {
 		t.Helper()
@@ -95,14 +112,14 @@ func TestClean(t *testing.T) {
 		}
 		return m
 	}
-	kept := []string{liveDir, other, liveOMPI}
+	kept := []string{liveDir, other, liveOMPI, liveMPICH}
 	check := func(what string, args []string, wantOut string, gone bool) {
 		t.Helper()
 		var out, errb bytes.Buffer
 		if code := runClean(args, o, &out, &errb); code != exitOK || out.String() != wantOut || errb.Len() != 0 {
 			t.Errorf("%s: gorun clean %q: exit %d\n%s%s\nwant exit 0 and\n%s", what, args, code, out.String(), errb.String(), wantOut)
 		}
-		for _, p := range []string{deadDir, deadOMPI} {
+		for _, p := range []string{deadDir, deadOMPI, deadMPICH} {
 			if _, err := os.Stat(p); (err == nil) == gone {
 				t.Errorf("%s: %s: %v (want gone: %v)", what, p, err, gone)
 			}
@@ -122,7 +139,8 @@ func TestClean(t *testing.T) {
 	list := func(verb string) string {
 		return verb + " job directory " + deadDir + "\n" +
 			verb + " protected state of job endedjob in " + shm + "\n" +
-			verb + " Open MPI directory " + deadOMPI + "\n"
+			verb + " Open MPI directory " + deadOMPI + "\n" +
+			verb + " MPICH shared-memory file " + deadMPICH + "\n"
 	}
 	check("dry run", []string{"-n"}, list("would remove"), false)
 	check("dry run", []string{"--dry-run"}, list("would remove"), false)

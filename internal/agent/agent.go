@@ -573,21 +573,21 @@ func (a *agent) event(e *wire.Event) {
 
 // startSweep starts, once, the sweep of what ended agents of any job
 // left on the host (their job directories, slot files, Open MPI
-// directories), off the launch's critical path: a /tmp may hold many
-// names. cleanup waits for it.
+// directories, MPICH segment files), off the launch's critical path: a
+// /tmp may hold many names. cleanup waits for it.
 func (a *agent) startSweep() {
 	if a.swept != nil {
 		return
 	}
 	done := make(chan struct{})
 	a.swept = done
-	shm, slots, log, hook := a.shmDir(), a.slotOpt(), a.log, a.cfg.sweeping
+	shm, slots, log, hook, mp := a.shmDir(), a.slotOpt(), a.log, a.cfg.sweeping, hostMPICHSweep()
 	go func() {
 		defer close(done)
 		if hook != nil {
 			hook()
 		}
-		sweepSlots(slots, shm, log)
+		sweepSlots(slots, shm, mp, log)
 		sweepJobDirsLog("", log)
 	}()
 }
@@ -1056,7 +1056,9 @@ wait:
 		<-a.swept
 	}
 	sweepJobDirsLog(a.cfg.Job, a.log)
-	sweepOMPIDirsLog(a.shmDir(), a.cfg.Job, a.log)
+	// The ranks are gone: MPICH segment files one of them left (killed
+	// in MPI_Init) are used by nobody now.
+	sweepShmLog(a.shmDir(), a.cfg.Job, hostMPICHSweep(), true, a.log)
 	sweepJobSlots(a.slotOpt(), a.cfg.Job, a.log)
 
 	if a.ctl != nil {

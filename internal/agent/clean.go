@@ -5,7 +5,8 @@ package agent
 // leftovers when they start and end (jobdir.go); what no later agent
 // comes to sweep (every agent of a job killed at once, the last agent on
 // a host killed) stays until gorun clean. Only what nobody holds goes:
-// a running job's files are locked by its agents.
+// a running job's files are locked by its agents. MPICH's shared-memory
+// segment files (mpichshm.go) are judged by their use instead.
 
 import (
 	"errors"
@@ -36,7 +37,10 @@ type Cleaned struct {
 	JobDirs  []string // job directories (paths)
 	SlotJobs []string // jobs whose slot files went
 	OMPIDirs []string // Open MPI directories (paths)
-	ShmDir   string   // where the slot files were
+	// MPICHFiles are MPICH's shared-memory segment files (paths) no
+	// process uses (mpichshm.go): any job's, even one not gorun's.
+	MPICHFiles []string
+	ShmDir     string // where the slot files were
 	// NotSwept, when not empty, says why the job directories were not
 	// looked at: their file system is not known to be local, so a lock
 	// there may be another host's agent's without it showing here.
@@ -44,7 +48,8 @@ type Cleaned struct {
 }
 
 // Clean removes this user's leftovers of ended jobs on this host: the
-// job directories, slot files and Open MPI directories nobody holds.
+// job directories, slot files and Open MPI directories nobody holds, and
+// MPICH's segment files in ShmDir nobody uses (old enough: mpichMinAge).
 func Clean(o CleanOptions) (Cleaned, error) {
 	tmp, shm := o.TempDir, o.ShmDir
 	if tmp == "" {
@@ -75,12 +80,15 @@ func Clean(o CleanOptions) (Cleaned, error) {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("the slot files in %s: %w", shm, err))
 	}
-	names, err := sweepDirs(shm, ompiDirJob, "", o.DryRun)
-	for _, n := range names {
+	sw, err := sweepShm(shm, "", o.DryRun, hostMPICHSweep())
+	for _, n := range sw.OMPIDirs {
 		c.OMPIDirs = append(c.OMPIDirs, filepath.Join(shm, n))
 	}
+	for _, n := range sw.MPICHFiles {
+		c.MPICHFiles = append(c.MPICHFiles, filepath.Join(shm, n))
+	}
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("the Open MPI directories in %s: %w", shm, err))
+		errs = append(errs, fmt.Errorf("the Open MPI directories and MPICH files in %s: %w", shm, err))
 	}
 	return c, errors.Join(errs...)
 }

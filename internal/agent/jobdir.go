@@ -12,8 +12,9 @@ package agent
 // cleaned when the job ends, not at the next job); the start's sweep
 // runs beside the launch (agent.startSweep). Slot files (ckpt.Sweep;
 // ckpt.SweepJob at the end, sweepJobSlots) and
-// Open MPI's directories (sweepOMPIDirs) are swept the same way, and
-// gorun clean sweeps all three by hand (clean.go).
+// Open MPI's directories (sweepShm) are swept the same way, and
+// gorun clean sweeps all three by hand (clean.go). sweepShm's pass over
+// /dev/shm also removes MPICH's segment files nobody uses (mpichshm.go).
 //
 // All this only where os.TempDir() is on a local file system (localfs.go):
 // elsewhere a lock may not be seen from another host, and directories
@@ -221,12 +222,7 @@ func sweepJobDirs(parent, job string) ([]string, error) {
 // never through a symbolic link. The names are read unsorted, as they
 // come: a /tmp may hold many.
 func sweepDirs(parent string, match func(name string) (string, bool), job string, dry bool) ([]string, error) {
-	d, err := os.Open(parent)
-	if err != nil {
-		return nil, err
-	}
-	names, err := d.Readdirnames(-1)
-	d.Close()
+	names, err := readNames(parent)
 	if err != nil {
 		return nil, err
 	}
@@ -237,31 +233,51 @@ func sweepDirs(parent string, match func(name string) (string, bool), job string
 		if !ok || job != "" && j != job {
 			continue
 		}
-		path := filepath.Join(parent, name)
-		// O_DIRECTORY and O_NOFOLLOW: anything but a directory (a file,
-		// a FIFO, a link) fails here.
-		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
-		if err != nil {
-			continue // gone meanwhile, replaced by a link, not a directory, or not ours to open
+		if ok, err := sweepDir(parent, name, dry); err != nil {
+			errs = append(errs, err)
+		} else if ok {
+			swept = append(swept, name)
 		}
-		var st syscall.Stat_t
-		if syscall.Fstat(int(f.Fd()), &st) != nil || st.Uid != uint32(os.Getuid()) {
-			f.Close() // another user's: not ours to judge
-			continue
-		}
-		// Only the sweeper's own lock is left when the directory goes
-		// (makeJobDir). In a sticky /tmp nobody else can rename the
-		// name away between the check and the removal.
-		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil && sameFile(f, path) {
-			if err := removeUnlessDry(path, dry); err != nil {
-				errs = append(errs, err)
-			} else {
-				swept = append(swept, name)
-			}
-		}
-		f.Close()
 	}
 	return swept, errors.Join(errs...)
+}
+
+// readNames returns the names in dir, unsorted.
+func readNames(dir string) ([]string, error) {
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return d.Readdirnames(-1)
+}
+
+// sweepDir removes (dry: does not) the directory name in parent if it is
+// this user's and nobody holds a flock on it, and says whether it did.
+// Anything but a directory (a file, a FIFO, a link) is passed over.
+func sweepDir(parent, name string, dry bool) (bool, error) {
+	path := filepath.Join(parent, name)
+	// O_DIRECTORY and O_NOFOLLOW: anything but a directory (a file,
+	// a FIFO, a link) fails here.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return false, nil // gone meanwhile, replaced by a link, not a directory, or not ours to open
+	}
+	defer f.Close()
+	var st syscall.Stat_t
+	if syscall.Fstat(int(f.Fd()), &st) != nil || st.Uid != uint32(os.Getuid()) {
+		return false, nil // another user's: not ours to judge
+	}
+	// Only the sweeper's own lock is left when the directory goes
+	// (makeJobDir). In a sticky /tmp nobody else can rename the
+	// name away between the check and the removal.
+	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil || !sameFile(f, path) {
+		return false, nil
+	}
+	if err := removeUnlessDry(path, dry); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 func removeUnlessDry(path string, dry bool) error {

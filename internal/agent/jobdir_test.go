@@ -285,7 +285,10 @@ func TestMakeJobDirRace(t *testing.T) {
 
 // TestAgentSweepsJobDirs: an agent sweeps the job directories nobody
 // holds when it starts (every job's) and when it ends (its own job's:
-// those of its job's agents killed on the host meanwhile).
+// those of its job's agents killed on the host meanwhile). MPICH's
+// segment files in its /dev/shm that no process uses (a rank killed in
+// MPI_Init left them) go at its start and at its end, whatever their
+// job; one a process has open stays.
 func TestAgentSweepsJobDirs(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
@@ -302,6 +305,7 @@ func TestAgentSweepsJobDirs(t *testing.T) {
 	// A private /dev/shm: an agent starting elsewhere meanwhile would
 	// sweep the machine's.
 	shm := t.TempDir()
+	mpichBefore := makeShmFile(t, shm, "mpich_shar_tmpBefore", time.Minute)
 	j := startSwapJob(t, job, []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Spare: true}}, 1, swapOpts{with: func(c *Config) { c.shmDir = shm }})
 	j.until("the spare's first epoch", func(e *wire.Event) bool { return e.Kind == wire.EventEpoch })
 	// The start's sweep runs beside the launch. Once it removed the
@@ -317,6 +321,10 @@ func TestAgentSweepsJobDirs(t *testing.T) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+	// The shm sweep comes before the job directories' (sweepSlots).
+	if _, err := os.Stat(mpichBefore); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the agent's start left an unused MPICH file: %v", err)
+	}
 	own, err := filepath.Glob(filepath.Join(tmp, "gorun-"+job+"-*.agent"))
 	if err != nil || len(own) != 1 {
 		t.Fatalf("the agent's job directories: %v (%v), want one", own, err)
@@ -330,17 +338,25 @@ func TestAgentSweepsJobDirs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A killed rank's MPICH segment, and a live one (open here).
+	mpichLeft := makeShmFile(t, shm, "mpich_shar_tmpKilled", time.Minute)
+	mpichLive := makeShmFile(t, shm, "mpich_shar_tmpLive00", time.Minute)
+	live, err := os.Open(mpichLive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
 	j.send(&wire.Control{Op: wire.OpKill})
 	j.send(&wire.Control{Op: wire.OpExit})
 	j.waitExit(t)
-	for _, gone := range []string{own[0], sameJob, sameJobShm} {
+	for _, gone := range []string{own[0], sameJob, sameJobShm, mpichLeft} {
 		if _, err := os.Stat(gone); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s is still there (%v)", gone, err)
 		}
 	}
-	for _, kept := range []string{otherJob, otherJobShm} {
+	for _, kept := range []string{otherJob, otherJobShm, mpichLive} {
 		if _, err := os.Stat(kept); err != nil {
-			t.Errorf("the ending agent swept another job's directory: %v", err)
+			t.Errorf("the ending agent swept what it must keep: %v", err)
 		}
 	}
 }

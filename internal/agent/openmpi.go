@@ -23,6 +23,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/gorun/gorun/internal/wire"
 )
@@ -317,15 +318,78 @@ func ompiDirName(name string) bool {
 // up; those of job only, unless job is "". Only this user's directories
 // are judged. It returns what it removed.
 func sweepOMPIDirs(dir, job string) ([]string, error) {
-	return sweepDirs(dir, ompiDirJob, job, false)
+	s, err := sweepShm(dir, job, false, mpichSweep{})
+	return s.OMPIDirs, err
 }
 
-// sweepOMPIDirsLog sweeps the Open MPI directories in dir (the agent's
-// shmDir; of job only, unless it is "") and logs what it removed.
-func sweepOMPIDirsLog(dir, job string, log *slog.Logger) {
-	if swept, err := sweepOMPIDirs(dir, job); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		log.Warn("sweeping leftover Open MPI directories", "err", err)
-	} else if len(swept) > 0 {
-		log.Info("removed the Open MPI directories of ended agents", "dirs", len(swept))
+// shmSwept is what sweepShm removed from a /dev/shm, or with dry would
+// remove (names).
+type shmSwept struct {
+	OMPIDirs   []string // Open MPI directories nobody holds
+	MPICHFiles []string // MPICH segment files nobody uses (mpichshm.go)
+	// young, when not zero, is when the youngest MPICH file kept only
+	// for its age (mpichMinAge) becomes old enough to be judged.
+	young time.Time
+}
+
+// sweepShm sweeps dir, a /dev/shm, in one pass over its names: the Open
+// MPI directories nobody holds (sweepOMPIDirs; of job only, unless it is
+// ""), and, judged by m, MPICH's segment files nobody can still use,
+// whatever their job (their names do not say). With dry it removes
+// nothing and returns what it would remove.
+func sweepShm(dir, job string, dry bool, m mpichSweep) (shmSwept, error) {
+	names, err := readNames(dir)
+	if err != nil {
+		return shmSwept{}, err
+	}
+	var s shmSwept
+	var errs []error
+	var cands []mpichCandidate
+	for _, name := range names {
+		if j, ok := ompiDirJob(name); ok && (job == "" || j == job) {
+			if ok, err := sweepDir(dir, name, dry); err != nil {
+				errs = append(errs, err)
+			} else if ok {
+				s.OMPIDirs = append(s.OMPIDirs, name)
+			}
+			continue
+		}
+		if m.holders != nil && mpichShmName(name) {
+			if c, ok := m.candidate(dir, name); ok {
+				cands = append(cands, c)
+			}
+		}
+	}
+	s.MPICHFiles, s.young, err = m.sweep(dir, cands, dry)
+	return s, errors.Join(append(errs, err)...)
+}
+
+// sweepShmLog sweeps the agent's shmDir dir (Open MPI directories of job
+// only, unless it is "") and logs what it removed. With waitYoung, MPICH
+// files kept only for their age are judged once more when they are old
+// enough (the agent's end: its ranks are gone, and a file one of them
+// left just before must not stay); the wait is at most mpichMinAge.
+func sweepShmLog(dir, job string, m mpichSweep, waitYoung bool, log *slog.Logger) {
+	s, err := sweepShm(dir, job, false, m)
+	if waitYoung && !s.young.IsZero() {
+		time.Sleep(time.Until(s.young)) // the age is the rule: nothing else to wait on
+		var again shmSwept
+		again, err = sweepShm(dir, job, false, m)
+		s.OMPIDirs = append(s.OMPIDirs, again.OMPIDirs...)
+		s.MPICHFiles = append(s.MPICHFiles, again.MPICHFiles...)
+	}
+	switch {
+	case errors.Is(err, errProcUnreadable):
+		// Not a failure: a process that might hold one cannot be read
+		// (mpichshm.go), which a host may have for good.
+		log.Info("MPICH's unused shared-memory files not judged", "dir", dir, "err", err)
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		log.Warn("sweeping leftover shared-memory files", "dir", dir, "err", err)
+	}
+	if len(s.OMPIDirs) > 0 {
+		log.Info("removed the Open MPI directories of ended agents", "dirs", len(s.OMPIDirs))
+	}
+	if len(s.MPICHFiles) > 0 {
+		log.Info("removed MPICH shared-memory files no process uses", "files", s.MPICHFiles)
 	}
 }

@@ -403,16 +403,17 @@ func (p *protection) close() {
 	}
 }
 
-// sweepSlots removes the slot files that dead jobs left in /dev/shm and
-// the Open MPI directories in shm (their agents were killed before they
-// could clean up; see ckpt.Sweep and sweepOMPIDirs).
-func sweepSlots(opt ckpt.Options, shm string, log *slog.Logger) {
+// sweepSlots removes the slot files that dead jobs left in /dev/shm, and
+// the Open MPI directories and MPICH segment files (judged by m) in shm
+// (their agents or ranks were killed before they could clean up; see
+// ckpt.Sweep and sweepShm).
+func sweepSlots(opt ckpt.Options, shm string, m mpichSweep, log *slog.Logger) {
 	if swept, err := ckpt.Sweep(opt); err != nil {
 		log.Warn("sweeping leftover protected state", "err", err)
 	} else if len(swept) > 0 {
 		log.Info("removed the protected state of ended jobs", "jobs", swept)
 	}
-	sweepOMPIDirsLog(shm, "", log)
+	sweepShmLog(shm, "", m, false, log)
 }
 
 // slotOpt is where the ranks' slot files are: ckpt's default directory

@@ -41,7 +41,10 @@
 // gorun was blocked writing to it at the release; every step line must be
 // there, in order, landed or not), a byte flipped
 // in both committed ping-pong slots of a stopped rank in /dev/shm, which
-// is then killed (its restore must detect the CRC mismatch), and with the
+// is then killed (a restore that resumes from a flipped slot's step, as
+// the publish records after the fault say, must detect the CRC mismatch;
+// one that resumes from another step, or from a peer's copy of a later
+// commit, reads no flipped byte: that run is judged by its hash), and with the
 // durable tier the whole job killed once a version is committed and
 // started again with --resume (Resume), or the same with a byte flipped in
 // a rank's committed base file first (CkptFlip: the resume must stop,
@@ -96,8 +99,14 @@
 // them), README gives them to gorun clean: the built one is run, what it
 // removes of the job must be among those leftovers, and the run has no
 // leak only if nothing of the job is left afterwards ("removed by gorun
-// clean" in the summary). Leftovers not named gorun-<id> (a killed MPICH
-// rank's shared memory, a rank's own temporary files) are not looked for. A SIGKILLed launcher's registry entry is checked after the
+// clean" in the summary). MPICH's shared-memory segment files
+// (/dev/shm/mpich_shar_tmp*, left by a rank killed in MPI_Init and named
+// after no job) are looked for too (mpichLeaks): one that appeared while
+// the job ran (the suite's jobs run one at a time; those there when the
+// job started are not its own) and that no process uses, as the agents'
+// sweep judges (internal/agent.UnusedMPICHFiles), is a leak after the
+// same grace period. Other leftovers not named gorun-<id> (a rank's own
+// temporary files) are not looked for. A SIGKILLed launcher's registry entry is checked after the
 // jobstatus.List that removes stale entries, as its doc promises.
 //
 // Recovery times come from the events file's timeline (detected →

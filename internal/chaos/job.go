@@ -69,6 +69,9 @@ type Job struct {
 	lastSeen time.Time
 
 	id string // the job id, once read
+	// mpichBefore are the MPICH segment files in /dev/shm when the job
+	// started (mpichFiles): not its own (see mpichLeaks).
+	mpichBefore map[string]bool
 }
 
 // startJob starts gorun for c on the cluster's first c.Hosts+c.Spares
@@ -80,7 +83,7 @@ type Job struct {
 func startJob(ctx context.Context, c Config, b Binaries, cluster *testcluster.Hosts, dir, registry string, resume bool) (*Job, error) {
 	hosts := cluster.Names[:c.Hosts+c.Spares]
 	j := &Job{Config: c, Hosts: hosts, Events: filepath.Join(dir, "events.jsonl"), cluster: cluster,
-		stderr: &gortest.SyncBuffer{}, done: make(chan struct{})}
+		stderr: &gortest.SyncBuffer{}, done: make(chan struct{}), mpichBefore: mpichFiles(shmDir)}
 	j.Goroutines = filepath.Join(dir, "goroutines.txt")
 	if resume {
 		j.Events = filepath.Join(dir, "events-resume.jsonl")

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorun/gorun/internal/agent"
 	"github.com/gorun/gorun/internal/events"
 	"github.com/gorun/gorun/internal/gordump"
 	"github.com/gorun/gorun/internal/jobstatus"
@@ -50,10 +51,62 @@ type leakCheck struct {
 }
 
 // checkLeaks looks for what job j left behind once gorun exited: processes
-// in its hosts, its /dev/shm and /tmp entries, its registry entry. It
-// removes what it finds (so that the next run starts clean) and returns
-// the leaks and what gorun clean removed of the job (see above).
+// in its hosts, its /dev/shm and /tmp entries, its registry entry, the
+// MPICH segment files its ranks left (mpichLeaks). It removes what it
+// finds (so that the next run starts clean) and returns the leaks and
+// what gorun clean removed of the job (see above).
 func checkLeaks(j *Job, lc leakCheck) (leaks, cleaned []string) {
+	leaks, cleaned = checkJobLeaks(j, lc)
+	return append(leaks, mpichLeaks(j, shmDir)...), cleaned
+}
+
+// mpichFiles returns the names of the MPICH segment files in dir, a
+// /dev/shm (agent.MPICHShmName), in use or not.
+func mpichFiles(dir string) map[string]bool {
+	ents, _ := os.ReadDir(dir)
+	out := map[string]bool{}
+	for _, e := range ents {
+		if agent.MPICHShmName(e.Name()) {
+			out[e.Name()] = true
+		}
+	}
+	return out
+}
+
+// mpichLeaks returns, as leaks, the MPICH segment files (a rank killed in
+// MPI_Init leaves one: internal/agent/mpichshm.go) that appeared in
+// dir, /dev/shm, while job j ran (not in j.mpichBefore: the suite's jobs run
+// one at a time, so a new one is this job's, or another program's on
+// the machine) and that no process uses, as the agents' sweep judges
+// them, once its grace period is over; it removes them. gorun clean, run
+// above for a job nobody of was left, removes them as well.
+func mpichLeaks(j *Job, dir string) []string {
+	var left []string
+	for deadline := time.Now().Add(fileGrace); ; {
+		unused, err := agent.UnusedMPICHFiles(dir)
+		if err != nil {
+			return []string{"judging the MPICH shared-memory files in " + dir + ": " + err.Error()}
+		}
+		left = slices.DeleteFunc(unused, func(n string) bool { return j.mpichBefore[n] })
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(pollEvery) // polling /dev/shm to a deadline: nothing to wait on
+	}
+	var leaks []string
+	for _, n := range left {
+		p := filepath.Join(dir, n)
+		leaks = append(leaks, "left behind, used by no process: "+p)
+		os.Remove(p)
+	}
+	return leaks
+}
+
+// shmDir is the machine's /dev/shm, which the namespace hosts share.
+const shmDir = "/dev/shm"
+
+// checkJobLeaks is checkLeaks without the MPICH files.
+func checkJobLeaks(j *Job, lc leakCheck) (leaks, cleaned []string) {
 	leaks = launcherGoroutines(j)
 	// Processes: poll until none is left or the grace period ends.
 	var left map[string][]proc

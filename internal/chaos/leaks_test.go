@@ -1,9 +1,13 @@
 package chaos
 
 import (
+	"errors"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // gordumpFixture is one of internal/gordump's goroutine dumps (real
@@ -47,5 +51,54 @@ func TestLauncherGoroutines(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLeakMPICHFiles: an MPICH segment file that appeared while the job
+// ran and that no process uses is a leak, and is removed; one there
+// before the job started, one in use (open here), and other names are
+// not the job's leaks and stay.
+func TestLeakMPICHFiles(t *testing.T) {
+	dir := t.TempDir()
+	mk := func(name string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		old := time.Now().Add(-time.Hour) // past the sweep's minimum age
+		if err := os.Chtimes(p, old, old); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	before := mk("mpich_shar_tmpBefor1")
+	j := &Job{mpichBefore: mpichFiles(dir)}
+	if !j.mpichBefore["mpich_shar_tmpBefor1"] || len(j.mpichBefore) != 1 {
+		t.Fatalf("the files before: %v", j.mpichBefore)
+	}
+	leaked := mk("mpich_shar_tmpLeak01")
+	live := mk("mpich_shar_tmpLive01")
+	f, err := os.Open(live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	other := mk("other_shar_tmp12345")
+
+	leaks := mpichLeaks(j, dir)
+	if len(leaks) != 1 || !strings.Contains(leaks[0], leaked) {
+		t.Errorf("leaks %q, want only %s", leaks, leaked)
+	}
+	if _, err := os.Stat(leaked); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the leaked file was not removed: %v", err)
+	}
+	for _, p := range []string{before, live, other} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%v (must stay)", err)
+		}
+	}
+	if leaks := mpichLeaks(j, dir); len(leaks) != 0 {
+		t.Errorf("a second check: %q, want none", leaks)
 	}
 }

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -70,6 +71,14 @@ type Run struct {
 	// its CRC (Flipped: a committed slot was flipped after its commit).
 	Flipped  bool `json:"flipped,omitempty"`
 	Detected bool `json:"detected,omitempty"`
+	// FlippedSteps: with SlotFlip, the committed steps of the slots
+	// flipped that were still committed after the flip. RestoredSteps:
+	// the steps the job's published epochs resumed from (their publish
+	// records' G, -1 for none: the epochs before a SlotFlip's fault). Detection is required only when a restore
+	// read a flipped slot: one of these steps is one of those
+	// (flipReadBack).
+	FlippedSteps  []int64 `json:"flipped_steps,omitempty"`
+	RestoredSteps []int64 `json:"restored_steps,omitempty"`
 	// Forwarded: with LauncherUsr1, a rank-exit failure record names
 	// SIGUSR1 (pytrain does not catch it: a rank it reached dies of it,
 	// and gorun records the first such exit). Noticed: the ranks whose
@@ -250,7 +259,7 @@ func Judge(r Run) Verdict {
 		}
 		return done(Failed)
 	}
-	if (r.Fault.Kind == SlotFlip || r.Fault.Kind == CkptFlip) && r.Flipped && !r.Detected && r.Code == 0 {
+	if (r.Fault.Kind == SlotFlip && flipReadBack(r) || r.Fault.Kind == CkptFlip && r.Flipped) && !r.Detected && r.Code == 0 {
 		fail("corruption-detected", "rank %d's committed state was flipped (%s), and the job ended 0 without a word of a CRC mismatch", r.Fault.Rank, r.Fault.Kind)
 	}
 	if r.Fault.Kind == CkptFlip && r.Flipped && r.Code != 0 && !namesCorruptRank(r.Stderr, r.Fault.Rank) {
@@ -326,3 +335,24 @@ func namesCorruptRank(stderr string, rank int) bool {
 // isDigit reports whether s[i] is an ASCII digit ("rank 3" is not in
 // "rank 31").
 func isDigit(s string, i int) bool { return i < len(s) && s[i] >= '0' && s[i] <= '9' }
+
+// flipReadBack says whether a SlotFlip run's restore read a slot the
+// fault flipped: a flipped slot still committed, whose step a restore
+// after the fault resumed from. A restore of another step (the rank's
+// other slot, a peer's copy of a later commit) reads no flipped byte,
+// and nothing is there to detect. Without the steps (a record that has
+// none), every flip counts as read.
+func flipReadBack(r Run) bool {
+	if !r.Flipped {
+		return false
+	}
+	if len(r.FlippedSteps) == 0 || len(r.RestoredSteps) == 0 {
+		return true
+	}
+	for _, g := range r.RestoredSteps {
+		if slices.Contains(r.FlippedSteps, g) {
+			return true
+		}
+	}
+	return false
+}

@@ -58,6 +58,27 @@ func TestJudge(t *testing.T) {
 		{"launcher hung", with(base(AgentKill, true), func(r *Run) { r.Hash, r.Hung = ref, "the launcher outlived every process of its job by 30s" }), Failed, []string{"launcher-exits"}},
 		{"slot flip detected", with(base(SlotFlip, true), func(r *Run) { r.Hash, r.Flipped, r.Detected = ref, true, true }), Survived, nil},
 		{"slot flip restored silently", with(base(SlotFlip, true), func(r *Run) { r.Hash, r.Flipped = ref, true }), Failed, []string{"corruption-detected"}},
+		{"slot flip, flipped step restored silently", with(base(SlotFlip, true), func(r *Run) {
+			r.Hash, r.Flipped, r.FlippedSteps, r.RestoredSteps = ref, true, []int64{40}, []int64{40}
+		}), Failed, []string{"corruption-detected"}},
+		{"slot flip, flipped step restored by a later epoch, silently", with(base(SlotFlip, true), func(r *Run) {
+			r.Hash, r.Flipped, r.FlippedSteps, r.RestoredSteps = ref, true, []int64{39, 40}, []int64{41, 40}
+		}), Failed, []string{"corruption-detected"}},
+		{"slot flip, flipped step restored and detected", with(base(SlotFlip, true), func(r *Run) {
+			r.Hash, r.Flipped, r.Detected, r.FlippedSteps, r.RestoredSteps = ref, true, true, []int64{40}, []int64{40}
+		}), Survived, nil},
+		// The flake of SEED=13 ONLY=10: the one committed slot was
+		// flipped, the restart restored another step: no flipped byte was
+		// read, nothing to detect, the hash decides.
+		{"slot flip, another step restored", with(base(SlotFlip, true), func(r *Run) {
+			r.Hash, r.Flipped, r.FlippedSteps, r.RestoredSteps = ref, true, []int64{40}, []int64{41}
+		}), Survived, nil},
+		{"slot flip, another step restored, wrong hash", with(base(SlotFlip, true), func(r *Run) {
+			r.Hash, r.Flipped, r.FlippedSteps, r.RestoredSteps = other, true, []int64{40}, []int64{41}
+		}), Failed, []string{"within-equal-hash"}},
+		{"slot flip, nothing restored from a step", with(base(SlotFlip, true), func(r *Run) {
+			r.Hash, r.Flipped, r.FlippedSteps, r.RestoredSteps = ref, true, []int64{40}, []int64{-1}
+		}), Survived, nil},
 		{"slot flip not committed", with(base(SlotFlip, true), func(r *Run) { r.Hash = ref }), Survived, nil},
 		{"slot flip beyond, reported", with(base(SlotFlip, false), func(r *Run) { r.Code, r.Reported, r.Flipped, r.Detected = 1, "not from other hosts", true, true }), Reported, nil},
 		{"resumed", with(base(Resume, true), func(r *Run) { r.Hash = ref }), Survived, nil},
@@ -399,6 +420,24 @@ func TestOrphaned(t *testing.T) {
 		every, slots := orphaned(hosts, 2, tt.crashed, tt.recs)
 		if every != tt.everyAgent || slots != tt.slots {
 			t.Errorf("%s: orphaned = %v, %v; want %v, %v", tt.name, every, slots, tt.everyAgent, tt.slots)
+		}
+	}
+}
+
+// TestFlippedSteps reads flipSlots' notes: the steps of the slots that
+// stayed committed after their flip.
+func TestFlippedSteps(t *testing.T) {
+	for _, tc := range []struct {
+		note string
+		want []int64
+	}{
+		{"SIGSTOP pid 7; flipped byte 0 of slot 0 (committed step 40, still committed after: true); SIGKILL", []int64{40}},
+		{"SIGSTOP pid 7; flipped byte 0 of slot 0 (committed step 40, still committed after: true); flipped byte 0 of slot 1 (committed step 41, still committed after: true); SIGKILL", []int64{40, 41}},
+		{"SIGSTOP pid 7; flipped byte 0 of slot 1 (committed step 41, still committed after: false); SIGKILL", nil},
+		{"SIGSTOP pid 7; SIGKILL", nil},
+	} {
+		if got := flippedSteps(tc.note); !slices.Equal(got, tc.want) {
+			t.Errorf("flippedSteps(%q) = %v, want %v", tc.note, got, tc.want)
 		}
 	}
 }

@@ -115,9 +115,16 @@ func (s *Suite) outcome(r *Run, j *Job) {
 	r.Detected = corruptRE.MatchString(errOut) || corruptRE.Match(evText)
 	r.Reported = reportOf(recs)
 	var timelines []events.Timeline
+	r.RestoredSteps = nil
 	for _, rec := range recs {
-		if e, ok := rec.Event.(events.Timeline); ok {
+		switch e := rec.Event.(type) {
+		case events.Timeline:
 			timelines = append(timelines, e)
+		case events.Publish:
+			// Every epoch's, not only those after r.At: the harness's
+			// clock and the events file's start apart, and the epochs
+			// before a SlotFlip restore nothing (G -1).
+			r.RestoredSteps = append(r.RestoredSteps, e.G)
 		}
 	}
 	if len(timelines) > 0 && r.At > 0 {

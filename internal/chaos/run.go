@@ -124,6 +124,7 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 	switch f.Kind {
 	case SlotFlip:
 		r.Flipped = strings.Contains(done.note, "still committed after: true")
+		r.FlippedSteps = flippedSteps(done.note)
 	case CkptFlip:
 		r.Flipped = strings.Contains(done.note, "flipped byte")
 	}
@@ -279,4 +280,20 @@ func ReplayLine(seed uint64, index int, kinds string) string {
 	}
 	return fmt.Sprintf("make chaos SEED=%d ONLY=%d%s   (or: GORUN_CHAOS_SEED=%d GORUN_CHAOS_ONLY=%d%s GORUN_TESTCLUSTER_REQUIRE=1 go test ./internal/chaos -run 'TestChaos$' -count=1 -v -timeout 20m)",
 		seed, index, mk, seed, index, env)
+}
+
+// flippedNote is flipSlots' note of one flipped slot that stayed
+// committed.
+var flippedNote = regexp.MustCompile(`committed step (-?\d+), still committed after: true`)
+
+// flippedSteps returns the committed steps of the slots a SlotFlip note
+// says were flipped and stayed committed.
+func flippedSteps(note string) []int64 {
+	var steps []int64
+	for _, m := range flippedNote.FindAllStringSubmatch(note, -1) {
+		if n, err := strconv.ParseInt(m[1], 10, 64); err == nil {
+			steps = append(steps, n)
+		}
+	}
+	return steps
 }
