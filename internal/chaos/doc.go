@@ -71,8 +71,9 @@
 // (corrupt-base-named). A GPU fault lands when gorun's standard error
 // reports that GPU of that host with the XID; its class must be the one
 // gpu/doc.go's table gives (gpu-fault-classified); a permanent one must be
-// a failure record of what "gpu", with a spare the host's fence and its
-// ranks' splice, without one no fence (gpu-permanent-replaces); a
+// a failure record of what "gpu", and the host's fence and its ranks'
+// splice where a spare can take them and their state survives the move,
+// no fence where not (gpu-permanent-replaces); a
 // transient one no failure, fence, splice or restart record at all
 // (gpu-transient-reported-only). Known defects
 // ([KnownDefects]), being fixed, are counted apart only for a non-zero

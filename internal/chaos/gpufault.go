@@ -102,17 +102,45 @@ func injectGPUFault(j *Job, f Fault) (string, error) {
 
 // withinGPUFault is [Within] for a GPUFault: a transient fault is
 // reported only; a permanent one is a host loss when a spare can take the
-// host's ranks (then what a host-kill of it promises), and leaves the
-// host in place otherwise (the fake's fault breaks no rank).
+// host's ranks and their state survives the move (then what a host-kill of
+// it promises), and leaves the host in place otherwise (the fake's fault
+// breaks no rank): within the promise either way.
 func withinGPUFault(f Fault, lost []int, p Plan, c Config, durable bool) (bool, string) {
 	if !gpuPermanent(f) {
 		return true, `README, GPUs: "Transient and unknown events are reported only"`
 	}
-	if !p.Replaceable(1) {
-		return true, `README, GPUs: a permanent fault replaces the host, but "when nothing can take them the host stays and its ranks' own failures decide" (the fake's fault fails no rank)`
+	switch gpuReplace(f, p, c, durable) {
+	case replaceNo:
+		return true, `README, GPUs: a permanent fault replaces the host, but "when nothing can take them, or moving them would lose their state ..., the host stays and its ranks' own failures decide" (the fake's fault fails no rank)`
+	case replaceEither:
+		return true, `README, GPUs: a permanent fault replaces the host, rolling back to --ckpt-dir, or the host stays (no version committed when it was injected; one may be by its detection)`
 	}
-	ok, why := Within(Fault{Kind: HostKill, Host: f.Host, Host2: -1, Rank: -1, After: f.After}, lost, p, c, durable)
-	return ok, `README, GPUs: "A permanent fault ... replaces the host as a lost one is"; as a host loss: ` + why
+	_, why := Within(Fault{Kind: HostKill, Host: f.Host, Host2: -1, Rank: -1, After: f.After}, lost, p, c, durable)
+	return true, `README, GPUs: "A permanent fault ... replaces the host as a lost one is"; as a host loss: ` + why
+}
+
+// What gorun must do with the host of a permanent GPU fault.
+const (
+	replaceYes    = "yes"    // replace it: fence it, move its ranks
+	replaceNo     = "no"     // keep it: no fence
+	replaceEither = "either" // either is right (a commit on disk may come between injection and detection)
+)
+
+// gpuReplace says what gorun must do with the host of f, a permanent GPU
+// fault, planned as p (README, GPUs): replace it when a spare can take its
+// ranks and their state survives the move (from memory: [Plan.SurvivesFromMemory];
+// a program without protected state, MPICH, has none to lose; or rolled
+// back to the durable tier's committed version), else keep it.
+func gpuReplace(f Fault, p Plan, c Config, durable bool) string {
+	switch {
+	case !p.Replaceable(1):
+		return replaceNo
+	case c.Workload == MPICH || p.SurvivesFromMemory([]int{f.Host}) || c.Durable && durable:
+		return replaceYes
+	case c.Durable:
+		return replaceEither
+	}
+	return replaceNo
 }
 
 // GPUOutcome is what gorun did of a GPUFault, from its standard error and
@@ -122,6 +150,9 @@ type GPUOutcome struct {
 	// of the faulted host with the XID; Class is the class it gives.
 	Reported bool   `json:"reported"`
 	Class    string `json:"class,omitempty"`
+	// Replace is what gorun must do with the host of a permanent fault
+	// (gpuReplace; "" for a transient one).
+	Replace string `json:"replace,omitempty"`
 	// Failure: a failure record of the host, what "gpu"; Fenced: a fence
 	// record of it; Spliced: a splice of its ranks onto another host.
 	Failure bool `json:"failure,omitempty"`
@@ -190,17 +221,21 @@ func gpuFaultFailures(r Run) []string {
 	if !o.Failure {
 		missing = append(missing, `a failure record (what "gpu") of the host`)
 	}
-	if r.Config.Spares > 0 && !o.Fenced {
-		missing = append(missing, "the host's fence")
-	}
-	if r.Config.Spares > 0 && r.Within && r.Code == 0 && !o.Spliced {
-		missing = append(missing, "a splice of its ranks onto the spare")
-	}
-	if r.Config.Spares == 0 && o.Fenced {
-		missing = append(missing, "no fence (nothing can replace the host: it stays)")
+	switch o.Replace {
+	case replaceYes:
+		if !o.Fenced {
+			missing = append(missing, "the host's fence")
+		}
+		if r.Code == 0 && !o.Spliced {
+			missing = append(missing, "a splice of its ranks onto the spare")
+		}
+	case replaceNo:
+		if o.Fenced {
+			missing = append(missing, "no fence (the host stays)")
+		}
 	}
 	if len(missing) > 0 {
-		out = append(out, fmt.Sprintf("gpu-permanent-replaces: XID %d (permanent) on host %d with %d spares: want %s", r.Fault.XID, r.Fault.Host, r.Config.Spares, strings.Join(missing, ", ")))
+		out = append(out, fmt.Sprintf("gpu-permanent-replaces: XID %d (permanent) on host %d, replace %q: want %s", r.Fault.XID, r.Fault.Host, o.Replace, strings.Join(missing, ", ")))
 	}
 	return out
 }

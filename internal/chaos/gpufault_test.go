@@ -30,17 +30,26 @@ func gpuJudgeCases() []judgeCase {
 	}
 	replaced := GPUOutcome{Reported: true, Class: "permanent", Failure: true, Fenced: true, Spliced: true, Recoveries: 3}
 	stays := GPUOutcome{Reported: true, Class: "permanent", Failure: true, Recoveries: 1}
+	must := func(replace string, o GPUOutcome) GPUOutcome { o.Replace = replace; return o }
 	return []judgeCase{
 		{"gpu transient, reported only", run(13, 1, GPUOutcome{Reported: true, Class: "transient"}), Survived, nil},
 		{"gpu transient, the host fenced", run(31, 1, GPUOutcome{Reported: true, Class: "transient", Fenced: true, Recoveries: 1}), Failed, []string{"gpu-transient-reported-only"}},
 		{"gpu transient classified permanent", run(13, 0, GPUOutcome{Reported: true, Class: "permanent"}), Failed, []string{"gpu-fault-classified"}},
-		{"gpu permanent classified unknown", run(79, 0, GPUOutcome{Reported: true, Class: "unknown", Failure: true}), Failed, []string{"gpu-fault-classified"}},
-		{"gpu permanent, replaced by the spare", run(79, 1, replaced), Survived, nil},
-		{"gpu permanent, a spare, the host kept", run(48, 1, stays), Failed, []string{"gpu-permanent-replaces"}},
-		{"gpu permanent, fenced, not spliced", run(79, 1, GPUOutcome{Reported: true, Class: "permanent", Failure: true, Fenced: true, Recoveries: 2}), Failed, []string{"gpu-permanent-replaces"}},
-		{"gpu permanent, no spare, the host stays", run(74, 0, stays), Survived, nil},
-		{"gpu permanent, no spare, fenced", run(119, 0, replaced), Failed, []string{"gpu-permanent-replaces"}},
-		{"gpu permanent, no failure record", run(79, 0, GPUOutcome{Reported: true, Class: "permanent"}), Failed, []string{"gpu-permanent-replaces"}},
+		{"gpu permanent classified unknown", run(79, 0, must(replaceNo, GPUOutcome{Reported: true, Class: "unknown", Failure: true})), Failed, []string{"gpu-fault-classified"}},
+		{"gpu permanent, replaced by the spare", run(79, 1, must(replaceYes, replaced)), Survived, nil},
+		{"gpu permanent, a spare, the host kept", run(48, 1, must(replaceYes, stays)), Failed, []string{"gpu-permanent-replaces"}},
+		{"gpu permanent, fenced, not spliced", run(79, 1, must(replaceYes, GPUOutcome{Reported: true, Class: "permanent", Failure: true, Fenced: true, Recoveries: 2})), Failed, []string{"gpu-permanent-replaces"}},
+		{"gpu permanent, no spare, the host stays", run(74, 0, must(replaceNo, stays)), Survived, nil},
+		{"gpu permanent, no spare, fenced", run(119, 0, must(replaceNo, replaced)), Failed, []string{"gpu-permanent-replaces"}},
+		{"gpu permanent, state would be lost, the host stays", run(74, 1, must(replaceNo, stays)), Survived, nil},
+		{"gpu permanent, state would be lost, the job stopped", func() Run {
+			r := run(74, 1, must(replaceNo, GPUOutcome{Reported: true, Class: "permanent", Failure: true, Fenced: true, Recoveries: 2}))
+			r.Code, r.Hash, r.Reported = 1, "", "unrecoverable: rank 2's optimizer shard has no copy in memory (no replicas) (I3); stopping the job"
+			return r
+		}(), Failed, []string{"gpu-permanent-replaces", "within-exit-0"}},
+		{"gpu permanent, a commit on disk may have come: kept", run(79, 1, must(replaceEither, stays)), Survived, nil},
+		{"gpu permanent, a commit on disk may have come: replaced", run(79, 1, must(replaceEither, replaced)), Survived, nil},
+		{"gpu permanent, no failure record", run(79, 0, must(replaceNo, GPUOutcome{Reported: true, Class: "permanent"})), Failed, []string{"gpu-permanent-replaces"}},
 		{"gpu fault not reported: not landed", func() Run {
 			r := run(79, 1, GPUOutcome{})
 			r.NotLanded = true
@@ -81,9 +90,9 @@ func TestGPUFaultDraw(t *testing.T) {
 	}
 }
 
-// TestWithinGPUFault: a transient fault is within; a permanent one is
-// within when nothing can replace the host (it stays), else it is judged
-// as the host's loss.
+// TestWithinGPUFault: a GPU fault is within the promise; a permanent one
+// replaces the host when a spare can take its ranks and their state
+// survives the move, and keeps it otherwise.
 func TestWithinGPUFault(t *testing.T) {
 	names := []string{"h0", "h1", "h2", "h3"}
 	c := Config{Workload: Dptrain, Hosts: 2, RanksPerHost: 1, TP: 1, PP: 1, Redundancy: "replicas:0",
@@ -93,25 +102,40 @@ func TestWithinGPUFault(t *testing.T) {
 	permanent := Fault{Kind: GPUFault, Host: 1, Host2: -1, Rank: -1, XID: 79}
 	transient := permanent
 	transient.XID = 13
+	durable := spare
+	durable.Durable = true
 	tests := []struct {
-		name string
-		c    Config
-		f    Fault
-		want bool
+		name      string
+		c         Config
+		f         Fault
+		committed bool
+		replace   string
 	}{
-		{"transient", spare, transient, true},
-		{"permanent, no spare: the host stays", c, permanent, true},
+		{"transient", spare, transient, false, ""},
+		{"permanent, no spare: the host stays", c, permanent, false, replaceNo},
 		// replicas:0: the host's ranks' state is on it alone.
-		{"permanent, a spare, no copy elsewhere", spare, permanent, false},
+		{"permanent, a spare, no copy elsewhere: the host stays", spare, permanent, false, replaceNo},
+		{"permanent, a spare, a version on disk: rolled back", durable, permanent, true, replaceYes},
+		{"permanent, a spare, no version on disk yet", durable, permanent, false, replaceEither},
 	}
 	for _, tt := range tests {
 		p := Precheck(tt.c, names)
 		if p.Err != nil {
 			t.Fatalf("%s: Precheck: %v", tt.name, p.Err)
 		}
-		if got, why := Within(tt.f, tt.f.Lost(), p, tt.c, false); got != tt.want || !strings.Contains(why, "README, GPUs") {
-			t.Errorf("%s: Within = %v (%s), want %v citing README, GPUs", tt.name, got, why, tt.want)
+		if got, why := Within(tt.f, tt.f.Lost(), p, tt.c, tt.committed); !got || !strings.Contains(why, "README, GPUs") {
+			t.Errorf("%s: Within = %v (%s), want within, citing README, GPUs", tt.name, got, why)
 		}
+		if tt.replace != "" {
+			if got := gpuReplace(tt.f, p, tt.c, tt.committed); got != tt.replace {
+				t.Errorf("%s: gpuReplace = %q, want %q", tt.name, got, tt.replace)
+			}
+		}
+	}
+	replicas := spare
+	replicas.Hosts, replicas.Redundancy = 3, "replicas:1"
+	if p := Precheck(replicas, names); gpuReplace(permanent, p, replicas, false) != replaceYes {
+		t.Errorf("replicas:1 and a spare: the host must be replaced")
 	}
 }
 

@@ -182,7 +182,7 @@ var Rules = []Rule{
 	{"unfaulted-run", `README, Try it: a job no fault hit (the job ended first, or the fault did not land) exits 0 with the failure-free run's hash`},
 	{"fault-injected", `the harness injects what it drew: an injection that failed or half landed tested nothing (a harness failure, counted as one)`},
 	{"gpu-fault-classified", `README, GPUs: "Every event reaches the launcher, classified transient, permanent or unknown ..., as a line on stderr naming the host, the GPU and the ranks bound to it"; gpu/doc.go's XID table gives the class`},
-	{"gpu-permanent-replaces", `README, GPUs: "A permanent fault (the device cannot be trusted until it is reset) replaces the host as a lost one is: its ranks move to a spare ...; when nothing can take them the host stays" (a failure record of what "gpu"; with a spare the host fenced and its ranks spliced; without, no fence)`},
+	{"gpu-permanent-replaces", `README, GPUs: "A permanent fault (the device cannot be trusted until it is reset) replaces the host as a lost one is: its ranks move to a spare ...; when nothing can take them the host stays" (a failure record of what "gpu"; replaced: the host fenced and its ranks spliced; kept, when nothing can take its ranks or moving them would lose their state: no fence)`},
 	{"gpu-transient-reported-only", `README, GPUs: "Transient and unknown events are reported only" (no failure, fence, splice or restart record)`},
 }
 

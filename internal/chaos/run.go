@@ -160,6 +160,9 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 	}
 	if f.Kind == GPUFault {
 		r.GPU = gpuOutcome(f, r.Stderr, recs, j.Hosts)
+		if gpuPermanent(f) {
+			r.GPU.Replace = gpuReplace(f, p, c, done.durable)
+		}
 		if r.Code == 0 && r.NotInjected == "" && r.InjectErr == "" && !r.NotLanded && !r.GPU.Reported {
 			r.NotLanded = true
 			r.Injected += "; not landed: gorun's standard error reports no XID of the faulted GPU"
