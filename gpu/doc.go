@@ -93,12 +93,22 @@
 // "row_remap_failure": true or false (the state the polling reads from
 // then on; false clears it, as a GPU reset would).
 //
+// An event may also wait for a file: with "when_file": "/abs/path" it is
+// held back until that file exists, and its "after" then counts from when
+// the fake first saw the file (each Watch looks for it afresh). Watch looks
+// for it each time it waits for events, so at most 100 ms after it
+// appears, and at each poll for the polled conditions; creating the file
+// is how a test or the chaos suite aims a fault at a moment of its
+// choosing, such as after a given training step:
+//
+//	{"device": 1, "xid": 79, "when_file": "/tmp/run7/gpu-fault-node2"}
+//
 // "hosts" gives sections for the hosts named (Options.Host): a section's
 // "devices" or "events" replace the top level's for that host, and a list
 // it leaves out is the top level's (so a section that removes devices gives
 // events that fit what is left). Other hosts get the top level. Unknown
-// fields, bad values, events naming a device the host lacks and data after
-// the object are errors naming the file and the problem, in every section,
-// whichever host reads the file. The fake needs a cgo build, like NVML:
+// fields, bad values (a when_file not absolute among them), events naming a
+// device the host lacks and data after the object are errors naming the
+// file and the problem, in every section, whichever host reads the file. The fake needs a cgo build, like NVML:
 // without cgo, asking for it is an error (not [ErrNoDriver]).
 package gpu

@@ -5,6 +5,7 @@ package gpu
 import (
 	"fmt"
 	"math/bits"
+	"os"
 	"sync"
 	"time"
 
@@ -28,8 +29,8 @@ type fake struct {
 	devs   []*mock.Device // by index
 	events []fakeEvent    // in time order
 
-	mu    sync.Mutex // guards start
-	start time.Time  // when the newest event set was made: "after" counts from it
+	mu  sync.Mutex    // guards set
+	set *fakeEventSet // the newest event set, whose schedule the polled conditions follow; nil before
 }
 
 func newFake(h fakeHost) *fake {
@@ -133,24 +134,32 @@ func pciInfo(a pciAddr) nvml.PciInfo {
 }
 
 // state returns the polled condition that field picks (retired pages or
-// row remapping) of device dev now: the value of the device's last such
-// event due since the newest event set was made; false before.
+// row remapping) of device dev now: the value of the device's event due
+// last (of those due together, the last in time order) since the newest
+// event set was made; false before.
 func (f *fake) state(dev int, field func(*fakeEvent) *bool) bool {
 	f.mu.Lock()
-	start := f.start
+	s := f.set
 	f.mu.Unlock()
-	if start.IsZero() {
+	if s == nil {
 		return false
 	}
-	elapsed, v := time.Since(start), false
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var last time.Time
+	v, found := false, false
 	for i := range f.events {
 		e := &f.events[i]
-		if time.Duration(e.After) > elapsed {
-			break
+		p := field(e)
+		if e.Device != dev || p == nil {
+			continue
 		}
-		if p := field(e); e.Device == dev && p != nil {
-			v = *p
+		due, ok := s.due(e, now)
+		if !ok || due.After(now) || (found && due.Before(last)) {
+			continue
 		}
+		last, v, found = due, *p, true
 	}
 	return v
 }
@@ -167,37 +176,63 @@ type fakeEventSet struct {
 	f     *fake
 	start time.Time
 
-	mu         sync.Mutex // guards the fields below
-	registered []uint64   // event types, by device
-	next       int        // the first event of f.events not yet delivered or dropped
+	mu         sync.Mutex           // guards the fields below
+	registered []uint64             // event types, by device
+	done       []bool               // by index in f.events: delivered
+	seen       map[string]time.Time // when_file paths: when first seen to exist
 }
 
 var _ nvml.EventSet = (*fakeEventSet)(nil)
 
 func (f *fake) newEventSet() (nvml.EventSet, nvml.Return) {
-	now := time.Now()
-	f.mu.Lock()
-	f.start = now
-	f.mu.Unlock()
-	return &fakeEventSet{
+	s := &fakeEventSet{
 		EventSet:   &mock.EventSet{FreeFunc: func() nvml.Return { return nvml.SUCCESS }},
 		f:          f,
-		start:      now,
+		start:      time.Now(),
 		registered: make([]uint64, len(f.devs)),
-	}, nvml.SUCCESS
+		done:       make([]bool, len(f.events)),
+		seen:       map[string]time.Time{},
+	}
+	f.mu.Lock()
+	f.set = s
+	f.mu.Unlock()
+	return s, nvml.SUCCESS
 }
 
+// due returns when e falls due, and false while its when_file does not
+// exist. It looks for the file (os.Stat) until it has seen it once: the
+// event's "after" counts from then. The caller holds s.mu.
+func (s *fakeEventSet) due(e *fakeEvent, now time.Time) (time.Time, bool) {
+	if e.WhenFile == nil {
+		return s.start.Add(time.Duration(e.After)), true
+	}
+	seen, ok := s.seen[*e.WhenFile]
+	if !ok {
+		if _, err := os.Stat(*e.WhenFile); err != nil {
+			return time.Time{}, false
+		}
+		seen = now
+		s.seen[*e.WhenFile] = seen
+	}
+	return seen.Add(time.Duration(e.After)), true
+}
+
+// Wait returns the next event due, waiting for it up to timeoutMs. An
+// event held back by its when_file is looked for again at each call
+// (Watch calls Wait every 100 ms at most) and when a scheduled event
+// wakes it, never in a busy loop.
 func (s *fakeEventSet) Wait(timeoutMs uint32) (nvml.EventData, nvml.Return) {
 	deadline := time.Now().Add(time.Duration(timeoutMs) * time.Millisecond)
 	for {
 		now := time.Now()
-		data, due, ok := s.peek()
+		s.mu.Lock()
+		i, data, due, ok := s.peek(now)
 		if ok && !due.After(now) {
-			s.mu.Lock()
-			s.next++
+			s.done[i] = true
 			s.mu.Unlock()
 			return data, nvml.SUCCESS
 		}
+		s.mu.Unlock()
 		wake := deadline
 		if ok && due.Before(wake) {
 			wake = due
@@ -209,13 +244,18 @@ func (s *fakeEventSet) Wait(timeoutMs uint32) (nvml.EventData, nvml.Return) {
 	}
 }
 
-// peek returns the next event to deliver and when it falls due, skipping
-// (for good) the polled kinds and the types not registered.
-func (s *fakeEventSet) peek() (nvml.EventData, time.Time, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for ; s.next < len(s.f.events); s.next++ {
-		e := &s.f.events[s.next]
+// peek returns the next event to deliver (its index in s.f.events) and
+// when it falls due: the earliest due of those not delivered yet, the
+// first in time order of those due together, leaving out the polled
+// kinds, the types not registered and the events whose when_file does
+// not exist yet. The caller holds s.mu.
+func (s *fakeEventSet) peek(now time.Time) (int, nvml.EventData, time.Time, bool) {
+	best, bestData, bestDue := -1, nvml.EventData{}, time.Time{}
+	for i := range s.f.events {
+		if s.done[i] {
+			continue
+		}
+		e := &s.f.events[i]
 		data := nvml.EventData{Device: s.f.devs[e.Device]}
 		switch {
 		case e.XID != nil:
@@ -231,9 +271,13 @@ func (s *fakeEventSet) peek() (nvml.EventData, time.Time, bool) {
 		default:
 			continue
 		}
-		if s.registered[e.Device]&data.EventType != 0 {
-			return data, s.start.Add(time.Duration(e.After)), true
+		if s.registered[e.Device]&data.EventType == 0 {
+			continue
+		}
+		due, ok := s.due(e, now)
+		if ok && (best < 0 || due.Before(bestDue)) {
+			best, bestData, bestDue = i, data, due
 		}
 	}
-	return nvml.EventData{}, time.Time{}, false
+	return best, bestData, bestDue, best >= 0
 }

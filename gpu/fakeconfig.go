@@ -10,6 +10,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -50,10 +51,13 @@ type fakeDevice struct {
 }
 
 // fakeEvent is one scheduled event: exactly one of the fields after
-// Device says what happens.
+// WhenFile says what happens.
 type fakeEvent struct {
 	After  duration `json:"after"`
 	Device int      `json:"device"`
+	// WhenFile, when given, holds the event back until that file exists:
+	// After then counts from when the fake first saw it.
+	WhenFile *string `json:"when_file"`
 
 	XID                 *uint64 `json:"xid"`
 	ECC                 string  `json:"ecc"`
@@ -224,6 +228,9 @@ func (h fakeHost) checked(where, host string) (fakeHost, error) {
 		}
 		if _, err := e.what(); err != nil {
 			return fakeHost{}, fmt.Errorf("%s: %w", at, err)
+		}
+		if e.WhenFile != nil && !filepath.IsAbs(*e.WhenFile) {
+			return fakeHost{}, fmt.Errorf("%s: when_file %q: want an absolute path", at, *e.WhenFile)
 		}
 	}
 	return h, nil

@@ -43,6 +43,10 @@ func TestParseFakeErrors(t *testing.T) {
 		{"after number", `{"devices":[` + dev + `],"events":[{"after":1.5,"device":0,"xid":79}]}`, `after: want a duration string such as "1.5s", got 1.5`},
 		{"negative after", `{"devices":[` + dev + `],"events":[{"after":"-1s","device":0,"xid":79}]}`, `after: "-1s" is negative`},
 		{"xid", `{"devices":[` + dev + `],"events":[{"device":0,"xid":-79}]}`, "cannot unmarshal number -79"},
+		{"relative when_file", `{"devices":[` + dev + `],"events":[{"device":0,"xid":79,"when_file":"run/fail"}]}`, `events[0]: when_file "run/fail": want an absolute path`},
+		{"empty when_file", `{"devices":[` + dev + `],"events":[{"device":0,"xid":79,"when_file":""}]}`, `events[0]: when_file "": want an absolute path`},
+		{"when_file not a string", `{"devices":[` + dev + `],"events":[{"device":0,"xid":79,"when_file":true}]}`, "cannot unmarshal bool"},
+		{"other host's when_file", `{"devices":[` + dev + `],"hosts":{"h2":{"events":[{"device":0,"xid":79,"when_file":"x"}]}}}`, `hosts["h2"].events[0]: when_file "x": want an absolute path`},
 		// A bad section is an error on every host, and names the section.
 		{"other host's event", `{"devices":[` + dev + `],"hosts":{"h2":{"events":[{"after":"1s","device":3,"xid":79}]}}}`, `hosts["h2"].events[0]: device 3: there are 1 devices`},
 		{"other host's devices", `{"devices":[` + dev + `],"events":[{"device":0,"xid":79}],"hosts":{"h2":{"devices":[]}}}`, `hosts["h2"].events[0]: device 0: there are 0 devices`},
@@ -141,4 +145,46 @@ func equal[T comparable](a, b []T) bool {
 		}
 	}
 	return true
+}
+
+// FuzzParseFake: parseFake never panics, and what it accepts is checked:
+// events in time order naming devices the host has, when_file paths
+// absolute, device addresses distinct.
+func FuzzParseFake(f *testing.F) {
+	for _, name := range []string{"example.json", "hgx8.json", "pcie4.json", "unknown-field.json"} {
+		data, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data, "node2")
+	}
+	f.Add([]byte(`{"devices":[{}],"events":[{"after":"1s","device":0,"xid":79,"when_file":"/run/fail"}]}`), "h1")
+	f.Add([]byte(`{"devices":[{}],"events":[{"device":0,"row_remap_pending":true,"when_file":"x"}]}`), "")
+	f.Fuzz(func(t *testing.T, data []byte, host string) {
+		h, err := parseFake(data, host)
+		if err != nil {
+			return
+		}
+		seen := map[pciAddr]bool{}
+		for _, d := range h.Devices {
+			if seen[d.addr] || !strings.HasPrefix(d.UUID, "GPU-") {
+				t.Fatalf("device %+v: address repeated or bad uuid", d)
+			}
+			seen[d.addr] = true
+		}
+		for i, e := range h.Events {
+			if e.Device < 0 || e.Device >= len(h.Devices) {
+				t.Fatalf("event %d names device %d of %d", i, e.Device, len(h.Devices))
+			}
+			if i > 0 && e.After < h.Events[i-1].After {
+				t.Fatalf("event %d out of time order", i)
+			}
+			if e.WhenFile != nil && !filepath.IsAbs(*e.WhenFile) {
+				t.Fatalf("event %d: when_file %q accepted", i, *e.WhenFile)
+			}
+			if _, err := e.what(); err != nil {
+				t.Fatalf("event %d accepted: %v", i, err)
+			}
+		}
+	})
 }

@@ -244,6 +244,63 @@ func TestWatchPolling(t *testing.T) {
 	})
 }
 
+// TestWatchWhenFile: an event with a when_file, XID or polled kind, is
+// not delivered while the file does not exist, and is once it does, its
+// "after" counted from then; the events without one keep their schedule.
+// The file is created by the test, on synctest's clock.
+func TestWatchWhenFile(t *testing.T) {
+	trigger := filepath.Join(t.TempDir(), "fail-now")
+	path := writeFake(t, fmt.Sprintf(`{"devices": [{}, {}], "events": [
+		{"after": "500ms", "device": 1, "xid": 79, "when_file": %[1]q},
+		{"after": "1s", "device": 0, "xid": 13},
+		{"device": 1, "retired_pages_pending": true, "when_file": %[1]q}
+	]}`, trigger))
+	const poll = 250 * time.Millisecond
+	synctest.Test(t, func(t *testing.T) {
+		b := openFakeFile(t, path, "", poll)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		ch, err := b.Watch(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e := <-ch; e.Device != 0 || e.XID != 13 {
+			t.Fatalf("first event %+v; want XID 13 on GPU 0, the event without a when_file", e)
+		}
+		time.Sleep(time.Minute) // Watch waits and polls all along
+		synctest.Wait()
+		select {
+		case e := <-ch:
+			t.Fatalf("event %+v delivered before %s exists", e, trigger)
+		default:
+		}
+
+		if err := os.WriteFile(trigger, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		created := time.Now()
+		got := map[Kind]Event{}
+		for len(got) < 2 {
+			e := <-ch
+			if _, dup := got[e.Kind]; dup || e.Device != 1 {
+				t.Fatalf("event %+v; want one XID 79 and one retired-pages event on GPU 1", e)
+			}
+			got[e.Kind] = e
+		}
+		if e := got[KindXID]; e.XID != 79 || e.Class != Permanent || e.Time.Sub(created) < 500*time.Millisecond {
+			t.Errorf("XID event %+v, %v after the file was made; want XID 79, permanent, its 500ms after the file", e, e.Time.Sub(created))
+		}
+		if e, ok := got[KindRetiredPagesPending]; !ok || e.Time.Before(created) {
+			t.Errorf("retired-pages event %+v (%v); want one after the file was made", e, ok)
+		}
+		time.Sleep(time.Minute) // nothing more happens
+		cancel()
+		for e := range ch {
+			t.Errorf("unexpected event %+v", e)
+		}
+	})
+}
+
 // TestWatchRegistersSupported: Watch registers on each device only the
 // event types it supports, and NVML delivers no others.
 func TestWatchRegistersSupported(t *testing.T) {

@@ -50,8 +50,10 @@
 // it. A host is lost when its agent exits, its heartbeats stop, a
 // suspicion (a dropped control connection, a failed replication to it, a
 // rank's PeerLostError naming its ranks) is not cleared by a contact
-// within the suspect timeout, or a GPU reports a replace-class fault. A
-// lost host's ranks move to a spare (preferring one outside the failure
+// within the suspect timeout, or a GPU reports a replace-class fault
+// (unless nothing can take its ranks, or moving them would lose their
+// state: no copy on another host and no durable version to roll back to;
+// the host still runs, so it then stays). A lost host's ranks move to a spare (preferring one outside the failure
 // domains of their replica holders), else, with [OnNoSpareFreeSlots], to a
 // surviving host with free slots, holders re-placed so that no rank holds
 // its own replica; else the job stops. Replicas the lost host held for

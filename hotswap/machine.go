@@ -672,14 +672,24 @@ func (m *Machine) onGPU(e GPUHealth) {
 	}
 	why := fmt.Sprintf("GPU %d %s fault: %s", e.GPU, e.Class, e.Msg)
 	// The host still runs: replacing it is worth a recovery, but not
-	// the job. With nothing to replace it, it stays; if the fault breaks
-	// its ranks, their failures decide.
+	// the job. With nothing to replace it, or when moving its ranks would
+	// lose their state (no copy on another host, no version on disk to
+	// roll back to), it stays; if the fault breaks its ranks, their
+	// failures decide.
 	if ranks := m.hostRanks[e.Host]; len(ranks) > 0 && !m.stopped {
+		stays := ""
 		if _, _, err := m.replacement(e.Host, ranks); err != "" {
+			stays = "nothing can replace it (" + err + ")"
+		} else if m.rb == nil && !m.canRollback() {
+			if lost := m.recoverable(ranks); lost != "" {
+				stays = "moving its ranks would lose their state (" + lost + ")"
+			}
+		}
+		if stays != "" {
 			// (The caller has reported the fault itself, e.Msg.)
 			m.failed(Failed{Host: e.Host, Name: m.names[e.Host], Rank: -1, Class: ClassGPUPermanent,
-				Why: why + "; the host stays, as nothing can replace it (" + err + ")", Detected: m.now})()
-			m.report("host %s: GPU %d %s fault; it stays, as nothing can replace it (%s)", m.names[e.Host], e.GPU, e.Class, err)
+				Why: why + "; the host stays, as " + stays, Detected: m.now})()
+			m.report("host %s: GPU %d %s fault; it stays, as %s", m.names[e.Host], e.GPU, e.Class, stays)
 			return
 		}
 	}

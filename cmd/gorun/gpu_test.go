@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -116,5 +117,80 @@ func TestGPUFailureIsReported(t *testing.T) {
 	}
 	if n := strings.Count(res.stderr, "XID 79"); n != 1 {
 		t.Errorf("%d reports of XID 79, want 1 (only the victim's GPU failed)\n%s", n, res.stderr)
+	}
+}
+
+// TestGPUFaultAtStep: a GPU fault aimed at a step (the fake's when_file,
+// created once rank 0 logged step 12) on the second of two hosts with a
+// spare. A permanent one (XID 79) replaces the host: a failure record of
+// what "gpu", the host fenced, its ranks spliced onto the spare; with
+// --redundancy replicas:0, where moving its ranks would lose their state,
+// the host stays (a failure record, decision none, no fence; before the
+// fix the job stopped, "unrecoverable"); a transient one (XID 13) is
+// reported and nothing else happens. Every job ends as the run without a
+// fault: exit 0, the same dptrain hashes.
+func TestGPUFaultAtStep(t *testing.T) {
+	c := newHSCluster(t, 2, 1)
+	victim, spare := c.hosts.Names[1], c.hosts.Names[2]
+	dir := t.TempDir()
+	permanent, transient := filepath.Join(dir, "xid79"), filepath.Join(dir, "xid13")
+	fakeGPUs(t, fmt.Sprintf(`{"devices":%s, "hosts":{%q:{"events":[
+		{"device":1,"xid":79,"when_file":%q},
+		{"device":0,"xid":13,"when_file":%q}]}}}`, fakeDevices(2), victim, permanent, transient))
+	// The reference has the same GPUs, and its events never fall due.
+	wantP, wantO := hsReference(t, c)
+	xid79 := regexp.MustCompile(`GPU 1 \(GPU-00000001-[0-9a-f-]+\) on host ` + regexp.QuoteMeta(victim) + `, used by rank 3: permanent failure: XID 79`)
+	tests := []struct {
+		name, trigger string
+		flags         []string
+		report        *regexp.Regexp
+		failure       string // the failure record's decision, "" for none
+	}{
+		{"transient", transient, nil, regexp.MustCompile(`GPU 0 \(GPU-00000000-[0-9a-f-]+\) on host ` + regexp.QuoteMeta(victim) + `, used by rank 2: transient failure: XID 13`), ""},
+		{"permanent", permanent, nil, xid79, "splice"},
+		{"permanent, no copy elsewhere", permanent, []string{"--redundancy", "replicas:0"}, xid79, "none"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := c.start(t, tc.flags, "--protect")
+			r.waitStep(t, 12)
+			if err := os.WriteFile(tc.trigger, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			defer os.Remove(tc.trigger) // for the next job
+			res := r.finish(t, 0)
+			defer func() {
+				if t.Failed() {
+					t.Logf("stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+				}
+			}()
+			checkHashes(t, res, wantP, wantO)
+			if !tc.report.MatchString(res.stderr) {
+				t.Errorf("no report matching %s", tc.report)
+			}
+			evs := readEvents(t, r.events)
+			fails, fences, splices := ofKind(evs, "failure"), ofKind(evs, "fence"), ofKind(evs, "splice")
+			if tc.failure == "" {
+				if len(fails)+len(fences)+len(splices)+len(ofKind(evs, "restart")) > 0 {
+					t.Errorf("a transient fault recovered: failures %+v, fences %+v, splices %+v", fails, fences, splices)
+				}
+				return
+			}
+			if len(fails) != 1 || fails[0].Host != victim || !strings.Contains(fails[0].Msg, "XID 79") || fails[0].Decision != tc.failure {
+				t.Errorf("failures %+v; want one of host %s naming XID 79, decision %s", fails, victim, tc.failure)
+			}
+			if tc.failure == "none" {
+				if len(fences)+len(splices)+len(ofKind(evs, "restart")) > 0 {
+					t.Errorf("the host was to stay: fences %+v, splices %+v", fences, splices)
+				}
+				return
+			}
+			if len(fences) != 1 || fences[0].Host != victim {
+				t.Errorf("fences %+v; want host %s's", fences, victim)
+			}
+			if len(splices) != 1 || splices[0].Lost != victim || splices[0].With != spare || !slices.Equal(splices[0].Ranks, []int{2, 3}) {
+				t.Errorf("splices %+v; want ranks 2 and 3 from %s onto the spare %s", splices, victim, spare)
+			}
+		})
 	}
 }

@@ -181,6 +181,7 @@ type hsEvent struct {
 	Code       int      `json:"code"`
 	Msg        string   `json:"msg"`
 	Cause      string   `json:"cause"`
+	Decision   string   `json:"decision"`
 	Superseded bool     `json:"superseded"`
 	Detected   *float64 `json:"detected"`
 	Classified *float64 `json:"classified"`

@@ -31,7 +31,7 @@
 //
 // # Faults
 //
-// Thirteen kinds ([Kinds]): a rank's SIGKILL, a host lost (every process
+// Fourteen kinds ([Kinds]): a rank's SIGKILL, a host lost (every process
 // of its namespace killed), an agent's SIGKILL, a rank stopped (SIGSTOP, a
 // hang), a host partitioned (its link down, up again once it was fenced),
 // two hosts lost at once, a second host lost while the first is being
@@ -48,9 +48,14 @@
 // durable tier the whole job killed once a version is committed and
 // started again with --resume (Resume), or the same with a byte flipped in
 // a rank's committed base file first (CkptFlip: the resume must stop,
-// naming the rank). Each is injected after a committed step read from the
-// events file (G in a sample record; rank 0's step line for the MPICH
-// workload, which protects nothing), never after a sleep.
+// naming the rank), and an XID on one GPU of a host (GPUFault, gpufault.go:
+// the run's job runs on package gpu's fake backend, one GPU per slot, the
+// XID held back by a "when_file" of that host, which injecting creates;
+// permanent XIDs, and one time in three a transient one; the failure-free
+// reference runs without GPUs, whose binding must not change the hash).
+// Each is injected after a committed step read from the events file (G
+// in a sample record; rank 0's step line for the MPICH workload, which
+// protects nothing), never after a sleep.
 //
 // # The oracle
 //
@@ -66,7 +71,14 @@
 // (usr1-forwarded): dptrain and MPICH ranks note it and go on (every
 // rank's "got SIGUSR1" line in gorun's standard error), a pytrain rank
 // dies of it (a rank's exit record names it); a corrupt base detected must stop the job
-// (corrupt-base-named). Known defects
+// (corrupt-base-named). A GPU fault lands when gorun's standard error
+// reports that GPU of that host with the XID; its class must be the one
+// gpu/doc.go's table gives (gpu-fault-classified); a permanent one must be
+// a failure record of what "gpu", and the host's fence and its ranks'
+// splice where a spare can take them and their state survives the move,
+// no fence where not (gpu-permanent-replaces); a
+// transient one no failure, fence, splice or restart record at all
+// (gpu-transient-reported-only). Known defects
 // ([KnownDefects]), being fixed, are counted apart only for a non-zero
 // exit of their fault kind and workload with their signature, and nothing
 // else broken.

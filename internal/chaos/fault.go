@@ -25,23 +25,29 @@ const (
 	SlotFlip       Kind = "slot-flip"       // a byte flipped in a stopped rank's committed slots, then the rank killed
 	Resume         Kind = "resume"          // the whole job killed once a version is committed on disk, then gorun --resume
 	CkptFlip       Kind = "ckpt-flip"       // the same, with a byte flipped in a rank's committed base file before the resume
+	GPUFault       Kind = "gpu-fault"       // an XID on a host's GPU through the fake backend (gpufault.go)
 )
 
 // Kinds are every fault kind, in the summary's order.
-var Kinds = []Kind{RankKill, HostKill, AgentKill, RankStop, Partition, TwoHosts, DuringRecovery, LauncherTerm, LauncherUsr1, StdoutStall, SlotFlip, Resume, CkptFlip}
+var Kinds = []Kind{RankKill, HostKill, AgentKill, RankStop, Partition, TwoHosts, DuringRecovery, LauncherTerm, LauncherUsr1, StdoutStall, SlotFlip, Resume, CkptFlip, GPUFault}
 
 // Fault is one fault to inject: its kind, where, and after which
 // committed step (G, read from the events file).
 type Fault struct {
 	Kind  Kind
-	Host  int // the host (an index among the work hosts); host faults and the rank faults' rank's host
-	Host2 int // the second host of TwoHosts and DuringRecovery, -1 otherwise
-	Rank  int // the rank of rank faults, -1 otherwise
-	After int // inject once G >= After
+	Host  int    // the host (an index among the work hosts); host faults and the rank faults' rank's host
+	Host2 int    // the second host of TwoHosts and DuringRecovery, -1 otherwise
+	Rank  int    // the rank of rank faults, -1 otherwise
+	After int    // inject once G >= After
+	GPU   int    // GPUFault: the GPU (its index on the host)
+	XID   uint64 // GPUFault: the XID it reports; 0 for the other kinds
 }
 
 func (f Fault) String() string {
 	s := fmt.Sprintf("%s after step %d", f.Kind, f.After)
+	if f.Kind == GPUFault {
+		return s + fmt.Sprintf(" on GPU %d of host %d (XID %d, %s)", f.GPU, f.Host, f.XID, gpuXIDs[f.XID])
+	}
 	switch {
 	case f.Rank >= 0:
 		s += fmt.Sprintf(" on rank %d (host %d)", f.Rank, f.Host)
@@ -61,6 +67,10 @@ func (f Fault) Lost() []int {
 		return []int{f.Host}
 	case TwoHosts, DuringRecovery:
 		return []int{f.Host, f.Host2}
+	case GPUFault:
+		if gpuPermanent(f) {
+			return []int{f.Host}
+		}
 	}
 	return nil
 }
@@ -110,6 +120,8 @@ func drawFault(r *rand.Rand, c Config, kinds []Kind) Fault {
 		f.Rank = f.Host*c.RanksPerHost + r.IntN(c.RanksPerHost)
 	case TwoHosts, DuringRecovery:
 		f.Host2 = (f.Host + 1 + r.IntN(c.Hosts-1)) % c.Hosts
+	case GPUFault:
+		drawGPUFault(r, c, &f)
 	}
 	f.After = 3 + r.IntN(max(1, c.Steps*2/3-3)) // in the first two thirds: the job must still run
 	return f

@@ -167,6 +167,10 @@ func (in *injector) inject(j *Job, f Fault) (injected, error) {
 		note, err := flipSlots(j, f.Rank)
 		out.note = note
 		return out, err
+	case GPUFault:
+		var err error
+		out.note, err = injectGPUFault(j, f)
+		return out, err
 	case Resume, CkptFlip:
 		return in.killAndResume(j, f, out)
 	}

@@ -79,8 +79,8 @@ type Job struct {
 // registry as XDG_RUNTIME_DIR.
 // With resume, it is the same job started again with --resume (the
 // whole job died): the same hostfile and durable directory, a new events
-// file.
-func startJob(ctx context.Context, c Config, b Binaries, cluster *testcluster.Hosts, dir, registry string, resume bool) (*Job, error) {
+// file. env is added to gorun's environment (GPUFault's fake GPUs).
+func startJob(ctx context.Context, c Config, b Binaries, cluster *testcluster.Hosts, dir, registry string, resume bool, env ...string) (*Job, error) {
 	hosts := cluster.Names[:c.Hosts+c.Spares]
 	j := &Job{Config: c, Hosts: hosts, Events: filepath.Join(dir, "events.jsonl"), cluster: cluster,
 		stderr: &gortest.SyncBuffer{}, done: make(chan struct{}), mpichBefore: mpichFiles(shmDir)}
@@ -116,6 +116,7 @@ func startJob(ctx context.Context, c Config, b Binaries, cluster *testcluster.Ho
 	j.cmd = exec.Command(j.Args[0], j.Args[1:]...)
 	j.cmd.Stdout, j.cmd.Stderr = out.w, j.stderr
 	j.cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+registry, "GORUN_DEBUG_GOROUTINES="+j.Goroutines)
+	j.cmd.Env = append(j.cmd.Env, env...)
 	j.start = time.Now()
 	if err := j.cmd.Start(); err != nil {
 		out.started()

@@ -93,6 +93,9 @@ type Run struct {
 	MissingSteps []int  `json:"missing_steps,omitempty"`
 	Reordered    string `json:"reordered,omitempty"`
 
+	// GPU: with GPUFault, what gorun reported and did of it.
+	GPU *GPUOutcome `json:"gpu,omitempty"`
+
 	Leaks []string `json:"leaks,omitempty"`
 	// Cleaned: what gorun clean removed of the job where every agent of
 	// it was SIGKILLed (nobody of the job was left to sweep), or every
@@ -187,6 +190,9 @@ var Rules = []Rule{
 	{"refusal-predicted", `README: configurations gorun cannot honour are refused with exit 2 (--redundancy, --spares, --ckpt-dir, --resume); the suite's precheck (Precheck) says which, from the same sentences: both must agree`},
 	{"unfaulted-run", `README, Try it: a job no fault hit (the job ended first, or the fault did not land) exits 0 with the failure-free run's hash`},
 	{"fault-injected", `the harness injects what it drew: an injection that failed or half landed tested nothing (a harness failure, counted as one)`},
+	{"gpu-fault-classified", `README, GPUs: "Every event reaches the launcher, classified transient, permanent or unknown ..., as a line on stderr naming the host, the GPU and the ranks bound to it"; gpu/doc.go's XID table gives the class`},
+	{"gpu-permanent-replaces", `README, GPUs: "A permanent fault (the device cannot be trusted until it is reset) replaces the host as a lost one is: its ranks move to a spare ...; when nothing can take them the host stays" (a failure record of what "gpu"; replaced: the host fenced and its ranks spliced; kept, when nothing can take its ranks or moving them would lose their state: no fence)`},
+	{"gpu-transient-reported-only", `README, GPUs: "Transient and unknown events are reported only" (no failure, fence, splice or restart record)`},
 }
 
 // Judge applies the rules to r.
@@ -277,6 +283,7 @@ func Judge(r Run) Verdict {
 			fail("usr1-forwarded", "no rank's exit names SIGUSR1 (exit %d): gorun did not forward it, or the ranks did not get it", r.Code)
 		}
 	}
+	v.Failures = append(v.Failures, gpuFaultFailures(r)...)
 	class := ""
 	switch {
 	case r.Within:

@@ -181,6 +181,9 @@ func TestJudge(t *testing.T) {
 		}), Failed, []string{"fault-injected"}},
 		{"skipped", with(base(RankKill, true), func(r *Run) { r.Skipped, r.RefHash = "no python3", "" }), Skipped, nil},
 	}
+	for _, c := range gpuJudgeCases() {
+		tests = append(tests, c)
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			v := Judge(tt.run)

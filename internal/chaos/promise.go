@@ -161,6 +161,8 @@ func Within(f Fault, lost []int, p Plan, c Config, durable bool) (bool, string) 
 		return false, "gorun refuses the configuration"
 	}
 	switch f.Kind {
+	case GPUFault:
+		return withinGPUFault(f, lost, p, c, durable)
 	case RankKill, RankStop:
 		return true, `README, --max-restarts: "after a rank fails, restart every rank in place up to N times, resuming from the globally recoverable step"`
 	case LauncherUsr1:

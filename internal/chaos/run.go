@@ -92,13 +92,18 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 		return r
 	}
 	defer os.RemoveAll(dir)
-	j, err := startJob(ctx, c, s.Bins, s.Hosts, dir, s.Registry, false)
+	env, err := gpuFakeEnv(dir, c, f, s.Hosts.Names[:c.Hosts+c.Spares])
+	if err != nil {
+		r.InjectErr, r.NotRun = err.Error(), "its fake GPUs: "+err.Error()
+		return r
+	}
+	j, err := startJob(ctx, c, s.Bins, s.Hosts, dir, s.Registry, false, env...)
 	if err != nil {
 		r.InjectErr, r.NotRun = err.Error(), "starting it: "+err.Error()
 		return r
 	}
 	in := &injector{hosts: s.Hosts,
-		resume: func() (*Job, error) { return startJob(ctx, c, s.Bins, s.Hosts, dir, s.Registry, true) },
+		resume: func() (*Job, error) { return startJob(ctx, c, s.Bins, s.Hosts, dir, s.Registry, true, env...) },
 		killed: func(k *Job) ([]string, []string) {
 			all := make([]int, len(k.Hosts))
 			for i := range all {
@@ -153,6 +158,16 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 	if r.Code == 0 && r.NotInjected == "" && r.InjectErr == "" && !r.NotLanded && needsFailure(f.Kind) && !failureSeen(recs, j.Hosts, f, done.lost, r.At) {
 		r.NotLanded = true
 		r.Injected += "; not landed: no failure or fence record names the faulted rank or host"
+	}
+	if f.Kind == GPUFault {
+		r.GPU = gpuOutcome(f, r.Stderr, recs, j.Hosts)
+		if gpuPermanent(f) {
+			r.GPU.Replace = gpuReplace(f, p, c, done.durable)
+		}
+		if r.Code == 0 && r.NotInjected == "" && r.InjectErr == "" && !r.NotLanded && !r.GPU.Reported {
+			r.NotLanded = true
+			r.Injected += "; not landed: gorun's standard error reports no XID of the faulted GPU"
+		}
 	}
 	leaks, cleaned := checkLeaks(j, s.leakCheck(done.crashed))
 	r.Leaks = append(r.Leaks, leaks...)

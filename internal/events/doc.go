@@ -113,7 +113,8 @@
 //	                   later), "abort" (the job stops) or "none" (nothing
 //	                   to recover: a spare or a host without ranks, the
 //	                   job stopping or done, a GPU fault nothing can
-//	                   replace the host for)
+//	                   replace the host for, or whose replacement would
+//	                   lose its ranks' state)
 //	"epoch"    int     the recovery epoch the decision started or joined:
 //	                   its timeline record has the same epoch (absent
 //	                   for none: abort, none, wait)
