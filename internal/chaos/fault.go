@@ -25,17 +25,18 @@ const (
 	SlotFlip       Kind = "slot-flip"       // a byte flipped in a stopped rank's committed slots, then the rank killed
 	Resume         Kind = "resume"          // the whole job killed once a version is committed on disk, then gorun --resume
 	CkptFlip       Kind = "ckpt-flip"       // the same, with a byte flipped in a rank's committed base file before the resume
+	ReplicaFlip    Kind = "replica-flip"    // a byte flipped in the replicas a host holds, then a host whose ranks' replicas it holds lost (replflip.go)
 )
 
 // Kinds are every fault kind, in the summary's order.
-var Kinds = []Kind{RankKill, HostKill, AgentKill, RankStop, Partition, TwoHosts, DuringRecovery, LauncherTerm, LauncherUsr1, StdoutStall, SlotFlip, Resume, CkptFlip}
+var Kinds = []Kind{RankKill, HostKill, AgentKill, RankStop, Partition, TwoHosts, DuringRecovery, LauncherTerm, LauncherUsr1, StdoutStall, SlotFlip, Resume, CkptFlip, ReplicaFlip}
 
 // Fault is one fault to inject: its kind, where, and after which
 // committed step (G, read from the events file).
 type Fault struct {
 	Kind  Kind
 	Host  int // the host (an index among the work hosts); host faults and the rank faults' rank's host
-	Host2 int // the second host of TwoHosts and DuringRecovery, -1 otherwise
+	Host2 int // the second host of TwoHosts and DuringRecovery, ReplicaFlip's lost host (set by RunOne: replicaOwner), -1 otherwise
 	Rank  int // the rank of rank faults, -1 otherwise
 	After int // inject once G >= After
 }
@@ -43,6 +44,8 @@ type Fault struct {
 func (f Fault) String() string {
 	s := fmt.Sprintf("%s after step %d", f.Kind, f.After)
 	switch {
+	case f.Kind == ReplicaFlip:
+		s += fmt.Sprintf(": the replicas held on host %d flipped, host %d lost", f.Host, f.Host2)
 	case f.Rank >= 0:
 		s += fmt.Sprintf(" on rank %d (host %d)", f.Rank, f.Host)
 	case f.Host2 >= 0:
@@ -61,6 +64,10 @@ func (f Fault) Lost() []int {
 		return []int{f.Host}
 	case TwoHosts, DuringRecovery:
 		return []int{f.Host, f.Host2}
+	case ReplicaFlip:
+		if f.Host2 >= 0 {
+			return []int{f.Host2}
+		}
 	}
 	return nil
 }
@@ -68,7 +75,7 @@ func (f Fault) Lost() []int {
 // Crashes is how many hosts the fault leaves with a SIGKILLed agent.
 func (f Fault) Crashes() int {
 	switch f.Kind {
-	case HostKill, AgentKill:
+	case HostKill, AgentKill, ReplicaFlip:
 		return 1
 	case TwoHosts, DuringRecovery:
 		return 2
@@ -80,13 +87,16 @@ func (f Fault) Crashes() int {
 // workload reports no progress through gorun's rank client, so a
 // stopped rank is never seen to hang (--hang-timeout needs progress
 // reported) and it has no slots to flip.
-// Resume and CkptFlip need the durable tier.
+// Resume and CkptFlip need the durable tier. ReplicaFlip needs whole
+// replicas (replicaFlipApplies).
 func Applies(k Kind, c Config) bool {
 	switch k {
 	case RankStop, SlotFlip:
 		return c.Workload != MPICH
 	case Resume, CkptFlip:
 		return c.Durable && c.Workload != MPICH
+	case ReplicaFlip:
+		return replicaFlipApplies(c)
 	}
 	return true
 }

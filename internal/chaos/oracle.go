@@ -178,6 +178,7 @@ var Rules = []Rule{
 	{"refusal-predicted", `README: configurations gorun cannot honour are refused with exit 2 (--redundancy, --spares, --ckpt-dir, --resume); the suite's precheck (Precheck) says which, from the same sentences: both must agree`},
 	{"unfaulted-run", `README, Try it: a job no fault hit (the job ended first, or the fault did not land) exits 0 with the failure-free run's hash`},
 	{"fault-injected", `the harness injects what it drew: an injection that failed or half landed tested nothing (a harness failure, counted as one)`},
+	replicaFlipRules[0], replicaFlipRules[1], // replflip.go
 }
 
 // Judge applies the rules to r.
@@ -268,6 +269,7 @@ func Judge(r Run) Verdict {
 			fail("usr1-forwarded", "no rank's exit names SIGUSR1 (exit %d): gorun did not forward it, or the ranks did not get it", r.Code)
 		}
 	}
+	judgeReplicaFlip(r, fail) // replflip.go
 	class := ""
 	switch {
 	case r.Within:
