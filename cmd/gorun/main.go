@@ -8,6 +8,13 @@
 // is closed and its goroutines had up to a second to end
 // (internal/gordump, which also says which of them are gorun's). The
 // chaos suite reads it to find goroutines the launcher leaks.
+//
+// Another debugging aid, for the chaos suite's replica-flip fault: an
+// agent with GORUN_DEBUG_FLIP_REPLICAS=FILE in its environment (agents
+// started with --rsh inherit gorun's) flips one byte of every complete
+// replica its host holds for other ranks each time it gets SIGUSR2, and
+// appends what it flipped to FILE (internal/agent/debugflip.go). Unset,
+// the agent installs nothing; no request on the network reaches it.
 package main
 
 import (

@@ -35,6 +35,9 @@ type protection struct {
 	// by the loop after SetPlacement, read by the publisher before it
 	// takes a report: the report is of that placement or a later one).
 	epoch atomic.Uint64
+	// flipDone is closed when the GORUN_DEBUG_FLIP_REPLICAS hook's
+	// goroutine ended (debugflip.go); nil without the hook.
+	flipDone chan struct{}
 }
 
 // rankStateFailure is a local rank whose protected state is corrupt
@@ -232,6 +235,7 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 	}
 	p.gsub = sub
 	go p.publish()
+	p.startDebugFlip()
 	return p, nil
 }
 
@@ -395,6 +399,9 @@ func (p *protection) close() {
 	}
 	close(p.stop)
 	<-p.done
+	if p.flipDone != nil {
+		<-p.flipDone
+	}
 	if err := p.host.Close(); err != nil {
 		p.a.log.Warn("closing state protection", "err", err)
 	}

@@ -31,7 +31,7 @@
 //
 // # Faults
 //
-// Fourteen kinds ([Kinds]): a rank's SIGKILL, a host lost (every process
+// Fifteen kinds ([Kinds]): a rank's SIGKILL, a host lost (every process
 // of its namespace killed), an agent's SIGKILL, a rank stopped (SIGSTOP, a
 // hang), a host partitioned (its link down, up again once it was fenced),
 // two hosts lost at once, a second host lost while the first is being
@@ -48,11 +48,26 @@
 // durable tier the whole job killed once a version is committed and
 // started again with --resume (Resume), or the same with a byte flipped in
 // a rank's committed base file first (CkptFlip: the resume must stop,
-// naming the rank), and an XID on one GPU of a host (GPUFault, gpufault.go:
+// naming the rank), an XID on one GPU of a host (GPUFault, gpufault.go:
 // the run's job runs on package gpu's fake backend, one GPU per slot, the
 // XID held back by a "when_file" of that host, which injecting creates;
 // permanent XIDs, and one time in three a transient one; the failure-free
-// reference runs without GPUs, whose binding must not change the hash).
+// reference runs without GPUs, whose binding must not change the hash),
+// and a byte flipped in every complete replica a host holds for other
+// ranks, then a host whose ranks' replicas it holds lost (ReplicaFlip,
+// replicas:K in full mode only: diff mode's bases and logs and erasure
+// coding's chunks are not flipped). For ReplicaFlip every job runs with
+// GORUN_DEBUG_FLIP_REPLICAS naming a file in its run's directory (a
+// debugging aid of the agent's, cmd/gorun's doc): the lost host is
+// frozen, the holder's agent is sent SIGUSR2 and flips its replicas
+// (rank.Host.FlipReplicas), writing a line per flipped buffer, then the
+// lost host's processes are all killed; it landed if those lines name
+// every rank of the lost host the holder keeps. It is within the promise
+// when another holder, on neither host, keeps a copy of each of them (the
+// restore refuses the flipped copy by its CRC32C and takes the good one);
+// with only flipped copies left, beyond it: the job must stop with the
+// CRC32C mismatch in gorun's standard error (replica-flip-reported), and
+// without the durable tier it must not exit 0 (replica-flip-detected).
 // Each is injected after a committed step read from the events file (G
 // in a sample record; rank 0's step line for the MPICH workload, which
 // protects nothing), never after a sleep.

@@ -26,17 +26,18 @@ const (
 	Resume         Kind = "resume"          // the whole job killed once a version is committed on disk, then gorun --resume
 	CkptFlip       Kind = "ckpt-flip"       // the same, with a byte flipped in a rank's committed base file before the resume
 	GPUFault       Kind = "gpu-fault"       // an XID on a host's GPU through the fake backend (gpufault.go)
+	ReplicaFlip    Kind = "replica-flip"    // a byte flipped in the replicas a host holds, then a host whose ranks' replicas it holds lost (replflip.go)
 )
 
 // Kinds are every fault kind, in the summary's order.
-var Kinds = []Kind{RankKill, HostKill, AgentKill, RankStop, Partition, TwoHosts, DuringRecovery, LauncherTerm, LauncherUsr1, StdoutStall, SlotFlip, Resume, CkptFlip, GPUFault}
+var Kinds = []Kind{RankKill, HostKill, AgentKill, RankStop, Partition, TwoHosts, DuringRecovery, LauncherTerm, LauncherUsr1, StdoutStall, SlotFlip, Resume, CkptFlip, GPUFault, ReplicaFlip}
 
 // Fault is one fault to inject: its kind, where, and after which
 // committed step (G, read from the events file).
 type Fault struct {
 	Kind  Kind
 	Host  int    // the host (an index among the work hosts); host faults and the rank faults' rank's host
-	Host2 int    // the second host of TwoHosts and DuringRecovery, -1 otherwise
+	Host2 int    // the second host of TwoHosts and DuringRecovery, ReplicaFlip's lost host (set by RunOne: replicaOwner), -1 otherwise
 	Rank  int    // the rank of rank faults, -1 otherwise
 	After int    // inject once G >= After
 	GPU   int    // GPUFault: the GPU (its index on the host)
@@ -49,6 +50,8 @@ func (f Fault) String() string {
 		return s + fmt.Sprintf(" on GPU %d of host %d (XID %d, %s)", f.GPU, f.Host, f.XID, gpuXIDs[f.XID])
 	}
 	switch {
+	case f.Kind == ReplicaFlip:
+		s += fmt.Sprintf(": the replicas held on host %d flipped, host %d lost", f.Host, f.Host2)
 	case f.Rank >= 0:
 		s += fmt.Sprintf(" on rank %d (host %d)", f.Rank, f.Host)
 	case f.Host2 >= 0:
@@ -71,6 +74,10 @@ func (f Fault) Lost() []int {
 		if gpuPermanent(f) {
 			return []int{f.Host}
 		}
+	case ReplicaFlip:
+		if f.Host2 >= 0 {
+			return []int{f.Host2}
+		}
 	}
 	return nil
 }
@@ -78,7 +85,7 @@ func (f Fault) Lost() []int {
 // Crashes is how many hosts the fault leaves with a SIGKILLed agent.
 func (f Fault) Crashes() int {
 	switch f.Kind {
-	case HostKill, AgentKill:
+	case HostKill, AgentKill, ReplicaFlip:
 		return 1
 	case TwoHosts, DuringRecovery:
 		return 2
@@ -90,13 +97,16 @@ func (f Fault) Crashes() int {
 // workload reports no progress through gorun's rank client, so a
 // stopped rank is never seen to hang (--hang-timeout needs progress
 // reported) and it has no slots to flip.
-// Resume and CkptFlip need the durable tier.
+// Resume and CkptFlip need the durable tier. ReplicaFlip needs whole
+// replicas (replicaFlipApplies).
 func Applies(k Kind, c Config) bool {
 	switch k {
 	case RankStop, SlotFlip:
 		return c.Workload != MPICH
 	case Resume, CkptFlip:
 		return c.Durable && c.Workload != MPICH
+	case ReplicaFlip:
+		return replicaFlipApplies(c)
 	}
 	return true
 }

@@ -173,6 +173,8 @@ func (in *injector) inject(j *Job, f Fault) (injected, error) {
 		return out, err
 	case Resume, CkptFlip:
 		return in.killAndResume(j, f, out)
+	case ReplicaFlip:
+		return in.replicaFlip(j, f, out)
 	}
 	return out, fmt.Errorf("chaos: unknown fault kind %q", f.Kind)
 }

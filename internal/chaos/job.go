@@ -49,8 +49,11 @@ type Job struct {
 	// Goroutines is the file gorun writes its goroutine dump to at its
 	// exit (GORUN_DEBUG_GOROUTINES; see launcherGoroutines).
 	Goroutines string
-	CkptDir    string   // --ckpt-dir, "" without
-	Args       []string // gorun's command line, binary included
+	// Flips is the file the job's agents write what they flipped to
+	// (GORUN_DEBUG_FLIP_REPLICAS; see replflip.go).
+	Flips   string
+	CkptDir string   // --ckpt-dir, "" without
+	Args    []string // gorun's command line, binary included
 
 	cluster *testcluster.Hosts // the hosts' cluster: Hosts are its first ones
 	cmd     *exec.Cmd
@@ -85,6 +88,7 @@ func startJob(ctx context.Context, c Config, b Binaries, cluster *testcluster.Ho
 	j := &Job{Config: c, Hosts: hosts, Events: filepath.Join(dir, "events.jsonl"), cluster: cluster,
 		stderr: &gortest.SyncBuffer{}, done: make(chan struct{}), mpichBefore: mpichFiles(shmDir)}
 	j.Goroutines = filepath.Join(dir, "goroutines.txt")
+	j.Flips = filepath.Join(dir, "replica-flips.txt")
 	if resume {
 		j.Events = filepath.Join(dir, "events-resume.jsonl")
 		j.Goroutines = filepath.Join(dir, "goroutines-resume.txt")
@@ -115,7 +119,7 @@ func startJob(ctx context.Context, c Config, b Binaries, cluster *testcluster.Ho
 	j.stdout = out
 	j.cmd = exec.Command(j.Args[0], j.Args[1:]...)
 	j.cmd.Stdout, j.cmd.Stderr = out.w, j.stderr
-	j.cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+registry, "GORUN_DEBUG_GOROUTINES="+j.Goroutines)
+	j.cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+registry, "GORUN_DEBUG_GOROUTINES="+j.Goroutines, flipEnv+"="+j.Flips)
 	j.cmd.Env = append(j.cmd.Env, env...)
 	j.start = time.Now()
 	if err := j.cmd.Start(); err != nil {

@@ -193,6 +193,7 @@ var Rules = []Rule{
 	{"gpu-fault-classified", `README, GPUs: "Every event reaches the launcher, classified transient, permanent or unknown ..., as a line on stderr naming the host, the GPU and the ranks bound to it"; gpu/doc.go's XID table gives the class`},
 	{"gpu-permanent-replaces", `README, GPUs: "A permanent fault (the device cannot be trusted until it is reset) replaces the host as a lost one is: its ranks move to a spare ...; when nothing can take them the host stays" (a failure record of what "gpu"; replaced: the host fenced and its ranks spliced; kept, when nothing can take its ranks or moving them would lose their state: no fence)`},
 	{"gpu-transient-reported-only", `README, GPUs: "Transient and unknown events are reported only" (no failure, fence, splice or restart record)`},
+	replicaFlipRules[0], replicaFlipRules[1], // replflip.go
 }
 
 // Judge applies the rules to r.
@@ -284,6 +285,7 @@ func Judge(r Run) Verdict {
 		}
 	}
 	v.Failures = append(v.Failures, gpuFaultFailures(r)...)
+	judgeReplicaFlip(r, fail) // replflip.go
 	class := ""
 	switch {
 	case r.Within:

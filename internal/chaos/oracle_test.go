@@ -22,6 +22,8 @@ func TestJudge(t *testing.T) {
 			FaultToDetect: -1, DetectToResume: -1}
 	}
 	with := func(r Run, f func(*Run)) Run { f(&r); return r }
+	// A replica-flip run beyond the promise for its flip (withinReplicaFlip).
+	flipOnly := with(base(ReplicaFlip, false), func(r *Run) { r.Promise = "rank 2's " + onlyFlipped + " on host 0" })
 	usr1 := func(workload string, hosts, perHost int) Run {
 		r := base(LauncherUsr1, true)
 		r.Config = Config{Workload: workload, Hosts: hosts, RanksPerHost: perHost}
@@ -180,6 +182,20 @@ func TestJudge(t *testing.T) {
 			r.InjectErr, r.NotRun = "fork/exec gorun: no such file", "starting it: fork/exec gorun: no such file"
 		}), Failed, []string{"fault-injected"}},
 		{"skipped", with(base(RankKill, true), func(r *Run) { r.Skipped, r.RefHash = "no python3", "" }), Skipped, nil},
+		// replica-flip (replflip.go).
+		{"replica flip, a good copy left", with(base(ReplicaFlip, true), func(r *Run) { r.Hash, r.Flipped = ref, true }), Survived, nil},
+		{"replica flip, only copy, refused for its CRC", with(flipOnly, func(r *Run) {
+			r.Code, r.Flipped, r.Reported = 1, true, "rank 2 on h2: state not restored"
+			r.Stderr = `rank 2: step 7: not here, and not from other hosts: holder rank 1: region "optimizer" of step 7: CRC32C 1a2b3c4d, want 5e6f7a8b` + "\n"
+		}), Reported, nil},
+		{"replica flip, only copy, stopped for another cause", with(flipOnly, func(r *Run) { r.Code, r.Flipped, r.Reported = 1, true, "rank 2 exited 1" }), Failed, []string{"replica-flip-reported"}},
+		{"replica flip, only copy, restored silently", with(flipOnly, func(r *Run) { r.Flipped, r.Hash = true, ref }), Failed, []string{"replica-flip-detected"}},
+		{"replica flip, only copy, restored with a wrong hash", with(flipOnly, func(r *Run) { r.Flipped, r.Hash = true, other }), Failed, []string{"never-wrong-hash", "replica-flip-detected"}},
+		{"replica flip, only copy, rolled back from disk", with(flipOnly, func(r *Run) { r.Config.Durable, r.Flipped, r.Hash = true, true, ref }), SurvivedBeyond, nil},
+		{"replica flip that hit nothing, host loss reported", with(base(ReplicaFlip, false), func(r *Run) { r.Code, r.Reported = 1, "no spare" }), Reported, nil},
+		{"replica flip, no spare, host loss reported", with(base(ReplicaFlip, false), func(r *Run) {
+			r.Code, r.Flipped, r.Reported, r.Promise = 1, true, "host h1 lost: no spare host is left", "README, --spares / --on-no-spare: 1 hosts lost, 0 spares, no free slots"
+		}), Reported, nil},
 	}
 	for _, c := range gpuJudgeCases() {
 		tests = append(tests, c)

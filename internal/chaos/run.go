@@ -50,6 +50,8 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 		return r
 	}
 	p := Precheck(c, s.Hosts.Names)
+	f = replicaOwner(f, p)
+	r.Fault = f
 	if p.Err != nil {
 		r.Predicted = p.Err.Error()
 	}
@@ -132,8 +134,13 @@ func (s *Suite) RunOne(ctx context.Context, seed uint64, index int) Run {
 		r.FlippedSteps = flippedSteps(done.note)
 	case CkptFlip:
 		r.Flipped = strings.Contains(done.note, "flipped byte")
+	case ReplicaFlip:
+		r.Flipped = flippedEvery(strings.Split(done.note, "; "), f, p)
 	}
 	r.Within, r.Promise = Within(f, done.lost, p, c, done.durable)
+	if f.Kind == ReplicaFlip {
+		r.Within, r.Promise = withinReplicaFlip(f, done.lost, p, c, done.durable, r.Flipped)
+	}
 	j.Wait()
 	if done.linkDown >= 0 {
 		if err := s.Hosts.LinkUp(done.linkDown); err != nil {
@@ -185,7 +192,7 @@ func (s *Suite) leakCheck(crashed []int) leakCheck {
 // been seen by gorun as a failure (a failure or fence record).
 func needsFailure(k Kind) bool {
 	switch k {
-	case RankKill, RankStop, HostKill, AgentKill, Partition, TwoHosts, DuringRecovery, SlotFlip:
+	case RankKill, RankStop, HostKill, AgentKill, Partition, TwoHosts, DuringRecovery, SlotFlip, ReplicaFlip:
 		return true
 	}
 	return false

@@ -1,0 +1,69 @@
+package agent
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/rank"
+)
+
+// TestDebugFlipHook: with GORUN_DEBUG_FLIP_REPLICAS=FILE, SIGUSR2 makes
+// the agent flip its host's replicas and write what it did to FILE ("done"
+// with the count in full mode, "refused" in diff mode); unset, the hook
+// installs nothing. The flip itself and its detection on restore are
+// rank's TestFlipReplicaRestore.
+func TestDebugFlipHook(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  bool
+		mode rank.ProtectMode
+		want string // FILE's content after one SIGUSR2
+	}{
+		{"unset", false, rank.ModeFull, ""},
+		{"full mode", true, rank.ModeFull, "done 3 0\n"},
+		{"diff mode", true, rank.ModeDiff, "refused 3: " + rank.ErrFlipMode.Error() + "\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "flips")
+			if tc.set {
+				t.Setenv(debugFlipEnv, file)
+			} else {
+				t.Setenv(debugFlipEnv, "")
+			}
+			a := &agent{cfg: Config{Job: "flip", Host: 3}, log: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))}
+			h, err := rank.NewHost(rank.HostConfig{Job: "flip", Host: 3, Hosts: 4, HostOf: func(int) int { return 0 }, Log: a.log, Mode: tc.mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer h.Close()
+			p := &protection{a: a, host: h, stop: make(chan struct{})}
+			p.startDebugFlip()
+			if !tc.set {
+				if p.flipDone != nil {
+					t.Fatal("the hook started a goroutine with the variable unset")
+				}
+				return
+			}
+			// Only this test's handler may see the signal: the process
+			// has it, as an agent would.
+			if err := syscall.Kill(os.Getpid(), syscall.SIGUSR2); err != nil {
+				t.Fatal(err)
+			}
+			var got string
+			for deadline := time.Now().Add(10 * time.Second); !strings.Contains(got, "\n") && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				b, _ := os.ReadFile(file)
+				got = string(b)
+			}
+			close(p.stop)
+			<-p.flipDone
+			if got != tc.want {
+				t.Errorf("%s holds %q, want %q", file, got, tc.want)
+			}
+		})
+	}
+}
