@@ -750,7 +750,7 @@ func (m *Machine) gpuRetry() {
 			continue
 		}
 		m.faulty[h] = nil
-		m.hostLost(h, fmt.Sprintf("GPU %d %s fault at %v: %s (the host stayed until its ranks could move)", f.e.GPU, f.e.Class, f.at, f.e.Msg),
+		m.hostLost(h, fmt.Sprintf("GPU %d %s fault at %v: %s (the host stayed until its ranks could move)", f.e.GPU, f.e.Class, f.at.Round(time.Millisecond), f.e.Msg),
 			m.now, ClassGPUPermanent, false)
 	}
 }
@@ -762,7 +762,7 @@ func (m *Machine) ranOnFaulty() {
 	for h, f := range m.faulty {
 		if f != nil && m.alive[h] {
 			m.report("host %s ran to the job's end with GPU %d's permanent fault (at %v: %s), never replaced: it stayed, as %s; what ran on that GPU cannot be trusted",
-				m.names[h], f.e.GPU, f.at, f.e.Msg, f.stays)
+				m.names[h], f.e.GPU, f.at.Round(time.Millisecond), f.e.Msg, f.stays)
 		}
 	}
 }
