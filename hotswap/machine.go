@@ -81,7 +81,8 @@ type Machine struct {
 	// faulty[h]: the permanent GPU fault host h stays with (moving its
 	// ranks would have lost their state, or nothing could take them),
 	// decided again when that may have changed (gpuRetry); nil: none.
-	faulty []*gpuFault
+	faulty  []*gpuFault
+	nFaulty int // hosts with faulty set
 
 	pending   *rankFailure
 	pendingAt time.Duration
@@ -328,11 +329,15 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 	if len(m.awaiting) > 0 && !m.stopped {
 		m.spliceAwaiting()
 	}
-	switch e.(type) {
-	case DiskCommitted, Replicated, RecoveryReport, AgentRegistered:
-		// A version on disk, copies re-sent, a recovery's end or a
-		// spare may let a host kept with a faulty GPU go.
-		m.gpuRetry()
+	if m.nFaulty > 0 {
+		switch e.(type) {
+		case DiskCommitted, Replicated, RecoveryReport, AgentRegistered:
+			// A version on disk, copies re-sent, a recovery's end or a
+			// spare may let a host kept with a faulty GPU go.
+			if _, ok := e.(Replicated); !ok || m.under == 0 {
+				m.gpuRetry()
+			}
+		}
 	}
 	switch e.(type) {
 	case Heartbeat, Progress:
@@ -696,7 +701,7 @@ func (m *Machine) onGPU(e GPUHealth) {
 		return
 	}
 	if stays := m.gpuStays(e.Host); stays != "" {
-		m.faulty[e.Host] = &gpuFault{e: e, at: m.now, stays: stays}
+		m.setFaulty(e.Host, &gpuFault{e: e, at: m.now, stays: stays})
 		// (The caller has reported the fault itself, e.Msg.)
 		m.failed(Failed{Host: e.Host, Name: m.names[e.Host], Rank: -1, Class: ClassGPUPermanent,
 			Why: fmt.Sprintf("GPU %d %s fault: %s; the host stays, as %s", e.GPU, e.Class, e.Msg, stays), Detected: m.now})()
@@ -742,17 +747,29 @@ func (m *Machine) gpuRetry() {
 			return
 		}
 		if !m.alive[h] {
-			m.faulty[h] = nil
+			m.setFaulty(h, nil)
 			continue
 		}
 		if s := m.gpuStays(h); s != "" {
 			f.stays = s
 			continue
 		}
-		m.faulty[h] = nil
+		m.setFaulty(h, nil)
 		m.hostLost(h, fmt.Sprintf("GPU %d %s fault at %v: %s (the host stayed until its ranks could move)", f.e.GPU, f.e.Class, f.at.Round(time.Millisecond), f.e.Msg),
 			m.now, ClassGPUPermanent, false)
 	}
+}
+
+// setFaulty records the permanent GPU fault host h stays with, or none.
+func (m *Machine) setFaulty(h int, f *gpuFault) {
+	if (m.faulty[h] == nil) != (f == nil) {
+		if f == nil {
+			m.nFaulty--
+		} else {
+			m.nFaulty++
+		}
+	}
+	m.faulty[h] = f
 }
 
 // ranOnFaulty reports, when every rank has ended, the hosts that ran to

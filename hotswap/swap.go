@@ -14,7 +14,8 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration, class Fail
 		return
 	}
 	defer m.failed(Failed{Host: h, Name: m.names[h], Rank: -1, Class: class, Agent: agent, Why: why, Detected: detected})()
-	m.alive[h], m.suspected[h], m.faulty[h] = false, -1, nil
+	m.alive[h], m.suspected[h] = false, -1
+	m.setFaulty(h, nil)
 	name := m.names[h]
 	m.emit(Fence{Host: h, Name: name})
 	if m.spare[h] {
