@@ -52,8 +52,12 @@
 // rank's PeerLostError naming its ranks) is not cleared by a contact
 // within the suspect timeout, or a GPU reports a replace-class fault
 // (unless nothing can take its ranks, or moving them would lose their
-// state: no copy on another host and no durable version to roll back to;
-// the host still runs, so it then stays). A lost host's ranks move to a spare (preferring one outside the failure
+// state: the restore plan, worked out on a copy of the state with the host
+// lost, fails and there is no durable version to roll back to; the host
+// still runs, so it then stays, takes no other host's ranks, and is
+// decided on again on a durable commit, copies re-sent, a recovery's end
+// or a spare's registration; one that never goes is reported when the
+// last rank ends, the job's status staying the ranks'). A lost host's ranks move to a spare (preferring one outside the failure
 // domains of their replica holders), else, with [OnNoSpareFreeSlots], to a
 // surviving host with free slots, holders re-placed so that no rank holds
 // its own replica; else the job stops. Replicas the lost host held for

@@ -77,8 +77,8 @@ func cloneGroup(g topology.ECGroup) topology.ECGroup {
 	return c
 }
 
-func cloneRows(rows [][]int) [][]int {
-	out := make([][]int, len(rows))
+func cloneRows[T any](rows [][]T) [][]T {
+	out := make([][]T, len(rows))
 	for i, r := range rows {
 		out[i] = slices.Clone(r)
 	}

@@ -15,6 +15,7 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration, class Fail
 	}
 	defer m.failed(Failed{Host: h, Name: m.names[h], Rank: -1, Class: class, Agent: agent, Why: why, Detected: detected})()
 	m.alive[h], m.suspected[h] = false, -1
+	m.setFaulty(h, nil)
 	name := m.names[h]
 	m.emit(Fence{Host: h, Name: name})
 	if m.spare[h] {
@@ -28,18 +29,7 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration, class Fail
 		return
 	}
 	m.noteLost(h)
-	// Its memory is gone: the ranks' own slots and the copies it held.
-	for _, x := range ranks {
-		m.localOK[x] = false
-		if m.heldBy != nil {
-			for _, o := range m.heldBy[x] {
-				m.setCopy(o, slices.Index(m.holders[o], x), false)
-			}
-		}
-	}
-	if m.ec != nil {
-		m.ecHostLost(h)
-	}
+	m.forget(h)
 	if m.stopped {
 		m.report("host %s lost (%s)", name, why)
 		return
@@ -60,6 +50,67 @@ func (m *Machine) hostLost(h int, why string, detected time.Duration, class Fail
 	// Rank failures collected in the window are the loss's doing.
 	m.pending = nil
 	m.splice(awaitingLoss{h, fmt.Sprintf("host %s lost: %s", name, why), detected}, false)
+}
+
+// forget marks the memory of lost host h gone: its ranks' own slots and
+// the copies (under EC the parity rows and, in diff mode, the logs and
+// retained snapshots) it held.
+func (m *Machine) forget(h int) {
+	for _, x := range m.hostRanks[h] {
+		m.localOK[x] = false
+		if m.heldBy != nil {
+			for _, o := range m.heldBy[x] {
+				m.setCopy(o, slices.Index(m.holders[o], x), false)
+			}
+		}
+	}
+	if m.ec != nil {
+		m.ecHostLost(h)
+	}
+}
+
+// moveLoses says why moving the ranks of host h, still alive, to host
+// with would lose state that memory cannot restore, as splice would find
+// once h is lost: a moved rank with no valid copy elsewhere (recoverable),
+// or a restore plan for every rank that fails (a rank of an earlier loss
+// restoring from a copy on h, or no data-parallel peer left with a rank's
+// parameters). It is "" when nothing would be lost. It works on a copy
+// of the state: m is unchanged.
+func (m *Machine) moveLoses(h, with int) string {
+	c := m.scratch()
+	moved := c.hostRanks[h]
+	c.alive[h] = false
+	c.forget(h)
+	if err := c.recoverable(moved); err != "" {
+		return err
+	}
+	for _, r := range moved {
+		c.rankHost[r] = with
+	}
+	_, err := c.plan()
+	return err
+}
+
+// scratch returns a copy of m whose loss bookkeeping (liveness, own
+// slots, copies, shares, logs, placement) can change without changing
+// m's: what moveLoses and the functions it calls write. The rest is
+// shared, and must only be read.
+func (m *Machine) scratch() *Machine {
+	c := *m
+	c.out = nil
+	c.alive = slices.Clone(m.alive)
+	c.localOK = slices.Clone(m.localOK)
+	c.rankHost = slices.Clone(m.rankHost)
+	c.missing = slices.Clone(m.missing)
+	c.copyOK = cloneRows(m.copyOK)
+	if m.ec != nil {
+		e := *m.ec
+		e.share = cloneRows(m.ec.share)
+		c.ec = &e
+	}
+	c.logOK = cloneRows(m.logOK)
+	c.retained = slices.Clone(m.retained)
+	return &c
 }
 
 // awaitingLoss is a lost host whose ranks wait for a replacement.
@@ -351,8 +402,15 @@ func (m *Machine) replacement(h int, moved []int) (int, bool, string) {
 		return -1, false, noSpare + " (--on-no-spare abort)"
 	}
 	room, fit, bestApart := false, false, false
+	var faulty []int // hosts with room but a GPU fault kept (onGPU)
 	for s := range m.alive {
-		if s == h || m.spare[s] || !m.healthy(s) || !m.cfg.fits(s, len(m.hostRanks[s]), len(moved)) {
+		if s == h || m.spare[s] || !m.cfg.fits(s, len(m.hostRanks[s]), len(moved)) {
+			continue
+		}
+		if !m.healthy(s) {
+			if m.alive[s] && m.faulty[s] != nil {
+				faulty = append(faulty, s)
+			}
 			continue
 		}
 		room = true
@@ -370,6 +428,9 @@ func (m *Machine) replacement(h int, moved []int) (int, bool, string) {
 		return best, false, ""
 	case room:
 		return -1, false, noSpare + fmt.Sprintf("; the hosts with %d free slots could not keep every rank's replicas on another host", len(moved))
+	}
+	if len(faulty) > 0 {
+		return -1, false, noSpare + fmt.Sprintf(" and no surviving host has %d free slots but %s, whose GPU failed", len(moved), m.hostList(faulty))
 	}
 	return -1, false, noSpare + fmt.Sprintf(" and no surviving host has %d free slots", len(moved))
 }

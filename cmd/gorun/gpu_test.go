@@ -115,7 +115,9 @@ func TestGPUFailureIsReported(t *testing.T) {
 	if !re.MatchString(res.stderr) {
 		t.Fatalf("no failure report naming host %s, GPU 1 and rank 3 in:\n%s", victim, res.stderr)
 	}
-	if n := strings.Count(res.stderr, "XID 79"); n != 1 {
+	// (Hot-swap's decision on the fault, and its end-of-job note on the
+	// host that ran on with it, quote it too.)
+	if n := strings.Count(res.stderr, "permanent failure: XID 79"); n != 1 {
 		t.Errorf("%d reports of XID 79, want 1 (only the victim's GPU failed)\n%s", n, res.stderr)
 	}
 }
@@ -126,7 +128,8 @@ func TestGPUFailureIsReported(t *testing.T) {
 // what "gpu", the host fenced, its ranks spliced onto the spare; with
 // --redundancy replicas:0, where moving its ranks would lose their state,
 // the host stays (a failure record, decision none, no fence; before the
-// fix the job stopped, "unrecoverable"); a transient one (XID 13) is
+// fix the job stopped, "unrecoverable") and, never replaced, is named
+// when the job ends; a transient one (XID 13) is
 // reported and nothing else happens. Every job ends as the run without a
 // fault: exit 0, the same dptrain hashes.
 func TestGPUFaultAtStep(t *testing.T) {
@@ -182,6 +185,9 @@ func TestGPUFaultAtStep(t *testing.T) {
 			if tc.failure == "none" {
 				if len(fences)+len(splices)+len(ofKind(evs, "restart")) > 0 {
 					t.Errorf("the host was to stay: fences %+v, splices %+v", fences, splices)
+				}
+				if end := "host " + victim + " ran to the job's end with GPU 1's permanent fault"; !strings.Contains(res.stderr, end) {
+					t.Errorf("stderr does not say %q", end)
 				}
 				return
 			}

@@ -114,7 +114,12 @@
 //	                   to recover: a spare or a host without ranks, the
 //	                   job stopping or done, a GPU fault nothing can
 //	                   replace the host for, or whose replacement would
-//	                   lose its ranks' state)
+//	                   lose its ranks' state; such a host is decided on
+//	                   again later, and its replacement, when it comes,
+//	                   is a second record for the fault: class
+//	                   "gpu-permanent", decision "splice" or "rollback",
+//	                   detected when it was decided, the fault's time in
+//	                   msg)
 //	"epoch"    int     the recovery epoch the decision started or joined:
 //	                   its timeline record has the same epoch (absent
 //	                   for none: abort, none, wait)
