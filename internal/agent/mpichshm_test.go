@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -200,10 +201,24 @@ func TestSweepMPICHOtherUser(t *testing.T) {
 	}
 }
 
+// mpichSweeper sweeps the directory mpichPathVar names as an agent
+// does and prints what it removed, comma-separated (or "error: ...").
+func mpichSweeper() int {
+	s, err := sweepShm(os.Getenv(mpichPathVar), "", false, hostMPICHSweep())
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	fmt.Println("swept:" + strings.Join(s.MPICHFiles, ","))
+	return 0
+}
+
 // TestSweepMPICHOtherPIDNamespace: a segment mapped (descriptor closed)
-// by a process in another PID namespace, one the sweep's /proc does not
-// list, is kept; once that process ended, it is removed. (Judged by
-// /proc, it was removed under the live process.)
+// by a process in another PID namespace than the sweeper's is kept,
+// both ways round: the user in a namespace of its own, and the sweeper
+// in one (an agent in a container sharing the host's /dev/shm) that
+// does not list the user at all (judged by /proc, it was removed under
+// the live process). Once the user ended, it is removed.
 func TestSweepMPICHOtherPIDNamespace(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("not root: unshare --pid needs CAP_SYS_ADMIN")
@@ -212,25 +227,47 @@ func TestSweepMPICHOtherPIDNamespace(t *testing.T) {
 	if err != nil {
 		t.Skipf("no unshare (util-linux): %v", err)
 	}
-	dir := shmTestDir(t)
-	path := filepath.Join(dir, "mpich_shar_tmpPidNs1")
-	_, end := startMPICHUser(t, []string{unshare, "--pid", "--fork", "--mount-proc"}, path, "map")
-	s, err := sweepShm(dir, "", false, hostMPICHSweep())
-	if err != nil || len(s.MPICHFiles) != 0 {
-		t.Errorf("with its user alive in another PID namespace: swept %+v, %v; want nothing", s, err)
-	}
-	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("the live segment: %v", err)
-	}
-	// Its stdin's end ends it; unshare --fork returns once it has reaped
-	// it, and the namespace with it.
-	end()
-	if s, err = sweepShm(dir, "", false, hostMPICHSweep()); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(s.MPICHFiles, []string{filepath.Base(path)}) {
-		t.Errorf("after its user ended: swept %+v, want %s", s, filepath.Base(path))
-	}
+	inNS := []string{unshare, "--pid", "--fork", "--mount-proc"}
+	t.Run("user inside", func(t *testing.T) {
+		dir := shmTestDir(t)
+		path := filepath.Join(dir, "mpich_shar_tmpPidNs1")
+		_, end := startMPICHUser(t, inNS, path, "map")
+		s, err := sweepShm(dir, "", false, hostMPICHSweep())
+		if err != nil || len(s.MPICHFiles) != 0 {
+			t.Errorf("with its user alive in another PID namespace: swept %+v, %v; want nothing", s, err)
+		}
+		if _, err := os.Stat(path); err != nil {
+			t.Fatalf("the live segment: %v", err)
+		}
+		// Its stdin's end ends it; unshare --fork returns once it has
+		// reaped it, and the namespace with it.
+		end()
+		if s, err = sweepShm(dir, "", false, hostMPICHSweep()); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(s.MPICHFiles, []string{filepath.Base(path)}) {
+			t.Errorf("after its user ended: swept %+v, want %s", s, filepath.Base(path))
+		}
+	})
+	t.Run("sweeper inside", func(t *testing.T) {
+		dir := shmTestDir(t)
+		path := filepath.Join(dir, "mpich_shar_tmpPidNs2")
+		_, end := startMPICHUser(t, nil, path, "map")
+		sweep := func() string {
+			_, line, _ := startHelper(t, inNS, "mpichsweeper", mpichPathVar+"="+dir)
+			return line
+		}
+		if got := sweep(); got != "swept:" {
+			t.Errorf("with its user alive outside the sweeper's PID namespace: %q, want nothing swept", got)
+		}
+		if _, err := os.Stat(path); err != nil {
+			t.Fatalf("the live segment: %v", err)
+		}
+		end()
+		if got, want := sweep(), "swept:"+filepath.Base(path); got != want {
+			t.Errorf("after its user ended: %q, want %q", got, want)
+		}
+	})
 }
 
 // TestSweepMPICHCreatorKilled: the segment of another process that has
