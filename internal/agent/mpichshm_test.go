@@ -232,22 +232,11 @@ func TestSweepMPICHOtherPIDNamespace(t *testing.T) {
 		dir := shmTestDir(t)
 		path := filepath.Join(dir, "mpich_shar_tmpPidNs1")
 		_, end := startMPICHUser(t, inNS, path, "map")
-		s, err := sweepShm(dir, "", false, hostMPICHSweep())
-		if err != nil || len(s.MPICHFiles) != 0 {
-			t.Errorf("with its user alive in another PID namespace: swept %+v, %v; want nothing", s, err)
-		}
-		if _, err := os.Stat(path); err != nil {
-			t.Fatalf("the live segment: %v", err)
-		}
+		sweepKeeps(t, path, "with its user alive in another PID namespace")
 		// Its stdin's end ends it; unshare --fork returns once it has
 		// reaped it, and the namespace with it.
 		end()
-		if s, err = sweepShm(dir, "", false, hostMPICHSweep()); err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Equal(s.MPICHFiles, []string{filepath.Base(path)}) {
-			t.Errorf("after its user ended: swept %+v, want %s", s, filepath.Base(path))
-		}
+		sweepRemoves(t, path, "after its user ended")
 	})
 	t.Run("sweeper inside", func(t *testing.T) {
 		dir := shmTestDir(t)
@@ -277,23 +266,37 @@ func TestSweepMPICHCreatorKilled(t *testing.T) {
 	dir := shmTestDir(t)
 	path := filepath.Join(dir, "mpich_shar_tmpKilled")
 	cmd, _ := startMPICHUser(t, nil, path, "map")
-	s, err := sweepShm(dir, "", false, hostMPICHSweep())
-	if err != nil || len(s.MPICHFiles) != 0 {
-		t.Errorf("with its creator alive: swept %+v, %v; want nothing", s, err)
-	}
-	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("the live segment: %v", err)
-	}
+	sweepKeeps(t, path, "with its creator alive")
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait() // reaped: its mapping is gone
-	s, err = sweepShm(dir, "", false, hostMPICHSweep())
+	sweepRemoves(t, path, "after its creator was killed")
+}
+
+// sweepKeeps sweeps path's directory as an agent does and fails the
+// test (saying when: ctx) unless nothing was removed.
+func sweepKeeps(t *testing.T, path, ctx string) {
+	t.Helper()
+	s, err := sweepShm(filepath.Dir(path), "", false, hostMPICHSweep())
+	if err != nil || len(s.MPICHFiles) != 0 {
+		t.Errorf("%s: swept %+v, %v; want nothing", ctx, s, err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("%s: the live segment: %v", ctx, err)
+	}
+}
+
+// sweepRemoves sweeps path's directory as an agent does and fails the
+// test (saying when: ctx) unless path, and only it, was removed.
+func sweepRemoves(t *testing.T, path, ctx string) {
+	t.Helper()
+	s, err := sweepShm(filepath.Dir(path), "", false, hostMPICHSweep())
 	if err != nil || !slices.Equal(s.MPICHFiles, []string{filepath.Base(path)}) {
-		t.Errorf("after its creator was killed: swept %+v, %v; want %s", s, err, filepath.Base(path))
+		t.Errorf("%s: swept %+v, %v; want %s", ctx, s, err, filepath.Base(path))
 	}
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the dead segment is still there: %v", err)
+		t.Errorf("%s: the dead segment is still there: %v", ctx, err)
 	}
 }
 
