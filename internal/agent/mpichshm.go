@@ -21,6 +21,10 @@ package agent
 //     a new file mkstemp gave the same name) → unlink it;
 //  5. release the lease (F_UNLCK) and close.
 //
+// (An open by someone else while the lease is held sends this process
+// SIGIO, the lease holder's signal, which the Go runtime ignores unless
+// it is asked for with signal.Notify; the opener waits for step 5.)
+//
 // Why that never removes a live segment: a file is garbage when nobody
 // has it open or mapped, since nobody can then reach its contents but by
 // opening its name, and nobody of MPICH's does that once the creator is
