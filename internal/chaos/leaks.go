@@ -97,7 +97,8 @@ func mpichLeaks(j *Job, dir string, toClean bool) (leaks, left []string) {
 		if err != nil {
 			return []string{"judging the MPICH shared-memory files in " + dir + ": " + err.Error()}, nil
 		}
-		if len(left) == 0 || time.Now().After(deadline) {
+		// toClean: no agent is left whose end sweep could still come.
+		if len(left) == 0 || toClean || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(pollEvery) // polling /dev/shm to a deadline: nothing to wait on
