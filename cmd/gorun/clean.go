@@ -20,8 +20,10 @@ state in /dev/shm (gorun-<job>.*) and Open MPI's directories there
 holds is removed: the jobs running meanwhile keep theirs. MPICH's
 shared-memory files in /dev/shm (mpich_shar_tmp*, left by ranks killed
 in MPI_Init) are removed too, whatever job made them, when they are
-yours and no process has them open or mapped. Job
-directories are looked at only when TMPDIR is on a local file system.
+yours, 2 s old or more, and no process has them open or mapped (the
+kernel grants a write lease on them); with leases off
+(fs.leases-enable=0) they are kept. Job directories are looked at only
+when TMPDIR is on a local file system.
 Prints what it removed, one per line.
 
   -n, --dry-run   list what would be removed, removing nothing

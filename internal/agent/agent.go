@@ -1056,14 +1056,16 @@ wait:
 		<-a.swept
 	}
 	sweepJobDirsLog(a.cfg.Job, a.log)
-	// The ranks are gone: MPICH segment files one of them left (killed
-	// in MPI_Init) are used by nobody now.
-	sweepShmLog(a.shmDir(), a.cfg.Job, hostMPICHSweep(), true, a.log)
 	sweepJobSlots(a.slotOpt(), a.cfg.Job, a.log)
 
 	if a.ctl != nil {
 		_ = a.ctl.FlushTimeout(2 * time.Second)
 	}
+	// Last, so that the job's own files and the flush never wait on it
+	// (it may wait up to mpichMinAge): the job's Open MPI directories,
+	// and, the ranks being gone, MPICH segment files one of them left
+	// (killed in MPI_Init), used by nobody now.
+	sweepShmLog(a.shmDir(), a.cfg.Job, hostMPICHSweep(), true, a.log)
 }
 
 // masterPorts is how many MASTER_PORT candidates an agent registers

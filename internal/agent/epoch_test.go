@@ -19,7 +19,7 @@ import (
 const agenttestHelper = "AGENTTEST_HELPER"
 
 func TestMain(m *testing.M) {
-	gortest.RunHelper(agenttestHelper, map[string]func() int{"epochwatch": epochWatch, "rankprobe": rankProbe, "rankstager": rankStager, "jobdirholder": jobDirHolder, "mpichcreator": mpichCreator})
+	gortest.RunHelper(agenttestHelper, map[string]func() int{"epochwatch": epochWatch, "rankprobe": rankProbe, "rankstager": rankStager, "jobdirholder": jobDirHolder, "mpichuser": mpichUser, "mpichsweeper": mpichSweeper})
 	os.Exit(m.Run())
 }
 

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -46,13 +47,27 @@ func jobDirHolder() int {
 // directory it holds.
 func startHolder(t *testing.T, parent, job string) (*exec.Cmd, string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), agenttestHelper+"=jobdirholder", jobDirParentVar+"="+parent, jobDirJobVar+"="+job)
-	stdin, err := cmd.StdinPipe() // the child ends with the test at the latest
+	cmd, path, _ := startHelper(t, nil, "jobdirholder", jobDirParentVar+"="+parent, jobDirJobVar+"="+job)
+	if !filepath.IsAbs(path) {
+		t.Fatalf("the holder printed %q", path)
+	}
+	return cmd, path
+}
+
+// startHelper starts this test binary as the agenttestHelper helper,
+// with env added to its environment and under the command prefix (nil:
+// none; unshare ... for another namespace), and returns it with the
+// first line it printed and end, which closes its stdin (the helpers
+// end then) and reaps it. The test's cleanup calls end too.
+func startHelper(t *testing.T, prefix []string, helper string, env ...string) (cmd *exec.Cmd, line string, end func()) {
+	t.Helper()
+	argv := append(slices.Clone(prefix), os.Args[0])
+	cmd = exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(append(os.Environ(), agenttestHelper+"="+helper), env...)
+	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { stdin.Close() })
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -60,12 +75,16 @@ func startHolder(t *testing.T, parent, job string) (*exec.Cmd, string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	line, err := bufio.NewReader(out).ReadString('\n')
-	path := strings.TrimSpace(line)
-	if err != nil || !filepath.IsAbs(path) {
-		t.Fatalf("the holder printed %q (%v)", line, err)
+	end = sync.OnceFunc(func() {
+		stdin.Close()
+		_ = cmd.Wait() // its exit status is the test's to judge, if any
+	})
+	t.Cleanup(end)
+	line, err = bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("the %s helper printed %q (%v)", helper, line, err)
 	}
-	return cmd, path
+	return cmd, strings.TrimSpace(line), end
 }
 
 func TestJobDirJob(t *testing.T) {

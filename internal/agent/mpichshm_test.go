@@ -1,15 +1,14 @@
 package agent
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,6 +16,33 @@ import (
 
 	"golang.org/x/sys/unix"
 )
+
+// shmTestDir returns a fresh directory for segment files: in /dev/shm
+// (tmpfs, as MPICH's) when there is one, else the test's own. It skips
+// the test where the file system grants no leases.
+func shmTestDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/dev/shm", "agenttest-mpich-")
+	if err != nil {
+		dir = t.TempDir()
+	} else {
+		t.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	p := filepath.Join(dir, "probe")
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(p)
+	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := setLease(fd, unix.F_WRLCK); err != nil {
+		t.Skipf("%s grants no write lease (%v): the sweep judges nothing there", dir, err)
+	}
+	return dir
+}
 
 // makeShmFile writes an MPICH-like segment file name in dir, modified
 // age ago, and returns its path.
@@ -26,43 +52,98 @@ func makeShmFile(t *testing.T, dir, name string, age time.Duration) string {
 	if err := os.WriteFile(p, make([]byte, 4096), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	setAge(t, p, age)
+	return p
+}
+
+// setAge sets p's times to age ago (negative: in the future).
+func setAge(t *testing.T, p string, age time.Duration) {
+	t.Helper()
 	old := time.Now().Add(-age)
 	if err := os.Chtimes(p, old, old); err != nil {
 		t.Fatal(err)
 	}
-	return p
 }
 
-// TestSweepMPICHFiles: the shm sweep, judged with the host's real /proc,
-// keeps an MPICH segment file this process has open, one it has only
-// mapped (descriptor closed), one too young, another user's, a link and
-// names that are not MPICH's; it removes the old unused one, and with
-// dry only lists it.
+// The mpichuser helper's segment path and mode.
+const (
+	mpichPathVar = "AGENTTEST_MPICH_PATH"
+	mpichModeVar = "AGENTTEST_MPICH_MODE"
+)
+
+// mpichUser does what MPICH's first rank on a host does in MPI_Init
+// (MPL_shm_seg_create_attach_templ): it creates the segment file
+// (mpichPathVar) exclusively and writes its last byte to size it; then,
+// in mode "map", maps it and closes the descriptor (a rank after its
+// attach), in mode "open" keeps the descriptor only. It prints the path
+// and keeps the file until killed (or its stdin ends), never unlinking
+// it: a rank killed before its peers attached.
+func mpichUser() int {
+	const size = 1 << 16
+	path := os.Getenv(mpichPathVar)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	if _, err := f.WriteAt([]byte{0}, size-1); err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	var mem []byte
+	if os.Getenv(mpichModeVar) == "map" {
+		mem, err = syscall.Mmap(int(f.Fd()), 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+		f.Close()
+		if err != nil {
+			fmt.Println("error:", err)
+			return 1
+		}
+	}
+	fmt.Println(path)
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	// The mapping and the descriptor live until here (no write: that
+	// would make the file young).
+	runtime.KeepAlive(mem)
+	runtime.KeepAlive(f)
+	return 0
+}
+
+// startMPICHUser starts an mpichuser child (under prefix, see
+// startHelper) that makes path in mode, and makes the file old enough
+// to be judged: only its use keeps it. end ends it (startHelper).
+func startMPICHUser(t *testing.T, prefix []string, path, mode string) (cmd *exec.Cmd, end func()) {
+	t.Helper()
+	cmd, line, end := startHelper(t, prefix, "mpichuser", mpichPathVar+"="+path, mpichModeVar+"="+mode)
+	if line != path {
+		t.Fatalf("the mpichuser helper printed %q, want %s", line, path)
+	}
+	setAge(t, path, time.Minute)
+	return cmd, end
+}
+
+// TestSweepMPICHFiles: the shm sweep, judged with the kernel's leases,
+// keeps an MPICH segment file this process has open, one a child
+// process has open, one a child has only mapped (descriptor closed), one
+// too young, another user's, a link and names that are not MPICH's; it
+// removes the old unused one, and with dry only lists it.
 func TestSweepMPICHFiles(t *testing.T) {
 	old := time.Minute
 	for _, dry := range []bool{false, true} {
 		t.Run(fmt.Sprintf("dry=%v", dry), func(t *testing.T) {
-			dir := t.TempDir()
+			dir := shmTestDir(t)
 			open := makeShmFile(t, dir, "mpich_shar_tmpOpen01", old)
 			f, err := os.Open(open)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer f.Close()
-			mapped := makeShmFile(t, dir, "mpich_shar_tmpMaps01", old)
-			mf, err := os.OpenFile(mapped, os.O_RDWR, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			mem, err := syscall.Mmap(int(mf.Fd()), 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
-			mf.Close() // mapped only, as a rank after its attach
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer syscall.Munmap(mem)
+			childOpen := filepath.Join(dir, "mpich_shar_tmpChOpen")
+			startMPICHUser(t, nil, childOpen, "open")
+			childMapped := filepath.Join(dir, "mpich_shar_tmpChMaps")
+			startMPICHUser(t, nil, childMapped, "map")
 			unused := makeShmFile(t, dir, "mpich_shar_tmpGone01", old)
 			young := makeShmFile(t, dir, "mpich_shar_tmpYoung1", 0)
-			keep := []string{open, mapped, young}
+			keep := []string{open, childOpen, childMapped, young}
 			for _, name := range []string{"mpich_shar_tmpX", "mpich_shar_tmp1234567", "mpich_shar_tmp12345_", "other_tmp123456", "gorun-job.0"} {
 				keep = append(keep, makeShmFile(t, dir, name, old))
 			}
@@ -77,6 +158,8 @@ func TestSweepMPICHFiles(t *testing.T) {
 					t.Fatal(err)
 				}
 				keep = append(keep, theirs)
+			} else {
+				t.Log("not root: another user's file is tried in TestSweepMPICHOtherUser only")
 			}
 			s, err := sweepShm(dir, "", dry, hostMPICHSweep())
 			if err != nil {
@@ -101,140 +184,233 @@ func TestSweepMPICHFiles(t *testing.T) {
 	}
 }
 
-// TestProcScan: the /proc reader, on a fabricated tree: a descriptor or
-// a mapping (by device and inode, not name) makes a file held; a process
-// that cannot be read makes the sweep keep everything when it is this
-// user's, and is passed over when it is another user's or gone.
-func TestProcScan(t *testing.T) {
-	shm := t.TempDir()
-	a := makeShmFile(t, shm, "mpich_shar_tmpAAAAAA", time.Minute)
-	b := makeShmFile(t, shm, "mpich_shar_tmpBBBBBB", time.Minute)
-	c := makeShmFile(t, shm, "mpich_shar_tmpCCCCCC", time.Minute)
-	idOf := func(p string) (fileID, string) {
-		var st syscall.Stat_t
-		if err := syscall.Stat(p, &st); err != nil {
-			t.Fatal(err)
-		}
-		dev := uint64(st.Dev)
-		return fileID{dev, st.Ino}, fmt.Sprintf("%02x:%02x %d", unix.Major(dev), unix.Minor(dev), st.Ino)
+// TestSweepMPICHOtherUser: files that are not the sweep's user's are not
+// judged, unused and old as they are (as non-root: the sweep is given
+// another uid).
+func TestSweepMPICHOtherUser(t *testing.T) {
+	dir := shmTestDir(t)
+	p := makeShmFile(t, dir, "mpich_shar_tmpOther", time.Minute)
+	m := hostMPICHSweep()
+	m.uid = os.Getuid() + 1
+	s, err := sweepShm(dir, "", false, m)
+	if err != nil || len(s.MPICHFiles) != 0 {
+		t.Errorf("swept %+v, %v; want nothing", s, err)
 	}
-	idA, _ := idOf(a)
-	idB, mapsB := idOf(b)
-	idC, _ := idOf(c)
-	want := map[fileID]bool{idA: true, idB: true, idC: true}
-	uid := os.Getuid()
+	if _, err := os.Stat(p); err != nil {
+		t.Errorf("the file: %v (must be left)", err)
+	}
+}
 
-	// proc makes process pid: fds link to files, maps lines, a status
-	// with the uid; fdUnreadable makes its fd entry unreadable.
-	type process struct {
-		pid          int
-		fds          []string
-		maps         []string
-		uid          int
-		fdUnreadable bool
-		noStatus     bool
-		capEff       uint64
+// mpichSweeper sweeps the directory mpichPathVar names as an agent
+// does and prints what it removed, comma-separated (or "error: ...").
+func mpichSweeper() int {
+	s, err := sweepShm(os.Getenv(mpichPathVar), "", false, hostMPICHSweep())
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
 	}
-	build := func(t *testing.T, ps []process) string {
-		root := t.TempDir()
-		if err := os.Mkdir(filepath.Join(root, "self"), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range ps {
-			dir := filepath.Join(root, strconv.Itoa(p.pid))
-			if err := os.Mkdir(dir, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			if p.fdUnreadable {
-				// Not a directory: reading it fails as a denied one does.
-				if err := os.WriteFile(filepath.Join(dir, "fd"), nil, 0o600); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				if err := os.Mkdir(filepath.Join(dir, "fd"), 0o700); err != nil {
-					t.Fatal(err)
-				}
-				for i, f := range p.fds {
-					if err := os.Symlink(f, filepath.Join(dir, "fd", strconv.Itoa(i))); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			var maps string
-			for _, m := range p.maps {
-				maps += "7f0000000000-7f0000001000 rw-s 00000000 " + m + "\n"
-			}
-			maps += "7f0000002000-7f0000003000 rw-p 00000000 00:00 0 \n"
-			if err := os.WriteFile(filepath.Join(dir, "maps"), []byte(maps), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			if p.noStatus {
-				// Unreadable (a directory), not missing (an ended process).
-				if err := os.Mkdir(filepath.Join(dir, "status"), 0o700); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				status := fmt.Sprintf("Name:\tx\nUid:\t%d\t%d\t%d\t%d\nCapEff:\t%016x\n", p.uid, p.uid, p.uid, p.uid, p.capEff)
-				if err := os.WriteFile(filepath.Join(dir, "status"), []byte(status), 0o600); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		return root
+	fmt.Println("swept:" + strings.Join(s.MPICHFiles, ","))
+	return 0
+}
+
+// TestSweepMPICHOtherPIDNamespace: a segment mapped (descriptor closed)
+// by a process in another PID namespace than the sweeper's is kept,
+// both ways round: the user in a namespace of its own, and the sweeper
+// in one (an agent in a container sharing the host's /dev/shm) that
+// does not list the user at all (judged by /proc, it was removed under
+// the live process). Once the user ended, it is removed.
+func TestSweepMPICHOtherPIDNamespace(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("not root: unshare --pid needs CAP_SYS_ADMIN")
 	}
-	for _, tc := range []struct {
-		name    string
-		procs   []process
-		held    []fileID
-		wantErr error
-	}{
-		{"open", []process{{pid: 10, fds: []string{a, "/dev/null"}, uid: uid}}, []fileID{idA}, nil},
-		{"mapped only", []process{{pid: 11, maps: []string{mapsB + " " + b}, uid: uid}}, []fileID{idB}, nil},
-		{"mapped, unlinked name", []process{{pid: 11, maps: []string{mapsB + " /dev/shm/elsewhere (deleted)"}, uid: uid}}, []fileID{idB}, nil},
-		{"open and mapped apart", []process{{pid: 10, fds: []string{a}, uid: uid}, {pid: 12, maps: []string{mapsB + " " + b}, uid: uid}}, []fileID{idA, idB}, nil},
-		{"nobody", []process{{pid: 10, fds: []string{"/dev/null"}, uid: uid}}, nil, nil},
-		{"another user's unreadable", []process{{pid: 13, fdUnreadable: true, uid: uid + 1}}, nil, nil},
-		{"this user's unreadable", []process{{pid: 13, fdUnreadable: true, uid: uid}}, nil, errProcUnreadable},
-		{"this user's unreadable, fewer capabilities", []process{{pid: 13, fdUnreadable: true, uid: uid, capEff: 0x1}}, nil, errProcUnreadable},
-		{"this user's unreadable, more capabilities", []process{{pid: 13, fdUnreadable: true, uid: uid, capEff: 0x3}}, nil, nil},
-		{"unreadable, status too", []process{{pid: 13, fdUnreadable: true, noStatus: true}}, nil, errProcUnreadable},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p := procScan{root: build(t, tc.procs), uid: uid, capEff: 0x1}
-			held, err := p.holders(want)
-			if !errors.Is(err, tc.wantErr) {
-				t.Fatalf("holders: %v, want %v", err, tc.wantErr)
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skipf("no unshare (util-linux): %v", err)
+	}
+	inNS := []string{unshare, "--pid", "--fork", "--mount-proc"}
+	t.Run("user inside", func(t *testing.T) {
+		dir := shmTestDir(t)
+		path := filepath.Join(dir, "mpich_shar_tmpPidNs1")
+		_, end := startMPICHUser(t, inNS, path, "map")
+		sweepKeeps(t, path, "with its user alive in another PID namespace")
+		// Its stdin's end ends it; unshare --fork returns once it has
+		// reaped it, and the namespace with it.
+		end()
+		sweepRemoves(t, path, "after its user ended")
+	})
+	t.Run("sweeper inside", func(t *testing.T) {
+		dir := shmTestDir(t)
+		path := filepath.Join(dir, "mpich_shar_tmpPidNs2")
+		_, end := startMPICHUser(t, nil, path, "map")
+		sweep := func() string {
+			_, line, _ := startHelper(t, inNS, "mpichsweeper", mpichPathVar+"="+dir)
+			return line
+		}
+		if got := sweep(); got != "swept:" {
+			t.Errorf("with its user alive outside the sweeper's PID namespace: %q, want nothing swept", got)
+		}
+		if _, err := os.Stat(path); err != nil {
+			t.Fatalf("the live segment: %v", err)
+		}
+		end()
+		if got, want := sweep(), "swept:"+filepath.Base(path); got != want {
+			t.Errorf("after its user ended: %q, want %q", got, want)
+		}
+	})
+}
+
+// TestSweepMPICHCreatorKilled: the segment of another process that has
+// it only mapped (MPICH's creator after its attach) is kept; once that
+// process is killed, the sweep removes it.
+func TestSweepMPICHCreatorKilled(t *testing.T) {
+	dir := shmTestDir(t)
+	path := filepath.Join(dir, "mpich_shar_tmpKilled")
+	cmd, _ := startMPICHUser(t, nil, path, "map")
+	sweepKeeps(t, path, "with its creator alive")
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait() // reaped: its mapping is gone
+	sweepRemoves(t, path, "after its creator was killed")
+}
+
+// sweepKeeps sweeps path's directory as an agent does and fails the
+// test (saying when: ctx) unless nothing was removed.
+func sweepKeeps(t *testing.T, path, ctx string) {
+	t.Helper()
+	s, err := sweepShm(filepath.Dir(path), "", false, hostMPICHSweep())
+	if err != nil || len(s.MPICHFiles) != 0 {
+		t.Errorf("%s: swept %+v, %v; want nothing", ctx, s, err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("%s: the live segment: %v", ctx, err)
+	}
+}
+
+// sweepRemoves sweeps path's directory as an agent does and fails the
+// test (saying when: ctx) unless path, and only it, was removed.
+func sweepRemoves(t *testing.T, path, ctx string) {
+	t.Helper()
+	s, err := sweepShm(filepath.Dir(path), "", false, hostMPICHSweep())
+	if err != nil || !slices.Equal(s.MPICHFiles, []string{filepath.Base(path)}) {
+		t.Errorf("%s: swept %+v, %v; want %s", ctx, s, err, filepath.Base(path))
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s: the dead segment is still there: %v", ctx, err)
+	}
+}
+
+// TestSweepMPICHLeasesOff: where the kernel refuses leases as such
+// (ENOLCK: fs.leases-enable=0; EINVAL: a file system without them), no
+// file is removed, the sweep says so with errLeasesOff, and it stops at
+// the first refusal.
+func TestSweepMPICHLeasesOff(t *testing.T) {
+	for _, refusal := range []error{unix.ENOLCK, unix.EINVAL} {
+		t.Run(refusal.Error(), func(t *testing.T) {
+			dir := shmTestDir(t)
+			a := makeShmFile(t, dir, "mpich_shar_tmpAAAAAA", time.Minute)
+			b := makeShmFile(t, dir, "mpich_shar_tmpBBBBBB", time.Minute)
+			calls := 0
+			m := mpichSweep{uid: os.Getuid(), lease: func(fd, typ int) error {
+				calls++
+				return refusal
+			}}
+			s, err := sweepShm(dir, "", false, m)
+			if !errors.Is(err, errLeasesOff) || !errors.Is(err, refusal) || len(s.MPICHFiles) != 0 {
+				t.Errorf("swept %+v, %v; want nothing and errLeasesOff", s, err)
 			}
-			if err != nil {
-				return
+			if calls != 1 {
+				t.Errorf("%d leases asked for, want 1 (the first refusal stops the sweep)", calls)
 			}
-			var got []fileID
-			for _, id := range []fileID{idA, idB, idC} {
-				if held[id] {
-					got = append(got, id)
+			for _, p := range []string{a, b} {
+				if _, err := os.Stat(p); err != nil {
+					t.Errorf("%v (must be left)", err)
 				}
-			}
-			if !slices.Equal(got, tc.held) {
-				t.Errorf("held %v, want %v", got, tc.held)
 			}
 		})
 	}
+}
 
-	// Through the sweep: an unreadable process of this user's keeps every
-	// file; without it, the unheld ones go.
-	root := build(t, []process{{pid: 10, fds: []string{a}, uid: uid}, {pid: 13, fdUnreadable: true, uid: uid}})
-	m := mpichSweep{holders: procScan{root: root, uid: uid}.holders, uid: uid}
-	if s, err := sweepShm(shm, "", false, m); !errors.Is(err, errProcUnreadable) || len(s.MPICHFiles) != 0 {
-		t.Errorf("with an unreadable process: %+v, %v; want nothing removed and errProcUnreadable", s, err)
+// TestSweepMPICHAge: a file is judged once it was modified mpichMinAge
+// before the sweep's start; until then it is young, and when it becomes
+// old enough is at most mpichMinAge after the start, even for a
+// modification time in the future (a clock stepped back, touch -d): the
+// agent's end sweep waits that long.
+func TestSweepMPICHAge(t *testing.T) {
+	now := time.Now().Truncate(time.Second)
+	for _, tc := range []struct {
+		name      string
+		mod       time.Time
+		swept     bool
+		wantYoung time.Time
+	}{
+		{"old", now.Add(-mpichMinAge), true, time.Time{}},
+		{"young", now.Add(-time.Second), false, now.Add(mpichMinAge - time.Second)},
+		{"now", now, false, now.Add(mpichMinAge)},
+		{"in the future", now.Add(time.Hour), false, now.Add(mpichMinAge)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := shmTestDir(t)
+			p := makeShmFile(t, dir, "mpich_shar_tmpAge001", 0)
+			if err := os.Chtimes(p, tc.mod, tc.mod); err != nil {
+				t.Fatal(err)
+			}
+			m := hostMPICHSweep()
+			m.now = func() time.Time { return now }
+			s, err := sweepShm(dir, "", false, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if swept := len(s.MPICHFiles) == 1; swept != tc.swept {
+				t.Errorf("swept %v, want %v", s.MPICHFiles, tc.swept)
+			}
+			if !s.young.Equal(tc.wantYoung) {
+				t.Errorf("young until %v, want %v", s.young, tc.wantYoung)
+			}
+		})
 	}
-	root = build(t, []process{{pid: 10, fds: []string{a}, uid: uid}})
-	m.holders = procScan{root: root, uid: uid}.holders
-	s, err := sweepShm(shm, "", false, m)
-	if slices.Sort(s.MPICHFiles); err != nil || !slices.Equal(s.MPICHFiles, []string{"mpich_shar_tmpBBBBBB", "mpich_shar_tmpCCCCCC"}) {
-		t.Errorf("sweep: %+v, %v; want B and C", s, err)
+}
+
+// TestSweepMPICHReplacedUnderLease: a file whose name was given to
+// another file between the judgement and the removal (mkstemp picked
+// the name again) is not removed: the name is checked again while the
+// lease is held.
+func TestSweepMPICHReplacedUnderLease(t *testing.T) {
+	dir := shmTestDir(t)
+	p := makeShmFile(t, dir, "mpich_shar_tmpSwap01", time.Minute)
+	next := makeShmFile(t, dir, "next", time.Minute)
+	m := hostMPICHSweep()
+	m.lease = func(fd, typ int) error {
+		if typ == unix.F_WRLCK {
+			if err := os.Rename(next, p); err != nil {
+				t.Error(err)
+			}
+		}
+		return setLease(fd, typ)
 	}
-	if _, err := os.Stat(a); err != nil {
-		t.Errorf("the open file: %v", err)
+	s, err := sweepShm(dir, "", false, m)
+	if err != nil || len(s.MPICHFiles) != 0 {
+		t.Errorf("swept %+v, %v; want nothing", s, err)
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Errorf("the new file of the name: %v (must be left)", err)
+	}
+}
+
+// TestUnusedMPICHFiles: the leak check's view lists the unused old files
+// among those it is asked about, removing none.
+func TestUnusedMPICHFiles(t *testing.T) {
+	dir := shmTestDir(t)
+	asked := makeShmFile(t, dir, "mpich_shar_tmpAsked1", time.Minute)
+	notAsked := makeShmFile(t, dir, "mpich_shar_tmpNotAsk", time.Minute)
+	got, err := UnusedMPICHFiles(dir, func(n string) bool { return n != filepath.Base(notAsked) })
+	if err != nil || !slices.Equal(got, []string{filepath.Base(asked)}) {
+		t.Errorf("UnusedMPICHFiles: %q, %v; want %s", got, err, filepath.Base(asked))
+	}
+	for _, p := range []string{asked, notAsked} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%v (must be left)", err)
+		}
 	}
 }
 
@@ -252,88 +428,5 @@ func TestMPICHShmName(t *testing.T) {
 		if got := mpichShmName(name); got != want {
 			t.Errorf("mpichShmName(%q) = %v, want %v", name, got, want)
 		}
-	}
-}
-
-// mpichCreatorDir is where the mpichcreator helper makes its segment.
-const mpichCreatorDir = "AGENTTEST_MPICH_DIR"
-
-// mpichCreator does what MPICH's first rank on a host does in MPI_Init
-// (MPL_shm_seg_create_attach_templ): it creates mpich_shar_tmpXXXXXX
-// exclusively, writes its last byte to size it, maps it, closes the
-// descriptor, prints the path, and keeps the mapping until killed (or
-// its stdin ends), never unlinking it: a rank killed before its peers
-// attached.
-func mpichCreator() int {
-	const size = 1 << 16
-	path := filepath.Join(os.Getenv(mpichCreatorDir), fmt.Sprintf("mpich_shar_tmp%06d", os.Getpid()%1000000))
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		fmt.Println("error:", err)
-		return 1
-	}
-	if _, err := f.WriteAt([]byte{0}, size-1); err != nil {
-		fmt.Println("error:", err)
-		return 1
-	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
-	f.Close()
-	if err != nil {
-		fmt.Println("error:", err)
-		return 1
-	}
-	fmt.Println(path)
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	mem[0] = 1 // the mapping lives until here
-	return 0
-}
-
-// TestSweepMPICHCreatorKilled: the segment of another process that has
-// it only mapped (MPICH's creator after its attach) is kept; once that
-// process is killed, the sweep removes it.
-func TestSweepMPICHCreatorKilled(t *testing.T) {
-	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), agenttestHelper+"=mpichcreator", mpichCreatorDir+"="+dir)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stdin.Close()
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(out).ReadString('\n')
-	path := strings.TrimSpace(line)
-	if err != nil || !strings.HasPrefix(path, dir) {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("the creator: %q, %v", line, err)
-	}
-	old := time.Now().Add(-time.Minute) // past the minimum age: only the use keeps it
-	if err := os.Chtimes(path, old, old); err != nil {
-		t.Fatal(err)
-	}
-	s, err := sweepShm(dir, "", false, hostMPICHSweep())
-	if err != nil || len(s.MPICHFiles) != 0 {
-		t.Errorf("with its creator alive: swept %+v, %v; want nothing", s, err)
-	}
-	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("the live segment: %v", err)
-	}
-	if err := cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait() // reaped: its mapping is gone
-	s, err = sweepShm(dir, "", false, hostMPICHSweep())
-	if err != nil || !slices.Equal(s.MPICHFiles, []string{filepath.Base(path)}) {
-		t.Errorf("after its creator was killed: swept %+v, %v; want %s", s, err, filepath.Base(path))
-	}
-	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the dead segment is still there: %v", err)
 	}
 }

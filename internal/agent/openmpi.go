@@ -63,7 +63,7 @@ type openMPI struct {
 	warned sync.Once
 
 	dir     string   // the directory ompiEnv made last ("": none); the agent's goroutine only
-	held    *os.File // dir, open with a shared flock while this agent owns it (sweepOMPIDirs)
+	held    *os.File // dir, open with a shared flock while this agent owns it (sweepShm)
 	shmOnce sync.Once
 	shm     bool // /dev/shm is a tmpfs
 }
@@ -247,7 +247,7 @@ func (o *openMPI) removeDir(a *agent) {
 // makeHeldDir creates dir (it may exist) and returns it open with a shared
 // flock, which this process holds until it closes it: an agent killed
 // before it removes its Open MPI directory (SIGKILL, a lost host) leaves
-// it unlocked, and sweepOMPIDirs on the next agent of the host removes it.
+// it unlocked, and sweepShm on the next agent of the host removes it.
 // A sweeper that took the directory between its creation and the lock
 // removed it: then it is made again.
 func makeHeldDir(dir string) (*os.File, error) {
@@ -313,31 +313,25 @@ func ompiDirName(name string) bool {
 	return ok
 }
 
-// sweepOMPIDirs removes the Open MPI directories in dir (shmDir) that no
-// agent holds (makeHeldDir): those of agents killed before they cleaned
-// up; those of job only, unless job is "". Only this user's directories
-// are judged. It returns what it removed.
-func sweepOMPIDirs(dir, job string) ([]string, error) {
-	s, err := sweepShm(dir, job, false, mpichSweep{})
-	return s.OMPIDirs, err
-}
-
 // shmSwept is what sweepShm removed from a /dev/shm, or with dry would
 // remove (names).
 type shmSwept struct {
 	OMPIDirs   []string // Open MPI directories nobody holds
 	MPICHFiles []string // MPICH segment files nobody uses (mpichshm.go)
 	// young, when not zero, is when the youngest MPICH file kept only
-	// for its age (mpichMinAge) becomes old enough to be judged.
+	// for its age (mpichMinAge) becomes old enough to be judged: at most
+	// mpichMinAge after the sweep began.
 	young time.Time
 }
 
 // sweepShm sweeps dir, a /dev/shm, in one pass over its names: the Open
-// MPI directories nobody holds (sweepOMPIDirs; of job only, unless it is
-// ""), and, judged by m, MPICH's segment files nobody can still use,
-// whatever their job (their names do not say). With dry it removes
-// nothing and returns what it would remove.
+// MPI directories nobody holds (makeHeldDir: those of agents killed
+// before they cleaned up; of job only, unless it is ""), and, judged by
+// m (mpichshm.go), MPICH's segment files nobody can still use, whatever
+// their job (their names do not say). With dry it removes nothing and
+// returns what it would remove.
 func sweepShm(dir, job string, dry bool, m mpichSweep) (shmSwept, error) {
+	start := m.clock() // before the names: a file made after it is young
 	names, err := readNames(dir)
 	if err != nil {
 		return shmSwept{}, err
@@ -354,13 +348,13 @@ func sweepShm(dir, job string, dry bool, m mpichSweep) (shmSwept, error) {
 			}
 			continue
 		}
-		if m.holders != nil && mpichShmName(name) {
+		if m.on() && mpichShmName(name) {
 			if c, ok := m.candidate(dir, name); ok {
 				cands = append(cands, c)
 			}
 		}
 	}
-	s.MPICHFiles, s.young, err = m.sweep(dir, cands, dry)
+	s.MPICHFiles, s.young, err = m.sweep(dir, cands, start, dry)
 	return s, errors.Join(append(errs, err)...)
 }
 
@@ -368,7 +362,8 @@ func sweepShm(dir, job string, dry bool, m mpichSweep) (shmSwept, error) {
 // only, unless it is "") and logs what it removed. With waitYoung, MPICH
 // files kept only for their age are judged once more when they are old
 // enough (the agent's end: its ranks are gone, and a file one of them
-// left just before must not stay); the wait is at most mpichMinAge.
+// left just before must not stay); the wait is at most mpichMinAge
+// (shmSwept.young).
 func sweepShmLog(dir, job string, m mpichSweep, waitYoung bool, log *slog.Logger) {
 	s, err := sweepShm(dir, job, false, m)
 	if waitYoung && !s.young.IsZero() {
@@ -379,9 +374,9 @@ func sweepShmLog(dir, job string, m mpichSweep, waitYoung bool, log *slog.Logger
 		s.MPICHFiles = append(s.MPICHFiles, again.MPICHFiles...)
 	}
 	switch {
-	case errors.Is(err, errProcUnreadable):
-		// Not a failure: a process that might hold one cannot be read
-		// (mpichshm.go), which a host may have for good.
+	case errors.Is(err, errLeasesOff):
+		// Not a failure: a host may have leases off for good
+		// (mpichshm.go); the files stay.
 		log.Info("MPICH's unused shared-memory files not judged", "dir", dir, "err", err)
 	case err != nil && !errors.Is(err, fs.ErrNotExist):
 		log.Warn("sweeping leftover shared-memory files", "dir", dir, "err", err)

@@ -36,7 +36,12 @@ func TestSweepOMPIDirs(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	swept, err := sweepOMPIDirs(dir, "")
+	// The Open MPI directories of job ("": any) that sweepShm removes.
+	sweepOMPI := func(job string) ([]string, error) {
+		s, err := sweepShm(dir, job, false, mpichSweep{})
+		return s.OMPIDirs, err
+	}
+	swept, err := sweepOMPI("")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,16 +63,16 @@ func TestSweepOMPIDirs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	swept, err = sweepOMPIDirs(dir, "jobg")
+	swept, err = sweepOMPI("jobg")
 	if slices.Sort(swept); err != nil || !slices.Equal(swept, []string{"gorun-jobg-h0-g0", "gorun-jobg-h1-g2"}) {
 		t.Errorf("job jobg's sweep: %q, %v; want its two directories", swept, err)
 	}
-	if swept, err = sweepOMPIDirs(dir, ""); err != nil || len(swept) != 2 {
+	if swept, err = sweepOMPI(""); err != nil || len(swept) != 2 {
 		t.Errorf("the other jobs' directories: swept %q, %v; want two", swept, err)
 	}
 
 	held.Close()
-	if swept, err = sweepOMPIDirs(dir, ""); err != nil || !slices.Equal(swept, []string{"gorun-joba-h0-g0"}) {
+	if swept, err = sweepOMPI(""); err != nil || !slices.Equal(swept, []string{"gorun-joba-h0-g0"}) {
 		t.Errorf("after its holder closed it: swept %q, %v", swept, err)
 	}
 }

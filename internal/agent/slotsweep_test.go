@@ -2,13 +2,17 @@ package agent
 
 import (
 	"errors"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 )
 
@@ -16,7 +20,10 @@ import (
 // the job after every host with ranks was lost (their agents killed on
 // the same /dev/shm), removes the slot files and lock file they left,
 // when nobody holds the job's lock any more; a live claim of the job
-// keeps them; another job's files stay, unclaimed ones too.
+// keeps them; another job's files stay, unclaimed ones too. The end's
+// sweep of MPICH's segment files (which may wait up to mpichMinAge for a
+// young one) comes after the slot files' (it came before: the launcher's
+// exit wait could kill the agent before the slot files went).
 func TestAgentEndSweepsJobSlots(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -53,8 +60,15 @@ func TestAgentEndSweepsJobSlots(t *testing.T) {
 				return files
 			}
 			before := dead("endedjob")
+			shm := t.TempDir()
+			var logs gortest.SyncBuffer
 			j := startSwapJob(t, job, []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Spare: true}}, 1,
-				swapOpts{with: func(c *Config) { c.shmDir, c.slotDir = t.TempDir(), slots }})
+				swapOpts{with: func(c *Config) {
+					c.shmDir, c.slotDir = shm, slots
+					if c.Host == 1 {
+						c.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(&logs, t.Output()), nil))
+					}
+				}})
 			j.until("the spare's first epoch", func(e *wire.Event) bool { return e.Kind == wire.EventEpoch })
 			// The start's sweep runs beside the launch: once it removed
 			// the ended job's files, what the test makes is not in it.
@@ -69,6 +83,7 @@ func TestAgentEndSweepsJobSlots(t *testing.T) {
 				}
 			}
 			own, other := dead(job), dead("otherjob")
+			mpich := makeShmFile(t, shm, "mpich_shar_tmpEndSw1", time.Minute) // after the start's sweep
 			if tc.held {
 				c, err := ckpt.ClaimJob(job, opt)
 				if err != nil {
@@ -88,6 +103,18 @@ func TestAgentEndSweepsJobSlots(t *testing.T) {
 				if _, err := os.Lstat(f); err != nil {
 					t.Errorf("the ending agent swept another job's file: %v", err)
 				}
+			}
+			if _, err := os.Lstat(mpich); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the unused MPICH file: %v; want it removed by the end's sweep", err)
+			}
+			if tc.held {
+				return
+			}
+			out := logs.String()
+			slotsAt := strings.Index(out, "removed the protected state the job's ended agents left")
+			mpichAt := strings.Index(out, "removed MPICH shared-memory files no process uses")
+			if slotsAt < 0 || mpichAt < slotsAt {
+				t.Errorf("the spare's end swept the slot files at %d, MPICH's files at %d of its log: want the slot files first", slotsAt, mpichAt)
 			}
 		})
 	}

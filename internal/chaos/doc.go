@@ -128,11 +128,14 @@
 // leak only if nothing of the job is left afterwards ("removed by gorun
 // clean" in the summary). MPICH's shared-memory segment files
 // (/dev/shm/mpich_shar_tmp*, left by a rank killed in MPI_Init and named
-// after no job) are looked for too (mpichLeaks): one that appeared while
-// the job ran (the suite's jobs run one at a time; those there when the
-// job started are not its own) and that no process uses, as the agents'
-// sweep judges (internal/agent.UnusedMPICHFiles), is a leak after the
-// same grace period. Other leftovers not named gorun-<id> (a rank's own
+// after no job) are looked for too (mpichLeaks), before gorun clean
+// runs: one that appeared while the job ran (the suite's jobs run one at
+// a time; those there when the job started are not its own, and are not
+// judged) and that no process uses, as the agents' sweep judges
+// (internal/agent.UnusedMPICHFiles), is a leak after the same grace
+// period, unless every agent of the job was SIGKILLed (nobody was left
+// to sweep it: gorun clean's); a line of gorun clean's removing an MPICH
+// file of the job's that was not left for it is a leak too. Other leftovers not named gorun-<id> (a rank's own
 // temporary files) are not looked for. A SIGKILLed launcher's registry entry is checked after the
 // jobstatus.List that removes stale entries, as its doc promises.
 //

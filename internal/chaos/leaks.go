@@ -52,12 +52,18 @@ type leakCheck struct {
 
 // checkLeaks looks for what job j left behind once gorun exited: processes
 // in its hosts, its /dev/shm and /tmp entries, its registry entry, the
-// MPICH segment files its ranks left (mpichLeaks). It removes what it
-// finds (so that the next run starts clean) and returns the leaks and
-// what gorun clean removed of the job (see above).
+// MPICH segment files its ranks left (mpichLeaks, judged before gorun
+// clean runs: that it removes them too must not hide a broken agent end
+// sweep). It removes what it finds (so that the next run starts clean)
+// and returns the leaks and what gorun clean removed of the job (see
+// above).
 func checkLeaks(j *Job, lc leakCheck) (leaks, cleaned []string) {
-	leaks, cleaned = checkJobLeaks(j, lc)
-	return append(leaks, mpichLeaks(j, shmDir)...), cleaned
+	leaks = append(launcherGoroutines(j), procLeaks(j, lc)...)
+	everyAgent, withRanks := orphaned(j.Hosts, j.Config.Hosts, lc.crashed, j.records())
+	mleaks, mpichLeft := mpichLeaks(j, shmDir, everyAgent)
+	leaks = append(leaks, mleaks...)
+	fleaks, cleaned := checkJobLeaks(j, lc, everyAgent, withRanks, mpichLeft)
+	return append(leaks, fleaks...), cleaned
 }
 
 // mpichFiles returns the names of the MPICH segment files in dir, a
@@ -73,41 +79,49 @@ func mpichFiles(dir string) map[string]bool {
 	return out
 }
 
-// mpichLeaks returns, as leaks, the MPICH segment files (a rank killed in
-// MPI_Init leaves one: internal/agent/mpichshm.go) that appeared in
-// dir, /dev/shm, while job j ran (not in j.mpichBefore: the suite's jobs run
-// one at a time, so a new one is this job's, or another program's on
-// the machine) and that no process uses, as the agents' sweep judges
-// them, once its grace period is over; it removes them. gorun clean, run
-// above for a job nobody of was left, removes them as well.
-func mpichLeaks(j *Job, dir string) []string {
-	var left []string
+// mpichLeaks looks for the MPICH segment files (a rank killed in
+// MPI_Init leaves one: internal/agent/mpichshm.go) that appeared in dir,
+// /dev/shm, while job j ran (only those not in j.mpichBefore are judged:
+// the suite's jobs run one at a time, so a new one is this job's, or
+// another program's on the machine) and that no process uses, as the
+// agents' sweep judges them, once its grace period is over. Any agent of
+// the job that ended normally sweeps them (at its end, whatever job made
+// them): left, they are leaks, removed here. When every agent of the job
+// was SIGKILLed (toClean), nobody was left to: they are returned as
+// left, gorun clean's to remove.
+func mpichLeaks(j *Job, dir string, toClean bool) (leaks, left []string) {
+	notBefore := func(n string) bool { return !j.mpichBefore[n] }
 	for deadline := time.Now().Add(fileGrace); ; {
-		unused, err := agent.UnusedMPICHFiles(dir)
+		var err error
+		left, err = agent.UnusedMPICHFiles(dir, notBefore)
 		if err != nil {
-			return []string{"judging the MPICH shared-memory files in " + dir + ": " + err.Error()}
+			return []string{"judging the MPICH shared-memory files in " + dir + ": " + err.Error()}, nil
 		}
-		left = slices.DeleteFunc(unused, func(n string) bool { return j.mpichBefore[n] })
-		if len(left) == 0 || time.Now().After(deadline) {
+		// toClean: no agent is left whose end sweep could still come.
+		if len(left) == 0 || toClean || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(pollEvery) // polling /dev/shm to a deadline: nothing to wait on
 	}
-	var leaks []string
-	for _, n := range left {
-		p := filepath.Join(dir, n)
+	for i, n := range left {
+		left[i] = filepath.Join(dir, n)
+	}
+	if toClean {
+		return nil, left
+	}
+	for _, p := range left {
 		leaks = append(leaks, "left behind, used by no process: "+p)
 		os.Remove(p)
 	}
-	return leaks
+	return leaks, nil
 }
 
 // shmDir is the machine's /dev/shm, which the namespace hosts share.
 const shmDir = "/dev/shm"
 
-// checkJobLeaks is checkLeaks without the MPICH files.
-func checkJobLeaks(j *Job, lc leakCheck) (leaks, cleaned []string) {
-	leaks = launcherGoroutines(j)
+// procLeaks returns the processes left in job j's hosts once the grace
+// period is over, as leaks, and kills them.
+func procLeaks(j *Job, lc leakCheck) (leaks []string) {
 	// Processes: poll until none is left or the grace period ends.
 	var left map[string][]proc
 	for deadline := time.Now().Add(procGrace); ; {
@@ -131,14 +145,24 @@ func checkJobLeaks(j *Job, lc leakCheck) (leaks, cleaned []string) {
 			leaks = append(leaks, fmt.Sprintf("killing the processes left in host %s: %v", name, err))
 		}
 	}
+	return leaks
+}
+
+// checkJobLeaks is checkLeaks for the job's files, once its processes
+// are gone: everyAgent and withRanks are orphaned's, mpichLeft the MPICH
+// files left for gorun clean (mpichLeaks).
+func checkJobLeaks(j *Job, lc leakCheck, everyAgent, withRanks bool, mpichLeft []string) (leaks, cleaned []string) {
 	id := j.ID()
 	if id == "" {
+		for _, p := range mpichLeft { // no gorun clean to run
+			leaks = append(leaks, "left behind, used by no process: "+p)
+			os.Remove(p)
+		}
 		if j.code == 2 {
 			return leaks, nil // refused before it had a job id: nothing to leave
 		}
 		return append(leaks, "no job id in the events file: its files could not be checked"), nil
 	}
-	everyAgent, withRanks := orphaned(j.Hosts, j.Config.Hosts, lc.crashed, j.records())
 	slotPrefix := filepath.Join("/dev/shm", "gorun-"+id+".")
 	registryEntry := filepath.Join(lc.registry, "gorun", id+".json")
 	// cleanable says whether leftover f is gorun clean's to remove.
@@ -171,12 +195,20 @@ func checkJobLeaks(j *Job, lc leakCheck) (leaks, cleaned []string) {
 		leaks = append(leaks, "left behind: "+f)
 		os.RemoveAll(f)
 	}
-	if len(toClean) == 0 {
+	if len(toClean) == 0 && len(mpichLeft) == 0 {
 		return leaks, nil
 	}
 	cleaned, others, err := gorunClean(lc.gorun, id)
 	if err != nil {
 		leaks = append(leaks, err.Error())
+	}
+	mpichOurs, mleaks, others := cleanedMPICH(others, mpichLeft, j.mpichBefore)
+	leaks = append(leaks, mleaks...)
+	for _, p := range mpichLeft {
+		if _, err := os.Lstat(p); err == nil {
+			leaks = append(leaks, "left after gorun clean: "+p)
+			os.Remove(p)
+		}
 	}
 	if len(others) > 0 {
 		lc.log.Warn("gorun clean also removed other ended jobs' leftovers", "job", id, "removed", others)
@@ -203,7 +235,31 @@ func checkJobLeaks(j *Job, lc leakCheck) (leaks, cleaned []string) {
 			leaks = append(leaks, "gorun clean removed what was not a leftover of the job: "+c)
 		}
 	}
-	return leaks, cleaned
+	return leaks, append(cleaned, mpichOurs...)
+}
+
+// cleanedMPICH sorts gorun clean's lines about MPICH files among others
+// (the lines not about the job's gorun-<id> files): one naming a file
+// left for it (left, paths) is the job's (ours); one naming a file there before
+// the job (before, names) stays in others (another program's); any
+// other is a leak: a file of the job's ranks that the agents' end sweep
+// should have removed (mpichLeaks judged the files before gorun clean
+// ran, so only one it did not see yet, or that a broken sweep keeps,
+// gets here).
+func cleanedMPICH(lines, left []string, before map[string]bool) (ours, leaks, others []string) {
+	const what = "MPICH shared-memory file "
+	for _, l := range lines {
+		_, p, ok := strings.Cut(l, what)
+		switch {
+		case !ok, before[filepath.Base(p)]:
+			others = append(others, l)
+		case slices.Contains(left, p):
+			ours = append(ours, l)
+		default:
+			leaks = append(leaks, "removed by gorun clean, not by the agents' sweep: "+p)
+		}
+	}
+	return ours, leaks, others
 }
 
 // launcherGoroutines returns the goroutines of gorun's that job j's

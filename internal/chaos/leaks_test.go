@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -57,7 +58,8 @@ func TestLauncherGoroutines(t *testing.T) {
 // TestLeakMPICHFiles: an MPICH segment file that appeared while the job
 // ran and that no process uses is a leak, and is removed; one there
 // before the job started, one in use (open here), and other names are
-// not the job's leaks and stay.
+// not the job's leaks and stay. When every agent of the job was killed
+// (toClean), the unused new one is not a leak but left for gorun clean.
 func TestLeakMPICHFiles(t *testing.T) {
 	dir := t.TempDir()
 	mk := func(name string) string {
@@ -86,9 +88,13 @@ func TestLeakMPICHFiles(t *testing.T) {
 	defer f.Close()
 	other := mk("other_shar_tmp12345")
 
-	leaks := mpichLeaks(j, dir)
-	if len(leaks) != 1 || !strings.Contains(leaks[0], leaked) {
-		t.Errorf("leaks %q, want only %s", leaks, leaked)
+	leaks, left := mpichLeaks(j, dir, true)
+	if len(leaks) != 0 || !slices.Equal(left, []string{leaked}) {
+		t.Errorf("every agent killed: leaks %q, left %q; want none and %s", leaks, left, leaked)
+	}
+	leaks, left = mpichLeaks(j, dir, false)
+	if len(leaks) != 1 || !strings.Contains(leaks[0], leaked) || len(left) != 0 {
+		t.Errorf("leaks %q (left %q), want only %s", leaks, left, leaked)
 	}
 	if _, err := os.Stat(leaked); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the leaked file was not removed: %v", err)
@@ -98,7 +104,30 @@ func TestLeakMPICHFiles(t *testing.T) {
 			t.Errorf("%v (must stay)", err)
 		}
 	}
-	if leaks := mpichLeaks(j, dir); len(leaks) != 0 {
+	if leaks, _ := mpichLeaks(j, dir, false); len(leaks) != 0 {
 		t.Errorf("a second check: %q, want none", leaks)
+	}
+}
+
+// TestCleanedMPICH: gorun clean's lines about MPICH files are the job's
+// when they name a file left for it, another program's when they name a
+// file there before the job, and leaks otherwise (the agents' end sweep
+// should have removed it); other lines are passed on.
+func TestCleanedMPICH(t *testing.T) {
+	left := []string{"/dev/shm/mpich_shar_tmpLeft01"}
+	before := map[string]bool{"mpich_shar_tmpBefor1": true}
+	for _, tc := range []struct {
+		line               string
+		ours, leak, others bool
+	}{
+		{"removed MPICH shared-memory file /dev/shm/mpich_shar_tmpLeft01", true, false, false},
+		{"removed MPICH shared-memory file /dev/shm/mpich_shar_tmpBefor1", false, false, true},
+		{"removed MPICH shared-memory file /dev/shm/mpich_shar_tmpNew001", false, true, false},
+		{"removed job directory /tmp/gorun-other-1.agent", false, false, true},
+	} {
+		ours, leaks, others := cleanedMPICH([]string{tc.line}, left, before)
+		if (len(ours) == 1) != tc.ours || (len(leaks) == 1) != tc.leak || (len(others) == 1) != tc.others {
+			t.Errorf("%q: ours %q, leaks %q, others %q", tc.line, ours, leaks, others)
+		}
 	}
 }
