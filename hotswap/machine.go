@@ -534,12 +534,16 @@ func (m *Machine) rankFailed(f *rankFailure) {
 		m.abort(f.status, "%s; stopping the job", f.what)
 		return
 	}
-	if _, perr := m.plan(); perr != "" && m.canRollback() && m.deadWithRanks() == "" {
+	if _, perr := m.plan(); perr != "" && m.deadWithRanks() == "" {
 		// A rank's state at G is in no memory tier any more (its
 		// restore found every copy left failing its CRC32C, say): a
-		// restart from G would fail the same way, the durable tier is
-		// the last resort.
-		m.rollbackInPlace(f, perr)
+		// restart from G would fail the same way. The durable tier is
+		// the last resort; without it the job stops for that cause.
+		if m.canRollback() {
+			m.rollbackInPlace(f, perr)
+		} else {
+			m.abort(ExitFailure, "%s; cannot restart: %s; stopping the job", f.what, perr)
+		}
 		return
 	}
 	r := f.rank
