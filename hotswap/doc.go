@@ -67,5 +67,10 @@
 // tier that has a commit record (Config.Durable, [DiskCommitted]), a loss
 // memory cannot serve rolls the whole job back to the step every rank
 // reaches on disk instead ([GatherReach], [DiskReach], [RollbackToDisk]:
-// rollback.go).
+// rollback.go). A copy a restore found failing its CRC32C
+// ([CopiesCorrupt], reported before the rank's exit) counts as lost, as
+// a lost holder's: the rank's failure restarts from another valid copy,
+// or, when no restore plan from memory is left, rolls the job back the
+// same way with every rank in place, or stops the job naming the rank
+// and the corrupt copies.
 package hotswap

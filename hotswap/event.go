@@ -79,6 +79,20 @@ type GPUHealth struct {
 // replaces reports whether the fault's class requires replacing the host.
 func (e GPUHealth) replaces() bool { return e.Class == GPUPermanent }
 
+// CopiesCorrupt: rank Rank's restore of step Step failed, and the
+// copies of its optimizer shard the holder ranks Holders sent it failed
+// their CRC32C (rank.ErrCopyCRC: a byte of the copy changed in memory).
+// The machine marks those copies invalid, as a lost holder's, when Step
+// is G (a report of another step is stale); the rank's exit that follows
+// is then decided on with them gone: restored from another valid copy,
+// rolled back to the durable tier (Config.Durable) when none is left, or
+// the job stops naming the rank and the cause.
+type CopiesCorrupt struct {
+	Rank    int
+	Step    int64
+	Holders []int
+}
+
 // Progress: rank Rank committed step Step (for hang detection and I4).
 type Progress struct {
 	Rank int
@@ -136,6 +150,7 @@ func (ControlDropped) event()    {}
 func (ReplicationFailed) event() {}
 func (PeerLost) event()          {}
 func (GPUHealth) event()         {}
+func (CopiesCorrupt) event()     {}
 func (Progress) event()          {}
 func (Signal) event()            {}
 func (Tick) event()              {}
@@ -175,6 +190,9 @@ func (e PeerLost) String() string {
 }
 func (e GPUHealth) String() string {
 	return fmt.Sprintf("gpu host=%d gpu=%d class=%s", e.Host, e.GPU, e.Class)
+}
+func (e CopiesCorrupt) String() string {
+	return fmt.Sprintf("copies-corrupt rank=%d step=%d holders=%s", e.Rank, e.Step, ints(e.Holders))
 }
 func (e Progress) String() string   { return fmt.Sprintf("progress rank=%d step=%d", e.Rank, e.Step) }
 func (e Signal) String() string     { return "signal " + SignalName(e.Sig) }

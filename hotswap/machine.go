@@ -50,8 +50,12 @@ type Machine struct {
 	copyOK    [][]bool // copyOK[r][i]: holders[r][i]'s copy is valid
 	heldBy    [][]int  // heldBy[x]: the owners x holds a copy for
 	missing   []int    // missing[r]: r's invalid copies (and under EC its shares not in)
-	under     int      // owners with a missing copy or share
-	ec        *ecState // the erasure code (Config.EC), or nil
+	// corrupt[r] says which of r's copies a restore found failing their
+	// CRC32C (CopiesCorrupt), for the reports; "" once r has every copy
+	// again.
+	corrupt []string
+	under   int      // owners with a missing copy or share
+	ec      *ecState // the erasure code (Config.EC), or nil
 	// Diff mode under EC (ecdiff.go): logs[r] are rank r's log-only
 	// holders, logOK[r][i] whether logs[r][i]'s copy is valid, and
 	// retained[r] whether r's own retained base snapshot is (a rank that
@@ -206,6 +210,7 @@ func New(c Config) (*Machine, error) {
 		m.holders = make([][]int, n)
 		m.copyOK = make([][]bool, n)
 		m.missing = make([]int, n)
+		m.corrupt = make([]string, n)
 		m.heldBy = make([][]int, n)
 		for r, hs := range c.Holders {
 			m.holders[r] = slices.Clone(hs)
@@ -293,6 +298,8 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 		}
 	case GPUHealth:
 		m.onGPU(e)
+	case CopiesCorrupt:
+		m.onCopiesCorrupt(e)
 	case Progress:
 		if m.rank(e.Rank) {
 			if m.lastProg[e.Rank] < 0 {
@@ -525,6 +532,18 @@ func (m *Machine) rankFailed(f *rankFailure) {
 		Code: f.code, Signal: f.sig, Why: f.what, Detected: f.at})()
 	if f.abort {
 		m.abort(f.status, "%s; stopping the job", f.what)
+		return
+	}
+	if _, perr := m.plan(); perr != "" && m.deadWithRanks() == "" {
+		// A rank's state at G is in no memory tier any more (its
+		// restore found every copy left failing its CRC32C, say): a
+		// restart from G would fail the same way. The durable tier is
+		// the last resort; without it the job stops for that cause.
+		if m.canRollback() {
+			m.rollbackInPlace(f, perr)
+		} else {
+			m.abort(ExitFailure, "%s; cannot restart: %s; stopping the job", f.what, perr)
+		}
 		return
 	}
 	r := f.rank
@@ -907,6 +926,7 @@ func (m *Machine) setCopy(o, i int, ok bool) {
 		m.missing[o]--
 		if m.missing[o] == 0 {
 			m.under--
+			m.corrupt[o] = ""
 		}
 	} else {
 		m.missing[o]++

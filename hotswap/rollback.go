@@ -149,6 +149,9 @@ func (m *Machine) lostState(why string) string {
 		hs = []int{m.rankHost[r]}
 	}
 	what := "no replica left"
+	if m.holders != nil && m.corrupt[r] != "" {
+		what = "no valid replica left: " + m.corrupt[r]
+	}
 	if m.ec != nil {
 		p := m.ec.at[r]
 		what = fmt.Sprintf("fewer than %d of the %d shards of its stripe of erasure-coding group %d left", m.ec.k, m.ec.k+m.ec.m, p.group)
@@ -179,6 +182,57 @@ func (m *Machine) beginRollback(l awaitingLoss, with int, isSpare bool, moved []
 		l.cause, what, ints(moved), how, m.names[with], m.epoch, m.disk)
 	m.emit(Splice{Epoch: m.epoch, Lost: l.host, With: with, LostName: m.names[l.host], WithName: m.names[with], Ranks: moved, Spare: isSpare},
 		GatherReach{Epoch: m.epoch, Base: m.disk})
+}
+
+// rollbackInPlace: rank failure f, with no restore plan from memory
+// (why, the plan's error: a rank's every copy lost or corrupt), rolls
+// the job back to the durable tier. Every rank stays where it is; the
+// epoch begins, in a new generation, and the caller is asked for the
+// ranks' reach on disk, as after a splice (beginRollback).
+func (m *Machine) rollbackInPlace(f *rankFailure, why string) {
+	what := m.lostState(why)
+	m.gen++
+	m.resetEnded()
+	m.beginEpoch(f.what, f.at, -1)
+	m.rb = &rollback{epoch: m.epoch, from: m.g, what: what, cause: f.what}
+	m.report("%s; %s; restarting every rank in place (epoch %d) rolled back to --ckpt-dir (commit record at step %d): reading how far every rank reaches there",
+		f.what, what, m.epoch, m.disk)
+	m.emit(GatherReach{Epoch: m.epoch, Base: m.disk})
+}
+
+// onCopiesCorrupt marks the copies of e.Rank's shard at e.Holders
+// invalid, as a lost holder's: a restore of G found them failing their
+// CRC32C. The rank's exit, which follows, is decided on without them.
+func (m *Machine) onCopiesCorrupt(e CopiesCorrupt) {
+	if !m.rank(e.Rank) || m.holders == nil || e.Step != m.g || m.g < 0 || m.stopped {
+		return // of another G: stale
+	}
+	var marked []int
+	for _, x := range e.Holders {
+		i := slices.Index(m.holders[e.Rank], x)
+		if i < 0 || !m.copyOK[e.Rank][i] {
+			continue
+		}
+		m.setCopy(e.Rank, i, false)
+		marked = append(marked, x)
+	}
+	if len(marked) == 0 {
+		return
+	}
+	slices.Sort(marked)
+	who := "holder rank " + ints(marked)
+	if len(marked) > 1 {
+		who = "holder ranks " + ints(marked)
+	}
+	note := fmt.Sprintf("the copy of step %d at %s failed its CRC32C", e.Step, who)
+	if len(marked) > 1 {
+		note = fmt.Sprintf("the copies of step %d at %s failed their CRC32C", e.Step, who)
+	}
+	if m.corrupt[e.Rank] != "" {
+		note = m.corrupt[e.Rank] + "; " + note
+	}
+	m.corrupt[e.Rank] = note
+	m.report("rank %d's restore: %s; marked invalid", e.Rank, note)
 }
 
 // onDiskReach rolls the job back to the step every rank reaches on disk,

@@ -347,6 +347,13 @@ func (d *driver) event(kind string, a map[string]string) string {
 			ps = append(ps, n)
 		}
 		evs = append(evs, PeerLost{Rank: num("rank", 0), Peers: ps})
+	case "copies-corrupt":
+		var hs []int
+		for _, x := range strings.Split(a["holders"], ",") {
+			n, _ := strconv.Atoi(x)
+			hs = append(hs, n)
+		}
+		evs = append(evs, CopiesCorrupt{Rank: num("rank", 0), Step: int64(num("step", int(m.g))), Holders: hs})
 	case "gpu":
 		evs = append(evs, GPUHealth{Host: num("host", 0), GPU: num("gpu", 0), Class: a["class"], Msg: a["msg"]})
 	case "progress":

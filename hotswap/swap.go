@@ -334,10 +334,20 @@ func (m *Machine) recoverable(ranks []int) string {
 			}
 		}
 		if !ok {
-			return fmt.Sprintf("rank %d's optimizer shard has no valid copy left in memory (holders %s) (I3)", r, ints(m.holders[r]))
+			return m.noValidCopy(r)
 		}
 	}
 	return ""
+}
+
+// noValidCopy says that rank r's optimizer shard has no valid copy at a
+// live holder, and why, when a restore found copies corrupt.
+func (m *Machine) noValidCopy(r int) string {
+	why := ""
+	if m.corrupt[r] != "" {
+		why = "; " + m.corrupt[r]
+	}
+	return fmt.Sprintf("rank %d's optimizer shard has no valid copy left in memory (holders %s%s) (I3)", r, ints(m.holders[r]), why)
 }
 
 func (m *Machine) spares() int {
@@ -579,7 +589,7 @@ func (m *Machine) plan() ([]Source, string) {
 			if m.holders == nil {
 				return nil, fmt.Sprintf("rank %d's optimizer shard has no copy in memory (no replicas) (I3)", r)
 			}
-			return nil, fmt.Sprintf("rank %d's optimizer shard has no valid copy left in memory (holders %s) (I3)", r, ints(m.holders[r]))
+			return nil, m.noValidCopy(r)
 		}
 		par := -1
 		m.eachPeer(r, func(p int) bool {

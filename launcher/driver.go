@@ -432,6 +432,10 @@ func (j *job) onEvent(e *wire.Event) {
 			return
 		}
 		j.log.Debug("rank ended", "rank", e.Rank, "host", h.name, "status", e.ExitStatus(), "stopped", e.Stopped)
+		if c := e.Corrupt; c != nil {
+			// Before the exit: the machine decides on it without them.
+			j.step(hotswap.CopiesCorrupt{Rank: e.Rank, Step: c.Step, Holders: c.Holders})
+		}
 		j.step(hotswap.RankExited{Rank: e.Rank, Host: e.Host, Pid: e.Pid, Gen: e.Gen, Code: e.Code,
 			Signal: syscall.Signal(e.Signal), Abort: e.Abort, Stopped: e.Stopped, Msg: e.Msg})
 	case wire.EventAgentError:

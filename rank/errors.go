@@ -3,6 +3,7 @@ package rank
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/gorun/gorun/ckpt"
 )
@@ -61,3 +62,67 @@ func (e *CorruptError) Is(target error) bool { return e.Replay && target == ErrR
 // rank's committed CRC32Cs. It is never wrong bytes: nothing is committed.
 // No retry can help at that step.
 var ErrUnrecoverable = errors.New("rank: unrecoverable from the erasure-coded stripe")
+
+// ErrCopyCRC is wrapped by a fetch or copy of a rank's state (a replica
+// holder's copy, a slot) whose bytes do not match the CRC32Cs the rank
+// committed them with: the copy changed in memory after it was taken.
+// It is never used: another copy, or the durable tier, may serve.
+var ErrCopyCRC = errors.New("the copy's bytes do not match their committed CRC32C")
+
+// ErrCopiesCorrupt is matched by a *CopiesCorruptError: a restore that
+// failed, some of whose replica holders' copies failed their CRC32C.
+var ErrCopiesCorrupt = errors.New("rank: replica copies failed their CRC32C")
+
+// CopiesCorruptError is a restore of rank Rank at step Step that failed
+// (no copy, no decode, nor the durable tier gave the state), whose copies
+// at holder ranks Holders failed their CRC32C (ErrCopyCRC). Err is the
+// restore's error. The agent reports Holders with the rank's exit
+// (Host.TakeCorruptCopies), so that the launcher counts those copies as
+// lost. It matches ErrCopiesCorrupt and whatever Err matches.
+type CopiesCorruptError struct {
+	Rank    int
+	Step    int64
+	Holders []int
+	Err     error
+}
+
+func (e *CopiesCorruptError) Error() string {
+	return fmt.Sprintf("rank %d step %d: the copies at holder ranks %v failed their CRC32C: %v", e.Rank, e.Step, e.Holders, e.Err)
+}
+
+func (e *CopiesCorruptError) Unwrap() []error { return []error{ErrCopiesCorrupt, e.Err} }
+
+// corruptNote is a failed restore's CopiesCorruptError, kept until the
+// agent reports the rank's exit.
+type corruptNote struct {
+	step    int64
+	holders []int
+}
+
+// noteCorruptCopies keeps the holders whose copies of rank's state at
+// step failed their CRC32C in a failed restore (none: forgets the
+// rank's).
+func (h *Host) noteCorruptCopies(rank int, step int64, holders []int) {
+	h.corruptMu.Lock()
+	defer h.corruptMu.Unlock()
+	if len(holders) == 0 {
+		delete(h.corrupt, rank)
+		return
+	}
+	if h.corrupt == nil {
+		h.corrupt = map[int]corruptNote{}
+	}
+	h.corrupt[rank] = corruptNote{step, slices.Clone(holders)}
+}
+
+// TakeCorruptCopies returns, and forgets, the step and holder ranks of
+// local rank's last restore if it failed with copies failing their
+// CRC32C (a CopiesCorruptError); ok is false otherwise. The agent calls
+// it as the rank exits, to report them with its exit.
+func (h *Host) TakeCorruptCopies(rank int) (step int64, holders []int, ok bool) {
+	h.corruptMu.Lock()
+	defer h.corruptMu.Unlock()
+	n, ok := h.corrupt[rank]
+	delete(h.corrupt, rank)
+	return n.step, n.holders, ok
+}

@@ -14,7 +14,10 @@ import (
 // found by the restore's CRC32C check once rank 0's host is lost: with a
 // second holder the restore takes its good copy, with the flipped copy
 // the only one it is refused, naming the mismatch; never a restore of
-// the flipped bytes.
+// the flipped bytes. A refusal leaves the holder whose copy failed its
+// CRC32C for the agent to report with the rank's exit
+// (Host.TakeCorruptCopies), once; a restore from a good copy leaves
+// nothing (the launcher must not count lost a copy no restore needed).
 func TestFlipReplicaRestore(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -44,6 +47,13 @@ func TestFlipReplicaRestore(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			res := r0.restore(ctx)
+			step, hs, ok := c.hosts[0].TakeCorruptCopies(0)
+			if ok != tc.wantErr || ok && (step != 2 || !slices.Equal(hs, []int{1})) {
+				t.Errorf("TakeCorruptCopies(0) = %d %v %t, want step 2 holders [1]: %t", step, hs, ok, tc.wantErr)
+			}
+			if _, _, ok := c.hosts[0].TakeCorruptCopies(0); ok {
+				t.Error("TakeCorruptCopies(0) reported the same restore twice")
+			}
 			if tc.wantErr {
 				if res.Err == "" {
 					t.Fatalf("rank 0 restored step %d (tier %d) from its only replica, which was flipped", res.Step, res.Tier)

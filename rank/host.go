@@ -198,6 +198,11 @@ type Host struct {
 	pmu sync.Mutex                // serializes SetPlacement and Restart
 	pl  atomic.Pointer[placement] // the current placement: this host's ranks and services, holders, hosts
 
+	// corrupt: the local ranks whose last restore failed with copies
+	// failing their CRC32C (errors.go), until their exit is reported.
+	corruptMu sync.Mutex
+	corrupt   map[int]corruptNote
+
 	lfmu   sync.Mutex
 	lfSeq  uint64       // the placement lfDone belongs to
 	lfDone map[int]bool // hosts reported to LinkFailed in placement lfSeq

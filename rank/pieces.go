@@ -127,12 +127,12 @@ func readPieces(r io.Reader, t []tableEntry, dst [][]byte, step int64) error {
 		}
 		left -= uint64(n)
 		if e := t[region]; cv.whole() && cv.sum() != e.sum {
-			return fmt.Errorf("region %q of step %d: CRC32C %08x, want %08x", e.name, step, cv.sum(), e.sum)
+			return fmt.Errorf("region %q of step %d: CRC32C %08x, want %08x: %w", e.name, step, cv.sum(), e.sum, ErrCopyCRC)
 		}
 	}
 	for _, e := range t {
 		if e.size == 0 && e.sum != 0 { // the others were checked when whole
-			return fmt.Errorf("region %q of step %d: CRC32C 00000000, want %08x", e.name, step, e.sum)
+			return fmt.Errorf("region %q of step %d: CRC32C 00000000, want %08x: %w", e.name, step, e.sum, ErrCopyCRC)
 		}
 	}
 	return nil

@@ -749,7 +749,7 @@ func fillRegion(dst map[string][]byte, e tableEntry, step int64, fill func(d []b
 		return err
 	}
 	if got := crc32c.Checksum(d); got != e.sum {
-		return fmt.Errorf("region %q of step %d: CRC32C %08x, want %08x", e.name, step, got, e.sum)
+		return fmt.Errorf("region %q of step %d: CRC32C %08x, want %08x: %w", e.name, step, got, e.sum, ErrCopyCRC)
 	}
 	return nil
 }

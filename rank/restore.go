@@ -44,6 +44,12 @@ func (s *service) restore(ctx context.Context) *Restorable {
 	s.h.log.Info("restoring from other hosts", "rank", s.rank, "step", g, "local", err)
 	start := time.Now()
 	slot, err2 := s.restoreRemote(ctx, g)
+	var cc *CopiesCorruptError
+	if errors.As(err2, &cc) {
+		s.h.noteCorruptCopies(s.rank, cc.Step, cc.Holders)
+	} else {
+		s.h.noteCorruptCopies(s.rank, g, nil)
+	}
 	if err2 != nil {
 		return &Restorable{Step: noStep, Err: fmt.Sprintf("step %d: not here (%v), and not from other hosts: %v", g, err, err2)}
 	}
@@ -101,6 +107,7 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 		optFrom = preferFirst(src.Opt, hasSrc, pl.holdersOf(s.rank))
 	}
 	var errs []error
+	var crcBad []int // holders whose copies failed their CRC32C
 	got := len(want) == 0
 	for _, hr := range optFrom {
 		if got {
@@ -116,6 +123,9 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 		if err == nil {
 			got = true
 			break
+		}
+		if errors.Is(err, ErrCopyCRC) {
+			crcBad = append(crcBad, hr)
 		}
 		errs = append(errs, fmt.Errorf("holder rank %d: %w", hr, err))
 	}
@@ -150,7 +160,11 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 		if hasSrc && src.Decode {
 			return 0, fmt.Errorf("rank %d restores by decode, but it is in no erasure-coding group", s.rank)
 		}
-		return 0, fmt.Errorf("no holder has the replicated regions: %w", errors.Join(errs...))
+		err := fmt.Errorf("no holder has the replicated regions: %w", errors.Join(errs...))
+		if len(crcBad) > 0 {
+			return 0, &CopiesCorruptError{Rank: s.rank, Step: g, Holders: crcBad, Err: err}
+		}
+		return 0, err
 	}
 	if pi := slices.IndexFunc(regions, func(r Region) bool { return r.Name == "params" }); pi >= 0 && !fromDisk {
 		got := false

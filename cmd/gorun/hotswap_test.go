@@ -87,13 +87,20 @@ type hsRun struct {
 // hsArgs ARGS` on c.
 func (c *hsCluster) start(t *testing.T, flags []string, args ...string) *hsRun {
 	t.Helper()
+	return c.startEnv(t, nil, flags, args...)
+}
+
+// startEnv is start with env (NAME=VALUE) added to gorun's environment,
+// which its agents inherit.
+func (c *hsCluster) startEnv(t *testing.T, env, flags []string, args ...string) *hsRun {
+	t.Helper()
 	ev := filepath.Join(t.TempDir(), "events.jsonl")
 	full := []string{"-np", strconv.Itoa(2 * c.work), "--hostfile", c.hostfile, "--spares", strconv.Itoa(c.spares),
 		"--rsh", "ip netns exec", "--bind", c.hosts.BridgeAddr, "-v", "--events", ev, "--kill-grace", "2"}
 	full = append(full, flags...)
 	full = append(full, "--", "sh", "-c", printJobID, dptrainBin(t))
 	full = append(full, hsArgs...)
-	return &hsRun{job: startProtectedJob(t, append(full, args...)...), events: ev}
+	return &hsRun{job: startProtectedJobEnv(t, env, append(full, args...)...), events: ev}
 }
 
 // finish waits for the job, checks that it left nothing behind and, when

@@ -75,6 +75,18 @@ func dptrainJob(t *testing.T, hosts *testcluster.Hosts, flags []string, args ...
 // the job's own cleanup killed gorun; checkNoSlotFiles reports them first).
 func startProtectedJob(t *testing.T, args ...string) *job {
 	t.Helper()
+	return startProtectedJobEnv(t, nil, args...)
+}
+
+// startProtectedJobEnv is startProtectedJob with env (NAME=VALUE) added to
+// gorun's own environment, which its agents inherit (not exported to the
+// ranks).
+func startProtectedJobEnv(t *testing.T, env []string, args ...string) *job {
+	t.Helper()
+	var cmdEnv []string
+	if env != nil {
+		cmdEnv = append(os.Environ(), env...)
+	}
 	var j *job
 	t.Cleanup(func() {
 		if m := jobIDRE.FindStringSubmatch(j.stdout.String()); m != nil {
@@ -86,7 +98,7 @@ func startProtectedJob(t *testing.T, args ...string) *job {
 			}
 		}
 	})
-	j = startJob(t, "", nil, args...)
+	j = startJobUnder(t, nil, cmdEnv, nil, "", nil, args...)
 	return j
 }
 

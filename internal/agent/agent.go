@@ -969,6 +969,15 @@ func (a *agent) exited(p *rankProc) {
 	p.ended = true
 	a.running--
 	e := p.exitEvent(a.cfg.Host)
+	if a.prot != nil {
+		// Its restore failed on copies failing their CRC32C: the
+		// launcher counts them lost (a stopped rank's too: the restore
+		// that found them is of this generation).
+		if step, hs, ok := a.prot.host.TakeCorruptCopies(e.Rank); ok {
+			e.Corrupt = &wire.CorruptCopies{Step: step, Holders: hs}
+			a.log.Warn("the rank's restore found its replica copies corrupt", "rank", e.Rank, "step", step, "holders", hs)
+		}
+	}
 	a.log.Info("rank ended", "rank", e.Rank, "code", e.Code, "signal", e.Signal, "stopped", e.Stopped)
 	// (An Open MPI rank whose MPI_Init fails exits 1; a rank killed, by
 	// gorun or a signal, says nothing of its bootstrap.)

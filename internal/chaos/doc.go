@@ -64,10 +64,13 @@
 // lost host's processes are all killed; it landed if those lines name
 // every rank of the lost host the holder keeps. It is within the promise
 // when another holder, on neither host, keeps a copy of each of them (the
-// restore refuses the flipped copy by its CRC32C and takes the good one);
-// with only flipped copies left, beyond it: the job must stop with the
-// CRC32C mismatch in gorun's standard error (replica-flip-reported), and
-// without the durable tier it must not exit 0 (replica-flip-detected).
+// restore refuses the flipped copy by its CRC32C and takes the good one),
+// and with only flipped copies left when --ckpt-dir had a version
+// committed at injection (the restore reports the copies corrupt, and the
+// job rolls back to that version); otherwise, with only flipped copies
+// left, beyond it: the job must stop with the CRC32C mismatch in gorun's
+// standard error (replica-flip-reported), and without the durable tier
+// it must not exit 0 (replica-flip-detected).
 // Each is injected after a committed step read from the events file (G
 // in a sample record; rank 0's step line for the MPICH workload, which
 // protects nothing), never after a sleep.

@@ -169,8 +169,14 @@ func readFlips(path string) []string {
 // has its copy (README, --redundancy: "replicas:K: whole copies on K
 // other hosts"; a restore checks every region against the owner's
 // CRC32C and takes another holder's copy: rank/restore.go). A rank whose
-// only copies left are the flipped ones is beyond the promise: reported,
-// never a wrong hash. A flip that hit nothing leaves a host lost.
+// only copies left are the flipped ones survives too when the durable
+// tier had a version committed at injection (durable): its restore
+// reports the copies corrupt, the launcher counts them lost, and the job
+// rolls back to that version (README, recovery: --ckpt-dir). Without
+// one (no --ckpt-dir, or nothing committed yet: a commit may still come
+// before the restore, as gpu-fault's replaceEither) it is beyond the
+// promise: reported, never a wrong hash. A flip that hit nothing leaves
+// a host lost.
 func withinReplicaFlip(f Fault, lost []int, p Plan, c Config, durable, flipped bool) (bool, string) {
 	if p.Err != nil {
 		return false, "gorun refuses the configuration"
@@ -189,6 +195,9 @@ func withinReplicaFlip(f Fault, lost []int, p Plan, c Config, durable, flipped b
 		good := r < len(p.Holders) && slices.ContainsFunc(p.Holders[r], func(x int) bool {
 			return !slices.Contains(lost, p.HostOf[x]) && p.HostOf[x] != f.Host
 		})
+		if !good && c.Durable && durable {
+			return true, fmt.Sprintf(`README, recovery: rank %d's only copies left are flipped on host %d, and --ckpt-dir had a committed version at injection: the restore reports the copies corrupt (CRC32C) and the job rolls back to that version`, r, f.Host)
+		}
 		if !good {
 			return false, fmt.Sprintf("rank %d's %s on host %d: beyond the promise (reported, never a wrong hash)", r, onlyFlipped, f.Host)
 		}

@@ -655,6 +655,30 @@ type Event struct {
 	Epoch uint64     `json:"epoch,omitempty"` // EventEpoch only
 	Peer  int        `json:"peer,omitempty"`  // EventReplFailed only: a host
 	Peers []int      `json:"peers,omitempty"` // EventPeerLost only: ranks
+	// Corrupt: EventExited only, the rank's restore failed and the copies
+	// of its state that holder ranks sent it failed their CRC32C
+	// (rank.CopiesCorruptError): the launcher counts them lost.
+	Corrupt *CorruptCopies `json:"corrupt,omitempty"`
+}
+
+// CorruptCopies are the replica holders whose copies of a rank's state at
+// Step failed their CRC32C in the rank's restore.
+type CorruptCopies struct {
+	Step    int64 `json:"step"`
+	Holders []int `json:"holders"`
+}
+
+// check validates c, the copies of rank's state.
+func (c *CorruptCopies) check(rank int) error {
+	if c.Step < 0 || len(c.Holders) == 0 || len(c.Holders) > MaxPeers {
+		return malformed("event: rank %d's corrupt copies of step %d at %d holders", rank, c.Step, len(c.Holders))
+	}
+	for _, x := range c.Holders {
+		if x < 0 || x >= MaxWorld || x == rank {
+			return malformed("event: rank %d's corrupt copy at holder rank %d", rank, x)
+		}
+	}
+	return nil
 }
 
 // DecodeEvent decodes and validates an Event.
@@ -668,6 +692,14 @@ func DecodeEvent(b []byte) (*Event, error) {
 	}
 	if len(e.Peers) > 0 && e.Kind != EventPeerLost {
 		return nil, malformed("event: a %s event naming peers", e.Kind)
+	}
+	if e.Corrupt != nil {
+		if e.Kind != EventExited {
+			return nil, malformed("event: a %s event with corrupt copies", e.Kind)
+		}
+		if err := e.Corrupt.check(e.Rank); err != nil {
+			return nil, err
+		}
 	}
 	switch e.Kind {
 	case EventStarted, EventExited:

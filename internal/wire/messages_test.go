@@ -212,6 +212,9 @@ func TestDecodeEventRoundTrip(t *testing.T) {
 		{"epoch", &wire.Event{Kind: wire.EventEpoch, Host: 3, Rank: -1, Epoch: 7}},
 		{"replication failed", &wire.Event{Kind: wire.EventReplFailed, Host: 3, Rank: -1, Peer: 0, Msg: "connection refused"}},
 		{"peer lost", &wire.Event{Kind: wire.EventPeerLost, Host: 3, Rank: 6, Peers: []int{0, 7}}},
+		{"exited with corrupt copies", mutate(validEvent(), func(e *wire.Event) {
+			e.Corrupt = &wire.CorruptCopies{Step: 16, Holders: []int{e.Rank + 1, wire.MaxWorld - 1}}
+		})},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { roundTrip(t, tc.ev, wire.DecodeEvent) })
@@ -245,6 +248,14 @@ func TestDecodeEventRejects(t *testing.T) {
 		{"peer lost past MaxWorld", ev(func(e *wire.Event) { e.Kind, e.Peers = wire.EventPeerLost, []int{wire.MaxWorld} })},
 		{"peer lost of no rank", ev(func(e *wire.Event) { e.Kind, e.Rank, e.Peers = wire.EventPeerLost, -1, []int{1} })},
 		{"peers on an exit", ev(func(e *wire.Event) { e.Peers = []int{1} })},
+		{"corrupt copies on a start", ev(func(e *wire.Event) {
+			e.Kind, e.Code, e.Corrupt = wire.EventStarted, 0, &wire.CorruptCopies{Step: 1, Holders: []int{e.Rank + 1}}
+		})},
+		{"corrupt copies of no holder", ev(func(e *wire.Event) { e.Corrupt = &wire.CorruptCopies{Step: 1} })},
+		{"corrupt copies of a negative step", ev(func(e *wire.Event) { e.Corrupt = &wire.CorruptCopies{Step: -1, Holders: []int{e.Rank + 1}} })},
+		{"corrupt copy at the rank itself", ev(func(e *wire.Event) { e.Corrupt = &wire.CorruptCopies{Step: 1, Holders: []int{e.Rank}} })},
+		{"corrupt copy past MaxWorld", ev(func(e *wire.Event) { e.Corrupt = &wire.CorruptCopies{Step: 1, Holders: []int{wire.MaxWorld}} })},
+		{"corrupt copy at a negative rank", ev(func(e *wire.Event) { e.Corrupt = &wire.CorruptCopies{Step: 1, Holders: []int{-1}} })},
 		// The launcher indexes its rank tables with a rank event's rank.
 		{"exit of no rank", ev(func(e *wire.Event) { e.Kind, e.Rank = wire.EventExited, -1 })},
 		{"start of no rank", ev(func(e *wire.Event) { e.Kind, e.Rank = wire.EventStarted, -1 })},
