@@ -18,7 +18,8 @@ package rank
 //
 // big-endian. Kinds: put (the owner's regions, data follows), has (does
 // the holder hold owner's step with exactly the table's regions and
-// CRC32Cs? no data; acknowledged if so), get (a holder's replica of owner
+// CRC32Cs, and do its bytes still match them? no data; acknowledged if
+// so), get (a holder's replica of owner
 // at step), getSlot (a rank's own slot regions at step, for params), and
 // the answers ack, data, fail (length = the message's bytes; reserved =
 // why, see failCRC). Everything read is bounds-checked before use; a
@@ -618,7 +619,8 @@ func (st *replicaStore) notHolder(h linkHdr) string {
 
 // has acknowledges that this host holds h.owner's step h.step with the
 // regions, sizes and CRC32Cs of table t (the owner's, from its commit),
-// or refuses. The buffer then counts as the owner's generation h.gen's
+// its bytes checked against those CRC32Cs (in full mode: a buffer that
+// fails is dropped), or refuses. The buffer then counts as the owner's generation h.gen's
 // (a restart of this host does not drop it).
 func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
 	if h.length != 0 {
@@ -648,11 +650,32 @@ func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
 		if o.dropped || b.step != h.step || !slices.Equal(b.table, t) || len(b.data) != len(t) {
 			continue
 		}
+		// The table matching is not the data matching: a copy rotten
+		// since its put (memory) would be counted as a good one until
+		// the owner replaced it, two steps later. Checked, a rotten copy
+		// is dropped and refused, and the owner sends the step again.
+		if e, got, bad := badRegion(b); bad {
+			st.h.log.Warn("a held replica no longer matches its owner's CRC32C; dropped, asking the owner for it again",
+				"owner", h.owner, "step", h.step, "region", e.name, "crc32c", fmt.Sprintf("%08x", got), "want", fmt.Sprintf("%08x", e.sum))
+			b.step = noStep
+			return writeFail(c, h, failOther, fmt.Sprintf("the replica of rank %d step %d held here: region %s: CRC32C %08x, the owner's is %08x", h.owner, h.step, e.name, got, e.sum))
+		}
 		o.gen = max(o.gen, h.gen)
 		b.gen = max(b.gen, h.gen)
 		return writeAck(c, h)
 	}
 	return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d at step %d with these regions here", h.owner, h.step))
+}
+
+// badRegion returns the first region of b whose bytes do not match its
+// CRC32C (and the bytes' CRC32C), if any. b's owner's mu is held.
+func badRegion(b *replicaBuf) (e tableEntry, got uint32, bad bool) {
+	for i, e := range b.table {
+		if got := crc32c.Checksum(b.data[i]); got != e.sum {
+			return e, got, true
+		}
+	}
+	return tableEntry{}, 0, false
 }
 
 // sweep marks the copies no rank of this host holds under placement p
