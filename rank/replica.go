@@ -326,12 +326,18 @@ type replicaBuf struct {
 	gen   uint64 // the owner's restart generation when it sent step
 	table []tableEntry
 	data  [][]byte
+	// recv, when not 0, is the claim of the put receiving into data
+	// (ownerReplica.recvSeq): that put writes data without the owner's
+	// lock, so nothing else may (a put taking the buffer over gives it
+	// new slices).
+	recv uint64
 }
 
 // ownerReplica is what this host holds of one owner rank.
 type ownerReplica struct {
-	mu      sync.Mutex // held while a buffer is received or sent; guards the fields below
+	mu      sync.Mutex // held while a buffer is sent (not received: replicaBuf.recv); guards the fields below
 	bufs    [2]replicaBuf
+	recvSeq uint64 // the last claim given to a put (replicaBuf.recv)
 	gen     uint64 // the newest restart generation known for the owner: older puts are refused
 	dropped bool   // no longer kept here (replicaStore.sweep)
 	// spare: no rank of this host holds the owner's replicas in the
@@ -541,6 +547,14 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 
 // put receives owner's step into the holder's buffer. Only a link failure
 // or a malformed frame is an error; a refusal is answered.
+//
+// The owner's lock is not held while the data is read from the network:
+// a sender that stalls mid-frame (its host frozen, or partitioned) would
+// otherwise hold every request on that owner's replicas (a restore's
+// get, a has, the sweep, a restart, the debug flip) until its connection
+// died. The buffer being received is claimed instead (replicaBuf.recv):
+// it holds no step meanwhile, so nothing else reads it, and a put, sweep
+// or drop that takes it over makes this one refuse at its end.
 func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	total := tableBytes(t)
 	if h.length != total || h.step < 0 {
@@ -551,14 +565,71 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 		return refusePut(c, h, failOther, refuse)
 	}
 	o := st.owner(h.owner)
+	buf, claim, data, why, refuse, err := st.claimBuf(o, h, t)
+	if err != nil {
+		return err
+	}
+	if refuse != "" {
+		return refusePut(c, h, why, refuse)
+	}
+	var rerr error
+	for _, d := range data {
+		if _, rerr = io.ReadFull(c, d); rerr != nil {
+			break
+		}
+	}
+	bad := -1
+	var got uint32
+	if rerr == nil {
+		for i, e := range t {
+			if got = crc32c.Checksum(data[i]); got != e.sum {
+				bad = i
+				break
+			}
+		}
+	}
+	o.mu.Lock()
+	mine := buf.recv == claim
+	if mine {
+		buf.recv = 0
+	}
+	known := max(o.gen, st.h.Gen())
+	switch {
+	case rerr != nil:
+	case !mine || o.dropped:
+		why, refuse = failOther, fmt.Sprintf("rank %d step %d: the buffer was taken over while it was received (a newer put, or the replicas dropped)", h.owner, h.step)
+	case h.gen < known:
+		why, refuse = failStale, fmt.Sprintf("rank %d step %d: a put of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known)
+	case bad >= 0:
+		why, refuse = failCRC, fmt.Sprintf("rank %d step %d region %s: CRC32C %08x, the owner's is %08x", h.owner, h.step, t[bad].name, got, t[bad].sum)
+	default:
+		buf.step = h.step
+	}
+	o.mu.Unlock()
+	switch {
+	case rerr != nil:
+		return rerr
+	case refuse != "":
+		return writeFail(c, h, why, refuse)
+	}
+	return writeAck(c, h)
+}
+
+// claimBuf picks the buffer of o that h's put (with table t) is received
+// into and claims it: the buffer, the claim, and the slices to read the
+// regions into (the buffer's own, or new ones when another put's claim
+// still writes them). It returns a refusal (why, refuse) instead when h
+// is no longer for this holder or is stale, and an error when the
+// buffer cannot be reserved.
+func (st *replicaStore) claimBuf(o *ownerReplica, h linkHdr, t []tableEntry) (buf *replicaBuf, claim uint64, data [][]byte, why uint32, refuse string, err error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	// A new placement may have come meanwhile (and dropped o).
 	if refuse := st.notHolder(h); refuse != "" || o.dropped {
-		return refusePut(c, h, failOther, cmp.Or(refuse, fmt.Sprintf("rank %d's replicas are no longer kept here", h.owner)))
+		return nil, 0, nil, failOther, cmp.Or(refuse, fmt.Sprintf("rank %d's replicas are no longer kept here", h.owner)), nil
 	}
 	if known := max(o.gen, st.h.Gen()); h.gen < known {
-		return refusePut(c, h, failStale, fmt.Sprintf("rank %d step %d: a put of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known))
+		return nil, 0, nil, failStale, fmt.Sprintf("rank %d step %d: a put of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known), nil
 	}
 	o.gen = h.gen
 	// The victim: a buffer holding this step or a later one (from before a
@@ -573,16 +644,18 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	case b[1].step < b[0].step:
 		v = 1
 	}
-	buf := &o.bufs[v]
+	buf = &o.bufs[v]
 	buf.step, buf.gen = noStep, h.gen
-	if !sameShape(buf.table, t) {
+	if !sameShape(buf.table, t) || buf.recv != 0 {
 		// Replicas live in this agent's memory: all of them together may
-		// take at most half the host's, whatever peers announce.
-		old := bufBytes(buf.data)
+		// take at most half the host's, whatever peers announce. A put
+		// still receiving into the buffer (its sender stalled) keeps
+		// its slices until it ends; this one takes new ones.
+		total, old := tableBytes(t), bufBytes(buf.data)
 		if err := st.reserve(total, old); err != nil {
-			buf.table, buf.data = nil, nil
+			buf.table, buf.data, buf.recv = nil, nil, 0
 			st.reserve(0, old) // the buffer is dropped
-			return fmt.Errorf("put of %d bytes for rank %d: %w", total, h.owner, err)
+			return nil, 0, nil, 0, "", fmt.Errorf("put of %d bytes for rank %d: %w", total, h.owner, err)
 		}
 		buf.data = make([][]byte, len(t))
 		for i, e := range t {
@@ -590,18 +663,9 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 		}
 	}
 	buf.table = t
-	for i := range t {
-		if _, err := io.ReadFull(c, buf.data[i]); err != nil {
-			return err
-		}
-	}
-	for i, e := range t {
-		if got := crc32c.Checksum(buf.data[i]); got != e.sum {
-			return writeFail(c, h, failCRC, fmt.Sprintf("rank %d step %d region %s: CRC32C %08x, the owner's is %08x", h.owner, h.step, e.name, got, e.sum))
-		}
-	}
-	buf.step = h.step
-	return writeAck(c, h)
+	o.recvSeq++
+	buf.recv = o.recvSeq
+	return buf, buf.recv, buf.data, 0, "", nil
 }
 
 // notHolder says why h.holder does not hold h.owner's replicas here in
@@ -647,7 +711,7 @@ func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
 	}
 	for i := range o.bufs {
 		b := &o.bufs[i]
-		if o.dropped || b.step != h.step || !slices.Equal(b.table, t) || len(b.data) != len(t) {
+		if o.dropped || b.step < 0 || b.step != h.step || !slices.Equal(b.table, t) || len(b.data) != len(t) {
 			continue
 		}
 		// The table matching is not the data matching: a copy rotten
