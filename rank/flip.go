@@ -38,9 +38,10 @@ const flipLockPoll = 5 * time.Millisecond
 // corrupted after the put's check would. A restore reading such a copy
 // must find the mismatch (fillRegion) and take another copy or fail.
 //
-// It never waits on a request in progress: an owner whose lock a request
-// holds (a get sending to a stalled peer, say) is tried again until ctx
-// ends, and then returned in busy, untouched. Only full mode keeps whole
+// It never waits on a request in progress: an owner whose lock is held
+// is tried again until ctx ends, and then returned in busy, untouched; an
+// owner one of whose buffers a get is sending (replicaBuf.pin) is
+// returned in busy too, that buffer untouched. Only full mode keeps whole
 // buffers: in diff mode or under erasure coding it flips nothing and
 // returns ErrFlipMode.
 func (h *Host) FlipReplicas(ctx context.Context) (flipped []FlippedReplica, busy []int, err error) {
@@ -66,8 +67,12 @@ func (h *Host) FlipReplicas(ctx context.Context) (flipped []FlippedReplica, busy
 			busy = append(busy, r)
 			continue
 		}
-		flipped = append(flipped, o.flip()...)
+		f, sending := o.flip()
 		o.mu.Unlock()
+		flipped = append(flipped, f...)
+		if sending {
+			busy = append(busy, r)
+		}
 	}
 	return flipped, busy, nil
 }
@@ -88,12 +93,16 @@ func lockBefore(ctx context.Context, mu interface{ TryLock() bool }) bool {
 }
 
 // flip flips byte FlipByte of the largest region of o's complete
-// buffers, and returns what it flipped. o.mu is held.
-func (o *ownerReplica) flip() []FlippedReplica {
-	var out []FlippedReplica
+// buffers, and returns what it flipped, and whether it left a buffer as
+// it was because a get is sending it (replicaBuf.pin). o.mu is held.
+func (o *ownerReplica) flip() (out []FlippedReplica, sending bool) {
 	for i := range o.bufs {
 		b := &o.bufs[i]
 		if b.step < 0 || len(b.data) != len(b.table) {
+			continue
+		}
+		if b.pinned() {
+			sending = true
 			continue
 		}
 		big := -1
@@ -109,5 +118,5 @@ func (o *ownerReplica) flip() []FlippedReplica {
 		d[min(FlipByte, len(d)-1)] ^= 0x5a
 		out = append(out, FlippedReplica{Owner: o.rank, Step: b.step, Region: b.table[big].name})
 	}
-	return out
+	return out, sending
 }

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"maps"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -48,7 +52,7 @@ func within(t *testing.T, what string, f func() error) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatalf("%s: still blocked after 10 s, behind a put stalled mid-frame", what)
+		t.Fatalf("%s: still blocked after 10 s, behind a stalled request", what)
 	}
 }
 
@@ -134,6 +138,96 @@ func TestPutStalledMidFrame(t *testing.T) {
 		}
 		if !bytes.Equal(got[e.name], data[i]) && !bytes.Equal(got[e.name], flipped) {
 			t.Errorf("region %s of rank 0's step 2 on host 1 is neither the put's nor the put's flipped", e.name)
+		}
+	}
+}
+
+// TestGetStalledMidFrame: a get whose receiver stalls (its host frozen)
+// holds nothing else up on the holder either: a put of the same step on
+// another link, which takes the buffer being sent over, is acknowledged,
+// the debug flip leaves the buffer being sent alone (the owner busy), and
+// the stalled get, read at last, carries the step as it was when it
+// began, not the put's bytes.
+func TestGetStalledMidFrame(t *testing.T) {
+	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
+	protectReplicated(c, rs, 2) // host 1 holds rank 0's steps 0 and 1
+	h1 := c.hosts[1]
+	held := replicaRegions(h1, 0, 1)
+
+	links := &pipeLinks{}
+	t.Cleanup(links.close)
+	stalled := links.serve(h1, 0)
+	get := linkHdr{kind: kindGet, owner: 0, holder: 1, step: 1, gen: h1.Gen()}
+	if err := writeFrame(stalled, get, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The answer's first byte read: the holder is writing the rest, which
+	// nobody reads (net.Pipe does not buffer).
+	var first [1]byte
+	if _, err := io.ReadFull(stalled, first[:]); err != nil {
+		t.Fatal(err)
+	}
+
+	// Step 1 again, other bytes: the put takes the buffer being sent.
+	var tab []tableEntry
+	var data [][]byte
+	for i, reg := range propRegions {
+		if held[reg.Name] == nil {
+			continue
+		}
+		d := bytes.Repeat([]byte{byte(0x70 + i)}, int(reg.Size))
+		tab = append(tab, tableEntry{name: reg.Name, size: reg.Size, sum: crc32c.Checksum(d)})
+		data = append(data, d)
+	}
+	put := linkHdr{kind: kindPut, owner: 0, holder: 1, step: 1, gen: h1.Gen()}
+	other := links.serve(h1, 0)
+	within(t, "a put of rank 0's step 1 while a get of it is stalled", func() error {
+		if err := writeFrame(other, put, tab, data); err != nil {
+			return err
+		}
+		return readAck(other, put)
+	})
+
+	// A second stalled get, of step 0, pins that buffer: the flip
+	// leaves it alone and names rank 0 busy.
+	stalled0 := links.serve(h1, 0)
+	get0 := get
+	get0.step = 0
+	if err := writeFrame(stalled0, get0, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	var first0 [1]byte
+	if _, err := io.ReadFull(stalled0, first0[:]); err != nil {
+		t.Fatal(err)
+	}
+	within(t, "the debug flip", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		flipped, busy, err := h1.FlipReplicas(ctx)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(busy, []int{0}) || slices.ContainsFunc(flipped, func(f FlippedReplica) bool { return f.Owner == 0 && f.Step == 0 }) {
+			return fmt.Errorf("flipped %+v, busy %v: want rank 0 busy, its step 0 (being sent) not flipped", flipped, busy)
+		}
+		return nil
+	})
+
+	// The stalled get of step 1, read at last: the bytes of step 1 when
+	// it began.
+	rest := io.MultiReader(bytes.NewReader(first[:]), stalled)
+	dst := map[string][]byte{}
+	for name, b := range held {
+		dst[name] = make([]byte, len(b))
+	}
+	got := maps.Clone(dst) // readFetched deletes what it filled from dst
+	if err := readFetched(rest, get, dst); err != nil {
+		t.Fatalf("the stalled get of rank 0's step 1: %v", err)
+	}
+	for name, b := range got {
+		if !bytes.Equal(b, held[name]) {
+			t.Errorf("the stalled get's region %s is not the step it began to send", name)
 		}
 	}
 }

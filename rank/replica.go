@@ -331,11 +331,23 @@ type replicaBuf struct {
 	// lock, so nothing else may (a put taking the buffer over gives it
 	// new slices).
 	recv uint64
+	// pin, when its count is not 0, is held by gets sending data without
+	// the owner's lock: nothing may write data meanwhile (a put taking
+	// the buffer over gives it new slices and a new pin).
+	pin *bufPin
 }
+
+// bufPin counts the gets sending a buffer's data; guarded by the owner's
+// mu. A get keeps its pin, not the buffer, so that a buffer reset under
+// it (replicaStore.sweep) is no matter.
+type bufPin struct{ n int }
+
+// pinned reports whether a get is sending b's data. o.mu is held.
+func (b *replicaBuf) pinned() bool { return b.pin != nil && b.pin.n > 0 }
 
 // ownerReplica is what this host holds of one owner rank.
 type ownerReplica struct {
-	mu      sync.Mutex // held while a buffer is sent (not received: replicaBuf.recv); guards the fields below
+	mu      sync.Mutex // held neither while a buffer is received (replicaBuf.recv) nor sent (replicaBuf.pin); guards the fields below
 	bufs    [2]replicaBuf
 	recvSeq uint64 // the last claim given to a put (replicaBuf.recv)
 	gen     uint64 // the newest restart generation known for the owner: older puts are refused
@@ -646,18 +658,19 @@ func (st *replicaStore) claimBuf(o *ownerReplica, h linkHdr, t []tableEntry) (bu
 	}
 	buf = &o.bufs[v]
 	buf.step, buf.gen = noStep, h.gen
-	if !sameShape(buf.table, t) || buf.recv != 0 {
+	if !sameShape(buf.table, t) || buf.recv != 0 || buf.pinned() {
 		// Replicas live in this agent's memory: all of them together may
 		// take at most half the host's, whatever peers announce. A put
-		// still receiving into the buffer (its sender stalled) keeps
-		// its slices until it ends; this one takes new ones.
+		// still receiving into the buffer (its sender stalled), or a get
+		// still sending it (its receiver stalled), keeps its slices until
+		// it ends; this put takes new ones.
 		total, old := tableBytes(t), bufBytes(buf.data)
 		if err := st.reserve(total, old); err != nil {
 			buf.table, buf.data, buf.recv = nil, nil, 0
 			st.reserve(0, old) // the buffer is dropped
 			return nil, 0, nil, 0, "", fmt.Errorf("put of %d bytes for rank %d: %w", total, h.owner, err)
 		}
-		buf.data = make([][]byte, len(t))
+		buf.data, buf.pin = make([][]byte, len(t)), nil
 		for i, e := range t {
 			buf.data[i] = make([]byte, e.size)
 		}
@@ -855,7 +868,10 @@ func sameShape(a, b []tableEntry) bool {
 	return slices.EqualFunc(a, b, func(x, y tableEntry) bool { return x.name == y.name && x.size == y.size })
 }
 
-// get sends the replica of h.owner at h.step.
+// get sends the replica of h.owner at h.step. The owner's lock is not
+// held while the data is written to the network (a receiver that stalls,
+// its host frozen, would hold every request on the owner's replicas):
+// the buffer is pinned (replicaBuf.pin) instead.
 func (st *replicaStore) get(c net.Conn, h linkHdr) error {
 	if st.h.diffMode() {
 		return st.getDiff(c, h)
@@ -867,14 +883,29 @@ func (st *replicaStore) get(c net.Conn, h linkHdr) error {
 		return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d here", h.owner))
 	}
 	o.mu.Lock()
-	defer o.mu.Unlock()
-	for _, b := range o.bufs {
-		if b.step >= 0 && b.step == h.step {
-			d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
-			return writeFrame(c, d, b.table, b.data)
+	var pin *bufPin
+	var t []tableEntry
+	var data [][]byte
+	for i := range o.bufs {
+		if b := &o.bufs[i]; b.step >= 0 && b.step == h.step {
+			if b.pin == nil {
+				b.pin = &bufPin{}
+			}
+			pin, t, data = b.pin, b.table, b.data
+			pin.n++
+			break
 		}
 	}
-	return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d at step %d here", h.owner, h.step))
+	o.mu.Unlock()
+	if pin == nil {
+		return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d at step %d here", h.owner, h.step))
+	}
+	d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
+	err := writeFrame(c, d, t, data)
+	o.mu.Lock()
+	pin.n--
+	o.mu.Unlock()
+	return err
 }
 
 // getSlot sends regions of local rank h.holder's own slot at h.step.
