@@ -107,3 +107,33 @@ func TestHasChecksHeldData(t *testing.T) {
 		t.Errorf("rank 0 after its step 1 was sent again: %+v, want replicated 1", p)
 	}
 }
+
+// TestFlipReplicasBusyLock: FlipReplicas does not wait on an owner's lock
+// held past its ctx: that owner is returned busy, untouched, and the
+// others are flipped.
+func TestFlipReplicasBusyLock(t *testing.T) {
+	c := newCluster(t, [][]int{{0}, {1}, {2}}, [][]int{{2}, {2}, {0}}, nil)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1), newSessRank(t, c.hosts[2], 2)}
+	protectReplicated(c, rs, 2) // host 2 holds ranks 0's and 1's steps 0 and 1
+	h2 := c.hosts[2]
+	h2.store.mu.Lock()
+	o := h2.store.owners[0]
+	h2.store.mu.Unlock()
+	before := replicaRegions(h2, 0, 1)
+	o.mu.Lock()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // ended: a held lock is not waited for at all
+	flipped, busy, err := h2.FlipReplicas(ctx)
+	o.mu.Unlock()
+	if err != nil || !slices.Equal(busy, []int{0}) {
+		t.Fatalf("FlipReplicas with rank 0's lock held: busy %v, %v; want [0]", busy, err)
+	}
+	if slices.ContainsFunc(flipped, func(f FlippedReplica) bool { return f.Owner == 0 }) || !slices.ContainsFunc(flipped, func(f FlippedReplica) bool { return f.Owner == 1 }) {
+		t.Errorf("flipped %+v: want rank 1's replicas, not rank 0's", flipped)
+	}
+	for name, b := range replicaRegions(h2, 0, 1) {
+		if !bytes.Equal(b, before[name]) {
+			t.Errorf("rank 0's region %s changed while its owner was busy", name)
+		}
+	}
+}
