@@ -34,9 +34,9 @@ func TestFlipReplicaRestore(t *testing.T) {
 			protectReplicated(c, rs, 2) // G = 1
 			protectFrom(c, rs, 2, 3)    // G = 2
 
-			flipped, err := c.hosts[1].FlipReplicas()
-			if err != nil {
-				t.Fatal(err)
+			flipped, busy, err := c.hosts[1].FlipReplicas(context.Background())
+			if err != nil || len(busy) > 0 {
+				t.Fatalf("FlipReplicas: busy %v, %v", busy, err)
 			}
 			if !slices.ContainsFunc(flipped, func(f FlippedReplica) bool { return f.Owner == 0 && f.Step == 2 }) {
 				t.Fatalf("host 1 flipped %+v, not rank 0's step 2", flipped)
@@ -73,5 +73,77 @@ func TestFlipReplicaRestore(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHasChecksHeldData: after a restart, a rank's replicator asks its
+// holders whether they hold its newest step (kindHas) before it sends
+// it. A holder whose copy of that step was flipped since its put must
+// refuse (its bytes no longer match the owner's CRC32C), so that the
+// owner sends it again: acknowledged on its table alone, the rotten
+// copy counted towards G until the owner's next two steps replaced it.
+func TestHasChecksHeldData(t *testing.T) {
+	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
+	protectReplicated(c, rs, 2) // G = 1
+	flipped, busy, err := c.hosts[1].FlipReplicas(context.Background())
+	if err != nil || len(busy) > 0 || !slices.ContainsFunc(flipped, func(f FlippedReplica) bool { return f.Owner == 0 && f.Step == 1 }) {
+		t.Fatalf("FlipReplicas on host 1: %+v, busy %v, %v", flipped, busy, err)
+	}
+	for _, h := range c.hosts {
+		if err := h.Restart(1, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for r, h := range c.hosts {
+		rs[r] = newSessRank(t, h, r)
+		checkRestored(t, rs[r], rs[r].restore(ctx), 1, 1)
+	}
+	// Rank 0's replicator asks host 1 for step 1 once rank 0 restored;
+	// a refused has is followed by a put of the step.
+	want := propState(0, 1)
+	c.waitFor("host 1's copy of rank 0's step 1 sent again (a has acknowledging the flipped copy leaves it flipped)", func() bool {
+		got := replicaRegions(c.hosts[1], 0, 1)
+		for name, b := range got {
+			if !bytes.Equal(b, want[name]) {
+				return false
+			}
+		}
+		return len(got) > 0
+	})
+	if p := c.progress(0); p.Replicated != 1 {
+		t.Errorf("rank 0 after its step 1 was sent again: %+v, want replicated 1", p)
+	}
+}
+
+// TestFlipReplicasBusyLock: FlipReplicas does not wait on an owner's lock
+// held past its ctx: that owner is returned busy, untouched, and the
+// others are flipped.
+func TestFlipReplicasBusyLock(t *testing.T) {
+	c := newCluster(t, [][]int{{0}, {1}, {2}}, [][]int{{2}, {2}, {0}}, nil)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1), newSessRank(t, c.hosts[2], 2)}
+	protectReplicated(c, rs, 2) // host 2 holds ranks 0's and 1's steps 0 and 1
+	h2 := c.hosts[2]
+	h2.store.mu.Lock()
+	o := h2.store.owners[0]
+	h2.store.mu.Unlock()
+	before := replicaRegions(h2, 0, 1)
+	o.mu.Lock()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // ended: a held lock is not waited for at all
+	flipped, busy, err := h2.FlipReplicas(ctx)
+	o.mu.Unlock()
+	if err != nil || !slices.Equal(busy, []int{0}) {
+		t.Fatalf("FlipReplicas with rank 0's lock held: busy %v, %v; want [0]", busy, err)
+	}
+	if slices.ContainsFunc(flipped, func(f FlippedReplica) bool { return f.Owner == 0 }) || !slices.ContainsFunc(flipped, func(f FlippedReplica) bool { return f.Owner == 1 }) {
+		t.Errorf("flipped %+v: want rank 1's replicas, not rank 0's", flipped)
+	}
+	for name, b := range replicaRegions(h2, 0, 1) {
+		if !bytes.Equal(b, before[name]) {
+			t.Errorf("rank 0's region %s changed while its owner was busy", name)
+		}
 	}
 }

@@ -18,7 +18,8 @@ package rank
 //
 // big-endian. Kinds: put (the owner's regions, data follows), has (does
 // the holder hold owner's step with exactly the table's regions and
-// CRC32Cs? no data; acknowledged if so), get (a holder's replica of owner
+// CRC32Cs, and do its bytes still match them? no data; acknowledged if
+// so), get (a holder's replica of owner
 // at step), getSlot (a rank's own slot regions at step, for params), and
 // the answers ack, data, fail (length = the message's bytes; reserved =
 // why, see failCRC). Everything read is bounds-checked before use; a
@@ -325,12 +326,30 @@ type replicaBuf struct {
 	gen   uint64 // the owner's restart generation when it sent step
 	table []tableEntry
 	data  [][]byte
+	// recv, when not 0, is the claim of the put receiving into data
+	// (ownerReplica.recvSeq): that put writes data without the owner's
+	// lock, so nothing else may (a put taking the buffer over gives it
+	// new slices).
+	recv uint64
+	// pin, when its count is not 0, is held by gets sending data without
+	// the owner's lock: nothing may write data meanwhile (a put taking
+	// the buffer over gives it new slices and a new pin).
+	pin *bufPin
 }
+
+// bufPin counts the gets sending a buffer's data; guarded by the owner's
+// mu. A get keeps its pin, not the buffer, so that a buffer reset under
+// it (replicaStore.sweep) is no matter.
+type bufPin struct{ n int }
+
+// pinned reports whether a get is sending b's data. o.mu is held.
+func (b *replicaBuf) pinned() bool { return b.pin != nil && b.pin.n > 0 }
 
 // ownerReplica is what this host holds of one owner rank.
 type ownerReplica struct {
-	mu      sync.Mutex // held while a buffer is received or sent; guards the fields below
+	mu      sync.Mutex // held neither while a buffer is received (replicaBuf.recv) nor sent (replicaBuf.pin); guards the fields below
 	bufs    [2]replicaBuf
+	recvSeq uint64 // the last claim given to a put (replicaBuf.recv)
 	gen     uint64 // the newest restart generation known for the owner: older puts are refused
 	dropped bool   // no longer kept here (replicaStore.sweep)
 	// spare: no rank of this host holds the owner's replicas in the
@@ -540,6 +559,14 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 
 // put receives owner's step into the holder's buffer. Only a link failure
 // or a malformed frame is an error; a refusal is answered.
+//
+// The owner's lock is not held while the data is read from the network:
+// a sender that stalls mid-frame (its host frozen, or partitioned) would
+// otherwise hold every request on that owner's replicas (a restore's
+// get, a has, the sweep, a restart, the debug flip) until its connection
+// died. The buffer being received is claimed instead (replicaBuf.recv):
+// it holds no step meanwhile, so nothing else reads it, and a put, sweep
+// or drop that takes it over makes this one refuse at its end.
 func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	total := tableBytes(t)
 	if h.length != total || h.step < 0 {
@@ -550,14 +577,71 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 		return refusePut(c, h, failOther, refuse)
 	}
 	o := st.owner(h.owner)
+	buf, claim, data, why, refuse, err := st.claimBuf(o, h, t)
+	if err != nil {
+		return err
+	}
+	if refuse != "" {
+		return refusePut(c, h, why, refuse)
+	}
+	var rerr error
+	for _, d := range data {
+		if _, rerr = io.ReadFull(c, d); rerr != nil {
+			break
+		}
+	}
+	bad := -1
+	var got uint32
+	if rerr == nil {
+		for i, e := range t {
+			if got = crc32c.Checksum(data[i]); got != e.sum {
+				bad = i
+				break
+			}
+		}
+	}
+	o.mu.Lock()
+	mine := buf.recv == claim
+	if mine {
+		buf.recv = 0
+	}
+	known := max(o.gen, st.h.Gen())
+	switch {
+	case rerr != nil:
+	case !mine || o.dropped:
+		why, refuse = failOther, fmt.Sprintf("rank %d step %d: the buffer was taken over while it was received (a newer put, or the replicas dropped)", h.owner, h.step)
+	case h.gen < known:
+		why, refuse = failStale, fmt.Sprintf("rank %d step %d: a put of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known)
+	case bad >= 0:
+		why, refuse = failCRC, fmt.Sprintf("rank %d step %d region %s: CRC32C %08x, the owner's is %08x", h.owner, h.step, t[bad].name, got, t[bad].sum)
+	default:
+		buf.step = h.step
+	}
+	o.mu.Unlock()
+	switch {
+	case rerr != nil:
+		return rerr
+	case refuse != "":
+		return writeFail(c, h, why, refuse)
+	}
+	return writeAck(c, h)
+}
+
+// claimBuf picks the buffer of o that h's put (with table t) is received
+// into and claims it: the buffer, the claim, and the slices to read the
+// regions into (the buffer's own, or new ones when another put's claim
+// still writes them). It returns a refusal (why, refuse) instead when h
+// is no longer for this holder or is stale, and an error when the
+// buffer cannot be reserved.
+func (st *replicaStore) claimBuf(o *ownerReplica, h linkHdr, t []tableEntry) (buf *replicaBuf, claim uint64, data [][]byte, why uint32, refuse string, err error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	// A new placement may have come meanwhile (and dropped o).
 	if refuse := st.notHolder(h); refuse != "" || o.dropped {
-		return refusePut(c, h, failOther, cmp.Or(refuse, fmt.Sprintf("rank %d's replicas are no longer kept here", h.owner)))
+		return nil, 0, nil, failOther, cmp.Or(refuse, fmt.Sprintf("rank %d's replicas are no longer kept here", h.owner)), nil
 	}
 	if known := max(o.gen, st.h.Gen()); h.gen < known {
-		return refusePut(c, h, failStale, fmt.Sprintf("rank %d step %d: a put of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known))
+		return nil, 0, nil, failStale, fmt.Sprintf("rank %d step %d: a put of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known), nil
 	}
 	o.gen = h.gen
 	// The victim: a buffer holding this step or a later one (from before a
@@ -572,35 +656,29 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	case b[1].step < b[0].step:
 		v = 1
 	}
-	buf := &o.bufs[v]
+	buf = &o.bufs[v]
 	buf.step, buf.gen = noStep, h.gen
-	if !sameShape(buf.table, t) {
+	if !sameShape(buf.table, t) || buf.recv != 0 || buf.pinned() {
 		// Replicas live in this agent's memory: all of them together may
-		// take at most half the host's, whatever peers announce.
-		old := bufBytes(buf.data)
+		// take at most half the host's, whatever peers announce. A put
+		// still receiving into the buffer (its sender stalled), or a get
+		// still sending it (its receiver stalled), keeps its slices until
+		// it ends; this put takes new ones.
+		total, old := tableBytes(t), bufBytes(buf.data)
 		if err := st.reserve(total, old); err != nil {
-			buf.table, buf.data = nil, nil
+			buf.table, buf.data, buf.recv = nil, nil, 0
 			st.reserve(0, old) // the buffer is dropped
-			return fmt.Errorf("put of %d bytes for rank %d: %w", total, h.owner, err)
+			return nil, 0, nil, 0, "", fmt.Errorf("put of %d bytes for rank %d: %w", total, h.owner, err)
 		}
-		buf.data = make([][]byte, len(t))
+		buf.data, buf.pin = make([][]byte, len(t)), nil
 		for i, e := range t {
 			buf.data[i] = make([]byte, e.size)
 		}
 	}
 	buf.table = t
-	for i := range t {
-		if _, err := io.ReadFull(c, buf.data[i]); err != nil {
-			return err
-		}
-	}
-	for i, e := range t {
-		if got := crc32c.Checksum(buf.data[i]); got != e.sum {
-			return writeFail(c, h, failCRC, fmt.Sprintf("rank %d step %d region %s: CRC32C %08x, the owner's is %08x", h.owner, h.step, e.name, got, e.sum))
-		}
-	}
-	buf.step = h.step
-	return writeAck(c, h)
+	o.recvSeq++
+	buf.recv = o.recvSeq
+	return buf, buf.recv, buf.data, 0, "", nil
 }
 
 // notHolder says why h.holder does not hold h.owner's replicas here in
@@ -618,7 +696,8 @@ func (st *replicaStore) notHolder(h linkHdr) string {
 
 // has acknowledges that this host holds h.owner's step h.step with the
 // regions, sizes and CRC32Cs of table t (the owner's, from its commit),
-// or refuses. The buffer then counts as the owner's generation h.gen's
+// its bytes checked against those CRC32Cs (in full mode: a buffer that
+// fails is dropped), or refuses. The buffer then counts as the owner's generation h.gen's
 // (a restart of this host does not drop it).
 func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
 	if h.length != 0 {
@@ -645,14 +724,35 @@ func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
 	}
 	for i := range o.bufs {
 		b := &o.bufs[i]
-		if o.dropped || b.step != h.step || !slices.Equal(b.table, t) || len(b.data) != len(t) {
+		if o.dropped || b.step < 0 || b.step != h.step || !slices.Equal(b.table, t) || len(b.data) != len(t) {
 			continue
+		}
+		// The table matching is not the data matching: a copy rotten
+		// since its put (memory) would be counted as a good one until
+		// the owner replaced it, two steps later. Checked, a rotten copy
+		// is dropped and refused, and the owner sends the step again.
+		if e, got, bad := badRegion(b); bad {
+			st.h.log.Warn("a held replica no longer matches its owner's CRC32C; dropped, asking the owner for it again",
+				"owner", h.owner, "step", h.step, "region", e.name, "crc32c", fmt.Sprintf("%08x", got), "want", fmt.Sprintf("%08x", e.sum))
+			b.step = noStep
+			return writeFail(c, h, failOther, fmt.Sprintf("the replica of rank %d step %d held here: region %s: CRC32C %08x, the owner's is %08x", h.owner, h.step, e.name, got, e.sum))
 		}
 		o.gen = max(o.gen, h.gen)
 		b.gen = max(b.gen, h.gen)
 		return writeAck(c, h)
 	}
 	return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d at step %d with these regions here", h.owner, h.step))
+}
+
+// badRegion returns the first region of b whose bytes do not match its
+// CRC32C (and the bytes' CRC32C), if any. b's owner's mu is held.
+func badRegion(b *replicaBuf) (e tableEntry, got uint32, bad bool) {
+	for i, e := range b.table {
+		if got := crc32c.Checksum(b.data[i]); got != e.sum {
+			return e, got, true
+		}
+	}
+	return tableEntry{}, 0, false
 }
 
 // sweep marks the copies no rank of this host holds under placement p
@@ -768,7 +868,10 @@ func sameShape(a, b []tableEntry) bool {
 	return slices.EqualFunc(a, b, func(x, y tableEntry) bool { return x.name == y.name && x.size == y.size })
 }
 
-// get sends the replica of h.owner at h.step.
+// get sends the replica of h.owner at h.step. The owner's lock is not
+// held while the data is written to the network (a receiver that stalls,
+// its host frozen, would hold every request on the owner's replicas):
+// the buffer is pinned (replicaBuf.pin) instead.
 func (st *replicaStore) get(c net.Conn, h linkHdr) error {
 	if st.h.diffMode() {
 		return st.getDiff(c, h)
@@ -780,14 +883,29 @@ func (st *replicaStore) get(c net.Conn, h linkHdr) error {
 		return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d here", h.owner))
 	}
 	o.mu.Lock()
-	defer o.mu.Unlock()
-	for _, b := range o.bufs {
-		if b.step >= 0 && b.step == h.step {
-			d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
-			return writeFrame(c, d, b.table, b.data)
+	var pin *bufPin
+	var t []tableEntry
+	var data [][]byte
+	for i := range o.bufs {
+		if b := &o.bufs[i]; b.step >= 0 && b.step == h.step {
+			if b.pin == nil {
+				b.pin = &bufPin{}
+			}
+			pin, t, data = b.pin, b.table, b.data
+			pin.n++
+			break
 		}
 	}
-	return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d at step %d here", h.owner, h.step))
+	o.mu.Unlock()
+	if pin == nil {
+		return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d at step %d here", h.owner, h.step))
+	}
+	d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
+	err := writeFrame(c, d, t, data)
+	o.mu.Lock()
+	pin.n--
+	o.mu.Unlock()
+	return err
 }
 
 // getSlot sends regions of local rank h.holder's own slot at h.step.

@@ -10,11 +10,16 @@
 // chaos suite reads it to find goroutines the launcher leaks.
 //
 // Another debugging aid, for the chaos suite's replica-flip fault: an
-// agent with GORUN_DEBUG_FLIP_REPLICAS=FILE in its environment (agents
-// started with --rsh inherit gorun's) flips one byte of every complete
-// replica its host holds for other ranks each time it gets SIGUSR2, and
-// appends what it flipped to FILE (internal/agent/debugflip.go). Unset,
-// the agent installs nothing; no request on the network reaches it.
+// agent process (`gorun agent`) with GORUN_DEBUG_FLIP_REPLICAS=FILE in
+// its environment flips one byte of every complete replica its host
+// holds for other ranks each time it gets SIGUSR2, and appends what it
+// flipped to FILE (internal/agent/debugflip.go). Agents started through
+// srun, or an --rsh that passes the environment on (the chaos suite's
+// ip netns exec), inherit gorun's; ssh passes it only when SendEnv and
+// the server's AcceptEnv allow it. The launcher host's agent, which runs
+// inside gorun, never installs it: gorun's own SIGUSR2 is a preemption
+// notice it forwards to the ranks. Unset, the agent installs nothing; no
+// request on the network reaches it.
 package main
 
 import (

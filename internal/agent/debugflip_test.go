@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -9,24 +11,30 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/rank"
 )
 
 // TestDebugFlipHook: with GORUN_DEBUG_FLIP_REPLICAS=FILE, SIGUSR2 makes
 // the agent flip its host's replicas and write what it did to FILE ("done"
 // with the count in full mode, "refused" in diff mode); unset, the hook
-// installs nothing. The flip itself and its detection on restore are
+// installs nothing, and the launcher host's in-process agent never
+// installs it. The flip itself and its detection on restore are
 // rank's TestFlipReplicaRestore.
 func TestDebugFlipHook(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		set  bool
-		mode rank.ProtectMode
-		want string // FILE's content after one SIGUSR2
+		// inProcess: the launcher host's agent, running inside gorun
+		// (Config.Dial set), which must not take gorun's SIGUSR2.
+		inProcess bool
+		mode      rank.ProtectMode
+		want      string // FILE's content after one SIGUSR2
 	}{
-		{"unset", false, rank.ModeFull, ""},
-		{"full mode", true, rank.ModeFull, "done 3 0\n"},
-		{"diff mode", true, rank.ModeDiff, "refused 3: " + rank.ErrFlipMode.Error() + "\n"},
+		{"unset", false, false, rank.ModeFull, ""},
+		{"in-process agent", true, true, rank.ModeFull, ""},
+		{"full mode", true, false, rank.ModeFull, "done 3 0\n"},
+		{"diff mode", true, false, rank.ModeDiff, "refused 3: " + rank.ErrFlipMode.Error() + "\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "flips")
@@ -35,7 +43,13 @@ func TestDebugFlipHook(t *testing.T) {
 			} else {
 				t.Setenv(debugFlipEnv, "")
 			}
-			a := &agent{cfg: Config{Job: "flip", Host: 3}, log: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))}
+			cfg := Config{Job: "flip", Host: 3}
+			if tc.inProcess {
+				cfg.Dial = func(context.Context, comm.ControlOptions) (*comm.Control, error) {
+					return nil, errors.New("not dialed")
+				}
+			}
+			a := &agent{cfg: cfg, log: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))}
 			h, err := rank.NewHost(rank.HostConfig{Job: "flip", Host: 3, Hosts: 4, HostOf: func(int) int { return 0 }, Log: a.log, Mode: tc.mode})
 			if err != nil {
 				t.Fatal(err)
@@ -43,9 +57,9 @@ func TestDebugFlipHook(t *testing.T) {
 			defer h.Close()
 			p := &protection{a: a, host: h, stop: make(chan struct{})}
 			p.startDebugFlip()
-			if !tc.set {
+			if tc.want == "" {
 				if p.flipDone != nil {
-					t.Fatal("the hook started a goroutine with the variable unset")
+					t.Fatal("the hook started a goroutine")
 				}
 				return
 			}

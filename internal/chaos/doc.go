@@ -39,8 +39,10 @@
 // gorun's standard output stalled for 3 s (a paused pager: its pipe,
 // shrunk to 4096 bytes, filled to the brim and not read; landed only if
 // gorun was blocked writing to it at the release; every step line must be
-// there, in order, landed or not), a byte flipped
-// in both committed ping-pong slots of a stopped rank in /dev/shm, which
+// there, in order, landed or not), a byte flipped (byte 3 of the
+// optimizer region: the sign and exponent of a float32, so that a silent
+// restore would surely change the hash; so in the base file and the
+// replicas below) in both committed ping-pong slots of a stopped rank in /dev/shm, which
 // is then killed (a restore that resumes from a flipped slot's step, as
 // the publish records after the fault say, must detect the CRC mismatch;
 // one that resumes from another step, or from a peer's copy of a later
@@ -62,7 +64,9 @@
 // frozen, the holder's agent is sent SIGUSR2 and flips its replicas
 // (rank.Host.FlipReplicas), writing a line per flipped buffer, then the
 // lost host's processes are all killed; it landed if those lines name
-// every rank of the lost host the holder keeps. It is within the promise
+// every rank of the lost host the holder keeps (the agent names an owner
+// whose replica a request held past its bound "busy", not flipped; no
+// "done" line within 10 s is a flip that did not land either). It is within the promise
 // when another holder, on neither host, keeps a copy of each of them (the
 // restore refuses the flipped copy by its CRC32C and takes the good one),
 // and with only flipped copies left when --ckpt-dir had a version

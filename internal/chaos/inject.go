@@ -203,6 +203,15 @@ func lastG(recs []events.Record) int64 {
 	return g
 }
 
+// flipByte is the byte of a region slot-flip and ckpt-flip flip (the
+// last in a shorter region), as rank.FlipByte is replica-flip's: byte 3,
+// the sign and high exponent bits of the little-endian float32 the
+// region starts with (the first Adam moment, m[0], in dptrain's
+// optimizer region). Byte 0, the lowest mantissa byte, changed m[0] by
+// at most some 90 ulps, which Adam's decay could make vanish from the
+// final hash: a silent restore then went unseen.
+const flipByte = 3
+
 // committed reports whether the durable directory has a commit record.
 func committed(dir string) bool {
 	_, err := os.Stat(dir + "/COMMITTED")
@@ -210,7 +219,7 @@ func committed(dir string) bool {
 }
 
 // flipSlots stops rank's trainer (SIGSTOP: nothing is staged for it any
-// more), flips the first byte of its optimizer region in every slot the
+// more), flips byte flipByte of its optimizer region in every slot the
 // header says is committed, checks the header still says the same after
 // the flip (so the flip came after the commit's CRC32C), and kills the
 // trainer: its restart must restore step G and find the slot corrupt.
@@ -256,7 +265,7 @@ func flipSlots(j *Job, rank int) (note string, err error) {
 		if !ok[i] {
 			continue
 		}
-		off := int64(i) * file.Stride
+		off := int64(i)*file.Stride + min(flipByte, file.Size-1)
 		var b [1]byte
 		if _, err := fh.ReadAt(b[:], off); err != nil {
 			return note, fmt.Errorf("chaos: reading slot %d of %s: %w", i, file.Path, err)
@@ -267,7 +276,7 @@ func flipSlots(j *Job, rank int) (note string, err error) {
 		}
 		after, okAfter := s.Committed()
 		still := okAfter[i] && after[i] == before[i]
-		note += fmt.Sprintf("flipped byte 0 of slot %d (committed step %d, still committed after: %v); ", i, before[i], still)
+		note += fmt.Sprintf("flipped byte %d of slot %d (committed step %d, still committed after: %v); ", off-int64(i)*file.Stride, i, before[i], still)
 	}
 	note += "SIGKILL"
 	killed = true
@@ -330,7 +339,7 @@ func (in *injector) killAndResume(j *Job, f Fault, out injected) (injected, erro
 	return out, err
 }
 
-// flipBase flips the first byte of the optimizer region (else the
+// flipBase flips byte flipByte of the optimizer region (else the
 // largest) in rank's committed base file in dir.
 func flipBase(dir string, rank int) (string, error) {
 	l, err := durable.List(dir)
@@ -371,6 +380,7 @@ func flipBase(dir string, rank int) (string, error) {
 	for i := len(regions) - 1; i >= pickI; i-- {
 		off -= (regions[i].Size + 4095) &^ 4095
 	}
+	off += min(flipByte, max(regions[pickI].Size-1, 0))
 	fh, err := os.OpenFile(base.Path, os.O_RDWR, 0)
 	if err != nil {
 		return "", fmt.Errorf("chaos: opening rank %d's base file: %w", rank, err)

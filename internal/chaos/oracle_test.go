@@ -450,9 +450,9 @@ func TestFlippedSteps(t *testing.T) {
 		note string
 		want []int64
 	}{
-		{"SIGSTOP pid 7; flipped byte 0 of slot 0 (committed step 40, still committed after: true); SIGKILL", []int64{40}},
-		{"SIGSTOP pid 7; flipped byte 0 of slot 0 (committed step 40, still committed after: true); flipped byte 0 of slot 1 (committed step 41, still committed after: true); SIGKILL", []int64{40, 41}},
-		{"SIGSTOP pid 7; flipped byte 0 of slot 1 (committed step 41, still committed after: false); SIGKILL", nil},
+		{"SIGSTOP pid 7; flipped byte 3 of slot 0 (committed step 40, still committed after: true); SIGKILL", []int64{40}},
+		{"SIGSTOP pid 7; flipped byte 3 of slot 0 (committed step 40, still committed after: true); flipped byte 3 of slot 1 (committed step 41, still committed after: true); SIGKILL", []int64{40, 41}},
+		{"SIGSTOP pid 7; flipped byte 3 of slot 1 (committed step 41, still committed after: false); SIGKILL", nil},
 		{"SIGSTOP pid 7; SIGKILL", nil},
 	} {
 		if got := flippedSteps(tc.note); !slices.Equal(got, tc.want) {

@@ -48,10 +48,7 @@ func replicaOwner(f Fault, p Plan) Fault {
 		return f
 	}
 	for r, h := range p.HostOf {
-		if h == f.Host || r >= len(p.Holders) {
-			continue
-		}
-		if slices.ContainsFunc(p.Holders[r], func(x int) bool { return p.HostOf[x] == f.Host }) {
+		if h != f.Host && heldOn(p, r, f.Host) {
 			f.Host2 = h
 			return f
 		}
@@ -59,11 +56,27 @@ func replicaOwner(f Fault, p Plan) Fault {
 	return f
 }
 
+// heldOn reports whether a replica holder of rank r is on host, by plan
+// p.
+func heldOn(p Plan, r, host int) bool {
+	return heldWhere(p, r, func(h int) bool { return h == host })
+}
+
+// heldWhere reports whether a replica holder of rank r is on a host for
+// which on holds, by plan p.
+func heldWhere(p Plan, r int, on func(host int) bool) bool {
+	return r < len(p.Holders) && slices.ContainsFunc(p.Holders[r], func(x int) bool { return on(p.HostOf[x]) })
+}
+
 // replicaFlip injects ReplicaFlip: the owner host f.Host2 frozen (its
 // ranks send no newer step that would replace a flipped buffer), the
 // holder f.Host's agent sent SIGUSR2, its "done" line awaited, then every
 // process of the owner host killed (as HostKill). Whatever fails once the
-// owner is frozen, it is killed: a frozen host is a fault not drawn.
+// owner is frozen, it is killed: a frozen host is a fault not drawn. An
+// owner's replica the agent could not lock in time (a request holds it:
+// a "busy HOST OWNER" line), or no "done" line within flipAckWithin,
+// is a flip that did not land (flippedEvery; ErrNotLanded); the job
+// ending first is ErrJobEnded.
 func (in *injector) replicaFlip(j *Job, f Fault, out injected) (res injected, err error) {
 	out.lost, out.crashed = nil, nil
 	if f.Host2 < 0 {
@@ -102,28 +115,44 @@ func (in *injector) replicaFlip(j *Job, f Fault, out injected) (res injected, er
 		return out, err
 	}
 	out.note += fmt.Sprintf("; SIGUSR2 agent pid %d of %s", agent, j.Hosts[f.Host])
-	var lines []string
-	deadline := time.Now().Add(flipAckWithin)
+	lines, err := awaitFlip(j, f.Host, len(before), flipAckWithin)
+	if len(lines) > 0 {
+		out.note += "; " + strings.Join(lines, "; ")
+	}
+	return out, err
+}
+
+// awaitFlip waits up to within for host's agent's "done" (or "refused")
+// line in j.Flips after its first skip lines, and returns the lines
+// after those: ErrJobEnded when the job ends first, ErrNotLanded when
+// within passes (the agent bounds its own wait for busy replicas: no line
+// at all is a flip not known to have happened).
+func awaitFlip(j *Job, host, skip int, within time.Duration) ([]string, error) {
+	deadline := time.Now().Add(within)
 	for {
-		lines = readFlips(j.Flips)[len(before):]
+		lines := readFlips(j.Flips)
+		lines = lines[min(skip, len(lines)):]
 		if slices.ContainsFunc(lines, func(l string) bool {
-			return strings.HasPrefix(l, fmt.Sprintf("done %d ", f.Host)) || strings.HasPrefix(l, fmt.Sprintf("refused %d:", f.Host))
+			return strings.HasPrefix(l, fmt.Sprintf("done %d ", host)) || strings.HasPrefix(l, fmt.Sprintf("refused %d:", host))
 		}) {
-			break
+			return lines, nil
+		}
+		if j.Exited() {
+			return lines, fmt.Errorf("%w: waiting for the agent of host %s to flip its replicas", ErrJobEnded, j.Hosts[host])
 		}
 		if time.Now().After(deadline) {
-			return out, fmt.Errorf("chaos: the agent of host %s wrote no done line to %s within %v", j.Hosts[f.Host], j.Flips, flipAckWithin)
+			return lines, fmt.Errorf("%w: the agent of host %s wrote no done line to %s within %v", ErrNotLanded, j.Hosts[host], j.Flips, within)
 		}
 		select {
 		case <-j.done:
 		case <-time.After(pollEvery):
 		}
 	}
-	out.note += "; " + strings.Join(lines, "; ")
-	return out, nil
 }
 
 // flipLine is one line of the agent's: "flipped HOST OWNER STEP REGION".
+// An owner it could not flip is named in "busy HOST OWNER" instead, so
+// flippedEvery finds it missing.
 var flipLine = regexp.MustCompile(`^flipped (\d+) (\d+) (\d+) \S+$`)
 
 // flippedEvery reports whether lines (the agents' of one flip, in the
@@ -142,7 +171,7 @@ func flippedEvery(lines []string, f Fault, p Plan) bool {
 	}
 	n := 0
 	for r, h := range p.HostOf {
-		if h != f.Host2 || r >= len(p.Holders) || !slices.ContainsFunc(p.Holders[r], func(x int) bool { return p.HostOf[x] == f.Host }) {
+		if h != f.Host2 || !heldOn(p, r, f.Host) {
 			continue
 		}
 		if !flipped[r] {
@@ -192,9 +221,7 @@ func withinReplicaFlip(f Fault, lost []int, p Plan, c Config, durable, flipped b
 		if !slices.Contains(lost, h) {
 			continue
 		}
-		good := r < len(p.Holders) && slices.ContainsFunc(p.Holders[r], func(x int) bool {
-			return !slices.Contains(lost, p.HostOf[x]) && p.HostOf[x] != f.Host
-		})
+		good := heldWhere(p, r, func(x int) bool { return !slices.Contains(lost, x) && x != f.Host })
 		if !good && c.Durable && durable {
 			return true, fmt.Sprintf(`README, recovery: rank %d's only copies left are flipped on host %d, and --ckpt-dir had a committed version at injection: the restore reports the copies corrupt (CRC32C) and the job rolls back to that version`, r, f.Host)
 		}

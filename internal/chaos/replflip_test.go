@@ -1,7 +1,10 @@
 package chaos
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -17,17 +20,20 @@ func TestReplicaFlipPromise(t *testing.T) {
 		c          Config
 		holder     int
 		lines      []string // the agent's, of the holder
+		busy       bool     // the agent names the lost host's ranks busy
 		wantHit    bool
 		wantWithin bool
 	}{
 		{"replicas:1, the only copy flipped", Config{Workload: Dptrain, Hosts: 3, Spares: 1, RanksPerHost: 1, Redundancy: "replicas:1", Protect: "full"},
-			0, nil, true, false},
+			0, nil, false, true, false},
+		{"replicas:1, the owner's replica busy", Config{Workload: Dptrain, Hosts: 3, Spares: 1, RanksPerHost: 1, Redundancy: "replicas:1", Protect: "full"},
+			0, nil, true, false, true},
 		{"replicas:2, a good copy left", Config{Workload: Dptrain, Hosts: 3, Spares: 1, RanksPerHost: 1, Redundancy: "replicas:2", Protect: "full"},
-			0, nil, true, true},
+			0, nil, false, true, true},
 		{"replicas:2, no spare", Config{Workload: Dptrain, Hosts: 3, RanksPerHost: 1, Redundancy: "replicas:2", Protect: "full"},
-			0, nil, true, false},
+			0, nil, false, true, false},
 		{"replicas:1, nothing of the owner flipped", Config{Workload: Dptrain, Hosts: 3, Spares: 1, RanksPerHost: 1, Redundancy: "replicas:1", Protect: "full"},
-			0, []string{"done 0 0"}, false, true},
+			0, []string{"done 0 0"}, false, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !replicaFlipApplies(tc.c) {
@@ -44,7 +50,11 @@ func TestReplicaFlipPromise(t *testing.T) {
 			lines := tc.lines
 			if lines == nil {
 				for r, h := range p.HostOf {
-					if h == f.Host2 {
+					switch {
+					case h != f.Host2:
+					case tc.busy:
+						lines = append(lines, fmt.Sprintf("busy %d %d", f.Host, r))
+					default:
 						lines = append(lines, fmt.Sprintf("flipped %d %d 7 optimizer", f.Host, r))
 					}
 				}
@@ -69,5 +79,44 @@ func TestReplicaFlipPromise(t *testing.T) {
 		if Applies(ReplicaFlip, c) {
 			t.Errorf("replica-flip applies to %s/%s/%s: its replicas are not whole buffers", c.Workload, c.Redundancy, c.Protect)
 		}
+	}
+}
+
+// TestAwaitFlip: the wait for the holder's agent's lines ends on its
+// "done" (or "refused") line, with ErrJobEnded once the job ended (not a
+// spin to the deadline and an injection error), and with ErrNotLanded
+// when no such line came in time.
+func TestAwaitFlip(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		file    string // the flip file's content ("" none)
+		ended   bool   // the job has ended
+		want    error
+		wantLen int
+	}{
+		{"done", "flipped 0 2 7 optimizer\ndone 0 1\n", false, nil, 2},
+		{"refused", "refused 0: diff mode\n", false, nil, 1},
+		{"another host's done", "done 1 0\n", true, ErrJobEnded, 1},
+		{"job ended", "", true, ErrJobEnded, 0},
+		{"no line in time", "busy 0 2\n", false, ErrNotLanded, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := &Job{Hosts: []string{"h0", "h1"}, Flips: filepath.Join(t.TempDir(), "flips"), done: make(chan struct{})}
+			if tc.file != "" {
+				if err := os.WriteFile(j.Flips, []byte(tc.file), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.ended {
+				close(j.done)
+			}
+			lines, err := awaitFlip(j, 0, 0, 0)
+			if !errors.Is(err, tc.want) || tc.want == nil && err != nil {
+				t.Errorf("awaitFlip: %v, want %v", err, tc.want)
+			}
+			if len(lines) != tc.wantLen {
+				t.Errorf("awaitFlip's lines %q, want %d", lines, tc.wantLen)
+			}
+		})
 	}
 }
