@@ -64,9 +64,10 @@ type Machine struct {
 	// failed, or -1: the generation's failure is part of the recovery
 	// that ran the restore, not a new one (rankFailed).
 	restoreBad int
-	// corruptExit[r]: r's restore in this generation marked copies
-	// corrupt (CopiesCorrupt, before its exit).
-	corruptExit []bool
+	// corruptSeen[r]: the CopiesCorrupt reported with r's exit, which
+	// follows it; acted on only if that exit is a failure of this
+	// generation (onRankExited).
+	corruptSeen []*CopiesCorrupt
 	under       int      // owners with a missing copy or share
 	ec          *ecState // the erasure code (Config.EC), or nil
 	// Diff mode under EC (ecdiff.go): logs[r] are rank r's log-only
@@ -182,7 +183,7 @@ func New(c Config) (*Machine, error) {
 		lastProg:    make([]time.Duration, n),
 		ended:       make([]bool, n),
 		restoreBad:  -1,
-		corruptExit: make([]bool, n),
+		corruptSeen: make([]*CopiesCorrupt, n),
 		alive:       make([]bool, nh),
 		registered:  make([]bool, nh),
 		spare:       spare,
@@ -461,8 +462,13 @@ func (m *Machine) suspect(h int, why string) {
 
 func (m *Machine) onRankExited(e RankExited) {
 	r := e.Rank
-	if !m.rank(r) || e.Gen != m.gen || e.Host != m.rankHost[r] {
-		return // unknown, of an earlier generation, or of a host it left
+	if !m.rank(r) {
+		return
+	}
+	cc := m.corruptSeen[r]
+	m.corruptSeen[r] = nil
+	if e.Gen != m.gen || e.Host != m.rankHost[r] {
+		return // of an earlier generation, or of a host it left
 	}
 	m.contact(e.Host)
 	if m.ended[r] {
@@ -492,6 +498,9 @@ func (m *Machine) onRankExited(e RankExited) {
 	if m.stopped {
 		return
 	}
+	if cc != nil && m.markCorrupt(*cc) && m.restoreBad < 0 {
+		m.restoreBad = r
+	}
 	// The launcher's wording since before hot-swap: users and scripts
 	// match on it.
 	why := fmt.Sprintf("exited with code %d", e.Code)
@@ -511,9 +520,6 @@ func (m *Machine) onRankExited(e RankExited) {
 	}
 	f := &rankFailure{rank: r, status: status, signaled: e.Signal > 0 || e.Abort, abort: e.Abort, code: e.Code, sig: e.Signal,
 		what: fmt.Sprintf("rank %d on host %s%s %s", r, m.names[e.Host], pid, why), at: m.now}
-	if m.corruptExit != nil && m.corruptExit[r] && m.restoreBad < 0 {
-		m.restoreBad = r
-	}
 	switch {
 	case m.pending == nil:
 		m.pending, m.pendingAt = f, m.now+m.cfg.FailWindow
@@ -631,7 +637,7 @@ func (m *Machine) from() string {
 
 func (m *Machine) resetEnded() {
 	clear(m.ended)
-	clear(m.corruptExit)
+	clear(m.corruptSeen)
 	m.restoreBad = -1
 	m.nEnded, m.nFailed = 0, 0
 	for r := range m.genStep {

@@ -200,15 +200,25 @@ func (m *Machine) rollbackInPlace(f *rankFailure, why string) {
 	m.emit(GatherReach{Epoch: m.epoch, Base: m.disk})
 }
 
-// onCopiesCorrupt marks the copies of e.Rank's shard at e.Holders
-// invalid, as a lost holder's: a restore of G found them failing their
-// CRC32C. The shard is under-protected until the owner re-sends a copy
-// of a step after G (UnderProtected with Corrupt: a Replicated for it
-// counts once G passed e.Step). The rank's exit, which follows, is part
-// of the recovery that ran the restore (restoreAgain).
+// onCopiesCorrupt keeps e for the rank's exit, which follows it: a
+// report with an exit that is no failure, or of another generation, is
+// stale (the restore that found the copies was not that exit's).
 func (m *Machine) onCopiesCorrupt(e CopiesCorrupt) {
-	if !m.rank(e.Rank) || m.holders == nil || e.Step != m.g || m.g < 0 || m.stopped {
-		return // of another G: stale
+	if m.rank(e.Rank) {
+		m.corruptSeen[e.Rank] = &e
+	}
+}
+
+// markCorrupt marks the copies of e.Rank's shard at e.Holders invalid,
+// as a lost holder's: a restore of G found them failing their CRC32C,
+// and the rank failed. The shard is under-protected until the owner
+// re-sends a copy of a step after G (UnderProtected with Corrupt: a
+// Replicated for it counts once G passed e.Step). It reports whether it
+// marked any: the rank's failure is then part of the recovery that ran
+// the restore (restoreAgain).
+func (m *Machine) markCorrupt(e CopiesCorrupt) bool {
+	if m.holders == nil || e.Step != m.g || m.g < 0 || m.stopped {
+		return false // of another G: stale
 	}
 	var marked []int
 	for _, x := range e.Holders {
@@ -220,9 +230,8 @@ func (m *Machine) onCopiesCorrupt(e CopiesCorrupt) {
 		marked = append(marked, x)
 	}
 	if len(marked) == 0 {
-		return
+		return false
 	}
-	m.corruptExit[e.Rank] = true
 	m.corruptStep[e.Rank] = max(m.corruptStep[e.Rank], e.Step)
 	slices.Sort(marked)
 	who := "holder rank " + ints(marked)
@@ -241,6 +250,7 @@ func (m *Machine) onCopiesCorrupt(e CopiesCorrupt) {
 	m.announced = true
 	m.report("under-protected: %d optimizer shards lost a copy (of %d) until it is re-sent", m.under, m.k())
 	m.emit(UnderProtected{Epoch: m.epoch, Owners: []int{e.Rank}, Corrupt: true, Step: e.Step})
+	return true
 }
 
 // restoreAgain: rank failure f followed a restore that found copies

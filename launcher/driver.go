@@ -441,9 +441,9 @@ func (j *job) onEvent(e *wire.Event) {
 			return
 		}
 		j.log.Debug("rank ended", "rank", e.Rank, "host", h.name, "status", e.ExitStatus(), "stopped", e.Stopped)
-		if c := e.Corrupt; c != nil && !e.Stopped && (e.Code != 0 || e.Signal != 0 || e.Abort) {
-			// Before the exit: the machine decides on it without them.
-			// Only a failed exit's: a note on any other is stale.
+		if c := e.Corrupt; c != nil {
+			// Before the exit: the machine marks them with a failed
+			// exit and decides on it without them.
 			j.step(hotswap.CopiesCorrupt{Rank: e.Rank, Step: c.Step, Holders: c.Holders})
 		}
 		j.step(hotswap.RankExited{Rank: e.Rank, Host: e.Host, Pid: e.Pid, Gen: e.Gen, Code: e.Code,
