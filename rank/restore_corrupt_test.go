@@ -45,35 +45,17 @@ func flipHeld(h *Host, owner int, step int64) int {
 // ErrUnrecoverable (the decode's).
 func TestECRestoreCorruptClearCopy(t *testing.T) {
 	j := newECRecJob(t, 2, 1, 2, 2)
-	g0 := j.groups[0]
-	lost := []int{g0.Data[0], g0.Parity[0]}
-	spares := []int{3, 4}
-	keep := slices.Index(j.hostOf, g0.Data[1])
-	sw := swapHosts(j.groups, j.hostOf, j.holders, lost, spares, func(int) int { return keep })
-	r := slices.IndexFunc(sw.lost, func(r int) bool { return !sw.sources[r].Decode })
-	if r < 0 {
+	hostOf := slices.Clone(j.hostOf) // before the swap
+	_, sw := j.loseDataAndParity()
+	i := slices.IndexFunc(sw.lost, func(r int) bool { return !sw.sources[r].Decode })
+	if i < 0 {
 		t.Fatal("no lost rank restores from a clear copy: the test's losses are wrong")
 	}
-	r = sw.lost[r]
+	r := sw.lost[i]
 	holder := j.holders[r][0]
-	if n := flipHeld(j.c.hosts[j.hostOf[holder]], r, j.g); n == 0 {
+	if n := flipHeld(j.c.hosts[hostOf[holder]], r, j.g); n == 0 {
 		t.Fatalf("holder rank %d keeps no copy of rank %d's step %d", holder, r, j.g)
 	}
-	addrs := make([]string, len(j.c.hosts))
-	for h, x := range j.c.hosts {
-		if !slices.Contains(lost, h) {
-			addrs[h] = x.cfg.Listener.Addr().String()
-		}
-	}
-	for _, sp := range spares {
-		j.c.hosts[sp].SetAddrs(addrs)
-		if err := j.c.hosts[sp].SetPlacement(sw.placement(sp, 1, j.g)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	j.c.mu.Lock()
-	copy(j.c.hostOf, sw.hostOf)
-	j.c.mu.Unlock()
 	j.connect(r)
 	s := j.c.hosts[sw.hostOf[r]].svc(r)
 	s.reqMu.Lock()
