@@ -114,9 +114,16 @@ type RestorePlan struct {
 // configured until the caller reports them [Replicated]. Epoch is the
 // recovery epoch that left them so (the splice's or roll-back's that it
 // follows; one step may begin several epochs).
+//
+// With Corrupt, the owners' copies failed their CRC32C in a restore of
+// step Step: the owners count as re-protected only once they replicated a
+// step after Step and G passed it (until then a holder may still keep
+// the corrupt copy and answer that it has Step).
 type UnderProtected struct {
-	Epoch  uint64
-	Owners []int
+	Epoch   uint64
+	Owners  []int
+	Corrupt bool
+	Step    int64
 }
 
 // Protected: every shard has all its copies again.
@@ -239,10 +246,15 @@ func (a RestorePlan) String() string {
 	return b.String()
 }
 
-func (a UnderProtected) String() string { return "under-protected owners=" + ints(a.Owners) }
-func (Protected) String() string        { return "protected" }
-func (a Report) String() string         { return "report: " + a.Msg }
-func (a Abort) String() string          { return fmt.Sprintf("abort code=%d: %s", a.Code, a.Msg) }
+func (a UnderProtected) String() string {
+	if a.Corrupt {
+		return fmt.Sprintf("under-protected owners=%s corrupt-step=%d", ints(a.Owners), a.Step)
+	}
+	return "under-protected owners=" + ints(a.Owners)
+}
+func (Protected) String() string { return "protected" }
+func (a Report) String() string  { return "report: " + a.Msg }
+func (a Abort) String() string   { return fmt.Sprintf("abort code=%d: %s", a.Code, a.Msg) }
 func (a Timeline) String() string {
 	t := func(d time.Duration) string {
 		if d < 0 {

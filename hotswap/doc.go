@@ -69,8 +69,15 @@
 // reaches on disk instead ([GatherReach], [DiskReach], [RollbackToDisk]:
 // rollback.go). A copy a restore found failing its CRC32C
 // ([CopiesCorrupt], reported before the rank's exit) counts as lost, as
-// a lost holder's: the rank's failure restarts from another valid copy,
-// or, when no restore plan from memory is left, rolls the job back the
-// same way with every rank in place, or stops the job naming the rank
-// and the corrupt copies.
+// a lost holder's, and the shard is under-protected ([UnderProtected]
+// with Corrupt) until its owner re-sends a copy of a later step and G
+// passes it. The rank's failure that follows is part of the recovery
+// that ran the restore (a splice, or a restart already counted), not a
+// new one: it is not charged to Config.MaxRestarts (even 0) nor counted
+// by the crash-loop rule. The machine plans that recovery again without
+// the corrupt copies: every rank restarts in place from another valid
+// copy, or, when no restore plan from memory is left, the job rolls back
+// the same way with every rank in place, or it stops with the rank's
+// status naming the rank and the corrupt copies. Any other rank failure
+// follows the rules above.
 package hotswap

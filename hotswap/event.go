@@ -82,11 +82,14 @@ func (e GPUHealth) replaces() bool { return e.Class == GPUPermanent }
 // CopiesCorrupt: rank Rank's restore of step Step failed, and the
 // copies of its optimizer shard the holder ranks Holders sent it failed
 // their CRC32C (rank.ErrCopyCRC: a byte of the copy changed in memory).
-// The machine marks those copies invalid, as a lost holder's, when Step
-// is G (a report of another step is stale); the rank's exit that follows
-// is then decided on with them gone: restored from another valid copy,
-// rolled back to the durable tier (Config.Durable) when none is left, or
-// the job stops naming the rank and the cause.
+// It comes just before the rank's exit. When that exit is a failure of
+// the current generation and Step is G, the machine marks those copies
+// invalid, as a lost holder's (with an exit that is no failure, of
+// another generation, or another step, the report is stale and
+// ignored); the failure is then part of the recovery that ran the
+// restore: restored from another valid copy, rolled back to the durable
+// tier (Config.Durable) when none is left, or the job stops naming the
+// rank and the cause.
 type CopiesCorrupt struct {
 	Rank    int
 	Step    int64

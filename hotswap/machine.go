@@ -54,8 +54,22 @@ type Machine struct {
 	// CRC32C (CopiesCorrupt), for the reports; "" once r has every copy
 	// again.
 	corrupt []string
-	under   int      // owners with a missing copy or share
-	ec      *ecState // the erasure code (Config.EC), or nil
+	// corruptStep[r] is the newest step a copy of r's shard was marked
+	// corrupt at, or -1: a Replicated for r counts only once G passed it
+	// (the re-sent copy is of a later step; the corrupt one may still sit
+	// at its holder until then).
+	corruptStep []int64
+	// restoreBad is the rank whose restore in this generation found
+	// copies failing their CRC32C (and marked them) and which then
+	// failed, or -1: the generation's failure is part of the recovery
+	// that ran the restore, not a new one (rankFailed).
+	restoreBad int
+	// corruptSeen[r]: the CopiesCorrupt reported with r's exit, which
+	// follows it; acted on only if that exit is a failure of this
+	// generation (onRankExited).
+	corruptSeen []*CopiesCorrupt
+	under       int      // owners with a missing copy or share
+	ec          *ecState // the erasure code (Config.EC), or nil
 	// Diff mode under EC (ecdiff.go): logs[r] are rank r's log-only
 	// holders, logOK[r][i] whether logs[r][i]'s copy is valid, and
 	// retained[r] whether r's own retained base snapshot is (a rank that
@@ -155,29 +169,31 @@ func New(c Config) (*Machine, error) {
 	}
 	nh, n := len(c.Hosts), c.World
 	m := &Machine{
-		cfg:        c,
-		layout:     l,
-		g:          -1,
-		disk:       -1,
-		names:      make([]string, nh),
-		domain:     make([]string, nh),
-		rankHost:   slices.Clone(c.Assign),
-		hostRanks:  make([][]int, nh),
-		localOK:    make([]bool, n),
-		lastStep:   make([]int64, n),
-		genStep:    make([]int64, n),
-		lastProg:   make([]time.Duration, n),
-		ended:      make([]bool, n),
-		alive:      make([]bool, nh),
-		registered: make([]bool, nh),
-		spare:      spare,
-		lastSeen:   make([]time.Duration, nh),
-		suspected:  make([]time.Duration, nh),
-		suspectWhy: make([]string, nh),
-		agentGone:  make([]bool, nh),
-		faulty:     make([]*gpuFault, nh),
-		stamp:      make([]uint32, nh),
-		blamed:     -1,
+		cfg:         c,
+		layout:      l,
+		g:           -1,
+		disk:        -1,
+		names:       make([]string, nh),
+		domain:      make([]string, nh),
+		rankHost:    slices.Clone(c.Assign),
+		hostRanks:   make([][]int, nh),
+		localOK:     make([]bool, n),
+		lastStep:    make([]int64, n),
+		genStep:     make([]int64, n),
+		lastProg:    make([]time.Duration, n),
+		ended:       make([]bool, n),
+		restoreBad:  -1,
+		corruptSeen: make([]*CopiesCorrupt, n),
+		alive:       make([]bool, nh),
+		registered:  make([]bool, nh),
+		spare:       spare,
+		lastSeen:    make([]time.Duration, nh),
+		suspected:   make([]time.Duration, nh),
+		suspectWhy:  make([]string, nh),
+		agentGone:   make([]bool, nh),
+		faulty:      make([]*gpuFault, nh),
+		stamp:       make([]uint32, nh),
+		blamed:      -1,
 	}
 	m.cfg.Hosts = slices.Clone(c.Hosts)
 	m.cfg.Assign, m.cfg.Holders, m.cfg.EC, m.cfg.Logs = nil, nil, nil, nil
@@ -211,6 +227,10 @@ func New(c Config) (*Machine, error) {
 		m.copyOK = make([][]bool, n)
 		m.missing = make([]int, n)
 		m.corrupt = make([]string, n)
+		m.corruptStep = make([]int64, n)
+		for r := range m.corruptStep {
+			m.corruptStep[r] = -1
+		}
 		m.heldBy = make([][]int, n)
 		for r, hs := range c.Holders {
 			m.holders[r] = slices.Clone(hs)
@@ -442,8 +462,13 @@ func (m *Machine) suspect(h int, why string) {
 
 func (m *Machine) onRankExited(e RankExited) {
 	r := e.Rank
-	if !m.rank(r) || e.Gen != m.gen || e.Host != m.rankHost[r] {
-		return // unknown, of an earlier generation, or of a host it left
+	if !m.rank(r) {
+		return
+	}
+	cc := m.corruptSeen[r]
+	m.corruptSeen[r] = nil
+	if e.Gen != m.gen || e.Host != m.rankHost[r] {
+		return // of an earlier generation, or of a host it left
 	}
 	m.contact(e.Host)
 	if m.ended[r] {
@@ -472,6 +497,9 @@ func (m *Machine) onRankExited(e RankExited) {
 	m.nFailed++
 	if m.stopped {
 		return
+	}
+	if cc != nil && m.markCorrupt(*cc) && m.restoreBad < 0 {
+		m.restoreBad = r
 	}
 	// The launcher's wording since before hot-swap: users and scripts
 	// match on it.
@@ -534,16 +562,10 @@ func (m *Machine) rankFailed(f *rankFailure) {
 		m.abort(f.status, "%s; stopping the job", f.what)
 		return
 	}
-	if _, perr := m.plan(); perr != "" && m.deadWithRanks() == "" {
-		// A rank's state at G is in no memory tier any more (its
-		// restore found every copy left failing its CRC32C, say): a
-		// restart from G would fail the same way. The durable tier is
-		// the last resort; without it the job stops for that cause.
-		if m.canRollback() {
-			m.rollbackInPlace(f, perr)
-		} else {
-			m.abort(ExitFailure, "%s; cannot restart: %s; stopping the job", f.what, perr)
-		}
+	if m.restoreBad >= 0 && !f.hang {
+		// A restore that found copies failing their CRC32C: part of
+		// the recovery that ran it, re-planned without them.
+		m.restoreAgain(f)
 		return
 	}
 	r := f.rank
@@ -615,6 +637,8 @@ func (m *Machine) from() string {
 
 func (m *Machine) resetEnded() {
 	clear(m.ended)
+	clear(m.corruptSeen)
+	m.restoreBad = -1
 	m.nEnded, m.nFailed = 0, 0
 	for r := range m.genStep {
 		m.genStep[r] = -1
@@ -863,6 +887,9 @@ func (m *Machine) onReplicated(owner int) {
 		return
 	}
 	set := func(o int) {
+		if s := m.corruptStep[o]; s >= 0 && m.g <= s {
+			return // the copies re-sent are not past the corrupt one yet
+		}
 		for i, x := range m.holders[o] {
 			if m.alive[m.rankHost[x]] {
 				m.setCopy(o, i, true)
@@ -927,6 +954,7 @@ func (m *Machine) setCopy(o, i int, ok bool) {
 		if m.missing[o] == 0 {
 			m.under--
 			m.corrupt[o] = ""
+			m.corruptStep[o] = -1
 		}
 	} else {
 		m.missing[o]++

@@ -200,12 +200,25 @@ func (m *Machine) rollbackInPlace(f *rankFailure, why string) {
 	m.emit(GatherReach{Epoch: m.epoch, Base: m.disk})
 }
 
-// onCopiesCorrupt marks the copies of e.Rank's shard at e.Holders
-// invalid, as a lost holder's: a restore of G found them failing their
-// CRC32C. The rank's exit, which follows, is decided on without them.
+// onCopiesCorrupt keeps e for the rank's exit, which follows it: a
+// report with an exit that is no failure, or of another generation, is
+// stale (the restore that found the copies was not that exit's).
 func (m *Machine) onCopiesCorrupt(e CopiesCorrupt) {
-	if !m.rank(e.Rank) || m.holders == nil || e.Step != m.g || m.g < 0 || m.stopped {
-		return // of another G: stale
+	if m.rank(e.Rank) {
+		m.corruptSeen[e.Rank] = &e
+	}
+}
+
+// markCorrupt marks the copies of e.Rank's shard at e.Holders invalid,
+// as a lost holder's: a restore of G found them failing their CRC32C,
+// and the rank failed. The shard is under-protected until the owner
+// re-sends a copy of a step after G (UnderProtected with Corrupt: a
+// Replicated for it counts once G passed e.Step). It reports whether it
+// marked any: the rank's failure is then part of the recovery that ran
+// the restore (restoreAgain).
+func (m *Machine) markCorrupt(e CopiesCorrupt) bool {
+	if m.holders == nil || e.Step != m.g || m.g < 0 || m.stopped {
+		return false // of another G: stale
 	}
 	var marked []int
 	for _, x := range e.Holders {
@@ -217,8 +230,9 @@ func (m *Machine) onCopiesCorrupt(e CopiesCorrupt) {
 		marked = append(marked, x)
 	}
 	if len(marked) == 0 {
-		return
+		return false
 	}
+	m.corruptStep[e.Rank] = max(m.corruptStep[e.Rank], e.Step)
 	slices.Sort(marked)
 	who := "holder rank " + ints(marked)
 	if len(marked) > 1 {
@@ -233,6 +247,43 @@ func (m *Machine) onCopiesCorrupt(e CopiesCorrupt) {
 	}
 	m.corrupt[e.Rank] = note
 	m.report("rank %d's restore: %s; marked invalid", e.Rank, note)
+	m.announced = true
+	m.report("under-protected: %d optimizer shards lost a copy (of %d) until it is re-sent", m.under, m.k())
+	m.emit(UnderProtected{Epoch: m.epoch, Owners: []int{e.Rank}, Corrupt: true, Step: e.Step})
+	return true
+}
+
+// restoreAgain: rank failure f followed a restore that found copies
+// failing their CRC32C (m.restoreBad's). It is part of the recovery that
+// ran the restore (a host loss's splice, or a restart already counted),
+// not a new failure: it is not charged to --max-restarts nor counted by
+// the crash-loop rule. The ranks restart where they are from another
+// valid copy (the corrupt ones are marked invalid), or the job rolls
+// back to the durable tier, or it stops naming the rank and the cause.
+func (m *Machine) restoreAgain(f *rankFailure) {
+	if gone := m.deadWithRanks(); gone != "" {
+		m.abort(f.status, "%s; cannot restart the ranks: %s; stopping the job", f.what, gone)
+		return
+	}
+	r := m.restoreBad
+	sources, perr := m.plan()
+	switch {
+	case perr == "":
+		if v := m.violation(sources); v != "" {
+			m.abort(ExitFailure, "%s; cannot restart: invariant %s", f.what, v)
+			return
+		}
+		m.gen++
+		m.resetEnded()
+		m.beginEpoch(f.what, f.at, -1)
+		m.report("%s; rank %d's restore found copies failing their CRC32C: restoring every rank again from the valid copies (not counted against --max-restarts), %s", f.what, r, m.from())
+		m.emit(Restart{Gen: m.gen, Epoch: m.epoch, G: m.g})
+		m.publish(sources)
+	case m.canRollback():
+		m.rollbackInPlace(f, perr)
+	default:
+		m.abort(f.status, "%s; cannot restart: %s; stopping the job", f.what, perr)
+	}
 }
 
 // onDiskReach rolls the job back to the step every rank reaches on disk,
@@ -253,6 +304,11 @@ func (m *Machine) onDiskReach(e DiskReach) {
 	}
 	t := min(e.T, rb.from)
 	m.g = t
+	// Every copy is re-sent from T: no corrupt mark of a later step
+	// holds a Replicated back.
+	for o := range m.corruptStep {
+		m.corruptStep[o], m.corrupt[o] = -1, ""
+	}
 	for r := range m.lastStep {
 		m.lastStep[r] = min(m.lastStep[r], t)
 		m.localOK[r] = true // its host rebuilds it from disk

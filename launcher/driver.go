@@ -116,12 +116,21 @@ func (j *job) do(a hotswap.Action) {
 		if j.under == nil {
 			j.under = map[int]int64{}
 		}
+		if a.Corrupt {
+			g = max(g, a.Step+1)
+			if j.underPast == nil {
+				j.underPast = map[int]int64{}
+			}
+		}
 		for _, o := range a.Owners {
 			j.under[o] = g
+			if a.Corrupt {
+				j.underPast[o] = a.Step
+			}
 		}
 	case hotswap.Protected:
 		j.evlog.record(j.since(), evProtected{})
-		j.under = nil
+		j.under, j.underPast = nil, nil
 	case hotswap.Timeline:
 		j.timeline(a)
 	case hotswap.Failed:
@@ -433,7 +442,8 @@ func (j *job) onEvent(e *wire.Event) {
 		}
 		j.log.Debug("rank ended", "rank", e.Rank, "host", h.name, "status", e.ExitStatus(), "stopped", e.Stopped)
 		if c := e.Corrupt; c != nil {
-			// Before the exit: the machine decides on it without them.
+			// Before the exit: the machine marks them with a failed
+			// exit and decides on it without them.
 			j.step(hotswap.CopiesCorrupt{Rank: e.Rank, Step: c.Step, Holders: c.Holders})
 		}
 		j.step(hotswap.RankExited{Rank: e.Rank, Host: e.Host, Pid: e.Pid, Gen: e.Gen, Code: e.Code,
@@ -512,6 +522,7 @@ func (j *job) onProgress(u *wire.UpProgress) {
 	}
 	for _, o := range j.reprotected(u) {
 		delete(j.under, o)
+		delete(j.underPast, o)
 		j.step(hotswap.Replicated{Owner: o})
 	}
 	if j.rec != nil {
@@ -555,7 +566,11 @@ func (j *job) reprotected(u *wire.UpProgress) []int {
 	}
 	var back []int
 	for _, r := range u.Ranks {
-		if g, ok := j.under[r.Rank]; ok && r.Replicated >= g {
+		g, ok := j.under[r.Rank]
+		if s, corrupt := j.underPast[r.Rank]; corrupt && j.prog.G() <= s {
+			continue
+		}
+		if ok && r.Replicated >= g {
 			back = append(back, r.Rank)
 		}
 	}

@@ -135,6 +135,10 @@ type job struct {
 	restarted bool
 	moved     []int
 	under     map[int]int64 // under-protected owners → the G their copies must reach
+	// underPast: under-protected owners whose copies failed their CRC32C
+	// at a step → that step; G must pass it too (hotswap.UnderProtected's
+	// Corrupt: until then a holder may keep the corrupt copy).
+	underPast map[int]int64
 	// cause is why the job stops, once it does: the machine's decision
 	// (Abort, an interrupt) or the launcher's own (--timeout, a broken
 	// stdout, an agent that cannot start before the job has).

@@ -2,9 +2,12 @@ package launcher
 
 import (
 	"fmt"
+	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/wire"
 )
 
@@ -563,5 +566,40 @@ func TestGlobalDurableAfterRollback(t *testing.T) {
 				t.Errorf("D %d X %d, want %d %d", got(g.D), got(g.X), tc.wantD, tc.wantX)
 			}
 		})
+	}
+}
+
+// TestReprotectedCorrupt: an owner left under-protected because its copy
+// failed its CRC32C at step 13 (hotswap.UnderProtected with Corrupt) is
+// re-protected only once it replicated a later step and G passed 13: a
+// report that it has 13 again, or 14 while G is 13, does not count (the
+// holder may still keep the corrupt copy of 13).
+func TestReprotectedCorrupt(t *testing.T) {
+	rp := func(r int, rep int64) wire.RankProgress {
+		return wire.RankProgress{Rank: r, Committed: rep + 1, Replicated: rep, Base: -1}
+	}
+	j := &job{world: 2, log: slog.New(slog.DiscardHandler)}
+	j.prog = newProgress([][]int{{0}, {1}}, []int{0, 1}, func(*wire.GlobalStep) {})
+	j.do(hotswap.UnderProtected{Owners: []int{0}, Corrupt: true, Step: 13})
+	for _, tc := range []struct {
+		why  string
+		host int
+		rep  int64
+		want bool
+	}{
+		{"owner at step 13, the corrupt one", 0, 13, false},
+		{"rank 1 at 13", 1, 13, false},
+		{"owner at step 14 with G still 13", 0, 14, false},
+		{"G at 14", 1, 14, true},
+	} {
+		u := &wire.UpProgress{Host: tc.host, Ranks: []wire.RankProgress{rp(tc.host, tc.rep)}}
+		if err := j.prog.handle(u); err != nil {
+			t.Fatal(err)
+		}
+		// The owner's last report, as the host's update carries it.
+		back := j.reprotected(&wire.UpProgress{Ranks: []wire.RankProgress{rp(0, j.prog.ranks[0].Replicated)}})
+		if got := slices.Equal(back, []int{0}); got != tc.want {
+			t.Fatalf("%s: re-protected %v (G %d); want owner 0 %t", tc.why, back, j.prog.G(), tc.want)
+		}
 	}
 }

@@ -621,15 +621,14 @@ func parityOf(t *testing.T, k, m int, shards [][]byte) [][]byte {
 	return rows
 }
 
-// TestECRestoreUnrecoverable: a rank restoring by decode whose stripe
-// keeps fewer than K shards gets an error wrapping ErrUnrecoverable from
-// restoreRemote, and no slot of G is committed; a lost rank of the same
-// job whose clear copy survives restores from it (the ordinary get).
-func TestECRestoreUnrecoverable(t *testing.T) {
-	j := newECRecJob(t, 2, 1, 2, 2)
+// loseDataAndParity plans the loss of group 0's first data host and its
+// parity host (a rank of that data host with no clear copy keeps one
+// shard of its stripe's three), onto spares 3 and 4 of a 2+1 job, and
+// gives the spares their placement (epoch 1, G).
+func (j *ecRecJob) loseDataAndParity() ([]int, ecSwap) {
+	t := j.t
+	t.Helper()
 	g0 := j.groups[0]
-	// The parity host and a data host lost: a rank of that data host
-	// (no clear copy) keeps one shard of its stripe's three.
 	lost := []int{g0.Data[0], g0.Parity[0]}
 	spares := []int{3, 4}
 	keep := slices.Index(j.hostOf, g0.Data[1])
@@ -649,6 +648,17 @@ func TestECRestoreUnrecoverable(t *testing.T) {
 	j.c.mu.Lock()
 	copy(j.c.hostOf, sw.hostOf)
 	j.c.mu.Unlock()
+	return lost, sw
+}
+
+// TestECRestoreUnrecoverable: a rank restoring by decode whose stripe
+// keeps fewer than K shards gets an error wrapping ErrUnrecoverable from
+// restoreRemote, and no slot of G is committed; a lost rank of the same
+// job whose clear copy survives restores from it (the ordinary get).
+func TestECRestoreUnrecoverable(t *testing.T) {
+	j := newECRecJob(t, 2, 1, 2, 2)
+	lost, sw := j.loseDataAndParity()
+	g0 := j.groups[0]
 	decoded, direct := 0, 0
 	for _, r := range sw.lost {
 		src := sw.sources[r]

@@ -93,16 +93,20 @@ func (e *CopiesCorruptError) Error() string {
 func (e *CopiesCorruptError) Unwrap() []error { return []error{ErrCopiesCorrupt, e.Err} }
 
 // corruptNote is a failed restore's CopiesCorruptError, kept until the
-// agent reports the rank's exit.
+// agent reports the rank's exit. gen is the restart generation the
+// restore ran in: a note of another generation is of a rank process
+// gone (a restore still running when its rank was killed), never of the
+// exit being reported.
 type corruptNote struct {
+	gen     uint64
 	step    int64
 	holders []int
 }
 
 // noteCorruptCopies keeps the holders whose copies of rank's state at
-// step failed their CRC32C in a failed restore (none: forgets the
-// rank's).
-func (h *Host) noteCorruptCopies(rank int, step int64, holders []int) {
+// step failed their CRC32C in a failed restore of generation gen (none:
+// forgets the rank's).
+func (h *Host) noteCorruptCopies(rank int, gen uint64, step int64, holders []int) {
 	h.corruptMu.Lock()
 	defer h.corruptMu.Unlock()
 	if len(holders) == 0 {
@@ -112,17 +116,30 @@ func (h *Host) noteCorruptCopies(rank int, step int64, holders []int) {
 	if h.corrupt == nil {
 		h.corrupt = map[int]corruptNote{}
 	}
-	h.corrupt[rank] = corruptNote{step, slices.Clone(holders)}
+	h.corrupt[rank] = corruptNote{gen, step, slices.Clone(holders)}
+}
+
+// ForgetCorruptCopies drops local rank's note of a failed restore, if
+// any: the agent calls it as it spawns a process for the rank, whose
+// restore is a new one.
+func (h *Host) ForgetCorruptCopies(rank int) {
+	h.noteCorruptCopies(rank, 0, 0, nil)
 }
 
 // TakeCorruptCopies returns, and forgets, the step and holder ranks of
 // local rank's last restore if it failed with copies failing their
-// CRC32C (a CopiesCorruptError); ok is false otherwise. The agent calls
-// it as the rank exits, to report them with its exit.
+// CRC32C (a CopiesCorruptError) in the host's current restart
+// generation; ok is false otherwise (a note of an earlier generation is
+// dropped). The agent calls it as the rank exits, to report them with
+// its exit.
 func (h *Host) TakeCorruptCopies(rank int) (step int64, holders []int, ok bool) {
+	gen := h.Gen()
 	h.corruptMu.Lock()
 	defer h.corruptMu.Unlock()
 	n, ok := h.corrupt[rank]
 	delete(h.corrupt, rank)
-	return n.step, n.holders, ok
+	if !ok || n.gen != gen {
+		return 0, nil, false
+	}
+	return n.step, n.holders, true
 }

@@ -15,7 +15,10 @@ import (
 // restore chooses the step to resume from (G) and makes a slot hold it:
 // the rank's own slot (Tier-1), or replicas from other hosts (Tier-2).
 func (s *service) restore(ctx context.Context) *Restorable {
-	g := s.h.G()
+	g, gen := s.h.G(), s.h.Gen()
+	// A note of an earlier restore is of another attempt: only this
+	// one's failure may be reported with the rank's exit.
+	s.h.noteCorruptCopies(s.rank, gen, g, nil)
 	s.mu.Lock()
 	slots := s.slots
 	s.mu.Unlock()
@@ -44,17 +47,25 @@ func (s *service) restore(ctx context.Context) *Restorable {
 	s.h.log.Info("restoring from other hosts", "rank", s.rank, "step", g, "local", err)
 	start := time.Now()
 	slot, err2 := s.restoreRemote(ctx, g)
-	var cc *CopiesCorruptError
-	if errors.As(err2, &cc) {
-		s.h.noteCorruptCopies(s.rank, cc.Step, cc.Holders)
-	} else {
-		s.h.noteCorruptCopies(s.rank, g, nil)
+	if cc, ok := errors.AsType[*CopiesCorruptError](err2); ok {
+		s.h.noteCorruptCopies(s.rank, gen, cc.Step, cc.Holders)
 	}
 	if err2 != nil {
 		return &Restorable{Step: noStep, Err: fmt.Sprintf("step %d: not here (%v), and not from other hosts: %v", g, err, err2)}
 	}
 	s.h.log.Info("restored from other hosts", "rank", s.rank, "step", g, "took", time.Since(start))
 	return &Restorable{Step: g, Slot: slot, Tier: 2}
+}
+
+// corruptErr is a failed restore of step g's error err, as a
+// *CopiesCorruptError when the copies at holder ranks crcBad failed
+// their CRC32C (whatever else then failed: the stripe's decode, the
+// durable tier), so that the launcher counts them lost.
+func (s *service) corruptErr(g int64, crcBad []int, err error) error {
+	if len(crcBad) == 0 {
+		return err
+	}
+	return &CopiesCorruptError{Rank: s.rank, Step: g, Holders: slices.Clone(crcBad), Err: err}
 }
 
 // restoreRemote fetches step g into a local slot: the replicated regions
@@ -140,7 +151,7 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 			}
 			if err := decode(); err != nil {
 				errs = append(errs, fmt.Errorf("decode from the erasure-coded stripe: %w", err))
-				return 0, fmt.Errorf("the replicated regions: %w", errors.Join(errs...))
+				return 0, s.corruptErr(g, crcBad, fmt.Errorf("the replicated regions: %w", errors.Join(errs...)))
 			}
 			got = true
 			s.h.log.Info("decoded from the erasure-coded stripe", "rank", s.rank, "step", g, "took", time.Since(start))
@@ -158,13 +169,9 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	}
 	if !got {
 		if hasSrc && src.Decode {
-			return 0, fmt.Errorf("rank %d restores by decode, but it is in no erasure-coding group", s.rank)
+			return 0, s.corruptErr(g, crcBad, fmt.Errorf("rank %d restores by decode, but it is in no erasure-coding group", s.rank))
 		}
-		err := fmt.Errorf("no holder has the replicated regions: %w", errors.Join(errs...))
-		if len(crcBad) > 0 {
-			return 0, &CopiesCorruptError{Rank: s.rank, Step: g, Holders: crcBad, Err: err}
-		}
-		return 0, err
+		return 0, s.corruptErr(g, crcBad, fmt.Errorf("no holder has the replicated regions: %w", errors.Join(errs...)))
 	}
 	if pi := slices.IndexFunc(regions, func(r Region) bool { return r.Name == "params" }); pi >= 0 && !fromDisk {
 		got := false

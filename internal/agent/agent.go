@@ -806,6 +806,13 @@ func (a *agent) launch(t *wire.EpochTable, places []wire.Placement, all bool) er
 			a.pmiEnds = append(a.pmiEnds, f)
 		}
 	}
+	if a.prot != nil {
+		// A new process restores anew: a note of an earlier one's
+		// failed restore is not its to report.
+		for _, p := range procs {
+			a.prot.host.ForgetCorruptCopies(p.place.Rank)
+		}
+	}
 	a.ranks = append(a.ranks, procs...)
 	a.running += len(places)
 	a.hadRanks = a.hadRanks || len(places) > 0
@@ -970,9 +977,10 @@ func (a *agent) exited(p *rankProc) {
 	a.running--
 	e := p.exitEvent(a.cfg.Host)
 	if a.prot != nil {
-		// Its restore failed on copies failing their CRC32C: the
-		// launcher counts them lost (a stopped rank's too: the restore
-		// that found them is of this generation).
+		// Its restore in this generation failed on copies failing
+		// their CRC32C: the launcher counts them lost if the exit is a
+		// failure (a note of an earlier generation's restore is
+		// dropped).
 		if step, hs, ok := a.prot.host.TakeCorruptCopies(e.Rank); ok {
 			e.Corrupt = &wire.CorruptCopies{Step: step, Holders: hs}
 			a.log.Warn("the rank's restore found its replica copies corrupt", "rank", e.Rank, "step", step, "holders", hs)
