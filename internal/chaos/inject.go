@@ -111,11 +111,12 @@ func (in *injector) inject(j *Job, f Fault) (injected, error) {
 		out.linkDown = -1
 		return out, in.hosts.LinkUp(f.Host)
 	case TwoHosts:
-		out.note = "KillAll " + j.Hosts[f.Host] + " and " + j.Hosts[f.Host2]
-		if err := in.hosts.KillAll(f.Host); err != nil {
-			return out, err
-		}
-		return out, in.hosts.KillAll(f.Host2)
+		// Both die in one pass: killed one after the other, the launcher
+		// could stop the job on the first loss and its surviving agents
+		// end and sweep while the second host's agent still held the
+		// job's files, which then no agent is left to remove.
+		out.note = "KillAll " + j.Hosts[f.Host] + " and " + j.Hosts[f.Host2] + " together"
+		return out, in.hosts.KillAll(f.Host, f.Host2)
 	case DuringRecovery:
 		out.note = "KillAll " + j.Hosts[f.Host] + ", then " + j.Hosts[f.Host2] + " once the recovery epoch was published"
 		n := countKind(j.records(), "publish")

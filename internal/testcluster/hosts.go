@@ -201,14 +201,20 @@ func (h *Hosts) Pids(host int) ([]int, error) {
 	return nsPids(h.Names[host])
 }
 
-// KillAll sends SIGKILL to every process in host's namespace, repeatedly
-// until none is left (a simulated host crash). The namespace and its
-// network stay; processes can be started in it again.
-func (h *Hosts) KillAll(host int) error {
-	if err := h.check(host); err != nil {
-		return err
+// KillAll sends SIGKILL to every process in the namespaces of host and of
+// the more hosts, repeatedly until none is left (a simulated crash of
+// those hosts). Several hosts die together: each pass signals all their
+// processes before it waits for any. The namespaces and their networks
+// stay; processes can be started in them again.
+func (h *Hosts) KillAll(host int, more ...int) error {
+	names := make([]string, 0, 1+len(more))
+	for _, x := range append([]int{host}, more...) {
+		if err := h.check(x); err != nil {
+			return err
+		}
+		names = append(names, h.Names[x])
 	}
-	return killNetns(h.Names[host])
+	return killNetns(names...)
 }
 
 // StopAll sends SIGSTOP to every process in host's namespace (a frozen

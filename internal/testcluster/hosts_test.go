@@ -137,7 +137,8 @@ func TestLinkDownUp(t *testing.T) {
 	dialFrom(t, h, 1, hostPort(h.Addrs[0])+"="+h.Names[0])
 	dialFrom(t, h, 0, bridge+"=bridge")
 
-	for _, f := range []func(int) error{h.LinkDown, h.LinkUp, h.KillAll, h.StopAll} {
+	killAll := func(x int) error { return h.KillAll(x) }
+	for _, f := range []func(int) error{h.LinkDown, h.LinkUp, killAll, h.StopAll} {
 		if err := f(2); err == nil {
 			t.Errorf("host 2 of 2: no error")
 		}
@@ -185,6 +186,38 @@ func TestKillAll(t *testing.T) {
 		t.Errorf("KillAll of an empty host: %v", err)
 	}
 	startHelper(t, h, 0, "sleep")
+}
+
+// TestKillAllTogether: KillAll of several hosts ends every process of
+// each; a bad host among them is refused before any is killed.
+func TestKillAllTogether(t *testing.T) {
+	t.Parallel()
+	h := newHosts(t, 3)
+	a := startHelper(t, h, 0, "sleep")
+	b := startHelper(t, h, 1, "spawn")
+	bystander := startHelper(t, h, 2, "sleep")
+	if err := h.KillAll(0, 3); err == nil {
+		t.Errorf("KillAll(0, 3) of 3 hosts: no error")
+	}
+	if a.exited() {
+		t.Fatalf("KillAll(0, 3) killed host 0's process before refusing host 3: %v", a.err)
+	}
+	if err := h.KillAll(0, 1); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range []*proc{a, b} {
+		select {
+		case <-v.done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("process in host %d still running 10s after KillAll(0, 1)", i)
+		}
+		if pids, err := nsPids(h.Names[i]); err != nil || len(pids) != 0 {
+			t.Errorf("after KillAll(0, 1), pids in %s: %v, %v; want none", h.Names[i], pids, err)
+		}
+	}
+	if bystander.exited() {
+		t.Errorf("process in host 2 died of KillAll(0, 1): %v", bystander.err)
+	}
 }
 
 // TestStopAll: a frozen host's processes are stopped, not ended, when

@@ -32,35 +32,53 @@ func netnsID(ns string) (dev, ino uint64, err error) {
 	return 0, 0, fmt.Errorf("testcluster: stat netns %s: %w", ns, err)
 }
 
-// killNetns sends SIGKILL to every process in network namespace ns, again
-// and again until none is left (processes may fork meanwhile) or killTimeout
-// passes. Each pid from ip netns pids is opened (a pidfd on Linux) and then
-// checked to still be in ns before it is signalled, so a pid reused by a
-// process elsewhere is never hit.
-func killNetns(ns string) error {
-	dev, ino, err := netnsID(ns)
-	if err != nil {
-		return err
+// killNetns sends SIGKILL to every process in the network namespaces
+// nss, again and again until none is left in any (processes may fork
+// meanwhile) or killTimeout passes. Each pass signals every namespace's
+// processes before it waits, so that several namespaces die together (two
+// hosts lost at once), not one after the other. Each pid from ip netns
+// pids is opened (a pidfd on Linux) and then checked to still be in its
+// namespace before it is signalled, so a pid reused by a process
+// elsewhere is never hit.
+func killNetns(nss ...string) error {
+	type ns struct {
+		name     string
+		dev, ino uint64
+	}
+	all := make([]ns, 0, len(nss))
+	for _, n := range nss {
+		dev, ino, err := netnsID(n)
+		if err != nil {
+			return err
+		}
+		all = append(all, ns{n, dev, ino})
 	}
 	deadline := time.Now().Add(killTimeout)
 	for {
-		pids, err := nsPids(ns)
-		if err != nil {
-			if _, _, err2 := netnsID(ns); errors.Is(err2, errNoNetns) {
-				return err2 // deleted meanwhile
+		left := 0
+		for _, n := range all {
+			pids, err := nsPids(n.name)
+			if err != nil {
+				if _, _, err2 := netnsID(n.name); errors.Is(err2, errNoNetns) {
+					return err2 // deleted meanwhile
+				}
+				return err
 			}
-			return err
+			if len(pids) == 0 {
+				continue
+			}
+			left += len(pids)
+			if time.Now().After(deadline) {
+				return fmt.Errorf("testcluster: processes %v still in %s after SIGKILL for %v", pids, n.name, killTimeout)
+			}
+			for _, pid := range pids {
+				if err := signalIn(pid, n.dev, n.ino, syscall.SIGKILL); err != nil {
+					return fmt.Errorf("testcluster: killing pid %d in %s: %w", pid, n.name, err)
+				}
+			}
 		}
-		if len(pids) == 0 {
+		if left == 0 {
 			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("testcluster: processes %v still in %s after SIGKILL for %v", pids, ns, killTimeout)
-		}
-		for _, pid := range pids {
-			if err := signalIn(pid, dev, ino, syscall.SIGKILL); err != nil {
-				return fmt.Errorf("testcluster: killing pid %d in %s: %w", pid, ns, err)
-			}
 		}
 		time.Sleep(10 * time.Millisecond) // let the kernel finish the exits
 	}
