@@ -1,0 +1,225 @@
+package rank
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"maps"
+	"strings"
+	"testing"
+
+	"github.com/gorun/gorun/internal/crc32c"
+)
+
+// stepFrame is rank 0's step of propRegions (those in only, if not nil),
+// filled with fill+i, as its host would send it to rank 1 on h: the
+// put's header, table, data and encoded frame.
+func stepFrame(t *testing.T, h *Host, step int64, fill byte, only map[string][]byte) (linkHdr, []tableEntry, [][]byte, []byte) {
+	t.Helper()
+	var tab []tableEntry
+	var data [][]byte
+	for i, reg := range propRegions {
+		if only != nil && only[reg.Name] == nil {
+			continue
+		}
+		d := bytes.Repeat([]byte{fill + byte(i)}, int(reg.Size))
+		tab = append(tab, tableEntry{name: reg.Name, size: reg.Size, sum: crc32c.Checksum(d)})
+		data = append(data, d)
+	}
+	hdr := linkHdr{kind: kindPut, owner: 0, holder: 1, step: step, gen: h.Gen()}
+	var frame bytes.Buffer
+	if err := writeFrame(&frame, hdr, tab, data); err != nil {
+		t.Fatal(err)
+	}
+	return hdr, tab, data, frame.Bytes()
+}
+
+// TestTakeOverStalledPuts: puts of one step on link after link, each
+// stalling mid-frame (a flapping partition), each taking the buffer the
+// one before is receiving into over: each taken-over put is ended at
+// once (its link closed), so its slices live no longer than they are
+// counted, and the store counts one buffer's worth, not one per link.
+func TestTakeOverStalledPuts(t *testing.T) {
+	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
+	protectReplicated(c, rs, 2) // host 1 holds rank 0's steps 0 and 1
+	h1 := c.hosts[1]
+	hdr, tab, _, frame := stepFrame(t, h1, 2, 0x40, nil)
+	size := tableBytes(tab)
+	// The header, the table and half the first region: once the write
+	// returns (net.Pipe), the holder has claimed a buffer and is reading
+	// the rest of the data.
+	half := len(frame) - int(size) + int(tab[0].size)/2
+
+	links := &pipeLinks{}
+	t.Cleanup(links.close)
+	var before uint64 // with one put receiving (the first may reshape its buffer)
+	var prev io.ReadWriter
+	for i := range 8 {
+		l := links.serve(h1, 0)
+		if _, err := l.Write(frame[:half]); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			before = storeBytes(h1)
+		}
+		// The stalled put before, its buffer taken over, still counted
+		// unless it has ended already.
+		if got := storeBytes(h1); got != before && got != before+size {
+			t.Fatalf("link %d: the store counts %d bytes, want %d or %d (with the slices of the put taken over)", i, got, before, before+size)
+		}
+		if prev != nil {
+			within(t, "the end of the put taken over", func() error {
+				_, err := io.ReadAll(prev) // until the holder closes the link
+				return err
+			})
+			if got := storeBytes(h1); got != before {
+				t.Fatalf("link %d: the store counts %d bytes with one put receiving, want %d", i, got, before)
+			}
+		}
+		prev = l
+	}
+	within(t, "the last put's end", func() error {
+		if _, err := prev.Write(frame[half:]); err != nil {
+			return err
+		}
+		return readAck(prev, hdr)
+	})
+	if got := storeBytes(h1); got != before {
+		t.Errorf("the store counts %d bytes after the last put, want %d", got, before)
+	}
+	if got := replicaRegions(h1, 0, 2); len(got) != len(tab) {
+		t.Errorf("host 1 holds %d regions of rank 0's step 2, want %d", len(got), len(tab))
+	}
+}
+
+// TestTakeOverStalledGet: a put that takes over a buffer a stalled get
+// is sending gives the buffer new slices; the get's stay alive, and
+// counted, until it ends.
+func TestTakeOverStalledGet(t *testing.T) {
+	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
+	protectReplicated(c, rs, 2) // host 1 holds rank 0's steps 0 and 1
+	h1 := c.hosts[1]
+	held := replicaRegions(h1, 0, 1)
+	before := storeBytes(h1)
+
+	links := &pipeLinks{}
+	t.Cleanup(links.close)
+	stalled := links.serve(h1, 0)
+	get := linkHdr{kind: kindGet, owner: 0, holder: 1, step: 1, gen: h1.Gen()}
+	if err := writeFrame(stalled, get, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The answer's first byte read: the holder is writing the rest
+	// (net.Pipe does not buffer), the buffer pinned.
+	var first [1]byte
+	if _, err := io.ReadFull(stalled, first[:]); err != nil {
+		t.Fatal(err)
+	}
+	put, tab, data, _ := stepFrame(t, h1, 1, 0x70, held)
+	other := links.serve(h1, 0)
+	within(t, "a put of rank 0's step 1 while a get of it is stalled", func() error {
+		if err := writeFrame(other, put, tab, data); err != nil {
+			return err
+		}
+		return readAck(other, put)
+	})
+	if got, want := storeBytes(h1), before+tableBytes(tab); got != want {
+		t.Errorf("with a stalled get sending the slices taken over: the store counts %d bytes, want %d", got, want)
+	}
+
+	// The get read at last, and a refused get after it on its link: the
+	// first has ended and let its slices go.
+	dst := map[string][]byte{}
+	for name, b := range held {
+		dst[name] = make([]byte, len(b))
+	}
+	if err := readFetched(io.MultiReader(bytes.NewReader(first[:]), stalled), get, maps.Clone(dst)); err != nil {
+		t.Fatalf("the stalled get: %v", err)
+	}
+	none := get
+	none.step = 99
+	if err := writeFrame(stalled, none, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := readFetched(stalled, none, maps.Clone(dst)); err == nil {
+		t.Fatal("a get of a step not held was answered")
+	}
+	if got := storeBytes(h1); got != before {
+		t.Errorf("after the stalled get ended: the store counts %d bytes, want %d", got, before)
+	}
+}
+
+// TestHasChecksOutsideLock: a has checks the held bytes' CRC32Cs with
+// the buffer pinned, not under the owner's lock (a full pass over a
+// large replica would hold up every request on it); a copy rotten since
+// its put is still dropped and refused.
+func TestHasChecksOutsideLock(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rot  bool
+	}{
+		{"good copy", false},
+		{"rotten copy", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
+			rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
+			protectReplicated(c, rs, 2) // host 1 holds rank 0's steps 0 and 1
+			h1 := c.hosts[1]
+			hdr, tab, data, _ := stepFrame(t, h1, 2, 0x20, nil)
+			links := &pipeLinks{}
+			t.Cleanup(links.close)
+			l := links.serve(h1, 0)
+			within(t, "a put of rank 0's step 2", func() error {
+				if err := writeFrame(l, hdr, tab, data); err != nil {
+					return err
+				}
+				return readAck(l, hdr)
+			})
+			if tc.rot {
+				o := h1.store.owner(0)
+				o.mu.Lock()
+				for i := range o.bufs {
+					if b := &o.bufs[i]; b.step == 2 {
+						b.data[0][0] ^= 1
+					}
+				}
+				o.mu.Unlock()
+			}
+			checks, free := 0, 0
+			testHookHasCheck = func(o *ownerReplica) {
+				checks++
+				if o.mu.TryLock() {
+					free++
+					o.mu.Unlock()
+				}
+			}
+			t.Cleanup(func() { testHookHasCheck = nil })
+			has := hdr
+			has.kind = kindHas
+			var err error
+			within(t, "a has of rank 0's step 2", func() error {
+				if err := writeFrame(l, has, tab, nil); err != nil {
+					return err
+				}
+				err = readAck(l, has)
+				return nil
+			})
+			if checks != 1 || free != 1 {
+				t.Errorf("the has checked %d times, %d of them with the owner's lock free; want 1, 1", checks, free)
+			}
+			_, refused := errors.AsType[*remoteError](err)
+			switch {
+			case tc.rot && (!refused || !strings.Contains(err.Error(), "CRC32C")):
+				t.Errorf("a has of a rotten copy: %v, want a refusal naming the CRC32C", err)
+			case !tc.rot && err != nil:
+				t.Errorf("a has of a good copy: %v", err)
+			}
+			if got := replicaRegions(h1, 0, 2); tc.rot == (len(got) != 0) {
+				t.Errorf("after the has, host 1 holds %d regions of rank 0's step 2 (rotten %v)", len(got), tc.rot)
+			}
+		})
+	}
+}
