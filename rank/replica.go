@@ -400,7 +400,8 @@ func (st *replicaStore) unpin(o *ownerReplica, pin *bufPin) {
 	st.reserve(0, free)
 }
 
-// pinned reports whether a get is sending b's data. o.mu is held.
+// pinned reports whether a get is sending b's data, or a has checking
+// it. o.mu is held.
 func (b *replicaBuf) pinned() bool { return b.pin != nil && b.pin.n > 0 }
 
 // ownerReplica is what this host holds of one owner rank.
@@ -622,8 +623,10 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 // otherwise hold every request on that owner's replicas (a restore's
 // get, a has, the sweep, a restart, the debug flip) until its connection
 // died. The buffer being received is claimed instead (replicaBuf.recv):
-// it holds no step meanwhile, so nothing else reads it, and a put, sweep
-// or drop that takes it over makes this one refuse at its end.
+// it holds no step meanwhile, so nothing else reads it, and a put or
+// the sweep that takes it over (replicaBuf.supersede) ends this one: its
+// read fails at once (a deadline on c), or it is refused at its end. Its
+// slices stay counted against the store's limit until then.
 func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	total := tableBytes(t)
 	if h.length != total || h.step < 0 {
