@@ -55,6 +55,24 @@ func within(t *testing.T, what string, f func() error) {
 	}
 }
 
+// stallGet sends a get of rank 0's step to h (rank 1's host) on a new
+// link of links and reads the answer's first byte: the holder is then
+// writing the rest, which nobody reads (net.Pipe does not buffer), the
+// buffer pinned. It returns the link, the get, and the byte read.
+func stallGet(t *testing.T, links *pipeLinks, h *Host, step int64) (net.Conn, linkHdr, []byte) {
+	t.Helper()
+	l := links.serve(h, 0)
+	get := linkHdr{kind: kindGet, owner: 0, holder: 1, step: step, gen: h.Gen()}
+	if err := writeFrame(l, get, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, 1)
+	if _, err := io.ReadFull(l, first); err != nil {
+		t.Fatal(err)
+	}
+	return l, get, first
+}
+
 // TestPutStalledMidFrame: a put whose sender stalls partway through its
 // data (its host frozen, or partitioned) holds nothing else up on the
 // holder: another put of the owner on another link is received and
@@ -154,17 +172,7 @@ func TestGetStalledMidFrame(t *testing.T) {
 
 	links := &pipeLinks{}
 	t.Cleanup(links.close)
-	stalled := links.serve(h1, 0)
-	get := linkHdr{kind: kindGet, owner: 0, holder: 1, step: 1, gen: h1.Gen()}
-	if err := writeFrame(stalled, get, nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	// The answer's first byte read: the holder is writing the rest, which
-	// nobody reads (net.Pipe does not buffer).
-	var first [1]byte
-	if _, err := io.ReadFull(stalled, first[:]); err != nil {
-		t.Fatal(err)
-	}
+	stalled, get, first := stallGet(t, links, h1, 1)
 
 	// Step 1 again, other bytes: the put takes the buffer being sent.
 	var tab []tableEntry
@@ -188,16 +196,7 @@ func TestGetStalledMidFrame(t *testing.T) {
 
 	// A second stalled get, of step 0, pins that buffer: the flip
 	// leaves it alone and names rank 0 busy.
-	stalled0 := links.serve(h1, 0)
-	get0 := get
-	get0.step = 0
-	if err := writeFrame(stalled0, get0, nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	var first0 [1]byte
-	if _, err := io.ReadFull(stalled0, first0[:]); err != nil {
-		t.Fatal(err)
-	}
+	stallGet(t, links, h1, 0)
 	within(t, "the debug flip", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -213,7 +212,7 @@ func TestGetStalledMidFrame(t *testing.T) {
 
 	// The stalled get of step 1, read at last: the bytes of step 1 when
 	// it began.
-	rest := io.MultiReader(bytes.NewReader(first[:]), stalled)
+	rest := io.MultiReader(bytes.NewReader(first), stalled)
 	dst := map[string][]byte{}
 	for name, b := range held {
 		dst[name] = make([]byte, len(b))

@@ -106,17 +106,7 @@ func TestTakeOverStalledGet(t *testing.T) {
 
 	links := &pipeLinks{}
 	t.Cleanup(links.close)
-	stalled := links.serve(h1, 0)
-	get := linkHdr{kind: kindGet, owner: 0, holder: 1, step: 1, gen: h1.Gen()}
-	if err := writeFrame(stalled, get, nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	// The answer's first byte read: the holder is writing the rest
-	// (net.Pipe does not buffer), the buffer pinned.
-	var first [1]byte
-	if _, err := io.ReadFull(stalled, first[:]); err != nil {
-		t.Fatal(err)
-	}
+	stalled, get, first := stallGet(t, links, h1, 1)
 	put, tab, data, _ := stepFrame(t, h1, 1, 0x70, held)
 	other := links.serve(h1, 0)
 	within(t, "a put of rank 0's step 1 while a get of it is stalled", func() error {
@@ -135,7 +125,7 @@ func TestTakeOverStalledGet(t *testing.T) {
 	for name, b := range held {
 		dst[name] = make([]byte, len(b))
 	}
-	if err := readFetched(io.MultiReader(bytes.NewReader(first[:]), stalled), get, maps.Clone(dst)); err != nil {
+	if err := readFetched(io.MultiReader(bytes.NewReader(first), stalled), get, maps.Clone(dst)); err != nil {
 		t.Fatalf("the stalled get: %v", err)
 	}
 	none := get
