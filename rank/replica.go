@@ -463,6 +463,7 @@ type replicaStore struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	bytes  uint64 // held in all buffers
+	limit  uint64 // what bytes may reach; 0: half the host's memory (tests set it)
 }
 
 // reserve accounts for a buffer growing from old to n bytes: it fails if
@@ -471,7 +472,7 @@ type replicaStore struct {
 func (st *replicaStore) reserve(n, old uint64) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	limit := physicalMemory() / 2
+	limit := cmp.Or(st.limit, physicalMemory()/2)
 	if next := st.bytes - old + n; n > old && limit > 0 && next > limit {
 		return fmt.Errorf("the replicas held here would take %d bytes, more than half this host's memory", next)
 	}

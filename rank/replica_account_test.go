@@ -93,6 +93,62 @@ func TestTakeOverStalledPuts(t *testing.T) {
 	}
 }
 
+// TestTakeOverOverLimit: a put that would take over the buffer a
+// stalled put receives into, when new slices would not fit within the
+// store's limit besides the ones still in use, is refused (its sender
+// tries again), not given memory outside the limit; the stalled put is
+// ended, so that the retry finds the buffer free and receives into it.
+func TestTakeOverOverLimit(t *testing.T) {
+	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
+	protectReplicated(c, rs, 2) // host 1 holds rank 0's steps 0 and 1
+	h1 := c.hosts[1]
+	hdr, tab, data, frame := stepFrame(t, h1, 2, 0x30, nil)
+	half := len(frame) - int(tableBytes(tab)) + int(tab[0].size)/2
+	links := &pipeLinks{}
+	t.Cleanup(links.close)
+	stalled := links.serve(h1, 0)
+	if _, err := stalled.Write(frame[:half]); err != nil {
+		t.Fatal(err)
+	}
+	before := storeBytes(h1)
+	h1.store.mu.Lock()
+	h1.store.limit = before + tableBytes(tab) - 1
+	h1.store.mu.Unlock()
+
+	other := links.serve(h1, 0)
+	var err error
+	within(t, "a put of rank 0's step 2 while another is stalled", func() error {
+		if err := writeFrame(other, hdr, tab, data); err != nil {
+			return err
+		}
+		err = readAck(other, hdr)
+		return nil
+	})
+	if re, ok := errors.AsType[*remoteError](err); !ok || !strings.Contains(re.msg, "limit") {
+		t.Fatalf("a put needing new slices past the limit: %v, want a refusal naming the limit", err)
+	}
+	if got := storeBytes(h1); got != before {
+		t.Errorf("after the refusal the store counts %d bytes, want %d", got, before)
+	}
+	within(t, "the end of the stalled put", func() error {
+		_, err := io.ReadAll(stalled)
+		return err
+	})
+	within(t, "the put tried again", func() error {
+		if err := writeFrame(other, hdr, tab, data); err != nil {
+			return err
+		}
+		return readAck(other, hdr)
+	})
+	if got := storeBytes(h1); got != before {
+		t.Errorf("after the put tried again the store counts %d bytes, want %d", got, before)
+	}
+	if got := replicaRegions(h1, 0, 2); len(got) != len(tab) {
+		t.Errorf("host 1 holds %d regions of rank 0's step 2, want %d", len(got), len(tab))
+	}
+}
+
 // TestTakeOverStalledGet: a put that takes over a buffer a stalled get
 // is sending gives the buffer new slices; the get's stay alive, and
 // counted, until it ends.
