@@ -822,17 +822,28 @@ func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
 		testHookHasCheck(o)
 	}
 	e, got, bad := badRegion(t, data)
-	var free uint64
-	defer func() { st.reserve(0, free) }() // after o.mu is let go
+	why, refuse := st.hasVerdict(o, b, pin, h, e, got, bad)
+	if refuse != "" {
+		return writeFail(c, h, why, refuse)
+	}
+	return writeAck(c, h)
+}
+
+// hasVerdict lets go of the pin of has h on b, which it checked (bad:
+// region e's bytes have CRC32C got), and records the outcome: a refusal
+// (why, refuse), or "" for an acknowledgement. The answer is written
+// after, without the owner's lock (a stalled reader would hold it).
+func (st *replicaStore) hasVerdict(o *ownerReplica, b *replicaBuf, pin *bufPin, h linkHdr, e tableEntry, got uint32, bad bool) (why uint32, refuse string) {
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	// Meanwhile a put may have taken the buffer over (new slices, no
 	// longer this pin: nothing writes a pinned buffer's slices), the
 	// sweep dropped it, or a restart come.
 	still := !o.dropped && b.step == h.step && b.pin == pin
-	free = pin.release()
+	free := pin.release()
+	defer st.reserve(0, free) // after o.mu is let go
+	defer o.mu.Unlock()
 	if known := max(o.gen, st.h.Gen()); h.gen < known {
-		return writeFail(c, h, failStale, fmt.Sprintf("rank %d step %d: a request of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known))
+		return failStale, fmt.Sprintf("rank %d step %d: a request of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known)
 	}
 	if bad {
 		st.h.log.Warn("a held replica no longer matches its owner's CRC32C; dropped, asking the owner for it again",
@@ -840,14 +851,14 @@ func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
 		if still {
 			b.step = noStep
 		}
-		return writeFail(c, h, failOther, fmt.Sprintf("the replica of rank %d step %d held here: region %s: CRC32C %08x, the owner's is %08x", h.owner, h.step, e.name, got, e.sum))
+		return failOther, fmt.Sprintf("the replica of rank %d step %d held here: region %s: CRC32C %08x, the owner's is %08x", h.owner, h.step, e.name, got, e.sum)
 	}
 	if !still {
-		return writeFail(c, h, failOther, fmt.Sprintf("the replica of rank %d step %d held here was replaced while it was checked", h.owner, h.step))
+		return failOther, fmt.Sprintf("the replica of rank %d step %d held here was replaced while it was checked", h.owner, h.step)
 	}
 	o.gen = max(o.gen, h.gen)
 	b.gen = max(b.gen, h.gen)
-	return writeAck(c, h)
+	return 0, ""
 }
 
 // pinStep pins the complete buffer of o holding step with regions t
