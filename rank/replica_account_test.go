@@ -269,3 +269,37 @@ func TestHasChecksOutsideLock(t *testing.T) {
 		})
 	}
 }
+
+// TestHasStalledAnswer: a has whose answer is not read (its reader
+// stalled) does not hold the owner's lock: a put of the owner on another
+// link goes through meanwhile.
+func TestHasStalledAnswer(t *testing.T) {
+	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
+	protectReplicated(c, rs, 2) // host 1 holds rank 0's steps 0 and 1
+	h1 := c.hosts[1]
+	hdr, tab, data, _ := stepFrame(t, h1, 2, 0x50, nil)
+	links := &pipeLinks{}
+	t.Cleanup(links.close)
+	l := links.serve(h1, 0)
+	within(t, "a put of rank 0's step 2", func() error {
+		if err := writeFrame(l, hdr, tab, data); err != nil {
+			return err
+		}
+		return readAck(l, hdr)
+	})
+	has := hdr
+	has.kind = kindHas
+	if err := writeFrame(l, has, tab, nil); err != nil { // its answer is read last
+		t.Fatal(err)
+	}
+	put3, tab3, data3, _ := stepFrame(t, h1, 3, 0x60, nil)
+	other := links.serve(h1, 0)
+	within(t, "a put of rank 0's step 3 while a has's answer is not read", func() error {
+		if err := writeFrame(other, put3, tab3, data3); err != nil {
+			return err
+		}
+		return readAck(other, put3)
+	})
+	within(t, "the has's answer", func() error { return readAck(l, has) })
+}
