@@ -34,16 +34,35 @@ func stepFrame(t *testing.T, h *Host, step int64, fill byte, only map[string][]b
 	return hdr, tab, data, frame.Bytes()
 }
 
+// holderOfRank0 starts hosts 0 and 1, each holding the other's rank's
+// replicas, protects steps 0 to 2, and returns host 1.
+func holderOfRank0(t *testing.T) *Host {
+	t.Helper()
+	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
+	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
+	protectReplicated(c, rs, 2)
+	return c.hosts[1]
+}
+
+// putAcked sends put hdr of tab and data on l and fails t unless it is
+// acknowledged (within 10 s).
+func putAcked(t *testing.T, what string, l io.ReadWriter, hdr linkHdr, tab []tableEntry, data [][]byte) {
+	t.Helper()
+	within(t, what, func() error {
+		if err := writeFrame(l, hdr, tab, data); err != nil {
+			return err
+		}
+		return readAck(l, hdr)
+	})
+}
+
 // TestTakeOverStalledPuts: puts of one step on link after link, each
 // stalling mid-frame (a flapping partition), each taking the buffer the
 // one before is receiving into over: each taken-over put is ended at
 // once (its link closed), so its slices live no longer than they are
 // counted, and the store counts one buffer's worth, not one per link.
 func TestTakeOverStalledPuts(t *testing.T) {
-	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
-	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
-	protectReplicated(c, rs, 2) // host 1 holds rank 0's steps 0 and 1
-	h1 := c.hosts[1]
+	h1 := holderOfRank0(t) // host 1 holds rank 0's steps 0 and 1
 	hdr, tab, _, frame := stepFrame(t, h1, 2, 0x40, nil)
 	size := tableBytes(tab)
 	// The header, the table and half the first region: once the write
@@ -99,10 +118,7 @@ func TestTakeOverStalledPuts(t *testing.T) {
 // tries again), not given memory outside the limit; the stalled put is
 // ended, so that the retry finds the buffer free and receives into it.
 func TestTakeOverOverLimit(t *testing.T) {
-	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
-	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
-	protectReplicated(c, rs, 2) // host 1 holds rank 0's steps 0 and 1
-	h1 := c.hosts[1]
+	h1 := holderOfRank0(t) // host 1 holds rank 0's steps 0 and 1
 	hdr, tab, data, frame := stepFrame(t, h1, 2, 0x30, nil)
 	half := len(frame) - int(tableBytes(tab)) + int(tab[0].size)/2
 	links := &pipeLinks{}
@@ -135,12 +151,7 @@ func TestTakeOverOverLimit(t *testing.T) {
 		_, err := io.ReadAll(stalled)
 		return err
 	})
-	within(t, "the put tried again", func() error {
-		if err := writeFrame(other, hdr, tab, data); err != nil {
-			return err
-		}
-		return readAck(other, hdr)
-	})
+	putAcked(t, "the put tried again", other, hdr, tab, data)
 	if got := storeBytes(h1); got != before {
 		t.Errorf("after the put tried again the store counts %d bytes, want %d", got, before)
 	}
@@ -153,10 +164,7 @@ func TestTakeOverOverLimit(t *testing.T) {
 // is sending gives the buffer new slices; the get's stay alive, and
 // counted, until it ends.
 func TestTakeOverStalledGet(t *testing.T) {
-	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
-	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
-	protectReplicated(c, rs, 2) // host 1 holds rank 0's steps 0 and 1
-	h1 := c.hosts[1]
+	h1 := holderOfRank0(t) // host 1 holds rank 0's steps 0 and 1
 	held := replicaRegions(h1, 0, 1)
 	before := storeBytes(h1)
 
@@ -165,12 +173,7 @@ func TestTakeOverStalledGet(t *testing.T) {
 	stalled, get, first := stallGet(t, links, h1, 1)
 	put, tab, data, _ := stepFrame(t, h1, 1, 0x70, held)
 	other := links.serve(h1, 0)
-	within(t, "a put of rank 0's step 1 while a get of it is stalled", func() error {
-		if err := writeFrame(other, put, tab, data); err != nil {
-			return err
-		}
-		return readAck(other, put)
-	})
+	putAcked(t, "a put of rank 0's step 1 while a get of it is stalled", other, put, tab, data)
 	if got, want := storeBytes(h1), before+tableBytes(tab); got != want {
 		t.Errorf("with a stalled get sending the slices taken over: the store counts %d bytes, want %d", got, want)
 	}
@@ -210,20 +213,12 @@ func TestHasChecksOutsideLock(t *testing.T) {
 		{"rotten copy", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
-			rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
-			protectReplicated(c, rs, 2) // host 1 holds rank 0's steps 0 and 1
-			h1 := c.hosts[1]
+			h1 := holderOfRank0(t) // host 1 holds rank 0's steps 0 and 1
 			hdr, tab, data, _ := stepFrame(t, h1, 2, 0x20, nil)
 			links := &pipeLinks{}
 			t.Cleanup(links.close)
 			l := links.serve(h1, 0)
-			within(t, "a put of rank 0's step 2", func() error {
-				if err := writeFrame(l, hdr, tab, data); err != nil {
-					return err
-				}
-				return readAck(l, hdr)
-			})
+			putAcked(t, "a put of rank 0's step 2", l, hdr, tab, data)
 			if tc.rot {
 				o := h1.store.owner(0)
 				o.mu.Lock()
@@ -274,20 +269,12 @@ func TestHasChecksOutsideLock(t *testing.T) {
 // stalled) does not hold the owner's lock: a put of the owner on another
 // link goes through meanwhile.
 func TestHasStalledAnswer(t *testing.T) {
-	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
-	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}
-	protectReplicated(c, rs, 2) // host 1 holds rank 0's steps 0 and 1
-	h1 := c.hosts[1]
+	h1 := holderOfRank0(t) // host 1 holds rank 0's steps 0 and 1
 	hdr, tab, data, _ := stepFrame(t, h1, 2, 0x50, nil)
 	links := &pipeLinks{}
 	t.Cleanup(links.close)
 	l := links.serve(h1, 0)
-	within(t, "a put of rank 0's step 2", func() error {
-		if err := writeFrame(l, hdr, tab, data); err != nil {
-			return err
-		}
-		return readAck(l, hdr)
-	})
+	putAcked(t, "a put of rank 0's step 2", l, hdr, tab, data)
 	has := hdr
 	has.kind = kindHas
 	if err := writeFrame(l, has, tab, nil); err != nil { // its answer is read last
@@ -295,11 +282,6 @@ func TestHasStalledAnswer(t *testing.T) {
 	}
 	put3, tab3, data3, _ := stepFrame(t, h1, 3, 0x60, nil)
 	other := links.serve(h1, 0)
-	within(t, "a put of rank 0's step 3 while a has's answer is not read", func() error {
-		if err := writeFrame(other, put3, tab3, data3); err != nil {
-			return err
-		}
-		return readAck(other, put3)
-	})
+	putAcked(t, "a put of rank 0's step 3 while a has's answer is not read", other, put3, tab3, data3)
 	within(t, "the has's answer", func() error { return readAck(l, has) })
 }
