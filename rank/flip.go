@@ -40,7 +40,8 @@ const flipLockPoll = 5 * time.Millisecond
 //
 // It never waits on a request in progress: an owner whose lock is held
 // is tried again until ctx ends, and then returned in busy, untouched; an
-// owner one of whose buffers a get is sending (replicaBuf.pin) is
+// owner one of whose buffers a get is sending or a has checking
+// (replicaBuf.pin) is
 // returned in busy too, that buffer untouched. Only full mode keeps whole
 // buffers: in diff mode or under erasure coding it flips nothing and
 // returns ErrFlipMode.

@@ -326,30 +326,88 @@ type replicaBuf struct {
 	gen   uint64 // the owner's restart generation when it sent step
 	table []tableEntry
 	data  [][]byte
-	// recv, when not 0, is the claim of the put receiving into data
-	// (ownerReplica.recvSeq): that put writes data without the owner's
-	// lock, so nothing else may (a put taking the buffer over gives it
-	// new slices).
-	recv uint64
-	// pin, when its count is not 0, is held by gets sending data without
-	// the owner's lock: nothing may write data meanwhile (a put taking
-	// the buffer over gives it new slices and a new pin).
+	// recv, when not nil, is the claim of the put receiving into data:
+	// that put writes data without the owner's lock, so nothing else may
+	// (a put taking the buffer over gives it new slices).
+	recv *bufClaim
+	// pin, when its count is not 0, is held by gets (and has checks)
+	// reading data without the owner's lock: nothing may write data
+	// meanwhile (a put taking the buffer over gives it new slices and a
+	// new pin).
 	pin *bufPin
+	// A buffer is never claimed and pinned at once: a claimed buffer
+	// holds no step, and only a buffer holding a step is pinned.
 }
 
-// bufPin counts the gets sending a buffer's data; guarded by the owner's
-// mu. A get keeps its pin, not the buffer, so that a buffer reset under
-// it (replicaStore.sweep) is no matter.
-type bufPin struct{ n int }
+// bufClaim is a put's claim on the buffer it receives into; guarded by
+// the owner's mu. A buffer taken over (supersede) leaves its slices to
+// the claim, still counted by the store (held) until the put ends; the
+// take-over ends the put's read (its bytes are dead anyway).
+type bufClaim struct {
+	conn net.Conn // the put's link
+	held uint64   // the bytes of superseded slices still counted for it
+}
 
-// pinned reports whether a get is sending b's data. o.mu is held.
+// bufPin counts the readers of a buffer's data; guarded by the owner's
+// mu. A reader keeps its pin, not the buffer, so that a buffer reset
+// under it (replicaStore.sweep) is no matter; slices superseded under
+// it stay counted by the store (held) until the last reader lets go.
+type bufPin struct {
+	n    int
+	held uint64
+}
+
+// supersede takes b's slices away from it (b is reset or given new
+// ones): a put still receiving into them, or readers still reading them,
+// keep them alive, so they stay counted in the store's bytes until that
+// put or the last of those readers ends; the put is made to end now.
+// It returns the bytes freed at once (no one uses the slices), for the
+// caller to release (replicaStore.reserve). o.mu is held.
+func (b *replicaBuf) supersede() (free uint64) {
+	n := bufBytes(b.data)
+	switch {
+	case b.recv != nil:
+		b.recv.held += n
+		// Its data would be refused at its end: end it now rather than
+		// when (if ever) its stalled sender sends the rest.
+		b.recv.conn.SetReadDeadline(time.Now())
+	case b.pinned():
+		b.pin.held += n
+	default:
+		free = n
+	}
+	b.table, b.data, b.recv, b.pin = nil, nil, nil, nil
+	return free
+}
+
+// release lets go of one reader's pin and returns the bytes of the
+// superseded slices it was the last reader of, for the caller to release
+// (replicaStore.reserve). The owner's mu is held.
+func (p *bufPin) release() (free uint64) {
+	p.n--
+	if p.n == 0 {
+		free, p.held = p.held, 0
+	}
+	return free
+}
+
+// unpin lets go of pin, taken on one of o's buffers, and releases the
+// superseded slices it was the last reader of. o.mu is not held.
+func (st *replicaStore) unpin(o *ownerReplica, pin *bufPin) {
+	o.mu.Lock()
+	free := pin.release()
+	o.mu.Unlock()
+	st.reserve(0, free)
+}
+
+// pinned reports whether a get is sending b's data, or a has checking
+// it. o.mu is held.
 func (b *replicaBuf) pinned() bool { return b.pin != nil && b.pin.n > 0 }
 
 // ownerReplica is what this host holds of one owner rank.
 type ownerReplica struct {
-	mu      sync.Mutex // held neither while a buffer is received (replicaBuf.recv) nor sent (replicaBuf.pin); guards the fields below
+	mu      sync.Mutex // held neither while a buffer is received (replicaBuf.recv) nor read (replicaBuf.pin); guards the fields below
 	bufs    [2]replicaBuf
-	recvSeq uint64 // the last claim given to a put (replicaBuf.recv)
 	gen     uint64 // the newest restart generation known for the owner: older puts are refused
 	dropped bool   // no longer kept here (replicaStore.sweep)
 	// spare: no rank of this host holds the owner's replicas in the
@@ -405,6 +463,7 @@ type replicaStore struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	bytes  uint64 // held in all buffers
+	limit  uint64 // what bytes may reach; 0: half the host's memory (tests set it)
 }
 
 // reserve accounts for a buffer growing from old to n bytes: it fails if
@@ -413,7 +472,7 @@ type replicaStore struct {
 func (st *replicaStore) reserve(n, old uint64) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	limit := physicalMemory() / 2
+	limit := cmp.Or(st.limit, physicalMemory()/2)
 	if next := st.bytes - old + n; n > old && limit > 0 && next > limit {
 		return fmt.Errorf("the replicas held here would take %d bytes, more than half this host's memory", next)
 	}
@@ -565,8 +624,10 @@ func (st *replicaStore) serve(ctx context.Context, from int, c net.Conn) {
 // otherwise hold every request on that owner's replicas (a restore's
 // get, a has, the sweep, a restart, the debug flip) until its connection
 // died. The buffer being received is claimed instead (replicaBuf.recv):
-// it holds no step meanwhile, so nothing else reads it, and a put, sweep
-// or drop that takes it over makes this one refuse at its end.
+// it holds no step meanwhile, so nothing else reads it, and a put or
+// the sweep that takes it over (replicaBuf.supersede) ends this one: its
+// read fails at once (a deadline on c), or it is refused at its end. Its
+// slices stay counted against the store's limit until then.
 func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	total := tableBytes(t)
 	if h.length != total || h.step < 0 {
@@ -577,7 +638,7 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 		return refusePut(c, h, failOther, refuse)
 	}
 	o := st.owner(h.owner)
-	buf, claim, data, why, refuse, err := st.claimBuf(o, h, t)
+	buf, claim, data, why, refuse, err := st.claimBuf(o, h, t, c)
 	if err != nil {
 		return err
 	}
@@ -603,8 +664,9 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	o.mu.Lock()
 	mine := buf.recv == claim
 	if mine {
-		buf.recv = 0
+		buf.recv = nil
 	}
+	superseded := claim.held // the slices it received into, when taken over
 	known := max(o.gen, st.h.Gen())
 	switch {
 	case rerr != nil:
@@ -618,6 +680,7 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 		buf.step = h.step
 	}
 	o.mu.Unlock()
+	st.reserve(0, superseded)
 	switch {
 	case rerr != nil:
 		return rerr
@@ -631,17 +694,20 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 // into and claims it: the buffer, the claim, and the slices to read the
 // regions into (the buffer's own, or new ones when another put's claim
 // still writes them). It returns a refusal (why, refuse) instead when h
-// is no longer for this holder or is stale, and an error when the
-// buffer cannot be reserved.
-func (st *replicaStore) claimBuf(o *ownerReplica, h linkHdr, t []tableEntry) (buf *replicaBuf, claim uint64, data [][]byte, why uint32, refuse string, err error) {
+// is no longer for this holder or is stale, or when new slices for it
+// would take the replicas held here past their limit while another put
+// or a get still uses the buffer's (that put is ended: a retry finds the
+// buffer free); and an error when the buffer cannot be reserved.
+// c is h's link (a take-over ends the read of the put on it).
+func (st *replicaStore) claimBuf(o *ownerReplica, h linkHdr, t []tableEntry, c net.Conn) (buf *replicaBuf, claim *bufClaim, data [][]byte, why uint32, refuse string, err error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	// A new placement may have come meanwhile (and dropped o).
 	if refuse := st.notHolder(h); refuse != "" || o.dropped {
-		return nil, 0, nil, failOther, cmp.Or(refuse, fmt.Sprintf("rank %d's replicas are no longer kept here", h.owner)), nil
+		return nil, nil, nil, failOther, cmp.Or(refuse, fmt.Sprintf("rank %d's replicas are no longer kept here", h.owner)), nil
 	}
 	if known := max(o.gen, st.h.Gen()); h.gen < known {
-		return nil, 0, nil, failStale, fmt.Sprintf("rank %d step %d: a put of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known), nil
+		return nil, nil, nil, failStale, fmt.Sprintf("rank %d step %d: a put of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known), nil
 	}
 	o.gen = h.gen
 	// The victim: a buffer holding this step or a later one (from before a
@@ -657,28 +723,44 @@ func (st *replicaStore) claimBuf(o *ownerReplica, h linkHdr, t []tableEntry) (bu
 		v = 1
 	}
 	buf = &o.bufs[v]
-	buf.step, buf.gen = noStep, h.gen
-	if !sameShape(buf.table, t) || buf.recv != 0 || buf.pinned() {
-		// Replicas live in this agent's memory: all of them together may
-		// take at most half the host's, whatever peers announce. A put
-		// still receiving into the buffer (its sender stalled), or a get
-		// still sending it (its receiver stalled), keeps its slices until
-		// it ends; this put takes new ones.
-		total, old := tableBytes(t), bufBytes(buf.data)
+	// Replicas live in this agent's memory: all of them together may take
+	// at most half the host's, whatever peers announce.
+	total := tableBytes(t)
+	switch {
+	case buf.recv != nil || buf.pinned():
+		// A put still receiving into the buffer (its sender stalled), or
+		// a get still sending it (its receiver stalled), keeps its slices
+		// until it ends, and they stay counted meanwhile; this put takes
+		// new ones, if they fit besides.
+		if err := st.reserve(total, 0); err != nil {
+			if buf.recv != nil {
+				buf.recv.conn.SetReadDeadline(time.Now())
+			}
+			return nil, nil, nil, failOther, fmt.Sprintf("rank %d step %d: the buffer is still in use by another request, and new memory for it would exceed the limit: %v", h.owner, h.step, err), nil
+		}
+		st.reserve(0, buf.supersede()) // 0: they are in use
+		newSlices(buf, t)
+	case !sameShape(buf.table, t):
+		old := bufBytes(buf.data)
 		if err := st.reserve(total, old); err != nil {
-			buf.table, buf.data, buf.recv = nil, nil, 0
-			st.reserve(0, old) // the buffer is dropped
-			return nil, 0, nil, 0, "", fmt.Errorf("put of %d bytes for rank %d: %w", total, h.owner, err)
+			st.reserve(0, buf.supersede()) // the buffer is dropped
+			buf.step = noStep
+			return nil, nil, nil, 0, "", fmt.Errorf("put of %d bytes for rank %d: %w", total, h.owner, err)
 		}
-		buf.data, buf.pin = make([][]byte, len(t)), nil
-		for i, e := range t {
-			buf.data[i] = make([]byte, e.size)
-		}
+		newSlices(buf, t)
 	}
+	buf.step, buf.gen = noStep, h.gen
 	buf.table = t
-	o.recvSeq++
-	buf.recv = o.recvSeq
+	buf.recv = &bufClaim{conn: c}
 	return buf, buf.recv, buf.data, 0, "", nil
+}
+
+// newSlices gives buf zeroed slices of t's sizes (already counted).
+func newSlices(buf *replicaBuf, t []tableEntry) {
+	buf.data, buf.pin = make([][]byte, len(t)), nil
+	for i, e := range t {
+		buf.data[i] = make([]byte, e.size)
+	}
 }
 
 // notHolder says why h.holder does not hold h.owner's replicas here in
@@ -713,42 +795,98 @@ func (st *replicaStore) has(c net.Conn, h linkHdr, t []tableEntry) error {
 		return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d here", h.owner))
 	}
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	if known := max(o.gen, st.h.Gen()); h.gen < known {
+		o.mu.Unlock()
 		return writeFail(c, h, failStale, fmt.Sprintf("rank %d step %d: a request of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known))
 	}
 	if !o.dropped && o.hasDiff(h, t, st.h.place().ecDiff()) {
 		o.gen = max(o.gen, h.gen)
 		o.confirmDiff(h.step, h.gen)
+		o.mu.Unlock()
 		return writeAck(c, h)
 	}
-	for i := range o.bufs {
-		b := &o.bufs[i]
-		if o.dropped || b.step < 0 || b.step != h.step || !slices.Equal(b.table, t) || len(b.data) != len(t) {
-			continue
-		}
-		// The table matching is not the data matching: a copy rotten
-		// since its put (memory) would be counted as a good one until
-		// the owner replaced it, two steps later. Checked, a rotten copy
-		// is dropped and refused, and the owner sends the step again.
-		if e, got, bad := badRegion(b); bad {
-			st.h.log.Warn("a held replica no longer matches its owner's CRC32C; dropped, asking the owner for it again",
-				"owner", h.owner, "step", h.step, "region", e.name, "crc32c", fmt.Sprintf("%08x", got), "want", fmt.Sprintf("%08x", e.sum))
-			b.step = noStep
-			return writeFail(c, h, failOther, fmt.Sprintf("the replica of rank %d step %d held here: region %s: CRC32C %08x, the owner's is %08x", h.owner, h.step, e.name, got, e.sum))
-		}
-		o.gen = max(o.gen, h.gen)
-		b.gen = max(b.gen, h.gen)
-		return writeAck(c, h)
+	b, pin := o.pinStep(h.step, t)
+	if b == nil {
+		o.mu.Unlock()
+		return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d at step %d with these regions here", h.owner, h.step))
 	}
-	return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d at step %d with these regions here", h.owner, h.step))
+	data := b.data
+	o.mu.Unlock()
+	// The table matching is not the data matching: a copy rotten since
+	// its put (memory) would be counted as a good one until the owner
+	// replaced it, two steps later. Checked, a rotten copy is dropped and
+	// refused, and the owner sends the step again. The check (a full
+	// CRC32C pass) runs with the buffer pinned, not under the owner's
+	// lock, which puts, gets, the sweep and the debug flip wait for.
+	if testHookHasCheck != nil {
+		testHookHasCheck(o)
+	}
+	e, got, bad := badRegion(t, data)
+	why, refuse := st.hasVerdict(o, b, pin, h, e, got, bad)
+	if refuse != "" {
+		return writeFail(c, h, why, refuse)
+	}
+	return writeAck(c, h)
 }
 
-// badRegion returns the first region of b whose bytes do not match its
-// CRC32C (and the bytes' CRC32C), if any. b's owner's mu is held.
-func badRegion(b *replicaBuf) (e tableEntry, got uint32, bad bool) {
-	for i, e := range b.table {
-		if got := crc32c.Checksum(b.data[i]); got != e.sum {
+// hasVerdict lets go of the pin of has h on b, which it checked (bad:
+// region e's bytes have CRC32C got), and records the outcome: a refusal
+// (why, refuse), or "" for an acknowledgement. The answer is written
+// after, without the owner's lock (a stalled reader would hold it).
+func (st *replicaStore) hasVerdict(o *ownerReplica, b *replicaBuf, pin *bufPin, h linkHdr, e tableEntry, got uint32, bad bool) (why uint32, refuse string) {
+	o.mu.Lock()
+	// Meanwhile a put may have taken the buffer over (new slices, no
+	// longer this pin: nothing writes a pinned buffer's slices), the
+	// sweep dropped it, or a restart come.
+	still := !o.dropped && b.step == h.step && b.pin == pin
+	free := pin.release()
+	defer st.reserve(0, free) // after o.mu is let go
+	defer o.mu.Unlock()
+	if known := max(o.gen, st.h.Gen()); h.gen < known {
+		return failStale, fmt.Sprintf("rank %d step %d: a request of restart generation %d, this holder knows generation %d", h.owner, h.step, h.gen, known)
+	}
+	if bad {
+		st.h.log.Warn("a held replica no longer matches its owner's CRC32C; dropped, asking the owner for it again",
+			"owner", h.owner, "step", h.step, "region", e.name, "crc32c", fmt.Sprintf("%08x", got), "want", fmt.Sprintf("%08x", e.sum))
+		if still {
+			b.step = noStep
+		}
+		return failOther, fmt.Sprintf("the replica of rank %d step %d held here: region %s: CRC32C %08x, the owner's is %08x", h.owner, h.step, e.name, got, e.sum)
+	}
+	if !still {
+		return failOther, fmt.Sprintf("the replica of rank %d step %d held here was replaced while it was checked", h.owner, h.step)
+	}
+	o.gen = max(o.gen, h.gen)
+	b.gen = max(b.gen, h.gen)
+	return 0, ""
+}
+
+// pinStep pins the complete buffer of o holding step with regions t
+// (replicaBuf.pin) and returns it and the pin, or nil. o.mu is held.
+func (o *ownerReplica) pinStep(step int64, t []tableEntry) (*replicaBuf, *bufPin) {
+	for i := range o.bufs {
+		b := &o.bufs[i]
+		if o.dropped || b.step < 0 || b.step != step || !slices.Equal(b.table, t) || len(b.data) != len(t) {
+			continue
+		}
+		if b.pin == nil {
+			b.pin = &bufPin{}
+		}
+		b.pin.n++
+		return b, b.pin
+	}
+	return nil, nil
+}
+
+// testHookHasCheck, if set (by tests), is called while a has checks the
+// bytes of a buffer of o.
+var testHookHasCheck func(o *ownerReplica)
+
+// badRegion returns the first region of data (of table t) whose bytes do
+// not match its CRC32C (and the bytes' CRC32C), if any.
+func badRegion(t []tableEntry, data [][]byte) (e tableEntry, got uint32, bad bool) {
+	for i, e := range t {
+		if got := crc32c.Checksum(data[i]); got != e.sum {
 			return e, got, true
 		}
 	}
@@ -790,7 +928,7 @@ func (st *replicaStore) sweep(p *placement, g int64) {
 		o.dropped = true
 		var n uint64
 		for i := range o.bufs {
-			n += bufBytes(o.bufs[i].data)
+			n += o.bufs[i].supersede()
 			o.bufs[i] = replicaBuf{step: noStep}
 		}
 		st.dropDiff(o)
@@ -902,9 +1040,7 @@ func (st *replicaStore) get(c net.Conn, h linkHdr) error {
 	}
 	d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
 	err := writeFrame(c, d, t, data)
-	o.mu.Lock()
-	pin.n--
-	o.mu.Unlock()
+	st.unpin(o, pin)
 	return err
 }
 

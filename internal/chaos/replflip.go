@@ -151,30 +151,36 @@ func awaitFlip(j *Job, host, skip int, within time.Duration) ([]string, error) {
 }
 
 // flipLine is one line of the agent's: "flipped HOST OWNER STEP REGION".
-// An owner it could not flip is named in "busy HOST OWNER" instead, so
-// flippedEvery finds it missing.
-var flipLine = regexp.MustCompile(`^flipped (\d+) (\d+) (\d+) \S+$`)
+// An owner it could not flip wholly is named in "busy HOST OWNER" (as
+// well, when it flipped one buffer and a get was sending the other), so
+// flippedEvery counts it as not flipped.
+var (
+	flipLine = regexp.MustCompile(`^flipped (\d+) (\d+) (\d+) \S+$`)
+	busyLine = regexp.MustCompile(`^busy (\d+) (\d+)$`)
+)
 
 // flippedEvery reports whether lines (the agents' of one flip, in the
 // fault's note: Run.Flipped) show a
 // flipped buffer of every rank on f.Host2 that a rank of f.Host holds,
 // by plan p.
 func flippedEvery(lines []string, f Fault, p Plan) bool {
-	flipped := map[int]bool{}
+	flipped, busy := map[int]bool{}, map[int]bool{}
 	for _, l := range lines {
-		m := flipLine.FindStringSubmatch(l)
-		if m == nil || m[1] != strconv.Itoa(f.Host) {
-			continue
+		if m := flipLine.FindStringSubmatch(l); m != nil && m[1] == strconv.Itoa(f.Host) {
+			owner, _ := strconv.Atoi(m[2])
+			flipped[owner] = true
 		}
-		owner, _ := strconv.Atoi(m[2])
-		flipped[owner] = true
+		if m := busyLine.FindStringSubmatch(l); m != nil && m[1] == strconv.Itoa(f.Host) {
+			owner, _ := strconv.Atoi(m[2])
+			busy[owner] = true
+		}
 	}
 	n := 0
 	for r, h := range p.HostOf {
 		if h != f.Host2 || !heldOn(p, r, f.Host) {
 			continue
 		}
-		if !flipped[r] {
+		if !flipped[r] || busy[r] {
 			return false
 		}
 		n++

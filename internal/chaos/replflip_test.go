@@ -23,17 +23,20 @@ func TestReplicaFlipPromise(t *testing.T) {
 		busy       bool     // the agent names the lost host's ranks busy
 		wantHit    bool
 		wantWithin bool
+		half       bool // busy, and also flipped (one buffer flipped, the other pinned by a get)
 	}{
 		{"replicas:1, the only copy flipped", Config{Workload: Dptrain, Hosts: 3, Spares: 1, RanksPerHost: 1, Redundancy: "replicas:1", Protect: "full"},
-			0, nil, false, true, false},
+			0, nil, false, true, false, false},
 		{"replicas:1, the owner's replica busy", Config{Workload: Dptrain, Hosts: 3, Spares: 1, RanksPerHost: 1, Redundancy: "replicas:1", Protect: "full"},
-			0, nil, true, false, true},
+			0, nil, true, false, true, false},
+		{"replicas:1, one buffer flipped, the other busy", Config{Workload: Dptrain, Hosts: 3, Spares: 1, RanksPerHost: 1, Redundancy: "replicas:1", Protect: "full"},
+			0, nil, true, false, true, true},
 		{"replicas:2, a good copy left", Config{Workload: Dptrain, Hosts: 3, Spares: 1, RanksPerHost: 1, Redundancy: "replicas:2", Protect: "full"},
-			0, nil, false, true, true},
+			0, nil, false, true, true, false},
 		{"replicas:2, no spare", Config{Workload: Dptrain, Hosts: 3, RanksPerHost: 1, Redundancy: "replicas:2", Protect: "full"},
-			0, nil, false, true, false},
+			0, nil, false, true, false, false},
 		{"replicas:1, nothing of the owner flipped", Config{Workload: Dptrain, Hosts: 3, Spares: 1, RanksPerHost: 1, Redundancy: "replicas:1", Protect: "full"},
-			0, []string{"done 0 0"}, false, false, true},
+			0, []string{"done 0 0"}, false, false, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !replicaFlipApplies(tc.c) {
@@ -53,6 +56,9 @@ func TestReplicaFlipPromise(t *testing.T) {
 					switch {
 					case h != f.Host2:
 					case tc.busy:
+						if tc.half {
+							lines = append(lines, fmt.Sprintf("flipped %d %d 7 optimizer", f.Host, r))
+						}
 						lines = append(lines, fmt.Sprintf("busy %d %d", f.Host, r))
 					default:
 						lines = append(lines, fmt.Sprintf("flipped %d %d 7 optimizer", f.Host, r))
