@@ -33,6 +33,7 @@ exec sleep 600
 // takes part in the restart, and its loss afterwards (crash or partition)
 // is noticed and stops the job.
 func TestHostLostAfterRestart(t *testing.T) {
+	killAll := func(h *testcluster.Hosts, i int) error { return h.KillAll(i) }
 	tests := []struct {
 		name      string
 		fail      func(h *testcluster.Hosts, i int) error
@@ -41,10 +42,10 @@ func TestHostLostAfterRestart(t *testing.T) {
 		code      int    // gorun's exit code
 		want      string // in the report
 	}{
-		{"crash", (*testcluster.Hosts).KillAll, false, false, 1, "agent on host %s ended unexpectedly"},
+		{"crash", killAll, false, false, 1, "agent on host %s ended unexpectedly"},
 		{"partition", (*testcluster.Hosts).LinkDown, false, true, 1, "host %s lost: no heartbeat"},
 		// A restart cannot start ranks on a host whose agent is gone.
-		{"crash before", (*testcluster.Hosts).KillAll, true, false, 3, "cannot restart the ranks: the agent on host %s has ended"},
+		{"crash before", killAll, true, false, 3, "cannot restart the ranks: the agent on host %s has ended"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
