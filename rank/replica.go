@@ -666,6 +666,13 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 	if mine {
 		buf.recv = nil
 	}
+	if rerr == nil {
+		// A take-over, or a put refused over the limit, may have set a
+		// read deadline after this put had read all its data: the link
+		// is in step, and its next request must be read. (Every setter
+		// holds o.mu and needs the claim attached: none comes after.)
+		c.SetReadDeadline(time.Time{})
+	}
 	superseded := claim.held // the slices it received into, when taken over
 	known := max(o.gen, st.h.Gen())
 	switch {
