@@ -703,8 +703,10 @@ func (st *replicaStore) put(c net.Conn, h linkHdr, t []tableEntry) error {
 // still writes them). It returns a refusal (why, refuse) instead when h
 // is no longer for this holder or is stale, or when new slices for it
 // would take the replicas held here past their limit while another put
-// or a get still uses the buffer's (that put is ended: a retry finds the
-// buffer free); and an error when the buffer cannot be reserved.
+// or a get still uses the buffer's (a put is ended then, and a retry
+// finds the buffer free; a get is not: the retries are refused until it
+// ends, by its receiver or the link's TCP user timeout); and an error
+// when the buffer cannot be reserved.
 // c is h's link (a take-over ends the read of the put on it).
 func (st *replicaStore) claimBuf(o *ownerReplica, h linkHdr, t []tableEntry, c net.Conn) (buf *replicaBuf, claim *bufClaim, data [][]byte, why uint32, refuse string, err error) {
 	o.mu.Lock()
