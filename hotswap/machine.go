@@ -620,10 +620,17 @@ func (m *Machine) rankFailed(f *rankFailure) {
 	}
 	m.blamed, m.blamedG, m.blamedStep = r, m.g, m.lastStep[r]
 	m.restarts++
+	m.restartEvery(f, fmt.Sprintf("restarting every rank (restart %d of %d)", m.restarts, m.cfg.MaxRestarts), sources)
+}
+
+// restartEvery restarts every rank where it is after failure f, in a new
+// generation and epoch, restoring from sources; how says why, in the
+// report.
+func (m *Machine) restartEvery(f *rankFailure, how string, sources []Source) {
 	m.gen++
 	m.resetEnded()
 	m.beginEpoch(f.what, f.at, -1)
-	m.report("%s; restarting every rank (restart %d of %d), %s", f.what, m.restarts, m.cfg.MaxRestarts, m.from())
+	m.report("%s; %s, %s", f.what, how, m.from())
 	m.emit(Restart{Gen: m.gen, Epoch: m.epoch, G: m.g})
 	m.publish(sources)
 }

@@ -273,12 +273,7 @@ func (m *Machine) restoreAgain(f *rankFailure) {
 			m.abort(ExitFailure, "%s; cannot restart: invariant %s", f.what, v)
 			return
 		}
-		m.gen++
-		m.resetEnded()
-		m.beginEpoch(f.what, f.at, -1)
-		m.report("%s; rank %d's restore found copies failing their CRC32C: restoring every rank again from the valid copies (not counted against --max-restarts), %s", f.what, r, m.from())
-		m.emit(Restart{Gen: m.gen, Epoch: m.epoch, G: m.g})
-		m.publish(sources)
+		m.restartEvery(f, fmt.Sprintf("rank %d's restore found copies failing their CRC32C: restoring every rank again from the valid copies (not counted against --max-restarts)", r), sources)
 	case m.canRollback():
 		m.rollbackInPlace(f, perr)
 	default:

@@ -101,9 +101,9 @@ const (
 // because the file is in use): no MPICH file is judged.
 var errLeasesOff = errors.New("MPICH's shared-memory files not judged: leases are not available here (fs.leases-enable=0, or a file system without leases)")
 
-// mpichShmName says whether name is one of MPICH's segment files:
+// MPICHShmName says whether name is one of MPICH's segment files:
 // mpich_shar_tmp and the six characters mkstemp puts there.
-func mpichShmName(name string) bool {
+func MPICHShmName(name string) bool {
 	rest, ok := strings.CutPrefix(name, mpichShmPrefix)
 	if !ok || len(rest) != 6 {
 		return false
@@ -259,7 +259,7 @@ func UnusedMPICHFiles(dir string, only func(name string) bool) ([]string, error)
 	}
 	var cands []mpichCandidate
 	for _, name := range names {
-		if !mpichShmName(name) || !only(name) {
+		if !MPICHShmName(name) || !only(name) {
 			continue
 		}
 		if c, ok := m.candidate(dir, name); ok {
@@ -269,7 +269,3 @@ func UnusedMPICHFiles(dir string, only func(name string) bool) ([]string, error)
 	unused, _, err := m.sweep(dir, cands, start, true)
 	return unused, err
 }
-
-// MPICHShmName says whether name is that of an MPICH segment file
-// (mpich_shar_tmp and six letters or digits).
-func MPICHShmName(name string) bool { return mpichShmName(name) }

@@ -425,8 +425,8 @@ func TestMPICHShmName(t *testing.T) {
 		"xmpich_shar_tmpabcdef": false,
 		"gorun-j-h0-g0":         false,
 	} {
-		if got := mpichShmName(name); got != want {
-			t.Errorf("mpichShmName(%q) = %v, want %v", name, got, want)
+		if got := MPICHShmName(name); got != want {
+			t.Errorf("MPICHShmName(%q) = %v, want %v", name, got, want)
 		}
 	}
 }

@@ -348,7 +348,7 @@ func sweepShm(dir, job string, dry bool, m mpichSweep) (shmSwept, error) {
 			}
 			continue
 		}
-		if m.on() && mpichShmName(name) {
+		if m.on() && MPICHShmName(name) {
 			if c, ok := m.candidate(dir, name); ok {
 				cands = append(cands, c)
 			}
