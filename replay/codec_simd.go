@@ -8,10 +8,10 @@ import (
 )
 
 // AVX-512 codec kernels (simd/archsimd, GOEXPERIMENT=simd). Each computes
-// exactly what its portable counterpart in codec.go does, element for
-// element, with the same IEEE operations (x/scale rounded once, clamped,
-// rounded half to even; float32(q)·scale rounded once), so the bytes are
-// identical; codec_simd_test.go checks it.
+// exactly what its portable counterpart in codec.go or codec_topk.go
+// does, element for element, with the same IEEE operations (x/scale
+// rounded once, clamped, rounded half to even; float32(q)·scale rounded
+// once), so the bytes are identical; codec_simd_test.go checks it.
 //
 // Every kernel clears the upper halves of the vector registers
 // (archsimd.ClearAVXUpperBits, VZEROUPPER) before any scalar float code
