@@ -19,7 +19,7 @@ import (
 // simJob is a job's control plane at scale with simulated agents: the real
 // server, authenticated as in production; the launcher's in-process
 // connection with its rendezvous and fence collector, fed from the up
-// subjects as launcher/job.go feeds them; and one simulated agent per host,
+// subjects as launcher/onup.go feeds them; and one simulated agent per host,
 // each on its own authenticated TCP connection, which registers, takes the
 // epoch tables and enters its ranks' address fence as internal/agent does,
 // with no rank behind it.
@@ -101,7 +101,7 @@ func newSimJob(tb testing.TB, job string, hosts []comm.RendezvousHost, holders [
 }
 
 // onUp is the launcher's handler of the agents' up subjects: fence parts
-// go to the collector, as in launcher/job.go; nothing else is expected.
+// go to the collector, as in launcher/onup.go; nothing else is expected.
 func (sj *simJob) onUp(m *nats.Msg) {
 	subj := wire.JobSubjects(sj.job)
 	from, kind, ok := subj.ParseUp(m.Subject)
