@@ -60,6 +60,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun/gorun/internal/jobkey"
 )
 
 const (
@@ -118,7 +120,7 @@ type CommConfig struct {
 	Rank, Size int
 	Epoch      uint64
 	Job        string       // job id, bound into the authentication
-	Key        Key          // the job's data-plane key (Secret.DataKey)
+	Key        jobkey.Key   // the job's data-plane key (jobkey.Secret.DataKey)
 	Listener   net.Listener // this rank's data-plane listener (already listening; see MultiListener)
 	Addrs      []string     // data-plane address of every rank, indexed by rank: "ip:port", or UnixAddrPrefix+path
 	Logger     *slog.Logger // nil = discard
@@ -174,9 +176,9 @@ type Comm struct {
 	collErr error  // the first collective failure; later ones fail at once
 	scratch []uint64
 
-	// session is the rank's session with its agent, for a Comm that Init
+	// agent is the rank's connection to its agent, for a Comm that Init
 	// or Rebuild made: Close ends it, Rebuild hands it to the next Comm.
-	session atomic.Pointer[session]
+	agent atomic.Pointer[agentConn]
 	// reported are the peers whose loss this Comm told its agent of
 	// (reportLost), each once.
 	reported sync.Map // int → struct{}
@@ -374,7 +376,7 @@ func (c *Comm) Close() error {
 				p.shm.unmap()
 			}
 		}
-		if s := c.session.Swap(nil); s != nil {
+		if s := c.agent.Swap(nil); s != nil {
 			s.close()
 		}
 	})
@@ -420,13 +422,13 @@ func (c *Comm) classify(op string, ctx context.Context, rank int, err error) err
 	return peerLost(op, rank, err)
 }
 
-// reportLost tells the rank's agent, if the Comm has a session with one
+// reportLost tells the rank's agent, if the Comm has a connection to one
 // (Init, Rebuild), that the link to peer broke: the launcher then suspects
 // the peer's host at once. Each peer is reported once per Comm (so once
-// per epoch). It never blocks: a report the session cannot take at once
+// per epoch). It never blocks: a report the agent connection cannot take at once
 // is dropped (the launcher learns of the loss from elsewhere, later).
 func (c *Comm) reportLost(peer int) {
-	s := c.session.Load()
+	s := c.agent.Load()
 	if s == nil {
 		return
 	}
@@ -823,7 +825,7 @@ const (
 // authenticator proves and checks knowledge of a key (the data-plane key,
 // or a link key) for one job and epoch.
 type authenticator struct {
-	key   Key
+	key   jobkey.Key
 	job   string
 	epoch uint64
 	// channelOK says which channels an acceptor takes; higherDials, that
@@ -832,7 +834,7 @@ type authenticator struct {
 	higherDials bool
 }
 
-func newAuthenticator(k Key, job string, epoch uint64) authenticator {
+func newAuthenticator(k jobkey.Key, job string, epoch uint64) authenticator {
 	return authenticator{key: k, job: job, epoch: epoch, channelOK: func(ch byte) bool { return ch < numChans }, higherDials: true}
 }
 

@@ -18,13 +18,14 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/gortest"
+	"github.com/gorun/gorun/internal/jobkey"
 )
 
 // worldOpts shape a test world.
 type worldOpts struct {
 	job     string
 	epoch   uint64
-	secret  Key
+	secret  jobkey.Key
 	segment int       // Comm.segBytes; 0 keeps the default
 	log     io.Writer // nil: the test's output
 	unix    bool      // link through Unix sockets (ranks of one host), not TCP
@@ -37,7 +38,7 @@ func newWorld(t testing.TB, n int, o worldOpts) []*Comm {
 	if o.job == "" {
 		o.job = "testjob"
 	}
-	if o.secret == (Key{}) {
+	if o.secret == (jobkey.Key{}) {
 		o.secret = testKey(t)
 	}
 	lns := make([]net.Listener, n)
@@ -93,8 +94,8 @@ func newWorld(t testing.TB, n int, o worldOpts) []*Comm {
 }
 
 // testKey is a fresh job's data-plane key.
-func testKey(t testing.TB) Key {
-	s, err := NewSecret()
+func testKey(t testing.TB) jobkey.Key {
+	s, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -596,7 +597,7 @@ func TestHeaderRoundTrip(t *testing.T) {
 // FuzzAcceptHandshake feeds the acceptor arbitrary answers to its
 // challenge: none may be accepted, and nothing may be written back.
 func FuzzAcceptHandshake(f *testing.F) {
-	a := newAuthenticator(Key{1}, "job", 1)
+	a := newAuthenticator(jobkey.Key{1}, "job", 1)
 	good := append([]byte(hsMagic), hsVersion, chanColl, flags())
 	good = binary.BigEndian.AppendUint32(good, 2)
 	good = binary.BigEndian.AppendUint32(good, 0)

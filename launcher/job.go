@@ -16,11 +16,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/durable"
 	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/agent"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
 	"github.com/nats-io/nats.go"
@@ -47,14 +48,14 @@ type job struct {
 	log     *slog.Logger
 	id      string
 	mpi     MPIKind // the program's MPI, as resolveMPI found it ("" unknown)
-	secret  comm.Secret
+	secret  jobkey.Secret
 	verbose bool
 	srv     *ctlserver.Server
-	ctl     *comm.Control
+	ctl     *control.Control
 	subj    wire.Subjects
 	out     *outputMux
-	rv      *comm.Rendezvous
-	fences  *comm.FenceCollector
+	rv      *control.Rendezvous
+	fences  *control.FenceCollector
 	evlog   *eventLog    // --events, or nil
 	status  *statusState // gorun status (status.go), or nil
 	metrics *metrics     // --metrics (metrics.go), or nil
@@ -286,7 +287,7 @@ func (j *job) machineConfig() hotswap.Config {
 }
 
 func (j *job) run(ctx context.Context) (code int, err error) {
-	if j.secret, err = comm.NewSecret(); err != nil {
+	if j.secret, err = jobkey.NewSecret(); err != nil {
 		return 0, err
 	}
 	// The secret stays in this process. Each agent gets its own host's
@@ -302,7 +303,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		c := j.secret.HostCredentials(i, nil)
 		if h.local {
 			scfg.Hosts[i].Password = c.InProcessPassword()
-		} else if scfg.Hosts[i].Nkey, err = c.PublicKey(); err != nil {
+		} else if scfg.Hosts[i].Nkey, err = control.PublicKey(c); err != nil {
 			return 0, err
 		}
 	}
@@ -321,7 +322,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		return 0, fmt.Errorf("launcher: control plane: %w", err)
 	}
 	defer j.srv.Shutdown()
-	j.ctl, err = comm.DialInProcess(ctx, j.srv.InProcess(), j.secret, comm.ControlOptions{Name: "launcher"})
+	j.ctl, err = control.DialInProcess(ctx, j.srv.InProcess(), j.secret, control.ControlOptions{Name: "launcher"})
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
 	}
@@ -341,7 +342,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	if w := j.cfg.ECDiffWarning(); w != "" {
 		j.log.Warn(w) // on the terminal once, with -v or not, as the launcher's other warnings
 	}
-	j.fences = comm.NewFenceCollector(j.ctl.Conn, j.id, 0, len(j.hosts))
+	j.fences = control.NewFenceCollector(j.ctl.Conn, j.id, 0, len(j.hosts))
 	hostRanks := j.placement()
 	// The spares run no rank: they send no fence part.
 	if err := j.fences.SetPlacement(0, hostRanks); err != nil {
@@ -375,11 +376,11 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	up.SetPendingLimits(-1, -1)
 	defer up.Unsubscribe()
 
-	rhosts := make([]comm.RendezvousHost, len(j.hosts))
+	rhosts := make([]control.RendezvousHost, len(j.hosts))
 	for i, h := range j.hosts {
-		rhosts[i] = comm.RendezvousHost{Name: h.name, Ranks: slices.Clone(h.ranks), Spare: h.spare}
+		rhosts[i] = control.RendezvousHost{Name: h.name, Ranks: slices.Clone(h.ranks), Spare: h.spare}
 	}
-	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, j.spec(), holderRows(j.holders), j.ecTable())
+	j.rv, err = control.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, j.spec(), holderRows(j.holders), j.ecTable())
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
 	}
@@ -671,8 +672,8 @@ func (j *job) startLocal(ctx context.Context, h *agentHost) error {
 	cfg := agent.Config{
 		Job: j.id, Host: h.index, Name: h.name, Creds: creds, Launcher: pr, Addr: addr,
 		Logger: j.log.With("agent", h.name),
-		Dial: func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
-			return comm.DialInProcessHost(ctx, j.srv.InProcess(), creds, o)
+		Dial: func(ctx context.Context, o control.ControlOptions) (*control.Control, error) {
+			return control.DialInProcessHost(ctx, j.srv.InProcess(), creds, o)
 		},
 	}
 	if j.cfg.agentConfig != nil {

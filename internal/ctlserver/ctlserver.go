@@ -4,7 +4,7 @@
 // # Trust
 //
 // The server admits nobody without a credential, and every credential is
-// one principal's (comm/secret.go derives them from the job secret):
+// one principal's (internal/jobkey/secret.go derives them from the job secret):
 //
 //   - the launcher, on an in-process connection only, with a password
 //     (Config.LocalPassword): it may publish and subscribe anywhere;

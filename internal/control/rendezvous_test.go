@@ -1,4 +1,4 @@
-package comm_test
+package control_test
 
 import (
 	"bytes"
@@ -12,19 +12,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 )
 
 // startServer runs an embedded control plane for job whose hosts hosts
-// are all remote (their agents dial over TCP, comm.DialControl).
-func startServer(t testing.TB, secret comm.Secret, job string, hosts int) *ctlserver.Server {
+// are all remote (their agents dial over TCP, control.DialControl).
+func startServer(t testing.TB, secret jobkey.Secret, job string, hosts int) *ctlserver.Server {
 	t.Helper()
 	cfg := ctlserver.Config{Job: job, LocalPassword: secret.InProcessPassword(), Hosts: make([]ctlserver.HostUser, hosts)}
 	for i := range hosts {
-		pub, err := secret.HostCredentials(i, nil).PublicKey()
+		pub, err := control.PublicKey(secret.HostCredentials(i, nil))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -40,21 +41,21 @@ func startServer(t testing.TB, secret comm.Secret, job string, hosts int) *ctlse
 
 // dialHost connects to srv over TCP as the agent of host of job, as
 // internal/agent does.
-func dialHost(ctx context.Context, srv *ctlserver.Server, secret comm.Secret, job string, host int) (*comm.Control, error) {
-	return comm.DialControl(ctx, srv.URL(), secret.HostCredentials(host, srv.Fingerprint()),
-		comm.ControlOptions{Name: fmt.Sprintf("host %d", host), InboxPrefix: wire.JobSubjects(job).ForHost(host).Inbox})
+func dialHost(ctx context.Context, srv *ctlserver.Server, secret jobkey.Secret, job string, host int) (*control.Control, error) {
+	return control.DialControl(ctx, srv.URL(), secret.HostCredentials(host, srv.Fingerprint()),
+		control.ControlOptions{Name: fmt.Sprintf("host %d", host), InboxPrefix: wire.JobSubjects(job).ForHost(host).Inbox})
 }
 
 // testControlPlane starts a control-plane server for job with hosts
 // remote hosts and a launcher's in-process connection to it, closed at
 // cleanup.
-func testControlPlane(t testing.TB, job string, hosts int) (comm.Secret, *ctlserver.Server, *comm.Control) {
+func testControlPlane(t testing.TB, job string, hosts int) (jobkey.Secret, *ctlserver.Server, *control.Control) {
 	t.Helper()
 	secret := newSecret(t)
 	srv := startServer(t, secret, job, hosts)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
+	l, err := control.DialInProcess(ctx, srv.InProcess(), secret, control.ControlOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,9 +63,9 @@ func testControlPlane(t testing.TB, job string, hosts int) (comm.Secret, *ctlser
 	return secret, srv, l
 }
 
-func newSecret(t testing.TB) comm.Secret {
+func newSecret(t testing.TB) jobkey.Secret {
 	t.Helper()
-	s, err := comm.NewSecret()
+	s, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,31 +75,12 @@ func newSecret(t testing.TB) comm.Secret {
 func TestWrongSecretIsRefused(t *testing.T) {
 	srv := startServer(t, newSecret(t), "job1", 1)
 	ctx := context.Background()
-	_, err := comm.DialControl(ctx, srv.URL(), newSecret(t).HostCredentials(0, nil), comm.ControlOptions{DialTimeout: 5 * time.Second})
+	_, err := control.DialControl(ctx, srv.URL(), newSecret(t).HostCredentials(0, nil), control.ControlOptions{DialTimeout: 5 * time.Second})
 	if err == nil {
 		t.Fatal("a client with another job's secret was admitted")
 	}
 	if srv.NumClients() != 0 {
 		t.Fatalf("%d clients connected", srv.NumClients())
-	}
-}
-
-func TestSecretIsRedacted(t *testing.T) {
-	s := newSecret(t)
-	for _, got := range []string{s.String(), fmt.Sprint(s), fmt.Sprintf("%v %s", s, s)} {
-		if got != "[secret]" && got != "[secret] [secret]" {
-			t.Errorf("secret printed as %q", got)
-		}
-	}
-	k := s.DataKey()
-	back, err := comm.ParseKey(k.Hex() + "\n")
-	if err != nil || back != k {
-		t.Fatalf("ParseKey(Hex) = %v, %v", back == k, err)
-	}
-	for _, bad := range []string{"", "zz", k.Hex()[:10], k.Hex() + "00"} {
-		if _, err := comm.ParseKey(bad); !errors.Is(err, comm.ErrBadSecret) {
-			t.Errorf("ParseKey(%q) = %v", bad, err)
-		}
 	}
 }
 
@@ -134,8 +116,8 @@ func rendezvous(t testing.TB, hosts, ranksPerHost int) (connect, rendezvous time
 
 // simHosts returns hosts hosts running ranksPerHost ranks each, rank r on
 // host r/ranksPerHost, followed by spares idle spare hosts.
-func simHosts(hosts, ranksPerHost, spares int) []comm.RendezvousHost {
-	rh := make([]comm.RendezvousHost, hosts+spares)
+func simHosts(hosts, ranksPerHost, spares int) []control.RendezvousHost {
+	rh := make([]control.RendezvousHost, hosts+spares)
 	for i := range rh {
 		rh[i].Name = fmt.Sprintf("node%05d", i)
 		if i >= hosts {
@@ -262,23 +244,23 @@ func recoveryEpoch(b *testing.B, hosts, perHost int) (epoch, tables, initial tim
 // twoHostRendezvous starts the rendezvous of job1, whose hosts "a" and
 // "b" run rank 0 and 1, and connects both hosts' agents to it over TCP;
 // all is closed at cleanup.
-func twoHostRendezvous(t *testing.T, ctx context.Context) (*comm.Rendezvous, []*comm.Control, []*comm.AgentRendezvous) {
+func twoHostRendezvous(t *testing.T, ctx context.Context) (*control.Rendezvous, []*control.Control, []*control.AgentRendezvous) {
 	t.Helper()
 	secret, srv, l := testControlPlane(t, "job1", 2)
-	rv, err := comm.StartRendezvous(l.Conn, "job1", 0, []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}},
+	rv, err := control.StartRendezvous(l.Conn, "job1", 0, []control.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}},
 		&wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(rv.Close)
-	conns := make([]*comm.Control, 2)
-	joins := make([]*comm.AgentRendezvous, 2)
+	conns := make([]*control.Control, 2)
+	joins := make([]*control.AgentRendezvous, 2)
 	for i := range joins {
 		if conns[i], err = dialHost(ctx, srv, secret, "job1", i); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(conns[i].Close)
-		if joins[i], err = comm.JoinRendezvous(conns[i].Conn, "job1", i); err != nil {
+		if joins[i], err = control.JoinRendezvous(conns[i].Conn, "job1", i); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(joins[i].Close)
@@ -311,7 +293,7 @@ func TestRegistrationChecks(t *testing.T) {
 		if (err == nil) != tt.ok {
 			t.Errorf("host %d: register(%d, %q) = %v, want ok=%v", tt.as, tt.host, tt.name, err, tt.ok)
 		}
-		if err != nil && !errors.Is(err, comm.ErrRegistration) {
+		if err != nil && !errors.Is(err, control.ErrRegistration) {
 			t.Errorf("host %d: register(%d, %q): error %v is not ErrRegistration", tt.as, tt.host, tt.name, err)
 		}
 	}
@@ -342,7 +324,7 @@ func TestRendezvousSetDiffEC(t *testing.T) {
 	defer cancel()
 	rv, _, joins := twoHostRendezvous(t, ctx)
 	logs := []wire.HolderRow{{Rank: 0, Holders: []int{1}}, {Rank: 1, Holders: []int{0}}}
-	if err := rv.SetDiffEC(logs); !errors.Is(err, comm.ErrMembership) {
+	if err := rv.SetDiffEC(logs); !errors.Is(err, control.ErrMembership) {
 		t.Fatalf("SetDiffEC without an erasure code: %v, want ErrMembership", err)
 	}
 	for i, name := range []string{"a", "b"} {
@@ -357,7 +339,7 @@ func TestRendezvousSetDiffEC(t *testing.T) {
 	if tb.Logs != nil || tb.H != 0 {
 		t.Fatalf("the first table carries logs %v and H %d after a refused SetDiffEC", tb.Logs, tb.H)
 	}
-	if err := rv.SetDiffEC(nil); !errors.Is(err, comm.ErrMembership) {
+	if err := rv.SetDiffEC(nil); !errors.Is(err, control.ErrMembership) {
 		t.Fatalf("SetDiffEC after the first table: %v, want ErrMembership", err)
 	}
 }
@@ -370,7 +352,7 @@ func TestInProcessPasswordIsRefusedOverTCP(t *testing.T) {
 		nc.Close()
 		t.Fatal("the in-process password was accepted on a TCP connection")
 	}
-	c, err := comm.DialInProcess(context.Background(), srv.InProcess(), secret, comm.ControlOptions{})
+	c, err := control.DialInProcess(context.Background(), srv.InProcess(), secret, control.ControlOptions{})
 	if err != nil {
 		t.Fatalf("in-process client refused: %v", err)
 	}
@@ -387,7 +369,7 @@ func TestLocalOnlyServerDoesNotListen(t *testing.T) {
 	if srv.URL() != "" {
 		t.Fatalf("a server without remote hosts listens at %s", srv.URL())
 	}
-	c, err := comm.DialInProcess(context.Background(), srv.InProcess(), secret, comm.ControlOptions{})
+	c, err := control.DialInProcess(context.Background(), srv.InProcess(), secret, control.ControlOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,21 +382,21 @@ func TestLocalOnlyServerDoesNotListen(t *testing.T) {
 // startRendezvousJob runs job's control plane and rendezvous for hosts;
 // the function it returns connects host's agent and joins the rendezvous.
 // Everything is closed when t ends.
-func startRendezvousJob(ctx context.Context, t *testing.T, job string, hosts []comm.RendezvousHost, spec *wire.JobSpec) (*comm.Rendezvous, func(int) *comm.AgentRendezvous) {
+func startRendezvousJob(ctx context.Context, t *testing.T, job string, hosts []control.RendezvousHost, spec *wire.JobSpec) (*control.Rendezvous, func(int) *control.AgentRendezvous) {
 	t.Helper()
 	secret, srv, l := testControlPlane(t, job, len(hosts))
-	rv, err := comm.StartRendezvous(l.Conn, job, 0, hosts, spec, nil, nil)
+	rv, err := control.StartRendezvous(l.Conn, job, 0, hosts, spec, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(rv.Close)
-	return rv, func(host int) *comm.AgentRendezvous {
+	return rv, func(host int) *control.AgentRendezvous {
 		a, err := dialHost(ctx, srv, secret, job, host)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(a.Close)
-		j, err := comm.JoinRendezvous(a.Conn, job, host)
+		j, err := control.JoinRendezvous(a.Conn, job, host)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -427,11 +409,11 @@ func TestRendezvousCancel(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	spec := &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}
-	hosts := []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}}
-	start := func(t *testing.T, job string) (*comm.Rendezvous, func(int) *comm.AgentRendezvous) {
+	hosts := []control.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}}
+	start := func(t *testing.T, job string) (*control.Rendezvous, func(int) *control.AgentRendezvous) {
 		return startRendezvousJob(ctx, t, job, hosts, spec)
 	}
-	reg := func(j *comm.AgentRendezvous, job string, host int, name string) error {
+	reg := func(j *control.AgentRendezvous, job string, host int, name string) error {
 		_, err := j.Register(ctx, &wire.Register{Version: wire.Version, Job: job, Host: host, Name: name, Addr: "127.0.0.1"})
 		return err
 	}
@@ -445,7 +427,7 @@ func TestRendezvousCancel(t *testing.T) {
 		if !rv.Cancel() {
 			t.Fatal("Cancel before publication reported false")
 		}
-		if err := reg(join(1), "job2", 1, "b"); !errors.Is(err, comm.ErrJobStopped) {
+		if err := reg(join(1), "job2", 1, "b"); !errors.Is(err, control.ErrJobStopped) {
 			t.Fatalf("registration after Cancel: %v, want ErrJobStopped", err)
 		}
 		wctx, wcancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -483,7 +465,7 @@ func TestRendezvousEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	spec := &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}
-	hosts := []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "s1", Spare: true}, {Name: "s2", Spare: true}}
+	hosts := []control.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "s1", Spare: true}, {Name: "s2", Spare: true}}
 	const job = "jobend"
 	rv, join := startRendezvousJob(ctx, t, job, hosts, spec)
 	reg := func(host int) error {
@@ -498,7 +480,7 @@ func TestRendezvousEnd(t *testing.T) {
 		t.Fatalf("a spare registering after the table, before End: %v", err)
 	}
 	rv.End()
-	if err := reg(2); !errors.Is(err, comm.ErrJobStopped) {
+	if err := reg(2); !errors.Is(err, control.ErrJobStopped) {
 		t.Fatalf("a spare registering after End: %v, want ErrJobStopped", err)
 	}
 	if m := rv.Missing(); !slices.Equal(m, []int{2}) {
@@ -514,7 +496,7 @@ func TestFenceCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	fc := comm.NewFenceCollector(l.Conn, "fj", 0, 2)
+	fc := control.NewFenceCollector(l.Conn, "fj", 0, 2)
 	up := func(host, seq int, kv map[string]string) []byte {
 		return wire.Marshal(&wire.UpFence{Host: host, Epoch: 0, Seq: seq, KV: kv})
 	}
@@ -580,7 +562,7 @@ func TestFenceCollectorPlacement(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	fc := comm.NewFenceCollector(l.Conn, "fp", 0, 3)
+	fc := control.NewFenceCollector(l.Conn, "fp", 0, 3)
 	for _, bad := range [][][]int{{{0}, {1}}, {nil, nil, nil}, {{0}, {1}, {2}, nil}} {
 		if err := fc.SetPlacement(1, bad); err == nil {
 			t.Errorf("placement %v was taken", bad)
@@ -686,21 +668,21 @@ func TestRendezvousMembership(t *testing.T) {
 	defer cancel()
 	secret, srv, l := testControlPlane(t, "job1", 3)
 	holders := []wire.HolderRow{{Rank: 0, Holders: []int{1}}, {Rank: 1, Holders: []int{0}}}
-	rv, err := comm.StartRendezvous(l.Conn, "job1", 0,
-		[]comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}, {Name: "s", Spare: true}},
+	rv, err := control.StartRendezvous(l.Conn, "job1", 0,
+		[]control.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}, {Name: "s", Spare: true}},
 		&wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, holders, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(rv.Close)
-	joins := make([]*comm.AgentRendezvous, 3)
+	joins := make([]*control.AgentRendezvous, 3)
 	for i := range joins {
 		c, err := dialHost(ctx, srv, secret, "job1", i)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(c.Close)
-		if joins[i], err = comm.JoinRendezvous(c.Conn, "job1", i); err != nil {
+		if joins[i], err = control.JoinRendezvous(c.Conn, "job1", i); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(joins[i].Close)
@@ -747,25 +729,25 @@ func TestRendezvousMembership(t *testing.T) {
 	}
 	// Host b is lost: fenced, its ranks move to the spare.
 	rv.Fence(1)
-	if err := reg(1); !errors.Is(err, comm.ErrRegistration) || !strings.Contains(err.Error(), "fenced") {
+	if err := reg(1); !errors.Is(err, control.ErrRegistration) || !strings.Contains(err.Error(), "fenced") {
 		t.Errorf("a fenced host registering again: %v", err)
 	}
-	m := comm.Membership{Ranks: [][]int{{0}, nil, {1}}, Gen: 1, G: 41,
+	m := control.Membership{Ranks: [][]int{{0}, nil, {1}}, Gen: 1, G: 41,
 		Holders: []wire.HolderRow{{Rank: 0, Holders: []int{1}}, {Rank: 1, Holders: []int{0}}},
 		Restore: []wire.RestoreRow{{Rank: 1, Opt: 0, Params: 0}}}
 	bad := []struct {
 		name  string
 		epoch uint64
-		m     comm.Membership
+		m     control.Membership
 	}{
 		{"same epoch", 0, m},
-		{"ranks on the fenced host", 1, comm.Membership{Ranks: [][]int{{0}, {1}, nil}, G: 41}},
-		{"a host missing", 1, comm.Membership{Ranks: [][]int{{0, 1}}, G: 41}},
-		{"a rank twice", 1, comm.Membership{Ranks: [][]int{{0, 1}, nil, {1}}, G: 41}},
-		{"a holder row out of range", 1, comm.Membership{Ranks: m.Ranks, G: 41, Holders: []wire.HolderRow{{Rank: 0, Holders: []int{5}}}}},
+		{"ranks on the fenced host", 1, control.Membership{Ranks: [][]int{{0}, {1}, nil}, G: 41}},
+		{"a host missing", 1, control.Membership{Ranks: [][]int{{0, 1}}, G: 41}},
+		{"a rank twice", 1, control.Membership{Ranks: [][]int{{0, 1}, nil, {1}}, G: 41}},
+		{"a holder row out of range", 1, control.Membership{Ranks: m.Ranks, G: 41, Holders: []wire.HolderRow{{Rank: 0, Holders: []int{5}}}}},
 	}
 	for _, tc := range bad {
-		if _, err := rv.Publish(tc.epoch, tc.m); !errors.Is(err, comm.ErrMembership) {
+		if _, err := rv.Publish(tc.epoch, tc.m); !errors.Is(err, control.ErrMembership) {
 			t.Errorf("%s: Publish = %v, want ErrMembership", tc.name, err)
 		}
 	}
@@ -814,9 +796,9 @@ func ringHolders(world, ranksPerHost int) []wire.HolderRow {
 // lost: its ranks move to spare, the holders stay the ring, and every moved
 // rank restores its optimizer state from its holder and its parameters
 // from the rank of the same local rank on the host before it.
-func swapMembership(hosts []comm.RendezvousHost, lost, spare, ranksPerHost int, gen uint64, g int64) comm.Membership {
+func swapMembership(hosts []control.RendezvousHost, lost, spare, ranksPerHost int, gen uint64, g int64) control.Membership {
 	world := 0
-	m := comm.Membership{Ranks: make([][]int, len(hosts)), Gen: gen, G: g}
+	m := control.Membership{Ranks: make([][]int, len(hosts)), Gen: gen, G: g}
 	for i, h := range hosts {
 		m.Ranks[i] = h.Ranks
 		world += len(h.Ranks)
@@ -906,13 +888,13 @@ func TestRendezvousRecoveryEpoch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	j, err := comm.JoinRendezvous(c.Conn, sj.job, lost)
+	j, err := control.JoinRendezvous(c.Conn, sj.job, lost)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer j.Close()
 	back := &simAgent{job: sj.job, host: lost, name: rh[lost].Name, rv: j}
-	if _, err := j.Register(ctx, back.registration()); !errors.Is(err, comm.ErrRegistration) || !strings.Contains(err.Error(), "fenced") {
+	if _, err := j.Register(ctx, back.registration()); !errors.Is(err, control.ErrRegistration) || !strings.Contains(err.Error(), "fenced") {
 		t.Errorf("the lost host registering again: %v, want ErrRegistration (fenced)", err)
 	}
 	if got := sj.rv.Table().Encode(); !bytes.Equal(got, want) {
@@ -930,8 +912,8 @@ func TestRendezvousMasterPortPerEpoch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	secret, srv, l := testControlPlane(t, "job1", 3)
-	hosts := []comm.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}, {Name: "s", Spare: true}}
-	rv, err := comm.StartRendezvous(l.Conn, "job1", 0, hosts, &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, nil, nil)
+	hosts := []control.RendezvousHost{{Name: "a", Ranks: []int{0}}, {Name: "b", Ranks: []int{1}}, {Name: "s", Spare: true}}
+	rv, err := control.StartRendezvous(l.Conn, "job1", 0, hosts, &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -941,14 +923,14 @@ func TestRendezvousMasterPortPerEpoch(t *testing.T) {
 		{MasterPort: 6000, MasterPorts: []int{6000, 6001}},
 		{MasterPort: 7000}, // an agent without a pool
 	}
-	joins := make([]*comm.AgentRendezvous, len(hosts))
+	joins := make([]*control.AgentRendezvous, len(hosts))
 	for h := range hosts {
 		c, err := dialHost(ctx, srv, secret, "job1", h)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(c.Close)
-		if joins[h], err = comm.JoinRendezvous(c.Conn, "job1", h); err != nil {
+		if joins[h], err = control.JoinRendezvous(c.Conn, "job1", h); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(joins[h].Close)
@@ -972,12 +954,12 @@ func TestRendezvousMasterPortPerEpoch(t *testing.T) {
 	if tb := rv.Table(); tb.Hosts[2].Addr != "127.0.0.3" || tb.MasterPort != 5000 {
 		t.Errorf("after the spare joined (a republish of epoch 0): spare %+v, master port %d, want 5000", tb.Hosts[2], tb.MasterPort)
 	}
-	same := comm.Membership{Ranks: [][]int{{0}, {1}, nil}, G: 7}
-	moved := comm.Membership{Ranks: [][]int{nil, {1}, {0}}, G: 9}
+	same := control.Membership{Ranks: [][]int{{0}, {1}, nil}, G: 7}
+	moved := control.Membership{Ranks: [][]int{nil, {1}, {0}}, G: 9}
 	steps := []struct {
 		name     string
 		epoch    uint64
-		publish  *comm.Membership // nil: Advance
+		publish  *control.Membership // nil: Advance
 		refused  bool
 		addr     string
 		wantPort int
