@@ -85,7 +85,7 @@ bench-mpi-ompi: build
 
 # 1,024 simulated agents × 8 ranks against the real embedded server.
 bench-rendezvous:
-	$(GO) test -run '^$$' -bench BenchmarkRendezvous -benchtime 5x ./comm/
+	$(GO) test -run '^$$' -bench BenchmarkRendezvous -benchtime 5x ./internal/control/
 
 # Ring Allreduce bus bandwidth for 1-256 MiB over 2 and 4 local ranks, beside
 # single-stream loopback TCP and memcpy measured in the same run.
@@ -125,7 +125,7 @@ bench-replay:
 # server, beside the job's initial rendezvous at the same scale.
 bench-recovery: build
 	GORUN_BENCH_RECOVERY=1 $(GO) test -count=1 -run '^TestBenchRecovery$$' -v -timeout 40m ./cmd/gorun/
-	$(GO) test -run '^$$' -bench BenchmarkRecoveryEpoch -benchtime 3x -timeout 20m ./comm/
+	$(GO) test -run '^$$' -bench BenchmarkRecoveryEpoch -benchtime 3x -timeout 20m ./internal/control/
 
 # PyTorch (issue 18): examples/torch/train.py, 4 ranks on 2 namespace hosts
 # + 1 spare, 38 MB of parameters and AdamW state per rank: the protected

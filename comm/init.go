@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
 )
 
@@ -32,7 +33,7 @@ func Init(ctx context.Context) (*Comm, error) {
 	if path == "" {
 		return nil, ErrNotUnderGorun
 	}
-	s, err := openSession(ctx, path)
+	s, err := dialAgent(ctx, path)
 	if err != nil {
 		return nil, err
 	}
@@ -47,7 +48,7 @@ func Init(ctx context.Context) (*Comm, error) {
 // joinNewest joins w's world, or, when a newer epoch arrives while it
 // joins (the join fails with ErrEpochChanged: a second failure during a
 // recovery), the newest one's.
-func (s *session) joinNewest(ctx context.Context, w *wire.Welcome) (*Comm, error) {
+func (s *agentConn) joinNewest(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 	for {
 		c, err := s.join(ctx, w)
 		if !errors.Is(err, ErrEpochChanged) {
@@ -64,7 +65,7 @@ func (s *session) joinNewest(ctx context.Context, w *wire.Welcome) (*Comm, error
 // communicator; c is closed. Every surviving rank must call it. Only a
 // communicator made by Init can be rebuilt.
 func (c *Comm) Rebuild(ctx context.Context) (*Comm, error) {
-	s := c.session.Load()
+	s := c.agent.Load()
 	if s == nil {
 		return nil, fmt.Errorf("comm: rebuild: %w", ErrNotUnderGorun)
 	}
@@ -72,8 +73,8 @@ func (c *Comm) Rebuild(ctx context.Context) (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.session.CompareAndSwap(s, nil) {
-		c.Close() // the world of the old epoch; the session goes on
+	if c.agent.CompareAndSwap(s, nil) {
+		c.Close() // the world of the old epoch; the agent connection goes on
 	}
 	nc, err := s.joinNewest(ctx, w)
 	if err != nil {
@@ -83,7 +84,7 @@ func (c *Comm) Rebuild(ctx context.Context) (*Comm, error) {
 	return nc, nil
 }
 
-// session is a rank's connection to its agent over GORUN_SOCKET. A reader
+// agentConn is a rank's connection to its agent over GORUN_SOCKET. A reader
 // goroutine owns the reads: answers go to the one caller waiting, epoch
 // pushes abort the current communicator and are kept for Rebuild. close
 // ends the reader, wherever it is: in a read, or handing an answer to a
@@ -93,7 +94,7 @@ func (c *Comm) Rebuild(ctx context.Context) (*Comm, error) {
 // answered), so that a Comm's call never waits on the agent to report a
 // loss; close ends it too. Its frames and the callers' requests are each
 // written in one Write, which a net.Conn serializes whole.
-type session struct {
+type agentConn struct {
 	path         string // GORUN_SOCKET
 	c            net.Conn
 	answers      chan frame
@@ -119,13 +120,13 @@ type frame struct {
 	b   []byte
 }
 
-func openSession(ctx context.Context, path string) (*session, error) {
+func dialAgent(ctx context.Context, path string) (*agentConn, error) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("comm: connecting to the agent at %s: %w", path, err)
 	}
-	s := newSession(path, c)
+	s := newAgentConn(path, c)
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	err = wire.WriteSock(c, wire.SockHello, &wire.Hello{Version: wire.SockVersion, Pid: os.Getpid()})
 	var typ byte
@@ -158,10 +159,10 @@ func openSession(ctx context.Context, path string) (*session, error) {
 // are dropped.
 const reportQueue = 16
 
-// newSession makes the session of connection c to the agent at path, and
+// newAgentConn makes the agentConn of connection c to the agent at path, and
 // starts its reporter; its reader is not started yet.
-func newSession(path string, c net.Conn) *session {
-	s := &session{path: path, c: c, answers: make(chan frame), quit: make(chan struct{}), done: make(chan struct{}), newEp: make(chan struct{}),
+func newAgentConn(path string, c net.Conn) *agentConn {
+	s := &agentConn{path: path, c: c, answers: make(chan frame), quit: make(chan struct{}), done: make(chan struct{}), newEp: make(chan struct{}),
 		reports: make(chan wire.PeerLost, reportQueue), reporterDone: make(chan struct{})}
 	go s.reporter()
 	return s
@@ -169,16 +170,16 @@ func newSession(path string, c net.Conn) *session {
 
 // report queues a report that the links to peer broke in epoch, without
 // waiting; it is dropped if the queue is full.
-func (s *session) report(epoch uint64, peer int) {
+func (s *agentConn) report(epoch uint64, peer int) {
 	select {
 	case s.reports <- wire.PeerLost{Epoch: epoch, Peers: []int{peer}}:
 	default:
 	}
 }
 
-// reporter writes the queued peer-loss reports until the session closes
+// reporter writes the queued peer-loss reports until the agent connection closes
 // or a write fails (the connection is then broken for the reader too).
-func (s *session) reporter() {
+func (s *agentConn) reporter() {
 	defer close(s.reporterDone)
 	for {
 		select {
@@ -193,7 +194,7 @@ func (s *session) reporter() {
 }
 
 // welcomed takes the agent's answer to Hello.
-func (s *session) welcomed(typ byte, b []byte) error {
+func (s *agentConn) welcomed(typ byte, b []byte) error {
 	if typ == wire.SockError {
 		var e wire.SockErr
 		_ = wire.DecodeSock(b, &e)
@@ -221,7 +222,7 @@ func (s *session) welcomed(typ byte, b []byte) error {
 }
 
 // read dispatches the agent's frames until the connection ends.
-func (s *session) read() {
+func (s *agentConn) read() {
 	defer close(s.done)
 	for {
 		typ, b, err := wire.ReadSock(s.c)
@@ -237,7 +238,7 @@ func (s *session) read() {
 		}
 		if typ != wire.SockEpoch {
 			// A caller waits for every answer, unless it gave up and
-			// closed the session: then the next read fails.
+			// closed the agent connection: then the next read fails.
 			select {
 			case s.answers <- frame{typ, b}:
 			case <-s.quit:
@@ -268,14 +269,14 @@ func (s *session) read() {
 }
 
 // latest is the newest epoch known.
-func (s *session) latest() *wire.Welcome {
+func (s *agentConn) latest() *wire.Welcome {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.welcome
 }
 
 // newer waits for an epoch after epoch.
-func (s *session) newer(ctx context.Context, epoch uint64) (*wire.Welcome, error) {
+func (s *agentConn) newer(ctx context.Context, epoch uint64) (*wire.Welcome, error) {
 	for {
 		s.mu.Lock()
 		w, ch, err := s.welcome, s.newEp, s.err
@@ -296,7 +297,7 @@ func (s *session) newer(ctx context.Context, epoch uint64) (*wire.Welcome, error
 }
 
 // call sends one request and waits for its answer of type want.
-func (s *session) call(ctx context.Context, typ byte, req any, want byte, resp any) error {
+func (s *agentConn) call(ctx context.Context, typ byte, req any, want byte, resp any) error {
 	s.callMu.Lock()
 	defer s.callMu.Unlock()
 	if err := wire.WriteSock(s.c, typ, req); err != nil {
@@ -312,7 +313,7 @@ func (s *session) call(ctx context.Context, typ byte, req any, want byte, resp a
 	case <-ctx.Done():
 		// The answer will still come (or is being handed over now), and
 		// answers carry no request id: a later call could take it for its
-		// own. The session is unusable, so close it.
+		// own. The agent connection is unusable, so close it.
 		s.close()
 		return fmt.Errorf("comm: talking to the agent: %w", context.Cause(ctx))
 	}
@@ -331,7 +332,7 @@ func (s *session) call(ctx context.Context, typ byte, req any, want byte, resp a
 }
 
 // fence enters the rank's next fence of epoch and returns every rank's values.
-func (s *session) fence(ctx context.Context, epoch uint64, kv map[string]string) (map[string]string, error) {
+func (s *agentConn) fence(ctx context.Context, epoch uint64, kv map[string]string) (map[string]string, error) {
 	s.mu.Lock()
 	if cur := s.welcome.Epoch; cur != epoch {
 		// A newer epoch arrived, and its fences count from 0: this one
@@ -354,12 +355,12 @@ func (s *session) fence(ctx context.Context, epoch uint64, kv map[string]string)
 
 // join builds the world of w: a listener on this rank's host address,
 // the addresses of all ranks through fence 0 of the epoch, and the links.
-func (s *session) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
+func (s *agentConn) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 	t, err := wire.DecodeEpochTable(w.Table)
 	if err != nil {
 		return nil, err
 	}
-	key, err := ParseKey(w.DataKey)
+	key, err := jobkey.ParseKey(w.DataKey)
 	if err != nil {
 		return nil, fmt.Errorf("comm: the agent's welcome: %w", err)
 	}
@@ -415,7 +416,7 @@ func (s *session) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 	if err != nil {
 		return nil, s.supersededErr(t.Epoch, err)
 	}
-	c.session.Store(s)
+	c.agent.Store(s)
 	s.mu.Lock()
 	s.cur = c
 	newer := s.table.Epoch > t.Epoch
@@ -428,8 +429,8 @@ func (s *session) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 
 // whenNewer calls f, from a goroutine of its own, once an epoch after
 // epoch is known; the goroutine ends then, or when ctx ends or the
-// session does.
-func (s *session) whenNewer(ctx context.Context, epoch uint64, f func()) {
+// agent connection does.
+func (s *agentConn) whenNewer(ctx context.Context, epoch uint64, f func()) {
 	go func() {
 		for {
 			s.mu.Lock()
@@ -454,7 +455,7 @@ func (s *session) whenNewer(ctx context.Context, epoch uint64, f func()) {
 // ErrEpochChanged when a newer epoch has arrived meanwhile: the join's
 // fence was failed by the agent's move to it, or a peer of epoch's world
 // is gone from the newer one.
-func (s *session) supersededErr(epoch uint64, err error) error {
+func (s *agentConn) supersededErr(epoch uint64, err error) error {
 	s.mu.Lock()
 	newer := s.welcome.Epoch > epoch
 	s.mu.Unlock()
@@ -464,9 +465,9 @@ func (s *session) supersededErr(epoch uint64, err error) error {
 	return err
 }
 
-// close ends the session and waits for its reader; it may be called
+// close ends the agent connection and waits for its reader; it may be called
 // more than once.
-func (s *session) close() {
+func (s *agentConn) close() {
 	s.closeOnce.Do(func() {
 		close(s.quit)
 		s.c.Close()

@@ -11,15 +11,15 @@ import (
 	"github.com/gorun/gorun/internal/wire"
 )
 
-// TestSessionCallContextEndsAsAnswerArrives: a session call whose context
+// TestAgentConnCallContextEndsAsAnswerArrives: an agent connection call whose context
 // ends just as the agent's answer arrives returns (with the answer or the
-// context's error), and the session then closes. The reader must not stay
+// context's error), and the agent connection then closes. The reader must not stay
 // blocked handing the answer to a caller that left: call's cleanup waits
 // for the reader. The agent here is simulated over net.Pipe; it answers
 // each request and ends the caller's context around the answer, in both
 // orders, many times, since which of the two the caller sees first is up
 // to the scheduler.
-func TestSessionCallContextEndsAsAnswerArrives(t *testing.T) {
+func TestAgentConnCallContextEndsAsAnswerArrives(t *testing.T) {
 	const tries = 60
 	hung := 0
 	for i := range tries {
@@ -33,15 +33,15 @@ func TestSessionCallContextEndsAsAnswerArrives(t *testing.T) {
 	}
 }
 
-// callAsContextEnds runs one session call against a simulated agent that
+// callAsContextEnds runs one agent connection call against a simulated agent that
 // ends the call's context before (cancelFirst) or after it writes the
-// answer. It returns an error if the call or the session's close hangs,
+// answer. It returns an error if the call or the agent connection's close hangs,
 // or the call returns something else than the answer or the context's
 // error.
 func callAsContextEnds(cancelFirst bool) error {
 	const hang = 5 * time.Second
 	rankEnd, agentEnd := net.Pipe()
-	s := newSession("", rankEnd)
+	s := newAgentConn("", rankEnd)
 	go s.read()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -56,10 +56,10 @@ func callAsContextEnds(cancelFirst bool) error {
 		if cancelFirst {
 			cancel()
 		}
-		// Fails when the caller closed the session first: fine.
+		// Fails when the caller closed the agent connection first: fine.
 		_ = wire.WriteSock(agentEnd, wire.SockFenceDone, &wire.Fence{KV: map[string]string{"k": "v"}})
 		cancel()
-		// Hold the connection open: only the session may end it.
+		// Hold the connection open: only the agent connection may end it.
 		var b [1]byte
 		_, _ = agentEnd.Read(b[:])
 	}()
@@ -78,14 +78,14 @@ func callAsContextEnds(cancelFirst bool) error {
 			return fmt.Errorf("call = %w, want the answer or context.Canceled", err)
 		}
 	case <-time.After(hang):
-		return errors.New("call did not return after its context ended: deadlocked with the session's reader")
+		return errors.New("call did not return after its context ended: deadlocked with the agent connection's reader")
 	}
 	closed := make(chan struct{})
 	go func() { s.close(); <-agentDone; close(closed) }()
 	select {
 	case <-closed:
 	case <-time.After(hang):
-		return errors.New("the session did not close: its reader is stuck")
+		return errors.New("the agent connection did not close: its reader is stuck")
 	}
 	return nil
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/gorun/gorun/internal/jobkey"
 )
 
 // Links: authenticated point-to-point streams between processes of a job
@@ -21,9 +23,9 @@ const chanLink = 2
 
 // LinkAuth is what both ends of a link must agree on.
 type LinkAuth struct {
-	Job     string // the job id
-	Key     Key    // the job's link key (Secret.LinkKey), which ranks never hold
-	Purpose string // what the links are for, e.g. "replica"; bound into the authentication
+	Job     string     // the job id
+	Key     jobkey.Key // the job's link key (jobkey.Secret.LinkKey), which ranks never hold
+	Purpose string     // what the links are for, e.g. "replica"; bound into the authentication
 }
 
 func (la LinkAuth) authenticator() authenticator {

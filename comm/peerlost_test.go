@@ -11,7 +11,7 @@ import (
 	"github.com/gorun/gorun/internal/wire"
 )
 
-// TestPeerLostReportedToAgent: a Comm made under gorun (it has a session
+// TestPeerLostReportedToAgent: a Comm made under gorun (it has an agent connection
 // with its agent) whose collective fails with a PeerLostError tells its
 // agent which peer it lost (a PeerLost frame with the Comm's epoch), once
 // per peer (a later collective that fails on it does not report it again); and the rank's call returns whether or not the agent reads
@@ -31,9 +31,9 @@ func TestPeerLostReportedToAgent(t *testing.T) {
 			comms := newWorld(t, n, worldOpts{epoch: epoch, log: io.Discard})
 			rankEnd, agentEnd := net.Pipe()
 			t.Cleanup(func() { agentEnd.Close() })
-			s := newSession("", rankEnd)
+			s := newAgentConn("", rankEnd)
 			go s.read()
-			comms[0].session.Store(s) // Close closes it
+			comms[0].agent.Store(s) // Close closes it
 
 			frames := make(chan wire.PeerLost, 16)
 			if tc.agentReads {
@@ -78,7 +78,7 @@ func TestPeerLostReportedToAgent(t *testing.T) {
 				t.Fatalf("the agent was not told of the loss of rank %d", victim)
 			}
 			// Nothing more: once per peer. Closing the Comm ends the
-			// session, and so the simulated agent's reads.
+			// agent connection, and so the simulated agent's reads.
 			comms[0].Close()
 			for p := range frames {
 				t.Errorf("a further report %+v", p)

@@ -12,8 +12,10 @@ import (
 
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/agent"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/ctlserver"
 	"github.com/gorun/gorun/internal/gortest"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 )
@@ -84,16 +86,16 @@ func TestEpochChangeAndRebuild(t *testing.T) {
 	t.Cleanup(srv.Shutdown)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	dial := func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
-		return comm.DialInProcessHost(ctx, srv.InProcess(), creds, o)
+	dial := func(ctx context.Context, o control.ControlOptions) (*control.Control, error) {
+		return control.DialInProcessHost(ctx, srv.InProcess(), creds, o)
 	}
-	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{})
+	l, err := control.DialInProcess(ctx, srv.InProcess(), secret, control.ControlOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
 	subj := wire.JobSubjects(job)
-	fc := comm.NewFenceCollector(l.Conn, job, 0, 1)
+	fc := control.NewFenceCollector(l.Conn, job, 0, 1)
 	outc := make(chan string, 1024)
 	sub, err := l.Subscribe(subj.Up, func(m *nats.Msg) {
 		host, kind, _ := subj.ParseUp(m.Subject)
@@ -111,7 +113,7 @@ func TestEpochChangeAndRebuild(t *testing.T) {
 	}
 	sub.SetPendingLimits(-1, -1)
 	defer sub.Unsubscribe()
-	rv, err := comm.StartRendezvous(l.Conn, job, 0, []comm.RendezvousHost{{Name: "h0", Ranks: []int{0, 1, 2}}}, &wire.JobSpec{
+	rv, err := control.StartRendezvous(l.Conn, job, 0, []control.RendezvousHost{{Name: "h0", Ranks: []int{0, 1, 2}}}, &wire.JobSpec{
 		Prog: os.Args[0], Env: []string{commtestHelper + "=rebuild"}, Dir: t.TempDir(),
 		KillGrace: time.Second, HeartbeatInterval: time.Second, StdinRank: wire.NoStdin,
 	}, nil, nil)
@@ -156,4 +158,13 @@ func TestEpochChangeAndRebuild(t *testing.T) {
 	if strings.Contains(out.String(), "failed") || strings.Contains(out.String(), ":") {
 		t.Errorf("a rank reported an error:\n%s", out.String())
 	}
+}
+
+func newSecret(t testing.TB) jobkey.Secret {
+	t.Helper()
+	s, err := jobkey.NewSecret()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

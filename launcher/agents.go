@@ -143,7 +143,7 @@ func (m *localMatcher) match(name string) bool {
 }
 
 // startRemote starts h's agent with the rsh command and hands it its
-// host's credentials (comm.HostCredentials: never the job secret) on its
+// host's credentials (jobkey.HostCredentials: never the job secret) on its
 // stdin, which stays open: the agent takes its end as the launcher's. The agent's stderr is forwarded to the terminal and kept for
 // reports.
 func (j *job) startRemote(ctx context.Context, h *agentHost) error {

@@ -7,8 +7,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/hotswap"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/wire"
 )
 
@@ -254,7 +254,7 @@ func (j *job) publishEpoch(p *hotswap.RestorePlan) {
 	if a.Logs != nil {
 		j.logs = a.Logs // a spare in a lost host's log roles, or a vacant role
 	}
-	m := comm.Membership{Ranks: j.placement(), Gen: j.gen, G: a.G, Holders: holderRows(a.Holders), EC: j.ecTable(),
+	m := control.Membership{Ranks: j.placement(), Gen: j.gen, G: a.G, Holders: holderRows(a.Holders), EC: j.ecTable(),
 		Logs: holderRows(j.logs), H: j.epochH(a.G)}
 	if p != nil && p.Epoch == a.Epoch {
 		m.Restore = restoreRows(p.Sources)

@@ -14,10 +14,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/durable"
 	"github.com/gorun/gorun/hotswap"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
 )
@@ -43,14 +44,14 @@ type job struct {
 	log     *slog.Logger
 	id      string
 	mpi     MPIKind // the program's MPI, as resolveMPI found it ("" unknown)
-	secret  comm.Secret
+	secret  jobkey.Secret
 	verbose bool
 	srv     *ctlserver.Server
-	ctl     *comm.Control
+	ctl     *control.Control
 	subj    wire.Subjects
 	out     *outputMux
-	rv      *comm.Rendezvous
-	fences  *comm.FenceCollector
+	rv      *control.Rendezvous
+	fences  *control.FenceCollector
 	evlog   *eventLog    // --events, or nil
 	status  *statusState // gorun status (status.go), or nil
 	metrics *metrics     // --metrics (metrics.go), or nil
@@ -282,7 +283,7 @@ func (j *job) machineConfig() hotswap.Config {
 }
 
 func (j *job) run(ctx context.Context) (code int, err error) {
-	if j.secret, err = comm.NewSecret(); err != nil {
+	if j.secret, err = jobkey.NewSecret(); err != nil {
 		return 0, err
 	}
 	// The secret stays in this process. Each agent gets its own host's
@@ -298,7 +299,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		c := j.secret.HostCredentials(i, nil)
 		if h.local {
 			scfg.Hosts[i].Password = c.InProcessPassword()
-		} else if scfg.Hosts[i].Nkey, err = c.PublicKey(); err != nil {
+		} else if scfg.Hosts[i].Nkey, err = control.PublicKey(c); err != nil {
 			return 0, err
 		}
 	}
@@ -317,7 +318,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		return 0, fmt.Errorf("launcher: control plane: %w", err)
 	}
 	defer j.srv.Shutdown()
-	j.ctl, err = comm.DialInProcess(ctx, j.srv.InProcess(), j.secret, comm.ControlOptions{Name: "launcher"})
+	j.ctl, err = control.DialInProcess(ctx, j.srv.InProcess(), j.secret, control.ControlOptions{Name: "launcher"})
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
 	}
@@ -337,7 +338,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	if w := j.cfg.ECDiffWarning(); w != "" {
 		j.log.Warn(w) // on the terminal once, with -v or not, as the launcher's other warnings
 	}
-	j.fences = comm.NewFenceCollector(j.ctl.Conn, j.id, 0, len(j.hosts))
+	j.fences = control.NewFenceCollector(j.ctl.Conn, j.id, 0, len(j.hosts))
 	hostRanks := j.placement()
 	// The spares run no rank: they send no fence part.
 	if err := j.fences.SetPlacement(0, hostRanks); err != nil {
@@ -371,11 +372,11 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 	up.SetPendingLimits(-1, -1)
 	defer up.Unsubscribe()
 
-	rhosts := make([]comm.RendezvousHost, len(j.hosts))
+	rhosts := make([]control.RendezvousHost, len(j.hosts))
 	for i, h := range j.hosts {
-		rhosts[i] = comm.RendezvousHost{Name: h.name, Ranks: slices.Clone(h.ranks), Spare: h.spare}
+		rhosts[i] = control.RendezvousHost{Name: h.name, Ranks: slices.Clone(h.ranks), Spare: h.spare}
 	}
-	j.rv, err = comm.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, j.spec(), holderRows(j.holders), j.ecTable())
+	j.rv, err = control.StartRendezvous(j.ctl.Conn, j.id, 0, rhosts, j.spec(), holderRows(j.holders), j.ecTable())
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
 	}

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/agent"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
 	"github.com/nats-io/nats.go"
@@ -64,7 +64,7 @@ func TestRunLateSpare(t *testing.T) {
 					if !tc.registers {
 						gate = nil
 					}
-					ac.Dial = func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
+					ac.Dial = func(ctx context.Context, o control.ControlOptions) (*control.Control, error) {
 						select {
 						case <-gate:
 						case <-ctx.Done():

@@ -6,8 +6,8 @@ import (
 	"io"
 	"time"
 
-	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/agent"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 )
@@ -52,8 +52,8 @@ func (j *job) startLocal(ctx context.Context, h *agentHost) error {
 	cfg := agent.Config{
 		Job: j.id, Host: h.index, Name: h.name, Creds: creds, Launcher: pr, Addr: addr,
 		Logger: j.log.With("agent", h.name),
-		Dial: func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
-			return comm.DialInProcessHost(ctx, j.srv.InProcess(), creds, o)
+		Dial: func(ctx context.Context, o control.ControlOptions) (*control.Control, error) {
+			return control.DialInProcessHost(ctx, j.srv.InProcess(), creds, o)
 		},
 	}
 	if j.cfg.agentConfig != nil {

@@ -6,7 +6,7 @@ package launcher
 // cannot be written to one host's stdin: each agent prints an ephemeral
 // public key on its stdout (srun's --label prefixes the line with the
 // task's id, which srun sets, not the agent), the launcher seals the
-// credentials of that task's host to it (comm.SealHostCredentials) and
+// credentials of that task's host to it (jobkey.SealHostCredentials) and
 // writes "INDEX SEALED" on the shared stdin, which then stays open as every
 // agent's launcher-alive stream. Which task is which host is Slurm's
 // doing, not the agents': the step's arbitrary distribution puts task i on
@@ -29,7 +29,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/jobkey"
 )
 
 // Lines an agent started by srun prints on its stdout.
@@ -353,7 +353,7 @@ func (j *job) srunKey(task int, node, pub, step string) {
 	}
 	var sealed string
 	if err == nil {
-		sealed, err = comm.SealHostCredentials(j.secret.HostCredentials(h.index, j.srv.Fingerprint()), j.id, key)
+		sealed, err = jobkey.SealHostCredentials(j.secret.HostCredentials(h.index, j.srv.Fingerprint()), j.id, key)
 	}
 	if err != nil {
 		j.out.report("srun task %d, node %s: %v; its agent gets no credentials", task, node, err)

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/topology"
 )
 
@@ -82,7 +82,7 @@ func TestSrunKeyExchange(t *testing.T) {
 	dir := t.TempDir()
 	keys := map[string]*ecdh.PrivateKey{}
 	for _, n := range []string{"n0", "n2", "intruder"} {
-		k, err := comm.NewSealKey()
+		k, err := jobkey.NewSealKey()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,7 +108,7 @@ func TestSrunKeyExchange(t *testing.T) {
 	if err := os.WriteFile(srun, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	secret, err := comm.NewSecret()
+	secret, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func TestSrunKeyExchange(t *testing.T) {
 		{lines[1], "intruder", 2, false},
 		{lines[1], "n2", 0, false}, // its own line read as another host's
 	} {
-		c, err := comm.OpenHostCredentials(strings.Fields(tc.line)[1], "jobx", tc.host, keys[tc.key])
+		c, err := jobkey.OpenHostCredentials(strings.Fields(tc.line)[1], "jobx", tc.host, keys[tc.key])
 		if (err == nil) != tc.ok || tc.ok && c.Host != tc.host {
 			t.Errorf("opening %.12s… with %s's key as host %d: %v, %v; want ok %v", tc.line, tc.key, tc.host, c, err, tc.ok)
 		}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
 )
 
@@ -20,7 +20,7 @@ import (
 type cluster struct {
 	t       testing.TB
 	job     string
-	secret  comm.Secret
+	secret  jobkey.Secret
 	hosts   []*Host
 	hostOf  []int
 	sockets []string // by rank
@@ -49,7 +49,7 @@ func newCluster(t testing.TB, ranks [][]int, holders [][]int, peers func(int) []
 // configuration (those started later too).
 func newClusterWith(t testing.TB, ranks [][]int, holders [][]int, peers func(int) []int, mod func(*HostConfig)) *cluster {
 	t.Helper()
-	s, err := comm.NewSecret()
+	s, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}

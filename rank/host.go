@@ -16,6 +16,7 @@ import (
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/diffstore"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/replay"
 	"github.com/gorun/gorun/topology"
 )
@@ -27,8 +28,8 @@ var ErrStopping = errors.New("rank: state protection stopping")
 type HostConfig struct {
 	Job string
 	// LinkKey authenticates the replication links between hosts
-	// (comm.Secret.LinkKey; ranks never hold it).
-	LinkKey comm.Key
+	// (jobkey.Secret.LinkKey; ranks never hold it).
+	LinkKey jobkey.Key
 	Host    int // this host's index
 	Hosts   int // number of hosts of the job
 	// Ranks are this host's ranks (none for a spare's: SetPlacement

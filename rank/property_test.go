@@ -19,6 +19,7 @@ import (
 
 	"github.com/gorun/gorun/ckpt"
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/jobkey"
 )
 
 // The property of state protection (DESIGN.md §5): under any interleaving
@@ -927,7 +928,7 @@ func TestBugReplicaSkipsStep(t *testing.T) {
 // closes with a replication in flight (a failing host, or an agent
 // stopping mid-step). Fails only under -race.
 func TestBugLinkPoolCloseRace(t *testing.T) {
-	secret, err := comm.NewSecret()
+	secret, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}

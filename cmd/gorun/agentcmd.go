@@ -17,8 +17,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/agent"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/launcher"
 )
 
@@ -26,7 +26,7 @@ import (
 const secretTimeout = 30 * time.Second
 
 // agentMain runs `gorun agent`, which only the launcher starts. The host's
-// credentials (comm.HostCredentials: its control-plane key, the data-plane
+// credentials (jobkey.HostCredentials: its control-plane key, the data-plane
 // and replica-link keys, and the pin of the control plane's TLS
 // certificate) arrive as the first line on stdin, never in argv; the rest
 // of stdin stays open while the launcher lives. Under srun (--slurm) the
@@ -64,7 +64,7 @@ func agentMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	r := bufio.NewReader(stdin)
-	var creds comm.HostCredentials
+	var creds jobkey.HostCredentials
 	var err error
 	if *slurm {
 		stdout = undying(stdout)
@@ -117,12 +117,12 @@ func readLine(r *bufio.Reader) (string, error) {
 }
 
 // hostCredentials reads host's credentials, the first line of r.
-func hostCredentials(r *bufio.Reader, host int) (comm.HostCredentials, error) {
+func hostCredentials(r *bufio.Reader, host int) (jobkey.HostCredentials, error) {
 	s, err := readLine(r)
 	if err != nil {
-		return comm.HostCredentials{}, fmt.Errorf("reading the host's credentials from stdin: %w", err)
+		return jobkey.HostCredentials{}, fmt.Errorf("reading the host's credentials from stdin: %w", err)
 	}
-	creds, err := comm.ParseHostCredentials(s)
+	creds, err := jobkey.ParseHostCredentials(s)
 	if err == nil && creds.Host != host {
 		err = fmt.Errorf("credentials of host %d, this is host %d", creds.Host, host)
 	}
@@ -137,31 +137,31 @@ func hostCredentials(r *bufio.Reader, host int) (comm.HostCredentials, error) {
 // getenv) and opens the one line of r, shared by every node's agent,
 // sealed to it; the line's index is the host's in the job. Other nodes'
 // lines do not open with its key and are skipped.
-func slurmCredentials(r *bufio.Reader, stdout io.Writer, job, node string, getenv func(string) string) (comm.HostCredentials, error) {
-	key, err := comm.NewSealKey()
+func slurmCredentials(r *bufio.Reader, stdout io.Writer, job, node string, getenv func(string) string) (jobkey.HostCredentials, error) {
+	key, err := jobkey.NewSealKey()
 	if err != nil {
-		return comm.HostCredentials{}, err
+		return jobkey.HostCredentials{}, err
 	}
 	step := getenv("SLURM_JOB_ID") + "." + getenv("SLURM_STEP_ID")
 	if _, err := fmt.Fprintf(stdout, "%s %s %s %s\n", launcher.SlurmKeyLine, node, base64.StdEncoding.EncodeToString(key.PublicKey().Bytes()), step); err != nil {
-		return comm.HostCredentials{}, fmt.Errorf("showing the launcher this node's key: %w", err)
+		return jobkey.HostCredentials{}, fmt.Errorf("showing the launcher this node's key: %w", err)
 	}
 	deadline := time.Now().Add(secretTimeout)
 	for time.Now().Before(deadline) {
 		s, err := readLine(r)
 		if err != nil {
-			return comm.HostCredentials{}, fmt.Errorf("reading node %s's credentials from stdin: %w", node, err)
+			return jobkey.HostCredentials{}, fmt.Errorf("reading node %s's credentials from stdin: %w", node, err)
 		}
 		idx, sealed, ok := strings.Cut(strings.TrimSpace(s), " ")
 		host, err := strconv.Atoi(idx)
 		if !ok || err != nil || host < 0 {
 			continue
 		}
-		if creds, err := comm.OpenHostCredentials(sealed, job, host, key); err == nil {
+		if creds, err := jobkey.OpenHostCredentials(sealed, job, host, key); err == nil {
 			return creds, nil
 		}
 	}
-	return comm.HostCredentials{}, fmt.Errorf("no credentials for node %s on stdin", node)
+	return jobkey.HostCredentials{}, fmt.Errorf("no credentials for node %s on stdin", node)
 }
 
 // setMemoryLimit gives the agent's Go runtime a soft memory limit of 60%

@@ -17,12 +17,13 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/testcluster"
 )
 
 // commPair makes a world of two ranks on loopback, rank r's data-plane
 // key keys[r] (the same key: one job).
-func commPair(t *testing.T, ctx context.Context, keys [2]comm.Key) ([2]*comm.Comm, [2]error) {
+func commPair(t *testing.T, ctx context.Context, keys [2]jobkey.Key) ([2]*comm.Comm, [2]error) {
 	t.Helper()
 	var lns [2]net.Listener
 	var addrs []string
@@ -54,8 +55,8 @@ func commPair(t *testing.T, ctx context.Context, keys [2]comm.Key) ([2]*comm.Com
 	return cs, errs
 }
 
-func testKey(t *testing.T) comm.Key {
-	s, err := comm.NewSecret()
+func testKey(t *testing.T) jobkey.Key {
+	s, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func testKey(t *testing.T) comm.Key {
 func TestNetProbeLoopback(t *testing.T) {
 	ctx := context.Background()
 	k := testKey(t)
-	cs, errs := commPair(t, ctx, [2]comm.Key{k, k})
+	cs, errs := commPair(t, ctx, [2]jobkey.Key{k, k})
 	if errs[0] != nil || errs[1] != nil {
 		t.Fatal(errs)
 	}
@@ -88,7 +89,7 @@ func TestNetProbeLoopback(t *testing.T) {
 func TestNetProbeAuthenticated(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	_, errs := commPair(t, ctx, [2]comm.Key{testKey(t), testKey(t)})
+	_, errs := commPair(t, ctx, [2]jobkey.Key{testKey(t), testKey(t)})
 	for r, err := range errs {
 		if !errors.Is(err, comm.ErrPeerLost) {
 			t.Errorf("rank %d with another job's key: %v, want no link (ErrPeerLost)", r, err)

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/testcluster"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
@@ -176,15 +176,15 @@ func TestRankCannotUseControlPlane(t *testing.T) {
 // (the launcher never sends one) and another host's credentials, and says
 // nothing of what it read.
 func TestAgentTakesOnlyItsOwnCredentials(t *testing.T) {
-	s, err := comm.NewSecret()
+	s, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := comm.NewSealKey()
+	other, err := jobkey.NewSealKey()
 	if err != nil {
 		t.Fatal(err)
 	}
-	sealed, err := comm.SealHostCredentials(s.HostCredentials(0, nil), "j1", other.PublicKey().Bytes())
+	sealed, err := jobkey.SealHostCredentials(s.HostCredentials(0, nil), "j1", other.PublicKey().Bytes())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/replay"
@@ -108,7 +109,7 @@ type protCluster struct {
 // sees both).
 func newProtCluster(t *testing.T, nranks, nhosts int, mode rank.ProtectMode) *protCluster {
 	t.Helper()
-	secret, err := comm.NewSecret()
+	secret, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}

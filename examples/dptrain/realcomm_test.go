@@ -11,13 +11,14 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/jobkey"
 )
 
 // realWorld builds a world of size ranks with the real communicator, the
 // ranks being goroutines on loopback.
 func realWorld(t *testing.T, size int) []*comm.Comm {
 	t.Helper()
-	secret, err := comm.NewSecret()
+	secret, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,8 +22,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/gpu"
+	controlplane "github.com/gorun/gorun/internal/control"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/rank"
 	"github.com/nats-io/nats.go"
@@ -56,11 +57,11 @@ type Config struct {
 	Host       int    // index of this host in the launcher's host list
 	Name       string // this host's name in the launcher's host list
 	ControlURL string
-	// Creds are this host's credentials (comm.HostCredentials): its
+	// Creds are this host's credentials (jobkey.HostCredentials): its
 	// control-plane user, which may publish only this host's subjects,
 	// the data-plane key it passes on to its ranks, and the replica-link
 	// key. The agent never holds the job secret.
-	Creds comm.HostCredentials
+	Creds jobkey.HostCredentials
 	// Launcher, when not nil, is a stream from the launcher (the agent's
 	// stdin) whose end means the launcher is gone.
 	Launcher io.Reader
@@ -68,7 +69,7 @@ type Config struct {
 	// Dial, when not nil, replaces dialing ControlURL (the launcher's own
 	// host runs its agent in-process), with the ControlOptions the agent
 	// needs (its inbox).
-	Dial func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error)
+	Dial func(ctx context.Context, o controlplane.ControlOptions) (*controlplane.Control, error)
 	// Addr, when not empty, is the address this host is reached at;
 	// otherwise the local address of the control connection.
 	Addr string
@@ -102,7 +103,7 @@ type agent struct {
 	cfg  Config
 	log  *slog.Logger
 	subj wire.Subjects
-	ctl  *comm.Control
+	ctl  *controlplane.Control
 	spec *wire.JobSpec
 	// protect is the spec's protection settings (parseProtect).
 	protect protectSettings
@@ -188,9 +189,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 
 	dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
 	if cfg.Dial != nil {
-		a.ctl, err = cfg.Dial(dctx, comm.ControlOptions{Name: "agent " + cfg.Name, InboxPrefix: a.subj.Inbox, Logger: a.log})
+		a.ctl, err = cfg.Dial(dctx, controlplane.ControlOptions{Name: "agent " + cfg.Name, InboxPrefix: a.subj.Inbox, Logger: a.log})
 	} else {
-		a.ctl, err = comm.DialControl(dctx, cfg.ControlURL, cfg.Creds, comm.ControlOptions{Name: "agent " + cfg.Name, InboxPrefix: a.subj.Inbox, Logger: a.log})
+		a.ctl, err = controlplane.DialControl(dctx, cfg.ControlURL, cfg.Creds, controlplane.ControlOptions{Name: "agent " + cfg.Name, InboxPrefix: a.subj.Inbox, Logger: a.log})
 	}
 	dcancel()
 	if err != nil {
@@ -228,7 +229,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return fmt.Errorf("agent: %w", err)
 	}
 	defer ssub.Unsubscribe()
-	rv, err := comm.JoinRendezvous(a.ctl.Conn, cfg.Job, cfg.Host)
+	rv, err := controlplane.JoinRendezvous(a.ctl.Conn, cfg.Job, cfg.Host)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
@@ -265,7 +266,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	a.spec, err = rv.Register(rctx, reg)
 	rcancel()
-	if errors.Is(err, comm.ErrJobStopped) {
+	if errors.Is(err, controlplane.ErrJobStopped) {
 		// Stopped before it started, or ended (a spare that registers
 		// after the ranks did): nothing to do here.
 		a.log.Info("the job ended before this agent registered")

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/rank"
 )
 
@@ -45,7 +45,7 @@ func TestDebugFlipHook(t *testing.T) {
 			}
 			cfg := Config{Job: "flip", Host: 3}
 			if tc.inProcess {
-				cfg.Dial = func(context.Context, comm.ControlOptions) (*comm.Control, error) {
+				cfg.Dial = func(context.Context, control.ControlOptions) (*control.Control, error) {
 					return nil, errors.New("not dialed")
 				}
 			}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
@@ -77,8 +77,8 @@ func TestNewEpochReachesRanks(t *testing.T) {
 	sub, _ := l.ChanSubscribe(subj.Up, up)
 	defer sub.Unsubscribe()
 	// Two hosts in the table, so that host 0's fence can never complete.
-	hosts := []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}}
-	rv, err := comm.StartRendezvous(l.Conn, job, 0, hosts, &wire.JobSpec{
+	hosts := []control.RendezvousHost{{Name: "h0", Ranks: []int{0}}}
+	rv, err := control.StartRendezvous(l.Conn, job, 0, hosts, &wire.JobSpec{
 		Prog: os.Args[0], Env: []string{agenttestHelper + "=epochwatch"}, Dir: t.TempDir(),
 		KillGrace: time.Second, HeartbeatInterval: time.Second, StdinRank: wire.NoStdin,
 	}, nil, nil)

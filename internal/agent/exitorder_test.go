@@ -5,7 +5,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 )
@@ -20,7 +20,7 @@ import (
 // launcher, subscribed to every up subject, sees.
 func TestExitReportedBeforeFenceFails(t *testing.T) {
 	job := uniqueJob("exitorder")
-	j := startSwapJob(t, job, []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 0, swapOpts{})
+	j := startSwapJob(t, job, []control.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 0, swapOpts{})
 	subj := wire.JobSubjects(job)
 	order := make(chan string, 64)
 	sub, err := j.l.Subscribe(subj.Up, func(m *nats.Msg) {

@@ -5,8 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 )
@@ -16,7 +17,7 @@ import (
 // batcher sends.
 type outputSink struct {
 	t    *testing.T
-	ctl  *comm.Control
+	ctl  *control.Control
 	msgs chan *nats.Msg
 }
 
@@ -29,7 +30,7 @@ const (
 
 func newOutputSink(t *testing.T) *outputSink {
 	t.Helper()
-	secret, err := comm.NewSecret()
+	secret, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +41,7 @@ func newOutputSink(t *testing.T) *outputSink {
 	t.Cleanup(srv.Shutdown)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ctl, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{Name: "agenttest"})
+	ctl, err := control.DialInProcess(ctx, srv.InProcess(), secret, control.ControlOptions{Name: "agenttest"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,9 +145,9 @@ func discardBatcher() *batcher {
 // testControlPlane starts a job's control plane with one host (host 0) and
 // connects the launcher to it: it returns the launcher's connection, the
 // host's credentials and the Dial an agent for host 0 uses.
-func testControlPlane(t testing.TB, ctx context.Context, job string) (*comm.Control, comm.HostCredentials, func(context.Context, comm.ControlOptions) (*comm.Control, error)) {
+func testControlPlane(t testing.TB, ctx context.Context, job string) (*control.Control, jobkey.HostCredentials, func(context.Context, control.ControlOptions) (*control.Control, error)) {
 	t.Helper()
-	secret, err := comm.NewSecret()
+	secret, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,13 +158,13 @@ func testControlPlane(t testing.TB, ctx context.Context, job string) (*comm.Cont
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{Name: "launcher"})
+	l, err := control.DialInProcess(ctx, srv.InProcess(), secret, control.ControlOptions{Name: "launcher"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(l.Close)
-	dial := func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
-		return comm.DialInProcessHost(ctx, srv.InProcess(), creds, o)
+	dial := func(ctx context.Context, o control.ControlOptions) (*control.Control, error) {
+		return control.DialInProcessHost(ctx, srv.InProcess(), creds, o)
 	}
 	return l, creds, dial
 }

@@ -17,15 +17,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/rank"
 	"github.com/nats-io/nats.go"
 )
 
 // Hot-swap on the agent's side (issue 14): a launcher-side test double
-// publishes the epoch tables a recovery publishes (comm.Rendezvous.Fence
+// publishes the epoch tables a recovery publishes (control.Rendezvous.Fence
 // and Publish); one host runs a real agent, the others are registered by
 // the test (their agents are not needed for what one agent does).
 
@@ -139,8 +140,8 @@ type swapJob struct {
 	t        *testing.T
 	job      string
 	ctx      context.Context
-	l        *comm.Control
-	rv       *comm.Rendezvous
+	l        *control.Control
+	rv       *control.Rendezvous
 	dir      string // the probes' directory
 	agent    int
 	control  string           // the launcher's control subject
@@ -164,11 +165,11 @@ type swapOpts struct {
 
 // startSwapJob starts the rendezvous of hosts, registers every host but
 // agent itself, and runs the agent of host agent.
-func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent int, o swapOpts) *swapJob {
+func startSwapJob(t *testing.T, job string, hosts []control.RendezvousHost, agent int, o swapOpts) *swapJob {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
-	secret, err := comm.NewSecret()
+	secret, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +182,7 @@ func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent i
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	l, err := comm.DialInProcess(ctx, srv.InProcess(), secret, comm.ControlOptions{Name: "launcher"})
+	l, err := control.DialInProcess(ctx, srv.InProcess(), secret, control.ControlOptions{Name: "launcher"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +206,7 @@ func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent i
 	if o.hold {
 		env = append(env, probeHoldVar+"=1")
 	}
-	j.rv, err = comm.StartRendezvous(l.Conn, job, 0, hosts, &wire.JobSpec{
+	j.rv, err = control.StartRendezvous(l.Conn, job, 0, hosts, &wire.JobSpec{
 		Prog: os.Args[0], Env: env, Dir: t.TempDir(),
 		KillGrace: time.Second, HeartbeatInterval: time.Second, StdinRank: wire.NoStdin, NoPMI: true,
 	}, o.holders, nil)
@@ -217,13 +218,13 @@ func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent i
 		t.Helper()
 		// As the host's own user, from its inbox (the rendezvous answers
 		// nowhere else).
-		hc, err := comm.DialInProcessHost(ctx, srv.InProcess(), secret.HostCredentials(h, nil),
-			comm.ControlOptions{Name: "host " + hosts[h].Name, InboxPrefix: wire.JobSubjects(job).ForHost(h).Inbox})
+		hc, err := control.DialInProcessHost(ctx, srv.InProcess(), secret.HostCredentials(h, nil),
+			control.ControlOptions{Name: "host " + hosts[h].Name, InboxPrefix: wire.JobSubjects(job).ForHost(h).Inbox})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(hc.Close)
-		jr, err := comm.JoinRendezvous(hc.Conn, job, h)
+		jr, err := control.JoinRendezvous(hc.Conn, job, h)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -240,8 +241,8 @@ func startSwapJob(t *testing.T, job string, hosts []comm.RendezvousHost, agent i
 	}
 	creds := secret.HostCredentials(agent, nil)
 	cfg := Config{Job: job, Host: agent, Name: hosts[agent].Name, Creds: creds, Addr: "127.0.0.1", Logger: testLogger(t),
-		Dial: func(ctx context.Context, o comm.ControlOptions) (*comm.Control, error) {
-			return comm.DialInProcessHost(ctx, srv.InProcess(), creds, o)
+		Dial: func(ctx context.Context, o control.ControlOptions) (*control.Control, error) {
+			return control.DialInProcessHost(ctx, srv.InProcess(), creds, o)
 		}}
 	if o.with != nil {
 		o.with(&cfg)
@@ -373,7 +374,7 @@ func TestSpareTakesRanksInRestart(t *testing.T) {
 		{"table only", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			j := startSwapJob(t, "sparerestart", []comm.RendezvousHost{{Name: "h0", Ranks: []int{0, 1}}, {Name: "h1", Spare: true}}, 1, swapOpts{protect: true})
+			j := startSwapJob(t, "sparerestart", []control.RendezvousHost{{Name: "h0", Ranks: []int{0, 1}}, {Name: "h1", Spare: true}}, 1, swapOpts{protect: true})
 			idle := j.until("the spare's first epoch", epochEvent(0))
 			for _, e := range idle {
 				if e.Kind != wire.EventEpoch {
@@ -387,7 +388,7 @@ func TestSpareTakesRanksInRestart(t *testing.T) {
 			if tc.restart {
 				j.send(&wire.Control{Op: wire.OpRestart, Gen: 1, Epoch: 1, G: -1})
 			}
-			if _, err := j.rv.Publish(1, comm.Membership{Ranks: [][]int{nil, {1, 0}}, Gen: 1, G: -1}); err != nil {
+			if _, err := j.rv.Publish(1, control.Membership{Ranks: [][]int{nil, {1, 0}}, Gen: 1, G: -1}); err != nil {
 				t.Fatal(err)
 			}
 			started, epoch1 := map[int]bool{}, false
@@ -427,7 +428,7 @@ func TestSpareTakesRanksInRestart(t *testing.T) {
 // starts just the new rank, in the new epoch; the running rank keeps its
 // process and is pushed the new epoch.
 func TestInPlaceStartsNewRanks(t *testing.T) {
-	j := startSwapJob(t, "inplace", []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 1, swapOpts{})
+	j := startSwapJob(t, "inplace", []control.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 1, swapOpts{})
 	var pid int
 	j.until("rank 1's start", func(e *wire.Event) bool {
 		pid = e.Pid
@@ -435,7 +436,7 @@ func TestInPlaceStartsNewRanks(t *testing.T) {
 	})
 	j.waitFile("rank-1.welcome")
 	j.rv.Fence(0)
-	if _, err := j.rv.Publish(1, comm.Membership{Ranks: [][]int{nil, {1, 0}}, G: 7}); err != nil {
+	if _, err := j.rv.Publish(1, control.Membership{Ranks: [][]int{nil, {1, 0}}, G: 7}); err != nil {
 		t.Fatal(err)
 	}
 	var epoch1, started0 bool
@@ -480,7 +481,7 @@ func TestFencedHostExits(t *testing.T) {
 			stream, launcher := io.Pipe()
 			defer launcher.Close()
 			job := uniqueJob("fenced")
-			j := startSwapJob(t, job, []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 0,
+			j := startSwapJob(t, job, []control.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 0,
 				swapOpts{protect: true, with: func(c *Config) { c.Launcher = stream }})
 			var pid int
 			j.until("rank 0's start", func(e *wire.Event) bool {
@@ -505,7 +506,7 @@ func TestFencedHostExits(t *testing.T) {
 			}
 			if tc.want == ErrFenced {
 				j.rv.Fence(0)
-				if _, err := j.rv.Publish(1, comm.Membership{Ranks: [][]int{nil, {1, 0}}}); err != nil {
+				if _, err := j.rv.Publish(1, control.Membership{Ranks: [][]int{nil, {1, 0}}}); err != nil {
 					t.Fatal(err)
 				}
 			} else {
@@ -564,7 +565,7 @@ func TestReplFailedReported(t *testing.T) {
 	}
 	dead := ln.Addr().(*net.TCPAddr).Port
 	ln.Close() // nothing listens there now
-	j := startSwapJob(t, "replfailed", []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 1,
+	j := startSwapJob(t, "replfailed", []control.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 1,
 		swapOpts{probe: "rankstager", replicaPort: dead, holders: []wire.HolderRow{{Rank: 0, Holders: []int{1}}, {Rank: 1, Holders: []int{0}}}})
 	es := j.until("the replication failure", func(e *wire.Event) bool { return e.Kind == wire.EventReplFailed })
 	e := es[len(es)-1]
@@ -577,7 +578,7 @@ func TestReplFailedReported(t *testing.T) {
 // launcher suspects its host) sends a heartbeat at once, not at its next
 // interval; a probe of another host is not its to answer.
 func TestProbeAnswered(t *testing.T) {
-	j := startSwapJob(t, uniqueJob("probe"), []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 0, swapOpts{})
+	j := startSwapJob(t, uniqueJob("probe"), []control.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}, 0, swapOpts{})
 	beats := make(chan uint64, 256)
 	sub, err := j.l.Subscribe(wire.JobSubjects(j.job).ForHost(0).Heartbeat, func(m *nats.Msg) {
 		if hb, err := wire.DecodeHeartbeat(m.Data); err == nil {

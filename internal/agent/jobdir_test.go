@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/wire"
 	"golang.org/x/sys/unix"
 )
@@ -325,7 +325,7 @@ func TestAgentSweepsJobDirs(t *testing.T) {
 	// sweep the machine's.
 	shm := t.TempDir()
 	mpichBefore := makeShmFile(t, shm, "mpich_shar_tmpBefore", time.Minute)
-	j := startSwapJob(t, job, []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Spare: true}}, 1, swapOpts{with: func(c *Config) { c.shmDir = shm }})
+	j := startSwapJob(t, job, []control.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Spare: true}}, 1, swapOpts{with: func(c *Config) { c.shmDir = shm }})
 	j.until("the spare's first epoch", func(e *wire.Event) bool { return e.Kind == wire.EventEpoch })
 	// The start's sweep runs beside the launch. Once it removed the
 	// ended job's directory it has read its list of names: what the
@@ -469,7 +469,7 @@ func TestAgentSweepsBeside(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir())
 	release := make(chan struct{})
 	var swept atomic.Bool
-	j := startSwapJob(t, uniqueJob("sweepbeside"), []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}}, 0, swapOpts{with: func(c *Config) {
+	j := startSwapJob(t, uniqueJob("sweepbeside"), []control.RendezvousHost{{Name: "h0", Ranks: []int{0}}}, 0, swapOpts{with: func(c *Config) {
 		c.shmDir = t.TempDir()
 		c.sweeping = func() {
 			select {

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
@@ -140,7 +140,7 @@ func startPMIDriver(tb testing.TB, driver string) *pmiDriver {
 	tb.Cleanup(cancel)
 	const job = "libpmi"
 	l, _, dial := testControlPlane(tb, ctx, job)
-	ctl, err := dial(ctx, comm.ControlOptions{Name: "h0"})
+	ctl, err := dial(ctx, control.ControlOptions{Name: "h0"})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/gpu"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/rank"
@@ -26,9 +26,9 @@ import (
 type fakeLauncher struct {
 	t        *testing.T
 	ctx      context.Context
-	l        *comm.Control
+	l        *control.Control
 	subj     wire.Subjects
-	rv       *comm.Rendezvous
+	rv       *control.Rendezvous
 	events   chan *wire.Event
 	agentErr chan error
 }
@@ -64,7 +64,7 @@ func startFakeLauncherSpec(t *testing.T, job string, ranks []int, with func(*Con
 	if spec != nil {
 		spec(js)
 	}
-	f.rv, err = comm.StartRendezvous(l.Conn, job, 0, []comm.RendezvousHost{{Name: "h0", Ranks: ranks}}, js, nil, nil)
+	f.rv, err = control.StartRendezvous(l.Conn, job, 0, []control.RendezvousHost{{Name: "h0", Ranks: ranks}}, js, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

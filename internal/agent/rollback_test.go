@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 )
@@ -39,7 +39,7 @@ func TestReachAskedAgain(t *testing.T) {
 	if err := l.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	ctl, err := dial(ctx, comm.ControlOptions{Name: "agent", InboxPrefix: subj.Inbox})
+	ctl, err := dial(ctx, control.ControlOptions{Name: "agent", InboxPrefix: subj.Inbox})
 	if err != nil {
 		t.Fatal(err)
 	}

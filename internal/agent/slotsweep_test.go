@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/ckpt"
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 )
@@ -62,7 +62,7 @@ func TestAgentEndSweepsJobSlots(t *testing.T) {
 			before := dead("endedjob")
 			shm := t.TempDir()
 			var logs gortest.SyncBuffer
-			j := startSwapJob(t, job, []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Spare: true}}, 1,
+			j := startSwapJob(t, job, []control.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Spare: true}}, 1,
 				swapOpts{with: func(c *Config) {
 					c.shmDir, c.slotDir = shm, slots
 					if c.Host == 1 {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/wire"
 )
 
@@ -89,11 +89,11 @@ func (s *stopSeen) wait(j *swapJob, what string, done func() bool) {
 // (they ignore its signal), and for a spare that had no ranks. The agent
 // reports itself done once no rank runs here, never before.
 func TestTablesAfterStop(t *testing.T) {
-	twoHosts := []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}
-	spare := []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Spare: true}}
+	twoHosts := []control.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}}
+	spare := []control.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Spare: true}}
 	for _, tc := range []struct {
 		name  string
-		hosts []comm.RendezvousHost // the agent runs host 1
+		hosts []control.RendezvousHost // the agent runs host 1
 		// grace: the stop's signal is one the ranks ignore, so they run
 		// on through its grace period (else they end at the stop, before
 		// the table is published).
@@ -192,7 +192,7 @@ func TestTablesAfterStop(t *testing.T) {
 				gen = 1
 				j.send(&wire.Control{Op: wire.OpRestart, Gen: 1, Epoch: 1, G: -1})
 			}
-			if _, err := j.rv.Publish(1, comm.Membership{Ranks: tc.table, Gen: gen, G: -1}); err != nil {
+			if _, err := j.rv.Publish(1, control.Membership{Ranks: tc.table, Gen: gen, G: -1}); err != nil {
 				t.Fatal(err)
 			}
 			// The table is in, and every rank of generation 0 the stop

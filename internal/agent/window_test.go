@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/wire"
 )
 
@@ -283,7 +283,7 @@ func TestTablesDuringRestart(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			j := startSwapJob(t, uniqueJob("restartwindow"), []comm.RendezvousHost{{Name: "h0", Ranks: []int{0, 1}}, {Name: "h1", Ranks: []int{2, 3}}}, 0, swapOpts{hold: true})
+			j := startSwapJob(t, uniqueJob("restartwindow"), []control.RendezvousHost{{Name: "h0", Ranks: []int{0, 1}}, {Name: "h1", Ranks: []int{2, 3}}}, 0, swapOpts{hold: true})
 			s := newRanksSeen()
 			j.settle(s, "generation 0's ranks", map[int]wantRank{0: {0, 0}, 1: {0, 0}}, nil)
 			j.waitProbes(0, 0, 0, 1)
@@ -292,7 +292,7 @@ func TestTablesDuringRestart(t *testing.T) {
 				if g := tc.restarts[i]; g > 0 {
 					j.send(&wire.Control{Op: wire.OpRestart, Gen: g, Epoch: epoch, G: -1})
 				}
-				if _, err := j.rv.Publish(epoch, comm.Membership{Ranks: ranks, Gen: tc.gens[i], G: -1}); err != nil {
+				if _, err := j.rv.Publish(epoch, control.Membership{Ranks: ranks, Gen: tc.gens[i], G: -1}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -362,7 +362,7 @@ func TestTablesInPlace(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			j := startSwapJob(t, uniqueJob("inplacewindow"), []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}, {Name: "h2", Ranks: []int{2}}}, 1, swapOpts{})
+			j := startSwapJob(t, uniqueJob("inplacewindow"), []control.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Ranks: []int{1}}, {Name: "h2", Ranks: []int{2}}}, 1, swapOpts{})
 			s := newRanksSeen()
 			first := j.settle(s, "rank 1's start", map[int]wantRank{1: {0, 0}}, nil)
 			j.waitFile("rank-1.welcome")
@@ -370,7 +370,7 @@ func TestTablesInPlace(t *testing.T) {
 				if h := tc.fence[i]; h >= 0 {
 					j.rv.Fence(h)
 				}
-				if _, err := j.rv.Publish(uint64(i+1), comm.Membership{Ranks: ranks, G: -1}); err != nil {
+				if _, err := j.rv.Publish(uint64(i+1), control.Membership{Ranks: ranks, G: -1}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -419,7 +419,7 @@ func TestSpareStops(t *testing.T) {
 			stream, launcher := io.Pipe()
 			defer launcher.Close()
 			job := uniqueJob("sparestops")
-			j := startSwapJob(t, job, []comm.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Spare: true}}, 1,
+			j := startSwapJob(t, job, []control.RendezvousHost{{Name: "h0", Ranks: []int{0}}, {Name: "h1", Spare: true}}, 1,
 				swapOpts{with: func(c *Config) { c.Launcher = stream }})
 			s := newRanksSeen()
 			j.settle(s, "the spare's first epoch", map[int]wantRank{}, func(s *ranksSeen) bool { return len(s.epochs) > 0 })
@@ -489,7 +489,7 @@ func TestMovedAwayRankEnds(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			_, creds, dial := testControlPlane(t, ctx, "movedaway")
-			ctl, err := dial(ctx, comm.ControlOptions{Name: "agent", InboxPrefix: wire.JobSubjects("movedaway").ForHost(0).Inbox})
+			ctl, err := dial(ctx, control.ControlOptions{Name: "agent", InboxPrefix: wire.JobSubjects("movedaway").ForHost(0).Inbox})
 			if err != nil {
 				t.Fatal(err)
 			}

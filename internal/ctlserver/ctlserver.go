@@ -4,7 +4,7 @@
 // # Trust
 //
 // The server admits nobody without a credential, and every credential is
-// one principal's (comm/secret.go derives them from the job secret):
+// one principal's (internal/jobkey/secret.go derives them from the job secret):
 //
 //   - the launcher, on an in-process connection only, with a password
 //     (Config.LocalPassword): it may publish and subscribe anywhere;
@@ -35,7 +35,7 @@
 // TLS, with a certificate generated for this server alone (in memory,
 // never on disk), whose SHA-256 (Fingerprint) the launcher hands to the
 // agents with their credentials; agents accept no other certificate
-// (comm.DialControl). In-process connections need no TLS.
+// (control.DialControl). In-process connections need no TLS.
 package ctlserver
 
 import (
@@ -77,7 +77,7 @@ type Config struct {
 	// Port is the port to listen on; 0 picks a free one.
 	Port int
 	// LocalPassword admits the launcher on in-process connections
-	// (comm.DialInProcess), with every permission; the password never
+	// (control.DialInProcess), with every permission; the password never
 	// crosses a socket, and a TCP client cannot use it.
 	LocalPassword string
 	// Hosts are the job's hosts' users, by host index.
@@ -106,11 +106,11 @@ type Config struct {
 // HostUser admits the agent of one host, with that host's permissions.
 // Exactly one of its fields is set.
 type HostUser struct {
-	// Nkey is the public nkey (comm.HostCredentials.PublicKey) the agent
+	// Nkey is the public nkey (control.PublicKey) the agent
 	// must prove it holds over TCP: the agent is remote.
 	Nkey string
 	// Password admits the agent on an in-process connection only
-	// (comm.HostCredentials.InProcessPassword): it runs in the launcher.
+	// (jobkey.HostCredentials.InProcessPassword): it runs in the launcher.
 	Password string
 }
 
@@ -358,12 +358,12 @@ func (s *Server) URLAt(addr netip.Addr) string {
 }
 
 // Fingerprint is the SHA-256 of the server's TLS certificate, which the
-// agents pin (comm.HostCredentials.Pin); nil when the server does not use
+// agents pin (jobkey.HostCredentials.Pin); nil when the server does not use
 // TLS (it does not listen, or only on loopback).
 func (s *Server) Fingerprint() []byte { return s.pin }
 
 // InProcess is the provider for an in-process client connection
-// (comm.DialInProcess, comm.DialInProcessHost).
+// (control.DialInProcess, control.DialInProcessHost).
 func (s *Server) InProcess() *server.Server { return s.ns }
 
 // NumClients is the number of connected clients.

@@ -14,9 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/ctlserver"
 	"github.com/gorun/gorun/internal/gortest"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -27,20 +28,20 @@ const job = "permjob"
 // testJob is a control plane for job with hosts remote hosts, and the
 // launcher's in-process connection to it.
 type testJob struct {
-	secret   comm.Secret
+	secret   jobkey.Secret
 	srv      *ctlserver.Server
-	launcher *comm.Control
+	launcher *control.Control
 }
 
 func startJob(t *testing.T, bind string, hosts int) *testJob {
 	t.Helper()
-	secret, err := comm.NewSecret()
+	secret, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := ctlserver.Config{Job: job, Bind: bind, LocalPassword: secret.InProcessPassword(), Hosts: make([]ctlserver.HostUser, hosts)}
 	for i := range hosts {
-		if cfg.Hosts[i].Nkey, err = secret.HostCredentials(i, nil).PublicKey(); err != nil {
+		if cfg.Hosts[i].Nkey, err = control.PublicKey(secret.HostCredentials(i, nil)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -49,7 +50,7 @@ func startJob(t *testing.T, bind string, hosts int) *testJob {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	l, err := comm.DialInProcess(t.Context(), srv.InProcess(), secret, comm.ControlOptions{Name: "launcher"})
+	l, err := control.DialInProcess(t.Context(), srv.InProcess(), secret, control.ControlOptions{Name: "launcher"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,10 +70,10 @@ func (j *testJob) url(t *testing.T) string {
 
 // host connects as host's agent, as internal/agent does, logging to log
 // (if not nil).
-func (j *testJob) host(t *testing.T, host int, log *slog.Logger) *comm.Control {
+func (j *testJob) host(t *testing.T, host int, log *slog.Logger) *control.Control {
 	t.Helper()
-	c, err := comm.DialControl(t.Context(), j.url(t), j.secret.HostCredentials(host, j.srv.Fingerprint()),
-		comm.ControlOptions{Name: "agent", InboxPrefix: wire.JobSubjects(job).ForHost(host).Inbox, DialTimeout: 5 * time.Second, Logger: log})
+	c, err := control.DialControl(t.Context(), j.url(t), j.secret.HostCredentials(host, j.srv.Fingerprint()),
+		control.ControlOptions{Name: "agent", InboxPrefix: wire.JobSubjects(job).ForHost(host).Inbox, DialTimeout: 5 * time.Second, Logger: log})
 	if err != nil {
 		t.Fatalf("host %d: %v", host, err)
 	}
@@ -257,7 +258,7 @@ func TestHostAnswersStdinOnce(t *testing.T) {
 func TestRankKeyIsNotAControlCredential(t *testing.T) {
 	j := startJob(t, "", 2)
 	c0 := j.secret.HostCredentials(0, nil)
-	for name, k := range map[string]comm.Key{"data-plane key": c0.Data, "link key": c0.Link, "a random key": randomKey(t)} {
+	for name, k := range map[string]jobkey.Key{"data-plane key": c0.Data, "link key": c0.Link, "a random key": randomKey(t)} {
 		t.Run(name, func(t *testing.T) {
 			kp, err := nkeys.FromRawSeed(nkeys.PrefixByteUser, k[:])
 			if err != nil {
@@ -282,8 +283,8 @@ func TestRankKeyIsNotAControlCredential(t *testing.T) {
 	}
 }
 
-func randomKey(t *testing.T) comm.Key {
-	var k comm.Key
+func randomKey(t *testing.T) jobkey.Key {
+	var k jobkey.Key
 	rand.Read(k[:])
 	return k
 }
@@ -303,8 +304,8 @@ func TestTLS(t *testing.T) {
 	}
 	mitm := startJob(t, "0.0.0.0", 1) // a server with its own certificate
 	creds := j.secret.HostCredentials(0, pin)
-	dial := func(url string, c comm.HostCredentials) error {
-		ctl, err := comm.DialControl(t.Context(), url, c, comm.ControlOptions{DialTimeout: 5 * time.Second})
+	dial := func(url string, c jobkey.HostCredentials) error {
+		ctl, err := control.DialControl(t.Context(), url, c, control.ControlOptions{DialTimeout: 5 * time.Second})
 		if err == nil {
 			ctl.Close()
 		}
@@ -315,12 +316,12 @@ func TestTLS(t *testing.T) {
 	}
 	other := randomKey(t)
 	wrong := j.secret.HostCredentials(0, other[:])
-	if err := dial(j.url(t), wrong); !errors.Is(err, comm.ErrCertificatePin) {
+	if err := dial(j.url(t), wrong); !errors.Is(err, control.ErrCertificatePin) {
 		t.Errorf("with a wrong pin: %v, want ErrCertificatePin", err)
 	}
 	// The man in the middle admits host 0 of the real job (the agent's
 	// credential would work there): only the pin stops the agent.
-	if err := dial(mitm.url(t), mitm.secret.HostCredentials(0, pin)); !errors.Is(err, comm.ErrCertificatePin) {
+	if err := dial(mitm.url(t), mitm.secret.HostCredentials(0, pin)); !errors.Is(err, control.ErrCertificatePin) {
 		t.Errorf("a server with another certificate: %v, want ErrCertificatePin", err)
 	}
 	// A plaintext client, even with the right key, is refused.
@@ -336,13 +337,13 @@ func TestTLS(t *testing.T) {
 // all.
 func TestTLSOnWildcard(t *testing.T) {
 	addrs := []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2")}
-	secret, err := comm.NewSecret()
+	secret, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
 	creds := secret.HostCredentials(0, nil)
 	cfg := ctlserver.Config{Job: job, Bind: "0.0.0.0", Addrs: addrs, LocalPassword: secret.InProcessPassword(), Hosts: make([]ctlserver.HostUser, 1)}
-	if cfg.Hosts[0].Nkey, err = creds.PublicKey(); err != nil {
+	if cfg.Hosts[0].Nkey, err = control.PublicKey(creds); err != nil {
 		t.Fatal(err)
 	}
 	srv, err := ctlserver.Start(cfg)
@@ -355,7 +356,7 @@ func TestTLSOnWildcard(t *testing.T) {
 		if !strings.HasPrefix(url, "tls://"+a.String()+":") {
 			t.Fatalf("URLAt(%v) = %q", a, url)
 		}
-		ctl, err := comm.DialControl(t.Context(), url, secret.HostCredentials(0, srv.Fingerprint()), comm.ControlOptions{DialTimeout: 5 * time.Second})
+		ctl, err := control.DialControl(t.Context(), url, secret.HostCredentials(0, srv.Fingerprint()), control.ControlOptions{DialTimeout: 5 * time.Second})
 		if err != nil {
 			t.Fatalf("at %s: %v", url, err)
 		}
@@ -372,7 +373,7 @@ func TestTLSOnWildcard(t *testing.T) {
 	dead := "tls://" + closed.Addr().String()
 	closed.Close()
 	for range 4 {
-		ctl, err := comm.DialControl(t.Context(), dead+","+srv.URLAt(addrs[1]), secret.HostCredentials(0, srv.Fingerprint()), comm.ControlOptions{DialTimeout: 5 * time.Second})
+		ctl, err := control.DialControl(t.Context(), dead+","+srv.URLAt(addrs[1]), secret.HostCredentials(0, srv.Fingerprint()), control.ControlOptions{DialTimeout: 5 * time.Second})
 		if err != nil {
 			t.Fatalf("through the list %s,%s: %v", dead, srv.URLAt(addrs[1]), err)
 		}
@@ -439,7 +440,7 @@ func plaintextRefused(t *testing.T, url string) {
 // connection, for agents over TCP (nkey) and in process (password) alike,
 // and says nothing of the launcher's own connection.
 func TestHostDisconnected(t *testing.T) {
-	secret, err := comm.NewSecret()
+	secret, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -450,7 +451,7 @@ func TestHostDisconnected(t *testing.T) {
 	drops := make(chan drop, 8)
 	cfg := ctlserver.Config{Job: job, LocalPassword: secret.InProcessPassword(), Hosts: make([]ctlserver.HostUser, 2),
 		HostDisconnected: func(h int, reason string) { drops <- drop{h, reason} }}
-	if cfg.Hosts[0].Nkey, err = secret.HostCredentials(0, nil).PublicKey(); err != nil {
+	if cfg.Hosts[0].Nkey, err = control.PublicKey(secret.HostCredentials(0, nil)); err != nil {
 		t.Fatal(err)
 	}
 	cfg.Hosts[1].Password = secret.HostCredentials(1, nil).InProcessPassword()
@@ -461,19 +462,19 @@ func TestHostDisconnected(t *testing.T) {
 	t.Cleanup(srv.Shutdown)
 	j := &testJob{secret: secret, srv: srv}
 
-	launcher, err := comm.DialInProcess(t.Context(), srv.InProcess(), secret, comm.ControlOptions{Name: "launcher"})
+	launcher, err := control.DialInProcess(t.Context(), srv.InProcess(), secret, control.ControlOptions{Name: "launcher"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	launcher.Close()
 	remote := j.host(t, 0, nil)
-	local, err := comm.DialInProcessHost(t.Context(), srv.InProcess(), secret.HostCredentials(1, nil), comm.ControlOptions{Name: "agent"})
+	local, err := control.DialInProcessHost(t.Context(), srv.InProcess(), secret.HostCredentials(1, nil), control.ControlOptions{Name: "agent"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, tt := range []struct {
 		host int
-		c    *comm.Control
+		c    *control.Control
 	}{{1, local}, {0, remote}} {
 		tt.c.Close()
 		select {

@@ -7,8 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -18,7 +19,7 @@ import (
 // listens (on loopback) for the status client alone.
 func statusJob(t *testing.T) (*testJob, nkeys.KeyPair) {
 	t.Helper()
-	secret, err := comm.NewSecret()
+	secret, err := jobkey.NewSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +37,7 @@ func statusJob(t *testing.T) (*testJob, nkeys.KeyPair) {
 	if srv.URL() == "" {
 		t.Fatal("a server with a status user does not listen")
 	}
-	l, err := comm.DialInProcess(t.Context(), srv.InProcess(), secret, comm.ControlOptions{Name: "launcher"})
+	l, err := control.DialInProcess(t.Context(), srv.InProcess(), secret, control.ControlOptions{Name: "launcher"})
 	if err != nil {
 		t.Fatal(err)
 	}

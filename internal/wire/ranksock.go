@@ -38,7 +38,7 @@ type Hello struct {
 
 // Welcome tells a rank its world: the epoch table (encoded as by
 // EpochTable.Encode) and the data-plane key (hex) its links authenticate
-// with (comm.Secret.DataKey), the only credential a rank gets: it opens no
+// with (jobkey.Secret.DataKey), the only credential a rank gets: it opens no
 // control-plane connection and no replica link. It travels only over the
 // rank's own socket, in a directory only the job's user can enter.
 // MasterAddr and MasterPort repeat the table's torchrun rendezvous address

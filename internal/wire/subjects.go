@@ -43,7 +43,7 @@ type Subjects struct {
 	G          string // launcher → agents: GlobalStep
 	Resume     string // agent → launcher: ResumeReach (gorun --resume)
 	// Inbox is where the replies to a host's requests go (set by ForHost;
-	// see comm.ControlOptions.InboxPrefix).
+	// see control.ControlOptions.InboxPrefix).
 	Inbox string
 
 	prefix string // "gorun.JOB."

@@ -1,4 +1,4 @@
-package comm
+package control
 
 import (
 	"context"
@@ -16,15 +16,15 @@ import (
 type EpochTable = wire.EpochTable
 
 // ErrRegistration reports a registration the launcher refused.
-var ErrRegistration = errors.New("comm: registration refused")
+var ErrRegistration = errors.New("control: registration refused")
 
 // ErrJobStopped is returned to an agent that registers after the job was
 // stopped before it started (Rendezvous.Cancel) or after it ended
 // (Rendezvous.End): the agent has nothing to do and should exit.
-var ErrJobStopped = errors.New("comm: the job was stopped or has ended")
+var ErrJobStopped = errors.New("control: the job was stopped or has ended")
 
 // ErrMembership reports a membership the rendezvous cannot publish.
-var ErrMembership = errors.New("comm: bad membership")
+var ErrMembership = errors.New("control: bad membership")
 
 // RendezvousHost is one host the launcher expects to register.
 type RendezvousHost struct {
@@ -121,16 +121,16 @@ func StartRendezvous(nc *nats.Conn, job string, epoch uint64, hosts []Rendezvous
 	if err := r.buildTable().Validate(); err != nil {
 		// The hosts' addresses come with their registrations (checked
 		// then); a placement every agent would refuse is refused here.
-		return nil, fmt.Errorf("comm: rendezvous: %w: %w", ErrMembership, err)
+		return nil, fmt.Errorf("control: rendezvous: %w: %w", ErrMembership, err)
 	}
 	sub, err := nc.Subscribe(r.subj.Register, r.onRegister)
 	if err != nil {
-		return nil, fmt.Errorf("comm: rendezvous: %w", err)
+		return nil, fmt.Errorf("control: rendezvous: %w", err)
 	}
 	get, err := nc.Subscribe(r.subj.EpochGet, r.onEpochGet)
 	if err != nil {
 		sub.Unsubscribe()
-		return nil, fmt.Errorf("comm: rendezvous: %w", err)
+		return nil, fmt.Errorf("control: rendezvous: %w", err)
 	}
 	for _, s := range []*nats.Subscription{sub, get} {
 		s.SetPendingLimits(-1, -1)
@@ -138,7 +138,7 @@ func StartRendezvous(nc *nats.Conn, job string, epoch uint64, hosts []Rendezvous
 	r.subs = []*nats.Subscription{sub, get}
 	if err := nc.Flush(); err != nil {
 		r.Close()
-		return nil, fmt.Errorf("comm: rendezvous: %w", err)
+		return nil, fmt.Errorf("control: rendezvous: %w", err)
 	}
 	return r, nil
 }
@@ -495,12 +495,12 @@ func JoinRendezvous(nc *nats.Conn, job string, host int) (*AgentRendezvous, erro
 	a := &AgentRendezvous{nc: nc, subj: wire.JobSubjects(job).ForHost(host), epochs: make(chan *nats.Msg, 16)}
 	sub, err := nc.ChanSubscribe(a.subj.Epoch, a.epochs)
 	if err != nil {
-		return nil, fmt.Errorf("comm: subscribing to epochs: %w", err)
+		return nil, fmt.Errorf("control: subscribing to epochs: %w", err)
 	}
 	a.sub = sub
 	if err := nc.Flush(); err != nil {
 		sub.Unsubscribe()
-		return nil, fmt.Errorf("comm: subscribing to epochs: %w", err)
+		return nil, fmt.Errorf("control: subscribing to epochs: %w", err)
 	}
 	return a, nil
 }
@@ -509,11 +509,11 @@ func JoinRendezvous(nc *nats.Conn, job string, host int) (*AgentRendezvous, erro
 func (a *AgentRendezvous) Register(ctx context.Context, reg *wire.Register) (*wire.JobSpec, error) {
 	m, err := a.nc.RequestWithContext(ctx, a.subj.Register, wire.Marshal(reg))
 	if err != nil {
-		return nil, fmt.Errorf("comm: registering: %w", err)
+		return nil, fmt.Errorf("control: registering: %w", err)
 	}
 	rep, err := wire.DecodeRegisterReply(m.Data)
 	if err != nil {
-		return nil, fmt.Errorf("comm: registering: %w", err)
+		return nil, fmt.Errorf("control: registering: %w", err)
 	}
 	if rep.Err != "" {
 		return nil, fmt.Errorf("%w: %s", ErrRegistration, rep.Err)
@@ -545,11 +545,11 @@ func (a *AgentRendezvous) WaitEpoch(ctx context.Context, min uint64) (*EpochTabl
 			}
 			data = m.Data
 		case <-ctx.Done():
-			return nil, fmt.Errorf("comm: waiting for epoch table: %w", context.Cause(ctx))
+			return nil, fmt.Errorf("control: waiting for epoch table: %w", context.Cause(ctx))
 		}
 		t, err := wire.DecodeEpochTable(data)
 		if err != nil {
-			return nil, fmt.Errorf("comm: epoch table: %w", err)
+			return nil, fmt.Errorf("control: epoch table: %w", err)
 		}
 		if t.Epoch >= min {
 			return t, nil

@@ -1,4 +1,4 @@
-package comm
+package control
 
 import (
 	"context"
@@ -12,17 +12,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 )
 
 // ErrControlLost is returned when the control-plane connection closes.
-var ErrControlLost = errors.New("comm: control plane lost")
+var ErrControlLost = errors.New("control: control plane lost")
 
 // ErrCertificatePin reports a control-plane server whose TLS certificate
-// is not the one the agent was told to expect (HostCredentials.Pin): a
+// is not the one the agent was told to expect (jobkey.HostCredentials.Pin): a
 // server in the middle, or another job's.
-var ErrCertificatePin = errors.New("comm: control-plane certificate does not match its pin")
+var ErrCertificatePin = errors.New("control: control-plane certificate does not match its pin")
 
 // ControlOptions tune a control-plane connection.
 type ControlOptions struct {
@@ -96,16 +97,16 @@ func (r *recordingDialer) Dial(network, address string) (net.Conn, error) {
 // own, self-signed); a server that does not is refused with an error
 // matching ErrCertificatePin. The connection never reconnects: losing it
 // means losing the launcher, and the caller must act on Lost.
-func DialControl(ctx context.Context, url string, creds HostCredentials, o ControlOptions) (*Control, error) {
+func DialControl(ctx context.Context, url string, creds jobkey.HostCredentials, o ControlOptions) (*Control, error) {
 	o = o.withDefaults()
 	rd := &recordingDialer{d: net.Dialer{Timeout: o.DialTimeout}}
-	kp, err := creds.keyPair()
+	kp, err := keyPair(creds)
 	if err != nil {
 		return nil, err
 	}
 	pub, err := kp.PublicKey()
 	if err != nil {
-		return nil, fmt.Errorf("comm: control-plane key: %w", err)
+		return nil, fmt.Errorf("control: control-plane key: %w", err)
 	}
 	extra := []nats.Option{nats.SetCustomDialer(rd), nats.Nkey(pub, kp.Sign)}
 	if len(creds.Pin) > 0 {
@@ -147,14 +148,14 @@ func pinnedTLS(pin []byte) *tls.Config {
 // DialInProcess connects the launcher to its embedded server without a
 // socket, as the launcher's user (every subject). It authenticates with
 // the secret's in-process password, which costs no public-key operation.
-func DialInProcess(ctx context.Context, p nats.InProcessConnProvider, secret Secret, o ControlOptions) (*Control, error) {
+func DialInProcess(ctx context.Context, p nats.InProcessConnProvider, secret jobkey.Secret, o ControlOptions) (*Control, error) {
 	return connect(ctx, "", o.withDefaults(), nats.InProcessServer(p), nats.UserInfo(wire.InProcessUser, secret.InProcessPassword()))
 }
 
 // DialInProcessHost connects the agent of the launcher's own host to the
 // embedded server without a socket, as that host's user: it has the same
 // permissions as a remote host's agent.
-func DialInProcessHost(ctx context.Context, p nats.InProcessConnProvider, creds HostCredentials, o ControlOptions) (*Control, error) {
+func DialInProcessHost(ctx context.Context, p nats.InProcessConnProvider, creds jobkey.HostCredentials, o ControlOptions) (*Control, error) {
 	return connect(ctx, "", o.withDefaults(), nats.InProcessServer(p), nats.UserInfo(wire.HostUser(creds.Host), creds.InProcessPassword()))
 }
 
@@ -191,7 +192,7 @@ func connect(ctx context.Context, url string, o ControlOptions, extra ...nats.Op
 	select {
 	case r := <-ch:
 		if r.err != nil {
-			return nil, fmt.Errorf("comm: connecting to control plane %s: %w", url, r.err)
+			return nil, fmt.Errorf("control: connecting to control plane %s: %w", url, r.err)
 		}
 		c.Conn = r.nc
 		return c, nil
@@ -201,6 +202,6 @@ func connect(ctx context.Context, url string, o ControlOptions, extra ...nats.Op
 				r.nc.Close()
 			}
 		}()
-		return nil, fmt.Errorf("comm: connecting to control plane %s: %w", url, context.Cause(ctx))
+		return nil, fmt.Errorf("control: connecting to control plane %s: %w", url, context.Cause(ctx))
 	}
 }

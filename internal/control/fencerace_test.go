@@ -1,4 +1,4 @@
-package comm
+package control
 
 import (
 	"strings"

@@ -1,4 +1,4 @@
-package comm
+package control
 
 import (
 	"fmt"
@@ -64,7 +64,7 @@ func (f *FenceCollector) SetEpoch(epoch uint64) {
 // number of hosts, or without any rank, and then changes nothing.
 func (f *FenceCollector) SetPlacement(epoch uint64, ranks [][]int) error {
 	if len(ranks) != f.hosts {
-		return fmt.Errorf("comm: fence placement of %d hosts, the job has %d", len(ranks), f.hosts)
+		return fmt.Errorf("control: fence placement of %d hosts, the job has %d", len(ranks), f.hosts)
 	}
 	member, n := make([]bool, f.hosts), 0
 	for h, rs := range ranks {
@@ -74,7 +74,7 @@ func (f *FenceCollector) SetPlacement(epoch uint64, ranks [][]int) error {
 		}
 	}
 	if n == 0 {
-		return fmt.Errorf("comm: fence placement of epoch %d runs no rank", epoch)
+		return fmt.Errorf("control: fence placement of epoch %d runs no rank", epoch)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -98,19 +98,19 @@ func (f *FenceCollector) Handle(from int, data []byte) error {
 		return err
 	}
 	if u.Host != from {
-		return fmt.Errorf("comm: fence of host %d on host %d's subject", u.Host, from)
+		return fmt.Errorf("control: fence of host %d on host %d's subject", u.Host, from)
 	}
 	if u.Host >= f.hosts {
-		return fmt.Errorf("comm: fence from host %d of %d", u.Host, f.hosts)
+		return fmt.Errorf("control: fence from host %d of %d", u.Host, f.hosts)
 	}
 	f.mu.Lock()
 	if cur := f.epoch; u.Epoch != cur {
 		f.mu.Unlock()
-		return fmt.Errorf("comm: fence of epoch %d, the current one is %d", u.Epoch, cur)
+		return fmt.Errorf("control: fence of epoch %d, the current one is %d", u.Epoch, cur)
 	}
 	if !f.member[u.Host] {
 		f.mu.Unlock()
-		return fmt.Errorf("comm: fence from host %d, which runs no rank in epoch %d", u.Host, u.Epoch)
+		return fmt.Errorf("control: fence from host %d, which runs no rank in epoch %d", u.Host, u.Epoch)
 	}
 	if why, failed := f.failed[u.Seq]; failed || u.Err != "" {
 		// One host's error fails the fence for the whole job at once, and
@@ -125,7 +125,7 @@ func (f *FenceCollector) Handle(from int, data []byte) error {
 		}
 		f.mu.Unlock()
 		if err := f.nc.Publish(f.subj.Fence, wire.Marshal(&wire.Fence{Epoch: u.Epoch, Seq: u.Seq, Err: why})); err != nil {
-			return fmt.Errorf("comm: publishing fence %d: %w", u.Seq, err)
+			return fmt.Errorf("control: publishing fence %d: %w", u.Seq, err)
 		}
 		return nil
 	}
@@ -136,7 +136,7 @@ func (f *FenceCollector) Handle(from int, data []byte) error {
 	}
 	if m.from[u.Host] {
 		f.mu.Unlock()
-		return fmt.Errorf("comm: host %d entered fence %d twice", u.Host, u.Seq)
+		return fmt.Errorf("control: host %d entered fence %d twice", u.Host, u.Seq)
 	}
 	m.from[u.Host] = true
 	m.n++
@@ -159,7 +159,7 @@ func (f *FenceCollector) Handle(from int, data []byte) error {
 		out.KV = nil
 	}
 	if err := f.nc.Publish(f.subj.Fence, wire.Marshal(out)); err != nil {
-		return fmt.Errorf("comm: publishing fence %d: %w", u.Seq, err)
+		return fmt.Errorf("control: publishing fence %d: %w", u.Seq, err)
 	}
 	return nil
 }

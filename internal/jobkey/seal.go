@@ -1,4 +1,4 @@
-package comm
+package jobkey
 
 // Sealed credentials: how one stream read by every agent (srun's stdin,
 // which it broadcasts to every task) carries each host's credentials so
@@ -30,7 +30,7 @@ const sealInfo = "gorun sealed host credentials v1"
 func NewSealKey() (*ecdh.PrivateKey, error) {
 	k, err := ecdh.X25519().GenerateKey(rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("comm: seal key: %w", err)
+		return nil, fmt.Errorf("jobkey: seal key: %w", err)
 	}
 	return k, nil
 }
@@ -53,7 +53,7 @@ func SealHostCredentials(c HostCredentials, job string, to []byte) (string, erro
 	out := append([]byte{}, eph.PublicKey().Bytes()...)
 	nonce := make([]byte, aead.NonceSize())
 	if _, err := rand.Read(nonce); err != nil {
-		return "", fmt.Errorf("comm: seal: %w", err)
+		return "", fmt.Errorf("jobkey: seal: %w", err)
 	}
 	out = append(out, nonce...)
 	out = aead.Seal(out, nonce, []byte(c.Encode()), sealAD(job, c.Host))
@@ -99,15 +99,15 @@ func sealAEAD(priv *ecdh.PrivateKey, pub *ecdh.PublicKey, ephPub, toPub []byte) 
 	info := append(append([]byte(sealInfo), ephPub...), toPub...)
 	key, err := hkdf.Key(sha256.New, shared, nil, string(info), 32)
 	if err != nil {
-		return nil, fmt.Errorf("comm: seal: %w", err)
+		return nil, fmt.Errorf("jobkey: seal: %w", err)
 	}
 	block, err := aes.NewCipher(key)
 	if err != nil {
-		return nil, fmt.Errorf("comm: seal: %w", err)
+		return nil, fmt.Errorf("jobkey: seal: %w", err)
 	}
 	aead, err := cipher.NewGCM(block)
 	if err != nil {
-		return nil, fmt.Errorf("comm: seal: %w", err)
+		return nil, fmt.Errorf("jobkey: seal: %w", err)
 	}
 	return aead, nil
 }

@@ -1,4 +1,4 @@
-package comm_test
+package control_test
 
 import (
 	"bytes"
@@ -10,8 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/ctlserver"
+	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 )
@@ -30,12 +31,12 @@ import (
 type simJob struct {
 	tb       testing.TB
 	job      string
-	secret   comm.Secret
+	secret   jobkey.Secret
 	srv      *ctlserver.Server
-	launcher *comm.Control
-	hosts    []comm.RendezvousHost
-	rv       *comm.Rendezvous
-	fences   *comm.FenceCollector
+	launcher *control.Control
+	hosts    []control.RendezvousHost
+	rv       *control.Rendezvous
+	fences   *control.FenceCollector
 	up       *nats.Subscription
 	agents   []*simAgent
 
@@ -51,8 +52,8 @@ type simAgent struct {
 	job    string
 	host   int
 	name   string
-	ctl    *comm.Control
-	rv     *comm.AgentRendezvous
+	ctl    *control.Control
+	rv     *control.AgentRendezvous
 	fences chan *nats.Msg // merged fences, as the launcher broadcasts them
 	// registered: the agent's registration was taken.
 	registered bool
@@ -69,18 +70,18 @@ type simAgent struct {
 // replica holders holders, and the launcher's side: the rendezvous of epoch
 // 0 and the fence collector, whose epoch-0 members are the hosts that run
 // ranks. No agent is connected yet (see connect).
-func newSimJob(tb testing.TB, job string, hosts []comm.RendezvousHost, holders []wire.HolderRow) *simJob {
+func newSimJob(tb testing.TB, job string, hosts []control.RendezvousHost, holders []wire.HolderRow) *simJob {
 	tb.Helper()
 	sj := &simJob{tb: tb, job: job, secret: newSecret(tb), hosts: hosts}
 	sj.srv = startServer(tb, sj.secret, job, len(hosts))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var err error
-	if sj.launcher, err = comm.DialInProcess(ctx, sj.srv.InProcess(), sj.secret, comm.ControlOptions{}); err != nil {
+	if sj.launcher, err = control.DialInProcess(ctx, sj.srv.InProcess(), sj.secret, control.ControlOptions{}); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(sj.close)
-	sj.fences = comm.NewFenceCollector(sj.launcher.Conn, job, 0, len(hosts))
+	sj.fences = control.NewFenceCollector(sj.launcher.Conn, job, 0, len(hosts))
 	placement := make([][]int, len(hosts))
 	for i, h := range hosts {
 		placement[i] = h.Ranks
@@ -93,7 +94,7 @@ func newSimJob(tb testing.TB, job string, hosts []comm.RendezvousHost, holders [
 		tb.Fatal(err)
 	}
 	sj.up.SetPendingLimits(-1, -1)
-	sj.rv, err = comm.StartRendezvous(sj.launcher.Conn, job, 0, hosts, &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, holders, nil)
+	sj.rv, err = control.StartRendezvous(sj.launcher.Conn, job, 0, hosts, &wire.JobSpec{Prog: "true", HeartbeatInterval: time.Second}, holders, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -184,7 +185,7 @@ func (sj *simJob) connect(ctx context.Context) error {
 			return err
 		}
 		a.ctl = c
-		if a.rv, err = comm.JoinRendezvous(c.Conn, sj.job, a.host); err != nil {
+		if a.rv, err = control.JoinRendezvous(c.Conn, sj.job, a.host); err != nil {
 			return err
 		}
 		if _, err = c.ChanSubscribe(wire.JobSubjects(sj.job).Fence, a.fences); err != nil {
@@ -319,7 +320,7 @@ func (sj *simJob) lose(host int) {
 // recover is the launcher's side of a recovery epoch after lost was lost:
 // Fence(lost), then Publish(epoch, m), the fence collector moved to epoch
 // and its placement first so that no agent's part can come before it.
-func (sj *simJob) recover(lost int, epoch uint64, m comm.Membership) (*wire.EpochTable, error) {
+func (sj *simJob) recover(lost int, epoch uint64, m control.Membership) (*wire.EpochTable, error) {
 	sj.rv.Fence(lost)
 	if err := sj.fences.SetPlacement(epoch, m.Ranks); err != nil {
 		return nil, err

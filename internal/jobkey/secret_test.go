@@ -1,4 +1,4 @@
-package comm_test
+package jobkey_test
 
 import (
 	"bytes"
@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/jobkey"
 )
 
 // TestKeysAreSeparated: every derived key differs from the secret and
@@ -36,9 +36,7 @@ func TestKeysAreSeparated(t *testing.T) {
 	if s.HostCredentials(0, nil).Control != c0.Control || newSecret(t).HostCredentials(0, nil).Control == c0.Control {
 		t.Error("a host's control key is not a function of the secret and the host")
 	}
-	p0, _ := c0.PublicKey()
-	p1, _ := c1.PublicKey()
-	if p0 == p1 || c0.InProcessPassword() == c1.InProcessPassword() || c0.InProcessPassword() == s.InProcessPassword() {
+	if c0.InProcessPassword() == c1.InProcessPassword() || c0.InProcessPassword() == s.InProcessPassword() {
 		t.Error("two principals share a credential")
 	}
 }
@@ -46,12 +44,12 @@ func TestKeysAreSeparated(t *testing.T) {
 func TestHostCredentialsTransport(t *testing.T) {
 	s := newSecret(t)
 	pin := sha256.Sum256([]byte("cert"))
-	for _, c := range []comm.HostCredentials{s.HostCredentials(3, pin[:]), s.HostCredentials(0, nil)} {
+	for _, c := range []jobkey.HostCredentials{s.HostCredentials(3, pin[:]), s.HostCredentials(0, nil)} {
 		line := c.Encode()
 		if strings.ContainsAny(line, "\n\r") {
 			t.Fatalf("Encode has a line break: %q", line)
 		}
-		back, err := comm.ParseHostCredentials(line + "\n")
+		back, err := jobkey.ParseHostCredentials(line + "\n")
 		if err != nil || back.Host != c.Host || back.Control != c.Control || back.Data != c.Data || back.Link != c.Link || !bytes.Equal(back.Pin, c.Pin) {
 			t.Fatalf("ParseHostCredentials(Encode) = %+v, %v", back, err)
 		}
@@ -66,7 +64,7 @@ func TestHostCredentialsTransport(t *testing.T) {
 		"negative host": strings.Replace(good, " 1 ", " -1 ", 1), "short key": strings.Replace(good, f[2], f[2][:10], 1),
 		"bad pin": strings.Replace(good, f[5], "zz", 1), "missing field": strings.Join(f[:5], " "),
 	} {
-		if _, err := comm.ParseHostCredentials(bad); !errors.Is(err, comm.ErrBadSecret) {
+		if _, err := jobkey.ParseHostCredentials(bad); !errors.Is(err, jobkey.ErrBadSecret) {
 			t.Errorf("%s: ParseHostCredentials = %v, want ErrBadSecret", name, err)
 		}
 	}
@@ -86,4 +84,32 @@ func TestKeysAreRedacted(t *testing.T) {
 			t.Fatalf("a key was printed: %s", out)
 		}
 	}
+}
+
+func TestSecretIsRedacted(t *testing.T) {
+	s := newSecret(t)
+	for _, got := range []string{s.String(), fmt.Sprint(s), fmt.Sprintf("%v %s", s, s)} {
+		if got != "[secret]" && got != "[secret] [secret]" {
+			t.Errorf("secret printed as %q", got)
+		}
+	}
+	k := s.DataKey()
+	back, err := jobkey.ParseKey(k.Hex() + "\n")
+	if err != nil || back != k {
+		t.Fatalf("ParseKey(Hex) = %v, %v", back == k, err)
+	}
+	for _, bad := range []string{"", "zz", k.Hex()[:10], k.Hex() + "00"} {
+		if _, err := jobkey.ParseKey(bad); !errors.Is(err, jobkey.ErrBadSecret) {
+			t.Errorf("ParseKey(%q) = %v", bad, err)
+		}
+	}
+}
+
+func newSecret(t testing.TB) jobkey.Secret {
+	t.Helper()
+	s, err := jobkey.NewSecret()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

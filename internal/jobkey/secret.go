@@ -1,4 +1,4 @@
-package comm
+package jobkey
 
 // Credentials, and who holds which (DESIGN.md §4, least privilege).
 //
@@ -39,8 +39,6 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-
-	"github.com/nats-io/nkeys"
 )
 
 // SecretSize is the size of a job secret, and of every key derived from
@@ -59,13 +57,13 @@ type Key [SecretSize]byte
 
 // ErrBadSecret reports a secret, key or credentials line that cannot be
 // parsed.
-var ErrBadSecret = errors.New("comm: bad secret")
+var ErrBadSecret = errors.New("jobkey: bad secret")
 
 // NewSecret returns a fresh random secret.
 func NewSecret() (Secret, error) {
 	var s Secret
 	if _, err := rand.Read(s[:]); err != nil {
-		return s, fmt.Errorf("comm: generating secret: %w", err)
+		return s, fmt.Errorf("jobkey: generating secret: %w", err)
 	}
 	return s, nil
 }
@@ -129,14 +127,14 @@ func (s Secret) derive(label string, host int) Key {
 }
 
 // DataKey is the key ranks authenticate their data-plane links with
-// (CommConfig.Key); it is all a rank receives.
+// (comm.CommConfig.Key); it is all a rank receives.
 func (s Secret) DataKey() Key { return s.derive(labelData, -1) }
 
-// LinkKey is the key agents authenticate replica links with (LinkAuth.Key).
+// LinkKey is the key agents authenticate replica links with (comm.LinkAuth.Key).
 func (s Secret) LinkKey() Key { return s.derive(labelLink, -1) }
 
 // InProcessPassword is the password of the launcher's own in-process
-// control-plane client (DialInProcess), which may publish on every
+// control-plane client (control.DialInProcess), which may publish on every
 // subject; it never crosses a socket.
 func (s Secret) InProcessPassword() string {
 	h := sha256.Sum256(append([]byte(labelInProcess), s[:]...))
@@ -158,7 +156,7 @@ func (s Secret) HostCredentials(host int, pin []byte) HostCredentials {
 // line on the agent's stdin.
 type HostCredentials struct {
 	Host    int    // the host they belong to
-	Control Key    // nkey seed of the host's control-plane user
+	Control Key    // nkey seed of the host's control-plane user (control.PublicKey)
 	Data    Key    // the data-plane key, passed on to the host's ranks
 	Link    Key    // the replica-link key
 	Pin     []byte // SHA-256 of the server's TLS certificate; nil: no TLS
@@ -208,25 +206,6 @@ func (c HostCredentials) String() string { return fmt.Sprintf("[credentials of h
 
 // LogValue redacts c in structured logs.
 func (c HostCredentials) LogValue() slog.Value { return slog.StringValue(c.String()) }
-
-// keyPair is the host's nkey user key.
-func (c HostCredentials) keyPair() (nkeys.KeyPair, error) {
-	kp, err := nkeys.FromRawSeed(nkeys.PrefixByteUser, c.Control[:])
-	if err != nil {
-		return nil, fmt.Errorf("comm: deriving control-plane key: %w", err)
-	}
-	return kp, nil
-}
-
-// PublicKey is the public nkey the control-plane server admits as this
-// host's user (over TCP).
-func (c HostCredentials) PublicKey() (string, error) {
-	kp, err := c.keyPair()
-	if err != nil {
-		return "", err
-	}
-	return kp.PublicKey()
-}
 
 // InProcessPassword is the password of this host's user on an in-process
 // connection (the agent of the launcher's own host); it never crosses a
