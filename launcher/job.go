@@ -287,7 +287,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		return 0, err
 	}
 	// The secret stays in this process. Each agent gets its own host's
-	// credentials (comm/secret.go): a remote one proves its nkey over TCP
+	// credentials (internal/jobkey/secret.go): a remote one proves its nkey over TCP
 	// (TLS unless on loopback), a local one its password in-process; the
 	// server lets either publish only on its host's subjects. Without
 	// remote hosts the server listens only for gorun status's clients
