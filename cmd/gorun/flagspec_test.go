@@ -60,7 +60,9 @@ func TestFlagAliases(t *testing.T) {
 		{[]string{"--verbose"}, func(o *runOptions) bool { return o.verbose }},
 		{[]string{"-x", "A", "-x", "B=1"}, func(o *runOptions) bool { return strings.Join(o.exports, " ") == "A B=1" }},
 		{[]string{"--pmi=false"}, func(o *runOptions) bool { return !o.pmi }},
-		{[]string{}, func(o *runOptions) bool { return o.pmi && o.tagOutput && o.mapBy == "slot" && o.killGrace.Seconds() == 10 }},
+		{[]string{}, func(o *runOptions) bool {
+			return o.pmi && o.tagOutput && o.mapBy == "slot" && o.killGrace.Seconds() == 10
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
