@@ -46,6 +46,10 @@ func boolFlag(p *bool, def bool) defineFunc {
 	return func(fs *flag.FlagSet, name string) { fs.BoolVar(p, name, def, "") }
 }
 
+func uint64Flag(p *uint64, def uint64) defineFunc {
+	return func(fs *flag.FlagSet, name string) { fs.Uint64Var(p, name, def, "") }
+}
+
 func floatFlag(p *float64, def float64) defineFunc {
 	return func(fs *flag.FlagSet, name string) { fs.Float64Var(p, name, def, "") }
 }
@@ -97,13 +101,14 @@ type flagGroup struct {
 // of groups; a spec's group must be one of them), the title, then each
 // flag that is not hidden, its names and argument from column 2 and its
 // help from column col (on the next line when the names reach it), then
-// the group's note. Groups are separated by blank lines; a group without
-// a title lists its flags alone.
-func formatFlags(b *strings.Builder, specs []flagSpec, groups []flagGroup, col int) {
+// the group's note. Groups are separated by gap ("\n": a blank line, or
+// ""); a group without a title lists its flags alone.
+func formatFlags(b *strings.Builder, specs []flagSpec, groups []flagGroup, col int, gap string) {
+	checkFlagGroups(specs, groups)
 	pad := strings.Repeat(" ", col)
 	for i, g := range groups {
 		if i > 0 {
-			b.WriteString("\n")
+			b.WriteString(gap)
 		}
 		if g.title != "" {
 			b.WriteString(g.title + ":\n")
@@ -140,7 +145,7 @@ func flagSynopsis(s flagSpec) string {
 }
 
 // checkFlagGroups panics if a spec names a group not in groups: a flag
-// the usage would leave out (caught by any test that builds the usage).
+// the usage would leave out (at init: every usage text is built then).
 func checkFlagGroups(specs []flagSpec, groups []flagGroup) {
 	for _, s := range specs {
 		found := false
@@ -184,4 +189,14 @@ func (s seconds) Set(v string) error {
 	}
 	*s.d = d
 	return nil
+}
+
+// flagUsage is a usage text: head, the flags of specs (formatFlags) and
+// tail.
+func flagUsage(head string, specs []flagSpec, groups []flagGroup, col int, gap, tail string) string {
+	var b strings.Builder
+	b.WriteString(head)
+	formatFlags(&b, specs, groups, col, gap)
+	b.WriteString(tail)
+	return b.String()
 }

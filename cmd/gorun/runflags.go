@@ -1,10 +1,6 @@
 package main
 
-import (
-	"strings"
-
-	"github.com/gorun/gorun/rank"
-)
+import "github.com/gorun/gorun/rank"
 
 // The flags of `gorun [run]`: runFlags is their one description, from
 // which parseRun registers them and usageText is made; README's flag
@@ -220,11 +216,5 @@ const usageColumn = 26
 var usageText = runUsage()
 
 func runUsage() string {
-	specs := runFlags(&runOptions{}, &runFlagArgs{})
-	checkFlagGroups(specs, runGroups)
-	var b strings.Builder
-	b.WriteString(usageHead)
-	formatFlags(&b, specs, runGroups, usageColumn)
-	b.WriteString(usageTail)
-	return b.String()
+	return flagUsage(usageHead, runFlags(&runOptions{}, &runFlagArgs{}), runGroups, usageColumn, "\n", usageTail)
 }
