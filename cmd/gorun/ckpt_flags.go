@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"strings"
 
 	"github.com/gorun/gorun/launcher"
@@ -26,15 +25,32 @@ const (
 	defaultDiffBatch    = 5
 )
 
-// durableFlags defines the durable tier's flags in fs, into o.durable.
-func (o *runOptions) durableFlags(fs *flag.FlagSet) {
+// durableFlags describes the durable tier's flags, bound to o.durable
+// (runFlags lists them in their usage section).
+func (o *runOptions) durableFlags() []flagSpec {
 	d := &o.durable
-	fs.StringVar(&d.Dir, "ckpt-dir", "", "")
-	fs.IntVar(&d.Every, "ckpt-every", defaultCkptEvery, "")
-	fs.IntVar(&d.Concurrency, "ckpt-concurrency", 0, "")
-	fs.Float64Var(&d.Overhead, "ckpt-overhead", defaultCkptOverhead, "")
-	fs.IntVar(&d.DiffBatch, "diff-batch", defaultDiffBatch, "")
-	fs.BoolVar(&d.Resume, "resume", false, "")
+	return []flagSpec{
+		{names: []string{"--ckpt-dir"}, arg: "DIR", group: groupDurable, define: strFlag(&d.Dir, ""),
+			help: `every --ckpt-every steps each rank's protected state is
+written to DIR (a shared file system, or the same path
+on a local disk of each host), several saves in flight,
+and committed once every rank's is on disk; DIR must
+exist, be writable, and hold no other job's checkpoints`},
+		{names: []string{"--ckpt-every"}, arg: "B", group: groupDurable, define: intFlag(&d.Every, defaultCkptEvery),
+			help: "a base every B steps (1 to 2^31, default 100)"},
+		{names: []string{"--ckpt-concurrency"}, arg: "N", group: groupDurable, define: intFlag(&d.Concurrency, 0),
+			help: `saves in flight per rank (1 to 8; default: automatic,
+PCcheck's formula from the measured write and step
+times, at most 4)`},
+		{names: []string{"--ckpt-overhead"}, arg: "Q", group: groupDurable, define: floatFlag(&d.Overhead, defaultCkptOverhead),
+			help: `the fraction of the step time the automatic concurrency
+lets the saves cost (0 < Q < 1, default 0.03)`},
+		{names: []string{"--diff-batch"}, arg: "N", group: groupDurable, define: intFlag(&d.DiffBatch, defaultDiffBatch),
+			help: `--protect-mode diff: differentials reach DIR in batches
+of N steps (1 to 4096, default 5)`},
+		{names: []string{"--resume"}, group: groupDurable, define: boolFlag(&d.Resume, false),
+			help: "resume the job DIR holds from its last committed version"},
+	}
 }
 
 // parseDurable checks the durable tier's flags (set names the flags

@@ -9,7 +9,7 @@ import (
 	"github.com/gorun/gorun/internal/agent"
 )
 
-const cleanUsage = `Usage: gorun clean [-n]
+const cleanUsageHead = `Usage: gorun clean [-n]
 
 Removes what your ended gorun jobs left on this host, as Open MPI's
 orte-clean does: agents killed before they could clean up (every agent
@@ -26,11 +26,23 @@ kernel grants a write lease on them); with leases off
 when TMPDIR is on a local file system.
 Prints what it removed, one per line.
 
-  -n, --dry-run   list what would be removed, removing nothing
+`
 
+const cleanUsageTail = `
 Exit status: 0 done (also when there was nothing to remove); 1 something
 could not be removed; 2 a usage error.
 `
+
+// cleanUsage is `gorun clean -h`, its flags from cleanFlags.
+var cleanUsage = flagUsage(cleanUsageHead, cleanFlags(&agent.CleanOptions{}), []flagGroup{{}}, 18, "", cleanUsageTail)
+
+// cleanFlags describes gorun clean's flags, bound to o.
+func cleanFlags(o *agent.CleanOptions) []flagSpec {
+	return []flagSpec{
+		{names: []string{"-n", "--dry-run"}, define: boolFlag(&o.DryRun, false),
+			help: "list what would be removed, removing nothing"},
+	}
+}
 
 // cleanMain runs `gorun clean`.
 func cleanMain(args []string, stdout, stderr io.Writer) int {
@@ -41,8 +53,7 @@ func cleanMain(args []string, stdout, stderr io.Writer) int {
 func runClean(args []string, o agent.CleanOptions, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gorun clean", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.BoolVar(&o.DryRun, "n", false, "")
-	fs.BoolVar(&o.DryRun, "dry-run", false, "")
+	defineFlags(fs, cleanFlags(&o))
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, cleanUsage)

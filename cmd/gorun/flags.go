@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -74,190 +73,6 @@ type runOptions struct {
 	args          []string
 }
 
-const usageText = `Usage: gorun [flags] [--] PROG [ARGS...]
-
-Starts copies (ranks) of PROG across hosts, mpirun style, and returns the
-exit code of the rank that failed first (0 when all succeed).
-
-Placement:
-  -np, -n N               number of ranks (default: every slot)
-  --hostfile, -f, --machinefile FILE
-                          hosts, Open MPI (node slots=4) or MPICH (node:4) form;
-                          Slurm lists node[01-04] expand; rack=, switch=, spare
-  -H, --host LIST         hosts inline: h1:2,h2,node[1-3]:4
-  --map-by slot|node      fill each host's slots first, or round-robin (default slot)
-  --oversubscribe         allow more ranks than slots
-  --tp N, --pp N          tensor- and pipeline-parallel sizes (default 1), in
-                          Megatron rank order; -np must be a multiple of
-                          tp × pp. Ranks get GORUN_TP_SIZE, GORUN_PP_SIZE and
-                          GORUN_DP_SIZE
-  --gpus-per-rank G        GPUs per rank on hosts with GPUs (default: one each,
-                          shared round-robin when ranks outnumber them); ranks
-                          get CUDA_VISIBLE_DEVICES and CPUs near their GPUs
-  (no hostfile or -H: this host, with one slot per GPU, or per CPU without GPUs)
-
-Fault tolerance:
-  --redundancy replicas:K|ec:K+M
-                          how each rank's protected state survives lost hosts:
-                          replicas:K, whole copies on K other hosts of its
-                          data-parallel group (default replicas:1 where the hosts
-                          allow it; asked for explicitly, it must be met); ec:K+M,
-                          an erasure code over groups of K data and M parity
-                          hosts (across racks when the hostfile names them):
-                          any M hosts of a group may be lost, at (K+M)/K times
-                          the state's memory instead of K+1 times. The hosts
-                          with ranks must form whole groups and each group's
-                          ranks must divide by K; -v says what the job survives.
-                          With --protect-mode diff only the bases are coded
-                          and M is at most 16
-  --replicas K            the same as --redundancy replicas:K (0 to 8)
-  --protect-mode full|diff
-                          full: every step's protected state is copied whole to
-                          its holders (any trainer); diff: only each step's
-                          gradient and hyper-parameters, with a base every
-                          --base-every steps; holders rebuild the state by replay
-                          (trainers that declare the replay optimizer, e.g.
-                          examples/dptrain). Default full
-  --diff-fold N           diff: holders fold the log into the base every N steps
-                          (1 to 4096, default 8); a holder holds about
-                          (2 + N/3) x each owner's optimizer state with the raw
-                          codec (full mode: 2x). Under --redundancy ec nothing
-                          folds (base refreshes take the place of folds)
-  --base-every B          diff: a fresh base every B steps, sent in paced chunks
-                          (1 to 2^31, default 100); under --redundancy ec only
-                          the bases are coded and each log holder keeps up to
-                          about B steps per rank (warned above 4 x --diff-fold)
-  --diff-codec raw|int8[:B]|topk:K
-                          diff: how gradients are encoded; raw (default) is
-                          lossless and restores bitwise, int8 (blocks of B
-                          elements, default 256) and topk (the fraction K of the
-                          largest entries, 0 < K <= 1) are lossy
-  --max-restarts N        restart every rank in place up to N times after a rank
-                          fails, resuming from the step every rank can recover
-                          (default 0: a failure ends the job)
-  --spares K              hold the last K hosts back as spares (as the hostfile's
-                          spare keyword does): their agents start with the job and
-                          a spare replaces a lost host, which the job survives
-  --on-no-spare free-slots|abort
-                          a host lost with no spare left: move its ranks to hosts
-                          with free slots (default), or stop the job
-  --recovery restart|in-place
-                          after a host is replaced, restart every rank from the
-                          recoverable step (default), or keep the survivors running
-                          (programs using gorun's rank client only)
-  --suspect-timeout S     a host suspected (control connection dropped, replication
-                          to it failed, a peer lost there) is lost unless heard from
-                          within S seconds (default 1)
-  --hang-timeout S        a rank that reported progress and then none for S seconds
-                          has hung (default 0: off)
-  --events FILE           write the job's record (launch, samples, failures,
-                          recoveries, exit) as JSON lines to FILE; gorun report
-                          FILE makes a page of it
-  --metrics ADDR          serve Prometheus metrics at http://ADDR/metrics (":9400":
-                          loopback; port 0 picks one, shown by gorun status and -v)
-
-Durable checkpoints (the whole job lost: gorun --resume):
-  --ckpt-dir DIR          every --ckpt-every steps each rank's protected state is
-                          written to DIR (a shared file system, or the same path
-                          on a local disk of each host), several saves in flight,
-                          and committed once every rank's is on disk; DIR must
-                          exist, be writable, and hold no other job's checkpoints
-  --ckpt-every B          a base every B steps (1 to 2^31, default 100)
-  --ckpt-concurrency N    saves in flight per rank (1 to 8; default: automatic,
-                          PCcheck's formula from the measured write and step
-                          times, at most 4)
-  --ckpt-overhead Q       the fraction of the step time the automatic concurrency
-                          lets the saves cost (0 < Q < 1, default 0.03)
-  --diff-batch N          --protect-mode diff: differentials reach DIR in batches
-                          of N steps (1 to 4096, default 5)
-  --resume                resume the job DIR holds from its last committed version
-
-MPI programs:
-  --pmi[=false]           serve the PMI-1 protocol to every rank (PMI_FD, as Hydra
-                          does), so that MPICH-built programs start under gorun
-                          as under mpiexec (default true)
-  --mpi auto|openmpi|mpich
-                          the MPI the program is built with (default auto: the
-                          libmpi it links); Open MPI 4 ranks also get its flux
-                          bootstrap over gorun's PMI-1 client library
-
-Environment:
-  -x VAR                  export VAR from gorun's environment to every rank
-  -x VAR=value            set VAR for every rank
-  --wdir DIR              working directory of the ranks (default: the current one)
-
-Input and output:
-  --stdin RANK|none       which rank reads gorun's standard input (default 0;
-                          the others read /dev/null)
-  --tag-output[=false]    prefix every line with [rank] (default true)
-  --timestamp-output      prefix every line with the time
-  --output-filename DIR   write DIR/rank.N/stdout and stderr instead of the terminal
-
-Control:
-  --timeout SECONDS       stop the job after this long (exit code 124)
-  --kill-grace SECONDS    time between SIGTERM and SIGKILL when stopping (default 10)
-  --rsh CMD               how agents start on remote hosts (default "ssh";
-                          e.g. "ip netns exec"); the local host needs none
-  --launch-agent PATH     gorun binary on remote hosts (default: this one's path)
-  --rsh-concurrent N      agents being started at once (default 128)
-  --bind ADDR             control-plane address (default: 127.0.0.1 when every
-                          host is this one, else the address routing to the hosts)
-  --launcher auto|ssh|slurm|local
-                          how agents start on the other hosts (default auto:
-                          srun inside a Slurm allocation given no hosts, else --rsh)
-  --agent-start-timeout S an agent must register this soon after it is started
-                          (default 60)
-  --heartbeat-interval S  agent heartbeat interval (default 1)
-  --heartbeat-timeout S   a host is lost after this long without one (default 10)
-  -v, --verbose           say what gorun does
-  --version               print the version
-  -h, --help              this text
-
-Signals: SIGINT, SIGTERM and SIGHUP stop every rank (the same signal, then
-SIGKILL after the grace period; a second one kills at once); SIGUSR1 and
-SIGUSR2 are forwarded to every rank. Every rank gets RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR, MASTER_PORT, OMPI_COMM_WORLD_* and GORUN_* variables.
-
-gorun ckpt ls|show|verify DIR inspects a checkpoint directory.
-gorun report EVENTS [-o FILE] makes an HTML page of an --events file.
-gorun plan [flags] says what failures will cost a job before it runs (gorun plan -h).
-gorun status [JOB] [--json] [--watch] shows a running job (gorun status -h).
-gorun clean [-n] removes what your ended jobs left on this host (gorun clean -h).
-`
-
-// stringList is a repeatable string flag.
-type stringList []string
-
-func (s *stringList) String() string     { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
-
-// seconds is a duration flag given in (fractional) seconds, or as a Go
-// duration such as 1m30s.
-type seconds struct{ d *time.Duration }
-
-func (s seconds) String() string {
-	if s.d == nil {
-		return "0"
-	}
-	return strconv.FormatFloat(s.d.Seconds(), 'g', -1, 64)
-}
-
-func (s seconds) Set(v string) error {
-	if f, err := strconv.ParseFloat(v, 64); err == nil {
-		if f < 0 || f > 1e9 {
-			return fmt.Errorf("%s seconds is out of range", v)
-		}
-		*s.d = time.Duration(f * float64(time.Second))
-		return nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d < 0 {
-		return fmt.Errorf("%q is not a number of seconds", v)
-	}
-	*s.d = d
-	return nil
-}
-
 // parseRun parses the flags of a job. Go's flag package accepts -flag and
 // --flag alike, which covers mpirun's mix of both.
 func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
@@ -265,59 +80,8 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 	fs := flag.NewFlagSet("gorun", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	fs.IntVar(&o.np, "np", 0, "")
-	fs.IntVar(&o.np, "n", 0, "")
-	for _, n := range []string{"hostfile", "f", "machinefile"} {
-		fs.StringVar(&o.hostfile, n, "", "")
-	}
-	fs.StringVar(&o.hostList, "H", "", "")
-	fs.StringVar(&o.hostList, "host", "", "")
-	fs.StringVar(&o.mapBy, "map-by", "slot", "")
-	fs.Var((*stringList)(&o.exports), "x", "")
-	fs.BoolVar(&o.oversubscribe, "oversubscribe", false, "")
-	fs.IntVar(&o.tp, "tp", 1, "")
-	fs.IntVar(&o.pp, "pp", 1, "")
-	fs.IntVar(&o.gpusPerRank, "gpus-per-rank", 0, "")
-	fs.IntVar(&o.replicas, "replicas", 1, "")
-	redundancy := fs.String("redundancy", "", "")
-	protectMode := fs.String("protect-mode", string(rank.ModeFull), "")
-	fs.IntVar(&o.diff.Fold, "diff-fold", defaultDiffFold, "")
-	fs.IntVar(&o.diff.BaseEvery, "base-every", defaultBaseEvery, "")
-	fs.StringVar(&o.diff.Codec, "diff-codec", defaultDiffCodec, "")
-	o.durableFlags(fs)
-	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "")
-	fs.IntVar(&o.spares, "spares", 0, "")
-	fs.StringVar(&o.onNoSpare, "on-no-spare", "free-slots", "")
-	fs.StringVar(&o.recovery, "recovery", "restart", "")
-	o.suspect = time.Second
-	fs.Var(seconds{&o.suspect}, "suspect-timeout", "")
-	fs.Var(seconds{&o.hang}, "hang-timeout", "")
-	fs.StringVar(&o.events, "events", "", "")
-	fs.StringVar(&o.metrics, "metrics", "", "")
-	fs.BoolVar(&o.pmi, "pmi", true, "")
-	fs.StringVar(&o.mpi, "mpi", "auto", "")
-	fs.StringVar(&o.launcher, "launcher", "auto", "")
-	fs.BoolVar(&o.tagOutput, "tag-output", true, "")
-	fs.BoolVar(&o.timestamp, "timestamp-output", false, "")
-	fs.StringVar(&o.outputDir, "output-filename", "", "")
-	fs.Var(seconds{&o.timeout}, "timeout", "")
-	o.killGrace = 10 * time.Second
-	fs.Var(seconds{&o.killGrace}, "kill-grace", "")
-	fs.StringVar(&o.rsh, "rsh", "ssh", "")
-	fs.StringVar(&o.launchAgent, "launch-agent", "", "")
-	fs.StringVar(&o.bind, "bind", "", "")
-	fs.StringVar(&o.wdir, "wdir", "", "")
-	o.hbInterval = time.Second
-	fs.Var(seconds{&o.hbInterval}, "heartbeat-interval", "")
-	fs.Var(seconds{&o.hbTimeout}, "heartbeat-timeout", "")
-	fs.Var(seconds{&o.startTimeout}, "agent-start-timeout", "")
-	fs.IntVar(&o.rshConcurrent, "rsh-concurrent", 128, "")
-	fs.StringVar(&o.stdin, "stdin", "0", "")
-	fs.BoolVar(&o.verbose, "v", false, "")
-	fs.BoolVar(&o.verbose, "verbose", false, "")
-	help := fs.Bool("h", false, "")
-	fs.BoolVar(help, "help", false, "")
-	version := fs.Bool("version", false, "")
+	var a runFlagArgs
+	defineFlags(fs, runFlags(o, &a))
 
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -325,10 +89,10 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 		}
 		return nil, usagef("%v", err)
 	}
-	if *help {
+	if a.help {
 		return nil, errHelp
 	}
-	if *version {
+	if a.version {
 		return nil, errVersion
 	}
 	set := map[string]bool{}
@@ -343,10 +107,10 @@ func parseRun(args []string, stderr io.Writer) (*runOptions, error) {
 		return nil, usagef("--replicas must be 0 to 8, not %d", o.replicas)
 	}
 	o.replicasSet = set["replicas"]
-	if err := o.parseRedundancy(*redundancy, set); err != nil {
+	if err := o.parseRedundancy(a.redundancy, set); err != nil {
 		return nil, err
 	}
-	if err := o.parseProtect(*protectMode, set); err != nil {
+	if err := o.parseProtect(a.protectMode, set); err != nil {
 		return nil, err
 	}
 	if err := o.parseDurable(set); err != nil {
@@ -435,6 +199,13 @@ const (
 	defaultDiffFold  = 8
 	defaultBaseEvery = 100
 	defaultDiffCodec = "raw"
+)
+
+// The defaults of the duration flags that have one.
+const (
+	defaultSuspect   = time.Second
+	defaultKillGrace = 10 * time.Second
+	defaultHeartbeat = time.Second
 )
 
 // parseProtect checks --protect-mode and the diff-mode flags (set names

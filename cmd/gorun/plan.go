@@ -19,7 +19,7 @@ import (
 	"github.com/gorun/gorun/topology"
 )
 
-const planUsage = `Usage: gorun plan [flags]
+const planUsageHead = `Usage: gorun plan [flags]
 
 Before launching: what a host failure will cost the job under
 checkpoint-restart and under gorun's host replacement (DEADPOOL's disruption
@@ -27,61 +27,9 @@ model), the efficiency of each, a Monte Carlo of the time lost over the
 job, the durable checkpoint interval PCcheck's formula recommends, what the
 redundancy survives and its loss bound, and the spares the job needs.
 
-Failures (one of):
-  --mttf DUR              one host's mean time to failure (e.g. 8760h, 365d)
-  --trace FILE            failure trace: one TIME[,HOST[,...]] per line, TIME
-                          since the job started in seconds or as a duration,
-                          or an RFC 3339 timestamp; '#' comments, a header
-                          line and further columns are skipped. MTTF is then
-                          job-length x hosts / failures
-  --trace-start TIME      the timestamps count from TIME (RFC 3339; default
-                          the trace's first failure)
-Job:
-  --hosts N               hosts running ranks (or --hostfile FILE: its hosts
-                          not marked spare; its spare hosts count as --spares)
-  --ranks-per-host N      ranks on each host (default 1)
-  --step DUR              time of one training step (required)
-  --state SIZE            protected state of one rank, e.g. 4GiB (required)
-  --job-length DUR        failure-free length of the job (required without
-                          --trace; with one, default its last failure, which
-                          biases the MTTF low: give the trace's real span)
-Bandwidths (measured when it can, else given, else a default):
-  --mem-bw BW             local memory copy (default: measured here)
-  --net-bw BW             between two hosts (default: measured between the
-                          first two hosts of --hostfile by a 2-rank gorun job
-                          sending --measure-size bytes; without a hostfile,
-                          1.25GB/s, 10 Gbit/s)
-  --durable-bw BW         durable storage, as one host sees it while every
-                          host writes (its share; default 1GB/s)
-  --durable-bw-total BW   or the storage's aggregate bandwidth, shared by
-                          every host: each host's share is BW / hosts
-  --durable-dir DIR       or measure it: write and fsync --measure-size bytes
-                          in DIR, then remove the file (one host alone: an
-                          upper bound of its share while every host writes)
-  --measure-size SIZE     bytes written or sent to measure (default 256MiB)
-  --rsh CMD, --bind ADDR  as gorun's, for the network measurement job
-Recovery:
-  --restart DUR           checkpoint-restart's stall before restoring: stop,
-                          get a host, start every rank (default 10m)
-  --replace DUR           gorun's replacement before the state transfer:
-                          detect, attach a spare, rendezvous (default 30s)
-  --redundancy replicas:K|ec:K+M   as gorun's (default replicas:1 where the
-                          hosts allow it)
-  --spares N              spare hosts (default 0, or the hostfile's)
-  --spare-risk P          spares are recommended so that running out is less
-                          likely than P (default 0.01)
-Durable tier:
-  --interval K            steps between durable checkpoints, as gorun's
-                          --ckpt-every (default: PCcheck's f* for the inputs)
-  --ckpt-concurrency N    checkpoints in flight, 1 to 8 as gorun's (default 1)
-  --ckpt-overhead Q       the fraction of time checkpointing may cost, PCcheck's
-                          q = 1 + Q (default 0.03)
-Output:
-  --runs N                Monte Carlo runs, at most 1000000 (default 1000)
-  --seed N                Monte Carlo seed: the same seed gives the same figures
-                          (default 1)
-  --json                  one JSON object instead of the report
-Units: durations 20s, 1h30m, 30d; sizes 256MiB, 10GB; bandwidths 10GB/s, or
+`
+
+const planUsageTail = `Units: durations 20s, 1h30m, 30d; sizes 256MiB, 10GB; bandwidths 10GB/s, or
 bits per second 100Gbit/s (= 100Gb/s = 12.5GB/s). Units are case-sensitive:
 B is a byte, b a bit.
 `
@@ -169,17 +117,8 @@ func runPlan(ctx context.Context, args []string, deps planDeps, stderr io.Writer
 func planFromArgs(ctx context.Context, args []string, deps planDeps) (planOutput, bool, error) {
 	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	str := map[string]*string{}
-	for _, n := range []string{"mttf", "trace", "trace-start", "hostfile", "step", "state", "job-length", "mem-bw", "net-bw",
-		"durable-bw", "durable-bw-total", "durable-dir", "measure-size", "rsh", "bind", "restart", "replace", "redundancy", "spare-risk", "ckpt-overhead"} {
-		str[n] = fs.String(n, "", "")
-	}
-	ints := map[string]*int{}
-	for _, n := range []string{"hosts", "ranks-per-host", "spares", "interval", "ckpt-concurrency", "runs"} {
-		ints[n] = fs.Int(n, -1, "")
-	}
-	seed := fs.Uint64("seed", 1, "")
-	asJSON := fs.Bool("json", false, "")
+	var v planFlagVals
+	defineFlags(fs, planFlagSpecs(&v))
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return planOutput{}, false, err
@@ -191,7 +130,7 @@ func planFromArgs(ctx context.Context, args []string, deps planDeps) (planOutput
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	p := &planParser{set: set, str: str, ints: ints}
+	p := &planParser{set: set, str: v.str, ints: v.ints}
 	in, trace, err := p.inputs(ctx, deps)
 	if err != nil {
 		return planOutput{}, false, err
@@ -201,11 +140,11 @@ func planFromArgs(ctx context.Context, args []string, deps planDeps) (planOutput
 	if p.err != nil {
 		return planOutput{}, false, p.err
 	}
-	res, err := plan.Plan(in, trace, runs, *seed, risk)
+	res, err := plan.Plan(in, trace, runs, v.seed, risk)
 	if err != nil {
 		return planOutput{}, false, p.planErr(err)
 	}
-	return planOutput{Schema: planSchema, Inputs: p.list, Result: res}, *asJSON, nil
+	return planOutput{Schema: planSchema, Inputs: p.list, Result: res}, v.asJSON, nil
 }
 
 // planParser turns flags into plan.Inputs, recording each value's source;

@@ -14,21 +14,33 @@ import (
 	"github.com/gorun/gorun/internal/report"
 )
 
-const reportUsage = `Usage: gorun report EVENTS [-o FILE]
+const reportUsageHead = `Usage: gorun report EVENTS [-o FILE]
 
 Turns a job's events file (gorun --events EVENTS) into one self-contained
 HTML page: a summary, a per-host timeline of steps, failures, recovery
 phases and spares taking over, and the step time beside the protection's
 wait. The page loads nothing from the network; open it in any browser.
 
-  -o FILE   write the page to FILE (default, and "-": standard output)
+`
 
+const reportUsageTail = `
 Exit status: 0 done (an EVENTS whose last line is cut short, as while the
 job writes it, gives the page of the lines before it, with a warning); 1
 EVENTS cannot be read or FILE written; 2 a usage error or an EVENTS that
 is not a valid events file (the error names the line) or of a newer
 schema than this gorun reads.
 `
+
+// reportUsage is `gorun report -h`, its flags from reportFlags.
+var reportUsage = flagUsage(reportUsageHead, reportFlags(new(string)), []flagGroup{{}}, 12, "", reportUsageTail)
+
+// reportFlags describes gorun report's flags: -o into out.
+func reportFlags(out *string) []flagSpec {
+	return []flagSpec{
+		{names: []string{"-o"}, arg: "FILE", define: strFlag(out, "-"),
+			help: `write the page to FILE (default, and "-": standard output)`},
+	}
+}
 
 // reportMain runs `gorun report`.
 func reportMain(args []string, stdout, stderr io.Writer) int {
@@ -38,7 +50,8 @@ func reportMain(args []string, stdout, stderr io.Writer) int {
 	}
 	fs := flag.NewFlagSet("gorun report", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	out := fs.String("o", "-", "")
+	out := new(string)
+	defineFlags(fs, reportFlags(out))
 	var pos []string
 	for rest := args; ; {
 		if err := fs.Parse(rest); err != nil {

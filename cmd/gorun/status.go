@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const statusUsage = `Usage: gorun status [JOB] [--json] [--ranks] [--watch [--interval D]]
+const statusUsageHead = `Usage: gorun status [JOB] [--json] [--ranks] [--watch [--interval D]]
 
 Shows a running job of yours: its hosts (state, ranks, per tier the
 newest step of the host's ranks, min..max), epoch and generation, G (the
@@ -28,16 +28,32 @@ the words of the events file and the metrics). JOB is a job id
 or a unique prefix of one; without it, the one running job (with several,
 one line per job, or a JSON list of them with --json, and exit 1).
 
-  --json           the snapshot as JSON (every rank's row included)
-  --ranks          every rank's row in the table too
-  --watch          redraw every --interval until interrupted or the job
-                   ends ("job ended", exit 0)
-  --interval D     the redraw interval of --watch (default 2s)
-  --timeout D      how long to wait for the job's answer (default 10s)
+`
 
+const statusUsageTail = `
 Exit codes: 0 shown, 1 no such job, several and none named, or no answer,
 2 usage error.
 `
+
+// statusUsage is `gorun status -h`, its flags from statusFlags.
+var statusUsage = flagUsage(statusUsageHead, statusFlags(&statusOpts{}), []flagGroup{{}}, 19, "", statusUsageTail)
+
+// statusFlags describes gorun status's flags, bound to o.
+func statusFlags(o *statusOpts) []flagSpec {
+	return []flagSpec{
+		{names: []string{"--json"}, define: boolFlag(&o.json, false),
+			help: "the snapshot as JSON (every rank's row included)"},
+		{names: []string{"--ranks"}, define: boolFlag(&o.ranks, false),
+			help: "every rank's row in the table too"},
+		{names: []string{"--watch"}, define: boolFlag(&o.watch, false),
+			help: `redraw every --interval until interrupted or the job
+ends ("job ended", exit 0)`},
+		{names: []string{"--interval"}, arg: "D", define: durationFlag(&o.interval, 2*time.Second),
+			help: "the redraw interval of --watch (default 2s)"},
+		{names: []string{"--timeout"}, arg: "D", define: durationFlag(&o.timeout, 10*time.Second),
+			help: "how long to wait for the job's answer (default 10s)"},
+	}
+}
 
 type statusOpts struct {
 	job      string
@@ -53,11 +69,7 @@ func parseStatus(args []string) (*statusOpts, error) {
 	o := &statusOpts{}
 	fs := flag.NewFlagSet("gorun status", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.BoolVar(&o.json, "json", false, "")
-	fs.BoolVar(&o.ranks, "ranks", false, "")
-	fs.BoolVar(&o.watch, "watch", false, "")
-	fs.DurationVar(&o.interval, "interval", 2*time.Second, "")
-	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "")
+	defineFlags(fs, statusFlags(o))
 	intervalSet := false
 	for {
 		if err := fs.Parse(args); err != nil {
