@@ -14,7 +14,6 @@ import (
 	"github.com/gorun/gorun/internal/report"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // TestFailureClassEverywhere: each kind of failure, decided on by a real
@@ -147,7 +146,7 @@ func TestFailureClassEverywhere(t *testing.T) {
 			}
 
 			// gorun_failures_total.
-			srv := httptest.NewServer(promhttp.HandlerFor(j.metrics.reg, promhttp.HandlerOpts{}))
+			srv := httptest.NewServer(j.metrics.set)
 			defer srv.Close()
 			want := map[string]float64{}
 			for _, r := range recorded {

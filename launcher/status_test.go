@@ -21,7 +21,6 @@ import (
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // TestStatusLive: a running job registers, answers gorun status's query
@@ -206,7 +205,7 @@ func TestStatusTwoLossesInOneStep(t *testing.T) {
 			t.Errorf("failure %d: %+v, want a host loss of %s onto %s in epoch %d", i, f[i], want.host, want.with, want.epoch)
 		}
 	}
-	srv := httptest.NewServer(promhttp.HandlerFor(j.metrics.reg, promhttp.HandlerOpts{}))
+	srv := httptest.NewServer(j.metrics.set)
 	defer srv.Close()
 	fams := scrape(t, srv.URL)
 	if got := failureCounts(fams); !maps.Equal(got, map[string]float64{"host-loss/splice": 2}) {
@@ -287,7 +286,7 @@ func TestStatusSpareStates(t *testing.T) {
 				t.Errorf("spares %v, want %d", snap.Spares, tt.spares)
 			}
 			j.metricsTick()
-			srv := httptest.NewServer(promhttp.HandlerFor(j.metrics.reg, promhttp.HandlerOpts{}))
+			srv := httptest.NewServer(j.metrics.set)
 			defer srv.Close()
 			if got := value(scrape(t, srv.URL), "gorun_spares_left"); got != float64(tt.spares) {
 				t.Errorf("gorun_spares_left %v, want %d", got, tt.spares)

@@ -720,20 +720,20 @@ func (a *agent) fenced(t *wire.EpochTable) error {
 }
 
 // listen makes sure rank has its socket, before it starts (so that it is
-// there when the rank looks); a rank placed here again keeps its own.
-func (a *agent) listen(rank int) {
+// there when the rank looks); a rank placed here again keeps its own. It
+// runs on launch's start goroutines, one rank each: it only reads
+// a.listening, which launch updates once they have all returned, and
+// reports whether the socket listens.
+func (a *agent) listen(rank int) bool {
 	if a.listening[rank] {
-		return
-	}
-	if a.listening == nil {
-		a.listening = map[int]bool{}
+		return true
 	}
 	sock := filepath.Join(a.dir, "rank-"+strconv.Itoa(rank)+".sock")
 	if err := a.socks.listen(rank, sock); err != nil {
 		a.log.Warn("rank socket", "rank", rank, "err", err)
-		return
+		return false
 	}
-	a.listening[rank] = true
+	return true
 }
 
 // notStarted accounts for places, ranks of this host in table t (the
@@ -770,9 +770,6 @@ func (a *agent) launch(t *wire.EpochTable, places []wire.Placement, all bool) er
 			return err
 		}
 	}
-	for _, pl := range places {
-		a.listen(pl.Rank)
-	}
 	ompiEnv, err := a.ompiEnv(t)
 	if err != nil {
 		return err
@@ -786,8 +783,9 @@ func (a *agent) launch(t *wire.EpochTable, places []wire.Placement, all bool) er
 	}
 	procs := make([]*rankProc, len(places))
 	pmiMine := make([]*os.File, len(places))
+	prog := lookProg(a.spec.Prog)
 	for i, pl := range places {
-		procs[i] = &rankProc{place: pl, gen: a.gen}
+		procs[i] = &rankProc{place: pl, gen: a.gen, prog: prog}
 		if !a.spec.NoPMI {
 			mine, theirs, err := pmiSocketPair()
 			if err != nil {
@@ -818,16 +816,19 @@ func (a *agent) launch(t *wire.EpochTable, places []wire.Placement, all bool) er
 	a.running += len(places)
 	a.hadRanks = a.hadRanks || len(places) > 0
 	// Starting a process is mostly waiting for the kernel to exec it, so
-	// several starts at once overlap that latency.
+	// several starts at once overlap that latency; each start makes its
+	// rank's socket first (creating a file is slow on some file systems:
+	// the kernel serializes creations in one directory, but they overlap
+	// the other ranks' forks).
+	listened := make([]bool, len(places))
 	var g errgroup.Group
 	g.SetLimit(startParallel)
 	for i, p := range procs {
 		g.Go(func() error {
 			pl := p.place
+			listened[i] = a.listen(pl.Rank)
 			sock := filepath.Join(a.dir, "rank-"+strconv.Itoa(pl.Rank)+".sock")
-			renv := mergeEnv(rankEnv(a.env, a.spec, t, pl, sock, a.tmp), genv[i])
-			renv = mergeEnv(renv, restartEnv(a.gen, a.spec.MaxRestarts))
-			renv = mergeEnv(renv, ompiEnv)
+			renv := mergeEnv(rankEnv(a.env, a.spec, t, pl, sock, a.tmp), genv[i], restartEnv(a.gen, a.spec.MaxRestarts), ompiEnv)
 			stdin := pl.Rank == a.spec.StdinRank
 			err := p.start(a.spec, renv, stdin, a.out, a.exits, a.done)
 			if stdin {
@@ -856,7 +857,16 @@ func (a *agent) launch(t *wire.EpochTable, places []wire.Placement, all bool) er
 			return nil
 		})
 	}
-	return g.Wait()
+	err = g.Wait()
+	if a.listening == nil {
+		a.listening = map[int]bool{}
+	}
+	for i, ok := range listened {
+		if ok {
+			a.listening[places[i].Rank] = true
+		}
+	}
+	return err
 }
 
 // onStdin writes the launcher's stdin into the pipe of the rank that

@@ -115,6 +115,31 @@ func TestMergeEnv(t *testing.T) {
 	}
 }
 
+// TestMergeEnvSeveral: merging several lists at once is merging them in
+// turn.
+func TestMergeEnvSeveral(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		env   []string
+		overs [][]string
+	}{
+		{"none", []string{"A=1"}, nil},
+		{"disjoint", []string{"A=1"}, [][]string{{"B=2"}, {"C=3"}}},
+		{"later lists win", []string{"A=1", "B=2"}, [][]string{{"B=3", "C=4"}, {"C=5", "A=6"}, nil, {"B=7"}}},
+		{"duplicates within a list", nil, [][]string{{"X=1", "X=2"}, {"Y=1"}, {"X=3", "Y=2", "Y=3"}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			want := tt.env
+			for _, o := range tt.overs {
+				want = mergeEnv(want, o)
+			}
+			if got := mergeEnv(tt.env, tt.overs...); !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
+				t.Errorf("mergeEnv(%q, %q...) = %q, want %q (in turn)", tt.env, tt.overs, got, want)
+			}
+		})
+	}
+}
+
 // testTable is a valid epoch table: host 0 runs ranks 0 and 2, host 1 runs
 // no rank (a spare), host 2 runs ranks 1, 3 and 4, host 3 runs rank 5.
 func testTable() *wire.EpochTable {

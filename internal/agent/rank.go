@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,7 +26,10 @@ var errWorkDir = errors.New("working directory")
 // agent's loop, except stopped, which readers of the exit status share.
 type rankProc struct {
 	place wire.Placement
-	gen   uint64       // restart generation
+	gen   uint64 // restart generation
+	// prog is spec.Prog as lookProg resolved it for the whole launch, or
+	// "": start then has exec.Command search PATH itself.
+	prog  string
 	pmi   *os.File     // the rank's end of its PMI connection (fd 3 in the rank), until started
 	abort atomic.Int32 // 1 + the exit code the rank gave PMI abort (MPI_Abort), or 0
 	// pmiState: pmiNone, pmiOpen (init without finalize) or pmiDone.
@@ -89,7 +93,7 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 		closeAll(childEnds)
 		return p.failStart(err, exits, done)
 	}
-	cmd := exec.Command(spec.Prog, spec.Args...)
+	cmd := rankCommand(p.prog, spec)
 	cmd.Dir = spec.Dir
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = outW, errW
@@ -159,6 +163,35 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 		}
 	}()
 	return nil
+}
+
+// lookProg resolves prog in PATH as exec.Command would, once for all
+// the ranks of a launch rather than once per rank (a PATH search is a
+// stat per directory until it is found): "" if prog names a path (there
+// is nothing to search) or the search fails or finds a relative path
+// (exec.ErrDot), where each rank's exec.Command searches again and
+// reports the failure as it always did.
+func lookProg(prog string) string {
+	if filepath.Base(prog) != prog {
+		return ""
+	}
+	lp, err := exec.LookPath(prog)
+	if err != nil {
+		return ""
+	}
+	return lp
+}
+
+// rankCommand is exec.Command(spec.Prog, spec.Args...), with the program
+// at prog when lookProg resolved it: the same Path, Args (argv[0] is
+// spec.Prog as given) and Err.
+func rankCommand(prog string, spec *wire.JobSpec) *exec.Cmd {
+	if prog == "" {
+		return exec.Command(spec.Prog, spec.Args...)
+	}
+	cmd := exec.Command(prog, spec.Args...)
+	cmd.Args[0] = spec.Prog
+	return cmd
 }
 
 func (p *rankProc) failStart(err error, exits chan<- *rankProc, done <-chan struct{}) error {
@@ -278,11 +311,14 @@ func baseEnv(inherited, extra []string) []string {
 	return mergeEnv(env, extra)
 }
 
-// mergeEnv returns env with the entries of over replacing those of the same name.
-func mergeEnv(env, over []string) []string {
-	idx := make(map[string]int, len(env))
-	out := make([]string, 0, len(env)+len(over))
-	for _, kv := range slices.Concat(env, over) {
+// mergeEnv returns env with the entries of each of overs, in turn,
+// replacing those of the same name: mergeEnv(env, a, b) is
+// mergeEnv(mergeEnv(env, a), b), in one pass.
+func mergeEnv(env []string, overs ...[]string) []string {
+	all := slices.Concat(append([][]string{env}, overs...)...)
+	idx := make(map[string]int, len(all))
+	out := make([]string, 0, len(all))
+	for _, kv := range all {
 		k, _, _ := strings.Cut(kv, "=")
 		if i, ok := idx[k]; ok {
 			out[i] = kv

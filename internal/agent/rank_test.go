@@ -1,10 +1,13 @@
 package agent
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -220,5 +223,39 @@ func TestMissingWorkDirIsNamed(t *testing.T) {
 	waitExit(t, exits)
 	if e := p.exitEvent(0); !strings.Contains(e.Msg, missing) {
 		t.Errorf("report %q does not name the missing directory %s", e.Msg, missing)
+	}
+}
+
+// TestRankCommand: the command of a rank whose program lookProg resolved
+// once for the launch is the one exec.Command makes searching PATH
+// itself: the same Path, argv (argv[0] the program as given) and error.
+func TestRankCommand(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "gorun-test-prog")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	for _, tt := range []struct {
+		prog     string
+		resolved bool // lookProg finds a path
+	}{
+		{"gorun-test-prog", true},
+		{"sh", true},
+		{script, false},                  // a path: nothing to search
+		{"gorun-no-such-program", false}, // left to exec.Command, which fails
+	} {
+		t.Run(tt.prog, func(t *testing.T) {
+			spec := &wire.JobSpec{Prog: tt.prog, Args: []string{"a", "b c"}}
+			lp := lookProg(tt.prog)
+			if (lp != "") != tt.resolved {
+				t.Fatalf("lookProg(%q) = %q, want resolved %v", tt.prog, lp, tt.resolved)
+			}
+			got, want := rankCommand(lp, spec), exec.Command(tt.prog, spec.Args...)
+			if got.Path != want.Path || !slices.Equal(got.Args, want.Args) || fmt.Sprint(got.Err) != fmt.Sprint(want.Err) {
+				t.Errorf("rankCommand: Path %q Args %q Err %v; exec.Command: Path %q Args %q Err %v",
+					got.Path, got.Args, got.Err, want.Path, want.Args, want.Err)
+			}
+		})
 	}
 }
