@@ -13,8 +13,9 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/comm"
+	"github.com/gorun/gorun/internal/keeper"
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 	"github.com/gorun/gorun/replay"
 )
 
@@ -89,7 +90,7 @@ type protCluster struct {
 	t      *testing.T
 	job    string
 	socks  []string
-	hosts  []*rank.Host
+	hosts  []*keeper.Host
 	closed []bool
 
 	mu      sync.Mutex // guards hostOf, holders, closed
@@ -106,7 +107,7 @@ type protCluster struct {
 // spares), rank r's replicas held by rank r+1 (mod nranks), in protect
 // mode mode (a diff-mode base every 4 steps, folds of 3: a 30-step run
 // sees both).
-func newProtCluster(t *testing.T, nranks, nhosts int, mode rank.ProtectMode) *protCluster {
+func newProtCluster(t *testing.T, nranks, nhosts int, mode protect.ProtectMode) *protCluster {
 	t.Helper()
 	secret, err := comm.NewSecret()
 	if err != nil {
@@ -132,14 +133,14 @@ func newProtCluster(t *testing.T, nranks, nhosts int, mode rank.ProtectMode) *pr
 		if h < nranks {
 			ranks = []int{h}
 		}
-		host, err := rank.NewHost(rank.HostConfig{
+		host, err := keeper.NewHost(keeper.HostConfig{
 			Job: c.job, LinkKey: secret.LinkKey(), Host: h, Hosts: nhosts, Ranks: ranks, Dir: t.TempDir(),
 			Holders: c.holders, Peers: func(int) []int { return all },
 			HostOf:   func(r int) int { c.mu.Lock(); defer c.mu.Unlock(); return c.hostOf[r] },
 			Listener: ln,
 			Changed:  func() { c.poke() },
 			Mode:     mode,
-			Diff:     rank.DiffConfig{Fold: 3, BaseEvery: 4, Codec: replay.Options{Lossless: true}},
+			Diff:     keeper.DiffConfig{Fold: 3, BaseEvery: 4, Codec: replay.Options{Lossless: true}},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -219,7 +220,7 @@ func (c *protCluster) acceptRank(ln net.Listener, r int) {
 			defer sess.Close() // as the agent does: the rank is gone with its socket
 			for {
 				typ, b, err := wire.ReadSock(conn)
-				if err != nil || !rank.IsRequest(typ) {
+				if err != nil || !protect.IsRequest(typ) {
 					return
 				}
 				at, ans, err := sess.Handle(context.Background(), typ, b)
@@ -275,10 +276,10 @@ func (c *protCluster) publishG(ctx context.Context) {
 }
 
 // connect is runOptions.protect for rank r.
-func (c *protCluster) connect(r int) func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error) {
-	return func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error) {
+func (c *protCluster) connect(r int) func(ctx context.Context, regions []protect.Region, opt protect.Options) (protector, error) {
+	return func(ctx context.Context, regions []protect.Region, opt protect.Options) (protector, error) {
 		opt.Socket = c.socks[r]
-		return rank.Connect(ctx, regions, opt)
+		return protect.Connect(ctx, regions, opt)
 	}
 }
 
@@ -307,7 +308,7 @@ func (c *protCluster) replace(r, spare int) {
 				mine = append(mine, x)
 			}
 		}
-		p := rank.Placement{Ranks: mine, HostOf: hostOf, Holders: holders, Sources: map[int]rank.Source{r: {Opt: holder, Params: holder}}}
+		p := keeper.Placement{Ranks: mine, HostOf: hostOf, Holders: holders, Sources: map[int]keeper.Source{r: {Opt: holder, Params: holder}}}
 		if err := host.SetPlacement(p); err != nil {
 			c.t.Errorf("host %d: SetPlacement: %v", h, err)
 		}
@@ -315,7 +316,7 @@ func (c *protCluster) replace(r, spare int) {
 }
 
 // progress is rank r's protection progress on its host.
-func (c *protCluster) progress(r int) rank.Progress {
+func (c *protCluster) progress(r int) keeper.Progress {
 	c.mu.Lock()
 	h := c.hostOf[r]
 	c.mu.Unlock()
@@ -326,7 +327,7 @@ func (c *protCluster) progress(r int) rank.Progress {
 		}
 	}
 	c.t.Fatalf("no progress of rank %d on host %d", r, h)
-	return rank.Progress{}
+	return keeper.Progress{}
 }
 
 // inPlaceRun is one rank's outcome.
@@ -358,13 +359,13 @@ func TestInPlaceRecoveryReplacesRank(t *testing.T) {
 	want := mustRunWorld(t, size, testConfig(t), runOptions{})
 	for _, tc := range []struct {
 		name  string
-		mode  rank.ProtectMode
+		mode  protect.ProtectMode
 		again bool // a second epoch change during the recovery
 	}{
-		{"one epoch change", rank.ModeFull, false},
-		{"epoch changes again during recovery", rank.ModeFull, true},
-		{"diff mode", rank.ModeDiff, false},
-		{"diff mode, epoch changes again during recovery", rank.ModeDiff, true},
+		{"one epoch change", protect.ModeFull, false},
+		{"epoch changes again during recovery", protect.ModeFull, true},
+		{"diff mode", protect.ModeDiff, false},
+		{"diff mode, epoch changes again during recovery", protect.ModeDiff, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -392,7 +393,7 @@ func TestInPlaceRecoveryReplacesRank(t *testing.T) {
 			o := runOptions{errOut: outs[victim], protect: pc.connect(victim)}
 			if tc.again {
 				connect := o.protect
-				o.protect = func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error) {
+				o.protect = func(ctx context.Context, regions []protect.Region, opt protect.Options) (protector, error) {
 					p, err := connect(ctx, regions, opt)
 					ew.advance() // epoch 2, same placement
 					return p, err
@@ -433,17 +434,17 @@ func TestInPlaceRecoveryReplacesRank(t *testing.T) {
 				}
 				// Diff mode sends differentials (and bases), full mode
 				// none: the mode reached the trainer and was used.
-				if diff := tc.mode == rank.ModeDiff; diff != (p.ReplDiffBytes > 0) {
+				if diff := tc.mode == protect.ModeDiff; diff != (p.ReplDiffBytes > 0) {
 					t.Errorf("rank %d in %s mode: %d bytes of differentials sent", r, tc.mode, p.ReplDiffBytes)
 				}
 				// Every holder's host runs a data-parallel peer of its
 				// owner, whose reduced gradient (no --device-grad) has
 				// the owner's: the holders took gradients from it.
-				if tc.mode == rank.ModeDiff && p.DiffLocal == 0 {
+				if tc.mode == protect.ModeDiff && p.DiffLocal == 0 {
 					t.Errorf("rank %d: no differential taken from a local peer (%d with the record): %+v", r, p.DiffNet, p)
 				}
 			}
-			if tc.mode == rank.ModeDiff {
+			if tc.mode == protect.ModeDiff {
 				var folded int64
 				for _, h := range pc.hosts {
 					folded += h.FoldStats().Steps
@@ -488,7 +489,7 @@ func TestInPlaceRecoveryEnds(t *testing.T) {
 			cfg := testConfig(t, append([]string{"--fail-at-step", "5", "--fail-rank", "1"}, tc.args...)...)
 			var pc *protCluster
 			if tc.protect {
-				pc = newProtCluster(t, size, size, rank.ModeFull)
+				pc = newProtCluster(t, size, size, protect.ModeFull)
 			}
 			ew := newEpochWorlds(size)
 			var wg sync.WaitGroup

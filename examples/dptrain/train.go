@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/comm"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 )
 
 // collectives is what the trainer needs from its communicator.
@@ -50,7 +50,7 @@ type runOptions struct {
 	crash  func(step int) error // FailRank calls it at FailAtStep; nil returns errCrashed
 	// protect connects to the state protection with the rank's regions
 	// (with Config.Protect); nil: rank.Connect.
-	protect func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error)
+	protect func(ctx context.Context, regions []protect.Region, opt protect.Options) (protector, error)
 	// rebuild joins the next epoch's world once gorun has published it
 	// (comm.Comm.Rebuild), bounded by ctx; the old world is closed. Nil:
 	// the rank cannot survive an epoch change.
@@ -158,17 +158,17 @@ func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*resul
 	if cfg.Protect {
 		connect := o.protect
 		if connect == nil {
-			connect = func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error) {
-				return rank.Connect(ctx, regions, opt)
+			connect = func(ctx context.Context, regions []protect.Region, opt protect.Options) (protector, error) {
+				return protect.Connect(ctx, regions, opt)
 			}
 		}
-		p, err := connect(ctx, t.regions(), rank.Options{Optimizer: t.optimizer()})
+		p, err := connect(ctx, t.regions(), protect.Options{Optimizer: t.optimizer()})
 		if err != nil {
 			return nil, fmt.Errorf("state protection: %w", err)
 		}
 		defer p.Close()
 		t.prot = p
-		t.diff = p.Mode() == rank.ModeDiff
+		t.diff = p.Mode() == protect.ModeDiff
 	}
 
 	res := &result{}
@@ -238,7 +238,7 @@ func (t *trainer) join(ctx context.Context, out io.Writer) (int, error) {
 // rule: the epoch is about to change), likewise.
 func (t *trainer) rebuildWorld(ctx context.Context, cause error) error {
 	epochChanged := errors.Is(cause, comm.ErrEpochChanged)
-	var se *rank.ServiceError
+	var se *protect.ServiceError
 	if !epochChanged && !errors.Is(cause, comm.ErrPeerLost) && !(errors.As(cause, &se) && se.Op == "stage") {
 		return cause
 	}
@@ -493,7 +493,7 @@ func (t *trainer) step(ctx context.Context, s int) (loss float64, logged bool, e
 	// host take from this rank (diff mode): written from the same sums,
 	// at no extra collective.
 	var red []float32
-	var deposits []rank.DepositRange
+	var deposits []protect.DepositRange
 	if t.diff {
 		red, deposits = t.prot.Deposits(int64(s))
 	}

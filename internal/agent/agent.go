@@ -24,8 +24,8 @@ import (
 
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/gpu"
+	"github.com/gorun/gorun/internal/keeper"
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sync/errgroup"
 )
@@ -86,7 +86,7 @@ type Config struct {
 	discoverGPUs func(ctx context.Context, a *agent) *hostGPUs
 	// newHost, when not nil, replaces rank.NewHost (tests: they see the
 	// state protection's configuration).
-	newHost func(rank.HostConfig) (*rank.Host, error)
+	newHost func(keeper.HostConfig) (*keeper.Host, error)
 	// shmDir, when not empty, replaces /dev/shm for Open MPI's
 	// directories and their sweep (tests).
 	shmDir string

@@ -35,10 +35,17 @@ var allowed = map[string][]string{
 	// retrieval cascade, for the agents and the launcher; it checks the
 	// differential records' optimizer layout (a diffstore.Optimizer, the
 	// type difflog's records carry) from one record to the next.
-	"rank":             {"ckpt", "durable", "replay", "comm", "internal/wire", "topology", "internal/diffstore", "internal/difflog", "internal/cascade"},
+	"internal/keeper": {"protect", "ckpt", "durable", "replay", "comm", "internal/wire", "topology", "internal/diffstore", "internal/difflog", "internal/cascade"},
+
+	// protect is what a trainer links: the client and the protocol's
+	// messages, on ckpt's slot files and internal/wire's rank socket;
+	// internal/protecthook holds its test hooks and imports nothing.
+	"protect":              {"ckpt", "internal/wire", "replay", "internal/protecthook"},
+	"internal/protecthook": {},
+
 	"internal/difflog": {"ckpt", "replay", "internal/diffstore", "durable"},
 	"internal/cascade": {"durable", "internal/difflog", "internal/diffstore", "replay"},
-	"internal/agent":   {"rank", "ckpt", "comm", "gpu", "topology", "internal/wire", "replay", "durable", "internal/cascade"},
+	"internal/agent":   {"protect", "internal/keeper", "ckpt", "comm", "gpu", "topology", "internal/wire", "replay", "durable", "internal/cascade"},
 	"launcher":         {"topology", "comm", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire", "internal/cascade", "internal/events", "internal/jobstatus"},
 	// internal/events is the --events schema, shared by the launcher (its
 	// writer) and internal/report (its reader); internal/report turns a
