@@ -90,7 +90,7 @@ type protCluster struct {
 	t      *testing.T
 	job    string
 	socks  []string
-	hosts  []*keeper.Host
+	hosts  []*keeper.Keeper
 	closed []bool
 
 	mu      sync.Mutex // guards hostOf, holders, closed
@@ -133,7 +133,7 @@ func newProtCluster(t *testing.T, nranks, nhosts int, mode protect.ProtectMode) 
 		if h < nranks {
 			ranks = []int{h}
 		}
-		host, err := keeper.NewHost(keeper.HostConfig{
+		host, err := keeper.New(keeper.Config{
 			Job: c.job, LinkKey: secret.LinkKey(), Host: h, Hosts: nhosts, Ranks: ranks, Dir: t.TempDir(),
 			Holders: c.holders, Peers: func(int) []int { return all },
 			HostOf:   func(r int) int { c.mu.Lock(); defer c.mu.Unlock(); return c.hostOf[r] },

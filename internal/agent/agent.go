@@ -86,7 +86,7 @@ type Config struct {
 	discoverGPUs func(ctx context.Context, a *agent) *hostGPUs
 	// newHost, when not nil, replaces rank.NewHost (tests: they see the
 	// state protection's configuration).
-	newHost func(keeper.HostConfig) (*keeper.Host, error)
+	newHost func(keeper.Config) (*keeper.Keeper, error)
 	// shmDir, when not empty, replaces /dev/shm for Open MPI's
 	// directories and their sweep (tests).
 	shmDir string

@@ -51,7 +51,7 @@ func TestDebugFlipHook(t *testing.T) {
 				}
 			}
 			a := &agent{cfg: cfg, log: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))}
-			h, err := keeper.NewHost(keeper.HostConfig{Job: "flip", Host: 3, Hosts: 4, HostOf: func(int) int { return 0 }, Log: a.log, Mode: tc.mode})
+			h, err := keeper.New(keeper.Config{Job: "flip", Host: 3, Hosts: 4, HostOf: func(int) int { return 0 }, Log: a.log, Mode: tc.mode})
 			if err != nil {
 				t.Fatal(err)
 			}

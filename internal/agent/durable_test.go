@@ -61,18 +61,18 @@ func TestParsePersist(t *testing.T) {
 // HostConfig.Persist.
 func TestPersistSpecReachesHost(t *testing.T) {
 	dir := t.TempDir()
-	got := make(chan keeper.HostConfig, 1)
+	got := make(chan keeper.Config, 1)
 	with := func(c *Config) {
-		c.newHost = func(hc keeper.HostConfig) (*keeper.Host, error) {
+		c.newHost = func(hc keeper.Config) (*keeper.Keeper, error) {
 			got <- hc
-			return keeper.NewHost(hc)
+			return keeper.New(hc)
 		}
 	}
 	spec := func(s *wire.JobSpec) {
 		s.CkptDir, s.CkptEvery, s.CkptConcurrency, s.CkptOverhead = dir, 4, 2, 0.05
 	}
 	f := startFakeLauncherSpec(t, "persistspec", []int{0}, with, spec, "sleep", "3600")
-	var hc keeper.HostConfig
+	var hc keeper.Config
 	select {
 	case hc = <-got:
 	case err := <-f.agentErr:
@@ -91,7 +91,7 @@ func TestPersistSpecReachesHost(t *testing.T) {
 // them leaves them, an older one is ignored.
 func TestGWatermarkReachesHost(t *testing.T) {
 	a := &agent{cfg: Config{Job: "gwm", Host: 0}, log: slog.New(slog.NewTextHandler(t.Output(), nil))}
-	h, err := keeper.NewHost(keeper.HostConfig{Job: "gwm", Host: 0, Hosts: 1, HostOf: func(int) int { return 0 }, Log: a.log,
+	h, err := keeper.New(keeper.Config{Job: "gwm", Host: 0, Hosts: 1, HostOf: func(int) int { return 0 }, Log: a.log,
 		Persist: keeper.PersistConfig{Dir: t.TempDir(), Every: 2}})
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +129,7 @@ func TestGWatermarkReachesHost(t *testing.T) {
 // leaves the host's alone.
 func TestExitAppliesLastWatermark(t *testing.T) {
 	a := &agent{cfg: Config{Job: "exitwm", Host: 0}, log: slog.New(slog.NewTextHandler(t.Output(), nil))}
-	h, err := keeper.NewHost(keeper.HostConfig{Job: "exitwm", Host: 0, Hosts: 1, HostOf: func(int) int { return 0 }, Log: a.log,
+	h, err := keeper.New(keeper.Config{Job: "exitwm", Host: 0, Hosts: 1, HostOf: func(int) int { return 0 }, Log: a.log,
 		Persist: keeper.PersistConfig{Dir: t.TempDir(), Every: 4}})
 	if err != nil {
 		t.Fatal(err)

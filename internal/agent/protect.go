@@ -23,7 +23,7 @@ import (
 // the launcher and G from it.
 type protection struct {
 	a    *agent
-	host *keeper.Host
+	host *keeper.Keeper
 	kick chan struct{} // progress changed
 	fail chan rankStateFailure
 	stop chan struct{} // closed by close
@@ -199,11 +199,11 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 	}
 	// A host may get more ranks later (a spare, in-place recovery).
 	p := &protection{a: a, kick: make(chan struct{}, 1), fail: make(chan rankStateFailure, max(len(pl.Ranks), 16)), stop: make(chan struct{}), done: make(chan struct{}), placed: pl}
-	newHost := keeper.NewHost
+	newHost := keeper.New
 	if a.cfg.newHost != nil {
 		newHost = a.cfg.newHost
 	}
-	h, err := newHost(keeper.HostConfig{
+	h, err := newHost(keeper.Config{
 		Job: a.cfg.Job, LinkKey: a.cfg.Creds.Link, Host: a.cfg.Host, Hosts: len(t.Hosts), Ranks: pl.Ranks,
 		Holders: pl.Holders, Peers: peers, HostOf: func(r int) int { return pl.HostOf[r] },
 		Listener: ln, Changed: p.changed, Failed: p.failed, LinkFailed: p.linkFailed, Log: a.log,

@@ -84,7 +84,7 @@ func TestSetTableG(t *testing.T) {
 			first := table(0, -1)
 			a := &agent{cfg: Config{Job: "setg", Host: 1}, log: slog.New(slog.NewTextHandler(t.Output(), nil))}
 			pl := tablePlacement(first, 1)
-			h, err := keeper.NewHost(keeper.HostConfig{Job: "setg", Host: 1, Hosts: 2, HostOf: func(r int) int { return pl.HostOf[r] }, Log: a.log})
+			h, err := keeper.New(keeper.Config{Job: "setg", Host: 1, Hosts: 2, HostOf: func(r int) int { return pl.HostOf[r] }, Log: a.log})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -170,18 +170,18 @@ func TestParseProtect(t *testing.T) {
 // before it starts a rank or its state protection.
 func TestProtectSpecReachesHost(t *testing.T) {
 	t.Run("diff", func(t *testing.T) {
-		got := make(chan keeper.HostConfig, 1)
+		got := make(chan keeper.Config, 1)
 		with := func(c *Config) {
-			c.newHost = func(hc keeper.HostConfig) (*keeper.Host, error) {
+			c.newHost = func(hc keeper.Config) (*keeper.Keeper, error) {
 				got <- hc
-				return keeper.NewHost(hc)
+				return keeper.New(hc)
 			}
 		}
 		diff := func(s *wire.JobSpec) {
 			s.ProtectMode, s.DiffFold, s.BaseEvery, s.DiffCodec = "diff", 7, 50, "int8:128"
 		}
 		f := startFakeLauncherSpec(t, "protspec", []int{0}, with, diff, "sleep", "3600")
-		var hc keeper.HostConfig
+		var hc keeper.Config
 		select {
 		case hc = <-got:
 		case err := <-f.agentErr:
@@ -201,9 +201,9 @@ func TestProtectSpecReachesHost(t *testing.T) {
 	t.Run("bad codec", func(t *testing.T) {
 		started := make(chan struct{}, 1)
 		with := func(c *Config) {
-			c.newHost = func(hc keeper.HostConfig) (*keeper.Host, error) {
+			c.newHost = func(hc keeper.Config) (*keeper.Keeper, error) {
 				started <- struct{}{}
-				return keeper.NewHost(hc)
+				return keeper.New(hc)
 			}
 		}
 		bad := func(s *wire.JobSpec) { s.ProtectMode, s.DiffCodec = "diff", "zstd" }

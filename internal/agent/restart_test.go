@@ -341,7 +341,7 @@ func TestRestartProtectionRollBack(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			h, err := keeper.NewHost(keeper.HostConfig{Job: "rbh", Host: 0, Hosts: 4, Ranks: []int{0}, HostOf: func(r int) int { return hostOf[r] },
+			h, err := keeper.New(keeper.Config{Job: "rbh", Host: 0, Hosts: 4, Ranks: []int{0}, HostOf: func(r int) int { return hostOf[r] },
 				Log: a.log, Mode: protect.ModeDiff, Diff: keeper.DiffConfig{BaseEvery: 4}, EC: groups})
 			if err != nil {
 				t.Fatal(err)

@@ -115,7 +115,7 @@ func hasVersion(ls *durable.Listing, r int, step int64) bool {
 // durable tier in dir (base: the commit record's step) into its slots on
 // h, as committed step target (rank.Host.Preload). It stops at the first
 // rank that fails, whose error names it.
-func preloadRanks(ctx context.Context, h *keeper.Host, dir string, base, target int64, ranks []int, log *slog.Logger) error {
+func preloadRanks(ctx context.Context, h *keeper.Keeper, dir string, base, target int64, ranks []int, log *slog.Logger) error {
 	return fromDisk(ctx, dir, base, target, ranks, log, "resuming", "resumed",
 		func(r int, rr []protect.Region, fill func([][]byte) (int, error)) (bool, error) {
 			return true, h.Preload(r, rr, target, fill)

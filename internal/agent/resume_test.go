@@ -91,7 +91,7 @@ func TestResumeReach(t *testing.T) {
 
 func TestPreloadRanks(t *testing.T) {
 	dir, _ := resumeDir(t, 3, []int64{10, 8}, nil)
-	h, err := keeper.NewHost(keeper.HostConfig{Job: "resumetest", Host: 0, Hosts: 1, Ranks: []int{0, 1}, Dir: t.TempDir(),
+	h, err := keeper.New(keeper.Config{Job: "resumetest", Host: 0, Hosts: 1, Ranks: []int{0, 1}, Dir: t.TempDir(),
 		HostOf: func(int) int { return 0 }, Mode: protect.ModeDiff})
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +110,7 @@ func TestPreloadRanks(t *testing.T) {
 			t.Errorf("rank %d: committed %d, want 8", p.Rank, p.Committed)
 		}
 	}
-	h2, err := keeper.NewHost(keeper.HostConfig{Job: "resumetest2", Host: 0, Hosts: 1, Ranks: []int{0, 1}, Dir: t.TempDir(),
+	h2, err := keeper.New(keeper.Config{Job: "resumetest2", Host: 0, Hosts: 1, Ranks: []int{0, 1}, Dir: t.TempDir(),
 		HostOf: func(int) int { return 0 }, Mode: protect.ModeDiff})
 	if err != nil {
 		t.Fatal(err)

@@ -166,7 +166,7 @@ func (a *agent) stopRollback() {
 // durable tier in dir (base: the commit record's step) into its slots
 // on h (rank.Host.Reload): a rank whose slots hold target already keeps
 // it. It stops at the first rank that fails, whose error names it.
-func reloadRanks(ctx context.Context, h *keeper.Host, dir string, base, target int64, ranks []int, log *slog.Logger) error {
+func reloadRanks(ctx context.Context, h *keeper.Keeper, dir string, base, target int64, ranks []int, log *slog.Logger) error {
 	return fromDisk(ctx, dir, base, target, ranks, log, "rolling back to", "rolled back",
 		func(r int, rr []protect.Region, fill func([][]byte) (int, error)) (bool, error) {
 			return h.Reload(r, rr, target, fill)

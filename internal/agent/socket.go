@@ -34,7 +34,7 @@ type rankSockets struct {
 	stop    chan struct{} // closed by close
 	// prot serves the state-protection requests (package rank), once
 	// started; ctx ends with close, for the requests that wait.
-	prot   *keeper.Host
+	prot   *keeper.Keeper
 	ctx    context.Context
 	cancel context.CancelFunc
 

@@ -44,7 +44,7 @@ func BenchmarkEncodeGradient(b *testing.B) {
 		oldNS = float64(time.Since(start).Nanoseconds()) / float64(steps)
 	})
 	b.Run("new", func(b *testing.B) {
-		s := &service{h: &Host{}}
+		s := &service{h: &Keeper{}}
 		s.recs.max = 2
 		s.grad[0], s.grad[1] = half, half
 		encode := func(step int64) {

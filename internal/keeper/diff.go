@@ -1,6 +1,6 @@
 package keeper
 
-// Differential protection (HostConfig.Mode ModeDiff, gorun --protect-mode
+// Differential protection (Config.Mode ModeDiff, gorun --protect-mode
 // diff; TierCheck §3.2-§3.3). The owner's replicator sends each holder
 // a base once (the committed slot's replicated regions at a step b, as
 // full mode sends a step), then every committed step's differential in
@@ -1999,7 +1999,7 @@ func regionTable(rs []diffstore.Region) []tableEntry {
 // setGDiff tells o's stores G, drops the previous store once the current
 // one holds G, and folds if the log is long enough. o.mu is held.
 //
-// In diff mode under EC the stores' G is H instead (Host.pin), or the
+// In diff mode under EC the stores' G is H instead (Keeper.pin), or the
 // newer step the owner said H reached (baseH, o.hmin): their bases stay
 // at H, no fold passes it.
 func (st *replicaStore) setGDiff(o *ownerReplica, g int64) {
@@ -2109,7 +2109,7 @@ var foldReplay = replay.ReplayOptions{Workers: 1}
 // does not happen (the base stays, and the steps before the divergence
 // still restore), and the owner's differentials are refused from then on
 // with failDiverged, which fails its rank.
-func (h *Host) foldLoop() {
+func (h *Keeper) foldLoop() {
 	defer h.wg.Done()
 	for {
 		select {
@@ -2184,7 +2184,7 @@ func (h *Host) foldLoop() {
 // slice per region of regs), with the owner's committed CRC32Cs of that
 // step, want (nil: not known here, nothing to compare): the divergence
 // found (Detail names the region and both CRC32Cs), or nil.
-func (h *Host) checkFold(owner int, regs []diffstore.Region, step int64, got [][]byte, want []tableEntry) *CorruptError {
+func (h *Keeper) checkFold(owner int, regs []diffstore.Region, step int64, got [][]byte, want []tableEntry) *CorruptError {
 	for _, e := range want {
 		i := slices.IndexFunc(regs, func(r diffstore.Region) bool { return r.Name == e.name })
 		if i < 0 {

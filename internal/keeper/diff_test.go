@@ -46,8 +46,8 @@ func diffHelloOf(t testing.TB, regions []protect.Region) []byte {
 	return b
 }
 
-func diffMod(fold, baseEvery int) func(*HostConfig) {
-	return func(c *HostConfig) {
+func diffMod(fold, baseEvery int) func(*Config) {
+	return func(c *Config) {
 		if testing.Verbose() && os.Getenv("GORUN_TEST_LOG") != "" {
 			c.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		}
@@ -78,13 +78,13 @@ type diffRank struct {
 
 // newDiffRank says ProtectHello on h for rank r (its state starts as
 // seed's initial one; Restore replaces it).
-func newDiffRank(t testing.TB, h *Host, r int, seed uint64, states map[int64]map[string][]byte) (*diffRank, error) {
+func newDiffRank(t testing.TB, h *Keeper, r int, seed uint64, states map[int64]map[string][]byte) (*diffRank, error) {
 	return newDiffRankOf(t, h, r, seed, states, diffRegions)
 }
 
 // newDiffRankOf is newDiffRank with other regions: diffRegions' optimizer
 // region, and any of its params and meta.
-func newDiffRankOf(t testing.TB, h *Host, r int, seed uint64, states map[int64]map[string][]byte, regions []protect.Region) (*diffRank, error) {
+func newDiffRankOf(t testing.TB, h *Keeper, r int, seed uint64, states map[int64]map[string][]byte, regions []protect.Region) (*diffRank, error) {
 	dr := &diffRank{t: t, r: r, seed: seed, sess: h.Session(r), states: states, regions: regions}
 	if dr.states == nil {
 		dr.states = map[int64]map[string][]byte{}
@@ -269,7 +269,7 @@ func (dr *diffRank) restore(ctx context.Context) (*protect.Restorable, error) {
 
 // heldRange returns the steps host h's replica of owner can restore, by
 // store (cur, then prev).
-func heldRange(h *Host, owner int) [][2]int64 {
+func heldRange(h *Keeper, owner int) [][2]int64 {
 	h.store.mu.Lock()
 	o := h.store.owners[owner]
 	h.store.mu.Unlock()
@@ -294,7 +294,7 @@ func heldRange(h *Host, owner int) [][2]int64 {
 // holds restores, by copyOut on hh and by a get from host from (the
 // paths of restoreRemote), to the state owner committed at s; and that g
 // itself is among them.
-func checkTier2(t testing.TB, from, hh *Host, holder int, dr *diffRank, g int64) {
+func checkTier2(t testing.TB, from, hh *Keeper, holder int, dr *diffRank, g int64) {
 	t.Helper()
 	if g < 0 {
 		return
@@ -347,7 +347,7 @@ func checkTier2(t testing.TB, from, hh *Host, holder int, dr *diffRank, g int64)
 	}
 }
 
-func stillHeld(h *Host, owner int, s int64) bool {
+func stillHeld(h *Keeper, owner int, s int64) bool {
 	for _, rg := range heldRange(h, owner) {
 		if rg[0] <= s && s <= rg[1] {
 			return true
@@ -871,7 +871,7 @@ func replicateSteps(b testing.TB, n int64, more func() bool) (full, diff *replic
 	o := protect.Optimizer{Region: "optimizer", N: n, W: 0, M: 4 * n, V: 8 * n}
 	hello, _ := json.Marshal(&protect.ProtectHello{Version: protect.Version, Regions: regions, Gradient: n, Optimizer: &o})
 	type side = replicateSide
-	mk := func(mod func(*HostConfig)) *side {
+	mk := func(mod func(*Config)) *side {
 		c := newClusterWith(b, [][]int{{0}, {1}}, [][]int{{1}, nil}, func(int) []int { return []int{0, 1} }, mod)
 		sd := &side{c: c, sess: c.hosts[0].Session(0)}
 		_, ans, err := sd.sess.Handle(context.Background(), protect.TypeProtectHello, hello)

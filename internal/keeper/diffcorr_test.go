@@ -86,7 +86,7 @@ func stepsG(t *testing.T, c *cluster, dr *diffRank, gen uint64, from, to int64) 
 }
 
 // copyOutEq checks that host h restores owner's step to want.
-func copyOutEq(t *testing.T, h *Host, owner int, step int64, want map[string][]byte) {
+func copyOutEq(t *testing.T, h *Keeper, owner int, step int64, want map[string][]byte) {
 	t.Helper()
 	dst := map[string][]byte{"optimizer": make([]byte, diffRegions[0].Size), "meta": make([]byte, 64)}
 	if err := h.store.copyOut(owner, step, dst); err != nil {
@@ -356,7 +356,7 @@ func diffTable(regs map[string][]byte) []tableEntry {
 
 // sendBaseTo has host h's store receive a base of owner 0 for holder 1
 // at step with regs; it returns the holder's answer.
-func sendBaseTo(t *testing.T, h *Host, step int64, gen uint64, regs map[string][]byte) error {
+func sendBaseTo(t *testing.T, h *Keeper, step int64, gen uint64, regs map[string][]byte) error {
 	t.Helper()
 	tb := diffTable(regs)
 	hdr := linkHdr{kind: kindBase, owner: 0, holder: 1, step: step, gen: gen, length: optDescSize + tableBytes(tb)}
@@ -376,7 +376,7 @@ func sendBaseTo(t *testing.T, h *Host, step int64, gen uint64, regs map[string][
 // sendDiffTo has host h's store take owner 0's differential of step
 // (gradient g, hyper-parameters hy, encoded with opt) with the committed
 // regions regs; it returns the holder's answer.
-func sendDiffTo(t *testing.T, h *Host, step int64, gen uint64, g []float32, hy replay.Hyper, opt replay.Options, regs map[string][]byte) error {
+func sendDiffTo(t *testing.T, h *Keeper, step int64, gen uint64, g []float32, hy replay.Hyper, opt replay.Options, regs map[string][]byte) error {
 	t.Helper()
 	var tn replay.Tensor
 	if err := replay.CompressInto(&tn, 0, g, opt); err != nil {

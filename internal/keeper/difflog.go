@@ -21,12 +21,12 @@ import (
 // the training path and releases it). A full queue or a failed write
 // drops steps: the log on disk stops being contiguous there, which a
 // resume from disk sees (internal/cascade.Reach), and training goes on.
-// A restart to G (Host.Restart, and a rank's restore) discards the steps
+// A restart to G (Keeper.Restart, and a rank's restore) discards the steps
 // after G that were queued and removes those on disk (difflog.Writer.Reset,
 // difflog.TrimBatches) before the rank trains them again.
 
 // DiffLogConfig configures the differential log on disk
-// (HostConfig.DiffLog; used in diff mode only).
+// (Config.DiffLog; used in diff mode only).
 type DiffLogConfig struct {
 	// Dir is the job's durable directory (--ckpt-dir).
 	Dir string
@@ -55,7 +55,7 @@ const diffLogFlush = 10 * time.Second
 
 // newDiffLog returns the differential log writer of local rank r, or nil
 // when the job keeps none (not diff mode, or no DiffLog configured).
-func (h *Host) newDiffLog(r int) *difflog.Writer {
+func (h *Keeper) newDiffLog(r int) *difflog.Writer {
 	c := h.cfg.DiffLog
 	if c == nil || !h.diffMode() {
 		return nil
@@ -119,7 +119,7 @@ func (s *service) closeDiffLog() {
 
 // DiffLogStats returns, per local rank, the counters of its differential
 // log on disk (none without one).
-func (h *Host) DiffLogStats() map[int]difflog.WriterStats {
+func (h *Keeper) DiffLogStats() map[int]difflog.WriterStats {
 	out := map[int]difflog.WriterStats{}
 	for r, s := range h.place().svcs {
 		if s.dlog != nil {

@@ -18,8 +18,8 @@ import (
 // batches of batch steps. The queue holds every step of the tests: their
 // steps take microseconds, much less than a batch's fsyncs, and a step
 // dropped would end the log there.
-func diffLogMod(dir string, batch int) func(*HostConfig) {
-	return func(c *HostConfig) {
+func diffLogMod(dir string, batch int) func(*Config) {
+	return func(c *Config) {
 		diffMod(8, 100)(c)
 		c.DiffLog = &DiffLogConfig{Dir: dir, Batch: batch, Queue: 64}
 	}
@@ -182,7 +182,7 @@ func TestDiffLogInProgress(t *testing.T) {
 	dir := t.TempDir()
 	errDisk := errors.New("no space left on device")
 	peers := func(int) []int { return []int{0, 1} }
-	c := newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, func(hc *HostConfig) {
+	c := newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, func(hc *Config) {
 		diffLogMod(dir, 4)(hc)
 		hc.DiffLog.Append = func(int, int64, int64, [][]byte) error { return errDisk }
 		hc.Persist = PersistConfig{Dir: dir, Every: 1000}

@@ -16,14 +16,14 @@ import (
 )
 
 // holderOf returns host h's replica of owner (nil if none).
-func holderOf(h *Host, owner int) *ownerReplica {
+func holderOf(h *Keeper, owner int) *ownerReplica {
 	h.store.mu.Lock()
 	defer h.store.mu.Unlock()
 	return h.store.owners[owner]
 }
 
 // storeBytes returns the bytes host h's replicas have reserved.
-func storeBytes(h *Host) uint64 {
+func storeBytes(h *Keeper) uint64 {
 	h.store.mu.Lock()
 	defer h.store.mu.Unlock()
 	return h.store.bytes
@@ -62,7 +62,7 @@ func TestDiffLogBoundedDuringRefresh(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			peers := func(int) []int { return []int{0, 1} }
-			c := newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, func(cfg *HostConfig) {
+			c := newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, func(cfg *Config) {
 				diffMod(fold, every)(cfg)
 				cfg.Diff.Codec = tt.codec
 			})

@@ -40,7 +40,7 @@ func TestRestoreFromDiskWhenHoldersLost(t *testing.T) {
 			regions := []protect.Region{diffRegions[0], diffRegions[2]} // no params: the disk can replay
 			mod := diffLogMod(dir, tc.batch)
 			if tc.after {
-				mod = func(c *HostConfig) {
+				mod = func(c *Config) {
 					diffLogMod(dir, tc.batch)(c)
 					c.DiffLog.Trim = func(int, int64) error { return errors.New("no trim (test)") }
 				}

@@ -4,7 +4,7 @@
 // ranks, every step, in memory. Trainers use package protect, the client
 // side, whose protocol messages (protect/PROTOCOL.md) it shares.
 //
-// A [Host] holds one service per local rank, which keeps the rank's
+// A [Keeper] holds one service per local rank, which keeps the rank's
 // state in two ping-pong shared-memory slots (package ckpt), answers the
 // rank's requests on its socket (protect/PROTOCOL.md), replicates every
 // committed step's replicated regions (all but params) to the rank's

@@ -94,7 +94,7 @@ func newPlacesJob(t *testing.T, k, m int, ranks [][]int, groups []topology.ECGro
 	}
 	holders := clearHolders(groups, ranks, world)
 	j := &placesJob{t: t, k: k, m: m, groups: groups}
-	j.c = newClusterWith(t, ranks, holders, nil, func(cfg *HostConfig) { cfg.EC = groups })
+	j.c = newClusterWith(t, ranks, holders, nil, func(cfg *Config) { cfg.EC = groups })
 	for r := range world {
 		j.rs = append(j.rs, j.connect(r))
 	}

@@ -93,7 +93,7 @@ func newECJob(t *testing.T, k, m, per int, connect bool) *ecTestJob {
 
 // newECJobWith is newECJob with mod applied to each host's configuration
 // after the EC groups are set (nil: none).
-func newECJobWith(t *testing.T, k, m, per int, connect bool, mod func(*HostConfig)) *ecTestJob {
+func newECJobWith(t *testing.T, k, m, per int, connect bool, mod func(*Config)) *ecTestJob {
 	t.Helper()
 	n := k + m
 	hosts := make([]topology.Host, n)
@@ -123,7 +123,7 @@ func newECJobWith(t *testing.T, k, m, per int, connect bool, mod func(*HostConfi
 		}
 	}
 	j := &ecTestJob{t: t, k: k, m: m, per: per, groups: groups, holders: holders}
-	j.c = newClusterWith(t, ranks, holders, nil, func(cfg *HostConfig) {
+	j.c = newClusterWith(t, ranks, holders, nil, func(cfg *Config) {
 		cfg.EC = groups
 		if mod != nil {
 			mod(cfg)
@@ -823,7 +823,7 @@ func BenchmarkECPipeline(b *testing.B) {
 	// Rank 0 runs on a data host (PlanEC's first data host is host 0 for
 	// one rank per host): no clear copy, only the parity rows.
 	owner := groups[0].DataGroups[0][0]
-	c := newClusterWith(b, ranks, nil, nil, func(cfg *HostConfig) { cfg.EC = groups })
+	c := newClusterWith(b, ranks, nil, nil, func(cfg *Config) { cfg.EC = groups })
 	h := c.hosts[c.hostOf[owner]]
 	sess := h.Session(owner)
 	size := int64(mib) << 20

@@ -4,7 +4,7 @@ import "slices"
 
 // Diff mode under erasure coding (issue 16): the seam between the owner's
 // side (the retained base snapshot, ecdiff_owner.go) and the restore side
-// (Host.shardRange serving a member's shard at H).
+// (Keeper.shardRange serving a member's shard at H).
 
 // retainedBase calls read with the owner's retained snapshot of base step
 // step, when the rank runs on its own data host and keeps it (diff mode

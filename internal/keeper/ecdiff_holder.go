@@ -4,7 +4,7 @@ package keeper
 // the owner's; PROTOCOL.md "Erasure coding and diff mode"):
 //
 //   - the clear copy's holder keeps its ordinary store, pinned at H (its
-//     G is H, Host.pin: no fold, a refresh past H verified and waiting);
+//     G is H, Keeper.pin: no fold, a refresh past H verified and waiting);
 //     baseH (kind 15, this file) raises that pin for one owner before a
 //     refresh begins, so that BeginBase never drops a verified base H
 //     already depends on;

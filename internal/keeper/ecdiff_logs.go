@@ -298,7 +298,7 @@ func logFits(l *diffstore.Log, t []tableEntry, opt int, recLen uint64, codec rep
 // Not while o is of a newer restart generation than this host (its
 // owner restarted first, and this host has not yet): this host's H is
 // the old generation's, which a roll-back to the durable tier abandons
-// (Host.RollBack) and which may be past the steps the owner sends now.
+// (Keeper.RollBack) and which may be past the steps the owner sends now.
 func (st *replicaStore) sweepLog(o *ownerReplica) {
 	if o.log == nil || o.gen > st.h.Gen() {
 		return

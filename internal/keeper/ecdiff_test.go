@@ -163,7 +163,7 @@ func (dj *ecDiffJob) step(ctx context.Context, s int64) {
 }
 
 // copyOf returns what host h keeps of owner, or nil.
-func copyOf(h *Host, owner int) *ownerReplica {
+func copyOf(h *Keeper, owner int) *ownerReplica {
 	h.store.mu.Lock()
 	defer h.store.mu.Unlock()
 	return h.store.owners[owner]
@@ -172,7 +172,7 @@ func copyOf(h *Host, owner int) *ownerReplica {
 // baseAt reports whether host h holds owner's shard at exactly step:
 // its clear store's base (diffstore.Store.ReadBase), or, for an owner
 // that runs on h, its retained snapshot.
-func baseAt(h *Host, owner int, step int64) bool {
+func baseAt(h *Keeper, owner int, step int64) bool {
 	if s := h.svc(owner); s != nil {
 		ok, err := s.retainedBase(step, func([]tableEntry, [][]byte) error { return nil })
 		if ok && err == nil {
@@ -196,7 +196,7 @@ func baseAt(h *Host, owner int, step int64) bool {
 
 // recordsAt reports whether host h keeps owner's differentials (from,
 // to] (a clear store that holds both steps, or a log), as holder rank.
-func recordsAt(h *Host, owner int, from, to int64) bool {
+func recordsAt(h *Keeper, owner int, from, to int64) bool {
 	o := copyOf(h, owner)
 	if o == nil {
 		return false

@@ -65,7 +65,7 @@ func newECDiffRecJob(t *testing.T, k, m, baseEvery, spares int) *ecDiffRecJob {
 	j := &ecDiffRecJob{t: t, k: k, m: m, work: n, groups: groups, hostOf: hostOf, holders: holders, g: noStep, hb: noStep}
 	j.logs = topology.ECLogHolders(groups, hostOf, ranks[:n])
 	mod := diffMod(8, baseEvery)
-	j.c = newClusterWith(t, ranks, holders, func(int) []int { return all }, func(cfg *HostConfig) {
+	j.c = newClusterWith(t, ranks, holders, func(int) []int { return all }, func(cfg *Config) {
 		mod(cfg)
 		cfg.EC = groups
 	})

@@ -13,7 +13,7 @@ import (
 )
 
 // logHolder returns host h's copy of owner (its ownerReplica).
-func logHolder(t *testing.T, h *Host, owner int) *ownerReplica {
+func logHolder(t *testing.T, h *Keeper, owner int) *ownerReplica {
 	t.Helper()
 	h.store.mu.Lock()
 	o := h.store.owners[owner]

@@ -31,9 +31,9 @@ package keeper
 //     parity holder rank on Parity[j], checked to name the same members.
 //
 // Shards on this host are read through the local functions
-// (Host.shardRange, parityStore.read), the others over the replication
+// (Keeper.shardRange, parityStore.read), the others over the replication
 // links. A source on a host that is gone fails at the link (the failure
-// is reported to HostConfig.LinkFailed, as the replicator's are, so that
+// is reported to Config.LinkFailed, as the replicator's are, so that
 // the launcher learns of the host) and the decoder drops it.
 //
 // Trust: as the decoder's. The bytes of every source are checked only by
@@ -70,7 +70,7 @@ func (s *service) decodeRemote(ctx context.Context, g int64, pl *placement, view
 // committed table of g as the parity rows name it (its regions, sizes and
 // CRC32Cs, in shard order), which the views were checked against. In
 // diff mode under EC, g is a base step (the job's H), and the member
-// shards at g are kept on their data hosts (Host.shardRange).
+// shards at g are kept on their data hosts (Keeper.shardRange).
 func (s *service) decodeAt(ctx context.Context, g int64, pl *placement, views map[string][]byte) ([]tableEntry, error) {
 	if pl.ec == nil {
 		return nil, errors.New("decode: this job has no erasure coding")
@@ -161,7 +161,7 @@ func (s *service) readRow(ctx context.Context, pl *placement, pos ecPos, j int, 
 }
 
 // noteLink reports a failure of the link to host (not a refusal) to
-// HostConfig.LinkFailed.
+// Config.LinkFailed.
 func (s *service) noteLink(ctx context.Context, host int, err error) {
 	if le, ok := errors.AsType[*linkError](err); ok && ctx.Err() == nil {
 		s.h.linkFailed(host, le)

@@ -56,9 +56,9 @@ func BenchmarkECRestore(b *testing.B) {
 		b.Fatal(err)
 	}
 	holders := ecClearHolders(groups, hostOf)
-	c := newClusterWith(b, ranks, holders, nil, func(cfg *HostConfig) { cfg.EC = groups })
+	c := newClusterWith(b, ranks, holders, nil, func(cfg *Config) { cfg.EC = groups })
 	ctx := context.Background()
-	hello := func(h *Host, r int) (*service, *Session) {
+	hello := func(h *Keeper, r int) (*service, *Session) {
 		req := fmt.Sprintf(`{"v":1,"regions":[{"name":"optimizer","size":%d},{"name":"meta","size":64}]}`, size)
 		sess := h.Session(r)
 		if _, ans, err := sess.Handle(ctx, protect.TypeProtectHello, []byte(req)); err != nil || ans.(*protect.ProtectWelcome).Err != "" {

@@ -101,7 +101,7 @@ func newECRecJob(t *testing.T, k, m, per, spares int) *ecRecJob {
 		all[r] = r
 	}
 	j := &ecRecJob{t: t, k: k, m: m, per: per, work: n, groups: groups, hostOf: hostOf, holders: holders}
-	j.c = newClusterWith(t, ranks, holders, func(int) []int { return all }, func(cfg *HostConfig) { cfg.EC = groups })
+	j.c = newClusterWith(t, ranks, holders, func(int) []int { return all }, func(cfg *Config) { cfg.EC = groups })
 	var rs []*ecRecRank
 	for r := range world {
 		rs = append(rs, j.connect(r))
@@ -261,7 +261,7 @@ func decodable(g topology.ECGroup, hostOf []int, holders [][]int, lost []int, r 
 
 // checkRestored checks that rank r's slot of step on its host holds its
 // state bitwise (every region, params too).
-func (j *ecRecJob) checkRestored(h *Host, r int, step int64) error {
+func (j *ecRecJob) checkRestored(h *Keeper, r int, step int64) error {
 	s := h.svc(r)
 	if s == nil {
 		return fmt.Errorf("rank %d is not on host %d", r, h.cfg.Host)
@@ -557,7 +557,7 @@ func drainLinkFailures(c *cluster) {
 // stopped (the spares' restored ranks left them) may still be read and
 // stored after h's stores are emptied, and serve a later set of losses a
 // copy it should not have (the 8+4 sets failed so under -race).
-func dropLinks(t *testing.T, h *Host) {
+func dropLinks(t *testing.T, h *Keeper) {
 	t.Helper()
 	h.store.mu.Lock()
 	for c := range h.store.conns {
@@ -583,7 +583,7 @@ func dropLinks(t *testing.T, h *Host) {
 // spare's: the restored ranks' replicators sent it clear copies and
 // shares of G, which it would keep (G does not pass them here) and serve
 // to the next set of losses' decodes.
-func emptyStores(h *Host) {
+func emptyStores(h *Keeper) {
 	h.store.mu.Lock()
 	h.store.owners, h.store.bytes = map[int]*ownerReplica{}, 0
 	h.store.mu.Unlock()

@@ -92,7 +92,7 @@ type ecJob struct {
 // share bytes sent. A *CorruptError if the bytes encoded are not the
 // commit's, or a row holds other bytes of the share than the ones sent
 // (then no row is told the share is in). A row that has no room for the
-// share is reported as a failed link (Host.linkFailed), as a replica
+// share is reported as a failed link (Keeper.linkFailed), as a replica
 // holder that has none closes the link.
 func (r *replicator) ecSend(ctx context.Context, step int64, slot int, gen, epoch uint64, t []tableEntry, data [][]byte, to []holderKey, known []bool) ([]error, error, int64) {
 	return r.ecSendLanes(ctx, step, slot, 0, gen, epoch, t, data, to, known)

@@ -378,12 +378,12 @@ func (r *parityRow) bytes() uint64 {
 // parityStore holds the parity rows this host's ranks keep. Its bytes are
 // accounted with the replicas' (replicaStore.reserve).
 type parityStore struct {
-	h    *Host
+	h    *Keeper
 	mu   sync.Mutex
 	rows map[ecRowKey]*parityRow
 }
 
-func newParityStore(h *Host) *parityStore {
+func newParityStore(h *Keeper) *parityStore {
 	return &parityStore{h: h, rows: map[ecRowKey]*parityRow{}}
 }
 
@@ -413,7 +413,7 @@ func (ps *parityStore) close() {
 // restart begins restart generation gen resuming from g: the rows of
 // steps after g accumulated in older generations are emptied, and shares
 // of older generations refused from now on. A roll-back in diff mode
-// under EC (rollback, Host.RollBack) empties every row of an older
+// under EC (rollback, Keeper.RollBack) empties every row of an older
 // generation, of g and before too: the base schedule restarts from g,
 // every owner codes g again, and its state at g, reloaded from the
 // durable tier, need not be the bytes it coded at g in the old
@@ -834,7 +834,7 @@ func (ps *parityStore) ecGet(c net.Conn, h linkHdr, e ecHdr) error {
 // pinned at H under EC, or a verified refresh waiting for G), with the
 // CRC32Cs the owner committed at step. The bytes are the source's as
 // they are: the caller checks them against the table.
-func (h *Host) shardRange(owner, holder int, step, off int64, dst []byte) ([]tableEntry, error) {
+func (h *Keeper) shardRange(owner, holder int, step, off int64, dst []byte) ([]tableEntry, error) {
 	if s := h.svc(owner); s != nil && holder == owner {
 		var t []tableEntry
 		read := func(tab []tableEntry, data [][]byte) error {

@@ -337,7 +337,7 @@ func (l *lockedBuf) String() string {
 
 // TestECRowNoRoom: a parity host whose replicas' memory is full refuses a
 // row's buffer: it logs the error, and the owners report the host as a
-// replica holder does whose put does not fit (HostConfig.LinkFailed, with
+// replica holder does whose put does not fit (Config.LinkFailed, with
 // the holder's reason), rather than retrying in silence; their step is not
 // replicated until there is room, then it is.
 func TestECRowNoRoom(t *testing.T) {
@@ -346,7 +346,7 @@ func TestECRowNoRoom(t *testing.T) {
 		t.Skip("the host's memory is unknown: no limit to reach")
 	}
 	logs := make([]*lockedBuf, 4)
-	j := newECJobWith(t, 2, 2, 1, true, func(cfg *HostConfig) {
+	j := newECJobWith(t, 2, 2, 1, true, func(cfg *Config) {
 		logs[cfg.Host] = &lockedBuf{}
 		cfg.Log = slog.New(slog.NewTextHandler(logs[cfg.Host], nil))
 	})

@@ -13,7 +13,7 @@ import (
 // views into a committed slot): its bytes no longer match the CRC32Cs
 // taken at commit. The step can never be replicated, so it can never
 // become recoverable everywhere, and the job cannot go on without failing
-// the rank (HostConfig.Failed). It matches ckpt.ErrCorrupt.
+// the rank (Config.Failed). It matches ckpt.ErrCorrupt.
 type CorruptError struct {
 	Rank   int
 	Step   int64
@@ -77,7 +77,7 @@ var ErrCopiesCorrupt = errors.New("rank: replica copies failed their CRC32C")
 // (no copy, no decode, nor the durable tier gave the state), whose copies
 // at holder ranks Holders failed their CRC32C (ErrCopyCRC). Err is the
 // restore's error. The agent reports Holders with the rank's exit
-// (Host.TakeCorruptCopies), so that the launcher counts those copies as
+// (Keeper.TakeCorruptCopies), so that the launcher counts those copies as
 // lost. It matches ErrCopiesCorrupt and whatever Err matches.
 type CopiesCorruptError struct {
 	Rank    int
@@ -106,7 +106,7 @@ type corruptNote struct {
 // noteCorruptCopies keeps the holders whose copies of rank's state at
 // step failed their CRC32C in a failed restore of generation gen (none:
 // forgets the rank's).
-func (h *Host) noteCorruptCopies(rank int, gen uint64, step int64, holders []int) {
+func (h *Keeper) noteCorruptCopies(rank int, gen uint64, step int64, holders []int) {
 	h.corruptMu.Lock()
 	defer h.corruptMu.Unlock()
 	if len(holders) == 0 {
@@ -122,7 +122,7 @@ func (h *Host) noteCorruptCopies(rank int, gen uint64, step int64, holders []int
 // ForgetCorruptCopies drops local rank's note of a failed restore, if
 // any: the agent calls it as it spawns a process for the rank, whose
 // restore is a new one.
-func (h *Host) ForgetCorruptCopies(rank int) {
+func (h *Keeper) ForgetCorruptCopies(rank int) {
 	h.noteCorruptCopies(rank, 0, 0, nil)
 }
 
@@ -132,7 +132,7 @@ func (h *Host) ForgetCorruptCopies(rank int) {
 // generation; ok is false otherwise (a note of an earlier generation is
 // dropped). The agent calls it as the rank exits, to report them with
 // its exit.
-func (h *Host) TakeCorruptCopies(rank int) (step int64, holders []int, ok bool) {
+func (h *Keeper) TakeCorruptCopies(rank int) (step int64, holders []int, ok bool) {
 	gen := h.Gen()
 	h.corruptMu.Lock()
 	defer h.corruptMu.Unlock()

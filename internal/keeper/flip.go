@@ -7,18 +7,18 @@ import (
 	"time"
 )
 
-// ErrFlipMode is returned by [Host.FlipReplicas] on a host whose replicas
+// ErrFlipMode is returned by [Keeper.FlipReplicas] on a host whose replicas
 // are not whole buffers (--protect-mode diff, erasure coding).
 var ErrFlipMode = errors.New("rank: only full-mode replicas (replicas:K) can be flipped")
 
-// FlippedReplica is one replica buffer [Host.FlipReplicas] corrupted.
+// FlippedReplica is one replica buffer [Keeper.FlipReplicas] corrupted.
 type FlippedReplica struct {
 	Owner  int    // the rank whose replica it is
 	Step   int64  // the complete step the buffer holds
 	Region string // the region whose byte FlipByte was flipped
 }
 
-// FlipByte is the byte of a region [Host.FlipReplicas] flips (the last
+// FlipByte is the byte of a region [Keeper.FlipReplicas] flips (the last
 // one in a region shorter): byte 3, the sign and high exponent bits of a
 // little-endian float32 at the region's start, so that a copy restored
 // without its CRC32C check would surely change the state, not by a few
@@ -45,7 +45,7 @@ const flipLockPoll = 5 * time.Millisecond
 // returned in busy too, that buffer untouched. Only full mode keeps whole
 // buffers: in diff mode or under erasure coding it flips nothing and
 // returns ErrFlipMode.
-func (h *Host) FlipReplicas(ctx context.Context) (flipped []FlippedReplica, busy []int, err error) {
+func (h *Keeper) FlipReplicas(ctx context.Context) (flipped []FlippedReplica, busy []int, err error) {
 	if h.diffMode() || h.place().ec != nil {
 		return nil, nil, ErrFlipMode
 	}

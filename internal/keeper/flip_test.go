@@ -10,13 +10,13 @@ import (
 )
 
 // TestFlipReplicaRestore: a byte flipped in the replicas a holder keeps
-// for rank 0 (Host.FlipReplicas, the chaos suite's replica-flip) is
+// for rank 0 (Keeper.FlipReplicas, the chaos suite's replica-flip) is
 // found by the restore's CRC32C check once rank 0's host is lost: with a
 // second holder the restore takes its good copy, with the flipped copy
 // the only one it is refused, naming the mismatch; never a restore of
 // the flipped bytes. A refusal leaves the holder whose copy failed its
 // CRC32C for the agent to report with the rank's exit
-// (Host.TakeCorruptCopies), once; a restore from a good copy leaves
+// (Keeper.TakeCorruptCopies), once; a restore from a good copy leaves
 // nothing (the launcher must not count lost a copy no restore needed).
 func TestFlipReplicaRestore(t *testing.T) {
 	for _, tc := range []struct {

@@ -57,7 +57,7 @@ func fuzzInput(flags byte, frames ...any) []byte {
 // request or an answer type of the protocol; else the byte as is), a
 // length byte and that many bytes of payload. After a malformed request
 // the session goes on with a new Session, as a rank that reconnects.
-// Each input starts from empty slots (Host.Restart from scratch).
+// Each input starts from empty slots (Keeper.Restart from scratch).
 func FuzzSession(f *testing.F) {
 	c := newCluster(f, [][]int{{0}}, nil, nil)
 	h := c.hosts[0]

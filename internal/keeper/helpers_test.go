@@ -22,21 +22,21 @@ type cluster struct {
 	t       testing.TB
 	job     string
 	secret  comm.Secret
-	hosts   []*Host
+	hosts   []*Keeper
 	hostOf  []int
 	sockets []string // by rank
 	dirs    []string // by host: the slot directory
 	holders [][]int
 	changed chan struct{}
-	failed  chan hostFailure // HostConfig.Failed's calls, of every host
-	links   chan linkFailure // HostConfig.LinkFailed's calls, of every host
+	failed  chan hostFailure // Config.Failed's calls, of every host
+	links   chan linkFailure // Config.LinkFailed's calls, of every host
 	nhosts  int
 	mu      sync.Mutex // guards hosts after start
 	wg      sync.WaitGroup
 	lns     []net.Listener
 	// mod, if set, changes each host's configuration before it starts
 	// (e.g. diff mode).
-	mod func(*HostConfig)
+	mod func(*Config)
 }
 
 // newCluster starts hosts with ranks[h] on host h; holders[r] are rank
@@ -48,7 +48,7 @@ func newCluster(t testing.TB, ranks [][]int, holders [][]int, peers func(int) []
 
 // newClusterWith is newCluster with mod applied to every host's
 // configuration (those started later too).
-func newClusterWith(t testing.TB, ranks [][]int, holders [][]int, peers func(int) []int, mod func(*HostConfig)) *cluster {
+func newClusterWith(t testing.TB, ranks [][]int, holders [][]int, peers func(int) []int, mod func(*Config)) *cluster {
 	t.Helper()
 	s, err := comm.NewSecret()
 	if err != nil {
@@ -94,7 +94,7 @@ func (c *cluster) startHost(h int, ranks []int, peers func(int) []int, dir strin
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	cfg := HostConfig{
+	cfg := Config{
 		Job: c.job, LinkKey: c.secret.LinkKey(), Host: h, Hosts: c.nhosts, Ranks: ranks, Dir: dir,
 		Holders: c.holders, Peers: peers, HostOf: func(r int) int { c.mu.Lock(); defer c.mu.Unlock(); return c.hostOf[r] },
 		Listener: ln, Changed: c.notify,
@@ -116,7 +116,7 @@ func (c *cluster) startHost(h int, ranks []int, peers func(int) []int, dir strin
 	if c.mod != nil {
 		c.mod(&cfg)
 	}
-	host, err := NewHost(cfg)
+	host, err := New(cfg)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -131,13 +131,13 @@ func (c *cluster) startHost(h int, ranks []int, peers func(int) []int, dir strin
 	}
 }
 
-// linkFailure is one call of HostConfig.LinkFailed by host from.
+// linkFailure is one call of Config.LinkFailed by host from.
 type linkFailure struct {
 	from, to int
 	err      error
 }
 
-// hostFailure is one call of HostConfig.Failed.
+// hostFailure is one call of Config.Failed.
 type hostFailure struct {
 	rank int
 	gen  uint64
@@ -173,7 +173,7 @@ func (c *cluster) acceptRank(ln net.Listener, r int) {
 
 // serveRank is the agent's serving loop, reduced to what state
 // protection needs.
-func serveRank(h *Host, r int, conn net.Conn, job string) {
+func serveRank(h *Keeper, r int, conn net.Conn, job string) {
 	typ, _, err := wire.ReadSock(conn)
 	if err != nil || typ != wire.SockHello {
 		return

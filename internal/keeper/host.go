@@ -24,8 +24,8 @@ import (
 // ErrStopping: the host's state protection is shutting down.
 var ErrStopping = errors.New("rank: state protection stopping")
 
-// HostConfig describes one host's state protection.
-type HostConfig struct {
+// Config describes one host's state protection.
+type Config struct {
 	Job string
 	// LinkKey authenticates the replication links between hosts
 	// (comm.Secret.LinkKey; ranks never hold it).
@@ -47,10 +47,10 @@ type HostConfig struct {
 	// first placement's: SetPlacement replaces them.
 	HostOf func(rank int) int
 	// Listener accepts replication links from other hosts (nil: none are
-	// expected, e.g. a single-host job). The Host owns it.
+	// expected, e.g. a single-host job). The Keeper owns it.
 	Listener net.Listener
 	// Changed is called (from any goroutine, never under a lock the caller
-	// might need) when a rank's progress changed: see Host.Progress.
+	// might need) when a rank's progress changed: see Keeper.Progress.
 	Changed func()
 	// Failed is called (from any goroutine, never under a lock) when local
 	// rank rank of restart generation gen cannot go on: its committed
@@ -64,7 +64,7 @@ type HostConfig struct {
 	// LinkFailed is called (from any goroutine, never under a lock) when
 	// replication from this host to host failed at the link (it could not
 	// be dialed, or broke; not a refusal by the host): once per host per
-	// placement (NewHost's, then each SetPlacement's). The replication is
+	// placement (New's, then each SetPlacement's). The replication is
 	// retried meanwhile. Nil: only logged.
 	LinkFailed func(host int, err error)
 	// Mode is how the replicated regions reach the holders: ModeFull
@@ -88,7 +88,7 @@ type HostConfig struct {
 	Log     *slog.Logger
 }
 
-// DiffConfig configures differential protection (HostConfig.Mode ModeDiff).
+// DiffConfig configures differential protection (Config.Mode ModeDiff).
 //
 // A holder keeps, per owner, a base (the owner's replicated regions), a
 // refresh's buffers while one arrives, up to two spare sets of them (a
@@ -187,10 +187,10 @@ type Progress struct {
 	Durable *DurableProgress
 }
 
-// Host is the state protection of one host: a service per local rank and
+// Keeper is the state protection of one host: a service per local rank and
 // the replicas this host holds for others.
-type Host struct {
-	cfg  HostConfig
+type Keeper struct {
+	cfg  Config
 	log  *slog.Logger
 	life context.Context
 	stop context.CancelFunc
@@ -246,7 +246,7 @@ type Host struct {
 // claimFiles claims the job's slot files on this machine (ckpt.ClaimJob)
 // before the first of them is created: jobs that protect nothing create
 // nothing in /dev/shm.
-func (h *Host) claimFiles() {
+func (h *Keeper) claimFiles() {
 	h.claimOnce.Do(func() {
 		c, err := ckpt.ClaimJob(h.cfg.Job, ckpt.Options{Dir: h.cfg.Dir})
 		if err != nil {
@@ -264,7 +264,7 @@ func (h *Host) claimFiles() {
 // be locked (ckpt.ErrNoNamesLock), fn runs without the lock, said once
 // in the log. It gives up when another process holds the lock for
 // ckpt.NamesWait (ckpt.ErrNamesBusy): fn does not run then.
-func (h *Host) names(rank int, fn func() error) error {
+func (h *Keeper) names(rank int, fn func() error) error {
 	var ferr error
 	err := h.claim.Load().Names(rank, func() error { ferr = fn(); return ferr })
 	if errors.Is(err, ckpt.ErrNoNamesLock) {
@@ -276,11 +276,11 @@ func (h *Host) names(rank int, fn func() error) error {
 	return err
 }
 
-// NewHost starts a host's state protection. Nothing is created on disk
+// New starts a host's state protection. Nothing is created on disk
 // until a rank says ProtectHello.
-func NewHost(cfg HostConfig) (*Host, error) {
+func New(cfg Config) (*Keeper, error) {
 	if cfg.HostOf == nil {
-		return nil, errors.New("rank: HostConfig.HostOf is nil")
+		return nil, errors.New("rank: Config.HostOf is nil")
 	}
 	log := cfg.Log
 	if log == nil {
@@ -298,7 +298,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	if err := cfg.Persist.check(); err != nil {
 		return nil, err
 	}
-	h := &Host{cfg: cfg, log: log, g: noStep, hb: noStep, resumed: noStep, gwake: make(chan struct{}), lfDone: map[int]bool{}, dur: persistHost{d: noStep, x: noStep, appliedD: noStep, appliedX: noStep, local: -1}}
+	h := &Keeper{cfg: cfg, log: log, g: noStep, hb: noStep, resumed: noStep, gwake: make(chan struct{}), lfDone: map[int]bool{}, dur: persistHost{d: noStep, x: noStep, appliedD: noStep, appliedX: noStep, local: -1}}
 	ec, err := newECLayout(cfg.EC, -1, cfg.HostOf)
 	if err != nil {
 		return nil, err
@@ -334,10 +334,10 @@ func NewHost(cfg HostConfig) (*Host, error) {
 }
 
 // mode returns the job's protect mode.
-func (h *Host) mode() protect.ProtectMode { return cmp.Or(h.cfg.Mode, protect.ModeFull) }
+func (h *Keeper) mode() protect.ProtectMode { return cmp.Or(h.cfg.Mode, protect.ModeFull) }
 
 // diffMode reports whether the job runs --protect-mode diff.
-func (h *Host) diffMode() bool { return h.cfg.Mode == protect.ModeDiff }
+func (h *Keeper) diffMode() bool { return h.cfg.Mode == protect.ModeDiff }
 
 // FoldStats are a host's figures as a replica holder in diff mode: the
 // steps its background folds replayed into bases, and the time that took;
@@ -361,14 +361,14 @@ func (f FoldStats) PerStep() time.Duration {
 }
 
 // FoldStats returns the host's fold figures (zero in full mode).
-func (h *Host) FoldStats() FoldStats {
+func (h *Keeper) FoldStats() FoldStats {
 	h.driftMu.Lock()
 	defer h.driftMu.Unlock()
 	return FoldStats{Steps: h.foldSteps.Load(), NS: h.foldNS.Load(), Drifts: maps.Clone(h.drifts)}
 }
 
 // forgetDrift drops owner's drift: its stores here went.
-func (h *Host) forgetDrift(owner int) {
+func (h *Keeper) forgetDrift(owner int) {
 	h.driftMu.Lock()
 	defer h.driftMu.Unlock()
 	delete(h.drifts, owner)
@@ -377,7 +377,7 @@ func (h *Host) forgetDrift(owner int) {
 // noteDrift records owner's drift d if its store measured a new one
 // (measured counts them: diffstore.Stats.DriftsMeasured, before and
 // after a fold), and logs it.
-func (h *Host) noteDrift(owner int, before, after diffstore.Stats) {
+func (h *Keeper) noteDrift(owner int, before, after diffstore.Stats) {
 	if after.DriftsMeasured == before.DriftsMeasured || after.Drift == nil {
 		return
 	}
@@ -392,9 +392,9 @@ func (h *Host) noteDrift(owner int, before, after diffstore.Stats) {
 		"rank", owner, "step", d.Step, "steps since exact", d.Steps, "max |dw|", d.MaxAbs, "rms dw / rms w", d.RelRMS, "non-finite", d.NonFinite)
 }
 
-// linkFailed reports a failed link to host to HostConfig.LinkFailed, once
+// linkFailed reports a failed link to host to Config.LinkFailed, once
 // per host per placement.
-func (h *Host) linkFailed(host int, err error) {
+func (h *Keeper) linkFailed(host int, err error) {
 	seq := h.place().seq
 	h.lfmu.Lock()
 	if h.lfSeq != seq {
@@ -412,7 +412,7 @@ func (h *Host) linkFailed(host int, err error) {
 
 // Session returns a new protocol session for a connection of rank, or nil
 // if rank is not one of this host's.
-func (h *Host) Session(rank int) *Session {
+func (h *Keeper) Session(rank int) *Session {
 	p := h.place()
 	s := p.svcs[rank]
 	if s == nil {
@@ -425,7 +425,7 @@ func (h *Host) Session(rank int) *Session {
 // and wakes the stages waiting for it.
 // The copies this host keeps of owners none of its ranks holds any more
 // go once G passes them.
-func (h *Host) SetG(gen uint64, g int64) {
+func (h *Keeper) SetG(gen uint64, g int64) {
 	h.gmu.Lock()
 	if gen != h.gen || g <= h.g {
 		h.gmu.Unlock()
@@ -446,7 +446,7 @@ func (h *Host) SetG(gen uint64, g int64) {
 // bases at H unfolded, the parity rows of H and later stay, and the logs
 // keep the differentials after H; what is older goes. It does nothing in
 // other modes.
-func (h *Host) SetH(gen uint64, hb int64) {
+func (h *Keeper) SetH(gen uint64, hb int64) {
 	if !h.place().ecDiff() {
 		return
 	}
@@ -462,7 +462,7 @@ func (h *Host) SetH(gen uint64, hb int64) {
 // raiseH makes H hb if that is newer (SetH's, or a placement's H), then
 // has the stores keep what H needs and drop what is older, and wakes the
 // local owners whose next base waits for H.
-func (h *Host) raiseH(hb int64) {
+func (h *Keeper) raiseH(hb int64) {
 	h.gmu.Lock()
 	if hb <= h.hb {
 		h.gmu.Unlock()
@@ -479,7 +479,7 @@ func (h *Host) raiseH(hb int64) {
 }
 
 // H returns H as known here (diff mode under EC), or -1.
-func (h *Host) H() int64 {
+func (h *Keeper) H() int64 {
 	h.gmu.Lock()
 	defer h.gmu.Unlock()
 	return h.hb
@@ -487,7 +487,7 @@ func (h *Host) H() int64 {
 
 // pin returns the step the clear copies' stores keep as their base given
 // G g: H in diff mode under EC (no fold passes it), else g.
-func (h *Host) pin(g int64) int64 {
+func (h *Keeper) pin(g int64) int64 {
 	if !h.place().ecDiff() {
 		return g
 	}
@@ -497,12 +497,12 @@ func (h *Host) pin(g int64) int64 {
 // parityKeep returns the oldest step a spare parity row must still hold
 // given G g (parityStore.sweep): H in diff mode under EC, where recovery
 // decodes at H, else g.
-func (h *Host) parityKeep(g int64) int64 {
+func (h *Keeper) parityKeep(g int64) int64 {
 	return h.pin(g)
 }
 
 // Active reports whether any local rank protects its state.
-func (h *Host) Active() bool {
+func (h *Keeper) Active() bool {
 	for _, s := range h.place().svcs {
 		s.mu.Lock()
 		on := s.slots != nil
@@ -515,7 +515,7 @@ func (h *Host) Active() bool {
 }
 
 // G returns the globally recoverable step known here, or -1.
-func (h *Host) G() int64 {
+func (h *Keeper) G() int64 {
 	h.gmu.Lock()
 	defer h.gmu.Unlock()
 	return h.g
@@ -527,7 +527,7 @@ func (h *Host) G() int64 {
 // restarted next restore g and stage g+1, and so are the replicas this
 // host holds of other ranks' steps after g from older generations; puts
 // of older generations are refused from now on. The ranks must be stopped.
-func (h *Host) Restart(gen uint64, g int64) error {
+func (h *Keeper) Restart(gen uint64, g int64) error {
 	return h.restart(gen, g, false)
 }
 
@@ -543,11 +543,11 @@ func (h *Host) Restart(gen uint64, g int64) error {
 // steps up to t (Restart drops those after t of older generations) is
 // never named by H again: H rises only to bases coded in the new
 // generation, t or later. In other modes RollBack is Restart.
-func (h *Host) RollBack(gen uint64, t int64) error {
+func (h *Keeper) RollBack(gen uint64, t int64) error {
 	return h.restart(gen, t, true)
 }
 
-func (h *Host) restart(gen uint64, g int64, rollback bool) error {
+func (h *Keeper) restart(gen uint64, g int64, rollback bool) error {
 	h.pmu.Lock()
 	defer h.pmu.Unlock()
 	// No progress report is taken while the generation and the ranks'
@@ -579,7 +579,7 @@ func (h *Host) restart(gen uint64, g int64, rollback bool) error {
 }
 
 // Gen returns the restart generation.
-func (h *Host) Gen() uint64 {
+func (h *Keeper) Gen() uint64 {
 	h.gmu.Lock()
 	defer h.gmu.Unlock()
 	return h.gen
@@ -598,7 +598,7 @@ var errRestarted = errors.New("the ranks were restarted since this session began
 // (errNewPlacement), or failed is closed (the rank failed: it returns
 // failure()).
 // replaced is the placement's in which the stage began.
-func (h *Host) waitG(ctx context.Context, rank int, gen uint64, step int64, replaced, failed <-chan struct{}, failure func() error) error {
+func (h *Keeper) waitG(ctx context.Context, rank int, gen uint64, step int64, replaced, failed <-chan struct{}, failure func() error) error {
 	h.waiters.Add(1)
 	defer h.waiters.Add(-1)
 	t := time.NewTimer(slowWait)
@@ -645,7 +645,7 @@ func sortedRanks(p *placement) []int {
 
 // Progress returns every local rank's progress, in rank order, with the
 // restart generation it belongs to.
-func (h *Host) Progress() (uint64, []Progress) {
+func (h *Keeper) Progress() (uint64, []Progress) {
 	h.rmu.RLock()
 	defer h.rmu.RUnlock()
 	gen := h.Gen()
@@ -666,7 +666,7 @@ func (h *Host) Progress() (uint64, []Progress) {
 // files stay (see RemoveFiles). With a durable tier it first waits, a
 // bounded time, for the newest watermark and resolved step published
 // (SetDurable) to be applied to every local store, which it then closes.
-func (h *Host) Close() error {
+func (h *Keeper) Close() error {
 	h.pmu.Lock() // no SetPlacement adds services meanwhile
 	defer h.pmu.Unlock()
 	// The durable tier's last watermark first (bounded): the stores
@@ -695,7 +695,7 @@ func (h *Host) Close() error {
 // agents of the job that share the directory (network namespace hosts
 // share /dev/shm) use the same names for a rank, and a spare that took
 // this host's ranks over may be using them.
-func (h *Host) RemoveFiles() error {
+func (h *Keeper) RemoveFiles() error {
 	var errs []error
 	p := h.place()
 	for _, r := range sortedRanks(p) {
@@ -708,7 +708,7 @@ func (h *Host) RemoveFiles() error {
 	return errors.Join(errs...)
 }
 
-func (h *Host) acceptLoop(ln net.Listener) {
+func (h *Keeper) acceptLoop(ln net.Listener) {
 	defer h.wg.Done()
 	for {
 		c, err := ln.Accept()
@@ -729,8 +729,8 @@ func (h *Host) acceptLoop(ln net.Listener) {
 	}
 }
 
-func (h *Host) linkAuth() comm.LinkAuth {
+func (h *Keeper) linkAuth() comm.LinkAuth {
 	return comm.LinkAuth{Job: h.cfg.Job, Key: h.cfg.LinkKey, Purpose: "replica"}
 }
 
-func (h *Host) String() string { return fmt.Sprintf("host %d", h.cfg.Host) }
+func (h *Keeper) String() string { return fmt.Sprintf("host %d", h.cfg.Host) }

@@ -271,7 +271,7 @@ type recKey struct {
 // come by reference, which local rank deposits each one's slice, and the
 // local records made at those ranks' commits.
 type localPeers struct {
-	h  *Host
+	h  *Keeper
 	mu sync.Mutex // guards the fields below; order: localPeers.mu, then service.mu
 	// wake is closed and replaced when a record comes, a source commits,
 	// or a source's session opens or ends.
@@ -288,7 +288,7 @@ type localPeers struct {
 	waiting int            // takes waiting for a record
 }
 
-func newLocalPeers(h *Host) *localPeers {
+func newLocalPeers(h *Keeper) *localPeers {
 	return &localPeers{h: h, wake: make(chan struct{}), needs: map[int]localNeed{}, src: map[int]int{},
 		recs: map[recKey]localRec{}, done: map[int]int64{}, doneGen: map[int]uint64{}, doneVer: map[int]uint64{}}
 }

@@ -26,7 +26,7 @@ const lpN = 600
 
 var lpRegions = []protect.Region{{Name: "optimizer", Size: 3 * 4 * lpN}, {Name: "meta", Size: 64}}
 
-func lpMod(c *HostConfig) {
+func lpMod(c *Config) {
 	c.Mode = protect.ModeDiff
 	c.Diff = DiffConfig{Fold: 3, BaseEvery: 7}
 }
@@ -64,7 +64,7 @@ type lpRank struct {
 	deposited int
 }
 
-func newLPRank(t testing.TB, h *Host, r int, red protect.Reduced) *lpRank {
+func newLPRank(t testing.TB, h *Keeper, r int, red protect.Reduced) *lpRank {
 	t.Helper()
 	lr := &lpRank{t: t, r: r, red: red, sess: h.Session(r), states: map[int64]map[string][]byte{}}
 	opt := protect.Optimizer{Region: "optimizer", N: lpN, W: 0, M: 4 * lpN, V: 8 * lpN, Reduced: &red}
@@ -164,7 +164,7 @@ func (lr *lpRank) step(step int64) error {
 
 // checkRestore checks that holder host hh restores owner lr's step
 // bitwise.
-func (lr *lpRank) checkRestore(hh *Host, step int64) {
+func (lr *lpRank) checkRestore(hh *Keeper, step int64) {
 	lr.t.Helper()
 	_, got, err := hh.store.restoreDiff(lr.r, step, nil)
 	if err != nil {

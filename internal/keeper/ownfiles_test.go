@@ -17,9 +17,9 @@ import (
 // ownHost is a host of job "ownjob" keeping rank 1's slots in dir, alone
 // (no links): two of them on one dir are two agents of a job sharing
 // /dev/shm, as network namespace hosts do.
-func ownHost(t *testing.T, dir string, host int) *Host {
+func ownHost(t *testing.T, dir string, host int) *Keeper {
 	t.Helper()
-	h, err := NewHost(HostConfig{
+	h, err := New(Config{
 		Job: "ownjob", Host: host, Hosts: 2, Ranks: []int{1}, Dir: dir,
 		HostOf: func(int) int { return host }, Peers: func(int) []int { return []int{1} },
 		Mode: protect.ModeDiff, Diff: DiffConfig{Fold: 8, BaseEvery: 100},
@@ -56,8 +56,8 @@ func rankFiles(t *testing.T, dir string) []string {
 // (with a gradient buffer) or by a Preload (a rollback from disk).
 func TestRemoveFilesLeavesTakenOver(t *testing.T) {
 	regions := []protect.Region{diffRegions[0], diffRegions[2]}
-	make1 := map[string]func(t *testing.T, h *Host, step int64){
-		"hello": func(t *testing.T, h *Host, _ int64) {
+	make1 := map[string]func(t *testing.T, h *Keeper, step int64){
+		"hello": func(t *testing.T, h *Keeper, _ int64) {
 			_, ans, err := h.Session(1).Handle(context.Background(), protect.TypeProtectHello, diffHelloOf(t, diffRegions))
 			if err != nil {
 				t.Fatal(err)
@@ -66,7 +66,7 @@ func TestRemoveFilesLeavesTakenOver(t *testing.T) {
 				t.Fatalf("ProtectHello: %q, gradient %+v", w.Err, w.Gradient)
 			}
 		},
-		"preload": func(t *testing.T, h *Host, step int64) {
+		"preload": func(t *testing.T, h *Keeper, step int64) {
 			if err := h.Preload(1, regions, step, func([][]byte) (int, error) { return 1, nil }); err != nil {
 				t.Fatal(err)
 			}
@@ -93,7 +93,7 @@ func TestRemoveFilesLeavesTakenOver(t *testing.T) {
 			if len(made) == 0 {
 				t.Fatal("rank 1 has no files")
 			}
-			var b *Host
+			var b *Keeper
 			if tc.spare {
 				b = ownHost(t, dir, 1)
 				make1[tc.make](t, b, 7)

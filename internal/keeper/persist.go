@@ -66,7 +66,7 @@ import (
 //     directory when that is not the launcher's (per-host local disks;
 //     if it cannot, it frees nothing until it can), and has every local
 //     rank's store reclaim what is older than D and free every version
-//     up to X but D's (Host.SetDurable, durable.Store.Abandon): so a rank
+//     up to X but D's (Keeper.SetDurable, durable.Store.Abandon): so a rank
 //     always gets its base files back, even when the ranks' saves that
 //     failed or were skipped leave no step they all hold.
 //   - A restore at G (a restart, an in-place recovery, a rank rebuilt on
@@ -82,7 +82,7 @@ import (
 //     open the store again at each (persistReopen), training going on.
 
 // PersistConfig configures the durable tier of a host's ranks
-// (HostConfig.Persist). The zero value has none.
+// (Config.Persist). The zero value has none.
 type PersistConfig struct {
 	// Dir is the job's checkpoint directory (gorun --ckpt-dir; "": no
 	// durable tier).
@@ -125,7 +125,7 @@ func (c PersistConfig) overhead() float64 {
 	return defaultOverhead
 }
 
-// check validates c (HostConfig.Persist).
+// check validates c (Config.Persist).
 func (c PersistConfig) check() error {
 	if !c.on() {
 		return nil
@@ -718,7 +718,7 @@ func (s *service) persistProgress(committed int64) *DurableProgress {
 
 // persistHost is a host's side of the durable tier's watermark: the
 // newest commit record and resolved step the launcher published
-// (SetDurable), applied by its loop (Host.persistLoop).
+// (SetDurable), applied by its loop (Keeper.persistLoop).
 type persistHost struct {
 	mu sync.Mutex
 	d  int64 // the newest watermark published, or -1
@@ -747,28 +747,28 @@ type persistHost struct {
 
 // D returns the newest durable watermark (the job's commit record) the
 // launcher published to this host, or -1.
-func (h *Host) D() int64 {
+func (h *Keeper) D() int64 {
 	d, _ := h.durable()
 	return d
 }
 
 // X returns the newest durable resolved step the launcher published to
 // this host, or -1.
-func (h *Host) X() int64 {
+func (h *Keeper) X() int64 {
 	_, x := h.durable()
 	return x
 }
 
 // durable returns the newest durable watermark and resolved step the
 // launcher published to this host (-1: none).
-func (h *Host) durable() (d, x int64) {
+func (h *Keeper) durable() (d, x int64) {
 	h.dur.mu.Lock()
 	defer h.dur.mu.Unlock()
 	return h.dur.d, h.dur.x
 }
 
 // SetD takes a newer durable watermark d: SetDurable(d, -1).
-func (h *Host) SetD(d int64) { h.SetDurable(d, noStep) }
+func (h *Keeper) SetD(d int64) { h.SetDurable(d, noStep) }
 
 // SetDurable takes a newer durable watermark d, the step of the job's
 // commit record (wire.GlobalStep.D), and a newer resolved step x
@@ -777,7 +777,7 @@ func (h *Host) SetD(d int64) { h.SetDurable(d, noStep) }
 // own directory, when that is not the launcher's, and has every local
 // rank's store reclaim what a recovery at d cannot need and free the
 // versions abandoned. It does nothing without a durable tier.
-func (h *Host) SetDurable(d, x int64) {
+func (h *Keeper) SetDurable(d, x int64) {
 	if !h.cfg.Persist.on() {
 		return
 	}
@@ -796,7 +796,7 @@ func (h *Host) SetDurable(d, x int64) {
 }
 
 // startPersist starts the host's watermark loop, with a durable tier.
-func (h *Host) startPersist() {
+func (h *Keeper) startPersist() {
 	if !h.cfg.Persist.on() {
 		return
 	}
@@ -821,7 +821,7 @@ const persistCloseWait = 2 * time.Second
 // markers the commit record makes useless. Close calls it before it
 // stops the loop; a host that cannot (its stores slow or failing, its
 // own commit record not written) says what it leaves.
-func (h *Host) persistFinish() {
+func (h *Keeper) persistFinish() {
 	if !h.cfg.Persist.on() || h.dur.kick == nil {
 		return
 	}
@@ -857,7 +857,7 @@ func (h *Host) persistFinish() {
 // record is tried again every persistRetry, or at the next watermark. It
 // runs until the host stops; Close first waits, bounded, for it to apply
 // the newest watermark (persistFinish).
-func (h *Host) persistLoop() {
+func (h *Keeper) persistLoop() {
 	defer h.wg.Done()
 	dir := h.cfg.Persist.Dir
 	applied, appliedX := int64(noStep), int64(noStep)

@@ -38,7 +38,7 @@ func newPersistJob(t *testing.T, world int, cfg PersistConfig, resolve bool) *pe
 	if err := durable.CreateManifest(cfg.Dir, m); err != nil {
 		t.Fatal(err)
 	}
-	c := newClusterWith(t, ranks, nil, nil, func(hc *HostConfig) { hc.Persist = cfg })
+	c := newClusterWith(t, ranks, nil, nil, func(hc *Config) { hc.Persist = cfg })
 	j := &persistJob{t: t, c: c, dir: cfg.Dir, resolve: resolve, committed: -1, x: -1}
 	for r := range world {
 		j.sess = append(j.sess, c.hosts[r].Session(r))

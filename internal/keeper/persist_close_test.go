@@ -30,7 +30,7 @@ func TestDurableCloseAppliesLastWatermark(t *testing.T) {
 	if err := durable.CreateManifest(cfg.Dir, m); err != nil {
 		t.Fatal(err)
 	}
-	c := newClusterWith(t, [][]int{{0, 1}}, nil, nil, func(hc *HostConfig) { hc.Persist = cfg })
+	c := newClusterWith(t, [][]int{{0, 1}}, nil, nil, func(hc *Config) { hc.Persist = cfg })
 	h := c.hosts[0]
 	sess := []*Session{h.Session(0), h.Session(1)}
 	call := func(r int, typ byte, payload string) any {

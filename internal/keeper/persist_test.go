@@ -26,7 +26,7 @@ import (
 type persistRig struct {
 	t    *testing.T
 	c    *cluster
-	h    *Host
+	h    *Keeper
 	sess *Session
 	dir  string
 }
@@ -39,7 +39,7 @@ func newPersistRig(t *testing.T, cfg PersistConfig) *persistRig {
 	if cfg.Dir == "" {
 		cfg.Dir = t.TempDir()
 	}
-	c := newClusterWith(t, [][]int{{0}}, nil, nil, func(hc *HostConfig) {
+	c := newClusterWith(t, [][]int{{0}}, nil, nil, func(hc *Config) {
 		hc.Persist = cfg
 		hc.Log = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
 	})
@@ -484,7 +484,7 @@ func TestDurableTakeover(t *testing.T) {
 		}
 	}
 	st.Close()
-	c := newClusterWith(t, [][]int{{0}}, nil, nil, func(hc *HostConfig) { hc.Persist = PersistConfig{Dir: dir, Every: 2} })
+	c := newClusterWith(t, [][]int{{0}}, nil, nil, func(hc *Config) { hc.Persist = PersistConfig{Dir: dir, Every: 2} })
 	r := &persistRig{t: t, c: c, h: c.hosts[0], sess: c.hosts[0].Session(0), dir: dir}
 	r.h.SetD(2) // the launcher committed 2 before this host opened the store
 	r.call(protect.TypeProtectHello, `{"v":1,"regions":[{"name":"optimizer","size":12288},{"name":"meta","size":100}]}`)
@@ -586,7 +586,7 @@ func TestDurableTakeoverOwnMarkers(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(rd, "done.2"), m, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := newClusterWith(t, [][]int{{0}}, nil, nil, func(hc *HostConfig) { hc.Persist = PersistConfig{Dir: dir, Every: 2} })
+	c := newClusterWith(t, [][]int{{0}}, nil, nil, func(hc *Config) { hc.Persist = PersistConfig{Dir: dir, Every: 2} })
 	r := &persistRig{t: t, c: c, h: c.hosts[0], sess: c.hosts[0].Session(0), dir: dir}
 	r.call(protect.TypeProtectHello, `{"v":1,"regions":[{"name":"optimizer","size":12288},{"name":"meta","size":100}]}`)
 	r.durableWhen("the store open", func(d *DurableProgress) bool { return true })

@@ -386,7 +386,7 @@ func TestPropertyPiecesAnswer(t *testing.T) {
 				t.Fatal(err)
 			}
 			or := &ownerReplica{rank: 0, cur: ds, sums: map[int64][]tableEntry{0: o.table(0)}}
-			st := &replicaStore{h: &Host{log: slog.New(slog.DiscardHandler)}, owners: map[int]*ownerReplica{0: or}}
+			st := &replicaStore{h: &Keeper{log: slog.New(slog.DiscardHandler)}, owners: map[int]*ownerReplica{0: or}}
 			const last = 8
 			for step := int64(1); step <= last; step++ {
 				g := make([]float32, o.n)

@@ -54,12 +54,12 @@ type Source struct {
 	Decode      bool
 }
 
-// placement is the placement a Host works with: NewHost's (from its
-// HostConfig), then each SetPlacement's. It is never changed once
-// published (Host.pl): a new one replaces it.
+// placement is the placement a Keeper works with: New's (from its
+// Config), then each SetPlacement's. It is never changed once
+// published (Keeper.pl): a new one replaces it.
 type placement struct {
-	seq     uint64 // 0 for NewHost's, one more for each SetPlacement of another layout
-	world   int    // ranks in the job (-1: unknown, NewHost's)
+	seq     uint64 // 0 for New's, one more for each SetPlacement of another layout
+	world   int    // ranks in the job (-1: unknown, New's)
 	ranks   []int
 	svcs    map[int]*service // by rank: this host's ranks
 	hostOf  func(rank int) int
@@ -67,8 +67,8 @@ type placement struct {
 	sources map[int]Source
 	// ec is the erasure-coding layout (nil: none); diff, that the job
 	// runs --protect-mode diff (with ec: only base steps are coded,
-	// ecdiff_owner.go). epoch and g are Placement's (NewHost's:
-	// HostConfig.Epoch, and -1); logs and h too (diff mode under EC:
+	// ecdiff_owner.go). epoch and g are Placement's (New's:
+	// Config.Epoch, and -1); logs and h too (diff mode under EC:
 	// every rank's log-only holders, and the H the epoch was published
 	// with; a later epoch with the same layout replaces the placement by
 	// a copy with its H, withH, and leaves the rest, epoch and g too).
@@ -84,7 +84,7 @@ type placement struct {
 }
 
 // same reports whether p describes this placement: the same ranks here,
-// hosts, holders and Sources (NewHost's placement, from its HostConfig,
+// hosts, holders and Sources (New's placement, from its Config,
 // included: the agent's first epoch table repeats it).
 func (pl *placement) same(p *Placement) bool {
 	var ec []topology.ECGroup
@@ -209,16 +209,16 @@ type holderKey struct {
 }
 
 // place returns the current placement.
-func (h *Host) place() *placement { return h.pl.Load() }
+func (h *Keeper) place() *placement { return h.pl.Load() }
 
 // svc returns local rank rank's service, or nil.
-func (h *Host) svc(rank int) *service { return h.place().svcs[rank] }
+func (h *Keeper) svc(rank int) *service { return h.place().svcs[rank] }
 
 // holders returns rank's replica holders.
-func (h *Host) holders(rank int) []int { return h.place().holdersOf(rank) }
+func (h *Keeper) holders(rank int) []int { return h.place().holdersOf(rank) }
 
 // hostOf returns rank's host index (-1: unknown).
-func (h *Host) hostOf(rank int) int { return h.place().hostOf(rank) }
+func (h *Keeper) hostOf(rank int) int { return h.place().hostOf(rank) }
 
 // ErrPlacement: a Placement given to SetPlacement is inconsistent.
 var ErrPlacement = errors.New("rank: bad placement")
@@ -310,7 +310,7 @@ func (p *Placement) check(host, hosts int) error {
 // SetPlacement switches the host's state protection to the placement of a
 // new epoch:
 //
-//   - a service is added for every rank newly placed here (a spare's Host
+//   - a service is added for every rank newly placed here (a spare's Keeper
 //     starts with no ranks and gets them here; the ranks restore step G
 //     of the generation Restart began);
 //   - the services of ranks that left are closed and their slot files
@@ -335,7 +335,7 @@ func (p *Placement) check(host, hosts int) error {
 //
 // It returns an error wrapping ErrPlacement, and changes nothing, if p is
 // inconsistent (a rank on no host or on several, holders out of range).
-func (h *Host) SetPlacement(p Placement) error {
+func (h *Keeper) SetPlacement(p Placement) error {
 	if err := p.check(h.cfg.Host, h.cfg.Hosts); err != nil {
 		return err
 	}

@@ -30,7 +30,7 @@ func checkRestored(t *testing.T, sr *sessRank, res *protect.Restorable, step int
 
 // heldSteps returns the steps host h holds of owner's replicas (nil:
 // none).
-func heldSteps(h *Host, owner int) []int64 {
+func heldSteps(h *Keeper, owner int) []int64 {
 	h.store.mu.Lock()
 	o := h.store.owners[owner]
 	h.store.mu.Unlock()
@@ -60,7 +60,7 @@ func slotFiles(t *testing.T, dir string, r int) []string {
 }
 
 // TestSetPlacementSpare: hot-swap with a spare. Hosts 0 and 1 run ranks
-// 0 and 1, each holding the other's replicas; host 2 is a spare (a Host
+// 0 and 1, each holding the other's replicas; host 2 is a spare (a Keeper
 // with no ranks). Host 1 is lost at G = 1: the new placement moves rank 1
 // to the spare, which restores step 1 from its Source (the copy on rank
 // 0's host, params from rank 0's slot); rank 0's holder (rank 1) is on a
@@ -326,7 +326,7 @@ func TestRestoreSourceFirst(t *testing.T) {
 }
 
 // TestLinkFailed: replication to a holder's host that disappeared is
-// reported to HostConfig.LinkFailed once per host per placement, however
+// reported to Config.LinkFailed once per host per placement, however
 // often it is retried; a holder's host that refuses the replica (it does
 // not hold the rank in its placement yet) is not reported.
 func TestLinkFailed(t *testing.T) {
@@ -378,7 +378,7 @@ func TestLinkFailed(t *testing.T) {
 			if p := c.progress(0); p.Replicated != 1 {
 				t.Errorf("rank 0's step 2 counts as replicated: %+v", p)
 			}
-			// A new placement (the NewHost's, with a restore plan): a
+			// A new placement (the New's, with a restore plan): a
 			// failure is reported again.
 			if err := c.hosts[0].SetPlacement(Placement{Ranks: []int{0}, HostOf: []int{0, 1}, Holders: holders, Sources: map[int]Source{1: {Opt: 0, Params: 0}}}); err != nil {
 				t.Fatal(err)
@@ -394,7 +394,7 @@ func TestLinkFailed(t *testing.T) {
 
 // replicaRegions returns host h's copy of owner's step, by region, or
 // nil.
-func replicaRegions(h *Host, owner int, step int64) map[string][]byte {
+func replicaRegions(h *Keeper, owner int, step int64) map[string][]byte {
 	h.store.mu.Lock()
 	o := h.store.owners[owner]
 	h.store.mu.Unlock()

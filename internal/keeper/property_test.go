@@ -54,7 +54,7 @@ import (
 //     At(G)) and comparing the bytes, replicas by reading the holders'
 //     buffers under their locks;
 //   - then it cancels the stagers (the contexts end stages blocked at the
-//     overwrite rule), restarts the survivors from G (Host.Restart) and
+//     overwrite rule), restarts the survivors from G (Keeper.Restart) and
 //     replaces the failed host by a fresh one with an empty slot
 //     directory, as the launcher and agents do; the next round's ranks
 //     restore step G for real (Tier-1 on the survivors, Tier-2 on the new
@@ -186,7 +186,7 @@ func (j *propJob) world() int         { return j.nh * j.per }
 func (j *propJob) hostOf(r int) int   { return r / j.per }
 func (j *propJob) stopped(r int) bool { return j.failed.Load() == int32(j.hostOf(r)) }
 
-func (j *propJob) host(h int) *Host {
+func (j *propJob) host(h int) *Keeper {
 	j.c.mu.Lock()
 	defer j.c.mu.Unlock()
 	return j.c.hosts[h]
@@ -625,7 +625,7 @@ type sessRank struct {
 	views [2][][]byte
 }
 
-func newSessRank(t *testing.T, h *Host, r int) *sessRank {
+func newSessRank(t *testing.T, h *Keeper, r int) *sessRank {
 	t.Helper()
 	sr := &sessRank{t: t, r: r, sess: h.Session(r)}
 	_, ans, err := sr.sess.Handle(context.Background(), protect.TypeProtectHello, propHello)
@@ -773,7 +773,7 @@ func TestTier2RestoreWhilePeerWaits(t *testing.T) {
 // and takes params from the first peer that has them, trying a peer on
 // the same host directly (copySlot → readSlot, which takes that peer's
 // reqMu): rank 0 holds its own reqMu and waits for rank 1's, rank 1 holds
-// its own and waits for rank 0's. No context ends it, and Host.Close then
+// its own and waits for rank 0's. No context ends it, and Keeper.Close then
 // hangs too (service.close waits for s.mu). The agent serves every rank's
 // socket in its own goroutine, so the restarted ranks of a replaced host
 // restore at once.
@@ -831,7 +831,7 @@ func (h *heldCleanups) run() {
 
 // TestBugReplicasLostWithReplacedHost: after a restart with a replaced
 // host, the replicas the lost host held for the surviving ranks were not
-// made again, yet Host.Restart left each survivor's Replicated at G
+// made again, yet Keeper.Restart left each survivor's Replicated at G
 // (truncate: min(replicated, committed)), which says that G is at every
 // holder. A second failure (one host at a time) of a survivor whose
 // holder was on the replaced host, once the launcher saw every rank
@@ -921,7 +921,7 @@ func TestBugReplicaSkipsStep(t *testing.T) {
 	}
 }
 
-// TestBugLinkPoolCloseRace: Host.Close (linkPool.close → link.peekConn)
+// TestBugLinkPoolCloseRace: Keeper.Close (linkPool.close → link.peekConn)
 // reads link.conn without the link's lock when a request holds it, while
 // that request's linkPool.do writes link.conn (l.conn = nil after the
 // failure Close causes): a data race, which -race reports whenever a host
@@ -964,7 +964,7 @@ func TestBugLinkPoolCloseRace(t *testing.T) {
 	// The window is narrow (Close cancels the request's context before
 	// it closes the links): try many times.
 	for range 1000 {
-		h, err := NewHost(HostConfig{Job: "testjob", LinkKey: secret.LinkKey(), Host: 0, Hosts: 2, Ranks: []int{0}, Dir: t.TempDir(),
+		h, err := New(Config{Job: "testjob", LinkKey: secret.LinkKey(), Host: 0, Hosts: 2, Ranks: []int{0}, Dir: t.TempDir(),
 			Holders: [][]int{{1}, {0}}, HostOf: func(r int) int { return r }})
 		if err != nil {
 			t.Fatal(err)

@@ -34,7 +34,7 @@ func (c *pausingConn) Read(b []byte) (int, error) {
 
 // servePausing serves a link to h whose holder end pauses once at bytes
 // were read.
-func servePausing(links *pipeLinks, h *Host, at int) (net.Conn, *pausingConn) {
+func servePausing(links *pipeLinks, h *Keeper, at int) (net.Conn, *pausingConn) {
 	cli, srv := net.Pipe()
 	pc := &pausingConn{Conn: srv, at: at, paused: make(chan struct{}), resume: make(chan struct{})}
 	links.conns = append(links.conns, cli)

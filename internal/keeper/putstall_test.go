@@ -25,7 +25,7 @@ type pipeLinks struct {
 }
 
 // serve serves a link to h as host from's, and returns the dialer's end.
-func (p *pipeLinks) serve(h *Host, from int) net.Conn {
+func (p *pipeLinks) serve(h *Keeper, from int) net.Conn {
 	cli, srv := net.Pipe()
 	p.conns = append(p.conns, cli)
 	p.wg.Go(func() { h.store.serve(context.Background(), from, srv) })
@@ -59,7 +59,7 @@ func within(t *testing.T, what string, f func() error) {
 // link of links and reads the answer's first byte: the holder is then
 // writing the rest, which nobody reads (net.Pipe does not buffer), the
 // buffer pinned. It returns the link, the get, and the byte read.
-func stallGet(t *testing.T, links *pipeLinks, h *Host, step int64) (net.Conn, linkHdr, []byte) {
+func stallGet(t *testing.T, links *pipeLinks, h *Keeper, step int64) (net.Conn, linkHdr, []byte) {
 	t.Helper()
 	l := links.serve(h, 0)
 	get := linkHdr{kind: kindGet, owner: 0, holder: 1, step: step, gen: h.Gen()}

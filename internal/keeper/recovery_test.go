@@ -180,7 +180,7 @@ func TestStalePutRefusedBeforeHolderRestart(t *testing.T) {
 // do not match the owner's CRC32Cs has the owner verify its slot against
 // the CRC32Cs of its commit. When the slot's bytes changed after the
 // commit (here through the rank's read-write view, before the step was
-// replicated), the rank is failed: HostConfig.Failed is called once with
+// replicated), the rank is failed: Config.Failed is called once with
 // a *CorruptError, the replicator stops retrying, and the rank's next
 // Stage is refused at once instead of waiting forever at the overwrite
 // rule; after a restart the rank protects steps again. When the slot

@@ -25,7 +25,7 @@ package keeper
 // why, see failCRC). Everything read is bounds-checked before use; a
 // malformed request closes the link.
 //
-// With erasure coding (HostConfig.EC, ec.go) the links carry five more
+// With erasure coding (Config.EC, ec.go) the links carry five more
 // kinds: ecChunk, ecCommit, ecHas, ecGet and getRange (10 to 14), whose
 // table is followed by a sub-header
 //
@@ -34,7 +34,7 @@ package keeper
 // and, for ecChunk, its data: see ecstore.go and PROTOCOL.md ("Erasure
 // coding").
 //
-// In diff mode (HostConfig.Mode ModeDiff) the holder keeps a base and a
+// In diff mode (Config.Mode ModeDiff) the holder keeps a base and a
 // differential log per owner instead of two buffers, and the links carry
 // four more kinds (base, diff, baseChunk, baseCommit): see diff.go; it
 // answers a get of an exact step with a pieces answer: see pieces.go.
@@ -458,7 +458,7 @@ func (o *ownerReplica) newest() int64 {
 
 // replicaStore holds the replicas this host's ranks keep for others.
 type replicaStore struct {
-	h      *Host
+	h      *Keeper
 	mu     sync.Mutex
 	owners map[int]*ownerReplica
 	conns  map[net.Conn]struct{}
@@ -481,7 +481,7 @@ func (st *replicaStore) reserve(n, old uint64) error {
 	return nil
 }
 
-func newReplicaStore(h *Host) *replicaStore {
+func newReplicaStore(h *Keeper) *replicaStore {
 	return &replicaStore{h: h, owners: map[int]*ownerReplica{}, conns: map[net.Conn]struct{}{}}
 }
 
@@ -510,7 +510,7 @@ func (st *replicaStore) close() {
 // step g: the replicas of steps after g sent in older generations are
 // dropped (they were never recoverable and are gone from their owners'
 // slots), and puts from older generations are refused from now on. A
-// roll-back (Host.RollBack) also forgets the H an owner said its stores'
+// roll-back (Keeper.RollBack) also forgets the H an owner said its stores'
 // bases reached (baseH) when it is past g: it was of the abandoned
 // schedule.
 func (st *replicaStore) restart(gen uint64, g int64, rollback bool) {
@@ -1613,7 +1613,7 @@ type link struct {
 }
 
 type linkPool struct {
-	h      *Host
+	h      *Keeper
 	mu     sync.Mutex
 	links  map[linkKey]*link
 	addrs  []string
@@ -1629,11 +1629,11 @@ type linkPool struct {
 // run side by side (ecSend).
 type linkKey struct{ host, rank, lane int }
 
-func newLinkPool(h *Host) *linkPool { return &linkPool{h: h, links: map[linkKey]*link{}} }
+func newLinkPool(h *Keeper) *linkPool { return &linkPool{h: h, links: map[linkKey]*link{}} }
 
 // SetAddrs sets the replication address of every host (indexed by host).
 // Replications waiting to retry try again at once.
-func (h *Host) SetAddrs(addrs []string) {
+func (h *Keeper) SetAddrs(addrs []string) {
 	h.links.mu.Lock()
 	h.links.addrs = slices.Clone(addrs)
 	h.links.mu.Unlock()

@@ -14,7 +14,7 @@ import (
 // stepFrame is rank 0's step of propRegions (those in only, if not nil),
 // filled with fill+i, as its host would send it to rank 1 on h: the
 // put's header, table, data and encoded frame.
-func stepFrame(t *testing.T, h *Host, step int64, fill byte, only map[string][]byte) (linkHdr, []tableEntry, [][]byte, []byte) {
+func stepFrame(t *testing.T, h *Keeper, step int64, fill byte, only map[string][]byte) (linkHdr, []tableEntry, [][]byte, []byte) {
 	t.Helper()
 	var tab []tableEntry
 	var data [][]byte
@@ -36,7 +36,7 @@ func stepFrame(t *testing.T, h *Host, step int64, fill byte, only map[string][]b
 
 // holderOfRank0 starts hosts 0 and 1, each holding the other's rank's
 // replicas, protects steps 0 to 2, and returns host 1.
-func holderOfRank0(t *testing.T) *Host {
+func holderOfRank0(t *testing.T) *Keeper {
 	t.Helper()
 	c := newCluster(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, nil)
 	rs := []*sessRank{newSessRank(t, c.hosts[0], 0), newSessRank(t, c.hosts[1], 1)}

@@ -44,7 +44,7 @@ func BenchmarkTier2Restore(b *testing.B) {
 
 	// train runs steps 0..last on rank 0 of a cluster in protect mode
 	// mod, holder rank 1 on host 1, and returns the cluster.
-	train := func(mod func(*HostConfig)) *cluster {
+	train := func(mod func(*Config)) *cluster {
 		c := newClusterWith(b, [][]int{{0}, {1}}, [][]int{{1}, nil}, func(int) []int { return []int{0, 1} }, mod)
 		cl, err := protect.Connect(ctx, regions, protect.Options{Socket: c.sockets[0], Optimizer: opt})
 		if err != nil {

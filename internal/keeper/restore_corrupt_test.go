@@ -8,9 +8,9 @@ import (
 )
 
 // flipHeld flips a byte of every copy of owner's step that host h's
-// store keeps (as Host.FlipReplicas does, which refuses under erasure
+// store keeps (as Keeper.FlipReplicas does, which refuses under erasure
 // coding): it reports how many it flipped.
-func flipHeld(h *Host, owner int, step int64) int {
+func flipHeld(h *Keeper, owner int, step int64) int {
 	st := h.store
 	st.mu.Lock()
 	o := st.owners[owner]
@@ -71,7 +71,7 @@ func TestECRestoreCorruptClearCopy(t *testing.T) {
 }
 
 // TestCorruptNoteStale: the note of a restore that failed on corrupt
-// copies (Host.TakeCorruptCopies) is reported only with an exit of the
+// copies (Keeper.TakeCorruptCopies) is reported only with an exit of the
 // generation whose restore left it: a later restore forgets it whatever
 // its outcome (here one from the rank's own slot), as does the spawn of
 // a new process for the rank (ForgetCorruptCopies), and a note of
@@ -81,14 +81,14 @@ func TestCorruptNoteStale(t *testing.T) {
 	peers := func(int) []int { return []int{0, 1, 2} }
 	for _, tc := range []struct {
 		name   string
-		noteIn func(h *Host) uint64 // the generation the note is of
-		then   func(t *testing.T, h *Host, r0 *sessRank)
+		noteIn func(h *Keeper) uint64 // the generation the note is of
+		then   func(t *testing.T, h *Keeper, r0 *sessRank)
 		want   bool
 	}{
-		{"this generation's", (*Host).Gen, func(*testing.T, *Host, *sessRank) {}, true},
-		{"another generation's", func(h *Host) uint64 { return h.Gen() + 1 }, func(*testing.T, *Host, *sessRank) {}, false},
-		{"a new process", (*Host).Gen, func(_ *testing.T, h *Host, _ *sessRank) { h.ForgetCorruptCopies(0) }, false},
-		{"a later restore from the rank's own slot", (*Host).Gen, func(t *testing.T, _ *Host, r0 *sessRank) {
+		{"this generation's", (*Keeper).Gen, func(*testing.T, *Keeper, *sessRank) {}, true},
+		{"another generation's", func(h *Keeper) uint64 { return h.Gen() + 1 }, func(*testing.T, *Keeper, *sessRank) {}, false},
+		{"a new process", (*Keeper).Gen, func(_ *testing.T, h *Keeper, _ *sessRank) { h.ForgetCorruptCopies(0) }, false},
+		{"a later restore from the rank's own slot", (*Keeper).Gen, func(t *testing.T, _ *Keeper, r0 *sessRank) {
 			if res := r0.restore(context.Background()); res.Err != "" || res.Tier != 1 {
 				t.Fatalf("rank 0's restore from its own slot: %+v", res)
 			}

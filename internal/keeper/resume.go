@@ -31,7 +31,7 @@ var ErrPreloaded = errors.New("rank: the rank's protected state exists already")
 // the next one). It must be called before the rank says ProtectHello: the
 // rank's first ProtectHello must then declare exactly regions. On error
 // nothing is kept (the files are removed) and the rank starts afresh.
-func (h *Host) Preload(r int, regions []protect.Region, step int64, fill func(views [][]byte) (adamT int, err error)) error {
+func (h *Keeper) Preload(r int, regions []protect.Region, step int64, fill func(views [][]byte) (adamT int, err error)) error {
 	s := h.place().svcs[r]
 	if s == nil {
 		return fmt.Errorf("rank: rank %d does not run on host %d", r, h.cfg.Host)
@@ -155,7 +155,7 @@ func (s *service) helloPreloaded(req *protect.ProtectHello) (*protect.ProtectWel
 // its slots, which must hold no committed step at or after step (Restart
 // discarded them) and regions equal to the rank's, and it reports true.
 // It must be called before the rank's next ProtectHello.
-func (h *Host) Reload(r int, regions []protect.Region, step int64, fill func(views [][]byte) (adamT int, err error)) (bool, error) {
+func (h *Keeper) Reload(r int, regions []protect.Region, step int64, fill func(views [][]byte) (adamT int, err error)) (bool, error) {
 	s := h.place().svcs[r]
 	if s == nil {
 		return false, fmt.Errorf("rank: rank %d does not run on host %d", r, h.cfg.Host)

@@ -65,7 +65,7 @@ func durableRegions(rs []protect.Region) []durable.Region {
 func diskCluster(t *testing.T, dir string, mode protect.ProtectMode) *cluster {
 	t.Helper()
 	peers := func(int) []int { return []int{0, 1} }
-	mod := func(c *HostConfig) {
+	mod := func(c *Config) {
 		diffLogMod(dir, 4)(c)
 		c.Mode = mode
 	}

@@ -142,7 +142,7 @@ func closeHeldUp(s *service) bool {
 }
 
 // TestFirstPlacementSame: the first SetPlacement, from the epoch table of
-// the placement the Host was made with (the agent's first table), changes
+// the placement the Keeper was made with (the agent's first table), changes
 // nothing: no new placement (stages waiting go on waiting), the holders'
 // acknowledgements are kept.
 func TestFirstPlacementSame(t *testing.T) {
@@ -153,7 +153,7 @@ func TestFirstPlacementSame(t *testing.T) {
 		t.Fatal(err)
 	}
 	if seq := c.hosts[0].place().seq; seq != 0 {
-		t.Errorf("the Host's own placement given again made placement %d", seq)
+		t.Errorf("the Keeper's own placement given again made placement %d", seq)
 	}
 	if p := c.progress(0); p.Replicated != 1 {
 		t.Errorf("rank 0's Replicated after its placement was given again: %d, want 1", p.Replicated)

@@ -42,7 +42,7 @@ func trunc(s string) string {
 // service is one local rank's state protection. Requests come from the
 // rank's sessions (normally one) and are served one at a time.
 type service struct {
-	h    *Host
+	h    *Keeper
 	rank int
 	// life ends when the service closes (the rank left the host, or the
 	// host stops): it ends the requests in flight.
@@ -134,7 +134,7 @@ type service struct {
 	holds [2]chan struct{}
 }
 
-func newService(h *Host, rank int) *service {
+func newService(h *Keeper, rank int) *service {
 	s := &service{h: h, rank: rank, committed: noStep, lastGrad: noStep, slotStep: [2]int64{noStep, noStep}, failed: make(chan struct{})}
 	// Two records: in steady state one is being sent while the next
 	// step's is encoded.
@@ -427,7 +427,7 @@ func (s *service) gradSize() int64 {
 // With reduced > 0 each half also has a deposit area of reduced float32s
 // after the page that ends the gradient (GradientFile.Deposit), left
 // sparse: a deposit plan allocates its ranges (localpeer.go). The
-// caller holds the rank's names lock (Host.names); it does not take it
+// caller holds the rank's names lock (Keeper.names); it does not take it
 // itself: the lock does not nest (ckpt.Claim.Names).
 func (s *service) createGradient(size, reduced int64) error {
 	end, dep := size, int64(0)

@@ -142,7 +142,7 @@ func TestDiffGetReplayDiffers(t *testing.T) {
 
 // getFrom fetches owner's replicated regions at step from holder rank
 // holder (on its host) to host from, as restoreRemote does.
-func getFrom(from *Host, holder, owner int, step int64) (map[string][]byte, error) {
+func getFrom(from *Keeper, holder, owner int, step int64) (map[string][]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	got := map[string][]byte{"optimizer": make([]byte, diffRegions[0].Size), "meta": make([]byte, 64)}
