@@ -60,7 +60,7 @@ class FakeService:
         # The epoch and its rendezvous address, as Welcome and Epoch say.
         self.epoch, self.master = 3, ("10.0.0.1", 29500)
         # A new placement since the last restore: stages are refused with
-        # new_placement (rank/PROTOCOL.md), as the real service's that
+        # new_placement (protect/PROTOCOL.md), as the real service's that
         # would wait at the overwrite rule.
         self.placed_anew = False
         self.lock = threading.Lock()

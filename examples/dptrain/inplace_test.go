@@ -81,7 +81,7 @@ func (e *epochWorlds) join(rank int) (collectives, func(context.Context) (collec
 	return &fakeComm{w, rank}, rebuild
 }
 
-// protCluster is gorun's state protection in process: a rank.Host per
+// protCluster is gorun's state protection in process: a keeper.Keeper per
 // host (the last ones spares), replicating over loopback, each rank's
 // socket served by the host the rank is placed on, and G published as
 // the launcher does (the minimum of the ranks' Replicated, never going

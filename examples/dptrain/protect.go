@@ -13,7 +13,7 @@ import (
 )
 
 // protector is what the trainer needs from gorun's state protection;
-// *rank.Client implements it.
+// *protect.Client implements it.
 type protector interface {
 	Restore(ctx context.Context) (*protect.Restored, error)
 	Stage(ctx context.Context, step int64, data map[string][][]byte) error

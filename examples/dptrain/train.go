@@ -49,7 +49,7 @@ type runOptions struct {
 	bounds []int                // shard boundaries, len size+1; nil means shardBounds
 	crash  func(step int) error // FailRank calls it at FailAtStep; nil returns errCrashed
 	// protect connects to the state protection with the rank's regions
-	// (with Config.Protect); nil: rank.Connect.
+	// (with Config.Protect); nil: protect.Connect.
 	protect func(ctx context.Context, regions []protect.Region, opt protect.Options) (protector, error)
 	// rebuild joins the next epoch's world once gorun has published it
 	// (comm.Comm.Rebuild), bounded by ctx; the old world is closed. Nil:

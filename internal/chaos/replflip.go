@@ -17,7 +17,7 @@ import (
 // lost. The harness cannot reach an agent's memory: every job runs with
 // GORUN_DEBUG_FLIP_REPLICAS naming a file in its run's directory
 // (internal/agent/debugflip.go, a debugging aid), and the holder's agent,
-// sent SIGUSR2, flips its replicas (rank.Host.FlipReplicas) and writes a
+// sent SIGUSR2, flips its replicas (keeper.Keeper.FlipReplicas) and writes a
 // line per buffer it flipped, then "done HOST N".
 
 // flipEnv is the agents' debugging hook (internal/agent's debugFlipEnv).

@@ -8,7 +8,7 @@ import (
 
 // ECFlows is what gorun's erasure coding moves for one group of K+M hosts,
 // each running RanksPerHost ranks, in units of one rank's shard m, as the
-// wire protocol does it (rank/PROTOCOL.md "Erasure coding" and "Restore"):
+// wire protocol does it (protect/PROTOCOL.md "Erasure coding" and "Restore"):
 //
 //   - per committed step, each rank computes its share of each of the M
 //     parity rows, every share as long as its shard (ckpt.Codec.Share),
