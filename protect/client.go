@@ -58,7 +58,7 @@ type Client struct {
 	unmaps  []func() error
 	grad    [2][]byte // the gradient buffer's halves (ping-pong by step parity)
 	welcome ProtectWelcome
-	// dep are the halves' deposit areas (localpeer.go), or nil.
+	// dep are the halves' deposit areas (internal/keeper/localpeer.go), or nil.
 	dep [2][]byte
 
 	depMu   sync.Mutex   // guards depPlan (the background staging updates it)

@@ -88,7 +88,7 @@ type Optimizer struct {
 	V      int64  `json:"v"`
 	// Reduced, if set, declares that the rank's shard gradient is a
 	// slice of a reduced gradient every data-parallel peer holds
-	// bitwise (localpeer.go): what lets a holder take it from a local
+	// bitwise (internal/keeper/localpeer.go): what lets a holder take it from a local
 	// peer instead of the network.
 	Reduced *Reduced `json:"reduced,omitempty"`
 }

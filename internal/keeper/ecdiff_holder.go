@@ -10,7 +10,7 @@ package keeper
 //     already depends on;
 //   - the log-only holders (Placement.Logs) keep the owner's
 //     differentials after H with no base (ownerReplica.log);
-//   - the parity rows keep H's buffer (ecstore.go, bufFor).
+//   - the parity rows keep H's buffer (paritystore.go, bufFor).
 
 import (
 	"errors"

@@ -124,14 +124,14 @@ type ownerReplica struct {
 	// steps after g of its own generation, as full mode keeps buffers.
 	sumGen map[int64]uint64
 	// diverged: a fold found that the replay of the owner's
-	// differentials differs from its commit (diff.go, foldLoop); the
+	// differentials differs from its commit (difffold.go, foldLoop); the
 	// owner's differentials are refused with failDiverged until a base
 	// or a restart.
 	diverged   *CorruptError
 	held       uint64      // the bytes reserved for the stores (replicaStore.reserve)
 	foldQueued atomic.Bool // queued for the fold goroutine
 	// recs holds the owner's record buffers its stores handed back,
-	// for the next differentials' records (diff.go, recPool).
+	// for the next differentials' records (diffholder.go, recPool).
 	recs recPool
 	// chunk is the buffer a base's or a refresh's chunks are read into
 	// before they are copied into the store (guarded by mu), kept from
