@@ -40,7 +40,7 @@ import (
 //     a rank whose saves failed or were skipped where the others' were
 //     not gets its base files back, and the tier never stalls for good.
 //     Only steps at or below G: a recovery resumes from G and forgets
-//     every rank's saves after it (rank/persist.go), so a commit past G
+//     every rank's saves after it (internal/keeper/persist.go), so a commit past G
 //     could name a version no rank keeps;
 //   - at the end of the job the last decision is final (no report is
 //     taken in once the ranks ended): the OpExit that ends the agents

@@ -203,7 +203,7 @@ func readFlips(path string) []string {
 // them survives if a holder on neither the lost host nor the flipped one
 // has its copy (README, --redundancy: "replicas:K: whole copies on K
 // other hosts"; a restore checks every region against the owner's
-// CRC32C and takes another holder's copy: rank/restore.go). A rank whose
+// CRC32C and takes another holder's copy: internal/keeper/restore.go). A rank whose
 // only copies left are the flipped ones survives too when the durable
 // tier had a version committed at injection (durable): its restore
 // reports the copies corrupt, the launcher counts them lost, and the job
