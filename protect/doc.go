@@ -5,8 +5,10 @@
 // A trainer started by gorun calls [Connect] with the regions of its
 // state (optimizer, params, ...): the [Client] speaks to the rank service
 // of its host on the rank socket (PROTOCOL.md) and maps the state's two
-// ping-pong slot files. [Client.Restore] says from which step to resume
-// (a restarted rank's state is restored into a slot first). Each step,
+// ping-pong slot files. Once, before staging, [Client.Restore] gives the
+// step to resume from (G, the globally recoverable step; -1 for a fresh
+// start) and views of its regions, from this host's slots or other
+// hosts' copies. Each step,
 // [Client.Stage] copies the step into the staging slot in the background
 // while the trainer computes (as a GPU's copy engine would) and commits
 // it; [Client.Wait] before the next optimizer step is the one
