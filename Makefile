@@ -146,7 +146,7 @@ bench-protect: build
 # AVX-512 kernels where the toolchain has them, as make build).
 bench-tier2:
 	@if $(SIMD_PROBE); then simd=$${GOEXPERIMENT:+$$GOEXPERIMENT,}simd; else simd=$$GOEXPERIMENT; fi; \
-	GOEXPERIMENT=$$simd GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench BenchmarkTier2Restore -benchtime 5x -timeout 20m -v ./rank/ | grep -v '^=== '
+	GOEXPERIMENT=$$simd GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench BenchmarkTier2Restore -benchtime 5x -timeout 20m -v ./internal/keeper/ | grep -v '^=== '
 
 # The durable tier (--ckpt-dir, issue 17): one 1 GiB checkpoint saved by
 # package durable beside dd if=/dev/zero bs=4M conv=fsync of 1 GiB to the
@@ -186,9 +186,9 @@ bench-ec: build
 	$(GO) run ./internal/benchprotect -gorun $(BIN)/gorun -dptrain $(BIN)/dptrain -hosts 4 -ranks 4 -modes full -redundancy replicas:1,ec:2+2 -cpu-compute 0
 	$(GO) run ./internal/benchprotect -gorun $(BIN)/gorun -dptrain $(BIN)/dptrain -hosts 4 -ranks 4 -modes diff -redundancy replicas:2,ec:2+2 -base-every 8 -state-mib 128 -cpu-compute 0
 	GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench BenchmarkCodecEncode -benchtime 3x ./ckpt/ | grep -v '^=== '
-	GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench BenchmarkECPipeline -benchtime 5x ./rank/ | grep -v '^=== '
+	GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench BenchmarkECPipeline -benchtime 5x ./internal/keeper/ | grep -v '^=== '
 	@if $(SIMD_PROBE); then simd=$${GOEXPERIMENT:+$$GOEXPERIMENT,}simd; else simd=$$GOEXPERIMENT; fi; \
-	GOEXPERIMENT=$$simd GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench 'BenchmarkTier2Restore$$|BenchmarkECRestore' -benchtime 5x -timeout 20m -v ./rank/ | grep -v '^=== '
+	GOEXPERIMENT=$$simd GORUN_BENCH_STATE_MIB=256 $(GO) test -run '^$$' -bench 'BenchmarkTier2Restore$$|BenchmarkECRestore' -benchtime 5x -timeout 20m -v ./internal/keeper/ | grep -v '^=== '
 
 # The chaos suite (internal/chaos, issue 21): RUNS jobs on namespace hosts
 # (root and ip netns) under random configurations, each with one random
@@ -207,7 +207,7 @@ chaos:
 # Short fuzzing of every parser (go test -fuzz runs one target at a time).
 FUZZTIME ?= 20s
 fuzz:
-	@for p in ./topology/ ./internal/wire/ ./comm/ ./replay/ ./ckpt/ ./rank/ ./internal/agent/ ./hotswap/ ./durable/ ./gpu/; do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
+	@for p in ./topology/ ./internal/wire/ ./comm/ ./replay/ ./ckpt/ ./internal/keeper/ ./internal/agent/ ./hotswap/ ./durable/ ./gpu/; do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
 		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$p || exit 1; done; done
 
 lint:

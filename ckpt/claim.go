@@ -121,7 +121,7 @@ const NamesWait = 30 * time.Second
 // Calls do not nest: OFD locks are not counted, so an inner Names's
 // unlock releases the outer's lock. Nor do they exclude each other
 // within one process (the process holds the lock on one descriptor):
-// its callers of one rank exclude each other otherwise (in package rank,
+// its callers of one rank exclude each other otherwise (in package internal/keeper,
 // a rank's service mutex, and Preload coming before the rank's
 // ProtectHello).
 func (c *Claim) Names(rank int, fn func() error) error {

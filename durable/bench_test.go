@@ -24,7 +24,7 @@ import (
 // the save's MB/s, dd's, and the save's throughput as a percentage of
 // dd's (target ≥ 90), for several writer counts and chunk sizes (make
 // bench-persist). It also reports how long the save took to read its
-// source (until copied: a rank's slot is held that long, package rank),
+// source (until copied: a rank's slot is held that long, package internal/keeper),
 // as a percentage of the save's time ("held-%"), and the CPU time the
 // process spent per save ("cpu-ms/save", user and system: the copies,
 // CRCs and system calls, not the kernel's writeback threads), with the

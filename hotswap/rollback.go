@@ -31,13 +31,13 @@ import (
 // replacement takes the lost host's places in its groups (ecSplice), and
 // at T every clear copy and every parity share is marked missing: the
 // rows and clear copies the survivors keep are of later steps (a restart
-// to T empties the rows of steps after T, rank.Host.Restart), so every
+// to T empties the rows of steps after T, keeper.Keeper.Restart), so every
 // owner re-encodes its shares of T from its reloaded slot and the rows
 // count again once it reports Replicated, as after any splice.
 //
 // In diff mode under erasure coding the base schedule restarts from T:
 // T is b_0, as the first committed step is at the job's start, H goes
-// back to -1 (the launcher's and every host's, rank.Host.RollBack) and
+// back to -1 (the launcher's and every host's, keeper.Keeper.RollBack) and
 // every owner codes T again in the new placement. So at T every clear
 // copy, parity share, log copy and retained snapshot is missing, and the
 // caller reports Replicated only once H reached T and every rank coded

@@ -53,7 +53,7 @@ type Config struct {
 	// outnumber them).
 	GPUsPerRank int
 	// Replicas is how many other hosts keep a copy of each rank's
-	// protected state (--replicas; state protection, package rank).
+	// protected state (--replicas; state protection, package internal/keeper).
 	// ReplicasSet says it was asked for: then a placement that cannot
 	// give every rank that many holders is an error, where the default
 	// (1) quietly protects on each rank's own host only.
@@ -74,7 +74,7 @@ type Config struct {
 	// as Diff says. ModeDiff needs Replicas of 1 or more, or an erasure
 	// code: then only base steps are coded, and each rank's
 	// differentials since the newest coded base are kept on M hosts
-	// (topology.ECLogHolders; rank/PROTOCOL.md "Erasure coding and diff
+	// (topology.ECLogHolders; protect/PROTOCOL.md "Erasure coding and diff
 	// mode").
 	ProtectMode ProtectMode
 	// Diff configures ModeDiff; it must be zero in ModeFull.
@@ -396,7 +396,7 @@ const ecDiffBaseRatio = 4
 // ec:K+M with --base-every above 4 × --diff-fold. Only base steps are
 // erasure coded there, so the differentials after the newest coded base
 // cannot fold into one: each of a rank's M log holders keeps up to
-// base-every + refresh steps of them (rank/PROTOCOL.md "Erasure coding and
+// base-every + refresh steps of them (protect/PROTOCOL.md "Erasure coding and
 // diff mode"). cfg must have been checked (the defaults filled in).
 func (cfg *Config) ECDiffWarning() string {
 	d := cfg.Diff

@@ -35,17 +35,17 @@ import (
 //     good, and no step at or below a published X is committed later. The
 //     launcher publishes the commit record's step D and X (GlobalStep.D
 //     and X), on which the agents reclaim what is older than D and free
-//     every version at or below X other than D's (rank.Host.SetDurable):
+//     every version at or below X other than D's (keeper.Keeper.SetDurable):
 //     a rank whose saves failed or were skipped where the others' were
 //     not gets its base files back, and the tier never stalls for good.
 //     Only steps at or below G: a recovery resumes from G and forgets
-//     every rank's saves after it (rank/persist.go), so a commit past G
+//     every rank's saves after it (internal/keeper/persist.go), so a commit past G
 //     could name a version no rank keeps;
 //   - at the end of the job the last decision is final (no report is
 //     taken in once the ranks ended): the OpExit that ends the agents
 //     carries D and X as last published (job.exitControl), and each
 //     agent's host applies them to its stores before it closes them
-//     (rank.Host.Close, bounded; a host that cannot says what it
+//     (keeper.Keeper.Close, bounded; a host that cannot says what it
 //     leaves), even if it never handled the G that carried them. So a
 //     job that ends well leaves the final commit record and nothing
 //     older it makes useless, and -v's footprint, printed after the

@@ -283,7 +283,7 @@ func (j *job) finish() {
 // here on (no progress is taken in after the ranks ended), and an agent
 // that has not handled the G that carried them (it raced the exit: the
 // commit decided as the ranks ended) applies them before it closes its
-// stores (rank.Host.Close; bounded, the agent warns if it cannot).
+// stores (keeper.Keeper.Close; bounded, the agent warns if it cannot).
 func (j *job) exitControl() *wire.Control {
 	c := &wire.Control{Op: wire.OpExit}
 	if j.dur != nil && j.prog != nil {

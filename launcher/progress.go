@@ -335,7 +335,7 @@ func (p *progress) republish() {
 // the restart that follows, and publishes it. In diff mode under erasure
 // coding H goes back to -1 (and every rank's Base with it): the base
 // schedule restarts from t, its b_0, as at the job's start (the hosts
-// forget H too, rank.Host.RollBack), and H rises again only from the
+// forget H too, keeper.Keeper.RollBack), and H rises again only from the
 // new generation's reports, to t once every rank coded it. The old
 // schedule's bases are never named again, past t or not.
 func (p *progress) rollback(t int64) {

@@ -3,7 +3,7 @@
 A rank started by gorun protects its training state by talking to its rank
 service over the Unix socket named by ``GORUN_SOCKET``. The protocol is
 described in ``internal/wire/PROTOCOL.md`` (framing, Hello/Welcome/Epoch/
-Error) and ``rank/PROTOCOL.md`` (messages 16-27). The state's bytes never
+Error) and ``protect/PROTOCOL.md`` (messages 16-27). The state's bytes never
 cross the socket: the service creates shared-memory files holding two slots
 per region, this module maps them, and the trainer's bytes are copied into
 them between a Stage and a Commit request.
@@ -82,7 +82,7 @@ __all__ = ["Client", "Protection", "GorunError", "ProtocolError",
 MAX_FRAME = 64 << 20
 MAX_STEP = 2**53 - 1
 
-# Message types (internal/wire/PROTOCOL.md, rank/PROTOCOL.md).
+# Message types (internal/wire/PROTOCOL.md, protect/PROTOCOL.md).
 HELLO, WELCOME, ERROR, EPOCH = 1, 2, 5, 6
 PROTECT_HELLO, PROTECT_WELCOME = 16, 17
 STAGE, STAGED = 18, 19
@@ -119,7 +119,7 @@ class ServiceError(GorunError):
 class EpochChanged(ServiceError):
     """A stage refused because gorun moved the job to a new epoch.
 
-    The answer said ``"new_placement": true`` (rank/PROTOCOL.md, "Stage and
+    The answer said ``"new_placement": true`` (protect/PROTOCOL.md, "Stage and
     Commit"): a host was replaced under ``--recovery in-place``. The rank
     restores again (Protection.restore_slot: every rank rolls back to G)
     and goes on from there; the connection stays usable.

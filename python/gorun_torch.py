@@ -20,7 +20,7 @@ step every rank committed, without reading anything from disk; with spares
 their replica holders and a data-parallel peer.
 
 What is protected, in the rank's regions (python/gorun_rank.py,
-rank/PROTOCOL.md):
+protect/PROTOCOL.md):
 
 - ``params``: every parameter of the model (and of the optimizer, if it
   has some that are not the model's) and, by default, the

@@ -60,7 +60,7 @@ class FakeService:
         # The epoch and its rendezvous address, as Welcome and Epoch say.
         self.epoch, self.master = 3, ("10.0.0.1", 29500)
         # A new placement since the last restore: stages are refused with
-        # new_placement (rank/PROTOCOL.md), as the real service's that
+        # new_placement (protect/PROTOCOL.md), as the real service's that
         # would wait at the overwrite rule.
         self.placed_anew = False
         self.lock = threading.Lock()
@@ -186,7 +186,7 @@ class FakeService:
 
     def commit(self, req: dict) -> tuple[int, dict] | None:
         if self.staged is None or self.staged[0] != req["step"]:
-            # rank/service.go: an err answer, the connection kept.
+            # internal/keeper/service.go: an err answer, the connection kept.
             return 21, {"step": req["step"],
                         "err": f"step {req['step']} is not the step staged"}
         step, slot = self.staged
@@ -535,7 +535,7 @@ class GorunRankTest(unittest.TestCase):
                          state(2))
         self.assertEqual(prot.restore(), (2, state(2)))
         # A commit of a step not staged: the service's err (as
-        # rank/service.go answers it), the connection kept.
+        # internal/keeper/service.go answers it), the connection kept.
         with self.assertRaisesRegex(ServiceError, "not the step staged"):
             prot.commit(9)
         self.assertEqual(prot.restore_slot(), (2, self.svc.newest()[1]))

@@ -4,7 +4,7 @@ import (
 	"strings"
 
 	"github.com/gorun/gorun/launcher"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 )
 
 // The durable tier's flags: --ckpt-dir, --ckpt-every, --ckpt-concurrency,
@@ -77,12 +77,12 @@ func (o *runOptions) parseDurable(set map[string]bool) error {
 		return usagef("--ckpt-concurrency must be 1 to %d, not %d", launcher.MaxCkptConcurrency, d.Concurrency)
 	case !(d.Overhead > 0 && d.Overhead < 1):
 		return usagef("--ckpt-overhead must be more than 0 and less than 1, not %v", d.Overhead)
-	case set["diff-batch"] && o.protectMode != rank.ModeDiff:
+	case set["diff-batch"] && o.protectMode != protect.ModeDiff:
 		return usagef("--diff-batch only applies with --protect-mode diff")
 	case d.DiffBatch < 1 || d.DiffBatch > launcher.MaxDiffBatch:
 		return usagef("--diff-batch must be 1 to %d, not %d", launcher.MaxDiffBatch, d.DiffBatch)
 	}
-	if o.protectMode != rank.ModeDiff {
+	if o.protectMode != protect.ModeDiff {
 		d.DiffBatch = 0
 	}
 	return nil

@@ -18,7 +18,7 @@ import (
 	"github.com/gorun/gorun/gpu"
 	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/launcher"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 	"github.com/gorun/gorun/topology"
 )
 
@@ -40,7 +40,7 @@ type runOptions struct {
 	replicas      int
 	replicasSet   bool
 	ecK, ecM      int // --redundancy ec:K+M (ecK 0: replicas)
-	protectMode   rank.ProtectMode
+	protectMode   protect.ProtectMode
 	diff          launcher.DiffOptions
 	durable       launcher.DurableOptions // ckpt_flags.go
 	maxRestarts   int
@@ -212,12 +212,12 @@ const (
 // the flags given) and keeps them in o: the diff settings only in diff
 // mode, where they are given to the launcher whole (defaults included).
 func (o *runOptions) parseProtect(mode string, set map[string]bool) error {
-	m, err := rank.ParseProtectMode(mode)
+	m, err := protect.ParseProtectMode(mode)
 	if err != nil {
 		return usagef("--protect-mode %s: want full or diff", mode)
 	}
 	o.protectMode = m
-	if m != rank.ModeDiff {
+	if m != protect.ModeDiff {
 		for _, f := range []string{"diff-fold", "base-every", "diff-codec"} {
 			if set[f] {
 				return usagef("--%s only applies with --protect-mode diff", f)
@@ -235,7 +235,7 @@ func (o *runOptions) parseProtect(mode string, set map[string]bool) error {
 	if o.diff.BaseEvery < 1 || int64(o.diff.BaseEvery) > launcher.MaxBaseEvery {
 		return usagef("--base-every must be 1 to 2^31, not %d", o.diff.BaseEvery)
 	}
-	if _, err := rank.ParseDiffCodec(o.diff.Codec); err != nil {
+	if _, err := protect.ParseDiffCodec(o.diff.Codec); err != nil {
 		return usagef("--diff-codec: %v", err)
 	}
 	return nil

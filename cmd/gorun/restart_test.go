@@ -17,7 +17,7 @@ import (
 
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/testcluster"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 )
 
 // Restart in place (--max-restarts) while the ranks that did not fail are
@@ -47,9 +47,9 @@ func helperRestart() int {
 	}
 	gen := os.Getenv("GORUN_RESTART_COUNT")
 	mode := os.Getenv("GORUNTEST_SURVIVOR")
-	var prot *rank.Client
+	var prot *protect.Client
 	if mode == "overwrite" {
-		p, err := rank.Connect(ctx, []rank.Region{{Name: "optimizer", Size: 64}, {Name: "meta", Size: 16}}, rank.Options{})
+		p, err := protect.Connect(ctx, []protect.Region{{Name: "optimizer", Size: 64}, {Name: "meta", Size: 16}}, protect.Options{})
 		if err != nil {
 			return fail("state protection", err)
 		}

@@ -1,6 +1,6 @@
 package main
 
-import "github.com/gorun/gorun/rank"
+import "github.com/gorun/gorun/protect"
 
 // The flags of `gorun [run]`: runFlags is their one description, from
 // which parseRun registers them and usageText is made; README's flag
@@ -76,7 +76,7 @@ With --protect-mode diff only the bases are coded
 and M is at most 16`},
 		{names: []string{"--replicas"}, arg: "K", group: groupFault, define: intFlag(&o.replicas, 1),
 			help: "the same as --redundancy replicas:K (0 to 8; default 1)"},
-		{names: []string{"--protect-mode"}, arg: "full|diff", group: groupFault, define: strFlag(&a.protectMode, string(rank.ModeFull)),
+		{names: []string{"--protect-mode"}, arg: "full|diff", group: groupFault, define: strFlag(&a.protectMode, string(protect.ModeFull)),
 			help: `full: every step's protected state is copied whole to
 its holders (any trainer); diff: only each step's
 gradient and hyper-parameters, with a base every

@@ -117,7 +117,7 @@
 // holders replay it bitwise). Without --device-grad the gradient of its
 // shard is a slice of the exactly reduced gradient every rank holds: the
 // rank declares it (rank.Optimizer.Reduced) and writes, from the same
-// sums, the slices its deposit plan asks for (rank.Client.Deposits), so
+// sums, the slices its deposit plan asks for (protect.Client.Deposits), so
 // that a holder on its host takes its peers' gradients from it, not from
 // the network ("local peer" in gorun -v). With --device-grad each shard's
 // gradient is emulated on its own rank from its own weights, not reduced:

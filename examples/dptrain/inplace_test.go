@@ -14,8 +14,9 @@ import (
 
 	"github.com/gorun/gorun/comm"
 	"github.com/gorun/gorun/internal/jobkey"
+	"github.com/gorun/gorun/internal/keeper"
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 	"github.com/gorun/gorun/replay"
 )
 
@@ -81,7 +82,7 @@ func (e *epochWorlds) join(rank int) (collectives, func(context.Context) (collec
 	return &fakeComm{w, rank}, rebuild
 }
 
-// protCluster is gorun's state protection in process: a rank.Host per
+// protCluster is gorun's state protection in process: a keeper.Keeper per
 // host (the last ones spares), replicating over loopback, each rank's
 // socket served by the host the rank is placed on, and G published as
 // the launcher does (the minimum of the ranks' Replicated, never going
@@ -90,7 +91,7 @@ type protCluster struct {
 	t      *testing.T
 	job    string
 	socks  []string
-	hosts  []*rank.Host
+	hosts  []*keeper.Keeper
 	closed []bool
 
 	mu      sync.Mutex // guards hostOf, holders, closed
@@ -107,7 +108,7 @@ type protCluster struct {
 // spares), rank r's replicas held by rank r+1 (mod nranks), in protect
 // mode mode (a diff-mode base every 4 steps, folds of 3: a 30-step run
 // sees both).
-func newProtCluster(t *testing.T, nranks, nhosts int, mode rank.ProtectMode) *protCluster {
+func newProtCluster(t *testing.T, nranks, nhosts int, mode protect.ProtectMode) *protCluster {
 	t.Helper()
 	secret, err := jobkey.NewSecret()
 	if err != nil {
@@ -133,14 +134,14 @@ func newProtCluster(t *testing.T, nranks, nhosts int, mode rank.ProtectMode) *pr
 		if h < nranks {
 			ranks = []int{h}
 		}
-		host, err := rank.NewHost(rank.HostConfig{
+		host, err := keeper.New(keeper.Config{
 			Job: c.job, LinkKey: secret.LinkKey(), Host: h, Hosts: nhosts, Ranks: ranks, Dir: t.TempDir(),
 			Holders: c.holders, Peers: func(int) []int { return all },
 			HostOf:   func(r int) int { c.mu.Lock(); defer c.mu.Unlock(); return c.hostOf[r] },
 			Listener: ln,
 			Changed:  func() { c.poke() },
 			Mode:     mode,
-			Diff:     rank.DiffConfig{Fold: 3, BaseEvery: 4, Codec: replay.Options{Lossless: true}},
+			Diff:     keeper.DiffConfig{Fold: 3, BaseEvery: 4, Codec: replay.Options{Lossless: true}},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -220,7 +221,7 @@ func (c *protCluster) acceptRank(ln net.Listener, r int) {
 			defer sess.Close() // as the agent does: the rank is gone with its socket
 			for {
 				typ, b, err := wire.ReadSock(conn)
-				if err != nil || !rank.IsRequest(typ) {
+				if err != nil || !protect.IsRequest(typ) {
 					return
 				}
 				at, ans, err := sess.Handle(context.Background(), typ, b)
@@ -276,10 +277,10 @@ func (c *protCluster) publishG(ctx context.Context) {
 }
 
 // connect is runOptions.protect for rank r.
-func (c *protCluster) connect(r int) func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error) {
-	return func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error) {
+func (c *protCluster) connect(r int) func(ctx context.Context, regions []protect.Region, opt protect.Options) (protector, error) {
+	return func(ctx context.Context, regions []protect.Region, opt protect.Options) (protector, error) {
 		opt.Socket = c.socks[r]
-		return rank.Connect(ctx, regions, opt)
+		return protect.Connect(ctx, regions, opt)
 	}
 }
 
@@ -308,7 +309,7 @@ func (c *protCluster) replace(r, spare int) {
 				mine = append(mine, x)
 			}
 		}
-		p := rank.Placement{Ranks: mine, HostOf: hostOf, Holders: holders, Sources: map[int]rank.Source{r: {Opt: holder, Params: holder}}}
+		p := keeper.Placement{Ranks: mine, HostOf: hostOf, Holders: holders, Sources: map[int]keeper.Source{r: {Opt: holder, Params: holder}}}
 		if err := host.SetPlacement(p); err != nil {
 			c.t.Errorf("host %d: SetPlacement: %v", h, err)
 		}
@@ -316,7 +317,7 @@ func (c *protCluster) replace(r, spare int) {
 }
 
 // progress is rank r's protection progress on its host.
-func (c *protCluster) progress(r int) rank.Progress {
+func (c *protCluster) progress(r int) keeper.Progress {
 	c.mu.Lock()
 	h := c.hostOf[r]
 	c.mu.Unlock()
@@ -327,7 +328,7 @@ func (c *protCluster) progress(r int) rank.Progress {
 		}
 	}
 	c.t.Fatalf("no progress of rank %d on host %d", r, h)
-	return rank.Progress{}
+	return keeper.Progress{}
 }
 
 // inPlaceRun is one rank's outcome.
@@ -359,13 +360,13 @@ func TestInPlaceRecoveryReplacesRank(t *testing.T) {
 	want := mustRunWorld(t, size, testConfig(t), runOptions{})
 	for _, tc := range []struct {
 		name  string
-		mode  rank.ProtectMode
+		mode  protect.ProtectMode
 		again bool // a second epoch change during the recovery
 	}{
-		{"one epoch change", rank.ModeFull, false},
-		{"epoch changes again during recovery", rank.ModeFull, true},
-		{"diff mode", rank.ModeDiff, false},
-		{"diff mode, epoch changes again during recovery", rank.ModeDiff, true},
+		{"one epoch change", protect.ModeFull, false},
+		{"epoch changes again during recovery", protect.ModeFull, true},
+		{"diff mode", protect.ModeDiff, false},
+		{"diff mode, epoch changes again during recovery", protect.ModeDiff, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -393,7 +394,7 @@ func TestInPlaceRecoveryReplacesRank(t *testing.T) {
 			o := runOptions{errOut: outs[victim], protect: pc.connect(victim)}
 			if tc.again {
 				connect := o.protect
-				o.protect = func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error) {
+				o.protect = func(ctx context.Context, regions []protect.Region, opt protect.Options) (protector, error) {
 					p, err := connect(ctx, regions, opt)
 					ew.advance() // epoch 2, same placement
 					return p, err
@@ -434,17 +435,17 @@ func TestInPlaceRecoveryReplacesRank(t *testing.T) {
 				}
 				// Diff mode sends differentials (and bases), full mode
 				// none: the mode reached the trainer and was used.
-				if diff := tc.mode == rank.ModeDiff; diff != (p.ReplDiffBytes > 0) {
+				if diff := tc.mode == protect.ModeDiff; diff != (p.ReplDiffBytes > 0) {
 					t.Errorf("rank %d in %s mode: %d bytes of differentials sent", r, tc.mode, p.ReplDiffBytes)
 				}
 				// Every holder's host runs a data-parallel peer of its
 				// owner, whose reduced gradient (no --device-grad) has
 				// the owner's: the holders took gradients from it.
-				if tc.mode == rank.ModeDiff && p.DiffLocal == 0 {
+				if tc.mode == protect.ModeDiff && p.DiffLocal == 0 {
 					t.Errorf("rank %d: no differential taken from a local peer (%d with the record): %+v", r, p.DiffNet, p)
 				}
 			}
-			if tc.mode == rank.ModeDiff {
+			if tc.mode == protect.ModeDiff {
 				var folded int64
 				for _, h := range pc.hosts {
 					folded += h.FoldStats().Steps
@@ -489,7 +490,7 @@ func TestInPlaceRecoveryEnds(t *testing.T) {
 			cfg := testConfig(t, append([]string{"--fail-at-step", "5", "--fail-rank", "1"}, tc.args...)...)
 			var pc *protCluster
 			if tc.protect {
-				pc = newProtCluster(t, size, size, rank.ModeFull)
+				pc = newProtCluster(t, size, size, protect.ModeFull)
 			}
 			ew := newEpochWorlds(size)
 			var wg sync.WaitGroup

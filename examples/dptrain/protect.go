@@ -8,31 +8,31 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 	"github.com/gorun/gorun/replay"
 )
 
 // protector is what the trainer needs from gorun's state protection;
-// *rank.Client implements it.
+// *protect.Client implements it.
 type protector interface {
-	Restore(ctx context.Context) (*rank.Restored, error)
+	Restore(ctx context.Context) (*protect.Restored, error)
 	Stage(ctx context.Context, step int64, data map[string][][]byte) error
 	Wait(ctx context.Context) error
-	Stats() rank.Stats
+	Stats() protect.Stats
 	Close() error
 	// Mode, GradientBuffer and Gradient are differential protection
 	// (gorun --protect-mode diff): each step's gradient and
 	// hyper-parameters go to the service, which the holders replay.
-	Mode() rank.ProtectMode
+	Mode() protect.ProtectMode
 	GradientBuffer(step int64) []float32
 	Gradient(ctx context.Context, step int64, g []float32, h replay.Hyper) error
 	// Deposits are the ranges of the full reduced gradient the service
 	// asks this rank to write for the replica holders on its host that
 	// take a peer's gradient from it (rank.Optimizer.Reduced).
-	Deposits(step int64) ([]float32, []rank.DepositRange)
+	Deposits(step int64) ([]float32, []protect.DepositRange)
 }
 
-var _ protector = (*rank.Client)(nil)
+var _ protector = (*protect.Client)(nil)
 
 // metaSize is the meta region: magic, step, and a hash of what the state
 // depends on (so that a restart with other flags is refused, not resumed).
@@ -43,9 +43,9 @@ var metaMagic = [8]byte{'d', 'p', 't', 'r', 'a', 'i', 'n', '1'}
 // regions are the rank's protected regions: its optimizer shard (m, v and
 // the master weights) and meta. The parameters are not protected: they
 // are the master weights of all shards, gathered again after a restore.
-func (t *trainer) regions() []rank.Region {
+func (t *trainer) regions() []protect.Region {
 	n := int64(len(t.master))
-	return []rank.Region{{Name: "optimizer", Size: 3 * 4 * n}, {Name: "meta", Size: metaSize}}
+	return []protect.Region{{Name: "optimizer", Size: 3 * 4 * n}, {Name: "meta", Size: metaSize}}
 }
 
 // optimizer declares where the optimizer region holds the state
@@ -59,11 +59,11 @@ func (t *trainer) regions() []rank.Region {
 // rank takes the gradient from that rank's deposits instead of the
 // network. With --device-grad each shard's gradient is computed on its
 // own rank from its own weights, not reduced: no peer holds it.
-func (t *trainer) optimizer() *rank.Optimizer {
+func (t *trainer) optimizer() *protect.Optimizer {
 	n := int64(len(t.master))
-	o := &rank.Optimizer{Region: "optimizer", N: n, M: 0, V: 4 * n, W: 8 * n}
+	o := &protect.Optimizer{Region: "optimizer", N: n, M: 0, V: 4 * n, W: 8 * n}
 	if !t.cfg.DeviceGrad {
-		o.Reduced = &rank.Reduced{N: int64(t.cfg.Params), Off: int64(t.lo)}
+		o.Reduced = &protect.Reduced{N: int64(t.cfg.Params), Off: int64(t.lo)}
 	}
 	return o
 }

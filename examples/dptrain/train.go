@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/comm"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 )
 
 // collectives is what the trainer needs from its communicator.
@@ -47,8 +47,8 @@ type runOptions struct {
 	bounds []int                // shard boundaries, len size+1; nil means shardBounds
 	crash  func(step int) error // FailRank calls it at FailAtStep; nil returns errCrashed
 	// protect connects to the state protection with the rank's regions
-	// (with Config.Protect); nil: rank.Connect.
-	protect func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error)
+	// (with Config.Protect); nil: protect.Connect.
+	protect func(ctx context.Context, regions []protect.Region, opt protect.Options) (protector, error)
 	// rebuild joins the next epoch's world once gorun has published it
 	// (comm.Comm.Rebuild), bounded by ctx; the old world is closed. Nil:
 	// the rank cannot survive an epoch change.
@@ -156,17 +156,17 @@ func train(ctx context.Context, c collectives, cfg Config, o runOptions) (*resul
 	if cfg.Protect {
 		connect := o.protect
 		if connect == nil {
-			connect = func(ctx context.Context, regions []rank.Region, opt rank.Options) (protector, error) {
-				return rank.Connect(ctx, regions, opt)
+			connect = func(ctx context.Context, regions []protect.Region, opt protect.Options) (protector, error) {
+				return protect.Connect(ctx, regions, opt)
 			}
 		}
-		p, err := connect(ctx, t.regions(), rank.Options{Optimizer: t.optimizer()})
+		p, err := connect(ctx, t.regions(), protect.Options{Optimizer: t.optimizer()})
 		if err != nil {
 			return nil, fmt.Errorf("state protection: %w", err)
 		}
 		defer p.Close()
 		t.prot = p
-		t.diff = p.Mode() == rank.ModeDiff
+		t.diff = p.Mode() == protect.ModeDiff
 	}
 
 	res := &result{}
@@ -236,7 +236,7 @@ func (t *trainer) join(ctx context.Context, out io.Writer) (int, error) {
 // rule: the epoch is about to change), likewise.
 func (t *trainer) rebuildWorld(ctx context.Context, cause error) error {
 	epochChanged := errors.Is(cause, comm.ErrEpochChanged)
-	var se *rank.ServiceError
+	var se *protect.ServiceError
 	if !epochChanged && !errors.Is(cause, comm.ErrPeerLost) && !(errors.As(cause, &se) && se.Op == "stage") {
 		return cause
 	}
@@ -455,7 +455,7 @@ func (t *trainer) step(ctx context.Context, s int) (loss float64, logged bool, e
 	// host take from this rank (diff mode): written from the same sums,
 	// at no extra collective.
 	var red []float32
-	var deposits []rank.DepositRange
+	var deposits []protect.DepositRange
 	if t.diff {
 		red, deposits = t.prot.Deposits(int64(s))
 	}

@@ -25,8 +25,8 @@ import (
 	"github.com/gorun/gorun/gpu"
 	controlplane "github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/jobkey"
+	"github.com/gorun/gorun/internal/keeper"
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sync/errgroup"
 )
@@ -87,7 +87,7 @@ type Config struct {
 	discoverGPUs func(ctx context.Context, a *agent) *hostGPUs
 	// newHost, when not nil, replaces rank.NewHost (tests: they see the
 	// state protection's configuration).
-	newHost func(rank.HostConfig) (*rank.Host, error)
+	newHost func(keeper.Config) (*keeper.Keeper, error)
 	// shmDir, when not empty, replaces /dev/shm for Open MPI's
 	// directories and their sweep (tests).
 	shmDir string
@@ -484,7 +484,7 @@ func (a *agent) onControl(m *nats.Msg) (exit bool) {
 			// The durable tier's last watermark and resolved step, whether
 			// or not the G that carried them was handled before: the
 			// host applies them (bounded) before it closes its stores
-			// (rank.Host.Close, when the protection closes).
+			// (keeper.Keeper.Close, when the protection closes).
 			a.prot.host.SetDurable(stepOr(c.D), stepOr(c.X))
 		}
 		return true

@@ -12,7 +12,8 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/control"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/internal/keeper"
+	"github.com/gorun/gorun/protect"
 )
 
 // TestDebugFlipHook: with GORUN_DEBUG_FLIP_REPLICAS=FILE, SIGUSR2 makes
@@ -28,13 +29,13 @@ func TestDebugFlipHook(t *testing.T) {
 		// inProcess: the launcher host's agent, running inside gorun
 		// (Config.Dial set), which must not take gorun's SIGUSR2.
 		inProcess bool
-		mode      rank.ProtectMode
+		mode      protect.ProtectMode
 		want      string // FILE's content after one SIGUSR2
 	}{
-		{"unset", false, false, rank.ModeFull, ""},
-		{"in-process agent", true, true, rank.ModeFull, ""},
-		{"full mode", true, false, rank.ModeFull, "done 3 0\n"},
-		{"diff mode", true, false, rank.ModeDiff, "refused 3: " + rank.ErrFlipMode.Error() + "\n"},
+		{"unset", false, false, protect.ModeFull, ""},
+		{"in-process agent", true, true, protect.ModeFull, ""},
+		{"full mode", true, false, protect.ModeFull, "done 3 0\n"},
+		{"diff mode", true, false, protect.ModeDiff, "refused 3: " + keeper.ErrFlipMode.Error() + "\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "flips")
@@ -50,7 +51,7 @@ func TestDebugFlipHook(t *testing.T) {
 				}
 			}
 			a := &agent{cfg: cfg, log: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))}
-			h, err := rank.NewHost(rank.HostConfig{Job: "flip", Host: 3, Hosts: 4, HostOf: func(int) int { return 0 }, Log: a.log, Mode: tc.mode})
+			h, err := keeper.New(keeper.Config{Job: "flip", Host: 3, Hosts: 4, HostOf: func(int) int { return 0 }, Log: a.log, Mode: tc.mode})
 			if err != nil {
 				t.Fatal(err)
 			}

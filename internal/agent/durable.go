@@ -3,8 +3,9 @@ package agent
 import (
 	"fmt"
 
+	"github.com/gorun/gorun/internal/keeper"
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 )
 
 // The durable tier (gorun --ckpt-dir): the job spec's settings become
@@ -19,26 +20,26 @@ func parsePersist(s *wire.JobSpec, ps protectSettings) (protectSettings, error) 
 	if s.CkptDir == "" {
 		return ps, nil
 	}
-	if s.DiffBatch != 0 && ps.mode != rank.ModeDiff {
+	if s.DiffBatch != 0 && ps.mode != protect.ModeDiff {
 		return protectSettings{}, fmt.Errorf("%w: a differential batch of %d steps with protect mode %s", ErrJobSpec, s.DiffBatch, ps.mode)
 	}
-	ps.persist = rank.PersistConfig{Dir: s.CkptDir, Every: s.CkptEvery, Concurrency: s.CkptConcurrency, Overhead: s.CkptOverhead}
+	ps.persist = keeper.PersistConfig{Dir: s.CkptDir, Every: s.CkptEvery, Concurrency: s.CkptConcurrency, Overhead: s.CkptOverhead}
 	ps.diffBatch, ps.resume = s.DiffBatch, s.Resume
 	return ps, nil
 }
 
 // diffLog is the differential log on disk of a diff-mode job with a
 // durable tier (rank.HostConfig.DiffLog), or nil.
-func (ps protectSettings) diffLog() *rank.DiffLogConfig {
-	if ps.mode != rank.ModeDiff || ps.persist.Dir == "" {
+func (ps protectSettings) diffLog() *keeper.DiffLogConfig {
+	if ps.mode != protect.ModeDiff || ps.persist.Dir == "" {
 		return nil
 	}
-	return &rank.DiffLogConfig{Dir: ps.persist.Dir, Batch: max(ps.diffBatch, 1)}
+	return &keeper.DiffLogConfig{Dir: ps.persist.Dir, Batch: max(ps.diffBatch, 1)}
 }
 
 // durableReport is a rank's durable progress as the launcher gets it
 // (nil: none).
-func durableReport(d *rank.DurableProgress) *wire.RankDurable {
+func durableReport(d *keeper.DurableProgress) *wire.RankDurable {
 	if d == nil {
 		return nil
 	}

@@ -7,8 +7,9 @@ import (
 	"testing"
 
 	"github.com/gorun/gorun/internal/difflog"
+	"github.com/gorun/gorun/internal/keeper"
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 	"github.com/nats-io/nats.go"
 )
 
@@ -24,17 +25,17 @@ func TestParsePersist(t *testing.T) {
 	tests := []struct {
 		name      string
 		spec      wire.JobSpec
-		persist   rank.PersistConfig
+		persist   keeper.PersistConfig
 		batch     int
 		resume    bool
 		err       string
 		diffWants bool
 	}{
-		{"none", wire.JobSpec{}, rank.PersistConfig{}, 0, false, "", false},
-		{"full mode", dir(wire.JobSpec{}), rank.PersistConfig{Dir: "/ckpt", Every: 10, Overhead: 0.03}, 0, false, "", false},
+		{"none", wire.JobSpec{}, keeper.PersistConfig{}, 0, false, "", false},
+		{"full mode", dir(wire.JobSpec{}), keeper.PersistConfig{Dir: "/ckpt", Every: 10, Overhead: 0.03}, 0, false, "", false},
 		{"every setting", dir(wire.JobSpec{ProtectMode: "diff", CkptConcurrency: 3, DiffBatch: 5, Resume: true}),
-			rank.PersistConfig{Dir: "/ckpt", Every: 10, Concurrency: 3, Overhead: 0.03}, 5, true, "", true},
-		{"batch in full mode", dir(wire.JobSpec{DiffBatch: 5}), rank.PersistConfig{}, 0, false, "a differential batch of 5 steps with protect mode full", false},
+			keeper.PersistConfig{Dir: "/ckpt", Every: 10, Concurrency: 3, Overhead: 0.03}, 5, true, "", true},
+		{"batch in full mode", dir(wire.JobSpec{DiffBatch: 5}), keeper.PersistConfig{}, 0, false, "a differential batch of 5 steps with protect mode full", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -48,7 +49,7 @@ func TestParsePersist(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.persist != tt.persist || got.diffBatch != tt.batch || got.resume != tt.resume || (got.mode == rank.ModeDiff) != tt.diffWants {
+			if got.persist != tt.persist || got.diffBatch != tt.batch || got.resume != tt.resume || (got.mode == protect.ModeDiff) != tt.diffWants {
 				t.Errorf("got %+v, want persist %+v, batch %d, resume %v", got, tt.persist, tt.batch, tt.resume)
 			}
 		})
@@ -60,18 +61,18 @@ func TestParsePersist(t *testing.T) {
 // HostConfig.Persist.
 func TestPersistSpecReachesHost(t *testing.T) {
 	dir := t.TempDir()
-	got := make(chan rank.HostConfig, 1)
+	got := make(chan keeper.Config, 1)
 	with := func(c *Config) {
-		c.newHost = func(hc rank.HostConfig) (*rank.Host, error) {
+		c.newHost = func(hc keeper.Config) (*keeper.Keeper, error) {
 			got <- hc
-			return rank.NewHost(hc)
+			return keeper.New(hc)
 		}
 	}
 	spec := func(s *wire.JobSpec) {
 		s.CkptDir, s.CkptEvery, s.CkptConcurrency, s.CkptOverhead = dir, 4, 2, 0.05
 	}
 	f := startFakeLauncherSpec(t, "persistspec", []int{0}, with, spec, "sleep", "3600")
-	var hc rank.HostConfig
+	var hc keeper.Config
 	select {
 	case hc = <-got:
 	case err := <-f.agentErr:
@@ -80,7 +81,7 @@ func TestPersistSpecReachesHost(t *testing.T) {
 	case <-f.ctx.Done():
 		t.Fatal("the agent did not start its state protection")
 	}
-	if want := (rank.PersistConfig{Dir: dir, Every: 4, Concurrency: 2, Overhead: 0.05}); hc.Persist != want {
+	if want := (keeper.PersistConfig{Dir: dir, Every: 4, Concurrency: 2, Overhead: 0.05}); hc.Persist != want {
 		t.Errorf("HostConfig.Persist %+v, want %+v", hc.Persist, want)
 	}
 }
@@ -90,8 +91,8 @@ func TestPersistSpecReachesHost(t *testing.T) {
 // them leaves them, an older one is ignored.
 func TestGWatermarkReachesHost(t *testing.T) {
 	a := &agent{cfg: Config{Job: "gwm", Host: 0}, log: slog.New(slog.NewTextHandler(t.Output(), nil))}
-	h, err := rank.NewHost(rank.HostConfig{Job: "gwm", Host: 0, Hosts: 1, HostOf: func(int) int { return 0 }, Log: a.log,
-		Persist: rank.PersistConfig{Dir: t.TempDir(), Every: 2}})
+	h, err := keeper.New(keeper.Config{Job: "gwm", Host: 0, Hosts: 1, HostOf: func(int) int { return 0 }, Log: a.log,
+		Persist: keeper.PersistConfig{Dir: t.TempDir(), Every: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,8 +129,8 @@ func TestGWatermarkReachesHost(t *testing.T) {
 // leaves the host's alone.
 func TestExitAppliesLastWatermark(t *testing.T) {
 	a := &agent{cfg: Config{Job: "exitwm", Host: 0}, log: slog.New(slog.NewTextHandler(t.Output(), nil))}
-	h, err := rank.NewHost(rank.HostConfig{Job: "exitwm", Host: 0, Hosts: 1, HostOf: func(int) int { return 0 }, Log: a.log,
-		Persist: rank.PersistConfig{Dir: t.TempDir(), Every: 4}})
+	h, err := keeper.New(keeper.Config{Job: "exitwm", Host: 0, Hosts: 1, HostOf: func(int) int { return 0 }, Log: a.log,
+		Persist: keeper.PersistConfig{Dir: t.TempDir(), Every: 4}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,8 +161,8 @@ func TestDurableReport(t *testing.T) {
 	if durableReport(nil) != nil {
 		t.Fatal("a report without a durable tier")
 	}
-	d := &rank.DurableProgress{Markers: []int64{4, 8}, Resolved: 7, Saves: 2, Skipped: 1, Failed: 3, WriteNS: 40, Bytes: 50, HoldNS: 60, N: 2,
-		Regions: []rank.Region{{Name: "optimizer", Size: 12}, {Name: "meta", Size: 4}}, Off: "no disk",
+	d := &keeper.DurableProgress{Markers: []int64{4, 8}, Resolved: 7, Saves: 2, Skipped: 1, Failed: 3, WriteNS: 40, Bytes: 50, HoldNS: 60, N: 2,
+		Regions: []protect.Region{{Name: "optimizer", Size: 12}, {Name: "meta", Size: 4}}, Off: "no disk",
 		Log: &difflog.WriterStats{Steps: 9, Batches: 3, Dropped: 4, Full: 1, Failed: 1, LastErr: errors.New("disk full"), Newest: 12}}
 	want := &wire.RankDurable{Markers: []int64{4, 8}, Resolved: 7, Saves: 2, Skipped: 1, Failed: 3, WriteNS: 40, Bytes: 50, HoldNS: 60, N: 2,
 		Regions: []wire.DurableRegion{{Name: "optimizer", Size: 12}, {Name: "meta", Size: 4}}, Off: "no disk",

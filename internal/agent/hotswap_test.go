@@ -21,7 +21,7 @@ import (
 	"github.com/gorun/gorun/internal/ctlserver"
 	"github.com/gorun/gorun/internal/jobkey"
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 	"github.com/nats-io/nats.go"
 )
 
@@ -77,9 +77,9 @@ func rankProbe() int {
 	if os.Getenv(probeProtectVar) != "" {
 		res := "error: "
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		p, err := rank.Connect(ctx, []rank.Region{{Name: "optimizer", Size: 64}}, rank.Options{})
+		p, err := protect.Connect(ctx, []protect.Region{{Name: "optimizer", Size: 64}}, protect.Options{})
 		if err == nil {
-			var r *rank.Restored
+			var r *protect.Restored
 			if r, err = p.Restore(ctx); err == nil {
 				res = fmt.Sprintf("step %d", r.Step)
 			}
@@ -536,7 +536,7 @@ func TestFencedHostExits(t *testing.T) {
 // holders), then runs until killed.
 func rankStager() int {
 	ctx := context.Background()
-	c, err := rank.Connect(ctx, []rank.Region{{Name: "optimizer", Size: 64}}, rank.Options{})
+	c, err := protect.Connect(ctx, []protect.Region{{Name: "optimizer", Size: 64}}, protect.Options{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "connect:", err)
 		return 1

@@ -11,8 +11,9 @@ import (
 	"sync/atomic"
 
 	"github.com/gorun/gorun/ckpt"
+	"github.com/gorun/gorun/internal/keeper"
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 	"github.com/gorun/gorun/topology"
 	"github.com/nats-io/nats.go"
 )
@@ -22,7 +23,7 @@ import (
 // the launcher and G from it.
 type protection struct {
 	a    *agent
-	host *rank.Host
+	host *keeper.Keeper
 	kick chan struct{} // progress changed
 	fail chan rankStateFailure
 	stop chan struct{} // closed by close
@@ -30,7 +31,7 @@ type protection struct {
 	gsub *nats.Subscription
 	// placed is the placement given to the service last (owned by the
 	// agent's loop).
-	placed rank.Placement
+	placed keeper.Placement
 	// epoch is the newest epoch whose table the service has applied (set
 	// by the loop after SetPlacement, read by the publisher before it
 	// takes a report: the report is of that placement or a later one).
@@ -51,9 +52,9 @@ type rankStateFailure struct {
 // protectSettings are the job's protect mode and diff-mode settings, as
 // rank.HostConfig takes them, and its durable tier's (durable.go).
 type protectSettings struct {
-	mode    rank.ProtectMode
-	diff    rank.DiffConfig
-	persist rank.PersistConfig
+	mode    protect.ProtectMode
+	diff    keeper.DiffConfig
+	persist keeper.PersistConfig
 	// diffBatch (--diff-batch) and resume (--resume) are the durable
 	// tier's differential log and resume settings, checked here.
 	diffBatch int
@@ -64,7 +65,7 @@ type protectSettings struct {
 // --diff-codec and a job spec give it (rank.ParseDiffCodec's form), or
 // nil: the launcher checks a job's before it starts any agent.
 func CheckDiffCodec(codec string) error {
-	_, err := rank.ParseDiffCodec(codec)
+	_, err := protect.ParseDiffCodec(codec)
 	return err
 }
 
@@ -84,15 +85,15 @@ func parseProtect(s *wire.JobSpec) (protectSettings, error) {
 }
 
 func parseProtectMode(s *wire.JobSpec) (protectSettings, error) {
-	mode := rank.ModeFull
+	mode := protect.ModeFull
 	if s.ProtectMode != "" {
-		m, err := rank.ParseProtectMode(s.ProtectMode)
+		m, err := protect.ParseProtectMode(s.ProtectMode)
 		if err != nil {
 			return protectSettings{}, fmt.Errorf("%w: %w", ErrJobSpec, err)
 		}
 		mode = m
 	}
-	if mode != rank.ModeDiff {
+	if mode != protect.ModeDiff {
 		if s.DiffFold != 0 || s.BaseEvery != 0 || s.DiffCodec != "" {
 			return protectSettings{}, fmt.Errorf("%w: diff settings (fold %d, base every %d, codec %q) with protect mode %s",
 				ErrJobSpec, s.DiffFold, s.BaseEvery, s.DiffCodec, mode)
@@ -106,11 +107,11 @@ func parseProtectMode(s *wire.JobSpec) (protectSettings, error) {
 	if codec == "" {
 		codec = "raw"
 	}
-	c, err := rank.ParseDiffCodec(codec)
+	c, err := protect.ParseDiffCodec(codec)
 	if err != nil {
 		return protectSettings{}, fmt.Errorf("%w: %w", ErrJobSpec, err)
 	}
-	return protectSettings{mode: mode, diff: rank.DiffConfig{Fold: s.DiffFold, BaseEvery: s.BaseEvery, Codec: c}}, nil
+	return protectSettings{mode: mode, diff: keeper.DiffConfig{Fold: s.DiffFold, BaseEvery: s.BaseEvery, Codec: c}}, nil
 }
 
 // listenReplicas opens the host's replication listener on addr (other
@@ -128,8 +129,8 @@ func listenReplicas(addr string) (net.Listener, int, error) {
 // erasure-coding layout (tableEC), and the table's epoch and G (which
 // label the erasure-coded shares of the steps committed in it); in diff
 // mode under EC also every rank's log-only holders and H.
-func tablePlacement(t *wire.EpochTable, host int) rank.Placement {
-	p := rank.Placement{HostOf: make([]int, t.World), Holders: t.HolderLists(), // rows checked by wire
+func tablePlacement(t *wire.EpochTable, host int) keeper.Placement {
+	p := keeper.Placement{HostOf: make([]int, t.World), Holders: t.HolderLists(), // rows checked by wire
 		Epoch: t.Epoch, G: t.G, Logs: t.LogLists(), H: t.H}
 	hostRanks := make([][]int, len(t.Hosts))
 	for h, places := range t.Placements() {
@@ -142,9 +143,9 @@ func tablePlacement(t *wire.EpochTable, host int) rank.Placement {
 		}
 	}
 	if len(t.Restore) > 0 {
-		p.Sources = make(map[int]rank.Source, len(t.Restore))
+		p.Sources = make(map[int]keeper.Source, len(t.Restore))
 		for _, row := range t.Restore {
-			p.Sources[row.Rank] = rank.Source{Opt: row.Opt, Params: row.Params, Decode: row.Decode}
+			p.Sources[row.Rank] = keeper.Source{Opt: row.Opt, Params: row.Params, Decode: row.Decode}
 		}
 	}
 	p.EC = tableEC(t.EC, hostRanks)
@@ -198,11 +199,11 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 	}
 	// A host may get more ranks later (a spare, in-place recovery).
 	p := &protection{a: a, kick: make(chan struct{}, 1), fail: make(chan rankStateFailure, max(len(pl.Ranks), 16)), stop: make(chan struct{}), done: make(chan struct{}), placed: pl}
-	newHost := rank.NewHost
+	newHost := keeper.New
 	if a.cfg.newHost != nil {
 		newHost = a.cfg.newHost
 	}
-	h, err := newHost(rank.HostConfig{
+	h, err := newHost(keeper.Config{
 		Job: a.cfg.Job, LinkKey: a.cfg.Creds.Link, Host: a.cfg.Host, Hosts: len(t.Hosts), Ranks: pl.Ranks,
 		Holders: pl.Holders, Peers: peers, HostOf: func(r int) int { return pl.HostOf[r] },
 		Listener: ln, Changed: p.changed, Failed: p.failed, LinkFailed: p.linkFailed, Log: a.log,
@@ -222,7 +223,7 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 		// joining late), or in any epoch of diff mode under EC, gets them
 		// now through SetPlacement (which keeps the rest as NewHost made
 		// it).
-		p.placed = rank.Placement{}
+		p.placed = keeper.Placement{}
 	}
 	if err := p.setTable(t); err != nil {
 		h.Close()

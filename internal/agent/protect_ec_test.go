@@ -5,8 +5,8 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/gorun/gorun/internal/keeper"
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
 	"github.com/gorun/gorun/topology"
 )
 
@@ -22,12 +22,12 @@ func TestTablePlacementEC(t *testing.T) {
 		perHost    [][]int // the table's ranks per host; the last host is an idle spare
 		k, m       int
 		restore    []wire.RestoreRow
-		wantSource map[int]rank.Source
+		wantSource map[int]keeper.Source
 	}{
 		{"2+2, by slot", [][]int{{0, 1}, {2, 3}, {4, 5}, {6, 7}, nil}, 2, 2, nil, nil},
 		{"2+2, by node", [][]int{{0, 4}, {1, 5}, {2, 6}, {3, 7}, nil}, 2, 2,
 			[]wire.RestoreRow{{Rank: 1, Opt: 1, Params: 0, Decode: true}, {Rank: 5, Opt: 0, Params: 4}},
-			map[int]rank.Source{1: {Opt: 1, Params: 0, Decode: true}, 5: {Opt: 0, Params: 4}}},
+			map[int]keeper.Source{1: {Opt: 1, Params: 0, Decode: true}, 5: {Opt: 0, Params: 4}}},
 		{"2+1 twice, uneven hosts", [][]int{{0, 1, 2}, {3}, {4, 5}, {6}, {7, 8, 9}, {10, 11}, nil}, 2, 1, nil, nil},
 		{"4+2, ranks out of order", [][]int{{11, 5}, {4, 10}, {3, 9}, {2, 8}, {1, 7}, {0, 6}, nil}, 4, 2, nil, nil},
 	} {

@@ -6,8 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gorun/gorun/internal/keeper"
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 	"github.com/gorun/gorun/replay"
 )
 
@@ -30,7 +31,7 @@ func TestFailRankCorruptState(t *testing.T) {
 			}
 			p.gen = 1
 			a := &agent{log: slog.New(slog.NewTextHandler(t.Output(), nil)), ranks: []*rankProc{p}}
-			cerr := &rank.CorruptError{Rank: 3, Step: 5, Region: "optimizer", Sum: 1, Got: 2}
+			cerr := &keeper.CorruptError{Rank: 3, Step: 5, Region: "optimizer", Sum: 1, Got: 2}
 			a.failRank(rankStateFailure{rank: 3, gen: tc.gen, err: cerr})
 			if !tc.killed {
 				// failRank marks a rank it kills before it signals it.
@@ -83,7 +84,7 @@ func TestSetTableG(t *testing.T) {
 			first := table(0, -1)
 			a := &agent{cfg: Config{Job: "setg", Host: 1}, log: slog.New(slog.NewTextHandler(t.Output(), nil))}
 			pl := tablePlacement(first, 1)
-			h, err := rank.NewHost(rank.HostConfig{Job: "setg", Host: 1, Hosts: 2, HostOf: func(r int) int { return pl.HostOf[r] }, Log: a.log})
+			h, err := keeper.New(keeper.Config{Job: "setg", Host: 1, Hosts: 2, HostOf: func(r int) int { return pl.HostOf[r] }, Log: a.log})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -111,11 +112,11 @@ func TestSetTableG(t *testing.T) {
 // rank.HostConfig's Mode and Diff, the codec parsed from its flag form;
 // what the agent cannot use is refused with ErrJobSpec, saying what.
 func TestParseProtect(t *testing.T) {
-	int8x64, err := rank.ParseDiffCodec("int8:64")
+	int8x64, err := protect.ParseDiffCodec("int8:64")
 	if err != nil {
 		t.Fatal(err)
 	}
-	topk, err := rank.ParseDiffCodec("topk:0.25")
+	topk, err := protect.ParseDiffCodec("topk:0.25")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,15 +127,15 @@ func TestParseProtect(t *testing.T) {
 		want protectSettings
 		err  string // the error's text after ErrJobSpec's, if any
 	}{
-		{"none is full", wire.JobSpec{}, protectSettings{mode: rank.ModeFull}, ""},
-		{"full", wire.JobSpec{ProtectMode: "full"}, protectSettings{mode: rank.ModeFull}, ""},
+		{"none is full", wire.JobSpec{}, protectSettings{mode: protect.ModeFull}, ""},
+		{"full", wire.JobSpec{ProtectMode: "full"}, protectSettings{mode: protect.ModeFull}, ""},
 		{"diff, raw", wire.JobSpec{ProtectMode: "diff", DiffFold: 16, BaseEvery: 100, DiffCodec: "raw"},
-			protectSettings{mode: rank.ModeDiff, diff: rank.DiffConfig{Fold: 16, BaseEvery: 100, Codec: raw}}, ""},
-		{"diff, no codec is raw", wire.JobSpec{ProtectMode: "diff"}, protectSettings{mode: rank.ModeDiff, diff: rank.DiffConfig{Codec: raw}}, ""},
+			protectSettings{mode: protect.ModeDiff, diff: keeper.DiffConfig{Fold: 16, BaseEvery: 100, Codec: raw}}, ""},
+		{"diff, no codec is raw", wire.JobSpec{ProtectMode: "diff"}, protectSettings{mode: protect.ModeDiff, diff: keeper.DiffConfig{Codec: raw}}, ""},
 		{"diff, int8", wire.JobSpec{ProtectMode: "diff", DiffFold: 1, BaseEvery: 1 << 31, DiffCodec: "int8:64"},
-			protectSettings{mode: rank.ModeDiff, diff: rank.DiffConfig{Fold: 1, BaseEvery: 1 << 31, Codec: int8x64}}, ""},
+			protectSettings{mode: protect.ModeDiff, diff: keeper.DiffConfig{Fold: 1, BaseEvery: 1 << 31, Codec: int8x64}}, ""},
 		{"diff, topk", wire.JobSpec{ProtectMode: "diff", DiffFold: 4096, BaseEvery: 7, DiffCodec: "topk:0.25"},
-			protectSettings{mode: rank.ModeDiff, diff: rank.DiffConfig{Fold: 4096, BaseEvery: 7, Codec: topk}}, ""},
+			protectSettings{mode: protect.ModeDiff, diff: keeper.DiffConfig{Fold: 4096, BaseEvery: 7, Codec: topk}}, ""},
 		{"unknown mode", wire.JobSpec{ProtectMode: "delta"}, protectSettings{}, `protect mode "delta": want full or diff`},
 		{"unknown codec", wire.JobSpec{ProtectMode: "diff", DiffCodec: "zstd"}, protectSettings{}, `diff codec "zstd": want raw, int8[:B] or topk:K`},
 		{"bad topk", wire.JobSpec{ProtectMode: "diff", DiffCodec: "topk:0"}, protectSettings{}, `diff codec "topk:0": want topk:K with 0 < K ≤ 1 (the fraction of entries kept)`},
@@ -169,18 +170,18 @@ func TestParseProtect(t *testing.T) {
 // before it starts a rank or its state protection.
 func TestProtectSpecReachesHost(t *testing.T) {
 	t.Run("diff", func(t *testing.T) {
-		got := make(chan rank.HostConfig, 1)
+		got := make(chan keeper.Config, 1)
 		with := func(c *Config) {
-			c.newHost = func(hc rank.HostConfig) (*rank.Host, error) {
+			c.newHost = func(hc keeper.Config) (*keeper.Keeper, error) {
 				got <- hc
-				return rank.NewHost(hc)
+				return keeper.New(hc)
 			}
 		}
 		diff := func(s *wire.JobSpec) {
 			s.ProtectMode, s.DiffFold, s.BaseEvery, s.DiffCodec = "diff", 7, 50, "int8:128"
 		}
 		f := startFakeLauncherSpec(t, "protspec", []int{0}, with, diff, "sleep", "3600")
-		var hc rank.HostConfig
+		var hc keeper.Config
 		select {
 		case hc = <-got:
 		case err := <-f.agentErr:
@@ -189,20 +190,20 @@ func TestProtectSpecReachesHost(t *testing.T) {
 		case <-f.ctx.Done():
 			t.Fatal("the agent did not start its state protection")
 		}
-		codec, err := rank.ParseDiffCodec("int8:128")
+		codec, err := protect.ParseDiffCodec("int8:128")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := (rank.DiffConfig{Fold: 7, BaseEvery: 50, Codec: codec}); hc.Mode != rank.ModeDiff || hc.Diff != want {
-			t.Errorf("HostConfig Mode %q Diff %+v, want %q %+v", hc.Mode, hc.Diff, rank.ModeDiff, want)
+		if want := (keeper.DiffConfig{Fold: 7, BaseEvery: 50, Codec: codec}); hc.Mode != protect.ModeDiff || hc.Diff != want {
+			t.Errorf("HostConfig Mode %q Diff %+v, want %q %+v", hc.Mode, hc.Diff, protect.ModeDiff, want)
 		}
 	})
 	t.Run("bad codec", func(t *testing.T) {
 		started := make(chan struct{}, 1)
 		with := func(c *Config) {
-			c.newHost = func(hc rank.HostConfig) (*rank.Host, error) {
+			c.newHost = func(hc keeper.Config) (*keeper.Keeper, error) {
 				started <- struct{}{}
-				return rank.NewHost(hc)
+				return keeper.New(hc)
 			}
 		}
 		bad := func(s *wire.JobSpec) { s.ProtectMode, s.DiffCodec = "diff", "zstd" }

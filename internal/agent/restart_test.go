@@ -14,8 +14,9 @@ import (
 	"github.com/gorun/gorun/gpu"
 	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/gortest"
+	"github.com/gorun/gorun/internal/keeper"
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 	"github.com/gorun/gorun/topology"
 	"github.com/nats-io/nats.go"
 )
@@ -340,14 +341,14 @@ func TestRestartProtectionRollBack(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			h, err := rank.NewHost(rank.HostConfig{Job: "rbh", Host: 0, Hosts: 4, Ranks: []int{0}, HostOf: func(r int) int { return hostOf[r] },
-				Log: a.log, Mode: rank.ModeDiff, Diff: rank.DiffConfig{BaseEvery: 4}, EC: groups})
+			h, err := keeper.New(keeper.Config{Job: "rbh", Host: 0, Hosts: 4, Ranks: []int{0}, HostOf: func(r int) int { return hostOf[r] },
+				Log: a.log, Mode: protect.ModeDiff, Diff: keeper.DiffConfig{BaseEvery: 4}, EC: groups})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer h.Close()
 			a.prot = &protection{a: a, host: h}
-			if err := h.SetPlacement(rank.Placement{Ranks: []int{0}, HostOf: hostOf, EC: groups, Epoch: 1, G: 5, H: 4}); err != nil {
+			if err := h.SetPlacement(keeper.Placement{Ranks: []int{0}, HostOf: hostOf, EC: groups, Epoch: 1, G: 5, H: 4}); err != nil {
 				t.Fatal(err)
 			}
 			h.SetG(0, 5)

@@ -10,8 +10,9 @@ import (
 
 	"github.com/gorun/gorun/durable"
 	"github.com/gorun/gorun/internal/cascade"
+	"github.com/gorun/gorun/internal/keeper"
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 	"github.com/gorun/gorun/replay"
 )
 
@@ -114,9 +115,9 @@ func hasVersion(ls *durable.Listing, r int, step int64) bool {
 // durable tier in dir (base: the commit record's step) into its slots on
 // h, as committed step target (rank.Host.Preload). It stops at the first
 // rank that fails, whose error names it.
-func preloadRanks(ctx context.Context, h *rank.Host, dir string, base, target int64, ranks []int, log *slog.Logger) error {
+func preloadRanks(ctx context.Context, h *keeper.Keeper, dir string, base, target int64, ranks []int, log *slog.Logger) error {
 	return fromDisk(ctx, dir, base, target, ranks, log, "resuming", "resumed",
-		func(r int, rr []rank.Region, fill func([][]byte) (int, error)) (bool, error) {
+		func(r int, rr []protect.Region, fill func([][]byte) (int, error)) (bool, error) {
 			return true, h.Preload(r, rr, target, fill)
 		})
 }
@@ -128,7 +129,7 @@ func preloadRanks(ctx context.Context, h *rank.Host, dir string, base, target in
 // name the operation in errors and logs ("resuming", "resumed"). It
 // stops at the first rank that fails, whose error names it.
 func fromDisk(ctx context.Context, dir string, base, target int64, ranks []int, log *slog.Logger, doing, done string,
-	put func(r int, rr []rank.Region, fill func([][]byte) (int, error)) (bool, error)) error {
+	put func(r int, rr []protect.Region, fill func([][]byte) (int, error)) (bool, error)) error {
 	m, err := durable.ReadManifest(dir)
 	if err != nil {
 		return err
@@ -138,9 +139,9 @@ func fromDisk(ctx context.Context, dir string, base, target int64, ranks []int, 
 			return fmt.Errorf("rank %d: the checkpoint directory's job has %d ranks", r, len(m.Regions))
 		}
 		regions := m.Regions[r]
-		rr := make([]rank.Region, len(regions))
+		rr := make([]protect.Region, len(regions))
 		for i, g := range regions {
-			rr[i] = rank.Region{Name: g.Name, Size: g.Size}
+			rr[i] = protect.Region{Name: g.Name, Size: g.Size}
 		}
 		start := time.Now()
 		var got cascade.Loaded

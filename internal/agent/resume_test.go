@@ -8,7 +8,8 @@ import (
 
 	"github.com/gorun/gorun/durable"
 	"github.com/gorun/gorun/internal/difflog/difflogtest"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/internal/keeper"
+	"github.com/gorun/gorun/protect"
 	"github.com/gorun/gorun/replay"
 )
 
@@ -90,8 +91,8 @@ func TestResumeReach(t *testing.T) {
 
 func TestPreloadRanks(t *testing.T) {
 	dir, _ := resumeDir(t, 3, []int64{10, 8}, nil)
-	h, err := rank.NewHost(rank.HostConfig{Job: "resumetest", Host: 0, Hosts: 1, Ranks: []int{0, 1}, Dir: t.TempDir(),
-		HostOf: func(int) int { return 0 }, Mode: rank.ModeDiff})
+	h, err := keeper.New(keeper.Config{Job: "resumetest", Host: 0, Hosts: 1, Ranks: []int{0, 1}, Dir: t.TempDir(),
+		HostOf: func(int) int { return 0 }, Mode: protect.ModeDiff})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,8 +110,8 @@ func TestPreloadRanks(t *testing.T) {
 			t.Errorf("rank %d: committed %d, want 8", p.Rank, p.Committed)
 		}
 	}
-	h2, err := rank.NewHost(rank.HostConfig{Job: "resumetest2", Host: 0, Hosts: 1, Ranks: []int{0, 1}, Dir: t.TempDir(),
-		HostOf: func(int) int { return 0 }, Mode: rank.ModeDiff})
+	h2, err := keeper.New(keeper.Config{Job: "resumetest2", Host: 0, Hosts: 1, Ranks: []int{0, 1}, Dir: t.TempDir(),
+		HostOf: func(int) int { return 0 }, Mode: protect.ModeDiff})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,8 +7,9 @@ import (
 	"sync"
 
 	"github.com/gorun/gorun/durable"
+	"github.com/gorun/gorun/internal/keeper"
 	"github.com/gorun/gorun/internal/wire"
-	"github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 )
 
 // The agent's part of a roll-back to the durable tier (launcher/
@@ -165,9 +166,9 @@ func (a *agent) stopRollback() {
 // durable tier in dir (base: the commit record's step) into its slots
 // on h (rank.Host.Reload): a rank whose slots hold target already keeps
 // it. It stops at the first rank that fails, whose error names it.
-func reloadRanks(ctx context.Context, h *rank.Host, dir string, base, target int64, ranks []int, log *slog.Logger) error {
+func reloadRanks(ctx context.Context, h *keeper.Keeper, dir string, base, target int64, ranks []int, log *slog.Logger) error {
 	return fromDisk(ctx, dir, base, target, ranks, log, "rolling back to", "rolled back",
-		func(r int, rr []rank.Region, fill func([][]byte) (int, error)) (bool, error) {
+		func(r int, rr []protect.Region, fill func([][]byte) (int, error)) (bool, error) {
 			return h.Reload(r, rr, target, fill)
 		})
 }

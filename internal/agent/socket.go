@@ -11,8 +11,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorun/gorun/internal/keeper"
 	"github.com/gorun/gorun/internal/wire"
-	rsvc "github.com/gorun/gorun/rank"
+	"github.com/gorun/gorun/protect"
 	"github.com/nats-io/nats.go"
 )
 
@@ -33,7 +34,7 @@ type rankSockets struct {
 	stop    chan struct{} // closed by close
 	// prot serves the state-protection requests (package rank), once
 	// started; ctx ends with close, for the requests that wait.
-	prot   *rsvc.Host
+	prot   *keeper.Keeper
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -209,7 +210,7 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 	}
 	// The state-protection session is the welcomed rank's generation's:
 	// a request of a rank a restart killed, read late, is refused by it.
-	var prot *rsvc.Session
+	var prot *keeper.Session
 	if s.prot != nil {
 		if prot = s.prot.Session(rank); prot != nil {
 			// The rank is gone when its socket is: holders waiting for
@@ -254,7 +255,7 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 			return s.refuse(ss, fmt.Sprintf("rank %d of restart generation %d: the ranks were restarted (generation %d)", rank, ss.gen, live))
 		}
 		typ, b := f.typ, f.b
-		if rsvc.IsRequest(typ) {
+		if protect.IsRequest(typ) {
 			if prot == nil {
 				return s.refuse(ss, "state protection is not available on this host")
 			}
@@ -345,7 +346,7 @@ type sockFrame struct {
 // handle runs one state-protection request. If a frame arrives before it
 // is answered (the rank closed its socket, or broke the protocol), the
 // request is cancelled and that frame returned in next.
-func (s *rankSockets) handle(prot *rsvc.Session, typ byte, b []byte, frames <-chan sockFrame) (protResult, *sockFrame) {
+func (s *rankSockets) handle(prot *keeper.Session, typ byte, b []byte, frames <-chan sockFrame) (protResult, *sockFrame) {
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
 	done := make(chan protResult, 1)

@@ -62,7 +62,7 @@
 // GORUN_DEBUG_FLIP_REPLICAS naming a file in its run's directory (a
 // debugging aid of the agent's, cmd/gorun's doc): the lost host is
 // frozen, the holder's agent is sent SIGUSR2 and flips its replicas
-// (rank.Host.FlipReplicas), writing a line per flipped buffer, then the
+// (keeper.Keeper.FlipReplicas), writing a line per flipped buffer, then the
 // lost host's processes are all killed; it landed if those lines name
 // every rank of the lost host the holder keeps (the agent names an owner
 // whose replica a request held past its bound "busy", not flipped; no

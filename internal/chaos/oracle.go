@@ -145,7 +145,7 @@ type knownDefect struct {
 var KnownDefects = []knownDefect{
 	// None open. The suite found two, both fixed with tests in the
 	// product: ec:K+M diff mode not restoring a rank with corrupt slots
-	// after a restart in place (rank/placement.go, the placement keeps
+	// after a restart in place (internal/keeper/placement.go, the placement keeps
 	// the newest table's H; make chaos SEED=2026 ONLY=32), and MPICH
 	// ranks restarted on spares failing MPI_Init (internal/agent/pmi.go,
 	// PMI_process_mapping numbers nodes densely; SEED=2026 ONLY=98).

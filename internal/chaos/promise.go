@@ -129,7 +129,7 @@ func (p Plan) SurvivesFromMemory(lost []int) bool {
 
 // HasCopyElsewhere reports whether every rank's state has a copy on
 // another host: what a rank whose own slots are corrupt restores from
-// (rank/restore.go: "not here ..., and not from other hosts").
+// (internal/keeper/restore.go: "not here ..., and not from other hosts").
 func (p Plan) HasCopyElsewhere() bool {
 	if p.Err != nil {
 		return false

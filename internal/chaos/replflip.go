@@ -17,7 +17,7 @@ import (
 // lost. The harness cannot reach an agent's memory: every job runs with
 // GORUN_DEBUG_FLIP_REPLICAS naming a file in its run's directory
 // (internal/agent/debugflip.go, a debugging aid), and the holder's agent,
-// sent SIGUSR2, flips its replicas (rank.Host.FlipReplicas) and writes a
+// sent SIGUSR2, flips its replicas (keeper.Keeper.FlipReplicas) and writes a
 // line per buffer it flipped, then "done HOST N".
 
 // flipEnv is the agents' debugging hook (internal/agent's debugFlipEnv).
@@ -203,7 +203,7 @@ func readFlips(path string) []string {
 // them survives if a holder on neither the lost host nor the flipped one
 // has its copy (README, --redundancy: "replicas:K: whole copies on K
 // other hosts"; a restore checks every region against the owner's
-// CRC32C and takes another holder's copy: rank/restore.go). A rank whose
+// CRC32C and takes another holder's copy: internal/keeper/restore.go). A rank whose
 // only copies left are the flipped ones survives too when the durable
 // tier had a version committed at injection (durable): its restore
 // reports the copies corrupt, the launcher counts them lost, and the job

@@ -42,11 +42,13 @@ var allowed = map[string][]string{
 	// retrieval cascade, for the agents and the launcher; it checks the
 	// differential records' optimizer layout (a diffstore.Optimizer, the
 	// type difflog's records carry) from one record to the next.
-	"rank":             {"ckpt", "durable", "replay", "comm", "internal/jobkey", "internal/wire", "topology", "internal/diffstore", "internal/difflog", "internal/cascade"},
-	"internal/difflog": {"ckpt", "replay", "internal/diffstore", "durable"},
-	"internal/cascade": {"durable", "internal/difflog", "internal/diffstore", "replay"},
-	"internal/agent":   {"rank", "ckpt", "comm", "internal/control", "internal/jobkey", "gpu", "topology", "internal/wire", "replay", "durable", "internal/cascade"},
-	"launcher":         {"topology", "comm", "internal/control", "internal/jobkey", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire", "internal/cascade", "internal/events", "internal/jobstatus"},
+	"internal/keeper":      {"protect", "ckpt", "durable", "replay", "comm", "internal/jobkey", "internal/wire", "topology", "internal/diffstore", "internal/difflog", "internal/cascade"},
+	"protect":              {"ckpt", "internal/wire", "replay", "internal/protecthook"},
+	"internal/protecthook": {},
+	"internal/difflog":     {"ckpt", "replay", "internal/diffstore", "durable"},
+	"internal/cascade":     {"durable", "internal/difflog", "internal/diffstore", "replay"},
+	"internal/agent":       {"protect", "internal/keeper", "ckpt", "comm", "internal/control", "internal/jobkey", "gpu", "topology", "internal/wire", "replay", "durable", "internal/cascade"},
+	"launcher":             {"topology", "comm", "internal/control", "internal/jobkey", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire", "internal/cascade", "internal/events", "internal/jobstatus"},
 	// internal/events is the --events schema, shared by the launcher (its
 	// writer) and internal/report (its reader); internal/report turns a
 	// record into a page.
@@ -125,6 +127,7 @@ func TestImportRules(t *testing.T) {
 var noNATS = []string{
 	"comm",
 	"examples/dptrain",
+	"protect",
 }
 
 const natsPrefix = "github.com/nats-io/"

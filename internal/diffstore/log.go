@@ -6,7 +6,7 @@ import (
 )
 
 // Log is a log-only holder's copy of one owner's differentials (diff mode
-// under erasure coding, rank/PROTOCOL.md "Erasure coding and diff mode"):
+// under erasure coding, protect/PROTOCOL.md "Erasure coding and diff mode"):
 // the consecutive differentials after a step the log is anchored at, with
 // no base to apply them to. It checks every differential as Store.Append
 // does (the Sum, the record's CRC32C and layout, its N, the other regions'

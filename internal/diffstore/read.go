@@ -3,7 +3,7 @@ package diffstore
 import "slices"
 
 // Reads of what a store holds as it holds it (diff mode under erasure
-// coding, rank/PROTOCOL.md "Erasure coding and diff mode"): the base at a
+// coding, protect/PROTOCOL.md "Erasure coding and diff mode"): the base at a
 // step, which is a member's shard of a coded stripe (ReadBase), and the
 // differentials after it, which a restorer replays onto a decoded base
 // (Records).

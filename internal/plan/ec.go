@@ -8,11 +8,11 @@ import (
 
 // ECFlows is what gorun's erasure coding moves for one group of K+M hosts,
 // each running RanksPerHost ranks, in units of one rank's shard m, as the
-// wire protocol does it (rank/PROTOCOL.md "Erasure coding" and "Restore"):
+// wire protocol does it (protect/PROTOCOL.md "Erasure coding" and "Restore"):
 //
 //   - per committed step, each rank computes its share of each of the M
 //     parity rows, every share as long as its shard (ckpt.Codec.Share),
-//     and sends it to the row's host (rank/ecsend.go: the M senders, one
+//     and sends it to the row's host (internal/keeper/ecsend.go: the M senders, one
 //     per row, each on its own link) unless that host is its own; and it
 //     sends a clear copy of its shard to its data group's data host
 //     unless it runs there (the row's host receives every other member's

@@ -8,7 +8,7 @@ import (
 	"github.com/gorun/gorun/topology"
 )
 
-// TestECWireTraffic pins the EC model to what gorun sends (rank/PROTOCOL.md
+// TestECWireTraffic pins the EC model to what gorun sends (protect/PROTOCOL.md
 // "Erasure coding": each rank sends one share per parity row, each as long
 // as its shard, to the row's host unless it is its own, and a clear copy to
 // its data host unless it runs there; "Restore": a rank whose data host is

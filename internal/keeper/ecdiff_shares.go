@@ -1,0 +1,244 @@
+package keeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/gorun/gorun/internal/crc32c"
+)
+
+// snapshot copies the replicated regions of the committed slot holding
+// step into a refresh buffer (from refPool), checked against the
+// commit's CRC32Cs: a slot written meanwhile (a torn read) is an error,
+// and the snapshot is tried again.
+func (r *replicator) snapshot(step int64, names []string) (*refresh, error) {
+	ref := &refresh{step: step}
+	err := r.s.readSlot(step, names, func(t []tableEntry, data [][]byte) error {
+		n := int(tableBytes(t))
+		if buf := r.refPool.get(n); buf != nil {
+			ref.buf = buf[:n]
+		} else {
+			ref.buf = make([]byte, n)
+		}
+		ref.rb.own(&r.refPool, ref.buf)
+		off := 0
+		for i, d := range data {
+			ref.offs = append(ref.offs, int64(off))
+			if got := crc32c.CopyUpdate(0, ref.buf[off:], d); got != t[i].sum {
+				return fmt.Errorf("region %s of step %d changed while it was copied", t[i].name, step)
+			}
+			off += len(d)
+		}
+		ref.table = t
+		return nil
+	})
+	if err != nil {
+		if ref.buf != nil {
+			ref.rb.release()
+		}
+		return nil, err
+	}
+	return ref, nil
+}
+
+// views returns the snapshot's regions, in table order.
+func (ref *refresh) views() [][]byte {
+	out := make([][]byte, len(ref.table))
+	for i := range ref.table {
+		end := int64(len(ref.buf))
+		if i+1 < len(ref.offs) {
+			end = ref.offs[i+1]
+		}
+		out[i] = ref.buf[ref.offs[i]:end]
+	}
+	return out
+}
+
+// dropRefLocked lets go of the refresh being sent and stops the send of
+// its shares. r.mu is held.
+func (r *replicator) dropRefLocked() {
+	if sr := r.ecb.shares; sr != nil {
+		sr.cancel() // it releases its reference when it ends
+		r.ecb.shares, r.ecb.stopping = nil, sr
+	}
+	if r.ref != nil {
+		r.ref.rb.release()
+		r.ref = nil
+	}
+	clear(r.refProg)
+}
+
+// startSharesLocked starts the background send of the current base's
+// shares to the parity rows, if it is due: the snapshot is taken, the
+// gate is open, and the rows do not all have it. r.mu is held.
+func (r *replicator) startSharesLocked() {
+	ref := r.ref
+	if ref == nil || ref.rows || r.ecb.shares != nil || r.failed || r.stopped || r.restoring || !r.gateOpen(ref) {
+		return
+	}
+	rows := r.s.h.place().ecTargets(r.s.rank)
+	if len(rows) == 0 {
+		ref.rows = true
+		r.advanceLocked()
+		return
+	}
+	ctx, cancel := context.WithCancel(r.s.h.life)
+	sr := &shareRun{cancel: cancel, done: make(chan struct{})}
+	old := r.ecb.stopping
+	r.ecb.shares, r.ecb.stopping = sr, nil
+	ref.rb.retain()
+	go func() {
+		defer close(sr.done)
+		defer cancel()
+		defer ref.rb.release()
+		if old != nil {
+			// Cancelled: it ends soon. Its done closes only once the
+			// run it waited for ended too, so no two runs overlap.
+			if testHookShareWait != nil {
+				testHookShareWait(r)
+			}
+			<-old.done
+		}
+		r.sendShares(ctx, ref, sr)
+	}()
+}
+
+// sendShares sends the shares of base ref to the rank's parity rows
+// until every row has its share, the send is cancelled (a newer
+// placement, a restart, the service closing) or the rank fails, with
+// ecSend's pipeline and roundRetry's backoff between tries.
+func (r *replicator) sendShares(ctx context.Context, ref *refresh, sr *shareRun) {
+	s := r.s
+	var rt roundRetry
+	views := ref.views()
+	for ctx.Err() == nil {
+		rows := s.h.place().ecTargets(s.rank)
+		known := make([]bool, len(rows))
+		start := time.Now()
+		errs, err, n := r.ecSendLanes(ctx, ref.step, -1, 1, ref.gen, ref.epoch, ref.table, views, rows, known)
+		if n > 0 {
+			s.addReplBytes(n, 0)
+		}
+		r.mu.Lock()
+		if r.ecb.shares != sr {
+			r.mu.Unlock()
+			return
+		}
+		all := true
+		for i, k := range rows {
+			if errs[i] == nil {
+				r.acked[k] = max(r.acked[k], ref.step)
+			} else {
+				all = false
+			}
+		}
+		if all {
+			ref.rows = true
+			r.ecb.shares = nil
+			r.advanceLocked()
+			r.startLocked()
+		}
+		r.mu.Unlock()
+		if all {
+			s.replNS.Add(int64(time.Since(start)))
+			s.h.cfg.Changed()
+			return
+		}
+		if ce, ok := errors.AsType[*CorruptError](err); ok {
+			r.mu.Lock()
+			if r.ecb.shares == sr {
+				r.ecb.shares = nil
+			}
+			r.mu.Unlock()
+			r.afterRound(ctx, ref.gen, ce, &rt)
+			return
+		}
+		r.afterRound(ctx, ref.gen, err, &rt, "base", ref.step)
+	}
+}
+
+// advanceLocked makes the current base coded once every row has its
+// share and the data host its bytes: Base_r moves to it, and a rank on
+// its data host retains its snapshot. r.mu is held.
+func (r *replicator) advanceLocked() {
+	ref, b := r.ref, &r.ecb
+	if ref == nil || !ref.rows || !ref.data || ref.coded {
+		return
+	}
+	ref.coded = true
+	if n := len(b.coded); n == 0 || b.coded[n-1] < ref.step {
+		b.coded = append(b.coded, ref.step)
+		if len(b.coded) > 4 {
+			b.coded = slices.Delete(b.coded, 0, len(b.coded)-4)
+		}
+	}
+	if r.ownData(r.s.h.place()) {
+		ref.rb.retain()
+		b.retained = append(b.retained, ref)
+	}
+	r.releaseRetainedLocked(r.s.h.H())
+}
+
+// releaseRetainedLocked drops the retained snapshots H no longer needs:
+// each one older than the newest retained step <= h. r.mu is held.
+func (r *replicator) releaseRetainedLocked(h int64) {
+	b := &r.ecb
+	keep := 0 // index of the oldest snapshot kept
+	for i, ref := range b.retained {
+		if ref.step <= h {
+			keep = i
+		}
+	}
+	for _, ref := range b.retained[:keep] {
+		ref.rb.release()
+	}
+	b.retained = slices.Delete(b.retained, 0, keep)
+}
+
+// dropRetainedAfterLocked drops the retained snapshots of steps after g
+// (a restart or a restore resumes from g: they are of an abandoned
+// trajectory). r.mu is held.
+func (r *replicator) dropRetainedAfterLocked(g int64) {
+	b := &r.ecb
+	b.retained = slices.DeleteFunc(b.retained, func(ref *refresh) bool {
+		if ref.step > g {
+			ref.rb.release()
+			return true
+		}
+		return false
+	})
+	for len(b.coded) > 0 && b.coded[len(b.coded)-1] > g {
+		b.coded = b.coded[:len(b.coded)-1]
+	}
+}
+
+// hAdvanced is told that this host learned a newer H: retained
+// snapshots H passed go, and a base waiting at the gate starts.
+func (r *replicator) hAdvanced(h int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.releaseRetainedLocked(h)
+	r.startSharesLocked()
+	r.poke()
+	if !r.stopped && !r.failed {
+		r.startLocked()
+	}
+}
+
+// stopShares cancels the send of shares in flight and waits for it, and
+// for the one cancelled before it.
+func (r *replicator) stopShares() {
+	r.mu.Lock()
+	sr, old := r.ecb.shares, r.ecb.stopping
+	r.ecb.shares, r.ecb.stopping = nil, nil
+	r.mu.Unlock()
+	if sr != nil {
+		sr.cancel()
+		<-sr.done // after old's
+	} else if old != nil {
+		<-old.done
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package keeper
+
+const raceEnabled = false
