@@ -29,7 +29,7 @@ import (
 // the commit record makes useless reclaimed.
 
 // durableFiles is how many base files a rank keeps with the automatic
-// concurrency: at most 4 saves in flight, plus one (rank/persist.go).
+// concurrency: at most 4 saves in flight, plus one (internal/keeper/persist.go).
 const durableFiles = 5
 
 // durableCommitRE matches -v's end-of-job line about the durable tier.
