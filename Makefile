@@ -55,7 +55,7 @@ test: lint
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/gorun-static ./cmd/gorun
 	$(BIN)/gorun-static -np 2 --oversubscribe true
 	cd python && python3 -m unittest -q test_gorun_rank
-	cd python && /usr/bin/python3 -m unittest -q test_gorun_torch
+	cd python && /usr/bin/python3 -m unittest -q test_gorun_torch test_gorun_torch_gloo
 
 test-short:
 	$(GO) test -short $(PKGS)

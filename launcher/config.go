@@ -204,7 +204,7 @@ type Config struct {
 }
 
 // ProtectMode is how a job's protected state reaches the replica holders
-// (gorun --protect-mode; the agents' rank.ProtectMode).
+// (gorun --protect-mode; the agents' protect.ProtectMode).
 type ProtectMode string
 
 // The protect modes.
@@ -220,12 +220,12 @@ type DiffOptions struct {
 	// Fold: a holder folds an owner's differential log into its base once
 	// the log holds this many steps (--diff-fold; 1 to MaxDiffFold, 0 =
 	// 8). A holder then holds about (2 + Fold/3) times each owner's
-	// optimizer state with the raw codec (see rank.DiffConfig).
+	// optimizer state with the raw codec (see keeper.DiffConfig).
 	Fold int
 	// BaseEvery: each holder gets a fresh base every this many steps, in
 	// paced chunks (--base-every; 1 to MaxBaseEvery, 0 = 100).
 	BaseEvery int
-	// Codec is how the gradients are encoded, in rank.ParseDiffCodec's
+	// Codec is how the gradients are encoded, in protect.ParseDiffCodec's
 	// form (--diff-codec; "" = raw, lossless). It travels to the agents
 	// as this string.
 	Codec string

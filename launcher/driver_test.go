@@ -1,8 +1,6 @@
 package launcher
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,48 +12,34 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/hotswap"
+	"github.com/gorun/gorun/internal/events"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
 )
 
-// eventLine is one line of --events, every field any kind has.
-type eventLine struct {
-	T       float64 `json:"t"`
-	Event   string  `json:"event"`
-	Host    string  `json:"host"`
-	Epoch   uint64  `json:"epoch"`
-	Lost    string  `json:"lost"`
-	With    string  `json:"with"`
-	Ranks   []int   `json:"ranks"`
-	Spare   bool    `json:"spare"`
-	Gen     uint64  `json:"gen"`
-	G       int64   `json:"g"`
-	Restore int     `json:"restore"`
-	Code    int     `json:"code"`
-	Msg     string  `json:"msg"`
+// readEvents reads an --events record with events.ReadAll, the schema's
+// own reader: a line it does not read fails the test.
+func readEvents(t *testing.T, s string) []events.Record {
+	t.Helper()
+	recs, err := events.ReadAll(strings.NewReader(s))
+	if err != nil {
+		t.Fatalf("reading --events: %v\n%s", err, s)
+	}
+	return recs
 }
 
-// readEvents parses every line of an --events record; a line that is not
-// one JSON object with "t" and "event" fails the test.
-func readEvents(t *testing.T, s string) []eventLine {
+// firstOf returns the body of the first record of kind E in recs; there
+// being none fails the test.
+func firstOf[E events.Event](t *testing.T, recs []events.Record) E {
 	t.Helper()
-	var out []eventLine
-	sc := bufio.NewScanner(strings.NewReader(s))
-	for sc.Scan() {
-		var raw map[string]any
-		if err := json.Unmarshal(sc.Bytes(), &raw); err != nil {
-			t.Fatalf("--events line %q: %v", sc.Text(), err)
+	for _, r := range recs {
+		if e, ok := r.Event.(E); ok {
+			return e
 		}
-		if _, ok := raw["t"].(float64); !ok {
-			t.Fatalf("--events line %q has no time", sc.Text())
-		}
-		var e eventLine
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil || e.Event == "" {
-			t.Fatalf("--events line %q: %v", sc.Text(), err)
-		}
-		out = append(out, e)
 	}
-	return out
+	var e E
+	t.Fatalf("no %q record in --events: %+v", e.Kind(), recs)
+	return e
 }
 
 // waitUntil polls cond until it holds; the limit only tells a hang.
@@ -122,7 +106,7 @@ func startSpareJob(t *testing.T) (*run, *job, *syncBuffer) {
 // the agent of this branch cannot start ranks on a spare, so the test
 // stops at the table.)
 func TestDriverSplicesLostHostOntoSpare(t *testing.T) {
-	r, j, events := startSpareJob(t)
+	r, j, evs := startSpareJob(t)
 
 	// Both ranks protected step 5 (as their hosts' agents report it):
 	// rank 1's optimizer shard has a copy on rank 0's host.
@@ -133,7 +117,7 @@ func TestDriverSplicesLostHostOntoSpare(t *testing.T) {
 
 	// Host 1 (127.0.0.2, rank 1) is lost: its agent ends.
 	j.killAgent(j.hosts[1])
-	waitUntil(t, r, "published epoch in --events", func() bool { return strings.Contains(events.String(), `"event":"publish"`) })
+	waitUntil(t, r, "published epoch in --events", func() bool { return strings.Contains(evs.String(), `"event":"publish"`) })
 
 	tab := j.rv.Table()
 	if tab.Epoch != 1 || tab.Gen != 0 || tab.G != 5 {
@@ -166,32 +150,22 @@ func TestDriverSplicesLostHostOntoSpare(t *testing.T) {
 	}
 
 	// The --events record, read back.
-	evs := readEvents(t, events.String())
-	find := func(kind string) eventLine {
-		t.Helper()
-		for _, e := range evs {
-			if e.Event == kind {
-				return e
-			}
-		}
-		t.Fatalf("no %q event in --events:\n%s", kind, events.String())
-		return eventLine{}
-	}
-	if e := find("fence"); e.Host != "127.0.0.2" {
+	recs := readEvents(t, evs.String())
+	if e := firstOf[events.Fence](t, recs); e.Host != "127.0.0.2" {
 		t.Errorf("fence %+v, want host 127.0.0.2", e)
 	}
-	if e := find("splice"); e.Lost != "127.0.0.2" || e.With != "127.0.0.3" || !e.Spare || !slices.Equal(e.Ranks, []int{1}) || e.Epoch != 1 {
+	if e := firstOf[events.Splice](t, recs); e.Lost != "127.0.0.2" || e.With != "127.0.0.3" || !e.Spare || !slices.Equal(e.Ranks, []int{1}) || e.Epoch != 1 {
 		t.Errorf("splice %+v, want rank 1 from 127.0.0.2 to spare 127.0.0.3 in epoch 1", e)
 	}
-	if e := find("publish"); e.Epoch != 1 || e.Gen != 0 || e.G != 5 || e.Restore != 1 {
+	if e := firstOf[events.Publish](t, recs); e.Epoch != 1 || e.Gen != 0 || e.G != 5 || e.Restore != 1 {
 		t.Errorf("publish %+v, want epoch 1 gen 0 G 5 with 1 restore row", e)
 	}
-	for _, e := range evs {
-		if e.Event == "restart" {
+	for _, rec := range recs {
+		if e, ok := rec.Event.(events.Restart); ok {
 			t.Errorf("a restart in place: %+v", e)
 		}
 	}
-	checkRecordOrder(t, events.String(), "launch", "rendezvous", "failure", "fence", "splice", "publish", "exit")
+	checkRecordOrder(t, evs.String(), "launch", "rendezvous", "failure", "fence", "splice", "publish", "exit")
 }
 
 // TestDriverRefusesInPlaceWithoutRankClient: --recovery in-place keeps the
@@ -199,7 +173,7 @@ func TestDriverSplicesLostHostOntoSpare(t *testing.T) {
 // never reported progress through it is refused at the first recovery,
 // with a report, rather than left with survivors that cannot join.
 func TestDriverRefusesInPlaceWithoutRankClient(t *testing.T) {
-	r, j, events := startSpareJob(t)
+	r, j, evs := startSpareJob(t)
 	j.killAgent(j.hosts[1])
 	r.wait()
 	if r.code != ExitFailure {
@@ -208,8 +182,8 @@ func TestDriverRefusesInPlaceWithoutRankClient(t *testing.T) {
 	if want := "--recovery in-place: the program never opened gorun's rank socket"; !strings.Contains(r.stderr.String(), want) {
 		t.Errorf("stderr does not say %q:\n%s", want, r.stderr.String())
 	}
-	for _, e := range readEvents(t, events.String()) {
-		if e.Event == "publish" {
+	for _, rec := range readEvents(t, evs.String()) {
+		if e, ok := rec.Event.(events.Publish); ok {
 			t.Errorf("an epoch was published: %+v", e)
 		}
 	}

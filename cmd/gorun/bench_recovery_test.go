@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/events"
 )
 
 // TestBenchRecovery is `make bench-recovery` (issue 14's benchmark; it runs
@@ -69,7 +71,7 @@ func TestBenchRecovery(t *testing.T) {
 	if p, o := dptrainHashes(t, res); p != wantP || o != wantO {
 		t.Errorf("the recovered run ended with other hashes than the run without a failure")
 	}
-	tl := ofKind(readEvents(t, r.events), "timeline")
+	tl := ofKind[events.Timeline](readEvents(t, r.events))
 	if len(tl) != 1 || tl[0].Resumed == nil {
 		t.Fatalf("no recovery timeline that resumed\nstderr:\n%s", res.stderr)
 	}

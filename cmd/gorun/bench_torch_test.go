@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/events"
 )
 
 // TestBenchTorch is `make bench-torch` (issue 18's benchmark; it runs only
@@ -99,7 +101,7 @@ func TestBenchTorch(t *testing.T) {
 	res := r.finish(t, 0)
 	hot := torchRecovery(t, res, killed, "gorun")
 	phases := "no recovery timeline"
-	if tl := ofKind(readEvents(t, r.events), "timeline"); len(tl) == 1 {
+	if tl := ofKind[events.Timeline](readEvents(t, r.events)); len(tl) == 1 {
 		killAt := killed.Sub(r.start).Seconds()
 		at := func(p *float64) string {
 			if p == nil {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/durable"
+	"github.com/gorun/gorun/internal/events"
 	"github.com/gorun/gorun/internal/testcluster"
 )
 
@@ -28,7 +29,7 @@ import (
 // the commit record makes useless reclaimed.
 
 // durableFiles is how many base files a rank keeps with the automatic
-// concurrency: at most 4 saves in flight, plus one (rank/persist.go).
+// concurrency: at most 4 saves in flight, plus one (internal/keeper/persist.go).
 const durableFiles = 5
 
 // durableCommitRE matches -v's end-of-job line about the durable tier.
@@ -182,7 +183,7 @@ func TestDurableHostLoss(t *testing.T) {
 		}
 	}()
 	checkHashes(t, res, wantP, wantO)
-	if sp := ofKind(readEvents(t, r.events), "splice"); len(sp) != 1 || sp[0].With != c.hosts.Names[2] {
+	if sp := ofKind[events.Splice](readEvents(t, r.events)); len(sp) != 1 || sp[0].With != c.hosts.Names[2] {
 		t.Fatalf("splices %+v, want one onto the spare %s", sp, c.hosts.Names[2])
 	}
 	// A base after the failure committed: every rank, the spare's ones

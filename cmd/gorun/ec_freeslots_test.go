@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gorun/gorun/internal/events"
 	"github.com/gorun/gorun/internal/testcluster"
 	"github.com/gorun/gorun/topology"
 )
@@ -82,7 +83,7 @@ func TestECFreeSlots(t *testing.T) {
 					}
 				}()
 				checkHashes(t, res, wantP, wantO)
-				sp := ofKind(readEvents(t, r.events), "splice")
+				sp := ofKind[events.Splice](readEvents(t, r.events))
 				if len(sp) != 1 || sp[0].Spare || sp[0].Lost != h.Names[tc.lost] {
 					t.Fatalf("splices %+v, want host %s's ranks moved to free slots once", sp, h.Names[tc.lost])
 				}

@@ -19,7 +19,7 @@ func TestEventsFileHostLoss(t *testing.T) {
 	c := newHSCluster(t, 2, 1)
 	r := c.start(t, []string{"--recovery", "in-place"}, "--protect", "--steps", "120")
 	// The failure after two samples of running ranks.
-	waitEvents(t, r, func(evs []hsEvent) bool { return len(ofKind(evs, "sample")) >= 2 })
+	waitEvents(t, r, func(evs []events.Record) bool { return len(ofKind[events.Sample](evs)) >= 2 })
 	if err := c.hosts.KillAll(1); err != nil {
 		t.Fatal(err)
 	}

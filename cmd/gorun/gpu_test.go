@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/events"
 	"github.com/gorun/gorun/internal/testcluster"
 )
 
@@ -172,9 +173,9 @@ func TestGPUFaultAtStep(t *testing.T) {
 				t.Errorf("no report matching %s", tc.report)
 			}
 			evs := readEvents(t, r.events)
-			fails, fences, splices := ofKind(evs, "failure"), ofKind(evs, "fence"), ofKind(evs, "splice")
+			fails, fences, splices := ofKind[events.Failure](evs), ofKind[events.Fence](evs), ofKind[events.Splice](evs)
 			if tc.failure == "" {
-				if len(fails)+len(fences)+len(splices)+len(ofKind(evs, "restart")) > 0 {
+				if len(fails)+len(fences)+len(splices)+len(ofKind[events.Restart](evs)) > 0 {
 					t.Errorf("a transient fault recovered: failures %+v, fences %+v, splices %+v", fails, fences, splices)
 				}
 				return
@@ -183,7 +184,7 @@ func TestGPUFaultAtStep(t *testing.T) {
 				t.Errorf("failures %+v; want one of host %s naming XID 79, decision %s", fails, victim, tc.failure)
 			}
 			if tc.failure == "none" {
-				if len(fences)+len(splices)+len(ofKind(evs, "restart")) > 0 {
+				if len(fences)+len(splices)+len(ofKind[events.Restart](evs)) > 0 {
 					t.Errorf("the host was to stay: fences %+v, splices %+v", fences, splices)
 				}
 				if end := "host " + victim + " ran to the job's end with GPU 1's permanent fault"; !strings.Contains(res.stderr, end) {

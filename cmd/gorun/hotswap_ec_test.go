@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gorun/gorun/internal/events"
 )
 
 // TestHotSwapEC loses two of four hosts at once under --redundancy ec:2+2
@@ -62,7 +64,7 @@ func TestHotSwapEC(t *testing.T) {
 				checkHashes(t, res, wantP, wantO)
 				evs := readEvents(t, r.events)
 				var with []string
-				for _, s := range ofKind(evs, "splice") {
+				for _, s := range ofKind[events.Splice](evs) {
 					with = append(with, s.With)
 				}
 				slices.Sort(with)
@@ -91,8 +93,8 @@ func TestHotSwapEC(t *testing.T) {
 				if n == 0 {
 					t.Errorf("no restore plan decodes (ranks without a clear copy: %v)", decoded(tc.lost))
 				}
-				if mode == "in-place" && len(ofKind(evs, "restart")) > 0 {
-					t.Errorf("in-place recovery restarted the ranks: %+v", ofKind(evs, "restart"))
+				if mode == "in-place" && len(ofKind[events.Restart](evs)) > 0 {
+					t.Errorf("in-place recovery restarted the ranks: %+v", ofKind[events.Restart](evs))
 				}
 			})
 		}
@@ -140,7 +142,7 @@ func TestHotSwapECDiff(t *testing.T) {
 				checkHashes(t, res, wantP, wantO)
 				evs := readEvents(t, r.events)
 				var with []string
-				for _, s := range ofKind(evs, "splice") {
+				for _, s := range ofKind[events.Splice](evs) {
 					with = append(with, s.With)
 				}
 				slices.Sort(with)
@@ -155,8 +157,8 @@ func TestHotSwapECDiff(t *testing.T) {
 				if !strings.Contains(res.stderr, "H = ") {
 					t.Errorf("-v does not show H beside G")
 				}
-				if mode == "in-place" && len(ofKind(evs, "restart")) > 0 {
-					t.Errorf("in-place recovery restarted the ranks: %+v", ofKind(evs, "restart"))
+				if mode == "in-place" && len(ofKind[events.Restart](evs)) > 0 {
+					t.Errorf("in-place recovery restarted the ranks: %+v", ofKind[events.Restart](evs))
 				}
 			})
 		}

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -16,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/events"
 	"github.com/gorun/gorun/internal/testcluster"
 	"github.com/gorun/gorun/topology"
 )
@@ -163,55 +162,27 @@ func reexecuted(stdout string) int {
 	return n
 }
 
-// hsEvent is a line of the --events file (its schema: package internal/events).
-type hsEvent struct {
-	T          float64  `json:"t"`
-	Event      string   `json:"event"`
-	Epoch      uint64   `json:"epoch"`
-	Gen        uint64   `json:"gen"`
-	G          int64    `json:"g"`
-	Host       string   `json:"host"`
-	Lost       string   `json:"lost"`
-	With       string   `json:"with"`
-	Ranks      []int    `json:"ranks"`
-	Spare      bool     `json:"spare"`
-	Code       int      `json:"code"`
-	Msg        string   `json:"msg"`
-	Cause      string   `json:"cause"`
-	Decision   string   `json:"decision"`
-	Superseded bool     `json:"superseded"`
-	Detected   *float64 `json:"detected"`
-	Classified *float64 `json:"classified"`
-	Replaced   *float64 `json:"replaced"`
-	Published  *float64 `json:"published"`
-	Restored   *float64 `json:"restored"`
-	Resumed    *float64 `json:"resumed"`
-}
-
-// readEvents reads the --events file: every line one JSON object.
-func readEvents(t *testing.T, path string) []hsEvent {
+// readEvents reads the --events file with events.ReadAll, the schema's
+// own reader: a line it does not read fails the test.
+func readEvents(t *testing.T, path string) []events.Record {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatalf("reading the events file: %v", err)
 	}
-	var evs []hsEvent
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		var e hsEvent
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			t.Fatalf("events file line %q: %v", sc.Text(), err)
-		}
-		evs = append(evs, e)
+	defer f.Close()
+	recs, err := events.ReadAll(f)
+	if err != nil {
+		t.Fatalf("reading the events file: %v", err)
 	}
-	return evs
+	return recs
 }
 
-// ofKind returns the events of kind k.
-func ofKind(evs []hsEvent, k string) []hsEvent {
-	var out []hsEvent
-	for _, e := range evs {
-		if e.Event == k {
+// ofKind returns the bodies of the records of kind E.
+func ofKind[E events.Event](recs []events.Record) []E {
+	var out []E
+	for _, r := range recs {
+		if e, ok := r.Event.(E); ok {
 			out = append(out, e)
 		}
 	}
@@ -325,7 +296,7 @@ func hsReference(t *testing.T, c *hsCluster, args ...string) (params, optimizer 
 	t.Helper()
 	r := c.start(t, nil, append([]string{"--protect"}, args...)...)
 	res := r.finish(t, 0)
-	if evs := readEvents(t, r.events); len(ofKind(evs, "splice"))+len(ofKind(evs, "restart")) > 0 {
+	if evs := readEvents(t, r.events); len(ofKind[events.Splice](evs))+len(ofKind[events.Restart](evs)) > 0 {
 		t.Errorf("a run without a failure recovered: %+v", evs)
 	}
 	return dptrainHashes(t, res)

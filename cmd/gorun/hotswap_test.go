@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/hotswap"
+	"github.com/gorun/gorun/internal/events"
 	"github.com/gorun/gorun/internal/testcluster"
 )
 
@@ -105,20 +106,20 @@ func hostLoss(t *testing.T, c *hsCluster, rng *rand.Rand, mode string, f fault, 
 		t.Errorf("%d steps executed again, want at most 2 (the step in flight and G's lag)", n)
 	}
 	evs := readEvents(t, r.events)
-	tl := ofKind(evs, "timeline")
+	tl := ofKind[events.Timeline](evs)
 	if len(tl) == 0 || tl[len(tl)-1].Resumed == nil {
 		t.Fatalf("no recovery timeline that resumed: %+v", evs)
 	}
 	last := tl[len(tl)-1]
 	t.Logf("recovery: detected %.3fs after the fault, published %+.3fs, resumed %+.3fs after detection; %d steps run again; %s",
 		*last.Detected-killAt, *last.Published-*last.Detected, *last.Resumed-*last.Detected, reexecuted(res.stdout), last.Cause)
-	sp := ofKind(evs, "splice")
+	sp := ofKind[events.Splice](evs)
 	if f.host {
 		if len(sp) != 1 || !sp[0].Spare || sp[0].With != c.hosts.Names[c.work] || sp[0].Lost != c.hosts.Names[h] {
 			t.Errorf("splices %+v, want one of host %s with the spare %s", sp, c.hosts.Names[h], c.hosts.Names[c.work])
 		}
-		if mode == "in-place" && len(ofKind(evs, "restart")) > 0 {
-			t.Errorf("in-place recovery restarted the ranks: %+v", ofKind(evs, "restart"))
+		if mode == "in-place" && len(ofKind[events.Restart](evs)) > 0 {
+			t.Errorf("in-place recovery restarted the ranks: %+v", ofKind[events.Restart](evs))
 		}
 	}
 }
@@ -137,15 +138,15 @@ func TestHotSwapTwoLosses(t *testing.T) {
 			}
 			// The second loss once the first recovery is over and the
 			// replicas the lost host held are in place again.
-			waitEvents(t, r, func(evs []hsEvent) bool {
-				return len(ofKind(evs, "timeline")) == 1 && len(ofKind(evs, "protected")) >= 1
+			waitEvents(t, r, func(evs []events.Record) bool {
+				return len(ofKind[events.Timeline](evs)) == 1 && len(ofKind[events.Protected](evs)) >= 1
 			})
 			if err := c.hosts.KillAll(2); err != nil {
 				t.Fatal(err)
 			}
 			res := r.finish(t, 0)
 			checkHashes(t, res, wantP, wantO)
-			sp := ofKind(readEvents(t, r.events), "splice")
+			sp := ofKind[events.Splice](readEvents(t, r.events))
 			var with []string
 			for _, s := range sp {
 				with = append(with, s.With)
@@ -163,7 +164,7 @@ func TestHotSwapTwoLosses(t *testing.T) {
 
 // waitEvents polls r's events file until ok says it holds what the test
 // waits for.
-func waitEvents(t *testing.T, r *hsRun, ok func([]hsEvent) bool) {
+func waitEvents(t *testing.T, r *hsRun, ok func([]events.Record) bool) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -196,14 +197,14 @@ func TestHotSwapFailureDuringRecovery(t *testing.T) {
 			// As soon as the first recovery epoch is published, before it
 			// resumed. Host 3's ranks hold no replica of host 1's, nor
 			// host 1 of theirs (ring holders: the next host).
-			waitEvents(t, r, func(evs []hsEvent) bool { return len(ofKind(evs, "publish")) >= 1 })
+			waitEvents(t, r, func(evs []events.Record) bool { return len(ofKind[events.Publish](evs)) >= 1 })
 			if err := c.hosts.KillAll(3); err != nil {
 				t.Fatal(err)
 			}
 			res := r.finish(t, 0)
 			checkHashes(t, res, wantP, wantO)
 			evs := readEvents(t, r.events)
-			if n := len(ofKind(evs, "splice")); n != 2 {
+			if n := len(ofKind[events.Splice](evs)); n != 2 {
 				t.Errorf("%d splices, want 2: %+v", n, evs)
 			}
 			if t.Failed() {
@@ -245,7 +246,7 @@ func TestHotSwapNoSpare(t *testing.T) {
 		}
 		res := r.finish(t, 0)
 		checkHashes(t, res, wantP, wantO)
-		sp := ofKind(readEvents(t, r.events), "splice")
+		sp := ofKind[events.Splice](readEvents(t, r.events))
 		if len(sp) == 0 {
 			t.Fatalf("no splice\nstderr:\n%s", res.stderr)
 		}
@@ -324,7 +325,7 @@ func TestHotSwapPython(t *testing.T) {
 			t.Fatalf("no final hash\nstdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
 		}
 		if kill {
-			if sp := ofKind(readEvents(t, r.events), "splice"); len(sp) != 1 || sp[0].With != c.hosts.Names[2] {
+			if sp := ofKind[events.Splice](readEvents(t, r.events)); len(sp) != 1 || sp[0].With != c.hosts.Names[2] {
 				t.Errorf("splices %+v, want one with the spare %s", sp, c.hosts.Names[2])
 			}
 		}
@@ -428,7 +429,7 @@ fi`
 			if strings.Contains(res.stderr, "under-protected") {
 				t.Errorf("a job that protects no state reported itself under-protected\nstderr:\n%s", res.stderr)
 			}
-			if sp := ofKind(readEvents(t, ev), "splice"); len(sp) != 1 || sp[0].Lost != c.hosts.Names[0] || !slices.Contains(sp[0].Ranks, 0) {
+			if sp := ofKind[events.Splice](readEvents(t, ev)); len(sp) != 1 || sp[0].Lost != c.hosts.Names[0] || !slices.Contains(sp[0].Ranks, 0) {
 				t.Errorf("splices %+v, want rank 0's host %s replaced\nstderr:\n%s", sp, c.hosts.Names[0], res.stderr)
 			}
 		})

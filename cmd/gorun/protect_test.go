@@ -32,7 +32,7 @@ var (
 // hosts share the filesystem, so the absolute path works there too. It is
 // built without -race even when gorun is: the trainer is the workload
 // here, and its arithmetic under the race detector takes some 30 times
-// longer (package rank's own tests run its client under -race).
+// longer (internal/keeper's own tests run the client, package protect, under -race).
 func dptrainBin(t *testing.T) string {
 	t.Helper()
 	dptrainOnce.Do(func() {

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/events"
 )
 
 // End-to-end tests of PyTorch trainers (issue 18): examples/torch/train.py,
@@ -251,7 +253,7 @@ func TestTorchHostLoss(t *testing.T) {
 	}
 	res := r.finish(t, 0)
 	t.Logf("gorun -np 4 on 2+1 namespace hosts, host 0 killed after step 49: %v", time.Since(start).Round(time.Millisecond))
-	if sp := ofKind(readEvents(t, r.events), "splice"); len(sp) != 1 || sp[0].With != c.hosts.Names[2] {
+	if sp := ofKind[events.Splice](readEvents(t, r.events)); len(sp) != 1 || sp[0].With != c.hosts.Names[2] {
 		t.Errorf("splices %+v, want one with the spare %s", sp, c.hosts.Names[2])
 	}
 	// Every rank restarts (--recovery restart) at the same step, restored
@@ -329,10 +331,10 @@ func TestTorchInPlace(t *testing.T) {
 			}
 			t.Logf("gorun -np 4 --recovery in-place on 2+1 namespace hosts, host %d killed: %v", tc.kill, time.Since(start).Round(time.Millisecond))
 			evs := readEvents(t, r.events)
-			if sp := ofKind(evs, "splice"); len(sp) != 1 || sp[0].With != c.hosts.Names[2] {
+			if sp := ofKind[events.Splice](evs); len(sp) != 1 || sp[0].With != c.hosts.Names[2] {
 				t.Errorf("splices %+v, want one with the spare %s", sp, c.hosts.Names[2])
 			}
-			if rs := ofKind(evs, "restart"); len(rs) > 0 {
+			if rs := ofKind[events.Restart](evs); len(rs) > 0 {
 				t.Errorf("in-place recovery restarted the ranks: %+v", rs)
 			}
 			moved := map[int]bool{2 * tc.kill: true, 2*tc.kill + 1: true}

@@ -205,7 +205,7 @@ func lastG(recs []events.Record) int64 {
 }
 
 // flipByte is the byte of a region slot-flip and ckpt-flip flip (the
-// last in a shorter region), as rank.FlipByte is replica-flip's: byte 3,
+// last in a shorter region), as keeper.FlipByte is replica-flip's: byte 3,
 // the sign and high exponent bits of the little-endian float32 the
 // region starts with (the first Adam moment, m[0], in dptrain's
 // optimizer region). Byte 0, the lowest mantissa byte, changed m[0] by

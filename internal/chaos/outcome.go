@@ -50,7 +50,7 @@ var (
 	stepRE        = regexp.MustCompile(`(?m)^\[0\] step (\d+)\b`)
 	// corruptRE is what gorun says of a slot that failed its CRC32C:
 	// ckpt.ErrCorrupt's text (the agent's "restoring from other hosts"
-	// line names it under -v), or rank.CorruptError's.
+	// line names it under -v), or keeper.CorruptError's.
 	// For a base file on disk: durable.CorruptError's "durable: PATH:
 	// bytes [A, B): ...".
 	corruptRE = regexp.MustCompile(`ckpt: corrupt slot|corrupted in memory|durable: \S+: bytes \[`)

@@ -29,7 +29,7 @@ const flipAckWithin = 10 * time.Second
 // replicaFlipApplies reports whether ReplicaFlip can hit a job of c: its
 // replicas must be whole buffers (replicas:K, K ≥ 1, --protect-mode
 // full; diff mode's bases and logs and erasure coding's chunks are not
-// flipped: rank.ErrFlipMode), and the workload must protect state (not
+// flipped: keeper.ErrFlipMode), and the workload must protect state (not
 // MPICH).
 func replicaFlipApplies(c Config) bool {
 	k, ok := strings.CutPrefix(c.Redundancy, "replicas:")
@@ -235,7 +235,7 @@ func withinReplicaFlip(f Fault, lost []int, p Plan, c Config, durable, flipped b
 			return false, fmt.Sprintf("rank %d's %s on host %d: beyond the promise (reported, never a wrong hash)", r, onlyFlipped, f.Host)
 		}
 	}
-	return true, fmt.Sprintf(`README, --redundancy %s: "whole copies on K other hosts", and Protecting training state: the holders "check the CRCs"; a restore checks every region against the owner's CRC32C (rank/restore.go) and takes a good copy from another holder`, c.Redundancy)
+	return true, fmt.Sprintf(`README, --redundancy %s: "whole copies on K other hosts", and Protecting training state: the holders "check the CRCs"; a restore checks every region against the owner's CRC32C (internal/keeper/restore.go) and takes a good copy from another holder`, c.Redundancy)
 }
 
 // onlyFlipped is in a ReplicaFlip run's Promise when it is beyond the
@@ -245,12 +245,12 @@ const onlyFlipped = "only copies left are the ones flipped"
 
 // replicaFlipRules are the oracle's rules of ReplicaFlip (in Rules).
 var replicaFlipRules = [2]Rule{
-	{"replica-flip-detected", `README, Chaos testing: "A flipped slot, replica or base is detected (its CRC32C), never restored silently"; rank/restore.go: a copy's regions are checked against the owner's CRC32Cs (fillRegion) — with the flipped copies the only ones left and no durable tier, an exit 0 restored them`},
+	{"replica-flip-detected", `README, Chaos testing: "A flipped slot, replica or base is detected (its CRC32C), never restored silently"; internal/keeper/restore.go: a copy's regions are checked against the owner's CRC32Cs (fillRegion, internal/keeper/holderget.go) — with the flipped copies the only ones left and no durable tier, an exit 0 restored them`},
 	{"replica-flip-reported", `README, Exit code: "... with a one-line report naming the rank, its host and the cause": a restore refused for the flipped copies fails with the CRC32C mismatch (rank's "CRC32C X, want Y"), never for another cause`},
 }
 
 // crcMismatchRE is a restore's refusal of a copy that fails its CRC32C
-// (rank's fillRegion).
+// (internal/keeper's fillRegion).
 var crcMismatchRE = regexp.MustCompile(`CRC32C [0-9a-f]{8}, want [0-9a-f]{8}`)
 
 // judgeReplicaFlip applies replicaFlipRules to r (Judge's fail): a run
