@@ -204,10 +204,11 @@ chaos:
 		GORUN_CHAOS_KINDS=$(KINDS) GORUN_CHAOS_JSON=$(abspath $(JSON)) \
 		$(GO) test -count=1 -v -run '^TestChaos$$' -timeout $(CHAOS_TIMEOUT) ./internal/chaos/
 
-# Short fuzzing of every parser (go test -fuzz runs one target at a time).
+# Short fuzzing of every parser: every package with a Fuzz test (go test
+# -fuzz runs one target at a time).
 FUZZTIME ?= 20s
 fuzz:
-	@for p in ./topology/ ./internal/wire/ ./comm/ ./replay/ ./ckpt/ ./internal/keeper/ ./internal/agent/ ./hotswap/ ./durable/ ./gpu/; do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
+	@for p in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do for t in $$($(GO) test -list '^Fuzz' $$p | grep ^Fuzz); do \
 		$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$p || exit 1; done; done
 
 lint:
