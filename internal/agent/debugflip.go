@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -43,7 +42,7 @@ func (p *protection) startDebugFlip() {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGUSR2)
 	p.flipDone = make(chan struct{})
-	go func() {
+	p.a.tasks.Go("debug flip hook", func() {
 		defer close(p.flipDone)
 		defer signal.Stop(sigs)
 		for {
@@ -56,13 +55,13 @@ func (p *protection) startDebugFlip() {
 				}
 			}
 		}
-	}()
+	})
 }
 
 // flipUntilStop is flipReplicas bounded by debugFlipWait and by p.stop.
 func (p *protection) flipUntilStop(file string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), debugFlipWait)
-	var wg sync.WaitGroup
+	wg := newSubgroup(&p.a.tasks, "debug flip stop watch")
 	wg.Go(func() {
 		select {
 		case <-p.stop:

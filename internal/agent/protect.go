@@ -235,7 +235,7 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 		return nil, fmt.Errorf("subscribing to G: %w", err)
 	}
 	p.gsub = sub
-	go p.publish()
+	a.tasks.Go("state protection publisher", p.publish)
 	p.startDebugFlip()
 	return p, nil
 }

@@ -209,7 +209,7 @@ func testSockets(t *testing.T) *rankSockets {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &rankSockets{
 		ctx: ctx, cancel: cancel, job: "socktest", log: testLogger(t), stop: make(chan struct{}),
-		local: 3, conns: map[net.Conn]*session{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
+		local: 3, conns: map[net.Conn]*rankConn{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

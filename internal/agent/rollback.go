@@ -29,7 +29,7 @@ import (
 // cleanup closes the protection (stopRollback); a read of the reach that
 // hangs is not waited for (readReach).
 type rollback struct {
-	wg     sync.WaitGroup
+	wg     subgroup
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan error // the reload's end (nil when none runs)
@@ -43,7 +43,7 @@ type rollback struct {
 
 func (a *agent) rollbackState() *rollback {
 	if a.rb == nil {
-		a.rb = &rollback{}
+		a.rb = &rollback{wg: newSubgroup(&a.tasks, "roll-back")}
 		a.rb.ctx, a.rb.cancel = context.WithCancel(context.Background())
 	}
 	return a.rb

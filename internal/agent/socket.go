@@ -32,7 +32,7 @@ type rankSockets struct {
 	nc      *nats.Conn
 	subj    wire.Subjects
 	stop    chan struct{} // closed by close
-	// prot serves the state-protection requests (package rank), once
+	// prot serves the state-protection requests (internal/keeper), once
 	// started; ctx ends with close, for the requests that wait.
 	prot   *keeper.Keeper
 	ctx    context.Context
@@ -49,11 +49,12 @@ type rankSockets struct {
 	// ranks' peer-loss reports.
 	report func(*wire.Event)
 
-	wg sync.WaitGroup // serving goroutines
+	wg    subgroup // serving goroutines
+	tasks *group   // the agent's, for the other goroutines (nil: uncounted)
 
 	mu        sync.Mutex // guards the fields below, and table and epoch after start
 	listeners []net.Listener
-	conns     map[net.Conn]*session
+	conns     map[net.Conn]*rankConn
 	local     int                // ranks on this host
 	nextSeq   map[int]int        // per rank: the sequence of its next fence
 	ended     map[int]bool       // local ranks that ended in this epoch
@@ -61,32 +62,32 @@ type rankSockets struct {
 	closed    bool
 	// gen is the restart generation whose ranks the current epoch is for:
 	// ranks of other generations (killed by a restart, their exits and
-	// sessions late) neither enter its fences nor fail them. A restart
+	// connections late) neither enter its fences nor fail them. A restart
 	// (wire.OpRestart) says from which epoch on its generation runs;
 	// until that epoch's table is here it waits in restartGen and
 	// restartEpoch (restartGen 0: none).
 	gen          uint64
 	restartGen   uint64
 	restartEpoch uint64
-	// live is the generation of the ranks started last: a session
+	// live is the generation of the ranks started last: a connection
 	// welcomed from then on is theirs (the older ranks have all ended).
 	live uint64
 }
 
-// session is one connection of a rank; pushes of new epochs and answers
+// rankConn is one connection of a rank; pushes of new epochs and answers
 // are written from different goroutines.
-type session struct {
+type rankConn struct {
 	mu       sync.Mutex // guards writes, welcomed and gen (which only serve writes)
 	c        net.Conn
 	welcomed bool
 	gen      uint64 // the restart generation of the rank, set at the welcome
 	// The peers whose loss the rank reported in epoch lostEpoch (owned by
-	// the session's frame reader): each is passed on once.
+	// the connection's frame reader): each is passed on once.
 	lost      map[int]bool
 	lostEpoch uint64
 }
 
-func (ss *session) write(typ byte, v any) error {
+func (ss *rankConn) write(typ byte, v any) error {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	return wire.WriteSock(ss.c, typ, v)
@@ -109,7 +110,8 @@ func newRankSockets(a *agent, t *wire.EpochTable, local int) *rankSockets {
 		job: a.cfg.Job, host: a.cfg.Host, dataKey: a.cfg.Creds.Data.Hex(), log: a.log,
 		nc: a.ctl.Conn, subj: a.subj, stop: make(chan struct{}),
 		table: t.Encode(), epoch: t.Epoch, world: t.World, masterAddr: t.MasterAddr, masterPort: t.MasterPort, local: local, gen: a.gen, live: a.gen, report: a.event,
-		conns: map[net.Conn]*session{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
+		conns: map[net.Conn]*rankConn{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
+		wg: newSubgroup(&a.tasks, "rank socket"), tasks: &a.tasks,
 	}
 }
 
@@ -136,7 +138,7 @@ func (s *rankSockets) listen(rank int, path string) error {
 			if err != nil {
 				return
 			}
-			ss := &session{c: c}
+			ss := &rankConn{c: c}
 			if !s.track(ss) {
 				c.Close()
 				return
@@ -154,7 +156,7 @@ func (s *rankSockets) listen(rank int, path string) error {
 	return nil
 }
 
-func (s *rankSockets) track(ss *session) bool {
+func (s *rankSockets) track(ss *rankConn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -172,7 +174,7 @@ func (s *rankSockets) untrack(c net.Conn) {
 }
 
 // serve runs one connection of rank.
-func (s *rankSockets) serve(rank int, ss *session) error {
+func (s *rankSockets) serve(rank int, ss *rankConn) error {
 	c := ss.c
 	if err := checkPeer(c.(*net.UnixConn)); err != nil {
 		return err
@@ -193,7 +195,7 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 		return s.refuse(ss, fmt.Sprintf("protocol version %d, this agent speaks %d", h.Version, wire.SockVersion))
 	}
 	c.SetReadDeadline(time.Time{})
-	// The welcome and the session's place in epoch pushes are settled under
+	// The welcome and the connection's place in epoch pushes are settled under
 	// both locks, so a new epoch is either in the welcome or pushed after it.
 	s.mu.Lock()
 	ss.mu.Lock()
@@ -295,12 +297,12 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 
 // peerLost passes on to the launcher a rank's report that it lost peers
 // (wire.PeerLost): an EventPeerLost naming the peers not reported before
-// in the epoch on this session. A report of another epoch than the current
+// in the epoch on this connection. A report of another epoch than the current
 // one, or of a rank of another generation than the epoch's (killed by a
 // restart), is stale and dropped; one that does not decode or check is
-// dropped with a warning. Nothing is answered. It runs on the session's
+// dropped with a warning. Nothing is answered. It runs on the connection's
 // frame reader.
-func (s *rankSockets) peerLost(rank int, ss *session, b []byte) {
+func (s *rankSockets) peerLost(rank int, ss *rankConn, b []byte) {
 	var p wire.PeerLost
 	s.mu.Lock()
 	epoch, world, gen := s.epoch, s.world, s.gen
@@ -350,10 +352,10 @@ func (s *rankSockets) handle(prot *keeper.Session, typ byte, b []byte, frames <-
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
 	done := make(chan protResult, 1)
-	go func() {
+	s.tasks.Go("state-protection request", func() {
 		at, ans, err := prot.Handle(ctx, typ, b)
 		done <- protResult{at, ans, err}
-	}()
+	})
 	select {
 	case r := <-done:
 		return r, nil
@@ -373,7 +375,7 @@ type protResult struct {
 }
 
 // refuse tells the rank what was wrong and ends the connection.
-func (s *rankSockets) refuse(ss *session, msg string) error {
+func (s *rankSockets) refuse(ss *rankConn, msg string) error {
 	_ = ss.write(wire.SockError, &wire.SockErr{Err: msg})
 	return errors.New(msg)
 }
@@ -474,7 +476,7 @@ func (s *rankSockets) fence(gen uint64, rank int, f *wire.Fence) (*wire.Fence, e
 }
 
 // setEpoch moves to a new epoch: fences of the old one fail, and every
-// welcomed session is told the new table.
+// welcomed connection is told the new table.
 func (s *rankSockets) setEpoch(t *wire.EpochTable, local int) {
 	push := &wire.Welcome{Version: wire.SockVersion, Job: s.job, Epoch: t.Epoch, DataKey: s.dataKey, Table: t.Encode(),
 		MasterAddr: t.MasterAddr, MasterPort: t.MasterPort}
@@ -488,13 +490,13 @@ func (s *rankSockets) setEpoch(t *wire.EpochTable, local int) {
 	if s.restartGen != 0 && t.Epoch >= s.restartEpoch {
 		s.gen, s.restartGen, s.restartEpoch = s.restartGen, 0, 0
 	}
-	sessions := make([]*session, 0, len(s.conns))
+	conns := make([]*rankConn, 0, len(s.conns))
 	for _, ss := range s.conns {
-		sessions = append(sessions, ss)
+		conns = append(conns, ss)
 	}
 	// Pushed under s.mu so that no welcome of the old epoch can follow.
 	// Ranks of an older generation are not told: the epoch is not theirs.
-	for _, ss := range sessions {
+	for _, ss := range conns {
 		ss.mu.Lock()
 		if ss.welcomed && ss.gen == s.gen {
 			// A rank that does not read its socket must not hold the agent.
@@ -547,7 +549,7 @@ func (s *rankSockets) restart(gen, epoch uint64) {
 
 // launched records that the ranks of generation gen are about to start:
 // every connection open now is of an older rank, which has ended (or of
-// what it left behind), and is closed; sessions from now on are gen's.
+// what it left behind), and is closed; connections from now on are gen's.
 func (s *rankSockets) launched(gen uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -645,7 +647,7 @@ func (s *rankSockets) close(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
+	s.tasks.Go("rank socket close wait", func() { s.wg.Wait(); close(done) })
 	select {
 	case <-done:
 	case <-ctx.Done():
