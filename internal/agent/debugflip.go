@@ -15,7 +15,7 @@ import (
 // fault uses (internal/chaos): an agent started as its own process
 // (`gorun agent`) with GORUN_DEBUG_FLIP_REPLICAS=FILE in its environment
 // flips one byte of every complete replica its host holds for other
-// ranks' (rank.Host.FlipReplicas) each time it gets SIGUSR2, and appends
+// ranks' (keeper.Keeper.FlipReplicas) each time it gets SIGUSR2, and appends
 // one line per flipped buffer to FILE, then a line "done HOST N". An
 // owner whose replica a request holds past debugFlipWait is left as it
 // is and named in a line "busy HOST OWNER". Unset, the agent installs

@@ -314,9 +314,9 @@ func TestFenceOfAnOlderEpoch(t *testing.T) {
 }
 
 // TestRestartProtectionRollBack: a restart's control with Disk (a
-// roll-back to the durable tier) has the host roll back (rank.Host.RollBack:
+// roll-back to the durable tier) has the host roll back (keeper.Keeper.RollBack:
 // in diff mode under EC, H back to -1); one without restarts it in place
-// (rank.Host.Restart: H kept). The host runs diff mode under EC 2+2, the
+// (keeper.Keeper.Restart: H kept). The host runs diff mode under EC 2+2, the
 // first of four hosts, with H 4 published before the restart.
 func TestRestartProtectionRollBack(t *testing.T) {
 	for _, tc := range []struct {

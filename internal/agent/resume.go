@@ -21,7 +21,7 @@ import (
 // reports each local rank's reach on disk (resumeReach), waits for the
 // launcher's T (the first G it publishes), rebuilds each local rank's
 // state at T into its slots (preloadRanks: cascade.Load into
-// rank.Host.Preload's staged slot) and only then starts the ranks, which
+// keeper.Keeper.Preload's staged slot) and only then starts the ranks, which
 // restore T from their own slots.
 
 // resumeReach reads, for each of ranks, the newest step its state can be
@@ -114,7 +114,7 @@ func hasVersion(ls *durable.Listing, r int, step int64) bool {
 
 // preloadRanks rebuilds each of ranks' state at step target from the
 // durable tier in dir (base: the commit record's step) into its slots on
-// h, as committed step target (rank.Host.Preload). It stops at the first
+// h, as committed step target (keeper.Keeper.Preload). It stops at the first
 // rank that fails, whose error names it.
 func preloadRanks(ctx context.Context, h *keeper.Keeper, dir string, base, target int64, ranks []int, log *slog.Logger) error {
 	return fromDisk(ctx, dir, base, target, ranks, log, "resuming", "resumed",

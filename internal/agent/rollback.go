@@ -164,7 +164,7 @@ func (a *agent) stopRollback() {
 
 // reloadRanks rebuilds each of ranks' state at step target from the
 // durable tier in dir (base: the commit record's step) into its slots
-// on h (rank.Host.Reload): a rank whose slots hold target already keeps
+// on h (keeper.Keeper.Reload): a rank whose slots hold target already keeps
 // it. It stops at the first rank that fails, whose error names it.
 func reloadRanks(ctx context.Context, h *keeper.Keeper, dir string, base, target int64, ranks []int, log *slog.Logger) error {
 	return fromDisk(ctx, dir, base, target, ranks, log, "rolling back to", "rolled back",
