@@ -123,7 +123,7 @@ type agent struct {
 
 	ranks   []*rankProc
 	exits   chan *rankProc
-	done    chan struct{} // closed when Run returns
+	done    chan struct{} // closed at Run's end (end), before it waits for its goroutines
 	running int
 	killAt  <-chan time.Time // SIGKILL deadline after a stop
 	stopped bool             // a stop was ordered: start no rank from now on
