@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -16,7 +15,7 @@ import (
 // fault uses (internal/chaos): an agent started as its own process
 // (`gorun agent`) with GORUN_DEBUG_FLIP_REPLICAS=FILE in its environment
 // flips one byte of every complete replica its host holds for other
-// ranks' (rank.Host.FlipReplicas) each time it gets SIGUSR2, and appends
+// ranks' (keeper.Keeper.FlipReplicas) each time it gets SIGUSR2, and appends
 // one line per flipped buffer to FILE, then a line "done HOST N". An
 // owner whose replica a request holds past debugFlipWait is left as it
 // is and named in a line "busy HOST OWNER". Unset, the agent installs
@@ -43,7 +42,7 @@ func (p *protection) startDebugFlip() {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGUSR2)
 	p.flipDone = make(chan struct{})
-	go func() {
+	p.a.tasks.Go("debug flip hook", func() {
 		defer close(p.flipDone)
 		defer signal.Stop(sigs)
 		for {
@@ -56,13 +55,13 @@ func (p *protection) startDebugFlip() {
 				}
 			}
 		}
-	}()
+	})
 }
 
 // flipUntilStop is flipReplicas bounded by debugFlipWait and by p.stop.
 func (p *protection) flipUntilStop(file string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), debugFlipWait)
-	var wg sync.WaitGroup
+	wg := newSubgroup(&p.a.tasks, "debug flip stop watch")
 	wg.Go(func() {
 		select {
 		case <-p.stop:

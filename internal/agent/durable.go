@@ -9,9 +9,9 @@ import (
 )
 
 // The durable tier (gorun --ckpt-dir): the job spec's settings become
-// rank.HostConfig.Persist, each rank's rank.DurableProgress goes to the
+// keeper.Config.Persist, each rank's keeper.DurableProgress goes to the
 // launcher in its progress report, and the launcher's watermark and
-// resolved step come back on G (protection.onG → rank.Host.SetDurable).
+// resolved step come back on G (protection.onG → keeper.Keeper.SetDurable).
 
 // parsePersist adds the durable tier's settings of spec s to ps (whose
 // protect mode is parsed): the decoder bounded them; here --diff-batch
@@ -29,7 +29,7 @@ func parsePersist(s *wire.JobSpec, ps protectSettings) (protectSettings, error) 
 }
 
 // diffLog is the differential log on disk of a diff-mode job with a
-// durable tier (rank.HostConfig.DiffLog), or nil.
+// durable tier (keeper.Config.DiffLog), or nil.
 func (ps protectSettings) diffLog() *keeper.DiffLogConfig {
 	if ps.mode != protect.ModeDiff || ps.persist.Dir == "" {
 		return nil

@@ -14,7 +14,7 @@ import (
 )
 
 // TestParsePersist: the spec's durable settings become
-// rank.HostConfig.Persist (and the differential batch and resume
+// keeper.Config.Persist (and the differential batch and resume
 // settings are kept for the durable tier's log and resume); a batch
 // outside diff mode is refused with ErrJobSpec.
 func TestParsePersist(t *testing.T) {
@@ -87,7 +87,7 @@ func TestPersistSpecReachesHost(t *testing.T) {
 }
 
 // TestGWatermarkReachesHost: the durable watermark and resolved step on
-// G reach the host's state protection (rank.Host.D and X); a G without
+// G reach the host's state protection (keeper.Keeper.D and X); a G without
 // them leaves them, an older one is ignored.
 func TestGWatermarkReachesHost(t *testing.T) {
 	a := &agent{cfg: Config{Job: "gwm", Host: 0}, log: slog.New(slog.NewTextHandler(t.Output(), nil))}

@@ -25,7 +25,7 @@ type hostGPUs struct {
 	binds map[int]gpu.Binding // by rank
 
 	stop context.CancelFunc // ends the watch
-	wg   sync.WaitGroup     // the watch's forwarder
+	wg   subgroup           // the watch's forwarder
 }
 
 // openGPUs finds the host's GPUs. A host without an NVIDIA driver runs
@@ -130,6 +130,7 @@ func (g *hostGPUs) watch(ctx context.Context, a *agent) {
 		return
 	}
 	ctx, g.stop = context.WithCancel(ctx)
+	g.wg = newSubgroup(&a.tasks, "GPU health watch")
 	events, err := g.backend.Watch(ctx)
 	if err != nil {
 		a.log.Warn("cannot watch GPU health", "err", err)

@@ -160,7 +160,7 @@ func startPMIDriver(tb testing.TB, driver string) *pmiDriver {
 	}
 	s := &rankSockets{
 		job: job, log: slog.New(slog.DiscardHandler), nc: ctl.Conn, subj: subj.ForHost(0), stop: make(chan struct{}),
-		world: 1, local: 1, conns: map[net.Conn]*session{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
+		world: 1, local: 1, conns: map[net.Conn]*rankConn{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
 	}
 	if _, err := ctl.Subscribe(subj.Fence, s.fenceDone); err != nil {
 		tb.Fatal(err)

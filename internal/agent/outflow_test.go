@@ -143,7 +143,7 @@ func TestExitNotHeldByOutput(t *testing.T) {
 	defer close(done)
 	p := &rankProc{place: wire.Placement{Rank: 0}}
 	spec := &wire.JobSpec{Prog: "sh", Args: []string{"-c", "head -c 59400 /dev/zero | tr '\\0' x | fold -w 99; exit 3"}, Dir: t.TempDir()}
-	if err := p.start(spec, baseEnv(os.Environ(), nil), false, b, exits, done); err != nil {
+	if err := p.start(spec, baseEnv(os.Environ(), nil), false, b, exits, done, nil); err != nil {
 		t.Fatal(err)
 	}
 	defer p.signal(syscall.SIGKILL)
@@ -203,7 +203,7 @@ func TestPipeHeldOpenAfterExit(t *testing.T) {
 	p := &rankProc{place: wire.Placement{Rank: 0}}
 	pidFile := t.TempDir() + "/pid"
 	spec := &wire.JobSpec{Prog: "sh", Args: []string{"-c", "echo before; setsid sh -c 'echo $$ > " + pidFile + "; exec sleep 600' & while [ ! -s " + pidFile + " ]; do sleep 0.01; done"}, Dir: t.TempDir()}
-	if err := p.start(spec, baseEnv(os.Environ(), nil), false, b, exits, done); err != nil {
+	if err := p.start(spec, baseEnv(os.Environ(), nil), false, b, exits, done, nil); err != nil {
 		t.Fatal(err)
 	}
 	defer func() {

@@ -18,7 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// protection runs the host's state protection (package rank): a service
+// protection runs the host's state protection (internal/keeper): a service
 // per local rank, the replicas this host holds, the progress reports to
 // the launcher and G from it.
 type protection struct {
@@ -42,7 +42,7 @@ type protection struct {
 }
 
 // rankStateFailure is a local rank whose protected state is corrupt
-// (rank.HostConfig.Failed): the agent's loop kills it (failRank).
+// (keeper.Config.Failed): the agent's loop kills it (failRank).
 type rankStateFailure struct {
 	rank int
 	gen  uint64
@@ -50,7 +50,7 @@ type rankStateFailure struct {
 }
 
 // protectSettings are the job's protect mode and diff-mode settings, as
-// rank.HostConfig takes them, and its durable tier's (durable.go).
+// keeper.Config takes them, and its durable tier's (durable.go).
 type protectSettings struct {
 	mode    protect.ProtectMode
 	diff    keeper.DiffConfig
@@ -62,7 +62,7 @@ type protectSettings struct {
 }
 
 // CheckDiffCodec says what is wrong with a diff codec as gorun
-// --diff-codec and a job spec give it (rank.ParseDiffCodec's form), or
+// --diff-codec and a job spec give it (protect.ParseDiffCodec's form), or
 // nil: the launcher checks a job's before it starts any agent.
 func CheckDiffCodec(codec string) error {
 	_, err := protect.ParseDiffCodec(codec)
@@ -71,8 +71,8 @@ func CheckDiffCodec(codec string) error {
 
 // parseProtect reads the protection settings of the launcher's job spec
 // (gorun --protect-mode, --diff-fold, --base-every, --diff-codec): the
-// mode with rank.ParseProtectMode ("" is full), the codec from its flag
-// form with rank.ParseDiffCodec ("" is raw). It refuses, with an error
+// mode with protect.ParseProtectMode ("" is full), the codec from its flag
+// form with protect.ParseDiffCodec ("" is raw). It refuses, with an error
 // wrapping ErrJobSpec, an unknown mode or codec, a fold or base period
 // out of range, and diff settings without diff mode; then the durable
 // tier's settings (parsePersist).
@@ -235,7 +235,7 @@ func (a *agent) startProtection(t *wire.EpochTable, ln net.Listener) (*protectio
 		return nil, fmt.Errorf("subscribing to G: %w", err)
 	}
 	p.gsub = sub
-	go p.publish()
+	a.tasks.Go("state protection publisher", p.publish)
 	p.startDebugFlip()
 	return p, nil
 }
@@ -272,7 +272,7 @@ func (p *protection) setTable(t *wire.EpochTable) error {
 }
 
 // linkFailed reports that replication from this host to host failed
-// (rank.HostConfig.LinkFailed): the launcher suspects that host at once.
+// (keeper.Config.LinkFailed): the launcher suspects that host at once.
 // It is called from the service's goroutines.
 func (p *protection) linkFailed(host int, err error) {
 	a := p.a

@@ -109,7 +109,7 @@ func TestSetTableG(t *testing.T) {
 }
 
 // TestParseProtect: the spec's protect mode and diff settings become
-// rank.HostConfig's Mode and Diff, the codec parsed from its flag form;
+// keeper.Config's Mode and Diff, the codec parsed from its flag form;
 // what the agent cannot use is refused with ErrJobSpec, saying what.
 func TestParseProtect(t *testing.T) {
 	int8x64, err := protect.ParseDiffCodec("int8:64")

@@ -57,10 +57,11 @@ type rankProc struct {
 // report its end on exits. When the program cannot be started, the end is
 // reported all the same (as a shell would: 127 not found, 126 not runnable).
 // Reports are dropped once done is closed (the agent has stopped listening).
+// The goroutines are g's (nil: uncounted).
 //
 // With stdin set, the rank reads its standard input from a pipe whose write
 // end is returned in p.stdin; otherwise from /dev/null.
-func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batcher, exits chan<- *rankProc, done <-chan struct{}) error {
+func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batcher, exits chan<- *rankProc, done <-chan struct{}, g *group) error {
 	if spec.Dir != "" {
 		// Checked here: with SysProcAttr set, os/exec would report a
 		// missing directory as a missing program.
@@ -68,7 +69,7 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 			if err == nil {
 				err = syscall.ENOTDIR
 			}
-			return p.failStart(fmt.Errorf("%w %s: %w", errWorkDir, spec.Dir, err), exits, done)
+			return p.failStart(fmt.Errorf("%w %s: %w", errWorkDir, spec.Dir, err), exits, done, g)
 		}
 	}
 	var parentEnds, childEnds []*os.File // closed on failure; the child's always, after the start
@@ -85,13 +86,13 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 	}
 	outR, outW, err := pipe()
 	if err != nil {
-		return p.failStart(err, exits, done)
+		return p.failStart(err, exits, done, g)
 	}
 	errR, errW, err := pipe()
 	if err != nil {
 		closeAll(parentEnds)
 		closeAll(childEnds)
-		return p.failStart(err, exits, done)
+		return p.failStart(err, exits, done, g)
 	}
 	cmd := rankCommand(p.prog, spec)
 	cmd.Dir = spec.Dir
@@ -102,7 +103,7 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 		if err != nil {
 			closeAll(parentEnds)
 			closeAll(childEnds)
-			return p.failStart(err, exits, done)
+			return p.failStart(err, exits, done, g)
 		}
 		cmd.Stdin = inR
 		childEnds, parentEnds = append(childEnds, inR), append(parentEnds, inW)
@@ -119,7 +120,7 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 	if err != nil {
 		closeAll(parentEnds)
 		p.stdin = nil
-		return p.failStart(err, exits, done)
+		return p.failStart(err, exits, done, g)
 	}
 	p.pid = cmd.Process.Pid
 	ro := newRankOutput()
@@ -127,9 +128,9 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 	errS := out.openStream(p.place.Rank, wire.Stderr, p.gen, ro)
 	var pumps sync.WaitGroup
 	pumps.Add(2)
-	go func() { defer pumps.Done(); outS.pump(outR) }()
-	go func() { defer pumps.Done(); errS.pump(errR) }()
-	go func() {
+	g.Go("rank output pump", func() { defer pumps.Done(); outS.pump(outR) })
+	g.Go("rank output pump", func() { defer pumps.Done(); errS.pump(errR) })
+	g.Go("rank waiter", func() {
 		// Wait for the rank to end without reaping it, and kill what it
 		// left in its process group while its pid, and so the group id,
 		// cannot have been reused: a group id signalled later could name
@@ -151,7 +152,7 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 		// on without this goroutine).
 		ro.rankEnded(outR, errR)
 		drained := make(chan struct{})
-		go func() { pumps.Wait(); close(drained) }()
+		g.Go("rank output drain", func() { pumps.Wait(); close(drained) })
 		select {
 		case <-drained:
 		case <-ro.settled():
@@ -161,7 +162,7 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 		case exits <- p:
 		case <-done:
 		}
-	}()
+	})
 	return nil
 }
 
@@ -194,14 +195,14 @@ func rankCommand(prog string, spec *wire.JobSpec) *exec.Cmd {
 	return cmd
 }
 
-func (p *rankProc) failStart(err error, exits chan<- *rankProc, done <-chan struct{}) error {
+func (p *rankProc) failStart(err error, exits chan<- *rankProc, done <-chan struct{}, g *group) error {
 	p.startErr = err
-	go func() {
+	g.Go("rank start failure report", func() {
 		select {
 		case exits <- p:
 		case <-done:
 		}
-	}()
+	})
 	return err
 }
 

@@ -28,7 +28,7 @@ func startRank(t *testing.T, dir, prog string, args ...string) (*rankProc, <-cha
 	t.Cleanup(func() { close(done) })
 	p := &rankProc{place: wire.Placement{Rank: 3, Host: 2, LocalRank: 1, LocalSize: 2}}
 	spec := &wire.JobSpec{Prog: prog, Args: args, Dir: dir}
-	err := p.start(spec, baseEnv(os.Environ(), nil), false, discardBatcher(), exits, done)
+	err := p.start(spec, baseEnv(os.Environ(), nil), false, discardBatcher(), exits, done, nil)
 	if err == nil {
 		t.Cleanup(func() { p.signal(syscall.SIGKILL) })
 	}
@@ -182,11 +182,11 @@ func TestStartReportsDroppedAfterDone(t *testing.T) {
 	done := make(chan struct{})
 	close(done)
 	p := &rankProc{}
-	if err := p.start(&wire.JobSpec{Prog: "gorun-no-such-program", Dir: t.TempDir()}, nil, false, discardBatcher(), exits, done); err == nil {
+	if err := p.start(&wire.JobSpec{Prog: "gorun-no-such-program", Dir: t.TempDir()}, nil, false, discardBatcher(), exits, done, nil); err == nil {
 		t.Fatal("start succeeded")
 	}
 	q := &rankProc{}
-	if err := q.start(&wire.JobSpec{Prog: "true", Dir: t.TempDir()}, nil, false, discardBatcher(), exits, done); err != nil {
+	if err := q.start(&wire.JobSpec{Prog: "true", Dir: t.TempDir()}, nil, false, discardBatcher(), exits, done, nil); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)

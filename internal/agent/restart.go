@@ -77,8 +77,8 @@ func (a *agent) tryRestart() {
 }
 
 // restartProtection has the state protection begin restart r's
-// generation from r.G: rank.Host.Restart, or for a roll-back to the
-// durable tier (r.Disk) rank.Host.RollBack (in diff mode under EC the
+// generation from r.G: keeper.Keeper.Restart, or for a roll-back to the
+// durable tier (r.Disk) keeper.Keeper.RollBack (in diff mode under EC the
 // base schedule starts again from G: H goes back to -1).
 func (a *agent) restartProtection(r *wire.Control) error {
 	if r.Disk {

@@ -209,7 +209,7 @@ func testSockets(t *testing.T) *rankSockets {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &rankSockets{
 		ctx: ctx, cancel: cancel, job: "socktest", log: testLogger(t), stop: make(chan struct{}),
-		local: 3, conns: map[net.Conn]*session{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
+		local: 3, conns: map[net.Conn]*rankConn{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -314,9 +314,9 @@ func TestFenceOfAnOlderEpoch(t *testing.T) {
 }
 
 // TestRestartProtectionRollBack: a restart's control with Disk (a
-// roll-back to the durable tier) has the host roll back (rank.Host.RollBack:
+// roll-back to the durable tier) has the host roll back (keeper.Keeper.RollBack:
 // in diff mode under EC, H back to -1); one without restarts it in place
-// (rank.Host.Restart: H kept). The host runs diff mode under EC 2+2, the
+// (keeper.Keeper.Restart: H kept). The host runs diff mode under EC 2+2, the
 // first of four hosts, with H 4 published before the restart.
 func TestRestartProtectionRollBack(t *testing.T) {
 	for _, tc := range []struct {

@@ -21,7 +21,7 @@ import (
 // reports each local rank's reach on disk (resumeReach), waits for the
 // launcher's T (the first G it publishes), rebuilds each local rank's
 // state at T into its slots (preloadRanks: cascade.Load into
-// rank.Host.Preload's staged slot) and only then starts the ranks, which
+// keeper.Keeper.Preload's staged slot) and only then starts the ranks, which
 // restore T from their own slots.
 
 // resumeReach reads, for each of ranks, the newest step its state can be
@@ -73,12 +73,13 @@ func resumeReach(ctx context.Context, host int, dir string, ranks []int) *wire.R
 // readReach reads the ranks' reach on disk (cfg.ReadReach, else
 // resumeReach), or returns nil once ctx is done first (the job stops).
 //
-// The read runs on a goroutine of its own that nothing waits for: a read
-// of the checkpoint directory that hangs in the kernel (a stalled
+// The read runs on a goroutine of its own that cleanup does not wait for:
+// a read of the checkpoint directory that hangs in the kernel (a stalled
 // network file system) cannot be interrupted, and must not keep the
 // agent from exiting once the launcher stops the job (cleanup waits for
 // the goroutines of --resume and of a roll-back, which cancel ctx
-// first). It uses nothing the agent closes at exit (not the protection,
+// first). It is of the agent's group all the same: Run waits for it a
+// bounded time at its end (goroutineWait), then logs it left. It uses nothing the agent closes at exit (not the protection,
 // not the control plane): it only reads files and hands back its result,
 // into a buffer nobody may read.
 func (a *agent) readReach(ctx context.Context, dir string, ranks []int) *wire.ResumeReach {
@@ -88,7 +89,7 @@ func (a *agent) readReach(ctx context.Context, dir string, ranks []int) *wire.Re
 	}
 	got := make(chan *wire.ResumeReach, 1)
 	host := a.cfg.Host
-	go func() { got <- read(ctx, host, dir, ranks) }()
+	a.tasks.Go("reach read", func() { got <- read(ctx, host, dir, ranks) })
 	select {
 	case r := <-got:
 		return r
@@ -113,7 +114,7 @@ func hasVersion(ls *durable.Listing, r int, step int64) bool {
 
 // preloadRanks rebuilds each of ranks' state at step target from the
 // durable tier in dir (base: the commit record's step) into its slots on
-// h, as committed step target (rank.Host.Preload). It stops at the first
+// h, as committed step target (keeper.Keeper.Preload). It stops at the first
 // rank that fails, whose error names it.
 func preloadRanks(ctx context.Context, h *keeper.Keeper, dir string, base, target int64, ranks []int, log *slog.Logger) error {
 	return fromDisk(ctx, dir, base, target, ranks, log, "resuming", "resumed",
@@ -176,7 +177,7 @@ type resumer struct {
 	places  []wire.Placement
 	ctx     context.Context
 	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	wg      subgroup
 	done    chan error // the preload's end (nil until it began)
 	target  int64      // T, once known (-1 before)
 	aborted bool       // the job stopped first: the ranks were reported not started
@@ -189,7 +190,7 @@ type resumer struct {
 // reads their reach on disk and sends it to the launcher, on a goroutine.
 // The loop then waits for T (resumeTarget) and the preload (resumeDone).
 func (a *agent) beginResume(t *wire.EpochTable, places []wire.Placement) {
-	r := &resumer{t: t, places: places, target: -1}
+	r := &resumer{t: t, places: places, target: -1, wg: newSubgroup(&a.tasks, "resume")}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	a.res = r
 	ranks := make([]int, len(places))

@@ -29,7 +29,7 @@ import (
 // cleanup closes the protection (stopRollback); a read of the reach that
 // hangs is not waited for (readReach).
 type rollback struct {
-	wg     sync.WaitGroup
+	wg     subgroup
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan error // the reload's end (nil when none runs)
@@ -43,7 +43,7 @@ type rollback struct {
 
 func (a *agent) rollbackState() *rollback {
 	if a.rb == nil {
-		a.rb = &rollback{}
+		a.rb = &rollback{wg: newSubgroup(&a.tasks, "roll-back")}
 		a.rb.ctx, a.rb.cancel = context.WithCancel(context.Background())
 	}
 	return a.rb
@@ -164,7 +164,7 @@ func (a *agent) stopRollback() {
 
 // reloadRanks rebuilds each of ranks' state at step target from the
 // durable tier in dir (base: the commit record's step) into its slots
-// on h (rank.Host.Reload): a rank whose slots hold target already keeps
+// on h (keeper.Keeper.Reload): a rank whose slots hold target already keeps
 // it. It stops at the first rank that fails, whose error names it.
 func reloadRanks(ctx context.Context, h *keeper.Keeper, dir string, base, target int64, ranks []int, log *slog.Logger) error {
 	return fromDisk(ctx, dir, base, target, ranks, log, "rolling back to", "rolled back",

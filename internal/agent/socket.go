@@ -32,7 +32,7 @@ type rankSockets struct {
 	nc      *nats.Conn
 	subj    wire.Subjects
 	stop    chan struct{} // closed by close
-	// prot serves the state-protection requests (package rank), once
+	// prot serves the state-protection requests (internal/keeper), once
 	// started; ctx ends with close, for the requests that wait.
 	prot   *keeper.Keeper
 	ctx    context.Context
@@ -49,11 +49,12 @@ type rankSockets struct {
 	// ranks' peer-loss reports.
 	report func(*wire.Event)
 
-	wg sync.WaitGroup // serving goroutines
+	wg    subgroup // serving goroutines
+	tasks *group   // the agent's, for the other goroutines (nil: uncounted)
 
 	mu        sync.Mutex // guards the fields below, and table and epoch after start
 	listeners []net.Listener
-	conns     map[net.Conn]*session
+	conns     map[net.Conn]*rankConn
 	local     int                // ranks on this host
 	nextSeq   map[int]int        // per rank: the sequence of its next fence
 	ended     map[int]bool       // local ranks that ended in this epoch
@@ -61,45 +62,35 @@ type rankSockets struct {
 	closed    bool
 	// gen is the restart generation whose ranks the current epoch is for:
 	// ranks of other generations (killed by a restart, their exits and
-	// sessions late) neither enter its fences nor fail them. A restart
+	// connections late) neither enter its fences nor fail them. A restart
 	// (wire.OpRestart) says from which epoch on its generation runs;
 	// until that epoch's table is here it waits in restartGen and
 	// restartEpoch (restartGen 0: none).
 	gen          uint64
 	restartGen   uint64
 	restartEpoch uint64
-	// live is the generation of the ranks started last: a session
+	// live is the generation of the ranks started last: a connection
 	// welcomed from then on is theirs (the older ranks have all ended).
 	live uint64
 }
 
-// session is one connection of a rank; pushes of new epochs and answers
+// rankConn is one connection of a rank; pushes of new epochs and answers
 // are written from different goroutines.
-type session struct {
+type rankConn struct {
 	mu       sync.Mutex // guards writes, welcomed and gen (which only serve writes)
 	c        net.Conn
 	welcomed bool
 	gen      uint64 // the restart generation of the rank, set at the welcome
 	// The peers whose loss the rank reported in epoch lostEpoch (owned by
-	// the session's frame reader): each is passed on once.
+	// the connection's frame reader): each is passed on once.
 	lost      map[int]bool
 	lostEpoch uint64
 }
 
-func (ss *session) write(typ byte, v any) error {
+func (ss *rankConn) write(typ byte, v any) error {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	return wire.WriteSock(ss.c, typ, v)
-}
-
-// hostFence gathers this host's ranks in one fence.
-type hostFence struct {
-	kv     map[string]string
-	n      int
-	in     map[int]bool // the local ranks that entered
-	err    string
-	done   chan struct{} // closed when result is set
-	result *wire.Fence
 }
 
 func newRankSockets(a *agent, t *wire.EpochTable, local int) *rankSockets {
@@ -109,7 +100,8 @@ func newRankSockets(a *agent, t *wire.EpochTable, local int) *rankSockets {
 		job: a.cfg.Job, host: a.cfg.Host, dataKey: a.cfg.Creds.Data.Hex(), log: a.log,
 		nc: a.ctl.Conn, subj: a.subj, stop: make(chan struct{}),
 		table: t.Encode(), epoch: t.Epoch, world: t.World, masterAddr: t.MasterAddr, masterPort: t.MasterPort, local: local, gen: a.gen, live: a.gen, report: a.event,
-		conns: map[net.Conn]*session{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
+		conns: map[net.Conn]*rankConn{}, nextSeq: map[int]int{}, fences: map[int]*hostFence{},
+		wg: newSubgroup(&a.tasks, "rank socket"), tasks: &a.tasks,
 	}
 }
 
@@ -136,7 +128,7 @@ func (s *rankSockets) listen(rank int, path string) error {
 			if err != nil {
 				return
 			}
-			ss := &session{c: c}
+			ss := &rankConn{c: c}
 			if !s.track(ss) {
 				c.Close()
 				return
@@ -154,7 +146,7 @@ func (s *rankSockets) listen(rank int, path string) error {
 	return nil
 }
 
-func (s *rankSockets) track(ss *session) bool {
+func (s *rankSockets) track(ss *rankConn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -172,7 +164,7 @@ func (s *rankSockets) untrack(c net.Conn) {
 }
 
 // serve runs one connection of rank.
-func (s *rankSockets) serve(rank int, ss *session) error {
+func (s *rankSockets) serve(rank int, ss *rankConn) error {
 	c := ss.c
 	if err := checkPeer(c.(*net.UnixConn)); err != nil {
 		return err
@@ -193,7 +185,7 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 		return s.refuse(ss, fmt.Sprintf("protocol version %d, this agent speaks %d", h.Version, wire.SockVersion))
 	}
 	c.SetReadDeadline(time.Time{})
-	// The welcome and the session's place in epoch pushes are settled under
+	// The welcome and the connection's place in epoch pushes are settled under
 	// both locks, so a new epoch is either in the welcome or pushed after it.
 	s.mu.Lock()
 	ss.mu.Lock()
@@ -295,12 +287,12 @@ func (s *rankSockets) serve(rank int, ss *session) error {
 
 // peerLost passes on to the launcher a rank's report that it lost peers
 // (wire.PeerLost): an EventPeerLost naming the peers not reported before
-// in the epoch on this session. A report of another epoch than the current
+// in the epoch on this connection. A report of another epoch than the current
 // one, or of a rank of another generation than the epoch's (killed by a
 // restart), is stale and dropped; one that does not decode or check is
-// dropped with a warning. Nothing is answered. It runs on the session's
+// dropped with a warning. Nothing is answered. It runs on the connection's
 // frame reader.
-func (s *rankSockets) peerLost(rank int, ss *session, b []byte) {
+func (s *rankSockets) peerLost(rank int, ss *rankConn, b []byte) {
 	var p wire.PeerLost
 	s.mu.Lock()
 	epoch, world, gen := s.epoch, s.world, s.gen
@@ -350,10 +342,10 @@ func (s *rankSockets) handle(prot *keeper.Session, typ byte, b []byte, frames <-
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
 	done := make(chan protResult, 1)
-	go func() {
+	s.tasks.Go("state-protection request", func() {
 		at, ans, err := prot.Handle(ctx, typ, b)
 		done <- protResult{at, ans, err}
-	}()
+	})
 	select {
 	case r := <-done:
 		return r, nil
@@ -373,7 +365,7 @@ type protResult struct {
 }
 
 // refuse tells the rank what was wrong and ends the connection.
-func (s *rankSockets) refuse(ss *session, msg string) error {
+func (s *rankSockets) refuse(ss *rankConn, msg string) error {
 	_ = ss.write(wire.SockError, &wire.SockErr{Err: msg})
 	return errors.New(msg)
 }
@@ -400,234 +392,6 @@ func checkPeer(c *net.UnixConn) error {
 	return nil
 }
 
-// fence enters rank, a rank of restart generation gen, into its next
-// fence and waits for the whole job's.
-func (s *rankSockets) fence(gen uint64, rank int, f *wire.Fence) (*wire.Fence, error) {
-	s.mu.Lock()
-	if gen != s.gen {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("fence of a rank of restart generation %d, epoch %d is generation %d's", gen, s.epoch, s.gen)
-	}
-	if f.Epoch < s.epoch {
-		// The rank entered it before it read the push of the new epoch
-		// (already on its way): the fence fails as those in progress did.
-		cur := s.epoch
-		s.mu.Unlock()
-		return &wire.Fence{Epoch: f.Epoch, Seq: f.Seq, Err: fmt.Sprintf("the epoch changed to %d", cur)}, nil
-	}
-	if f.Epoch != s.epoch {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("fence of epoch %d, the current one is %d", f.Epoch, s.epoch)
-	}
-	if want := s.nextSeq[rank]; f.Seq != want {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("fence %d, expected %d", f.Seq, want)
-	}
-	if r, ok := s.endedRank(); ok {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("rank %d ended without entering this fence", r)
-	}
-	s.nextSeq[rank]++
-	hf := s.fences[f.Seq]
-	if hf == nil {
-		hf = &hostFence{kv: map[string]string{}, in: map[int]bool{}, done: make(chan struct{})}
-		s.fences[f.Seq] = hf
-	}
-	hf.in[rank] = true
-	for k, v := range f.KV {
-		if _, dup := hf.kv[k]; dup && hf.err == "" {
-			hf.err = fmt.Sprintf("key %q set by two ranks", k)
-		}
-		hf.kv[k] = v
-	}
-	hf.n++
-	var up []byte
-	if hf.n == s.local {
-		up = wire.Marshal(&wire.UpFence{Host: s.host, Epoch: s.epoch, Seq: f.Seq, KV: hf.kv})
-	}
-	s.mu.Unlock()
-	if up != nil {
-		if err := s.nc.Publish(s.subj.UpFence, up); err != nil {
-			// Every local rank of this fence waits on it: fail it for all.
-			s.mu.Lock()
-			if s.fences[f.Seq] == hf && hf.result == nil {
-				delete(s.fences, f.Seq)
-				hf.err = fmt.Sprintf("fence: sending this host's part to the launcher: %v", err)
-				close(hf.done)
-			}
-			s.mu.Unlock()
-			return nil, fmt.Errorf("fence: %w", err)
-		}
-	}
-	select {
-	case <-hf.done:
-	case <-s.stop:
-		return nil, errors.New("fence: the agent is stopping")
-	}
-	if hf.result == nil { // failed by setEpoch
-		return &wire.Fence{Epoch: f.Epoch, Seq: f.Seq, Err: hf.err}, nil
-	}
-	if hf.err != "" {
-		return &wire.Fence{Epoch: s.epoch, Seq: f.Seq, Err: hf.err}, nil
-	}
-	return hf.result, nil
-}
-
-// setEpoch moves to a new epoch: fences of the old one fail, and every
-// welcomed session is told the new table.
-func (s *rankSockets) setEpoch(t *wire.EpochTable, local int) {
-	push := &wire.Welcome{Version: wire.SockVersion, Job: s.job, Epoch: t.Epoch, DataKey: s.dataKey, Table: t.Encode(),
-		MasterAddr: t.MasterAddr, MasterPort: t.MasterPort}
-	s.mu.Lock()
-	if t.Epoch <= s.epoch {
-		s.mu.Unlock()
-		return
-	}
-	s.table, s.epoch, s.world, s.local = push.Table, t.Epoch, t.World, local
-	s.masterAddr, s.masterPort = t.MasterAddr, t.MasterPort
-	if s.restartGen != 0 && t.Epoch >= s.restartEpoch {
-		s.gen, s.restartGen, s.restartEpoch = s.restartGen, 0, 0
-	}
-	sessions := make([]*session, 0, len(s.conns))
-	for _, ss := range s.conns {
-		sessions = append(sessions, ss)
-	}
-	// Pushed under s.mu so that no welcome of the old epoch can follow.
-	// Ranks of an older generation are not told: the epoch is not theirs.
-	for _, ss := range sessions {
-		ss.mu.Lock()
-		if ss.welcomed && ss.gen == s.gen {
-			// A rank that does not read its socket must not hold the agent.
-			ss.c.SetWriteDeadline(time.Now().Add(time.Second))
-			if err := wire.WriteSock(ss.c, wire.SockEpoch, push); err != nil {
-				s.log.Warn("cannot tell a rank of the new epoch", "err", err)
-			}
-			ss.c.SetWriteDeadline(time.Time{})
-		}
-		ss.mu.Unlock()
-	}
-	// The old epoch's fences fail after the push: a rank reads the new
-	// epoch before its fence's failure, and knows why it failed.
-	s.resetFences(fmt.Sprintf("the epoch changed to %d", t.Epoch))
-	s.mu.Unlock()
-}
-
-// resetFences starts the fences of the current epoch afresh: every
-// fence pending fails with why, and no rank has entered or left any.
-// s.mu is held.
-func (s *rankSockets) resetFences(why string) {
-	s.nextSeq = map[int]int{}
-	s.ended = nil
-	for seq, hf := range s.fences {
-		hf.err = why
-		close(hf.done)
-		delete(s.fences, seq)
-	}
-}
-
-// restart records that the ranks restart in generation gen from epoch on
-// (wire.OpRestart): from that epoch's table on, only gen's ranks take part
-// in fences, and the ends of older ranks are not that epoch's business.
-func (s *rankSockets) restart(gen, epoch uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if gen <= s.gen || gen <= s.restartGen {
-		return
-	}
-	if epoch > s.epoch {
-		s.restartGen, s.restartEpoch = gen, epoch
-		return
-	}
-	// The table came first: what the old ranks did in this epoch (the
-	// fences they entered, their ends) is undone.
-	s.log.Warn("the restart's epoch table arrived before the restart", "generation", gen, "epoch", epoch)
-	s.gen, s.restartGen, s.restartEpoch = gen, 0, 0
-	s.resetFences(fmt.Sprintf("the ranks are restarting (generation %d)", gen))
-}
-
-// launched records that the ranks of generation gen are about to start:
-// every connection open now is of an older rank, which has ended (or of
-// what it left behind), and is closed; sessions from now on are gen's.
-func (s *rankSockets) launched(gen uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.live = gen
-	for c := range s.conns {
-		c.Close()
-	}
-}
-
-// liveGen returns the generation of the ranks started last.
-func (s *rankSockets) liveGen() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.live
-}
-
-// endedRank returns a local rank that ended in this epoch, if any. s.mu
-// is held.
-func (s *rankSockets) endedRank() (int, bool) {
-	for r := range s.ended {
-		return r, true
-	}
-	return 0, false
-}
-
-// rankEnded records that a local rank of restart generation gen ended:
-// the fences of this epoch it has not entered can never complete, so they
-// fail now (ranks waiting in them, such as MPI ranks in a PMI barrier, are
-// not left hanging), and so do later ones. The end of a rank of another
-// generation than the epoch's (killed by a restart) changes nothing.
-func (s *rankSockets) rankEnded(rank int, gen uint64) {
-	s.mu.Lock()
-	if gen != s.gen {
-		s.mu.Unlock()
-		return
-	}
-	if s.ended == nil {
-		s.ended = map[int]bool{}
-	}
-	s.ended[rank] = true
-	why := fmt.Sprintf("rank %d ended without entering this fence", rank)
-	for seq, hf := range s.fences {
-		if !hf.in[rank] && hf.result == nil {
-			hf.err = why
-			close(hf.done)
-			delete(s.fences, seq)
-		}
-	}
-	// Ranks on other hosts may wait for it in its next fence: fail that
-	// one job-wide (nobody is hurt if nobody waits), unless a restart
-	// has already left this epoch behind.
-	var up []byte
-	if s.restartGen == 0 {
-		up = wire.Marshal(&wire.UpFence{Host: s.host, Epoch: s.epoch, Seq: s.nextSeq[rank], Err: why})
-	}
-	s.mu.Unlock()
-	if s.nc != nil && up != nil {
-		if err := s.nc.Publish(s.subj.UpFence, up); err != nil {
-			s.log.Warn("cannot fail the fence a rank left", "rank", rank, "err", err)
-		}
-	}
-}
-
-// fenceDone delivers the launcher's merged fence to the waiting ranks.
-func (s *rankSockets) fenceDone(m *nats.Msg) {
-	f, err := wire.DecodeFence(m.Data, wire.MaxWorld)
-	if err != nil {
-		s.log.Warn("bad fence from the launcher", "err", err)
-		return
-	}
-	s.mu.Lock()
-	hf := s.fences[f.Seq]
-	if f.Epoch == s.epoch && hf != nil && hf.result == nil {
-		delete(s.fences, f.Seq)
-		hf.result = f
-		close(hf.done)
-	}
-	s.mu.Unlock()
-}
-
 // close stops serving: listeners and connections are closed and the
 // serving goroutines waited for, at most until ctx ends.
 func (s *rankSockets) close(ctx context.Context) {
@@ -645,7 +409,7 @@ func (s *rankSockets) close(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
+	s.tasks.Go("rank socket close wait", func() { s.wg.Wait(); close(done) })
 	select {
 	case <-done:
 	case <-ctx.Done():

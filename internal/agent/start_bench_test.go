@@ -20,7 +20,7 @@ func BenchmarkStartRank(b *testing.B) {
 	for b.Loop() {
 		p := &rankProc{place: pl}
 		renv := rankEnv(env, &wire.JobSpec{}, t, pl, "/tmp/x.sock", "/tmp")
-		if err := p.start(spec, renv, false, out, exits, nil); err != nil {
+		if err := p.start(spec, renv, false, out, exits, nil, nil); err != nil {
 			b.Fatal(err)
 		}
 		<-exits

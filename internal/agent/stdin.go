@@ -4,6 +4,8 @@ import (
 	"errors"
 	"io"
 	"sync"
+
+	"github.com/nats-io/nats.go"
 )
 
 // The launcher's standard input goes to one rank (mpirun's --stdin, rank 0
@@ -120,5 +122,28 @@ func (s *stdinRelay) write(b []byte) (ok bool, err error) {
 				break
 			}
 		}
+	}
+}
+
+// onStdin writes the launcher's stdin into the pipe of the rank that
+// reads it, answering once the bytes are in (or that the pipe is closed).
+// It runs on the subscription's goroutine; a rank that does not read
+// blocks it, and so the launcher, which waits for the answer.
+func (a *agent) onStdin(m *nats.Msg) {
+	answer := func(s string) { _ = m.Respond([]byte(s)) }
+	select {
+	case <-a.stdinReady:
+	case <-a.done:
+		answer("closed: the agent has stopped")
+		return
+	}
+	ok, err := a.stdin.write(m.Data)
+	switch {
+	case !ok:
+		answer("closed: no rank here reads stdin")
+	case err != nil:
+		answer("closed: " + err.Error())
+	default:
+		answer("")
 	}
 }

@@ -1,0 +1,178 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/internal/control"
+	"github.com/gorun/gorun/internal/gordump"
+	"github.com/gorun/gorun/internal/wire"
+	"github.com/nats-io/nats.go"
+)
+
+// agentPkg prefixes the functions of this package in a goroutine dump.
+const agentPkg = gordump.Module + "/internal/agent."
+
+// TestRunLeavesNoGoroutine: once Run has returned, whatever ended it (an
+// orderly exit, the launcher's stream ending, ctx cancelled), no goroutine
+// the agent started is left: the launcher watchers, the epoch-table feed,
+// GPU discovery, the PMI servers, the ranks' waiters and output pumps, the
+// rank sockets' servers, the sweeps. The launcher's stream is, as the
+// in-process launcher's, a pipe the test closes only at its end (or to
+// end the agent).
+func TestRunLeavesNoGoroutine(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		end  func(f *leakJob)
+		want error // Run's error, by errors.Is; nil: none
+	}{
+		{"exit", func(f *leakJob) { f.send(&wire.Control{Op: wire.OpExit}) }, nil},
+		{"launcher lost", func(f *leakJob) { f.pw.Close() }, ErrLauncherLost},
+		{"ctx cancelled", func(f *leakJob) { f.cancel() }, context.Canceled},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			before := goroutineIDs(t)
+			f := newLeakJob(t, strings.ReplaceAll(tt.name, " ", ""))
+			ended := make(chan struct{})
+			go func() {
+				defer close(ended)
+				f.waitStarted(2)
+				tt.end(f)
+			}()
+			err := Run(f.ctx, f.cfg)
+			<-ended
+			switch {
+			case tt.want == nil && err != nil:
+				t.Errorf("Run: %v, want nil", err)
+			case tt.want != nil && !errors.Is(err, tt.want) && !errors.Is(context.Cause(f.ctx), tt.want):
+				t.Errorf("Run: %v, want %v", err, tt.want)
+			}
+			for _, g := range agentLeftovers(t, before) {
+				t.Errorf("goroutine left after Run returned:\n%s", g.Stack)
+			}
+		})
+	}
+}
+
+// leakJob is one in-process agent's job with two ranks, for
+// TestRunLeavesNoGoroutine: the test runs Run itself.
+type leakJob struct {
+	t       *testing.T
+	ctx     context.Context
+	cancel  context.CancelFunc
+	l       *control.Control
+	subj    wire.Subjects
+	cfg     Config
+	pw      *io.PipeWriter
+	started chan int
+}
+
+func newLeakJob(t *testing.T, name string) *leakJob {
+	t.Helper()
+	job := uniqueJob("leak" + name)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	l, creds, dial := testControlPlane(t, ctx, job)
+	pr, pw := io.Pipe()
+	t.Cleanup(func() { pw.Close() })
+	f := &leakJob{t: t, ctx: ctx, cancel: cancel, l: l, subj: wire.JobSubjects(job), pw: pw, started: make(chan int, 16)}
+	sub, err := l.Subscribe(f.subj.ForHost(0).Events, func(m *nats.Msg) {
+		if e, err := wire.DecodeEvent(m.Data); err == nil && e.Kind == wire.EventStarted {
+			f.started <- e.Rank
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	rv, err := control.StartRendezvous(l.Conn, job, 0, []control.RendezvousHost{{Name: "h0", Ranks: []int{0, 1}}}, &wire.JobSpec{
+		Prog: "sleep", Args: []string{"3600"}, Dir: t.TempDir(),
+		KillGrace: time.Second, HeartbeatInterval: time.Second, StdinRank: wire.NoStdin,
+	}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rv.Close)
+	f.cfg = Config{Job: job, Host: 0, Name: "h0", Creds: creds, Dial: dial, Addr: "127.0.0.1", Launcher: pr, Logger: testLogger(t)}
+	return f
+}
+
+// waitStarted waits for n ranks' start (or the test's end).
+func (f *leakJob) waitStarted(n int) {
+	for range n {
+		select {
+		case <-f.started:
+		case <-f.ctx.Done():
+			return
+		}
+	}
+}
+
+func (f *leakJob) send(c *wire.Control) {
+	if err := f.l.Publish(f.subj.Control, wire.Marshal(c)); err != nil {
+		f.t.Error(err)
+	}
+	if err := f.l.Flush(); err != nil {
+		f.t.Error(err)
+	}
+}
+
+// goroutineIDs returns the ids of the goroutines running now.
+func goroutineIDs(t *testing.T) map[int]bool {
+	t.Helper()
+	gs, err := gordump.Parse(gordump.Take())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[int]bool{}
+	for _, g := range gs {
+		ids[g.ID] = true
+	}
+	return ids
+}
+
+// agentLeftovers returns the goroutines running this package's code (not
+// the tests') that are not in before. A goroutine that has done its work
+// may still be on its way out when Run returns (its group's Done is its
+// last call): they are looked for again each time the number of
+// goroutines changes, up to a few seconds, as gordump.Write does; a
+// goroutine left blocked is still there then.
+func agentLeftovers(t *testing.T, before map[int]bool) []gordump.Goroutine {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n := runtime.NumGoroutine()
+		gs, err := gordump.Parse(gordump.Take())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var left []gordump.Goroutine
+		for _, g := range gs[1:] {
+			if !before[g.ID] && runsAgent(g) {
+				left = append(left, g)
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		for runtime.NumGoroutine() == n && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond) // polling the count: nothing to wait on
+		}
+	}
+}
+
+// runsAgent says whether g has a frame, or a creator, in this package's
+// code other than its tests'.
+func runsAgent(g gordump.Goroutine) bool {
+	for _, f := range g.Funcs {
+		if rest, ok := strings.CutPrefix(f, agentPkg); ok && !strings.HasPrefix(rest, "Test") && !strings.HasPrefix(rest, "(*leakJob)") {
+			return true
+		}
+	}
+	return false
+}
