@@ -126,7 +126,7 @@ type agent struct {
 	done    chan struct{} // closed at Run's end (end), before it waits for its goroutines
 	running int
 	killAt  <-chan time.Time // SIGKILL deadline after a stop
-	stopped bool             // a stop was ordered: start no rank from now on
+	stopped bool             // a stop was ordered, or the agent is ending (lost, cleanup): start no rank from now on
 
 	// The launcher's stdin, for the local rank that reads it: its first
 	// pipe is set (or left nil) before stdinReady is closed; each restart
