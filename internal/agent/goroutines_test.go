@@ -39,8 +39,9 @@ func TestRunLeavesNoGoroutine(t *testing.T) {
 		name  string
 		plain bool                // the launcher's stream is a plain reader (cmd/gorun's bufio.Reader over stdin)
 		spec  func(*wire.JobSpec) // when not nil, changes the job's spec
+		cfg   func(*Config)       // when not nil, changes the agent's Config
 		end   func(f *leakJob)    // nil: Run ends by itself
-		want  error               // Run's error, by errors.Is; nil: none
+		want  error               // Run's error, by errors.Is; nil: none (errAnyError: any)
 	}{
 		{name: "exit", end: func(f *leakJob) { f.send(&wire.Control{Op: wire.OpExit}) }},
 		{name: "launcher lost", end: func(f *leakJob) { f.pw.Close() }, want: ErrLauncherLost},
@@ -48,12 +49,25 @@ func TestRunLeavesNoGoroutine(t *testing.T) {
 		{name: "exit, plain reader", plain: true, end: func(f *leakJob) { f.send(&wire.Control{Op: wire.OpExit}) }},
 		{name: "setup fails", spec: func(s *wire.JobSpec) { s.ProtectMode = "bogus" }, want: ErrJobSpec},
 		{name: "setup fails, plain reader", plain: true, spec: func(s *wire.JobSpec) { s.ProtectMode = "bogus" }, want: ErrJobSpec},
+		{
+			// The ranks cannot start (two GPUs each, the host has one):
+			// the agent reports the error and ends.
+			name: "agent error", spec: func(s *wire.JobSpec) { s.GPUsPerRank = 2 }, want: errAnyError,
+			cfg: func(c *Config) {
+				c.discoverGPUs = func(context.Context, *agent) *hostGPUs {
+					return &hostGPUs{devs: []gpu.Device{{Index: 0}}, binds: map[int]gpu.Binding{}}
+				}
+			},
+		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			before := goroutineIDs(t)
 			f := newLeakJob(t, strings.NewReplacer(" ", "", ",", "").Replace(tt.name), tt.spec)
 			var logs gortest.SyncBuffer
 			f.cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
+			if tt.cfg != nil {
+				tt.cfg(&f.cfg)
+			}
 			var plain *plainStream
 			if tt.plain {
 				plain = &plainStream{r: bufio.NewReader(f.cfg.Launcher)}
@@ -72,6 +86,10 @@ func TestRunLeavesNoGoroutine(t *testing.T) {
 			switch {
 			case tt.want == nil && err != nil:
 				t.Errorf("Run: %v, want nil", err)
+			case tt.want == errAnyError:
+				if err == nil {
+					t.Error("Run: nil, want an error")
+				}
 			case tt.want != nil && !errors.Is(err, tt.want) && !errors.Is(context.Cause(f.ctx), tt.want):
 				t.Errorf("Run: %v, want %v", err, tt.want)
 			}
@@ -92,6 +110,9 @@ func TestRunLeavesNoGoroutine(t *testing.T) {
 		})
 	}
 }
+
+// errAnyError, as a want of TestRunLeavesNoGoroutine, accepts any error.
+var errAnyError = errors.New("any error")
 
 // TestLateGPUDiscoveryClosed: a GPU discovery that finishes after the
 // loop has ended (Run waits for it) has its result closed all the same:
@@ -117,6 +138,41 @@ func TestLateGPUDiscoveryClosed(t *testing.T) {
 	}
 	if !b.closed.Load() {
 		t.Error("the GPU backend discovered after the loop's end was not closed")
+	}
+}
+
+// TestRunNamesGoroutinesLeft: a goroutine blocked where the agent cannot
+// end it (a GPU discovery that hangs in the driver, ignoring ctx) holds
+// Run up to goroutineWait, no longer; Run's warning then names it.
+func TestRunNamesGoroutinesLeft(t *testing.T) {
+	f := newLeakJob(t, "hunggpu", nil)
+	var logs gortest.SyncBuffer
+	f.cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &logs), nil))
+	looping, release := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	f.cfg.discoverGPUs = func(context.Context, *agent) *hostGPUs {
+		close(looping)
+		<-release
+		return &hostGPUs{binds: map[int]gpu.Binding{}}
+	}
+	go func() {
+		select {
+		case <-looping:
+			f.pw.Close() // the launcher is lost
+		case <-f.ctx.Done():
+		}
+	}()
+	if err := Run(f.ctx, f.cfg); !errors.Is(err, ErrLauncherLost) {
+		t.Errorf("Run: %v, want %v", err, ErrLauncherLost)
+	}
+	var warning string
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, "goroutines left running at exit") {
+			warning = line
+		}
+	}
+	if !strings.Contains(warning, taskGPUDiscovery) {
+		t.Errorf("Run's warning of goroutines left does not name the hung %s: %q", taskGPUDiscovery, warning)
 	}
 }
 
