@@ -63,9 +63,10 @@ type Config struct {
 	Creds jobkey.HostCredentials
 	// Launcher, when not nil, is a stream from the launcher (the agent's
 	// stdin) whose end means the launcher is gone. Run closes it at its
-	// end if it is an io.Closer (an io.PipeReader: the in-process
-	// agent's), which ends its reader; a stream that is not (a process's
-	// stdin) is left to its reader, which ends with the process.
+	// end if it is an *io.PipeReader (the in-process agent's), whose Close
+	// ends a Read in progress; any other stream (a process's stdin, even
+	// an io.Closer: closing a blocking *os.File does not interrupt its
+	// reader) is left to its reader, which ends with the process.
 	Launcher io.Reader
 	Logger   *slog.Logger
 	// Dial, when not nil, replaces dialing ControlURL (the launcher's own
@@ -126,7 +127,7 @@ type agent struct {
 	done    chan struct{} // closed at Run's end (end), before it waits for its goroutines
 	running int
 	killAt  <-chan time.Time // SIGKILL deadline after a stop
-	stopped bool             // a stop was ordered: start no rank from now on
+	stopped bool             // a stop was ordered, or the agent is ending (lost, cleanup): start no rank from now on
 
 	// The launcher's stdin, for the local rank that reads it: its first
 	// pipe is set (or left nil) before stdinReady is closed; each restart
@@ -135,6 +136,7 @@ type agent struct {
 	stdin      *stdinRelay
 
 	gpus     *hostGPUs          // the host's GPUs (none: CPU-only)
+	gpuReady chan *hostGPUs     // GPU discovery's result (discoverGPUs), nil before it starts
 	socks    *rankSockets       // the ranks' GORUN_SOCKETs, once started
 	fenceSub *nats.Subscription // the launcher's merged fences
 	seq      uint64
@@ -233,19 +235,27 @@ func newAgent(cfg Config) *agent {
 
 // end is the last of Run: ctx is cancelled (the epoch-table feed and GPU
 // discovery end), a.done closed (the ranks' waiters stop offering their
-// ends), the launcher's stream closed if it can be (its watcher ends);
-// then it waits for the agent's goroutines, at most goroutineWait, and
-// logs those left.
+// ends), the launcher's stream closed if it is a pipe (its watcher ends);
+// then it waits for the agent's goroutines, at most goroutineWait, logs
+// those left, and closes a GPU discovery's result that came after the
+// loop ended.
 func (a *agent) end(cancel context.CancelCauseFunc) {
 	cancel(nil)
 	close(a.done)
 	var unstoppable []string
-	if c, ok := a.cfg.Launcher.(io.Closer); ok {
-		_ = c.Close()
+	if pr, ok := a.cfg.Launcher.(*io.PipeReader); ok {
+		_ = pr.Close()
 	} else if a.cfg.Launcher != nil {
 		unstoppable = append(unstoppable, taskLauncherStream)
 	}
 	left := a.tasks.wait(goroutineWait, unstoppable...)
+	select {
+	case g := <-a.gpuReady:
+		// GPU discovery finished after the loop's end (its deferred
+		// check): its backend is released here.
+		g.close()
+	default:
+	}
 	switch {
 	case len(left) == 0:
 	case len(left) == 1 && left[0] == taskLauncherStream:

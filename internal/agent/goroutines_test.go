@@ -1,16 +1,22 @@
 package agent
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"runtime"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/gpu"
 	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/gordump"
+	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/nats-io/nats.go"
 )
@@ -19,44 +25,184 @@ import (
 const agentPkg = gordump.Module + "/internal/agent."
 
 // TestRunLeavesNoGoroutine: once Run has returned, whatever ended it (an
-// orderly exit, the launcher's stream ending, ctx cancelled), no goroutine
-// the agent started is left: the launcher watchers, the epoch-table feed,
-// GPU discovery, the PMI servers, the ranks' waiters and output pumps, the
-// rank sockets' servers, the sweeps. The launcher's stream is, as the
-// in-process launcher's, a pipe the test closes only at its end (or to
-// end the agent).
+// orderly exit, the launcher's stream ending, ctx cancelled, a setup that
+// fails), no goroutine the agent started is left: the launcher watchers,
+// the epoch-table feed, GPU discovery, the PMI servers, the ranks' waiters
+// and output pumps, the rank sockets' servers, the sweeps. The launcher's
+// stream is, as the in-process launcher's, a pipe the test closes only at
+// its end (or to end the agent); or, as cmd/gorun's, a plain reader Run
+// cannot close, whose watcher alone is left to its reader. Run does not
+// reach its bound on the wait for them either: it would log that some
+// were left running.
 func TestRunLeavesNoGoroutine(t *testing.T) {
 	for _, tt := range []struct {
-		name string
-		end  func(f *leakJob)
-		want error // Run's error, by errors.Is; nil: none
+		name  string
+		plain bool                // the launcher's stream is a plain reader (cmd/gorun's bufio.Reader over stdin)
+		spec  func(*wire.JobSpec) // when not nil, changes the job's spec
+		cfg   func(*Config)       // when not nil, changes the agent's Config
+		end   func(f *leakJob)    // nil: Run ends by itself
+		want  error               // Run's error, by errors.Is; nil: none (errAnyError: any)
 	}{
-		{"exit", func(f *leakJob) { f.send(&wire.Control{Op: wire.OpExit}) }, nil},
-		{"launcher lost", func(f *leakJob) { f.pw.Close() }, ErrLauncherLost},
-		{"ctx cancelled", func(f *leakJob) { f.cancel() }, context.Canceled},
+		{name: "exit", end: func(f *leakJob) { f.send(&wire.Control{Op: wire.OpExit}) }},
+		{name: "launcher lost", end: func(f *leakJob) { f.pw.Close() }, want: ErrLauncherLost},
+		{name: "ctx cancelled", end: func(f *leakJob) { f.cancel() }, want: context.Canceled},
+		{name: "exit, plain reader", plain: true, end: func(f *leakJob) { f.send(&wire.Control{Op: wire.OpExit}) }},
+		{name: "setup fails", spec: func(s *wire.JobSpec) { s.ProtectMode = "bogus" }, want: ErrJobSpec},
+		{name: "setup fails, plain reader", plain: true, spec: func(s *wire.JobSpec) { s.ProtectMode = "bogus" }, want: ErrJobSpec},
+		{
+			// The ranks cannot start (two GPUs each, the host has one):
+			// the agent reports the error and ends.
+			name: "agent error", spec: func(s *wire.JobSpec) { s.GPUsPerRank = 2 }, want: errAnyError,
+			cfg: func(c *Config) {
+				c.discoverGPUs = func(context.Context, *agent) *hostGPUs {
+					return &hostGPUs{devs: []gpu.Device{{Index: 0}}, binds: map[int]gpu.Binding{}}
+				}
+			},
+		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			before := goroutineIDs(t)
-			f := newLeakJob(t, strings.ReplaceAll(tt.name, " ", ""))
+			f := newLeakJob(t, strings.NewReplacer(" ", "", ",", "").Replace(tt.name), tt.spec)
+			var logs gortest.SyncBuffer
+			f.cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
+			if tt.cfg != nil {
+				tt.cfg(&f.cfg)
+			}
+			var plain *plainStream
+			if tt.plain {
+				plain = &plainStream{r: bufio.NewReader(f.cfg.Launcher)}
+				f.cfg.Launcher = plain
+			}
 			ended := make(chan struct{})
 			go func() {
 				defer close(ended)
-				f.waitStarted(2)
-				tt.end(f)
+				if tt.end != nil {
+					f.waitStarted(2)
+					tt.end(f)
+				}
 			}()
 			err := Run(f.ctx, f.cfg)
 			<-ended
 			switch {
 			case tt.want == nil && err != nil:
 				t.Errorf("Run: %v, want nil", err)
+			case tt.want == errAnyError:
+				if err == nil {
+					t.Error("Run: nil, want an error")
+				}
 			case tt.want != nil && !errors.Is(err, tt.want) && !errors.Is(context.Cause(f.ctx), tt.want):
 				t.Errorf("Run: %v, want %v", err, tt.want)
 			}
-			for _, g := range agentLeftovers(t, before) {
+			if strings.Contains(logs.String(), "goroutines left running at exit") {
+				t.Error("Run waited its bound for goroutines left running")
+			}
+			if plain != nil && plain.closed.Load() {
+				t.Error("Run closed a launcher stream that is not a pipe (its Close need not end a Read)")
+			}
+			// The plain stream's watcher is left to its reader: it ends
+			// when the test closes the stream.
+			watcher := func(g gordump.Goroutine) bool {
+				return plain != nil && slices.ContainsFunc(g.Funcs, func(fn string) bool { return strings.HasPrefix(fn, agentPkg+"(*agent).watchLauncher") })
+			}
+			for _, g := range agentLeftovers(t, before, watcher) {
 				t.Errorf("goroutine left after Run returned:\n%s", g.Stack)
 			}
 		})
 	}
+}
+
+// errAnyError, as a want of TestRunLeavesNoGoroutine, accepts any error.
+var errAnyError = errors.New("any error")
+
+// TestLateGPUDiscoveryClosed: a GPU discovery that finishes after the
+// loop has ended (Run waits for it) has its result closed all the same:
+// the in-process agent would otherwise leak the NVML backend.
+func TestLateGPUDiscoveryClosed(t *testing.T) {
+	f := newLeakJob(t, "lategpu", nil)
+	b := &closeBackend{}
+	looping := make(chan struct{})
+	f.cfg.discoverGPUs = func(ctx context.Context, a *agent) *hostGPUs {
+		close(looping)
+		<-a.done // Run's end, after the loop's
+		return &hostGPUs{backend: b, binds: map[int]gpu.Binding{}}
+	}
+	go func() {
+		select {
+		case <-looping:
+			f.pw.Close() // the launcher is lost
+		case <-f.ctx.Done():
+		}
+	}()
+	if err := Run(f.ctx, f.cfg); !errors.Is(err, ErrLauncherLost) {
+		t.Errorf("Run: %v, want %v", err, ErrLauncherLost)
+	}
+	if !b.closed.Load() {
+		t.Error("the GPU backend discovered after the loop's end was not closed")
+	}
+}
+
+// TestRunNamesGoroutinesLeft: a goroutine blocked where the agent cannot
+// end it (a GPU discovery that hangs in the driver, ignoring ctx) holds
+// Run up to goroutineWait, no longer; Run's warning then names it.
+func TestRunNamesGoroutinesLeft(t *testing.T) {
+	f := newLeakJob(t, "hunggpu", nil)
+	var logs gortest.SyncBuffer
+	f.cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &logs), nil))
+	looping, release := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	f.cfg.discoverGPUs = func(context.Context, *agent) *hostGPUs {
+		close(looping)
+		<-release
+		return &hostGPUs{binds: map[int]gpu.Binding{}}
+	}
+	go func() {
+		select {
+		case <-looping:
+			f.pw.Close() // the launcher is lost
+		case <-f.ctx.Done():
+		}
+	}()
+	if err := Run(f.ctx, f.cfg); !errors.Is(err, ErrLauncherLost) {
+		t.Errorf("Run: %v, want %v", err, ErrLauncherLost)
+	}
+	var warning string
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, "goroutines left running at exit") {
+			warning = line
+		}
+	}
+	if !strings.Contains(warning, taskGPUDiscovery) {
+		t.Errorf("Run's warning of goroutines left does not name the hung %s: %q", taskGPUDiscovery, warning)
+	}
+}
+
+// plainStream is a launcher stream as cmd/gorun's (stdin), but an
+// io.Closer whose Close does not end a Read in progress, as a blocking
+// *os.File's: it records the Close.
+type plainStream struct {
+	r      io.Reader
+	closed atomic.Bool
+}
+
+func (s *plainStream) Read(p []byte) (int, error) { return s.r.Read(p) }
+
+func (s *plainStream) Close() error {
+	s.closed.Store(true)
+	return nil
+}
+
+// closeBackend is a gpu.Backend without devices that records its Close.
+type closeBackend struct{ closed atomic.Bool }
+
+func (b *closeBackend) Devices() []gpu.Device { return nil }
+
+func (b *closeBackend) Watch(context.Context) (<-chan gpu.Event, error) {
+	return nil, errors.New("closeBackend: no watch")
+}
+
+func (b *closeBackend) Close() error {
+	b.closed.Store(true)
+	return nil
 }
 
 // leakJob is one in-process agent's job with two ranks, for
@@ -72,7 +218,7 @@ type leakJob struct {
 	started chan int
 }
 
-func newLeakJob(t *testing.T, name string) *leakJob {
+func newLeakJob(t *testing.T, name string, spec func(*wire.JobSpec)) *leakJob {
 	t.Helper()
 	job := uniqueJob("leak" + name)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -90,10 +236,14 @@ func newLeakJob(t *testing.T, name string) *leakJob {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sub.Unsubscribe() })
-	rv, err := control.StartRendezvous(l.Conn, job, 0, []control.RendezvousHost{{Name: "h0", Ranks: []int{0, 1}}}, &wire.JobSpec{
+	js := &wire.JobSpec{
 		Prog: "sleep", Args: []string{"3600"}, Dir: t.TempDir(),
 		KillGrace: time.Second, HeartbeatInterval: time.Second, StdinRank: wire.NoStdin,
-	}, nil, nil)
+	}
+	if spec != nil {
+		spec(js)
+	}
+	rv, err := control.StartRendezvous(l.Conn, job, 0, []control.RendezvousHost{{Name: "h0", Ranks: []int{0, 1}}}, js, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,12 +287,12 @@ func goroutineIDs(t *testing.T) map[int]bool {
 }
 
 // agentLeftovers returns the goroutines running this package's code (not
-// the tests') that are not in before. A goroutine that has done its work
+// the tests') that are not in before, nor ignored. A goroutine that has done its work
 // may still be on its way out when Run returns (its group's Done is its
 // last call): they are looked for again each time the number of
 // goroutines changes, up to a few seconds, as gordump.Write does; a
 // goroutine left blocked is still there then.
-func agentLeftovers(t *testing.T, before map[int]bool) []gordump.Goroutine {
+func agentLeftovers(t *testing.T, before map[int]bool, ignore func(gordump.Goroutine) bool) []gordump.Goroutine {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -153,7 +303,7 @@ func agentLeftovers(t *testing.T, before map[int]bool) []gordump.Goroutine {
 		}
 		var left []gordump.Goroutine
 		for _, g := range gs[1:] {
-			if !before[g.ID] && runsAgent(g) {
+			if !before[g.ID] && runsAgent(g) && !ignore(g) {
 				left = append(left, g)
 			}
 		}

@@ -179,9 +179,11 @@ func (a *agent) feedTables(ctx context.Context, rv *controlplane.AgentRendezvous
 }
 
 // discoverGPUs starts the discovery of the host's GPUs (openGPUs, or
-// Config.discoverGPUs), whose result the returned channel gets.
+// Config.discoverGPUs), whose result the returned channel (a.gpuReady)
+// gets. A result that comes after the loop's end is closed by end.
 func (a *agent) discoverGPUs(ctx context.Context) <-chan *hostGPUs {
 	ready := make(chan *hostGPUs, 1)
+	a.gpuReady = ready
 	discover := openGPUs
 	if a.cfg.discoverGPUs != nil {
 		discover = a.cfg.discoverGPUs

@@ -10,6 +10,10 @@ import (
 func (a *agent) lost(ctx context.Context) error {
 	err := context.Cause(ctx)
 	a.log.Warn("stopping ranks", "cause", err)
+	// No rank starts from now on: a restart pending, its table here, is
+	// not carried out when the last of the ranks it killed ends in the
+	// drain (tryRestart reports its ranks not started).
+	a.stopped = true
 	a.stop(syscall.SIGTERM, a.spec.KillGrace)
 	a.drain(a.spec.KillGrace + a.cfg.ExitTimeout)
 	return err
@@ -39,6 +43,11 @@ func (a *agent) drain(within time.Duration) bool {
 // cleanup kills whatever is left of every rank's process group, waits a
 // bounded time for the ranks to be reaped, and removes the job's files.
 func (a *agent) cleanup() {
+	// No rank starts from now on (after an exit order, a pending
+	// restart's last old rank may end in the drain: tryRestart would
+	// start the new generation after the SIGKILL below, and its ranks
+	// would outlive the agent).
+	a.stopped = true
 	for _, p := range a.ranks {
 		p.signal(syscall.SIGKILL) // ranks still running (an ended rank's group was killed when it ended)
 	}

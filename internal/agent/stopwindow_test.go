@@ -1,13 +1,19 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gorun/gorun/internal/control"
+	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/internal/wire"
 )
 
@@ -252,3 +258,86 @@ func sortedEnds(ends []rankEnd) []rankEnd {
 }
 
 func (e rankEnd) String() string { return fmt.Sprintf("rank %d gen %d", e.rank, e.gen) }
+
+// TestNoRestartAtShutdown: a restart is pending, its table here, when the
+// agent is told to exit or loses its launcher, before the ranks the
+// restart killed have ended (their ends are held back drainTimeout by a
+// process holding their output). The agent's last wait for them (drain)
+// must start none of the restart's ranks: after an exit order, cleanup
+// has sent its SIGKILL already, and they would outlive the agent; after
+// the launcher's loss they would start only to be killed.
+func TestNoRestartAtShutdown(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(j *swapJob, launcher *io.PipeWriter)
+		said string // what the agent logs when it takes the end
+		want error  // Run's error, by errors.Is; nil: none
+	}{
+		{"exit order", func(j *swapJob, _ *io.PipeWriter) { j.send(&wire.Control{Op: wire.OpExit}) }, "exiting as told", nil},
+		{"launcher lost", func(_ *swapJob, launcher *io.PipeWriter) { launcher.Close() }, "stopping ranks", ErrLauncherLost},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs gortest.SyncBuffer
+			pr, pw := io.Pipe()
+			t.Cleanup(func() { pw.Close() })
+			j := startSwapJob(t, uniqueJob("restartatend"), []control.RendezvousHost{{Name: "h0", Ranks: []int{0, 1}}, {Name: "h1", Ranks: []int{2, 3}}}, 0, swapOpts{
+				hold: true,
+				with: func(c *Config) {
+					c.Launcher = pr
+					c.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &logs), nil))
+				},
+			})
+			s := newRanksSeen()
+			j.settle(s, "generation 0's ranks", map[int]wantRank{0: {0, 0}, 1: {0, 0}}, nil)
+			j.waitProbes(0, 0, 0, 1)
+			j.send(&wire.Control{Op: wire.OpRestart, Gen: 1, Epoch: 1, G: -1})
+			if _, err := j.rv.Publish(1, control.Membership{Ranks: [][]int{{0, 1}, {2, 3}}, Gen: 1, G: -1}); err != nil {
+				t.Fatal(err)
+			}
+			all := j.until("epoch 1's table", epochEvent(1))
+			tc.end(j, pw)
+			var err error
+			select {
+			case err = <-j.agentErr:
+				j.exited = true
+			case <-j.ctx.Done():
+				t.Fatal("the agent did not end")
+			}
+			switch {
+			case tc.want == nil && err != nil:
+				t.Errorf("Run: %v, want nil", err)
+			case tc.want != nil && !errors.Is(err, tc.want):
+				t.Errorf("Run: %v, want %v", err, tc.want)
+			}
+			// The agent flushed its events before it returned.
+			if err := j.l.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			for more := true; more; {
+				select {
+				case e := <-j.events:
+					all = append(all, e)
+				default:
+					more = false
+				}
+			}
+			log := logs.String()
+			if end, ended := strings.Index(log, tc.said), strings.Index(log, "rank ended"); end < 0 || ended < end {
+				t.Errorf("the test missed its window: the agent saw generation 0's ends before it took the end (%q)\n%s", tc.said, log)
+			}
+			var started []string
+			for _, e := range all {
+				if e.Kind == wire.EventStarted && e.Gen > 0 {
+					started = append(started, fmt.Sprintf("rank %d of generation %d (process %d)", e.Rank, e.Gen, e.Pid))
+					_ = syscall.Kill(-e.Pid, syscall.SIGKILL) // it would outlive the test
+				}
+			}
+			if started != nil {
+				t.Errorf("started as the agent ended: %s; events: %v", strings.Join(started, ", "), describe(all))
+			}
+			if names, _ := filepath.Glob(filepath.Join(j.dir, "rank-*-gen-1-*.env")); len(names) > 0 {
+				t.Errorf("generation 1's ranks ran: %v", names)
+			}
+		})
+	}
+}
