@@ -19,6 +19,7 @@ import (
 	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/ctlserver"
 	"github.com/gorun/gorun/internal/jobkey"
+	"github.com/gorun/gorun/internal/phasetrace"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
 )
@@ -160,6 +161,7 @@ func NewJobID() string {
 // means the job could not be set up at all; errors.Is(err, ErrConfig)
 // tells a usage error.
 func Run(ctx context.Context, c Config) (int, error) {
+	phasetrace.Mark("run")
 	cfg, err := c.withDefaults()
 	if err != nil {
 		return 0, err
@@ -236,6 +238,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 	if err := j.placeRedundancy(assign); err != nil {
 		return 0, err
 	}
+	phasetrace.Mark("plan")
 	if err := j.setBind(ctx); err != nil {
 		if ie, ok := errors.AsType[*interruptedError](err); ok {
 			fmt.Fprintf(cfg.Stderr, "gorun: %s while resolving the hosts' names; no rank started\n", hotswap.SignalName(ie.sig))
@@ -256,6 +259,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		}
 		return 0, fmt.Errorf("launcher: %w", err)
 	}
+	phasetrace.Mark("bind")
 	return j.run(ctx)
 }
 
@@ -310,19 +314,23 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		case <-j.quit:
 		}
 	}
+	phasetrace.Mark("host-keys")
 	if err := j.statusInit(&scfg); err != nil {
 		return 0, err
 	}
+	phasetrace.Mark("status-nkey")
 	j.srv, err = ctlserver.Start(scfg)
 	if err != nil {
 		return 0, fmt.Errorf("launcher: control plane: %w", err)
 	}
+	phasetrace.Mark("server-up")
 	defer j.srv.Shutdown()
 	j.ctl, err = control.DialInProcess(ctx, j.srv.InProcess(), j.secret, control.ControlOptions{Name: "launcher"})
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
 	}
 	defer j.ctl.Close()
+	phasetrace.Mark("launcher-dialed")
 	j.log.Debug("control plane up", "url", j.srv.URL(), "job", j.id, "hosts", len(j.hosts), "ranks", j.world)
 
 	j.out = newOutputMux(j.cfg.Stdout, j.cfg.Stderr, j.world, j.cfg.TagOutput, j.cfg.TimestampOutput, j.cfg.OutputDir)
@@ -387,6 +395,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		}
 	}
 
+	phasetrace.Mark("rendezvous")
 	if err := j.metricsStart(); err != nil {
 		return 0, err
 	}
@@ -407,6 +416,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		h.lastSeen.Store(now.UnixNano())
 	}
 	j.recordLaunch()
+	phasetrace.Mark("agents-start")
 	j.wg.Add(1)
 	go func() {
 		defer j.wg.Done()
@@ -439,8 +449,10 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		j.cfg.running(j)
 	}
 	code = j.loop(ctx)
+	phasetrace.Mark("loop-end")
 	stopStarting()
 	j.finish()
+	phasetrace.Mark("finished")
 	j.recordExit(code)
 	// After the agents' exit: the durable tier's footprint is what stays,
 	// the last commit's reclamation done.
