@@ -55,7 +55,10 @@ type job struct {
 	fences  *control.FenceCollector
 	evlog   *eventLog    // --events, or nil
 	status  *statusState // gorun status (status.go), or nil
-	metrics *metrics     // --metrics (metrics.go), or nil
+	// statusKey is the status credential's key pair in the making
+	// (statusInit takes it), or nil.
+	statusKey *statusKey
+	metrics   *metrics // --metrics (metrics.go), or nil
 
 	hosts []*agentHost
 	// gpuFailures are the distinct GPU health reports received, in order;
@@ -162,6 +165,10 @@ func NewJobID() string {
 // tells a usage error.
 func Run(ctx context.Context, c Config) (int, error) {
 	phasetrace.Mark("run")
+	sk := newStatusKey(c.Registry != "")
+	if sk != nil {
+		defer sk.wait()
+	}
 	cfg, err := c.withDefaults()
 	if err != nil {
 		return 0, err
@@ -187,6 +194,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		rankEnded:    make([]bool, cfg.NP),
 		rankHost:     make([]int, cfg.NP),
 		tabChanged:   make(chan struct{}),
+		statusKey:    sk,
 		stdinStarted: -1,
 		quit:         make(chan struct{}),
 		rollbackT:    -1,
