@@ -9,6 +9,7 @@ import (
 
 	"github.com/gorun/gorun/hotswap"
 	"github.com/gorun/gorun/internal/control"
+	"github.com/gorun/gorun/internal/phasetrace"
 	"github.com/gorun/gorun/internal/wire"
 )
 
@@ -383,6 +384,7 @@ func (j *job) loop(ctx context.Context) int {
 		case x := <-j.agentExits:
 			j.onAgentExit(x)
 		case i := <-j.rv.Registered():
+			phasetrace.Mark("agent-registered")
 			h := j.hosts[i]
 			h.registered = true
 			j.release(h)
@@ -422,6 +424,7 @@ func (j *job) onEvent(e *wire.Event) {
 	h := j.hosts[e.Host]
 	switch e.Kind {
 	case wire.EventStarted:
+		phasetrace.Mark("rank-started")
 		j.log.Debug("rank started", "rank", e.Rank, "host", h.name, "pid", e.Pid, "generation", e.Gen)
 		h.ranGen = max(h.ranGen, e.Gen+1)
 		if j.resuming && j.waitingToResume(-1) == nil {
@@ -434,6 +437,7 @@ func (j *job) onEvent(e *wire.Event) {
 			j.rec.started(j, e)
 		}
 	case wire.EventExited:
+		phasetrace.Mark("rank-exited")
 		if e.Gen != j.gen || j.rankHost[e.Rank] != e.Host {
 			return // of an earlier generation, killed by the restart, or of a host it left
 		}
@@ -463,6 +467,7 @@ func (j *job) onEvent(e *wire.Event) {
 			j.step(hotswap.GPUHealth{Host: e.Host, GPU: e.GPU.Index, Class: hotswap.GPUPermanent, Msg: e.Msg})
 		}
 	case wire.EventEpoch:
+		phasetrace.Mark("agent-table")
 		j.log.Debug("agent has the epoch's table", "host", h.name, "epoch", e.Epoch)
 		h.epoch = max(h.epoch, e.Epoch)
 		if j.rec != nil {

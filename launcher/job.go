@@ -19,6 +19,7 @@ import (
 	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/ctlserver"
 	"github.com/gorun/gorun/internal/jobkey"
+	"github.com/gorun/gorun/internal/phasetrace"
 	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/topology"
 )
@@ -54,7 +55,10 @@ type job struct {
 	fences  *control.FenceCollector
 	evlog   *eventLog    // --events, or nil
 	status  *statusState // gorun status (status.go), or nil
-	metrics *metrics     // --metrics (metrics.go), or nil
+	// statusKey is the status credential's key pair in the making
+	// (statusInit takes it), or nil.
+	statusKey *statusKey
+	metrics   *metrics // --metrics (metrics.go), or nil
 
 	hosts []*agentHost
 	// gpuFailures are the distinct GPU health reports received, in order;
@@ -160,6 +164,11 @@ func NewJobID() string {
 // means the job could not be set up at all; errors.Is(err, ErrConfig)
 // tells a usage error.
 func Run(ctx context.Context, c Config) (int, error) {
+	phasetrace.Mark("run")
+	sk := newStatusKey(c.Registry != "")
+	if sk != nil {
+		defer sk.wait()
+	}
 	cfg, err := c.withDefaults()
 	if err != nil {
 		return 0, err
@@ -185,6 +194,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		rankEnded:    make([]bool, cfg.NP),
 		rankHost:     make([]int, cfg.NP),
 		tabChanged:   make(chan struct{}),
+		statusKey:    sk,
 		stdinStarted: -1,
 		quit:         make(chan struct{}),
 		rollbackT:    -1,
@@ -236,6 +246,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 	if err := j.placeRedundancy(assign); err != nil {
 		return 0, err
 	}
+	phasetrace.Mark("plan")
 	if err := j.setBind(ctx); err != nil {
 		if ie, ok := errors.AsType[*interruptedError](err); ok {
 			fmt.Fprintf(cfg.Stderr, "gorun: %s while resolving the hosts' names; no rank started\n", hotswap.SignalName(ie.sig))
@@ -256,6 +267,7 @@ func Run(ctx context.Context, c Config) (int, error) {
 		}
 		return 0, fmt.Errorf("launcher: %w", err)
 	}
+	phasetrace.Mark("bind")
 	return j.run(ctx)
 }
 
@@ -310,19 +322,23 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		case <-j.quit:
 		}
 	}
+	phasetrace.Mark("host-keys")
 	if err := j.statusInit(&scfg); err != nil {
 		return 0, err
 	}
+	phasetrace.Mark("status-nkey")
 	j.srv, err = ctlserver.Start(scfg)
 	if err != nil {
 		return 0, fmt.Errorf("launcher: control plane: %w", err)
 	}
+	phasetrace.Mark("server-up")
 	defer j.srv.Shutdown()
 	j.ctl, err = control.DialInProcess(ctx, j.srv.InProcess(), j.secret, control.ControlOptions{Name: "launcher"})
 	if err != nil {
 		return 0, fmt.Errorf("launcher: %w", err)
 	}
 	defer j.ctl.Close()
+	phasetrace.Mark("launcher-dialed")
 	j.log.Debug("control plane up", "url", j.srv.URL(), "job", j.id, "hosts", len(j.hosts), "ranks", j.world)
 
 	j.out = newOutputMux(j.cfg.Stdout, j.cfg.Stderr, j.world, j.cfg.TagOutput, j.cfg.TimestampOutput, j.cfg.OutputDir)
@@ -387,6 +403,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		}
 	}
 
+	phasetrace.Mark("rendezvous")
 	if err := j.metricsStart(); err != nil {
 		return 0, err
 	}
@@ -407,6 +424,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		h.lastSeen.Store(now.UnixNano())
 	}
 	j.recordLaunch()
+	phasetrace.Mark("agents-start")
 	j.wg.Add(1)
 	go func() {
 		defer j.wg.Done()
@@ -439,8 +457,10 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		j.cfg.running(j)
 	}
 	code = j.loop(ctx)
+	phasetrace.Mark("loop-end")
 	stopStarting()
 	j.finish()
+	phasetrace.Mark("finished")
 	j.recordExit(code)
 	// After the agents' exit: the durable tier's footprint is what stays,
 	// the last commit's reclamation done.

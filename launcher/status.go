@@ -70,13 +70,47 @@ type statusReq struct {
 	out   chan *jobstatus.Snapshot // buffered, 1
 }
 
-// statusInit makes the status credential and admits it to the control
-// plane about to start (scfg), if the job registers.
+// statusKey is the status credential's key pair, made by a goroutine of
+// its own as Run begins: a process's first ed25519 key costs some 1.2 ms
+// (crypto/ed25519 builds its base-point table), which then overlaps
+// planning the job instead of delaying the control plane's start.
+type statusKey struct {
+	done chan struct{} // closed when kp and err are set
+	kp   nkeys.KeyPair
+	err  error
+}
+
+// newStatusKey starts making the status key pair; nil if !need.
+func newStatusKey(need bool) *statusKey {
+	if !need {
+		return nil
+	}
+	k := &statusKey{done: make(chan struct{})}
+	go func() {
+		defer close(k.done)
+		k.kp, k.err = nkeys.CreateUser()
+	}()
+	return k
+}
+
+// wait waits for the key pair (Run defers it: the goroutine never
+// outlives Run).
+func (k *statusKey) wait() (nkeys.KeyPair, error) {
+	if k == nil {
+		return nkeys.CreateUser()
+	}
+	<-k.done
+	return k.kp, k.err
+}
+
+// statusInit makes the status credential (takes the key pair of
+// j.statusKey) and admits it to the control plane about to start (scfg),
+// if the job registers.
 func (j *job) statusInit(scfg *ctlserver.Config) error {
 	if j.cfg.Registry == "" {
 		return nil
 	}
-	kp, err := nkeys.CreateUser()
+	kp, err := j.statusKey.wait()
 	if err != nil {
 		return fmt.Errorf("launcher: status credential: %w", err)
 	}

@@ -25,16 +25,22 @@ def frame(mtype: int, obj: Any) -> bytes:
 
 
 class FakeService:
-    """A rank service for one rank, serving a Unix socket in a temp dir.
+    """A rank service for one rank, serving a Unix socket in a temp dir,
+    or with abstract, a Linux abstract socket ("@name", as gorun names it).
 
     Its state (the regions, the files, which slot holds which committed
     step) outlives connections, as the real service's does for a restarted
     rank. G is the newest committed step (no replicas).
     """
 
-    def __init__(self, epoch_frames: bool = False) -> None:
+    def __init__(self, epoch_frames: bool = False,
+                 abstract: bool = False) -> None:
         self.dir = tempfile.mkdtemp(prefix="gorun-fake-")
         self.path = os.path.join(self.dir, "rank.sock")
+        bind_to = self.path
+        if abstract:
+            self.path = "@gorun-fake-" + os.urandom(8).hex()
+            bind_to = "\0" + self.path[1:]
         self.epoch_frames = epoch_frames  # an Epoch before every answer
         self.hooks: list[Hook] = []
         self.log: list[tuple[int, dict]] = []  # every request received
@@ -56,7 +62,7 @@ class FakeService:
         self.stop = threading.Event()
         self.sessions: list[Session] = []
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.path)
+        self.listener.bind(bind_to)
         self.listener.listen()
         self.listener.settimeout(0.05)
         self.thread = threading.Thread(target=self._accept, daemon=True)

@@ -202,7 +202,10 @@ class Client:
             socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.settimeout(timeout)
-            self._sock.connect(path)
+            # gorun names a Linux abstract socket "@name" (Go's spelling);
+            # Python's is a leading NUL.
+            self._sock.connect("\0" + path[1:] if path.startswith("@")
+                               else path)
             self._send(HELLO, {"v": 1, "pid": os.getpid()})
             welcome = self._await(WELCOME)
             self.version: int = _field(welcome, "v")

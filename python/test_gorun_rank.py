@@ -70,6 +70,14 @@ class GorunRankTest(unittest.TestCase):
             if old is not None:
                 os.environ["GORUN_SOCKET"] = old
 
+    def test_abstract_socket(self) -> None:
+        svc = FakeService(abstract=True)
+        self.addCleanup(svc.close)
+        with Client(svc.path, timeout=10) as c:
+            self.assertEqual((c.job, c.rank, c.epoch), ("fakejob", 0, 3))
+        self.assertEqual(os.listdir(svc.dir), [])  # no file
+        self.assertEqual(svc.hellos, [{"v": 1, "pid": os.getpid()}])
+
     def test_welcome_master(self) -> None:
         c = self.client()
         self.assertEqual((c.epoch, c.master_addr, c.master_port),

@@ -20,12 +20,29 @@
 // inside gorun, never installs it: gorun's own SIGUSR2 is a preemption
 // notice it forwards to the ranks. Unset, the agent installs nothing; no
 // request on the network reaches it.
+//
+// A third, to measure the launch: with GORUN_DEBUG_PHASES=FILE in its
+// environment, gorun writes to FILE, as it exits on its own, when the
+// launch passed each of its phases (internal/phasetrace; benchlaunch's
+// -phases reads it).
 package main
 
 import (
+	"fmt"
 	"os"
+
+	"github.com/gorun/gorun/internal/phasetrace"
 )
 
 func main() {
-	os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	path := os.Getenv(phasetrace.Env)
+	if path == "" {
+		os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	phasetrace.Start()
+	code := Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	if err := phasetrace.Write(path); err != nil {
+		fmt.Fprintf(os.Stderr, "gorun: %s: %v\n", phasetrace.Env, err)
+	}
+	os.Exit(code)
 }

@@ -19,7 +19,7 @@ import (
 const agenttestHelper = "AGENTTEST_HELPER"
 
 func TestMain(m *testing.M) {
-	gortest.RunHelper(agenttestHelper, map[string]func() int{"epochwatch": epochWatch, "rankprobe": rankProbe, "rankstager": rankStager, "jobdirholder": jobDirHolder, "mpichuser": mpichUser, "mpichsweeper": mpichSweeper})
+	gortest.RunHelper(agenttestHelper, map[string]func() int{"epochwatch": epochWatch, "rankprobe": rankProbe, "rankstager": rankStager, "jobdirholder": jobDirHolder, "mpichuser": mpichUser, "mpichsweeper": mpichSweeper, "foreignpeer": foreignPeer})
 	os.Exit(m.Run())
 }
 

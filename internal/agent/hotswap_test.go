@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -157,13 +156,14 @@ func TestFencedHostExits(t *testing.T) {
 				pid = e.Pid
 				return e.Kind == wire.EventStarted && e.Rank == 0
 			})
-			env := j.waitFile("rank-0-gen-0-epoch-0.env")
-			var jobDir string
-			for _, line := range strings.Split(env, "\n") {
-				if v, ok := strings.CutPrefix(line, wire.EnvSocket+"="); ok {
-					jobDir = filepath.Dir(v)
-				}
+			j.waitFile("rank-0-gen-0-epoch-0.env") // the rank is up
+			// The job's one directory (the rank's socket is an abstract
+			// one, in no directory).
+			dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), jobDirPrefix+job+"-*"+jobDirSuffix))
+			if len(dirs) != 1 {
+				t.Fatalf("job directories %q, want one", dirs)
 			}
+			jobDir := dirs[0]
 			if _, err := os.Stat(jobDir); err != nil {
 				t.Fatalf("the job directory %q: %v", jobDir, err)
 			}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 
 	"github.com/gorun/gorun/internal/wire"
 	"golang.org/x/sync/errgroup"
@@ -138,8 +137,7 @@ func (a *agent) listen(rank int) bool {
 	if a.listening[rank] {
 		return true
 	}
-	sock := filepath.Join(a.dir, "rank-"+strconv.Itoa(rank)+".sock")
-	if err := a.socks.listen(rank, sock); err != nil {
+	if err := a.socks.listen(rank, a.socks.name(rank)); err != nil {
 		a.log.Warn("rank socket", "rank", rank, "err", err)
 		return false
 	}
@@ -237,8 +235,7 @@ func (a *agent) launch(t *wire.EpochTable, places []wire.Placement, all bool) er
 		g.Go(func() error {
 			pl := p.place
 			listened[i] = a.listen(pl.Rank)
-			sock := filepath.Join(a.dir, "rank-"+strconv.Itoa(pl.Rank)+".sock")
-			renv := mergeEnv(rankEnv(a.env, a.spec, t, pl, sock, a.tmp), genv[i], restartEnv(a.gen, a.spec.MaxRestarts), ompiEnv)
+			renv := mergeEnv(rankEnv(a.env, a.spec, t, pl, a.socks.name(pl.Rank), a.tmp), genv[i], restartEnv(a.gen, a.spec.MaxRestarts), ompiEnv)
 			stdin := pl.Rank == a.spec.StdinRank
 			err := p.start(a.spec, renv, stdin, a.out, a.exits, a.done, &a.tasks)
 			if stdin {

@@ -12,7 +12,8 @@
 // process group of its own; a run still going after -timeout is killed with
 // all its descendants, counted as a hang and left out of the statistics. A
 // hang check then repeats -np 64 many times. A launcher that is not installed
-// is skipped.
+// is skipped. With -phases it prints instead when gorun passed each phase
+// of its launch (GORUN_DEBUG_PHASES, internal/phasetrace), median of -rounds.
 //
 // It is a benchmark: missed targets are printed, not fatal. The exit status
 // is 1 if gorun is missing or exits non-zero in any run, 2 for bad flags.
@@ -44,6 +45,7 @@ type config struct {
 	hangRuns    int
 	mpiHangRuns int
 	skipMPI     bool
+	phases      bool   // print gorun's launch phases instead (internal/phasetrace)
 	prog        string // what the ranks run
 	mpich       bool   // prog is an MPICH-built MPI program
 	openmpi     bool   // prog is an Open MPI-built MPI program
@@ -64,6 +66,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.hangRuns, "hang-runs", 100, fmt.Sprintf("gorun -np %d runs in the hang check", hangCheckN))
 	fs.IntVar(&cfg.mpiHangRuns, "mpi-hang-runs", 20, fmt.Sprintf("-np %d runs of each MPI in the hang check", hangCheckN))
 	fs.BoolVar(&cfg.skipMPI, "skip-mpi", false, "time gorun only")
+	fs.BoolVar(&cfg.phases, "phases", false, "print the median time of each of gorun's launch phases (GORUN_DEBUG_PHASES) at every N, -rounds runs each, and nothing else")
 	fs.StringVar(&cfg.prog, "prog", "true", "the program every rank runs")
 	fs.BoolVar(&cfg.mpich, "mpich", false, "-prog is an MPICH-built MPI program (compared with Hydra only: Open MPI cannot run it)")
 	fs.BoolVar(&cfg.openmpi, "openmpi", false, "-prog is an Open MPI 4-built MPI program (compared with mpirun.openmpi only: Hydra cannot run it)")
@@ -129,6 +132,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2 // already reported
 	}
 	b := &bench{cfg: cfg, out: stdout, reported: map[string]int{}}
+	if cfg.phases {
+		for _, n := range cfg.ns {
+			if err := b.phases(n); err != nil {
+				fmt.Fprintln(stderr, err)
+				return 1
+			}
+		}
+		return 0
+	}
 	status := b.benchmark()
 	if b.gorunFails > 0 {
 		fmt.Fprintf(stderr, "benchlaunch: gorun exited non-zero in %d run(s)\n", b.gorunFails)
