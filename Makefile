@@ -38,7 +38,7 @@ PMI_CC     ?= gcc
 PMI_CFLAGS := -O2 -fPIC -shared -fvisibility=hidden -Wall
 pmi-lib:
 	@if command -v $(PMI_CC) >/dev/null; then set -x; mkdir -p $(BIN) && \
-		$(PMI_CC) $(PMI_CFLAGS) -o $(BIN)/libgorun-pmi.so libpmi/gorun_pmi.c -lpthread; \
+		$(PMI_CC) $(PMI_CFLAGS) -o $(BIN)/libgorun-pmi.so $(wildcard libpmi/*.c) -lpthread; \
 	else echo "make build: no $(PMI_CC): $(BIN)/libgorun-pmi.so not built (Open MPI programs need it)"; fi
 
 # The full suite, as CI runs it (multi-host tests need root and ip netns;

@@ -47,8 +47,13 @@ func ompiPrograms(t *testing.T) string {
 			return
 		}
 		lib := filepath.Join(filepath.Dir(gorunBin), "libgorun-pmi.so")
-		if out, err := exec.Command(gcc, "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror", "-o", lib,
-			filepath.Join("..", "..", "libpmi", "gorun_pmi.c"), "-lpthread").CombinedOutput(); err != nil {
+		srcs, err := filepath.Glob(filepath.Join("..", "..", "libpmi", "*.c"))
+		if err != nil || len(srcs) == 0 {
+			ompiErr = fmt.Errorf("libpmi sources: %v (%d found)", err, len(srcs))
+			return
+		}
+		args := append([]string{"-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror", "-o", lib}, srcs...)
+		if out, err := exec.Command(gcc, append(args, "-lpthread")...).CombinedOutput(); err != nil {
 			ompiErr = fmt.Errorf("building libgorun-pmi.so: %v\n%s", err, out)
 			return
 		}

@@ -27,7 +27,7 @@ func buildPMIAbort(t *testing.T, dir string) string {
 	so := filepath.Join(dir, "libgorun-pmi.so")
 	driver := filepath.Join(dir, "pmiabort")
 	for _, args := range [][]string{
-		{"-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror", "-o", so, filepath.Join(libdir, "gorun_pmi.c"), "-lpthread"},
+		libPMIArgs(t, libdir, so),
 		{"-O1", "-Wall", "-Werror", "-I", libdir, "-o", driver, filepath.Join("testdata", "pmiabort.c"), so, "-lpthread", "-Wl,-rpath," + dir},
 	} {
 		if out, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {

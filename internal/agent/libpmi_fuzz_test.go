@@ -78,7 +78,7 @@ func buildLibPMI(tb testing.TB, dir string) (driver string) {
 	so := filepath.Join(dir, "libgorun-pmi.so")
 	driver = filepath.Join(dir, "pmidriver")
 	for _, args := range [][]string{
-		{"-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror", "-o", so, filepath.Join(libdir, "gorun_pmi.c"), "-lpthread"},
+		libPMIArgs(tb, libdir, so),
 		{"-O1", "-Wall", "-Werror", "-I", libdir, "-o", driver, filepath.Join("testdata", "pmidriver.c"), so, "-Wl,-rpath," + dir},
 	} {
 		if out, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
@@ -86,6 +86,18 @@ func buildLibPMI(tb testing.TB, dir string) (driver string) {
 		}
 	}
 	return driver
+}
+
+// libPMIArgs is gcc's arguments building libgorun-pmi.so at so from every
+// .c file in libdir (libpmi/).
+func libPMIArgs(tb testing.TB, libdir, so string) []string {
+	tb.Helper()
+	srcs, err := filepath.Glob(filepath.Join(libdir, "*.c"))
+	if err != nil || len(srcs) == 0 {
+		tb.Fatalf("libpmi sources in %s: %v (%d found)", libdir, err, len(srcs))
+	}
+	args := []string{"-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror", "-o", so}
+	return append(append(args, srcs...), "-lpthread")
 }
 
 // pmiDriver is one running driver and the server side of its rank.
