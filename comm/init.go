@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -377,17 +376,9 @@ func (s *agentConn) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 	if err != nil {
 		return nil, fmt.Errorf("comm: data-plane listener on %s: %w", addr, err)
 	}
-	// Ranks of this host link through a Unix socket named after the
-	// rank's GORUN_SOCKET: an abstract one beside an abstract one (the
-	// agent's, whose name has a random part no other user knows before it
-	// is bound: nobody can take this name first), a file in the job's
-	// private directory beside a file. Either way the links are
-	// authenticated with the job's data key (HMAC, handshake.go), not by who
-	// may reach the socket.
+	// Ranks of this host link through a Unix socket beside the rank's
+	// GORUN_SOCKET, in the job's private directory.
 	path := filepath.Join(filepath.Dir(s.path), fmt.Sprintf("rank-%d-epoch-%d.dp.sock", s.rank, t.Epoch))
-	if strings.HasPrefix(s.path, "@") {
-		path = fmt.Sprintf("%s-e%d.dp", s.path, t.Epoch)
-	}
 	unix, err := net.Listen("unix", path)
 	if err != nil {
 		tcp.Close()

@@ -24,7 +24,8 @@
 // A third, to measure the launch: with GORUN_DEBUG_PHASES=FILE in its
 // environment, gorun writes to FILE, as it exits on its own, when the
 // launch passed each of its phases (internal/phasetrace; benchlaunch's
-// -phases reads it).
+// -phases reads it). The variable is removed from its environment at
+// start, so the agents and ranks it starts do not write the file too.
 package main
 
 import (
@@ -39,6 +40,10 @@ func main() {
 	if path == "" {
 		os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
+	// The launcher's own phases only: not the agents' and ranks' it
+	// starts (srun and the ranks would pass the variable on, and each
+	// would write the file as it ends).
+	os.Unsetenv(phasetrace.Env)
 	phasetrace.Start()
 	code := Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	if err := phasetrace.Write(path); err != nil {

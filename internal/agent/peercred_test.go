@@ -65,12 +65,12 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// TestRankSocketPeerCredentials: a rank's socket is an abstract one (no
-// file, so no file mode guards it), and the agent answers only a process
-// of its own uid: one of the agent's user gets the Welcome (it carries
-// the data key), one of another user (nobody, a child of the test binary
-// run with SysProcAttr.Credential) gets the connection closed with no
-// answer, and the refusal is logged.
+// TestRankSocketPeerCredentials: beside the job directory's mode, the
+// agent answers only a process of its own uid on a rank's socket, here
+// one any user may connect to: one of the agent's user gets the Welcome
+// (it carries the data key), one of another user (nobody, a child of the
+// test binary run with SysProcAttr.Credential) gets the connection closed
+// with no answer, and the refusal is logged.
 func TestRankSocketPeerCredentials(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("needs root, to run a child as another user")
@@ -87,15 +87,8 @@ func TestRankSocketPeerCredentials(t *testing.T) {
 	s.log = slog.New(slog.NewTextHandler(io.MultiWriter(&logs, t.Output()), nil))
 	s.world, s.epoch = 2, 1
 	s.table = twoRankTable(1).Encode()
-	name := s.name(1)
-	if !strings.HasPrefix(name, "@gorun-socktest-h0-r1-") || s.name(1) != name || s.name(0) == name {
-		t.Fatalf("rank 1's socket is %q (again %q), rank 0's %q", name, s.name(1), s.name(0))
-	}
-	if err := s.listen(1, name); err != nil {
-		t.Fatal(err)
-	}
 
-	// The test binary, where nobody may run it.
+	// The test binary and the socket, where nobody may reach them.
 	// (Not t.TempDir, whose parent only root may enter.)
 	dir, err := os.MkdirTemp("", "peercred-")
 	if err != nil {
@@ -103,6 +96,14 @@ func TestRankSocketPeerCredentials(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	name := filepath.Join(dir, "rank-1.sock")
+	if err := s.listen(1, name); err != nil {
+		t.Fatal(err)
+	}
+	// Any user may connect to it: the agent's uid check alone refuses.
+	if err := os.Chmod(name, 0o777); err != nil {
 		t.Fatal(err)
 	}
 	self, err := os.ReadFile(os.Args[0])

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,7 +55,6 @@ type rankSockets struct {
 
 	mu        sync.Mutex // guards the fields below, and table and epoch after start
 	listeners []net.Listener
-	names     map[int]string // by rank: its socket's name (name), once chosen
 	conns     map[net.Conn]*rankConn
 	local     int                // ranks on this host
 	nextSeq   map[int]int        // per rank: the sequence of its next fence
@@ -108,33 +106,8 @@ func newRankSockets(a *agent, t *wire.EpochTable, local int) *rankSockets {
 	}
 }
 
-// name is rank's socket name: a Linux abstract socket ("@..."), no file
-// to make, remove or sweep, and the same for the agent's life (a rank
-// placed here again keeps its own). No file mode guards it: serve admits
-// only the agent's uid (checkPeer, SO_PEERCRED), before it answers
-// anything. Abstract names are per network namespace: the job id and
-// the host index keep two jobs, and two hosts of a job that share a
-// namespace, apart; a random part, unknown until the agent binds it,
-// keeps another user from binding the name first (the rank would then
-// talk to that user's process).
-func (s *rankSockets) name(rank int) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if n, ok := s.names[rank]; ok {
-		return n
-	}
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	n := fmt.Sprintf("@gorun-%s-h%d-r%d-%x", s.job, s.host, rank, b)
-	if s.names == nil {
-		s.names = map[int]string{}
-	}
-	s.names[rank] = n
-	return n
-}
-
-// listen creates rank's socket at path, a file or an abstract name
-// (before the rank starts, so that it is there when the rank looks).
+// listen creates rank's socket at path (before the rank starts, so that it
+// is there when the rank looks).
 func (s *rankSockets) listen(rank int, path string) error {
 	phasetrace.Mark("rank-listen")
 	ln, err := net.Listen("unix", path)

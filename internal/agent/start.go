@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/gorun/gorun/internal/wire"
 	"golang.org/x/sync/errgroup"
@@ -128,6 +129,12 @@ func (a *agent) start(t *wire.EpochTable) error {
 	return nil
 }
 
+// rankSocket is rank's socket: a file in the job's directory, which only
+// the job's user may enter (serve checks the peer's uid as well).
+func (a *agent) rankSocket(rank int) string {
+	return filepath.Join(a.dir, "rank-"+strconv.Itoa(rank)+".sock")
+}
+
 // listen makes sure rank has its socket, before it starts (so that it is
 // there when the rank looks); a rank placed here again keeps its own. It
 // runs on launch's start goroutines, one rank each: it only reads
@@ -137,7 +144,7 @@ func (a *agent) listen(rank int) bool {
 	if a.listening[rank] {
 		return true
 	}
-	if err := a.socks.listen(rank, a.socks.name(rank)); err != nil {
+	if err := a.socks.listen(rank, a.rankSocket(rank)); err != nil {
 		a.log.Warn("rank socket", "rank", rank, "err", err)
 		return false
 	}
@@ -235,7 +242,7 @@ func (a *agent) launch(t *wire.EpochTable, places []wire.Placement, all bool) er
 		g.Go(func() error {
 			pl := p.place
 			listened[i] = a.listen(pl.Rank)
-			renv := mergeEnv(rankEnv(a.env, a.spec, t, pl, a.socks.name(pl.Rank), a.tmp), genv[i], restartEnv(a.gen, a.spec.MaxRestarts), ompiEnv)
+			renv := mergeEnv(rankEnv(a.env, a.spec, t, pl, a.rankSocket(pl.Rank), a.tmp), genv[i], restartEnv(a.gen, a.spec.MaxRestarts), ompiEnv)
 			stdin := pl.Rank == a.spec.StdinRank
 			err := p.start(a.spec, renv, stdin, a.out, a.exits, a.done, &a.tasks)
 			if stdin {

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -65,7 +66,9 @@ func Mark(name string) {
 	p.N++
 }
 
-// Write writes the phases marked to path, "exit" last.
+// Write writes the phases marked to path, "exit" last. It does not follow
+// a symbolic link at path (a file in a shared /tmp another user could
+// have put there).
 func Write(path string) error {
 	Mark("exit")
 	mu.Lock()
@@ -75,7 +78,15 @@ func Write(path string) error {
 		p := phases[n]
 		fmt.Fprintf(&b, "%s %d %d %d\n", p.Name, p.First, p.Last, p.N)
 	}
-	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return fmt.Errorf("phasetrace: %w", err)
+	}
+	if _, err := f.WriteString(b.String()); err != nil {
+		f.Close()
+		return fmt.Errorf("phasetrace: %w", err)
+	}
+	if err := f.Close(); err != nil {
 		return fmt.Errorf("phasetrace: %w", err)
 	}
 	return nil

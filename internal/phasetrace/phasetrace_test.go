@@ -64,3 +64,23 @@ func TestMarkOff(t *testing.T) {
 		t.Fatalf("marked %q without Start", order)
 	}
 }
+
+// TestWriteNoFollow: Write refuses a symbolic link at its path and leaves
+// the file it points to as it was.
+func TestWriteNoFollow(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "target")
+	if err := os.WriteFile(target, []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "phases")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := Write(link); err == nil {
+		t.Fatal("Write followed a symbolic link")
+	}
+	if b, _ := os.ReadFile(target); string(b) != "keep" {
+		t.Fatalf("the link's target holds %q", b)
+	}
+}
