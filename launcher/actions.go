@@ -119,7 +119,7 @@ func (j *job) fence(a hotswap.Fence) {
 
 // cutOff marks h lost for good and its ranks ended (nobody will report
 // them), and closes its stream.
-func (j *job) cutOff(h *agentHost) {
+func (j *job) cutOff(h *hostAgent) {
 	h.lost = true
 	h.fenced.Store(true)
 	for _, r := range h.ranks {
