@@ -18,9 +18,12 @@ import (
 	"github.com/gorun/gorun/topology"
 )
 
-// agentHost is one host of the job and its agent, as the launcher sees it.
-// Fields below lastSeen are owned by the job loop.
-type agentHost struct {
+// hostAgent is the launcher's record of one agent of the job and of the
+// host it runs on: the host itself is topo (a topology.Host of the
+// hostfile) and index its place in job.hosts, the host index of the
+// machine and of the wire messages. Fields below lastSeen are owned by the
+// job loop.
+type hostAgent struct {
 	index    int
 	name     string
 	topo     topology.Host // as the hostfile gave it
@@ -146,7 +149,7 @@ func (m *localMatcher) match(name string) bool {
 // host's credentials (jobkey.HostCredentials: never the job secret) on its
 // stdin, which stays open: the agent takes its end as the launcher's. The agent's stderr is forwarded to the terminal and kept for
 // reports.
-func (j *job) startRemote(ctx context.Context, h *agentHost) error {
+func (j *job) startRemote(ctx context.Context, h *hostAgent) error {
 	args := append(append([]string{}, j.cfg.Rsh[1:]...), h.name, j.cfg.AgentPath, "agent",
 		"--job", j.id, "--host-index", strconv.Itoa(h.index), "--host-name", h.name, "--control", j.controlURL(h))
 	if j.verbose {

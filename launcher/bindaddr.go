@@ -368,7 +368,7 @@ type interruptedError struct{ sig syscall.Signal }
 func (e *interruptedError) Error() string { return "interrupted by " + hotswap.SignalName(e.sig) }
 
 // controlURL is the control plane's URL for h's agent.
-func (j *job) controlURL(h *agentHost) string {
+func (j *job) controlURL(h *hostAgent) string {
 	if a, ok := j.bind.via[h.index]; ok && j.bind.wildcard() {
 		return j.srv.URLAt(a)
 	}

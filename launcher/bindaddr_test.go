@@ -268,7 +268,7 @@ func TestSetBind(t *testing.T) {
 			f := testNet()
 			j := &job{cfg: Config{Bind: tt.bind, resolve: f.resolve, route: f.route}}
 			for i, name := range tt.hosts {
-				j.hosts = append(j.hosts, &agentHost{index: i, name: name, topo: topology.Host{Name: name}})
+				j.hosts = append(j.hosts, &hostAgent{index: i, name: name, topo: topology.Host{Name: name}})
 			}
 			err := j.setBind(t.Context())
 			if tt.err != "" {

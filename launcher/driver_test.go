@@ -195,7 +195,7 @@ func TestDriverRefusesInPlaceWithoutRankClient(t *testing.T) {
 func TestHeartbeatsRateLimited(t *testing.T) {
 	j := &job{beats: make(chan int, 16), quit: make(chan struct{})}
 	j.cfg.HeartbeatInterval = time.Hour
-	a, b := &agentHost{index: 0}, &agentHost{index: 1}
+	a, b := &hostAgent{index: 0}, &hostAgent{index: 1}
 	for range 5 {
 		j.heard(a)
 		j.heard(b)

@@ -71,7 +71,7 @@ func (j *job) rankGone(r int) bool {
 // generation. A restart starts them all again, so it is read from the ranks
 // rather than kept: the agent's own EventAgentDone may be of a generation
 // the launcher has already left.
-func (j *job) hostDone(h *agentHost) bool {
+func (j *job) hostDone(h *hostAgent) bool {
 	for _, r := range h.ranks {
 		if !j.rankEnded[r] {
 			return false
@@ -81,7 +81,7 @@ func (j *job) hostDone(h *agentHost) bool {
 }
 
 // closeStream closes h's launcher stream, if it has one.
-func (j *job) closeStream(h *agentHost) {
+func (j *job) closeStream(h *hostAgent) {
 	j.mu.Lock()
 	s := h.stream
 	h.stream = nil
@@ -91,7 +91,7 @@ func (j *job) closeStream(h *agentHost) {
 	}
 }
 
-func (j *job) release(h *agentHost) {
+func (j *job) release(h *hostAgent) {
 	if !h.released {
 		h.released = true
 		<-j.sem
@@ -193,7 +193,7 @@ func (j *job) drainOutput(ctx context.Context) {
 // whose ranks of this generation all ended and whose agent is there, but
 // whose end marker has not arrived; or nil. A host lost, whose agent
 // ended, or whose ranks did not all report their end, sent all it will.
-func (j *job) outputPending() *agentHost {
+func (j *job) outputPending() *hostAgent {
 	if j.noRanks {
 		return nil
 	}

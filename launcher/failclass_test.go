@@ -180,7 +180,7 @@ func failClassJob(t *testing.T, evs io.Writer, restarts int, hang time.Duration,
 	t.Cleanup(func() { j.out.close() })
 	for i, n := range names {
 		spare := n[0] == 's'
-		h := &agentHost{index: i, name: n, topo: topology.Host{Name: n, Slots: 2, Spare: spare}, spare: spare, registered: true}
+		h := &hostAgent{index: i, name: n, topo: topology.Host{Name: n, Slots: 2, Spare: spare}, spare: spare, registered: true}
 		if !spare {
 			h.ranks = []int{2 * i, 2*i + 1}
 		}

@@ -14,7 +14,7 @@ import (
 // onGPUEvent records a GPU health report and tells the user. A fault
 // that requires replacing the host is the machine's to act on (the loop
 // passes it on); the others leave the job as it is.
-func (j *job) onGPUEvent(h *agentHost, e *wire.Event) {
+func (j *job) onGPUEvent(h *hostAgent, e *wire.Event) {
 	g := e.GPU
 	// A flapping GPU repeats itself: keep and print the first report of
 	// each (host, GPU, kind, XID), then every 100th, with the count.

@@ -16,7 +16,7 @@ import (
 func TestGPUReportsOfAFlappingGPU(t *testing.T) {
 	var stderr bytes.Buffer
 	j := &job{log: slog.New(slog.DiscardHandler), out: newOutputMux(io.Discard, &stderr, 4, false, false, "")}
-	h := &agentHost{name: "node7"}
+	h := &hostAgent{name: "node7"}
 	ev := func(xid uint64) *wire.Event {
 		return &wire.Event{Kind: wire.EventGPU, Msg: "XID n", GPU: &wire.GPUReport{Index: 1, UUID: "GPU-1", Kind: "xid", XID: xid, Class: wire.GPUTransient, Ranks: []int{3}}}
 	}

@@ -60,7 +60,7 @@ type job struct {
 	statusKey *statusKey
 	metrics   *metrics // --metrics (metrics.go), or nil
 
-	hosts []*agentHost
+	hosts []*hostAgent
 	// gpuFailures are the distinct GPU health reports received, in order;
 	// gpuSeen counts each kind's repeats.
 	gpuFailures []gpuFailure
@@ -205,13 +205,13 @@ func Run(ctx context.Context, c Config) (int, error) {
 	j.subj = wire.JobSubjects(j.id)
 	// Agents run on the hosts that got ranks and on the spares, in
 	// hostfile order.
-	byHost := map[int]*agentHost{}
+	byHost := map[int]*hostAgent{}
 	local := newLocalMatcher()
-	add := func(i int) *agentHost {
+	add := func(i int) *hostAgent {
 		h, ok := byHost[i]
 		if !ok {
 			x := cfg.Hosts[i]
-			h = &agentHost{name: x.Name, topo: x, spare: x.Spare, local: local.match(x.Name) || x.Addr != "" && local.match(x.Addr), tail: &tail{}}
+			h = &hostAgent{name: x.Name, topo: x, spare: x.Spare, local: local.match(x.Name) || x.Addr != "" && local.match(x.Addr), tail: &tail{}}
 			byHost[i] = h
 		}
 		return h
@@ -490,19 +490,19 @@ func (j *job) spec() *wire.JobSpec {
 }
 
 // started records how to reach and kill h's agent.
-func (j *job) started(h *agentHost, stream io.WriteCloser, kill func()) {
+func (j *job) started(h *hostAgent, stream io.WriteCloser, kill func()) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	h.stream, h.kill = stream, kill
 }
 
-func (j *job) hasAgent(h *agentHost) bool {
+func (j *job) hasAgent(h *hostAgent) bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return h.kill != nil
 }
 
-func (j *job) killAgent(h *agentHost) {
+func (j *job) killAgent(h *hostAgent) {
 	j.mu.Lock()
 	kill := h.kill
 	j.mu.Unlock()

@@ -25,7 +25,7 @@ func metricsJob(t *testing.T) *job {
 	t.Helper()
 	j := &job{cfg: validConfig(), world: 4, rankHost: []int{0, 0, 1, 1}, rankEnded: make([]bool, 4), metrics: newMetrics()}
 	for i, n := range []string{"a", "b", "s"} {
-		h := &agentHost{index: i, name: n, topo: topology.Host{Name: n, Slots: 2, Spare: n == "s"}, spare: n == "s", registered: true}
+		h := &hostAgent{index: i, name: n, topo: topology.Host{Name: n, Slots: 2, Spare: n == "s"}, spare: n == "s", registered: true}
 		if n != "s" {
 			h.ranks = []int{2 * i, 2*i + 1}
 		}

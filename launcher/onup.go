@@ -43,7 +43,7 @@ func (j *job) startAgents(ctx context.Context, sem chan struct{}) {
 }
 
 // startLocal runs the launcher host's agent in this process.
-func (j *job) startLocal(ctx context.Context, h *agentHost) error {
+func (j *job) startLocal(ctx context.Context, h *hostAgent) error {
 	pr, pw := io.Pipe()
 	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	j.started(h, pw, cancel)
@@ -181,7 +181,7 @@ func (j *job) onUp(m *nats.Msg) {
 // once per half heartbeat interval per host: a job of 10,000 hosts does
 // not flood the loop, and the machine still hears of every host well
 // within its heartbeat timeout.
-func (j *job) heard(h *agentHost) {
+func (j *job) heard(h *hostAgent) {
 	now := time.Now().UnixNano()
 	h.lastSeen.Store(now)
 	if h.fenced.Load() {

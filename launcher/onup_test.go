@@ -48,7 +48,7 @@ func TestOnUpTakesOnlyTheSubjectsHost(t *testing.T) {
 			var stdout, logs bytes.Buffer
 			j := &job{
 				log: slog.New(slog.NewTextHandler(&logs, nil)), id: "upjob", subj: subj, world: 2,
-				hosts:    []*agentHost{{index: 0, name: "a", ranks: []int{0}}, {index: 1, name: "b", ranks: []int{1}}},
+				hosts:    []*hostAgent{{index: 0, name: "a", ranks: []int{0}}, {index: 1, name: "b", ranks: []int{1}}},
 				rankHost: []int{0, 1}, events: make(chan *wire.Event, 4), quit: make(chan struct{}),
 				beats: make(chan int, 4), progress: make(chan *wire.UpProgress, 4), resumes: make(chan *wire.ResumeReach, 4),
 			}

@@ -84,7 +84,7 @@ func TestPlaceEC(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			j := &job{cfg: Config{ECK: tt.k, ECM: tt.m}, log: slog.New(slog.NewTextHandler(t.Output(), nil))}
 			for i, h := range tt.hosts {
-				j.hosts = append(j.hosts, &agentHost{index: i, name: h.Name, topo: h, spare: h.Spare, ranks: tt.ranks[i]})
+				j.hosts = append(j.hosts, &hostAgent{index: i, name: h.Name, topo: h, spare: h.Spare, ranks: tt.ranks[i]})
 				for range tt.ranks[i] {
 					j.rankHost = append(j.rankHost, 0)
 				}
@@ -133,7 +133,7 @@ func TestPlaceECDiff(t *testing.T) {
 			hosts := append(hosts4("", "", "", ""), topology.Host{Name: "s", Slots: 2, Spare: true})
 			for i, h := range hosts {
 				h.Slots = 2
-				j.hosts = append(j.hosts, &agentHost{index: i, name: h.Name, topo: h, spare: h.Spare, ranks: ranks[i]})
+				j.hosts = append(j.hosts, &hostAgent{index: i, name: h.Name, topo: h, spare: h.Spare, ranks: ranks[i]})
 			}
 			j.rankHost = []int{0, 0, 1, 1, 2, 2, 3, 3}
 			if err := j.placeRedundancy(nil); err != nil {

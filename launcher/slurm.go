@@ -132,13 +132,13 @@ func (o *srunOptions) args(job string, nodes []string, agent []string) []string 
 // and which task is which host. Its fields below mu are guarded by mu.
 type srunStep struct {
 	opts   *srunOptions
-	hosts  []*agentHost  // the remote hosts, in job order
+	hosts  []*hostAgent  // the remote hosts, in job order
 	exited chan struct{} // closed once srun has exited and been waited for
 
 	mu      sync.Mutex
 	stdin   io.WriteCloser
 	proc    *exec.Cmd
-	byTask  map[int]*agentHost
+	byTask  map[int]*hostAgent
 	step    string       // JOBID.STEPID, once an agent told it
 	gone    map[int]bool // hosts whose end was reported (done line, or given up)
 	open    int          // host streams not closed yet
@@ -149,7 +149,7 @@ type srunStep struct {
 // newSrunStep plans the step of j's remote hosts. They take no start slot:
 // srun paces its own starts.
 func newSrunStep(j *job, o *srunOptions) *srunStep {
-	s := &srunStep{opts: o, exited: make(chan struct{}), byTask: map[int]*agentHost{}, gone: map[int]bool{}}
+	s := &srunStep{opts: o, exited: make(chan struct{}), byTask: map[int]*hostAgent{}, gone: map[int]bool{}}
 	for _, h := range j.hosts {
 		if !h.local {
 			s.hosts = append(s.hosts, h)
@@ -260,7 +260,7 @@ func (j *job) startSrun() {
 }
 
 // markGone records that h's end is reported, and whether that is news.
-func (s *srunStep) markGone(h *agentHost) bool {
+func (s *srunStep) markGone(h *hostAgent) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.gone[h.index] {
@@ -273,7 +273,7 @@ func (s *srunStep) markGone(h *agentHost) bool {
 // srunGiveUp reports h's agent ended without waiting for srun: it was lost
 // and fenced, or killed, and one task of a step cannot be ended apart (a
 // fenced agent still running learns it from the epoch table and exits).
-func (j *job) srunGiveUp(h *agentHost, err error) {
+func (j *job) srunGiveUp(h *hostAgent, err error) {
 	if !j.srun.markGone(h) {
 		return
 	}
@@ -336,7 +336,7 @@ func (j *job) srunStdout(r io.Reader) {
 func (j *job) srunKey(task int, node, pub, step string) {
 	s := j.srun
 	key, err := base64.StdEncoding.DecodeString(pub)
-	var h *agentHost
+	var h *hostAgent
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -410,7 +410,7 @@ func (j *job) srunStderr(r io.Reader) {
 // gives the host up; once every host's is closed the step ends (stop).
 type srunStream struct {
 	j    *job
-	h    *agentHost
+	h    *hostAgent
 	once sync.Once
 }
 

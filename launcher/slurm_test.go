@@ -126,7 +126,7 @@ func TestSrunKeyExchange(t *testing.T) {
 	j := &job{cfg: cfg, log: cfg.Logger, id: "jobx", secret: secret, srv: srv, agentExits: make(chan agentExit, 16),
 		out: newOutputMux(&bytes.Buffer{}, &stderr, 1, false, false, "")}
 	for i, n := range []string{"n0", "n1", "n2"} {
-		j.hosts = append(j.hosts, &agentHost{index: i, name: n, tail: &tail{}})
+		j.hosts = append(j.hosts, &hostAgent{index: i, name: n, tail: &tail{}})
 	}
 	j.srun = newSrunStep(j, &srunOptions{path: srun, has: map[string]bool{"label": true, "overlap": true}})
 	j.startSrun()

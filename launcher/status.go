@@ -381,7 +381,7 @@ func (j *job) snapshot(ranks bool) *jobstatus.Snapshot {
 // hostState is h's state for gorun status and the metrics (the loop's):
 // a spare is one left (HostSpare) only once registered and while not
 // suspected; one whose agent could not start is lost.
-func hostState(h *agentHost) string {
+func hostState(h *hostAgent) string {
 	switch {
 	case h.lost:
 		return jobstatus.HostLost

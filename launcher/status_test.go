@@ -226,7 +226,7 @@ func twoLossJob(t *testing.T, change func(*job), do func(*job, hotswap.Action)) 
 		log: slog.New(slog.DiscardHandler), tabChanged: make(chan struct{}), t0: time.Now()}
 	for i, n := range []string{"h0", "h1", "h2", "s0", "s1"} {
 		spare := n[0] == 's'
-		h := &agentHost{index: i, name: n, topo: topology.Host{Name: n, Slots: 1, Spare: spare}, spare: spare}
+		h := &hostAgent{index: i, name: n, topo: topology.Host{Name: n, Slots: 1, Spare: spare}, spare: spare}
 		if !spare {
 			h.ranks = []int{i}
 		}
@@ -264,14 +264,14 @@ func twoLossJob(t *testing.T, change func(*job), do func(*job, hotswap.Action)) 
 func TestStatusSpareStates(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
-		set    func(h *agentHost)
+		set    func(h *hostAgent)
 		state  string
 		spares int
 	}{
-		{"registered", func(h *agentHost) { h.registered = true }, jobstatus.HostSpare, 1},
-		{"starting", func(h *agentHost) { h.registered = false }, jobstatus.HostStarting, 0},
-		{"suspected", func(h *agentHost) { h.probed.Store(true) }, jobstatus.HostSuspected, 0},
-		{"could not start", func(h *agentHost) { h.registered, h.ended = false, true }, jobstatus.HostLost, 0},
+		{"registered", func(h *hostAgent) { h.registered = true }, jobstatus.HostSpare, 1},
+		{"starting", func(h *hostAgent) { h.registered = false }, jobstatus.HostStarting, 0},
+		{"suspected", func(h *hostAgent) { h.probed.Store(true) }, jobstatus.HostSuspected, 0},
+		{"could not start", func(h *hostAgent) { h.registered, h.ended = false, true }, jobstatus.HostLost, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			j := metricsJob(t)
