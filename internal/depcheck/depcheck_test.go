@@ -14,12 +14,15 @@ const module = "github.com/gorun/gorun/"
 // (TestEveryPackageHasARule), and every package a rule names exists
 // (TestRulesNamePackages).
 var allowed = map[string][]string{
-	"topology":           {},
-	"internal/wire":      {},
-	"internal/crc32c":    {},
-	"replay":             {},
-	"internal/diffstore": {"replay"},
-	"gpu":                {},
+	"topology":        {},
+	"internal/wire":   {},
+	"internal/crc32c": {},
+	// internal/phasetrace, the launch's phase marks (GORUN_DEBUG_PHASES),
+	// which the launcher and the agent mark.
+	"internal/phasetrace": {},
+	"replay":              {},
+	"internal/diffstore":  {"replay"},
+	"gpu":                 {},
 	// comm is what a Go rank links: the data plane, with the job's data
 	// key from internal/jobkey; never the control plane (noNATS).
 	"comm":            {"topology", "internal/wire", "internal/jobkey"},
@@ -58,8 +61,8 @@ var allowed = map[string][]string{
 	// internal/difflog/difflogtest simulates a rank of diff mode for
 	// tests: the log's records, a holder's store, the reference optimizer.
 	"internal/difflog/difflogtest": {"internal/difflog", "internal/diffstore", "replay"},
-	"internal/agent":               {"protect", "internal/keeper", "ckpt", "comm", "internal/control", "internal/jobkey", "gpu", "topology", "internal/wire", "replay", "durable", "internal/cascade"},
-	"launcher":                     {"topology", "comm", "internal/control", "internal/jobkey", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire", "internal/cascade", "internal/events", "internal/jobstatus"},
+	"internal/agent":               {"protect", "internal/keeper", "ckpt", "comm", "internal/control", "internal/jobkey", "gpu", "topology", "internal/wire", "replay", "durable", "internal/cascade", "internal/phasetrace"},
+	"launcher":                     {"topology", "comm", "internal/control", "internal/jobkey", "hotswap", "gpu", "durable", "internal/agent", "internal/ctlserver", "internal/wire", "internal/cascade", "internal/events", "internal/jobstatus", "internal/phasetrace"},
 	// internal/events is the --events schema, shared by the launcher (its
 	// writer) and internal/report (its reader); internal/report turns a
 	// record into a page.
