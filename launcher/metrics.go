@@ -161,17 +161,20 @@ func (j *job) metricsProgress(u *wire.UpProgress) {
 	if m == nil || u.Gen != j.gen {
 		return
 	}
-	var wait, bytes int64
+	// Summed as floats: an int64 sum of a host's figures (each up to
+	// MaxInt64, as a host may report) could wrap below zero, and a
+	// counter that is asked to fall panics.
+	var wait, bytes float64
 	for _, r := range u.Ranks {
 		if r.Rank < 0 || r.Rank >= j.world {
 			continue
 		}
 		old := j.prog.rank(r.Rank)
-		wait += rise(old.WaitNS, r.WaitNS)
-		bytes += rise(old.ReplBytes, r.ReplBytes)
+		wait += float64(rise(old.WaitNS, r.WaitNS))
+		bytes += float64(rise(old.ReplBytes, r.ReplBytes))
 	}
-	m.wait.Add(float64(wait) / 1e9)
-	m.replBytes.Add(float64(bytes))
+	m.wait.Add(wait / 1e9)
+	m.replBytes.Add(bytes)
 }
 
 func rise(old, now int64) int64 {

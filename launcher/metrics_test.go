@@ -104,6 +104,24 @@ func TestMetricsFigures(t *testing.T) {
 	}
 }
 
+// TestMetricsProgressHuge: a host's report whose figures, each valid
+// (up to MaxInt64), sum past MaxInt64 adds their sum: it does not wrap
+// below zero (a counter asked to fall panics, and the launcher with it).
+func TestMetricsProgressHuge(t *testing.T) {
+	j := metricsJob(t)
+	u := &wire.UpProgress{Host: 0}
+	for _, r := range j.hosts[0].ranks {
+		u.Ranks = append(u.Ranks, wire.RankProgress{Rank: r, WaitNS: math.MaxInt64, ReplBytes: math.MaxInt64})
+	}
+	j.metricsProgress(u)
+	srv := httptest.NewServer(j.metrics.set)
+	defer srv.Close()
+	fams := scrape(t, srv.URL)
+	if got, want := value(fams, "gorun_replication_bytes_total"), 2*float64(math.MaxInt64); got != want {
+		t.Errorf("gorun_replication_bytes_total = %v, want %v", got, want)
+	}
+}
+
 // TestMetricsEndpoint: --metrics :0 serves the endpoint on loopback, on a
 // port gorun status shows, while the job runs, and stops with it.
 func TestMetricsEndpoint(t *testing.T) {
