@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -79,12 +80,12 @@ func (cfg *Config) checkDurable() error {
 	case d.DiffBatch != 0 && cfg.ProtectMode != ModeDiff:
 		return &ConfigError{Msg: "--diff-batch only applies with --protect-mode diff"}
 	}
-	d.Every = cmpOr(d.Every, defaultCkptEvery)
+	d.Every = cmp.Or(d.Every, defaultCkptEvery)
 	if d.Overhead == 0 {
 		d.Overhead = defaultCkptOverhead
 	}
 	if cfg.ProtectMode == ModeDiff {
-		d.DiffBatch = cmpOr(d.DiffBatch, defaultDiffBatch)
+		d.DiffBatch = cmp.Or(d.DiffBatch, defaultDiffBatch)
 	}
 	abs, err := filepath.Abs(d.Dir)
 	if err != nil {
@@ -112,13 +113,6 @@ func (cfg *Config) checkDurable() error {
 		}
 	}
 	return nil
-}
-
-func cmpOr(v, def int) int {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // checkDurableDir refuses a directory that holds checkpoints a new job

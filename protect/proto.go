@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/gorun/gorun/ckpt"
+	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/replay"
 )
 
@@ -239,7 +240,7 @@ func (o *Optimizer) Check(regions []Region, gradient int64) error {
 	i := slices.IndexFunc(regions, func(r Region) bool { return r.Name == o.Region })
 	switch {
 	case i < 0:
-		return fmt.Errorf("optimizer region %q is not declared", trunc(o.Region))
+		return fmt.Errorf("optimizer region %q is not declared", wire.Truncate(o.Region))
 	case o.Region == "params":
 		return errors.New("optimizer region \"params\" is not replicated (it is restored from a data-parallel peer)")
 	case o.N < 1 || o.N > MaxGradient:
@@ -287,7 +288,7 @@ func (h *ProtectHello) Check() error {
 	for _, r := range h.Regions {
 		switch {
 		case !ckpt.ValidRegionName(r.Name):
-			return fmt.Errorf("protect hello: bad region name %q: want [a-z][a-z0-9_-]{0,31}", trunc(r.Name))
+			return fmt.Errorf("protect hello: bad region name %q: want [a-z][a-z0-9_-]{0,31}", wire.Truncate(r.Name))
 		case r.Name == GradientRegion:
 			return fmt.Errorf("protect hello: region name %q is reserved", r.Name)
 		case seen[r.Name]:
@@ -301,13 +302,6 @@ func (h *ProtectHello) Check() error {
 		return fmt.Errorf("protect hello: gradient of %d elements, want 0 to 2^31", h.Gradient)
 	}
 	return nil
-}
-
-func trunc(s string) string {
-	if len(s) > 40 {
-		return s[:40] + "…"
-	}
-	return s
 }
 
 // Reduced declares that a rank's shard gradient is elements [Off,

@@ -54,6 +54,7 @@ import (
 	"net"
 
 	"github.com/gorun/gorun/ckpt"
+	"github.com/gorun/gorun/internal/wire"
 	"github.com/gorun/gorun/protect"
 )
 
@@ -160,7 +161,7 @@ func readTable(r io.Reader, n int) ([]tableEntry, error) {
 		}
 		e := tableEntry{name: string(name), size: int64(binary.BigEndian.Uint64(rest[:])), sum: binary.BigEndian.Uint32(rest[8:])}
 		if !ckpt.ValidRegionName(e.name) || e.size < 0 || e.size > protect.MaxRegionSize {
-			return nil, fmt.Errorf("bad region %q of %d bytes", trunc(e.name), e.size)
+			return nil, fmt.Errorf("bad region %q of %d bytes", wire.Truncate(e.name), e.size)
 		}
 		for _, p := range t[:i] {
 			if p.name == e.name {

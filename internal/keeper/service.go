@@ -24,14 +24,6 @@ const errNoOptimizer = "--protect-mode diff needs a trainer that declares its re
 // decode decodes a request payload strictly (unknown fields refused).
 func decode(b []byte, v any) error { return wire.DecodeSock(b, v) }
 
-// trunc cuts s to 40 bytes, for quoting a peer's string in an error.
-func trunc(s string) string {
-	if len(s) > 40 {
-		return s[:40] + "…"
-	}
-	return s
-}
-
 // service is one local rank's state protection. Requests come from the
 // rank's sessions (normally one) and are served one at a time.
 type service struct {

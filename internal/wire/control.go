@@ -90,7 +90,7 @@ func DecodeControl(b []byte) (*Control, error) {
 			return nil, malformed("control: probe of host %d", c.Host)
 		}
 	default:
-		return nil, malformed("control: unknown op %q", truncate(string(c.Op)))
+		return nil, malformed("control: unknown op %q", Truncate(string(c.Op)))
 	}
 	if c.Grace < 0 {
 		return nil, malformed("control: negative grace")

@@ -43,7 +43,7 @@ func checkDurableSpec(s *JobSpec) error {
 	}
 	switch {
 	case len(s.CkptDir) > MaxCkptDir || !strings.HasPrefix(s.CkptDir, "/") || strings.IndexByte(s.CkptDir, 0) >= 0:
-		return malformed("register reply: checkpoint directory %q is not an absolute path", truncate(s.CkptDir))
+		return malformed("register reply: checkpoint directory %q is not an absolute path", Truncate(s.CkptDir))
 	case s.CkptEvery < 1 || int64(s.CkptEvery) > MaxCkptEvery:
 		return malformed("register reply: ckpt-every %d out of range", s.CkptEvery)
 	case s.CkptConcurrency < 0 || s.CkptConcurrency > MaxCkptConcurrency:
@@ -145,7 +145,7 @@ func (d *RankDurable) check(rank int, committed int64) error {
 	}
 	for _, r := range d.Regions {
 		if r.Name == "" || len(r.Name) > MaxRegionName || r.Size < 0 || r.Size > MaxRegionSize {
-			return malformed("progress: rank %d: region %q of %d bytes", rank, truncate(r.Name), r.Size)
+			return malformed("progress: rank %d: region %q of %d bytes", rank, Truncate(r.Name), r.Size)
 		}
 	}
 	if err := checkString("progress: durable state", d.Off); err != nil {

@@ -137,7 +137,7 @@ func DecodeEvent(b []byte) (*Event, error) {
 			return nil, err
 		}
 	default:
-		return nil, malformed("event: unknown kind %q", truncate(string(e.Kind)))
+		return nil, malformed("event: unknown kind %q", Truncate(string(e.Kind)))
 	}
 	if e.Host < 0 || e.Host >= MaxHosts || e.Rank < -1 || e.Rank >= MaxWorld {
 		return nil, malformed("event: host %d rank %d out of range", e.Host, e.Rank)
@@ -158,7 +158,7 @@ func (g *GPUReport) check() error {
 	case g.Index < 0 || g.Index >= MaxGPUs:
 		return malformed("event: GPU index %d out of range", g.Index)
 	case g.Class != GPUTransient && g.Class != GPUPermanent && g.Class != GPUUnknown:
-		return malformed("event: GPU class %q", truncate(g.Class))
+		return malformed("event: GPU class %q", Truncate(g.Class))
 	case len(g.Ranks) > MaxGPUs*8:
 		return malformed("event: %d ranks on one GPU", len(g.Ranks))
 	}

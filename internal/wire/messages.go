@@ -56,7 +56,8 @@ func checkString(what, s string) error {
 	return nil
 }
 
-func truncate(s string) string {
+// Truncate cuts s to 40 bytes, for quoting a peer's string in an error.
+func Truncate(s string) string {
 	if len(s) > 40 {
 		return s[:40] + "…"
 	}

@@ -108,7 +108,7 @@ func (f *Fence) Check(maxKeys int) error {
 	}
 	for k, v := range f.KV {
 		if k == "" || len(k) > 256 || len(v) > MaxStringLen {
-			return malformed("fence: key %q or its value too long", truncate(k))
+			return malformed("fence: key %q or its value too long", Truncate(k))
 		}
 	}
 	return nil

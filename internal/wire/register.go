@@ -228,7 +228,7 @@ func DecodeRegisterReply(b []byte) (*RegisterReply, error) {
 	}
 	for _, e := range s.Env {
 		if i := strings.IndexByte(e, '='); i <= 0 || strings.IndexByte(e, 0) >= 0 {
-			return nil, malformed("register reply: env entry %q is not KEY=VALUE", truncate(e))
+			return nil, malformed("register reply: env entry %q is not KEY=VALUE", Truncate(e))
 		}
 		size += len(e)
 	}
