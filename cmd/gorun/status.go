@@ -145,6 +145,10 @@ func runStatus(ctx context.Context, o *statusOpts, dirs []string, stdout, stderr
 		fmt.Fprintf(stderr, "gorun status: %d running jobs; name one: gorun status JOB\n", len(es))
 		return exitError
 	}
+	if errors.Is(err, jobstatus.ErrNoJob) {
+		// Other jobs run, none of them this one: said as when none runs.
+		return fail("no running gorun job of yours with id %q (registries %s)", o.job, strings.Join(dirs, ", "))
+	}
 	if err != nil {
 		return fail("%v", err)
 	}

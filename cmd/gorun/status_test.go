@@ -60,17 +60,28 @@ func TestParseStatus(t *testing.T) {
 // beside this one.)
 func TestStatusExitCodes(t *testing.T) {
 	empty := []string{filepath.Join(t.TempDir(), "gorun")}
+	// A registry holding another job (this process: a live launcher).
+	other := filepath.Join(t.TempDir(), "gorun")
+	remove, err := jobstatus.Register(other, &jobstatus.Entry{Job: "zzzother1", PID: os.Getpid(), Start: time.Now(), Prog: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer remove()
 	for _, tt := range []struct {
 		args       []string
 		code       int
 		out, errIn string
+		dir        string // the registry searched: empty's when ""
 	}{
-		{[]string{"status", "-h"}, exitOK, "Usage: gorun status", ""},
-		{[]string{"status", "--help"}, exitOK, "Usage: gorun status", ""},
-		{[]string{"status", "--nope"}, exitUsage, "", "-nope"},
-		{[]string{"status", "--interval", "1s"}, exitUsage, "", "--interval is for --watch"},
-		{[]string{"status"}, exitError, "", "no running gorun job"},
-		{[]string{"status", "abc", "--json"}, exitError, "", "no running gorun job"},
+		{[]string{"status", "-h"}, exitOK, "Usage: gorun status", "", ""},
+		{[]string{"status", "--help"}, exitOK, "Usage: gorun status", "", ""},
+		{[]string{"status", "--nope"}, exitUsage, "", "-nope", ""},
+		{[]string{"status", "--interval", "1s"}, exitUsage, "", "--interval is for --watch", ""},
+		{[]string{"status"}, exitError, "", "no running gorun job", ""},
+		{[]string{"status", "abc", "--json"}, exitError, "", "no running gorun job", ""},
+		// Not "jobstatus: no running job with id": the same words
+		// whether other jobs run or not.
+		{[]string{"status", "abc"}, exitError, "", `no running gorun job of yours with id "abc"`, other},
 	} {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			var out, errb bytes.Buffer
@@ -80,7 +91,11 @@ func TestStatusExitCodes(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				code = runStatus(context.Background(), o, empty, &out, &errb)
+				dirs := empty
+				if tt.dir != "" {
+					dirs = []string{tt.dir}
+				}
+				code = runStatus(context.Background(), o, dirs, &out, &errb)
 			} else {
 				code = Main(tt.args, nil, &out, &errb)
 			}
