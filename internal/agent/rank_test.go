@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/wire"
+	"golang.org/x/sys/unix"
 )
 
 // startRank starts prog as rank 3 on host 2 and returns it with the
@@ -258,4 +259,131 @@ func TestRankCommand(t *testing.T) {
 			}
 		})
 	}
+}
+
+// readChildPid waits for the pid a rank wrote to file (by a rename, so
+// that it is read whole).
+func readChildPid(t *testing.T, file string) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(file); err == nil {
+			if pid := atoi(strings.TrimSpace(string(b))); pid > 0 {
+				return pid
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("the rank did not write its child's pid")
+	return 0
+}
+
+// A rank that ends on its own leaves nothing behind: what it started in
+// its process group is killed when its end is seen, before it is reaped
+// (its pid, and so the group's id, cannot be reused before).
+func TestRankEndKillsItsGroup(t *testing.T) {
+	dir := t.TempDir()
+	// The child does not hold the rank's output open, so that the end is
+	// reported without waiting for the pipes' drain.
+	p, exits, err := startRank(t, dir, "sh", "-c", `sleep 300 >/dev/null 2>&1 & echo $! > child.tmp && mv child.tmp child`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := waitExit(t, exits); got != p {
+		t.Fatal("another rank reported")
+	}
+	if e := p.exitEvent(0); e.Code != 0 || e.Signal != 0 {
+		t.Errorf("the rank's own end: %+v, want exit 0", *e)
+	}
+	child := readChildPid(t, filepath.Join(dir, "child"))
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	deadline := time.Now().Add(30 * time.Second)
+	for alive(child) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if alive(child) {
+		t.Errorf("child %d outlived the rank that started it", child)
+	}
+}
+
+// A kill that races the rank's own end: the end is reported once, with
+// whichever came first, and a signal after the reaping goes nowhere.
+func TestRankExitRacesKill(t *testing.T) {
+	for i := range 20 {
+		p, exits, err := startRank(t, "", "true")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.signal(syscall.SIGKILL)
+		waitExit(t, exits)
+		if e := p.exitEvent(0); !(e.Code == 0 && e.Signal == 0) && !(e.Code == -1 && e.Signal == int(syscall.SIGKILL)) {
+			t.Errorf("run %d: %+v, want exit 0 or SIGKILL", i, *e)
+		}
+		p.mu.Lock()
+		reaped := p.reaped
+		p.mu.Unlock()
+		if !reaped {
+			t.Errorf("run %d: reported before it was reaped", i)
+		}
+		p.signal(syscall.SIGKILL) // reaped: not sent (the group id may be reused)
+		select {
+		case q := <-exits:
+			t.Errorf("run %d: a second end reported (rank %d)", i, q.place.Rank)
+		default:
+		}
+	}
+}
+
+// The waiter of a running rank waits in the poller (on the rank's pidfd),
+// not in a blocking system call that holds an OS thread per rank.
+func TestRankWaiterHoldsNoThread(t *testing.T) {
+	if fd, err := unix.PidfdOpen(os.Getpid(), unix.PIDFD_NONBLOCK); err != nil {
+		t.Skipf("no non-blocking pidfd here: %v", err)
+	} else {
+		unix.Close(fd)
+	}
+	const n = 4
+	for range n {
+		if _, _, err := startRank(t, "", "sleep", "300"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The waiters' goroutines, once they wait (their state then does not
+	// change until the ranks end, at the test's cleanup).
+	var states []string
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		states = waiterStates()
+		if len(states) >= n && !slices.ContainsFunc(states, func(s string) bool { return s == "running" || s == "runnable" }) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if len(states) < n {
+		t.Fatalf("%d waiters found waiting in waitEnd, want %d", len(states), n)
+	}
+	for _, s := range states {
+		if s != "IO wait" {
+			t.Errorf("a rank waiter is in state %q, want IO wait (the poller): waiters %q", s, states)
+		}
+	}
+}
+
+// waiterStates is the scheduling state of every goroutine in waitEnd.
+func waiterStates() []string {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	var states []string
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if !strings.Contains(g, "agent.waitEnd(") {
+			continue
+		}
+		head, _, _ := strings.Cut(g, "\n")
+		// "goroutine 7 [IO wait, 2 minutes]:"
+		_, st, _ := strings.Cut(head, "[")
+		st, _, _ = strings.Cut(st, "]")
+		st, _, _ = strings.Cut(st, ",")
+		states = append(states, st)
+	}
+	return states
 }
