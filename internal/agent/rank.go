@@ -79,7 +79,7 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 		}
 	}
 	pipe := func() (r, w *os.File, err error) {
-		if r, w, err = os.Pipe(); err == nil {
+		if r, w, err = childPipe(true); err == nil {
 			parentEnds, childEnds = append(parentEnds, r), append(childEnds, w)
 		}
 		return r, w, err
@@ -99,7 +99,7 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = outW, errW
 	if stdin {
-		inR, inW, err := os.Pipe()
+		inW, inR, err := childPipe(false)
 		if err != nil {
 			closeAll(parentEnds)
 			closeAll(childEnds)
@@ -162,6 +162,35 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 		}
 	})
 	return nil
+}
+
+// childPipe makes a pipe for a rank: the rank's end (child) is a plain
+// blocking descriptor, as a process expects its standard descriptors,
+// which only the rank uses: it is not registered with the poller (os.Pipe
+// would register it, make it non-blocking, and os/exec make it blocking
+// again: four system calls per end for nothing). The agent's end (mine),
+// the read end if mineReads, is non-blocking and served by the poller.
+// Both are close-on-exec: os/exec gives the rank its own copy.
+func childPipe(mineReads bool) (mine, child *os.File, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, nil, os.NewSyscallError("pipe2", err)
+	}
+	m, c := p[0], p[1]
+	if !mineReads {
+		m, c = c, m
+	}
+	if err := unix.SetNonblock(m, true); err != nil {
+		unix.Close(m)
+		unix.Close(c)
+		return nil, nil, os.NewSyscallError("fcntl", err)
+	}
+	// Named as os.Pipe names its ends.
+	name := [2]string{"|0", "|1"}
+	if !mineReads {
+		name[0], name[1] = name[1], name[0]
+	}
+	return os.NewFile(uintptr(m), name[0]), os.NewFile(uintptr(c), name[1]), nil
 }
 
 // waitEnd waits for the process pid, a child of this one, to end, without

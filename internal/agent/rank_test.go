@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -386,4 +387,48 @@ func waiterStates() []string {
 		states = append(states, st)
 	}
 	return states
+}
+
+// The rank's standard descriptors and its PMI descriptor are blocking, as
+// a program expects them: the agent's ends of the same pipes and socket
+// are non-blocking (the poller serves them), the rank's must not be.
+func TestRankDescriptorsBlock(t *testing.T) {
+	dir := t.TempDir()
+	exits := make(chan *rankProc, 1)
+	done := make(chan struct{})
+	defer close(done)
+	mine, theirs, err := pmiSocketPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mine.Close()
+	p := &rankProc{place: wire.Placement{Rank: 0}, pmi: theirs}
+	script := `exec 9>flags.tmp; for fd in 0 1 2 ` + itoa(wire.PMIFD) + `; do echo "$fd $(grep ^flags: /proc/$$/fdinfo/$fd)" >&9; done; mv flags.tmp flags`
+	spec := &wire.JobSpec{Prog: "sh", Args: []string{"-c", script}, Dir: dir}
+	if err := p.start(spec, baseEnv(os.Environ(), nil), true, discardBatcher(), exits, done, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer p.stdin.Close()
+	waitExit(t, exits)
+	b, err := os.ReadFile(filepath.Join(dir, "flags"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("flags of the rank's descriptors:\n%s", b)
+	}
+	for _, l := range lines {
+		f := strings.Fields(l) // "1 flags: 0100001"
+		if len(f) != 3 {
+			t.Fatalf("line %q", l)
+		}
+		flags, err := strconv.ParseUint(f[2], 8, 64)
+		if err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		if flags&syscall.O_NONBLOCK != 0 {
+			t.Errorf("the rank's descriptor %s is non-blocking (flags %s)", f[0], f[2])
+		}
+	}
 }
