@@ -410,6 +410,49 @@ func mergeEnv(env []string, overs ...[]string) []string {
 	return out
 }
 
+// envBase is an environment that many are merged from: the base every
+// rank of a launch shares, indexed once, so that each rank's merge costs
+// only its own variables rather than the whole environment again.
+type envBase struct {
+	env []string       // mergeEnv(env): no name twice
+	idx map[string]int // a name's index in env
+}
+
+func newEnvBase(env []string) *envBase {
+	b := &envBase{env: mergeEnv(env)}
+	b.idx = make(map[string]int, len(b.env))
+	for i, kv := range b.env {
+		k, _, _ := strings.Cut(kv, "=")
+		b.idx[k] = i
+	}
+	return b
+}
+
+// merge is mergeEnv(env, overs...) for the env b was made from.
+func (b *envBase) merge(overs ...[]string) []string {
+	n := 0
+	for _, o := range overs {
+		n += len(o)
+	}
+	out := make([]string, len(b.env), len(b.env)+n)
+	copy(out, b.env)
+	added := make(map[string]int, n) // names not in b.env: their index in out
+	for _, o := range overs {
+		for _, kv := range o {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := b.idx[k]; ok {
+				out[i] = kv
+			} else if i, ok := added[k]; ok {
+				out[i] = kv
+			} else {
+				added[k] = len(out)
+				out = append(out, kv)
+			}
+		}
+	}
+	return out
+}
+
 func hasVar(env []string, name string) bool {
 	for _, kv := range env {
 		if strings.HasPrefix(kv, name+"=") {
@@ -437,6 +480,12 @@ func layoutEnv(spec *wire.JobSpec, world int) []string {
 // rankEnv is the full environment of one rank: base plus the contract of
 // DESIGN.md §3.
 func rankEnv(base []string, spec *wire.JobSpec, t *wire.EpochTable, pl wire.Placement, socket, tmpdir string) []string {
+	return mergeEnv(base, rankVars(spec, t, pl, socket, tmpdir, hasVar(base, wire.EnvOMPNumThreads)))
+}
+
+// rankVars is the contract of DESIGN.md §3 for one rank, which rankEnv
+// merges into its base; ompSet tells that the base sets OMP_NUM_THREADS.
+func rankVars(spec *wire.JobSpec, t *wire.EpochTable, pl wire.Placement, socket, tmpdir string, ompSet bool) []string {
 	userVars := spec.Env
 	itoa := strconv.Itoa
 	rank, world := itoa(pl.Rank), itoa(t.World)
@@ -482,13 +531,13 @@ func rankEnv(base []string, spec *wire.JobSpec, t *wire.EpochTable, pl wire.Plac
 		set = append(set, wire.EnvPMIFD+"="+strconv.Itoa(wire.PMIFD))
 	}
 	set = append(set, layoutEnv(spec, t.World)...)
-	if pl.LocalSize > 1 && !hasVar(base, wire.EnvOMPNumThreads) {
+	if pl.LocalSize > 1 && !ompSet {
 		set = append(set, wire.EnvOMPNumThreads+"=1")
 	}
 	if !hasVar(userVars, wire.EnvTmpdir) {
 		set = append(set, wire.EnvTmpdir+"="+tmpdir)
 	}
-	return mergeEnv(base, set)
+	return set
 }
 
 // glooEnv returns env with GLOO_SOCKET_IFNAME set to the interface holding
