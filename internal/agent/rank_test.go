@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/wire"
-	"golang.org/x/sys/unix"
 )
 
 // startRank starts prog as rank 3 on host 2 and returns it with the
@@ -333,60 +332,6 @@ func TestRankExitRacesKill(t *testing.T) {
 		default:
 		}
 	}
-}
-
-// The waiter of a running rank waits in the poller (on the rank's pidfd),
-// not in a blocking system call that holds an OS thread per rank.
-func TestRankWaiterHoldsNoThread(t *testing.T) {
-	if fd, err := unix.PidfdOpen(os.Getpid(), unix.PIDFD_NONBLOCK); err != nil {
-		t.Skipf("no non-blocking pidfd here: %v", err)
-	} else {
-		unix.Close(fd)
-	}
-	const n = 4
-	for range n {
-		if _, _, err := startRank(t, "", "sleep", "300"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The waiters' goroutines, once they wait (their state then does not
-	// change until the ranks end, at the test's cleanup).
-	var states []string
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		states = waiterStates()
-		if len(states) >= n && !slices.ContainsFunc(states, func(s string) bool { return s == "running" || s == "runnable" }) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if len(states) < n {
-		t.Fatalf("%d waiters found waiting in waitEnd, want %d", len(states), n)
-	}
-	for _, s := range states {
-		if s != "IO wait" {
-			t.Errorf("a rank waiter is in state %q, want IO wait (the poller): waiters %q", s, states)
-		}
-	}
-}
-
-// waiterStates is the scheduling state of every goroutine in waitEnd.
-func waiterStates() []string {
-	buf := make([]byte, 1<<22)
-	buf = buf[:runtime.Stack(buf, true)]
-	var states []string
-	for g := range strings.SplitSeq(string(buf), "\n\n") {
-		if !strings.Contains(g, "agent.waitEnd(") {
-			continue
-		}
-		head, _, _ := strings.Cut(g, "\n")
-		// "goroutine 7 [IO wait, 2 minutes]:"
-		_, st, _ := strings.Cut(head, "[")
-		st, _, _ = strings.Cut(st, "]")
-		st, _, _ = strings.Cut(st, ",")
-		states = append(states, st)
-	}
-	return states
 }
 
 // The rank's standard descriptors and its PMI descriptor are blocking, as
