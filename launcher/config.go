@@ -116,10 +116,6 @@ type Config struct {
 	// serves its status to `gorun status` (status.go).
 	Registry         string
 	RegistryFallback []string
-	// StatusKey, when not nil, is the status credential's key pair,
-	// started early by the caller (NewStatusKey); otherwise Run makes
-	// one. Used only with a Registry; Run waits for it either way.
-	StatusKey *StatusKey
 	// Metrics, when not "", is the address of the job's Prometheus
 	// endpoint (--metrics; metrics.go): HOST:PORT, or :PORT for loopback;
 	// port 0 picks a free one.

@@ -70,25 +70,22 @@ type statusReq struct {
 	out   chan *jobstatus.Snapshot // buffered, 1
 }
 
-// StatusKey is the status credential's key pair, made by a goroutine of
-// its own: a process's first ed25519 key costs a millisecond or two
-// (crypto/ed25519 builds its base-point table), which the control plane's
-// start waits for (the server admits the key). Run starts it as it
-// begins, where it overlaps planning the job; a caller that knows sooner
-// that it will run a job (gorun's command line, once its arguments
-// parse) starts it sooner with NewStatusKey and passes it in
-// Config.StatusKey, so that it overlaps the caller's own work too.
-type StatusKey struct {
+// statusKey is the status credential's key pair, made by a goroutine of
+// its own as Run begins: a process's first ed25519 key costs some 1.2 ms
+// (crypto/ed25519 builds its base-point table), which then overlaps
+// planning the job instead of delaying the control plane's start.
+type statusKey struct {
 	done chan struct{} // closed when kp and err are set
 	kp   nkeys.KeyPair
 	err  error
 }
 
-// NewStatusKey starts making a status key pair. The goroutine that makes
-// it ends on its own, within milliseconds; Run, given the key, waits for
-// it before returning (Wait, if Run is not called).
-func NewStatusKey() *StatusKey {
-	k := &StatusKey{done: make(chan struct{})}
+// newStatusKey starts making the status key pair; nil if !need.
+func newStatusKey(need bool) *statusKey {
+	if !need {
+		return nil
+	}
+	k := &statusKey{done: make(chan struct{})}
 	go func() {
 		defer close(k.done)
 		k.kp, k.err = nkeys.CreateUser()
@@ -96,26 +93,9 @@ func NewStatusKey() *StatusKey {
 	return k
 }
 
-// newStatusKey is c's key pair if the caller started one (Run waits for
-// it, used or not), otherwise one started now if the job registers, else
-// nil.
-func newStatusKey(c *Config) *StatusKey {
-	switch {
-	case c.StatusKey != nil:
-		return c.StatusKey
-	case c.Registry != "":
-		return NewStatusKey()
-	}
-	return nil
-}
-
-// Wait waits for the goroutine making the key pair to end: a caller that
-// started it and then does not run the job waits with Wait.
-func (k *StatusKey) Wait() { <-k.done }
-
 // wait waits for the key pair (Run defers it: the goroutine never
 // outlives Run).
-func (k *StatusKey) wait() (nkeys.KeyPair, error) {
+func (k *statusKey) wait() (nkeys.KeyPair, error) {
 	if k == nil {
 		return nkeys.CreateUser()
 	}

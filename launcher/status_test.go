@@ -422,35 +422,3 @@ func TestStatusRegisterOffCriticalPath(t *testing.T) {
 		t.Fatalf("the registry directory stays after the job: %v", err)
 	}
 }
-
-// TestStatusKeyGiven: a job given a status key pair started early
-// (Config.StatusKey, as gorun's command line does) admits status clients
-// with that pair, not one of its own.
-func TestStatusKeyGiven(t *testing.T) {
-	reg := filepath.Join(t.TempDir(), "reg")
-	sk := NewStatusKey()
-	var got string
-	r := startRun(t, 1, `true`, func(c *Config) {
-		c.Registry, c.StatusKey = reg, sk
-		c.running = func(j *job) {
-			if j.status != nil {
-				got, _ = j.status.kp.PublicKey()
-			}
-		}
-	})
-	r.wait()
-	if r.code != 0 {
-		t.Fatalf("exit code %d", r.code)
-	}
-	sk.Wait()
-	if sk.err != nil {
-		t.Fatal(sk.err)
-	}
-	want, err := sk.kp.PublicKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != want {
-		t.Errorf("the job's status key is %q, want the given %q", got, want)
-	}
-}

@@ -85,17 +85,10 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return reportError(stderr, err)
 	}
-	// The job registers (jobstatus.Dirs, below): its status key, whose
-	// making costs a millisecond or two, is started now, to overlap what
-	// is left to do before the control plane starts (Run waits for it;
-	// so does an exit before Run).
-	sk := launcher.NewStatusKey()
-	defer sk.Wait()
 	cfg, err := opts.config(stdout, stderr)
 	if err != nil {
 		return reportError(stderr, err)
 	}
-	cfg.StatusKey = sk
 	cfg.Stdout, cfg.Stderr = undying(stdout), undying(stderr)
 	// gorun status finds the job in any of these (jobstatus.ListAll).
 	if dirs := jobstatus.Dirs(); len(dirs) > 0 {
