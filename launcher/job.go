@@ -332,6 +332,7 @@ func (j *job) run(ctx context.Context) (code int, err error) {
 		return 0, fmt.Errorf("launcher: control plane: %w", err)
 	}
 	phasetrace.Mark("server-up")
+	defer phasetrace.Mark("server-shutdown") // after it
 	defer j.srv.Shutdown()
 	j.ctl, err = control.DialInProcess(ctx, j.srv.InProcess(), j.secret, control.ControlOptions{Name: "launcher"})
 	if err != nil {

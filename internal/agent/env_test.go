@@ -415,3 +415,54 @@ func TestIfaceOf(t *testing.T) {
 		t.Errorf("ifaceOf(192.0.2.255) = %q, want an error", got)
 	}
 }
+
+// TestEnvBaseMerge: merging into an envBase is mergeEnv of the
+// environment it was made from, whatever the duplicates and overrides.
+func TestEnvBaseMerge(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		env   []string
+		overs [][]string
+	}{
+		{"empty", nil, nil},
+		{"only overs", nil, [][]string{{"A=1", "B=2"}, {"A=3"}}},
+		{"only env", []string{"A=1", "B=2"}, nil},
+		{"duplicates in env: the later wins, in the first's place", []string{"A=1", "B=2", "A=3"}, [][]string{{"C=4"}}},
+		{"overs replace env in place", []string{"A=1", "B=2", "C=3"}, [][]string{{"B=20"}, {"A=10"}}},
+		{"new names last, in their first order", []string{"A=1"}, [][]string{{"Z=26", "M=13"}, {"Y=25", "Z=0"}}},
+		{"later lists win", []string{"A=1", "B=2"}, [][]string{{"B=3", "C=4"}, {"C=5", "A=6"}, nil, {"B=7"}}},
+		{"duplicates within a list", nil, [][]string{{"X=1", "X=2"}, {"Y=1"}, {"X=3", "Y=2", "Y=3"}}},
+		{"names without =", []string{"A", "B=1"}, [][]string{{"A=2", "C"}, {"C=3"}}},
+		{"name is the text before the first =", []string{"AB=1", "A=2"}, [][]string{{"A=B=3"}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			want := mergeEnv(tt.env, tt.overs...)
+			b := newEnvBase(tt.env)
+			// Twice: a merge leaves the base as it was for the next.
+			for i := range 2 {
+				if got := b.merge(tt.overs...); !slices.Equal(got, want) {
+					t.Errorf("merge %d: %q, want mergeEnv's %q", i, got, want)
+				}
+			}
+		})
+	}
+}
+
+// TestRankVarsAreRankEnv: rankVars, as launch merges them into the shared
+// base, give rankEnv's environment.
+func TestRankVarsAreRankEnv(t *testing.T) {
+	tab := testTable()
+	for _, base := range [][]string{
+		{"PATH=/bin", "HOME=/root"},
+		{"PATH=/bin", "OMP_NUM_THREADS=4", "RANK=stale"},
+	} {
+		for _, pl := range tab.Placements()[2] {
+			spec := &wire.JobSpec{Env: []string{"USERVAR=u"}}
+			want := rankEnv(base, spec, tab, pl, "s", "/t")
+			got := newEnvBase(base).merge(rankVars(spec, tab, pl, "s", "/t", hasVar(base, wire.EnvOMPNumThreads)))
+			if !slices.Equal(got, want) {
+				t.Errorf("base %q, rank %d: %q, want rankEnv's %q", base, pl.Rank, got, want)
+			}
+		}
+	}
+}

@@ -79,7 +79,7 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 		}
 	}
 	pipe := func() (r, w *os.File, err error) {
-		if r, w, err = os.Pipe(); err == nil {
+		if r, w, err = childPipe(true); err == nil {
 			parentEnds, childEnds = append(parentEnds, r), append(childEnds, w)
 		}
 		return r, w, err
@@ -99,7 +99,7 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = outW, errW
 	if stdin {
-		inR, inW, err := os.Pipe()
+		inW, inR, err := childPipe(false)
 		if err != nil {
 			closeAll(parentEnds)
 			closeAll(childEnds)
@@ -135,9 +135,7 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 		// left in its process group while its pid, and so the group id,
 		// cannot have been reused: a group id signalled later could name
 		// an unrelated group.
-		var info unix.Siginfo
-		for unix.Waitid(unix.P_PID, p.pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
-		}
+		waitEnd(p.pid)
 		p.mu.Lock()
 		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
 		p.reaped = true
@@ -164,6 +162,54 @@ func (p *rankProc) start(spec *wire.JobSpec, env []string, stdin bool, out *batc
 		}
 	})
 	return nil
+}
+
+// childPipe makes a pipe for a rank: the rank's end (child) is a plain
+// blocking descriptor, as a process expects its standard descriptors,
+// which only the rank uses: it is not registered with the poller (os.Pipe
+// would register it, make it non-blocking, and os/exec make it blocking
+// again: four system calls per end for nothing). The agent's end (mine),
+// the read end if mineReads, is non-blocking and served by the poller.
+// Both are close-on-exec: os/exec gives the rank its own copy.
+func childPipe(mineReads bool) (mine, child *os.File, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, nil, os.NewSyscallError("pipe2", err)
+	}
+	m, c := p[0], p[1]
+	if !mineReads {
+		m, c = c, m
+	}
+	if err := unix.SetNonblock(m, true); err != nil {
+		unix.Close(m)
+		unix.Close(c)
+		return nil, nil, os.NewSyscallError("fcntl", err)
+	}
+	// Named as os.Pipe names its ends.
+	name := [2]string{"|0", "|1"}
+	if !mineReads {
+		name[0], name[1] = name[1], name[0]
+	}
+	return os.NewFile(uintptr(m), name[0]), os.NewFile(uintptr(c), name[1]), nil
+}
+
+// waitEnd waits for the process pid, a child of this one, to end, without
+// reaping it: its pid stays taken until the caller reaps it. It returns at
+// once if pid is not a child that can be waited for.
+//
+// It blocks a thread per running rank in waitid. Waiting on a pidfd
+// through the runtime's poller instead (PIDFD_NONBLOCK, waitid(P_PIDFD,
+// WNOWAIT) once readable) holds no thread; it was tried and left out
+// (issue 22): with it TestMPIMultiHost's abort across hosts lost its race
+// (the aborting rank's end reported after its peer's: exit 1, not 7) in 8
+// of 22 runs. That race is lost without it too (main's code 1 of 17, this
+// wait 4 of 22, under loads of 5 to 24), so the pidfd's part in it is
+// not established either way; until the race is understood, the wait
+// stays as it was.
+func waitEnd(pid int) {
+	var info unix.Siginfo
+	for unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+	}
 }
 
 // lookProg resolves prog in PATH as exec.Command would, once for all
@@ -331,6 +377,49 @@ func mergeEnv(env []string, overs ...[]string) []string {
 	return out
 }
 
+// envBase is an environment that many are merged from: the base every
+// rank of a launch shares, indexed once, so that each rank's merge costs
+// only its own variables rather than the whole environment again.
+type envBase struct {
+	env []string       // mergeEnv(env): no name twice
+	idx map[string]int // a name's index in env
+}
+
+func newEnvBase(env []string) *envBase {
+	b := &envBase{env: mergeEnv(env)}
+	b.idx = make(map[string]int, len(b.env))
+	for i, kv := range b.env {
+		k, _, _ := strings.Cut(kv, "=")
+		b.idx[k] = i
+	}
+	return b
+}
+
+// merge is mergeEnv(env, overs...) for the env b was made from.
+func (b *envBase) merge(overs ...[]string) []string {
+	n := 0
+	for _, o := range overs {
+		n += len(o)
+	}
+	out := make([]string, len(b.env), len(b.env)+n)
+	copy(out, b.env)
+	added := make(map[string]int, n) // names not in b.env: their index in out
+	for _, o := range overs {
+		for _, kv := range o {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := b.idx[k]; ok {
+				out[i] = kv
+			} else if i, ok := added[k]; ok {
+				out[i] = kv
+			} else {
+				added[k] = len(out)
+				out = append(out, kv)
+			}
+		}
+	}
+	return out
+}
+
 func hasVar(env []string, name string) bool {
 	for _, kv := range env {
 		if strings.HasPrefix(kv, name+"=") {
@@ -358,6 +447,12 @@ func layoutEnv(spec *wire.JobSpec, world int) []string {
 // rankEnv is the full environment of one rank: base plus the contract of
 // DESIGN.md §3.
 func rankEnv(base []string, spec *wire.JobSpec, t *wire.EpochTable, pl wire.Placement, socket, tmpdir string) []string {
+	return mergeEnv(base, rankVars(spec, t, pl, socket, tmpdir, hasVar(base, wire.EnvOMPNumThreads)))
+}
+
+// rankVars is the contract of DESIGN.md §3 for one rank, which rankEnv
+// merges into its base; ompSet tells that the base sets OMP_NUM_THREADS.
+func rankVars(spec *wire.JobSpec, t *wire.EpochTable, pl wire.Placement, socket, tmpdir string, ompSet bool) []string {
 	userVars := spec.Env
 	itoa := strconv.Itoa
 	rank, world := itoa(pl.Rank), itoa(t.World)
@@ -403,13 +498,13 @@ func rankEnv(base []string, spec *wire.JobSpec, t *wire.EpochTable, pl wire.Plac
 		set = append(set, wire.EnvPMIFD+"="+strconv.Itoa(wire.PMIFD))
 	}
 	set = append(set, layoutEnv(spec, t.World)...)
-	if pl.LocalSize > 1 && !hasVar(base, wire.EnvOMPNumThreads) {
+	if pl.LocalSize > 1 && !ompSet {
 		set = append(set, wire.EnvOMPNumThreads+"=1")
 	}
 	if !hasVar(userVars, wire.EnvTmpdir) {
 		set = append(set, wire.EnvTmpdir+"="+tmpdir)
 	}
-	return mergeEnv(base, set)
+	return set
 }
 
 // glooEnv returns env with GLOO_SOCKET_IFNAME set to the interface holding

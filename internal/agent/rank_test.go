@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -257,5 +258,122 @@ func TestRankCommand(t *testing.T) {
 					got.Path, got.Args, got.Err, want.Path, want.Args, want.Err)
 			}
 		})
+	}
+}
+
+// readChildPid waits for the pid a rank wrote to file (by a rename, so
+// that it is read whole).
+func readChildPid(t *testing.T, file string) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(file); err == nil {
+			if pid := atoi(strings.TrimSpace(string(b))); pid > 0 {
+				return pid
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("the rank did not write its child's pid")
+	return 0
+}
+
+// A rank that ends on its own leaves nothing behind: what it started in
+// its process group is killed when its end is seen, before it is reaped
+// (its pid, and so the group's id, cannot be reused before).
+func TestRankEndKillsItsGroup(t *testing.T) {
+	dir := t.TempDir()
+	// The child does not hold the rank's output open, so that the end is
+	// reported without waiting for the pipes' drain.
+	p, exits, err := startRank(t, dir, "sh", "-c", `sleep 300 >/dev/null 2>&1 & echo $! > child.tmp && mv child.tmp child`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := waitExit(t, exits); got != p {
+		t.Fatal("another rank reported")
+	}
+	if e := p.exitEvent(0); e.Code != 0 || e.Signal != 0 {
+		t.Errorf("the rank's own end: %+v, want exit 0", *e)
+	}
+	child := readChildPid(t, filepath.Join(dir, "child"))
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	deadline := time.Now().Add(30 * time.Second)
+	for alive(child) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if alive(child) {
+		t.Errorf("child %d outlived the rank that started it", child)
+	}
+}
+
+// A kill that races the rank's own end: the end is reported once, with
+// whichever came first, and a signal after the reaping goes nowhere.
+func TestRankExitRacesKill(t *testing.T) {
+	for i := range 20 {
+		p, exits, err := startRank(t, "", "true")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.signal(syscall.SIGKILL)
+		waitExit(t, exits)
+		if e := p.exitEvent(0); !(e.Code == 0 && e.Signal == 0) && !(e.Code == -1 && e.Signal == int(syscall.SIGKILL)) {
+			t.Errorf("run %d: %+v, want exit 0 or SIGKILL", i, *e)
+		}
+		p.mu.Lock()
+		reaped := p.reaped
+		p.mu.Unlock()
+		if !reaped {
+			t.Errorf("run %d: reported before it was reaped", i)
+		}
+		p.signal(syscall.SIGKILL) // reaped: not sent (the group id may be reused)
+		select {
+		case q := <-exits:
+			t.Errorf("run %d: a second end reported (rank %d)", i, q.place.Rank)
+		default:
+		}
+	}
+}
+
+// The rank's standard descriptors and its PMI descriptor are blocking, as
+// a program expects them: the agent's ends of the same pipes and socket
+// are non-blocking (the poller serves them), the rank's must not be.
+func TestRankDescriptorsBlock(t *testing.T) {
+	dir := t.TempDir()
+	exits := make(chan *rankProc, 1)
+	done := make(chan struct{})
+	defer close(done)
+	mine, theirs, err := pmiSocketPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mine.Close()
+	p := &rankProc{place: wire.Placement{Rank: 0}, pmi: theirs}
+	script := `exec 9>flags.tmp; for fd in 0 1 2 ` + itoa(wire.PMIFD) + `; do echo "$fd $(grep ^flags: /proc/$$/fdinfo/$fd)" >&9; done; mv flags.tmp flags`
+	spec := &wire.JobSpec{Prog: "sh", Args: []string{"-c", script}, Dir: dir}
+	if err := p.start(spec, baseEnv(os.Environ(), nil), true, discardBatcher(), exits, done, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer p.stdin.Close()
+	waitExit(t, exits)
+	b, err := os.ReadFile(filepath.Join(dir, "flags"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("flags of the rank's descriptors:\n%s", b)
+	}
+	for _, l := range lines {
+		f := strings.Fields(l) // "1 flags: 0100001"
+		if len(f) != 3 {
+			t.Fatalf("line %q", l)
+		}
+		flags, err := strconv.ParseUint(f[2], 8, 64)
+		if err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		if flags&syscall.O_NONBLOCK != 0 {
+			t.Errorf("the rank's descriptor %s is non-blocking (flags %s)", f[0], f[2])
+		}
 	}
 }

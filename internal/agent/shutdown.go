@@ -4,6 +4,8 @@ import (
 	"context"
 	"syscall"
 	"time"
+
+	"github.com/gorun/gorun/internal/phasetrace"
 )
 
 // lost handles the end of the launcher: stop the ranks, then return.
@@ -47,6 +49,7 @@ func (a *agent) cleanup() {
 	// restart's last old rank may end in the drain: tryRestart would
 	// start the new generation after the SIGKILL below, and its ranks
 	// would outlive the agent).
+	phasetrace.Mark("agent-cleanup")
 	a.stopped = true
 	for _, p := range a.ranks {
 		p.signal(syscall.SIGKILL) // ranks still running (an ended rank's group was killed when it ended)
@@ -65,7 +68,9 @@ func (a *agent) cleanup() {
 			live[p.pid] = true
 		}
 	}
+	phasetrace.Mark("agent-drained")
 	killOrphans(a.cfg.Job, live, time.Now().Add(a.cfg.ExitTimeout), a.log)
+	phasetrace.Mark("agent-orphans")
 	a.stdin.close()
 	if a.fenceSub != nil {
 		_ = a.fenceSub.Unsubscribe()
@@ -87,24 +92,30 @@ func (a *agent) cleanup() {
 	if a.out != nil {
 		a.out.Close()
 	}
+	phasetrace.Mark("agent-closed")
 	a.ompi.removeDir(a)
 	if err := a.jobDir.remove(); err != nil {
 		a.log.Warn("cannot remove job directory", "err", err)
 	}
 	// Agents of this job killed on this host (or another sharing its
 	// file systems: network namespaces) left their directories.
+	phasetrace.Mark("agent-jobdir")
 	if a.swept != nil {
 		<-a.swept
 	}
+	phasetrace.Mark("agent-swept")
 	sweepJobDirsLog(a.cfg.Job, a.log)
 	sweepJobSlots(a.slotOpt(), a.cfg.Job, a.log)
 
+	phasetrace.Mark("agent-sweep-job")
 	if a.ctl != nil {
 		_ = a.ctl.FlushTimeout(2 * time.Second)
 	}
+	phasetrace.Mark("agent-flushed")
 	// Last, so that the job's own files and the flush never wait on it
 	// (it may wait up to mpichMinAge): the job's Open MPI directories,
 	// and, the ranks being gone, MPICH segment files one of them left
 	// (killed in MPI_Init), used by nobody now.
 	sweepShmLog(a.shmDir(), a.cfg.Job, hostMPICHSweep(), true, a.log)
+	phasetrace.Mark("agent-shm")
 }

@@ -235,6 +235,10 @@ func (a *agent) launch(t *wire.EpochTable, places []wire.Placement, all bool) er
 	// rank's socket first (creating a file is slow on some file systems:
 	// the kernel serializes creations in one directory, but they overlap
 	// the other ranks' forks).
+	// What every rank's environment shares, merged once for them all.
+	envb := newEnvBase(a.env)
+	ompSet := hasVar(a.env, wire.EnvOMPNumThreads)
+	restart := restartEnv(a.gen, a.spec.MaxRestarts)
 	listened := make([]bool, len(places))
 	var g errgroup.Group
 	g.SetLimit(startParallel)
@@ -242,7 +246,9 @@ func (a *agent) launch(t *wire.EpochTable, places []wire.Placement, all bool) er
 		g.Go(func() error {
 			pl := p.place
 			listened[i] = a.listen(pl.Rank)
-			renv := mergeEnv(rankEnv(a.env, a.spec, t, pl, a.rankSocket(pl.Rank), a.tmp), genv[i], restartEnv(a.gen, a.spec.MaxRestarts), ompiEnv)
+			// rankEnv(a.env, ...) merged with the rank's GPUs, the
+			// generation's restart count and Open MPI's variables.
+			renv := envb.merge(rankVars(a.spec, t, pl, a.rankSocket(pl.Rank), a.tmp, ompSet), genv[i], restart, ompiEnv)
 			stdin := pl.Rank == a.spec.StdinRank
 			err := p.start(a.spec, renv, stdin, a.out, a.exits, a.done, &a.tasks)
 			if stdin {
