@@ -161,15 +161,13 @@ func TestECDiffBaseHTransientRefusal(t *testing.T) {
 	holder.Store(int64(hr))
 	dj.stepIn(6, what)
 	s := dj.j.c.hosts[dj.j.c.hostOf[o]].svc(o)
-	k := holderKey{rank: hr, host: hh}
+	// Seen in the holder's store, not in the owner's refProg: that is
+	// its sending goroutine's alone during a round (reading it raced).
 	dj.j.c.waitFor("rank o's base 6 in its clear copy's holder", func() bool {
 		s.rep.mu.Lock()
-		defer s.rep.mu.Unlock()
-		if slices.Contains(s.rep.ecb.coded, 2*every) {
-			return true
-		}
-		pr := s.rep.refProg[k]
-		return s.rep.ref != nil && s.rep.ref.step == 2*every && pr != nil && pr.in
+		coded := slices.Contains(s.rep.ecb.coded, 2*every)
+		s.rep.mu.Unlock()
+		return coded || baseAt(dj.j.c.hosts[hh], o, 2*every)
 	})
 	dj.mu.Lock()
 	hb := dj.hb
