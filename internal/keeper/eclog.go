@@ -6,8 +6,32 @@ package keeper
 // at from, which it decoded from the owner's stripe.
 //
 //	getLog  kind 16: owner = the log's owner, holder = a rank of the host
-//	        asked, step = from; no table; ecHdr (only n = count, 1 to
-//	        maxLogCount, is read); no data
+//	        asked, step = from, gen = the restorer's restart generation;
+//	        no table; ecHdr (n = count, 1 to maxLogCount; epoch and h =
+//	        the epoch and G of the restorer's placement, Placement.Epoch
+//	        and G; the rest unread); no data
+//
+// The label (gen, epoch, G) says which trajectory the restore is of, as
+// a share's label does (ecstore.go). The host asked refuses with
+// failStale (this source cannot serve; the restorer tries the next)
+// when it is in another restart generation (it has not restarted yet:
+// its copy may hold steps after the restart's G that the ranks
+// abandoned; or the restorer is stale), when its copy of the owner is of
+// a newer generation or holds a step asked received in a newer one, when
+// it has taken a newer placement (the restorer is stale), and when it
+// has not taken the restorer's yet and a step asked is after that
+// placement's G (the in-place recovery that placement began abandons
+// them; the steps up to G are the trajectory's, as a parity row's
+// shares up to G are final). Within a generation, an in-place recovery
+// rolls back to the new placement's G: a log the owner has not anchored
+// again since (logBegin) is fenced at the least G of the placements
+// taken since it was (ownerReplica.logFence, fenceLog), and no step
+// after the fence is served from it: the owner of a host that was lost
+// never anchors its logs again, and its log-only holders of an earlier
+// placement may keep the steps of the trajectory abandoned. (A host
+// that lags two placements behind the restorer's could hold steps up to
+// G abandoned by the one between; a host with ranks cannot: a placement
+// is published only once the ranks resumed under the one before.)
 //
 // The answer is count frames, one per step from+1 to from+count in
 // order, each in the layout of the differential request (kind 6) that
@@ -66,9 +90,9 @@ func (st *replicaStore) getLog(c net.Conn, h linkHdr, t []tableEntry) error {
 		return fmt.Errorf("getLog of %d steps after step %d with %d regions and %d bytes", e.n, h.step, len(t), h.length)
 	}
 	from, to := h.step, h.step+e.n
-	records, tables, opt, why := st.logSource(h.owner, from, to)
+	records, tables, opt, fwhy, why := st.logSource(h.owner, logLabel{gen: h.gen, epoch: e.epoch, g: e.hb}, from, to)
 	if why != "" {
-		return writeFail(c, h, failOther, fmt.Sprintf("rank %d steps %d to %d: %s", h.owner, from+1, to, why))
+		return writeFail(c, h, fwhy, fmt.Sprintf("rank %d steps %d to %d: %s", h.owner, from+1, to, why))
 	}
 	sent := 0
 	err = records(from, to, func(d diffstore.Diff) error {
@@ -82,22 +106,48 @@ func (st *replicaStore) getLog(c net.Conn, h linkHdr, t []tableEntry) error {
 	return err
 }
 
+// logLabel is what a getLog restores under: the restorer's restart
+// generation, and the epoch and G of its placement (Placement.Epoch and
+// G).
+type logLabel struct {
+	gen, epoch uint64
+	g          int64
+}
+
 // logSource finds the copy of owner's log here that holds every step of
-// (from, to] with their committed tables: its Records, the tables of
-// the steps in order, and the optimizer region's index in them; or why
-// there is none.
-func (st *replicaStore) logSource(owner int, from, to int64) (records func(int64, int64, func(diffstore.Diff) error) error, tables [][]tableEntry, opt int, why string) {
+// (from, to] of the trajectory of label lb with their committed tables:
+// its Records, the tables of the steps in order, and the optimizer
+// region's index in them; or why there is none (fwhy: failStale when
+// this host or its copy is of another generation or placement than lb,
+// else failOther).
+func (st *replicaStore) logSource(owner int, lb logLabel, from, to int64) (records func(int64, int64, func(diffstore.Diff) error) error, tables [][]tableEntry, opt int, fwhy uint32, why string) {
+	if gen := st.h.Gen(); gen != lb.gen {
+		return nil, nil, 0, failStale, fmt.Sprintf("a restore of restart generation %d, this host is in generation %d", lb.gen, gen)
+	}
 	st.mu.Lock()
 	o := st.owners[owner]
 	st.mu.Unlock()
 	if o == nil {
-		return nil, nil, 0, "no copy of the rank here"
+		return nil, nil, 0, failOther, "no copy of the rank here"
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	// Checked under o.mu: a placement taken meanwhile fences the log
+	// (fenceLog) before it is read here.
+	p := st.h.place()
+	switch {
+	case p.epoch > lb.epoch:
+		return nil, nil, 0, failStale, fmt.Sprintf("a restore under placement epoch %d, this host has taken epoch %d's", lb.epoch, p.epoch)
+	case p.epoch < lb.epoch && to > lb.g:
+		return nil, nil, 0, failStale, fmt.Sprintf("a restore under placement epoch %d, which resumed from step %d: this host has not taken it yet (epoch %d's)", lb.epoch, lb.g, p.epoch)
+	}
+	if o.gen > lb.gen {
+		return nil, nil, 0, failStale, fmt.Sprintf("a restore of restart generation %d, the copy here is of generation %d", lb.gen, o.gen)
+	}
+	st.fenceLog(o)
 	var optRegion string
 	switch {
-	case o.log != nil && o.log.Holds(from, to):
+	case o.log != nil && o.log.Holds(from, to) && (!o.logFenced || to <= o.logFence):
 		records, optRegion = o.log.Records, o.log.Optimizer().Region
 	default:
 		for _, ds := range []*diffstore.Store{o.cur, o.prev} {
@@ -111,21 +161,45 @@ func (st *replicaStore) logSource(owner int, from, to int64) (records func(int64
 		}
 	}
 	if records == nil {
-		return nil, nil, 0, "not held here"
+		if o.log != nil && o.logFenced && o.log.Holds(from, to) {
+			return nil, nil, 0, failStale, fmt.Sprintf("the log here was not anchored again since a placement resumed from step %d: its steps after it may be of an abandoned trajectory", o.logFence)
+		}
+		return nil, nil, 0, failOther, "not held here"
 	}
 	tables = make([][]tableEntry, 0, to-from)
 	for s := from + 1; s <= to; s++ {
 		t, ok := o.sums[s]
 		if !ok {
-			return nil, nil, 0, fmt.Sprintf("the committed CRC32Cs of step %d are not known here", s)
+			return nil, nil, 0, failOther, fmt.Sprintf("the committed CRC32Cs of step %d are not known here", s)
+		}
+		if g := o.sumGen[s]; g > lb.gen {
+			return nil, nil, 0, failStale, fmt.Sprintf("step %d was received in restart generation %d, the restore is of generation %d", s, g, lb.gen)
 		}
 		tables = append(tables, slices.Clone(t))
 	}
 	opt = slices.IndexFunc(tables[0], func(e tableEntry) bool { return e.name == optRegion })
 	if opt < 0 {
-		return nil, nil, 0, fmt.Sprintf("no optimizer region %q in the committed table", optRegion)
+		return nil, nil, 0, failOther, fmt.Sprintf("no optimizer region %q in the committed table", optRegion)
 	}
-	return records, tables, opt, ""
+	return records, tables, opt, 0, ""
+}
+
+// fenceLog brings o's log fence up to the current placement: a placement
+// taken since the fence's (logSeq) resumes from its G, and a step of the
+// log after it may be of the trajectory the ranks abandoned, until the
+// owner anchors the log again (logBegin). The fence is the least G of
+// the placements taken since the owner last anchored the log. Called on
+// every placement change (sweepLog, from sweep) and before the log is
+// read or anchored. o.mu is held.
+func (st *replicaStore) fenceLog(o *ownerReplica) {
+	p := st.h.place()
+	if o.log == nil || o.logSeq == p.seq {
+		return
+	}
+	if !o.logFenced || p.g < o.logFence {
+		o.logFence = p.g
+	}
+	o.logFenced, o.logSeq = true, p.seq
 }
 
 // writeLogFrame writes one frame of a getLog answer: d in the layout of
@@ -161,10 +235,12 @@ type logFrame struct {
 // in order. The frames' sizes are checked against want (the owner's
 // regions, names and sizes, in table order) and the optimizer region
 // optRegion, whose records are at most maxRec bytes, before anything is
-// allocated; a frame that does not fit closes the link. recv's first
-// error is returned once the answer was read whole (the link stays
-// usable); a refusal is a *remoteError wrapping errNoLog.
-func (p *linkPool) getLog(ctx context.Context, host, holderRank, owner int, from, to int64, want []tableEntry, optRegion string, maxRec uint64, recv func(logFrame) error) error {
+// allocated; a frame that does not fit closes the link. The request
+// carries lb, the restore's label: a host or copy of another generation
+// or placement refuses (failStale). recv's first error is returned once
+// the answer was read whole (the link stays usable); a refusal is a
+// *remoteError wrapping errNoLog.
+func (p *linkPool) getLog(ctx context.Context, host, holderRank, owner int, lb logLabel, from, to int64, want []tableEntry, optRegion string, maxRec uint64, recv func(logFrame) error) error {
 	if to <= from || to-from > maxLogCount {
 		return fmt.Errorf("getLog of steps (%d, %d]", from, to)
 	}
@@ -172,10 +248,10 @@ func (p *linkPool) getLog(ctx context.Context, host, holderRank, owner int, from
 	if opt < 0 {
 		return fmt.Errorf("getLog: no optimizer region %q among the regions", optRegion)
 	}
-	h := linkHdr{kind: kindGetLog, owner: owner, holder: holderRank, step: from}
+	h := linkHdr{kind: kindGetLog, owner: owner, holder: holderRank, step: from, gen: lb.gen}
 	var recvErr error
 	err := p.do(ctx, host, -1-holderRank, func(c net.Conn) error {
-		if err := writeEC(c, h, nil, ecHdr{n: to - from}, nil); err != nil {
+		if err := writeEC(c, h, nil, ecHdr{n: to - from, epoch: lb.epoch, hb: lb.g}, nil); err != nil {
 			return err
 		}
 		for s := from + 1; s <= to; s++ {

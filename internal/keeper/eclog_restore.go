@@ -66,10 +66,13 @@ func (s *service) decodeReplay(ctx context.Context, g, hb int64, logs []int, pl 
 		return fmt.Errorf("rank %d: the decoded base at step %d: %w", s.rank, hb, err)
 	}
 	maxRec := maxRecordLen(opt.N, s.h.cfg.Diff.codec())
+	// The logs asked are of this restore's trajectory: its restart
+	// generation and placement (eclog.go); a host of another refuses.
+	lb := logLabel{gen: s.h.Gen(), epoch: pl.epoch, g: pl.g}
 	var errs []error
 	for _, c := range s.logCandidates(pl, logs) {
 		var tG []tableEntry
-		err := s.h.links.getLog(ctx, c.host, c.holder, s.rank, hb, g, tH, opt.Region, maxRec, func(f logFrame) error {
+		err := s.h.links.getLog(ctx, c.host, c.holder, s.rank, lb, hb, g, tH, opt.Region, maxRec, func(f logFrame) error {
 			if err := ds.Append(f.d); err != nil {
 				return fmt.Errorf("step %d: %w", f.d.Step, err)
 			}

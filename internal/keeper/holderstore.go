@@ -141,6 +141,15 @@ type ownerReplica struct {
 	// holders (Placement.Logs): the owner's differentials after its
 	// newest coded base, with no base (diffstore.Log); nil otherwise.
 	log *diffstore.Log
+	// logSeq, logFenced and logFence (diff mode under EC, eclog.go):
+	// logSeq is the placement (placement.seq) the log's fence is of; when
+	// logFenced, the log's steps after logFence may be of a trajectory
+	// the ranks abandoned: a placement began, resuming from its G, since
+	// the owner last anchored the log (logBegin). getLog serves no step
+	// after it.
+	logSeq    uint64
+	logFenced bool
+	logFence  int64
 	// hmin (diff mode under EC): the newest H the owner said its base
 	// reached (baseH): the stores keep their bases at least there.
 	hmin int64
