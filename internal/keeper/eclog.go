@@ -59,6 +59,7 @@ package keeper
 // fit closes the link.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -235,12 +236,15 @@ type logFrame struct {
 // in order. The frames' sizes are checked against want (the owner's
 // regions, names and sizes, in table order) and the optimizer region
 // optRegion, whose records are at most maxRec bytes, before anything is
-// allocated; a frame that does not fit closes the link. The request
+// allocated; a frame that does not fit closes the link. admit, if not
+// nil, is asked for each frame's record and regions before they are
+// allocated: a refusal is returned as recv's error would be, and the
+// frames left are read and dropped, never allocated. The request
 // carries lb, the restore's label: a host or copy of another generation
 // or placement refuses (failStale). recv's first error is returned once
 // the answer was read whole (the link stays usable); a refusal is a
 // *remoteError wrapping errNoLog.
-func (p *linkPool) getLog(ctx context.Context, host, holderRank, owner int, lb logLabel, from, to int64, want []tableEntry, optRegion string, maxRec uint64, recv func(logFrame) error) error {
+func (p *linkPool) getLog(ctx context.Context, host, holderRank, owner int, lb logLabel, from, to int64, want []tableEntry, optRegion string, maxRec uint64, admit func(uint64) error, recv func(logFrame) error) error {
 	if to <= from || to-from > maxLogCount {
 		return fmt.Errorf("getLog of steps (%d, %d]", from, to)
 	}
@@ -255,14 +259,21 @@ func (p *linkPool) getLog(ctx context.Context, host, holderRank, owner int, lb l
 			return err
 		}
 		for s := from + 1; s <= to; s++ {
-			f, err := readLogFrame(c, owner, s, want, opt, maxRec)
+			adm := admit
+			if recvErr != nil { // the rest is dropped: nothing allocated
+				adm = func(uint64) error { return recvErr }
+			}
+			f, refused, err := readLogFrame(c, owner, s, want, opt, maxRec, adm)
 			if err != nil {
 				if re, ok := errors.AsType[*remoteError](err); ok && s == from+1 {
 					return fmt.Errorf("%w: %w", errNoLog, re)
 				}
 				return err
 			}
-			if recvErr == nil {
+			switch {
+			case refused != nil:
+				recvErr = cmp.Or(recvErr, refused)
+			case recvErr == nil:
 				recvErr = recv(f)
 			}
 		}
@@ -274,38 +285,50 @@ func (p *linkPool) getLog(ctx context.Context, host, holderRank, owner int, lb l
 	return recvErr
 }
 
-// readLogFrame reads the frame of step of owner's getLog answer.
-func readLogFrame(c io.Reader, owner int, step int64, want []tableEntry, opt int, maxRec uint64) (logFrame, error) {
+// readLogFrame reads the frame of step of owner's getLog answer. admit,
+// if not nil, is asked for the bytes of the frame's record and regions
+// once their sizes are checked, before they are allocated: its refusal
+// is returned as refused, the bytes read and dropped (the link stays in
+// step).
+func readLogFrame(c io.Reader, owner int, step int64, want []tableEntry, opt int, maxRec uint64, admit func(uint64) error) (f logFrame, refused, err error) {
 	a, err := readAnswer(c)
 	if err != nil {
-		return logFrame{}, err
+		return logFrame{}, nil, err
 	}
 	if a.kind != kindData || a.owner != owner || a.step != step {
-		return logFrame{}, fmt.Errorf("getLog: unexpected answer kind %#x rank %d step %d, want the data of rank %d step %d", a.kind, a.owner, a.step, owner, step)
+		return logFrame{}, nil, fmt.Errorf("getLog: unexpected answer kind %#x rank %d step %d, want the data of rank %d step %d", a.kind, a.owner, a.step, owner, step)
 	}
 	t, err := readTable(c, a.count)
 	if err != nil {
-		return logFrame{}, err
+		return logFrame{}, nil, err
 	}
 	if !sameShape(t, want) {
-		return logFrame{}, fmt.Errorf("getLog: rank %d step %d has regions %v, the owner's are %v", owner, step, t, want)
+		return logFrame{}, nil, fmt.Errorf("getLog: rank %d step %d has regions %v, the owner's are %v", owner, step, t, want)
 	}
 	if a.length < diffDescSize {
-		return logFrame{}, fmt.Errorf("getLog: rank %d step %d: a frame of %d bytes", owner, step, a.length)
+		return logFrame{}, nil, fmt.Errorf("getLog: rank %d step %d: a frame of %d bytes", owner, step, a.length)
 	}
 	var db [diffDescSize]byte
 	if _, err := io.ReadFull(c, db[:]); err != nil {
-		return logFrame{}, err
+		return logFrame{}, nil, err
 	}
 	dd := parseDiffDesc(db[:])
 	others := tableBytes(t) - uint64(t[opt].size)
 	if dd.opt != opt || dd.recLen > maxRec || a.length != diffDescSize+dd.recLen+others {
-		return logFrame{}, fmt.Errorf("getLog: rank %d step %d: %d bytes, a record of %d (at most %d) in region %d (want %d), other regions of %d",
+		return logFrame{}, nil, fmt.Errorf("getLog: rank %d step %d: %d bytes, a record of %d (at most %d) in region %d (want %d), other regions of %d",
 			owner, step, a.length, dd.recLen, maxRec, dd.opt, opt, others)
+	}
+	if admit != nil {
+		if refused := admit(dd.recLen + others); refused != nil {
+			if err := drain(c, dd.recLen+others); err != nil {
+				return logFrame{}, nil, err
+			}
+			return logFrame{}, refused, nil
+		}
 	}
 	d := diffstore.Diff{Step: step, Hyper: dd.hyper, Record: make([]byte, dd.recLen), Other: make(map[string][]byte, len(t)-1), Sum: dd.sum}
 	if _, err := io.ReadFull(c, d.Record); err != nil {
-		return logFrame{}, err
+		return logFrame{}, nil, err
 	}
 	for i, e := range t {
 		if i == opt {
@@ -313,9 +336,9 @@ func readLogFrame(c io.Reader, owner int, step int64, want []tableEntry, opt int
 		}
 		b := make([]byte, e.size)
 		if _, err := io.ReadFull(c, b); err != nil {
-			return logFrame{}, err
+			return logFrame{}, nil, err
 		}
 		d.Other[e.name] = b
 	}
-	return logFrame{table: t, d: d}, nil
+	return logFrame{table: t, d: d}, nil, nil
 }

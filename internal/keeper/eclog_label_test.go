@@ -35,7 +35,7 @@ func TestGetLogLabel(t *testing.T) {
 	maxRec := maxRecordLen(diffN, c.hosts[0].cfg.Diff.codec())
 	fetch := func(lb logLabel, from, to int64) (int, error) {
 		n := 0
-		err := c.hosts[0].links.getLog(context.Background(), 1, 1, 0, lb, from, to, want, diffOpt.Region, maxRec, func(logFrame) error {
+		err := c.hosts[0].links.getLog(context.Background(), 1, 1, 0, lb, from, to, want, diffOpt.Region, maxRec, nil, func(logFrame) error {
 			n++
 			return nil
 		})

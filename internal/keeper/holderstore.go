@@ -168,6 +168,9 @@ type replicaStore struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	bytes  uint64 // held in all buffers
+	// restoring is the part of bytes the restores in progress reserved
+	// for their buffers (memHold, ecrestore_mem.go).
+	restoring uint64
 	limit  uint64 // what bytes may reach; 0: half the host's memory (tests set it)
 }
 
