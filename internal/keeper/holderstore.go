@@ -171,7 +171,7 @@ type replicaStore struct {
 	// restoring is the part of bytes the restores in progress reserved
 	// for their buffers (memHold, ecrestore_mem.go).
 	restoring uint64
-	limit  uint64 // what bytes may reach; 0: half the host's memory (tests set it)
+	limit     uint64 // what bytes may reach; 0: half the host's memory (tests set it)
 }
 
 // reserve accounts for a buffer growing from old to n bytes: it fails if
