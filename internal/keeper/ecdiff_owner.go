@@ -30,7 +30,12 @@ package keeper
 //     a store that holds the step (graftBase);
 //   - the M shares go to the parity rows through ecSend (ecsend.go),
 //     given the snapshot's views, in the background (sendShares): no
-//     pacing, the cap below is the backpressure.
+//     pacing, the cap below is the backpressure. The burst shows in the
+//     step time: with 64 MiB per rank, 2+2, a base every 8 steps (bench
+//     -modes diff, 8 interleaved runs), the two steps after a base took
+//     60-90 ms more than the run's others (replicas:2's paced refresh:
+//     10-55 ms; none: under 10). Pacing them over the refresh's window
+//     needs a byte budget in ecSendLanes's chunk loop.
 //
 // Both start only once this host knows H >= b_{k-1} (the gate): the rows
 // keep two buffers, and the holder's store one verified refresh, so b_k
