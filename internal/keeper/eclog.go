@@ -9,14 +9,17 @@ package keeper
 //	        asked, step = from, gen = the restorer's restart generation;
 //	        no table; ecHdr (n = count, 1 to maxLogCount; epoch and h =
 //	        the epoch and G of the restorer's placement, Placement.Epoch
-//	        and G; the rest unread); no data
+//	        and G; off = 1 + the step the restorer's restart generation
+//	        resumed from, 0 if none; the rest unread); no data
 //
 // The label (gen, epoch, G) says which trajectory the restore is of, as
 // a share's label does (ecstore.go). The host asked refuses with
 // failStale (this source cannot serve; the restorer tries the next)
-// when it is in another restart generation (it has not restarted yet:
-// its copy may hold steps after the restart's G that the ranks
-// abandoned; or the restorer is stale), when its copy of the owner is of
+// when it is in a newer restart generation (the restorer is stale), when
+// it has not restarted into the restorer's yet and a step asked is after
+// the step that restart resumed from (its copy may hold the steps after
+// it that the ranks abandoned; those up to it are final), when its copy
+// of the owner is of
 // a newer generation or holds a step asked received in a newer one, when
 // it has taken a newer placement (the restorer is stale), and when it
 // has not taken the restorer's yet and a step asked is after that
@@ -91,7 +94,8 @@ func (st *replicaStore) getLog(c net.Conn, h linkHdr, t []tableEntry) error {
 		return fmt.Errorf("getLog of %d steps after step %d with %d regions and %d bytes", e.n, h.step, len(t), h.length)
 	}
 	from, to := h.step, h.step+e.n
-	records, tables, opt, fwhy, why := st.logSource(h.owner, logLabel{gen: h.gen, epoch: e.epoch, g: e.hb}, from, to)
+	lb := logLabel{gen: h.gen, epoch: e.epoch, g: e.hb, resumed: e.off - 1}
+	records, tables, opt, fwhy, why := st.logSource(h.owner, lb, from, to)
 	if why != "" {
 		return writeFail(c, h, fwhy, fmt.Sprintf("rank %d steps %d to %d: %s", h.owner, from+1, to, why))
 	}
@@ -108,11 +112,11 @@ func (st *replicaStore) getLog(c net.Conn, h linkHdr, t []tableEntry) error {
 }
 
 // logLabel is what a getLog restores under: the restorer's restart
-// generation, and the epoch and G of its placement (Placement.Epoch and
-// G).
+// generation and the step it resumed from (-1: none), and the epoch and
+// G of its placement (Placement.Epoch and G).
 type logLabel struct {
 	gen, epoch uint64
-	g          int64
+	g, resumed int64
 }
 
 // logSource finds the copy of owner's log here that holds every step of
@@ -122,8 +126,11 @@ type logLabel struct {
 // this host or its copy is of another generation or placement than lb,
 // else failOther).
 func (st *replicaStore) logSource(owner int, lb logLabel, from, to int64) (records func(int64, int64, func(diffstore.Diff) error) error, tables [][]tableEntry, opt int, fwhy uint32, why string) {
-	if gen := st.h.Gen(); gen != lb.gen {
+	switch gen := st.h.Gen(); {
+	case gen > lb.gen:
 		return nil, nil, 0, failStale, fmt.Sprintf("a restore of restart generation %d, this host is in generation %d", lb.gen, gen)
+	case gen < lb.gen && to > lb.resumed:
+		return nil, nil, 0, failStale, fmt.Sprintf("a restore of restart generation %d, which resumed from step %d: this host is in generation %d yet", lb.gen, lb.resumed, gen)
 	}
 	st.mu.Lock()
 	o := st.owners[owner]
@@ -255,7 +262,10 @@ func (p *linkPool) getLog(ctx context.Context, host, holderRank, owner int, lb l
 	h := linkHdr{kind: kindGetLog, owner: owner, holder: holderRank, step: from, gen: lb.gen}
 	var recvErr error
 	err := p.do(ctx, host, -1-holderRank, func(c net.Conn) error {
-		if err := writeEC(c, h, nil, ecHdr{n: to - from, epoch: lb.epoch, hb: lb.g}, nil); err != nil {
+		// off is bounded as a range is (parseECHdr): a step past that
+		// bound is sent as the bound, which only refuses more.
+		off := min(lb.resumed+1, maxShard-(to-from))
+		if err := writeEC(c, h, nil, ecHdr{n: to - from, epoch: lb.epoch, hb: lb.g, off: off}, nil); err != nil {
 			return err
 		}
 		for s := from + 1; s <= to; s++ {

@@ -53,9 +53,9 @@ func TestGetLogLabel(t *testing.T) {
 		lb   logLabel
 		msg  string
 	}{
-		{"a newer generation", logLabel{gen: lb.gen + 1, epoch: lb.epoch}, "this host is in generation"},
+		{"a newer generation, resumed from step 8", logLabel{gen: lb.gen + 1, epoch: lb.epoch, g: lb.g, resumed: 8}, "this host is in generation 0 yet"},
 		{"a newer placement not taken here, resuming from 8", logLabel{gen: lb.gen, epoch: lb.epoch + 1, g: 8}, "this host has not taken it yet"},
-		{"an older generation", lb, "this host is in generation"}, // last: host 1 restarts
+		{"an older generation", lb, "this host is in generation 1"}, // last: host 1 restarts
 	} {
 		if tc.name == "an older generation" {
 			// Host 1 restarted into generation 1 (its copy of rank 0 is
@@ -68,10 +68,15 @@ func TestGetLogLabel(t *testing.T) {
 		refused(tc.name, n, err, tc.msg)
 	}
 	// A restore under a newer placement, which host 1 has not taken yet,
-	// reads the steps up to that placement's G.
+	// reads the steps up to that placement's G; one of a newer restart
+	// generation, into which host 1 has not restarted yet, the steps up
+	// to the step it resumed from.
 	lb = restorerLabel(c.hosts[1])
-	if n, err := fetch(logLabel{gen: lb.gen, epoch: lb.epoch + 1, g: 8}, 3, 8); err != nil || n != 5 {
+	if n, err := fetch(logLabel{gen: lb.gen, epoch: lb.epoch + 1, g: 8, resumed: lb.resumed}, 3, 8); err != nil || n != 5 {
 		t.Fatalf("getLog up to the G of a placement host 1 has not taken: %d frames, %v; want 5", n, err)
+	}
+	if n, err := fetch(logLabel{gen: lb.gen + 1, epoch: lb.epoch, g: lb.g, resumed: 8}, 3, 8); err != nil || n != 5 {
+		t.Fatalf("getLog up to the step a generation host 1 is not in yet resumed from: %d frames, %v; want 5", n, err)
 	}
 	// host 0 restarts too
 	if err := c.hosts[0].Restart(lb.gen, 12); err != nil {

@@ -85,7 +85,9 @@ func (s *service) decodeReplay(ctx context.Context, g, hb int64, logs []int, pl 
 	}
 	// The logs asked are of this restore's trajectory: its restart
 	// generation and placement (eclog.go); a host of another refuses.
-	lb := logLabel{gen: s.h.Gen(), epoch: pl.epoch, g: pl.g}
+	s.h.gmu.Lock()
+	lb := logLabel{gen: s.h.gen, resumed: s.h.resumed, epoch: pl.epoch, g: pl.g}
+	s.h.gmu.Unlock()
 	var errs []error
 	for _, c := range s.logCandidates(pl, logs) {
 		var tG []tableEntry

@@ -38,7 +38,9 @@ func committedTable(dr *diffRank, ref []tableEntry, step int64) []tableEntry {
 // restorerLabel is the label a restore on host h asks logs under.
 func restorerLabel(h *Keeper) logLabel {
 	p := h.place()
-	return logLabel{gen: h.Gen(), epoch: p.epoch, g: p.g}
+	h.gmu.Lock()
+	defer h.gmu.Unlock()
+	return logLabel{gen: h.gen, resumed: h.resumed, epoch: p.epoch, g: p.g}
 }
 
 // fetchLog runs getLog of owner's steps (from, to] from host 1 (rank 1)
