@@ -12,29 +12,28 @@ package keeper
 //	        and G; off = 1 + the step the restorer's restart generation
 //	        resumed from, 0 if none; the rest unread); no data
 //
-// The label (gen, epoch, G) says which trajectory the restore is of, as
-// a share's label does (ecstore.go). The host asked refuses with
-// failStale (this source cannot serve; the restorer tries the next)
-// when it is in a newer restart generation (the restorer is stale), when
-// it has not restarted into the restorer's yet and a step asked is after
-// the step that restart resumed from (its copy may hold the steps after
-// it that the ranks abandoned; those up to it are final), when its copy
-// of the owner is of
-// a newer generation or holds a step asked received in a newer one, when
-// it has taken a newer placement (the restorer is stale), and when it
-// has not taken the restorer's yet and a step asked is after that
-// placement's G (the in-place recovery that placement began abandons
-// them; the steps up to G are the trajectory's, as a parity row's
-// shares up to G are final). Within a generation, an in-place recovery
-// rolls back to the new placement's G: a log the owner has not anchored
-// again since (logBegin) is fenced at the least G of the placements
-// taken since it was (ownerReplica.logFence, fenceLog), and no step
-// after the fence is served from it: the owner of a host that was lost
-// never anchors its logs again, and its log-only holders of an earlier
-// placement may keep the steps of the trajectory abandoned. (A host
-// that lags two placements behind the restorer's could hold steps up to
-// G abandoned by the one between; a host with ranks cannot: a placement
-// is published only once the ranks resumed under the one before.)
+// The label (gen, resumed, epoch, G) says which trajectory the restore
+// is of, as a share's label does (ecstore.go). Host and restorer may be
+// a restart or a placement apart (each takes them when its agent does):
+// the steps up to the step the newer of the two resumed from are final,
+// the ones after it may be of the trajectory it abandoned (the older
+// side's copy may hold them; or the older side is stale). So the host
+// asked refuses with failStale (this source cannot serve; the restorer
+// tries the next) a step after the step the newer restart generation
+// resumed from, when they are in different ones, or after the newer
+// placement's G, when they took different ones; and a step received in
+// a newer generation than the restorer's after the step this host knows
+// that generation resumed from (none: every such step).
+// (A host two placements behind, E0 against E2, could hold steps up to
+// G2 that E1 abandoned if G1 < G2; but G passes a placement's G only
+// once the ranks resumed under it, every host with ranks having taken
+// it.) Within a generation, an in-place recovery rolls back to the new
+// placement's G: a log the owner has not anchored again since
+// (logBegin) is fenced at the least G of the placements taken since it
+// was (ownerReplica.logFence, fenceLog), and no step after the fence is
+// served from it: the owner of a host that was lost never anchors its
+// logs again, and its log-only holders of an earlier placement may keep
+// the steps of the trajectory abandoned.
 //
 // The answer is count frames, one per step from+1 to from+count in
 // order, each in the layout of the differential request (kind 6) that
@@ -126,9 +125,19 @@ type logLabel struct {
 // this host or its copy is of another generation or placement than lb,
 // else failOther).
 func (st *replicaStore) logSource(owner int, lb logLabel, from, to int64) (records func(int64, int64, func(diffstore.Diff) error) error, tables [][]tableEntry, opt int, fwhy uint32, why string) {
-	switch gen := st.h.Gen(); {
-	case gen > lb.gen:
-		return nil, nil, 0, failStale, fmt.Sprintf("a restore of restart generation %d, this host is in generation %d", lb.gen, gen)
+	st.h.gmu.Lock()
+	gen, resumed := st.h.gen, st.h.resumed
+	st.h.gmu.Unlock()
+	// final: the steps up to it are the same in the restore's generation
+	// and this host's newer one (a step received or confirmed in a newer
+	// one is the restore's only up to it).
+	final := int64(noStep)
+	if gen > lb.gen {
+		final = resumed
+	}
+	switch {
+	case gen > lb.gen && to > resumed:
+		return nil, nil, 0, failStale, fmt.Sprintf("a restore of restart generation %d, this host is in generation %d, which resumed from step %d", lb.gen, gen, resumed)
 	case gen < lb.gen && to > lb.resumed:
 		return nil, nil, 0, failStale, fmt.Sprintf("a restore of restart generation %d, which resumed from step %d: this host is in generation %d yet", lb.gen, lb.resumed, gen)
 	}
@@ -144,13 +153,10 @@ func (st *replicaStore) logSource(owner int, lb logLabel, from, to int64) (recor
 	// (fenceLog) before it is read here.
 	p := st.h.place()
 	switch {
-	case p.epoch > lb.epoch:
-		return nil, nil, 0, failStale, fmt.Sprintf("a restore under placement epoch %d, this host has taken epoch %d's", lb.epoch, p.epoch)
+	case p.epoch > lb.epoch && to > p.g:
+		return nil, nil, 0, failStale, fmt.Sprintf("a restore under placement epoch %d, this host has taken epoch %d's, which resumed from step %d", lb.epoch, p.epoch, p.g)
 	case p.epoch < lb.epoch && to > lb.g:
 		return nil, nil, 0, failStale, fmt.Sprintf("a restore under placement epoch %d, which resumed from step %d: this host has not taken it yet (epoch %d's)", lb.epoch, lb.g, p.epoch)
-	}
-	if o.gen > lb.gen {
-		return nil, nil, 0, failStale, fmt.Sprintf("a restore of restart generation %d, the copy here is of generation %d", lb.gen, o.gen)
 	}
 	st.fenceLog(o)
 	var optRegion string
@@ -180,7 +186,7 @@ func (st *replicaStore) logSource(owner int, lb logLabel, from, to int64) (recor
 		if !ok {
 			return nil, nil, 0, failOther, fmt.Sprintf("the committed CRC32Cs of step %d are not known here", s)
 		}
-		if g := o.sumGen[s]; g > lb.gen {
+		if g := o.sumGen[s]; g > lb.gen && s > final {
 			return nil, nil, 0, failStale, fmt.Sprintf("step %d was received in restart generation %d, the restore is of generation %d", s, g, lb.gen)
 		}
 		tables = append(tables, slices.Clone(t))

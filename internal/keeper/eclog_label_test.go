@@ -13,10 +13,13 @@ import (
 )
 
 // TestGetLogLabel: a getLog carries the restore's label (restart
-// generation, placement epoch), and the host asked serves only a log of
-// that trajectory: a request of another generation or placement than
-// the host's, or for a copy of a newer generation, is refused as stale
-// (no frame, the link kept: this source cannot serve); a log-only copy
+// generation and the step it resumed from, placement epoch and G), and
+// the host asked serves only a log of that trajectory: when host and
+// restorer are in different generations or placements, the steps after
+// the step the newer one resumed from are refused as stale (no frame,
+// the link kept: this source cannot serve), those up to it served; a
+// step received in a newer generation than the restore's is refused; a
+// log-only copy
 // kept across a placement that resumed from G = 8 (an in-place
 // recovery, which abandons what came after G) serves the steps up to 8
 // and refuses those after it, which the owner never anchored again.
@@ -55,7 +58,7 @@ func TestGetLogLabel(t *testing.T) {
 	}{
 		{"a newer generation, resumed from step 8", logLabel{gen: lb.gen + 1, epoch: lb.epoch, g: lb.g, resumed: 8}, "this host is in generation 0 yet"},
 		{"a newer placement not taken here, resuming from 8", logLabel{gen: lb.gen, epoch: lb.epoch + 1, g: 8}, "this host has not taken it yet"},
-		{"an older generation", lb, "this host is in generation 1"}, // last: host 1 restarts
+		{"an older generation", lb, "this host is in generation 1, which resumed from step 12"}, // last: host 1 restarts
 	} {
 		if tc.name == "an older generation" {
 			// Host 1 restarted into generation 1 (its copy of rank 0 is
@@ -64,8 +67,17 @@ func TestGetLogLabel(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		n, err := fetch(tc.lb, 3, 12)
+		to := int64(12)
+		if tc.name == "an older generation" {
+			to = 13 // past the step the newer generation resumed from
+		}
+		n, err := fetch(tc.lb, 3, to)
 		refused(tc.name, n, err, tc.msg)
+	}
+	// The steps up to the step host 1's newer generation resumed from are
+	// final: a restore of the older one reads them.
+	if n, err := fetch(lb, 3, 12); err != nil || n != 9 {
+		t.Fatalf("getLog of a generation older than the host's, up to the step it resumed from: %d frames, %v; want 9", n, err)
 	}
 	// A restore under a newer placement, which host 1 has not taken yet,
 	// reads the steps up to that placement's G; one of a newer restart
@@ -85,13 +97,15 @@ func TestGetLogLabel(t *testing.T) {
 	if n, err := fetch(lb, 3, 12); err != nil || n != 9 {
 		t.Fatalf("getLog under the holder's label: %d frames, %v; want 9", n, err)
 	}
+	// The owner restarted first into a newer generation and sent step 12
+	// again in it: a restore of this generation does not read it.
 	o.mu.Lock()
-	o.gen = lb.gen + 1
+	o.sumGen[12] = lb.gen + 1
 	o.mu.Unlock()
 	n, err := fetch(lb, 3, 12)
-	refused("a copy of a newer generation", n, err, "the copy here is of generation")
+	refused("a step received in a newer generation", n, err, "step 12 was received in restart generation")
 	o.mu.Lock()
-	o.gen = lb.gen
+	o.sumGen[12] = lb.gen
 	o.mu.Unlock()
 
 	// Host 1 keeps rank 0's steps 3 to 12 as a log-only copy only (its
@@ -135,8 +149,11 @@ func TestGetLogLabel(t *testing.T) {
 	if lb.epoch != 2 {
 		t.Fatalf("host 0's placement epoch %d, want 2", lb.epoch)
 	}
-	n, err = fetch(logLabel{gen: lb.gen, epoch: 1, g: -1}, 3, 8)
-	refused("an older placement", n, err, "this host has taken epoch 2's")
+	n, err = fetch(logLabel{gen: lb.gen, epoch: 1, g: -1, resumed: lb.resumed}, 3, 9)
+	refused("an older placement", n, err, "this host has taken epoch 2's, which resumed from step 8")
+	if n, err := fetch(logLabel{gen: lb.gen, epoch: 1, g: -1, resumed: lb.resumed}, 3, 8); err != nil || n != 5 {
+		t.Fatalf("getLog under an older placement, up to the newer one's G: %d frames, %v; want 5", n, err)
+	}
 	n, err = fetch(lb, 3, 12)
 	refused("the steps after the placement's G", n, err, "may be of an abandoned trajectory")
 	if n, err := fetch(lb, 3, 8); err != nil || n != 5 {
