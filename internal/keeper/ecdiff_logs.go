@@ -171,8 +171,13 @@ func (st *replicaStore) logBegin(c net.Conn, h linkHdr, t []tableEntry) error {
 		return writeFail(c, h, why, msg)
 	}
 	defer st.account(o)
-	if o.log != nil && slices.Equal(o.log.Regions(), regions) && o.log.Optimizer() == opt && logFollows(o.log, h.step) {
+	st.fenceLog(o)
+	// A fenced log is kept only up to its fence (eclog.go): its steps
+	// after it may be of an abandoned trajectory, and the owner's next
+	// steps would follow them.
+	if o.log != nil && slices.Equal(o.log.Regions(), regions) && o.log.Optimizer() == opt && logFollows(o.log, h.step) && (!o.logFenced || h.step <= o.logFence) {
 		if err := o.log.Truncate(h.step); err == nil {
+			o.logFenced = false
 			return writeAck(c, h)
 		}
 	}
@@ -186,7 +191,7 @@ func (st *replicaStore) logBegin(c net.Conn, h linkHdr, t []tableEntry) error {
 	if o.log != nil {
 		st.h.log.Debug("a log-only holder's log cannot follow the owner's anchor: made anew", "rank", h.owner, "anchor", h.step, "next was", o.log.Next())
 	}
-	o.log = l
+	o.log, o.logSeq, o.logFenced = l, st.h.place().seq, false
 	return writeGap(c, h, h.step+1, fmt.Sprintf("rank %d: the log here holds nothing up to step %d", h.owner, h.step))
 }
 
@@ -292,14 +297,16 @@ func logFits(l *diffstore.Log, t []tableEntry, opt int, recLen uint64, codec rep
 	return layoutFits("log", l.Regions(), l.Optimizer(), t, opt, recLen, codec)
 }
 
-// sweepLog truncates o's log through H (nothing replays the steps up to
-// H any more). o.mu is held.
+// sweepLog fences o's log at a new placement's G (fenceLog), and
+// truncates it through H (nothing replays the steps up to H any more).
+// o.mu is held.
 //
 // Not while o is of a newer restart generation than this host (its
 // owner restarted first, and this host has not yet): this host's H is
 // the old generation's, which a roll-back to the durable tier abandons
 // (Keeper.RollBack) and which may be past the steps the owner sends now.
 func (st *replicaStore) sweepLog(o *ownerReplica) {
+	st.fenceLog(o) // a new placement: before H moves past what it fences
 	if o.log == nil || o.gen > st.h.Gen() {
 		return
 	}

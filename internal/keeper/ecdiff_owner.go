@@ -30,7 +30,12 @@ package keeper
 //     a store that holds the step (graftBase);
 //   - the M shares go to the parity rows through ecSend (ecsend.go),
 //     given the snapshot's views, in the background (sendShares): no
-//     pacing, the cap below is the backpressure.
+//     pacing, the cap below is the backpressure. The burst shows in the
+//     step time: with 64 MiB per rank, 2+2, a base every 8 steps (bench
+//     -modes diff, 8 interleaved runs), the two steps after a base took
+//     60-90 ms more than the run's others (replicas:2's paced refresh:
+//     10-55 ms; none: under 10). Pacing them over the refresh's window
+//     needs a byte budget in ecSendLanes's chunk loop.
 //
 // Both start only once this host knows H >= b_{k-1} (the gate): the rows
 // keep two buffers, and the holder's store one verified refresh, so b_k
@@ -91,6 +96,15 @@ type ecBase struct {
 	// runs on its data host (its shard's only copy there), oldest
 	// first, until H passes them.
 	retained []*refresh
+	// held are the bytes reserved against the host's replica-memory
+	// reserve for each snapshot taken on the rank's data host, while it
+	// is the current refresh or retained; heldBytes their sum, with a
+	// reservation made for a snapshot being taken (ecdiff_mem.go).
+	held      map[*refresh]uint64
+	heldBytes uint64
+	// noRoom is one more than the last base step whose snapshot the
+	// reserve refused (logged once).
+	noRoom int64
 	// shares is the send of the current refresh's shares in flight, or
 	// nil; stopping is the last one cancelled (dropRefLocked), which may
 	// still run: the next run waits for it before it sends (the runs
@@ -261,13 +275,16 @@ func (r *replicator) snapshotDueEC() {
 	s.mu.Lock()
 	c := s.committed
 	var names []string
+	var size uint64
 	for _, i := range s.repl {
 		names = append(names, s.regions[i].Name)
+		size += uint64(s.regions[i].Size)
 	}
 	s.mu.Unlock()
 	r.mu.Lock()
 	b := r.schedLocked(p)
-	if r.ref != nil || b.next < 0 || c < b.next || r.failed {
+	r.settleSnapsLocked()
+	if r.ref != nil || b.next < 0 || c < b.next || r.failed || r.stopped {
 		r.mu.Unlock()
 		return
 	}
@@ -278,7 +295,23 @@ func (r *replicator) snapshotDueEC() {
 		return
 	}
 	seq := b.seq
+	// On its data host the snapshot is the shard's copy there, retained
+	// until H passes it: reserved against the host's replica-memory
+	// reserve before it is allocated (ecdiff_mem.go).
+	var held uint64
+	if r.ownData(p) {
+		if err := r.holdSnapLocked(step, size); err != nil {
+			r.mu.Unlock()
+			return
+		}
+		held = size
+	}
 	r.mu.Unlock()
+	unhold := func() {
+		r.mu.Lock()
+		r.unholdSnapLocked(held)
+		r.mu.Unlock()
+	}
 	gen := s.h.Gen() // before the slot is read: see send
 	s.mu.Lock()
 	slot := slices.Index(s.slotStep[:], step)
@@ -289,10 +322,12 @@ func (r *replicator) snapshotDueEC() {
 	s.mu.Unlock()
 	if slot < 0 {
 		// Staged over since: the next round finds it skipped.
+		unhold()
 		return
 	}
 	ref, err := r.snapshot(step, names)
 	if err != nil {
+		unhold()
 		s.h.log.Debug("base snapshot postponed", "rank", s.rank, "step", step, "err", err)
 		return
 	}
@@ -301,11 +336,13 @@ func (r *replicator) snapshotDueEC() {
 	ref.budget = max(1, (int64(len(ref.buf))+n-1)/n)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if b := r.schedLocked(p); b.seq != seq || b.next != step || r.ref != nil || s.h.Gen() != gen {
+	if b := r.schedLocked(p); b.seq != seq || b.next != step || r.ref != nil || s.h.Gen() != gen || r.stopped {
 		ref.rb.release() // rebased meanwhile
+		r.unholdSnapLocked(held)
 		return
 	}
 	r.ref, r.refStep = ref, step
+	r.heldSnapLocked(ref, held)
 	clear(r.refProg)
 	b.next = step + r.every()
 	if r.ownData(p) {

@@ -69,6 +69,7 @@ func (r *replicator) dropRefLocked() {
 		r.ref = nil
 	}
 	clear(r.refProg)
+	r.settleSnapsLocked()
 }
 
 // startSharesLocked starts the background send of the current base's
@@ -196,6 +197,7 @@ func (r *replicator) releaseRetainedLocked(h int64) {
 		ref.rb.release()
 	}
 	b.retained = slices.Delete(b.retained, 0, keep)
+	r.settleSnapsLocked()
 }
 
 // dropRetainedAfterLocked drops the retained snapshots of steps after g
@@ -213,6 +215,7 @@ func (r *replicator) dropRetainedAfterLocked(g int64) {
 	for len(b.coded) > 0 && b.coded[len(b.coded)-1] > g {
 		b.coded = b.coded[:len(b.coded)-1]
 	}
+	r.settleSnapsLocked()
 }
 
 // hAdvanced is told that this host learned a newer H: retained

@@ -12,7 +12,8 @@ package keeper
 // holder gives one that matches, and wrong bytes are never used.
 //
 // The restorer holds one extra copy of the replicated regions (the
-// store's base at H) and the log while it replays.
+// store's base at H) and the log while it replays, reserved against the
+// host's replica-memory reserve (ecrestore_mem.go).
 
 import (
 	"context"
@@ -61,15 +62,36 @@ func (s *service) decodeReplay(ctx context.Context, g, hb int64, logs []int, pl 
 	if opt == nil {
 		return errors.New("diff mode: the rank declared no optimizer")
 	}
+	// The replay's store (a copy of the base) and the log's records are
+	// reserved before they are allocated (ecrestore_mem.go), and given
+	// back when the restore returns, whatever the outcome.
+	hold := s.h.store.newHold()
+	defer hold.release()
+	if err := hold.grow(tableBytes(tH), "the replay's copy of the base"); err != nil {
+		return fmt.Errorf("rank %d: %w", s.rank, err)
+	}
 	ds, err := baseStore(tH, opt, hb, views)
 	if err != nil {
 		return fmt.Errorf("rank %d: the decoded base at step %d: %w", s.rank, hb, err)
 	}
 	maxRec := maxRecordLen(opt.N, s.h.cfg.Diff.codec())
+	var logHeld uint64 // of the records of the log being replayed
+	admit := func(n uint64) error {
+		if err := hold.grow(n, "a differential of the log"); err != nil {
+			return err
+		}
+		logHeld += n
+		return nil
+	}
+	// The logs asked are of this restore's trajectory: its restart
+	// generation and placement (eclog.go); a host of another refuses.
+	s.h.gmu.Lock()
+	lb := logLabel{gen: s.h.gen, resumed: s.h.resumed, epoch: pl.epoch, g: pl.g}
+	s.h.gmu.Unlock()
 	var errs []error
 	for _, c := range s.logCandidates(pl, logs) {
 		var tG []tableEntry
-		err := s.h.links.getLog(ctx, c.host, c.holder, s.rank, hb, g, tH, opt.Region, maxRec, func(f logFrame) error {
+		err := s.h.links.getLog(ctx, c.host, c.holder, s.rank, lb, hb, g, tH, opt.Region, maxRec, admit, func(f logFrame) error {
 			if err := ds.Append(f.d); err != nil {
 				return fmt.Errorf("step %d: %w", f.d.Step, err)
 			}
@@ -89,6 +111,8 @@ func (s *service) decodeReplay(ctx context.Context, g, hb int64, logs []int, pl 
 		if err := ds.Truncate(hb); err != nil { // the next log starts from the base again
 			return fmt.Errorf("rank %d: %w", s.rank, err)
 		}
+		hold.shrink(logHeld) // its records went with the truncation
+		logHeld = 0
 	}
 	if len(errs) == 0 {
 		errs = append(errs, errors.New("no host keeps one"))

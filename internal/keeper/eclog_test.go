@@ -35,11 +35,19 @@ func committedTable(dr *diffRank, ref []tableEntry, step int64) []tableEntry {
 	return t
 }
 
+// restorerLabel is the label a restore on host h asks logs under.
+func restorerLabel(h *Keeper) logLabel {
+	p := h.place()
+	h.gmu.Lock()
+	defer h.gmu.Unlock()
+	return logLabel{gen: h.gen, resumed: h.resumed, epoch: p.epoch, g: p.g}
+}
+
 // fetchLog runs getLog of owner's steps (from, to] from host 1 (rank 1)
 // on host 0's links, and returns the frames.
 func fetchLog(c *cluster, owner int, from, to int64, want []tableEntry) ([]logFrame, error) {
 	var fs []logFrame
-	err := c.hosts[0].links.getLog(context.Background(), 1, 1, owner, from, to, want, diffOpt.Region, maxRecordLen(diffN, c.hosts[0].cfg.Diff.codec()), func(f logFrame) error {
+	err := c.hosts[0].links.getLog(context.Background(), 1, 1, owner, restorerLabel(c.hosts[0]), from, to, want, diffOpt.Region, maxRecordLen(diffN, c.hosts[0].cfg.Diff.codec()), nil, func(f logFrame) error {
 		fs = append(fs, f)
 		return nil
 	})
@@ -162,7 +170,7 @@ func TestGetLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = c.hosts[0].links.getLog(context.Background(), 1, 1, 0, 3, 12, want, diffOpt.Region, maxRecordLen(diffN, c.hosts[0].cfg.Diff.codec()), func(f logFrame) error {
+	err = c.hosts[0].links.getLog(context.Background(), 1, 1, 0, restorerLabel(c.hosts[0]), 3, 12, want, diffOpt.Region, maxRecordLen(diffN, c.hosts[0].cfg.Diff.codec()), nil, func(f logFrame) error {
 		return ds2.Append(f.d)
 	})
 	if !errors.Is(err, diffstore.ErrCorrupt) {

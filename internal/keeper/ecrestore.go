@@ -134,6 +134,13 @@ func (s *service) decodeAt(ctx context.Context, g int64, pl *placement, views ma
 			return err
 		})
 	}
+	// The decoder's buffers are reserved before it allocates them
+	// (ecrestore_mem.go); decodeMember returns once no read writes them.
+	hold := s.h.store.newHold()
+	defer hold.release()
+	if err := hold.grow(decodeBufBytes(k, m, ref[pos.x].table, 0), "the decode's chunk buffers"); err != nil {
+		return nil, fmt.Errorf("rank %d: %w", s.rank, err)
+	}
 	err := decodeMember(ctx, ecDecode{codec: pl.ec.codec, lost: pos.x, shard: shard, sources: sources, table: ref[pos.x].table, views: views})
 	if err != nil && len(why) > 0 && errors.Is(err, ErrUnrecoverable) {
 		return nil, fmt.Errorf("%w (and %w)", err, errors.Join(why...))

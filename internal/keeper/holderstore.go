@@ -141,6 +141,15 @@ type ownerReplica struct {
 	// holders (Placement.Logs): the owner's differentials after its
 	// newest coded base, with no base (diffstore.Log); nil otherwise.
 	log *diffstore.Log
+	// logSeq, logFenced and logFence (diff mode under EC, eclog.go):
+	// logSeq is the placement (placement.seq) the log's fence is of; when
+	// logFenced, the log's steps after logFence may be of a trajectory
+	// the ranks abandoned: a placement began, resuming from its G, since
+	// the owner last anchored the log (logBegin). getLog serves no step
+	// after it.
+	logSeq    uint64
+	logFenced bool
+	logFence  int64
 	// hmin (diff mode under EC): the newest H the owner said its base
 	// reached (baseH): the stores keep their bases at least there.
 	hmin int64
@@ -159,7 +168,10 @@ type replicaStore struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	bytes  uint64 // held in all buffers
-	limit  uint64 // what bytes may reach; 0: half the host's memory (tests set it)
+	// restoring is the part of bytes the restores in progress reserved
+	// for their buffers (memHold, ecrestore_mem.go).
+	restoring uint64
+	limit     uint64 // what bytes may reach; 0: half the host's memory (tests set it)
 }
 
 // reserve accounts for a buffer growing from old to n bytes: it fails if

@@ -239,6 +239,7 @@ func (r *replicator) stop() {
 	r.stopped = true
 	r.mu.Unlock()
 	r.reset()
+	r.releaseSnaps() // the retained snapshots' reservation (ecdiff_mem.go)
 }
 
 // sendPlan is one round of the loop: step, to the holders lacking it.

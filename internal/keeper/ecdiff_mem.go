@@ -1,0 +1,87 @@
+package keeper
+
+// The retained snapshots' memory (diff mode under EC, ecdiff_owner.go): a
+// rank on its own data host keeps its snapshot of base b_k, the shard's
+// copy on that host, until H passes it. Like the copies, rows and logs
+// this host keeps for others, it is reserved against the host's
+// replica-memory reserve (replicaStore.reserve) before the snapshot is
+// allocated, and a snapshot that does not fit is not taken: the base
+// waits (the cap keeps Replicated at the bases coded, so no step is
+// counted recoverable that a decode could not restore), and is tried
+// again each round. The reservation of a snapshot goes back once it is
+// neither the current refresh nor retained (settleSnapsLocked, after
+// every change of either), and all of them when the replicator stops.
+
+import (
+	"fmt"
+	"slices"
+)
+
+// holdSnapLocked reserves size bytes for the snapshot of base step about
+// to be taken, or logs (once per step) and returns why it cannot. r.mu
+// is held.
+func (r *replicator) holdSnapLocked(step int64, size uint64) error {
+	b := &r.ecb
+	if testHookSnapHold != nil {
+		testHookSnapHold(r)
+	}
+	if err := r.s.h.store.reserve(b.heldBytes+size, b.heldBytes); err != nil {
+		err = fmt.Errorf("%w: the snapshot of base step %d (%d bytes), retained on the rank's data host: %w", errNoRoom, step, size, err)
+		if b.noRoom != step+1 {
+			b.noRoom = step + 1
+			r.s.h.log.Warn("a base waits: its snapshot does not fit in the host's replica-memory reserve", "rank", r.s.rank, "step", step, "err", err)
+		}
+		return err
+	}
+	b.heldBytes += size
+	return nil
+}
+
+// testHookSnapHold, if set (by tests), is called before a snapshot's
+// reservation is asked for. r.mu is held.
+var testHookSnapHold func(r *replicator)
+
+// unholdSnapLocked gives back n bytes holdSnapLocked reserved for a
+// snapshot not taken. r.mu is held.
+func (r *replicator) unholdSnapLocked(n uint64) {
+	b := &r.ecb
+	n = min(n, b.heldBytes)
+	r.s.h.store.reserve(b.heldBytes-n, b.heldBytes) // a shrink never fails
+	b.heldBytes -= n
+}
+
+// heldSnapLocked records that snapshot ref holds the n bytes reserved
+// for it (0: none). r.mu is held.
+func (r *replicator) heldSnapLocked(ref *refresh, n uint64) {
+	if n == 0 {
+		return
+	}
+	b := &r.ecb
+	if b.held == nil {
+		b.held = map[*refresh]uint64{}
+	}
+	b.held[ref] += n
+}
+
+// settleSnapsLocked gives back the reservation of every snapshot that is
+// neither the current refresh nor retained any more. r.mu is held.
+func (r *replicator) settleSnapsLocked() {
+	b := &r.ecb
+	for ref, n := range b.held {
+		if ref == r.ref || slices.Contains(b.retained, ref) {
+			continue
+		}
+		delete(b.held, ref)
+		r.unholdSnapLocked(n)
+	}
+}
+
+// releaseSnaps gives back every snapshot's reservation: the replicator
+// stopped (its service closes; it takes no snapshot any more).
+func (r *replicator) releaseSnaps() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := &r.ecb
+	clear(b.held)
+	r.unholdSnapLocked(b.heldBytes)
+}

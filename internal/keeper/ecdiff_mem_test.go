@@ -1,0 +1,115 @@
+package keeper
+
+import (
+	"testing"
+)
+
+// snapHeld returns what rank r's replicator holds reserved for its
+// snapshots, checking the bookkeeping: each retained snapshot and only
+// those (and the current refresh) hold a reservation, of the snapshot's
+// size, and the sum is what the reserve counts for them.
+func snapHeld(t *testing.T, s *service) (held uint64, retained int, noRoom int64) {
+	t.Helper()
+	r := &s.rep
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := &r.ecb
+	var sum uint64
+	for ref, n := range b.held {
+		if n != uint64(len(ref.buf)) {
+			t.Fatalf("rank %d: the snapshot of step %d holds %d bytes reserved, it has %d", s.rank, ref.step, n, len(ref.buf))
+		}
+		sum += n
+	}
+	for _, ref := range b.retained {
+		if _, ok := b.held[ref]; !ok {
+			t.Fatalf("rank %d: the retained snapshot of step %d holds no reservation", s.rank, ref.step)
+		}
+	}
+	if sum != b.heldBytes {
+		t.Fatalf("rank %d: the snapshots hold %d bytes reserved, the replicator counts %d", s.rank, sum, b.heldBytes)
+	}
+	return b.heldBytes, len(b.retained), b.noRoom - 1
+}
+
+// TestECDiffRetainedReserve: a rank on its own data host (diff mode under
+// EC) reserves its base snapshots, which it retains as its shard's copy
+// there, against the host's replica-memory reserve before it takes them,
+// and gives each back once neither current nor retained; a reserve with
+// no room left refuses the next snapshot (the base waits, nothing is
+// allocated, Base stays), which is taken once there is room; the
+// replicator's stop gives every byte back.
+func TestECDiffRetainedReserve(t *testing.T) {
+	const k, m, every = 2, 2, 3
+	j := newECDiffRecJob(t, k, m, every, 0)
+	r := -1
+	for x, hs := range j.holders {
+		if len(hs) == 0 {
+			r = x
+			break
+		}
+	}
+	if r < 0 {
+		t.Fatal("no rank runs on its data host")
+	}
+	h := j.c.hosts[j.hostOf[r]]
+	s := h.svc(r)
+	j.run(0, 4*every)
+	held, retained, _ := snapHeld(t, s)
+	if held == 0 || retained == 0 {
+		t.Fatalf("rank %d: %d snapshots retained, %d bytes reserved for them; want some", r, retained, held)
+	}
+
+	// No room left when the next base's snapshot is asked for (the
+	// limit set just then, so that the holders here took the other
+	// ranks' differentials up to it): it is refused, nothing reserved or
+	// taken; at the next try (the next round) there is room again.
+	calls := 0
+	var heldAt [2]uint64
+	var refAt [2]bool
+	testHookSnapHold = func(x *replicator) {
+		if x != &s.rep || calls >= 2 {
+			return
+		}
+		heldAt[calls], refAt[calls] = x.ecb.heldBytes, x.ref != nil
+		h.store.mu.Lock()
+		if calls == 0 {
+			h.store.limit = h.store.bytes
+		} else {
+			h.store.limit = 0
+		}
+		h.store.mu.Unlock()
+		calls++
+	}
+	t.Cleanup(func() { testHookSnapHold = nil })
+	j.run(4*every+1, 8*every)
+	testHookSnapHold = nil
+	held, retained, noRoom := snapHeld(t, s)
+	switch {
+	case calls < 2:
+		t.Fatalf("rank %d: %d snapshots asked for after the limit was set, want 2", r, calls)
+	case noRoom != 5*every:
+		t.Fatalf("rank %d: the reserve refused the snapshot of step %d, want %d", r, noRoom, 5*every)
+	case heldAt[1] != heldAt[0] || refAt[0] || refAt[1]:
+		t.Fatalf("rank %d: %d bytes reserved for snapshots when the reserve refused one, %d at the next try (a snapshot current: %v, %v); want no change, none", r, heldAt[0], heldAt[1], refAt[0], refAt[1])
+	case held == 0 || retained == 0 || j.c.progress(r).Base < 7*every:
+		t.Fatalf("rank %d: with room again: %d snapshots retained, %d bytes reserved, Base %d", r, retained, held, j.c.progress(r).Base)
+	}
+
+	h.store.mu.Lock()
+	before := h.store.bytes
+	h.store.mu.Unlock()
+	s.rep.stop()
+	s.rep.mu.Lock()
+	got, n := s.rep.ecb.heldBytes, len(s.rep.ecb.held)
+	s.rep.mu.Unlock()
+	if got != 0 || n != 0 {
+		t.Fatalf("after the replicator stopped: %d bytes reserved for %d snapshots", got, n)
+	}
+	h.store.mu.Lock()
+	after := h.store.bytes
+	h.store.mu.Unlock()
+	if before-after < held {
+		t.Fatalf("the replicator's stop gave %d bytes back to the reserve, its snapshots held %d", before-after, held)
+	}
+}

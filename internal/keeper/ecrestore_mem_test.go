@@ -1,0 +1,145 @@
+package keeper
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/gorun/gorun/internal/diffstore"
+)
+
+// restoring returns the bytes host h's restores hold reserved, and all
+// its replica-memory reserve's.
+func restoring(h *Keeper) (uint64, uint64) {
+	h.store.mu.Lock()
+	defer h.store.mu.Unlock()
+	return h.store.restoring, h.store.bytes
+}
+
+// TestECRestoreReserve: a restore by decode and replay (diff mode under
+// EC) reserves its buffers (the decode's chunk buffers, the replay's copy
+// of the base, each differential of the log) against the host's
+// replica-memory reserve before it allocates them, and gives every byte
+// back when it returns: after a success, after a log source that fails
+// (a damaged record: the next host's log serves), after a cancellation
+// at each reservation; and a reserve too small for the restore refuses
+// it with errNoRoom, the reserve unchanged.
+func TestECRestoreReserve(t *testing.T) {
+	const k, m, every = 2, 2, 3
+	j := newECDiffRecJob(t, k, m, every, 0)
+	j.run(0, 3*every+5)
+	g, hb := j.published()
+	if hb < 0 || hb >= g {
+		t.Fatalf("G %d, H %d: want a log to replay after H", g, hb)
+	}
+	const r = 0
+	h := j.c.hosts[j.hostOf[r]]
+	s := h.svc(r)
+	pl := h.place()
+	want := j.rs[r].want(g)
+	newViews := func() map[string][]byte {
+		views := map[string][]byte{}
+		for _, i := range s.repl {
+			views[s.regions[i].Name] = make([]byte, s.regions[i].Size)
+		}
+		return views
+	}
+	restore := func(ctx context.Context) (map[string][]byte, error) {
+		views := newViews()
+		return views, s.decodeReplay(ctx, g, hb, pl.logsOf(r), pl, views)
+	}
+	check := func(what string, views map[string][]byte) {
+		t.Helper()
+		for name, v := range views {
+			if !bytes.Equal(v, want[name]) {
+				t.Fatalf("%s: region %s is not the committed one", what, name)
+			}
+		}
+	}
+	var peak, first uint64
+	testHookHold = func(n uint64) {
+		if first == 0 {
+			first = n // the decode's buffers
+		}
+		if n, _ := restoring(h); n > peak {
+			peak = n
+		}
+	}
+	t.Cleanup(func() { testHookHold = nil })
+	back := func(what string) {
+		t.Helper()
+		if n, _ := restoring(h); n != 0 {
+			t.Fatalf("%s: %d bytes still reserved by the restore", what, n)
+		}
+	}
+
+	views, err := restore(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("restored", views)
+	back("after a restore")
+	if peak == 0 {
+		t.Fatal("the restore reserved nothing past its first reservation")
+	}
+
+	// The first log source's record of step g damaged: it fails, the
+	// next one serves.
+	cands := s.logCandidates(pl, pl.logsOf(r))
+	o := logHolder(t, j.c.hosts[cands[0].host], r)
+	flip := func() {
+		t.Helper()
+		o.mu.Lock()
+		lg := o.log
+		o.mu.Unlock()
+		if lg == nil {
+			t.Fatalf("host %d keeps no log of rank %d", cands[0].host, r)
+		}
+		if err := lg.Records(g-1, g, func(d diffstore.Diff) error { d.Record[len(d.Record)/2] ^= 0x40; return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flip()
+	views, err = restore(context.Background())
+	flip()
+	if err != nil {
+		t.Fatalf("with the first log damaged: %v", err)
+	}
+	check("restored from the second log", views)
+	back("after a failing log source")
+
+	// Cancelled at each reservation: the decode's buffers, the base's
+	// copy, the first differential.
+	for i := 1; i <= 3; i++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		n := 0
+		testHookHold = func(uint64) {
+			if n++; n == i {
+				cancel()
+			}
+		}
+		_, err := restore(ctx)
+		cancel()
+		if !errors.Is(err, context.Canceled) || n < i {
+			t.Fatalf("cancelled at reservation %d (of %d made): %v, want context.Canceled", i, n, err)
+		}
+		back("after a cancellation")
+	}
+	testHookHold = nil
+
+	// A reserve with less room left than the decode's buffers.
+	h.store.mu.Lock()
+	h.store.limit = h.store.bytes + first - 1
+	h.store.mu.Unlock()
+	t.Cleanup(func() {
+		h.store.mu.Lock()
+		h.store.limit = 0
+		h.store.mu.Unlock()
+	})
+	_, err = restore(context.Background())
+	if !errors.Is(err, errNoRoom) {
+		t.Fatalf("with a reserve too small: %v, want errNoRoom", err)
+	}
+	back("after a refusal")
+}
