@@ -242,29 +242,13 @@ encode:
 			n := min(ecChunkSize, len(d)-o)
 			inflight[set].Wait() // its last chunk is sent
 			began := time.Now()
-			crcs := make([]uint32, ec.m)
-			piece := d[o : o+n]
-			for a := 0; a < n; a += ecBlock {
-				b := min(a+ecBlock, n)
-				if testHookECBlock != nil {
-					testHookECBlock(s, off+int64(o+a), false)
-				}
-				// The block is read once: the shares are of the
-				// bytes checked.
-				sums[ri] = crc32c.CopyUpdate(sums[ri], blk, piece[a:b])
-				if testHookECBlock != nil {
-					testHookECBlock(s, off+int64(o+a), true)
-				}
-				for j := range sub {
-					sub[j] = bufs[set][j][a:b]
-				}
-				if err := ec.codec.Share(blk[:b-a], pos.x, sub); err != nil {
-					panic(err) // the layout's code and the buffers agree by construction
-				}
-				for j := range sub {
-					crcs[j] = crc32c.Update(crcs[j], sub[j])
-				}
+			crcs := make([]uint32, ec.m) // the job's: a sender reads it after the next chunk's encoding began
+			var hook func(int, bool)
+			if testHookECBlock != nil {
+				at := off + int64(o)
+				hook = func(a int, read bool) { testHookECBlock(s, at+int64(a), read) }
 			}
+			sums[ri] = ecEncodeChunk(ec.codec, pos.x, blk, d[o:o+n], bufs[set], sub, crcs, sums[ri], hook)
 			for ri, i := range rows {
 				j := to[i].row - 1
 				shareCRC[ri] = ckpt.CombineCRC32C(shareCRC[ri], crcs[j], int64(n))
@@ -328,6 +312,38 @@ encode:
 		return e, ce, sent.Load()
 	}
 	return errs, errors.Join(errs...), sent.Load()
+}
+
+// ecEncodeChunk is the encoder's work on one chunk, piece: block by
+// block (ecBlock), it copies the block into blk while it adds it to sum
+// (the CRC32C of the data read so far, returned), computes member x's M
+// shares of the copy into shares[j][a:b] (sub is scratch of M entries),
+// and adds each share's bytes to crcs[j] (zero for a new chunk). Each
+// step reads the bytes the one before wrote while they are in the core's
+// cache. hook, if not nil, is called with the block's offset in piece
+// before the block is read (false) and once it is (true).
+func ecEncodeChunk(codec *ckpt.Codec, x int, blk, piece []byte, shares, sub [][]byte, crcs []uint32, sum uint32, hook func(a int, read bool)) uint32 {
+	for a := 0; a < len(piece); a += ecBlock {
+		b := min(a+ecBlock, len(piece))
+		if hook != nil {
+			hook(a, false)
+		}
+		// The block is read once: the shares are of the bytes checked.
+		sum = crc32c.CopyUpdate(sum, blk, piece[a:b])
+		if hook != nil {
+			hook(a, true)
+		}
+		for j := range sub {
+			sub[j] = shares[j][a:b]
+		}
+		if err := codec.Share(blk[:b-a], x, sub); err != nil {
+			panic(err) // the layout's code and the buffers agree by construction
+		}
+		for j := range sub {
+			crcs[j] = crc32c.Update(crcs[j], sub[j])
+		}
+	}
+	return sum
 }
 
 // refusedAs says whether err is a refusal of the other host for reason
