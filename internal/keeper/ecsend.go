@@ -21,10 +21,9 @@ import (
 // The shard (the replicated regions, in order) is cut into chunks of
 // ecChunkSize bytes, each within one region. For each chunk, block by
 // block, the pipeline reads the block from the slot once, copying it into
-// a private buffer while it computes its CRC32C (crc32c.CopyUpdate), then
-// computes the M shares from the copy (ckpt.Codec.Share) while it is in
-// cache, and each share's CRC32C (sent with the chunk, and combined into
-// the whole share's, which ecCommit carries). So the shares are of exactly
+// a private buffer while it computes its CRC32C and the M shares, and
+// each share's CRC32C (sent with the chunk, and combined into the whole
+// share's, which ecCommit carries): ckpt.Codec.ShareChecked. So the shares are of exactly
 // the bytes whose CRC32C is checked at the end against the CRC32Cs of the
 // commit, whatever writes into the slot meanwhile. Two sets of share
 // buffers alternate: chunk c+1 is encoded while the M senders, one per
@@ -315,12 +314,14 @@ encode:
 }
 
 // ecEncodeChunk is the encoder's work on one chunk, piece: block by
-// block (ecBlock), it copies the block into blk while it adds it to sum
-// (the CRC32C of the data read so far, returned), computes member x's M
-// shares of the copy into shares[j][a:b] (sub is scratch of M entries),
-// and adds each share's bytes to crcs[j] (zero for a new chunk). Each
-// step reads the bytes the one before wrote while they are in the core's
-// cache. hook, if not nil, is called with the block's offset in piece
+// block (ecBlock), member x's M shares of the block into shares[j][a:b]
+// (sub is scratch of M entries), with the block's bytes added to sum (the
+// CRC32C of the data read so far, returned) and each share's to crcs[j]
+// (zero for a new chunk), the block copied into blk as it is read
+// (ckpt.Codec.ShareChecked: each byte of the slot read once, so the
+// shares are of the bytes checked; where the processor allows, the
+// CRC32Cs folded in as the shares are computed, without reading them
+// again). hook, if not nil, is called with the block's offset in piece
 // before the block is read (false) and once it is (true).
 func ecEncodeChunk(codec *ckpt.Codec, x int, blk, piece []byte, shares, sub [][]byte, crcs []uint32, sum uint32, hook func(a int, read bool)) uint32 {
 	for a := 0; a < len(piece); a += ecBlock {
@@ -328,19 +329,15 @@ func ecEncodeChunk(codec *ckpt.Codec, x int, blk, piece []byte, shares, sub [][]
 		if hook != nil {
 			hook(a, false)
 		}
-		// The block is read once: the shares are of the bytes checked.
-		sum = crc32c.CopyUpdate(sum, blk, piece[a:b])
-		if hook != nil {
-			hook(a, true)
-		}
 		for j := range sub {
 			sub[j] = shares[j][a:b]
 		}
-		if err := codec.Share(blk[:b-a], x, sub); err != nil {
+		var err error
+		if sum, err = codec.ShareChecked(piece[a:b], x, sub, blk, sum, crcs); err != nil {
 			panic(err) // the layout's code and the buffers agree by construction
 		}
-		for j := range sub {
-			crcs[j] = crc32c.Update(crcs[j], sub[j])
+		if hook != nil {
+			hook(a, true)
 		}
 	}
 	return sum
