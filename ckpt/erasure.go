@@ -37,17 +37,17 @@ const MaxShards = 256
 // code is fixed by them alone. A Codec is safe for concurrent use.
 type Codec struct {
 	k, m int
+	enc  reedsolomon.Encoder
 	// share[x] computes data shard x's shares in one pass: a code of one
-	// data shard whose M parity rows are column x of the code's (so its
-	// parity is x's share of the code's). reedsolomon's EncodeIdx would
-	// do the same with the code's encoder, but it takes its vector
-	// kernels only for M >= 3 and whole cache-sized rounds, adds into
-	// buffers the caller zeroes first, and reads the data once per row:
-	// Encode of this code reads it once and writes every row, with one
-	// goroutine (the caller's pipeline has its own).
+	// data shard whose M parity rows are column x of enc's (so its parity
+	// is x's share of enc's). reedsolomon's EncodeIdx would do the same
+	// with enc, but it takes its vector kernels only for M >= 3 and whole
+	// cache-sized rounds, adds into buffers the caller zeroes first, and
+	// reads the data once per row: Encode of this code reads it once and
+	// writes every row, with one goroutine (the caller's pipeline has
+	// its own).
 	share []reedsolomon.Encoder
-	// stripe is the code's encoder with one goroutine, for Encode and
-	// Reconstruct.
+	// stripe is enc with one goroutine, for Encode.
 	stripe reedsolomon.Encoder
 	// folds[x][j] is the GFNI bit matrix of x's coefficient in parity row
 	// j, for ShareChecked's fused kernels (nil where they do not run).
@@ -70,7 +70,7 @@ func NewCodec(k, m int) (*Codec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %d+%d: %w", ErrErasure, k, m, err)
 	}
-	c := &Codec{k: k, m: m, share: make([]reedsolomon.Encoder, k), stripe: stripe}
+	c := &Codec{k: k, m: m, enc: enc, share: make([]reedsolomon.Encoder, k), stripe: stripe}
 	// Column x of the parity rows is x's share of the byte 1 (the share
 	// of a byte b is the column times b in GF(2^8)).
 	col := make([][]byte, m)
@@ -156,11 +156,7 @@ func Accumulate(dst, src []byte) {
 // filled in place). want has K entries (data shards only) or K+M. It
 // fails, wrapping ErrErasure, when fewer than K shards are present. It
 // cannot tell a damaged shard from a good one: the caller checks the
-// result against the shards' CRCs. It runs on the caller's goroutine:
-// the decoder calls it block by block, small enough to stay in the
-// core's cache, where the library's own split into goroutines (at a few
-// KiB) costs more than it gains, and its caller runs several decodes
-// and their reads at once.
+// result against the shards' CRCs.
 func (c *Codec) Reconstruct(shards [][]byte, want []bool) error {
 	if len(shards) != c.k+c.m {
 		return fmt.Errorf("%w: %d shards for a %d+%d code", ErrErasure, len(shards), c.k, c.m)
@@ -177,7 +173,7 @@ func (c *Codec) Reconstruct(shards [][]byte, want []bool) error {
 	if have < c.k {
 		return fmt.Errorf("%w: %d of %d shards left; %d are needed", ErrErasure, have, c.k+c.m, c.k)
 	}
-	if err := c.stripe.ReconstructSome(shards, want); err != nil {
+	if err := c.enc.ReconstructSome(shards, want); err != nil {
 		return fmt.Errorf("%w: %w", ErrErasure, err)
 	}
 	return nil

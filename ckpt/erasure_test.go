@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/gorun/gorun/internal/crc32c"
-	"github.com/klauspost/reedsolomon"
 )
 
 // TestCodecSubsets: for each code, the parity XORed from per-shard
@@ -232,73 +231,6 @@ func TestCodecShareMatchesEncode(t *testing.T) {
 			for j := range parity {
 				if !bytes.Equal(parity[j], shards[tc.k+j]) {
 					t.Errorf("%d+%d, %d bytes: row %d of the shares differs from Encode's", tc.k, tc.m, n, j)
-				}
-			}
-		}
-	}
-}
-
-// TestCodecReconstructMatchesParallel: Reconstruct, on the caller's
-// goroutine, rebuilds bitwise what reedsolomon's encoder with its default
-// goroutines (Reconstruct's before) rebuilds, and the lost data itself,
-// for every set of up to M lost shards, over lengths below and past the
-// library's split into goroutines (about the L1 cache over M+1) and the
-// vector kernels' 64-byte blocks, into buffers holding old bytes.
-func TestCodecReconstructMatchesParallel(t *testing.T) {
-	for _, tc := range []struct{ k, m int }{{2, 2}, {4, 2}, {3, 3}} {
-		c, err := NewCodec(tc.k, tc.m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		par, err := reedsolomon.New(tc.k, tc.m, reedsolomon.WithCauchyMatrix())
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := tc.k + tc.m
-		for _, size := range []int{1, 63, 65, 4096 + 17, 128<<10 + 3, 1<<20 + 64} {
-			rng := rand.New(rand.NewPCG(uint64(size), uint64(tc.k*tc.m)))
-			full := make([][]byte, n)
-			for i := range full {
-				full[i] = make([]byte, size)
-				for b := range full[i] {
-					full[i][b] = byte(rng.Uint32())
-				}
-			}
-			if err := c.Encode(full); err != nil {
-				t.Fatal(err)
-			}
-			for mask := 1; mask < 1<<n; mask++ {
-				if bitsSet(mask) > tc.m {
-					continue
-				}
-				var got, ref [][]byte
-				for _, dst := range []*[][]byte{&got, &ref} {
-					*dst = make([][]byte, n)
-					for i := range n {
-						if mask&(1<<i) == 0 {
-							(*dst)[i] = bytes.Clone(full[i])
-						} else {
-							(*dst)[i] = bytes.Repeat([]byte{0xee}, size)[:0]
-						}
-					}
-				}
-				want := make([]bool, tc.k)
-				for i := range want {
-					want[i] = mask&(1<<i) != 0
-				}
-				if err := c.Reconstruct(got, want); err != nil {
-					t.Fatalf("%d+%d, %d bytes, lost %b: %v", tc.k, tc.m, size, mask, err)
-				}
-				if err := par.ReconstructSome(ref, want); err != nil {
-					t.Fatalf("%d+%d, %d bytes, lost %b: reference: %v", tc.k, tc.m, size, mask, err)
-				}
-				for x := range tc.k {
-					if !want[x] {
-						continue
-					}
-					if !bytes.Equal(got[x], ref[x]) || !bytes.Equal(got[x], full[x]) {
-						t.Fatalf("%d+%d, %d bytes, lost %b: data shard %d differs from the parallel rebuild's or the data", tc.k, tc.m, size, mask, x)
-					}
 				}
 			}
 		}

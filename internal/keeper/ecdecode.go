@@ -390,41 +390,29 @@ func subsetKey(s []int) string {
 	return string(b)
 }
 
-// ecDecodeBlock is how many bytes of a chunk are rebuilt at a time: small
-// enough that the K sources' blocks and the rebuilt one are still in the
-// core's cache when the rebuilt block is checksummed.
-const ecDecodeBlock = 128 << 10
-
 // rebuild reconstructs f's chunk of the lost member from its buffers
-// into the region's view, block by block (ecDecodeBlock), and returns
-// crc updated with the rebuilt bytes, each block checksummed right after
-// it is written.
-func (d *decoder) rebuild(f *fetch, crc uint32) (uint32, error) {
-	reg := d.regions[f.region]
-	for a := 0; a < f.n; a += ecDecodeBlock {
-		b := min(a+ecDecodeBlock, f.n)
-		clear(d.shards)
-		for _, i := range d.subset {
-			d.shards[i] = d.bufs[f.set][i][a:b]
-		}
-		lo, hi := f.at+int64(a), f.at+int64(b)
-		out := reg.view[lo:hi:hi]
-		d.shards[d.lost] = out[:0]
-		if err := d.codec.Reconstruct(d.shards, d.want); err != nil {
-			return crc, fmt.Errorf("ec decode: member %d, region %q at %d: %w", d.lost, reg.name, lo, err)
-		}
-		if got := d.shards[d.lost]; len(got) != b-a || &got[0] != &out[0] {
-			// The codec filled a buffer of its own: the view has not got it.
-			return crc, fmt.Errorf("ec decode: member %d, region %q at %d: rebuilt outside the view", d.lost, reg.name, lo)
-		}
-		crc = crc32c.Update(crc, out)
+// into the region's view and returns the view's rebuilt bytes.
+func (d *decoder) rebuild(f *fetch) ([]byte, error) {
+	clear(d.shards)
+	for _, i := range d.subset {
+		d.shards[i] = d.bufs[f.set][i][:f.n]
 	}
-	return crc, nil
+	reg := d.regions[f.region]
+	out := reg.view[f.at : f.at+int64(f.n) : f.at+int64(f.n)]
+	d.shards[d.lost] = out[:0]
+	if err := d.codec.Reconstruct(d.shards, d.want); err != nil {
+		return nil, fmt.Errorf("ec decode: member %d, region %q at %d: %w", d.lost, reg.name, f.at, err)
+	}
+	if got := d.shards[d.lost]; len(got) != f.n || &got[0] != &out[0] {
+		// The codec filled a buffer of its own: the view has not got it.
+		return nil, fmt.Errorf("ec decode: member %d, region %q at %d: rebuilt outside the view", d.lost, reg.name, f.at)
+	}
+	return out, nil
 }
 
 // run rebuilds every region in shard order. The reads of chunk c+1 are
 // under way while chunk c is rebuilt; a region's CRC32C is taken over its
-// rebuilt bytes block by block, right after each block is written.
+// rebuilt bytes chunk by chunk, right after each chunk is written.
 func (d *decoder) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -475,10 +463,11 @@ func (d *decoder) run(ctx context.Context) error {
 		if r, at := next(f.region, f.at, f.n); r >= 0 {
 			pending = d.start(ctx, 1-f.set, r, at)
 		}
-		var err error
-		if crc, err = d.rebuild(f, crc); err != nil {
+		out, err := d.rebuild(f)
+		if err != nil {
 			return err
 		}
+		crc = crc32c.Update(crc, out)
 		reg := d.regions[f.region]
 		if f.at+int64(f.n) < reg.size {
 			continue

@@ -9,14 +9,14 @@ import (
 	"testing"
 )
 
-// TestECDecodeBlocks: chunks of several rebuild blocks (ecDecodeBlock)
-// and odd tails are rebuilt bitwise, whatever the chunk size around the
-// block size; a damaged byte in any block of a chunk, not only its first,
-// fails the region's CRC32C and is stepped around by another K-subset;
-// with no subset left the decode fails with ErrUnrecoverable, not wrong
-// bytes.
-func TestECDecodeBlocks(t *testing.T) {
-	const blk = ecDecodeBlock
+// TestECDecodeLargeChunks: regions of several chunks of 128 KiB or so
+// (the other decode tests' regions are of a few KiB) are rebuilt bitwise
+// whatever the chunk size around 128 KiB; a damaged byte past a chunk's
+// first 128 KiB, in the last chunk or in the next region fails the
+// region's CRC32C and is stepped around by another K-subset; with no
+// subset left the decode fails with ErrUnrecoverable, not wrong bytes.
+func TestECDecodeLargeChunks(t *testing.T) {
+	const blk = 128 << 10
 	sizes := func(x int) []int64 { return []int64{int64(3*blk + 1000 + 37*x), int64(64 + x)} }
 	for _, km := range [][2]int{{2, 2}, {4, 2}} {
 		k, m := km[0], km[1]
