@@ -4,6 +4,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/klauspost/reedsolomon"
 )
@@ -48,6 +49,10 @@ type Codec struct {
 	share []reedsolomon.Encoder
 	// stripe is enc with one goroutine, for Encode.
 	stripe reedsolomon.Encoder
+	// folds[x][j] is the GFNI bit matrix of x's coefficient in parity row
+	// j, for ShareChecked's fused kernels (nil where they do not run).
+	folds [][]uint64
+	pow   atomic.Pointer[powCache] // ShareChecked's last x^(8n)
 }
 
 // NewCodec returns the code of k data and m parity shards (k, m >= 1,
@@ -83,6 +88,11 @@ func NewCodec(k, m int) (*Codec, error) {
 		c.share[x], err = reedsolomon.New(1, m, reedsolomon.WithCustomMatrix(mat), reedsolomon.WithMaxGoroutines(1))
 		if err != nil {
 			return nil, fmt.Errorf("%w: %d+%d: member %d's code: %w", ErrErasure, k, m, x, err)
+		}
+	}
+	if useShareFold && m <= maxFoldRows {
+		if c.folds, err = c.foldMatrices(); err != nil {
+			return nil, fmt.Errorf("%w: %d+%d: the fused kernels' matrices: %w", ErrErasure, k, m, err)
 		}
 	}
 	return c, nil

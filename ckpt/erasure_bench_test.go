@@ -4,9 +4,13 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/gorun/gorun/internal/crc32c"
 )
 
 // BenchmarkCodecEncode: the erasure code's throughput over one stripe of
@@ -127,6 +131,89 @@ func BenchmarkCodecEncode(b *testing.B) {
 					}
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkShareChecked: an owner's work on its shard (GORUN_BENCH_STATE_MIB
+// MiB, default 64), 128 KiB at a time into share buffers of 4 MiB as the
+// agents' encoder takes it (keeper's ecBlock and ecChunkSize), done
+// by ShareChecked (fused where the processor allows) against the same
+// work in passes (crc32c.CopyUpdate into the block buffer, Share of the
+// copy, each share's crc32c.Update: the encoder before ShareChecked),
+// alternating within each iteration over the same bytes on this
+// goroutine: fused-MiB/s, passes-MiB/s and their ratio (fused/passes),
+// the median of the iterations' ratios, which the machine's other load
+// shifts less than either rate.
+func BenchmarkShareChecked(b *testing.B) {
+	mib := 64
+	if v := os.Getenv("GORUN_BENCH_STATE_MIB"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("GORUN_BENCH_STATE_MIB=%q: want a positive number of MiB", v)
+		}
+		mib = n
+	}
+	const block, chunk = 128 << 10, 4 << 20
+	for _, km := range [][2]int{{2, 2}, {4, 2}} {
+		k, m := km[0], km[1]
+		b.Run(fmt.Sprintf("%d+%d", k, m), func(b *testing.B) {
+			c, err := NewCodec(k, m)
+			if err != nil {
+				b.Fatal(err)
+			}
+			data := make([]byte, mib<<20)
+			fill(3, 0, data)
+			cp := make([]byte, block)
+			shares := make([][]byte, m)
+			sub := make([][]byte, m)
+			for j := range shares {
+				shares[j] = make([]byte, chunk)
+			}
+			crcs := make([]uint32, m)
+			var fused, passes time.Duration
+			var ratios []float64
+			b.SetBytes(int64(len(data)))
+			for b.Loop() {
+				start := time.Now()
+				var s1 uint32
+				for a := 0; a < len(data); a += block {
+					for j := range sub {
+						sub[j] = shares[j][a%chunk : a%chunk+block]
+					}
+					if s1, err = c.ShareChecked(data[a:a+block], 0, sub, cp, s1, crcs); err != nil {
+						b.Fatal(err)
+					}
+				}
+				f := time.Since(start)
+				start = time.Now()
+				var s2 uint32
+				for a := 0; a < len(data); a += block {
+					s2 = crc32c.CopyUpdate(s2, cp, data[a:a+block])
+					for j := range sub {
+						sub[j] = shares[j][a%chunk : a%chunk+block]
+					}
+					if err := c.Share(cp, 0, sub); err != nil {
+						b.Fatal(err)
+					}
+					for j := range sub {
+						crcs[j] = crc32c.Update(crcs[j], sub[j])
+					}
+				}
+				p := time.Since(start)
+				if s1 != s2 {
+					b.Fatalf("sums %08x and %08x of the same bytes", s1, s2)
+				}
+				fused, passes = fused+f, passes+p
+				ratios = append(ratios, p.Seconds()/f.Seconds())
+			}
+			mibps := func(d time.Duration) float64 {
+				return float64(len(data)) * float64(len(ratios)) / d.Seconds() / (1 << 20)
+			}
+			slices.Sort(ratios)
+			b.ReportMetric(mibps(fused), "fused-MiB/s")
+			b.ReportMetric(mibps(passes), "passes-MiB/s")
+			b.ReportMetric(ratios[len(ratios)/2], "fused/passes")
 		})
 	}
 }

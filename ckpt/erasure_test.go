@@ -5,6 +5,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/gorun/gorun/internal/crc32c"
 )
 
 // TestCodecSubsets: for each code, the parity XORed from per-shard
@@ -232,5 +234,66 @@ func TestCodecShareMatchesEncode(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestCodecShareChecked: ShareChecked gives bitwise the shares Share
+// gives, a copy of the data, the data's CRC32C continued from the sum
+// passed in and each share's continued from its own, for every member,
+// over lengths below, at and past the fused kernels' 256-byte blocks and
+// odd tails, codes of up to 8 parity rows (the fused kernels, where the
+// processor has them) and more (passes), into buffers holding old bytes.
+func TestCodecShareChecked(t *testing.T) {
+	t.Logf("fused kernels: %v", useShareFold)
+	for _, tc := range []struct{ k, m int }{{2, 1}, {2, 2}, {4, 2}, {3, 3}, {5, 8}, {4, 9}} {
+		c, err := NewCodec(tc.k, tc.m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []int{0, 1, 63, 255, 256, 257, 511, 512, 4096 + 17, 128 << 10, 128<<10 + 3, 1<<20 + 100} {
+			rng := rand.New(rand.NewPCG(uint64(n), uint64(tc.k*tc.m)))
+			data := make([]byte, n)
+			for i := range data {
+				data[i] = byte(rng.Uint32())
+			}
+			for x := range tc.k {
+				want := make([][]byte, tc.m)
+				got := make([][]byte, tc.m)
+				crc0 := make([]uint32, tc.m)
+				for j := range want {
+					want[j] = make([]byte, n)
+					got[j] = bytes.Repeat([]byte{0xee}, n)
+					crc0[j] = rng.Uint32()
+				}
+				if err := c.Share(data, x, want); err != nil {
+					t.Fatal(err)
+				}
+				sum0 := rng.Uint32()
+				crcs := append([]uint32(nil), crc0...)
+				cp := bytes.Repeat([]byte{0xdd}, n+7)
+				sum, err := c.ShareChecked(data, x, got, cp, sum0, crcs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if w := crc32c.Update(sum0, data); sum != w {
+					t.Errorf("%d+%d member %d, %d bytes: sum %08x, want %08x", tc.k, tc.m, x, n, sum, w)
+				}
+				if !bytes.Equal(cp[:n], data) || !bytes.Equal(cp[n:], bytes.Repeat([]byte{0xdd}, 7)) {
+					t.Errorf("%d+%d member %d, %d bytes: the copy differs from the data, or runs past it", tc.k, tc.m, x, n)
+				}
+				for j := range want {
+					if !bytes.Equal(got[j], want[j]) {
+						t.Errorf("%d+%d member %d, %d bytes: share %d differs from Share's", tc.k, tc.m, x, n, j)
+					}
+					if w := crc32c.Update(crc0[j], want[j]); crcs[j] != w {
+						t.Errorf("%d+%d member %d, %d bytes: share %d CRC32C %08x, want %08x", tc.k, tc.m, x, n, j, crcs[j], w)
+					}
+				}
+			}
+		}
+	}
+	c, _ := NewCodec(2, 2)
+	if _, err := c.ShareChecked(make([]byte, 10), 0, [][]byte{make([]byte, 10), make([]byte, 10)}, make([]byte, 9), 0, make([]uint32, 2)); !errors.Is(err, ErrErasure) {
+		t.Errorf("a short copy buffer: %v, want ErrErasure", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -16,22 +17,30 @@ import (
 // (ecSend: shares, CRC32Cs and the sends to M parity hosts over loopback
 // links, each host checking and XORing its share into its row) of one
 // rank of a 2+2 group against the code alone over the same bytes in the
-// same run, on one core:
+// same run:
 //
 //   - raw-MiB/s: reedsolomon's Encode of a whole stripe (ckpt.Codec.Encode
-//     of K shards as long as the rank's, 4 MiB at a time), in bytes of
-//     data (K shards) per second: the issue's reference;
-//   - share-MiB/s: ckpt.Codec.Share of the rank's shard alone (4 MiB at a
-//     time into M buffers), the owner's part of the code;
-//   - pipeline-MiB/s and pipeline/raw: ecSend end to end;
-//   - encode-MiB/s and encode/raw: the pipeline's encoder while it works
-//     (shares and CRC32Cs, not waiting for the links): the pipeline
-//     without the network.
+//     of K shards as long as the rank's: its bytes and K-1 copies of them
+//     in memory of their own, 4 MiB at a time, on this goroutine), in
+//     bytes of data (K shards) per second: the issue's reference;
+//   - share-MiB/s, share/raw: ckpt.Codec.Share of the rank's shard alone
+//     (4 MiB at a time into M buffers, on this goroutine), the owner's
+//     part of the code. Each member's Share writes M bytes per byte of
+//     its shard where a stripe's Encode writes M/K: K = 2 bounds
+//     share/raw near 0.5;
+//   - encode-MiB/s, encode/raw: the pipeline's encoder (ecEncodeChunk:
+//     the checked copy, the shares and their CRC32Cs) over the rank's
+//     shard on this goroutine, as raw and share are: the issue's
+//     "pipeline at 80% of raw Encode" is judged on it (make bench-ec);
+//   - pipeline-MiB/s, pipeline/raw: ecSend end to end;
+//   - encode-inpipe-MiB/s: the encoder's throughput in wall time while
+//     it runs inside ecSend, beside the senders and the parity hosts'
+//     receivers, which share the machine's cores with it: it is not a
+//     figure of one core, and is not compared with raw.
 //
 // Over loopback TCP on a few shared cores the links, not the pipeline,
-// bound pipeline/raw; encode/raw is the figure the issue's "pipeline at
-// 80% of raw Encode" is judged on (make bench-ec). GORUN_BENCH_STATE_MIB
-// sets the rank's state (default 64 MiB).
+// bound pipeline/raw. GORUN_BENCH_STATE_MIB sets the rank's state
+// (default 64 MiB).
 func BenchmarkECPipeline(b *testing.B) {
 	mib := 64
 	if s := os.Getenv("GORUN_BENCH_STATE_MIB"); s != "" {
@@ -97,6 +106,17 @@ func BenchmarkECPipeline(b *testing.B) {
 	}
 	codec := h.place().ec.codec
 	x := h.place().ec.pos[owner].x
+	// The stripe's other K-1 data shards: copies of the rank's bytes in
+	// memory of their own, so that raw Encode reads K shards' bytes from
+	// memory as a real stripe's does (with the rank's own bytes as every
+	// shard, the kernel read one shard from memory and the others from
+	// the cache lines just read, and was credited with K).
+	others := make([][][]byte, k-1)
+	for xi := range others {
+		for _, d := range data {
+			others[xi] = append(others[xi], slices.Clone(d))
+		}
+	}
 	shares := make([][]byte, m)
 	for j := range shares {
 		shares[j] = make([]byte, ecChunkSize)
@@ -105,17 +125,19 @@ func BenchmarkECPipeline(b *testing.B) {
 	for j := range m {
 		stripe[k+j] = make([]byte, ecChunkSize)
 	}
-	var raw, share, pipe time.Duration
+	blk, sub, crcs := make([]byte, ecBlock), make([][]byte, m), make([]uint32, m)
+	var raw, share, alone, pipe time.Duration
 	var encNS, encoded int64
 	b.SetBytes(int64(tableBytes(t)))
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		start := time.Now()
-		for _, d := range data {
+		for ri, d := range data {
 			for o := 0; o < len(d); o += ecChunkSize {
 				n := min(ecChunkSize, len(d)-o)
-				for xi := range k {
-					stripe[xi] = d[o : o+n] // K shards of the rank's bytes
+				stripe[0] = d[o : o+n]
+				for xi := 1; xi < k; xi++ {
+					stripe[xi] = others[xi-1][ri][o : o+n]
 				}
 				for j := range m {
 					stripe[k+j] = stripe[k+j][:n]
@@ -137,6 +159,20 @@ func BenchmarkECPipeline(b *testing.B) {
 			}
 		}
 		share += time.Since(start)
+		// The pipeline's encoder alone, on this goroutine as raw and
+		// share are, over the same bytes: what it costs a core.
+		start = time.Now()
+		for ri, d := range data {
+			var sum uint32
+			for o := 0; o < len(d); o += ecChunkSize {
+				clear(crcs)
+				sum = ecEncodeChunk(codec, x, blk, d[o:min(o+ecChunkSize, len(d))], shares, sub, crcs, sum, nil)
+			}
+			if sum != t[ri].sum {
+				b.Fatalf("region %q: the encoder read CRC32C %08x, committed %08x", t[ri].name, sum, t[ri].sum)
+			}
+		}
+		alone += time.Since(start)
 		ns0, n0 := s.rep.ec.encodeNS.Load(), s.rep.ec.encoded.Load()
 		start = time.Now()
 		// A new label each time: every parity host empties its row and
@@ -153,11 +189,13 @@ func BenchmarkECPipeline(b *testing.B) {
 	rawRate := k * mibps(raw) // the stripe's K shards per raw
 	b.ReportMetric(rawRate, "raw-MiB/s")
 	b.ReportMetric(mibps(share), "share-MiB/s")
+	b.ReportMetric(mibps(share)/rawRate, "share/raw")
+	b.ReportMetric(mibps(alone), "encode-MiB/s")
+	b.ReportMetric(mibps(alone)/rawRate, "encode/raw")
 	b.ReportMetric(mibps(pipe), "pipeline-MiB/s")
 	b.ReportMetric(mibps(pipe)/rawRate, "pipeline/raw")
 	if encoded != int64(bytes) {
 		b.Fatalf("the encoder counted %d bytes of %.0f", encoded, bytes)
 	}
-	b.ReportMetric(mibps(time.Duration(encNS)), "encode-MiB/s")
-	b.ReportMetric(mibps(time.Duration(encNS))/rawRate, "encode/raw")
+	b.ReportMetric(mibps(time.Duration(encNS)), "encode-inpipe-MiB/s")
 }

@@ -21,10 +21,9 @@ import (
 // The shard (the replicated regions, in order) is cut into chunks of
 // ecChunkSize bytes, each within one region. For each chunk, block by
 // block, the pipeline reads the block from the slot once, copying it into
-// a private buffer while it computes its CRC32C (crc32c.CopyUpdate), then
-// computes the M shares from the copy (ckpt.Codec.Share) while it is in
-// cache, and each share's CRC32C (sent with the chunk, and combined into
-// the whole share's, which ecCommit carries). So the shares are of exactly
+// a private buffer while it computes its CRC32C and the M shares, and
+// each share's CRC32C (sent with the chunk, and combined into the whole
+// share's, which ecCommit carries): ckpt.Codec.ShareChecked. So the shares are of exactly
 // the bytes whose CRC32C is checked at the end against the CRC32Cs of the
 // commit, whatever writes into the slot meanwhile. Two sets of share
 // buffers alternate: chunk c+1 is encoded while the M senders, one per
@@ -242,29 +241,13 @@ encode:
 			n := min(ecChunkSize, len(d)-o)
 			inflight[set].Wait() // its last chunk is sent
 			began := time.Now()
-			crcs := make([]uint32, ec.m)
-			piece := d[o : o+n]
-			for a := 0; a < n; a += ecBlock {
-				b := min(a+ecBlock, n)
-				if testHookECBlock != nil {
-					testHookECBlock(s, off+int64(o+a), false)
-				}
-				// The block is read once: the shares are of the
-				// bytes checked.
-				sums[ri] = crc32c.CopyUpdate(sums[ri], blk, piece[a:b])
-				if testHookECBlock != nil {
-					testHookECBlock(s, off+int64(o+a), true)
-				}
-				for j := range sub {
-					sub[j] = bufs[set][j][a:b]
-				}
-				if err := ec.codec.Share(blk[:b-a], pos.x, sub); err != nil {
-					panic(err) // the layout's code and the buffers agree by construction
-				}
-				for j := range sub {
-					crcs[j] = crc32c.Update(crcs[j], sub[j])
-				}
+			crcs := make([]uint32, ec.m) // the job's: a sender reads it after the next chunk's encoding began
+			var hook func(int, bool)
+			if testHookECBlock != nil {
+				at := off + int64(o)
+				hook = func(a int, read bool) { testHookECBlock(s, at+int64(a), read) }
 			}
+			sums[ri] = ecEncodeChunk(ec.codec, pos.x, blk, d[o:o+n], bufs[set], sub, crcs, sums[ri], hook)
 			for ri, i := range rows {
 				j := to[i].row - 1
 				shareCRC[ri] = ckpt.CombineCRC32C(shareCRC[ri], crcs[j], int64(n))
@@ -328,6 +311,36 @@ encode:
 		return e, ce, sent.Load()
 	}
 	return errs, errors.Join(errs...), sent.Load()
+}
+
+// ecEncodeChunk is the encoder's work on one chunk, piece: block by
+// block (ecBlock), member x's M shares of the block into shares[j][a:b]
+// (sub is scratch of M entries), with the block's bytes added to sum (the
+// CRC32C of the data read so far, returned) and each share's to crcs[j]
+// (zero for a new chunk), the block copied into blk as it is read
+// (ckpt.Codec.ShareChecked: each byte of the slot read once, so the
+// shares are of the bytes checked; where the processor allows, the
+// CRC32Cs folded in as the shares are computed, without reading them
+// again). hook, if not nil, is called with the block's offset in piece
+// before the block is read (false) and once it is (true).
+func ecEncodeChunk(codec *ckpt.Codec, x int, blk, piece []byte, shares, sub [][]byte, crcs []uint32, sum uint32, hook func(a int, read bool)) uint32 {
+	for a := 0; a < len(piece); a += ecBlock {
+		b := min(a+ecBlock, len(piece))
+		if hook != nil {
+			hook(a, false)
+		}
+		for j := range sub {
+			sub[j] = shares[j][a:b]
+		}
+		var err error
+		if sum, err = codec.ShareChecked(piece[a:b], x, sub, blk, sum, crcs); err != nil {
+			panic(err) // the layout's code and the buffers agree by construction
+		}
+		if hook != nil {
+			hook(a, true)
+		}
+	}
+	return sum
 }
 
 // refusedAs says whether err is a refusal of the other host for reason
