@@ -47,6 +47,15 @@ func (j *job) onEvent(e *wire.Event) {
 		}
 		j.step(hotswap.RankExited{Rank: e.Rank, Host: e.Host, Pid: e.Pid, Gen: e.Gen, Code: e.Code,
 			Signal: syscall.Signal(e.Signal), Abort: e.Abort, Stopped: e.Stopped, Msg: e.Msg})
+	case wire.EventAbort:
+		// Before the rank's exit, and before its peers' failures that
+		// its death causes (its agent flushed it before the kill): the
+		// machine takes it as the job's failure.
+		if e.Gen != j.gen || j.rankHost[e.Rank] != e.Host {
+			return // of an earlier generation, or of a host it left
+		}
+		j.log.Debug("rank called MPI_Abort", "rank", e.Rank, "host", h.name, "code", e.Code, "generation", e.Gen)
+		j.step(hotswap.RankAborted{Rank: e.Rank, Host: e.Host, Pid: e.Pid, Gen: e.Gen, Code: e.Code, Msg: e.Msg})
 	case wire.EventAgentError:
 		j.out.report("agent on host %s failed: %s", h.name, e.Msg)
 		j.step(hotswap.AgentExited{Host: e.Host, Why: "it failed: " + e.Msg})

@@ -37,6 +37,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/gorun/gorun/internal/wire"
 )
@@ -464,6 +465,7 @@ func (a *agent) servePMI(p *rankProc, f *os.File, world int) {
 		aborted: func(code int, msg string) {
 			p.setPMIMsg(msg)
 			p.abort.Store(int32(code) + 1)
+			a.abortNotice(p, code, msg)
 			p.signal(syscall.SIGKILL) // the rank waits for the job's end, as under Hydra
 		},
 		failed:  p.failWith,
@@ -472,4 +474,39 @@ func (a *agent) servePMI(p *rankProc, f *os.File, world int) {
 	if err := c.serve(); err != nil {
 		a.log.Warn("PMI connection of a rank ended", "rank", p.place.Rank, "err", err)
 	}
+}
+
+// abortFlushTimeout bounds abortNotice's wait for the control-plane
+// server: the rank is killed then all the same.
+const abortFlushTimeout = time.Second
+
+// abortNotice tells the launcher that rank p called MPI_Abort with code
+// (and msg), before the agent kills it, and waits (at most
+// abortFlushTimeout) until the control-plane server has it.
+//
+// The rank's own exit is reported only once it is reaped and its output
+// drained, while its peers fail as soon as it dies (their connections to
+// it break) and their agents report that at once: without this notice
+// their exit code could reach the launcher first, and win (the job would
+// end with 1, not the abort's code). The flush is what orders them: the
+// server answers the flush's PING only after it has handled every
+// message sent on this connection before it, handing the notice to the
+// launcher's subscription then; a peer's failure follows the kill, which
+// follows the flush, so it reaches the server, and the launcher (one
+// subscription, in the order the server handed messages to it), after.
+func (a *agent) abortNotice(p *rankProc, code int, msg string) {
+	a.event(&wire.Event{Kind: wire.EventAbort, Host: a.cfg.Host, Rank: p.place.Rank, Pid: p.pid, Gen: p.gen,
+		Code: code, Msg: abortWhy(code, msg)})
+	if err := a.ctl.FlushTimeout(abortFlushTimeout); err != nil {
+		a.log.Warn("cannot flush the report of a rank's MPI_Abort", "rank", p.place.Rank, "err", err)
+	}
+}
+
+// abortWhy is what the launcher says of a rank that called MPI_Abort with
+// code, and msg (its PMI abort's message, or ""): users match on it.
+func abortWhy(code int, msg string) string {
+	if msg != "" {
+		msg = ": " + msg
+	}
+	return fmt.Sprintf("called MPI_Abort with exit code %d%s", code, msg)
 }

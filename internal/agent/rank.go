@@ -287,8 +287,8 @@ func (p *rankProc) exitEvent(host int) *wire.Event {
 	e := &wire.Event{Kind: wire.EventExited, Host: host, Rank: p.place.Rank, Pid: p.pid, Stopped: p.stopped.Load(), Gen: p.gen}
 	defer func() {
 		msg := ""
-		if m := p.pmiMsg.Load(); m != nil && *m != "" {
-			msg = ": " + *m
+		if m := p.pmiMsg.Load(); m != nil {
+			msg = *m
 		}
 		switch {
 		case p.abort.Load() > 0:
@@ -296,7 +296,7 @@ func (p *rankProc) exitEvent(host int) *wire.Event {
 			// mpiexec does: its status is the code it asked for.
 			c := p.abort.Load() - 1
 			e.Code, e.Signal, e.Abort = int(c), 0, true
-			e.Msg = fmt.Sprintf("called MPI_Abort with exit code %d%s", c, msg)
+			e.Msg = abortWhy(int(c), msg)
 		case p.killedBy.Load() != nil:
 			e.Code, e.Signal = 1, 0
 			e.Msg = "killed by gorun: " + *p.killedBy.Load()

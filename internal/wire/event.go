@@ -20,6 +20,13 @@ const (
 	// EventPeerLost: rank Rank lost its links to ranks Peers (a
 	// comm.PeerLostError).
 	EventPeerLost EventKind = "peer-lost"
+	// EventAbort: rank Rank, of generation Gen, called MPI_Abort (a PMI
+	// abort) with exit code Code and message Msg; the agent is about to
+	// kill it. Sent, and flushed to the server, before the kill, so that
+	// the launcher has it before any failure the rank's death causes in
+	// its peers (whose reports come after it on every connection). The
+	// rank's own EventExited (Abort set) follows once it is reaped.
+	EventAbort EventKind = "abort"
 )
 
 // MaxPeers bounds the peers an EventPeerLost names.
@@ -117,6 +124,10 @@ func DecodeEvent(b []byte) (*Event, error) {
 	case EventStarted, EventExited:
 		if e.Rank < 0 {
 			return nil, malformed("event: a %s event of rank %d", e.Kind, e.Rank)
+		}
+	case EventAbort:
+		if e.Rank < 0 || e.Code < 0 || e.Code > 255 || e.Signal != 0 || e.Stopped {
+			return nil, malformed("event: an abort of rank %d with code %d, signal %d, stopped %t", e.Rank, e.Code, e.Signal, e.Stopped)
 		}
 	case EventAgentError, EventAgentDone, EventEpoch:
 	case EventReplFailed:

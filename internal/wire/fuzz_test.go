@@ -119,6 +119,10 @@ func FuzzDecodeEvent(f *testing.F) {
 			if e.GPU != nil {
 				t.Fatalf("accepted a GPU report in a %s event", e.Kind)
 			}
+		case wire.EventAbort:
+			if e.Rank < 0 || e.Code < 0 || e.Code > 255 || e.Signal != 0 || e.Stopped || e.GPU != nil || e.Corrupt != nil || len(e.Peers) > 0 {
+				t.Fatalf("accepted invalid abort %+v", e)
+			}
 		case wire.EventGPU:
 			g := e.GPU
 			if g == nil || g.Index < 0 || g.Index >= wire.MaxGPUs || (g.Class != wire.GPUTransient && g.Class != wire.GPUPermanent && g.Class != wire.GPUUnknown) {
@@ -145,6 +149,7 @@ func FuzzDecodeEvent(f *testing.F) {
 		wire.Marshal(&wire.Event{Kind: wire.EventGPU, Host: 1, Rank: -1, Msg: "XID 79: GPU has fallen off the bus",
 			GPU: &wire.GPUReport{Index: 1, UUID: "GPU-1", Kind: "xid", XID: 79, Class: wire.GPUPermanent, Ranks: []int{1, 3}}}),
 		wire.Marshal(&wire.Event{Kind: wire.EventExited, Host: 1, Rank: 2, Code: -1, Signal: 9, Stopped: true}),
+		wire.Marshal(&wire.Event{Kind: wire.EventAbort, Host: 1, Rank: 1, Gen: 3, Code: 7, Msg: "called MPI_Abort"}),
 		[]byte(`{"k":"agent-done","h":0,"r":-1}`),
 		[]byte(`{"k":"started","h":0,"r":0,"pid":1,"code":0,"sig":0,"stopped":false,"msg":""}`),
 		[]byte(`{"k":"bogus"}`),

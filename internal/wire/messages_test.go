@@ -212,6 +212,9 @@ func TestDecodeEventRoundTrip(t *testing.T) {
 		{"epoch", &wire.Event{Kind: wire.EventEpoch, Host: 3, Rank: -1, Epoch: 7}},
 		{"replication failed", &wire.Event{Kind: wire.EventReplFailed, Host: 3, Rank: -1, Peer: 0, Msg: "connection refused"}},
 		{"peer lost", &wire.Event{Kind: wire.EventPeerLost, Host: 3, Rank: 6, Peers: []int{0, 7}}},
+		{"abort", &wire.Event{Kind: wire.EventAbort, Host: 1, Rank: 1, Gen: 2, Code: 7, Msg: "application called MPI_Abort(MPI_COMM_WORLD, 7) - process 1"}},
+		{"abort with code 0", &wire.Event{Kind: wire.EventAbort, Host: 0, Rank: wire.MaxWorld - 1}},
+		{"abort with code 255", &wire.Event{Kind: wire.EventAbort, Host: 0, Rank: 0, Code: 255}},
 		{"exited with corrupt copies", mutate(validEvent(), func(e *wire.Event) {
 			e.Corrupt = &wire.CorruptCopies{Step: 16, Holders: []int{e.Rank + 1, wire.MaxWorld - 1}}
 		})},
@@ -248,6 +251,11 @@ func TestDecodeEventRejects(t *testing.T) {
 		{"peer lost past MaxWorld", ev(func(e *wire.Event) { e.Kind, e.Peers = wire.EventPeerLost, []int{wire.MaxWorld} })},
 		{"peer lost of no rank", ev(func(e *wire.Event) { e.Kind, e.Rank, e.Peers = wire.EventPeerLost, -1, []int{1} })},
 		{"peers on an exit", ev(func(e *wire.Event) { e.Peers = []int{1} })},
+		{"abort of no rank", ev(func(e *wire.Event) { e.Kind, e.Rank, e.Code, e.Signal = wire.EventAbort, -1, 7, 0 })},
+		{"abort with a negative code", ev(func(e *wire.Event) { e.Kind, e.Code, e.Signal = wire.EventAbort, -1, 0 })},
+		{"abort with code 256", ev(func(e *wire.Event) { e.Kind, e.Code, e.Signal = wire.EventAbort, 256, 0 })},
+		{"abort by a signal", ev(func(e *wire.Event) { e.Kind, e.Code, e.Signal = wire.EventAbort, 7, 9 })},
+		{"abort stopped", ev(func(e *wire.Event) { e.Kind, e.Code, e.Signal, e.Stopped = wire.EventAbort, 7, 0, true })},
 		{"corrupt copies on a start", ev(func(e *wire.Event) {
 			e.Kind, e.Code, e.Corrupt = wire.EventStarted, 0, &wire.CorruptCopies{Step: 1, Holders: []int{e.Rank + 1}}
 		})},
