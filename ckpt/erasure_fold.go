@@ -7,7 +7,9 @@ import (
 )
 
 // maxFoldRows is the most parity rows ShareChecked's fused kernels take:
-// each row's CRC state is 256 bytes on the caller's stack.
+// each row's CRC state is 256 bytes on ShareChecked's stack (foldFinish
+// reads them through crc32c.Update256, which lets none escape to the
+// heap: TestShareCheckedAllocs).
 const maxFoldRows = 8
 
 // gfniMatrix returns the bit matrix of VGF2P8AFFINEQB that multiplies a
@@ -121,7 +123,7 @@ func (c *Codec) ShareChecked(data []byte, x int, shares [][]byte, cp []byte, sum
 // CRC is linear: the bytes from initial value ^crc give R xor
 // (^crc)·x^(8n).
 func foldFinish(st *[256]byte, crc, pow uint32) uint32 {
-	r := ^crc32c.Update(0xffffffff, st[:])
+	r := ^crc32c.Update256(0xffffffff, st) // not Update: st would escape
 	return ^(r ^ multModP(pow, ^crc))
 }
 

@@ -216,7 +216,7 @@ func ecReport(w io.Writer, v *variant, baseline topology.Redundancy, rates []cod
 			}
 			q := rate / ref
 			fmt.Fprintf(w, "target: %s pipeline >= %.0f%% of the raw codec (reedsolomon Encode of the stripe, %.0f MB/s on one core): judged on\n"+
-				"  BenchmarkECPipeline's encode/raw (make bench-ec): the pipeline's own work, without the links\n",
+				"  BenchmarkECPipeline's encode1core/raw (make bench-ec): the pipeline's own work, without the links\n",
 				m.red, 100*ecPipelineTarget, ref)
 			fmt.Fprintf(w, "  end to end at %s: %.0f MB/s per rank (state / protection time), %.0f%% of raw Encode, %.0f%% of the shares' rate\n"+
 				"    on one core (%.0f MB/s): not the pipeline's figure: it measures the links",

@@ -88,7 +88,7 @@ func TestECReport(t *testing.T) {
 		{"met", 120 * time.Millisecond, 2000, []string{
 			"target: ec:2+2 protection time per step <= 1.3 x replicas:1's at device-ms 500 (the ranks' services, mean commit to protected): met (1.200: 120.0 ms against 100.0 ms)",
 			"bound: ec:2+2 moves 2.00 x replicas:1's bytes on the wire per step (2048.0 MiB against 1024.0 MiB",
-			"target: ec:2+2 pipeline >= 80% of the raw codec (reedsolomon Encode of the stripe, 4000 MB/s on one core): judged on\n  BenchmarkECPipeline's encode/raw",
+			"target: ec:2+2 pipeline >= 80% of the raw codec (reedsolomon Encode of the stripe, 4000 MB/s on one core): judged on\n  BenchmarkECPipeline's encode1core/raw",
 			"end to end at device-ms 500: 2237 MB/s per rank (state / protection time), 56% of raw Encode, 112% of the shares' rate",
 			// 256 MiB of state over 1 GiB per rank at 1000 MB/s.
 			"bound by TCP to 250 MB/s per rank\n    (its 1024.0 MiB of the 2048.0 MiB on the wire per step at 1000 MB/s",

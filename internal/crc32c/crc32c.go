@@ -39,6 +39,19 @@ func Update(crc uint32, p []byte) uint32 {
 	return crc32.Update(crc, table(), p)
 }
 
+// Update256 is Update of the 256 bytes *p, for a caller whose p is an
+// array on its own stack (ckpt.Codec.ShareChecked's fold states): p does
+// not escape here, where Update's slice escapes to the heap through
+// hash/crc32.Update, so such a caller's array stays on its stack. The
+// processors without the folding code pay for a copy of p.
+func Update256(crc uint32, p *[256]byte) uint32 {
+	if useFold {
+		return ^foldUpdate(^crc, p[:])
+	}
+	b := *p // hash/crc32 leaks its input: a copy, on this path only
+	return crc32.Update(crc, table(), b[:])
+}
+
 // Checksum returns the CRC32C of p, as crc32.Checksum(p,
 // crc32.MakeTable(crc32.Castagnoli)) does.
 func Checksum(p []byte) uint32 { return Update(0, p) }

@@ -57,6 +57,23 @@ func TestUpdate(t *testing.T) {
 	}
 }
 
+// TestUpdate256 checks Update256 against hash/crc32 from each initial
+// CRC, on random 256-byte arrays and all-0x00 and all-0xff ones.
+func TestUpdate256(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 5))
+	ps := []*[256]byte{new([256]byte), (*[256]byte)(bytes.Repeat([]byte{0xff}, 256))}
+	for i := range 8 {
+		ps = append(ps, (*[256]byte)(randomBytes(uint64(10+i), 256)))
+	}
+	for _, p := range ps {
+		for _, c := range append(initials, r.Uint32()) {
+			if got, w := Update256(c, p), want(c, p[:]); got != w {
+				t.Fatalf("Update256(%#x, % x...) = %#x, want %#x", c, p[:8], got, w)
+			}
+		}
+	}
+}
+
 // TestUpdateEdgeBytes checks inputs whose bytes are all 0x00 or all 0xff,
 // and a single set bit at each position of a 2 KiB input.
 func TestUpdateEdgeBytes(t *testing.T) {

@@ -415,6 +415,8 @@ func (r *replicator) ecStream(ctx context.Context, k holderKey, lane int, jobs <
 }
 
 // testHookECBlock, if set (by tests), is called by the encoder before it
-// reads the block of the shard at off (read false) and once it has read
-// it (read true).
+// reads the block of the shard at off (read false) and once the block is
+// done (read true): copied, its shares made and every CRC32C taken, by
+// one ckpt.Codec.ShareChecked, so no hook falls between the block's read
+// and its coding.
 var testHookECBlock func(s *service, off int64, read bool)

@@ -261,11 +261,15 @@ func TestECTornSlotReverted(t *testing.T) {
 	}, "CRC mismatch")
 }
 
-// TestECShareOfCheckedBytes: a write into a committed slot between the
-// encoder's first read of a block and whatever it does next with it,
-// taken back at once: the share sent is built from exactly the bytes whose
-// CRC32C is checked, so the rank fails with a CorruptError and no row of
-// the step completes with a share of bytes that are not the commit's.
+// TestECShareOfCheckedBytes: a write into a committed slot before the
+// encoder's first block is read, taken back as soon as that block's
+// shares and CRC32Cs are made (testHookECBlock's read true comes after
+// ckpt.Codec.ShareChecked returns): the sum checked at the end is of the
+// bytes encoded, not of the slot read again, so the rank fails with a
+// CorruptError and no row of the step completes with a share of bytes
+// that are not the commit's. That each share is built from exactly the
+// bytes whose CRC32C is taken, whatever writes into the slot during the
+// call, is ckpt's TestShareCheckedTornData: no hook falls inside the call.
 func TestECShareOfCheckedBytes(t *testing.T) {
 	tornECStep(t, func(victim *service) func(*service, int64, bool) {
 		f := &flipper{victim: victim}
