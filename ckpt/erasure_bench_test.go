@@ -2,15 +2,14 @@ package ckpt
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gorun/gorun/internal/crc32c"
+	"github.com/gorun/gorun/internal/gortest"
 )
 
 // BenchmarkCodecEncode: the erasure code's throughput over one stripe of
@@ -30,14 +29,7 @@ import (
 //
 //	GORUN_BENCH_STATE_MIB=256 go test -run '^$' -bench BenchmarkCodecEncode -benchtime 3x ./ckpt/
 func BenchmarkCodecEncode(b *testing.B) {
-	mib := 64
-	if v := os.Getenv("GORUN_BENCH_STATE_MIB"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("GORUN_BENCH_STATE_MIB=%q: want a positive number of MiB", v)
-		}
-		mib = n
-	}
+	mib := gortest.EnvMiB(b, "GORUN_BENCH_STATE_MIB", 64)
 	const chunk = 4 << 20
 	shard := mib << 20
 	for _, km := range [][2]int{{2, 2}, {4, 2}} {
@@ -152,14 +144,7 @@ func BenchmarkCodecEncode(b *testing.B) {
 // bytes per op: an op is both methods, two passes over the shard, and
 // ns/op is their sum.
 func BenchmarkShareChecked(b *testing.B) {
-	mib := 64
-	if v := os.Getenv("GORUN_BENCH_STATE_MIB"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("GORUN_BENCH_STATE_MIB=%q: want a positive number of MiB", v)
-		}
-		mib = n
-	}
+	mib := gortest.EnvMiB(b, "GORUN_BENCH_STATE_MIB", 64)
 	const block, chunk = 128 << 10, 4 << 20
 	for _, km := range [][2]int{{2, 2}, {4, 2}} {
 		k, m := km[0], km[1]

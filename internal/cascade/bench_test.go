@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"strconv"
 	"testing"
 	"time"
 	"unsafe"
@@ -15,6 +14,7 @@ import (
 	"github.com/gorun/gorun/internal/crc32c"
 	"github.com/gorun/gorun/internal/difflog"
 	"github.com/gorun/gorun/internal/diffstore"
+	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/replay"
 )
 
@@ -33,14 +33,7 @@ import (
 // about one batch: Load holds one batch of the log at a time, and reads
 // none after the target.
 func BenchmarkResume(b *testing.B) {
-	mib := 256
-	if v := os.Getenv("GORUN_BENCH_STATE_MIB"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("GORUN_BENCH_STATE_MIB=%q", v)
-		}
-		mib = n
-	}
+	mib := gortest.EnvMiB(b, "GORUN_BENCH_STATE_MIB", 256)
 	root := os.Getenv("GORUN_BENCH_DIR")
 	if root == "" {
 		d, err := os.MkdirTemp("/tmp", "gorun-bench-resume-")

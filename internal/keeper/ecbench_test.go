@@ -3,12 +3,11 @@ package keeper
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/protect"
 	"github.com/gorun/gorun/topology"
 )
@@ -48,14 +47,7 @@ import (
 // bound pipeline/raw. GORUN_BENCH_STATE_MIB sets the rank's state
 // (default 64 MiB).
 func BenchmarkECPipeline(b *testing.B) {
-	mib := 64
-	if s := os.Getenv("GORUN_BENCH_STATE_MIB"); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 1 {
-			b.Fatalf("GORUN_BENCH_STATE_MIB=%q: want a positive number of MiB", s)
-		}
-		mib = v
-	}
+	mib := gortest.EnvMiB(b, "GORUN_BENCH_STATE_MIB", 64)
 	const k, m = 2, 2
 	hosts := make([]topology.Host, k+m)
 	var assign []topology.Assignment

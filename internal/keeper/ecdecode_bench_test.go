@@ -3,13 +3,12 @@ package keeper
 import (
 	"context"
 	"fmt"
-	"os"
 	"runtime"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/gorun/gorun/internal/crc32c"
+	"github.com/gorun/gorun/internal/gortest"
 )
 
 // BenchmarkECDecode measures the decode of one lost member's state from
@@ -21,14 +20,7 @@ import (
 // receives). It reports both times and their ratio (decode/copy).
 // GORUN_BENCH_STATE_MIB sets each member's state (default 256 MiB).
 func BenchmarkECDecode(b *testing.B) {
-	mib := 256
-	if s := os.Getenv("GORUN_BENCH_STATE_MIB"); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 1 {
-			b.Fatalf("GORUN_BENCH_STATE_MIB=%q: want a positive number of MiB", s)
-		}
-		mib = v
-	}
+	mib := gortest.EnvMiB(b, "GORUN_BENCH_STATE_MIB", 256)
 	for _, c := range []struct{ k, m int }{{2, 2}, {4, 2}} {
 		b.Run(fmt.Sprintf("%d+%d", c.k, c.m), func(b *testing.B) {
 			st := newECStripe(b, c.k, c.m, func(int) []int64 { return []int64{int64(mib) << 20, 64} })

@@ -3,13 +3,12 @@ package keeper
 import (
 	"context"
 	"fmt"
-	"os"
 	"runtime"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/protect"
 	"github.com/gorun/gorun/topology"
 )
@@ -32,14 +31,7 @@ import (
 // mode). Both write into buffers allocated once; each starts from a
 // collected heap.
 func BenchmarkECRestore(b *testing.B) {
-	mib := 64
-	if s := os.Getenv("GORUN_BENCH_STATE_MIB"); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 1 {
-			b.Fatalf("GORUN_BENCH_STATE_MIB=%q: want a positive number of MiB", s)
-		}
-		mib = v
-	}
+	mib := gortest.EnvMiB(b, "GORUN_BENCH_STATE_MIB", 64)
 	const k, m, work = 2, 2, 4
 	size := int64(mib) << 20
 	hosts := make([]topology.Host, work)

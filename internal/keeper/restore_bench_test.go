@@ -3,12 +3,11 @@ package keeper
 import (
 	"context"
 	"math/rand/v2"
-	"os"
 	"runtime"
-	"strconv"
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/gortest"
 	"github.com/gorun/gorun/protect"
 	"github.com/gorun/gorun/replay"
 )
@@ -28,14 +27,7 @@ import (
 // GORUN_BENCH_STATE_MIB sets the optimizer state (default 64 MiB; the
 // issue's figure is at 256).
 func BenchmarkTier2Restore(b *testing.B) {
-	mib := 64
-	if s := os.Getenv("GORUN_BENCH_STATE_MIB"); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 1 {
-			b.Fatalf("GORUN_BENCH_STATE_MIB=%q: want a positive number of MiB", s)
-		}
-		mib = v
-	}
+	mib := gortest.EnvMiB(b, "GORUN_BENCH_STATE_MIB", 64)
 	n := int64(mib) << 20 / 12 // W, M and V
 	const last = 16
 	regions := []protect.Region{{Name: "optimizer", Size: 12 * n}, {Name: "meta", Size: 64}}
