@@ -1,17 +1,34 @@
 package hotswap
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
-// An MPI_Abort, told before the rank's end (RankAborted): the job's
-// failure, whatever failures of its peers came before it.
+// An MPI_Abort, told before the rank's end (RankAborted): the failure
+// window's decision waits for the rank's exit.
 //
 // An aborting rank is killed by its agent, and its peers then fail (their
 // connections to it break). The rank's own RankExited comes only once it
 // is reaped and its output drained, which may be after the failure
-// window its peers' exits opened: its code would lose to theirs. Its
-// agent therefore reports the abort before it kills the rank, and the
-// abort takes the place of any failure pending, even once the window has
-// passed, as long as nothing was decided.
+// window its peers' exits opened: decided then, the job would end with a
+// peer's code, not the abort's (TestMPIMultiHost's abort across hosts
+// did, now and then). Its agent therefore tells of the abort before it
+// kills the rank, so that no peer's failure can be reported before the
+// notice, and the window's decision waits for the rank's exit, at most
+// abortExitWait after the notice. The exit then counts as it always did
+// inside the window: the precedence of failures is unchanged (a signaled
+// one, an abort among them, takes the place of one that is not).
+//
+// The notice itself is no failure, and takes no failure's place: an
+// MPICH rank aborts on a fatal error, such as a crashed peer, and that
+// abort must not take the place of the crash (a job with restarts left
+// would stop instead of restarting).
+
+// abortExitWait bounds the wait for an aborting rank's exit: its agent
+// kills it at once and reports its end within the output drain's bound
+// (a second); a lost agent makes the host lost, which moves the rank.
+const abortExitWait = 3 * time.Second
 
 // RankAborted: rank Rank of generation Gen, on Host, called MPI_Abort
 // with exit code Code (Msg: what it said, worded as RankExited's Msg of
@@ -34,73 +51,38 @@ func (e RankAborted) String() string {
 	return s
 }
 
-// abortNote is a rank's abort, told by a RankAborted: its failure, and
-// the host it ran on (a rank moved by a splice in the same generation is
-// another process).
-type abortNote struct {
-	f    *rankFailure
-	host int
+// abortWait is a told abort whose rank's exit the window's decision
+// waits for: the rank's host when it was told, and until when.
+type abortWait struct {
+	host  int
+	until time.Duration
 }
 
-// current reports whether e is of a rank of the current generation, on
-// its current host, not ended yet, whose abort has not been noted: one
-// onRankAborted takes.
-func (m *Machine) current(e RankAborted) bool {
+// onRankAborted notes the abort of a rank of the current generation, on
+// its current host, that has not ended.
+func (m *Machine) onRankAborted(e RankAborted) {
 	r := e.Rank
 	if !m.rank(r) || e.Gen != m.gen || e.Host != m.rankHost[r] || m.ended[r] {
-		return false
+		return // of an earlier generation, a host it left, or its exit came first
 	}
-	n, ok := m.aborted[r]
-	return !ok || n.host != e.Host
-}
-
-// onRankAborted makes the abort the job's failure: it replaces the
-// pending failure unless that is an earlier abort, and is decided on at
-// once if the window has passed (Step did not decide before it).
-func (m *Machine) onRankAborted(e RankAborted) {
-	if !m.current(e) {
-		return // of an earlier generation, a host it left, or its exit came first (and counted)
-	}
-	r := e.Rank
 	m.contact(e.Host)
-	// The wording of the rank's RankExited, which users match on.
-	why := e.Msg
-	if why == "" {
-		why = fmt.Sprintf("called MPI_Abort with exit code %d", e.Code)
+	if m.abortWaits == nil {
+		m.abortWaits = map[int]abortWait{}
 	}
-	pid := ""
-	if e.Pid > 0 {
-		pid = fmt.Sprintf(" (pid %d)", e.Pid)
-	}
-	f := &rankFailure{rank: r, status: e.Code, signaled: true, abort: true, code: e.Code,
-		what: fmt.Sprintf("rank %d on host %s%s %s", r, m.names[e.Host], pid, why), at: m.now}
-	if m.aborted == nil {
-		m.aborted = map[int]abortNote{}
-	}
-	m.aborted[r] = abortNote{f: f, host: e.Host}
-	// Counted here, not again at its exit (onRankExited).
-	m.nFailed++
-	if m.stopped {
-		return
-	}
-	switch {
-	case m.pending == nil:
-		m.pending, m.pendingAt = f, m.now+m.cfg.FailWindow
-	case !m.pending.abort:
-		// Its peers' failures, reported first, are its doing.
-		f.at = m.pending.at
-		m.pending = f
-	}
-	if m.now >= m.pendingAt {
-		m.decide()
-	}
+	m.abortWaits[r] = abortWait{host: e.Host, until: m.now + abortExitWait}
 }
 
-// abortNoted returns the failure of rank r's abort on host, noted by
-// onRankAborted in this generation, or nil.
-func (m *Machine) abortNoted(r, host int) *rankFailure {
-	if n, ok := m.aborted[r]; ok && n.host == host {
-		return n.f
+// abortExitDue reports whether the window's decision waits for the exit
+// of an aborting rank, and until when at the latest: a told abort whose
+// rank has not ended, still on the host it aborted on, within its bound.
+func (m *Machine) abortExitDue() (time.Duration, bool) {
+	var until time.Duration
+	due := false
+	for r, w := range m.abortWaits {
+		if m.ended[r] || m.rankHost[r] != w.host || m.now >= w.until {
+			continue
+		}
+		until, due = max(until, w.until), true
 	}
-	return nil
+	return until, due
 }

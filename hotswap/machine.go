@@ -68,11 +68,12 @@ type Machine struct {
 	// follows it; acted on only if that exit is a failure of this
 	// generation (onRankExited).
 	corruptSeen []*CopiesCorrupt
-	// aborted[r]: rank r's MPI_Abort in this generation, told by a
-	// RankAborted before its exit (abort.go).
-	aborted map[int]abortNote
-	under   int      // owners with a missing copy or share
-	ec      *ecState // the erasure code (Config.EC), or nil
+	// abortWaits[r]: rank r's MPI_Abort in this generation, told by a
+	// RankAborted before its exit, which the window's decision waits for
+	// (abort.go).
+	abortWaits map[int]abortWait
+	under      int      // owners with a missing copy or share
+	ec         *ecState // the erasure code (Config.EC), or nil
 	// Diff mode under EC (ecdiff.go): logs[r] are rank r's log-only
 	// holders, logOK[r][i] whether logs[r][i]'s copy is valid, and
 	// retained[r] whether r's own retained base snapshot is (a rank that
@@ -280,10 +281,10 @@ func (m *Machine) Recovering() bool { return m.rec != nil }
 func (m *Machine) Step(now time.Duration, e Event) []Action {
 	m.now = max(m.now, now)
 	m.out = nil
-	if a, ok := e.(RankAborted); m.pending != nil && m.now >= m.pendingAt && !(ok && m.current(a)) {
-		// (An abort is the job's failure even once the window has
-		// passed, until it is decided: onRankAborted.)
-		m.decide()
+	if m.pending != nil && m.now >= m.pendingAt {
+		if _, wait := m.abortExitDue(); !wait {
+			m.decide()
+		}
 	}
 	switch e := e.(type) {
 	case RankExited:
@@ -409,7 +410,11 @@ func (m *Machine) deadline() (time.Duration, bool) {
 		}
 	}
 	if m.pending != nil {
-		at(m.pendingAt)
+		if u, wait := m.abortExitDue(); wait {
+			at(max(m.pendingAt, u))
+		} else {
+			at(m.pendingAt)
+		}
 	}
 	if m.stopped {
 		return t, ok

@@ -7,8 +7,8 @@ import (
 
 // A rank's exit (RankExited): collected into a failure in the failure
 // window, then every rank restarted in place, or the job stopped; and the
-// job stopped by a signal (onSignal) or an abort (an MPI_Abort told
-// before the rank's exit: abort.go).
+// job stopped by a signal (onSignal) or an abort (whose exit the window
+// waits for when the abort was told before it: abort.go).
 
 func (m *Machine) onRankExited(e RankExited) {
 	r := e.Rank
@@ -44,23 +44,10 @@ func (m *Machine) onRankExited(e RankExited) {
 		return
 	}
 	// MPI_Abort(comm, 0) ends the job with status 0, as under Hydra.
-	noted := m.abortNoted(r, e.Host)
-	if noted == nil {
-		m.nFailed++ // (an abort told before, by RankAborted, was counted then)
-	}
+	m.nFailed++
 	if m.stopped {
 		return
 	}
-	if noted != nil && m.pending == noted {
-		// Its abort is the pending failure already: this is its end.
-		if m.nEnded == len(m.rankHost) {
-			m.decide()
-		}
-		return
-	}
-	// Else its abort's failure was dropped since it was told (a host
-	// loss took the window's failures for its own): its exit counts as
-	// it would have without it.
 	if cc != nil && m.markCorrupt(*cc) && m.restoreBad < 0 {
 		m.restoreBad = r
 	}
@@ -89,13 +76,16 @@ func (m *Machine) onRankExited(e RankExited) {
 	case f.signaled && !m.pending.signaled,
 		// The rank blamed for the last restart, reported first, may
 		// only have lost this one as a peer: blaming it would take a
-		// failure of another rank for a crash loop. An MPI_Abort
-		// pending stays: it is the job's end, not a crash.
-		f.signaled == m.pending.signaled && m.pending.rank == m.blamed && r != m.blamed && !m.pending.abort:
+		// failure of another rank for a crash loop.
+		f.signaled == m.pending.signaled && m.pending.rank == m.blamed && r != m.blamed:
 		f.at = m.pending.at
 		m.pending = f
 	}
 	if m.nEnded == len(m.rankHost) {
+		m.decide()
+	} else if _, wait := m.abortExitDue(); m.now >= m.pendingAt && !wait {
+		// The window passed while it waited for this exit (an aborting
+		// rank's, or the last of them).
 		m.decide()
 	}
 }
@@ -209,7 +199,7 @@ func (m *Machine) from() string {
 func (m *Machine) resetEnded() {
 	clear(m.ended)
 	clear(m.corruptSeen)
-	clear(m.aborted)
+	clear(m.abortWaits)
 	m.restoreBad = -1
 	m.nEnded, m.nFailed = 0, 0
 	for r := range m.genStep {

@@ -50,7 +50,7 @@ func (j *job) onEvent(e *wire.Event) {
 	case wire.EventAbort:
 		// Before the rank's exit, and before its peers' failures that
 		// its death causes (its agent flushed it before the kill): the
-		// machine takes it as the job's failure.
+		// machine's decision waits for the rank's exit.
 		if e.Gen != j.gen || j.rankHost[e.Rank] != e.Host {
 			return // of an earlier generation, or of a host it left
 		}

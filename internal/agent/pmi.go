@@ -487,8 +487,10 @@ const abortFlushTimeout = time.Second
 // The rank's own exit is reported only once it is reaped and its output
 // drained, while its peers fail as soon as it dies (their connections to
 // it break) and their agents report that at once: without this notice
-// their exit code could reach the launcher first, and win (the job would
-// end with 1, not the abort's code). The flush is what orders them: the
+// their exit code could reach the launcher first, and the failure window
+// close before the rank's exit came (the job would end with 1, not the
+// abort's code); told of the abort first, the launcher's decision waits
+// for the rank's exit (hotswap, abort.go). The flush is what orders them: the
 // server answers the flush's PING only after it has handled every
 // message sent on this connection before it, handing the notice to the
 // launcher's subscription then; a peer's failure follows the kill, which
