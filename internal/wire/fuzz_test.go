@@ -123,6 +123,20 @@ func FuzzDecodeEvent(f *testing.F) {
 			if e.Rank < 0 || e.Code < 0 || e.Code > 255 || e.Signal != 0 || e.Stopped || e.GPU != nil || e.Corrupt != nil || len(e.Peers) > 0 {
 				t.Fatalf("accepted invalid abort %+v", e)
 			}
+		case wire.EventEpoch:
+		case wire.EventReplFailed:
+			if e.Peer < 0 || e.Peer >= wire.MaxHosts || e.Peer == e.Host {
+				t.Fatalf("accepted replication from host %d to host %d", e.Host, e.Peer)
+			}
+		case wire.EventPeerLost:
+			if e.Rank < 0 || len(e.Peers) == 0 || len(e.Peers) > wire.MaxPeers {
+				t.Fatalf("accepted rank %d losing peers %v", e.Rank, e.Peers)
+			}
+			for _, p := range e.Peers {
+				if p < 0 || p >= wire.MaxWorld || p == e.Rank {
+					t.Fatalf("accepted lost peer %d of rank %d", p, e.Rank)
+				}
+			}
 		case wire.EventGPU:
 			g := e.GPU
 			if g == nil || g.Index < 0 || g.Index >= wire.MaxGPUs || (g.Class != wire.GPUTransient && g.Class != wire.GPUPermanent && g.Class != wire.GPUUnknown) {
@@ -146,6 +160,10 @@ func FuzzDecodeEvent(f *testing.F) {
 	},
 		wire.Marshal(&e),
 		wire.Marshal(&wire.Event{Kind: wire.EventAgentError, Rank: -1, Msg: "no such file"}),
+		// Valid kinds the check once took for invalid ones.
+		wire.Marshal(&wire.Event{Kind: wire.EventEpoch, Host: 1, Rank: -1, Epoch: 3}),
+		wire.Marshal(&wire.Event{Kind: wire.EventReplFailed, Host: 1, Rank: -1, Peer: 0}),
+		wire.Marshal(&wire.Event{Kind: wire.EventPeerLost, Host: 1, Rank: 2, Peers: []int{3}}),
 		wire.Marshal(&wire.Event{Kind: wire.EventGPU, Host: 1, Rank: -1, Msg: "XID 79: GPU has fallen off the bus",
 			GPU: &wire.GPUReport{Index: 1, UUID: "GPU-1", Kind: "xid", XID: 79, Class: wire.GPUPermanent, Ranks: []int{1, 3}}}),
 		wire.Marshal(&wire.Event{Kind: wire.EventExited, Host: 1, Rank: 2, Code: -1, Signal: 9, Stopped: true}),
