@@ -110,6 +110,10 @@ type ecBase struct {
 	// still run: the next run waits for it before it sends (the runs
 	// share the encoder's block and the share buffers, r.ec).
 	shares, stopping *shareRun
+	// resumedEpoch is the epoch of the placement the rank last resumed
+	// under (truncateDiffs: a restart or a restore), 0 if none: every
+	// step it sent since is of that placement's trajectory.
+	resumedEpoch uint64
 }
 
 // testHookShareWait, if set, is called when a share send starts to wait
