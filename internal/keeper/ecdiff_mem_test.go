@@ -1,7 +1,13 @@
 package keeper
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // snapHeld returns what rank r's replicator holds reserved for its
@@ -112,4 +118,84 @@ func TestECDiffRetainedReserve(t *testing.T) {
 	if before-after < held {
 		t.Fatalf("the replicator's stop gave %d bytes back to the reserve, its snapshots held %d", before-after, held)
 	}
+}
+
+// TestECDiffRetainedReserveFull: a rank on its own data host whose next
+// base's snapshot the host's replica-memory reserve keeps refusing (the
+// reserve stays full: H cannot move past the base before the snapshot
+// is taken, so nothing frees it) fails once the refusals outlast
+// snapNoRoomWait (set to nothing here: the second refusal), with an
+// error naming the reserve (errNoRoom) handed to Config.Failed and to
+// the rank's next Stage, rather than leaving G at the cap and every rank
+// waiting at the overwrite rule with no error.
+func TestECDiffRetainedReserveFull(t *testing.T) {
+	const k, m, every = 2, 2, 3
+	j := newECDiffRecJob(t, k, m, every, 0)
+	r := -1
+	for x, hs := range j.holders {
+		if len(hs) == 0 {
+			r = x
+			break
+		}
+	}
+	if r < 0 {
+		t.Fatal("no rank runs on its data host")
+	}
+	h := j.c.hosts[j.hostOf[r]]
+	s := h.svc(r)
+	j.run(0, 4*every)
+	defer func(w time.Duration) { snapNoRoomWait = w }(snapNoRoomWait)
+	snapNoRoomWait = 0
+	calls := 0
+	testHookSnapHold = func(x *replicator) {
+		if x != &s.rep {
+			return
+		}
+		calls++
+		h.store.mu.Lock()
+		h.store.limit = h.store.bytes // full: no snapshot fits
+		h.store.mu.Unlock()
+	}
+	t.Cleanup(func() { testHookSnapHold = nil })
+	// The ranks go on (each until its first refused request) until the
+	// rank fails.
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	stageErr := make([]error, len(j.rs))
+	for i, dr := range j.rs {
+		wg.Go(func() {
+			for st := 4*every + 1; ctx.Err() == nil; st++ {
+				if err := dr.step(ctx, int64(st)); err != nil {
+					stageErr[i] = err
+					return
+				}
+			}
+		})
+	}
+	var f hostFailure
+	j.c.waitFor(fmt.Sprintf("rank %d failed", r), func() bool {
+		j.publish()
+		select {
+		case f = <-j.c.failed:
+			return true
+		default:
+			return false
+		}
+	})
+	cancel()
+	wg.Wait()
+	testHookSnapHold = nil
+	if f.rank != r || !errors.Is(f.err, errNoRoom) || !strings.Contains(f.err.Error(), "replica-memory reserve") {
+		t.Fatalf("Config.Failed(rank %d, %v); want rank %d failed with %v", f.rank, f.err, r, errNoRoom)
+	}
+	if calls < 2 {
+		t.Fatalf("rank %d failed after %d refusals of its snapshot, want at least 2", r, calls)
+	}
+	if err := s.failure(); !errors.Is(err, errNoRoom) {
+		t.Fatalf("rank %d's service failure %v, want %v", r, err, errNoRoom)
+	}
+	if err := stageErr[r]; err == nil || !strings.Contains(err.Error(), "replica-memory reserve") {
+		t.Fatalf("rank %d's last request: %v; want its Stage refused with the reserve named", r, err)
+	}
+	t.Logf("rank %d: %v", r, f.err)
 }
