@@ -143,3 +143,51 @@ func TestECRestoreReserve(t *testing.T) {
 	}
 	back("after a refusal")
 }
+
+// TestECRestoreReserveLogNoRoom: a restore by decode and replay whose
+// every log source that keeps the log is refused for want of room in the
+// reserve (full from the first differential on: the decode and the
+// base's copy fit) fails with errNoRoom, not ErrUnrecoverable (a retry
+// once there is room may restore), every byte given back.
+func TestECRestoreReserveLogNoRoom(t *testing.T) {
+	const k, m, every = 2, 2, 3
+	j := newECDiffRecJob(t, k, m, every, 0)
+	j.run(0, 3*every+5)
+	g, hb := j.published()
+	if hb < 0 || hb >= g {
+		t.Fatalf("G %d, H %d: want a log to replay after H", g, hb)
+	}
+	const r = 0
+	h := j.c.hosts[j.hostOf[r]]
+	s := h.svc(r)
+	pl := h.place()
+	views := map[string][]byte{}
+	for _, i := range s.repl {
+		views[s.regions[i].Name] = make([]byte, s.regions[i].Size)
+	}
+	n := 0
+	testHookHold = func(uint64) {
+		if n++; n == 3 { // the first differential: no room from now on
+			h.store.mu.Lock()
+			h.store.limit = h.store.bytes
+			h.store.mu.Unlock()
+		}
+	}
+	t.Cleanup(func() {
+		testHookHold = nil
+		h.store.mu.Lock()
+		h.store.limit = 0
+		h.store.mu.Unlock()
+	})
+	err := s.decodeReplay(context.Background(), g, hb, pl.logsOf(r), pl, views)
+	if !errors.Is(err, errNoRoom) || errors.Is(err, ErrUnrecoverable) {
+		t.Fatalf("every log refused for want of room: %v; want errNoRoom, not ErrUnrecoverable", err)
+	}
+	if n < 4 {
+		t.Fatalf("%d reservations asked for, want the decode's, the base's and one per log holder (2)", n)
+	}
+	if got, _ := restoring(h); got != 0 {
+		t.Fatalf("%d bytes still reserved by the restore", got)
+	}
+	t.Log(err)
+}
