@@ -153,7 +153,7 @@ func TestECDiffRetainedReserveFull(t *testing.T) {
 		}
 		calls++
 		h.store.mu.Lock()
-		h.store.limit = h.store.bytes // full: no snapshot fits
+		h.store.limit = max(h.store.bytes, 1) // full: no snapshot fits (0 is the default limit)
 		h.store.mu.Unlock()
 	}
 	t.Cleanup(func() { testHookSnapHold = nil })

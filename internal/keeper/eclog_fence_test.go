@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/gorun/gorun/protect"
 )
 
 // TestECDiffLogReanchoredBeforeHolder: diff mode under 2+2, B = 3. At G
@@ -117,52 +119,77 @@ func TestECDiffLogReanchoredBeforeHolder(t *testing.T) {
 				t.Fatalf("G %d, H %d: want G %d, H %d", g, hb, end, T)
 			}
 			lost := []int{j.hostOf[owner], lostLog}
-			spares := []int{j.work, j.work + 1}
-			sw := swapHosts(j.groups, j.hostOf, j.holders, lost, spares, func(int) int {
-				for r, h := range j.hostOf {
-					if !slices.Contains(lost, h) {
-						return r
-					}
-				}
-				return 0
-			})
-			for _, r := range sw.lost {
-				sw.holders[r] = nil // as everySubset: no rebase of the survivors
-			}
-			addrs := make([]string, len(j.c.hosts))
-			for h, x := range j.c.hosts {
-				addrs[h] = x.cfg.Listener.Addr().String()
-			}
-			for _, h := range lost {
-				addrs[h] = ""
-			}
-			for _, sp := range spares {
-				j.c.hosts[sp].SetAddrs(addrs)
-				p := sw.placement(sp, 3, g)
-				p.H = hb
-				if err := j.c.hosts[sp].SetPlacement(p); err != nil {
-					t.Fatalf("spare %d: %v", sp, err)
-				}
-			}
+			sw, res, errs := j.swapRestore(lost, 3)
 			if !sw.sources[owner].Decode {
 				t.Fatalf("rank %d restores from %+v: want by decode", owner, sw.sources[owner])
 			}
-			var wg sync.WaitGroup
 			for _, r := range sw.lost {
-				wg.Go(func() {
-					dr, err := newDiffRank(t, j.c.hosts[sw.hostOf[r]], r, 11, j.rs[r].states)
-					if err != nil {
-						t.Errorf("rank %d: %v", r, err)
-						return
-					}
-					defer dr.close()
-					res, err := dr.restore(context.Background())
-					if err != nil || res.Step != g || res.Tier != 2 {
-						t.Errorf("lost hosts %v of a 2+2 group: rank %d (source %+v): %+v, %v; want tier 2 at %d", lost, r, sw.sources[r], res, err, g)
-					}
-				})
+				if got := res[r]; errs[r] != nil || got.Step != g || got.Tier != 2 {
+					t.Errorf("lost hosts %v of a 2+2 group: rank %d (source %+v): %+v, %v; want tier 2 at %d", lost, r, sw.sources[r], got, errs[r], g)
+				}
 			}
-			wg.Wait()
 		})
 	}
+}
+
+// swapRestore has the spares (j.work on) take the places of the hosts
+// lost (whose addresses they do not know: every read of them fails at
+// once), under a placement of epoch at the published G and H, and
+// restores every lost rank there at once (the other hosts keep their
+// placement). It returns the swap and each lost rank's restore.
+func (j *ecDiffRecJob) swapRestore(lost []int, epoch uint64) (ecSwap, map[int]*protect.Restorable, map[int]error) {
+	t := j.t
+	t.Helper()
+	g, hb := j.published()
+	spares := make([]int, len(lost))
+	for i := range spares {
+		spares[i] = j.work + i
+	}
+	sw := swapHosts(j.groups, j.hostOf, j.holders, lost, spares, func(int) int {
+		for r, h := range j.hostOf {
+			if !slices.Contains(lost, h) {
+				return r
+			}
+		}
+		return 0
+	})
+	for _, r := range sw.lost {
+		sw.holders[r] = nil // as everySubset: no rebase of the survivors
+	}
+	addrs := make([]string, len(j.c.hosts))
+	for h, x := range j.c.hosts {
+		addrs[h] = x.cfg.Listener.Addr().String()
+	}
+	for _, h := range lost {
+		addrs[h] = ""
+	}
+	for _, sp := range spares {
+		j.c.hosts[sp].SetAddrs(addrs)
+		p := sw.placement(sp, epoch, g)
+		p.H = hb
+		if err := j.c.hosts[sp].SetPlacement(p); err != nil {
+			t.Fatalf("spare %d: %v", sp, err)
+		}
+	}
+	var mu sync.Mutex
+	res, errs := map[int]*protect.Restorable{}, map[int]error{}
+	var wg sync.WaitGroup
+	for _, r := range sw.lost {
+		wg.Go(func() {
+			var got *protect.Restorable
+			dr, err := newDiffRank(t, j.c.hosts[sw.hostOf[r]], r, 11, j.rs[r].states)
+			if err == nil {
+				defer dr.close()
+				got, err = dr.restore(context.Background())
+			}
+			if got == nil {
+				got = &protect.Restorable{Step: noStep}
+			}
+			mu.Lock()
+			res[r], errs[r] = got, err
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return sw, res, errs
 }

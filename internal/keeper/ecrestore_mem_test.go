@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/gorun/gorun/internal/diffstore"
@@ -169,7 +170,7 @@ func TestECRestoreReserveLogNoRoom(t *testing.T) {
 	testHookHold = func(uint64) {
 		if n++; n == 3 { // the first differential: no room from now on
 			h.store.mu.Lock()
-			h.store.limit = h.store.bytes
+			h.store.limit = max(h.store.bytes, 1) // 0 is the default limit
 			h.store.mu.Unlock()
 		}
 	}
@@ -190,4 +191,51 @@ func TestECRestoreReserveLogNoRoom(t *testing.T) {
 		t.Fatalf("%d bytes still reserved by the restore", got)
 	}
 	t.Log(err)
+}
+
+// TestECRestoreReserveRetry: a lost rank restoring by decode on a spare
+// whose replica-memory reserve has no room for its first buffers (the
+// owners' copies, rows and logs sent there, or other ranks' restores,
+// hold it) and has room a moment later restores (restoreRemote retries
+// errNoRoom, retryNoRoom), rather than failing at once.
+func TestECRestoreReserveRetry(t *testing.T) {
+	const k, m, every = 2, 2, 3
+	j := newECDiffRecJob(t, k, m, every, 1)
+	j.run(0, 3*every+5)
+	g, _ := j.published()
+	// Host 0 lost: its ranks restore on the spare, the one on its data
+	// host by decode.
+	spare := j.c.hosts[j.work]
+	var mu sync.Mutex
+	calls := 0
+	testHookHold = func(uint64) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		spare.store.mu.Lock()
+		if calls == 1 {
+			spare.store.limit = max(spare.store.bytes, 1) // no room (0 is the default limit)
+		} else {
+			spare.store.limit = 0 // room again
+		}
+		spare.store.mu.Unlock()
+	}
+	t.Cleanup(func() { testHookHold = nil })
+	sw, res, errs := j.swapRestore([]int{0}, 2)
+	testHookHold = nil
+	decoded := 0
+	for _, r := range sw.lost {
+		if sw.sources[r].Decode {
+			decoded++
+		}
+		if got := res[r]; errs[r] != nil || got.Step != g || got.Tier != 2 {
+			t.Errorf("rank %d (source %+v): %+v, %v; want tier 2 at %d", r, sw.sources[r], got, errs[r], g)
+		}
+	}
+	if decoded == 0 || calls < 2 {
+		t.Fatalf("%d ranks restored by decode, %d reservations asked for: want some, and a refusal retried", decoded, calls)
+	}
+	if n, _ := restoring(spare); n != 0 {
+		t.Fatalf("%d bytes still reserved by the restores", n)
+	}
 }
