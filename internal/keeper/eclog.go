@@ -30,7 +30,9 @@ package keeper
 // it.) Within a generation, an in-place recovery rolls back to the new
 // placement's G: a log the owner has not anchored again since
 // (logBegin) is fenced at the least G of the placements taken since it
-// was (ownerReplica.logFence, fenceLog), and no step after the fence is
+// was (ownerReplica.logFence, fenceLog; not a placement the owner had
+// resumed under when it anchored the log: logBegin carries its epoch),
+// and no step after the fence is
 // served from it: the owner of a host that was lost never anchors its
 // logs again, and its log-only holders of an earlier placement may keep
 // the steps of the trajectory abandoned.

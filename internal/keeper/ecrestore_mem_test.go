@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gorun/gorun/durable"
 	"github.com/gorun/gorun/internal/diffstore"
 )
 
@@ -237,5 +238,36 @@ func TestECRestoreReserveRetry(t *testing.T) {
 	}
 	if n, _ := restoring(spare); n != 0 {
 		t.Fatalf("%d bytes still reserved by the restores", n)
+	}
+}
+
+// TestECRestoreDecodeFallsToDisk: a lost rank whose stripe keeps fewer
+// than K shards (M+1 hosts of its 2+2 group lost) and whose job has a
+// durable tier (its committed base on disk is of G) restores from
+// the durable tier, at G, bit for bit, instead of failing with
+// ErrUnrecoverable (restoreRemote tries the disk after a decode that
+// cannot give the state).
+func TestECRestoreDecodeFallsToDisk(t *testing.T) {
+	const k, m, every = 2, 2, 3
+	dir := t.TempDir()
+	j := newECDiffRecJobWith(t, k, m, every, m+1, func(c *Config) {
+		c.DiffLog = &DiffLogConfig{Dir: dir, Batch: 1, Queue: 64}
+	})
+	j.run(0, 3*every+5)
+	g, _ := j.published()
+	waitLogged(t, j.c, g)
+	// The durable base at G itself (params is not in the differentials:
+	// a base before G could not be rolled forward to G).
+	saveAll(t, dir, j.rs[0], g)
+	if err := durable.Commit(dir, g); err != nil {
+		t.Fatal(err)
+	}
+	lost := []int{0, 1, 2}
+	sw, res, errs := j.swapRestore(lost, 2)
+	if !sw.sources[0].Decode {
+		t.Fatalf("rank 0 restores from %+v: want by decode", sw.sources[0])
+	}
+	if got := res[0]; errs[0] != nil || got.Step != g {
+		t.Fatalf("rank 0, hosts %v of a 2+2 group lost, the durable tier reaching G %d: %+v, %v; want a restore at G", lost, g, got, errs[0])
 	}
 }
