@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 )
 
 // snapHeld returns what rank r's replicator holds reserved for its
@@ -130,6 +129,29 @@ func TestECDiffRetainedReserve(t *testing.T) {
 // waiting at the overwrite rule with no error.
 func TestECDiffRetainedReserveFull(t *testing.T) {
 	const k, m, every = 2, 2, 3
+	// The hook and the bound are set before the job starts and put back
+	// after it closed (the cleanup registered first runs last): its
+	// replicators read them.
+	var cmu sync.Mutex
+	var full *Keeper // the host whose reserve stays full, once set
+	calls := map[int]int{}
+	w := snapNoRoomWait
+	t.Cleanup(func() { testHookSnapHold, snapNoRoomWait = nil, w })
+	snapNoRoomWait = 0
+	testHookSnapHold = func(x *replicator) {
+		cmu.Lock()
+		h := full
+		if h == x.s.h {
+			calls[x.s.rank]++
+		}
+		cmu.Unlock()
+		if h != x.s.h {
+			return
+		}
+		h.store.mu.Lock()
+		h.store.limit = max(h.store.bytes, 1) // full: no snapshot fits (0 is the default limit)
+		h.store.mu.Unlock()
+	}
 	j := newECDiffRecJob(t, k, m, every, 0)
 	r := -1
 	for x, hs := range j.holders {
@@ -142,21 +164,12 @@ func TestECDiffRetainedReserveFull(t *testing.T) {
 		t.Fatal("no rank runs on its data host")
 	}
 	h := j.c.hosts[j.hostOf[r]]
-	s := h.svc(r)
 	j.run(0, 4*every)
-	defer func(w time.Duration) { snapNoRoomWait = w }(snapNoRoomWait)
-	snapNoRoomWait = 0
-	calls := 0
-	testHookSnapHold = func(x *replicator) {
-		if x != &s.rep {
-			return
-		}
-		calls++
-		h.store.mu.Lock()
-		h.store.limit = max(h.store.bytes, 1) // full: no snapshot fits (0 is the default limit)
-		h.store.mu.Unlock()
-	}
-	t.Cleanup(func() { testHookSnapHold = nil })
+	// Every rank of the host (each on its data host) is refused: the
+	// first whose refusals outlast the bound fails.
+	cmu.Lock()
+	full = h
+	cmu.Unlock()
 	// The ranks go on (each until its first refused request) until the
 	// rank fails.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -184,18 +197,21 @@ func TestECDiffRetainedReserveFull(t *testing.T) {
 	})
 	cancel()
 	wg.Wait()
-	testHookSnapHold = nil
-	if f.rank != r || !errors.Is(f.err, errNoRoom) || !strings.Contains(f.err.Error(), "replica-memory reserve") {
-		t.Fatalf("Config.Failed(rank %d, %v); want rank %d failed with %v", f.rank, f.err, r, errNoRoom)
+	fr := f.rank
+	if fr < 0 || fr >= len(j.hostOf) || j.hostOf[fr] != j.hostOf[r] || !errors.Is(f.err, errNoRoom) || !strings.Contains(f.err.Error(), "replica-memory reserve") {
+		t.Fatalf("Config.Failed(rank %d, %v); want a rank of host %d failed with %v", fr, f.err, j.hostOf[r], errNoRoom)
 	}
-	if calls < 2 {
-		t.Fatalf("rank %d failed after %d refusals of its snapshot, want at least 2", r, calls)
+	cmu.Lock()
+	n := calls[fr]
+	cmu.Unlock()
+	if n < 2 {
+		t.Fatalf("rank %d failed after %d refusals of its snapshot, want at least 2", fr, n)
 	}
-	if err := s.failure(); !errors.Is(err, errNoRoom) {
-		t.Fatalf("rank %d's service failure %v, want %v", r, err, errNoRoom)
+	if err := h.svc(fr).failure(); !errors.Is(err, errNoRoom) {
+		t.Fatalf("rank %d's service failure %v, want %v", fr, err, errNoRoom)
 	}
-	if err := stageErr[r]; err == nil || !strings.Contains(err.Error(), "replica-memory reserve") {
-		t.Fatalf("rank %d's last request: %v; want its Stage refused with the reserve named", r, err)
+	if err := stageErr[fr]; err == nil || !strings.Contains(err.Error(), "replica-memory reserve") {
+		t.Fatalf("rank %d's last request: %v; want its Stage refused with the reserve named", fr, err)
 	}
-	t.Logf("rank %d: %v", r, f.err)
+	t.Logf("rank %d: %v", fr, f.err)
 }
