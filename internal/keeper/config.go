@@ -46,7 +46,10 @@ type Config struct {
 	// Failed is called (from any goroutine, never under a lock) when local
 	// rank rank of restart generation gen cannot go on: its committed
 	// state is corrupt (a *CorruptError; a holder refused its bytes and
-	// the rank's slot no longer matches its committed CRC32Cs). Its step
+	// the rank's slot no longer matches its committed CRC32Cs), or, in
+	// diff mode under erasure coding, the snapshot of a base it retains
+	// on its data host has not fit in the host's replica-memory reserve
+	// for a while (an error wrapping the reserve's refusal). Its step
 	// will never be replicated, so G stops and every rank would wait at
 	// the overwrite rule: the caller must fail the rank (kill it and report
 	// it, so that the job restarts or stops). The rank's own Stage

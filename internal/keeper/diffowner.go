@@ -86,6 +86,7 @@ type diffAct struct {
 	// round backs off).
 	logBegin, lost bool
 	logAt          int64
+	logEpoch       uint64     // the epoch the rank last resumed under (ecBase.resumedEpoch): the logBegin carries it
 	has            bool       // ask whether it holds base first
 	base           int64      // ≥ 0: send it a base at this step
 	d              *ownerDiff // else: this differential
@@ -244,6 +245,10 @@ func (r *replicator) truncateDiffs(g int64) {
 		r.refStep = max(g, noStep)
 	}
 	clear(r.refProg)
+	// The rank resumes from g under the host's placement: the logs it
+	// anchors from now on are of that placement's trajectory (logBegin
+	// carries its epoch; the holders fence no log anchored under it).
+	r.ecb.resumedEpoch = r.s.h.place().epoch
 	// Diff mode under EC: the bases after g are of an abandoned
 	// trajectory; the schedule goes on from the next base after what is
 	// left.

@@ -8,8 +8,10 @@ package keeper
 // On the links (PROTOCOL.md "Erasure coding and diff mode"):
 //
 //	logBegin  kind 5 to a log-only holder: table = the replicated regions
-//	          (sizes; CRC32Cs unused); optDesc, and nothing else
-//	          (length = 40): "the owner sends step+1 next". A log of
+//	          (sizes; CRC32Cs unused); optDesc, then the epoch of the
+//	          placement the owner last resumed under (8 bytes, 0: none),
+//	          and nothing else (length = 48): "the owner sends step+1
+//	          next, of that placement's trajectory". A log of
 //	          that layout that holds every step from its anchor through
 //	          step is kept: what it holds after step goes, nothing before
 //	          (ack). Any other (none here, another layout, a log that
@@ -46,9 +48,13 @@ import (
 	"github.com/gorun/gorun/replay"
 )
 
+// logBeginSize is a logBegin's length: optDesc and the owner's epoch.
+const logBeginSize = optDescSize + 8
+
 // sendLogBegin anchors log-only holder k's log of the rank at step,
-// declaring the rank's regions and optimizer layout.
-func (r *replicator) sendLogBegin(ctx context.Context, hdr linkHdr, k holderKey, step int64) error {
+// declaring the rank's regions and optimizer layout, and epoch, the
+// placement the rank last resumed under (ecBase.resumedEpoch).
+func (r *replicator) sendLogBegin(ctx context.Context, hdr linkHdr, k holderKey, step int64, epoch uint64) error {
 	s := r.s
 	s.mu.Lock()
 	if s.opt == nil {
@@ -66,8 +72,9 @@ func (r *replicator) sendLogBegin(ctx context.Context, hdr linkHdr, k holderKey,
 	o := *s.opt
 	s.mu.Unlock()
 	hdr.kind, hdr.step = kindBase, step
-	b := frameHead(hdr, t, optDescSize, nil)
+	b := frameHead(hdr, t, logBeginSize, nil)
 	b = appendOptDesc(b, opt, &o)
+	b = binary.BigEndian.AppendUint64(b, epoch)
 	return s.h.links.call(ctx, k.host, hdr, net.Buffers{b})
 }
 
@@ -80,6 +87,7 @@ func (r *replicator) sendLogBegin(ctx context.Context, hdr linkHdr, k holderKey,
 // lacks steps older than the queue (they are lost to it: its log is made
 // anew, after a backoff). r.mu is held.
 func (r *replicator) planLogLocked(act *diffAct, a, n int64, known bool) bool {
+	act.logEpoch = r.ecb.resumedEpoch
 	if !known || n < 0 {
 		act.logBegin, act.logAt = true, r.logAnchorLocked(a)
 		return true
@@ -122,7 +130,7 @@ func (r *replicator) logAnchorLocked(a int64) int64 {
 // act.logAt (the owner forgets what it acknowledged).
 func (r *replicator) logBeginTo(ctx context.Context, hdr linkHdr, act diffAct, linkFailed func(error)) diffRes {
 	res := diffRes{acked: noStep, base: noStep}
-	err := r.sendLogBegin(ctx, hdr, act.k, act.logAt)
+	err := r.sendLogBegin(ctx, hdr, act.k, act.logAt, act.logEpoch)
 	var re *remoteError
 	switch {
 	case err == nil:
@@ -144,16 +152,17 @@ func (r *replicator) logBeginTo(ctx context.Context, hdr linkHdr, act diffAct, l
 // has; its log was made anew (a round's failure: the loop backs off).
 var errLogLost = errors.New("a log-only holder lost differentials")
 
-// logBegin receives a logBegin (kind 5 of length optDescSize to a
+// logBegin receives a logBegin (kind 5 of length logBeginSize to a
 // log-only holder).
 func (st *replicaStore) logBegin(c net.Conn, h linkHdr, t []tableEntry) error {
-	if h.length != optDescSize || h.step < noStep {
+	if h.length != logBeginSize || h.step < noStep {
 		return fmt.Errorf("log begin of %d bytes, step %d", h.length, h.step)
 	}
-	var db [optDescSize]byte
+	var db [logBeginSize]byte
 	if _, err := io.ReadFull(c, db[:]); err != nil {
 		return err
 	}
+	epoch := binary.BigEndian.Uint64(db[optDescSize:])
 	idx := int(binary.BigEndian.Uint32(db[:]))
 	if idx >= len(t) {
 		return fmt.Errorf("log begin: optimizer region %d of %d", idx, len(t))
@@ -177,7 +186,7 @@ func (st *replicaStore) logBegin(c net.Conn, h linkHdr, t []tableEntry) error {
 	// steps would follow them.
 	if o.log != nil && slices.Equal(o.log.Regions(), regions) && o.log.Optimizer() == opt && logFollows(o.log, h.step) && (!o.logFenced || h.step <= o.logFence) {
 		if err := o.log.Truncate(h.step); err == nil {
-			o.logFenced = false
+			o.logFenced, o.logEpoch = false, epoch
 			return writeAck(c, h)
 		}
 	}
@@ -191,7 +200,7 @@ func (st *replicaStore) logBegin(c net.Conn, h linkHdr, t []tableEntry) error {
 	if o.log != nil {
 		st.h.log.Debug("a log-only holder's log cannot follow the owner's anchor: made anew", "rank", h.owner, "anchor", h.step, "next was", o.log.Next())
 	}
-	o.log, o.logSeq, o.logFenced = l, st.h.place().seq, false
+	o.log, o.logSeq, o.logFenced, o.logEpoch = l, st.h.place().seq, false, epoch
 	return writeGap(c, h, h.step+1, fmt.Sprintf("rank %d: the log here holds nothing up to step %d", h.owner, h.step))
 }
 

@@ -11,16 +11,30 @@ package keeper
 // again each round. The reservation of a snapshot goes back once it is
 // neither the current refresh nor retained (settleSnapsLocked, after
 // every change of either), and all of them when the replicator stops.
+//
+// The wait is bounded (snapNoRoomWait): what the reserve holds goes
+// mostly when H moves, and H cannot pass this rank's base before the
+// snapshot is taken, so a shortage that outlasts the bound is for good:
+// G would stop at the cap and every rank wait at the overwrite rule with
+// no error. The rank is failed instead (service.fail, Config.Failed),
+// with errNoRoom naming the reserve, so that the launcher restarts or
+// stops the job.
 
 import (
 	"fmt"
 	"slices"
+	"time"
 )
 
+// snapNoRoomWait is how long the snapshot of one base step may be
+// refused by the reserve before the rank fails (tests shorten it).
+var snapNoRoomWait = slowWait
+
 // holdSnapLocked reserves size bytes for the snapshot of base step about
-// to be taken, or logs (once per step) and returns why it cannot. r.mu
-// is held.
-func (r *replicator) holdSnapLocked(step int64, size uint64) error {
+// to be taken, or logs (once per step) and returns why it cannot; stuck
+// when the reserve has refused the step's snapshot for snapNoRoomWait
+// (the rank is to fail with err). r.mu is held.
+func (r *replicator) holdSnapLocked(step int64, size uint64) (stuck bool, err error) {
 	b := &r.ecb
 	if testHookSnapHold != nil {
 		testHookSnapHold(r)
@@ -28,13 +42,17 @@ func (r *replicator) holdSnapLocked(step int64, size uint64) error {
 	if err := r.s.h.store.reserve(b.heldBytes+size, b.heldBytes); err != nil {
 		err = fmt.Errorf("%w: the snapshot of base step %d (%d bytes), retained on the rank's data host: %w", errNoRoom, step, size, err)
 		if b.noRoom != step+1 {
-			b.noRoom = step + 1
+			b.noRoom, b.noRoomSince = step+1, time.Now()
 			r.s.h.log.Warn("a base waits: its snapshot does not fit in the host's replica-memory reserve", "rank", r.s.rank, "step", step, "err", err)
+			return false, err
 		}
-		return err
+		if waited := time.Since(b.noRoomSince); waited >= snapNoRoomWait {
+			return true, fmt.Errorf("rank %d: refused for %v (H cannot pass the base before its snapshot is taken): %w", r.s.rank, waited.Round(time.Millisecond), err)
+		}
+		return false, err
 	}
 	b.heldBytes += size
-	return nil
+	return false, nil
 }
 
 // testHookSnapHold, if set (by tests), is called before a snapshot's

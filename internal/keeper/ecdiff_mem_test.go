@@ -1,6 +1,11 @@
 package keeper
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 )
 
@@ -112,4 +117,101 @@ func TestECDiffRetainedReserve(t *testing.T) {
 	if before-after < held {
 		t.Fatalf("the replicator's stop gave %d bytes back to the reserve, its snapshots held %d", before-after, held)
 	}
+}
+
+// TestECDiffRetainedReserveFull: a rank on its own data host whose next
+// base's snapshot the host's replica-memory reserve keeps refusing (the
+// reserve stays full: H cannot move past the base before the snapshot
+// is taken, so nothing frees it) fails once the refusals outlast
+// snapNoRoomWait (set to nothing here: the second refusal), with an
+// error naming the reserve (errNoRoom) handed to Config.Failed and to
+// the rank's next Stage, rather than leaving G at the cap and every rank
+// waiting at the overwrite rule with no error.
+func TestECDiffRetainedReserveFull(t *testing.T) {
+	const k, m, every = 2, 2, 3
+	// The hook and the bound are set before the job starts and put back
+	// after it closed (the cleanup registered first runs last): its
+	// replicators read them.
+	var cmu sync.Mutex
+	var full *Keeper // the host whose reserve stays full, once set
+	calls := map[int]int{}
+	w := snapNoRoomWait
+	t.Cleanup(func() { testHookSnapHold, snapNoRoomWait = nil, w })
+	snapNoRoomWait = 0
+	testHookSnapHold = func(x *replicator) {
+		cmu.Lock()
+		h := full
+		if h == x.s.h {
+			calls[x.s.rank]++
+		}
+		cmu.Unlock()
+		if h != x.s.h {
+			return
+		}
+		h.store.mu.Lock()
+		h.store.limit = max(h.store.bytes, 1) // full: no snapshot fits (0 is the default limit)
+		h.store.mu.Unlock()
+	}
+	j := newECDiffRecJob(t, k, m, every, 0)
+	r := -1
+	for x, hs := range j.holders {
+		if len(hs) == 0 {
+			r = x
+			break
+		}
+	}
+	if r < 0 {
+		t.Fatal("no rank runs on its data host")
+	}
+	h := j.c.hosts[j.hostOf[r]]
+	j.run(0, 4*every)
+	// Every rank of the host (each on its data host) is refused: the
+	// first whose refusals outlast the bound fails.
+	cmu.Lock()
+	full = h
+	cmu.Unlock()
+	// The ranks go on (each until its first refused request) until the
+	// rank fails.
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	stageErr := make([]error, len(j.rs))
+	for i, dr := range j.rs {
+		wg.Go(func() {
+			for st := 4*every + 1; ctx.Err() == nil; st++ {
+				if err := dr.step(ctx, int64(st)); err != nil {
+					stageErr[i] = err
+					return
+				}
+			}
+		})
+	}
+	var f hostFailure
+	j.c.waitFor(fmt.Sprintf("rank %d failed", r), func() bool {
+		j.publish()
+		select {
+		case f = <-j.c.failed:
+			return true
+		default:
+			return false
+		}
+	})
+	cancel()
+	wg.Wait()
+	fr := f.rank
+	if fr < 0 || fr >= len(j.hostOf) || j.hostOf[fr] != j.hostOf[r] || !errors.Is(f.err, errNoRoom) || !strings.Contains(f.err.Error(), "replica-memory reserve") {
+		t.Fatalf("Config.Failed(rank %d, %v); want a rank of host %d failed with %v", fr, f.err, j.hostOf[r], errNoRoom)
+	}
+	cmu.Lock()
+	n := calls[fr]
+	cmu.Unlock()
+	if n < 2 {
+		t.Fatalf("rank %d failed after %d refusals of its snapshot, want at least 2", fr, n)
+	}
+	if err := h.svc(fr).failure(); !errors.Is(err, errNoRoom) {
+		t.Fatalf("rank %d's service failure %v, want %v", fr, err, errNoRoom)
+	}
+	if err := stageErr[fr]; err == nil || !strings.Contains(err.Error(), "replica-memory reserve") {
+		t.Fatalf("rank %d's last request: %v; want its Stage refused with the reserve named", fr, err)
+	}
+	t.Logf("rank %d: %v", fr, f.err)
 }

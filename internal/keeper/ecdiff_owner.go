@@ -68,6 +68,7 @@ package keeper
 import (
 	"context"
 	"slices"
+	"time"
 )
 
 // ecBase is a replicator's base schedule in diff mode under EC. r.mu
@@ -103,13 +104,18 @@ type ecBase struct {
 	held      map[*refresh]uint64
 	heldBytes uint64
 	// noRoom is one more than the last base step whose snapshot the
-	// reserve refused (logged once).
-	noRoom int64
+	// reserve refused (logged once), first at noRoomSince.
+	noRoom      int64
+	noRoomSince time.Time
 	// shares is the send of the current refresh's shares in flight, or
 	// nil; stopping is the last one cancelled (dropRefLocked), which may
 	// still run: the next run waits for it before it sends (the runs
 	// share the encoder's block and the share buffers, r.ec).
 	shares, stopping *shareRun
+	// resumedEpoch is the epoch of the placement the rank last resumed
+	// under (truncateDiffs: a restart or a restore), 0 if none: every
+	// step it sent since is of that placement's trajectory.
+	resumedEpoch uint64
 }
 
 // testHookShareWait, if set, is called when a share send starts to wait
@@ -300,7 +306,16 @@ func (r *replicator) snapshotDueEC() {
 	// reserve before it is allocated (ecdiff_mem.go).
 	var held uint64
 	if r.ownData(p) {
-		if err := r.holdSnapLocked(step, size); err != nil {
+		stuck, err := r.holdSnapLocked(step, size)
+		if stuck {
+			// For good (ecdiff_mem.go): the rank fails, its error
+			// naming the reserve, rather than stalling the job.
+			r.failed = true
+			r.mu.Unlock()
+			s.fail(s.h.Gen(), err)
+			return
+		}
+		if err != nil {
 			r.mu.Unlock()
 			return
 		}

@@ -30,7 +30,9 @@ package keeper
 // it.) Within a generation, an in-place recovery rolls back to the new
 // placement's G: a log the owner has not anchored again since
 // (logBegin) is fenced at the least G of the placements taken since it
-// was (ownerReplica.logFence, fenceLog), and no step after the fence is
+// was (ownerReplica.logFence, fenceLog; not a placement the owner had
+// resumed under when it anchored the log: logBegin carries its epoch),
+// and no step after the fence is
 // served from it: the owner of a host that was lost never anchors its
 // logs again, and its log-only holders of an earlier placement may keep
 // the steps of the trajectory abandoned.
@@ -205,9 +207,21 @@ func (st *replicaStore) logSource(owner int, lb logLabel, from, to int64) (recor
 // the placements taken since the owner last anchored the log. Called on
 // every placement change (sweepLog, from sweep) and before the log is
 // read or anchored. o.mu is held.
+//
+// A placement no newer than the one the owner had resumed under when it
+// last anchored the log (logEpoch, which its logBegin carries) fences
+// nothing: the owner took it, and resumed from its G, before this host
+// did, and every step it sent since is of its trajectory. (Without this
+// a log the owner re-anchored under the new placement before this host
+// took it would stay fenced for good: the owner has no reason to anchor
+// it again, and G moves past the fence.)
 func (st *replicaStore) fenceLog(o *ownerReplica) {
 	p := st.h.place()
 	if o.log == nil || o.logSeq == p.seq {
+		return
+	}
+	if p.epoch <= o.logEpoch {
+		o.logSeq = p.seq
 		return
 	}
 	if !o.logFenced || p.g < o.logFence {

@@ -117,6 +117,12 @@ func (s *service) decodeReplay(ctx context.Context, g, hb int64, logs []int, pl 
 	if len(errs) == 0 {
 		errs = append(errs, errors.New("no host keeps one"))
 	}
+	if slices.ContainsFunc(errs, func(err error) bool { return errors.Is(err, errNoRoom) }) {
+		// A log that was there was refused here for want of room (the
+		// others' hosts kept none, or theirs failed): a retry once the
+		// reserve has room may restore from it, so not ErrUnrecoverable.
+		return fmt.Errorf("rank %d: no log of steps %d to %d replayed onto the base at step %d: %w", s.rank, hb+1, g, hb, errors.Join(errs...))
+	}
 	return fmt.Errorf("%w: rank %d: no log of steps %d to %d replays onto the base at step %d: %w", ErrUnrecoverable, s.rank, hb+1, g, hb, errors.Join(errs...))
 }
 

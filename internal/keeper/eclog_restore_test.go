@@ -38,6 +38,13 @@ const ecDiffPer = 2
 
 func newECDiffRecJob(t *testing.T, k, m, baseEvery, spares int) *ecDiffRecJob {
 	t.Helper()
+	return newECDiffRecJobWith(t, k, m, baseEvery, spares, nil)
+}
+
+// newECDiffRecJobWith is newECDiffRecJob with more configuration (mod,
+// if not nil, applied last).
+func newECDiffRecJobWith(t *testing.T, k, m, baseEvery, spares int, more func(*Config)) *ecDiffRecJob {
+	t.Helper()
 	n := k + m
 	hosts := make([]topology.Host, n)
 	var assign []topology.Assignment
@@ -68,6 +75,9 @@ func newECDiffRecJob(t *testing.T, k, m, baseEvery, spares int) *ecDiffRecJob {
 	j.c = newClusterWith(t, ranks, holders, func(int) []int { return all }, func(cfg *Config) {
 		mod(cfg)
 		cfg.EC = groups
+		if more != nil {
+			more(cfg)
+		}
 	})
 	for h := range n {
 		p := Placement{Ranks: ranks[h], HostOf: hostOf, Holders: holders, EC: groups, Epoch: 1, G: noStep, Logs: j.logs, H: noStep}

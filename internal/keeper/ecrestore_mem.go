@@ -22,9 +22,10 @@ import (
 	"sync"
 )
 
-// errNoRoom: a restore's buffers would take the replica-memory reserve
-// of this host past its limit (replicaStore.reserve).
-var errNoRoom = errors.New("the host's replica-memory reserve cannot hold the restore's buffers")
+// errNoRoom: a restore's buffers, or a retained base snapshot
+// (ecdiff_mem.go), would take the replica-memory reserve of this host
+// past its limit (replicaStore.reserve).
+var errNoRoom = errors.New("the host's replica-memory reserve has no room for the buffers")
 
 // memHold is memory reserved against st's replica-memory reserve for
 // one restore, given back by release.

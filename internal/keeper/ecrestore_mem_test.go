@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
+	"github.com/gorun/gorun/durable"
 	"github.com/gorun/gorun/internal/diffstore"
 )
 
@@ -142,4 +144,130 @@ func TestECRestoreReserve(t *testing.T) {
 		t.Fatalf("with a reserve too small: %v, want errNoRoom", err)
 	}
 	back("after a refusal")
+}
+
+// TestECRestoreReserveLogNoRoom: a restore by decode and replay whose
+// every log source that keeps the log is refused for want of room in the
+// reserve (full from the first differential on: the decode and the
+// base's copy fit) fails with errNoRoom, not ErrUnrecoverable (a retry
+// once there is room may restore), every byte given back.
+func TestECRestoreReserveLogNoRoom(t *testing.T) {
+	const k, m, every = 2, 2, 3
+	j := newECDiffRecJob(t, k, m, every, 0)
+	j.run(0, 3*every+5)
+	g, hb := j.published()
+	if hb < 0 || hb >= g {
+		t.Fatalf("G %d, H %d: want a log to replay after H", g, hb)
+	}
+	const r = 0
+	h := j.c.hosts[j.hostOf[r]]
+	s := h.svc(r)
+	pl := h.place()
+	views := map[string][]byte{}
+	for _, i := range s.repl {
+		views[s.regions[i].Name] = make([]byte, s.regions[i].Size)
+	}
+	n := 0
+	testHookHold = func(uint64) {
+		if n++; n == 3 { // the first differential: no room from now on
+			h.store.mu.Lock()
+			h.store.limit = max(h.store.bytes, 1) // 0 is the default limit
+			h.store.mu.Unlock()
+		}
+	}
+	t.Cleanup(func() {
+		testHookHold = nil
+		h.store.mu.Lock()
+		h.store.limit = 0
+		h.store.mu.Unlock()
+	})
+	err := s.decodeReplay(context.Background(), g, hb, pl.logsOf(r), pl, views)
+	if !errors.Is(err, errNoRoom) || errors.Is(err, ErrUnrecoverable) {
+		t.Fatalf("every log refused for want of room: %v; want errNoRoom, not ErrUnrecoverable", err)
+	}
+	if n < 4 {
+		t.Fatalf("%d reservations asked for, want the decode's, the base's and one per log holder (2)", n)
+	}
+	if got, _ := restoring(h); got != 0 {
+		t.Fatalf("%d bytes still reserved by the restore", got)
+	}
+	t.Log(err)
+}
+
+// TestECRestoreReserveRetry: a lost rank restoring by decode on a spare
+// whose replica-memory reserve has no room for its first buffers (the
+// owners' copies, rows and logs sent there, or other ranks' restores,
+// hold it) and has room a moment later restores (restoreRemote retries
+// errNoRoom, retryNoRoom), rather than failing at once.
+func TestECRestoreReserveRetry(t *testing.T) {
+	const k, m, every = 2, 2, 3
+	j := newECDiffRecJob(t, k, m, every, 1)
+	j.run(0, 3*every+5)
+	g, _ := j.published()
+	// Host 0 lost: its ranks restore on the spare, the one on its data
+	// host by decode.
+	spare := j.c.hosts[j.work]
+	var mu sync.Mutex
+	calls := 0
+	testHookHold = func(uint64) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		spare.store.mu.Lock()
+		if calls == 1 {
+			spare.store.limit = max(spare.store.bytes, 1) // no room (0 is the default limit)
+		} else {
+			spare.store.limit = 0 // room again
+		}
+		spare.store.mu.Unlock()
+	}
+	t.Cleanup(func() { testHookHold = nil })
+	sw, res, errs := j.swapRestore([]int{0}, 2)
+	testHookHold = nil
+	decoded := 0
+	for _, r := range sw.lost {
+		if sw.sources[r].Decode {
+			decoded++
+		}
+		if got := res[r]; errs[r] != nil || got.Step != g || got.Tier != 2 {
+			t.Errorf("rank %d (source %+v): %+v, %v; want tier 2 at %d", r, sw.sources[r], got, errs[r], g)
+		}
+	}
+	if decoded == 0 || calls < 2 {
+		t.Fatalf("%d ranks restored by decode, %d reservations asked for: want some, and a refusal retried", decoded, calls)
+	}
+	if n, _ := restoring(spare); n != 0 {
+		t.Fatalf("%d bytes still reserved by the restores", n)
+	}
+}
+
+// TestECRestoreDecodeFallsToDisk: a lost rank whose stripe keeps fewer
+// than K shards (M+1 hosts of its 2+2 group lost) and whose job has a
+// durable tier (its committed base on disk is of G) restores from
+// the durable tier, at G, bit for bit, instead of failing with
+// ErrUnrecoverable (restoreRemote tries the disk after a decode that
+// cannot give the state).
+func TestECRestoreDecodeFallsToDisk(t *testing.T) {
+	const k, m, every = 2, 2, 3
+	dir := t.TempDir()
+	j := newECDiffRecJobWith(t, k, m, every, m+1, func(c *Config) {
+		c.DiffLog = &DiffLogConfig{Dir: dir, Batch: 1, Queue: 64}
+	})
+	j.run(0, 3*every+5)
+	g, _ := j.published()
+	waitLogged(t, j.c, g)
+	// The durable base at G itself (params is not in the differentials:
+	// a base before G could not be rolled forward to G).
+	saveAll(t, dir, j.rs[0], g)
+	if err := durable.Commit(dir, g); err != nil {
+		t.Fatal(err)
+	}
+	lost := []int{0, 1, 2}
+	sw, res, errs := j.swapRestore(lost, 2)
+	if !sw.sources[0].Decode {
+		t.Fatalf("rank 0 restores from %+v: want by decode", sw.sources[0])
+	}
+	if got := res[0]; errs[0] != nil || got.Step != g {
+		t.Fatalf("rank 0, hosts %v of a 2+2 group lost, the durable tier reaching G %d: %+v, %v; want a restore at G", lost, g, got, errs[0])
+	}
 }

@@ -150,6 +150,10 @@ type ownerReplica struct {
 	logSeq    uint64
 	logFenced bool
 	logFence  int64
+	// logEpoch is the epoch of the placement the owner had resumed under
+	// when it last anchored the log (its logBegin's; 0: none): a
+	// placement no newer fences nothing (fenceLog).
+	logEpoch uint64
 	// hmin (diff mode under EC): the newest H the owner said its base
 	// reached (baseH): the stores keep their bases at least there.
 	hmin int64

@@ -69,6 +69,44 @@ func (s *service) corruptErr(g int64, crcBad []int, err error) error {
 	return &CopiesCorruptError{Rank: s.rank, Step: g, Holders: slices.Clone(crcBad), Err: err}
 }
 
+// restoreNoRoomWait is how long a restore by decode retries while the
+// host's replica-memory reserve has no room for its buffers (errNoRoom):
+// several ranks restoring on one spare hold theirs while the owners send
+// that spare bases, rows and logs, and room comes back as they finish.
+var restoreNoRoomWait = slowWait
+
+// retryNoRoom runs f until it does not fail with errNoRoom, the wait
+// has passed (then its last error), or ctx ends, backing off 50 ms
+// doubling to 1 s between tries. f holds no reservation between tries
+// (it gives its back on failure), and nothing is locked while it waits.
+func retryNoRoom(ctx context.Context, wait time.Duration, f func() error) error {
+	const first, most = 50 * time.Millisecond, time.Second
+	deadline := time.Now().Add(wait)
+	for backoff := first; ; backoff = min(2*backoff, most) {
+		err := f()
+		if !errors.Is(err, errNoRoom) || ctx.Err() != nil {
+			return err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return err
+		}
+		t := time.NewTimer(min(backoff, left))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+	}
+}
+
+// durableTier reports whether the job has a durable tier to restore
+// from (restoreFromDisk).
+func (s *service) durableTier() bool {
+	return s.h.cfg.Persist.Dir != "" || s.h.cfg.DiffLog != nil && s.h.cfg.DiffLog.Dir != ""
+}
+
 // restoreRemote fetches step g into a local slot: the replicated regions
 // from the copy the placement's Source names for the rank (Opt's host),
 // else from a replica holder, or, with erasure coding, rebuilt from the
@@ -77,7 +115,10 @@ func (s *service) corruptErr(g int64, crcBad []int, err error) error {
 // another peer. It then has step g (re)sent to the rank's holders and
 // parity rows that lack it (the restored rank's clear copy and shares:
 // its group's full redundancy back).
-// An error wraps ErrUnrecoverable when the stripe cannot give the state.
+// A decode refused for want of room is retried (retryNoRoom); one that
+// fails for want of room or shards falls through to the durable tier
+// when the job has one. An error wraps ErrUnrecoverable when the stripe
+// cannot give the state (and the durable tier, if any, did not either).
 // It runs as a request (reqMu held) and holds s.mu only while it changes
 // the slots, not while it waits for other hosts.
 func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
@@ -121,6 +162,7 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	var errs []error
 	var crcBad []int // holders whose copies failed their CRC32C
 	got := len(want) == 0
+	decodeFailed := false // for want of room or shards: the durable tier is tried
 	for _, hr := range optFrom {
 		if got {
 			break
@@ -150,12 +192,17 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 				// differentials since are replayed (eclog_restore.go).
 				decode = func() error { return s.decodeReplay(ctx, g, pl.h, pl.logsOf(s.rank), pl, replViews) }
 			}
-			if err := decode(); err != nil {
+			if err := retryNoRoom(ctx, restoreNoRoomWait, decode); err != nil {
 				errs = append(errs, fmt.Errorf("decode from the erasure-coded stripe: %w", err))
-				return 0, s.corruptErr(g, crcBad, fmt.Errorf("the replicated regions: %w", errors.Join(errs...)))
+				if ctx.Err() != nil || !s.durableTier() || !errors.Is(err, errNoRoom) && !errors.Is(err, ErrUnrecoverable) {
+					return 0, s.corruptErr(g, crcBad, fmt.Errorf("the replicated regions: %w", errors.Join(errs...)))
+				}
+				// The durable tier may still have the state: tried below.
+				decodeFailed = true
+			} else {
+				got = true
+				s.h.log.Info("decoded from the erasure-coded stripe", "rank", s.rank, "step", g, "took", time.Since(start))
 			}
-			got = true
-			s.h.log.Info("decoded from the erasure-coded stripe", "rank", s.rank, "step", g, "took", time.Since(start))
 		}
 	}
 	fromDisk := false
@@ -169,6 +216,9 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 		}
 	}
 	if !got {
+		if decodeFailed {
+			return 0, s.corruptErr(g, crcBad, fmt.Errorf("the replicated regions: %w", errors.Join(errs...)))
+		}
 		if hasSrc && src.Decode {
 			return 0, s.corruptErr(g, crcBad, fmt.Errorf("rank %d restores by decode, but it is in no erasure-coding group", s.rank))
 		}

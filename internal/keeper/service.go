@@ -84,10 +84,11 @@ type service struct {
 	// (ownerDiff.release).
 	enc  replay.Encoder
 	recs bufPool
-	// corrupt is why the rank failed in this generation (its committed
-	// state changed in memory), or nil; failed is closed when it is set.
-	// A restart clears both.
-	corrupt *CorruptError
+	// corrupt is why the rank failed in this generation (a
+	// *CorruptError: its committed state changed in memory; or errNoRoom:
+	// a base's snapshot that does not fit for good, ecdiff_mem.go), or
+	// nil; failed is closed when it is set. A restart clears both.
+	corrupt error
 	failed  chan struct{}
 	// gone: the rank left this host (SetPlacement): its sessions fail.
 	gone bool

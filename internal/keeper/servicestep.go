@@ -314,7 +314,7 @@ func (s *service) status() *protect.Status {
 // replicator in generation gen), refuses its stages from now on, and has
 // the caller fail the rank. A failure of an older generation than the
 // host's is dropped: the restart that began since discarded the step.
-func (s *service) fail(gen uint64, err *CorruptError) {
+func (s *service) fail(gen uint64, err error) {
 	s.mu.Lock()
 	if s.h.Gen() != gen || s.corrupt != nil {
 		s.mu.Unlock()
@@ -324,8 +324,10 @@ func (s *service) fail(gen uint64, err *CorruptError) {
 	close(s.failed)
 	s.mu.Unlock()
 	msg := "a rank's protected state changed in memory after its commit: failing the rank"
-	if err.Replay {
+	if ce, ok := errors.AsType[*CorruptError](err); ok && ce.Replay {
 		msg = "a replica holder's replay of a rank's differentials differs from its commit (its optimizer step is not replay's): failing the rank"
+	} else if errors.Is(err, errNoRoom) {
+		msg = "a base's snapshot does not fit in the host's replica-memory reserve, and H cannot pass the base without it: failing the rank"
 	}
 	s.h.log.Error(msg, "rank", s.rank, "generation", gen, "err", err)
 	s.h.cfg.Failed(s.rank, gen, err)
