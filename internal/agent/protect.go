@@ -41,8 +41,10 @@ type protection struct {
 	flipDone chan struct{}
 }
 
-// rankStateFailure is a local rank whose protected state is corrupt
-// (keeper.Config.Failed): the agent's loop kills it (failRank).
+// rankStateFailure is a local rank whose state protection failed
+// (keeper.Config.Failed: its protected state is corrupt, or the host's
+// replica-memory reserve cannot hold its copy): the agent's loop kills
+// it (failRank).
 type rankStateFailure struct {
 	rank int
 	gen  uint64
@@ -356,7 +358,7 @@ func (a *agent) failRank(f rankStateFailure) {
 		if p.place.Rank != f.rank || p.gen != f.gen || p.ended {
 			continue
 		}
-		a.log.Error("killing a rank whose protected state is corrupt", "rank", f.rank, "generation", f.gen, "err", f.err)
+		a.log.Error("killing a rank whose state protection failed", "rank", f.rank, "generation", f.gen, "err", f.err)
 		p.failWith(f.err.Error())
 	}
 }

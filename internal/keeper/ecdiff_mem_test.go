@@ -46,6 +46,22 @@ func snapHeld(t *testing.T, s *service) (held uint64, retained int, noRoom int64
 // replicator's stop gives every byte back.
 func TestECDiffRetainedReserve(t *testing.T) {
 	const k, m, every = 2, 2, 3
+	// The hook is set before the job starts and put back after it closed
+	// (the cleanup registered first runs last): its replicators read it.
+	// It acts once armed, on the rank set then.
+	var (
+		hmu    sync.Mutex
+		armed  *service // guarded by hmu; nil: the hook does nothing
+		onHold func(x *replicator)
+	)
+	t.Cleanup(func() { testHookSnapHold = nil })
+	testHookSnapHold = func(x *replicator) {
+		hmu.Lock()
+		defer hmu.Unlock()
+		if armed != nil && x == &armed.rep {
+			onHold(x)
+		}
+	}
 	j := newECDiffRecJob(t, k, m, every, 0)
 	r := -1
 	for x, hs := range j.holders {
@@ -72,8 +88,9 @@ func TestECDiffRetainedReserve(t *testing.T) {
 	calls := 0
 	var heldAt [2]uint64
 	var refAt [2]bool
-	testHookSnapHold = func(x *replicator) {
-		if x != &s.rep || calls >= 2 {
+	hmu.Lock()
+	armed, onHold = s, func(x *replicator) {
+		if calls >= 2 {
 			return
 		}
 		heldAt[calls], refAt[calls] = x.ecb.heldBytes, x.ref != nil
@@ -86,13 +103,16 @@ func TestECDiffRetainedReserve(t *testing.T) {
 		h.store.mu.Unlock()
 		calls++
 	}
-	t.Cleanup(func() { testHookSnapHold = nil })
+	hmu.Unlock()
 	j.run(4*every+1, 8*every)
-	testHookSnapHold = nil
+	hmu.Lock()
+	armed = nil
+	n := calls
+	hmu.Unlock()
 	held, retained, noRoom := snapHeld(t, s)
 	switch {
-	case calls < 2:
-		t.Fatalf("rank %d: %d snapshots asked for after the limit was set, want 2", r, calls)
+	case n < 2:
+		t.Fatalf("rank %d: %d snapshots asked for after the limit was set, want 2", r, n)
 	case noRoom != 5*every:
 		t.Fatalf("rank %d: the reserve refused the snapshot of step %d, want %d", r, noRoom, 5*every)
 	case heldAt[1] != heldAt[0] || refAt[0] || refAt[1]:
