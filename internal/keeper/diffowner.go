@@ -249,6 +249,10 @@ func (r *replicator) truncateDiffs(g int64) {
 	// anchors from now on are of that placement's trajectory (logBegin
 	// carries its epoch; the holders fence no log anchored under it).
 	r.ecb.resumedEpoch = r.s.h.place().epoch
+	// A snapshot refused before is asked for anew: the wait for room
+	// starts again (ecdiff_mem.go).
+	r.ecb.noRoom = 0
+	r.stopSnapRetryLocked()
 	// Diff mode under EC: the bases after g are of an abandoned
 	// trajectory; the schedule goes on from the next base after what is
 	// left.

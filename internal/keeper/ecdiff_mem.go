@@ -27,8 +27,12 @@ import (
 )
 
 // snapNoRoomWait is how long the snapshot of one base step may be
-// refused by the reserve before the rank fails (tests shorten it).
-var snapNoRoomWait = slowWait
+// refused by the reserve before the rank fails (tests shorten it), and
+// snapNoRoomRetry how often the snapshot is asked for again meanwhile.
+var (
+	snapNoRoomWait  = slowWait
+	snapNoRoomRetry = time.Second
+)
 
 // holdSnapLocked reserves size bytes for the snapshot of base step about
 // to be taken, or logs (once per step) and returns why it cannot; stuck
@@ -44,15 +48,52 @@ func (r *replicator) holdSnapLocked(step int64, size uint64) (stuck bool, err er
 		if b.noRoom != step+1 {
 			b.noRoom, b.noRoomSince = step+1, time.Now()
 			r.s.h.log.Warn("a base waits: its snapshot does not fit in the host's replica-memory reserve", "rank", r.s.rank, "step", step, "err", err)
+			r.retrySnapLocked()
 			return false, err
 		}
 		if waited := time.Since(b.noRoomSince); waited >= snapNoRoomWait {
+			r.stopSnapRetryLocked()
 			return true, fmt.Errorf("rank %d: refused for %v (H cannot pass the base before its snapshot is taken): %w", r.s.rank, waited.Round(time.Millisecond), err)
 		}
+		r.retrySnapLocked()
 		return false, err
 	}
+	r.stopSnapRetryLocked()
 	b.heldBytes += size
 	return false, nil
+}
+
+// retrySnapLocked has the loop run again while a base's snapshot waits
+// for room (at most snapNoRoomRetry from now, and when the wait's bound
+// is reached): nothing else would run it once the ranks wait at the
+// overwrite rule (G at the cap: they commit nothing, and a round with
+// nothing to send ends the loop), and both the retry and the bound are
+// checked only when the loop asks again. r.mu is held.
+func (r *replicator) retrySnapLocked() {
+	b := &r.ecb
+	r.stopSnapRetryLocked()
+	d := min(snapNoRoomRetry, max(snapNoRoomWait-time.Since(b.noRoomSince), 0)) + time.Millisecond
+	b.noRoomRetry = time.AfterFunc(d, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		switch {
+		case r.stopped || r.failed:
+		case r.running:
+			// Its next round asks again, unless this was its last:
+			// look again later.
+			r.retrySnapLocked()
+		default:
+			r.startLocked()
+		}
+	})
+}
+
+// stopSnapRetryLocked stops retrySnapLocked's timer. r.mu is held.
+func (r *replicator) stopSnapRetryLocked() {
+	if t := r.ecb.noRoomRetry; t != nil {
+		t.Stop()
+		r.ecb.noRoomRetry = nil
+	}
 }
 
 // testHookSnapHold, if set (by tests), is called before a snapshot's

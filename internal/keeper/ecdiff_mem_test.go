@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // snapHeld returns what rank r's replicator holds reserved for its
@@ -143,11 +144,18 @@ func TestECDiffRetainedReserve(t *testing.T) {
 // base's snapshot the host's replica-memory reserve keeps refusing (the
 // reserve stays full: H cannot move past the base before the snapshot
 // is taken, so nothing frees it) fails once the refusals outlast
-// snapNoRoomWait (set to nothing here: the second refusal), with an
+// snapNoRoomWait (nothing: the second refusal; or 300 ms, after the ranks
+// stopped committing: the loop is run again to ask, retrySnapLocked), with an
 // error naming the reserve (errNoRoom) handed to Config.Failed and to
 // the rank's next Stage, rather than leaving G at the cap and every rank
 // waiting at the overwrite rule with no error.
 func TestECDiffRetainedReserveFull(t *testing.T) {
+	for _, wait := range []time.Duration{0, 300 * time.Millisecond} {
+		t.Run(wait.String(), func(t *testing.T) { testRetainedReserveFull(t, wait) })
+	}
+}
+
+func testRetainedReserveFull(t *testing.T, wait time.Duration) {
 	const k, m, every = 2, 2, 3
 	// The hook and the bound are set before the job starts and put back
 	// after it closed (the cleanup registered first runs last): its
@@ -155,9 +163,9 @@ func TestECDiffRetainedReserveFull(t *testing.T) {
 	var cmu sync.Mutex
 	var full *Keeper // the host whose reserve stays full, once set
 	calls := map[int]int{}
-	w := snapNoRoomWait
-	t.Cleanup(func() { testHookSnapHold, snapNoRoomWait = nil, w })
-	snapNoRoomWait = 0
+	w, rt := snapNoRoomWait, snapNoRoomRetry
+	t.Cleanup(func() { testHookSnapHold, snapNoRoomWait, snapNoRoomRetry = nil, w, rt })
+	snapNoRoomWait, snapNoRoomRetry = wait, 20*time.Millisecond
 	testHookSnapHold = func(x *replicator) {
 		cmu.Lock()
 		h := full

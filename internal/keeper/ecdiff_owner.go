@@ -107,6 +107,7 @@ type ecBase struct {
 	// reserve refused (logged once), first at noRoomSince.
 	noRoom      int64
 	noRoomSince time.Time
+	noRoomRetry *time.Timer // runs the loop again while a snapshot waits (retrySnapLocked)
 	// shares is the send of the current refresh's shares in flight, or
 	// nil; stopping is the last one cancelled (dropRefLocked), which may
 	// still run: the next run waits for it before it sends (the runs
@@ -287,6 +288,7 @@ func (r *replicator) snapshotDueEC() {
 		size += uint64(s.regions[i].Size)
 	}
 	s.mu.Unlock()
+	gen0 := s.h.Gen() // a failure below is this generation's
 	r.mu.Lock()
 	b := r.schedLocked(p)
 	r.settleSnapsLocked()
@@ -312,7 +314,11 @@ func (r *replicator) snapshotDueEC() {
 			// naming the reserve, rather than stalling the job.
 			r.failed = true
 			r.mu.Unlock()
-			s.fail(s.h.Gen(), err)
+			if s.h.Gen() == gen0 {
+				// (A restart since would have this loop's
+				// failure taken for its new process's.)
+				s.fail(gen0, err)
+			}
 			return
 		}
 		if err != nil {

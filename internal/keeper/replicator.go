@@ -237,6 +237,7 @@ func (r *replicator) resume(step int64) {
 func (r *replicator) stop() {
 	r.mu.Lock()
 	r.stopped = true
+	r.stopSnapRetryLocked()
 	r.mu.Unlock()
 	r.reset()
 	r.releaseSnaps() // the retained snapshots' reservation (ecdiff_mem.go)
