@@ -52,10 +52,12 @@ func (e RankAborted) String() string {
 }
 
 // abortWait is a told abort whose rank's exit the window's decision
-// waits for: the rank's host when it was told, and until when.
+// waits for: the rank's host when it was told, until when, and the
+// order it was told in (seq, from 1).
 type abortWait struct {
 	host  int
 	until time.Duration
+	seq   int
 }
 
 // onRankAborted notes the abort of a rank of the current generation, on
@@ -66,10 +68,31 @@ func (m *Machine) onRankAborted(e RankAborted) {
 		return // of an earlier generation, a host it left, or its exit came first
 	}
 	m.contact(e.Host)
+	if w, ok := m.abortWaits[r]; ok && w.host == e.Host {
+		return // told again: the first notice's place and bound stand
+	}
 	if m.abortWaits == nil {
 		m.abortWaits = map[int]abortWait{}
 	}
-	m.abortWaits[r] = abortWait{host: e.Host, until: m.now + abortExitWait}
+	m.abortWaits[r] = abortWait{host: e.Host, until: m.now + abortExitWait, seq: len(m.abortWaits) + 1}
+}
+
+// toldFirst reports whether rank r's abort, on its current host, was
+// told before rank q's (or q's was not told at all).
+func (m *Machine) toldFirst(r, q int) bool {
+	wr, ok := m.abortWaits[r]
+	if !ok || wr.host != m.rankHost[r] {
+		return false
+	}
+	wq, ok := m.abortWaits[q]
+	return !ok || wq.host != m.rankHost[q] || wr.seq < wq.seq
+}
+
+// abortWaiting reports whether rank r's told abort is awaited: its
+// exit will come (its agent killed it), so it is not hung.
+func (m *Machine) abortWaiting(r int) bool {
+	w, ok := m.abortWaits[r]
+	return ok && !m.ended[r] && m.rankHost[r] == w.host && m.now < w.until
 }
 
 // abortExitDue reports whether the window's decision waits for the exit
@@ -79,10 +102,9 @@ func (m *Machine) abortExitDue() (time.Duration, bool) {
 	var until time.Duration
 	due := false
 	for r, w := range m.abortWaits {
-		if m.ended[r] || m.rankHost[r] != w.host || m.now >= w.until {
-			continue
+		if m.abortWaiting(r) {
+			until, due = max(until, w.until), true
 		}
-		until, due = max(until, w.until), true
 	}
 	return until, due
 }

@@ -65,6 +65,15 @@ func TestRankAborted(t *testing.T) {
 		{"abort with code 0 after a peer's 1", 0,
 			[]at{{1000 * ms, notice(0)}, {1010 * ms, peer(0, 1)}, {1300 * ms, Tick{}}, {1400 * ms, exit(0)}},
 			true, 0, "rank 1 on host a (pid 42) called MPI_Abort with exit code 0", 1, 2, false},
+		// A peer fails of the abort in MPI_Init and MPICH aborts it (code
+		// 1), its exit first: the abort told first is the failure.
+		{"a peer's abort on the fatal error, its exit before the abort's", 3,
+			[]at{{1000 * ms, notice(7)}, {1010 * ms, RankAborted{Rank: 2, Host: 1, Code: 1}}, {1020 * ms, peerAbort(2, 1)}, {1300 * ms, Tick{}}, {1400 * ms, exit(7)}},
+			true, 7, abortMsg7, 1, 2, false},
+		// The notice comes as the window ends, before the Tick.
+		{"a notice after the window, before its tick", 0,
+			[]at{{1000 * ms, peer(0, 1)}, {1300 * ms, notice(7)}, {1400 * ms, exit(7)}},
+			true, 7, abortMsg7, 1, 2, false},
 		{"notice then its exit: one failure", 0,
 			[]at{{1000 * ms, notice(7)}, {1100 * ms, exit(7)}, {1400 * ms, Tick{}}},
 			true, 7, abortMsg7, 1, 1, false},

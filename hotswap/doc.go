@@ -12,7 +12,9 @@
 // restore state, report, abort). The machine does no I/O, starts no
 // goroutine and never reads a clock: time arrives with every event, as the
 // time since the job started. The failure window closes on the first event
-// at or after its end; the other deadlines (suspect timeout, heartbeat and
+// at or after its end (or, when a rank's MPI_Abort was told before its
+// exit, once that exit came, at most three seconds later: [RankAborted]);
+// the other deadlines (suspect timeout, heartbeat and
 // hang timeouts) are checked on [Tick], and [Machine.NextDeadline] says
 // when one is due. The same events at the same times always give the same
 // actions. A Machine is not

@@ -276,11 +276,17 @@ func (m *Machine) Recovering() bool { return m.rec != nil }
 // Step feeds the machine event e at time now (since the job's start; a
 // time before the last one counts as the last one) and returns what the
 // caller must do, in order. The pending failure window closes on any
-// event at or after its end; the other deadlines (suspicion, heartbeat,
+// event at or after its end, unless it waits for a told abort's exit
+// (abort.go); the other deadlines (suspicion, heartbeat,
 // hang) are checked on [Tick]. The returned slice is the caller's.
 func (m *Machine) Step(now time.Duration, e Event) []Action {
 	m.now = max(m.now, now)
 	m.out = nil
+	if a, ok := e.(RankAborted); ok {
+		// Before the window's decision, which it may make wait (a
+		// notice that comes as the window ends).
+		m.onRankAborted(a)
+	}
 	if m.pending != nil && m.now >= m.pendingAt {
 		if _, wait := m.abortExitDue(); !wait {
 			m.decide()
@@ -290,7 +296,7 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 	case RankExited:
 		m.onRankExited(e)
 	case RankAborted:
-		m.onRankAborted(e)
+		// (Taken above.)
 	case AgentExited:
 		if m.host(e.Host) {
 			if m.alive[e.Host] {
@@ -509,7 +515,7 @@ func (m *Machine) onTick() {
 	// a tie, the one whose progress is oldest.
 	hung, since, step := -1, time.Duration(0), int64(0)
 	for r, p := range m.lastProg {
-		if p < 0 || m.ended[r] {
+		if p < 0 || m.ended[r] || m.abortWaiting(r) {
 			continue
 		}
 		p = max(p, m.runningSince)

@@ -77,7 +77,11 @@ func (m *Machine) onRankExited(e RankExited) {
 		// The rank blamed for the last restart, reported first, may
 		// only have lost this one as a peer: blaming it would take a
 		// failure of another rank for a crash loop.
-		f.signaled == m.pending.signaled && m.pending.rank == m.blamed && r != m.blamed:
+		f.signaled == m.pending.signaled && m.pending.rank == m.blamed && r != m.blamed,
+		// Of two aborts, the one told first: the others follow from it
+		// (MPICH aborts on the fatal error a dead peer causes), and
+		// their exits may come before its own (abort.go).
+		f.abort && m.pending.abort && m.toldFirst(r, m.pending.rank):
 		f.at = m.pending.at
 		m.pending = f
 	}
