@@ -1,15 +1,11 @@
 package keeper
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"maps"
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/gorun/gorun/internal/diffstore"
 )
 
 // TestGetLogLabel: a getLog carries the restore's label (restart
@@ -110,26 +106,7 @@ func TestGetLogLabel(t *testing.T) {
 
 	// Host 1 keeps rank 0's steps 3 to 12 as a log-only copy only (its
 	// stores go: they would serve the steps otherwise).
-	regions := make([]diffstore.Region, len(want))
-	for i, e := range want {
-		regions[i] = diffstore.Region{Name: e.name, Size: e.size}
-	}
-	lg, err := diffstore.NewLog(regions, diffstore.Optimizer{Region: diffOpt.Region, N: diffOpt.N, WOff: diffOpt.W, MOff: diffOpt.M, VOff: diffOpt.V})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lg.TruncateThrough(2)
-	o.mu.Lock()
-	cur := o.cur
-	o.mu.Unlock()
-	err = cur.Records(2, 12, func(d diffstore.Diff) error {
-		d.Record = bytes.Clone(d.Record)
-		d.Other = maps.Clone(d.Other)
-		return lg.Append(d)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	lg := logOfStore(t, o, want, 2, 12)
 	o.mu.Lock()
 	o.log, o.logSeq, o.logFenced = lg, c.hosts[1].place().seq, false
 	o.cur, o.prev, o.bw = nil, nil, nil

@@ -128,26 +128,10 @@ func TestGetLog(t *testing.T) {
 	// A log-only holder's Log is served before the clear store: give
 	// host 1 one with steps 3 to 12 of its store, then damage the
 	// store's record of step 7.
-	regions := make([]diffstore.Region, len(want))
-	for i, e := range want {
-		regions[i] = diffstore.Region{Name: e.name, Size: e.size}
-	}
-	lg, err := diffstore.NewLog(regions, diffstore.Optimizer{Region: diffOpt.Region, N: diffOpt.N, WOff: diffOpt.W, MOff: diffOpt.M, VOff: diffOpt.V})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lg.TruncateThrough(2)
+	lg := logOfStore(t, o, want, 2, 12)
 	o.mu.Lock()
 	cur := o.cur
 	o.mu.Unlock()
-	err = cur.Records(2, 12, func(d diffstore.Diff) error {
-		d.Record = bytes.Clone(d.Record)
-		d.Other = maps.Clone(d.Other)
-		return lg.Append(d)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	damage := func(step int64) {
 		t.Helper()
 		if err := cur.Records(step-1, step, func(d diffstore.Diff) error { d.Record[len(d.Record)/2] ^= 0x40; return nil }); err != nil {
@@ -242,4 +226,31 @@ func TestReplayIntoMismatch(t *testing.T) {
 	if err := c.hosts[0].svc(0).replayInto(ds, 2, 6, fs[len(fs)-1].table, views); err == nil {
 		t.Fatal("replayInto of a store without the log's steps succeeded")
 	}
+}
+
+// logOfStore is a log-only copy of the steps (from, to] of o's clear
+// store, in want's regions: what a log-only holder keeps of them.
+func logOfStore(t *testing.T, o *ownerReplica, want []tableEntry, from, to int64) *diffstore.Log {
+	t.Helper()
+	regions := make([]diffstore.Region, len(want))
+	for i, e := range want {
+		regions[i] = diffstore.Region{Name: e.name, Size: e.size}
+	}
+	lg, err := diffstore.NewLog(regions, diffstore.Optimizer{Region: diffOpt.Region, N: diffOpt.N, WOff: diffOpt.W, MOff: diffOpt.M, VOff: diffOpt.V})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lg.TruncateThrough(from)
+	o.mu.Lock()
+	cur := o.cur
+	o.mu.Unlock()
+	err = cur.Records(from, to, func(d diffstore.Diff) error {
+		d.Record = bytes.Clone(d.Record)
+		d.Other = maps.Clone(d.Other)
+		return lg.Append(d)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lg
 }
