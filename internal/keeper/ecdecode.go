@@ -184,17 +184,35 @@ func newDecoder(d ecDecode) (*decoder, error) {
 			return nil, fmt.Errorf("ec decode: view %q is not in the lost rank's table", name)
 		}
 	}
-	// A chunk never spans regions: no buffer need be longer than the
-	// longest region.
-	var longest int64
-	for _, r := range dec.regions {
-		longest = max(longest, r.size)
-	}
-	dec.chunk = int(min(int64(dec.chunk), longest))
+	dec.chunk = decodeBufLen(dec.chunk, d.table)
 	for i, s := range d.sources {
 		dec.alive[i] = s != nil && i != d.lost
 	}
 	return dec, nil
+}
+
+// decodeBufLen is the length of each of a decode's buffers for a member
+// with table t: chunk, never more than the longest region (a chunk never
+// spans regions).
+func decodeBufLen(chunk int, t []tableEntry) int {
+	var longest int64
+	for _, e := range t {
+		longest = max(longest, e.size)
+	}
+	return int(min(int64(chunk), longest))
+}
+
+// decodeBufBytes is the most a decode of a member with table t in a k+m
+// stripe holds in buffers, which a restore reserves before it decodes
+// (ecrestore_mem.go): two buffer sets, each with one buffer per source it
+// read, at most every source but the lost member's (replacements of
+// dropped sources included), each decodeBufLen long (chunk 0:
+// ecDecodeChunk).
+func decodeBufBytes(k, m int, t []tableEntry, chunk int) uint64 {
+	if chunk <= 0 {
+		chunk = ecDecodeChunk
+	}
+	return 2 * uint64(k+m-1) * uint64(decodeBufLen(chunk, t))
 }
 
 // fetch is the reads of one chunk, [off, off+n) of the shards, into one

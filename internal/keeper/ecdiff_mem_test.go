@@ -64,16 +64,7 @@ func TestECDiffRetainedReserve(t *testing.T) {
 		}
 	}
 	j := newECDiffRecJob(t, k, m, every, 0)
-	r := -1
-	for x, hs := range j.holders {
-		if len(hs) == 0 {
-			r = x
-			break
-		}
-	}
-	if r < 0 {
-		t.Fatal("no rank runs on its data host")
-	}
+	r := ownDataRank(t, j)
 	h := j.c.hosts[j.hostOf[r]]
 	s := h.svc(r)
 	j.run(0, 4*every)
@@ -181,16 +172,7 @@ func testRetainedReserveFull(t *testing.T, wait time.Duration) {
 		h.store.mu.Unlock()
 	}
 	j := newECDiffRecJob(t, k, m, every, 0)
-	r := -1
-	for x, hs := range j.holders {
-		if len(hs) == 0 {
-			r = x
-			break
-		}
-	}
-	if r < 0 {
-		t.Fatal("no rank runs on its data host")
-	}
+	r := ownDataRank(t, j)
 	h := j.c.hosts[j.hostOf[r]]
 	j.run(0, 4*every)
 	// Every rank of the host (each on its data host) is refused: the
@@ -242,4 +224,17 @@ func testRetainedReserveFull(t *testing.T, wait time.Duration) {
 		t.Fatalf("rank %d's last request: %v; want its Stage refused with the reserve named", fr, err)
 	}
 	t.Logf("rank %d: %v", fr, f.err)
+}
+
+// ownDataRank is a rank of j that runs on its own data host (no clear
+// copy elsewhere: it retains its base snapshots).
+func ownDataRank(t *testing.T, j *ecDiffRecJob) int {
+	t.Helper()
+	for x, hs := range j.holders {
+		if len(hs) == 0 {
+			return x
+		}
+	}
+	t.Fatal("no rank runs on its data host")
+	return -1
 }

@@ -73,19 +73,3 @@ func (m *memHold) shrink(n uint64) {
 
 // release gives every byte reserved back.
 func (m *memHold) release() { m.shrink(^uint64(0)) }
-
-// decodeBufBytes is the most a decode (ecdecode.go) of a member with
-// table t in a k+m stripe holds in chunk buffers: two buffer sets, each
-// with one buffer per source it read, at most every source but the lost
-// member's (replacements of dropped sources included), each chunk bytes
-// (0: ecDecodeChunk), at most the longest region's.
-func decodeBufBytes(k, m int, t []tableEntry, chunk int) uint64 {
-	if chunk <= 0 {
-		chunk = ecDecodeChunk
-	}
-	var longest int64
-	for _, e := range t {
-		longest = max(longest, e.size)
-	}
-	return 2 * uint64(k+m-1) * uint64(min(int64(chunk), longest))
-}

@@ -29,12 +29,7 @@ func restoring(h *Keeper) (uint64, uint64) {
 // it with errNoRoom, the reserve unchanged.
 func TestECRestoreReserve(t *testing.T) {
 	const k, m, every = 2, 2, 3
-	j := newECDiffRecJob(t, k, m, every, 0)
-	j.run(0, 3*every+5)
-	g, hb := j.published()
-	if hb < 0 || hb >= g {
-		t.Fatalf("G %d, H %d: want a log to replay after H", g, hb)
-	}
+	j, g, hb := logAfterH(t, k, m, every)
 	const r = 0
 	h := j.c.hosts[j.hostOf[r]]
 	s := h.svc(r)
@@ -153,12 +148,7 @@ func TestECRestoreReserve(t *testing.T) {
 // once there is room may restore), every byte given back.
 func TestECRestoreReserveLogNoRoom(t *testing.T) {
 	const k, m, every = 2, 2, 3
-	j := newECDiffRecJob(t, k, m, every, 0)
-	j.run(0, 3*every+5)
-	g, hb := j.published()
-	if hb < 0 || hb >= g {
-		t.Fatalf("G %d, H %d: want a log to replay after H", g, hb)
-	}
+	j, g, hb := logAfterH(t, k, m, every)
 	const r = 0
 	h := j.c.hosts[j.hostOf[r]]
 	s := h.svc(r)
@@ -270,4 +260,18 @@ func TestECRestoreDecodeFallsToDisk(t *testing.T) {
 	if got := res[0]; errs[0] != nil || got.Step != g {
 		t.Fatalf("rank 0, hosts %v of a 2+2 group lost, the durable tier reaching G %d: %+v, %v; want a restore at G", lost, g, got, errs[0])
 	}
+}
+
+// logAfterH runs a k+m diff-mode-under-EC job of bases every every steps
+// until G is past H (a restore decodes at H and replays a log up to G),
+// and returns it with G and H.
+func logAfterH(t *testing.T, k, m, every int) (*ecDiffRecJob, int64, int64) {
+	t.Helper()
+	j := newECDiffRecJob(t, k, m, every, 0)
+	j.run(0, int64(3*every+5))
+	g, hb := j.published()
+	if hb < 0 || hb >= g {
+		t.Fatalf("G %d, H %d: want a log to replay after H", g, hb)
+	}
+	return j, g, hb
 }
