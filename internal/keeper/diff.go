@@ -41,9 +41,11 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"net"
 
+	"github.com/gorun/gorun/internal/diffstore"
 	"github.com/gorun/gorun/protect"
 	"github.com/gorun/gorun/replay"
 )
@@ -116,6 +118,9 @@ func frameHead(h linkHdr, t []tableEntry, length uint64, pre []byte) []byte {
 	return append(b, pre...)
 }
 
+// An optimizer descriptor (optDescSize bytes, in a base and a logBegin)
+// names the optimizer's region by its index in the frame's table, then
+// four reserved zero bytes, then the layout's N, W, M and V (protect.Optimizer).
 func appendOptDesc(b []byte, idx int, o *protect.Optimizer) []byte {
 	b = binary.BigEndian.AppendUint32(b, uint32(idx))
 	b = binary.BigEndian.AppendUint32(b, 0)
@@ -123,6 +128,24 @@ func appendOptDesc(b []byte, idx int, o *protect.Optimizer) []byte {
 		b = binary.BigEndian.AppendUint64(b, uint64(v))
 	}
 	return b
+}
+
+// parseOptDesc reads an optimizer descriptor (appendOptDesc) of a frame
+// whose table is t. The layout itself (N and the offsets within the
+// region) is diffstore's to check (diffstore.New, NewLog).
+func parseOptDesc(db []byte, t []tableEntry) (diffstore.Optimizer, error) {
+	if len(db) < optDescSize {
+		return diffstore.Optimizer{}, fmt.Errorf("optimizer descriptor of %d bytes, want %d", len(db), optDescSize)
+	}
+	idx := binary.BigEndian.Uint32(db)
+	if idx >= uint32(len(t)) {
+		return diffstore.Optimizer{}, fmt.Errorf("optimizer region %d of %d", idx, len(t))
+	}
+	if r := binary.BigEndian.Uint32(db[4:]); r != 0 {
+		return diffstore.Optimizer{}, fmt.Errorf("optimizer descriptor: reserved bytes %#x, want 0", r)
+	}
+	u64 := func(i int) int64 { return int64(binary.BigEndian.Uint64(db[i:])) }
+	return diffstore.Optimizer{Region: t[idx].name, N: u64(8), WOff: u64(16), MOff: u64(24), VOff: u64(32)}, nil
 }
 
 func appendDiffDesc(b []byte, od *ownerDiff) []byte {

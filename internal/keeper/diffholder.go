@@ -1,7 +1,6 @@
 package keeper
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -275,12 +274,10 @@ func (st *replicaStore) base(c net.Conn, h linkHdr, t []tableEntry) error {
 	if _, err := io.ReadFull(c, db[:]); err != nil {
 		return err
 	}
-	idx := int(binary.BigEndian.Uint32(db[:]))
-	u64 := func(i int) int64 { return int64(binary.BigEndian.Uint64(db[i:])) }
-	if idx >= len(t) {
-		return fmt.Errorf("base: optimizer region %d of %d", idx, len(t))
+	opt, err := parseOptDesc(db[:], t)
+	if err != nil {
+		return fmt.Errorf("base: %w", err)
 	}
-	opt := diffstore.Optimizer{Region: t[idx].name, N: u64(8), WOff: u64(16), MOff: u64(24), VOff: u64(32)}
 	refuse := func(why uint32, msg string) error {
 		if err := drain(c, total); err != nil {
 			return err

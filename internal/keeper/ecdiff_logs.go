@@ -163,12 +163,10 @@ func (st *replicaStore) logBegin(c net.Conn, h linkHdr, t []tableEntry) error {
 		return err
 	}
 	epoch := binary.BigEndian.Uint64(db[optDescSize:])
-	idx := int(binary.BigEndian.Uint32(db[:]))
-	if idx >= len(t) {
-		return fmt.Errorf("log begin: optimizer region %d of %d", idx, len(t))
+	opt, err := parseOptDesc(db[:], t)
+	if err != nil {
+		return fmt.Errorf("log begin: %w", err)
 	}
-	u64 := func(i int) int64 { return int64(binary.BigEndian.Uint64(db[i:])) }
-	opt := diffstore.Optimizer{Region: t[idx].name, N: u64(8), WOff: u64(16), MOff: u64(24), VOff: u64(32)}
 	regions := make([]diffstore.Region, len(t))
 	for i, e := range t {
 		regions[i] = diffstore.Region{Name: e.name, Size: e.size}

@@ -281,6 +281,11 @@ func FuzzLinkFrames(f *testing.F) {
 	f.Add(hdr(linkHdr{kind: kindPut, count: 65535, owner: 1 << 31, step: math.MaxInt64}))
 	f.Add(append(hdr(linkHdr{kind: kindPut, count: 2}), appendTable(nil, []tableEntry{{"a", 1, 0}, {"a", 1, 0}})...))
 	f.Add(append(hdr(linkHdr{kind: kindPut, count: 1}), 0xff, 'a'))
+	// A logBegin: a base's header and table, then the optimizer
+	// descriptor and the owner's epoch.
+	lb := append(hdr(linkHdr{kind: kindBase, count: 2, owner: 3, holder: 5, step: 7, gen: 1, length: logBeginSize}), appendTable(nil, tbl)...)
+	lb = appendOptDesc(lb, 0, &protect.Optimizer{Region: "optimizer", N: 250, W: 0, M: 1000, V: 2000})
+	f.Add(binary.BigEndian.AppendUint64(lb, 9))
 	f.Add([]byte{})
 	f.Add([]byte{linkMagic})
 
