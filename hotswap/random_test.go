@@ -64,7 +64,7 @@ func randomConfig(rng *rand.Rand) (Config, bool) {
 func randomEvent(rng *rand.Rand, c *Config, m *Machine) Event {
 	r := rng.IntN(c.World+2) - 1 // sometimes out of range
 	h := rng.IntN(len(c.Hosts)+2) - 1
-	switch rng.IntN(16) {
+	switch rng.IntN(17) {
 	case 0, 1:
 		host := h
 		if m.rank(r) && rng.IntN(4) > 0 {
@@ -107,6 +107,15 @@ func randomEvent(rng *rand.Rand, c *Config, m *Machine) Event {
 		return Replicated{Owner: r}
 	case 14:
 		return RecoveryReport{Epoch: max(m.epoch, 1) - uint64(rng.IntN(2)), Stage: Stage(rng.IntN(4))}
+	case 15:
+		// An MPI_Abort told before the rank's exit (which a later
+		// RankExited with Abort set may or may not bring), now and then
+		// of another host or an earlier generation.
+		host, gen := h, m.gen-uint64(rng.IntN(2))
+		if m.rank(r) && rng.IntN(4) > 0 {
+			host = m.rankHost[r]
+		}
+		return RankAborted{Rank: r, Host: host, Gen: gen, Code: rng.IntN(3), Msg: "random abort"}
 	}
 	return Tick{}
 }
@@ -183,6 +192,13 @@ func TestRandomEvents(t *testing.T) {
 			}
 			if p, ok := e.(Progress); ok && m.rank(p.Rank) {
 				committed[p.Rank] = max(committed[p.Rank], p.Step)
+			}
+			if g, ok := e.(GPublished); ok {
+				// G is a step every rank has committed (and replicated),
+				// whatever Progress events said before or say after.
+				for r := range committed {
+					committed[r] = max(committed[r], g.G)
+				}
 			}
 			where := fmt.Sprintf("seed %d step %d (%v)", seed, i, e)
 			acts := m.Step(now, e)
