@@ -28,6 +28,7 @@ func (a *agent) startSweep() {
 		}
 		sweepSlots(slots, shm, mp, log)
 		sweepJobDirsLog("", log)
+		sweepSockDirsLog(shm, "", log)
 	})
 }
 
@@ -60,9 +61,10 @@ func (a *agent) start(t *wire.EpochTable) error {
 		return err
 	}
 	a.jobDir, a.dir = jd, jd.path
-	// Swept after the job directory is held: a sweep started before
-	// would find it made and not yet locked, take it for an ended
-	// agent's, and this agent would make another.
+	a.sockDir = makeSockDir(a.shmDir(), a.cfg.Job, nil, a.log)
+	// Swept after the job and socket directories are held: a sweep
+	// started before would find one made and not yet locked, take it
+	// for an ended agent's, and this agent would make another.
 	a.startSweep()
 	dir := jd.path
 	// The ranks of a host share one temporary directory (TMPDIR) inside the
@@ -129,10 +131,15 @@ func (a *agent) start(t *wire.EpochTable) error {
 	return nil
 }
 
-// rankSocket is rank's socket: a file in the job's directory, which only
-// the job's user may enter (serve checks the peer's uid as well).
+// rankSocket is rank's socket: a file in the agent's socket directory
+// (or, without one, its job directory), which only the job's user may
+// enter (serve checks the peer's uid as well).
 func (a *agent) rankSocket(rank int) string {
-	return filepath.Join(a.dir, "rank-"+strconv.Itoa(rank)+".sock")
+	dir := a.dir
+	if a.sockDir != nil {
+		dir = a.sockDir.path
+	}
+	return filepath.Join(dir, "rank-"+strconv.Itoa(rank)+".sock")
 }
 
 // listen makes sure rank has its socket, before it starts (so that it is
