@@ -117,3 +117,38 @@ func TestSockDirFallback(t *testing.T) {
 		t.Errorf("rank socket %s, want %s", got, want)
 	}
 }
+
+// TestCleanSockDirs: gorun clean lists (-n) and removes the socket
+// directories in a tmpfs ShmDir that nobody holds, and keeps a held one.
+func TestCleanSockDirs(t *testing.T) {
+	shm := shmTmpDir(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	held := makeSockDir(shm, "livejob", nil, log)
+	if held == nil {
+		t.Fatal("no socket directory on a tmpfs")
+	}
+	defer held.remove()
+	ended := filepath.Join(shm, "gorun-endedjob-7.sock")
+	if err := os.Mkdir(ended, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ended, "rank-0.sock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, dry := range []bool{true, false} {
+		c, err := Clean(CleanOptions{DryRun: dry, TempDir: t.TempDir(), ShmDir: shm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(c.SockDirs) != 1 || c.SockDirs[0] != ended {
+			t.Errorf("dry run %v: socket directories %q, want %q", dry, c.SockDirs, ended)
+		}
+		_, err = os.Stat(ended)
+		if gone := errors.Is(err, os.ErrNotExist); gone != !dry {
+			t.Errorf("dry run %v: the ended job's socket directory removed: %v (%v)", dry, gone, err)
+		}
+		if _, err := os.Stat(held.path); err != nil {
+			t.Errorf("dry run %v: the held socket directory: %v", dry, err)
+		}
+	}
+}
