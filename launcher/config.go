@@ -116,10 +116,6 @@ type Config struct {
 	// serves its status to `gorun status` (status.go).
 	Registry         string
 	RegistryFallback []string
-	// StatusKey, when not nil, is the status credential's key pair in
-	// the making (StartStatusKey), taken when Registry is set; Run waits
-	// for it on every path. Nil: Run makes one.
-	StatusKey *StatusKey
 	// Metrics, when not "", is the address of the job's Prometheus
 	// endpoint (--metrics; metrics.go): HOST:PORT, or :PORT for loopback;
 	// port 0 picks a free one.

@@ -57,7 +57,7 @@ type job struct {
 	status  *statusState // gorun status (status.go), or nil
 	// statusKey is the status credential's key pair in the making
 	// (statusInit takes it), or nil.
-	statusKey *StatusKey
+	statusKey *statusKey
 	metrics   *metrics // --metrics (metrics.go), or nil
 
 	hosts []*hostAgent
@@ -165,10 +165,7 @@ func NewJobID() string {
 // tells a usage error.
 func Run(ctx context.Context, c Config) (int, error) {
 	phasetrace.Mark("run")
-	sk := c.StatusKey
-	if sk == nil {
-		sk = newStatusKey(c.Registry != "")
-	}
+	sk := newStatusKey(c.Registry != "")
 	if sk != nil {
 		defer sk.wait()
 	}

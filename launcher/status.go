@@ -70,37 +70,22 @@ type statusReq struct {
 	out   chan *jobstatus.Snapshot // buffered, 1
 }
 
-// StatusKey is the status credential's key pair, made by a goroutine of
-// its own as soon as the job is known to run (StartStatusKey, before
-// Run; else as Run begins): a process's first ed25519 key costs some 1.2
-// ms (crypto/ed25519 builds its base-point table), which then overlaps
-// the command line's and Run's set-up instead of delaying the control
-// plane's start.
-type StatusKey struct {
+// statusKey is the status credential's key pair, made by a goroutine of
+// its own as Run begins: a process's first ed25519 key costs some 1.2 ms
+// (crypto/ed25519 builds its base-point table), which then overlaps
+// planning the job instead of delaying the control plane's start.
+type statusKey struct {
 	done chan struct{} // closed when kp and err are set
 	kp   nkeys.KeyPair
 	err  error
 }
 
-// StartStatusKey starts making a status key pair, for Config.StatusKey.
-// Its caller owns the goroutine making it: Run waits for it, and a caller
-// that does not call Run calls Wait.
-func StartStatusKey() *StatusKey { return newStatusKey(true) }
-
-// Wait waits until the key pair is made (or its making failed). A nil
-// key has nothing to wait for.
-func (k *StatusKey) Wait() {
-	if k != nil {
-		<-k.done
-	}
-}
-
 // newStatusKey starts making the status key pair; nil if !need.
-func newStatusKey(need bool) *StatusKey {
+func newStatusKey(need bool) *statusKey {
 	if !need {
 		return nil
 	}
-	k := &StatusKey{done: make(chan struct{})}
+	k := &statusKey{done: make(chan struct{})}
 	go func() {
 		defer close(k.done)
 		k.kp, k.err = nkeys.CreateUser()
@@ -110,7 +95,7 @@ func newStatusKey(need bool) *StatusKey {
 
 // wait waits for the key pair (Run defers it: the goroutine never
 // outlives Run).
-func (k *StatusKey) wait() (nkeys.KeyPair, error) {
+func (k *statusKey) wait() (nkeys.KeyPair, error) {
 	if k == nil {
 		return nkeys.CreateUser()
 	}

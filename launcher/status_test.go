@@ -90,33 +90,6 @@ func TestStatusNotRegistered(t *testing.T) {
 	r.wait()
 }
 
-// TestStatusKeyGiven: a key pair started before Run (Config.StatusKey,
-// as the command line does) is the job's status credential.
-func TestStatusKeyGiven(t *testing.T) {
-	k := StartStatusKey()
-	want, err := k.wait()
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantPub, _ := want.PublicKey()
-	r := startRun(t, 1, `true`, func(c *Config) {
-		c.Registry, c.StatusKey = filepath.Join(t.TempDir(), "reg"), k
-		c.running = func(j *job) {
-			if j.status == nil {
-				t.Error("no status service with a registry")
-				return
-			}
-			if pub, _ := j.status.kp.PublicKey(); pub != wantPub {
-				t.Errorf("status key %s, want the given %s", pub, wantPub)
-			}
-		}
-	})
-	r.wait()
-	if r.code != 0 {
-		t.Fatalf("exit code %d", r.code)
-	}
-}
-
 func writeStop(path string) error { return os.WriteFile(path, nil, 0o600) }
 
 // TestStatusSignalRemovesEntry: a job stopped by a signal removes its

@@ -85,17 +85,11 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return reportError(stderr, err)
 	}
-	// A job is to run: its status key pair is made meanwhile (the
-	// process's first ed25519 key, about a millisecond), off the path to
-	// the control plane. Waited for on every path (Run waits as well).
-	sk := launcher.StartStatusKey()
-	defer sk.Wait()
 	cfg, err := opts.config(stdout, stderr)
 	if err != nil {
 		return reportError(stderr, err)
 	}
 	cfg.Stdout, cfg.Stderr = undying(stdout), undying(stderr)
-	cfg.StatusKey = sk
 	// gorun status finds the job in any of these (jobstatus.ListAll).
 	if dirs := jobstatus.Dirs(); len(dirs) > 0 {
 		cfg.Registry, cfg.RegistryFallback = dirs[0], dirs[1:]
