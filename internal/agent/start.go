@@ -73,8 +73,9 @@ func (a *agent) start(t *wire.EpochTable) error {
 	// directory (nothing else of the agent's goes in it then: Open MPI's
 	// directory is in /dev/shm too, ompiDir), else a directory "tmp"
 	// beside the sockets. Directory operations are slow on some file
-	// systems (a mkdir and an rmdir on ext4 mounted with discard: 1 to 3
-	// ms each, on the launch's path and its end's).
+	// systems, on the launch's path and its end's (ext4 mounted with
+	// discard, measured in a loop: mkdir 0.02 ms and rmdir 0.05 ms in the
+	// median, up to 1.5 ms; inside a launch under strace 10 and 3 ms).
 	tmp := jd.path
 	if a.sockDir == nil {
 		tmp = filepath.Join(jd.path, "tmp")
