@@ -119,9 +119,6 @@ type agent struct {
 	// sockDir is the ranks' socket directory in /dev/shm (sockdir.go);
 	// nil when the sockets are in dir.
 	sockDir *heldJobDir
-	// dirs are jobDir and sockDir in the making (prepareDirs); nil until
-	// setup starts them.
-	dirs *agentDirs
 	// swept is closed when the start's sweep of ended agents' leftovers
 	// (startSweep) is done; nil until it starts. cleanup waits for it.
 	swept chan struct{}

@@ -98,8 +98,6 @@ func (a *agent) setup(ctx context.Context, cancel context.CancelCauseFunc) (*lin
 	if len(mports) > 0 {
 		reg.MasterPort = mports[0]
 	}
-	// Made while the registration's answer comes (start waits for them).
-	a.dirs = a.prepareDirs()
 	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
 	a.spec, err = l.rv.Register(rctx, reg)
 	rcancel()
@@ -179,5 +177,4 @@ func (l *link) close(a *agent) {
 	if a.ctl != nil {
 		a.ctl.Close()
 	}
-	a.dirs.remove(a.log) // those start did not take
 }

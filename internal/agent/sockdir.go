@@ -21,7 +21,6 @@ package agent
 
 import (
 	"log/slog"
-	"os"
 	"syscall"
 )
 
@@ -72,56 +71,5 @@ func sweepSockDirsLog(shm, job string, log *slog.Logger) {
 	}
 	if len(swept) > 0 {
 		log.Info("removed the socket directories of ended agents", "dirs", swept)
-	}
-}
-
-// agentDirs are the agent's job and socket directories, made by a
-// goroutine of the agent's (prepareDirs) while it registers: a mkdir on a
-// disk file system takes from a tenth of a millisecond to a few (ext4
-// looking for a free inode), which then overlaps the registration's round
-// trip instead of delaying the ranks' start. start takes them (and
-// cleanup removes them); link.close removes what start did not take (an
-// agent that ended before its ranks started).
-type agentDirs struct {
-	done chan struct{} // closed when job, sock and err are set
-	job  *heldJobDir
-	sock *heldJobDir // nil: the sockets go in job
-	err  error       // makeJobDir's
-}
-
-// prepareDirs starts making the agent's directories.
-func (a *agent) prepareDirs() *agentDirs {
-	d := &agentDirs{done: make(chan struct{})}
-	parent, shm, job, log := os.TempDir(), a.shmDir(), a.cfg.Job, a.log
-	a.tasks.Go("job directories", func() {
-		defer close(d.done)
-		if d.job, d.err = makeJobDir(parent, job, nil); d.err == nil {
-			d.sock = makeSockDir(shm, job, nil, log)
-		}
-	})
-	return d
-}
-
-// take waits for the directories and hands them over: they are no
-// longer d's to remove.
-func (d *agentDirs) take() (job, sock *heldJobDir, err error) {
-	<-d.done
-	job, sock, err = d.job, d.sock, d.err
-	d.job, d.sock = nil, nil
-	return job, sock, err
-}
-
-// remove waits for the directories and removes those not taken. A nil d
-// (setup ended before it made them) has none.
-func (d *agentDirs) remove(log *slog.Logger) {
-	if d == nil {
-		return
-	}
-	job, sock, _ := d.take()
-	if err := job.remove(); err != nil {
-		log.Warn("cannot remove job directory", "err", err)
-	}
-	if err := sock.remove(); err != nil {
-		log.Warn("cannot remove socket directory", "err", err)
 	}
 }

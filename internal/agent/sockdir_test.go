@@ -152,33 +152,3 @@ func TestCleanSockDirs(t *testing.T) {
 		}
 	}
 }
-
-// TestAgentDirs: the directories made while the agent registers are
-// removed at its end when its ranks never started (nobody took them),
-// and left to their taker (start, then cleanup) otherwise.
-func TestAgentDirs(t *testing.T) {
-	tmp := t.TempDir()
-	t.Setenv("TMPDIR", tmp)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	a := newAgent(Config{Job: "dirsjob", Logger: log, shmDir: shmTmpDir(t)})
-	d := a.prepareDirs()
-	d.remove(log)
-	for _, dir := range []string{tmp, a.shmDir()} {
-		if left, _ := os.ReadDir(dir); len(left) != 0 {
-			t.Errorf("untaken directories left in %s: %v", dir, left)
-		}
-	}
-	d = a.prepareDirs()
-	job, sock, err := d.take()
-	if err != nil || job == nil || sock == nil {
-		t.Fatalf("take: %v, %v, %v", job, sock, err)
-	}
-	d.remove(log)
-	for _, p := range []string{job.path, sock.path} {
-		if _, err := os.Stat(p); err != nil {
-			t.Errorf("a taken directory was removed: %v", err)
-		}
-	}
-	job.remove()
-	sock.remove()
-}

@@ -56,14 +56,12 @@ func (a *agent) start(t *wire.EpochTable) error {
 		a.notStarted(t, a.places)
 		return nil
 	}
-	if a.dirs == nil { // not made during setup (tests)
-		a.dirs = a.prepareDirs()
-	}
-	jd, sd, err := a.dirs.take()
+	jd, err := makeJobDir(os.TempDir(), a.cfg.Job, nil)
 	if err != nil {
 		return err
 	}
-	a.jobDir, a.dir, a.sockDir = jd, jd.path, sd
+	a.jobDir, a.dir = jd, jd.path
+	a.sockDir = makeSockDir(a.shmDir(), a.cfg.Job, nil, a.log)
 	// Swept after the job and socket directories are held: a sweep
 	// started before would find one made and not yet locked, take it
 	// for an ended agent's, and this agent would make another.
