@@ -377,7 +377,8 @@ func (s *agentConn) join(ctx context.Context, w *wire.Welcome) (*Comm, error) {
 		return nil, fmt.Errorf("comm: data-plane listener on %s: %w", addr, err)
 	}
 	// Ranks of this host link through a Unix socket beside the rank's
-	// GORUN_SOCKET, in the job's private directory.
+	// GORUN_SOCKET, in the agent's private socket directory (on a tmpfs
+	// where the host has one: internal/agent/sockdir.go).
 	path := filepath.Join(filepath.Dir(s.path), fmt.Sprintf("rank-%d-epoch-%d.dp.sock", s.rank, t.Epoch))
 	unix, err := net.Listen("unix", path)
 	if err != nil {

@@ -14,9 +14,9 @@ const cleanUsageHead = `Usage: gorun clean [-n]
 Removes what your ended gorun jobs left on this host, as Open MPI's
 orte-clean does: agents killed before they could clean up (every agent
 of a job killed at once, the last agent on a host killed) leave their
-job directory in TMPDIR (gorun-<job>-<n>.agent), the ranks' protected
-state in /dev/shm (gorun-<job>.*) and Open MPI's directories there
-(gorun-<job>-h<host>-g<generation>). Only what no running gorun agent
+job directory in TMPDIR (gorun-<job>-<n>.agent), their socket directory
+in /dev/shm (gorun-<job>-<n>.sock), the ranks' protected state there
+(gorun-<job>.*) and Open MPI's directories (gorun-<job>-h<host>-g<generation>). Only what no running gorun agent
 holds is removed: the jobs running meanwhile keep theirs. MPICH's
 shared-memory files in /dev/shm (mpich_shar_tmp*, left by ranks killed
 in MPI_Init) are removed too, whatever job made them, when they are
@@ -73,6 +73,9 @@ func runClean(args []string, o agent.CleanOptions, stdout, stderr io.Writer) int
 	}
 	for _, d := range c.JobDirs {
 		fmt.Fprintf(stdout, "%s job directory %s\n", verb, d)
+	}
+	for _, d := range c.SockDirs {
+		fmt.Fprintf(stdout, "%s socket directory %s\n", verb, d)
 	}
 	for _, j := range c.SlotJobs {
 		fmt.Fprintf(stdout, "%s protected state of job %s in %s\n", verb, j, c.ShmDir)

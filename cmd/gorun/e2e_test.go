@@ -99,9 +99,18 @@ func TestRanksGetTheirContract(t *testing.T) {
 					t.Errorf("rank %d: temp file %s left behind (%v)", r, env["tmpfile"], err)
 				}
 			}
-			if m, _ := filepath.Glob(filepath.Join(os.TempDir(), "gorun-"+job+"-*")); len(m) != 0 {
-				t.Errorf("job directory left behind: %v", m)
+			// The sockets are in the agent's socket directory in
+			// /dev/shm where it is a tmpfs (internal/agent/sockdir.go).
+			var st syscall.Statfs_t
+			if syscall.Statfs("/dev/shm", &st) == nil && st.Type == 0x01021994 {
+				for r, env := range seen {
+					if dir := filepath.Dir(env["GORUN_SOCKET"]); !strings.HasPrefix(dir, "/dev/shm/gorun-"+job+"-") || !strings.HasSuffix(dir, ".sock") {
+						t.Errorf("rank %d: GORUN_SOCKET %s not in a socket directory in /dev/shm", r, env["GORUN_SOCKET"])
+					}
+				}
 			}
+			// Neither the job directory nor the socket directory is left.
+			checkNoJobFiles(t, job)
 		})
 	}
 }

@@ -116,6 +116,9 @@ type agent struct {
 	out     *batcher
 	dir     string      // private per-job directory, removed at exit
 	jobDir  *heldJobDir // dir, held while the agent lives where TMPDIR is local (jobdir.go)
+	// sockDir is the ranks' socket directory in /dev/shm (sockdir.go);
+	// nil when the sockets are in dir.
+	sockDir *heldJobDir
 	// swept is closed when the start's sweep of ended agents' leftovers
 	// (startSweep) is done; nil until it starts. cleanup waits for it.
 	swept chan struct{}

@@ -35,6 +35,7 @@ type CleanOptions struct {
 // Cleaned is what Clean removed, or with DryRun would remove.
 type Cleaned struct {
 	JobDirs  []string // job directories (paths)
+	SockDirs []string // socket directories in ShmDir (paths; sockdir.go)
 	SlotJobs []string // jobs whose slot files went
 	OMPIDirs []string // Open MPI directories (paths)
 	// MPICHFiles are MPICH's shared-memory segment files (paths) no
@@ -48,8 +49,9 @@ type Cleaned struct {
 }
 
 // Clean removes this user's leftovers of ended jobs on this host: the
-// job directories, slot files and Open MPI directories nobody holds, and
-// MPICH's segment files in ShmDir nobody uses (old enough: mpichMinAge).
+// job directories, socket directories (where ShmDir is a tmpfs), slot
+// files and Open MPI directories nobody holds, and MPICH's segment files
+// in ShmDir nobody uses (old enough: mpichMinAge).
 func Clean(o CleanOptions) (Cleaned, error) {
 	tmp, shm := o.TempDir, o.ShmDir
 	if tmp == "" {
@@ -70,6 +72,15 @@ func Clean(o CleanOptions) (Cleaned, error) {
 		}
 	} else {
 		c.NotSwept = fmt.Sprintf("%s is not on a local file system (%s): a lock there may not be seen from here", tmp, p.fs)
+	}
+	if isTmpfs(shm, nil) {
+		names, err := sweepDirs(shm, sockDirJob, "", o.DryRun)
+		for _, n := range names {
+			c.SockDirs = append(c.SockDirs, filepath.Join(shm, n))
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("the socket directories in %s: %w", shm, err))
+		}
 	}
 	sweep := ckpt.Sweep
 	if o.DryRun {

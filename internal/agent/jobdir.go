@@ -1,7 +1,8 @@
 package agent
 
 // An agent's job directory, $TMPDIR/gorun-<job>-<n>.agent, holds its
-// ranks' TMPDIR and sockets; the agent removes it when it ends. An agent
+// ranks' TMPDIR (and their sockets where the socket directory, sockdir.go,
+// cannot be made); the agent removes it when it ends. An agent
 // killed before it could (SIGKILL, a lost host whose /tmp stays, hosts
 // emulated by network namespaces sharing one) leaves it behind: the
 // agent holds an exclusive flock(2) on the directory for its whole life,
@@ -42,6 +43,9 @@ import (
 const (
 	jobDirPrefix = "gorun-"
 	jobDirSuffix = ".agent"
+	// sockDirSuffix ends the names of the agents' socket directories
+	// (sockdir.go), which follow the job directories' rules.
+	sockDirSuffix = ".sock"
 	// jobDirTries is how many directories makeJobDir makes before it
 	// gives up: each lost one was taken by a sweeper between its
 	// creation and its lock, which needs a sweep at that very moment.
@@ -97,17 +101,23 @@ func (d *heldJobDir) held() bool { return d.f != nil }
 // those of inodes the comparer holds open, whose numbers cannot be
 // reused meanwhile.
 func makeJobDir(parent, job string, sys *jobDirSys) (*heldJobDir, error) {
+	return makeNamedDir(parent, job, jobDirSuffix, "job directory", sys)
+}
+
+// makeNamedDir is makeJobDir for a directory named
+// gorun-<job>-<n><suffix>, which errors call what.
+func makeNamedDir(parent, job, suffix, what string, sys *jobDirSys) (*heldJobDir, error) {
 	if !wire.ValidJobID(job) {
-		return nil, fmt.Errorf("job directory: invalid job id %q", job)
+		return nil, fmt.Errorf("%s: invalid job id %q", what, job)
 	}
 	if sys == nil {
 		sys = &jobDirSys{}
 	}
 	hold := tmpPolicyFor(parent, sys.statfs).local
 	for range jobDirTries {
-		path, err := os.MkdirTemp(parent, jobDirPrefix+job+"-*"+jobDirSuffix)
+		path, err := os.MkdirTemp(parent, jobDirPrefix+job+"-*"+suffix)
 		if err != nil {
-			return nil, fmt.Errorf("creating the job directory: %w", err)
+			return nil, fmt.Errorf("creating the %s: %w", what, err)
 		}
 		if !hold {
 			return &heldJobDir{path: path}, nil
@@ -117,7 +127,7 @@ func makeJobDir(parent, job string, sys *jobDirSys) (*heldJobDir, error) {
 			continue // swept already
 		}
 		if err != nil {
-			return nil, fmt.Errorf("opening the job directory: %w", err)
+			return nil, fmt.Errorf("opening the %s: %w", what, err)
 		}
 		if sys.opened != nil {
 			sys.opened(path)
@@ -133,11 +143,11 @@ func makeJobDir(parent, job string, sys *jobDirSys) (*heldJobDir, error) {
 			return &heldJobDir{path: path}, nil
 		}
 		if err != nil && !errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("locking the job directory: %w", err)
+			return nil, fmt.Errorf("locking the %s: %w", what, err)
 		}
 		// A sweeper holds it, or removed it: it goes, make another.
 	}
-	return nil, fmt.Errorf("creating the job directory: swept %d times while it was being made", jobDirTries)
+	return nil, fmt.Errorf("creating the %s: swept %d times while it was being made", what, jobDirTries)
 }
 
 // remove removes the directory, then lets go of its lock: a sweeper
@@ -180,12 +190,15 @@ func removeTree(path string) error {
 // jobDirJob returns the job whose directory name is: gorun-<job>-<n>.agent
 // with job a valid job id and n the decimal number os.MkdirTemp puts
 // there. Job ids may hold '-', n never does: the last '-' ends the job's.
-func jobDirJob(name string) (string, bool) {
+func jobDirJob(name string) (string, bool) { return heldDirJob(name, jobDirSuffix) }
+
+// heldDirJob is jobDirJob for names ending in suffix.
+func heldDirJob(name, suffix string) (string, bool) {
 	rest, ok := strings.CutPrefix(name, jobDirPrefix)
 	if !ok {
 		return "", false
 	}
-	if rest, ok = strings.CutSuffix(rest, jobDirSuffix); !ok {
+	if rest, ok = strings.CutSuffix(rest, suffix); !ok {
 		return "", false
 	}
 	i := strings.LastIndexByte(rest, '-')

@@ -97,6 +97,9 @@ func (a *agent) cleanup() {
 	if err := a.jobDir.remove(); err != nil {
 		a.log.Warn("cannot remove job directory", "err", err)
 	}
+	if err := a.sockDir.remove(); err != nil {
+		a.log.Warn("cannot remove socket directory", "err", err)
+	}
 	// Agents of this job killed on this host (or another sharing its
 	// file systems: network namespaces) left their directories.
 	phasetrace.Mark("agent-jobdir")
@@ -105,6 +108,7 @@ func (a *agent) cleanup() {
 	}
 	phasetrace.Mark("agent-swept")
 	sweepJobDirsLog(a.cfg.Job, a.log)
+	sweepSockDirsLog(a.shmDir(), a.cfg.Job, a.log)
 	sweepJobSlots(a.slotOpt(), a.cfg.Job, a.log)
 
 	phasetrace.Mark("agent-sweep-job")

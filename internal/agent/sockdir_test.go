@@ -1,0 +1,154 @@
+package agent
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+)
+
+// shmTmpDir returns a fresh directory in /dev/shm, removed at the test's
+// end; the test is skipped where /dev/shm is not a tmpfs.
+func shmTmpDir(t *testing.T) string {
+	t.Helper()
+	if !isTmpfs("/dev/shm", nil) {
+		t.Skip("/dev/shm is not a tmpfs here")
+	}
+	dir, err := os.MkdirTemp("/dev/shm", "agenttest-sock-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// fsType is a statfs that says every directory is on a file system of
+// type typ.
+func fsType(typ int64) statfsFunc {
+	return func(_ string, st *syscall.Statfs_t) error {
+		st.Type = typ
+		return nil
+	}
+}
+
+// TestSockDir: on a tmpfs the socket directory is made 0700 and held,
+// named for its job; the sweep of its parent removes a socket directory
+// nobody holds and leaves the held one (and a job directory of the same
+// job, not its to judge); its removal leaves nothing.
+func TestSockDir(t *testing.T) {
+	shm := shmTmpDir(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	d := makeSockDir(shm, "joba", nil, log)
+	if d == nil {
+		t.Fatal("no socket directory on a tmpfs")
+	}
+	if !d.held() {
+		t.Error("the socket directory is not held")
+	}
+	if job, ok := sockDirJob(filepath.Base(d.path)); !ok || job != "joba" || filepath.Dir(d.path) != shm {
+		t.Errorf("socket directory %s: job %q %v", d.path, job, ok)
+	}
+	if st, err := os.Stat(d.path); err != nil || st.Mode().Perm() != 0o700 {
+		t.Errorf("socket directory mode: %v (%v)", st.Mode(), err)
+	}
+	orphan := filepath.Join(shm, "gorun-joba-1.sock")
+	jobDir := filepath.Join(shm, "gorun-joba-2.agent")
+	for _, p := range []string{orphan, jobDir} {
+		if err := os.Mkdir(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sweepSockDirsLog(shm, "", log)
+	if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the unheld socket directory is still there (%v)", err)
+	}
+	for _, p := range []string{d.path, jobDir} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s: %v (must be left)", p, err)
+		}
+	}
+	if err := os.Remove(jobDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.remove(); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(shm); len(left) != 0 {
+		t.Errorf("left after the removal: %v", left)
+	}
+}
+
+// TestSockDirFallback: where the directory is not a tmpfs, or statfs
+// fails, or it cannot be made there, there is no socket directory (the
+// sockets go in the job directory), and nothing is made.
+func TestSockDirFallback(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	statfsErr := func(string, *syscall.Statfs_t) error { return syscall.EACCES }
+	for _, tc := range []struct {
+		name   string
+		parent func(t *testing.T) string
+		statfs statfsFunc
+	}{
+		{"ext4", func(t *testing.T) string { return t.TempDir() }, fsType(0xef53)},
+		{"statfs fails", func(t *testing.T) string { return t.TempDir() }, statfsErr},
+		{"missing", func(t *testing.T) string { return filepath.Join(t.TempDir(), "none") }, fsType(tmpfsMagic)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := tc.parent(t)
+			if d := makeSockDir(parent, "joba", &jobDirSys{statfs: tc.statfs}, log); d != nil {
+				t.Errorf("socket directory %s made", d.path)
+				d.remove()
+			}
+			if left, _ := os.ReadDir(parent); len(left) != 0 {
+				t.Errorf("made: %v", left)
+			}
+		})
+	}
+	// And the agent's sockets are then in its job directory.
+	a := &agent{dir: "/tmp/gorun-j-1.agent"}
+	if got, want := a.rankSocket(3), "/tmp/gorun-j-1.agent/rank-3.sock"; got != want {
+		t.Errorf("rank socket %s, want %s", got, want)
+	}
+	a.sockDir = &heldJobDir{path: "/dev/shm/gorun-j-2.sock"}
+	if got, want := a.rankSocket(3), "/dev/shm/gorun-j-2.sock/rank-3.sock"; got != want {
+		t.Errorf("rank socket %s, want %s", got, want)
+	}
+}
+
+// TestCleanSockDirs: gorun clean lists (-n) and removes the socket
+// directories in a tmpfs ShmDir that nobody holds, and keeps a held one.
+func TestCleanSockDirs(t *testing.T) {
+	shm := shmTmpDir(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	held := makeSockDir(shm, "livejob", nil, log)
+	if held == nil {
+		t.Fatal("no socket directory on a tmpfs")
+	}
+	defer held.remove()
+	ended := filepath.Join(shm, "gorun-endedjob-7.sock")
+	if err := os.Mkdir(ended, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ended, "rank-0.sock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, dry := range []bool{true, false} {
+		c, err := Clean(CleanOptions{DryRun: dry, TempDir: t.TempDir(), ShmDir: shm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(c.SockDirs) != 1 || c.SockDirs[0] != ended {
+			t.Errorf("dry run %v: socket directories %q, want %q", dry, c.SockDirs, ended)
+		}
+		_, err = os.Stat(ended)
+		if gone := errors.Is(err, os.ErrNotExist); gone != !dry {
+			t.Errorf("dry run %v: the ended job's socket directory removed: %v (%v)", dry, gone, err)
+		}
+		if _, err := os.Stat(held.path); err != nil {
+			t.Errorf("dry run %v: the held socket directory: %v", dry, err)
+		}
+	}
+}
