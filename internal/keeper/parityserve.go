@@ -351,6 +351,10 @@ func (ps *parityStore) detach(b *parityBuf, n int64) error {
 	return nil
 }
 
+// testHookECGetPinned, if set (by tests), is called by an ecGet answer
+// once its bytes are pinned (pinRange), before they are written.
+var testHookECGetPinned func(h linkHdr, e ecHdr)
+
 // ecGet answers an ecGet: the bytes are written from the row's buffer
 // itself (pinRange), not copied.
 func (ps *parityStore) ecGet(c net.Conn, h linkHdr, e ecHdr) error {
@@ -369,6 +373,9 @@ func (ps *parityStore) ecGet(c net.Conn, h linkHdr, e ecHdr) error {
 		return writeFail(c, h, failOther, err.Error())
 	}
 	defer ps.unpin(ans)
+	if testHookECGetPinned != nil {
+		testHookECGetPinned(h, e)
+	}
 	a := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen, length: uint64(e.n)}
 	b := make([]byte, linkHdrSize)
 	a.put(b)
