@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 )
@@ -60,13 +61,16 @@ func ecGetOverwritten(t *testing.T, full bool) {
 	before := storeBytes(hk)
 
 	pinned, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
 	testHookECGetPinned = func(h linkHdr, e ecHdr) {
 		if h.step == 0 {
 			close(pinned)
 			<-release
 		}
 	}
-	t.Cleanup(func() { testHookECGetPinned = nil })
+	// Before the job's hosts close: a failure must not leave the answer held.
+	t.Cleanup(func() { free(); testHookECGetPinned = nil })
 	type answer struct {
 		got []byte
 		ms  []ecMember
@@ -103,7 +107,7 @@ func ecGetOverwritten(t *testing.T, full bool) {
 			}
 		}
 	}
-	close(release)
+	free()
 	a := <-done
 	if a.err != nil {
 		t.Fatal(a.err)
