@@ -104,14 +104,7 @@ var testHookStreamPiece func(holder, owner int, region string, b []byte) []byte
 func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 	ds, t, err := st.diffSource(h.owner, h.step)
 	if err == nil && (!ds.Exact(h.step) || !sameShape(t, regionTable(ds.Regions()))) {
-		var data map[string][]byte
-		if t, data, err = st.restoreDiff(h.owner, h.step, nil); err == nil {
-			views := make([][]byte, len(t))
-			for i, e := range t {
-				views[i] = data[e.name]
-			}
-			return writeFrame(c, linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}, t, views)
-		}
+		return st.getDiffWhole(c, h, t)
 	}
 	if err != nil {
 		return writeFail(c, h, failOther, err.Error())
@@ -168,6 +161,35 @@ func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 		}
 	}
 	return check(len(t))
+}
+
+// getDiffWhole answers a get in diff mode with the step restored whole
+// (restoreDiff) and sent as a data answer. The restored copy's bytes
+// (the regions of t) are reserved against the host's replica-memory
+// reserve before they are allocated and given back once sent: a reserve
+// without room refuses the get (failNoRoom), the link kept.
+func (st *replicaStore) getDiffWhole(c net.Conn, h linkHdr, t []tableEntry) error {
+	var n uint64
+	for _, e := range t {
+		n += uint64(max(e.size, 0))
+	}
+	if err := st.reserve(n, 0); err != nil {
+		return writeFail(c, h, failNoRoom, fmt.Sprintf("rank %d step %d: %v: a restored copy of %d bytes: %v", h.owner, h.step, errNoRoom, n, err))
+	}
+	defer st.reserve(0, n)
+	dst := make(map[string][]byte, len(t))
+	for _, e := range t {
+		dst[e.name] = make([]byte, max(e.size, 0))
+	}
+	t, data, err := st.restoreDiff(h.owner, h.step, dst)
+	if err != nil {
+		return writeFail(c, h, failOther, err.Error())
+	}
+	views := make([][]byte, len(t))
+	for i, e := range t {
+		views[i] = data[e.name]
+	}
+	return writeFrame(c, linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}, t, views)
 }
 
 // regionTable returns a table of regions (names and sizes, no CRC32Cs).

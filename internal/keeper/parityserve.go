@@ -86,6 +86,13 @@ func (ps *parityStore) chunk(c net.Conn, h linkHdr, e ecHdr, buf *[]byte) error 
 	if len(m.chunks) >= maxShareChunks {
 		return writeFail(c, h, failOther, fmt.Sprintf("rank %d step %d: more than %d chunks of one share", h.owner, h.step, maxShareChunks))
 	}
+	if b.pin != nil {
+		// ecGet answers are being written from b's array: mix must not
+		// write into it.
+		if err := ps.detach(b, e.n); err != nil {
+			return writeFail(c, h, failNoRoom, err.Error())
+		}
+	}
 	if int64(len(b.data)) < e.n {
 		if err := ps.grow(r, b, e.n); err != nil {
 			if time.Since(r.noRoom) > noRoomLog {
@@ -227,6 +234,49 @@ func (ps *parityStore) has(c net.Conn, h linkHdr, t []tableEntry, e ecHdr) error
 // group at step into dst (zeros past the row's end) and returns its
 // members: an error if no complete row of that step is here.
 func (ps *parityStore) read(group, stripe, row int, step, off int64, dst []byte) ([]ecMember, error) {
+	a, err := ps.pinRange(group, stripe, row, step, off, int64(len(dst)))
+	if err != nil {
+		return nil, err
+	}
+	defer ps.unpin(a)
+	n := 0
+	for _, d := range a.data {
+		n += copy(dst[n:], d)
+	}
+	return a.members, nil
+}
+
+// rowAnswer is a range of a complete parity row as ecGet sends it: the
+// row's members, and the range's bytes as slices of the buffer's own
+// array (then zeroPad for the bytes past the row's end), which the pin
+// keeps unwritten until unpin.
+type rowAnswer struct {
+	r       *parityRow
+	b       *parityBuf
+	pin     *rowPin
+	members []ecMember
+	data    net.Buffers
+}
+
+// zeroPad is the bytes sent for a range past a row's end; never written.
+var zeroPad [1 << 20]byte
+
+// pinRange returns bytes [off, off+n) of the complete row of stripe of
+// group at step (zeros past the row's end), pinned: the caller must
+// unpin the answer once it no longer reads its bytes. An error if no
+// complete row of that step is here.
+//
+// What keeps the bytes from being overwritten while they are read
+// outside the row's lock: a row buffer's array is written only by mix
+// (parityStore.chunk), under the row's lock, and chunk gives a pinned
+// buffer a new array first (detach); grow writes only a new array; sweep
+// and restart do not write the array. The pinned array is thus never
+// written again, whatever steps come meanwhile: the answer is the row of
+// step as it was complete, never torn by a newer step's shares.
+func (ps *parityStore) pinRange(group, stripe, row int, step, off, n int64) (*rowAnswer, error) {
+	if off < 0 || n < 0 {
+		return nil, fmt.Errorf("a range of %d bytes at %d of a parity row", n, off)
+	}
 	r := ps.row(ecRowKey{group, stripe, row}, false)
 	if r == nil {
 		return nil, fmt.Errorf("no parity row %d of stripe %d of group %d here", row, stripe, group)
@@ -238,25 +288,78 @@ func (ps *parityStore) read(group, stripe, row int, step, off int64, dst []byte)
 		if b.step != step || !b.complete() {
 			continue
 		}
-		copyRange(dst, b.data[:b.n], off)
-		return b.members(), nil
+		if b.pin == nil {
+			b.pin = &rowPin{}
+		}
+		b.pin.answers++
+		return &rowAnswer{r: r, b: b, pin: b.pin, members: b.members(), data: rangeBufs(b.data[:b.n], off, n)}, nil
 	}
 	return nil, fmt.Errorf("no complete parity row %d of stripe %d of group %d at step %d here", row, stripe, group, step)
 }
 
-// copyRange copies src[off:off+len(dst)] into dst, zeros past src's end.
-func copyRange(dst, src []byte, off int64) {
-	n := 0
+// rangeBufs returns bytes [off, off+n) of src as slices of it, then of
+// zeroPad for the bytes past its end.
+func rangeBufs(src []byte, off, n int64) net.Buffers {
+	var out net.Buffers
 	if off < int64(len(src)) {
-		n = copy(dst, src[off:])
+		d := src[off:min(off+n, int64(len(src)))]
+		out = append(out, d)
+		n -= int64(len(d))
 	}
-	clear(dst[n:])
+	for n > 0 {
+		z := zeroPad[:min(n, int64(len(zeroPad)))]
+		out = append(out, z)
+		n -= int64(len(z))
+	}
+	return out
 }
 
-// ecGet answers an ecGet.
+// unpin ends a's hold of its buffer's array: the last answer of an array
+// detached from its buffer gives the bytes reserved for it back.
+func (ps *parityStore) unpin(a *rowAnswer) {
+	a.r.mu.Lock()
+	defer a.r.mu.Unlock()
+	p := a.pin
+	if p.answers--; p.answers > 0 {
+		return
+	}
+	if a.b.pin == p {
+		a.b.pin = nil
+	}
+	if p.held > 0 {
+		ps.h.store.reserve(0, p.held)
+		p.held = 0
+	}
+}
+
+// detach gives b, whose array answers are being written from (b.pin), an
+// array of its own of at least n bytes, with its row so far (b.data[:b.n])
+// copied in. The pinned array stays as it is for the answers, its bytes
+// reserved until the last one ends (unpin); the new array is reserved
+// too, or detach fails with the reserve's error and changes nothing.
+// r.mu is held.
+func (ps *parityStore) detach(b *parityBuf, n int64) error {
+	old := uint64(len(b.data))
+	size := max(int64(old), n)
+	if err := ps.h.store.reserve(uint64(size), 0); err != nil {
+		return fmt.Errorf("a parity row of %d bytes beside the %d answers being sent from its buffer: %w", size, b.pin.answers, err)
+	}
+	d := make([]byte, size)
+	copy(d, b.data[:b.n])
+	b.pin.held, b.pin = old, nil
+	b.data = d
+	return nil
+}
+
+// testHookECGetPinned, if set (by tests), is called by an ecGet answer
+// once its bytes are pinned (pinRange), before they are written.
+var testHookECGetPinned func(h linkHdr, e ecHdr)
+
+// ecGet answers an ecGet: the bytes are written from the row's buffer
+// itself (pinRange), not copied.
 func (ps *parityStore) ecGet(c net.Conn, h linkHdr, e ecHdr) error {
-	if h.length != 0 || h.count != 0 || e.n > maxECRange {
-		return fmt.Errorf("ecGet of %d bytes", e.n)
+	if h.length != 0 || h.count != 0 || e.n > maxECRange || e.n < 0 || e.off < 0 {
+		return fmt.Errorf("ecGet of %d bytes at %d", e.n, e.off)
 	}
 	p := ps.h.place()
 	if _, why := p.parityHeld(ps.h.cfg.Host, h.holder, e.group, e.stripe, e.row); why != "" {
@@ -265,17 +368,20 @@ func (ps *parityStore) ecGet(c net.Conn, h linkHdr, e ecHdr) error {
 			return writeFail(c, h, failOther, why)
 		}
 	}
-	buf := getAnswerBuf(e.n)
-	defer putAnswerBuf(buf)
-	ms, err := ps.read(e.group, e.stripe, e.row, h.step, e.off, buf)
+	ans, err := ps.pinRange(e.group, e.stripe, e.row, h.step, e.off, e.n)
 	if err != nil {
 		return writeFail(c, h, failOther, err.Error())
+	}
+	defer ps.unpin(ans)
+	if testHookECGetPinned != nil {
+		testHookECGetPinned(h, e)
 	}
 	a := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen, length: uint64(e.n)}
 	b := make([]byte, linkHdrSize)
 	a.put(b)
-	b = appendMembers(b, ms)
-	_, err = (&net.Buffers{b, buf}).WriteTo(c)
+	b = appendMembers(b, ans.members)
+	bufs := append(net.Buffers{b}, ans.data...)
+	_, err = bufs.WriteTo(c)
 	return err
 }
 
@@ -371,23 +477,34 @@ func copyShard(dst []byte, data [][]byte, off int64) {
 	clear(dst[n:])
 }
 
-// answerBufs are the buffers ecGet and getRange answers are copied into
-// (each ≤ maxECRange bytes), kept for the next answers: a decode asks
-// for hundreds of chunks of MiBs, and a buffer allocated for each would
-// be faulted in afresh each time (with BenchmarkECRestore, the parity
-// hosts' allocations and faults took more time than the copies).
+// answerBufs are the buffers getRange answers are copied into (each ≤
+// maxECRange bytes; an ecGet answer is sent from the row itself), kept
+// for the next answers: a decode asks for hundreds of chunks of MiBs, and
+// a buffer allocated for each would be faulted in afresh each time (with
+// BenchmarkECRestore, the parity hosts' allocations and faults took more
+// time than the copies). A buffer in use is reserved against the host's
+// replica-memory reserve (getRange's hold); one kept idle in the pool is
+// not (the collector may free it).
 var answerBufs sync.Pool
 
-// getAnswerBuf returns a buffer of n bytes from answerBufs, of unspecified
-// contents (read and shardRange write every byte of it).
-func getAnswerBuf(n int64) []byte {
-	if p, ok := answerBufs.Get().(*[]byte); ok && int64(cap(*p)) >= n {
-		return (*p)[:n]
+// getAnswerBuf reserves n bytes against the host's replica-memory
+// reserve and returns a buffer of n bytes from answerBufs, of unspecified
+// contents (shardRange writes every byte of it), or an error wrapping
+// errNoRoom and allocates nothing. putAnswerBuf gives both back.
+func (st *replicaStore) getAnswerBuf(n int64) ([]byte, error) {
+	if err := st.reserve(uint64(n), 0); err != nil {
+		return nil, fmt.Errorf("%w: an answer's buffer (%d bytes): %w", errNoRoom, n, err)
 	}
-	return make([]byte, n)
+	if p, ok := answerBufs.Get().(*[]byte); ok && int64(cap(*p)) >= n {
+		return (*p)[:n], nil
+	}
+	return make([]byte, n), nil
 }
 
-func putAnswerBuf(b []byte) {
+// putAnswerBuf keeps b for the next answers and gives the bytes
+// getAnswerBuf reserved for it back.
+func (st *replicaStore) putAnswerBuf(b []byte) {
+	st.reserve(0, uint64(len(b)))
 	answerBufs.Put(&b)
 }
 
@@ -396,10 +513,12 @@ func (ps *parityStore) getRange(c net.Conn, h linkHdr, e ecHdr) error {
 	if h.length != 0 || h.count != 0 || e.n > maxECRange || h.step < 0 {
 		return fmt.Errorf("getRange of %d bytes", e.n)
 	}
-	buf := getAnswerBuf(e.n)
-	defer putAnswerBuf(buf)
+	buf, err := ps.h.store.getAnswerBuf(e.n)
+	if err != nil {
+		return writeFail(c, h, failNoRoom, fmt.Sprintf("rank %d step %d: %v", h.owner, h.step, err))
+	}
+	defer ps.h.store.putAnswerBuf(buf)
 	var t []tableEntry
-	var err error
 	if s := ps.h.svc(h.holder); s != nil && h.holder == h.owner {
 		// The rank's service closing ends a write held up by the reader.
 		defer context.AfterFunc(s.life, func() { c.SetWriteDeadline(time.Unix(1, 0)) })()

@@ -71,6 +71,18 @@ type parityBuf struct {
 	data []byte
 	n    int64
 	mem  []memberShare
+	// pin counts the ecGet answers being written to their links straight
+	// from data (nil: none). No byte of the array an answer pinned is
+	// written while the pin is held: mix writes into data only after
+	// detach gave the buffer an array of its own (parityStore.detach).
+	pin *rowPin
+}
+
+// rowPin is a parity buffer's data array as ecGet answers write it to
+// their links, outside the row's lock.
+type rowPin struct {
+	answers int    // being written
+	held    uint64 // bytes of the array reserved once it was detached (0: not detached)
 }
 
 // mix puts member x's share bytes d at off into the row: XORed into the
@@ -241,6 +253,14 @@ func (ps *parityStore) sweep(p *placement, g int64) {
 		}
 		r.dropped = true
 		n := r.bytes()
+		for i := range r.bufs {
+			if b := &r.bufs[i]; b.pin != nil {
+				// Answers are being sent from its array: its bytes stay
+				// reserved until the last one ends (unpin).
+				b.pin.held = uint64(len(b.data))
+				n -= b.pin.held
+			}
+		}
 		r.bufs = [2]parityBuf{{step: noStep}, {step: noStep}}
 		r.mu.Unlock()
 		ps.mu.Lock()
