@@ -186,6 +186,12 @@ func (r *replicator) schedLocked(p *placement) *ecBase {
 	}
 	if r.ref != nil {
 		b.next = b.anchor + r.every()
+		// The anchor's snapshot stays, and its shares' send with it: no
+		// base of this schedule is coded, so the cap is the floor until
+		// this one is, and its send goes unpaced from here on.
+		if sr := b.shares; sr != nil && sr.pace != nil {
+			sr.pace.lift()
+		}
 	}
 	return b
 }

@@ -279,7 +279,8 @@ type sharePace struct {
 	committed int64         // the rank's newest committed step
 	at        time.Time     // when it committed it (zero: not known)
 	period    time.Duration // the time of its last step (0: not known)
-	wake      chan struct{} // closed, and replaced, when committed moves
+	wake      chan struct{} // closed, and replaced, when committed moves or lifted is set
+	lifted    bool          // every byte is allowed
 	// waitEnd is the end in the shard of the chunk the encoder waits to
 	// encode, 0 when it does not wait (tests).
 	waitEnd int64
@@ -334,11 +335,24 @@ func (p *sharePace) commit(step int64, now time.Time, period time.Duration) {
 	p.wake = make(chan struct{})
 }
 
+// lift allows every byte from now on (the base is the schedule's anchor
+// now: G waits for it).
+func (p *sharePace) lift() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lifted = true
+	close(p.wake)
+	p.wake = make(chan struct{})
+}
+
 // allowedLocked returns the shard's bytes that may be encoded at now,
 // and how long until a pause in the commits adds a step (0: every byte
 // is allowed). p.mu is held.
 func (p *sharePace) allowedLocked(now time.Time) (int64, time.Duration) {
 	n := p.committed - p.base + 1
+	if p.lifted {
+		n = p.steps
+	}
 	idle := max(2*p.period, paceIdleMin)
 	next := idle
 	if !p.at.IsZero() {
