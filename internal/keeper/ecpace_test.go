@@ -366,3 +366,91 @@ func (pj *pacedJob) restartAt(g int64) {
 	}
 	pj.everySubset(pg, hb)
 }
+
+// TestSharePaceAllowed: what a base's pacing allows of a shard of 1000
+// bytes paced over 4 steps (budget 250) from base 8: a budget per step
+// committed from the base on, everything from step 11, each pause in the
+// commits of twice the last step's time (at least paceIdleMin) one step
+// more, and everything once lifted.
+func TestSharePaceAllowed(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	step := 100 * time.Millisecond
+	for _, tc := range []struct {
+		name      string
+		committed int64
+		period    time.Duration
+		after     time.Duration // since the last commit
+		lifted    bool
+		want      int64
+	}{
+		{name: "the base", committed: 8, period: step, want: 250},
+		{name: "two steps on", committed: 10, period: step, want: 750},
+		{name: "the window's last step", committed: 11, period: step, want: 1000},
+		{name: "past it", committed: 30, period: step, want: 1000},
+		{name: "a step's time paused", committed: 8, period: step, after: step, want: 250},
+		{name: "twice a step's time paused", committed: 8, period: step, after: 2 * step, want: 500},
+		{name: "five times", committed: 9, period: step, after: 5 * step, want: 1000},
+		{name: "no step time known: paceIdleMin", committed: 8, after: paceIdleMin, want: 500},
+		{name: "lifted", committed: 8, period: step, lifted: true, want: 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &sharePace{base: 8, budget: 250, total: 1000, steps: 4, committed: tc.committed, at: t0, period: tc.period, wake: make(chan struct{})}
+			if tc.lifted {
+				p.lift()
+			}
+			p.mu.Lock()
+			got, next := p.allowedLocked(t0.Add(tc.after))
+			p.mu.Unlock()
+			if got != tc.want {
+				t.Errorf("allowed %d bytes, want %d", got, tc.want)
+			}
+			if (next == 0) != (tc.want == p.total) {
+				t.Errorf("next step in %v with %d of %d bytes allowed", next, got, p.total)
+			}
+		})
+	}
+}
+
+// TestSharePaceWait: a wait for bytes past the allowance ends when a
+// commit allows them, when the pacing is lifted, or with its context.
+func TestSharePaceWait(t *testing.T) {
+	idle := paceIdleMin
+	paceIdleMin = time.Hour
+	t.Cleanup(func() { paceIdleMin = idle })
+	for _, tc := range []struct {
+		name string
+		then func(p *sharePace, cancel context.CancelFunc)
+		err  bool
+	}{
+		{name: "a commit", then: func(p *sharePace, _ context.CancelFunc) { p.commit(9, time.Now(), time.Second) }},
+		{name: "lifted", then: func(p *sharePace, _ context.CancelFunc) { p.lift() }},
+		{name: "cancelled", then: func(_ *sharePace, cancel context.CancelFunc) { cancel() }, err: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &sharePace{base: 8, budget: 250, total: 1000, steps: 4, committed: 8, at: time.Now(), wake: make(chan struct{})}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- p.wait(ctx, 500) }()
+			for p.waiting() != 500 {
+				select {
+				case err := <-done:
+					t.Fatalf("wait for 500 of 250 bytes allowed ended: %v", err)
+				case <-time.After(time.Millisecond):
+				}
+			}
+			tc.then(p, cancel)
+			select {
+			case err := <-done:
+				if (err != nil) != tc.err {
+					t.Fatalf("wait: %v, want an error: %v", err, tc.err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the wait goes on")
+			}
+			if w := p.waiting(); w != 0 {
+				t.Errorf("waiting %d after the wait ended", w)
+			}
+		})
+	}
+}
