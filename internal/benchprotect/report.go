@@ -143,6 +143,16 @@ func (b *bench) report(vs []*variant, hostMBps, loMBps float64) {
 		first := c.m.r.steps[:len(c.m.r.steps)-len(lastHalf(c.m.r.steps))]
 		return fmt.Sprintf("%.2f s", (sum(first) - time.Duration(len(first))*mean(c.v.base.steps)).Seconds())
 	})
+	row("  step after a base: excess over the others", func(c column) string {
+		if c.m.mode != "diff" {
+			return "-"
+		}
+		ex, n, ok := afterBaseExcess(c.m.r.steps, cfg.warmup, cfg.baseEvery)
+		if !ok {
+			return "-"
+		}
+		return fmt.Sprintf("%s (%d)", msf(ex), n)
+	})
 	spread := func(r *runResult) string {
 		return fmt.Sprintf("%.0f-%.0f ms", float64(slices.Min(r.steps))/1e6, float64(slices.Max(r.steps))/1e6)
 	}
@@ -300,4 +310,27 @@ func verdict(ok bool) string {
 		return "met"
 	}
 	return "NOT met"
+}
+
+// afterBaseExcess returns how much longer the step after a base is than
+// the others, in a diff run whose timed steps (steps[i] is step first+i)
+// have a base every every steps from step 0: the median of the steps s
+// with s mod every = 1 less the median of the rest, with how many steps
+// after a base there were; ok false when there are none, or nothing else.
+func afterBaseExcess(steps []time.Duration, first, every int) (ex time.Duration, n int, ok bool) {
+	if every < 2 {
+		return 0, 0, false
+	}
+	var after, rest []time.Duration
+	for i, d := range steps {
+		if (first+i)%every == 1 {
+			after = append(after, d)
+		} else {
+			rest = append(rest, d)
+		}
+	}
+	if len(after) == 0 || len(rest) == 0 {
+		return 0, 0, false
+	}
+	return median(after) - median(rest), len(after), true
 }

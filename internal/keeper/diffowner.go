@@ -158,6 +158,7 @@ func (r *replicator) committed(gen uint64, od *ownerDiff, step int64) {
 		r.pushDiffLocked(od)
 	}
 	r.firstCommitLocked(gen, step) // diff mode under EC: the schedule's anchor
+	r.pacedCommitLocked(step)      // and the pacing of its bases' shares
 	if r.stopped || r.failed {
 		return
 	}

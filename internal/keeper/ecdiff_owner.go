@@ -28,14 +28,19 @@ package keeper
 //     that cannot follow the differentials gets the snapshot whole, as a
 //     base of exactly its step (planClearLocked), which it grafts onto
 //     a store that holds the step (graftBase);
-//   - the M shares go to the parity rows through ecSend (ecsend.go),
-//     given the snapshot's views, in the background (sendShares): no
-//     pacing, the cap below is the backpressure. The burst shows in the
-//     step time: with 64 MiB per rank, 2+2, a base every 8 steps (bench
-//     -modes diff, 8 interleaved runs), the two steps after a base took
-//     60-90 ms more than the run's others (replicas:2's paced refresh:
-//     10-55 ms; none: under 10). Pacing them over the refresh's window
-//     needs a byte budget in ecSendLanes's chunk loop.
+//   - the M shares go to the parity rows through ecSendLanes
+//     (ecsend.go), given the snapshot's views, in the background
+//     (sendShares), paced over the refresh's window as the clear copy's
+//     refresh is (sharePace): by the time the rank commits b_k + i, at
+//     most (i+1)/σ of the shard is encoded and sent, all of it from
+//     b_k + σ - 1 on, so that the cap below never waits for the pacing.
+//     Unpaced, the burst showed in the step time: with 64 MiB per rank,
+//     2+2, a base every 8 steps (bench -modes diff, 8 interleaved runs),
+//     the step after a base took 70 ms more than the run's others
+//     (replicas:2's paced refresh: 13 ms). The schedule's first base is
+//     not paced (the cap is the floor until it is coded), nor any while
+//     the rank is not committing (a pause of twice its last step time
+//     counts as a step: sharePace).
 //
 // Both start only once this host knows H >= b_{k-1} (the gate): the rows
 // keep two buffers, and the holder's store one verified refresh, so b_k
@@ -117,6 +122,12 @@ type ecBase struct {
 	// under (truncateDiffs: a restart or a restore), 0 if none: every
 	// step it sent since is of that placement's trajectory.
 	resumedEpoch uint64
+	// lastStep is the newest step the rank committed, at lastAt (zero:
+	// none yet), and stepTime the time between its last two commits (0:
+	// not known): what a share send's pacing starts from (sharePace).
+	lastStep int64
+	lastAt   time.Time
+	stepTime time.Duration
 }
 
 // testHookShareWait, if set, is called when a share send starts to wait
@@ -124,10 +135,11 @@ type ecBase struct {
 var testHookShareWait func(r *replicator)
 
 // shareRun is one background send of a base's shares: cancel ends it,
-// done is closed when it has.
+// done is closed when it has; pace paces it (nil: unpaced).
 type shareRun struct {
 	cancel context.CancelFunc
 	done   chan struct{}
+	pace   *sharePace
 }
 
 // base returns Base_r, or -1.
@@ -174,6 +186,12 @@ func (r *replicator) schedLocked(p *placement) *ecBase {
 	}
 	if r.ref != nil {
 		b.next = b.anchor + r.every()
+		// The anchor's snapshot stays, and its shares' send with it: no
+		// base of this schedule is coded, so the cap is the floor until
+		// this one is, and its send goes unpaced from here on.
+		if sr := b.shares; sr != nil && sr.pace != nil {
+			sr.pace.lift()
+		}
 	}
 	return b
 }

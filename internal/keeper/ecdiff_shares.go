@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/gorun/gorun/internal/crc32c"
@@ -87,7 +88,7 @@ func (r *replicator) startSharesLocked() {
 		return
 	}
 	ctx, cancel := context.WithCancel(r.s.h.life)
-	sr := &shareRun{cancel: cancel, done: make(chan struct{})}
+	sr := &shareRun{cancel: cancel, done: make(chan struct{}), pace: r.paceLocked(ref)}
 	old := r.ecb.stopping
 	r.ecb.shares, r.ecb.stopping = sr, nil
 	ref.rb.retain()
@@ -119,7 +120,7 @@ func (r *replicator) sendShares(ctx context.Context, ref *refresh, sr *shareRun)
 		rows := s.h.place().ecTargets(s.rank)
 		known := make([]bool, len(rows))
 		start := time.Now()
-		errs, err, n := r.ecSendLanes(ctx, ref.step, -1, 1, ref.gen, ref.epoch, ref.table, views, rows, known)
+		errs, err, n := r.ecSendLanes(ctx, ref.step, -1, 1, ref.gen, ref.epoch, ref.table, views, rows, known, sr.pace)
 		if n > 0 {
 			s.addReplBytes(n, 0)
 		}
@@ -244,4 +245,159 @@ func (r *replicator) stopShares() {
 	} else if old != nil {
 		<-old.done
 	}
+}
+
+// paceIdleMin is the shortest pause in a rank's commits that counts as a
+// step for the pacing of a base's shares (sharePace); tests lengthen it
+// so that only commits count.
+var paceIdleMin = 20 * time.Millisecond
+
+// sharePace paces the send of one base's shares (diff mode under EC)
+// over the refresh's window, as the clear copy's refresh is paced (a
+// budget of refresh.budget bytes per step): by the time the rank commits
+// step base+i, at most budget·(i+1) bytes of the shard are encoded (each
+// row gets as many bytes of its share), and from base+σ-1 on every byte,
+// so that the cap (capLocked: base+σ-1 while the base is not coded)
+// never waits for the pacing.
+//
+// A rank that commits nothing for twice the time of its last step (at
+// least paceIdleMin) is not training: each such pause counts as one more
+// step, so that a trainer that stops, or waits at the overwrite rule for
+// another rank, still has its base coded within about σ pauses.
+//
+// The pacing never touches what is encoded (the snapshot, checked
+// against the commit's CRC32Cs when it was taken, and retained by the
+// send), only when: the shares are still of exactly the bytes whose
+// CRC32C is checked at the end (ecSendLanes).
+type sharePace struct {
+	base   int64 // the base step
+	budget int64 // the shard's bytes allowed per step (> 0)
+	total  int64 // the shard's bytes
+	steps  int64 // σ (refreshSteps)
+
+	mu        sync.Mutex
+	committed int64         // the rank's newest committed step
+	at        time.Time     // when it committed it (zero: not known)
+	period    time.Duration // the time of its last step (0: not known)
+	wake      chan struct{} // closed, and replaced, when committed moves or lifted is set
+	lifted    bool          // every byte is allowed
+	// waitEnd is the end in the shard of the chunk the encoder waits to
+	// encode, 0 when it does not wait (tests).
+	waitEnd int64
+}
+
+// paceLocked returns the pacing of a send of base ref's shares, or nil
+// when it is not paced: σ is 1, or no base of the schedule is coded yet
+// (the cap is then the schedule's floor: G waits for this base), or ref
+// is the schedule's anchor. r.mu is held.
+func (r *replicator) paceLocked(ref *refresh) *sharePace {
+	b := &r.ecb
+	steps := r.s.h.cfg.Diff.refreshSteps()
+	if steps <= 1 || b.base() < b.anchor || b.base() < 0 || ref.step <= b.anchor || ref.budget <= 0 {
+		return nil
+	}
+	r.s.mu.Lock()
+	c := r.s.committed
+	r.s.mu.Unlock()
+	p := &sharePace{base: ref.step, budget: ref.budget, total: int64(len(ref.buf)), steps: steps,
+		committed: max(c, ref.step), at: time.Now(), wake: make(chan struct{})}
+	if b.lastStep == p.committed && !b.lastAt.IsZero() {
+		p.at, p.period = b.lastAt, b.stepTime
+	}
+	return p
+}
+
+// pacedCommitLocked records that the rank committed step (diff mode
+// under EC): the time of its step, and the allowance of the share send
+// in flight, if paced. r.mu is held.
+func (r *replicator) pacedCommitLocked(step int64) {
+	b := &r.ecb
+	now := time.Now()
+	if !b.lastAt.IsZero() && step == b.lastStep+1 {
+		b.stepTime = now.Sub(b.lastAt)
+	}
+	b.lastStep, b.lastAt = step, now
+	if sr := b.shares; sr != nil && sr.pace != nil {
+		sr.pace.commit(step, now, b.stepTime)
+	}
+}
+
+// commit moves the pacing to step, committed at now after a step of
+// period (0: not known).
+func (p *sharePace) commit(step int64, now time.Time, period time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if step > p.committed {
+		p.committed = step
+	}
+	p.at, p.period = now, period
+	close(p.wake)
+	p.wake = make(chan struct{})
+}
+
+// lift allows every byte from now on (the base is the schedule's anchor
+// now: G waits for it).
+func (p *sharePace) lift() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lifted = true
+	close(p.wake)
+	p.wake = make(chan struct{})
+}
+
+// allowedLocked returns the shard's bytes that may be encoded at now,
+// and how long until a pause in the commits adds a step (0: every byte
+// is allowed). p.mu is held.
+func (p *sharePace) allowedLocked(now time.Time) (int64, time.Duration) {
+	n := p.committed - p.base + 1
+	if p.lifted {
+		n = p.steps
+	}
+	idle := max(2*p.period, paceIdleMin)
+	next := idle
+	if !p.at.IsZero() {
+		since := now.Sub(p.at)
+		n += int64(since / idle)
+		next = idle - since%idle
+	}
+	if n >= p.steps {
+		return p.total, 0
+	}
+	return min(p.total, p.budget*max(n, 0)), next
+}
+
+// wait waits until the shard's bytes up to end may be encoded, or ctx
+// ends (its error).
+func (p *sharePace) wait(ctx context.Context, end int64) error {
+	for {
+		p.mu.Lock()
+		allowed, next := p.allowedLocked(time.Now())
+		wake := p.wake
+		if end <= allowed {
+			p.waitEnd = 0
+			p.mu.Unlock()
+			return nil
+		}
+		p.waitEnd = end
+		p.mu.Unlock()
+		t := time.NewTimer(next)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			p.mu.Lock()
+			p.waitEnd = 0
+			p.mu.Unlock()
+			return context.Cause(ctx)
+		case <-wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// waiting returns the end of the chunk the encoder waits for, or 0.
+func (p *sharePace) waiting() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.waitEnd
 }

@@ -94,7 +94,7 @@ type ecJob struct {
 // share is reported as a failed link (Keeper.linkFailed), as a replica
 // holder that has none closes the link.
 func (r *replicator) ecSend(ctx context.Context, step int64, slot int, gen, epoch uint64, t []tableEntry, data [][]byte, to []holderKey, known []bool) ([]error, error, int64) {
-	return r.ecSendLanes(ctx, step, slot, 0, gen, epoch, t, data, to, known)
+	return r.ecSendLanes(ctx, step, slot, 0, gen, epoch, t, data, to, known, nil)
 }
 
 // ecSendLanes is ecSend on the links' lanes from lanes on. lanes is the first lane of the links the shares go on (linkKey): 0 in
@@ -102,8 +102,14 @@ func (r *replicator) ecSend(ctx context.Context, step int64, slot int, gen, epoc
 // differentials (lane 0), so that a slow row does not hold them up. slot
 // is -1 when data is a snapshot already checked against t (diff mode
 // under EC): bytes encoded that differ from t are then the snapshot's
-// memory changing, a *CorruptError too.
-func (r *replicator) ecSendLanes(ctx context.Context, step int64, slot, lanes int, gen, epoch uint64, t []tableEntry, data [][]byte, to []holderKey, known []bool) ([]error, error, int64) {
+// memory changing, a *CorruptError too. pace, if not nil, paces the
+// encoder (diff mode under EC: a base's shares over the refresh's
+// window, sharePace): each chunk is encoded only once pace allows the
+// shard's bytes up to its end. The chunks are cut as without it (a row
+// compares a resent chunk with the one that came: memberShare.chunkSum),
+// so a retry goes unpaced up to what pace allows already. Full mode
+// passes nil: there every step is a base, and G waits for it.
+func (r *replicator) ecSendLanes(ctx context.Context, step int64, slot, lanes int, gen, epoch uint64, t []tableEntry, data [][]byte, to []holderKey, known []bool, pace *sharePace) ([]error, error, int64) {
 	s := r.s
 	errs := make([]error, len(to))
 	fail := func(err error) ([]error, error, int64) {
@@ -239,6 +245,9 @@ encode:
 				break
 			}
 			n := min(ecChunkSize, len(d)-o)
+			if pace != nil && pace.wait(ctx, off+int64(o+n)) != nil {
+				break encode // ctx ended: judged below
+			}
 			inflight[set].Wait() // its last chunk is sent
 			began := time.Now()
 			crcs := make([]uint32, ec.m) // the job's: a sender reads it after the next chunk's encoding began
