@@ -20,12 +20,11 @@ func TestECDiffRestartKeepsLogs(t *testing.T) {
 	const every = 3 // bases 0, 3, 6; G 7 with H 6
 	var block atomic.Bool
 	release := make(chan struct{})
-	testHookECCommit = func(h linkHdr, e ecHdr) {
+	setECCommitHook(t, func(h linkHdr, e ecHdr) {
 		if block.Load() && h.step >= 7 {
 			<-release // the new anchor's rows stay incomplete: H stays 6
 		}
-	}
-	t.Cleanup(func() { testHookECCommit = nil })
+	})
 	dj := newECDiffJob(t, 2, 2, 1, every, nil)
 	t.Cleanup(func() {
 		if block.Swap(false) {

@@ -335,12 +335,11 @@ func TestECDiffStallsAtCap(t *testing.T) {
 	var blocked atomic.Bool
 	release := make(chan struct{})
 	blocked.Store(true)
-	testHookECCommit = func(h linkHdr, e ecHdr) {
+	setECCommitHook(t, func(h linkHdr, e ecHdr) {
 		if e.row == 0 && h.step >= every && blocked.Load() {
 			<-release
 		}
-	}
-	t.Cleanup(func() { testHookECCommit = nil })
+	})
 	dj := newECDiffJob(t, 2, 1, 2, every, nil)
 	defer func() {
 		if blocked.Swap(false) {

@@ -258,15 +258,15 @@ func TestECReplicatedWaitsForRows(t *testing.T) {
 	release := make(chan struct{})
 	var held sync.WaitGroup
 	held.Add(len(j.rs))
-	testHookECCommit = func(h linkHdr, e ecHdr) {
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // nothing stays held
+	setECCommitHook(t, func(h linkHdr, e ecHdr) {
 		if e.row == 1 && h.step == 2 {
 			held.Done()
 			<-release
 		}
-	}
-	var once sync.Once
-	free := func() { once.Do(func() { close(release) }) }
-	t.Cleanup(func() { free(); testHookECCommit = nil })
+	})
 	for _, er := range j.rs {
 		er.protect(2, 0)
 	}

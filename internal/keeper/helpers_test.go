@@ -326,3 +326,10 @@ func (c *cluster) dumpStall(t testing.TB) {
 	buf := make([]byte, 1<<22)
 	t.Logf("stall: goroutines:\n%s", buf[:runtime.Stack(buf, true)])
 }
+
+// setECCommitHook sets testHookECCommit to fn until the test ends; the
+// job's links may be serving meanwhile.
+func setECCommitHook(t testing.TB, fn func(h linkHdr, e ecHdr)) {
+	testHookECCommit.Store(&fn)
+	t.Cleanup(func() { testHookECCommit.Store(nil) })
+}

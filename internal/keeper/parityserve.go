@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorun/gorun/internal/crc32c"
@@ -161,8 +162,8 @@ func (ps *parityStore) commit(c net.Conn, h linkHdr, t []tableEntry, e ecHdr) er
 	if why != "" {
 		return writeFail(c, h, failOther, why)
 	}
-	if testHookECCommit != nil {
-		testHookECCommit(h, e)
+	if hook := testHookECCommit.Load(); hook != nil {
+		(*hook)(h, e)
 	}
 	r := ps.row(ecRowKey{e.group, e.stripe, e.row}, true)
 	r.mu.Lock()
@@ -196,9 +197,10 @@ func (ps *parityStore) commit(c net.Conn, h linkHdr, t []tableEntry, e ecHdr) er
 	return writeAck(c, h)
 }
 
-// testHookECCommit, if set (by tests), is called by a parity host when an
-// ecCommit arrives, before it looks at the row.
-var testHookECCommit func(h linkHdr, e ecHdr)
+// testHookECCommit, if set (by tests, setECCommitHook), is called by a
+// parity host when an ecCommit arrives, before it looks at the row. It
+// is atomic: a test may set it while a job's links serve.
+var testHookECCommit atomic.Pointer[func(h linkHdr, e ecHdr)]
 
 // has answers an ecHas: ack if member e.member's share of step with
 // exactly table t is in, of the request's label (or the step is final).
