@@ -341,10 +341,16 @@ func (d *decoder) tooFew() error {
 }
 
 // unrecoverable returns an error wrapping ErrUnrecoverable and why each
-// dropped source was dropped.
+// dropped source was dropped; not ErrUnrecoverable when a source was
+// dropped for want of room (errNoRoom: a host's reserve refused its
+// answer), since a retry once the reserve has room may decode
+// (retryNoRoom), as for a log refused so (decodeReplay).
 func (d *decoder) unrecoverable(format string, args ...any) error {
 	msg := fmt.Sprintf("member %d: ", d.lost) + fmt.Sprintf(format, args...)
 	if why := errors.Join(d.dropped...); why != nil {
+		if errors.Is(why, errNoRoom) {
+			return fmt.Errorf("%s: %w", msg, why)
+		}
 		return fmt.Errorf("%w: %s: %w", ErrUnrecoverable, msg, why)
 	}
 	return fmt.Errorf("%w: %s", ErrUnrecoverable, msg)

@@ -3,7 +3,10 @@ package keeper
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -63,14 +66,15 @@ func ecGetOverwritten(t *testing.T, full bool) {
 	pinned, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
-	testHookECGetPinned = func(h linkHdr, e ecHdr) {
+	hook := func(h linkHdr, e ecHdr) {
 		if h.step == 0 {
 			close(pinned)
 			<-release
 		}
 	}
+	testHookECGetPinned.Store(&hook)
 	// Before the job's hosts close: a failure must not leave the answer held.
-	t.Cleanup(func() { free(); testHookECGetPinned = nil })
+	t.Cleanup(func() { free(); testHookECGetPinned.Store(nil) })
 	type answer struct {
 		got []byte
 		ms  []ecMember
@@ -170,4 +174,47 @@ func TestECGetRangeReserve(t *testing.T) {
 	}
 	// The buffer is given back once the answer's last byte was written.
 	j.c.waitFor(fmt.Sprintf("the reserve to hold its %d bytes of before the answer", before), func() bool { return storeBytes(hk) == before })
+}
+
+// TestECGetAnswerAbandoned: an ecGet answer its reader does not take
+// (a host that died mid-answer: its socket stays open until TCP gives
+// up) is abandoned after ecAnswerWait, and its array unpinned, so that
+// the row's buffers and their reserve are not held for minutes.
+func TestECGetAnswerAbandoned(t *testing.T) {
+	j := newECJob(t, 2, 2, 1, false)
+	ws := rawMembers(j)
+	for _, w := range ws {
+		if err := w.whole(0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	host, holder := j.rowHost(0)
+	ps := j.c.hosts[host].parity
+	old := ecAnswerWait
+	ecAnswerWait = 50 * time.Millisecond
+	t.Cleanup(func() { ecAnswerWait = old })
+	server, client := net.Pipe() // synchronous: nothing is written until read
+	defer client.Close()
+	defer server.Close()
+	h := linkHdr{kind: kindECGet, owner: holder, holder: holder, step: 0}
+	e := ecHdr{group: 0, stripe: 0, row: 0, n: 4096, hb: noStep}
+	done := make(chan error, 1)
+	go func() { done <- ps.ecGet(server, h, e) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("an answer nobody reads still being written after a minute")
+	}
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("ecGet to a reader that reads nothing: %v, want a deadline error", err)
+	}
+	r := ps.row(ecRowKey{0, 0, 0}, false)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := range r.bufs {
+		if p := r.bufs[i].pin; p != nil {
+			t.Fatalf("buffer %d still pinned by %d answers", i, p.answers)
+		}
+	}
 }

@@ -15,6 +15,14 @@ package keeper
 //
 // Each reservation is given back when the restore returns, whatever the
 // outcome (success, a failing source, cancellation): memHold.release.
+//
+// The hosts that serve a restore reserve too: a getRange answer's buffer
+// (getAnswerBuf), a diff-mode get's whole restored copy (getDiffWhole),
+// and a parity row's array an ecGet answer still writes after a newer
+// step took its buffer (detach). A refusal for want of room comes back as
+// failNoRoom, which the restorer reads as errNoRoom: the decode that
+// loses a source so fails with errNoRoom, not ErrUnrecoverable
+// (decoder.unrecoverable), and is retried (retryNoRoom).
 
 import (
 	"errors"

@@ -184,6 +184,57 @@ func TestECRestoreReserveLogNoRoom(t *testing.T) {
 	t.Log(err)
 }
 
+// TestECRestoreMemberNoRoom: a decode whose other members' hosts refuse
+// their shards for want of room in their reserves (their answer buffers
+// are reserved: getAnswerBuf), leaving fewer than K sources, fails with
+// errNoRoom, not ErrUnrecoverable: restoreRemote retries it
+// (retryNoRoom) instead of giving the rank up. Once the reserves have
+// room, the same decode restores the committed state. (A review found
+// the refusal read as an unusable source, and the restore unrecoverable.)
+func TestECRestoreMemberNoRoom(t *testing.T) {
+	const k, m, every = 2, 1, 3 // the decode needs both other sources
+	j, g, hb := logAfterH(t, k, m, every)
+	const r = 0
+	h := j.c.hosts[j.hostOf[r]]
+	s := h.svc(r)
+	pl := h.place()
+	views := map[string][]byte{}
+	for _, i := range s.repl {
+		views[s.regions[i].Name] = make([]byte, s.regions[i].Size)
+	}
+	setLimits := func(full bool) {
+		for x, o := range j.c.hosts[:j.work] {
+			if x == j.hostOf[r] {
+				continue
+			}
+			o.store.mu.Lock()
+			o.store.limit = 0 // the default: no limit
+			if full {
+				o.store.limit = max(o.store.bytes, 1)
+			}
+			o.store.mu.Unlock()
+		}
+	}
+	setLimits(true)
+	t.Cleanup(func() { setLimits(false) })
+	err := s.decodeReplay(context.Background(), g, hb, pl.logsOf(r), pl, views)
+	if !errors.Is(err, errNoRoom) || errors.Is(err, ErrUnrecoverable) {
+		t.Fatalf("the other members' hosts without room: %v; want errNoRoom, not ErrUnrecoverable", err)
+	}
+	if got, _ := restoring(h); got != 0 {
+		t.Fatalf("%d bytes still reserved by the restore", got)
+	}
+	setLimits(false)
+	if err := s.decodeReplay(context.Background(), g, hb, pl.logsOf(r), pl, views); err != nil {
+		t.Fatalf("with room again: %v", err)
+	}
+	for name, v := range j.rs[r].want(g) {
+		if !bytes.Equal(views[name], v) {
+			t.Fatalf("region %s is not the committed one", name)
+		}
+	}
+}
+
 // TestECRestoreReserveRetry: a lost rank restoring by decode on a spare
 // whose replica-memory reserve has no room for its first buffers (the
 // owners' copies, rows and logs sent there, or other ranks' restores,

@@ -355,7 +355,7 @@ func (ps *parityStore) detach(b *parityBuf, n int64) error {
 
 // testHookECGetPinned, if set (by tests), is called by an ecGet answer
 // once its bytes are pinned (pinRange), before they are written.
-var testHookECGetPinned func(h linkHdr, e ecHdr)
+var testHookECGetPinned atomic.Pointer[func(h linkHdr, e ecHdr)]
 
 // ecGet answers an ecGet: the bytes are written from the row's buffer
 // itself (pinRange), not copied.
@@ -375,17 +375,29 @@ func (ps *parityStore) ecGet(c net.Conn, h linkHdr, e ecHdr) error {
 		return writeFail(c, h, failOther, err.Error())
 	}
 	defer ps.unpin(ans)
-	if testHookECGetPinned != nil {
-		testHookECGetPinned(h, e)
+	if hook := testHookECGetPinned.Load(); hook != nil {
+		(*hook)(h, e)
 	}
 	a := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen, length: uint64(e.n)}
 	b := make([]byte, linkHdrSize)
 	a.put(b)
 	b = appendMembers(b, ans.members)
 	bufs := append(net.Buffers{b}, ans.data...)
-	_, err = bufs.WriteTo(c)
-	return err
+	// The pinned array (reserved once detached) is let go when the reader
+	// has not taken the answer within ecAnswerWait: a reader on a host
+	// that died would hold it until TCP gives up (minutes).
+	if err := c.SetWriteDeadline(time.Now().Add(ecAnswerWait)); err != nil {
+		return err
+	}
+	if _, err = bufs.WriteTo(c); err != nil {
+		return fmt.Errorf("an ecGet answer of %d bytes: %w", e.n, err)
+	}
+	return c.SetWriteDeadline(time.Time{})
 }
+
+// ecAnswerWait bounds the writing of one ecGet answer (at most
+// maxECRange bytes: 2 MiB/s at least); a variable for tests.
+var ecAnswerWait = slowWait
 
 // shardRange copies bytes [off, off+len(dst)) of owner's shard at step
 // (its replicated regions concatenated, zeros past its end) into dst,

@@ -294,7 +294,8 @@ var (
 )
 
 // remoteError is a request the other host refused; the link stays usable.
-// It matches errPutDamaged or errPutStale when the holder said why.
+// It matches errPutDamaged, errPutStale, ... when the holder said why;
+// errNoRoom when the holder's reserve had no room for the answer.
 type remoteError struct {
 	why  uint32
 	msg  string
@@ -306,5 +307,5 @@ func (e *remoteError) Error() string { return "refused by the holder: " + e.msg 
 func (e *remoteError) Is(target error) bool {
 	return e.why == failCRC && target == errPutDamaged || e.why == failStale && target == errPutStale ||
 		e.why == failGap && target == errHolderGap || e.why == failPending && target == errDiffPending ||
-		e.why == failBehindH && target == errBehindH
+		e.why == failBehindH && target == errBehindH || e.why == failNoRoom && target == errNoRoom
 }
