@@ -218,3 +218,46 @@ func TestECGetAnswerAbandoned(t *testing.T) {
 		}
 	}
 }
+
+// TestECSweepPinned: a spare row swept while an ecGet answer is written
+// from one of its arrays gives back the bytes of its other array at
+// once, and the pinned array's only when the answer ends (unpin): the
+// array stays allocated, and reserved, as long as it is being sent.
+func TestECSweepPinned(t *testing.T) {
+	j := newECJob(t, 2, 2, 1, false)
+	ws := rawMembers(j)
+	for _, step := range []int64{0, 1} {
+		for _, w := range ws {
+			if err := w.whole(step, 0); err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			}
+		}
+	}
+	host, _ := j.rowHost(0)
+	hk := j.c.hosts[host]
+	ps := hk.parity
+	r := ps.row(ecRowKey{0, 0, 0}, false)
+	if r == nil {
+		t.Fatal("no row 0 here")
+	}
+	ans, err := ps.pinRange(0, 0, 0, 0, 0, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	rowBytes, pinned := r.bytes(), uint64(len(ans.b.data))
+	r.spare = true // the placement moved it elsewhere
+	r.mu.Unlock()
+	before := storeBytes(hk)
+	ps.sweep(nil, 1<<40)
+	if got, want := storeBytes(hk), before-(rowBytes-pinned); got != want {
+		t.Fatalf("while pinned, after the sweep: %d bytes reserved, want %d (%d of the row's %d still sent)", got, want, pinned, rowBytes)
+	}
+	if ps.row(ecRowKey{0, 0, 0}, false) != nil {
+		t.Fatal("the swept row is still kept")
+	}
+	ps.unpin(ans)
+	if got, want := storeBytes(hk), before-rowBytes; got != want {
+		t.Fatalf("after the answer: %d bytes reserved, want %d", got, want)
+	}
+}
