@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -150,5 +151,110 @@ func TestCleanSockDirs(t *testing.T) {
 		if _, err := os.Stat(held.path); err != nil {
 			t.Errorf("dry run %v: the held socket directory: %v", dry, err)
 		}
+	}
+}
+
+// TestMakeNamedDirSwapped: a directory another user put under the name
+// of the one just made (renaming that away: a parent others may write,
+// not sticky) between its creation and its opening is refused: the job
+// and socket directories are made only of this user's 0700 directories.
+// The swapped one is left where it is (not ours to remove).
+func TestMakeNamedDirSwapped(t *testing.T) {
+	type swap struct {
+		name string
+		mode os.FileMode
+		uid  int // -1: this user
+	}
+	swaps := []swap{{"mode 0777", 0o777, -1}, {"mode 0750", 0o750, -1}}
+	if os.Geteuid() == 0 {
+		swaps = append(swaps, swap{"another user's", 0o700, 65534})
+	} else {
+		t.Log("not root: another user's directory is not tried")
+	}
+	for _, suffix := range []string{jobDirSuffix, sockDirSuffix} {
+		for _, sw := range swaps {
+			t.Run(sw.name+" "+suffix, func(t *testing.T) {
+				parent := t.TempDir()
+				var swapped string
+				made := func(path string) {
+					if swapped != "" {
+						return
+					}
+					swapped = path
+					if err := os.Rename(path, path+".moved"); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.Mkdir(path, sw.mode); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.Chmod(path, sw.mode); err != nil { // past the umask
+						t.Fatal(err)
+					}
+					if sw.uid >= 0 {
+						if err := os.Chown(path, sw.uid, sw.uid); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				d, err := makeNamedDir(parent, "jobswap", suffix, "directory", &jobDirSys{made: made})
+				if err == nil {
+					path := d.path
+					d.remove()
+					t.Fatalf("made %s in the swapped directory; want a refusal", path)
+				}
+				if !errors.Is(err, errNotOwnDir) || !strings.Contains(err.Error(), swapped) {
+					t.Errorf("error %v; want errNotOwnDir naming %s", err, swapped)
+				}
+				if st, serr := os.Stat(swapped); serr != nil || st.Mode().Perm() != sw.mode {
+					t.Errorf("the swapped directory: %v (%v), want it left with mode %v", st, serr, sw.mode)
+				}
+			})
+		}
+	}
+}
+
+// TestSockDirUnsafeParent: no socket directory is made in a tmpfs
+// directory where another user could rename it away: world-writable
+// without the sticky bit (a Kubernetes Memory emptyDir), or another
+// user's. A sticky world-writable one (/dev/shm's usual 1777) will do.
+func TestSockDirUnsafeParent(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, tc := range []struct {
+		name string
+		mode os.FileMode
+		uid  int // -1: this user
+		ok   bool
+	}{
+		{"0777", 0o777, -1, false},
+		{"0770", 0o770, -1, false},
+		{"1777", 0o777 | os.ModeSticky, -1, true},
+		{"0755 another user's", 0o755, 65534, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.uid >= 0 && os.Geteuid() != 0 {
+				t.Skip("not root: cannot give a directory to another user")
+			}
+			shm := shmTmpDir(t)
+			if err := os.Chmod(shm, tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			if tc.uid >= 0 {
+				if err := os.Chown(shm, tc.uid, tc.uid); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d := makeSockDir(shm, "jobunsafe", nil, log)
+			if (d != nil) != tc.ok {
+				t.Errorf("socket directory made: %v, want %v", d != nil, tc.ok)
+			}
+			if d != nil {
+				if err := d.remove(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if left, _ := os.ReadDir(shm); len(left) != 0 {
+				t.Errorf("left in %s: %v", shm, left)
+			}
+		})
 	}
 }
