@@ -144,19 +144,21 @@ func makeNamedDir(parent, job, suffix, what string, sys *jobDirSys) (*heldJobDir
 			sys.opened(path)
 		}
 		err = sys.lock(f)
-		if err == nil && sameFile(f, path) {
+		// No flock here: the directory stays, unheld, as no sweep can
+		// lock it either.
+		unheld := lockUnsupported(err)
+		if unheld || err == nil && sameFile(f, path) {
 			if err := checkOwnDir(f, path); err != nil {
 				f.Close() // not ours to remove
 				return nil, fmt.Errorf("the %s: %w", what, err)
 			}
-			return &heldJobDir{path: path, f: f}, nil
-		}
-		f.Close()
-		if lockUnsupported(err) {
-			// No flock here: the directory stays, unheld, as no sweep
-			// can lock it either.
+			if !unheld {
+				return &heldJobDir{path: path, f: f}, nil
+			}
+			f.Close()
 			return &heldJobDir{path: path}, nil
 		}
+		f.Close()
 		if err != nil && !errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("locking the %s: %w", what, err)
 		}

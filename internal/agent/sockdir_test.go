@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -175,44 +176,49 @@ func TestMakeNamedDirSwapped(t *testing.T) {
 	} else {
 		t.Log("not root: another user's directory is not tried")
 	}
+	// A file system without flock keeps the directory unheld: it is
+	// checked all the same.
+	noFlock := func(int, int) error { return syscall.ENOSYS }
 	for _, suffix := range []string{jobDirSuffix, sockDirSuffix} {
 		for _, sw := range swaps {
-			t.Run(sw.name+" "+suffix, func(t *testing.T) {
-				parent := t.TempDir()
-				var swapped string
-				made := func(path string) {
-					if swapped != "" {
-						return
-					}
-					swapped = path
-					if err := os.Rename(path, path+".moved"); err != nil {
-						t.Fatal(err)
-					}
-					if err := os.Mkdir(path, sw.mode); err != nil {
-						t.Fatal(err)
-					}
-					if err := os.Chmod(path, sw.mode); err != nil { // past the umask
-						t.Fatal(err)
-					}
-					if sw.uid >= 0 {
-						if err := os.Chown(path, sw.uid, sw.uid); err != nil {
+			for _, flock := range []func(int, int) error{nil, noFlock} {
+				t.Run(fmt.Sprintf("%s %s held %v", sw.name, suffix, flock == nil), func(t *testing.T) {
+					parent := t.TempDir()
+					var swapped string
+					made := func(path string) {
+						if swapped != "" {
+							return
+						}
+						swapped = path
+						if err := os.Rename(path, path+".moved"); err != nil {
 							t.Fatal(err)
 						}
+						if err := os.Mkdir(path, sw.mode); err != nil {
+							t.Fatal(err)
+						}
+						if err := os.Chmod(path, sw.mode); err != nil { // past the umask
+							t.Fatal(err)
+						}
+						if sw.uid >= 0 {
+							if err := os.Chown(path, sw.uid, sw.uid); err != nil {
+								t.Fatal(err)
+							}
+						}
 					}
-				}
-				d, err := makeNamedDir(parent, "jobswap", suffix, "directory", &jobDirSys{made: made})
-				if err == nil {
-					path := d.path
-					d.remove()
-					t.Fatalf("made %s in the swapped directory; want a refusal", path)
-				}
-				if !errors.Is(err, errNotOwnDir) || !strings.Contains(err.Error(), swapped) {
-					t.Errorf("error %v; want errNotOwnDir naming %s", err, swapped)
-				}
-				if st, serr := os.Stat(swapped); serr != nil || st.Mode().Perm() != sw.mode {
-					t.Errorf("the swapped directory: %v (%v), want it left with mode %v", st, serr, sw.mode)
-				}
-			})
+					d, err := makeNamedDir(parent, "jobswap", suffix, "directory", &jobDirSys{made: made, flock: flock})
+					if err == nil {
+						path := d.path
+						d.remove()
+						t.Fatalf("made %s in the swapped directory; want a refusal", path)
+					}
+					if !errors.Is(err, errNotOwnDir) || !strings.Contains(err.Error(), swapped) {
+						t.Errorf("error %v; want errNotOwnDir naming %s", err, swapped)
+					}
+					if st, serr := os.Stat(swapped); serr != nil || st.Mode().Perm() != sw.mode {
+						t.Errorf("the swapped directory: %v (%v), want it left with mode %v", st, serr, sw.mode)
+					}
+				})
+			}
 		}
 	}
 }
