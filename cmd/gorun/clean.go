@@ -16,14 +16,16 @@ orte-clean does: agents killed before they could clean up (every agent
 of a job killed at once, the last agent on a host killed) leave their
 job directory in TMPDIR (gorun-<job>-<n>.agent), their socket directory
 in /dev/shm (gorun-<job>-<n>.sock), the ranks' protected state there
-(gorun-<job>.*) and Open MPI's directories (gorun-<job>-h<host>-g<generation>). Only what no running gorun agent
+(gorun-<job>.*) and Open MPI's directories
+(gorun-<job>-h<host>-g<generation>). Only what no running gorun agent
 holds is removed: the jobs running meanwhile keep theirs. MPICH's
 shared-memory files in /dev/shm (mpich_shar_tmp*, left by ranks killed
 in MPI_Init) are removed too, whatever job made them, when they are
 yours, 2 s old or more, and no process has them open or mapped (the
 kernel grants a write lease on them); with leases off
 (fs.leases-enable=0) they are kept. Job directories are looked at only
-when TMPDIR is on a local file system.
+when TMPDIR is on a local file system, socket directories only when
+/dev/shm is a tmpfs.
 Prints what it removed, one per line.
 
 `

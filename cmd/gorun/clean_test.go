@@ -16,8 +16,8 @@ import (
 )
 
 // TestClean: gorun clean removes an ended job's leftovers (a job
-// directory whose holder was killed, the slot files and Open MPI
-// directory of a job nobody claims, an MPICH segment file nobody has
+// directory whose holder was killed, the slot files, socket directory
+// (/dev/shm being a tmpfs) and Open MPI directory of a job nobody claims, an MPICH segment file nobody has
 // open or mapped) and keeps a running job's, lists
 // them only with -n, and says nothing when nothing is left.
 func TestClean(t *testing.T) {
@@ -25,6 +25,19 @@ func TestClean(t *testing.T) {
 		t.Skip("no sleep(1) to hold a lock")
 	}
 	tmp, shm := t.TempDir(), t.TempDir()
+	// In /dev/shm where it is a tmpfs: gorun clean looks for socket
+	// directories only on one.
+	var st syscall.Statfs_t
+	onTmpfs := syscall.Statfs("/dev/shm", &st) == nil && st.Type == 0x01021994
+	if onTmpfs {
+		var err error
+		if shm, err = os.MkdirTemp("/dev/shm", "cleantest-"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(shm) })
+	} else {
+		t.Log("/dev/shm is not a tmpfs: no socket directory is tried")
+	}
 	o := agent.CleanOptions{TempDir: tmp, ShmDir: shm}
 	mkdir := func(p string) string {
 		t.Helper()
@@ -85,6 +98,14 @@ func TestClean(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer claim.Release()
+	// Socket directories: the ended job's agent's, nobody holding it,
+	// and the running job's, held.
+	var deadSock, liveSock string
+	if onTmpfs {
+		deadSock = mkdir(filepath.Join(shm, "gorun-endedjob-4.sock"))
+		liveSock = mkdir(filepath.Join(shm, "gorun-livejob-5.sock"))
+		lock(liveSock, syscall.LOCK_EX)
+	}
 	deadOMPI := mkdir(filepath.Join(shm, "gorun-endedjob-h0-g1"))
 	liveOMPI := mkdir(filepath.Join(shm, "gorun-livejob-h0-g0"))
 	lock(liveOMPI, syscall.LOCK_SH)
@@ -113,13 +134,17 @@ func TestClean(t *testing.T) {
 		return m
 	}
 	kept := []string{liveDir, other, liveOMPI, liveMPICH}
+	dead := []string{deadDir, deadOMPI, deadMPICH}
+	if onTmpfs {
+		kept, dead = append(kept, liveSock), append(dead, deadSock)
+	}
 	check := func(what string, args []string, wantOut string, gone bool) {
 		t.Helper()
 		var out, errb bytes.Buffer
 		if code := runClean(args, o, &out, &errb); code != exitOK || out.String() != wantOut || errb.Len() != 0 {
 			t.Errorf("%s: gorun clean %q: exit %d\n%s%s\nwant exit 0 and\n%s", what, args, code, out.String(), errb.String(), wantOut)
 		}
-		for _, p := range []string{deadDir, deadOMPI, deadMPICH} {
+		for _, p := range dead {
 			if _, err := os.Stat(p); (err == nil) == gone {
 				t.Errorf("%s: %s: %v (want gone: %v)", what, p, err, gone)
 			}
@@ -137,7 +162,11 @@ func TestClean(t *testing.T) {
 		}
 	}
 	list := func(verb string) string {
-		return verb + " job directory " + deadDir + "\n" +
+		sock := ""
+		if onTmpfs {
+			sock = verb + " socket directory " + deadSock + "\n"
+		}
+		return verb + " job directory " + deadDir + "\n" + sock +
 			verb + " protected state of job endedjob in " + shm + "\n" +
 			verb + " Open MPI directory " + deadOMPI + "\n" +
 			verb + " MPICH shared-memory file " + deadMPICH + "\n"

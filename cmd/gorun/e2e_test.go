@@ -98,6 +98,14 @@ func TestRanksGetTheirContract(t *testing.T) {
 				if _, err := os.Stat(env["tmpfile"]); !os.IsNotExist(err) {
 					t.Errorf("rank %d: temp file %s left behind (%v)", r, env["tmpfile"], err)
 				}
+				// TMPDIR is in the agent's job directory, and holds no
+				// socket of the agent's.
+				if !inJobDir(env["TMPDIR"], job) {
+					t.Errorf("rank %d: TMPDIR %s not in a job directory of job %s in %s", r, env["TMPDIR"], job, os.TempDir())
+				}
+				if filepath.Dir(env["GORUN_SOCKET"]) == filepath.Clean(env["TMPDIR"]) {
+					t.Errorf("rank %d: GORUN_SOCKET %s in TMPDIR %s", r, env["GORUN_SOCKET"], env["TMPDIR"])
+				}
 			}
 			// The sockets are in the agent's socket directory in
 			// /dev/shm where it is a tmpfs (internal/agent/sockdir.go).
@@ -113,6 +121,17 @@ func TestRanksGetTheirContract(t *testing.T) {
 			checkNoJobFiles(t, job)
 		})
 	}
+}
+
+// inJobDir reports whether dir is a job directory of job in the
+// temporary directory (gorun-<job>-<n>.agent), or inside one.
+func inJobDir(dir, job string) bool {
+	rel, err := filepath.Rel(os.TempDir(), dir)
+	if err != nil {
+		return false
+	}
+	first, _, _ := strings.Cut(rel, string(filepath.Separator))
+	return regexp.MustCompile(`^gorun-` + regexp.QuoteMeta(job) + `-\d+\.agent$`).MatchString(first)
 }
 
 func TestOutputIsTaggedWholeLines(t *testing.T) {

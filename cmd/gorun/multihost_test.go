@@ -71,15 +71,17 @@ func TestMultiHostCrashStopsTheJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := j.wait(60 * time.Second)
-	// The crashed host's agent could not remove its job directory; the
-	// other hosts' agents, which share this /tmp, removed theirs and, as
-	// they ended, swept the crashed one's (nobody held its lock).
-	left, _ := filepath.Glob(filepath.Join(os.TempDir(), "gorun-"+j.jobID()+"-*"))
-	if len(left) != 0 {
-		t.Errorf("job directories left: %v, want none", left)
-	}
-	for _, d := range left {
-		os.RemoveAll(d)
+	// The crashed host's agent could not remove its job directory nor
+	// its socket directory; the other hosts' agents, which share this
+	// /tmp and /dev/shm, removed theirs and, as they ended, swept the
+	// crashed one's (nobody held its locks).
+	id := j.jobID()
+	checkNoJobFiles(t, id)
+	for _, dir := range []string{os.TempDir(), "/dev/shm"} {
+		left, _ := filepath.Glob(filepath.Join(dir, "gorun-"+id+"-*"))
+		for _, d := range left {
+			os.RemoveAll(d)
+		}
 	}
 	if res.code != 1 {
 		t.Fatalf("exit %d, want 1\nstderr:\n%s", res.code, res.stderr)

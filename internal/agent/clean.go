@@ -29,7 +29,9 @@ type CleanOptions struct {
 	// /dev/shm.
 	ShmDir string
 
-	statfs statfsFunc // nil: syscall.Statfs (tests: another file system)
+	// statfs is TempDir's and ShmDir's; nil: syscall.Statfs (tests:
+	// another file system).
+	statfs statfsFunc
 }
 
 // Cleaned is what Clean removed, or with DryRun would remove.
@@ -73,7 +75,7 @@ func Clean(o CleanOptions) (Cleaned, error) {
 	} else {
 		c.NotSwept = fmt.Sprintf("%s is not on a local file system (%s): a lock there may not be seen from here", tmp, p.fs)
 	}
-	if isTmpfs(shm, nil) {
+	if isTmpfs(shm, o.statfs) {
 		names, err := sweepDirs(shm, sockDirJob, "", o.DryRun)
 		for _, n := range names {
 			c.SockDirs = append(c.SockDirs, filepath.Join(shm, n))

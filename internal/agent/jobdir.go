@@ -13,8 +13,9 @@ package agent
 // cleaned when the job ends, not at the next job); the start's sweep
 // runs beside the launch (agent.startSweep). Slot files (ckpt.Sweep;
 // ckpt.SweepJob at the end, sweepJobSlots) and
-// Open MPI's directories (sweepShm) are swept the same way, and
-// gorun clean sweeps all three by hand (clean.go). sweepShm's pass over
+// Open MPI's directories (sweepShm) are swept the same way, as are the
+// socket directories (sockdir.go), and gorun clean sweeps all four by
+// hand (clean.go). sweepShm's pass over
 // /dev/shm also removes MPICH's segment files nobody uses (mpichshm.go).
 //
 // All this only where os.TempDir() is on a local file system (localfs.go):
@@ -57,6 +58,7 @@ const (
 type jobDirSys struct {
 	statfs statfsFunc              // the parent's file system (tmpPolicyFor)
 	flock  func(fd, how int) error // syscall.Flock
+	made   func(path string)       // called between a directory's creation and its opening
 	opened func(path string)       // called between a directory's opening and its lock
 }
 
@@ -100,6 +102,12 @@ func (d *heldJobDir) held() bool { return d.f != nil }
 // right name, which the next sweep removes. The names compared are
 // those of inodes the comparer holds open, whose numbers cannot be
 // reused meanwhile.
+//
+// In a parent that others may write and that is not sticky (a
+// Kubernetes Memory emptyDir at /dev/shm is 0777), another user can
+// rename the fresh directory away and put one of theirs under its name
+// before it is opened: what was opened and locked must be this user's
+// and 0700 (checkOwnDir), else makeJobDir lets it go, and fails.
 func makeJobDir(parent, job string, sys *jobDirSys) (*heldJobDir, error) {
 	return makeNamedDir(parent, job, jobDirSuffix, "job directory", sys)
 }
@@ -122,6 +130,9 @@ func makeNamedDir(parent, job, suffix, what string, sys *jobDirSys) (*heldJobDir
 		if !hold {
 			return &heldJobDir{path: path}, nil
 		}
+		if sys.made != nil {
+			sys.made(path)
+		}
 		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // swept already
@@ -133,21 +144,44 @@ func makeNamedDir(parent, job, suffix, what string, sys *jobDirSys) (*heldJobDir
 			sys.opened(path)
 		}
 		err = sys.lock(f)
-		if err == nil && sameFile(f, path) {
-			return &heldJobDir{path: path, f: f}, nil
-		}
-		f.Close()
-		if lockUnsupported(err) {
-			// No flock here: the directory stays, unheld, as no sweep
-			// can lock it either.
+		// No flock here: the directory stays, unheld, as no sweep can
+		// lock it either.
+		unheld := lockUnsupported(err)
+		if unheld || err == nil && sameFile(f, path) {
+			if err := checkOwnDir(f, path); err != nil {
+				f.Close() // not ours to remove
+				return nil, fmt.Errorf("the %s: %w", what, err)
+			}
+			if !unheld {
+				return &heldJobDir{path: path, f: f}, nil
+			}
+			f.Close()
 			return &heldJobDir{path: path}, nil
 		}
+		f.Close()
 		if err != nil && !errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("locking the %s: %w", what, err)
 		}
 		// A sweeper holds it, or removed it: it goes, make another.
 	}
 	return nil, fmt.Errorf("creating the %s: swept %d times while it was being made", what, jobDirTries)
+}
+
+// errNotOwnDir is checkOwnDir's refusal.
+var errNotOwnDir = errors.New("not a private directory of this user")
+
+// checkOwnDir returns an error wrapping errNotOwnDir, naming path, its
+// owner and mode, unless the open directory f (found at path) is owned
+// by the effective user and has no group or other permission.
+func checkOwnDir(f *os.File, path string) error {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if mode := st.Mode & 0o7777; int(st.Uid) != os.Geteuid() || mode&0o077 != 0 {
+		return fmt.Errorf("%w: %s is owned by uid %d with mode %#o (want uid %d, mode 0700)", errNotOwnDir, path, st.Uid, mode, os.Geteuid())
+	}
+	return nil
 }
 
 // remove removes the directory, then lets go of its lock: a sweeper

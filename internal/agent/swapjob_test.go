@@ -39,7 +39,7 @@ const (
 	probeHoldVar    = "AGENTTEST_PROBE_HOLD"
 )
 
-// rankProbe is a rank that records its environment in
+// rankProbe is a rank that records its environment (GORUN_*, TMPDIR) in
 // rank-<rank>-gen-<restart count>-epoch-<epoch>.env, opens its rank socket,
 // writes rank-<rank>.welcome once welcomed, and appends "epoch <n>" to
 // rank-<rank>.pushes for every epoch pushed to it. With probeProtectVar
@@ -63,7 +63,7 @@ func rankProbe() int {
 	name := filepath.Join(dir, "rank-"+me+"-gen-"+gen+"-epoch-"+epoch+".env")
 	var env strings.Builder
 	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "GORUN_") {
+		if strings.HasPrefix(kv, "GORUN_") || strings.HasPrefix(kv, "TMPDIR=") {
 			env.WriteString(kv + "\n")
 		}
 	}

@@ -332,9 +332,10 @@ func gorunClean(gorun, id string) (ours, others []string, err error) {
 	return ours, others, nil
 }
 
-// jobFiles lists job id's files: slot files and Open MPI directories in
-// /dev/shm, job directories in the temporary directory, its registry
-// entry.
+// jobFiles lists job id's files: slot files (gorun-<id>.*), socket
+// directories (gorun-<id>-<n>.sock) and Open MPI directories
+// (gorun-<id>-h<host>-g<gen>) in /dev/shm, job directories in the
+// temporary directory, its registry entry.
 func jobFiles(id, registry string) []string {
 	var out []string
 	for _, pat := range []string{
