@@ -86,3 +86,36 @@ func TestRankAbortedAroundSwap(t *testing.T) {
 		})
 	}
 }
+
+// TestGPublishedBeforeProgress: the launcher tells a new G (GPublished)
+// before the Progress events of the report that raised it; a failure
+// window that ends in between restarts the job from that G, rather than
+// stopping it for an I4 violation (G past the ranks' reported steps),
+// as it did.
+func TestGPublishedBeforeProgress(t *testing.T) {
+	ms := time.Millisecond
+	m, err := New(Config{World: 4, MaxRestarts: 3, FailWindow: 250 * ms, HeartbeatTimeout: time.Hour,
+		Hosts:  []topology.Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}},
+		Assign: []int{0, 0, 1, 1}, Holders: [][]int{{2}, {3}, {0}, {1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for h := range 2 {
+		m.Step(0, AgentRegistered{Host: h})
+	}
+	for r := range 4 {
+		m.Step(100*ms, Progress{Rank: r, Step: 5})
+	}
+	m.Step(100*ms, GPublished{G: 4})
+	m.Step(1000*ms, RankExited{Rank: 1, Host: 0, Code: 1})
+	m.Step(1249*ms, GPublished{G: 6})
+	var restart *Restart
+	for _, a := range m.Step(1250*ms, Progress{Rank: 0, Step: 6}) {
+		if r, ok := a.(Restart); ok {
+			restart = &r
+		}
+	}
+	if m.stopped || restart == nil || restart.G != 6 {
+		t.Fatalf("stopped %t (code %d), restart %+v; want a restart from G 6", m.stopped, m.ExitCode(), restart)
+	}
+}

@@ -82,7 +82,7 @@ type Machine struct {
 	logOK    [][]bool
 	retained []bool
 	localOK  []bool  // the rank's own slot holds its state
-	lastStep []int64 // last committed step reported; -1: none
+	lastStep []int64 // last committed step reported (or published as G); -1: none
 	// genStep is the step a rank last reported in the current
 	// generation, -1: none (hang detection names the rank furthest
 	// behind: lastStep keeps the highest ever, from before a restart).
@@ -357,6 +357,12 @@ func (m *Machine) Step(now time.Duration, e Event) []Action {
 		if e.G > m.g && m.rb == nil { // (a roll-back sets G itself)
 			m.g = e.G
 			m.progressed = true
+			// Every rank committed G: the launcher may tell it before
+			// the Progress events of the report that raised it, and a
+			// failure window may end in between (I4 reads lastStep).
+			for r := range m.lastStep {
+				m.lastStep[r] = max(m.lastStep[r], e.G)
+			}
 		}
 	case Replicated:
 		m.onReplicated(e.Owner)
