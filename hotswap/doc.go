@@ -38,8 +38,11 @@
 // exactly one owner per shard (the per-host rank lists and the rank → host
 // table agree); I3 every rank's optimizer shard recoverable from memory
 // (its own live slot, or a valid copy at a live holder on another host);
-// I4 the resume step G is no later than any rank's committed step. A
-// violation stops the job with a report, never a silently wrong epoch.
+// I4 the resume step G is no later than any rank's committed step (a
+// published G counts as committed by every rank: the launcher computes it
+// from their replicated steps, so I4 guards against a G from elsewhere,
+// such as a roll-back). A violation stops the job with a report, never a
+// silently wrong epoch.
 //
 // # Failures
 //
