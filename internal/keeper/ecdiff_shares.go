@@ -119,8 +119,11 @@ func (r *replicator) sendShares(ctx context.Context, ref *refresh, sr *shareRun)
 	for ctx.Err() == nil {
 		rows := s.h.place().ecTargets(s.rank)
 		known := make([]bool, len(rows))
-		start := time.Now()
+		start, waited := time.Now(), sr.pace.waitedTotal()
 		errs, err, n := r.ecSendLanes(ctx, ref.step, -1, 1, ref.gen, ref.epoch, ref.table, views, rows, known, sr.pace)
+		// The time the send waited for the pacing (steps of training)
+		// is not replication time (ReplNS: gorun -v's repl/step).
+		start = start.Add(sr.pace.waitedTotal() - waited)
 		if n > 0 {
 			s.addReplBytes(n, 0)
 		}
@@ -284,6 +287,17 @@ type sharePace struct {
 	// waitEnd is the end in the shard of the chunk the encoder waits to
 	// encode, 0 when it does not wait (tests).
 	waitEnd int64
+	waited  time.Duration // the time wait blocked, all told
+}
+
+// waitedTotal returns the time wait blocked so far (p nil: 0).
+func (p *sharePace) waitedTotal() time.Duration {
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.waited
 }
 
 // paceLocked returns the pacing of a send of base ref's shares, or nil
@@ -369,6 +383,12 @@ func (p *sharePace) allowedLocked(now time.Time) (int64, time.Duration) {
 // wait waits until the shard's bytes up to end may be encoded, or ctx
 // ends (its error).
 func (p *sharePace) wait(ctx context.Context, end int64) error {
+	began := time.Now()
+	defer func() {
+		p.mu.Lock()
+		p.waited += time.Since(began)
+		p.mu.Unlock()
+	}()
 	for {
 		p.mu.Lock()
 		allowed, next := p.allowedLocked(time.Now())

@@ -202,11 +202,10 @@ func (pj *pacedJob) sharesIn(step int64) []int {
 // 4), the ranks held after each step until their base's shares wait at
 // the pacing. The shares of base 8 are read over steps 8 to 11, never
 // past (i+1)·budget at step 8+i, and are in by step 11; a host lost
-// while they go, a newer base (a placement that resumes past 8), a new
-// placement at 8 (its shares go unpaced: G waits for them), and a
-// restart from 9 leave every rank recoverable bitwise from every set of
-// lost hosts, and no row holds a share of a base given up. Before the
-// pacing the encoders read the whole shard at step 8.
+// while they go, a restart from 9 and one at 8 leave every rank
+// recoverable bitwise from every set of lost hosts, and no row holds a
+// share of a base given up (placements: ecpace_place_test.go). Before
+// the pacing the encoders read the whole shard at step 8.
 func TestECDiffSharesPaced(t *testing.T) {
 	const b = paceEvery
 	const sigma = paceEvery / 2
