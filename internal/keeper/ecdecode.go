@@ -44,7 +44,11 @@ package keeper
 // subset not yet tried for that region in lexicographic order. A region
 // is given up, and the decode fails with ErrUnrecoverable, when every
 // K-subset of the sources still usable gave a wrong CRC32C (at most
-// C(K+M-1, K) rebuilds of it), or when fewer than K sources are left.
+// C(K+M-1, K) rebuilds of it), or when fewer than K sources are left;
+// with errNoRoom instead (a retry once there is room may decode) when
+// sources were dropped for want of room (a host's reserve refused the
+// answer) and, for too few sources, they would make K again with the
+// usable ones.
 // Regions verified before stay verified: only the failing region is
 // rebuilt again.
 
@@ -114,7 +118,9 @@ type ecDecode struct {
 // unspecified bytes (a region may be half rebuilt, or rebuilt wrong and
 // not yet rebuilt again) and must not be committed. The error wraps
 // ErrUnrecoverable when the stripe cannot give the state (with why each
-// source was dropped), context.Cause(ctx) when ctx ended first. Every
+// source was dropped), errNoRoom instead when the sources dropped for
+// want of room would let it (see the order above), context.Cause(ctx)
+// when ctx ended first. Every
 // read it started has returned by the time it returns.
 //
 // Decodes of several lost members of one stripe are independent, and may
