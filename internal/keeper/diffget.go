@@ -2,6 +2,7 @@ package keeper
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"slices"
 
@@ -189,7 +190,11 @@ func (st *replicaStore) getDiffWhole(c net.Conn, h linkHdr, t []tableEntry) erro
 	for i, e := range t {
 		views[i] = data[e.name]
 	}
-	return writeFrame(c, linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}, t, views)
+	// The reserved copy is let go when the reader does not take it
+	// (writeAnswer).
+	return writeAnswer(c, nil, func(w io.Writer) error {
+		return writeFrame(w, linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}, t, views)
+	})
 }
 
 // regionTable returns a table of regions (names and sizes, no CRC32Cs).

@@ -44,7 +44,11 @@ package keeper
 // subset not yet tried for that region in lexicographic order. A region
 // is given up, and the decode fails with ErrUnrecoverable, when every
 // K-subset of the sources still usable gave a wrong CRC32C (at most
-// C(K+M-1, K) rebuilds of it), or when fewer than K sources are left.
+// C(K+M-1, K) rebuilds of it), or when fewer than K sources are left;
+// with errNoRoom instead (a retry once there is room may decode) when
+// sources were dropped for want of room (a host's reserve refused the
+// answer) and, for too few sources, they would make K again with the
+// usable ones.
 // Regions verified before stay verified: only the failing region is
 // rebuilt again.
 
@@ -114,7 +118,9 @@ type ecDecode struct {
 // unspecified bytes (a region may be half rebuilt, or rebuilt wrong and
 // not yet rebuilt again) and must not be committed. The error wraps
 // ErrUnrecoverable when the stripe cannot give the state (with why each
-// source was dropped), context.Cause(ctx) when ctx ended first. Every
+// source was dropped), errNoRoom instead when the sources dropped for
+// want of room would let it (see the order above), context.Cause(ctx)
+// when ctx ended first. Every
 // read it started has returned by the time it returns.
 //
 // Decodes of several lost members of one stripe are independent, and may
@@ -335,26 +341,62 @@ func (d *decoder) usable() int {
 	return u
 }
 
-// tooFew is the error of a decode left with fewer than K sources.
+// tooFew is the error of a decode left with fewer than K sources: one
+// wrapping errNoRoom (not ErrUnrecoverable) when the sources dropped for
+// want of room would make K again with the usable ones, since a retry
+// once the hosts' reserves have room may decode (retryNoRoom), as for a
+// log refused so (decodeReplay); else ErrUnrecoverable.
 func (d *decoder) tooFew() error {
-	return d.unrecoverable("%d of the %d other shards usable, %d needed", d.usable(), d.n-1, d.k)
+	return d.fail(d.usable()+d.droppedForRoom() >= d.k, fmt.Sprintf("%d of the %d other shards usable, %d needed", d.usable(), d.n-1, d.k))
 }
 
 // unrecoverable returns an error wrapping ErrUnrecoverable and why each
-// dropped source was dropped; not ErrUnrecoverable when a source was
-// dropped for want of room (errNoRoom: a host's reserve refused its
-// answer), since a retry once the reserve has room may decode
-// (retryNoRoom), as for a log refused so (decodeReplay).
+// dropped source was dropped, which does not match errNoRoom: room would
+// not mend it.
 func (d *decoder) unrecoverable(format string, args ...any) error {
-	msg := fmt.Sprintf("member %d: ", d.lost) + fmt.Sprintf(format, args...)
-	if why := errors.Join(d.dropped...); why != nil {
-		if errors.Is(why, errNoRoom) {
-			return fmt.Errorf("%s: %w", msg, why)
-		}
-		return fmt.Errorf("%w: %s: %w", ErrUnrecoverable, msg, why)
-	}
-	return fmt.Errorf("%w: %s", ErrUnrecoverable, msg)
+	return d.fail(false, fmt.Sprintf(format, args...))
 }
+
+// fail returns the decode's error of what, with why each dropped source
+// was dropped: wrapping errNoRoom and not ErrUnrecoverable when
+// roomMayMend and a source was dropped for want of room; else wrapping
+// ErrUnrecoverable and never matching errNoRoom.
+func (d *decoder) fail(roomMayMend bool, what string) error {
+	msg := fmt.Sprintf("member %d: %s", d.lost, what)
+	why := errors.Join(d.dropped...)
+	switch {
+	case why == nil:
+		return fmt.Errorf("%w: %s", ErrUnrecoverable, msg)
+	case roomMayMend && errors.Is(why, errNoRoom):
+		return fmt.Errorf("%s: %w", msg, why)
+	default:
+		return fmt.Errorf("%w: %s: %w", ErrUnrecoverable, msg, roomHidden{why})
+	}
+}
+
+// droppedForRoom is how many sources were dropped for want of room (a
+// host's reserve refused its answer: errNoRoom).
+func (d *decoder) droppedForRoom() int {
+	n := 0
+	for _, err := range d.dropped {
+		if err != nil && errors.Is(err, errNoRoom) {
+			n++
+		}
+	}
+	return n
+}
+
+// roomHidden is err as errors.Is and errors.As see it, except that it
+// does not match errNoRoom: the reasons of a failure that a retry once
+// there is room would not mend (retryNoRoom retries what matches
+// errNoRoom).
+type roomHidden struct{ err error }
+
+func (e roomHidden) Error() string { return e.err.Error() }
+
+func (e roomHidden) Is(target error) bool { return target != errNoRoom && errors.Is(e.err, target) }
+
+func (e roomHidden) As(target any) bool { return errors.As(e.err, target) }
 
 // choose sets d.subset to the next K-subset to rebuild a region from:
 // the one that rebuilt the last verified region if it is usable and not
@@ -516,8 +558,10 @@ func (d *decoder) run(ctx context.Context) error {
 			if d.usable() < d.k {
 				return d.tooFew()
 			}
-			return d.unrecoverable("region %q (%d bytes): no %d of the %d usable shards rebuild its committed CRC32C %08x (%d subsets tried)",
-				reg.name, reg.size, d.k, d.usable(), reg.sum, len(tried))
+			// A source dropped for want of room would give subsets not
+			// tried yet: a retry once there is room may decode.
+			return d.fail(d.droppedForRoom() > 0, fmt.Sprintf("region %q (%d bytes): no %d of the %d usable shards rebuild its committed CRC32C %08x (%d subsets tried)",
+				reg.name, reg.size, d.k, d.usable(), reg.sum, len(tried)))
 		}
 		crc = 0
 		pending = d.start(ctx, f.set, f.region, 0)

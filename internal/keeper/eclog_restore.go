@@ -41,7 +41,9 @@ var errReplayMismatch = errors.New("the log replayed onto the decoded base diffe
 // the rank's committed bytes at g (each region's CRC32C checked; with a
 // lossy codec, the replay's approximation, as a diff-mode holder's
 // restore gives it), and an error wrapping ErrUnrecoverable when no coded
-// base or no log gives them.
+// base or no log gives them, except one wrapping errNoRoom instead when
+// the base's decode (decodeAt) or a log was refused for want of room in
+// a host's reserve: a retry once there is room may restore.
 func (s *service) decodeReplay(ctx context.Context, g, hb int64, logs []int, pl *placement, views map[string][]byte) error {
 	if hb < 0 || hb > g {
 		return fmt.Errorf("%w: rank %d: no coded base at or before step %d (H is %d)", ErrUnrecoverable, s.rank, g, hb)

@@ -60,7 +60,9 @@ import (
 // the bytes the rank committed at g (each region's CRC32C checked); an
 // error wrapping ErrUnrecoverable when the stripe cannot give them
 // (fewer than K usable shards, none of the parity rows answering, or no
-// K of them rebuilding the committed CRC32Cs).
+// K of them rebuilding the committed CRC32Cs), except one wrapping
+// errNoRoom instead when shards refused for want of room in their hosts'
+// reserves would make K again (decodeMember): a retry may decode.
 func (s *service) decodeRemote(ctx context.Context, g int64, pl *placement, views map[string][]byte) error {
 	_, err := s.decodeAt(ctx, g, pl, views)
 	return err
@@ -142,7 +144,9 @@ func (s *service) decodeAt(ctx context.Context, g int64, pl *placement, views ma
 		return nil, fmt.Errorf("rank %d: %w", s.rank, err)
 	}
 	err := decodeMember(ctx, ecDecode{codec: pl.ec.codec, lost: pos.x, shard: shard, sources: sources, table: ref[pos.x].table, views: views})
-	if err != nil && len(why) > 0 && errors.Is(err, ErrUnrecoverable) {
+	if err != nil && len(why) > 0 && (errors.Is(err, ErrUnrecoverable) || errors.Is(err, errNoRoom)) {
+		// Why the other rows were not sources: as much the decode's
+		// failure as its own sources'.
 		return nil, fmt.Errorf("%w (and %w)", err, errors.Join(why...))
 	}
 	if err != nil {

@@ -286,6 +286,13 @@ func FuzzLinkFrames(f *testing.F) {
 	lb := append(hdr(linkHdr{kind: kindBase, count: 2, owner: 3, holder: 5, step: 7, gen: 1, length: logBeginSize}), appendTable(nil, tbl)...)
 	lb = appendOptDesc(lb, 0, &protect.Optimizer{Region: "optimizer", N: 250, W: 0, M: 1000, V: 2000})
 	f.Add(binary.BigEndian.AppendUint64(lb, 9))
+	// The same with the descriptor's reserved bytes not zero (refused).
+	lbr := slices.Clone(lb)
+	lbr[len(lbr)-optDescSize+7] = 1
+	f.Add(binary.BigEndian.AppendUint64(lbr, 9))
+	// A base's first frame: the descriptor, then the regions' bytes.
+	bf := append(hdr(linkHdr{kind: kindBase, count: 2, owner: 3, holder: 5, step: 7, gen: 1, length: optDescSize + tableBytes(tbl)}), appendTable(nil, tbl)...)
+	f.Add(appendOptDesc(bf, 1, &protect.Optimizer{Region: "meta", N: 25, W: 0, M: 100, V: 200}))
 	f.Add([]byte{})
 	f.Add([]byte{linkMagic})
 
@@ -298,6 +305,7 @@ func FuzzLinkFrames(f *testing.F) {
 		copy(hb, in)
 		rest := in[min(len(in), linkHdrSize):]
 		h, err := parseLinkHdr(hb)
+		hdrOK := err == nil
 		n := int(hb[2]) % (protect.MaxRegions + 1)
 		if err == nil {
 			if hb[0] != linkMagic || h.count < 0 || h.count > protect.MaxRegions || h.owner < 0 || h.owner > 1<<30 ||
@@ -332,6 +340,11 @@ func FuzzLinkFrames(f *testing.F) {
 			}
 			if again, err := readTable(bytes.NewReader(enc), n); err != nil || !slices.Equal(again, tb) {
 				t.Fatalf("table %+v reads back as %+v, %v", tb, again, err)
+			}
+			if hdrOK && (h.length == logBeginSize || h.length == optDescSize+tableBytes(tb)) {
+				// A logBegin or a base's first frame: the optimizer
+				// descriptor follows the table.
+				checkOptDesc(t, rest[len(enc):], tb)
 			}
 		}
 		a, err := readAnswer(bytes.NewReader(in))
@@ -379,4 +392,28 @@ func TestReadTableCount(t *testing.T) {
 			t.Fatal("readTable(1<<40) accepted")
 		}
 	})
+}
+
+// checkOptDesc checks parseOptDesc of db (the bytes after a frame's
+// table tb) against the descriptor's layout: it does not panic, and
+// accepts only a descriptor of optDescSize bytes or more whose region
+// index is one of tb's and whose reserved bytes are zero, read as they
+// are laid out.
+func checkOptDesc(t *testing.T, db []byte, tb []tableEntry) {
+	t.Helper()
+	opt, err := parseOptDesc(db, tb)
+	if err != nil {
+		return
+	}
+	if len(db) < optDescSize {
+		t.Fatalf("a descriptor of %d bytes accepted as %+v", len(db), opt)
+	}
+	idx, reserved := binary.BigEndian.Uint32(db), binary.BigEndian.Uint32(db[4:])
+	if reserved != 0 || idx >= uint32(len(tb)) {
+		t.Fatalf("descriptor %x (region %d of %d, reserved %#x) accepted as %+v", db[:optDescSize], idx, len(tb), reserved, opt)
+	}
+	u64 := func(i int) int64 { return int64(binary.BigEndian.Uint64(db[i:])) }
+	if opt.Region != tb[idx].name || opt.N != u64(8) || opt.WOff != u64(16) || opt.MOff != u64(24) || opt.VOff != u64(32) {
+		t.Fatalf("descriptor %x read as %+v", db[:optDescSize], opt)
+	}
 }

@@ -3,6 +3,7 @@ package keeper
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"slices"
@@ -289,7 +290,8 @@ func (st *replicaStore) get(c net.Conn, h linkHdr) error {
 		return writeFail(c, h, failOther, fmt.Sprintf("no replica of rank %d at step %d here", h.owner, h.step))
 	}
 	d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
-	err := writeFrame(c, d, t, data)
+	// The pinned buffer is let go when the reader does not take it.
+	err := writeAnswer(c, nil, func(w io.Writer) error { return writeFrame(w, d, t, data) })
 	st.unpin(o, pin)
 	return err
 }
@@ -310,7 +312,9 @@ func (st *replicaStore) getSlot(c net.Conn, h linkHdr, want []tableEntry) error 
 	var linkErr error
 	err := svc.readSlot(h.step, names, func(t []tableEntry, data [][]byte) error {
 		d := linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
-		linkErr = writeFrame(c, d, t, data)
+		// The slot's mapping is let go when the reader does not take
+		// the answer.
+		linkErr = writeAnswer(c, svc.life, func(w io.Writer) error { return writeFrame(w, d, t, data) })
 		return linkErr
 	})
 	if err != nil && linkErr == nil {

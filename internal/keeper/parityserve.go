@@ -386,18 +386,68 @@ func (ps *parityStore) ecGet(c net.Conn, h linkHdr, e ecHdr) error {
 	// The pinned array (reserved once detached) is let go when the reader
 	// has not taken the answer within ecAnswerWait: a reader on a host
 	// that died would hold it until TCP gives up (minutes).
-	if err := c.SetWriteDeadline(time.Now().Add(ecAnswerWait)); err != nil {
+	err = writeAnswer(c, nil, func(w io.Writer) error {
+		_, err := bufs.WriteTo(w)
 		return err
-	}
-	if _, err = bufs.WriteTo(c); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("an ecGet answer of %d bytes: %w", e.n, err)
+	}
+	return nil
+}
+
+// ecAnswerWait bounds the writing of each maxECRange bytes of an answer
+// (writeAnswer: 2 MiB/s at least); a variable for tests.
+var ecAnswerWait = slowWait
+
+// writeAnswer has write write an answer to a request to the link c
+// through a writer whose every maxECRange bytes its reader must take
+// within ecAnswerWait, else the write fails (os.ErrDeadlineExceeded)
+// and the link is to be closed: a reader on a host that died would
+// otherwise hold what the answer pins or reserves (a row's array, an
+// answer's buffer, a slot's mapping) until TCP gives up (minutes). When
+// life (nil: none) ends, the write fails at its next maxECRange bytes
+// (whoever ends it also sets c's write deadline to the past, to end the
+// one being written). The deadline is cleared once the answer is
+// written.
+func writeAnswer(c net.Conn, life context.Context, write func(w io.Writer) error) error {
+	if life == nil {
+		life = context.Background()
+	}
+	if err := write(answerConn{c: c, life: life}); err != nil {
+		return err
 	}
 	return c.SetWriteDeadline(time.Time{})
 }
 
-// ecAnswerWait bounds the writing of one ecGet answer (at most
-// maxECRange bytes: 2 MiB/s at least); a variable for tests.
-var ecAnswerWait = slowWait
+// answerConn is the writer of writeAnswer.
+type answerConn struct {
+	c    net.Conn
+	life context.Context
+}
+
+// Write writes p to the link in pieces of at most maxECRange bytes, each
+// with a write deadline ecAnswerWait away.
+func (a answerConn) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		if err := a.c.SetWriteDeadline(time.Now().Add(ecAnswerWait)); err != nil {
+			return n, err
+		}
+		// Checked after the deadline is set: a life ended meanwhile set
+		// its own (past) deadline before, or is seen here.
+		if err := a.life.Err(); err != nil {
+			return n, fmt.Errorf("an answer's write: %w", err)
+		}
+		k, err := a.c.Write(p[:min(len(p), maxECRange)])
+		n += k
+		if err != nil {
+			return n, err
+		}
+		p = p[k:]
+	}
+	return n, nil
+}
 
 // shardRange copies bytes [off, off+len(dst)) of owner's shard at step
 // (its replicated regions concatenated, zeros past its end) into dst,
@@ -533,8 +583,10 @@ func (ps *parityStore) getRange(c net.Conn, h linkHdr, e ecHdr) error {
 	}
 	defer ps.h.store.putAnswerBuf(buf)
 	var t []tableEntry
+	var life context.Context
 	if s := ps.h.svc(h.holder); s != nil && h.holder == h.owner {
 		// The rank's service closing ends a write held up by the reader.
+		life = s.life
 		defer context.AfterFunc(s.life, func() { c.SetWriteDeadline(time.Unix(1, 0)) })()
 	}
 	t, err = ps.h.shardRange(h.owner, h.holder, h.step, e.off, buf)
@@ -546,8 +598,12 @@ func (ps *parityStore) getRange(c net.Conn, h linkHdr, e ecHdr) error {
 	b := make([]byte, linkHdrSize, linkHdrSize+len(t)*45)
 	a.put(b)
 	b = appendTable(b, t)
-	_, err = (&net.Buffers{b, buf}).WriteTo(c)
-	return err
+	// The reserved buffer is let go when the reader does not take the
+	// answer (writeAnswer).
+	return writeAnswer(c, life, func(w io.Writer) error {
+		_, err := (&net.Buffers{b, buf}).WriteTo(w)
+		return err
+	})
 }
 
 // serveEC serves one EC request (kinds 10 to 14) whose header and table

@@ -75,6 +75,10 @@ func (s *service) corruptErr(g int64, crcBad []int, err error) error {
 // that spare bases, rows and logs, and room comes back as they finish.
 var restoreNoRoomWait = slowWait
 
+// testHookNoRoomRetry, if set (by tests), is called with each errNoRoom
+// failure that retryNoRoom is about to retry, before it waits.
+var testHookNoRoomRetry func(err error)
+
 // retryNoRoom runs f until it does not fail with errNoRoom, the wait
 // has passed (then its last error), or ctx ends, backing off 50 ms
 // doubling to 1 s between tries. f holds no reservation between tries
@@ -90,6 +94,9 @@ func retryNoRoom(ctx context.Context, wait time.Duration, f func() error) error 
 		left := time.Until(deadline)
 		if left <= 0 {
 			return err
+		}
+		if h := testHookNoRoomRetry; h != nil {
+			h(err)
 		}
 		t := time.NewTimer(min(backoff, left))
 		select {
@@ -163,25 +170,21 @@ func (s *service) restoreRemote(ctx context.Context, g int64) (int, error) {
 	var crcBad []int // holders whose copies failed their CRC32C
 	got := len(want) == 0
 	decodeFailed := false // for want of room or shards: the durable tier is tried
-	for _, hr := range optFrom {
-		if got {
-			break
+	if !got && len(optFrom) > 0 {
+		var holderErrs []error
+		try := func() error {
+			got, holderErrs, crcBad = s.fetchFromHolders(ctx, g, pl, optFrom, want, replViews)
+			if !got && !hasDecode(pl, s.rank) && allNoRoom(holderErrs) {
+				return errors.Join(holderErrs...)
+			}
+			return nil
 		}
-		dst := maps.Clone(replViews)
-		var err error
-		if host := pl.hostOf(hr); host == s.h.cfg.Host {
-			err = s.h.store.copyOut(s.rank, g, dst)
-		} else {
-			err = s.h.links.fetch(ctx, host, linkHdr{kind: kindGet, owner: s.rank, holder: hr, step: g}, want, dst)
-		}
-		if err == nil {
-			got = true
-			break
-		}
-		if errors.Is(err, ErrCopyCRC) {
-			crcBad = append(crcBad, hr)
-		}
-		errs = append(errs, fmt.Errorf("holder rank %d: %w", hr, err))
+		// Every holder refused for want of room (a lossy diff-mode
+		// holder reserves the copy it restores: getDiffWhole) and no
+		// decode may stand in: the holders are asked again as room
+		// comes back, nothing held between tries.
+		_ = retryNoRoom(ctx, restoreNoRoomWait, try)
+		errs = append(errs, holderErrs...)
 	}
 	if !got && pl.ec != nil {
 		if _, ok := pl.ec.pos[s.rank]; ok {
@@ -306,6 +309,48 @@ func (s *service) copySlot(step int64, name string, dst []byte) error {
 		}
 		return nil
 	})
+}
+
+// fetchFromHolders fetches the replicated regions of step g (want) into
+// replViews from the first of holders that has them, each asked once in
+// turn. It reports whether one had them, the others' errors, and the
+// holder ranks whose copies failed their CRC32C.
+func (s *service) fetchFromHolders(ctx context.Context, g int64, pl *placement, holders []int, want []tableEntry, replViews map[string][]byte) (bool, []error, []int) {
+	var errs []error
+	var crcBad []int
+	for _, hr := range holders {
+		dst := maps.Clone(replViews)
+		var err error
+		if host := pl.hostOf(hr); host == s.h.cfg.Host {
+			err = s.h.store.copyOut(s.rank, g, dst)
+		} else {
+			err = s.h.links.fetch(ctx, host, linkHdr{kind: kindGet, owner: s.rank, holder: hr, step: g}, want, dst)
+		}
+		if err == nil {
+			return true, errs, crcBad
+		}
+		if errors.Is(err, ErrCopyCRC) {
+			crcBad = append(crcBad, hr)
+		}
+		errs = append(errs, fmt.Errorf("holder rank %d: %w", hr, err))
+	}
+	return false, errs, crcBad
+}
+
+// hasDecode reports whether rank r may be rebuilt from an erasure-coded
+// stripe (it is in a group of pl).
+func hasDecode(pl *placement, r int) bool {
+	if pl.ec == nil {
+		return false
+	}
+	_, ok := pl.ec.pos[r]
+	return ok
+}
+
+// allNoRoom reports whether errs is not empty and each of them is a
+// refusal for want of room (errNoRoom).
+func allNoRoom(errs []error) bool {
+	return len(errs) > 0 && !slices.ContainsFunc(errs, func(err error) bool { return !errors.Is(err, errNoRoom) })
 }
 
 // preferFirst returns rest with first (if ok) moved or added in front,
