@@ -386,11 +386,7 @@ func (ps *parityStore) ecGet(c net.Conn, h linkHdr, e ecHdr) error {
 	// The pinned array (reserved once detached) is let go when the reader
 	// has not taken the answer within ecAnswerWait: a reader on a host
 	// that died would hold it until TCP gives up (minutes).
-	err = writeAnswer(c, nil, func(w io.Writer) error {
-		_, err := bufs.WriteTo(w)
-		return err
-	})
-	if err != nil {
+	if err := writeAnswerBuffers(c, nil, bufs); err != nil {
 		return fmt.Errorf("an ecGet answer of %d bytes: %w", e.n, err)
 	}
 	return nil
@@ -415,6 +411,36 @@ func writeAnswer(c net.Conn, life context.Context, write func(w io.Writer) error
 		life = context.Background()
 	}
 	if err := write(answerConn{c: c, life: life}); err != nil {
+		return err
+	}
+	return c.SetWriteDeadline(time.Time{})
+}
+
+// writeAnswerBuffers is writeAnswer of bufs: in one writev under one
+// deadline when they hold at most maxECRange bytes (an ecGet's or a
+// getRange's answer: the header and the data in one call, as without a
+// deadline), else piece by piece.
+func writeAnswerBuffers(c net.Conn, life context.Context, bufs net.Buffers) error {
+	n := 0
+	for _, b := range bufs {
+		n += len(b)
+	}
+	if n > maxECRange+linkHdrSize+64<<10 {
+		return writeAnswer(c, life, func(w io.Writer) error {
+			_, err := bufs.WriteTo(w)
+			return err
+		})
+	}
+	if life == nil {
+		life = context.Background()
+	}
+	if err := c.SetWriteDeadline(time.Now().Add(ecAnswerWait)); err != nil {
+		return err
+	}
+	if err := life.Err(); err != nil {
+		return fmt.Errorf("an answer's write: %w", err)
+	}
+	if _, err := bufs.WriteTo(c); err != nil {
 		return err
 	}
 	return c.SetWriteDeadline(time.Time{})
@@ -600,10 +626,7 @@ func (ps *parityStore) getRange(c net.Conn, h linkHdr, e ecHdr) error {
 	b = appendTable(b, t)
 	// The reserved buffer is let go when the reader does not take the
 	// answer (writeAnswer).
-	return writeAnswer(c, life, func(w io.Writer) error {
-		_, err := (&net.Buffers{b, buf}).WriteTo(w)
-		return err
-	})
+	return writeAnswerBuffers(c, life, net.Buffers{b, buf})
 }
 
 // serveEC serves one EC request (kinds 10 to 14) whose header and table
