@@ -2,13 +2,10 @@ package keeper
 
 import (
 	"errors"
-	"math"
 	"net"
 	"os"
 	"testing"
 	"time"
-
-	"github.com/gorun/gorun/replay"
 )
 
 // abandonedAnswer runs serve (an answer's writer) on one end of a
@@ -62,20 +59,7 @@ func TestAnswersAbandoned(t *testing.T) {
 		}
 	})
 	t.Run("getDiffWhole", func(t *testing.T) {
-		lossy := replay.Options{Threshold: math.MaxInt} // int8
-		peers := func(int) []int { return []int{0, 1} }
-		c := newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, func(cfg *Config) {
-			diffMod(100, 1000)(cfg)
-			cfg.Diff.Codec = lossy
-		})
-		h := c.hosts[1]
-		regs, grads := ownerSteps(t, c, 2)
-		if err := sendBaseTo(t, h, 0, 0, regs[0]); err != nil {
-			t.Fatal(err)
-		}
-		if err := sendDiffTo(t, h, 1, 0, grads[1], diffHyper(1), lossy, regs[1]); err != nil {
-			t.Fatal(err)
-		}
+		h := lossyHolder(t)
 		before := storeBytes(h)
 		err := abandonedAnswer(t, func(conn net.Conn) error {
 			return h.store.getDiff(conn, linkHdr{kind: kindGet, owner: 0, holder: 1, step: 1})

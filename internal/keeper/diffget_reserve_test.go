@@ -16,20 +16,7 @@ import (
 // (failNoRoom) and the reserve is unchanged; with room it is answered
 // and, once sent, the reserve holds what it held before.
 func TestDiffGetWholeReserve(t *testing.T) {
-	lossy := replay.Options{Threshold: math.MaxInt} // int8
-	peers := func(int) []int { return []int{0, 1} }
-	c := newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, func(cfg *Config) {
-		diffMod(100, 1000)(cfg)
-		cfg.Diff.Codec = lossy
-	})
-	h := c.hosts[1]
-	regs, grads := ownerSteps(t, c, 2)
-	if err := sendBaseTo(t, h, 0, 0, regs[0]); err != nil {
-		t.Fatal(err)
-	}
-	if err := sendDiffTo(t, h, 1, 0, grads[1], diffHyper(1), lossy, regs[1]); err != nil {
-		t.Fatal(err)
-	}
+	h := lossyHolder(t)
 	get := func() (linkHdr, error) {
 		conn, errc := holderConn(t, func(c net.Conn) error {
 			return h.store.getDiff(c, linkHdr{kind: kindGet, owner: 0, holder: 1, step: 1})
@@ -62,4 +49,26 @@ func TestDiffGetWholeReserve(t *testing.T) {
 	if n := storeBytes(h); n != before {
 		t.Fatalf("the reserve holds %d bytes after the answer, %d before", n, before)
 	}
+}
+
+// lossyHolder returns host 1 of two in diff mode with a lossy codec
+// (int8), holding rank 0's base at step 0 and its differential of step
+// 1: a get of step 1 is restored whole (getDiffWhole).
+func lossyHolder(t *testing.T) *Keeper {
+	t.Helper()
+	lossy := replay.Options{Threshold: math.MaxInt} // int8
+	peers := func(int) []int { return []int{0, 1} }
+	c := newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, func(cfg *Config) {
+		diffMod(100, 1000)(cfg)
+		cfg.Diff.Codec = lossy
+	})
+	h := c.hosts[1]
+	regs, grads := ownerSteps(t, c, 2)
+	if err := sendBaseTo(t, h, 0, 0, regs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := sendDiffTo(t, h, 1, 0, grads[1], diffHyper(1), lossy, regs[1]); err != nil {
+		t.Fatal(err)
+	}
+	return h
 }

@@ -190,22 +190,9 @@ func TestECGetAnswerAbandoned(t *testing.T) {
 	}
 	host, holder := j.rowHost(0)
 	ps := j.c.hosts[host].parity
-	old := ecAnswerWait
-	ecAnswerWait = 50 * time.Millisecond
-	t.Cleanup(func() { ecAnswerWait = old })
-	server, client := net.Pipe() // synchronous: nothing is written until read
-	defer client.Close()
-	defer server.Close()
 	h := linkHdr{kind: kindECGet, owner: holder, holder: holder, step: 0}
 	e := ecHdr{group: 0, stripe: 0, row: 0, n: 4096, hb: noStep}
-	done := make(chan error, 1)
-	go func() { done <- ps.ecGet(server, h, e) }()
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(time.Minute):
-		t.Fatal("an answer nobody reads still being written after a minute")
-	}
+	err := abandonedAnswer(t, func(c net.Conn) error { return ps.ecGet(c, h, e) })
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("ecGet to a reader that reads nothing: %v, want a deadline error", err)
 	}

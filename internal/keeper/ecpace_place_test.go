@@ -24,6 +24,14 @@ func (pj *pacedJob) placeAll(t *testing.T, epoch uint64, g, hb int64) {
 			t.Fatalf("host %d: %v", h, err)
 		}
 	}
+	pj.restoreAll(g)
+}
+
+// restoreAll has every rank of pj restore, as a new process with the
+// same states would, and checks that it restores step g.
+func (pj *pacedJob) restoreAll(g int64) {
+	t := pj.t
+	t.Helper()
 	for r, old := range pj.rs {
 		old.close()
 		dr, err := newDiffRank(t, pj.c.hosts[pj.hostOf[r]], r, 11, old.states)
@@ -36,6 +44,39 @@ func (pj *pacedJob) placeAll(t *testing.T, epoch uint64, g, hb int64) {
 		}
 		pj.rs[r] = dr
 	}
+}
+
+// pacedRuns returns every rank's base refresh and share send, and fails
+// the test unless each is base b's, paced.
+func (pj *pacedJob) pacedRuns(b int64) (map[int]*refresh, map[int]*shareRun) {
+	t := pj.t
+	t.Helper()
+	olds, runs := map[int]*refresh{}, map[int]*shareRun{}
+	for r := range pj.hostOf {
+		x := pj.rep(r)
+		x.mu.Lock()
+		olds[r], runs[r] = x.ref, x.ecb.shares
+		x.mu.Unlock()
+		if olds[r] == nil || olds[r].step != b || runs[r] == nil || runs[r].pace == nil {
+			t.Fatalf("rank %d: base %v, shares %v: want base %d's shares going, paced", r, olds[r], runs[r], b)
+		}
+	}
+	return olds, runs
+}
+
+// coded reports whether every rank of pj has a base at step b or later
+// coded (every parity row took its shares).
+func (pj *pacedJob) coded(b int64) bool {
+	for r := range pj.hostOf {
+		x := pj.rep(r)
+		x.mu.Lock()
+		ok := x.ecb.base() >= b
+		x.mu.Unlock()
+		if !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // TestSharePacePlacements: a new placement while base 8's shares wait at
@@ -86,17 +127,7 @@ func TestSharePacePlacements(t *testing.T) {
 			return g >= b+1
 		})
 		g, hb := pj.published()
-		olds := map[int]*refresh{}
-		runs := map[int]*shareRun{}
-		for r := range pj.hostOf {
-			x := pj.rep(r)
-			x.mu.Lock()
-			olds[r], runs[r] = x.ref, x.ecb.shares
-			x.mu.Unlock()
-			if runs[r] == nil || runs[r].pace == nil {
-				t.Fatalf("rank %d: base %d's shares not paced", r, b)
-			}
-		}
+		olds, runs := pj.pacedRuns(b)
 		pj.placeAll(t, 2, g, hb)
 		for r, sr := range runs {
 			select {
@@ -141,16 +172,7 @@ func TestSharePaceStoppedTrainer(t *testing.T) {
 	pj.stepAll(b)
 	pj.c.waitFor("base 8 coded with no commit after it", func() bool {
 		pj.publish()
-		for r := range pj.hostOf {
-			x := pj.rep(r)
-			x.mu.Lock()
-			ok := x.ecb.base() >= b
-			x.mu.Unlock()
-			if !ok {
-				return false
-			}
-		}
-		return true
+		return pj.coded(b)
 	})
 }
 
@@ -177,18 +199,7 @@ func TestSharePaceReplNS(t *testing.T) {
 		pj.stepAll(c)
 		pj.quiet(c)
 	}
-	pj.c.waitFor("base 8 coded", func() bool {
-		for r := range pj.hostOf {
-			x := pj.rep(r)
-			x.mu.Lock()
-			ok := x.ecb.base() >= b
-			x.mu.Unlock()
-			if !ok {
-				return false
-			}
-		}
-		return true
-	})
+	pj.c.waitFor("base 8 coded", func() bool { return pj.coded(b) })
 	for r := range pj.hostOf {
 		if grew := time.Duration(pj.c.hosts[pj.hostOf[r]].svc(r).replNS.Load() - before[r]); grew >= paused {
 			t.Errorf("rank %d: ReplNS grew by %v over %v of steps paused: the pacing's waits counted as replication", r, grew, paused)

@@ -303,34 +303,14 @@ func (pj *pacedJob) restartAt(g int64) {
 		pg, _ := pj.published()
 		return pg >= g
 	})
-	olds := map[int]*refresh{}
-	runs := map[int]*shareRun{}
-	for r := range pj.hostOf {
-		x := pj.rep(r)
-		x.mu.Lock()
-		olds[r], runs[r] = x.ref, x.ecb.shares
-		x.mu.Unlock()
-		if olds[r] == nil || olds[r].step != b || runs[r] == nil || runs[r].pace == nil {
-			t.Fatalf("rank %d: base %v, shares %v: want base %d's shares going, paced", r, olds[r], runs[r], b)
-		}
-	}
+	olds, runs := pj.pacedRuns(b)
 	gen := pj.c.hosts[0].Gen() + 1
 	for h := range pj.c.hosts {
 		if err := pj.c.hosts[h].Restart(gen, g); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for r, old := range pj.rs {
-		dr, err := newDiffRank(t, pj.c.hosts[pj.hostOf[r]], r, 11, old.states)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(dr.close)
-		if res, err := dr.restore(context.Background()); err != nil || res.Step != g {
-			t.Fatalf("rank %d: restore: %+v, %v; want step %d", r, res, err, g)
-		}
-		pj.rs[r] = dr
-	}
+	pj.restoreAll(g)
 	for r, sr := range runs {
 		select {
 		case <-sr.done:
