@@ -119,3 +119,23 @@ func TestGPublishedBeforeProgress(t *testing.T) {
 		t.Fatalf("stopped %t (code %d), restart %+v; want a restart from G 6", m.stopped, m.ExitCode(), restart)
 	}
 }
+
+// TestViolationI4: the I4 check itself (which the events as handled can
+// no longer fail: a published G raises every rank's step) names the rank
+// a resume step past its committed step would be, and a rank that never
+// reported is not held to it.
+func TestViolationI4(t *testing.T) {
+	m, err := New(Config{World: 2, Hosts: []topology.Host{{Name: "a", Slots: 2}}, Assign: []int{0, 0}, HeartbeatTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.g = 6
+	m.lastStep = []int64{7, -1}
+	if v := m.violation(nil); v != "" {
+		t.Fatalf("G 6 with steps 7 and none: %q, want no violation", v)
+	}
+	m.lastStep = []int64{7, 5}
+	if v, want := m.violation(nil), "I4: resume step 6 is past rank 1's committed step 5"; v != want {
+		t.Fatalf("G 6 with steps 7 and 5: %q, want %q", v, want)
+	}
+}

@@ -40,9 +40,9 @@
 // (its own live slot, or a valid copy at a live holder on another host);
 // I4 the resume step G is no later than any rank's committed step (a
 // published G counts as committed by every rank: the launcher computes it
-// from their replicated steps, so I4 guards against a G from elsewhere,
-// such as a roll-back). A violation stops the job with a report, never a
-// silently wrong epoch.
+// from their replicated steps; a roll-back lowers both together, so I4
+// is a defensive check that the events as handled now cannot fail). A
+// violation stops the job with a report, never a silently wrong epoch.
 //
 // # Failures
 //
