@@ -6,6 +6,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/replay"
 )
 
 // abandonedAnswer runs serve (an answer's writer) on one end of a
@@ -69,6 +71,17 @@ func TestAnswersAbandoned(t *testing.T) {
 		}
 		if got := storeBytes(h); got != before {
 			t.Fatalf("the reserve holds %d bytes after the abandoned answer, %d before", got, before)
+		}
+	})
+	// An exact step is streamed while the store's fold lock is held: an
+	// answer nobody reads must not hold it (nor the folds waiting on it).
+	t.Run("getDiff pieces", func(t *testing.T) {
+		h := diffHolder(t, replay.Options{Lossless: true})
+		err := abandonedAnswer(t, func(conn net.Conn) error {
+			return h.store.getDiff(conn, linkHdr{kind: kindGet, owner: 0, holder: 1, step: 1})
+		})
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("a diff-mode get's streamed answer to a reader that reads nothing: %v, want a deadline error", err)
 		}
 	})
 }

@@ -1,10 +1,12 @@
 package keeper
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"slices"
+	"time"
 
 	"github.com/gorun/gorun/internal/crc32c"
 	"github.com/gorun/gorun/internal/diffstore"
@@ -112,11 +114,17 @@ func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 	}
 	head := linkHdr{kind: kindPieces, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
 	sent := false
+	// The answer is written under writeAnswer's deadlines: RestorePieces
+	// holds the store's fold lock while it writes, and a reader on a host
+	// that died would hold it (and the folds and truncations waiting on
+	// it) until TCP gives up.
+	w := answerConn{c: c, life: context.Background()}
+	defer c.SetWriteDeadline(time.Time{})
 	sendHead := func() error {
 		sent = true
-		return writeFrame(c, head, t, [][]byte{}) // data non-nil: the length is the regions'
+		return writeFrame(w, head, t, [][]byte{}) // data non-nil: the length is the regions'
 	}
-	pw := newPieceWriter(c, t)
+	pw := newPieceWriter(w, t)
 	checked := 0
 	// check compares the regions before upTo, whole, with the owner's
 	// CRC32Cs.

@@ -55,19 +55,24 @@ func TestDiffGetWholeReserve(t *testing.T) {
 // (int8), holding rank 0's base at step 0 and its differential of step
 // 1: a get of step 1 is restored whole (getDiffWhole).
 func lossyHolder(t *testing.T) *Keeper {
+	return diffHolder(t, replay.Options{Threshold: math.MaxInt}) // int8
+}
+
+// diffHolder is lossyHolder with codec: an exact one makes a get of step
+// 1 streamed (getDiff's pieces).
+func diffHolder(t *testing.T, codec replay.Options) *Keeper {
 	t.Helper()
-	lossy := replay.Options{Threshold: math.MaxInt} // int8
 	peers := func(int) []int { return []int{0, 1} }
 	c := newClusterWith(t, [][]int{{0}, {1}}, [][]int{{1}, {0}}, peers, func(cfg *Config) {
 		diffMod(100, 1000)(cfg)
-		cfg.Diff.Codec = lossy
+		cfg.Diff.Codec = codec
 	})
 	h := c.hosts[1]
 	regs, grads := ownerSteps(t, c, 2)
 	if err := sendBaseTo(t, h, 0, 0, regs[0]); err != nil {
 		t.Fatal(err)
 	}
-	if err := sendDiffTo(t, h, 1, 0, grads[1], diffHyper(1), lossy, regs[1]); err != nil {
+	if err := sendDiffTo(t, h, 1, 0, grads[1], diffHyper(1), codec, regs[1]); err != nil {
 		t.Fatal(err)
 	}
 	return h

@@ -70,6 +70,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"time"
 
 	"github.com/gorun/gorun/internal/diffstore"
 )
@@ -101,9 +102,11 @@ func (st *replicaStore) getLog(c net.Conn, h linkHdr, t []tableEntry) error {
 		return writeFail(c, h, fwhy, fmt.Sprintf("rank %d steps %d to %d: %s", h.owner, from+1, to, why))
 	}
 	sent := 0
+	w := answerConn{c: c, life: context.Background()} // writeAnswer's deadlines
+	defer c.SetWriteDeadline(time.Time{})
 	err = records(from, to, func(d diffstore.Diff) error {
 		sent++
-		return writeLogFrame(c, linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: d.Step, gen: h.gen}, tables[d.Step-from-1], opt, d)
+		return writeLogFrame(w, linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: d.Step, gen: h.gen}, tables[d.Step-from-1], opt, d)
 	})
 	if err != nil && sent == 0 {
 		// Nothing sent yet (the log was cut meanwhile): a refusal.
