@@ -1,7 +1,9 @@
 package keeper
 
 import (
+	"bytes"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"testing"
@@ -84,4 +86,37 @@ func TestAnswersAbandoned(t *testing.T) {
 			t.Fatalf("a diff-mode get's streamed answer to a reader that reads nothing: %v, want a deadline error", err)
 		}
 	})
+}
+
+// TestAnswerWriteBuffers: writeBuffers sends every buffer, in order,
+// whether it groups them into one run, cuts the runs at maxECRange, or
+// writes a buffer longer than that alone.
+func TestAnswerWriteBuffers(t *testing.T) {
+	fill := func(n int, seed byte) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = seed + byte(i*7)
+		}
+		return b
+	}
+	bufs := net.Buffers{fill(10, 1), fill(maxECRange-5, 2), fill(3, 3), fill(maxECRange+7, 4), fill(1, 5), fill(6, 6)}
+	var want []byte
+	for _, b := range bufs {
+		want = append(want, b...)
+	}
+	server, client := net.Pipe()
+	defer client.Close()
+	defer server.Close()
+	done := make(chan error, 1)
+	go func() { done <- writeAnswerBuffers(server, nil, bufs) }()
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(client, got); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the bytes read are not the buffers' in order")
+	}
 }

@@ -416,31 +416,13 @@ func writeAnswer(c net.Conn, life context.Context, write func(w io.Writer) error
 	return c.SetWriteDeadline(time.Time{})
 }
 
-// writeAnswerBuffers is writeAnswer of bufs: in one writev under one
-// deadline when they hold at most maxECRange bytes (an ecGet's or a
-// getRange's answer: the header and the data in one call, as without a
-// deadline), else piece by piece.
+// writeAnswerBuffers is writeAnswer of bufs, written as answerConn's
+// writeBuffers writes them (a writev per run of at most maxECRange bytes).
 func writeAnswerBuffers(c net.Conn, life context.Context, bufs net.Buffers) error {
-	n := 0
-	for _, b := range bufs {
-		n += len(b)
-	}
-	if n > maxECRange+linkHdrSize+64<<10 {
-		return writeAnswer(c, life, func(w io.Writer) error {
-			_, err := bufs.WriteTo(w)
-			return err
-		})
-	}
 	if life == nil {
 		life = context.Background()
 	}
-	if err := c.SetWriteDeadline(time.Now().Add(ecAnswerWait)); err != nil {
-		return err
-	}
-	if err := life.Err(); err != nil {
-		return fmt.Errorf("an answer's write: %w", err)
-	}
-	if _, err := bufs.WriteTo(c); err != nil {
+	if err := (answerConn{c: c, life: life}).writeBuffers(bufs); err != nil {
 		return err
 	}
 	return c.SetWriteDeadline(time.Time{})
@@ -450,6 +432,40 @@ func writeAnswerBuffers(c net.Conn, life context.Context, bufs net.Buffers) erro
 type answerConn struct {
 	c    net.Conn
 	life context.Context
+}
+
+// writeBuffers writes bufs to the link in runs of at most maxECRange
+// bytes, each in one writev with a write deadline ecAnswerWait away (a
+// buffer longer than that alone, through Write): the header and the data
+// of an answer go out in one call, as net.Buffers writes to a net.Conn.
+// writeFrame uses it for an answerConn.
+func (a answerConn) writeBuffers(bufs net.Buffers) error {
+	for len(bufs) > 0 {
+		i, n := 0, 0
+		for i < len(bufs) && (i == 0 || n+len(bufs[i]) <= maxECRange) {
+			n += len(bufs[i])
+			i++
+		}
+		if n > maxECRange {
+			if _, err := a.Write(bufs[0]); err != nil {
+				return err
+			}
+			bufs = bufs[1:]
+			continue
+		}
+		if err := a.c.SetWriteDeadline(time.Now().Add(ecAnswerWait)); err != nil {
+			return err
+		}
+		if err := a.life.Err(); err != nil {
+			return fmt.Errorf("an answer's write: %w", err)
+		}
+		run := slices.Clone(bufs[:i]) // WriteTo consumes what it writes
+		if _, err := run.WriteTo(a.c); err != nil {
+			return err
+		}
+		bufs = bufs[i:]
+	}
+	return nil
 }
 
 // Write writes p to the link in pieces of at most maxECRange bytes, each

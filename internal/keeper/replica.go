@@ -200,6 +200,9 @@ func writeFrame(w io.Writer, h linkHdr, t []tableEntry, data [][]byte) error {
 			bufs = append(bufs, d)
 		}
 	}
+	if a, ok := w.(answerConn); ok {
+		return a.writeBuffers(bufs) // a writev per run, under deadlines
+	}
 	_, err := bufs.WriteTo(w)
 	return err
 }
