@@ -250,9 +250,7 @@ func writeLogFrame(w io.Writer, h linkHdr, t []tableEntry, opt int, d diffstore.
 		length += uint64(e.size)
 	}
 	od.bytes = int64(length)
-	bufs := od.frame(h)
-	_, err := bufs.WriteTo(w)
-	return err
+	return writeBufs(w, od.frame(h))
 }
 
 // logFrame is one step of a getLog answer, as read.

@@ -434,19 +434,23 @@ type answerConn struct {
 	life context.Context
 }
 
-// writeBuffers writes bufs to the link in runs of at most maxECRange
+// maxAnswerRun is the most bytes writeBuffers writes under one deadline:
+// a range of maxECRange bytes with its header and table, in one call.
+const maxAnswerRun = maxECRange + 64<<10
+
+// writeBuffers writes bufs to the link in runs of at most maxAnswerRun
 // bytes, each in one writev with a write deadline ecAnswerWait away (a
 // buffer longer than that alone, through Write): the header and the data
 // of an answer go out in one call, as net.Buffers writes to a net.Conn.
-// writeFrame uses it for an answerConn.
+// writeBufs uses it for an answerConn (writeFrame, pieces, log frames).
 func (a answerConn) writeBuffers(bufs net.Buffers) error {
 	for len(bufs) > 0 {
 		i, n := 0, 0
-		for i < len(bufs) && (i == 0 || n+len(bufs[i]) <= maxECRange) {
+		for i < len(bufs) && (i == 0 || n+len(bufs[i]) <= maxAnswerRun) {
 			n += len(bufs[i])
 			i++
 		}
-		if n > maxECRange {
+		if n > maxAnswerRun {
 			if _, err := a.Write(bufs[0]); err != nil {
 				return err
 			}

@@ -75,9 +75,7 @@ func (p *pieceWriter) write(region int, off int64, b []byte) error {
 	if err := cv.add(off, int64(len(b)), crc32c.Update(0, b)); err != nil {
 		return err
 	}
-	bufs := net.Buffers{appendPieceHdr(p.hdr[:0], region, off, len(b)), b}
-	_, err := bufs.WriteTo(p.w)
-	return err
+	return writeBufs(p.w, net.Buffers{appendPieceHdr(p.hdr[:0], region, off, len(b)), b})
 }
 
 // sum returns region's CRC32C and whether all of its bytes were written.

@@ -200,8 +200,16 @@ func writeFrame(w io.Writer, h linkHdr, t []tableEntry, data [][]byte) error {
 			bufs = append(bufs, d)
 		}
 	}
+	return writeBufs(w, bufs)
+}
+
+// writeBufs writes bufs to w: as net.Buffers does (one writev to a
+// net.Conn), or, to a holder's answer (answerConn, writeAnswer), a writev
+// per run under its deadlines: net.Buffers cannot writev through an
+// io.Writer of ours, and would write the buffers one by one.
+func writeBufs(w io.Writer, bufs net.Buffers) error {
 	if a, ok := w.(answerConn); ok {
-		return a.writeBuffers(bufs) // a writev per run, under deadlines
+		return a.writeBuffers(bufs)
 	}
 	_, err := bufs.WriteTo(w)
 	return err
