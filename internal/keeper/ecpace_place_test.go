@@ -2,6 +2,7 @@ package keeper
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -64,6 +65,16 @@ func (pj *pacedJob) pacedRuns(b int64) (map[int]*refresh, map[int]*shareRun) {
 	return olds, runs
 }
 
+// waitG publishes G and H until G is g or later.
+func (pj *pacedJob) waitG(g int64) {
+	pj.t.Helper()
+	pj.c.waitFor(fmt.Sprintf("G %d or later", g), func() bool {
+		pj.publish()
+		pg, _ := pj.published()
+		return pg >= g
+	})
+}
+
 // coded reports whether every rank of pj has a base at step b or later
 // coded (every parity row took its shares).
 func (pj *pacedJob) coded(b int64) bool {
@@ -91,11 +102,7 @@ func TestSharePacePlacements(t *testing.T) {
 	const b = paceEvery
 	t.Run("at the base", func(t *testing.T) {
 		pj := newPacedJob(t)
-		pj.c.waitFor("G 8", func() bool {
-			pj.publish()
-			g, _ := pj.published()
-			return g >= b
-		})
+		pj.waitG(b)
 		g, hb := pj.published()
 		if g != b {
 			t.Fatalf("G %d, want %d", g, b)
@@ -121,11 +128,7 @@ func TestSharePacePlacements(t *testing.T) {
 		pj := newPacedJob(t)
 		pj.stepAll(b + 1)
 		pj.quiet(b + 1)
-		pj.c.waitFor("G 9", func() bool {
-			pj.publish()
-			g, _ := pj.published()
-			return g >= b+1
-		})
+		pj.waitG(b + 1)
 		g, hb := pj.published()
 		olds, runs := pj.pacedRuns(b)
 		pj.placeAll(t, 2, g, hb)

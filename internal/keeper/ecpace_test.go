@@ -242,11 +242,7 @@ func TestECDiffSharesPaced(t *testing.T) {
 		{name: "host lost mid-refresh", then: func(t *testing.T, pj *pacedJob) {
 			pj.stepAll(b + 1)
 			pj.quiet(b + 1)
-			pj.c.waitFor("G past the base", func() bool {
-				pj.publish()
-				g, _ := pj.published()
-				return g >= b+1
-			})
+			pj.waitG(b + 1)
 			if at := pj.checkBudget(); !at[b] {
 				t.Fatalf("no block read at step %d", b)
 			}
@@ -298,11 +294,7 @@ func (pj *pacedJob) restartAt(g int64) {
 		pj.stepAll(g)
 		pj.quiet(g)
 	}
-	pj.c.waitFor(fmt.Sprintf("G %d or later", g), func() bool {
-		pj.publish()
-		pg, _ := pj.published()
-		return pg >= g
-	})
+	pj.waitG(g)
 	olds, runs := pj.pacedRuns(b)
 	gen := pj.c.hosts[0].Gen() + 1
 	for h := range pj.c.hosts {

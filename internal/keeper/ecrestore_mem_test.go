@@ -11,6 +11,16 @@ import (
 	"github.com/gorun/gorun/internal/diffstore"
 )
 
+// replViews returns zeroed buffers for rank service s's replicated
+// regions, by name: what a restore fills.
+func replViews(s *service) map[string][]byte {
+	views := map[string][]byte{}
+	for _, i := range s.repl {
+		views[s.regions[i].Name] = make([]byte, s.regions[i].Size)
+	}
+	return views
+}
+
 // restoring returns the bytes host h's restores hold reserved, and all
 // its replica-memory reserve's.
 func restoring(h *Keeper) (uint64, uint64) {
@@ -35,15 +45,8 @@ func TestECRestoreReserve(t *testing.T) {
 	s := h.svc(r)
 	pl := h.place()
 	want := j.rs[r].want(g)
-	newViews := func() map[string][]byte {
-		views := map[string][]byte{}
-		for _, i := range s.repl {
-			views[s.regions[i].Name] = make([]byte, s.regions[i].Size)
-		}
-		return views
-	}
 	restore := func(ctx context.Context) (map[string][]byte, error) {
-		views := newViews()
+		views := replViews(s)
 		return views, s.decodeReplay(ctx, g, hb, pl.logsOf(r), pl, views)
 	}
 	check := func(what string, views map[string][]byte) {
@@ -153,10 +156,7 @@ func TestECRestoreReserveLogNoRoom(t *testing.T) {
 	h := j.c.hosts[j.hostOf[r]]
 	s := h.svc(r)
 	pl := h.place()
-	views := map[string][]byte{}
-	for _, i := range s.repl {
-		views[s.regions[i].Name] = make([]byte, s.regions[i].Size)
-	}
+	views := replViews(s)
 	n := 0
 	testHookHold = func(uint64) {
 		if n++; n == 3 { // the first differential: no room from now on
@@ -198,10 +198,7 @@ func TestECRestoreMemberNoRoom(t *testing.T) {
 	h := j.c.hosts[j.hostOf[r]]
 	s := h.svc(r)
 	pl := h.place()
-	views := map[string][]byte{}
-	for _, i := range s.repl {
-		views[s.regions[i].Name] = make([]byte, s.regions[i].Size)
-	}
+	views := replViews(s)
 	setLimits := func(full bool) {
 		for x, o := range j.c.hosts[:j.work] {
 			if x == j.hostOf[r] {
@@ -210,7 +207,7 @@ func TestECRestoreMemberNoRoom(t *testing.T) {
 			o.store.mu.Lock()
 			o.store.limit = 0 // the default: no limit
 			if full {
-				o.store.limit = max(o.store.bytes, 1)
+				o.store.limit = 1 // refuses any reservation, whatever the count does
 			}
 			o.store.mu.Unlock()
 		}

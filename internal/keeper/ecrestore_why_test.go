@@ -48,13 +48,10 @@ func TestECRestoreNoRoomKeepsRows(t *testing.T) {
 	})
 	for x, o := range j.c.hosts[:j.work] {
 		if x != j.hostOf[r] {
-			setLimit(t, o, max(storeBytes(o), 1))
+			setLimit(t, o, 1) // refuses any reservation, whatever the count does
 		}
 	}
-	views := map[string][]byte{}
-	for _, i := range s.repl {
-		views[s.regions[i].Name] = make([]byte, s.regions[i].Size)
-	}
+	views := replViews(s)
 	err := s.decodeReplay(context.Background(), g, hb, pl.logsOf(r), pl, views)
 	if !errors.Is(err, errNoRoom) || errors.Is(err, ErrUnrecoverable) {
 		t.Fatalf("the other hosts without room: %v; want errNoRoom, not ErrUnrecoverable", err)

@@ -416,16 +416,9 @@ func writeAnswer(c net.Conn, life context.Context, write func(w io.Writer) error
 	return c.SetWriteDeadline(time.Time{})
 }
 
-// writeAnswerBuffers is writeAnswer of bufs, written as answerConn's
-// writeBuffers writes them (a writev per run of at most maxECRange bytes).
+// writeAnswerBuffers is writeAnswer of bufs (a writev per run: writeBufs).
 func writeAnswerBuffers(c net.Conn, life context.Context, bufs net.Buffers) error {
-	if life == nil {
-		life = context.Background()
-	}
-	if err := (answerConn{c: c, life: life}).writeBuffers(bufs); err != nil {
-		return err
-	}
-	return c.SetWriteDeadline(time.Time{})
+	return writeAnswer(c, life, func(w io.Writer) error { return writeBufs(w, bufs) })
 }
 
 // answerConn is the writer of writeAnswer.
