@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -336,5 +337,54 @@ func TestBatcherConcurrentAdds(t *testing.T) {
 				t.Errorf("rank %d stream %d: lines end at %d, want %d", r, st, next[k], lines)
 			}
 		}
+	}
+}
+
+// TestPumpSmallOutputSmallStack: a rank that writes a line costs its
+// pump a small read buffer, not a whole MaxLine's. The buffer is on the
+// pump goroutine's stack: a MaxLine one grew every pump's stack to 128
+// KiB, at a launch of many ranks most of the launcher's memory, its page
+// faults and its garbage collections.
+func TestPumpSmallOutputSmallStack(t *testing.T) {
+	s := newOutputSink(t)
+	b := s.batcher(0, time.Hour)
+	defer b.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := b.openStream(5, wire.Stdout, 0, newRankOutput())
+	var before, during runtime.MemStats
+	runtime.ReadMemStats(&before)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		st.pump(r)
+	}()
+	if _, err := w.WriteString("hello\n"); err != nil {
+		t.Fatal(err)
+	}
+	// Once the line is forwarded, pump runs (blocked in its next read)
+	// with its whole buffer on its stack.
+	var got []byte
+	for deadline := time.Now().Add(30 * time.Second); len(got) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the line was not forwarded")
+		}
+		b.Flush()
+		if f, ok := s.next(50 * time.Millisecond); ok {
+			for _, rec := range f.records {
+				got = append(got, rec.Data...)
+			}
+		}
+	}
+	runtime.ReadMemStats(&during)
+	w.Close()
+	<-done
+	if string(got) != "hello\n" {
+		t.Errorf("pumped %q, want %q", got, "hello\n")
+	}
+	if grew := int64(during.StackInuse) - int64(before.StackInuse); grew >= wire.MaxLine/2 {
+		t.Errorf("the stacks in use grew by %d bytes while pump read one line, want less than %d", grew, wire.MaxLine/2)
 	}
 }
