@@ -344,32 +344,39 @@ func TestBatcherConcurrentAdds(t *testing.T) {
 // pump a small read buffer, not a whole MaxLine's. The buffer is on the
 // pump goroutine's stack: a MaxLine one grew every pump's stack to 128
 // KiB, at a launch of many ranks most of the launcher's memory, its page
-// faults and its garbage collections.
+// faults and its garbage collections. Several pumps run, so that what
+// other goroutines do meanwhile is small beside what is measured.
 func TestPumpSmallOutputSmallStack(t *testing.T) {
+	const pumps = 8
 	s := newOutputSink(t)
 	b := s.batcher(0, time.Hour)
 	defer b.Close()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
+	var rs, ws []*os.File
+	for range pumps {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs, ws = append(rs, r), append(ws, w)
 	}
-	st := b.openStream(5, wire.Stdout, 0, newRankOutput())
 	var before, during runtime.MemStats
 	runtime.ReadMemStats(&before)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		st.pump(r)
-	}()
-	if _, err := w.WriteString("hello\n"); err != nil {
-		t.Fatal(err)
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		st := b.openStream(i, wire.Stdout, 0, newRankOutput())
+		wg.Go(func() { st.pump(r) })
 	}
-	// Once the line is forwarded, pump runs (blocked in its next read)
-	// with its whole buffer on its stack.
+	for _, w := range ws {
+		if _, err := w.WriteString("hello\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Once every line is forwarded, every pump runs (blocked in its next
+	// read) with its whole buffer on its stack.
 	var got []byte
-	for deadline := time.Now().Add(30 * time.Second); len(got) == 0; {
+	for deadline := time.Now().Add(30 * time.Second); len(got) < pumps*len("hello\n"); {
 		if time.Now().After(deadline) {
-			t.Fatal("the line was not forwarded")
+			t.Fatalf("%d bytes forwarded, want %d", len(got), pumps*len("hello\n"))
 		}
 		b.Flush()
 		if f, ok := s.next(50 * time.Millisecond); ok {
@@ -379,12 +386,14 @@ func TestPumpSmallOutputSmallStack(t *testing.T) {
 		}
 	}
 	runtime.ReadMemStats(&during)
-	w.Close()
-	<-done
-	if string(got) != "hello\n" {
-		t.Errorf("pumped %q, want %q", got, "hello\n")
+	for _, w := range ws {
+		w.Close()
 	}
-	if grew := int64(during.StackInuse) - int64(before.StackInuse); grew >= wire.MaxLine/2 {
-		t.Errorf("the stacks in use grew by %d bytes while pump read one line, want less than %d", grew, wire.MaxLine/2)
+	wg.Wait()
+	if want := strings.Repeat("hello\n", pumps); string(got) != want {
+		t.Errorf("pumped %q, want %q", got, want)
+	}
+	if grew := int64(during.StackInuse) - int64(before.StackInuse); grew >= pumps*wire.MaxLine/2 {
+		t.Errorf("the stacks in use grew by %d bytes while %d pumps read a line each, want less than %d", grew, pumps, pumps*wire.MaxLine/2)
 	}
 }
