@@ -300,8 +300,8 @@ func (j *job) machineConfig() hotswap.Config {
 // connections watched (j.dropped). An in-process agent's connection is
 // not watched: it runs in this process, which notices its end without
 // the server, and watching needs the server's system account, whose
-// start and connect events cost a job of local hosts only about a
-// millisecond of its launch.
+// start, watcher connection and connect events were about 5% of gorun's
+// CPU at -np 1 (perf), for nothing in a job of local hosts only.
 func (j *job) serverConfig() (ctlserver.Config, error) {
 	scfg := ctlserver.Config{Job: j.id, Bind: j.bind.listen, Addrs: j.bind.addrs, LocalPassword: j.secret.InProcessPassword(), Hosts: make([]ctlserver.HostUser, len(j.hosts))}
 	remote := false
