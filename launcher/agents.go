@@ -95,30 +95,47 @@ func (t *tail) String() string {
 // LocalHostMatcher returns a function that reports whether a host name is
 // the launcher's own host: localhost, this host's name (short or fully
 // qualified, in any case), or an IP address of one of its interfaces. It
-// reads this host's names and addresses once and does no name resolution.
+// reads this host's names and addresses at most once each, when a name
+// first needs them, and does no name resolution.
 func LocalHostMatcher() func(name string) bool { return newLocalMatcher().match }
 
-// localMatcher tells this host's names and addresses, read once (a job of
-// many hosts asks for each).
+// localMatcher tells this host's names and addresses, each read once,
+// when a name first needs it (a job of many hosts asks for each; the
+// default host, localhost, needs neither: an interface dump is a
+// netlink round trip on the launch's path).
 type localMatcher struct {
-	hostname, short string
-	addrs           []net.IP
+	namesOnce sync.Once
+	hostname  string
+	short     string
+	addrsOnce sync.Once
+	addrs     []net.IP
 }
 
-func newLocalMatcher() *localMatcher {
-	m := &localMatcher{}
-	if hn, err := os.Hostname(); err == nil {
-		m.hostname = strings.ToLower(hn)
-		m.short, _, _ = strings.Cut(m.hostname, ".")
-	}
-	if addrs, err := net.InterfaceAddrs(); err == nil {
-		for _, a := range addrs {
-			if n, ok := a.(*net.IPNet); ok {
-				m.addrs = append(m.addrs, n.IP)
+func newLocalMatcher() *localMatcher { return &localMatcher{} }
+
+// names reads this host's name, lower case, and its first label.
+func (m *localMatcher) names() (hostname, short string) {
+	m.namesOnce.Do(func() {
+		if hn, err := os.Hostname(); err == nil {
+			m.hostname = strings.ToLower(hn)
+			m.short, _, _ = strings.Cut(m.hostname, ".")
+		}
+	})
+	return m.hostname, m.short
+}
+
+// interfaceAddrs reads the addresses of this host's interfaces.
+func (m *localMatcher) interfaceAddrs() []net.IP {
+	m.addrsOnce.Do(func() {
+		if addrs, err := net.InterfaceAddrs(); err == nil {
+			for _, a := range addrs {
+				if n, ok := a.(*net.IPNet); ok {
+					m.addrs = append(m.addrs, n.IP)
+				}
 			}
 		}
-	}
-	return m
+	})
+	return m.addrs
 }
 
 func (m *localMatcher) match(name string) bool {
@@ -131,13 +148,14 @@ func (m *localMatcher) match(name string) bool {
 	if ip == nil {
 		// node1, node1.cluster and NODE1 are all this host when it is node1
 		// or node1.cluster; host names repeat across domains in no cluster.
+		hostname, short := m.names()
 		nameShort, _, _ := strings.Cut(name, ".")
-		return m.short != "" && (name == m.hostname || nameShort == m.short)
+		return short != "" && (name == hostname || nameShort == short)
 	}
 	if ip.IsLoopback() {
 		return true
 	}
-	for _, a := range m.addrs {
+	for _, a := range m.interfaceAddrs() {
 		if a.Equal(ip) {
 			return true
 		}

@@ -100,3 +100,34 @@ func TestTailConcurrent(t *testing.T) {
 		t.Errorf("tail %q", got)
 	}
 }
+
+// TestLocalMatcherReadsOnlyWhatItNeeds: localhost and loopback addresses
+// are told without this host's name or its interfaces (the default
+// host's launch reads neither); a name reads the host name only, an
+// address the interfaces only.
+func TestLocalMatcherReadsOnlyWhatItNeeds(t *testing.T) {
+	m := newLocalMatcher()
+	for _, name := range []string{"localhost", "127.0.0.1", "::1", "127.0.0.2"} {
+		if !m.match(name) {
+			t.Errorf("%s is not local", name)
+		}
+	}
+	if m.hostname != "" || m.addrs != nil {
+		t.Fatalf("matching localhost and loopback read the host name %q and the interfaces %v", m.hostname, m.addrs)
+	}
+	hn, err := os.Hostname()
+	if err != nil {
+		t.Skip(err)
+	}
+	if !m.match(hn) {
+		t.Errorf("%s is not local", hn)
+	}
+	if m.hostname == "" || m.addrs != nil {
+		t.Errorf("matching the host name: host name %q, interfaces %v; want the name only", m.hostname, m.addrs)
+	}
+	m = newLocalMatcher()
+	m.match("192.0.2.1")
+	if m.hostname != "" {
+		t.Errorf("matching an address read the host name %q", m.hostname)
+	}
+}

@@ -106,7 +106,7 @@ func TestCkptFlags(t *testing.T) {
 // TestUsageNamesCkptFlags: gorun --help lists the durable tier's flags.
 func TestUsageNamesCkptFlags(t *testing.T) {
 	for _, f := range []string{"--ckpt-dir DIR", "--ckpt-every B", "--ckpt-concurrency N", "--ckpt-overhead Q", "--diff-batch N", "--resume"} {
-		if !strings.Contains(usageText, "\n  "+f) {
+		if !strings.Contains(runUsage(), "\n  "+f) {
 			t.Errorf("the usage text does not list %s", f)
 		}
 	}

@@ -36,7 +36,9 @@ could not be removed; 2 a usage error.
 `
 
 // cleanUsage is `gorun clean -h`, its flags from cleanFlags.
-var cleanUsage = flagUsage(cleanUsageHead, cleanFlags(&agent.CleanOptions{}), []flagGroup{{}}, 18, "", cleanUsageTail)
+func cleanUsage() string {
+	return flagUsage(cleanUsageHead, cleanFlags(&agent.CleanOptions{}), []flagGroup{{}}, 18, "", cleanUsageTail)
+}
 
 // cleanFlags describes gorun clean's flags, bound to o.
 func cleanFlags(o *agent.CleanOptions) []flagSpec {
@@ -58,7 +60,7 @@ func runClean(args []string, o agent.CleanOptions, stdout, stderr io.Writer) int
 	defineFlags(fs, cleanFlags(&o))
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, cleanUsage)
+			fmt.Fprint(stdout, cleanUsage())
 			return exitOK
 		}
 		fmt.Fprintf(stderr, "gorun clean: %v\nRun 'gorun clean -h' for usage.\n", err)

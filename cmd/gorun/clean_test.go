@@ -201,7 +201,7 @@ func TestCleanUsage(t *testing.T) {
 			t.Errorf("gorun %q: exit %d, stdout %q, stderr %q; want exit %d with %q", tc.args, code, out.String(), errb.String(), tc.code, tc.out)
 		}
 	}
-	if !slices.ContainsFunc(strings.Split(usageText, "\n"), func(l string) bool { return strings.HasPrefix(l, "gorun clean") }) {
+	if !slices.ContainsFunc(strings.Split(runUsage(), "\n"), func(l string) bool { return strings.HasPrefix(l, "gorun clean") }) {
 		t.Error("gorun --help does not mention gorun clean")
 	}
 }

@@ -75,7 +75,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	}
 	opts, err := parseRun(args, stderr)
 	if errors.Is(err, errHelp) {
-		fmt.Fprint(stdout, usageText)
+		fmt.Fprint(stdout, runUsage())
 		return exitOK
 	}
 	if errors.Is(err, errVersion) {

@@ -29,16 +29,17 @@ func TestRunFlagsHelpNamesDefault(t *testing.T) {
 // TestUsageListsEveryFlag: gorun --help gives every name of every flag
 // that is not hidden, with its argument, at the start of a line.
 func TestUsageListsEveryFlag(t *testing.T) {
+	usage := runUsage()
 	for _, s := range runFlags(&runOptions{}, &runFlagArgs{}) {
 		if s.hidden {
 			continue
 		}
-		if syn := flagSynopsis(s); !strings.Contains(usageText, "\n  "+syn+" ") && !strings.Contains(usageText, "\n  "+syn+"\n") {
+		if syn := flagSynopsis(s); !strings.Contains(usage, "\n  "+syn+" ") && !strings.Contains(usage, "\n  "+syn+"\n") {
 			t.Errorf("the usage text does not list %q", syn)
 		}
 	}
-	if !strings.HasPrefix(usageText, "Usage: gorun [flags] [--] PROG [ARGS...]\n") {
-		t.Errorf("the usage text starts %q", usageText[:min(len(usageText), 60)])
+	if !strings.HasPrefix(usage, "Usage: gorun [flags] [--] PROG [ARGS...]\n") {
+		t.Errorf("the usage text starts %q", usage[:min(len(usage), 60)])
 	}
 }
 

@@ -89,7 +89,7 @@ func runPlan(ctx context.Context, args []string, deps planDeps, stderr io.Writer
 	out, asJSON, err := planFromArgs(ctx, args, deps)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprint(deps.stdout, planUsage)
+		fmt.Fprint(deps.stdout, planUsage())
 		return exitOK
 	case err != nil:
 		var ue *usageError

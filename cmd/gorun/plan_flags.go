@@ -16,7 +16,9 @@ const (
 var planGroups = []flagGroup{{title: planFailures}, {title: planJob}, {title: planBandwidths}, {title: planRecovery}, {title: planDurable}, {title: planOutputs}}
 
 // planUsage is `gorun plan -h`, its flags from planFlagSpecs.
-var planUsage = flagUsage(planUsageHead, planFlagSpecs(&planFlagVals{}), planGroups, 26, "", planUsageTail)
+func planUsage() string {
+	return flagUsage(planUsageHead, planFlagSpecs(&planFlagVals{}), planGroups, 26, "", planUsageTail)
+}
 
 // planFlagVals are gorun plan's flags as given: strings and counts that
 // planParser reads (an int flag not given is -1, a string "").

@@ -32,7 +32,9 @@ schema than this gorun reads.
 `
 
 // reportUsage is `gorun report -h`, its flags from reportFlags.
-var reportUsage = flagUsage(reportUsageHead, reportFlags(new(string)), []flagGroup{{}}, 12, "", reportUsageTail)
+func reportUsage() string {
+	return flagUsage(reportUsageHead, reportFlags(new(string)), []flagGroup{{}}, 12, "", reportUsageTail)
+}
 
 // reportFlags describes gorun report's flags: -o into out.
 func reportFlags(out *string) []flagSpec {
@@ -45,7 +47,7 @@ func reportFlags(out *string) []flagSpec {
 // reportMain runs `gorun report`.
 func reportMain(args []string, stdout, stderr io.Writer) int {
 	usage := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "gorun report: "+format+"\n%s", append(a, reportUsage)...)
+		fmt.Fprintf(stderr, "gorun report: "+format+"\n%s", append(a, reportUsage())...)
 		return exitUsage
 	}
 	fs := flag.NewFlagSet("gorun report", flag.ContinueOnError)
@@ -56,7 +58,7 @@ func reportMain(args []string, stdout, stderr io.Writer) int {
 	for rest := args; ; {
 		if err := fs.Parse(rest); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				fmt.Fprint(stdout, reportUsage)
+				fmt.Fprint(stdout, reportUsage())
 				return exitOK
 			}
 			return usage("%v", err)

@@ -36,7 +36,9 @@ Exit codes: 0 shown, 1 no such job, several and none named, or no answer,
 `
 
 // statusUsage is `gorun status -h`, its flags from statusFlags.
-var statusUsage = flagUsage(statusUsageHead, statusFlags(&statusOpts{}), []flagGroup{{}}, 19, "", statusUsageTail)
+func statusUsage() string {
+	return flagUsage(statusUsageHead, statusFlags(&statusOpts{}), []flagGroup{{}}, 19, "", statusUsageTail)
+}
 
 // statusFlags describes gorun status's flags, bound to o.
 func statusFlags(o *statusOpts) []flagSpec {
@@ -106,7 +108,7 @@ func parseStatus(args []string) (*statusOpts, error) {
 func statusMain(args []string, stdout, stderr io.Writer) int {
 	o, err := parseStatus(args)
 	if errors.Is(err, errHelp) {
-		fmt.Fprint(stdout, statusUsage)
+		fmt.Fprint(stdout, statusUsage())
 		return exitOK
 	}
 	if err != nil {

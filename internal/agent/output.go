@@ -274,6 +274,16 @@ func (s *outStream) close() {
 	b.sendDoneLocked()
 }
 
+// pumpBufStart is the size of a pump's first read buffer, which lives on
+// the pump goroutine's stack. It moves to the heap and doubles, up to
+// wire.MaxLine, each time a read fills it: a rank that writes little
+// (most, at a launch of many) costs its pumps a page each, where a
+// MaxLine buffer grew each pump's stack to 128 KiB (at -np 64, 16 MiB of
+// fresh pages, their faults and two garbage collections on the launch's
+// path); one that writes much reads as much per call as before after a
+// few reads.
+const pumpBufStart = 4 << 10
+
 // pump forwards whole lines read from r. A line longer than wire.MaxLine
 // is forwarded in pieces; a last line without a newline gets one. It
 // returns at the pipe's end, or once the rank has ended and the pipe
@@ -281,7 +291,7 @@ func (s *outStream) close() {
 func (s *outStream) pump(r *os.File) {
 	defer s.close()
 	defer r.Close()
-	buf := make([]byte, wire.MaxLine)
+	buf := make([]byte, min(pumpBufStart, wire.MaxLine))
 	have := 0
 	for {
 		if !s.ro.deadline(r) {
@@ -289,6 +299,11 @@ func (s *outStream) pump(r *os.File) {
 		}
 		n, err := r.Read(buf[have:])
 		have += n
+		if have == len(buf) && len(buf) < wire.MaxLine {
+			bigger := make([]byte, min(2*len(buf), wire.MaxLine))
+			copy(bigger, buf[:have])
+			buf = bigger
+		}
 		if i := bytes.LastIndexByte(buf[:have], '\n'); i >= 0 {
 			s.add(buf[:i+1], false)
 			have = copy(buf, buf[i+1:have])

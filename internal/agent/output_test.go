@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -336,5 +337,63 @@ func TestBatcherConcurrentAdds(t *testing.T) {
 				t.Errorf("rank %d stream %d: lines end at %d, want %d", r, st, next[k], lines)
 			}
 		}
+	}
+}
+
+// TestPumpSmallOutputSmallStack: a rank that writes a line costs its
+// pump a small read buffer, not a whole MaxLine's. The buffer is on the
+// pump goroutine's stack: a MaxLine one grew every pump's stack to 128
+// KiB, at a launch of many ranks most of the launcher's memory, its page
+// faults and its garbage collections. Several pumps run, so that what
+// other goroutines do meanwhile is small beside what is measured.
+func TestPumpSmallOutputSmallStack(t *testing.T) {
+	const pumps = 8
+	s := newOutputSink(t)
+	b := s.batcher(0, time.Hour)
+	defer b.Close()
+	var rs, ws []*os.File
+	for range pumps {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs, ws = append(rs, r), append(ws, w)
+	}
+	var before, during runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		st := b.openStream(i, wire.Stdout, 0, newRankOutput())
+		wg.Go(func() { st.pump(r) })
+	}
+	for _, w := range ws {
+		if _, err := w.WriteString("hello\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Once every line is forwarded, every pump runs (blocked in its next
+	// read) with its whole buffer on its stack.
+	var got []byte
+	for deadline := time.Now().Add(30 * time.Second); len(got) < pumps*len("hello\n"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes forwarded, want %d", len(got), pumps*len("hello\n"))
+		}
+		b.Flush()
+		if f, ok := s.next(50 * time.Millisecond); ok {
+			for _, rec := range f.records {
+				got = append(got, rec.Data...)
+			}
+		}
+	}
+	runtime.ReadMemStats(&during)
+	for _, w := range ws {
+		w.Close()
+	}
+	wg.Wait()
+	if want := strings.Repeat("hello\n", pumps); string(got) != want {
+		t.Errorf("pumped %q, want %q", got, want)
+	}
+	if grew := int64(during.StackInuse) - int64(before.StackInuse); grew >= pumps*wire.MaxLine/2 {
+		t.Errorf("the stacks in use grew by %d bytes while %d pumps read a line each, want less than %d", grew, pumps, pumps*wire.MaxLine/2)
 	}
 }

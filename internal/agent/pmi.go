@@ -232,8 +232,11 @@ type pmiConn struct {
 	// w buffers the replies to rw while serve runs: they are written
 	// when no whole request is left to read (see serve), so that the
 	// answers to requests a client sent together (libgorun-pmi.so's
-	// prefetching gets) go in one write and wake the rank once.
+	// prefetching gets) go in one write and wake the rank once. It is
+	// made at serve's first reply: a rank that never speaks PMI (most
+	// programs a launch of many starts) costs no reply buffer.
 	w       *bufio.Writer
+	serving bool              // serve runs: replies go through w
 	pending map[string]string // puts since the last barrier
 	// aborted is called when the rank says abort, with its exit code and
 	// message; the connection is left open (the rank waits on it to be
@@ -250,12 +253,12 @@ type pmiConn struct {
 // left to read, or a command may wait (a barrier, an abort).
 func (p *pmiConn) serve() error {
 	r := bufio.NewReaderSize(p.rw, pmiLineMax+1)
-	p.w = bufio.NewWriterSize(p.rw, pmiReplyBuffer)
+	p.serving = true
 	defer func() {
 		// The answers to the lines before a malformed one still go
 		// (nothing is left otherwise).
 		_ = p.flush()
-		p.w = nil
+		p.w, p.serving = nil, false
 	}()
 	for {
 		if !wholeLineBuffered(r) {
@@ -311,9 +314,12 @@ func wholeLineBuffered(r *bufio.Reader) bool {
 
 // reply sends line, buffered while serve runs.
 func (p *pmiConn) reply(line string) error {
-	if p.w == nil {
+	if !p.serving {
 		_, err := io.WriteString(p.rw, line+"\n")
 		return err
+	}
+	if p.w == nil {
+		p.w = bufio.NewWriterSize(p.rw, pmiReplyBuffer)
 	}
 	if _, err := p.w.WriteString(line); err != nil {
 		return err

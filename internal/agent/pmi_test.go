@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -429,4 +430,26 @@ func (r *chunkReader) Read(b []byte) (int, error) {
 		r.chunks = r.chunks[1:]
 	}
 	return n, nil
+}
+
+// TestPMISilentRankNoReplyBuffer: serving a rank that closes its PMI
+// connection without a word (a program that is not an MPI one) costs no
+// reply buffer: at a launch of many ranks, those were most of what the
+// launcher allocated.
+func TestPMISilentRankNoReplyBuffer(t *testing.T) {
+	mine, theirs := net.Pipe()
+	theirs.Close()
+	c := &pmiConn{kvs: &pmiKVS{kv: map[string]string{}}, size: 1, kvsname: "gorun-j", rw: mine, pending: map[string]string{},
+		aborted: func(int, string) {}, failed: func(string) {}, session: func(int32) {}}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	err := c.serve()
+	runtime.ReadMemStats(&after)
+	mine.Close()
+	if err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got >= pmiReplyBuffer {
+		t.Errorf("serving a silent rank allocated %d bytes, want less than the reply buffer's %d", got, pmiReplyBuffer)
+	}
 }
