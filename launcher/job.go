@@ -304,23 +304,37 @@ func (j *job) machineConfig() hotswap.Config {
 // CPU at -np 1 (perf), for nothing in a job of local hosts only.
 func (j *job) serverConfig() (ctlserver.Config, error) {
 	scfg := ctlserver.Config{Job: j.id, Bind: j.bind.listen, Addrs: j.bind.addrs, LocalPassword: j.secret.InProcessPassword(), Hosts: make([]ctlserver.HostUser, len(j.hosts))}
-	remote := false
 	for i, h := range j.hosts {
 		c := j.secret.HostCredentials(i, nil)
 		if h.local {
 			scfg.Hosts[i].Password = c.InProcessPassword()
 			continue
 		}
-		remote = true
 		var err error
 		if scfg.Hosts[i].Nkey, err = control.PublicKey(c); err != nil {
 			return scfg, err
 		}
 	}
-	if remote {
+	if j.serverWatchesDrops() {
 		scfg.HostDisconnected = j.hostDisconnected
 	}
 	return scfg, nil
+}
+
+// serverWatchesDrops says whether the control plane reports the drops of
+// the agents' connections (hostDisconnected): only when some host's agent
+// is remote, since the watcher costs the server its system account.
+// Without one, each in-process agent's connection is watched where it is
+// dialed (startLocal: watchInProcess), so that a dropped connection makes
+// its host suspect as soon, not only once its agent has stopped its ranks
+// and ended.
+func (j *job) serverWatchesDrops() bool {
+	for _, h := range j.hosts {
+		if !h.local {
+			return true
+		}
+	}
+	return false
 }
 
 // hostDisconnected hands the drop of host's control connection to the

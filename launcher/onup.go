@@ -53,7 +53,11 @@ func (j *job) startLocal(ctx context.Context, h *hostAgent) error {
 		Job: j.id, Host: h.index, Name: h.name, Creds: creds, Launcher: pr, Addr: addr,
 		Logger: j.log.With("agent", h.name),
 		Dial: func(ctx context.Context, o control.ControlOptions) (*control.Control, error) {
-			return control.DialInProcessHost(ctx, j.srv.InProcess(), creds, o)
+			c, err := control.DialInProcessHost(ctx, j.srv.InProcess(), creds, o)
+			if err == nil && !j.serverWatchesDrops() {
+				j.watchInProcess(actx, h.index, c)
+			}
+			return c, err
 		},
 	}
 	if j.cfg.agentConfig != nil {
@@ -67,6 +71,24 @@ func (j *job) startLocal(ctx context.Context, h *hostAgent) error {
 		j.agentExits <- agentExit{host: h.index, err: err}
 	}()
 	return nil
+}
+
+// watchInProcess reports the close of host's in-process control
+// connection c as the server's watcher would (hostDisconnected), until
+// the agent's run ends (life, which startLocal cancels when agent.Run
+// returns) or the job is over. The loop ignores it for a host that ended
+// or was fenced, as it does the server's.
+func (j *job) watchInProcess(life context.Context, host int, c *control.Control) {
+	j.wg.Add(1)
+	go func() {
+		defer j.wg.Done()
+		select {
+		case <-c.Lost():
+			j.hostDisconnected(host, "in-process connection closed")
+		case <-life.Done():
+		case <-j.quit:
+		}
+	}()
 }
 
 // onUp handles every message agents send, in the order they sent them.

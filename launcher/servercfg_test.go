@@ -1,11 +1,17 @@
 package launcher
 
 import (
+	"context"
 	"log/slog"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/gorun/gorun/internal/agent"
+	"github.com/gorun/gorun/internal/control"
 	"github.com/gorun/gorun/internal/jobkey"
+	"github.com/gorun/gorun/topology"
 )
 
 // TestServerConfigWatchesRemoteOnly: the control plane watches the
@@ -49,5 +55,44 @@ func TestServerConfigWatchesRemoteOnly(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestInProcessDropSuspectsHost: in a job whose agents all run in this
+// process (so the control plane watches no connection), an in-process
+// agent's dropped control connection still makes its host suspect at
+// once (watchInProcess), not only once that agent has stopped its ranks
+// and ended. Host 2's rank ignores SIGTERM, so its agent, which stops
+// its ranks when it loses the launcher, ends only after the kill grace;
+// the launcher must have suspected the host before.
+func TestInProcessDropSuspectsHost(t *testing.T) {
+	conns := make(chan *control.Control, 4)
+	r := startRun(t, 2, `if [ "$RANK" = 1 ]; then trap '' TERM; fi; echo "rank $RANK up"; while :; do sleep 1; done`, func(c *Config) {
+		c.Hosts = []topology.Host{{Name: "127.0.0.1", Slots: 1}, {Name: "127.0.0.2", Slots: 1}}
+		c.KillGrace = 3 * time.Second
+		c.agentConfig = func(ac *agent.Config) {
+			if ac.Name != "127.0.0.2" {
+				return
+			}
+			dial := ac.Dial
+			ac.Dial = func(ctx context.Context, o control.ControlOptions) (*control.Control, error) {
+				cc, err := dial(ctx, o)
+				if err == nil {
+					conns <- cc
+				}
+				return cc, err
+			}
+		}
+	})
+	r.waitLines(regexp.MustCompile(`rank \d up`), 2)
+	(<-conns).Close()
+	r.wait()
+	stderr := r.stderr.String()
+	suspect := strings.Index(stderr, "host 127.0.0.2 suspected: its control connection dropped")
+	if suspect < 0 {
+		t.Fatalf("host 127.0.0.2 was not suspected for its dropped connection; stderr:\n%s", stderr)
+	}
+	if ended := strings.Index(stderr, "agent on host 127.0.0.2 ended"); ended >= 0 && ended < suspect {
+		t.Errorf("the launcher learnt of the drop only from the agent's end; stderr:\n%s", stderr)
 	}
 }
