@@ -88,9 +88,13 @@ func DecodeHeartbeat(b []byte) (*Heartbeat, error) {
 func Marshal(v any) []byte {
 	switch m := v.(type) {
 	case *Event:
-		return appendEvent(make([]byte, 0, 96), m)
+		if m != nil {
+			return appendEvent(make([]byte, 0, 96), m)
+		}
 	case *Heartbeat:
-		return appendHeartbeat(make([]byte, 0, 32), m)
+		if m != nil {
+			return appendHeartbeat(make([]byte, 0, 32), m)
+		}
 	}
 	b, err := json.Marshal(v)
 	if err != nil {
