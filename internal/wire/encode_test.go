@@ -166,4 +166,3 @@ func TestMarshalEventDecodes(t *testing.T) {
 		t.Fatalf("decoded %+v, sent %+v", *got, e)
 	}
 }
-
