@@ -115,8 +115,16 @@ func DecodeEvent(b []byte) (*Event, error) {
 	return checkEvent(e)
 }
 
-// checkEvent returns e, just decoded, if it is valid.
+// checkEvent returns e, just decoded, if it is valid. An empty list of
+// peers or of GPU ranks becomes nil, as omitempty writes it, so that the
+// event re-encodes and decodes to itself.
 func checkEvent(e *Event) (*Event, error) {
+	if len(e.Peers) == 0 {
+		e.Peers = nil
+	}
+	if e.GPU != nil && len(e.GPU.Ranks) == 0 {
+		e.GPU.Ranks = nil
+	}
 	if e.GPU != nil && e.Kind != EventGPU {
 		return nil, malformed("event: a %s event with a GPU report", e.Kind)
 	}
