@@ -1,12 +1,10 @@
 package keeper
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
 	"slices"
-	"time"
 
 	"github.com/gorun/gorun/internal/crc32c"
 	"github.com/gorun/gorun/internal/diffstore"
@@ -113,13 +111,23 @@ func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 		return writeFail(c, h, failOther, err.Error())
 	}
 	head := linkHdr{kind: kindPieces, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
-	sent := false
 	// The answer is written under writeAnswer's deadlines: RestorePieces
 	// holds the store's fold lock while it writes, and a reader on a host
 	// that died would hold it (and the folds and truncations waiting on
 	// it) until TCP gives up.
-	w := answerConn{c: c, life: context.Background()}
-	defer c.SetWriteDeadline(time.Time{})
+	return writeAnswer(c, nil, func(w io.Writer) error {
+		return st.streamPieces(c, w, h, head, ds, t)
+	})
+}
+
+// streamPieces writes getDiff's pieces answer of h.step from ds (t: the
+// owner's committed table) to w, the link c under writeAnswer's
+// deadlines. A replay that fails before anything was sent (a fold moved
+// the store past the step meanwhile) is refused on c instead (the link
+// stays); one that fails after, or a region whose CRC32C differs from the
+// owner's, is an error (the link is closed).
+func (st *replicaStore) streamPieces(c net.Conn, w io.Writer, h, head linkHdr, ds *diffstore.Store, t []tableEntry) error {
+	sent := false
 	sendHead := func() error {
 		sent = true
 		return writeFrame(w, head, t, [][]byte{}) // data non-nil: the length is the regions'
@@ -143,7 +151,7 @@ func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 		}
 		return nil
 	}
-	err = ds.RestorePieces(h.step, pieceChunk, replay.ReplayOptions{}, func(i int, off int64, b []byte) error {
+	err := ds.RestorePieces(h.step, pieceChunk, replay.ReplayOptions{}, func(i int, off int64, b []byte) error {
 		if !sent {
 			if err := sendHead(); err != nil {
 				return err
@@ -159,8 +167,8 @@ func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 	})
 	switch {
 	case err != nil && !sent:
-		// Nothing sent yet (a fold moved the store past the step
-		// meanwhile): a refusal, the link stays.
+		// Nothing sent yet, so no write deadline set either: a refusal,
+		// the link stays.
 		return writeFail(c, h, failOther, fmt.Sprintf("rank %d step %d: %v", h.owner, h.step, err))
 	case err != nil:
 		return err
