@@ -102,6 +102,11 @@ var testHookStreamPiece func(holder, owner int, region string, b []byte) []byte
 // sent. A step a lossy codec made inexact is restored whole first
 // (restoreDiff) and sent as a data answer: its table carries the restored
 // bytes' own CRC32Cs, known only at the end.
+//
+// The replay's windows (diffstore.PiecesMem) are reserved against the
+// host's replica-memory reserve before the stream starts and given back
+// once it ended: a reserve without room refuses the get (failNoRoom),
+// the link kept, as getDiffWhole does.
 func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 	ds, t, err := st.diffSource(h.owner, h.step)
 	if err == nil && (!ds.Exact(h.step) || !sameShape(t, regionTable(ds.Regions()))) {
@@ -110,6 +115,11 @@ func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 	if err != nil {
 		return writeFail(c, h, failOther, err.Error())
 	}
+	n := uint64(diffstore.PiecesMem(ds.Optimizer().N, pieceChunk))
+	if err := st.reserve(n, 0); err != nil {
+		return writeFail(c, h, failNoRoom, fmt.Sprintf("rank %d step %d: %v: a streamed replay's windows of %d bytes: %v", h.owner, h.step, errNoRoom, n, err))
+	}
+	defer st.reserve(0, n)
 	head := linkHdr{kind: kindPieces, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
 	// The answer is written under writeAnswer's deadlines: RestorePieces
 	// holds the store's fold lock while it writes, and a reader on a host
