@@ -76,6 +76,15 @@ type diffRank struct {
 
 // newDiffRank says ProtectHello on h for rank r (its state starts as
 // seed's initial one; Restore replaces it).
+// committedStates is a copy of dr's committed states, taken under its
+// lock: a rank on a spare starts from it while dr may still be
+// committing (each step's regions are never changed once recorded).
+func (dr *diffRank) committedStates() map[int64]map[string][]byte {
+	dr.mu.Lock()
+	defer dr.mu.Unlock()
+	return maps.Clone(dr.states)
+}
+
 func newDiffRank(t testing.TB, h *Keeper, r int, seed uint64, states map[int64]map[string][]byte) (*diffRank, error) {
 	return newDiffRankOf(t, h, r, seed, states, diffRegions)
 }
