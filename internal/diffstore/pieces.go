@@ -13,6 +13,24 @@ import (
 // DefaultChunk is RestorePieces' piece size when it is given none.
 const DefaultChunk = 1 << 20
 
+// PiecesMem returns the most bytes RestorePieces allocates with chunk for
+// a store whose optimizer has n elements: its two windows of W, M and V
+// (one replayed while the other is emitted), of chunk/4 elements each
+// (chunk rounded as RestorePieces rounds it), at most n.
+func PiecesMem(n int64, chunk int) int64 {
+	return 2 * 3 * 4 * piecesWindow(n, chunk)
+}
+
+// piecesWindow returns the elements of one window of RestorePieces with
+// chunk for an optimizer of n elements.
+func piecesWindow(n int64, chunk int) int64 {
+	if chunk <= 0 {
+		chunk = DefaultChunk
+	}
+	chunk = max(4, chunk&^3)
+	return max(min(n, int64(chunk/4)), 0)
+}
+
 // RestorePieces produces the owner's state at step, the bytes Restore
 // would write, bit for bit, as pieces tagged with where they go: it calls
 // emit with b, the bytes of region (its index in the regions given to New)
@@ -116,7 +134,7 @@ func (s *Store) piecesOpt(step int64, region int, base []byte, es []*entry, chun
 	for i, e := range es {
 		diffs[i], hypers[i] = e.tensor, e.hyper
 	}
-	win := min(n, int64(chunk/4)) // elements per window
+	win := piecesWindow(n, chunk) // elements per window (PiecesMem)
 	var bufs [2]replay.State
 	for i := range bufs {
 		b := make([]float32, 3*win)

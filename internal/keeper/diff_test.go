@@ -76,6 +76,15 @@ type diffRank struct {
 
 // newDiffRank says ProtectHello on h for rank r (its state starts as
 // seed's initial one; Restore replaces it).
+// committedStates is a copy of dr's committed states, taken under its
+// lock: a rank on a spare starts from it while dr may still be
+// committing (each step's regions are never changed once recorded).
+func (dr *diffRank) committedStates() map[int64]map[string][]byte {
+	dr.mu.Lock()
+	defer dr.mu.Unlock()
+	return maps.Clone(dr.states)
+}
+
 func newDiffRank(t testing.TB, h *Keeper, r int, seed uint64, states map[int64]map[string][]byte) (*diffRank, error) {
 	return newDiffRankOf(t, h, r, seed, states, diffRegions)
 }
@@ -197,6 +206,17 @@ func (dr *diffRank) want(step int64) map[string][]byte {
 // step runs step: the optimizer step, Gradient, Stage, the writes and
 // Commit. It returns the error of the first request refused.
 func (dr *diffRank) step(ctx context.Context, step int64) error {
+	regs, err := dr.stage(ctx, step)
+	if err != nil {
+		return err
+	}
+	return dr.commit(ctx, step, regs)
+}
+
+// stage runs step up to its Commit: the optimizer step, Gradient, Stage
+// and the writes into the staged slot. It returns the regions written
+// (commit's).
+func (dr *diffRank) stage(ctx context.Context, step int64) (map[string][]byte, error) {
 	g := dr.gradient(step)
 	h := diffHyper(step)
 	replay.Step(dr.w, dr.m, dr.v, g, h.Consts())
@@ -206,26 +226,32 @@ func (dr *diffRank) step(ctx context.Context, step int64) error {
 		req, _ := json.Marshal(&protect.StepReq{Step: step, N: diffN, Hyper: hy})
 		_, ans, err := dr.sess.Handle(ctx, protect.TypeGradient, req)
 		if err != nil {
-			return fmt.Errorf("Gradient(%d): %w", step, err)
+			return nil, fmt.Errorf("Gradient(%d): %w", step, err)
 		}
 		if e := ans.(*protect.GradientDone).Err; e != "" {
-			return fmt.Errorf("Gradient(%d): %s", step, e)
+			return nil, fmt.Errorf("Gradient(%d): %s", step, e)
 		}
 	}
 	sreq := fmt.Appendf(nil, `{"step":%d}`, step)
 	_, ans, err := dr.sess.Handle(ctx, protect.TypeStage, sreq)
 	if err != nil {
-		return fmt.Errorf("Stage(%d): %w", step, err)
+		return nil, fmt.Errorf("Stage(%d): %w", step, err)
 	}
 	sd := ans.(*protect.Staged)
 	if sd.Err != "" {
-		return fmt.Errorf("Stage(%d): %s", step, sd.Err)
+		return nil, fmt.Errorf("Stage(%d): %s", step, sd.Err)
 	}
 	regs := dr.regionsAt(step)
 	for i, reg := range dr.regions {
 		copy(dr.views[sd.Slot][i], regs[reg.Name])
 	}
-	_, ans, err = dr.sess.Handle(ctx, protect.TypeCommit, sreq)
+	return regs, nil
+}
+
+// commit commits step, staged by stage (which returned regs).
+func (dr *diffRank) commit(ctx context.Context, step int64, regs map[string][]byte) error {
+	sreq := fmt.Appendf(nil, `{"step":%d}`, step)
+	_, ans, err := dr.sess.Handle(ctx, protect.TypeCommit, sreq)
 	if err != nil {
 		return fmt.Errorf("Commit(%d): %w", step, err)
 	}

@@ -1,12 +1,10 @@
 package keeper
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
 	"slices"
-	"time"
 
 	"github.com/gorun/gorun/internal/crc32c"
 	"github.com/gorun/gorun/internal/diffstore"
@@ -104,6 +102,11 @@ var testHookStreamPiece func(holder, owner int, region string, b []byte) []byte
 // sent. A step a lossy codec made inexact is restored whole first
 // (restoreDiff) and sent as a data answer: its table carries the restored
 // bytes' own CRC32Cs, known only at the end.
+//
+// The replay's windows (diffstore.PiecesMem) are reserved against the
+// host's replica-memory reserve before the stream starts and given back
+// once it ended: a reserve without room refuses the get (failNoRoom),
+// the link kept, as getDiffWhole does.
 func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 	ds, t, err := st.diffSource(h.owner, h.step)
 	if err == nil && (!ds.Exact(h.step) || !sameShape(t, regionTable(ds.Regions()))) {
@@ -112,14 +115,29 @@ func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 	if err != nil {
 		return writeFail(c, h, failOther, err.Error())
 	}
+	n := uint64(diffstore.PiecesMem(ds.Optimizer().N, pieceChunk))
+	if err := st.reserve(n, 0); err != nil {
+		return writeFail(c, h, failNoRoom, fmt.Sprintf("rank %d step %d: %v: a streamed replay's windows of %d bytes: %v", h.owner, h.step, errNoRoom, n, err))
+	}
+	defer st.reserve(0, n)
 	head := linkHdr{kind: kindPieces, owner: h.owner, holder: h.holder, step: h.step, gen: h.gen}
-	sent := false
 	// The answer is written under writeAnswer's deadlines: RestorePieces
 	// holds the store's fold lock while it writes, and a reader on a host
 	// that died would hold it (and the folds and truncations waiting on
 	// it) until TCP gives up.
-	w := answerConn{c: c, life: context.Background()}
-	defer c.SetWriteDeadline(time.Time{})
+	return writeAnswer(c, nil, func(w io.Writer) error {
+		return st.streamPieces(c, w, h, head, ds, t)
+	})
+}
+
+// streamPieces writes getDiff's pieces answer of h.step from ds (t: the
+// owner's committed table) to w, the link c under writeAnswer's
+// deadlines. A replay that fails before anything was sent (a fold moved
+// the store past the step meanwhile) is refused on c instead (the link
+// stays); one that fails after, or a region whose CRC32C differs from the
+// owner's, is an error (the link is closed).
+func (st *replicaStore) streamPieces(c net.Conn, w io.Writer, h, head linkHdr, ds *diffstore.Store, t []tableEntry) error {
+	sent := false
 	sendHead := func() error {
 		sent = true
 		return writeFrame(w, head, t, [][]byte{}) // data non-nil: the length is the regions'
@@ -143,7 +161,7 @@ func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 		}
 		return nil
 	}
-	err = ds.RestorePieces(h.step, pieceChunk, replay.ReplayOptions{}, func(i int, off int64, b []byte) error {
+	err := ds.RestorePieces(h.step, pieceChunk, replay.ReplayOptions{}, func(i int, off int64, b []byte) error {
 		if !sent {
 			if err := sendHead(); err != nil {
 				return err
@@ -159,8 +177,8 @@ func (st *replicaStore) getDiff(c net.Conn, h linkHdr) error {
 	})
 	switch {
 	case err != nil && !sent:
-		// Nothing sent yet (a fold moved the store past the step
-		// meanwhile): a refusal, the link stays.
+		// Nothing sent yet, so no write deadline set either: a refusal,
+		// the link stays.
 		return writeFail(c, h, failOther, fmt.Sprintf("rank %d step %d: %v", h.owner, h.step, err))
 	case err != nil:
 		return err

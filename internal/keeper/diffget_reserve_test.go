@@ -6,6 +6,7 @@ import (
 	"net"
 	"testing"
 
+	"github.com/gorun/gorun/internal/diffstore"
 	"github.com/gorun/gorun/replay"
 )
 
@@ -45,6 +46,68 @@ func TestDiffGetWholeReserve(t *testing.T) {
 	a, err := get()
 	if err != nil || a.kind != kindData || a.length != state {
 		t.Fatalf("a get with room for the restored copy: %+v, %v; want a data answer of %d bytes", a, err, state)
+	}
+	if n := storeBytes(h); n != before {
+		t.Fatalf("the reserve holds %d bytes after the answer, %d before", n, before)
+	}
+}
+
+// TestDiffGetPiecesReserve: a diff-mode holder that streams an exact
+// step (getDiff's pieces) reserves the replay's windows
+// (diffstore.PiecesMem) against its replica-memory reserve before the
+// stream starts, holds them while it goes, and gives them back once it
+// ended; with no room for them the get is refused (failNoRoom) and the
+// reserve is unchanged. Before, the stream reserved nothing.
+func TestDiffGetPiecesReserve(t *testing.T) {
+	h := diffHolder(t, replay.Options{Lossless: true})
+	get := func() (linkHdr, error) {
+		conn, errc := holderConn(t, func(c net.Conn) error {
+			return h.store.getDiff(c, linkHdr{kind: kindGet, owner: 0, holder: 1, step: 1})
+		})
+		a, err := readAnswer(conn)
+		if err == nil {
+			var tb []tableEntry
+			if tb, err = readTable(conn, a.count); err == nil {
+				dst := make([][]byte, len(tb))
+				for i, e := range tb {
+					dst[i] = make([]byte, e.size)
+				}
+				err = readPieces(conn, tb, dst, a.step)
+			}
+		}
+		if herr := <-errc; herr != nil {
+			t.Fatalf("the holder's answer: %v", herr)
+		}
+		return a, err
+	}
+	windows := uint64(diffstore.PiecesMem(diffN, pieceChunk))
+	before := storeBytes(h)
+	setLimit(t, h, before+windows-1)
+	if _, err := get(); !refusedAs(err, failNoRoom) {
+		t.Fatalf("a streamed get whose replay takes %d bytes with %d bytes of room: %v, want failNoRoom", windows, windows-1, err)
+	}
+	if n := storeBytes(h); n != before {
+		t.Fatalf("the reserve holds %d bytes after a refusal, %d before", n, before)
+	}
+	setLimit(t, h, before+windows)
+	var during []uint64
+	testHookStreamPiece = func(_, _ int, _ string, b []byte) []byte {
+		during = append(during, storeBytes(h))
+		return b
+	}
+	t.Cleanup(func() { testHookStreamPiece = nil })
+	a, err := get()
+	testHookStreamPiece = nil
+	if err != nil || a.kind != kindPieces {
+		t.Fatalf("a streamed get with room for its replay: %+v, %v; want a pieces answer", a, err)
+	}
+	if len(during) == 0 {
+		t.Fatal("no piece streamed")
+	}
+	for _, n := range during {
+		if n != before+windows {
+			t.Fatalf("the reserve held %d bytes while the answer streamed, want %d (%d before, %d for the replay's windows)", n, before+windows, before, windows)
+		}
 	}
 	if n := storeBytes(h); n != before {
 		t.Fatalf("the reserve holds %d bytes after the answer, %d before", n, before)

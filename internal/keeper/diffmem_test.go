@@ -195,13 +195,16 @@ func TestDiffReserveAccounting(t *testing.T) {
 	runSteps(t, c, rs, 0, 10)
 	h1 := c.hosts[1]
 	o := holderOf(h1, 0)
-	o.mu.Lock()
-	held, mem := o.held, o.diffMem()
-	o.mu.Unlock()
-	before := storeBytes(h1)
-	if before != held || held != mem || held == 0 {
-		t.Fatalf("host 1 reserved %d bytes, rank 0's replica %d, its stores hold %d", before, held, mem)
-	}
+	// A record or answer still in flight when the steps return holds its
+	// reservation a moment longer: wait until the count settles.
+	var before uint64
+	c.waitFor("host 1 reserving exactly rank 0's replica", func() bool {
+		o.mu.Lock()
+		held, mem := o.held, o.diffMem()
+		o.mu.Unlock()
+		before = storeBytes(h1)
+		return before == held && held == mem && held != 0
+	})
 
 	// The replicas of other owners fill the host's half but for a few
 	// bytes: rank 0's next differential does not fit.
@@ -241,7 +244,8 @@ func TestDiffReserveAccounting(t *testing.T) {
 	o.mu.Lock()
 	h1.store.dropDiff(o)
 	o.mu.Unlock()
-	if got := storeBytes(h1); got != 0 {
-		t.Errorf("host 1 reserved %d bytes with no store left", got)
-	}
+	// checkTier2's get may return before the holder's handler has
+	// given back the answer's reserve (its deferred release runs once
+	// the answer is written, which the reader may have read by then).
+	c.waitFor("host 1 reserving nothing with no store left", func() bool { return storeBytes(h1) == 0 })
 }

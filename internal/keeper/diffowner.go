@@ -59,6 +59,11 @@ type refresh struct {
 	// flags.
 	gen, epoch        uint64
 	rows, data, coded bool
+	// pace paces both sends of the base, its shares and the clear
+	// copy's refresh (nil: unpaced), decided when the first of them
+	// starts (refPaceLocked: paced says it was). r.mu guards them.
+	pace  *sharePace
+	paced bool
 }
 
 // refProg is one holder's progress through the current refresh: only the
@@ -92,6 +97,7 @@ type diffAct struct {
 	d              *ownerDiff // else: this differential
 	ref            *refresh   // then chunks of this refresh (prog)
 	prog           *refProg
+	limit          int64 // the most bytes of ref's chunks sent in the round
 	// noSlotBase (diff mode under EC, the clear copy's holder): with has,
 	// no base follows if it does not hold base: it is probed next
 	// (needProbe). top: base is the newest committed step, asked because
@@ -254,6 +260,7 @@ func (r *replicator) truncateDiffs(g int64) {
 	// starts again (ecdiff_mem.go).
 	r.ecb.noRoom = 0
 	r.stopSnapRetryLocked()
+	r.stopPacedRetryLocked()
 	// Diff mode under EC: the bases after g are of an abandoned
 	// trajectory; the schedule goes on from the next base after what is
 	// left.
@@ -350,7 +357,7 @@ func (r *replicator) planDiffLocked() diffPlan {
 				r.refProg[k] = pr
 			}
 			if !pr.done {
-				act.ref, act.prog = r.ref, pr
+				act.ref, act.prog, act.limit = r.ref, pr, r.ref.budget
 				act.ref.rb.retain()
 			}
 		}

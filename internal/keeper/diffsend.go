@@ -157,9 +157,10 @@ func (r *replicator) sendTo(ctx context.Context, gen uint64, a diffAct) diffRes 
 	}
 	od := a.d
 	if od == nil {
-		// Only the base (diff mode under EC): whole.
+		// Only the base (diff mode under EC): as much as its pacing
+		// allows, whole when unpaced (planClearLocked).
 		if a.ref != nil {
-			r.sendChunks(ctx, hdr, a.k, a.ref, a.prog, true, &res)
+			r.sendChunks(ctx, hdr, a.k, a.ref, a.prog, a.limit, &res)
 			linkFailed(res.err)
 		}
 		return res
@@ -213,7 +214,7 @@ func (r *replicator) sendTo(ctx context.Context, gen uint64, a diffAct) diffRes 
 		return res
 	}
 	if a.ref != nil {
-		r.sendChunks(ctx, hdr, a.k, a.ref, a.prog, false, &res)
+		r.sendChunks(ctx, hdr, a.k, a.ref, a.prog, a.limit, &res)
 		linkFailed(res.err)
 	}
 	return res
@@ -281,12 +282,12 @@ func (r *replicator) sendBase(ctx context.Context, hdr linkHdr, host int, step i
 	return int64(total), err
 }
 
-// sendChunks sends holder k the next chunks of refresh ref, up to its
-// per-step budget, and its commit once every byte went, into res: the
-// bytes sent (baseB) and the failure (err), which the round backs off
-// after (a link's failure is the caller's to report). whole sends every
-// chunk left, not the per-step budget. Failures leave prog where it was:
-// the refresh goes on in a later round.
+// sendChunks sends holder k the next chunks of refresh ref, limit bytes
+// at most (the plan's: a per-step budget, or what the base's pacing
+// allows, planClearLocked), and its commit once every byte went, into
+// res: the bytes sent (baseB) and the failure (err), which the round
+// backs off after (a link's failure is the caller's to report). Failures
+// leave prog where it was: the refresh goes on in a later round.
 //
 // A holder that cannot take the refresh in chunks (it has no base, or a
 // newer one) or refuses its commit twice as damaged gets no more of it
@@ -299,7 +300,7 @@ func (r *replicator) sendBase(ctx context.Context, hdr linkHdr, host int, step i
 // or the base whole; a holder that refuses it because it holds no step
 // up to H (failBehindH) gets the base whole without it, one that refuses
 // it otherwise is asked again.
-func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, ref *refresh, prog *refProg, whole bool, res *diffRes) {
+func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, ref *refresh, prog *refProg, limit int64, res *diffRes) {
 	s := r.s
 	hdr.step = ref.step
 	total := int64(len(ref.buf))
@@ -359,10 +360,7 @@ func (r *replicator) sendChunks(ctx context.Context, hdr linkHdr, k holderKey, r
 		}
 		return true
 	}
-	budget := ref.budget
-	if whole {
-		budget = total
-	}
+	budget := limit
 	var sent int64
 	defer func() { res.baseB += sent }()
 	for sent < budget && prog.off < total {

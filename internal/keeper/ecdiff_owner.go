@@ -19,11 +19,13 @@ package keeper
 // checks the copy against the commit's CRC32Cs (snapshotDue: the base
 // refresh's snapshot of plain diff mode). From the snapshot:
 //
-//   - the refresh goes to the clear copy's holder (kinds 7 and 8, paced
-//     after the differentials as in plain diff mode, or whole when the
-//     holder has no differential to take), preceded by baseH (kind 15:
-//     "H >= h"), so that the holder installs a verified b_{k-1} before
-//     BeginBase(b_k) would drop it. That holder never gets a base of a
+//   - the refresh goes to the clear copy's holder (kinds 7 and 8, after
+//     the differentials, or alone when the holder has no differential
+//     to take), paced as the shares are below, by the same sharePace
+//     (clearLimitLocked: unpaced, it went whole in the round after the
+//     base's differential, and the step after a base paid for it),
+//     preceded by baseH (kind 15: "H >= h"), so that the holder installs
+//     a verified b_{k-1} before BeginBase(b_k) would drop it. That holder never gets a base of a
 //     slot (plain diff mode's, at whatever step the slot holds): one
 //     that cannot follow the differentials gets the snapshot whole, as a
 //     base of exactly its step (planClearLocked), which it grafts onto
@@ -113,6 +115,7 @@ type ecBase struct {
 	noRoom      int64
 	noRoomSince time.Time
 	noRoomRetry *time.Timer // runs the loop again while a snapshot waits (retrySnapLocked)
+	paceRetry   *time.Timer // runs the loop again while the clear copy's refresh waits at its pacing (pacedRetryLocked)
 	// shares is the send of the current refresh's shares in flight, or
 	// nil; stopping is the last one cancelled (dropRefLocked), which may
 	// still run: the next run waits for it before it sends (the runs
@@ -189,9 +192,7 @@ func (r *replicator) schedLocked(p *placement) *ecBase {
 		// The anchor's snapshot stays, and its shares' send with it: no
 		// base of this schedule is coded, so the cap is the floor until
 		// this one is, and its send goes unpaced from here on.
-		if sr := b.shares; sr != nil && sr.pace != nil {
-			sr.pace.lift()
-		}
+		r.liftPaceLocked()
 	}
 	return b
 }

@@ -1,6 +1,6 @@
 package keeper
 
-import ()
+import "time"
 
 // ecDataLocked records, after a round, whether the clear copy's holder
 // holds the current base (it committed the refresh, or got a base at its
@@ -77,12 +77,17 @@ func (r *replicator) planClearLocked(act *diffAct, a, n int64, known bool, next 
 		}
 	}
 	if act.d == nil {
-		// Nothing to send but the base: it goes whole (the rank may be
-		// waiting for it at the overwrite rule).
+		// Nothing to send but the base: as much of it as its pacing
+		// allows now (the rank may be waiting for it at the overwrite
+		// rule: a pause in its commits counts as a step), whole when
+		// it is not paced.
 		if r.ref == nil || !r.gateOpen(r.ref) {
 			return false
 		}
 		if pr := r.refProg[k]; pr != nil && pr.done {
+			return false
+		}
+		if r.clearLimitLocked(r.ref, r.refProg[k]) == 0 {
 			return false
 		}
 	} else {
@@ -95,11 +100,82 @@ func (r *replicator) planClearLocked(act *diffAct, a, n int64, known bool, next 
 			r.refProg[k] = pr
 		}
 		if !pr.done {
-			act.ref, act.prog = r.ref, pr
+			act.ref, act.prog, act.limit = r.ref, pr, r.clearLimitLocked(r.ref, pr)
 			act.ref.rb.retain()
 		}
 	}
 	return true
+}
+
+// clearLimitLocked returns the bytes of base ref's refresh the clear
+// copy's holder, at progress pr (nil: none yet), may be sent in a round
+// planned now: what the base's pacing allows beyond what went, every
+// byte left when it is not paced. The refresh is paced as the base's
+// shares are, by the same sharePace (refPaceLocked): by the time the rank
+// commits base+i at most budget·(i+1) bytes went, every byte from
+// base+σ-1 on, a pause in the commits counting as a step, and every byte
+// once the base is the schedule's anchor (lift). A refresh whose bytes
+// all went but not its commit is not held (-1: its commit goes), nor one
+// that goes whole as a base (asBase: a holder that cannot take chunks;
+// it is one message). While it is held, the loop is run again when a
+// pause would allow more (pacedRetryLocked). The gate is open. r.mu is
+// held.
+func (r *replicator) clearLimitLocked(ref *refresh, pr *refProg) int64 {
+	total := int64(len(ref.buf))
+	var off int64
+	if pr != nil {
+		off = pr.off
+		if pr.asBase {
+			return total
+		}
+	}
+	if off >= total {
+		return -1
+	}
+	p := r.refPaceLocked(ref)
+	if p == nil {
+		return total - off
+	}
+	p.mu.Lock()
+	allowed, next := p.allowedLocked(time.Now())
+	p.mu.Unlock()
+	if allowed <= off {
+		r.pacedRetryLocked(next)
+		return 0
+	}
+	return allowed - off
+}
+
+// pacedRetryLocked has the loop run again in d (a clear copy's refresh
+// held by its pacing until a pause in the commits allows more: a commit
+// runs it anyway). r.mu is held.
+func (r *replicator) pacedRetryLocked(d time.Duration) {
+	b := &r.ecb
+	if b.paceRetry != nil || r.stopped || r.failed {
+		return
+	}
+	b.paceRetry = time.AfterFunc(d, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		b.paceRetry = nil
+		switch {
+		case r.stopped || r.failed:
+		case r.running:
+			// Its next round plans again (and holds it again, if
+			// need be).
+			r.poke()
+		default:
+			r.startLocked()
+		}
+	})
+}
+
+// stopPacedRetryLocked stops pacedRetryLocked's timer. r.mu is held.
+func (r *replicator) stopPacedRetryLocked() {
+	if t := r.ecb.paceRetry; t != nil {
+		t.Stop()
+		r.ecb.paceRetry = nil
+	}
 }
 
 // refBaseLocked plans the schedule's base for act.k, the clear copy's

@@ -88,7 +88,7 @@ func (r *replicator) startSharesLocked() {
 		return
 	}
 	ctx, cancel := context.WithCancel(r.s.h.life)
-	sr := &shareRun{cancel: cancel, done: make(chan struct{}), pace: r.paceLocked(ref)}
+	sr := &shareRun{cancel: cancel, done: make(chan struct{}), pace: r.refPaceLocked(ref)}
 	old := r.ecb.stopping
 	r.ecb.shares, r.ecb.stopping = sr, nil
 	ref.rb.retain()
@@ -255,13 +255,14 @@ func (r *replicator) stopShares() {
 // so that only commits count.
 var paceIdleMin = 20 * time.Millisecond
 
-// sharePace paces the send of one base's shares (diff mode under EC)
-// over the refresh's window, as the clear copy's refresh is paced (a
-// budget of refresh.budget bytes per step): by the time the rank commits
-// step base+i, at most budget·(i+1) bytes of the shard are encoded (each
-// row gets as many bytes of its share), and from base+σ-1 on every byte,
-// so that the cap (capLocked: base+σ-1 while the base is not coded)
-// never waits for the pacing.
+// sharePace paces the sends of one base (diff mode under EC), its shares
+// and the clear copy's refresh (clearLimitLocked), over the refresh's
+// window (a budget of refresh.budget bytes per step): by the time the
+// rank commits step base+i, at most budget·(i+1) bytes of the shard are
+// encoded (each row gets as many bytes of its share) and sent to the
+// clear copy, and from base+σ-1 on every byte, so that the cap
+// (capLocked: base+σ-1 while the base is not coded) never waits for the
+// pacing.
 //
 // A rank that commits nothing for twice the time of its last step (at
 // least paceIdleMin) is not training: each such pause counts as one more
@@ -300,10 +301,32 @@ func (p *sharePace) waitedTotal() time.Duration {
 	return p.waited
 }
 
-// paceLocked returns the pacing of a send of base ref's shares, or nil
-// when it is not paced: σ is 1, or no base of the schedule is coded yet
-// (the cap is then the schedule's floor: G waits for this base), or ref
-// is the schedule's anchor. r.mu is held.
+// refPaceLocked returns the pacing of base ref's sends, its shares and
+// the clear copy's refresh (one for both: the same budget, the same
+// steps, the same lift), made by paceLocked when the first of them
+// starts past the gate; nil when they are not paced. r.mu is held.
+func (r *replicator) refPaceLocked(ref *refresh) *sharePace {
+	if !ref.paced {
+		ref.pace, ref.paced = r.paceLocked(ref), true
+	}
+	return ref.pace
+}
+
+// liftPaceLocked lifts the pacing of the current base's sends (it is
+// the schedule's anchor now). r.mu is held.
+func (r *replicator) liftPaceLocked() {
+	if r.ref != nil && r.ref.pace != nil {
+		r.ref.pace.lift()
+	}
+	if sr := r.ecb.shares; sr != nil && sr.pace != nil && (r.ref == nil || sr.pace != r.ref.pace) {
+		sr.pace.lift()
+	}
+}
+
+// paceLocked returns the pacing of base ref's sends, or nil when they
+// are not paced: σ is 1, or no base of the schedule is coded yet (the
+// cap is then the schedule's floor: G waits for this base), or ref is
+// the schedule's anchor. r.mu is held.
 func (r *replicator) paceLocked(ref *refresh) *sharePace {
 	b := &r.ecb
 	steps := r.s.h.cfg.Diff.refreshSteps()
@@ -322,8 +345,9 @@ func (r *replicator) paceLocked(ref *refresh) *sharePace {
 }
 
 // pacedCommitLocked records that the rank committed step (diff mode
-// under EC): the time of its step, and the allowance of the share send
-// in flight, if paced. r.mu is held.
+// under EC): the time of its step, and the allowance of the current
+// base's sends (refPaceLocked) and of the share send in flight, if
+// paced. r.mu is held.
 func (r *replicator) pacedCommitLocked(step int64) {
 	b := &r.ecb
 	now := time.Now()
@@ -331,7 +355,10 @@ func (r *replicator) pacedCommitLocked(step int64) {
 		b.stepTime = now.Sub(b.lastAt)
 	}
 	b.lastStep, b.lastAt = step, now
-	if sr := b.shares; sr != nil && sr.pace != nil {
+	if r.ref != nil && r.ref.pace != nil {
+		r.ref.pace.commit(step, now, b.stepTime)
+	}
+	if sr := b.shares; sr != nil && sr.pace != nil && (r.ref == nil || sr.pace != r.ref.pace) {
 		sr.pace.commit(step, now, b.stepTime)
 	}
 }

@@ -70,7 +70,6 @@ import (
 	"io"
 	"net"
 	"slices"
-	"time"
 
 	"github.com/gorun/gorun/internal/diffstore"
 )
@@ -101,18 +100,19 @@ func (st *replicaStore) getLog(c net.Conn, h linkHdr, t []tableEntry) error {
 	if why != "" {
 		return writeFail(c, h, fwhy, fmt.Sprintf("rank %d steps %d to %d: %s", h.owner, from+1, to, why))
 	}
-	sent := 0
-	w := answerConn{c: c, life: context.Background()} // writeAnswer's deadlines
-	defer c.SetWriteDeadline(time.Time{})
-	err = records(from, to, func(d diffstore.Diff) error {
-		sent++
-		return writeLogFrame(w, linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: d.Step, gen: h.gen}, tables[d.Step-from-1], opt, d)
+	return writeAnswer(c, nil, func(w io.Writer) error {
+		sent := 0
+		err := records(from, to, func(d diffstore.Diff) error {
+			sent++
+			return writeLogFrame(w, linkHdr{kind: kindData, owner: h.owner, holder: h.holder, step: d.Step, gen: h.gen}, tables[d.Step-from-1], opt, d)
+		})
+		if err != nil && sent == 0 {
+			// Nothing sent yet (the log was cut meanwhile), so no
+			// write deadline set either: a refusal, the link stays.
+			return writeFail(c, h, failOther, fmt.Sprintf("rank %d steps %d to %d: %v", h.owner, from+1, to, err))
+		}
+		return err
 	})
-	if err != nil && sent == 0 {
-		// Nothing sent yet (the log was cut meanwhile): a refusal.
-		return writeFail(c, h, failOther, fmt.Sprintf("rank %d steps %d to %d: %v", h.owner, from+1, to, err))
-	}
-	return err
 }
 
 // logLabel is what a getLog restores under: the restorer's restart

@@ -177,7 +177,7 @@ func (j *ecDiffRecJob) swapRestore(lost []int, epoch uint64) (ecSwap, map[int]*p
 	for _, r := range sw.lost {
 		wg.Go(func() {
 			var got *protect.Restorable
-			dr, err := newDiffRank(t, j.c.hosts[sw.hostOf[r]], r, 11, j.rs[r].states)
+			dr, err := newDiffRank(t, j.c.hosts[sw.hostOf[r]], r, 11, j.rs[r].committedStates())
 			if err == nil {
 				defer dr.close()
 				got, err = dr.restore(context.Background())

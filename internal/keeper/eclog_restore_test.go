@@ -360,7 +360,7 @@ func (j *ecDiffRecJob) everySubset(g, hb int64) {
 		var wg sync.WaitGroup
 		for _, r := range sw.lost {
 			wg.Go(func() {
-				dr, err := newDiffRank(t, j.c.hosts[sw.hostOf[r]], r, 11, j.rs[r].states)
+				dr, err := newDiffRank(t, j.c.hosts[sw.hostOf[r]], r, 11, j.rs[r].committedStates())
 				if err != nil {
 					res[r], errs[r] = &protect.Restorable{Step: noStep, Err: err.Error()}, err
 					return

@@ -8,6 +8,7 @@ package keeper
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -31,6 +32,10 @@ type pacedJob struct {
 	*ecDiffRecJob
 	mu    sync.Mutex
 	reads map[int][]paceRead
+	// clear are the bytes of base paceEvery's refresh each rank wrote
+	// to its clear copy's holder (chunks, or the base whole), each with
+	// the rank's newest committed step then, in the order written.
+	clear map[int][]paceRead
 }
 
 func newPacedJob(t *testing.T) *pacedJob {
@@ -39,7 +44,7 @@ func newPacedJob(t *testing.T) *pacedJob {
 	ecChunkSize = 1 << 10
 	paceIdleMin = time.Hour // only commits count: the budgets are exact
 	t.Cleanup(func() { ecChunkSize, paceIdleMin = chunk, idle })
-	pj := &pacedJob{reads: map[int][]paceRead{}}
+	pj := &pacedJob{reads: map[int][]paceRead{}, clear: map[int][]paceRead{}}
 	armed := false
 	testHookECBlock = func(s *service, off int64, read bool) {
 		if read {
@@ -55,6 +60,36 @@ func newPacedJob(t *testing.T) *pacedJob {
 		pj.mu.Unlock()
 	}
 	t.Cleanup(func() { testHookECBlock = nil })
+	testHookLinkFrame = func(h linkHdr, bufs net.Buffers) net.Buffers {
+		var n int64
+		switch {
+		case h.step != paceEvery:
+		case h.kind == kindBaseChunk && len(bufs) > 1:
+			n = int64(len(bufs[1]))
+		case h.kind == kindBase:
+			for _, b := range bufs[1:] {
+				n += int64(len(b))
+			}
+		}
+		if n == 0 {
+			return bufs
+		}
+		pj.mu.Lock()
+		on := armed
+		pj.mu.Unlock()
+		if !on {
+			return bufs
+		}
+		s := pj.c.hosts[pj.hostOf[h.owner]].svc(h.owner)
+		s.mu.Lock()
+		c := s.committed
+		s.mu.Unlock()
+		pj.mu.Lock()
+		pj.clear[h.owner] = append(pj.clear[h.owner], paceRead{off: n, committed: c})
+		pj.mu.Unlock()
+		return bufs
+	}
+	t.Cleanup(func() { testHookLinkFrame = nil })
 	pj.ecDiffRecJob = newECDiffRecJob(t, 2, 1, paceEvery, 2)
 	pj.run(0, paceEvery-1)
 	// Base 0 coded everywhere and H 0 known: the gate of base 8 is open.
@@ -176,6 +211,54 @@ func (pj *pacedJob) checkBudget() map[int64]bool {
 	return at
 }
 
+// checkClear fails the test if a rank wrote more of base paceEvery's
+// refresh to its clear copy's holder than the pacing allows at the step
+// it had committed then (the shares' budget: (i+1)·budget by step
+// paceEvery+i), and returns the bytes each rank wrote.
+func (pj *pacedJob) checkClear() map[int]int64 {
+	pj.t.Helper()
+	sigma := int64(paceEvery / 2)
+	sent := map[int]int64{}
+	pj.mu.Lock()
+	defer pj.mu.Unlock()
+	for r, ws := range pj.clear {
+		budget := pj.budget(r)
+		for _, w := range ws {
+			sent[r] += w.off
+			i := w.committed - paceEvery + 1
+			if i < sigma && sent[r] > budget*i {
+				pj.t.Errorf("rank %d wrote %d bytes of base %d's refresh to its clear copy with step %d committed: past what %d steps of %d bytes allow (%d)", r, sent[r], paceEvery, w.committed, i, budget, budget*i)
+				break
+			}
+		}
+	}
+	return sent
+}
+
+// shardBytes returns rank r's replicated bytes (a base refresh's).
+func (pj *pacedJob) shardBytes(r int) int64 {
+	s := pj.c.hosts[pj.hostOf[r]].svc(r)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var total int64
+	for _, i := range s.repl {
+		total += int64(s.regions[i].Size)
+	}
+	return total
+}
+
+// clearRanks returns the ranks that have a clear copy's holder (not on
+// their own data host).
+func (pj *pacedJob) clearRanks() []int {
+	var rs []int
+	for r := range pj.hostOf {
+		if len(pj.c.hosts[pj.hostOf[r]].place().targets(r)) > 0 {
+			rs = append(rs, r)
+		}
+	}
+	return rs
+}
+
 // sharesIn returns the hosts whose parity rows hold a member's share of
 // step committed (ecCommit), for any member.
 func (pj *pacedJob) sharesIn(step int64) []int {
@@ -219,6 +302,7 @@ func TestECDiffSharesPaced(t *testing.T) {
 				pj.quiet(c)
 			}
 			at := pj.checkBudget()
+			pj.checkClear()
 			for c := int64(b); c < b+sigma; c++ {
 				if !at[c] {
 					t.Errorf("no block of base %d's shard read at step %d: want the shares spread over steps %d..%d (read at %v)", b, c, b, b+sigma-1, at)
@@ -232,6 +316,16 @@ func TestECDiffSharesPaced(t *testing.T) {
 				}
 				return true
 			})
+			// Base b is coded: every clear copy holds it, sent once.
+			sent := pj.checkClear()
+			if len(pj.clearRanks()) == 0 {
+				t.Fatal("no rank has a clear copy's holder")
+			}
+			for _, r := range pj.clearRanks() {
+				if sent[r] != pj.shardBytes(r) {
+					t.Errorf("rank %d wrote %d bytes of base %d's refresh to its clear copy, want its %d once", r, sent[r], b, pj.shardBytes(r))
+				}
+			}
 			pj.run(b+sigma, 2*b+1)
 			g, hb := pj.published()
 			if hb < b {
@@ -246,6 +340,7 @@ func TestECDiffSharesPaced(t *testing.T) {
 			if at := pj.checkBudget(); !at[b] {
 				t.Fatalf("no block read at step %d", b)
 			}
+			pj.checkClear()
 			g, hb := pj.published()
 			if hb != 0 {
 				t.Fatalf("G %d, H %d: want H 0 while base %d's shares go", g, hb, b)
@@ -267,6 +362,7 @@ func TestECDiffSharesPaced(t *testing.T) {
 			if at := pj.checkBudget(); !at[b] {
 				t.Fatalf("no block of base %d's shard read at step %d (read at %v)", b, b, at)
 			}
+			pj.checkClear()
 			pj.mu.Lock()
 			for r := range pj.hostOf {
 				if n := len(pj.reads[r]); n == 0 {

@@ -238,6 +238,7 @@ func (r *replicator) stop() {
 	r.mu.Lock()
 	r.stopped = true
 	r.stopSnapRetryLocked()
+	r.stopPacedRetryLocked()
 	r.mu.Unlock()
 	r.reset()
 	r.releaseSnaps() // the retained snapshots' reservation (ecdiff_mem.go)
