@@ -119,6 +119,10 @@ func TestLocalMatcherReadsOnlyWhatItNeeds(t *testing.T) {
 	if err != nil {
 		t.Skip(err)
 	}
+	if strings.EqualFold(hn, "localhost") || net.ParseIP(hn) != nil {
+		// Matched as loopback or as an address: no host name to read.
+		t.Skipf("this host's name %q is matched without reading it", hn)
+	}
 	if !m.match(hn) {
 		t.Errorf("%s is not local", hn)
 	}

@@ -347,6 +347,11 @@ func TestBatcherConcurrentAdds(t *testing.T) {
 // faults and its garbage collections. Several pumps run, so that what
 // other goroutines do meanwhile is small beside what is measured.
 func TestPumpSmallOutputSmallStack(t *testing.T) {
+	if raceEnabled {
+		// The race detector's build moves even the old MaxLine buffer to
+		// the heap: the stacks measured here would not tell the two apart.
+		t.Skip("the buffer's place on the stack is measured only without -race")
+	}
 	const pumps = 8
 	s := newOutputSink(t)
 	b := s.batcher(0, time.Hour)

@@ -50,16 +50,18 @@ func FuzzDecodeEventFast(f *testing.F) {
 	for _, e := range canonicalEvents {
 		f.Add(Marshal(&e))
 	}
+	// Edge cases of an event of a real kind, so that the fast path gets
+	// past the kind to them.
 	for _, s := range []string{
-		`{"k":"a","h":1,"r":2,"code":0,"sig":1,"sig":2}`,
-		`{"k":"a","h":01,"r":2,"code":0}`,
-		`{"k":"a","h":1,"r":2,"code":-0,"gen":-0}`,
-		`{"k":"a","h":1,"r":2,"code":9223372036854775808}`,
-		`{"k":"a","h":1,"r":2,"code":0,"peers":[]}`,
-		`{"k":"a","h":1,"r":2,"code":0} `,
-		`{"k":"a\u0041","h":1,"r":2,"code":0}`,
-		`{"k":"a","h":1,"r":2,"code":0,"stopped":false,"abort":true,"msg":""}`,
-		`{"k":"a","h":1.0,"r":2,"code":0}`,
+		`{"k":"exited","h":1,"r":2,"code":0,"sig":1,"sig":2}`,
+		`{"k":"exited","h":01,"r":2,"code":0}`,
+		`{"k":"exited","h":1,"r":2,"code":-0,"gen":-0}`,
+		`{"k":"exited","h":1,"r":2,"code":9223372036854775808}`,
+		`{"k":"exited","h":1,"r":2,"code":0,"peers":[]}`,
+		`{"k":"exited","h":1,"r":2,"code":0} `,
+		`{"k":"exite\u0064","h":1,"r":2,"code":0}`,
+		`{"k":"exited","h":1,"r":2,"code":0,"stopped":false,"abort":true,"msg":""}`,
+		`{"k":"exited","h":1.0,"r":2,"code":0}`,
 	} {
 		f.Add([]byte(s))
 	}
