@@ -350,11 +350,18 @@ func (st *replicaStore) verifiedBaseFrom(o *ownerReplica, step int64) (int64, bo
 		return noStep, false
 	}
 	for s := range o.sums {
-		if s >= step && o.cur.ReadBase(s, 0, nil) == nil {
+		if s >= step && verifiedBase(o.cur, s) {
 			return s, true
 		}
 	}
 	return noStep, false
+}
+
+// verifiedBase reports whether ds holds a verified base at exactly step:
+// its base, exact, or a committed refresh waiting for G (the bytes a
+// decode reads, diffstore.Store.ReadBase).
+func verifiedBase(ds *diffstore.Store, step int64) bool {
+	return ds.ReadBase(step, 0, nil) == nil
 }
 
 // baseCommit commits the base refresh at h.step with the owner's CRC32Cs
