@@ -301,6 +301,15 @@ func (st *replicaStore) baseChunk(c net.Conn, h linkHdr, t []tableEntry) error {
 	}
 	defer st.account(o)
 	if o.bw == nil || o.bw.Step() != h.step {
+		if held, ok := st.verifiedBaseFrom(o, h.step); ok {
+			// BeginBase would drop a verified base the owner counted
+			// coded (see verifiedBaseFrom): the chunk is a late one of
+			// a round its owner cancelled, or an owner that forgot
+			// where the refresh stood sends it again. The latter gets
+			// it whole next (sendChunks' giveUp: graftBase).
+			msg := fmt.Sprintf("rank %d: a base refresh of step %d begun while this holder holds a verified base of step %d", h.owner, h.step, held)
+			return refuse(func() error { return writeFail(c, h, failStale, msg) })
+		}
 		// A new refresh: its buffers (the regions' sizes) are reserved
 		// before BeginBase allocates them; account then counts them.
 		size := uint64(o.cur.Size())
@@ -327,6 +336,32 @@ func (st *replicaStore) baseChunk(c net.Conn, h linkHdr, t []tableEntry) error {
 		return writeFail(c, h, why, fmt.Sprintf("rank %d: %v", h.owner, err))
 	}
 	return writeAck(c, h)
+}
+
+// verifiedBaseFrom returns the step, at or after step, of a verified
+// base o's current store holds (its base, or a committed refresh waiting
+// for H), if any: diff mode under erasure coding only. A new refresh of
+// step would drop it (BeginBase aborts the refresh waiting, and a base
+// of the same step is replaced by one being written), while the owner
+// counted it coded (its Base, and so the job's H, may name it) and a
+// decode at H reads exactly it (ReadBase). o.mu is held.
+func (st *replicaStore) verifiedBaseFrom(o *ownerReplica, step int64) (int64, bool) {
+	if o.cur == nil || !st.h.place().ecDiff() {
+		return noStep, false
+	}
+	for s := range o.sums {
+		if s >= step && verifiedBase(o.cur, s) {
+			return s, true
+		}
+	}
+	return noStep, false
+}
+
+// verifiedBase reports whether ds holds a verified base at exactly step:
+// its base, exact, or a committed refresh waiting for G (the bytes a
+// decode reads, diffstore.Store.ReadBase).
+func verifiedBase(ds *diffstore.Store, step int64) bool {
+	return ds.ReadBase(step, 0, nil) == nil
 }
 
 // baseCommit commits the base refresh at h.step with the owner's CRC32Cs

@@ -117,6 +117,18 @@ func (st *replicaStore) graftBase(c net.Conn, h linkHdr, t []tableEntry, o *owne
 		}
 		return writeFail(c, h, why, msg)
 	}
+	if verifiedBase(o.cur, h.step) && slices.Equal(o.sums[h.step], t) {
+		// Held verified already, of the same commit (an owner that
+		// forgot where its refresh stood: baseChunk refused it). A new
+		// refresh would drop it until its last byte came, and for
+		// good if the link broke first, while H may name it: the
+		// bytes are read and dropped, and the base acknowledged.
+		if err := drain(c, total); err != nil {
+			return err
+		}
+		o.setSums(h.step, h.gen, t)
+		return writeAck(c, h)
+	}
 	if o.bw == nil || o.bw.Step() != h.step {
 		// The refresh's buffers are reserved before BeginBase allocates
 		// them (baseChunk's); account then counts them.
