@@ -73,19 +73,9 @@ func (r *replicator) retrySnapLocked() {
 	b := &r.ecb
 	r.stopSnapRetryLocked()
 	d := min(snapNoRoomRetry, max(snapNoRoomWait-time.Since(b.noRoomSince), 0)) + time.Millisecond
-	b.noRoomRetry = time.AfterFunc(d, func() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		switch {
-		case r.stopped || r.failed:
-		case r.running:
-			// Its next round asks again, unless this was its last:
-			// look again later.
-			r.retrySnapLocked()
-		default:
-			r.startLocked()
-		}
-	})
+	// While a round runs, its next round asks again, unless this was
+	// its last: look again later.
+	r.loopAfterLocked(&b.noRoomRetry, d, r.retrySnapLocked)
 }
 
 // stopSnapRetryLocked stops retrySnapLocked's timer. r.mu is held.

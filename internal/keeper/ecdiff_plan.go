@@ -154,20 +154,33 @@ func (r *replicator) pacedRetryLocked(d time.Duration) {
 	if b.paceRetry != nil || r.stopped || r.failed {
 		return
 	}
-	b.paceRetry = time.AfterFunc(d, func() {
+	r.loopAfterLocked(&b.paceRetry, d, r.poke) // its next round plans again (and holds it again, if need be)
+}
+
+// loopAfterLocked arms *slot to run the replicator's loop in d, unless it
+// stopped or failed meanwhile: while a round runs, with whileRunning
+// (which has the round's end plan again), else by starting it. A timer
+// stopped or replaced in *slot before its function took r.mu does
+// nothing (its Stop may come too late to keep the function from
+// running). r.mu is held.
+func (r *replicator) loopAfterLocked(slot **time.Timer, d time.Duration, whileRunning func()) {
+	var t *time.Timer
+	t = time.AfterFunc(d, func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		b.paceRetry = nil
+		if *slot != t {
+			return
+		}
+		*slot = nil
 		switch {
 		case r.stopped || r.failed:
 		case r.running:
-			// Its next round plans again (and holds it again, if
-			// need be).
-			r.poke()
+			whileRunning()
 		default:
 			r.startLocked()
 		}
 	})
+	*slot = t
 }
 
 // stopPacedRetryLocked stops pacedRetryLocked's timer. r.mu is held.
