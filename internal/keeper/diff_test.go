@@ -74,8 +74,6 @@ type diffRank struct {
 	states map[int64]map[string][]byte // the replicated regions committed at each step
 }
 
-// newDiffRank says ProtectHello on h for rank r (its state starts as
-// seed's initial one; Restore replaces it).
 // committedStates is a copy of dr's committed states, taken under its
 // lock: a rank on a spare starts from it while dr may still be
 // committing (each step's regions are never changed once recorded).
@@ -85,6 +83,8 @@ func (dr *diffRank) committedStates() map[int64]map[string][]byte {
 	return maps.Clone(dr.states)
 }
 
+// newDiffRank says ProtectHello on h for rank r (its state starts as
+// seed's initial one; Restore replaces it).
 func newDiffRank(t testing.TB, h *Keeper, r int, seed uint64, states map[int64]map[string][]byte) (*diffRank, error) {
 	return newDiffRankOf(t, h, r, seed, states, diffRegions)
 }
