@@ -31,11 +31,7 @@ func verifiedBaseJob(t *testing.T) (j *ecDiffRecJob, owner, holder int, readBase
 		t.Fatal("no rank has a clear copy's holder on another host")
 	}
 	j.run(0, every-1)
-	j.c.waitFor("H 0", func() bool {
-		j.publish()
-		_, hb := j.published()
-		return hb >= 0
-	})
+	j.waitH(0)
 	j.mu.Lock()
 	j.freezeH = true
 	j.mu.Unlock()

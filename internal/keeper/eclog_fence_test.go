@@ -30,11 +30,7 @@ func TestECDiffLogReanchoredBeforeHolder(t *testing.T) {
 			const T = int64(12)
 			j := newECDiffRecJob(t, 2, 2, 3, 2)
 			j.run(0, T)
-			j.c.waitFor(fmt.Sprintf("H = %d", T), func() bool {
-				j.publish()
-				_, hb := j.published()
-				return hb >= T
-			})
+			j.waitH(T)
 			if g, hb := j.published(); g != T || hb != T {
 				t.Fatalf("G %d, H %d: want both %d", g, hb, T)
 			}

@@ -174,6 +174,16 @@ func (j *ecDiffRecJob) published() (int64, int64) {
 	return j.g, j.hb
 }
 
+// waitH publishes G and H (publish) until H reaches hb or later.
+func (j *ecDiffRecJob) waitH(hb int64) {
+	j.t.Helper()
+	j.c.waitFor(fmt.Sprintf("H %d or later", hb), func() bool {
+		j.publish()
+		_, h := j.published()
+		return h >= hb
+	})
+}
+
 // recoverable reports whether rank r, its host among lost, can be
 // restored: from its clear copy, when it has one on a host not lost; else
 // by decode at H and replay: K of its stripe's shards at H (member y's is

@@ -50,11 +50,7 @@ func (pj *pacedJob) finishWindow(from int64) {
 	const b = paceEvery
 	pj.run(from, 2*b+1)
 	pj.c.waitFor(fmt.Sprintf("base %d coded by every rank", b), func() bool { return pj.coded(b) })
-	pj.c.waitFor(fmt.Sprintf("H %d or later", b), func() bool {
-		pj.publish()
-		_, hb := pj.published()
-		return hb >= b
-	})
+	pj.waitH(b)
 }
 
 // TestECPaceFailureInStep: diff mode under 2+1, a base every 8 steps (σ

@@ -166,11 +166,7 @@ func TestSharePaceStoppedTrainer(t *testing.T) {
 	t.Cleanup(func() { ecChunkSize = chunk })
 	j := newECDiffRecJob(t, 2, 1, paceEvery, 2)
 	j.run(0, b-1)
-	j.c.waitFor("H 0", func() bool {
-		j.publish()
-		_, hb := j.published()
-		return hb >= 0
-	})
+	j.waitH(0)
 	pj := &pacedJob{ecDiffRecJob: j}
 	pj.stepAll(b)
 	pj.c.waitFor("base 8 coded with no commit after it", func() bool {

@@ -93,11 +93,7 @@ func newPacedJob(t *testing.T) *pacedJob {
 	pj.ecDiffRecJob = newECDiffRecJob(t, 2, 1, paceEvery, 2)
 	pj.run(0, paceEvery-1)
 	// Base 0 coded everywhere and H 0 known: the gate of base 8 is open.
-	pj.c.waitFor("base 0 coded and published", func() bool {
-		pj.publish()
-		_, hb := pj.published()
-		return hb >= 0
-	})
+	pj.waitH(0)
 	pj.mu.Lock()
 	armed = true
 	pj.mu.Unlock()
